@@ -1,0 +1,129 @@
+"""Per-run dispatch of the per-batch events.
+
+Calling ``pm.hook.X(**kwargs)`` costs about a microsecond of bookkeeping even when nothing
+implements ``X`` (see ``shared/notes/hot-path-facts.md``); done for four events a batch it would
+cost a small model several percent. So when a run starts, each per-batch event is resolved once:
+
+* no implementation: the attribute is ``None`` and the loop skips the call;
+* only plain implementations: a function that calls them directly, in exactly pluggy's order,
+  passing each the subset of arguments it asked for, and collecting non-``None`` results as
+  pluggy does (the first one for a ``firstresult`` event);
+* anything pluggy does beyond that (wrappers, call monitoring or tracing): a function that goes
+  through pluggy's ordinary call path, so plugins always get plain pluggy semantics.
+
+Whenever the plugin manager reports a change (a plugin registered or unregistered, a spec
+added, monitoring switched), the events are resolved again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import pluggy
+
+from hookfit.manager import PluginManager
+
+Call = Callable[..., Any]
+
+
+def _adapter(function: Call, spec_args: Sequence[str], impl_args: Sequence[str]) -> Call:
+    """``function`` called positionally with the spec's arguments, passing only its own."""
+    if tuple(impl_args) == tuple(spec_args):
+        return function
+    source = f"lambda {', '.join(spec_args)}: function({', '.join(impl_args)})"
+    return eval(source, {"function": function})  # names are identifiers checked by pluggy
+
+
+def _direct(functions: list[Call], results: bool, firstresult: bool) -> Call:
+    if not results:
+        if len(functions) == 1:
+            return functions[0]
+
+        def notify(*args: Any) -> None:
+            for function in functions:
+                function(*args)
+
+        return notify
+
+    if firstresult:
+
+        def first(*args: Any) -> Any:
+            for function in functions:
+                result = function(*args)
+                if result is not None:
+                    return result
+            return None
+
+        return first
+
+    def collect(*args: Any) -> list[Any]:
+        out = []
+        for function in functions:
+            result = function(*args)
+            if result is not None:
+                out.append(result)
+        return out
+
+    return collect
+
+
+def _through_pluggy(caller: pluggy.HookCaller, spec_args: Sequence[str]) -> Call:
+    names = tuple(spec_args)
+
+    def call(*args: Any) -> Any:
+        return caller(**dict(zip(names, args)))
+
+    return call
+
+
+def resolve(pm: PluginManager, name: str, results: bool) -> Call | None:
+    """A positional callable for event ``name``, or ``None`` when nothing implements it.
+
+    With ``results`` false the callable's return value is meaningless (events whose results
+    the loop ignores); with it true the callable returns what ``pm.hook.<name>`` would.
+    """
+    caller: pluggy.HookCaller = getattr(pm.hook, name)
+    impls = caller.get_hookimpls()
+    if not impls:
+        return None
+    assert caller.spec is not None, name
+    spec_args = caller.spec.argnames
+    plain = not pm.monitors and not any(i.hookwrapper or i.wrapper for i in impls)
+    if not plain:
+        return _through_pluggy(caller, spec_args)
+    # pluggy calls the implementation list from its end to its start.
+    functions = [_adapter(i.function, spec_args, i.argnames) for i in reversed(impls)]
+    return _direct(functions, results, bool(caller.spec.opts.get("firstresult")))
+
+
+class Dispatch:
+    """The per-batch events of one run, each an attribute: a callable or ``None``.
+
+    ``batch_start(loop, batch, batch_idx)``, ``step_output(loop, output, batch)``,
+    ``batch_end(loop, output, batch, batch_idx)`` and ``should_stop(loop)``, which returns
+    the list of non-``None`` answers.
+    """
+
+    NOTIFY = ("batch_start", "step_output", "batch_end")
+    QUERY = ("should_stop",)
+
+    batch_start: Call | None
+    step_output: Call | None
+    batch_end: Call | None
+    should_stop: Call | None
+
+    def __init__(self, pm: PluginManager) -> None:
+        self.pm = pm
+        self.resolve()
+        self._undo = pm.on_change(self.resolve)
+
+    def resolve(self) -> None:
+        """Resolve every per-batch event again from the current plugins."""
+        for name in self.NOTIFY:
+            setattr(self, name, resolve(self.pm, name, results=False))
+        for name in self.QUERY:
+            setattr(self, name, resolve(self.pm, name, results=True))
+
+    def close(self) -> None:
+        """Stop following plugin changes (the run is over)."""
+        self._undo()

@@ -1,0 +1,163 @@
+"""The hook specifications: hookfit's public vocabulary of events.
+
+Every event of a run is declared here, once, with what it means. Plugins implement any of
+them with the :data:`hookfit.hookimpl` marker; an implementation may accept any subset of the
+arguments a spec names, in any order, and pluggy passes it only those.
+
+Order of events in one run::
+
+    fit_start
+      epoch_start                      (for each epoch)
+        stage_start("train")
+          batch_start  -> step -> step_output -> batch_end -> should_stop   (for each batch)
+        stage_end("train")
+        stage_start("valid")           (when validation runs this epoch)
+          batch_start  -> step -> step_output -> batch_end                  (for each batch)
+        stage_end("valid")
+      epoch_end
+    exception                          (only when the run failed)
+    fit_end                            (exactly once, whatever happened)
+
+Order of implementations of one event follows pluggy: the plugin registered last is called
+first, ``tryfirst``/``trylast`` move an implementation to the front or back, and wrappers
+surround the rest. Plugins are registered in a fixed order (see :mod:`hookfit.plugins`
+discovery in :mod:`hookfit.manager`), so the order is deterministic.
+
+What every hook may rely on: ``loop.state`` is up to date when the event fires (epoch, step,
+batch index, stage, status). What no hook may do: keep step outputs or batches beyond the
+event (the core promises flat memory), or register and unregister plugins from another
+thread while a run is in progress.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.loop import Loop
+
+hookspec = pluggy.HookspecMarker("hookfit")
+
+
+@hookspec
+def fit_start(loop: Loop) -> None:
+    """The run begins: ``loop.fit()`` was called and every plugin is registered and valid.
+
+    Fires once, before the first epoch, with ``loop.state.status == "running"``. Plugins set
+    up here what they need for the run (signal handlers, screens, files). The return value is
+    ignored. If an implementation raises, the run fails: ``exception`` and ``fit_end`` still
+    fire, so a plugin must be ready to have ``fit_end`` called after a partial ``fit_start``.
+    """
+
+
+@hookspec
+def epoch_start(loop: Loop, epoch: int) -> None:
+    """An epoch begins. ``epoch`` counts from 0 and equals ``loop.state.epoch``.
+
+    Fires before the training stage of that epoch. The return value is ignored.
+    """
+
+
+@hookspec
+def stage_start(loop: Loop, stage: str) -> None:
+    """A stage of the current epoch begins: ``stage`` is ``"train"`` or ``"valid"``.
+
+    Fires after the model was put in the stage's mode: for ``"valid"`` the model is already in
+    eval mode and autograd is off, and ``loop.training`` is False. The return value is ignored.
+    """
+
+
+@hookspec
+def batch_start(loop: Loop, batch: Any, batch_idx: int) -> None:
+    """A batch is about to be given to the step function.
+
+    ``batch`` is the object the data yielded; ``batch_idx`` its position in the current stage
+    of the current epoch (also ``loop.state.batch_idx``). Fires for training and validation
+    batches alike; ``loop.training`` tells which. This is the per-batch hot path: keep it
+    cheap. The return value is ignored; a plugin must not replace or keep the batch.
+    """
+
+
+@hookspec
+def step_output(loop: Loop, output: Mapping[str, Any], batch: Any) -> None:
+    """The step function returned something to report.
+
+    ``output`` is the step's return value as a mapping: a mapping is passed on unchanged (no
+    ``"loss"`` key is required), a tensor arrives as ``{"loss": tensor}``. Not fired when the
+    step returned ``None`` (a skipped batch). Fires after the step and before ``batch_end``.
+    Plugins read the output here (metrics aggregation); they must not keep it after the call,
+    and must not mutate it. The return value is ignored.
+    """
+
+
+@hookspec
+def batch_end(loop: Loop, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
+    """A batch is finished.
+
+    Fires after every batch, including skipped ones, where ``output`` is ``None``. For a
+    training batch ``loop.state.step`` already counts it. The return value is ignored.
+    """
+
+
+@hookspec
+def should_stop(loop: Loop) -> Any:
+    """Asked after every training batch: should the run stop now?
+
+    Return a true value to stop the run after this batch; a string is taken as the reason.
+    Every implementation is asked (this is not first-result): any true answer stops. ``None``
+    or a false value means "carry on". The run then ends with status ``"interrupted"``:
+    ``stage_end`` and ``epoch_end`` are *not* fired for the cut-short epoch, ``fit_end`` is.
+    """
+
+
+@hookspec
+def request_stop(loop: Loop, reason: str) -> None:
+    """Somebody asks for a graceful stop, with a human-readable ``reason``.
+
+    Fired by ``loop.request_stop(reason)``, which any plugin or the step function may call,
+    from any thread. It is a request: a plugin that implements it (the interrupter) records it
+    and answers ``should_stop`` after the current batch. The return value is ignored.
+    """
+
+
+@hookspec
+def stage_end(loop: Loop, stage: str) -> None:
+    """A stage of the current epoch has run all its batches: ``stage`` as in ``stage_start``.
+
+    For ``"valid"`` it fires while the model is still in eval mode; every module gets its own
+    previous training flag back right after. Not fired for a stage cut short by a stop or an
+    error. The return value is ignored.
+    """
+
+
+@hookspec
+def epoch_end(loop: Loop, epoch: int) -> None:
+    """An epoch, with its validation if any, is complete. ``epoch`` as in ``epoch_start``.
+
+    Not fired for an epoch cut short by a stop or an error. The return value is ignored.
+    """
+
+
+@hookspec
+def exception(loop: Loop, error: BaseException) -> None:
+    """The run failed: ``error`` was raised by the step function, the data or a plugin.
+
+    Fires once, before ``fit_end``, with ``loop.state.status == "failed"``. The exception then
+    propagates unchanged to the caller of ``fit()``, with a note naming where it came from.
+    An implementation must not raise; if one does, its error is reported as a warning and the
+    original error still propagates. The return value is ignored.
+    """
+
+
+@hookspec
+def fit_end(loop: Loop) -> None:
+    """The run is over. Fires exactly once for every run that fired ``fit_start``.
+
+    ``loop.state.status`` is ``"completed"``, ``"interrupted"`` or ``"failed"`` and
+    ``loop.state.stop_reason`` says why. This is where plugins restore what they changed
+    (terminal, signal handlers) and write final summaries. Every implementation runs even if
+    an earlier one raised; the first such error fails the run (or is reported as a warning if
+    the run failed already). The return value is ignored.
+    """

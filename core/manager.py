@@ -1,0 +1,302 @@
+"""Plugin discovery, selection and validation.
+
+Order, which is part of the contract:
+
+1. Plugins discovered through the ``hookfit`` entry-point group are registered first, sorted by
+   entry-point name (so the order never depends on ``sys.path`` or install order).
+2. Plugins given to ``Loop(plugins=[...])`` follow, in the order given. One whose name equals a
+   discovered plugin's replaces it, at the discovered plugin's place in the order.
+
+pluggy calls the implementations of an event from the last registered to the first, except that
+``tryfirst``/``trylast`` move an implementation to the front or back and wrappers surround all
+others. So a plugin given to ``Loop`` sees an event before the discovered ones, unless it asks
+otherwise.
+
+Selection: ``HOOKFIT_PLUGINS`` (comma-separated names) restricts discovered plugins to those
+named (an empty value loads none); ``HOOKFIT_DISABLE_PLUGINS`` and ``Loop(disable=[...])`` switch
+plugins off by name, given ones included. A disabled plugin is never imported, so disabling a
+broken plugin is the way around it. A name in either list that matches no plugin is reported
+with a :class:`HookfitWarning`, so a typo does not pass unnoticed.
+
+Failure policy: an entry point that fails to import or to instantiate fails the run before any
+event fires, with a :class:`PluginError` that names the entry point, its distribution and the
+way to disable it. hookfit never drops a plugin the user installed without saying so.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata as metadata
+import inspect
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import pluggy
+
+from hookfit import hookspecs
+
+GROUP = "hookfit"
+ENV_ONLY = "HOOKFIT_PLUGINS"
+ENV_DISABLE = "HOOKFIT_DISABLE_PLUGINS"
+
+hookimpl = pluggy.HookimplMarker("hookfit")
+"""The marker for hook implementations: ``@hookfit.hookimpl`` on a function or method named
+after an event in :mod:`hookfit.hookspecs`."""
+
+
+class HookfitWarning(UserWarning):
+    """Base category of every warning hookfit issues."""
+
+
+class PluginError(Exception):
+    """A plugin cannot take part in a run: it does not import, or its hooks do not match."""
+
+
+@dataclass
+class PluginInfo:
+    """What hookfit knows about one plugin, enabled or not."""
+
+    name: str
+    source: str  # "entry point" or "given"
+    distribution: str | None = None
+    version: str | None = None
+    value: str | None = None  # the entry point's "module:attr", or the given object's type
+    enabled: bool = True
+    plugin: Any = None
+    error: str | None = None
+    hooks: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """``plugin 'name' (distribution 1.0, entry point mod:attr)`` for messages."""
+        if self.source == "entry point":
+            where = f"{self.distribution} {self.version}, entry point {self.value}"
+        else:
+            where = f"{self.value}, given to Loop"
+        return f"plugin {self.name!r} ({where})"
+
+
+def split_names(text: str | None) -> list[str]:
+    """Names from a comma-separated environment value, without blanks."""
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def plugin_name(plugin: Any) -> str:
+    """The name of a plugin given as an object: its ``name`` attribute if it is a string,
+    else its class name (a module's own name for a module)."""
+    name = getattr(plugin, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if inspect.ismodule(plugin):
+        return plugin.__name__
+    return type(plugin).__name__
+
+
+def entry_points() -> list[metadata.EntryPoint]:
+    """The ``hookfit`` entry points of every installed distribution, sorted by name.
+
+    A distribution installed twice on ``sys.path`` shows up once (the first one wins, as for
+    imports)."""
+    seen: dict[str, metadata.EntryPoint] = {}
+    for ep in metadata.entry_points(group=GROUP):
+        seen.setdefault(ep.name, ep)
+    return [seen[name] for name in sorted(seen)]
+
+
+def _instantiate(obj: Any) -> Any:
+    return obj() if inspect.isclass(obj) else obj
+
+
+def _ep_info(ep: metadata.EntryPoint) -> PluginInfo:
+    dist = getattr(ep, "dist", None)
+    return PluginInfo(
+        name=ep.name,
+        source="entry point",
+        distribution=dist.name if dist else None,
+        version=dist.version if dist else None,
+        value=ep.value,
+    )
+
+
+def collect(
+    given: Sequence[Any] = (),
+    disable: Iterable[str] = (),
+    *,
+    strict: bool = True,
+    environ: dict[str, str] | None = None,
+) -> list[PluginInfo]:
+    """Every plugin the run would see, in registration order, enabled or not.
+
+    Enabled entry points are imported and instantiated; disabled ones never are. With
+    ``strict=False`` (for listing) one that fails to load carries the error instead of raising.
+    """
+    env = os.environ if environ is None else environ
+    disabled = set(disable) | set(split_names(env.get(ENV_DISABLE)))
+    only = split_names(env.get(ENV_ONLY)) if ENV_ONLY in env else None
+
+    eps = {ep.name: ep for ep in entry_points()}
+    infos: list[PluginInfo] = []
+    for ep in eps.values():
+        info = _ep_info(ep)
+        info.enabled = info.name not in disabled and (only is None or info.name in only)
+        infos.append(info)
+
+    by_name = {info.name: i for i, info in enumerate(infos)}
+    given_names: set[str] = set()
+    for plugin in given:
+        plugin = _instantiate(plugin)
+        name = plugin_name(plugin)
+        if name in given_names:
+            raise PluginError(
+                f"two plugins given to Loop are both named {name!r}; give one a different "
+                f"`name` attribute"
+            )
+        given_names.add(name)
+        info = PluginInfo(
+            name=name,
+            source="given",
+            value=f"{type(plugin).__module__}.{type(plugin).__qualname__}",
+            enabled=name not in disabled,
+            plugin=plugin,
+        )
+        if name in by_name:
+            infos[by_name[name]] = info
+        else:
+            infos.append(info)
+
+    known = {info.name for info in infos}
+    for label, names in (("disabled", disabled), (ENV_ONLY, only or ())):
+        for name in sorted(set(names) - known):
+            _warn_unknown(name, label, known)
+
+    for info in infos:
+        if info.source != "entry point" or not info.enabled:
+            continue
+        try:
+            info.plugin = _instantiate(eps[info.name].load())
+        except Exception as exc:
+            info.error = f"{type(exc).__name__}: {exc}"
+            if strict:
+                raise PluginError(
+                    f"{info.describe()} failed to load: {info.error}. Fix or uninstall "
+                    f"{info.distribution}, or disable the plugin with {ENV_DISABLE}={info.name}."
+                ) from exc
+    return infos
+
+
+def _warn_unknown(name: str, label: str, known: set[str]) -> None:
+    import warnings
+
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    warnings.warn(
+        f"plugin name {name!r} ({label}) matches no installed or given plugin{hint} "
+        f"Known plugins: {', '.join(sorted(known)) or 'none'}.",
+        HookfitWarning,
+        stacklevel=4,
+    )
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager for the ``hookfit`` project, which also tells listeners when the set
+    of implementations may have changed (so per-run dispatch can be resolved again) and
+    whether hook calls are being monitored (tracing), in which case dispatch goes through
+    pluggy's ordinary call path."""
+
+    def __init__(self) -> None:
+        super().__init__(GROUP)
+        self.add_hookspecs(hookspecs)
+        self.infos: dict[str, PluginInfo] = {}
+        self.monitors = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    # -- change notification -------------------------------------------------------------
+    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` after every change of plugins or specs; returns the undo."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        result = super().register(plugin, name)
+        self._changed()
+        return result
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        result = super().unregister(plugin, name)
+        self._changed()
+        return result
+
+    def add_hookspecs(self, module_or_class: object) -> None:
+        super().add_hookspecs(module_or_class)
+        if hasattr(self, "_listeners"):
+            self._changed()
+
+    def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
+        undo = super().add_hookcall_monitoring(before, after)
+        self.monitors += 1
+        self._changed()
+
+        def undo_and_notify() -> None:
+            undo()
+            self.monitors -= 1
+            self._changed()
+
+        return undo_and_notify
+
+    # -- names for messages --------------------------------------------------------------
+    def describe(self, name: str | None) -> str:
+        """A plugin's name with its distribution, for error messages."""
+        info = self.infos.get(name or "")
+        return info.describe() if info else f"plugin {name!r}"
+
+    def register_all(self, infos: Sequence[PluginInfo], strict: bool = True) -> None:
+        """Register the enabled plugins in order; a hook with wrong arguments is an error
+        naming the plugin, its distribution and the hook. With ``strict=False`` (listing) the
+        error is kept on the plugin's info instead."""
+        for info in infos:
+            self.infos[info.name] = info
+            if not info.enabled or info.error is not None:
+                continue
+            try:
+                self.register(info.plugin, name=info.name)
+            except (pluggy.PluginValidationError, ValueError) as exc:
+                # ValueError: the same object registered twice under two names
+                info.error = "; ".join(str(exc).splitlines())
+                if strict:
+                    raise PluginError(f"{info.describe()} cannot be registered: {info.error}") from exc
+                continue
+            info.hooks = sorted(impl_names(self, info.plugin))
+
+    def check_unknown_hooks(self) -> None:
+        """Fail when a registered plugin implements an event no spec declares (a misspelt
+        hook name), naming the plugin, its distribution, the hook and the closest event."""
+        specs = sorted(n for n, c in vars(self.hook).items() if c.has_spec())
+        for name, caller in sorted(vars(self.hook).items()):
+            if caller.has_spec():
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.optionalhook:
+                    continue
+                close = difflib.get_close_matches(name, specs, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise PluginError(
+                    f"{self.describe(impl.plugin_name)} implements hook {name!r}, which is "
+                    f"not a hookfit event.{hint} Events: {', '.join(specs)}."
+                )
+
+
+def impl_names(pm: pluggy.PluginManager, plugin: object) -> list[str]:
+    """Names of the hooks a registered plugin implements."""
+    return [caller.name for caller in (pm.get_hookcallers(plugin) or [])]
+
+
+def build(given: Sequence[Any] = (), disable: Iterable[str] = ()) -> PluginManager:
+    """The plugin manager of one run: discover, select, register and validate."""
+    pm = PluginManager()
+    pm.register_all(collect(given, disable))
+    pm.check_unknown_hooks()
+    return pm
