@@ -1,0 +1,86 @@
+"""The ``hookfit`` command: ``hookfit plugins``, ``hookfit hooks``, ``hookfit demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from typing import Sequence
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from hookfit import manager
+
+    infos = manager.collect(strict=False)
+    manager.PluginManager().register_all(infos, strict=False)
+    rows = [
+        {
+            "name": i.name,
+            "distribution": i.distribution,
+            "version": i.version,
+            "source": i.source,
+            "value": i.value,
+            "enabled": i.enabled,
+            "hooks": i.hooks,
+            "error": i.error,
+        }
+        for i in infos
+    ]
+    status = 1 if any(r["error"] for r in rows) else 0
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return status
+    if not rows:
+        print("no hookfit plugins installed")
+        return 0
+    for row in rows:
+        state = "error" if row["error"] else ("enabled" if row["enabled"] else "disabled")
+        print(f"{row['name']}  [{state}]  {row['distribution']} {row['version']}  ({row['value']})")
+        if row["error"]:
+            print(f"    error: {row['error']}")
+        elif row["enabled"]:
+            print(f"    hooks: {', '.join(row['hooks']) or '-'}")
+    return status
+
+
+def _hooks(args: argparse.Namespace) -> int:
+    import inspect
+
+    from hookfit import hookspecs
+
+    for name, function in vars(hookspecs).items():
+        if not hasattr(function, "hookfit_spec"):
+            continue
+        signature = str(inspect.signature(function)).replace("'", "")
+        print(f"{name}{signature}")
+        print(textwrap.indent(inspect.getdoc(function) or "", "    "))
+        print()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from hookfit import demo
+
+    state = demo.main(epochs=args.epochs)
+    return 0 if state.status == "completed" else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hookfit`` console script."""
+    parser = argparse.ArgumentParser(prog="hookfit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(run=_plugins)
+    p = sub.add_parser("hooks", help="print every event with its documentation")
+    p.set_defaults(run=_hooks)
+    p = sub.add_parser("demo", help="train a small classifier on scikit-learn's digits")
+    p.add_argument("--epochs", type=int, default=8)
+    p.set_defaults(run=_demo)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,371 @@
+"""The training loop: iterate the data, call the step functions, emit events. Nothing else."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+
+from hookfit import manager
+from hookfit.dispatch import Dispatch
+from hookfit.manager import HookfitWarning, PluginManager
+
+Step = Callable[["Loop", Any], Any]
+Status = Literal["idle", "running", "completed", "interrupted", "failed"]
+
+
+@dataclass
+class State:
+    """Where a run is. ``loop.state``; returned by ``fit()``.
+
+    ``epoch`` counts from 0; ``step`` counts training batches whose step ran (the global step,
+    skipped batches included, optimizer steps not); ``batch_idx`` is the position in the
+    current stage; ``stage`` is ``"train"``, ``"valid"`` or ``None`` outside a stage.
+    ``status`` ends as ``"completed"``, ``"interrupted"`` or ``"failed"`` with ``stop_reason``.
+    """
+
+    epoch: int = 0
+    step: int = 0
+    batch_idx: int = 0
+    stage: str | None = None
+    status: Status = "idle"
+    stop_reason: str | None = None
+    error: BaseException | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since ``fit()`` started (until it ended, once it has)."""
+        if self.started_at is None:
+            return 0.0
+        end = self.ended_at if self.ended_at is not None else time.perf_counter()
+        return end - self.started_at
+
+
+class _Stop(Exception):
+    """Internal: a plugin answered ``should_stop``."""
+
+
+def _name(function: Any) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)
+
+
+def _modules(model: Any) -> list[torch.nn.Module]:
+    if model is None:
+        return []
+    if isinstance(model, torch.nn.Module):
+        return [model]
+    if isinstance(model, Mapping):
+        return [m for v in model.values() for m in _modules(v)]
+    if isinstance(model, (list, tuple)):
+        return [m for v in model for m in _modules(v)]
+    raise TypeError(
+        f"model must be a torch.nn.Module, a mapping or a list of modules, "
+        f"not {type(model).__name__}"
+    )
+
+
+def _positive_int(value: Any, what: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+
+
+class Loop:
+    """A training run: ``Loop(train_step, train_data, ...).fit()``.
+
+    ``train_step(loop, batch)`` and ``val_step(loop, batch)`` are plain functions. They return
+    ``None`` (nothing to report for this batch), a mapping with any keys, or a tensor (taken as
+    ``{"loss": tensor}``). Optimizers, metrics, output and stopping are plugins: discovered
+    through the ``hookfit`` entry-point group, given in ``plugins`` (an instance replaces a
+    discovered plugin of the same name), switched off by name in ``disable``.
+
+    Validation runs every ``val_every_n_epochs`` epochs after the training stage, with every
+    module of ``model`` in eval mode under ``torch.inference_mode()`` (``val_grad_mode="no_grad"``
+    for ``torch.no_grad()``); afterwards each submodule gets back its own previous training flag.
+    """
+
+    def __init__(
+        self,
+        train_step: Step,
+        train_data: Iterable[Any],
+        *,
+        val_step: Step | None = None,
+        val_data: Iterable[Any] | None = None,
+        model: Any = None,
+        optimizers: Any = None,
+        max_epochs: int = 1,
+        max_steps: int | None = None,
+        val_every_n_epochs: int = 1,
+        val_grad_mode: Literal["inference", "no_grad"] = "inference",
+        plugins: Sequence[Any] = (),
+        disable: Sequence[str] = (),
+    ) -> None:
+        for what, fn in (("train_step", train_step), ("val_step", val_step)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{what} must be a function step(loop, batch), got {fn!r}")
+        for what, data in (("train_data", train_data), ("val_data", val_data)):
+            if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+                if what == "val_data" and data is None:
+                    continue
+                raise TypeError(
+                    f"{what} must be an iterable of batches (a list, a DataLoader, ...), "
+                    f"got {type(data).__name__}"
+                )
+        if val_step is not None and val_data is None:
+            raise ValueError(f"val_step {_name(val_step)!r} was given without val_data")
+        if val_data is not None and val_step is None:
+            raise ValueError("val_data was given without a val_step to run on it")
+        _positive_int(max_epochs, "max_epochs")
+        _positive_int(max_steps, "max_steps", allow_none=True)
+        _positive_int(val_every_n_epochs, "val_every_n_epochs")
+        if val_grad_mode not in ("inference", "no_grad"):
+            raise ValueError(f"val_grad_mode must be 'inference' or 'no_grad', got {val_grad_mode!r}")
+        if isinstance(disable, str):
+            raise TypeError("disable must be a list of plugin names, not a string")
+        _modules(model)  # type check now, not mid-run
+
+        self.train_step = train_step
+        self.train_data = train_data
+        self.val_step = val_step
+        self.val_data = val_data
+        self.model = model
+        self.optimizers = optimizers
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.val_every_n_epochs = val_every_n_epochs
+        self.val_grad_mode = val_grad_mode
+        self.state = State()
+        self.training = False
+        self.pm: PluginManager | None = None
+        self._given = tuple(plugins)
+        self._disable = tuple(disable)
+        self._dispatch: Dispatch | None = None
+
+    # -- public API used by steps and plugins -------------------------------------------
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Ask for a graceful stop after the current batch, from any thread.
+
+        Fires the ``request_stop`` event; a plugin that implements it (the interrupter) makes
+        ``should_stop`` answer true after the current batch."""
+        if self.pm is None:
+            raise RuntimeError("request_stop() needs a running loop: call it during fit()")
+        if not self.pm.hook.request_stop.get_hookimpls():
+            handlers = [
+                i.name for i in self.pm.infos.values() if not i.enabled
+            ]
+            warnings.warn(
+                f"request_stop({reason!r}) was ignored: no enabled plugin implements "
+                f"request_stop (disabled plugins: {', '.join(handlers) or 'none'})",
+                HookfitWarning,
+                stacklevel=2,
+            )
+        self.pm.hook.request_stop(loop=self, reason=reason)
+
+    # -- the run --------------------------------------------------------------------------
+    def fit(self) -> State:
+        """Run training (and validation) to the end; return the final :class:`State`.
+
+        Plugins are discovered, registered and checked first: a broken plugin raises
+        :class:`hookfit.PluginError` before any event fires. After ``fit_start`` fired,
+        ``fit_end`` fires exactly once whatever happens, and an exception from the data, a
+        step or a plugin propagates unchanged after ``exception`` and ``fit_end``."""
+        if self.state.status != "idle":
+            raise RuntimeError("this Loop has already run; create a new Loop to train again")
+        self.pm = pm = manager.build(self._given, self._disable)
+        self._dispatch = Dispatch(pm)
+        state = self.state
+        state.status = "running"
+        state.started_at = time.perf_counter()
+        try:
+            pm.hook.fit_start(loop=self)
+            self._run()
+        except BaseException as error:
+            self._record_failure(error)
+            self._finish(failed=True)
+            raise
+        self._finish(failed=False)
+        return state
+
+    def _run(self) -> None:
+        hook = self.pm.hook  # type: ignore[union-attr]
+        state = self.state
+        try:
+            for epoch in range(self.max_epochs):
+                state.epoch = epoch
+                hook.epoch_start(loop=self, epoch=epoch)
+                self._stage("train", self.train_step, self.train_data)
+                if self.val_step is not None and (epoch + 1) % self.val_every_n_epochs == 0:
+                    self._validate()
+                hook.epoch_end(loop=self, epoch=epoch)
+                if self.max_steps is not None and state.step >= self.max_steps:
+                    state.stop_reason = f"max_steps={self.max_steps} reached"
+                    break
+            else:
+                state.stop_reason = f"max_epochs={self.max_epochs} reached"
+            state.status = "completed"
+        except _Stop as stop:
+            state.status = "interrupted"
+            state.stop_reason = str(stop)
+        finally:
+            state.stage = None
+            self.training = False
+
+    def _validate(self) -> None:
+        modules = _modules(self.model)
+        flags = [(m, m.training) for root in modules for m in root.modules()]
+        grad = torch.inference_mode() if self.val_grad_mode == "inference" else torch.no_grad()
+        try:
+            for root in modules:
+                root.eval()
+            with grad:
+                self._stage("valid", self.val_step, self.val_data)  # type: ignore[arg-type]
+        finally:
+            for module, flag in flags:
+                module.training = flag
+
+    def _stage(self, stage: str, step: Step, data: Iterable[Any]) -> None:
+        """Run one stage over ``data``. The per-batch body is the hot path: every event
+        without an implementation costs one ``is None`` test."""
+        state = self.state
+        dispatch = self._dispatch
+        train = stage == "train"
+        limit = self.max_steps if train and self.max_steps is not None else -1
+        state.stage = stage
+        state.batch_idx = 0
+        self.training = train
+        self.pm.hook.stage_start(loop=self, stage=stage)  # type: ignore[union-attr]
+        batch_idx = -1
+        for batch_idx, batch in enumerate(data):
+            state.batch_idx = batch_idx
+            if (call := dispatch.batch_start) is not None:
+                call(self, batch, batch_idx)
+            output = step(self, batch)
+            if output is not None:
+                if type(output) is not dict:
+                    output = self._as_mapping(output, step)
+                if (call := dispatch.step_output) is not None:
+                    call(self, output, batch)
+            if train:
+                state.step += 1
+            if (call := dispatch.batch_end) is not None:
+                call(self, output, batch, batch_idx)
+            if (call := dispatch.should_stop) is not None and (answers := call(self)):
+                self._stop(answers)
+            if state.step == limit:
+                break
+        if batch_idx < 0:
+            raise ValueError(
+                f"{stage} data yielded no batches in epoch {state.epoch}"
+                + (" (an iterator or generator is used up after one pass; pass a list, a "
+                   "DataLoader or another re-iterable)" if state.epoch else "")
+            )
+        self.pm.hook.stage_end(loop=self, stage=stage)  # type: ignore[union-attr]
+
+    @staticmethod
+    def _as_mapping(output: Any, step: Step) -> Mapping[str, Any]:
+        if isinstance(output, Mapping):
+            return output
+        if isinstance(output, torch.Tensor):
+            return {"loss": output}
+        raise TypeError(
+            f"step function {_name(step)!r} returned {type(output).__name__}; a step must "
+            f"return None, a mapping or a tensor"
+        )
+
+    @staticmethod
+    def _stop(answers: list[Any]) -> None:
+        truthy = [a for a in answers if a]
+        if truthy:
+            reasons = [a for a in truthy if isinstance(a, str)]
+            raise _Stop("; ".join(reasons) or "a plugin answered should_stop")
+
+    # -- ending ---------------------------------------------------------------------------
+    def _record_failure(self, error: BaseException) -> None:
+        state = self.state
+        if isinstance(error, KeyboardInterrupt):
+            state.status = "interrupted"
+            state.stop_reason = "KeyboardInterrupt"
+            return
+        state.status = "failed"
+        state.error = error
+        state.stop_reason = f"{type(error).__name__}: {error}"
+        error.add_note(self._where(error))
+        try:
+            self.pm.hook.exception(loop=self, error=error)  # type: ignore[union-attr]
+        except Exception as secondary:
+            self._warn_secondary(secondary, "exception")
+
+    def _where(self, error: BaseException) -> str:
+        """A note saying where ``error`` came from: a plugin's hook or a step function."""
+        pm = self.pm
+        owners: dict[Any, tuple[str, str]] = {}
+        for caller in vars(pm.hook).values():  # type: ignore[union-attr]
+            for impl in caller.get_hookimpls():
+                code = getattr(getattr(impl.function, "__func__", impl.function), "__code__", None)
+                owners[code] = (impl.plugin_name, caller.name)
+        steps = {getattr(s, "__code__", None): s for s in (self.train_step, self.val_step) if s}
+        state = self.state
+        at = f"epoch {state.epoch}, stage {state.stage}, batch {state.batch_idx}"
+        tb = error.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code in owners:
+                plugin, hook = owners[code]
+                return f"hookfit: raised by {pm.describe(plugin)} in hook {hook!r} ({at})"  # type: ignore[union-attr]
+            if code in steps:
+                return f"hookfit: raised in step function {_name(steps[code])!r} ({at})"
+            tb = tb.tb_next
+        return f"hookfit: raised during the run ({at})"
+
+    def _finish(self, failed: bool) -> None:
+        """Fire ``fit_end`` once: every implementation runs even if one raises."""
+        state = self.state
+        state.stage = None
+        pm = self.pm
+        errors: list[BaseException] = []
+        caller = pm.hook.fit_end  # type: ignore[union-attr]
+        impls = caller.get_hookimpls()
+        if pm.monitors or any(i.hookwrapper or i.wrapper for i in impls):  # type: ignore[union-attr]
+            try:
+                caller(loop=self)
+            except Exception as exc:
+                errors.append(exc)
+        else:
+            for impl in reversed(impls):
+                try:
+                    impl.function(*[{"loop": self}[a] for a in impl.argnames])
+                except Exception as exc:
+                    exc.add_note(f"hookfit: raised by {pm.describe(impl.plugin_name)} in hook 'fit_end'")  # type: ignore[union-attr]
+                    errors.append(exc)
+        state.ended_at = time.perf_counter()
+        if self._dispatch is not None:
+            self._dispatch.close()
+        if not errors:
+            return
+        if failed:
+            for exc in errors:
+                self._warn_secondary(exc, "fit_end")
+            return
+        state.status = "failed"
+        state.error = errors[0]
+        state.stop_reason = f"{type(errors[0]).__name__}: {errors[0]}"
+        for exc in errors[1:]:
+            self._warn_secondary(exc, "fit_end")
+        raise errors[0]
+
+    @staticmethod
+    def _warn_secondary(error: BaseException, hook: str) -> None:
+        notes = " ".join(getattr(error, "__notes__", []))
+        warnings.warn(
+            f"{hook} failed while the run was already ending: "
+            f"{type(error).__name__}: {error} {notes}".strip(),
+            HookfitWarning,
+            stacklevel=3,
+        )
