@@ -13,7 +13,9 @@ def _plugins(args: argparse.Namespace) -> int:
     from hookfit import manager
 
     infos = manager.collect(strict=False)
-    manager.PluginManager().register_all(infos, strict=False)
+    pm = manager.PluginManager()
+    pm.register_all(infos, strict=False)
+    pm.check_unknown_hooks(strict=False)
     rows = [
         {
             "name": i.name,

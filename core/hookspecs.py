@@ -161,3 +161,54 @@ def fit_end(loop: Loop) -> None:
     an earlier one raised; the first such error fails the run (or is reported as a warning if
     the run failed already). The return value is ignored.
     """
+
+
+# -- backward pass and optimizer steps (fired by the plugin that owns them, e.g. optim) -------
+
+
+@hookspec(firstresult=True)
+def backward(loop: Loop, loss: Any) -> Any:
+    """``loop.backward(loss)`` was called from a step function: run the backward pass.
+
+    First result: the first implementation that returns something other than ``None`` has
+    handled it and no other is called (so a replacement plugin can take over with
+    ``tryfirst``). ``loop.backward`` fails with an error naming the disabled plugins when no
+    enabled plugin implements this event.
+    """
+
+
+@hookspec
+def before_backward(loop: Loop, loss: Any) -> None:
+    """The plugin that owns the backward pass is about to run it on ``loss``.
+
+    ``loss`` is the tensor as the step passed it (before any accumulation or AMP scaling).
+    The return value is ignored. Fires inside the step function, on the training thread.
+    """
+
+
+@hookspec
+def after_backward(loop: Loop, loss: Any) -> None:
+    """The backward pass on ``loss`` is done: gradients are accumulated on the parameters.
+
+    They may still be scaled for mixed precision and are not clipped yet; read them in
+    ``before_optimizer_step`` for their final values. The return value is ignored.
+    """
+
+
+@hookspec
+def before_optimizer_step(loop: Loop, name: str, optimizer: Any) -> None:
+    """Optimizer ``name`` is about to step: gradients are final (unscaled and clipped).
+
+    Fires only for real steps (not for calls skipped inside a gradient-accumulation window or
+    because of a non-finite loss). A gradient-norm logger reads the gradients here. The
+    return value is ignored; a plugin must not replace the optimizer.
+    """
+
+
+@hookspec
+def after_optimizer_step(loop: Loop, name: str, optimizer: Any) -> None:
+    """Optimizer ``name`` has stepped; its learning-rate scheduler (per-step) has stepped too.
+
+    Fires once per real optimizer step, after ``before_optimizer_step``. The return value is
+    ignored.
+    """

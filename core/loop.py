@@ -168,6 +168,21 @@ class Loop:
             )
         self.pm.hook.request_stop(loop=self, reason=reason)
 
+    def backward(self, loss: Any) -> Any:
+        """Run the backward pass on ``loss`` through the plugin that owns it (``backward``
+        event), so gradient accumulation, loss scaling and the hooks around it apply."""
+        if self.pm is None:
+            raise RuntimeError("backward() needs a running loop: call it from a step function")
+        caller = self.pm.hook.backward
+        if not caller.get_hookimpls():
+            disabled = [i.name for i in self.pm.infos.values() if not i.enabled]
+            raise RuntimeError(
+                "loop.backward() needs a plugin that implements the 'backward' event and no "
+                f"enabled plugin does (disabled plugins: {', '.join(disabled) or 'none'}); "
+                "enable it, or call loss.backward() yourself"
+            )
+        return caller(loop=self, loss=loss)
+
     # -- the run --------------------------------------------------------------------------
     def fit(self) -> State:
         """Run training (and validation) to the end; return the final :class:`State`.

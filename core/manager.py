@@ -95,12 +95,28 @@ def plugin_name(plugin: Any) -> str:
 def entry_points() -> list[metadata.EntryPoint]:
     """The ``hookfit`` entry points of every installed distribution, sorted by name.
 
-    A distribution installed twice on ``sys.path`` shows up once (the first one wins, as for
-    imports)."""
+    A distribution found twice on ``sys.path`` shows up once (the first one wins, as for
+    imports). Two different distributions registering one name: the first on ``sys.path``
+    wins and a :class:`HookfitWarning` names both."""
     seen: dict[str, metadata.EntryPoint] = {}
     for ep in metadata.entry_points(group=GROUP):
-        seen.setdefault(ep.name, ep)
+        first = seen.setdefault(ep.name, ep)
+        if first is not ep and _dist_name(first) != _dist_name(ep):
+            import warnings
+
+            warnings.warn(
+                f"two distributions register the hookfit plugin {ep.name!r}: "
+                f"{_dist_name(first)} ({first.value}, used) and {_dist_name(ep)} ({ep.value}, "
+                f"ignored); uninstall one",
+                HookfitWarning,
+                stacklevel=3,
+            )
     return [seen[name] for name in sorted(seen)]
+
+
+def _dist_name(ep: metadata.EntryPoint) -> str | None:
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist else None
 
 
 def _instantiate(obj: Any) -> Any:
@@ -271,9 +287,10 @@ class PluginManager(pluggy.PluginManager):
                 continue
             info.hooks = sorted(impl_names(self, info.plugin))
 
-    def check_unknown_hooks(self) -> None:
+    def check_unknown_hooks(self, strict: bool = True) -> None:
         """Fail when a registered plugin implements an event no spec declares (a misspelt
-        hook name), naming the plugin, its distribution, the hook and the closest event."""
+        hook name), naming the plugin, its distribution, the hook and the closest event.
+        With ``strict=False`` (listing) the error is kept on the plugin's info instead."""
         specs = sorted(n for n, c in vars(self.hook).items() if c.has_spec())
         for name, caller in sorted(vars(self.hook).items()):
             if caller.has_spec():
@@ -283,10 +300,13 @@ class PluginManager(pluggy.PluginManager):
                     continue
                 close = difflib.get_close_matches(name, specs, n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise PluginError(
+                message = (
                     f"{self.describe(impl.plugin_name)} implements hook {name!r}, which is "
                     f"not a hookfit event.{hint} Events: {', '.join(specs)}."
                 )
+                if strict:
+                    raise PluginError(message)
+                self.infos[impl.plugin_name].error = message
 
 
 def impl_names(pm: pluggy.PluginManager, plugin: object) -> list[str]:

@@ -373,6 +373,19 @@ def test_every_hookspec_is_documented_and_fired() -> None:
     with pytest.raises(Boom):
         hookfit.Loop(lambda l, b: (_ for _ in ()).throw(Boom()), [1], plugins=[rec]).fit()
     fired |= set(rec.names())
+
+    from hookfit.plugins.optim import Optim
+
+    rec = Recorder()
+    model = torch.nn.Linear(1, 1)
+
+    def optim_step(loop, x):
+        loop.backward(model(x).sum())
+        loop.optimizers.step()
+
+    hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()),
+                 plugins=[Optim(), rec]).fit()
+    fired |= set(rec.names())
     assert fired == set(declared), f"never fired: {set(declared) - fired}"
 
 

@@ -50,6 +50,9 @@ def batch_end(batch_idx):
 '''
 
 
+BUILTINS = ",".join(ep.name for ep in manager.entry_points() if ep.dist.name == "hookfit")
+
+
 @pytest.fixture
 def dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Two plugins of one distribution, one a class and one a module."""
@@ -60,7 +63,7 @@ def dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     )
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.delenv("HOOKFIT_PLUGINS")
-    monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", "interrupter")
+    monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", BUILTINS)
     sys.modules.pop("fake_plugins_mod", None)
     yield root
     sys.modules.pop("fake_plugins_mod", None)
@@ -120,7 +123,7 @@ def test_disable_by_name(dists: Path, monkeypatch: pytest.MonkeyPatch, how: str)
     if how == "argument":
         loop = run(disable=["alpha"])
     else:
-        monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", "interrupter, alpha")
+        monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", f"{BUILTINS}, alpha")
         loop = run()
     assert [n for n, _ in loop.pm.list_name_plugin()] == ["beta"]
     assert loop.pm.infos["alpha"].enabled is False
@@ -342,7 +345,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def test_hookfit_plugins_lists_name_distribution_hooks_and_state(dists: Path, tmp_path: Path) -> None:
     make_dist(tmp_path / "broken", "broken-plugin", {"broken": "does_not_exist_mod"}, {})
     path = os.pathsep.join([str(dists), str(tmp_path / "broken")])
-    env = {"PYTHONPATH": path, "HOOKFIT_DISABLE_PLUGINS": "beta"}
+    env = {"PYTHONPATH": path, "HOOKFIT_DISABLE_PLUGINS": "beta"}  # built-ins listed too
     env.pop("HOOKFIT_PLUGINS", None)
     result = cli("plugins", "--json", env={**env})
     rows = {row["name"]: row for row in json.loads(result.stdout)}

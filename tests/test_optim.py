@@ -1,0 +1,330 @@
+"""optim: manual stepping matches hand-written PyTorch bit for bit, and its policies hold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.optim import Optim, OptimWarning
+from conftest import Recorder
+
+
+def data(n: int = 10, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(n)]
+
+
+def model(seed: int = 1) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def mse(m: torch.nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(m(x), y)
+
+
+def params(m: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def assert_bitwise(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def fit(m, opt, batches, *plugins, epochs=2, step=None, **kwargs):
+    def default_step(loop, batch):
+        loss = mse(m, batch)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    return hookfit.Loop(
+        step or default_step, batches, model=m, optimizers=opt, max_epochs=epochs,
+        plugins=[Optim(**kwargs), *plugins],
+    ).fit()
+
+
+def test_plain_sgd_is_bitwise_equal_to_a_raw_loop() -> None:
+    batches = data()
+    raw = model()
+    opt = torch.optim.SGD(raw.parameters(), lr=0.1)
+    for _ in range(2):
+        for b in batches:
+            opt.zero_grad()
+            mse(raw, b).backward()
+            opt.step()
+    m = model()
+    fit(m, torch.optim.SGD(m.parameters(), lr=0.1), batches)
+    assert_bitwise(params(m), params(raw))
+
+
+@pytest.mark.parametrize("zero_first", [False, True])
+def test_accumulation_with_adam_and_clipping_matches_raw(zero_first: bool) -> None:
+    batches = data(10)  # windows of 4: steps after batches 3, 7 and the partial 8-9
+    raw = model()
+    opt = torch.optim.Adam(raw.parameters(), lr=0.01)
+    for _ in range(2):
+        for i, b in enumerate(batches):
+            (mse(raw, b) / 4).backward()
+            if (i + 1) % 4 == 0 or i == len(batches) - 1:
+                torch.nn.utils.clip_grad_norm_(list(raw.parameters()), 0.5)
+                opt.step()
+                opt.zero_grad()
+
+    m = model()
+    adam = torch.optim.Adam(m.parameters(), lr=0.01)
+
+    def step(loop, batch):
+        if zero_first:  # both orders users write work the same
+            loop.optimizers.zero_grad()
+        loss = mse(m, batch)
+        loop.backward(loss)
+        loop.optimizers.step()
+        if not zero_first:
+            loop.optimizers.zero_grad()
+        return loss
+
+    state = fit(m, adam, batches, step=step, accumulate=4, clip_norm=0.5)
+    assert_bitwise(params(m), params(raw))
+    assert state.step == 20  # batches, not optimizer steps
+
+
+def test_alternating_optimizers_with_toggle_match_raw_and_count_apart() -> None:
+    def pair():
+        torch.manual_seed(3)
+        return torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+
+    batches = [torch.randn(16, 2, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+
+    def losses(g, d, x):
+        fake = g(x)
+        d_loss = torch.nn.functional.softplus(d(fake.detach())).mean() + torch.nn.functional.softplus(-d(x)).mean()
+        return fake, d_loss
+
+    g, d = pair()
+    og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+    for x in batches:
+        fake, d_loss = losses(g, d, x)
+        od.zero_grad(); d_loss.backward(); od.step()
+        for p in d.parameters():
+            p.requires_grad_(False)
+        g_loss = torch.nn.functional.softplus(-d(g(x))).mean()
+        og.zero_grad(); g_loss.backward(); og.step()
+        for p in d.parameters():
+            p.requires_grad_(True)
+
+    G, D = pair()
+    flags_inside = []
+
+    def step(loop, x):
+        opts = loop.optimizers
+        fake, d_loss = losses(G, D, x)
+        opts["d"].zero_grad(); loop.backward(d_loss); opts["d"].step()
+        with opts.toggle("g"):
+            flags_inside.append(all(not p.requires_grad for p in D.parameters()))
+            g_loss = torch.nn.functional.softplus(-D(G(x))).mean()
+            opts["g"].zero_grad(); loop.backward(g_loss); opts["g"].step()
+        return {"d_loss": d_loss, "g_loss": g_loss}  # no "loss" key
+
+    counts = {}
+
+    class Count:
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            counts.update({n: o.steps for n, o in loop.optimizers.items()})
+
+    loop = hookfit.Loop(
+        step, batches, model={"g": G, "d": D},
+        optimizers={"g": torch.optim.SGD(G.parameters(), lr=0.1), "d": torch.optim.SGD(D.parameters(), lr=0.1)},
+        plugins=[Optim(), Count()],
+    )
+    state = loop.fit()
+    assert_bitwise(params(G) + params(D), params(g) + params(d))
+    assert all(flags_inside) and all(p.requires_grad for p in D.parameters())
+    assert counts == {"g": 6, "d": 6} and state.step == 6
+    assert isinstance(loop.optimizers, dict)  # the user's own object is given back at fit_end
+
+
+def test_optimizer_hooks_fire_in_order() -> None:
+    rec = Recorder()
+    m = model()
+    fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), rec, epochs=1)
+    names = [n for n in rec.names() if n in ("backward", "before_backward", "after_backward",
+                                             "before_optimizer_step", "after_optimizer_step")]
+    # the recorder's own backward (registered last, so asked first) returns None: optim's runs
+    assert names == ["backward", "before_backward", "after_backward", "before_optimizer_step", "after_optimizer_step"] * 2
+    args = [a for n, a in rec.events if n == "before_optimizer_step"]
+    assert args[0]["name"] == "default" and isinstance(args[0]["optimizer"], torch.optim.SGD)
+
+
+def test_grad_norm_example_plugin_sees_final_gradients() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "grad_norm_plugin", Path(__file__).parents[1] / "examples" / "grad_norm_plugin.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    norms = module.GradNorm()
+    m = model()
+    fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(3), norms, epochs=1, clip_norm=0.01)
+    assert len(norms.norms) == 3
+    assert all(0 < n <= 0.01 + 1e-6 for n in norms.norms)  # measured after clipping
+
+
+def test_nonfinite_loss_skips_the_step_with_one_warning_and_a_count() -> None:
+    m = model()
+    batches = data(6)
+    before = None
+
+    def step(loop, batch):
+        nonlocal before
+        loss = mse(m, batch)
+        if loop.state.batch_idx in (2, 4):
+            loss = loss * float("nan")
+            before = params(m) if before is None else before
+        loop.backward(loss)
+        stepped = loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss, "stepped": float(stepped)}
+
+    skipped = []
+
+    class Watch:
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            skipped.append(loop.optimizers["default"].skipped)
+
+    with pytest.warns(OptimWarning) as caught:
+        fit(m, torch.optim.SGD(m.parameters(), lr=0.1), batches, Watch(), epochs=1, step=step)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2
+    assert "skipped the step of optimizer 'default': non-finite loss at epoch 0, batch 2" in messages[0]
+    assert "2 optimizer steps were skipped" in messages[1]
+    assert skipped == [2]
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+def test_nonfinite_loss_raise_policy() -> None:
+    m = model()
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch) * float("inf"))
+
+    with pytest.raises(FloatingPointError, match="non-finite loss.*epoch 0, batch 0"):
+        fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), step=step, nonfinite="raise")
+
+
+def test_nonfinite_gradient_is_caught_when_clipping() -> None:
+    m = model()
+
+    def step(loop, batch):
+        loss = mse(m, batch)
+        loop.backward(loss)
+        if loop.state.batch_idx == 1:
+            next(m.parameters()).grad[0, 0] = float("inf")
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    with pytest.warns(OptimWarning, match="non-finite gradient"):
+        fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(3), step=step, epochs=1, clip_norm=1.0)
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+def test_schedulers_per_step_and_per_epoch() -> None:
+    for interval, expected in (("step", 0.1 * 0.5 ** 6), ("epoch", 0.1 * 0.5 ** 2)):
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        fit(m, opt, data(3), schedulers=sched, scheduler_interval=interval)
+        assert opt.param_groups[0]["lr"] == pytest.approx(expected)
+
+
+def test_amp_grad_scaler_scales_the_loss() -> None:
+    m = model()
+    seen = []
+
+    class Grad:
+        @hookfit.hookimpl
+        def after_backward(self):
+            seen.append(next(m.parameters()).grad.abs().max().item())
+
+        @hookfit.hookimpl
+        def before_optimizer_step(self):
+            seen.append(next(m.parameters()).grad.abs().max().item())
+
+    fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(1), Grad(), epochs=1, amp=True)
+    scaled, unscaled = seen
+    assert scaled / unscaled == pytest.approx(2.0 ** 16, rel=1e-3)  # GradScaler's initial scale
+
+
+def test_unknown_optimizer_name_lists_the_known_ones() -> None:
+    m = model()
+
+    def step(loop, batch):
+        loop.optimizers["gen"].step()
+
+    with pytest.raises(KeyError, match=r"unknown optimizer 'gen'; this run's optimizers are: 'g', 'd'"):
+        hookfit.Loop(step, [1], optimizers={"g": torch.optim.SGD(m.parameters()), "d": torch.optim.SGD(m.parameters())},
+                     plugins=[Optim()]).fit()
+
+
+def test_unnamed_access_with_two_optimizers_asks_for_a_name() -> None:
+    m = model()
+
+    def step(loop, batch):
+        loop.optimizers.step()
+
+    with pytest.raises(TypeError, match="2 optimizers .* name one"):
+        hookfit.Loop(step, [1], optimizers={"g": torch.optim.SGD(m.parameters()), "d": torch.optim.SGD(m.parameters())},
+                     plugins=[Optim()]).fit()
+
+
+def test_backward_without_the_optim_plugin_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOOKFIT_PLUGINS")
+    monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", "optim")
+    m = model()
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch))
+
+    with pytest.raises(RuntimeError, match=r"loop.backward\(\) needs a plugin .*disabled plugins: optim"):
+        hookfit.Loop(step, data(1), optimizers=torch.optim.SGD(m.parameters())).fit()
+
+
+def test_bad_configuration_is_named() -> None:
+    with pytest.raises(ValueError, match="optim: accumulate must be a positive integer, got 0"):
+        Optim(accumulate=0)
+    with pytest.raises(ValueError, match="optim: nonfinite"):
+        Optim(nonfinite="ignore")
+    with pytest.raises(TypeError, match="optim: optimizer 'default' is a str"):
+        hookfit.Loop(lambda l, b: None, [1], optimizers="sgd", plugins=[Optim()]).fit()
+
+
+def test_state_dict_round_trip() -> None:
+    m = model()
+    plugin = Optim(amp=True)
+    hookfit.Loop(lambda l, b: None, [1], optimizers=torch.optim.Adam(m.parameters()), plugins=[plugin]).fit()
+    loop = hookfit.Loop(lambda l, b: None, [1], optimizers=torch.optim.Adam(m.parameters()), plugins=[plugin])
+    captured = {}
+
+    class Save:
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            pass
+
+        @hookfit.hookimpl(trylast=True)
+        def batch_end(self, loop):
+            loop.optimizers["default"].steps = 5
+            captured["state"] = plugin.state_dict()
+            loop.optimizers["default"].steps = 0
+            plugin.load_state_dict(captured["state"])
+            captured["after"] = loop.optimizers["default"].steps
+
+    loop._given = loop._given + (Save(),)
+    loop.fit()
+    assert captured["after"] == 5 and captured["state"]["scaler"]["scale"] == 2.0 ** 16
