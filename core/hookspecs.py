@@ -212,3 +212,28 @@ def after_optimizer_step(loop: Loop, name: str, optimizer: Any) -> None:
     Fires once per real optimizer step, after ``before_optimizer_step``. The return value is
     ignored.
     """
+
+
+# -- aggregated metrics (published by a metrics plugin, read by renderers and loggers) -------
+
+
+@hookspec
+def metrics_update(loop: Loop, stage: str, metrics: Any) -> None:
+    """Aggregated values of the running stage, published at a bounded rate (not per batch).
+
+    ``metrics`` is a read-only snapshot (the metrics plugin's ``MetricsSnapshot``): values with
+    last, running and epoch means, progress, throughput and learning rates. It is never
+    changed after publication, so a renderer may hand it to another thread as it is. Fires on
+    the training thread; implementations must be quick (hand over, do not draw). The return
+    value is ignored.
+    """
+
+
+@hookspec
+def epoch_metrics(loop: Loop, stage: str, metrics: Any) -> None:
+    """The final aggregate of a stage of an epoch: ``stage`` is ``"train"`` or ``"valid"``.
+
+    Fires once per completed stage, just before ``stage_end``, with the same kind of snapshot
+    as ``metrics_update`` whose epoch means are final and which carries the per-epoch history.
+    Renderers print summaries here, loggers write them. The return value is ignored.
+    """

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 import torch
@@ -89,6 +91,9 @@ class Loop:
     Validation runs every ``val_every_n_epochs`` epochs after the training stage, with every
     module of ``model`` in eval mode under ``torch.inference_mode()`` (``val_grad_mode="no_grad"``
     for ``torch.no_grad()``); afterwards each submodule gets back its own previous training flag.
+
+    Files a run writes (metrics logs, checkpoints) go to ``loop.run_dir``: ``run_dir`` if given,
+    else a new ``runs/<date>-<time>`` folder, created only when a plugin first asks for it.
     """
 
     def __init__(
@@ -104,6 +109,7 @@ class Loop:
         max_steps: int | None = None,
         val_every_n_epochs: int = 1,
         val_grad_mode: Literal["inference", "no_grad"] = "inference",
+        run_dir: str | os.PathLike[str] | None = None,
         plugins: Sequence[Any] = (),
         disable: Sequence[str] = (),
     ) -> None:
@@ -144,11 +150,26 @@ class Loop:
         self.state = State()
         self.training = False
         self.pm: PluginManager | None = None
+        self._run_dir = Path(run_dir) if run_dir is not None else None
         self._given = tuple(plugins)
         self._disable = tuple(disable)
         self._dispatch: Dispatch | None = None
 
     # -- public API used by steps and plugins -------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        """The folder this run's files go to; created on first access."""
+        if self._run_dir is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            base = Path("runs") / stamp
+            candidate, n = base, 1
+            while candidate.exists():
+                n += 1
+                candidate = base.with_name(f"{stamp}-{n}")
+            self._run_dir = candidate
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        return self._run_dir
+
     def request_stop(self, reason: str = "stop requested") -> None:
         """Ask for a graceful stop after the current batch, from any thread.
 

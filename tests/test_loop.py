@@ -374,6 +374,7 @@ def test_every_hookspec_is_documented_and_fired() -> None:
         hookfit.Loop(lambda l, b: (_ for _ in ()).throw(Boom()), [1], plugins=[rec]).fit()
     fired |= set(rec.names())
 
+    from hookfit.plugins.metrics import Metrics
     from hookfit.plugins.optim import Optim
 
     rec = Recorder()
@@ -384,7 +385,7 @@ def test_every_hookspec_is_documented_and_fired() -> None:
         loop.optimizers.step()
 
     hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()),
-                 plugins=[Optim(), rec]).fit()
+                 plugins=[Optim(), Metrics(interval=0, log=False), rec]).fit()
     fired |= set(rec.names())
     assert fired == set(declared), f"never fired: {set(declared) - fired}"
 

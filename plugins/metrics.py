@@ -1,0 +1,320 @@
+"""metrics: aggregates every scalar a step returns and publishes read-only snapshots.
+
+* Each value of a step output that is a Python number, or a tensor with one element, is
+  aggregated under its key, weighted by the batch size: last value, running mean over the last
+  ``window`` batches, and epoch mean; train and valid apart. Other values (strings, vectors,
+  images) are ignored, without error. The batch size is the output's ``batch_size`` key if
+  present (not itself aggregated), else the first dimension of the batch's first tensor, else 1.
+* ``torchmetrics.Metric`` objects in an output are the step's to update; this plugin computes
+  them at the end of the stage (published in ``epoch_metrics``) and resets them.
+* Tensors on an accelerator stay there until the publishing interval: one host read per
+  publication, never one per step. On the CPU, where reading is no synchronisation, each value
+  is read at once (the cheapest path). ``defer=True`` forces the deferred path anywhere.
+* Publishes ``metrics_update`` at most every ``interval`` seconds and ``epoch_metrics`` at the
+  end of every stage; keeps a per-epoch history (``history_epochs`` long) for plots.
+* Writes ``metrics.jsonl`` in ``loop.run_dir``: a line per completed stage, one per
+  ``log_every_n_steps`` training steps if set, and one at the end. ``log=False`` writes nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
+
+import torch
+
+from hookfit import hookimpl
+
+
+class Value(NamedTuple):
+    """One metric in a snapshot: last batch, running mean over the window, epoch mean."""
+
+    last: float
+    running: float
+    epoch: float
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What ``metrics_update`` and ``epoch_metrics`` carry. Built fresh for each publication
+    and never changed afterwards, so it may be handed to another thread as it is."""
+
+    stage: str
+    epoch: int
+    max_epochs: int
+    step: int
+    batches: int  # batches done in this stage of this epoch
+    total: int | None  # batches in this stage, when the data has a length
+    samples: int
+    elapsed: float  # seconds in this stage
+    values: Mapping[str, Value]
+    lr: Mapping[str, float]
+    final: bool = False  # the stage's last snapshot (epoch_metrics)
+    history: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def step_time(self) -> float:
+        """Mean seconds per batch in this stage."""
+        return self.elapsed / self.batches if self.batches else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left in this stage, when its length is known."""
+        if self.total is None or not self.batches:
+            return None
+        return max(self.total - self.batches, 0) * self.step_time
+
+    def row(self) -> dict[str, Any]:
+        """A flat, JSON-ready view: ``{"loss": epoch mean, ...}`` plus progress fields."""
+        out: dict[str, Any] = {
+            "stage": self.stage, "epoch": self.epoch, "step": self.step, "batches": self.batches,
+            "samples": self.samples, "time": round(self.elapsed, 6),
+            "samples_per_s": round(self.samples_per_s, 3),
+        }
+        out.update({k: v.epoch for k, v in self.values.items()})
+        out.update({f"lr_{k}": v for k, v in self.lr.items()})
+        return out
+
+
+def _is_metric(value: Any) -> bool:
+    return hasattr(value, "compute") and hasattr(value, "reset") and hasattr(value, "update")
+
+
+def batch_size(batch: Any) -> int:
+    """The first dimension of the batch's first tensor; 1 when there is none."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            if isinstance(item, torch.Tensor):
+                return batch_size(item)
+    if isinstance(batch, Mapping):
+        for item in batch.values():
+            if isinstance(item, torch.Tensor):
+                return batch_size(item)
+    return 1
+
+
+@dataclass
+class _Series:
+    weighted: float = 0.0
+    count: int = 0
+    last: float = math.nan
+    window: collections.deque = field(default_factory=collections.deque)
+    pending: list = field(default_factory=list)  # (tensor on device, n) not yet read
+
+
+class _Stage:
+    """Aggregates of one stage of one epoch."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.series: dict[str, _Series] = {}
+        self.metric_objects: dict[str, Any] = {}
+        self.batches = 0
+        self.samples = 0
+        self.started = time.perf_counter()
+
+    def add(self, key: str, value: float, n: int) -> None:
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series(window=collections.deque(maxlen=self.window))
+        series.weighted += value * n
+        series.count += n
+        series.last = value
+        series.window.append((value, n))
+
+    def defer(self, key: str, value: torch.Tensor, n: int) -> None:
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series(window=collections.deque(maxlen=self.window))
+        series.pending.append((value.detach().reshape(()), n))
+
+    def read(self) -> None:
+        """Bring deferred device values to the host: one transfer for all of them."""
+        keys = [(k, s) for k, s in self.series.items() if s.pending]
+        if not keys:
+            return
+        tensors = [t for _, s in keys for t, _ in s.pending]
+        values = torch.stack([t.to(torch.float64) for t in tensors]).tolist()
+        i = 0
+        for key, series in keys:
+            pending, series.pending = series.pending, []
+            for _, n in pending:
+                self.add(key, values[i], n)
+                i += 1
+
+    def values(self) -> dict[str, Value]:
+        out = {}
+        for key, s in self.series.items():
+            if not s.count:
+                continue
+            w = sum(n for _, n in s.window)
+            running = sum(v * n for v, n in s.window) / w if w else math.nan
+            out[key] = Value(s.last, running, s.weighted / s.count)
+        return out
+
+
+class Metrics:
+    """Batch-size-weighted aggregation of step outputs, published as snapshots."""
+
+    name = "metrics"
+
+    def __init__(
+        self,
+        interval: float = 0.5,
+        window: int = 50,
+        history_epochs: int = 1000,
+        log: bool = True,
+        log_every_n_steps: int | None = None,
+        defer: bool | None = None,
+    ) -> None:
+        self.interval = interval
+        self.window = window
+        self.log = log
+        self.log_every_n_steps = log_every_n_steps
+        self.defer = defer
+        self.history: dict[str, collections.deque] = {}
+        self._history_epochs = history_epochs
+        self._stage: _Stage | None = None
+        self._next_publish = 0.0
+        self._log_file: Any = None
+        self.loop: Any = None
+
+    # -- events ---------------------------------------------------------------------------
+    @hookimpl
+    def fit_start(self, loop: Any) -> None:
+        self.loop = loop
+        self.history = {
+            s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
+        }
+
+    @hookimpl
+    def stage_start(self, stage: str) -> None:
+        self._stage = _Stage(self.window)
+        self._next_publish = time.perf_counter() + self.interval
+
+    @hookimpl
+    def batch_end(self, loop: Any, output: Mapping[str, Any] | None, batch: Any) -> None:
+        agg = self._stage
+        agg.batches += 1  # type: ignore[union-attr]
+        if output is not None:
+            n = output.get("batch_size")
+            n = int(n) if n is not None else batch_size(batch)
+            agg.samples += n  # type: ignore[union-attr]
+            for key, value in output.items():
+                if isinstance(value, torch.Tensor):
+                    if value.numel() != 1:
+                        continue
+                    if value.is_cpu and not self.defer:
+                        agg.add(key, value.item(), n)  # type: ignore[union-attr]
+                    else:
+                        agg.defer(key, value, n)  # type: ignore[union-attr]
+                elif type(value) is float or type(value) is int:
+                    if key != "batch_size":
+                        agg.add(key, value, n)  # type: ignore[union-attr]
+                elif _is_metric(value):
+                    agg.metric_objects[key] = value  # type: ignore[union-attr]
+        else:
+            agg.samples += batch_size(batch)  # type: ignore[union-attr]
+        if time.perf_counter() >= self._next_publish:
+            self._next_publish = time.perf_counter() + self.interval
+            loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
+        every = self.log_every_n_steps
+        if every and loop.training and loop.state.step % every == 0:
+            self._write({"event": "step", **self.snapshot().row()})
+
+    @hookimpl
+    def stage_end(self, loop: Any, stage: str) -> None:
+        agg = self._stage
+        assert agg is not None
+        agg.read()
+        extra = {}
+        for key, metric in agg.metric_objects.items():
+            value = metric.compute()
+            metric.reset()
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                extra[key] = float(value)
+        values = agg.values()
+        entry = {"epoch": loop.state.epoch, "step": loop.state.step,
+                 **{k: v.epoch for k, v in values.items()}, **extra}
+        self.history.setdefault(stage, collections.deque(maxlen=self._history_epochs)).append(
+            MappingProxyType(entry)
+        )
+        for key, value in extra.items():
+            values[key] = Value(value, value, value)
+        snapshot = self.snapshot(values=values, final=True)
+        self._write({"event": "epoch", **snapshot.row()})
+        loop.pm.hook.epoch_metrics(loop=loop, stage=stage, metrics=snapshot)
+        self._stage = None
+
+    @hookimpl
+    def fit_end(self, loop: Any) -> None:
+        state = loop.state
+        if self.log:
+            self._write({"event": "end", "status": state.status, "reason": state.stop_reason,
+                         "step": state.step, "time": round(state.elapsed, 3)})
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        self._stage = None
+        self.loop = None
+
+    # -- snapshots and log ------------------------------------------------------------------
+    def snapshot(self, values: dict[str, Value] | None = None, final: bool = False) -> MetricsSnapshot:
+        """The current aggregate of the running stage, as published."""
+        loop, agg = self.loop, self._stage
+        assert agg is not None
+        if values is None:
+            agg.read()
+            values = agg.values()
+        data = loop.val_data if loop.state.stage == "valid" else loop.train_data
+        stage = loop.state.stage or "train"
+        return MetricsSnapshot(
+            stage=stage,
+            epoch=loop.state.epoch,
+            max_epochs=loop.max_epochs,
+            step=loop.state.step,
+            batches=agg.batches,
+            total=len(data) if hasattr(data, "__len__") else None,
+            samples=agg.samples,
+            elapsed=time.perf_counter() - agg.started,
+            values=MappingProxyType(values),
+            lr=MappingProxyType(_learning_rates(loop.optimizers)),
+            final=final,
+            history=tuple(self.history.get(stage, ())) if final else (),
+        )
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if not self.log:
+            return
+        if self._log_file is None:
+            self._log_file = open(self.loop.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._log_file.write(json.dumps(record, default=float) + "\n")
+        self._log_file.flush()
+
+
+def _learning_rates(optimizers: Any) -> dict[str, float]:
+    if optimizers is None:
+        return {}
+    if not isinstance(optimizers, Mapping):
+        optimizers = {"default": optimizers}
+    out = {}
+    for name, opt in optimizers.items():
+        groups = getattr(opt, "param_groups", None)
+        if groups:
+            out[name] = float(groups[0]["lr"])
+    return out
