@@ -1,0 +1,61 @@
+"""``hookfit demo``: a small real classification run on scikit-learn's 8x8 digits.
+
+The data ships inside scikit-learn, so nothing is downloaded. A two-layer network reaches
+about 95 % validation accuracy in a few seconds on two CPU cores, with every built-in plugin
+that applies (optimizer stepping, metrics, console or dashboard, interrupter).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import hookfit
+
+
+def load_digits(batch_size: int = 64, seed: int = 0) -> tuple[list[Any], list[Any]]:
+    """Train and validation batches of the digits data, standardised, as tensors."""
+    try:
+        from sklearn.datasets import load_digits as sk_load_digits
+    except ImportError as exc:  # pragma: no cover - the README's set-up installs it
+        raise SystemExit("hookfit demo needs scikit-learn: pip install 'hookfit[demo]'") from exc
+    x, y = sk_load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32) / 16.0
+    y = torch.tensor(y)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    x, y = x[order], y[order]
+    split = int(0.8 * len(x))
+    mean, std = x[:split].mean(0), x[:split].std(0) + 1e-6
+    x = (x - mean) / std
+
+    def batches(lo: int, hi: int) -> list[Any]:
+        return [(x[i : min(i + batch_size, hi)], y[i : min(i + batch_size, hi)]) for i in range(lo, hi, batch_size)]
+
+    return batches(0, split), batches(split, len(x))
+
+
+def main(epochs: int = 8, seed: int = 0) -> hookfit.State:
+    """Train the digits classifier and return the final state."""
+    torch.manual_seed(seed)
+    train, valid = load_digits(seed=seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(128, 10))
+
+    def train_step(loop: hookfit.Loop, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss, "accuracy": (logits.argmax(1) == y).float().mean()}
+
+    def val_step(loop: hookfit.Loop, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        logits = model(x)
+        return {"loss": torch.nn.functional.cross_entropy(logits, y), "accuracy": (logits.argmax(1) == y).float().mean()}
+
+    return hookfit.Loop(
+        train_step, train, val_step=val_step, val_data=valid, model=model,
+        optimizers=torch.optim.Adam(model.parameters(), lr=3e-3), max_epochs=epochs,
+    ).fit()

@@ -1,0 +1,36 @@
+"""The README cannot rot: its first script runs as written, and CI runs its set-up commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def test_first_script_runs_as_written(tmp_path: Path) -> None:
+    script = tmp_path / "first.py"
+    script.write_text(blocks("python")[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "completed 240"
+    assert "hookfit end status=completed" in result.stdout  # the console plugin was discovered
+    assert (next((tmp_path / "runs").iterdir()) / "metrics.jsonl").is_file()
+
+
+def test_ci_runs_exactly_the_readme_setup_commands() -> None:
+    commands = [line for line in blocks("sh")[0].splitlines() if line.strip()]
+    assert len(commands) == 2
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert ci == commands
