@@ -1,0 +1,42 @@
+"""``pip install .`` (not editable) gives a working package, plugins and command."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_regular_install_has_package_plugins_and_command(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "build", "*.egg-info", "__pycache__"))
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(source)],
+        check=True, capture_output=True, timeout=300,
+    )
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")},
+           "PYTHONPATH": str(target)}
+    probe = (
+        "import json, hookfit, hookfit.plugins.optim as o;"
+        "print(json.dumps([hookfit.__file__, o.__file__]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout
+    assert all(path.startswith(str(target)) for path in json.loads(out))
+    script = target / "bin" / "hookfit"
+    listing = subprocess.run([sys.executable, str(script), "plugins", "--json"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    names = {row["name"]: row for row in json.loads(listing.stdout)}
+    assert {"optim", "metrics", "console", "interrupter"} <= set(names)
+    assert names["optim"]["distribution"] == "hookfit" and names["optim"]["enabled"]
