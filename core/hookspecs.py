@@ -237,3 +237,19 @@ def epoch_metrics(loop: Loop, stage: str, metrics: Any) -> None:
     as ``metrics_update`` whose epoch means are final and which carries the per-epoch history.
     Renderers print summaries here, loggers write them. The return value is ignored.
     """
+
+
+# -- who owns the terminal -----------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def claim_output(loop: Loop) -> str | None:
+    """Asked by plain-text renderers (the console) at ``fit_start``: does a plugin take over
+    the terminal for this run?
+
+    A renderer that will draw a full-screen interface (the dashboard) returns its name; the
+    console then stays silent. First result: the first non-``None`` answer is the owner.
+    Implementations must decide from the environment alone (is this an interactive
+    terminal?), not from the order in which plugins start. Return ``None`` to leave the
+    terminal to plain output.
+    """

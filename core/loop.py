@@ -177,13 +177,11 @@ class Loop:
         ``should_stop`` answer true after the current batch."""
         if self.pm is None:
             raise RuntimeError("request_stop() needs a running loop: call it during fit()")
-        if not self.pm.hook.request_stop.get_hookimpls():
-            handlers = [
-                i.name for i in self.pm.infos.values() if not i.enabled
-            ]
+        if not self.pm.hook.should_stop.get_hookimpls():
+            disabled = [i.name for i in self.pm.infos.values() if not i.enabled]
             warnings.warn(
-                f"request_stop({reason!r}) was ignored: no enabled plugin implements "
-                f"request_stop (disabled plugins: {', '.join(handlers) or 'none'})",
+                f"request_stop({reason!r}) will be ignored: no enabled plugin answers "
+                f"should_stop (disabled plugins: {', '.join(disabled) or 'none'})",
                 HookfitWarning,
                 stacklevel=2,
             )
@@ -250,7 +248,6 @@ class Loop:
             state.status = "interrupted"
             state.stop_reason = str(stop)
         finally:
-            state.stage = None
             self.training = False
 
     def _validate(self) -> None:

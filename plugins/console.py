@@ -7,7 +7,8 @@ progress lines come at most every ``interval`` seconds, epoch summaries at most 
 bounded however fast the steps are. At the end it prints the status, the reason, the
 duration and, for every metric, its last and best epoch value.
 
-Progress comes from the metrics plugin's ``metrics_update``/``epoch_metrics``; without it,
+When a dashboard claims the terminal (the ``claim_output`` event), the console stays silent
+unless it was given a stream of its own. Progress comes from the metrics plugin's ``metrics_update``/``epoch_metrics``; without it,
 the console prints the start and the end of the run only. "Best" is the lowest value for
 names containing ``loss`` or ``err``, the highest for others.
 """
@@ -51,13 +52,18 @@ class Console:
         self._last_summary = 0.0
         self._best: dict[tuple[str, str], tuple[float, int]] = {}
         self._last: dict[tuple[str, str], float] = {}
+        self._silent = False
 
     def _print(self, *fields: str) -> None:
+        if self._silent:
+            return
         stream = self.stream or sys.stdout
         print("hookfit " + " ".join(f for f in fields if f), file=stream, flush=True)
 
     @hookimpl
     def fit_start(self, loop: Any) -> None:
+        # a full-screen renderer owns the terminal; writing to a stream given explicitly is fine
+        self._silent = self.stream is None and loop.pm.hook.claim_output(loop=loop) is not None
         self._last_progress = self._last_summary = time.monotonic()
         self._best.clear()
         self._last.clear()

@@ -219,7 +219,7 @@ def test_request_stop_without_a_handler_warns(monkeypatch: pytest.MonkeyPatch) -
     def step(loop: hookfit.Loop, b: int) -> None:
         loop.request_stop("please")
 
-    with pytest.warns(hookfit.HookfitWarning, match=r"no enabled plugin implements request_stop.*interrupter"):
+    with pytest.warns(hookfit.HookfitWarning, match=r"will be ignored: no enabled plugin answers should_stop.*interrupter"):
         state = hookfit.Loop(step, range(2)).fit()
     assert state.status == "completed"
 
@@ -374,6 +374,7 @@ def test_every_hookspec_is_documented_and_fired() -> None:
         hookfit.Loop(lambda l, b: (_ for _ in ()).throw(Boom()), [1], plugins=[rec]).fit()
     fired |= set(rec.names())
 
+    from hookfit.plugins.console import Console
     from hookfit.plugins.metrics import Metrics
     from hookfit.plugins.optim import Optim
 
@@ -385,7 +386,7 @@ def test_every_hookspec_is_documented_and_fired() -> None:
         loop.optimizers.step()
 
     hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()),
-                 plugins=[Optim(), Metrics(interval=0, log=False), rec]).fit()
+                 plugins=[Optim(), Metrics(interval=0, log=False), Console(), rec]).fit()
     fired |= set(rec.names())
     assert fired == set(declared), f"never fired: {set(declared) - fired}"
 
