@@ -147,3 +147,25 @@ def test_no_terminal_means_no_dashboard_and_no_claim(monkeypatch: pytest.MonkeyP
 
     hookfit.Loop(lambda l, b: None, [1], plugins=[tui, Ask()]).fit()
     assert seen == [None] and not tui.active
+
+
+def test_a_dashboard_that_cannot_start_is_switched_off_and_the_console_prints(monkeypatch, capfd) -> None:
+    import hookfit.plugins.tui as tui_module
+    from hookfit.plugins.console import Console
+
+    monkeypatch.setattr(tui_module, "interactive_terminal", lambda: None)
+    fd1_before = os.fstat(1)
+
+    def broken_start(self):
+        self._saved_fds = (os.dup(1), os.dup(2))  # half-way: fds redirected, then it fails
+        self._capture = open(os.devnull, "w+b")
+        os.dup2(self._capture.fileno(), 1)
+        raise OSError("no terminal after all")
+
+    monkeypatch.setattr(TuiRenderer, "_start_screen", broken_start)
+    tui = TuiRenderer()
+    with pytest.warns(hookfit.HookfitWarning, match="tui: the dashboard could not start.*no terminal after all"):
+        state = hookfit.Loop(lambda l, b: None, [1, 2], plugins=[tui, Console()]).fit()
+    assert state.status == "completed" and not tui.active
+    assert os.fstat(1).st_ino == fd1_before.st_ino  # stdout is the original again
+    assert "hookfit end status=completed" in capfd.readouterr().out

@@ -95,16 +95,20 @@ class TuiRenderer:
         self._screen_out: Any = None
         self._saved_signals: dict[int, Any] = {}
         self._ui_error: BaseException | None = None
+        self._failed = False
 
     # -- who prints ---------------------------------------------------------------------------
     @hookimpl
     def claim_output(self, loop: Any) -> str | None:
-        return self.name if self.active or interactive_terminal() is None else None
+        if self.active or (not self._failed and interactive_terminal() is None):
+            return self.name
+        return None
 
     # -- start --------------------------------------------------------------------------------
     @hookimpl(tryfirst=True)
     def fit_start(self, loop: Any) -> None:
         self.loop = loop
+        self._failed = False
         if interactive_terminal() is not None:
             return
         from hookfit.plugins.tui.dashboard import Dashboard  # urwid is imported only from here
@@ -122,9 +126,17 @@ class TuiRenderer:
             on_stop=lambda: loop.request_stop("q pressed in the dashboard"),
             on_leave=self._quit.set,
         )
-        self._start_screen()
         self.active = True
         atexit.register(self._restore)
+        try:
+            self._start_screen()
+        except Exception as exc:  # a renderer that cannot start is switched off, not fatal
+            self._restore()
+            self._failed = True
+            warnings.warn(f"tui: the dashboard could not start and is switched off "
+                          f"({type(exc).__name__}: {exc}); the console prints instead",
+                          HookfitWarning, stacklevel=2)
+            return
         self._thread = threading.Thread(target=self._ui, name="hookfit-tui", daemon=True)
         self._thread.start()
 
@@ -258,6 +270,7 @@ class TuiRenderer:
         try:
             if self._screen is not None:
                 self._screen.stop()
+                self._screen = None
         finally:
             for signum, handler in self._saved_signals.items():
                 signal.signal(signum, handler)
