@@ -97,15 +97,20 @@ def resolve(pm: PluginManager, name: str, results: bool) -> Call | None:
 
 
 class Dispatch:
-    """The per-batch events of one run, each an attribute: a callable or ``None``.
+    """Resolved events of one run, read as attributes (``loop.hooks.<event>``): a positional
+    callable, or ``None`` when nothing implements the event.
 
-    ``batch_start(loop, batch, batch_idx)``, ``step_output(loop, output, batch)``,
-    ``batch_end(loop, output, batch, batch_idx)`` and ``should_stop(loop)``, which returns
-    the list of non-``None`` answers.
+    The loop's own per-batch events ignore results: ``batch_start(loop, batch, batch_idx)``,
+    ``step_output(loop, output, batch)``, ``batch_end(loop, output, batch, batch_idx)``. Any
+    other event, ``should_stop(loop)`` included, returns what ``pm.hook.<event>`` would
+    (a list of non-``None`` results, or the first one for a first-result event), so plugins
+    that fire events on the hot path (``before_backward``...) get the same zero-cost dispatch::
+
+        if (call := loop.hooks.before_backward) is not None:
+            call(loop, loss)
     """
 
     NOTIFY = ("batch_start", "step_output", "batch_end")
-    QUERY = ("should_stop",)
 
     batch_start: Call | None
     step_output: Call | None
@@ -114,15 +119,26 @@ class Dispatch:
 
     def __init__(self, pm: PluginManager) -> None:
         self.pm = pm
+        self._resolved: set[str] = set()
         self.resolve()
         self._undo = pm.on_change(self.resolve)
 
     def resolve(self) -> None:
-        """Resolve every per-batch event again from the current plugins."""
+        """Forget every resolution; the per-batch events are resolved again at once."""
+        for name in self._resolved:
+            self.__dict__.pop(name, None)
+        self._resolved = set()
         for name in self.NOTIFY:
-            setattr(self, name, resolve(self.pm, name, results=False))
-        for name in self.QUERY:
-            setattr(self, name, resolve(self.pm, name, results=True))
+            self.__dict__[name] = resolve(self.pm, name, results=False)
+            self._resolved.add(name)
+
+    def __getattr__(self, name: str) -> Call | None:
+        if name.startswith("_") or not hasattr(self.pm.hook, name):
+            raise AttributeError(f"no hookfit event named {name!r}")
+        call = resolve(self.pm, name, results=True)
+        self.__dict__[name] = call
+        self._resolved.add(name)
+        return call
 
     def close(self) -> None:
         """Stop following plugin changes (the run is over)."""

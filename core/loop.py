@@ -17,6 +17,7 @@ from hookfit.dispatch import Dispatch
 from hookfit.manager import HookfitWarning, PluginManager
 
 Step = Callable[["Loop", Any], Any]
+_Tensor = torch.Tensor
 Status = Literal["idle", "running", "completed", "interrupted", "failed"]
 
 
@@ -150,10 +151,11 @@ class Loop:
         self.state = State()
         self.training = False
         self.pm: PluginManager | None = None
+        """The run's plugin manager (``pm.hook.<event>(...)``: pluggy's ordinary call path)."""
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self._given = tuple(plugins)
         self._disable = tuple(disable)
-        self._dispatch: Dispatch | None = None
+        self.hooks: Dispatch | None = None
 
     # -- public API used by steps and plugins -------------------------------------------
     @property
@@ -190,17 +192,17 @@ class Loop:
     def backward(self, loss: Any) -> Any:
         """Run the backward pass on ``loss`` through the plugin that owns it (``backward``
         event), so gradient accumulation, loss scaling and the hooks around it apply."""
-        if self.pm is None:
-            raise RuntimeError("backward() needs a running loop: call it from a step function")
-        caller = self.pm.hook.backward
-        if not caller.get_hookimpls():
+        call = self.hooks.backward if self.hooks is not None else None
+        if call is None:
+            if self.pm is None:
+                raise RuntimeError("backward() needs a running loop: call it from a step function")
             disabled = [i.name for i in self.pm.infos.values() if not i.enabled]
             raise RuntimeError(
                 "loop.backward() needs a plugin that implements the 'backward' event and no "
                 f"enabled plugin does (disabled plugins: {', '.join(disabled) or 'none'}); "
                 "enable it, or call loss.backward() yourself"
             )
-        return caller(loop=self, loss=loss)
+        return call(self, loss)
 
     # -- the run --------------------------------------------------------------------------
     def fit(self) -> State:
@@ -213,7 +215,7 @@ class Loop:
         if self.state.status != "idle":
             raise RuntimeError("this Loop has already run; create a new Loop to train again")
         self.pm = pm = manager.build(self._given, self._disable)
-        self._dispatch = Dispatch(pm)
+        self.hooks = Dispatch(pm)
         state = self.state
         state.status = "running"
         state.started_at = time.perf_counter()
@@ -267,7 +269,7 @@ class Loop:
         """Run one stage over ``data``. The per-batch body is the hot path: every event
         without an implementation costs one ``is None`` test."""
         state = self.state
-        dispatch = self._dispatch
+        dispatch = self.hooks
         train = stage == "train"
         limit = self.max_steps if train and self.max_steps is not None else -1
         state.stage = stage
@@ -282,7 +284,8 @@ class Loop:
             output = step(self, batch)
             if output is not None:
                 if type(output) is not dict:
-                    output = self._as_mapping(output, step)
+                    # a tensor is the common case: test it before the (slower) Mapping ABC
+                    output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else self._as_mapping(output, step)
                 if (call := dispatch.step_output) is not None:
                     call(self, output, batch)
             if train:
@@ -305,8 +308,6 @@ class Loop:
     def _as_mapping(output: Any, step: Step) -> Mapping[str, Any]:
         if isinstance(output, Mapping):
             return output
-        if isinstance(output, torch.Tensor):
-            return {"loss": output}
         raise TypeError(
             f"step function {_name(step)!r} returned {type(output).__name__}; a step must "
             f"return None, a mapping or a tensor"
@@ -378,8 +379,8 @@ class Loop:
                     exc.add_note(f"hookfit: raised by {pm.describe(impl.plugin_name)} in hook 'fit_end'")  # type: ignore[union-attr]
                     errors.append(exc)
         state.ended_at = time.perf_counter()
-        if self._dispatch is not None:
-            self._dispatch.close()
+        if self.hooks is not None:
+            self.hooks.close()
         if not errors:
             return
         if failed:

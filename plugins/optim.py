@@ -34,6 +34,7 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from typing import Any, Iterator, Literal, Mapping
 
@@ -106,7 +107,8 @@ class ManagedOptimizer:
             torch.nn.utils.clip_grad_value_(self._params, plugin.clip_value)
         if not finite and scaler is None:  # with a scaler, scaler.step() skips by itself
             return self._skip("non-finite gradient")
-        loop.pm.hook.before_optimizer_step(loop=loop, name=self.name, optimizer=self.optimizer)
+        if (call := loop.hooks.before_optimizer_step) is not None:
+            call(loop, self.name, self.optimizer)
         if scaler is not None:
             scaler.step(self.optimizer)  # skips by itself on inf/NaN gradients
             plugin._scaler_used = True
@@ -116,7 +118,8 @@ class ManagedOptimizer:
         self._stepped = True
         if self.scheduler is not None and plugin.scheduler_interval == "step":
             self.scheduler.step()
-        loop.pm.hook.after_optimizer_step(loop=loop, name=self.name, optimizer=self.optimizer)
+        if (call := loop.hooks.after_optimizer_step) is not None:
+            call(loop, self.name, self.optimizer)
         return True
 
     def _skip(self, why: str) -> bool:
@@ -275,7 +278,7 @@ class Optim:
 
     @hookimpl
     def backward(self, loop: Any, loss: torch.Tensor) -> bool:
-        if self.nonfinite is not None and not bool(torch.isfinite(loss).all()):
+        if self.nonfinite is not None and not _finite(loss):
             self._poisoned = True
             if self.nonfinite == "raise":
                 raise FloatingPointError(
@@ -283,12 +286,14 @@ class Optim:
                     f"{loop.state.epoch}, batch {loop.state.batch_idx}"
                 )
             return True
-        loop.pm.hook.before_backward(loop=loop, loss=loss)
+        if (call := loop.hooks.before_backward) is not None:
+            call(loop, loss)
         scaled = loss / self.accumulate if self.accumulate > 1 else loss
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
         scaled.backward()
-        loop.pm.hook.after_backward(loop=loop, loss=loss)
+        if (call := loop.hooks.after_backward) is not None:
+            call(loop, loss)
         return True
 
     @hookimpl
@@ -384,6 +389,14 @@ class Optim:
             managed.load_state_dict(state["optimizers"][name])
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
+
+
+def _finite(loss: torch.Tensor) -> bool:
+    """Whether every value of ``loss`` is finite. On the CPU a scalar is read with ``item()``
+    (no synchronisation there, and the cheapest check); elsewhere this syncs once per call."""
+    if loss.is_cpu and loss.numel() == 1:
+        return math.isfinite(loss.item())
+    return bool(torch.isfinite(loss).all())
 
 
 def _named(value: Any, what: str) -> dict[str, Any]:

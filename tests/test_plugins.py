@@ -369,3 +369,25 @@ def test_hookfit_hooks_prints_every_event() -> None:
     out = cli("hooks").stdout
     for name in spec_names():
         assert f"\n{name}(" in "\n" + out
+
+
+def test_loop_hooks_resolve_any_event_once_and_again_after_changes() -> None:
+    seen = []
+
+    class Listener:
+        @hookfit.hookimpl
+        def before_backward(self, loss):
+            seen.append(loss)
+            return "heard"
+
+    class Probe:
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            assert loop.hooks.before_backward is None  # nothing implements it: costs nothing
+            with pytest.raises(AttributeError, match="no hookfit event named 'before_backwards'"):
+                loop.hooks.before_backwards
+            loop.pm.register(Listener(), name="listener")
+            assert loop.hooks.before_backward(loop, 1.5) == ["heard"]  # pluggy's result semantics
+
+    hookfit.Loop(lambda loop, b: None, [1], plugins=[Probe()]).fit()
+    assert seen == [1.5]
