@@ -26,9 +26,12 @@ way to disable it. hookfit never drops a plugin the user installed without sayin
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib
 import importlib.metadata as metadata
 import inspect
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -98,40 +101,39 @@ def entry_points() -> list[metadata.EntryPoint]:
     A distribution found twice on ``sys.path`` shows up once (the first one wins, as for
     imports). Two different distributions registering one name: the first on ``sys.path``
     wins and a :class:`HookfitWarning` names both."""
-    seen: dict[str, metadata.EntryPoint] = {}
+    return [ep for ep, _, _ in _discover(tuple(sys.path))]
+
+
+@functools.lru_cache(maxsize=8)
+def _discover(path: tuple[str, ...]) -> tuple[tuple[metadata.EntryPoint, str | None, str | None], ...]:
+    """Entry points with their distribution's name and version, read once per ``sys.path``
+    (reading package metadata costs milliseconds; a run should not pay it every ``fit()``)."""
+    seen: dict[str, tuple[metadata.EntryPoint, str | None, str | None]] = {}
     for ep in metadata.entry_points(group=GROUP):
-        first = seen.setdefault(ep.name, ep)
-        if first is not ep and _dist_name(first) != _dist_name(ep):
+        dist = getattr(ep, "dist", None)
+        entry = (ep, dist.name if dist else None, dist.version if dist else None)
+        first = seen.setdefault(ep.name, entry)
+        if first is not entry and first[1] != entry[1]:
             import warnings
 
             warnings.warn(
                 f"two distributions register the hookfit plugin {ep.name!r}: "
-                f"{_dist_name(first)} ({first.value}, used) and {_dist_name(ep)} ({ep.value}, "
+                f"{first[1]} ({first[0].value}, used) and {entry[1]} ({ep.value}, "
                 f"ignored); uninstall one",
                 HookfitWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-    return [seen[name] for name in sorted(seen)]
+    return tuple(seen[name] for name in sorted(seen))
 
 
-def _dist_name(ep: metadata.EntryPoint) -> str | None:
-    dist = getattr(ep, "dist", None)
-    return dist.name if dist else None
+def refresh() -> None:
+    """Forget what was discovered, after installing or removing a plugin in this process."""
+    _discover.cache_clear()
+    importlib.invalidate_caches()
 
 
 def _instantiate(obj: Any) -> Any:
     return obj() if inspect.isclass(obj) else obj
-
-
-def _ep_info(ep: metadata.EntryPoint) -> PluginInfo:
-    dist = getattr(ep, "dist", None)
-    return PluginInfo(
-        name=ep.name,
-        source="entry point",
-        distribution=dist.name if dist else None,
-        version=dist.version if dist else None,
-        value=ep.value,
-    )
 
 
 def collect(
@@ -150,10 +152,11 @@ def collect(
     disabled = set(disable) | set(split_names(env.get(ENV_DISABLE)))
     only = split_names(env.get(ENV_ONLY)) if ENV_ONLY in env else None
 
-    eps = {ep.name: ep for ep in entry_points()}
+    eps = {}
     infos: list[PluginInfo] = []
-    for ep in eps.values():
-        info = _ep_info(ep)
+    for ep, dist, version in _discover(tuple(sys.path)):
+        eps[ep.name] = ep
+        info = PluginInfo(name=ep.name, source="entry point", distribution=dist, version=version, value=ep.value)
         info.enabled = info.name not in disabled and (only is None or info.name in only)
         infos.append(info)
 
