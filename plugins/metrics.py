@@ -93,18 +93,21 @@ def _is_metric(value: Any) -> bool:
     return hasattr(value, "compute") and hasattr(value, "reset") and hasattr(value, "update")
 
 
+_Tensor = torch.Tensor
+
+
 def batch_size(batch: Any) -> int:
     """The first dimension of the batch's first tensor; 1 when there is none."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            if isinstance(item, torch.Tensor):
-                return batch_size(item)
-    if isinstance(batch, Mapping):
-        for item in batch.values():
-            if isinstance(item, torch.Tensor):
-                return batch_size(item)
+    kind = type(batch)
+    if (kind is tuple or kind is list) and batch and type(batch[0]) is _Tensor:
+        batch = batch[0]  # the common (inputs, targets) case, without the generic walk
+    elif isinstance(batch, (list, tuple)):
+        batch = next((item for item in batch if isinstance(item, _Tensor)), None)
+    elif isinstance(batch, Mapping):
+        batch = next((item for item in batch.values() if isinstance(item, _Tensor)), None)
+    if isinstance(batch, _Tensor):
+        shape = batch.shape
+        return shape[0] if shape else 1
     return 1
 
 
