@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hookfit.manager import HookfitWarning, PluginError, hookimpl
+from hookfit.manager import HookfitWarning, ObserverWarning, PluginError, hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop, State
 
-__all__ = ["Loop", "State", "hookimpl", "PluginError", "HookfitWarning"]
+__all__ = ["Loop", "State", "hookimpl", "PluginError", "HookfitWarning", "ObserverWarning"]
 __version__ = "0.1.0"
 
 

@@ -6,7 +6,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -40,6 +40,8 @@ class State:
     error: BaseException | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    silenced: list[Any] = field(default_factory=list)
+    """Observer plugins switched off during the run (:class:`hookfit.manager.Silenced`)."""
 
     @property
     def elapsed(self) -> float:
@@ -215,6 +217,7 @@ class Loop:
         if self.state.status != "idle":
             raise RuntimeError("this Loop has already run; create a new Loop to train again")
         self.pm = pm = manager.build(self._given, self._disable)
+        self.state.silenced = pm.silenced
         self.hooks = Dispatch(pm)
         state = self.state
         state.status = "running"

@@ -21,6 +21,12 @@ with a :class:`HookfitWarning`, so a typo does not pass unnoticed.
 Failure policy: an entry point that fails to import or to instantiate fails the run before any
 event fires, with a :class:`PluginError` that names the entry point, its distribution and the
 way to disable it. hookfit never drops a plugin the user installed without saying so.
+
+Faults stay inside observers: a plugin whose class says ``observer = True`` (renderers, loggers,
+any plugin that only watches the run) is switched off for the rest of the run when one of its
+hooks raises, with one :class:`ObserverWarning` naming the plugin, its distribution, the hook
+and the error; the run goes on and ``loop.state.silenced`` lists it. Every other plugin takes
+part in training, and its errors fail the run. (Hook wrappers are not guarded.)
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import importlib.metadata as metadata
 import inspect
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -54,6 +61,20 @@ class HookfitWarning(UserWarning):
 
 class PluginError(Exception):
     """A plugin cannot take part in a run: it does not import, or its hooks do not match."""
+
+
+class ObserverWarning(HookfitWarning):
+    """An observer plugin raised and was switched off for the rest of the run."""
+
+
+@dataclass(frozen=True)
+class Silenced:
+    """An observer that failed: which plugin, in which hook, with which error."""
+
+    plugin: str
+    description: str  # the plugin with its distribution
+    hook: str
+    error: BaseException
 
 
 @dataclass
@@ -114,8 +135,6 @@ def _discover(path: tuple[str, ...]) -> tuple[tuple[metadata.EntryPoint, str | N
         entry = (ep, dist.name if dist else None, dist.version if dist else None)
         first = seen.setdefault(ep.name, entry)
         if first is not entry and first[1] != entry[1]:
-            import warnings
-
             warnings.warn(
                 f"two distributions register the hookfit plugin {ep.name!r}: "
                 f"{first[1]} ({first[0].value}, used) and {entry[1]} ({ep.value}, "
@@ -204,8 +223,6 @@ def collect(
 
 
 def _warn_unknown(name: str, label: str, known: set[str]) -> None:
-    import warnings
-
     close = difflib.get_close_matches(name, sorted(known), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     warnings.warn(
@@ -226,6 +243,7 @@ class PluginManager(pluggy.PluginManager):
         super().__init__(GROUP)
         self.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
+        self.silenced: list[Silenced] = []
         self.monitors = 0
         self._listeners: list[Callable[[], None]] = []
 
@@ -289,6 +307,43 @@ class PluginManager(pluggy.PluginManager):
                     raise PluginError(f"{info.describe()} cannot be registered: {info.error}") from exc
                 continue
             info.hooks = sorted(impl_names(self, info.plugin))
+            if getattr(info.plugin, "observer", False) is True:
+                self._guard(info)
+
+    # -- observers ------------------------------------------------------------------------
+    def _guard(self, info: PluginInfo) -> None:
+        """Make every (non-wrapper) hook of an observer plugin unable to fail the run: an
+        exception switches the plugin off with one :class:`ObserverWarning`."""
+        for caller in self.get_hookcallers(info.plugin) or []:
+            for impl in caller.get_hookimpls():
+                if impl.plugin is info.plugin and not (impl.hookwrapper or impl.wrapper):
+                    impl.function = self._guarded(impl.function, info.name, caller.name)
+
+    def _guarded(self, function: Callable[..., Any], name: str, hook: str) -> Callable[..., Any]:
+        def guarded(*args: Any) -> Any:
+            try:
+                return function(*args)
+            except Exception as error:
+                self.silence(name, hook, error)
+                return None
+
+        guarded.__wrapped__ = function  # type: ignore[attr-defined]
+        return guarded
+
+    def silence(self, name: str, hook: str, error: BaseException) -> None:
+        """Switch an observer off for the rest of the run, with one warning naming it."""
+        plugin = self.get_plugin(name)
+        if plugin is None:  # already switched off (an error in another thread, say)
+            return
+        self.unregister(name=name)
+        description = self.describe(name)
+        self.silenced.append(Silenced(name, description, hook, error))
+        warnings.warn(
+            f"observer {description} failed in hook {hook!r} and is switched off for the rest of "
+            f"the run: {type(error).__name__}: {error}",
+            ObserverWarning,
+            stacklevel=3,
+        )
 
     def check_unknown_hooks(self, strict: bool = True) -> None:
         """Fail when a registered plugin implements an event no spec declares (a misspelt

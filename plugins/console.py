@@ -43,6 +43,7 @@ class Console:
     """Throttled, grep-able progress and summaries on a text stream."""
 
     name = "console"
+    observer = True  # a renderer: its failures switch it off, never the run
 
     def __init__(self, stream: TextIO | None = None, interval: float = 10.0, summary_interval: float = 2.0) -> None:
         self.stream = stream
@@ -124,6 +125,9 @@ class Console:
             f"epochs={state.epoch + 1}",
             f"steps={state.step}",
         )
+        for silenced in state.silenced:
+            self._print("silenced", f"plugin={silenced.plugin}", f"hook={silenced.hook}",
+                        f'error="{type(silenced.error).__name__}: {silenced.error}"'.replace("\n", " "))
         for (stage, key), last in self._last.items():
             best, epoch = self._best[(stage, key)]
             self._print("result", f"stage={stage}", f"metric={key}", f"last={_number(last)}",

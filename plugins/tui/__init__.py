@@ -79,6 +79,7 @@ class TuiRenderer:
     """The urwid dashboard. ``persistent`` keeps the final screen until the user leaves."""
 
     name = "tui"
+    observer = True  # a renderer: its failures switch it off, never the run
 
     def __init__(self, persistent: bool | None = None, fps: float = 5.0) -> None:
         self.persistent = persistent
@@ -241,12 +242,14 @@ class TuiRenderer:
         state = loop.state
         hold = bool(self.persistent) and self._ui_error is None
         self._inbox.append(("end", state.status, state.stop_reason, hold))
-        if hold:
-            self._hold()
-        self._quit.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._restore()
+        try:
+            if hold:
+                self._hold()
+        finally:
+            self._quit.set()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._restore()
         if self._ui_error is not None:
             warnings.warn(f"tui: the dashboard failed and was closed: {type(self._ui_error).__name__}: "
                           f"{self._ui_error}", HookfitWarning, stacklevel=2)
