@@ -1,6 +1,7 @@
 """hookfit: a small PyTorch training loop whose every feature is a pluggy plugin.
 
-Public names: :class:`Loop`, :class:`State`, the :data:`hookimpl` marker for plugins,
+Public names: :class:`Loop`, :class:`State`, the :data:`hookimpl` marker for plugins, the
+:data:`hookspec` marker for events a plugin declares for other plugins,
 :class:`PluginError` and the :class:`HookfitWarning` category. Events are declared, with what
 they mean, in :mod:`hookfit.hookspecs`.
 
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hookfit.hookspecs import hookspec
 from hookfit.manager import HookfitWarning, ObserverWarning, PluginError, hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop, State
 
-__all__ = ["Loop", "State", "hookimpl", "PluginError", "HookfitWarning", "ObserverWarning"]
+__all__ = ["Loop", "State", "hookimpl", "hookspec", "PluginError", "HookfitWarning", "ObserverWarning"]
 __version__ = "0.1.0"
 
 

@@ -23,6 +23,13 @@ first, ``tryfirst``/``trylast`` move an implementation to the front or back, and
 surround the rest. Plugins are registered in a fixed order (see :mod:`hookfit.plugins`
 discovery in :mod:`hookfit.manager`), so the order is deterministic.
 
+Plugins may declare events of their own for other plugins (as pytest's ``pytest_addhooks``
+lets them): a ``hookspecs`` attribute on the plugin names a class or module whose functions are
+marked with ``@hookfit.hookspec``. They are added before any plugin is registered. A consumer
+marks its implementation ``@hookfit.hookimpl(optionalhook=True)`` so that it keeps working when
+the declaring plugin is absent. The declaring plugin fires them like any event, through
+``loop.hooks.<event>`` (resolved once per run) or ``loop.pm.hook.<event>(...)``.
+
 What every hook may rely on: ``loop.state`` is up to date when the event fires (epoch, step,
 batch index, stage, status). What no hook may do: keep step outputs or batches beyond the
 event (the core promises flat memory), or register and unregister plugins from another

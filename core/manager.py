@@ -293,7 +293,21 @@ class PluginManager(pluggy.PluginManager):
     def register_all(self, infos: Sequence[PluginInfo], strict: bool = True) -> None:
         """Register the enabled plugins in order; a hook with wrong arguments is an error
         naming the plugin, its distribution and the hook. With ``strict=False`` (listing) the
-        error is kept on the plugin's info instead."""
+        error is kept on the plugin's info instead.
+
+        Events that plugins declare (a ``hookspecs`` attribute naming a class or module of
+        specs marked with :data:`hookfit.hookspec`) are added first, so every plugin is checked
+        against them whatever the order."""
+        for info in infos:
+            declared = getattr(info.plugin, "hookspecs", None) if info.enabled else None
+            if declared is not None:
+                try:
+                    self.add_hookspecs(declared)
+                except ValueError as exc:
+                    message = f"{info.describe()} declares events hookfit cannot add: {exc}"
+                    if strict:
+                        raise PluginError(message) from exc
+                    info.error = message
         for info in infos:
             self.infos[info.name] = info
             if not info.enabled or info.error is not None:

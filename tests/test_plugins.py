@@ -391,3 +391,63 @@ def test_loop_hooks_resolve_any_event_once_and_again_after_changes() -> None:
 
     hookfit.Loop(lambda loop, b: None, [1], plugins=[Probe()]).fit()
     assert seen == [1.5]
+
+
+class SampleEvents:
+    @hookfit.hookspec
+    def samples_generated(self, loop, images):
+        """A GAN plugin produced sample images."""
+
+
+class Sampler:
+    name = "sampler"
+    hookspecs = SampleEvents
+
+    @hookfit.hookimpl
+    def epoch_end(self, loop):
+        if (call := loop.hooks.samples_generated) is not None:
+            call(loop, ["image"])
+
+
+class Gallery:
+    name = "gallery"
+
+    def __init__(self) -> None:
+        self.received = []
+
+    @hookfit.hookimpl(optionalhook=True)
+    def samples_generated(self, images):
+        self.received.append(images)
+
+
+def test_a_plugin_declares_events_for_others() -> None:
+    gallery = Gallery()  # registered before the declaring plugin: still checked and called
+    hookfit.Loop(lambda l, b: None, [1], max_epochs=2, plugins=[gallery, Sampler()]).fit()
+    assert gallery.received == [["image"], ["image"]]
+
+
+def test_a_consumer_works_without_the_declaring_plugin() -> None:
+    gallery = Gallery()
+    assert hookfit.Loop(lambda l, b: None, [1], plugins=[gallery]).fit().status == "completed"
+    assert gallery.received == []
+
+
+def test_a_misspelt_declared_event_is_still_caught() -> None:
+    class Typo:
+        name = "typo"
+
+        @hookfit.hookimpl
+        def samples_generatd(self, images):
+            pass
+
+    with pytest.raises(hookfit.PluginError, match="Did you mean 'samples_generated'"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Sampler(), Typo()]).fit()
+
+
+def test_hookfit_run_fixture_trains_with_exactly_the_given_plugins(hookfit_run, hookfit_recorder) -> None:
+    from hookfit.plugins.optim import Optim
+
+    loop = hookfit_run(Optim(), hookfit_recorder)
+    assert loop.state.status == "completed"
+    assert [n for n, _ in loop.pm.list_name_plugin()] == ["optim", "recorder"]
+    assert hookfit_recorder.names().count("after_optimizer_step") == 4

@@ -1,0 +1,124 @@
+"""A pytest plugin for testing hookfit plugins: ``-p hookfit.testing`` or, in a conftest,
+``pytest_plugins = ["hookfit.testing"]``.
+
+Fixtures:
+
+* ``hookfit_recorder``: a :class:`Recorder` plugin that implements every event and records
+  what it saw (``recorder.names()``, ``recorder.events``).
+* ``hookfit_run``: ``hookfit_run(*plugins, step=..., data=..., **loop_kwargs)`` runs a real
+  :class:`hookfit.Loop` with exactly the given plugins (discovered ones are not loaded) and
+  returns the loop; by default the step trains a tiny linear model on a few random batches
+  through the optim plugin's API when an ``Optim`` is among the plugins, else by itself.
+* ``hookfit_isolated``: discovered plugins are not loaded in this test (``HOOKFIT_PLUGINS`` is
+  set to an empty value), so a test sees only the plugins it gives.
+
+Loading this module imports neither torch nor the loop; the fixtures import them when used.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from hookfit import hookimpl, hookspecs
+from hookfit.manager import ENV_DISABLE, ENV_ONLY
+
+
+def spec_arguments(module: Any = hookspecs) -> dict[str, list[str]]:
+    """Every event declared in ``module`` with its argument names, in declaration order."""
+    return {
+        name: list(inspect.signature(fn).parameters)
+        for name, fn in vars(module).items()
+        if hasattr(fn, "hookfit_spec")
+    }
+
+
+def _describe(name: str, value: Any) -> Any:
+    if name == "error":
+        return type(value).__name__
+    return value
+
+
+class Recorder:
+    """A plugin that implements every event and records ``(event, {argument: value})`` for
+    each call, without the loop itself, and ``(event, stage, training)`` as the loop saw it.
+
+    ``stop_after=N`` makes it answer ``should_stop`` once the global step reaches N."""
+
+    name = "recorder"
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.seen: list[tuple[str, str | None, bool]] = []
+        self.stop_after = stop_after
+        for event, args in spec_arguments().items():
+            setattr(self, event, self._make(event, args))
+
+    def _make(self, event: str, args: list[str]) -> Any:
+        def record(**kwargs: Any) -> Any:
+            loop = kwargs["loop"]
+            self.events.append((event, {k: _describe(k, v) for k, v in kwargs.items() if k != "loop"}))
+            self.seen.append((event, loop.state.stage, loop.training))
+            if event == "should_stop" and self.stop_after is not None and loop.state.step >= self.stop_after:
+                return f"recorder stops at step {loop.state.step}"
+            return None
+
+        source = f"lambda {', '.join(args)}: record({', '.join(f'{a}={a}' for a in args)})"
+        return hookimpl(eval(source, {"record": record}))
+
+    def names(self) -> list[str]:
+        """The events in the order they fired."""
+        return [event for event, _ in self.events]
+
+
+@pytest.fixture
+def hookfit_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the plugins a test gives take part: no discovered plugin is loaded."""
+    monkeypatch.setenv(ENV_ONLY, "")
+    monkeypatch.delenv(ENV_DISABLE, raising=False)
+
+
+@pytest.fixture
+def hookfit_recorder() -> Recorder:
+    """A fresh :class:`Recorder`."""
+    return Recorder()
+
+
+@pytest.fixture
+def hookfit_run(hookfit_isolated: None, tmp_path: Any) -> Iterator[Callable[..., Any]]:
+    """Run a real loop with exactly the given plugins; returns the finished loop."""
+    import torch
+
+    import hookfit
+
+    def run(*plugins: Any, step: Callable[..., Any] | None = None, data: Any = None, **kwargs: Any) -> Any:
+        generator = torch.Generator().manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        if data is None:
+            data = [(torch.randn(4, 3, generator=generator), torch.randn(4, 1, generator=generator)) for _ in range(4)]
+        managed = any(getattr(p, "name", None) == "optim" for p in plugins)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def tiny_step(loop: Any, batch: Any) -> dict[str, Any]:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if managed:
+                loop.backward(loss)
+                loop.optimizers.step()
+                loop.optimizers.zero_grad()
+            else:
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            return {"loss": loss}
+
+        kwargs.setdefault("model", model)
+        kwargs.setdefault("optimizers", optimizer)
+        kwargs.setdefault("run_dir", tmp_path / "run")
+        loop = hookfit.Loop(step or tiny_step, data, plugins=list(plugins), **kwargs)
+        loop.fit()
+        return loop
+
+    yield run
