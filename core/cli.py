@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from typing import Sequence
@@ -46,18 +47,33 @@ def _plugins(args: argparse.Namespace) -> int:
     return status
 
 
-def _hooks(args: argparse.Namespace) -> int:
+def hooks_reference(markdown: bool = False) -> str:
+    """Every event of :mod:`hookfit.hookspecs` with its signature and documentation."""
     import inspect
 
     from hookfit import hookspecs
 
+    out = []
+    if markdown:
+        out += ["# hookfit events", "",
+                "Generated from `core/hookspecs.py` by `hookfit hooks --markdown`; do not edit by hand.", "",
+                inspect.getdoc(hookspecs) or "", ""]
     for name, function in vars(hookspecs).items():
         if not hasattr(function, "hookfit_spec"):
             continue
         signature = str(inspect.signature(function)).replace("'", "")
-        print(f"{name}{signature}")
-        print(textwrap.indent(inspect.getdoc(function) or "", "    "))
-        print()
+        opts = function.hookfit_spec
+        first = " (first result)" if opts.get("firstresult") else ""
+        doc = inspect.getdoc(function) or ""
+        if markdown:
+            out += [f"## `{name}`{first}", "", "```python", f"{name}{signature}", "```", "", doc, ""]
+        else:
+            out += [f"{name}{signature}{first}", textwrap.indent(doc, "    "), ""]
+    return "\n".join(out)
+
+
+def _hooks(args: argparse.Namespace) -> int:
+    print(hooks_reference(markdown=args.markdown), end="\n" if not args.markdown else "")
     return 0
 
 
@@ -76,12 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(run=_plugins)
     p = sub.add_parser("hooks", help="print every event with its documentation")
+    p.add_argument("--markdown", action="store_true", help="as the Markdown page docs/hooks.md")
     p.set_defaults(run=_hooks)
     p = sub.add_parser("demo", help="train a small classifier on scikit-learn's digits")
     p.add_argument("--epochs", type=int, default=8)
     p.set_defaults(run=_demo)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `hookfit hooks | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

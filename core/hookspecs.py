@@ -12,7 +12,7 @@ Order of events in one run::
           batch_start  -> step -> step_output -> batch_end -> should_stop   (for each batch)
         stage_end("train")
         stage_start("valid")           (when validation runs this epoch)
-          batch_start  -> step -> step_output -> batch_end                  (for each batch)
+          batch_start  -> step -> step_output -> batch_end -> should_stop   (for each batch)
         stage_end("valid")
       epoch_end
     exception                          (only when the run failed)
@@ -110,7 +110,7 @@ def batch_end(loop: Loop, output: Mapping[str, Any] | None, batch: Any, batch_id
 
 @hookspec
 def should_stop(loop: Loop) -> Any:
-    """Asked after every training batch: should the run stop now?
+    """Asked after every batch, training and validation alike: should the run stop now?
 
     Return a true value to stop the run after this batch; a string is taken as the reason.
     Every implementation is asked (this is not first-result): any true answer stops. ``None``

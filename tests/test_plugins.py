@@ -451,3 +451,13 @@ def test_hookfit_run_fixture_trains_with_exactly_the_given_plugins(hookfit_run, 
     assert loop.state.status == "completed"
     assert [n for n, _ in loop.pm.list_name_plugin()] == ["optim", "recorder"]
     assert hookfit_recorder.names().count("after_optimizer_step") == 4
+
+
+def test_the_hooks_reference_page_is_up_to_date() -> None:
+    from pathlib import Path
+
+    from hookfit.cli import hooks_reference
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+    assert page.read_text() == hooks_reference(markdown=True), (
+        "docs/hooks.md is stale: run `hookfit hooks --markdown > docs/hooks.md`")
