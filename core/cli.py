@@ -77,6 +77,20 @@ def _hooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _new_plugin(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hookfit import scaffold
+
+    try:
+        root = scaffold.create(args.name, Path(args.dir))
+    except (ValueError, FileExistsError) as exc:
+        print(f"hookfit new-plugin: {exc}", file=sys.stderr)
+        return 2
+    print(f"created {root}\nnext: pip install -e '{root}[test]' && (cd '{root}' && python -m pytest)")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from hookfit import demo
 
@@ -94,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("hooks", help="print every event with its documentation")
     p.add_argument("--markdown", action="store_true", help="as the Markdown page docs/hooks.md")
     p.set_defaults(run=_hooks)
+    p = sub.add_parser("new-plugin", help="write a complete plugin package to start from")
+    p.add_argument("name", help="the plugin's name (lowercase, digits, underscores)")
+    p.add_argument("--dir", default=".", help="where to create hookfit-NAME/ (default: here)")
+    p.set_defaults(run=_new_plugin)
     p = sub.add_parser("demo", help="train a small classifier on scikit-learn's digits")
     p.add_argument("--epochs", type=int, default=8)
     p.set_defaults(run=_demo)
