@@ -97,6 +97,7 @@ class TuiRenderer:
         self._saved_signals: dict[int, Any] = {}
         self._ui_error: BaseException | None = None
         self._failed = False
+        self._ended_by: int | None = None  # a termination signal that ended the hold
 
     # -- who prints ---------------------------------------------------------------------------
     @hookimpl
@@ -254,15 +255,25 @@ class TuiRenderer:
             warnings.warn(f"tui: the dashboard failed and was closed: {type(self._ui_error).__name__}: "
                           f"{self._ui_error}", HookfitWarning, stacklevel=2)
         print("\n".join(summary(self._dashboard, state)), flush=True)
+        if self._ended_by is not None:  # terminate as asked, now that the terminal is back
+            signum, self._ended_by = self._ended_by, None
+            signal.raise_signal(signum)
 
     def _hold(self) -> None:
-        """Keep the final screen until q, Esc or Ctrl-C."""
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: self._quit.set())
+        """Keep the final screen until q, Esc or Ctrl-C; SIGTERM and SIGHUP also end the hold,
+        so the terminal is restored before the process goes."""
+        def leave(signum: int, frame: Any) -> None:
+            if signum != signal.SIGINT:
+                self._ended_by = signum
+            self._quit.set()
+
+        previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             while not self._quit.wait(0.1):
                 pass
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _restore(self) -> None:
         """Put the terminal back as it was and replay what the run printed. Idempotent."""
