@@ -425,7 +425,7 @@ def verdicts(workload: str, results: list[Result]) -> list[str]:
     return lines
 
 
-def in_pty(argv: Sequence[str]) -> int:
+def in_pty(argv: Sequence[str], script: str | None = None, renderer: Callable[[dict[str, Any]], str] | None = None) -> int:
     """Run this benchmark again in a pseudo-terminal (for the dashboard variant): the frames
     it draws are read and dropped, the tables come back as JSON and are printed here."""
     import pty
@@ -439,7 +439,7 @@ def in_pty(argv: Sequence[str]) -> int:
         env.pop("HOOKFIT_NO_TUI", None)
         pid, fd = pty.fork()
         if pid == 0:  # the child: this script, on the pseudo-terminal
-            os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *args], env)
+            os.execve(sys.executable, [sys.executable, script or os.path.abspath(__file__), *args], env)
         tail = b""
         while True:
             ready, _, _ = select.select([fd], [], [], 1.0)
@@ -456,7 +456,7 @@ def in_pty(argv: Sequence[str]) -> int:
             print(tail.decode(errors="replace"), file=sys.stderr)
             return 1
         with open(out) as handle:
-            print(handle.read() if "--json-raw" in argv else render(json.load(handle)))
+            print((renderer or render)(json.load(handle)))
         return os.waitstatus_to_exitcode(status)
 
 

@@ -40,3 +40,22 @@ def test_regular_install_has_package_plugins_and_command(tmp_path: Path) -> None
     names = {row["name"]: row for row in json.loads(listing.stdout)}
     assert {"optim", "metrics", "console", "interrupter"} <= set(names)
     assert names["optim"]["distribution"] == "hookfit" and names["optim"]["enabled"]
+
+
+def test_urwid_and_torch_are_imported_only_when_needed(tmp_path: Path) -> None:
+    """``import hookfit`` and the pytest plugin import no torch (a plugin module that needs only
+    ``hookimpl`` stays light); a run without a terminal never imports urwid."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    probe = (
+        "import sys, hookfit, hookfit.testing\n"
+        "print('torch' in sys.modules)\n"
+        "import hookfit\n"
+        "hookfit.Loop(lambda loop, b: None, [1], run_dir='run').fit()\n"
+        "print('urwid' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "False", "import hookfit / hookfit.testing imported torch"
+    assert lines[-1] == "False", "a run without a terminal imported urwid"
