@@ -174,14 +174,16 @@ class Loop:
         self._run_dir.mkdir(parents=True, exist_ok=True)
         return self._run_dir
 
-    def request_stop(self, reason: str = "stop requested") -> None:
+    def request_stop(self, reason: str = "stop requested") -> bool:
         """Ask for a graceful stop after the current batch, from any thread.
 
         Fires the ``request_stop`` event; a plugin that implements it (the interrupter) makes
-        ``should_stop`` answer true after the current batch."""
+        ``should_stop`` answer true after the current batch. Returns whether any enabled plugin
+        answers ``should_stop`` (if none does, the request cannot be honoured: a warning says so)."""
         if self.pm is None:
             raise RuntimeError("request_stop() needs a running loop: call it during fit()")
-        if not self.pm.hook.should_stop.get_hookimpls():
+        can_stop = bool(self.pm.hook.should_stop.get_hookimpls())
+        if not can_stop:
             disabled = [i.name for i in self.pm.infos.values() if not i.enabled]
             warnings.warn(
                 f"request_stop({reason!r}) will be ignored: no enabled plugin answers "
@@ -190,6 +192,7 @@ class Loop:
                 stacklevel=2,
             )
         self.pm.hook.request_stop(loop=self, reason=reason)
+        return can_stop
 
     def backward(self, loss: Any) -> Any:
         """Run the backward pass on ``loss`` through the plugin that owns it (``backward``

@@ -29,9 +29,11 @@ class Interrupter:
         self._lock = threading.Lock()
         self._reason: str | None = None
         self._previous: dict[int, Any] = {}
+        self._loop: Any = None
 
     @hookimpl
-    def fit_start(self) -> None:
+    def fit_start(self, loop: Any) -> None:
+        self._loop = loop
         self._reason = None
         if self.signals and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
@@ -52,11 +54,15 @@ class Interrupter:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        self._loop = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         if self._reason is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: aborting")
-        self.request_stop(name)
+        if self._loop is not None:  # the event, so every plugin (the dashboard) hears of it
+            self._loop.request_stop(name)
+        else:
+            self.request_stop(name)
         hint = "; press Ctrl-C again to abort" if signum == signal.SIGINT else ""
         print(f"hookfit: {name} received, stopping after this batch{hint}", file=sys.stderr, flush=True)

@@ -125,7 +125,7 @@ class TuiRenderer:
         self._dashboard = Dashboard(
             loop.max_epochs,
             loop.val_every_n_epochs if loop.val_step is not None else None,
-            on_stop=lambda: loop.request_stop("q pressed in the dashboard"),
+            on_stop=lambda: loop.request_stop("q pressed in the dashboard"),  # False: nothing can stop
             on_leave=self._quit.set,
         )
         self.active = True
@@ -154,12 +154,26 @@ class TuiRenderer:
         self._capture = tempfile.TemporaryFile()
         os.dup2(self._capture.fileno(), 1)
         os.dup2(self._capture.fileno(), 2)
-        screen = urwid.display.raw.Screen(input=sys.stdin, output=self._screen_out,
-                                          bracketed_paste_mode=False, focus_reporting=False)
+        class Screen(urwid.display.raw.Screen):
+            """urwid's screen without its SIGWINCH/SIGTSTP handlers: the UI thread polls the size,
+            Ctrl-Z is ignored while the dashboard is up, and urwid's suspend path (which stops the
+            screen from the input thread) can never run."""
+
+            def signal_init(self) -> None:
+                pass
+
+            def signal_restore(self) -> None:
+                pass
+
+        screen = Screen(input=sys.stdin, output=self._screen_out, bracketed_paste_mode=False, focus_reporting=False)
         screen.register_palette(PALETTE)
         screen.set_input_timeouts(max_wait=1.0 / self.fps)
         for signum in (signal.SIGTSTP, signal.SIGTTOU, signal.SIGTTIN):
             self._saved_signals[signum] = signal.signal(signum, signal.SIG_IGN)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            # A plugin that stops gracefully (the interrupter) installs its handler over this one
+            # at its own fit_start; without one, the terminal is restored before the process ends.
+            self._saved_signals[signum] = signal.signal(signum, self._terminate)
         screen.start()
         self._screen = screen
 
@@ -274,6 +288,16 @@ class TuiRenderer:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _terminate(self, signum: int, frame: Any) -> None:
+        """A termination signal with no graceful handler installed: restore, then go as asked."""
+        previous = self._saved_signals.get(signum, signal.SIG_DFL)
+        self._quit.set()
+        self._restore()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.raise_signal(signum)  # _restore put the previous (default) disposition back
 
     def _restore(self) -> None:
         """Put the terminal back as it was and replay what the run printed. Idempotent."""

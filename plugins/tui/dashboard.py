@@ -71,7 +71,7 @@ class Progress:
 class Dashboard:
     """Metrics table, plot, progress, log pane, status and key help."""
 
-    def __init__(self, max_epochs: int, val_every: int | None, on_stop: Callable[[], None], on_leave: Callable[[], None]) -> None:
+    def __init__(self, max_epochs: int, val_every: int | None, on_stop: Callable[[], Any], on_leave: Callable[[], None]) -> None:
         self.max_epochs = max_epochs
         self.val_every = val_every
         self.on_stop = on_stop
@@ -161,7 +161,9 @@ class Dashboard:
             self.on_leave()
         elif key == "q" and self.stopping is None:
             self.stopping = "q pressed"
-            self.on_stop()
+            if self.on_stop() is False:
+                self.stopping = None
+                self.log = (self.log + ["cannot stop: no enabled plugin answers should_stop (is the interrupter disabled?)"])[-200:]
 
     # -- drawing -------------------------------------------------------------------------
     def _build(self) -> None:

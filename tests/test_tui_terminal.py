@@ -1,0 +1,462 @@
+"""The tui dashboard end to end, in a real terminal: tmux on a private socket per test.
+
+Each test writes a small training script, runs it in a detached 100x30 tmux session (without
+``CI`` and ``HOOKFIT_*`` from the test's environment, with ``TERM=xterm-256color``), reads the
+screen with ``capture-pane``, types with ``send-keys`` and, after the process exits, reads the
+exit code and the terminal's ``stty`` flags the shell prints. Screens are polled with deadlines,
+not fixed sleeps, so a loaded machine only makes the tests slower.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TMUX = shutil.which("tmux") or "/usr/bin/tmux"
+if not os.path.exists(TMUX):  # pragma: no cover - tmux is part of the test environment
+    pytest.skip("tmux is not installed", allow_module_level=True)
+
+DEADLINE = 30.0  # seconds to wait for a screen; generous: the machine may be busy
+PRINTED = "SCRIPT PRINTED THIS LINE DURING THE RUN"
+HOLD_BANNER = "press q, Esc or Ctrl-C to leave"
+STATUS_LINE = "hookfit │ train"
+STTY = re.compile(r"STTY: ((?:-?(?:echo|icanon|isig)[ \t]*){3})")
+
+# argv: steps, seconds per step, mode ("ok" or "raise"), result path.
+# Writes <result>.pid at start, <result>.fit_end from a plugin's fit_end, and the result JSON
+# after fit() returned or raised.
+SCRIPT = r'''
+import json, os, signal, sys, time
+import torch
+import hookfit
+
+steps, delay, mode, out = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+with open(out + ".pid", "w") as f:
+    f.write(str(os.getpid()))
+before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+ended = []
+
+class Watch:
+    name = "watch"
+    @hookfit.hookimpl
+    def batch_end(self, batch_idx):
+        if batch_idx == 2:
+            print("SCRIPT PRINTED THIS LINE DURING THE RUN", flush=True)
+    @hookfit.hookimpl
+    def fit_end(self, loop):
+        ended.append(loop.state.status)
+        with open(out + ".fit_end", "w") as f:
+            f.write(loop.state.status)
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(steps)]
+
+def train_step(loop, batch):
+    x, y = batch
+    time.sleep(delay)
+    if mode == "raise" and loop.state.step == 5:
+        raise RuntimeError("boom from the step")
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss, "accuracy": 0.5}
+
+loop = hookfit.Loop(train_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                    run_dir=os.path.join(os.path.dirname(out), "run"), plugins=[Watch()])
+outcome = "returned"
+try:
+    try:
+        loop.fit()
+    except KeyboardInterrupt:
+        outcome = "KeyboardInterrupt"
+finally:
+    restored = all(signal.getsignal(s) is h for s, h in before.items())
+    with open(out, "w") as f:
+        json.dump({"outcome": outcome, "status": loop.state.status, "reason": loop.state.stop_reason,
+                   "fit_end": ended, "restored": restored, "step": loop.state.step}, f)
+'''
+
+
+# The built-in plugins only: another package's plugin installed in the same environment (a test
+# may install one for a while) must not change what these runs load.
+PLUGINS = "console,interrupter,metrics,optim,tui"
+
+
+def clean_env() -> dict[str, str]:
+    """The test's environment without CI, HOOKFIT_* and an enclosing tmux; TERM set."""
+    env = {k: v for k, v in os.environ.items()
+           if k != "CI" and not k.startswith("HOOKFIT_") and k not in ("TMUX", "TMUX_PANE")}
+    env["TERM"] = "xterm-256color"
+    env["HOOKFIT_PLUGINS"] = PLUGINS
+    return env
+
+
+class Terminal:
+    """One tmux server on a private socket with one 100x30 session."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.socket = f"hookfit-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.result = tmp_path / "result.json"
+        self.started = False
+        self.socket_path: str | None = None
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run([TMUX, "-f", "/dev/null", "-L", self.socket, *args], capture_output=True,
+                              text=True, env=clean_env(), timeout=20)
+        if done.returncode != 0:
+            raise RuntimeError(f"tmux {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def kill(self) -> None:
+        """Stop this test's tmux server (only it) and remove its socket file."""
+        if self.started:
+            subprocess.run([TMUX, "-L", self.socket, "kill-server"], capture_output=True, env=clean_env(), timeout=20)
+            self.started = False
+        if self.socket_path and os.path.basename(self.socket_path) == self.socket:
+            Path(self.socket_path).unlink(missing_ok=True)
+
+    # -- running the training script ------------------------------------------------------------
+    def train(self, steps: int, delay: float, mode: str = "ok", persistent: bool = False,
+              plugins: str = PLUGINS) -> None:
+        script = self.tmp / "train.py"
+        script.write_text(SCRIPT)
+        unset = " ".join(f"-u {shlex.quote(k)}" for k in os.environ if k.startswith("HOOKFIT_"))
+        extra = "HOOKFIT_TUI_PERSISTENT=1" if persistent else ""
+        argv = " ".join(shlex.quote(str(a)) for a in (sys.executable, script, steps, delay, mode, self.result))
+        run = self.tmp / "run.sh"
+        # the shell is in the python process's group: Ctrl-C reaches it too, and must not end it
+        # (a trap with a command leaves the child's SIGINT at its default)
+        run.write_text(
+            "trap : INT\n"
+            f"cd {shlex.quote(str(self.tmp))}\n"
+            f"env -u CI {unset} TERM=xterm-256color HOOKFIT_PLUGINS={plugins} {extra} {argv}\n"
+            'echo "EXIT=$?"\n'
+            "echo \"STTY: $(stty -a | tr ' ;' '\\n\\n' | grep -E '^-?(echo|icanon|isig)$' | tr '\\n' ' ')\"\n"
+            "sleep 300\n"
+        )
+        self.started = True
+        self.tmux("new-session", "-d", "-s", "main", "-x", "100", "-y", "30", f"/bin/sh {shlex.quote(str(run))}")
+        self.socket_path = self.flag("socket_path")
+
+    def pid(self) -> int:
+        path = Path(str(self.result) + ".pid")
+        self.wait_until(lambda: path.exists() and path.read_text().strip() != "", "the script's pid file")
+        return int(path.read_text())
+
+    # -- looking and typing ----------------------------------------------------------------------
+    def screen(self, history: bool = False) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-t", "main", *(["-S", "-"] if history else []))
+
+    def flag(self, name: str) -> str:
+        return self.tmux("display", "-p", "-t", "main", f"#{{{name}}}").strip()
+
+    def alternate(self) -> bool:
+        return self.flag("alternate_on") == "1"
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "main", *keys)
+
+    def wait_until(self, ready: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+        end = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > end:
+                raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; screen:\n"
+                                     + self.screen(history=True))
+            time.sleep(0.1)
+
+    def wait_for(self, *texts: str, timeout: float = DEADLINE) -> str:
+        """The visible screen, once it shows every one of ``texts``."""
+        shown: list[str] = [""]
+
+        def ready() -> bool:
+            shown[0] = self.screen()
+            return all(t in shown[0] for t in texts)
+
+        self.wait_until(ready, " and ".join(repr(t) for t in texts), timeout)
+        return shown[0]
+
+    def wait_dashboard(self) -> str:
+        """The dashboard once the first metrics and the line the script printed are on it."""
+        return self.wait_for(STATUS_LINE, "accuracy", "it/s", PRINTED)
+
+    def wait_exit(self, timeout: float = 60.0) -> tuple[int, set[str], str]:
+        """After the script exited: its exit code, the terminal's lflags and the whole pane."""
+        text: list[str] = [""]
+
+        def ready() -> bool:
+            text[0] = self.screen(history=True)
+            return re.search(STTY, text[0]) is not None
+
+        self.wait_until(ready, "the script to exit", timeout)
+        code = int(re.search(r"EXIT=(\d+)", text[0]).group(1))
+        flags = set(re.search(STTY, text[0]).group(1).split())
+        return code, flags, text[0]
+
+    def outcome(self) -> dict:
+        return json.loads(self.result.read_text())
+
+    def assert_restored(self, flags: set[str]) -> None:
+        assert not self.alternate(), "the alternate screen is still on"
+        assert flags == {"echo", "icanon", "isig"}, f"terminal modes not restored: {flags}"
+        assert self.flag("cursor_flag") == "1", "the cursor is still hidden"
+        assert self.flag("mouse_any_flag") == "0", "mouse tracking is still on"
+
+
+@pytest.fixture
+def term(tmp_path: Path):
+    terminal = Terminal(tmp_path)
+    try:
+        yield terminal
+    finally:
+        terminal.kill()
+
+
+def after(text: str, first: str, then: str) -> bool:
+    return first in text and then in text and text.index(first) < text.index(then)
+
+
+# -- the dashboard ------------------------------------------------------------------------------
+
+def test_dashboard_appears(term: Terminal) -> None:
+    term.train(steps=300, delay=0.1)
+    screen = term.wait_dashboard()
+    assert term.alternate()
+    lines = screen.splitlines()
+    assert lines[0].lstrip().startswith(STATUS_LINE) and "running" in lines[0]
+    assert re.search(r"^metric\s+train last\s+running\s+epoch\s+valid", screen, re.M)
+    assert re.search(r"^loss\s+\d", screen, re.M) and re.search(r"^accuracy\s+0\.5\s+0\.5", screen, re.M)
+    assert re.search(r"train\s+\d+/300 +\d+\.\d it/s ETA \d\d:\d\d:\d\d", screen)
+    assert "q stop" in lines[-1]
+    # the script's print went to the log pane (just above the keys), not over the frame
+    assert screen.count(PRINTED) == 1 and any(PRINTED in line for line in lines[-7:-1])
+    assert term.flag("cursor_flag") == "0"  # urwid hides the cursor while it draws
+    # it keeps redrawing: the step counter moves
+    def step() -> int:
+        found = re.search(r"│ step (\d+) │", term.screen())
+        return int(found.group(1)) if found else -1
+
+    first = step()
+    assert first >= 0
+    term.wait_until(lambda: step() > first, "the step counter to advance")
+
+
+def test_q_stops_gracefully_and_restores_the_terminal(term: Terminal) -> None:
+    term.train(steps=300, delay=0.1)
+    term.wait_dashboard()
+    term.keys("q")
+    code, flags, text = term.wait_exit()
+    result = term.outcome()
+    assert code == 0
+    assert result["outcome"] == "returned" and result["status"] == "interrupted"
+    assert result["reason"] == "q pressed in the dashboard" and result["fit_end"] == ["interrupted"]
+    assert result["restored"] and 3 <= result["step"] < 300
+    term.assert_restored(flags)
+    # what the run printed is replayed once, before the summary, on the normal screen
+    assert text.count(PRINTED) == 1
+    assert after(text, PRINTED, "hookfit: training interrupted (q pressed in the dashboard)")
+    assert after(text, "hookfit: training interrupted", "EXIT=0")
+    assert "loss over steps (train):" in text
+    assert "hookfit │" not in text  # no frame leaked onto the normal screen
+
+
+def test_non_persistent_run_exits_by_itself_with_a_summary(term: Terminal) -> None:
+    term.train(steps=15, delay=0.1)
+    term.wait_for(STATUS_LINE)
+    assert term.alternate()
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    result = term.outcome()
+    assert result["status"] == "completed" and result["reason"] == "max_epochs=1 reached" and result["step"] == 15
+    assert result["restored"] and result["fit_end"] == ["completed"]
+    term.assert_restored(flags)
+    assert re.search(r"^hookfit: training completed \(max_epochs=1 reached\) after \d+\.\ds, 15 steps$", text, re.M)
+    assert re.search(r"^  metric\s+train\s+valid$", text, re.M)
+    assert re.search(r"^  loss\s+\d+\.\d+\s+-$", text, re.M)
+    assert "  loss over steps (train):" in text
+    plot = text[text.index("loss over steps"):]
+    assert re.search(r"[\u2801-\u28ff]", plot), "the text plot has no points"
+    assert after(text, PRINTED, "hookfit: training completed") and after(text, "loss over steps", "EXIT=0")
+
+
+@pytest.mark.parametrize("key", ["q", "Escape", "C-c"])
+def test_persistent_run_holds_until_the_user_leaves(term: Terminal, key: str) -> None:
+    term.train(steps=15, delay=0.05, persistent=True)
+    screen = term.wait_for(HOLD_BANNER)
+    assert "training completed: max_epochs=1 reached" in screen
+    assert re.search(r"│ step 15 │.*│ completed", screen)
+    assert term.alternate()
+    # fit() has not returned (the script writes its result after it) while the other plugins'
+    # fit_end already ran: the dashboard's fit_end is the last one and it is the one holding
+    assert not term.result.exists()
+    assert Path(str(term.result) + ".fit_end").read_text() == "completed"
+    time.sleep(2.0 if key == "q" else 0.5)  # the long look once; the other keys only need the hold
+    assert term.alternate() and HOLD_BANNER in term.screen() and not term.result.exists()
+    assert "EXIT=" not in term.screen()
+    term.keys(key)
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    result = term.outcome()
+    assert result["status"] == "completed" and result["outcome"] == "returned" and result["restored"]
+    term.assert_restored(flags)
+    assert after(text, PRINTED, "hookfit: training completed (max_epochs=1 reached)")
+    assert after(text, "loss over steps (train):", "EXIT=0")
+    assert HOLD_BANNER not in text
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+def test_step_that_raises_restores_the_terminal_and_shows_the_traceback(term: Terminal) -> None:
+    term.train(steps=300, delay=0.1, mode="raise")
+    code, flags, text = term.wait_exit()
+    assert code == 1
+    result = term.outcome()
+    assert result["status"] == "failed" and result["reason"] == "RuntimeError: boom from the step"
+    assert result["fit_end"] == ["failed"] and result["restored"] and result["step"] == 5
+    term.assert_restored(flags)
+    assert "hookfit: training failed (RuntimeError: boom from the step)" in text
+    assert after(text, "Traceback (most recent call last):", "RuntimeError: boom from the step\n")
+    assert re.search(r"^hookfit: raised in step function 'train_step' \(epoch 0, stage train, batch 5\)$", text, re.M)
+    # the summary comes first, the traceback after it (printed once the screen was closed)
+    assert after(text, "hookfit: training failed", "Traceback (most recent call last):")
+    assert after(text, "raised in step function", "EXIT=1")
+
+
+# -- signals with the dashboard up -------------------------------------------------------------
+
+def test_one_sigint_stops_gracefully(term: Terminal) -> None:
+    term.train(steps=300, delay=0.1)
+    term.wait_dashboard()
+    term.keys("C-c")
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    result = term.outcome()
+    assert result["outcome"] == "returned" and result["status"] == "interrupted" and result["reason"] == "SIGINT"
+    assert result["fit_end"] == ["interrupted"] and result["restored"] and result["step"] < 300
+    term.assert_restored(flags)
+    # the interrupter's message on stderr was captured and replayed, not drawn over the frame
+    assert "hookfit: SIGINT received, stopping after this batch; press Ctrl-C again to abort" in text
+    assert "hookfit: training interrupted (SIGINT)" in text
+
+
+def test_second_sigint_aborts_after_fit_end(term: Terminal) -> None:
+    # long steps: both Ctrl-C land in the first batch, and the abort cuts its sleep short
+    term.train(steps=50, delay=5.0)
+    term.wait_for(STATUS_LINE)
+    term.keys("C-c")
+    # the interrupter's message, captured and shown in the log pane: the first SIGINT was handled
+    term.wait_for("hookfit: SIGINT received, stopping after this batch", timeout=10)
+    term.keys("C-c")
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    result = term.outcome()
+    assert result["outcome"] == "KeyboardInterrupt" and result["status"] == "interrupted"
+    assert result["reason"] == "KeyboardInterrupt" and result["fit_end"] == ["interrupted"]
+    assert result["restored"] and result["step"] < 50
+    term.assert_restored(flags)
+    assert "hookfit: training interrupted (KeyboardInterrupt)" in text
+
+
+def test_sigterm_stops_gracefully(term: Terminal) -> None:
+    term.train(steps=300, delay=0.1)
+    term.wait_dashboard()
+    os.kill(term.pid(), signal.SIGTERM)
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    result = term.outcome()
+    assert result["outcome"] == "returned" and result["status"] == "interrupted" and result["reason"] == "SIGTERM"
+    assert result["fit_end"] == ["interrupted"] and result["restored"] and result["step"] < 300
+    term.assert_restored(flags)
+    assert "hookfit: SIGTERM received, stopping after this batch" in text
+    assert "hookfit: training interrupted (SIGTERM)" in text
+
+
+def test_sigterm_during_the_persistent_hold_restores_the_terminal_then_terminates(term: Terminal) -> None:
+    term.train(steps=15, delay=0.05, persistent=True)
+    term.wait_for(HOLD_BANNER)
+    os.kill(term.pid(), signal.SIGTERM)
+    code, flags, text = term.wait_exit()
+    assert code == 128 + signal.SIGTERM  # it ends as asked, killed by the signal ...
+    term.assert_restored(flags)  # ... once the terminal is back,
+    assert after(text, PRINTED, "hookfit: training completed (max_epochs=1 reached)")  # output and summary shown
+    assert after(text, "loss over steps (train):", f"EXIT={128 + signal.SIGTERM}")
+    assert Path(str(term.result) + ".fit_end").read_text() == "completed"
+    assert not term.result.exists()  # fit() never returned: the process was terminated
+
+
+# -- found by these tests, fixed, kept as regressions ------------------------------------------
+
+def test_ctrl_z_is_ignored_while_the_dashboard_is_up(term: Terminal) -> None:
+    """urwid >= 5.1 installs a SIGTSTP handler in start(); its suspend path stopped the screen
+    from the UI thread and froze the dashboard. The plugin's screen installs no handlers."""
+    term.train(steps=30, delay=0.1)
+    term.wait_dashboard()
+    term.keys("C-z")
+    time.sleep(0.5)
+    term.keys("q")
+    term.wait_for("stopping after this batch (q pressed in the dashboard)", timeout=2)
+    code, flags, text = term.wait_exit()
+    term.assert_restored(flags)
+    assert "the dashboard failed" not in text
+    assert term.outcome()["reason"] == "q pressed in the dashboard"
+
+
+def test_sigint_shows_the_stopping_banner(term: Terminal) -> None:
+    """The interrupter fires the request_stop event for signals, so the dashboard hears them."""
+    term.train(steps=50, delay=5.0)
+    term.wait_for(STATUS_LINE)
+    term.keys("C-c")
+    term.wait_for("hookfit: SIGINT received", timeout=10)
+    screen = term.wait_for("stopping after this batch (SIGINT); Ctrl-C again aborts", timeout=1.5)
+    assert "│ stopping" in screen
+
+
+def test_without_the_interrupter_q_says_so_and_sigterm_still_restores_the_terminal(term: Terminal) -> None:
+    term.train(steps=300, delay=0.1, plugins="console,metrics,optim,tui")
+    term.wait_dashboard()
+    term.keys("q")
+    term.wait_for("cannot stop: no enabled plugin answers should_stop", timeout=5)
+    os.kill(term.pid(), signal.SIGTERM)
+    code, flags, text = term.wait_exit()
+    assert code == 128 + signal.SIGTERM  # terminated, as asked ...
+    term.assert_restored(flags)  # ... with the terminal put back first
+    assert not term.result.exists()
+
+
+# -- not a terminal -----------------------------------------------------------------------------
+
+def test_piped_run_prints_plain_console_lines(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    result = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(script), "12", "0.01", "ok", str(result)], cwd=tmp_path,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          env=clean_env(), timeout=120)
+    out = done.stdout.decode("utf-8")
+    assert done.returncode == 0, out
+    for bad in ("\x1b", "\r", "\x08"):
+        assert bad not in out, f"{bad!r} in piped output:\n{out!r}"
+    lines = out.splitlines()
+    assert lines[0].startswith("hookfit start epochs=1 batches_per_epoch=12 plugins=")
+    assert "tui" in lines[0]  # the dashboard was loaded, and stepped aside
+    assert PRINTED in lines
+    assert any(line.startswith('hookfit end status=completed reason="max_epochs=1 reached"') for line in lines)
+    assert any(line.startswith("hookfit result stage=train metric=loss") for line in lines)
+    assert "hookfit: training" not in out  # the dashboard's summary is printed only after a dashboard
+    assert json.loads(result.read_text())["status"] == "completed"
