@@ -10,11 +10,11 @@ hand-written loop:
 * ``framework``: the same two loops around a no-op step (it returns a pre-made 0-d tensor), so
   the difference is the framework's own cost per batch.
 
-For a ``hookfit.Loop`` variant, two times are taken per round: ``run`` is the loop's own
-``state.ended_at - state.started_at`` (``fit_start`` to ``fit_end``, every batch included),
-which is what the per-step target is about; ``fit`` is the whole ``Loop(...).fit()`` call
-including plugin discovery and registration, a fixed cost paid once per run, reported
-separately.
+For a ``hookfit.Loop`` variant, two times are taken per round: ``run`` covers the batches of
+the training stage with every per-batch event (:class:`StageClock`), which is what the per-step
+targets are about; ``fit`` is the whole ``Loop(...).fit()`` call, whose difference from ``run``
+(discovery, registration, per-run and per-stage events such as the metrics summary, the
+dashboard's start) is a fixed cost paid once per run or epoch, reported separately.
 
 Variants are a registry, :data:`VARIANTS` (name -> builder); a builder takes a
 :class:`Workload` and returns a runner, a callable that makes one full pass and returns its
@@ -181,19 +181,21 @@ def raw_variant(workload: Workload) -> Runner:
 
 
 class StageClock:
-    """Times the training stage (every batch and its events) without a per-batch hook."""
+    """Times the batches of the training stage, every per-batch event included, without a
+    per-batch hook: it starts after every other plugin's ``stage_start`` and stops before any
+    ``stage_end``, so per-stage work (a metrics summary) counts as a fixed cost, not per step."""
 
     name = "stage_clock"
 
     def __init__(self) -> None:
         self.start = self.end = 0.0
 
-    @hookimpl(tryfirst=True)
+    @hookimpl(trylast=True)
     def stage_start(self, stage: str) -> None:
         if stage == "train":
             self.start = time.perf_counter()
 
-    @hookimpl(trylast=True)
+    @hookimpl(tryfirst=True)
     def stage_end(self, stage: str) -> None:
         if stage == "train":
             self.end = time.perf_counter()

@@ -22,7 +22,7 @@ import collections
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
@@ -111,13 +111,20 @@ def batch_size(batch: Any) -> int:
     return 1
 
 
-@dataclass
 class _Series:
-    weighted: float = 0.0
-    count: int = 0
-    last: float = math.nan
-    window: collections.deque = field(default_factory=collections.deque)
-    pending: list = field(default_factory=list)  # (tensor on device, n) not yet read
+    """One metric in one stage: weighted sum and count (epoch mean), last value, and the
+    running window as a deque with its weighted sums kept up to date (O(1) per value)."""
+
+    __slots__ = ("weighted", "count", "last", "window", "w_sum", "w_count", "pending")
+
+    def __init__(self, window: int) -> None:
+        self.weighted = 0.0
+        self.count = 0
+        self.last = math.nan
+        self.window: collections.deque = collections.deque(maxlen=window)
+        self.w_sum = 0.0
+        self.w_count = 0
+        self.pending: list[tuple[torch.Tensor, int]] = []  # device values not read yet
 
 
 class _Stage:
@@ -134,16 +141,24 @@ class _Stage:
     def add(self, key: str, value: float, n: int) -> None:
         series = self.series.get(key)
         if series is None:
-            series = self.series[key] = _Series(window=collections.deque(maxlen=self.window))
-        series.weighted += value * n
+            series = self.series[key] = _Series(self.window)
+        weighted = value * n
+        series.weighted += weighted
         series.count += n
         series.last = value
-        series.window.append((value, n))
+        window = series.window
+        if len(window) == window.maxlen:
+            old_weighted, old_n = window[0]
+            series.w_sum -= old_weighted
+            series.w_count -= old_n
+        window.append((weighted, n))
+        series.w_sum += weighted
+        series.w_count += n
 
     def defer(self, key: str, value: torch.Tensor, n: int) -> None:
         series = self.series.get(key)
         if series is None:
-            series = self.series[key] = _Series(window=collections.deque(maxlen=self.window))
+            series = self.series[key] = _Series(self.window)
         series.pending.append((value.detach().reshape(()), n))
 
     def read(self) -> None:
@@ -165,8 +180,7 @@ class _Stage:
         for key, s in self.series.items():
             if not s.count:
                 continue
-            w = sum(n for _, n in s.window)
-            running = sum(v * n for v, n in s.window) / w if w else math.nan
+            running = s.w_sum / s.w_count if s.w_count else math.nan
             out[key] = Value(s.last, running, s.weighted / s.count)
         return out
 
@@ -218,27 +232,29 @@ class Metrics:
             n = output.get("batch_size")
             n = int(n) if n is not None else batch_size(batch)
             agg.samples += n  # type: ignore[union-attr]
+            add, defer = agg.add, self.defer  # type: ignore[union-attr]
             for key, value in output.items():
-                if isinstance(value, torch.Tensor):
+                kind = type(value)
+                if kind is _Tensor or isinstance(value, _Tensor):
                     if value.numel() != 1:
-                        continue
-                    if value.is_cpu and not self.defer:
-                        agg.add(key, value.item(), n)  # type: ignore[union-attr]
+                        continue  # not a scalar: ignored, by design
+                    if value.is_cpu and not defer:
+                        add(key, value.item(), n)
                     else:
                         agg.defer(key, value, n)  # type: ignore[union-attr]
-                elif type(value) is float or type(value) is int:
+                elif kind is float or kind is int:
                     if key != "batch_size":
-                        agg.add(key, value, n)  # type: ignore[union-attr]
+                        add(key, value, n)
                 elif _is_metric(value):
                     agg.metric_objects[key] = value  # type: ignore[union-attr]
         else:
             agg.samples += batch_size(batch)  # type: ignore[union-attr]
-        if time.perf_counter() >= self._next_publish:
-            self._next_publish = time.perf_counter() + self.interval
-            loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
-        every = self.log_every_n_steps
-        if every and loop.training and loop.state.step % every == 0:
+        if self.log_every_n_steps and loop.training and loop.state.step % self.log_every_n_steps == 0:
             self._write({"event": "step", **self.snapshot().row()})
+        now = time.perf_counter()
+        if now >= self._next_publish:
+            self._next_publish = now + self.interval
+            loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
 
     @hookimpl
     def stage_end(self, loop: Any, stage: str) -> None:

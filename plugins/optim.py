@@ -76,9 +76,20 @@ class ManagedOptimizer:
     def step(self) -> bool:
         """Step now if this batch closes an accumulation window; return whether it stepped
         (``False`` inside a window or when the step was skipped for a non-finite value)."""
-        if not self.plugin._window_closes():
+        plugin = self.plugin
+        if plugin.accumulate != 1 and not plugin._window_closes():
             self._deferred = True
             return False
+        if plugin._plain and not plugin._poisoned:  # nothing to unscale, clip, check or schedule
+            loop = plugin.loop
+            if (call := loop.hooks.before_optimizer_step) is not None:
+                call(loop, self.name, self.optimizer)
+            self.optimizer.step()
+            self.steps += 1
+            self._stepped = True
+            if (call := loop.hooks.after_optimizer_step) is not None:
+                call(loop, self.name, self.optimizer)
+            return True
         return self._step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -155,6 +166,7 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     def __init__(self, managed: dict[str, ManagedOptimizer]) -> None:
         self._managed = managed
+        self._single = next(iter(managed.values())) if len(managed) == 1 else None
 
     def __getitem__(self, name: str) -> ManagedOptimizer:
         try:
@@ -172,6 +184,8 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         return len(self._managed)
 
     def _only(self) -> ManagedOptimizer:
+        if self._single is not None:
+            return self._single
         if len(self._managed) != 1:
             raise TypeError(
                 f"this run has {len(self._managed)} optimizers "
@@ -182,11 +196,11 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     def step(self) -> bool:
         """Step the only optimizer (see :meth:`ManagedOptimizer.step`)."""
-        return self._only().step()
+        return (self._single or self._only()).step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the only optimizer's gradients (see :meth:`ManagedOptimizer.zero_grad`)."""
-        self._only().zero_grad(set_to_none)
+        (self._single or self._only()).zero_grad(set_to_none)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -249,6 +263,7 @@ class Optim:
         self._poisoned = False
         self._scaler_used = False
         self._first_skip: str | None = None
+        self._plain = False  # set at fit_start: a step needs no unscaling, clipping or scheduler
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -275,6 +290,11 @@ class Optim:
         elif self.amp:
             self.scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
         loop.optimizers = self.optimizers
+        self._plain = (
+            self.scaler is None and self.clip_norm is None and self.clip_value is None
+            and not (self.check_grads and self.nonfinite is not None)
+            and not (schedulers and self.scheduler_interval == "step")
+        )
 
     @hookimpl
     def backward(self, loop: Any, loss: torch.Tensor) -> bool:
