@@ -90,13 +90,22 @@ def raw(setup: Setup) -> Runner:
     return run
 
 
-def hookfit_variant(only: str, given: Callable[[], list[Any]]) -> Callable[[Setup], Runner]:
+def hookfit_variant(only: str, given: Callable[[], list[Any]], managed: bool = True) -> Callable[[Setup], Runner]:
+    """``managed``: the step goes through the optim plugin; else it steps the optimizer itself
+    and no optim plugin is loaded (the core alone)."""
+
     def build(setup: Setup) -> Runner:
         model, opt = setup.fresh()
         run_dir = tempfile.mkdtemp(prefix="hookfit-compare-")
 
         def step(loop: Any, batch: Any) -> Any:
             x, y = batch
+            if not managed:
+                opt.zero_grad()
+                loss = mse(model(x), y)
+                loss.backward()
+                opt.step()
+                return loss
             loop.optimizers.zero_grad()
             loss = mse(model(x), y)
             loop.backward(loss)
@@ -108,7 +117,7 @@ def hookfit_variant(only: str, given: Callable[[], list[Any]]) -> Callable[[Setu
             os.environ["HOOKFIT_PLUGINS"] = only
             try:
                 hookfit.Loop(step, setup.data, model=model, optimizers=opt, run_dir=run_dir,
-                             plugins=[Optim(), *given(), clock]).fit()
+                             plugins=[*([Optim()] if managed else []), *given(), clock]).fit()
             finally:
                 del os.environ["HOOKFIT_PLUGINS"]
             return clock.end - clock.start
@@ -222,7 +231,7 @@ def ignite(default: bool) -> Callable[[Setup], Runner]:
 
 VARIANTS: dict[str, Callable[[Setup], Runner]] = {
     "raw": raw,
-    "hookfit-core": hookfit_variant("", lambda: []),
+    "hookfit-core": hookfit_variant("", lambda: [], managed=False),
     "hookfit-default": hookfit_variant("metrics,interrupter", lambda: [Console(stream=_sink())]),
     "hookfit-dashboard": hookfit_variant("metrics,interrupter,tui,console", lambda: []),
     "lightning-bare": lightning(default=False),
