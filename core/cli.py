@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(run=_plugins)
     p = sub.add_parser("hooks", help="print every event with its documentation")
-    p.add_argument("--markdown", action="store_true", help="as the Markdown page docs/hooks.md")
+    p.add_argument("--markdown", action="store_true", help="as the Markdown page core/hooks.md")
     p.set_defaults(run=_hooks)
     p = sub.add_parser("new-plugin", help="write a complete plugin package to start from")
     p.add_argument("name", help="the plugin's name (lowercase, digits, underscores)")

@@ -458,6 +458,6 @@ def test_the_hooks_reference_page_is_up_to_date() -> None:
 
     from hookfit.cli import hooks_reference
 
-    page = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+    page = Path(__file__).resolve().parents[1] / "core" / "hooks.md"
     assert page.read_text() == hooks_reference(markdown=True), (
-        "docs/hooks.md is stale: run `hookfit hooks --markdown > docs/hooks.md`")
+        "core/hooks.md is stale: run `hookfit hooks --markdown > core/hooks.md`")
