@@ -465,7 +465,7 @@ def in_pty(argv: Sequence[str], script: str | None = None, renderer: Callable[[d
 def render(out: dict[str, Any]) -> str:
     """The readable report of a JSON result."""
     lines = [out["header"], TARGET_TEXT]
-    for key, workload in out["workloads"].items():
+    for workload in out["workloads"].values():
         results = [Result(**{**r, "ratio_ci": tuple(r["ratio_ci"]) if r["ratio_ci"] else None,
                               "added_ci": tuple(r["added_ci"]) if r["added_ci"] else None})
                    for r in workload["results"]]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import re
 import shlex
 from pathlib import Path

@@ -15,7 +15,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pluggy
 import pytest
 
 import hookfit
