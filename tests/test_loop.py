@@ -414,3 +414,25 @@ def test_memory_is_flat_over_many_batches() -> None:
     run(500)  # warm caches
     small, large = run(2_000), run(20_000)
     assert large - small < 50_000, (small, large)
+
+
+def test_interrupter_leaves_signal_handlers_alone_off_the_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+    import threading
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter")
+    before = signal.getsignal(signal.SIGINT)
+    seen, states = [], []
+
+    class Look:
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            seen.append(signal.getsignal(signal.SIGINT))
+            if loop.state.step == 2:
+                loop.request_stop("from the worker thread's step")
+
+    worker = threading.Thread(target=lambda: states.append(hookfit.Loop(lambda l, b: None, range(5), plugins=[Look()]).fit()))
+    worker.start()
+    worker.join(30)
+    assert states[0].status == "interrupted" and states[0].stop_reason == "from the worker thread's step"
+    assert seen and all(handler is before for handler in seen)

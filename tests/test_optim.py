@@ -219,6 +219,22 @@ def test_nonfinite_loss_raise_policy() -> None:
         fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), step=step, nonfinite="raise")
 
 
+def test_nonfinite_policy_none_checks_nothing() -> None:
+    m = model()
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch) * float("nan"))
+        assert loop.optimizers.step() is True  # stepped: the user asked for no check
+        loop.optimizers.zero_grad()
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimWarning)
+        fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(1), step=step, epochs=1, nonfinite=None)
+    assert all(torch.isnan(p).all() for p in m.parameters())
+
+
 def test_nonfinite_gradient_is_caught_when_clipping() -> None:
     m = model()
 

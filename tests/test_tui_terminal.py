@@ -427,6 +427,36 @@ def test_sigint_shows_the_stopping_banner(term: Terminal) -> None:
     assert "│ stopping" in screen
 
 
+def test_resizes_redraw_the_whole_layout(term: Terminal) -> None:
+    term.train(steps=400, delay=0.05)
+    term.wait_dashboard()
+    term.tmux("resize-window", "-t", "main", "-x", "80", "-y", "24")
+    def fits() -> bool:
+        rows = term.screen().split("\n")
+        return rows[0].startswith(" hookfit │") and any(r.startswith(" q stop") for r in rows[:24]) \
+            and all(len(r) <= 80 for r in rows)
+    term.wait_until(fits, "the dashboard redrawn at 80x24", timeout=10)
+    term.tmux("resize-window", "-t", "main", "-x", "140", "-y", "45")
+    term.wait_until(lambda: sum("│" in r[:12] for r in term.screen().split("\n")) > 20,
+                    "a taller plot at 140x45", timeout=10)
+    term.keys("q")
+    code, flags, _ = term.wait_exit()
+    assert code == 0
+    term.assert_restored(flags)
+
+
+def test_q_is_answered_while_a_long_step_runs(term: Terminal) -> None:
+    term.train(steps=10, delay=3.0)
+    term.wait_for(STATUS_LINE)
+    asked = time.monotonic()
+    term.keys("q")
+    term.wait_for("stopping after this batch (q pressed in the dashboard)", timeout=1.5)  # mid-step
+    assert time.monotonic() - asked < 1.5
+    code, flags, _ = term.wait_exit()
+    assert term.outcome()["status"] == "interrupted"
+    term.assert_restored(flags)
+
+
 def test_without_the_interrupter_q_says_so_and_sigterm_still_restores_the_terminal(term: Terminal) -> None:
     term.train(steps=300, delay=0.1, plugins="console,metrics,optim,tui")
     term.wait_dashboard()
