@@ -46,6 +46,8 @@ def _direct(functions: list[Call], results: bool, firstresult: bool) -> Call:
         return notify
 
     if firstresult:
+        if len(functions) == 1:
+            return functions[0]  # its own return value is the first (and only) result
 
         def first(*args: Any) -> Any:
             for function in functions:

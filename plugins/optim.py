@@ -167,6 +167,9 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     def __init__(self, managed: dict[str, ManagedOptimizer]) -> None:
         self._managed = managed
         self._single = next(iter(managed.values())) if len(managed) == 1 else None
+        if self._single is not None:  # one optimizer: no lookup on the hot path
+            self.step = self._single.step  # type: ignore[method-assign]
+            self.zero_grad = self._single.zero_grad  # type: ignore[method-assign]
 
     def __getitem__(self, name: str) -> ManagedOptimizer:
         try:
