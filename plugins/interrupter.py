@@ -60,9 +60,6 @@ class Interrupter:
         name = signal.Signals(signum).name
         if self._reason is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: aborting")
-        if self._loop is not None:  # the event, so every plugin (the dashboard) hears of it
-            self._loop.request_stop(name)
-        else:
-            self.request_stop(name)
+        self._loop.request_stop(name)  # the event, so every plugin (the dashboard) hears of it
         hint = "; press Ctrl-C again to abort" if signum == signal.SIGINT else ""
         print(f"hookfit: {name} received, stopping after this batch{hint}", file=sys.stderr, flush=True)

@@ -335,6 +335,7 @@ class TuiRenderer:
 
 def summary(dashboard: Any, state: Any) -> list[str]:
     """The plain-text record printed after the dashboard closes: status, table and curves."""
+    from hookfit.plugins.tui.dashboard import _fmt
     from hookfit.plugins.tui.plot import text_plot
 
     lines = [f"hookfit: training {state.status} ({state.stop_reason}) after {state.elapsed:.1f}s, "
@@ -347,8 +348,6 @@ def summary(dashboard: Any, state: Any) -> list[str]:
         row = dashboard.table.get(name, {})
         train = row.get("train_final", row.get("train_epoch"))
         valid = row.get("valid_final", row.get("valid_epoch"))
-        from hookfit.plugins.tui.dashboard import _fmt
-
         lines.append(f"  {name:<{width}}  {_fmt(train):>10}  {_fmt(valid):>10}")
     for name in dashboard.names:
         if "loss" not in name:
