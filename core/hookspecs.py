@@ -6,7 +6,9 @@ arguments a spec names, in any order, and pluggy passes it only those.
 
 Order of events in one run::
 
+    configure                          (plugins may change the run's set-up here)
     fit_start
+    resume                             (only with Loop(resume=...))
       epoch_start                      (for each epoch)
         stage_start("train")
           batch_start  -> step -> step_output -> batch_end -> should_stop   (for each batch)
@@ -46,6 +48,21 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.loop import Loop
 
 hookspec = pluggy.HookspecMarker("hookfit")
+
+
+@hookspec
+def configure(loop: Loop) -> None:
+    """The run is about to start: change its set-up here, before any plugin starts.
+
+    Fires once, first of all events, after every plugin is registered and checked. A plugin
+    that changes what the run is made of does it here: wrap ``loop.model`` (distributed data
+    parallel), replace ``loop.train_data`` or ``loop.val_data`` (sharding), set
+    ``loop.state.rank`` and ``loop.state.world_size``, or unregister other plugins
+    (``loop.pm.unregister``) that must not run in this process. A plugin unregistered here
+    receives no later event of the run, not even ``fit_start`` or ``fit_end`` (it may still
+    get this ``configure`` call, which pluggy has already started). The return value is
+    ignored. If an implementation raises, the run fails as for ``fit_start``.
+    """
 
 
 @hookspec
@@ -167,6 +184,63 @@ def fit_end(loop: Loop) -> None:
     (terminal, signal handlers) and write final summaries. Every implementation runs even if
     an earlier one raised; the first such error fails the run (or is reported as a warning if
     the run failed already). The return value is ignored.
+    """
+
+
+# -- state of a run: checkpoints and resume -------------------------------------------------
+
+
+@hookspec
+def save_state(loop: Loop) -> Any:
+    """Return this plugin's state, to be stored in a checkpoint; ``None`` if it has none now.
+
+    A checkpoint plugin calls every implementation through ``loop.plugin_states()``, which
+    keys each answer by the name of the plugin that gave it, so a third-party plugin's state is
+    saved without the checkpoint plugin knowing it. Return plain data (tensors, numbers,
+    strings, lists, dicts): a checkpoint is read back with ``torch.load(weights_only=True)``,
+    so arbitrary objects cannot be restored. The state must be a snapshot: later training must
+    not change what was returned (copy tensors that training updates in place). Called on the
+    training thread between batches.
+    """
+
+
+@hookspec
+def load_state(loop: Loop, state: Any) -> None:
+    """Restore what this plugin's ``save_state`` returned in an earlier run.
+
+    Called through ``loop.load_plugin_states(states)``, with this plugin's own entry, after
+    ``fit_start`` of the resumed run and before its first epoch. A plugin that cannot use
+    ``state`` raises an error that says why. The return value is ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def resume(loop: Loop, source: str) -> Any:
+    """``Loop(resume=source)``: continue an earlier run. ``source`` is ``"latest"`` or a path.
+
+    Fires once, after ``fit_start`` and before the first epoch. The plugin that keeps
+    checkpoints restores the model, the plugins' states (``loop.load_plugin_states``) and the
+    position: ``loop.state.epoch``, ``loop.state.step`` and ``loop.state.resume_batch`` (the
+    training batches of that epoch already done, which the loop then skips; data with an
+    ``iter_from(start)`` method starts there without producing the earlier ones; when it is
+    the length of the data, the training stage of that epoch is not run again). It returns
+    what it resumed from (a path), or ``False`` when there was nothing to resume from and the
+    run starts afresh. First result; the run fails with a clear error when no enabled plugin
+    implements this event.
+    """
+
+
+# -- several processes (fired by the plugin that runs them, e.g. distributed) ----------------
+
+
+@hookspec(firstresult=True)
+def all_reduce(loop: Loop, tensor: Any) -> Any:
+    """Sum ``tensor`` over every process of the run and return the sum (a tensor of the same
+    shape); every process must call it at the same point, as for any collective operation.
+
+    Implemented by the plugin that runs the loop on several processes; when no plugin does,
+    the run has one process and callers use their own value. Metrics plugins call it to
+    publish global numbers (sums and counts, so that means stay weighted). First result.
     """
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -40,6 +42,12 @@ class State:
     error: BaseException | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    resume_batch: int = 0
+    """Training batches of ``epoch`` already done in an earlier run (set by a ``resume``
+    plugin); the loop skips them, then sets this back to 0."""
+    rank: int = 0
+    """This process's rank among ``world_size`` processes (set by a distributed plugin)."""
+    world_size: int = 1
     silenced: list[Any] = field(default_factory=list)
     """Observer plugins switched off during the run (:class:`hookfit.manager.Silenced`)."""
 
@@ -75,6 +83,11 @@ def _modules(model: Any) -> list[torch.nn.Module]:
     )
 
 
+def _call(impl: Any, **kwargs: Any) -> Any:
+    """Call one hook implementation with the arguments it asks for."""
+    return impl.function(*[kwargs[name] for name in impl.argnames])
+
+
 def _positive_int(value: Any, what: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -97,6 +110,12 @@ class Loop:
 
     Files a run writes (metrics logs, checkpoints) go to ``loop.run_dir``: ``run_dir`` if given,
     else a new ``runs/<date>-<time>`` folder, created only when a plugin first asks for it.
+
+    ``resume="latest"`` or a checkpoint path continues an earlier run through the plugin that
+    implements the ``resume`` event (the checkpoint plugin); without the argument, the
+    ``HOOKFIT_RESUME`` environment variable is used when set. Data that has ``set_epoch(epoch)``
+    is told each epoch before it is iterated (for reproducible shuffles); data that has
+    ``iter_from(start)`` starts a resumed epoch there instead of skipping batches one by one.
     """
 
     def __init__(
@@ -113,6 +132,7 @@ class Loop:
         val_every_n_epochs: int = 1,
         val_grad_mode: Literal["inference", "no_grad"] = "inference",
         run_dir: str | os.PathLike[str] | None = None,
+        resume: str | os.PathLike[str] | None = None,
         plugins: Sequence[Any] = (),
         disable: Sequence[str] = (),
     ) -> None:
@@ -155,6 +175,7 @@ class Loop:
         self.pm: PluginManager | None = None
         """The run's plugin manager (``pm.hook.<event>(...)``: pluggy's ordinary call path)."""
         self._run_dir = Path(run_dir) if run_dir is not None else None
+        self.resume = resume
         self._given = tuple(plugins)
         self._disable = tuple(disable)
         self.hooks: Dispatch | None = None
@@ -174,14 +195,55 @@ class Loop:
         self._run_dir.mkdir(parents=True, exist_ok=True)
         return self._run_dir
 
+    @property
+    def is_main(self) -> bool:
+        """Whether this is the process that writes files and renders (rank 0)."""
+        return self.state.rank == 0
+
+    def plugin_states(self) -> dict[str, Any]:
+        """Every plugin's ``save_state`` answer, keyed by plugin name (for checkpoints)."""
+        pm = self._running("plugin_states()")
+        return {impl.plugin_name: _call(impl, loop=self) for impl in pm.hook.save_state.get_hookimpls()}
+
+    def load_plugin_states(self, states: Mapping[str, Any], strict: bool = True) -> None:
+        """Give each plugin its entry of ``states`` (from :meth:`plugin_states`) through its
+        ``load_state`` implementation.
+
+        A plugin that saves state but has no entry, or an entry that no plugin of this run
+        restores, is an error naming them (``strict``) or a warning (``strict=False``); the
+        rest is restored either way."""
+        pm = self._running("load_plugin_states()")
+        loaders = {impl.plugin_name: impl for impl in pm.hook.load_state.get_hookimpls()}
+        savers = {impl.plugin_name for impl in pm.hook.save_state.get_hookimpls()}
+        missing = sorted(name for name in savers if name not in states)
+        extra = sorted(name for name in states if name not in loaders and states[name] is not None)
+        if missing or extra:
+            problems = []
+            if missing:
+                problems.append(f"no saved state for {', '.join(map(pm.describe, missing))}")
+            if extra:
+                problems.append(f"saved state of plugin(s) {', '.join(map(repr, extra))} that "
+                                "no enabled plugin of this run restores")
+            message = "plugin states do not match this run: " + "; ".join(problems)
+            if strict:
+                raise ValueError(message + " (strict; pass strict=False to restore the rest)")
+            warnings.warn(message + "; restoring the rest", HookfitWarning, stacklevel=2)
+        for name, impl in loaders.items():
+            if states.get(name) is not None:
+                _call(impl, loop=self, state=states[name])
+
+    def _running(self, what: str) -> PluginManager:
+        if self.pm is None:
+            raise RuntimeError(f"{what} needs a running loop: call it during fit()")
+        return self.pm
+
     def request_stop(self, reason: str = "stop requested") -> bool:
         """Ask for a graceful stop after the current batch, from any thread.
 
         Fires the ``request_stop`` event; a plugin that implements it (the interrupter) makes
         ``should_stop`` answer true after the current batch. Returns whether any enabled plugin
         answers ``should_stop`` (if none does, the request cannot be honoured: a warning says so)."""
-        if self.pm is None:
-            raise RuntimeError("request_stop() needs a running loop: call it during fit()")
+        self._running("request_stop()")
         can_stop = bool(self.pm.hook.should_stop.get_hookimpls())
         if not can_stop:
             disabled = [i.name for i in self.pm.infos.values() if not i.enabled]
@@ -226,7 +288,9 @@ class Loop:
         state.status = "running"
         state.started_at = time.perf_counter()
         try:
+            pm.hook.configure(loop=self)
             pm.hook.fit_start(loop=self)
+            self._resume()
             self._run()
         except BaseException as error:
             self._record_failure(error)
@@ -235,14 +299,37 @@ class Loop:
         self._finish(failed=False)
         return state
 
+    def _resume(self) -> None:
+        source = self.resume if self.resume is not None else os.environ.get("HOOKFIT_RESUME") or None
+        if source is None:
+            return
+        caller = self.pm.hook.resume  # type: ignore[union-attr]
+        if not caller.get_hookimpls():
+            disabled = [i.name for i in self.pm.infos.values() if not i.enabled]  # type: ignore[union-attr]
+            raise RuntimeError(
+                f"resume={str(source)!r} needs a plugin that implements the 'resume' event "
+                f"(checkpoint) and no enabled plugin does (disabled plugins: "
+                f"{', '.join(disabled) or 'none'})"
+            )
+        caller(loop=self, source=os.fspath(source))
+
     def _run(self) -> None:
         hook = self.pm.hook  # type: ignore[union-attr]
         state = self.state
         try:
-            for epoch in range(self.max_epochs):
+            if self.max_steps is not None and state.step >= self.max_steps:  # resumed at the end
+                state.stop_reason = f"max_steps={self.max_steps} reached"
+                state.status = "completed"
+                return
+            for epoch in range(state.epoch, self.max_epochs):
                 state.epoch = epoch
+                for data in (self.train_data, self.val_data):
+                    if hasattr(data, "set_epoch"):
+                        data.set_epoch(epoch)
                 hook.epoch_start(loop=self, epoch=epoch)
-                self._stage("train", self.train_step, self.train_data)
+                start, state.resume_batch = state.resume_batch, 0
+                if not start or not hasattr(self.train_data, "__len__") or start < len(self.train_data):
+                    self._stage("train", self.train_step, self.train_data, start)
                 if self.val_step is not None and (epoch + 1) % self.val_every_n_epochs == 0:
                     self._validate()
                 hook.epoch_end(loop=self, epoch=epoch)
@@ -271,19 +358,22 @@ class Loop:
             for module, flag in flags:
                 module.training = flag
 
-    def _stage(self, stage: str, step: Step, data: Iterable[Any]) -> None:
-        """Run one stage over ``data``. The per-batch body is the hot path: every event
-        without an implementation costs one ``is None`` test."""
+    def _stage(self, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
+        """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
+        path: every event without an implementation costs one ``is None`` test."""
         state = self.state
         dispatch = self.hooks
         train = stage == "train"
-        limit = self.max_steps if train and self.max_steps is not None else -1
+        limit = self.max_steps if train and self.max_steps is not None else sys.maxsize
         state.stage = stage
-        state.batch_idx = 0
+        state.batch_idx = start
         self.training = train
         self.pm.hook.stage_start(loop=self, stage=stage)  # type: ignore[union-attr]
-        batch_idx = -1
-        for batch_idx, batch in enumerate(data):
+        batch_idx = start - 1
+        if start:
+            iter_from = getattr(data, "iter_from", None)
+            data = iter_from(start) if iter_from is not None else itertools.islice(data, start, None)
+        for batch_idx, batch in enumerate(data, start):
             state.batch_idx = batch_idx
             if (call := dispatch.batch_start) is not None:
                 call(self, batch, batch_idx)
@@ -300,7 +390,7 @@ class Loop:
                 call(self, output, batch, batch_idx)
             if (call := dispatch.should_stop) is not None and (answers := call(self)):
                 self._stop(answers)
-            if state.step == limit:
+            if state.step >= limit:
                 break
         if batch_idx < 0:
             raise ValueError(
@@ -380,7 +470,7 @@ class Loop:
         else:
             for impl in reversed(impls):
                 try:
-                    impl.function(*[{"loop": self}[a] for a in impl.argnames])
+                    _call(impl, loop=self)
                 except Exception as exc:
                     exc.add_note(f"hookfit: raised by {pm.describe(impl.plugin_name)} in hook 'fit_end'")  # type: ignore[union-attr]
                     errors.append(exc)

@@ -14,6 +14,13 @@
   end of every stage; keeps a per-epoch history (``history_epochs`` long) for plots.
 * Writes ``metrics.jsonl`` in ``loop.run_dir``: a line per completed stage, one per
   ``log_every_n_steps`` training steps if set, and one at the end. ``log=False`` writes nothing.
+* Several processes (a plugin implements ``all_reduce`` and ``loop.state.world_size > 1``):
+  sums and counts are added up over the processes before each publication, so every snapshot
+  carries global, sample-weighted numbers (``last`` is the mean of the processes' last
+  values). Publications then happen every ``sync_every`` batches, at the same batch on every
+  process, instead of by time. Only the main process writes the log.
+* Checkpoints: ``save_state`` carries the history and the aggregate of a training stage in
+  progress, so a resumed run publishes the same epoch means as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -136,6 +143,7 @@ class _Stage:
         self.metric_objects: dict[str, Any] = {}
         self.batches = 0
         self.samples = 0
+        self.global_samples: int | None = None  # all processes' samples, after a reduction
         self.started = time.perf_counter()
 
     def add(self, key: str, value: float, n: int) -> None:
@@ -175,14 +183,62 @@ class _Stage:
                 self.add(key, values[i], n)
                 i += 1
 
-    def values(self) -> dict[str, Value]:
+    def values(self, reduce: Any = None) -> dict[str, Value]:
+        """Each metric's Value; with ``reduce`` (an all-reduce sum over processes), global."""
+        items = [(key, s) for key, s in self.series.items() if s.count]
+        if reduce is not None:  # the same order on every process
+            items.sort(key=lambda item: item[0])
+        rows = [(s.last, s.weighted, s.count, s.w_sum, s.w_count) for _, s in items]
+        if reduce is not None:
+            rows = self._reduced(reduce, [key for key, _ in items], rows)
         out = {}
-        for key, s in self.series.items():
-            if not s.count:
-                continue
-            running = s.w_sum / s.w_count if s.w_count else math.nan
-            out[key] = Value(s.last, running, s.weighted / s.count)
+        for (key, _), (last, weighted, count, w_sum, w_count) in zip(items, rows):
+            running = w_sum / w_count if w_count else math.nan
+            out[key] = Value(last, running, weighted / count if count else math.nan)
         return out
+
+    def _reduced(self, reduce: Any, keys: list[str], rows: list[tuple]) -> list[tuple]:
+        """Sum rows, samples and a checksum of the key names over every process."""
+        checksum = float(sum(ord(c) * (i + 1) for i, c in enumerate("|".join(keys))) % 1_000_003)
+        local = torch.tensor([1.0, checksum, float(self.samples)] + [v for row in rows for v in row],
+                             dtype=torch.float64)
+        total = reduce(local)
+        if total is None:
+            return rows
+        world, sums = total[0].item(), total.tolist()
+        if sums[1] != checksum * world:
+            raise RuntimeError(
+                f"metrics: the processes of this run report different metric names (this one: "
+                f"{keys}); every process must return the same keys from the step function"
+            )
+        self.global_samples = int(sums[2])
+        flat = sums[3:]
+        return [(flat[i] / world, *flat[i + 1:i + 5]) for i in range(0, len(flat), 5)]
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for a checkpoint (readable with ``torch.load(weights_only=True)``)."""
+        self.read()
+        return {
+            "batches": self.batches, "samples": self.samples,
+            "elapsed": time.perf_counter() - self.started,
+            "series": {k: {"weighted": s.weighted, "count": s.count, "last": s.last,
+                           "window": [list(w) for w in s.window]}
+                       for k, s in self.series.items()},
+        }
+
+    @classmethod
+    def from_state(cls, window: int, state: Mapping[str, Any]) -> _Stage:
+        stage = cls(window)
+        stage.batches, stage.samples = state["batches"], state["samples"]
+        stage.started -= state["elapsed"]
+        for key, saved in state["series"].items():
+            series = stage.series[key] = _Series(window)
+            series.weighted, series.count, series.last = saved["weighted"], saved["count"], saved["last"]
+            for weighted, n in saved["window"][-window:]:
+                series.window.append((weighted, n))
+                series.w_sum += weighted
+                series.w_count += n
+        return stage
 
 
 class Metrics:
@@ -198,12 +254,16 @@ class Metrics:
         log: bool = True,
         log_every_n_steps: int | None = None,
         defer: bool | None = None,
+        sync_every: int = 50,
     ) -> None:
         self.interval = interval
         self.window = window
         self.log = log
         self.log_every_n_steps = log_every_n_steps
         self.defer = defer
+        self.sync_every = sync_every
+        self._every = 0  # with several processes: publish every this many batches
+        self._resumed: _Stage | None = None
         self.history: dict[str, collections.deque] = {}
         self._history_epochs = history_epochs
         self._stage: _Stage | None = None
@@ -220,9 +280,11 @@ class Metrics:
         }
 
     @hookimpl
-    def stage_start(self, stage: str) -> None:
-        self._stage = _Stage(self.window)
+    def stage_start(self, loop: Any, stage: str) -> None:
+        resumed, self._resumed = self._resumed, None
+        self._stage = resumed if resumed is not None and stage == "train" else _Stage(self.window)
         self._next_publish = time.perf_counter() + self.interval
+        self._every = self.sync_every if self._reduce(loop) is not None else 0
 
     @hookimpl
     def batch_end(self, loop: Any, output: Mapping[str, Any] | None, batch: Any) -> None:
@@ -251,6 +313,10 @@ class Metrics:
             agg.samples += batch_size(batch)  # type: ignore[union-attr]
         if self.log_every_n_steps and loop.training and loop.state.step % self.log_every_n_steps == 0:
             self._write({"event": "step", **self.snapshot().row()})
+        if self._every:  # several processes: the same batches everywhere, for the reduction
+            if agg.batches % self._every == 0:  # type: ignore[union-attr]
+                loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
+            return
         now = time.perf_counter()
         if now >= self._next_publish:
             self._next_publish = now + self.interval
@@ -267,7 +333,7 @@ class Metrics:
             metric.reset()
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 extra[key] = float(value)
-        values = agg.values()
+        values = agg.values(self._reduce(loop))
         entry = {"epoch": loop.state.epoch, "step": loop.state.step,
                  **{k: v.epoch for k, v in values.items()}, **extra}
         self.history.setdefault(stage, collections.deque(maxlen=self._history_epochs)).append(
@@ -292,6 +358,30 @@ class Metrics:
         self._stage = None
         self.loop = None
 
+    @hookimpl
+    def save_state(self, loop: Any) -> dict[str, Any]:
+        """History, and the aggregate of the training stage in progress (if any)."""
+        running = self._stage is not None and loop.state.stage == "train"
+        return {
+            "history": {s: [dict(e) for e in h] for s, h in self.history.items()},
+            "train_stage": self._stage.state() if running else None,  # type: ignore[union-attr]
+        }
+
+    @hookimpl
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        for stage, entries in state["history"].items():
+            self.history[stage] = collections.deque(
+                (MappingProxyType(dict(e)) for e in entries), maxlen=self._history_epochs)
+        if state.get("train_stage") is not None:
+            self._resumed = _Stage.from_state(self.window, state["train_stage"])
+
+    def _reduce(self, loop: Any) -> Any:
+        """The all-reduce to use for a publication, or None with one process."""
+        call = loop.hooks.all_reduce
+        if call is None or loop.state.world_size <= 1:
+            return None
+        return lambda tensor: call(loop, tensor)
+
     # -- snapshots and log ------------------------------------------------------------------
     def snapshot(self, values: dict[str, Value] | None = None, final: bool = False) -> MetricsSnapshot:
         """The current aggregate of the running stage, as published."""
@@ -299,7 +389,7 @@ class Metrics:
         assert agg is not None
         if values is None:
             agg.read()
-            values = agg.values()
+            values = agg.values(self._reduce(loop))
         data = loop.val_data if loop.state.stage == "valid" else loop.train_data
         stage = loop.state.stage or "train"
         return MetricsSnapshot(
@@ -309,7 +399,7 @@ class Metrics:
             step=loop.state.step,
             batches=agg.batches,
             total=len(data) if hasattr(data, "__len__") else None,
-            samples=agg.samples,
+            samples=agg.samples if agg.global_samples is None else agg.global_samples,
             elapsed=time.perf_counter() - agg.started,
             values=MappingProxyType(values),
             lr=MappingProxyType(_learning_rates(loop.optimizers)),
@@ -318,7 +408,7 @@ class Metrics:
         )
 
     def _write(self, record: dict[str, Any]) -> None:
-        if not self.log:
+        if not self.log or not self.loop.is_main:
             return
         if self._log_file is None:
             self._log_file = open(self.loop.run_dir / "metrics.jsonl", "a", encoding="utf-8")

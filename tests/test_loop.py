@@ -32,13 +32,13 @@ def test_event_sequence_two_epochs_with_validation(recorder: Recorder) -> None:
         ["epoch_start", "stage_start"] + batch * 2 + ["stage_end", "stage_start"]
         + batch + ["stage_end", "epoch_end"]
     )
-    assert recorder.names() == ["fit_start"] + epoch * 2 + ["fit_end"]
+    assert recorder.names() == ["configure", "fit_start"] + epoch * 2 + ["fit_end"]
     events = recorder.events
-    assert events[1] == ("epoch_start", {"epoch": 0})
-    assert events[2] == ("stage_start", {"stage": "train"})
-    assert events[3] == ("batch_start", {"batch": 1, "batch_idx": 0})
-    assert events[4] == ("step_output", {"output": {"x": 1}, "batch": 1})
-    assert events[5] == ("batch_end", {"output": {"x": 1}, "batch": 1, "batch_idx": 0})
+    assert events[2] == ("epoch_start", {"epoch": 0})
+    assert events[3] == ("stage_start", {"stage": "train"})
+    assert events[4] == ("batch_start", {"batch": 1, "batch_idx": 0})
+    assert events[5] == ("step_output", {"output": {"x": 1}, "batch": 1})
+    assert events[6] == ("batch_end", {"output": {"x": 1}, "batch": 1, "batch_idx": 0})
     assert ("stage_start", {"stage": "valid"}) in events
     assert ("step_output", {"output": {"v": 10}, "batch": 10}) in events
     assert ("epoch_end", {"epoch": 1}) in events
@@ -385,8 +385,22 @@ def test_every_hookspec_is_documented_and_fired() -> None:
         loop.backward(model(x).sum())
         loop.optimizers.step()
 
-    hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()),
-                 plugins=[Optim(), Metrics(interval=0, log=False), Console(), rec]).fit()
+    class TwoProcessesResumed:
+        name = "two"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.state.world_size = 2  # so that metrics asks for its sums to be reduced
+
+        @hookfit.hookimpl
+        def resume(self, loop):
+            states = loop.plugin_states()
+            states["recorder"] = {"anything": 1}
+            loop.load_plugin_states(states, strict=False)
+            return True
+
+    hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()), resume="x",
+                 plugins=[Optim(), Metrics(sync_every=1, log=False), Console(), TwoProcessesResumed(), rec]).fit()
     fired |= set(rec.names())
     assert fired == set(declared), f"never fired: {set(declared) - fired}"
 

@@ -160,6 +160,84 @@ def test_memory_stays_flat_with_metrics(tmp_path: Path) -> None:
     assert measure(50_000) - measure(5_000) < 50_000
 
 
+class TwoProcesses:
+    """Pretends to be one of two processes: the other reports the same batches with every
+    value ``factor`` times larger (or, with ``rename``, other metric names)."""
+
+    name = "two"
+
+    def __init__(self, factor: float = 3.0, rename: bool = False) -> None:
+        self.factor, self.rename, self.calls = factor, rename, 0
+
+    @hookfit.hookimpl
+    def configure(self, loop):
+        loop.state.world_size = 2
+
+    @hookfit.hookimpl
+    def all_reduce(self, tensor):
+        self.calls += 1
+        other = tensor.clone()
+        rows = other[3:].view(-1, 5)  # last, weighted, count, window sum, window count
+        rows[:, 0] *= self.factor
+        rows[:, 1] *= self.factor
+        rows[:, 3] *= self.factor
+        if self.rename:
+            other[1] += 1
+        return tensor + other
+
+
+def test_with_several_processes_snapshots_carry_global_sample_weighted_numbers(tmp_path: Path) -> None:
+    data = [torch.full((2, 1), float(i)) for i in range(6)]
+    two = TwoProcesses()
+    collect = run(lambda l, b: {"v": b.mean()}, data, tmp_path,
+                  metrics=Metrics(interval=1e9, sync_every=2, log=False), extra=[two])
+    assert [u.batches for u in collect.updates] == [2, 4, 6]  # by batch count, not by time
+    final = collect.epochs[-1]
+    local_mean = sum(range(6)) / 6
+    assert final.values["v"].epoch == pytest.approx((local_mean + 3 * local_mean) / 2)
+    assert final.values["v"].last == pytest.approx((5 + 15) / 2)
+    assert final.samples == 24 and two.calls == 4
+
+
+def test_processes_reporting_different_metric_names_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="processes of this run report different metric names"):
+        run(lambda l, b: {"v": b.mean()}, [torch.ones(2, 1)], tmp_path,
+            metrics=Metrics(log=False), extra=[TwoProcesses(rename=True)])
+
+
+def test_a_resumed_training_stage_ends_with_the_uninterrupted_epoch_means(tmp_path: Path) -> None:
+    data = [torch.full((i + 1, 1), float(i)) for i in range(6)]
+    whole = run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(window=3, log=False))
+
+    saved = {}
+
+    class Save:
+        name = "save"
+
+        @hookfit.hookimpl(trylast=True)  # after every plugin took the batch into account
+        def batch_end(self, loop, batch_idx):
+            if loop.training and batch_idx == 2:
+                saved.update(loop.plugin_states())
+
+    run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(window=3, log=False), extra=[Save()])
+
+    class Resume:
+        name = "resume"
+
+        @hookfit.hookimpl
+        def resume(self, loop):
+            loop.load_plugin_states(saved)
+            loop.state.step = loop.state.resume_batch = 3
+            return True
+
+    collect = Collect()
+    hookfit.Loop(lambda l, b: {"v": b.mean()}, data, resume="x", plugins=[
+        Metrics(window=3, log=False), collect, Resume()]).fit()
+    want, got = whole.epochs[-1], collect.epochs[-1]
+    assert got.values == want.values and got.samples == want.samples == 21 and got.batches == 6
+    assert [dict(e) for e in got.history] == [dict(e) for e in want.history]
+
+
 def test_batch_size_inference() -> None:
     assert batch_size(torch.zeros(7, 2)) == 7
     assert batch_size((torch.zeros(5, 1), torch.zeros(5))) == 5
