@@ -210,6 +210,14 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         """The only optimizer's parameter groups."""
         return self._only().param_groups
 
+    @property
+    def window_closes(self) -> bool:
+        """Whether the current training batch closes a gradient-accumulation window (the
+        optimizers really step in it); always true without accumulation. A distributed plugin
+        reads it to skip the gradient all-reduce (``no_sync``) inside a window."""
+        plugin = next(iter(self._managed.values())).plugin if self._managed else None
+        return plugin is None or plugin._window_closes()
+
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
         """Freeze the parameters of every optimizer but ``name`` for the ``with`` block."""
@@ -398,20 +406,47 @@ class Optim:
 
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every optimizer, scheduler and counter, and the gradient scaler."""
+        """Every optimizer, scheduler and counter, and the gradient scaler; inside an open
+        accumulation window also the gradients accumulated so far, so a run resumed mid-window
+        steps with the same gradients as an uninterrupted one."""
         assert self.optimizers is not None
+        window_open = self.accumulate > 1 and any(m._deferred for m in self.optimizers.values())
         return {
             "optimizers": {n: m.state_dict() for n, m in self.optimizers.items()},
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "window": {
+                "poisoned": self._poisoned,
+                "deferred": [n for n, m in self.optimizers.items() if m._deferred],
+                "grads": {n: [None if p.grad is None else p.grad.detach().clone() for p in m._params]
+                          for n, m in self.optimizers.items()},
+            } if window_open else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         assert self.optimizers is not None
+        saved, here = set(state["optimizers"]), set(self.optimizers)
+        if saved != here:
+            raise ValueError(f"optim: the checkpoint has optimizers {sorted(saved)}, this run {sorted(here)}")
         for name, managed in self.optimizers.items():
             managed.load_state_dict(state["optimizers"][name])
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
+        window = state.get("window")
+        if window is not None:
+            self._poisoned = window["poisoned"]
+            for name, managed in self.optimizers.items():
+                managed._deferred = name in window["deferred"]
+                for p, grad in zip(managed._params, window["grads"][name]):
+                    p.grad = None if grad is None else grad.to(p.device).clone()
+
+    @hookimpl
+    def save_state(self) -> dict[str, Any] | None:
+        return self.state_dict() if self.optimizers is not None else None
+
+    @hookimpl
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.load_state_dict(state)
 
 
 def _finite(loss: torch.Tensor) -> bool:
