@@ -222,8 +222,8 @@ def resume(loop: Loop, source: str) -> Any:
     checkpoints restores the model, the plugins' states (``loop.load_plugin_states``) and the
     position: ``loop.state.epoch``, ``loop.state.step`` and ``loop.state.resume_batch`` (the
     training batches of that epoch already done, which the loop then skips; data with an
-    ``iter_from(start)`` method starts there without producing the earlier ones; when it is
-    the length of the data, the training stage of that epoch is not run again). It returns
+    ``iter_from(start)`` method starts there without producing the earlier ones), or
+    ``loop.state.resume_stage = "valid"`` when the epoch's training stage was complete. It returns
     what it resumed from (a path), or ``False`` when there was nothing to resume from and the
     run starts afresh. First result; the run fails with a clear error when no enabled plugin
     implements this event.

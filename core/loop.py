@@ -45,6 +45,9 @@ class State:
     resume_batch: int = 0
     """Training batches of ``epoch`` already done in an earlier run (set by a ``resume``
     plugin); the loop skips them, then sets this back to 0."""
+    resume_stage: Literal["train", "valid"] = "train"
+    """Where a resumed ``epoch`` starts: ``"train"`` (at ``resume_batch``) or ``"valid"``
+    (its training stage was complete, ``stage_end`` included)."""
     rank: int = 0
     """This process's rank among ``world_size`` processes (set by a distributed plugin)."""
     world_size: int = 1
@@ -175,6 +178,8 @@ class Loop:
         self.pm: PluginManager | None = None
         """The run's plugin manager (``pm.hook.<event>(...)``: pluggy's ordinary call path)."""
         self._run_dir = Path(run_dir) if run_dir is not None else None
+        self.run_dir_given = run_dir is not None
+        """Whether ``run_dir`` was given (else each run gets a new ``runs/<date>-<time>``)."""
         self.resume = resume
         self._given = tuple(plugins)
         self._disable = tuple(disable)
@@ -328,7 +333,8 @@ class Loop:
                         data.set_epoch(epoch)
                 hook.epoch_start(loop=self, epoch=epoch)
                 start, state.resume_batch = state.resume_batch, 0
-                if not start or not hasattr(self.train_data, "__len__") or start < len(self.train_data):
+                first, state.resume_stage = state.resume_stage, "train"
+                if first == "train":
                     self._stage("train", self.train_step, self.train_data, start)
                 if self.val_step is not None and (epoch + 1) % self.val_every_n_epochs == 0:
                     self._validate()

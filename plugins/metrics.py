@@ -264,6 +264,7 @@ class Metrics:
         self.sync_every = sync_every
         self._every = 0  # with several processes: publish every this many batches
         self._resumed: _Stage | None = None
+        self._stage_name: str | None = None
         self.history: dict[str, collections.deque] = {}
         self._history_epochs = history_epochs
         self._stage: _Stage | None = None
@@ -283,6 +284,7 @@ class Metrics:
     def stage_start(self, loop: Any, stage: str) -> None:
         resumed, self._resumed = self._resumed, None
         self._stage = resumed if resumed is not None and stage == "train" else _Stage(self.window)
+        self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
         self._every = self.sync_every if self._reduce(loop) is not None else 0
 
@@ -359,9 +361,9 @@ class Metrics:
         self.loop = None
 
     @hookimpl
-    def save_state(self, loop: Any) -> dict[str, Any]:
+    def save_state(self) -> dict[str, Any]:
         """History, and the aggregate of the training stage in progress (if any)."""
-        running = self._stage is not None and loop.state.stage == "train"
+        running = self._stage is not None and self._stage_name == "train"
         return {
             "history": {s: [dict(e) for e in h] for s, h in self.history.items()},
             "train_stage": self._stage.state() if running else None,  # type: ignore[union-attr]

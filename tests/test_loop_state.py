@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -146,13 +145,24 @@ def test_a_resumed_run_continues_at_the_saved_batch_without_the_earlier_ones(pro
         assert data.epochs == [1, 2] and data.starts == [3] and data.produced == [3]
 
 
-def test_a_run_resumed_after_its_last_training_batch_validates_without_an_empty_train_stage() -> None:
+@pytest.mark.parametrize("stage", ["train", "valid"])
+def test_a_run_resumed_after_its_last_training_batch(stage: str) -> None:
+    """Stopped after the last training batch, the stage still has to end (``stage_end`` steps
+    a partial accumulation window, publishes the epoch); stopped in validation, it is over."""
     seen = []
     rec = Recorder()
+
+    class At(Position):
+        @hookfit.hookimpl
+        def resume(self, loop, source):
+            super().resume(loop, source)
+            loop.state.resume_stage = stage
+
     hookfit.Loop(lambda l, x: seen.append(("t", x)), [0, 1], val_step=lambda l, x: seen.append(("v", x)),
-                 val_data=[9], max_epochs=1, resume="x", plugins=[Position(0, 2, 2), rec]).fit()
+                 val_data=[9], max_epochs=1, resume="x", plugins=[At(0, 2, 2), rec]).fit()
     assert seen == [("v", 9)]
-    assert [a["stage"] for e, a in rec.events if e == "stage_start"] == ["valid"]
+    stages = [a["stage"] for e, a in rec.events if e in ("stage_start", "stage_end")]
+    assert stages == (["train"] * 2 if stage == "train" else []) + ["valid"] * 2
 
 
 def test_a_run_resumed_at_max_steps_does_no_more_work() -> None:

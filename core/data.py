@@ -1,0 +1,215 @@
+"""Batches of in-memory tensors: seeded, resumable mid-epoch without replay, shardable.
+
+:class:`Batches` replaces ``DataLoader(TensorDataset(x, y), batch_size=..., shuffle=...)``
+for data that already sits in tensors. It indexes whole batches at once instead of collating
+single samples, so a batch costs a few microseconds instead of a few hundred.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["Batches"]
+
+_MASK = (1 << 64) - 1
+_GATHER_BYTES = 256 << 10
+"""Shuffled batches are gathered this many bytes of rows at a time (at least one batch)."""
+_STRUCTURE = ("num_samples", "batch_size", "shuffle", "drop_last", "rank", "world_size")
+
+
+def _splitmix64(value: int) -> int:
+    """One step of the SplitMix64 generator: a bijection on 64-bit ints that scatters bits."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
+    return value ^ (value >> 31)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch``'s shuffle: ``splitmix64(splitmix64(seed) ^ epoch)``, a
+    64-bit int. For one ``seed`` distinct epochs never collide (both steps are bijections);
+    nearby pairs such as ``(0, 1)`` and ``(1, 0)`` get unrelated seeds."""
+    return _splitmix64(_splitmix64(seed & _MASK) ^ (epoch & _MASK))
+
+
+class Batches:
+    """Batches of rows of ``tensors``, each a tuple with one tensor per input, like
+    ``DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=shuffle,
+    drop_last=drop_last)`` yields.
+
+    Without ``shuffle`` a batch is a slice of each tensor: a view, no copy, so writing into
+    it writes into the data (``DataLoader`` would have copied). With ``shuffle`` the order of
+    an epoch is ``torch.randperm`` drawn from a private ``torch.Generator`` seeded with
+    :func:`epoch_seed` ``(seed, epoch)``: a pure function of ``(seed, epoch)``, the same on
+    every device and every rank, and the global RNG is never touched. The permutation is
+    drawn once per epoch (on the CPU, then moved to the data's device) and cached; batches are
+    gathered from it with ``index_select``, several at a time (up to 256 KiB of rows, or one
+    batch if that is larger) and split. Gathering as we go, rather than permuting the whole
+    tensors once an epoch, keeps memory flat (the extra is the epoch's index, 8 bytes a row,
+    and one gather) and makes :meth:`iter_from` instant. Gathering several batches a call
+    brings it within a few us a batch of permuting everything up front, where one call a
+    batch cost about 3x as much on narrow rows (``benchmarks/data.py``, ``permute-epoch``).
+
+    The protocol (the one :class:`hookfit.Loop` uses):
+
+    * :meth:`set_epoch` chooses the epoch; iterating never advances it, so iterating the same
+      epoch twice gives the same batches.
+    * ``iter(batches)`` yields the current epoch's batches from batch 0;
+      :meth:`iter_from` ``(k)`` from batch ``k``, without producing the earlier ones.
+    * :meth:`shard` ``(rank, world_size)`` gives one rank's part, like ``DistributedSampler``.
+    * :meth:`state_dict` / :meth:`load_state_dict` save and restore the seed and epoch; the
+      position inside an epoch is the caller's to keep (pass it to :meth:`iter_from`).
+    """
+
+    def __init__(
+        self, *tensors: torch.Tensor, batch_size: int, shuffle: bool = False, seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if not tensors:
+            raise ValueError("Batches needs at least one tensor")
+        for tensor in tensors:
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"Batches takes tensors, not {type(tensor).__name__}")
+            if tensor.dim() == 0:
+                raise ValueError("Batches needs tensors with a first dimension, not 0-d tensors")
+        lengths = [len(tensor) for tensor in tensors]
+        if len(set(lengths)) > 1:
+            raise ValueError(f"tensors differ in their first dimension: {lengths}")
+        if lengths[0] == 0:
+            raise ValueError("Batches needs at least one sample; the tensors have 0 rows")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        self.tensors = tensors
+        self.num_samples = lengths[0]
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = operator.index(seed)
+        self.drop_last = bool(drop_last)
+        self.rank = 0
+        self.world_size = 1
+        self._epoch = 0
+        self._cached: tuple[int, int, list[torch.Tensor]] | None = None  # seed, epoch, indices
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order :meth:`__iter__` and :meth:`iter_from` produce."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch to iterate; with ``shuffle`` each epoch has its own order."""
+        self._epoch = operator.index(epoch)
+
+    def _shard_samples(self) -> int:
+        """Samples this shard has each epoch (padding included)."""
+        if self.drop_last:
+            return self.num_samples // self.world_size
+        return -(-self.num_samples // self.world_size)
+
+    def __len__(self) -> int:
+        """Batches per epoch, for this shard."""
+        samples = self._shard_samples()
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+
+    def __repr__(self) -> str:
+        shard = f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else ""
+        return (f"Batches({self.num_samples} samples, batch_size={self.batch_size}, "
+                f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
+                f"epoch={self._epoch}{shard})")
+
+    def _indices(self) -> list[torch.Tensor] | None:
+        """This shard's rows for the current epoch, one index tensor per input tensor (on its
+        device), or ``None`` when batches are plain slices (no shuffle, one shard)."""
+        if not self.shuffle and self.world_size == 1:
+            return None
+        if self._cached is not None and self._cached[:2] == (self.seed, self._epoch):
+            return self._cached[2]
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(epoch_seed(self.seed, self._epoch))
+            order = torch.randperm(self.num_samples, generator=generator)
+        else:
+            order = torch.arange(self.num_samples)
+        total = self._shard_samples() * self.world_size
+        if total > len(order):  # pad by wrapping around, as DistributedSampler does
+            order = order.repeat(-(-total // len(order)))
+        order = order[self.rank:total:self.world_size]
+        on_device = {t.device: order.to(t.device) for t in self.tensors}
+        indices = [on_device[t.device] for t in self.tensors]
+        self._cached = (self.seed, self._epoch, indices)
+        return indices
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The batches of the current epoch, from batch 0."""
+        return self.iter_from(0)
+
+    def iter_from(self, start: int) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Batches ``start``, ``start + 1``, ... of the current epoch, exactly those that
+        ``list(self)[start:]`` holds; earlier batches are never gathered. ``start`` may be
+        ``len(self)`` (nothing left); beyond that, or negative, is a ``ValueError``."""
+        start = operator.index(start)
+        if not 0 <= start <= len(self):
+            raise ValueError(f"iter_from({start}): start must be in 0..{len(self)}, the number of batches")
+        return self._batches(start, len(self), self._indices())
+
+    def _batches(self, start: int, stop: int, indices: list[torch.Tensor] | None,
+                 ) -> Iterator[tuple[torch.Tensor, ...]]:
+        tensors, size = self.tensors, self.batch_size
+        if indices is None:
+            for begin in range(start * size, stop * size, size):
+                yield tuple([t[begin:begin + size] for t in tensors])
+            return
+        # One index_select per tensor for several batches at once (up to _GATHER_BYTES of
+        # rows), then split: each call costs a few us whatever its size, which dominates on
+        # batches of narrow rows.
+        row_bytes = sum(t[0].numel() * t.element_size() for t in tensors)
+        step = max(1, _GATHER_BYTES // max(1, row_bytes * size))
+        for first in range(start, stop, step):
+            rows = slice(first * size, min(first + step, stop) * size)
+            gathered = [t.index_select(0, i[rows]) for t, i in zip(tensors, indices)]
+            if step == 1:
+                yield tuple(gathered)
+            else:
+                yield from zip(*[g.split(size) for g in gathered])
+
+    def shard(self, rank: int, world_size: int) -> Batches:
+        """A new ``Batches`` over rank ``rank``'s part of the data among ``world_size`` ranks,
+        at this one's seed and epoch. As with ``DistributedSampler``: the epoch's order is
+        the same on every rank (the global permutation, or ``0..n-1``) and rank ``r`` takes
+        its rows ``r, r + world_size, ...``; every rank gets the same number of samples, the
+        order wrapping around to fill the last ones, or, with ``drop_last``, the remainder
+        dropped. Shard the whole data only: a shard cannot be sharded again."""
+        rank, world_size = operator.index(rank), operator.index(world_size)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"shard({rank}, {world_size}): need world_size >= 1 and 0 <= rank < world_size")
+        if self.world_size != 1:
+            raise ValueError(f"already a shard (rank {self.rank} of {self.world_size}); shard the whole data")
+        part = Batches(*self.tensors, batch_size=self.batch_size, shuffle=self.shuffle,
+                       seed=self.seed, drop_last=self.drop_last)
+        part.rank, part.world_size, part._epoch = rank, world_size, self._epoch
+        return part
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that fixes the order of batches, as plain ints and bools (readable with
+        ``torch.load(weights_only=True)``). Not the position inside the epoch: the caller
+        keeps that and passes it to :meth:`iter_from`."""
+        return {"seed": self.seed, "epoch": self._epoch, "batch_size": self.batch_size,
+                "shuffle": self.shuffle, "drop_last": self.drop_last, "rank": self.rank,
+                "world_size": self.world_size, "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the seed and epoch of :meth:`state_dict`. ``ValueError``, naming what
+        differs, when it was saved by batches of other data (number of samples), another
+        batch size, shuffle or drop_last setting, or another shard (rank, world size): resuming
+        those would not continue the same sequence of batches."""
+        missing = [key for key in ("seed", "epoch", *_STRUCTURE) if key not in state]
+        if missing:
+            raise ValueError(f"not a Batches state: missing {', '.join(missing)}")
+        mine = self.state_dict()
+        differ = [f"{key} {state[key]!r} saved, {mine[key]!r} here" for key in _STRUCTURE if state[key] != mine[key]]
+        if differ:
+            raise ValueError("the saved state is for other batches: " + "; ".join(differ))
+        self.seed = operator.index(state["seed"])
+        self._epoch = operator.index(state["epoch"])
