@@ -255,6 +255,15 @@ def test_a_read_only_folder_is_reported_and_training_goes_on(tmp_path: Path) -> 
             folder.chmod(0o700)
 
 
+def test_saves_by_step_and_by_time(tmp_path: Path) -> None:
+    by_step = Checkpoint(every_n_epochs=None, every_n_steps=3, keep_last=100, background=False)
+    train(tmp_path / "steps", checkpoint=by_step, epochs=1)
+    assert [read(p)["loop"]["step"] for p in by_step.saved] == [3, 6]
+    by_time = Checkpoint(every_n_epochs=None, every_seconds=0.0, keep_last=100, background=False)
+    train(tmp_path / "time", checkpoint=by_time, epochs=1)
+    assert [read(p)["loop"]["resume_batch"] for p in by_time.saved] == list(range(1, 8))
+
+
 def test_bad_options_are_named() -> None:
     with pytest.raises(ValueError, match="every_n_steps must be a positive integer"):
         Checkpoint(every_n_steps=0)
