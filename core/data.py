@@ -202,13 +202,15 @@ class Batches:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the seed and epoch of :meth:`state_dict`. ``ValueError``, naming what
         differs, when it was saved by batches of other data (number of samples), another
-        batch size, shuffle or drop_last setting, or another shard (rank, world size): resuming
-        those would not continue the same sequence of batches."""
+        batch size, shuffle or drop_last setting, or another number of shards (world size):
+        resuming those would not continue the same sequence of batches. The rank may differ:
+        with several processes, rank 0 saves and every rank loads; each keeps its own shard."""
         missing = [key for key in ("seed", "epoch", *_STRUCTURE) if key not in state]
         if missing:
             raise ValueError(f"not a Batches state: missing {', '.join(missing)}")
         mine = self.state_dict()
-        differ = [f"{key} {state[key]!r} saved, {mine[key]!r} here" for key in _STRUCTURE if state[key] != mine[key]]
+        differ = [f"{key} {state[key]!r} saved, {mine[key]!r} here" for key in _STRUCTURE
+                  if key != "rank" and state[key] != mine[key]]
         if differ:
             raise ValueError("the saved state is for other batches: " + "; ".join(differ))
         self.seed = operator.index(state["seed"])

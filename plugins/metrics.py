@@ -410,8 +410,8 @@ class Metrics:
         )
 
     def _write(self, record: dict[str, Any]) -> None:
-        if not self.log or not self.loop.is_main:
-            return
+        if not self.log or self.loop is None or not self.loop.is_main:
+            return  # (no loop: the run failed before this plugin's fit_start)
         if self._log_file is None:
             self._log_file = open(self.loop.run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self._log_file.write(json.dumps(record, default=float) + "\n")

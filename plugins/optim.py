@@ -214,7 +214,8 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     def window_closes(self) -> bool:
         """Whether the current training batch closes a gradient-accumulation window (the
         optimizers really step in it); always true without accumulation. A distributed plugin
-        reads it to skip the gradient all-reduce (``no_sync``) inside a window."""
+        reads it before the forward pass (where DDP decides) to skip the gradient all-reduce
+        inside a window."""
         plugin = next(iter(self._managed.values())).plugin if self._managed else None
         return plugin is None or plugin._window_closes()
 

@@ -279,3 +279,20 @@ def test_console_never_floods(tmp_path: Path) -> None:
     assert len(lines) < 20, lines
     end = next(i for i, l in enumerate(lines) if l.startswith("hookfit end"))
     assert lines[end - 1].startswith("hookfit valid epoch=200/200 done")  # the last epoch is always shown
+
+
+def test_a_run_that_fails_before_metrics_started_ends_without_a_second_error(tmp_path: Path) -> None:
+    class Broken:
+        name = "broken"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def fit_start(self):
+            raise RuntimeError("broken at start")
+
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError, match="broken at start"):
+        warnings.simplefilter("always")
+        hookfit.Loop(lambda l, b: None, [1], run_dir=tmp_path, plugins=[Metrics(), Broken()]).fit()
+    assert [str(w.message) for w in caught] == []  # no "fit_end failed while the run was ending"
+    assert not (tmp_path / "metrics.jsonl").exists()
