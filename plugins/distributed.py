@@ -1,0 +1,564 @@
+"""distributed: data-parallel training on several processes and machines with ``torchrun``.
+
+The same script runs on one process (``python train.py``) and on many
+(``torchrun --nproc-per-node 4 train.py``, on one machine or several). This plugin uses
+PyTorch's own engine, :mod:`torch.distributed` and ``DistributedDataParallel`` (DDP); it adds
+no communication of its own beyond a small flag per batch (see stopping below).
+
+When it is active
+    When the process was started by ``torchrun`` (``RANK`` and ``WORLD_SIZE`` in the
+    environment) or the script initialised ``torch.distributed`` itself. Otherwise it
+    unregisters itself in ``configure``: a one-process run pays nothing for it, not even a
+    function call per batch.
+
+What it does, in ``configure`` (before every other plugin starts)
+    * Initialises the default process group from ``torchrun``'s environment, unless the script
+      did: ``gloo`` for a model on the CPU, ``nccl`` for a model on a GPU (then each process
+      uses GPU ``LOCAL_RANK``; a model on another GPU is moved there). Collectives time out
+      after ``timeout`` seconds (``HOOKFIT_DIST_TIMEOUT`` overrides it).
+    * Sets ``loop.state.rank`` and ``loop.state.world_size``; ``loop.is_main`` is rank 0.
+    * On every rank but 0, unregisters every *observer* plugin (class attribute
+      ``observer = True``: the console, the dashboard, loggers), so only rank 0 renders. The
+      metrics plugin stays on every rank (it takes part in the reductions) and writes its log
+      on rank 0 only.
+    * Wraps ``loop.model`` (one ``torch.nn.Module``) in ``DistributedDataParallel``, which
+      also copies rank 0's parameters and buffers to every rank. **The step functions must
+      call the wrapped model, ``loop.model(x)``**: calls on the original module (a variable
+      of the script) compute the same values but do not synchronise gradients, and the ranks
+      drift apart. The plugin checks this after the first training batch that produced
+      gradients and fails the run with an error that says so. After the run, ``loop.model``
+      is the original module again.
+    * Shards ``loop.train_data`` and ``loop.val_data`` so that each rank sees its own part,
+      with the same number of batches on every rank (checked: the ranks must run the same
+      batches, or their collective operations would not match):
+
+      - data with a ``shard(rank, world_size)`` method (:class:`hookfit.data.Batches`): that
+        method; every rank gets the same number of samples, the last ones wrapping around to
+        the start of the data (or dropped, with ``drop_last``), like ``DistributedSampler``;
+      - a ``torch.utils.data.DataLoader``: the same loader rebuilt with a
+        ``DistributedSampler`` (same batch size, collate function, workers, ``drop_last``;
+        shuffled iff the original shuffled, with ``seed``); the sampler is told the epoch at
+        every ``epoch_start`` so each epoch has its own order. A loader that already has a
+        ``DistributedSampler`` is kept as it is (and told the epoch);
+      - a list or tuple of batches: rank ``r`` takes batches ``r, r + world_size, ...``, cut
+        to ``len(data) // world_size`` batches on every rank (up to ``world_size - 1`` batches
+        at the end are left out);
+      - anything else (a generator, an ``IterableDataset``): an error saying what to pass;
+        shard such data yourself and give ``Distributed(shard_data=False)``.
+
+      With ``world_size`` ranks and a per-rank batch of ``b``, one step trains on
+      ``world_size * b`` samples: DDP averages the ranks' gradients, so a run on ``n``
+      processes with batch ``b`` computes the same updates as one process with batch
+      ``n * b`` (over the same samples).
+
+Every batch
+    * ``batch_start``: inside a gradient-accumulation window (``Optim(accumulate=N)``:
+      ``loop.optimizers.window_closes`` is false) the batch runs as under DDP's ``no_sync()``
+      (DDP decides in the forward pass, so before the step), and gradients are all-reduced
+      once per optimizer step, on the window's last micro-batch (and on the last batch of the
+      training stage, where optim steps a partial window).
+    * ``should_stop`` (a wrapper around every other answer): every ``stop_check_every``
+      batches the ranks agree on stopping with one all-reduce of a flag. If any rank wants to
+      stop (the interrupter after ``loop.request_stop``, Ctrl-C or SIGTERM; any plugin's
+      answer), every rank stops after the same batch, with the reason
+      ``"stop requested on rank 1: ..."``; a request between two checks waits for the next.
+      No rank is left waiting in a collective operation that the others have left.
+    * ``all_reduce``: sums a tensor over the ranks (``dist.all_reduce``); the metrics plugin
+      uses it so that every published number is global and sample-weighted.
+
+Failures
+    A rank whose step or plugin raises prints ``hookfit distributed: rank N of W failed: ...``
+    on stderr and closes its process group; its process ends with the error and the other
+    ranks' next collective operation fails at once (the connection is closed) instead of
+    waiting; ``torchrun`` then ends the others and exits non-zero. A rank that hangs makes the
+    others fail after ``timeout`` seconds. Errors of collective operations carry a note saying
+    that another rank probably failed first.
+
+At ``fit_end``: after a completed or agreed stop, a barrier; then the process group is
+destroyed if this plugin created it, and ``loop.model`` and the data are given back.
+
+Checkpoints: a checkpoint plugin saves on rank 0 only (``loop.is_main``) and loads on every
+rank; ``loop.model`` is then the DDP wrapper, whose ``module`` is the user's model (save that,
+so checkpoints of one and of several processes are interchangeable).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hookfit import hookimpl
+
+ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE")
+
+
+def launched() -> bool:
+    """Whether this process was started by ``torchrun`` (or another launcher that sets the
+    ``env://`` variables ``RANK`` and ``WORLD_SIZE``)."""
+    return all(os.environ.get(name) for name in LAUNCH_VARIABLES)
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist
+
+
+class Distributed:
+    """Data-parallel training with ``torch.distributed`` and DDP under ``torchrun``.
+
+    Options (give ``Loop(plugins=[Distributed(...)])`` to change them):
+
+    * ``backend``: ``"gloo"``, ``"nccl"``...; ``None`` picks ``nccl`` for a model on a GPU,
+      ``gloo`` otherwise. Used only when this plugin initialises the process group.
+    * ``timeout``: seconds a collective operation waits for the other ranks before failing
+      (``HOOKFIT_DIST_TIMEOUT`` overrides it). Long enough for rank 0 to write a checkpoint
+      while the others wait; a rank that *raises* makes the others fail at once anyway.
+    * ``stop_check_every``: batches between two agreements on stopping (one tiny all-reduce
+      each, on the CPU).
+    * ``find_unused_parameters``, ``ddp_options``: passed to ``DistributedDataParallel``.
+    * ``wrap_model=False``: leave ``loop.model`` alone (wrap your modules in DDP yourself;
+      accumulation windows then skip the all-reduce of every DDP module in ``loop.model``).
+    * ``shard_data=False``: leave the data alone (shard it yourself; every rank must have the
+      same number of batches).
+    * ``seed``: the shuffling seed of the ``DistributedSampler`` of a rebuilt DataLoader.
+    """
+
+    name = "distributed"
+
+    def __init__(
+        self,
+        backend: str | None = None,
+        timeout: float = 300.0,
+        stop_check_every: int = 1,
+        find_unused_parameters: bool = False,
+        ddp_options: Mapping[str, Any] | None = None,
+        wrap_model: bool = True,
+        shard_data: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int) or stop_check_every < 1:
+            raise ValueError(f"distributed: stop_check_every must be a positive integer, got {stop_check_every!r}")
+        if not timeout > 0:
+            raise ValueError(f"distributed: timeout must be a positive number of seconds, got {timeout!r}")
+        self.backend = backend
+        self.timeout = float(timeout)
+        self.stop_check_every = stop_check_every
+        self.find_unused_parameters = find_unused_parameters
+        self.ddp_options = dict(ddp_options or {})
+        self.wrap_model = wrap_model
+        self.shard_data = shard_data
+        self.seed = seed
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rank = 0
+        self.world_size = 1
+        self.created = False  # this plugin initialised the process group
+        self._control: Any = None  # the CPU (gloo) group for flags and all_reduce
+        self._flag: torch.Tensor | None = None
+        self._user_model: Any = None
+        self._user_data: tuple[Any, Any] | None = None
+        self._ddps: list[Any] = []
+        self._samplers: list[Any] = []
+        self._batches = 0
+        self._pending: str | None = None
+        self._agreed = False
+        self._forward_seen = True
+        self._forward_checked = True
+        self._forward_hook: Any = None
+        self._grad_seen = True
+        self._grad_hooks: list[Any] = []
+        self._train_len: int | None = None
+        self._groups: list[Any] = []
+
+    # -- set-up --------------------------------------------------------------------------
+    @hookimpl(tryfirst=True)
+    def configure(self, loop: Any) -> None:
+        self._reset()
+        dist = _dist()
+        if not launched() and not (dist.is_available() and dist.is_initialized()):
+            loop.pm.unregister(self)  # one process: none of the hooks below costs anything
+            return
+        if not dist.is_available():
+            raise RuntimeError(
+                "distributed: this process was started by torchrun, but this build of torch has "
+                "no torch.distributed; install a build with it, or disable the plugin with "
+                "HOOKFIT_DISABLE_PLUGINS=distributed"
+            )
+        self.rank = int(os.environ.get("RANK", "0"))  # for messages until the group says
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        device = self._device(loop.model)
+        timeout = datetime.timedelta(seconds=self._timeout_seconds())
+        if not dist.is_initialized():
+            backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend=backend, timeout=timeout)
+            self.created = True
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self._groups = [dist.group.WORLD]  # see _release
+        loop.state.rank, loop.state.world_size = self.rank, self.world_size
+        # flags and metric sums are small CPU tensors: keep them off the accelerator's stream
+        if dist.get_backend() == "gloo":
+            self._control = None  # the default group
+        else:
+            self._control = dist.new_group(backend="gloo", timeout=timeout)
+            self._groups.append(self._control)
+        self._flag = torch.zeros(1, dtype=torch.int32)
+        if self.rank != 0:
+            for _, plugin in list(loop.pm.list_name_plugin()):
+                if plugin is not None and getattr(plugin, "observer", False) is True:
+                    loop.pm.unregister(plugin)
+        self._wrap(loop, device)
+        if self.shard_data:
+            self._user_data = (loop.train_data, loop.val_data)
+            loop.train_data = self._shard(loop.train_data, "train_data")
+            if loop.val_data is not None:
+                loop.val_data = self._shard(loop.val_data, "val_data")
+        self._check_lengths(loop)
+
+    def _device(self, model: Any) -> torch.device:
+        """The device the model lives on: ``cuda:LOCAL_RANK`` for a model on any GPU."""
+        params = [p for m in _modules(model) for p in m.parameters()]
+        if params and params[0].device.type == "cuda":
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return params[0].device if params else torch.device("cpu")
+
+    def _wrap(self, loop: Any, device: torch.device) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = loop.model
+        if not self.wrap_model:
+            self._ddps = [m for m in _modules(model) if isinstance(m, DDP)]
+            return
+        if isinstance(model, DDP):
+            self._ddps = [model]
+            return
+        if not isinstance(model, torch.nn.Module):
+            got = "no model" if model is None else f"a {type(model).__name__}"
+            raise TypeError(
+                f"distributed: Loop(model=...) must be the one torch.nn.Module the step functions "
+                f"call, to be wrapped in DistributedDataParallel; got {got}. Pass the model, and "
+                f"call it as loop.model(x) in the step. With several models, wrap each in "
+                f"DistributedDataParallel yourself and give Distributed(wrap_model=False)."
+            )
+        if device.type == "cuda" and any(p.device != device for p in model.parameters()):
+            model.to(device)  # the parameters stay the same objects: optimizers keep them
+        options = dict(self.ddp_options)
+        options.setdefault("find_unused_parameters", self.find_unused_parameters)
+        if device.type == "cuda":
+            options.setdefault("device_ids", [device.index])
+        try:
+            wrapped = DDP(model, **options)
+        except Exception as exc:
+            exc.add_note("hookfit distributed: wrapping Loop(model=...) in DistributedDataParallel failed")
+            raise
+        if self.created:  # see _release
+            wrapped._hookfit_process_groups = tuple(self._groups)
+        self._user_model, loop.model, self._ddps = model, wrapped, [wrapped]
+        self._forward_seen = self._forward_checked = self._grad_seen = False
+        self._forward_hook = wrapped.register_forward_pre_hook(self._saw_forward)
+        self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)
+                            for p in model.parameters() if p.requires_grad]
+
+    def _saw_forward(self, module: Any, args: Any) -> None:
+        self._forward_seen = True
+        self._forward_hook.remove()  # once is enough: later calls take torch's fast path
+        self._forward_hook = None
+
+    def _saw_grad(self, param: Any) -> None:
+        """The first gradient of the run: was the forward pass DDP's? (Removed after the
+        first training batch, by ``should_stop``.)"""
+        if self._grad_seen:
+            return
+        self._grad_seen = True
+        if not self._forward_seen:
+            raise RuntimeError(
+                "distributed: the step computed gradients without calling the model through "
+                "loop.model, so DistributedDataParallel could not synchronise them and the "
+                "processes would train apart. Under torchrun loop.model is the model wrapped in "
+                "DistributedDataParallel: call loop.model(x) in the step functions instead of "
+                "the model variable of the script."
+            )
+
+    def _remove_grad_hooks(self) -> None:
+        hooks, self._grad_hooks = self._grad_hooks, []
+        for hook in hooks:
+            hook.remove()
+
+    def _shard(self, data: Any, what: str) -> Any:
+        rank, world = self.rank, self.world_size
+        from torch.utils.data import DataLoader
+
+        if callable(getattr(data, "shard", None)):
+            if getattr(data, "world_size", 1) != 1:  # sharded by the script already
+                return data
+            return data.shard(rank, world)
+        if isinstance(data, DataLoader):
+            return self._shard_loader(data, what)
+        if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+            per_rank = len(data) // world
+            if per_rank == 0:
+                raise ValueError(
+                    f"distributed: {what} has {len(data)} batches, fewer than the {world} "
+                    f"processes; every process needs at least one batch"
+                )
+            return list(data[rank::world][:per_rank])
+        raise TypeError(
+            f"distributed: cannot shard {what} of type {type(data).__name__} across {world} "
+            f"processes. Pass a hookfit.data.Batches, a DataLoader, a list of batches or an "
+            f"object with shard(rank, world_size); or shard it yourself (the same number of "
+            f"batches on every rank) and give Distributed(shard_data=False)."
+        )
+
+    def _shard_loader(self, loader: Any, what: str) -> Any:
+        from torch.utils.data import (
+            DataLoader,
+            DistributedSampler,
+            IterableDataset,
+            RandomSampler,
+            SequentialSampler,
+        )
+
+        if isinstance(loader.sampler, DistributedSampler):
+            self._samplers.append(loader.sampler)
+            return loader
+        fix = (f"give {what} a DistributedSampler yourself (DataLoader(dataset, "
+               f"sampler=DistributedSampler(dataset), ...)), or shard the data yourself and give "
+               f"Distributed(shard_data=False)")
+        if isinstance(loader.dataset, IterableDataset):
+            raise TypeError(f"distributed: {what} is a DataLoader over an IterableDataset, which "
+                            f"cannot be sharded by index; make each rank's iterator yield its own "
+                            f"part and give Distributed(shard_data=False)")
+        if loader.batch_size is None or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+            raise TypeError(f"distributed: {what} is a DataLoader with a custom sampler or batch "
+                            f"sampler, which cannot be sharded automatically; {fix}")
+        sampler = DistributedSampler(
+            loader.dataset, num_replicas=self.world_size, rank=self.rank,
+            shuffle=isinstance(loader.sampler, RandomSampler), seed=self.seed,
+            drop_last=loader.drop_last,
+        )
+        options: dict[str, Any] = {
+            "batch_size": loader.batch_size, "sampler": sampler, "num_workers": loader.num_workers,
+            "collate_fn": loader.collate_fn, "pin_memory": loader.pin_memory,
+            "drop_last": loader.drop_last, "timeout": loader.timeout,
+            "worker_init_fn": loader.worker_init_fn,
+            "multiprocessing_context": loader.multiprocessing_context,
+            "generator": loader.generator, "persistent_workers": loader.persistent_workers,
+            "pin_memory_device": getattr(loader, "pin_memory_device", ""),
+        }
+        if loader.num_workers > 0:
+            options["prefetch_factor"] = loader.prefetch_factor
+        if hasattr(loader, "in_order"):
+            options["in_order"] = loader.in_order
+        self._samplers.append(sampler)
+        return DataLoader(loader.dataset, **options)
+
+    def _check_lengths(self, loop: Any) -> None:
+        """Every rank must run as many batches per stage as the others (one collective, once)."""
+        dist = _dist()
+        lengths = [_length(loop.train_data), _length(loop.val_data) if loop.val_data is not None else -1]
+        self._train_len = lengths[0] if lengths[0] >= 0 else None
+        mine = torch.tensor(lengths, dtype=torch.int64)
+        everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(everyone, mine, group=self._control)
+        rows = [t.tolist() for t in everyone]
+        for column, what in ((0, "train_data"), (1, "val_data")):
+            counts = [row[column] for row in rows]
+            if len(set(counts)) > 1:
+                listed = ", ".join(f"rank {r}: {n if n >= 0 else 'unknown'}" for r, n in enumerate(counts))
+                raise ValueError(
+                    f"distributed: the processes have different numbers of {what} batches per "
+                    f"epoch ({listed}); every rank must run the same batches, or their collective "
+                    f"operations would not match"
+                )
+
+    # -- every epoch and batch -------------------------------------------------------------
+    @hookimpl
+    def epoch_start(self, epoch: int) -> None:
+        for sampler in self._samplers:
+            sampler.set_epoch(epoch)
+
+    @hookimpl
+    def batch_start(self, loop: Any) -> None:
+        # DDP decides in the forward pass whether the next backward pass all-reduces, so the
+        # choice is made before the step runs (what ``with ddp.no_sync():`` around the whole
+        # step would do)
+        if loop.training and self._ddps:
+            sync = self._syncs(loop)
+            for ddp in self._ddps:
+                ddp.require_backward_grad_sync = sync
+
+    def _syncs(self, loop: Any) -> bool:
+        """Whether this batch's backward pass must all-reduce gradients: outside an
+        accumulation window, or on the last training batch of the stage (where optim steps a
+        partial window)."""
+        if getattr(loop.optimizers, "window_closes", True):
+            return True
+        state = loop.state
+        if self._train_len is not None and state.batch_idx >= self._train_len - 1:
+            return True
+        return loop.max_steps is not None and state.step + 1 >= loop.max_steps
+
+    @hookimpl(wrapper=True)
+    def should_stop(self, loop: Any) -> Any:
+        answers = yield
+        if not self._forward_checked and self._grad_seen:
+            self._forward_checked = True  # the first backward pass went through DDP
+            self._remove_grad_hooks()
+        if self._pending is None:
+            wanted = next((a for a in answers if a), None)
+            if wanted is not None:
+                self._pending = wanted if isinstance(wanted, str) else "a plugin answered should_stop"
+        self._batches += 1
+        if self._batches % self.stop_check_every:
+            return []  # a local answer waits for the next agreement
+        flag = self._flag
+        flag.fill_(0 if self._pending is None else 1)
+        dist = _dist()
+        dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=self._control)
+        if not int(flag.item()):
+            return []
+        reasons: list[Any] = [None] * self.world_size
+        dist.all_gather_object(reasons, self._pending, group=self._control)
+        self._agreed = True
+        return ["; ".join(f"stop requested on rank {r}: {why}" for r, why in enumerate(reasons) if why)]
+
+    @hookimpl
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist = _dist()
+        if tensor.device.type != "cpu" and self._control is not None:
+            out = tensor.detach().clone()  # on the accelerator's own backend (nccl)
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            return out
+        out = tensor.detach().to("cpu", copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self._control)
+        return out.to(tensor.device)
+
+    # -- ending ------------------------------------------------------------------------------
+    @hookimpl
+    def exception(self, loop: Any, error: BaseException) -> None:
+        where = f"rank {self.rank} of {self.world_size}"
+        if _collective_error(error):
+            error.add_note(
+                f"hookfit distributed: a collective operation failed on {where}: another rank "
+                f"probably failed, stopped or hung first (look for the first 'hookfit "
+                f"distributed: rank N of {self.world_size} failed' message); collectives time "
+                f"out after {self._timeout_text()}"
+            )
+            headline = f"hookfit distributed: {where} stopped: a collective operation failed"
+        else:
+            headline = f"hookfit distributed: {where} failed"
+        if "find_unused_parameters" in str(error):
+            error.add_note("hookfit distributed: give Distributed(find_unused_parameters=True) in "
+                           "Loop(plugins=[...]) to let DDP handle parameters a step does not use")
+        notes = " ".join(n for n in getattr(error, "__notes__", []) if n.startswith("hookfit: "))
+        print(f"{headline}: {type(error).__name__}: {_first_line(error)}"
+              + (f" ({notes.removeprefix('hookfit: ')})" if notes else ""), file=sys.stderr, flush=True)
+        self._destroy()  # the peers' next collective fails now instead of at the timeout
+
+    @hookimpl(trylast=True)
+    def fit_end(self, loop: Any) -> None:
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        self._remove_grad_hooks()
+        for ddp in self._ddps:
+            ddp.require_backward_grad_sync = True
+        state = loop.state
+        if self.created and (state.status == "completed" or self._agreed):
+            dist = _dist()
+            if dist.is_initialized():
+                dist.barrier(group=self._control)  # nobody leaves while another still sends
+        self._destroy()
+        if self._user_model is not None:
+            loop.model = self._user_model
+        if self._user_data is not None:
+            loop.train_data, loop.val_data = self._user_data
+        self._user_model = self._user_data = None
+        self._ddps, self._samplers = [], []
+        self._release()
+
+    def _destroy(self) -> None:
+        dist = _dist()
+        if self.created and dist.is_initialized():
+            self.created = False
+            dist.destroy_process_group()
+
+    def _release(self) -> None:
+        """Drop this plugin's references to the process groups.
+
+        A gloo group's destructor waits for its worker threads, which may need the GIL to
+        free the tensors of a collective operation that has just finished. When the last
+        reference to the group is a Python one, the destructor releases the GIL while it
+        waits; when it is the one held by DDP's reducer (the wrapper freed right after a
+        collective, for instance while an error unwinds), it does not, and the process hangs
+        for ever. So the group is never left to the reducer: the wrapper carries one more
+        reference, set after its reducer and therefore dropped after it
+        (``_hookfit_process_groups``), and this plugin keeps its own until ``fit_end``."""
+        groups, self._groups = self._groups, []
+        del groups
+
+    def _timeout_seconds(self) -> float:
+        text = os.environ.get(ENV_TIMEOUT)
+        if not text:
+            return self.timeout
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0:
+            raise ValueError(f"distributed: {ENV_TIMEOUT}={text!r} is not a positive number of seconds")
+        return seconds
+
+    def _timeout_text(self) -> str:
+        try:
+            seconds = f"{self._timeout_seconds():g}"
+        except ValueError:
+            seconds = f"{self.timeout:g}"
+        return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
+
+
+def _modules(model: Any) -> list[Any]:
+    if isinstance(model, torch.nn.Module):
+        return [model]
+    if isinstance(model, Mapping):
+        return [m for v in model.values() for m in _modules(v)]
+    if isinstance(model, (list, tuple)):
+        return [m for v in model for m in _modules(v)]
+    return []
+
+
+def _length(data: Any) -> int:
+    try:
+        return len(data)
+    except TypeError:
+        return -1
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _collective_error(error: BaseException) -> bool:
+    """Whether ``error`` came from a collective operation (a peer gone, a timeout)."""
+    dist = _dist()
+    kinds = tuple(k for k in (getattr(dist, "DistError", None),) if k is not None)
+    if kinds and isinstance(error, kinds):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed by peer",
+                                      "Connection reset by peer", "Timed out", "timed out")
+    )
+
+
+__all__ = ["Distributed", "launched"]

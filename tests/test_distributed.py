@@ -1,0 +1,404 @@
+"""The distributed plugin: DDP under torchrun, checked with real processes (CPU, gloo).
+
+Fast tests run in this process: without torchrun the plugin leaves the run alone; with a
+one-process group (initialised here, as a script may do) it wraps, checks and agrees on stops;
+the sharding rules are checked directly. The ``slow`` tests start ``torchrun`` with two
+processes on ``examples/ddp.py`` and compare what every rank saw with a one-process run.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hookfit
+from hookfit import hookimpl
+from hookfit.plugins.distributed import Distributed
+from hookfit.plugins.interrupter import Interrupter
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "ddp.py"
+PLUGINS = "console,distributed,interrupter,metrics,optim"
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def _not_launched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process is not started by torchrun, whatever started pytest."""
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Any:
+    """A one-process gloo group initialised by the 'script' (this test), as a user may do."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    gc.collect()  # free DDP wrappers first, while the group is still referenced here
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _regression(batches: int = 6, size: int = 8) -> tuple[torch.nn.Module, list[Any]]:
+    generator = torch.Generator().manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    data = [(torch.randn(size, 3, generator=generator), torch.randn(size, 1, generator=generator))
+            for _ in range(batches)]
+    return model, data
+
+
+def _step(loop: Any, batch: Any) -> Any:
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(loop.model(x), y)
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss}
+
+
+class Probe:
+    """Records what the run looks like once it has started."""
+
+    name = "probe"
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    @hookimpl
+    def fit_start(self, loop: Any) -> None:
+        self.seen.update(
+            registered=loop.pm.get_plugin("distributed") is not None,
+            model=type(loop.model).__name__,
+            rank=loop.state.rank,
+            world_size=loop.state.world_size,
+            batch_start=loop.hooks.batch_start,
+            should_stop=loop.hooks.should_stop,
+            all_reduce=loop.hooks.all_reduce,
+            epoch_start=loop.hooks.epoch_start,
+        )
+        if loop.hooks.all_reduce is not None:
+            self.seen["sum"] = loop.hooks.all_reduce(loop, torch.tensor([1.5, 2.0])).tolist()
+
+
+# -- in this process -------------------------------------------------------------------------
+
+
+def test_without_torchrun_the_plugin_unregisters_itself_and_costs_nothing() -> None:
+    model, data = _regression()
+    probe = Probe()
+    loop = hookfit.Loop(_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[Distributed(), Optim(), probe])
+    state = loop.fit()
+    assert state.status == "completed"
+    assert not dist.is_initialized()
+    seen = probe.seen
+    assert seen["registered"] is False
+    assert (seen["model"], seen["rank"], seen["world_size"]) == ("Linear", 0, 1)
+    # no per-batch or per-epoch hook of the plugin is left to call
+    for event in ("batch_start", "should_stop", "all_reduce", "epoch_start"):
+        assert seen[event] is None, event
+    assert loop.model is model and loop.train_data is data
+
+
+def test_with_a_process_group_the_model_is_wrapped_then_given_back(process_group: Any) -> None:
+    model, data = _regression()
+    probe = Probe()
+    loop = hookfit.Loop(_step, data, val_step=lambda loop, b: {"loss": loop.model(b[0]).mean()},
+                        val_data=data[:2], model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2,
+                        plugins=[Distributed(), Optim(), Metrics(log=False), Interrupter(), probe])
+    state = loop.fit()
+    assert state.status == "completed", state.stop_reason
+    seen = probe.seen
+    assert seen["registered"] and seen["model"] == "DistributedDataParallel"
+    assert (seen["rank"], seen["world_size"]) == (0, 1)
+    assert seen["sum"] == [1.5, 2.0]  # one process: the sum is its own value
+    assert loop.model is model and loop.train_data is data  # the user's objects again
+    assert dist.is_initialized(), "a group the script created is the script's to destroy"
+
+
+def test_a_step_that_bypasses_loop_model_fails_with_a_clear_error(process_group: Any) -> None:
+    model, data = _regression()
+
+    def bypassing(loop: Any, batch: Any) -> Any:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(model(x), y)  # the script's variable, not loop.model
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    before = [p.detach().clone() for p in model.parameters()]
+    loop = hookfit.Loop(bypassing, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[Distributed(), Optim(), Interrupter()])
+    with pytest.raises(RuntimeError, match=r"call loop\.model\(x\)"):
+        loop.fit()
+    # found in the first backward pass, before any optimizer step
+    assert (loop.state.step, loop.state.batch_idx) == (0, 0)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_several_models_need_wrap_model_false(process_group: Any) -> None:
+    _, data = _regression()
+    models = {"a": torch.nn.Linear(3, 1), "b": torch.nn.Linear(3, 1)}
+    loop = hookfit.Loop(lambda loop, b: None, data, model=models, plugins=[Distributed()])
+    with pytest.raises(TypeError, match=r"wrap_model=False"):
+        loop.fit()
+
+
+def test_a_stop_waits_for_the_next_agreement(process_group: Any) -> None:
+    model, data = _regression(batches=8)
+
+    def step(loop: Any, batch: Any) -> Any:
+        if loop.state.batch_idx == 0:
+            loop.request_stop("enough")
+        return _step(loop, batch)
+
+    loop = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[Distributed(stop_check_every=3), Optim(), Interrupter()])
+    state = loop.fit()
+    assert state.status == "interrupted"
+    assert state.step == 3  # asked in batch 0, agreed after batch 2
+    assert state.stop_reason == "stop requested on rank 0: enough"
+
+
+def test_sharding_rules() -> None:
+    from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
+
+    from hookfit.data import Batches
+
+    plugin = Distributed()
+    plugin.rank, plugin.world_size = 1, 3
+    assert plugin._shard(list(range(10)), "train_data") == [1, 4, 7]  # cut to 10 // 3 batches
+    assert plugin._shard(tuple(range(9)), "train_data") == [1, 4, 7]
+    with pytest.raises(ValueError, match="fewer than the 3 processes"):
+        plugin._shard([0, 1], "val_data")
+
+    x = torch.arange(20.0).unsqueeze(1)
+    collate = torch.utils.data.default_collate
+    for shuffle in (False, True):
+        loader = DataLoader(TensorDataset(x), batch_size=2, shuffle=shuffle, drop_last=True, collate_fn=collate)
+        sharded = plugin._shard(loader, "train_data")
+        sampler = sharded.sampler
+        assert isinstance(sampler, DistributedSampler)
+        assert (sampler.rank, sampler.num_replicas, sampler.shuffle) == (1, 3, shuffle)
+        assert (sharded.batch_size, sharded.drop_last, sharded.collate_fn) == (2, True, collate)
+        if not shuffle:
+            assert [b[0].flatten().tolist() for b in sharded] == [[1.0, 4.0], [7.0, 10.0], [13.0, 16.0]]
+    assert len(plugin._samplers) == 2  # told the epoch at every epoch_start
+
+    batches = plugin._shard(Batches(x, batch_size=2), "train_data")
+    assert (batches.rank, batches.world_size) == (1, 3)
+    assert plugin._shard(batches, "train_data") is batches  # already a shard: left alone
+
+    class Stream(IterableDataset):
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    with pytest.raises(TypeError, match="IterableDataset"):
+        plugin._shard(DataLoader(Stream()), "train_data")
+    with pytest.raises(TypeError, match="shard_data=False"):
+        plugin._shard((b for b in range(3)), "train_data")
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="stop_check_every"):
+        Distributed(stop_check_every=0)
+    with pytest.raises(ValueError, match="timeout"):
+        Distributed(timeout=0)
+
+
+# -- real processes ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV and k != "HOOKFIT_DISABLE_PLUGINS"}
+    env.update({"OMP_NUM_THREADS": "1", "HOOKFIT_PLUGINS": PLUGINS, "PYTHONFAULTHANDLER": "1", **extra})
+    return env
+
+
+def _torchrun() -> list[str]:
+    script = Path(sys.executable).with_name("torchrun")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+class Run:
+    """``torchrun --nproc-per-node 2 examples/ddp.py ARGS``, started in ``folder``; stdout has
+    each rank's lines prefixed ``[default<rank>]:``."""
+
+    def __init__(self, folder: Path, *args: str, **env: str) -> None:
+        launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+        folder.mkdir(parents=True, exist_ok=True)
+        self.start = time.monotonic()
+        self.process = subprocess.Popen(
+            [*_torchrun(), *launch, "--tee", "1", str(EXAMPLE), *args],
+            cwd=folder, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str, float]:
+        """Exit code, stdout, stderr and the seconds the run took."""
+        try:
+            out, err = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, err = self.process.communicate()
+            pytest.fail(f"torchrun did not end in {timeout} s:\n{out}\n{err}")
+        return self.process.returncode, out, err, time.monotonic() - self.start
+
+
+def torchrun(folder: Path, *args: str, **env: str) -> tuple[int, str, str, float]:
+    return Run(folder, *args, **env).finish()
+
+
+def one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
+    """The example in this process (no torchrun): its dump."""
+    spec = importlib.util.spec_from_file_location("hookfit_ddp_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    folder = tmp_path / "single"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    # the distributed plugin would unregister itself here (one process); leaving it out of the
+    # list keeps this independent of what is installed
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter,metrics,optim")
+    state = module.main([*args, "--dump", str(folder / "dump")])
+    assert state.status == "completed"
+    return json.loads((folder / "dump.rank0.json").read_text())
+
+
+def dumps(tmp_path: Path, name: str = "dump") -> list[dict[str, Any]]:
+    return [json.loads((tmp_path / f"{name}.rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def assert_same_training(ranks: list[dict[str, Any]], single: dict[str, Any]) -> None:
+    """Identical parameters on both ranks after every epoch, equal (within float tolerance)
+    to the one-process run's; the same global metrics as the one-process run."""
+    assert len(ranks[0]["epochs"]) == len(single["epochs"]) > 0
+    for r0, r1, one in zip(ranks[0]["epochs"], ranks[1]["epochs"], single["epochs"]):
+        assert r0["params"] == r1["params"], f"ranks differ after epoch {r0['epoch']}"
+        torch.testing.assert_close(torch.tensor(r0["params"]), torch.tensor(one["params"]), rtol=1e-5, atol=1e-6)
+    for rank in ranks:
+        assert len(rank["metrics"]) == len(single["metrics"])
+        for got, want in zip(rank["metrics"], single["metrics"]):
+            assert got.keys() == want.keys() and got["samples"] == want["samples"]
+            for key in want.keys() - {"epoch", "stage", "samples"}:
+                assert got[key] == pytest.approx(want[key], rel=1e-5), (got, want)
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_and_only_rank_0_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hookfit.data.Batches, gradient accumulation over 2 batches; 1984 samples are 31 batches
+    of 32 per rank, so every epoch ends with a partial window."""
+    args = ("--samples", "1984", "--accumulate", "2", "--epochs", "2")
+    code, out, err, _ = torchrun(tmp_path, *args, "--batch-size", "32", "--count-allreduce", "--dump", "dump")
+    assert code == 0, out + err
+    ranks = dumps(tmp_path)
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
+    assert {r["model_type"] for r in ranks} == {"DistributedDataParallel"}
+    assert {r["model_after_fit"] for r in ranks} == {"Sequential"}
+    assert {r["status"] for r in ranks} == {"completed"}
+    # gradients all-reduced once per window: 15 whole windows and the partial one per epoch
+    # (one bucket for this small model)
+    assert [r["allreduces"] for r in ranks] == [2 * 16, 2 * 16]
+    # two processes with batch 32 are one process with batch 64, over the same samples
+    assert_same_training(ranks, one_process(tmp_path, monkeypatch, *args, "--batch-size", "64"))
+    lines = out.splitlines()
+    assert any(line.startswith("[default0]:hookfit start") for line in lines), out
+    assert any(line.startswith("[default0]:ddp example: completed") for line in lines), out
+    assert not [line for line in lines if line.startswith("[default1]:")], out
+    assert len(list(tmp_path.glob("runs/*/metrics.jsonl"))) == 1  # written by rank 0 only
+
+
+@pytest.mark.slow
+def test_a_stop_on_rank_1_stops_both_ranks_on_two_nodes(tmp_path: Path) -> None:
+    """Two torchrun agents, as on two machines (the README's commands), with a DataLoader."""
+    port = str(_free_port())
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port]
+    args = [str(EXAMPLE), "--data", "loader", "--shuffle", "--stop-on-rank", "1", "--stop-at-batch", "3",
+            "--dump", "dump"]
+    start = time.monotonic()
+    agents = [
+        subprocess.Popen([*_torchrun(), *common, "--node-rank", str(node), *args], cwd=tmp_path, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node in (0, 1)
+    ]
+    outputs = [agent.communicate(timeout=120)[0] for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    assert time.monotonic() - start < 60
+    ranks = dumps(tmp_path)
+    for rank in ranks:
+        assert rank["status"] == "interrupted"
+        assert rank["reason"] == "stop requested on rank 1: injected stop at batch 3"
+        assert (rank["step"], rank["epoch"]) == (4, 0)
+    assert ranks[0]["params"] == ranks[1]["params"]
+    assert "hookfit end status=interrupted" in outputs[0], outputs[0]
+    assert not [line for line in outputs[1].splitlines() if line.startswith("hookfit ")], outputs[1]
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_two_processes_continues_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint plugin saves on rank 0 only and every rank loads; the resumed run ends
+    where an uninterrupted one does. (A list of batches: data with a state of its own,
+    hookfit.data.Batches, is restored per rank by the checkpoint plugin.)"""
+    plugins = PLUGINS + ",checkpoint"
+    code, out, err, _ = torchrun(tmp_path, "--data", "list", "--batch-size", "32", "--epochs", "1",
+                                 HOOKFIT_PLUGINS=plugins)
+    assert code == 0, out + err
+    saved = list(tmp_path.glob("runs/*/checkpoints/*.pt"))
+    assert len(saved) == 1 and len(list(tmp_path.glob("runs/*"))) == 1, saved  # rank 0 only
+    code, out, err, _ = torchrun(tmp_path, "--data", "list", "--batch-size", "32", "--epochs", "2", "--dump", "dump",
+                                 HOOKFIT_PLUGINS=plugins, HOOKFIT_RESUME="latest")
+    assert code == 0, out + err
+    ranks = dumps(tmp_path)
+    assert [(r["status"], r["step"]) for r in ranks] == [("completed", 64)] * 2
+    single = one_process(tmp_path, monkeypatch, "--data", "list", "--batch-size", "64", "--epochs", "2")
+    assert ranks[0]["params"] == ranks[1]["params"]
+    torch.testing.assert_close(torch.tensor(ranks[0]["params"]), torch.tensor(single["params"]), rtol=1e-5, atol=1e-6)
+    single["epochs"], single["metrics"] = single["epochs"][1:], single["metrics"][2:]  # the resumed epoch
+    assert_same_training(ranks, single)
+
+
+@pytest.mark.slow
+def test_a_failing_or_hanging_rank_ends_the_run_in_bounded_time_with_a_clear_error(tmp_path: Path) -> None:
+    """A rank that raises: the others fail at once. A rank that hangs: the others fail after the
+    timeout (3 s here: far longer than any collective of this run takes, and than the ranks'
+    start-up skew). Both runs at the same time: the second mostly waits."""
+    hanging = Run(tmp_path / "hang", "--batch-size", "32", "--hang-on-rank", "1", "--hang-seconds", "5",
+                  HOOKFIT_DIST_TIMEOUT="3")
+    failing = Run(tmp_path / "fail", "--batch-size", "32", "--fail-on-rank", "1", "--fail-at-batch", "3")
+
+    code, _, err, seconds = failing.finish()
+    assert code != 0
+    assert seconds < 60, f"took {seconds:.0f} s"
+    assert ("hookfit distributed: rank 1 of 2 failed: RuntimeError: injected failure on rank 1 "
+            "(raised in step function 'main.<locals>.train_step' (epoch 0, stage train, batch 3))") in err, err
+    assert "hookfit distributed: rank 0 of 2 stopped: a collective operation failed" in err, err
+    assert "another rank probably failed" in err, err
+
+    code, _, err, seconds = hanging.finish()
+    assert code != 0
+    assert seconds < 60, f"took {seconds:.0f} s"
+    assert "hookfit distributed: rank 0 of 2 stopped: a collective operation failed" in err, err
+    assert "Timed out waiting 3000ms" in err, err
+    assert "collectives time out after 3 s" in err, err
