@@ -357,22 +357,23 @@ def test_a_stop_on_rank_1_stops_both_ranks_on_two_nodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_run_resumed_on_two_processes_continues_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("data", ["list", "batches"])
+def test_a_run_resumed_on_two_processes_continues_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: str) -> None:
     """The checkpoint plugin saves on rank 0 only and every rank loads; the resumed run ends
-    where an uninterrupted one does. (A list of batches: data with a state of its own,
-    hookfit.data.Batches, is restored per rank by the checkpoint plugin.)"""
+    where an uninterrupted one does. hookfit.data.Batches has a state of its own, saved from
+    rank 0's shard and loaded into each rank's."""
     plugins = PLUGINS + ",checkpoint"
-    code, out, err, _ = torchrun(tmp_path, "--data", "list", "--batch-size", "32", "--epochs", "1",
+    code, out, err, _ = torchrun(tmp_path, "--data", data, "--batch-size", "32", "--epochs", "1",
                                  HOOKFIT_PLUGINS=plugins)
     assert code == 0, out + err
     saved = list(tmp_path.glob("runs/*/checkpoints/*.pt"))
     assert len(saved) == 1 and len(list(tmp_path.glob("runs/*"))) == 1, saved  # rank 0 only
-    code, out, err, _ = torchrun(tmp_path, "--data", "list", "--batch-size", "32", "--epochs", "2", "--dump", "dump",
+    code, out, err, _ = torchrun(tmp_path, "--data", data, "--batch-size", "32", "--epochs", "2", "--dump", "dump",
                                  HOOKFIT_PLUGINS=plugins, HOOKFIT_RESUME="latest")
     assert code == 0, out + err
     ranks = dumps(tmp_path)
     assert [(r["status"], r["step"]) for r in ranks] == [("completed", 64)] * 2
-    single = one_process(tmp_path, monkeypatch, "--data", "list", "--batch-size", "64", "--epochs", "2")
+    single = one_process(tmp_path, monkeypatch, "--data", data, "--batch-size", "64", "--epochs", "2")
     assert ranks[0]["params"] == ranks[1]["params"]
     torch.testing.assert_close(torch.tensor(ranks[0]["params"]), torch.tensor(single["params"]), rtol=1e-5, atol=1e-6)
     single["epochs"], single["metrics"] = single["epochs"][1:], single["metrics"][2:]  # the resumed epoch
