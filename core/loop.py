@@ -71,15 +71,16 @@ def _name(function: Any) -> str:
     return getattr(function, "__qualname__", None) or repr(function)
 
 
-def _modules(model: Any) -> list[torch.nn.Module]:
+def modules(model: Any) -> list[torch.nn.Module]:
+    """The root modules of ``Loop(model=...)``: a module, or those in a mapping or a list."""
     if model is None:
         return []
     if isinstance(model, torch.nn.Module):
         return [model]
     if isinstance(model, Mapping):
-        return [m for v in model.values() for m in _modules(v)]
+        return [m for v in model.values() for m in modules(v)]
     if isinstance(model, (list, tuple)):
-        return [m for v in model for m in _modules(v)]
+        return [m for v in model for m in modules(v)]
     raise TypeError(
         f"model must be a torch.nn.Module, a mapping or a list of modules, "
         f"not {type(model).__name__}"
@@ -161,7 +162,7 @@ class Loop:
             raise ValueError(f"val_grad_mode must be 'inference' or 'no_grad', got {val_grad_mode!r}")
         if isinstance(disable, str):
             raise TypeError("disable must be a list of plugin names, not a string")
-        _modules(model)  # type check now, not mid-run
+        modules(model)  # type check now, not mid-run
 
         self.train_step = train_step
         self.train_data = train_data
@@ -352,11 +353,11 @@ class Loop:
             self.training = False
 
     def _validate(self) -> None:
-        modules = _modules(self.model)
-        flags = [(m, m.training) for root in modules for m in root.modules()]
+        roots = modules(self.model)
+        flags = [(m, m.training) for root in roots for m in root.modules()]
         grad = torch.inference_mode() if self.val_grad_mode == "inference" else torch.no_grad()
         try:
-            for root in modules:
+            for root in roots:
                 root.eval()
             with grad:
                 self._stage("valid", self.val_step, self.val_data)  # type: ignore[arg-type]

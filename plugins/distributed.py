@@ -93,6 +93,7 @@ from typing import Any
 import torch
 
 from hookfit import hookimpl
+from hookfit.loop import modules
 
 ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE")
@@ -226,7 +227,7 @@ class Distributed:
 
     def _device(self, model: Any) -> torch.device:
         """The device the model lives on: ``cuda:LOCAL_RANK`` for a model on any GPU."""
-        params = [p for m in _modules(model) for p in m.parameters()]
+        params = [p for m in modules(model) for p in m.parameters()]
         if params and params[0].device.type == "cuda":
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return params[0].device if params else torch.device("cpu")
@@ -236,7 +237,7 @@ class Distributed:
 
         model = loop.model
         if not self.wrap_model:
-            self._ddps = [m for m in _modules(model) if isinstance(m, DDP)]
+            self._ddps = [m for m in modules(model) if isinstance(m, DDP)]
             return
         if isinstance(model, DDP):
             self._ddps = [model]
@@ -524,16 +525,6 @@ class Distributed:
         except ValueError:
             seconds = f"{self.timeout:g}"
         return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
-
-
-def _modules(model: Any) -> list[Any]:
-    if isinstance(model, torch.nn.Module):
-        return [model]
-    if isinstance(model, Mapping):
-        return [m for v in model.values() for m in _modules(v)]
-    if isinstance(model, (list, tuple)):
-        return [m for v in model for m in _modules(v)]
-    return []
 
 
 def _length(data: Any) -> int:
