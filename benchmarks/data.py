@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import itertools
 import json
 import os
@@ -52,7 +51,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead import median_ci  # noqa: E402  (same folder)
+from overhead import interleave, median_ci  # noqa: E402  (same folder)
 
 import hookfit  # noqa: E402
 from hookfit.data import Batches  # noqa: E402
@@ -178,18 +177,7 @@ class Result:
 def measure(runners: dict[str, Runner], units: int, rounds: int, warmup: int,
             ratio_to: str | None, added_to: str | None) -> list[Result]:
     names = list(runners)
-    gc.collect()
-    gc.freeze()  # what exists now is never scanned again
-    for _ in range(warmup):
-        for name in names:
-            runners[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(rounds):
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            gc.collect()
-            times[name].append(runners[name]() / units * 1e6)
-    gc.unfreeze()
+    times = {name: [t / units * 1e6 for t in ts] for name, ts in interleave(runners, rounds, warmup).items()}
     results = []
     for name in names:
         us, *ci = median_ci(times[name])

@@ -318,21 +318,30 @@ class Result:
     rounds_fit_us: list[float] = field(default_factory=list)
 
 
-def measure(workload: Workload, names: Sequence[str], rounds: int, warmup: int) -> list[Result]:
-    batches = len(workload.data)
-    runners = {name: VARIANTS[name](workload) for name in names}
+def interleave(runners: dict[str, Callable[[], Any]], rounds: int, warmup: int) -> dict[str, list[Any]]:
+    """Each runner's results over ``rounds`` rounds, every round running each runner once in an
+    order that rotates, after ``warmup`` untimed rounds; ``gc`` is frozen first and collected
+    before every pass, so no runner pays for another's garbage."""
+    names = list(runners)
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: gc.collect() per pass costs ~0
     for _ in range(warmup):
         for name in names:
             runners[name]()
-    times: dict[str, list[Timing]] = {name: [] for name in names}
+    times: dict[str, list[Any]] = {name: [] for name in names}
     for i in range(rounds):
         shift = i % len(names)
-        for name in list(names[shift:]) + list(names[:shift]):
+        for name in names[shift:] + names[:shift]:
             gc.collect()
             times[name].append(runners[name]())
     gc.unfreeze()
+    return times
+
+
+def measure(workload: Workload, names: Sequence[str], rounds: int, warmup: int) -> list[Result]:
+    batches = len(workload.data)
+    runners = {name: VARIANTS[name](workload) for name in names}
+    times: dict[str, list[Timing]] = interleave(runners, rounds, warmup)
 
     raw = [t.run for t in times["raw"]]
     results = []
