@@ -104,6 +104,8 @@ class ManagedOptimizer:
         plugin, loop = self.plugin, self.plugin.loop
         self._deferred = False
         scaler = plugin.scaler
+        if plugin._poisoned:
+            plugin._expire_poison()
         if plugin._poisoned:  # a non-finite loss in this window: its gradients are incomplete
             return self._skip("non-finite loss")
         if scaler is not None:
@@ -272,7 +274,8 @@ class Optim:
         self.loop: Any = None
         self.optimizers: Optimizers | None = None
         self._original: Any = None
-        self._poisoned = False
+        self._poisoned = False  # a non-finite loss in the current window: its steps are skipped
+        self._poisoned_at = 0  # the global step of the batch that poisoned it
         self._scaler_used = False
         self._first_skip: str | None = None
         self._plain = False  # set at fit_start: a step needs no unscaling, clipping or scheduler
@@ -310,8 +313,14 @@ class Optim:
 
     @hookimpl
     def backward(self, loop: Any, loss: torch.Tensor) -> bool:
-        if self.nonfinite is not None and not _finite(loss):
+        if self._poisoned:
+            self._expire_poison()
+        # on the CPU a scalar is read with item(): no synchronisation there, and the cheapest check
+        if self.nonfinite is not None and not (
+            math.isfinite(loss.item()) if loss.is_cpu and loss.numel() == 1 else _finite(loss)
+        ):
             self._poisoned = True
+            self._poisoned_at = loop.state.step
             if self.nonfinite == "raise":
                 raise FloatingPointError(
                     f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at epoch "
@@ -329,16 +338,18 @@ class Optim:
         return True
 
     @hookimpl
-    def batch_end(self, loop: Any) -> None:
-        if not loop.training:
-            return
+    def configure(self, loop: Any) -> None:
+        if self.accumulate > 1 or self.amp:
+            # a per-batch hook only where a batch can close a window or update a loss scale;
+            # a plain run's batches cost optim nothing outside the step function
+            loop.pm.register(_BatchEnd(self), name="optim.batch_end")
+
+    def _batch_end(self) -> None:
         if self._scaler_used:
             self.scaler.update()  # once per batch, after every optimizer of the batch stepped
             self._scaler_used = False
         if self._window_closes():
-            if self._poisoned:
-                self._skip_window()
-            self._poisoned = False
+            self._close_window()
 
     @hookimpl
     def stage_end(self, loop: Any, stage: str) -> None:
@@ -348,9 +359,7 @@ class Optim:
             if managed._deferred:
                 managed._step()
                 managed._clear()
-        if self._poisoned:
-            self._skip_window()
-        self._poisoned = False
+        self._close_window()
         if self._scaler_used:
             self.scaler.update()
             self._scaler_used = False
@@ -379,6 +388,17 @@ class Optim:
     # -- accumulation windows ---------------------------------------------------------------
     def _window_closes(self) -> bool:
         return self.accumulate == 1 or (self.loop.state.batch_idx + 1) % self.accumulate == 0
+
+    def _close_window(self) -> None:
+        if self._poisoned:
+            self._skip_window()
+        self._poisoned = False
+
+    def _expire_poison(self) -> None:
+        """Close a poisoned window that a batch_end did not: without accumulation or AMP
+        optim has no per-batch hook, so the next batch's first backward or step does it."""
+        if self.accumulate == 1 and self.loop.state.step != self._poisoned_at:
+            self._close_window()
 
     def _skip_window(self) -> None:
         """A poisoned window closed: drop the gradients of optimizers that did not step."""
@@ -450,11 +470,21 @@ class Optim:
         self.load_state_dict(state)
 
 
+class _BatchEnd:
+    """optim's per-batch part, registered only when a batch can close an accumulation window
+    or must update the AMP loss scale."""
+
+    def __init__(self, owner: Optim) -> None:
+        self.owner = owner
+
+    @hookimpl
+    def batch_end(self, loop: Any) -> None:
+        if loop.training:
+            self.owner._batch_end()
+
+
 def _finite(loss: torch.Tensor) -> bool:
-    """Whether every value of ``loss`` is finite. On the CPU a scalar is read with ``item()``
-    (no synchronisation there, and the cheapest check); elsewhere this syncs once per call."""
-    if loss.is_cpu and loss.numel() == 1:
-        return math.isfinite(loss.item())
+    """Whether every value of ``loss`` is finite: a host synchronisation on an accelerator."""
     return bool(torch.isfinite(loss).all())
 
 

@@ -209,6 +209,54 @@ def test_nonfinite_loss_skips_the_step_with_one_warning_and_a_count() -> None:
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_nonfinite_loss_skips_its_own_window_only(accumulate: int) -> None:
+    """Two optimizers, a NaN loss for the second in batch 1: every step of that accumulation
+    window is skipped (its gradients are incomplete) and the next window steps normally, with
+    or without optim's per-batch hook (it has none without accumulation)."""
+    batches, bad = data(6), 1
+
+    def losses(a, b, i, batch):
+        loss_b = mse(b, batch)
+        return mse(a, batch), loss_b * float("nan") if i == bad else loss_b
+
+    raw_a, raw_b = model(1), model(2)
+    opt_a, opt_b = torch.optim.SGD(raw_a.parameters(), lr=0.1), torch.optim.SGD(raw_b.parameters(), lr=0.1)
+    for start in range(0, len(batches), accumulate):
+        window = range(start, start + accumulate)
+        if bad in window:
+            continue
+        for i in window:
+            loss_a, loss_b = losses(raw_a, raw_b, i, batches[i])
+            (loss_a / accumulate).backward()
+            (loss_b / accumulate).backward()
+        opt_a.step(); opt_b.step(); opt_a.zero_grad(); opt_b.zero_grad()
+
+    a, b = model(1), model(2)
+
+    def step(loop, batch):
+        loss_a, loss_b = losses(a, b, loop.state.batch_idx, batch)
+        loop.backward(loss_a)
+        loop.backward(loss_b)
+        for opt in loop.optimizers.values():
+            opt.step()
+            opt.zero_grad()
+
+    skipped = {}
+
+    class Count:
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            skipped.update({n: o.skipped for n, o in loop.optimizers.items()})
+
+    with pytest.warns(OptimWarning, match="non-finite loss at epoch 0, batch 1"):
+        hookfit.Loop(step, batches, model=[a, b], plugins=[Optim(accumulate=accumulate), Count()],
+                     optimizers={"a": torch.optim.SGD(a.parameters(), lr=0.1),
+                                 "b": torch.optim.SGD(b.parameters(), lr=0.1)}).fit()
+    assert_bitwise(params(a) + params(b), params(raw_a) + params(raw_b))
+    assert skipped == {"a": 1, "b": 1}
+
+
 def test_nonfinite_loss_raise_policy() -> None:
     m = model()
 
