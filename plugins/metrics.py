@@ -101,6 +101,9 @@ def _is_metric(value: Any) -> bool:
 
 
 _Tensor = torch.Tensor
+FOLD_EVERY = 1024
+"""Values are folded into the aggregates at every publication and at least this often (in
+batches), so a long interval between publications cannot hold many values."""
 
 
 def batch_size(batch: Any) -> int:
@@ -120,75 +123,71 @@ def batch_size(batch: Any) -> int:
 
 class _Series:
     """One metric in one stage: weighted sum and count (epoch mean), last value, and the
-    running window as a deque with its weighted sums kept up to date (O(1) per value)."""
+    last ``window`` (weighted value, size) pairs for the running mean."""
 
-    __slots__ = ("weighted", "count", "last", "window", "w_sum", "w_count", "pending")
+    __slots__ = ("weighted", "count", "last", "window")
 
     def __init__(self, window: int) -> None:
         self.weighted = 0.0
         self.count = 0
         self.last = math.nan
         self.window: collections.deque = collections.deque(maxlen=window)
-        self.w_sum = 0.0
-        self.w_count = 0
-        self.pending: list[tuple[torch.Tensor, int]] = []  # device values not read yet
+
+    def fold(self, entries: list[tuple[float, int]]) -> None:
+        """Take in ``(value, batch size)`` pairs, oldest first."""
+        weighted, count = self.weighted, self.count
+        for value, n in entries:  # in order, so the sums round as a batch-by-batch sum would
+            weighted += value * n
+            count += n
+        self.weighted, self.count = weighted, count
+        self.last = entries[-1][0]
+        self.window.extend((value * n, n) for value, n in entries[-self.window.maxlen:])
 
 
 class _Stage:
-    """Aggregates of one stage of one epoch."""
+    """Aggregates of one stage of one epoch.
+
+    Per batch, a value is only appended to ``host`` (read on the CPU) or ``device`` (a tensor
+    left where it is) with its batch size; :meth:`read` folds them into the series when a
+    snapshot is taken, and at least every :data:`FOLD_EVERY` batches so memory stays flat."""
 
     def __init__(self, window: int) -> None:
         self.window = window
         self.series: dict[str, _Series] = {}
+        self.host: collections.defaultdict[str, list[tuple[float, int]]] = collections.defaultdict(list)
+        self.device: collections.defaultdict[str, list[tuple[torch.Tensor, int]]] = collections.defaultdict(list)
         self.metric_objects: dict[str, Any] = {}
         self.batches = 0
         self.samples = 0
         self.global_samples: int | None = None  # all processes' samples, after a reduction
         self.started = time.perf_counter()
 
-    def add(self, key: str, value: float, n: int) -> None:
-        series = self.series.get(key)
-        if series is None:
-            series = self.series[key] = _Series(self.window)
-        weighted = value * n
-        series.weighted += weighted
-        series.count += n
-        series.last = value
-        window = series.window
-        if len(window) == window.maxlen:
-            old_weighted, old_n = window[0]
-            series.w_sum -= old_weighted
-            series.w_count -= old_n
-        window.append((weighted, n))
-        series.w_sum += weighted
-        series.w_count += n
-
-    def defer(self, key: str, value: torch.Tensor, n: int) -> None:
-        series = self.series.get(key)
-        if series is None:
-            series = self.series[key] = _Series(self.window)
-        series.pending.append((value.detach().reshape(()), n))
-
     def read(self) -> None:
-        """Bring deferred device values to the host: one transfer for all of them."""
-        keys = [(k, s) for k, s in self.series.items() if s.pending]
-        if not keys:
+        """Fold every value taken since the last read; device values come over in one
+        transfer."""
+        host, device = self.host, self.device
+        if device:
+            tensors = [t for entries in device.values() for t, _ in entries]
+            values = iter(torch.stack([t.reshape(()).to(torch.float64) for t in tensors]).tolist())
+            for key, entries in device.items():
+                host[key].extend((next(values), n) for _, n in entries)
+            self.device = collections.defaultdict(list)
+        if not host:
             return
-        tensors = [t for _, s in keys for t, _ in s.pending]
-        values = torch.stack([t.to(torch.float64) for t in tensors]).tolist()
-        i = 0
-        for key, series in keys:
-            pending, series.pending = series.pending, []
-            for _, n in pending:
-                self.add(key, values[i], n)
-                i += 1
+        for key, entries in host.items():
+            series = self.series.get(key)
+            if series is None:
+                series = self.series[key] = _Series(self.window)
+            series.fold(entries)
+        self.host = collections.defaultdict(list)
 
     def values(self, reduce: Any = None) -> dict[str, Value]:
         """Each metric's Value; with ``reduce`` (an all-reduce sum over processes), global."""
         items = [(key, s) for key, s in self.series.items() if s.count]
         if reduce is not None:  # the same order on every process
             items.sort(key=lambda item: item[0])
-        rows = [(s.last, s.weighted, s.count, s.w_sum, s.w_count) for _, s in items]
+        rows = [(s.last, s.weighted, s.count, sum(w for w, _ in s.window), sum(n for _, n in s.window))
+                for _, s in items]
         if reduce is not None:
             rows = self._reduced(reduce, [key for key, _ in items], rows)
         out = {}
@@ -234,10 +233,7 @@ class _Stage:
         for key, saved in state["series"].items():
             series = stage.series[key] = _Series(window)
             series.weighted, series.count, series.last = saved["weighted"], saved["count"], saved["last"]
-            for weighted, n in saved["window"][-window:]:
-                series.window.append((weighted, n))
-                series.w_sum += weighted
-                series.w_count += n
+            series.window.extend((weighted, n) for weighted, n in saved["window"][-window:])
         return stage
 
 
@@ -296,19 +292,19 @@ class Metrics:
             n = output.get("batch_size")
             n = int(n) if n is not None else batch_size(batch)
             agg.samples += n  # type: ignore[union-attr]
-            add, defer = agg.add, self.defer  # type: ignore[union-attr]
+            host, defer = agg.host, self.defer  # type: ignore[union-attr]
             for key, value in output.items():
                 kind = type(value)
                 if kind is _Tensor or isinstance(value, _Tensor):
                     if value.numel() != 1:
                         continue  # not a scalar: ignored, by design
                     if value.is_cpu and not defer:
-                        add(key, value.item(), n)
+                        host[key].append((value.item(), n))
                     else:
-                        agg.defer(key, value, n)  # type: ignore[union-attr]
+                        agg.device[key].append((value.detach(), n))  # type: ignore[union-attr]
                 elif kind is float or kind is int:
                     if key != "batch_size":
-                        add(key, value, n)
+                        host[key].append((value, n))
                 elif _is_metric(value):
                     agg.metric_objects[key] = value  # type: ignore[union-attr]
         else:
@@ -318,11 +314,15 @@ class Metrics:
         if self._every:  # several processes: the same batches everywhere, for the reduction
             if agg.batches % self._every == 0:  # type: ignore[union-attr]
                 loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
+            elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
+                agg.read()  # type: ignore[union-attr]
             return
         now = time.perf_counter()
         if now >= self._next_publish:
             self._next_publish = now + self.interval
             loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
+        elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
+            agg.read()  # type: ignore[union-attr]
 
     @hookimpl
     def stage_end(self, loop: Any, stage: str) -> None:
