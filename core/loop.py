@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -15,7 +16,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 
 from hookfit import manager
-from hookfit.dispatch import Dispatch
+from hookfit.dispatch import Dispatch, resolve
 from hookfit.manager import HookfitWarning, PluginManager
 
 Step = Callable[["Loop", Any], Any]
@@ -264,18 +265,26 @@ class Loop:
 
     def backward(self, loss: Any) -> Any:
         """Run the backward pass on ``loss`` through the plugin that owns it (``backward``
-        event), so gradient accumulation, loss scaling and the hooks around it apply."""
-        call = self.hooks.backward if self.hooks is not None else None
+        event), so gradient accumulation, loss scaling and the hooks around it apply.
+
+        During a run whose plugins implement the event, ``loop.backward`` is that
+        implementation bound to the loop (one call less on the hot path); this method only
+        says what is missing."""
+        if self.pm is None or self.state.status != "running":
+            raise RuntimeError("backward() needs a running loop: call it from a step function")
+        disabled = [i.name for i in self.pm.infos.values() if not i.enabled]
+        raise RuntimeError(
+            "loop.backward() needs a plugin that implements the 'backward' event and no "
+            f"enabled plugin does (disabled plugins: {', '.join(disabled) or 'none'}); "
+            "enable it, or call loss.backward() yourself"
+        )
+
+    def _bind_backward(self) -> None:
+        call = resolve(self.pm, "backward", results=True)  # type: ignore[arg-type]
         if call is None:
-            if self.pm is None:
-                raise RuntimeError("backward() needs a running loop: call it from a step function")
-            disabled = [i.name for i in self.pm.infos.values() if not i.enabled]
-            raise RuntimeError(
-                "loop.backward() needs a plugin that implements the 'backward' event and no "
-                f"enabled plugin does (disabled plugins: {', '.join(disabled) or 'none'}); "
-                "enable it, or call loss.backward() yourself"
-            )
-        return call(self, loss)
+            self.__dict__.pop("backward", None)
+        else:
+            self.backward = functools.partial(call, self)  # type: ignore[method-assign]
 
     # -- the run --------------------------------------------------------------------------
     def fit(self) -> State:
@@ -290,6 +299,8 @@ class Loop:
         self.pm = pm = manager.build(self._given, self._disable)
         self.state.silenced = pm.silenced
         self.hooks = Dispatch(pm)
+        self._bind_backward()
+        unbind = pm.on_change(self._bind_backward)
         state = self.state
         state.status = "running"
         state.started_at = time.perf_counter()
@@ -300,9 +311,9 @@ class Loop:
             self._run()
         except BaseException as error:
             self._record_failure(error)
-            self._finish(failed=True)
+            self._finish(failed=True, unbind=unbind)
             raise
-        self._finish(failed=False)
+        self._finish(failed=False, unbind=unbind)
         return state
 
     def _resume(self) -> None:
@@ -461,7 +472,7 @@ class Loop:
             tb = tb.tb_next
         return f"hookfit: raised during the run ({at})"
 
-    def _finish(self, failed: bool) -> None:
+    def _finish(self, failed: bool, unbind: Callable[[], None]) -> None:
         """Fire ``fit_end`` once: every implementation runs even if one raises."""
         state = self.state
         state.stage = None
@@ -482,6 +493,8 @@ class Loop:
                     exc.add_note(f"hookfit: raised by {pm.describe(impl.plugin_name)} in hook 'fit_end'")  # type: ignore[union-attr]
                     errors.append(exc)
         state.ended_at = time.perf_counter()
+        unbind()
+        self.__dict__.pop("backward", None)
         if self.hooks is not None:
             self.hooks.close()
         if not errors:

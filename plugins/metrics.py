@@ -101,6 +101,7 @@ def _is_metric(value: Any) -> bool:
 
 
 _Tensor = torch.Tensor
+_clock = time.perf_counter
 FOLD_EVERY = 1024
 """Values are folded into the aggregates at every publication and at least this often (in
 batches), so a long interval between publications cannot hold many values."""
@@ -259,6 +260,7 @@ class Metrics:
         self.defer = defer
         self.sync_every = sync_every
         self._every = 0  # with several processes: publish every this many batches
+        self._by_time = True  # publications by time only (the per-batch fast path)
         self._resumed: _Stage | None = None
         self._stage_name: str | None = None
         self.history: dict[str, collections.deque] = {}
@@ -283,9 +285,12 @@ class Metrics:
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
         self._every = self.sync_every if self._reduce(loop) is not None else 0
+        self._by_time = not self._every and not self.log_every_n_steps
 
     @hookimpl
-    def batch_end(self, loop: Any, output: Mapping[str, Any] | None, batch: Any) -> None:
+    def batch_end(self, loop: Any, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
+        # (every argument of the event, though batch_idx is unused: then the loop calls this
+        # method itself, not through an adapter that drops arguments)
         agg = self._stage
         agg.batches += 1  # type: ignore[union-attr]
         if output is not None:
@@ -309,6 +314,14 @@ class Metrics:
                     agg.metric_objects[key] = value  # type: ignore[union-attr]
         else:
             agg.samples += batch_size(batch)  # type: ignore[union-attr]
+        if self._by_time:  # one process and no per-step log line: publish by time
+            now = _clock()
+            if now >= self._next_publish:
+                self._next_publish = now + self.interval
+                loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
+            elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
+                agg.read()  # type: ignore[union-attr]
+            return
         if self.log_every_n_steps and loop.training and loop.state.step % self.log_every_n_steps == 0:
             self._write({"event": "step", **self.snapshot().row()})
         if self._every:  # several processes: the same batches everywhere, for the reduction
@@ -317,7 +330,7 @@ class Metrics:
             elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
                 agg.read()  # type: ignore[union-attr]
             return
-        now = time.perf_counter()
+        now = _clock()
         if now >= self._next_publish:
             self._next_publish = now + self.interval
             loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())

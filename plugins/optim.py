@@ -66,6 +66,9 @@ class ManagedOptimizer:
         self.skipped = 0
         self._deferred = False  # step() was called inside an accumulation window
         self._stepped = False  # a real step happened since the last effective zero_grad()
+        self._fast = False  # step() can step at once: no window, poison, scaling, clipping,
+        # step-wise scheduler or hook around it (kept by Optim._set_fast_paths)
+        self._each_batch = plugin.accumulate == 1  # zero_grad() always takes effect
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
 
     @property
@@ -76,27 +79,21 @@ class ManagedOptimizer:
     def step(self) -> bool:
         """Step now if this batch closes an accumulation window; return whether it stepped
         (``False`` inside a window or when the step was skipped for a non-finite value)."""
-        plugin = self.plugin
-        if plugin.accumulate != 1 and not plugin._window_closes():
-            self._deferred = True
-            return False
-        if plugin._plain and not plugin._poisoned:  # nothing to unscale, clip, check or schedule
-            loop = plugin.loop
-            if (call := loop.hooks.before_optimizer_step) is not None:
-                call(loop, self.name, self.optimizer)
+        if self._fast:
             self.optimizer.step()
             self.steps += 1
             self._stepped = True
-            if (call := loop.hooks.after_optimizer_step) is not None:
-                call(loop, self.name, self.optimizer)
             return True
+        if not self._each_batch and not self.plugin._window_closes():
+            self._deferred = True
+            return False
         return self._step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, unless they are being accumulated for a later step: with
         accumulation it takes effect only once after each step, so calling it before
         ``backward`` or after ``step()`` in every batch both work."""
-        if self._stepped or self.plugin.accumulate == 1:
+        if self._stepped or self._each_batch:
             self.optimizer.zero_grad(set_to_none=set_to_none)
             self._stepped = False
 
@@ -278,7 +275,10 @@ class Optim:
         self._poisoned_at = 0  # the global step of the batch that poisoned it
         self._scaler_used = False
         self._first_skip: str | None = None
-        self._plain = False  # set at fit_start: a step needs no unscaling, clipping or scheduler
+        self._plain = False  # set at fit_start: a step needs no window, unscaling, clipping or scheduler
+        self._scales = False  # set at fit_start: backward scales the loss (accumulation or AMP)
+        self._bare = False  # backward needs only the finiteness check (kept by _set_fast_paths)
+        self._unwatch: Any = None
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -306,35 +306,47 @@ class Optim:
             self.scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
         loop.optimizers = self.optimizers
         self._plain = (
-            self.scaler is None and self.clip_norm is None and self.clip_value is None
-            and not (self.check_grads and self.nonfinite is not None)
+            self.accumulate == 1 and self.scaler is None and self.clip_norm is None
+            and self.clip_value is None and not (self.check_grads and self.nonfinite is not None)
             and not (schedulers and self.scheduler_interval == "step")
         )
+        self._scales = self.accumulate > 1 or self.scaler is not None
+        self._poison(False)
+        self._unwatch = loop.pm.on_change(self._set_fast_paths)
 
     @hookimpl
     def backward(self, loop: Any, loss: torch.Tensor) -> bool:
+        if self._bare:  # no scaling, no hook around it, no poisoned window: the common case
+            if self.nonfinite is not None and not _finite(loss):
+                return self._nonfinite_loss(loop, loss)
+            loss.backward()
+            return True
         if self._poisoned:
             self._expire_poison()
-        # on the CPU a scalar is read with item(): no synchronisation there, and the cheapest check
-        if self.nonfinite is not None and not (
-            math.isfinite(loss.item()) if loss.is_cpu and loss.numel() == 1 else _finite(loss)
-        ):
-            self._poisoned = True
-            self._poisoned_at = loop.state.step
-            if self.nonfinite == "raise":
-                raise FloatingPointError(
-                    f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at epoch "
-                    f"{loop.state.epoch}, batch {loop.state.batch_idx}"
-                )
-            return True
+        if self.nonfinite is not None and not _finite(loss):
+            return self._nonfinite_loss(loop, loss)
         if (call := loop.hooks.before_backward) is not None:
             call(loop, loss)
-        scaled = loss / self.accumulate if self.accumulate > 1 else loss
-        if self.scaler is not None:
-            scaled = self.scaler.scale(scaled)
-        scaled.backward()
+        if self._scales:
+            scaled = loss / self.accumulate if self.accumulate > 1 else loss
+            if self.scaler is not None:
+                scaled = self.scaler.scale(scaled)
+            scaled.backward()
+        else:
+            loss.backward()
         if (call := loop.hooks.after_backward) is not None:
             call(loop, loss)
+        return True
+
+    def _nonfinite_loss(self, loop: Any, loss: torch.Tensor) -> bool:
+        """A non-finite loss: not back-propagated, and its window's steps skipped."""
+        self._poison(True)
+        self._poisoned_at = loop.state.step
+        if self.nonfinite == "raise":
+            raise FloatingPointError(
+                f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at epoch "
+                f"{loop.state.epoch}, batch {loop.state.batch_idx}"
+            )
         return True
 
     @hookimpl
@@ -383,6 +395,9 @@ class Optim:
                     stacklevel=2,
                 )
         loop.optimizers = self._original
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         self.loop = None
 
     # -- accumulation windows ---------------------------------------------------------------
@@ -392,7 +407,25 @@ class Optim:
     def _close_window(self) -> None:
         if self._poisoned:
             self._skip_window()
-        self._poisoned = False
+        self._poison(False)
+
+    def _poison(self, poisoned: bool) -> None:
+        """Mark the current window as having (or not) a non-finite loss: its steps are
+        skipped, so the fast paths are off meanwhile."""
+        self._poisoned = poisoned
+        self._set_fast_paths()
+
+    def _set_fast_paths(self) -> None:
+        """Decide whether ``backward`` and ``step()`` may skip everything but the work itself;
+        run when a window is poisoned or closed, and whenever the run's plugins change (a
+        plugin that implements ``before_optimizer_step``... turns them off)."""
+        hook = self.loop.pm.hook
+        stepped = bool(hook.before_optimizer_step.get_hookimpls() or hook.after_optimizer_step.get_hookimpls())
+        backward = bool(hook.before_backward.get_hookimpls() or hook.after_backward.get_hookimpls())
+        clean = not self._poisoned
+        for managed in self.optimizers.values():  # type: ignore[union-attr]
+            managed._fast = self._plain and clean and not stepped
+        self._bare = not self._scales and clean and not backward
 
     def _expire_poison(self) -> None:
         """Close a poisoned window that a batch_end did not: without accumulation or AMP
@@ -455,7 +488,7 @@ class Optim:
             self.scaler.load_state_dict(state["scaler"])
         window = state.get("window")
         if window is not None:
-            self._poisoned = window["poisoned"]
+            self._poison(window["poisoned"])
             for name, managed in self.optimizers.items():
                 managed._deferred = name in window["deferred"]
                 for p, grad in zip(managed._params, window["grads"][name]):
@@ -484,7 +517,10 @@ class _BatchEnd:
 
 
 def _finite(loss: torch.Tensor) -> bool:
-    """Whether every value of ``loss`` is finite: a host synchronisation on an accelerator."""
+    """Whether every value of ``loss`` is finite. On the CPU a scalar is read with ``item()``
+    (no synchronisation there, and the cheapest check); on an accelerator this synchronises."""
+    if loss.is_cpu and loss.numel() == 1:
+        return math.isfinite(loss.item())
     return bool(torch.isfinite(loss).all())
 
 

@@ -160,6 +160,35 @@ def test_optimizer_hooks_fire_in_order() -> None:
     assert args[0]["name"] == "default" and isinstance(args[0]["optimizer"], torch.optim.SGD)
 
 
+def test_hooks_of_a_plugin_registered_or_removed_mid_run_are_honoured() -> None:
+    """optim skips its event calls while nobody listens; a listener that arrives (or leaves)
+    during the run is seen from the next step on."""
+    seen = []
+
+    class Listener:
+        @hookfit.hookimpl
+        def before_backward(self, loop):
+            seen.append(("backward", loop.state.batch_idx))
+
+        @hookfit.hookimpl
+        def after_optimizer_step(self, loop):
+            seen.append(("step", loop.state.batch_idx))
+
+    listener = Listener()
+
+    class Manage:
+        @hookfit.hookimpl
+        def batch_end(self, loop, batch_idx):
+            if batch_idx == 1:
+                loop.pm.register(listener, name="listener")
+            if batch_idx == 3:
+                loop.pm.unregister(listener)
+
+    m = model()
+    fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(6), Manage(), epochs=1)
+    assert seen == [("backward", 2), ("step", 2), ("backward", 3), ("step", 3)]
+
+
 def test_grad_norm_example_plugin_sees_final_gradients() -> None:
     import importlib.util
     from pathlib import Path
