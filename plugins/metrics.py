@@ -110,9 +110,10 @@ batches), so a long interval between publications cannot hold many values."""
 def batch_size(batch: Any) -> int:
     """The first dimension of the batch's first tensor; 1 when there is none."""
     kind = type(batch)
-    if (kind is tuple or kind is list) and batch and type(batch[0]) is _Tensor:
-        batch = batch[0]  # the common (inputs, targets) case, without the generic walk
-    elif isinstance(batch, (list, tuple)):
+    if (kind is tuple or kind is list) and batch and type(first := batch[0]) is _Tensor:
+        shape = first.shape  # the common (inputs, targets) case, without the generic walk
+        return shape[0] if shape else 1
+    if isinstance(batch, (list, tuple)):
         batch = next((item for item in batch if isinstance(item, _Tensor)), None)
     elif isinstance(batch, Mapping):
         batch = next((item for item in batch.values() if isinstance(item, _Tensor)), None)

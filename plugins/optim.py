@@ -69,6 +69,8 @@ class ManagedOptimizer:
         self._fast = False  # step() can step at once: no window, poison, scaling, clipping,
         # step-wise scheduler or hook around it (kept by Optim._set_fast_paths)
         self._each_batch = plugin.accumulate == 1  # zero_grad() always takes effect
+        if self._each_batch:  # then it is the optimizer's own, with no call in between
+            self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
 
     @property
@@ -317,7 +319,9 @@ class Optim:
     @hookimpl
     def backward(self, loop: Any, loss: torch.Tensor) -> bool:
         if self._bare:  # no scaling, no hook around it, no poisoned window: the common case
-            if self.nonfinite is not None and not _finite(loss):
+            if self.nonfinite is not None and not (  # _finite(loss), its CPU case inlined
+                math.isfinite(loss.item()) if loss.is_cpu and loss.numel() == 1 else _finite(loss)
+            ):
                 return self._nonfinite_loss(loop, loss)
             loss.backward()
             return True
@@ -517,8 +521,9 @@ class _BatchEnd:
 
 
 def _finite(loss: torch.Tensor) -> bool:
-    """Whether every value of ``loss`` is finite. On the CPU a scalar is read with ``item()``
-    (no synchronisation there, and the cheapest check); on an accelerator this synchronises."""
+    """Whether every value of ``loss`` is finite. A CPU scalar is read with ``item()`` (no
+    synchronisation there, the cheapest check; ``Optim.backward`` inlines this case); on an
+    accelerator this synchronises once."""
     if loss.is_cpu and loss.numel() == 1:
         return math.isfinite(loss.item())
     return bool(torch.isfinite(loss).all())
