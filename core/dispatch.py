@@ -17,7 +17,7 @@ added, monitoring switched), the events are resolved again.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import pluggy
 
@@ -34,10 +34,11 @@ def _adapter(function: Call, spec_args: Sequence[str], impl_args: Sequence[str])
     return eval(source, {"function": function})  # names are identifiers checked by pluggy
 
 
-def _direct(functions: list[Call], results: bool, firstresult: bool) -> Call:
+def _direct(functions: list[Call], results: bool | str, firstresult: bool) -> Call:
+    if len(functions) == 1 and (not results or results == "answer" or firstresult):
+        return functions[0]  # nothing to collect: its own return value is the answer
+
     if not results:
-        if len(functions) == 1:
-            return functions[0]
 
         def notify(*args: Any) -> None:
             for function in functions:
@@ -46,8 +47,6 @@ def _direct(functions: list[Call], results: bool, firstresult: bool) -> Call:
         return notify
 
     if firstresult:
-        if len(functions) == 1:
-            return functions[0]  # its own return value is the first (and only) result
 
         def first(*args: Any) -> Any:
             for function in functions:
@@ -78,11 +77,13 @@ def _through_pluggy(caller: pluggy.HookCaller, spec_args: Sequence[str]) -> Call
     return call
 
 
-def resolve(pm: PluginManager, name: str, results: bool) -> Call | None:
+def resolve(pm: PluginManager, name: str, results: bool | Literal["answer"]) -> Call | None:
     """A positional callable for event ``name``, or ``None`` when nothing implements it.
 
     With ``results`` false the callable's return value is meaningless (events whose results
-    the loop ignores); with it true the callable returns what ``pm.hook.<name>`` would.
+    the loop ignores); with it true the callable returns what ``pm.hook.<name>`` would; with
+    ``"answer"`` a single implementation's own return value (``None`` included), or what
+    ``pm.hook.<name>`` would when there are several (a list), so one answer needs no list.
     """
     caller: pluggy.HookCaller = getattr(pm.hook, name)
     impls = caller.get_hookimpls()
@@ -92,7 +93,7 @@ def resolve(pm: PluginManager, name: str, results: bool) -> Call | None:
     spec_args = caller.spec.argnames
     plain = not pm.monitors and not any(i.hookwrapper or i.wrapper for i in impls)
     if not plain:
-        return _through_pluggy(caller, spec_args)
+        return _through_pluggy(caller, spec_args)  # always a list (or the first result)
     # pluggy calls the implementation list from its end to its start.
     functions = [_adapter(i.function, spec_args, i.argnames) for i in reversed(impls)]
     return _direct(functions, results, bool(caller.spec.opts.get("firstresult")))
@@ -110,6 +111,12 @@ class Dispatch:
 
         if (call := loop.hooks.before_backward) is not None:
             call(loop, loss)
+
+    ``stop_answer(loop)`` is ``should_stop`` as the loop asks it after each batch: one
+    implementation's own answer, or the list of several's answers.
+
+    An implementation that takes every argument of its event, in the spec's order, is called
+    as it is; one that takes fewer goes through a small adapter (one call more per event).
     """
 
     NOTIFY = ("batch_start", "step_output", "batch_end")
@@ -118,6 +125,7 @@ class Dispatch:
     step_output: Call | None
     batch_end: Call | None
     should_stop: Call | None
+    stop_answer: Call | None
 
     def __init__(self, pm: PluginManager) -> None:
         self.pm = pm
@@ -133,6 +141,7 @@ class Dispatch:
         for name in self.NOTIFY:
             self.__dict__[name] = resolve(self.pm, name, results=False)
             self._resolved.add(name)
+        self.stop_answer = resolve(self.pm, "should_stop", results="answer")
 
     def __getattr__(self, name: str) -> Call | None:
         if name.startswith("_") or not hasattr(self.pm.hook, name):

@@ -2,7 +2,9 @@
 
 Every event of a run is declared here, once, with what it means. Plugins implement any of
 them with the :data:`hookfit.hookimpl` marker; an implementation may accept any subset of the
-arguments a spec names, in any order, and pluggy passes it only those.
+arguments a spec names, in any order, and pluggy passes it only those. (On the per-batch
+path, an implementation that accepts every argument in the spec's order is called directly;
+one that accepts fewer goes through a small adapter: one Python call more per batch.)
 
 Order of events in one run::
 

@@ -406,8 +406,8 @@ class Loop:
                 state.step += 1
             if (call := dispatch.batch_end) is not None:
                 call(self, output, batch, batch_idx)
-            if (call := dispatch.should_stop) is not None and (answers := call(self)):
-                self._stop(answers)
+            if (call := dispatch.stop_answer) is not None and (answer := call(self)):
+                self._stop(answer)
             if state.step >= limit:
                 break
         if batch_idx < 0:
@@ -428,8 +428,9 @@ class Loop:
         )
 
     @staticmethod
-    def _stop(answers: list[Any]) -> None:
-        truthy = [a for a in answers if a]
+    def _stop(answer: Any) -> None:
+        """Stop if ``answer`` (one plugin's, or a list of several's) holds a true value."""
+        truthy = [a for a in (answer if type(answer) is list else [answer]) if a]
         if truthy:
             reasons = [a for a in truthy if isinstance(a, str)]
             raise _Stop("; ".join(reasons) or "a plugin answered should_stop")

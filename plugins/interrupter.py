@@ -46,7 +46,7 @@ class Interrupter:
                 self._reason = reason
 
     @hookimpl
-    def should_stop(self) -> str | None:
+    def should_stop(self, loop: Any) -> str | None:  # every argument: called without an adapter
         return self._reason
 
     @hookimpl

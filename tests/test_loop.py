@@ -199,6 +199,24 @@ def test_should_stop_asks_every_plugin_any_true_answer_stops() -> None:
     assert state.stop_reason == "a plugin answered should_stop"
 
 
+@pytest.mark.parametrize("answers, stops", [([False], False), ([0, None], False), (["why"], True), ([None, "why"], True)])
+def test_one_or_several_should_stop_answers(answers: list, stops: bool) -> None:
+    """One implementation's answer is used as it is (no list around it), several are
+    gathered: either way only a true answer stops, and a string is the reason."""
+    def answering(value):
+        class Answer:
+            name = f"answer-{value!r}"
+
+            @hookfit.hookimpl
+            def should_stop(self, loop):
+                return value
+        return Answer()
+
+    state = hookfit.Loop(lambda loop, b: None, range(3), plugins=[answering(a) for a in answers]).fit()
+    assert (state.status, state.step) == (("interrupted", 1) if stops else ("completed", 3))
+    assert state.stop_reason == ("why" if stops else "max_epochs=1 reached")
+
+
 def test_request_stop_through_interrupter(monkeypatch: pytest.MonkeyPatch, recorder: Recorder) -> None:
     monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter")
 

@@ -291,6 +291,7 @@ def test_events_without_implementations_resolve_to_nothing() -> None:
     loop.fit()
     dispatch = Dispatch(loop.pm)
     assert (dispatch.batch_start, dispatch.step_output, dispatch.batch_end, dispatch.should_stop) == (None,) * 4
+    assert dispatch.stop_answer is None
 
 
 # -- bad input ----------------------------------------------------------------------------
