@@ -7,8 +7,8 @@ hand-written loop:
 * ``model``: a tiny MLP (Linear 32->32, ReLU, Linear 32->1; batch 64; MSE; SGD lr 0.01; one
   torch thread). ``raw`` is ``for x, y in data: zero_grad, forward, backward, step``; ``core``
   runs the same work as a step function under ``hookfit.Loop`` with no plugin at all.
-* ``framework``: the same two loops around a no-op step (it returns a pre-made 0-d tensor), so
-  the difference is the framework's own cost per batch.
+* ``framework``: the same loops with every call of the step a no-op (:func:`framework_workload`),
+  so the difference is the framework's own cost per batch, optim's path included.
 
 For a ``hookfit.Loop`` variant, two times are taken per round: ``run`` covers the batches of
 the training stage with every per-batch event (:class:`StageClock`), which is what the per-step
@@ -28,6 +28,7 @@ Variants are a registry, :data:`VARIANTS` (name -> builder); a builder takes a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -38,7 +39,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import tempfile
 import threading
@@ -73,6 +74,8 @@ class Workload:
     data: list[Any]
     make: Callable[[], Parts]
     """Fresh parts for one variant: its own model copy and optimizer."""
+    setting: Callable[[], Any] = contextlib.nullcontext
+    """A context every pass of this workload runs in (see :func:`framework_workload`)."""
 
 
 @dataclass
@@ -134,24 +137,54 @@ def model_workload(batches: int, seed: int = 0, big: bool = False) -> Workload:
     return Workload("big" if big else "model", data, make)
 
 
+@contextlib.contextmanager
+def _no_backward() -> Iterator[None]:
+    """``Tensor.backward`` does nothing inside (for the framework-only workload)."""
+    original = torch.Tensor.backward
+    torch.Tensor.backward = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.backward = original  # type: ignore[method-assign]
+
+
 def framework_workload(batches: int, seed: int = 0) -> Workload:
-    """No model: the step returns a pre-made 0-d tensor; raw is a bare loop calling it."""
+    """No model: a step's four calls (``zero_grad``, forward, ``backward``, ``step``) do
+    nothing. The loss is a pre-made 0-d tensor, the optimizer's ``step`` and ``zero_grad`` are
+    no-ops, and ``Tensor.backward`` is one during the passes; so ``raw`` costs next to nothing
+    and a variant's difference is the framework's own cost per batch, the optim plugin's path
+    (``loop.backward``, ``loop.optimizers.step()``) included."""
     gen = torch.Generator().manual_seed(seed)
     pool = [_batch(gen) for _ in range(64)]
     data = [pool[i % len(pool)] for i in range(batches)]
-    zero = torch.zeros(())
+    loss = torch.zeros(())
 
     def make() -> Parts:
+        opt = torch.optim.SGD([torch.zeros((), requires_grad=True)], lr=0.0)
+        opt.step = lambda closure=None: None  # type: ignore[method-assign]
+        opt.zero_grad = lambda set_to_none=True: None  # type: ignore[method-assign]
+
         def step(loop: Any, batch: Any) -> torch.Tensor:
-            return zero
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+
+        def managed_step(loop: Any, batch: Any) -> dict[str, torch.Tensor]:
+            loop.optimizers.zero_grad()
+            loop.backward(loss)
+            loop.optimizers.step()
+            return {"loss": loss}
 
         def raw_pass() -> None:
             for batch in data:
-                step(None, batch)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
 
-        return Parts(step, step, raw_pass, None, None)
+        return Parts(step, managed_step, raw_pass, None, opt)
 
-    return Workload("framework", data, make)
+    return Workload("framework", data, make, _no_backward)
 
 
 # -- variants --------------------------------------------------------------------------------
@@ -341,7 +374,8 @@ def interleave(runners: dict[str, Callable[[], Any]], rounds: int, warmup: int) 
 def measure(workload: Workload, names: Sequence[str], rounds: int, warmup: int) -> list[Result]:
     batches = len(workload.data)
     runners = {name: VARIANTS[name](workload) for name in names}
-    times: dict[str, list[Timing]] = interleave(runners, rounds, warmup)
+    with workload.setting():
+        times: dict[str, list[Timing]] = interleave(runners, rounds, warmup)
 
     raw = [t.run for t in times["raw"]]
     results = []
@@ -534,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.big:
             title = f"Compute-bound model (4 x Linear 1024; batch 256; SGD), {args.big_batches} batches a pass"
             plan.append(("big", model_workload(args.big_batches, args.seed, big=True), title, "us/step", 0, args.big_rounds))
-    title = f"Framework only (no-op step), {args.fw_batches} batches a pass"
+    title = f"Framework only (no-op step calls), {args.fw_batches} batches a pass"
     plan.append(("framework", framework_workload(args.fw_batches, args.seed), title, "us/batch", 3, args.rounds))
     for key, workload, title, unit, digits, rounds in plan:
         results = measure(workload, names, rounds, args.warmup)

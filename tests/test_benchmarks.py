@@ -1,0 +1,31 @@
+"""The overhead benchmark still runs and measures what it says (a smoke run, no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--framework-only", "--rounds", "15",
+         "--warmup", "1", "--fw-batches", "50", "--json", str(out), "--quiet"],
+        check=True, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in result["workloads"]["framework"]["results"]}
+    assert rows["core"]["plugins"] == [] and rows["default"]["plugins"] == ["console", "metrics", "optim"]
+    assert all(len(r["rounds_run_us"]) == 15 for r in rows.values())
+    # the framework workload's no-op backward is undone after the passes (it patches torch)
+    assert "lambda" not in subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import overhead, torch;"
+         "overhead.measure(overhead.framework_workload(5), ['raw'], 15, 0); print(torch.Tensor.backward.__name__)",
+         str(REPO / "benchmarks")], check=True, capture_output=True, text=True, timeout=120, env=env,
+    ).stdout
