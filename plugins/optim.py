@@ -398,7 +398,7 @@ class Optim:
                     OptimWarning,
                     stacklevel=2,
                 )
-        loop.optimizers = self._original
+            loop.optimizers = self._original  # the user's own object again
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
