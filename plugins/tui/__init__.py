@@ -9,8 +9,8 @@ for a graceful stop through the ``request_stop`` event; the dashboard knows no o
 How it stays out of training's way: the training thread only appends the snapshots the metrics
 plugin publishes (a few per second) to a queue; a daemon UI thread drains it, reads keys, follows
 resizes and redraws when something changed, at most ``fps`` times a second, and otherwise once a
-second for the clock (a frame costs about 5 ms of Python, time the training thread waits for
-the interpreter lock; redrawing an unchanged screen five times a second cost it 2-3 %). urwid's screen is started and stopped on the
+second for the clock (a frame costs about 5 ms of Python at 120x40, time the training thread
+waits for the interpreter lock: five frames a second would take 2.5 % of it). urwid's screen is started and stopped on the
 main thread, which also owns the signal handlers (urwid's own SIGWINCH/SIGTSTP handling is not
 installed: the UI thread polls the size, and Ctrl-Z is ignored while the dashboard is up).
 
