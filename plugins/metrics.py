@@ -261,7 +261,7 @@ class Metrics:
         self.defer = defer
         self.sync_every = sync_every
         self._every = 0  # with several processes: publish every this many batches
-        self._by_time = True  # publications by time only (the per-batch fast path)
+        self._by_time = True  # publications by time only, no per-step log line (the fast path)
         self._resumed: _Stage | None = None
         self._stage_name: str | None = None
         self.history: dict[str, collections.deque] = {}
@@ -315,28 +315,24 @@ class Metrics:
                     agg.metric_objects[key] = value  # type: ignore[union-attr]
         else:
             agg.samples += batch_size(batch)  # type: ignore[union-attr]
-        if self._by_time:  # one process and no per-step log line: publish by time
-            now = _clock()
-            if now >= self._next_publish:
-                self._next_publish = now + self.interval
-                loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
-            elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
-                agg.read()  # type: ignore[union-attr]
-            return
-        if self.log_every_n_steps and loop.training and loop.state.step % self.log_every_n_steps == 0:
-            self._write({"event": "step", **self.snapshot().row()})
-        if self._every:  # several processes: the same batches everywhere, for the reduction
-            if agg.batches % self._every == 0:  # type: ignore[union-attr]
-                loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
-            elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
-                agg.read()  # type: ignore[union-attr]
-            return
+        if not self._by_time:  # a log line every N steps, or several processes
+            if self.log_every_n_steps and loop.training and loop.state.step % self.log_every_n_steps == 0:
+                self._write({"event": "step", **self.snapshot().row()})
+            if self._every:  # several processes: the same batches everywhere, for the reduction
+                if agg.batches % self._every == 0:  # type: ignore[union-attr]
+                    self._publish(loop)
+                elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
+                    agg.read()  # type: ignore[union-attr]
+                return
         now = _clock()
         if now >= self._next_publish:
             self._next_publish = now + self.interval
-            loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
+            self._publish(loop)
         elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
             agg.read()  # type: ignore[union-attr]
+
+    def _publish(self, loop: Any) -> None:
+        loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
 
     @hookimpl
     def stage_end(self, loop: Any, stage: str) -> None:
