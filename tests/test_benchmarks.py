@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+PROBE = (
+    "import sys; sys.path.insert(0, sys.argv[1]); import overhead, torch;"
+    "overhead.measure(overhead.framework_workload(5), ['raw'], 15, 0); print(torch.Tensor.backward.__name__)"
+)
 
 
 def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path: Path) -> None:
@@ -25,7 +29,6 @@ def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path
     assert all(len(r["rounds_run_us"]) == 15 for r in rows.values())
     # the framework workload's no-op backward is undone after the passes (it patches torch)
     assert "lambda" not in subprocess.run(
-        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import overhead, torch;"
-         "overhead.measure(overhead.framework_workload(5), ['raw'], 15, 0); print(torch.Tensor.backward.__name__)",
-         str(REPO / "benchmarks")], check=True, capture_output=True, text=True, timeout=120, env=env,
+        [sys.executable, "-c", PROBE, str(REPO / "benchmarks")],
+        check=True, capture_output=True, text=True, timeout=120, env=env,
     ).stdout
