@@ -22,7 +22,10 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
 * ``nonfinite="skip"`` (default): a non-finite loss is not back-propagated and its window's step
   is skipped; the first skip is warned about at once, the total at the end of the run.
   ``"raise"`` raises ``FloatingPointError``; ``None`` checks nothing. Gradients are checked
-  too when clipping by norm (the norm is computed anyway) or with ``check_grads=True``.
+  too when clipping by norm (the norm is computed anyway) or with ``check_grads=True``. On the
+  CPU the check reads the loss (no synchronisation); on an accelerator it waits for the loss,
+  one host-device synchronisation per ``backward`` (as AMP's GradScaler does per step): pass
+  ``nonfinite=None`` where that matters more than the check.
 * ``schedulers``: one scheduler, or a dict keyed like the optimizers, stepped after every real
   step of its optimizer (``scheduler_interval="step"``) or at each epoch end (``"epoch"``).
 * ``loop.optimizers.toggle("gen")``: a context in which the parameters of every other optimizer
