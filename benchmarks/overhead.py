@@ -273,7 +273,7 @@ class HookfitRunner:
                 del os.environ[manager.ENV_ONLY]
             else:
                 os.environ[manager.ENV_ONLY] = saved
-        pm: Any = loop.pm
+        pm: Any = loop.run.pm  # type: ignore[union-attr]
         self.plugins_seen = sorted(name for name, _ in pm.list_name_plugin() if name != StageClock.name)
         return Timing(self.clock.end - self.clock.start, elapsed)
 

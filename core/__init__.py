@@ -1,12 +1,14 @@
 """hookfit: a small PyTorch training loop whose every feature is a pluggy plugin.
 
-Public names: :class:`Loop`, :class:`State`, the :data:`hookimpl` marker for plugins, the
-:data:`hookspec` marker for events a plugin declares for other plugins,
-:class:`PluginError` and the :class:`HookfitWarning` category. Events are declared, with what
-they mean, in :mod:`hookfit.hookspecs`.
+Public names: :class:`Loop` (configuration and ``fit()``), :class:`Run` (one ``fit()``: what
+step functions and hooks receive as ``loop``), :class:`State`, :class:`StopRequest`, the
+:data:`hookimpl` marker for plugins, the :data:`hookspec` marker for events a plugin declares
+for other plugins, :class:`PluginError` and the :class:`HookfitWarning` category. Events are
+declared, with what they mean, in :mod:`hookfit.hookspecs`; the payloads they carry in
+:mod:`hookfit.payloads`.
 
-``Loop`` and ``State`` are imported on first use, so a plugin module that only needs
-``hookimpl`` (and ``hookfit plugins``) does not pay for importing torch.
+``Loop`` and ``Run`` are imported on first use, so a plugin module that only needs
+``hookimpl`` and the payload types (and ``hookfit plugins``) does not pay for importing torch.
 """
 
 from __future__ import annotations
@@ -15,17 +17,25 @@ from typing import TYPE_CHECKING, Any
 
 from hookfit.hookspecs import hookspec
 from hookfit.manager import HookfitWarning, ObserverWarning, PluginError, hookimpl
+from hookfit.payloads import StopRequest
+from hookfit.state import State
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hookfit.loop import Loop, State
+    from hookfit.loop import Loop
+    from hookfit.run import Run
 
-__all__ = ["Loop", "State", "hookimpl", "hookspec", "PluginError", "HookfitWarning", "ObserverWarning"]
+__all__ = ["Loop", "Run", "State", "StopRequest", "hookimpl", "hookspec", "PluginError",
+           "HookfitWarning", "ObserverWarning"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Loop", "State"):
-        from hookfit import loop
+    if name == "Loop":
+        from hookfit.loop import Loop
 
-        return getattr(loop, name)
+        return Loop
+    if name == "Run":
+        from hookfit.run import Run
+
+        return Run
     raise AttributeError(f"module 'hookfit' has no attribute {name!r}")

@@ -6,6 +6,12 @@ arguments a spec names, in any order, and pluggy passes it only those. (On the p
 path, an implementation that accepts every argument in the spec's order is called directly;
 one that accepts fewer goes through a small adapter: one Python call more per batch.)
 
+Every event's ``loop`` argument is the :class:`hookfit.run.Run` of the current ``fit()``: the
+run's state, model, optimizers and data, its plugin manager and its resolved events. Payloads
+that travel between plugins are core types from :mod:`hookfit.payloads`
+(:class:`~hookfit.payloads.MetricsSnapshot`, :class:`~hookfit.payloads.StopRequest`), so a
+plugin from one package can replace a built-in and still be understood by the others.
+
 Order of events in one run::
 
     configure                          (plugins may change the run's set-up here)
@@ -13,47 +19,81 @@ Order of events in one run::
     resume                             (only with Loop(resume=...))
       epoch_start                      (for each epoch)
         stage_start("train")
-          batch_start  -> step -> step_output -> batch_end -> should_stop   (for each batch)
+          batch_start -> step -> step_output -> batch_end -> should_stop   (for each batch)
         stage_end("train")
         stage_start("valid")           (when validation runs this epoch)
-          batch_start  -> step -> step_output -> batch_end -> should_stop   (for each batch)
+          batch_start -> step -> step_output -> batch_end -> should_stop   (for each batch)
         stage_end("valid")
       epoch_end
     exception                          (only when the run failed)
     fit_end                            (exactly once, whatever happened)
 
+Stopping is the core's: ``loop.request_stop(reason)`` (any thread, any hook, the step) or a
+true ``should_stop`` answer records a :class:`~hookfit.payloads.StopRequest`, and the loop
+honours it at the next *boundary*: after ``resume`` (before the first epoch), after
+``epoch_start``, ``stage_start``, every batch (after ``should_stop``), ``stage_end`` and
+``epoch_end``. So a stop asked in ``epoch_end`` runs no further batch. Events of the part of
+the run that did not happen are not fired (a stop after a batch fires no ``stage_end`` or
+``epoch_end`` for that epoch); ``fit_end`` always fires. With several processes a plugin
+implementing ``agree_stop`` makes them stop at the same boundary.
+
 Order of implementations of one event follows pluggy: the plugin registered last is called
 first, ``tryfirst``/``trylast`` move an implementation to the front or back, and wrappers
-surround the rest. Plugins are registered in a fixed order (see :mod:`hookfit.plugins`
-discovery in :mod:`hookfit.manager`), so the order is deterministic.
+surround the rest. Plugins are registered in a fixed order (sorted by entry-point name, then
+those given to ``Loop``; see :mod:`hookfit.manager`), but no plugin may rely on that order:
+where order matters it is stated below, with ``tryfirst``/``trylast`` or by an event that
+fires at the right moment. The stated orders are:
+
+* ``configure``: a plugin that changes what the run is made of (starts processes, wraps the
+  model, unregisters plugins) is ``tryfirst``, so the others configure what is left.
+* ``stage_end``: plugins that finish the stage's work (an optimizer plugin stepping a last,
+  partial accumulation window) are ``tryfirst``; plugins that report on the finished stage
+  (a metrics plugin publishing ``epoch_metrics``) are ``trylast``, so reports see the
+  finished work.
+* ``batch_end``, ``epoch_end`` and ``fit_start``/``fit_end``: a plugin that saves the run's
+  state (checkpoints) saves from ``trylast`` ``batch_end``/``epoch_end`` implementations
+  (after every plugin took the batch or epoch into account) and ``tryfirst`` ``fit_end`` (before
+  any plugin lets go of its state).
 
 Plugins may declare events of their own for other plugins (as pytest's ``pytest_addhooks``
 lets them): a ``hookspecs`` attribute on the plugin names a class or module whose functions are
 marked with ``@hookfit.hookspec``. They are added before any plugin is registered. A consumer
 marks its implementation ``@hookfit.hookimpl(optionalhook=True)`` so that it keeps working when
-the declaring plugin is absent. The declaring plugin fires them like any event, through
-``loop.hooks.<event>`` (resolved once per run) or ``loop.pm.hook.<event>(...)``.
+the declaring plugin is absent.
+
+Firing events: through ``loop.hooks.<event>`` (:class:`hookfit.dispatch.Dispatch`), a
+callable taking the spec's arguments in order, or ``None`` when nothing implements the event
+(resolved once per run). ``loop.pm.hook.<event>(...)`` is pluggy's bare call, without
+hookfit's guarantees (an observer's error is not contained there).
 
 What every hook may rely on: ``loop.state`` is up to date when the event fires (epoch, step,
-batch index, stage, status). What no hook may do: keep step outputs or batches beyond the
-event (the core promises flat memory), or register and unregister plugins from another
-thread while a run is in progress.
+batch index, stage, status); ``loop.optimizers`` is what ``Loop(optimizers=...)`` was given
+or what an optimizer plugin put there at ``fit_start``: a ``torch.optim.Optimizer`` or a
+mapping of names to objects that have an optimizer's ``param_groups`` (plugins that report
+learning rates read ``param_groups[0]["lr"]``). What no hook may do: keep step outputs or
+batches beyond the event (the core promises flat memory), or register and unregister
+plugins from another thread while a run is in progress.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    from hookfit.loop import Loop
+    import os
+
+    import torch
+
+    from hookfit.payloads import MetricsSnapshot, StopRequest
+    from hookfit.run import Run
 
 hookspec = pluggy.HookspecMarker("hookfit")
 
 
 @hookspec
-def configure(loop: Loop) -> None:
+def configure(loop: Run) -> None:
     """The run is about to start: change its set-up here, before any plugin starts.
 
     Fires once, first of all events, after every plugin is registered and checked. A plugin
@@ -68,7 +108,7 @@ def configure(loop: Loop) -> None:
 
 
 @hookspec
-def fit_start(loop: Loop) -> None:
+def fit_start(loop: Run) -> None:
     """The run begins: ``loop.fit()`` was called and every plugin is registered and valid.
 
     Fires once, before the first epoch, with ``loop.state.status == "running"``. Plugins set
@@ -79,7 +119,7 @@ def fit_start(loop: Loop) -> None:
 
 
 @hookspec
-def epoch_start(loop: Loop, epoch: int) -> None:
+def epoch_start(loop: Run, epoch: int) -> None:
     """An epoch begins. ``epoch`` counts from 0 and equals ``loop.state.epoch``.
 
     Fires before the training stage of that epoch. The return value is ignored.
@@ -87,7 +127,7 @@ def epoch_start(loop: Loop, epoch: int) -> None:
 
 
 @hookspec
-def stage_start(loop: Loop, stage: str) -> None:
+def stage_start(loop: Run, stage: str) -> None:
     """A stage of the current epoch begins: ``stage`` is ``"train"`` or ``"valid"``.
 
     Fires after the model was put in the stage's mode: for ``"valid"`` the model is already in
@@ -96,7 +136,7 @@ def stage_start(loop: Loop, stage: str) -> None:
 
 
 @hookspec
-def batch_start(loop: Loop, batch: Any, batch_idx: int) -> None:
+def batch_start(loop: Run, batch: Any, batch_idx: int) -> None:
     """A batch is about to be given to the step function.
 
     ``batch`` is the object the data yielded; ``batch_idx`` its position in the current stage
@@ -107,7 +147,7 @@ def batch_start(loop: Loop, batch: Any, batch_idx: int) -> None:
 
 
 @hookspec
-def step_output(loop: Loop, output: Mapping[str, Any], batch: Any) -> None:
+def step_output(loop: Run, output: Mapping[str, Any], batch: Any) -> None:
     """The step function returned something to report.
 
     ``output`` is the step's return value as a mapping: a mapping is passed on unchanged (no
@@ -119,7 +159,7 @@ def step_output(loop: Loop, output: Mapping[str, Any], batch: Any) -> None:
 
 
 @hookspec
-def batch_end(loop: Loop, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
+def batch_end(loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
     """A batch is finished.
 
     Fires after every batch, including skipped ones, where ``output`` is ``None``. For a
@@ -128,38 +168,65 @@ def batch_end(loop: Loop, output: Mapping[str, Any] | None, batch: Any, batch_id
 
 
 @hookspec
-def should_stop(loop: Loop) -> Any:
+def should_stop(loop: Run) -> bool | str | None:
     """Asked after every batch, training and validation alike: should the run stop now?
 
-    Return a true value to stop the run after this batch; a string is taken as the reason.
-    Every implementation is asked (this is not first-result): any true answer stops. ``None``
-    or a false value means "carry on". The run then ends with status ``"interrupted"``:
-    ``stage_end`` and ``epoch_end`` are *not* fired for the cut-short epoch, ``fit_end`` is.
+    For plugins with a per-batch criterion of their own (a time budget checked per batch, a
+    loss threshold). Return a true value to stop the run after this batch; a string is taken as
+    the reason. Every implementation is asked (this is not first-result); the true answers
+    become one stop request, as ``loop.request_stop(reason)`` would, naming the plugins that
+    answered as who asked. ``None`` or a false value means "carry on". A plugin that decides at
+    another moment (an epoch's end) calls ``loop.request_stop(reason)`` there instead: the loop
+    honours it at that boundary, without a further batch. The run then ends with status
+    ``"interrupted"``: ``stage_end`` and ``epoch_end`` are *not* fired for the cut-short
+    epoch, ``fit_end`` is.
     """
 
 
 @hookspec
-def request_stop(loop: Loop, reason: str) -> None:
-    """Somebody asks for a graceful stop, with a human-readable ``reason``.
+def stop_requested(loop: Run, request: StopRequest) -> None:
+    """A graceful stop was requested: ``request`` says why and who asked.
 
-    Fired by ``loop.request_stop(reason)``, which any plugin or the step function may call,
-    from any thread. It is a request: a plugin that implements it (the interrupter) records it
-    and answers ``should_stop`` after the current batch. The return value is ignored.
+    Fires once per run, for the first request, on the thread that asked: through
+    ``loop.request_stop(reason)`` (any plugin, the step function, another thread: a
+    dashboard's key, a signal handler) or a true ``should_stop`` answer. The loop stops at its
+    next boundary (see the module documentation); this event only tells plugins that it will
+    (a renderer shows "stopping"). Implementations must be quick and thread-safe. The return
+    value is ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def agree_stop(loop: Run, request: StopRequest | None, boundary: str) -> StopRequest | Literal[False] | None:
+    """Asked at every boundary where the loop may stop, when a plugin implements it: do the
+    processes of the run agree to stop here?
+
+    For the plugin that runs the loop on several processes, whose processes must stop at the
+    same boundary (or their collective operations would not match). ``request`` is this
+    process's pending stop request, ``None`` if there is none; ``boundary`` is where the loop
+    is: ``"start"``, ``"epoch_start"``, ``"stage_start"``, ``"batch"``, ``"stage_end"`` or
+    ``"epoch_end"``. Every process reaches the same boundaries in the same order. Return the
+    agreed :class:`~hookfit.payloads.StopRequest` to stop every process here, ``False`` to
+    carry on (a pending request then waits for a later boundary), or ``None`` to leave the
+    decision to this process's own request. First result.
     """
 
 
 @hookspec
-def stage_end(loop: Loop, stage: str) -> None:
+def stage_end(loop: Run, stage: str) -> None:
     """A stage of the current epoch has run all its batches: ``stage`` as in ``stage_start``.
 
     For ``"valid"`` it fires while the model is still in eval mode; every module gets its own
     previous training flag back right after. Not fired for a stage cut short by a stop or an
-    error. The return value is ignored.
+    error. Order is stated: a plugin that finishes the stage's work (an optimizer plugin
+    stepping the last, partial accumulation window) implements it ``tryfirst``; a plugin that
+    reports on the finished stage (a metrics plugin, which fires ``epoch_metrics`` from here)
+    implements it ``trylast``. The return value is ignored.
     """
 
 
 @hookspec
-def epoch_end(loop: Loop, epoch: int) -> None:
+def epoch_end(loop: Run, epoch: int) -> None:
     """An epoch, with its validation if any, is complete. ``epoch`` as in ``epoch_start``.
 
     Not fired for an epoch cut short by a stop or an error. The return value is ignored.
@@ -167,25 +234,27 @@ def epoch_end(loop: Loop, epoch: int) -> None:
 
 
 @hookspec
-def exception(loop: Loop, error: BaseException) -> None:
+def exception(loop: Run, error: BaseException) -> None:
     """The run failed: ``error`` was raised by the step function, the data or a plugin.
 
     Fires once, before ``fit_end``, with ``loop.state.status == "failed"``. The exception then
     propagates unchanged to the caller of ``fit()``, with a note naming where it came from.
     An implementation must not raise; if one does, its error is reported as a warning and the
-    original error still propagates. The return value is ignored.
+    original error still propagates. Every implementation runs even if another raised,
+    wrappers and call tracing included. The return value is ignored.
     """
 
 
 @hookspec
-def fit_end(loop: Loop) -> None:
+def fit_end(loop: Run) -> None:
     """The run is over. Fires exactly once for every run that fired ``fit_start``.
 
-    ``loop.state.status`` is ``"completed"``, ``"interrupted"`` or ``"failed"`` and
-    ``loop.state.stop_reason`` says why. This is where plugins restore what they changed
-    (terminal, signal handlers) and write final summaries. Every implementation runs even if
-    an earlier one raised; the first such error fails the run (or is reported as a warning if
-    the run failed already). The return value is ignored.
+    ``loop.state.status`` is ``"completed"``, ``"interrupted"`` or ``"failed"``,
+    ``loop.state.stop_reason`` says why and ``loop.state.stopped_by`` who asked for a stop.
+    This is where plugins restore what they changed (terminal, signal handlers) and write final
+    summaries. Every implementation runs even if another raised, wrappers and call tracing
+    included; the first such error fails the run (or is reported as a warning if the run
+    failed already), naming the plugin. The return value is ignored.
     """
 
 
@@ -193,7 +262,7 @@ def fit_end(loop: Loop) -> None:
 
 
 @hookspec
-def save_state(loop: Loop) -> Any:
+def save_state(loop: Run) -> Any:
     """Return this plugin's state, to be stored in a checkpoint; ``None`` if it has none now.
 
     A checkpoint plugin calls every implementation through ``loop.plugin_states()``, which
@@ -207,7 +276,7 @@ def save_state(loop: Loop) -> Any:
 
 
 @hookspec
-def load_state(loop: Loop, state: Any) -> None:
+def load_state(loop: Run, state: Any) -> None:
     """Restore what this plugin's ``save_state`` returned in an earlier run.
 
     Called through ``loop.load_plugin_states(states)``, with this plugin's own entry, after
@@ -217,7 +286,7 @@ def load_state(loop: Loop, state: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def resume(loop: Loop, source: str) -> Any:
+def resume(loop: Run, source: str) -> str | os.PathLike[str] | Literal[False] | None:
     """``Loop(resume=source)``: continue an earlier run. ``source`` is ``"latest"`` or a path.
 
     Fires once, after ``fit_start`` and before the first epoch. The plugin that keeps
@@ -236,7 +305,7 @@ def resume(loop: Loop, source: str) -> Any:
 
 
 @hookspec(firstresult=True)
-def all_reduce(loop: Loop, tensor: Any) -> Any:
+def all_reduce(loop: Run, tensor: torch.Tensor) -> torch.Tensor | None:
     """Sum ``tensor`` over every process of the run and return the sum (a tensor of the same
     shape); every process must call it at the same point, as for any collective operation.
 
@@ -246,11 +315,28 @@ def all_reduce(loop: Loop, tensor: Any) -> Any:
     """
 
 
+@hookspec(firstresult=True)
+def should_sync_gradients(loop: Run) -> bool | None:
+    """Asked before a training batch's step by a plugin that must know (the distributed
+    plugin, whose data-parallel wrapper decides in the forward pass whether the backward pass
+    all-reduces gradients): do this batch's backward passes close a gradient-accumulation
+    window, so that the optimizers will step with the gradients they leave?
+
+    Implemented by the plugin that owns the optimizer steps (optim). Answer ``True`` when the
+    optimizers step after this batch (every batch without accumulation; the window's last
+    batch with it, and the last batch of a stage or of ``max_steps`` where a partial window is
+    stepped), ``False`` inside a window, where gradients are only accumulated locally and need
+    no synchronisation yet. ``None`` (or no implementation) means ``True``: synchronise. Asked
+    from the asking plugin's ``batch_start``, on the training thread, so ``loop.state.batch_idx``
+    and ``loop.state.step`` are those of the batch about to run. First result.
+    """
+
+
 # -- backward pass and optimizer steps (fired by the plugin that owns them, e.g. optim) -------
 
 
 @hookspec(firstresult=True)
-def backward(loop: Loop, loss: Any) -> Any:
+def backward(loop: Run, loss: torch.Tensor) -> Any:
     """``loop.backward(loss)`` was called from a step function: run the backward pass.
 
     First result: the first implementation that returns something other than ``None`` has
@@ -261,7 +347,7 @@ def backward(loop: Loop, loss: Any) -> Any:
 
 
 @hookspec
-def before_backward(loop: Loop, loss: Any) -> None:
+def before_backward(loop: Run, loss: torch.Tensor) -> None:
     """The plugin that owns the backward pass is about to run it on ``loss``.
 
     ``loss`` is the tensor as the step passed it (before any accumulation or AMP scaling).
@@ -270,7 +356,7 @@ def before_backward(loop: Loop, loss: Any) -> None:
 
 
 @hookspec
-def after_backward(loop: Loop, loss: Any) -> None:
+def after_backward(loop: Run, loss: torch.Tensor) -> None:
     """The backward pass on ``loss`` is done: gradients are accumulated on the parameters.
 
     They may still be scaled for mixed precision and are not clipped yet; read them in
@@ -279,7 +365,7 @@ def after_backward(loop: Loop, loss: Any) -> None:
 
 
 @hookspec
-def before_optimizer_step(loop: Loop, name: str, optimizer: Any) -> None:
+def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
     """Optimizer ``name`` is about to step: gradients are final (unscaled and clipped).
 
     Fires only for real steps (not for calls skipped inside a gradient-accumulation window or
@@ -289,7 +375,7 @@ def before_optimizer_step(loop: Loop, name: str, optimizer: Any) -> None:
 
 
 @hookspec
-def after_optimizer_step(loop: Loop, name: str, optimizer: Any) -> None:
+def after_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
     """Optimizer ``name`` has stepped; its learning-rate scheduler (per-step) has stepped too.
 
     Fires once per real optimizer step, after ``before_optimizer_step``. The return value is
@@ -301,24 +387,29 @@ def after_optimizer_step(loop: Loop, name: str, optimizer: Any) -> None:
 
 
 @hookspec
-def metrics_update(loop: Loop, stage: str, metrics: Any) -> None:
+def metrics_update(loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
     """Aggregated values of the running stage, published at a bounded rate (not per batch).
 
-    ``metrics`` is a read-only snapshot (the metrics plugin's ``MetricsSnapshot``): values with
-    last, running and epoch means, progress, throughput and learning rates. It is never
-    changed after publication, so a renderer may hand it to another thread as it is. Fires on
-    the training thread; implementations must be quick (hand over, do not draw). The return
-    value is ignored.
+    Fired by the metrics plugin (the built-in ``metrics`` or any replacement) while a stage
+    runs. ``metrics`` is a :class:`~hookfit.payloads.MetricsSnapshot` with ``final=False``:
+    values with last, running and epoch means, progress, throughput and learning rates. It is
+    never changed after publication, so a renderer may hand it to another thread as it is.
+    Fires on the training thread; implementations must be quick (hand over, do not draw). The
+    return value is ignored.
     """
 
 
 @hookspec
-def epoch_metrics(loop: Loop, stage: str, metrics: Any) -> None:
+def epoch_metrics(loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
     """The final aggregate of a stage of an epoch: ``stage`` is ``"train"`` or ``"valid"``.
 
-    Fires once per completed stage, just before ``stage_end``, with the same kind of snapshot
-    as ``metrics_update`` whose epoch means are final and which carries the per-epoch history.
-    Renderers print summaries here, loggers write them. The return value is ignored.
+    Fires once per completed stage, from the metrics plugin's ``stage_end`` implementation,
+    which is ``trylast``: after every other plugin's ``stage_end`` for that stage (an optimizer
+    plugin has stepped the stage's last, partial window; learning rates are those after it).
+    ``metrics`` is a :class:`~hookfit.payloads.MetricsSnapshot` with ``final=True``, whose
+    epoch means are final and which carries the per-epoch ``history`` of the stage. Renderers
+    print summaries here, loggers write them, a checkpoint plugin reads the value it monitors.
+    The return value is ignored.
     """
 
 
@@ -326,7 +417,7 @@ def epoch_metrics(loop: Loop, stage: str, metrics: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def claim_output(loop: Loop) -> str | None:
+def claim_output(loop: Run) -> str | None:
     """Asked by plain-text renderers (the console) at ``fit_start``: does a plugin take over
     the terminal for this run?
 

@@ -26,7 +26,9 @@ Faults stay inside observers: a plugin whose class says ``observer = True`` (ren
 any plugin that only watches the run) is switched off for the rest of the run when one of its
 hooks raises, with one :class:`ObserverWarning` naming the plugin, its distribution, the hook
 and the error; the run goes on and ``loop.state.silenced`` lists it. Every other plugin takes
-part in training, and its errors fail the run. (Hook wrappers are not guarded.)
+part in training, and its errors fail the run. The guard is applied where events are called,
+in :mod:`hookfit.dispatch`, wrappers included; the registered hook implementations are never
+changed.
 """
 
 from __future__ import annotations
@@ -321,29 +323,16 @@ class PluginManager(pluggy.PluginManager):
                     raise PluginError(f"{info.describe()} cannot be registered: {info.error}") from exc
                 continue
             info.hooks = sorted(impl_names(self, info.plugin))
-            if getattr(info.plugin, "observer", False) is True:
-                self._guard(info)
+
+    # -- calling ---------------------------------------------------------------------------
+    def execute(self, name: str, impls: Sequence[pluggy.HookImpl], kwargs: dict[str, Any],
+                firstresult: bool) -> Any:
+        """pluggy's own call of event ``name`` over ``impls``: the function
+        ``HookCaller.__call__`` ends in, through which call monitoring (tracing) sees every
+        call. :mod:`hookfit.dispatch` calls it when an event has wrappers or is monitored."""
+        return self._hookexec(name, impls, kwargs, firstresult)
 
     # -- observers ------------------------------------------------------------------------
-    def _guard(self, info: PluginInfo) -> None:
-        """Make every (non-wrapper) hook of an observer plugin unable to fail the run: an
-        exception switches the plugin off with one :class:`ObserverWarning`."""
-        for caller in self.get_hookcallers(info.plugin) or []:
-            for impl in caller.get_hookimpls():
-                if impl.plugin is info.plugin and not (impl.hookwrapper or impl.wrapper):
-                    impl.function = self._guarded(impl.function, info.name, caller.name)
-
-    def _guarded(self, function: Callable[..., Any], name: str, hook: str) -> Callable[..., Any]:
-        def guarded(*args: Any) -> Any:
-            try:
-                return function(*args)
-            except Exception as error:
-                self.silence(name, hook, error)
-                return None
-
-        guarded.__wrapped__ = function  # type: ignore[attr-defined]
-        return guarded
-
     def silence(self, name: str, hook: str, error: BaseException) -> None:
         """Switch an observer off for the rest of the run, with one warning naming it."""
         plugin = self.get_plugin(name)

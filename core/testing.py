@@ -45,16 +45,20 @@ class Recorder:
     """A plugin that implements every event and records ``(event, {argument: value})`` for
     each call, without the loop itself, and ``(event, stage, training)`` as the loop saw it.
 
-    ``stop_after=N`` makes it answer ``should_stop`` once the global step reaches N."""
+    ``stop_after=N`` makes it answer ``should_stop`` once the global step reaches N.
+    ``agree_stop`` is left out unless ``agree=True``: only a plugin that runs several processes
+    implements it, and the loop then asks it at every boundary (its answer here is always
+    "no opinion")."""
 
     name = "recorder"
 
-    def __init__(self, stop_after: int | None = None) -> None:
+    def __init__(self, stop_after: int | None = None, agree: bool = False) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.seen: list[tuple[str, str | None, bool]] = []
         self.stop_after = stop_after
         for event, args in spec_arguments().items():
-            setattr(self, event, self._make(event, args))
+            if event != "agree_stop" or agree:
+                setattr(self, event, self._make(event, args))
 
     def _make(self, event: str, args: list[str]) -> Any:
         def record(**kwargs: Any) -> Any:

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> hookfit.State:
     finally:
         if dump is not None:
             dump.write(loop)
-    if loop.is_main:
+    if state.rank == 0:
         print(f"ddp example: {state.status} after {state.step} steps on {state.world_size} process(es)")
     return state
 

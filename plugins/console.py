@@ -8,7 +8,8 @@ bounded however fast the steps are. At the end it prints the status, the reason,
 duration and, for every metric, its last and best epoch value.
 
 When a dashboard claims the terminal (the ``claim_output`` event), the console stays silent
-unless it was given a stream of its own. Progress comes from the metrics plugin's ``metrics_update``/``epoch_metrics``; without it,
+unless it was given a stream of its own. Progress comes from whichever plugin publishes
+``metrics_update``/``epoch_metrics`` (:class:`hookfit.payloads.MetricsSnapshot`); without one,
 the console prints the start and the end of the run only. "Best" is the lowest value for
 names containing ``loss`` or ``err``, the highest for others.
 """
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from hookfit import hookimpl
+from hookfit.payloads import MetricsSnapshot
+from hookfit.run import Run
 
 
 def _number(value: float) -> str:
@@ -62,9 +65,10 @@ class Console:
         print("hookfit " + " ".join(f for f in fields if f), file=stream, flush=True)
 
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         # a full-screen renderer owns the terminal; writing to a stream given explicitly is fine
-        self._silent = self.stream is None and loop.pm.hook.claim_output(loop=loop) is not None
+        claim = loop.hooks.claim_output
+        self._silent = self.stream is None and claim is not None and claim(loop) is not None
         self._last_progress = self._last_summary = time.monotonic()
         self._best.clear()
         self._last.clear()
@@ -74,7 +78,7 @@ class Console:
         self._print("start", f"epochs={loop.max_epochs}", per_epoch, f"plugins={plugins}")
 
     @hookimpl
-    def metrics_update(self, stage: str, metrics: Any) -> None:
+    def metrics_update(self, stage: str, metrics: MetricsSnapshot) -> None:
         now = time.monotonic()
         if now - self._last_progress < self.interval:
             return
@@ -91,7 +95,7 @@ class Console:
         )
 
     @hookimpl
-    def epoch_metrics(self, loop: Any, stage: str, metrics: Any) -> None:
+    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         for key, value in metrics.values.items():
             self._last[(stage, key)] = value.epoch
             best = self._best.get((stage, key))
@@ -114,13 +118,14 @@ class Console:
         )
 
     @hookimpl(trylast=True)
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         state = loop.state
         reason = (state.stop_reason or "").replace('"', "'")
         self._print(
             "end",
             f"status={state.status}",
             f'reason="{reason}"',
+            f'by="{state.stopped_by}"' if state.stopped_by else "",
             f"duration={state.elapsed:.2f}s",
             f"epochs={state.epoch + 1}",
             f"steps={state.step}",

@@ -26,8 +26,8 @@ What it does, in ``configure`` (before every other plugin starts)
       call the wrapped model, ``loop.model(x)``**: calls on the original module (a variable
       of the script) compute the same values but do not synchronise gradients, and the ranks
       drift apart. The plugin checks this after the first training batch that produced
-      gradients and fails the run with an error that says so. After the run, ``loop.model``
-      is the original module again.
+      gradients and fails the run with an error that says so. The wrapper is the run's own
+      ``loop.model``: the ``Loop``'s configuration keeps the user's module.
     * Shards ``loop.train_data`` and ``loop.val_data`` so that each rank sees its own part,
       with the same number of batches on every rank (checked: the ranks must run the same
       batches, or their collective operations would not match):
@@ -52,17 +52,19 @@ What it does, in ``configure`` (before every other plugin starts)
       ``n * b`` (over the same samples).
 
 Every batch
-    * ``batch_start``: inside a gradient-accumulation window (``Optim(accumulate=N)``:
-      ``loop.optimizers.window_closes`` is false) the batch runs as under DDP's ``no_sync()``
-      (DDP decides in the forward pass, so before the step), and gradients are all-reduced
-      once per optimizer step, on the window's last micro-batch (and on the last batch of the
-      training stage, where optim steps a partial window).
-    * ``should_stop`` (a wrapper around every other answer): every ``stop_check_every``
-      batches the ranks agree on stopping with one all-reduce of a flag. If any rank wants to
-      stop (the interrupter after ``loop.request_stop``, Ctrl-C or SIGTERM; any plugin's
-      answer), every rank stops after the same batch, with the reason
-      ``"stop requested on rank 1: ..."``; a request between two checks waits for the next.
-      No rank is left waiting in a collective operation that the others have left.
+    * ``batch_start``: inside a gradient-accumulation window (the optimizer plugin answers
+      ``should_sync_gradients`` with ``False``: a core contract, so any optimizer plugin can
+      tell) the batch runs as under DDP's ``no_sync()`` (DDP decides in the forward pass, so
+      before the step), and gradients are all-reduced once per optimizer step, on the
+      window's last micro-batch (and on the last batch of the training stage, where the
+      partial window is stepped).
+    * ``agree_stop``: every ``stop_check_every`` batches, and at every stage and epoch
+      boundary, the ranks agree on stopping with one all-reduce of a flag. If any rank has a
+      stop request (``loop.request_stop`` from anywhere: Ctrl-C or SIGTERM through the
+      interrupter, the dashboard, a plugin, the step; a true ``should_stop`` answer), every
+      rank stops at the same boundary, with the reason ``"stop requested on rank 1: ..."``;
+      a request between two checks waits for the next. No rank is left waiting in a
+      collective operation that the others have left.
     * ``all_reduce``: sums a tensor over the ranks (``dist.all_reduce``); the metrics plugin
       uses it so that every published number is global and sample-weighted.
 
@@ -75,7 +77,7 @@ Failures
     that another rank probably failed first.
 
 At ``fit_end``: after a completed or agreed stop, a barrier; then the process group is
-destroyed if this plugin created it, and ``loop.model`` and the data are given back.
+destroyed if this plugin created it.
 
 Checkpoints: a checkpoint plugin saves on rank 0 only (``loop.is_main``) and loads on every
 rank; ``loop.model`` is then the DDP wrapper, whose ``module`` is the user's model (save that,
@@ -92,8 +94,8 @@ from typing import Any
 
 import torch
 
-from hookfit import hookimpl
-from hookfit.loop import modules
+from hookfit import StopRequest, hookimpl
+from hookfit.run import Run, modules
 
 ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE")
@@ -164,19 +166,15 @@ class Distributed:
         self.created = False  # this plugin initialised the process group
         self._control: Any = None  # the CPU (gloo) group for flags and all_reduce
         self._flag: torch.Tensor | None = None
-        self._user_model: Any = None
-        self._user_data: tuple[Any, Any] | None = None
         self._ddps: list[Any] = []
         self._samplers: list[Any] = []
         self._batches = 0
-        self._pending: str | None = None
         self._agreed = False
         self._forward_seen = True
         self._forward_checked = True
         self._forward_hook: Any = None
         self._grad_seen = True
         self._grad_hooks: list[Any] = []
-        self._train_len: int | None = None
         self._groups: list[Any] = []
 
     # -- set-up --------------------------------------------------------------------------
@@ -219,7 +217,6 @@ class Distributed:
                     loop.pm.unregister(plugin)
         self._wrap(loop, device)
         if self.shard_data:
-            self._user_data = (loop.train_data, loop.val_data)
             loop.train_data = self._shard(loop.train_data, "train_data")
             if loop.val_data is not None:
                 loop.val_data = self._shard(loop.val_data, "val_data")
@@ -263,7 +260,7 @@ class Distributed:
             raise
         if self.created:  # see _release
             wrapped._hookfit_process_groups = tuple(self._groups)
-        self._user_model, loop.model, self._ddps = model, wrapped, [wrapped]
+        loop.model, self._ddps = wrapped, [wrapped]
         self._forward_seen = self._forward_checked = self._grad_seen = False
         self._forward_hook = wrapped.register_forward_pre_hook(self._saw_forward)
         self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)
@@ -276,7 +273,7 @@ class Distributed:
 
     def _saw_grad(self, param: Any) -> None:
         """The first gradient of the run: was the forward pass DDP's? (Removed after the
-        first training batch, by ``should_stop``.)"""
+        first training batch, by ``agree_stop``.)"""
         if self._grad_seen:
             return
         self._grad_seen = True
@@ -366,7 +363,6 @@ class Distributed:
         """Every rank must run as many batches per stage as the others (one collective, once)."""
         dist = _dist()
         lengths = [_length(loop.train_data), _length(loop.val_data) if loop.val_data is not None else -1]
-        self._train_len = lengths[0] if lengths[0] >= 0 else None
         mine = torch.tensor(lengths, dtype=torch.int64)
         everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(everyone, mine, group=self._control)
@@ -388,49 +384,43 @@ class Distributed:
             sampler.set_epoch(epoch)
 
     @hookimpl
-    def batch_start(self, loop: Any) -> None:
+    def batch_start(self, loop: Run) -> None:
         # DDP decides in the forward pass whether the next backward pass all-reduces, so the
         # choice is made before the step runs (what ``with ddp.no_sync():`` around the whole
-        # step would do)
+        # step would do). Whether this batch closes an accumulation window is the optimizer
+        # plugin's answer (the should_sync_gradients contract); without one, always sync.
         if loop.training and self._ddps:
-            sync = self._syncs(loop)
+            ask = loop.hooks.should_sync_gradients
+            sync = ask is None or ask(loop) is not False
             for ddp in self._ddps:
                 ddp.require_backward_grad_sync = sync
 
-    def _syncs(self, loop: Any) -> bool:
-        """Whether this batch's backward pass must all-reduce gradients: outside an
-        accumulation window, or on the last training batch of the stage (where optim steps a
-        partial window)."""
-        if getattr(loop.optimizers, "window_closes", True):
-            return True
-        state = loop.state
-        if self._train_len is not None and state.batch_idx >= self._train_len - 1:
-            return True
-        return loop.max_steps is not None and state.step + 1 >= loop.max_steps
-
-    @hookimpl(wrapper=True)
-    def should_stop(self, loop: Any) -> Any:
-        answers = yield
-        if not self._forward_checked and self._grad_seen:
-            self._forward_checked = True  # the first backward pass went through DDP
-            self._remove_grad_hooks()
-        if self._pending is None:
-            wanted = next((a for a in answers if a), None)
-            if wanted is not None:
-                self._pending = wanted if isinstance(wanted, str) else "a plugin answered should_stop"
-        self._batches += 1
-        if self._batches % self.stop_check_every:
-            return []  # a local answer waits for the next agreement
+    @hookimpl
+    def agree_stop(self, loop: Run, request: StopRequest | None, boundary: str) -> StopRequest | bool:
+        """Every ``stop_check_every`` batches, and at every stage and epoch boundary, the ranks
+        agree on stopping with one all-reduce of a flag; a request between two checks waits."""
+        if boundary == "batch":
+            if not self._forward_checked and self._grad_seen:
+                self._forward_checked = True  # the first backward pass went through DDP
+                self._remove_grad_hooks()
+            self._batches += 1
+            if self._batches % self.stop_check_every:
+                return False
         flag = self._flag
-        flag.fill_(0 if self._pending is None else 1)
+        flag.fill_(0 if request is None else 1)
         dist = _dist()
         dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=self._control)
         if not int(flag.item()):
-            return []
-        reasons: list[Any] = [None] * self.world_size
-        dist.all_gather_object(reasons, self._pending, group=self._control)
+            return False
+        asked: list[Any] = [None] * self.world_size
+        mine = None if request is None else (request.reason, request.by)
+        dist.all_gather_object(asked, mine, group=self._control)
         self._agreed = True
-        return ["; ".join(f"stop requested on rank {r}: {why}" for r, why in enumerate(reasons) if why)]
+        wanted = [(rank, why) for rank, why in enumerate(asked) if why is not None]
+        return StopRequest(
+            "; ".join(f"stop requested on rank {rank}: {reason}" for rank, (reason, _) in wanted),
+            by="; ".join(f"{by} on rank {rank}" for rank, (_, by) in wanted if by) or None,
+        )
 
     @hookimpl
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -479,11 +469,6 @@ class Distributed:
             if dist.is_initialized():
                 dist.barrier(group=self._control)  # nobody leaves while another still sends
         self._destroy()
-        if self._user_model is not None:
-            loop.model = self._user_model
-        if self._user_data is not None:
-            loop.train_data, loop.val_data = self._user_data
-        self._user_model = self._user_data = None
         self._ddps, self._samplers = [], []
         self._release()
 

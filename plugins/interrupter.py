@@ -1,10 +1,12 @@
-"""interrupter: graceful stops on request, on SIGINT and on SIGTERM.
+"""interrupter: SIGINT and SIGTERM become graceful stop requests.
 
-* ``loop.request_stop(reason)`` from any plugin, the step, or another thread: the current batch
-  finishes, then ``should_stop`` answers the reason and the run ends ``interrupted``.
-* First SIGINT (Ctrl-C) or SIGTERM: the same, with the reason ``"SIGINT"``/``"SIGTERM"`` and a
-  line on stderr saying what happens. A second SIGINT aborts at once with
-  ``KeyboardInterrupt`` (``fit_end`` still runs, with status ``interrupted``).
+* First SIGINT (Ctrl-C) or SIGTERM: ``loop.request_stop("SIGINT")`` (or ``"SIGTERM"``) and a
+  line on stderr saying what happens; the run stops at the next boundary (after the current
+  batch) and ends ``interrupted``. Stopping itself is the core's: this plugin only turns
+  signals into requests, like any other plugin or the step function may.
+* A SIGINT while a stop is already pending (from a signal, the dashboard's ``q`` or anything
+  else) aborts at once with ``KeyboardInterrupt`` (``fit_end`` still runs, with status
+  ``interrupted``).
 * Handlers are installed at ``fit_start`` only on the main thread and the previous ones are put
   back at ``fit_end``, so a notebook or a host application keeps its own.
 """
@@ -17,37 +19,25 @@ import threading
 from typing import Any
 
 from hookfit import hookimpl
+from hookfit.run import Run
 
 
 class Interrupter:
-    """Answers ``should_stop`` after a stop request or a termination signal."""
+    """Turns SIGINT and SIGTERM into stop requests; a second SIGINT aborts."""
 
     name = "interrupter"
 
     def __init__(self, signals: bool = True) -> None:
         self.signals = signals
-        self._lock = threading.Lock()
-        self._reason: str | None = None
         self._previous: dict[int, Any] = {}
-        self._loop: Any = None
+        self._loop: Run | None = None
 
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         self._loop = loop
-        self._reason = None
         if self.signals and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._on_signal)
-
-    @hookimpl
-    def request_stop(self, reason: str) -> None:
-        with self._lock:
-            if self._reason is None:
-                self._reason = reason
-
-    @hookimpl
-    def should_stop(self, loop: Any) -> str | None:  # every argument: called without an adapter
-        return self._reason
 
     @hookimpl
     def fit_end(self) -> None:
@@ -57,9 +47,12 @@ class Interrupter:
         self._loop = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        loop = self._loop
         name = signal.Signals(signum).name
-        if self._reason is not None and signum == signal.SIGINT:
+        if loop is None:  # pragma: no cover - handlers exist only while a loop is set
+            return
+        if loop.stop_requested is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: aborting")
-        self._loop.request_stop(name)  # the event, so every plugin (the dashboard) hears of it
+        loop.request_stop(name)  # the core honours it; the event tells the dashboard
         hint = "; press Ctrl-C again to abort" if signum == signal.SIGINT else ""
         print(f"hookfit: {name} received, stopping after this batch{hint}", file=sys.stderr, flush=True)

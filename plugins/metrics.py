@@ -29,71 +29,14 @@ import collections
 import json
 import math
 import time
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 import torch
 
 from hookfit import hookimpl
-
-
-class Value(NamedTuple):
-    """One metric in a snapshot: last batch, running mean over the window, epoch mean."""
-
-    last: float
-    running: float
-    epoch: float
-
-
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    """What ``metrics_update`` and ``epoch_metrics`` carry. Built fresh for each publication
-    and never changed afterwards, so it may be handed to another thread as it is."""
-
-    stage: str
-    epoch: int
-    max_epochs: int
-    step: int
-    batches: int  # batches done in this stage of this epoch
-    total: int | None  # batches in this stage, when the data has a length
-    samples: int
-    elapsed: float  # seconds in this stage
-    values: Mapping[str, Value]
-    lr: Mapping[str, float]
-    final: bool = False  # the stage's last snapshot (epoch_metrics)
-    history: tuple[Mapping[str, Any], ...] = ()
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.elapsed if self.elapsed > 0 else 0.0
-
-    @property
-    def batches_per_s(self) -> float:
-        return self.batches / self.elapsed if self.elapsed > 0 else 0.0
-
-    @property
-    def step_time(self) -> float:
-        """Mean seconds per batch in this stage."""
-        return self.elapsed / self.batches if self.batches else 0.0
-
-    @property
-    def eta(self) -> float | None:
-        """Seconds left in this stage, when its length is known."""
-        if self.total is None or not self.batches:
-            return None
-        return max(self.total - self.batches, 0) * self.step_time
-
-    def row(self) -> dict[str, Any]:
-        """A flat, JSON-ready view: ``{"loss": epoch mean, ...}`` plus progress fields."""
-        out: dict[str, Any] = {
-            "stage": self.stage, "epoch": self.epoch, "step": self.step, "batches": self.batches,
-            "samples": self.samples, "time": round(self.elapsed, 6),
-            "samples_per_s": round(self.samples_per_s, 3),
-        }
-        out.update({k: v.epoch for k, v in self.values.items()})
-        out.update({f"lr_{k}": v for k, v in self.lr.items()})
-        return out
+from hookfit.payloads import MetricsSnapshot, Value
+from hookfit.run import Run
 
 
 def _is_metric(value: Any) -> bool:
@@ -331,11 +274,12 @@ class Metrics:
         elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
             agg.read()  # type: ignore[union-attr]
 
-    def _publish(self, loop: Any) -> None:
-        loop.pm.hook.metrics_update(loop=loop, stage=loop.state.stage, metrics=self.snapshot())
+    def _publish(self, loop: Run) -> None:
+        if (call := loop.hooks.metrics_update) is not None:
+            call(loop, loop.state.stage, self.snapshot())
 
-    @hookimpl
-    def stage_end(self, loop: Any, stage: str) -> None:
+    @hookimpl(trylast=True)  # after every stage_end that finishes the stage's work (optim's)
+    def stage_end(self, loop: Run, stage: str) -> None:
         agg = self._stage
         assert agg is not None
         agg.read()
@@ -355,7 +299,8 @@ class Metrics:
             values[key] = Value(value, value, value)
         snapshot = self.snapshot(values=values, final=True)
         self._write({"event": "epoch", **snapshot.row()})
-        loop.pm.hook.epoch_metrics(loop=loop, stage=stage, metrics=snapshot)
+        if (call := loop.hooks.epoch_metrics) is not None:
+            call(loop, stage, snapshot)
         self._stage = None
 
     @hookimpl
@@ -363,7 +308,7 @@ class Metrics:
         state = loop.state
         if self.log:
             self._write({"event": "end", "status": state.status, "reason": state.stop_reason,
-                         "step": state.step, "time": round(state.elapsed, 3)})
+                         "by": state.stopped_by, "step": state.step, "time": round(state.elapsed, 3)})
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

@@ -214,15 +214,6 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         """The only optimizer's parameter groups."""
         return self._only().param_groups
 
-    @property
-    def window_closes(self) -> bool:
-        """Whether the current training batch closes a gradient-accumulation window (the
-        optimizers really step in it); always true without accumulation. A distributed plugin
-        reads it before the forward pass (where DDP decides) to skip the gradient all-reduce
-        inside a window."""
-        plugin = next(iter(self._managed.values())).plugin if self._managed else None
-        return plugin is None or plugin._window_closes()
-
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
         """Freeze the parameters of every optimizer but ``name`` for the ``with`` block."""
@@ -275,7 +266,6 @@ class Optim:
         self.scaler: torch.amp.GradScaler | None = None
         self.loop: Any = None
         self.optimizers: Optimizers | None = None
-        self._original: Any = None
         self._poisoned = False  # a non-finite loss in the current window: its steps are skipped
         self._poisoned_at = 0  # the global step of the batch that poisoned it
         self._scaler_used = False
@@ -283,13 +273,13 @@ class Optim:
         self._plain = False  # set at fit_start: a step needs no window, unscaling, clipping or scheduler
         self._scales = False  # set at fit_start: backward scales the loss (accumulation or AMP)
         self._bare = False  # backward needs only the finiteness check (kept by _set_fast_paths)
+        self._stage_len: int | None = None  # batches in the training stage, when known
         self._unwatch: Any = None
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
     def fit_start(self, loop: Any) -> None:
         self.loop = loop
-        self._original = loop.optimizers
         optimizers = _named(loop.optimizers, "optimizers")
         schedulers = _named(self.schedulers, "schedulers") if self.schedulers is not None else {}
         if len(schedulers) == 1 and len(optimizers) == 1:
@@ -371,6 +361,23 @@ class Optim:
             self._close_window()
 
     @hookimpl
+    def stage_start(self, loop: Any, stage: str) -> None:
+        if stage == "train":
+            data = loop.train_data
+            self._stage_len = len(data) if hasattr(data, "__len__") else None
+
+    @hookimpl
+    def should_sync_gradients(self, loop: Any) -> bool:
+        """Whether the optimizers step after this training batch: the window's last batch,
+        or the stage's (or ``max_steps``') last, where the partial window is stepped."""
+        if self._window_closes():
+            return True
+        state = loop.state
+        if self._stage_len is not None and state.batch_idx >= self._stage_len - 1:
+            return True
+        return loop.max_steps is not None and state.step + 1 >= loop.max_steps
+
+    @hookimpl(tryfirst=True)  # finishes the stage's work before plugins report on it (metrics)
     def stage_end(self, loop: Any, stage: str) -> None:
         if stage != "train" or self.optimizers is None:
             return
@@ -401,7 +408,6 @@ class Optim:
                     OptimWarning,
                     stacklevel=2,
                 )
-            loop.optimizers = self._original  # the user's own object again
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
@@ -426,9 +432,9 @@ class Optim:
         """Decide whether ``backward`` and ``step()`` may skip everything but the work itself;
         run when a window is poisoned or closed, and whenever the run's plugins change (a
         plugin that implements ``before_optimizer_step``... turns them off)."""
-        hook = self.loop.pm.hook
-        stepped = bool(hook.before_optimizer_step.get_hookimpls() or hook.after_optimizer_step.get_hookimpls())
-        backward = bool(hook.before_backward.get_hookimpls() or hook.after_backward.get_hookimpls())
+        hooks = self.loop.hooks
+        stepped = hooks.before_optimizer_step is not None or hooks.after_optimizer_step is not None
+        backward = hooks.before_backward is not None or hooks.after_backward is not None
         clean = not self._poisoned
         for managed in self.optimizers.values():  # type: ignore[union-attr]
             managed._fast = self._plain and clean and not stepped

@@ -129,7 +129,7 @@ def test_torn_foreign_newer_and_malicious_files_are_refused_by_name(tmp_path: Pa
         train(tmp_path, resume="latest")
     with pytest.warns(CheckpointWarning, match="trying an older one"):
         loop, _, _ = train(tmp_path, resume="latest", checkpoint=Checkpoint(fallback=True, background=False))
-    assert loop.pm.get_plugin("checkpoint").resumed_from.name == "epoch0001-step000000007.pt"
+    assert loop.run.pm.get_plugin("checkpoint").resumed_from.name == "epoch0001-step000000007.pt"
 
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.ones(2)}, foreign)
@@ -247,7 +247,7 @@ def test_a_read_only_folder_is_reported_and_training_goes_on(tmp_path: Path) -> 
     try:
         with pytest.warns(CheckpointWarning, match=r"could not write .*(Read-only|Permission denied)"):
             loop, _, _ = train(tmp_path, epochs=2, checkpoint=Checkpoint(dir=folder, background=False))
-        assert loop.state.status == "completed" and loop.pm.get_plugin("checkpoint").failed_saves == 2
+        assert loop.state.status == "completed" and loop.run.pm.get_plugin("checkpoint").failed_saves == 2
     finally:
         if os.geteuid() == 0:
             subprocess.run(["umount", str(folder)])
@@ -273,7 +273,7 @@ def test_bad_options_are_named() -> None:
 
 def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_named(tmp_path: Path) -> None:
     loop, _, _ = train(tmp_path, resume="latest", epochs=1)
-    assert loop.state.status == "completed" and loop.pm.get_plugin("checkpoint").resumed_from is None
+    assert loop.state.status == "completed" and loop.run.pm.get_plugin("checkpoint").resumed_from is None
     with pytest.raises(FileNotFoundError, match="resume='nope.pt': no such file"):
         train(tmp_path, resume="nope.pt")
 

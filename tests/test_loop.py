@@ -168,9 +168,9 @@ def test_should_stop_ends_run_after_that_batch_interrupted() -> None:
     state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=3, plugins=[recorder]).fit()
     assert state.status == "interrupted"
     assert state.step == 3
-    assert state.stop_reason == "recorder stops at step 3"
+    assert state.stop_reason == "recorder stops at step 3" and state.stopped_by == "recorder"
     names = recorder.names()
-    assert names[-2:] == ["should_stop", "fit_end"]
+    assert names[-3:] == ["should_stop", "stop_requested", "fit_end"]  # the answer became a request
     assert "stage_end" not in names and "epoch_end" not in names
 
 
@@ -217,9 +217,7 @@ def test_one_or_several_should_stop_answers(answers: list, stops: bool) -> None:
     assert state.stop_reason == ("why" if stops else "max_epochs=1 reached")
 
 
-def test_request_stop_through_interrupter(monkeypatch: pytest.MonkeyPatch, recorder: Recorder) -> None:
-    monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter")
-
+def test_request_stop_from_the_step_stops_after_that_batch(recorder: Recorder) -> None:
     def step(loop: hookfit.Loop, b: int) -> None:
         if b == 2:
             loop.request_stop("enough for today")
@@ -227,19 +225,25 @@ def test_request_stop_through_interrupter(monkeypatch: pytest.MonkeyPatch, recor
     state = hookfit.Loop(step, range(10), plugins=[recorder]).fit()
     assert state.status == "interrupted" and state.stop_reason == "enough for today"
     assert state.step == 3
-    assert ("request_stop", {"reason": "enough for today"}) in recorder.events
+    assert state.stopped_by == "step function 'test_request_stop_from_the_step_stops_after_that_batch.<locals>.step'"
+    request = hookfit.StopRequest("enough for today", state.stopped_by)
+    assert ("stop_requested", {"request": request}) in recorder.events
 
 
-def test_request_stop_without_a_handler_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_request_stop_needs_no_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopping is the core's: with every discovered plugin switched off (the interrupter
+    included), a request is honoured."""
     monkeypatch.delenv("HOOKFIT_PLUGINS")
     monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", "interrupter")
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "")
 
     def step(loop: hookfit.Loop, b: int) -> None:
         loop.request_stop("please")
 
-    with pytest.warns(hookfit.HookfitWarning, match=r"will be ignored: no enabled plugin answers should_stop.*interrupter"):
-        state = hookfit.Loop(step, range(2)).fit()
-    assert state.status == "completed"
+    loop = hookfit.Loop(step, range(2))
+    state = loop.fit()
+    assert state.status == "interrupted" and state.step == 1 and state.stop_reason == "please"
+    assert "interrupter" not in [name for name, _ in loop.run.pm.list_name_plugin()]
 
 
 class Boom(Exception):
@@ -396,7 +400,7 @@ def test_every_hookspec_is_documented_and_fired() -> None:
     from hookfit.plugins.metrics import Metrics
     from hookfit.plugins.optim import Optim
 
-    rec = Recorder()
+    rec = Recorder(agree=True)
     model = torch.nn.Linear(1, 1)
 
     def optim_step(loop, x):
@@ -409,6 +413,11 @@ def test_every_hookspec_is_documented_and_fired() -> None:
         @hookfit.hookimpl
         def configure(self, loop):
             loop.state.world_size = 2  # so that metrics asks for its sums to be reduced
+
+        @hookfit.hookimpl
+        def batch_start(self, loop):
+            if (ask := loop.hooks.should_sync_gradients) is not None:  # as a distributed plugin does
+                ask(loop)
 
         @hookfit.hookimpl
         def resume(self, loop):

@@ -93,7 +93,7 @@ def test_single_optimizer_runs_match_raw_bitwise(case: str) -> None:
                         optimizers=optimizer(m), max_epochs=epochs,
                         plugins=[Optim(accumulate=accumulate, clip_norm=clip), reported])
     loop.fit()
-    assert {"optim", "metrics", "console", "interrupter"} <= {n for n, _ in loop.pm.list_name_plugin()}
+    assert {"optim", "metrics", "console", "interrupter"} <= {n for n, _ in loop.run.pm.list_name_plugin()}
     assert same(m, raw)
     assert reported.values == expected_valid  # exactly the numbers computed by hand
 

@@ -80,13 +80,13 @@ def run(**kwargs) -> hookfit.Loop:
 
 def test_entry_points_are_discovered_sorted_and_classes_instantiated(dists: Path) -> None:
     loop = run()
-    names = [name for name, _ in loop.pm.list_name_plugin()]
+    names = [name for name, _ in loop.run.pm.list_name_plugin()]
     assert names == ["alpha", "beta"]  # sorted by entry-point name, not file order
-    assert type(loop.pm.get_plugin("alpha")).__name__ == "Alpha"
-    assert loop.pm.get_plugin("beta").__name__ == "fake_plugins_mod"
+    assert type(loop.run.pm.get_plugin("alpha")).__name__ == "Alpha"
+    assert loop.run.pm.get_plugin("beta").__name__ == "fake_plugins_mod"
     # pluggy calls the last registered first: beta, then alpha, batch after batch
     assert calls() == [("beta", 0), ("alpha", 0), ("beta", 1), ("alpha", 1)]
-    info = loop.pm.infos["alpha"]
+    info = loop.run.pm.infos["alpha"]
     assert (info.distribution, info.version, info.source) == ("fake-plugins", "1.2.3", "entry point")
 
 
@@ -101,10 +101,10 @@ def test_given_plugin_replaces_discovered_one_of_the_same_name(dists: Path) -> N
             seen.append(batch_idx)
 
     loop = run(plugins=[MyAlpha()])
-    assert [n for n, _ in loop.pm.list_name_plugin()] == ["alpha", "beta"]
+    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["alpha", "beta"]
     assert seen == [0, 1]
     assert ("alpha", 0) not in calls()
-    assert loop.pm.infos["alpha"].source == "given"
+    assert loop.run.pm.infos["alpha"].source == "given"
 
 
 def test_given_plugins_are_called_before_discovered_ones(dists: Path) -> None:
@@ -124,15 +124,15 @@ def test_disable_by_name(dists: Path, monkeypatch: pytest.MonkeyPatch, how: str)
     else:
         monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", f"{BUILTINS}, alpha")
         loop = run()
-    assert [n for n, _ in loop.pm.list_name_plugin()] == ["beta"]
-    assert loop.pm.infos["alpha"].enabled is False
+    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["beta"]
+    assert loop.run.pm.infos["alpha"].enabled is False
     assert {name for name, _ in calls()} == {"beta"}
 
 
 def test_restrict_to_a_list(dists: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKFIT_PLUGINS", "alpha")
     loop = run()
-    assert [n for n, _ in loop.pm.list_name_plugin()] == ["alpha"]
+    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["alpha"]
     monkeypatch.setenv("HOOKFIT_PLUGINS", "")
     assert hookfit.Loop(lambda l, b: None, [1]).fit() and calls() == [("alpha", 0), ("alpha", 1)]
 
@@ -226,7 +226,7 @@ def test_direct_dispatch_order_equals_pluggys() -> None:
     loop.fit()
     direct = [label for label, _ in log]
     log.clear()
-    loop.pm.hook.batch_end(loop=loop, output={"b": 7}, batch=7, batch_idx=0)
+    loop.run.pm.hook.batch_end(loop=loop, output={"b": 7}, batch=7, batch_idx=0)
     assert direct == [label for label, _ in log] == ["first", "b", "a", "last"]
 
 
@@ -265,7 +265,7 @@ def test_tracing_switches_to_pluggys_call_path_and_back() -> None:
     loop = hookfit.Loop(lambda loop, b: None, [0, 1], plugins=ordered_plugins(log) + [tracer])
     loop.fit()
     assert traced.count("batch_end") == 2 and traced.count("batch_start") == 0
-    assert loop.pm.monitors == 0
+    assert loop.run.pm.monitors == 0
 
 
 def test_plugin_registered_mid_run_is_called_from_then_on() -> None:
@@ -289,9 +289,9 @@ def test_plugin_registered_mid_run_is_called_from_then_on() -> None:
 def test_events_without_implementations_resolve_to_nothing() -> None:
     loop = hookfit.Loop(lambda loop, b: None, [1])
     loop.fit()
-    dispatch = Dispatch(loop.pm)
+    dispatch = Dispatch(loop.run.pm)
     assert (dispatch.batch_start, dispatch.step_output, dispatch.batch_end, dispatch.should_stop) == (None,) * 4
-    assert dispatch.stop_answer is None
+    assert dispatch.call_each("should_stop", loop.run) == []
 
 
 # -- bad input ----------------------------------------------------------------------------
@@ -449,7 +449,7 @@ def test_hookfit_run_fixture_trains_with_exactly_the_given_plugins(hookfit_run, 
 
     loop = hookfit_run(Optim(), hookfit_recorder)
     assert loop.state.status == "completed"
-    assert [n for n, _ in loop.pm.list_name_plugin()] == ["optim", "recorder"]
+    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["optim", "recorder"]
     assert hookfit_recorder.names().count("after_optimizer_step") == 4
 
 

@@ -447,11 +447,23 @@ def test_q_is_answered_while_a_long_step_runs(term: Terminal) -> None:
     term.assert_restored(flags)
 
 
-def test_without_the_interrupter_q_says_so_and_sigterm_still_restores_the_terminal(term: Terminal) -> None:
+def test_without_the_interrupter_q_still_stops(term: Terminal) -> None:
+    """Stopping is the core's: the dashboard's q needs no other plugin."""
     term.train(steps=300, delay=0.1, plugins="console,metrics,optim,tui")
     term.wait_dashboard()
     term.keys("q")
-    term.wait_for("cannot stop: no enabled plugin answers should_stop", timeout=5)
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    assert term.outcome()["status"] == "interrupted"
+    assert term.outcome()["reason"] == "q pressed in the dashboard"
+    assert "hookfit: training interrupted (q pressed in the dashboard)" in text
+    assert "stop asked by tui" in text
+    term.assert_restored(flags)
+
+
+def test_without_the_interrupter_sigterm_still_restores_the_terminal(term: Terminal) -> None:
+    term.train(steps=300, delay=0.1, plugins="console,metrics,optim,tui")
+    term.wait_dashboard()
     os.kill(term.pid(), signal.SIGTERM)
     code, flags, text = term.wait_exit()
     assert code == 128 + signal.SIGTERM  # terminated, as asked ...

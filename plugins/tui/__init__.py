@@ -4,7 +4,8 @@ Panels: a metrics table (train last / running / epoch mean, valid), a Braille pl
 metric over steps with train and valid series (full history or a recent window, downsampled by
 min/max per bucket), progress of the stage and of the run with rate and ETA (validation time
 included), a log pane with whatever the run printed, a status line and the keys. ``q`` asks
-for a graceful stop through the ``request_stop`` event; the dashboard knows no other plugin.
+for a graceful stop with ``loop.request_stop``, which the core honours whatever other plugins
+are installed; the dashboard knows no other plugin.
 
 How it stays out of training's way: the training thread only appends the snapshots the metrics
 plugin publishes (a few per second) to a queue; a daemon UI thread drains it, reads keys, follows
@@ -44,7 +45,7 @@ import time
 import warnings
 from typing import Any
 
-from hookfit import HookfitWarning, hookimpl
+from hookfit import HookfitWarning, StopRequest, hookimpl
 
 ENV_PERSISTENT = "HOOKFIT_TUI_PERSISTENT"
 ENV_OFF = "HOOKFIT_NO_TUI"
@@ -127,7 +128,7 @@ class TuiRenderer:
         self._dashboard = Dashboard(
             loop.max_epochs,
             loop.val_every_n_epochs if loop.val_step is not None else None,
-            on_stop=lambda: loop.request_stop("q pressed in the dashboard"),  # False: nothing can stop
+            on_stop=lambda: loop.request_stop("q pressed in the dashboard"),
             on_leave=self._quit.set,
         )
         self.active = True
@@ -197,9 +198,9 @@ class TuiRenderer:
             self._inbox.append(("epoch", metrics))
 
     @hookimpl
-    def request_stop(self, reason: str) -> None:
+    def stop_requested(self, request: StopRequest) -> None:
         if self.active:
-            self._inbox.append(("stopping", reason))
+            self._inbox.append(("stopping", request.reason))
 
     # -- the UI thread ------------------------------------------------------------------------
     def _ui(self) -> None:
@@ -259,7 +260,7 @@ class TuiRenderer:
             return
         state = loop.state
         hold = bool(self.persistent) and self._ui_error is None
-        self._inbox.append(("end", state.status, state.stop_reason, hold))
+        self._inbox.append(("end", state.status, state.stop_reason, hold, state.stopped_by))
         try:
             if hold:
                 self._hold()
@@ -341,8 +342,9 @@ def summary(dashboard: Any, state: Any) -> list[str]:
     from hookfit.plugins.tui.dashboard import _fmt
     from hookfit.plugins.tui.plot import text_plot
 
+    asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
     lines = [f"hookfit: training {state.status} ({state.stop_reason}) after {state.elapsed:.1f}s, "
-             f"{state.step} steps"]
+             f"{state.step} steps{asked}"]
     if dashboard is None or not dashboard.names:
         return lines
     width = max(len(n) for n in dashboard.names)

@@ -81,6 +81,7 @@ class Dashboard:
         self.step = 0
         self.status = "running"
         self.reason: str | None = None
+        self.stopped_by: str | None = None
         self.stopping: str | None = None
         self.finished = False
         self.hold = False
@@ -130,8 +131,9 @@ class Dashboard:
     def _on_log(self, lines: list[str]) -> None:
         self.log = (self.log + lines)[-200:]
 
-    def _on_end(self, status: str, reason: str | None, hold: bool) -> None:
+    def _on_end(self, status: str, reason: str | None, hold: bool, by: str | None = None) -> None:
         self.finished, self.status, self.reason, self.hold = True, status, reason, hold
+        self.stopped_by = by
 
     def _note_name(self, key: str) -> None:
         if key not in self.names:
@@ -161,9 +163,7 @@ class Dashboard:
             self.on_leave()
         elif key == "q" and self.stopping is None:
             self.stopping = "q pressed"
-            if self.on_stop() is False:
-                self.stopping = None
-                self.log = (self.log + ["cannot stop: no enabled plugin answers should_stop (is the interrupter disabled?)"])[-200:]
+            self.on_stop()
 
     # -- drawing -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -276,7 +276,8 @@ class Dashboard:
         if self.finished:
             attr = "failed" if self.status == "failed" else "banner"
             leave = "  —  press q, Esc or Ctrl-C to leave" if self.hold else ""
-            self.w_banner.set_text((attr, f" training {self.status}: {self.reason or ''}{leave} "))
+            asked = f" (asked by {self.stopped_by})" if self.stopped_by else ""
+            self.w_banner.set_text((attr, f" training {self.status}: {self.reason or ''}{asked}{leave} "))
         elif self.stopping:
             self.w_banner.set_text(("banner", f" stopping after this batch ({self.stopping}); Ctrl-C again aborts "))
         else:

@@ -74,7 +74,8 @@ loop = hookfit.Loop(
     plugins=[Optim(accumulate=3), Metrics(), Interrupter(), Checkpoint(every_n_steps=args.every, keep_last=2)],
 )
 state = loop.fit()
-history = loop.pm.get_plugin("metrics").history if loop.pm.get_plugin("metrics") else {}
+metrics = loop.run.pm.get_plugin("metrics")
+history = metrics.history if metrics else {}
 torch.save({"params": model.state_dict(), "status": state.status, "step": state.step,
             "history": {k: [dict(e) for e in v] for k, v in history.items()}}, args.out)
 print("status", state.status, state.step, flush=True)

@@ -1,0 +1,138 @@
+"""The objects that travel between plugins, owned by the core.
+
+A plugin that publishes metrics and a plugin that draws them may come from different packages;
+what one hands the other is defined here, not in either of them, and hook specifications in
+:mod:`hookfit.hookspecs` are typed with these classes. This module imports neither torch nor
+any plugin, so a renderer or logger can be written, and tested, against it alone.
+
+* :class:`MetricsSnapshot` with its :class:`Value` entries: what ``metrics_update`` and
+  ``epoch_metrics`` carry.
+* :class:`StopRequest`: a request for a graceful stop, with who asked (``stop_requested``,
+  ``agree_stop``).
+
+Every class here is immutable: a payload may be handed to another thread as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
+
+__all__ = ["MetricsSnapshot", "StopRequest", "Value"]
+
+
+class Value(NamedTuple):
+    """One metric in a :class:`MetricsSnapshot`, as three means of the values a step returned
+    under one key, each weighted by the batch size.
+
+    Fields:
+
+    * ``last``: the value of the latest batch.
+    * ``running``: the mean over a recent window of batches (the publisher chooses the window).
+    * ``epoch``: the mean over every batch of the stage so far; final in ``epoch_metrics``.
+    """
+
+    last: float
+    running: float
+    epoch: float
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Aggregated metrics of the running stage, as a metrics plugin publishes them in
+    ``metrics_update`` (while the stage runs) and ``epoch_metrics`` (once it is complete).
+
+    Built fresh for every publication and never changed afterwards. Fields:
+
+    * ``stage``: ``"train"`` or ``"valid"``.
+    * ``epoch``: the epoch, counted from 0 (as ``loop.state.epoch``).
+    * ``max_epochs``: the run's ``max_epochs``.
+    * ``step``: the global step when the snapshot was taken (``loop.state.step``).
+    * ``batches``: batches done in this stage of this epoch.
+    * ``total``: batches in this stage, when the data has a length; else ``None``.
+    * ``samples``: samples done in this stage (over every process of the run).
+    * ``elapsed``: seconds since the stage started.
+    * ``values``: metric name -> :class:`Value` (a read-only mapping).
+    * ``lr``: optimizer name -> learning rate of its first parameter group (read-only).
+    * ``final``: ``True`` for the stage's last snapshot (``epoch_metrics``).
+    * ``history``: for a final snapshot, one read-only mapping per completed epoch of this
+      stage, oldest first: ``{"epoch": ..., "step": ..., <metric>: <epoch mean>, ...}``;
+      empty otherwise.
+
+    Derived: :attr:`samples_per_s`, :attr:`batches_per_s`, :attr:`step_time`, :attr:`eta`,
+    and :meth:`row` (a flat, JSON-ready view).
+    """
+
+    stage: str
+    epoch: int
+    max_epochs: int
+    step: int
+    batches: int
+    total: int | None
+    samples: int
+    elapsed: float
+    values: Mapping[str, Value]
+    lr: Mapping[str, float] = field(default_factory=dict)
+    final: bool = False
+    history: tuple[Mapping[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        # read-only views, so that no receiver can change what another one sees
+        if not isinstance(self.values, MappingProxyType):
+            object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
+        if not isinstance(self.lr, MappingProxyType):
+            object.__setattr__(self, "lr", MappingProxyType(dict(self.lr)))
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples per second in this stage."""
+        return self.samples / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def batches_per_s(self) -> float:
+        """Batches per second in this stage."""
+        return self.batches / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def step_time(self) -> float:
+        """Mean seconds per batch in this stage."""
+        return self.elapsed / self.batches if self.batches else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left in this stage, when its length is known."""
+        if self.total is None or not self.batches:
+            return None
+        return max(self.total - self.batches, 0) * self.step_time
+
+    def row(self) -> dict[str, Any]:
+        """A flat, JSON-ready view: progress fields, ``{metric: epoch mean}`` and
+        ``{"lr_<optimizer>": learning rate}``."""
+        out: dict[str, Any] = {
+            "stage": self.stage, "epoch": self.epoch, "step": self.step, "batches": self.batches,
+            "samples": self.samples, "time": round(self.elapsed, 6),
+            "samples_per_s": round(self.samples_per_s, 3),
+        }
+        out.update({k: v.epoch for k, v in self.values.items()})
+        out.update({f"lr_{k}": v for k, v in self.lr.items()})
+        return out
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A request for a graceful stop: why, and who asked.
+
+    * ``reason``: human-readable, shown to the user (``"SIGINT"``, ``"q pressed in the
+      dashboard"``, ``"valid/loss did not improve for 3 epochs"``).
+    * ``by``: who asked: the name of the plugin, ``"step function 'name'"``, or what the caller
+      of ``loop.request_stop(reason, by=...)`` said; ``None`` when nobody could be named.
+
+    The run ends with ``loop.state.stop_reason == reason`` and ``loop.state.stopped_by == by``.
+    """
+
+    reason: str
+    by: str | None = None
+
+    def __str__(self) -> str:
+        return self.reason if self.by is None else f"{self.reason} (asked by {self.by})"

@@ -1,0 +1,482 @@
+"""One ``fit()`` of a :class:`hookfit.Loop`: the per-run object that step functions and hooks
+receive as ``loop``, and the loop itself: iterate the data, call the steps, emit the events.
+
+:class:`hookfit.Loop` is configuration and the entry point; everything that exists only while a
+run does lives here: the plugin manager (``pm``), the resolved events (``hooks``), the bound
+``backward``, the run's own ``model``/``optimizers``/data (which plugins may replace at
+``configure``/``fit_start`` without touching the user's configuration), the :class:`State`,
+and the pending stop request.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from hookfit import manager
+from hookfit.dispatch import Dispatch
+from hookfit.manager import HookfitWarning, PluginManager
+from hookfit.payloads import StopRequest
+from hookfit.state import State
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.loop import Loop
+
+Step = Callable[["Run", Any], Any]
+_Tensor = torch.Tensor
+
+__all__ = ["Run", "modules"]
+
+
+class _Stop(Exception):
+    """Internal: the run stops at this boundary, as ``request`` asked."""
+
+    def __init__(self, request: StopRequest) -> None:
+        super().__init__(request.reason)
+        self.request = request
+
+
+def _name(function: Any) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)
+
+
+def modules(model: Any) -> list[torch.nn.Module]:
+    """The root modules of ``Loop(model=...)``: a module, or those in a mapping or a list."""
+    if model is None:
+        return []
+    if isinstance(model, torch.nn.Module):
+        return [model]
+    if isinstance(model, Mapping):
+        return [m for v in model.values() for m in modules(v)]
+    if isinstance(model, (list, tuple)):
+        return [m for v in model for m in modules(v)]
+    raise TypeError(
+        f"model must be a torch.nn.Module, a mapping or a list of modules, "
+        f"not {type(model).__name__}"
+    )
+
+
+class Run:
+    """A run of a :class:`hookfit.Loop`, made by ``Loop.fit()``; step functions and hooks get
+    it as their ``loop`` argument.
+
+    What a step or a plugin uses:
+
+    * ``state`` (:class:`hookfit.State`), ``training`` (``True`` in the training stage);
+    * ``model``, ``optimizers``, ``train_data``, ``val_data``: what the ``Loop`` was given,
+      unless a plugin replaced them for this run (a distributed plugin wraps the model and
+      shards the data at ``configure``; an optimizer plugin puts managed optimizers in
+      ``optimizers`` at ``fit_start``). The ``Loop``'s own configuration is never changed;
+    * the configuration, read-only: ``train_step``, ``val_step``, ``max_epochs``,
+      ``max_steps``, ``val_every_n_epochs``, ``val_grad_mode``, ``config`` (the ``Loop``);
+    * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
+      ``is_main``, ``plugin_states()`` / ``load_plugin_states(states)``;
+    * ``pm``, the run's plugin manager, and ``hooks``, its resolved events
+      (:class:`hookfit.dispatch.Dispatch`): fire events through ``hooks``, never
+      ``pm.hook``, so that hookfit's guarantees (observers switched off, not fatal; every
+      ``fit_end`` implementation runs) hold.
+    """
+
+    def __init__(self, config: Loop) -> None:
+        self.config = config
+        self.train_step = config.train_step
+        self.val_step = config.val_step
+        self.max_epochs = config.max_epochs
+        self.max_steps = config.max_steps
+        self.val_every_n_epochs = config.val_every_n_epochs
+        self.val_grad_mode = config.val_grad_mode
+        self.resume = config.resume
+        self.model = config.model
+        self.optimizers = config.optimizers
+        self.train_data = config.train_data
+        self.val_data = config.val_data
+        self.state = State()
+        self.training = False
+        self.pm: PluginManager | None = None
+        self.hooks: Dispatch | None = None
+        self._run_dir = config.run_dir
+        self.run_dir_given = config.run_dir is not None
+        """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
+        self._stop: StopRequest | None = None
+        self._stop_lock = threading.Lock()
+
+    # -- what steps and plugins use ---------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        """The folder this run's files go to; created on first access: ``Loop(run_dir=...)``,
+        or a new ``runs/<date>-<time>``."""
+        if self._run_dir is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            base = Path("runs") / stamp
+            candidate, n = base, 1
+            while candidate.exists():
+                n += 1
+                candidate = base.with_name(f"{stamp}-{n}")
+            self._run_dir = candidate
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        return self._run_dir
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is the process that writes files and renders (rank 0)."""
+        return self.state.rank == 0
+
+    @property
+    def stop_requested(self) -> StopRequest | None:
+        """The stop request waiting for the next boundary, if any (the first one asked)."""
+        return self._stop
+
+    def request_stop(self, reason: str = "stop requested", by: str | None = None) -> StopRequest:
+        """Ask for a graceful stop, from any thread, any hook or the step function.
+
+        The loop honours it at the next boundary it reaches: after the current batch, or at a
+        stage or epoch boundary (so a stop asked in ``epoch_end`` runs no further batch). The
+        run then ends with status ``"interrupted"``, ``state.stop_reason == reason`` and
+        ``state.stopped_by`` naming who asked: ``by`` if given, else the plugin or step
+        function that called this (found on the caller's stack), else ``None``. No plugin is
+        needed for a stop. The first request wins; later ones return it unchanged. The
+        ``stop_requested`` event fires once, on the calling thread."""
+        if not isinstance(reason, str):
+            raise TypeError(f"request_stop: reason must be a string, got {type(reason).__name__}")
+        if self.pm is None:
+            raise RuntimeError("request_stop() needs a running loop: call it during fit()")
+        with self._stop_lock:
+            first = self._stop is None
+            if first:
+                self._stop = StopRequest(reason, by if by is not None else self._asker())
+            request = self._stop
+        if first and self.hooks is not None and (call := self.hooks.stop_requested) is not None:
+            call(self, request)
+        return request
+
+    def _asker(self) -> str | None:
+        """Who is calling :meth:`request_stop`: the innermost registered plugin (a method of
+        it, or a function of a plugin module) or step function on the calling stack."""
+        steps = {getattr(s, "__code__", None): s for s in (self.train_step, self.val_step) if s is not None}
+        names = {id(p): n for n, p in self.pm.list_name_plugin() if p is not None}  # type: ignore[union-attr]
+        modules_ = {id(vars(p)): n for n, p in self.pm.list_name_plugin()  # type: ignore[union-attr]
+                    if p is not None and isinstance(p, type(sys))}
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code in steps:
+                return f"step function {_name(steps[frame.f_code])!r}"
+            owner = frame.f_locals.get("self") if frame.f_code.co_argcount else None
+            if owner is not None and id(owner) in names:
+                return names[id(owner)]
+            if id(frame.f_globals) in modules_:
+                return modules_[id(frame.f_globals)]
+            frame = frame.f_back
+        return None
+
+    def backward(self, loss: Any) -> Any:
+        """Run the backward pass on ``loss`` through the plugin that owns it (``backward``
+        event), so gradient accumulation, loss scaling and the hooks around it apply.
+
+        While a plugin implements the event, ``loop.backward`` is the resolved event bound to
+        this run (one call less on the hot path); this method only says what is missing."""
+        if self.pm is None or self.state.status != "running":
+            raise RuntimeError("backward() needs a running loop: call it from a step function")
+        raise RuntimeError(
+            "loop.backward() needs a plugin that implements the 'backward' event and no "
+            f"enabled plugin does (disabled plugins: {self._disabled()}); "
+            "enable it, or call loss.backward() yourself"
+        )
+
+    def _bind_backward(self) -> None:
+        call = self.hooks.backward  # type: ignore[union-attr]
+        if call is None:
+            self.__dict__.pop("backward", None)
+        else:
+            self.backward = functools.partial(call, self)  # type: ignore[method-assign]
+
+    def plugin_states(self) -> dict[str, Any]:
+        """Every plugin's ``save_state`` answer, keyed by plugin name (for checkpoints); a
+        plugin that answered ``None`` has no entry."""
+        return dict(self._running("plugin_states()").call_each("save_state", self))
+
+    def load_plugin_states(self, states: Mapping[str, Any], strict: bool = True) -> None:
+        """Give each plugin its entry of ``states`` (from :meth:`plugin_states`) through its
+        ``load_state`` implementation.
+
+        A plugin that saves state but has no entry, or an entry that no plugin of this run
+        restores, is an error naming them (``strict``) or a warning (``strict=False``); the
+        rest is restored either way."""
+        hooks = self._running("load_plugin_states()")
+        loaders = hooks.plugins("load_state")
+        savers = hooks.plugins("save_state")
+        missing = sorted(name for name in savers if name not in states)
+        extra = sorted(name for name in states if name not in loaders and states[name] is not None)
+        if missing or extra:
+            problems = []
+            if missing:
+                problems.append(f"no saved state for {', '.join(map(self.pm.describe, missing))}")  # type: ignore[union-attr]
+            if extra:
+                problems.append(f"saved state of plugin(s) {', '.join(map(repr, extra))} that "
+                                "no enabled plugin of this run restores")
+            message = "plugin states do not match this run: " + "; ".join(problems)
+            if strict:
+                raise ValueError(message + " (strict; pass strict=False to restore the rest)")
+            warnings.warn(message + "; restoring the rest", HookfitWarning, stacklevel=2)
+        for name in loaders:
+            if states.get(name) is not None:
+                hooks.call_plugin("load_state", name, self, states[name])
+
+    def _running(self, what: str) -> Dispatch:
+        if self.hooks is None:
+            raise RuntimeError(f"{what} needs a running loop: call it during fit()")
+        return self.hooks
+
+    def _disabled(self) -> str:
+        disabled = [i.name for i in self.pm.infos.values() if not i.enabled]  # type: ignore[union-attr]
+        return ", ".join(disabled) or "none"
+
+    # -- the run ----------------------------------------------------------------------------
+    def execute(self) -> State:
+        """Discover and register the plugins, then run to the end (``Loop.fit()``)."""
+        self.pm = pm = manager.build(self.config._given, self.config._disable)
+        self.state.silenced = pm.silenced
+        self.hooks = Dispatch(pm)
+        self._bind_backward()
+        unbind = pm.on_change(self._bind_backward)
+        state = self.state
+        state.status = "running"
+        state.started_at = time.perf_counter()
+        try:
+            self._fire("configure")
+            self._fire("fit_start")
+            self._resume()
+            self._run()
+        except BaseException as error:
+            self._record_failure(error)
+            self._finish(failed=True, unbind=unbind)
+            raise
+        self._finish(failed=False, unbind=unbind)
+        return state
+
+    def _fire(self, event: str, *args: Any) -> None:
+        """Fire an event whose results the loop ignores."""
+        call = getattr(self.hooks, event)
+        if call is not None:
+            call(self, *args)
+
+    def _resume(self) -> None:
+        source = self.resume if self.resume is not None else os.environ.get("HOOKFIT_RESUME") or None
+        if source is None:
+            return
+        call = self.hooks.resume  # type: ignore[union-attr]
+        if call is None:
+            raise RuntimeError(
+                f"resume={str(source)!r} needs a plugin that implements the 'resume' event "
+                f"(checkpoint) and no enabled plugin does (disabled plugins: {self._disabled()})"
+            )
+        call(self, os.fspath(source))
+
+    def _run(self) -> None:
+        state = self.state
+        try:
+            if self.max_steps is not None and state.step >= self.max_steps:  # resumed at the end
+                state.stop_reason = f"max_steps={self.max_steps} reached"
+                state.status = "completed"
+                return
+            self._boundary("start")
+            for epoch in range(state.epoch, self.max_epochs):
+                state.epoch = epoch
+                for data in (self.train_data, self.val_data):
+                    if hasattr(data, "set_epoch"):
+                        data.set_epoch(epoch)
+                self._fire("epoch_start", epoch)
+                self._boundary("epoch_start")
+                start, state.resume_batch = state.resume_batch, 0
+                first, state.resume_stage = state.resume_stage, "train"
+                if first == "train":
+                    self._stage("train", self.train_step, self.train_data, start)
+                if self.val_step is not None and (epoch + 1) % self.val_every_n_epochs == 0:
+                    self._validate()
+                self._fire("epoch_end", epoch)
+                self._boundary("epoch_end")
+                if self.max_steps is not None and state.step >= self.max_steps:
+                    state.stop_reason = f"max_steps={self.max_steps} reached"
+                    break
+            else:
+                state.stop_reason = f"max_epochs={self.max_epochs} reached"
+            state.status = "completed"
+        except _Stop as stop:
+            state.status = "interrupted"
+            state.stop_reason = stop.request.reason
+            state.stopped_by = stop.request.by
+        finally:
+            self.training = False
+
+    def _validate(self) -> None:
+        roots = modules(self.model)
+        flags = [(m, m.training) for root in roots for m in root.modules()]
+        grad = torch.inference_mode() if self.val_grad_mode == "inference" else torch.no_grad()
+        try:
+            for root in roots:
+                root.eval()
+            with grad:
+                self._stage("valid", self.val_step, self.val_data)  # type: ignore[arg-type]
+        finally:
+            for module, flag in flags:
+                module.training = flag
+
+    def _stage(self, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
+        """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
+        path: every event without an implementation costs one ``is None`` test."""
+        state = self.state
+        dispatch = self.hooks
+        train = stage == "train"
+        limit = self.max_steps if train and self.max_steps is not None else sys.maxsize
+        state.stage = stage
+        state.batch_idx = start
+        self.training = train
+        self._fire("stage_start", stage)
+        self._boundary("stage_start")
+        batch_idx = start - 1
+        if start:
+            iter_from = getattr(data, "iter_from", None)
+            data = iter_from(start) if iter_from is not None else itertools.islice(data, start, None)
+        for batch_idx, batch in enumerate(data, start):
+            state.batch_idx = batch_idx
+            if (call := dispatch.batch_start) is not None:  # type: ignore[union-attr]
+                call(self, batch, batch_idx)
+            output = step(self, batch)
+            if output is not None:
+                if type(output) is not dict:
+                    # a tensor is the common case: test it before the (slower) Mapping ABC
+                    output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else self._as_mapping(output, step)
+                if (call := dispatch.step_output) is not None:  # type: ignore[union-attr]
+                    call(self, output, batch)
+            if train:
+                state.step += 1
+            if (call := dispatch.batch_end) is not None:  # type: ignore[union-attr]
+                call(self, output, batch, batch_idx)
+            if dispatch.should_stop is not None:  # type: ignore[union-attr]
+                self._ask_should_stop()
+            if self._stop is not None or dispatch.agree_stop is not None:  # type: ignore[union-attr]
+                self._boundary("batch")
+            if state.step >= limit:
+                break
+        if batch_idx < 0:
+            raise ValueError(
+                f"{stage} data yielded no batches in epoch {state.epoch}"
+                + (" (an iterator or generator is used up after one pass; pass a list, a "
+                   "DataLoader or another re-iterable)" if state.epoch else "")
+            )
+        self._fire("stage_end", stage)
+        self._boundary("stage_end")
+
+    @staticmethod
+    def _as_mapping(output: Any, step: Step) -> Mapping[str, Any]:
+        if isinstance(output, Mapping):
+            return output
+        raise TypeError(
+            f"step function {_name(step)!r} returned {type(output).__name__}; a step must "
+            f"return None, a mapping or a tensor"
+        )
+
+    # -- stopping ---------------------------------------------------------------------------
+    def _ask_should_stop(self) -> None:
+        """Ask every ``should_stop`` implementation; true answers become a stop request."""
+        answers = [(name, answer) for name, answer in self.hooks.call_each("should_stop", self) if answer]  # type: ignore[union-attr]
+        if answers and self._stop is None:
+            reasons = [answer for _, answer in answers if isinstance(answer, str)]
+            self.request_stop("; ".join(reasons) or "a plugin answered should_stop",
+                              by=", ".join(name for name, _ in answers))
+
+    def _boundary(self, where: str) -> None:
+        """Stop here if a stop was requested (and, with several processes, agreed on)."""
+        request = self._stop
+        agree = self.hooks.agree_stop  # type: ignore[union-attr]
+        if agree is not None:
+            decision = agree(self, request, where)
+            if isinstance(decision, StopRequest):
+                request = decision
+            elif decision is False:
+                return
+            elif decision is not None:
+                raise TypeError(
+                    f"agree_stop must return a StopRequest, False or None, not {decision!r} "
+                    f"(plugins: {', '.join(self.hooks.plugins('agree_stop'))})"  # type: ignore[union-attr]
+                )
+        if request is not None:
+            raise _Stop(request)
+
+    # -- ending -----------------------------------------------------------------------------
+    def _record_failure(self, error: BaseException) -> None:
+        state = self.state
+        if isinstance(error, KeyboardInterrupt):
+            state.status = "interrupted"
+            state.stop_reason = "KeyboardInterrupt"
+            return
+        state.status = "failed"
+        state.error = error
+        state.stop_reason = f"{type(error).__name__}: {error}"
+        error.add_note(self._where(error))
+        for _, secondary in self.hooks.call_all("exception", self, error):  # type: ignore[union-attr]
+            self._warn_secondary(secondary, "exception")
+
+    def _where(self, error: BaseException) -> str:
+        """A note saying where ``error`` came from: a plugin's hook or a step function."""
+        pm = self.pm
+        owners: dict[Any, tuple[str, str]] = {}
+        for caller in vars(pm.hook).values():  # type: ignore[union-attr]
+            for impl in caller.get_hookimpls():
+                code = getattr(getattr(impl.function, "__func__", impl.function), "__code__", None)
+                owners[code] = (impl.plugin_name, caller.name)
+        steps = {getattr(s, "__code__", None): s for s in (self.train_step, self.val_step) if s}
+        state = self.state
+        at = f"epoch {state.epoch}, stage {state.stage}, batch {state.batch_idx}"
+        tb = error.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code in owners:
+                plugin, hook = owners[code]
+                return f"hookfit: raised by {pm.describe(plugin)} in hook {hook!r} ({at})"  # type: ignore[union-attr]
+            if code in steps:
+                return f"hookfit: raised in step function {_name(steps[code])!r} ({at})"
+            tb = tb.tb_next
+        return f"hookfit: raised during the run ({at})"
+
+    def _finish(self, failed: bool, unbind: Callable[[], None]) -> None:
+        """Fire ``fit_end`` once: every implementation runs even if one raises."""
+        state = self.state
+        state.stage = None
+        errors = [error for _, error in self.hooks.call_all("fit_end", self)]  # type: ignore[union-attr]
+        state.ended_at = time.perf_counter()
+        unbind()
+        self.__dict__.pop("backward", None)
+        self.hooks.close()  # type: ignore[union-attr]
+        if not errors:
+            return
+        if failed:
+            for exc in errors:
+                self._warn_secondary(exc, "fit_end")
+            return
+        state.status = "failed"
+        state.error = errors[0]
+        state.stop_reason = f"{type(errors[0]).__name__}: {errors[0]}"
+        state.stopped_by = None
+        for exc in errors[1:]:
+            self._warn_secondary(exc, "fit_end")
+        raise errors[0]
+
+    @staticmethod
+    def _warn_secondary(error: BaseException, hook: str) -> None:
+        notes = " ".join(getattr(error, "__notes__", []))
+        warnings.warn(
+            f"{hook} failed while the run was already ending: "
+            f"{type(error).__name__}: {error} {notes}".strip(),
+            HookfitWarning,
+            stacklevel=3,
+        )

@@ -1,0 +1,54 @@
+"""Where a run is: :class:`State`, ``loop.state`` during a run and what ``fit()`` returns."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["State", "Status"]
+
+Status = Literal["idle", "running", "completed", "interrupted", "failed"]
+
+
+@dataclass
+class State:
+    """Where a run is. ``loop.state``; returned by ``fit()``.
+
+    ``epoch`` counts from 0; ``step`` counts training batches whose step ran (the global step,
+    skipped batches included, optimizer steps not); ``batch_idx`` is the position in the
+    current stage; ``stage`` is ``"train"``, ``"valid"`` or ``None`` outside a stage.
+    ``status`` ends as ``"completed"``, ``"interrupted"`` or ``"failed"``, with ``stop_reason``
+    saying why and, for a stop somebody asked for, ``stopped_by`` saying who asked.
+    """
+
+    epoch: int = 0
+    step: int = 0
+    batch_idx: int = 0
+    stage: str | None = None
+    status: Status = "idle"
+    stop_reason: str | None = None
+    stopped_by: str | None = None
+    """Who asked for the stop that ended the run (:class:`hookfit.payloads.StopRequest`)."""
+    error: BaseException | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    resume_batch: int = 0
+    """Training batches of ``epoch`` already done in an earlier run (set by a ``resume``
+    plugin); the loop skips them, then sets this back to 0."""
+    resume_stage: Literal["train", "valid"] = "train"
+    """Where a resumed ``epoch`` starts: ``"train"`` (at ``resume_batch``) or ``"valid"``
+    (its training stage was complete, ``stage_end`` included)."""
+    rank: int = 0
+    """This process's rank among ``world_size`` processes (set by a distributed plugin)."""
+    world_size: int = 1
+    silenced: list[Any] = field(default_factory=list)
+    """Observer plugins switched off during the run (:class:`hookfit.manager.Silenced`)."""
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since ``fit()`` started (until it ended, once it has)."""
+        if self.started_at is None:
+            return 0.0
+        end = self.ended_at if self.ended_at is not None else time.perf_counter()
+        return end - self.started_at
