@@ -477,3 +477,35 @@ def test_interrupter_leaves_signal_handlers_alone_off_the_main_thread(monkeypatc
     worker.join(30)
     assert states[0].status == "interrupted" and states[0].stop_reason == "from the worker thread's step"
     assert seen and all(handler is before for handler in seen)
+
+
+def test_a_run_never_changes_the_loops_configuration() -> None:
+    """What plugins replace for a run (the model wrapped, the data sharded, managed
+    optimizers) is the run's own: the Loop keeps what the user gave it."""
+    model, data = torch.nn.Linear(1, 1), [torch.ones(1)] * 4
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+
+    class Replacer:
+        name = "replacer"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def configure(self, loop):
+            loop.model = torch.nn.Sequential(loop.model)
+            loop.train_data = loop.train_data[:2]
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            loop.optimizers = {"wrapped": loop.optimizers}
+
+    def step(loop, batch):
+        seen.append((type(loop.model).__name__, type(loop.optimizers).__name__, loop is loop_.run))
+
+    loop_ = hookfit.Loop(step, data, model=model, optimizers=opt, plugins=[Replacer()])
+    state = loop_.fit()
+    assert seen == [("Sequential", "dict", True)] * 2 and state.step == 2
+    assert loop_.model is model and loop_.train_data is data and loop_.optimizers is opt
+    run = loop_.run
+    assert isinstance(run, hookfit.Run) and run.state is state is loop_.state
+    assert run.pm is not None and [n for n, _ in run.pm.list_name_plugin()] == ["replacer"]
+    assert "backward" not in vars(run)  # the bound backward went with the run's end

@@ -297,3 +297,37 @@ def test_a_run_that_fails_before_metrics_started_ends_without_a_second_error(tmp
         hookfit.Loop(lambda l, b: None, [1], run_dir=tmp_path, plugins=[Metrics(), Broken()]).fit()
     assert [str(w.message) for w in caught] == []  # no "fit_end failed while the run was ending"
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("order", ["optim registered first", "metrics registered first"])
+def test_epoch_metrics_sees_the_finished_stage_whatever_the_registration_order(order: str) -> None:
+    """optim steps the last, partial window in its stage_end (tryfirst) and metrics publishes
+    the epoch in its own (trylast): the learning rate in epoch_metrics is the one after that
+    step, whichever plugin was registered first."""
+    from hookfit.plugins.optim import Optim
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))] * 10
+    epochs: list = []
+
+    class Catch:
+        name = "catch"
+
+        @hookfit.hookimpl
+        def epoch_metrics(self, metrics):
+            epochs.append(metrics)
+
+    def step(loop, batch):
+        loop.backward(torch.nn.functional.mse_loss(model(batch[0]), batch[1]))
+        loop.optimizers.step()
+        return {"loss": torch.tensor(1.0)}
+
+    optim, metrics = Optim(accumulate=3, schedulers=schedule), Metrics(log=False)
+    # names of no entry point, so that the order given is the order registered
+    optim.name, metrics.name = "stepper", "aggregator"
+    plugins = [optim, metrics] if order.startswith("optim") else [metrics, optim]
+    hookfit.Loop(step, data, model=model, optimizers=opt, plugins=[*plugins, Catch()]).fit()
+    # windows end after batches 2, 5, 8 and the partial one at the stage's end: four steps
+    assert epochs[0].lr == {"default": 0.5 ** 4}

@@ -421,3 +421,37 @@ def test_state_dict_round_trip() -> None:
     loop._given = loop._given + (Save(),)
     loop.fit()
     assert captured["after"] == 5 and captured["state"]["scaler"]["scale"] == 2.0 ** 16
+
+
+@pytest.mark.parametrize("accumulate, max_steps", [(1, None), (3, None), (4, 6), (4, None)])
+def test_should_sync_gradients_answers_exactly_the_batches_after_which_optim_steps(accumulate, max_steps) -> None:
+    """The gradient-sync contract, as a distributed plugin asks it before each training batch:
+    True exactly for the batches after which the optimizer really steps (the window's last, the
+    stage's last with its partial window, the last before max_steps)."""
+    answers, stepped = [], []
+
+    class Asker:
+        name = "asker"
+
+        @hookfit.hookimpl
+        def batch_start(self, loop, batch_idx):
+            if loop.training:
+                answers.append((batch_idx, loop.hooks.should_sync_gradients(loop)))
+
+        @hookfit.hookimpl
+        def after_optimizer_step(self, loop):
+            stepped.append(loop.state.batch_idx)
+
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    hookfit.Loop(step, data(10), model=m, optimizers=opt, max_steps=max_steps,
+                 plugins=[Optim(accumulate=accumulate), Asker()]).fit()
+    assert [i for i, sync in answers if sync] == stepped
+    assert all(isinstance(sync, bool) for _, sync in answers)
+    assert len(answers) == (max_steps or 10)
