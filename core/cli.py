@@ -48,15 +48,19 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 def hooks_reference(markdown: bool = False) -> str:
-    """Every event of :mod:`hookfit.hookspecs` with its signature and documentation."""
+    """Every event of :mod:`hookfit.hookspecs` with its signature and documentation, then the
+    types the events carry: the run (``loop``), its state and the payloads of
+    :mod:`hookfit.payloads`."""
     import inspect
 
-    from hookfit import hookspecs
+    from hookfit import hookspecs, payloads
+    from hookfit.state import State
 
     out = []
     if markdown:
         out += ["# hookfit events", "",
-                "Generated from `core/hookspecs.py` by `hookfit hooks --markdown`; do not edit by hand.", "",
+                "Generated from `core/hookspecs.py` and `core/payloads.py` by "
+                "`hookfit hooks --markdown`; do not edit by hand.", "",
                 inspect.getdoc(hookspecs) or "", ""]
     for name, function in vars(hookspecs).items():
         if not hasattr(function, "hookfit_spec"):
@@ -69,7 +73,35 @@ def hooks_reference(markdown: bool = False) -> str:
             out += [f"## `{name}`{first}", "", "```python", f"{name}{signature}", "```", "", doc, ""]
         else:
             out += [f"{name}{signature}{first}", textwrap.indent(doc, "    "), ""]
+    types = [("hookfit.run.Run", None), ("hookfit.State", State)]
+    types += [(f"hookfit.payloads.{name}", getattr(payloads, name)) for name in payloads.__all__]
+    if markdown:
+        out += ["# Types the events carry", "", inspect.getdoc(payloads) or "", ""]
+    for qualified, cls in types:
+        if cls is None:  # the run: its documentation, without importing torch here
+            doc, signature = _run_doc(), "  # made by Loop.fit(); hooks receive it as `loop`"
+        else:
+            doc = inspect.getdoc(cls) or ""
+            signature = str(inspect.signature(cls)).replace("'", "")
+        if markdown:
+            out += [f"## `{qualified}`", "", "```python", f"{qualified.rsplit('.', 1)[1]}{signature}", "```",
+                    "", doc, ""]
+        else:
+            out += [f"{qualified}{signature}", textwrap.indent(doc, "    "), ""]
     return "\n".join(out)
+
+
+def _run_doc() -> str:
+    """:class:`hookfit.run.Run`'s docstring, read from its source so that listing events
+    does not import torch."""
+    import ast
+    from pathlib import Path
+
+    import hookfit
+
+    tree = ast.parse((Path(hookfit.__file__).parent / "run.py").read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Run")
+    return ast.get_docstring(node) or ""
 
 
 def _hooks(args: argparse.Namespace) -> int:
