@@ -138,7 +138,7 @@ def worker(args: argparse.Namespace) -> None:
         timed = {f.__name__: f() for f in order}
         rounds.append({"raw": timed["raw"]["stage"], "stage": timed["fit"]["stage"], "fit": timed["fit"]["fit"]})
     if world > 1:
-        group = dist.group.WORLD  # freed last, from Python (see plugins/distributed.py, _release)
+        group = dist.group.WORLD  # freed last, from Python (see plugins/distributed/plugin.py, _release)
         gc.collect()
         dist.destroy_process_group()
         del group

@@ -181,39 +181,46 @@ def test_sharding_rules() -> None:
     from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
     from hookfit.data import Batches
+    from hookfit.plugins.distributed.sharding import shard
 
-    plugin = Distributed()
-    plugin.rank, plugin.world_size = 1, 3
-    assert plugin._shard(list(range(10)), "train_data") == [1, 4, 7]  # cut to 10 // 3 batches
-    assert plugin._shard(tuple(range(9)), "train_data") == [1, 4, 7]
+    samplers: list[Any] = []
+
+    def _shard(data: Any, what: str) -> Any:  # rank 1 of 3, as the plugin calls it
+        data, sampler = shard(data, what, 1, 3, 0)
+        if sampler is not None:
+            samplers.append(sampler)
+        return data
+
+    assert _shard(list(range(10)), "train_data") == [1, 4, 7]  # cut to 10 // 3 batches
+    assert _shard(tuple(range(9)), "train_data") == [1, 4, 7]
     with pytest.raises(ValueError, match="fewer than the 3 processes"):
-        plugin._shard([0, 1], "val_data")
+        _shard([0, 1], "val_data")
 
     x = torch.arange(20.0).unsqueeze(1)
     collate = torch.utils.data.default_collate
     for shuffle in (False, True):
         loader = DataLoader(TensorDataset(x), batch_size=2, shuffle=shuffle, drop_last=True, collate_fn=collate)
-        sharded = plugin._shard(loader, "train_data")
+        sharded = _shard(loader, "train_data")
         sampler = sharded.sampler
         assert isinstance(sampler, DistributedSampler)
         assert (sampler.rank, sampler.num_replicas, sampler.shuffle) == (1, 3, shuffle)
         assert (sharded.batch_size, sharded.drop_last, sharded.collate_fn) == (2, True, collate)
         if not shuffle:
             assert [b[0].flatten().tolist() for b in sharded] == [[1.0, 4.0], [7.0, 10.0], [13.0, 16.0]]
-    assert len(plugin._samplers) == 2  # told the epoch at every epoch_start
+    assert len(samplers) == 2  # told the epoch at every epoch_start
 
-    batches = plugin._shard(Batches(x, batch_size=2), "train_data")
+    batches = _shard(Batches(x, batch_size=2), "train_data")
     assert (batches.rank, batches.world_size) == (1, 3)
-    assert plugin._shard(batches, "train_data") is batches  # already a shard: left alone
+    assert _shard(batches, "train_data") is batches  # already a shard: left alone
 
     class Stream(IterableDataset):
         def __iter__(self) -> Any:
             return iter(range(3))
 
     with pytest.raises(TypeError, match="IterableDataset"):
-        plugin._shard(DataLoader(Stream()), "train_data")
+        _shard(DataLoader(Stream()), "train_data")
     with pytest.raises(TypeError, match="shard_data=False"):
-        plugin._shard((b for b in range(3)), "train_data")
+        _shard((b for b in range(3)), "train_data")
 
 
 def test_options_are_checked() -> None:

@@ -143,23 +143,22 @@ def test_no_terminal_means_no_dashboard_and_no_claim(monkeypatch: pytest.MonkeyP
     class Ask:
         @hookfit.hookimpl
         def fit_start(self, loop):
-            seen.append(loop.pm.hook.claim_output(loop=loop))
+            seen.append(loop.hooks.claim_output(loop))
 
     hookfit.Loop(lambda l, b: None, [1], plugins=[tui, Ask()]).fit()
     assert seen == [None] and not tui.active
 
 
 def test_a_dashboard_that_cannot_start_is_switched_off_and_the_console_prints(monkeypatch, capfd) -> None:
-    import hookfit.plugins.tui as tui_module
+    import hookfit.plugins.tui.renderer as renderer_module
     from hookfit.plugins.console import Console
+    from hookfit.plugins.tui import OutputCapture
 
-    monkeypatch.setattr(tui_module, "interactive_terminal", lambda: None)
+    monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
     fd1_before = os.fstat(1)
 
     def broken_start(self):
-        self._saved_fds = (os.dup(1), os.dup(2))  # half-way: fds redirected, then it fails
-        self._capture = open(os.devnull, "w+b")
-        os.dup2(self._capture.fileno(), 1)
+        self._capture = OutputCapture()  # half-way: fds redirected, then it fails
         raise OSError("no terminal after all")
 
     monkeypatch.setattr(TuiRenderer, "_start_screen", broken_start)

@@ -1,33 +1,10 @@
-"""metrics: aggregates every scalar a step returns and publishes read-only snapshots.
-
-* Each value of a step output that is a Python number, or a tensor with one element, is
-  aggregated under its key, weighted by the batch size: last value, running mean over the last
-  ``window`` batches, and epoch mean; train and valid apart. Other values (strings, vectors,
-  images) are ignored, without error. The batch size is the output's ``batch_size`` key if
-  present (not itself aggregated), else the first dimension of the batch's first tensor, else 1.
-* ``torchmetrics.Metric`` objects in an output are the step's to update; this plugin computes
-  them at the end of the stage (published in ``epoch_metrics``) and resets them.
-* Tensors on an accelerator stay there until the publishing interval: one host read per
-  publication, never one per step. On the CPU, where reading is no synchronisation, each value
-  is read at once (the cheapest path). ``defer=True`` forces the deferred path anywhere.
-* Publishes ``metrics_update`` at most every ``interval`` seconds and ``epoch_metrics`` at the
-  end of every stage; keeps a per-epoch history (``history_epochs`` long) for plots.
-* Writes ``metrics.jsonl`` in ``loop.run_dir``: a line per completed stage, one per
-  ``log_every_n_steps`` training steps if set, and one at the end. ``log=False`` writes nothing.
-* Several processes (a plugin implements ``all_reduce`` and ``loop.state.world_size > 1``):
-  sums and counts are added up over the processes before each publication, so every snapshot
-  carries global, sample-weighted numbers (``last`` is the mean of the processes' last
-  values). Publications then happen every ``sync_every`` batches, at the same batch on every
-  process, instead of by time. Only the main process writes the log.
-* Checkpoints: ``save_state`` carries the history and the aggregate of a training stage in
-  progress, so a resumed run publishes the same epoch means as an uninterrupted one.
-"""
+"""Publication: the ``Metrics`` plugin's events, its ``metrics_update`` and ``epoch_metrics``
+snapshots, the ``metrics.jsonl`` log and its checkpoint state."""
 
 from __future__ import annotations
 
 import collections
 import json
-import math
 import time
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -36,150 +13,10 @@ import torch
 
 from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot, Value
+from hookfit.plugins.metrics.aggregate import FOLD_EVERY, _is_metric, _Stage, _Tensor, batch_size
 from hookfit.run import Run
 
-
-def _is_metric(value: Any) -> bool:
-    return hasattr(value, "compute") and hasattr(value, "reset") and hasattr(value, "update")
-
-
-_Tensor = torch.Tensor
 _clock = time.perf_counter
-FOLD_EVERY = 1024
-"""Values are folded into the aggregates at every publication and at least this often (in
-batches), so a long interval between publications cannot hold many values."""
-
-
-def batch_size(batch: Any) -> int:
-    """The first dimension of the batch's first tensor; 1 when there is none."""
-    kind = type(batch)
-    if (kind is tuple or kind is list) and batch and type(first := batch[0]) is _Tensor:
-        shape = first.shape  # the common (inputs, targets) case, without the generic walk
-        return shape[0] if shape else 1
-    if isinstance(batch, (list, tuple)):
-        batch = next((item for item in batch if isinstance(item, _Tensor)), None)
-    elif isinstance(batch, Mapping):
-        batch = next((item for item in batch.values() if isinstance(item, _Tensor)), None)
-    if isinstance(batch, _Tensor):
-        shape = batch.shape
-        return shape[0] if shape else 1
-    return 1
-
-
-class _Series:
-    """One metric in one stage: weighted sum and count (epoch mean), last value, and the
-    last ``window`` (weighted value, size) pairs for the running mean."""
-
-    __slots__ = ("weighted", "count", "last", "window")
-
-    def __init__(self, window: int) -> None:
-        self.weighted = 0.0
-        self.count = 0
-        self.last = math.nan
-        self.window: collections.deque = collections.deque(maxlen=window)
-
-    def fold(self, entries: list[tuple[float, int]]) -> None:
-        """Take in ``(value, batch size)`` pairs, oldest first."""
-        weighted, count = self.weighted, self.count
-        for value, n in entries:  # in order, so the sums round as a batch-by-batch sum would
-            weighted += value * n
-            count += n
-        self.weighted, self.count = weighted, count
-        self.last = entries[-1][0]
-        self.window.extend((value * n, n) for value, n in entries[-self.window.maxlen:])
-
-
-class _Stage:
-    """Aggregates of one stage of one epoch.
-
-    Per batch, a value is only appended to ``host`` (read on the CPU) or ``device`` (a tensor
-    left where it is) with its batch size; :meth:`read` folds them into the series when a
-    snapshot is taken, and at least every :data:`FOLD_EVERY` batches so memory stays flat."""
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.series: dict[str, _Series] = {}
-        self.host: collections.defaultdict[str, list[tuple[float, int]]] = collections.defaultdict(list)
-        self.device: collections.defaultdict[str, list[tuple[torch.Tensor, int]]] = collections.defaultdict(list)
-        self.metric_objects: dict[str, Any] = {}
-        self.batches = 0
-        self.samples = 0
-        self.global_samples: int | None = None  # all processes' samples, after a reduction
-        self.started = time.perf_counter()
-
-    def read(self) -> None:
-        """Fold every value taken since the last read; device values come over in one
-        transfer."""
-        host, device = self.host, self.device
-        if device:
-            tensors = [t for entries in device.values() for t, _ in entries]
-            values = iter(torch.stack([t.reshape(()).to(torch.float64) for t in tensors]).tolist())
-            for key, entries in device.items():
-                host[key].extend((next(values), n) for _, n in entries)
-            self.device = collections.defaultdict(list)
-        if not host:
-            return
-        for key, entries in host.items():
-            series = self.series.get(key)
-            if series is None:
-                series = self.series[key] = _Series(self.window)
-            series.fold(entries)
-        self.host = collections.defaultdict(list)
-
-    def values(self, reduce: Any = None) -> dict[str, Value]:
-        """Each metric's Value; with ``reduce`` (an all-reduce sum over processes), global."""
-        items = [(key, s) for key, s in self.series.items() if s.count]
-        if reduce is not None:  # the same order on every process
-            items.sort(key=lambda item: item[0])
-        rows = [(s.last, s.weighted, s.count, sum(w for w, _ in s.window), sum(n for _, n in s.window))
-                for _, s in items]
-        if reduce is not None:
-            rows = self._reduced(reduce, [key for key, _ in items], rows)
-        out = {}
-        for (key, _), (last, weighted, count, w_sum, w_count) in zip(items, rows):
-            running = w_sum / w_count if w_count else math.nan
-            out[key] = Value(last, running, weighted / count if count else math.nan)
-        return out
-
-    def _reduced(self, reduce: Any, keys: list[str], rows: list[tuple]) -> list[tuple]:
-        """Sum rows, samples and a checksum of the key names over every process."""
-        checksum = float(sum(ord(c) * (i + 1) for i, c in enumerate("|".join(keys))) % 1_000_003)
-        local = torch.tensor([1.0, checksum, float(self.samples)] + [v for row in rows for v in row],
-                             dtype=torch.float64)
-        total = reduce(local)
-        if total is None:
-            return rows
-        world, sums = total[0].item(), total.tolist()
-        if sums[1] != checksum * world:
-            raise RuntimeError(
-                f"metrics: the processes of this run report different metric names (this one: "
-                f"{keys}); every process must return the same keys from the step function"
-            )
-        self.global_samples = int(sums[2])
-        flat = sums[3:]
-        return [(flat[i] / world, *flat[i + 1:i + 5]) for i in range(0, len(flat), 5)]
-
-    def state(self) -> dict[str, Any]:
-        """Plain data for a checkpoint (readable with ``torch.load(weights_only=True)``)."""
-        self.read()
-        return {
-            "batches": self.batches, "samples": self.samples,
-            "elapsed": time.perf_counter() - self.started,
-            "series": {k: {"weighted": s.weighted, "count": s.count, "last": s.last,
-                           "window": [list(w) for w in s.window]}
-                       for k, s in self.series.items()},
-        }
-
-    @classmethod
-    def from_state(cls, window: int, state: Mapping[str, Any]) -> _Stage:
-        stage = cls(window)
-        stage.batches, stage.samples = state["batches"], state["samples"]
-        stage.started -= state["elapsed"]
-        for key, saved in state["series"].items():
-            series = stage.series[key] = _Series(window)
-            series.weighted, series.count, series.last = saved["weighted"], saved["count"], saved["last"]
-            series.window.extend((weighted, n) for weighted, n in saved["window"][-window:])
-        return stage
 
 
 class Metrics:

@@ -1,236 +1,20 @@
-"""optim: manual optimizer stepping, the way Lightning 2's manual optimization works.
-
-The step function drives the optimizers itself; this plugin makes that correct under
-gradient accumulation, clipping, mixed precision and non-finite losses::
-
-    def train_step(loop, batch):
-        loss = ...
-        loop.backward(loss)                 # scaled for accumulation and AMP, hooks around it
-        loop.optimizers.step()              # or loop.optimizers["gen"].step() when named
-        loop.optimizers.zero_grad()
-        return {"loss": loss}
-
-* Optimizers come from ``Loop(optimizers=opt)`` or ``Loop(optimizers={"gen": g, "disc": d})``;
-  during the run ``loop.optimizers`` is an :class:`Optimizers` mapping of
-  :class:`ManagedOptimizer`, and with one optimizer ``loop.optimizers.step()`` needs no name.
-* ``accumulate=N``: the loss is divided by N; ``step()`` and ``zero_grad()`` take effect only on
-  every N-th training batch of an epoch; a partial window at the end of the epoch is stepped
-  at the end of the training stage.
-* ``clip_norm`` / ``clip_value``: gradients are clipped (after unscaling) before each step.
-* ``amp=True``: the loss is scaled with ``torch.amp.GradScaler`` (autocast in the forward pass
-  is the step's own ``torch.autocast`` block).
-* ``nonfinite="skip"`` (default): a non-finite loss is not back-propagated and its window's step
-  is skipped; the first skip is warned about at once, the total at the end of the run.
-  ``"raise"`` raises ``FloatingPointError``; ``None`` checks nothing. Gradients are checked
-  too when clipping by norm (the norm is computed anyway) or with ``check_grads=True``. On the
-  CPU the check reads the loss (no synchronisation); on an accelerator it waits for the loss,
-  one host-device synchronisation per ``backward`` (as AMP's GradScaler does per step): pass
-  ``nonfinite=None`` where that matters more than the check.
-* ``schedulers``: one scheduler, or a dict keyed like the optimizers, stepped after every real
-  step of its optimizer (``scheduler_interval="step"``) or at each epoch end (``"epoch"``).
-* ``loop.optimizers.toggle("gen")``: a context in which the parameters of every other optimizer
-  are frozen (for alternating GAN updates); their ``requires_grad`` flags are restored after.
-* Counters: ``loop.optimizers[name].steps`` (real steps) and ``.skipped``; the loop's global step
-  counts batches, not optimizer steps.
-"""
+"""The ``Optim`` plugin: its events, accumulation windows, the non-finite policy, the fast
+paths and checkpoints; :class:`OptimWarning` and the helpers only it uses."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 import torch
 
 from hookfit import HookfitWarning, hookimpl
+from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
 
 
 class OptimWarning(HookfitWarning):
     """A step was skipped because of a non-finite loss or gradient."""
-
-
-class UnknownOptimizer(KeyError):
-    """``loop.optimizers[name]`` with a name the run does not have."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class ManagedOptimizer:
-    """One of the run's optimizers, stepped under the plugin's rules."""
-
-    def __init__(self, plugin: Optim, name: str, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-        self.plugin = plugin
-        self.name = name
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.steps = 0
-        self.skipped = 0
-        self._deferred = False  # step() was called inside an accumulation window
-        self._stepped = False  # a real step happened since the last effective zero_grad()
-        self._fast = False  # step() can step at once: no window, poison, scaling, clipping,
-        # step-wise scheduler or hook around it (kept by Optim._set_fast_paths)
-        self._each_batch = plugin.accumulate == 1  # zero_grad() always takes effect
-        if self._each_batch:  # then it is the optimizer's own, with no call in between
-            self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]
-        self._params = [p for group in optimizer.param_groups for p in group["params"]]
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The wrapped optimizer's parameter groups (learning rates live here)."""
-        return self.optimizer.param_groups
-
-    def step(self) -> bool:
-        """Step now if this batch closes an accumulation window; return whether it stepped
-        (``False`` inside a window or when the step was skipped for a non-finite value)."""
-        if self._fast:
-            self.optimizer.step()
-            self.steps += 1
-            self._stepped = True
-            return True
-        if not self._each_batch and not self.plugin._window_closes():
-            self._deferred = True
-            return False
-        return self._step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients, unless they are being accumulated for a later step: with
-        accumulation it takes effect only once after each step, so calling it before
-        ``backward`` or after ``step()`` in every batch both work."""
-        if self._stepped or self._each_batch:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
-            self._stepped = False
-
-    def _step(self) -> bool:
-        plugin, loop = self.plugin, self.plugin.loop
-        self._deferred = False
-        scaler = plugin.scaler
-        if plugin._poisoned:
-            plugin._expire_poison()
-        if plugin._poisoned:  # a non-finite loss in this window: its gradients are incomplete
-            return self._skip("non-finite loss")
-        if scaler is not None:
-            scaler.unscale_(self.optimizer)
-        finite = True
-        if plugin.clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self._params, plugin.clip_norm)
-            finite = bool(torch.isfinite(norm)) if plugin.nonfinite is not None else True
-        elif plugin.check_grads and plugin.nonfinite is not None:
-            finite = all(bool(torch.isfinite(p.grad).all()) for p in self._params if p.grad is not None)
-        if plugin.clip_value is not None:
-            torch.nn.utils.clip_grad_value_(self._params, plugin.clip_value)
-        if not finite and scaler is None:  # with a scaler, scaler.step() skips by itself
-            return self._skip("non-finite gradient")
-        if (call := loop.hooks.before_optimizer_step) is not None:
-            call(loop, self.name, self.optimizer)
-        if scaler is not None:
-            scaler.step(self.optimizer)  # skips by itself on inf/NaN gradients
-            plugin._scaler_used = True
-        else:
-            self.optimizer.step()
-        self.steps += 1
-        self._stepped = True
-        if self.scheduler is not None and plugin.scheduler_interval == "step":
-            self.scheduler.step()
-        if (call := loop.hooks.after_optimizer_step) is not None:
-            call(loop, self.name, self.optimizer)
-        return True
-
-    def _skip(self, why: str) -> bool:
-        self.plugin._nonfinite(why, self)
-        self._clear()
-        return False
-
-    def _clear(self) -> None:
-        """Drop the gradients now; the window starts afresh."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self._stepped = False
-
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer, scheduler and counters, for checkpoints."""
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "steps": self.steps,
-            "skipped": self.skipped,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.steps, self.skipped = state["steps"], state["skipped"]
-
-
-class Optimizers(Mapping[str, ManagedOptimizer]):
-    """``loop.optimizers`` during a run: named :class:`ManagedOptimizer` objects; with exactly
-    one, ``step()``, ``zero_grad()`` and ``param_groups`` work without a name."""
-
-    def __init__(self, managed: dict[str, ManagedOptimizer]) -> None:
-        self._managed = managed
-        self._single = next(iter(managed.values())) if len(managed) == 1 else None
-        if self._single is not None:  # one optimizer: no lookup on the hot path
-            self.step = self._single.step  # type: ignore[method-assign]
-            self.zero_grad = self._single.zero_grad  # type: ignore[method-assign]
-
-    def __getitem__(self, name: str) -> ManagedOptimizer:
-        try:
-            return self._managed[name]
-        except KeyError:
-            raise UnknownOptimizer(
-                f"unknown optimizer {name!r}; this run's optimizers are: "
-                f"{', '.join(map(repr, self._managed)) or 'none'}"
-            ) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._managed)
-
-    def __len__(self) -> int:
-        return len(self._managed)
-
-    def _only(self) -> ManagedOptimizer:
-        if self._single is not None:
-            return self._single
-        if len(self._managed) != 1:
-            raise TypeError(
-                f"this run has {len(self._managed)} optimizers "
-                f"({', '.join(map(repr, self._managed)) or 'none'}); name one: "
-                f"loop.optimizers[name]"
-            )
-        return next(iter(self._managed.values()))
-
-    def step(self) -> bool:
-        """Step the only optimizer (see :meth:`ManagedOptimizer.step`)."""
-        return (self._single or self._only()).step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the only optimizer's gradients (see :meth:`ManagedOptimizer.zero_grad`)."""
-        (self._single or self._only()).zero_grad(set_to_none)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The only optimizer's parameter groups."""
-        return self._only().param_groups
-
-    @contextlib.contextmanager
-    def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
-        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block."""
-        active = self[name]
-        own = {id(p) for p in active._params}
-        frozen = [
-            (p, p.requires_grad)
-            for other in self._managed.values() if other is not active
-            for p in other._params if id(p) not in own
-        ]
-        for p, _ in frozen:
-            p.requires_grad_(False)
-        try:
-            yield active
-        finally:
-            for p, flag in frozen:
-                p.requires_grad_(flag)
 
 
 class Optim:
@@ -548,5 +332,3 @@ def _named(value: Any, what: str) -> dict[str, Any]:
     if isinstance(value, (list, tuple)):
         raise TypeError(f"optim: give several {what} as a dict of names, not a {type(value).__name__}")
     return {"default": value}
-
-

@@ -1,45 +1,12 @@
-"""checkpoint: atomic checkpoints of the whole run, and exact resume.
-
-What a checkpoint holds (format ``hookfit-checkpoint``, version :data:`FORMAT_VERSION`): the
-model's state dict, every plugin's state through the ``save_state`` event keyed by plugin name
-(the optim plugin's optimizers, schedulers, scaler and counters; the metrics plugin's history;
-any third-party plugin's), the loop's position (epoch, global step, training batches of the
-epoch already done), the random number generators (Python, NumPy when installed, torch CPU and
-CUDA) and the state of data that has ``state_dict()`` (:class:`hookfit.data.Batches`). Only
-plain data and tensors: it is read back with ``torch.load(weights_only=True)``, so loading a
-checkpoint never runs code from the file.
-
-When: every ``every_n_epochs`` epochs (default 1), every ``every_n_steps`` training steps,
-every ``every_seconds`` seconds (checked after each training batch), when the run stops
-gracefully (``on_interrupt``, default on: a stop request, SIGINT or SIGTERM through the
-interrupter) and, if asked, when it fails (``on_failure``: a ``failed-*.pt`` file, never
-chosen by ``"latest"``, since the failing batch may be half done). The last ``keep_last``
-checkpoints are kept, plus the best one by ``monitor`` (``"valid/loss"``: the epoch mean of
-``loss`` in the validation stage, published by the metrics plugin) when set.
-
-Atomic: each file is written to a temporary file in the same folder, flushed, fsynced, renamed
-over its final name, and the folder is fsynced. A process killed at any moment leaves the
-previous checkpoint or the new one, never a torn one. With ``background=True`` (default) the
-loop is blocked only while the state is copied; the file is written by a thread, one at a
-time, and ``fit_end`` waits for the last one.
-
-Resume: ``Loop(resume="latest" | path)`` (or ``HOOKFIT_RESUME``). ``"latest"`` is the newest
-checkpoint in ``dir``, or, when no folder was given, in ``<run_dir>/checkpoints`` if the run
-has a fixed ``run_dir``, else in the newest ``runs/*/checkpoints``; with none, the run starts
-afresh. A file that is torn or not a hookfit checkpoint is an error naming it;
-``fallback=True`` warns and takes the next newest instead. Plugin states that do not match
-the run fail the resume (``strict=True``) or are warned about (``strict=False``).
-
-Failed saves (full disk, read-only folder): ``on_save_error="warn"`` (default) warns once per
-kind of error with a :class:`CheckpointWarning`, counts them in ``failed_saves`` and keeps the
-previous checkpoints; ``"raise"`` fails the run. With several processes only the main process
-(rank 0) writes; every process loads.
-"""
+"""checkpoint plugin: the policy. When to save (epochs, steps, seconds, a graceful stop, a
+failure), which checkpoints to keep (``keep_last``, the best by ``monitor``), the background
+writer thread, and which checkpoint to resume from and how to restore it. The file format and
+the atomic writes are in :mod:`hookfit.plugins.checkpoint.storage`, what a checkpoint holds
+beyond the plugins' states in :mod:`hookfit.plugins.checkpoint.state`."""
 
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 import warnings
@@ -47,21 +14,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from hookfit import HookfitWarning, hookimpl
-
-FORMAT = "hookfit-checkpoint"
-FORMAT_VERSION = 1
-SUFFIX = ".pt"
+from hookfit.plugins.checkpoint.state import _load_model, _model_state, _rng_state, _set_rng_state, _snapshot
+from hookfit.plugins.checkpoint.storage import (
+    FORMAT,
+    FORMAT_VERSION,
+    SUFFIX,
+    CheckpointError,
+    atomic_save,
+    checkpoint_files,
+    read,
+)
 
 
 class CheckpointWarning(HookfitWarning):
     """A checkpoint could not be written, or a bad one was skipped at resume."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file cannot be used: torn, foreign, or from a newer format."""
 
 
 class Checkpoint:
@@ -306,8 +273,7 @@ class Checkpoint:
         return None
 
     def _newest(self, folder: Path, required: bool) -> Path | None:
-        files = sorted((p for p in folder.glob(f"epoch*{SUFFIX}") if p.is_file()),
-                       key=lambda p: (p.name, p.stat().st_mtime), reverse=True)
+        files = checkpoint_files(folder)
         if not files:
             if required:
                 raise FileNotFoundError(f"checkpoint: no checkpoint in {folder}")
@@ -356,151 +322,3 @@ class _EveryStep:
         ):
             owner._done = (loop.state.epoch, batch_idx + 1, "train")
             owner.save(loop, "step")
-
-
-# -- files ----------------------------------------------------------------------------------
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to ``path`` so that a crash leaves the old file or the new, never a torn
-    one: temporary file in the same folder, flush, fsync, rename, fsync of the folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            sink = _Sink(f)
-            try:
-                torch.save(obj, sink)
-            except RuntimeError:
-                if sink.error is not None:  # torch's writer hides the OSError (disk full...)
-                    raise sink.error from None
-                raise
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class _Sink:
-    """A file for ``torch.save`` that remembers the operating system's error on a write."""
-
-    def __init__(self, file: Any) -> None:
-        self.file = file
-        self.error: OSError | None = None
-
-    def write(self, data: Any) -> int:
-        try:
-            return self.file.write(data)
-        except OSError as error:
-            self.error = error
-            raise
-
-    def flush(self) -> None:
-        self.file.flush()
-
-
-def read(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True`` and check its format and version."""
-    path = Path(path)
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise CheckpointError(
-            f"checkpoint: {path} is not a whole hookfit checkpoint (torn, truncated or not a "
-            f"torch file): {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        ) from error
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint: {path} is not a hookfit checkpoint (no '{FORMAT}' format marker)")
-    version = data.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint: {path} has format version {version!r}, newer than this hookfit reads "
-            f"({FORMAT_VERSION}); upgrade hookfit to resume from it")
-    return data
-
-
-def _snapshot(obj: Any) -> Any:
-    """A copy in which every tensor is cloned: later training cannot change it."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_snapshot(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_snapshot(v) for v in obj)
-    return obj
-
-
-def _unwrap(module: Any) -> Any:
-    """The user's module inside a (Distributed)DataParallel wrapper."""
-    parallel = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-    return module.module if isinstance(module, parallel) else module
-
-
-def _model_state(model: Any) -> Any:
-    if model is None:
-        return None
-    if isinstance(model, torch.nn.Module):
-        return _unwrap(model).state_dict()
-    if isinstance(model, Mapping):
-        return {k: _model_state(v) for k, v in model.items()}
-    return [_model_state(v) for v in model]
-
-
-def _load_model(model: Any, state: Any, path: Path) -> None:
-    if model is None or state is None:
-        if (model is None) != (state is None):
-            raise CheckpointError(f"checkpoint: {path} {'has' if state is not None else 'lacks'} a model, this run {'lacks' if model is None else 'has'} one")
-        return
-    if isinstance(model, torch.nn.Module):
-        try:
-            _unwrap(model).load_state_dict(state)
-        except RuntimeError as error:
-            raise CheckpointError(f"checkpoint: the model in {path} does not fit this run's model: {error}") from error
-    elif isinstance(model, Mapping):
-        if set(model) != set(state):
-            raise CheckpointError(f"checkpoint: {path} has models {sorted(state)}, this run {sorted(model)}")
-        for key, module in model.items():
-            _load_model(module, state[key], path)
-    else:
-        for module, sub in zip(model, state, strict=True):
-            _load_model(module, sub, path)
-
-
-def _rng_state() -> dict[str, Any]:
-    version, keys, gauss = random.getstate()
-    out: dict[str, Any] = {"python": [version, list(keys), gauss], "torch": torch.get_rng_state()}
-    try:
-        import numpy
-    except ImportError:
-        numpy = None  # type: ignore[assignment]
-    if numpy is not None:
-        name, keys_np, pos, has_gauss, cached = numpy.random.get_state()
-        out["numpy"] = [name, torch.from_numpy(keys_np.astype("int64")), pos, has_gauss, cached]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(keys), gauss))
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy
-
-        name, keys_np, pos, has_gauss, cached = state["numpy"]
-        numpy.random.set_state((name, keys_np.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,100 +1,20 @@
-"""distributed: data-parallel training on several processes and machines with ``torchrun``.
-
-The same script runs on one process (``python train.py``) and on many
-(``torchrun --nproc-per-node 4 train.py``, on one machine or several). This plugin uses
-PyTorch's own engine, :mod:`torch.distributed` and ``DistributedDataParallel`` (DDP); it adds
-no communication of its own beyond a small flag per batch (see stopping below).
-
-When it is active
-    When the process was started by ``torchrun`` (``RANK`` and ``WORLD_SIZE`` in the
-    environment) or the script initialised ``torch.distributed`` itself. Otherwise it
-    unregisters itself in ``configure``: a one-process run pays nothing for it, not even a
-    function call per batch.
-
-What it does, in ``configure`` (before every other plugin starts)
-    * Initialises the default process group from ``torchrun``'s environment, unless the script
-      did: ``gloo`` for a model on the CPU, ``nccl`` for a model on a GPU (then each process
-      uses GPU ``LOCAL_RANK``; a model on another GPU is moved there). Collectives time out
-      after ``timeout`` seconds (``HOOKFIT_DIST_TIMEOUT`` overrides it).
-    * Sets ``loop.state.rank`` and ``loop.state.world_size``; ``loop.is_main`` is rank 0.
-    * On every rank but 0, unregisters every *observer* plugin (class attribute
-      ``observer = True``: the console, the dashboard, loggers), so only rank 0 renders. The
-      metrics plugin stays on every rank (it takes part in the reductions) and writes its log
-      on rank 0 only.
-    * Wraps ``loop.model`` (one ``torch.nn.Module``) in ``DistributedDataParallel``, which
-      also copies rank 0's parameters and buffers to every rank. **The step functions must
-      call the wrapped model, ``loop.model(x)``**: calls on the original module (a variable
-      of the script) compute the same values but do not synchronise gradients, and the ranks
-      drift apart. The plugin checks this after the first training batch that produced
-      gradients and fails the run with an error that says so. The wrapper is the run's own
-      ``loop.model``: the ``Loop``'s configuration keeps the user's module.
-    * Shards ``loop.train_data`` and ``loop.val_data`` so that each rank sees its own part,
-      with the same number of batches on every rank (checked: the ranks must run the same
-      batches, or their collective operations would not match):
-
-      - data with a ``shard(rank, world_size)`` method (:class:`hookfit.data.Batches`): that
-        method; every rank gets the same number of samples, the last ones wrapping around to
-        the start of the data (or dropped, with ``drop_last``), like ``DistributedSampler``;
-      - a ``torch.utils.data.DataLoader``: the same loader rebuilt with a
-        ``DistributedSampler`` (same batch size, collate function, workers, ``drop_last``;
-        shuffled iff the original shuffled, with ``seed``); the sampler is told the epoch at
-        every ``epoch_start`` so each epoch has its own order. A loader that already has a
-        ``DistributedSampler`` is kept as it is (and told the epoch);
-      - a list or tuple of batches: rank ``r`` takes batches ``r, r + world_size, ...``, cut
-        to ``len(data) // world_size`` batches on every rank (up to ``world_size - 1`` batches
-        at the end are left out);
-      - anything else (a generator, an ``IterableDataset``): an error saying what to pass;
-        shard such data yourself and give ``Distributed(shard_data=False)``.
-
-      With ``world_size`` ranks and a per-rank batch of ``b``, one step trains on
-      ``world_size * b`` samples: DDP averages the ranks' gradients, so a run on ``n``
-      processes with batch ``b`` computes the same updates as one process with batch
-      ``n * b`` (over the same samples).
-
-Every batch
-    * ``batch_start``: inside a gradient-accumulation window (the optimizer plugin answers
-      ``should_sync_gradients`` with ``False``: a core contract, so any optimizer plugin can
-      tell) the batch runs as under DDP's ``no_sync()`` (DDP decides in the forward pass, so
-      before the step), and gradients are all-reduced once per optimizer step, on the
-      window's last micro-batch (and on the last batch of the training stage, where the
-      partial window is stepped).
-    * ``agree_stop``: every ``stop_check_every`` batches, and at every stage and epoch
-      boundary, the ranks agree on stopping with one all-reduce of a flag. If any rank has a
-      stop request (``loop.request_stop`` from anywhere: Ctrl-C or SIGTERM through the
-      interrupter, the dashboard, a plugin, the step; a true ``should_stop`` answer), every
-      rank stops at the same boundary, with the reason ``"stop requested on rank 1: ..."``;
-      a request between two checks waits for the next. No rank is left waiting in a
-      collective operation that the others have left.
-    * ``all_reduce``: sums a tensor over the ranks (``dist.all_reduce``); the metrics plugin
-      uses it so that every published number is global and sample-weighted.
-
-Failures
-    A rank whose step or plugin raises prints ``hookfit distributed: rank N of W failed: ...``
-    on stderr and closes its process group; its process ends with the error and the other
-    ranks' next collective operation fails at once (the connection is closed) instead of
-    waiting; ``torchrun`` then ends the others and exits non-zero. A rank that hangs makes the
-    others fail after ``timeout`` seconds. Errors of collective operations carry a note saying
-    that another rank probably failed first.
-
-At ``fit_end``: after a completed or agreed stop, a barrier; then the process group is
-destroyed if this plugin created it.
-
-Checkpoints: a checkpoint plugin saves on rank 0 only (``loop.is_main``) and loads on every
-rank; ``loop.model`` is then the DDP wrapper, whose ``module`` is the user's model (save that,
-so checkpoints of one and of several processes are interchangeable).
-"""
+"""distributed plugin: the process group (initialised from ``torchrun``'s environment, or the
+script's), the DDP wrapping and its checks, gradient synchronisation, agreement on stopping,
+``all_reduce``, failures and the end of the run. Each rank's part of the data is
+:mod:`hookfit.plugins.distributed.sharding`'s."""
 
 from __future__ import annotations
 
 import datetime
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from hookfit import StopRequest, hookimpl
+from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.run import Run, modules
 
 ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
@@ -217,9 +137,9 @@ class Distributed:
                     loop.pm.unregister(plugin)
         self._wrap(loop, device)
         if self.shard_data:
-            loop.train_data = self._shard(loop.train_data, "train_data")
+            loop.train_data = self._sharded(loop.train_data, "train_data")
             if loop.val_data is not None:
-                loop.val_data = self._shard(loop.val_data, "val_data")
+                loop.val_data = self._sharded(loop.val_data, "val_data")
         self._check_lengths(loop)
 
     def _device(self, model: Any) -> torch.device:
@@ -291,78 +211,17 @@ class Distributed:
         for hook in hooks:
             hook.remove()
 
-    def _shard(self, data: Any, what: str) -> Any:
-        rank, world = self.rank, self.world_size
-        from torch.utils.data import DataLoader
-
-        if callable(getattr(data, "shard", None)):
-            if getattr(data, "world_size", 1) != 1:  # sharded by the script already
-                return data
-            return data.shard(rank, world)
-        if isinstance(data, DataLoader):
-            return self._shard_loader(data, what)
-        if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
-            per_rank = len(data) // world
-            if per_rank == 0:
-                raise ValueError(
-                    f"distributed: {what} has {len(data)} batches, fewer than the {world} "
-                    f"processes; every process needs at least one batch"
-                )
-            return list(data[rank::world][:per_rank])
-        raise TypeError(
-            f"distributed: cannot shard {what} of type {type(data).__name__} across {world} "
-            f"processes. Pass a hookfit.data.Batches, a DataLoader, a list of batches or an "
-            f"object with shard(rank, world_size); or shard it yourself (the same number of "
-            f"batches on every rank) and give Distributed(shard_data=False)."
-        )
-
-    def _shard_loader(self, loader: Any, what: str) -> Any:
-        from torch.utils.data import (
-            DataLoader,
-            DistributedSampler,
-            IterableDataset,
-            RandomSampler,
-            SequentialSampler,
-        )
-
-        if isinstance(loader.sampler, DistributedSampler):
-            self._samplers.append(loader.sampler)
-            return loader
-        fix = (f"give {what} a DistributedSampler yourself (DataLoader(dataset, "
-               f"sampler=DistributedSampler(dataset), ...)), or shard the data yourself and give "
-               f"Distributed(shard_data=False)")
-        if isinstance(loader.dataset, IterableDataset):
-            raise TypeError(f"distributed: {what} is a DataLoader over an IterableDataset, which "
-                            f"cannot be sharded by index; make each rank's iterator yield its own "
-                            f"part and give Distributed(shard_data=False)")
-        if loader.batch_size is None or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
-            raise TypeError(f"distributed: {what} is a DataLoader with a custom sampler or batch "
-                            f"sampler, which cannot be sharded automatically; {fix}")
-        sampler = DistributedSampler(
-            loader.dataset, num_replicas=self.world_size, rank=self.rank,
-            shuffle=isinstance(loader.sampler, RandomSampler), seed=self.seed,
-            drop_last=loader.drop_last,
-        )
-        options: dict[str, Any] = {
-            "batch_size": loader.batch_size, "sampler": sampler, "num_workers": loader.num_workers,
-            "collate_fn": loader.collate_fn, "pin_memory": loader.pin_memory,
-            "drop_last": loader.drop_last, "timeout": loader.timeout,
-            "worker_init_fn": loader.worker_init_fn,
-            "multiprocessing_context": loader.multiprocessing_context,
-            "generator": loader.generator, "persistent_workers": loader.persistent_workers,
-            "pin_memory_device": getattr(loader, "pin_memory_device", ""),
-        }
-        if loader.num_workers > 0:
-            options["prefetch_factor"] = loader.prefetch_factor
-        if hasattr(loader, "in_order"):
-            options["in_order"] = loader.in_order
-        self._samplers.append(sampler)
-        return DataLoader(loader.dataset, **options)
+    def _sharded(self, data: Any, what: str) -> Any:
+        """This rank's part of ``data``; a ``DistributedSampler`` is kept to be told the epoch."""
+        data, sampler = shard(data, what, self.rank, self.world_size, self.seed)
+        if sampler is not None:
+            self._samplers.append(sampler)
+        return data
 
     def _check_lengths(self, loop: Any) -> None:
         """Every rank must run as many batches per stage as the others (one collective, once)."""
         dist = _dist()
-        lengths = [_length(loop.train_data), _length(loop.val_data) if loop.val_data is not None else -1]
+        lengths = [length(loop.train_data), length(loop.val_data) if loop.val_data is not None else -1]
         mine = torch.tensor(lengths, dtype=torch.int64)
         everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(everyone, mine, group=self._control)
@@ -512,13 +371,6 @@ class Distributed:
         return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
 
 
-def _length(data: Any) -> int:
-    try:
-        return len(data)
-    except TypeError:
-        return -1
-
-
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
@@ -535,6 +387,3 @@ def _collective_error(error: BaseException) -> bool:
         marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed by peer",
                                       "Connection reset by peer", "Timed out", "timed out")
     )
-
-
-__all__ = ["Distributed", "launched"]

@@ -1,0 +1,32 @@
+"""metrics: aggregates every scalar a step returns and publishes read-only snapshots.
+
+* Each value of a step output that is a Python number, or a tensor with one element, is
+  aggregated under its key, weighted by the batch size: last value, running mean over the last
+  ``window`` batches, and epoch mean; train and valid apart. Other values (strings, vectors,
+  images) are ignored, without error. The batch size is the output's ``batch_size`` key if
+  present (not itself aggregated), else the first dimension of the batch's first tensor, else 1.
+* ``torchmetrics.Metric`` objects in an output are the step's to update; this plugin computes
+  them at the end of the stage (published in ``epoch_metrics``) and resets them.
+* Tensors on an accelerator stay there until the publishing interval: one host read per
+  publication, never one per step. On the CPU, where reading is no synchronisation, each value
+  is read at once (the cheapest path). ``defer=True`` forces the deferred path anywhere.
+* Publishes ``metrics_update`` at most every ``interval`` seconds and ``epoch_metrics`` at the
+  end of every stage; keeps a per-epoch history (``history_epochs`` long) for plots.
+* Writes ``metrics.jsonl`` in ``loop.run_dir``: a line per completed stage, one per
+  ``log_every_n_steps`` training steps if set, and one at the end. ``log=False`` writes nothing.
+* Several processes (a plugin implements ``all_reduce`` and ``loop.state.world_size > 1``):
+  sums and counts are added up over the processes before each publication, so every snapshot
+  carries global, sample-weighted numbers (``last`` is the mean of the processes' last
+  values). Publications then happen every ``sync_every`` batches, at the same batch on every
+  process, instead of by time. Only the main process writes the log.
+* Checkpoints: ``save_state`` carries the history and the aggregate of a training stage in
+  progress, so a resumed run publishes the same epoch means as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from hookfit.payloads import MetricsSnapshot, Value
+from hookfit.plugins.metrics.aggregate import batch_size
+from hookfit.plugins.metrics.plugin import Metrics
+
+__all__ = ["Metrics", "MetricsSnapshot", "Value", "batch_size"]

@@ -1,0 +1,42 @@
+"""optim: manual optimizer stepping, the way Lightning 2's manual optimization works.
+
+The step function drives the optimizers itself; this plugin makes that correct under
+gradient accumulation, clipping, mixed precision and non-finite losses::
+
+    def train_step(loop, batch):
+        loss = ...
+        loop.backward(loss)                 # scaled for accumulation and AMP, hooks around it
+        loop.optimizers.step()              # or loop.optimizers["gen"].step() when named
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+* Optimizers come from ``Loop(optimizers=opt)`` or ``Loop(optimizers={"gen": g, "disc": d})``;
+  during the run ``loop.optimizers`` is an :class:`Optimizers` mapping of
+  :class:`ManagedOptimizer`, and with one optimizer ``loop.optimizers.step()`` needs no name.
+* ``accumulate=N``: the loss is divided by N; ``step()`` and ``zero_grad()`` take effect only on
+  every N-th training batch of an epoch; a partial window at the end of the epoch is stepped
+  at the end of the training stage.
+* ``clip_norm`` / ``clip_value``: gradients are clipped (after unscaling) before each step.
+* ``amp=True``: the loss is scaled with ``torch.amp.GradScaler`` (autocast in the forward pass
+  is the step's own ``torch.autocast`` block).
+* ``nonfinite="skip"`` (default): a non-finite loss is not back-propagated and its window's step
+  is skipped; the first skip is warned about at once, the total at the end of the run.
+  ``"raise"`` raises ``FloatingPointError``; ``None`` checks nothing. Gradients are checked
+  too when clipping by norm (the norm is computed anyway) or with ``check_grads=True``. On the
+  CPU the check reads the loss (no synchronisation); on an accelerator it waits for the loss,
+  one host-device synchronisation per ``backward`` (as AMP's GradScaler does per step): pass
+  ``nonfinite=None`` where that matters more than the check.
+* ``schedulers``: one scheduler, or a dict keyed like the optimizers, stepped after every real
+  step of its optimizer (``scheduler_interval="step"``) or at each epoch end (``"epoch"``).
+* ``loop.optimizers.toggle("gen")``: a context in which the parameters of every other optimizer
+  are frozen (for alternating GAN updates); their ``requires_grad`` flags are restored after.
+* Counters: ``loop.optimizers[name].steps`` (real steps) and ``.skipped``; the loop's global step
+  counts batches, not optimizer steps.
+"""
+
+from __future__ import annotations
+
+from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers, UnknownOptimizer
+from hookfit.plugins.optim.plugin import Optim, OptimWarning
+
+__all__ = ["ManagedOptimizer", "Optim", "OptimWarning", "Optimizers", "UnknownOptimizer"]
