@@ -47,7 +47,7 @@ from hookfit.manager import PluginManager
 Call = Callable[..., Any]
 OnError = Callable[[BaseException], None]
 
-__all__ = ["Dispatch"]
+__all__ = ["Dispatch", "HotPath"]
 
 
 # -- building the calls ---------------------------------------------------------------------
@@ -191,6 +191,24 @@ def _is_observer(plugin: object) -> bool:
 # -- one run's calls ------------------------------------------------------------------------
 
 
+class HotPath:
+    """What the loop reads for every batch: the resolved ``batch_start``, ``step_output`` and
+    ``batch_end`` (``None`` when nothing implements them) and ``asks``, whether anything answers
+    ``should_stop`` or ``agree_stop`` (so the loop must ask after each batch).
+
+    A plain object with slots, updated in place whenever the plugins change: CPython
+    specialises loads of its attributes, which it cannot do on :class:`Dispatch` (a class with
+    ``__getattr__``), and five such loads a batch are measurable on a small model."""
+
+    __slots__ = ("batch_start", "step_output", "batch_end", "asks")
+
+    def __init__(self) -> None:
+        self.batch_start: Call | None = None
+        self.step_output: Call | None = None
+        self.batch_end: Call | None = None
+        self.asks = False
+
+
 class Dispatch:
     """The resolved events of one run, read as attributes (``loop.hooks.<event>``): a
     positional callable taking the spec's arguments in order, or ``None`` when nothing
@@ -216,6 +234,8 @@ class Dispatch:
 
     def __init__(self, pm: PluginManager) -> None:
         self.pm = pm
+        self.hot = HotPath()
+        """The per-batch events as the loop reads them (:class:`HotPath`)."""
         self._resolved: set[str] = set()
         self._kinds: dict[tuple[str, str], Call | None] = {}
         self.resolve()
@@ -228,9 +248,13 @@ class Dispatch:
             self.__dict__.pop(name, None)
         self._resolved = set()
         self._kinds = {}
+        hot = self.hot
         for name in self.NOTIFY:
-            self.__dict__[name] = self._compile(name, self._observer_wrap(name), results=False)
+            call = self._compile(name, self._observer_wrap(name), results=False)
+            self.__dict__[name] = call
+            setattr(hot, name, call)
             self._resolved.add(name)
+        hot.asks = bool(self.pm.hook.should_stop.get_hookimpls() or self.pm.hook.agree_stop.get_hookimpls())
 
     def __getattr__(self, name: str) -> Call | None:
         if name.startswith("_") or not self._declared(name):

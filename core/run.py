@@ -332,9 +332,10 @@ class Run:
 
     def _stage(self, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
         """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
-        path: every event without an implementation costs one ``is None`` test."""
+        path: every event without an implementation costs one ``is None`` test on a slot of
+        :class:`hookfit.dispatch.HotPath`."""
         state = self.state
-        dispatch = self.hooks
+        hot = self.hooks.hot  # type: ignore[union-attr]
         train = stage == "train"
         limit = self.max_steps if train and self.max_steps is not None else sys.maxsize
         state.stage = stage
@@ -348,23 +349,21 @@ class Run:
             data = iter_from(start) if iter_from is not None else itertools.islice(data, start, None)
         for batch_idx, batch in enumerate(data, start):
             state.batch_idx = batch_idx
-            if (call := dispatch.batch_start) is not None:  # type: ignore[union-attr]
+            if (call := hot.batch_start) is not None:
                 call(self, batch, batch_idx)
             output = step(self, batch)
             if output is not None:
                 if type(output) is not dict:
                     # a tensor is the common case: test it before the (slower) Mapping ABC
                     output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else self._as_mapping(output, step)
-                if (call := dispatch.step_output) is not None:  # type: ignore[union-attr]
+                if (call := hot.step_output) is not None:
                     call(self, output, batch)
             if train:
                 state.step += 1
-            if (call := dispatch.batch_end) is not None:  # type: ignore[union-attr]
+            if (call := hot.batch_end) is not None:
                 call(self, output, batch, batch_idx)
-            if dispatch.should_stop is not None:  # type: ignore[union-attr]
-                self._ask_should_stop()
-            if self._stop is not None or dispatch.agree_stop is not None:  # type: ignore[union-attr]
-                self._boundary("batch")
+            if hot.asks or self._stop is not None:
+                self._after_batch()
             if state.step >= limit:
                 break
         if batch_idx < 0:
@@ -386,6 +385,11 @@ class Run:
         )
 
     # -- stopping ---------------------------------------------------------------------------
+    def _after_batch(self) -> None:
+        if self.hooks.should_stop is not None:  # type: ignore[union-attr]
+            self._ask_should_stop()
+        self._boundary("batch")
+
     def _ask_should_stop(self) -> None:
         """Ask every ``should_stop`` implementation; true answers become a stop request."""
         answers = [(name, answer) for name, answer in self.hooks.call_each("should_stop", self) if answer]  # type: ignore[union-attr]
