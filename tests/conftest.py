@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
+
+from hookfit import manager
 
 pytest.register_assert_rewrite("hookfit.testing")
 
@@ -24,3 +30,56 @@ def recorder(hookfit_recorder: Recorder) -> Recorder:
 def _isolated(hookfit_isolated: None) -> None:
     """Tests choose their plugins explicitly; a test that wants the discovered ones unsets
     HOOKFIT_PLUGINS itself."""
+
+
+# -- distributions made for real: what importlib.metadata discovers for an installed package
+
+def make_dist(root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> Path:
+    info = root / f"{dist.replace('-', '_')}-1.2.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.2.3\n")
+    lines = "\n".join(f"{name} = {value}" for name, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[hookfit]\n{lines}\n")
+    for name, source in modules.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(source))
+    return root
+
+
+PLUGINS = '''
+import hookfit
+
+CALLS = []
+
+class Alpha:
+    @hookfit.hookimpl
+    def batch_end(self, batch_idx):
+        CALLS.append(("alpha", batch_idx))
+
+@hookfit.hookimpl
+def batch_end(batch_idx):
+    CALLS.append(("beta", batch_idx))
+'''
+
+
+BUILTINS = ",".join(ep.name for ep in manager.entry_points() if ep.dist.name == "hookfit")
+
+
+@pytest.fixture
+def dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Two plugins of one distribution, one a class and one a module."""
+    root = make_dist(
+        tmp_path / "site", "fake-plugins",
+        {"beta": "fake_plugins_mod", "alpha": "fake_plugins_mod:Alpha"},
+        {"fake_plugins_mod": PLUGINS},
+    )
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.delenv("HOOKFIT_PLUGINS")
+    monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", BUILTINS)
+    sys.modules.pop("fake_plugins_mod", None)
+    yield root
+    sys.modules.pop("fake_plugins_mod", None)
+
+
+def calls() -> list:
+    return sys.modules["fake_plugins_mod"].CALLS
+

@@ -6,14 +6,18 @@ objects."""
 
 from __future__ import annotations
 
+import io
 import warnings
 from typing import Any
 
 import pytest
+import torch
 
 import hookfit
 from hookfit import manager
 from hookfit.dispatch import Dispatch
+from hookfit.plugins.console import Console
+from hookfit.plugins.metrics import Metrics
 
 LOOP = object()  # the events' loop argument; the implementations here never look at it
 
@@ -239,7 +243,7 @@ def test_call_all_runs_the_implementations_inside_a_wrapper_that_raises(when: st
                 raise RuntimeError("wrapper broke")
             if when == "no yield":
                 return None
-            result = yield
+            yield
             raise RuntimeError("wrapper broke late")
 
     if when == "no yield":  # a generator function that returns at once
@@ -324,3 +328,206 @@ def test_no_hook_implementation_is_changed_by_a_run() -> None:
              for i in caller.get_hookimpls()}
     assert after == before and all(after[key] is before[key] for key in after)
     assert all(not hasattr(f, "__wrapped__") for f in after.values())
+
+
+# -- through a real run ---------------------------------------------------------------------
+
+
+def ordered_plugins(log: list) -> list:
+    def plugin(label: str, **opts):
+        class P:
+            name = label
+
+            @hookfit.hookimpl(**opts)
+            def batch_end(self, output, loop):  # argument order differs from the spec
+                log.append((label, output))
+
+        return P()
+
+    return [plugin("last", trylast=True), plugin("a"), plugin("first", tryfirst=True), plugin("b")]
+
+
+def test_direct_dispatch_order_equals_pluggys() -> None:
+    log: list = []
+    loop = hookfit.Loop(lambda loop, b: {"b": b}, [7], plugins=ordered_plugins(log))
+    loop.fit()
+    direct = [label for label, _ in log]
+    log.clear()
+    loop.run.pm.hook.batch_end(loop=loop, output={"b": 7}, batch=7, batch_idx=0)
+    assert direct == [label for label, _ in log] == ["first", "b", "a", "last"]
+
+
+def test_wrappers_go_through_pluggy() -> None:
+    log: list = []
+
+    class Wrapper:
+        @hookfit.hookimpl(wrapper=True)
+        def batch_end(self, batch_idx):
+            log.append(("before", batch_idx))
+            result = yield
+            log.append(("after", batch_idx))
+            return result
+
+    loop = hookfit.Loop(lambda loop, b: None, [0], plugins=ordered_plugins(log) + [Wrapper()])
+    loop.fit()
+    assert log[0] == ("before", 0) and log[-1] == ("after", 0) and len(log) == 6
+
+
+def test_tracing_switches_to_pluggys_call_path_and_back() -> None:
+    traced: list = []
+    log: list = []
+
+    class Tracer:
+        @hookfit.hookimpl
+        def epoch_start(self, loop):
+            self.undo = loop.pm.add_hookcall_monitoring(
+                lambda name, impls, kwargs: traced.append(name), lambda *a: None
+            )
+
+        @hookfit.hookimpl
+        def epoch_end(self, loop):
+            self.undo()
+
+    tracer = Tracer()
+    loop = hookfit.Loop(lambda loop, b: None, [0, 1], plugins=ordered_plugins(log) + [tracer])
+    loop.fit()
+    assert traced.count("batch_end") == 2 and traced.count("batch_start") == 0
+    assert loop.run.pm.monitors == 0
+
+
+def test_plugin_registered_mid_run_is_called_from_then_on() -> None:
+    late: list = []
+
+    class Late:
+        @hookfit.hookimpl
+        def batch_end(self, batch_idx):
+            late.append(batch_idx)
+
+    class Registrar:
+        @hookfit.hookimpl
+        def batch_start(self, loop, batch_idx):
+            if batch_idx == 2:
+                loop.pm.register(Late(), name="late")
+
+    hookfit.Loop(lambda loop, b: None, range(5), plugins=[Registrar()]).fit()
+    assert late == [2, 3, 4]
+
+
+def test_events_without_implementations_resolve_to_nothing() -> None:
+    loop = hookfit.Loop(lambda loop, b: None, [1])
+    loop.fit()
+    dispatch = Dispatch(loop.run.pm)
+    assert (dispatch.batch_start, dispatch.step_output, dispatch.batch_end, dispatch.should_stop) == (None,) * 4
+    assert dispatch.call_each("should_stop", loop.run) == []
+
+
+def test_loop_hooks_resolve_any_event_once_and_again_after_changes() -> None:
+    seen = []
+
+    class Listener:
+        @hookfit.hookimpl
+        def before_backward(self, loss):
+            seen.append(loss)
+            return "heard"
+
+    class Probe:
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            assert loop.hooks.before_backward is None  # nothing implements it: costs nothing
+            with pytest.raises(AttributeError, match="no hookfit event named 'before_backwards'"):
+                loop.hooks.before_backwards
+            loop.pm.register(Listener(), name="listener")
+            assert loop.hooks.before_backward(loop, 1.5) == ["heard"]  # pluggy's result semantics
+
+    hookfit.Loop(lambda loop, b: None, [1], plugins=[Probe()]).fit()
+    assert seen == [1.5]
+
+
+
+# -- observers in a real run: faults stay inside them; participants still fail the run ------
+
+
+def make_observer(fail_in: str):
+    class Flaky:
+        name = "flaky"
+        observer = True
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        @hookfit.hookimpl
+        def batch_end(self, batch_idx):
+            self.calls += 1
+            if fail_in == "batch_end":
+                raise ValueError(f"cannot draw batch {batch_idx}")
+
+        @hookfit.hookimpl
+        def fit_end(self):
+            if fail_in == "fit_end":
+                raise OSError("disk full while writing the summary")
+
+    return Flaky()
+
+
+def test_an_observer_failing_every_batch_warns_once_and_the_run_completes() -> None:
+    observer = make_observer("batch_end")
+    out = io.StringIO()
+    with pytest.warns(hookfit.ObserverWarning) as caught:
+        loop = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, range(1000),
+                            plugins=[observer, Metrics(log=False), Console(stream=out)])
+        state = loop.fit()
+    assert state.status == "completed" and state.step == 1000
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "observer plugin 'flaky'" in message and "hook 'batch_end'" in message
+    assert "ValueError: cannot draw batch 0" in message
+    assert observer.calls == 1  # switched off after the first failure
+    assert [(s.plugin, s.hook) for s in state.silenced] == [("flaky", "batch_end")]
+    assert 'hookfit silenced plugin=flaky hook=batch_end error="ValueError: cannot draw batch 0"' in out.getvalue()
+
+
+def test_an_observer_failing_in_fit_end_does_not_fail_the_run() -> None:
+    with pytest.warns(hookfit.ObserverWarning, match=r"'flaky'.*'fit_end'.*disk full"):
+        state = hookfit.Loop(lambda l, b: None, [1, 2], plugins=[make_observer("fit_end")]).fit()
+    assert state.status == "completed" and state.silenced[0].hook == "fit_end"
+
+
+def test_a_plugin_that_takes_part_still_fails_the_run() -> None:
+    class Participant:
+        name = "participant"
+
+        @hookfit.hookimpl
+        def batch_end(self):
+            raise ValueError("participant broke")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hookfit.ObserverWarning)
+        with pytest.raises(ValueError, match="participant broke") as info:
+            hookfit.Loop(lambda l, b: None, [1], plugins=[Participant()]).fit()
+    assert "plugin 'participant'" in " ".join(info.value.__notes__)
+
+
+def test_builtin_renderers_are_observers() -> None:
+    from hookfit.plugins.tui import TuiRenderer
+
+    assert Console.observer is True and TuiRenderer.observer is True
+    from hookfit.plugins.optim import Optim
+
+    assert getattr(Optim, "observer", False) is False and getattr(Metrics, "observer", False) is False
+
+
+def test_isolation_also_holds_on_pluggys_call_path() -> None:
+    class Logger:
+        name = "logger"
+        observer = True
+        epochs = 0
+
+        @hookfit.hookimpl
+        def epoch_end(self, epoch):
+            Logger.epochs += 1
+            raise RuntimeError("log server unreachable")
+
+    with pytest.warns(hookfit.ObserverWarning, match="'logger'.*'epoch_end'.*log server unreachable"):
+        state = hookfit.Loop(lambda l, b: None, [1], max_epochs=3, plugins=[Logger()]).fit()
+    assert state.status == "completed" and Logger.epochs == 1
+

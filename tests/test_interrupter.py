@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+import hookfit
+
 
 SCRIPT = r'''
 import json, signal, sys, time
@@ -62,6 +63,7 @@ def finish(proc: subprocess.Popen) -> tuple[dict, str]:
     return json.loads(out.strip().splitlines()[-1]), err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")])
 def test_one_signal_stops_gracefully(tmp_path: Path, signum: int, name: str) -> None:
     proc = start(tmp_path)
@@ -73,6 +75,7 @@ def test_one_signal_stops_gracefully(tmp_path: Path, signum: int, name: str) -> 
     assert f"{name} received, stopping after this batch" in err
 
 
+@pytest.mark.slow
 def test_second_sigint_aborts_after_fit_end(tmp_path: Path) -> None:
     proc = start(tmp_path)
     proc.send_signal(signal.SIGINT)
@@ -82,3 +85,26 @@ def test_second_sigint_aborts_after_fit_end(tmp_path: Path) -> None:
     assert result["outcome"] == "KeyboardInterrupt" and result["status"] == "interrupted"
     assert result["fit_end"] == ["interrupted"] and result["restored"]
     assert "press Ctrl-C again to abort" in err
+
+
+def test_interrupter_leaves_signal_handlers_alone_off_the_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+    import threading
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter")
+    before = signal.getsignal(signal.SIGINT)
+    seen, states = [], []
+
+    class Look:
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            seen.append(signal.getsignal(signal.SIGINT))
+            if loop.state.step == 2:
+                loop.request_stop("from the worker thread's step")
+
+    worker = threading.Thread(target=lambda: states.append(hookfit.Loop(lambda l, b: None, range(5), plugins=[Look()]).fit()))
+    worker.start()
+    worker.join(30)
+    assert states[0].status == "interrupted" and states[0].stop_reason == "from the worker thread's step"
+    assert seen and all(handler is before for handler in seen)
+

@@ -1,0 +1,57 @@
+"""hookfit.cli: ``hookfit plugins``, ``hookfit hooks`` and the reference page it generates."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import make_dist
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hookfit.cli", *args], capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, timeout=120,
+    )
+
+
+def test_hookfit_plugins_lists_name_distribution_hooks_and_state(dists: Path, tmp_path: Path) -> None:
+    make_dist(tmp_path / "broken", "broken-plugin", {"broken": "does_not_exist_mod"}, {})
+    path = os.pathsep.join([str(dists), str(tmp_path / "broken")])
+    env = {"PYTHONPATH": path, "HOOKFIT_DISABLE_PLUGINS": "beta"}  # built-ins listed too
+    env.pop("HOOKFIT_PLUGINS", None)
+    result = cli("plugins", "--json", env={**env})
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["alpha"]["distribution"] == "fake-plugins" and rows["alpha"]["version"] == "1.2.3"
+    assert rows["alpha"]["enabled"] is True and rows["alpha"]["hooks"] == ["batch_end"]
+    assert rows["beta"]["enabled"] is False
+    assert "ModuleNotFoundError" in rows["broken"]["error"]
+    assert rows["interrupter"]["distribution"] == "hookfit"
+    assert result.returncode == 1  # a broken plugin is an error, listed not hidden
+
+    text = cli("plugins", env={**env, "HOOKFIT_DISABLE_PLUGINS": "broken"})
+    assert text.returncode == 0, text.stderr
+    assert "alpha  [enabled]  fake-plugins 1.2.3" in text.stdout
+    assert "hooks: batch_end" in text.stdout
+    assert "broken  [disabled]" in text.stdout
+
+
+def test_hookfit_hooks_prints_every_event() -> None:
+    from conftest import spec_names
+
+    out = cli("hooks").stdout
+    for name in spec_names():
+        assert f"\n{name}(" in "\n" + out
+
+
+def test_the_hooks_reference_page_is_up_to_date() -> None:
+    from pathlib import Path
+
+    from hookfit.cli import hooks_reference
+
+    page = Path(__file__).resolve().parents[1] / "core" / "hooks.md"
+    assert page.read_text() == hooks_reference(markdown=True), (
+        "core/hooks.md is stale: run `hookfit hooks --markdown > core/hooks.md`")

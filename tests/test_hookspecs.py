@@ -1,0 +1,92 @@
+"""hookfit.hookspecs: every event is documented where it is declared, and fired by the loop or a
+built-in plugin in the runs below."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hookfit
+from conftest import Recorder, spec_names
+
+
+class Boom(Exception):
+    pass
+
+
+def test_every_hookspec_is_documented_and_fired() -> None:
+    """A new event cannot land undocumented, or without the loop firing it somewhere that
+    these runs cover (normal run with validation, a stop request, a failure)."""
+    import ast
+    from pathlib import Path
+
+    source = Path(hookfit.hookspecs.__file__).read_text()
+    declared = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and any(
+            getattr(d, "id", None) == "hookspec" or getattr(getattr(d, "func", None), "id", None) == "hookspec"
+            for d in node.decorator_list
+        ):
+            declared[node.name] = ast.get_docstring(node) or ""
+    assert set(declared) == set(spec_names())
+    for name, doc in declared.items():
+        assert len(doc.split()) >= 15, f"hook {name!r} needs a docstring saying when it fires"
+
+    fired: set[str] = set()
+    rec = Recorder()
+    hookfit.Loop(lambda l, b: {"x": 1}, [1], val_step=lambda l, b: None, val_data=[1], plugins=[rec]).fit()
+    fired |= set(rec.names())
+
+    rec = Recorder()
+
+    class Stopper:
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            loop.request_stop("test")
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hookfit.HookfitWarning)
+        hookfit.Loop(lambda l, b: None, [1], plugins=[rec, Stopper()]).fit()
+    fired |= set(rec.names())
+
+    rec = Recorder()
+    with pytest.raises(Boom):
+        hookfit.Loop(lambda l, b: (_ for _ in ()).throw(Boom()), [1], plugins=[rec]).fit()
+    fired |= set(rec.names())
+
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.optim import Optim
+
+    rec = Recorder(agree=True)
+    model = torch.nn.Linear(1, 1)
+
+    def optim_step(loop, x):
+        loop.backward(model(x).sum())
+        loop.optimizers.step()
+
+    class TwoProcessesResumed:
+        name = "two"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.state.world_size = 2  # so that metrics asks for its sums to be reduced
+
+        @hookfit.hookimpl
+        def batch_start(self, loop):
+            if (ask := loop.hooks.should_sync_gradients) is not None:  # as a distributed plugin does
+                ask(loop)
+
+        @hookfit.hookimpl
+        def resume(self, loop):
+            states = loop.plugin_states()
+            states["recorder"] = {"anything": 1}
+            loop.load_plugin_states(states, strict=False)
+            return True
+
+    hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()), resume="x",
+                 plugins=[Optim(), Metrics(sync_every=1, log=False), Console(), TwoProcessesResumed(), rec]).fit()
+    fired |= set(rec.names())
+    assert fired == set(declared), f"never fired: {set(declared) - fired}"

@@ -1,0 +1,20 @@
+"""hookfit.state: where a run is."""
+
+from __future__ import annotations
+
+import hookfit
+from hookfit.state import State
+
+
+def test_a_fresh_state_is_idle_and_has_taken_no_time() -> None:
+    state = State()
+    assert (state.status, state.epoch, state.step, state.stage, state.elapsed) == ("idle", 0, 0, None, 0.0)
+    assert (state.stop_reason, state.stopped_by, state.rank, state.world_size) == (None, None, 0, 1)
+
+
+def test_elapsed_grows_during_a_run_and_stops_at_its_end() -> None:
+    seen = []
+    state = hookfit.Loop(lambda loop, b: seen.append(loop.state.elapsed), range(3)).fit()
+    assert seen == sorted(seen) and seen[0] > 0
+    assert state.ended_at is not None and state.elapsed >= seen[-1]
+    assert state.elapsed == state.elapsed  # frozen once the run has ended

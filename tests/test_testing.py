@@ -1,0 +1,56 @@
+"""hookfit.testing: the pytest plugin plugin authors test with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hookfit
+from conftest import Recorder
+
+
+def test_hookfit_run_fixture_trains_with_exactly_the_given_plugins(hookfit_run, hookfit_recorder) -> None:
+    from hookfit.plugins.optim import Optim
+
+    loop = hookfit_run(Optim(), hookfit_recorder)
+    assert loop.state.status == "completed"
+    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["optim", "recorder"]
+    assert hookfit_recorder.names().count("after_optimizer_step") == 4
+
+
+def test_the_recorder_records_every_event_with_its_arguments_and_can_stop() -> None:
+    recorder = Recorder(stop_after=2)
+    state = hookfit.Loop(lambda l, b: {"b": b}, [1, 2, 3], plugins=[recorder]).fit()
+    assert state.status == "interrupted" and state.step == 2 and state.stopped_by == "recorder"
+    assert recorder.events[:4] == [("configure", {}), ("fit_start", {}), ("epoch_start", {"epoch": 0}),
+                                   ("stage_start", {"stage": "train"})]
+    assert ("batch_end", {"output": {"b": 2}, "batch": 2, "batch_idx": 1}) in recorder.events
+    assert ("batch_start", "train", True) in recorder.seen
+    assert "agree_stop" not in recorder.names()  # asked at every boundary only with agree=True
+    agreeing = Recorder(agree=True)
+    hookfit.Loop(lambda l, b: None, [1], plugins=[agreeing]).fit()
+    # asked at the start, after epoch_start, stage_start, the batch, stage_end and epoch_end
+    assert agreeing.names().count("agree_stop") == 6
+
+
+def test_hookfit_isolated_loads_no_discovered_plugin(hookfit_isolated: None) -> None:
+    loop = hookfit.Loop(lambda l, b: None, [torch.ones(1)])
+    loop.fit()
+    assert loop.run.pm.list_name_plugin() == []
+    assert {info.name for info in loop.run.pm.infos.values()} >= {"optim", "metrics"}  # known, not loaded
+
+
+def test_a_recorder_failing_is_a_participant_failure(hookfit_run) -> None:
+    """The recorder takes part (it is not an observer): its errors fail the run, as a plugin
+    under test should see."""
+    class Broken(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+
+            def batch_end(loop, output, batch, batch_idx):
+                raise RuntimeError("recorder broke")
+
+            self.batch_end = hookfit.hookimpl(batch_end)
+
+    with pytest.raises(RuntimeError, match="recorder broke"):
+        hookfit_run(Broken())
