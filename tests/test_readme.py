@@ -34,3 +34,24 @@ def test_ci_runs_exactly_the_readme_setup_commands() -> None:
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.startswith(("#", "set ", "cd "))]
     assert ci == commands
+
+
+def test_no_file_points_outside_the_repository() -> None:
+    """The project stands alone: every relative link in its Markdown resolves to a file of the
+    repository, and no file names a path of the machine it was written on."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    texts = [REPO / name for name in tracked if name.endswith((".py", ".md", ".toml", ".cfg", ".txt")) or "/.ci/" in f"/{name}"]
+    outside = re.compile(r"(?<![\w.])(/work/|/tmp/hookfit|shared/notes|\.\./shared)")
+    for path in texts:
+        if path == Path(__file__).resolve():  # the patterns themselves
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert not outside.search(text), f"{path.relative_to(REPO)} names a path outside the repository"
+        if path.suffix != ".md":
+            continue
+        for target in re.findall(r"\]\(([^)#\s]+)", text):
+            if re.match(r"[a-z]+:", target):  # a web address
+                continue
+            resolved = (path.parent / target).resolve()
+            assert resolved.exists() and REPO in (resolved, *resolved.parents), (
+                f"{path.relative_to(REPO)} links to {target}, which is not a file of the repository")
