@@ -13,7 +13,8 @@ import torch
 
 import hookfit
 from hookfit.plugins.console import Console
-from hookfit.plugins.metrics import Metrics, MetricsSnapshot, batch_size
+from hookfit.payloads import MetricsSnapshot
+from hookfit.plugins.metrics import Metrics, batch_size
 
 
 class Collect:
@@ -331,3 +332,21 @@ def test_epoch_metrics_sees_the_finished_stage_whatever_the_registration_order(o
     hookfit.Loop(step, data, model=model, optimizers=opt, plugins=[*plugins, Catch()]).fit()
     # windows end after batches 2, 5, 8 and the partial one at the stage's end: four steps
     assert epochs[0].lr == {"default": 0.5 ** 4}
+
+
+def test_the_outcome_names_the_reason_and_who_asked(tmp_path: Path) -> None:
+    class Budget:
+        name = "budget"
+
+        @hookfit.hookimpl
+        def epoch_end(self, loop, epoch):
+            if epoch == 1:
+                loop.request_stop("time budget spent")
+
+    out = io.StringIO()
+    hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [1, 2], max_epochs=5, run_dir=tmp_path,
+                 plugins=[Metrics(), Console(stream=out), Budget()]).fit()
+    assert 'hookfit end status=interrupted reason="time budget spent" by="budget" ' in out.getvalue()
+    end = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (end["event"], end["status"], end["reason"], end["by"], end["step"]) == (
+        "end", "interrupted", "time budget spent", "budget", 4)

@@ -12,7 +12,7 @@ urwid = pytest.importorskip("urwid")
 from urwid.testing import render_text  # noqa: E402
 
 import hookfit  # noqa: E402
-from hookfit.plugins.metrics import MetricsSnapshot, Value  # noqa: E402
+from hookfit.payloads import MetricsSnapshot, Value  # noqa: E402
 from hookfit.plugins.tui import TuiRenderer, interactive_terminal, summary  # noqa: E402
 from hookfit.plugins.tui.dashboard import Dashboard  # noqa: E402
 from hookfit.plugins.tui.plot import Series, text_plot  # noqa: E402
