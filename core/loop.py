@@ -33,20 +33,23 @@ def _positive_int(value: Any, what: str, allow_none: bool = False) -> None:
 
 
 class Loop:
-    """A training run: ``Loop(train_step, train_data, ...).fit()``.
+    """A training run's configuration: ``Loop(train_step, train_data, ...).fit()``.
 
-    ``train_step(loop, batch)`` and ``val_step(loop, batch)`` are plain functions. They return
-    ``None`` (nothing to report for this batch), a mapping with any keys, or a tensor (taken as
-    ``{"loss": tensor}``). Optimizers, metrics, output and stopping are plugins: discovered
-    through the ``hookfit`` entry-point group, given in ``plugins`` (an instance replaces a
-    discovered plugin of the same name), switched off by name in ``disable``.
+    ``train_step(loop, batch)`` and ``val_step(loop, batch)`` are plain functions; their
+    ``loop`` is the :class:`hookfit.Run` of the current ``fit()``. They return ``None``
+    (nothing to report for this batch), a mapping with any keys, or a tensor (taken as
+    ``{"loss": tensor}``). Optimizers, metrics and output are plugins: discovered through the
+    ``hookfit`` entry-point group, given in ``plugins`` (an instance replaces a discovered
+    plugin of the same name), switched off by name in ``disable``. Stopping is the run's own:
+    ``loop.request_stop(reason)``. A run never changes the ``Loop``: what plugins replace (a
+    wrapped model, sharded data, managed optimizers) is the run's.
 
     Validation runs every ``val_every_n_epochs`` epochs after the training stage, with every
     module of ``model`` in eval mode under ``torch.inference_mode()`` (``val_grad_mode="no_grad"``
     for ``torch.no_grad()``); afterwards each submodule gets back its own previous training flag.
 
-    Files a run writes (metrics logs, checkpoints) go to ``loop.run_dir``: ``run_dir`` if given,
-    else a new ``runs/<date>-<time>`` folder, created only when a plugin first asks for it.
+    Files a run writes (metrics logs, checkpoints) go to the run's ``run_dir``: ``run_dir`` if
+    given, else a new ``runs/<date>-<time>`` folder, created only when a plugin first asks for it.
 
     ``resume="latest"`` or a checkpoint path continues an earlier run through the plugin that
     implements the ``resume`` event (the checkpoint plugin); without the argument, the
