@@ -137,3 +137,66 @@ def test_alternating_gan_optimizers_match_raw_bitwise() -> None:
         "g": torch.optim.Adam(G.parameters(), 1e-3), "d": torch.optim.Adam(D.parameters(), 1e-3)}).fit()
     assert state.status == "completed"
     assert same(G, g) and same(D, d)
+
+
+def test_the_built_in_plugins_give_the_same_run_in_any_registration_order(tmp_path, monkeypatch) -> None:
+    """No built-in relies on names that sort well: given under names of no entry point (so the
+    order given is the order registered), optim, metrics, checkpoint, console and a plugin that
+    stops the run in epoch_end give bitwise the same parameters, the same published metrics
+    (learning rates included), the same console results and the same checkpoints whether they
+    are registered in one order or the reverse."""
+    import io
+
+    from hookfit.plugins.checkpoint import Checkpoint, read
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.metrics import Metrics
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "")
+    train, valid = batches(10, 0), batches(3, 1, size=5)
+
+    class Stop:
+        @hookfit.hookimpl
+        def epoch_end(self, loop, epoch):
+            if epoch == 2:
+                loop.request_stop("enough")
+
+    def run(reverse: bool, folder):
+        m = net()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7)
+        out, seen = io.StringIO(), []
+
+        class Seen:
+            @hookfit.hookimpl
+            def epoch_metrics(self, stage, metrics):
+                seen.append((stage, metrics.epoch, dict(metrics.lr), {k: v.epoch for k, v in metrics.values.items()}))
+
+        plugins = [Optim(accumulate=3, schedulers=schedule), Metrics(interval=0.0), Console(stream=out, interval=0),
+                   Checkpoint(every_n_steps=4, keep_last=2, monitor="valid/loss", background=False), Stop(), Seen()]
+        for i, plugin in enumerate(plugins):
+            plugin.name = f"p{i}"
+
+        def step(loop, b):
+            loss = loss_of(m, b)
+            loop.backward(loss)
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+            return loss
+
+        state = hookfit.Loop(step, train, val_step=lambda loop, b: loss_of(m, b), val_data=valid, model=m,
+                             optimizers=opt, max_epochs=5, run_dir=folder,
+                             plugins=plugins[::-1] if reverse else plugins).fit()
+        results = [line for line in out.getvalue().splitlines() if line.startswith(("hookfit result", "hookfit end"))]
+        results = [line.split(" duration=")[0] for line in results]
+        saved = {p.name: read(p)["model"] for p in sorted((folder / "checkpoints").glob("*.pt"))}
+        return state, m, seen, results, saved
+
+    one, other = run(False, tmp_path / "forward"), run(True, tmp_path / "reverse")
+    assert (one[0].status, one[0].step, one[0].stop_reason) == ("interrupted", 30, "enough")
+    assert (other[0].status, other[0].step, other[0].stop_reason) == ("interrupted", 30, "enough")
+    assert same(one[1], other[1])
+    assert one[2] == other[2] and len(one[2]) == 6 and one[2][0][2] != one[2][-1][2]  # lr changed
+    assert one[3] == other[3] and any("metric=loss" in line for line in one[3])
+    assert one[4].keys() == other[4].keys() and len(one[4]) == 2  # the last and the best
+    for name in one[4]:
+        assert all(torch.equal(one[4][name][k], other[4][name][k]) for k in one[4][name])
