@@ -108,7 +108,9 @@ class Run:
         self.run_dir_given = config.run_dir is not None
         """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
         self._stop: StopRequest | None = None
-        self._stop_lock = threading.Lock()
+        # re-entrant: a signal handler (the interrupter's) runs on the main thread, possibly
+        # while the step function itself is inside request_stop
+        self._stop_lock = threading.RLock()
 
     # -- what steps and plugins use ---------------------------------------------------------
     @property
@@ -150,12 +152,12 @@ class Run:
             raise TypeError(f"request_stop: reason must be a string, got {type(reason).__name__}")
         if self.pm is None:
             raise RuntimeError("request_stop() needs a running loop: call it during fit()")
+        new = StopRequest(reason, by if by is not None else self._asker())
         with self._stop_lock:
-            first = self._stop is None
-            if first:
-                self._stop = StopRequest(reason, by if by is not None else self._asker())
+            if self._stop is None:
+                self._stop = new
             request = self._stop
-        if first and self.hooks is not None and (call := self.hooks.stop_requested) is not None:
+        if request is new and self.hooks is not None and (call := self.hooks.stop_requested) is not None:
             call(self, request)
         return request
 
