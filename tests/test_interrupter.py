@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,8 +31,16 @@ class Watch:
     def fit_end(self, loop):
         ended.append(loop.state.status)
 
+HOLD = "hold" in sys.argv  # once a stop is pending, this batch waits (for a second signal)
+announced = []
+
 def step(loop, batch):
     time.sleep(0.05)
+    while HOLD and loop.stop_requested is not None:
+        if not announced:
+            announced.append(True)
+            print("PENDING", flush=True)
+        time.sleep(0.01)
 
 loop = hookfit.Loop(step, list(range(10_000)), plugins=[Watch()])
 try:
@@ -47,12 +54,12 @@ print(json.dumps({"outcome": outcome, "status": loop.state.status, "reason": loo
 '''
 
 
-def start(tmp_path: Path) -> subprocess.Popen:
+def start(tmp_path: Path, *args: str) -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
     env["HOOKFIT_PLUGINS"] = "interrupter"
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=tmp_path)
     assert proc.stdout.readline().strip() == "TRAINING"
     return proc
@@ -77,9 +84,9 @@ def test_one_signal_stops_gracefully(tmp_path: Path, signum: int, name: str) -> 
 
 @pytest.mark.slow
 def test_second_sigint_aborts_after_fit_end(tmp_path: Path) -> None:
-    proc = start(tmp_path)
+    proc = start(tmp_path, "hold")
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.01)  # inside the same 50 ms batch
+    assert proc.stdout.readline().strip() == "PENDING"  # the first is pending, its batch not over
     proc.send_signal(signal.SIGINT)
     result, err = finish(proc)
     assert result["outcome"] == "KeyboardInterrupt" and result["status"] == "interrupted"
