@@ -408,7 +408,7 @@ def test_ctrl_z_is_ignored_while_the_dashboard_is_up(term: Terminal) -> None:
 
 
 def test_sigint_shows_the_stopping_banner(term: Terminal) -> None:
-    """The interrupter fires the request_stop event for signals, so the dashboard hears them."""
+    """A signal becomes a stop request, whose stop_requested event the dashboard hears."""
     term.train(steps=50, delay=5.0)
     term.wait_for(STATUS_LINE)
     term.keys("C-c")
