@@ -1,23 +1,23 @@
 """End to end: the example third-party plugin package, installed with a real pip.
 
-examples/hookfit-example-plugin is copied to a temporary folder, installed (not editable) into the
-running interpreter's environment, exercised through fresh interpreters (a run and ``hookfit
-plugins --json``), and uninstalled again whatever happens. Nothing is imported in this process:
-entry-point discovery is only trustworthy in an interpreter started after the install.
+examples/hookfit-example-plugin is copied to a temporary folder, installed (not editable) into a
+temporary virtual environment of its own (tests/venvs.py: it sees the running environment's
+packages, the running environment never sees it), exercised through fresh interpreters of that
+environment (a run and ``hookfit plugins --json``), and uninstalled there again. Nothing is
+imported in this process: entry-point discovery is only trustworthy in an interpreter started
+after the install.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from venvs import Venv, assert_not_in_running_env, venv  # noqa: F401 (venv: a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -47,45 +47,18 @@ def _canonical(name: str | None) -> str | None:
     return None if name is None else re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _env(**extra: str) -> dict[str, str]:
-    """The current environment without hookfit's and pip's knobs, plus ``extra``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HOOKFIT_", "PIP_")) and k != "PYTHONPATH"
-    }
-    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", PYTHONNOUSERSITE="1")
-    env.update(extra)
-    return env
-
-
-def _run(args: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        args, cwd=cwd, env=_env(**extra), capture_output=True, text=True, timeout=TIMEOUT
-    )
-    assert result.returncode == 0, (
-        f"{' '.join(args)} exited {result.returncode}\n"
-        f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-    )
-    return result
-
-
-def _pip(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return _run([sys.executable, "-m", "pip", *args], cwd)
-
-
-def _plugins(cwd: Path, **extra: str) -> dict[str, dict]:
-    out = _run([sys.executable, "-m", "hookfit.cli", "plugins", "--json"], cwd, **extra).stdout
+def _plugins(venv: Venv, cwd: Path, **extra: str) -> dict[str, dict]:
+    out = venv.run("-m", "hookfit.cli", "plugins", "--json", cwd=cwd, timeout=TIMEOUT, **extra).stdout
     rows = json.loads(out)
     return {row["name"]: row for row in rows}
 
 
-def _fit(cwd: Path, **extra: str) -> dict:
-    out = _run([sys.executable, "-c", RUN], cwd, **extra).stdout
+def _fit(venv: Venv, cwd: Path, **extra: str) -> dict:
+    out = venv.run("-c", RUN, cwd=cwd, timeout=TIMEOUT, **extra).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_example_package_installs_runs_disables_and_uninstalls(tmp_path: Path) -> None:
+def test_example_package_installs_runs_disables_and_uninstalls(tmp_path: Path, venv: Venv) -> None:
     for needed in ("pip", "setuptools"):  # looked up, not imported (setuptools patches distutils)
         if importlib.util.find_spec(needed) is None:
             pytest.fail(f"{needed} is not installed; this test installs a package with a real pip")
@@ -96,14 +69,15 @@ def test_example_package_installs_runs_disables_and_uninstalls(tmp_path: Path) -
         PACKAGE, source, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__")
     )
 
-    before = _plugins(work)
+    before = _plugins(venv, work)
     assert NAME not in before, f"{DIST} is already installed; uninstall it before running this test"
 
+    venv.install(source, copy=False)  # into the temporary venv only
     try:
-        _pip(work, "install", "--no-deps", "--no-build-isolation", "--no-index", str(source))
+        assert_not_in_running_env(DIST, MODULE)
 
         # -- discovered, listed, enabled, with its hooks ---------------------------------------
-        row = _plugins(work)[NAME]
+        row = _plugins(venv, work)[NAME]
         assert _canonical(row["distribution"]) == DIST
         assert row["version"] == "0.1.0"
         assert row["source"] == "entry point"
@@ -114,12 +88,13 @@ def test_example_package_installs_runs_disables_and_uninstalls(tmp_path: Path) -
 
         # -- a run fires its hooks and it writes its summary -----------------------------------
         out = tmp_path / "out" / "counts.json"
-        result = _fit(work, HOOKFIT_EXAMPLE_OUT=str(out))
+        result = _fit(venv, work, HOOKFIT_EXAMPLE_OUT=str(out))
         assert result["status"] == "completed"
         assert result["step"] == 10
         # the installed copy was imported, not the source in the repository or in tmp_path
         module_file = Path(result["module_file"]).resolve()
         assert PACKAGE not in module_file.parents and source not in module_file.parents
+        assert module_file.is_relative_to(venv.site_packages.resolve())
         lines = out.read_text(encoding="utf-8").splitlines()
         assert len(lines) == 1
         summary = json.loads(lines[0])
@@ -135,20 +110,22 @@ def test_example_package_installs_runs_disables_and_uninstalls(tmp_path: Path) -
         }
 
         # -- disabled: listed as such, never imported, writes nothing --------------------------
-        row = _plugins(work, HOOKFIT_DISABLE_PLUGINS=NAME)[NAME]
+        row = _plugins(venv, work, HOOKFIT_DISABLE_PLUGINS=NAME)[NAME]
         assert row["enabled"] is False
         assert row["error"] is None
         assert row["hooks"] == []
         out_disabled = tmp_path / "out" / "disabled.json"
-        result = _fit(work, HOOKFIT_EXAMPLE_OUT=str(out_disabled), HOOKFIT_DISABLE_PLUGINS=NAME)
+        result = _fit(venv, work, HOOKFIT_EXAMPLE_OUT=str(out_disabled), HOOKFIT_DISABLE_PLUGINS=NAME)
         assert result["status"] == "completed"
         assert result["module_file"] is None  # a disabled plugin is never imported
         assert not out_disabled.exists()
     finally:
-        _pip(work, "uninstall", "-y", DIST)
+        venv.uninstall(DIST)  # inside the temporary venv
+    assert_not_in_running_env(DIST, MODULE)
 
     # -- gone after uninstalling, and hookfit still works without it ---------------------------
-    after = _plugins(work)
+    assert not venv.has(DIST)
+    after = _plugins(venv, work)
     assert NAME not in after
     assert sorted(after) == sorted(before)
-    assert _fit(work)["status"] == "completed"
+    assert _fit(venv, work)["status"] == "completed"

@@ -1,4 +1,7 @@
-"""``hookfit new-plugin``: the generated package installs, is discovered and its test passes."""
+"""``hookfit new-plugin``: the generated package installs, is discovered and its test passes.
+
+The package is installed (editable, as its README says) into a temporary virtual environment of
+its own (tests/venvs.py), never into the one running the suite."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from venvs import Venv, assert_not_in_running_env, venv  # noqa: F401 (venv: a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -21,21 +25,23 @@ def run(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProces
     return result
 
 
-def test_new_plugin_installs_is_discovered_and_its_test_passes(tmp_path: Path) -> None:
+def test_new_plugin_installs_is_discovered_and_its_test_passes(tmp_path: Path, venv: Venv) -> None:
     made = run(sys.executable, "-m", "hookfit.cli", "new-plugin", "epoch_log", "--dir", str(tmp_path), cwd=tmp_path)
     root = tmp_path / "hookfit-epoch-log"
     assert f"created {root}" in made.stdout
+    venv.install(root, editable=True, copy=False)  # into the temporary venv only
     try:
-        run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(root), cwd=tmp_path)
-        listing = json.loads(run(sys.executable, "-m", "hookfit.cli", "plugins", "--json", cwd=tmp_path).stdout)
+        assert_not_in_running_env("hookfit-epoch-log", "hookfit_epoch_log")
+        listing = json.loads(venv.run("-m", "hookfit.cli", "plugins", "--json", cwd=tmp_path).stdout)
         row = next(r for r in listing if r["name"] == "epoch_log")
         assert row["distribution"] == "hookfit-epoch-log" and row["enabled"] and row["hooks"] == ["epoch_end"]
-        tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=root)
+        tests = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=root)
         assert "2 passed" in tests.stdout
     finally:
-        run(sys.executable, "-m", "pip", "uninstall", "-y", "-q", "hookfit-epoch-log", cwd=tmp_path, check=False)
-    after = json.loads(run(sys.executable, "-m", "hookfit.cli", "plugins", "--json", cwd=tmp_path).stdout)
+        venv.uninstall("hookfit-epoch-log")  # inside the temporary venv
+    after = json.loads(venv.run("-m", "hookfit.cli", "plugins", "--json", cwd=tmp_path).stdout)
     assert "epoch_log" not in [r["name"] for r in after]
+    assert_not_in_running_env("hookfit-epoch-log", "hookfit_epoch_log")
 
 
 def test_new_plugin_refuses_bad_names_and_existing_folders(tmp_path: Path) -> None:
