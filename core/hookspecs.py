@@ -66,13 +66,25 @@ callable taking the spec's arguments in order, or ``None`` when nothing implemen
 (resolved once per run). ``loop.pm.hook.<event>(...)`` is pluggy's bare call, without
 hookfit's guarantees (an observer's error is not contained there).
 
+Plugins are named by their entry point (discovered plugins) or their ``name`` attribute
+(plugins given to ``Loop``, where one replaces the discovered plugin of the same name); that
+name keys their state in checkpoints and names them in messages and in
+``loop.state.stopped_by``. A plugin whose class says ``observer = True`` only watches the run
+(renderers, loggers): if one of its implementations raises, it is switched off for the rest of
+the run with one warning instead of failing it. Every other plugin takes part in training,
+and its errors fail the run.
+
 What every hook may rely on: ``loop.state`` is up to date when the event fires (epoch, step,
-batch index, stage, status); ``loop.optimizers`` is what ``Loop(optimizers=...)`` was given
-or what an optimizer plugin put there at ``fit_start``: a ``torch.optim.Optimizer`` or a
-mapping of names to objects that have an optimizer's ``param_groups`` (plugins that report
-learning rates read ``param_groups[0]["lr"]``). What no hook may do: keep step outputs or
-batches beyond the event (the core promises flat memory), or register and unregister
-plugins from another thread while a run is in progress.
+batch index, stage, status). ``loop.optimizers`` is what ``Loop(optimizers=...)`` was given (a
+``torch.optim.Optimizer``, or a mapping of names to them) or, from ``fit_start`` on, what an
+optimizer plugin put there at ``configure``: for one optimizer an object with ``step()``,
+``zero_grad()`` and ``param_groups``, for several a mapping of names to such objects. Step
+functions call ``loop.optimizers.step()`` and ``zero_grad()`` every batch; inside a
+gradient-accumulation window an optimizer plugin makes them wait for the window's end. A single
+optimizer is named ``"default"`` wherever optimizers are named (learning rates, checkpoints);
+plugins that report learning rates read ``param_groups[0]["lr"]``. What no hook may do: keep
+step outputs or batches beyond the event (the core promises flat memory), or register and
+unregister plugins from another thread while a run is in progress.
 """
 
 from __future__ import annotations
@@ -98,7 +110,8 @@ def configure(loop: Run) -> None:
 
     Fires once, first of all events, after every plugin is registered and checked. A plugin
     that changes what the run is made of does it here: wrap ``loop.model`` (distributed data
-    parallel), replace ``loop.train_data`` or ``loop.val_data`` (sharding), set
+    parallel), replace ``loop.train_data`` or ``loop.val_data`` (sharding), put the objects the
+    step function drives into ``loop.optimizers`` (an optimizer plugin), set
     ``loop.state.rank`` and ``loop.state.world_size``, or unregister other plugins
     (``loop.pm.unregister``) that must not run in this process. A plugin unregistered here
     receives no later event of the run, not even ``fit_start`` or ``fit_end`` (it may still
@@ -270,8 +283,10 @@ def save_state(loop: Run) -> Any:
     saved without the checkpoint plugin knowing it. Return plain data (tensors, numbers,
     strings, lists, dicts): a checkpoint is read back with ``torch.load(weights_only=True)``,
     so arbitrary objects cannot be restored. The state must be a snapshot: later training must
-    not change what was returned (copy tensors that training updates in place). Called on the
-    training thread between batches.
+    not change what was returned (copy tensors that training updates in place). Everything a
+    resumed run needs to continue as if never stopped belongs here: an optimizer plugin saves
+    the gradients of an open accumulation window (a model's state dict holds none). Called on
+    the training thread between batches.
     """
 
 
@@ -311,7 +326,9 @@ def all_reduce(loop: Run, tensor: torch.Tensor) -> torch.Tensor | None:
 
     Implemented by the plugin that runs the loop on several processes; when no plugin does,
     the run has one process and callers use their own value. Metrics plugins call it to
-    publish global numbers (sums and counts, so that means stay weighted). First result.
+    publish global numbers (sums and counts, so that means stay weighted); with several
+    processes they therefore publish at the same batch on every process (every N batches),
+    never by the clock. First result.
     """
 
 
@@ -326,9 +343,11 @@ def should_sync_gradients(loop: Run) -> bool | None:
     optimizers step after this batch (every batch without accumulation; the window's last
     batch with it, and the last batch of a stage or of ``max_steps`` where a partial window is
     stepped), ``False`` inside a window, where gradients are only accumulated locally and need
-    no synchronisation yet. ``None`` (or no implementation) means ``True``: synchronise. Asked
-    from the asking plugin's ``batch_start``, on the training thread, so ``loop.state.batch_idx``
-    and ``loop.state.step`` are those of the batch about to run. First result.
+    no synchronisation yet. When the stage's length is unknown (data without ``len()``) its
+    last batch cannot be told in advance: answer ``True``. ``None`` (or no implementation)
+    means ``True``: synchronise. Asked from the asking plugin's ``batch_start``, on the
+    training thread: ``loop.state.batch_idx`` is the batch about to run and ``loop.state.step``
+    counts the training batches before it. First result.
     """
 
 

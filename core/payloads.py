@@ -24,7 +24,9 @@ __all__ = ["MetricsSnapshot", "StopRequest", "Value"]
 
 class Value(NamedTuple):
     """One metric in a :class:`MetricsSnapshot`, as three means of the values a step returned
-    under one key, each weighted by the batch size.
+    under one key, each weighted by the number of samples of its batch (the publisher counts
+    them; the built-in ``metrics`` takes an output's ``batch_size`` key, else the first
+    dimension of the batch's first tensor, else 1).
 
     Fields:
 

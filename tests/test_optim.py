@@ -455,3 +455,51 @@ def test_should_sync_gradients_answers_exactly_the_batches_after_which_optim_ste
     assert [i for i, sync in answers if sync] == stepped
     assert all(isinstance(sync, bool) for _, sync in answers)
     assert len(answers) == (max_steps or 10)
+
+
+def test_with_data_of_unknown_length_every_batch_synchronises() -> None:
+    """The stage's last batch, where a partial window is stepped, cannot be told in advance
+    when the data has no length: optim answers True for every batch rather than leave the
+    last window's gradients unsynchronised under DDP."""
+    answers = []
+
+    class Unsized:
+        def __iter__(self):
+            return iter(data(5))
+
+    class Asker:
+        name = "asker"
+
+        @hookfit.hookimpl
+        def batch_start(self, loop):
+            answers.append(loop.hooks.should_sync_gradients(loop))
+
+    m = model()
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    hookfit.Loop(step, Unsized(), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                 plugins=[Optim(accumulate=2), Asker()]).fit()
+    assert answers == [True] * 5
+
+
+def test_managed_optimizers_are_in_place_for_every_plugins_fit_start() -> None:
+    """optim replaces loop.optimizers at configure: a plugin's fit_start sees the managed
+    optimizers whatever the order the plugins run in."""
+    from hookfit.plugins.optim import Optimizers
+
+    seen = []
+
+    class Early:
+        name = "early"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def fit_start(self, loop):
+            seen.append(type(loop.optimizers))
+
+    m = model()
+    fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), Early(), epochs=1)
+    assert seen == [Optimizers]

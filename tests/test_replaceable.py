@@ -64,7 +64,7 @@ def load(path: Path) -> Any:
 def test_the_packages_are_installed_in_the_venv_only_and_discovered_there(venv: Venv, tmp_path: Path) -> None:
     listing = {row["name"]: row for row in json.loads(venv.run("-m", "hookfit.cli", "plugins", "--json").stdout)}
     hooks = {
-        "plain_optim": ["backward", "fit_end", "fit_start", "load_state", "save_state", "should_sync_gradients",
+        "plain_optim": ["backward", "configure", "fit_end", "load_state", "save_state", "should_sync_gradients",
                         "stage_end", "stage_start"],
         "mean_metrics": ["batch_end", "fit_start", "load_state", "save_state", "stage_end", "stage_start",
                          "step_output"],

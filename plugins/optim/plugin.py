@@ -54,15 +54,17 @@ class Optim:
         self._poisoned_at = 0  # the global step of the batch that poisoned it
         self._scaler_used = False
         self._first_skip: str | None = None
-        self._plain = False  # set at fit_start: a step needs no window, unscaling, clipping or scheduler
-        self._scales = False  # set at fit_start: backward scales the loss (accumulation or AMP)
+        self._plain = False  # set at configure: a step needs no window, unscaling, clipping or scheduler
+        self._scales = False  # set at configure: backward scales the loss (accumulation or AMP)
         self._bare = False  # backward needs only the finiteness check (kept by _set_fast_paths)
         self._stage_len: int | None = None  # batches in the training stage, when known
         self._unwatch: Any = None
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def configure(self, loop: Any) -> None:
+        # loop.optimizers is replaced here, not at fit_start, so that every plugin sees the
+        # managed optimizers from fit_start on, whatever the order (the spec says so)
         self.loop = loop
         optimizers = _named(loop.optimizers, "optimizers")
         schedulers = _named(self.schedulers, "schedulers") if self.schedulers is not None else {}
@@ -92,6 +94,10 @@ class Optim:
         self._scales = self.accumulate > 1 or self.scaler is not None
         self._poison(False)
         self._unwatch = loop.pm.on_change(self._set_fast_paths)
+        if self.accumulate > 1 or self.amp:
+            # a per-batch hook only where a batch can close a window or update a loss scale;
+            # a plain run's batches cost optim nothing outside the step function
+            loop.pm.register(_BatchEnd(self), name="optim.batch_end")
 
     @hookimpl
     def backward(self, loop: Any, loss: torch.Tensor) -> bool:
@@ -130,12 +136,6 @@ class Optim:
             )
         return True
 
-    @hookimpl
-    def configure(self, loop: Any) -> None:
-        if self.accumulate > 1 or self.amp:
-            # a per-batch hook only where a batch can close a window or update a loss scale;
-            # a plain run's batches cost optim nothing outside the step function
-            loop.pm.register(_BatchEnd(self), name="optim.batch_end")
 
     def _batch_end(self) -> None:
         if self._scaler_used:
@@ -153,11 +153,12 @@ class Optim:
     @hookimpl
     def should_sync_gradients(self, loop: Any) -> bool:
         """Whether the optimizers step after this training batch: the window's last batch,
-        or the stage's (or ``max_steps``') last, where the partial window is stepped."""
-        if self._window_closes():
+        or the stage's (or ``max_steps``') last, where the partial window is stepped. When
+        the stage's length is unknown its last batch cannot be told, so every batch syncs."""
+        if self._window_closes() or self._stage_len is None:
             return True
         state = loop.state
-        if self._stage_len is not None and state.batch_idx >= self._stage_len - 1:
+        if state.batch_idx >= self._stage_len - 1:
             return True
         return loop.max_steps is not None and state.step + 1 >= loop.max_steps
 

@@ -61,17 +61,14 @@ class Probe:
         self.record: dict[str, Any] = {"epochs": [], "lr": [], "batches": [], "allreduces": 0}
 
     @hookfit.hookimpl
-    def epoch_start(self, loop: Any) -> None:
-        # not at fit_start: the optimizer plugin's fit_start may not have run yet (no order)
+    def fit_start(self, loop: Any) -> None:
+        # hooks.md: an optimizer plugin puts its objects in loop.optimizers at configure
         opts = loop.optimizers
         self.record.update(
             rank=loop.state.rank, world_size=loop.state.world_size, model=type(loop.model).__name__,
             optimizers_mapping=isinstance(opts, Mapping), optimizer_names=list(opts) if isinstance(opts, Mapping) else None,
             optimizers_type=f"{type(opts).__module__}.{type(opts).__qualname__}",
         )
-
-    @hookfit.hookimpl
-    def fit_start(self, loop: Any) -> None:
         if args.count_allreduce and hasattr(loop.model, "register_comm_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 

@@ -110,8 +110,9 @@ class PlainOptim:
         self.length: int | None = None  # training batches per epoch, when the data says
 
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
-        """Put :class:`Steppers` around ``Loop(optimizers=...)`` into ``loop.optimizers``."""
+    def configure(self, loop: Any) -> None:
+        """Put :class:`Steppers` around ``Loop(optimizers=...)`` into ``loop.optimizers``
+        (at ``configure``, as hooks.md asks, so every plugin sees them from ``fit_start`` on)."""
         given = loop.optimizers
         named = dict(given) if isinstance(given, Mapping) else ({} if given is None else {"default": given})
         for name, opt in named.items():
