@@ -755,3 +755,63 @@ def test_is_main_follows_the_rank() -> None:
     seen = []
     hookfit.Loop(lambda l, x: seen.append(l.is_main), [1]).fit()
     assert seen == [True]
+
+
+def test_with_wrappers_and_tracing_every_exception_and_fit_end_implementation_runs() -> None:
+    """The failure the contracts issue reported: with a fit_end wrapper installed, one fit_end
+    implementation that raised skipped every other one (a terminal restore among them)."""
+    ran: list[str] = []
+
+    def plugin(label: str, fails: bool):
+        class P:
+            name = label
+
+            @hookfit.hookimpl
+            def exception(self, error):
+                ran.append(f"{label}.exception")
+                if fails:
+                    raise RuntimeError(f"{label} broke in exception")
+
+            @hookfit.hookimpl
+            def fit_end(self):
+                ran.append(f"{label}.fit_end")
+                if fails:
+                    raise RuntimeError(f"{label} broke in fit_end")
+        return P()
+
+    class Wrap:
+        name = "wrap"
+
+        @hookfit.hookimpl(wrapper=True)
+        def fit_end(self):
+            ran.append("wrap.before")
+            result = yield
+            ran.append("wrap.after")
+            return result
+
+        @hookfit.hookimpl(hookwrapper=True)
+        def exception(self):
+            yield
+
+    traced: list[str] = []
+
+    class Tracer:
+        name = "tracer"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            loop.pm.add_hookcall_monitoring(lambda name, impls, kwargs: traced.append(name), lambda *a: None)
+
+    def step(loop, b):
+        raise Boom("the step failed")
+
+    plugins = [plugin("first", False), plugin("broken", True), plugin("last", False), Wrap(), Tracer()]
+    with pytest.warns(hookfit.HookfitWarning) as warned:
+        with pytest.raises(Boom, match="the step failed"):
+            hookfit.Loop(step, [1], plugins=plugins).fit()
+    assert {"first.exception", "broken.exception", "last.exception", "first.fit_end", "broken.fit_end",
+            "last.fit_end", "wrap.before", "wrap.after"} == set(ran)
+    assert traced.count("exception") == 1 and traced.count("fit_end") == 1  # one traced call each
+    messages = " ".join(str(w.message) for w in warned)
+    assert "broken broke in exception" in messages and "broken broke in fit_end" in messages
+    assert "plugin 'broken'" in messages
