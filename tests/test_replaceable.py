@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import shlex
 import signal
 import subprocess
 from pathlib import Path
@@ -314,29 +313,12 @@ def test_the_dashboard_shows_what_mean_metrics_publishes(venv: Venv, tmp_path: P
     from mean_metrics' snapshots; q stops the run and the terminal is restored."""
     import test_tui_terminal as tui  # skips this test (only) when tmux is missing
 
-    class VenvTerminal(tui.Terminal):
-        def start(self, *args: Any, plugins: str) -> None:
-            """The metrics script under the venv's python in the tmux session."""
-            argv = " ".join(shlex.quote(str(a)) for a in (venv.python, METRICS_SCRIPT, self.result, *args))
-            unset = " ".join(f"-u {shlex.quote(k)}" for k in os.environ
-                             if k.startswith(("HOOKFIT_", "PIP_")) or k in ("PYTHONPATH", "CI"))
-            script = self.tmp / "run.sh"
-            script.write_text(
-                f"cd {shlex.quote(str(self.tmp))}\n"
-                f"env {unset} TERM=xterm-256color PYTHONNOUSERSITE=1 OMP_NUM_THREADS=1 MEAN_METRICS_EVERY=5 "
-                f"HOOKFIT_PLUGINS={plugins} {argv}\n"
-                'echo "EXIT=$?"\n'
-                "echo \"STTY: $(stty -a | tr ' ;' '\\n\\n' | grep -E '^-?(echo|icanon|isig)$' | tr '\\n' ' ')\"\n"
-                "sleep 300\n"
-            )
-            self.started = True
-            self.tmux("new-session", "-d", "-s", "main", "-x", "100", "-y", "30", f"/bin/sh {shlex.quote(str(script))}")
-            self.socket_path = self.flag("socket_path")
-
-    term = VenvTerminal(tmp_path)
+    term = tui.Terminal(tmp_path)
     try:
         # 600 training batches of 50 ms: far longer than the test needs
-        term.start("--train-samples", "9600", "--sleep", "0.05", plugins="mean_metrics,tui,optim")
+        term.launch(venv.python, METRICS_SCRIPT, term.result, "--train-samples", "9600", "--sleep", "0.05",
+                    env="PYTHONNOUSERSITE=1 OMP_NUM_THREADS=1 MEAN_METRICS_EVERY=5 HOOKFIT_PLUGINS=mean_metrics,tui,optim",
+                    unset=("PIP_", "PYTHONPATH"))
         table = re.compile(r"^half\s+0\.5\s+0\.5\s+0\.5\s", re.M)
         term.wait_until(lambda: bool(re.search(r"^mae\s+\d", term.screen(), re.M)) and bool(table.search(term.screen())),
                         "mean_metrics' values in the dashboard's table")

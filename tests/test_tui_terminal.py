@@ -137,16 +137,24 @@ class Terminal:
               plugins: str = PLUGINS) -> None:
         script = self.tmp / "train.py"
         script.write_text(SCRIPT)
-        unset = " ".join(f"-u {shlex.quote(k)}" for k in os.environ if k.startswith("HOOKFIT_"))
         extra = "HOOKFIT_TUI_PERSISTENT=1" if persistent else ""
-        argv = " ".join(shlex.quote(str(a)) for a in (sys.executable, script, steps, delay, mode, self.result))
+        self.launch(sys.executable, script, steps, delay, mode, self.result,
+                    env=f"HOOKFIT_PLUGINS={plugins} {extra}")
+
+    def launch(self, *argv: object, env: str = "", unset: tuple[str, ...] = ()) -> None:
+        """Run ``argv`` in the tmux session, in the test's folder, with ``TERM`` set, ``CI``,
+        ``HOOKFIT_*`` and the ``unset`` variables removed and ``env`` (``NAME=value ...``)
+        added; afterwards the shell prints the exit code and the terminal's modes, then waits."""
+        names = [k for k in os.environ if k == "CI" or k.startswith(("HOOKFIT_", *unset))]
+        removed = " ".join(f"-u {shlex.quote(k)}" for k in names)
+        command = " ".join(shlex.quote(str(a)) for a in argv)
         run = self.tmp / "run.sh"
         # the shell is in the python process's group: Ctrl-C reaches it too, and must not end it
         # (a trap with a command leaves the child's SIGINT at its default)
         run.write_text(
             "trap : INT\n"
             f"cd {shlex.quote(str(self.tmp))}\n"
-            f"env -u CI {unset} TERM=xterm-256color HOOKFIT_PLUGINS={plugins} {extra} {argv}\n"
+            f"env {removed} TERM=xterm-256color {env} {command}\n"
             'echo "EXIT=$?"\n'
             "echo \"STTY: $(stty -a | tr ' ;' '\\n\\n' | grep -E '^-?(echo|icanon|isig)$' | tr '\\n' ' ')\"\n"
             "sleep 300\n"
