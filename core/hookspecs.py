@@ -16,7 +16,7 @@ Order of events in one run::
 
     configure                          (plugins may change the run's set-up here)
     fit_start
-    resume                             (only with Loop(resume=...))
+    resume, resumed                    (only with Loop(resume=...))
       epoch_start                      (for each epoch)
         stage_start("train")
           batch_start -> step -> step_output -> batch_end -> should_stop   (for each batch)
@@ -34,7 +34,10 @@ honours it at the next *boundary*: after ``resume`` (before the first epoch), af
 ``epoch_start``, ``stage_start``, every batch (after ``should_stop``), ``stage_end`` and
 ``epoch_end``. So a stop asked in ``epoch_end`` runs no further batch. Events of the part of
 the run that did not happen are not fired (a stop after a batch fires no ``stage_end`` or
-``epoch_end`` for that epoch); ``fit_end`` always fires. With several processes a plugin
+``epoch_end`` for that epoch); ``fit_end`` always fires. A run that reaches ``max_steps``
+inside an epoch ends the same way (status ``"completed"``): the rest of that epoch, its
+``stage_end``, validation and ``epoch_end`` belong to a longer run, which resuming with a
+larger ``max_steps`` continues exactly. With several processes a plugin
 implementing ``agree_stop`` makes them stop at the same boundary.
 
 Order of implementations of one event follows pluggy: the plugin registered last is called
@@ -98,7 +101,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
     import torch
 
-    from hookfit.payloads import MetricsSnapshot, StopRequest
+    from hookfit.payloads import MetricsSnapshot, ResumeInfo, StopRequest
     from hookfit.run import Run
 
 hookspec = pluggy.HookspecMarker("hookfit")
@@ -316,6 +319,19 @@ def resume(loop: Run, source: str) -> str | os.PathLike[str] | Literal[False] | 
     """
 
 
+@hookspec
+def resumed(loop: Run, info: ResumeInfo) -> None:
+    """The run resumed: ``info`` (:class:`~hookfit.payloads.ResumeInfo`) says from what (the
+    checkpoint file) and where it continues (epoch, step, training batches already done).
+
+    Fired by the core right after a ``resume`` implementation returned what it resumed from,
+    before the first epoch; also kept in ``loop.state.resumed_from``. Renderers and loggers
+    say it (the console prints it, the dashboard shows it, the metrics log records it), so a
+    user always knows which run and which point a run continued from. The return value is
+    ignored.
+    """
+
+
 # -- several processes (fired by the plugin that runs them, e.g. distributed) ----------------
 
 
@@ -341,9 +357,11 @@ def should_sync_gradients(loop: Run) -> bool | None:
 
     Implemented by the plugin that owns the optimizer steps (optim). Answer ``True`` when the
     optimizers step after this batch (every batch without accumulation; the window's last
-    batch with it, and the last batch of a stage or of ``max_steps`` where a partial window is
-    stepped), ``False`` inside a window, where gradients are only accumulated locally and need
-    no synchronisation yet. When the stage's length is unknown (data without ``len()``) its
+    batch with it, and the stage's last batch, where a partial window is stepped), and on the
+    last batch before ``max_steps``: the run may end there with its window open, and the
+    gradients a checkpoint keeps (from the main process) must be those of every process.
+    Answer ``False`` inside a window, where gradients are only accumulated locally and need
+    no synchronisation yet (synchronising early is harmless: the average is linear). When the stage's length is unknown (data without ``len()``) its
     last batch cannot be told in advance: answer ``True``. ``None`` (or no implementation)
     means ``True``: synchronise. Asked from the asking plugin's ``batch_start``, on the
     training thread: ``loop.state.batch_idx`` is the batch about to run and ``loop.state.step``

@@ -48,12 +48,16 @@ class Loop:
     module of ``model`` in eval mode under ``torch.inference_mode()`` (``val_grad_mode="no_grad"``
     for ``torch.no_grad()``); afterwards each submodule gets back its own previous training flag.
 
-    Files a run writes (metrics logs, checkpoints) go to the run's ``run_dir``: ``run_dir`` if
-    given, else a new ``runs/<date>-<time>`` folder, created only when a plugin first asks for it.
+    A run has an identity, ``name`` (default: the name of ``run_dir`` if given, else the
+    script's name: ``train`` for ``python train.py``), and a folder for the files it writes
+    (metrics log, checkpoints, captured output): ``run_dir`` if given, else a new
+    ``runs/<name>/<date>-<time>``, created only when a plugin first asks for it.
 
     ``resume="latest"`` or a checkpoint path continues an earlier run through the plugin that
-    implements the ``resume`` event (the checkpoint plugin); without the argument, the
-    ``HOOKFIT_RESUME`` environment variable is used when set. Data that has ``set_epoch(epoch)``
+    implements the ``resume`` event (the checkpoint plugin): ``"latest"`` is the newest
+    checkpoint of a run *of this name* (never another script's), and the resumed run goes on
+    in that run's folder. Without the argument, the ``HOOKFIT_RESUME`` environment variable
+    is used when set. Data that has ``set_epoch(epoch)``
     is told each epoch before it is iterated (for reproducible shuffles); data that has
     ``iter_from(start)`` starts a resumed epoch there instead of skipping batches one by one.
     """
@@ -72,6 +76,7 @@ class Loop:
         val_every_n_epochs: int = 1,
         val_grad_mode: Literal["inference", "no_grad"] = "inference",
         run_dir: str | os.PathLike[str] | None = None,
+        name: str | None = None,
         resume: str | os.PathLike[str] | None = None,
         plugins: Sequence[Any] = (),
         disable: Sequence[str] = (),
@@ -96,6 +101,9 @@ class Loop:
         _positive_int(val_every_n_epochs, "val_every_n_epochs")
         if val_grad_mode not in ("inference", "no_grad"):
             raise ValueError(f"val_grad_mode must be 'inference' or 'no_grad', got {val_grad_mode!r}")
+        if name is not None and (not isinstance(name, str) or not name.strip() or any(
+                c in name for c in "/\\:") or name in (".", "..")):
+            raise ValueError(f"name must be a non-empty string usable as a folder name, got {name!r}")
         if isinstance(disable, str):
             raise TypeError("disable must be a list of plugin names, not a string")
         modules(model)  # type check now, not mid-run
@@ -111,7 +119,10 @@ class Loop:
         self.val_every_n_epochs = val_every_n_epochs
         self.val_grad_mode = val_grad_mode
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        """``run_dir`` as given (else each run gets a new ``runs/<date>-<time>``)."""
+        """``run_dir`` as given (else each run gets a new ``runs/<name>/<date>-<time>``)."""
+        self.name = name
+        """``name`` as given: the run's identity (else the name of ``run_dir``, else the
+        script's name; see :attr:`hookfit.run.Run.name`)."""
         self.resume = resume
         self._given = tuple(plugins)
         self._disable = tuple(disable)

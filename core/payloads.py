@@ -9,6 +9,11 @@ any plugin, so a renderer or logger can be written, and tested, against it alone
   ``epoch_metrics`` carry.
 * :class:`StopRequest`: a request for a graceful stop, with who asked (``stop_requested``,
   ``agree_stop``).
+* :class:`ResumeInfo`: where a resumed run continues from (``resumed``).
+
+Epochs in these objects count from 0, as ``loop.state.epoch`` does; what is printed or written
+for a person to read (the console, the dashboard, ``metrics.jsonl``, checkpoint names, the
+``str()`` of these objects) counts them from 1.
 
 Every class here is immutable: a payload may be handed to another thread as it is.
 """
@@ -19,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
-__all__ = ["MetricsSnapshot", "StopRequest", "Value"]
+__all__ = ["MetricsSnapshot", "ResumeInfo", "StopRequest", "Value"]
 
 
 class Value(NamedTuple):
@@ -109,10 +114,11 @@ class MetricsSnapshot:
         return max(self.total - self.batches, 0) * self.step_time
 
     def row(self) -> dict[str, Any]:
-        """A flat, JSON-ready view: progress fields, ``{metric: epoch mean}`` and
+        """A flat, JSON-ready view for a person or a log: progress fields (``epoch`` counted
+        from 1, as everything written for people), ``{metric: epoch mean}`` and
         ``{"lr_<optimizer>": learning rate}``."""
         out: dict[str, Any] = {
-            "stage": self.stage, "epoch": self.epoch, "step": self.step, "batches": self.batches,
+            "stage": self.stage, "epoch": self.epoch + 1, "step": self.step, "batches": self.batches,
             "samples": self.samples, "time": round(self.elapsed, 6),
             "samples_per_s": round(self.samples_per_s, 3),
         }
@@ -138,3 +144,28 @@ class StopRequest:
 
     def __str__(self) -> str:
         return self.reason if self.by is None else f"{self.reason} (asked by {self.by})"
+
+
+@dataclass(frozen=True)
+class ResumeInfo:
+    """Where a resumed run continues: what the ``resumed`` event carries and
+    ``loop.state.resumed_from`` keeps.
+
+    * ``source``: what the run resumed from (the checkpoint file).
+    * ``epoch``: the epoch it continues in, from 0 (as ``loop.state.epoch``).
+    * ``step``: the global step already done.
+    * ``batch``: the training batches of ``epoch`` already done (the loop skips them).
+    * ``stage``: ``"train"``, or ``"valid"`` when that epoch's training stage was complete.
+
+    ``str()`` says it for a person: ``"<source> (epoch 3, after 7 training batches, step 47)"``.
+    """
+
+    source: str
+    epoch: int
+    step: int
+    batch: int
+    stage: str
+
+    def __str__(self) -> str:
+        where = "at its validation" if self.stage == "valid" else f"after {self.batch} training batches"
+        return f"{self.source} (epoch {self.epoch + 1}, {where}, step {self.step})"

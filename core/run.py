@@ -26,7 +26,7 @@ import torch
 from hookfit import manager
 from hookfit.dispatch import Dispatch
 from hookfit.manager import HookfitWarning, PluginManager
-from hookfit.payloads import StopRequest
+from hookfit.payloads import ResumeInfo, StopRequest
 from hookfit.state import State
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,6 +44,30 @@ class _Stop(Exception):
     def __init__(self, request: StopRequest) -> None:
         super().__init__(request.reason)
         self.request = request
+
+
+class _Budget(Exception):
+    """Internal: ``max_steps`` training batches are done, inside an epoch."""
+
+
+ENV_RESUME = "HOOKFIT_RESUME"
+RUNS = Path("runs")
+"""Where runs keep their folders unless ``Loop(run_dir=...)`` says otherwise:
+``runs/<name>/<date>-<time>``."""
+
+
+def script_name() -> str:
+    """The name of the script being run (``train`` for ``python train.py``), ``"run"`` when
+    there is none (an interactive session, ``python -c``)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None)
+    stem = Path(path).stem if path else ""
+    if stem == "__main__" and path:  # python -m package: the package's name
+        stem = Path(path).parent.name
+    return stem or "run"
+
+
+_END = object()
 
 
 def _name(function: Any) -> str:
@@ -95,7 +119,14 @@ class Run:
         self.max_steps = config.max_steps
         self.val_every_n_epochs = config.val_every_n_epochs
         self.val_grad_mode = config.val_grad_mode
-        self.resume = config.resume
+        resume = config.resume if config.resume is not None else os.environ.get(ENV_RESUME) or None
+        self.resume: str | None = None if resume is None else os.fspath(resume)
+        """What to resume from (``Loop(resume=...)``, else ``HOOKFIT_RESUME``), known from
+        ``configure`` on, or ``None``."""
+        self.name = config.name or (config.run_dir.name if config.run_dir is not None else script_name())
+        """The run's identity: ``Loop(name=...)``, else the name of ``run_dir``, else the
+        script's name. Runs of one name share ``runs/<name>/``, and resuming ``"latest"``
+        never crosses to another name's checkpoints."""
         self.model = config.model
         self.optimizers = config.optimizers
         self.train_data = config.train_data
@@ -105,9 +136,11 @@ class Run:
         self.pm: PluginManager | None = None
         self.hooks: Dispatch | None = None
         self._run_dir = config.run_dir
+        self._run_dir_used = False
         self.run_dir_given = config.run_dir is not None
         """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
         self._stop: StopRequest | None = None
+        self._first_epoch = 0
         # re-entrant: a signal handler (the interrupter's) runs on the main thread, possibly
         # while the step function itself is inside request_stop
         self._stop_lock = threading.RLock()
@@ -115,18 +148,38 @@ class Run:
     # -- what steps and plugins use ---------------------------------------------------------
     @property
     def run_dir(self) -> Path:
-        """The folder this run's files go to; created on first access: ``Loop(run_dir=...)``,
-        or a new ``runs/<date>-<time>``."""
+        """The folder this run's files go to, created on first access: ``Loop(run_dir=...)``;
+        else the folder of the run this one resumes (see :meth:`continue_in`); else a new
+        ``runs/<name>/<date>-<time>``."""
         if self._run_dir is None:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            base = Path("runs") / stamp
-            candidate, n = base, 1
-            while candidate.exists():
-                n += 1
-                candidate = base.with_name(f"{stamp}-{n}")
-            self._run_dir = candidate
+            self._run_dir = self.new_run_dir()
         self._run_dir.mkdir(parents=True, exist_ok=True)
+        self._run_dir_used = True
         return self._run_dir
+
+    def new_run_dir(self) -> Path:
+        """A folder for a new run of this name that does not exist yet:
+        ``runs/<name>/<date>-<time>`` (with ``-2``, ``-3``... if that one is taken)."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = (RUNS / self.name / stamp).absolute()
+        candidate, n = base, 1
+        while candidate.exists():
+            n += 1
+            candidate = base.with_name(f"{stamp}-{n}")
+        return candidate
+
+    def continue_in(self, folder: str | os.PathLike[str]) -> None:
+        """Make ``folder`` (an earlier run's folder) this run's folder: a resume plugin calls it
+        at ``configure``, so the resumed run goes on writing where the run it continues did.
+        Refused once a plugin has used :attr:`run_dir`, and when ``Loop(run_dir=...)`` names
+        another folder."""
+        folder = Path(folder)
+        if self.run_dir_given and self._run_dir is not None and folder.resolve() != self._run_dir.resolve():
+            raise ValueError(f"continue_in({str(folder)!r}): this run's folder is run_dir={str(self._run_dir)!r}")
+        if self._run_dir_used and (self._run_dir is None or folder.resolve() != self._run_dir.resolve()):
+            raise RuntimeError(f"continue_in({str(folder)!r}): the run already writes to {self._run_dir}; "
+                               "call it at configure, before any plugin uses loop.run_dir")
+        self._run_dir = folder
 
     @property
     def is_main(self) -> bool:
@@ -203,16 +256,21 @@ class Run:
 
     def plugin_states(self) -> dict[str, Any]:
         """Every plugin's ``save_state`` answer, keyed by plugin name (for checkpoints); a
-        plugin that answered ``None`` has no entry."""
-        return dict(self._running("plugin_states()").call_each("save_state", self))
+        plugin that answered ``None`` (no state now) has the entry ``None``, so a resumed run
+        knows it took part."""
+        hooks = self._running("plugin_states()")
+        states: dict[str, Any] = dict.fromkeys(hooks.plugins("save_state"))
+        states.update(hooks.call_each("save_state", self))
+        return states
 
     def load_plugin_states(self, states: Mapping[str, Any], strict: bool = True) -> None:
         """Give each plugin its entry of ``states`` (from :meth:`plugin_states`) through its
-        ``load_state`` implementation.
+        ``load_state`` implementation; an entry ``None`` restores nothing.
 
-        A plugin that saves state but has no entry, or an entry that no plugin of this run
-        restores, is an error naming them (``strict``) or a warning (``strict=False``); the
-        rest is restored either way."""
+        Two mismatches, named: a plugin of this run that saves state but has no entry (a
+        plugin new to the run, which then starts fresh), and an entry that no plugin of this
+        run restores (a plugin since removed). With ``strict`` they raise a ``ValueError``;
+        without, one :class:`HookfitWarning` names them and the rest is restored."""
         hooks = self._running("load_plugin_states()")
         loaders = hooks.plugins("load_state")
         savers = hooks.plugins("save_state")
@@ -221,10 +279,11 @@ class Run:
         if missing or extra:
             problems = []
             if missing:
-                problems.append(f"no saved state for {', '.join(map(self.pm.describe, missing))}")  # type: ignore[union-attr]
+                problems.append(f"no saved state for {', '.join(map(self.pm.describe, missing))} "  # type: ignore[union-attr]
+                                f"(new to the run: it starts fresh)")
             if extra:
                 problems.append(f"saved state of plugin(s) {', '.join(map(repr, extra))} that "
-                                "no enabled plugin of this run restores")
+                                "no enabled plugin of this run restores (left unused)")
             message = "plugin states do not match this run: " + "; ".join(problems)
             if strict:
                 raise ValueError(message + " (strict; pass strict=False to restore the rest)")
@@ -272,16 +331,23 @@ class Run:
             call(self, *args)
 
     def _resume(self) -> None:
-        source = self.resume if self.resume is not None else os.environ.get("HOOKFIT_RESUME") or None
+        source = self.resume
         if source is None:
             return
         call = self.hooks.resume  # type: ignore[union-attr]
         if call is None:
             raise RuntimeError(
-                f"resume={str(source)!r} needs a plugin that implements the 'resume' event "
+                f"resume={source!r} needs a plugin that implements the 'resume' event "
                 f"(checkpoint) and no enabled plugin does (disabled plugins: {self._disabled()})"
             )
-        call(self, os.fspath(source))
+        resumed_from = call(self, source)
+        if not resumed_from:
+            return
+        state = self.state
+        where = os.fspath(resumed_from) if isinstance(resumed_from, (str, os.PathLike)) else source
+        info = ResumeInfo(where, state.epoch, state.step, state.resume_batch, state.resume_stage)
+        state.resumed_from = info
+        self._fire("resumed", info)
 
     def _run(self) -> None:
         state = self.state
@@ -291,6 +357,7 @@ class Run:
                 state.status = "completed"
                 return
             self._boundary("start")
+            self._first_epoch = state.epoch
             for epoch in range(state.epoch, self.max_epochs):
                 state.epoch = epoch
                 for data in (self.train_data, self.val_data):
@@ -301,6 +368,8 @@ class Run:
                 start, state.resume_batch = state.resume_batch, 0
                 first, state.resume_stage = state.resume_stage, "train"
                 if first == "train":
+                    if epoch == self._first_epoch:
+                        self._warn_eval_mode()
                     self._stage("train", self.train_step, self.train_data, start)
                 if self.val_step is not None and (epoch + 1) % self.val_every_n_epochs == 0:
                     self._validate()
@@ -311,6 +380,9 @@ class Run:
                     break
             else:
                 state.stop_reason = f"max_epochs={self.max_epochs} reached"
+            state.status = "completed"
+        except _Budget:  # max_steps inside an epoch: the rest of it is for a longer run
+            state.stop_reason = f"max_steps={self.max_steps} reached"
             state.status = "completed"
         except _Stop as stop:
             state.status = "interrupted"
@@ -346,10 +418,13 @@ class Run:
         self._fire("stage_start", stage)
         self._boundary("stage_start")
         batch_idx = start - 1
+        whole = data
         if start:
             iter_from = getattr(data, "iter_from", None)
             data = iter_from(start) if iter_from is not None else itertools.islice(data, start, None)
-        for batch_idx, batch in enumerate(data, start):
+        batches = iter(data)
+        checked = False  # the first output of the stage is checked once
+        for batch_idx, batch in enumerate(batches, start):
             state.batch_idx = batch_idx
             if (call := hot.batch_start) is not None:
                 call(self, batch, batch_idx)
@@ -358,6 +433,8 @@ class Run:
                 if type(output) is not dict:
                     # a tensor is the common case: test it before the (slower) Mapping ABC
                     output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else self._as_mapping(output, step)
+                if not checked:
+                    checked = self._check_output(output, step)
                 if (call := hot.step_output) is not None:
                     call(self, output, batch)
             if train:
@@ -367,6 +444,8 @@ class Run:
             if hot.asks or self._stop is not None:
                 self._after_batch()
             if state.step >= limit:
+                if self._more(batches, whole, batch_idx):
+                    raise _Budget
                 break
         if batch_idx < 0:
             raise ValueError(
@@ -376,6 +455,38 @@ class Run:
             )
         self._fire("stage_end", stage)
         self._boundary("stage_end")
+
+    @staticmethod
+    def _more(batches: Any, data: Any, batch_idx: int) -> bool:
+        """Whether the stage has batches after ``batch_idx`` (``max_steps`` was reached):
+        the data's length says, else one more batch is drawn (and dropped: the run ends)."""
+        try:
+            return batch_idx + 1 < len(data)
+        except TypeError:
+            return next(batches, _END) is not _END
+
+    @staticmethod
+    def _check_output(output: Mapping[str, Any], step: Step) -> bool:
+        """The first output of a stage: every key must be a string (outputs are read by name)."""
+        for key in output:
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"step function {_name(step)!r} returned a mapping with the key {key!r} "
+                    f"({type(key).__name__}); keys must be strings, the names of what it reports"
+                )
+        return True
+
+    def _warn_eval_mode(self) -> None:
+        """A model left in eval mode would train with dropout off and frozen batch norm."""
+        evaluating = [type(m).__name__ for m in modules(self.model) if not m.training]
+        if evaluating:
+            warnings.warn(
+                f"the model ({', '.join(evaluating)}) is in eval mode as training starts: dropout "
+                f"and batch norm will behave as in evaluation. Call model.train() before fit() "
+                f"(validation sets eval mode itself and restores every module's own mode)",
+                HookfitWarning,
+                stacklevel=4,
+            )
 
     @staticmethod
     def _as_mapping(output: Any, step: Step) -> Mapping[str, Any]:
@@ -458,8 +569,8 @@ class Run:
         """Fire ``fit_end`` once: every implementation runs even if one raises."""
         state = self.state
         state.stage = None
+        state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
         errors = [error for _, error in self.hooks.call_all("fit_end", self)]  # type: ignore[union-attr]
-        state.ended_at = time.perf_counter()
         unbind()
         self.__dict__.pop("backward", None)
         self.hooks.close()  # type: ignore[union-attr]

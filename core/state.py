@@ -39,6 +39,8 @@ class State:
     resume_stage: Literal["train", "valid"] = "train"
     """Where a resumed ``epoch`` starts: ``"train"`` (at ``resume_batch``) or ``"valid"``
     (its training stage was complete, ``stage_end`` included)."""
+    resumed_from: Any = None
+    """Where this run resumed from (:class:`hookfit.payloads.ResumeInfo`), or ``None``."""
     rank: int = 0
     """This process's rank among ``world_size`` processes (set by a distributed plugin)."""
     world_size: int = 1
@@ -47,7 +49,8 @@ class State:
 
     @property
     def elapsed(self) -> float:
-        """Seconds since ``fit()`` started (until it ended, once it has)."""
+        """Seconds since ``fit()`` started, until the run ended (``fit_end`` is not counted: a
+        dashboard held on screen after the run adds nothing)."""
         if self.started_at is None:
             return 0.0
         end = self.ended_at if self.ended_at is not None else time.perf_counter()

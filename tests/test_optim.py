@@ -427,7 +427,7 @@ def test_state_dict_round_trip() -> None:
 def test_should_sync_gradients_answers_exactly_the_batches_after_which_optim_steps(accumulate, max_steps) -> None:
     """The gradient-sync contract, as a distributed plugin asks it before each training batch:
     True exactly for the batches after which the optimizer really steps (the window's last, the
-    stage's last with its partial window, the last before max_steps)."""
+    stage's last with its partial window) and for the last before max_steps."""
     answers, stepped = [], []
 
     class Asker:
@@ -452,7 +452,9 @@ def test_should_sync_gradients_answers_exactly_the_batches_after_which_optim_ste
 
     hookfit.Loop(step, data(10), model=m, optimizers=opt, max_steps=max_steps,
                  plugins=[Optim(accumulate=accumulate), Asker()]).fit()
-    assert [i for i, sync in answers if sync] == stepped
+    # True after which it steps, and on the last batch of max_steps (the run may end there
+    # with the window open: the gradients a checkpoint keeps must be every process's)
+    assert [i for i, sync in answers if sync] == sorted(set(stepped) | ({max_steps - 1} if max_steps else set()))
     assert all(isinstance(sync, bool) for _, sync in answers)
     assert len(answers) == (max_steps or 10)
 

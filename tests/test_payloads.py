@@ -44,9 +44,10 @@ def test_derived_progress_and_the_json_row() -> None:
     assert (snap.samples_per_s, snap.batches_per_s, snap.step_time, snap.eta) == (320.0, 5.0, 0.2, 2.0)
     assert snapshot(total=None).eta is None and snapshot(elapsed=0.0).samples_per_s == 0.0
     row = snap.row()
-    assert row == {"stage": "train", "epoch": 1, "step": 40, "batches": 10, "samples": 640, "time": 2.0,
+    assert row == {"stage": "train", "epoch": 2, "step": 40, "batches": 10, "samples": 640, "time": 2.0,
                    "samples_per_s": 320.0, "loss": 0.7, "lr_default": 0.1}
-    json.dumps(row)
+    json.dumps(row)  # epoch counted from 1 in what people read; the snapshot's own from 0
+    assert snap.epoch == 1
 
 
 def test_a_stop_request_says_why_and_who_asked() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import hookfit
+import hookfit.payloads
 from conftest import Recorder
 
 
@@ -157,10 +158,29 @@ def test_val_every_n_epochs(recorder: Recorder) -> None:
 
 
 def test_max_steps_completes_mid_epoch(recorder: Recorder) -> None:
-    state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=5, max_steps=13, plugins=[recorder]).fit()
+    """The rest of epoch 1 belongs to a longer run: no stage_end, validation or epoch_end for
+    it (resuming with a larger max_steps continues it exactly)."""
+    state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=5, max_steps=13, plugins=[recorder],
+                         val_step=lambda loop, b: None, val_data=[1]).fit()
     assert state.status == "completed" and state.step == 13 and state.epoch == 1
     assert state.stop_reason == "max_steps=13 reached"
-    assert recorder.names().count("epoch_end") == 2
+    assert recorder.names().count("epoch_end") == 1
+    assert recorder.names().count("stage_end") == 2  # epoch 0's training and validation only
+    assert recorder.names()[-1] == "fit_end" and ("batch_end", {"output": None, "batch": 2, "batch_idx": 2}) in recorder.events[-3:]
+
+
+def test_max_steps_at_the_end_of_an_epoch_completes_that_epoch(recorder: Recorder) -> None:
+    state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=5, max_steps=10, plugins=[recorder]).fit()
+    assert (state.status, state.step, state.stop_reason) == ("completed", 10, "max_steps=10 reached")
+    assert recorder.names().count("epoch_end") == 1 and recorder.names()[-2:] == ["epoch_end", "fit_end"]
+    unsized = Recorder()  # without a length, the stage's end is found by asking for one more batch
+
+    class Unsized:
+        def __iter__(self):
+            return iter(range(10))
+
+    hookfit.Loop(lambda loop, b: None, Unsized(), max_epochs=5, max_steps=10, plugins=[unsized]).fit()
+    assert unsized.names().count("epoch_end") == 1
 
 def test_empty_data_fails_the_run_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter")
@@ -815,3 +835,140 @@ def test_with_wrappers_and_tracing_every_exception_and_fit_end_implementation_ru
     messages = " ".join(str(w.message) for w in warned)
     assert "broken broke in exception" in messages and "broken broke in fit_end" in messages
     assert "plugin 'broken'" in messages
+
+
+# -- identity, resume reporting, first-batch checks ------------------------------------------
+
+def test_a_run_is_named_and_gets_a_folder_of_its_name(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    folders = []
+
+    def step(loop, b):
+        folders.append((loop.name, loop.run_dir))
+
+    hookfit.Loop(step, [1], name="exp").fit()
+    hookfit.Loop(step, [1], name="exp").fit()
+    hookfit.Loop(step, [1], run_dir=tmp_path / "given").fit()
+    (name1, dir1), (name2, dir2), (name3, dir3) = folders
+    assert name1 == name2 == "exp" and dir1 != dir2
+    assert dir1.parent == dir2.parent == tmp_path / "runs" / "exp"  # runs/<name>/<date>-<time>
+    assert (name3, dir3) == ("given", tmp_path / "given")
+
+
+@pytest.mark.parametrize("name", ["", " ", "a/b", "..", 3])
+def test_a_bad_name_is_refused(name) -> None:
+    with pytest.raises(ValueError, match="name must be a non-empty string usable as a folder name"):
+        hookfit.Loop(lambda l, b: None, [1], name=name)
+
+
+def test_continue_in_is_refused_once_the_folder_is_used(tmp_path) -> None:
+    class Late:
+        name = "late"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            loop.run_dir  # a plugin already writes here
+            loop.continue_in(tmp_path / "elsewhere")
+
+    with pytest.raises(RuntimeError, match="already writes to .*call it at configure"):
+        hookfit.Loop(lambda l, b: None, [1], name="x", plugins=[Late()]).fit()
+
+    class Early:
+        name = "early"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.continue_in(tmp_path / "earlier-run")
+
+    seen = []
+    hookfit.Loop(lambda l, b: seen.append(l.run_dir), [1], plugins=[Early()]).fit()
+    assert seen == [tmp_path / "earlier-run"]
+
+
+def test_a_resume_is_reported_with_where_it_continues(recorder: Recorder) -> None:
+    class Resumer:
+        name = "resumer"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            assert loop.resume == "latest"  # known before any plugin starts
+
+        @hookfit.hookimpl
+        def resume(self, loop, source):
+            loop.state.epoch, loop.state.step, loop.state.resume_batch = 1, 7, 2
+            return "runs/x/ckpt.pt"
+
+    state = hookfit.Loop(lambda l, b: None, range(5), max_epochs=2, resume="latest",
+                         plugins=[Resumer(), recorder]).fit()
+    info = hookfit.payloads.ResumeInfo("runs/x/ckpt.pt", epoch=1, step=7, batch=2, stage="train")
+    assert state.resumed_from == info and ("resumed", {"info": info}) in recorder.events
+    assert recorder.names().index("resumed") < recorder.names().index("epoch_start")
+    assert str(info) == "runs/x/ckpt.pt (epoch 2, after 2 training batches, step 7)"
+    assert state.step == 10
+
+
+def test_plugin_states_name_every_plugin_that_saves_even_without_state_now() -> None:
+    """A plugin whose save_state answers None took part: its entry is None, and a resumed
+    run restores nothing for it and complains about nothing."""
+    class Empty:
+        name = "empty"
+        loaded = []
+
+        @hookfit.hookimpl
+        def save_state(self):
+            return None
+
+        @hookfit.hookimpl
+        def load_state(self, state):
+            Empty.loaded.append(state)
+
+    saved = {}
+
+    class Save:
+        name = "save"
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            saved.update(loop.plugin_states())
+
+    hookfit.Loop(lambda l, b: None, [1], plugins=[Empty(), Counter("a"), Save()]).fit()
+    assert saved == {"empty": None, "a": {"seen": 1}}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hookfit.Loop(lambda l, b: None, [1], plugins=[
+            Empty(), Counter("a"), Probe(lambda l: l.load_plugin_states(saved))]).fit()
+    assert Empty.loaded == []
+
+
+def test_a_new_plugin_starts_fresh_with_one_warning_naming_it() -> None:
+    fresh = Counter("new")
+    with pytest.warns(hookfit.HookfitWarning, match=r"no saved state for plugin 'new' .*\(new to the run: it starts fresh\)") as caught:
+        hookfit.Loop(lambda l, b: None, [1], plugins=[
+            fresh, Probe(lambda l: l.load_plugin_states({}, strict=False))]).fit()
+    assert fresh.seen == 1 and len([w for w in caught if "plugin states" in str(w.message)]) == 1
+
+
+def test_a_step_output_with_a_key_that_is_not_a_string_is_named_at_the_first_batch(recorder: Recorder) -> None:
+    def my_step(loop, b):
+        return {"loss": 1.0, 3: 2.0}
+
+    with pytest.raises(TypeError, match=r"step function '.*my_step' returned a mapping with the key 3 \(int\)"):
+        hookfit.Loop(my_step, range(5), plugins=[recorder]).fit()
+    assert "step_output" not in recorder.names()  # no plugin saw it
+    assert recorder.events[-3][0] == "batch_start"
+
+
+def test_a_model_left_in_eval_mode_is_warned_about_once() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    model.eval()
+    with pytest.warns(hookfit.HookfitWarning, match=r"the model \(Sequential\) is in eval mode as training starts") as caught:
+        hookfit.Loop(lambda l, b: None, [1], model=model, max_epochs=3,
+                     val_step=lambda l, b: None, val_data=[1]).fit()
+    assert len([w for w in caught if "eval mode" in str(w.message)]) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hookfit.Loop(lambda l, b: None, [1], model=model.train()).fit()

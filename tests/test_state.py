@@ -18,3 +18,16 @@ def test_elapsed_grows_during_a_run_and_stops_at_its_end() -> None:
     assert seen == sorted(seen) and seen[0] > 0
     assert state.ended_at is not None and state.elapsed >= seen[-1]
     assert state.elapsed == state.elapsed  # frozen once the run has ended
+
+
+def test_the_time_spent_in_fit_end_is_not_the_runs() -> None:
+    """A dashboard held on screen after the run (persistent mode) is not training time."""
+    import time
+
+    class Hold:
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            time.sleep(0.3)
+
+    state = hookfit.Loop(lambda l, b: None, [1], plugins=[Hold()]).fit()
+    assert state.elapsed < 0.3

@@ -152,9 +152,10 @@ class Optim:
 
     @hookimpl
     def should_sync_gradients(self, loop: Any) -> bool:
-        """Whether the optimizers step after this training batch: the window's last batch,
-        or the stage's (or ``max_steps``') last, where the partial window is stepped. When
-        the stage's length is unknown its last batch cannot be told, so every batch syncs."""
+        """Whether the optimizers step after this training batch (the window's last batch, or
+        the stage's last, where the partial window is stepped), or the run may end after it
+        with the window open (``max_steps``: a checkpoint then keeps the averaged gradients).
+        When the stage's length is unknown its last batch cannot be told: every batch syncs."""
         if self._window_closes() or self._stage_len is None:
             return True
         state = loop.state
