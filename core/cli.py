@@ -1,4 +1,5 @@
-"""The ``hookfit`` command: ``hookfit plugins``, ``hookfit hooks``, ``hookfit demo``."""
+"""The ``hookfit`` command (also ``python -m hookfit``): ``hookfit plugins``, ``hookfit hooks``,
+``hookfit new-plugin`` and ``hookfit demo``."""
 
 from __future__ import annotations
 

@@ -41,21 +41,21 @@ def main(epochs: int = 8, seed: int = 0) -> hookfit.State:
     train, valid = load_digits(seed=seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(128, 10))
 
-    def train_step(loop: hookfit.Loop, batch: Any) -> dict[str, Any]:
+    def train_step(loop: hookfit.Run, batch: Any) -> dict[str, Any]:
         x, y = batch
-        logits = model(x)
+        logits = loop.model(x)  # the run's model: under torchrun, wrapped for several processes
         loss = torch.nn.functional.cross_entropy(logits, y)
         loop.backward(loss)
         loop.optimizers.step()
         loop.optimizers.zero_grad()
         return {"loss": loss, "accuracy": (logits.argmax(1) == y).float().mean()}
 
-    def val_step(loop: hookfit.Loop, batch: Any) -> dict[str, Any]:
+    def val_step(loop: hookfit.Run, batch: Any) -> dict[str, Any]:
         x, y = batch
-        logits = model(x)
+        logits = loop.model(x)
         return {"loss": torch.nn.functional.cross_entropy(logits, y), "accuracy": (logits.argmax(1) == y).float().mean()}
 
     return hookfit.Loop(
         train_step, train, val_step=val_step, val_data=valid, model=model,
-        optimizers=torch.optim.Adam(model.parameters(), lr=3e-3), max_epochs=epochs,
+        optimizers=torch.optim.Adam(model.parameters(), lr=3e-3), max_epochs=epochs, name="demo",
     ).fit()

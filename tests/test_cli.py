@@ -55,3 +55,11 @@ def test_the_hooks_reference_page_is_up_to_date() -> None:
     page = Path(__file__).resolve().parents[1] / "core" / "hooks.md"
     assert page.read_text() == hooks_reference(markdown=True), (
         "core/hooks.md is stale: run `hookfit hooks --markdown > core/hooks.md`")
+
+
+def test_python_m_hookfit_is_the_command_and_its_help_names_every_subcommand() -> None:
+    done = subprocess.run([sys.executable, "-m", "hookfit", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    description = done.stdout.split("positional arguments")[0].split("\n\n", 1)[1]
+    for command in ("plugins", "hooks", "new-plugin", "demo"):
+        assert f"hookfit {command}" in description, description

@@ -25,7 +25,8 @@ def test_first_script_runs_as_written(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "completed 240"
     assert "hookfit end status=completed" in result.stdout  # the console plugin was discovered
-    assert (next((tmp_path / "runs").iterdir()) / "metrics.jsonl").is_file()
+    # the run is named after the script: runs/first/<date>-<time>/
+    assert [p.parent.parent.name for p in (tmp_path / "runs").glob("*/*/metrics.jsonl")] == ["first"]
 
 
 def test_ci_runs_exactly_the_readme_setup_commands() -> None:

@@ -1,0 +1,7 @@
+"""``python -m hookfit``: the ``hookfit`` command, for environments without its script."""
+
+import sys
+
+from hookfit.cli import main
+
+sys.exit(main())
