@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -18,6 +20,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.bad_input
 def test_hookfit_plugins_lists_name_distribution_hooks_and_state(dists: Path, tmp_path: Path) -> None:
     make_dist(tmp_path / "broken", "broken-plugin", {"broken": "does_not_exist_mod"}, {})
     path = os.pathsep.join([str(dists), str(tmp_path / "broken")])

@@ -34,17 +34,20 @@ def assert_same(got: list, want: list) -> None:
 
 
 # -- validation -------------------------------------------------------------------------------
+@pytest.mark.bad_input
 def test_lengths_must_agree_and_are_named():
     with pytest.raises(ValueError, match=r"\[10, 9\]"):
         Batches(torch.zeros(10, 2), torch.zeros(9), batch_size=4)
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize("size", [0, -1, 2.0, True, None])
 def test_batch_size_must_be_a_positive_int(size):
     with pytest.raises(ValueError, match="batch_size"):
         Batches(torch.zeros(10), batch_size=size)
 
 
+@pytest.mark.bad_input
 def test_no_samples_no_tensors_and_0d_tensors_are_refused():
     with pytest.raises(ValueError, match="0 rows"):
         Batches(torch.zeros(0, 3), batch_size=4)
@@ -171,6 +174,7 @@ def test_iter_from_gathers_no_earlier_rows(monkeypatch, gather_bytes):
     assert sorted(gathered) == sorted(ids(full[8:]) * 2)  # those rows of x and y, no others
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize("start", [-1, 5, 100])
 def test_iter_from_out_of_range_is_refused_at_once(start):
     batches = Batches(*data(10), batch_size=3)  # 4 batches
@@ -222,6 +226,7 @@ def test_the_shuffle_is_global_then_split():
         assert ids(shard) == order[rank::3]
 
 
+@pytest.mark.bad_input
 def test_shard_arguments_are_checked():
     batches = Batches(*data(10), batch_size=2)
     for rank, world_size in [(2, 2), (-1, 2), (0, 0)]:
@@ -256,6 +261,7 @@ def test_state_round_trips_through_torch_load_weights_only():
     ({"world_size": 3}, "world_size 3 saved, 2 here"),
     ({"shuffle": False}, "shuffle False saved, True here"),
 ])
+@pytest.mark.bad_input
 def test_load_state_dict_names_a_mismatch(change, named):
     batches = Batches(*data(30), batch_size=4, shuffle=True).shard(1, 2)
     state = {**batches.state_dict(), "seed": 3, "epoch": 2, **change}
@@ -277,6 +283,7 @@ def test_a_state_saved_by_another_rank_loads_into_this_ranks_shard():
     assert_same(list(mine), list(reference))
 
 
+@pytest.mark.bad_input
 def test_load_state_dict_refuses_a_foreign_dict():
     with pytest.raises(ValueError, match="missing"):
         Batches(*data(4), batch_size=2).load_state_dict({"epoch": 1})

@@ -190,6 +190,7 @@ def test_a_plugin_registered_or_removed_mid_run_is_followed() -> None:
     dispatch.close()
 
 
+@pytest.mark.bad_input
 def test_events_nobody_implements_are_none_and_unknown_names_are_errors() -> None:
     dispatch = Dispatch(pm_of())
     assert dispatch.batch_end is None and dispatch.before_backward is None
@@ -200,6 +201,7 @@ def test_events_nobody_implements_are_none_and_unknown_names_are_errors() -> Non
 
 # -- every implementation runs -------------------------------------------------------------
 
+@pytest.mark.fault
 @pytest.mark.parametrize("tracing", [False, True], ids=["untraced", "traced"])
 @pytest.mark.parametrize("wrappers", ["none", "new", "old", "both"])
 def test_call_all_runs_every_implementation_when_one_raises(wrappers: str, tracing: bool) -> None:
@@ -230,6 +232,7 @@ def test_call_all_runs_every_implementation_when_one_raises(wrappers: str, traci
     assert ("a", "fit_end") not in log
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("when", ["before its yield", "after its yield", "no yield"])
 def test_call_all_runs_the_implementations_inside_a_wrapper_that_raises(when: str) -> None:
     log: list = []
@@ -258,6 +261,7 @@ def test_call_all_runs_the_implementations_inside_a_wrapper_that_raises(when: st
     assert [name for name, _ in errors] == ["broken-wrapper"]
 
 
+@pytest.mark.fault
 def test_call_all_passes_keyboard_interrupt_through() -> None:
     log: list = []
     pm = pm_of(make("a", log), make("ctrl-c", log, raises=KeyboardInterrupt()))
@@ -288,6 +292,7 @@ def test_call_plugin_calls_one_implementation_inside_the_wrappers() -> None:
 
 # -- observers, and pluggy's objects left alone --------------------------------------------
 
+@pytest.mark.fault
 @pytest.mark.parametrize("path", ["direct", "pluggy"])
 def test_an_observer_that_raises_is_switched_off_and_the_call_goes_on(path: str) -> None:
     log: list = []
@@ -469,6 +474,7 @@ def make_observer(fail_in: str):
     return Flaky()
 
 
+@pytest.mark.fault
 def test_an_observer_failing_every_batch_warns_once_and_the_run_completes() -> None:
     observer = make_observer("batch_end")
     out = io.StringIO()
@@ -486,12 +492,14 @@ def test_an_observer_failing_every_batch_warns_once_and_the_run_completes() -> N
     assert 'hookfit silenced plugin=flaky hook=batch_end error="ValueError: cannot draw batch 0"' in out.getvalue()
 
 
+@pytest.mark.fault
 def test_an_observer_failing_in_fit_end_does_not_fail_the_run() -> None:
     with pytest.warns(hookfit.ObserverWarning, match=r"'flaky'.*'fit_end'.*disk full"):
         state = hookfit.Loop(lambda l, b: None, [1, 2], plugins=[make_observer("fit_end")]).fit()
     assert state.status == "completed" and state.silenced[0].hook == "fit_end"
 
 
+@pytest.mark.fault
 def test_a_plugin_that_takes_part_still_fails_the_run() -> None:
     class Participant:
         name = "participant"
@@ -516,6 +524,7 @@ def test_builtin_renderers_are_observers() -> None:
     assert getattr(Optim, "observer", False) is False and getattr(Metrics, "observer", False) is False
 
 
+@pytest.mark.fault
 def test_isolation_also_holds_on_pluggys_call_path() -> None:
     class Logger:
         name = "logger"

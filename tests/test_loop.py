@@ -21,11 +21,13 @@ import hookfit
         ({"model": "resnet"}, TypeError, "model must be a torch.nn.Module"),
     ],
 )
+@pytest.mark.bad_input
 def test_bad_arguments_are_named(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         hookfit.Loop(lambda l, b: None, [1], **kwargs)
 
 
+@pytest.mark.bad_input
 def test_train_data_not_iterable() -> None:
     with pytest.raises(TypeError, match="train_data must be an iterable of batches.*got int"):
         hookfit.Loop(lambda l, b: None, 5)
@@ -68,6 +70,7 @@ def test_a_run_never_changes_the_loops_configuration() -> None:
     assert run.pm is not None and [n for n, _ in run.pm.list_name_plugin()] == ["replacer"]
     assert "backward" not in vars(run)  # the bound backward went with the run's end
 
+@pytest.mark.bad_input
 def test_loop_request_stop_outside_a_run_is_an_error() -> None:
     loop = hookfit.Loop(lambda l, b: None, [1])
     with pytest.raises(RuntimeError, match="needs a running loop"):

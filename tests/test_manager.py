@@ -82,11 +82,13 @@ def test_restrict_to_a_list(dists: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert hookfit.Loop(lambda l, b: None, [1]).fit() and calls() == [("alpha", 0), ("alpha", 1)]
 
 
+@pytest.mark.bad_input
 def test_unknown_name_in_disable_warns_with_suggestion(dists: Path) -> None:
     with pytest.warns(hookfit.HookfitWarning, match=r"'alfa' \(disabled\).*did you mean 'alpha'"):
         run(disable=["alfa"])
 
 
+@pytest.mark.fault
 def test_broken_entry_point_fails_naming_it_and_can_be_disabled(dists: Path, tmp_path: Path) -> None:
     make_dist(tmp_path / "broken", "broken-plugin", {"broken": "does_not_exist_mod"}, {})
     sys.path.insert(0, str(tmp_path / "broken"))
@@ -102,6 +104,7 @@ def test_broken_entry_point_fails_naming_it_and_can_be_disabled(dists: Path, tmp
         sys.path.remove(str(tmp_path / "broken"))
 
 
+@pytest.mark.bad_input
 def test_misspelt_hook_fails_at_fit_before_any_batch() -> None:
     steps = []
 
@@ -120,6 +123,7 @@ def test_misspelt_hook_fails_at_fit_before_any_batch() -> None:
     assert steps == [] and loop.state.status == "idle"
 
 
+@pytest.mark.bad_input
 def test_wrong_argument_name_fails_naming_plugin_and_hook() -> None:
     class Wrong:
         name = "wrong"
@@ -141,6 +145,7 @@ def test_optional_hook_for_an_absent_event_is_allowed() -> None:
     assert hookfit.Loop(lambda loop, b: None, [1], plugins=[Consumer()]).fit().status == "completed"
 
 
+@pytest.mark.bad_input
 def test_two_given_plugins_with_one_name() -> None:
     class P:
         name = "same"
@@ -189,6 +194,7 @@ def test_a_consumer_works_without_the_declaring_plugin() -> None:
     assert gallery.received == []
 
 
+@pytest.mark.bad_input
 def test_a_misspelt_declared_event_is_still_caught() -> None:
     class Typo:
         name = "typo"

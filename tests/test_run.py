@@ -81,6 +81,7 @@ def test_every_step_output_kind_reaches_batch_end(recorder: Recorder) -> None:
     assert len(step_outputs) == 4  # None skips step_output, batch_end still fires
 
 
+@pytest.mark.bad_input
 def test_step_returning_a_string_names_the_step_and_type(recorder: Recorder) -> None:
     def my_train_step(loop: hookfit.Loop, b: int) -> str:
         return "oops"
@@ -133,6 +134,7 @@ def test_validation_no_grad_mode_and_several_models() -> None:
     assert g.training is True and d.training is False
 
 
+@pytest.mark.fault
 def test_validation_restores_modes_when_the_val_step_raises() -> None:
     model = Frozen()
     model.bn.eval()
@@ -182,6 +184,7 @@ def test_max_steps_at_the_end_of_an_epoch_completes_that_epoch(recorder: Recorde
     hookfit.Loop(lambda loop, b: None, Unsized(), max_epochs=5, max_steps=10, plugins=[unsized]).fit()
     assert unsized.names().count("epoch_end") == 1
 
+@pytest.mark.bad_input
 def test_empty_data_fails_the_run_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter")
     before = signal.getsignal(signal.SIGINT)
@@ -192,6 +195,7 @@ def test_empty_data_fails_the_run_cleanly(monkeypatch: pytest.MonkeyPatch) -> No
     assert signal.getsignal(signal.SIGINT) is before  # the interrupter's fit_end ran
 
 
+@pytest.mark.bad_input
 def test_exhausted_generator_is_explained() -> None:
     with pytest.raises(ValueError, match="epoch 1 .*iterator or generator is used up"):
         hookfit.Loop(lambda l, b: None, (i for i in range(3)), max_epochs=2).fit()
@@ -406,6 +410,7 @@ def test_should_stop_answers_name_the_plugins_that_answered() -> None:
     assert (state.step, state.stop_reason, state.stopped_by) == (2, "loss exploded", "b, a")
 
 
+@pytest.mark.bad_input
 def test_a_bad_reason_is_refused() -> None:
     def step(loop, b):
         loop.request_stop(3)
@@ -451,6 +456,7 @@ def test_agree_stop_asked_at_every_boundary_of_a_completed_run() -> None:
                                              "stage_start", "batch", "stage_end", "epoch_end"]
 
 
+@pytest.mark.bad_input
 def test_agree_stop_with_a_wrong_answer_names_the_plugin() -> None:
     class Wrong:
         name = "wrong"
@@ -468,6 +474,7 @@ class Boom(Exception):
     pass
 
 
+@pytest.mark.fault
 def test_failing_step_fires_exception_then_fit_end_and_reraises(recorder: Recorder) -> None:
     error = Boom("step exploded")
     statuses = []
@@ -494,6 +501,7 @@ def test_failing_step_fires_exception_then_fit_end_and_reraises(recorder: Record
     assert loop.state.error is error
 
 
+@pytest.mark.fault
 def test_failing_plugin_is_named_in_the_note(recorder: Recorder) -> None:
     class Faulty:
         name = "faulty"
@@ -512,6 +520,7 @@ def test_failing_plugin_is_named_in_the_note(recorder: Recorder) -> None:
     assert loop.state.status == "failed"
 
 
+@pytest.mark.fault
 def test_fit_end_runs_for_every_plugin_even_if_one_raises() -> None:
     ran = []
 
@@ -538,6 +547,7 @@ def test_fit_end_runs_for_every_plugin_even_if_one_raises() -> None:
     assert loop.state.status == "failed"
 
 
+@pytest.mark.fault
 def test_fit_end_error_after_a_failure_is_a_warning_not_a_replacement() -> None:
     class B:
         name = "b"
@@ -554,6 +564,7 @@ def test_fit_end_error_after_a_failure_is_a_warning_not_a_replacement() -> None:
             hookfit.Loop(step, [1], plugins=[B()]).fit()
 
 
+@pytest.mark.fault
 def test_keyboard_interrupt_is_interrupted_and_fit_end_runs(recorder: Recorder) -> None:
     def step(loop, b):
         raise KeyboardInterrupt
@@ -644,6 +655,7 @@ def test_plugin_states_are_keyed_by_plugin_name_and_restored_to_their_owner() ->
     assert fresh.seen == 41
 
 
+@pytest.mark.bad_input
 def test_mismatched_plugin_states_fail_in_strict_mode_and_warn_in_lenient_mode() -> None:
     states = {"a": {"seen": 5}, "gone": {"x": 1}}
     with pytest.raises(ValueError, match=r"no saved state for plugin 'b'.*'gone'.*strict"):
@@ -657,6 +669,7 @@ def test_mismatched_plugin_states_fail_in_strict_mode_and_warn_in_lenient_mode()
     assert a.seen == 6
 
 
+@pytest.mark.bad_input
 def test_resume_without_a_plugin_that_implements_it_fails_clearly(recorder: Recorder) -> None:
     with pytest.raises(RuntimeError, match=r"resume='latest' needs a plugin that implements the 'resume' event"):
         hookfit.Loop(lambda l, x: None, [1], resume="latest").fit()
@@ -777,6 +790,7 @@ def test_is_main_follows_the_rank() -> None:
     assert seen == [True]
 
 
+@pytest.mark.fault
 def test_with_wrappers_and_tracing_every_exception_and_fit_end_implementation_runs() -> None:
     """The failure the contracts issue reported: with a fit_end wrapper installed, one fit_end
     implementation that raised skipped every other one (a terminal restore among them)."""
@@ -855,12 +869,14 @@ def test_a_run_is_named_and_gets_a_folder_of_its_name(tmp_path, monkeypatch) -> 
     assert (name3, dir3) == ("given", tmp_path / "given")
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize("name", ["", " ", "a/b", "..", 3])
 def test_a_bad_name_is_refused(name) -> None:
     with pytest.raises(ValueError, match="name must be a non-empty string usable as a folder name"):
         hookfit.Loop(lambda l, b: None, [1], name=name)
 
 
+@pytest.mark.bad_input
 def test_continue_in_is_refused_once_the_folder_is_used(tmp_path) -> None:
     class Late:
         name = "late"
@@ -942,6 +958,7 @@ def test_plugin_states_name_every_plugin_that_saves_even_without_state_now() -> 
     assert Empty.loaded == []
 
 
+@pytest.mark.bad_input
 def test_a_new_plugin_starts_fresh_with_one_warning_naming_it() -> None:
     fresh = Counter("new")
     with pytest.warns(hookfit.HookfitWarning, match=r"no saved state for plugin 'new' .*\(new to the run: it starts fresh\)") as caught:
@@ -950,6 +967,7 @@ def test_a_new_plugin_starts_fresh_with_one_warning_naming_it() -> None:
     assert fresh.seen == 1 and len([w for w in caught if "plugin states" in str(w.message)]) == 1
 
 
+@pytest.mark.bad_input
 def test_a_step_output_with_a_key_that_is_not_a_string_is_named_at_the_first_batch(recorder: Recorder) -> None:
     def my_step(loop, b):
         return {"loss": 1.0, 3: 2.0}
@@ -960,6 +978,7 @@ def test_a_step_output_with_a_key_that_is_not_a_string_is_named_at_the_first_bat
     assert recorder.events[-3][0] == "batch_start"
 
 
+@pytest.mark.bad_input
 def test_a_model_left_in_eval_mode_is_warned_about_once() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
     model.eval()

@@ -44,6 +44,7 @@ def test_new_plugin_installs_is_discovered_and_its_test_passes(tmp_path: Path, v
     assert_not_in_running_env("hookfit-epoch-log", "hookfit_epoch_log")
 
 
+@pytest.mark.bad_input
 def test_new_plugin_refuses_bad_names_and_existing_folders(tmp_path: Path) -> None:
     bad = run(sys.executable, "-m", "hookfit.cli", "new-plugin", "Bad-Name", "--dir", str(tmp_path), cwd=tmp_path, check=False)
     assert bad.returncode == 2 and "must be lowercase letters" in bad.stderr
