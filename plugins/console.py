@@ -4,24 +4,33 @@ Every line is complete, starts with ``hookfit`` and is made of ``key=value`` fie
 can be grepped; no carriage returns, backspaces or escape codes, ever. It never floods:
 progress lines come at most every ``interval`` seconds, epoch summaries at most every
 ``summary_interval`` seconds (the last epoch's always), so the number of lines per minute is
-bounded however fast the steps are. At the end it prints the status, the reason, the
-duration and, for every metric, its last and best epoch value.
+bounded however fast the steps are. The first line names the run's plugins as the user knows
+them (discovered or given, enabled and registered; not the helpers a plugin registers for
+itself), a resumed run says where it continues from (``hookfit resumed from=<checkpoint>
+epoch=<from 1> batch=<n> step=<n>``), and at the end it prints the status, the reason, the
+duration and, for every metric, its last epoch value and its best or its extremes.
 
 When a dashboard claims the terminal (the ``claim_output`` event), the console stays silent
 unless it was given a stream of its own. Progress comes from whichever plugin publishes
 ``metrics_update``/``epoch_metrics`` (:class:`hookfit.payloads.MetricsSnapshot`); without one,
-the console prints the start and the end of the run only. "Best" is the lowest value for
-names containing ``loss`` or ``err``, the highest for others.
+the console prints the start and the end of the run only.
+
+Which value is best is configuration, never guessed from a name (``mae`` and ``perplexity``
+are best low, ``accuracy`` high, and a name cannot say so reliably):
+``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``, keyed by metric name
+or by ``"<stage>/<metric>"`` (which wins over the bare name). A metric with a direction gets
+``last=... best=... best_epoch=...``; one without gets ``last=... min=... min_epoch=...
+max=... max_epoch=...``. Epochs count from 1; NaN is never best.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Any, Mapping, TextIO
 
 from hookfit import hookimpl
-from hookfit.payloads import MetricsSnapshot
+from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.run import Run
 
 
@@ -38,8 +47,67 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _lower_is_better(name: str) -> bool:
-    return "loss" in name or "err" in name
+def _field(key: str, value: str) -> str:
+    """``key=value``, the value quoted when it has spaces or quotes (a path, say)."""
+    if value and not any(c.isspace() or c in "\"'" for c in value):
+        return f"{key}={value}"
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{key}="{escaped}"'
+
+
+DIRECTIONS = ("min", "max")
+
+
+def _directions(best: Any) -> dict[str, str]:
+    """``Console(best=...)`` checked: a mapping of metric names (or ``"stage/metric"``) to
+    ``"min"`` or ``"max"``."""
+    if best is None:
+        return {}
+    if not isinstance(best, Mapping):
+        raise TypeError(
+            f"console: best must map metric names to 'min' or 'max', e.g. "
+            f"best={{'loss': 'min', 'accuracy': 'max'}}; got {type(best).__name__} {best!r}"
+        )
+    out = {}
+    for key, direction in best.items():
+        if not isinstance(key, str) or not key or key.endswith("/") or key.startswith("/"):
+            raise ValueError(
+                f"console: best has the key {key!r}; keys are metric names ('loss') or "
+                f"'<stage>/<metric>' ('valid/loss')"
+            )
+        if direction not in DIRECTIONS:
+            raise ValueError(
+                f"console: best[{key!r}] is {direction!r}; the direction of a metric is "
+                f"'min' (lower is better) or 'max' (higher is better)"
+            )
+        out[key] = direction
+    return out
+
+
+def _better(value: float, current: float, direction: str) -> bool:
+    """Whether ``value`` beats ``current`` (the first of equal values stays; NaN never wins,
+    and anything beats a NaN)."""
+    if current != current:
+        return value == value
+    return value < current if direction == "min" else value > current
+
+
+class _Extremes:
+    """The last, lowest and highest epoch values of one metric of one stage."""
+
+    __slots__ = ("last", "low", "low_epoch", "high", "high_epoch")
+
+    def __init__(self, value: float, epoch: int) -> None:
+        self.last = value
+        self.low, self.low_epoch = value, epoch
+        self.high, self.high_epoch = value, epoch
+
+    def add(self, value: float, epoch: int) -> None:
+        self.last = value
+        if _better(value, self.low, "min"):
+            self.low, self.low_epoch = value, epoch
+        if _better(value, self.high, "max"):
+            self.high, self.high_epoch = value, epoch
 
 
 class Console:
@@ -48,15 +116,21 @@ class Console:
     name = "console"
     observer = True  # a renderer: its failures switch it off, never the run
 
-    def __init__(self, stream: TextIO | None = None, interval: float = 10.0, summary_interval: float = 2.0) -> None:
+    def __init__(self, stream: TextIO | None = None, interval: float = 10.0, summary_interval: float = 2.0,
+                 best: Mapping[str, str] | None = None) -> None:
         self.stream = stream
         self.interval = interval
         self.summary_interval = summary_interval
+        self.best = _directions(best)
+        """Metric name or ``"stage/metric"`` -> ``"min"`` or ``"max"`` (which value is best)."""
         self._last_progress = 0.0
         self._last_summary = 0.0
-        self._best: dict[tuple[str, str], tuple[float, int]] = {}
-        self._last: dict[tuple[str, str], float] = {}
+        self._results: dict[tuple[str, str], _Extremes] = {}
         self._silent = False
+
+    def direction(self, stage: str, metric: str) -> str | None:
+        """``"min"``, ``"max"`` or ``None`` (not configured) for ``metric`` of ``stage``."""
+        return self.best.get(f"{stage}/{metric}") or self.best.get(metric)
 
     def _print(self, *fields: str) -> None:
         if self._silent:
@@ -70,12 +144,20 @@ class Console:
         claim = loop.hooks.claim_output
         self._silent = self.stream is None and claim is not None and claim(loop) is not None
         self._last_progress = self._last_summary = time.monotonic()
-        self._best.clear()
-        self._last.clear()
+        self._results.clear()
         data = loop.train_data
         per_epoch = f"batches_per_epoch={len(data)}" if hasattr(data, "__len__") else ""
-        plugins = ",".join(name for name, _ in loop.pm.list_name_plugin())
+        # the plugins as the user knows them (discovered or given), not the helpers a plugin
+        # registers for itself (optim.batch_end, checkpoint.steps)
+        pm = loop.pm
+        plugins = ",".join(name for name, info in pm.infos.items()
+                           if info.enabled and pm.get_plugin(name) is not None)
         self._print("start", f"epochs={loop.max_epochs}", per_epoch, f"plugins={plugins}")
+
+    @hookimpl
+    def resumed(self, info: ResumeInfo) -> None:
+        self._print("resumed", _field("from", str(info.source)), f"epoch={info.epoch + 1}",
+                    f"batch={info.batch}", f"step={info.step}")
 
     @hookimpl
     def metrics_update(self, stage: str, metrics: MetricsSnapshot) -> None:
@@ -96,12 +178,13 @@ class Console:
 
     @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
+        epoch = metrics.epoch + 1
         for key, value in metrics.values.items():
-            self._last[(stage, key)] = value.epoch
-            best = self._best.get((stage, key))
-            better = min if _lower_is_better(key) else max
-            if best is None or better(value.epoch, best[0]) != best[0]:
-                self._best[(stage, key)] = (value.epoch, metrics.epoch + 1)
+            result = self._results.get((stage, key))
+            if result is None:
+                self._results[(stage, key)] = _Extremes(value.epoch, epoch)
+            else:
+                result.add(value.epoch, epoch)
         now = time.monotonic()
         last_epoch = metrics.epoch + 1 == loop.max_epochs
         if now - self._last_summary < self.summary_interval and not last_epoch:
@@ -133,7 +216,13 @@ class Console:
         for silenced in state.silenced:
             self._print("silenced", f"plugin={silenced.plugin}", f"hook={silenced.hook}",
                         f'error="{type(silenced.error).__name__}: {silenced.error}"'.replace("\n", " "))
-        for (stage, key), last in self._last.items():
-            best, epoch = self._best[(stage, key)]
-            self._print("result", f"stage={stage}", f"metric={key}", f"last={_number(last)}",
-                        f"best={_number(best)}", f"best_epoch={epoch}")
+        for (stage, key), result in self._results.items():
+            direction = self.direction(stage, key)
+            if direction is None:  # no direction configured: both extremes, no guess
+                extremes = (f"min={_number(result.low)}", f"min_epoch={result.low_epoch}",
+                            f"max={_number(result.high)}", f"max_epoch={result.high_epoch}")
+            elif direction == "min":
+                extremes = (f"best={_number(result.low)}", f"best_epoch={result.low_epoch}")
+            else:
+                extremes = (f"best={_number(result.high)}", f"best_epoch={result.high_epoch}")
+            self._print("result", f"stage={stage}", f"metric={key}", f"last={_number(result.last)}", *extremes)

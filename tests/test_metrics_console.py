@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -201,6 +202,7 @@ def test_with_several_processes_snapshots_carry_global_sample_weighted_numbers(t
     assert final.samples == 24 and two.calls == 4
 
 
+@pytest.mark.bad_input
 def test_processes_reporting_different_metric_names_fail_clearly(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="processes of this run report different metric names"):
         run(lambda l, b: {"v": b.mean()}, [torch.ones(2, 1)], tmp_path,
@@ -264,7 +266,7 @@ def console_run(tmp_path, epochs=3, n=20, **console):
 
 
 def test_console_lines_are_complete_key_value_and_escape_free(tmp_path: Path) -> None:
-    lines = console_run(tmp_path, interval=0, summary_interval=0)
+    lines = console_run(tmp_path, interval=0, summary_interval=0, best={"loss": "min", "accuracy": "max"})
     assert lines[0].startswith("hookfit start epochs=3 batches_per_epoch=20 plugins=")
     assert any(l.startswith("hookfit train epoch=1/3 batch=") and "eta=" in l for l in lines)
     assert "hookfit valid epoch=3/3 done batches=2" in "\n".join(lines)
@@ -283,6 +285,7 @@ def test_console_never_floods(tmp_path: Path) -> None:
     assert lines[end - 1].startswith("hookfit valid epoch=200/200 done")  # the last epoch is always shown
 
 
+@pytest.mark.fault
 def test_a_run_that_fails_before_metrics_started_ends_without_a_second_error(tmp_path: Path) -> None:
     class Broken:
         name = "broken"
@@ -350,3 +353,339 @@ def test_the_outcome_names_the_reason_and_who_asked(tmp_path: Path) -> None:
     end = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert (end["event"], end["status"], end["reason"], end["by"], end["step"]) == (
         "end", "interrupted", "time budget spent", "budget", 4)
+
+
+# -- metrics.jsonl: the run's file policy, resumes, epochs from 1 -----------------------------
+
+FULL_DISK_CHILD = r'''
+import json, os, resource, signal, sys, warnings
+import torch
+import hookfit
+from hookfit.plugins.metrics import Metrics
+
+run_dir = sys.argv[1]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the kernel answers EFBIG instead of the signal
+log = os.path.join(run_dir, "metrics.jsonl")
+
+
+class Squeeze:
+    """After the first epoch's line, the file may grow by 10 bytes at most (a full disk)."""
+
+    name = "squeeze"
+
+    @hookimpl_
+    def epoch_start(self, epoch):
+        if epoch == 1:
+            _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(log) + 10, hard))
+'''.replace("hookimpl_", "hookfit.hookimpl") + r'''
+
+def step(loop, batch):
+    return {"loss": torch.tensor(float(batch))}
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    state = hookfit.Loop(step, [1, 2, 3, 4], max_epochs=3, run_dir=run_dir,
+                         plugins=[Metrics(), Squeeze()]).fit()
+print(json.dumps({"status": state.status, "step": state.step,
+                  "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
+'''
+
+
+@pytest.mark.fault
+def test_metrics_log_on_a_full_disk_warns_once_and_training_completes(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE makes the kernel refuse the writes as a full disk would (EFBIG for ENOSPC),
+    in a child process, so that the limit cannot touch the test's own files."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(FULL_DISK_CHILD)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "HOOKFIT_PLUGINS": ""})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert (result["status"], result["step"]) == ("completed", 12)
+    assert [category for category, _ in result["warnings"]] == ["FileWarning"]  # once, for 2 refused lines
+    message = result["warnings"][0][1]
+    assert message.startswith("metrics: could not write ") and "metrics.jsonl" in message
+    assert "File too large" in message and "training goes on" in message
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])  # what was written before the disk filled is kept
+    assert (first["event"], first["epoch"], first["loss"]) == ("epoch", 1, 2.5)
+
+
+@pytest.fixture
+def read_only_folder(tmp_path: Path):
+    """An existing folder nothing can be written in (a read-only tmpfs for root)."""
+    import os
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() == 0:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)],
+                                 capture_output=True)
+        if mounted.returncode:
+            pytest.skip(f"root cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    else:
+        folder.chmod(0o500)
+    try:
+        yield folder
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(folder)])
+        else:
+            folder.chmod(0o700)
+
+
+@pytest.mark.fault
+def test_metrics_log_in_a_read_only_run_folder_warns_once_and_training_completes(read_only_folder: Path) -> None:
+    from hookfit.files import FileWarning
+
+    collect = Collect()
+    with pytest.warns(FileWarning) as caught:
+        state = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [1, 2], max_epochs=3,
+                             run_dir=read_only_folder, plugins=[Metrics(), collect]).fit()
+    assert (state.status, state.step) == ("completed", 6)
+    assert len([w for w in caught if w.category is FileWarning]) == 1
+    message = str(caught[0].message)
+    assert message.startswith("metrics: could not write") and "metrics.jsonl" in message
+    assert "Read-only" in message or "Permission denied" in message
+    assert len(collect.epochs) == 3  # the snapshots were published all the same
+
+
+class FakeResume:
+    """Resumes "from" a named file: restores the metrics history and the position."""
+
+    name = "fake_resume"
+
+    def __init__(self, source: str, states: dict, epoch: int, step: int, batch: int) -> None:
+        self.source, self.states, self.position = source, states, (epoch, step, batch)
+
+    @hookfit.hookimpl
+    def resume(self, loop):
+        loop.load_plugin_states(self.states, strict=False)
+        loop.state.epoch, loop.state.step, loop.state.resume_batch = self.position
+        return self.source
+
+
+def test_metrics_log_records_the_resume_and_counts_epochs_from_1(tmp_path: Path) -> None:
+    data = [torch.ones(2, 1)] * 4
+    step = lambda l, b: {"loss": b.mean()}  # noqa: E731
+    saved = {}
+
+    class Save:
+        name = "save"
+
+        @hookfit.hookimpl(trylast=True)
+        def batch_end(self, loop):
+            if loop.state.step == 6:  # epoch 2 (from 1), 2 of its 4 batches done
+                saved.update(loop.plugin_states())
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    hookfit.Loop(step, data, max_epochs=3, run_dir=first, plugins=[Metrics(), Save()]).fit()
+    hookfit.Loop(step, data, max_epochs=3, run_dir=second, resume="earlier/ckpt.pt",
+                 plugins=[Metrics(), FakeResume("earlier/ckpt.pt", saved, epoch=1, step=6, batch=2)]).fit()
+    records = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert records[0] == {"event": "resume", "from": "earlier/ckpt.pt", "epoch": 2, "batch": 2, "step": 6}
+    assert [(r["event"], r["epoch"]) for r in records[1:]] == [("epoch", 2), ("epoch", 3), ("end", 3)]
+    whole = [json.loads(line) for line in (first / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["event"], r["epoch"]) for r in whole] == [("epoch", 1), ("epoch", 2), ("epoch", 3), ("end", 3)]
+    assert records[-1]["step"] == whole[-1]["step"] == 12
+
+
+# -- values the metrics plugin cannot aggregate: refused at once, naming the step ---------------
+
+class Steps:
+    """Step functions with a qualified name, returning ``bad`` under ``key`` from batch 2 on."""
+
+    def __init__(self, key, bad) -> None:
+        self.key, self.bad = key, bad
+
+    def train_step(self, loop, batch):
+        out = {"loss": torch.tensor(1.0)}
+        if loop.training and loop.state.batch_idx >= 2:
+            out[self.key] = self.bad
+        return out
+
+    def val_step(self, loop, batch):
+        out = {"loss": torch.tensor(1.0)}
+        if loop.state.batch_idx >= 2:
+            out[self.key] = self.bad
+        return out
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("bad, what", [(torch.tensor(1 + 2j), r"a complex tensor \(torch.complex64\)"),
+                                       (1 + 2j, r"a complex number \(\(1\+2j\)\)")])
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_value_that_cannot_be_aggregated_is_refused_at_the_batch_it_appears_in(tmp_path, bad, what, defer) -> None:
+    steps, collect = Steps("phase", bad), Collect()
+    loop = hookfit.Loop(steps.train_step, list(range(6)), max_epochs=2, run_dir=tmp_path,
+                        plugins=[Metrics(defer=defer), collect])
+    with pytest.raises(TypeError) as raised:
+        loop.fit()
+    message = str(raised.value)
+    assert re.search(rf"step function 'Steps.train_step' returned {what} under the key 'phase', which "
+                     rf"the metrics plugin cannot aggregate", message), message
+    assert ".abs()" in message  # what to do instead
+    # at the batch it appeared in, not at the end of the epoch
+    assert (loop.run.state.epoch, loop.run.state.batch_idx) == (0, 2) and collect.epochs == []
+
+
+@pytest.mark.bad_input
+def test_the_validation_step_is_named_when_it_returns_what_cannot_be_aggregated(tmp_path) -> None:
+    steps = Steps("z", torch.tensor([1j]))
+    loop = hookfit.Loop(steps.train_step, [1, 2], val_step=steps.val_step, val_data=list(range(5)),
+                        run_dir=tmp_path, plugins=[Metrics()])
+    with pytest.raises(TypeError, match=r"step function 'Steps.val_step' returned a complex tensor "
+                                        r"\(torch.complex64\) under the key 'z'"):
+        loop.fit()
+    assert (loop.run.state.stage, loop.run.state.batch_idx) == (None, 2)
+
+
+@pytest.mark.bad_input
+def test_a_key_that_is_not_a_string_after_the_first_batch_is_refused(tmp_path) -> None:
+    steps = Steps(("acc", 1), 0.5)  # the core checks the keys of a stage's first output only
+    with pytest.raises(TypeError, match=r"step function 'Steps.train_step' returned the key \('acc', 1\) "
+                                        r"\(tuple\) with a value to aggregate; keys must be strings"):
+        hookfit.Loop(steps.train_step, list(range(4)), run_dir=tmp_path, plugins=[Metrics()]).fit()
+
+
+def test_values_are_checked_once_per_key_and_publication_not_per_batch(tmp_path, monkeypatch) -> None:
+    """The per-batch path stays one append per value: the check runs where a key's list is
+    created, at its first value in the stage and after each publication (none here)."""
+    import hookfit.plugins.metrics.aggregate as aggregate
+
+    checked = []
+    original = aggregate.check
+    monkeypatch.setattr(aggregate, "check", lambda key, value, step: (checked.append(key), original(key, value, step)))
+
+    def step(loop, batch):
+        return {"loss": torch.tensor(1.0), "acc": 0.5, "n": 3}
+
+    hookfit.Loop(step, list(range(3000)), val_step=step, val_data=[0, 1], max_epochs=2, run_dir=tmp_path,
+                 plugins=[Metrics(interval=3600, log=False)]).fit()
+    # two stages of two epochs, three keys each; FOLD_EVERY (1024) folds create lists anew
+    folds = 3000 // aggregate.FOLD_EVERY
+    assert len(checked) == 2 * 3 * (1 + folds) + 2 * 3
+
+
+# -- console: resumes, the run's plugins, best only where configured --------------------------
+
+def test_the_console_says_where_a_run_resumed_and_lists_the_users_plugins(tmp_path: Path) -> None:
+    from hookfit.plugins.checkpoint import Checkpoint
+    from hookfit.plugins.optim import Optim
+
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))] * 4
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    class Stop:
+        name = "stop"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            if loop.state.step == 6:
+                loop.request_stop("enough for now")
+
+    def fit(*plugins, **kwargs):
+        out = io.StringIO()
+        # Optim(accumulate=2) and Checkpoint(every_n_steps=...) register helpers of their own
+        hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                     max_epochs=3, run_dir=tmp_path / "my run", plugins=[
+                         Optim(accumulate=2), Metrics(), Console(stream=out),
+                         Checkpoint(every_n_steps=5, background=False), *plugins], **kwargs).fit()
+        return out.getvalue().splitlines()
+
+    lines = fit(Stop())
+    assert re.fullmatch(r"hookfit start epochs=3 batches_per_epoch=4 plugins=(\S+)", lines[0])
+    assert sorted(lines[0].split("plugins=")[1].split(",")) == ["checkpoint", "console", "metrics", "optim", "stop"]
+    assert not any(line.startswith("hookfit resumed") for line in lines)
+    [saved] = (tmp_path / "my run" / "checkpoints").glob("*step000000006*")  # the one saved at the stop
+    lines = fit(resume="latest")
+    assert lines[1] == f'hookfit resumed from="{saved}" epoch=2 batch=2 step=6'
+    assert shlex.split(lines[1])[2] == f"from={saved}"  # quoted: the path has a space
+    assert sorted(lines[0].split("plugins=")[1].split(",")) == ["checkpoint", "console", "metrics", "optim"]
+    resumed = json.loads((tmp_path / "my run" / "metrics.jsonl").read_text().splitlines()[-4])
+    assert resumed == {"event": "resume", "from": str(saved), "epoch": 2, "batch": 2, "step": 6}
+
+
+def results(lines: list[str]) -> dict[tuple[str, str], str]:
+    out = {}
+    for line in lines:
+        if line.startswith("hookfit result "):
+            fields = dict(field.split("=", 1) for field in line.split()[2:])
+            where = (fields.pop("stage"), fields.pop("metric"))
+            out[where] = " ".join(f"{k}={v}" for k, v in fields.items())
+    return out
+
+
+def directed_run(tmp_path: Path, **console) -> dict[tuple[str, str], str]:
+    """Epoch means: mae 3, 1, 2 (best low); perplexity 9, 4, 6 (best low); accuracy 0.5, 0.9,
+    0.7 (best high); the valid loss is higher in epoch 3."""
+    table = {"mae": [3.0, 1.0, 2.0], "perplexity": [9.0, 4.0, 6.0], "accuracy": [0.5, 0.9, 0.7],
+             "loss": [0.3, 0.2, 0.1]}
+
+    def step(loop, batch):
+        out = {k: v[loop.state.epoch] for k, v in table.items()}
+        if not loop.training:
+            out["loss"] = [0.3, 0.2, 0.8][loop.state.epoch]
+        return out
+
+    out = io.StringIO()
+    hookfit.Loop(step, [0, 1], val_step=step, val_data=[0], max_epochs=3, run_dir=tmp_path,
+                 plugins=[Metrics(log=False), Console(stream=out, **console)]).fit()
+    return results(out.getvalue().splitlines())
+
+
+def test_best_follows_the_configured_direction_never_the_name(tmp_path: Path) -> None:
+    got = directed_run(tmp_path, best={"mae": "min", "perplexity": "min", "accuracy": "max", "loss": "min",
+                                       "valid/loss": "max"})
+    assert got[("train", "mae")] == "last=2 best=1 best_epoch=2"
+    assert got[("train", "perplexity")] == "last=6 best=4 best_epoch=2"
+    assert got[("valid", "accuracy")] == "last=0.7 best=0.9 best_epoch=2"
+    assert got[("train", "loss")] == "last=0.1 best=0.1 best_epoch=3"
+    assert got[("valid", "loss")] == "last=0.8 best=0.8 best_epoch=3"  # "valid/loss" wins over "loss"
+
+
+def test_without_a_direction_the_console_shows_both_extremes(tmp_path: Path) -> None:
+    got = directed_run(tmp_path, best={"accuracy": "max"})
+    assert got[("train", "mae")] == "last=2 min=1 min_epoch=2 max=3 max_epoch=1"
+    assert got[("valid", "perplexity")] == "last=6 min=4 min_epoch=2 max=9 max_epoch=1"
+    assert got[("train", "loss")] == "last=0.1 min=0.1 min_epoch=3 max=0.3 max_epoch=1"
+    assert got[("train", "accuracy")] == "last=0.7 best=0.9 best_epoch=2"
+    assert not any("best=" in v for k, v in got.items() if k[1] != "accuracy")
+    assert directed_run(tmp_path)[("train", "loss")].startswith("last=0.1 min=")  # nothing is guessed
+
+
+def test_nan_is_never_the_best_value(tmp_path: Path) -> None:
+    values = [math.nan, 2.0, 1.0, math.nan]
+    out = io.StringIO()
+    hookfit.Loop(lambda l, b: {"loss": values[l.state.epoch]}, [0], max_epochs=4, run_dir=tmp_path,
+                 plugins=[Metrics(log=False), Console(stream=out, best={"loss": "min"})]).fit()
+    assert results(out.getvalue().splitlines())[("train", "loss")] == "last=nan best=1 best_epoch=3"
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("best, error, message", [
+    ({"loss": "lowest"}, ValueError, r"console: best\['loss'\] is 'lowest'; the direction of a metric is 'min' "
+                                     r"\(lower is better\) or 'max' \(higher is better\)"),
+    ({"valid/acc": None}, ValueError, r"best\['valid/acc'\] is None"),
+    ({"": "min"}, ValueError, r"console: best has the key ''; keys are metric names"),
+    ({3: "max"}, ValueError, r"console: best has the key 3"),
+    ({"valid/": "max"}, ValueError, r"best has the key 'valid/'"),
+    (["loss"], TypeError, r"console: best must map metric names to 'min' or 'max'.*got list \['loss'\]"),
+    ("min", TypeError, r"got str 'min'"),
+])
+def test_a_bad_best_option_is_refused_when_the_console_is_made(best, error, message) -> None:
+    with pytest.raises(error, match=message):
+        Console(best=best)

@@ -158,11 +158,11 @@ def test_learning_rates_reach_the_builtin_metrics(venv: Venv, tmp_path: Path) ->
     assert windows(record) == expected_windows(epochs=3, batches=15, accumulate=4)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     epochs = [row for row in rows if row["event"] == "epoch"]
-    assert [(row["stage"], row["epoch"]) for row in epochs] == [
-        (stage, epoch) for epoch in range(3) for stage in ("train", "valid")]
+    assert [(row["stage"], row["epoch"]) for row in epochs] == [  # epochs counted from 1 in the log
+        (stage, epoch + 1) for epoch in range(3) for stage in ("train", "valid")]
     for row in epochs:
         assert sorted(key for key in row if key.startswith("lr_")) == ["lr_default"]
-        assert row["lr_default"] == record["lr"][row["epoch"]], row
+        assert row["lr_default"] == record["lr"][row["epoch"] - 1], row
 
 
 def test_checkpoint_resume_is_exact(venv: Venv, tmp_path: Path) -> None:
@@ -218,7 +218,8 @@ def test_checkpoint_resume_is_exact(venv: Venv, tmp_path: Path) -> None:
 # -- hookfit-mean-metrics ------------------------------------------------------------------------
 
 CONSOLE_DONE = re.compile(r"^hookfit (train|valid) epoch=(\d+)/(\d+) done batches=(\d+) (.*)$")
-CONSOLE_RESULT = re.compile(r"^hookfit result stage=(\w+) metric=(\w+) last=(\S+) best=(\S+) best_epoch=(\d+)$")
+CONSOLE_RESULT = re.compile(r"^hookfit result stage=(\w+) metric=(\w+) last=(\S+) "
+                            r"(?:best=(\S+) best_epoch=(\d+)|min=(\S+) min_epoch=(\d+) max=(\S+) max_epoch=(\d+))$")
 SCALARS = ["const", "half", "loss", "mae"]  # what the steps return as scalars, sorted
 
 
@@ -253,7 +254,7 @@ def number(text: str) -> float:
 
 def test_the_console_prints_what_mean_metrics_publishes(venv: Venv, tmp_path: Path) -> None:
     done = run_script(venv, METRICS_SCRIPT, tmp_path / "out.json", "--epochs", "3", "--valid-losses", "0.9,0.4,0.7",
-                      cwd=tmp_path, HOOKFIT_PLUGINS="mean_metrics,console,optim", MEAN_METRICS_EVERY="3")
+                      "--best", '{"loss": "min"}', cwd=tmp_path, HOOKFIT_PLUGINS="mean_metrics,optim", MEAN_METRICS_EVERY="3")
     result = load(tmp_path / "out.json")
     assert result["status"] == "completed"
     final = check_published(result, epochs=3, every=3)
@@ -271,7 +272,8 @@ def test_the_console_prints_what_mean_metrics_publishes(venv: Venv, tmp_path: Pa
         assert sorted(set(fields) - {"time", "samples_per_s"}) == SCALARS
         for key in SCALARS:
             assert number(fields[key]) == pytest.approx(snap["values"][key][2], rel=1e-3), (m[0], key)
-    # end results: every metric of both stages, last and best over the published epochs
+    # end results: every metric of both stages, last and best (loss: configured "min") or the
+    # range (the others, whose direction nobody configured) over the published epochs
     results = {(m[1], m[2]): m for m in map(CONSOLE_RESULT.match, lines) if m}
     assert sorted(results) == [(stage, key) for stage in ("train", "valid") for key in SCALARS]
     for (stage, key), m in results.items():
@@ -280,6 +282,10 @@ def test_the_console_prints_what_mean_metrics_publishes(venv: Venv, tmp_path: Pa
         if key == "loss":
             best = min(means)
             assert number(m[4]) == pytest.approx(best, rel=1e-3) and int(m[5]) == means.index(best) + 1
+        else:
+            low, high = min(means), max(means)
+            assert number(m[6]) == pytest.approx(low, rel=1e-3) and int(m[7]) == means.index(low) + 1
+            assert number(m[8]) == pytest.approx(high, rel=1e-3) and int(m[9]) == means.index(high) + 1
     valid_loss = results[("valid", "loss")]
     assert int(valid_loss[5]) == 2  # the scripted valid losses 0.9, 0.4, 0.7 (+ 0.01 per batch)
     assert number(valid_loss[4]) == pytest.approx(final[("valid", 1)]["values"]["loss"][2], rel=1e-3)

@@ -36,7 +36,8 @@ HOLD_BANNER = "press q, Esc or Ctrl-C to leave"
 STATUS_LINE = "hookfit │ train"
 STTY = re.compile(r"STTY: ((?:-?(?:echo|icanon|isig)[ \t]*){3})")
 
-# argv: steps, seconds per step, mode ("ok" or "raise"), result path.
+# argv: steps, seconds per step, mode ("ok", "raise", "segv": a fatal error in step 5, or "debug":
+# breakpoint() in step 3), result path.
 # Writes <result>.pid at start, <result>.fit_end from a plugin's fit_end, and the result JSON
 # after fit() returned or raised.
 SCRIPT = r'''
@@ -71,6 +72,11 @@ def train_step(loop, batch):
     time.sleep(delay)
     if mode == "raise" and loop.state.step == 5:
         raise RuntimeError("boom from the step")
+    if mode == "segv" and loop.state.step == 5:
+        import faulthandler
+        faulthandler._sigsegv()
+    if mode == "debug" and loop.state.step == 3:
+        breakpoint()
     loss = torch.nn.functional.mse_loss(model(x), y)
     loop.backward(loss)
     loop.optimizers.step()
@@ -310,6 +316,8 @@ def test_persistent_run_holds_until_the_user_leaves(term: Terminal, key: str) ->
     assert "training completed: max_epochs=1 reached" in screen
     assert re.search(r"│ step 15 │.*│ completed", screen)
     assert term.alternate()
+    clock = re.search(r"│ (\d\d):(\d\d):(\d\d) │ completed", screen)
+    assert clock, screen
     # fit() has not returned (the script writes its result after it) while the other plugins'
     # fit_end already ran: the dashboard's fit_end is the last one and it is the one holding
     assert not term.result.exists()
@@ -317,6 +325,8 @@ def test_persistent_run_holds_until_the_user_leaves(term: Terminal, key: str) ->
     time.sleep(2.0 if key == "q" else 0.5)  # the long look once; the other keys only need the hold
     assert term.alternate() and HOLD_BANNER in term.screen() and not term.result.exists()
     assert "EXIT=" not in term.screen()
+    # the clock stopped with the run: the hold is not the run's time (it redraws every second)
+    assert re.search(r"│ (\d\d:\d\d:\d\d) │ completed", term.screen()).group(1) == ":".join(clock.groups())
     term.keys(key)
     code, flags, text = term.wait_exit()
     assert code == 0
@@ -326,10 +336,15 @@ def test_persistent_run_holds_until_the_user_leaves(term: Terminal, key: str) ->
     assert after(text, PRINTED, "hookfit: training completed (max_epochs=1 reached)")
     assert after(text, "loss over steps (train):", "EXIT=0")
     assert HOLD_BANNER not in text
+    # the summary's duration is the run's (state.elapsed), the one the stopped clock shows
+    seconds = float(re.search(r"training completed \(max_epochs=1 reached\) after (\d+\.\d)s", text).group(1))
+    shown = int(clock[1]) * 3600 + int(clock[2]) * 60 + int(clock[3])
+    assert shown - 0.05 <= seconds < shown + 1.05, (seconds, shown)
 
 
 # -- failures -----------------------------------------------------------------------------------
 
+@pytest.mark.fault
 def test_step_that_raises_restores_the_terminal_and_shows_the_traceback(term: Terminal) -> None:
     term.train(steps=300, delay=0.1, mode="raise")
     code, flags, text = term.wait_exit()
@@ -348,6 +363,7 @@ def test_step_that_raises_restores_the_terminal_and_shows_the_traceback(term: Te
 
 # -- signals with the dashboard up -------------------------------------------------------------
 
+@pytest.mark.fault
 @pytest.mark.parametrize("name, hint", [("SIGINT", "; press Ctrl-C again to abort"), ("SIGTERM", "")])
 def test_one_signal_stops_gracefully(term: Terminal, name: str, hint: str) -> None:
     term.train(steps=300, delay=0.1)
@@ -365,8 +381,12 @@ def test_one_signal_stops_gracefully(term: Terminal, name: str, hint: str) -> No
     # the interrupter's message on stderr was captured and replayed, not drawn over the frame
     assert f"hookfit: {name} received, stopping after this batch{hint}" in text
     assert f"hookfit: training interrupted ({name})" in text
+    # ... and kept in the run folder, with what the script printed
+    output = (term.tmp / "run" / "output.log").read_text()
+    assert after(output, PRINTED, f"hookfit: {name} received, stopping after this batch{hint}")
 
 
+@pytest.mark.fault
 def test_second_sigint_aborts_after_fit_end(term: Terminal) -> None:
     # long steps: both Ctrl-C land in the first batch, and the abort cuts its sleep short
     term.train(steps=50, delay=5.0)
@@ -385,6 +405,7 @@ def test_second_sigint_aborts_after_fit_end(term: Terminal) -> None:
     assert "hookfit: training interrupted (KeyboardInterrupt)" in text
 
 
+@pytest.mark.fault
 def test_sigterm_during_the_persistent_hold_restores_the_terminal_then_terminates(term: Terminal) -> None:
     term.train(steps=15, delay=0.05, persistent=True)
     term.wait_for(HOLD_BANNER)
@@ -400,6 +421,7 @@ def test_sigterm_during_the_persistent_hold_restores_the_terminal_then_terminate
 
 # -- found by these tests, fixed, kept as regressions ------------------------------------------
 
+@pytest.mark.fault
 def test_ctrl_z_is_ignored_while_the_dashboard_is_up(term: Terminal) -> None:
     """urwid >= 5.1 installs a SIGTSTP handler in start(); its suspend path stopped the screen
     from the UI thread and froze the dashboard. The plugin's screen installs no handlers."""
@@ -469,6 +491,7 @@ def test_without_the_interrupter_q_still_stops(term: Terminal) -> None:
     term.assert_restored(flags)
 
 
+@pytest.mark.fault
 def test_without_the_interrupter_sigterm_still_restores_the_terminal(term: Terminal) -> None:
     term.train(steps=300, delay=0.1, plugins="console,metrics,optim,tui")
     term.wait_dashboard()
@@ -477,6 +500,53 @@ def test_without_the_interrupter_sigterm_still_restores_the_terminal(term: Termi
     assert code == 128 + signal.SIGTERM  # terminated, as asked ...
     term.assert_restored(flags)  # ... with the terminal put back first
     assert not term.result.exists()
+
+
+# -- what the run printed, fatal errors and debuggers -------------------------------------------
+
+@pytest.mark.fault
+def test_kill_9_leaves_what_the_run_printed_in_output_log(term: Terminal) -> None:
+    term.train(steps=300, delay=0.1)
+    term.wait_dashboard()  # the line is in the log pane: it was read from the pipe and written
+    os.kill(term.pid(), signal.SIGKILL)
+    code, _, _ = term.wait_exit()
+    assert code == 128 + signal.SIGKILL
+    output = (term.tmp / "run" / "output.log").read_text()
+    assert output.count(PRINTED) == 1
+
+
+@pytest.mark.fault
+def test_a_fatal_error_shows_in_the_real_terminal(term: Terminal) -> None:
+    """A segmentation fault ends the process at once: no code restores the screen, so the
+    fatal error must have been written to the terminal itself, not into the captured output."""
+    term.train(steps=300, delay=0.05, mode="segv")
+    code, _, text = term.wait_exit()
+    assert code == 128 + signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in text
+    assert re.search(r'File ".*train\.py", line \d+ in train_step', text), text
+    output = (term.tmp / "run" / "output.log").read_text()
+    assert PRINTED in output and "Fatal Python error" not in output
+
+
+def test_breakpoint_gives_the_terminal_to_pdb_and_the_dashboard_comes_back(term: Terminal) -> None:
+    term.train(steps=30, delay=0.1, mode="debug")
+    screen = term.wait_for("(Pdb)")
+    assert not term.alternate(), "the debugger's prompt is on the dashboard's screen"
+    # pdb stops in the step, at the line after breakpoint(), as it would without a dashboard
+    assert "train_step()" in screen and "-> loss = torch.nn.functional.mse_loss(model(x), y)" in screen
+    assert "hookfit │" not in screen
+    term.keys("p 'step', loop.state.step", "Enter")
+    term.wait_for("('step', 3)")  # the typed command and pdb's answer are on the terminal
+    term.keys("c", "Enter")
+    term.wait_until(lambda: term.alternate() and STATUS_LINE in term.screen(), "the dashboard to come back")
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    result = term.outcome()
+    assert (result["outcome"], result["status"], result["step"]) == ("returned", "completed", 30)
+    assert result["restored"]
+    term.assert_restored(flags)
+    assert after(text, "(Pdb) c", "hookfit: training completed (max_epochs=1 reached)")
+    assert text.count(PRINTED) == 1
 
 
 # -- not a terminal -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ urwid = pytest.importorskip("urwid")
 from urwid.testing import render_text  # noqa: E402
 
 import hookfit  # noqa: E402
-from hookfit.payloads import MetricsSnapshot, Value  # noqa: E402
+from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value  # noqa: E402
 from hookfit.plugins.tui import TuiRenderer, interactive_terminal, summary  # noqa: E402
 from hookfit.plugins.tui.dashboard import Dashboard  # noqa: E402
 from hookfit.plugins.tui.plot import Series, text_plot  # noqa: E402
@@ -149,6 +149,7 @@ def test_no_terminal_means_no_dashboard_and_no_claim(monkeypatch: pytest.MonkeyP
     assert seen == [None] and not tui.active
 
 
+@pytest.mark.fault
 def test_a_dashboard_that_cannot_start_is_switched_off_and_the_console_prints(monkeypatch, capfd) -> None:
     import hookfit.plugins.tui.renderer as renderer_module
     from hookfit.plugins.console import Console
@@ -168,3 +169,150 @@ def test_a_dashboard_that_cannot_start_is_switched_off_and_the_console_prints(mo
     assert state.status == "completed" and not tui.active
     assert os.fstat(1).st_ino == fd1_before.st_ino  # stdout is the original again
     assert "hookfit end status=completed" in capfd.readouterr().out
+
+
+# -- resumes, the stopped clock --------------------------------------------------------------
+
+RESUMED = ResumeInfo("runs/exp/checkpoints/epoch0002-step000000057.pt", 1, 57, 7, "train")
+
+
+def test_the_dashboard_shows_where_the_run_resumed_from() -> None:
+    d = Dashboard(3, 1, on_stop=lambda: None, on_leave=lambda: None)
+    d.receive("resumed", RESUMED)
+    text = "\n".join(screen(d, (120, 30)))
+    assert "hookfit: resumed from runs/exp/checkpoints/epoch0002-step000000057.pt (epoch 2, after 7 training " \
+           "batches, step 57)" in text
+    assert "│ epoch 2/3 │ step 57 │" in text  # where it continues, before the first metrics arrive
+    tui = TuiRenderer()
+    tui.active = True
+    tui.resumed(RESUMED)
+    assert list(tui._inbox) == [("resumed", RESUMED)]  # handed to the UI thread, not drawn here
+    state = hookfit.State(step=90, status="completed", stop_reason="done", started_at=0, ended_at=2,
+                          resumed_from=RESUMED)
+    assert summary(d, state, "runs/exp/output.log")[1:3] == [
+        f"  resumed from {RESUMED}", "  output printed during the run: runs/exp/output.log"]
+
+
+def test_the_clock_stops_when_the_run_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hookfit.plugins.tui.dashboard as dashboard_module
+
+    now = [1000.0]
+    monkeypatch.setattr(dashboard_module.time, "monotonic", lambda: now[0])
+    d = fed()
+    d.started = now[0] - 100
+    assert "│ 00:01:40 │ running" in screen(d)[0]
+    # the run's own duration (state.elapsed: a persistent hold is not part of it)
+    d.receive("end", "completed", "max_epochs=3 reached", True, None, 3.4)
+    now[0] += 3600
+    assert "│ 00:00:03 │ completed" in screen(d)[0]
+    d2 = fed()  # without a duration, the clock stops when the end arrives
+    d2.started = now[0] - 5
+    d2.receive("end", "completed", "max_epochs=3 reached", True)
+    now[0] += 60
+    assert "│ 00:00:05 │ completed" in screen(d2)[0]
+
+
+# -- the captured output: output.log, the replay, the file policy, fatal errors ----------------
+
+CAPTURE_CHILD = r"""
+import faulthandler, json, os, resource, signal, sys, time, warnings
+from hookfit.plugins.tui import OutputCapture
+
+path, limit, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "on"
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, as a full disk answers ENOSPC
+if fault:
+    faulthandler.enable()
+else:
+    faulthandler.disable()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    if limit:
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    capture = OutputCapture(path)
+    during = faulthandler.is_enabled()
+    for i in range(200):
+        print(f"line {i:03d} " + "x" * 40)  # never raises, whatever the disk says
+    os.write(2, b"from C, on stderr\n")
+    print("no end of line yet", end="", flush=True)
+    lines, deadline = [], time.monotonic() + 30
+    while len(lines) < 201 and time.monotonic() < deadline:
+        lines += capture.lines()
+        time.sleep(0.01)
+    capture.warn_failure()  # (the dashboard's UI thread does this)
+    capture.restore()
+    capture.warn_failure()  # once only
+print()
+print(json.dumps({"lines": lines, "during": during, "after": faulthandler.is_enabled(),
+                  "failed": repr(capture.failed),
+                  "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
+"""
+
+
+def capture_child(tmp_path, limit=0, fault="off"):
+    import json
+    import subprocess
+    import sys
+
+    tmp_path.mkdir(exist_ok=True)
+    script = tmp_path / "child.py"
+    script.write_text(CAPTURE_CHILD)
+    path = tmp_path / "run" / "output.log"
+    done = subprocess.run([sys.executable, str(script), str(path), str(limit), fault], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    return path, done.stdout, result
+
+
+PRINTED = [f"line {i:03d} " + "x" * 40 for i in range(200)] + ["from C, on stderr"]
+
+
+def test_what_the_run_prints_is_kept_in_output_log_and_replayed(tmp_path) -> None:
+    path, stdout, result = capture_child(tmp_path)
+    assert result["lines"] == PRINTED  # for the log pane
+    assert path.read_text() == "\n".join(PRINTED) + "\nno end of line yet"
+    replayed = stdout.splitlines()
+    assert replayed[:201] == PRINTED and replayed[201] == "no end of line yet"
+    assert result["warnings"] == [] and result["failed"] == "None"
+    # faulthandler wrote to the terminal while the capture was up; off again afterwards
+    assert (result["during"], result["after"]) == (True, False)
+    _, _, result = capture_child(tmp_path / "again", fault="on")
+    assert (result["during"], result["after"]) == (True, True)  # the previous setting is back
+
+
+@pytest.mark.fault
+def test_a_full_disk_loses_only_the_file_never_a_print(tmp_path) -> None:
+    path, stdout, result = capture_child(tmp_path, limit=2000)
+    assert result["lines"] == PRINTED  # the log pane
+    assert stdout.splitlines()[:201] == PRINTED  # the replay: nothing lost
+    written = path.read_text()
+    assert 0 < len(written) <= 2000 and ("\n".join(PRINTED)).startswith(written)  # what fitted
+    assert "File too large" in result["failed"]
+    assert [category for category, _ in result["warnings"]] == ["FileWarning"]  # once
+    message = result["warnings"][0][1]
+    assert message.startswith(f"tui: could not write {path} (OSError: [Errno 27] File too large)")
+
+
+# -- a debugger gets the terminal ------------------------------------------------------------
+
+def test_a_breakpoint_without_a_debugger_gives_the_screen_back_at_once() -> None:
+    """PYTHONBREAKPOINT=0 (or a hook that returns without tracing): suspended and resumed in the
+    same call. With pdb, the tmux tests see the prompt and the dashboard come back."""
+    events = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def __getattr__(self, method):
+            return lambda *a: events.append(f"{self.name}.{method}")
+
+    tui = TuiRenderer()
+    tui.active, tui._screen, tui._capture = True, Fake("screen"), Fake("capture")
+    tui._go.set()
+    tui._thread = None  # no UI thread to park
+    tui._previous_breakpointhook = lambda *a, **k: events.append(f"hook{a}{k}") or "answer"
+    assert tui._breakpointhook(1, x=2) == "answer"
+    assert events == ["screen.stop", "capture.suspend", "hook(1,){'x': 2}", "capture.resume", "screen.start"]
+    assert tui._go.is_set() and not tui._suspended

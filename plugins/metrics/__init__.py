@@ -3,8 +3,12 @@
 * Each value of a step output that is a Python number, or a tensor with one element, is
   aggregated under its key, weighted by the batch size: last value, running mean over the last
   ``window`` batches, and epoch mean; train and valid apart. Other values (strings, vectors,
-  images) are ignored, without error. The batch size is the output's ``batch_size`` key if
-  present (not itself aggregated), else the first dimension of the batch's first tensor, else 1.
+  images) are ignored, without error. A scalar that cannot be aggregated (a complex number or
+  tensor) or a key that is not a string is refused at the batch it first appears in, with a
+  ``TypeError`` naming the step function and the key. Values are checked only when a key is
+  seen for the first time (in the stage, or since the last publication): the per-batch cost
+  stays one append per value. The batch size is the output's ``batch_size`` key if present
+  (not itself aggregated), else the first dimension of the batch's first tensor, else 1.
 * ``torchmetrics.Metric`` objects in an output are the step's to update; this plugin computes
   them at the end of the stage (published in ``epoch_metrics``) and resets them.
 * Tensors on an accelerator stay there until the publishing interval: one host read per
@@ -12,8 +16,12 @@
   is read at once (the cheapest path). ``defer=True`` forces the deferred path anywhere.
 * Publishes ``metrics_update`` at most every ``interval`` seconds and ``epoch_metrics`` at the
   end of every stage; keeps a per-epoch history (``history_epochs`` long) for plots.
-* Writes ``metrics.jsonl`` in ``loop.run_dir``: a line per completed stage, one per
-  ``log_every_n_steps`` training steps if set, and one at the end. ``log=False`` writes nothing.
+* Writes ``metrics.jsonl`` in ``loop.run_dir``: a line where a resumed run continues
+  (``{"event": "resume", "from": <checkpoint>, "epoch": ..., "batch": ..., "step": ...}``), a
+  line per completed stage, one per ``log_every_n_steps`` training steps if set, and one at
+  the end; every ``epoch`` in it counts from 1. ``log=False`` writes nothing. The file is a
+  :class:`hookfit.files.RunFile`: a full disk or a read-only run folder warns once
+  (``FileWarning``) and training goes on without it.
 * Several processes (a plugin implements ``all_reduce`` and ``loop.state.world_size > 1``):
   sums and counts are added up over the processes before each publication, so every snapshot
   carries global, sample-weighted numbers (``last`` is the mean of the processes' last

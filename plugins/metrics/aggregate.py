@@ -39,6 +39,27 @@ def batch_size(batch: Any) -> int:
     return 1
 
 
+def step_name(step: Any) -> str:
+    return getattr(step, "__qualname__", None) or repr(step)
+
+
+def check(key: Any, value: Any, step: Any) -> None:
+    """Refuse what the plugin cannot aggregate: a key that is not a string, a complex number.
+    ``step`` is the step function that returned it, named in the error."""
+    if type(key) is not str:
+        raise TypeError(
+            f"step function {step_name(step)!r} returned the key {key!r} ({type(key).__name__}) "
+            f"with a value to aggregate; keys must be strings, the names of what it reports"
+        )
+    if isinstance(value, complex) or (isinstance(value, _Tensor) and value.is_complex()):
+        what = f"a complex tensor ({value.dtype})" if isinstance(value, _Tensor) else f"a complex number ({value!r})"
+        raise TypeError(
+            f"step function {step_name(step)!r} returned {what} under the key {key!r}, which the "
+            f"metrics plugin cannot aggregate (a metric is a real number); "
+            f"return a real value, such as its .abs() or .real, or leave it out of the output"
+        )
+
+
 class _Series:
     """One metric in one stage: weighted sum and count (epoch mean), last value, and the
     last ``window`` (weighted value, size) pairs for the running mean."""
@@ -72,8 +93,10 @@ class _Stage:
     def __init__(self, window: int) -> None:
         self.window = window
         self.series: dict[str, _Series] = {}
-        self.host: collections.defaultdict[str, list[tuple[float, int]]] = collections.defaultdict(list)
-        self.device: collections.defaultdict[str, list[tuple[torch.Tensor, int]]] = collections.defaultdict(list)
+        # plain dicts: a key missing from one (the first value under it since the last read)
+        # is the only moment a value is looked at beyond its type (see :meth:`entries`)
+        self.host: dict[str, list[tuple[float, int]]] = {}
+        self.device: dict[str, list[tuple[torch.Tensor, int]]] = {}
         self.metric_objects: dict[str, Any] = {}
         self.batches = 0
         self.samples = 0
@@ -88,8 +111,8 @@ class _Stage:
             tensors = [t for entries in device.values() for t, _ in entries]
             values = iter(torch.stack([t.reshape(()).to(torch.float64) for t in tensors]).tolist())
             for key, entries in device.items():
-                host[key].extend((next(values), n) for _, n in entries)
-            self.device = collections.defaultdict(list)
+                host.setdefault(key, []).extend((next(values), n) for _, n in entries)
+            self.device = {}
         if not host:
             return
         for key, entries in host.items():
@@ -97,7 +120,18 @@ class _Stage:
             if series is None:
                 series = self.series[key] = _Series(self.window)
             series.fold(entries)
-        self.host = collections.defaultdict(list)
+        self.host = {}
+
+    def entries(self, where: dict[str, list], key: Any, value: Any, step: Any) -> list:
+        """The new list for ``key`` in ``where`` (``host`` or ``device``), which has none: the
+        first value under ``key`` in the stage, or since the last :meth:`read` (a few times a
+        second at most). The key and the value are checked here, and only here: a value that
+        cannot be aggregated is refused at the batch it first appears in, naming the step
+        function that returned it, while the per-batch path stays one append per value."""
+        check(key, value, step)
+        entries: list = []
+        where[key] = entries
+        return entries
 
     def values(self, reduce: Any = None) -> dict[str, Value]:
         """Each metric's Value; with ``reduce`` (an all-reduce sum over processes), global."""

@@ -6,14 +6,16 @@ from __future__ import annotations
 import collections
 import json
 import time
+import warnings
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import torch
 
 from hookfit import hookimpl
-from hookfit.payloads import MetricsSnapshot, Value
-from hookfit.plugins.metrics.aggregate import FOLD_EVERY, _is_metric, _Stage, _Tensor, batch_size
+from hookfit.files import FileWarning, RunFile
+from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
+from hookfit.plugins.metrics.aggregate import FOLD_EVERY, _is_metric, _Stage, _Tensor, batch_size, check
 from hookfit.run import Run
 
 _clock = time.perf_counter
@@ -48,7 +50,7 @@ class Metrics:
         self._history_epochs = history_epochs
         self._stage: _Stage | None = None
         self._next_publish = 0.0
-        self._log_file: Any = None
+        self._log_file: RunFile | None = None
         self.loop: Any = None
 
     # -- events ---------------------------------------------------------------------------
@@ -79,20 +81,34 @@ class Metrics:
             n = int(n) if n is not None else batch_size(batch)
             agg.samples += n  # type: ignore[union-attr]
             host, defer = agg.host, self.defer  # type: ignore[union-attr]
+            # A key missing from host/device (a KeyError, free unless raised) is its first value
+            # in the stage or since the last fold: only then is it checked (_first), so the
+            # per-batch cost stays one append per value.
             for key, value in output.items():
                 kind = type(value)
                 if kind is _Tensor or isinstance(value, _Tensor):
                     if value.numel() != 1:
                         continue  # not a scalar: ignored, by design
                     if value.is_cpu and not defer:
-                        host[key].append((value.item(), n))
+                        try:
+                            host[key].append((value.item(), n))
+                        except KeyError:
+                            self._first(host, key, value, loop).append((value.item(), n))
                     else:
-                        agg.device[key].append((value.detach(), n))  # type: ignore[union-attr]
+                        try:
+                            agg.device[key].append((value.detach(), n))  # type: ignore[union-attr]
+                        except KeyError:
+                            self._first(agg.device, key, value, loop).append((value.detach(), n))  # type: ignore[union-attr]
                 elif kind is float or kind is int:
                     if key != "batch_size":
-                        host[key].append((value, n))
+                        try:
+                            host[key].append((value, n))
+                        except KeyError:
+                            self._first(host, key, value, loop).append((value, n))
                 elif _is_metric(value):
                     agg.metric_objects[key] = value  # type: ignore[union-attr]
+                elif kind is complex:
+                    check(key, value, self._step(loop))  # a number that cannot be aggregated: refused
         else:
             agg.samples += batch_size(batch)  # type: ignore[union-attr]
         if not self._by_time:  # a log line every N steps, or several processes
@@ -110,6 +126,15 @@ class Metrics:
             self._publish(loop)
         elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
             agg.read()  # type: ignore[union-attr]
+
+    @staticmethod
+    def _step(loop: Any) -> Any:
+        """The step function of the running stage (named when a value is refused)."""
+        return loop.train_step if loop.training else loop.val_step
+
+    def _first(self, where: dict[str, list], key: Any, value: Any, loop: Any) -> list:
+        """The new list of ``key``'s values in ``where``, once its first value is checked."""
+        return self._stage.entries(where, key, value, self._step(loop))  # type: ignore[union-attr]
 
     def _publish(self, loop: Run) -> None:
         if (call := loop.hooks.metrics_update) is not None:
@@ -141,11 +166,17 @@ class Metrics:
         self._stage = None
 
     @hookimpl
+    def resumed(self, info: ResumeInfo) -> None:
+        self._write({"event": "resume", "from": info.source, "epoch": info.epoch + 1,
+                     "batch": info.batch, "step": info.step})
+
+    @hookimpl
     def fit_end(self, loop: Any) -> None:
         state = loop.state
         if self.log:
             self._write({"event": "end", "status": state.status, "reason": state.stop_reason,
-                         "by": state.stopped_by, "step": state.step, "time": round(state.elapsed, 3)})
+                         "by": state.stopped_by, "epoch": state.epoch + 1, "step": state.step,
+                         "time": round(state.elapsed, 3)})
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -202,12 +233,22 @@ class Metrics:
         )
 
     def _write(self, record: dict[str, Any]) -> None:
+        """One line of ``metrics.jsonl``, through :class:`hookfit.files.RunFile`: a full disk
+        or a read-only run folder warns once (``FileWarning``) and training goes on."""
         if not self.log or self.loop is None or not self.loop.is_main:
             return  # (no loop: the run failed before this plugin's fit_start)
         if self._log_file is None:
-            self._log_file = open(self.loop.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            try:
+                folder = self.loop.run_dir  # created on first use: may fail like a write
+            except OSError as error:  # the same policy: warned once, every later line dropped
+                self._log_file = RunFile("metrics.jsonl", self.name)
+                self._log_file.failed = error
+                warnings.warn(f"{self.name}: could not create the run folder for metrics.jsonl "
+                              f"({type(error).__name__}: {error}); training goes on without it",
+                              FileWarning, stacklevel=3)
+                return
+            self._log_file = RunFile(folder / "metrics.jsonl", self.name)
         self._log_file.write(json.dumps(record, default=float) + "\n")
-        self._log_file.flush()
 
 
 def _learning_rates(optimizers: Any) -> dict[str, float]:

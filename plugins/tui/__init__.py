@@ -3,7 +3,8 @@
 Panels: a metrics table (train last / running / epoch mean, valid), a Braille plot of any
 metric over steps with train and valid series (full history or a recent window, downsampled by
 min/max per bucket), progress of the stage and of the run with rate and ETA (validation time
-included), a log pane with whatever the run printed, a status line and the keys. ``q`` asks
+included), a log pane with whatever the run printed (and where a resumed run continues from:
+the ``resumed`` event), a status line and the keys. ``q`` asks
 for a graceful stop with ``loop.request_stop``, which the core honours whatever other plugins
 are installed; the dashboard knows no other plugin.
 
@@ -15,20 +16,38 @@ waits for the interpreter lock: five frames a second would take 2.5 % of it). ur
 main thread, which also owns the signal handlers (urwid's own SIGWINCH/SIGTSTP handling is not
 installed: the UI thread polls the size, and Ctrl-Z is ignored while the dashboard is up).
 
-Output: file descriptors 1 and 2 are redirected to a temporary file while the dashboard is up,
-so ``print``, logging, warnings and C libraries cannot scribble over it; the lines show in the
-log pane and everything is written back to the terminal once it is restored.
+Output: file descriptors 1 and 2 are redirected into a pipe while the dashboard is up, so
+``print``, logging, warnings, C libraries and child processes cannot scribble over it. A daemon
+thread reads the pipe and appends everything to ``<run_dir>/output.log`` at once (so a ``kill
+-9`` loses nothing that was printed), feeds the log pane, and keeps it for the replay: it is
+written back to the terminal once the terminal is restored. The file follows the run's file
+policy (:mod:`hookfit.files`): a full disk or a read-only folder warns once with a
+``FileWarning`` and only the file is lost; a ``print`` never waits for a disk or raises because
+of one. Fatal errors (a segmentation fault, an abort) reach the real terminal: ``faulthandler``
+writes to a copy of the original stderr while the dashboard is up, and its previous setting
+(off, or on standard error) comes back afterwards.
+
+Debugging: ``breakpoint()`` (or anything that calls ``sys.breakpointhook``) while the dashboard
+is up gives the terminal to the debugger: the UI thread parks, the screen is stopped and the
+descriptors go back to the terminal before the previous hook (pdb) runs. The dashboard comes
+back once the debugger lets go of the thread that called it (``continue`` in pdb; checked at
+the next publication of metrics or stage, so the training thread pays nothing per batch), or
+at once when no debugger took over (``PYTHONBREAKPOINT=0``). A debugger that keeps tracing
+(pdb with breakpoints set) keeps the dashboard away until the end of the run.
 
 Persistent mode (``TuiRenderer(persistent=True)`` or ``HOOKFIT_TUI_PERSISTENT=1``): when the run
-ends, however it ends, the final dashboard stays with a banner until ``q``, Esc or Ctrl-C. In
-both modes a plain-text summary (metrics table and curves) is printed to the normal terminal
-after it is restored, so the result stays in the scrollback.
+ends, however it ends, the final dashboard stays with a banner until ``q``, Esc or Ctrl-C; its
+clock stops at the end of the run, and the duration shown there and in the summary is the
+run's own (``loop.state.elapsed``, which the hold does not add to). In both modes a plain-text
+summary (status, where the run resumed from, the output file, metrics table and curves) is
+printed to the normal terminal after it is restored, so the result stays in the scrollback.
 
 It starts only on an interactive terminal: stdin and stdout are TTYs, ``TERM`` is set and not
 ``dumb``, ``CI`` and ``HOOKFIT_NO_TUI`` are unset, the process is in the terminal's foreground
 process group and ``fit()`` runs on the main thread. Otherwise it steps aside and the console
 renderer prints instead (through the ``claim_output`` event). If the process is killed with
-SIGKILL no code can run to restore the terminal: ``reset`` (or ``stty sane``) fixes it.
+SIGKILL (or dies of a fatal signal) no code can run to restore the terminal: ``reset`` (or
+``stty sane``) fixes it, and ``output.log`` keeps what the run printed.
 """
 
 from hookfit.plugins.tui.renderer import ENV_PERSISTENT, TuiRenderer, summary

@@ -85,6 +85,8 @@ class Dashboard:
         self.stopping: str | None = None
         self.finished = False
         self.hold = False
+        self.elapsed: float | None = None  # the run's duration once it ended: the clock stops
+        self.resumed_from: Any = None
         self.series: dict[tuple[str, str], Series] = {}
         self.table: dict[str, dict[str, float | None]] = {}
         self.names: list[str] = []
@@ -131,9 +133,19 @@ class Dashboard:
     def _on_log(self, lines: list[str]) -> None:
         self.log = (self.log + lines)[-200:]
 
-    def _on_end(self, status: str, reason: str | None, hold: bool, by: str | None = None) -> None:
+    def _on_resumed(self, info: Any) -> None:
+        """The run continues from a checkpoint (:class:`hookfit.payloads.ResumeInfo`)."""
+        self.resumed_from = info
+        self.epoch, self.step = info.epoch, info.step
+        self._on_log([f"hookfit: resumed from {info}"])
+
+    def _on_end(self, status: str, reason: str | None, hold: bool, by: str | None = None,
+                elapsed: float | None = None) -> None:
+        """The run ended: ``elapsed`` is its duration (``loop.state.elapsed``, which a
+        persistent hold does not add to); without it, the clock stops now."""
         self.finished, self.status, self.reason, self.hold = True, status, reason, hold
         self.stopped_by = by
+        self.elapsed = elapsed if elapsed is not None else time.monotonic() - self.started
 
     def _note_name(self, key: str) -> None:
         if key not in self.names:
@@ -250,7 +262,7 @@ class Dashboard:
         return self.widget(cols, rows).render(size, focus=True)
 
     def _refresh(self, cols: int, rows: int) -> None:
-        elapsed = time.monotonic() - self.started
+        elapsed = self.elapsed if self.finished and self.elapsed is not None else time.monotonic() - self.started
         stage = self.progress.stage
         state = self.status if self.finished else ("stopping" if self.stopping else "running")
         self.w_status.set_text(

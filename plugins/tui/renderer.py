@@ -15,9 +15,13 @@ import warnings
 from typing import Any
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.files import FileWarning
+from hookfit.payloads import ResumeInfo
 from hookfit.plugins.tui.terminal import OutputCapture, interactive_terminal
 
 ENV_PERSISTENT = "HOOKFIT_TUI_PERSISTENT"
+OUTPUT_LOG = "output.log"
+"""The file in the run folder that keeps what the run printed while the dashboard was up."""
 
 
 class TuiRenderer:
@@ -41,6 +45,15 @@ class TuiRenderer:
         self._ui_error: BaseException | None = None
         self._failed = False
         self._ended_by: int | None = None  # a termination signal that ended the hold
+        self.output: Any = None
+        """The file that keeps what the run printed while the dashboard was up, or ``None``."""
+        # a debugger has the terminal: the UI thread is parked, the screen stopped
+        self._go = threading.Event()  # cleared: the UI thread parks at the top of its loop
+        self._parked = threading.Event()
+        self._suspended = False
+        self._debugger: Any = None  # the trace function of the debugger that has the terminal
+        self._debug_thread: int | None = None
+        self._previous_breakpointhook: Any = None
 
     # -- who prints ---------------------------------------------------------------------------
     @hookimpl
@@ -64,7 +77,11 @@ class TuiRenderer:
         self.persistent = persistent
         self._inbox.clear()
         self._quit.clear()
+        self._go.set()
+        self._parked.clear()
+        self._suspended = False
         self._ui_error = None
+        self.output = self._output_file(loop)
         self._dashboard = Dashboard(
             loop.max_epochs,
             loop.val_every_n_epochs if loop.val_step is not None else None,
@@ -78,19 +95,35 @@ class TuiRenderer:
         except Exception as exc:  # a renderer that cannot start is switched off, not fatal
             self._restore()
             self._failed = True
+            self.output = None
             warnings.warn(f"tui: the dashboard could not start and is switched off "
                           f"({type(exc).__name__}: {exc}); the console prints instead",
                           HookfitWarning, stacklevel=2)
             return
         self._thread = threading.Thread(target=self._ui, name="hookfit-tui", daemon=True)
         self._thread.start()
+        self._previous_breakpointhook = sys.breakpointhook
+        sys.breakpointhook = self._breakpointhook
+
+    def _output_file(self, loop: Any) -> Any:
+        """``<run_dir>/output.log`` on the main process; ``None`` (with one ``FileWarning``)
+        when the run folder cannot be created."""
+        if not loop.is_main:
+            return None
+        try:
+            return loop.run_dir / OUTPUT_LOG
+        except OSError as error:
+            warnings.warn(f"{self.name}: could not create the run folder for {OUTPUT_LOG} "
+                          f"({type(error).__name__}: {error}); the output shows on the terminal "
+                          f"afterwards, without the file", FileWarning, stacklevel=3)
+            return None
 
     def _start_screen(self) -> None:
         import urwid
 
         from hookfit.plugins.tui.dashboard import PALETTE
 
-        self._capture = capture = OutputCapture()
+        self._capture = capture = OutputCapture(self.output, owner=self.name)
 
         class Screen(urwid.display.raw.Screen):
             """urwid's screen without its SIGWINCH/SIGTSTP handlers: the UI thread polls the size,
@@ -117,19 +150,30 @@ class TuiRenderer:
 
     # -- the training thread hands over, in O(1) -----------------------------------------------
     @hookimpl
+    def resumed(self, info: ResumeInfo) -> None:
+        if self.active:
+            self._inbox.append(("resumed", info))
+
+    @hookimpl
     def stage_start(self, loop: Any, stage: str) -> None:
         if self.active:
+            if self._suspended:
+                self._resume_if_let_go()
             data = loop.train_data if stage == "train" else loop.val_data
             self._inbox.append(("stage", stage, loop.state.epoch, len(data) if hasattr(data, "__len__") else None))
 
     @hookimpl
     def metrics_update(self, metrics: Any) -> None:
         if self.active:
+            if self._suspended:
+                self._resume_if_let_go()
             self._inbox.append(("update", metrics))
 
     @hookimpl
     def epoch_metrics(self, metrics: Any) -> None:
         if self.active:
+            if self._suspended:
+                self._resume_if_let_go()
             self._inbox.append(("epoch", metrics))
 
     @hookimpl
@@ -137,15 +181,81 @@ class TuiRenderer:
         if self.active:
             self._inbox.append(("stopping", request.reason))
 
+    # -- a debugger (breakpoint()) gets the terminal ----------------------------------------------
+    def _breakpointhook(self, *args: Any, **kwargs: Any) -> Any:
+        """``sys.breakpointhook`` while the dashboard is up: the terminal and descriptors 1 and
+        2 are given back before the previous hook (pdb, by default) runs; the dashboard comes
+        back once the debugger lets go (at the next publication of metrics, the next stage or
+        the end of the run) or at once if no debugger took over."""
+        previous = self._previous_breakpointhook or sys.__breakpointhook__
+        if not self.active or self._suspended:
+            return previous(*args, **kwargs)
+        tracer = sys.gettrace()
+        self._suspend()
+        frame = sys._getframe()
+        try:
+            # On one line, so that no line event of this frame reaches a debugger that starts
+            # tracing in previous() (pdb stops at the next line event): untraced from there on,
+            # this frame calls no Python function while it is attached, and the debugger stops
+            # at the line after breakpoint() in the caller, as without a dashboard.
+            result = previous(*args, **kwargs); attached = sys.gettrace() is not tracer; frame.f_trace = None if attached else frame.f_trace  # noqa: E501,E702
+        except BaseException:
+            self._resume()
+            raise
+        del frame
+        if not attached:  # no debugger is tracing (PYTHONBREAKPOINT=0, or one that is done)
+            self._resume()
+            return result
+        self._debugger = sys.gettrace()  # (C calls and attributes only: nothing to step into)
+        self._debug_thread = threading.get_ident()
+        return result
+
+    def _suspend(self) -> None:
+        """Park the UI thread (it must not read the keys the debugger reads), stop the screen
+        and give the descriptors back."""
+        self._parked.clear()
+        self._go.clear()
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._parked.wait(timeout=2.0)  # a tick of get_input() and a frame at most
+        self._suspended = True
+        if self._screen is not None:
+            self._screen.stop()
+        if self._capture is not None:
+            self._capture.suspend()
+
+    def _resume_if_let_go(self) -> None:
+        """On the thread that hit the breakpoint: back to the dashboard once the debugger no
+        longer traces it (``continue`` in pdb)."""
+        if self._debug_thread == threading.get_ident() and sys.gettrace() is not self._debugger:
+            self._resume()
+
+    def _resume(self) -> None:
+        if not self._suspended:
+            return
+        self._debugger = self._debug_thread = None
+        if self._capture is not None:
+            self._capture.resume()
+        if self._screen is not None:
+            self._screen.start()
+        self._suspended = False
+        self._go.set()  # the UI thread redraws the whole screen
+
     # -- the UI thread ------------------------------------------------------------------------
     def _ui(self) -> None:
         screen, dashboard, capture = self._screen, self._dashboard, self._capture
         size = None
         last_draw = 0.0
-        read = 0
         idle = 0
         try:
             while not self._quit.is_set():
+                if not self._go.is_set():  # a debugger has the terminal
+                    self._parked.set()
+                    self._go.wait()
+                    size = None  # the screen was restarted: draw it all again
+                    continue
+                if capture.failed is not None:
+                    capture.warn_failure()  # from here: the pipe's reader cannot warn
                 keys = screen.get_input()
                 idle = 0 if keys else idle + 1
                 if idle >= 2:
@@ -161,7 +271,7 @@ class TuiRenderer:
                 while self._inbox:
                     dashboard.receive(*self._inbox.popleft())
                     dirty = True
-                read, lines = capture.lines(read)
+                lines = capture.lines()
                 if lines:
                     dashboard.receive("log", lines)
                 current = screen.get_cols_rows()
@@ -183,20 +293,26 @@ class TuiRenderer:
         if not self.active:
             return
         state = loop.state
-        hold = bool(self.persistent) and self._ui_error is None
-        self._inbox.append(("end", state.status, state.stop_reason, hold, state.stopped_by))
+        if self._suspended:
+            self._resume_if_let_go()
+        # no hold while a debugger still has the terminal
+        hold = bool(self.persistent) and self._ui_error is None and not self._suspended
+        # the run's own duration (state.elapsed ends before fit_end): the clock stops there
+        self._inbox.append(("end", state.status, state.stop_reason, hold, state.stopped_by, state.elapsed))
         try:
             if hold:
                 self._hold()
         finally:
             self._quit.set()
+            self._go.set()  # a UI thread parked for a debugger ends too
             if self._thread is not None:
                 self._thread.join(timeout=5)
             self._restore()
         if self._ui_error is not None:
             warnings.warn(f"tui: the dashboard failed and was closed: {type(self._ui_error).__name__}: "
                           f"{self._ui_error}", HookfitWarning, stacklevel=2)
-        print("\n".join(summary(self._dashboard, state)), flush=True)
+        output = self.output if self.output is not None and self.output.exists() else None
+        print("\n".join(summary(self._dashboard, state, output)), flush=True)
         if self._ended_by is not None:  # terminate as asked, now that the terminal is back
             signum, self._ended_by = self._ended_by, None
             signal.raise_signal(signum)
@@ -233,6 +349,11 @@ class TuiRenderer:
             return
         self.active = False
         atexit.unregister(self._restore)
+        self._quit.set()
+        self._go.set()  # a parked UI thread ends
+        if sys.breakpointhook == self._breakpointhook:
+            sys.breakpointhook = self._previous_breakpointhook
+        self._suspended = False
         try:
             if self._screen is not None:
                 self._screen.stop()
@@ -242,18 +363,27 @@ class TuiRenderer:
                 signal.signal(signum, handler)
             self._saved_signals.clear()
             if self._capture is not None:
-                self._capture.restore()
-                self._capture = None
+                capture, self._capture = self._capture, None
+                capture.restore()
+                if capture.failed is not None:
+                    self.output = None  # not (all) in the file
+                    capture.warn_failure()  # if the UI thread did not: now on the real terminal
 
 
-def summary(dashboard: Any, state: Any) -> list[str]:
-    """The plain-text record printed after the dashboard closes: status, table and curves."""
+def summary(dashboard: Any, state: Any, output: Any = None) -> list[str]:
+    """The plain-text record printed after the dashboard closes: status (with the run's own
+    duration, ``state.elapsed``: a persistent dashboard's hold is not part of it), where the
+    run resumed from, where its output is kept, table and curves."""
     from hookfit.plugins.tui.dashboard import _fmt
     from hookfit.plugins.tui.plot import text_plot
 
     asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
     lines = [f"hookfit: training {state.status} ({state.stop_reason}) after {state.elapsed:.1f}s, "
              f"{state.step} steps{asked}"]
+    if getattr(state, "resumed_from", None) is not None:
+        lines.append(f"  resumed from {state.resumed_from}")
+    if output is not None:
+        lines.append(f"  output printed during the run: {output}")
     if dashboard is None or not dashboard.names:
         return lines
     width = max(len(n) for n in dashboard.names)

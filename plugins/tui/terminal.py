@@ -1,14 +1,20 @@
 """The terminal the dashboard runs in: whether there is one to use, and the capture of what the
-run prints while the dashboard is up."""
+run prints while the dashboard is up (kept in the run's ``output.log``)."""
 
 from __future__ import annotations
 
+import collections
+import faulthandler
 import importlib.util
 import os
+import select
 import sys
-import tempfile
 import threading
+import warnings
+from pathlib import Path
 from typing import Any
+
+from hookfit.files import FileWarning
 
 ENV_OFF = "HOOKFIT_NO_TUI"
 
@@ -41,51 +47,251 @@ def interactive_terminal() -> str | None:
 
 
 class OutputCapture:
-    """File descriptors 1 and 2 redirected to a temporary file while the dashboard is up, so
-    ``print``, logging, warnings and C libraries cannot scribble over it. ``terminal`` is a
-    writable copy of the original stdout for the screen to draw on; :meth:`lines` reads what
-    was printed so far (for the log pane); :meth:`restore` puts the descriptors back and writes
-    everything captured to the terminal. Idempotent."""
+    """File descriptors 1 and 2 redirected into a pipe while the dashboard is up, so ``print``,
+    logging, warnings, C libraries and child processes cannot scribble over it.
 
-    def __init__(self) -> None:
+    A daemon thread reads the pipe as output arrives and, for each chunk, in this order:
+    appends it to ``path`` (the run's ``output.log``; written and in the kernel at once, so a
+    ``kill -9`` loses nothing printed before it was read), keeps it for the replay, and splits
+    it into lines for the log pane (:meth:`lines`). Nothing a program prints ever waits for a
+    disk: a full disk or a read-only folder only stops the file (the first error is kept in
+    ``failed``; :meth:`warn_failure` reports it once with a :class:`hookfit.files.FileWarning`,
+    from a thread that does not read the pipe), and ``print`` never raises because of it.
+
+    ``terminal`` is a writable copy of the original stdout for the screen to draw on. While the
+    capture is up, ``faulthandler`` writes fatal errors (a segmentation fault, an abort) to a
+    copy of the original stderr, the real terminal; the previous setting (off, or on standard
+    error) comes back with :meth:`restore`. :meth:`suspend` and :meth:`resume` give the
+    terminal back for a while (a debugger) and take it again. :meth:`restore` puts the
+    descriptors back, waits for what was printed before, and writes it to the terminal (the
+    last ``replay_limit`` bytes, with a line naming the file for the rest). Idempotent.
+    """
+
+    replay_limit = 4 << 20
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, owner: str = "tui") -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        self._saved: tuple[int, int] | None = (os.dup(1), os.dup(2))
-        self.terminal: Any = os.fdopen(os.dup(self._saved[0]), "w", encoding="utf-8", errors="replace")
-        self._file: Any = tempfile.TemporaryFile()
-        os.dup2(self._file.fileno(), 1)
-        os.dup2(self._file.fileno(), 2)
+        self.path = Path(path) if path is not None else None
+        self.owner = owner
+        self.failed: OSError | None = None
+        self._warned = False
+        self._file: int | None = None
+        self._kept = bytearray()  # for the replay; frozen once restore() has drained the pipe
+        self._dropped = 0
+        self._partial = b""
+        self._lines: collections.deque[str] = collections.deque(maxlen=1000)
+        self._drained = threading.Event()
+        self._frozen = False
+        self._lock = threading.Lock()
+        self._pump_done = False
+        opened: list[int] = []
+        try:
+            self._saved: tuple[int, int] | None = (os.dup(1), os.dup(2))
+            opened.extend(self._saved)
+            self._read, self._write = os.pipe()
+            opened += [self._read, self._write]
+            self._wake_read, self._wake_write = os.pipe()
+            opened += [self._wake_read, self._wake_write]
+            os.set_blocking(self._read, False)
+            self._fault = os.dup(self._saved[1])
+            opened.append(self._fault)
+            self.terminal: Any = os.fdopen(os.dup(self._saved[0]), "w", encoding="utf-8", errors="replace")
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        self._thread = threading.Thread(target=self._pump, name="hookfit-tui-output", daemon=True)
+        self._thread.start()
+        self._fault_before = faulthandler.is_enabled()
+        # the current thread only: the alternate screen has no scrollback, and a short report
+        # keeps its first line ("Fatal Python error: ...") on screen
+        faulthandler.enable(file=self._fault, all_threads=False)
+        os.dup2(self._write, 1)
+        os.dup2(self._write, 2)
+        self.suspended = False
 
-    def lines(self, offset: int) -> tuple[int, list[str]]:
-        """The complete, non-blank lines captured from byte ``offset`` on, and the offset after
-        them (a partial last line waits for its end, unless 64 KiB came without one)."""
-        data = os.pread(self._file.fileno(), 65536, offset)
-        if not data:
-            return offset, []
-        end = data.rfind(b"\n") + 1
-        if end == 0 and len(data) < 65536:
-            return offset, []
-        end = end or len(data)
-        text = data[:end].decode("utf-8", errors="replace")
-        return offset + end, [line for line in text.splitlines() if line.strip()]
+    # -- the pipe's reader (its own thread) ------------------------------------------------------
+    def _pump(self) -> None:
+        """Read the pipe until its end (every writer gone); drain it when restore() asks."""
+        read, wake = self._read, self._wake_read
+        poll = select.poll()  # (not select(): a process may hold more than 1024 descriptors)
+        poll.register(read, select.POLLIN)
+        poll.register(wake, select.POLLIN)
+        try:
+            while True:
+                ready = {fd for fd, _ in poll.poll()}
+                if read in ready and not self._take_available():
+                    break  # end of file: no writer left
+                if wake in ready:
+                    os.read(wake, 64)
+                    ended = not self._take_available()  # everything printed before restore()
+                    self._frozen = True
+                    self._drained.set()
+                    if ended:
+                        break
+        finally:
+            self._frozen = True
+            self._drained.set()
+            self._close_file()
+            with self._lock:
+                self._pump_done = True
+                for fd in (self._read, self._wake_read, self._wake_write):
+                    os.close(fd)
 
-    def restore(self) -> None:
-        """Put file descriptors 1 and 2 back and replay what was captured."""
-        if self._saved is not None:
+    def _take_available(self) -> bool:
+        """Read until the pipe is empty; ``False`` at its end."""
+        while True:
+            try:
+                data = os.read(self._read, 65536)
+            except BlockingIOError:
+                return True
+            except InterruptedError:
+                continue
+            if not data:
+                return False
+            try:
+                self._take(data)
+            except Exception:  # noqa: BLE001 - never stop reading: writers would block on a full pipe
+                pass
+
+    def _take(self, data: bytes) -> None:
+        if self.path is not None and self.failed is None:
+            self._append(data)
+        if not self._frozen:
+            kept = self._kept
+            kept += data
+            if len(kept) > self.replay_limit:
+                cut = len(kept) - self.replay_limit
+                newline = kept.find(b"\n", cut)
+                cut = newline + 1 if 0 <= newline < cut + 4096 else cut
+                del kept[:cut]
+                self._dropped += cut
+            text = self._partial + data
+            end = text.rfind(b"\n") + 1
+            if end == 0 and len(text) < 65536:
+                self._partial = text
+                return
+            end = end or len(text)
+            self._partial = text[end:]
+            lines = text[:end].decode("utf-8", errors="replace").splitlines()
+            self._lines.extend(line for line in lines if line.strip())
+
+    def _append(self, data: bytes) -> None:
+        """The run's file policy (as :class:`hookfit.files.RunFile`), without the warning,
+        which this thread cannot give: it would be written into the pipe it reads."""
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+                self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._file, view):]
+        except OSError as error:
+            self.failed = error
+            self._close_file()
+
+    def _close_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                os.close(file)
+            except OSError:
+                pass
+
+    # -- for the dashboard ----------------------------------------------------------------------
+    def lines(self) -> list[str]:
+        """The complete, non-blank lines printed since the last call (a partial last line
+        waits for its end, unless 64 KiB came without one)."""
+        out = []
+        pop = self._lines.popleft
+        while self._lines:
+            out.append(pop())
+        return out
+
+    def warn_failure(self) -> None:
+        """Warn once (``FileWarning``) if the file failed; call it from a thread other than the
+        pipe's reader (the warning may be printed into the pipe)."""
+        if self.failed is None or self._warned:
+            return
+        self._warned = True
+        error = self.failed
+        warnings.warn(
+            f"{self.owner}: could not write {self.path} ({type(error).__name__}: {error}); it is "
+            f"left as it is and training goes on without it (the output still shows in the log "
+            f"pane and on the terminal afterwards)",
+            FileWarning,
+            stacklevel=2,
+        )
+
+    def suspend(self) -> None:
+        """Give descriptors 1 and 2 back to the terminal for a while (a debugger's prompt)."""
+        if self._saved is not None and not self.suspended:
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(self._saved[0], 1)
             os.dup2(self._saved[1], 2)
-            for fd in self._saved:
-                os.close(fd)
-            self._saved = None
+            self.suspended = True
+
+    def resume(self) -> None:
+        """Capture again after :meth:`suspend`."""
+        if self._saved is not None and self.suspended:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(self._write, 1)
+            os.dup2(self._write, 2)
+            self.suspended = False
+
+    def restore(self, timeout: float = 5.0) -> None:
+        """Put file descriptors 1 and 2 back and replay what was captured."""
+        if self._saved is None:
+            return
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self._saved[0], 1)
+        os.dup2(self._saved[1], 2)
+        for fd in self._saved:
+            os.close(fd)
+        self._saved = None
+        self.suspended = False
+        with self._lock:  # ask the reader to drain what was printed so far
+            if not self._pump_done:
+                try:
+                    os.write(self._wake_write, b"x")
+                except OSError:
+                    pass
+        self._drained.wait(timeout)
+        # The reader goes on until no child process (a data loader's worker, say) holds a copy
+        # of the pipe, so late output still reaches the file and nobody writes to a closed pipe.
+        os.close(self._write)
+        self._restore_faulthandler()
         if self.terminal is not None:
             self.terminal.close()
             self.terminal = None
-        if self._file is not None:
-            self._file.seek(0)
-            captured = self._file.read()
-            self._file.close()
-            self._file = None
-            if captured:
-                os.write(1, captured)
+        self._replay()
+
+    def _restore_faulthandler(self) -> None:
+        if self._fault_before:
+            faulthandler.enable(file=2, all_threads=True)  # type: ignore[arg-type]  (standard error)
+        else:
+            faulthandler.disable()
+        os.close(self._fault)
+
+    def _replay(self) -> None:
+        captured = bytes(self._kept)
+        self._kept = bytearray()
+        if self._dropped:
+            where = f"in {self.path}" if self.path is not None and self.failed is None else "not kept"
+            captured = (f"[hookfit: the first {self._dropped} bytes the run printed are {where}]\n".encode()
+                        + captured)
+        view = memoryview(captured)
+        while view:
+            try:
+                view = view[os.write(1, view):]
+            except InterruptedError:
+                continue
+            except OSError:
+                break  # the terminal is gone: nothing to show it on

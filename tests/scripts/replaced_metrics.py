@@ -37,6 +37,7 @@ parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--valid-losses", help="comma-separated validation losses, one per epoch")
 parser.add_argument("--checkpoint-dir")
 parser.add_argument("--sleep", type=float, default=0.0)
+parser.add_argument("--best", help="the console's best directions, as JSON (Console(best=...))")
 args = parser.parse_args()
 scripted = [float(v) for v in args.valid_losses.split(",")] if args.valid_losses else None
 
@@ -118,6 +119,10 @@ class Record:
 
 record = Record()
 plugins: list[Any] = [record]
+if args.best:
+    from hookfit.plugins.console import Console
+
+    plugins.append(Console(best=json.loads(args.best)))
 if args.checkpoint_dir:
     from hookfit.plugins.checkpoint import Checkpoint
 
