@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import resource
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import torch
 
 import hookfit
 from hookfit.data import Batches
-from hookfit.plugins.checkpoint import FORMAT_VERSION, Checkpoint, CheckpointError, CheckpointWarning, read
+from hookfit.plugins.checkpoint import FORMAT_VERSION, Checkpoint, CheckpointError, CheckpointWarning, digest, read
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
@@ -120,6 +121,8 @@ def test_files_are_whole_pruned_to_keep_last_and_best_and_read_weights_only(tmp_
     assert data["meta"]["metric"] == max(read(tmp_path / "checkpoints" / f)["meta"]["metric"] for f in files)
 
 
+@pytest.mark.bad_input
+@pytest.mark.fault
 def test_torn_foreign_newer_and_malicious_files_are_refused_by_name(tmp_path: Path) -> None:
     train(tmp_path, epochs=2)
     folder = tmp_path / "checkpoints"
@@ -158,6 +161,7 @@ class _Evil:
         return (open, (self.path, "w"))
 
 
+@pytest.mark.bad_input
 def test_plugin_state_mismatch_is_strict_or_lenient(tmp_path: Path) -> None:
     train(tmp_path, epochs=1, extra=[Stateful()])
     with pytest.raises(ValueError, match=r"saved state of plugin\(s\) 'thirdparty' that no enabled plugin"):
@@ -200,6 +204,7 @@ def _limited_file_size(limit: int):
     return lambda: (resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard)), signal.signal(signal.SIGXFSZ, previous))
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("policy", ["warn", "raise"])
 def test_a_save_that_hits_a_full_disk_keeps_the_previous_checkpoint(tmp_path: Path, policy: str) -> None:
     """The kernel refuses writes past RLIMIT_FSIZE with EFBIG, as a full disk refuses with
@@ -234,6 +239,7 @@ def test_a_save_that_hits_a_full_disk_keeps_the_previous_checkpoint(tmp_path: Pa
     assert after == before, "the previous checkpoint changed, or a partial file was left"
 
 
+@pytest.mark.fault
 def test_a_read_only_folder_is_reported_and_training_goes_on(tmp_path: Path) -> None:
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -259,11 +265,12 @@ def test_saves_by_step_and_by_time(tmp_path: Path) -> None:
     by_step = Checkpoint(every_n_epochs=None, every_n_steps=3, keep_last=100, background=False)
     train(tmp_path / "steps", checkpoint=by_step, epochs=1)
     assert [read(p)["loop"]["step"] for p in by_step.saved] == [3, 6]
-    by_time = Checkpoint(every_n_epochs=None, every_seconds=0.0, keep_last=100, background=False)
+    by_time = Checkpoint(every_n_epochs=None, every_seconds=1e-9, keep_last=100, background=False)
     train(tmp_path / "time", checkpoint=by_time, epochs=1)
     assert [read(p)["loop"]["resume_batch"] for p in by_time.saved] == list(range(1, 8))
 
 
+@pytest.mark.bad_input
 def test_bad_options_are_named() -> None:
     with pytest.raises(ValueError, match="every_n_steps must be a positive integer"):
         Checkpoint(every_n_steps=0)
@@ -271,6 +278,7 @@ def test_bad_options_are_named() -> None:
         Checkpoint(monitor="loss")
 
 
+@pytest.mark.bad_input
 def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_named(tmp_path: Path) -> None:
     loop, _, _ = train(tmp_path, resume="latest", epochs=1)
     assert loop.state.status == "completed" and loop.run.pm.get_plugin("checkpoint").resumed_from is None
@@ -305,6 +313,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_kill_9_at_random_moments_always_resumes_to_the_uninterrupted_result(tmp_path: Path, uninterrupted) -> None:
     """Chains of runs, each killed with SIGKILL at a random moment after training started
     (often inside a checkpoint write: there is one per step) and resumed from the newest
@@ -327,16 +336,21 @@ def test_kill_9_at_random_moments_always_resumes_to_the_uninterrupted_result(tmp
             proc.kill()
             proc.wait()
             kills += 1
-            for p in (run / "checkpoints").iterdir():  # a torn temporary file may remain; never read
+            written = list((run / "checkpoints").iterdir()) if (run / "checkpoints").exists() else []  # killed before the first save
+            for p in written:  # a torn temporary file may remain; never read
                 assert not p.name.startswith(".") or p.name.endswith(".tmp")
         proc.communicate(timeout=60)
         final = _finish(run, out, "--resume")
         assert final["status"] == "completed" and final["step"] == 60
         assert _same(final, uninterrupted), f"chain {chains} differs from the uninterrupted run"
+        left = sorted(p.name for p in (run / "checkpoints").iterdir())
+        assert len([f for f in left if f.startswith("epoch")]) <= 2, left  # keep_last=2 across the resumes
+        assert not [f for f in left if f.endswith(".tmp")], left  # the killed writers' files are gone
     print(f"kill -9 points tried: {kills} in {chains} chains")
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 @pytest.mark.parametrize("fsync_call", [1, 5, 8])
 def test_kill_9_inside_a_checkpoint_write_leaves_the_previous_one(tmp_path: Path, uninterrupted, fsync_call: int) -> None:
     """Killed between writing the temporary file and renaming it (odd fsync calls are the
@@ -344,11 +358,15 @@ def test_kill_9_inside_a_checkpoint_write_leaves_the_previous_one(tmp_path: Path
     proc = _child(tmp_path / "run", tmp_path / "out.pt", env={"KILL_AT_FSYNC": str(fsync_call)})
     proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL
+    left = [p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+    assert (len(left) == 1) == (fsync_call % 2 == 1), left  # killed after writing the temporary file
     final = _finish(tmp_path / "run", tmp_path / "out.pt", "--resume")
     assert _same(final, uninterrupted)
+    assert not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.endswith(".tmp")]
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_sigint_and_sigterm_write_an_interrupt_checkpoint_that_resumes_exactly(
         tmp_path: Path, uninterrupted, signum: int) -> None:
@@ -363,3 +381,347 @@ def test_sigint_and_sigterm_write_an_interrupt_checkpoint_that_resumes_exactly(
     assert "interrupt" in saved and 0 < interrupted["step"] < 60
     final = _finish(tmp_path / "run", tmp_path / "out.pt", "--resume")
     assert _same(final, uninterrupted)
+
+
+# -- which checkpoint "latest" is, and where a resumed run goes on ------------------------------
+
+NAMED = Path(__file__).parent / "scripts" / "ckpt_named.py"
+
+
+def _named(folder: Path, script: str, *args: str, resume: bool = False) -> dict:
+    """Runs a copy of ckpt_named.py called ``script`` in ``folder``: a run named ``script``."""
+    path = folder / f"{script}.py"
+    if not path.exists():
+        path.write_text(NAMED.read_text())
+    env = {**os.environ, "HOOKFIT_PLUGINS": ""}
+    env.pop("HOOKFIT_RESUME", None)
+    if resume:
+        env["HOOKFIT_RESUME"] = "latest"
+    done = subprocess.run([sys.executable, str(path), str(folder / f"{script}.json"), *args], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    return json.loads((folder / f"{script}.json").read_text())
+
+
+def test_latest_never_crosses_to_another_runs_checkpoints_and_a_resumed_run_goes_on_in_its_folder(
+        tmp_path: Path) -> None:
+    """Two scripts (two names) in one folder: each one's "latest" is its own newest checkpoint
+    (none: a fresh start), even when the other wrote later; a resumed run writes its checkpoints
+    and its metrics log in the folder of the run it continues."""
+    a1 = _named(tmp_path, "a", "--epochs", "2")
+    assert (a1["name"], a1["step"], a1["resumed_from"]) == ("a", 8, None)
+    folder = Path(a1["run_dir"])
+    assert folder.parent == tmp_path / "runs" / "a"
+    b1 = _named(tmp_path, "b", "--epochs", "1", resume=True)  # a's checkpoints are there, and newer
+    assert (b1["name"], b1["resumed_from"], b1["step"]) == ("b", None, 4)
+    assert Path(b1["run_dir"]).parent == tmp_path / "runs" / "b"
+    a2 = _named(tmp_path, "a", "--epochs", "3", resume=True)
+    assert a2["resumed_from"] == str(folder / "checkpoints" / "epoch0002-step000000008.pt")
+    assert (a2["run_dir"], a2["step"]) == (str(folder), 12)  # went on in a's folder
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == [
+        "epoch0001-step000000004.pt", "epoch0002-step000000008.pt", "epoch0003-step000000012.pt"]
+    log = [line for line in (folder / "metrics.jsonl").read_text().splitlines() if '"event": "end"' in line]
+    assert len(log) == 2  # both runs' ends, in one log
+    assert len(list((tmp_path / "runs" / "a").iterdir())) == 1
+    b2 = _named(tmp_path, "b", "--epochs", "2", resume=True)  # a wrote last: still b's own
+    assert b2["resumed_from"] == str(Path(b1["run_dir"]) / "checkpoints" / "epoch0001-step000000004.pt")
+    assert b2["step"] == 8 and b2["run_dir"] == b1["run_dir"]
+
+
+def test_latest_with_a_run_dir_or_a_dir_looks_only_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    train(tmp_path / "runs" / "given" / "later", epochs=2)  # a run of the same name, elsewhere
+    loop, _, _ = train(tmp_path / "given", resume="latest", epochs=1)
+    assert loop.run.pm.get_plugin("checkpoint").resumed_from is None
+    train(tmp_path / "given", epochs=1)
+    loop, _, _ = train(tmp_path / "given", resume="latest", epochs=2)
+    assert loop.state.resumed_from.source == str(tmp_path / "given" / "checkpoints" / "epoch0001-step000000007.pt")
+    mine = tmp_path / "mine"
+    train(tmp_path / "x", epochs=1, checkpoint=Checkpoint(dir=mine, background=False))
+    loop, _, _ = train(tmp_path / "given", resume="latest", epochs=2, checkpoint=Checkpoint(dir=mine, background=False))
+    assert loop.state.resumed_from.source == str(mine / "epoch0001-step000000007.pt")
+
+
+# -- runs without a model -----------------------------------------------------------------------
+
+
+@pytest.mark.bad_input
+def test_a_run_without_a_model_saves_nothing_and_cannot_be_resumed(tmp_path: Path) -> None:
+    def run(**kw):
+        return hookfit.Loop(lambda l, b: None, [1, 2, 3], max_epochs=2, run_dir=tmp_path, plugins=[
+            StopAfter(4), Checkpoint(every_n_steps=1, background=False)], **kw).fit()
+
+    with pytest.warns(CheckpointWarning, match=r"checkpoints are off for this run: it has no model \(Loop\(model=") as caught:
+        state = run()
+    assert state.status == "interrupted" and len([w for w in caught if w.category is CheckpointWarning]) == 1
+    assert not (tmp_path / "checkpoints").exists()
+    with pytest.raises(ValueError, match=r"resume='latest' needs the run's model: .*pass Loop\(model=\.\.\.\)"):
+        run(resume="latest")
+
+
+# -- plugin states that do not match the run ----------------------------------------------------
+
+
+@pytest.mark.bad_input
+def test_by_default_new_or_removed_plugins_start_fresh_with_a_warning_and_strict_names_the_file(
+        tmp_path: Path) -> None:
+    train(tmp_path, epochs=1)
+    third = Stateful()
+    with pytest.warns(hookfit.HookfitWarning, match=r"no saved state for plugin 'thirdparty'.*starts fresh") as caught:
+        loop, _, _ = train(tmp_path, resume="latest", epochs=2, extra=[third],
+                           checkpoint=Checkpoint(background=False))
+    assert loop.state.status == "completed" and third.count == 9  # counted from 0: this run's batches
+    assert len([w for w in caught if "thirdparty" in str(w.message)]) == 1
+    with pytest.warns(hookfit.HookfitWarning, match=r"saved state of plugin\(s\) 'thirdparty' that no enabled plugin"):
+        loop, _, _ = train(tmp_path, resume="latest", epochs=3, checkpoint=Checkpoint(background=False))
+    assert loop.state.status == "completed"
+    newest = tmp_path / "checkpoints" / "epoch0003-step000000021.pt"
+    with pytest.raises(ValueError, match=rf"{newest.name}: .*no saved state for plugin 'thirdparty'.*"
+                                         rf"Pass Checkpoint\(strict=False\) in Loop\(plugins=\[\.\.\.\]\) to start those "
+                                         rf"plugins fresh"):
+        train(tmp_path, resume="latest", epochs=4, extra=[Stateful()], checkpoint=Checkpoint(strict=True))
+
+
+# -- exact positions: max_steps, failures ---------------------------------------------------------
+
+
+def exact(run_dir: Path, *, max_steps: int | None = None, resume=None, fail_at: int | None = None,
+          checkpoint: Checkpoint | None = None):
+    """20 shuffled training batches and 4 validation batches per epoch, 3 epochs, Adam with
+    accumulation windows of 3 and dropout: where a run stops, windows, optimizer state, RNG and
+    data order all matter. ``fail_at``: the step raises at that global step, before it
+    touches the model."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.1), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(200, 16, generator=g), torch.randn(200, 1, generator=g)
+
+    def step(loop, b):
+        if loop.state.step == fail_at:
+            raise RuntimeError("injected failure")
+        loss = torch.nn.functional.mse_loss(loop.model(b[0]), b[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    metrics = Metrics(log=False)
+    loop = hookfit.Loop(
+        step, Batches(x, y, batch_size=10, shuffle=True, seed=7),
+        val_step=lambda l, b: {"vloss": torch.nn.functional.mse_loss(l.model(b[0]), b[1])},
+        val_data=Batches(x[:40], y[:40], batch_size=10), model=model,
+        optimizers=torch.optim.Adam(model.parameters(), lr=1e-3), max_epochs=3, max_steps=max_steps,
+        run_dir=run_dir, resume=resume,
+        plugins=[Optim(accumulate=3), metrics, checkpoint or Checkpoint(background=False)])
+    loop.fit()
+    history = {k: [dict(e) for e in v] for k, v in metrics.history.items()}
+    return loop, [p.detach().clone() for p in model.parameters()], history
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    loop, params, history = exact(tmp_path_factory.mktemp("straight"), max_steps=60)
+    assert loop.state.step == 60
+    return params, history
+
+
+@pytest.mark.parametrize("first", [25, 26])
+def test_max_steps_inside_an_epoch_then_a_longer_run_equals_one_run(tmp_path: Path, straight, first: int) -> None:
+    """25: ends inside an accumulation window, 26: just after one closed (windows of 3 from
+    batch 0 of epoch 2, which starts at step 20)."""
+    loop, _, _ = exact(tmp_path, max_steps=first)
+    assert (loop.state.status, loop.state.step) == ("completed", first)
+    ckpt = loop.run.pm.get_plugin("checkpoint")
+    saved = read(ckpt.saved[-1])
+    assert ckpt.saved[-1].name == f"epoch0002-step{first:09d}.pt"
+    assert saved["loop"] == {"epoch": 1, "step": first, "resume_batch": first - 20, "resume_stage": "train"}
+    assert saved["meta"]["reason"] == "max_steps"
+    loop, params, history = exact(tmp_path, max_steps=60, resume="latest")
+    assert (loop.state.status, loop.state.step) == ("completed", 60)
+    want_params, want_history = straight
+    assert all(torch.equal(p, q) for p, q in zip(params, want_params))
+    assert history == want_history
+
+
+@pytest.mark.fault
+def test_a_failed_checkpoint_resumes_at_the_batch_that_failed(tmp_path: Path, straight) -> None:
+    """The step raises at batch 4 of the second epoch (global step 24, inside a window)
+    before touching the model: the failed-*.pt file's position is before that batch, and
+    resuming from it ends with the uninterrupted run's parameters and history."""
+    with pytest.raises(RuntimeError, match="injected failure"):
+        exact(tmp_path, fail_at=24, checkpoint=Checkpoint(on_failure=True, background=False))
+    (failed,) = (tmp_path / "checkpoints").glob("failed-*.pt")
+    loop, params, history = exact(tmp_path, max_steps=60, resume=str(failed))
+    assert (loop.state.status, loop.state.step) == ("completed", 60)
+    want_params, want_history = straight
+    assert all(torch.equal(p, q) for p, q in zip(params, want_params))
+    assert history == want_history
+    assert failed.name == "failed-epoch0002-step000000024.pt"
+    assert read(failed)["loop"] == {"epoch": 1, "step": 24, "resume_batch": 4, "resume_stage": "train"}
+
+
+# -- contents checked before use -------------------------------------------------------------------
+
+
+def _flip(data: dict) -> str:
+    weight = data["model"]["0.weight"]
+    weight.view(-1)[3] = weight.view(-1)[3] * -1.0 + 1e-3  # one element of a parameter changed
+    return "its contents do not match its digest"
+
+
+def _without(key: str):
+    def edit(data: dict) -> str:
+        del data[key]
+        return f"lacks '{key}'"
+
+    return edit
+
+
+def _set(where: str, key: str, value, message: str):
+    def edit(data: dict) -> str:
+        data[where][key] = value
+        return message
+
+    return edit
+
+
+BAD = {
+    "bit flip": _flip,
+    "no loop": _without("loop"),
+    "no model": _without("model"),
+    "no rng": _without("rng"),
+    "no plugins": _without("plugins"),
+    "rng type": _set("rng", "torch", [1, 2, 3], r"bad RNG state: rng\['torch'\] is a list"),
+    "rng size": _set("rng", "torch", torch.zeros(100, dtype=torch.uint8), r"bad RNG state: rng\['torch'\] .*shape \(100,\)"),
+    "python rng": _set("rng", "python", [3, [1, 2], None], r"bad RNG state: rng\['python'\]"),
+    "negative batch": _set("loop", "resume_batch", -1, r"impossible position: loop\['resume_batch'\] is -1"),
+    "negative epoch": _set("loop", "epoch", -2, r"impossible position: loop\['epoch'\] is -2"),
+    "stage": _set("loop", "resume_stage", "test", r"impossible position: loop\['resume_stage'\] is 'test'"),
+    "beyond the data": _set("loop", "resume_batch", 8, r"impossible position: 8 training batches done in epoch 3, "
+                                                      r"and this run's training data has 7"),
+}
+
+
+@pytest.mark.bad_input
+@pytest.mark.fault
+@pytest.mark.parametrize("bad", list(BAD))
+def test_contents_are_checked_before_use_and_fallback_takes_the_next_newest(tmp_path: Path, bad: str) -> None:
+    train(tmp_path, epochs=2)
+    newest = tmp_path / "checkpoints" / "epoch0002-step000000014.pt"
+    data = torch.load(newest, weights_only=True)
+    message = BAD[bad](data)
+    if bad != "bit flip":  # each check on its own: a file written so, with a digest that matches
+        data["digest"] = digest(data)
+    torch.save(data, newest)  # a bit flip keeps the old digest
+    named = rf"checkpoint: {re.escape(str(newest))}.*{message}"
+    if bad != "beyond the data":  # that one needs the run: its training data's length
+        with pytest.raises(CheckpointError, match=named):
+            read(newest)
+    with pytest.raises(CheckpointError, match=named):
+        train(tmp_path, resume="latest", epochs=3)
+    with pytest.warns(CheckpointWarning, match=rf"{newest.name}.*{message}.*trying an older one"):
+        loop, _, _ = train(tmp_path, resume="latest", epochs=3, checkpoint=Checkpoint(fallback=True, background=False))
+    assert loop.state.resumed_from.source == str(tmp_path / "checkpoints" / "epoch0001-step000000007.pt")
+
+
+def test_background_saves_carry_a_digest_of_what_they_hold(tmp_path: Path) -> None:
+    ckpt = Checkpoint(every_n_steps=2, background=True)
+    train(tmp_path, checkpoint=ckpt, epochs=1)
+    for path in ckpt.saved:
+        data = torch.load(path, weights_only=True)
+        assert data["digest"].startswith("blake2b:") and data["digest"] == digest(data)
+
+
+# -- keep_last across resumes; temporary files of killed writers ---------------------------------
+
+
+class Abort:
+    """Ends the run like a kill after its n-th batch: a KeyboardInterrupt, no final checkpoint."""
+
+    name = "abort"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @hookfit.hookimpl
+    def batch_end(self):
+        self.n -= 1
+        if self.n == 0:
+            raise KeyboardInterrupt
+
+
+def test_keep_last_holds_after_resumes(tmp_path: Path, reference) -> None:
+    """Four runs ended abruptly after 4 batches (every step saved), each resumed from the
+    newest: keep_last=3 files remain, the files of earlier runs and the one resumed from
+    included; the last run to the end is exact."""
+    def ckpt():
+        return Checkpoint(every_n_steps=1, keep_last=3, background=False)
+
+    for _ in range(4):
+        with pytest.raises(KeyboardInterrupt):
+            train(tmp_path, resume="latest", checkpoint=ckpt(), extra=[Abort(4)])
+        files = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+        assert len(files) == 3, files
+    _, model, history = train(tmp_path, resume="latest", checkpoint=ckpt())
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 3
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference[0])) and history == reference[1]
+
+
+@pytest.mark.fault
+def test_temporary_files_of_killed_writers_are_removed_when_the_run_starts_again(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = folder / f".epoch0001-step000000007.pt.{int(gone.stdout)}.tmp"
+    alive = folder / f".epoch0001-step000000007.pt.{os.getppid()}.tmp"  # another process writing now
+    other = folder / "notes.tmp"
+    for path in (dead, alive, other):
+        path.write_bytes(b"partial")
+    train(tmp_path, epochs=1, resume="latest")
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+# -- warnings, options, names --------------------------------------------------------------------
+
+
+def test_checkpoint_warnings_are_file_warnings(tmp_path: Path) -> None:
+    from hookfit.files import FileWarning
+
+    assert issubclass(CheckpointWarning, FileWarning) and issubclass(CheckpointWarning, hookfit.HookfitWarning)
+
+
+@pytest.mark.bad_input
+def test_a_monitored_metric_the_run_does_not_produce_is_warned_about_once(tmp_path: Path) -> None:
+    ckpt = Checkpoint(monitor="valid/loss", background=False)
+    with pytest.warns(CheckpointWarning, match=r"monitor='valid/loss' names a metric this run does not produce: "
+                                               r"the valid metrics of epoch 1 are vloss") as caught:
+        train(tmp_path, checkpoint=ckpt)
+    assert len([w for w in caught if "monitor" in str(w.message)]) == 1
+    assert ckpt.best is None and len(ckpt.saved) == 3
+
+
+BAD_OPTIONS = [
+    ("every_seconds", 0), ("every_seconds", -5), ("every_seconds", float("nan")), ("every_seconds", float("inf")),
+    ("every_seconds", "10"), ("every_seconds", True), ("every_n_epochs", 0), ("every_n_steps", 2.5),
+    ("keep_last", 0), ("keep_last", True), ("monitor", 3), ("monitor", "valid/"), ("monitor", "test/loss"),
+    ("mode", "best"), ("on_save_error", "ignore"), ("on_interrupt", "yes"), ("on_failure", 1), ("strict", None),
+    ("fallback", "no"), ("background", 0), ("dir", 5),
+]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(("option", "value"), BAD_OPTIONS, ids=[f"{o}={v!r}" for o, v in BAD_OPTIONS])
+def test_options_are_checked_at_construction_and_the_message_names_them(option: str, value) -> None:
+    with pytest.raises(ValueError, match=rf"^checkpoint: {option} must .*, got {re.escape(repr(value))}$"):
+        Checkpoint(**{option: value})
+
+
+def test_names_count_epochs_from_1_and_sort_in_run_order(tmp_path: Path) -> None:
+    ckpt = Checkpoint(every_n_steps=3, keep_last=100, background=False)
+    train(tmp_path, checkpoint=ckpt, epochs=2)
+    names = [p.name for p in ckpt.saved]
+    assert names == ["epoch0001-step000000003.pt", "epoch0001-step000000006.pt", "epoch0001-step000000007.pt",
+                     "epoch0002-step000000009.pt", "epoch0002-step000000012.pt", "epoch0002-step000000014.pt"]
+    assert sorted(names) == names

@@ -197,6 +197,6 @@ def test_the_built_in_plugins_give_the_same_run_in_any_registration_order(tmp_pa
     assert same(one[1], other[1])
     assert one[2] == other[2] and len(one[2]) == 6 and one[2][0][2] != one[2][-1][2]  # lr changed
     assert one[3] == other[3] and any("metric=loss" in line for line in one[3])
-    assert one[4].keys() == other[4].keys() and len(one[4]) == 2  # the last and the best
+    assert one[4].keys() == other[4].keys() and len(one[4]) == 3  # the last two (keep_last=2) and the best
     for name in one[4]:
         assert all(torch.equal(one[4][name][k], other[4][name][k]) for k in one[4][name])

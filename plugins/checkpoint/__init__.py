@@ -5,42 +5,67 @@ model's state dict, every plugin's state through the ``save_state`` event keyed 
 (the optim plugin's optimizers, schedulers, scaler and counters; the metrics plugin's history;
 any third-party plugin's), the loop's position (epoch, global step, training batches of the
 epoch already done), the random number generators (Python, NumPy when installed, torch CPU and
-CUDA) and the state of data that has ``state_dict()`` (:class:`hookfit.data.Batches`). Only
-plain data and tensors: it is read back with ``torch.load(weights_only=True)``, so loading a
-checkpoint never runs code from the file.
+CUDA), the state of data that has ``state_dict()`` (:class:`hookfit.data.Batches`), and a
+``digest`` (blake2b over every tensor's dtype, shape and bytes and every other value, in a
+fixed order). Only plain data and tensors: it is read back with
+``torch.load(weights_only=True)``, so loading a checkpoint never runs code from the file.
 
 When: every ``every_n_epochs`` epochs (default 1), every ``every_n_steps`` training steps,
 every ``every_seconds`` seconds (checked after each training batch), when the run stops
 gracefully (``on_interrupt``, default on: a stop request, SIGINT or SIGTERM through the
-interrupter) and, if asked, when it fails (``on_failure``: a ``failed-*.pt`` file, never
-chosen by ``"latest"``, since the failing batch may be half done). The last ``keep_last``
-checkpoints are kept, plus the best one by ``monitor`` (``"valid/loss"``: the epoch mean of
-``loss`` in the validation stage, published by the metrics plugin) when set.
+interrupter), when ``max_steps`` ends the run inside an epoch (at that exact position, so a
+run resumed with a larger ``max_steps`` equals one that never stopped) and, if asked, when it
+fails (``on_failure``: a ``failed-*.pt`` file, never chosen by ``"latest"``; its position is
+after the last training batch whose step completed, so the failing batch runs again). The
+last ``keep_last`` checkpoints are kept, plus the best one by ``monitor`` (``"valid/loss"``:
+the epoch mean of ``loss`` in the validation stage, published by the metrics plugin; a
+monitored metric the run does not produce is warned about once). Names count epochs from 1:
+``epoch0001-step000000003.pt`` is a save during the first epoch, ``epoch0001-step000000007.pt``
+the one at its end, so names sort in run order. A run without a model saves nothing (one
+:class:`CheckpointWarning`), and resuming one is an error.
 
-Atomic: each file is written to a temporary file in the same folder, flushed, fsynced, renamed
-over its final name, and the folder is fsynced. A process killed at any moment leaves the
-previous checkpoint or the new one, never a torn one. With ``background=True`` (default) the
-loop is blocked only while the state is copied; the file is written by a thread, one at a
-time, and ``fit_end`` waits for the last one.
+Atomic: each file is written to a temporary file ``.<name>.<pid>.tmp`` in the same folder,
+flushed, fsynced, renamed over its final name, and the folder is fsynced. A process killed at
+any moment leaves the previous checkpoint or the new one, never a torn one; the temporary
+files of killed processes are removed at the next start of the run. With ``background=True``
+(default) the loop is blocked only while the state is copied; the digest and the file are
+written by a thread, one at a time, and ``fit_end`` waits for the last one.
 
 Resume: ``Loop(resume="latest" | path)`` (or ``HOOKFIT_RESUME``). ``"latest"`` is the newest
 checkpoint in ``dir``, or, when no folder was given, in ``<run_dir>/checkpoints`` if the run
-has a fixed ``run_dir``, else in the newest ``runs/*/checkpoints``; with none, the run starts
-afresh. A file that is torn or not a hookfit checkpoint is an error naming it;
-``fallback=True`` warns and takes the next newest instead. Plugin states that do not match
-the run fail the resume (``strict=True``) or are warned about (``strict=False``).
+has a fixed ``run_dir``, else the newest of this run's name, in ``runs/<name>/*/checkpoints``
+(never another name's); with none, the run starts afresh. The file is chosen at ``configure``,
+and a run without a ``run_dir`` of its own continues in the folder of the run it resumes
+(``loop.continue_in``): its checkpoints, its metrics log. The checkpoints already there are
+this run's too, so ``keep_last`` holds across resumes. Contents are checked before use: a file
+that is torn, not a hookfit checkpoint, newer, lacking entries, with a bad RNG state or an
+impossible position, or whose contents do not match its digest is a :class:`CheckpointError`
+naming it and what does not match; ``fallback=True`` warns and takes the next newest instead.
+Plugin states that do not match the run (a plugin new to it, a saved state nobody restores)
+are warned about by default and those plugins start fresh; ``strict=True`` makes it an error.
 
 Failed saves (full disk, read-only folder): ``on_save_error="warn"`` (default) warns once per
-kind of error with a :class:`CheckpointWarning`, counts them in ``failed_saves`` and keeps the
-previous checkpoints; ``"raise"`` fails the run. With several processes only the main process
-(rank 0) writes; every process loads.
+kind of error with a :class:`CheckpointWarning` (a :class:`hookfit.files.FileWarning`: one
+policy for the files of a run), counts them in ``failed_saves`` and keeps the previous
+checkpoints; ``"raise"`` fails the run. With several processes only the main process (rank 0)
+writes; every process loads.
 """
 
 from __future__ import annotations
 
-from hookfit.plugins.checkpoint.plugin import Checkpoint, CheckpointWarning
-from hookfit.plugins.checkpoint.storage import FORMAT, FORMAT_VERSION, SUFFIX, CheckpointError, atomic_save, read
+from hookfit.plugins.checkpoint.plugin import Checkpoint
+from hookfit.plugins.checkpoint.storage import (
+    FORMAT,
+    FORMAT_VERSION,
+    SUFFIX,
+    CheckpointError,
+    CheckpointWarning,
+    atomic_save,
+    digest,
+    read,
+)
 
 __all__ = [
-    "FORMAT", "FORMAT_VERSION", "SUFFIX", "Checkpoint", "CheckpointError", "CheckpointWarning", "atomic_save", "read",
+    "FORMAT", "FORMAT_VERSION", "SUFFIX", "Checkpoint", "CheckpointError", "CheckpointWarning", "atomic_save",
+    "digest", "read",
 ]

@@ -1,11 +1,13 @@
 """checkpoint plugin: the policy. When to save (epochs, steps, seconds, a graceful stop, a
-failure), which checkpoints to keep (``keep_last``, the best by ``monitor``), the background
-writer thread, and which checkpoint to resume from and how to restore it. The file format and
-the atomic writes are in :mod:`hookfit.plugins.checkpoint.storage`, what a checkpoint holds
-beyond the plugins' states in :mod:`hookfit.plugins.checkpoint.state`."""
+failure, ``max_steps`` reached inside an epoch), which checkpoints to keep (``keep_last``,
+the best by ``monitor``), the background writer thread, and which checkpoint to resume from
+and how to restore it. The file format, the digest, the checks of a file and the atomic writes
+are in :mod:`hookfit.plugins.checkpoint.storage`, what a checkpoint holds beyond the plugins'
+states in :mod:`hookfit.plugins.checkpoint.state`."""
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -14,21 +16,63 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from hookfit import HookfitWarning, hookimpl
+from hookfit import hookimpl
 from hookfit.plugins.checkpoint.state import _load_model, _model_state, _rng_state, _set_rng_state, _snapshot
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
     FORMAT_VERSION,
     SUFFIX,
     CheckpointError,
+    CheckpointWarning,
     atomic_save,
+    check_data_length,
     checkpoint_files,
+    digest,
+    position_of,
     read,
+    stale_temporaries,
 )
 
+__all__ = ["Checkpoint", "CheckpointWarning"]
 
-class CheckpointWarning(HookfitWarning):
-    """A checkpoint could not be written, or a bad one was skipped at resume."""
+_STRICT_HINT = " (strict; pass strict=False to restore the rest)"  # the core's ending, replaced by ours
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    """Every option of :class:`Checkpoint`, checked at construction: a ``ValueError`` naming
+    the option and the value."""
+    def bad(what: str, must: str) -> ValueError:
+        return ValueError(f"checkpoint: {what} must be {must}, got {options[what]!r}")
+
+    directory = options["dir"]
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise bad("dir", "a folder (a str or os.PathLike) or None")
+    if isinstance(directory, str) and not directory.strip():
+        raise bad("dir", "a folder (a str or os.PathLike) or None")
+    for what in ("every_n_epochs", "every_n_steps"):
+        value = options[what]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise bad(what, "a positive integer or None")
+    seconds = options["every_seconds"]
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not math.isfinite(seconds) or seconds <= 0):
+        raise bad("every_seconds", "a positive finite number of seconds or None")
+    keep_last = options["keep_last"]
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise bad("keep_last", "a positive integer")
+    monitor = options["monitor"]
+    if monitor is not None and (not isinstance(monitor, str) or monitor.count("/") != 1
+                                or not all(part.strip() for part in monitor.split("/"))):
+        raise ValueError(f"checkpoint: monitor must look like 'valid/loss' (stage/metric) or be None, got {monitor!r}")
+    if monitor is not None and monitor.split("/")[0] not in ("train", "valid"):
+        raise bad("monitor", "a metric of the 'train' or 'valid' stage, like 'valid/loss'")
+    if options["mode"] not in ("min", "max"):
+        raise bad("mode", "'min' or 'max'")
+    if options["on_save_error"] not in ("warn", "raise"):
+        raise bad("on_save_error", "'warn' or 'raise'")
+    for what in ("on_interrupt", "on_failure", "strict", "fallback", "background"):
+        if not isinstance(options[what], bool):
+            raise bad(what, "True or False")
 
 
 class Checkpoint:
@@ -48,21 +92,11 @@ class Checkpoint:
         on_interrupt: bool = True,
         on_failure: bool = False,
         on_save_error: Literal["warn", "raise"] = "warn",
-        strict: bool = True,
+        strict: bool = False,
         fallback: bool = False,
         background: bool = True,
     ) -> None:
-        for what, value in (("every_n_epochs", every_n_epochs), ("every_n_steps", every_n_steps)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"checkpoint: {what} must be a positive integer or None, got {value!r}")
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-            raise ValueError(f"checkpoint: keep_last must be a positive integer, got {keep_last!r}")
-        if mode not in ("min", "max"):
-            raise ValueError(f"checkpoint: mode must be 'min' or 'max', got {mode!r}")
-        if on_save_error not in ("warn", "raise"):
-            raise ValueError(f"checkpoint: on_save_error must be 'warn' or 'raise', got {on_save_error!r}")
-        if monitor is not None and monitor.count("/") != 1:
-            raise ValueError(f"checkpoint: monitor must look like 'valid/loss' (stage/metric), got {monitor!r}")
+        _check_options(locals())
         self.dir = Path(dir) if dir is not None else None
         self.every_n_epochs = every_n_epochs
         self.every_n_steps = every_n_steps
@@ -80,45 +114,85 @@ class Checkpoint:
         self.failed_saves = 0
         self.resumed_from: Path | None = None
         self.best: tuple[float, Path] | None = None
+        self.off = False
+        """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Any = None
         self._stage: str | None = None
-        self._done = (0, 0, "train")  # the position to save: epoch, training batches done, next stage
+        self._train_start = (0, 0)  # the global step and the first batch of the running training stage
+        self._done = (0, 0, "train")  # the position outside a training stage: epoch, training batches done, next stage
         self._last_time = 0.0
         self._last_value: float | None = None
+        self._monitor_warned = False
+        self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
+        self._continued = False
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
         self._warned: set[str] = set()
 
     # -- events ---------------------------------------------------------------------------
-    @hookimpl
+    @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
     def configure(self, loop: Any) -> None:
+        self.saved, self.best, self.resumed_from, self.off = [], None, None, False
+        self._pending, self._continued, self._monitor_warned, self._warned = None, False, False, set()
         if self.every_n_steps is not None or self.every_seconds is not None:
             # a per-batch hook only when saves can fall mid-epoch: otherwise batches cost nothing
             loop.pm.register(_EveryStep(self), name="checkpoint.steps")
+        source = loop.resume
+        if source is None:
+            return
+        if loop.model is None:
+            raise ValueError(
+                f"checkpoint: resume={source!r} needs the run's model: this run has no Loop(model=...), so a "
+                f"checkpoint would restore its plugins and position without the weights (half a state); "
+                f"pass Loop(model=...)")
+        path, data = self._choose(loop, source)
+        self._pending = (source, path, data)
+        if path is not None and self.dir is None and not loop.run_dir_given and path.parent.name == "checkpoints":
+            loop.continue_in(path.parent.parent.absolute())  # the resumed run goes on writing there
+            self._continued = True
 
     @hookimpl
     def fit_start(self, loop: Any) -> None:
         self._loop = loop
         self._last_time = time.monotonic()
         self._done = (loop.state.epoch, 0, "train")
+        self._stage = None
+        self._last_value = None
+        self.off = loop.model is None
+        if self.off:
+            warnings.warn(
+                "checkpoint: checkpoints are off for this run: it has no model (Loop(model=...)), so a "
+                "checkpoint would hold no weights and a resume would continue half a state; nothing is saved",
+                CheckpointWarning, stacklevel=2)
+        if loop.is_main:
+            self._remove_stale_temporaries(loop)
 
     @hookimpl
     def resume(self, loop: Any, source: str) -> Any:
-        path = self._resolve(loop, source)
-        if path is None:
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == source:
+            _, path, data = pending
+        else:
+            path, data = self._choose(loop, source)
+        if path is None or data is None:
             return False
-        self._restore(loop, path)
+        check_data_length(data["loop"], loop.train_data, path)  # the data as the run has it now
+        self._restore(loop, path, data)
         self.resumed_from = path
+        if loop.is_main:
+            self._adopt(loop, data["loop"])
         return path
 
     @hookimpl
-    def stage_start(self, stage: str) -> None:
+    def stage_start(self, loop: Any, stage: str) -> None:
         self._stage = stage
+        if stage == "train":
+            self._train_start = (loop.state.step, loop.state.batch_idx)
 
     @hookimpl
     def stage_end(self, loop: Any, stage: str) -> None:
         if stage == "train":
-            self._done = (loop.state.epoch, loop.state.batch_idx + 1, "valid")
+            self._done = (loop.state.epoch, self._trained(loop), "valid")
         self._stage = None
 
     @hookimpl
@@ -126,34 +200,50 @@ class Checkpoint:
         if self.monitor is None:
             return
         want_stage, key = self.monitor.split("/")
-        if stage == want_stage and key in metrics.values:
+        if stage != want_stage:
+            return
+        if key in metrics.values:
             self._last_value = float(metrics.values[key].epoch)
+            return
+        self._last_value = None
+        if not self._monitor_warned:
+            self._monitor_warned = True
+            have = ", ".join(sorted(metrics.values)) or "none"
+            warnings.warn(
+                f"checkpoint: monitor={self.monitor!r} names a metric this run does not produce: the {stage} "
+                f"metrics of epoch {metrics.epoch + 1} are {have}; no best checkpoint is kept by it",
+                CheckpointWarning, stacklevel=2)
 
     @hookimpl(trylast=True)
     def epoch_end(self, loop: Any, epoch: int) -> None:
         self._done = (epoch + 1, 0, "train")
         if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:
             self.save(loop, "epoch", metric=self._last_value)
+        self._last_value = None  # a metric belongs to its epoch's checkpoint
 
     @hookimpl(tryfirst=True)  # before other plugins let go of their state
     def fit_end(self, loop: Any) -> None:
         state = loop.state
-        if self._stage == "train":  # stopped after a whole training batch
-            self._done = (state.epoch, state.batch_idx + 1, "train")
         try:
+            if self.off or self._loop is None:  # no model, or the run failed before this plugin's fit_start
+                return
             graceful = state.status == "interrupted" and state.stop_reason != "KeyboardInterrupt"
             if graceful and self.on_interrupt:
                 self.save(loop, "interrupt")
             elif state.status == "failed" and self.on_failure:
                 self.save(loop, "failure")
+            elif state.status == "completed" and self._stage == "train":
+                # max_steps reached inside the epoch: a longer run continues from here
+                self.save(loop, "max_steps")
         finally:
             self._wait()
             self._loop = None
+            self._stage = None
 
     @hookimpl
     def save_state(self) -> dict[str, Any]:
         best = None if self.best is None else [self.best[0], str(self.best[1])]
-        return {"best": best, "saved": [str(p) for p in self.saved]}
+        return {"best": best, "saved": [str(p) for p in list(self.saved)]}
 
     @hookimpl
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -163,21 +253,54 @@ class Checkpoint:
                 self.best = (value, Path(path))
         self.saved = [Path(p) for p in state.get("saved", []) if Path(p).exists()]
 
+    # -- position -------------------------------------------------------------------------
+    def _trained(self, loop: Any) -> int:
+        """Training batches of the running epoch whose step completed: the stage's first batch
+        plus the steps counted since it started (a batch whose step raised is not counted)."""
+        step0, batch0 = self._train_start
+        return batch0 + loop.state.step - step0
+
+    def position(self, loop: Any) -> tuple[int, int, str]:
+        """Where a checkpoint taken now resumes: epoch (from 0), training batches of that
+        epoch done, and the stage to start with (``"valid"`` once the training stage ended)."""
+        if self._stage == "train":
+            return (loop.state.epoch, self._trained(loop), "train")
+        return self._done
+
+    @staticmethod
+    def filename(position: tuple[int, int, str], step: int, reason: str) -> str:
+        """``epochNNNN-stepNNNNNNNNN.pt``, the epoch counted from 1: the epoch in progress, or
+        the one just completed at an epoch's boundary, so names sort in run order."""
+        epoch, done, stage = position
+        shown = epoch if (stage == "train" and done == 0 and epoch > 0) else epoch + 1
+        stem = "failed-" if reason == "failure" else ""
+        return f"{stem}epoch{shown:04d}-step{step:09d}{SUFFIX}"
+
     # -- saving ---------------------------------------------------------------------------
     def directory(self, loop: Any) -> Path:
         """Where this run's checkpoints go."""
         return self.dir if self.dir is not None else loop.run_dir / "checkpoints"
 
+    def _known_directory(self, loop: Any) -> Path | None:
+        """This run's checkpoint folder when it may hold files already (a given ``dir`` or
+        ``run_dir``, or the folder of the run this one continues), else ``None`` (a new run
+        folder, which asking for would create)."""
+        if self.dir is not None or loop.run_dir_given or self._continued:
+            return self.directory(loop)
+        return None
+
     def save(self, loop: Any, reason: str, metric: float | None = None) -> Path | None:
-        """Write a checkpoint of the run as it is now; returns its path (main process only)."""
+        """Write a checkpoint of the run as it is now; returns its path (main process only;
+        ``None`` when checkpoints are off for this run: it has no model)."""
+        if self.off:
+            return None
         self._last_time = time.monotonic()
         self._raise_write_error()
-        payload = self.payload(loop, *self._done, reason=reason, metric=metric)  # also on other ranks: collectives
+        position = self.position(loop)
+        payload = self.payload(loop, *position, reason=reason, metric=metric)  # also on other ranks: collectives
         if not loop.is_main:
             return None
-        folder = self.directory(loop)
-        stem = "failed-" if reason == "failure" else ""
-        path = folder / f"{stem}epoch{self._done[0]:04d}-step{loop.state.step:09d}{SUFFIX}"
+        path = self.directory(loop) / self.filename(position, loop.state.step, reason)
         self._wait()
         self._raise_write_error()
         if self.background:
@@ -192,7 +315,8 @@ class Checkpoint:
 
     def payload(self, loop: Any, epoch: int, done: int, stage: str, *, reason: str,
                 metric: float | None) -> dict[str, Any]:
-        """Everything a checkpoint holds, as plain data and tensors."""
+        """Everything a checkpoint holds, as plain data and tensors (the ``digest`` is added
+        when it is written)."""
         state = loop.state
         return {
             "format": FORMAT,
@@ -209,6 +333,7 @@ class Checkpoint:
 
     def _write(self, payload: dict[str, Any], path: Path, metric: float | None, reason: str) -> None:
         try:
+            payload["digest"] = digest(payload)  # on the writer thread for background saves
             atomic_save(payload, path)
         except Exception as error:  # noqa: BLE001 - reported below, as configured
             self.failed_saves += 1
@@ -225,6 +350,8 @@ class Checkpoint:
             return
         if reason == "failure":
             return
+        if path in self.saved:  # the same position written again
+            self.saved.remove(path)
         self.saved.append(path)
         if metric is not None and self.monitor is not None and (
             self.best is None or (metric < self.best[0] if self.mode == "min" else metric > self.best[0])
@@ -241,6 +368,8 @@ class Checkpoint:
                 old.unlink()
             except FileNotFoundError:
                 pass
+            except OSError:
+                continue  # kept on the list: tried again at the next save
             self.saved.remove(old)
 
     def _wait(self) -> None:
@@ -253,45 +382,80 @@ class Checkpoint:
         if error is not None:
             raise error
 
+    def _remove_stale_temporaries(self, loop: Any) -> None:
+        """Temporary files of writes that a killed process left (``kill -9`` during a
+        background write): removed at the next start of the run (main process only)."""
+        folder = self._known_directory(loop)
+        if folder is None:
+            return
+        for path in stale_temporaries(folder):
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
     # -- resuming -------------------------------------------------------------------------
-    def _resolve(self, loop: Any, source: str) -> Path | None:
+    def _choose(self, loop: Any, source: str) -> tuple[Path | None, dict[str, Any] | None]:
+        """The checkpoint to resume from and its checked contents, or ``(None, None)`` when
+        ``"latest"`` finds none (the run starts afresh)."""
         if source != "latest":
             path = Path(source)
             if path.is_dir():
-                return self._newest(path, required=True)
-            if not path.exists():
+                candidates, where = checkpoint_files(path), str(path)
+                if not candidates:
+                    raise FileNotFoundError(f"checkpoint: no checkpoint in {path}")
+            elif not path.exists():
                 raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file")
-            return path
-        if self.dir is not None or loop.run_dir_given:
-            return self._newest(self.directory(loop), required=False)
-        runs = sorted((p for p in Path("runs").glob("*/checkpoints") if p.is_dir()),
-                      key=lambda p: p.stat().st_mtime, reverse=True)
-        for folder in runs:
-            found = self._newest(folder, required=False)
-            if found is not None:
-                return found
-        return None
-
-    def _newest(self, folder: Path, required: bool) -> Path | None:
-        files = checkpoint_files(folder)
-        if not files:
-            if required:
-                raise FileNotFoundError(f"checkpoint: no checkpoint in {folder}")
-            return None
+            else:
+                return path, self._load(loop, path)
+        else:
+            candidates, where = self._latest(loop)
+            if not candidates:
+                return None, None
         if not self.fallback:
-            return files[0]
-        for path in files:
+            return candidates[0], self._load(loop, candidates[0])
+        for path in candidates:
             try:
-                read(path)
-                return path
+                return path, self._load(loop, path)
             except CheckpointError as error:
                 warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=2)
-        raise CheckpointError(f"checkpoint: none of the {len(files)} checkpoints in {folder} is usable")
+        raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")
 
-    def _restore(self, loop: Any, path: Path) -> None:
+    def _latest(self, loop: Any) -> tuple[list[Path], str]:
+        """The candidates for ``"latest"``, newest first, and where they were looked for: the
+        given ``dir``; else ``<run_dir>/checkpoints`` of a given ``run_dir``; else the
+        checkpoints of this run's name, ``runs/<name>/*/checkpoints`` (never another name's),
+        the folder written last first."""
+        if self.dir is not None:
+            return checkpoint_files(self.dir), str(self.dir)
+        if loop.run_dir_given:
+            folder = Path(loop.config.run_dir) / "checkpoints"
+            return checkpoint_files(folder), str(folder)
+        from hookfit import run as run_module
+
+        base = (run_module.RUNS / loop.name).absolute()
+        folders = [checkpoint_files(folder) for folder in base.glob("*/checkpoints") if folder.is_dir()]
+        folders = [files for files in folders if files]
+        folders.sort(key=lambda files: max(p.stat().st_mtime for p in files), reverse=True)
+        return [p for files in folders for p in files], str(base / "*" / "checkpoints")
+
+    def _load(self, loop: Any, path: Path) -> dict[str, Any]:
         data = read(path)
+        check_data_length(data["loop"], loop.train_data, path)
+        return data
+
+    def _restore(self, loop: Any, path: Path, data: dict[str, Any]) -> None:
         _load_model(loop.model, data["model"], path)
-        loop.load_plugin_states(data["plugins"], strict=self.strict)
+        try:
+            loop.load_plugin_states(data["plugins"], strict=self.strict)
+        except ValueError as error:
+            message = str(error)
+            if not (self.strict and message.startswith("plugin states do not match")):
+                raise
+            raise ValueError(
+                f"checkpoint: {path}: {message.removesuffix(_STRICT_HINT)}. Pass Checkpoint(strict=False) in "
+                f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
+                f"restores unused)") from error
         for key, target in (("train", loop.train_data), ("valid", loop.val_data)):
             if key in data["data"] and hasattr(target, "load_state_dict"):
                 target.load_state_dict(data["data"][key])
@@ -302,6 +466,19 @@ class Checkpoint:
         loop.state.resume_batch = position["resume_batch"]
         loop.state.resume_stage = position["resume_stage"]
         self._done = (position["epoch"], position["resume_batch"], position["resume_stage"])
+
+    def _adopt(self, loop: Any, position: Mapping[str, Any]) -> None:
+        """Take the checkpoints already in this run's folder as this run's, so ``keep_last``
+        holds across resumes (the file resumed from included): sorted by position, those
+        beyond the one resumed from (an abandoned continuation) first, so pruned first."""
+        folder = self._known_directory(loop)
+        if folder is None:
+            return
+        step = position["step"]
+        files = checkpoint_files(folder)
+        files.sort(key=lambda p: (position_of(p)[0] <= step, position_of(p), p.stat().st_mtime))
+        self.saved = files
+        self._prune()
 
 
 class _EveryStep:
@@ -320,5 +497,4 @@ class _EveryStep:
         if (owner.every_n_steps is not None and step % owner.every_n_steps == 0) or (
             owner.every_seconds is not None and time.monotonic() - owner._last_time >= owner.every_seconds
         ):
-            owner._done = (loop.state.epoch, batch_idx + 1, "train")
             owner.save(loop, "step")
