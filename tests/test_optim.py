@@ -205,6 +205,7 @@ def test_grad_norm_example_plugin_sees_final_gradients() -> None:
     assert all(0 < n <= 0.01 + 1e-6 for n in norms.norms)  # measured after clipping
 
 
+@pytest.mark.fault
 def test_nonfinite_loss_skips_the_step_with_one_warning_and_a_count() -> None:
     m = model()
     batches = data(6)
@@ -238,6 +239,7 @@ def test_nonfinite_loss_skips_the_step_with_one_warning_and_a_count() -> None:
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_a_nonfinite_loss_skips_its_own_window_only(accumulate: int) -> None:
     """Two optimizers, a NaN loss for the second in batch 1: every step of that accumulation
@@ -286,6 +288,7 @@ def test_a_nonfinite_loss_skips_its_own_window_only(accumulate: int) -> None:
     assert skipped == {"a": 1, "b": 1}
 
 
+@pytest.mark.fault
 def test_nonfinite_loss_raise_policy() -> None:
     m = model()
 
@@ -296,6 +299,7 @@ def test_nonfinite_loss_raise_policy() -> None:
         fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), step=step, nonfinite="raise")
 
 
+@pytest.mark.fault
 def test_nonfinite_policy_none_checks_nothing() -> None:
     m = model()
 
@@ -312,6 +316,7 @@ def test_nonfinite_policy_none_checks_nothing() -> None:
     assert all(torch.isnan(p).all() for p in m.parameters())
 
 
+@pytest.mark.fault
 def test_nonfinite_gradient_is_caught_when_clipping() -> None:
     m = model()
 
@@ -355,6 +360,7 @@ def test_amp_grad_scaler_scales_the_loss() -> None:
     assert scaled / unscaled == pytest.approx(2.0 ** 16, rel=1e-3)  # GradScaler's initial scale
 
 
+@pytest.mark.bad_input
 def test_unknown_optimizer_name_lists_the_known_ones() -> None:
     m = model()
 
@@ -366,6 +372,7 @@ def test_unknown_optimizer_name_lists_the_known_ones() -> None:
                      plugins=[Optim()]).fit()
 
 
+@pytest.mark.bad_input
 def test_unnamed_access_with_two_optimizers_asks_for_a_name() -> None:
     m = model()
 
@@ -377,6 +384,7 @@ def test_unnamed_access_with_two_optimizers_asks_for_a_name() -> None:
                      plugins=[Optim()]).fit()
 
 
+@pytest.mark.bad_input
 def test_backward_without_the_optim_plugin_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOOKFIT_PLUGINS")
     monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", "optim")
@@ -389,6 +397,7 @@ def test_backward_without_the_optim_plugin_names_it(monkeypatch: pytest.MonkeyPa
         hookfit.Loop(step, data(1), optimizers=torch.optim.SGD(m.parameters())).fit()
 
 
+@pytest.mark.bad_input
 def test_bad_configuration_is_named() -> None:
     with pytest.raises(ValueError, match="optim: accumulate must be a positive integer, got 0"):
         Optim(accumulate=0)
@@ -505,3 +514,274 @@ def test_managed_optimizers_are_in_place_for_every_plugins_fit_start() -> None:
     m = model()
     fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), Early(), epochs=1)
     assert seen == [Optimizers]
+
+
+# -- options are checked at construction -----------------------------------------------------
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("option", ["clip_norm", "clip_value"])
+@pytest.mark.parametrize("value", [-1.0, 0, 0.0, -0.5, float("nan"), float("inf"), float("-inf"), "1", True, [1.0]],
+                         ids=repr)
+def test_clip_options_must_be_positive_finite_numbers(option: str, value) -> None:
+    """clip_norm=-1.0 used to be accepted, and clip_grad_norm_ then scaled every gradient by a
+    negative factor: training by gradient ascent. Refused with the option and the value named."""
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(f"optim: {option} must be a positive finite number or None, got {value!r}")):
+        Optim(**{option: value})
+
+
+@pytest.mark.parametrize("value, expected", [(None, None), (1, 1.0), (0.5, 0.5), (1e-8, 1e-8)])
+def test_clip_options_accept_positive_numbers_and_none(value, expected) -> None:
+    plugin = Optim(clip_norm=value, clip_value=value)
+    assert plugin.clip_norm == expected and plugin.clip_value == expected
+
+
+# -- a step that bypasses loop.optimizers ------------------------------------------------------
+
+class Hooks:
+    """Records, at each training batch's end, whether optim still watches the optimizers."""
+
+    name = "hooks_probe"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int, bool, bool]] = []
+
+    @hookfit.hookimpl
+    def batch_end(self, loop) -> None:
+        if loop.training:
+            managed = next(iter(loop.optimizers.values()))
+            self.seen.append((loop.state.epoch, len(managed.optimizer._optimizer_step_pre_hooks),
+                              managed._fast, managed._fast_watched))
+
+
+@pytest.mark.bad_input
+def test_stepping_the_optimizer_variable_instead_of_loop_optimizers_warns_once() -> None:
+    """The step steps the script's own optimizer: clipping, schedulers and counters are silently
+    bypassed. optim sees it with torch's step pre-hook, warns once naming the optimizer and what
+    to call, and stops watching after the first training stage."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    probe = Hooks()
+
+    def step(loop, batch):
+        loss = mse(m, batch)
+        loop.backward(loss)
+        opt.step()  # the script's variable: not loop.optimizers.step()
+        opt.zero_grad()
+        return loss
+
+    with pytest.warns(OptimWarning) as caught:
+        fit(m, opt, data(3), probe, step=step, epochs=2)
+    bypass = [w for w in caught if "stepped directly" in str(w.message)]
+    assert len(bypass) == 1, [str(w.message) for w in caught]
+    message = str(bypass[0].message)
+    assert "optimizer 'default' (SGD) was stepped directly (epoch 0, batch 0)" in message
+    assert "Call loop.optimizers.step() in the step function" in message
+    assert "clipping" in message and "schedulers" in message
+    assert bypass[0].filename == __file__  # points at the step function's line
+    # watched during the first training stage only; then no hook, and step() takes the plain
+    # fast path again (while watching, its variant that marks optim's own steps)
+    assert probe.seen == [(0, 1, False, True)] * 3 + [(1, 0, True, False)] * 3
+    assert not opt._optimizer_step_pre_hooks
+
+
+def test_stepping_through_loop_optimizers_never_warns_on_any_path() -> None:
+    """Every way optim itself steps (the fast path, the full path with clipping and a scheduler,
+    accumulation with the partial window stepped at the stage's end, AMP's scaler, two named
+    optimizers) is its own: no warning, and nothing is left registered after the run."""
+    import warnings
+
+    cases = [dict(), dict(clip_norm=1.0), dict(accumulate=3), dict(amp=True), dict(accumulate=2, clip_value=0.5)]
+    for kwargs in cases:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", OptimWarning)
+            fit(m, opt, data(4), schedulers=sched, epochs=2, **kwargs)
+        assert not opt._optimizer_step_pre_hooks, kwargs
+
+    a, b = model(1), model(2)
+    opts = {"a": torch.optim.SGD(a.parameters(), lr=0.1), "b": torch.optim.Adam(b.parameters(), lr=0.1)}
+
+    def step(loop, batch):
+        for name, net in (("a", a), ("b", b)):
+            loop.backward(mse(net, batch))
+            loop.optimizers[name].step()
+            loop.optimizers[name].zero_grad()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimWarning)
+        hookfit.Loop(step, data(3), model=[a, b], optimizers=opts, plugins=[Optim(accumulate=2)]).fit()
+
+
+@pytest.mark.bad_input
+def test_a_bypassed_named_optimizer_is_named_with_the_call_to_use() -> None:
+    a, b = model(1), model(2)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
+
+    def step(loop, batch):
+        loop.backward(mse(a, batch))
+        loop.optimizers["a"].step()
+        loop.backward(mse(b, batch))
+        opt_b.step()
+
+    with pytest.warns(OptimWarning, match=r"optimizer 'b' \(SGD\) was stepped directly .*"
+                                          r"Call loop\.optimizers\['b'\]\.step\(\)"):
+        hookfit.Loop(step, data(2), model=[a, b], plugins=[Optim()],
+                     optimizers={"a": torch.optim.SGD(a.parameters(), lr=0.1), "b": opt_b}).fit()
+
+
+def test_a_run_stopped_in_its_first_stage_stops_watching() -> None:
+    """The watch ends with the run, whatever way it ends (a stop, a failure)."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch))
+        loop.optimizers.step()
+        loop.request_stop("enough")
+
+    loop = hookfit.Loop(step, data(4), model=m, optimizers=opt, plugins=[Optim()])
+    assert loop.fit().status == "interrupted"
+    assert not opt._optimizer_step_pre_hooks
+
+    def failing(loop, batch):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        hookfit.Loop(failing, data(2), model=m, optimizers=opt, plugins=[Optim()]).fit()
+    assert not opt._optimizer_step_pre_hooks
+
+
+# -- no optimizer given --------------------------------------------------------------------
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("call", ["step", "zero_grad", "param_groups", "item"])
+@pytest.mark.parametrize("given", ["none", "omitted"])
+def test_without_optimizers_the_step_is_told_none_was_given(call: str, given: str) -> None:
+    def step(loop, batch):
+        if call == "step":
+            loop.optimizers.step()
+        elif call == "zero_grad":
+            loop.optimizers.zero_grad()
+        elif call == "param_groups":
+            loop.optimizers.param_groups
+        else:
+            loop.optimizers["default"]
+
+    kwargs = {"optimizers": None} if given == "none" else {}
+    error = KeyError if call == "item" else TypeError
+    with pytest.raises(error) as info:
+        hookfit.Loop(step, [1], plugins=[Optim()], **kwargs).fit()
+    message = str(info.value)
+    assert "no optimizer: none was given to Loop(optimizers=...)" in message, message
+    assert "name one" not in message
+
+
+# -- checkpoints of another optimizer ------------------------------------------------------
+
+def _train(make, plugin: Optim, batches: int = 2) -> torch.nn.Module:
+    m = model()
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    hookfit.Loop(step, data(batches), model=m, optimizers=make(m), plugins=[plugin]).fit()
+    return m
+
+
+def _load(make, state: dict) -> Optim:
+    """A run whose optim loads ``state`` at fit_start, as a resume does."""
+    plugin = Optim()
+
+    class Resume:
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            loop.load_plugin_states({"optim": state})
+
+    m = model()
+    hookfit.Loop(lambda loop, b: None, [1], model=m, optimizers=make(m), plugins=[plugin, Resume()]).fit()
+    return plugin
+
+
+def adam(m):
+    return torch.optim.Adam(m.parameters(), lr=0.01)
+
+
+def sgd(m):
+    return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+
+def test_the_optimizer_class_is_saved_with_its_state_and_the_same_class_resumes() -> None:
+    saver = Optim()
+    _train(adam, saver)
+    state = saver.state_dict()
+    assert state["optimizers"]["default"]["class"] == "torch.optim.adam.Adam"
+    loaded = _load(adam, state)
+    assert loaded.optimizers["default"].steps == 2
+    assert loaded.optimizers["default"].optimizer.state_dict()["state"][0]["step"] == 2
+    # a state saved before the class was recorded still loads
+    del state["optimizers"]["default"]["class"]
+    assert _load(adam, state).optimizers["default"].steps == 2
+
+
+@pytest.mark.bad_input
+def test_a_state_of_another_optimizer_class_is_refused_naming_both() -> None:
+    """Adam's state loaded into SGD used to load without a word (SGD then stepped with Adam's
+    hyperparameters, without momentum buffers). Refused before anything is restored."""
+    saver = Optim()
+    _train(adam, saver)
+    with pytest.raises(ValueError) as info:
+        _load(sgd, saver.state_dict())
+    message = str(info.value)
+    assert ("optim: optimizer 'default' was a torch.optim.adam.Adam in the checkpoint and is a "
+            "torch.optim.sgd.SGD in this run") in message, message
+
+
+@pytest.mark.bad_input
+def test_a_state_with_other_parameter_groups_is_refused_naming_them() -> None:
+    saver = Optim()
+    _train(adam, saver)
+    state = saver.state_dict()
+
+    def two_groups(m):
+        first, *rest = list(m.parameters())
+        return torch.optim.Adam([{"params": [first]}, {"params": rest}], lr=0.01)
+
+    with pytest.raises(ValueError, match=r"optim: optimizer 'default' \(torch.optim.adam.Adam\) has 2 "
+                                         r"parameter group\(s\) in this run and 1 in the checkpoint"):
+        _load(two_groups, state)
+
+    def fewer_params(m):
+        return torch.optim.Adam(list(m.parameters())[:2], lr=0.01)
+
+    with pytest.raises(ValueError, match=r"optim: parameter group 0 of optimizer 'default' \(torch.optim.adam.Adam\) "
+                                         r"has 2 parameter\(s\) in this run and 4 in the checkpoint"):
+        _load(fewer_params, state)
+
+
+@pytest.mark.bad_input
+def test_resuming_a_checkpoint_of_another_optimizer_class_fails(tmp_path) -> None:
+    """End to end, with the checkpoint plugin: a run of Adam checkpointed, resumed with SGD."""
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    def run(make, **kwargs):
+        m = model()
+
+        def step(loop, batch):
+            loop.backward(mse(m, batch))
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+
+        return hookfit.Loop(step, data(3), model=m, optimizers=make(m), run_dir=tmp_path / "run",
+                            plugins=[Optim(), Checkpoint(background=False)], **kwargs).fit()
+
+    assert run(adam, max_epochs=1).status == "completed"
+    with pytest.raises(ValueError, match=r"optimizer 'default' was a torch.optim.adam.Adam in the checkpoint "
+                                         r"and is a torch.optim.sgd.SGD in this run"):
+        run(sgd, max_epochs=2, resume="latest")
+    assert run(adam, max_epochs=2, resume="latest").step == 6  # the same class resumes

@@ -16,7 +16,8 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
 * ``accumulate=N``: the loss is divided by N; ``step()`` and ``zero_grad()`` take effect only on
   every N-th training batch of an epoch; a partial window at the end of the epoch is stepped
   at the end of the training stage.
-* ``clip_norm`` / ``clip_value``: gradients are clipped (after unscaling) before each step.
+* ``clip_norm`` / ``clip_value``: gradients are clipped (after unscaling) before each step;
+  each must be a positive finite number (or ``None``), checked when ``Optim`` is built.
 * ``amp=True``: the loss is scaled with ``torch.amp.GradScaler`` (autocast in the forward pass
   is the step's own ``torch.autocast`` block).
 * ``nonfinite="skip"`` (default): a non-finite loss is not back-propagated and its window's step
@@ -32,6 +33,15 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
   are frozen (for alternating GAN updates); their ``requires_grad`` flags are restored after.
 * Counters: ``loop.optimizers[name].steps`` (real steps) and ``.skipped``; the loop's global step
   counts batches, not optimizer steps.
+* A step function that steps its own optimizer variable (``opt.step()``) instead of
+  ``loop.optimizers.step()`` bypasses all of the above: during the run's first training stage
+  a torch step pre-hook on each optimizer notices such a step and one ``OptimWarning`` names
+  the optimizer and the call to make instead. The hooks are then removed, so later batches
+  pay nothing for it.
+* Without ``Loop(optimizers=...)``, ``loop.optimizers.step()`` says that no optimizer was given.
+* Checkpoints record each optimizer's class: resuming a state into an optimizer of another
+  class (Adam's into SGD), or with other parameter groups, is a ``ValueError`` naming the
+  optimizer and both, before anything is restored.
 """
 
 from __future__ import annotations

@@ -12,6 +12,12 @@ if TYPE_CHECKING:
     from hookfit.plugins.optim.plugin import Optim
 
 
+def class_name(optimizer: Any) -> str:
+    """The optimizer's class as recorded in checkpoints: ``torch.optim.adam.Adam``."""
+    cls = type(optimizer)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class UnknownOptimizer(KeyError):
     """``loop.optimizers[name]`` with a name the run does not have."""
 
@@ -33,10 +39,13 @@ class ManagedOptimizer:
         self._stepped = False  # a real step happened since the last effective zero_grad()
         self._fast = False  # step() can step at once: no window, poison, scaling, clipping,
         # step-wise scheduler or hook around it (kept by Optim._set_fast_paths)
+        self._fast_watched = False  # the same, while steps that bypass optim are watched for
         self._each_batch = plugin.accumulate == 1  # zero_grad() always takes effect
         if self._each_batch:  # then it is the optimizer's own, with no call in between
             self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._own = False  # optim itself is stepping the optimizer (read by the watch's hook)
+        self._watch: Any = None  # the handle of the step pre-hook while watching
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -54,7 +63,34 @@ class ManagedOptimizer:
         if not self._each_batch and not self.plugin._window_closes():
             self._deferred = True
             return False
+        if self._fast_watched:  # the fast path while bypassing steps are watched (see watch())
+            self._own = True
+            try:
+                self.optimizer.step()
+            finally:
+                self._own = False
+            self.steps += 1
+            self._stepped = True
+            return True
         return self._step()
+
+    def watch(self) -> None:
+        """Watch for steps of the wrapped optimizer that do not come through this object (a
+        step function calling its own optimizer variable's ``step()``), with torch's step
+        pre-hook, until :meth:`unwatch`. Meanwhile optim's own steps are marked (``_own``):
+        the plugin turns ``_fast`` off and ``_fast_watched`` on (``Optim._set_fast_paths``)."""
+        if self._watch is None:
+            self._watch = self.optimizer.register_step_pre_hook(self._stepped_elsewhere)
+
+    def unwatch(self) -> None:
+        """Remove the hook."""
+        handle, self._watch = self._watch, None
+        if handle is not None:
+            handle.remove()
+
+    def _stepped_elsewhere(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._own:
+            self.plugin._bypassed(self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, unless they are being accumulated for a later step: with
@@ -86,11 +122,15 @@ class ManagedOptimizer:
             return self._skip("non-finite gradient")
         if (call := loop.hooks.before_optimizer_step) is not None:
             call(loop, self.name, self.optimizer)
-        if scaler is not None:
-            scaler.step(self.optimizer)  # skips by itself on inf/NaN gradients
-            plugin._scaler_used = True
-        else:
-            self.optimizer.step()
+        self._own = True  # for the watch on steps that bypass optim (see watch())
+        try:
+            if scaler is not None:
+                scaler.step(self.optimizer)  # skips by itself on inf/NaN gradients
+                plugin._scaler_used = True
+            else:
+                self.optimizer.step()
+        finally:
+            self._own = False
         self.steps += 1
         self._stepped = True
         if self.scheduler is not None and plugin.scheduler_interval == "step":
@@ -110,20 +150,55 @@ class ManagedOptimizer:
         self._stepped = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer, scheduler and counters, for checkpoints."""
+        """Optimizer (with its class), scheduler and counters, for checkpoints."""
         return {
+            "class": class_name(self.optimizer),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "steps": self.steps,
             "skipped": self.skipped,
         }
 
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit
+        it: another optimizer class (Adam's moments loaded into SGD would load without a word
+        and train wrongly), or other parameter groups. (States saved before the class was
+        recorded are checked for their groups only.)"""
+        saved_class, here = state.get("class"), class_name(self.optimizer)
+        if saved_class is not None and saved_class != here:
+            raise ValueError(
+                f"optim: optimizer {self.name!r} was a {saved_class} in the checkpoint and is a "
+                f"{here} in this run: its state cannot be loaded into another type of optimizer; "
+                f"build the run with a {saved_class}, or start it afresh"
+            )
+        groups = state["optimizer"].get("param_groups", [])
+        mine = self.optimizer.param_groups
+        if len(groups) != len(mine):
+            raise ValueError(
+                f"optim: optimizer {self.name!r} ({here}) has {len(mine)} parameter group(s) in this "
+                f"run and {len(groups)} in the checkpoint: build it with the same parameter groups "
+                f"as the run that saved it"
+            )
+        for index, (saved, group) in enumerate(zip(groups, mine)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"optim: parameter group {index} of optimizer {self.name!r} ({here}) has "
+                    f"{len(group['params'])} parameter(s) in this run and {len(saved['params'])} in "
+                    f"the checkpoint: build it with the same parameters as the run that saved it"
+                )
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned (checked first: :meth:`check_state`)."""
+        self.check_state(state)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.steps, self.skipped = state["steps"], state["skipped"]
+
+
+NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...); pass the "
+              "optimizer the step drives, Loop(optimizers=torch.optim.SGD(model.parameters(), "
+              "lr=...)), or several as a dict of names")
 
 
 class Optimizers(Mapping[str, ManagedOptimizer]):
@@ -141,9 +216,11 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         try:
             return self._managed[name]
         except KeyError:
+            if not self._managed:
+                raise UnknownOptimizer(f"unknown optimizer {name!r}: {NONE_GIVEN}") from None
             raise UnknownOptimizer(
                 f"unknown optimizer {name!r}; this run's optimizers are: "
-                f"{', '.join(map(repr, self._managed)) or 'none'}"
+                f"{', '.join(map(repr, self._managed))}"
             ) from None
 
     def __iter__(self) -> Iterator[str]:
@@ -152,9 +229,11 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     def __len__(self) -> int:
         return len(self._managed)
 
-    def _only(self) -> ManagedOptimizer:
+    def _only(self, what: str) -> ManagedOptimizer:
         if self._single is not None:
             return self._single
+        if not self._managed:
+            raise TypeError(f"loop.optimizers.{what}: {NONE_GIVEN}")
         if len(self._managed) != 1:
             raise TypeError(
                 f"this run has {len(self._managed)} optimizers "
@@ -165,16 +244,16 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     def step(self) -> bool:
         """Step the only optimizer (see :meth:`ManagedOptimizer.step`)."""
-        return (self._single or self._only()).step()
+        return (self._single or self._only("step()")).step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the only optimizer's gradients (see :meth:`ManagedOptimizer.zero_grad`)."""
-        (self._single or self._only()).zero_grad(set_to_none)
+        (self._single or self._only("zero_grad()")).zero_grad(set_to_none)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The only optimizer's parameter groups."""
-        return self._only().param_groups
+        return self._only("param_groups").param_groups
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:

@@ -4,6 +4,7 @@ paths and checkpoints; :class:`OptimWarning` and the helpers only it uses."""
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from typing import Any, Literal, Mapping
 
@@ -14,7 +15,8 @@ from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
 
 
 class OptimWarning(HookfitWarning):
-    """A step was skipped because of a non-finite loss or gradient."""
+    """A step was skipped because of a non-finite loss or gradient, or a managed optimizer was
+    stepped directly instead of through ``loop.optimizers``."""
 
 
 class Optim:
@@ -40,8 +42,8 @@ class Optim:
         if scheduler_interval not in ("step", "epoch"):
             raise ValueError(f"optim: scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}")
         self.accumulate = accumulate
-        self.clip_norm = clip_norm
-        self.clip_value = clip_value
+        self.clip_norm = _positive_or_none("clip_norm", clip_norm)
+        self.clip_value = _positive_or_none("clip_value", clip_value)
         self.amp = amp
         self.nonfinite = nonfinite
         self.check_grads = check_grads
@@ -59,6 +61,9 @@ class Optim:
         self._bare = False  # backward needs only the finiteness check (kept by _set_fast_paths)
         self._stage_len: int | None = None  # batches in the training stage, when known
         self._unwatch: Any = None
+        self._watching = False  # steps that bypass loop.optimizers are being watched for
+        self._watched = False  # this run's first training stage was (is) watched
+        self._bypass_seen = False  # the warning about such a step was given in this run
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -93,6 +98,7 @@ class Optim:
         )
         self._scales = self.accumulate > 1 or self.scaler is not None
         self._poison(False)
+        self._watched = self._bypass_seen = False
         self._unwatch = loop.pm.on_change(self._set_fast_paths)
         if self.accumulate > 1 or self.amp:
             # a per-batch hook only where a batch can close a window or update a loss scale;
@@ -149,6 +155,9 @@ class Optim:
         if stage == "train":
             data = loop.train_data
             self._stage_len = len(data) if hasattr(data, "__len__") else None
+            if not self._watched and self.optimizers is not None:
+                self._watched = True  # the run's first training stage only: see _watch
+                self._watch(True)
 
     @hookimpl
     def should_sync_gradients(self, loop: Any) -> bool:
@@ -175,6 +184,8 @@ class Optim:
         if self._scaler_used:
             self.scaler.update()
             self._scaler_used = False
+        if self._watching:
+            self._watch(False)
 
     @hookimpl
     def epoch_end(self) -> None:
@@ -194,10 +205,50 @@ class Optim:
                     OptimWarning,
                     stacklevel=2,
                 )
+        if self._watching:
+            self._watch(False)
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
         self.loop = None
+
+    # -- steps that bypass loop.optimizers ----------------------------------------------------
+    def _watch(self, on: bool) -> None:
+        """Watch (or stop watching) for steps of the managed optimizers that do not go through
+        ``loop.optimizers`` (a step function stepping its own optimizer variable), which would
+        bypass clipping, accumulation, loss scaling, the non-finite policy, schedulers and the
+        counters. A torch step pre-hook on each optimizer tells, with a flag optim sets only
+        while it steps (``ManagedOptimizer._own``; on the fast path that is a variant of it,
+        ``_fast_watched``). Only the run's first training stage is watched (such a step happens
+        in every batch): afterwards the hooks are removed and ``step()`` takes the plain fast
+        path again, with no per-batch cost left."""
+        assert self.optimizers is not None
+        self._watching = on
+        for managed in self.optimizers.values():
+            if on:
+                managed.watch()
+            else:
+                managed.unwatch()
+        self._set_fast_paths()
+
+    def _bypassed(self, managed: ManagedOptimizer) -> None:
+        """A managed optimizer was stepped by someone else than optim: warn, once a run."""
+        if self._bypass_seen:
+            return
+        self._bypass_seen = True
+        several = self.optimizers is not None and len(self.optimizers) > 1
+        call = f"loop.optimizers[{managed.name!r}].step()" if several else "loop.optimizers.step()"
+        state = self.loop.state if self.loop is not None else None
+        where = f" (epoch {state.epoch}, batch {state.batch_idx})" if state is not None else ""
+        warnings.warn(
+            f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped "
+            f"directly{where}, not through loop.optimizers: such a step bypasses optim's "
+            f"gradient clipping, accumulation, loss scaling, non-finite checks, schedulers and "
+            f"step counters. Call {call} in the step function instead of the optimizer's own "
+            f"step()",
+            OptimWarning,
+            stacklevel=4,  # the step function's line: here, the hook, torch's step wrapper
+        )
 
     # -- accumulation windows ---------------------------------------------------------------
     def _window_closes(self) -> bool:
@@ -222,8 +273,12 @@ class Optim:
         stepped = hooks.before_optimizer_step is not None or hooks.after_optimizer_step is not None
         backward = hooks.before_backward is not None or hooks.after_backward is not None
         clean = not self._poisoned
+        fast = self._plain and clean and not stepped
         for managed in self.optimizers.values():  # type: ignore[union-attr]
-            managed._fast = self._plain and clean and not stepped
+            # while watching for steps that bypass optim, the fast path marks optim's own
+            # (_fast_watched); the plain fast path itself has nothing more to do, then or after
+            managed._fast = fast and not self._watching
+            managed._fast_watched = fast and self._watching
         self._bare = not self._scales and clean and not backward
 
     def _expire_poison(self) -> None:
@@ -276,11 +331,14 @@ class Optim:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned; refused, before anything is restored, when
+        it does not fit this run's optimizers (their names, classes, parameter groups)."""
         assert self.optimizers is not None
         saved, here = set(state["optimizers"]), set(self.optimizers)
         if saved != here:
             raise ValueError(f"optim: the checkpoint has optimizers {sorted(saved)}, this run {sorted(here)}")
+        for name, managed in self.optimizers.items():
+            managed.check_state(state["optimizers"][name])
         for name, managed in self.optimizers.items():
             managed.load_state_dict(state["optimizers"][name])
         if self.scaler is not None and state.get("scaler") is not None:
@@ -322,6 +380,20 @@ def _finite(loss: torch.Tensor) -> bool:
     if loss.is_cpu and loss.numel() == 1:
         return math.isfinite(loss.item())
     return bool(torch.isfinite(loss).all())
+
+
+def _positive_or_none(option: str, value: Any) -> float | None:
+    """``value`` as a float if it is a positive finite number; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        try:
+            number = float(value)
+        except (OverflowError, ValueError):
+            number = math.nan
+        if math.isfinite(number) and number > 0:
+            return number
+    raise ValueError(f"optim: {option} must be a positive finite number or None, got {value!r}")
 
 
 def _named(value: Any, what: str) -> dict[str, Any]:
