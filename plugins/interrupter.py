@@ -1,8 +1,9 @@
 """interrupter: SIGINT and SIGTERM become graceful stop requests.
 
 * First SIGINT (Ctrl-C) or SIGTERM: ``loop.request_stop("SIGINT")`` (or ``"SIGTERM"``) and a
-  line on stderr saying what happens; the run stops at the next boundary (after the current
-  batch) and ends ``interrupted``. Stopping itself is the core's: this plugin only turns
+  line on stderr saying what happens (from the main process only, ``loop.is_main``: under
+  ``torchrun`` every rank receives the signal and requests the stop, one line says so); the
+  run stops at the next boundary (after the current batch) and ends ``interrupted``. Stopping itself is the core's: this plugin only turns
   signals into requests, like any other plugin or the step function may.
 * A SIGINT while a stop is already pending (from a signal, the dashboard's ``q`` or anything
   else) aborts at once with ``KeyboardInterrupt`` (``fit_end`` still runs, with status
@@ -54,5 +55,6 @@ class Interrupter:
         if loop.stop_requested is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: aborting")
         loop.request_stop(name)  # the core honours it; the event tells the dashboard
-        hint = "; press Ctrl-C again to abort" if signum == signal.SIGINT else ""
-        print(f"hookfit: {name} received, stopping after this batch{hint}", file=sys.stderr, flush=True)
+        if loop.is_main:  # under torchrun every rank gets the signal: one line is enough
+            hint = "; press Ctrl-C again to abort" if signum == signal.SIGINT else ""
+            print(f"hookfit: {name} received, stopping after this batch{hint}", file=sys.stderr, flush=True)

@@ -21,26 +21,28 @@ import hookfit
 before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 ended = []
 
+HOLD = "hold" in sys.argv  # batch 1 waits for a stop, then (pending) for a second signal
+
 class Watch:
     name = "watch"
     @hookfit.hookimpl
     def batch_end(self, batch_idx):
-        if batch_idx == 0:
+        if batch_idx == 0 and not HOLD:
             print("TRAINING", flush=True)
     @hookfit.hookimpl
     def fit_end(self, loop):
         ended.append(loop.state.status)
 
-HOLD = "hold" in sys.argv  # once a stop is pending, this batch waits (for a second signal)
-announced = []
-
 def step(loop, batch):
     time.sleep(0.05)
-    while HOLD and loop.stop_requested is not None:
-        if not announced:
-            announced.append(True)
-            print("PENDING", flush=True)
-        time.sleep(0.01)
+    if HOLD and batch == 1:  # signalled inside this step, however late the signal comes
+        print("TRAINING", flush=True)
+        deadline = time.monotonic() + 30
+        while loop.stop_requested is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("PENDING", flush=True)
+        while loop.stop_requested is not None:
+            time.sleep(0.01)
 
 loop = hookfit.Loop(step, list(range(10_000)), plugins=[Watch()])
 try:
@@ -71,6 +73,7 @@ def finish(proc: subprocess.Popen) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 @pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")])
 def test_one_signal_stops_gracefully(tmp_path: Path, signum: int, name: str) -> None:
     proc = start(tmp_path)
@@ -83,6 +86,7 @@ def test_one_signal_stops_gracefully(tmp_path: Path, signum: int, name: str) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_second_sigint_aborts_after_fit_end(tmp_path: Path) -> None:
     proc = start(tmp_path, "hold")
     proc.send_signal(signal.SIGINT)
@@ -115,3 +119,30 @@ def test_interrupter_leaves_signal_handlers_alone_off_the_main_thread(monkeypatc
     assert states[0].status == "interrupted" and states[0].stop_reason == "from the worker thread's step"
     assert seen and all(handler is before for handler in seen)
 
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("rank, says_so", [(0, True), (1, False)])
+def test_only_the_main_process_prints_that_a_signal_was_received(rank: int, says_so: bool,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torchrun every rank receives the Ctrl-C: each requests the stop (the ranks agree
+    on it), and only the main process (rank 0, ``loop.is_main``) prints the line."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    class Rank:  # what the distributed plugin does at configure under torchrun
+        name = "rank"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.state.rank, loop.state.world_size = rank, 2
+
+    def step(loop, batch):
+        if batch == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # handled on this (the main) thread
+
+    before = signal.getsignal(signal.SIGINT)
+    state = hookfit.Loop(step, list(range(6)), plugins=[Rank(), Interrupter()]).fit()
+    assert (state.status, state.stop_reason, state.step) == ("interrupted", "SIGINT", 2)
+    assert signal.getsignal(signal.SIGINT) is before
+    err = capsys.readouterr().err
+    assert ("hookfit: SIGINT received, stopping after this batch; press Ctrl-C again to abort" in err) is says_so, err
