@@ -12,6 +12,8 @@ import gc
 import importlib.util
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -132,6 +134,7 @@ def test_with_a_process_group_the_model_is_wrapped_then_given_back(process_group
     assert dist.is_initialized(), "a group the script created is the script's to destroy"
 
 
+@pytest.mark.bad_input
 def test_a_step_that_bypasses_loop_model_fails_with_a_clear_error(process_group: Any) -> None:
     model, data = _regression()
 
@@ -153,6 +156,7 @@ def test_a_step_that_bypasses_loop_model_fails_with_a_clear_error(process_group:
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+@pytest.mark.bad_input
 def test_several_models_need_wrap_model_false(process_group: Any) -> None:
     _, data = _regression()
     models = {"a": torch.nn.Linear(3, 1), "b": torch.nn.Linear(3, 1)}
@@ -223,11 +227,66 @@ def test_sharding_rules() -> None:
         _shard((b for b in range(3)), "train_data")
 
 
+@pytest.mark.bad_input
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="stop_check_every"):
         Distributed(stop_check_every=0)
     with pytest.raises(ValueError, match="timeout"):
         Distributed(timeout=0)
+
+
+@pytest.mark.fault
+def test_the_first_failing_rank_is_recorded_and_the_others_name_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """The exception handling of three ranks sharing one store (as torchrun's ranks share the
+    agent's): rank 2 fails, then ranks 0 and 1 see their collective operation fail; both name
+    rank 2 and its error. A rank that finds no record (its peer hangs) says so."""
+    store = dist.PrefixStore("test/", dist.HashStore())
+
+    def rank(number: int) -> Distributed:
+        plugin = Distributed(timeout=7)
+        plugin.rank, plugin.world_size, plugin._store = number, 3, store
+        return plugin
+
+    def failure(text: str, note: str | None = None) -> BaseException:
+        error = RuntimeError(text)
+        if note:
+            error.add_note(note)
+        return error
+
+    rank(2).exception(None, failure("CUDA out of memory", "hookfit: raised in step function 'step' (epoch 0, stage train, batch 5)"))
+    survivors = [failure("[gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:1234") for _ in range(2)]
+    rank(0).exception(None, survivors[0])
+    rank(1).exception(None, survivors[1])
+    lines = capsys.readouterr().err.splitlines()
+    first = "RuntimeError: CUDA out of memory (raised in step function 'step' (epoch 0, stage train, batch 5))"
+    assert lines[0] == f"hookfit distributed: rank 2 of 3 failed: {first}"
+    for number, line, error in zip((0, 1), lines[1:], survivors):
+        assert line == (f"hookfit distributed: rank {number} of 3 stopped: a collective operation failed: "
+                        f"rank 2 of 3 failed first: {first}; here: RuntimeError: [gloo/pair.cc:534] Connection "
+                        f"closed by peer [127.0.0.1]:1234")
+        assert error.__notes__ == [f"hookfit distributed: a collective operation failed on rank {number} of 3 "
+                                   f"because rank 2 of 3 failed first: {first}; collectives time out after 7 s "
+                                   f"(HOOKFIT_DIST_TIMEOUT or Distributed(timeout=...))"]
+
+    # a peer that hangs records nothing: the first rank to time out says so, and records itself
+    store = dist.PrefixStore("other/", dist.HashStore())
+    timed_out = failure("[gloo] Timed out waiting 7000ms for recv operation to complete")
+    rank(0).exception(None, timed_out)
+    late = failure("[gloo] Connection closed by peer")
+    rank(1).exception(None, late)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("hookfit distributed: rank 0 of 3 stopped: a collective operation failed and no "
+                               "other rank recorded a failure (a rank that hangs or is killed cannot): ")
+    assert "another rank probably failed, stopped or hung first" in timed_out.__notes__[0]
+    assert lines[1].startswith("hookfit distributed: rank 1 of 3 stopped: a collective operation failed: rank 0 "
+                               "of 3 stopped first, a collective operation having failed there: RuntimeError: "
+                               "[gloo] Timed out waiting 7000ms")
+
+    # no store (a group without one): the message of old, never an error of its own
+    plugin = rank(0)
+    plugin._store = None
+    plugin.exception(None, failure("[gloo] Connection closed by peer"))
+    assert "no other rank recorded a failure" in capsys.readouterr().err
 
 
 # -- real processes ----------------------------------------------------------------------------
@@ -252,14 +311,14 @@ def _torchrun() -> list[str]:
 
 class Run:
     """``torchrun --nproc-per-node 2 examples/ddp.py ARGS``, started in ``folder``; stdout has
-    each rank's lines prefixed ``[default<rank>]:``."""
+    each rank's lines prefixed ``[default<rank>]:`` (stderr too with ``tee="3"``)."""
 
-    def __init__(self, folder: Path, *args: str, **env: str) -> None:
+    def __init__(self, folder: Path, *args: str, tee: str = "1", **env: str) -> None:
         launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
         folder.mkdir(parents=True, exist_ok=True)
         self.start = time.monotonic()
         self.process = subprocess.Popen(
-            [*_torchrun(), *launch, "--tee", "1", str(EXAMPLE), *args],
+            [*_torchrun(), *launch, "--tee", tee, str(EXAMPLE), *args],
             cwd=folder, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
 
@@ -334,9 +393,10 @@ def test_two_processes_train_like_one_and_only_rank_0_prints(tmp_path: Path, mon
     assert any(line.startswith("[default0]:hookfit start") for line in lines), out
     assert any(line.startswith("[default0]:ddp example: completed") for line in lines), out
     assert not [line for line in lines if line.startswith("[default1]:")], out
-    assert len(list(tmp_path.glob("runs/*/metrics.jsonl"))) == 1  # written by rank 0 only
+    assert len(list(tmp_path.glob("runs/ddp/*/metrics.jsonl"))) == 1  # written by rank 0 only
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_a_stop_on_rank_1_stops_both_ranks_on_two_nodes(tmp_path: Path) -> None:
     """Two torchrun agents, as on two machines (the README's commands), with a DataLoader."""
@@ -373,8 +433,8 @@ def test_a_run_resumed_on_two_processes_continues_exactly(tmp_path: Path, monkey
     code, out, err, _ = torchrun(tmp_path, "--data", data, "--batch-size", "32", "--epochs", "1",
                                  HOOKFIT_PLUGINS=plugins)
     assert code == 0, out + err
-    saved = list(tmp_path.glob("runs/*/checkpoints/*.pt"))
-    assert len(saved) == 1 and len(list(tmp_path.glob("runs/*"))) == 1, saved  # rank 0 only
+    saved = list(tmp_path.glob("runs/ddp/*/checkpoints/*.pt"))
+    assert len(saved) == 1 and len(list(tmp_path.glob("runs/ddp/*"))) == 1, saved  # rank 0 only
     code, out, err, _ = torchrun(tmp_path, "--data", data, "--batch-size", "32", "--epochs", "2", "--dump", "dump",
                                  HOOKFIT_PLUGINS=plugins, HOOKFIT_RESUME="latest")
     assert code == 0, out + err
@@ -387,6 +447,7 @@ def test_a_run_resumed_on_two_processes_continues_exactly(tmp_path: Path, monkey
     assert_same_training(ranks, single)
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_a_failing_or_hanging_rank_ends_the_run_in_bounded_time_with_a_clear_error(tmp_path: Path) -> None:
     """A rank that raises: the others fail at once. A rank that hangs: the others fail after the
@@ -399,10 +460,16 @@ def test_a_failing_or_hanging_rank_ends_the_run_in_bounded_time_with_a_clear_err
     code, _, err, seconds = failing.finish()
     assert code != 0
     assert seconds < 60, f"took {seconds:.0f} s"
-    assert ("hookfit distributed: rank 1 of 2 failed: RuntimeError: injected failure on rank 1 "
-            "(raised in step function 'main.<locals>.train_step' (epoch 0, stage train, batch 3))") in err, err
+    failure = ("RuntimeError: injected failure on rank 1 (raised in step function 'main.<locals>.train_step' "
+               "(epoch 0, stage train, batch 3))")
+    assert f"hookfit distributed: rank 1 of 2 failed: {failure}" in err, err
     assert "hookfit distributed: rank 0 of 2 stopped: a collective operation failed" in err, err
-    assert "another rank probably failed" in err, err
+    # the survivor names the rank that failed and its error (recorded in torchrun's store), in
+    # its line and in its error's note, where it used to guess ("another rank probably failed")
+    assert (f"hookfit distributed: rank 0 of 2 stopped: a collective operation failed: rank 1 of 2 failed "
+            f"first: {failure}; here: ") in err, err
+    assert (f"hookfit distributed: a collective operation failed on rank 0 of 2 because rank 1 of 2 failed "
+            f"first: {failure}") in err, err
 
     code, _, err, seconds = hanging.finish()
     assert code != 0
@@ -410,3 +477,33 @@ def test_a_failing_or_hanging_rank_ends_the_run_in_bounded_time_with_a_clear_err
     assert "hookfit distributed: rank 0 of 2 stopped: a collective operation failed" in err, err
     assert "Timed out waiting 3000ms" in err, err
     assert "collectives time out after 3 s" in err, err
+    # a rank that hangs records nothing: the message says so, and guesses
+    assert ("hookfit distributed: rank 0 of 2 stopped: a collective operation failed and no other rank "
+            "recorded a failure (a rank that hangs or is killed cannot)") in err, err
+    assert "another rank probably failed" in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_ctrl_c_under_torchrun_stops_every_rank_and_only_rank_0_says_so(tmp_path: Path) -> None:
+    """Ctrl-C reaches torchrun, which passes SIGINT on to every rank: every rank requests the
+    stop, they agree on the same batch, and only rank 0 prints that the signal was received.
+    (31 batches an epoch per rank, so the run goes on until the signal.)"""
+    run = Run(tmp_path, "--samples", "1984", "--batch-size", "32", "--epochs", "1000", "--dump", "dump", tee="3")
+    assert run.process.stdout is not None
+    for line in run.process.stdout:  # both ranks train once rank 0 reports an epoch
+        if line.startswith("[default0]:hookfit train epoch="):
+            break
+    else:
+        pytest.fail("torchrun ended before the first epoch: " + run.process.stderr.read())  # type: ignore[union-attr]
+    run.process.send_signal(signal.SIGINT)
+    _, out, err, _ = run.finish()
+    ranks = dumps(tmp_path)
+    assert [rank["status"] for rank in ranks] == ["interrupted"] * 2, [rank["reason"] for rank in ranks]
+    # torchrun signals one rank after the other: the agreed stop names the ranks whose request
+    # had arrived by then
+    assert ranks[0]["reason"] == ranks[1]["reason"]
+    assert re.fullmatch(r"stop requested on rank [01]: SIGINT(; stop requested on rank 1: SIGINT)?", ranks[0]["reason"])
+    assert ranks[0]["step"] == ranks[1]["step"] and ranks[0]["params"] == ranks[1]["params"]
+    said = [line for line in (out + err).splitlines() if "SIGINT received" in line]
+    assert said == ["[default0]:hookfit: SIGINT received, stopping after this batch; press Ctrl-C again to abort"], err

@@ -70,11 +70,19 @@ Every batch
 
 Failures
     A rank whose step or plugin raises prints ``hookfit distributed: rank N of W failed: ...``
-    on stderr and closes its process group; its process ends with the error and the other
-    ranks' next collective operation fails at once (the connection is closed) instead of
-    waiting; ``torchrun`` then ends the others and exits non-zero. A rank that hangs makes the
-    others fail after ``timeout`` seconds. Errors of collective operations carry a note saying
-    that another rank probably failed first.
+    on stderr, records that it failed first, with its error, in the c10d store the ranks met
+    through (torchrun's agent hosts it), and closes its process group; its process ends with
+    the error and the other ranks' next collective operation fails at once (the connection is
+    closed) instead of waiting; ``torchrun`` then ends the others and exits non-zero. Those
+    ranks read the record: their line (``rank 0 of 2 stopped: a collective operation failed:
+    rank 1 of 2 failed first: RuntimeError: ...; here: ...``) and their error's note name the
+    rank that failed and its error. A rank that hangs makes the others fail after ``timeout``
+    seconds; it records nothing (nor does a killed one), and the message then says that no
+    rank recorded a failure and another rank probably failed, stopped or hung first. (The
+    first rank to see its collective fail records that too, so a rank that was hanging learns,
+    if it wakes, that it was left.) Where the store's server went with a failed process (a
+    group initialised without torchrun, with rank 0 hosting it), the message cannot name the
+    rank either.
 
 At ``fit_end``: after a completed or agreed stop, a barrier; then the process group is
 destroyed if this plugin created it.

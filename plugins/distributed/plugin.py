@@ -6,6 +6,8 @@ script's), the DDP wrapping and its checks, gradient synchronisation, agreement 
 from __future__ import annotations
 
 import datetime
+import itertools
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -19,6 +21,9 @@ from hookfit.run import Run, modules
 
 ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE")
+FIRST_FAILURE = "first_failure"
+"""The store key (under the run's prefix) where the first rank to fail records who it is."""
+_RUNS = itertools.count()  # this process's distributed runs: the same sequence on every rank
 
 
 def launched() -> bool:
@@ -96,6 +101,7 @@ class Distributed:
         self._grad_seen = True
         self._grad_hooks: list[Any] = []
         self._groups: list[Any] = []
+        self._store: Any = None  # where the first failing rank says so (see _first_failure)
 
     # -- set-up --------------------------------------------------------------------------
     @hookimpl(tryfirst=True)
@@ -123,6 +129,7 @@ class Distributed:
             self.created = True
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self._groups = [dist.group.WORLD]  # see _release
+        self._store = _failure_store(dist)
         loop.state.rank, loop.state.world_size = self.rank, self.world_size
         # flags and metric sums are small CPU tensors: keep them off the accelerator's stream
         if dist.get_backend() == "gloo":
@@ -296,23 +303,61 @@ class Distributed:
     @hookimpl
     def exception(self, loop: Any, error: BaseException) -> None:
         where = f"rank {self.rank} of {self.world_size}"
+        notes = " ".join(n for n in getattr(error, "__notes__", []) if n.startswith("hookfit: "))
+        text = f"{type(error).__name__}: {_first_line(error)}" + (
+            f" ({notes.removeprefix('hookfit: ')})" if notes else "")
         if _collective_error(error):
-            error.add_note(
-                f"hookfit distributed: a collective operation failed on {where}: another rank "
-                f"probably failed, stopped or hung first (look for the first 'hookfit "
-                f"distributed: rank N of {self.world_size} failed' message); collectives time "
-                f"out after {self._timeout_text()}"
-            )
-            headline = f"hookfit distributed: {where} stopped: a collective operation failed"
+            # a peer failed, stopped or hangs: the first rank to fail recorded itself (below)
+            first = self._first_failure({"rank": self.rank, "world_size": self.world_size,
+                                         "failed": False, "error": text})
+            if first is not None and first["rank"] != self.rank:
+                peer = f"rank {first['rank']} of {first['world_size']}"
+                cause = (f"{peer} failed first: {first['error']}" if first["failed"] else
+                         f"{peer} stopped first, a collective operation having failed there: "
+                         f"{first['error']}")
+                error.add_note(
+                    f"hookfit distributed: a collective operation failed on {where} because {cause}; "
+                    f"collectives time out after {self._timeout_text()}"
+                )
+                headline = f"hookfit distributed: {where} stopped: a collective operation failed: {cause}; here"
+            else:
+                error.add_note(
+                    f"hookfit distributed: a collective operation failed on {where}: another rank "
+                    f"probably failed, stopped or hung first, and no rank recorded a failure (one "
+                    f"that hangs or is killed cannot; look for the first 'hookfit distributed: "
+                    f"rank N of {self.world_size} failed' message); collectives time out after "
+                    f"{self._timeout_text()}"
+                )
+                headline = (f"hookfit distributed: {where} stopped: a collective operation failed "
+                            f"and no other rank recorded a failure (a rank that hangs or is killed "
+                            f"cannot)")
         else:
+            self._first_failure({"rank": self.rank, "world_size": self.world_size, "failed": True,
+                                 "error": text})
             headline = f"hookfit distributed: {where} failed"
         if "find_unused_parameters" in str(error):
             error.add_note("hookfit distributed: give Distributed(find_unused_parameters=True) in "
                            "Loop(plugins=[...]) to let DDP handle parameters a step does not use")
-        notes = " ".join(n for n in getattr(error, "__notes__", []) if n.startswith("hookfit: "))
-        print(f"{headline}: {type(error).__name__}: {_first_line(error)}"
-              + (f" ({notes.removeprefix('hookfit: ')})" if notes else ""), file=sys.stderr, flush=True)
+        print(f"{headline}: {text}", file=sys.stderr, flush=True)
         self._destroy()  # the peers' next collective fails now instead of at the timeout
+
+    def _first_failure(self, mine: dict[str, Any]) -> dict[str, Any] | None:
+        """Record ``mine`` as the run's first failure unless a rank already recorded one, and
+        return the first (``None`` when there is no store to ask, or it does not answer).
+
+        The record goes to the c10d store the ranks met through (torchrun's agent hosts it, so
+        it outlives any worker), before this rank closes its process group: the peers' next
+        collective fails only then, so the record is there when they look. A rank that hangs or
+        is killed records nothing; its peers then say so."""
+        store = self._store
+        if store is None:
+            return None
+        try:
+            first = store.compare_set(FIRST_FAILURE, "", json.dumps(mine))  # first one wins
+            record = json.loads(first)
+            return record if isinstance(record, dict) and {"rank", "world_size", "failed", "error"} <= record.keys() else None
+        except Exception:  # noqa: BLE001 - the store's server may be gone with its host; say less
+            return None
 
     @hookimpl(trylast=True)
     def fit_end(self, loop: Any) -> None:
@@ -329,6 +374,7 @@ class Distributed:
                 dist.barrier(group=self._control)  # nobody leaves while another still sends
         self._destroy()
         self._ddps, self._samplers = [], []
+        self._store = None
         self._release()
 
     def _destroy(self) -> None:
@@ -369,6 +415,18 @@ class Distributed:
         except ValueError:
             seconds = f"{self.timeout:g}"
         return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
+
+
+def _failure_store(dist: Any) -> Any:
+    """A part of the default process group's store for this run's failure record: its own
+    prefix per run of this process (every rank runs the same sequence of runs) and per torchrun
+    restart; ``None`` if the group's store cannot be had."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - a private accessor: without it, failures name no rank
+        return None
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"hookfit/distributed/{restart}/{next(_RUNS)}/", store)
 
 
 def _first_line(error: BaseException) -> str:
