@@ -10,7 +10,9 @@ Fixtures:
   returns the loop; by default the step trains a tiny linear model on a few random batches
   through the optim plugin's API when an ``Optim`` is among the plugins, else by itself.
 * ``hookfit_isolated``: discovered plugins are not loaded in this test (``HOOKFIT_PLUGINS`` is
-  set to an empty value), so a test sees only the plugins it gives.
+  set to an empty value), so a test sees only the plugins it gives; and the test runs in its
+  own temporary folder, so the run folders its loops write (``runs/<name>/...``) never land in
+  the project that runs the suite.
 
 Loading this module imports neither torch nor the loop; the fixtures import them when used.
 """
@@ -78,10 +80,12 @@ class Recorder:
 
 
 @pytest.fixture
-def hookfit_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the plugins a test gives take part: no discovered plugin is loaded."""
+def hookfit_isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Only the plugins a test gives take part: no discovered plugin is loaded. The test runs
+    in its temporary folder (``tmp_path``): what its runs write stays there."""
     monkeypatch.setenv(ENV_ONLY, "")
     monkeypatch.delenv(ENV_DISABLE, raising=False)
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture

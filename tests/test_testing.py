@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -54,3 +56,14 @@ def test_a_recorder_failing_is_a_participant_failure(hookfit_run) -> None:
 
     with pytest.raises(RuntimeError, match="recorder broke"):
         hookfit_run(Broken())
+
+
+def test_hookfit_isolated_keeps_run_folders_out_of_the_project(hookfit_isolated: None, tmp_path) -> None:
+    """A test's loop writes its run folder in the test's temporary folder, not where pytest
+    was started (the project, whose runs/ would fill up with one folder a test)."""
+    from hookfit.plugins.metrics import Metrics
+
+    state = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [torch.ones(1)], plugins=[Metrics()]).fit()
+    assert state.status == "completed"
+    written = list(tmp_path.glob("runs/*/*/metrics.jsonl"))
+    assert len(written) == 1 and Path.cwd() == tmp_path, written
