@@ -478,12 +478,21 @@ class Run:
 
     def _warn_eval_mode(self) -> None:
         """A model left in eval mode would train with dropout off and frozen batch norm."""
-        evaluating = [type(m).__name__ for m in modules(self.model) if not m.training]
+        model = self.model
+        if isinstance(model, Mapping):
+            roots = [(f"model[{key!r}]", m) for key, value in model.items() for m in modules(value)]
+        elif isinstance(model, (list, tuple)):
+            roots = [(f"model[{index}]", m) for index, value in enumerate(model) for m in modules(value)]
+        else:
+            roots = [("the model", m) for m in modules(model)]
+        evaluating = [f"{where} ({type(m).__name__})" for where, m in roots if not m.training]
         if evaluating:
             warnings.warn(
-                f"the model ({', '.join(evaluating)}) is in eval mode as training starts: dropout "
-                f"and batch norm will behave as in evaluation. Call model.train() before fit() "
-                f"(validation sets eval mode itself and restores every module's own mode)",
+                f"{', '.join(evaluating)} {'is' if len(evaluating) == 1 else 'are'} in eval mode "
+                f"as training starts: dropout and batch norm will behave as in evaluation. Call "
+                f".train() before fit() (validation sets eval mode itself and restores every "
+                f"module's own mode); for a module kept in eval mode on purpose, filter this "
+                f"HookfitWarning",
                 HookfitWarning,
                 stacklevel=4,
             )

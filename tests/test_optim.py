@@ -394,7 +394,7 @@ def test_backward_without_the_optim_plugin_names_it(monkeypatch: pytest.MonkeyPa
         loop.backward(mse(m, batch))
 
     with pytest.raises(RuntimeError, match=r"loop.backward\(\) needs a plugin .*disabled plugins: optim"):
-        hookfit.Loop(step, data(1), optimizers=torch.optim.SGD(m.parameters())).fit()
+        hookfit.Loop(step, data(1), model=m, optimizers=torch.optim.SGD(m.parameters())).fit()
 
 
 @pytest.mark.bad_input

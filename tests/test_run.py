@@ -126,10 +126,11 @@ def test_validation_no_grad_mode_and_several_models() -> None:
     def valid(loop, b):
         modes.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled(), g.training, d.training))
 
-    hookfit.Loop(
-        lambda loop, b: None, [1], val_step=valid, val_data=[1],
-        model={"g": g, "d": d}, val_grad_mode="no_grad",
-    ).fit()
+    with pytest.warns(hookfit.HookfitWarning, match=r"^model\['d'\] \(Linear\) is in eval mode as training starts"):
+        hookfit.Loop(
+            lambda loop, b: None, [1], val_step=valid, val_data=[1],
+            model={"g": g, "d": d}, val_grad_mode="no_grad",
+        ).fit()
     assert modes == [(False, False, False, False)]
     assert g.training is True and d.training is False
 
