@@ -56,3 +56,18 @@ def test_no_file_points_outside_the_repository() -> None:
             resolved = (path.parent / target).resolve()
             assert resolved.exists() and REPO in (resolved, *resolved.parents), (
                 f"{path.relative_to(REPO)} links to {target}, which is not a file of the repository")
+
+
+def test_the_reliability_counts_are_what_the_suite_exercises() -> None:
+    """The README's counts of bad inputs and injected faults are those of the tests pytest
+    collects with the markers bad_input and fault, in the whole suite."""
+    said = re.search(r"feeds \*\*(\d+) bad inputs\*\* \(`pytest -m bad_input`\) and injects \*\*(\d+) faults\*\*\s+"
+                     r"\(`pytest -m fault`", README)
+    assert said, "the README's reliability section gives no counts"
+    for marker, number in zip(("bad_input", "fault"), said.groups()):
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               "-m", marker, str(REPO / "tests")], cwd=REPO, capture_output=True, text=True, timeout=300)
+        collected = re.search(r"^(\d+)/\d+ tests collected", done.stdout, re.M)
+        assert collected, done.stdout + done.stderr
+        assert int(number) == int(collected.group(1)), (
+            f"README says {number} tests marked {marker}, pytest collects {collected.group(1)}: update the README")
