@@ -3,7 +3,7 @@
 Public names: :class:`Loop` (configuration and ``fit()``), :class:`Run` (one ``fit()``: what
 step functions and hooks receive as ``loop``), :class:`State`, :class:`StopRequest`, the
 :data:`hookimpl` marker for plugins, the :data:`hookspec` marker for events a plugin declares
-for other plugins, :class:`PluginError` and the :class:`HookfitWarning` category. Events are
+for other plugins, :class:`PluginError`, :class:`StateMismatch` and the :class:`HookfitWarning` category. Events are
 declared, with what they mean, in :mod:`hookfit.hookspecs`; the payloads they carry in
 :mod:`hookfit.payloads`.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hookfit.hookspecs import hookspec
-from hookfit.manager import HookfitWarning, ObserverWarning, PluginError, hookimpl
+from hookfit.manager import HookfitWarning, ObserverWarning, PluginError, StateMismatch, hookimpl
 from hookfit.payloads import StopRequest
 from hookfit.state import State
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run
 
 __all__ = ["Loop", "Run", "State", "StopRequest", "hookimpl", "hookspec", "PluginError",
-           "HookfitWarning", "ObserverWarning"]
+           "StateMismatch", "HookfitWarning", "ObserverWarning"]
 __version__ = "0.1.0"
 
 

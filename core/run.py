@@ -25,7 +25,7 @@ import torch
 
 from hookfit import manager
 from hookfit.dispatch import Dispatch
-from hookfit.manager import HookfitWarning, PluginManager
+from hookfit.manager import HookfitWarning, PluginManager, StateMismatch
 from hookfit.payloads import ResumeInfo, StopRequest
 from hookfit.state import State
 
@@ -269,7 +269,7 @@ class Run:
 
         Two mismatches, named: a plugin of this run that saves state but has no entry (a
         plugin new to the run, which then starts fresh), and an entry that no plugin of this
-        run restores (a plugin since removed). With ``strict`` they raise a ``ValueError``;
+        run restores (a plugin since removed). With ``strict`` they raise :class:`StateMismatch`;
         without, one :class:`HookfitWarning` names them and the rest is restored."""
         hooks = self._running("load_plugin_states()")
         loaders = hooks.plugins("load_state")
@@ -286,7 +286,7 @@ class Run:
                                 "no enabled plugin of this run restores (left unused)")
             message = "plugin states do not match this run: " + "; ".join(problems)
             if strict:
-                raise ValueError(message + " (strict; pass strict=False to restore the rest)")
+                raise StateMismatch(message, missing, extra)
             warnings.warn(message + "; restoring the rest", HookfitWarning, stacklevel=2)
         for name in loaders:
             if states.get(name) is not None:

@@ -659,9 +659,14 @@ def test_plugin_states_are_keyed_by_plugin_name_and_restored_to_their_owner() ->
 @pytest.mark.bad_input
 def test_mismatched_plugin_states_fail_in_strict_mode_and_warn_in_lenient_mode() -> None:
     states = {"a": {"seen": 5}, "gone": {"x": 1}}
-    with pytest.raises(ValueError, match=r"no saved state for plugin 'b'.*'gone'.*strict"):
+    with pytest.raises(ValueError, match=r"no saved state for plugin 'b'.*'gone'.*strict") as raised:
         hookfit.Loop(lambda l, x: None, [1], plugins=[
             Counter("a"), Counter("b"), Probe(lambda l: l.load_plugin_states(states))]).fit()
+    # a typed error, so a plugin that restores states (checkpoint) can say how to go on
+    # without reading the message
+    assert isinstance(raised.value, hookfit.StateMismatch)
+    assert (raised.value.missing, raised.value.extra) == (["b"], ["gone"])
+    assert "strict" not in raised.value.detail
 
     a = Counter("a")
     with pytest.warns(hookfit.HookfitWarning, match=r"no saved state for plugin 'b'.*'gone'.*restoring the rest"):

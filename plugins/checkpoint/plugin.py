@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from hookfit import hookimpl
+from hookfit import StateMismatch, hookimpl
 from hookfit.plugins.checkpoint.state import _load_model, _model_state, _rng_state, _set_rng_state, _snapshot
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
@@ -34,8 +34,6 @@ from hookfit.plugins.checkpoint.storage import (
 )
 
 __all__ = ["Checkpoint", "CheckpointWarning"]
-
-_STRICT_HINT = " (strict; pass strict=False to restore the rest)"  # the core's ending, replaced by ours
 
 
 def _check_options(options: Mapping[str, Any]) -> None:
@@ -448,12 +446,9 @@ class Checkpoint:
         _load_model(loop.model, data["model"], path)
         try:
             loop.load_plugin_states(data["plugins"], strict=self.strict)
-        except ValueError as error:
-            message = str(error)
-            if not (self.strict and message.startswith("plugin states do not match")):
-                raise
+        except StateMismatch as error:
             raise ValueError(
-                f"checkpoint: {path}: {message.removesuffix(_STRICT_HINT)}. Pass Checkpoint(strict=False) in "
+                f"checkpoint: {path}: {error.detail}. Pass Checkpoint(strict=False) in "
                 f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
                 f"restores unused)") from error
         for key, target in (("train", loop.train_data), ("valid", loop.val_data)):
