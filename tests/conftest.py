@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -83,3 +85,24 @@ def dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def calls() -> list:
     return sys.modules["fake_plugins_mod"].CALLS
 
+
+@pytest.fixture
+def read_only_folder(tmp_path: Path):
+    """An existing folder nothing can be written in (a read-only tmpfs for root, who can write
+    in any folder whatever its mode)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() == 0:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)],
+                                 capture_output=True)
+        if mounted.returncode:
+            pytest.skip(f"root cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    else:
+        folder.chmod(0o500)
+    try:
+        yield folder
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(folder)])
+        else:
+            folder.chmod(0o700)

@@ -416,30 +416,6 @@ def test_metrics_log_on_a_full_disk_warns_once_and_training_completes(tmp_path: 
     assert (first["event"], first["epoch"], first["loss"]) == ("epoch", 1, 2.5)
 
 
-@pytest.fixture
-def read_only_folder(tmp_path: Path):
-    """An existing folder nothing can be written in (a read-only tmpfs for root)."""
-    import os
-    import subprocess
-
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    if os.geteuid() == 0:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)],
-                                 capture_output=True)
-        if mounted.returncode:
-            pytest.skip(f"root cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
-    else:
-        folder.chmod(0o500)
-    try:
-        yield folder
-    finally:
-        if os.geteuid() == 0:
-            subprocess.run(["umount", str(folder)])
-        else:
-            folder.chmod(0o700)
-
-
 @pytest.mark.fault
 def test_metrics_log_in_a_read_only_run_folder_warns_once_and_training_completes(read_only_folder: Path) -> None:
     from hookfit.files import FileWarning
