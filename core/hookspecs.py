@@ -193,9 +193,10 @@ def should_stop(loop: Run) -> bool | str | None:
     become one stop request, as ``loop.request_stop(reason)`` would, naming the plugins that
     answered as who asked. ``None`` or a false value means "carry on". A plugin that decides at
     another moment (an epoch's end) calls ``loop.request_stop(reason)`` there instead: the loop
-    honours it at that boundary, without a further batch. The run then ends with status
-    ``"interrupted"``: ``stage_end`` and ``epoch_end`` are *not* fired for the cut-short
-    epoch, ``fit_end`` is.
+    honours it at that boundary, without a further batch, and one that ends the run by its rule
+    (early stopping) passes ``complete=True``. The run then ends with status ``"interrupted"``
+    (``"completed"`` for a ``complete`` request): ``stage_end`` and ``epoch_end`` are *not*
+    fired for a cut-short epoch, ``fit_end`` is.
     """
 
 

@@ -135,12 +135,16 @@ class StopRequest:
       dashboard"``, ``"valid/loss did not improve for 3 epochs"``).
     * ``by``: who asked: the name of the plugin, ``"step function 'name'"``, or what the caller
       of ``loop.request_stop(reason, by=...)`` said; ``None`` when nobody could be named.
+    * ``complete``: the run reached its end by the asker's rule (early stopping, a target
+      reached), so it ends ``completed``; ``False`` (the default) for an interruption (a
+      signal, ``q``, an error elsewhere), which ends ``interrupted``.
 
     The run ends with ``loop.state.stop_reason == reason`` and ``loop.state.stopped_by == by``.
     """
 
     reason: str
     by: str | None = None
+    complete: bool = False
 
     def __str__(self) -> str:
         return self.reason if self.by is None else f"{self.reason} (asked by {self.by})"

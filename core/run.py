@@ -191,12 +191,15 @@ class Run:
         """The stop request waiting for the next boundary, if any (the first one asked)."""
         return self._stop
 
-    def request_stop(self, reason: str = "stop requested", by: str | None = None) -> StopRequest:
+    def request_stop(self, reason: str = "stop requested", by: str | None = None, *,
+                     complete: bool = False) -> StopRequest:
         """Ask for a graceful stop, from any thread, any hook or the step function.
 
         The loop honours it at the next boundary it reaches: after the current batch, or at a
         stage or epoch boundary (so a stop asked in ``epoch_end`` runs no further batch). The
-        run then ends with status ``"interrupted"``, ``state.stop_reason == reason`` and
+        run then ends with status ``"interrupted"`` (``"completed"`` with ``complete=True``:
+        the run ended by a rule, such as early stopping, not by an interruption),
+        ``state.stop_reason == reason`` and
         ``state.stopped_by`` naming who asked: ``by`` if given, else the plugin or step
         function that called this (found on the caller's stack), else ``None``. No plugin is
         needed for a stop. The first request wins; later ones return it unchanged. The
@@ -205,7 +208,7 @@ class Run:
             raise TypeError(f"request_stop: reason must be a string, got {type(reason).__name__}")
         if self.pm is None:
             raise RuntimeError("request_stop() needs a running loop: call it during fit()")
-        new = StopRequest(reason, by if by is not None else self._asker())
+        new = StopRequest(reason, by if by is not None else self._asker(), bool(complete))
         with self._stop_lock:
             if self._stop is None:
                 self._stop = new
@@ -267,14 +270,18 @@ class Run:
         """Give each plugin its entry of ``states`` (from :meth:`plugin_states`) through its
         ``load_state`` implementation; an entry ``None`` restores nothing.
 
-        Two mismatches, named: a plugin of this run that saves state but has no entry (a
-        plugin new to the run, which then starts fresh), and an entry that no plugin of this
+        Two mismatches, named: a plugin of this run that has a state to save but no entry (a
+        plugin new to the run, which then starts fresh; one whose ``save_state`` answers
+        ``None`` has nothing to miss), and an entry that no plugin of this
         run restores (a plugin since removed). With ``strict`` they raise :class:`StateMismatch`;
         without, one :class:`HookfitWarning` names them and the rest is restored."""
         hooks = self._running("load_plugin_states()")
         loaders = hooks.plugins("load_state")
         savers = hooks.plugins("save_state")
-        missing = sorted(name for name in savers if name not in states)
+        # a plugin new to the run misses a state only if it has one to keep (an inert plugin,
+        # whose save_state answers None now, has nothing to restore)
+        missing = sorted(name for name in savers if name not in states
+                         and hooks.call_plugin("save_state", name, self) is not None)
         extra = sorted(name for name in states if name not in loaders and states[name] is not None)
         if missing or extra:
             problems = []
@@ -385,7 +392,7 @@ class Run:
             state.stop_reason = f"max_steps={self.max_steps} reached"
             state.status = "completed"
         except _Stop as stop:
-            state.status = "interrupted"
+            state.status = "completed" if stop.request.complete else "interrupted"
             state.stop_reason = stop.request.reason
             state.stopped_by = stop.request.by
         finally:

@@ -134,6 +134,25 @@ def test_with_a_process_group_the_model_is_wrapped_then_given_back(process_group
     assert dist.is_initialized(), "a group the script created is the script's to destroy"
 
 
+@pytest.mark.parametrize("complete, status", [(True, "completed"), (False, "interrupted")])
+def test_the_agreed_stop_keeps_whether_it_completes_the_run(process_group: Any, complete: bool, status: str) -> None:
+    """A stop by the run's own rule (early stopping: every rank decides the same) still
+    completes the run once the ranks agree on it; an interruption stays one."""
+    model, data = _regression()
+
+    class Rule:
+        name = "rule"
+
+        @hookimpl
+        def epoch_end(self, loop, epoch):
+            loop.request_stop("target reached", complete=complete)
+
+    state = hookfit.Loop(_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                         max_epochs=3, plugins=[Distributed(), Optim(), Rule()]).fit()
+    assert (state.status, state.epoch) == (status, 0)
+    assert state.stop_reason == "stop requested on rank 0: target reached"
+
+
 @pytest.mark.bad_input
 def test_a_step_that_bypasses_loop_model_fails_with_a_clear_error(process_group: Any) -> None:
     model, data = _regression()

@@ -350,6 +350,28 @@ def test_a_stop_asked_at_a_boundary_runs_no_further_batch(event: str, stage: str
     assert names.count("batch_end") == batches_run + 2 * names.count("epoch_end")  # + validation batches
 
 
+@pytest.mark.parametrize("complete, status", [(True, "completed"), (False, "interrupted")])
+def test_a_stop_by_the_run_s_own_rule_completes_it(complete: bool, status: str) -> None:
+    """request_stop(complete=True) (early stopping, a target reached) ends the run where it
+    was asked, like any stop, with status completed instead of interrupted."""
+    model, data = regression()
+
+    class Rule:
+        name = "rule"
+
+        @hookfit.hookimpl
+        def epoch_end(self, loop, epoch):
+            if epoch == 1:
+                loop.request_stop("target reached", complete=complete)
+
+    recorder = Recorder()
+    state = hookfit.Loop(sgd_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                         max_epochs=4, plugins=[Rule(), recorder]).fit()
+    assert (state.status, state.stop_reason, state.stopped_by) == (status, "target reached", "rule")
+    assert state.step == 10 and recorder.names().count("epoch_end") == 2
+    assert recorder.names()[-2:] == ["stop_requested", "fit_end"]
+
+
 def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> None:
     started, release = threading.Event(), threading.Event()
 
@@ -962,6 +984,13 @@ def test_plugin_states_name_every_plugin_that_saves_even_without_state_now() -> 
         hookfit.Loop(lambda l, b: None, [1], plugins=[
             Empty(), Counter("a"), Probe(lambda l: l.load_plugin_states(saved))]).fit()
     assert Empty.loaded == []
+
+    # new to the run and inert (nothing to save now, as a discovered plugin left unconfigured):
+    # it misses nothing, so states saved before it was installed resume without a word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hookfit.Loop(lambda l, b: None, [1], plugins=[
+            Empty(), Counter("a"), Probe(lambda l: l.load_plugin_states({"a": {"seen": 1}}, strict=True))]).fit()
 
 
 @pytest.mark.bad_input

@@ -279,13 +279,15 @@ class Distributed:
         if not int(flag.item()):
             return False
         asked: list[Any] = [None] * self.world_size
-        mine = None if request is None else (request.reason, request.by)
+        mine = None if request is None else (request.reason, request.by, request.complete)
         dist.all_gather_object(asked, mine, group=self._control)
         self._agreed = True
         wanted = [(rank, why) for rank, why in enumerate(asked) if why is not None]
         return StopRequest(
-            "; ".join(f"stop requested on rank {rank}: {reason}" for rank, (reason, _) in wanted),
-            by="; ".join(f"{by} on rank {rank}" for rank, (_, by) in wanted if by) or None,
+            "; ".join(f"stop requested on rank {rank}: {reason}" for rank, (reason, _, _) in wanted),
+            by="; ".join(f"{by} on rank {rank}" for rank, (_, by, _) in wanted if by) or None,
+            # the run completes only if every rank that asked says so (not if one was signalled)
+            complete=all(complete for _, (_, _, complete) in wanted),
         )
 
     @hookimpl
