@@ -1,0 +1,149 @@
+"""early_stopping: end training when a monitored metric stops improving.
+
+``EarlyStopping(monitor="valid/loss", mode="min", patience=3, min_delta=0.0)`` in
+``Loop(plugins=[...])``. Discovered like every plugin, it is inert until given a ``monitor``.
+
+* It reads the epoch means a metrics plugin publishes in ``epoch_metrics`` (a
+  :class:`hookfit.payloads.MetricsSnapshot`), nothing else: ``monitor`` is ``"<stage>/<metric>"``
+  with stage ``train`` or ``valid``.
+* An epoch improves on the best so far when its value is below ``best - min_delta`` (``mode="min"``)
+  or above ``best + min_delta`` (``"max"``); a non-finite value never improves. After
+  ``patience`` epochs in a row without improvement, it asks the loop to stop at the end of that
+  epoch (``epoch_end``: the epoch's checkpoint is written first), with ``complete=True``: the
+  run ends ``completed``, no further batch runs, and the reason names the metric, the best
+  value and its epoch (counted from 1, as everything a user reads).
+* A ``valid`` monitor in a run without validation is an error when training starts; a metric
+  the run never produces is an error at the first epoch end it should have appeared at, naming
+  the metrics that exist.
+* Its state (best value, its epoch, epochs without improvement) is saved in checkpoints, so a
+  resumed run decides as the uninterrupted one would. A run resumed after it stopped stops
+  again before its first batch, unless given a larger ``patience``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Literal, Mapping
+
+from hookfit import hookimpl
+
+__all__ = ["EarlyStopping"]
+
+STAGES = ("train", "valid")
+
+
+class EarlyStopping:
+    """Stop training when ``monitor`` has not improved for ``patience`` epochs (see the module
+    documentation). Every option is checked here, with a ``ValueError`` naming it."""
+
+    name = "early_stopping"
+
+    def __init__(self, monitor: str | None = None, mode: Literal["min", "max"] = "min", patience: int = 3,
+                 min_delta: float = 0.0) -> None:
+        if monitor is not None and (not isinstance(monitor, str) or monitor.count("/") != 1
+                                    or monitor.split("/")[0] not in STAGES or not monitor.split("/")[1].strip()):
+            raise ValueError(f"early_stopping: monitor must be '<stage>/<metric>' with stage train or valid "
+                             f"(like 'valid/loss'), or None, got {monitor!r}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"early_stopping: mode must be 'min' or 'max', got {mode!r}")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"early_stopping: patience must be an integer >= 0 (epochs), got {patience!r}")
+        if (isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real)
+                or not math.isfinite(min_delta) or min_delta < 0):
+            raise ValueError(f"early_stopping: min_delta must be a finite number >= 0, got {min_delta!r}")
+        self.monitor = monitor
+        self.mode = mode
+        self.patience = patience
+        self.min_delta = float(min_delta)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.best: float | None = None
+        self.best_epoch: int | None = None  # from 0, as loop.state.epoch
+        self.wait = 0  # epochs in a row without improvement
+        self._heard: int | None = None  # the last epoch whose monitored stage was published
+
+    # -- events -----------------------------------------------------------------------------
+    @hookimpl
+    def configure(self, loop: Any) -> None:
+        self._reset()  # a state from a checkpoint comes later (load_state)
+
+    @hookimpl
+    def fit_start(self, loop: Any) -> None:
+        if self.monitor is not None and self.monitor.startswith("valid/") and loop.val_step is None:
+            raise ValueError(f"early_stopping: monitor={self.monitor!r} needs validation, and this run has "
+                             f"none: give Loop(val_step=..., val_data=...), or monitor a 'train/' metric")
+
+    @hookimpl
+    def epoch_start(self, loop: Any, epoch: int) -> None:
+        if self.monitor is not None and self.best is not None and self.wait and self.wait >= self.patience:
+            loop.request_stop(self._reason(), complete=True)  # resumed after it stopped: no batch
+
+    @hookimpl
+    def epoch_metrics(self, stage: str, metrics: Any) -> None:
+        if self.monitor is None:
+            return
+        want, key = self.monitor.split("/")
+        if stage != want:
+            return
+        self._heard = metrics.epoch
+        if key not in metrics.values:
+            raise ValueError(
+                f"early_stopping: monitor={self.monitor!r} names a metric this run does not produce: the "
+                f"{stage} metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}"
+            )
+        value = float(metrics.values[key].epoch)
+        if self._improves(value):
+            self.best, self.best_epoch, self.wait = value, metrics.epoch, 0
+        else:
+            self.wait += 1
+
+    @hookimpl
+    def epoch_end(self, loop: Any, epoch: int) -> None:
+        if self.monitor is None:
+            return
+        if self._heard != epoch and self._published(loop, epoch):
+            raise ValueError(
+                f"early_stopping: monitor={self.monitor!r}, and no plugin published the "
+                f"{self.monitor.split('/')[0]} metrics of epoch {epoch + 1} (epoch_metrics): is the "
+                f"metrics plugin enabled?"
+            )
+        if self._heard == epoch and self.wait and self.wait >= self.patience:
+            loop.request_stop(self._reason(), complete=True)
+
+    @hookimpl
+    def save_state(self) -> dict[str, Any] | None:
+        if self.monitor is None:
+            return None
+        return {"monitor": self.monitor, "best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}
+
+    @hookimpl
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if self.monitor is None:
+            return
+        if state.get("monitor") != self.monitor:
+            return  # it watched another metric: its best says nothing about this one; start fresh
+        self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], int(state["wait"])
+
+    # -- deciding ---------------------------------------------------------------------------
+    def _improves(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def _published(self, loop: Any, epoch: int) -> bool:
+        """Whether the monitored stage ran in ``epoch`` (validation may run every n epochs)."""
+        if self.monitor.startswith("train/"):  # type: ignore[union-attr]
+            return True
+        return loop.val_step is not None and (epoch + 1) % loop.val_every_n_epochs == 0
+
+    def _reason(self) -> str:
+        by = f" by more than {self.min_delta:g}" if self.min_delta else ""
+        best = "none" if self.best is None else f"{self.best:.6g} at epoch {self.best_epoch + 1}"  # type: ignore[operator]
+        return (f"early stopping: {self.monitor} did not improve{by} for {self.wait} epoch(s) "
+                f"(patience {self.patience}); best ({self.mode}) {best}")

@@ -1,0 +1,157 @@
+"""early_stopping: stops when the monitored metric stops improving, exactly across resumes."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.early_stopping import EarlyStopping
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
+from conftest import Recorder
+
+# the valid loss of each epoch (epoch 1 first): best 4.0 at epoch 2, then no improvement
+VALID = [5.0, 4.0, 4.5, 4.2, 4.1, 3.0, 2.0, 1.0, 0.5, 0.25]
+
+
+def run(*plugins, valid=VALID, max_epochs=10, **kwargs) -> hookfit.Loop:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def val_step(loop, batch):
+        return {"loss": torch.tensor(valid[loop.state.epoch]), "accuracy": torch.tensor(-valid[loop.state.epoch])}
+
+    loop = hookfit.Loop(step, data, val_step=val_step, val_data=[0], model=model, max_epochs=max_epochs,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
+                        plugins=[Optim(), Metrics(), *plugins], **kwargs)
+    loop.fit()
+    return loop
+
+
+def test_stops_after_patience_epochs_without_improvement_and_completes() -> None:
+    recorder = Recorder()
+    loop = run(EarlyStopping(monitor="valid/loss", patience=3), recorder)
+    state = loop.state
+    assert state.status == "completed" and state.stopped_by == "early_stopping"
+    assert state.stop_reason == ("early stopping: valid/loss did not improve for 3 epoch(s) (patience 3); "
+                                 "best (min) 4 at epoch 2")
+    assert state.epoch == 4 and state.step == 15  # epochs 3, 4 and 5 did not improve on epoch 2
+    names = recorder.names()
+    assert names.count("epoch_end") == 5 and names.count("epoch_start") == 5  # no further batch
+    assert names[-2:] == ["stop_requested", "fit_end"]
+
+
+@pytest.mark.parametrize("options, epochs, best", [
+    ({"monitor": "valid/loss", "patience": 0}, 3, "4 at epoch 2"),      # the first epoch that does not improve
+    ({"monitor": "valid/loss", "patience": 1, "min_delta": 1.0}, 2, "5 at epoch 1"),  # 4.0 is not more than 1 below 5
+    ({"monitor": "valid/accuracy", "mode": "max", "patience": 2}, 4, "-4 at epoch 2"),
+])
+def test_mode_patience_and_min_delta(options: dict, epochs: int, best: str) -> None:
+    state = run(EarlyStopping(**options)).state
+    assert state.status == "completed" and state.epoch + 1 == epochs, state.stop_reason
+    assert state.stop_reason.endswith(best)
+
+
+def test_a_metric_that_keeps_improving_never_stops_and_nan_never_improves() -> None:
+    assert run(EarlyStopping(monitor="valid/loss", patience=1), valid=[float(10 - i) for i in range(10)]).state.stop_reason \
+        == "max_epochs=10 reached"
+    state = run(EarlyStopping(monitor="valid/loss", patience=2), valid=[1.0, math.nan, math.nan, 0.5] + VALID).state
+    assert state.epoch == 2 and "best (min) 1 at epoch 1" in state.stop_reason
+
+
+def test_without_a_monitor_it_is_inert() -> None:
+    plugin = EarlyStopping()
+    state = run(plugin, valid=[1.0] * 10).state
+    assert state.stop_reason == "max_epochs=10 reached"
+    assert plugin.save_state() is None
+
+
+def test_it_is_discovered_like_every_built_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "early_stopping")
+    loop = hookfit.Loop(lambda l, b: None, [1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inert: not a word
+        loop.fit()
+    assert isinstance(loop.run.pm.get_plugin("early_stopping"), EarlyStopping)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("options, message", [
+    ({"monitor": "loss"}, "monitor must be '<stage>/<metric>'"),
+    ({"monitor": "test/loss"}, "monitor must be '<stage>/<metric>'"),
+    ({"monitor": "valid/"}, "monitor must be '<stage>/<metric>'"),
+    ({"monitor": 3}, "monitor must be '<stage>/<metric>'"),
+    ({"mode": "best"}, "mode must be 'min' or 'max', got 'best'"),
+    ({"patience": -1}, "patience must be an integer >= 0"),
+    ({"patience": 2.5}, "patience must be an integer >= 0"),
+    ({"patience": True}, "patience must be an integer >= 0"),
+    ({"min_delta": -0.1}, "min_delta must be a finite number >= 0"),
+    ({"min_delta": math.nan}, "min_delta must be a finite number >= 0"),
+    ({"min_delta": "0.1"}, "min_delta must be a finite number >= 0"),
+])
+def test_options_are_checked_when_it_is_built(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=r"^early_stopping: " + message.replace("(", r"\(").replace(")", r"\)")):
+        EarlyStopping(**options)
+
+
+@pytest.mark.bad_input
+def test_a_metric_the_run_never_produces_fails_at_the_first_epoch_end_naming_those_it_has() -> None:
+    recorder = Recorder()
+    with pytest.raises(ValueError, match=r"early_stopping: monitor='valid/acc' names a metric this run does not "
+                                         r"produce: the valid metrics of epoch 1 are accuracy, loss"):
+        run(EarlyStopping(monitor="valid/acc"), recorder)
+    assert recorder.names().count("epoch_end") == 0 and recorder.names().count("stage_end") == 2
+
+
+@pytest.mark.bad_input
+def test_a_valid_monitor_without_validation_fails_before_any_batch() -> None:
+    recorder = Recorder()
+    with pytest.raises(ValueError, match=r"early_stopping: monitor='valid/loss' needs validation, and this run has none"):
+        hookfit.Loop(lambda l, b: {"loss": 1.0}, [1, 2], plugins=[Metrics(), EarlyStopping(monitor="valid/loss"),
+                                                                  recorder]).fit()
+    assert "batch_start" not in recorder.names()
+
+
+@pytest.mark.bad_input
+def test_without_a_metrics_plugin_the_first_epoch_end_says_so() -> None:
+    with pytest.raises(ValueError, match=r"no plugin published the train metrics of epoch 1 .*metrics plugin enabled"):
+        hookfit.Loop(lambda l, b: {"loss": 1.0}, [1, 2], plugins=[EarlyStopping(monitor="train/loss")]).fit()
+
+
+@pytest.mark.fault
+def test_a_resumed_run_stops_where_the_uninterrupted_one_does_and_stays_stopped(tmp_path: Path) -> None:
+    """Its state (best, its epoch, epochs without improvement) is in checkpoints: a run cut
+    after epoch 3 and resumed stops after epoch 5 with the same reason, as if never cut."""
+    def plugins():
+        return [EarlyStopping(monitor="valid/loss", patience=3), Checkpoint(background=False)]
+
+    whole = run(*plugins(), run_dir=tmp_path / "whole").state
+    run(*plugins(), max_epochs=3, run_dir=tmp_path / "cut")
+    resumed = run(*plugins(), run_dir=tmp_path / "cut", resume="latest").state
+    assert (resumed.status, resumed.epoch, resumed.step, resumed.stop_reason) == \
+        (whole.status, whole.epoch, whole.step, whole.stop_reason) == ("completed", 4, 15, whole.stop_reason)
+
+    # resumed after it stopped: it stops again before any batch, saying why
+    recorder = Recorder()
+    again = run(*plugins(), recorder, run_dir=tmp_path / "cut", resume="latest").state
+    assert again.status == "completed" and again.step == 15 and again.stop_reason == whole.stop_reason
+    assert "batch_start" not in recorder.names()
+    # ... unless given more patience: then it trains on
+    more = run(EarlyStopping(monitor="valid/loss", patience=4), Checkpoint(background=False),
+               run_dir=tmp_path / "cut", resume="latest").state
+    assert more.step == 30 and more.stop_reason == "max_epochs=10 reached"  # epochs 6 to 10 improve
