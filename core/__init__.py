@@ -1,7 +1,7 @@
 """hookfit: a small PyTorch training loop whose every feature is a pluggy plugin.
 
 Public names: :class:`Loop` (configuration and ``fit()``), :class:`Run` (one ``fit()``: what
-step functions and hooks receive as ``loop``), :class:`State`, :class:`StopRequest`, the
+step functions and hooks receive as ``loop``), :func:`seed_everything`, :class:`State`, :class:`StopRequest`, the
 :data:`hookimpl` marker for plugins, the :data:`hookspec` marker for events a plugin declares
 for other plugins, :class:`PluginError`, :class:`StateMismatch` and the :class:`HookfitWarning` category. Events are
 declared, with what they mean, in :mod:`hookfit.hookspecs`; the payloads they carry in
@@ -22,9 +22,10 @@ from hookfit.state import State
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop
+    from hookfit.reproducibility import seed_everything
     from hookfit.run import Run
 
-__all__ = ["Loop", "Run", "State", "StopRequest", "hookimpl", "hookspec", "PluginError",
+__all__ = ["Loop", "Run", "State", "StopRequest", "seed_everything", "hookimpl", "hookspec", "PluginError",
            "StateMismatch", "HookfitWarning", "ObserverWarning"]
 __version__ = "0.1.0"
 
@@ -38,4 +39,8 @@ def __getattr__(name: str) -> Any:
         from hookfit.run import Run
 
         return Run
+    if name == "seed_everything":
+        from hookfit.reproducibility import seed_everything
+
+        return seed_everything
     raise AttributeError(f"module 'hookfit' has no attribute {name!r}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from hookfit.payloads import StopRequest
+from hookfit.reproducibility import check_seed
 from hookfit.run import Run, modules
 from hookfit.state import State
 
@@ -60,6 +61,12 @@ class Loop:
     is used when set. Data that has ``set_epoch(epoch)``
     is told each epoch before it is iterated (for reproducible shuffles); data that has
     ``iter_from(start)`` starts a resumed epoch there instead of skipping batches one by one.
+
+    ``seed`` seeds Python, NumPy and torch (every device), and with them the data order, as
+    the run starts (a resumed run takes the random states of its checkpoint instead);
+    ``deterministic=True`` runs with PyTorch's deterministic algorithms and puts the settings
+    back afterwards (see :mod:`hookfit.reproducibility`). Both are recorded, with the run's
+    name, command line, plugins and versions, in ``run.jsonl`` in the run folder.
     """
 
     def __init__(
@@ -80,6 +87,8 @@ class Loop:
         resume: str | os.PathLike[str] | None = None,
         plugins: Sequence[Any] = (),
         disable: Sequence[str] = (),
+        seed: int | None = None,
+        deterministic: bool = False,
     ) -> None:
         for what, fn in (("train_step", train_step), ("val_step", val_step)):
             if fn is not None and not callable(fn):
@@ -106,6 +115,9 @@ class Loop:
             raise ValueError(f"name must be a non-empty string usable as a folder name, got {name!r}")
         if isinstance(disable, str):
             raise TypeError("disable must be a list of plugin names, not a string")
+        check_seed(seed)
+        if not isinstance(deterministic, bool):
+            raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
         modules(model)  # type check now, not mid-run
 
         self.train_step = train_step
@@ -124,6 +136,8 @@ class Loop:
         """``name`` as given: the run's identity (else the name of ``run_dir``, else the
         script's name; see :attr:`hookfit.run.Run.name`)."""
         self.resume = resume
+        self.seed = seed
+        self.deterministic = deterministic
         self._given = tuple(plugins)
         self._disable = tuple(disable)
         self.run: Run | None = None

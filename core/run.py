@@ -10,8 +10,10 @@ and the pending stop request.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import json
 import os
 import sys
 import threading
@@ -23,10 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+import hookfit
 from hookfit import manager
 from hookfit.dispatch import Dispatch
+from hookfit.files import RunFile
 from hookfit.manager import HookfitWarning, PluginManager, StateMismatch
 from hookfit.payloads import ResumeInfo, StopRequest
+from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.state import State
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,7 +107,8 @@ class Run:
       shards the data at ``configure``; an optimizer plugin puts managed optimizers in
       ``optimizers`` at ``fit_start``). The ``Loop``'s own configuration is never changed;
     * the configuration, read-only: ``train_step``, ``val_step``, ``max_epochs``,
-      ``max_steps``, ``val_every_n_epochs``, ``val_grad_mode``, ``config`` (the ``Loop``);
+      ``max_steps``, ``val_every_n_epochs``, ``val_grad_mode``, ``seed``, ``deterministic``,
+      ``config`` (the ``Loop``);
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
       ``is_main``, ``plugin_states()`` / ``load_plugin_states(states)``;
     * ``pm``, the run's plugin manager, and ``hooks``, its resolved events
@@ -119,6 +125,8 @@ class Run:
         self.max_steps = config.max_steps
         self.val_every_n_epochs = config.val_every_n_epochs
         self.val_grad_mode = config.val_grad_mode
+        self.seed = config.seed
+        self.deterministic = config.deterministic
         resume = config.resume if config.resume is not None else os.environ.get(ENV_RESUME) or None
         self.resume: str | None = None if resume is None else os.fspath(resume)
         """What to resume from (``Loop(resume=...)``, else ``HOOKFIT_RESUME``), known from
@@ -153,9 +161,28 @@ class Run:
         ``runs/<name>/<date>-<time>``."""
         if self._run_dir is None:
             self._run_dir = self.new_run_dir()
-        self._run_dir.mkdir(parents=True, exist_ok=True)
-        self._run_dir_used = True
+        if not self._run_dir_used:
+            self._run_dir.mkdir(parents=True, exist_ok=True)
+            self._run_dir_used = True
+            self._record_run(self._run_dir)
         return self._run_dir
+
+    def _record_run(self, folder: Path) -> None:
+        """One line in ``run.jsonl`` of the run folder for this ``fit()`` (a resumed run adds
+        its own): what made the run, for a person or a tool looking at it later."""
+        if not self.is_main:
+            return
+        pm = self.pm
+        record = {
+            "event": "run", "name": self.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "argv": list(sys.argv), "seed": self.seed, "deterministic": self.deterministic,
+            "resume": self.resume,
+            "plugins": [n for n, i in pm.infos.items() if i.enabled and pm.get_plugin(n) is not None] if pm else [],
+            "versions": {"hookfit": hookfit.__version__, "torch": torch.__version__, "python": sys.version.split()[0]},
+        }
+        log = RunFile(folder / "run.jsonl", "hookfit")
+        log.write(json.dumps(record) + "\n")
+        log.close()
 
     def new_run_dir(self) -> Path:
         """A folder for a new run of this name that does not exist yet:
@@ -319,16 +346,19 @@ class Run:
         state = self.state
         state.status = "running"
         state.started_at = time.perf_counter()
-        try:
-            self._fire("configure")
-            self._fire("fit_start")
-            self._resume()
-            self._run()
-        except BaseException as error:
-            self._record_failure(error)
-            self._finish(failed=True, unbind=unbind)
-            raise
-        self._finish(failed=False, unbind=unbind)
+        with Deterministic() if self.deterministic else contextlib.nullcontext():
+            try:
+                if self.seed is not None:
+                    seed_everything(self.seed)  # before configure: plugins draw from it too
+                self._fire("configure")
+                self._fire("fit_start")
+                self._resume()
+                self._run()
+            except BaseException as error:
+                self._record_failure(error)
+                self._finish(failed=True, unbind=unbind)
+                raise
+            self._finish(failed=False, unbind=unbind)
         return state
 
     def _fire(self, event: str, *args: Any) -> None:

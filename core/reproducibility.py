@@ -1,0 +1,74 @@
+"""Reproducible runs: ``Loop(seed=...)`` and ``Loop(deterministic=True)``.
+
+:func:`seed_everything` seeds every random number generator a training step draws from:
+Python's ``random``, NumPy's global generator (when NumPy is installed) and torch's on every
+device (``torch.manual_seed`` seeds the CUDA generators too). Data order follows: a
+``DataLoader`` with ``shuffle=True`` and no generator of its own draws its order (and its
+workers' seeds) from torch's generator, and ``hookfit.data.Batches`` and
+``DistributedSampler`` shuffle from seeds of their own. The model's initial weights are drawn
+before the ``Loop`` exists: seed before building it (``hookfit.seed_everything(0)``) for
+those too.
+
+:class:`Deterministic` switches on PyTorch's deterministic algorithms for the time of a run
+(an operation without a deterministic implementation then raises, naming itself), with
+cuDNN's autotuner off and, for cuBLAS on GPUs, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``; it puts
+every setting back as it was when the run ends.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import torch
+
+__all__ = ["Deterministic", "check_seed", "seed_everything"]
+
+CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
+SEED_LIMIT = 2**32  # NumPy's global generator takes seeds below this
+
+
+def check_seed(seed: Any) -> None:
+    """A ``ValueError`` unless ``seed`` is ``None`` or an integer in ``[0, 2**32)``."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer from 0 to 2**32 - 1 (or None), got {seed!r}")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator and torch's (every device)."""
+    check_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        pass
+    else:
+        numpy.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Deterministic:
+    """Deterministic algorithms on entry, every setting as it was on exit (see the module)."""
+
+    def __enter__(self) -> Deterministic:
+        self._saved = (torch.are_deterministic_algorithms_enabled(),
+                       torch.is_deterministic_algorithms_warn_only_enabled(),
+                       torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+                       os.environ.get(CUBLAS))
+        if self._saved[4] is None:
+            os.environ[CUBLAS] = ":4096:8"
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        enabled, warn_only, benchmark, cudnn_deterministic, cublas = self._saved
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.backends.cudnn.benchmark = benchmark
+        torch.backends.cudnn.deterministic = cudnn_deterministic
+        if cublas is None:
+            os.environ.pop(CUBLAS, None)

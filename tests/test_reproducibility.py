@@ -1,0 +1,116 @@
+"""hookfit.reproducibility: Loop(seed=...) and Loop(deterministic=True)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.optim import Optim
+
+
+def train(model: torch.nn.Module, folder: Path, disturb: int, **loop_kwargs) -> tuple[list[torch.Tensor], list]:
+    """A run whose every step draws random numbers: dropout, a shuffled DataLoader (its order
+    and noise from torch's generator), Python's and NumPy's generators. ``disturb`` draws from
+    all of them first, as unrelated code before ``fit()`` would."""
+    random.random(), numpy.random.rand(disturb), torch.rand(disturb)
+    g = torch.Generator().manual_seed(7)
+    dataset = torch.utils.data.TensorDataset(torch.randn(24, 3, generator=g), torch.randn(24, 1, generator=g))
+    draws = []
+
+    def step(loop, batch):
+        x, y = batch
+        draws.append((random.random(), float(numpy.random.rand())))
+        loss = torch.nn.functional.mse_loss(loop.model(x + 0.01 * torch.randn_like(x)), y)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    hookfit.Loop(step, torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True), model=model,
+                 optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2, run_dir=folder,
+                 plugins=[Optim()], **loop_kwargs).fit()
+    return [p.detach().clone() for p in model.parameters()], draws
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1))
+
+
+def test_two_runs_with_the_same_seed_end_bitwise_equal_and_without_one_they_do_not(tmp_path: Path) -> None:
+    base = model()
+    a, draws_a = train(copy.deepcopy(base), tmp_path / "a", disturb=3, seed=123)
+    b, draws_b = train(copy.deepcopy(base), tmp_path / "b", disturb=11, seed=123)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and draws_a == draws_b
+    c, draws_c = train(copy.deepcopy(base), tmp_path / "c", disturb=5, seed=124)
+    assert not all(torch.equal(x, y) for x, y in zip(a, c)) and draws_a != draws_c
+    # without a seed, the same disturbance as the first run leaves different states behind
+    d, _ = train(copy.deepcopy(base), tmp_path / "d", disturb=7)
+    assert not all(torch.equal(x, y) for x, y in zip(a, d))
+
+
+def test_the_seed_and_determinism_are_recorded_in_the_run_folder(tmp_path: Path) -> None:
+    from hookfit.plugins.metrics import Metrics
+
+    hookfit.Loop(lambda l, b: {"loss": 1.0}, [1, 2], run_dir=tmp_path / "run", name="exp", seed=5,
+                 deterministic=True, plugins=[Metrics()]).fit()
+    (record,) = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
+    assert (record["event"], record["name"], record["seed"], record["deterministic"]) == ("run", "exp", 5, True)
+    assert record["plugins"] == ["metrics"] and record["versions"]["torch"] == torch.__version__
+    assert record["argv"] and record["resume"] is None
+
+
+def test_deterministic_algorithms_are_on_during_the_run_and_put_back_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+
+    def step(loop, batch):
+        seen.append((torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+                     torch.backends.cudnn.benchmark, os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+
+    before = torch.are_deterministic_algorithms_enabled()
+    hookfit.Loop(step, [1], deterministic=True).fit()
+    assert seen == [(True, True, False, ":4096:8")]
+    assert torch.are_deterministic_algorithms_enabled() is before and not torch.backends.cudnn.deterministic
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+    # and after a step that fails too
+    def failing(loop, batch):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        hookfit.Loop(failing, [1], deterministic=True).fit()
+    assert torch.are_deterministic_algorithms_enabled() is before
+    seen.clear()
+    hookfit.Loop(step, [1]).fit()
+    assert seen[0][0] is before  # not switched on without the option
+
+
+def test_seed_everything_is_public_for_the_model_s_own_weights() -> None:
+    hookfit.seed_everything(3)
+    first = torch.nn.Linear(4, 4).weight.detach().clone(), random.random(), numpy.random.rand()
+    hookfit.seed_everything(3)
+    second = torch.nn.Linear(4, 4).weight.detach().clone(), random.random(), numpy.random.rand()
+    assert torch.equal(first[0], second[0]) and first[1:] == second[1:]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("options, message", [
+    ({"seed": -1}, r"seed must be an integer from 0 to 2\*\*32 - 1 \(or None\), got -1"),
+    ({"seed": 2**32}, r"seed must be an integer from 0 to 2\*\*32 - 1"),
+    ({"seed": 1.5}, r"seed must be an integer"),
+    ({"seed": "0"}, r"seed must be an integer"),
+    ({"seed": True}, r"seed must be an integer"),
+    ({"deterministic": "yes"}, r"deterministic must be True or False, got 'yes'"),
+])
+def test_bad_options_are_named_when_the_loop_is_built(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        hookfit.Loop(lambda l, b: None, [1], **options)
