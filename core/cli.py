@@ -12,9 +12,16 @@ from typing import Sequence
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from hookfit import manager
+    from pathlib import Path
 
-    infos = manager.collect(strict=False)
+    from hookfit import config, manager
+
+    try:  # the file a script started here would read: HOOKFIT_CONFIG, else ./hookfit.toml
+        configured = config.load(Path(args.config) if args.config else config.find(folder=Path.cwd()))
+        infos = manager.collect(strict=False, configured=configured)
+    except config.ConfigError as error:
+        print(f"hookfit: {error}", file=sys.stderr)
+        return 2
     pm = manager.PluginManager()
     pm.register_all(infos, strict=False)
     pm.check_unknown_hooks(strict=False)
@@ -28,6 +35,9 @@ def _plugins(args: argparse.Namespace) -> int:
             "enabled": i.enabled,
             "hooks": i.hooks,
             "error": i.error,
+            "options": {name: {"value": value if _jsonable(value) else repr(value), "from": source}
+                        for name, (value, source) in config.options_of(i.plugin, i.options).items()}
+            if i.plugin is not None else {},
         }
         for i in infos
     ]
@@ -45,7 +55,20 @@ def _plugins(args: argparse.Namespace) -> int:
             print(f"    error: {row['error']}")
         elif row["enabled"]:
             print(f"    hooks: {', '.join(row['hooks']) or '-'}")
+            if row["options"]:
+                where = f" ({configured.path.name})" if configured.path else ""
+                print("    options: " + ", ".join(
+                    f"{name}={option['value']!r}" + (where if option["from"] == "file" else "")
+                    for name, option in row["options"].items()))
     return status
+
+
+def _jsonable(value: object) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def hooks_reference(markdown: bool = False) -> str:
@@ -135,8 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hookfit`` console script."""
     parser = argparse.ArgumentParser(prog="hookfit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled")
+    p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled, options")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.add_argument("--config", help="the options file to show (default: HOOKFIT_CONFIG, else ./hookfit.toml)")
     p.set_defaults(run=_plugins)
     p = sub.add_parser("hooks", help="print every event with its documentation")
     p.add_argument("--markdown", action="store_true", help="as the Markdown page core/hooks.md")

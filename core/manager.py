@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pluggy
 
-from hookfit import hookspecs
+from hookfit import config, hookspecs
 
 GROUP = "hookfit"
 ENV_ONLY = "HOOKFIT_PLUGINS"
@@ -105,6 +105,8 @@ class PluginInfo:
     plugin: Any = None
     error: str | None = None
     hooks: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)  # given by the configuration file
+    config: Any = None  # the file's path when it gave options
 
     def describe(self) -> str:
         """``plugin 'name' (distribution 1.0, entry point mod:attr)`` for messages."""
@@ -176,13 +178,18 @@ def collect(
     *,
     strict: bool = True,
     environ: dict[str, str] | None = None,
+    configured: config.Config | None = None,
 ) -> list[PluginInfo]:
     """Every plugin the run would see, in registration order, enabled or not.
 
-    Enabled entry points are imported and instantiated; disabled ones never are. With
-    ``strict=False`` (for listing) one that fails to load carries the error instead of raising.
+    Enabled entry points are imported and instantiated, with their options from the
+    configuration file (:mod:`hookfit.config`; ``configured``, else the file of this process);
+    disabled ones never are. With ``strict=False``
+    (for listing) one that fails to load carries the error instead of raising.
     """
     env = os.environ if environ is None else environ
+    if configured is None:
+        configured = config.load(config.find(env))
     disabled = set(disable) | set(split_names(env.get(ENV_DISABLE)))
     only = split_names(env.get(ENV_ONLY)) if ENV_ONLY in env else None
 
@@ -221,12 +228,28 @@ def collect(
     for label, names in (("disabled", disabled), (ENV_ONLY, only or ())):
         for name in sorted(set(names) - known):
             _warn_unknown(name, label, known)
+    for name in configured.plugins:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise config.ConfigError(
+                f"{configured.where(name)}: no plugin named {name!r} is installed or given"
+                f"{f' (did you mean {close[0]!r}?)' if close else ''}; known plugins: {', '.join(sorted(known))}"
+            )
+        if name in given_names:
+            warnings.warn(f"{configured.where(name)} is not used: the plugin {name!r} given to "
+                          f"Loop(plugins=[...]) wins over the file", HookfitWarning, stacklevel=4)
 
     for info in infos:
         if info.source != "entry point" or not info.enabled:
             continue
+        info.options = dict(configured.plugins.get(info.name, {}))
+        info.config = configured.path if info.options else None
         try:
-            info.plugin = _instantiate(eps[info.name].load())
+            info.plugin = config.build(configured, info.name, eps[info.name].load())
+        except config.ConfigError as exc:  # the file's fault, not the plugin's: name the file
+            info.error = str(exc)
+            if strict:
+                raise
         except Exception as exc:
             info.error = f"{type(exc).__name__}: {exc}"
             if strict:

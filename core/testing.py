@@ -10,7 +10,8 @@ Fixtures:
   returns the loop; by default the step trains a tiny linear model on a few random batches
   through the optim plugin's API when an ``Optim`` is among the plugins, else by itself.
 * ``hookfit_isolated``: discovered plugins are not loaded in this test (``HOOKFIT_PLUGINS`` is
-  set to an empty value), so a test sees only the plugins it gives; and the test runs in its
+  set to an empty value, ``HOOKFIT_CONFIG`` unset), so a test sees only the plugins it gives,
+  as it gives them; and the test runs in its
   own temporary folder, so the run folders its loops write (``runs/<name>/...``) never land in
   the project that runs the suite.
 
@@ -85,6 +86,7 @@ def hookfit_isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     in its temporary folder (``tmp_path``): what its runs write stays there."""
     monkeypatch.setenv(ENV_ONLY, "")
     monkeypatch.delenv(ENV_DISABLE, raising=False)
+    monkeypatch.delenv("HOOKFIT_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
 
 

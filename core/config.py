@@ -1,0 +1,142 @@
+"""Plugin options from a file: configuring discovered plugins without editing the script.
+
+The file is TOML, ``HOOKFIT_CONFIG=path.toml`` or else a ``hookfit.toml`` next to the script
+(the folder of ``sys.argv[0]``; the current folder when there is no script file, as under
+``python -c``). Its only table is ``plugins``, one table per plugin, whose keys are the
+keyword arguments of the plugin's constructor::
+
+    [plugins.early_stopping]
+    monitor = "valid/loss"
+    patience = 5
+
+    [plugins.checkpoint]
+    every_n_steps = 500
+
+Options are passed to the constructor, which checks them as it checks options given in code.
+A plugin the file names that is neither installed nor given, an option the constructor does
+not take, a value the constructor refuses, or a file that is not valid TOML is a
+:class:`ConfigError` naming the file, the plugin and what it accepts. A plugin given in code
+(``Loop(plugins=[...])``) wins over the file: its table is ignored, with a warning. A disabled
+plugin's table is not used.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV_CONFIG", "FILE_NAME", "Config", "ConfigError", "accepted", "build", "find", "load", "options_of"]
+
+ENV_CONFIG = "HOOKFIT_CONFIG"
+FILE_NAME = "hookfit.toml"
+
+
+class ConfigError(ValueError):
+    """The configuration file is wrong: it names the file, the plugin and what was wrong."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a configuration file says: ``path`` (``None`` without a file) and ``plugins``,
+    plugin name -> its options."""
+
+    path: Path | None = None
+    plugins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def where(self, name: str) -> str:
+        """``hookfit.toml [plugins.name]``, for messages."""
+        return f"{self.path} [plugins.{name}]"
+
+
+def find(environ: Mapping[str, str] | None = None, folder: Path | None = None) -> Path | None:
+    """The configuration file of this process: ``HOOKFIT_CONFIG`` (which must exist), else a
+    ``hookfit.toml`` in ``folder`` (by default the script's), else ``None``."""
+    env = os.environ if environ is None else environ
+    named = env.get(ENV_CONFIG)
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            raise ConfigError(f"{ENV_CONFIG}={named}: no such file")
+        return path
+    if folder is None:
+        script = Path(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-m") else None
+        folder = script.parent if script is not None and script.is_file() else Path.cwd()
+    path = folder / FILE_NAME
+    return path if path.is_file() else None
+
+
+def load(path: Path | None) -> Config:
+    """Read and check the file's shape (its options are checked against each plugin later)."""
+    if path is None:
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot be read: {error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from error
+    other = sorted(set(data) - {"plugins"})
+    if other:
+        raise ConfigError(f"{path}: unknown table(s) {', '.join(map(repr, other))}; the file has one table, "
+                          f"[plugins.<name>], with each plugin's options")
+    plugins = data.get("plugins", {})
+    if not isinstance(plugins, dict) or not all(isinstance(options, dict) for options in plugins.values()):
+        raise ConfigError(f"{path}: 'plugins' must hold one table per plugin, like [plugins.checkpoint]")
+    return Config(path, plugins)
+
+
+def accepted(factory: Any) -> dict[str, Any] | None:
+    """The keyword options ``factory`` takes, with their defaults (``inspect.Parameter.empty``
+    for none); ``None`` if it takes any keyword (``**kwargs``) or cannot be inspected."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name: p.default for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def build(config: Config, name: str, factory: Any) -> Any:
+    """``factory(**options)`` for the plugin ``name`` with the file's options, checked first:
+    an option ``factory`` does not take, or one it refuses, is a :class:`ConfigError` naming
+    the file, the plugin and the options it accepts."""
+    options = dict(config.plugins.get(name, {}))
+    if not inspect.isclass(factory):  # a module or an object: used as it is
+        if options:
+            raise ConfigError(f"{config.where(name)}: plugin {name!r} is not a class ({type(factory).__name__}) "
+                              f"and takes no options")
+        return factory
+    known = accepted(factory)
+    unknown = sorted(set(options) - set(known)) if known is not None else []
+    if unknown:
+        raise ConfigError(
+            f"{config.where(name)}: plugin {name!r} has no option {', '.join(map(repr, unknown))}; "
+            f"its options are: {', '.join(known) or 'none'}"  # type: ignore[arg-type]
+        )
+    if not options:
+        return factory()
+    try:
+        return factory(**options)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{config.where(name)}: {error}") from error
+
+
+def options_of(plugin: Any, given: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """Each constructor option of ``plugin``'s class with the value it was built with and
+    where that came from: ``"file"`` (``given``, the file's options) or ``"default"``. Options
+    without a default that the file did not give are left out (their value is not known)."""
+    known = accepted(type(plugin)) if not inspect.ismodule(plugin) else None
+    out: dict[str, tuple[Any, str]] = {}
+    for name, default in (known or {}).items():
+        if name in given:
+            out[name] = (given[name], "file")
+        elif default is not inspect.Parameter.empty:
+            out[name] = (default, "default")
+    return out

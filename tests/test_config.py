@@ -1,0 +1,187 @@
+"""hookfit.config: discovered plugins take their options from hookfit.toml, without code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.config import ConfigError
+from hookfit.plugins.early_stopping import EarlyStopping
+
+
+SCRIPT = '''
+import torch, hookfit
+
+def step(loop, batch):
+    return {"loss": torch.tensor(1.0)}
+
+def valid(loop, batch):  # never improves after the first epoch
+    return {"loss": torch.tensor(1.0 + loop.state.epoch)}
+
+loop = hookfit.Loop(step, [1, 2], val_step=valid, val_data=[1], max_epochs=20)
+state = loop.fit()
+print("STOP", state.status, state.step, state.stop_reason)
+print("CHECKPOINT", loop.run.pm.get_plugin("checkpoint").every_n_steps)
+'''
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    return {**base, "HOOKFIT_PLUGINS": "metrics,early_stopping,checkpoint", **extra}
+
+
+@pytest.mark.slow
+def test_a_script_s_discovered_plugins_take_their_options_from_the_file_next_to_it(tmp_path: Path) -> None:
+    """The script does not change: the file next to it configures early stopping and
+    checkpoints; HOOKFIT_CONFIG names another file instead."""
+    script = write(tmp_path / "project" / "train.py", SCRIPT)
+    write(tmp_path / "project" / "hookfit.toml", """
+        [plugins.early_stopping]
+        monitor = "valid/loss"
+        patience = 2
+
+        [plugins.checkpoint]
+        every_n_steps = 500
+    """)
+    write(tmp_path / "other.toml", """
+        [plugins.early_stopping]
+        monitor = "valid/loss"
+        patience = 4
+    """)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ("STOP completed 6 early stopping: valid/loss did not improve for 2 epoch(s) (patience 2); "
+            "best (min) 1 at epoch 1") in done.stdout
+    assert "CHECKPOINT 500" in done.stdout
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=env(HOOKFIT_CONFIG=str(tmp_path / "other.toml")))
+    assert done.returncode == 0, done.stderr
+    assert "STOP completed 10 early stopping: valid/loss did not improve for 4 epoch(s)" in done.stdout
+    assert "CHECKPOINT None" in done.stdout  # that file does not configure checkpoints
+
+
+@pytest.mark.slow
+def test_hookfit_plugins_shows_each_plugin_s_options_and_where_they_come_from(tmp_path: Path) -> None:
+    write(tmp_path / "hookfit.toml", """
+        [plugins.early_stopping]
+        monitor = "valid/loss"
+        patience = 5
+    """)
+    done = subprocess.run([sys.executable, "-m", "hookfit", "plugins"], cwd=tmp_path, env=env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ("    options: monitor='valid/loss' (hookfit.toml), mode='min', patience=5 (hookfit.toml), "
+            "min_delta=0.0") in done.stdout.splitlines()
+    done = subprocess.run([sys.executable, "-m", "hookfit", "plugins", "--json"], cwd=tmp_path, env=env(),
+                          capture_output=True, text=True, timeout=120)
+    (row,) = [r for r in json.loads(done.stdout) if r["name"] == "early_stopping"]
+    assert row["options"]["patience"] == {"value": 5, "from": "file"}
+    assert row["options"]["mode"] == {"value": "min", "from": "default"}
+
+    write(tmp_path / "hookfit.toml", "[plugins.early_stoping]\npatience = 5\n")
+    done = subprocess.run([sys.executable, "-m", "hookfit", "plugins"], cwd=tmp_path, env=env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "did you mean 'early_stopping'" in done.stderr, done.stderr
+
+
+# -- in this process: HOOKFIT_CONFIG names the file -----------------------------------------
+
+
+@pytest.fixture
+def configure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write a configuration file and point HOOKFIT_CONFIG at it; discover two built-ins."""
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,early_stopping")
+
+    def configure(text: str) -> Path:
+        path = write(tmp_path / "run.toml", text)
+        monkeypatch.setenv("HOOKFIT_CONFIG", str(path))
+        return path
+
+    return configure
+
+
+def fit(**kwargs) -> hookfit.Loop:
+    loop = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [1], val_step=lambda l, b: {"loss": 1.0},
+                        val_data=[1], max_epochs=5, **kwargs)
+    loop.fit()
+    return loop
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("text, message", [
+    ("[plugins.early_stoping]\npatience = 2\n",
+     r"run.toml \[plugins.early_stoping\]: no plugin named 'early_stoping' is installed or given \(did you mean "
+     r"'early_stopping'\?\); known plugins: .*early_stopping.*metrics"),
+    ("[plugins.early_stopping]\npatience = 2\nwait = 3\n",
+     r"run.toml \[plugins.early_stopping\]: plugin 'early_stopping' has no option 'wait'; its options are: "
+     r"monitor, mode, patience, min_delta"),
+    ("[plugins.early_stopping]\npatience = -2\n",
+     r"run.toml \[plugins.early_stopping\]: early_stopping: patience must be an integer >= 0 \(epochs\), got -2"),
+    ("[plugins.early_stopping]\npatience = 2\n[plugins.early_stopping.x]\n",
+     r"run.toml \[plugins.early_stopping\]: plugin 'early_stopping' has no option 'x'"),
+    ("[plugins.early_stopping\npatience = 2\n", r"run.toml: not valid TOML: .*line 1"),
+    ("[loop]\nmax_epochs = 3\n", r"run.toml: unknown table\(s\) 'loop'; the file has one table, \[plugins.<name>\]"),
+    ("plugins = 3\n", r"run.toml: 'plugins' must hold one table per plugin"),
+])
+def test_a_bad_file_is_an_error_naming_the_file_the_plugin_and_what_it_accepts(configure, text: str,
+                                                                                message: str) -> None:
+    configure(text)
+    with pytest.raises(ConfigError, match=message):
+        fit()
+
+
+@pytest.mark.bad_input
+def test_a_config_variable_naming_no_file_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(ConfigError, match=r"HOOKFIT_CONFIG=.*nope.toml: no such file"):
+        fit()
+
+
+def test_options_reach_the_discovered_plugin(configure) -> None:
+    configure('[plugins.early_stopping]\nmonitor = "valid/loss"\npatience = 1\n')
+    loop = fit()
+    plugin = loop.run.pm.get_plugin("early_stopping")
+    assert (plugin.monitor, plugin.patience) == ("valid/loss", 1)
+    assert loop.state.step == 2 and loop.state.stopped_by == "early_stopping"
+
+
+def test_a_plugin_given_in_code_wins_over_the_file_with_a_warning(configure) -> None:
+    configure('[plugins.early_stopping]\nmonitor = "valid/loss"\npatience = 1\n')
+    mine = EarlyStopping(monitor="valid/loss", patience=3)
+    with pytest.warns(hookfit.HookfitWarning, match=r"run.toml \[plugins.early_stopping\] is not used: the plugin "
+                                                    r"'early_stopping' given to Loop\(plugins=\[...\]\) wins"):
+        loop = fit(plugins=[mine])
+    assert loop.run.pm.get_plugin("early_stopping") is mine and loop.state.step == 4
+
+
+def test_a_disabled_plugin_s_options_are_not_used(configure) -> None:
+    configure('[plugins.early_stopping]\nmonitor = "valid/nothing"\n')
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loop = fit(disable=["early_stopping"])
+    assert loop.state.status == "completed" and loop.run.pm.get_plugin("early_stopping") is None
+
+
+@pytest.mark.bad_input
+def test_a_plugin_that_is_a_module_takes_no_options(dists: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(write(tmp_path / "c.toml", "[plugins.beta]\nx = 1\n")))
+    with pytest.raises(ConfigError, match=r"c.toml \[plugins.beta\]: plugin 'beta' is not a class \(module\) and "
+                                          r"takes no options"):
+        hookfit.Loop(lambda l, b: None, [1]).fit()
