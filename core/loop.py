@@ -67,6 +67,10 @@ class Loop:
     ``deterministic=True`` runs with PyTorch's deterministic algorithms and puts the settings
     back afterwards (see :mod:`hookfit.reproducibility`). Both are recorded, with the run's
     name, command line, plugins and versions, in ``run.jsonl`` in the run folder.
+
+    ``smoke=True`` (or ``HOOKFIT_SMOKE=1`` when ``smoke`` is not given) makes a smoke run: two
+    batches of each stage, one epoch, every plugin, nothing kept, and a report of what ran
+    (:mod:`hookfit.smoke`).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class Loop:
         disable: Sequence[str] = (),
         seed: int | None = None,
         deterministic: bool = False,
+        smoke: bool | None = None,
     ) -> None:
         for what, fn in (("train_step", train_step), ("val_step", val_step)):
             if fn is not None and not callable(fn):
@@ -118,6 +123,8 @@ class Loop:
         check_seed(seed)
         if not isinstance(deterministic, bool):
             raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+        if smoke is not None and not isinstance(smoke, bool):
+            raise ValueError(f"smoke must be True, False or None (HOOKFIT_SMOKE decides), got {smoke!r}")
         modules(model)  # type check now, not mid-run
 
         self.train_step = train_step
@@ -138,6 +145,7 @@ class Loop:
         self.resume = resume
         self.seed = seed
         self.deterministic = deterministic
+        self.smoke = smoke
         self._given = tuple(plugins)
         self._disable = tuple(disable)
         self.run: Run | None = None

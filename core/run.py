@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 import hookfit
-from hookfit import manager
+from hookfit import manager, smoke
 from hookfit.dispatch import Dispatch
 from hookfit.files import RunFile
 from hookfit.manager import HookfitWarning, PluginManager, StateMismatch
@@ -108,7 +108,7 @@ class Run:
       ``optimizers`` at ``fit_start``). The ``Loop``'s own configuration is never changed;
     * the configuration, read-only: ``train_step``, ``val_step``, ``max_epochs``,
       ``max_steps``, ``val_every_n_epochs``, ``val_grad_mode``, ``seed``, ``deterministic``,
-      ``config`` (the ``Loop``);
+      ``smoke``, ``config`` (the ``Loop``);
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
       ``is_main``, ``plugin_states()`` / ``load_plugin_states(states)``;
     * ``pm``, the run's plugin manager, and ``hooks``, its resolved events
@@ -127,7 +127,16 @@ class Run:
         self.val_grad_mode = config.val_grad_mode
         self.seed = config.seed
         self.deterministic = config.deterministic
+        self.smoke = smoke.wanted(config.smoke)
+        """A smoke run (``Loop(smoke=True)`` or ``HOOKFIT_SMOKE=1``): two batches a stage, one
+        epoch, a temporary run folder, a report (:mod:`hookfit.smoke`). A plugin that writes
+        files where it chooses keeps them in :attr:`run_dir` instead during one."""
+        self._smoke = smoke.Smoke() if self.smoke else None
+        if self._smoke is not None:
+            self.max_epochs, self.max_steps = 1, None
         resume = config.resume if config.resume is not None else os.environ.get(ENV_RESUME) or None
+        if self.smoke:
+            resume = None  # a smoke run keeps nothing and continues nothing
         self.resume: str | None = None if resume is None else os.fspath(resume)
         """What to resume from (``Loop(resume=...)``, else ``HOOKFIT_RESUME``), known from
         ``configure`` on, or ``None``."""
@@ -143,9 +152,9 @@ class Run:
         self.training = False
         self.pm: PluginManager | None = None
         self.hooks: Dispatch | None = None
-        self._run_dir = config.run_dir
+        self._run_dir = config.run_dir if self._smoke is None else self._smoke.folder
         self._run_dir_used = False
-        self.run_dir_given = config.run_dir is not None
+        self.run_dir_given = self._run_dir is not None
         """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
         self._stop: StopRequest | None = None
         self._first_epoch = 0
@@ -351,6 +360,8 @@ class Run:
                 if self.seed is not None:
                     seed_everything(self.seed)  # before configure: plugins draw from it too
                 self._fire("configure")
+                if self._smoke is not None:
+                    self._smoke.start(self)  # the data as configure left it, cut short
                 self._fire("fit_start")
                 self._resume()
                 self._run()
@@ -358,7 +369,11 @@ class Run:
                 self._record_failure(error)
                 self._finish(failed=True, unbind=unbind)
                 raise
-            self._finish(failed=False, unbind=unbind)
+            else:
+                self._finish(failed=False, unbind=unbind)
+            finally:
+                if self._smoke is not None:
+                    self._smoke.finish(self)
         return state
 
     def _fire(self, event: str, *args: Any) -> None:

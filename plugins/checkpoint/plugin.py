@@ -276,14 +276,17 @@ class Checkpoint:
 
     # -- saving ---------------------------------------------------------------------------
     def directory(self, loop: Any) -> Path:
-        """Where this run's checkpoints go."""
-        return self.dir if self.dir is not None else loop.run_dir / "checkpoints"
+        """Where this run's checkpoints go (in a smoke run, which keeps nothing, always in
+        its temporary run folder)."""
+        if self.dir is not None and not getattr(loop, "smoke", False):
+            return self.dir
+        return loop.run_dir / "checkpoints"
 
     def _known_directory(self, loop: Any) -> Path | None:
         """This run's checkpoint folder when it may hold files already (a given ``dir`` or
         ``run_dir``, or the folder of the run this one continues), else ``None`` (a new run
         folder, which asking for would create)."""
-        if self.dir is not None or loop.run_dir_given or self._continued:
+        if (self.dir is not None and not getattr(loop, "smoke", False)) or loop.run_dir_given or self._continued:
             return self.directory(loop)
         return None
 
