@@ -8,7 +8,7 @@ what step functions and hooks receive as ``loop``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -168,6 +168,37 @@ class Loop:
             raise RuntimeError("this Loop has already run; create a new Loop to train again")
         self.run = Run(self)
         return self.run.execute()
+
+    def validate(self, resume: str | os.PathLike[str] | None = None) -> State:
+        """Run the validation stage alone, with every plugin (metrics, console, dashboard),
+        as ``fit()`` runs it: every module in eval mode, without autograd, modes restored
+        after. ``resume`` (a checkpoint path or ``"latest"``; else ``Loop(resume=...)`` or
+        ``HOOKFIT_RESUME``) loads the weights and plugin states of a checkpoint first. No
+        training batch runs, no ``epoch_start``/``epoch_end`` fires, no checkpoint is written;
+        the run ends ``completed`` with the reason ``"validation done"``. Returns the
+        :class:`State`; ``loop.run`` is this run (its metrics, through the metrics plugin).
+        A ``Loop`` runs once: ``fit()`` or ``validate()``."""
+        if self.val_step is None:
+            raise ValueError("validate() needs a val_step and val_data: give Loop(val_step=..., val_data=...)")
+        if self.run is not None and self.run.state.status != "idle":
+            raise RuntimeError("this Loop has already run; create a new Loop to validate")
+        self.run = Run(self, mode="validate", resume=resume)
+        return self.run.execute()
+
+    def predict(self, data: Iterable[Any], step: Step | None = None) -> Iterator[Any]:
+        """Yield ``step(loop, batch)`` for each batch of ``data``, one at a time, keeping none:
+        the model in eval mode under ``torch.inference_mode()`` (as validation), every
+        module's mode restored when the iteration ends or is abandoned. ``step`` defaults to
+        the ``val_step``. No plugin takes part (to predict with a checkpoint's weights, load
+        them first, for instance with :meth:`validate` ``(resume=...)`` on a ``Loop`` sharing
+        the model). The ``loop`` a step receives has ``model`` and the configuration."""
+        step = step if step is not None else self.val_step
+        if step is None or not callable(step):
+            raise TypeError(f"predict() needs a step function step(loop, batch), got {step!r} "
+                            f"(and the Loop has no val_step to use instead)")
+        if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+            raise TypeError(f"predict() data must be an iterable of batches, got {type(data).__name__}")
+        return Run(self, mode="validate").predict(data, step)
 
     def request_stop(self, reason: str = "stop requested", by: str | None = None) -> StopRequest:
         """Ask the running ``fit()`` for a graceful stop, from any thread: see

@@ -19,9 +19,9 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
 
@@ -117,8 +117,13 @@ class Run:
       ``fit_end`` implementation runs) hold.
     """
 
-    def __init__(self, config: Loop) -> None:
+    def __init__(self, config: Loop, mode: Literal["fit", "validate"] = "fit",
+                 resume: str | os.PathLike[str] | None = None) -> None:
         self.config = config
+        self.mode = mode
+        """``"fit"`` (``Loop.fit()``), or ``"validate"`` (``Loop.validate()``: the validation
+        stage alone, no ``epoch_start``/``epoch_end``; a plugin that saves training progress,
+        such as checkpoints, saves nothing in it)."""
         self.train_step = config.train_step
         self.val_step = config.val_step
         self.max_epochs = config.max_epochs
@@ -134,7 +139,8 @@ class Run:
         self._smoke = smoke.Smoke() if self.smoke else None
         if self._smoke is not None:
             self.max_epochs, self.max_steps = 1, None
-        resume = config.resume if config.resume is not None else os.environ.get(ENV_RESUME) or None
+        if resume is None:
+            resume = config.resume if config.resume is not None else os.environ.get(ENV_RESUME) or None
         if self.smoke:
             resume = None  # a smoke run keeps nothing and continues nothing
         self.resume: str | None = None if resume is None else os.fspath(resume)
@@ -404,6 +410,12 @@ class Run:
     def _run(self) -> None:
         state = self.state
         try:
+            if self.mode == "validate":  # Loop.validate(): the validation stage alone
+                self._boundary("start")
+                self._validate()
+                state.stop_reason = "validation done"
+                state.status = "completed"
+                return
             if self.max_steps is not None and state.step >= self.max_steps:  # resumed at the end
                 state.stop_reason = f"max_steps={self.max_steps} reached"
                 state.status = "completed"
@@ -443,18 +455,36 @@ class Run:
         finally:
             self.training = False
 
-    def _validate(self) -> None:
+    def predict(self, data: Iterable[Any], step: Step) -> Iterator[Any]:
+        """What :meth:`hookfit.Loop.predict` returns: the step's output per batch, in eval
+        mode, each call without autograd (only the call: code between two batches runs in the
+        caller's own grad mode), the modes restored when the generator ends or is closed."""
+        with self._eval_modes():
+            for batch in data:
+                with self._grad_mode():
+                    output = step(self, batch)
+                yield output
+
+    def _grad_mode(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.inference_mode() if self.val_grad_mode == "inference" else torch.no_grad()
+
+    @contextlib.contextmanager
+    def _eval_modes(self) -> Iterator[None]:
+        """Every module of the model in eval mode; each module's own training flag back
+        afterwards, whatever happened."""
         roots = modules(self.model)
         flags = [(m, m.training) for root in roots for m in root.modules()]
-        grad = torch.inference_mode() if self.val_grad_mode == "inference" else torch.no_grad()
         try:
             for root in roots:
                 root.eval()
-            with grad:
-                self._stage("valid", self.val_step, self.val_data)  # type: ignore[arg-type]
+            yield
         finally:
             for module, flag in flags:
                 module.training = flag
+
+    def _validate(self) -> None:
+        with self._eval_modes(), self._grad_mode():
+            self._stage("valid", self.val_step, self.val_data)  # type: ignore[arg-type]
 
     def _stage(self, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
         """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot

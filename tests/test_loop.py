@@ -78,3 +78,128 @@ def test_loop_request_stop_outside_a_run_is_an_error() -> None:
     loop.fit()
     with pytest.raises(RuntimeError, match="needs a running loop"):
         loop.request_stop("too late")
+
+
+# -- validate() and predict() -----------------------------------------------------------------
+
+
+class _Frozen(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(2, 1)
+        self.bn = torch.nn.BatchNorm1d(1)
+
+
+def test_validate_runs_the_validation_stage_alone_with_every_plugin(recorder) -> None:
+    from hookfit.plugins.metrics import Metrics
+
+    model = _Frozen()
+    model.bn.eval()  # a module kept in eval mode on purpose keeps it
+    seen = []
+
+    def valid(loop, batch):
+        seen.append((model.training, torch.is_grad_enabled()))
+        return {"loss": torch.tensor(float(batch))}
+
+    published = []
+
+    class Watch:
+        name = "watch"
+
+        @hookfit.hookimpl
+        def epoch_metrics(self, stage, metrics):
+            published.append((stage, metrics.values["loss"].epoch))
+
+    def train(loop, batch):
+        raise AssertionError("validate() ran a training batch")
+
+    loop = hookfit.Loop(train, [1, 2], val_step=valid, val_data=[1.0, 2.0, 6.0], model=model,
+                        plugins=[Metrics(log=False), Watch(), recorder])
+    state = loop.validate()
+    assert (state.status, state.stop_reason, state.step) == ("completed", "validation done", 0)
+    assert seen == [(False, False)] * 3 and published == [("valid", 3.0)]
+    names = recorder.names()
+    assert "epoch_start" not in names and "epoch_end" not in names
+    assert names.count("batch_end") == 3 and names[-1] == "fit_end"
+    assert model.training and model.body.training and not model.bn.training  # modes restored
+    with pytest.raises(RuntimeError, match="already run"):
+        loop.fit()
+
+
+@pytest.mark.fault
+def test_validate_from_a_checkpoint_loads_its_weights_and_writes_nothing(tmp_path) -> None:
+    from hookfit.plugins.checkpoint import Checkpoint
+    from hookfit.plugins.optim import Optim
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Linear(2, 1)
+
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(4)]
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    losses = []
+
+    def valid(loop, batch):
+        losses.append(float(torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])))
+
+    trained = make()
+    hookfit.Loop(step, data, val_step=valid, val_data=data, model=trained, max_epochs=3, name="exp",
+                 optimizers=torch.optim.SGD(trained.parameters(), lr=0.1),
+                 plugins=[Optim(), Checkpoint(background=False)]).fit()
+    last = losses[-4:]
+    files = sorted(p.name for p in tmp_path.glob("runs/exp/*/checkpoints/*"))
+    fresh = make()
+    assert not torch.equal(fresh.weight, trained.weight)
+    losses.clear()
+    state = hookfit.Loop(step, data, val_step=valid, val_data=data, model=fresh, name="exp",
+                         optimizers=torch.optim.SGD(fresh.parameters(), lr=0.1),
+                         plugins=[Optim(), Checkpoint(background=False)]).validate(resume="latest")
+    assert state.status == "completed" and state.resumed_from is not None
+    assert torch.equal(fresh.weight, trained.weight) and losses == last
+    assert sorted(p.name for p in tmp_path.glob("runs/exp/*/checkpoints/*")) == files  # none written
+
+
+@pytest.mark.bad_input
+def test_validate_and_predict_need_a_step() -> None:
+    with pytest.raises(ValueError, match=r"validate\(\) needs a val_step and val_data"):
+        hookfit.Loop(lambda l, b: None, [1]).validate()
+    with pytest.raises(TypeError, match=r"predict\(\) needs a step function"):
+        hookfit.Loop(lambda l, b: None, [1]).predict([1])
+    with pytest.raises(TypeError, match=r"predict\(\) data must be an iterable of batches, got int"):
+        hookfit.Loop(lambda l, b: None, [1]).predict(3, lambda l, b: b)
+
+
+def test_predict_yields_one_output_at_a_time_in_eval_mode_and_restores_the_modes() -> None:
+    model = _Frozen()
+    model.bn.eval()
+    read = []
+
+    def data():
+        for i in range(1000):
+            read.append(i)
+            yield torch.full((3, 2), float(i))
+
+    def step(loop, batch):
+        assert not loop.model.training and torch.is_inference_mode_enabled()
+        return loop.model.body(batch).sum()
+
+    loop = hookfit.Loop(lambda l, b: None, [1], model=model)
+    outputs = loop.predict(data(), step)
+    first = next(outputs)
+    assert read == [0], "data is read as outputs are asked for, none kept ahead"
+    assert not torch.is_inference_mode_enabled(), "between batches the caller's grad mode holds"
+    assert not model.training  # in eval mode while predicting
+    second = next(outputs)
+    assert torch.allclose(first, model.body(torch.zeros(3, 2)).sum()) and read == [0, 1]
+    assert second.item() != first.item()
+    outputs.close()  # abandoned: modes come back
+    assert model.training and model.body.training and not model.bn.training
+    results = list(hookfit.Loop(lambda l, b: None, [1], model=model, val_step=step, val_data=[1])
+                   .predict([torch.ones(1, 2)] * 3))
+    assert len(results) == 3 and model.training

@@ -225,6 +225,8 @@ class Checkpoint:
         try:
             if self.off or self._loop is None:  # no model, or the run failed before this plugin's fit_start
                 return
+            if loop.mode != "fit":  # Loop.validate(): nothing was trained, nothing to save
+                return
             graceful = state.status == "interrupted" and state.stop_reason != "KeyboardInterrupt"
             if graceful and self.on_interrupt:
                 self.save(loop, "interrupt")
@@ -278,7 +280,7 @@ class Checkpoint:
     def directory(self, loop: Any) -> Path:
         """Where this run's checkpoints go (in a smoke run, which keeps nothing, always in
         its temporary run folder)."""
-        if self.dir is not None and not getattr(loop, "smoke", False):
+        if self.dir is not None and not loop.smoke:
             return self.dir
         return loop.run_dir / "checkpoints"
 
@@ -286,7 +288,7 @@ class Checkpoint:
         """This run's checkpoint folder when it may hold files already (a given ``dir`` or
         ``run_dir``, or the folder of the run this one continues), else ``None`` (a new run
         folder, which asking for would create)."""
-        if (self.dir is not None and not getattr(loop, "smoke", False)) or loop.run_dir_given or self._continued:
+        if (self.dir is not None and not loop.smoke) or loop.run_dir_given or self._continued:
             return self.directory(loop)
         return None
 
