@@ -10,6 +10,9 @@ any plugin, so a renderer or logger can be written, and tested, against it alone
 * :class:`StopRequest`: a request for a graceful stop, with who asked (``stop_requested``,
   ``agree_stop``).
 * :class:`ResumeInfo`: where a resumed run continues from (``resumed``).
+* :class:`ModelSummary` with its :class:`ModuleRow` entries: the size of the run's model, as
+  :func:`hookfit.summary.summarize` counts it (what the console and the dashboard show at the
+  start).
 
 Epochs in these objects count from 0, as ``loop.state.epoch`` does; what is printed or written
 for a person to read (the console, the dashboard, ``metrics.jsonl``, checkpoint names, the
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
-__all__ = ["MetricsSnapshot", "ResumeInfo", "StopRequest", "Value"]
+__all__ = ["MetricsSnapshot", "ModelSummary", "ModuleRow", "ResumeInfo", "StopRequest", "Value"]
 
 
 class Value(NamedTuple):
@@ -173,3 +176,120 @@ class ResumeInfo:
     def __str__(self) -> str:
         where = "at its validation" if self.stage == "valid" else f"after {self.batch} training batches"
         return f"{self.source} (epoch {self.epoch + 1}, {where}, step {self.step})"
+
+
+MB = 2**20
+"""Bytes in a megabyte, as the sizes of models are given here (``size_mb``): 1,048,576."""
+
+
+def _scaled(n: int, base: int, units: tuple[str, ...]) -> str:
+    """``n`` in the first unit where it reads below ``base``, to three significant digits."""
+    for power, unit in enumerate(units):
+        value = n / base**power
+        text = f"{value:.3g}" if value < 99.95 else f"{value:.0f}"
+        if float(text) < base or power == len(units) - 1:
+            return text + unit
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _count(n: int) -> str:
+    """``860``, ``12.3k``, ``1.23M``, ``7.1B``."""
+    return _scaled(n, 1000, ("", "k", "M", "B", "T"))
+
+
+def _size(n: int) -> str:
+    """``240 B``, ``12.3 kB``, ``4.71 MB``, ``1.2 GB`` (kB = 1024 bytes, MB = 1024 kB, ...)."""
+    return _scaled(n, 1024, (" B", " kB", " MB", " GB", " TB"))
+
+
+class ModuleRow(NamedTuple):
+    """One top-level module in a :class:`ModelSummary`.
+
+    Fields:
+
+    * ``name``: the child's attribute name in the model (``"encoder"``, ``"0"`` in a
+      ``Sequential``); the key (or index) of a model in a dict (or list) of models, dotted for
+      nested ones (``"gan.generator"``); ``"(direct)"`` for the tensors the model holds itself,
+      outside any child.
+    * ``type``: the module's class name (``"Sequential"``), after unwrapping
+      ``DistributedDataParallel``, ``DataParallel`` and ``torch.compile``.
+    * ``parameters``: elements in its parameters, each parameter counted once.
+    * ``trainable``: elements in those of its parameters that have ``requires_grad``.
+    * ``bytes``: memory of its parameters and buffers.
+    * ``uninitialised``: its parameters and buffers that a lazy module has not initialised yet
+      (``torch.nn.parameter.UninitializedParameter``/``UninitializedBuffer``): their sizes are
+      unknown until the first forward pass, and left out of every other field.
+    """
+
+    name: str
+    type: str
+    parameters: int
+    trainable: int
+    bytes: int
+    uninitialised: int = 0
+
+    @property
+    def size_mb(self) -> float:
+        """``bytes`` in MB (of 2**20 bytes)."""
+        return self.bytes / MB
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """The size of a model: what :func:`hookfit.summary.summarize` counts in ``loop.model``
+    (a module, or a dict or list of them; a ``DistributedDataParallel``, ``DataParallel`` or
+    ``torch.compile`` wrapper is looked through).
+
+    A parameter or buffer shared by several modules (tied weights) is counted once in the
+    totals. Fields:
+
+    * ``parameters``: elements in the model's parameters (``sum(p.numel())`` over
+      ``model.parameters()``, each parameter once).
+    * ``trainable``: those in parameters with ``requires_grad`` (the rest are frozen).
+    * ``parameter_bytes``: memory of the parameters (``numel() * element_size()``).
+    * ``buffer_bytes``: memory of the buffers (running statistics of a BatchNorm, ...).
+    * ``modules``: one :class:`ModuleRow` per top-level module, in definition order: the
+      children of a single model (plus a ``"(direct)"`` row when the model holds parameters or
+      buffers itself), or one row per model of a dict or list of models. A tensor shared by
+      two rows is counted in both, so rows may add up to more than the totals.
+    * ``uninitialised``: parameters and buffers of lazy modules not initialised yet (before the
+      first forward pass): their sizes are unknown, and they are left out of every count.
+    * ``type``: the class name of the model (``"dict"`` or ``"list"`` for several); ``""`` for
+      no model.
+
+    Derived: :attr:`bytes` (parameters and buffers), :attr:`size_mb`, :attr:`frozen`.
+    ``str()`` says it for a person: ``"1.23M params (1.2M trainable), 4.71 MB"``.
+    """
+
+    parameters: int
+    trainable: int
+    parameter_bytes: int
+    buffer_bytes: int
+    modules: tuple[ModuleRow, ...] = ()
+    uninitialised: int = 0
+    type: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.modules, tuple):
+            object.__setattr__(self, "modules", tuple(self.modules))
+
+    @property
+    def bytes(self) -> int:
+        """Memory of the parameters and buffers."""
+        return self.parameter_bytes + self.buffer_bytes
+
+    @property
+    def size_mb(self) -> float:
+        """:attr:`bytes` in MB (of 2**20 bytes)."""
+        return self.bytes / MB
+
+    @property
+    def frozen(self) -> int:
+        """Elements in parameters without ``requires_grad``."""
+        return self.parameters - self.trainable
+
+    def __str__(self) -> str:
+        text = f"{_count(self.parameters)} params ({_count(self.trainable)} trainable), {_size(self.bytes)}"
+        if self.uninitialised:
+            text += f", {self.uninitialised} tensors not initialised yet (lazy)"
+        return text

@@ -6,9 +6,15 @@ progress lines come at most every ``interval`` seconds, epoch summaries at most 
 ``summary_interval`` seconds (the last epoch's always), so the number of lines per minute is
 bounded however fast the steps are. The first line names the run's plugins as the user knows
 them (discovered or given, enabled and registered; not the helpers a plugin registers for
-itself), a resumed run says where it continues from (``hookfit resumed from=<checkpoint>
-epoch=<from 1> batch=<n> step=<n>``), and at the end it prints the status, the reason, the
-duration and, for every metric, its last epoch value and its best or its extremes.
+itself). Then comes the size of the model (:func:`hookfit.summary.summarize`; nothing for a
+run without ``Loop(model=...)``): ``hookfit model params=<n> trainable=<n> size_mb=<MB>``
+(parameters and buffers, in MB of 2**20 bytes; with ``uninitialised=<n>`` for the tensors of
+lazy modules not initialised yet), and ``hookfit model module=<name> type=<class> params=<n>
+trainable=<n> size_mb=<MB>`` for each top-level module (at most ``MODULE_LINES``, then
+``hookfit model more_modules=<n>``). A resumed run says where it continues from (``hookfit
+resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``), and at the end it prints the
+status, the reason, the duration and, for every metric, its last epoch value and its best or
+its extremes.
 
 When a dashboard claims the terminal (the ``claim_output`` event), the console stays silent
 unless it was given a stream of its own. Progress comes from whichever plugin publishes
@@ -30,8 +36,12 @@ import time
 from typing import Any, Mapping, TextIO
 
 from hookfit import hookimpl
-from hookfit.payloads import MetricsSnapshot, ResumeInfo
+from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo
 from hookfit.run import Run
+from hookfit.summary import summarize
+
+MODULE_LINES = 30
+"""The most ``hookfit model module=...`` lines printed at the start; more are counted."""
 
 
 def _number(value: float) -> str:
@@ -153,6 +163,19 @@ class Console:
         plugins = ",".join(name for name, info in pm.infos.items()
                            if info.enabled and pm.get_plugin(name) is not None)
         self._print("start", f"epochs={loop.max_epochs}", per_epoch, f"plugins={plugins}")
+        if loop.model is not None and loop.is_main and not self._silent:
+            self._print_model(summarize(loop.model))
+
+    def _print_model(self, summary: ModelSummary) -> None:
+        def size(part: ModelSummary | ModuleRow) -> tuple[str, ...]:
+            return (f"params={part.parameters}", f"trainable={part.trainable}", f"size_mb={part.size_mb:.2f}",
+                    f"uninitialised={part.uninitialised}" if part.uninitialised else "")
+
+        self._print("model", *size(summary))
+        for row in summary.modules[:MODULE_LINES]:
+            self._print("model", _field("module", row.name), f"type={row.type}", *size(row))
+        if len(summary.modules) > MODULE_LINES:
+            self._print("model", f"more_modules={len(summary.modules) - MODULE_LINES}")
 
     @hookimpl
     def resumed(self, info: ResumeInfo) -> None:

@@ -425,8 +425,11 @@ def test_metrics_log_in_a_read_only_run_folder_warns_once_and_training_completes
         state = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [1, 2], max_epochs=3,
                              run_dir=read_only_folder, plugins=[Metrics(), collect]).fit()
     assert (state.status, state.step) == ("completed", 6)
-    assert len([w for w in caught if w.category is FileWarning]) == 1
-    message = str(caught[0].message)
+    # one warning a file, each naming who writes it: the run's own record (run.jsonl) first,
+    # then the metrics log, once though every epoch writes to it
+    assert sorted(str(w.message).split(":")[0] for w in caught if w.category is FileWarning) == ["hookfit", "metrics"]
+    (by_metrics,) = [w for w in caught if str(w.message).startswith("metrics: ")]
+    message = str(by_metrics.message)
     assert message.startswith("metrics: could not write") and "metrics.jsonl" in message
     assert "Read-only" in message or "Permission denied" in message
     assert len(collect.epochs) == 3  # the snapshots were published all the same
@@ -588,8 +591,10 @@ def test_the_console_says_where_a_run_resumed_and_lists_the_users_plugins(tmp_pa
     assert not any(line.startswith("hookfit resumed") for line in lines)
     [saved] = (tmp_path / "my run" / "checkpoints").glob("*step000000006*")  # the one saved at the stop
     lines = fit(resume="latest")
-    assert lines[1] == f'hookfit resumed from="{saved}" epoch=2 batch=2 step=6'
-    assert shlex.split(lines[1])[2] == f"from={saved}"  # quoted: the path has a space
+    assert lines[1:3] == ["hookfit model params=3 trainable=3 size_mb=0.00",  # the model's size first
+                          "hookfit model module=(direct) type=Linear params=3 trainable=3 size_mb=0.00"]
+    assert lines[3] == f'hookfit resumed from="{saved}" epoch=2 batch=2 step=6'
+    assert shlex.split(lines[3])[2] == f"from={saved}"  # quoted: the path has a space
     assert sorted(lines[0].split("plugins=")[1].split(",")) == ["checkpoint", "console", "metrics", "optim"]
     resumed = json.loads((tmp_path / "my run" / "metrics.jsonl").read_text().splitlines()[-4])
     assert resumed == {"event": "resume", "from": str(saved), "epoch": 2, "batch": 2, "step": 6}
@@ -665,3 +670,84 @@ def test_nan_is_never_the_best_value(tmp_path: Path) -> None:
 def test_a_bad_best_option_is_refused_when_the_console_is_made(best, error, message) -> None:
     with pytest.raises(error, match=message):
         Console(best=best)
+
+
+# -- console: the model's size at the start --------------------------------------------------
+
+def fields(line: str) -> dict[str, str]:
+    return dict(field.split("=", 1) for field in shlex.split(line)[2:])
+
+
+def size_mb(modules: list[torch.nn.Module]) -> str:
+    """Parameters and buffers, each tensor once, in MB of 2**20 bytes, counted here."""
+    params = {id(p): p for m in modules for p in m.parameters()}.values()
+    buffers = {id(b): b for m in modules for b in m.buffers()}.values()
+    return f"{sum(t.numel() * t.element_size() for t in [*params, *buffers]) / 2**20:.2f}"
+
+
+def counts(modules: list[torch.nn.Module]) -> dict[str, str]:
+    params = {id(p): p for m in modules for p in m.parameters()}.values()
+    return {"params": str(sum(p.numel() for p in params)),
+            "trainable": str(sum(p.numel() for p in params if p.requires_grad)), "size_mb": size_mb(modules)}
+
+
+def model_lines(model, *plugins, **loop) -> list[str]:
+    out = io.StringIO()
+    hookfit.Loop(lambda l, b: None, [0, 1], model=model, max_epochs=1, plugins=[Console(stream=out), *plugins],
+                 **loop).fit()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("hookfit start ")
+    return lines
+
+
+def test_the_console_prints_the_models_size_after_the_start_line(tmp_path: Path) -> None:
+    encoder = torch.nn.Sequential(torch.nn.Embedding(3000, 64), torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
+    decoder = torch.nn.Linear(64, 3000)
+    decoder.weight = encoder[0].weight  # tied: counted once
+    encoder[1].requires_grad_(False)  # frozen: not trainable
+    model = torch.nn.Sequential()
+    model.add_module("encoder", encoder)
+    model.add_module("act", torch.nn.ReLU())
+    model.add_module("decoder", decoder)
+    lines = model_lines(model, run_dir=tmp_path)
+    model_at_start = [line for line in lines if line.startswith("hookfit model ")]
+    assert lines[1:5] == model_at_start  # right after the start line, four of them
+    total = fields(lines[1])
+    assert total == counts([model])
+    # 199,288 parameters of 4 bytes and 520 bytes of BatchNorm's buffers: 797,672 bytes
+    assert total == {"params": str(3000 * 64 + 64 * 64 + 64 + 2 * 64 + 3000),
+                     "trainable": str(3000 * 64 + 2 * 64 + 3000), "size_mb": "0.76"}
+    rows = [fields(line) for line in lines[2:5]]
+    assert rows == [{"module": "encoder", "type": "Sequential", **counts([encoder])},
+                    {"module": "act", "type": "ReLU", "params": "0", "trainable": "0", "size_mb": "0.00"},
+                    {"module": "decoder", "type": "Linear", **counts([decoder])}]
+    for line in lines:
+        assert not ESCAPES.search(line) and all("=" in field for field in shlex.split(line)[2:] if field != "done")
+
+
+def test_several_models_lazy_ones_many_modules_and_no_model(tmp_path: Path) -> None:
+    generator, critic = torch.nn.Linear(100, 100), torch.nn.Sequential(torch.nn.LazyLinear(10), torch.nn.Linear(10, 1))
+    lines = model_lines({"my generator": generator, "critic": critic}, run_dir=tmp_path)
+    assert fields(lines[1]) == {"params": "10111", "trainable": "10111", "size_mb": "0.04", "uninitialised": "2"}
+    assert lines[2] == 'hookfit model module="my generator" type=Linear params=10100 trainable=10100 size_mb=0.04'
+    assert lines[3] == "hookfit model module=critic type=Sequential params=11 trainable=11 size_mb=0.00 uninitialised=2"
+    assert not lines[4].startswith("hookfit model")
+    deep = torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(35)))
+    lines = model_lines(deep, run_dir=tmp_path)
+    assert [fields(line)["module"] for line in lines[2:32]] == [str(i) for i in range(30)]  # MODULE_LINES
+    assert lines[32] == "hookfit model more_modules=5" and not lines[33].startswith("hookfit model")
+    assert fields(lines[1])["params"] == str(35 * 6)
+    assert not any(line.startswith("hookfit model") for line in model_lines(None, run_dir=tmp_path))
+
+
+def test_only_the_main_process_prints_the_model(tmp_path: Path) -> None:
+    class Rank1:
+        name = "rank1"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.state.rank = 1
+
+    lines = model_lines(torch.nn.Linear(2, 2), Rank1(), run_dir=tmp_path)
+    assert not any(line.startswith("hookfit model") for line in lines)
+    assert any(line.startswith("hookfit end status=completed") for line in lines)

@@ -12,7 +12,7 @@ urwid = pytest.importorskip("urwid")
 from urwid.testing import render_text  # noqa: E402
 
 import hookfit  # noqa: E402
-from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value  # noqa: E402
+from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, Value  # noqa: E402
 from hookfit.plugins.tui import TuiRenderer, interactive_terminal, summary  # noqa: E402
 from hookfit.plugins.tui.dashboard import Dashboard  # noqa: E402
 from hookfit.plugins.tui.plot import Series, text_plot  # noqa: E402
@@ -210,6 +210,64 @@ def test_the_clock_stops_when_the_run_ends(monkeypatch: pytest.MonkeyPatch) -> N
     d2.receive("end", "completed", "max_epochs=3 reached", True)
     now[0] += 60
     assert "│ 00:00:05 │ completed" in screen(d2)[0]
+
+
+# -- the model's size --------------------------------------------------------------------------
+
+MODEL = ModelSummary(1_234_567, 1_200_000, 4_938_268, 0, (
+    ModuleRow("encoder", "Sequential", 1_000_000, 965_433, 4_000_000), ModuleRow("act", "ReLU", 0, 0, 0),
+    ModuleRow("decoder", "Linear", 234_567, 234_567, 938_268), ModuleRow("norm", "LayerNorm", 2, 2, 8)))
+
+
+def test_the_dashboard_shows_the_models_size_under_the_status_line() -> None:
+    d = fed()
+    d.receive("model", MODEL)
+    line = (" model 1.23M params (1.2M trainable), 4.71 MB │ encoder Sequential 81% · decoder Linear 19% · "
+            "norm LayerNorm <1%")  # modules without parameters left out
+    rows = screen(d, (120, 24))
+    assert rows[1] == line.ljust(120)
+    assert rows[0].startswith(" hookfit │ train │ epoch 2/3") and "metric" in rows[2]
+    rows = screen(d)  # 80 columns: clipped, every other panel still there
+    assert len(rows) == 24 and all(len(r) == 80 for r in rows)
+    assert rows[1] == line[:80]
+    assert "40/50" in "\n".join(rows) and "printed by the step" in "\n".join(rows)
+    assert rows[-1].startswith(" q stop") or rows[-2].startswith(" q stop")
+    without = screen(fed())
+    assert not any(" model " in r for r in without) and "metric" in without[1]  # no model: no line
+    state = hookfit.State(step=90, status="completed", stop_reason="done", started_at=0, ended_at=2)
+    assert "  model: 1.23M params (1.2M trainable), 4.71 MB" in summary(d, state)
+    assert not any("model:" in line for line in summary(fed(), state))
+
+
+def test_the_renderer_sends_the_model_summary_at_the_start(monkeypatch, capsys, tmp_path) -> None:
+    """A real run with the dashboard's screen and UI thread left out: the renderer counts the model
+    at fit_start, and the summary printed afterwards says it."""
+    torch = pytest.importorskip("torch")
+    import hookfit.plugins.tui.renderer as renderer_module
+    from hookfit.summary import summarize
+
+    def no_screen(self):
+        self._screen = self._capture = None
+
+    def ui(self):  # what the UI thread does with the messages, once the run is over
+        self._quit.wait()
+        while self._inbox:
+            self._dashboard.receive(*self._inbox.popleft())
+
+    monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
+    monkeypatch.setattr(TuiRenderer, "_start_screen", no_screen)
+    monkeypatch.setattr(TuiRenderer, "_ui", ui)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1))
+    model[0].requires_grad_(False)
+    tui = TuiRenderer()
+    state = hookfit.Loop(lambda l, b: None, [1, 2], model=model, run_dir=tmp_path, plugins=[tui]).fit()
+    assert state.status == "completed" and not tui.active
+    assert tui._dashboard.model == summarize(model)
+    assert (tui._dashboard.model.parameters, tui._dashboard.model.trainable) == (241, 21)
+    assert "  model: 241 params (21 trainable), 964 B" in capsys.readouterr().out.splitlines()
+    tui = TuiRenderer()
+    hookfit.Loop(lambda l, b: None, [1], run_dir=tmp_path, plugins=[tui]).fit()
+    assert tui._dashboard.model is None  # no model: nothing to show
 
 
 # -- the captured output: output.log, the replay, the file policy, fatal errors ----------------

@@ -3,7 +3,10 @@
 :class:`Dashboard` receives messages (snapshots published by the metrics plugin, stage changes,
 the end of the run) through :meth:`Dashboard.receive`, answers keys through
 :meth:`Dashboard.keypress` and draws itself with :meth:`Dashboard.render`. It holds no reference
-to other plugins: a stop is asked for through the ``on_stop`` callback it is given.
+to other plugins: a stop is asked for through the ``on_stop`` callback it is given. The size of
+the model (a :class:`hookfit.payloads.ModelSummary`, the ``"model"`` message) is shown on a
+line of its own under the status line: totals, then each top-level module's share of the
+parameters, clipped to the width.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class Dashboard:
         self.hold = False
         self.elapsed: float | None = None  # the run's duration once it ended: the clock stops
         self.resumed_from: Any = None
+        self.model: Any = None  # a ModelSummary, once the renderer sent it
         self.series: dict[tuple[str, str], Series] = {}
         self.table: dict[str, dict[str, float | None]] = {}
         self.names: list[str] = []
@@ -139,6 +143,10 @@ class Dashboard:
         self.epoch, self.step = info.epoch, info.step
         self._on_log([f"hookfit: resumed from {info}"])
 
+    def _on_model(self, summary: Any) -> None:
+        """The size of the run's model (:class:`hookfit.payloads.ModelSummary`)."""
+        self.model = summary
+
     def _on_end(self, status: str, reason: str | None, hold: bool, by: str | None = None,
                 elapsed: float | None = None) -> None:
         """The run ended: ``elapsed`` is its duration (``loop.state.elapsed``, which a
@@ -180,6 +188,7 @@ class Dashboard:
     # -- drawing -------------------------------------------------------------------------
     def _build(self) -> None:
         self.w_status = urwid.Text("")
+        self.w_model = urwid.Text("", wrap="clip")
         self.w_table = urwid.Text("")
         self.w_plot_title = urwid.Text("")
         self.w_plot = urwid.Text("", wrap="clip")
@@ -232,6 +241,23 @@ class Dashboard:
             out.append(("dim", "waiting for the first metrics…\n"))
         return out
 
+    def _model_markup(self) -> list[Any]:
+        """``model 1.23M params (1.2M trainable), 4.71 MB │ encoder Sequential 65% · ...``: the
+        totals, then the share of the parameters of each top-level module that has any."""
+        summary = self.model
+        if summary is None:
+            return [""]
+        markup: list[Any] = [("head", " model "), f"{summary}"]
+        shares = []
+        for row in summary.modules:
+            if not row.parameters:
+                continue
+            share = 100 * row.parameters / summary.parameters
+            shares.append(f"{row.name} {row.type} {'<1' if share < 0.5 else f'{share:.0f}'}%")
+        if shares:
+            markup.append(("dim", " │ " + " · ".join(shares)))
+        return markup
+
     def _plot_markup(self, width: int, height: int) -> list[Any]:
         name = self.plotted
         if name is None or width < 20 or height < 2:
@@ -270,6 +296,7 @@ class Dashboard:
                        f"{_clock(elapsed)} │ {state} ".ljust(cols)[:cols])
         )
         self.w_table.set_text(self._table_text(cols))
+        self.w_model.set_text(self._model_markup())
         p = self.progress
         if p.total:
             self.w_stage.set_completion(100 * min(p.batches, p.total) / p.total)
@@ -299,12 +326,15 @@ class Dashboard:
         table_rows = min(len(self.names) + 1, max(2, rows // 4)) if self.names else 2
         log_rows = max(1, min(6, rows // 6))
         fixed = 1 + table_rows + 1 + 1 + 1 + log_rows + 1 + (1 if self.finished or self.stopping else 0)
+        fixed += 1 if self.model is not None else 0
         plot_rows = max(3, rows - fixed)
         self.w_plot.set_text(self._plot_markup(cols, plot_rows))
         self.w_log.set_text(("dim", "\n".join(self.log[-log_rows:]) or " "))
         items: list[Any] = [("pack", self.w_status)]
         if self.finished or self.stopping:
             items.append(("pack", self.w_banner))
+        if self.model is not None:
+            items.append(("pack", self.w_model))
         items += [
             (table_rows, urwid.Filler(self.w_table, valign="top")),
             ("pack", self.w_plot_title),

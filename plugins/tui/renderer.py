@@ -88,6 +88,10 @@ class TuiRenderer:
             on_stop=lambda: loop.request_stop("q pressed in the dashboard"),
             on_leave=self._quit.set,
         )
+        if loop.model is not None:
+            from hookfit.summary import summarize  # imports torch, which a run has loaded
+
+            self._inbox.append(("model", summarize(loop.model)))
         self.active = True
         atexit.register(self._restore)
         try:
@@ -373,7 +377,7 @@ class TuiRenderer:
 def summary(dashboard: Any, state: Any, output: Any = None) -> list[str]:
     """The plain-text record printed after the dashboard closes: status (with the run's own
     duration, ``state.elapsed``: a persistent dashboard's hold is not part of it), where the
-    run resumed from, where its output is kept, table and curves."""
+    run resumed from, where its output is kept, the size of the model, table and curves."""
     from hookfit.plugins.tui.dashboard import _fmt
     from hookfit.plugins.tui.plot import text_plot
 
@@ -384,6 +388,9 @@ def summary(dashboard: Any, state: Any, output: Any = None) -> list[str]:
         lines.append(f"  resumed from {state.resumed_from}")
     if output is not None:
         lines.append(f"  output printed during the run: {output}")
+    model = getattr(dashboard, "model", None)
+    if model is not None:
+        lines.append(f"  model: {model}")
     if dashboard is None or not dashboard.names:
         return lines
     width = max(len(n) for n in dashboard.names)

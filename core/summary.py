@@ -1,0 +1,127 @@
+"""The size of a model: :func:`summarize` counts the parameters and buffers of ``loop.model``
+into a :class:`hookfit.payloads.ModelSummary`.
+
+Any plugin can call it, usually at ``fit_start``: ``summarize(loop.model)`` (the console prints
+it, the dashboard shows it). It reads the model and changes nothing; its cost is one pass over
+the model's modules and tensors, never over their elements. This module imports torch; the
+payload it returns does not need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.nn.parameter import is_lazy
+
+from hookfit.payloads import ModelSummary, ModuleRow
+
+__all__ = ["DIRECT", "summarize", "unwrap"]
+
+DIRECT = "(direct)"
+"""The name of the row for the tensors a model holds itself, outside any child module."""
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside a ``DistributedDataParallel`` or ``DataParallel`` wrapper
+    (``.module``) or a ``torch.compile`` one (``._orig_mod``), however deeply wrapped."""
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    while True:
+        if isinstance(module, wrappers):
+            module = module.module
+        elif isinstance(getattr(module, "_orig_mod", None), torch.nn.Module) and \
+                type(module).__name__ == "OptimizedModule":
+            module = module._orig_mod
+        else:
+            return module
+
+
+def _roots(model: Any, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module]]:
+    """``(name, module)`` for each model of ``Loop(model=...)``: a module (named ``""``), or
+    those of a mapping (by key) or a list (by index), dotted when nested."""
+    if isinstance(model, torch.nn.Module):
+        yield prefix, unwrap(model)
+    elif isinstance(model, Mapping):
+        for key, value in model.items():
+            yield from _roots(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}")
+    elif isinstance(model, (list, tuple)):
+        for index, value in enumerate(model):
+            yield from _roots(value, f"{prefix}{index}" if not prefix else f"{prefix}.{index}")
+    else:
+        where = f" at model[{prefix!r}]" if prefix else ""
+        raise TypeError(f"summarize: the model must be a torch.nn.Module, a mapping or a list of "
+                        f"modules; got {type(model).__name__}{where}")
+
+
+class _Tally:
+    """Sums over tensors, each counted once (by identity)."""
+
+    __slots__ = ("seen", "parameters", "trainable", "parameter_bytes", "buffer_bytes", "uninitialised")
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.parameters = self.trainable = self.parameter_bytes = self.buffer_bytes = self.uninitialised = 0
+
+    def add(self, parameters: Iterable[torch.Tensor], buffers: Iterable[torch.Tensor]) -> None:
+        for p in parameters:
+            if id(p) in self.seen:
+                continue
+            self.seen.add(id(p))
+            if is_lazy(p):
+                self.uninitialised += 1
+                continue
+            n = p.numel()
+            self.parameters += n
+            if p.requires_grad:
+                self.trainable += n
+            self.parameter_bytes += n * p.element_size()
+        for b in buffers:
+            if id(b) in self.seen:
+                continue
+            self.seen.add(id(b))
+            if is_lazy(b):
+                self.uninitialised += 1
+                continue
+            self.buffer_bytes += b.numel() * b.element_size()
+
+    def row(self, name: str, module: torch.nn.Module) -> ModuleRow:
+        return ModuleRow(name, type(module).__name__, self.parameters, self.trainable,
+                         self.parameter_bytes + self.buffer_bytes, self.uninitialised)
+
+
+def _row(name: str, module: torch.nn.Module) -> ModuleRow:
+    tally = _Tally()
+    tally.add(module.parameters(), module.buffers())
+    return tally.row(name, module)
+
+
+def summarize(model: Any) -> ModelSummary:
+    """Count the parameters and buffers of ``model`` (what ``Loop(model=...)`` takes: a module,
+    or a dict or list of modules; wrappers are looked through with :func:`unwrap`).
+
+    Totals count each parameter and buffer once, however many modules share it. Rows: for a
+    single model, one per child module, plus one named ``"(direct)"`` for the tensors the
+    model holds itself; for a dict or list of models, one per model, named by its key or
+    index. Parameters and buffers of lazy modules not initialised yet are counted in
+    ``uninitialised`` only. ``None`` (no model) gives an empty summary.
+    """
+    if model is None:
+        return ModelSummary(0, 0, 0, 0)
+    single = isinstance(model, torch.nn.Module)
+    total = _Tally()
+    rows: list[ModuleRow] = []
+    for name, root in _roots(model):
+        total.add(root.parameters(), root.buffers())
+        if not single:  # a dict or list of models: one row per model
+            rows.append(_row(name, root))
+            continue
+        for child_name, child in root.named_children():
+            rows.append(_row(child_name, unwrap(child)))
+        own = _Tally()
+        own.add(root.parameters(recurse=False), root.buffers(recurse=False))
+        if own.seen:
+            rows.append(own.row(DIRECT, root))
+    kind = type(unwrap(model)).__name__ if single else type(model).__name__
+    return ModelSummary(total.parameters, total.trainable, total.parameter_bytes, total.buffer_bytes,
+                        tuple(rows), total.uninitialised, kind)
