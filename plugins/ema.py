@@ -1,0 +1,254 @@
+"""ema: an exponential moving average of the model's weights, validated with and saved.
+
+``EMA(decay=0.999, every_n_steps=1, validate=True, optimizer=None)`` in ``Loop(plugins=[...])``.
+Discovered like every plugin, it is inert until given a ``decay``: without one it unregisters
+itself at ``configure``, so no hook of it runs and the optim plugin keeps its fast path.
+
+* The average is PyTorch's own :class:`torch.optim.swa_utils.AveragedModel` with
+  ``get_ema_multi_avg_fn(decay)`` and ``use_buffers=True`` (batch-norm statistics are
+  averaged too), a copy of ``loop.model`` made at ``fit_start``: of the module inside a
+  ``DistributedDataParallel`` wrapper under ``torchrun``; of every module of a dict or a list
+  of modules (as a ``ModuleDict`` or ``ModuleList``).
+* It is updated after every ``every_n_steps``-th real step of the optimizer (the
+  ``after_optimizer_step`` event: calls inside a gradient-accumulation window and steps
+  skipped for a non-finite loss do not count). The first update copies the weights, each
+  later one makes ``average = decay * average + (1 - decay) * weights`` (a ``lerp``). With
+  several optimizers, ``optimizer`` names the one whose steps count. Implementing
+  ``after_optimizer_step`` makes the optim plugin fire the events around its steps (its
+  slower step path); ``every_n_steps`` spares the update itself, not that.
+* With ``validate=True`` the validation stage runs with the averaged weights: they are copied
+  into the model at ``stage_start("valid")`` (``tryfirst``) and the training weights are
+  copied back, bit for bit, at ``stage_end("valid")`` (``trylast``), so every other plugin's
+  ``stage_start``/``stage_end`` of that stage sees the validated weights and the validation
+  metrics are the averaged model's. They are also copied back when validation fails
+  (``exception``) or is stopped (a ``fit_end`` wrapper, which runs before every ``fit_end``
+  implementation: a checkpoint written on a stop during validation holds the training
+  weights). Before the first update, validation uses the training weights.
+* Its state (the averaged module's state dict, ``n_averaged`` and the optimizer steps
+  counted) is saved in checkpoints, so a resumed run ends with the same average, bit for bit,
+  as one that was never interrupted (a resumed run goes on with the ``decay`` it is given).
+* After ``fit()``, :attr:`EMA.module` is the averaged module (the model itself keeps the
+  training weights): ``model.load_state_dict(ema.module.state_dict())`` puts the average in it.
+* A run it cannot average fails at ``fit_start``, before any batch, with a ``ValueError``
+  saying why: no model, no optimizer plugin announcing steps, several optimizers and none
+  named, a named optimizer the run lacks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from hookfit import hookimpl
+
+__all__ = ["EMA"]
+
+
+class EMA:
+    """An exponential moving average of the model's weights (see the module documentation).
+    Every option is checked here, with a ``ValueError`` naming it; ``decay=None`` (the
+    default) leaves the run alone."""
+
+    name = "ema"
+
+    def __init__(self, decay: float | None = None, every_n_steps: int = 1, validate: bool = True,
+                 optimizer: str | None = None) -> None:
+        if decay is not None and (isinstance(decay, bool) or not isinstance(decay, numbers.Real)
+                                  or not math.isfinite(decay) or not 0 < decay < 1):
+            raise ValueError(f"ema: decay must be a number with 0 < decay < 1 (like 0.999), or None to "
+                             f"switch the plugin off, got {decay!r}")
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"ema: every_n_steps must be a positive integer (optimizer steps), "
+                             f"got {every_n_steps!r}")
+        if not isinstance(validate, bool):
+            raise ValueError(f"ema: validate must be True or False, got {validate!r}")
+        if optimizer is not None and (not isinstance(optimizer, str) or not optimizer.strip()):
+            raise ValueError(f"ema: optimizer must be the name of one of the run's optimizers, or None, "
+                             f"got {optimizer!r}")
+        self.decay = None if decay is None else float(decay)
+        self.every_n_steps = every_n_steps
+        self.validate = validate
+        self.optimizer = optimizer
+        self.average: AveragedModel | None = None
+        """The :class:`~torch.optim.swa_utils.AveragedModel` of the current or last run
+        (``None`` before one, and when inert)."""
+        self.steps = 0
+        """Real steps of the watched optimizer since the run began (a resumed run goes on from the
+        count in its checkpoint): every ``every_n_steps``-th one updates the average."""
+        self._source: torch.nn.Module | None = None  # the module (or container) averaged
+        self._watched: str | None = None  # the name of the optimizer whose steps count
+        self._kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # (model tensor, training value)
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The averaged module (a copy of the model; a ``ModuleDict`` or ``ModuleList`` for a
+        dict or list of models), or ``None`` before a run."""
+        return None if self.average is None else self.average.module
+
+    @property
+    def n_averaged(self) -> int:
+        """How many times the average was updated (0 before the first update)."""
+        return 0 if self.average is None else int(self.average.n_averaged)
+
+    # -- events ---------------------------------------------------------------------------
+    @hookimpl
+    def configure(self, loop: Any) -> None:
+        self.average, self._source, self._watched, self._kept, self.steps = None, None, None, None, 0
+        if self.decay is None:
+            loop.pm.unregister(self)  # inert: none of the hooks below costs anything
+
+    @hookimpl
+    def fit_start(self, loop: Any) -> None:
+        source = _source(loop.model)
+        self._watched = self._watch(loop)
+        average = AveragedModel(source, multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True)
+        for p in average.parameters():
+            p.grad = None  # deepcopy copies gradients the model may hold: the average needs none
+        self._source, self.average = source, average
+
+    @hookimpl
+    def after_optimizer_step(self, loop: Any, name: str, optimizer: Any) -> None:
+        if name != self._watched:
+            return
+        self.steps += 1
+        if self.steps % self.every_n_steps == 0:
+            self.average.update_parameters(self._source)  # type: ignore[union-attr]
+
+    @hookimpl(tryfirst=True)  # other plugins' stage_start("valid") see the validated weights
+    def stage_start(self, loop: Any, stage: str) -> None:
+        if stage == "valid" and self.validate:
+            self._swap_in()
+
+    @hookimpl(trylast=True)  # ... and so do their stage_end("valid")
+    def stage_end(self, loop: Any, stage: str) -> None:
+        if stage == "valid":
+            self._restore()
+
+    @hookimpl
+    def exception(self, loop: Any, error: BaseException) -> None:
+        self._restore()
+
+    @hookimpl(wrapper=True)  # before every fit_end (a checkpoint's on a stop during validation)
+    def fit_end(self, loop: Any) -> Any:
+        self._restore()
+        self._source = None
+        return (yield)
+
+    @hookimpl
+    def save_state(self, loop: Any) -> dict[str, Any] | None:
+        if self.average is None:
+            return None
+        return {
+            "decay": self.decay,
+            "n_averaged": int(self.average.n_averaged),
+            "steps": self.steps,
+            "state_dict": {k: v.detach().clone() for k, v in self.average.module.state_dict().items()},
+        }
+
+    @hookimpl
+    def load_state(self, loop: Any, state: Mapping[str, Any]) -> None:
+        if self.average is None:
+            return
+        try:
+            weights, n_averaged, steps = state["state_dict"], int(state["n_averaged"]), int(state["steps"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"ema: the saved state is not an average this plugin saved "
+                             f"({type(error).__name__}: {error})") from error
+        try:
+            self.average.module.load_state_dict(weights)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"ema: the averaged weights in the checkpoint do not fit this run's model: "
+                             f"{error}") from error
+        self.average.n_averaged.fill_(n_averaged)
+        self.steps = steps
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _watch(self, loop: Any) -> str:
+        """The name of the optimizer whose real steps update the average."""
+        optimizers = loop.optimizers
+        raw = [optimizers] if not isinstance(optimizers, Mapping) else list(optimizers.values())
+        if loop.hooks.backward is None or (
+                optimizers is not None and raw and all(isinstance(o, torch.optim.Optimizer) for o in raw)):
+            # no plugin owns the backward pass, or loop.optimizers are still the torch optimizers
+            # themselves: nothing announces their steps
+            raise ValueError(
+                "ema: the average is updated after each optimizer step, which an optimizer plugin "
+                "announces (after_optimizer_step), and no enabled plugin manages this run's "
+                "optimizers: enable the optim plugin (and step through loop.optimizers)")
+        if optimizers is None:
+            names: list[str] = []
+        elif isinstance(optimizers, Mapping):
+            names = [str(n) for n in optimizers]
+        else:
+            names = ["default"]
+        if not names:
+            raise ValueError("ema: this run has no optimizer, so nothing would update the average: "
+                             "give Loop(optimizers=...)")
+        if self.optimizer is not None:
+            if self.optimizer not in names:
+                raise ValueError(f"ema: optimizer={self.optimizer!r} names no optimizer of this run; its "
+                                 f"optimizers are {', '.join(map(repr, names))}")
+            return self.optimizer
+        if len(names) > 1:
+            raise ValueError(f"ema: this run has {len(names)} optimizers ({', '.join(map(repr, names))}); "
+                             f"name the one whose steps update the average: EMA(decay=..., optimizer=...)")
+        return names[0]
+
+    # -- validating with the average -----------------------------------------------------
+    def _swap_in(self) -> None:
+        """Copy the averaged weights and buffers into the model, keeping the training ones."""
+        if self._kept is not None or self.average is None or self._source is None or self.n_averaged == 0:
+            return
+        targets = _tensors(self._source)
+        averaged = _tensors(self.average.module)
+        # validation runs under inference mode: the copies kept must be ordinary tensors
+        with torch.inference_mode(False), torch.no_grad():
+            self._kept = [(t, t.detach().clone()) for t in targets]
+            for t, a in zip(targets, averaged, strict=True):
+                t.copy_(a)
+
+    def _restore(self) -> None:
+        """Copy the training weights and buffers back, bit for bit (nothing if none are kept)."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return
+        with torch.inference_mode(False), torch.no_grad():
+            for t, value in kept:
+                t.copy_(value)
+
+
+def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """What the average holds: the parameters, then the buffers (as ``use_buffers=True``)."""
+    return list(itertools.chain(module.parameters(), module.buffers()))
+
+
+def _unwrap(model: Any, where: str) -> torch.nn.Module:
+    """The user's module (the one inside a (Distributed)DataParallel wrapper)."""
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        return model.module
+    if isinstance(model, torch.nn.Module):
+        return model
+    raise ValueError(f"ema: {where} is a {type(model).__name__}, not a torch.nn.Module: the average is "
+                     f"of modules (Loop(model=...) takes a module, or a dict or list of them)")
+
+
+def _source(model: Any) -> torch.nn.Module:
+    """The module to average: ``loop.model`` itself, or a container of the modules of a dict
+    or list of models (sharing their parameters)."""
+    if model is None:
+        raise ValueError("ema: this run has no model to average: give Loop(model=...)")
+    if isinstance(model, Mapping):
+        for key in model:
+            if not isinstance(key, str) or not key or "." in key:
+                raise ValueError(f"ema: the models of Loop(model={{...}}) are averaged as a ModuleDict, whose "
+                                 f"keys are non-empty strings without '.'; got the key {key!r}")
+        return torch.nn.ModuleDict({k: _unwrap(v, f"model[{k!r}]") for k, v in model.items()})
+    if isinstance(model, (list, tuple)):
+        return torch.nn.ModuleList([_unwrap(v, f"model[{i}]") for i, v in enumerate(model)])
+    return _unwrap(model, "Loop(model=...)")
