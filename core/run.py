@@ -110,7 +110,7 @@ class Run:
       ``max_steps``, ``val_every_n_epochs``, ``val_grad_mode``, ``seed``, ``deterministic``,
       ``smoke``, ``config`` (the ``Loop``);
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
-      ``is_main``, ``plugin_states()`` / ``load_plugin_states(states)``;
+      ``is_main``, ``plugin_states()`` / ``load_plugin_states(states)``, ``wrap_step(wrapper)``;
     * ``pm``, the run's plugin manager, and ``hooks``, its resolved events
       (:class:`hookfit.dispatch.Dispatch`): fire events through ``hooks``, never
       ``pm.hook``, so that hookfit's guarantees (observers switched off, not fatal; every
@@ -164,6 +164,7 @@ class Run:
         """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
         self._stop: StopRequest | None = None
         self._first_epoch = 0
+        self._batches_started = False  # past configure and fit_start: see wrap_step
         # re-entrant: a signal handler (the interrupter's) runs on the main thread, possibly
         # while the step function itself is inside request_stop
         self._stop_lock = threading.RLock()
@@ -299,6 +300,30 @@ class Run:
         else:
             self.backward = functools.partial(call, self)  # type: ignore[method-assign]
 
+    def wrap_step(self, wrapper: Callable[[Step], Step]) -> None:
+        """Replace this run's step functions (training and validation) with
+        ``wrapper(step)``: for what must surround every call of a step, such as
+        ``torch.autocast`` for mixed precision or a profiler's record. Called at ``configure``
+        or ``fit_start``, before the first batch; the wrapped functions keep the steps' names
+        in messages. Wrappers of several plugins nest, the first given innermost. The
+        ``Loop``'s own step functions are not changed."""
+        if self._batches_started:
+            raise RuntimeError("wrap_step() must be called at configure or fit_start, before the first batch")
+        for attr in ("train_step", "val_step"):
+            step = getattr(self, attr)
+            if step is None:
+                continue
+            wrapped = wrapper(step)
+            if not callable(wrapped):
+                raise TypeError(f"wrap_step: the wrapper returned {wrapped!r} for {attr} "
+                                f"{_name(step)!r}, not a function step(loop, batch)")
+            if wrapped is not step:
+                try:
+                    functools.update_wrapper(wrapped, step)  # its name, for messages
+                except (AttributeError, TypeError):
+                    pass  # an object that takes no attributes: messages name it as it is
+            setattr(self, attr, wrapped)
+
     def plugin_states(self) -> dict[str, Any]:
         """Every plugin's ``save_state`` answer, keyed by plugin name (for checkpoints); a
         plugin that answered ``None`` (no state now) has the entry ``None``, so a resumed run
@@ -409,6 +434,7 @@ class Run:
 
     def _run(self) -> None:
         state = self.state
+        self._batches_started = True
         try:
             if self.mode == "validate":  # Loop.validate(): the validation stage alone
                 self._boundary("start")

@@ -1026,3 +1026,60 @@ def test_a_model_left_in_eval_mode_is_warned_about_once() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hookfit.Loop(lambda l, b: None, [1], model=model.train()).fit()
+
+
+def test_wrap_step_surrounds_every_call_of_both_steps_and_keeps_their_names() -> None:
+    calls = []
+
+    def tagging(tag):
+        def wrapper(step):
+            def wrapped(loop, batch):
+                calls.append(tag)
+                return step(loop, batch)
+            return wrapped
+        return wrapper
+
+    class Wrapping:
+        name = "wrapping"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.wrap_step(tagging("inner"))
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            loop.wrap_step(tagging("outer"))
+
+    def my_train(loop, batch):
+        calls.append("train")
+
+    def my_valid(loop, batch):
+        calls.append("valid")
+
+    loop = hookfit.Loop(my_train, [1], val_step=my_valid, val_data=[1], plugins=[Wrapping()])
+    loop.fit()
+    assert calls == ["outer", "inner", "train", "outer", "inner", "valid"]
+    assert loop.run.train_step.__qualname__.endswith("my_train") and loop.train_step is my_train
+
+
+@pytest.mark.bad_input
+def test_wrap_step_after_the_first_batch_or_returning_no_function_is_an_error() -> None:
+    class Late:
+        name = "late"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            loop.wrap_step(lambda step: step)
+
+    with pytest.raises(RuntimeError, match=r"wrap_step\(\) must be called at configure or fit_start"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Late()]).fit()
+
+    class Bad:
+        name = "bad"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.wrap_step(lambda step: None)
+
+    with pytest.raises(TypeError, match=r"wrap_step: the wrapper returned None for train_step '.*<lambda>'"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Bad()]).fit()
