@@ -785,3 +785,101 @@ def test_resuming_a_checkpoint_of_another_optimizer_class_fails(tmp_path) -> Non
                                          r"and is a torch.optim.sgd.SGD in this run"):
         run(sgd, max_epochs=2, resume="latest")
     assert run(adam, max_epochs=2, resume="latest").step == 6  # the same class resumes
+
+
+# -- mixed precision: Optim(precision=...) -------------------------------------------------------
+
+
+class _AutocastProbe:
+    """Whether autocast is on during each backward pass (before_backward runs inside it)."""
+
+    name = "probe"
+
+    def __init__(self) -> None:
+        self.backward: list[bool] = []
+
+    @hookfit.hookimpl
+    def before_backward(self, loop, loss):
+        self.backward.append(torch.is_autocast_enabled("cpu"))
+
+
+def test_bf16_mixed_runs_the_unchanged_step_s_forward_in_bfloat16_and_the_rest_in_float32() -> None:
+    m = model()
+    seen = []
+
+    def step(loop, batch):  # the step of a float32 run, word for word
+        out = loop.model(batch[0])
+        seen.append(("train", out.dtype, torch.is_autocast_enabled("cpu")))
+        loss = torch.nn.functional.mse_loss(out.float(), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def valid(loop, batch):
+        seen.append(("valid", loop.model(batch[0]).dtype, torch.is_autocast_enabled("cpu")))
+
+    probe = _AutocastProbe()
+    before = [p.detach().clone() for p in m.parameters()]
+    state = hookfit.Loop(step, data(3), val_step=valid, val_data=data(1), model=m,
+                         optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                         plugins=[Optim(precision="bf16-mixed"), probe]).fit()
+    assert state.status == "completed"
+    assert seen == [("train", torch.bfloat16, True)] * 3 + [("valid", torch.bfloat16, True)]
+    assert probe.backward == [False] * 3, "backward runs outside autocast"
+    assert all(p.dtype == torch.float32 for p in m.parameters())  # the weights stay float32
+    assert not all(torch.equal(a, b) for a, b in zip(before, m.parameters()))  # and trained
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_16_mixed_scales_the_loss_and_steps_through_the_scaler() -> None:
+    m = model()
+    dtypes = []
+
+    def step(loop, batch):
+        out = loop.model(batch[0])
+        dtypes.append(out.dtype)
+        loss = torch.nn.functional.mse_loss(out.float(), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    optim = Optim(precision="16-mixed")
+    hookfit.Loop(step, data(2), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1), plugins=[optim]).fit()
+    assert dtypes == [torch.float16] * 2
+    assert optim.scaler is not None and optim.scaler.get_scale() > 1  # the loss was scaled
+    assert optim.optimizers["default"].steps == 2
+
+
+def test_float32_by_default_adds_no_step_wrapper() -> None:
+    m = model()
+    steps = []
+
+    def step(loop, batch):
+        steps.append(loop.train_step)
+        assert loop.model(batch[0]).dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+
+    hookfit.Loop(step, data(1), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1), plugins=[Optim()]).fit()
+    assert steps == [step]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("options, message", [
+    ({"precision": "16"}, r"optim: precision must be one of '32', 'bf16-mixed', '16-mixed', got '16'"),
+    ({"precision": "bf16-mixed", "amp": True}, r"optim: precision='bf16-mixed' needs no loss scaling"),
+])
+def test_precision_is_checked(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Optim(**options)
+
+
+def test_a_step_wrapped_for_autocast_is_still_named_in_errors() -> None:
+    m = model()
+
+    def my_step(loop, batch):
+        raise RuntimeError("inside the step")
+
+    with pytest.raises(RuntimeError, match="inside the step") as raised:
+        hookfit.Loop(my_step, data(1), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     plugins=[Optim(precision="bf16-mixed")]).fit()
+    assert any("my_step" in note for note in raised.value.__notes__), raised.value.__notes__

@@ -18,8 +18,13 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
   at the end of the training stage.
 * ``clip_norm`` / ``clip_value``: gradients are clipped (after unscaling) before each step;
   each must be a positive finite number (or ``None``), checked when ``Optim`` is built.
+* ``precision="bf16-mixed"`` or ``"16-mixed"`` (default ``"32"``): the step functions run under
+  ``torch.autocast`` on the model's device (through ``loop.wrap_step``), so their forward pass
+  computes in bfloat16 or float16 while the weights stay float32, with the step unchanged;
+  ``loop.backward`` leaves autocast for the backward pass. ``"16-mixed"`` also scales the loss
+  with a ``torch.amp.GradScaler``.
 * ``amp=True``: the loss is scaled with ``torch.amp.GradScaler`` (autocast in the forward pass
-  is the step's own ``torch.autocast`` block).
+  is then the step's own ``torch.autocast`` block).
 * ``nonfinite="skip"`` (default): a non-finite loss is not back-propagated and its window's step
   is skipped; the first skip is warned about at once, the total at the end of the run.
   ``"raise"`` raises ``FloatingPointError``; ``None`` checks nothing. Gradients are checked

@@ -12,6 +12,7 @@ import torch
 
 from hookfit import HookfitWarning, hookimpl
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
+from hookfit.run import modules
 
 
 class OptimWarning(HookfitWarning):
@@ -34,6 +35,7 @@ class Optim:
         check_grads: bool = False,
         schedulers: Any = None,
         scheduler_interval: Literal["step", "epoch"] = "step",
+        precision: Literal["32", "bf16-mixed", "16-mixed"] = "32",
     ) -> None:
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"optim: accumulate must be a positive integer, got {accumulate!r}")
@@ -41,6 +43,12 @@ class Optim:
             raise ValueError(f"optim: nonfinite must be 'skip', 'raise' or None, got {nonfinite!r}")
         if scheduler_interval not in ("step", "epoch"):
             raise ValueError(f"optim: scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"optim: precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+        if precision == "bf16-mixed" and amp is not False:
+            raise ValueError("optim: precision='bf16-mixed' needs no loss scaling: leave amp unset "
+                             "(precision='16-mixed' scales the loss itself)")
+        self.precision = precision
         self.accumulate = accumulate
         self.clip_norm = _positive_or_none("clip_norm", clip_norm)
         self.clip_value = _positive_or_none("clip_value", clip_value)
@@ -64,6 +72,7 @@ class Optim:
         self._watching = False  # steps that bypass loop.optimizers are being watched for
         self._watched = False  # this run's first training stage was (is) watched
         self._bypass_seen = False  # the warning about such a step was given in this run
+        self._autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when mixed
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -86,10 +95,16 @@ class Optim:
         self.optimizers = Optimizers(
             {n: ManagedOptimizer(self, n, o, schedulers.get(n)) for n, o in optimizers.items()}
         )
+        self._autocast = None
+        if self.precision != "32":
+            device = _device_type(loop.model)
+            self._autocast = (device, torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
+            loop.wrap_step(self._under_autocast)
         if isinstance(self.amp, torch.amp.GradScaler):
             self.scaler = self.amp
-        elif self.amp:
-            self.scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+        elif self.amp or self.precision == "16-mixed":
+            self.scaler = torch.amp.GradScaler(
+                self._autocast[0] if self._autocast else ("cuda" if torch.cuda.is_available() else "cpu"))
         loop.optimizers = self.optimizers
         self._plain = (
             self.accumulate == 1 and self.scaler is None and self.clip_norm is None
@@ -100,7 +115,7 @@ class Optim:
         self._poison(False)
         self._watched = self._bypass_seen = False
         self._unwatch = loop.pm.on_change(self._set_fast_paths)
-        if self.accumulate > 1 or self.amp:
+        if self.accumulate > 1 or self.scaler is not None:
             # a per-batch hook only where a batch can close a window or update a loss scale;
             # a plain run's batches cost optim nothing outside the step function
             loop.pm.register(_BatchEnd(self), name="optim.batch_end")
@@ -114,6 +129,13 @@ class Optim:
                 return self._nonfinite_loss(loop, loss)
             loss.backward()
             return True
+        if self._autocast is not None:  # the backward pass outside autocast, as PyTorch advises
+            with torch.autocast(self._autocast[0], enabled=False):
+                return self._backward(loop, loss)
+        return self._backward(loop, loss)
+
+    def _backward(self, loop: Any, loss: torch.Tensor) -> bool:
+        """``backward`` past its common case: poisoned windows, scaling, hooks around it."""
         if self._poisoned:
             self._expire_poison()
         if self.nonfinite is not None and not _finite(loss):
@@ -212,6 +234,18 @@ class Optim:
             self._unwatch = None
         self.loop = None
 
+    # -- mixed precision ------------------------------------------------------------------------
+    def _under_autocast(self, step: Any) -> Any:
+        """``step`` run under ``torch.autocast`` (given to ``loop.wrap_step``): the step's
+        forward computes in the lower precision; ``backward`` leaves autocast again."""
+        device, dtype = self._autocast  # type: ignore[misc]
+
+        def step_under_autocast(loop: Any, batch: Any) -> Any:
+            with torch.autocast(device, dtype=dtype):
+                return step(loop, batch)
+
+        return step_under_autocast
+
     # -- steps that bypass loop.optimizers ----------------------------------------------------
     def _watch(self, on: bool) -> None:
         """Watch (or stop watching) for steps of the managed optimizers that do not go through
@@ -279,7 +313,7 @@ class Optim:
             # (_fast_watched); the plain fast path itself has nothing more to do, then or after
             managed._fast = fast and not self._watching
             managed._fast_watched = fast and self._watching
-        self._bare = not self._scales and clean and not backward
+        self._bare = not self._scales and clean and not backward and self._autocast is None
 
     def _expire_poison(self) -> None:
         """Close a poisoned window that a batch_end did not: without accumulation or AMP
@@ -380,6 +414,18 @@ def _finite(loss: torch.Tensor) -> bool:
     if loss.is_cpu and loss.numel() == 1:
         return math.isfinite(loss.item())
     return bool(torch.isfinite(loss).all())
+
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+
+
+def _device_type(model: Any) -> str:
+    """Where the model computes (``"cuda"``, ``"cpu"``...): its first parameter's device;
+    ``"cuda"`` if there is none and CUDA is available, else ``"cpu"``."""
+    for root in modules(model):
+        for parameter in root.parameters():
+            return parameter.device.type
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _positive_or_none(option: str, value: Any) -> float | None:
