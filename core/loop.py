@@ -8,7 +8,7 @@ what step functions and hooks receive as ``loop``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -45,7 +45,10 @@ class Loop:
     ``loop.request_stop(reason)``. A run never changes the ``Loop``: what plugins replace (a
     wrapped model, sharded data, managed optimizers) is the run's.
 
-    Validation runs every ``val_every_n_epochs`` epochs after the training stage, with every
+    ``val_data`` may be a mapping ``{name: data}`` of several validation sets: they run one
+    after the other in one validation stage, ``loop.state.val_set`` naming the current one,
+    and what the step reports is named per set (``noisy/loss``: ``valid/noisy/loss`` for a
+    monitor). Validation runs every ``val_every_n_epochs`` epochs after the training stage, with every
     module of ``model`` in eval mode under ``torch.inference_mode()`` (``val_grad_mode="no_grad"``
     for ``torch.no_grad()``); afterwards each submodule gets back its own previous training flag.
 
@@ -106,6 +109,16 @@ class Loop:
                     f"{what} must be an iterable of batches (a list, a DataLoader, ...), "
                     f"got {type(data).__name__}"
                 )
+        if isinstance(val_data, Mapping):
+            if not val_data:
+                raise ValueError("val_data is an empty mapping: give at least one validation set, {name: data}")
+            for key, data in val_data.items():
+                if not isinstance(key, str) or not key or "/" in key:
+                    raise ValueError(f"val_data: the name of a validation set must be a non-empty string "
+                                     f"without '/', got {key!r}")
+                if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+                    raise TypeError(f"val_data[{key!r}] must be an iterable of batches (a list, a "
+                                    f"DataLoader, ...), got {type(data).__name__}")
         if val_step is not None and val_data is None:
             raise ValueError(f"val_step {_name(val_step)!r} was given without val_data")
         if val_data is not None and val_step is None:

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -61,6 +61,8 @@ class SizedFirstBatches(FirstBatches):
 def _first(data: Any) -> Any:
     if data is None:
         return None
+    if isinstance(data, Mapping):  # several validation sets: the first batches of each
+        return {name: _first(part) for name, part in data.items()}
     return (SizedFirstBatches if hasattr(data, "__len__") else FirstBatches)(data, BATCHES)
 
 

@@ -26,6 +26,9 @@ class State:
     step: int = 0
     batch_idx: int = 0
     stage: str | None = None
+    val_set: str | None = None
+    """The validation set being run, when ``Loop(val_data={name: data, ...})`` has several;
+    else ``None``."""
     status: Status = "idle"
     stop_reason: str | None = None
     stopped_by: str | None = None

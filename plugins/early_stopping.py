@@ -41,8 +41,8 @@ class EarlyStopping:
 
     def __init__(self, monitor: str | None = None, mode: Literal["min", "max"] = "min", patience: int = 3,
                  min_delta: float = 0.0) -> None:
-        if monitor is not None and (not isinstance(monitor, str) or monitor.count("/") != 1
-                                    or monitor.split("/")[0] not in STAGES or not monitor.split("/")[1].strip()):
+        if monitor is not None and (not isinstance(monitor, str) or "/" not in monitor
+                                    or monitor.split("/", 1)[0] not in STAGES or not monitor.split("/", 1)[1].strip()):
             raise ValueError(f"early_stopping: monitor must be '<stage>/<metric>' with stage train or valid "
                              f"(like 'valid/loss'), or None, got {monitor!r}")
         if mode not in ("min", "max"):
@@ -84,7 +84,7 @@ class EarlyStopping:
     def epoch_metrics(self, stage: str, metrics: Any) -> None:
         if self.monitor is None:
             return
-        want, key = self.monitor.split("/")
+        want, key = self.monitor.split("/", 1)
         if stage != want:
             return
         self._heard = metrics.epoch

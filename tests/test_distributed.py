@@ -153,6 +153,20 @@ def test_the_agreed_stop_keeps_whether_it_completes_the_run(process_group: Any, 
     assert state.stop_reason == "stop requested on rank 0: target reached"
 
 
+def test_several_validation_sets_are_each_sharded(process_group: Any) -> None:
+    model, data = _regression()
+    seen = []
+
+    def valid(loop, batch):
+        seen.append(loop.state.val_set)
+        return {"loss": loop.model(batch[0]).mean()}
+
+    state = hookfit.Loop(_step, data, val_step=valid, val_data={"a": data[:2], "b": data[2:5]}, model=model,
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                         plugins=[Distributed(), Optim(), Metrics(log=False)]).fit()
+    assert state.status == "completed" and seen == ["a", "a", "b", "b", "b"]
+
+
 @pytest.mark.bad_input
 def test_a_step_that_bypasses_loop_model_fails_with_a_clear_error(process_group: Any) -> None:
     model, data = _regression()

@@ -140,3 +140,10 @@ def test_hookfit_smoke_in_the_environment_makes_any_script_a_smoke_run(tmp_path:
 def test_the_option_is_checked() -> None:
     with pytest.raises(ValueError, match=r"smoke must be True, False or None \(HOOKFIT_SMOKE decides\), got 'yes'"):
         hookfit.Loop(lambda l, b: None, [1], smoke="yes")
+
+
+def test_each_validation_set_gets_its_first_batches() -> None:
+    seen = []
+    hookfit.Loop(lambda l, b: None, range(10), val_step=lambda l, b: seen.append((l.state.val_set, b)),
+                 val_data={"a": range(10), "b": range(100, 110)}, smoke=True).fit()
+    assert seen == [("a", 0), ("a", 1), ("b", 100), ("b", 101)]

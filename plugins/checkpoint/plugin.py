@@ -59,8 +59,8 @@ def _check_options(options: Mapping[str, Any]) -> None:
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
         raise bad("keep_last", "a positive integer")
     monitor = options["monitor"]
-    if monitor is not None and (not isinstance(monitor, str) or monitor.count("/") != 1
-                                or not all(part.strip() for part in monitor.split("/"))):
+    if monitor is not None and (not isinstance(monitor, str) or "/" not in monitor
+                                or not all(part.strip() for part in monitor.split("/", 1))):
         raise ValueError(f"checkpoint: monitor must look like 'valid/loss' (stage/metric) or be None, got {monitor!r}")
     if monitor is not None and monitor.split("/")[0] not in ("train", "valid"):
         raise bad("monitor", "a metric of the 'train' or 'valid' stage, like 'valid/loss'")
@@ -197,7 +197,7 @@ class Checkpoint:
     def epoch_metrics(self, stage: str, metrics: Any) -> None:
         if self.monitor is None:
             return
-        want_stage, key = self.monitor.split("/")
+        want_stage, key = self.monitor.split("/", 1)
         if stage != want_stage:
             return
         if key in metrics.values:

@@ -219,7 +219,10 @@ class Distributed:
             hook.remove()
 
     def _sharded(self, data: Any, what: str) -> Any:
-        """This rank's part of ``data``; a ``DistributedSampler`` is kept to be told the epoch."""
+        """This rank's part of ``data``; a ``DistributedSampler`` is kept to be told the epoch.
+        Several validation sets (a mapping) are each sharded."""
+        if isinstance(data, Mapping):
+            return {name: self._sharded(part, f"{what}[{name!r}]") for name, part in data.items()}
         data, sampler = shard(data, what, self.rank, self.world_size, self.seed)
         if sampler is not None:
             self._samplers.append(sampler)

@@ -5,7 +5,7 @@ functions of the rank and the world size; the process group is the plugin's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -83,7 +83,11 @@ def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int) 
 
 
 def length(data: Any) -> int:
-    """The number of batches of ``data``, ``-1`` when it has no length."""
+    """The number of batches of ``data``, ``-1`` when it has no length (of several
+    validation sets, a mapping: their sum)."""
+    if isinstance(data, Mapping):
+        counts = [length(part) for part in data.values()]
+        return -1 if -1 in counts else sum(counts)
     try:
         return len(data)
     except TypeError:
