@@ -33,6 +33,7 @@ from hookfit.manager import HookfitWarning, PluginManager, StateMismatch
 from hookfit.payloads import ResumeInfo, StopRequest
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.state import State
+from hookfit.valsets import ValSets, per_set
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop
@@ -93,51 +94,6 @@ def modules(model: Any) -> list[torch.nn.Module]:
         f"model must be a torch.nn.Module, a mapping or a list of modules, "
         f"not {type(model).__name__}"
     )
-
-
-class _ValSets:
-    """Several validation sets run as one stage, one set after the other; ``state.val_set``
-    names the set whose batches are coming. Sized when every set is."""
-
-    def __new__(cls, sets: Mapping[str, Any], state: State) -> _ValSets:
-        sized = all(hasattr(data, "__len__") for data in sets.values())
-        return super().__new__(_SizedValSets if sized and cls is _ValSets else cls)
-
-    def __init__(self, sets: Mapping[str, Any], state: State) -> None:
-        self.sets, self.state = sets, state
-
-    def __iter__(self) -> Iterator[Any]:
-        try:
-            for name, data in self.sets.items():
-                self.state.val_set = name
-                yield from data
-        finally:
-            self.state.val_set = None
-
-
-class _SizedValSets(_ValSets):
-    def __len__(self) -> int:
-        return sum(len(data) for data in self.sets.values())
-
-
-def _per_set(step: Step, state: State) -> Step:
-    """``step`` whose reported names carry the validation set's: ``loss`` of set ``noisy`` is
-    ``noisy/loss`` (``batch_size`` stays as it is: it says how many samples, not a metric)."""
-
-    @functools.wraps(step)
-    def step_of_a_set(loop: Any, batch: Any) -> Any:
-        output = step(loop, batch)
-        if output is None:
-            return None
-        if isinstance(output, _Tensor):
-            output = {"loss": output}
-        if not isinstance(output, Mapping):
-            return output  # the loop names what is wrong with it
-        prefix = f"{state.val_set}/"
-        return {key if key == "batch_size" or not isinstance(key, str) else prefix + key: value
-                for key, value in output.items()}
-
-    return step_of_a_set
 
 
 class Run:
@@ -557,7 +513,7 @@ class Run:
     def _validate(self) -> None:
         with self._eval_modes(), self._grad_mode():
             if isinstance(self.val_data, Mapping):  # several validation sets: one stage
-                self._stage("valid", _per_set(self.val_step, self.state), _ValSets(self.val_data, self.state))  # type: ignore[arg-type]
+                self._stage("valid", per_set(self.val_step, self.state), ValSets(self.val_data, self.state))  # type: ignore[arg-type]
             else:
                 self._stage("valid", self.val_step, self.val_data)  # type: ignore[arg-type]
 
