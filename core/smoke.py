@@ -97,8 +97,8 @@ class Smoke:
         pm.register(watch, name=WATCH)
 
         def before(hook: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
-            for impl in impls:  # a plugin's own helpers (optim.batch_end) count as the plugin
-                self.handled.setdefault(impl.plugin_name.split(".")[0], set()).add(hook)
+            for impl in impls:
+                self.handled.setdefault(impl.plugin_name, set()).add(hook)
             if hook == "step_output" and run.state.stage is not None:
                 self.returned.setdefault(run.state.stage, set()).update(map(str, kwargs["output"]))
 
@@ -142,4 +142,8 @@ class Smoke:
         for name in names:
             events = sorted(self.handled.get(name, ())) or ["none"]
             print(f"hookfit smoke:   {name}: {', '.join(events)}", file=out)
+        helpers = sorted(set(self.handled) - set(names) - {WATCH})  # registered by plugins themselves
+        for name in helpers:
+            print(f"hookfit smoke:   {name} (registered by a plugin): {', '.join(sorted(self.handled[name]))}",
+                  file=out)
         out.flush()

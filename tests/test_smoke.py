@@ -147,3 +147,12 @@ def test_each_validation_set_gets_its_first_batches() -> None:
     hookfit.Loop(lambda l, b: None, range(10), val_step=lambda l, b: seen.append((l.state.val_set, b)),
                  val_data={"a": range(10), "b": range(100, 110)}, smoke=True).fit()
     assert seen == [("a", 0), ("a", 1), ("b", 100), ("b", 101)]
+
+
+def test_helpers_a_plugin_registers_are_reported_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    model, data, step = regression()
+    hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1), smoke=True,
+                 plugins=[Optim(accumulate=2)]).fit()
+    err = capsys.readouterr().err.splitlines()
+    assert "hookfit smoke:   optim.batch_end (registered by a plugin): batch_end" in err, err
+    assert "hookfit smoke: plugins (1), with the events each handled:" in err
