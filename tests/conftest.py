@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from hookfit import manager
 
@@ -32,6 +33,16 @@ def recorder(hookfit_recorder: Recorder) -> Recorder:
 def _isolated(hookfit_isolated: None) -> None:
     """Tests choose their plugins explicitly; a test that wants the discovered ones unsets
     HOOKFIT_PLUGINS itself."""
+
+
+def mse_step(loop, batch):
+    """The manual-stepping step many tests share: the MSE of ``loop.model(x)`` against ``y``,
+    through ``loop.backward`` and ``loop.optimizers``; reports ``{"loss": loss}``."""
+    loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss}
 
 
 # -- distributions made for real: what importlib.metadata discovers for an installed package

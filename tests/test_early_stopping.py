@@ -15,7 +15,7 @@ from hookfit.plugins.early_stopping import EarlyStopping
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
-from conftest import Recorder
+from conftest import Recorder, mse_step
 
 # the valid loss of each epoch (epoch 1 first): best 4.0 at epoch 2, then no improvement
 VALID = [5.0, 4.0, 4.5, 4.2, 4.1, 3.0, 2.0, 1.0, 0.5, 0.25]
@@ -26,12 +26,7 @@ def run(*plugins, valid=VALID, max_epochs=10, **kwargs) -> hookfit.Loop:
     model = torch.nn.Linear(2, 1)
     data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
 
-    def step(loop, batch):
-        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return {"loss": loss}
+    step = mse_step
 
     def val_step(loop, batch):
         return {"loss": torch.tensor(valid[loop.state.epoch]), "accuracy": torch.tensor(-valid[loop.state.epoch])}

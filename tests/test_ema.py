@@ -22,7 +22,7 @@ from hookfit.plugins.ema import EMA
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
-from conftest import Recorder
+from conftest import Recorder, mse_step
 
 BATCHES = 4  # training batches per epoch: one optimizer step each
 
@@ -40,12 +40,7 @@ def make_data() -> tuple[list[Any], list[Any]]:
     return batches[:BATCHES], batches[BATCHES:]
 
 
-def step(loop: Any, batch: Any) -> dict[str, Any]:
-    loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-    loop.backward(loss)
-    loop.optimizers.step()
-    loop.optimizers.zero_grad()
-    return {"loss": loss}
+step = mse_step
 
 
 def val_step(loop: Any, batch: Any) -> dict[str, Any]:

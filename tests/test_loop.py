@@ -8,6 +8,8 @@ import torch
 
 import hookfit
 
+from conftest import mse_step
+
 
 @pytest.mark.parametrize(
     "kwargs, error, match",
@@ -137,11 +139,7 @@ def test_validate_from_a_checkpoint_loads_its_weights_and_writes_nothing(tmp_pat
 
     data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(4)]
 
-    def step(loop, batch):
-        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
+    step = mse_step
 
     losses = []
 

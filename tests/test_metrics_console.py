@@ -17,6 +17,8 @@ from hookfit.plugins.console import Console
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.metrics import Metrics, batch_size
 
+from conftest import mse_step
+
 
 class Collect:
     name = "collect"
@@ -561,12 +563,7 @@ def test_the_console_says_where_a_run_resumed_and_lists_the_users_plugins(tmp_pa
     model = torch.nn.Linear(2, 1)
     data = [(torch.ones(4, 2), torch.zeros(4, 1))] * 4
 
-    def step(loop, batch):
-        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return {"loss": loss}
+    step = mse_step
 
     class Stop:
         name = "stop"
