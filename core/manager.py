@@ -323,6 +323,12 @@ class PluginManager(pluggy.PluginManager):
         return undo_and_notify
 
     # -- names for messages --------------------------------------------------------------
+    def participants(self) -> list[str]:
+        """The run's plugins as the user knows them, in registration order: discovered or
+        given, enabled and registered (not switched off since, nor the helpers a plugin
+        registers for itself, such as ``optim.batch_end``)."""
+        return [name for name, info in self.infos.items() if info.enabled and self.get_plugin(name) is not None]
+
     def describe(self, name: str | None) -> str:
         """A plugin's name with its distribution, for error messages."""
         info = self.infos.get(name or "")

@@ -194,7 +194,7 @@ class Run:
             "event": "run", "name": self.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "argv": list(sys.argv), "seed": self.seed, "deterministic": self.deterministic,
             "resume": self.resume,
-            "plugins": [n for n, i in pm.infos.items() if i.enabled and pm.get_plugin(n) is not None] if pm else [],
+            "plugins": pm.participants() if pm else [],
             "versions": {"hookfit": hookfit.__version__, "torch": torch.__version__, "python": sys.version.split()[0]},
         }
         log = RunFile(folder / "run.jsonl", "hookfit")

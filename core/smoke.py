@@ -136,8 +136,7 @@ class Smoke:
             name = getattr(step, "__qualname__", repr(step))
             keys = ", ".join(sorted(self.returned.get(stage, ()))) or "nothing to report"
             print(f"hookfit smoke: {stage} step {name!r} returned: {keys}", file=out)
-        infos = run.pm.infos if run.pm is not None else {}
-        names = [n for n, i in infos.items() if i.enabled and run.pm.get_plugin(n) is not None]  # type: ignore[union-attr]
+        names = run.pm.participants() if run.pm is not None else []
         print(f"hookfit smoke: plugins ({len(names)}), with the events each handled:", file=out)
         for name in names:
             events = sorted(self.handled.get(name, ())) or ["none"]

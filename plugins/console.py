@@ -157,11 +157,7 @@ class Console:
         self._results.clear()
         data = loop.train_data
         per_epoch = f"batches_per_epoch={len(data)}" if hasattr(data, "__len__") else ""
-        # the plugins as the user knows them (discovered or given), not the helpers a plugin
-        # registers for itself (optim.batch_end, checkpoint.steps)
-        pm = loop.pm
-        plugins = ",".join(name for name, info in pm.infos.items()
-                           if info.enabled and pm.get_plugin(name) is not None)
+        plugins = ",".join(loop.pm.participants())  # as the user knows them: no helpers
         self._print("start", f"epochs={loop.max_epochs}", per_epoch, f"plugins={plugins}")
         if loop.model is not None and loop.is_main and not self._silent:
             self._print_model(summarize(loop.model))

@@ -205,3 +205,41 @@ def test_a_misspelt_declared_event_is_still_caught() -> None:
 
     with pytest.raises(hookfit.PluginError, match="Did you mean 'samples_generated'"):
         hookfit.Loop(lambda l, b: None, [1], plugins=[Sampler(), Typo()]).fit()
+
+
+def test_participants_are_the_plugins_as_the_user_knows_them() -> None:
+    """Enabled and registered plugins, in order; not a disabled one, not one that switched
+    itself off, not a helper a plugin registered for itself."""
+    class Helper:
+        @hookfit.hookimpl
+        def batch_end(self):
+            pass
+
+    class Owner:
+        name = "owner"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.pm.register(Helper(), name="owner.helper")
+
+    class Leaving:
+        name = "leaving"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.pm.unregister(self)
+
+    class Off:
+        name = "off"
+
+    seen = []
+
+    class Look:
+        name = "look"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            seen.append(loop.pm.participants())
+
+    hookfit.Loop(lambda l, b: None, [1], plugins=[Owner(), Leaving(), Off(), Look()], disable=["off"]).fit()
+    assert seen == [["owner", "look"]]
