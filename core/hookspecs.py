@@ -148,6 +148,13 @@ def stage_start(loop: Run, stage: str) -> None:
 
     Fires after the model was put in the stage's mode: for ``"valid"`` the model is already in
     eval mode and autograd is off, and ``loop.training`` is False. The return value is ignored.
+
+    Stages nest one deep: with ``Loop(val_every_n_steps=N)`` a ``"valid"`` stage runs inside
+    the ``"train"`` stage, between two training batches (``loop.state.val_due`` is true
+    throughout it). Its ``stage_start``/``stage_end`` pair fires between the training stage's,
+    ``loop.state.stage`` is ``"valid"`` during it and ``"train"`` again after, with no second
+    ``stage_start("train")``. A plugin that keeps state per stage keeps the training stage's
+    while the validation runs, as it would across any other event.
     """
 
 
@@ -313,7 +320,10 @@ def resume(loop: Run, source: str) -> str | os.PathLike[str] | Literal[False] | 
     position: ``loop.state.epoch``, ``loop.state.step`` and ``loop.state.resume_batch`` (the
     training batches of that epoch already done, which the loop then skips; data with an
     ``iter_from(start)`` method starts there without producing the earlier ones), or
-    ``loop.state.resume_stage = "valid"`` when the epoch's training stage was complete. It returns
+    ``loop.state.resume_stage = "valid"`` when the epoch's training stage was complete, and
+    ``loop.state.val_due`` when a validation due inside the training stage
+    (``val_every_n_steps``) had not run to its end: the loop runs it before the next training
+    batch. It returns
     what it resumed from (a path), or ``False`` when there was nothing to resume from and the
     run starts afresh. First result; the run fails with a clear error when no enabled plugin
     implements this event.

@@ -48,9 +48,12 @@ class Loop:
     ``val_data`` may be a mapping ``{name: data}`` of several validation sets: they run one
     after the other in one validation stage, ``loop.state.val_set`` naming the current one,
     and what the step reports is named per set (``noisy/loss``: ``valid/noisy/loss`` for a
-    monitor). Validation runs every ``val_every_n_epochs`` epochs after the training stage, with every
-    module of ``model`` in eval mode under ``torch.inference_mode()`` (``val_grad_mode="no_grad"``
-    for ``torch.no_grad()``); afterwards each submodule gets back its own previous training flag.
+    monitor). Validation runs every ``val_every_n_epochs`` epochs after the training stage
+    (every epoch by default), or, with ``val_every_n_steps=N`` instead, inside the training stage
+    after every N-th training step (counted over the whole run, as ``max_steps`` is; also after
+    the last step when ``max_steps`` falls on a multiple of N). Either way every module of
+    ``model`` is in eval mode under ``torch.inference_mode()`` (``val_grad_mode="no_grad"`` for
+    ``torch.no_grad()``), and afterwards each submodule gets back its own previous training flag.
 
     A run has an identity, ``name`` (default: the name of ``run_dir`` if given, else the
     script's name: ``train`` for ``python train.py``), and a folder for the files it writes
@@ -87,7 +90,8 @@ class Loop:
         optimizers: Any = None,
         max_epochs: int = 1,
         max_steps: int | None = None,
-        val_every_n_epochs: int = 1,
+        val_every_n_epochs: int | None = None,
+        val_every_n_steps: int | None = None,
         val_grad_mode: Literal["inference", "no_grad"] = "inference",
         run_dir: str | os.PathLike[str] | None = None,
         name: str | None = None,
@@ -125,7 +129,14 @@ class Loop:
             raise ValueError("val_data was given without a val_step to run on it")
         _positive_int(max_epochs, "max_epochs")
         _positive_int(max_steps, "max_steps", allow_none=True)
-        _positive_int(val_every_n_epochs, "val_every_n_epochs")
+        _positive_int(val_every_n_epochs, "val_every_n_epochs", allow_none=True)
+        _positive_int(val_every_n_steps, "val_every_n_steps", allow_none=True)
+        if val_every_n_epochs is not None and val_every_n_steps is not None:
+            raise ValueError(
+                f"give val_every_n_epochs={val_every_n_epochs!r} or val_every_n_steps={val_every_n_steps!r}, "
+                f"not both: validation runs at epoch ends or every N training steps")
+        if val_every_n_steps is not None and val_step is None:
+            raise ValueError(f"val_every_n_steps={val_every_n_steps!r} was given without a val_step and val_data")
         if val_grad_mode not in ("inference", "no_grad"):
             raise ValueError(f"val_grad_mode must be 'inference' or 'no_grad', got {val_grad_mode!r}")
         if name is not None and (not isinstance(name, str) or not name.strip() or any(
@@ -148,7 +159,11 @@ class Loop:
         self.optimizers = optimizers
         self.max_epochs = max_epochs
         self.max_steps = max_steps
-        self.val_every_n_epochs = val_every_n_epochs
+        self.val_every_n_epochs: int | None = (
+            val_every_n_epochs if val_every_n_epochs is not None else 1 if val_every_n_steps is None else None)
+        """Validation every this many epochs, at the epoch's end; ``None`` with
+        ``val_every_n_steps``."""
+        self.val_every_n_steps = val_every_n_steps
         self.val_grad_mode = val_grad_mode
         self.run_dir = Path(run_dir) if run_dir is not None else None
         """``run_dir`` as given (else each run gets a new ``runs/<name>/<date>-<time>``)."""

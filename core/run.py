@@ -108,7 +108,7 @@ class Run:
       shards the data at ``configure``; an optimizer plugin puts managed optimizers in
       ``optimizers`` at ``fit_start``). The ``Loop``'s own configuration is never changed;
     * the configuration, read-only: ``train_step``, ``val_step``, ``max_epochs``,
-      ``max_steps``, ``val_every_n_epochs``, ``val_grad_mode``, ``seed``, ``deterministic``,
+      ``max_steps``, ``val_every_n_epochs``, ``val_every_n_steps``, ``val_grad_mode``, ``seed``, ``deterministic``,
       ``smoke``, ``mode`` (``"fit"`` or ``"validate"``), ``config`` (the ``Loop``);
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
       ``is_main``, ``plugin_states()`` / ``load_plugin_states(states)``, ``wrap_step(wrapper)``;
@@ -130,6 +130,7 @@ class Run:
         self.max_epochs = config.max_epochs
         self.max_steps = config.max_steps
         self.val_every_n_epochs = config.val_every_n_epochs
+        self.val_every_n_steps = config.val_every_n_steps
         self.val_grad_mode = config.val_grad_mode
         self.seed = config.seed
         self.deterministic = config.deterministic
@@ -138,8 +139,12 @@ class Run:
         epoch, a temporary run folder, a report (:mod:`hookfit.smoke`). A plugin that writes
         files where it chooses keeps them in :attr:`run_dir` instead during one."""
         self._smoke = smoke.Smoke() if self.smoke else None
-        if self._smoke is not None:
+        if self._smoke is not None:  # one epoch, validated: inside training too when asked
             self.max_epochs, self.max_steps = 1, None
+            if self.val_every_n_epochs is not None:
+                self.val_every_n_epochs = 1
+            if self.val_every_n_steps is not None:
+                self.val_every_n_steps = 1
         if resume is None:
             resume = config.resume if config.resume is not None else os.environ.get(ENV_RESUME) or None
         if self.smoke:
@@ -463,7 +468,8 @@ class Run:
                     if epoch == self._first_epoch:
                         self._warn_eval_mode()
                     self._stage("train", self.train_step, self.train_data, start)
-                if self.val_step is not None and (epoch + 1) % self.val_every_n_epochs == 0:
+                every = self.val_every_n_epochs
+                if self.val_step is not None and every is not None and (epoch + 1) % every == 0:
                     self._validate()
                 self._fire("epoch_end", epoch)
                 self._boundary("epoch_end")
@@ -525,12 +531,17 @@ class Run:
         hot = self.hooks.hot  # type: ignore[union-attr]
         train = stage == "train"
         limit = self.max_steps if train and self.max_steps is not None else sys.maxsize
+        every = self.val_every_n_steps if train and self.val_step is not None else None
         state.stage = stage
         state.batch_idx = start
         self.training = train
         self._fire("stage_start", stage)
         self._boundary("stage_start")
         batch_idx = start - 1
+        if train and state.val_due:  # resumed where a validation inside training was due
+            self._validate_inside(batch_idx)
+        # the next training step at which the loop acts (a validation, max_steps): one test a batch
+        mark = self._mark(limit, every)
         whole = data
         if start:
             iter_from = getattr(data, "iter_from", None)
@@ -552,14 +563,20 @@ class Run:
                     call(self, output, batch)
             if train:
                 state.step += 1
+                if state.step >= mark and every is not None:
+                    state.val_due = state.step % every == 0
             if (call := hot.batch_end) is not None:
                 call(self, output, batch, batch_idx)
             if hot.asks or self._stop is not None:
                 self._after_batch()
-            if state.step >= limit:
-                if self._more(batches, whole, batch_idx):
-                    raise _Budget
-                break
+            if state.step >= mark:
+                if state.val_due:
+                    self._validate_inside(batch_idx)
+                if state.step >= limit:
+                    if self._more(batches, whole, batch_idx):
+                        raise _Budget
+                    break
+                mark = self._mark(limit, every)
         if batch_idx < 0:
             raise ValueError(
                 f"{stage} data yielded no batches in epoch {state.epoch}"
@@ -567,7 +584,24 @@ class Run:
                    "DataLoader or another re-iterable)" if state.epoch else "")
             )
         self._fire("stage_end", stage)
+        if not train:
+            state.val_due = False  # a validation due inside training has run to its end
         self._boundary("stage_end")
+
+    def _mark(self, limit: int, every: int | None) -> int:
+        """The next global step at which the training stage must act: ``max_steps``, or a
+        multiple of ``val_every_n_steps`` (``sys.maxsize`` outside training)."""
+        if every is None:
+            return limit
+        return min(limit, (self.state.step // every + 1) * every)
+
+    def _validate_inside(self, batch_idx: int) -> None:
+        """The validation due inside the training stage (``val_every_n_steps``), between
+        training batch ``batch_idx`` and the next: a ``"valid"`` stage nested in the
+        ``"train"`` one, after which the training stage goes on where it was."""
+        state = self.state
+        self._validate()
+        state.stage, state.batch_idx, self.training = "train", batch_idx, True
 
     @staticmethod
     def _more(batches: Any, data: Any, batch_idx: int) -> bool:

@@ -12,6 +12,10 @@
   epoch (``epoch_end``: the epoch's checkpoint is written first), with ``complete=True``: the
   run ends ``completed``, no further batch runs, and the reason names the metric, the best
   value and its epoch (counted from 1, as everything a user reads).
+* With validation inside training (``Loop(val_every_n_steps=N)``) a ``valid`` monitor counts
+  validations, not epochs: after ``patience`` validations in a row without improvement it stops
+  right after the one that decided (at its ``stage_end``, before any further training batch),
+  and the reason names the step of the best value too.
 * A ``valid`` monitor in a run without validation is an error when training starts; a metric
   the run never produces is an error at the first epoch end it should have appeared at, naming
   the metrics that exist.
@@ -34,8 +38,9 @@ STAGES = ("train", "valid")
 
 
 class EarlyStopping:
-    """Stop training when ``monitor`` has not improved for ``patience`` epochs (see the module
-    documentation). Every option is checked here, with a ``ValueError`` naming it."""
+    """Stop training when ``monitor`` has not improved for ``patience`` epochs (validations,
+    with ``Loop(val_every_n_steps=N)``; see the module documentation). Every option is checked
+    here, with a ``ValueError`` naming it."""
 
     name = "early_stopping"
 
@@ -61,8 +66,10 @@ class EarlyStopping:
     def _reset(self) -> None:
         self.best: float | None = None
         self.best_epoch: int | None = None  # from 0, as loop.state.epoch
+        self.best_step: int | None = None
         self.wait = 0  # epochs in a row without improvement
         self._heard: int | None = None  # the last epoch whose monitored stage was published
+        self._epoch_step = 0  # the global step as the current epoch started
 
     # -- events -----------------------------------------------------------------------------
     @hookimpl
@@ -77,11 +84,12 @@ class EarlyStopping:
 
     @hookimpl
     def epoch_start(self, loop: Any, epoch: int) -> None:
+        self._epoch_step = loop.state.step
         if self.monitor is not None and self.best is not None and self.wait and self.wait >= self.patience:
-            loop.request_stop(self._reason(), complete=True)  # resumed after it stopped: no batch
+            loop.request_stop(self._reason(loop), complete=True)  # resumed after it stopped: no batch
 
     @hookimpl
-    def epoch_metrics(self, stage: str, metrics: Any) -> None:
+    def epoch_metrics(self, loop: Any, stage: str, metrics: Any) -> None:
         if self.monitor is None:
             return
         want, key = self.monitor.split("/", 1)
@@ -95,9 +103,11 @@ class EarlyStopping:
             )
         value = float(metrics.values[key].epoch)
         if self._improves(value):
-            self.best, self.best_epoch, self.wait = value, metrics.epoch, 0
+            self.best, self.best_epoch, self.best_step, self.wait = value, metrics.epoch, metrics.step, 0
         else:
             self.wait += 1
+        if self._by_step(loop) and self.wait and self.wait >= self.patience:
+            loop.request_stop(self._reason(loop), complete=True)  # at this validation's stage_end
 
     @hookimpl
     def epoch_end(self, loop: Any, epoch: int) -> None:
@@ -109,14 +119,15 @@ class EarlyStopping:
                 f"{self.monitor.split('/')[0]} metrics of epoch {epoch + 1} (epoch_metrics): is the "
                 f"metrics plugin enabled?"
             )
-        if self._heard == epoch and self.wait and self.wait >= self.patience:
-            loop.request_stop(self._reason(), complete=True)
+        if self._heard == epoch and self.wait and self.wait >= self.patience and not self._by_step(loop):
+            loop.request_stop(self._reason(loop), complete=True)
 
     @hookimpl
     def save_state(self) -> dict[str, Any] | None:
         if self.monitor is None:
             return None
-        return {"monitor": self.monitor, "best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}
+        return {"monitor": self.monitor, "best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,
+                "best_step": self.best_step}
 
     @hookimpl
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -125,6 +136,7 @@ class EarlyStopping:
         if state.get("monitor") != self.monitor:
             return  # it watched another metric: its best says nothing about this one; start fresh
         self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], int(state["wait"])
+        self.best_step = state.get("best_step")
 
     # -- deciding ---------------------------------------------------------------------------
     def _improves(self, value: float) -> bool:
@@ -140,10 +152,26 @@ class EarlyStopping:
         """Whether the monitored stage ran in ``epoch`` (validation may run every n epochs)."""
         if self.monitor.startswith("train/"):  # type: ignore[union-attr]
             return True
-        return loop.val_step is not None and (epoch + 1) % loop.val_every_n_epochs == 0
+        if loop.val_step is None:
+            return False
+        if loop.val_every_n_steps is not None:  # a multiple of N among this epoch's steps
+            every = loop.val_every_n_steps
+            return loop.state.step // every > self._epoch_step // every
+        return (epoch + 1) % loop.val_every_n_epochs == 0
 
-    def _reason(self) -> str:
+    def _by_step(self, loop: Any) -> bool:
+        """Whether the monitored metric comes from validations inside training, counted one
+        by one rather than by epoch."""
+        return loop.val_every_n_steps is not None and self.monitor.startswith("valid/")  # type: ignore[union-attr]
+
+    def _reason(self, loop: Any) -> str:
         by = f" by more than {self.min_delta:g}" if self.min_delta else ""
-        best = "none" if self.best is None else f"{self.best:.6g} at epoch {self.best_epoch + 1}"  # type: ignore[operator]
-        return (f"early stopping: {self.monitor} did not improve{by} for {self.wait} epoch(s) "
+        if self.best is None:
+            best = "none"
+        elif self._by_step(loop) and self.best_step is not None:
+            best = f"{self.best:.6g} at step {self.best_step} (epoch {self.best_epoch + 1})"  # type: ignore[operator]
+        else:
+            best = f"{self.best:.6g} at epoch {self.best_epoch + 1}"  # type: ignore[operator]
+        counted = "validation(s)" if self._by_step(loop) else "epoch(s)"
+        return (f"early stopping: {self.monitor} did not improve{by} for {self.wait} {counted} "
                 f"(patience {self.patience}); best ({self.mode}) {best}")

@@ -80,7 +80,8 @@ def train(run_dir, *, stop=None, resume=None, checkpoint=None, extra=(), accumul
         plugins.append(StopAfter(stop))
     loop = hookfit.Loop(
         step, Batches(x, y, batch_size=8, shuffle=True, seed=3),
-        val_step=lambda l, b: {"vloss": torch.nn.functional.mse_loss(l.model(b[0]), b[1])},
+        # validation draws from the RNG too: a stop inside it resumes before it, RNG included
+        val_step=lambda l, b: {"vloss": torch.nn.functional.mse_loss(l.model(b[0]), b[1]), "vnoise": torch.rand(())},
         val_data=Batches(x[:16], y[:16], batch_size=8), model=model,
         optimizers=torch.optim.Adam(model.parameters(), lr=0.01), max_epochs=epochs,
         run_dir=run_dir, resume=resume, plugins=plugins)

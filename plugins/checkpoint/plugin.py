@@ -115,7 +115,9 @@ class Checkpoint:
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Any = None
-        self._stage: str | None = None
+        self._stage: str | None = None  # the innermost stage running
+        self._training = False  # a training stage is open (a validation may run inside it)
+        self._rng_before_valid: dict[str, Any] | None = None  # the random state as validation began
         self._train_start = (0, 0)  # the global step and the first batch of the running training stage
         self._done = (0, 0, "train")  # the position outside a training stage: epoch, training batches done, next stage
         self._last_time = 0.0
@@ -154,7 +156,7 @@ class Checkpoint:
         self._loop = loop
         self._last_time = time.monotonic()
         self._done = (loop.state.epoch, 0, "train")
-        self._stage = None
+        self._stage, self._training, self._rng_before_valid = None, False, None
         self._last_value = None
         self.off = loop.model is None
         if self.off:
@@ -184,14 +186,22 @@ class Checkpoint:
     @hookimpl
     def stage_start(self, loop: Any, stage: str) -> None:
         self._stage = stage
+        if stage == "valid":
+            # a checkpoint taken during validation resumes before it (the validation runs
+            # again, from its start): it keeps the random state of that moment, not of the
+            # middle of the validation
+            self._rng_before_valid = _rng_state()
         if stage == "train":
+            self._training = True
             self._train_start = (loop.state.step, loop.state.batch_idx)
 
     @hookimpl
     def stage_end(self, loop: Any, stage: str) -> None:
         if stage == "train":
             self._done = (loop.state.epoch, self._trained(loop), "valid")
-        self._stage = None
+            self._training = False
+        self._rng_before_valid = None
+        self._stage = "train" if self._training else None
 
     @hookimpl
     def epoch_metrics(self, stage: str, metrics: Any) -> None:
@@ -232,13 +242,15 @@ class Checkpoint:
                 self.save(loop, "interrupt")
             elif state.status == "failed" and self.on_failure:
                 self.save(loop, "failure")
-            elif state.status == "completed" and self._stage == "train":
-                # max_steps reached inside the epoch: a longer run continues from here
-                self.save(loop, "max_steps")
+            elif state.status == "completed" and self._training:
+                # max_steps reached inside the epoch (a longer run continues from here), or a
+                # rule ended the run there (early stopping after a validation inside training)
+                budget = loop.max_steps is not None and state.step >= loop.max_steps
+                self.save(loop, "max_steps" if budget else "completed")
         finally:
             self._wait()
             self._loop = None
-            self._stage = None
+            self._stage, self._training, self._rng_before_valid = None, False, None
 
     @hookimpl
     def save_state(self) -> dict[str, Any]:
@@ -262,8 +274,10 @@ class Checkpoint:
 
     def position(self, loop: Any) -> tuple[int, int, str]:
         """Where a checkpoint taken now resumes: epoch (from 0), training batches of that
-        epoch done, and the stage to start with (``"valid"`` once the training stage ended)."""
-        if self._stage == "train":
+        epoch done, and the stage to start with (``"valid"`` once the training stage ended).
+        Inside the training stage, ``loop.state.val_due`` says whether a validation due there
+        is still to run (the payload records it)."""
+        if self._training:
             return (loop.state.epoch, self._trained(loop), "train")
         return self._done
 
@@ -321,13 +335,16 @@ class Checkpoint:
         """Everything a checkpoint holds, as plain data and tensors (the ``digest`` is added
         when it is written)."""
         state = loop.state
+        position: dict[str, Any] = {"epoch": epoch, "step": state.step, "resume_batch": done, "resume_stage": stage}
+        if state.val_due and stage == "train":
+            position["val_due"] = True  # the validation due at this step has not run to its end
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
-            "loop": {"epoch": epoch, "step": state.step, "resume_batch": done, "resume_stage": stage},
+            "loop": position,
             "model": _model_state(loop.model),
             "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
-            "rng": _rng_state(),
+            "rng": self._rng_before_valid if self._rng_before_valid is not None else _rng_state(),
             "data": {k: d.state_dict() for k, d in (("train", loop.train_data), ("valid", loop.val_data))
                      if hasattr(d, "state_dict") and hasattr(d, "load_state_dict")},
             "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": self.monitor,
@@ -465,6 +482,7 @@ class Checkpoint:
         loop.state.step = position["step"]
         loop.state.resume_batch = position["resume_batch"]
         loop.state.resume_stage = position["resume_stage"]
+        loop.state.val_due = bool(position.get("val_due", False))
         self._done = (position["epoch"], position["resume_batch"], position["resume_stage"])
 
     def _adopt(self, loop: Any, position: Mapping[str, Any]) -> None:

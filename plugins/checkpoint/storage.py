@@ -228,6 +228,9 @@ def _check_position(position: Any, path: Path) -> None:
     if stage not in STAGES:
         raise CheckpointError(f"checkpoint: {path}: impossible position: loop['resume_stage'] is {stage!r}, "
                               f"not 'train' or 'valid'")
+    if not isinstance(position.get("val_due", False), bool):
+        raise CheckpointError(f"checkpoint: {path}: impossible position: loop['val_due'] is "
+                              f"{position['val_due']!r}, not True or False")
 
 
 def check_data_length(position: Mapping[str, Any], train_data: Any, path: Path) -> None:

@@ -43,12 +43,14 @@ class Metrics:
         self.defer = defer
         self.sync_every = sync_every
         self._every = 0  # with several processes: publish every this many batches
+        self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only, no per-step log line (the fast path)
         self._resumed: _Stage | None = None
         self._stage_name: str | None = None
         self.history: dict[str, collections.deque] = {}
         self._history_epochs = history_epochs
         self._stage: _Stage | None = None
+        self._outer: list[tuple[str | None, _Stage]] = []  # stages a nested one interrupted
         self._next_publish = 0.0
         self._log_file: RunFile | None = None
         self.loop: Any = None
@@ -63,11 +65,22 @@ class Metrics:
 
     @hookimpl
     def stage_start(self, loop: Any, stage: str) -> None:
+        if self._stage is not None:  # a validation inside training: the training aggregate waits
+            self._outer.append((self._stage_name, self._stage))
         resumed, self._resumed = self._resumed, None
         self._stage = resumed if resumed is not None and stage == "train" else _Stage(self.window)
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
-        self._every = self.sync_every if self._reduce(loop) is not None else 0
+        self._publishing(loop, stage)
+
+    def _publishing(self, loop: Any, stage: str | None) -> None:
+        """How the running stage publishes. With several processes, training publishes every
+        ``sync_every`` batches (the same ones everywhere, for the reduction); validation parts
+        may differ by a batch, so what it publishes before its end is this process's own,
+        reduced only at its ``stage_end``."""
+        several = self._reduce(loop) is not None
+        self._every = self.sync_every if several and stage == "train" else 0
+        self._local = several and stage != "train"
         self._by_time = not self._every and not self.log_every_n_steps
 
     @hookimpl
@@ -163,7 +176,9 @@ class Metrics:
         self._write({"event": "epoch", **snapshot.row()})
         if (call := loop.hooks.epoch_metrics) is not None:
             call(loop, stage, snapshot)
-        self._stage = None
+        self._stage_name, self._stage = self._outer.pop() if self._outer else (None, None)
+        if self._stage is not None:  # back in the training stage a validation ran inside
+            self._publishing(loop, self._stage_name)
 
     @hookimpl
     def resumed(self, info: ResumeInfo) -> None:
@@ -180,16 +195,17 @@ class Metrics:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
-        self._stage = None
+        self._stage, self._outer = None, []
         self.loop = None
 
     @hookimpl
     def save_state(self) -> dict[str, Any]:
         """History, and the aggregate of the training stage in progress (if any)."""
-        running = self._stage is not None and self._stage_name == "train"
+        running = [agg for name, agg in (*self._outer, (self._stage_name, self._stage))
+                   if name == "train" and agg is not None]
         return {
             "history": {s: [dict(e) for e in h] for s, h in self.history.items()},
-            "train_stage": self._stage.state() if running else None,  # type: ignore[union-attr]
+            "train_stage": running[0].state() if running else None,
         }
 
     @hookimpl
@@ -214,7 +230,7 @@ class Metrics:
         assert agg is not None
         if values is None:
             agg.read()
-            values = agg.values(self._reduce(loop))
+            values = agg.values(None if self._local else self._reduce(loop))
         data = loop.val_data if loop.state.stage == "valid" else loop.train_data
         stage = loop.state.stage or "train"
         return MetricsSnapshot(

@@ -98,6 +98,8 @@ class Dashboard:
         self.recent = False
         self.show_help = False
         self.progress = Progress()
+        self._open: list[str] = []  # the stages running, outermost first
+        self._waiting: list[tuple[str, int, int | None, float]] = []  # progress of stages a nested one interrupted
         self.log: list[str] = []
         self._build()
 
@@ -106,6 +108,10 @@ class Dashboard:
         getattr(self, f"_on_{kind}")(*args)
 
     def _on_stage(self, stage: str, epoch: int, total: int | None) -> None:
+        p = self.progress
+        if self._open:  # a validation inside training: the training bar comes back after it
+            self._waiting.append((p.stage, p.batches, p.total, p.rate))
+        self._open.append(stage)
         self.progress.stage, self.progress.batches, self.progress.total = stage, 0, total
         self.progress.rate = 0.0
         self.progress.totals[stage] = total
@@ -130,6 +136,13 @@ class Dashboard:
             if m.stage == "valid":
                 self._series("valid", key).add(m.step, value.epoch)
             self.table.setdefault(key, {})[f"{m.stage}_final"] = value.epoch
+
+    def _on_stage_end(self, stage: str) -> None:
+        if self._open:
+            self._open.pop()
+        if self._waiting and len(self._waiting) >= len(self._open):
+            p = self.progress
+            p.stage, p.batches, p.total, p.rate = self._waiting.pop()
 
     def _on_stopping(self, reason: str) -> None:
         self.stopping = reason

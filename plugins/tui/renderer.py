@@ -167,6 +167,11 @@ class TuiRenderer:
             self._inbox.append(("stage", stage, loop.state.epoch, len(data) if hasattr(data, "__len__") else None))
 
     @hookimpl
+    def stage_end(self, stage: str) -> None:
+        if self.active:
+            self._inbox.append(("stage_end", stage))
+
+    @hookimpl
     def metrics_update(self, metrics: Any) -> None:
         if self.active:
             if self._suspended:

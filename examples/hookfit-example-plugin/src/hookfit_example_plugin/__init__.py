@@ -57,7 +57,6 @@ class ExampleCounter:
         self.stages: dict[str, int] = {}
         self.epochs = 0
         self.summary: dict[str, Any] | None = None
-        self._stage: str | None = None
 
     @hookimpl
     def fit_start(self) -> None:
@@ -69,15 +68,15 @@ class ExampleCounter:
 
     @hookimpl
     def stage_start(self, stage: str) -> None:
-        self._stage = stage
         self.stages[stage] = self.stages.get(stage, 0) + 1
         self.batches.setdefault(stage, 0)
         self.skipped.setdefault(stage, 0)
 
     @hookimpl
-    def batch_end(self, output: Mapping[str, Any] | None) -> None:
-        # Per-batch hot path: two dict updates, nothing kept from the batch or the output.
-        stage = self._stage or "unknown"
+    def batch_end(self, loop: Any, output: Mapping[str, Any] | None) -> None:
+        # Per-batch hot path: two dict updates, nothing kept from the batch or the output. The
+        # stage is the loop's (a validation may run inside the training stage: stages nest).
+        stage = loop.state.stage or "unknown"
         self.batches[stage] = self.batches.get(stage, 0) + 1
         if output is None:
             self.skipped[stage] = self.skipped.get(stage, 0) + 1
@@ -85,7 +84,6 @@ class ExampleCounter:
     @hookimpl
     def fit_end(self, loop: Any) -> None:
         state = loop.state
-        self._stage = None
         self.summary = {
             "plugin": self.name,
             "status": state.status,
