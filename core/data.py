@@ -91,6 +91,8 @@ class Batches:
         self.drop_last = bool(drop_last)
         self.rank = 0
         self.world_size = 1
+        self.even = True
+        """Whether every shard has the same number of samples (see :meth:`shard`)."""
         self._epoch = 0
         self._cached: tuple[int, int, list[torch.Tensor]] | None = None  # seed, epoch, indices
 
@@ -105,6 +107,8 @@ class Batches:
 
     def _shard_samples(self) -> int:
         """Samples this shard has each epoch (padding included)."""
+        if not self.even:
+            return len(range(self.rank, self.num_samples, self.world_size))
         if self.drop_last:
             return self.num_samples // self.world_size
         return -(-self.num_samples // self.world_size)
@@ -115,7 +119,8 @@ class Batches:
         return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
 
     def __repr__(self) -> str:
-        shard = f", rank={self.rank}, world_size={self.world_size}" if self.world_size > 1 else ""
+        shard = (f", rank={self.rank}, world_size={self.world_size}{'' if self.even else ', even=False'}"
+                 if self.world_size > 1 else "")
         return (f"Batches({self.num_samples} samples, batch_size={self.batch_size}, "
                 f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
                 f"epoch={self._epoch}{shard})")
@@ -132,7 +137,7 @@ class Batches:
             order = torch.randperm(self.num_samples, generator=generator)
         else:
             order = torch.arange(self.num_samples)
-        total = self._shard_samples() * self.world_size
+        total = self._shard_samples() * self.world_size if self.even else self.num_samples
         if total > len(order):  # pad by wrapping around, as DistributedSampler does
             order = order.repeat(-(-total // len(order)))
         order = order[self.rank:total:self.world_size]
@@ -174,13 +179,15 @@ class Batches:
             else:
                 yield from zip(*[g.split(size) for g in gathered])
 
-    def shard(self, rank: int, world_size: int) -> Batches:
+    def shard(self, rank: int, world_size: int, *, even: bool = True) -> Batches:
         """A new ``Batches`` over rank ``rank``'s part of the data among ``world_size`` ranks,
         at this one's seed and epoch. As with ``DistributedSampler``: the epoch's order is
         the same on every rank (the global permutation, or ``0..n-1``) and rank ``r`` takes
         its rows ``r, r + world_size, ...``; every rank gets the same number of samples, the
         order wrapping around to fill the last ones, or, with ``drop_last``, the remainder
-        dropped. Shard the whole data only: a shard cannot be sharded again."""
+        dropped. With ``even=False`` (validation) nothing is repeated or left out: every
+        sample is in exactly one shard, and shards may differ by one sample (and so by one
+        batch). Shard the whole data only: a shard cannot be sharded again."""
         rank, world_size = operator.index(rank), operator.index(world_size)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"shard({rank}, {world_size}): need world_size >= 1 and 0 <= rank < world_size")
@@ -189,6 +196,7 @@ class Batches:
         part = Batches(*self.tensors, batch_size=self.batch_size, shuffle=self.shuffle,
                        seed=self.seed, drop_last=self.drop_last)
         part.rank, part.world_size, part._epoch = rank, world_size, self._epoch
+        part.even = bool(even)
         return part
 
     def state_dict(self) -> dict[str, Any]:

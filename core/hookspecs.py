@@ -229,8 +229,12 @@ def agree_stop(loop: Run, request: StopRequest | None, boundary: str) -> StopReq
     same boundary (or their collective operations would not match). ``request`` is this
     process's pending stop request, ``None`` if there is none; ``boundary`` is where the loop
     is: ``"start"``, ``"epoch_start"``, ``"stage_start"``, ``"batch"``, ``"stage_end"`` or
-    ``"epoch_end"``. Every process reaches the same boundaries in the same order. Return the
-    agreed :class:`~hookfit.payloads.StopRequest` to stop every process here, ``False`` to
+    ``"epoch_end"``. Every process reaches the same boundaries in the same order, with one
+    exception: the ``"batch"`` boundaries of a validation stage (``loop.training`` is False),
+    where processes may run different numbers of batches (each validates its own part of the
+    data, every sample exactly once). There an implementation runs no collective operation and
+    answers ``False``: a stop asked during a validation waits for its ``"stage_end"``. Return
+    the agreed :class:`~hookfit.payloads.StopRequest` to stop every process here, ``False`` to
     carry on (a pending request then waits for a later boundary), or ``None`` to leave the
     decision to this process's own request. First result.
     """
@@ -355,7 +359,8 @@ def all_reduce(loop: Run, tensor: torch.Tensor) -> torch.Tensor | None:
     the run has one process and callers use their own value. Metrics plugins call it to
     publish global numbers (sums and counts, so that means stay weighted); with several
     processes they therefore publish at the same batch on every process (every N batches),
-    never by the clock. First result.
+    never by the clock. In a validation stage processes may run different numbers of batches
+    (see ``agree_stop``): call it there only at ``stage_end``, never per batch. First result.
     """
 
 

@@ -260,6 +260,32 @@ def test_sharding_rules() -> None:
         _shard((b for b in range(3)), "train_data")
 
 
+def test_validation_is_sharded_exactly_every_sample_once() -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hookfit.data import Batches
+    from hookfit.plugins.distributed.sharding import ExactSampler, shard
+
+    def parts(data: Any) -> list[Any]:  # ranks 0, 1 and 2 of 3, as the plugin shards validation
+        return [shard(data, "val_data", rank, 3, 0, even=False)[0] for rank in range(3)]
+
+    assert parts(list(range(10))) == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]  # nothing cut
+    x = torch.arange(10.0).unsqueeze(1)
+    for shuffle in (False, True):
+        loaders = parts(DataLoader(TensorDataset(x), batch_size=2, shuffle=shuffle))
+        assert all(isinstance(loader.sampler, ExactSampler) for loader in loaders)
+        rows = [[v for b in loader for v in b[0].flatten().tolist()] for loader in loaders]
+        assert sorted(v for r in rows for v in r) == x.flatten().tolist()  # none twice, none left out
+        assert [len(loader) for loader in loaders] == [2, 2, 2] and [len(r) for r in rows] == [4, 3, 3]
+    batches = parts(Batches(x, batch_size=2, shuffle=True))
+    rows = [[v for b in part for v in b[0].flatten().tolist()] for part in batches]
+    assert sorted(v for r in rows for v in r) == x.flatten().tolist()
+    assert [len(part) for part in batches] == [2, 2, 2] and [len(r) for r in rows] == [4, 3, 3]
+    # training shards stay even: the same batches everywhere, by repeating the first samples
+    even = [shard(Batches(x, batch_size=2), "train_data", rank, 3, 0)[0] for rank in range(3)]
+    assert [sum(len(b[0]) for b in part) for part in even] == [4, 4, 4]
+
+
 @pytest.mark.bad_input
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="stop_check_every"):
@@ -454,6 +480,36 @@ def test_a_stop_on_rank_1_stops_both_ranks_on_two_nodes(tmp_path: Path) -> None:
     assert ranks[0]["params"] == ranks[1]["params"]
     assert "hookfit end status=interrupted" in outputs[0], outputs[0]
     assert not [line for line in outputs[1].splitlines() if line.startswith("hookfit ")], outputs[1]
+
+
+@pytest.mark.slow
+def test_validation_on_two_processes_counts_every_sample_once_as_one_process_does(tmp_path: Path) -> None:
+    """41 validation samples in each of three sets (Batches, a shuffled DataLoader, a list of
+    11 batches): the two ranks' parts differ by a sample or a batch, repeat none and leave none
+    out, and the published validation metrics equal one process's, alone and inside training."""
+    script = ROOT / "tests" / "scripts" / "exact_validation.py"
+    single = subprocess.run([sys.executable, str(script), "one"], cwd=tmp_path, env=_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert single.returncode == 0, single.stdout + single.stderr
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    two = subprocess.run([*_torchrun(), *launch, str(script), "two"], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=180)
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = json.loads((tmp_path / "one.rank0.json").read_text())
+    ranks = [json.loads((tmp_path / f"two.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    # every sample once: 21 + 20 samples a set, one more batch on rank 0 in each
+    assert sum(one["batches"]) == sum(ranks[0]["batches"]) + sum(ranks[1]["batches"]) == 3 * 41
+    assert (len(one["batches"]), len(ranks[0]["batches"]), len(ranks[1]["batches"])) == (33, 18, 15)
+    for run in ("validate", "fit"):
+        want = one[run]
+        assert [row["step"] for row in want] == ([0] if run == "validate" else [3, 6, 9, 12, 15])
+        for rank in ranks:
+            assert len(rank[run]) == len(want)
+            for got, row in zip(rank[run], want):
+                assert got.keys() == row.keys() and got["samples"] == row["samples"] == 3 * 41
+                for key in row.keys() - {"step", "samples"}:
+                    assert got[key] == pytest.approx(row[key], rel=1e-6), (run, key, got, row)
 
 
 @pytest.mark.slow

@@ -28,9 +28,13 @@ What it does, in ``configure`` (before every other plugin starts)
       drift apart. The plugin checks this after the first training batch that produced
       gradients and fails the run with an error that says so. The wrapper is the run's own
       ``loop.model``: the ``Loop``'s configuration keeps the user's module.
-    * Shards ``loop.train_data`` and ``loop.val_data`` so that each rank sees its own part,
-      with the same number of batches on every rank (checked: the ranks must run the same
-      batches, or their collective operations would not match):
+    * Shards ``loop.train_data`` and ``loop.val_data`` so that each rank sees its own part.
+      Training data gets the same number of batches on every rank (checked: the ranks must
+      run the same batches, or their collective operations would not match). Validation data
+      is sharded exactly: every sample in one rank's part, none repeated or left out, so the
+      validation metrics of ``n`` processes are one process's (the parts may differ by one
+      sample or batch; the loop runs no collective per validation batch, and the metrics are
+      reduced once, at the validation's end). The rules, for training (validation: below):
 
       - data with a ``shard(rank, world_size)`` method (:class:`hookfit.data.Batches`): that
         method; every rank gets the same number of samples, the last ones wrapping around to
@@ -45,6 +49,13 @@ What it does, in ``configure`` (before every other plugin starts)
         at the end are left out);
       - anything else (a generator, an ``IterableDataset``): an error saying what to pass;
         shard such data yourself and give ``Distributed(shard_data=False)``.
+
+      For validation the same, without evening out: ``Batches.shard(rank, world_size,
+      even=False)`` (a ``shard`` method that takes ``even``; one that does not is called as
+      for training), a ``DataLoader`` rebuilt with an ``ExactSampler`` (a
+      ``DistributedSampler`` that neither pads nor drops), and a list cut to no length: rank
+      ``r`` takes batches ``r, r + world_size, ...`` to the end. Every rank needs at least one
+      validation batch (checked).
 
       With ``world_size`` ranks and a per-rank batch of ``b``, one step trains on
       ``world_size * b`` samples: DDP averages the ranks' gradients, so a run on ``n``

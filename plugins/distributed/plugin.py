@@ -144,9 +144,9 @@ class Distributed:
                     loop.pm.unregister(plugin)
         self._wrap(loop, device)
         if self.shard_data:
-            loop.train_data = self._sharded(loop.train_data, "train_data")
+            loop.train_data = self._sharded(loop.train_data, "train_data", even=True)
             if loop.val_data is not None:
-                loop.val_data = self._sharded(loop.val_data, "val_data")
+                loop.val_data = self._sharded(loop.val_data, "val_data", even=False)
         self._check_lengths(loop)
 
     def _device(self, model: Any) -> torch.device:
@@ -218,33 +218,39 @@ class Distributed:
         for hook in hooks:
             hook.remove()
 
-    def _sharded(self, data: Any, what: str) -> Any:
+    def _sharded(self, data: Any, what: str, even: bool) -> Any:
         """This rank's part of ``data``; a ``DistributedSampler`` is kept to be told the epoch.
-        Several validation sets (a mapping) are each sharded."""
+        Several validation sets (a mapping) are each sharded. Training data is sharded
+        ``even`` (the same batches on every rank), validation data exactly (every sample once)."""
         if isinstance(data, Mapping):
-            return {name: self._sharded(part, f"{what}[{name!r}]") for name, part in data.items()}
-        data, sampler = shard(data, what, self.rank, self.world_size, self.seed)
+            return {name: self._sharded(part, f"{what}[{name!r}]", even) for name, part in data.items()}
+        data, sampler = shard(data, what, self.rank, self.world_size, self.seed, even)
         if sampler is not None:
             self._samplers.append(sampler)
         return data
 
     def _check_lengths(self, loop: Any) -> None:
-        """Every rank must run as many batches per stage as the others (one collective, once)."""
+        """Every rank must run as many training batches as the others, and at least one
+        validation batch (one collective, once). Validation parts may differ by a batch: the
+        loop runs no collective per validation batch."""
         dist = _dist()
         lengths = [length(loop.train_data), length(loop.val_data) if loop.val_data is not None else -1]
         mine = torch.tensor(lengths, dtype=torch.int64)
         everyone = [torch.zeros_like(mine) for _ in range(self.world_size)]
         dist.all_gather(everyone, mine, group=self._control)
         rows = [t.tolist() for t in everyone]
-        for column, what in ((0, "train_data"), (1, "val_data")):
-            counts = [row[column] for row in rows]
-            if len(set(counts)) > 1:
-                listed = ", ".join(f"rank {r}: {n if n >= 0 else 'unknown'}" for r, n in enumerate(counts))
-                raise ValueError(
-                    f"distributed: the processes have different numbers of {what} batches per "
-                    f"epoch ({listed}); every rank must run the same batches, or their collective "
-                    f"operations would not match"
-                )
+        empty = [rank for rank, row in enumerate(rows) if row[1] == 0]
+        if empty:
+            raise ValueError(f"distributed: val_data has no batch for rank(s) {empty}; every process needs at "
+                             f"least one validation batch (give more validation samples than processes)")
+        counts = [row[0] for row in rows]
+        if len(set(counts)) > 1:
+            listed = ", ".join(f"rank {r}: {n if n >= 0 else 'unknown'}" for r, n in enumerate(counts))
+            raise ValueError(
+                f"distributed: the processes have different numbers of train_data batches per "
+                f"epoch ({listed}); every rank must run the same batches, or their collective "
+                f"operations would not match"
+            )
 
     # -- every epoch and batch -------------------------------------------------------------
     @hookimpl
@@ -269,6 +275,8 @@ class Distributed:
         """Every ``stop_check_every`` batches, and at every stage and epoch boundary, the ranks
         agree on stopping with one all-reduce of a flag; a request between two checks waits."""
         if boundary == "batch":
+            if not loop.training:  # validation parts may differ by a batch: agree at its stage_end
+                return False
             if not self._forward_checked and self._grad_seen:
                 self._forward_checked = True  # the first backward pass went through DDP
                 self._remove_grad_hooks()

@@ -5,31 +5,61 @@ functions of the rank and the world size; the process group is the plugin's
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
+from torch.utils.data import DistributedSampler
 
-def shard(data: Any, what: str, rank: int, world_size: int, seed: int) -> tuple[Any, Any]:
+
+class ExactSampler(DistributedSampler):
+    """A ``DistributedSampler`` that neither repeats nor drops a sample: rank ``r`` takes
+    indices ``r, r + num_replicas, ...`` of the epoch's order (shuffled with ``seed`` and the
+    epoch, or ``0..n-1``), so the ranks together see every sample exactly once and may differ
+    by one sample. For validation, whose metrics then equal one process's."""
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int, shuffle: bool = False, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))  # type: ignore[arg-type]
+        self.total_size = len(dataset)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
+        else:
+            order = list(range(len(self.dataset)))  # type: ignore[arg-type]
+        return iter(order[self.rank::self.num_replicas])
+
+
+def shard(data: Any, what: str, rank: int, world_size: int, seed: int, even: bool = True) -> tuple[Any, Any]:
     """Rank ``rank``'s part of ``data`` (named ``what`` in errors), and the
     ``DistributedSampler`` to tell the epoch at every ``epoch_start`` (``None`` when there is
-    none)."""
+    none). ``even``: every rank gets as many batches as the others (training: the ranks'
+    collectives must match), by repeating or leaving out a few samples; ``even=False``
+    (validation): every sample exactly once, the ranks' parts differing by at most one
+    sample or batch."""
     world = world_size
     from torch.utils.data import DataLoader
 
     if callable(getattr(data, "shard", None)):
         if getattr(data, "world_size", 1) != 1:  # sharded by the script already
             return data, None
+        if not even and "even" in inspect.signature(data.shard).parameters:
+            return data.shard(rank, world, even=False), None
         return data.shard(rank, world), None
     if isinstance(data, DataLoader):
-        return shard_loader(data, what, rank, world_size, seed)
+        return shard_loader(data, what, rank, world_size, seed, even)
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
-        per_rank = len(data) // world
-        if per_rank == 0:
+        if len(data) < world:
             raise ValueError(
                 f"distributed: {what} has {len(data)} batches, fewer than the {world} "
                 f"processes; every process needs at least one batch"
             )
-        return list(data[rank::world][:per_rank]), None
+        if not even:
+            return list(data[rank::world]), None
+        return list(data[rank::world][:len(data) // world]), None
     raise TypeError(
         f"distributed: cannot shard {what} of type {type(data).__name__} across {world} "
         f"processes. Pass a hookfit.data.Batches, a DataLoader, a list of batches or an "
@@ -38,12 +68,12 @@ def shard(data: Any, what: str, rank: int, world_size: int, seed: int) -> tuple[
     )
 
 
-def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int) -> tuple[Any, Any]:
-    """A ``DataLoader`` rebuilt with a ``DistributedSampler`` (or kept, when it has one), and
-    that sampler."""
+def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int,
+                 even: bool = True) -> tuple[Any, Any]:
+    """A ``DataLoader`` rebuilt with a ``DistributedSampler`` (an :class:`ExactSampler` when
+    not ``even``), or kept when it has one, and that sampler."""
     from torch.utils.data import (
         DataLoader,
-        DistributedSampler,
         IterableDataset,
         RandomSampler,
         SequentialSampler,
@@ -61,11 +91,15 @@ def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int) 
     if loader.batch_size is None or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
         raise TypeError(f"distributed: {what} is a DataLoader with a custom sampler or batch "
                         f"sampler, which cannot be sharded automatically; {fix}")
-    sampler = DistributedSampler(
-        loader.dataset, num_replicas=world_size, rank=rank,
-        shuffle=isinstance(loader.sampler, RandomSampler), seed=seed,
-        drop_last=loader.drop_last,
-    )
+    shuffle = isinstance(loader.sampler, RandomSampler)
+    if not even:
+        if len(loader.dataset) < world_size:
+            raise ValueError(f"distributed: {what} has {len(loader.dataset)} samples, fewer than the "
+                             f"{world_size} processes; every process needs at least one batch")
+        sampler: DistributedSampler = ExactSampler(loader.dataset, world_size, rank, shuffle=shuffle, seed=seed)
+    else:
+        sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                     seed=seed, drop_last=loader.drop_last)
     options: dict[str, Any] = {
         "batch_size": loader.batch_size, "sampler": sampler, "num_workers": loader.num_workers,
         "collate_fn": loader.collate_fn, "pin_memory": loader.pin_memory,

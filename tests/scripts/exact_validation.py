@@ -1,0 +1,82 @@
+"""Validation on several processes against one, for tests/test_distributed.py.
+
+``python exact_validation.py OUT``, or under ``torchrun``: three validation sets of 41 samples,
+one of each kind the distributed plugin shards (``hookfit.data.Batches``, a shuffled
+``DataLoader``, a list of batches of 4: 11 batches), sizes that divide by no number of
+processes. First ``loop.validate()`` alone (the same weights everywhere), then a training run
+validating inside the training stage every 3 steps (``val_every_n_steps``), the metrics
+published at every batch (``Metrics(interval=0)``: a collective per validation batch would
+hang on parts of different lengths). It writes ``OUT.rank<N>.json``: every validation's
+published epoch metrics and samples, for both runs, and the batches this process validated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import hookfit
+from hookfit.data import Batches
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
+
+class Published:
+    name = "published"
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, stage, metrics) -> None:
+        if stage == "valid":
+            self.rows.append({"step": metrics.step, "samples": metrics.samples,
+                              **{k: v.epoch for k, v in metrics.values.items()}})
+
+
+def loop(model: torch.nn.Module, published: Published, counted: list, **kwargs) -> hookfit.Loop:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)
+    vx, vy = torch.randn(41, 4, generator=g), torch.randn(41, 1, generator=g)
+    sets = {"batches": Batches(vx, vy, batch_size=4),
+            "loader": DataLoader(TensorDataset(vx, vy), batch_size=4, shuffle=True),
+            "list": [(vx[i:i + 4], vy[i:i + 4]) for i in range(0, 41, 4)]}
+
+    def train(run, batch):
+        loss = torch.nn.functional.mse_loss(run.model(batch[0]), batch[1])
+        run.backward(loss)
+        run.optimizers.step()
+        run.optimizers.zero_grad()
+        return loss
+
+    def valid(run, batch):
+        counted.append(len(batch[0]))
+        error = run.model(batch[0]) - batch[1]
+        return {"mse": (error ** 2).mean(), "mae": error.abs().mean()}
+
+    # world processes with batch 8 // world train like one process with batch 8
+    return hookfit.Loop(train, Batches(x, y, batch_size=8 // world), val_step=valid, val_data=sets, model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2,
+                        plugins=[Optim(), Metrics(interval=0, log=False), published], **kwargs)
+
+
+def main(out: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    alone, trained, counted_alone, counted = Published(), Published(), [], []
+    state = loop(model, alone, counted_alone).validate()
+    assert state.status == "completed", state
+    state = loop(model, trained, counted, val_every_n_steps=3).fit()
+    assert state.status == "completed", state
+    with open(f"{out}.rank{state.rank}.json", "w") as file:
+        json.dump({"validate": alone.rows, "fit": trained.rows, "batches": counted_alone,
+                   "world_size": state.world_size}, file)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
