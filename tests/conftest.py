@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookfit import manager
+from hookfit import hookimpl, manager
 
 pytest.register_assert_rewrite("hookfit.testing")
 
@@ -33,6 +33,21 @@ def recorder(hookfit_recorder: Recorder) -> Recorder:
 def _isolated(hookfit_isolated: None) -> None:
     """Tests choose their plugins explicitly; a test that wants the discovered ones unsets
     HOOKFIT_PLUGINS itself."""
+
+
+class StopAfter:
+    """Asks for a stop after the run's n-th batch, training and validation batches alike
+    (``should_stop``)."""
+
+    name = "stop_after"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @hookimpl
+    def should_stop(self):
+        self.n -= 1
+        return "test stop" if self.n == 0 else None
 
 
 def mse_step(loop, batch):

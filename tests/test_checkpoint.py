@@ -21,22 +21,10 @@ from hookfit.plugins.checkpoint import FORMAT_VERSION, Checkpoint, CheckpointErr
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
+from conftest import StopAfter
+
 CHILD = Path(__file__).parent / "scripts" / "ckpt_child.py"
 KILLS = 12  # kill -9 points tried by the random-kill test
-
-
-class StopAfter:
-    """Stops the run after its n-th batch, training and validation batches alike."""
-
-    name = "stop_after"
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    @hookfit.hookimpl
-    def should_stop(self, loop):
-        self.n -= 1
-        return "test stop" if self.n == 0 else None
 
 
 class Stateful:

@@ -16,7 +16,7 @@ from hookfit.plugins.early_stopping import EarlyStopping
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
-from conftest import Recorder
+from conftest import Recorder, StopAfter
 
 
 class Published:
@@ -100,20 +100,6 @@ def test_max_steps_on_a_multiple_validates_before_the_run_ends() -> None:
 
 
 # -- exact resume around a validation inside training --------------------------------------------
-
-
-class StopAfter:
-    """Asks for a stop after the run's n-th batch, training and validation batches alike."""
-
-    name = "stop_after"
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    @hookfit.hookimpl
-    def should_stop(self):
-        self.n -= 1
-        return "test stop" if self.n == 0 else None
 
 
 class StopAfterValidation:
