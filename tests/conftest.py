@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import hookfit
 from hookfit import hookimpl, manager
+from hookfit.data import Batches
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
 
 pytest.register_assert_rewrite("hookfit.testing")
 
@@ -132,3 +137,38 @@ def read_only_folder(tmp_path: Path):
             subprocess.run(["umount", str(folder)])
         else:
             folder.chmod(0o700)
+
+
+def resumable_run(run_dir, *, stop=None, resume=None, checkpoint=None, extra=(), accumulate=2, epochs=3, strict=True,
+                  **options):
+    """A small run where what a resumed run continues from matters: 7 shuffled training batches and 2
+    validation batches an epoch, Adam with accumulation windows, dropout, steps that draw from
+    the RNG (validation too: a stop inside it resumes before it, RNG included), checkpoints.
+    ``stop``: a StopAfter(stop); ``options`` go to the Loop. Returns the loop, the model and the
+    metrics history."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(50, 4, generator=g), torch.randn(50, 1, generator=g)
+
+    def step(loop, b):
+        loss = torch.nn.functional.mse_loss(loop.model(b[0]), b[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss, "noise": torch.rand(())}  # the RNG is part of the state
+
+    metrics = Metrics(log=False)
+    plugins = [Optim(accumulate=accumulate), metrics,
+               checkpoint or Checkpoint(every_n_epochs=1, background=False, strict=strict), *extra]
+    if stop:
+        plugins.append(StopAfter(stop))
+    loop = hookfit.Loop(
+        step, Batches(x, y, batch_size=8, shuffle=True, seed=3),
+        val_step=lambda l, b: {"vloss": torch.nn.functional.mse_loss(l.model(b[0]), b[1]), "vnoise": torch.rand(())},
+        val_data=Batches(x[:16], y[:16], batch_size=8), model=model,
+        optimizers=torch.optim.Adam(model.parameters(), lr=0.01), max_epochs=epochs,
+        run_dir=run_dir, resume=resume, plugins=plugins, **options)
+    loop.fit()
+    history = {k: [dict(e) for e in v] for k, v in metrics.history.items()}
+    return loop, model, history

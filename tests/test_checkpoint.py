@@ -22,6 +22,7 @@ from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
 from conftest import StopAfter
+from conftest import resumable_run as train
 
 CHILD = Path(__file__).parent / "scripts" / "ckpt_child.py"
 KILLS = 12  # kill -9 points tried by the random-kill test
@@ -46,36 +47,6 @@ class Stateful:
     @hookfit.hookimpl
     def load_state(self, state):
         self.count = state["count"]
-
-
-def train(run_dir, *, stop=None, resume=None, checkpoint=None, extra=(), accumulate=2, epochs=3, strict=True):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(50, 4, generator=g), torch.randn(50, 1, generator=g)
-
-    def step(loop, b):
-        loss = torch.nn.functional.mse_loss(loop.model(b[0]), b[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return {"loss": loss, "noise": torch.rand(())}  # the RNG is part of the state
-
-    metrics = Metrics(log=False)
-    plugins = [Optim(accumulate=accumulate), metrics,
-               checkpoint or Checkpoint(every_n_epochs=1, background=False, strict=strict), *extra]
-    if stop:
-        plugins.append(StopAfter(stop))
-    loop = hookfit.Loop(
-        step, Batches(x, y, batch_size=8, shuffle=True, seed=3),
-        # validation draws from the RNG too: a stop inside it resumes before it, RNG included
-        val_step=lambda l, b: {"vloss": torch.nn.functional.mse_loss(l.model(b[0]), b[1]), "vnoise": torch.rand(())},
-        val_data=Batches(x[:16], y[:16], batch_size=8), model=model,
-        optimizers=torch.optim.Adam(model.parameters(), lr=0.01), max_epochs=epochs,
-        run_dir=run_dir, resume=resume, plugins=plugins)
-    loop.fit()
-    history = {k: [dict(e) for e in v] for k, v in metrics.history.items()}
-    return loop, model, history
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,11 @@ import pytest
 import torch
 
 import hookfit
-from hookfit.data import Batches
 from hookfit.plugins.checkpoint import Checkpoint, CheckpointError, read
 from hookfit.plugins.early_stopping import EarlyStopping
 from hookfit.plugins.metrics import Metrics
-from hookfit.plugins.optim import Optim
 
-from conftest import Recorder, StopAfter
+from conftest import Recorder, StopAfter, resumable_run
 
 
 class Published:
@@ -127,41 +125,16 @@ class FailInValidation:
 
     @hookfit.hookimpl
     def batch_start(self, loop, batch_idx) -> None:
+        self.state = loop.state
         if not loop.training and loop.state.step == self.step and batch_idx == 1:
             raise RuntimeError("injected failure during validation")
 
 
 def run(run_dir: Path, *, extra=(), resume=None, checkpoint: Checkpoint | None = None):
-    """7 shuffled training batches an epoch, 2 epochs, accumulation windows of 2, dropout, and
-    steps that draw from the RNG (validation too); validation of 2 batches after steps 3, 6, 9
-    and 12: 22 batches in all."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(50, 4, generator=g), torch.randn(50, 1, generator=g)
-
-    def step(loop, b):
-        loss = torch.nn.functional.mse_loss(loop.model(b[0]), b[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return {"loss": loss, "noise": torch.rand(())}
-
-    def valid(loop, b):
-        return {"vloss": torch.nn.functional.mse_loss(loop.model(b[0]), b[1]), "vnoise": torch.rand(())}
-
-    metrics = Metrics(log=False)
-    loop = hookfit.Loop(
-        step, Batches(x, y, batch_size=8, shuffle=True, seed=3), val_step=valid,
-        val_data=Batches(x[:16], y[:16], batch_size=8), model=model, val_every_n_steps=3,
-        optimizers=torch.optim.Adam(model.parameters(), lr=0.01), max_epochs=2, run_dir=run_dir, resume=resume,
-        plugins=[Optim(accumulate=2), metrics, checkpoint or Checkpoint(background=False), *extra])
-    try:
-        loop.fit()
-    except RuntimeError as error:
-        if "injected failure" not in str(error):
-            raise
-    history = {k: [dict(e) for e in v] for k, v in metrics.history.items()}
+    """conftest's resumable run over 2 epochs (7 training batches each), validating 2 batches
+    after steps 3, 6, 9 and 12: 22 batches in all."""
+    loop, model, history = resumable_run(run_dir, extra=extra, resume=resume, epochs=2, val_every_n_steps=3,
+                                         checkpoint=checkpoint or Checkpoint(background=False))
     return loop, [p.detach().clone() for p in model.parameters()], history
 
 
@@ -207,8 +180,10 @@ def test_the_checkpoint_records_whether_the_validation_due_has_run(tmp_path: Pat
 def test_a_crash_during_validation_resumes_from_the_step_checkpoint_taken_before_it(tmp_path: Path, straight) -> None:
     """Checkpoints every 3 steps are written at the batch's end, before the validation due at
     the same step: they say it is due, and a crash inside it loses nothing."""
-    crashed, _, _ = run(tmp_path, extra=[FailInValidation(6)], checkpoint=Checkpoint(every_n_steps=3, background=False))
-    assert crashed.state.status == "failed" and crashed.state.val_due
+    failing = FailInValidation(6)
+    with pytest.raises(RuntimeError, match="injected failure during validation"):
+        run(tmp_path, extra=[failing], checkpoint=Checkpoint(every_n_steps=3, background=False))
+    assert failing.state.status == "failed" and failing.state.val_due
     latest = max((tmp_path / "checkpoints").glob("*.pt"))
     assert latest.name == "epoch0001-step000000006.pt" and read(latest)["loop"]["val_due"] is True
     _equal(run(tmp_path, resume="latest", checkpoint=Checkpoint(every_n_steps=3, background=False)), straight)
