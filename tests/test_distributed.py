@@ -483,33 +483,35 @@ def test_a_stop_on_rank_1_stops_both_ranks_on_two_nodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_validation_on_two_processes_counts_every_sample_once_as_one_process_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["validate", "fit"])
+def test_validation_on_two_processes_counts_every_sample_once_as_one_process_does(tmp_path: Path, mode: str) -> None:
     """41 validation samples in each of three sets (Batches, a shuffled DataLoader, a list of
     11 batches): the two ranks' parts differ by a sample or a batch, repeat none and leave none
-    out, and the published validation metrics equal one process's, alone and inside training."""
+    out, and the published validation metrics equal one process's, alone (validate) and
+    inside training (fit, val_every_n_steps=3)."""
     script = ROOT / "tests" / "scripts" / "exact_validation.py"
-    single = subprocess.run([sys.executable, str(script), "one"], cwd=tmp_path, env=_env(), capture_output=True,
-                            text=True, timeout=120)
+    single = subprocess.run([sys.executable, str(script), "one", mode], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=120)
     assert single.returncode == 0, single.stdout + single.stderr
     launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
-    two = subprocess.run([*_torchrun(), *launch, str(script), "two"], cwd=tmp_path, env=_env(),
+    two = subprocess.run([*_torchrun(), *launch, str(script), "two", mode], cwd=tmp_path, env=_env(),
                          capture_output=True, text=True, timeout=180)
     assert two.returncode == 0, two.stdout + two.stderr
     one = json.loads((tmp_path / "one.rank0.json").read_text())
     ranks = [json.loads((tmp_path / f"two.rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
-    # every sample once: 21 + 20 samples a set, one more batch on rank 0 in each
-    assert sum(one["batches"]) == sum(ranks[0]["batches"]) + sum(ranks[1]["batches"]) == 3 * 41
-    assert (len(one["batches"]), len(ranks[0]["batches"]), len(ranks[1]["batches"])) == (33, 18, 15)
-    for run in ("validate", "fit"):
-        want = one[run]
-        assert [row["step"] for row in want] == ([0] if run == "validate" else [3, 6, 9, 12, 15])
-        for rank in ranks:
-            assert len(rank[run]) == len(want)
-            for got, row in zip(rank[run], want):
-                assert got.keys() == row.keys() and got["samples"] == row["samples"] == 3 * 41
-                for key in row.keys() - {"step", "samples"}:
-                    assert got[key] == pytest.approx(row[key], rel=1e-6), (run, key, got, row)
+    # every sample once, at every validation: 21 + 20 samples a set, one more batch on rank 0 in each
+    validations = 1 if mode == "validate" else 5
+    assert sum(one["batches"]) == sum(ranks[0]["batches"]) + sum(ranks[1]["batches"]) == validations * 3 * 41
+    assert [len(r["batches"]) // validations for r in (one, *ranks)] == [33, 18, 15]
+    want = one["rows"]
+    assert [row["step"] for row in want] == ([0] if mode == "validate" else [3, 6, 9, 12, 15])
+    for rank in ranks:
+        assert len(rank["rows"]) == len(want)
+        for got, row in zip(rank["rows"], want):
+            assert got.keys() == row.keys() and got["samples"] == row["samples"] == 3 * 41
+            for key in row.keys() - {"step", "samples"}:
+                assert got[key] == pytest.approx(row[key], rel=1e-6), (mode, key, got, row)
 
 
 @pytest.mark.slow

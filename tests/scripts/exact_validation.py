@@ -1,13 +1,15 @@
 """Validation on several processes against one, for tests/test_distributed.py.
 
-``python exact_validation.py OUT``, or under ``torchrun``: three validation sets of 41 samples,
-one of each kind the distributed plugin shards (``hookfit.data.Batches``, a shuffled
+``python exact_validation.py OUT MODE``, or under ``torchrun``: three validation sets of 41
+samples, one of each kind the distributed plugin shards (``hookfit.data.Batches``, a shuffled
 ``DataLoader``, a list of batches of 4: 11 batches), sizes that divide by no number of
-processes. First ``loop.validate()`` alone (the same weights everywhere), then a training run
-validating inside the training stage every 3 steps (``val_every_n_steps``), the metrics
-published at every batch (``Metrics(interval=0)``: a collective per validation batch would
-hang on parts of different lengths). It writes ``OUT.rank<N>.json``: every validation's
-published epoch metrics and samples, for both runs, and the batches this process validated.
+processes. MODE ``validate``: ``loop.validate()`` alone (the same weights everywhere);
+``fit``: a training run validating inside the training stage every 3 steps
+(``val_every_n_steps``). The metrics are published at every batch (``Metrics(interval=0)``: a
+collective per validation batch would hang on parts of different lengths). One run a
+process: a second run in the same torchrun process re-creates the process group, which is not
+what this checks. It writes ``OUT.rank<N>.json``: every validation's published epoch metrics
+and samples, and the batches this process validated.
 """
 
 from __future__ import annotations
@@ -65,18 +67,18 @@ def loop(model: torch.nn.Module, published: Published, counted: list, **kwargs) 
                         plugins=[Optim(), Metrics(interval=0, log=False), published], **kwargs)
 
 
-def main(out: str) -> None:
+def main(out: str, mode: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    alone, trained, counted_alone, counted = Published(), Published(), [], []
-    state = loop(model, alone, counted_alone).validate()
-    assert state.status == "completed", state
-    state = loop(model, trained, counted, val_every_n_steps=3).fit()
+    published, counted = Published(), []
+    if mode == "validate":
+        state = loop(model, published, counted).validate()
+    else:
+        state = loop(model, published, counted, val_every_n_steps=3).fit()
     assert state.status == "completed", state
     with open(f"{out}.rank{state.rank}.json", "w") as file:
-        json.dump({"validate": alone.rows, "fit": trained.rows, "batches": counted_alone,
-                   "world_size": state.world_size}, file)
+        json.dump({"rows": published.rows, "batches": counted, "world_size": state.world_size}, file)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])
