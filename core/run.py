@@ -539,7 +539,9 @@ class Run:
         self._boundary("stage_start")
         batch_idx = start - 1
         if train and state.val_due:  # resumed where a validation inside training was due
-            self._validate_inside(batch_idx)
+            if self.val_step is not None:
+                self._validate_inside(batch_idx)
+            state.val_due = False  # (a run resumed without validation has none to run)
         # the next training step at which the loop acts (a validation, max_steps): one test a batch
         mark = self._mark(limit, every)
         whole = data

@@ -248,3 +248,16 @@ def test_the_dashboard_shows_training_progress_again_after_a_validation_inside_i
     board.receive("stage", "valid", 0, 2)  # a validation after the training stage: nothing to come back to
     board.receive("stage_end", "valid")
     assert (board.progress.stage, board.progress.total) == ("valid", 2)
+
+
+def test_a_run_resumed_where_a_validation_was_due_but_without_validation_trains_on(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    trained = []
+    stopped = hookfit.Loop(lambda l, b: trained.append(b), [1, 2, 3, 4], val_step=lambda l, b: None, val_data=[0],
+                           model=model, val_every_n_steps=2, run_dir=tmp_path,
+                           plugins=[Checkpoint(background=False), StopAfter(2)]).fit()
+    assert stopped.status == "interrupted" and stopped.val_due  # stopped before the validation due at step 2
+    state = hookfit.Loop(lambda l, b: trained.append(b), [1, 2, 3, 4], model=model, run_dir=tmp_path, resume="latest",
+                         plugins=[Checkpoint(background=False)]).fit()
+    assert (state.status, state.step, state.val_due) == ("completed", 4, False)
+    assert trained == [1, 2, 3, 4]
