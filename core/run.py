@@ -108,8 +108,9 @@ class Run:
       shards the data at ``configure``; an optimizer plugin puts managed optimizers in
       ``optimizers`` at ``fit_start``). The ``Loop``'s own configuration is never changed;
     * the configuration, read-only: ``train_step``, ``val_step``, ``max_epochs``,
-      ``max_steps``, ``val_every_n_epochs``, ``val_every_n_steps``, ``val_grad_mode``, ``seed``, ``deterministic``,
-      ``smoke``, ``mode`` (``"fit"`` or ``"validate"``), ``config`` (the ``Loop``);
+      ``max_steps``, ``val_every_n_epochs``, ``val_every_n_steps``, ``val_grad_mode``,
+      ``seed``, ``deterministic``, ``smoke``, ``mode`` (``"fit"`` or ``"validate"``),
+      ``config`` (the ``Loop``);
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
       ``is_main``, ``plugin_states()`` / ``load_plugin_states(states)``, ``wrap_step(wrapper)``;
     * ``pm``, the run's plugin manager, and ``hooks``, its resolved events

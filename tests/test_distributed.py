@@ -281,6 +281,10 @@ def test_validation_is_sharded_exactly_every_sample_once() -> None:
     rows = [[v for b in part for v in b[0].flatten().tolist()] for part in batches]
     assert sorted(v for r in rows for v in r) == x.flatten().tolist()
     assert [len(part) for part in batches] == [2, 2, 2] and [len(r) for r in rows] == [4, 3, 3]
+    with pytest.raises(ValueError, match=r"val_data has 2 samples, fewer than the 3 processes"):
+        parts(DataLoader(TensorDataset(x[:2]), batch_size=2))
+    with pytest.raises(ValueError, match=r"val_data has 2 batches, fewer than the 3 processes"):
+        parts([0, 1])
     # training shards stay even: the same batches everywhere, by repeating the first samples
     even = [shard(Batches(x, batch_size=2), "train_data", rank, 3, 0)[0] for rank in range(3)]
     assert [sum(len(b[0]) for b in part) for part in even] == [4, 4, 4]
