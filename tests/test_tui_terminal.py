@@ -425,12 +425,14 @@ def test_sigterm_during_the_persistent_hold_restores_the_terminal_then_terminate
 def test_ctrl_z_is_ignored_while_the_dashboard_is_up(term: Terminal) -> None:
     """urwid >= 5.1 installs a SIGTSTP handler in start(); its suspend path stopped the screen
     from the UI thread and froze the dashboard. The plugin's screen installs no handlers."""
-    term.train(steps=30, delay=0.1)
+    # batches of 2 s: the stopping banner stays up until the current one ends, long enough for
+    # the screen to be read on a loaded machine (with 0.1 s batches the run could end first)
+    term.train(steps=30, delay=2.0)
     term.wait_dashboard()
     term.keys("C-z")
     time.sleep(0.5)
     term.keys("q")
-    term.wait_for("stopping after this batch (q pressed in the dashboard)", timeout=2)
+    term.wait_for("stopping after this batch (q pressed in the dashboard)", timeout=10)
     code, flags, text = term.wait_exit()
     term.assert_restored(flags)
     assert "the dashboard failed" not in text
