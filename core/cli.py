@@ -1,5 +1,6 @@
 """The ``hookfit`` command (also ``python -m hookfit``): ``hookfit plugins``, ``hookfit hooks``,
-``hookfit new-plugin`` and ``hookfit demo``."""
+``hookfit new-plugin``, ``hookfit demo``, and the commands that plugins add (the
+``add_commands`` hook: ``hookfit export`` is the checkpoint plugin's)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import json
 import os
 import sys
 import textwrap
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from hookfit import config, manager
 
     try:  # the file a script started here would read: HOOKFIT_CONFIG, else ./hookfit.toml
@@ -119,8 +119,6 @@ def _run_doc() -> str:
     """:class:`hookfit.run.Run`'s docstring, read from its source so that listing events
     does not import torch."""
     import ast
-    from pathlib import Path
-
     import hookfit
 
     tree = ast.parse((Path(hookfit.__file__).parent / "run.py").read_text(encoding="utf-8"))
@@ -134,8 +132,6 @@ def _hooks(args: argparse.Namespace) -> int:
 
 
 def _new_plugin(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from hookfit import scaffold
 
     try:
@@ -154,8 +150,27 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if state.status == "completed" else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hookfit`` console script."""
+OWN = ("plugins", "hooks", "new-plugin", "demo")
+
+
+def _add_plugin_commands(sub: Any, given: Sequence[Any]) -> None:
+    """The subcommands that the enabled plugins add (``add_commands``)."""
+    from hookfit import config, manager
+
+    try:
+        configured = config.load(config.find(folder=Path.cwd()))
+    except config.ConfigError as error:
+        print(f"hookfit: {error} (plugin commands are not available)", file=sys.stderr)
+        return
+    pm = manager.PluginManager()
+    pm.register_all(manager.collect(given, strict=False, configured=configured), strict=False)
+    pm.hook.add_commands(commands=sub)
+
+
+def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
+    """Entry point of the ``hookfit`` console script; ``plugins`` are added to the installed
+    ones for their commands (as ``Loop(plugins=...)``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="hookfit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled, options")
@@ -172,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("demo", help="train a small classifier on scikit-learn's digits")
     p.add_argument("--epochs", type=int, default=8)
     p.set_defaults(run=_demo)
+    if not argv or argv[0] not in OWN:  # a plugin's command, or help: ask the plugins
+        _add_plugin_commands(sub, plugins)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -212,13 +212,20 @@ class Batches:
         differs, when it was saved by batches of other data (number of samples), another
         batch size, shuffle or drop_last setting, or another number of shards (world size):
         resuming those would not continue the same sequence of batches. The rank may differ:
-        with several processes, rank 0 saves and every rank loads; each keeps its own shard."""
+        with several processes, rank 0 saves and every rank loads; each keeps its own shard.
+        The world size and batch size may differ together when their product, the global
+        batch, is the same (2 processes with batches of 32 resumed on one with 64): the ranks'
+        batches of a step are then the same samples (up to the padding of the last batch)."""
         missing = [key for key in ("seed", "epoch", *_STRUCTURE) if key not in state]
         if missing:
             raise ValueError(f"not a Batches state: missing {', '.join(missing)}")
         mine = self.state_dict()
+        # another number of shards with the same global batch (batch_size * world_size) runs
+        # the same global batches: rank r of w takes rows r, r + w, ... of the epoch's order
+        regrouped = state["batch_size"] * state["world_size"] == mine["batch_size"] * mine["world_size"]
         differ = [f"{key} {state[key]!r} saved, {mine[key]!r} here" for key in _STRUCTURE
-                  if key != "rank" and state[key] != mine[key]]
+                  if key != "rank" and state[key] != mine[key]
+                  and not (regrouped and key in ("batch_size", "world_size"))]
         if differ:
             raise ValueError("the saved state is for other batches: " + "; ".join(differ))
         self.seed = operator.index(state["seed"])

@@ -97,6 +97,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    import argparse
     import os
 
     import torch
@@ -302,6 +303,13 @@ def save_state(loop: Run) -> Any:
     resumed run needs to continue as if never stopped belongs here: an optimizer plugin saves
     the gradients of an open accumulation window (a model's state dict holds none). Called on
     the training thread between batches.
+
+    Sharded tensors (``DTensor``: under FSDP2 the parameters, their gradients and optimizer
+    states) may be returned as they are, on every process: a checkpoint plugin writes each
+    process's shards with ``torch.distributed.checkpoint`` and, at resume, gives back a
+    ``DTensor`` with the same placements on the device mesh of the run's model (resharded
+    when the number of processes changed), or a whole tensor in a run without a mesh. So such
+    a state is asked for on every process, not only the main one.
     """
 
 
@@ -368,8 +376,9 @@ def all_reduce(loop: Run, tensor: torch.Tensor) -> torch.Tensor | None:
 def should_sync_gradients(loop: Run) -> bool | None:
     """Asked before a training batch's step by a plugin that must know (the distributed
     plugin, whose data-parallel wrapper decides in the forward pass whether the backward pass
-    all-reduces gradients): do this batch's backward passes close a gradient-accumulation
-    window, so that the optimizers will step with the gradients they leave?
+    all-reduces gradients, or, with FSDP2, reduce-scatters them): do this batch's backward
+    passes close a gradient-accumulation window, so that the optimizers will step with the
+    gradients they leave?
 
     Implemented by the plugin that owns the optimizer steps (optim). Answer ``True`` when the
     optimizers step after this batch (every batch without accumulation; the window's last
@@ -479,4 +488,20 @@ def claim_output(loop: Run) -> str | None:
     Implementations must decide from the environment alone (is this an interactive
     terminal?), not from the order in which plugins start. Return ``None`` to leave the
     terminal to plain output.
+    """
+
+
+# -- the hookfit command -------------------------------------------------------------------
+
+
+@hookspec
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add subcommands to the ``hookfit`` command line (outside any run: there is no ``loop``).
+
+    ``commands`` is the ``argparse`` sub-parsers object of ``hookfit``: add a parser with
+    ``commands.add_parser(name, help=...)``, its arguments, and ``set_defaults(run=function)``
+    where ``function(args) -> int`` does the work and returns the exit status. Called with
+    every enabled plugin (installed, given, not disabled) when the command is not one of
+    ``hookfit``'s own (``plugins``, ``hooks``, ``new-plugin``, ``demo``); the checkpoint plugin
+    adds ``hookfit export``. A name already taken is an error.
     """

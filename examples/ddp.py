@@ -14,6 +14,10 @@ model in DistributedDataParallel, gives each process its part of the data, sums 
 over the processes and lets only rank 0 print. The one rule: the step calls ``loop.model(x)``
 (the wrapped model), not the ``model`` variable.
 
+``--strategy fsdp`` shards the parameters, gradients and optimizer states over the processes
+(FSDP2) instead of copying the model to each; checkpoints are then written by every process
+with ``torch.distributed.checkpoint`` and can be resumed on another number of processes.
+
 The task is a small synthetic regression (a fixed random teacher network plus noise), so the
 script needs nothing but torch. ``--batch-size`` is per process: ``n`` processes with batch
 ``b`` train exactly like one process with batch ``n * b``. The other options exist for the
@@ -58,6 +62,12 @@ def batches_of(x: torch.Tensor, y: torch.Tensor, batch_size: int, kind: str, shu
     return [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, len(x), batch_size)]
 
 
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter, whole (a sharded one gathered from every rank), in one flat tensor."""
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    return torch.cat([p.detach().flatten() for p in whole])
+
+
 class Dump:
     """Records, per epoch, this rank's parameters and the published epoch metrics, and the
     end of the run; :meth:`write` puts it in ``<path>.rank<N>.json``."""
@@ -91,16 +101,18 @@ class Dump:
                                        **{k: v.epoch for k, v in metrics.values.items()}})
 
     @hookimpl
+    def resumed(self) -> None:
+        self.record["resumed_params"] = flat_params(self.model).tolist()
+
+    @hookimpl
     def epoch_end(self, epoch: int) -> None:
-        params = torch.cat([p.detach().flatten() for p in self.model.parameters()])
-        self.record["epochs"].append({"epoch": epoch, "params": params.tolist()})
+        self.record["epochs"].append({"epoch": epoch, "params": flat_params(self.model).tolist()})
 
     @hookimpl
     def fit_end(self, loop: Any) -> None:
         state = loop.state
         self.record.update(rank=state.rank, status=state.status, reason=state.stop_reason,
-                           step=state.step, epoch=state.epoch,
-                           params=torch.cat([p.detach().flatten() for p in self.model.parameters()]).tolist())
+                           step=state.step, epoch=state.epoch, params=flat_params(self.model).tolist())
 
     def write(self, loop: Any) -> None:
         """Write the record, with what ``loop.model`` is once the run is over."""
@@ -129,6 +141,8 @@ def main(argv: list[str] | None = None) -> hookfit.State:
     parser.add_argument("--data", choices=("batches", "loader", "list"), default="batches")
     parser.add_argument("--shuffle", action="store_true")
     parser.add_argument("--accumulate", type=int, default=1, help="gradient accumulation (optim)")
+    parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",
+                        help="under torchrun: DDP, or FSDP2 (parameters and optimizer states sharded)")
     parser.add_argument("--stop-on-rank", type=int, help="this rank asks for a stop ...")
     parser.add_argument("--stop-at-batch", type=int, default=3, help="... in this training batch")
     parser.add_argument("--fail-on-rank", type=int, help="this rank raises ...")
@@ -170,6 +184,10 @@ def main(argv: list[str] | None = None) -> hookfit.State:
     from hookfit.plugins.optim import Optim
 
     plugins: list[Any] = [Optim(accumulate=args.accumulate)]
+    if args.strategy != "ddp":
+        from hookfit.plugins.distributed import Distributed
+
+        plugins.append(Distributed(strategy=args.strategy))
     dump = Dump(args.dump, model, args.count_allreduce) if args.dump else None
     if dump is not None:
         plugins.append(dump)

@@ -283,6 +283,26 @@ def test_a_state_saved_by_another_rank_loads_into_this_ranks_shard():
     assert_same(list(mine), list(reference))
 
 
+def test_a_state_of_another_world_size_loads_when_the_global_batch_is_the_same():
+    """2 shards of batch 4 resumed as 1 of batch 8 (and back): each step's batches are the same
+    samples, the position carries over; another global batch is refused."""
+    x, y = data(32)
+    two = [Batches(x, y, batch_size=4, shuffle=True, seed=5).shard(r, 2) for r in (0, 1)]
+    for shard in two:
+        shard.set_epoch(2)
+    one = Batches(x, y, batch_size=8, shuffle=True)
+    one.load_state_dict(two[0].state_dict())
+    assert (one.seed, one.epoch, len(one)) == (5, 2, len(two[0]))
+    for k, whole in enumerate(one.iter_from(1), start=1):
+        parts = [list(shard.iter_from(k))[0] for shard in two]
+        assert sorted(whole[0][:, 0].tolist()) == sorted(torch.cat([p[0] for p in parts])[:, 0].tolist())
+    back = Batches(x, y, batch_size=4, shuffle=True).shard(1, 2)
+    back.load_state_dict(one.state_dict())
+    assert (back.seed, back.epoch) == (5, 2)
+    with pytest.raises(ValueError, match="for other batches: world_size 1 saved, 2 here$"):
+        Batches(x, y, batch_size=8, shuffle=True).shard(0, 2).load_state_dict(one.state_dict())
+
+
 @pytest.mark.bad_input
 def test_load_state_dict_refuses_a_foreign_dict():
     with pytest.raises(ValueError, match="missing"):

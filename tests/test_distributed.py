@@ -373,11 +373,11 @@ def _torchrun() -> list[str]:
 
 
 class Run:
-    """``torchrun --nproc-per-node 2 examples/ddp.py ARGS``, started in ``folder``; stdout has
+    """``torchrun --nproc-per-node NPROC examples/ddp.py ARGS``, started in ``folder``; stdout has
     each rank's lines prefixed ``[default<rank>]:`` (stderr too with ``tee="3"``)."""
 
-    def __init__(self, folder: Path, *args: str, tee: str = "1", **env: str) -> None:
-        launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    def __init__(self, folder: Path, *args: str, tee: str = "1", nproc: int = 2, **env: str) -> None:
+        launch = ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
         folder.mkdir(parents=True, exist_ok=True)
         self.start = time.monotonic()
         self.process = subprocess.Popen(
@@ -396,8 +396,8 @@ class Run:
         return self.process.returncode, out, err, time.monotonic() - self.start
 
 
-def torchrun(folder: Path, *args: str, **env: str) -> tuple[int, str, str, float]:
-    return Run(folder, *args, **env).finish()
+def torchrun(folder: Path, *args: str, nproc: int = 2, **env: str) -> tuple[int, str, str, float]:
+    return Run(folder, *args, nproc=nproc, **env).finish()
 
 
 def one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:

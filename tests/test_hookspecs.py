@@ -89,4 +89,14 @@ def test_every_hookspec_is_documented_and_fired() -> None:
     hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()), resume="x",
                  plugins=[Optim(), Metrics(sync_every=1, log=False), Console(), TwoProcessesResumed(), rec]).fit()
     fired |= set(rec.names())
+
+    class Command:  # the hookfit command asks plugins for theirs (hookfit export is one)
+        @hookfit.hookimpl
+        def add_commands(self, commands):
+            fired.add("add_commands")
+            commands.add_parser("recorded").set_defaults(run=lambda args: 7)
+
+    from hookfit import cli
+
+    assert cli.main(["recorded"], plugins=[Command()]) == 7
     assert fired == set(declared), f"never fired: {set(declared) - fired}"

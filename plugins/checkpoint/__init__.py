@@ -24,6 +24,16 @@ monitored metric the run does not produce is warned about once). Names count epo
 the one at its end, so names sort in run order. A run without a model saves nothing (one
 :class:`CheckpointWarning`), and resuming one is an error.
 
+Sharded runs (FSDP2: the model's parameters are ``DTensor`` shards): the checkpoint is a
+folder ``epochNNNN-stepNNNNNNNNN.dcp`` written with :mod:`torch.distributed.checkpoint` by
+every process (its own shards, in parallel; see :mod:`hookfit.plugins.checkpoint.sharded`),
+in the foreground (``background`` applies to one-file checkpoints), atomically as a whole: a
+temporary folder renamed once every part is written. It resumes on any number of processes,
+or in a plain process; ``hookfit export RUN model.pt`` writes its model as one plain state
+dict. The digest covers ``state.pt`` (everything but the shards, whose places, shapes and
+dtypes it names), not the shards' bytes. A checkpoint of an unsharded run is not resumed by a
+sharded one (an error says what to do instead).
+
 Atomic: each file is written to a temporary file ``.<name>.<pid>.tmp`` in the same folder,
 flushed, fsynced, renamed over its final name, and the folder is fsynced. A process killed at
 any moment leaves the previous checkpoint or the new one, never a torn one; the temporary

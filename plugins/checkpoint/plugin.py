@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hookfit import StateMismatch, hookimpl
+from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.state import _load_model, _model_state, _rng_state, _set_rng_state, _snapshot
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
@@ -128,6 +129,7 @@ class Checkpoint:
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
         self._warned: set[str] = set()
+        self._sharded_saves = 0  # this process's sharded saves: their temporary folders' names
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
@@ -253,6 +255,12 @@ class Checkpoint:
             self._stage, self._training, self._rng_before_valid = None, False, None
 
     @hookimpl
+    def add_commands(self, commands: Any) -> None:
+        from hookfit.plugins.checkpoint.export import add_command
+
+        add_command(commands)
+
+    @hookimpl
     def save_state(self) -> dict[str, Any]:
         best = None if self.best is None else [self.best[0], str(self.best[1])]
         return {"best": best, "saved": [str(p) for p in list(self.saved)]}
@@ -315,6 +323,9 @@ class Checkpoint:
         self._raise_write_error()
         position = self.position(loop)
         payload = self.payload(loop, *position, reason=reason, metric=metric)  # also on other ranks: collectives
+        rest, shards = sharded.split(payload)
+        if shards:  # a sharded run: every rank writes its part
+            return self._save_sharded(loop, position, rest, shards, metric, reason)
         if not loop.is_main:
             return None
         path = self.directory(loop) / self.filename(position, loop.state.step, reason)
@@ -351,24 +362,49 @@ class Checkpoint:
                      "status": state.status},
         }
 
-    def _write(self, payload: dict[str, Any], path: Path, metric: float | None, reason: str) -> None:
+    def _save_sharded(self, loop: Any, position: tuple[int, int, str], rest: dict[str, Any],
+                      shards: dict[str, Any], metric: float | None, reason: str) -> Path | None:
+        """A checkpoint of a sharded run (a folder, written by every rank: see
+        :mod:`hookfit.plugins.checkpoint.sharded`), in the foreground: the ranks write together."""
+        import torch.distributed as dist
+
+        self._wait()
+        self._raise_write_error()
+        where: list[Any] = [None]
+        if loop.is_main:
+            path = self.directory(loop).absolute() / self.filename(position, loop.state.step, reason)
+            path = path.with_suffix(sharded.SHARDED_SUFFIX)
+            self._sharded_saves += 1
+            where = [(str(path), f".{path.name}.{os.getpid()}-{self._sharded_saves}.tmp")]
+        if dist.is_available() and dist.is_initialized():
+            dist.broadcast_object_list(where, src=0)  # rank 0's folder, for every rank's part
+        folder, tmp_name = where[0]
+        path = Path(folder)
+        self._write(rest, path, metric, reason, shards=shards, tmp=path.with_name(tmp_name), main=loop.is_main)
+        self._raise_write_error()
+        return path if loop.is_main else None
+
+    def _write(self, payload: dict[str, Any], path: Path, metric: float | None, reason: str,
+               shards: dict[str, Any] | None = None, tmp: Path | None = None, main: bool = True) -> None:
         try:
-            payload["digest"] = digest(payload)  # on the writer thread for background saves
-            atomic_save(payload, path)
+            if shards:
+                sharded.write(payload, shards, tmp, path, main, self._save_file)  # type: ignore[arg-type]
+            else:
+                self._save_file(payload, path)  # on the writer thread for background saves
         except Exception as error:  # noqa: BLE001 - reported below, as configured
             self.failed_saves += 1
             if self.on_save_error == "raise":
                 self._write_error = error
                 return
             kind = f"{type(error).__name__}:{getattr(error, 'errno', '')}"
-            if kind not in self._warned:
+            if kind not in self._warned and main:
                 self._warned.add(kind)
                 warnings.warn(
                     f"checkpoint: could not write {path} ({type(error).__name__}: {error}); the "
                     f"previous checkpoints are kept and training goes on",
                     CheckpointWarning, stacklevel=2)
             return
-        if reason == "failure":
+        if reason == "failure" or not main:
             return
         if path in self.saved:  # the same position written again
             self.saved.remove(path)
@@ -379,13 +415,18 @@ class Checkpoint:
             self.best = (metric, path)
         self._prune()
 
+    @staticmethod
+    def _save_file(payload: dict[str, Any], path: Path) -> None:
+        payload["digest"] = digest(payload)
+        atomic_save(payload, path)
+
     def _prune(self) -> None:
         keep = set(self.saved[-self.keep_last:])
         if self.best is not None:
             keep.add(self.best[1])
         for old in [p for p in self.saved if p not in keep]:
             try:
-                old.unlink()
+                sharded.remove(old)
             except FileNotFoundError:
                 pass
             except OSError:
@@ -410,7 +451,7 @@ class Checkpoint:
             return
         for path in stale_temporaries(folder):
             try:
-                path.unlink()
+                sharded.remove(path)
             except OSError:
                 pass
 
@@ -420,7 +461,7 @@ class Checkpoint:
         ``"latest"`` finds none (the run starts afresh)."""
         if source != "latest":
             path = Path(source)
-            if path.is_dir():
+            if path.is_dir() and not sharded.is_sharded(path):
                 candidates, where = checkpoint_files(path), str(path)
                 if not candidates:
                     raise FileNotFoundError(f"checkpoint: no checkpoint in {path}")
@@ -465,6 +506,15 @@ class Checkpoint:
         return data
 
     def _restore(self, loop: Any, path: Path, data: dict[str, Any]) -> None:
+        here = _model_state(loop.model)
+        if sharded.placeholders(data):
+            data = sharded.load(data, path, here)
+        elif sharded.split(here)[1]:
+            raise CheckpointError(
+                f"checkpoint: {path} was written by a run without sharded parameters, and this run's "
+                f"model is sharded (Distributed(strategy='fsdp')): resume it with the strategy that wrote "
+                f"it, or start the sharded run from its weights (hookfit export, then load_state_dict "
+                f"before Loop.fit())")
         _load_model(loop.model, data["model"], path)
         try:
             loop.load_plugin_states(data["plugins"], strict=self.strict)

@@ -92,18 +92,19 @@ class _Sink:
         self.file.flush()
 
 
-_TMP = re.compile(r"^\..+\.(\d+)\.tmp$")
+_TMP = re.compile(r"^\..+\.(\d+)(?:-\d+|\.old)?\.tmp$")
 
 
 def stale_temporaries(folder: Path) -> list[Path]:
-    """The temporary files ``.<name>.<pid>.tmp`` in ``folder`` left by a process that no
-    longer runs (killed during a write): their pid is not a running process."""
+    """The temporary files ``.<name>.<pid>.tmp`` (and folders of sharded checkpoints,
+    ``.<name>.<pid>-<n>.tmp``) in ``folder`` left by a process that no longer runs (killed
+    during a write): their pid is not a running process."""
     if not folder.is_dir():
         return []
     stale = []
     for path in folder.iterdir():
         match = _TMP.match(path.name)
-        if match is None or not path.is_file():
+        if match is None or not (path.is_file() or path.is_dir()):
             continue
         pid = int(match[1])
         if pid == os.getpid() or _running(pid):
@@ -165,13 +166,20 @@ def _feed(h: Any, obj: Any) -> None:
 
 
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True`` and check it: its format and version,
+    """Load a checkpoint (a file, or the ``state.pt`` of a sharded checkpoint's folder, whose
+    sharded tensors stay placeholders) with ``weights_only=True`` and check it: its format and version,
     that it holds every entry of a checkpoint, a usable RNG state, a possible position, and
     contents that match its digest. Each problem is a :class:`CheckpointError` naming the
     file and what does not match."""
     path = Path(path)
+    source = path
+    if path.is_dir():  # a sharded checkpoint (see hookfit.plugins.checkpoint.sharded)
+        source = path / "state.pt"
+        if not source.is_file() or not (path / ".metadata").is_file():
+            raise CheckpointError(f"checkpoint: {path} is not a whole sharded checkpoint (it lacks "
+                                  f"{'state.pt' if not source.is_file() else 'the DCP .metadata'})")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as error:
         raise CheckpointError(
             f"checkpoint: {path} is not a whole hookfit checkpoint (torn, truncated or not a "
@@ -290,12 +298,13 @@ _NAME = re.compile(r"epoch(\d+)-step(\d+)")
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
-    """The checkpoints ``epoch*.pt`` in ``folder``, newest first (``failed-*.pt`` files are not
-    listed)."""
+    """The checkpoints in ``folder``, newest first: files ``epoch*.pt`` and sharded
+    checkpoints' folders ``epoch*.dcp`` (``failed-*`` ones are not listed)."""
     if not folder.is_dir():
         return []
-    return sorted((p for p in folder.glob(f"epoch*{SUFFIX}") if p.is_file()),
-                  key=lambda p: (p.name, p.stat().st_mtime), reverse=True)
+    found = [p for p in folder.glob(f"epoch*{SUFFIX}") if p.is_file()]
+    found += [p for p in folder.glob("epoch*.dcp") if p.is_dir()]
+    return sorted(found, key=lambda p: (p.stem, p.stat().st_mtime), reverse=True)
 
 
 def position_of(path: Path) -> tuple[int, int]:

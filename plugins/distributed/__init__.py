@@ -98,6 +98,18 @@ Failures
 At ``fit_end``: after a completed or agreed stop, a barrier; then the process group is
 destroyed if this plugin created it.
 
+Sharding the model: ``strategy="fsdp"``
+    Instead of wrapping the model in DDP, ``configure`` applies FSDP2's ``fully_shard`` to the
+    submodules that ``shard_policy`` picks (by default every direct child with parameters),
+    deepest first, then to the model; ``fsdp_options`` go to every call (mixed precision, CPU
+    offload, ``reshard_after_forward``, a mesh). The model stays ``loop.model`` (sharded in
+    place, and still sharded after the run); the ``Loop``'s optimizers are pointed at the
+    sharded parameters, so they must not have stepped before. Inside accumulation windows the
+    plugin calls ``set_requires_gradient_sync(False)``: FSDP2 keeps the window's gradients
+    unsharded inside the model and reduce-scatters them once, at the window's end (so a
+    checkpoint inside a window cannot hold them: one warning says so). Checkpoints of such a
+    run are sharded, written by every rank (see the checkpoint plugin).
+
 Checkpoints: a checkpoint plugin saves on rank 0 only (``loop.is_main``) and loads on every
 rank; ``loop.model`` is then the DDP wrapper, whose ``module`` is the user's model (save that,
 so checkpoints of one and of several processes are interchangeable).

@@ -10,12 +10,13 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import torch
 
-from hookfit import StopRequest, hookimpl
+from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.run import Run, modules
 
@@ -38,10 +39,26 @@ def _dist() -> Any:
     return dist
 
 
+STRATEGIES = ("ddp", "fsdp")
+
+
 class Distributed:
-    """Data-parallel training with ``torch.distributed`` and DDP under ``torchrun``.
+    """Data-parallel training with ``torch.distributed`` under ``torchrun``: DDP (every rank
+    holds the whole model) or FSDP2 (``strategy="fsdp"``: parameters, gradients and optimizer
+    states sharded over the ranks).
 
     Options (give ``Loop(plugins=[Distributed(...)])`` to change them):
+
+    * ``strategy``: ``"ddp"`` (the default) or ``"fsdp"``, PyTorch's
+      ``torch.distributed.fsdp.fully_shard``: applied to every submodule that ``shard_policy``
+      picks (by default every direct child of the model that holds parameters), deepest
+      first, then to the model itself. The optimizers given to the ``Loop`` are pointed at the
+      sharded parameters (they must not have stepped yet). The step function does not change.
+    * ``shard_policy``: ``module -> bool``, which submodules get their own ``fully_shard``
+      (``strategy="fsdp"``).
+    * ``fsdp_options``: keyword arguments of every ``fully_shard`` call, such as
+      ``mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)``,
+      ``offload_policy=CPUOffloadPolicy()``, ``reshard_after_forward`` or ``mesh``.
 
     * ``backend``: ``"gloo"``, ``"nccl"``...; ``None`` picks ``nccl`` for a model on a GPU,
       ``gloo`` otherwise. Used only when this plugin initialises the process group.
@@ -63,6 +80,9 @@ class Distributed:
     def __init__(
         self,
         backend: str | None = None,
+        strategy: Literal["ddp", "fsdp"] = "ddp",
+        shard_policy: Callable[[torch.nn.Module], bool] | None = None,
+        fsdp_options: Mapping[str, Any] | None = None,
         timeout: float = 300.0,
         stop_check_every: int = 1,
         find_unused_parameters: bool = False,
@@ -75,6 +95,15 @@ class Distributed:
             raise ValueError(f"distributed: stop_check_every must be a positive integer, got {stop_check_every!r}")
         if not timeout > 0:
             raise ValueError(f"distributed: timeout must be a positive number of seconds, got {timeout!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"distributed: strategy must be 'ddp' or 'fsdp', got {strategy!r}")
+        if shard_policy is not None and not callable(shard_policy):
+            raise TypeError(f"distributed: shard_policy must be a function module -> bool, got {shard_policy!r}")
+        if strategy == "ddp" and (shard_policy is not None or fsdp_options):
+            raise ValueError("distributed: shard_policy and fsdp_options are options of strategy='fsdp'")
+        self.strategy = strategy
+        self.shard_policy = shard_policy
+        self.fsdp_options = dict(fsdp_options or {})
         self.backend = backend
         self.timeout = float(timeout)
         self.stop_check_every = stop_check_every
@@ -92,9 +121,12 @@ class Distributed:
         self._control: Any = None  # the CPU (gloo) group for flags and all_reduce
         self._flag: torch.Tensor | None = None
         self._ddps: list[Any] = []
+        self._fsdp: Any = None  # the root FSDP module (strategy="fsdp")
         self._samplers: list[Any] = []
         self._batches = 0
         self._agreed = False
+        self._window_open = False  # FSDP: the last training batch left its gradients unsynchronised
+        self._window_warned = False
         self._forward_seen = True
         self._forward_checked = True
         self._forward_hook: Any = None
@@ -142,7 +174,10 @@ class Distributed:
             for _, plugin in list(loop.pm.list_name_plugin()):
                 if plugin is not None and getattr(plugin, "observer", False) is True:
                     loop.pm.unregister(plugin)
-        self._wrap(loop, device)
+        if self.strategy == "fsdp":
+            self._shard_model(loop, device)
+        else:
+            self._wrap(loop, device)
         if self.shard_data:
             loop.train_data = self._sharded(loop.train_data, "train_data", even=True)
             if loop.val_data is not None:
@@ -192,6 +227,48 @@ class Distributed:
         self._forward_hook = wrapped.register_forward_pre_hook(self._saw_forward)
         self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)
                             for p in model.parameters() if p.requires_grad]
+
+    def _shard_model(self, loop: Any, device: torch.device) -> None:
+        """``strategy="fsdp"``: ``fully_shard`` the picked submodules, deepest first, then the
+        model; point the ``Loop``'s optimizers at the sharded parameters. The module stays
+        ``loop.model`` (FSDP2 changes it in place), and stays sharded after the run."""
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        model = loop.model
+        if not isinstance(model, torch.nn.Module):
+            got = "no model" if model is None else f"a {type(model).__name__}"
+            raise TypeError(f"distributed: strategy='fsdp' shards Loop(model=...), which must be one "
+                            f"torch.nn.Module; got {got}")
+        if isinstance(model, FSDPModule):  # sharded already (an earlier run of this model)
+            self._fsdp = model
+            return
+        if device.type == "cuda" and any(p.device != device for p in model.parameters()):
+            model.to(device)
+        before = {id(p): name for name, p in model.named_parameters()}
+        optimizers = list(_torch_optimizers(loop.optimizers))
+        for index, optimizer in enumerate(optimizers):
+            if any(id(p) in before for p in optimizer.state):
+                raise ValueError(
+                    f"distributed: strategy='fsdp': optimizer {index} ({type(optimizer).__name__}) has stepped "
+                    f"already; its state cannot follow the parameters into their shards. Create the "
+                    f"optimizer fresh, before Loop.fit()")
+        picked = self.shard_policy or _holds_parameters
+        children = [m for _, m in model.named_modules() if m is not model]
+        if self.shard_policy is None:
+            children = list(model.children())
+        try:
+            for module in reversed(children):  # children before their parents
+                if picked(module) and not isinstance(module, FSDPModule):
+                    fully_shard(module, **self.fsdp_options)
+            fully_shard(model, **self.fsdp_options)
+        except Exception as exc:
+            exc.add_note("hookfit distributed: fully_shard of Loop(model=...) failed (strategy='fsdp')")
+            raise
+        after = dict(model.named_parameters())
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["params"] = [after[before[id(p)]] if id(p) in before else p for p in group["params"]]
+        self._fsdp = model
 
     def _saw_forward(self, module: Any, args: Any) -> None:
         self._forward_seen = True
@@ -264,11 +341,14 @@ class Distributed:
         # choice is made before the step runs (what ``with ddp.no_sync():`` around the whole
         # step would do). Whether this batch closes an accumulation window is the optimizer
         # plugin's answer (the should_sync_gradients contract); without one, always sync.
-        if loop.training and self._ddps:
+        if loop.training and (self._ddps or self._fsdp is not None):
             ask = loop.hooks.should_sync_gradients
             sync = ask is None or ask(loop) is not False
             for ddp in self._ddps:
                 ddp.require_backward_grad_sync = sync
+            if self._fsdp is not None:  # FSDP2 keeps the window's gradients unsharded until then
+                self._fsdp.set_requires_gradient_sync(sync)
+                self._window_open = not sync
 
     @hookimpl
     def agree_stop(self, loop: Run, request: StopRequest | None, boundary: str) -> StopRequest | bool:
@@ -311,6 +391,19 @@ class Distributed:
         out = tensor.detach().to("cpu", copy=True)
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self._control)
         return out.to(tensor.device)
+
+    @hookimpl
+    def save_state(self) -> None:
+        """No state of its own; says when a checkpoint cannot be exact (FSDP2 holds an open
+        accumulation window's gradients unsharded inside the model, where no state reaches)."""
+        if self._window_open and not self._window_warned:
+            self._window_warned = True
+            warnings.warn(
+                "distributed: a checkpoint taken inside a gradient-accumulation window with "
+                "strategy='fsdp' does not hold the window's gradients (FSDP2 keeps them unsharded "
+                "inside the model until the window's last batch): a run resumed from it steps that "
+                "window without the batches before the checkpoint. Checkpoints at window ends "
+                "(every_n_steps, epochs) are exact", HookfitWarning, stacklevel=2)
 
     # -- ending ------------------------------------------------------------------------------
     @hookimpl
@@ -380,13 +473,15 @@ class Distributed:
         self._remove_grad_hooks()
         for ddp in self._ddps:
             ddp.require_backward_grad_sync = True
+        if self._fsdp is not None:
+            self._fsdp.set_requires_gradient_sync(True)
         state = loop.state
         if self.created and (state.status == "completed" or self._agreed):
             dist = _dist()
             if dist.is_initialized():
                 dist.barrier(group=self._control)  # nobody leaves while another still sends
         self._destroy()
-        self._ddps, self._samplers = [], []
+        self._ddps, self._samplers, self._fsdp = [], [], None
         self._store = None
         self._release()
 
@@ -428,6 +523,23 @@ class Distributed:
         except ValueError:
             seconds = f"{self.timeout:g}"
         return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
+
+
+def _holds_parameters(module: torch.nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _torch_optimizers(optimizers: Any) -> Any:
+    """The ``torch.optim.Optimizer`` objects in ``Loop(optimizers=...)``: one, or those of a
+    mapping or a list."""
+    if isinstance(optimizers, torch.optim.Optimizer):
+        yield optimizers
+    elif isinstance(optimizers, Mapping):
+        for value in optimizers.values():
+            yield from _torch_optimizers(value)
+    elif isinstance(optimizers, (list, tuple)):
+        for value in optimizers:
+            yield from _torch_optimizers(value)
 
 
 def _failure_store(dist: Any) -> Any:

@@ -1,0 +1,62 @@
+"""``hookfit export RUN model.pt``: the model of a run's latest checkpoint (or of a given one),
+sharded or not, as one plain state dict that ``torch.load`` and ``load_state_dict`` take."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint.storage import CheckpointError, atomic_save, checkpoint_files, read
+
+
+def find(source: str | os.PathLike[str]) -> Path:
+    """The checkpoint ``source`` names: a checkpoint (a file, or a sharded checkpoint's
+    folder), or the newest in a folder of checkpoints or in a run folder's ``checkpoints``."""
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"hookfit export: {path}: no such checkpoint or run folder")
+    if path.is_file() or sharded.is_sharded(path):
+        return path
+    for folder in (path / "checkpoints", path):
+        found = checkpoint_files(folder)
+        if found:
+            return found[0]
+    raise FileNotFoundError(f"hookfit export: no checkpoint in {path} (nor in {path / 'checkpoints'})")
+
+
+def export(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Write the model of the checkpoint that ``source`` names (see :func:`find`) to ``out``
+    as a plain state dict (every tensor whole, on the CPU), atomically; returns the checkpoint
+    used. Runs in one process: a sharded checkpoint's tensors are read whole."""
+    path = find(source)
+    data = read(path)
+    if sharded.placeholders(data):
+        data = sharded.load(data, path, None)
+    model = data["model"]
+    if model is None:
+        raise CheckpointError(f"hookfit export: {path} holds no model")
+    atomic_save(model, Path(out))
+    return path
+
+
+def add_command(commands: Any) -> None:
+    """``hookfit export`` (the checkpoint plugin's ``add_commands``)."""
+    p = commands.add_parser("export", help="write a run's model as one plain state dict (sharded checkpoints too)")
+    p.add_argument("source", help="a run folder, a folder of checkpoints, or a checkpoint")
+    p.add_argument("out", help="the file to write, such as model.pt")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        used = export(args.source, args.out)
+    except (OSError, CheckpointError) as error:
+        print(f"hookfit export: {error}" if not str(error).startswith("hookfit export") else str(error),
+              file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: the model of {used}")
+    return 0

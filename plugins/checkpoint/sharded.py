@@ -1,0 +1,223 @@
+"""checkpoint sharded: checkpoints of a run whose state holds sharded tensors (``DTensor``,
+as FSDP2 makes of parameters, gradients and optimizer states), written and read with
+:mod:`torch.distributed.checkpoint` (DCP).
+
+Such a checkpoint is a folder ``epochNNNN-stepNNNNNNNNN.dcp``: DCP's files (each rank writes
+its own shards, in parallel, and rank 0 DCP's ``.metadata``) and ``state.pt``, the rest of the
+checkpoint as a one-file checkpoint holds it (position, plugin states, RNG, digest), in which
+every sharded tensor is replaced by a *placeholder*: a plain mapping that names the tensor's
+key in DCP, its global shape, dtype and placements. The whole folder is written under a
+temporary name and renamed when every rank's part is on disk: a crash leaves the old
+checkpoints and a temporary folder, never a checkpoint that looks whole and is not.
+
+At resume every placeholder is loaded, by DCP, into a tensor of this run: the tensor at the
+same place of the model's state dict when there is one of that shape (a sharded model's own
+``DTensor``: each rank reads only its part, whatever the world size that wrote it); else a
+``DTensor`` with the saved placements on the device mesh of the model's parameters; else (a
+run without sharding) a whole tensor. So a checkpoint of 2 processes resumes on 1 or 4, and
+one of an FSDP run on one process resumes on two.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookfit.plugins.checkpoint.storage import CheckpointError
+
+SHARDED_SUFFIX = ".dcp"
+STATE_FILE = "state.pt"
+"""The file of a sharded checkpoint's folder that holds all but the sharded tensors."""
+MARK = "__hookfit_shard__"
+"""The key that makes a mapping in ``state.pt`` a placeholder of a sharded tensor."""
+
+
+def _dtensor_type() -> Any:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - a torch without torch.distributed
+        return None
+    return DTensor
+
+
+def split(payload: Any) -> tuple[Any, dict[str, Any]]:
+    """``payload`` with every ``DTensor`` replaced by a placeholder, and those tensors keyed by
+    their place (``"model/0.weight"``); no tensors when nothing is sharded."""
+    kind = _dtensor_type()
+    shards: dict[str, Any] = {}
+    if kind is None:
+        return payload, shards
+
+    def walk(obj: Any, path: tuple[str, ...]) -> Any:
+        if isinstance(obj, kind):
+            key = "/".join(path)
+            shards[key] = obj
+            return {MARK: key, "shape": list(obj.shape), "dtype": str(obj.dtype).removeprefix("torch."),
+                    "placements": [_placement(p) for p in obj.placements]}
+        if isinstance(obj, dict):
+            return {k: walk(v, (*path, _part(k))) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v, (*path, str(i))) for i, v in enumerate(obj)]
+        if isinstance(obj, tuple):
+            return tuple(walk(v, (*path, str(i))) for i, v in enumerate(obj))
+        return obj
+
+    rest = walk(payload, ())
+    return rest, shards
+
+
+def _part(key: Any) -> str:
+    """A mapping key as a part of a place: ``int`` keys (an optimizer's parameter indices)
+    and ``str`` keys cannot collide (``#3`` against ``3``)."""
+    return f"#{key}" if isinstance(key, int) else str(key).replace("/", "//")
+
+
+def _placement(placement: Any) -> list[Any]:
+    if placement.is_shard():
+        return ["shard", int(placement.dim)]
+    if placement.is_replicate():
+        return ["replicate"]
+    return ["partial"]
+
+
+def _placements(saved: list[list[Any]]) -> list[Any] | None:
+    from torch.distributed.tensor import Replicate, Shard
+
+    out: list[Any] = []
+    for item in saved:
+        if item[0] == "shard":
+            out.append(Shard(int(item[1])))
+        elif item[0] == "replicate":
+            out.append(Replicate())
+        else:
+            return None
+    return out
+
+
+def placeholders(obj: Any) -> list[Mapping[str, Any]]:
+    """Every placeholder in ``obj`` (the contents of a ``state.pt``)."""
+    found: list[Mapping[str, Any]] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            if MARK in value:
+                found.append(value)
+                return
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(obj)
+    return found
+
+
+def _dtype(name: Any, where: Path) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"checkpoint: {where}: a sharded tensor has the unknown dtype {name!r}")
+    return dtype
+
+
+def load(data: Mapping[str, Any], folder: Path, model_state: Any) -> dict[str, Any]:
+    """``data`` (a sharded checkpoint's ``state.pt``) with every placeholder replaced by its
+    tensor, loaded by DCP from ``folder`` into this run's tensors (see the module's
+    documentation); ``model_state`` is the run's model state dict now (``None`` to load every
+    tensor whole, as ``hookfit export`` does)."""
+    import torch.distributed.checkpoint as dcp
+
+    kind = _dtensor_type()
+    here: dict[str, Any] = {}
+    mesh = None
+    if model_state is not None:
+        _, here = split({"model": model_state})
+        mesh = next((t.device_mesh for t in here.values()), None)
+    targets: dict[str, Any] = {}
+    for mark in placeholders(data):
+        key = mark[MARK]
+        shape = tuple(int(n) for n in mark["shape"])
+        dtype = _dtype(mark["dtype"], folder)
+        current = here.get(key)
+        if current is not None and tuple(current.shape) == shape and current.dtype == dtype:
+            targets[key] = current  # loaded in place: the model's own shards
+            continue
+        placements = _placements(mark.get("placements", [])) if mesh is not None else None
+        if kind is not None and mesh is not None and placements is not None and len(placements) == mesh.ndim:
+            from torch.distributed.tensor import empty
+
+            targets[key] = empty(shape, dtype=dtype, device_mesh=mesh, placements=placements)
+        else:
+            targets[key] = torch.empty(shape, dtype=dtype)
+    import torch.distributed as dist
+
+    alone = not (dist.is_available() and dist.is_initialized())
+    try:
+        with warnings.catch_warnings():  # DCP warns that one process reads alone: intended here
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(targets, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=alone)
+    except Exception as error:
+        raise CheckpointError(
+            f"checkpoint: the sharded tensors of {folder} cannot be read: {type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            if MARK in value:
+                return targets[value[MARK]]
+            return {k: fill(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(fill(v) for v in value)
+        return value
+
+    return fill(dict(data))
+
+
+def write(rest: dict[str, Any], shards: dict[str, Any], tmp: Path, path: Path, main: bool,
+          save_state: Any) -> None:
+    """Every rank: its shards into the folder ``tmp`` (DCP: a collective operation that ends
+    when every rank's files and the metadata are written). Rank 0 (``main``) then: ``state.pt``
+    with ``save_state`` (an atomic write), and the rename of ``tmp`` to ``path``."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(shards, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+    if not main:
+        return
+    save_state(rest, tmp / STATE_FILE)
+    old = None
+    if path.exists():  # the same position written again: the new one replaces it
+        old = path.with_name(f".{path.name}.{os.getpid()}.old.tmp")
+        os.replace(path, old)
+    os.replace(tmp, path)
+    _fsync_folder(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether ``path`` is a sharded checkpoint's folder."""
+    return path.suffix == SHARDED_SUFFIX and path.is_dir()
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint: a file, or a sharded checkpoint's folder."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
