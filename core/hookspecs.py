@@ -404,7 +404,10 @@ def backward(loop: Run, loss: torch.Tensor) -> Any:
     First result: the first implementation that returns something other than ``None`` has
     handled it and no other is called (so a replacement plugin can take over with
     ``tryfirst``). ``loop.backward`` fails with an error naming the disabled plugins when no
-    enabled plugin implements this event.
+    enabled plugin implements this event. An implementation must not read ``loss`` on the host
+    when it is on an accelerator (``item()``, ``bool()``...): that waits for the device at every
+    step. The built-in ``optim`` keeps its non-finite check on the device there and acts on it
+    at the next host read (see ``hookfit.plugins.optim.Optim``).
     """
 
 
@@ -431,8 +434,12 @@ def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer
     """Optimizer ``name`` is about to step: gradients are final (unscaled and clipped).
 
     Fires only for real steps (not for calls skipped inside a gradient-accumulation window or
-    because of a non-finite loss). A gradient-norm logger reads the gradients here. The
-    return value is ignored; a plugin must not replace the optimizer.
+    because of a non-finite loss known on the host). On an accelerator the built-in ``optim``
+    may issue a step that the optimizer's kernel or the ``GradScaler`` then skips on the
+    device (a non-finite loss not read yet): it fires for that step too. A gradient-norm
+    logger reads the gradients here (on an accelerator, better without a host read per step:
+    keep the norm as a tensor). The return value is ignored; a plugin must not replace the
+    optimizer.
     """
 
 
@@ -440,8 +447,8 @@ def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer
 def after_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
     """Optimizer ``name`` has stepped; its learning-rate scheduler (per-step) has stepped too.
 
-    Fires once per real optimizer step, after ``before_optimizer_step``. The return value is
-    ignored.
+    Fires once per optimizer step, after ``before_optimizer_step``, including a step skipped
+    on the device (see ``before_optimizer_step``). The return value is ignored.
     """
 
 

@@ -32,3 +32,19 @@ def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path
         [sys.executable, "-c", PROBE, str(REPO / "benchmarks")],
         check=True, capture_output=True, text=True, timeout=120, env=env,
     ).stdout
+
+
+def test_syncs_counts_host_reads_per_step_of_the_default_stack(tmp_path: Path) -> None:
+    """benchmarks/syncs.py runs and counts what the optim docs promise on the accelerator
+    path: none per step with a fused optimizer (but its first), the one read at the step
+    with plain SGD."""
+    out = tmp_path / "syncs.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "syncs.py"), "--variants",
+         "hookfit-default-fused,hookfit-default", "--batches", "8", "--json", str(out)],
+        check=True, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    rows = json.loads(out.read_text())["variants"]
+    assert rows["hookfit-default-fused"]["per_step"] == [1] + [0] * 6  # the first step reads, once
+    assert rows["hookfit-default"]["per_step"] == [1] * 7

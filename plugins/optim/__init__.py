@@ -29,9 +29,16 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
   is skipped; the first skip is warned about at once, the total at the end of the run.
   ``"raise"`` raises ``FloatingPointError``; ``None`` checks nothing. Gradients are checked
   too when clipping by norm (the norm is computed anyway) or with ``check_grads=True``. On the
-  CPU the check reads the loss (no synchronisation); on an accelerator it waits for the loss,
-  one host-device synchronisation per ``backward`` (as AMP's GradScaler does per step): pass
-  ``nonfinite=None`` where that matters more than the check.
+  CPU the check reads the loss (no synchronisation there). On an accelerator (``defer``, by
+  default whenever the loss is not on the CPU; ``defer=True`` takes that path on the CPU too,
+  ``defer=False`` never) it never waits for the device: every loss is back-propagated and
+  its finiteness kept in a flag on the device; an optimizer that accepts ``found_inf``
+  (torch's ``fused=True`` ones) or a ``GradScaler`` skips the step on the device, with no host
+  read, and the skip is counted, warned about or raised for at the next host read (a metrics
+  publication, the training stage's end, a checkpoint); any other optimizer reads the flag
+  once per step, at its step, and skips exactly as on the CPU. See :class:`Optim` for what a
+  step skipped on the device looks like until then, and ``benchmarks/syncs.py`` for the host
+  reads per step, counted.
 * ``schedulers``: one scheduler, or a dict keyed like the optimizers, stepped after every real
   step of its optimizer (``scheduler_interval="step"``) or at each epoch end (``"epoch"``).
 * ``loop.optimizers.toggle("gen")``: a context in which the parameters of every other optimizer

@@ -45,6 +45,9 @@ class ManagedOptimizer:
             self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
         self._own = False  # optim itself is stepping the optimizer (read by the watch's hook)
+        # the optimizer's kernel takes found_inf (torch's fused ones): it can skip on the device
+        self._skips_on_device = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self._primed = False  # it has stepped for real (a first step is not skipped on the device)
         self._watch: Any = None  # the handle of the step pre-hook while watching
 
     @property
@@ -108,8 +111,22 @@ class ManagedOptimizer:
             plugin._expire_poison()
         if plugin._poisoned:  # a non-finite loss in this window: its gradients are incomplete
             return self._skip("non-finite loss")
+        bad = plugin._window_flag() if plugin._deferring else None  # the device path's flag
+        # no device-side skip for this optimizer, or not yet: one host read. (Before its first
+        # real step an optimizer may have no state: torch's fused SGD skipped then by found_inf
+        # leaves its momentum buffers uninitialised, and the next step would use them.)
+        on_device = self._skips_on_device and (self._primed or bool(self.optimizer.state))
+        if bad is not None and scaler is None and not on_device:
+            if plugin._read_flag(bad):
+                return self._skip("non-finite loss")
+            bad = None
         if scaler is not None:
             scaler.unscale_(self.optimizer)
+            if bad is not None and not _into_found_inf(scaler, self.optimizer, bad):
+                if plugin._read_flag(bad):  # (a GradScaler whose found_inf was not found)
+                    plugin._scaler_used = True  # update() resets the unscaled state
+                    return self._skip("non-finite loss")
+                bad = None
         finite = True
         if plugin.clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self._params, plugin.clip_norm)
@@ -125,12 +142,23 @@ class ManagedOptimizer:
         self._own = True  # for the watch on steps that bypass optim (see watch())
         try:
             if scaler is not None:
-                scaler.step(self.optimizer)  # skips by itself on inf/NaN gradients
+                scaler.step(self.optimizer)  # skips by itself on inf/NaN gradients (and on bad)
                 plugin._scaler_used = True
+            elif bad is not None:  # the fused kernel skips the update where found_inf is set
+                self.optimizer.found_inf = bad.to(torch.float32)  # type: ignore[attr-defined]
+                self.optimizer.grad_scale = None  # type: ignore[attr-defined]
+                try:
+                    self.optimizer.step()
+                finally:
+                    del self.optimizer.found_inf, self.optimizer.grad_scale  # type: ignore[attr-defined]
             else:
                 self.optimizer.step()
         finally:
             self._own = False
+        if bad is not None:  # counted at the next host read if the flag was set
+            plugin._bad_stepped.append(self)
+        else:
+            self._primed = True  # it really stepped: it has what state it keeps (see above)
         self.steps += 1
         self._stepped = True
         if self.scheduler is not None and plugin.scheduler_interval == "step":
@@ -194,6 +222,19 @@ class ManagedOptimizer:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.steps, self.skipped = state["steps"], state["skipped"]
+
+
+def _into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
+    """Add the window's non-finite flag to what ``scaler`` found in ``optimizer``'s gradients
+    at ``unscale_``, on the flag's device, so that ``scaler.step`` skips the step (and the
+    scale backs off, as for an overflow). ``False`` when the scaler keeps no such record
+    there (its layout is torch's, not public API): the caller then reads the flag itself."""
+    record = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+    found = record.get("found_inf_per_device", {}).get(bad.device)
+    if not isinstance(found, torch.Tensor):
+        return False
+    found.add_(bad)
+    return True
 
 
 NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...); pass the "

@@ -21,7 +21,38 @@ class OptimWarning(HookfitWarning):
 
 
 class Optim:
-    """Manual optimizer stepping with accumulation, clipping, AMP and non-finite policies."""
+    """Manual optimizer stepping with accumulation, clipping, AMP and non-finite policies.
+
+    On an accelerator (a loss not on the CPU; ``defer=True`` takes the same path on the CPU,
+    ``defer=False`` never takes it) the non-finite check of the loss never waits for the
+    device. ``backward`` back-propagates every loss and folds ``~isfinite(loss)`` into a flag
+    tensor of the accumulation window, on the device. A step of that window then skips on the
+    device, with no host read, when it can:
+
+    * an optimizer that accepts ``found_inf`` (``_step_supports_amp_scaling``: torch's
+      ``fused=True`` Adam, AdamW, SGD, Adagrad) gets the flag as ``found_inf``, and its kernel
+      leaves the parameters and the state as they were (its first step, before it has any
+      state, reads the flag instead: torch's fused SGD skipped then leaves its momentum
+      buffers uninitialised);
+    * with a ``GradScaler`` the flag is added to the scaler's ``found_inf`` for the optimizer,
+      so ``scaler.step`` skips it (with a fused optimizer without a host read; with another,
+      ``scaler.step`` reads ``found_inf`` once, as it always does);
+    * any other optimizer has no device-side skip short of copying its parameters and state
+      every step: its step reads the flag on the host, once per step (not per ``backward``),
+      and skips exactly as on the CPU. Give the optimizer ``fused=True``, or
+      ``Optim(nonfinite=None)``, to remove that read.
+
+    Steps skipped on the device are counted, warned about or raised for at the next host
+    read: the metrics' publication (``metrics_update``), every ``READ_EVERY`` windows, the
+    training stage's end, a checkpoint, the end of the run. Until then such a step looks like
+    a real one: ``step()`` returned ``True``, the optimizer hooks fired, a per-step scheduler
+    stepped, and ``steps``/``skipped`` count it as stepped. ``nonfinite="raise"`` raises
+    ``FloatingPointError`` at that read, naming the batch of the non-finite loss; the steps
+    in between were skipped on the device, so the parameters are those from before it
+    (pending windows found at the end of a failed or interrupted run are warned about, not
+    raised). Gradient checks (``clip_norm`` with a non-finite policy, ``check_grads``) still
+    read the host once per step.
+    """
 
     name = "optim"
 
@@ -36,6 +67,7 @@ class Optim:
         schedulers: Any = None,
         scheduler_interval: Literal["step", "epoch"] = "step",
         precision: Literal["32", "bf16-mixed", "16-mixed"] = "32",
+        defer: bool | None = None,
     ) -> None:
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"optim: accumulate must be a positive integer, got {accumulate!r}")
@@ -45,6 +77,8 @@ class Optim:
             raise ValueError(f"optim: scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}")
         if precision not in PRECISIONS:
             raise ValueError(f"optim: precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+        if defer not in (None, True, False):
+            raise ValueError(f"optim: defer must be True, False or None, got {defer!r}")
         if precision == "bf16-mixed" and amp is not False:
             raise ValueError("optim: precision='bf16-mixed' needs no loss scaling: leave amp unset "
                              "(precision='16-mixed' scales the loss itself)")
@@ -73,6 +107,14 @@ class Optim:
         self._watched = False  # this run's first training stage was (is) watched
         self._bypass_seen = False  # the warning about such a step was given in this run
         self._autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when mixed
+        # the device path of the non-finite check (see the class docstring, "On an accelerator")
+        self.defer = defer
+        self._deferring = False  # losses are checked on the device: set at configure or first seen
+        self._bad: torch.Tensor | None = None  # the open window's flag: a non-finite loss in it
+        self._bad_where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
+        self._bad_at = -1  # the global step of the flag's last loss
+        self._bad_stepped: list[ManagedOptimizer] = []  # stepped in the window, skipping on the flag
+        self._pending: list[tuple[torch.Tensor, tuple[int, int, int], list[ManagedOptimizer]]] = []
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -112,6 +154,9 @@ class Optim:
             and not (schedulers and self.scheduler_interval == "step")
         )
         self._scales = self.accumulate > 1 or self.scaler is not None
+        self._bad, self._bad_stepped, self._pending = None, [], []
+        self._deferring = self.nonfinite is not None and (
+            self.defer is True or (self.defer is None and _device_type(loop.model, None) not in (None, "cpu")))
         self._poison(False)
         self._watched = self._bypass_seen = False
         self._unwatch = loop.pm.on_change(self._set_fast_paths)
@@ -123,10 +168,16 @@ class Optim:
     @hookimpl
     def backward(self, loop: Any, loss: torch.Tensor) -> bool:
         if self._bare:  # no scaling, no hook around it, no poisoned window: the common case
-            if self.nonfinite is not None and not (  # _finite(loss), its CPU case inlined
-                math.isfinite(loss.item()) if loss.is_cpu and loss.numel() == 1 else _finite(loss)
-            ):
-                return self._nonfinite_loss(loop, loss)
+            if self.nonfinite is not None:  # _finite(loss), its CPU case inlined
+                if loss.is_cpu and loss.numel() == 1:
+                    if not math.isfinite(loss.item()):
+                        return self._nonfinite_loss(loop, loss)
+                elif self.defer is None and not loss.is_cpu:  # the first loss on an accelerator
+                    self._deferring = True
+                    self._set_fast_paths()
+                    return self._backward(loop, loss)
+                elif not _finite(loss):
+                    return self._nonfinite_loss(loop, loss)
             loss.backward()
             return True
         if self._autocast is not None:  # the backward pass outside autocast, as PyTorch advises
@@ -138,8 +189,11 @@ class Optim:
         """``backward`` past its common case: poisoned windows, scaling, hooks around it."""
         if self._poisoned:
             self._expire_poison()
-        if self.nonfinite is not None and not _finite(loss):
-            return self._nonfinite_loss(loop, loss)
+        if self.nonfinite is not None:
+            if self.defer or (self.defer is None and not loss.is_cpu):
+                self._flag_on_device(loop, loss)
+            elif not _finite(loss):
+                return self._nonfinite_loss(loop, loss)
         if (call := loop.hooks.before_backward) is not None:
             call(loop, loss)
         if self._scales:
@@ -164,6 +218,89 @@ class Optim:
             )
         return True
 
+
+    # -- the device path of the non-finite check (see the class docstring) -----------------
+    def _flag_on_device(self, loop: Any, loss: torch.Tensor) -> None:
+        """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""
+        if not self._deferring:  # the first loss seen there (a run without a model, say)
+            self._deferring = True
+            self._set_fast_paths()
+        state = loop.state
+        if self._bad is not None and self.accumulate == 1 and state.step != self._bad_at:
+            self._close_deferred()  # the previous batch's window: no batch_end closed it
+        bad = torch.isfinite(loss.detach()).logical_not_()
+        if bad.dim():
+            bad = bad.any()
+        if self._bad is None:
+            self._bad = bad
+            self._bad_where = (state.epoch, state.batch_idx, state.batch_idx)
+        else:
+            self._bad.logical_or_(bad)
+            self._bad_where = (*self._bad_where[:2], state.batch_idx)
+        self._bad_at = state.step
+
+    def _window_flag(self) -> torch.Tensor | None:
+        """The flag of the window a step belongs to (``None``: no loss checked on the device
+        in it), for ``ManagedOptimizer._step``."""
+        if self._bad is not None and self.accumulate == 1 and self.loop.state.step != self._bad_at:
+            self._close_deferred()  # a step in a batch with no backward yet: the flag is older
+        return self._bad
+
+    def _read_flag(self, bad: torch.Tensor) -> bool:
+        """Read the window's flag on the host, for an optimizer that cannot skip on the device:
+        a non-finite window is then poisoned as on the CPU path, and its flag dropped."""
+        self._bad, self._bad_stepped = None, []  # read now: nothing left to read later
+        if not bool(bad):
+            return False
+        self._poison(True)
+        self._poisoned_at = self.loop.state.step
+        if self.nonfinite == "raise":
+            epoch, first, last = self._bad_where
+            raise FloatingPointError(f"optim: non-finite loss at epoch {epoch}, {_batches(first, last)}")
+        return True
+
+    def _close_deferred(self) -> None:
+        """The window's flag is kept, unread, with the steps that skipped on it."""
+        if self._bad is not None:
+            self._pending.append((self._bad, self._bad_where, self._bad_stepped))
+            self._bad, self._bad_stepped = None, []
+            if len(self._pending) >= READ_EVERY:
+                self._read_deferred()
+
+    def _read_deferred(self, final: bool = False) -> None:
+        """The host read of the flags kept since the last one (one transfer for them all):
+        count, warn about or raise for the steps skipped on the device. ``final``: at the end
+        of the run, where a pending non-finite loss is warned about, not raised (and the open
+        window is read too: no step follows)."""
+        if final:
+            self._close_deferred()
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        flags = torch.stack([flag for flag, _, _ in pending]).tolist()
+        state = self.loop.state
+        read = f"read on the host at epoch {state.epoch}, batch {state.batch_idx}"
+        for bad, (_, (epoch, first, last), stepped) in zip(flags, pending):
+            if not bad:
+                continue
+            where = f"non-finite loss at epoch {epoch}, {_batches(first, last)}"
+            if self.nonfinite == "raise" and not final:
+                raise FloatingPointError(f"optim: {where} (its steps were skipped on the device; {read})")
+            for managed in stepped:
+                managed.steps -= 1
+                self._count_skip(managed, f"{where} (skipped on the device; {read})")
+            if self.nonfinite == "raise" and not stepped:
+                warnings.warn(f"optim: {where}, found at the end of the run ({read})",
+                              OptimWarning, stacklevel=3)
+
+    @hookimpl
+    def metrics_update(self, loop: Any) -> None:
+        """The publication rate is a host read anyway: read the device-side flags too, the
+        running batch's window included once its steps are done (it closes at this batch)."""
+        if self._bad is not None and loop.training and self._window_closes():
+            self._close_deferred()
+        if self._pending:
+            self._read_deferred()
 
     def _batch_end(self) -> None:
         if self._scaler_used:
@@ -206,6 +343,8 @@ class Optim:
         if self._scaler_used:
             self.scaler.update()
             self._scaler_used = False
+        if self._pending:
+            self._read_deferred()
         if self._watching:
             self._watch(False)
 
@@ -219,6 +358,8 @@ class Optim:
     @hookimpl
     def fit_end(self, loop: Any) -> None:
         if self.optimizers is not None:
+            if self._pending or self._bad is not None:
+                self._read_deferred(final=True)
             skipped = sum(m.skipped for m in self.optimizers.values())
             if skipped > 1:
                 warnings.warn(
@@ -289,6 +430,8 @@ class Optim:
         return self.accumulate == 1 or (self.loop.state.batch_idx + 1) % self.accumulate == 0
 
     def _close_window(self) -> None:
+        if self._bad is not None:
+            self._close_deferred()
         if self._poisoned:
             self._skip_window()
         self._poison(False)
@@ -307,13 +450,14 @@ class Optim:
         stepped = hooks.before_optimizer_step is not None or hooks.after_optimizer_step is not None
         backward = hooks.before_backward is not None or hooks.after_backward is not None
         clean = not self._poisoned
-        fast = self._plain and clean and not stepped
+        fast = self._plain and clean and not stepped and not self._deferring
         for managed in self.optimizers.values():  # type: ignore[union-attr]
             # while watching for steps that bypass optim, the fast path marks optim's own
             # (_fast_watched); the plain fast path itself has nothing more to do, then or after
             managed._fast = fast and not self._watching
             managed._fast_watched = fast and self._watching
-        self._bare = not self._scales and clean and not backward and self._autocast is None
+        self._bare = (not self._scales and clean and not backward and self._autocast is None
+                      and not self._deferring)
 
     def _expire_poison(self) -> None:
         """Close a poisoned window that a batch_end did not: without accumulation or AMP
@@ -332,11 +476,16 @@ class Optim:
 
     def _nonfinite(self, what: str, managed: ManagedOptimizer) -> None:
         """Count a skipped step; warn about the first, or raise under ``nonfinite="raise"``."""
-        managed.skipped += 1
         state = self.loop.state
         where = f"{what} at epoch {state.epoch}, batch {state.batch_idx}"
         if self.nonfinite == "raise":
+            managed.skipped += 1
             raise FloatingPointError(f"optim: {where}")
+        self._count_skip(managed, where)
+
+    def _count_skip(self, managed: ManagedOptimizer, where: str) -> None:
+        """Count a skipped step of ``managed``; warn about the run's first."""
+        managed.skipped += 1
         if self._first_skip is None:
             self._first_skip = where
             warnings.warn(
@@ -352,12 +501,15 @@ class Optim:
         accumulation window also the gradients accumulated so far, so a run resumed mid-window
         steps with the same gradients as an uninterrupted one."""
         assert self.optimizers is not None
+        if self._pending:  # the counters as they are, the steps skipped on the device counted
+            self._read_deferred()
         window_open = self.accumulate > 1 and any(m._deferred for m in self.optimizers.values())
+        poisoned = self._poisoned or (window_open and self._bad is not None and bool(self._bad))
         return {
             "optimizers": {n: m.state_dict() for n, m in self.optimizers.items()},
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "window": {
-                "poisoned": self._poisoned,
+                "poisoned": poisoned,
                 "deferred": [n for n, m in self.optimizers.items() if m._deferred],
                 "grads": {n: [None if p.grad is None else p.grad.detach().clone() for p in m._params]
                           for n, m in self.optimizers.items()},
@@ -419,13 +571,29 @@ def _finite(loss: torch.Tensor) -> bool:
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 
 
-def _device_type(model: Any) -> str:
+_GUESS = object()
+
+
+def _device_type(model: Any, default: Any = _GUESS) -> Any:
     """Where the model computes (``"cuda"``, ``"cpu"``...): its first parameter's device;
-    ``"cuda"`` if there is none and CUDA is available, else ``"cpu"``."""
+    if there is none, ``default`` when given, else ``"cuda"`` if CUDA is available, else
+    ``"cpu"``."""
     for root in modules(model):
         for parameter in root.parameters():
             return parameter.device.type
+    if default is not _GUESS:
+        return default
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+READ_EVERY = 1024
+"""On the device path, the flags of this many closed windows are read on the host at the
+latest, so a run that publishes no metrics keeps a bounded number of them."""
+
+
+def _batches(first: int, last: int) -> str:
+    """``batch 3``, or ``batches 2-3`` for an accumulation window's losses."""
+    return f"batch {first}" if first == last else f"batches {first}-{last}"
 
 
 def _positive_or_none(option: str, value: Any) -> float | None:
