@@ -1,5 +1,5 @@
 """The ``hookfit`` command (also ``python -m hookfit``): ``hookfit plugins``, ``hookfit hooks``,
-``hookfit new-plugin``, ``hookfit demo``, and the commands that plugins add (the
+``hookfit new-plugin``, ``hookfit demo``, ``hookfit runs``, and the commands that plugins add (the
 ``add_commands`` hook: ``hookfit export`` is the checkpoint plugin's)."""
 
 from __future__ import annotations
@@ -150,7 +150,45 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if state.status == "completed" else 1
 
 
-OWN = ("plugins", "hooks", "new-plugin", "demo")
+OWN = ("plugins", "hooks", "new-plugin", "demo", "runs")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from hookfit import runs
+
+    root = Path(args.dir)
+    if not root.exists():
+        print(f"hookfit runs: {root}: no such folder", file=sys.stderr)
+        return 2
+    infos = [runs.load(folder, metric=args.metric) for folder in runs.run_folders(root)]
+    if args.json:
+        print(json.dumps([info.as_dict() for info in infos], indent=2))
+        return 0
+    if not infos:
+        print(f"no runs in {root}")
+        return 0
+    rows = [("RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "BEST", "RESUMED FROM")]
+    for info in infos:
+        best = "-" if info.best is None else f"{info.best[0]} {info.best[1]:.4g} (epoch {info.best[2]})"
+        status = info.status + (f": {info.reason}" if info.reason else "")
+        resumed = Path(info.resumed_from).name if info.resumed_from else "-"
+        rows.append((info.folder, (info.started or "-").replace("T", " ")[:19], _duration(info.duration),
+                     status[:48], str(info.epochs if info.epochs is not None else "-"),
+                     str(info.steps if info.steps is not None else "-"), best, resumed))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
 
 
 def _add_plugin_commands(sub: Any, given: Sequence[Any]) -> None:
@@ -187,6 +225,12 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     p = sub.add_parser("demo", help="train a small classifier on scikit-learn's digits")
     p.add_argument("--epochs", type=int, default=8)
     p.set_defaults(run=_demo)
+    p = sub.add_parser("runs", help="list runs, newest first: status, epochs, steps, best value, resumes")
+    p.add_argument("dir", nargs="?", default="runs", help="a folder of runs or a run folder (default: runs)")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.add_argument("--metric", help="the metric whose best value is shown, as stage/name (default: "
+                                    "valid/loss, else train/loss)")
+    p.set_defaults(run=_runs)
     if not argv or argv[0] not in OWN:  # a plugin's command, or help: ask the plugins
         _add_plugin_commands(sub, plugins)
     args = parser.parse_args(argv)

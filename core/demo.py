@@ -3,10 +3,16 @@
 The data ships inside scikit-learn, so nothing is downloaded. A two-layer network reaches
 about 95 % validation accuracy in a few seconds on two CPU cores, with every built-in plugin
 that applies (optimizer stepping, metrics, console or dashboard, interrupter).
+
+On an interactive terminal the dashboard keeps its final screen until the user leaves it
+(``HOOKFIT_TUI_PERSISTENT=1`` unless the environment says otherwise): a run this short would
+otherwise flash by. At the end the demo says where its run folder is and how to look at it
+again (``hookfit show``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -55,7 +61,28 @@ def main(epochs: int = 8, seed: int = 0) -> hookfit.State:
         logits = loop.model(x)
         return {"loss": torch.nn.functional.cross_entropy(logits, y), "accuracy": (logits.argmax(1) == y).float().mean()}
 
-    return hookfit.Loop(
+    folders: list[Any] = []
+
+    class RunFolder:  # where this run's files are, to say so at the end
+        @hookfit.hookimpl
+        def fit_end(self, loop: hookfit.Run) -> None:
+            if loop.is_main:
+                folders.append(loop.run_dir)
+
+    loop = hookfit.Loop(
         train_step, train, val_step=val_step, val_data=valid, model=model,
         optimizers=torch.optim.Adam(model.parameters(), lr=3e-3), max_epochs=epochs, name="demo",
-    ).fit()
+        plugins=[RunFolder()],
+    )
+    persistent = "HOOKFIT_TUI_PERSISTENT"  # the dashboard's documented switch (used only on a terminal)
+    given = os.environ.get(persistent)
+    os.environ.setdefault(persistent, "1")
+    try:
+        state = loop.fit()
+    finally:
+        if given is None:
+            os.environ.pop(persistent, None)
+    for folder in folders:
+        shown = os.path.relpath(folder) if not os.path.relpath(folder).startswith("..") else str(folder)
+        print(f"hookfit demo: this run's files are in {shown}; look at it again with: hookfit show {shown}")
+    return state

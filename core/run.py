@@ -15,6 +15,7 @@ import functools
 import itertools
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -199,7 +200,8 @@ class Run:
         record = {
             "event": "run", "name": self.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "argv": list(sys.argv), "seed": self.seed, "deterministic": self.deterministic,
-            "resume": self.resume,
+            "resume": self.resume, "max_epochs": self.max_epochs, "max_steps": self.max_steps,
+            "pid": os.getpid(), "host": socket.gethostname(),
             "plugins": pm.participants() if pm else [],
             "versions": {"hookfit": hookfit.__version__, "torch": torch.__version__, "python": sys.version.split()[0]},
         }

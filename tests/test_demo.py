@@ -22,4 +22,6 @@ def test_hookfit_demo_learns_the_digits_with_the_built_in_plugins(tmp_path) -> N
     accuracy = float(re.search(r"stage=valid metric=accuracy last=([\d.]+)", out).group(1))
     assert accuracy > 0.85, out
     assert 'hookfit end status=completed reason="max_epochs=3 reached"' in out
-    assert list(tmp_path.glob("runs/demo/*/metrics.jsonl"))  # the run named demo, where it was started
+    [log] = tmp_path.glob("runs/demo/*/metrics.jsonl")  # the run named demo, where it was started
+    folder = log.parent.relative_to(tmp_path)
+    assert f"hookfit demo: this run's files are in {folder}; look at it again with: hookfit show {folder}" in out

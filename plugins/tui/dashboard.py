@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import urwid
 
-from hookfit.plugins.tui.plot import Series, bounds, braille, draw
+from hookfit.plugins.tui.plot import Series, bounds, braille, draw, logged, spans_decades, y_label
 
 PALETTE = [
     ("title", "white,bold", "dark blue"),
@@ -38,10 +38,12 @@ HELP = """\
  q          ask for a graceful stop (after the current batch)
  tab  → / ← next / previous metric in the plot
  w          plot the full history or the recent window
+ l          log-scale y axis on or off (on by itself when a curve
+            spans more than two orders of magnitude)
  ?  h       show or hide this help
  Esc        leave the final screen (persistent mode)"""
 
-KEYS = " q stop · tab/←→ metric · w window · ? help"
+KEYS = " q stop · tab/←→ metric · w window · l log · ? help"
 
 
 def _fmt(value: float | None) -> str:
@@ -96,6 +98,8 @@ class Dashboard:
         self.names: list[str] = []
         self.selected = 0
         self.recent = False
+        self.log_scale: bool | None = None  # None: automatic (see plot.spans_decades)
+        self.keys = KEYS
         self.show_help = False
         self.progress = Progress()
         self._open: list[str] = []  # the stages running, outermost first
@@ -192,6 +196,8 @@ class Dashboard:
             self.selected = (self.selected - 1) % len(self.names)
         elif key == "w":
             self.recent = not self.recent
+        elif key == "l":
+            self.log_scale = not self._log_now()
         elif key in ("q", "esc") and self.finished:
             self.on_leave()
         elif key == "q" and self.stopping is None:
@@ -211,7 +217,7 @@ class Dashboard:
         self.w_run_label = urwid.Text("")
         self.w_log = urwid.Text("", wrap="clip")
         self.w_keys = urwid.Text(("dim", KEYS))
-        self.w_banner = urwid.Text("", align="center")
+        self.w_banner = urwid.Text("", align="center", wrap="ellipsis")
 
     @property
     def plotted(self) -> str | None:
@@ -277,6 +283,9 @@ class Dashboard:
             return [("dim", "")]
         groups = [self.series.get((s, name)) for s in ("train", "valid")]
         points = [g.points(self.recent) if g else [] for g in groups]
+        log = self._log_now(points)
+        if log:
+            points = [logged(p) for p in points]
         box = bounds(points)
         if box is None:
             return [("dim", "no points yet")]
@@ -285,7 +294,8 @@ class Dashboard:
         x0, x1, y0, y1 = box
         markup: list[Any] = []
         for r, row in enumerate(cells):
-            label = f"{_fmt(y1):>{label_w}}" if r == 0 else f"{_fmt(y0):>{label_w}}" if r == len(cells) - 1 else " " * label_w
+            label = (f"{y_label(y1, log):>{label_w}}" if r == 0 else f"{y_label(y0, log):>{label_w}}"
+                     if r == len(cells) - 1 else " " * label_w)
             markup.append(("dim", label + "│"))
             for mask in row:
                 attr = "both" if (mask & 0xFF and mask >> 8) else "train" if mask & 0xFF else "valid"
@@ -294,6 +304,17 @@ class Dashboard:
         span = f"step {x0:g} … {x1:g}"
         markup.append(("dim", " " * label_w + "└" + span[: width - label_w - 1]))
         return markup
+
+    def _log_now(self, points: list[Any] | None = None) -> bool:
+        """Whether the plot is on a log scale now: as chosen with ``l``, else when the plotted
+        curves are positive and span more than two orders of magnitude."""
+        if points is None:
+            name = self.plotted
+            groups = [self.series.get((s, name)) for s in ("train", "valid")] if name else []
+            points = [g.points(self.recent) for g in groups if g]
+        if self.log_scale is not None:
+            return self.log_scale and not any(lo <= 0 for p in points for _, lo, _ in p)
+        return spans_decades(points)
 
     def render(self, size: tuple[int, int]) -> urwid.Canvas:
         cols, rows = size
@@ -322,9 +343,10 @@ class Dashboard:
         self.w_run.set_completion(100 * min(done_epochs / self.max_epochs, 1.0))
         self.w_run_label.set_text(f" run   epoch {self.epoch + 1}/{self.max_epochs}  ETA {_clock(eta)}")
         window = "recent" if self.recent else "full history"
+        scale = " · log scale" if self._log_now() else ""
         self.w_plot_title.set_text([("head", f" {self.plotted or '-'} "), ("train", "━ train "), ("valid", "━ valid "),
-                                    ("dim", f"· {window}")])
-        self.w_keys.set_text(("dim", KEYS[:cols]))
+                                    ("dim", f"· {window}{scale}")])
+        self.w_keys.set_text(("dim", self.keys[:cols]))
         if self.finished:
             attr = "failed" if self.status == "failed" else "banner"
             leave = "  —  press q, Esc or Ctrl-C to leave" if self.hold else ""

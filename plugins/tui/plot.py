@@ -133,15 +133,58 @@ def braille(mask: int) -> str:
     return chr(BRAILLE + merged) if merged else " "
 
 
-def text_plot(series: dict[str, Sequence[tuple[float, float, float]]], width: int = 60, height: int = 10) -> list[str]:
-    """A plain-text plot (Braille, no colours) with y labels and an x range, for summaries."""
-    box = bounds(series.values())
+def logged(points: Sequence[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """``points`` with ``log10`` of their values (the non-positive ones dropped): what a log
+    scale draws."""
+    return [(x, math.log10(lo), math.log10(hi)) for x, lo, hi in points if lo > 0 and hi > 0]
+
+
+def spans_decades(groups: Iterable[Sequence[tuple[float, float, float]]], decades: float = 2.0) -> bool:
+    """Whether the values of ``groups`` are all positive and span more than ``decades``
+    orders of magnitude: a linear plot would flatten the end of such a curve to a line."""
+    lows = [lo for points in groups for _, lo, _ in points]
+    highs = [hi for points in groups for _, _, hi in points]
+    if not lows or min(lows) <= 0:
+        return False
+    return max(highs) / min(lows) > 10 ** decades
+
+
+def y_label(y: float, log: bool) -> str:
+    """A y-axis value (``y`` is ``log10`` of it on a log scale)."""
+    return f"{10 ** y:.4g}" if log else f"{y:.4g}"
+
+
+def text_plot(series: dict[str, Sequence[tuple[float, float, float]]], width: int = 60, height: int = 10,
+              log: bool = False, marks: bool = False, colours: Sequence[str] | None = None) -> list[str]:
+    """A plain-text plot (Braille) with y labels and an x range, for summaries and ``hookfit
+    compare``. ``log``: a log-scale y axis. ``marks``: each series' last point shows its name
+    (its first character). ``colours``: ANSI colour codes, one per series (a cell shared by
+    several series takes the first one's)."""
+    groups = [logged(points) if log else list(points) for points in series.values()]
+    box = bounds(groups)
     if box is None:
         return []
     x0, x1, y0, y1 = box
-    cells = draw(list(series.values()), width, height, box)
-    labels = [f"{y1:>10.4g} ", *[" " * 11] * (height - 2), f"{y0:>10.4g} "] if height > 1 else [f"{y1:>10.4g} "]
-    lines = [labels[r] + "│" + "".join(braille(m) for m in cells[r]) for r in range(height)]
+    cells = draw(groups, width, height, box)
+    text = [[braille(mask) for mask in row] for row in cells]
+    if colours:
+        for r, row in enumerate(cells):
+            for c, mask in enumerate(row):
+                owner = next((i for i in range(len(groups)) if (mask >> 8 * i) & 0xFF), None)
+                if owner is not None:
+                    text[r][c] = f"\x1b[{colours[owner % len(colours)]}m{text[r][c]}\x1b[0m"
+    if marks:
+        for index, (name, points) in enumerate(zip(series, groups)):
+            if not points:
+                continue
+            x, lo, hi = points[-1]
+            col = min(width - 1, max(0, int((x - x0) / (x1 - x0) * (width * 2 - 1) + 0.5) // 2))
+            row = min(height - 1, max(0, int(round((y1 - (lo + hi) / 2) / (y1 - y0) * (height * 4 - 1))) // 4))
+            label = name[:1] or "*"
+            text[row][col] = f"\x1b[1;{colours[index % len(colours)]}m{label}\x1b[0m" if colours else label
+    top, bottom = y_label(y1, log), y_label(y0, log)
+    labels = [f"{top:>10} ", *[" " * 11] * (height - 2), f"{bottom:>10} "] if height > 1 else [f"{top:>10} "]
+    lines = [labels[r] + "│" + "".join(text[r]) for r in range(height)]
     lines.append(" " * 11 + "└" + "─" * width)
     left, right = f"{x0:g}", f"{x1:g}"
     lines.append(" " * 12 + left + right.rjust(width - len(left)))

@@ -57,6 +57,13 @@ class TuiRenderer:
 
     # -- who prints ---------------------------------------------------------------------------
     @hookimpl
+    def add_commands(self, commands: Any) -> None:
+        """``hookfit show`` and ``hookfit compare`` (:mod:`hookfit.plugins.tui.replay`)."""
+        from hookfit.plugins.tui.replay import add_commands
+
+        add_commands(commands)
+
+    @hookimpl
     def claim_output(self, loop: Any) -> str | None:
         if self.active or (not self._failed and interactive_terminal() is None):
             return self.name
@@ -384,7 +391,7 @@ def summary(dashboard: Any, state: Any, output: Any = None) -> list[str]:
     duration, ``state.elapsed``: a persistent dashboard's hold is not part of it), where the
     run resumed from, where its output is kept, the size of the model, table and curves."""
     from hookfit.plugins.tui.dashboard import _fmt
-    from hookfit.plugins.tui.plot import text_plot
+    from hookfit.plugins.tui.plot import spans_decades, text_plot
 
     asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
     lines = [f"hookfit: training {state.status} ({state.stop_reason}) after {state.elapsed:.1f}s, "
@@ -409,8 +416,9 @@ def summary(dashboard: Any, state: Any, output: Any = None) -> list[str]:
         if "loss" not in name:
             continue
         groups = {s: dashboard.series[(s, name)].points() for s in ("train", "valid") if (s, name) in dashboard.series}
-        plot = text_plot(groups, width=60, height=8)
+        log = spans_decades(groups.values())
+        plot = text_plot(groups, width=60, height=8, log=log)
         if plot:
-            lines.append(f"  {name} over steps ({' and '.join(groups)}):")
+            lines.append(f"  {name} over steps ({' and '.join(groups)}{', log scale' if log else ''}):")
             lines.extend("  " + line for line in plot)
     return lines

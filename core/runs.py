@@ -1,0 +1,218 @@
+"""Run folders, read back: what ``hookfit runs`` lists and ``hookfit show`` / ``hookfit
+compare`` draw.
+
+A run folder (``runs/<name>/<date>-<time>``, or ``Loop(run_dir=...)``) holds ``run.jsonl``
+(one ``"run"`` line per ``fit()`` written by the core as it starts, with the process's ``pid``
+and ``host``, and an ``"end"`` line when it ends) and, with the metrics plugin, ``metrics.jsonl``
+(rows of :meth:`hookfit.payloads.MetricsSnapshot.row` as ``"epoch"`` and ``"step"`` events, a
+``"resume"`` line where a resumed run continues, and an ``"end"`` line). Both are read
+tolerantly: a torn last line (a run killed while writing) is skipped, as is any line that is
+not a JSON object. Reading changes nothing in the folder.
+
+A run with no end line is *running* while the process that started it is alive on this
+machine, *unfinished* otherwise (killed, or on another machine that cannot be asked).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ROW_FIELDS", "RunInfo", "best", "default_metric", "epoch_rows", "find", "load", "metric_names",
+           "read_jsonl", "run_folders", "series"]
+
+ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s"})
+"""The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a ``.jsonl`` file, in order; ``[]`` when it does not exist."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a torn line
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def is_run(folder: Path) -> bool:
+    return (folder / "run.jsonl").is_file() or (folder / "metrics.jsonl").is_file()
+
+
+def run_folders(root: Path) -> list[Path]:
+    """The run folders at or under ``root`` (``runs/``, ``runs/<name>`` or a run folder),
+    newest first."""
+    if is_run(root):
+        return [root]
+    found = {p.parent for pattern in ("*/run.jsonl", "*/*/run.jsonl", "*/metrics.jsonl", "*/*/metrics.jsonl")
+             for p in root.glob(pattern)}
+    return sorted(found, key=_started_key, reverse=True)
+
+
+def _started_key(folder: Path) -> tuple[str, float]:
+    starts = [r.get("started") for r in read_jsonl(folder / "run.jsonl") if r.get("event") == "run"]
+    first = next((s for s in starts if isinstance(s, str)), "")
+    try:
+        mtime = folder.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return first, mtime
+
+
+def find(source: str | os.PathLike[str] | None, root: Path = Path("runs")) -> Path:
+    """The run folder ``source`` names: a run folder; a folder of runs, or a run name under
+    ``root`` (its newest run); ``None``: the newest run under ``root``."""
+    candidates: list[Path]
+    if source is None:
+        candidates = run_folders(root) if root.is_dir() else []
+        if not candidates:
+            raise FileNotFoundError(f"no runs in {root}/ (run a training script first, or name a run folder)")
+        return candidates[0]
+    path = Path(source)
+    if not path.exists() and (root / path).exists():
+        path = root / path
+    if not path.exists():
+        raise FileNotFoundError(f"{source}: no such run folder")
+    candidates = run_folders(path)
+    if not candidates:
+        raise FileNotFoundError(f"{source}: not a run folder (no run.jsonl or metrics.jsonl in it or below)")
+    return candidates[0]
+
+
+def metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``stage/metric`` names in ``rows`` (metrics rows), in order of appearance."""
+    names: dict[str, None] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key not in ROW_FIELDS and not key.startswith("lr_") and isinstance(value, (int, float)):
+                names[f"{row.get('stage', 'train')}/{key}"] = None
+    return list(names)
+
+
+def epoch_rows(folder: Path) -> list[dict[str, Any]]:
+    """The ``"epoch"`` rows of the run's ``metrics.jsonl``."""
+    return [r for r in read_jsonl(folder / "metrics.jsonl") if r.get("event") == "epoch"]
+
+
+def default_metric(rows: list[Mapping[str, Any]]) -> str | None:
+    """``valid/loss`` when the run validated a loss, else ``train/loss``, else its first metric."""
+    names = metric_names(rows)
+    for name in ("valid/loss", "train/loss"):
+        if name in names:
+            return name
+    return names[0] if names else None
+
+
+def _mode(metric: str) -> str:
+    """``max`` for names that grow when better (accuracy, F1, AUC, scores), else ``min``."""
+    name = metric.rsplit("/", 1)[-1].lower()
+    return "max" if any(word in name for word in ("acc", "f1", "auc", "score", "precision", "recall", "iou")) else "min"
+
+
+def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, int, float]]:
+    """``(step, epoch, value)`` of ``stage/metric`` in ``rows``, finite values only."""
+    stage, key = metric.split("/", 1) if "/" in metric else ("train", metric)
+    out = []
+    for row in rows:
+        value = row.get(key)
+        if row.get("stage") == stage and isinstance(value, (int, float)) and math.isfinite(value):
+            out.append((int(row.get("step", 0)), int(row.get("epoch", 0)), float(value)))
+    return out
+
+
+def best(rows: list[Mapping[str, Any]], metric: str, mode: str | None = None) -> tuple[float, int] | None:
+    """The best value of ``metric`` over the epochs and its epoch (from 1): the lowest, or the
+    highest for metrics that grow when better (``mode`` says otherwise)."""
+    points = series(rows, metric)
+    if not points:
+        return None
+    pick = max if (mode or _mode(metric)) == "max" else min
+    _, epoch, value = pick(points, key=lambda p: p[2])
+    return value, epoch
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run folder, summed up: what ``hookfit runs`` lists.
+
+    ``status`` is the last ``fit()``'s (``completed``, ``interrupted``, ``failed``), or
+    ``running`` / ``unfinished`` when it wrote no end (see the module's documentation);
+    ``duration`` adds up its ``fit()`` calls; ``best`` is ``(metric, value, epoch)``;
+    ``resumed_from`` the checkpoint the last resume continued from."""
+
+    folder: str
+    name: str
+    started: str | None
+    duration: float | None
+    status: str
+    reason: str | None
+    epochs: int | None
+    steps: int | None
+    best: tuple[str, float, int] | None
+    resumed_from: str | None
+    fits: int
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["best"] = None if self.best is None else dict(zip(("metric", "value", "epoch"), self.best))
+        return out
+
+
+def _alive(record: Mapping[str, Any]) -> bool:
+    pid, host = record.get("pid"), record.get("host")
+    if not isinstance(pid, int) or host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0
+    return True
+
+
+def load(folder: Path, metric: str | None = None, mode: str | None = None) -> RunInfo:
+    """What ``folder``'s files say of the run."""
+    starts_and_ends = read_jsonl(folder / "run.jsonl")
+    metrics = read_jsonl(folder / "metrics.jsonl")
+    starts = [r for r in starts_and_ends if r.get("event") == "run"]
+    ends = [r for r in metrics if r.get("event") == "end"]
+    core_ends = [r for r in starts_and_ends if r.get("event") == "end"]
+    rows = [r for r in metrics if r.get("event") == "epoch"]
+    resumes = [r for r in metrics if r.get("event") == "resume"]
+    ended = core_ends or ends  # the core's end lines, else the metrics plugin's
+    fits = max(len(starts), len(ended), 1 if metrics else 0)
+    if ended and len(ended) >= len(starts):
+        status, reason = str(ended[-1].get("status")), ended[-1].get("reason")
+    elif starts and _alive(starts[-1]):
+        status, reason = "running", None
+    else:
+        status, reason = "unfinished", "no end was recorded (killed, or still running elsewhere)"
+    durations = [r.get("duration", r.get("time")) for r in ended]
+    duration = sum(d for d in durations if isinstance(d, (int, float))) if durations else None
+    last = ([r for r in metrics if r.get("event") in ("epoch", "step", "end")] or [{}])[-1]
+    epochs = max((int(r["epoch"]) for r in rows if isinstance(r.get("epoch"), int)), default=None)
+    steps = last.get("step") if isinstance(last.get("step"), int) else None
+    if metric is None:
+        metric = default_metric(rows)
+    found = best(rows, metric, mode) if metric else None
+    name = starts[-1].get("name") if starts else folder.parent.name
+    return RunInfo(
+        folder=str(folder), name=str(name), started=starts[0].get("started") if starts else None,
+        duration=duration, status=status, reason=reason, epochs=epochs, steps=steps,
+        best=None if found is None or metric is None else (metric, found[0], found[1]),
+        resumed_from=str(resumes[-1].get("from")) if resumes else None, fits=fits,
+    )

@@ -1,0 +1,304 @@
+"""Runs looked at again: ``hookfit runs`` (a table, ``--json``), ``hookfit show`` (the dashboard
+rebuilt from a run folder, read-only, and following a run that is still going) and ``hookfit
+compare`` (one metric of several runs in one plot and a table), checked against the runs'
+``metrics.jsonl``; ``show`` and ``compare`` in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hookfit
+from hookfit import cli, runs
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+from hookfit.plugins.tui.dashboard import Dashboard, _fmt
+from hookfit.plugins.tui import TuiRenderer
+from hookfit.plugins.tui.plot import spans_decades, text_plot
+from test_tui_terminal import Terminal
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def command(*argv: str) -> int:
+    """``hookfit ARGV`` with the tui plugin, which adds ``show`` and ``compare`` (the suite
+    loads no installed plugin by itself)."""
+    return cli.main(list(argv), plugins=[TuiRenderer()])
+
+
+def _train(folder: Path, epochs: int, lr: float, stop_at: int | None = None, resume: str | None = None) -> Any:
+    """A small regression run with the metrics log in ``folder``."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    generator = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 3, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(4)]
+
+    def step(loop: Any, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(loop.model(x), y)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        if stop_at is not None and loop.state.step == stop_at:
+            loop.request_stop("enough")
+        return {"loss": loss, "accuracy": 1.0 / (1.0 + loss.item())}
+
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    loop = hookfit.Loop(step, data, val_step=lambda loop, b: {"loss": torch.nn.functional.mse_loss(loop.model(b[0]), b[1])},
+                        val_data=data[:2], model=model, optimizers=torch.optim.SGD(model.parameters(), lr=lr),
+                        max_epochs=epochs, run_dir=folder, resume=resume,
+                        plugins=[Optim(), Metrics(), Checkpoint()])
+    return loop.fit()
+
+
+@pytest.fixture
+def two_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,optim,checkpoint")
+    fast, slow = tmp_path / "runs" / "demo" / "fast", tmp_path / "runs" / "demo" / "slow"
+    assert _train(fast, 6, 0.3).status == "completed"
+    assert _train(slow, 3, 0.01, stop_at=6).status == "interrupted"
+    assert _train(slow, 3, 0.01, resume="latest").status == "completed"
+    return fast, slow
+
+
+def _final(folder: Path, metric: str) -> float:
+    stage, key = metric.split("/")
+    return [r[key] for r in runs.epoch_rows(folder) if r["stage"] == stage][-1]
+
+
+def test_runs_lists_each_run_with_its_status_best_value_and_resume(two_runs: tuple[Path, Path], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    fast, slow = two_runs
+    # a run killed before its end (no end line; its process is gone), and one still running here
+    dead = tmp_path / "runs" / "demo" / "killed"
+    dead.mkdir()
+    (dead / "run.jsonl").write_text(json.dumps({"event": "run", "name": "demo", "started": "2026-01-01T00:00:00+0000",
+                                                "pid": 2**22 + 7, "host": socket.gethostname()}) + "\n")
+    (dead / "metrics.jsonl").write_text(json.dumps({"event": "epoch", "stage": "train", "epoch": 1, "step": 4,
+                                                    "loss": 2.5}) + "\n{\"event\": \"ep")  # torn last line
+    live = tmp_path / "runs" / "other" / "live"
+    live.mkdir(parents=True)
+    (live / "run.jsonl").write_text(json.dumps({"event": "run", "name": "other", "started": "2026-01-02T00:00:00+0000",
+                                                "pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+    assert cli.main(["runs", str(tmp_path / "runs"), "--json"]) == 0
+    listed = {Path(r["folder"]).name: r for r in json.loads(capsys.readouterr().out)}
+    assert set(listed) == {"fast", "slow", "killed", "live"}
+    assert listed["fast"]["status"] == "completed" and listed["fast"]["reason"] == "max_epochs=6 reached"
+    assert (listed["fast"]["epochs"], listed["fast"]["steps"], listed["fast"]["fits"]) == (6, 24, 1)
+    valid = [r["loss"] for r in runs.epoch_rows(fast) if r["stage"] == "valid"]
+    assert listed["fast"]["best"] == {"metric": "valid/loss", "value": min(valid), "epoch": valid.index(min(valid)) + 1}
+    assert listed["slow"]["fits"] == 2 and listed["slow"]["steps"] == 12
+    assert listed["slow"]["resumed_from"].endswith("epoch0002-step000000007.pt")
+    assert listed["killed"]["status"] == "unfinished" and listed["killed"]["epochs"] == 1
+    assert listed["killed"]["best"] == {"metric": "train/loss", "value": 2.5, "epoch": 1}
+    assert listed["live"]["status"] == "running"
+    # newest first (the fixture's runs started today, after the hand-written ones)
+    assert cli.main(["runs", str(tmp_path / "runs"), "--metric", "train/accuracy"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "BEST", "RESUMED", "FROM"]
+    order = [Path(line.split()[0]).name for line in lines[1:]]
+    assert order[-2:] == ["live", "killed"] and set(order[:2]) == {"fast", "slow"}
+    best_acc = max(r["accuracy"] for r in runs.epoch_rows(fast) if r["stage"] == "train")
+    assert f"train/accuracy {best_acc:.4g}" in next(line for line in lines if "/fast" in line)
+
+
+@pytest.mark.bad_input
+def test_runs_show_and_compare_name_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["runs", str(tmp_path / "nothing")]) == 2
+    assert "nothing: no such folder" in capsys.readouterr().err
+    assert command(*["show", str(tmp_path / "nothing")]) == 2
+    assert "nothing: no such run folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert command(*["compare", str(tmp_path / "empty")]) == 2
+    assert "empty: not a run folder" in capsys.readouterr().err
+
+
+def test_show_without_a_terminal_prints_the_runs_summary(two_runs: tuple[Path, Path],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    fast, slow = two_runs
+    assert command(*["show", str(slow), "--text"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"run {slow}\nhookfit: training completed (max_epochs=3 reached)")
+    assert "resumed from " in out and "epoch0002-step000000007.pt" in out
+    table = dict(re.findall(r"^  (loss|accuracy) +([-+.\de]+) +\S+$", out, re.M))
+    assert table["loss"] == _fmt(_final(slow, "train/loss"))
+    assert table["accuracy"] == _fmt(_final(slow, "train/accuracy"))
+    assert "loss over steps (train and valid):" in out
+
+
+def test_compare_draws_every_run_and_tables_final_and_best(two_runs: tuple[Path, Path],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    fast, slow = two_runs
+    assert command(*["compare", str(fast), str(slow), "--metric", "train/loss", "--width", "50"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("train/loss over steps")
+    plot = lines[1:lines.index("")]
+    assert all("│" in line or "└" in line or line.strip()[0].isdigit() for line in plot)
+    assert sum(line.count("1") for line in plot[:-2]) >= 1 and sum(line.count("2") for line in plot[:-2]) >= 1
+    rows = {row.split()[0]: row.split() for row in lines if re.match(r"^[12] ", row)}
+    for number, folder in (("1", fast), ("2", slow)):
+        assert rows[number][1] == str(folder)
+        assert rows[number][5] == f"{_final(folder, 'train/loss'):.4g}"
+    assert command(*["compare", str(fast), "--metric", "valid/nothing"]) == 2
+    assert "no run has valid/nothing; they have: train/accuracy, train/loss, valid/loss" in capsys.readouterr().err
+
+
+def test_a_curve_over_decades_is_drawn_on_a_log_scale() -> None:
+    falling = [(float(s), 1.4 * 10 ** (-s / 4), 1.4 * 10 ** (-s / 4)) for s in range(20)]  # 1.4 .. ~5e-5
+    assert spans_decades([falling]) and not spans_decades([falling[:8]])
+    assert not spans_decades([[(0.0, -1.0, -1.0), (1.0, 1000.0, 1000.0)]])
+    linear = text_plot({"train": falling}, width=40, height=8)
+    logged = text_plot({"train": falling}, width=40, height=8, log=True)
+    # linear: most of the curve lies flat on the bottom row; log: a diagonal over every row
+    def cells(line: str) -> int:
+        return sum(1 for c in line.split("│")[1] if c.strip())
+
+    assert cells(linear[7]) >= 30 and cells(logged[7]) <= 10
+    assert all(cells(line) >= 2 for line in logged[:8])
+    assert logged[0].split("│")[0].strip() == "1.4"  # the labels are values, not their logarithms
+    assert float(logged[7].split("│")[0]) == pytest.approx(falling[-1][1], rel=1e-3)
+
+    dash = Dashboard(max_epochs=1, val_every=None, on_stop=lambda: None, on_leave=lambda: None)
+    for x, y, _ in falling:
+        dash._series("train", "loss").add(x, y)
+    dash._note_name("loss")
+    assert dash._log_now()  # chosen by itself
+    dash.render((100, 30))
+    assert "log scale" in str(dash.w_plot_title.text)
+    dash.keypress("l")  # off by hand
+    assert not dash._log_now()
+    dash.render((100, 30))
+    assert "log scale" not in str(dash.w_plot_title.text)
+    dash.keypress("l")
+    assert dash._log_now()
+
+
+# -- in a real terminal ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def term(tmp_path: Path):
+    terminal = Terminal(tmp_path)
+    try:
+        yield terminal
+    finally:
+        terminal.kill()
+
+
+@pytest.mark.slow
+def test_show_reopens_a_finished_runs_dashboard_read_only(two_runs: tuple[Path, Path], term: Terminal) -> None:
+    fast, _ = two_runs
+    term.launch(sys.executable, "-m", "hookfit", "show", fast, env="HOOKFIT_PLUGINS=tui")
+    screen = term.wait_for("training completed: max_epochs=6 reached", "q leave")
+    assert term.alternate()
+    assert re.search(r"hookfit │ \w+ │ epoch 6/6 │ step 24 │", screen), screen
+    loss = re.search(r"^loss\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", screen, re.M)
+    assert loss is not None, screen
+    assert loss.group(3) == _fmt(_final(fast, "train/loss")) and loss.group(4) == _fmt(_final(fast, "valid/loss"))
+    assert "full history\n" in screen  # a linear scale: this loss spans no decades
+    term.keys("l")  # the key works on a replayed run too
+    term.wait_for("full history · log scale")
+    term.keys("q")
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    term.assert_restored(flags)
+    assert f"run {fast}" in text and "hookfit: training completed (max_epochs=6 reached)" in text
+
+
+LIVE = r'''
+import os, sys, time
+from pathlib import Path
+import torch
+import hookfit
+
+folder, gate = Path(sys.argv[1]), Path(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+data = [(torch.randn(8, 3), torch.randn(8, 1)) for _ in range(3)]
+
+class Gate:
+    @hookfit.hookimpl
+    def epoch_end(self, loop, epoch):
+        if epoch == 0:  # the second epoch waits until the test has seen the first
+            while not gate.exists():
+                time.sleep(0.05)
+
+def step(loop, batch):
+    loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss}
+
+hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2,
+             run_dir=folder, plugins=[Gate()]).fit()
+'''
+
+
+@pytest.mark.slow
+def test_show_follows_a_run_that_is_still_going(tmp_path: Path, term: Terminal) -> None:
+    import subprocess
+
+    from test_tui_terminal import clean_env
+
+    folder, gate = tmp_path / "live-run", tmp_path / "gate"
+    script = tmp_path / "live.py"
+    script.write_text(LIVE)
+    env = {**clean_env(), "HOOKFIT_PLUGINS": "metrics,optim", "CI": "1"}
+    run = subprocess.Popen([sys.executable, str(script), str(folder), str(gate)], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        term.wait_until(lambda: len(runs.epoch_rows(folder)) >= 1, "the run's first epoch in metrics.jsonl")
+        term.launch(sys.executable, "-m", "hookfit", "show", folder, env="HOOKFIT_PLUGINS=tui")
+        screen = term.wait_for("epoch 1/", "q leave")
+        assert "running" in screen.splitlines()[0] and "training completed" not in screen
+        gate.write_text("go")  # the run goes on: the viewer sees its second epoch and its end
+        screen = term.wait_for("training completed: max_epochs=2 reached")
+        assert re.search(r"│ step 6 │", screen), screen
+        assert run.wait(timeout=60) == 0, run.stderr.read() if run.stderr else ""
+    finally:
+        if run.poll() is None:
+            run.kill()
+    term.keys("q")
+    code, flags, _ = term.wait_exit()
+    assert code == 0
+    term.assert_restored(flags)
+
+
+@pytest.mark.slow
+def test_compare_in_a_terminal_shows_the_plot_and_table(two_runs: tuple[Path, Path], term: Terminal) -> None:
+    fast, slow = two_runs
+    term.launch(sys.executable, "-m", "hookfit", "compare", fast, slow, env="HOOKFIT_PLUGINS=tui")
+    code, _, text = term.wait_exit()
+    assert code == 0
+    assert "valid/loss over steps" in text
+    for number, folder in (("1", fast), ("2", slow)):
+        row = next(line for line in text.splitlines() if line.startswith(f"{number}  {folder}"))
+        assert row.split()[5] == f"{_final(folder, 'valid/loss'):.4g}"
+    assert math.isfinite(_final(fast, "valid/loss"))
+
+
+@pytest.mark.slow
+def test_the_demo_keeps_its_final_screen_and_says_how_to_look_again(tmp_path: Path, term: Terminal) -> None:
+    term.launch(sys.executable, "-m", "hookfit", "demo", "--epochs", "2",
+                env="HOOKFIT_PLUGINS=checkpoint,console,interrupter,metrics,optim,tui")
+    screen = term.wait_for("training completed: max_epochs=2 reached", "press q, Esc or Ctrl-C to leave", timeout=120)
+    assert term.alternate() and "epoch 2/2" in screen  # held: the run is over, the screen stays
+    term.keys("q")
+    code, flags, text = term.wait_exit()
+    assert code == 0, text
+    term.assert_restored(flags)
+    said = re.search(r"this run's files are in (\S+); look at it again with: hookfit show (\S+)", text)
+    assert said is not None, text
+    assert said.group(1) == said.group(2) and (tmp_path / said.group(1) / "metrics.jsonl").is_file()
