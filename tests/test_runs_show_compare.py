@@ -184,6 +184,24 @@ def test_a_curve_over_decades_is_drawn_on_a_log_scale() -> None:
     assert dash._log_now()
 
 
+def test_the_plot_marks_resumes_learning_rate_changes_and_the_best_epoch() -> None:
+    from hookfit.payloads import ResumeInfo
+    from hookfit.plugins.tui.replay import snapshot
+
+    dash = Dashboard(max_epochs=4, val_every=None, on_stop=lambda: None, on_leave=lambda: None)
+    for step, loss, lr in ((10, 3.0, 0.1), (20, 2.0, 0.1), (30, 1.5, 0.01), (40, 1.8, 0.01)):
+        dash.receive("update", snapshot({"stage": "train", "epoch": 1, "step": step, "batches": 1, "loss": loss,
+                                         "lr_default": lr}, 4, False))
+        if step == 20:
+            dash.receive("resumed", ResumeInfo("ckpt.pt", 0, 20, 2, "train"))
+    assert dash.marks == [(20, "R"), (30, "L")]
+    ruler = dash._ruler("loss", 31, 10.0, 40.0)  # 31 cells: step 10 at 0, 20 at 10, 30 at 20
+    assert (ruler[10], ruler[20]) == ("R", "L") and "*" not in ruler  # the best is marked once the run ended
+    dash.receive("end", "completed", "max_epochs=4 reached", False)
+    ruler = dash._ruler("loss", 31, 10.0, 40.0)
+    assert ruler[20] == "*" and ruler.replace(" ", "") == "R*"  # the best (1.5 at step 30) over the L
+
+
 # -- in a real terminal ----------------------------------------------------------------------------
 
 
@@ -206,7 +224,9 @@ def test_show_reopens_a_finished_runs_dashboard_read_only(two_runs: tuple[Path, 
     loss = re.search(r"^loss\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", screen, re.M)
     assert loss is not None, screen
     assert loss.group(3) == _fmt(_final(fast, "train/loss")) and loss.group(4) == _fmt(_final(fast, "valid/loss"))
-    assert "full history\n" in screen  # a linear scale: this loss spans no decades
+    title = next(line for line in screen.splitlines() if "━ train ━ valid" in line)
+    assert "log scale" not in title  # a linear scale: this loss spans no decades
+    assert "R resumed  L lr changed  * best" in title and re.search(r"└step \d+ … 24 +\*", screen), screen
     term.keys("l")  # the key works on a replayed run too
     term.wait_for("full history · log scale")
     term.keys("q")

@@ -54,6 +54,20 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3e}"
 
 
+def _runs_of(ruler: str, span: str) -> list[tuple[int, str, bool]]:
+    """The row under the plot: ``span`` (the steps shown) where no mark is, the marks' letters
+    over it, as runs of ``(start, text, marked)``."""
+    cells = [(c, True) if c != " " else ((span[i], False) if i < len(span) else (" ", False))
+             for i, c in enumerate(ruler)]
+    out: list[tuple[int, str, bool]] = []
+    for i, (c, marked) in enumerate(cells):
+        if out and out[-1][2] == marked:
+            out[-1] = (out[-1][0], out[-1][1] + c, marked)
+        else:
+            out.append((i, c, marked))
+    return out
+
+
 def _clock(seconds: float | None) -> str:
     if seconds is None:
         return "--:--:--"
@@ -105,6 +119,8 @@ class Dashboard:
         self._open: list[str] = []  # the stages running, outermost first
         self._waiting: list[tuple[str, int, int | None, float]] = []  # progress of stages a nested one interrupted
         self.log: list[str] = []
+        self.marks: list[tuple[float, str]] = []  # (step, "R" resumed / "L" learning rate changed)
+        self._lr: dict[str, float] | None = None
         self._build()
 
     # -- messages from the training thread ------------------------------------------------
@@ -122,6 +138,11 @@ class Dashboard:
         self.epoch = epoch
 
     def _on_update(self, m: Any) -> None:
+        if m.stage == "train" and m.lr:
+            lr = dict(m.lr)
+            if self._lr is not None and lr != self._lr:
+                self.marks.append((m.step, "L"))  # the learning rate changed since the last snapshot
+            self._lr = lr
         self.epoch, self.step = m.epoch, m.step
         p = self.progress
         p.stage, p.batches, p.total, p.rate = m.stage, m.batches, m.total, m.batches_per_s
@@ -157,6 +178,7 @@ class Dashboard:
     def _on_resumed(self, info: Any) -> None:
         """The run continues from a checkpoint (:class:`hookfit.payloads.ResumeInfo`)."""
         self.resumed_from = info
+        self.marks.append((info.step, "R"))
         self.epoch, self.step = info.epoch, info.step
         self._on_log([f"hookfit: resumed from {info}"])
 
@@ -302,8 +324,37 @@ class Dashboard:
                 markup.append((attr, braille(mask)))
             markup.append("\n")
         span = f"step {x0:g} … {x1:g}"
-        markup.append(("dim", " " * label_w + "└" + span[: width - label_w - 1]))
+        ruler = self._ruler(name, width - label_w - 1, x0, x1)
+        markup.append(("dim", " " * label_w + "└"))
+        for start, end, marked in _runs_of(ruler, span):
+            markup.append(("head" if marked else "dim", end))
         return markup
+
+    def best_step(self, name: str) -> float | None:
+        """The step of the best epoch of ``name``: the lowest validation value (the highest
+        for accuracies and scores), else the lowest training value."""
+        for stage in ("valid", "train"):
+            series = self.series.get((stage, name))
+            if series is not None and len(series):
+                points = [(x, lo, hi) for x, lo, hi in series.points()]
+                grows = any(word in name.lower() for word in ("acc", "f1", "auc", "score", "precision", "recall"))
+                x, _, _ = max(points, key=lambda p: p[2]) if grows else min(points, key=lambda p: p[1])
+                return x
+        return None
+
+    def _ruler(self, name: str, width: int, x0: float, x1: float) -> str:
+        """One row under the plot with a letter at the step of each mark (see ``marks``) and
+        ``*`` at the best epoch."""
+        cells = [" "] * width
+        marks = [*self.marks]
+        best = self.best_step(name)
+        if best is not None and self.finished:
+            marks.append((best, "*"))
+        for x, letter in marks:
+            if x0 <= x <= x1 and width > 0:
+                col = min(width - 1, max(0, int((x - x0) / (x1 - x0) * (width * 2 - 1) + 0.5) // 2))
+                cells[col] = letter
+        return "".join(cells)
 
     def _log_now(self, points: list[Any] | None = None) -> bool:
         """Whether the plot is on a log scale now: as chosen with ``l``, else when the plotted
@@ -344,6 +395,8 @@ class Dashboard:
         self.w_run_label.set_text(f" run   epoch {self.epoch + 1}/{self.max_epochs}  ETA {_clock(eta)}")
         window = "recent" if self.recent else "full history"
         scale = " · log scale" if self._log_now() else ""
+        if self.marks or self.finished:
+            scale += " · R resumed  L lr changed  * best"
         self.w_plot_title.set_text([("head", f" {self.plotted or '-'} "), ("train", "━ train "), ("valid", "━ valid "),
                                     ("dim", f"· {window}{scale}")])
         self.w_keys.set_text(("dim", self.keys[:cols]))
