@@ -145,6 +145,29 @@ def _sink() -> io.TextIOBase:
 
 
 # -- Lightning ---------------------------------------------------------------------------------
+def lightning_module(model: torch.nn.Module, log: bool) -> Any:
+    """The LightningModule of these comparisons: SGD on ``model``'s MSE, the loss logged to
+    the progress bar every step when ``log`` (Lightning's usual set-up)."""
+    import pytorch_lightning as pl
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = mse(self.net(x), y)
+            if log:
+                self.log("loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Module()
+
+
 def lightning(default: bool) -> Callable[[Setup], Runner]:
     def build(setup: Setup) -> Runner:
         import lightning_fabric  # noqa: F401  (installed with pytorch-lightning)
@@ -153,21 +176,6 @@ def lightning(default: bool) -> Callable[[Setup], Runner]:
         model, _ = setup.fresh()
         times: list[float] = []
 
-        class Module(pl.LightningModule):
-            def __init__(self) -> None:
-                super().__init__()
-                self.net = model
-
-            def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-                x, y = batch
-                loss = mse(self.net(x), y)
-                if default:
-                    self.log("loss", loss, prog_bar=True)
-                return loss
-
-            def configure_optimizers(self) -> torch.optim.Optimizer:
-                return torch.optim.SGD(self.parameters(), lr=0.01)
-
         class Clock(pl.Callback):
             def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
                 self.start = time.perf_counter()
@@ -175,7 +183,7 @@ def lightning(default: bool) -> Callable[[Setup], Runner]:
             def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
                 times.append(time.perf_counter() - self.start)
 
-        module = Module()
+        module = lightning_module(model, log=default)
         root = tempfile.mkdtemp(prefix="lightning-compare-")
         loader = Batches(setup.data)  # Lightning would read a plain list as several loaders
 

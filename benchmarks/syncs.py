@@ -35,7 +35,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import Batches, Setup, _sink, mse  # noqa: E402  (same folder)
+from compare import Batches, Setup, _sink, lightning_module, mse  # noqa: E402  (same folder)
 
 import hookfit  # noqa: E402
 from hookfit.plugins.console import Console  # noqa: E402
@@ -148,20 +148,6 @@ def lightning_default(setup: Setup, counts: Counts) -> None:
 
     model, _ = setup.fresh()
 
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = model
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            loss = mse(self.net(x), y)
-            self.log("loss", loss, prog_bar=True)
-            return loss
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
     class Count(pl.Callback):
         def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
             counts.epoch[0] = counts.reads.count
@@ -175,7 +161,7 @@ def lightning_default(setup: Setup, counts: Counts) -> None:
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, callbacks=[Count()],
                          default_root_dir=tempfile.mkdtemp(prefix="syncs-"), num_sanity_val_steps=0)
     with counts.reads:
-        trainer.fit(Module(), train_dataloaders=Batches(setup.data))
+        trainer.fit(lightning_module(model, log=True), train_dataloaders=Batches(setup.data))
 
 
 def ignite_default(setup: Setup, counts: Counts) -> None:

@@ -29,6 +29,7 @@ from test_distributed import (  # noqa: F401 - _not_launched: autouse, this proc
     PLUGINS,
     _env,
     _not_launched,
+    _step,
     assert_same_training,
     dumps,
     one_process,
@@ -54,15 +55,6 @@ def _net() -> torch.nn.Module:
 def _data(batches: int = 6) -> list[Any]:
     generator = torch.Generator().manual_seed(1)
     return [(torch.randn(4, 4, generator=generator), torch.randn(4, 2, generator=generator)) for _ in range(batches)]
-
-
-def _step(loop: Any, batch: Any) -> dict[str, Any]:
-    x, y = batch
-    loss = torch.nn.functional.mse_loss(loop.model(x), y)
-    loop.backward(loss)
-    loop.optimizers.step()
-    loop.optimizers.zero_grad()
-    return {"loss": loss}
 
 
 def _whole(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ from hookfit.plugins.optim import Optim
 from hookfit.plugins.tui.dashboard import Dashboard, _fmt
 from hookfit.plugins.tui import TuiRenderer
 from hookfit.plugins.tui.plot import spans_decades, text_plot
-from test_tui_terminal import Terminal
+from test_tui_terminal import Terminal, term  # noqa: F401 - term: the tmux fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -203,15 +203,6 @@ def test_the_plot_marks_resumes_learning_rate_changes_and_the_best_epoch() -> No
 
 
 # -- in a real terminal ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def term(tmp_path: Path):
-    terminal = Terminal(tmp_path)
-    try:
-        yield terminal
-    finally:
-        terminal.kill()
 
 
 @pytest.mark.slow
