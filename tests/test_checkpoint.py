@@ -9,6 +9,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -204,6 +205,42 @@ def test_a_read_only_folder_is_reported_and_training_goes_on(tmp_path: Path, rea
     with pytest.warns(CheckpointWarning, match=r"could not write .*(Read-only|Permission denied)"):
         loop, _, _ = train(tmp_path, epochs=2, checkpoint=Checkpoint(dir=read_only_folder, background=False))
     assert loop.state.status == "completed" and loop.run.pm.get_plugin("checkpoint").failed_saves == 2
+
+
+class Announced:
+    """Records ``checkpoint_saved``: what, on which thread, and whether the file was whole then."""
+
+    name = "announced"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int, str, bool]] = []
+
+    @hookfit.hookimpl
+    def checkpoint_saved(self, path: str, reason: str, step: int) -> None:
+        whole = Path(path).exists() and read(path)["loop"]["step"] == step
+        self.seen.append((Path(path).name, reason, step, threading.current_thread().name, whole))
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_each_written_checkpoint_is_announced_on_the_training_thread_once_whole(tmp_path: Path, background: bool) -> None:
+    announced = Announced()
+    ckpt = Checkpoint(every_n_steps=2, keep_last=100, background=background)
+    train(tmp_path, epochs=2, checkpoint=ckpt, extra=[announced], stop=12)
+    main = threading.main_thread().name
+    assert [(name, reason, step) for name, reason, step, _, _ in announced.seen] == [
+        ("epoch0001-step000000002.pt", "step", 2), ("epoch0001-step000000004.pt", "step", 4),
+        ("epoch0001-step000000006.pt", "step", 6), ("epoch0001-step000000007.pt", "epoch", 7),
+        ("epoch0002-step000000008.pt", "step", 8), ("epoch0002-step000000010.pt", "step", 10),
+        ("epoch0002-step000000010.pt", "interrupt", 10)]
+    assert {(thread, whole) for *_, thread, whole in announced.seen} == {(main, True)}
+
+
+@pytest.mark.fault
+def test_a_checkpoint_that_could_not_be_written_is_not_announced(tmp_path: Path, read_only_folder: Path) -> None:
+    announced = Announced()
+    with pytest.warns(CheckpointWarning, match="could not write"):
+        train(tmp_path, epochs=2, checkpoint=Checkpoint(dir=read_only_folder), extra=[announced])
+    assert announced.seen == []
 
 
 def test_saves_by_step_and_by_time(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ class Boom(Exception):
     pass
 
 
-def test_every_hookspec_is_documented_and_fired() -> None:
+def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
     """A new event cannot land undocumented, or without the loop firing it somewhere that
     these runs cover (normal run with validation, a stop request, a failure)."""
     import ast
@@ -88,6 +88,14 @@ def test_every_hookspec_is_documented_and_fired() -> None:
 
     hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()), resume="x",
                  plugins=[Optim(), Metrics(sync_every=1, log=False), Console(), TwoProcessesResumed(), rec]).fit()
+    fired |= set(rec.names())
+
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    rec = Recorder()
+    saved = torch.nn.Linear(1, 1)
+    hookfit.Loop(optim_step, [torch.ones(1)], model=saved, optimizers=torch.optim.SGD(saved.parameters()),
+                 run_dir=tmp_path, plugins=[Optim(), Checkpoint(), rec]).fit()
     fired |= set(rec.names())
 
     class Command:  # the hookfit command asks plugins for theirs (hookfit export is one)

@@ -7,6 +7,7 @@ states in :mod:`hookfit.plugins.checkpoint.state`."""
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import threading
@@ -130,12 +131,14 @@ class Checkpoint:
         self._write_error: BaseException | None = None
         self._warned: set[str] = set()
         self._sharded_saves = 0  # this process's sharded saves: their temporary folders' names
+        self._written: collections.deque[tuple[str, str, int]] = collections.deque()  # to announce
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
     def configure(self, loop: Any) -> None:
         self.saved, self.best, self.resumed_from, self.off = [], None, None, False
         self._pending, self._continued, self._monitor_warned, self._warned = None, False, False, set()
+        self._written.clear()
         if self.every_n_steps is not None or self.every_seconds is not None:
             # a per-batch hook only when saves can fall mid-epoch: otherwise batches cost nothing
             loop.pm.register(_EveryStep(self), name="checkpoint.steps")
@@ -226,6 +229,7 @@ class Checkpoint:
 
     @hookimpl(trylast=True)
     def epoch_end(self, loop: Any, epoch: int) -> None:
+        self._announce(loop)
         self._done = (epoch + 1, 0, "train")
         if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:
             self.save(loop, "epoch", metric=self._last_value)
@@ -251,6 +255,7 @@ class Checkpoint:
                 self.save(loop, "max_steps" if budget else "completed")
         finally:
             self._wait()
+            self._announce(loop)
             self._loop = None
             self._stage, self._training, self._rng_before_valid = None, False, None
 
@@ -321,6 +326,7 @@ class Checkpoint:
             return None
         self._last_time = time.monotonic()
         self._raise_write_error()
+        self._announce(loop)
         position = self.position(loop)
         payload = self.payload(loop, *position, reason=reason, metric=metric)  # also on other ranks: collectives
         rest, shards = sharded.split(payload)
@@ -339,6 +345,7 @@ class Checkpoint:
         else:
             self._write(payload, path, metric, reason)
             self._raise_write_error()
+            self._announce(loop)
         return path
 
     def payload(self, loop: Any, epoch: int, done: int, stage: str, *, reason: str,
@@ -382,10 +389,12 @@ class Checkpoint:
         path = Path(folder)
         self._write(rest, path, metric, reason, shards=shards, tmp=path.with_name(tmp_name), main=loop.is_main)
         self._raise_write_error()
+        self._announce(loop)
         return path if loop.is_main else None
 
     def _write(self, payload: dict[str, Any], path: Path, metric: float | None, reason: str,
                shards: dict[str, Any] | None = None, tmp: Path | None = None, main: bool = True) -> None:
+        step = int(payload["loop"]["step"])
         try:
             if shards:
                 sharded.write(payload, shards, tmp, path, main, self._save_file)  # type: ignore[arg-type]
@@ -404,7 +413,10 @@ class Checkpoint:
                     f"previous checkpoints are kept and training goes on",
                     CheckpointWarning, stacklevel=2)
             return
-        if reason == "failure" or not main:
+        if not main:
+            return
+        self._written.append((str(path), reason, step))  # announced on the training thread
+        if reason == "failure":
             return
         if path in self.saved:  # the same position written again
             self.saved.remove(path)
@@ -432,6 +444,18 @@ class Checkpoint:
             except OSError:
                 continue  # kept on the list: tried again at the next save
             self.saved.remove(old)
+
+    def _announce(self, loop: Any) -> None:
+        """``checkpoint_saved`` for every write finished since the last call (on the training
+        thread: a background write only queues its completion)."""
+        written = self._written
+        if not written:
+            return
+        call = loop.hooks.checkpoint_saved
+        while written:
+            path, reason, step = written.popleft()
+            if call is not None:
+                call(loop, path, reason, step)
 
     def _wait(self) -> None:
         if self._writer is not None:
@@ -559,6 +583,8 @@ class _EveryStep:
     @hookimpl(trylast=True)  # after every other plugin took the batch into account
     def batch_end(self, loop: Any, batch_idx: int) -> None:
         owner = self.owner
+        if owner._written:
+            owner._announce(loop)
         if owner._stage != "train":
             return
         step = loop.state.step

@@ -166,6 +166,11 @@ class TuiRenderer:
             self._inbox.append(("resumed", info))
 
     @hookimpl
+    def checkpoint_saved(self, reason: str, step: int) -> None:
+        if self.active:
+            self._inbox.append(("checkpoint", step, reason))
+
+    @hookimpl
     def stage_start(self, loop: Any, stage: str) -> None:
         if self.active:
             if self._suspended:
