@@ -356,6 +356,21 @@ def resumed(loop: Run, info: ResumeInfo) -> None:
 
 
 @hookspec
+def step_skipped(loop: Run, optimizer: str, reason: str, step: int) -> None:
+    """An optimizer step was skipped: ``optimizer`` names it, ``reason`` says why and where
+    (``"non-finite loss at epoch 2, batch 7"``), ``step`` is the global step the run was at
+    when the skip became known on the host.
+
+    Fired by the plugin that owns the optimizer steps (optim), once per skipped step, on the
+    training thread: at once where the check reads the host (the CPU), at the next host read
+    where it stays on the device (an accelerator: a metrics publication, the stage's end...;
+    ``reason`` then names the batch it happened in). Not fired for a step that raises
+    (``nonfinite="raise"``). Observers mark it (the dashboard puts ``!`` on its curve),
+    loggers count it. The return value is ignored.
+    """
+
+
+@hookspec
 def checkpoint_saved(loop: Run, path: str, reason: str, step: int) -> None:
     """A checkpoint of the run is complete on disk: ``path`` (a file, or a sharded
     checkpoint's folder), written for ``reason`` (``"epoch"``, ``"step"``, ``"interrupt"``,

@@ -98,6 +98,18 @@ def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
                  run_dir=tmp_path, plugins=[Optim(), Checkpoint(), rec]).fit()
     fired |= set(rec.names())
 
+    rec = Recorder()  # a step skipped for a non-finite loss is announced
+
+    def nan_step(loop, x):
+        loop.backward(saved(x).sum() * float("nan"))
+        loop.optimizers.step()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hookfit.HookfitWarning)
+        hookfit.Loop(nan_step, [torch.ones(1)], model=saved, optimizers=torch.optim.SGD(saved.parameters()),
+                     plugins=[Optim(), rec]).fit()
+    fired |= set(rec.names())
+
     class Command:  # the hookfit command asks plugins for theirs (hookfit export is one)
         @hookfit.hookimpl
         def add_commands(self, commands):

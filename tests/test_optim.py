@@ -205,6 +205,17 @@ def test_grad_norm_example_plugin_sees_final_gradients() -> None:
     assert all(0 < n <= 0.01 + 1e-6 for n in norms.norms)  # measured after clipping
 
 
+class Skips:
+    """Records ``step_skipped``: (optimizer, reason, step)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int]] = []
+
+    @hookfit.hookimpl
+    def step_skipped(self, optimizer: str, reason: str, step: int) -> None:
+        self.seen.append((optimizer, reason, step))
+
+
 @pytest.mark.fault
 def test_nonfinite_loss_skips_the_step_with_one_warning_and_a_count() -> None:
     m = model()
@@ -229,13 +240,17 @@ def test_nonfinite_loss_skips_the_step_with_one_warning_and_a_count() -> None:
         def fit_end(self, loop):
             skipped.append(loop.optimizers["default"].skipped)
 
+    skips = Skips()
     with pytest.warns(OptimWarning) as caught:
-        fit(m, torch.optim.SGD(m.parameters(), lr=0.1), batches, Watch(), epochs=1, step=step)
+        fit(m, torch.optim.SGD(m.parameters(), lr=0.1), batches, Watch(), skips, epochs=1, step=step)
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2
     assert "skipped the step of optimizer 'default': non-finite loss at epoch 0, batch 2" in messages[0]
     assert "2 optimizer steps were skipped" in messages[1]
     assert skipped == [2]
+    # every skip is announced, when it happens (the step counter is that batch's, before it ends)
+    assert skips.seen == [("default", "non-finite loss at epoch 0, batch 2", 2),
+                          ("default", "non-finite loss at epoch 0, batch 4", 4)]
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
@@ -1012,9 +1027,15 @@ def test_the_device_path_skips_a_nonfinite_loss_s_step_as_the_cpu_path_does(opt_
         def fit_end(self, loop):
             seen.append((loop.optimizers["default"].skipped, loop.optimizers["default"].steps))
 
+    skips = Skips()
     with pytest.warns(OptimWarning) as caught:
-        counter = _run_with(opt_kind, m, batches, nan_at(m, bad), Skipped())
+        counter = _run_with(opt_kind, m, batches, nan_at(m, bad), Skipped(), skips)
     assert_bitwise(params(m), raw_skipping(bad, batches, opt_kind == "fused"))
+    # announced when known on the host: the reason names the batch of the bad loss
+    assert [(reason.split(" (")[0], step) for _, reason, step in skips.seen] == (
+        [("non-finite loss at epoch 0, batch 2", 8), ("non-finite loss at epoch 0, batch 4", 8)]
+        if opt_kind == "fused" else
+        [("non-finite loss at epoch 0, batch 2", 2), ("non-finite loss at epoch 0, batch 4", 4)])
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2, messages
     assert "skipped the step of optimizer 'default': non-finite loss at epoch 0, batch 2" in messages[0]

@@ -217,7 +217,7 @@ def test_show_reopens_a_finished_runs_dashboard_read_only(two_runs: tuple[Path, 
     assert loss.group(3) == _fmt(_final(fast, "train/loss")) and loss.group(4) == _fmt(_final(fast, "valid/loss"))
     title = next(line for line in screen.splitlines() if "━ train ━ valid" in line)
     assert "log scale" not in title  # a linear scale: this loss spans no decades
-    assert "R resumed  C checkpoint  L lr changed  * best" in title and re.search(r"└step \d+ … 24 +\*", screen), screen
+    assert "R resumed  C checkpoint  L lr changed  ! skipped  * best" in title and re.search(r"└step \d+ … 24 +\*", screen), screen
     term.keys("l")  # the key works on a replayed run too
     term.wait_for("full history · log scale")
     term.keys("q")

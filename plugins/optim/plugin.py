@@ -484,8 +484,11 @@ class Optim:
         self._count_skip(managed, where)
 
     def _count_skip(self, managed: ManagedOptimizer, where: str) -> None:
-        """Count a skipped step of ``managed``; warn about the run's first."""
+        """Count a skipped step of ``managed``; warn about the run's first; tell the plugins
+        that listen (``step_skipped``)."""
         managed.skipped += 1
+        if (call := self.loop.hooks.step_skipped) is not None:
+            call(self.loop, managed.name, where, self.loop.state.step)
         if self._first_skip is None:
             self._first_skip = where
             warnings.warn(

@@ -119,7 +119,7 @@ class Dashboard:
         self._open: list[str] = []  # the stages running, outermost first
         self._waiting: list[tuple[str, int, int | None, float]] = []  # progress of stages a nested one interrupted
         self.log: list[str] = []
-        self.marks: list[tuple[float, str]] = []  # (step, "R" resumed / "C" checkpoint / "L" lr changed)
+        self.marks: list[tuple[float, str]] = []  # (step, "R" resumed / "C" checkpoint / "L" lr / "!" skipped)
         self._lr: dict[str, float] | None = None
         self._build()
 
@@ -181,6 +181,10 @@ class Dashboard:
         self.marks.append((info.step, "R"))
         self.epoch, self.step = info.epoch, info.step
         self._on_log([f"hookfit: resumed from {info}"])
+
+    def _on_skipped(self, step: int) -> None:
+        """An optimizer step was skipped (a non-finite loss; the ``step_skipped`` event)."""
+        self.marks.append((step, "!"))
 
     def _on_checkpoint(self, step: int, reason: str) -> None:
         """A checkpoint was written at ``step`` (the ``checkpoint_saved`` event)."""
@@ -400,7 +404,7 @@ class Dashboard:
         window = "recent" if self.recent else "full history"
         scale = " · log scale" if self._log_now() else ""
         if self.marks or self.finished:
-            scale += " · R resumed  C checkpoint  L lr changed  * best"
+            scale += " · R resumed  C checkpoint  L lr changed  ! skipped  * best"
         self.w_plot_title.set_text([("head", f" {self.plotted or '-'} "), ("train", "━ train "), ("valid", "━ valid "),
                                     ("dim", f"· {window}{scale}")])
         self.w_keys.set_text(("dim", self.keys[:cols]))

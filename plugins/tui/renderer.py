@@ -166,6 +166,11 @@ class TuiRenderer:
             self._inbox.append(("resumed", info))
 
     @hookimpl
+    def step_skipped(self, step: int) -> None:
+        if self.active:
+            self._inbox.append(("skipped", step))
+
+    @hookimpl
     def checkpoint_saved(self, reason: str, step: int) -> None:
         if self.active:
             self._inbox.append(("checkpoint", step, reason))
