@@ -1,0 +1,438 @@
+"""profile: ``torch.profiler`` over a few training steps, a trace to open, the slowest operators.
+
+``Profile(wait=1, warmup=1, active=3, repeat=1)`` in ``Loop(plugins=[...])``, or a
+``[plugins.profile]`` table in ``hookfit.toml``. Discovered like every plugin, it is inert until
+configured that way: the instance discovered without options unregisters itself at
+``configure``, so no hook of it runs and a run pays nothing for it.
+
+* **Schedule.** It drives :class:`torch.profiler.profile` with
+  ``torch.profiler.schedule(skip_first=..., wait=..., warmup=..., active=..., repeat=...)``,
+  started right before the first training batch and stepped once per training batch (the
+  ``batch_end`` of the ``"train"`` stage): the profiler's step ``N`` (``ProfilerStep#N`` in the
+  trace and the table) is this ``fit()``'s training batch ``N``, counting from 0, and its span
+  runs from the end of the batch before to the end of that batch (so it holds the data loading
+  of its batch too). Each cycle skips ``wait`` steps, warms up for ``warmup`` and records
+  ``active``; ``repeat`` cycles in all (``0``: until the run ends). Validation batches do not
+  step the schedule, nested in the training stage (``Loop(val_every_n_steps=N)``) or after it:
+  a validation that runs while the profiler records is recorded within the step it runs in,
+  as the time it takes from training. ``Loop.validate()`` has no training batch: there the
+  validation batches step the schedule. CPU activity is recorded, and CUDA's when CUDA is
+  available; ``record_shapes``, ``profile_memory`` and ``with_stack`` are passed to the
+  profiler as they are.
+* **Trace.** Each recorded cycle is written to the run folder (:attr:`hookfit.run.Run.run_dir`),
+  as ``profile/<host>_<pid>.<time in ns>.pt.trace.json``, the names
+  ``torch.profiler.tensorboard_trace_handler`` gives, so TensorBoard's profiler plugin opens the
+  run folder (``tensorboard --logdir <run folder>``, with ``torch-tb-profiler`` installed)
+  and Perfetto (https://ui.perfetto.dev) or Chrome's ``chrome://tracing`` open each file. The
+  trace is exported to a temporary file first and then copied in, because the profiler's own
+  export reports no error when it cannot write (a full disk leaves a torn file behind without
+  a word); so a file that cannot be written (a read-only run folder, a full disk) gives one
+  :class:`hookfit.files.FileWarning` naming it and the error, leaves no partial file, and
+  training goes on (later cycles are not written; their operators are still counted).
+  Main process only: under ``torchrun`` the other processes do not profile.
+* **End.** At ``fit_end`` (``tryfirst``, so that other plugins' end-of-run work is not
+  recorded), whatever the status (completed, interrupted or failed), the profiler is stopped;
+  a cycle cut short by the end of the run is still written, with the steps it recorded. Then it
+  prints, on standard output (``stream`` if given) as the console prints its summary, one line
+  per trace written: ``hookfit profile steps=<a>-<b> profiler_steps=<n>-<m> trace=<file>`` (the
+  run's own step numbers, counted as the console counts them, then the ``ProfilerStep``
+  numbers in the trace), a line saying how to open them, and the table of the slowest
+  operators of every recorded step (``key_averages().table(sort_by=..., row_limit=...)``, added
+  up over the cycles). A run that ended before the first active step says so instead
+  (``hookfit profile nothing_recorded reason="..."``).
+* It is an observer (``observer = True``): it takes part in the run's time, never in its results,
+  so if it fails it is switched off for the rest of the run with one warning, and the profiler
+  is stopped first.
+
+Options are checked at construction, with a ``ValueError`` naming the option.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO, TypeVar
+
+from hookfit import config, hookimpl
+from hookfit.files import FileWarning
+
+__all__ = ["Profile", "SORT_KEYS", "FOLDER"]
+
+FOLDER = "profile"
+"""The folder of the run folder the traces are written to."""
+
+SORT_KEYS = (
+    "self_cpu_time_total", "cpu_time_total", "cpu_time",
+    "self_device_time_total", "device_time_total", "device_time",
+    "self_cuda_time_total", "cuda_time_total", "cuda_time",
+    "self_cpu_memory_usage", "cpu_memory_usage",
+    "self_device_memory_usage", "device_memory_usage",
+    "self_cuda_memory_usage", "cuda_memory_usage",
+    "count", "flops",
+)
+"""What ``Profile(sort_by=...)`` may sort the table by (the columns ``torch.profiler`` knows)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _count(name: str, value: Any, least: int, meaning: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"profile: {name} must be an integer >= {least} ({meaning}), got {value!r}")
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"profile: {name} must be True or False, got {value!r}")
+    return value
+
+
+def _field(key: str, value: str) -> str:
+    """``key=value``, the value quoted when it has spaces or quotes (a path, a sentence)."""
+    if value and not any(c.isspace() or c in "\"'" for c in value):
+        return f"{key}={value}"
+    return '{}="{}"'.format(key, value.replace("\\", "\\\\").replace('"', '\\"'))
+
+
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
+
+
+def _guarded(method: F) -> F:
+    """A failure of the plugin stops the profiler before the dispatcher switches the plugin off
+    (it then receives no ``fit_end``, and the profiler must not go on recording)."""
+
+    @functools.wraps(method)
+    def guarded(self: Profile, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception:
+            self._abandon()
+            raise
+
+    return guarded  # type: ignore[return-value]
+
+
+@dataclass
+class _Cycle:
+    """One recorded cycle of the schedule."""
+
+    steps: list[tuple[int, int]]  # (the run's step, the profiler's step) of each recorded batch
+    active: int  # the steps the schedule wanted recorded
+    cut: bool  # the run ended during it
+    trace: Path | None = None  # the file written, or None
+    error: str | None = None  # why it was not written
+
+
+@dataclass
+class _Report:
+    cycles: list[_Cycle] = field(default_factory=list)
+    averages: dict[str, Any] = field(default_factory=dict)  # operator -> FunctionEventAvg, over the cycles
+    use_device: str | None = None
+
+
+class Profile:
+    """``torch.profiler`` on a schedule of training steps: a trace per recorded cycle in the run
+    folder and a table of the slowest operators at the end (see the module documentation).
+
+    ``wait``, ``warmup``, ``active``, ``repeat`` and ``skip_first`` are
+    :func:`torch.profiler.schedule`'s, counted in training batches; ``record_shapes``,
+    ``profile_memory`` and ``with_stack`` go to :class:`torch.profiler.profile`; ``sort_by``
+    (one of :data:`SORT_KEYS`; by default the operators' own time on the device when CUDA is
+    recorded, else on the CPU) and ``row_limit`` shape the table; ``stream`` is where the end
+    of the run is printed (standard output by default)."""
+
+    name = "profile"
+    observer = True  # it watches the run: a failure switches it off, never the run
+
+    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 3, repeat: int = 1, skip_first: int = 0,
+                 record_shapes: bool = False, profile_memory: bool = False, with_stack: bool = False,
+                 sort_by: str | None = None, row_limit: int = 10, stream: TextIO | None = None) -> None:
+        self.wait = _count("wait", wait, 0, "training steps skipped at the start of each cycle")
+        self.warmup = _count("warmup", warmup, 0, "training steps the profiler warms up for in each cycle")
+        self.active = _count("active", active, 1, "training steps recorded in each cycle")
+        self.repeat = _count("repeat", repeat, 0, "cycles; 0 repeats them until the run ends")
+        self.skip_first = _count("skip_first", skip_first, 0, "training steps skipped before the first cycle")
+        self.record_shapes = _flag("record_shapes", record_shapes)
+        self.profile_memory = _flag("profile_memory", profile_memory)
+        self.with_stack = _flag("with_stack", with_stack)
+        if sort_by is not None and sort_by not in SORT_KEYS:
+            raise ValueError(f"profile: sort_by must be one of {', '.join(SORT_KEYS)} (or None for the "
+                             f"operators' own time), got {sort_by!r}")
+        self.sort_by = sort_by
+        self.row_limit = _count("row_limit", row_limit, 1, "rows of the table of the slowest operators")
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise ValueError(f"profile: stream must be a text stream (with write()), or None for standard "
+                             f"output, got {type(stream).__name__}")
+        self.stream = stream
+        self.traces: list[Path] = []
+        """The trace files written by the current or last run."""
+        self._prof: Any = None  # the torch.profiler.profile while it runs
+        self._plan: Callable[[int], Any] = lambda step: None  # its schedule
+        self._report = _Report()
+        self._recorded: list[tuple[int, int]] = []  # the current cycle's recorded steps so far
+        self._stepping_stage = "train"
+        self._folder: Path | None = None
+        self._failed = False  # a trace could not be written: later ones are not tried
+        self._started = False
+        self._steps = 0  # batches that stepped the schedule in this run
+
+    # -- the schedule ---------------------------------------------------------------------
+    @property
+    def period(self) -> int:
+        """Training steps in one cycle: ``wait + warmup + active``."""
+        return self.wait + self.warmup + self.active
+
+    @property
+    def first_active(self) -> int:
+        """The profiler step (this ``fit()``'s training batch, from 0) of the first recorded step."""
+        return self.skip_first + self.wait + self.warmup
+
+    def _finished(self, step: int) -> bool:
+        """Whether every cycle is over once the profiler reached ``step``."""
+        return self.repeat > 0 and step >= self.skip_first + self.repeat * self.period
+
+    # -- events ---------------------------------------------------------------------------
+    @hookimpl
+    def configure(self, loop: Any) -> None:
+        self._reset()
+        if not self._configured(loop) or not loop.is_main:
+            loop.pm.unregister(self)  # inert (or not the main process): no hook below costs anything
+
+    def _configured(self, loop: Any) -> bool:
+        """Given to ``Loop(plugins=[...])``, or given options by the configuration file, or
+        named there by an empty ``[plugins.profile]`` table (which reaches the plugin as no
+        options at all, so the file is looked at)."""
+        info = loop.pm.infos.get(self.name)
+        if info is None or info.plugin is not self or info.source != "entry point" or info.options:
+            return True
+        try:  # the file of this process, found as the plugin manager found it
+            return self.name in config.load(config.find()).plugins
+        except config.ConfigError:
+            return False
+
+    def _reset(self) -> None:
+        self._abandon()
+        self._report = _Report()
+        self._recorded = []
+        self._folder = None
+        self._failed = False
+        self._started = False
+        self._steps = 0
+        self.traces = []
+
+    @hookimpl
+    @_guarded
+    def fit_start(self, loop: Any) -> None:
+        self._stepping_stage = "train" if getattr(loop, "mode", "fit") == "fit" else "valid"
+
+    @hookimpl
+    @_guarded
+    def stage_start(self, loop: Any, stage: str) -> None:
+        if stage == self._stepping_stage and not self._started:
+            self._started = True
+            self._start(loop)
+
+    @hookimpl
+    @_guarded
+    def batch_end(self, loop: Any) -> None:
+        prof = self._prof
+        if prof is None or loop.training != (self._stepping_stage == "train"):
+            return
+        from torch.profiler import ProfilerAction
+
+        if prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            self._recorded.append((loop.state.step if self._stepping_stage == "train" else self._steps + 1,
+                                   prof.step_num))
+        self._steps += 1
+        if prof.current_action in (ProfilerAction.NONE, ProfilerAction.RECORD_AND_SAVE) \
+                and self._plan(prof.step_num + 1) != ProfilerAction.NONE:  # a new cycle begins
+            with warnings.catch_warnings():
+                # torch's advice for key_averages() over several cycles: this plugin adds them up itself
+                warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+                prof.step()
+        else:
+            prof.step()  # a cycle that ends here is written now (_ready)
+        if self._finished(prof.step_num):
+            self._prof = None
+            prof.stop()  # every cycle is over: nothing more to record, nothing more to pay
+
+    @hookimpl(tryfirst=True)  # before other plugins' end-of-run work, which is no training step
+    def fit_end(self, loop: Any) -> None:
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            try:
+                prof.stop()  # a cycle the run cut short is written now (_ready)
+            except Exception:
+                self._abandon(prof)
+                raise
+        self._print_report(loop)
+
+    # -- profiling ------------------------------------------------------------------------
+    def _start(self, loop: Any) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        with warnings.catch_warnings():
+            # warmup=0 is the user's choice, made knowingly: torch's advice is not repeated each run
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup", category=UserWarning)
+            plan = schedule(skip_first=self.skip_first, wait=self.wait, warmup=self.warmup, active=self.active,
+                            repeat=self.repeat)
+        self._plan = plan
+        self._folder = (loop.run_dir / FOLDER).absolute()
+        prof = profile(activities=activities, schedule=plan, on_trace_ready=self._ready,
+                       record_shapes=self.record_shapes, profile_memory=self.profile_memory,
+                       with_stack=self.with_stack)
+        prof.start()
+        self._prof = prof
+
+    def _abandon(self, prof: Any = None) -> None:
+        """Stop the profiler without writing anything (the plugin failed)."""
+        prof = prof if prof is not None else self._prof
+        self._prof = None
+        if prof is None:
+            return
+        prof.on_trace_ready = None
+        with contextlib.suppress(Exception):
+            prof.stop()
+
+    def _ready(self, prof: Any) -> None:
+        """A cycle is over (or cut short by the end of the run): count its operators and write
+        its trace."""
+        steps, self._recorded = self._recorded, []
+        if not steps:  # the run ended right after the warm-up: the trace would hold only its end
+            return
+        cycle = _Cycle(steps=steps, active=self.active, cut=self._prof is None and len(steps) < self.active)
+        report = self._report
+        for average in prof.key_averages():
+            mine = report.averages.get(average.key)
+            if mine is None:
+                from torch.autograd.profiler_util import FunctionEventAvg
+
+                mine = report.averages[average.key] = FunctionEventAvg()
+            mine.add(average)
+            report.use_device = report.use_device or average.use_device
+        report.cycles.append(cycle)
+        if self._folder is None:
+            return
+        if self._failed:
+            cycle.error = "not tried after an earlier trace could not be written"
+            return
+        path = self._folder / f"{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json"
+        error = self._export(prof, path)
+        if error is None:
+            cycle.trace = path
+            self.traces.append(path)
+            return
+        self._failed = True
+        cycle.error = f"{type(error).__name__}: {error}"
+        warnings.warn(f"profile: could not write {path} ({cycle.error}); training goes on without this trace",
+                      FileWarning, stacklevel=2)
+
+    @staticmethod
+    def _export(prof: Any, path: Path) -> OSError | None:
+        """Write the profiler's trace to ``path``: exported to a temporary file, checked, copied
+        in under a temporary name and renamed, so ``path`` is whole or absent."""
+        temp: str | None = None
+        partial = path.with_name(path.name + ".partial")
+        try:
+            handle, temp = tempfile.mkstemp(prefix="hookfit-profile-", suffix=".pt.trace.json")
+            os.close(handle)
+            prof.export_chrome_trace(temp)
+            if not _whole(temp):
+                raise OSError(f"the profiler could not export its trace to {temp} (is the temporary folder "
+                              f"{tempfile.gettempdir()} full?)")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                shutil.copyfile(temp, partial)
+                os.replace(partial, path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    partial.unlink(missing_ok=True)
+                raise
+            return None
+        except OSError as error:
+            return error
+        finally:
+            if temp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+
+    # -- the end --------------------------------------------------------------------------
+    def _print(self, *fields: str) -> None:
+        print("hookfit profile " + " ".join(f for f in fields if f), file=self.stream or sys.stdout, flush=True)
+
+    def _print_report(self, loop: Any) -> None:
+        report = self._report
+        recorded = report.cycles  # every one with a step at least (see _ready)
+        if not recorded:
+            self._print("nothing_recorded", _field("reason", self._nothing(loop)))
+            return
+        for cycle in recorded:
+            (first, first_n), (last, last_n) = cycle.steps[0], cycle.steps[-1]
+            fields = [f"steps={_span(first, last)}", f"profiler_steps={_span(first_n, last_n)}"]
+            if cycle.cut:
+                fields.append(_field("cut_short", f"the run ended after {len(cycle.steps)} of the {cycle.active} "
+                                                  f"active steps; ProfilerStep#{last_n + 1} holds the rest of the run"))
+            if cycle.trace is not None:
+                fields.append(_field("trace", str(cycle.trace)))
+            else:
+                fields.append(_field("trace_not_written", cycle.error or "no run folder"))
+            self._print(*fields)
+        if self.traces:
+            run_folder = self.traces[0].parent.parent
+            self._print(_field("tensorboard", f"tensorboard --logdir {run_folder} (with torch-tb-profiler)"),
+                        _field("perfetto", "https://ui.perfetto.dev or chrome://tracing: open a .pt.trace.json"))
+        table = self._table()
+        count = sum(len(c.steps) for c in recorded)
+        self._print("slowest", f"sort_by={self._sort_key()}", f"rows={min(self.row_limit, len(report.averages))}",
+                    f"recorded_steps={count}")
+        out = self.stream or sys.stdout
+        print(table.rstrip("\n"), file=out, flush=True)
+
+    def _nothing(self, loop: Any) -> str:
+        unit = "training" if self._stepping_stage == "train" else "validation"
+        if not self._started:
+            return f"no {unit} batch ran"
+        return (f"the run ended after {self._steps} {unit} step(s) of this fit(), before the first active step "
+                f"of the schedule (its {unit} step {self.first_active + 1}: skip_first={self.skip_first}, "
+                f"wait={self.wait}, warmup={self.warmup})")
+
+    def _sort_key(self) -> str:
+        if self.sort_by is not None:
+            return self.sort_by
+        return "self_device_time_total" if self._report.use_device else "self_cpu_time_total"
+
+    def _table(self) -> str:
+        from torch.autograd.profiler_util import EventList
+
+        report = self._report
+        events = EventList(list(report.averages.values()), use_device=report.use_device,
+                           profile_memory=self.profile_memory)
+        return events.table(sort_by=self._sort_key(), row_limit=self.row_limit)
+
+
+def _whole(path: str) -> bool:
+    """Whether an exported trace is complete: a JSON object, so its last character is ``}``."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(0, os.SEEK_END)
+            size = file.tell()
+            if size == 0:
+                return False
+            file.seek(max(0, size - 64))
+            return file.read().rstrip().endswith(b"}")
+    except OSError:
+        return False
