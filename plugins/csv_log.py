@@ -1,0 +1,285 @@
+"""csv: the run's metrics as CSV tables in the run folder, one row per stage of every epoch.
+
+``Loop(plugins=[CSVLogger()])``, or ``[plugins.csv]`` with any option in ``hookfit.toml``
+(``enabled = true`` is enough). Discovered like every plugin, it is inert until then: it
+unregisters itself at ``configure``, so it costs a run nothing. ``CSVLogger(enabled=False)``
+switches it off wherever it comes from.
+
+Files, in the run folder (``loop.run_dir``):
+
+* ``metrics.csv``: a row at the end of every stage (``epoch_metrics``):
+  ``epoch,step,stage``, then the epoch mean of every metric, then ``lr_<optimizer>`` (the
+  learning rate of each optimizer's first parameter group; ``lr_default`` for one optimizer).
+  ``epoch`` counts from 1, as ``metrics.jsonl`` and the console do; ``step`` is the global
+  step the stage ended at; ``stage`` is ``train`` or ``valid``, so a run validating inside its
+  epochs (``Loop(val_every_n_steps=N)``) simply has more ``valid`` rows.
+* ``metrics_updates.csv``, with ``every_publication=True``: a row at every publication of the
+  metrics plugin (``metrics_update``, at most every ``interval`` seconds), training and
+  validation alike: ``epoch,step,stage,batches`` (batches done in the stage), then the
+  *running* mean of every metric, then the learning rates.
+
+The header is stable: the leading columns are fixed, the metric columns come sorted by name,
+then the learning rates sorted by optimizer. A cell is empty where a row has no value (a
+metric only the validation reports). A metric that appears after the header was written (a
+validation-only metric after the first training row, a key a step starts returning later)
+adds its column: the file is rewritten once, atomically (a new file replacing the old with
+``os.replace``), with the wider header and the earlier rows unchanged, their new cells empty.
+So every row always lines up with the header, and ``pandas.read_csv`` reads any state of it.
+
+A run continued in the same folder (``Loop(resume=...)``; ``Loop(run_dir=...)`` given again)
+appends to the same files under their header, never repeating it. A resumed run first drops
+the rows the earlier run wrote after the checkpoint it continues from (a later step, or the
+validation it is about to run again), so the table reads as if the run had never stopped. A
+last line cut short (a ``kill -9`` in the middle of a write) is dropped. A file whose header
+is not one of these tables is left alone, with a warning, and not written to.
+
+Writes go through :class:`hookfit.files.RunFile` (flushed, one write per row, never per
+batch): a full disk or a read-only run folder warns once (``FileWarning``) and training goes
+on without that file. Only the main process writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from hookfit import hookimpl
+from hookfit.files import FileWarning, RunFile
+from hookfit.payloads import MetricsSnapshot, ResumeInfo
+from hookfit.plugins._logger import check_flag, fail, run_file, wanted
+
+__all__ = ["EPOCH_COLUMNS", "UPDATE_COLUMNS", "CSVLogger"]
+
+EPOCH_COLUMNS = ("epoch", "step", "stage")
+"""The leading columns of ``metrics.csv``."""
+UPDATE_COLUMNS = ("epoch", "step", "stage", "batches")
+"""The leading columns of ``metrics_updates.csv``."""
+LR = "lr_"
+"""The prefix of the learning-rate columns."""
+
+
+def _line(fields: Iterable[Any]) -> str:
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerow(fields)
+    return text.getvalue()
+
+
+def _order(leading: tuple[str, ...], names: Iterable[str]) -> list[str]:
+    """The header: the leading columns, the metrics sorted, then the learning rates sorted."""
+    rest = set(names) - set(leading)
+    return [*leading, *sorted(n for n in rest if not n.startswith(LR)), *sorted(n for n in rest if n.startswith(LR))]
+
+
+class _Table:
+    """One CSV file of the run, appended to row by row; its header widens by a rewrite."""
+
+    def __init__(self, owner: str, name: str, leading: tuple[str, ...]) -> None:
+        self.owner, self.name, self.leading = owner, name, leading
+        self.file: RunFile | None = None
+        self.columns: list[str] | None = None  # the header of the file, once known
+        self.path: os.PathLike[str] | None = None  # the file of the current or last run
+
+    def open(self, loop: Any) -> RunFile | None:
+        """The file, its header read when it exists already; ``None`` once it has failed."""
+        if self.file is None:
+            self.file = run_file(loop, self.name, self.owner)
+            self.path = self.file.path
+            if self.file.failed is None:
+                try:
+                    self.columns = self._existing()
+                except OSError as error:
+                    fail(self.file, error)
+        return None if self.file.failed is not None else self.file
+
+    def _existing(self) -> list[str] | None:
+        """The header of the file already there (an earlier run's), its cut-short last line
+        dropped; ``None`` when there is no file or nothing in it yet. A file that is not one of
+        this plugin's tables is left alone: it warns and fails."""
+        path = self.file.path  # type: ignore[union-attr]
+        if not path.exists():
+            return None
+        with open(path, "rb+") as raw:
+            size = raw.seek(0, os.SEEK_END)
+            if size:
+                raw.seek(size - 1)
+                if raw.read(1) != b"\n":  # a write cut short: keep what ends with a newline
+                    _truncate_to_last_line(raw, size)
+            raw.seek(0)
+            first = raw.readline().decode("utf-8", errors="replace")
+        if not first:
+            return None
+        header = next(csv.reader([first]), [])
+        if tuple(header[:len(self.leading)]) != self.leading:
+            self.file.failed = OSError(f"not a table of this plugin: its header is {first.strip()!r}")  # type: ignore[union-attr]
+            warnings.warn(f"{self.owner}: {path} is not a table this plugin writes (its header starts "
+                          f"{','.join(header[:len(self.leading)])!r}, not {','.join(self.leading)!r}); it is "
+                          f"left as it is and training goes on without it", FileWarning, stacklevel=5)
+            return None
+        return header
+
+    def write(self, loop: Any, row: Mapping[str, Any]) -> None:
+        file = self.open(loop)
+        if file is None:
+            return
+        if self.columns is None:
+            self.columns = _order(self.leading, row)
+            if not file.write(_line(self.columns)):
+                return
+        elif not set(row) <= set(self.columns):
+            if not self.rewrite(_order(self.leading, [*self.columns, *row])):
+                return
+        file.write(_line(_cell(row.get(c)) for c in self.columns))
+
+    def rewrite(self, columns: list[str], keep: Callable[[Mapping[str, str]], bool] | None = None) -> bool:
+        """Rewrite the file with ``columns`` as its header, keeping the rows ``keep`` accepts
+        (all by default): into a new file that then replaces it (``os.replace``), so a failure
+        leaves the old file as it was. ``False`` when the file has failed."""
+        file = self.file
+        if file is None or file.failed is not None:
+            return False
+        file.close()  # reopened by the next write: the file it appends to is then the new one
+        path = file.path
+        spare = path.with_name(path.name + ".tmp")
+        try:
+            if path.exists():
+                with open(path, newline="", encoding="utf-8") as old, \
+                        open(spare, "w", newline="", encoding="utf-8") as new:
+                    reader = csv.DictReader(old)
+                    out = csv.writer(new, lineterminator="\n")
+                    out.writerow(columns)
+                    for entry in reader:
+                        if keep is None or keep(entry):
+                            out.writerow(entry.get(c) or "" for c in columns)
+                    new.flush()
+                    os.fsync(new.fileno())
+                os.replace(spare, path)
+            self.columns = columns
+            return True
+        except OSError as error:
+            try:
+                spare.unlink(missing_ok=True)
+            except OSError:
+                pass
+            fail(file, error)
+            return False
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.file, self.columns = None, None
+
+
+def _truncate_to_last_line(raw: Any, size: int) -> None:
+    """Cut the file open in ``raw`` just after its last newline (to nothing if it has none)."""
+    position = size
+    while position > 0:
+        start = max(0, position - 4096)
+        raw.seek(start)
+        chunk = raw.read(position - start)
+        at = chunk.rfind(b"\n")
+        if at >= 0:
+            raw.truncate(start + at + 1)
+            return
+        position = start
+    raw.truncate(0)
+
+
+def _cell(value: Any) -> Any:
+    return "" if value is None else value
+
+
+class CSVLogger:
+    """Writes ``metrics.csv`` (a row per stage of every epoch) and, with
+    ``every_publication=True``, ``metrics_updates.csv`` (a row per publication) in the run
+    folder (see the module documentation). Options are checked here, with a ``ValueError``
+    naming them.
+
+    * ``enabled``: ``None`` (the default): on when given to ``Loop(plugins=[...])`` or
+      configured in ``hookfit.toml``, off when only discovered; ``True``/``False`` force it.
+    * ``every_publication``: also write a row for every ``metrics_update``.
+    """
+
+    name = "csv"
+    observer = True  # a logger: its failures switch it off, never the run
+
+    def __init__(self, enabled: bool | None = None, every_publication: bool = False) -> None:
+        check_flag(self.name, "enabled", enabled, none=True)
+        check_flag(self.name, "every_publication", every_publication)
+        self.enabled = enabled
+        self.every_publication = every_publication
+        self._epochs = _Table(self.name, "metrics.csv", EPOCH_COLUMNS)
+        self._updates = _Table(self.name, "metrics_updates.csv", UPDATE_COLUMNS)
+        self._loop: Any = None
+
+    @property
+    def path(self) -> os.PathLike[str] | None:
+        """``metrics.csv`` of the current or last run (``None`` before one wrote a row)."""
+        return self._epochs.path
+
+    @property
+    def updates_path(self) -> os.PathLike[str] | None:
+        """``metrics_updates.csv`` of the current or last run (``None`` before one wrote a row)."""
+        return self._updates.path
+
+    # -- events -------------------------------------------------------------------------------
+    @hookimpl
+    def configure(self, loop: Any) -> None:
+        self._close()
+        if not wanted(loop, self, self.enabled):
+            loop.pm.unregister(self)  # inert: none of the hooks below costs anything
+
+    @hookimpl
+    def fit_start(self, loop: Any) -> None:
+        self._loop = loop if loop.is_main else None
+
+    @hookimpl
+    def resumed(self, loop: Any, info: ResumeInfo) -> None:
+        if self._loop is None:
+            return
+        again = info.stage == "valid" or bool(loop.state.val_due)  # a validation at info.step runs again
+
+        def before(entry: Mapping[str, str]) -> bool:
+            try:
+                step = int(entry.get("step") or "")
+            except ValueError:
+                return True  # not a row this plugin wrote: kept as it is
+            return step < info.step or (step == info.step and not (again and entry.get("stage") == "valid"))
+
+        for table in (self._epochs, self._updates):
+            if table.open(loop) is not None and table.columns is not None:
+                table.rewrite(table.columns, keep=before)
+
+    @hookimpl
+    def metrics_update(self, loop: Any, stage: str, metrics: MetricsSnapshot) -> None:
+        if self._loop is None or not self.every_publication:
+            return
+        row = self._row(metrics, {k: v.running for k, v in metrics.values.items()})
+        row["batches"] = metrics.batches
+        self._updates.write(loop, row)
+
+    @hookimpl
+    def epoch_metrics(self, loop: Any, stage: str, metrics: MetricsSnapshot) -> None:
+        if self._loop is None:
+            return
+        self._epochs.write(loop, self._row(metrics, {k: v.epoch for k, v in metrics.values.items()}))
+
+    @hookimpl
+    def fit_end(self, loop: Any) -> None:
+        self._close()
+
+    # -- rows ---------------------------------------------------------------------------------
+    @staticmethod
+    def _row(metrics: MetricsSnapshot, values: dict[str, float]) -> dict[str, Any]:
+        row: dict[str, Any] = {k: float(v) for k, v in values.items()}
+        row.update({f"{LR}{name}": float(rate) for name, rate in metrics.lr.items()})
+        row.update(epoch=metrics.epoch + 1, step=metrics.step, stage=metrics.stage)
+        return row
+
+    def _close(self) -> None:
+        self._epochs.close()
+        self._updates.close()
+        self._loop = None

@@ -1,0 +1,287 @@
+"""tensorboard: the run's metrics, learning rates and hyperparameters as TensorBoard event files.
+
+``Loop(plugins=[TensorBoard()])``, or ``[plugins.tensorboard]`` with any option in
+``hookfit.toml`` (``enabled = true`` is enough). Discovered like every plugin, it is inert
+until then: it unregisters itself at ``configure``, so it costs a run nothing.
+``TensorBoard(enabled=False)`` switches it off wherever it comes from. It needs the
+``tensorboard`` package (``pip install hookfit[tensorboard]``); without it, a run that wants it
+gets one warning naming that command and trains on (an ``enabled=True`` given in code fails
+at once).
+
+What it writes, in the run folder (``loop.run_dir``), so ``tensorboard --logdir runs`` shows
+every run of every script, named ``<name>/<date>-<time>``:
+
+* ``<stage>/<metric>``: the epoch mean of every metric the metrics plugin publishes at the end
+  of a stage (``epoch_metrics``: ``train/loss``, ``valid/loss``, ``valid/accuracy``), at the
+  global step the stage ended at; and ``epoch``, the epoch (counted from 1) each training
+  stage ended, at the same step, to map steps to epochs.
+* ``train_step/<metric>``: with ``every_publication=True`` (the default), the running mean of
+  every publication of the training stage (``metrics_update``: at most every ``interval``
+  seconds of the metrics plugin), at the global step it was taken. Validation publications
+  all share one global step, so only their epoch means are written.
+* ``lr/<optimizer>``: the learning rate of each optimizer's first parameter group
+  (``"default"`` for a single optimizer), from the same snapshots, once per global step.
+* Hyperparameters, for TensorBoard's HParams dashboard: written once at ``fit_start``
+  (a session start) with the run's name, ``max_epochs``, ``max_steps``, ``seed``,
+  ``deterministic``, ``val_every_n_epochs``/``val_every_n_steps`` (as ``loop.*``), each
+  optimizer's class and the scalar settings of its first parameter group
+  (``optimizer.<name>``, ``optimizer.<name>.lr``, ...), the scalar options of every plugin
+  of the run (``plugin.<name>.<option>``) and whatever ``TensorBoard(hparams={...})`` adds
+  (which wins on a clash). ``fit_end`` ends the session with the run's status (``completed``
+  is a success, ``failed`` a failure, ``interrupted`` unknown). No experiment summary is
+  written: TensorBoard builds the experiment from every run's session, so runs with
+  different settings compare side by side, and its metrics are the run's scalars, whose last
+  values are the run's final metrics.
+
+Every write is synchronous and flushed (one write per publication, never one per batch), so
+what a run wrote survives a ``kill -9``; the file is a :class:`hookfit.files.RunFile`: a full
+disk or a read-only run folder warns once (``FileWarning``) and training goes on without it.
+The event records are TensorBoard's own (``torch.utils.tensorboard.summary`` builds the
+scalars, TensorBoard's record writer frames them); ``SummaryWriter`` is not used because it
+writes from a thread of its own, where a failed write surfaces late, as an exception of a
+later call and a traceback on stderr.
+
+Each ``fit()`` starts a new event file. A resumed run (``Loop(resume=...)``, which writes in
+the folder of the run it continues) marks where it continues (a ``SessionLog.START`` event at
+the step after the checkpoint's): TensorBoard drops what the earlier run wrote past the
+checkpoint, so the curves show the run as if it had never stopped. Only the main process
+writes (under ``torchrun`` the distributed plugin switches observers off on the others).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import numbers
+import os
+import socket
+import time
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+from hookfit import config, hookimpl
+from hookfit.files import RunFile
+from hookfit.payloads import MetricsSnapshot, ResumeInfo
+from hookfit.plugins._logger import check_flag, run_file, wanted
+
+__all__ = ["INSTALL", "TensorBoard"]
+
+INSTALL = "pip install hookfit[tensorboard]"
+"""The command that installs what this plugin needs."""
+
+# hyperparameters TensorBoard can show: one scalar each
+_SCALARS = (bool, int, float, str)
+# settings of a parameter group that say how the optimizer is computed, not what it does
+_MECHANICS = frozenset({"params", "foreach", "fused", "capturable", "differentiable"})
+_files = itertools.count()
+
+
+def _require() -> None:
+    """Import TensorBoard, or say how to install it."""
+    try:
+        import tensorboard  # noqa: F401
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError as error:
+        raise ImportError(f"tensorboard: the plugin needs the tensorboard package, which is not installed "
+                          f"({error}); install it with `{INSTALL}`") from error
+
+
+def _hparam(value: Any) -> bool | int | float | str | None:
+    """``value`` as a hyperparameter TensorBoard shows, or ``None`` if it is not a scalar."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, tuple) and all(isinstance(v, (bool, int, float, str)) for v in value):
+        return str(value)  # betas=(0.9, 0.999)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)  # a folder option
+    return None
+
+
+class TensorBoard:
+    """Writes the run's epoch means, running means, learning rates and hyperparameters as
+    TensorBoard event files in the run folder (see the module documentation). Options are
+    checked here, with a ``ValueError`` naming them.
+
+    * ``enabled``: ``None`` (the default): on when given to ``Loop(plugins=[...])`` or
+      configured in ``hookfit.toml``, off when only discovered; ``True``/``False`` force it.
+    * ``every_publication``: also write the training stage's running means at every
+      publication (``train_step/<metric>``), not only the epoch means.
+    * ``hparams``: more hyperparameters (names to numbers, strings or booleans) to record
+      with the run's own.
+    """
+
+    name = "tensorboard"
+    observer = True  # a logger: its failures switch it off, never the run
+
+    def __init__(self, enabled: bool | None = None, every_publication: bool = True,
+                 hparams: Mapping[str, Any] | None = None) -> None:
+        check_flag(self.name, "enabled", enabled, none=True)
+        check_flag(self.name, "every_publication", every_publication)
+        if hparams is not None and not isinstance(hparams, Mapping):
+            raise ValueError(f"tensorboard: hparams must map names to numbers, strings or booleans, "
+                             f"got {type(hparams).__name__} {hparams!r}")
+        extra: dict[str, bool | int | float | str] = {}
+        for key, value in (hparams or {}).items():
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"tensorboard: hparams has the key {key!r}; names are non-empty strings")
+            if isinstance(value, (bool, str)):
+                extra[key] = value
+            elif isinstance(value, numbers.Real) and math.isfinite(value):
+                extra[key] = value if isinstance(value, int) else float(value)
+            else:
+                raise ValueError(f"tensorboard: hparams[{key!r}] is {value!r}; a hyperparameter is a finite "
+                                 f"number, a string or a boolean")
+        if enabled:
+            _require()  # asked for in so many words: say what is missing now, not at fit()
+        self.enabled = enabled
+        self.every_publication = every_publication
+        self.hparams: dict[str, bool | int | float | str] = extra
+        """The hyperparameters given here (the run's own are added at ``fit_start``)."""
+        self.path: os.PathLike[str] | None = None
+        """The event file of the current or last run (``None`` before one, and when off)."""
+        self._file: RunFile | None = None
+        self._loop: Any = None
+        self._lr_step: int | None = None  # the step the learning rates were last written at
+        self._proto: Any = None  # TensorBoard's protobuf and summary modules, imported at fit_start
+
+    # -- events -------------------------------------------------------------------------------
+    @hookimpl
+    def configure(self, loop: Any) -> None:
+        self._file, self._loop, self._lr_step, self.path = None, None, None, None
+        if not wanted(loop, self, self.enabled):
+            loop.pm.unregister(self)  # inert: none of the hooks below costs anything
+            return
+        _require()  # an observer: a missing package is one warning, and training goes on
+
+    @hookimpl
+    def fit_start(self, loop: Any) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+        from torch.utils.tensorboard import summary
+
+        self._proto = SimpleNamespace(event_pb2=event_pb2, summary_pb2=summary_pb2, api_pb2=api_pb2,
+                                      metadata=metadata, plugin_data_pb2=plugin_data_pb2,
+                                      RecordWriter=RecordWriter, summary=summary)
+        self._loop = loop
+        if not loop.is_main:
+            return
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                f"{next(_files)}")
+        self._file = run_file(loop, name, self.name, binary=True)
+        self.path = self._file.path
+        self._write([event_pb2.Event(wall_time=time.time(), step=loop.state.step, file_version="brain.Event:2")])
+        start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
+        for key, value in sorted(self.run_hparams(loop).items()):
+            if isinstance(value, bool):
+                start.hparams[key].bool_value = value
+            elif isinstance(value, str):
+                start.hparams[key].string_value = value
+            else:
+                start.hparams[key].number_value = float(value)
+        self._session(loop, metadata.SESSION_START_INFO_TAG,
+                      plugin_data_pb2.HParamsPluginData(session_start_info=start))
+
+    @hookimpl
+    def resumed(self, loop: Any, info: ResumeInfo) -> None:
+        if self._file is None:
+            return
+        event_pb2 = self._proto.event_pb2
+        # TensorBoard drops every event of an earlier file at this step or later: what the
+        # earlier run wrote after the checkpoint (what it wrote up to it is at its step or before)
+        self._write([event_pb2.Event(wall_time=time.time(), step=info.step + 1,
+                                     session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))])
+
+    @hookimpl
+    def metrics_update(self, loop: Any, stage: str, metrics: MetricsSnapshot) -> None:
+        if self._file is None or not self.every_publication or stage != "train":
+            return
+        values = [(f"train_step/{key}", value.running) for key, value in sorted(metrics.values.items())]
+        self._scalars(metrics.step, values + self._rates(metrics))
+
+    @hookimpl
+    def epoch_metrics(self, loop: Any, stage: str, metrics: MetricsSnapshot) -> None:
+        if self._file is None:
+            return
+        values = [(f"{stage}/{key}", value.epoch) for key, value in sorted(metrics.values.items())]
+        if stage == "train":
+            values.append(("epoch", metrics.epoch + 1))
+            values += self._rates(metrics)
+        self._scalars(metrics.step, values)
+
+    @hookimpl
+    def fit_end(self, loop: Any) -> None:
+        if self._file is not None and self._proto is not None:
+            proto = self._proto
+            api_pb2, metadata, plugin_data_pb2 = proto.api_pb2, proto.metadata, proto.plugin_data_pb2
+            status = {"completed": "STATUS_SUCCESS", "failed": "STATUS_FAILURE"}.get(loop.state.status,
+                                                                                     "STATUS_UNKNOWN")
+            end = plugin_data_pb2.SessionEndInfo(status=api_pb2.Status.Value(status), end_time_secs=time.time())
+            self._session(loop, metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end))
+            self._file.close()
+        self._file, self._loop = None, None
+
+    # -- what is written ---------------------------------------------------------------------
+    def run_hparams(self, loop: Any) -> dict[str, bool | int | float | str]:
+        """The hyperparameters recorded for ``loop`` (see the module documentation)."""
+        out: dict[str, bool | int | float | str] = {"loop.name": loop.name}
+        for key in ("max_epochs", "max_steps", "seed", "deterministic", "val_every_n_epochs", "val_every_n_steps"):
+            value = _hparam(getattr(loop, key, None))
+            if value is not None:
+                out[f"loop.{key}"] = value
+        optimizers = getattr(loop.config, "optimizers", None)
+        if optimizers is not None:
+            named = optimizers.items() if isinstance(optimizers, Mapping) else [("default", optimizers)]
+            for name, optimizer in named:
+                out[f"optimizer.{name}"] = type(optimizer).__name__
+                groups = getattr(optimizer, "param_groups", None) or [{}]
+                for key, setting in sorted(groups[0].items()):
+                    value = _hparam(setting)
+                    if key not in _MECHANICS and value is not None:
+                        out[f"optimizer.{name}.{key}"] = value
+        pm = loop.pm
+        for name in pm.participants():
+            plugin = pm.get_plugin(name)
+            info = pm.infos.get(name)
+            options = config.accepted(type(plugin)) if plugin is not None and not isinstance(plugin, type) else None
+            for option in sorted(options or ()):
+                if hasattr(plugin, option):
+                    value = _hparam(getattr(plugin, option))
+                elif info is not None and option in info.options:
+                    value = _hparam(info.options[option])
+                else:
+                    value = None
+                if value is not None:
+                    out[f"plugin.{name}.{option}"] = value
+        out.update(self.hparams)
+        return out
+
+    def _rates(self, metrics: MetricsSnapshot) -> list[tuple[str, float]]:
+        """``lr/<optimizer>`` values, once per global step."""
+        if not metrics.lr or self._lr_step == metrics.step:
+            return []
+        self._lr_step = metrics.step
+        return [(f"lr/{name}", rate) for name, rate in sorted(metrics.lr.items())]
+
+    def _scalars(self, step: int, values: list[tuple[str, float]]) -> None:
+        event_pb2, summary_pb2, summary = self._proto.event_pb2, self._proto.summary_pb2, self._proto.summary
+        merged = summary_pb2.Summary(value=[v for tag, x in values for v in summary.scalar(tag, float(x)).value])
+        self._write([event_pb2.Event(wall_time=time.time(), step=step, summary=merged)])
+
+    def _session(self, loop: Any, tag: str, data: Any) -> None:
+        event_pb2, summary_pb2, metadata = self._proto.event_pb2, self._proto.summary_pb2, self._proto.metadata
+        value = summary_pb2.Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))
+        self._write([event_pb2.Event(wall_time=time.time(), step=loop.state.step,
+                                     summary=summary_pb2.Summary(value=[value]))])
+
+    def _write(self, events: list[Any]) -> None:
+        """Frame ``events`` as TensorBoard records and append them in one write."""
+        buffer = io.BytesIO()
+        records = self._proto.RecordWriter(buffer)
+        for event in events:
+            records.write(event.SerializeToString())
+        self._file.write(buffer.getvalue())  # type: ignore[union-attr]
