@@ -251,6 +251,10 @@ def stage_end(loop: Run, stage: str) -> None:
     stepping the last, partial accumulation window) implements it ``tryfirst``; a plugin that
     reports on the finished stage (a metrics plugin, which fires ``epoch_metrics`` from here)
     implements it ``trylast``. The return value is ignored.
+
+    ``loop.state.time_split[stage]`` (:class:`~hookfit.payloads.TimeSplit`) counts the stage's
+    batches, summed over this ``fit()``'s epochs: seconds waiting for data, in the step and in
+    plugins (this event's own time is added after it).
     """
 
 
@@ -279,9 +283,10 @@ def fit_end(loop: Run) -> None:
     """The run is over. Fires exactly once for every run that fired ``fit_start``.
 
     ``loop.state.status`` is ``"completed"``, ``"interrupted"`` or ``"failed"``,
-    ``loop.state.stop_reason`` says why and ``loop.state.stopped_by`` who asked for a stop.
-    This is where plugins restore what they changed (terminal, signal handlers) and write final
-    summaries. Every implementation runs even if another raised, wrappers and call tracing
+    ``loop.state.stop_reason`` says why and ``loop.state.stopped_by`` who asked for a stop;
+    ``loop.state.time_split`` says where each stage's time went (data, step, plugins), stages
+    cut short included. This is where plugins restore what they changed (terminal, signal
+    handlers) and write final summaries. Every implementation runs even if another raised, wrappers and call tracing
     included; the first such error fails the run (or is reported as a warning if the run
     failed already), naming the plugin. The return value is ignored.
     """

@@ -72,7 +72,16 @@ class Loop:
     the run starts (a resumed run takes the random states of its checkpoint instead);
     ``deterministic=True`` runs with PyTorch's deterministic algorithms and puts the settings
     back afterwards (see :mod:`hookfit.reproducibility`). Both are recorded, with the run's
-    name, command line, plugins and versions, in ``run.jsonl`` in the run folder.
+    name, command line, plugins and versions, in ``run.jsonl`` in the run folder; when the run
+    ends, a second line there records its status, duration and where each stage's time went.
+
+    Where the time goes: every run measures, per stage, the seconds spent waiting for the data,
+    in the step function (an optimizer plugin's work inside it included) and in plugins, with
+    clock reads only (never a device synchronisation: on an accelerator the step's share is the
+    time to enqueue its work plus the synchronisations its own code makes). It is
+    ``fit().time_split`` (stage name -> :class:`hookfit.payloads.TimeSplit`), the console's
+    ``hookfit time`` lines at the end (with a plain warning when the data loader is the
+    bottleneck), and the ``"time_split"`` of the end line in ``run.jsonl``.
 
     ``smoke=True`` (or ``HOOKFIT_SMOKE=1`` when ``smoke`` is not given) makes a smoke run: two
     batches of each stage, one epoch, every plugin, nothing kept, and a report of what ran

@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
@@ -31,7 +32,7 @@ from hookfit import manager, smoke
 from hookfit.dispatch import Dispatch
 from hookfit.files import RunFile
 from hookfit.manager import HookfitWarning, PluginManager, StateMismatch
-from hookfit.payloads import ResumeInfo, StopRequest
+from hookfit.payloads import ResumeInfo, StopRequest, TimeSplit
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.state import State
 from hookfit.valsets import ValSets, per_set
@@ -118,7 +119,18 @@ class Run:
       (:class:`hookfit.dispatch.Dispatch`): fire events through ``hooks``, never
       ``pm.hook``, so that hookfit's guarantees (observers switched off, not fatal; every
       ``fit_end`` implementation runs) hold.
+
+    Where the time goes: the loop measures, per stage, the seconds spent waiting for the next
+    batch, inside the step function and in plugins (``state.time_split``, stage name ->
+    :class:`hookfit.payloads.TimeSplit`), with clock reads only, never a device sync. What an
+    optimizer plugin does inside the step (``loop.backward``, ``loop.optimizers.step()``)
+    counts as step. When a run has a folder, its ``run.jsonl`` gets an ``"end"`` line with the
+    status, the duration and the split.
     """
+
+    TIME_SPLIT_INTERVAL = 0.5
+    """The most seconds ``state.time_split`` lags behind a running stage (it is stored at most
+    this often while a stage runs, and always at the stage's end)."""
 
     def __init__(self, config: Loop, mode: Literal["fit", "validate"] = "fit",
                  resume: str | os.PathLike[str] | None = None) -> None:
@@ -168,6 +180,7 @@ class Run:
         self.hooks: Dispatch | None = None
         self._run_dir = config.run_dir if self._smoke is None else self._smoke.folder
         self._run_dir_used = False
+        self._run_log: RunFile | None = None  # run.jsonl, once the run has a folder
         self.run_dir_given = self._run_dir is not None
         """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
         self._stop: StopRequest | None = None
@@ -193,7 +206,9 @@ class Run:
 
     def _record_run(self, folder: Path) -> None:
         """One line in ``run.jsonl`` of the run folder for this ``fit()`` (a resumed run adds
-        its own): what made the run, for a person or a tool looking at it later."""
+        its own): what made the run, for a person or a tool looking at it later, with the
+        ``pid`` and ``host`` of the process, so a reader can tell a live run from a dead one
+        (:mod:`hookfit.runs`). Its ``"end"`` line comes when the run ends (:meth:`_record_end`)."""
         if not self.is_main:
             return
         pm = self.pm
@@ -205,7 +220,29 @@ class Run:
             "plugins": pm.participants() if pm else [],
             "versions": {"hookfit": hookfit.__version__, "torch": torch.__version__, "python": sys.version.split()[0]},
         }
-        log = RunFile(folder / "run.jsonl", "hookfit")
+        self._run_log = log = RunFile(folder / "run.jsonl", "hookfit")
+        log.write(json.dumps(record) + "\n")
+        log.close()
+
+    def _record_end(self) -> None:
+        """The ``"end"`` line of this ``fit()`` in ``run.jsonl``, after ``fit_end`` (so the
+        status is final): ``status``, ``reason``, ``by``, ``duration`` (seconds, as
+        ``state.elapsed``), ``epochs`` (counted from 1, as printed), ``steps``, ``time_split``
+        (``{stage: {"data": s, "step": s, "plugins": s, "batches": n}}``, see
+        :class:`hookfit.payloads.TimeSplit`) and ``pid``. Main process only, and only when the
+        run has a folder (a plugin used :attr:`run_dir`): a run that wrote nothing gets no
+        folder for it. Written through the same :class:`hookfit.files.RunFile` as the start
+        line, so a folder that cannot be written warns once, not twice."""
+        log = self._run_log
+        if log is None or not self.is_main:
+            return
+        state = self.state
+        record = {
+            "event": "end", "status": state.status, "reason": state.stop_reason, "by": state.stopped_by,
+            "duration": round(state.elapsed, 3), "epochs": state.epoch + 1, "steps": state.step,
+            "time_split": {stage: split.as_dict() for stage, split in state.time_split.items()},
+            "pid": os.getpid(),
+        }
         log.write(json.dumps(record) + "\n")
         log.close()
 
@@ -529,69 +566,117 @@ class Run:
     def _stage(self, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
         """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
         path: every event without an implementation costs one ``is None`` test on a slot of
-        :class:`hookfit.dispatch.HotPath`."""
+        :class:`hookfit.dispatch.HotPath`.
+
+        Where the time goes (``state.time_split``) costs three clock reads a batch (four with a
+        ``batch_start`` implementation), two sums in locals and one comparison: one read as
+        ``next()`` returns, one as the step returns and one as the batch ends, each the start
+        of the next phase. ``plugins`` is what is left of the stage's time, so nothing is
+        added for it per batch; the split is stored in ``state`` only at the stage's end, or
+        when ``TIME_SPLIT_INTERVAL`` seconds have passed since it last was."""
         state = self.state
         hot = self.hooks.hot  # type: ignore[union-attr]
+        clock = time.perf_counter
+        began = clock()
+        waited = stepping = nested = 0.0  # seconds in next(), in the step, in validations inside
+        due = began + self.TIME_SPLIT_INTERVAL
+        past = state.time_split.get(stage)  # this stage's earlier epochs
         train = stage == "train"
         limit = self.max_steps if train and self.max_steps is not None else sys.maxsize
         every = self.val_every_n_steps if train and self.val_step is not None else None
         state.stage = stage
         state.batch_idx = start
         self.training = train
-        self._fire("stage_start", stage)
-        self._boundary("stage_start")
         batch_idx = start - 1
-        if train and state.val_due:  # resumed where a validation inside training was due
-            if self.val_step is not None:
-                self._validate_inside(batch_idx)
-            state.val_due = False  # (a run resumed without validation has none to run)
-        # the next training step at which the loop acts (a validation, max_steps): one test a batch
-        mark = self._mark(limit, every)
-        whole = data
-        if start:
-            iter_from = getattr(data, "iter_from", None)
-            data = iter_from(start) if iter_from is not None else itertools.islice(data, start, None)
-        batches = iter(data)
-        checked = False  # the first output of the stage is checked once
-        for batch_idx, batch in enumerate(batches, start):
-            state.batch_idx = batch_idx
-            if (call := hot.batch_start) is not None:
-                call(self, batch, batch_idx)
-            output = step(self, batch)
-            if output is not None:
-                if type(output) is not dict:
-                    # a tensor is the common case: test it before the (slower) Mapping ABC
-                    output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else self._as_mapping(output, step)
-                if not checked:
-                    checked = self._check_output(output, step)
-                if (call := hot.step_output) is not None:
-                    call(self, output, batch)
-            if train:
-                state.step += 1
-                if state.step >= mark and every is not None:
-                    state.val_due = state.step % every == 0
-            if (call := hot.batch_end) is not None:
-                call(self, output, batch, batch_idx)
-            if hot.asks or self._stop is not None:
-                self._after_batch()
-            if state.step >= mark:
-                if state.val_due:
-                    self._validate_inside(batch_idx)
-                if state.step >= limit:
-                    if self._more(batches, whole, batch_idx):
-                        raise _Budget
-                    break
-                mark = self._mark(limit, every)
-        if batch_idx < 0:
-            raise ValueError(
-                f"{stage} data yielded no batches in epoch {state.epoch}"
-                + (" (an iterator or generator is used up after one pass; pass a list, a "
-                   "DataLoader or another re-iterable)" if state.epoch else "")
-            )
-        self._fire("stage_end", stage)
-        if not train:
-            state.val_due = False  # a validation due inside training has run to its end
-        self._boundary("stage_end")
+        try:
+            self._fire("stage_start", stage)
+            self._boundary("stage_start")
+            if train and state.val_due:  # resumed where a validation inside training was due
+                if self.val_step is not None:
+                    inner = clock()
+                    try:
+                        self._validate_inside(batch_idx)
+                    finally:  # its time is the "valid" stage's, even when it stops the run
+                        nested += clock() - inner
+                state.val_due = False  # (a run resumed without validation has none to run)
+            # the next training step at which the loop acts (a validation, max_steps): one test a batch
+            mark = self._mark(limit, every)
+            whole = data
+            t0 = clock()  # from here on, until next() returns, the loop waits for data
+            if start:
+                iter_from = getattr(data, "iter_from", None)
+                data = iter_from(start) if iter_from is not None else itertools.islice(data, start, None)
+            batches = iter(data)
+            checked = False  # the first output of the stage is checked once
+            for batch_idx, batch in enumerate(batches, start):
+                t1 = clock()
+                waited += t1 - t0
+                state.batch_idx = batch_idx
+                if (call := hot.batch_start) is not None:
+                    call(self, batch, batch_idx)
+                    t1 = clock()  # the step starts now: batch_start's time is the plugins'
+                output = step(self, batch)
+                stepping += clock() - t1
+                if output is not None:
+                    if type(output) is not dict:
+                        # a tensor is the common case: test it before the (slower) Mapping ABC
+                        output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else self._as_mapping(output, step)
+                    if not checked:
+                        checked = self._check_output(output, step)
+                    if (call := hot.step_output) is not None:
+                        call(self, output, batch)
+                if train:
+                    state.step += 1
+                    if state.step >= mark and every is not None:
+                        state.val_due = state.step % every == 0
+                if (call := hot.batch_end) is not None:
+                    call(self, output, batch, batch_idx)
+                if hot.asks or self._stop is not None:
+                    self._after_batch()
+                t0 = clock()  # the batch is done: what follows until next() returns is data
+                if t0 >= due:  # a live split, for a dashboard
+                    self._split(stage, past, t0 - began - nested, waited, stepping, batch_idx - start + 1)
+                    due = t0 + self.TIME_SPLIT_INTERVAL
+                if state.step >= mark:
+                    if state.val_due:
+                        try:
+                            self._validate_inside(batch_idx)
+                        finally:  # its time is the "valid" stage's, even when it stops the run
+                            inner, t0 = t0, clock()
+                            nested += t0 - inner
+                    if state.step >= limit:
+                        if self._more(batches, whole, batch_idx):
+                            raise _Budget
+                        break
+                    mark = self._mark(limit, every)
+            waited += clock() - t0  # the last next(), which ended the stage (or _more's)
+            if batch_idx < 0:
+                raise ValueError(
+                    f"{stage} data yielded no batches in epoch {state.epoch}"
+                    + (" (an iterator or generator is used up after one pass; pass a list, a "
+                       "DataLoader or another re-iterable)" if state.epoch else "")
+                )
+            # stage_end sees the stage's batches counted; its own time is added after it
+            self._split(stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
+            self._fire("stage_end", stage)
+            if not train:
+                state.val_due = False  # a validation due inside training has run to its end
+            self._boundary("stage_end")
+        finally:
+            self._split(stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
+
+    def _split(self, stage: str, past: TimeSplit | None, elapsed: float, waited: float, stepping: float,
+               batches: int) -> None:
+        """Store the time split of ``stage`` in ``state.time_split``: ``past`` (its earlier
+        epochs) plus this one's, whose ``elapsed`` seconds were ``waited`` in ``next()``,
+        ``stepping`` in the step and the rest in plugins. A new read-only mapping each time."""
+        if batches <= 0 and past is None:
+            return  # the stage drew no batch: nothing to say about it
+        split = TimeSplit(stage, waited, stepping, max(elapsed - waited - stepping, 0.0), max(batches, 0))
+        if past is not None:
+            split = past + split
+        state = self.state
+        state.time_split = MappingProxyType({**state.time_split, stage: split})
 
     def _mark(self, limit: int, every: int | None) -> int:
         """The next global step at which the training stage must act: ``max_steps``, or a
@@ -727,7 +812,8 @@ class Run:
         return f"hookfit: raised during the run ({at})"
 
     def _finish(self, failed: bool, unbind: Callable[[], None]) -> None:
-        """Fire ``fit_end`` once: every implementation runs even if one raises."""
+        """Fire ``fit_end`` once: every implementation runs even if one raises; then write the
+        run's end line (:meth:`_record_end`) with the final status."""
         state = self.state
         state.stage = None
         state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
@@ -735,16 +821,18 @@ class Run:
         unbind()
         self.__dict__.pop("backward", None)
         self.hooks.close()  # type: ignore[union-attr]
+        if errors and not failed:
+            state.status = "failed"
+            state.error = errors[0]
+            state.stop_reason = f"{type(errors[0]).__name__}: {errors[0]}"
+            state.stopped_by = None
+        self._record_end()
         if not errors:
             return
         if failed:
             for exc in errors:
                 self._warn_secondary(exc, "fit_end")
             return
-        state.status = "failed"
-        state.error = errors[0]
-        state.stop_reason = f"{type(errors[0]).__name__}: {errors[0]}"
-        state.stopped_by = None
         for exc in errors[1:]:
             self._warn_secondary(exc, "fit_end")
         raise errors[0]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, Mapping
+
+from hookfit.payloads import TimeSplit
 
 __all__ = ["State", "Status"]
 
@@ -20,6 +23,7 @@ class State:
     current stage; ``stage`` is ``"train"``, ``"valid"`` or ``None`` outside a stage.
     ``status`` ends as ``"completed"``, ``"interrupted"`` or ``"failed"``, with ``stop_reason``
     saying why and, for a stop somebody asked for, ``stopped_by`` saying who asked.
+    ``time_split`` says where each stage's time went (data, step, plugins).
     """
 
     epoch: int = 0
@@ -55,6 +59,15 @@ class State:
     world_size: int = 1
     silenced: list[Any] = field(default_factory=list)
     """Observer plugins switched off during the run (:class:`hookfit.manager.Silenced`)."""
+    time_split: Mapping[str, TimeSplit] = field(default_factory=lambda: MappingProxyType({}))
+    """Stage name -> :class:`hookfit.payloads.TimeSplit`: the seconds each stage of this
+    ``fit()`` has spent waiting for data, in the step function and in plugins, summed over its
+    epochs, measured by the loop (no device synchronisation). A read-only mapping that the loop
+    replaces, never changes: a renderer on another thread may keep the one it read. Updated
+    while a stage runs (at most every ``Run.TIME_SPLIT_INTERVAL`` seconds), before its
+    ``stage_end`` (which then sees the stage's batches counted) and once more after it, and
+    when a stage is cut short (a stop, ``max_steps``, an error), so ``fit_end`` sees the whole
+    run. A stage that drew no batch has no entry. A resumed run counts from zero."""
 
     @property
     def elapsed(self) -> float:

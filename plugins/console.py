@@ -14,7 +14,12 @@ trainable=<n> size_mb=<MB>`` for each top-level module (at most ``MODULE_LINES``
 ``hookfit model more_modules=<n>``). A resumed run says where it continues from (``hookfit
 resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``), and at the end it prints the
 status, the reason, the duration and, for every metric, its last epoch value and its best or
-its extremes.
+its extremes. Last comes where each stage's time went (``loop.state.time_split``, measured by
+the loop): ``hookfit time stage=train batches=<n> time=<s>s data=<%> step=<%> plugins=<%>``, and
+when waiting for data is more than :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's
+time (:attr:`hookfit.payloads.TimeSplit.data_bound`), a plain warning:
+``hookfit bottleneck stage=train part=data share=45% message="data loading is 45% of training
+time: the data loader is the bottleneck (try DataLoader num_workers, pin_memory)"``.
 
 When a dashboard claims the terminal (the ``claim_output`` event), the console stays silent
 unless it was given a stream of its own. Progress comes from whichever plugin publishes
@@ -36,12 +41,14 @@ import time
 from typing import Any, Mapping, TextIO
 
 from hookfit import hookimpl
-from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo
+from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
 from hookfit.run import Run
 from hookfit.summary import summarize
 
 MODULE_LINES = 30
 """The most ``hookfit model module=...`` lines printed at the start; more are counted."""
+
+_STAGE_TIME = {"train": "training time", "valid": "validation time"}
 
 
 def _number(value: float) -> str:
@@ -245,3 +252,18 @@ class Console:
             else:
                 extremes = (f"best={_number(result.high)}", f"best_epoch={result.high_epoch}")
             self._print("result", f"stage={stage}", f"metric={key}", f"last={_number(result.last)}", *extremes)
+        self._print_time(state.time_split)
+
+    def _print_time(self, splits: Mapping[str, TimeSplit]) -> None:
+        """Where each stage's time went, and a plain warning when the data loader holds it up."""
+        for stage, split in splits.items():
+            shares = split.shares
+            self._print("time", _field("stage", stage), f"batches={split.batches}", f"time={split.total:.2f}s",
+                        *(f"{part}={share:.0%}" for part, share in shares.items()))
+        for stage, split in splits.items():
+            if split.data_bound:
+                share = split.shares["data"]
+                what = _STAGE_TIME.get(stage, f"{stage} time")
+                self._print("bottleneck", _field("stage", stage), "part=data", f"share={share:.0%}",
+                            _field("message", f"data loading is {share:.0%} of {what}: the data loader is the "
+                                              f"bottleneck (try DataLoader num_workers, pin_memory)"))

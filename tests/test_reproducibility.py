@@ -62,7 +62,9 @@ def test_the_seed_and_determinism_are_recorded_in_the_run_folder(tmp_path: Path)
 
     hookfit.Loop(lambda l, b: {"loss": 1.0}, [1, 2], run_dir=tmp_path / "run", name="exp", seed=5,
                  deterministic=True, plugins=[Metrics()]).fit()
-    (record,) = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in lines] == ["run", "end"]  # the core's end line follows (see test_time_split)
+    (record,) = [r for r in lines if r["event"] == "run"]
     assert (record["event"], record["name"], record["seed"], record["deterministic"]) == ("run", "exp", 5, True)
     assert record["plugins"] == ["metrics"] and record["versions"]["torch"] == torch.__version__
     assert record["argv"] and record["resume"] is None
