@@ -202,6 +202,29 @@ def test_the_plot_marks_resumes_learning_rate_changes_and_the_best_epoch() -> No
     assert ruler[20] == "*" and ruler.replace(" ", "") == "R*"  # the best (1.5 at step 30) over the L
 
 
+def test_the_dashboard_and_the_summary_say_where_the_time_went() -> None:
+    from types import SimpleNamespace
+
+    from hookfit.payloads import TimeSplit
+    from hookfit.plugins.tui.renderer import summary
+
+    dash = Dashboard(max_epochs=1, val_every=None, on_stop=lambda: None, on_leave=lambda: None)
+    splits = {"train": TimeSplit("train", data=3.0, step=1.0, plugins=0.5, batches=10),
+              "valid": TimeSplit("valid", data=0.0, step=0.9, plugins=0.1, batches=2)}
+    dash.receive("time", splits)
+    text = "\n".join(line.decode() for line in dash.render((160, 30)).text)
+    narrow = "\n".join(line.decode() for line in dash.render((80, 30)).text)
+    assert " time  the data loader is the bottleneck: 67% of train time " in narrow  # shown first
+    assert (" time  the data loader is the bottleneck: 67% of train time  train data 67% · step 22% · plugins 11%  "
+            "valid data 0% · step 90% · plugins 10%") in text
+    state = SimpleNamespace(status="completed", stop_reason="done", elapsed=5.5, step=10, stopped_by=None,
+                            time_split=splits)
+    lines = summary(dash, state)
+    assert ("  time in train: 4.5s over 10 batches, data=67% step=22% plugins=11%; data loading is 67% of it: "
+            "the data loader is the bottleneck") in lines
+    assert "  time in valid: 1.0s over 2 batches, data=0% step=90% plugins=10%" in lines
+
+
 # -- in a real terminal ----------------------------------------------------------------------------
 
 
@@ -218,6 +241,10 @@ def test_show_reopens_a_finished_runs_dashboard_read_only(two_runs: tuple[Path, 
     title = next(line for line in screen.splitlines() if "━ train ━ valid" in line)
     assert "log scale" not in title  # a linear scale: this loss spans no decades
     assert "R resumed  C checkpoint  L lr changed  ! skipped  * best" in title and re.search(r"└step \d+ … 24 +\*", screen), screen
+    end = [r for r in runs.read_jsonl(fast / "run.jsonl") if r["event"] == "end"][-1]
+    train = end["time_split"]["train"]
+    total = train["data"] + train["step"] + train["plugins"]
+    assert re.search(rf" time .* train data {train['data'] / total:.0%} · step \d+% · plugins \d+% ", screen), screen
     term.keys("l")  # the key works on a replayed run too
     term.wait_for("full history · log scale")
     term.keys("q")

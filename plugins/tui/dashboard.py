@@ -121,6 +121,7 @@ class Dashboard:
         self.log: list[str] = []
         self.marks: list[tuple[float, str]] = []  # (step, "R" resumed / "C" checkpoint / "L" lr / "!" skipped)
         self._lr: dict[str, float] | None = None
+        self.time_split: Any = {}  # stage -> TimeSplit (the "time" message)
         self._build()
 
     # -- messages from the training thread ------------------------------------------------
@@ -186,6 +187,23 @@ class Dashboard:
         """An optimizer step was skipped (a non-finite loss; the ``step_skipped`` event)."""
         self.marks.append((step, "!"))
 
+    def _on_time(self, splits: Any) -> None:
+        """Where each stage's time went so far (``loop.state.time_split``: stage name ->
+        :class:`hookfit.payloads.TimeSplit`)."""
+        self.time_split = splits
+
+    def _time_markup(self) -> list[Any]:
+        """`` time  train data 12% · step 80% · plugins 8% │ valid ...``, and a warning when
+        waiting for data takes over the stage (:attr:`TimeSplit.data_bound`)."""
+        markup: list[Any] = [("head", " time ")]
+        slow = next(((stage, split.shares["data"]) for stage, split in self.time_split.items() if split.data_bound), None)
+        if slow is not None:  # first, so that a narrow terminal still shows it
+            markup.append(("banner", f" the data loader is the bottleneck: {slow[1]:.0%} of {slow[0]} time "))
+        for stage, split in self.time_split.items():
+            shares = split.shares
+            markup.append(f" {stage} " + " · ".join(f"{part} {shares[part]:.0%}" for part in split.PARTS) + " ")
+        return markup
+
     def _on_checkpoint(self, step: int, reason: str) -> None:
         """A checkpoint was written at ``step`` (the ``checkpoint_saved`` event)."""
         self.marks.append((step, "C"))
@@ -238,6 +256,7 @@ class Dashboard:
     def _build(self) -> None:
         self.w_status = urwid.Text("")
         self.w_model = urwid.Text("", wrap="clip")
+        self.w_time = urwid.Text("", wrap="clip")
         self.w_table = urwid.Text("")
         self.w_plot_title = urwid.Text("")
         self.w_plot = urwid.Text("", wrap="clip")
@@ -390,6 +409,7 @@ class Dashboard:
         )
         self.w_table.set_text(self._table_text(cols))
         self.w_model.set_text(self._model_markup())
+        self.w_time.set_text(self._time_markup() if self.time_split else "")
         p = self.progress
         if p.total:
             self.w_stage.set_completion(100 * min(p.batches, p.total) / p.total)
@@ -423,6 +443,7 @@ class Dashboard:
         log_rows = max(1, min(6, rows // 6))
         fixed = 1 + table_rows + 1 + 1 + 1 + log_rows + 1 + (1 if self.finished or self.stopping else 0)
         fixed += 1 if self.model is not None else 0
+        fixed += 1 if self.time_split else 0
         plot_rows = max(3, rows - fixed)
         self.w_plot.set_text(self._plot_markup(cols, plot_rows))
         self.w_log.set_text(("dim", "\n".join(self.log[-log_rows:]) or " "))
@@ -437,6 +458,7 @@ class Dashboard:
             (plot_rows, urwid.Filler(self.w_plot, valign="top")),
             ("pack", urwid.Columns([(44, self.w_stage_label), self.w_stage])),
             ("pack", urwid.Columns([(44, self.w_run_label), self.w_run])),
+            *([("pack", self.w_time)] if self.time_split else []),
             (log_rows, urwid.Filler(self.w_log, valign="bottom")),
             ("pack", self.w_keys),
         ]

@@ -189,18 +189,20 @@ class TuiRenderer:
             self._inbox.append(("stage_end", stage))
 
     @hookimpl
-    def metrics_update(self, metrics: Any) -> None:
+    def metrics_update(self, loop: Any, metrics: Any) -> None:
         if self.active:
             if self._suspended:
                 self._resume_if_let_go()
             self._inbox.append(("update", metrics))
+            self._inbox.append(("time", loop.state.time_split))  # an immutable mapping
 
     @hookimpl
-    def epoch_metrics(self, metrics: Any) -> None:
+    def epoch_metrics(self, loop: Any, metrics: Any) -> None:
         if self.active:
             if self._suspended:
                 self._resume_if_let_go()
             self._inbox.append(("epoch", metrics))
+            self._inbox.append(("time", loop.state.time_split))
 
     @hookimpl
     def stop_requested(self, request: StopRequest) -> None:
@@ -324,6 +326,7 @@ class TuiRenderer:
         # no hold while a debugger still has the terminal
         hold = bool(self.persistent) and self._ui_error is None and not self._suspended
         # the run's own duration (state.elapsed ends before fit_end): the clock stops there
+        self._inbox.append(("time", state.time_split))
         self._inbox.append(("end", state.status, state.stop_reason, hold, state.stopped_by, state.elapsed))
         try:
             if hold:
@@ -413,6 +416,10 @@ def summary(dashboard: Any, state: Any, output: Any = None) -> list[str]:
     model = getattr(dashboard, "model", None)
     if model is not None:
         lines.append(f"  model: {model}")
+    for split in (getattr(state, "time_split", None) or {}).values():
+        lines.append(f"  time in {split.stage}: {split.total:.1f}s over {split.batches} batches, {split}"
+                     + (f"; data loading is {split.shares['data']:.0%} of it: the data loader is the bottleneck"
+                        if split.data_bound else ""))
     if dashboard is None or not dashboard.names:
         return lines
     width = max(len(n) for n in dashboard.names)

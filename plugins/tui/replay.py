@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from hookfit import runs
-from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
+from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
 
 SHOW_KEYS = " q leave · tab/←→ metric · w window · l log scale · ? help"
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")  # ANSI foregrounds, one per run
@@ -59,6 +59,16 @@ def snapshot(row: dict[str, Any], max_epochs: int, final: bool) -> MetricsSnapsh
         stage=str(row.get("stage", "train")), epoch=int(row.get("epoch", 1)) - 1, max_epochs=max_epochs,
         step=int(row.get("step", 0)), batches=batches, total=batches, samples=int(row.get("samples", 0)),
         elapsed=float(row.get("time", 0.0)), values=values, lr=lr, final=final)
+
+
+def time_split(recorded: dict[str, Any]) -> dict[str, TimeSplit]:
+    """The ``time_split`` of a ``run.jsonl`` end line as the payloads it was written from."""
+    out = {}
+    for stage, parts in recorded.items():
+        if isinstance(parts, dict):
+            out[stage] = TimeSplit(stage, float(parts.get("data", 0.0)), float(parts.get("step", 0.0)),
+                                   float(parts.get("plugins", 0.0)), int(parts.get("batches", 0)))
+    return out
 
 
 class Follower:
@@ -138,6 +148,9 @@ def _dashboard(folder: Path) -> tuple[Any, Follower, runs.RunInfo]:
     dash.leave = holder
     follower = Follower(folder, dash, dash.max_epochs)
     follower.poll()
+    ends = [r for r in runs.read_jsonl(folder / "run.jsonl") if r.get("event") == "end"]
+    if ends and isinstance(ends[-1].get("time_split"), dict):
+        dash.receive("time", time_split(ends[-1]["time_split"]))
     if follower.ended is None and info.status != "running":
         dash.receive("end", info.status, info.reason, True, None, info.duration)
     return dash, follower, info
@@ -166,7 +179,7 @@ def _print_summary(folder: Path, dash: Any, follower: Follower, info: runs.RunIn
     ended = follower.ended or {}
     state = SimpleNamespace(status=info.status, stop_reason=info.reason, elapsed=info.duration or 0.0,
                             step=ended.get("step", follower.step), stopped_by=ended.get("by"),
-                            resumed_from=follower.resumed)
+                            resumed_from=follower.resumed, time_split=dash.time_split)
     print(f"run {folder}")
     print("\n".join(summary(dash, state)))
 
