@@ -176,6 +176,7 @@ def test_discovered_it_is_inert_until_configured(tmp_path: Path, monkeypatch: py
     assert len(_event_files(tmp_path / "option")) == 1
 
     monkeypatch.delenv("HOOKFIT_CONFIG")
+    config.unlink()  # (a file next to the script would be found, and warned about: the given plugin wins)
     run(tmp_path / "off", TensorBoard(enabled=False))
     assert _event_files(tmp_path / "off") == []
 
