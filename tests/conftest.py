@@ -172,3 +172,22 @@ def resumable_run(run_dir, *, stop=None, resume=None, checkpoint=None, extra=(),
     loop.fit()
     history = {k: [dict(e) for e in v] for k, v in metrics.history.items()}
     return loop, model, history
+
+
+def squeeze(path: str, slack: int) -> str:
+    """The source of a plugin for a child process's script: from the second epoch on, no file
+    may grow past the size of ``path`` (a Python expression, read then) plus ``slack`` bytes,
+    as on a full disk (the kernel answers EFBIG where a full disk answers ENOSPC). The script
+    imports ``os``, ``resource`` and ``hookfit``, and ignores SIGXFSZ."""
+    return f'''
+class Squeeze:
+    """From the second epoch on, a file may grow {slack} bytes past {path} (a full disk)."""
+
+    name = "squeeze"
+
+    @hookfit.hookimpl
+    def epoch_start(self, epoch):
+        if epoch == 1:
+            _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize({path}) + {slack}, hard))
+'''

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import squeeze
 
 import hookfit
 from hookfit.files import FileWarning
@@ -219,17 +220,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the kernel answers EFBIG instea
 logger = CSVLogger()
 
 
-class Squeeze:
-    """From the second epoch on, no file may grow past metrics.csv's size + 5 bytes (a full disk)."""
-
-    name = "squeeze"
-
-    @hookimpl_
-    def epoch_start(self, epoch):
-        if epoch == 1:
-            _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(logger.path) + 5, hard))
-'''.replace("hookimpl_", "hookfit.hookimpl") + r'''
+''' + squeeze('logger.path', 5) + r'''
 
 def step(loop, batch):
     out = {"loss": float(batch)}

@@ -17,7 +17,7 @@ from hookfit.plugins.console import Console
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.metrics import Metrics, batch_size
 
-from conftest import mse_step
+from conftest import mse_step, squeeze
 
 
 class Collect:
@@ -370,17 +370,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the kernel answers EFBIG instea
 log = os.path.join(run_dir, "metrics.jsonl")
 
 
-class Squeeze:
-    """After the first epoch's line, the file may grow by 10 bytes at most (a full disk)."""
-
-    name = "squeeze"
-
-    @hookimpl_
-    def epoch_start(self, epoch):
-        if epoch == 1:
-            _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(log) + 10, hard))
-'''.replace("hookimpl_", "hookfit.hookimpl") + r'''
+''' + squeeze('log', 10) + r'''
 
 def step(loop, batch):
     return {"loss": torch.tensor(float(batch))}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import squeeze
 
 pytest.importorskip("tensorboard")
 
@@ -255,17 +256,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the kernel answers EFBIG instea
 tb = TensorBoard()
 
 
-class Squeeze:
-    """From the second epoch on, the event file may grow by 10 bytes at most (a full disk)."""
-
-    name = "squeeze"
-
-    @hookimpl_
-    def epoch_start(self, epoch):
-        if epoch == 1:
-            _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(tb.path) + 10, hard))
-'''.replace("hookimpl_", "hookfit.hookimpl") + r'''
+''' + squeeze('tb.path', 10) + r'''
 
 def step(loop, batch):
     return {"loss": torch.tensor(float(batch))}
