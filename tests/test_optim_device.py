@@ -1,0 +1,256 @@
+"""optim's device path (a loss on an accelerator; ``defer=True`` takes it on the CPU): no host
+read per step, and the same skip and raise semantics as the CPU path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.optim import Optim, OptimWarning
+from test_optim import Skips, assert_bitwise, data, model, mse, params
+
+KERNELS = {"fused": True, "plain": False}
+"""The SGD a test builds: ``fused=True`` (the user chose the fused kernel) or ``fused=False``
+(the user chose the for-loop kernel: no device-side skip)."""
+
+
+def _syncs():
+    """benchmarks/syncs.py, whose HostReads counter the benchmark's numbers come from."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "syncs.py"
+    spec = importlib.util.spec_from_file_location("hookfit_bench_syncs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+syncs = _syncs()
+
+
+class ReadsPerBatch:
+    """The host reads counted from each training batch's start to the next one's (the last
+    batch's run to the stage's end), with the calls that made them."""
+
+    def __init__(self, reads) -> None:
+        self.reads, self.starts = reads, []
+
+    @hookfit.hookimpl
+    def batch_start(self, loop) -> None:
+        if loop.training:
+            self.starts.append(self.reads.count)
+
+    @hookfit.hookimpl(trylast=True)
+    def stage_end(self, stage) -> None:
+        if stage == "train":
+            self.starts.append(self.reads.count)
+
+    def per_batch(self) -> list[int]:
+        return [b - a for a, b in zip(self.starts, self.starts[1:-1])]  # the last batch left out
+
+    def calls(self) -> list[str]:
+        return self.reads.calls[self.starts[0]:self.starts[-2]]
+
+
+def default_stack(opt_kind: str, m, batches, *, defer=True, step=None, interval=3600.0, **optim):
+    """optim, metrics, console and interrupter (the default stack) on ``m`` with ``opt_kind``
+    SGD (a key of ``KERNELS``), counting host reads; returns the counter plugin."""
+    from io import StringIO
+
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.interrupter import Interrupter
+    from hookfit.plugins.metrics import Metrics
+
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=KERNELS[opt_kind])
+
+    def default_step(loop, batch):
+        loss = mse(m, batch)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with counter.reads:
+        hookfit.Loop(step or default_step, batches, model=m, optimizers=opt, max_epochs=1,
+                     plugins=[Optim(defer=defer, **optim), Metrics(defer=defer, interval=interval, log=False),
+                              Console(stream=StringIO()), Interrupter(signals=False), counter]).fit()
+    return counter
+
+
+def test_the_default_stack_reads_the_host_only_at_publications_on_the_device_path() -> None:
+    """Through the path a loss on an accelerator takes (defer=True), the default stack reads
+    nothing per step with an optimizer that skips on the device, and exactly the documented
+    read at the step with one that cannot; publications read; the CPU path reads per step
+    (no synchronisation there), which shows the counter sees what it must."""
+    fused = default_stack("fused", model(), data(12))
+    assert fused.per_batch() == [1] + [0] * 10, fused.calls()  # the first step reads: no state yet
+    plain = default_stack("plain", model(), data(12))
+    assert plain.per_batch() == [1] * 11
+    assert all("optim/plugin.py" in call and call.startswith("__bool__") for call in plain.calls())
+    publishing = default_stack("fused", model(), data(12), interval=0.0)  # a publication every batch
+    assert all(n >= 1 for n in publishing.per_batch())
+    assert any("metrics/aggregate.py" in call for call in publishing.calls())
+    cpu = default_stack("fused", model(), data(12), defer=None)
+    assert cpu.per_batch() == [2] * 11  # loss.item() in optim's check and in metrics
+
+
+def nan_at(m, bad: set[int]):
+    def step(loop, batch):
+        loss = mse(m, batch)
+        if loop.state.batch_idx in bad:
+            loss = loss * float("nan")
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    return step
+
+
+def raw_skipping(bad: set[int], batches, fused: bool) -> list[torch.Tensor]:
+    raw = model()
+    opt = torch.optim.SGD(raw.parameters(), lr=0.1, momentum=0.9, fused=fused or None)
+    for i, b in enumerate(batches):
+        if i not in bad:
+            mse(raw, b).backward()
+            opt.step()
+        opt.zero_grad()
+    return params(raw)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("opt_kind", ["fused", "plain"])
+def test_the_device_path_skips_a_nonfinite_loss_s_step_as_the_cpu_path_does(opt_kind: str) -> None:
+    """NaN losses at batches 2 and 4: their steps are skipped (fused: on the device, counted
+    at the stage's end; plain SGD: after its one read at the step), the parameters are those
+    of a raw loop that left the two batches out, one warning then the total. (A NaN loss in
+    a fused optimizer's first step: test_the_first_step_of_a_fused_optimizer_reads_the_flag.)"""
+    batches, bad = data(8), {2, 4}
+    m = model()
+    seen = []
+
+    class Skipped:
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            seen.append(loop.optimizers["default"].skipped)
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            seen.append((loop.optimizers["default"].skipped, loop.optimizers["default"].steps))
+
+    skips = Skips()
+    with pytest.warns(OptimWarning) as caught:
+        counter = _run_with(opt_kind, m, batches, nan_at(m, bad), Skipped(), skips)
+    assert_bitwise(params(m), raw_skipping(bad, batches, opt_kind == "fused"))
+    # announced when known on the host: the reason names the batch of the bad loss
+    assert [(reason.split(" (")[0], step) for _, reason, step in skips.seen] == (
+        [("non-finite loss at epoch 0, batch 2", 8), ("non-finite loss at epoch 0, batch 4", 8)]
+        if opt_kind == "fused" else
+        [("non-finite loss at epoch 0, batch 2", 2), ("non-finite loss at epoch 0, batch 4", 4)])
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2, messages
+    assert "skipped the step of optimizer 'default': non-finite loss at epoch 0, batch 2" in messages[0]
+    assert "2 optimizer steps were skipped" in messages[1]
+    assert seen[-1] == (2, 6)
+    if opt_kind == "fused":  # counted at the next host read: here the stage's end
+        assert seen[:-1] == [0] * 8 and "skipped on the device; read on the host at epoch 0, batch 7" in messages[0]
+        assert counter.per_batch() == [1] + [0] * 6  # the first step reads (see Optim)
+    else:
+        assert seen[:-1] == [0, 0, 1, 1, 2, 2, 2, 2]
+        assert counter.per_batch() == [1] * 7
+
+
+def _run_with(opt_kind: str, m, batches, step, *plugins, **optim):
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=KERNELS[opt_kind])
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with counter.reads:
+        hookfit.Loop(step, batches, model=m, optimizers=opt, max_epochs=1,
+                     plugins=[Optim(defer=True, **optim), *plugins, counter]).fit()
+    return counter
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("publish", [True, False])
+def test_the_device_path_raises_at_the_next_host_read_with_the_loss_s_batch(publish: bool) -> None:
+    """nonfinite="raise": the error comes at the next host read (a metrics publication, or
+    the training stage's end without one) and names the batch of the NaN loss; the steps in
+    between were skipped on the device, so the parameters hold no NaN."""
+    from hookfit.plugins.metrics import Metrics
+
+    m, batches = model(), data(6)
+    plugins = [Metrics(defer=True, interval=0.0, log=False)] if publish else []
+    read_at = 1 if publish else 5
+    with pytest.raises(FloatingPointError, match=rf"optim: non-finite loss at epoch 0, batch 1 \(its steps "
+                                                 rf"were skipped on the device; read on the host at epoch 0, "
+                                                 rf"batch {read_at}\)"):
+        _run_with("fused", m, batches, nan_at(m, {1}), *plugins, nonfinite="raise")
+    assert_bitwise(params(m), raw_skipping({1}, batches[:read_at + 1], fused=True))
+
+
+@pytest.mark.fault
+def test_the_device_path_with_a_grad_scaler_and_accumulation_skips_through_the_scaler() -> None:
+    """amp=True, windows of 2, a NaN loss at batch 2: the window 2-3 is skipped by the
+    scaler (the flag joins its found_inf, so its scale backs off), counted at the stage's
+    end naming both batches; the other windows step."""
+    m = model()
+    optim = Optim(defer=True, amp=True, accumulate=2)
+
+    def step(loop, batch):
+        loss = mse(m, batch)
+        if loop.state.batch_idx == 2:
+            loss = loss * float("nan")
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 0, batches 2-3 \(skipped on the device"):
+        hookfit.Loop(step, data(6), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     max_epochs=1, plugins=[optim]).fit()
+    managed = optim.optimizers["default"]
+    assert (managed.steps, managed.skipped) == (2, 1)
+    assert optim.scaler.get_scale() == 2.0 ** 15  # backed off once, for the NaN window
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+@pytest.mark.bad_input
+def test_defer_must_be_a_bool_or_none() -> None:
+    with pytest.raises(ValueError, match="optim: defer must be True, False or None, got 'yes'"):
+        Optim(defer="yes")
+
+
+@pytest.mark.fault
+def test_a_publication_inside_an_accumulation_window_leaves_its_flag_to_its_step() -> None:
+    """Windows of 4, a NaN loss at batch 5 and a metrics publication after every batch: the
+    publications read only closed windows, so the step of the window 4-7 still skips on the
+    device; the window 0-3 steps."""
+    from hookfit.plugins.metrics import Metrics
+
+    m, batches = model(), data(8)
+    optim = Optim(defer=True, accumulate=4)
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 0, batches 4-7 \(skipped on the device; "
+                                          r"read on the host at epoch 0, batch 7\)"):
+        hookfit.Loop(nan_at(m, {5}), batches, model=m, max_epochs=1,
+                     optimizers=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True),
+                     plugins=[optim, Metrics(defer=True, interval=0.0, log=False)]).fit()
+    raw = model()
+    opt = torch.optim.SGD(raw.parameters(), lr=0.1, momentum=0.9, fused=True)
+    for b in batches[:4]:
+        (mse(raw, b) / 4).backward()
+    opt.step()
+    assert_bitwise(params(m), params(raw))
+    assert (optim.optimizers["default"].steps, optim.optimizers["default"].skipped) == (1, 1)
+
+
+@pytest.mark.fault
+def test_the_first_step_of_a_fused_optimizer_reads_the_flag() -> None:
+    """A NaN loss in batch 0: torch's fused SGD has no momentum buffers yet, and skipped by
+    found_inf it would leave them uninitialised; optim reads the flag for that step instead,
+    skips it as on the CPU, and the run matches a raw loop that left batch 0 out."""
+    m, batches = model(), data(4)
+    with pytest.warns(OptimWarning, match="non-finite loss at epoch 0, batch 0"):
+        counter = _run_with("fused", m, batches, nan_at(m, {0}))
+    assert_bitwise(params(m), raw_skipping({0}, batches, fused=True))
+    assert counter.per_batch() == [1, 1, 0]  # until a step gave the optimizer its state
