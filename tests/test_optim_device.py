@@ -1,7 +1,10 @@
 """optim's device path (a loss on an accelerator; ``defer=True`` takes it on the CPU): no host
-read per step, and the same skip and raise semantics as the CPU path."""
+read per step, the same skip and raise semantics as the CPU path, and torch's fused kernels
+where the user left the choice of kernel to torch."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -10,9 +13,10 @@ import hookfit
 from hookfit.plugins.optim import Optim, OptimWarning
 from test_optim import Skips, assert_bitwise, data, model, mse, params
 
-KERNELS = {"fused": True, "plain": False}
-"""The SGD a test builds: ``fused=True`` (the user chose the fused kernel) or ``fused=False``
-(the user chose the for-loop kernel: no device-side skip)."""
+KERNELS = {"fused": True, "plain": False, "default": None}
+"""The SGD a test builds: ``fused=True`` (the user chose the fused kernel), ``fused=False``
+(the user chose the for-loop kernel: no device-side skip) or left to torch (optim runs the
+fused kernel on the device path)."""
 
 
 def _syncs():
@@ -95,6 +99,11 @@ def test_the_default_stack_reads_the_host_only_at_publications_on_the_device_pat
     assert any("metrics/aggregate.py" in call for call in publishing.calls())
     cpu = default_stack("fused", model(), data(12), defer=None)
     assert cpu.per_batch() == [2] * 11  # loss.item() in optim's check and in metrics
+    # torch's SGD as users build it: optim runs its fused kernel, which skips on the device
+    default = default_stack("default", model(), data(12))
+    assert default.per_batch() == [1] + [0] * 10, default.calls()
+    unfused = default_stack("default", model(), data(12), fuse=False)  # Optim(fuse=False): as given
+    assert unfused.per_batch() == [1] * 11
 
 
 def nan_at(m, bad: set[int]):
@@ -122,12 +131,14 @@ def raw_skipping(bad: set[int], batches, fused: bool) -> list[torch.Tensor]:
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("opt_kind", ["fused", "plain"])
+@pytest.mark.parametrize("opt_kind", ["fused", "plain", "default"])
 def test_the_device_path_skips_a_nonfinite_loss_s_step_as_the_cpu_path_does(opt_kind: str) -> None:
-    """NaN losses at batches 2 and 4: their steps are skipped (fused: on the device, counted
-    at the stage's end; plain SGD: after its one read at the step), the parameters are those
-    of a raw loop that left the two batches out, one warning then the total. (A NaN loss in
-    a fused optimizer's first step: test_the_first_step_of_a_fused_optimizer_reads_the_flag.)"""
+    """NaN losses at batches 2 and 4: their steps are skipped (fused, and torch's default that
+    optim runs fused: on the device, counted at the stage's end; plain SGD: after its one read
+    at the step), the parameters are those of a raw loop with the same kernel that left the
+    two batches out, one warning then the total. (A NaN loss in a fused optimizer's first
+    step: test_the_first_step_of_a_fused_optimizer_reads_the_flag.)"""
+    on_device = opt_kind != "plain"
     batches, bad = data(8), {2, 4}
     m = model()
     seen = []
@@ -144,18 +155,18 @@ def test_the_device_path_skips_a_nonfinite_loss_s_step_as_the_cpu_path_does(opt_
     skips = Skips()
     with pytest.warns(OptimWarning) as caught:
         counter = _run_with(opt_kind, m, batches, nan_at(m, bad), Skipped(), skips)
-    assert_bitwise(params(m), raw_skipping(bad, batches, opt_kind == "fused"))
+    assert_bitwise(params(m), raw_skipping(bad, batches, on_device))
     # announced when known on the host: the reason names the batch of the bad loss
     assert [(reason.split(" (")[0], step) for _, reason, step in skips.seen] == (
         [("non-finite loss at epoch 0, batch 2", 8), ("non-finite loss at epoch 0, batch 4", 8)]
-        if opt_kind == "fused" else
+        if on_device else
         [("non-finite loss at epoch 0, batch 2", 2), ("non-finite loss at epoch 0, batch 4", 4)])
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2, messages
     assert "skipped the step of optimizer 'default': non-finite loss at epoch 0, batch 2" in messages[0]
     assert "2 optimizer steps were skipped" in messages[1]
     assert seen[-1] == (2, 6)
-    if opt_kind == "fused":  # counted at the next host read: here the stage's end
+    if on_device:  # counted at the next host read: here the stage's end
         assert seen[:-1] == [0] * 8 and "skipped on the device; read on the host at epoch 0, batch 7" in messages[0]
         assert counter.per_batch() == [1] + [0] * 6  # the first step reads (see Optim)
     else:
@@ -254,3 +265,176 @@ def test_the_first_step_of_a_fused_optimizer_reads_the_flag() -> None:
         counter = _run_with("fused", m, batches, nan_at(m, {0}))
     assert_bitwise(params(m), raw_skipping({0}, batches, fused=True))
     assert counter.per_batch() == [1, 1, 0]  # until a step gave the optimizer its state
+
+
+# -- torch's fused kernels, chosen where the user left the kernel to torch -------------------
+def adam_raw(bad: set[int], batches, **options) -> list[torch.Tensor]:
+    """A raw loop with torch's Adam built with ``options`` that leaves the batches ``bad`` out."""
+    raw = model()
+    opt = torch.optim.Adam(raw.parameters(), lr=0.01, **options)
+    for i, b in enumerate(batches):
+        if i not in bad:
+            mse(raw, b).backward()
+            opt.step()
+        opt.zero_grad()
+    return params(raw)
+
+
+@pytest.mark.fault
+def test_torch_s_adam_runs_fused_and_reads_nothing_even_when_its_first_step_is_skipped() -> None:
+    """Adam built as torch's default: on the device path optim runs its fused kernel, whose
+    state is made before the kernel runs, so even the first step skips on the device: no host
+    read in any batch, and the parameters are those of a raw fused Adam without batch 0."""
+    m, batches = model(), data(6)
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 0, batch 0 \(skipped on the device"):
+        with counter.reads:
+            hookfit.Loop(nan_at(m, {0}), batches, model=m, optimizers=opt, max_epochs=1,
+                         plugins=[Optim(defer=True), counter]).fit()
+    assert counter.per_batch() == [0] * 5, counter.calls()
+    assert [group["fused"] for group in opt.param_groups] == [True]
+    assert_bitwise(params(m), adam_raw({0}, batches, fused=True))
+
+
+def unfused_reads(opt_factory, m, batches, **optim) -> list[int]:
+    """Host reads per batch of a device-path run whose optimizer optim must leave as it is."""
+    opt = opt_factory(m)
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with counter.reads:
+        hookfit.Loop(nan_at(m, set()), batches, model=m, optimizers=opt, max_epochs=1,
+                     plugins=[Optim(defer=True, **optim), counter]).fit()
+    assert not any(group.get("fused") for group in opt.param_groups), opt.param_groups
+    return counter.per_batch()
+
+
+class MySGD(torch.optim.SGD):
+    """A subclass defined outside torch: its step may not be torch's, so it is not switched."""
+
+
+@pytest.mark.parametrize("factory", [
+    pytest.param(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, foreach=True), id="foreach-chosen"),
+    pytest.param(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, fused=False), id="fused-false"),
+    pytest.param(lambda m: torch.optim.RMSprop(m.parameters(), lr=0.01), id="no-fused-kernel"),
+    pytest.param(lambda m: MySGD(m.parameters(), lr=0.1), id="subclass"),
+])
+def test_an_optimizer_whose_kernel_was_chosen_or_has_no_fused_one_is_left_as_given(factory) -> None:
+    """Only torch's own optimizers whose kernel the user left to torch are switched: an
+    explicit ``foreach``/``fused`` choice, a class with no fused kernel or one defined
+    elsewhere keeps its kernel and reads the flag once per step."""
+    assert unfused_reads(factory, model(), data(6)) == [1] * 5
+
+
+def test_fuse_false_keeps_torch_s_default_kernel() -> None:
+    assert unfused_reads(lambda m: torch.optim.SGD(m.parameters(), lr=0.1), model(), data(6), fuse=False) == [1] * 5
+
+
+def test_a_differentiable_optimizer_is_not_fused() -> None:
+    """torch's fused kernels refuse ``differentiable=True``."""
+    from hookfit.plugins.optim import kernels
+
+    m = model()
+    mse(m, data(1)[0]).backward()
+    assert kernels.can_fuse(torch.optim.SGD(m.parameters(), lr=0.1))
+    assert not kernels.can_fuse(torch.optim.SGD(m.parameters(), lr=0.1, differentiable=True))
+
+
+def test_sparse_gradients_keep_the_kernel_that_takes_them() -> None:
+    """torch's fused SGD refuses sparse gradients: an embedding with ``sparse=True`` keeps the
+    for-loop kernel (one read per step) and trains as a raw loop does."""
+    def embedding():
+        torch.manual_seed(3)
+        return torch.nn.Embedding(10, 3, sparse=True)
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 10, (4,), generator=g), torch.randn(4, 3, generator=g)) for _ in range(6)]
+    m = embedding()
+    assert unfused_reads(lambda m: torch.optim.SGD(m.parameters(), lr=0.1), m, batches) == [1] * 5
+    raw = embedding()
+    opt = torch.optim.SGD(raw.parameters(), lr=0.1)
+    for b in batches:
+        mse(raw, b).backward()
+        opt.step()
+        opt.zero_grad()
+    assert_bitwise(params(m), params(raw))
+
+
+def test_state_an_optimizer_already_has_moves_to_the_fused_layout() -> None:
+    """An Adam with state loaded before the run (three steps of the for-loop kernel) is
+    switched with its state, re-loaded the way torch loads a state into a fused Adam: the run
+    continues bit for bit as a raw fused Adam that loaded the same state, with no host read
+    per step."""
+    batches = data(8)
+    first = model()
+    opt = torch.optim.Adam(first.parameters(), lr=0.01)
+    for b in batches[:3]:
+        mse(first, b).backward()
+        opt.step()
+        opt.zero_grad()
+    saved, weights = copy.deepcopy(opt.state_dict()), first.state_dict()  # (it holds the live tensors)
+
+    m = model()
+    m.load_state_dict(weights)
+    resumed = torch.optim.Adam(m.parameters(), lr=0.01)
+    resumed.load_state_dict(copy.deepcopy(saved))
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with counter.reads:
+        hookfit.Loop(nan_at(m, set()), batches[3:], model=m, optimizers=resumed, max_epochs=1,
+                     plugins=[Optim(defer=True), counter]).fit()
+    assert counter.per_batch() == [0] * 4, counter.calls()
+
+    raw = model()
+    raw.load_state_dict(weights)
+    fused = torch.optim.Adam(raw.parameters(), lr=0.01, fused=True)
+    as_fused = copy.deepcopy(saved)  # (torch's load_state_dict takes the groups' options, fused too)
+    for group in as_fused["param_groups"]:
+        group["fused"] = True
+    fused.load_state_dict(as_fused)
+    for b in batches[3:]:
+        mse(raw, b).backward()
+        fused.step()
+        fused.zero_grad()
+    assert_bitwise(params(m), params(raw))
+
+
+def test_a_state_saved_by_a_fused_run_skips_on_the_device_after_loading() -> None:
+    """The groups of a state saved by a run that optim switched say ``fused=True``: an
+    optimizer that loads it runs torch's fused kernel (torch's load_state_dict takes the
+    groups' options), so it skips on the device with no read even under ``fuse=False``."""
+    m, batches = model(), data(4)
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    hookfit.Loop(nan_at(m, set()), batches, model=m, optimizers=opt, max_epochs=1,
+                 plugins=[Optim(defer=True)]).fit()
+    again = torch.optim.Adam(m.parameters(), lr=0.01)
+    again.load_state_dict(opt.state_dict())
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with pytest.warns(OptimWarning, match=r"batch 1 \(skipped on the device"), counter.reads:
+        hookfit.Loop(nan_at(m, {1}), batches, model=m, optimizers=again, max_epochs=1,
+                     plugins=[Optim(defer=True, fuse=False), counter]).fit()
+    assert counter.per_batch() == [0] * 3, counter.calls()
+
+
+@pytest.mark.fault
+def test_a_grad_scaler_with_fused_sgd_reads_before_the_first_momentum_buffers() -> None:
+    """amp=True with torch's SGD with momentum (run fused on the device path) and a NaN loss in
+    batch 0: a first step skipped inside the fused kernel would keep uninitialised momentum
+    buffers, so until a step has really been taken (batch 1) it goes through the scaler's own
+    read of found_inf; the later ones skip on the device. The parameters are a raw fused
+    SGD's without batch 0."""
+    m, batches = model(), data(6)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 0, batch 0 \(skipped on the device"):
+        with counter.reads:
+            hookfit.Loop(nan_at(m, {0}), batches, model=m, optimizers=opt, max_epochs=1,
+                         plugins=[Optim(defer=True, amp=True), counter]).fit()
+    assert [group["fused"] for group in opt.param_groups] == [True]
+    assert counter.per_batch() == [1, 1, 0, 0, 0], counter.calls()
+    assert all("amp/grad_scaler.py" in call for call in counter.calls()), counter.calls()
+    assert_bitwise(params(m), raw_skipping({0}, batches, fused=True))
+
+
+@pytest.mark.bad_input
+def test_fuse_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="optim: fuse must be True or False, got 'yes'"):
+        Optim(fuse="yes")

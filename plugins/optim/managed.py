@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
+from hookfit.plugins.optim import kernels
+
 if TYPE_CHECKING:
     from hookfit.plugins.optim.plugin import Optim
 
@@ -45,9 +47,10 @@ class ManagedOptimizer:
             self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
         self._own = False  # optim itself is stepping the optimizer (read by the watch's hook)
-        # the optimizer's kernel takes found_inf (torch's fused ones): it can skip on the device
-        self._skips_on_device = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-        self._primed = False  # it has stepped for real (a first step is not skipped on the device)
+        # whether its kernel takes found_inf, so that it can skip on the device: decided at its
+        # first step on the device path, where optim may switch it to torch's fused kernel
+        self._skips_on_device: bool | None = None
+        self._primed = False  # a step skipped inside its kernel leaves it a valid state (cached)
         self._watch: Any = None  # the handle of the step pre-hook while watching
 
     @property
@@ -112,11 +115,11 @@ class ManagedOptimizer:
         if plugin._poisoned:  # a non-finite loss in this window: its gradients are incomplete
             return self._skip("non-finite loss")
         bad = plugin._window_flag() if plugin._deferring else None  # the device path's flag
-        # no device-side skip for this optimizer, or not yet: one host read. (Before its first
-        # real step an optimizer may have no state: torch's fused SGD skipped then by found_inf
-        # leaves its momentum buffers uninitialised, and the next step would use them.)
-        on_device = self._skips_on_device and (self._primed or bool(self.optimizer.state))
-        if bad is not None and scaler is None and not on_device:
+        if bad is not None and self._skips_on_device is None:
+            self._skips_on_device = self._device_kernel()
+        # no device-side skip for this optimizer, or not yet (see kernels.skip_keeps_state):
+        # one host read
+        if bad is not None and scaler is None and not (self._skips_on_device and self._skip_keeps_state()):
             if plugin._read_flag(bad):
                 return self._skip("non-finite loss")
             bad = None
@@ -141,8 +144,11 @@ class ManagedOptimizer:
             call(loop, self.name, self.optimizer)
         self._own = True  # for the watch on steps that bypass optim (see watch())
         try:
-            if scaler is not None:
-                scaler.step(self.optimizer)  # skips by itself on inf/NaN gradients (and on bad)
+            if scaler is not None:  # skips by itself on inf/NaN gradients (and on bad)
+                if getattr(self.optimizer, "_step_supports_amp_scaling", False) and not self._skip_keeps_state():
+                    _scaler_reads(scaler, self.optimizer)
+                else:
+                    scaler.step(self.optimizer)
                 plugin._scaler_used = True
             elif bad is not None:  # the fused kernel skips the update where found_inf is set
                 self.optimizer.found_inf = bad.to(torch.float32)  # type: ignore[attr-defined]
@@ -157,8 +163,6 @@ class ManagedOptimizer:
             self._own = False
         if bad is not None:  # counted at the next host read if the flag was set
             plugin._bad_stepped.append(self)
-        else:
-            self._primed = True  # it really stepped: it has what state it keeps (see above)
         self.steps += 1
         self._stepped = True
         if self.scheduler is not None and plugin.scheduler_interval == "step":
@@ -166,6 +170,21 @@ class ManagedOptimizer:
         if (call := loop.hooks.after_optimizer_step) is not None:
             call(loop, self.name, self.optimizer)
         return True
+
+    def _device_kernel(self) -> bool:
+        """Whether this optimizer skips on the device, decided at its first step on the device
+        path (its gradients are there to be looked at): one whose kernel takes ``found_inf``
+        does; one of torch's that could run its fused kernel, with the choice of kernel left to
+        torch, is switched to it unless ``Optim(fuse=False)``."""
+        if not kernels.skips_on_device(self.optimizer) and self.plugin.fuse and kernels.can_fuse(self.optimizer):
+            kernels.fuse(self.optimizer)
+        return kernels.skips_on_device(self.optimizer)
+
+    def _skip_keeps_state(self) -> bool:
+        """:func:`kernels.skip_keeps_state`, remembered once true (it stays true)."""
+        if not self._primed:
+            self._primed = kernels.skip_keeps_state(self.optimizer)
+        return self._primed
 
     def _skip(self, why: str) -> bool:
         self.plugin._nonfinite(why, self)
@@ -224,6 +243,17 @@ class ManagedOptimizer:
         self.steps, self.skipped = state["steps"], state["skipped"]
 
 
+def _scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    """``scaler.step(optimizer)`` through the scaler's own host read of ``found_inf`` rather
+    than the optimizer's kernel, for a fused optimizer whose state a step skipped inside the
+    kernel would leave invalid (torch's fused SGD with momentum before its first step)."""
+    optimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+    try:
+        scaler.step(optimizer)
+    finally:
+        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
+
+
 def _into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
     """Add the window's non-finite flag to what ``scaler`` found in ``optimizer``'s gradients
     at ``unscale_``, on the flag's device, so that ``scaler.step`` skips the step (and the
@@ -233,7 +263,7 @@ def _into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimiz
     found = record.get("found_inf_per_device", {}).get(bad.device)
     if not isinstance(found, torch.Tensor):
         return False
-    found.add_(bad)
+    found.add_(bad).clamp_(max=1.0)  # fused kernels skip where found_inf is exactly 1
     return True
 
 

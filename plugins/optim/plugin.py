@@ -31,16 +31,24 @@ class Optim:
 
     * an optimizer that accepts ``found_inf`` (``_step_supports_amp_scaling``: torch's
       ``fused=True`` Adam, AdamW, SGD, Adagrad) gets the flag as ``found_inf``, and its kernel
-      leaves the parameters and the state as they were (its first step, before it has any
-      state, reads the flag instead: torch's fused SGD skipped then leaves its momentum
-      buffers uninitialised);
+      leaves the parameters and the state as they were. Until torch's SGD with momentum has
+      really stepped once it reads the flag instead: its fused kernel, skipped before it has
+      momentum buffers, would leave them uninitialised (Adam, AdamW and Adagrad make their
+      state before the kernel runs and skip on the device from their first step);
+    * ``fuse=True`` (default): one of torch's optimizers with a fused kernel (SGD, Adam, AdamW,
+      Adagrad) whose kernel you left to torch (``fused`` and ``foreach`` not given, not
+      ``differentiable``), whose parameters the fused kernel takes (floating point, on a
+      device torch has fused kernels for, no sparse gradient) is switched to it at its first
+      step on this path, as if built with ``fused=True`` (its parameter groups then say so,
+      also in checkpoints). torch's fused kernels compute the same update as its other
+      kernels up to rounding, and are its fastest. ``fuse=False`` keeps the kernel torch picks;
     * with a ``GradScaler`` the flag is added to the scaler's ``found_inf`` for the optimizer,
       so ``scaler.step`` skips it (with a fused optimizer without a host read; with another,
       ``scaler.step`` reads ``found_inf`` once, as it always does);
-    * any other optimizer has no device-side skip short of copying its parameters and state
-      every step: its step reads the flag on the host, once per step (not per ``backward``),
-      and skips exactly as on the CPU. Give the optimizer ``fused=True``, or
-      ``Optim(nonfinite=None)``, to remove that read.
+    * any other optimizer (a kernel you chose, another class) has no device-side skip short of
+      copying its parameters and state every step: its step reads the flag on the host, once
+      per step (not per ``backward``), and skips exactly as on the CPU. Leave the kernel to
+      torch, give ``fused=True``, or ``Optim(nonfinite=None)``, to remove that read.
 
     Steps skipped on the device are counted, warned about or raised for at the next host
     read: the metrics' publication (``metrics_update``), every ``READ_EVERY`` windows, the
@@ -68,6 +76,7 @@ class Optim:
         scheduler_interval: Literal["step", "epoch"] = "step",
         precision: Literal["32", "bf16-mixed", "16-mixed"] = "32",
         defer: bool | None = None,
+        fuse: bool = True,
     ) -> None:
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"optim: accumulate must be a positive integer, got {accumulate!r}")
@@ -79,6 +88,8 @@ class Optim:
             raise ValueError(f"optim: precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
         if defer not in (None, True, False):
             raise ValueError(f"optim: defer must be True, False or None, got {defer!r}")
+        if fuse not in (True, False):
+            raise ValueError(f"optim: fuse must be True or False, got {fuse!r}")
         if precision == "bf16-mixed" and amp is not False:
             raise ValueError("optim: precision='bf16-mixed' needs no loss scaling: leave amp unset "
                              "(precision='16-mixed' scales the loss itself)")
@@ -109,6 +120,7 @@ class Optim:
         self._autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when mixed
         # the device path of the non-finite check (see the class docstring, "On an accelerator")
         self.defer = defer
+        self.fuse = fuse  # on the device path, torch's optimizers may run their fused kernel
         self._deferring = False  # losses are checked on the device: set at configure or first seen
         self._bad: torch.Tensor | None = None  # the open window's flag: a non-finite loss in it
         self._bad_where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
