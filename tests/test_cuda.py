@@ -17,6 +17,7 @@ from hookfit.plugins.console import Console
 from hookfit.plugins.interrupter import Interrupter
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim, OptimWarning
+from test_optim_device import nan_at as step_with_nan
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -54,20 +55,9 @@ def default_stack(opt_factory, nan_at: set[int] = frozenset(), n: int = 32):
     batches = [(torch.randn(64, 32, generator=g).to(device), torch.randn(64, 1, generator=g).to(device))
                for _ in range(n)]
     opt = opt_factory(m)
-
-    def step(loop, batch):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(m(x), y)
-        if loop.state.batch_idx in nan_at:
-            loss = loss * float("nan")
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return {"loss": loss}
-
     watch = NoSyncInTraining()
     try:
-        state = hookfit.Loop(step, batches, model=m, optimizers=opt, max_epochs=1,
+        state = hookfit.Loop(step_with_nan(m, set(nan_at)), batches, model=m, optimizers=opt, max_epochs=1,
                              plugins=[Optim(), Metrics(interval=3600.0, log=False),
                                       Console(stream=StringIO()), Interrupter(signals=False), watch]).fit()
     finally:

@@ -119,9 +119,12 @@ def nan_at(m, bad: set[int]):
     return step
 
 
-def raw_skipping(bad: set[int], batches, fused: bool) -> list[torch.Tensor]:
+def raw_skipping(bad: set[int], batches, fused: bool, make=None) -> list[torch.Tensor]:
+    """A raw loop that leaves the batches ``bad`` out, with SGD (momentum 0.9; its fused kernel
+    or not) or the optimizer ``make(parameters)`` builds."""
     raw = model()
-    opt = torch.optim.SGD(raw.parameters(), lr=0.1, momentum=0.9, fused=fused or None)
+    opt = make(raw.parameters()) if make else torch.optim.SGD(raw.parameters(), lr=0.1, momentum=0.9,
+                                                               fused=fused or None)
     for i, b in enumerate(batches):
         if i not in bad:
             mse(raw, b).backward()
@@ -268,18 +271,6 @@ def test_the_first_step_of_a_fused_optimizer_reads_the_flag() -> None:
 
 
 # -- torch's fused kernels, chosen where the user left the kernel to torch -------------------
-def adam_raw(bad: set[int], batches, **options) -> list[torch.Tensor]:
-    """A raw loop with torch's Adam built with ``options`` that leaves the batches ``bad`` out."""
-    raw = model()
-    opt = torch.optim.Adam(raw.parameters(), lr=0.01, **options)
-    for i, b in enumerate(batches):
-        if i not in bad:
-            mse(raw, b).backward()
-            opt.step()
-        opt.zero_grad()
-    return params(raw)
-
-
 @pytest.mark.fault
 def test_torch_s_adam_runs_fused_and_reads_nothing_even_when_its_first_step_is_skipped() -> None:
     """Adam built as torch's default: on the device path optim runs its fused kernel, whose
@@ -294,7 +285,7 @@ def test_torch_s_adam_runs_fused_and_reads_nothing_even_when_its_first_step_is_s
                          plugins=[Optim(defer=True), counter]).fit()
     assert counter.per_batch() == [0] * 5, counter.calls()
     assert [group["fused"] for group in opt.param_groups] == [True]
-    assert_bitwise(params(m), adam_raw({0}, batches, fused=True))
+    assert_bitwise(params(m), raw_skipping({0}, batches, True, lambda p: torch.optim.Adam(p, lr=0.01, fused=True)))
 
 
 def unfused_reads(opt_factory, m, batches, **optim) -> list[int]:
