@@ -429,3 +429,87 @@ def test_a_grad_scaler_with_fused_sgd_reads_before_the_first_momentum_buffers() 
 def test_fuse_must_be_a_bool() -> None:
     with pytest.raises(ValueError, match="optim: fuse must be True or False, got 'yes'"):
         Optim(fuse="yes")
+
+
+# -- gradient checks (clip_norm, check_grads) on the device path ---------------------------
+def nan_grad_at(m, bad: set[int], named: bool = False):
+    """A step whose loss stays finite but whose first layer's weight gets a NaN gradient in the
+    batches ``bad``; ``named``: it steps optimizers "a" and "b"."""
+    def step(loop, batch):
+        loss = mse(m, batch)
+        hook = m[0].weight.register_hook(lambda g: g * float("nan")) if loop.state.batch_idx in bad else None
+        loop.backward(loss)
+        if hook is not None:
+            hook.remove()
+        for name in ("a", "b") if named else ("default",):
+            loop.optimizers[name].step()
+            loop.optimizers[name].zero_grad()
+        return {"loss": loss}
+
+    return step
+
+
+def gradient_run(defer: bool, named: bool = False, **optim):
+    """NaN gradients at batches 2 and 4 on the device path (``defer``) or the CPU path, with
+    fused SGD (one optimizer, or "a" for the first layer and "b" for the last); returns the
+    model, what step_skipped said ((optimizer, reason, step) each) and the reads counted."""
+    m, skips = model(), Skips()
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True)  # noqa: E731
+    opt = {"a": sgd(m[0].parameters()), "b": sgd(m[2].parameters())} if named else sgd(m.parameters())
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with pytest.warns(OptimWarning, match="non-finite gradient at epoch 0, batch 2"), counter.reads:
+        hookfit.Loop(nan_grad_at(m, {2, 4}, named), data(8), model=m, optimizers=opt, max_epochs=1,
+                     plugins=[Optim(defer=defer, **optim), skips, counter]).fit()
+    return m, skips.seen, counter
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("check", [{"clip_norm": 1.0}, {"check_grads": True}], ids=["clip_norm", "check_grads"])
+def test_a_nonfinite_gradient_is_skipped_on_the_device_as_the_cpu_path_skips_it(check) -> None:
+    """NaN gradients (the loss finite) at batches 2 and 4: on the device path the gradient
+    check is a flag of the step's own, joined to found_inf, so after the first step (fused SGD
+    with momentum reads until it has buffers) no batch reads; the skips are counted at the
+    stage's end with the batch named, and the parameters are those of the CPU path, which
+    reads the check at every step and skips there."""
+    on_device, device_skips, device_reads = gradient_run(True, **check)
+    on_cpu, cpu_skips, _ = gradient_run(False, **check)
+    assert_bitwise(params(on_device), params(on_cpu))
+    assert all(torch.isfinite(p).all() for p in on_device.parameters())
+    assert [(reason, step) for _, reason, step in cpu_skips] == [
+        ("non-finite gradient at epoch 0, batch 2", 2), ("non-finite gradient at epoch 0, batch 4", 4)]
+    assert [(reason.split(" (")[0], step) for _, reason, step in device_skips] == [
+        ("non-finite gradient at epoch 0, batch 2", 8), ("non-finite gradient at epoch 0, batch 4", 8)]
+    assert "skipped on the device; read on the host at epoch 0, batch 7" in device_skips[0][1]
+    assert device_reads.per_batch()[1:] == [0] * 6, device_reads.calls()
+
+
+@pytest.mark.fault
+def test_only_the_optimizer_whose_gradients_are_not_finite_skips_on_the_device() -> None:
+    """Two optimizers, NaN gradients in the first layer only: "a" skips its two steps, "b"
+    steps every batch, on the device path as on the CPU path."""
+    on_device, device_skips, _ = gradient_run(True, named=True, clip_norm=1.0)
+    on_cpu, cpu_skips, _ = gradient_run(False, named=True, clip_norm=1.0)
+    assert_bitwise(params(on_device), params(on_cpu))
+    assert [name for name, _, _ in device_skips] == [name for name, _, _ in cpu_skips] == ["a", "a"]
+
+
+@pytest.mark.fault
+def test_a_nonfinite_gradient_raises_at_the_next_host_read_on_the_device_path() -> None:
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
+    with pytest.raises(FloatingPointError, match=r"optim: non-finite gradient at epoch 0, batch 2 \(its step was "
+                                                 r"skipped on the device; read on the host at epoch 0, batch 5\)"):
+        hookfit.Loop(nan_grad_at(m, {2}), data(6), model=m, optimizers=opt, max_epochs=1,
+                     plugins=[Optim(defer=True, clip_norm=1.0, nonfinite="raise")]).fit()
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+def test_with_a_grad_scaler_clipping_reads_nothing_per_step() -> None:
+    """A GradScaler finds non-finite gradients itself (unscale_), so optim does not check them
+    again: with clipping and torch's Adam (run fused) no batch reads on the device path."""
+    m = model()
+    counter = ReadsPerBatch(syncs.HostReads(trace=True))
+    with counter.reads:
+        hookfit.Loop(nan_at(m, set()), data(6), model=m, optimizers=torch.optim.Adam(m.parameters(), lr=0.01),
+                     max_epochs=1, plugins=[Optim(defer=True, amp=True, clip_norm=1.0), counter]).fit()
+    assert counter.per_batch() == [0] * 5, counter.calls()

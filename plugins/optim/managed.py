@@ -130,15 +130,26 @@ class ManagedOptimizer:
                     plugin._scaler_used = True  # update() resets the unscaled state
                     return self._skip("non-finite loss")
                 bad = None
-        finite = True
+        # the gradients' check: read on the host, or (where the step skips on the device, bad
+        # set) a flag of this step's own, on the device; with a scaler, scaler.step() skips by
+        # itself on non-finite gradients, so nothing is checked
+        finite, grad_bad = True, None
+        check = plugin.nonfinite is not None and scaler is None
         if plugin.clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self._params, plugin.clip_norm)
-            finite = bool(torch.isfinite(norm)) if plugin.nonfinite is not None else True
-        elif plugin.check_grads and plugin.nonfinite is not None:
-            finite = all(bool(torch.isfinite(p.grad).all()) for p in self._params if p.grad is not None)
+            if check and bad is None:
+                finite = bool(torch.isfinite(norm))
+            elif check:
+                grad_bad = torch.isfinite(norm).logical_not_().to(bad.device)
+        elif plugin.check_grads and check:
+            grads = [p.grad for p in self._params if p.grad is not None]
+            if bad is None:
+                finite = all(bool(torch.isfinite(g).all()) for g in grads)
+            elif grads:
+                grad_bad = torch.stack([torch.isfinite(g).all().to(bad.device) for g in grads]).all().logical_not_()
         if plugin.clip_value is not None:
             torch.nn.utils.clip_grad_value_(self._params, plugin.clip_value)
-        if not finite and scaler is None:  # with a scaler, scaler.step() skips by itself
+        if not finite:
             return self._skip("non-finite gradient")
         if (call := loop.hooks.before_optimizer_step) is not None:
             call(loop, self.name, self.optimizer)
@@ -151,7 +162,8 @@ class ManagedOptimizer:
                     scaler.step(self.optimizer)
                 plugin._scaler_used = True
             elif bad is not None:  # the fused kernel skips the update where found_inf is set
-                self.optimizer.found_inf = bad.to(torch.float32)  # type: ignore[attr-defined]
+                flag = bad if grad_bad is None else bad | grad_bad
+                self.optimizer.found_inf = flag.to(torch.float32)  # type: ignore[attr-defined]
                 self.optimizer.grad_scale = None  # type: ignore[attr-defined]
                 try:
                     self.optimizer.step()
@@ -161,8 +173,8 @@ class ManagedOptimizer:
                 self.optimizer.step()
         finally:
             self._own = False
-        if bad is not None:  # counted at the next host read if the flag was set
-            plugin._bad_stepped.append(self)
+        if bad is not None:  # counted at the next host read if a flag was set
+            plugin._bad_stepped.append((self, grad_bad))
         self.steps += 1
         self._stepped = True
         if self.scheduler is not None and plugin.scheduler_interval == "step":

@@ -58,8 +58,11 @@ class Optim:
     ``FloatingPointError`` at that read, naming the batch of the non-finite loss; the steps
     in between were skipped on the device, so the parameters are those from before it
     (pending windows found at the end of a failed or interrupted run are warned about, not
-    raised). Gradient checks (``clip_norm`` with a non-finite policy, ``check_grads``) still
-    read the host once per step.
+    raised). Gradient checks (``clip_norm`` with a non-finite policy, ``check_grads``) are a
+    flag of the step's own there, joined to the loss's in ``found_inf``: such a step is skipped
+    for that optimizer alone (as on the CPU), reported as a non-finite gradient at the next
+    host read; where the step reads the loss's flag, the check is read too. With a
+    ``GradScaler`` optim checks no gradient: ``unscale_`` finds non-finite ones itself.
     """
 
     name = "optim"
@@ -125,8 +128,10 @@ class Optim:
         self._bad: torch.Tensor | None = None  # the open window's flag: a non-finite loss in it
         self._bad_where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
         self._bad_at = -1  # the global step of the flag's last loss
-        self._bad_stepped: list[ManagedOptimizer] = []  # stepped in the window, skipping on the flag
-        self._pending: list[tuple[torch.Tensor, tuple[int, int, int], list[ManagedOptimizer]]] = []
+        # stepped in the window, skipping on the flag (and on their gradients' own flag, if checked)
+        self._bad_stepped: list[tuple[ManagedOptimizer, torch.Tensor | None]] = []
+        self._pending: list[tuple[torch.Tensor, tuple[int, int, int],
+                                  list[tuple[ManagedOptimizer, torch.Tensor | None]]]] = []
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -289,19 +294,26 @@ class Optim:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        flags = torch.stack([flag for flag, _, _ in pending]).tolist()
+        grads = [grad for _, _, stepped in pending for _, grad in stepped if grad is not None]
+        flags = torch.stack([flag for flag, _, _ in pending] + grads).tolist()
+        grad_flags = iter(flags[len(pending):])
         state = self.loop.state
         read = f"read on the host at epoch {state.epoch}, batch {state.batch_idx}"
         for bad, (_, (epoch, first, last), stepped) in zip(flags, pending):
-            if not bad:
+            bad_grads = [managed for managed, grad in stepped if grad is not None and next(grad_flags)]
+            if bad:  # every step of the window skipped on the loss's flag
+                where, skipped = f"non-finite loss at epoch {epoch}, {_batches(first, last)}", [m for m, _ in stepped]
+                were = "its steps were"
+            elif bad_grads:  # these steps skipped on their gradients' own flag
+                where, skipped, were = f"non-finite gradient at epoch {epoch}, batch {last}", bad_grads, "its step was"
+            else:
                 continue
-            where = f"non-finite loss at epoch {epoch}, {_batches(first, last)}"
             if self.nonfinite == "raise" and not final:
-                raise FloatingPointError(f"optim: {where} (its steps were skipped on the device; {read})")
-            for managed in stepped:
+                raise FloatingPointError(f"optim: {where} ({were} skipped on the device; {read})")
+            for managed in skipped:
                 managed.steps -= 1
                 self._count_skip(managed, f"{where} (skipped on the device; {read})")
-            if self.nonfinite == "raise" and not stepped:
+            if self.nonfinite == "raise" and not skipped:
                 warnings.warn(f"optim: {where}, found at the end of the run ({read})",
                               OptimWarning, stacklevel=3)
 
