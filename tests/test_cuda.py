@@ -44,7 +44,7 @@ class NoSyncInTraining:
         return (yield)
 
 
-def default_stack(opt_factory, nan_at: set[int] = frozenset(), n: int = 32):
+def default_stack(opt_factory, nan_at: set[int] = frozenset(), n: int = 32, **optim):
     """An epoch of optim, metrics (no publication inside the epoch: a publication is a host
     read by design), console and interrupter on a small model on the GPU, with batches made
     there beforehand (copying a pageable CPU batch to the device synchronises)."""
@@ -58,7 +58,7 @@ def default_stack(opt_factory, nan_at: set[int] = frozenset(), n: int = 32):
     watch = NoSyncInTraining()
     try:
         state = hookfit.Loop(step_with_nan(m, set(nan_at)), batches, model=m, optimizers=opt, max_epochs=1,
-                             plugins=[Optim(), Metrics(interval=3600.0, log=False),
+                             plugins=[Optim(**optim), Metrics(interval=3600.0, log=False),
                                       Console(stream=StringIO()), Interrupter(signals=False), watch]).fit()
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -75,6 +75,12 @@ def test_an_epoch_of_the_default_stack_makes_no_host_device_sync(factory) -> Non
     assert state.status == "completed", state.stop_reason
     assert watch.batches == 32
     assert all(group["fused"] for group in opt.param_groups)  # optim ran torch's fused kernel
+
+
+def test_clipping_by_norm_adds_no_sync() -> None:
+    """The gradient check that clipping makes is a device flag joined to found_inf."""
+    state, watch, m, opt = default_stack(lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), clip_norm=1.0)
+    assert state.status == "completed" and watch.batches == 32
 
 
 def test_a_nonfinite_loss_is_skipped_on_the_device_and_reported_after_the_epoch() -> None:
