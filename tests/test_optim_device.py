@@ -5,6 +5,7 @@ where the user left the choice of kernel to torch."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -93,15 +94,16 @@ def test_the_default_stack_reads_the_host_only_at_publications_on_the_device_pat
     assert fused.per_batch() == [1] + [0] * 10, fused.calls()  # the first step reads: no state yet
     plain = default_stack("plain", model(), data(12))
     assert plain.per_batch() == [1] * 11
-    assert all("optim/plugin.py" in call and call.startswith("__bool__") for call in plain.calls())
+    assert all("optim/plugin.py" in call and call.startswith("tolist") for call in plain.calls())
     publishing = default_stack("fused", model(), data(12), interval=0.0)  # a publication every batch
     assert all(n >= 1 for n in publishing.per_batch())
     assert any("metrics/aggregate.py" in call for call in publishing.calls())
     cpu = default_stack("fused", model(), data(12), defer=None)
     assert cpu.per_batch() == [2] * 11  # loss.item() in optim's check and in metrics
-    # torch's SGD as users build it: optim runs its fused kernel, which skips on the device
+    # torch's SGD as users build it: optim runs its fused kernel, which skips on the device,
+    # with momentum buffers made beforehand, so even its first step reads nothing
     default = default_stack("default", model(), data(12))
-    assert default.per_batch() == [1] + [0] * 10, default.calls()
+    assert default.per_batch() == [0] * 11, default.calls()
     unfused = default_stack("default", model(), data(12), fuse=False)  # Optim(fuse=False): as given
     assert unfused.per_batch() == [1] * 11
 
@@ -171,7 +173,9 @@ def test_the_device_path_skips_a_nonfinite_loss_s_step_as_the_cpu_path_does(opt_
     assert seen[-1] == (2, 6)
     if on_device:  # counted at the next host read: here the stage's end
         assert seen[:-1] == [0] * 8 and "skipped on the device; read on the host at epoch 0, batch 7" in messages[0]
-        assert counter.per_batch() == [1] + [0] * 6  # the first step reads (see Optim)
+        # a fused SGD given with momentum reads until it has buffers (see Optim); one that
+        # optim switched got its buffers with the switch
+        assert counter.per_batch() == ([1] + [0] * 6 if opt_kind == "fused" else [0] * 7), counter.calls()
     else:
         assert seen[:-1] == [0, 0, 1, 1, 2, 2, 2, 2]
         assert counter.per_batch() == [1] * 7
@@ -325,9 +329,10 @@ def test_a_differentiable_optimizer_is_not_fused() -> None:
     from hookfit.plugins.optim import kernels
 
     m = model()
-    mse(m, data(1)[0]).backward()
-    assert kernels.can_fuse(torch.optim.SGD(m.parameters(), lr=0.1))
-    assert not kernels.can_fuse(torch.optim.SGD(m.parameters(), lr=0.1, differentiable=True))
+    for differentiable in (False, True):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, differentiable=differentiable)
+        kernels.fuse(opt, m)
+        assert opt.param_groups[0]["fused"] is (None if differentiable else True)
 
 
 def test_sparse_gradients_keep_the_kernel_that_takes_them() -> None:
@@ -406,22 +411,27 @@ def test_a_state_saved_by_a_fused_run_skips_on_the_device_after_loading() -> Non
 
 
 @pytest.mark.fault
-def test_a_grad_scaler_with_fused_sgd_reads_before_the_first_momentum_buffers() -> None:
-    """amp=True with torch's SGD with momentum (run fused on the device path) and a NaN loss in
-    batch 0: a first step skipped inside the fused kernel would keep uninitialised momentum
-    buffers, so until a step has really been taken (batch 1) it goes through the scaler's own
-    read of found_inf; the later ones skip on the device. The parameters are a raw fused
-    SGD's without batch 0."""
+@pytest.mark.parametrize("opt_kind", ["fused", "default"])
+def test_a_grad_scaler_with_fused_sgd_never_leaves_momentum_buffers_uninitialised(opt_kind: str) -> None:
+    """amp=True with SGD with momentum and a NaN loss in batch 0. A fused SGD given by the user
+    has no momentum buffers yet, and a first step skipped inside its kernel would keep
+    uninitialised ones, so until a step has really been taken (batch 1) it goes through the
+    scaler's own read of found_inf. torch's SGD as users build it is switched by optim with
+    zero buffers made, so it skips on the device from the first step. Either way the
+    parameters are a raw fused SGD's without batch 0."""
     m, batches = model(), data(6)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=KERNELS[opt_kind])
     counter = ReadsPerBatch(syncs.HostReads(trace=True))
     with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 0, batch 0 \(skipped on the device"):
         with counter.reads:
             hookfit.Loop(nan_at(m, {0}), batches, model=m, optimizers=opt, max_epochs=1,
                          plugins=[Optim(defer=True, amp=True), counter]).fit()
     assert [group["fused"] for group in opt.param_groups] == [True]
-    assert counter.per_batch() == [1, 1, 0, 0, 0], counter.calls()
-    assert all("amp/grad_scaler.py" in call for call in counter.calls()), counter.calls()
+    if opt_kind == "fused":
+        assert counter.per_batch() == [1, 1, 0, 0, 0], counter.calls()
+        assert all("amp/grad_scaler.py" in call for call in counter.calls()), counter.calls()
+    else:
+        assert counter.per_batch() == [0] * 5, counter.calls()
     assert_bitwise(params(m), raw_skipping({0}, batches, fused=True))
 
 
@@ -513,3 +523,250 @@ def test_with_a_grad_scaler_clipping_reads_nothing_per_step() -> None:
         hookfit.Loop(nan_at(m, set()), data(6), model=m, optimizers=torch.optim.Adam(m.parameters(), lr=0.01),
                      max_epochs=1, plugins=[Optim(defer=True, amp=True, clip_norm=1.0), counter]).fit()
     assert counter.per_batch() == [0] * 5, counter.calls()
+
+
+# -- where torch's fused kernels are not taken, and the counts with several optimizers --------
+def device_and_cpu(make_opt, step_factory, batches, model_factory=model, **optim):
+    """The same run on the device path and on the CPU path: (model, Optim plugin) of each."""
+    runs = []
+    for defer in (True, None):
+        m = model_factory()
+        plugin = Optim(defer=defer, **optim)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OptimWarning)
+            hookfit.Loop(step_factory(m), batches, model=m, optimizers=make_opt(m), max_epochs=1,
+                         plugins=[plugin]).fit()
+        runs.append((m, plugin))
+    return runs
+
+
+def counts(plugin) -> dict[str, tuple[int, int]]:
+    return {name: (managed.steps, managed.skipped) for name, managed in plugin.optimizers.items()}
+
+
+def assert_close(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    """Equal up to rounding: torch's fused Adam and its for-loop Adam round differently."""
+    assert len(a) == len(b) and all(torch.allclose(x, y, rtol=1e-5, atol=1e-7) for x, y in zip(a, b))
+
+
+def test_sgd_with_momentum_is_switched_with_its_buffers_so_late_gradients_are_taken() -> None:
+    """The last layer gets gradients only from batch 2 on (a branch unused before): torch's
+    fused SGD fails when some parameters have momentum buffers and others not yet; switched
+    by optim, every parameter has its zero buffer from the start, and the run ends as the
+    CPU path's (torch's for-loop SGD), whose first step per parameter is the same update."""
+    def step_factory(m):
+        def step(loop, batch):
+            x, y = batch
+            hidden = m[1](m[0](x))
+            out = m[2](hidden) if loop.state.batch_idx >= 2 else hidden.sum(dim=1, keepdim=True)
+            loop.backward(torch.nn.functional.mse_loss(out, y))
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+        return step
+
+    (on_device, _), (on_cpu, _) = device_and_cpu(
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True), step_factory, data(6))
+    assert_bitwise(params(on_device), params(on_cpu))
+
+
+def test_sgd_of_a_model_with_sparse_gradients_is_not_switched() -> None:
+    """An embedding with sparse=True first used in batch 1: torch's fused SGD refuses sparse
+    gradients, so optim leaves the kernel torch picks (found through the model's modules, not
+    the gradients of the first step), and the run matches the CPU path."""
+    def make():
+        torch.manual_seed(3)
+        return torch.nn.ModuleDict({"emb": torch.nn.Embedding(10, 3, sparse=True), "lin": torch.nn.Linear(3, 3)})
+
+    def step_factory(m):
+        def step(loop, batch):
+            idx, y = batch
+            x = m["emb"](idx) if loop.state.batch_idx >= 1 else torch.zeros(4, 3)
+            loop.backward(mse(m["lin"], (x, y)))
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+        return step
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 10, (4,), generator=g), torch.randn(4, 3, generator=g)) for _ in range(4)]
+    (on_device, _), (on_cpu, _) = device_and_cpu(lambda m: torch.optim.SGD(m.parameters(), lr=0.1), step_factory,
+                                                 batches, model_factory=make)
+    assert_bitwise(params(on_device), params(on_cpu))
+
+
+def test_a_group_added_during_the_run_is_switched_too_with_its_buffers() -> None:
+    """A layer unfrozen at batch 2 with add_param_group, and a NaN loss in that batch: the new
+    group is switched with zero momentum buffers, so the step skipped inside the kernel leaves
+    them zero (not the uninitialised memory of torch's first fused step); a user's fused SGD
+    reads the flag until the new parameters have buffers. Both end as the CPU path does."""
+    for fused in (None, True):
+        def make(m, fused=fused):
+            return torch.optim.SGD(m[0].parameters(), lr=0.1, momentum=0.9, fused=fused)
+
+        def step_factory(m):
+            def step(loop, batch):
+                if loop.state.batch_idx == 2:
+                    loop.optimizers["default"].optimizer.add_param_group({"params": list(m[2].parameters())})
+                loss = mse(m, batch)
+                if loop.state.batch_idx == 2:
+                    loss = loss * float("nan")
+                loop.backward(loss)
+                loop.optimizers.step()
+                loop.optimizers.zero_grad()
+            return step
+
+        (on_device, plugin), (on_cpu, cpu) = device_and_cpu(make, step_factory, data(6))
+        assert_bitwise(params(on_device), params(on_cpu))
+        opt = plugin.optimizers["default"].optimizer
+        assert [group["fused"] for group in opt.param_groups] == [True, True]
+        assert counts(plugin) == counts(cpu) == {"default": (5, 1)}
+
+
+def test_switching_keeps_the_groups_the_user_holds() -> None:
+    """An Adam with state (loaded before the run) is switched in place: a parameter group the
+    step holds is still the optimizer's, so setting its learning rate to 0 stops training."""
+    m, batches = model(), data(6)
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    mse(m, batches[0]).backward()
+    opt.step()
+    opt.zero_grad()
+    group, seen = opt.param_groups[0], []
+
+    def step(loop, batch):
+        if loop.state.batch_idx == 2:
+            group["lr"] = 0.0
+        seen.append(params(m))
+        loop.backward(mse(m, batch))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    hookfit.Loop(step, batches, model=m, optimizers=opt, max_epochs=1, plugins=[Optim(defer=True)]).fit()
+    assert opt.param_groups[0] is group and group["fused"] is True
+    assert not torch.equal(seen[1][0], seen[2][0])  # trained while lr was set
+    assert_bitwise(seen[3], params(m))  # lr 0 from batch 2 on
+
+
+def gan(nan: str, make_d, make_g):
+    """A GAN step: the discriminator "d" steps, then the generator "g" (its loss through d,
+    toggled); a NaN loss at batch 1 in ``nan``'s update."""
+    def step_factory(models):
+        g_net, d_net = models["g"], models["d"]
+
+        def step(loop, x):
+            opts = loop.optimizers
+            d_loss = (torch.nn.functional.softplus(d_net(g_net(x).detach())).mean()
+                      + torch.nn.functional.softplus(-d_net(x)).mean())
+            if nan == "d" and loop.state.batch_idx == 1:
+                d_loss = d_loss * float("nan")
+            opts["d"].zero_grad()
+            loop.backward(d_loss)
+            opts["d"].step()
+            with opts.toggle("g"):
+                g_loss = torch.nn.functional.softplus(-d_net(g_net(x))).mean()
+                if nan == "g" and loop.state.batch_idx == 1:
+                    g_loss = g_loss * float("nan")
+                opts["g"].zero_grad()
+                loop.backward(g_loss)
+                opts["g"].step()
+        return step
+
+    def models():
+        torch.manual_seed(3)
+        return {"g": torch.nn.Linear(2, 2), "d": torch.nn.Linear(2, 1)}
+
+    batches = [torch.randn(16, 2, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    return device_and_cpu(lambda m: {"g": make_g(m["g"].parameters()), "d": make_d(m["d"].parameters())},
+                          step_factory, batches, model_factory=models)
+
+
+ADAM = lambda params: torch.optim.Adam(params, lr=0.01)  # noqa: E731
+RMSPROP = lambda params: torch.optim.RMSprop(params, lr=0.01)  # noqa: E731
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("nan", ["d", "g"])
+@pytest.mark.parametrize("kinds", [(ADAM, ADAM), (RMSPROP, ADAM), (ADAM, RMSPROP)], ids=["both-fused", "d-read", "g-read"])
+def test_two_optimizers_in_one_batch_are_each_counted_by_the_flag_they_stepped_on(nan, kinds) -> None:
+    """The discriminator steps before the generator's loss exists: a NaN generator loss must
+    not count its step as skipped (it stepped on the flag as it was), nor must a read made for
+    an optimizer that cannot skip on the device drop the other's skip. Counts and parameters
+    as on the CPU path, whichever of the two is fused by optim and which reads."""
+    (on_device, plugin), (on_cpu, cpu) = gan(nan, *kinds)
+    assert counts(plugin) == counts(cpu) == {"g": (3, 1), "d": (3, 1) if nan == "d" else (4, 0)}
+    for name in ("g", "d"):  # (the same steps taken: a skipped one would differ far beyond rounding)
+        assert_close(params(on_device[name]), params(on_cpu[name]))
+
+
+@pytest.mark.fault
+def test_a_gradient_skip_on_the_device_is_counted_when_another_optimizer_reads() -> None:
+    """clip_norm with "a" (Adam, run fused) and "b" (RMSprop, reads the loss flag at its step):
+    a NaN gradient in a's layer at batch 2 is skipped on the device and counted (with its
+    warning) at b's read, as the CPU path counts it."""
+    def make(m):
+        return {"a": torch.optim.Adam(m[0].parameters(), lr=0.01), "b": torch.optim.RMSprop(m[2].parameters(), lr=0.01)}
+
+    def step_factory(m):
+        return nan_grad_at(m, {2}, named=True)
+
+    (on_device, plugin), (on_cpu, cpu) = device_and_cpu(make, step_factory, data(5), clip_norm=1.0)
+    assert counts(plugin) == counts(cpu) == {"a": (4, 1), "b": (5, 0)}
+    assert_close(params(on_device), params(on_cpu))
+
+
+@pytest.mark.fault
+def test_a_checkpoint_at_batch_end_counts_the_batch_s_skipped_step() -> None:
+    """The checkpoint plugin saves at batch_end: the state optim gives there counts the step
+    skipped on the device in that very batch as skipped, as the CPU path's state does."""
+    saved = {}
+
+    def step_factory(m):
+        return nan_at(m, {1})
+
+    class Saver:
+        def __init__(self, key):
+            self.key = key
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            if loop.state.batch_idx == 1:
+                state = loop.pm.get_plugin("optim").state_dict()["optimizers"]["default"]
+                saved[self.key] = (state["steps"], state["skipped"])
+
+    for defer in (True, None):
+        m = model()
+        with pytest.warns(OptimWarning):
+            hookfit.Loop(step_factory(m), data(4), model=m, optimizers=torch.optim.Adam(m.parameters(), lr=0.01),
+                         max_epochs=1, plugins=[Optim(defer=defer), Saver(defer)]).fit()
+    assert saved[True] == saved[None] == (1, 1)
+
+
+def test_sharded_parameters_switch_adam_only(tmp_path) -> None:
+    """FSDP2's parameters are DTensors: torch's fused Adam has their sharding rules, its fused
+    SGD and Adagrad have none (their step would fail), so only Adam is switched, and it steps
+    (skipping on found_inf) on them. One process, gloo, on the CPU."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from hookfit.plugins.optim import kernels
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+
+        def sharded():
+            param = torch.nn.Parameter(distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)]))
+            param.grad = distribute_tensor(torch.full((4, 4), 0.5), mesh, [Shard(0)])
+            return param
+
+        for kind, switched in ((torch.optim.SGD, False), (torch.optim.Adagrad, False), (torch.optim.Adam, True)):
+            opt = kind([sharded()], lr=0.1)
+            kernels.fuse(opt)
+            assert kernels.skips_on_device(opt) is switched, kind
+        param = opt.param_groups[0]["params"][0]
+        for found_inf, moved in ((1.0, False), (0.0, True)):
+            before = param.full_tensor().clone()
+            opt.found_inf, opt.grad_scale = torch.tensor(found_inf), None
+            opt.step()
+            assert torch.equal(before, param.full_tensor()) is not moved
+    finally:
+        dist.destroy_process_group()

@@ -35,10 +35,10 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
   its finiteness kept in a flag on the device; an optimizer that accepts ``found_inf``
   (torch's ``fused=True`` ones) or a ``GradScaler`` skips the step on the device, with no host
   read, and the skip is counted, warned about or raised for at the next host read (a metrics
-  publication, the training stage's end, a checkpoint). torch's SGD, Adam, AdamW and Adagrad
-  built without a choice of kernel run their fused kernel there (``fuse=True``, the default;
-  ``fuse=False`` keeps torch's pick); any other optimizer reads the flag once per step, at its
-  step, and skips exactly as on the CPU. See :class:`Optim` for what a step skipped on the
+  publication, the training stage's end, a checkpoint). torch's Adam, AdamW and SGD built
+  without a choice of kernel run their fused kernel there where it takes their parameters
+  (``fuse=True``, the default; ``fuse=False`` keeps torch's pick); any other optimizer reads
+  the flag once per step, at its step, and skips exactly as on the CPU. See :class:`Optim` for what a step skipped on the
   device looks like until then, and ``benchmarks/syncs.py`` for the host reads per step,
   counted.
 * ``schedulers``: one scheduler, or a dict keyed like the optimizers, stepped after every real

@@ -2,10 +2,26 @@
 
 On the device path (see :class:`~hookfit.plugins.optim.Optim`) a step that must be skipped
 because of a non-finite loss is skipped without a host read only by a kernel that takes
-torch's ``found_inf`` (the contract ``GradScaler`` uses): torch's ``fused=True`` SGD, Adam,
-AdamW and Adagrad. This module says whether an optimizer has such a kernel, switches one of
-torch's optimizers to its fused kernel where the user left the choice of kernel to torch, and
-says whether a step skipped inside the kernel leaves the optimizer a valid state."""
+torch's ``found_inf`` (the contract ``GradScaler`` uses): torch's ``fused=True`` optimizers.
+This module says whether an optimizer has such a kernel, switches parameter groups of torch's
+Adam, AdamW and SGD to their fused kernel where the user left the choice of kernel to torch
+and the fused kernel is known to take the group, and says whether a step skipped inside the
+kernel leaves the optimizer a valid state.
+
+Only where torch's fused kernel is as robust as its default one is a group switched:
+
+* Adam and AdamW make each parameter's state before the kernel runs, support every
+  parameter type their other kernels do (DTensor included) and no sparse gradient anyway;
+* SGD only on plain tensors (its fused kernel has no DTensor sharding rule), never for
+  parameters of a module with ``sparse=True`` (its fused kernel refuses sparse gradients),
+  and with momentum only without dampening and where every parameter requires a gradient:
+  torch's fused SGD makes its momentum buffers at its first step with ``empty_like`` (a step
+  skipped then would leave them uninitialised) and fails when some parameters have buffers
+  and others not yet. A switched group gets zero buffers instead, with which its update is
+  torch's first step exactly (``momentum * 0 + grad``), and parameters whose gradients come
+  later have theirs already;
+* Adagrad and the others are left as they are.
+"""
 
 from __future__ import annotations
 
@@ -13,76 +29,90 @@ from typing import Any
 
 import torch
 
+from hookfit.run import modules
+
 try:  # torch's own rule for "the fused kernel takes these parameters" (type, device, dtype)
     from torch.optim.optimizer import _default_to_fused_or_foreach
 except ImportError:  # pragma: no cover - a torch without it: no optimizer is switched
     _default_to_fused_or_foreach = None
 
+FUSED_CLASSES = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
+"""torch's optimizers that have a fused kernel (in torch 2.13)."""
+SWITCHED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+"""Those whose groups optim may switch to it (see the module docstring)."""
+
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step()`` honours ``found_inf``: it set torch's
-    ``_step_supports_amp_scaling`` (built with ``fused=True``), or every parameter group runs
-    the fused kernel (a group loaded from a checkpoint of a fused run: the flag is then set,
-    as torch's constructor would have)."""
-    if getattr(optimizer, "_step_supports_amp_scaling", False):
-        return True
-    if _torch_fusable_class(optimizer) and all(group.get("fused") for group in optimizer.param_groups):
-        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
-        return True
-    return False
+    """Whether ``optimizer.step()`` honours ``found_inf`` in every parameter group: for torch's
+    optimizers with a fused kernel, every group runs it (built with ``fused=True``, switched,
+    or loaded from a checkpoint of such a run); for another class, it set torch's
+    ``_step_supports_amp_scaling``. torch's flag is kept true exactly when every group is fused,
+    as ``GradScaler`` reads it to hand ``found_inf`` over."""
+    if type(optimizer) not in FUSED_CLASSES:
+        return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    optimizer._step_supports_amp_scaling = fused  # type: ignore[attr-defined]
+    return fused
 
 
-def can_fuse(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer`` is one of torch's optimizers with a fused kernel, whose kernel the
-    user left to torch (``fused`` and ``foreach`` unset in every group, not
-    ``differentiable``), and whose parameters that have gradients the fused kernel takes
-    (floating point, of a supported type and device, no sparse gradient)."""
-    if _default_to_fused_or_foreach is None or not _torch_fusable_class(optimizer):
-        return False
-    params = []
+def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
+    """Switch every parameter group of ``optimizer`` that can take it (see the module
+    docstring; ``model``: where modules with ``sparse=True`` are looked for) to torch's fused
+    kernel, as if the optimizer had been built with ``fused=True``: the group's flag, the
+    ``step`` counters it already has moved where the fused kernel keeps them (on the
+    parameter's device), SGD's momentum buffers made."""
+    if _default_to_fused_or_foreach is None or type(optimizer) not in SWITCHED:
+        return
+    sparse = _sparse_parameters(model) if type(optimizer) is torch.optim.SGD else set()
     for group in optimizer.param_groups:
-        if group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable"):
-            return False
-        for param in group["params"]:
-            if param.grad is not None:
-                if param.grad.is_sparse:
-                    return False
-                params.append(param)
-    return bool(params) and _default_to_fused_or_foreach(params, False, use_fused=True)[0]
-
-
-def fuse(optimizer: torch.optim.Optimizer) -> None:
-    """Switch ``optimizer`` (:func:`can_fuse`) to its fused kernel, as if it had been built
-    with ``fused=True``: every group and the defaults (for groups added later), torch's
-    flags, and the state it already has, re-loaded so that torch places each ``step``
-    counter where the fused kernel keeps it (on the parameter's device)."""
-    for group in optimizer.param_groups:
+        if not _switchable(optimizer, group, sparse):
+            continue
         group["fused"] = True
-    optimizer.defaults["fused"] = True
-    optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
-    optimizer._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
-    if any(optimizer.state.values()):
-        optimizer.load_state_dict(optimizer.state_dict())
+        optimizer._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
+        for param in group["params"]:
+            state = optimizer.state[param]
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
+            if group.get("momentum") and state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
 def skip_keeps_state(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether a step skipped inside the kernel (by ``found_inf``) leaves ``optimizer`` a valid
-    state. Once it has state, yes. Before: yes for torch's Adam, AdamW and Adagrad (their
-    state is initialised before the kernel runs) and for SGD without momentum (it keeps none);
-    no for SGD with momentum (torch's fused SGD makes its first momentum buffers with
-    ``empty_like`` and, skipped, leaves them uninitialised for the next step to use) and for
-    any other class (not known)."""
-    if any(optimizer.state.values()):
-        return True
+    """Whether a step skipped inside the kernel (by ``found_inf``) now leaves ``optimizer`` a
+    valid state: yes for torch's Adam, AdamW and Adagrad (their state is made before the kernel
+    runs) and for SGD where every parameter with a gradient has its momentum buffer (or there
+    is no momentum); for another class, once it has any state (not known before)."""
     kind = type(optimizer)
     if kind in (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad):
         return True
     if kind is torch.optim.SGD:
-        return all(group["momentum"] == 0 for group in optimizer.param_groups)
-    return False
+        return all(
+            param.grad is None or optimizer.state.get(param, {}).get("momentum_buffer") is not None
+            for group in optimizer.param_groups if group["momentum"]
+            for param in group["params"]
+        )
+    return any(optimizer.state.values())
 
 
-def _torch_fusable_class(optimizer: Any) -> bool:
-    """One of torch's own optimizers that has a ``fused`` option (SGD, Adam, AdamW, Adagrad in
-    torch 2.13); a subclass defined elsewhere may step otherwise, so it is not switched."""
-    return type(optimizer).__module__.startswith("torch.optim.") and "fused" in optimizer.defaults
+def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], sparse: set[int]) -> bool:
+    """Whether ``group`` may be switched: its kernel left to torch, not differentiable, its
+    parameters ones torch's fused kernel takes (``_default_to_fused_or_foreach``), and for SGD
+    the conditions of the module docstring."""
+    if group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable"):
+        return False
+    params = group["params"]
+    if not params or not _default_to_fused_or_foreach(params, False, use_fused=True)[0]:
+        return False
+    if type(optimizer) is torch.optim.SGD:
+        if any(type(p) not in (torch.Tensor, torch.nn.Parameter) or id(p) in sparse for p in params):
+            return False
+        if group["momentum"] and (group["dampening"] or not all(p.requires_grad for p in params)):
+            return False
+    return True
+
+
+def _sparse_parameters(model: Any) -> set[int]:
+    """The ids of the parameters of ``model``'s modules that make sparse gradients
+    (``Embedding``/``EmbeddingBag`` with ``sparse=True``)."""
+    return {id(p) for root in modules(model) for module in root.modules()
+            if getattr(module, "sparse", False) is True for p in module.parameters(recurse=False)}

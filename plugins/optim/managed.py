@@ -48,8 +48,10 @@ class ManagedOptimizer:
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
         self._own = False  # optim itself is stepping the optimizer (read by the watch's hook)
         # whether its kernel takes found_inf, so that it can skip on the device: decided at its
-        # first step on the device path, where optim may switch it to torch's fused kernel
+        # first step on the device path (where optim may switch it to torch's fused kernel),
+        # again when its parameter groups change or a state is loaded
         self._skips_on_device: bool | None = None
+        self._groups = 0  # how many parameter groups it had then
         self._primed = False  # a step skipped inside its kernel leaves it a valid state (cached)
         self._watch: Any = None  # the handle of the step pre-hook while watching
 
@@ -115,18 +117,18 @@ class ManagedOptimizer:
         if plugin._poisoned:  # a non-finite loss in this window: its gradients are incomplete
             return self._skip("non-finite loss")
         bad = plugin._window_flag() if plugin._deferring else None  # the device path's flag
-        if bad is not None and self._skips_on_device is None:
+        if bad is not None and (self._skips_on_device is None or len(self.optimizer.param_groups) != self._groups):
             self._skips_on_device = self._device_kernel()
         # no device-side skip for this optimizer, or not yet (see kernels.skip_keeps_state):
         # one host read
         if bad is not None and scaler is None and not (self._skips_on_device and self._skip_keeps_state()):
-            if plugin._read_flag(bad):
+            if plugin._read_flag():
                 return self._skip("non-finite loss")
             bad = None
         if scaler is not None:
             scaler.unscale_(self.optimizer)
             if bad is not None and not _into_found_inf(scaler, self.optimizer, bad):
-                if plugin._read_flag(bad):  # (a GradScaler whose found_inf was not found)
+                if plugin._read_flag():  # (a GradScaler whose found_inf was not found)
                     plugin._scaler_used = True  # update() resets the unscaled state
                     return self._skip("non-finite loss")
                 bad = None
@@ -173,8 +175,8 @@ class ManagedOptimizer:
                 self.optimizer.step()
         finally:
             self._own = False
-        if bad is not None:  # counted at the next host read if a flag was set
-            plugin._bad_stepped.append((self, grad_bad))
+        if bad is not None:  # counted at the next host read if a flag it stepped on was set
+            plugin._bad_stepped.append((self, bad, grad_bad))
         self.steps += 1
         self._stepped = True
         if self.scheduler is not None and plugin.scheduler_interval == "step":
@@ -184,12 +186,13 @@ class ManagedOptimizer:
         return True
 
     def _device_kernel(self) -> bool:
-        """Whether this optimizer skips on the device, decided at its first step on the device
-        path (its gradients are there to be looked at): one whose kernel takes ``found_inf``
-        does; one of torch's that could run its fused kernel, with the choice of kernel left to
-        torch, is switched to it unless ``Optim(fuse=False)``."""
-        if not kernels.skips_on_device(self.optimizer) and self.plugin.fuse and kernels.can_fuse(self.optimizer):
-            kernels.fuse(self.optimizer)
+        """Whether this optimizer skips on the device (see :mod:`kernels`): decided at its first
+        step on the device path, and again when its parameter groups changed or a state was
+        loaded. Unless ``Optim(fuse=False)``, the groups of torch's optimizers that can run
+        the fused kernel, whose kernel was left to torch, are switched to it first."""
+        if self.plugin.fuse:
+            kernels.fuse(self.optimizer, self.plugin.loop.model)
+        self._groups, self._primed = len(self.optimizer.param_groups), False
         return kernels.skips_on_device(self.optimizer)
 
     def _skip_keeps_state(self) -> bool:
@@ -250,6 +253,7 @@ class ManagedOptimizer:
         """Restore what :meth:`state_dict` returned (checked first: :meth:`check_state`)."""
         self.check_state(state)
         self.optimizer.load_state_dict(state["optimizer"])
+        self._skips_on_device, self._primed = None, False  # its groups' kernels may have changed
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.steps, self.skipped = state["steps"], state["skipped"]
@@ -275,7 +279,7 @@ def _into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimiz
     found = record.get("found_inf_per_device", {}).get(bad.device)
     if not isinstance(found, torch.Tensor):
         return False
-    found.add_(bad).clamp_(max=1.0)  # fused kernels skip where found_inf is exactly 1
+    found.add_(bad).clamp_(max=1.0)  # fused kernels skip only where found_inf is exactly 1
     return True
 
 

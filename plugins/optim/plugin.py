@@ -29,26 +29,32 @@ class Optim:
     tensor of the accumulation window, on the device. A step of that window then skips on the
     device, with no host read, when it can:
 
-    * an optimizer that accepts ``found_inf`` (``_step_supports_amp_scaling``: torch's
-      ``fused=True`` Adam, AdamW, SGD, Adagrad) gets the flag as ``found_inf``, and its kernel
-      leaves the parameters and the state as they were. Until torch's SGD with momentum has
-      really stepped once it reads the flag instead: its fused kernel, skipped before it has
-      momentum buffers, would leave them uninitialised (Adam, AdamW and Adagrad make their
-      state before the kernel runs and skip on the device from their first step);
-    * ``fuse=True`` (default): one of torch's optimizers with a fused kernel (SGD, Adam, AdamW,
-      Adagrad) whose kernel you left to torch (``fused`` and ``foreach`` not given, not
-      ``differentiable``), whose parameters the fused kernel takes (floating point, on a
-      device torch has fused kernels for, no sparse gradient) is switched to it at its first
-      step on this path, as if built with ``fused=True`` (its parameter groups then say so,
-      also in checkpoints). torch's fused kernels compute the same update as its other
-      kernels up to rounding, and are its fastest. ``fuse=False`` keeps the kernel torch picks;
+    * an optimizer that accepts ``found_inf`` in every parameter group (torch's ``fused=True``
+      Adam, AdamW, SGD, Adagrad; another class that sets ``_step_supports_amp_scaling``) gets
+      the flag as ``found_inf``, and its kernel leaves the parameters and the state as they
+      were. A fused SGD with momentum given so reads the flag instead until every parameter
+      with a gradient has its momentum buffer: torch's fused kernel, skipped before, would
+      leave the buffers uninitialised (Adam, AdamW and Adagrad make their state before the
+      kernel runs);
+    * ``fuse=True`` (default): the parameter groups of torch's Adam, AdamW and SGD whose kernel
+      you left to torch (``fused`` and ``foreach`` not given, not ``differentiable``) are
+      switched to torch's fused kernel at the first step on this path (and a group added later
+      at the next step), where that kernel is known to take them (see
+      :mod:`hookfit.plugins.optim.kernels`: floating point parameters on a device torch has
+      fused kernels for; for SGD plain tensors, no module with ``sparse=True``, and with
+      momentum no dampening and every parameter requiring a gradient, when it gets zero
+      momentum buffers, which make its first update torch's). The groups then say
+      ``fused=True``, also in checkpoints. torch's fused kernels compute the same update as
+      its other kernels up to rounding, and are its fastest. ``fuse=False`` keeps the kernel
+      torch picks;
     * with a ``GradScaler`` the flag is added to the scaler's ``found_inf`` for the optimizer,
       so ``scaler.step`` skips it (with a fused optimizer without a host read; with another,
       ``scaler.step`` reads ``found_inf`` once, as it always does);
-    * any other optimizer (a kernel you chose, another class) has no device-side skip short of
-      copying its parameters and state every step: its step reads the flag on the host, once
-      per step (not per ``backward``), and skips exactly as on the CPU. Leave the kernel to
-      torch, give ``fused=True``, or ``Optim(nonfinite=None)``, to remove that read.
+    * any other optimizer (a kernel you chose, Adagrad, another class, a group the fused
+      kernel would not take) has no device-side skip short of copying its parameters and state
+      every step: its step reads the flag on the host, once per step (not per ``backward``;
+      with the flags kept for the steps that skipped on the device, in one transfer), and skips
+      exactly as on the CPU. ``Optim(nonfinite=None)`` removes that read.
 
     Steps skipped on the device are counted, warned about or raised for at the next host
     read: the metrics' publication (``metrics_update``), every ``READ_EVERY`` windows, the
@@ -128,10 +134,11 @@ class Optim:
         self._bad: torch.Tensor | None = None  # the open window's flag: a non-finite loss in it
         self._bad_where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
         self._bad_at = -1  # the global step of the flag's last loss
-        # stepped in the window, skipping on the flag (and on their gradients' own flag, if checked)
-        self._bad_stepped: list[tuple[ManagedOptimizer, torch.Tensor | None]] = []
+        # the window's steps that skip on the device: (optimizer, the window's flag as it was
+        # at the step, its gradients' own flag where they are checked)
+        self._bad_stepped: list[tuple[ManagedOptimizer, torch.Tensor, torch.Tensor | None]] = []
         self._pending: list[tuple[torch.Tensor, tuple[int, int, int],
-                                  list[tuple[ManagedOptimizer, torch.Tensor | None]]]] = []
+                                  list[tuple[ManagedOptimizer, torch.Tensor, torch.Tensor | None]]]] = []
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -251,8 +258,8 @@ class Optim:
         if self._bad is None:
             self._bad = bad
             self._bad_where = (state.epoch, state.batch_idx, state.batch_idx)
-        else:
-            self._bad.logical_or_(bad)
+        else:  # a new tensor: a step that skipped on the flag so far keeps the value it saw
+            self._bad = self._bad.logical_or(bad)
             self._bad_where = (*self._bad_where[:2], state.batch_idx)
         self._bad_at = state.step
 
@@ -263,59 +270,73 @@ class Optim:
             self._close_deferred()  # a step in a batch with no backward yet: the flag is older
         return self._bad
 
-    def _read_flag(self, bad: torch.Tensor) -> bool:
-        """Read the window's flag on the host, for an optimizer that cannot skip on the device:
-        a non-finite window is then poisoned as on the CPU path, and its flag dropped."""
-        self._bad, self._bad_stepped = None, []  # read now: nothing left to read later
-        if not bool(bad):
+    def _read_flag(self) -> bool:
+        """Read the window's flag on the host now, for an optimizer that cannot skip on the
+        device, in one transfer with every flag kept (so steps of other optimizers that
+        skipped on the device are counted as at any read): a non-finite window is then
+        poisoned as on the CPU path."""
+        self._close_deferred(bounded=False)
+        if not self._read_deferred()[-1]:
             return False
         self._poison(True)
         self._poisoned_at = self.loop.state.step
-        if self.nonfinite == "raise":
-            epoch, first, last = self._bad_where
-            raise FloatingPointError(f"optim: non-finite loss at epoch {epoch}, {_batches(first, last)}")
         return True
 
-    def _close_deferred(self) -> None:
-        """The window's flag is kept, unread, with the steps that skipped on it."""
+    def _close_deferred(self, bounded: bool = True) -> None:
+        """The window's flag is kept, unread, with the steps that skipped on the device; at
+        most ``READ_EVERY`` of them (``bounded``), then they are read."""
         if self._bad is not None:
             self._pending.append((self._bad, self._bad_where, self._bad_stepped))
             self._bad, self._bad_stepped = None, []
-            if len(self._pending) >= READ_EVERY:
+            if bounded and len(self._pending) >= READ_EVERY:
                 self._read_deferred()
 
-    def _read_deferred(self, final: bool = False) -> None:
+    def _read_deferred(self, final: bool = False) -> list[bool]:
         """The host read of the flags kept since the last one (one transfer for them all):
-        count, warn about or raise for the steps skipped on the device. ``final``: at the end
-        of the run, where a pending non-finite loss is warned about, not raised (and the open
-        window is read too: no step follows)."""
+        count, warn about or raise for the steps skipped on the device, each by the flags it
+        stepped on (its window's loss flag as it was at the step, and its gradients' own);
+        return whether each window read had a non-finite loss. ``final``: at the end of the
+        run, where a pending non-finite value is warned about, not raised (and the open window
+        is read too: no step follows)."""
         if final:
             self._close_deferred()
         pending, self._pending = self._pending, []
         if not pending:
-            return
-        grads = [grad for _, _, stepped in pending for _, grad in stepped if grad is not None]
-        flags = torch.stack([flag for flag, _, _ in pending] + grads).tolist()
-        grad_flags = iter(flags[len(pending):])
+            return []
+        tensors = []
+        for flag, _, stepped in pending:
+            tensors.append(flag)
+            for _, loss, grad in stepped:
+                tensors.append(loss)
+                if grad is not None:
+                    tensors.append(grad)
+        values = iter(torch.stack(tensors).tolist())
         state = self.loop.state
         read = f"read on the host at epoch {state.epoch}, batch {state.batch_idx}"
-        for bad, (_, (epoch, first, last), stepped) in zip(flags, pending):
-            bad_grads = [managed for managed, grad in stepped if grad is not None and next(grad_flags)]
-            if bad:  # every step of the window skipped on the loss's flag
-                where, skipped = f"non-finite loss at epoch {epoch}, {_batches(first, last)}", [m for m, _ in stepped]
-                were = "its steps were"
-            elif bad_grads:  # these steps skipped on their gradients' own flag
-                where, skipped, were = f"non-finite gradient at epoch {epoch}, batch {last}", bad_grads, "its step was"
-            else:
-                continue
-            if self.nonfinite == "raise" and not final:
-                raise FloatingPointError(f"optim: {where} ({were} skipped on the device; {read})")
-            for managed in skipped:
+        windows = []
+        for _, (epoch, first, last), stepped in pending:
+            bad = next(values)
+            windows.append(bad)
+            loss_where = f"non-finite loss at epoch {epoch}, {_batches(first, last)}"
+            skips = []
+            for managed, _, grad in stepped:
+                loss_bad = next(values)
+                grad_bad = next(values) if grad is not None else False
+                if loss_bad:
+                    skips.append((managed, loss_where))
+                elif grad_bad:
+                    skips.append((managed, f"non-finite gradient at epoch {epoch}, batch {last}"))
+            if self.nonfinite == "raise" and not final and (bad or skips):
+                where = loss_where if bad else skips[0][1]
+                were = ("its steps were " if bad else "its step was ") + "skipped on the device; " if skips else ""
+                raise FloatingPointError(f"optim: {where} ({were}{read})")
+            for managed, where in skips:
                 managed.steps -= 1
                 self._count_skip(managed, f"{where} (skipped on the device; {read})")
-            if self.nonfinite == "raise" and not skipped:
-                warnings.warn(f"optim: {where}, found at the end of the run ({read})",
+            if self.nonfinite == "raise" and bad and not skips:
+                warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})",
                               OptimWarning, stacklevel=3)
+        return windows
 
     @hookimpl
     def metrics_update(self, loop: Any) -> None:
@@ -528,6 +549,8 @@ class Optim:
         accumulation window also the gradients accumulated so far, so a run resumed mid-window
         steps with the same gradients as an uninterrupted one."""
         assert self.optimizers is not None
+        if self._bad is not None and self.accumulate == 1:  # this batch's steps are done
+            self._close_deferred()
         if self._pending:  # the counters as they are, the steps skipped on the device counted
             self._read_deferred()
         window_open = self.accumulate > 1 and any(m._deferred for m in self.optimizers.values())
