@@ -545,7 +545,8 @@ def counts(plugin) -> dict[str, tuple[int, int]]:
 
 
 def assert_close(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
-    """Equal up to rounding: torch's fused Adam and its for-loop Adam round differently."""
+    """Equal up to rounding: torch's fused kernels and its for-loop ones round differently
+    (fused SGD too, in the elements past the last full vector of a tensor)."""
     assert len(a) == len(b) and all(torch.allclose(x, y, rtol=1e-5, atol=1e-7) for x, y in zip(a, b))
 
 
@@ -553,7 +554,8 @@ def test_sgd_with_momentum_is_switched_with_its_buffers_so_late_gradients_are_ta
     """The last layer gets gradients only from batch 2 on (a branch unused before): torch's
     fused SGD fails when some parameters have momentum buffers and others not yet; switched
     by optim, every parameter has its zero buffer from the start, and the run ends as the
-    CPU path's (torch's for-loop SGD), whose first step per parameter is the same update."""
+    CPU path's (torch's for-loop SGD), whose first step per parameter is the same update (up
+    to the two kernels' rounding)."""
     def step_factory(m):
         def step(loop, batch):
             x, y = batch
@@ -566,7 +568,7 @@ def test_sgd_with_momentum_is_switched_with_its_buffers_so_late_gradients_are_ta
 
     (on_device, _), (on_cpu, _) = device_and_cpu(
         lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True), step_factory, data(6))
-    assert_bitwise(params(on_device), params(on_cpu))
+    assert_close(params(on_device), params(on_cpu))
 
 
 def test_sgd_of_a_model_with_sparse_gradients_is_not_switched() -> None:
@@ -597,7 +599,8 @@ def test_a_group_added_during_the_run_is_switched_too_with_its_buffers() -> None
     """A layer unfrozen at batch 2 with add_param_group, and a NaN loss in that batch: the new
     group is switched with zero momentum buffers, so the step skipped inside the kernel leaves
     them zero (not the uninitialised memory of torch's first fused step); a user's fused SGD
-    reads the flag until the new parameters have buffers. Both end as the CPU path does."""
+    reads the flag until the new parameters have buffers. Both end as the CPU path does (up to
+    rounding)."""
     for fused in (None, True):
         def make(m, fused=fused):
             return torch.optim.SGD(m[0].parameters(), lr=0.1, momentum=0.9, fused=fused)
@@ -615,7 +618,7 @@ def test_a_group_added_during_the_run_is_switched_too_with_its_buffers() -> None
             return step
 
         (on_device, plugin), (on_cpu, cpu) = device_and_cpu(make, step_factory, data(6))
-        assert_bitwise(params(on_device), params(on_cpu))
+        assert_close(params(on_device), params(on_cpu))
         opt = plugin.optimizers["default"].optimizer
         assert [group["fused"] for group in opt.param_groups] == [True, True]
         assert counts(plugin) == counts(cpu) == {"default": (5, 1)}
@@ -770,3 +773,120 @@ def test_sharded_parameters_switch_adam_only(tmp_path) -> None:
             assert torch.equal(before, param.full_tensor()) is not moved
     finally:
         dist.destroy_process_group()
+
+
+# -- nonfinite="raise" on the device path: the error at the next read, never inside a save ----
+def adam_run(bad: set[int], *plugins, step=None, **loop_options):
+    """Adam (run fused) on the device path under nonfinite="raise", NaN losses at ``bad``."""
+    m = model()
+    optim = Optim(defer=True, nonfinite="raise")
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    hookfit.Loop(step or nan_at(m, bad), data(9), model=m, optimizers=opt, max_epochs=1,
+                 plugins=[optim, *plugins], **loop_options).fit()
+    return m, optim, opt
+
+
+@pytest.mark.fault
+def test_a_run_that_max_steps_ends_before_any_read_still_raises() -> None:
+    """max_steps ends the run in the middle of the epoch, so no stage end reads the flags: the
+    end of the run reads them and raises, as the CPU path raised at the loss."""
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at epoch 0, batch 3 \(its steps were skipped"):
+        adam_run({3}, max_steps=7)
+
+
+@pytest.mark.fault
+def test_a_raise_comes_after_every_window_read_is_counted() -> None:
+    """NaN losses at batches 2 and 5, read at the stage's end: both skipped steps are counted
+    before the error (a failure checkpoint would otherwise save them as real steps), so the
+    counters agree with the steps Adam really took."""
+    holder = {}
+
+    class Keep:
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            holder["optim"] = loop.pm.get_plugin("optim")
+
+    with pytest.raises(FloatingPointError, match="batch 2"), \
+            pytest.warns(OptimWarning, match=r"2 optimizer steps were skipped .*\(first: non-finite loss at epoch 0, batch 2"):
+        adam_run({2, 5}, Keep())
+    managed = holder["optim"].optimizers["default"]
+    assert (managed.steps, managed.skipped) == (7, 2)
+    assert managed.optimizer.state[next(iter(managed._params))]["step"].item() == 7
+
+
+@pytest.mark.fault
+def test_an_interrupt_checkpoint_is_written_when_its_read_finds_a_nonfinite_loss(tmp_path) -> None:
+    """A stop at step 5 and a NaN loss at batch 3 never read before: the interrupt checkpoint
+    reads the flags and is written whole (the error is not raised inside the save); the
+    interrupted run then warns, naming the batch, as runs that end otherwise do."""
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    class Stop:
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            if loop.training and loop.state.step == 5:
+                loop.request_stop("user stop")
+
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 0, batch 3 .*found at the end of the run"):
+        adam_run({3}, Stop(), Checkpoint(background=False, on_interrupt=True), run_dir=str(tmp_path))
+    [saved] = list(tmp_path.rglob("*.pt"))
+    state = torch.load(saved, weights_only=False)["plugins"]["optim"]["optimizers"]["default"]
+    assert (state["steps"], state["skipped"]) == (4, 1)
+
+
+@pytest.mark.fault
+def test_a_step_before_the_batch_s_backward_skips_on_the_window_its_gradients_are_from() -> None:
+    """The step function steps first (on the gradients of the batch before) and then calls
+    backward; a NaN loss at batch 2: the step at batch 3 skips on batch 2's flag, so the
+    parameters stay finite and end as on the CPU path."""
+    def step_factory(m):
+        def step(loop, batch):
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+            loss = mse(m, batch)
+            if loop.state.batch_idx == 2:
+                loss = loss * float("nan")
+            loop.backward(loss)
+        return step
+
+    (on_device, _), (on_cpu, _) = device_and_cpu(lambda m: torch.optim.Adam(m.parameters(), lr=0.01),
+                                                 step_factory, data(6))
+    assert all(torch.isfinite(p).all() for p in on_device.parameters())
+    assert_close(params(on_device), params(on_cpu))
+
+
+def test_sgd_over_parameters_outside_the_model_is_not_switched() -> None:
+    """A sparse embedding the model does not hold (optim cannot look at its module) keeps the
+    kernel torch picks: torch's fused SGD would refuse its sparse gradient."""
+    m = model()
+    table = torch.nn.Embedding(10, 4, sparse=True)
+    opt = torch.optim.SGD([*m.parameters(), *table.parameters()], lr=0.1)
+
+    def step(loop, batch):
+        x, y = batch
+        loop.backward(torch.nn.functional.mse_loss(m(x + table(torch.arange(8) % 10)), y))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    hookfit.Loop(step, data(4), model=m, optimizers=opt, max_epochs=1, plugins=[Optim(defer=True)]).fit()
+    assert opt.param_groups[0]["fused"] is None
+
+
+@pytest.mark.fault
+def test_a_state_taken_before_optim_s_batch_end_counts_the_batch_s_skipped_step() -> None:
+    """accumulate=2, a NaN loss at batch 2: a plugin that takes optim's state in a batch_end
+    that runs before optim's (tryfirst) sees the window 2-3's step as skipped."""
+    seen = []
+
+    class Early:
+        @hookfit.hookimpl(tryfirst=True)
+        def batch_end(self, loop):
+            if loop.state.batch_idx == 3:
+                state = loop.pm.get_plugin("optim").state_dict()["optimizers"]["default"]
+                seen.append((state["steps"], state["skipped"]))
+
+    m = model()
+    with pytest.warns(OptimWarning):
+        hookfit.Loop(nan_at(m, {2}), data(6), model=m, optimizers=torch.optim.Adam(m.parameters(), lr=0.01),
+                     max_epochs=1, plugins=[Optim(defer=True, accumulate=2), Early()]).fit()
+    assert seen == [(1, 1)]

@@ -12,9 +12,11 @@ Only where torch's fused kernel is as robust as its default one is a group switc
 
 * Adam and AdamW make each parameter's state before the kernel runs, support every
   parameter type their other kernels do (DTensor included) and no sparse gradient anyway;
-* SGD only on plain tensors (its fused kernel has no DTensor sharding rule), never for
-  parameters of a module with ``sparse=True`` (its fused kernel refuses sparse gradients),
-  and with momentum only without dampening and where every parameter requires a gradient:
+* SGD only on plain tensors (its fused kernel has no DTensor sharding rule) of the run's
+  model, none of a module with ``sparse=True`` nor with a sparse gradient at the switch (its
+  fused kernel refuses sparse gradients; a parameter outside the model, or made sparse by a
+  functional ``embedding(..., sparse=True)``, cannot be told apart beforehand), and with
+  momentum only without dampening and where every parameter requires a gradient:
   torch's fused SGD makes its momentum buffers at its first step with ``empty_like`` (a step
   skipped then would leave them uninitialised) and fails when some parameters have buffers
   and others not yet. A switched group gets zero buffers instead, with which its update is
@@ -63,9 +65,9 @@ def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
     parameter's device), SGD's momentum buffers made."""
     if _default_to_fused_or_foreach is None or type(optimizer) not in SWITCHED:
         return
-    sparse = _sparse_parameters(model) if type(optimizer) is torch.optim.SGD else set()
+    dense = _dense_parameters(model) if type(optimizer) is torch.optim.SGD else set()
     for group in optimizer.param_groups:
-        if not _switchable(optimizer, group, sparse):
+        if not _switchable(optimizer, group, dense):
             continue
         group["fused"] = True
         optimizer._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
@@ -94,25 +96,27 @@ def skip_keeps_state(optimizer: torch.optim.Optimizer) -> bool:
     return any(optimizer.state.values())
 
 
-def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], sparse: set[int]) -> bool:
+def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], dense: set[int]) -> bool:
     """Whether ``group`` may be switched: its kernel left to torch, not differentiable, its
     parameters ones torch's fused kernel takes (``_default_to_fused_or_foreach``), and for SGD
-    the conditions of the module docstring."""
+    the conditions of the module docstring (``dense``: the model's parameters that no module
+    makes sparse gradients for)."""
     if group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable"):
         return False
     params = group["params"]
     if not params or not _default_to_fused_or_foreach(params, False, use_fused=True)[0]:
         return False
     if type(optimizer) is torch.optim.SGD:
-        if any(type(p) not in (torch.Tensor, torch.nn.Parameter) or id(p) in sparse for p in params):
+        if any(type(p) not in (torch.Tensor, torch.nn.Parameter) or id(p) not in dense
+               or (p.grad is not None and p.grad.is_sparse) for p in params):
             return False
         if group["momentum"] and (group["dampening"] or not all(p.requires_grad for p in params)):
             return False
     return True
 
 
-def _sparse_parameters(model: Any) -> set[int]:
-    """The ids of the parameters of ``model``'s modules that make sparse gradients
+def _dense_parameters(model: Any) -> set[int]:
+    """The ids of ``model``'s parameters, but those of its modules that make sparse gradients
     (``Embedding``/``EmbeddingBag`` with ``sparse=True``)."""
     return {id(p) for root in modules(model) for module in root.modules()
-            if getattr(module, "sparse", False) is True for p in module.parameters(recurse=False)}
+            if getattr(module, "sparse", False) is not True for p in module.parameters(recurse=False)}

@@ -61,10 +61,12 @@ class Optim:
     training stage's end, a checkpoint, the end of the run. Until then such a step looks like
     a real one: ``step()`` returned ``True``, the optimizer hooks fired, a per-step scheduler
     stepped, and ``steps``/``skipped`` count it as stepped. ``nonfinite="raise"`` raises
-    ``FloatingPointError`` at that read, naming the batch of the non-finite loss; the steps
-    in between were skipped on the device, so the parameters are those from before it
-    (pending windows found at the end of a failed or interrupted run are warned about, not
-    raised). Gradient checks (``clip_norm`` with a non-finite policy, ``check_grads``) are a
+    ``FloatingPointError`` at that read (once every window it read is counted), naming the
+    batch of the non-finite loss; that window's steps were skipped on the device, so no
+    parameter took it in, and the windows after it stepped as usual. A read made for a
+    checkpoint keeps the error for optim's next step or read, so the save is whole; at the end
+    of a run that completed (``max_steps`` may end one before a stage end reads) the error is
+    raised, at the end of an interrupted or failed one it is warned about. Gradient checks (``clip_norm`` with a non-finite policy, ``check_grads``) are a
     flag of the step's own there, joined to the loss's in ``found_inf``: such a step is skipped
     for that optimizer alone (as on the CPU), reported as a non-finite gradient at the next
     host read; where the step reads the loss's flag, the check is read too. With a
@@ -139,6 +141,7 @@ class Optim:
         self._bad_stepped: list[tuple[ManagedOptimizer, torch.Tensor, torch.Tensor | None]] = []
         self._pending: list[tuple[torch.Tensor, tuple[int, int, int],
                                   list[tuple[ManagedOptimizer, torch.Tensor, torch.Tensor | None]]]] = []
+        self._due: FloatingPointError | None = None  # held by a read for the next (nonfinite="raise")
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -178,7 +181,7 @@ class Optim:
             and not (schedulers and self.scheduler_interval == "step")
         )
         self._scales = self.accumulate > 1 or self.scaler is not None
-        self._bad, self._bad_stepped, self._pending = None, [], []
+        self._bad, self._bad_stepped, self._pending, self._due = None, [], [], None
         self._deferring = self.nonfinite is not None and (
             self.defer is True or (self.defer is None and _device_type(loop.model, None) not in (None, "cpu")))
         self._poison(False)
@@ -249,6 +252,7 @@ class Optim:
         if not self._deferring:  # the first loss seen there (a run without a model, say)
             self._deferring = True
             self._set_fast_paths()
+        self._raise_due()
         state = loop.state
         if self._bad is not None and self.accumulate == 1 and state.step != self._bad_at:
             self._close_deferred()  # the previous batch's window: no batch_end closed it
@@ -259,15 +263,16 @@ class Optim:
             self._bad = bad
             self._bad_where = (state.epoch, state.batch_idx, state.batch_idx)
         else:  # a new tensor: a step that skipped on the flag so far keeps the value it saw
-            self._bad = self._bad.logical_or(bad)
+            self._bad = self._bad.logical_or(bad.to(self._bad.device))
             self._bad_where = (*self._bad_where[:2], state.batch_idx)
         self._bad_at = state.step
 
     def _window_flag(self) -> torch.Tensor | None:
         """The flag of the window a step belongs to (``None``: no loss checked on the device
-        in it), for ``ManagedOptimizer._step``."""
-        if self._bad is not None and self.accumulate == 1 and self.loop.state.step != self._bad_at:
-            self._close_deferred()  # a step in a batch with no backward yet: the flag is older
+        in it), for ``ManagedOptimizer._step``. A step before its batch's backward steps on
+        the gradients of the window before, so on that window's flag (the next backward
+        closes it)."""
+        self._raise_due()
         return self._bad
 
     def _read_flag(self) -> bool:
@@ -291,29 +296,29 @@ class Optim:
             if bounded and len(self._pending) >= READ_EVERY:
                 self._read_deferred()
 
-    def _read_deferred(self, final: bool = False) -> list[bool]:
+    def _read_deferred(self, final: bool = False, hold: bool = False) -> list[bool]:
         """The host read of the flags kept since the last one (one transfer for them all):
-        count, warn about or raise for the steps skipped on the device, each by the flags it
-        stepped on (its window's loss flag as it was at the step, and its gradients' own);
-        return whether each window read had a non-finite loss. ``final``: at the end of the
-        run, where a pending non-finite value is warned about, not raised (and the open window
-        is read too: no step follows)."""
-        if final:
-            self._close_deferred()
+        count the steps skipped on the device, each by the flags it stepped on (its window's
+        loss flag as it was at the step, and its gradients' own), and warn about them; return
+        whether each window read had a non-finite loss. Under ``nonfinite="raise"`` the first
+        non-finite value is raised for once every window read is counted; ``hold`` keeps the
+        error for optim's next step or read (a checkpoint's read must not fail the save), and
+        ``final`` (a run that ends interrupted or failed) warns instead."""
         pending, self._pending = self._pending, []
         if not pending:
             return []
+        device = pending[0][0].device
         tensors = []
         for flag, _, stepped in pending:
-            tensors.append(flag)
+            tensors.append(flag.to(device))
             for _, loss, grad in stepped:
-                tensors.append(loss)
+                tensors.append(loss.to(device))
                 if grad is not None:
-                    tensors.append(grad)
+                    tensors.append(grad.to(device))
         values = iter(torch.stack(tensors).tolist())
         state = self.loop.state
         read = f"read on the host at epoch {state.epoch}, batch {state.batch_idx}"
-        windows = []
+        windows, error = [], None
         for _, (epoch, first, last), stepped in pending:
             bad = next(values)
             windows.append(bad)
@@ -326,17 +331,33 @@ class Optim:
                     skips.append((managed, loss_where))
                 elif grad_bad:
                     skips.append((managed, f"non-finite gradient at epoch {epoch}, batch {last}"))
-            if self.nonfinite == "raise" and not final and (bad or skips):
-                where = loss_where if bad else skips[0][1]
-                were = ("its steps were " if bad else "its step was ") + "skipped on the device; " if skips else ""
-                raise FloatingPointError(f"optim: {where} ({were}{read})")
             for managed, where in skips:
                 managed.steps -= 1
-                self._count_skip(managed, f"{where} (skipped on the device; {read})")
-            if self.nonfinite == "raise" and bad and not skips:
-                warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})",
-                              OptimWarning, stacklevel=3)
+                if self.nonfinite == "raise" and not final:  # counted (the error names it)
+                    managed.skipped += 1
+                    self._first_skip = self._first_skip or f"{where} (skipped on the device; {read})"
+                else:
+                    self._count_skip(managed, f"{where} (skipped on the device; {read})")
+            if self.nonfinite == "raise" and (bad or skips):
+                if final:
+                    if not skips:
+                        warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})",
+                                      OptimWarning, stacklevel=3)
+                elif error is None:
+                    where = loss_where if bad else skips[0][1]
+                    were = ("its steps were " if bad else "its step was ") + "skipped on the device; " if skips else ""
+                    error = FloatingPointError(f"optim: {where} ({were}{read})")
+        if error is not None:
+            self._due = self._due or error
+            if not hold:
+                self._raise_due()
         return windows
+
+    def _raise_due(self) -> None:
+        """Raise the error a read under ``nonfinite="raise"`` held (see ``_read_deferred``)."""
+        if self._due is not None:
+            error, self._due = self._due, None
+            raise error
 
     @hookimpl
     def metrics_update(self, loop: Any) -> None:
@@ -346,6 +367,7 @@ class Optim:
             self._close_deferred()
         if self._pending:
             self._read_deferred()
+        self._raise_due()
 
     def _batch_end(self) -> None:
         if self._scaler_used:
@@ -390,6 +412,7 @@ class Optim:
             self._scaler_used = False
         if self._pending:
             self._read_deferred()
+        self._raise_due()
         if self._watching:
             self._watch(False)
 
@@ -402,9 +425,25 @@ class Optim:
 
     @hookimpl
     def fit_end(self, loop: Any) -> None:
+        try:
+            self._end_of_run(loop)
+        finally:
+            self._release_run()
+
+    def _end_of_run(self, loop: Any) -> None:
+        """The last read of the device-side flags (the open window's too: no step follows):
+        a run that completed raises under ``nonfinite="raise"`` as it would have on the CPU
+        (``max_steps`` or a rule can end it before any stage end read them); one interrupted
+        or failed warns. Then the run's total of skipped steps."""
         if self.optimizers is not None:
-            if self._pending or self._bad is not None:
-                self._read_deferred(final=True)
+            self._close_deferred(bounded=False)
+            final = loop.state.status != "completed"
+            if self._due is not None and final:
+                warnings.warn(f"{self._due}, found at the end of the run", OptimWarning, stacklevel=3)
+                self._due = None
+            if self._pending:
+                self._read_deferred(final=final)
+            self._raise_due()
             skipped = sum(m.skipped for m in self.optimizers.values())
             if skipped > 1:
                 warnings.warn(
@@ -413,6 +452,9 @@ class Optim:
                     OptimWarning,
                     stacklevel=2,
                 )
+
+    def _release_run(self) -> None:
+        """What ``fit_end`` undoes whatever happened: the watch, the listener, the run."""
         if self._watching:
             self._watch(False)
         if self._unwatch is not None:
@@ -549,10 +591,10 @@ class Optim:
         accumulation window also the gradients accumulated so far, so a run resumed mid-window
         steps with the same gradients as an uninterrupted one."""
         assert self.optimizers is not None
-        if self._bad is not None and self.accumulate == 1:  # this batch's steps are done
-            self._close_deferred()
+        if self._bad is not None and (self.accumulate == 1 or (self.loop.training and self._window_closes())):
+            self._close_deferred()  # this batch's steps are done
         if self._pending:  # the counters as they are, the steps skipped on the device counted
-            self._read_deferred()
+            self._read_deferred(hold=True)  # (an error is raised at optim's next step or read)
         window_open = self.accumulate > 1 and any(m._deferred for m in self.optimizers.values())
         poisoned = self._poisoned or (window_open and self._bad is not None and bool(self._bad))
         return {
