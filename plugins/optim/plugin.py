@@ -252,7 +252,8 @@ class Optim:
         if not self._deferring:  # the first loss seen there (a run without a model, say)
             self._deferring = True
             self._set_fast_paths()
-        self._raise_due()
+        if self._due is not None:
+            self._raise_due()
         state = loop.state
         if self._bad is not None and self.accumulate == 1 and state.step != self._bad_at:
             self._close_deferred()  # the previous batch's window: no batch_end closed it
@@ -272,7 +273,8 @@ class Optim:
         in it), for ``ManagedOptimizer._step``. A step before its batch's backward steps on
         the gradients of the window before, so on that window's flag (the next backward
         closes it)."""
-        self._raise_due()
+        if self._due is not None:
+            self._raise_due()
         return self._bad
 
     def _read_flag(self) -> bool:
