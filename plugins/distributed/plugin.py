@@ -6,6 +6,7 @@ script's), the DDP wrapping and its checks, gradient synchronisation, agreement 
 from __future__ import annotations
 
 import datetime
+import gc
 import itertools
 import json
 import os
@@ -134,6 +135,7 @@ class Distributed:
         self._grad_hooks: list[Any] = []
         self._groups: list[Any] = []
         self._store: Any = None  # where the first failing rank says so (see _first_failure)
+        self._wrapped: Any = None  # the DistributedDataParallel this plugin wrapped the model in
 
     # -- set-up --------------------------------------------------------------------------
     @hookimpl(tryfirst=True)
@@ -222,7 +224,7 @@ class Distributed:
             raise
         if self.created:  # see _release
             wrapped._hookfit_process_groups = tuple(self._groups)
-        loop.model, self._ddps = wrapped, [wrapped]
+        loop.model, self._ddps, self._wrapped = wrapped, [wrapped], wrapped
         self._forward_seen = self._forward_checked = self._grad_seen = False
         self._forward_hook = wrapped.register_forward_pre_hook(self._saw_forward)
         self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)
@@ -481,9 +483,20 @@ class Distributed:
             if dist.is_initialized():
                 dist.barrier(group=self._control)  # nobody leaves while another still sends
         self._destroy()
-        self._ddps, self._samplers, self._fsdp = [], [], None
+        wrapped = self._wrapped
+        if wrapped is not None and loop.model is wrapped:  # the run's model is the user's again
+            loop.model = wrapped.module
+        self._ddps, self._samplers, self._fsdp, self._wrapped = [], [], None, None
         self._store = None
         self._release()
+        if wrapped is not None:
+            # The wrapper this plugin made holds the process group in reference cycles: left
+            # to the garbage collector, the group could live until the interpreter finalizes,
+            # where a gloo worker thread that frees a collective's tensor aborts the process
+            # ("terminate called without an active exception", SIGABRT after a completed run).
+            # Free it now, while its threads can finish: once per run.
+            del wrapped
+            gc.collect()
 
     def _destroy(self) -> None:
         dist = _dist()

@@ -77,7 +77,23 @@ def main(out: str, mode: str) -> None:
         state = loop(model, published, counted, val_every_n_steps=3).fit()
     assert state.status == "completed", state
     with open(f"{out}.rank{state.rank}.json", "w") as file:
-        json.dump({"rows": published.rows, "batches": counted, "world_size": state.world_size}, file)
+        json.dump({"rows": published.rows, "batches": counted, "world_size": state.world_size,
+                   "threads": native_threads()}, file)
+
+
+def native_threads() -> list[str]:
+    """The names of this process's threads (Linux): gloo's workers are ``pt_gloo_runloop``."""
+    folder = "/proc/self/task"
+    if not os.path.isdir(folder):
+        return []
+    names = []
+    for task in os.listdir(folder):
+        try:
+            with open(f"{folder}/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sorted(names)
 
 
 if __name__ == "__main__":
