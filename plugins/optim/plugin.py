@@ -66,11 +66,13 @@ class Optim:
     parameter took it in, and the windows after it stepped as usual. A read made for a
     checkpoint keeps the error for optim's next step or read, so the save is whole; at the end
     of a run that completed (``max_steps`` may end one before a stage end reads) the error is
-    raised, at the end of an interrupted or failed one it is warned about. Gradient checks (``clip_norm`` with a non-finite policy, ``check_grads``) are a
-    flag of the step's own there, joined to the loss's in ``found_inf``: such a step is skipped
-    for that optimizer alone (as on the CPU), reported as a non-finite gradient at the next
-    host read; where the step reads the loss's flag, the check is read too. With a
-    ``GradScaler`` optim checks no gradient: ``unscale_`` finds non-finite ones itself.
+    raised, at the end of an interrupted or failed one it is warned about.
+
+    Gradient checks (``clip_norm`` with a non-finite policy, ``check_grads``) are a flag of the
+    step's own there, joined to the loss's in ``found_inf``: such a step is skipped for that
+    optimizer alone (as on the CPU), reported as a non-finite gradient at the next host read;
+    where the step reads the loss's flag, the check is read too. With a ``GradScaler`` optim
+    checks no gradient: ``unscale_`` finds non-finite ones itself.
     """
 
     name = "optim"
