@@ -383,8 +383,7 @@ class Optim:
     @hookimpl
     def stage_start(self, loop: Any, stage: str) -> None:
         if stage == "train":
-            data = loop.train_data
-            self._stage_len = len(data) if hasattr(data, "__len__") else None
+            self._stage_len = _length(loop.train_data)
             if not self._watched and self.optimizers is not None:
                 self._watched = True  # the run's first training stage only: see _watch
                 self._watch(True)
@@ -653,6 +652,16 @@ class _BatchEnd:
     def batch_end(self, loop: Any) -> None:
         if loop.training:
             self.owner._batch_end()
+
+
+def _length(data: Any) -> int | None:
+    """How many batches ``data`` yields, or ``None`` when it cannot say: no ``__len__``, or
+    one that raises ``TypeError`` (a ``DataLoader`` over an ``IterableDataset`` without a
+    length)."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
 
 
 def _finite(loss: torch.Tensor) -> bool:
