@@ -68,7 +68,7 @@ def test_accumulation_with_adam_and_clipping_matches_raw(zero_first: bool) -> No
     opt = torch.optim.Adam(raw.parameters(), lr=0.01)
     for _ in range(2):
         for i, b in enumerate(batches):
-            (mse(raw, b) / 4).backward()
+            (mse(raw, b) / (4 if i < 8 else 2)).backward()  # the partial window holds 2 batches
             if (i + 1) % 4 == 0 or i == len(batches) - 1:
                 torch.nn.utils.clip_grad_norm_(list(raw.parameters()), 0.5)
                 opt.step()

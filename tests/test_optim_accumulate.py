@@ -1,4 +1,16 @@
-"""optim: accumulation windows with data whose length is unknown or known."""
+"""optim: the epoch's last, partial accumulation window is weighted by the batches it holds.
+
+With ``accumulate=4`` and 9 batches the windows are 4, 4 and 1 batches: each window's update
+must be the update of its batches taken as one large batch with a mean loss. The references
+below train exactly that: each window concatenated into one batch.
+
+Those comparisons use ``torch.testing.assert_close``, not bitwise equality: accumulation sums
+per-batch gradients, the large batch sums the same terms inside one matmul, in another order,
+so the last bits differ. The models and data are float64, where that rounding is ~1e-16, so
+the tolerance stays tight (1e-12) while the under-weighting these tests catch changes the
+parameters by ~1e-2. A second reference, which accumulates ``loss / k`` per batch exactly as
+optim does, is compared bitwise.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +18,12 @@ import pytest
 import torch
 
 import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.optim import Optim
 from conftest import mse_step
 from test_optim import assert_bitwise, data, model, params
+
+TIGHT = dict(rtol=1e-12, atol=1e-12)
 
 
 def batches64(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -22,6 +37,24 @@ def model64() -> torch.nn.Module:
 def windows(n: int, accumulate: int) -> list[range]:
     """The accumulation windows of an epoch of ``n`` batches, aligned to batch indices."""
     return [range(start, min(start + accumulate, n)) for start in range(0, n, accumulate)]
+
+
+def large_batches(batches, accumulate: int, make_opt=None, epochs: int = 1, last: int | None = None) -> list[torch.Tensor]:
+    """A raw loop that trains each window as one concatenated batch with a mean loss (the
+    first ``last`` windows of the last epoch only, when given)."""
+    raw = model64()
+    opt = (make_opt or (lambda p: torch.optim.SGD(p, lr=0.1)))(raw.parameters())
+    for epoch in range(epochs):
+        spans = windows(len(batches), accumulate)
+        if last is not None and epoch == epochs - 1:
+            spans = spans[:last]
+        for span in spans:
+            x = torch.cat([batches[i][0] for i in span])
+            y = torch.cat([batches[i][1] for i in span])
+            torch.nn.functional.mse_loss(raw(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    return params(raw)
 
 
 def accumulated(batches, accumulate: int, divisor, make_opt=None) -> list[torch.Tensor]:
@@ -43,6 +76,23 @@ def train(data, accumulate: int = 4, opt=None, epochs: int = 1, **kwargs) -> lis
     hookfit.Loop(mse_step, data, model=m, optimizers=optimizer, max_epochs=epochs,
                  plugins=[Optim(accumulate=accumulate, **kwargs)]).fit()
     return params(m)
+
+
+@pytest.mark.parametrize("n", [9, 10], ids=["windows-4-4-1", "windows-4-4-2"])
+def test_a_partial_last_window_updates_as_its_batches_taken_as_one_large_batch(n: int) -> None:
+    batches = batches64(n)
+    got = train(batches)
+    torch.testing.assert_close(got, large_batches(batches, 4), **TIGHT)
+    assert_bitwise(got, accumulated(batches, 4, len))
+
+
+def test_every_epoch_s_last_window_is_weighted_with_adam_and_momentum() -> None:
+    """Two epochs, so the second starts with the window boundaries from batch 0 again, and
+    optimizers whose state carries the weighting on (Adam's moments, SGD's momentum)."""
+    batches = batches64(10)
+    for make in (lambda p: torch.optim.Adam(p, lr=0.01), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)):
+        torch.testing.assert_close(train(batches, opt=make, epochs=2),
+                                   large_batches(batches, 4, make, epochs=2), **TIGHT)
 
 
 class Unsized:
@@ -74,3 +124,48 @@ def test_data_of_unknown_length_keeps_dividing_by_accumulate(wrap: str) -> None:
     batches = batches64(9)
     given = Unsized(batches) if wrap == "generator" else torch.utils.data.DataLoader(Stream(batches), batch_size=8)
     assert_bitwise(train(given), accumulated(batches, 4, lambda span: 4))
+
+
+@pytest.mark.parametrize("kwargs", [dict(defer=True), dict(defer=True, amp=True), dict(amp=True)],
+                         ids=["defer", "defer-grad-scaler", "grad-scaler"])
+def test_the_device_path_and_a_grad_scaler_weight_the_partial_window_too(kwargs) -> None:
+    """defer=True takes the device path on the CPU (torch's SGD is run fused there); a
+    GradScaler scales by a power of two, exactly: each matches the per-batch ``loss / k``
+    reference bit for bit, and the large-batch one closely."""
+    batches = batches64(10)
+    got = train(batches, **kwargs)
+    torch.testing.assert_close(got, large_batches(batches, 4), **TIGHT)
+    assert_bitwise(got, accumulated(batches, 4, len))
+
+
+def test_the_partial_window_s_scaling_reads_nothing_on_the_device_path() -> None:
+    """``loss / k`` is a division by a Python int: on the device path the batches of the
+    partial window read the host no more than the others (none, with torch's SGD run fused)."""
+    from test_optim_device import default_stack
+
+    counter = default_stack("default", model(), data(10), accumulate=4)  # windows 4, 4, 2
+    assert counter.per_batch() == [0] * 9, counter.calls()  # batch 8 is in the partial window
+
+
+def test_max_steps_inside_the_last_window_leaves_it_to_the_resumed_run(tmp_path) -> None:
+    """max_steps=9 with 10 batches and windows of 4: the run ends after batch 8, inside the
+    window 8-9, which is not stepped (the run's end cut it, not the data); the checkpoint keeps
+    batch 8's gradient, weighted for the window of 2 the data makes. The run resumed there
+    starts mid-epoch at batch 9, in the same window, and ends with the parameters of an
+    uninterrupted epoch."""
+    batches = batches64(10)
+    m = model64()
+
+    def run(**options):
+        return hookfit.Loop(mse_step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                            max_epochs=1, run_dir=tmp_path, plugins=[Optim(accumulate=4), Checkpoint(background=False)],
+                            **options).fit()
+
+    state = run(max_steps=9)
+    assert (state.status, state.step) == ("completed", 9)
+    torch.testing.assert_close(params(m), large_batches(batches, 4, last=2), **TIGHT)  # windows 0-3 and 4-7
+    m = model64()  # the resumed run's own model, which the checkpoint fills
+    state = run(resume="latest")
+    assert (state.status, state.step) == ("completed", 10)
+    torch.testing.assert_close(params(m), large_batches(batches, 4), **TIGHT)
+    assert_bitwise(params(m), accumulated(batches, 4, len))

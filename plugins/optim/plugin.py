@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import warnings
 from typing import Any, Literal, Mapping
 
@@ -126,6 +127,9 @@ class Optim:
         self._scales = False  # set at configure: backward scales the loss (accumulation or AMP)
         self._bare = False  # backward needs only the finiteness check (kept by _set_fast_paths)
         self._stage_len: int | None = None  # batches in the training stage, when known
+        # the epoch's last window when it is partial: its first batch (never, the length
+        # unknown or a multiple of accumulate) and how many batches it holds (see _divisor)
+        self._last_window, self._last_size = sys.maxsize, accumulate
         self._unwatch: Any = None
         self._watching = False  # steps that bypass loop.optimizers are being watched for
         self._watched = False  # this run's first training stage was (is) watched
@@ -226,7 +230,11 @@ class Optim:
         if (call := loop.hooks.before_backward) is not None:
             call(loop, loss)
         if self._scales:
-            scaled = loss / self.accumulate if self.accumulate > 1 else loss
+            if self.accumulate > 1:
+                divisor = self._divisor(loop)
+                scaled = loss / divisor if divisor > 1 else loss
+            else:
+                scaled = loss
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()
@@ -384,6 +392,10 @@ class Optim:
     def stage_start(self, loop: Any, stage: str) -> None:
         if stage == "train":
             self._stage_len = _length(loop.train_data)
+            self._last_window, self._last_size = sys.maxsize, self.accumulate
+            if self._stage_len is not None and self._stage_len % self.accumulate:
+                self._last_size = self._stage_len % self.accumulate
+                self._last_window = self._stage_len - self._last_size
             if not self._watched and self.optimizers is not None:
                 self._watched = True  # the run's first training stage only: see _watch
                 self._watch(True)
@@ -518,6 +530,17 @@ class Optim:
     # -- accumulation windows ---------------------------------------------------------------
     def _window_closes(self) -> bool:
         return self.accumulate == 1 or (self.loop.state.batch_idx + 1) % self.accumulate == 0
+
+    def _divisor(self, loop: Any) -> int:
+        """What the loss of this batch is divided by (``accumulate > 1``): the number of
+        batches of its window, ``accumulate`` but in the epoch's last window when the data's
+        length makes it partial. A pure function of the batch index and the data's length,
+        so a run resumed inside the window weights it as an uninterrupted one; a batch past
+        the length the data gave (a wrong ``__len__``) is divided by ``accumulate``."""
+        batch_idx = loop.state.batch_idx
+        if batch_idx < self._last_window or not loop.training or batch_idx >= self._stage_len:  # type: ignore[operator]
+            return self.accumulate
+        return self._last_size
 
     def _close_window(self) -> None:
         if self._bad is not None:
