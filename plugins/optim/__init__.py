@@ -15,7 +15,8 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
   :class:`ManagedOptimizer`, and with one optimizer ``loop.optimizers.step()`` needs no name.
 * ``accumulate=N``: the loss is divided by N; ``step()`` and ``zero_grad()`` take effect only on
   every N-th training batch of an epoch; a partial window at the end of the epoch is stepped
-  at the end of the training stage.
+  at the end of the training stage, its losses divided by the batches it holds when the
+  training data has a length (by N when it has none). See :class:`Optim`.
 * ``clip_norm`` / ``clip_value``: gradients are clipped (after unscaling) before each step;
   each must be a positive finite number (or ``None``), checked when ``Optim`` is built.
 * ``precision="bf16-mixed"`` or ``"16-mixed"`` (default ``"32"``): the step functions run under

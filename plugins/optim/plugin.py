@@ -24,6 +24,21 @@ class OptimWarning(HookfitWarning):
 class Optim:
     """Manual optimizer stepping with accumulation, clipping, AMP and non-finite policies.
 
+    ``accumulate=N``: the optimizers step after every N-th training batch of an epoch
+    (windows aligned to batch indices, also in a run resumed mid-epoch) and after its last
+    batch, and each loss is divided by the number of batches of its window, so that a
+    window's update is that of its batches taken as one large batch (a mean-reduced loss,
+    batches of one size). That number is N but in the epoch's last window when the training
+    data's length (``len()``) makes it partial: 9 batches with ``accumulate=4`` are windows of
+    4, 4 and 1. When the length is unknown (no ``__len__``, or one that raises ``TypeError``,
+    as a ``DataLoader``'s over an ``IterableDataset`` does) every loss is divided by N, the
+    partial window's too, which then weighs less than a full one. ``max_steps`` may end a run
+    inside a window, which is then not stepped: the run's end cut it, not the data, so its
+    gradients keep the weighting of the window the data makes; a checkpoint keeps them and a
+    longer run resumed from it completes the window as an uninterrupted run would. The
+    divisor is a Python int: no host read on the device path; a ``GradScaler`` scales the
+    divided loss.
+
     On an accelerator (a loss not on the CPU; ``defer=True`` takes the same path on the CPU,
     ``defer=False`` never takes it) the non-finite check of the loss never waits for the
     device. ``backward`` back-propagates every loss and folds ``~isfinite(loss)`` into a flag
