@@ -72,31 +72,30 @@ def _jsonable(value: object) -> bool:
 
 
 def hooks_reference(markdown: bool = False) -> str:
-    """Every event of :mod:`hookfit.hookspecs` with its signature and documentation, then the
-    types the events carry: the run (``loop``), its state and the payloads of
-    :mod:`hookfit.payloads`."""
+    """Every event with its signature and documentation: the core's (:mod:`hookfit.hookspecs`),
+    then, plugin by plugin, the events each discovered plugin declares (its ``hookspecs``,
+    enabled or not), then the types the events carry: the run (``loop``), its state and the
+    payloads of :mod:`hookfit.payloads`."""
     import inspect
 
-    from hookfit import hookspecs, payloads
+    from hookfit import hookspecs, manager, payloads
     from hookfit.state import State
 
     out = []
     if markdown:
         out += ["# hookfit events", "",
-                "Generated from `core/hookspecs.py` and `core/payloads.py` by "
-                "`hookfit hooks --markdown`; do not edit by hand.", "",
-                inspect.getdoc(hookspecs) or "", ""]
-    for name, function in vars(hookspecs).items():
-        if not hasattr(function, "hookfit_spec"):
-            continue
-        signature = str(inspect.signature(function)).replace("'", "")
-        opts = function.hookfit_spec
-        first = " (first result)" if opts.get("firstresult") else ""
-        doc = inspect.getdoc(function) or ""
+                "Generated from `core/hookspecs.py`, the plugins' own `hookspecs` and "
+                "`core/payloads.py` by `hookfit hooks --markdown`; do not edit by hand.", "",
+                inspect.getdoc(hookspecs) or "", "", "# The core's events", ""]
+    out += _events(hookspecs, markdown)
+    for plugin, specs in manager.discovered_events():
+        where = specs.__name__ if inspect.ismodule(specs) else f"{specs.__module__}.{specs.__qualname__}"
         if markdown:
-            out += [f"## `{name}`{first}", "", "```python", f"{name}{signature}", "```", "", doc, ""]
+            out += [f"# Events of the plugin `{plugin}`", "", f"Declared in `{where}`.", "",
+                    inspect.getdoc(specs) or "", ""]
         else:
-            out += [f"{name}{signature}{first}", textwrap.indent(doc, "    "), ""]
+            out += [f"-- events of the plugin {plugin!r} ({where})", ""]
+        out += _events(specs, markdown)
     types = [("hookfit.run.Run", None), ("hookfit.State", State)]
     types += [(f"hookfit.payloads.{name}", getattr(payloads, name)) for name in payloads.__all__]
     if markdown:
@@ -113,6 +112,28 @@ def hooks_reference(markdown: bool = False) -> str:
         else:
             out += [f"{qualified}{signature}", textwrap.indent(doc, "    "), ""]
     return "\n".join(out)
+
+
+def _events(specs: Any, markdown: bool) -> list[str]:
+    """The events declared in ``specs`` (a module or class), each with its signature and
+    documentation, in the order they are declared."""
+    import inspect
+
+    out = []
+    for name, function in vars(specs).items():
+        if not hasattr(function, "hookfit_spec"):
+            continue
+        signature = str(inspect.signature(function)).replace("'", "")
+        if not inspect.ismodule(specs):  # a class of specs: its methods take ``self``
+            signature = signature.replace("(self, ", "(", 1).replace("(self)", "()", 1)
+        opts = function.hookfit_spec
+        first = " (first result)" if opts.get("firstresult") else ""
+        doc = inspect.getdoc(function) or ""
+        if markdown:
+            out += [f"## `{name}`{first}", "", "```python", f"{name}{signature}", "```", "", doc, ""]
+        else:
+            out += [f"{name}{signature}{first}", textwrap.indent(doc, "    "), ""]
+    return out
 
 
 def _run_doc() -> str:

@@ -1,43 +1,97 @@
-"""The hook specifications: hookfit's public vocabulary of events.
+"""The core's events: the loop's own vocabulary, about twenty events.
 
-Every event of a run is declared here, once, with what it means. Plugins implement any of
-them with the :data:`hookfit.hookimpl` marker; an implementation may accept any subset of the
-arguments a spec names, in any order, and pluggy passes it only those. (On the per-batch
-path, an implementation that accepts every argument in the spec's order is called directly;
-one that accepts fewer goes through a small adapter: one Python call more per batch.)
+The loop, as the core runs it, and where each event fires (``boundary``: where a pending stop
+is honoured, see below)::
 
-Every event's ``loop`` argument is the :class:`hookfit.run.Run` of the current ``fit()``: the
-run's state, model, optimizers and data, its plugin manager and its resolved events. Payloads
-that travel between plugins are core types from :mod:`hookfit.payloads`
+    configure                                   # plugins change the run's set-up
+    fit_start
+    if Loop(resume=source):
+        resume(source)                          # a plugin reads its checkpoint: the model, the
+                                                # plugins' states, the position
+        resumed(info)                           # the core skips the batches already done
+    boundary "start"
+    for epoch in range(epoch, max_epochs):      # from the epoch a resumed run continues in
+        epoch_start(epoch);  boundary
+        stage_start("train");  boundary
+        for batch_idx, batch in train_data:     # after the batches a resumed run already did
+            batch_start(batch, batch_idx)
+            output = train_step(loop, batch)    # loop.backward(loss) fires backward (optim's
+                                                # before/after_backward around it), and
+                                                # loop.optimizers.step() optim's
+                                                # before/after_optimizer_step
+            step_output(output, batch)          # unless the step returned None
+            batch_end(output, batch, batch_idx) # loop.state.step counts the batch; the metrics
+                                                # plugin publishes metrics_update from here
+            should_stop;  boundary
+            [a validation due (val_every_n_steps): the "valid" stage below, nested here]
+            [max_steps reached inside the epoch: the run ends here, completed]
+        stage_end("train");  boundary           # metrics: epoch_metrics from a trylast stage_end
+        if validation this epoch (val_every_n_epochs):
+            stage_start("valid");  boundary     # eval mode, no autograd
+            for batch_idx, batch in val_data:
+                batch_start, val_step, step_output, batch_end, should_stop;  boundary
+            stage_end("valid");  boundary
+        epoch_end(epoch)
+        boundary "epoch_end"
+    exception(error)                            # only when the run failed
+    fit_end                                     # exactly once, whatever happened
+
+Besides: ``stop_requested`` fires once, on the thread that asked, when a stop is first asked;
+``agree_stop`` is asked at every boundary when a plugin runs several processes;
+``save_state``/``load_state`` are called by a checkpoint plugin (``loop.plugin_states()``,
+``loop.load_plugin_states(states)``); ``add_commands`` is the ``hookfit`` command's, outside any
+run.
+
+The ten events a first plugin needs:
+
+* ``fit_start(loop)``: the run begins; open what the plugin needs (a file, a screen).
+* ``epoch_start(loop, epoch)``: an epoch begins (``epoch`` counts from 0).
+* ``stage_start(loop, stage)``: the ``"train"`` or ``"valid"`` stage of the epoch begins.
+* ``batch_start(loop, batch, batch_idx)``: a batch is about to go to the step function.
+* ``step_output(loop, output, batch)``: what the step returned, as a mapping; read, never keep.
+* ``batch_end(loop, output, batch, batch_idx)``: the batch is done (``output`` ``None`` if skipped).
+* ``should_stop(loop)``: return a reason to stop the run after this batch.
+* ``stage_end(loop, stage)``: the stage ran all its batches.
+* ``epoch_end(loop, epoch)``: the epoch, its validation included, is complete.
+* ``fit_end(loop)``: the run is over, whatever happened (``loop.state.status``); clean up here.
+
+Then, as a plugin grows: ``epoch_metrics``/``metrics_update`` (the metrics plugin's aggregated
+values, for loggers), ``save_state``/``load_state`` (a plugin whose state checkpoints keep).
+
+Plugins implement events with the :data:`hookfit.hookimpl` marker; an implementation may accept
+any subset of the arguments a spec names, in any order, and pluggy passes it only those. (On
+the per-batch path, an implementation that accepts every argument in the spec's order is
+called directly; one that accepts fewer goes through a small adapter: one Python call more per
+batch.) Every event's ``loop`` argument is the :class:`hookfit.run.Run` of the current
+``fit()``: the run's state, model, optimizers and data, its plugin manager and its resolved
+events. Payloads that travel between plugins are core types from :mod:`hookfit.payloads`
 (:class:`~hookfit.payloads.MetricsSnapshot`, :class:`~hookfit.payloads.StopRequest`), so a
 plugin from one package can replace a built-in and still be understood by the others.
 
-Order of events in one run::
-
-    configure                          (plugins may change the run's set-up here)
-    fit_start
-    resume, resumed                    (only with Loop(resume=...))
-      epoch_start                      (for each epoch)
-        stage_start("train")
-          batch_start -> step -> step_output -> batch_end -> should_stop   (for each batch)
-        stage_end("train")
-        stage_start("valid")           (when validation runs this epoch)
-          batch_start -> step -> step_output -> batch_end -> should_stop   (for each batch)
-        stage_end("valid")
-      epoch_end
-    exception                          (only when the run failed)
-    fit_end                            (exactly once, whatever happened)
+Events of the plugins: this module declares only the loop's own events. An event that a plugin
+fires or answers is declared by that plugin (as pytest's ``pytest_addhooks`` lets plugins do):
+a ``hookspecs`` attribute on the plugin names a class or module whose functions are marked
+with ``@hookfit.hookspec``. The built-in plugins declare theirs this way (optim: the backward
+pass and optimizer steps and ``should_sync_gradients``; metrics: ``metrics_update`` and
+``epoch_metrics``; distributed: ``all_reduce``; tui:
+``claim_output``), documented below under each plugin. The declarations of every discovered
+plugin are added to every run before any plugin is registered, whether that plugin is enabled,
+disabled or replaced by a plugin of the same name given to ``Loop``; so a replacement fires
+the events of the plugin it replaces (``loop.hooks.metrics_update``) and their consumers still
+hear them. A plugin given to ``Loop`` may declare events too. A consumer of events that a
+plugin not always installed declares marks its implementation
+``@hookfit.hookimpl(optionalhook=True)``, so that it keeps working without it.
 
 Stopping is the core's: ``loop.request_stop(reason)`` (any thread, any hook, the step) or a
 true ``should_stop`` answer records a :class:`~hookfit.payloads.StopRequest`, and the loop
 honours it at the next *boundary*: after ``resume`` (before the first epoch), after
 ``epoch_start``, ``stage_start``, every batch (after ``should_stop``), ``stage_end`` and
-``epoch_end``. So a stop asked in ``epoch_end`` runs no further batch. Events of the part of
-the run that did not happen are not fired (a stop after a batch fires no ``stage_end`` or
-``epoch_end`` for that epoch); ``fit_end`` always fires. A run that reaches ``max_steps``
-inside an epoch ends the same way (status ``"completed"``): the rest of that epoch, its
-``stage_end``, validation and ``epoch_end`` belong to a longer run, which resuming with a
-larger ``max_steps`` continues exactly. With several processes a plugin
+``epoch_end``. So a stop asked in ``epoch_end`` runs no further
+batch. Events of the part of the run that did not happen are not fired (a stop after a batch
+fires no ``stage_end`` or ``epoch_end`` for that epoch); ``fit_end`` always fires. A run that
+reaches ``max_steps`` inside an epoch ends the same way (status ``"completed"``): the rest of
+that epoch, its ``stage_end``, validation and ``epoch_end`` belong to a longer run, which
+resuming with a larger ``max_steps`` continues exactly. With several processes a plugin
 implementing ``agree_stop`` makes them stop at the same boundary.
 
 Order of implementations of one event follows pluggy: the plugin registered last is called
@@ -57,12 +111,6 @@ fires at the right moment. The stated orders are:
   state (checkpoints) saves from ``trylast`` ``batch_end``/``epoch_end`` implementations
   (after every plugin took the batch or epoch into account) and ``tryfirst`` ``fit_end`` (before
   any plugin lets go of its state).
-
-Plugins may declare events of their own for other plugins (as pytest's ``pytest_addhooks``
-lets them): a ``hookspecs`` attribute on the plugin names a class or module whose functions are
-marked with ``@hookfit.hookspec``. They are added before any plugin is registered. A consumer
-marks its implementation ``@hookfit.hookimpl(optionalhook=True)`` so that it keeps working when
-the declaring plugin is absent.
 
 Firing events: through ``loop.hooks.<event>`` (:class:`hookfit.dispatch.Dispatch`), a
 callable taking the spec's arguments in order, or ``None`` when nothing implements the event
@@ -102,7 +150,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
     import torch
 
-    from hookfit.payloads import MetricsSnapshot, ResumeInfo, StopRequest
+    from hookfit.payloads import ResumeInfo, StopRequest
     from hookfit.run import Run
 
 hookspec = pluggy.HookspecMarker("hookfit")
@@ -286,13 +334,13 @@ def fit_end(loop: Run) -> None:
     ``loop.state.stop_reason`` says why and ``loop.state.stopped_by`` who asked for a stop;
     ``loop.state.time_split`` says where each stage's time went (data, step, plugins), stages
     cut short included. This is where plugins restore what they changed (terminal, signal
-    handlers) and write final summaries. Every implementation runs even if another raised, wrappers and call tracing
-    included; the first such error fails the run (or is reported as a warning if the run
-    failed already), naming the plugin. The return value is ignored.
+    handlers) and write final summaries. Every implementation runs even if another raised,
+    wrappers and call tracing included; the first such error fails the run (or is reported as
+    a warning if the run failed already), naming the plugin. The return value is ignored.
     """
 
 
-# -- state of a run: checkpoints and resume -------------------------------------------------
+# -- state of a run: checkpoints and resume ---------------------------------------------------
 
 
 @hookspec
@@ -361,21 +409,6 @@ def resumed(loop: Run, info: ResumeInfo) -> None:
 
 
 @hookspec
-def step_skipped(loop: Run, optimizer: str, reason: str, step: int) -> None:
-    """An optimizer step was skipped: ``optimizer`` names it, ``reason`` says why and where
-    (``"non-finite loss at epoch 2, batch 7"``), ``step`` is the global step the run was at
-    when the skip became known on the host.
-
-    Fired by the plugin that owns the optimizer steps (optim), once per skipped step, on the
-    training thread: at once where the check reads the host (the CPU), at the next host read
-    where it stays on the device (an accelerator: a metrics publication, the stage's end...;
-    ``reason`` then names the batch it happened in). Not fired for a step that raises
-    (``nonfinite="raise"``). Observers mark it (the dashboard puts ``!`` on its curve),
-    loggers count it. The return value is ignored.
-    """
-
-
-@hookspec
 def checkpoint_saved(loop: Run, path: str, reason: str, step: int) -> None:
     """A checkpoint of the run is complete on disk: ``path`` (a file, or a sharded
     checkpoint's folder), written for ``reason`` (``"epoch"``, ``"step"``, ``"interrupt"``,
@@ -391,46 +424,7 @@ def checkpoint_saved(loop: Run, path: str, reason: str, step: int) -> None:
     """
 
 
-# -- several processes (fired by the plugin that runs them, e.g. distributed) ----------------
-
-
-@hookspec(firstresult=True)
-def all_reduce(loop: Run, tensor: torch.Tensor) -> torch.Tensor | None:
-    """Sum ``tensor`` over every process of the run and return the sum (a tensor of the same
-    shape); every process must call it at the same point, as for any collective operation.
-
-    Implemented by the plugin that runs the loop on several processes; when no plugin does,
-    the run has one process and callers use their own value. Metrics plugins call it to
-    publish global numbers (sums and counts, so that means stay weighted); with several
-    processes they therefore publish at the same batch on every process (every N batches),
-    never by the clock. In a validation stage processes may run different numbers of batches
-    (see ``agree_stop``): call it there only at ``stage_end``, never per batch. First result.
-    """
-
-
-@hookspec(firstresult=True)
-def should_sync_gradients(loop: Run) -> bool | None:
-    """Asked before a training batch's step by a plugin that must know (the distributed
-    plugin, whose data-parallel wrapper decides in the forward pass whether the backward pass
-    all-reduces gradients, or, with FSDP2, reduce-scatters them): do this batch's backward
-    passes close a gradient-accumulation window, so that the optimizers will step with the
-    gradients they leave?
-
-    Implemented by the plugin that owns the optimizer steps (optim). Answer ``True`` when the
-    optimizers step after this batch (every batch without accumulation; the window's last
-    batch with it, and the stage's last batch, where a partial window is stepped), and on the
-    last batch before ``max_steps``: the run may end there with its window open, and the
-    gradients a checkpoint keeps (from the main process) must be those of every process.
-    Answer ``False`` inside a window, where gradients are only accumulated locally and need
-    no synchronisation yet (synchronising early is harmless: the average is linear). When the stage's length is unknown (data without ``len()``) its
-    last batch cannot be told in advance: answer ``True``. ``None`` (or no implementation)
-    means ``True``: synchronise. Asked from the asking plugin's ``batch_start``, on the
-    training thread: ``loop.state.batch_idx`` is the batch about to run and ``loop.state.step``
-    counts the training batches before it. First result.
-    """
-
-
-# -- backward pass and optimizer steps (fired by the plugin that owns them, e.g. optim) -------
+# -- the backward pass (loop.backward; the optimizer steps are the optim plugin's events) -----
 
 
 @hookspec(firstresult=True)
@@ -447,94 +441,7 @@ def backward(loop: Run, loss: torch.Tensor) -> Any:
     """
 
 
-@hookspec
-def before_backward(loop: Run, loss: torch.Tensor) -> None:
-    """The plugin that owns the backward pass is about to run it on ``loss``.
-
-    ``loss`` is the tensor as the step passed it (before any accumulation or AMP scaling).
-    The return value is ignored. Fires inside the step function, on the training thread.
-    """
-
-
-@hookspec
-def after_backward(loop: Run, loss: torch.Tensor) -> None:
-    """The backward pass on ``loss`` is done: gradients are accumulated on the parameters.
-
-    They may still be scaled for mixed precision and are not clipped yet; read them in
-    ``before_optimizer_step`` for their final values. The return value is ignored.
-    """
-
-
-@hookspec
-def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
-    """Optimizer ``name`` is about to step: gradients are final (unscaled and clipped).
-
-    Fires only for real steps (not for calls skipped inside a gradient-accumulation window or
-    because of a non-finite loss known on the host). On an accelerator the built-in ``optim``
-    may issue a step that the optimizer's kernel or the ``GradScaler`` then skips on the
-    device (a non-finite loss not read yet): it fires for that step too. A gradient-norm
-    logger reads the gradients here (on an accelerator, better without a host read per step:
-    keep the norm as a tensor). The return value is ignored; a plugin must not replace the
-    optimizer.
-    """
-
-
-@hookspec
-def after_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
-    """Optimizer ``name`` has stepped; its learning-rate scheduler (per-step) has stepped too.
-
-    Fires once per optimizer step, after ``before_optimizer_step``, including a step skipped
-    on the device (see ``before_optimizer_step``). The return value is ignored.
-    """
-
-
-# -- aggregated metrics (published by a metrics plugin, read by renderers and loggers) -------
-
-
-@hookspec
-def metrics_update(loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
-    """Aggregated values of the running stage, published at a bounded rate (not per batch).
-
-    Fired by the metrics plugin (the built-in ``metrics`` or any replacement) while a stage
-    runs. ``metrics`` is a :class:`~hookfit.payloads.MetricsSnapshot` with ``final=False``:
-    values with last, running and epoch means, progress, throughput and learning rates. It is
-    never changed after publication, so a renderer may hand it to another thread as it is.
-    Fires on the training thread; implementations must be quick (hand over, do not draw). The
-    return value is ignored.
-    """
-
-
-@hookspec
-def epoch_metrics(loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
-    """The final aggregate of a stage of an epoch: ``stage`` is ``"train"`` or ``"valid"``.
-
-    Fires once per completed stage, from the metrics plugin's ``stage_end`` implementation,
-    which is ``trylast``: after every other plugin's ``stage_end`` for that stage (an optimizer
-    plugin has stepped the stage's last, partial window; learning rates are those after it).
-    ``metrics`` is a :class:`~hookfit.payloads.MetricsSnapshot` with ``final=True``, whose
-    epoch means are final and which carries the per-epoch ``history`` of the stage. Renderers
-    print summaries here, loggers write them, a checkpoint plugin reads the value it monitors.
-    The return value is ignored.
-    """
-
-
-# -- who owns the terminal -----------------------------------------------------------------
-
-
-@hookspec(firstresult=True)
-def claim_output(loop: Run) -> str | None:
-    """Asked by plain-text renderers (the console) at ``fit_start``: does a plugin take over
-    the terminal for this run?
-
-    A renderer that will draw a full-screen interface (the dashboard) returns its name; the
-    console then stays silent. First result: the first non-``None`` answer is the owner.
-    Implementations must decide from the environment alone (is this an interactive
-    terminal?), not from the order in which plugins start. Return ``None`` to leave the
-    terminal to plain output.
-    """
-
-
-# -- the hookfit command -------------------------------------------------------------------
+# -- the hookfit command ----------------------------------------------------------------------
 
 
 @hookspec

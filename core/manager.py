@@ -14,9 +14,18 @@ otherwise.
 
 Selection: ``HOOKFIT_PLUGINS`` (comma-separated names) restricts discovered plugins to those
 named (an empty value loads none); ``HOOKFIT_DISABLE_PLUGINS`` and ``Loop(disable=[...])`` switch
-plugins off by name, given ones included. A disabled plugin is never imported, so disabling a
-broken plugin is the way around it. A name in either list that matches no plugin is reported
-with a :class:`HookfitWarning`, so a typo does not pass unnoticed.
+plugins off by name, given ones included. A disabled plugin is never instantiated nor
+registered; its entry point is only imported to read the events it declares (below), and an
+error there is ignored, so disabling a broken plugin is the way around it. A name in either list
+that matches no plugin is reported with a :class:`HookfitWarning`, so a typo does not pass
+unnoticed.
+
+Events that plugins declare (a ``hookspecs`` attribute naming a class or module of specs marked
+with :data:`hookfit.hookspec`: the optim, metrics, checkpoint, distributed and tui plugins
+declare the events they fire or answer) are always added, before any plugin is registered:
+those of every discovered plugin, whether it is enabled, disabled or replaced by a plugin of
+the same name given to ``Loop``, and those of every given plugin. So a replacement fires the
+events of the plugin it replaces and its consumers still hear them.
 
 Failure policy: an entry point that fails to import or to instantiate fails the run before any
 event fires, with a :class:`PluginError` that names the entry point, its distribution and the
@@ -54,7 +63,7 @@ ENV_DISABLE = "HOOKFIT_DISABLE_PLUGINS"
 
 hookimpl = pluggy.HookimplMarker("hookfit")
 """The marker for hook implementations: ``@hookfit.hookimpl`` on a function or method named
-after an event in :mod:`hookfit.hookspecs`."""
+after an event of :mod:`hookfit.hookspecs` or one that a plugin declares."""
 
 
 class HookfitWarning(UserWarning):
@@ -107,6 +116,10 @@ class PluginInfo:
     hooks: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)  # given by the configuration file
     config: Any = None  # the file's path when it gave options
+    declares: list[Any] = field(default_factory=list)
+    """The event declarations (``hookspecs``) that come with this place in the order: the
+    discovered plugin's, read even when it is disabled or replaced, and a given plugin's own.
+    :meth:`PluginManager.register_all` adds them whether the plugin is enabled or not."""
 
     def describe(self) -> str:
         """``plugin 'name' (distribution 1.0, entry point mod:attr)`` for messages."""
@@ -172,6 +185,31 @@ def _instantiate(obj: Any) -> Any:
     return obj() if inspect.isclass(obj) else obj
 
 
+def declared_events(plugin: Any) -> list[Any]:
+    """The events a plugin declares for others: its ``hookspecs`` attribute (a class or module
+    of functions marked with :data:`hookfit.hookspec`) as a list, empty when it has none.
+    ``plugin`` is a plugin object, its class, or a module."""
+    specs = getattr(plugin, "hookspecs", None)
+    return [] if specs is None else [specs]
+
+
+def _declared_by(ep: metadata.EntryPoint) -> list[Any]:
+    """What a discovered plugin declares, read from its entry point (imported, never
+    instantiated) whether it is enabled or not. One that fails to import declares nothing:
+    it fails the run where it is enabled, and disabling it is the way around it."""
+    try:
+        return declared_events(ep.load())
+    except Exception:
+        return []
+
+
+def discovered_events() -> list[tuple[str, Any]]:
+    """``(plugin name, hookspecs)`` for every discovered plugin that declares events, enabled
+    or not, in entry-point order: the events a run always has besides the core's (what
+    ``hookfit hooks`` lists under each plugin)."""
+    return [(ep.name, specs) for ep, _, _ in _discover(tuple(sys.path)) for specs in _declared_by(ep)]
+
+
 def collect(
     given: Sequence[Any] = (),
     disable: Iterable[str] = (),
@@ -193,7 +231,7 @@ def collect(
     disabled = set(disable) | set(split_names(env.get(ENV_DISABLE)))
     only = split_names(env.get(ENV_ONLY)) if ENV_ONLY in env else None
 
-    eps = {}
+    eps: dict[str, metadata.EntryPoint] = {}
     infos: list[PluginInfo] = []
     for ep, dist, version in _discover(tuple(sys.path)):
         eps[ep.name] = ep
@@ -219,7 +257,9 @@ def collect(
             enabled=name not in disabled,
             plugin=plugin,
         )
-        if name in by_name:
+        info.declares = declared_events(plugin)
+        if name in by_name:  # the replaced plugin's events stay declared, for the replacement
+            info.declares = _declared_by(eps[name]) + info.declares
             infos[by_name[name]] = info
         else:
             infos.append(info)
@@ -240,12 +280,17 @@ def collect(
                           f"Loop(plugins=[...]) wins over the file", HookfitWarning, stacklevel=4)
 
     for info in infos:
-        if info.source != "entry point" or not info.enabled:
+        if info.source != "entry point":
+            continue
+        if not info.enabled:
+            info.declares = _declared_by(eps[info.name])
             continue
         info.options = dict(configured.plugins.get(info.name, {}))
         info.config = configured.path if info.options else None
         try:
-            info.plugin = config.build(configured, info.name, eps[info.name].load())
+            loaded = eps[info.name].load()
+            info.declares = declared_events(loaded)
+            info.plugin = config.build(configured, info.name, loaded)
         except config.ConfigError as exc:  # the file's fault, not the plugin's: name the file
             info.error = str(exc)
             if strict:
@@ -280,6 +325,8 @@ class PluginManager(pluggy.PluginManager):
     def __init__(self) -> None:
         super().__init__(GROUP)
         self.add_hookspecs(hookspecs)
+        self.declared: list[tuple[str, Any]] = []
+        """``(plugin name, hookspecs)`` of the events plugins declared, in the order added."""
         self.infos: dict[str, PluginInfo] = {}
         self.silenced: list[Silenced] = []
         self.monitors = 0
@@ -341,17 +388,26 @@ class PluginManager(pluggy.PluginManager):
 
         Events that plugins declare (a ``hookspecs`` attribute naming a class or module of
         specs marked with :data:`hookfit.hookspec`) are added first, so every plugin is checked
-        against them whatever the order."""
+        against them whatever the order: those of every plugin in ``infos``, enabled or not
+        (:attr:`PluginInfo.declares`: a disabled or replaced discovered plugin's too), and an
+        enabled plugin's own. Each declaration is added once; two plugins declaring one event
+        are an error naming the second."""
         for info in infos:
-            declared = getattr(info.plugin, "hookspecs", None) if info.enabled else None
-            if declared is not None:
+            declared = list(info.declares)
+            if info.enabled and info.plugin is not None:
+                declared += declared_events(info.plugin)
+            for specs in declared:
+                if any(specs is known for _, known in self.declared):
+                    continue
                 try:
-                    self.add_hookspecs(declared)
+                    self.add_hookspecs(specs)
                 except ValueError as exc:
                     message = f"{info.describe()} declares events hookfit cannot add: {exc}"
                     if strict:
                         raise PluginError(message) from exc
                     info.error = message
+                    continue
+                self.declared.append((info.name, specs))
         for info in infos:
             self.infos[info.name] = info
             if not info.enabled or info.error is not None:

@@ -3,15 +3,17 @@
 
 Fixtures:
 
-* ``hookfit_recorder``: a :class:`Recorder` plugin that implements every event and records
-  what it saw (``recorder.names()``, ``recorder.events``).
+* ``hookfit_recorder``: a :class:`Recorder` plugin that implements every event (the core's
+  and those the discovered plugins declare) and records what it saw (``recorder.names()``,
+  ``recorder.events``).
 * ``hookfit_run``: ``hookfit_run(*plugins, step=..., data=..., **loop_kwargs)`` runs a real
   :class:`hookfit.Loop` with exactly the given plugins (discovered ones are not loaded) and
   returns the loop; by default the step trains a tiny linear model on a few random batches
   through the optim plugin's API when an ``Optim`` is among the plugins, else by itself.
 * ``hookfit_isolated``: discovered plugins are not loaded in this test (``HOOKFIT_PLUGINS`` is
   set to an empty value, ``HOOKFIT_CONFIG`` unset), so a test sees only the plugins it gives,
-  as it gives them; and the test runs in its
+  as it gives them (the events the discovered plugins declare stay declared); and the test
+  runs in its
   own temporary folder, so the run folders its loops write (``runs/<name>/...``) never land in
   the project that runs the suite.
 
@@ -30,12 +32,14 @@ from hookfit.manager import ENV_DISABLE, ENV_ONLY
 
 
 def spec_arguments(module: Any = hookspecs) -> dict[str, list[str]]:
-    """Every event declared in ``module`` with its argument names, in declaration order."""
-    return {
-        name: list(inspect.signature(fn).parameters)
-        for name, fn in vars(module).items()
-        if hasattr(fn, "hookfit_spec")
-    }
+    """Every event declared in ``module`` (a module or a class of specs) with its argument
+    names, in declaration order (a class's ``self`` left out, as pluggy does)."""
+    events = {}
+    for name, fn in vars(module).items():
+        if hasattr(fn, "hookfit_spec"):
+            args = list(inspect.signature(fn).parameters)
+            events[name] = args[1:] if inspect.isclass(module) and args[:1] == ["self"] else args
+    return events
 
 
 def _describe(name: str, value: Any) -> Any:
@@ -44,9 +48,22 @@ def _describe(name: str, value: Any) -> Any:
     return value
 
 
+def plugin_events() -> dict[str, list[str]]:
+    """Every event the discovered plugins declare (:func:`hookfit.manager.discovered_events`),
+    enabled or not, with its argument names. Imports those plugins (and so torch)."""
+    from hookfit import manager
+
+    events: dict[str, list[str]] = {}
+    for _, specs in manager.discovered_events():
+        events.update(spec_arguments(specs))
+    return events
+
+
 class Recorder:
     """A plugin that implements every event and records ``(event, {argument: value})`` for
     each call, without the loop itself, and ``(event, stage, training)`` as the loop saw it.
+    Every event: the core's and those the discovered plugins declare (implemented with
+    ``optionalhook=True``, so it works where such a plugin is not installed).
 
     ``stop_after=N`` makes it answer ``should_stop`` once the global step reaches N.
     ``agree_stop`` is left out unless ``agree=True``: only a plugin that runs several processes
@@ -62,8 +79,10 @@ class Recorder:
         for event, args in spec_arguments().items():
             if event != "agree_stop" or agree:
                 setattr(self, event, self._make(event, args))
+        for event, args in plugin_events().items():
+            setattr(self, event, self._make(event, args, optional=True))
 
-    def _make(self, event: str, args: list[str]) -> Any:
+    def _make(self, event: str, args: list[str], optional: bool = False) -> Any:
         def record(**kwargs: Any) -> Any:
             loop = kwargs["loop"]
             self.events.append((event, {k: _describe(k, v) for k, v in kwargs.items() if k != "loop"}))
@@ -73,7 +92,7 @@ class Recorder:
             return None
 
         source = f"lambda {', '.join(args)}: record({', '.join(f'{a}={a}' for a in args)})"
-        return hookimpl(eval(source, {"record": record}))
+        return hookimpl(optionalhook=optional)(eval(source, {"record": record}))
 
     def names(self) -> list[str]:
         """The events in the order they fired."""

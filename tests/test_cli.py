@@ -43,11 +43,28 @@ def test_hookfit_plugins_lists_name_distribution_hooks_and_state(dists: Path, tm
 
 
 def test_hookfit_hooks_prints_every_event() -> None:
+    """The core's events first, then each plugin's under its name."""
     from conftest import spec_names
+    from hookfit.testing import plugin_events
 
     out = cli("hooks").stdout
-    for name in spec_names():
+    for name in [*spec_names(), *plugin_events()]:
         assert f"\n{name}(" in "\n" + out
+    core, plugins = out.split("\n-- events of the plugin ", 1)
+    assert "\nmetrics_update(" in "\n" + plugins and "\nmetrics_update(" not in "\n" + core
+    assert "\nbatch_end(" in "\n" + core
+
+
+def test_the_reference_page_opens_with_the_loop_and_has_a_section_per_plugin() -> None:
+    page = (Path(__file__).resolve().parents[1] / "core" / "hooks.md").read_text()
+    opening = page.split("\n# ", 2)[0]
+    assert "for epoch in" in opening and "The ten events a first plugin needs" in opening
+    for plugin, event in [("optim", "before_optimizer_step"), ("metrics", "metrics_update"),
+                          ("distributed", "all_reduce"), ("tui", "claim_output")]:
+        section = page.split(f"\n# Events of the plugin `{plugin}`\n", 1)[1].split("\n# ", 1)[0]
+        assert f"\n## `{event}`" in section
+    core = page.split("\n# The core's events\n", 1)[1].split("\n# ", 1)[0]
+    assert "\n## `batch_end`" in core and "\n## `metrics_update`" not in core
 
 
 def test_the_hooks_reference_page_is_up_to_date() -> None:

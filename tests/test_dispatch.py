@@ -95,7 +95,12 @@ class OldWrapper:
 
 
 def pm_of(*plugins: Any) -> manager.PluginManager:
+    """A bare manager with these plugins, which also knows the events the optim plugin declares
+    (``before_optimizer_step``, used below as an ordinary event with results)."""
+    from hookfit.plugins.optim import hookspecs as optim_events
+
     pm = manager.PluginManager()
+    pm.add_hookspecs(optim_events)
     for plugin in plugins:
         pm.register(plugin, name=plugin.name)
     return pm

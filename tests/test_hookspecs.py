@@ -1,5 +1,6 @@
-"""hookfit.hookspecs: every event is documented where it is declared, and fired by the loop or a
-built-in plugin in the runs below."""
+"""hookfit.hookspecs and the plugins' own hookspecs: every event is documented where it is
+declared, and fired by the loop or a built-in plugin in the runs below; the core's vocabulary
+stays the loop's."""
 
 from __future__ import annotations
 
@@ -14,21 +15,51 @@ class Boom(Exception):
     pass
 
 
-def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
-    """A new event cannot land undocumented, or without the loop firing it somewhere that
-    these runs cover (normal run with validation, a stop request, a failure)."""
+def declared_in(module) -> dict[str, str]:
+    """The events a spec module declares, read from its source, with their docstrings."""
     import ast
     from pathlib import Path
 
-    source = Path(hookfit.hookspecs.__file__).read_text()
     declared = {}
-    for node in ast.parse(source).body:
+    for node in ast.parse(Path(module.__file__).read_text()).body:
         if isinstance(node, ast.FunctionDef) and any(
             getattr(d, "id", None) == "hookspec" or getattr(getattr(d, "func", None), "id", None) == "hookspec"
             for d in node.decorator_list
         ):
             declared[node.name] = ast.get_docstring(node) or ""
+    return declared
+
+
+def builtin_events() -> dict[str, dict[str, str]]:
+    """Each built-in plugin that declares events: {plugin: {event: docstring}}."""
+    from hookfit import manager
+
+    return {name: declared_in(specs) for name, specs in manager.discovered_events()
+            if specs.__name__.startswith("hookfit.plugins.")}
+
+
+def test_the_core_vocabulary_is_the_loops_and_the_plugins_declare_theirs() -> None:
+    """At most 22 events in hookfit.hookspecs (the loop's); the optimizer, metrics, checkpoint,
+    distributed and terminal events are declared by the plugins that fire or answer them."""
+    core = spec_names()
+    assert len(core) <= 22, sorted(core)
+    plugins = builtin_events()
+    assert {event: name for name, events in plugins.items() for event in events} == {
+        "before_backward": "optim", "after_backward": "optim", "before_optimizer_step": "optim",
+        "after_optimizer_step": "optim", "step_skipped": "optim", "should_sync_gradients": "optim",
+        "metrics_update": "metrics", "epoch_metrics": "metrics",
+        "all_reduce": "distributed", "claim_output": "tui",
+    }
+    assert not set(core) & {event for events in plugins.values() for event in events}
+
+
+def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
+    """A new event cannot land undocumented, or without the loop or a built-in plugin firing it
+    somewhere that these runs cover (normal run with validation, a stop request, a failure)."""
+    declared = declared_in(hookfit.hookspecs)
     assert set(declared) == set(spec_names())
+    for events in builtin_events().values():
+        declared.update(events)
     for name, doc in declared.items():
         assert len(doc.split()) >= 15, f"hook {name!r} needs a docstring saying when it fires"
 

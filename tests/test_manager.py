@@ -207,6 +207,78 @@ def test_a_misspelt_declared_event_is_still_caught() -> None:
         hookfit.Loop(lambda l, b: None, [1], plugins=[Sampler(), Typo()]).fit()
 
 
+# -- the events the built-in plugins declare are always declared ------------------------------
+
+class Listener:
+    """A consumer of the metrics plugin's event, not marked optional: it relies on the event
+    being declared."""
+
+    name = "listener"
+
+    def __init__(self) -> None:
+        self.heard = []
+
+    @hookfit.hookimpl
+    def metrics_update(self, stage, metrics):
+        self.heard.append((stage, metrics))
+
+
+class Publisher:
+    """A metrics replacement of another package: it fires the metrics plugin's event and
+    declares nothing itself."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @hookfit.hookimpl
+    def batch_end(self, loop, batch_idx):
+        if (call := loop.hooks.metrics_update) is not None:
+            call(loop, "train", f"snapshot {batch_idx}")
+
+
+@pytest.mark.parametrize("how", ["disabled", "not listed", "replaced"])
+def test_a_builtin_plugins_events_are_declared_whether_it_is_enabled_or_not(
+        monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """metrics_update is the metrics plugin's: a replacement fires it and a consumer hears it
+    when the built-in is disabled, left out of HOOKFIT_PLUGINS or replaced by name."""
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "" if how == "not listed" else "metrics")
+    listener = Listener()
+    publisher = Publisher("metrics" if how == "replaced" else "mean_metrics")
+    loop = run(plugins=[listener, publisher], disable=["metrics"] if how == "disabled" else [])
+    assert listener.heard == [("train", "snapshot 0"), ("train", "snapshot 1")]
+    pm = loop.run.pm
+    assert pm.get_plugin("metrics") is (publisher if how == "replaced" else None)
+    assert [name for name, _ in pm.declared if name == "metrics"] == ["metrics"]  # added once
+    assert pm.hook.metrics_update.has_spec()
+
+
+@pytest.mark.bad_input
+def test_a_misspelt_builtin_event_is_caught_with_the_plugin_disabled() -> None:
+    class Typo:
+        name = "typo"
+
+        @hookfit.hookimpl
+        def metrics_updat(self, metrics):
+            pass
+
+    with pytest.raises(hookfit.PluginError, match="Did you mean 'metrics_update'"):
+        run(plugins=[Typo()], disable=["metrics"])
+
+
+def test_a_disabled_plugin_that_fails_to_import_declares_nothing_and_fails_nothing(
+        dists: Path, tmp_path: Path) -> None:
+    """Reading what a disabled plugin declares imports it; when that fails the plugin stays
+    what disabling it makes it, the way around a broken plugin."""
+    make_dist(tmp_path / "broken", "broken-plugin", {"broken": "does_not_exist_mod"}, {})
+    sys.path.insert(0, str(tmp_path / "broken"))
+    try:
+        loop = run(disable=["broken"])
+        assert loop.state.status == "completed"
+        assert loop.run.pm.infos["broken"].error is None
+    finally:
+        sys.path.remove(str(tmp_path / "broken"))
+
+
 def test_participants_are_the_plugins_as_the_user_knows_them() -> None:
     """Enabled and registered plugins, in order; not a disabled one, not one that switched
     itself off, not a helper a plugin registered for itself."""

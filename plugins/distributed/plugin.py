@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.plugins.distributed import hookspecs
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.run import Run, modules
 
@@ -77,6 +78,7 @@ class Distributed:
     """
 
     name = "distributed"
+    hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
 
     def __init__(
         self,

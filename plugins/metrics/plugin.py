@@ -15,6 +15,7 @@ import torch
 from hookfit import hookimpl
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
+from hookfit.plugins.metrics import hookspecs
 from hookfit.plugins.metrics.aggregate import FOLD_EVERY, _is_metric, _Stage, _Tensor, batch_size, check
 from hookfit.run import Run
 
@@ -25,6 +26,7 @@ class Metrics:
     """Batch-size-weighted aggregation of step outputs, published as snapshots."""
 
     name = "metrics"
+    hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from typing import Any, Literal, Mapping
 import torch
 
 from hookfit import HookfitWarning, hookimpl
+from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
 from hookfit.run import modules
 
@@ -92,6 +93,7 @@ class Optim:
     """
 
     name = "optim"
+    hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.files import FileWarning
 from hookfit.payloads import ResumeInfo
+from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.terminal import OutputCapture, interactive_terminal
 
 ENV_PERSISTENT = "HOOKFIT_TUI_PERSISTENT"
@@ -29,6 +30,7 @@ class TuiRenderer:
 
     name = "tui"
     observer = True  # a renderer: its failures switch it off, never the run
+    hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
 
     def __init__(self, persistent: bool | None = None, fps: float = 5.0) -> None:
         self.persistent = persistent
