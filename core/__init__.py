@@ -3,8 +3,9 @@
 Public names: :class:`Loop` (configuration and ``fit()``), :class:`Run` (one ``fit()``: what
 step functions and hooks receive as ``loop``), :func:`seed_everything`, :class:`State`, :class:`StopRequest`, the
 :data:`hookimpl` marker for plugins, the :data:`hookspec` marker for events a plugin declares
-for other plugins, :class:`PluginError`, :class:`StateMismatch` and the :class:`HookfitWarning` category. Events are
-declared, with what they mean, in :mod:`hookfit.hookspecs`; the payloads they carry in
+for other plugins, :class:`PluginError`, :class:`StateMismatch` and the :class:`HookfitWarning` category. The loop's
+events are declared, with what they mean, in :mod:`hookfit.hookspecs`, the events of a plugin in
+that plugin's own ``hookspecs`` (all of them in ``core/hooks.md``); the payloads they carry in
 :mod:`hookfit.payloads`.
 
 ``Loop`` and ``Run`` are imported on first use, so a plugin module that only needs
