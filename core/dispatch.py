@@ -192,20 +192,21 @@ def _is_observer(plugin: object) -> bool:
 
 
 class HotPath:
-    """What the loop reads for every batch: the resolved ``batch_start``, ``step_output`` and
-    ``batch_end`` (``None`` when nothing implements them) and ``asks``, whether anything answers
+    """What the loop reads for every batch: the resolved ``batch_start``, ``step_output``,
+    ``batch_end`` and ``batch_checkpoint`` (``None`` when nothing implements them) and ``asks``, whether anything answers
     ``should_stop`` or ``agree_stop`` (so the loop must ask after each batch).
 
     A plain object with slots, updated in place whenever the plugins change: CPython
     specialises loads of its attributes, which it cannot do on :class:`Dispatch` (a class with
     ``__getattr__``), and five such loads a batch are measurable on a small model."""
 
-    __slots__ = ("batch_start", "step_output", "batch_end", "asks")
+    __slots__ = ("batch_start", "step_output", "batch_end", "batch_checkpoint", "asks")
 
     def __init__(self) -> None:
         self.batch_start: Call | None = None
         self.step_output: Call | None = None
         self.batch_end: Call | None = None
+        self.batch_checkpoint: Call | None = None
         self.asks = False
 
 
@@ -224,13 +225,14 @@ class Dispatch:
     :meth:`hookfit.manager.PluginManager.silence`), and the call goes on without it.
     """
 
-    NOTIFY = ("batch_start", "step_output", "batch_end")
+    NOTIFY = ("batch_start", "step_output", "batch_end", "batch_checkpoint")
     """The loop's per-batch events, whose results are ignored: resolved as soon as the
     plugins change, so the loop only reads an attribute per batch."""
 
     batch_start: Call | None
     step_output: Call | None
     batch_end: Call | None
+    batch_checkpoint: Call | None
 
     def __init__(self, pm: PluginManager) -> None:
         self.pm = pm

@@ -7,8 +7,8 @@ is honoured, see below)::
     fit_start
     if Loop(resume=source):
         resume(source)                          # a plugin reads its checkpoint: the model, the
-                                                # plugins' states, the position
-        resumed(info)                           # the core skips the batches already done
+                                                # plugins' states, loop.load_state_dict(saved)
+        resumed(info)                           # the run then starts where it was saved
     boundary "start"
     for epoch in range(epoch, max_epochs):      # from the epoch a resumed run continues in
         epoch_start(epoch);  boundary
@@ -22,6 +22,7 @@ is honoured, see below)::
             step_output(output, batch)          # unless the step returned None
             batch_end(output, batch, batch_idx) # loop.state.step counts the batch; the metrics
                                                 # plugin publishes metrics_update from here
+            batch_checkpoint(batch_idx)         # after everything else of the batch: save here
             should_stop;  boundary
             [a validation due (val_every_n_steps): the "valid" stage below, nested here]
             [max_steps reached inside the epoch: the run ends here, completed]
@@ -32,6 +33,7 @@ is honoured, see below)::
                 batch_start, val_step, step_output, batch_end, should_stop;  boundary
             stage_end("valid");  boundary
         epoch_end(epoch)
+        epoch_checkpoint(epoch)                 # after everything else of the epoch: save here
         boundary "epoch_end"
     exception(error)                            # only when the run failed
     fit_end                                     # exactly once, whatever happened
@@ -56,7 +58,8 @@ The ten events a first plugin needs:
 * ``fit_end(loop)``: the run is over, whatever happened (``loop.state.status``); clean up here.
 
 Then, as a plugin grows: ``epoch_metrics``/``metrics_update`` (the metrics plugin's aggregated
-values, for loggers), ``save_state``/``load_state`` (a plugin whose state checkpoints keep).
+values, for loggers), ``save_state``/``load_state`` (a plugin whose state checkpoints keep),
+``batch_checkpoint``/``epoch_checkpoint`` (a plugin that saves the run).
 
 Plugins implement events with the :data:`hookfit.hookimpl` marker; an implementation may accept
 any subset of the arguments a spec names, in any order, and pluggy passes it only those. (On
@@ -73,7 +76,7 @@ fires or answers is declared by that plugin (as pytest's ``pytest_addhooks`` let
 a ``hookspecs`` attribute on the plugin names a class or module whose functions are marked
 with ``@hookfit.hookspec``. The built-in plugins declare theirs this way (optim: the backward
 pass and optimizer steps and ``should_sync_gradients``; metrics: ``metrics_update`` and
-``epoch_metrics``; distributed: ``all_reduce``; tui:
+``epoch_metrics``; checkpoint: ``checkpoint_saved``; distributed: ``all_reduce``; tui:
 ``claim_output``), documented below under each plugin. The declarations of every discovered
 plugin are added to every run before any plugin is registered, whether that plugin is enabled,
 disabled or replaced by a plugin of the same name given to ``Loop``; so a replacement fires
@@ -86,7 +89,7 @@ Stopping is the core's: ``loop.request_stop(reason)`` (any thread, any hook, the
 true ``should_stop`` answer records a :class:`~hookfit.payloads.StopRequest`, and the loop
 honours it at the next *boundary*: after ``resume`` (before the first epoch), after
 ``epoch_start``, ``stage_start``, every batch (after ``should_stop``), ``stage_end`` and
-``epoch_end``. So a stop asked in ``epoch_end`` runs no further
+``epoch_end`` (after ``epoch_checkpoint``). So a stop asked in ``epoch_end`` runs no further
 batch. Events of the part of the run that did not happen are not fired (a stop after a batch
 fires no ``stage_end`` or ``epoch_end`` for that epoch); ``fit_end`` always fires. A run that
 reaches ``max_steps`` inside an epoch ends the same way (status ``"completed"``): the rest of
@@ -107,10 +110,41 @@ fires at the right moment. The stated orders are:
   partial accumulation window) are ``tryfirst``; plugins that report on the finished stage
   (a metrics plugin publishing ``epoch_metrics``) are ``trylast``, so reports see the
   finished work.
-* ``batch_end``, ``epoch_end`` and ``fit_start``/``fit_end``: a plugin that saves the run's
-  state (checkpoints) saves from ``trylast`` ``batch_end``/``epoch_end`` implementations
-  (after every plugin took the batch or epoch into account) and ``tryfirst`` ``fit_end`` (before
-  any plugin lets go of its state).
+* Saving the run: a plugin that saves the run's state (checkpoints) saves in
+  ``batch_checkpoint`` and ``epoch_checkpoint``, events that fire after every plugin took the
+  batch or the epoch into account (never from a ``trylast`` ``batch_end``/``epoch_end``), and
+  from a ``tryfirst`` ``fit_end`` (before any plugin lets go of its state).
+
+Saving and resuming a run (the checkpoint role). The run owns its position; a checkpoint
+plugin is policy (when to save, which files to keep) and storage. What it must do, all of it:
+
+* Save: at ``batch_checkpoint`` and/or ``epoch_checkpoint`` (when its policy says), and at
+  ``fit_end`` after a graceful stop (``loop.state.status == "interrupted"``), it stores three
+  things: ``loop.state_dict()`` (the run's position, random state and the data's own states:
+  plain data and tensors, to store whole and untouched), the model's weights (``loop.model``:
+  a module, or a mapping or list of modules; unwrap ``module.module`` of a
+  ``DistributedDataParallel`` and ``_orig_mod`` of a compiled model) and
+  ``loop.plugin_states()`` (every plugin's ``save_state``, keyed by plugin name; an
+  optimizer plugin keeps the optimizers' states there). A state dict taken at any moment is
+  consistent: inside a validation it describes the moment that validation began. Take copies
+  of tensors before writing in the background (training goes on changing them). Main process
+  only writes (``loop.is_main``), except where ``save_state`` answers sharded tensors.
+* Resume: implement ``resume(loop, source)``; choose the file (``source`` is ``"latest"`` or a
+  path; ``"latest"`` must stay within this run's own checkpoints: ``loop.run_dir``, or
+  ``loop.name``'s runs), load the weights into the model, then call
+  ``loop.load_plugin_states(saved_plugins)`` and ``loop.load_state_dict(saved_run)``, and
+  return the file's path (or ``False`` when there is nothing to resume: the run starts afresh).
+  Returning a path without calling ``loop.load_state_dict`` is an error. The core then fires
+  ``resumed`` and continues exactly: it skips the training batches already done (never twice
+  for data that restores its own position), runs first a validation that was due at that step
+  (``val_every_n_steps``), or goes straight to the epoch's validation when its training stage
+  was complete. ``loop.position`` (a :class:`hookfit.position.Position`: ``epoch``, ``step``,
+  ``batch``, ``stage``, ``val_due``) tells where a state dict taken now would resume, for
+  naming files.
+* What the rest of hookfit reads from the role: ``checkpoint_saved`` (declared by the
+  ``checkpoint`` plugin and always registered) when a file is whole, for the dashboard and for
+  plugins that copy checkpoints elsewhere. Nothing else: a replacement that saves and resumes
+  as above gives the same bit-for-bit resume as the built-in one.
 
 Firing events: through ``loop.hooks.<event>`` (:class:`hookfit.dispatch.Dispatch`), a
 callable taking the spec's arguments in order, or ``None`` when nothing implements the event
@@ -240,6 +274,19 @@ def batch_end(loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx
 
 
 @hookspec
+def batch_checkpoint(loop: Run, batch_idx: int) -> None:
+    """After everything else of training batch ``batch_idx``: the moment to save the run.
+
+    Fired by the core after the batch's ``batch_end`` (training stage only), before
+    ``should_stop``, the stop boundary and a validation due at this step.
+    ``loop.state_dict()`` already counts the batch as done: a run resumed from a checkpoint
+    saved here continues with the next batch, running first the validation due here, if any.
+    Modelled on Composer's ``BATCH_CHECKPOINT``: a plugin that saves the run's state saves
+    here, never from a ``trylast`` ``batch_end``. The return value is ignored.
+    """
+
+
+@hookspec
 def should_stop(loop: Run) -> bool | str | None:
     """Asked after every batch, training and validation alike: should the run stop now?
 
@@ -315,6 +362,17 @@ def epoch_end(loop: Run, epoch: int) -> None:
 
 
 @hookspec
+def epoch_checkpoint(loop: Run, epoch: int) -> None:
+    """After everything else of epoch ``epoch``: the moment to save the run at an epoch's end.
+
+    Fired by the core after ``epoch_end`` has run to its end (its validation included), before
+    the stop boundary that follows it. ``loop.state_dict()`` already points at the start of
+    the next epoch. Modelled on Composer's ``EPOCH_CHECKPOINT``: a plugin that saves the run's
+    state saves here, never from a ``trylast`` ``epoch_end``. The return value is ignored.
+    """
+
+
+@hookspec
 def exception(loop: Run, error: BaseException) -> None:
     """The run failed: ``error`` was raised by the step function, the data or a plugin.
 
@@ -357,6 +415,11 @@ def save_state(loop: Run) -> Any:
     the gradients of an open accumulation window (a model's state dict holds none). Called on
     the training thread between batches.
 
+    A checkpoint stores three things: the model's state, every plugin's state (this event,
+    through ``loop.plugin_states()``) and the run's own, ``loop.state_dict()`` (its position,
+    random state and the data's state), which ``resume`` gives back with
+    ``loop.load_state_dict(saved)``.
+
     Sharded tensors (``DTensor``: under FSDP2 the parameters, their gradients and optimizer
     states) may be returned as they are, on every process: a checkpoint plugin writes each
     process's shards with ``torch.distributed.checkpoint`` and, at resume, gives back a
@@ -381,17 +444,20 @@ def resume(loop: Run, source: str) -> str | os.PathLike[str] | Literal[False] | 
     """``Loop(resume=source)``: continue an earlier run. ``source`` is ``"latest"`` or a path.
 
     Fires once, after ``fit_start`` and before the first epoch. The plugin that keeps
-    checkpoints restores the model, the plugins' states (``loop.load_plugin_states``) and the
-    position: ``loop.state.epoch``, ``loop.state.step`` and ``loop.state.resume_batch`` (the
-    training batches of that epoch already done, which the loop then skips; data with an
-    ``iter_from(start)`` method starts there without producing the earlier ones), or
-    ``loop.state.resume_stage = "valid"`` when the epoch's training stage was complete, and
-    ``loop.state.val_due`` when a validation due inside the training stage
-    (``val_every_n_steps``) had not run to its end: the loop runs it before the next training
-    batch. It returns
-    what it resumed from (a path), or ``False`` when there was nothing to resume from and the
-    run starts afresh. First result; the run fails with a clear error when no enabled plugin
-    implements this event.
+    checkpoints chooses and reads its checkpoint, restores the model and the plugins' states
+    (``loop.load_plugin_states(states)``), and gives the run its own saved position back with
+    ``loop.load_state_dict(saved)``, where ``saved`` is what ``loop.state_dict()`` returned
+    when it saved (a mapping of plain data and tensors: the position, the random state, the
+    data's own state). It writes nothing of ``loop.state`` itself. The core then fires
+    ``resumed`` and starts where the run was: it skips the training batches of the epoch
+    already done (data with an ``iter_from(start)`` method starts there without producing the
+    earlier ones; nothing is skipped for data that restores its own position through
+    ``state_dict``/``load_state_dict``, such as torchdata's ``StatefulDataLoader``), runs first
+    a validation that was due and had not run to its end, or goes straight to the epoch's
+    validation when its training stage was complete. The implementation returns what it
+    resumed from (a path), or ``False`` when there was nothing to resume from and the run
+    starts afresh; a true answer without ``loop.load_state_dict`` fails the run. First result;
+    the run fails with a clear error when no enabled plugin implements this event.
     """
 
 
@@ -400,14 +466,15 @@ def resumed(loop: Run, info: ResumeInfo) -> None:
     """The run resumed: ``info`` (:class:`~hookfit.payloads.ResumeInfo`) says from what (the
     checkpoint file) and where it continues (epoch, step, training batches already done).
 
-    Fired by the core right after a ``resume`` implementation returned what it resumed from,
-    before the first epoch; also kept in ``loop.state.resumed_from``. Renderers and loggers
-    say it (the console prints it, the dashboard shows it, the metrics log records it), so a
-    user always knows which run and which point a run continued from. The return value is
-    ignored.
+    Fired by the core once a ``resume`` implementation returned what it resumed from and the
+    run's position was given back, before the first epoch; also kept in
+    ``loop.state.resumed_from``. Renderers and loggers say it (the console prints it, the
+    dashboard shows it, the metrics log records it), so a user always knows which run and
+    which point a run continued from. The return value is ignored.
     """
 
 
+# TEMPORARY (issue 23): declared here until Checkpoint gets its hookspecs attribute
 @hookspec
 def checkpoint_saved(loop: Run, path: str, reason: str, step: int) -> None:
     """A checkpoint of the run is complete on disk: ``path`` (a file, or a sharded

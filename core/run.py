@@ -10,6 +10,7 @@ and the pending stop request.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -33,6 +34,7 @@ from hookfit.dispatch import Dispatch
 from hookfit.files import RunFile
 from hookfit.manager import HookfitWarning, PluginManager, StateMismatch
 from hookfit.payloads import ResumeInfo, StopRequest, TimeSplit
+from hookfit.position import Cursor, Position, check_position, check_rng, rng_state, set_rng_state
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.state import State
 from hookfit.valsets import ValSets, per_set
@@ -76,6 +78,11 @@ def script_name() -> str:
 
 
 _END = object()
+
+
+def _stateful(data: Any) -> bool:
+    """Whether ``data`` keeps a state of its own (``state_dict`` and ``load_state_dict``)."""
+    return hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
 
 
 def _name(function: Any) -> str:
@@ -185,6 +192,10 @@ class Run:
         """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
         self._stop: StopRequest | None = None
         self._first_epoch = 0
+        self._cursor = Cursor(self.state)
+        self._start: Position | None = None  # where load_state_dict() put the run, until it starts there
+        self._restored: set[str] = set()  # the data ("train", "valid") that restored its own state
+        self._valid_data_state: Any = None  # the validation data's own state as the validation began
         self._batches_started = False  # past configure and fit_start: see wrap_step
         # re-entrant: a signal handler (the interrupter's) runs on the main thread, possibly
         # while the step function itself is inside request_stop
@@ -370,6 +381,62 @@ class Run:
                     pass  # an object that takes no attributes: messages name it as it is
             setattr(self, attr, wrapped)
 
+    @property
+    def position(self) -> Position:
+        """Where a run resumed from a state dict taken now would continue
+        (:class:`hookfit.position.Position`)."""
+        return self._cursor.position()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's own state, as a checkpoint stores it (beside the model's and
+        :meth:`plugin_states`): ``{"loop": position, "rng": random state, "data": the data's
+        own states}``, plain data and tensors (see :mod:`hookfit.position`). Taken at any
+        moment of the run; ``batch_checkpoint`` and ``epoch_checkpoint`` are the moments after
+        everything else of a batch or an epoch. Inside a validation it describes the moment
+        the validation began (a resumed run runs it again from its start)."""
+        cursor = self._cursor
+        data: dict[str, Any] = {}
+        if _stateful(self.train_data):
+            data["train"] = self.train_data.state_dict()
+        if _stateful(self.val_data):
+            inside = cursor.valid_rng is not None and self._valid_data_state is not None
+            data["valid"] = self._valid_data_state if inside else self.val_data.state_dict()
+        saved = {"loop": cursor.position().as_dict(), "rng": cursor.rng(), "data": data}
+        if cursor.training and cursor.iter_rng is not None:
+            saved["data_rng"] = cursor.iter_rng
+        return saved
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Put the run where :meth:`state_dict` was taken (a ``resume`` implementation calls
+        it, after ``fit_start`` and before the first epoch): the position, the random state and
+        the data's own states. The loop then starts there: it skips the training batches of
+        the epoch already done (not for data whose own restored state says where it is), runs
+        first a validation that was due, or goes straight to the epoch's validation when its
+        training stage was complete. A ``ValueError`` names what is not possible (a position
+        beyond this run's training data, a random state of another kind)."""
+        if self._batches_started:
+            raise RuntimeError("load_state_dict() must be called before the first epoch (from a resume implementation)")
+        for key in ("loop", "rng"):
+            if key not in saved:
+                raise ValueError(f"load_state_dict: the run's state lacks {key!r} (it has {', '.join(map(repr, saved))})")
+        check_position(saved["loop"], self.train_data)
+        check_rng(saved["rng"])
+        if saved.get("data_rng") is not None:
+            check_rng(saved["data_rng"])
+        position = Position.from_dict(saved["loop"])
+        data = saved.get("data") or {}
+        self._restored = set()
+        for key, target in (("train", self.train_data), ("valid", self.val_data)):
+            if key in data and hasattr(target, "load_state_dict"):
+                target.load_state_dict(data[key])
+                self._restored.add(key)
+        set_rng_state(saved["rng"])
+        state = self.state
+        state.epoch, state.step, state.val_due = position.epoch, position.step, position.val_due
+        self._cursor.epoch_begins(position.epoch, position.batch, position.stage)
+        self._cursor.iter_rng = saved.get("data_rng")
+        self._start = position
+
     def plugin_states(self) -> dict[str, Any]:
         """Every plugin's ``save_state`` answer, keyed by plugin name (for checkpoints); a
         plugin that answered ``None`` (no state now) has the entry ``None``, so a resumed run
@@ -472,10 +539,15 @@ class Run:
         resumed_from = call(self, source)
         if not resumed_from:
             return
-        state = self.state
+        at = self._start
+        if at is None:
+            raise RuntimeError(
+                f"resume={source!r}: plugin {', '.join(self.hooks.plugins('resume'))} returned "  # type: ignore[union-attr]
+                f"{resumed_from!r} but never gave the run its position: a resume implementation "
+                f"calls loop.load_state_dict(saved) with what loop.state_dict() returned")
         where = os.fspath(resumed_from) if isinstance(resumed_from, (str, os.PathLike)) else source
-        info = ResumeInfo(where, state.epoch, state.step, state.resume_batch, state.resume_stage)
-        state.resumed_from = info
+        info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
+        self.state.resumed_from = info
         self._fire("resumed", info)
 
     def _run(self) -> None:
@@ -494,16 +566,18 @@ class Run:
                 return
             self._boundary("start")
             self._first_epoch = state.epoch
+            at, self._start = self._start, None
             for epoch in range(state.epoch, self.max_epochs):
                 state.epoch = epoch
                 sets = self.val_data.values() if isinstance(self.val_data, Mapping) else (self.val_data,)
                 for data in (self.train_data, *sets):
                     if hasattr(data, "set_epoch"):
                         data.set_epoch(epoch)
+                start, first = (at.batch, at.stage) if at is not None else (0, "train")
+                at = None
+                self._cursor.epoch_begins(epoch, start, first)
                 self._fire("epoch_start", epoch)
                 self._boundary("epoch_start")
-                start, state.resume_batch = state.resume_batch, 0
-                first, state.resume_stage = state.resume_stage, "train"
                 if first == "train":
                     if epoch == self._first_epoch:
                         self._warn_eval_mode()
@@ -512,6 +586,8 @@ class Run:
                 if self.val_step is not None and every is not None and (epoch + 1) % every == 0:
                     self._validate()
                 self._fire("epoch_end", epoch)
+                self._cursor.epoch_ends()
+                self._fire("epoch_checkpoint", epoch)
                 self._boundary("epoch_end")
                 if self.max_steps is not None and state.step >= self.max_steps:
                     state.stop_reason = f"max_steps={self.max_steps} reached"
@@ -557,6 +633,9 @@ class Run:
                 module.training = flag
 
     def _validate(self) -> None:
+        self._cursor.valid_begins()  # a state dict taken during it resumes at its start
+        if _stateful(self.val_data):
+            self._valid_data_state = self.val_data.state_dict()
         with self._eval_modes(), self._grad_mode():
             if isinstance(self.val_data, Mapping):  # several validation sets: one stage
                 self._stage("valid", per_set(self.val_step, self.state), ValSets(self.val_data, self.state))  # type: ignore[arg-type]
@@ -588,6 +667,8 @@ class Run:
         state.batch_idx = start
         self.training = train
         batch_idx = start - 1
+        if train:
+            self._cursor.train_begins(start)
         try:
             self._fire("stage_start", stage)
             self._boundary("stage_start")
@@ -603,10 +684,7 @@ class Run:
             mark = self._mark(limit, every)
             whole = data
             t0 = clock()  # from here on, until next() returns, the loop waits for data
-            if start:
-                iter_from = getattr(data, "iter_from", None)
-                data = iter_from(start) if iter_from is not None else itertools.islice(data, start, None)
-            batches = iter(data)
+            batches = self._iterate(data, start, train)
             checked = False  # the first output of the stage is checked once
             for batch_idx, batch in enumerate(batches, start):
                 t1 = clock()
@@ -631,6 +709,8 @@ class Run:
                         state.val_due = state.step % every == 0
                 if (call := hot.batch_end) is not None:
                     call(self, output, batch, batch_idx)
+                if train and (call := hot.batch_checkpoint) is not None:
+                    call(self, batch_idx)
                 if hot.asks or self._stop is not None:
                     self._after_batch()
                 t0 = clock()  # the batch is done: what follows until next() returns is data
@@ -659,11 +739,43 @@ class Run:
             # stage_end sees the stage's batches counted; its own time is added after it
             self._split(stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
             self._fire("stage_end", stage)
-            if not train:
+            if train:
+                self._cursor.train_ends()
+            else:
                 state.val_due = False  # a validation due inside training has run to its end
+                self._cursor.valid_ends()
+                self._valid_data_state = None
             self._boundary("stage_end")
         finally:
             self._split(stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
+
+    def _iterate(self, data: Iterable[Any], start: int, train: bool) -> Iterator[Any]:
+        """The stage's batches from batch ``start``. A fresh training stage notes the random
+        state before its iterator is made (a ``DataLoader`` draws its seeds from it). A resumed
+        one makes its iterator from that same state and drops the batches already done (data
+        with ``iter_from`` starts there; data that restored its own state is already there),
+        then gives the random state back as it was: so the rest of the epoch sees the batches,
+        the shuffle and the random stream of the run it continues."""
+        cursor = self._cursor
+        if not start:
+            if train:
+                cursor.iter_rng = rng_state()
+            return iter(data)
+        replay = cursor.iter_rng if train else None
+        keep = rng_state() if replay is not None else None
+        try:
+            if replay is not None:
+                set_rng_state(replay)
+            iter_from = getattr(data, "iter_from", None)
+            if iter_from is not None:
+                return iter(iter_from(start))
+            batches = iter(data)
+            if not (train and "train" in self._restored):
+                collections.deque(itertools.islice(batches, start), maxlen=0)
+            return batches
+        finally:
+            if keep is not None:
+                set_rng_state(keep)
 
     def _split(self, stage: str, past: TimeSplit | None, elapsed: float, waited: float, stepping: float,
                batches: int) -> None:

@@ -40,18 +40,13 @@ class State:
     error: BaseException | None = None
     started_at: float | None = None
     ended_at: float | None = None
-    resume_batch: int = 0
-    """Training batches of ``epoch`` already done in an earlier run (set by a ``resume``
-    plugin); the loop skips them, then sets this back to 0."""
-    resume_stage: Literal["train", "valid"] = "train"
-    """Where a resumed ``epoch`` starts: ``"train"`` (at ``resume_batch``) or ``"valid"``
-    (its training stage was complete, ``stage_end`` included)."""
     val_due: bool = False
     """A validation is due inside the training stage (``Loop(val_every_n_steps=N)``): set when
     the training batch that makes ``step`` a multiple of N is done (before its ``batch_end``),
     cleared when that validation's ``stage_end`` has fired. A checkpoint taken in between (by
     step, or on a stop or a failure before the validation finished) records it, and a resumed
-    run validates first, before its next training batch."""
+    run validates first, before its next training batch. The rest of where a run is, as a
+    checkpoint keeps it, is the run's own: ``loop.position`` and ``loop.state_dict()``."""
     resumed_from: Any = None
     """Where this run resumed from (:class:`hookfit.payloads.ResumeInfo`), or ``None``."""
     rank: int = 0

@@ -40,6 +40,15 @@ def _isolated(hookfit_isolated: None) -> None:
     HOOKFIT_PLUGINS itself."""
 
 
+def saved_run(epoch: int, step: int, batch: int, stage: str = "train") -> dict:
+    """A run's state dict (as ``loop.state_dict()`` gives it) at a position, with the random
+    state of now: what a resume plugin in a test gives ``loop.load_state_dict()``."""
+    from hookfit.position import rng_state
+
+    return {"loop": {"epoch": epoch, "step": step, "resume_batch": batch, "resume_stage": stage},
+            "rng": rng_state()}
+
+
 class StopAfter:
     """Asks for a stop after the run's n-th batch, training and validation batches alike
     (``should_stop``)."""

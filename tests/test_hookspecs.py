@@ -115,6 +115,7 @@ def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
             states = loop.plugin_states()
             states["recorder"] = {"anything": 1}
             loop.load_plugin_states(states, strict=False)
+            loop.load_state_dict(loop.state_dict())  # the run's own position: where it is
             return True
 
     hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()), resume="x",

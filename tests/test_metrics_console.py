@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hookfit
+from conftest import saved_run
 from hookfit.plugins.console import Console
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.metrics import Metrics, batch_size
@@ -233,7 +234,7 @@ def test_a_resumed_training_stage_ends_with_the_uninterrupted_epoch_means(tmp_pa
         @hookfit.hookimpl
         def resume(self, loop):
             loop.load_plugin_states(saved)
-            loop.state.step = loop.state.resume_batch = 3
+            loop.load_state_dict(saved_run(0, 3, 3))
             return True
 
     collect = Collect()
@@ -442,7 +443,7 @@ class FakeResume:
     @hookfit.hookimpl
     def resume(self, loop):
         loop.load_plugin_states(self.states, strict=False)
-        loop.state.epoch, loop.state.step, loop.state.resume_batch = self.position
+        loop.load_state_dict(saved_run(*self.position))
         return self.source
 
 

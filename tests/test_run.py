@@ -15,6 +15,7 @@ import torch
 
 import hookfit
 import hookfit.payloads
+from conftest import saved_run
 from conftest import Recorder
 
 
@@ -29,9 +30,10 @@ def test_event_sequence_two_epochs_with_validation(recorder: Recorder) -> None:
     ).fit()
     assert state.status == "completed"
     batch = ["batch_start", "step_output", "batch_end", "should_stop"]
+    train = ["batch_start", "step_output", "batch_end", "batch_checkpoint", "should_stop"]
     epoch = (
-        ["epoch_start", "stage_start"] + batch * 2 + ["stage_end", "stage_start"]
-        + batch + ["stage_end", "epoch_end"]
+        ["epoch_start", "stage_start"] + train * 2 + ["stage_end", "stage_start"]
+        + batch + ["stage_end", "epoch_end", "epoch_checkpoint"]
     )
     assert recorder.names() == ["configure", "fit_start"] + epoch * 2 + ["fit_end"]
     events = recorder.events
@@ -169,13 +171,13 @@ def test_max_steps_completes_mid_epoch(recorder: Recorder) -> None:
     assert state.stop_reason == "max_steps=13 reached"
     assert recorder.names().count("epoch_end") == 1
     assert recorder.names().count("stage_end") == 2  # epoch 0's training and validation only
-    assert recorder.names()[-1] == "fit_end" and ("batch_end", {"output": None, "batch": 2, "batch_idx": 2}) in recorder.events[-3:]
+    assert recorder.names()[-1] == "fit_end" and ("batch_end", {"output": None, "batch": 2, "batch_idx": 2}) in recorder.events[-4:]
 
 
 def test_max_steps_at_the_end_of_an_epoch_completes_that_epoch(recorder: Recorder) -> None:
     state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=5, max_steps=10, plugins=[recorder]).fit()
     assert (state.status, state.step, state.stop_reason) == ("completed", 10, "max_steps=10 reached")
-    assert recorder.names().count("epoch_end") == 1 and recorder.names()[-2:] == ["epoch_end", "fit_end"]
+    assert recorder.names().count("epoch_end") == 1 and recorder.names()[-3:] == ["epoch_end", "epoch_checkpoint", "fit_end"]
     unsized = Recorder()  # without a length, the stage's end is found by asking for one more batch
 
     class Unsized:
@@ -345,7 +347,8 @@ def test_a_stop_asked_at_a_boundary_runs_no_further_batch(event: str, stage: str
     assert state.step == batches_run
     assert all(torch.equal(a, b) for a, b in zip(decider.params, model.parameters()))
     names = recorder.names()
-    assert names[-3:] == [event, "stop_requested", "fit_end"]
+    after = ["epoch_checkpoint"] if event == "epoch_end" else []  # the epoch is whole: it may be saved
+    assert names[-3 - len(after):] == [event, "stop_requested", *after, "fit_end"]
     assert names.count("epoch_end") == (2 if event == "epoch_end" else epoch)
     assert names.count("batch_end") == batches_run + 2 * names.count("epoch_end")  # + validation batches
 
@@ -369,7 +372,7 @@ def test_a_stop_by_the_run_s_own_rule_completes_it(complete: bool, status: str) 
                          max_epochs=4, plugins=[Rule(), recorder]).fit()
     assert (state.status, state.stop_reason, state.stopped_by) == (status, "target reached", "rule")
     assert state.step == 10 and recorder.names().count("epoch_end") == 2
-    assert recorder.names()[-2:] == ["stop_requested", "fit_end"]
+    assert recorder.names()[-3:] == ["stop_requested", "epoch_checkpoint", "fit_end"]
 
 
 def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> None:
@@ -720,17 +723,24 @@ def test_resume_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 class Position:
-    """A resume plugin that puts the run at (epoch, step, resume_batch)."""
+    """A resume plugin that puts the run at (epoch, step, resume_batch), through the run's own
+    ``load_state_dict`` as a checkpoint plugin does."""
 
     name = "position"
+    stage = "train"
 
     def __init__(self, epoch: int, step: int, batch: int) -> None:
         self.at = (epoch, step, batch)
+        self.ended_at = None
 
     @hookfit.hookimpl
     def resume(self, loop, source):
-        loop.state.epoch, loop.state.step, loop.state.resume_batch = self.at
+        loop.load_state_dict(saved_run(*self.at, self.stage))
         return source
+
+    @hookfit.hookimpl
+    def fit_end(self, loop):
+        self.ended_at = loop.position
 
 
 class Stateful(list):
@@ -760,9 +770,10 @@ def test_a_resumed_run_continues_at_the_saved_batch_without_the_earlier_ones(pro
     def step(loop, x):
         seen.append((loop.state.epoch, loop.state.batch_idx, x))
 
-    state = hookfit.Loop(step, data, max_epochs=3, resume="ckpt", plugins=[Position(1, 6, 3)]).fit()
+    at = Position(1, 6, 3)
+    state = hookfit.Loop(step, data, max_epochs=3, resume="ckpt", plugins=[at]).fit()
     assert seen == [(1, 3, 3)] + [(2, i, i) for i in range(4)]
-    assert state.step == 6 + 1 + 4 and state.status == "completed" and state.resume_batch == 0
+    assert state.step == 6 + 1 + 4 and state.status == "completed" and at.ended_at.batch == 0
     if protocol:
         assert data.epochs == [1, 2] and data.starts == [3] and data.produced == [3]
 
@@ -775,10 +786,9 @@ def test_a_run_resumed_after_its_last_training_batch(stage: str) -> None:
     rec = Recorder()
 
     class At(Position):
-        @hookfit.hookimpl
-        def resume(self, loop, source):
-            super().resume(loop, source)
-            loop.state.resume_stage = stage
+        pass
+
+    At.stage = stage
 
     hookfit.Loop(lambda l, x: seen.append(("t", x)), [0, 1], val_step=lambda l, x: seen.append(("v", x)),
                  val_data=[9], max_epochs=1, resume="x", plugins=[At(0, 2, 2), rec]).fit()
@@ -939,7 +949,7 @@ def test_a_resume_is_reported_with_where_it_continues(recorder: Recorder) -> Non
 
         @hookfit.hookimpl
         def resume(self, loop, source):
-            loop.state.epoch, loop.state.step, loop.state.resume_batch = 1, 7, 2
+            loop.load_state_dict(saved_run(1, 7, 2))
             return "runs/x/ckpt.pt"
 
     state = hookfit.Loop(lambda l, b: None, range(5), max_epochs=2, resume="latest",

@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from hookfit import StateMismatch, hookimpl
 from hookfit.plugins.checkpoint import sharded
-from hookfit.plugins.checkpoint.state import _load_model, _model_state, _rng_state, _set_rng_state, _snapshot
+from hookfit.plugins.checkpoint.state import _load_model, _model_state, _snapshot
+from hookfit.position import Position
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
     FORMAT_VERSION,
@@ -27,7 +28,6 @@ from hookfit.plugins.checkpoint.storage import (
     CheckpointError,
     CheckpointWarning,
     atomic_save,
-    check_data_length,
     checkpoint_files,
     digest,
     position_of,
@@ -36,6 +36,10 @@ from hookfit.plugins.checkpoint.storage import (
 )
 
 __all__ = ["Checkpoint", "CheckpointWarning"]
+
+OWN_KEYS = frozenset({"format", "version", "model", "plugins", "meta", "digest"})
+"""A checkpoint's entries that are not the run's own state (``loop.state_dict()``, whose
+entries sit beside them: ``loop``, ``rng``, ``data``...)."""
 
 
 def _check_options(options: Mapping[str, Any]) -> None:
@@ -117,11 +121,6 @@ class Checkpoint:
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Any = None
-        self._stage: str | None = None  # the innermost stage running
-        self._training = False  # a training stage is open (a validation may run inside it)
-        self._rng_before_valid: dict[str, Any] | None = None  # the random state as validation began
-        self._train_start = (0, 0)  # the global step and the first batch of the running training stage
-        self._done = (0, 0, "train")  # the position outside a training stage: epoch, training batches done, next stage
         self._last_time = 0.0
         self._last_value: float | None = None
         self._monitor_warned = False
@@ -160,8 +159,6 @@ class Checkpoint:
     def fit_start(self, loop: Any) -> None:
         self._loop = loop
         self._last_time = time.monotonic()
-        self._done = (loop.state.epoch, 0, "train")
-        self._stage, self._training, self._rng_before_valid = None, False, None
         self._last_value = None
         self.off = loop.model is None
         if self.off:
@@ -181,32 +178,11 @@ class Checkpoint:
             path, data = self._choose(loop, source)
         if path is None or data is None:
             return False
-        check_data_length(data["loop"], loop.train_data, path)  # the data as the run has it now
         self._restore(loop, path, data)
         self.resumed_from = path
         if loop.is_main:
             self._adopt(loop, data["loop"])
         return path
-
-    @hookimpl
-    def stage_start(self, loop: Any, stage: str) -> None:
-        self._stage = stage
-        if stage == "valid":
-            # a checkpoint taken during validation resumes before it (the validation runs
-            # again, from its start): it keeps the random state of that moment, not of the
-            # middle of the validation
-            self._rng_before_valid = _rng_state()
-        if stage == "train":
-            self._training = True
-            self._train_start = (loop.state.step, loop.state.batch_idx)
-
-    @hookimpl
-    def stage_end(self, loop: Any, stage: str) -> None:
-        if stage == "train":
-            self._done = (loop.state.epoch, self._trained(loop), "valid")
-            self._training = False
-        self._rng_before_valid = None
-        self._stage = "train" if self._training else None
 
     @hookimpl
     def epoch_metrics(self, stage: str, metrics: Any) -> None:
@@ -227,10 +203,9 @@ class Checkpoint:
                 f"metrics of epoch {metrics.epoch + 1} are {have}; no best checkpoint is kept by it",
                 CheckpointWarning, stacklevel=2)
 
-    @hookimpl(trylast=True)
-    def epoch_end(self, loop: Any, epoch: int) -> None:
+    @hookimpl
+    def epoch_checkpoint(self, loop: Any, epoch: int) -> None:
         self._announce(loop)
-        self._done = (epoch + 1, 0, "train")
         if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:
             self.save(loop, "epoch", metric=self._last_value)
         self._last_value = None  # a metric belongs to its epoch's checkpoint
@@ -248,7 +223,7 @@ class Checkpoint:
                 self.save(loop, "interrupt")
             elif state.status == "failed" and self.on_failure:
                 self.save(loop, "failure")
-            elif state.status == "completed" and self._training:
+            elif state.status == "completed" and _inside_training(loop.position):
                 # max_steps reached inside the epoch (a longer run continues from here), or a
                 # rule ended the run there (early stopping after a validation inside training)
                 budget = loop.max_steps is not None and state.step >= loop.max_steps
@@ -257,7 +232,6 @@ class Checkpoint:
             self._wait()
             self._announce(loop)
             self._loop = None
-            self._stage, self._training, self._rng_before_valid = None, False, None
 
     @hookimpl
     def add_commands(self, commands: Any) -> None:
@@ -278,28 +252,14 @@ class Checkpoint:
                 self.best = (value, Path(path))
         self.saved = [Path(p) for p in state.get("saved", []) if Path(p).exists()]
 
-    # -- position -------------------------------------------------------------------------
-    def _trained(self, loop: Any) -> int:
-        """Training batches of the running epoch whose step completed: the stage's first batch
-        plus the steps counted since it started (a batch whose step raised is not counted)."""
-        step0, batch0 = self._train_start
-        return batch0 + loop.state.step - step0
-
-    def position(self, loop: Any) -> tuple[int, int, str]:
-        """Where a checkpoint taken now resumes: epoch (from 0), training batches of that
-        epoch done, and the stage to start with (``"valid"`` once the training stage ended).
-        Inside the training stage, ``loop.state.val_due`` says whether a validation due there
-        is still to run (the payload records it)."""
-        if self._training:
-            return (loop.state.epoch, self._trained(loop), "train")
-        return self._done
-
+    # -- naming ---------------------------------------------------------------------------
     @staticmethod
-    def filename(position: tuple[int, int, str], step: int, reason: str) -> str:
+    def filename(position: Position, reason: str) -> str:
         """``epochNNNN-stepNNNNNNNNN.pt``, the epoch counted from 1: the epoch in progress, or
         the one just completed at an epoch's boundary, so names sort in run order."""
-        epoch, done, stage = position
-        shown = epoch if (stage == "train" and done == 0 and epoch > 0) else epoch + 1
+        epoch, step = position.epoch, position.step
+        at_start = position.stage == "train" and position.batch == 0 and not position.val_due
+        shown = epoch if (at_start and epoch > 0) else epoch + 1
         stem = "failed-" if reason == "failure" else ""
         return f"{stem}epoch{shown:04d}-step{step:09d}{SUFFIX}"
 
@@ -327,14 +287,14 @@ class Checkpoint:
         self._last_time = time.monotonic()
         self._raise_write_error()
         self._announce(loop)
-        position = self.position(loop)
-        payload = self.payload(loop, *position, reason=reason, metric=metric)  # also on other ranks: collectives
+        position = loop.position
+        payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
         rest, shards = sharded.split(payload)
         if shards:  # a sharded run: every rank writes its part
             return self._save_sharded(loop, position, rest, shards, metric, reason)
         if not loop.is_main:
             return None
-        path = self.directory(loop) / self.filename(position, loop.state.step, reason)
+        path = self.directory(loop) / self.filename(position, reason)
         self._wait()
         self._raise_write_error()
         if self.background:
@@ -348,28 +308,21 @@ class Checkpoint:
             self._announce(loop)
         return path
 
-    def payload(self, loop: Any, epoch: int, done: int, stage: str, *, reason: str,
-                metric: float | None) -> dict[str, Any]:
+    def payload(self, loop: Any, *, reason: str, metric: float | None) -> dict[str, Any]:
         """Everything a checkpoint holds, as plain data and tensors (the ``digest`` is added
-        when it is written)."""
-        state = loop.state
-        position: dict[str, Any] = {"epoch": epoch, "step": state.step, "resume_batch": done, "resume_stage": stage}
-        if state.val_due and stage == "train":
-            position["val_due"] = True  # the validation due at this step has not run to its end
+        when it is written): the run's own state (``loop.state_dict()``: ``loop``, ``rng`` and
+        ``data``), the model's, every plugin's and what this plugin notes about the file."""
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
-            "loop": position,
+            **loop.state_dict(),
             "model": _model_state(loop.model),
             "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
-            "rng": self._rng_before_valid if self._rng_before_valid is not None else _rng_state(),
-            "data": {k: d.state_dict() for k, d in (("train", loop.train_data), ("valid", loop.val_data))
-                     if hasattr(d, "state_dict") and hasattr(d, "load_state_dict")},
             "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": self.monitor,
-                     "status": state.status},
+                     "status": loop.state.status},
         }
 
-    def _save_sharded(self, loop: Any, position: tuple[int, int, str], rest: dict[str, Any],
+    def _save_sharded(self, loop: Any, position: Position, rest: dict[str, Any],
                       shards: dict[str, Any], metric: float | None, reason: str) -> Path | None:
         """A checkpoint of a sharded run (a folder, written by every rank: see
         :mod:`hookfit.plugins.checkpoint.sharded`), in the foreground: the ranks write together."""
@@ -379,7 +332,7 @@ class Checkpoint:
         self._raise_write_error()
         where: list[Any] = [None]
         if loop.is_main:
-            path = self.directory(loop).absolute() / self.filename(position, loop.state.step, reason)
+            path = self.directory(loop).absolute() / self.filename(position, reason)
             path = path.with_suffix(sharded.SHARDED_SUFFIX)
             self._sharded_saves += 1
             where = [(str(path), f".{path.name}.{os.getpid()}-{self._sharded_saves}.tmp")]
@@ -525,9 +478,7 @@ class Checkpoint:
         return [p for files in folders for p in files], str(base / "*" / "checkpoints")
 
     def _load(self, loop: Any, path: Path) -> dict[str, Any]:
-        data = read(path)
-        check_data_length(data["loop"], loop.train_data, path)
-        return data
+        return read(path, loop.train_data)
 
     def _restore(self, loop: Any, path: Path, data: dict[str, Any]) -> None:
         here = _model_state(loop.model)
@@ -547,17 +498,7 @@ class Checkpoint:
                 f"checkpoint: {path}: {error.detail}. Pass Checkpoint(strict=False) in "
                 f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
                 f"restores unused)") from error
-        for key, target in (("train", loop.train_data), ("valid", loop.val_data)):
-            if key in data["data"] and hasattr(target, "load_state_dict"):
-                target.load_state_dict(data["data"][key])
-        _set_rng_state(data["rng"])
-        position = data["loop"]
-        loop.state.epoch = position["epoch"]
-        loop.state.step = position["step"]
-        loop.state.resume_batch = position["resume_batch"]
-        loop.state.resume_stage = position["resume_stage"]
-        loop.state.val_due = bool(position.get("val_due", False))
-        self._done = (position["epoch"], position["resume_batch"], position["resume_stage"])
+        loop.load_state_dict({key: value for key, value in data.items() if key not in OWN_KEYS})
 
     def _adopt(self, loop: Any, position: Mapping[str, Any]) -> None:
         """Take the checkpoints already in this run's folder as this run's, so ``keep_last``
@@ -573,6 +514,11 @@ class Checkpoint:
         self._prune()
 
 
+def _inside_training(position: Position) -> bool:
+    """Whether the run stands inside an epoch's training stage (not at an epoch's start)."""
+    return position.stage == "train" and (position.batch > 0 or position.val_due)
+
+
 class _EveryStep:
     """The checkpoint plugin's per-batch part, registered only when saves are due by step or
     by time."""
@@ -580,13 +526,11 @@ class _EveryStep:
     def __init__(self, owner: Checkpoint) -> None:
         self.owner = owner
 
-    @hookimpl(trylast=True)  # after every other plugin took the batch into account
-    def batch_end(self, loop: Any, batch_idx: int) -> None:
+    @hookimpl
+    def batch_checkpoint(self, loop: Any) -> None:
         owner = self.owner
         if owner._written:
             owner._announce(loop)
-        if owner._stage != "train":
-            return
         step = loop.state.step
         if (owner.every_n_steps is not None and step % owner.every_n_steps == 0) or (
             owner.every_seconds is not None and time.monotonic() - owner._last_time >= owner.every_seconds

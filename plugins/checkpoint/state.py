@@ -1,9 +1,8 @@
-"""checkpoint state: what a checkpoint holds beyond the plugins' states (the model's state
-dict, the random number generators) and how it is copied and restored."""
+"""checkpoint state: what a checkpoint holds beyond the run's and the plugins' states (the
+model's state dict) and how it is copied and restored."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,31 +59,3 @@ def _load_model(model: Any, state: Any, path: Path) -> None:
     else:
         for module, sub in zip(model, state, strict=True):
             _load_model(module, sub, path)
-
-
-def _rng_state() -> dict[str, Any]:
-    version, keys, gauss = random.getstate()
-    out: dict[str, Any] = {"python": [version, list(keys), gauss], "torch": torch.get_rng_state()}
-    try:
-        import numpy
-    except ImportError:
-        numpy = None  # type: ignore[assignment]
-    if numpy is not None:
-        name, keys_np, pos, has_gauss, cached = numpy.random.get_state()
-        out["numpy"] = [name, torch.from_numpy(keys_np.astype("int64")), pos, has_gauss, cached]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(keys), gauss))
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy
-
-        name, keys_np, pos, has_gauss, cached = state["numpy"]
-        numpy.random.set_state((name, keys_np.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])

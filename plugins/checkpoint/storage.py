@@ -5,9 +5,7 @@ which file to resume from) is in :mod:`hookfit.plugins.checkpoint.plugin`."""
 from __future__ import annotations
 
 import hashlib
-import math
 import os
-import random
 import re
 import warnings
 from collections.abc import Mapping
@@ -17,6 +15,7 @@ from typing import Any
 import torch
 
 from hookfit.files import FileWarning
+from hookfit.position import check_position, check_rng
 
 FORMAT = "hookfit-checkpoint"
 FORMAT_VERSION = 1
@@ -25,7 +24,6 @@ DIGEST = "blake2b"
 """The hash of a checkpoint's ``digest`` entry (:func:`digest`)."""
 KEYS = ("loop", "model", "plugins", "rng", "data", "meta")
 """What a checkpoint holds besides ``format``, ``version`` and ``digest``."""
-STAGES = ("train", "valid")
 
 
 class CheckpointError(RuntimeError):
@@ -165,11 +163,12 @@ def _feed(h: Any, obj: Any) -> None:
 # -- reading and checking -------------------------------------------------------------------
 
 
-def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read(path: str | os.PathLike[str], train_data: Any = None) -> dict[str, Any]:
     """Load a checkpoint (a file, or the ``state.pt`` of a sharded checkpoint's folder, whose
     sharded tensors stay placeholders) with ``weights_only=True`` and check it: its format and version,
-    that it holds every entry of a checkpoint, a usable RNG state, a possible position, and
-    contents that match its digest. Each problem is a :class:`CheckpointError` naming the
+    that it holds every entry of a checkpoint, a usable RNG state, a possible position (one
+    within ``train_data`` when that is given and has a length), and contents that match its
+    digest. Each problem is a :class:`CheckpointError` naming the
     file and what does not match."""
     path = Path(path)
     source = path
@@ -192,11 +191,11 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint: {path} has format version {version!r}, newer than this hookfit reads "
             f"({FORMAT_VERSION}); upgrade hookfit to resume from it")
-    check(data, path)
+    check(data, path, train_data)
     return data
 
 
-def check(data: Mapping[str, Any], path: Path) -> None:
+def check(data: Mapping[str, Any], path: Path, train_data: Any = None) -> None:
     """The checks of :func:`read` after format and version (see there)."""
     missing = [key for key in KEYS if key not in data]
     if missing:
@@ -205,8 +204,11 @@ def check(data: Mapping[str, Any], path: Path) -> None:
     for key in ("plugins", "rng", "data", "meta"):
         if not isinstance(data[key], Mapping):
             raise CheckpointError(f"checkpoint: {path}: '{key}' is a {type(data[key]).__name__}, not a mapping")
-    _check_position(data["loop"], path)
-    _check_rng(data["rng"], path)
+    try:  # the run's own checks of the state it will be given back
+        check_position(data["loop"], train_data)
+        check_rng(data["rng"])
+    except ValueError as error:
+        raise CheckpointError(f"checkpoint: {path}: {error}") from error
     saved = data.get("digest")
     if saved is None:
         warnings.warn(f"checkpoint: {path} has no digest (written by an older hookfit): its tensors "
@@ -216,80 +218,6 @@ def check(data: Mapping[str, Any], path: Path) -> None:
         raise CheckpointError(
             f"checkpoint: {path}: its contents do not match its digest ({str(saved)[:24]}...): a tensor or "
             f"value changed since it was written (bit flips on the disk, or an edit)")
-
-
-def _natural(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
-
-
-def _check_position(position: Any, path: Path) -> None:
-    if not isinstance(position, Mapping):
-        raise CheckpointError(f"checkpoint: {path}: 'loop' (the position) is a {type(position).__name__}, "
-                              "not a mapping")
-    for key in ("epoch", "step", "resume_batch"):
-        if key not in position:
-            raise CheckpointError(f"checkpoint: {path}: the position ('loop') lacks {key!r}")
-        if not _natural(position[key]):
-            raise CheckpointError(f"checkpoint: {path}: impossible position: loop[{key!r}] is "
-                                  f"{position[key]!r}, not a count (an integer >= 0)")
-    stage = position.get("resume_stage")
-    if stage not in STAGES:
-        raise CheckpointError(f"checkpoint: {path}: impossible position: loop['resume_stage'] is {stage!r}, "
-                              f"not 'train' or 'valid'")
-    if not isinstance(position.get("val_due", False), bool):
-        raise CheckpointError(f"checkpoint: {path}: impossible position: loop['val_due'] is "
-                              f"{position['val_due']!r}, not True or False")
-
-
-def check_data_length(position: Mapping[str, Any], train_data: Any, path: Path) -> None:
-    """The position's training batches done fit in ``train_data`` (when it has a length)."""
-    try:
-        length = len(train_data)
-    except TypeError:
-        return
-    if position["resume_batch"] > length:
-        raise CheckpointError(
-            f"checkpoint: {path}: impossible position: {position['resume_batch']} training batches done "
-            f"in epoch {position['epoch'] + 1}, and this run's training data has {length}")
-
-
-def _check_rng(rng: Mapping[str, Any], path: Path) -> None:
-    def bad(what: str, why: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint: {path}: bad RNG state: rng[{what!r}] {why}")
-
-    for key in ("python", "torch"):
-        if key not in rng:
-            raise bad(key, "is missing")
-    py = rng["python"]
-    keys_len = len(random.getstate()[1])
-    if not isinstance(py, (list, tuple)) or len(py) != 3:
-        raise bad("python", f"is a {type(py).__name__}, not [version, keys, gauss]")
-    version, keys, gauss = py
-    if not isinstance(version, int) or not isinstance(keys, (list, tuple)) or len(keys) != keys_len or not all(
-            isinstance(k, int) and not isinstance(k, bool) for k in keys) or not (
-            gauss is None or isinstance(gauss, float)):
-        size = len(keys) if isinstance(keys, (list, tuple)) else type(keys).__name__
-        raise bad("python", f"is not Python's random state (keys: {size}, expected {keys_len} integers)")
-    here = torch.get_rng_state()
-    state = rng["torch"]
-    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.shape != here.shape:
-        what = (f"a {state.dtype} tensor of shape {tuple(state.shape)}" if isinstance(state, torch.Tensor)
-                else f"a {type(state).__name__}")
-        raise bad("torch", f"is {what}, expected a uint8 tensor of shape {tuple(here.shape)}")
-    if "numpy" in rng:
-        np_state = rng["numpy"]
-        if not isinstance(np_state, (list, tuple)) or len(np_state) != 5:
-            raise bad("numpy", f"is a {type(np_state).__name__}, not [name, keys, pos, has_gauss, cached]")
-        name, np_keys, pos, has_gauss, cached = np_state
-        if name != "MT19937" or not isinstance(np_keys, torch.Tensor) or np_keys.shape != (624,) or (
-                np_keys.is_floating_point()) or not _natural(pos) or pos > 624 or not isinstance(has_gauss, int) or (
-                not isinstance(cached, (int, float)) or not math.isfinite(float(cached))):
-            raise bad("numpy", "is not NumPy's MT19937 state (name, 624 keys, position, gauss)")
-    if "cuda" in rng:
-        cuda = rng["cuda"]
-        if not isinstance(cuda, (list, tuple)) or not all(
-                isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda):
-            raise bad("cuda", "is not a list of uint8 tensors (one per device)")
 
 
 # -- listing --------------------------------------------------------------------------------

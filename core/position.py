@@ -1,0 +1,239 @@
+"""Where a run is, as the run itself keeps it: :class:`Position`, the random state that goes
+with it, and :class:`Cursor`, which the loop moves as it goes.
+
+A run serialises its own position (``loop.state_dict()``, as Ignite's ``Engine.state_dict()``
+does) and takes it back (``loop.load_state_dict(saved)``); a checkpoint plugin only stores
+what it was given. What the run's state dict holds:
+
+* ``"loop"``: the :class:`Position` as a mapping (``epoch``, ``step``, ``resume_batch``,
+  ``resume_stage`` and, only when true, ``val_due``);
+* ``"rng"``: the random state (Python, NumPy when it is installed, torch, CUDA when it is in
+  use) that belongs to that position: the state *now*, except inside a validation, which a
+  resumed run runs again from its start, where it is the state as that validation began;
+* ``"data"``: the ``state_dict()`` of training and validation data that has one (and
+  ``load_state_dict``): torchdata's ``StatefulDataLoader``, :class:`hookfit.data.Batches`
+  (inside a validation, the validation data's state as it began);
+* ``"data_rng"``, inside a training stage: the random state as that stage made its data
+  iterator. A ``DataLoader`` draws its base seed (and, shuffling without a generator of its
+  own, its shuffle seed) from the global generator when it is iterated: a resumed run makes
+  its iterator from this state, drops the batches already done, then goes on with ``"rng"``,
+  so the rest of the epoch has the same batches, in the same order, and the same random
+  stream (dropout, noise) as the run it continues.
+
+Which batches the core skips at a resume: data with ``iter_from(start)`` starts there
+(:class:`hookfit.data.Batches`); data whose own state was restored (it has ``load_state_dict``
+and its state was saved) is trusted to continue where it was, and nothing is skipped again;
+any other iterable is iterated and its first ``resume_batch`` batches dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["Cursor", "Position", "check_position", "check_rng", "rng_state", "set_rng_state"]
+
+Stage = Literal["train", "valid"]
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a resumed run continues.
+
+    * ``epoch``: the epoch it continues in, from 0;
+    * ``step``: training batches done in the whole run (the global step);
+    * ``batch``: training batches of ``epoch`` done (the loop skips them);
+    * ``stage``: ``"train"`` (go on training at ``batch``), or ``"valid"``: the epoch's
+      training stage is complete, ``stage_end`` included, and what is left of the epoch is
+      its validation and ``epoch_end``;
+    * ``val_due``: inside the training stage, a validation due at ``step``
+      (``Loop(val_every_n_steps=N)``) has not run to its end: it runs first.
+    """
+
+    epoch: int = 0
+    step: int = 0
+    batch: int = 0
+    stage: Stage = "train"
+    val_due: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """The position as the run's state dict keeps it (``val_due`` only when true)."""
+        out: dict[str, Any] = {"epoch": self.epoch, "step": self.step, "resume_batch": self.batch,
+                               "resume_stage": self.stage}
+        if self.val_due:
+            out["val_due"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, saved: Any) -> Position:
+        """The position a state dict's ``"loop"`` entry describes, checked by
+        :func:`check_position`."""
+        check_position(saved)
+        return cls(saved["epoch"], saved["step"], saved["resume_batch"], saved["resume_stage"],
+                   bool(saved.get("val_due", False)))
+
+
+class Cursor:
+    """The loop's record of its position, moved at the loop's own boundaries: where the
+    training stage of the epoch began, whether it is open, where the run stands between stages,
+    and the random state as a running validation began. :meth:`position` says where a state
+    dict taken now resumes."""
+
+    __slots__ = ("state", "training", "step0", "batch0", "done", "valid_rng", "iter_rng")
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.training = False  # a training stage is open (a validation may run inside it)
+        self.step0 = self.batch0 = 0  # the global step and first batch as the training stage began
+        self.done: tuple[int, int, Stage] = (0, 0, "train")  # the position outside a training stage
+        self.valid_rng: dict[str, Any] | None = None
+        self.iter_rng: dict[str, Any] | None = None  # the random state as the training stage made its iterator
+
+    def epoch_begins(self, epoch: int, batch: int = 0, stage: Stage = "train") -> None:
+        self.done = (epoch, batch, stage)
+
+    def train_begins(self, batch: int) -> None:
+        self.training, self.step0, self.batch0 = True, self.state.step, batch
+
+    def train_ends(self) -> None:
+        self.done = (self.state.epoch, self.trained(), "valid")
+        self.training = False
+
+    def epoch_ends(self) -> None:
+        self.done = (self.state.epoch + 1, 0, "train")
+
+    def valid_begins(self) -> None:
+        if self.valid_rng is None:
+            self.valid_rng = rng_state()
+
+    def valid_ends(self) -> None:
+        self.valid_rng = None
+
+    def trained(self) -> int:
+        """Training batches of the running epoch whose step completed: the stage's first batch
+        plus the steps counted since it began (a batch whose step raised is not counted)."""
+        return self.batch0 + self.state.step - self.step0
+
+    def position(self) -> Position:
+        state = self.state
+        if self.training:
+            return Position(state.epoch, state.step, self.trained(), "train", bool(state.val_due))
+        epoch, batch, stage = self.done
+        return Position(epoch, state.step, batch, stage)
+
+    def rng(self) -> dict[str, Any]:
+        """The random state that goes with :meth:`position`."""
+        return self.valid_rng if self.valid_rng is not None else rng_state()
+
+
+# -- random state -----------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator a training script draws from, as plain data and tensors."""
+    version, keys, gauss = random.getstate()
+    out: dict[str, Any] = {"python": [version, list(keys), gauss], "torch": torch.get_rng_state()}
+    try:
+        import numpy
+    except ImportError:
+        numpy = None  # type: ignore[assignment]
+    if numpy is not None:
+        name, keys_np, pos, has_gauss, cached = numpy.random.get_state()
+        out["numpy"] = [name, torch.from_numpy(keys_np.astype("int64")), pos, has_gauss, cached]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned (CUDA only on as many devices as it had)."""
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy
+
+        name, keys_np, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((name, keys_np.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- checks of a saved state ------------------------------------------------------------------
+
+
+def _natural(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+
+def check_position(position: Any, train_data: Any = None) -> None:
+    """A ``ValueError`` naming the entry when ``position`` (a state dict's ``"loop"``) is not
+    a possible position, or one beyond ``train_data`` (when that has a length)."""
+    if not isinstance(position, Mapping):
+        raise ValueError(f"'loop' (the position) is a {type(position).__name__}, not a mapping")
+    for key in ("epoch", "step", "resume_batch"):
+        if key not in position:
+            raise ValueError(f"the position ('loop') lacks {key!r}")
+        if not _natural(position[key]):
+            raise ValueError(f"impossible position: loop[{key!r}] is {position[key]!r}, not a count "
+                             f"(an integer >= 0)")
+    stage = position.get("resume_stage")
+    if stage not in ("train", "valid"):
+        raise ValueError(f"impossible position: loop['resume_stage'] is {stage!r}, not 'train' or 'valid'")
+    if not isinstance(position.get("val_due", False), bool):
+        raise ValueError(f"impossible position: loop['val_due'] is {position['val_due']!r}, not True or False")
+    try:
+        length = len(train_data)
+    except TypeError:
+        return
+    if position["resume_batch"] > length:
+        raise ValueError(f"impossible position: {position['resume_batch']} training batches done in epoch "
+                         f"{position['epoch'] + 1}, and this run's training data has {length}")
+
+
+def check_rng(rng: Any) -> None:
+    """A ``ValueError`` naming the entry when ``rng`` is not what :func:`rng_state` returns
+    (on this machine: Python's key count, torch's state size)."""
+    def bad(what: str, why: str) -> ValueError:
+        return ValueError(f"bad RNG state: rng[{what!r}] {why}")
+
+    if not isinstance(rng, Mapping):
+        raise ValueError(f"'rng' is a {type(rng).__name__}, not a mapping")
+    for key in ("python", "torch"):
+        if key not in rng:
+            raise bad(key, "is missing")
+    py = rng["python"]
+    keys_len = len(random.getstate()[1])
+    if not isinstance(py, (list, tuple)) or len(py) != 3:
+        raise bad("python", f"is a {type(py).__name__}, not [version, keys, gauss]")
+    version, keys, gauss = py
+    if not isinstance(version, int) or not isinstance(keys, (list, tuple)) or len(keys) != keys_len or not all(
+            isinstance(k, int) and not isinstance(k, bool) for k in keys) or not (
+            gauss is None or isinstance(gauss, float)):
+        size = len(keys) if isinstance(keys, (list, tuple)) else type(keys).__name__
+        raise bad("python", f"is not Python's random state (keys: {size}, expected {keys_len} integers)")
+    here = torch.get_rng_state()
+    state = rng["torch"]
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.shape != here.shape:
+        what = (f"a {state.dtype} tensor of shape {tuple(state.shape)}" if isinstance(state, torch.Tensor)
+                else f"a {type(state).__name__}")
+        raise bad("torch", f"is {what}, expected a uint8 tensor of shape {tuple(here.shape)}")
+    if "numpy" in rng:
+        np_state = rng["numpy"]
+        if not isinstance(np_state, (list, tuple)) or len(np_state) != 5:
+            raise bad("numpy", f"is a {type(np_state).__name__}, not [name, keys, pos, has_gauss, cached]")
+        name, np_keys, pos, has_gauss, cached = np_state
+        if name != "MT19937" or not isinstance(np_keys, torch.Tensor) or np_keys.shape != (624,) or (
+                np_keys.is_floating_point()) or not _natural(pos) or pos > 624 or not isinstance(has_gauss, int) or (
+                not isinstance(cached, (int, float)) or not math.isfinite(float(cached))):
+            raise bad("numpy", "is not NumPy's MT19937 state (name, 624 keys, position, gauss)")
+    if "cuda" in rng:
+        cuda = rng["cuda"]
+        if not isinstance(cuda, (list, tuple)) or not all(
+                isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda):
+            raise bad("cuda", "is not a list of uint8 tensors (one per device)")
