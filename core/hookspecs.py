@@ -474,23 +474,6 @@ def resumed(loop: Run, info: ResumeInfo) -> None:
     """
 
 
-# TEMPORARY (issue 23): declared here until Checkpoint gets its hookspecs attribute
-@hookspec
-def checkpoint_saved(loop: Run, path: str, reason: str, step: int) -> None:
-    """A checkpoint of the run is complete on disk: ``path`` (a file, or a sharded
-    checkpoint's folder), written for ``reason`` (``"epoch"``, ``"step"``, ``"interrupt"``,
-    ``"max_steps"``, ``"completed"``, ``"failure"``), at global step ``step``.
-
-    Fired by the checkpoint plugin on the training thread, once the write has finished: a
-    checkpoint written in the background is announced at the plugin's next save, epoch end,
-    checked batch or ``fit_end``, whichever comes first, never from the writer thread. A write
-    that failed is not announced. For observers (a dashboard marks it on its curve) and for
-    plugins that act on finished checkpoints (copy them elsewhere, upload them): they must not
-    change or delete ``path``, whose keeping is the checkpoint plugin's. Main process only.
-    The return value is ignored.
-    """
-
-
 # -- the backward pass (loop.backward; the optimizer steps are the optim plugin's events) -----
 
 

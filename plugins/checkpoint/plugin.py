@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hookfit import StateMismatch, hookimpl
-from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint import hookspecs, sharded
 from hookfit.plugins.checkpoint.state import _load_model, _model_state, _snapshot
 from hookfit.position import Position
 from hookfit.plugins.checkpoint.storage import (
@@ -83,6 +83,7 @@ class Checkpoint:
     """Atomic checkpoints of model, optimizers, plugins, position and RNG; exact resume."""
 
     name = "checkpoint"
+    hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
 
     def __init__(
         self,
