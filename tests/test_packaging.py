@@ -59,3 +59,25 @@ def test_urwid_and_torch_are_imported_only_when_needed(tmp_path: Path) -> None:
     lines = out.stdout.splitlines()
     assert lines[0] == "False", "import hookfit / hookfit.testing imported torch"
     assert lines[-1] == "False", "a run without a terminal imported urwid"
+
+
+def test_requires_python_is_no_lower_than_what_the_code_uses() -> None:
+    """hookfit imports ``tomllib`` and uses ``BaseException.add_note`` (Python 3.11): a lower
+    ``requires-python`` would let pip install a package that does not import."""
+    import ast
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    spec = tomllib.loads((root / "pyproject.toml").read_text())["project"]["requires-python"]
+    minimum = tuple(int(part) for part in re.fullmatch(r">=\s*(\d+)\.(\d+)", spec).groups())
+    needs = set()
+    for path in [*(root / "core").rglob("*.py"), *(root / "plugins").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) and any(a.name == "tomllib" for a in node.names):
+                needs.add(("tomllib", path.name))
+            if isinstance(node, ast.Attribute) and node.attr == "add_note":
+                needs.add(("add_note", path.name))
+    assert needs, "the check looks for nothing: update it"
+    assert minimum >= (3, 11), f"requires-python {spec!r}, but the code uses {sorted(needs)} (3.11+)"
+    assert sys.version_info[:2] >= minimum
