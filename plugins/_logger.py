@@ -10,15 +10,6 @@ from typing import Any
 from hookfit.files import FileWarning, RunFile
 
 
-def check_flag(owner: str, option: str, value: Any, none: bool = False) -> None:
-    """A ``ValueError`` naming ``owner`` and ``option`` unless ``value`` is a bool (or ``None``
-    where ``none`` allows it)."""
-    if isinstance(value, bool) or (none and value is None):
-        return
-    allowed = "True, False or None" if none else "True or False"
-    raise ValueError(f"{owner}: {option} must be {allowed}, got {value!r}")
-
-
 def wanted(loop: Any, plugin: Any, enabled: bool | None) -> bool:
     """Whether a logger takes part in this run: ``enabled`` when given; else when it was given
     to ``Loop(plugins=[...])`` (or registered by hand) or the configuration file gave it any

@@ -50,7 +50,8 @@ from typing import Any
 from hookfit import hookimpl
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins._logger import check_flag, fail, run_file, wanted
+from hookfit.plugins._logger import fail, run_file, wanted
+from hookfit.plugins.common import flag
 
 __all__ = ["EPOCH_COLUMNS", "UPDATE_COLUMNS", "CSVLogger"]
 
@@ -207,8 +208,8 @@ class CSVLogger:
     observer = True  # a logger: its failures switch it off, never the run
 
     def __init__(self, enabled: bool | None = None, every_publication: bool = False) -> None:
-        check_flag(self.name, "enabled", enabled, none=True)
-        check_flag(self.name, "every_publication", every_publication)
+        flag(self.name, "enabled", enabled, none=True)
+        flag(self.name, "every_publication", every_publication)
         self.enabled = enabled
         self.every_publication = every_publication
         self._epochs = _Table(self.name, "metrics.csv", EPOCH_COLUMNS)

@@ -27,10 +27,10 @@
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Literal, Mapping
 
 from hookfit import hookimpl
+from hookfit.plugins.common import choice, integer, number
 
 __all__ = ["EarlyStopping"]
 
@@ -50,13 +50,9 @@ class EarlyStopping:
                                     or monitor.split("/", 1)[0] not in STAGES or not monitor.split("/", 1)[1].strip()):
             raise ValueError(f"early_stopping: monitor must be '<stage>/<metric>' with stage train or valid "
                              f"(like 'valid/loss'), or None, got {monitor!r}")
-        if mode not in ("min", "max"):
-            raise ValueError(f"early_stopping: mode must be 'min' or 'max', got {mode!r}")
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
-            raise ValueError(f"early_stopping: patience must be an integer >= 0 (epochs), got {patience!r}")
-        if (isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real)
-                or not math.isfinite(min_delta) or min_delta < 0):
-            raise ValueError(f"early_stopping: min_delta must be a finite number >= 0, got {min_delta!r}")
+        choice(self.name, "mode", mode, ("min", "max"))
+        integer(self.name, "patience", patience, least=0, meaning="epochs")
+        number(self.name, "min_delta", min_delta, least=0)
         self.monitor = monitor
         self.mode = mode
         self.patience = patience

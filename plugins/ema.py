@@ -37,7 +37,6 @@ itself at ``configure``, so no hook of it runs and the optim plugin keeps its fa
 from __future__ import annotations
 
 import itertools
-import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +45,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from hookfit import hookimpl
+from hookfit.plugins.common import check, flag, positive_int
 
 __all__ = ["EMA"]
 
@@ -59,18 +59,14 @@ class EMA:
 
     def __init__(self, decay: float | None = None, every_n_steps: int = 1, validate: bool = True,
                  optimizer: str | None = None) -> None:
-        if decay is not None and (isinstance(decay, bool) or not isinstance(decay, numbers.Real)
-                                  or not math.isfinite(decay) or not 0 < decay < 1):
-            raise ValueError(f"ema: decay must be a number with 0 < decay < 1 (like 0.999), or None to "
-                             f"switch the plugin off, got {decay!r}")
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"ema: every_n_steps must be a positive integer (optimizer steps), "
-                             f"got {every_n_steps!r}")
-        if not isinstance(validate, bool):
-            raise ValueError(f"ema: validate must be True or False, got {validate!r}")
-        if optimizer is not None and (not isinstance(optimizer, str) or not optimizer.strip()):
-            raise ValueError(f"ema: optimizer must be the name of one of the run's optimizers, or None, "
-                             f"got {optimizer!r}")
+        name = self.name
+        check(name, "decay", decay,
+              lambda d: d is None or (not isinstance(d, bool) and isinstance(d, numbers.Real) and 0 < d < 1),
+              "be a number with 0 < decay < 1 (like 0.999), or None to switch the plugin off")
+        positive_int(name, "every_n_steps", every_n_steps, meaning="optimizer steps")
+        flag(name, "validate", validate)
+        check(name, "optimizer", optimizer, lambda o: o is None or (isinstance(o, str) and bool(o.strip())),
+              "be the name of one of the run's optimizers, or None")
         self.decay = None if decay is None else float(decay)
         self.every_n_steps = every_n_steps
         self.validate = validate

@@ -64,6 +64,7 @@ from typing import Any, Callable, TextIO, TypeVar
 
 from hookfit import config, hookimpl
 from hookfit.files import FileWarning
+from hookfit.plugins.common import check, flag, integer, option_error
 
 __all__ = ["Profile", "SORT_KEYS", "FOLDER"]
 
@@ -82,18 +83,6 @@ SORT_KEYS = (
 """What ``Profile(sort_by=...)`` may sort the table by (the columns ``torch.profiler`` knows)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _count(name: str, value: Any, least: int, meaning: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"profile: {name} must be an integer >= {least} ({meaning}), got {value!r}")
-    return value
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"profile: {name} must be True or False, got {value!r}")
-    return value
 
 
 def _field(key: str, value: str) -> str:
@@ -157,22 +146,25 @@ class Profile:
     def __init__(self, wait: int = 1, warmup: int = 1, active: int = 3, repeat: int = 1, skip_first: int = 0,
                  record_shapes: bool = False, profile_memory: bool = False, with_stack: bool = False,
                  sort_by: str | None = None, row_limit: int = 10, stream: TextIO | None = None) -> None:
-        self.wait = _count("wait", wait, 0, "training steps skipped at the start of each cycle")
-        self.warmup = _count("warmup", warmup, 0, "training steps the profiler warms up for in each cycle")
-        self.active = _count("active", active, 1, "training steps recorded in each cycle")
-        self.repeat = _count("repeat", repeat, 0, "cycles; 0 repeats them until the run ends")
-        self.skip_first = _count("skip_first", skip_first, 0, "training steps skipped before the first cycle")
-        self.record_shapes = _flag("record_shapes", record_shapes)
-        self.profile_memory = _flag("profile_memory", profile_memory)
-        self.with_stack = _flag("with_stack", with_stack)
-        if sort_by is not None and sort_by not in SORT_KEYS:
-            raise ValueError(f"profile: sort_by must be one of {', '.join(SORT_KEYS)} (or None for the "
-                             f"operators' own time), got {sort_by!r}")
+        name = self.name
+        self.wait = integer(name, "wait", wait, least=0, meaning="training steps skipped at the start of each cycle")
+        self.warmup = integer(name, "warmup", warmup, least=0,
+                              meaning="training steps the profiler warms up for in each cycle")
+        self.active = integer(name, "active", active, least=1, meaning="training steps recorded in each cycle")
+        self.repeat = integer(name, "repeat", repeat, least=0, meaning="cycles; 0 repeats them until the run ends")
+        self.skip_first = integer(name, "skip_first", skip_first, least=0,
+                                  meaning="training steps skipped before the first cycle")
+        self.record_shapes = flag(self.name, "record_shapes", record_shapes)
+        self.profile_memory = flag(self.name, "profile_memory", profile_memory)
+        self.with_stack = flag(self.name, "with_stack", with_stack)
+        check(self.name, "sort_by", sort_by, lambda key: key is None or key in SORT_KEYS,
+              f"be one of {', '.join(SORT_KEYS)} (or None for the operators' own time)")
         self.sort_by = sort_by
-        self.row_limit = _count("row_limit", row_limit, 1, "rows of the table of the slowest operators")
+        self.row_limit = integer(name, "row_limit", row_limit, least=1,
+                                 meaning="rows of the table of the slowest operators")
         if stream is not None and not callable(getattr(stream, "write", None)):
-            raise ValueError(f"profile: stream must be a text stream (with write()), or None for standard "
-                             f"output, got {type(stream).__name__}")
+            raise option_error(self.name, "stream", stream, "be a text stream (with write()), or None for standard "
+                               "output", shown=type(stream).__name__)
         self.stream = stream
         self.traces: list[Path] = []
         """The trace files written by the current or last run."""

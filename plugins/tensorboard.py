@@ -64,7 +64,8 @@ from typing import Any
 from hookfit import config, hookimpl
 from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins._logger import check_flag, run_file, wanted
+from hookfit.plugins._logger import run_file, wanted
+from hookfit.plugins.common import flag
 
 __all__ = ["INSTALL", "TensorBoard"]
 
@@ -119,8 +120,8 @@ class TensorBoard:
 
     def __init__(self, enabled: bool | None = None, every_publication: bool = True,
                  hparams: Mapping[str, Any] | None = None) -> None:
-        check_flag(self.name, "enabled", enabled, none=True)
-        check_flag(self.name, "every_publication", every_publication)
+        flag(self.name, "enabled", enabled, none=True)
+        flag(self.name, "every_publication", every_publication)
         if hparams is not None and not isinstance(hparams, Mapping):
             raise ValueError(f"tensorboard: hparams must map names to numbers, strings or booleans, "
                              f"got {type(hparams).__name__} {hparams!r}")

@@ -8,7 +8,6 @@ states in :mod:`hookfit.plugins.checkpoint.state`."""
 from __future__ import annotations
 
 import collections
-import math
 import os
 import threading
 import time
@@ -20,6 +19,7 @@ from typing import Any, Literal
 from hookfit import StateMismatch, hookimpl
 from hookfit.plugins.checkpoint import hookspecs, sharded
 from hookfit.plugins.checkpoint.state import _load_model, _model_state, _snapshot
+from hookfit.plugins.common import check, choice, flag, path, positive_int, positive_number
 from hookfit.position import Position
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
@@ -43,40 +43,23 @@ entries sit beside them: ``loop``, ``rng``, ``data``...)."""
 
 
 def _check_options(options: Mapping[str, Any]) -> None:
-    """Every option of :class:`Checkpoint`, checked at construction: a ``ValueError`` naming
-    the option and the value."""
-    def bad(what: str, must: str) -> ValueError:
-        return ValueError(f"checkpoint: {what} must be {must}, got {options[what]!r}")
-
-    directory = options["dir"]
-    if directory is not None and not isinstance(directory, (str, os.PathLike)):
-        raise bad("dir", "a folder (a str or os.PathLike) or None")
-    if isinstance(directory, str) and not directory.strip():
-        raise bad("dir", "a folder (a str or os.PathLike) or None")
+    """Every option of :class:`Checkpoint`, checked at construction (:mod:`hookfit.plugins.common`):
+    a ``ValueError`` naming the option and the value."""
+    name = Checkpoint.name
+    path(name, "dir", options["dir"], none=True, what="a folder")
     for what in ("every_n_epochs", "every_n_steps"):
-        value = options[what]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise bad(what, "a positive integer or None")
-    seconds = options["every_seconds"]
-    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-                                or not math.isfinite(seconds) or seconds <= 0):
-        raise bad("every_seconds", "a positive finite number of seconds or None")
-    keep_last = options["keep_last"]
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-        raise bad("keep_last", "a positive integer")
+        positive_int(name, what, options[what], none=True)
+    positive_number(name, "every_seconds", options["every_seconds"], none=True, meaning="seconds")
+    positive_int(name, "keep_last", options["keep_last"])
     monitor = options["monitor"]
-    if monitor is not None and (not isinstance(monitor, str) or "/" not in monitor
-                                or not all(part.strip() for part in monitor.split("/", 1))):
-        raise ValueError(f"checkpoint: monitor must look like 'valid/loss' (stage/metric) or be None, got {monitor!r}")
-    if monitor is not None and monitor.split("/")[0] not in ("train", "valid"):
-        raise bad("monitor", "a metric of the 'train' or 'valid' stage, like 'valid/loss'")
-    if options["mode"] not in ("min", "max"):
-        raise bad("mode", "'min' or 'max'")
-    if options["on_save_error"] not in ("warn", "raise"):
-        raise bad("on_save_error", "'warn' or 'raise'")
+    check(name, "monitor", monitor, lambda m: m is None or (isinstance(m, str) and "/" in m and all(
+        part.strip() for part in m.split("/", 1))), "look like 'valid/loss' (stage/metric) or be None")
+    check(name, "monitor", monitor, lambda m: m is None or m.split("/")[0] in ("train", "valid"),
+          "be a metric of the 'train' or 'valid' stage, like 'valid/loss'")
+    choice(name, "mode", options["mode"], ("min", "max"))
+    choice(name, "on_save_error", options["on_save_error"], ("warn", "raise"))
     for what in ("on_interrupt", "on_failure", "strict", "fallback", "background"):
-        if not isinstance(options[what], bool):
-            raise bad(what, "True or False")
+        flag(name, what, options[what])
 
 
 class Checkpoint:

@@ -4,7 +4,6 @@ paths and checkpoints; :class:`OptimWarning` and the helpers only it uses."""
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 import warnings
 from typing import Any, Literal, Mapping
@@ -12,6 +11,7 @@ from typing import Any, Literal, Mapping
 import torch
 
 from hookfit import HookfitWarning, hookimpl
+from hookfit.plugins.common import choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
 from hookfit.run import modules
@@ -109,25 +109,20 @@ class Optim:
         defer: bool | None = None,
         fuse: bool = True,
     ) -> None:
-        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-            raise ValueError(f"optim: accumulate must be a positive integer, got {accumulate!r}")
-        if nonfinite not in ("skip", "raise", None):
-            raise ValueError(f"optim: nonfinite must be 'skip', 'raise' or None, got {nonfinite!r}")
-        if scheduler_interval not in ("step", "epoch"):
-            raise ValueError(f"optim: scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"optim: precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
-        if defer not in (None, True, False):
-            raise ValueError(f"optim: defer must be True, False or None, got {defer!r}")
-        if fuse not in (True, False):
-            raise ValueError(f"optim: fuse must be True or False, got {fuse!r}")
+        name = self.name
+        positive_int(name, "accumulate", accumulate)
+        choice(name, "nonfinite", nonfinite, ("skip", "raise"), none=True)
+        choice(name, "scheduler_interval", scheduler_interval, ("step", "epoch"))
+        choice(name, "precision", precision, PRECISIONS)
+        flag(name, "defer", defer, none=True)
+        flag(name, "fuse", fuse)
         if precision == "bf16-mixed" and amp is not False:
             raise ValueError("optim: precision='bf16-mixed' needs no loss scaling: leave amp unset "
                              "(precision='16-mixed' scales the loss itself)")
         self.precision = precision
         self.accumulate = accumulate
-        self.clip_norm = _positive_or_none("clip_norm", clip_norm)
-        self.clip_value = _positive_or_none("clip_value", clip_value)
+        self.clip_norm = positive_number(name, "clip_norm", clip_norm, none=True)
+        self.clip_value = positive_number(name, "clip_value", clip_value, none=True)
         self.amp = amp
         self.nonfinite = nonfinite
         self.check_grads = check_grads
@@ -739,20 +734,6 @@ latest, so a run that publishes no metrics keeps a bounded number of them."""
 def _batches(first: int, last: int) -> str:
     """``batch 3``, or ``batches 2-3`` for an accumulation window's losses."""
     return f"batch {first}" if first == last else f"batches {first}-{last}"
-
-
-def _positive_or_none(option: str, value: Any) -> float | None:
-    """``value`` as a float if it is a positive finite number; ``None`` stays ``None``."""
-    if value is None:
-        return None
-    if not isinstance(value, bool) and isinstance(value, numbers.Real):
-        try:
-            number = float(value)
-        except (OverflowError, ValueError):
-            number = math.nan
-        if math.isfinite(number) and number > 0:
-            return number
-    raise ValueError(f"optim: {option} must be a positive finite number or None, got {value!r}")
 
 
 def _named(value: Any, what: str) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""hookfit.plugins.common: the helpers plugins share (built-in and third-party alike)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hookfit.plugins import common
+
+
+# -- option checking -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: common.positive_int("p", "o", 0), "p: o must be a positive integer, got 0"),
+    (lambda: common.positive_int("p", "o", True), "p: o must be a positive integer, got True"),
+    (lambda: common.positive_int("p", "o", 2.0, none=True, meaning="steps"),
+     "p: o must be a positive integer (steps) or None, got 2.0"),
+    (lambda: common.integer("p", "o", -1, least=0, meaning="epochs"), "p: o must be an integer >= 0 (epochs), got -1"),
+    (lambda: common.integer("p", "o", "1"), "p: o must be an integer, got '1'"),
+    (lambda: common.number("p", "o", math.nan, least=0), "p: o must be a finite number >= 0, got nan"),
+    (lambda: common.number("p", "o", "1"), "p: o must be a finite number, got '1'"),
+    (lambda: common.positive_number("p", "o", math.inf, none=True, meaning="seconds"),
+     "p: o must be a positive finite number (seconds) or None, got inf"),
+    (lambda: common.positive_number("p", "o", 10**400), f"p: o must be a positive finite number, got {10**400!r}"),
+    (lambda: common.positive_number("p", "o", False), "p: o must be a positive finite number, got False"),
+    (lambda: common.choice("p", "o", "x", ("a", "b")), "p: o must be 'a' or 'b', got 'x'"),
+    (lambda: common.choice("p", "o", "x", ("a", "b", "c")), "p: o must be one of 'a', 'b', 'c', got 'x'"),
+    (lambda: common.choice("p", "o", 1, ("a", "b"), none=True), "p: o must be 'a', 'b' or None, got 1"),
+    (lambda: common.choice("p", "o", True, (1, 2)), "p: o must be 1 or 2, got True"),
+    (lambda: common.flag("p", "o", 1), "p: o must be True or False, got 1"),
+    (lambda: common.flag("p", "o", "yes", none=True), "p: o must be True, False or None, got 'yes'"),
+    (lambda: common.text("p", "o", " "), "p: o must be a non-empty string, got ' '"),
+    (lambda: common.path("p", "o", 5, none=True, what="a folder"),
+     "p: o must be a folder (a str or os.PathLike) or None, got 5"),
+    (lambda: common.check("p", "o", "a", lambda v: v > 0, "be above 0"), "p: o must be above 0, got 'a'"),
+])
+def test_a_bad_option_is_one_value_error_naming_the_plugin_the_option_and_the_value(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        call()
+
+
+def test_good_options_come_back_as_what_the_plugin_stores() -> None:
+    assert common.positive_int("p", "o", 3) == 3 and common.positive_int("p", "o", None, none=True) is None
+    assert common.integer("p", "o", 0, least=0) == 0
+    assert common.number("p", "o", 0, least=0) == 0.0 and isinstance(common.number("p", "o", 2), float)
+    assert common.positive_number("p", "o", 5) == 5.0
+    assert common.choice("p", "o", "b", ("a", "b")) == "b" and common.choice("p", "o", None, ("a",), none=True) is None
+    assert common.flag("p", "o", False) is False and common.flag("p", "o", None, none=True) is None
+    assert common.text("p", "o", "gloo") == "gloo"
+    assert common.path("p", "o", Path("x")) == Path("x") and common.path("p", "o", "x") == "x"
+
+
+def test_an_error_can_be_a_type_error_and_show_a_value_by_its_type() -> None:
+    error = common.option_error("p", "stream", "out.txt", "be a text stream", TypeError, shown="str")
+    assert isinstance(error, TypeError) and str(error) == "p: stream must be a text stream, got str"
