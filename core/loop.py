@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
+from hookfit import manager
 from hookfit.payloads import StopRequest
 from hookfit.reproducibility import check_seed
 from hookfit.run import Run, modules
@@ -203,7 +204,7 @@ class Loop:
         runs once; a ``fit()`` that failed before it started may be called again."""
         if self.run is not None and self.run.state.status != "idle":
             raise RuntimeError("this Loop has already run; create a new Loop to train again")
-        self.run = Run(self)
+        self.run = Run(self, manager.build(self._given, self._disable))
         return self.run.execute()
 
     def validate(self, resume: str | os.PathLike[str] | None = None) -> State:
@@ -219,7 +220,7 @@ class Loop:
             raise ValueError("validate() needs a val_step and val_data: give Loop(val_step=..., val_data=...)")
         if self.run is not None and self.run.state.status != "idle":
             raise RuntimeError("this Loop has already run; create a new Loop to validate")
-        self.run = Run(self, mode="validate", resume=resume)
+        self.run = Run(self, manager.build(self._given, self._disable), mode="validate", resume=resume)
         return self.run.execute()
 
     def predict(self, data: Iterable[Any], step: Step | None = None) -> Iterator[Any]:
@@ -235,7 +236,7 @@ class Loop:
                             f"(and the Loop has no val_step to use instead)")
         if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
             raise TypeError(f"predict() data must be an iterable of batches, got {type(data).__name__}")
-        return Run(self, mode="validate").predict(data, step)
+        return Run(self, manager.PluginManager(), mode="validate").predict(data, step)
 
     def request_stop(self, reason: str = "stop requested", by: str | None = None) -> StopRequest:
         """Ask the running ``fit()`` for a graceful stop, from any thread: see

@@ -84,7 +84,8 @@ class Cursor:
     and the random state as a running validation began. :meth:`position` says where a state
     dict taken now resumes."""
 
-    __slots__ = ("state", "training", "step0", "batch0", "done", "valid_rng", "iter_rng")
+    __slots__ = ("state", "training", "step0", "batch0", "done", "valid_rng", "valid_data", "iter_rng",
+                 "start", "restored")
 
     def __init__(self, state: Any) -> None:
         self.state = state
@@ -92,7 +93,10 @@ class Cursor:
         self.step0 = self.batch0 = 0  # the global step and first batch as the training stage began
         self.done: tuple[int, int, Stage] = (0, 0, "train")  # the position outside a training stage
         self.valid_rng: dict[str, Any] | None = None
+        self.valid_data: Any = None  # the validation data's own state as the running validation began
         self.iter_rng: dict[str, Any] | None = None  # the random state as the training stage made its iterator
+        self.start: Position | None = None  # where a loaded state dict put the run, until it starts there
+        self.restored: set[str] = set()  # the data ("train", "valid") that restored its own state
 
     def epoch_begins(self, epoch: int, batch: int = 0, stage: Stage = "train") -> None:
         self.done = (epoch, batch, stage)
@@ -107,12 +111,13 @@ class Cursor:
     def epoch_ends(self) -> None:
         self.done = (self.state.epoch + 1, 0, "train")
 
-    def valid_begins(self) -> None:
+    def valid_begins(self, data: Any) -> None:
         if self.valid_rng is None:
             self.valid_rng = rng_state()
+            self.valid_data = data.state_dict() if hasattr(data, "state_dict") and hasattr(data, "load_state_dict") else None
 
     def valid_ends(self) -> None:
-        self.valid_rng = None
+        self.valid_rng = self.valid_data = None
 
     def trained(self) -> int:
         """Training batches of the running epoch whose step completed: the stage's first batch

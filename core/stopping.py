@@ -1,0 +1,114 @@
+"""Stopping, the core's: a request from any thread, hook or step, honoured at the loop's next
+boundary (after a batch, at a stage's or an epoch's start and end). The first request wins and
+cannot be unset, as pytest's ``session.shouldstop``; ``should_stop`` answers are one more way
+to ask; with several processes an ``agree_stop`` implementation makes them stop together."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from hookfit.payloads import StopRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.run import Run
+
+__all__ = ["Budget", "Stop", "Stopping"]
+
+
+class Stop(Exception):
+    """The run stops at this boundary, as ``request`` asked (internal to the loop)."""
+
+    def __init__(self, request: StopRequest) -> None:
+        super().__init__(request.reason)
+        self.request = request
+
+
+class Budget(Exception):
+    """``max_steps`` training batches are done, inside an epoch (internal to the loop)."""
+
+
+class Stopping:
+    """A run's stop request (:attr:`request`, ``None`` until one is asked) and its boundaries."""
+
+    __slots__ = ("run", "request", "_lock")
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.request: StopRequest | None = None
+        # re-entrant: a signal handler (the interrupter's) runs on the main thread, possibly
+        # while the step function itself is inside ask()
+        self._lock = threading.RLock()
+
+    def ask(self, reason: str, by: str | None, complete: bool, caller: FrameType | None) -> StopRequest:
+        """Record a request (the first one wins) and fire ``stop_requested`` once for it, on
+        the calling thread. ``by`` defaults to whoever called, found from ``caller`` up."""
+        new = StopRequest(reason, by if by is not None else self.asker(caller), bool(complete))
+        with self._lock:
+            if self.request is None:
+                self.request = new
+            request = self.request
+        if request is new and (call := self.run.hooks.stop_requested) is not None:
+            call(self.run, request)
+        return request
+
+    def asker(self, frame: FrameType | None) -> str | None:
+        """Who is asking: the innermost registered plugin (a method of it, or a function of a
+        plugin module) or step function on the stack from ``frame`` outwards."""
+        run = self.run
+        steps = {getattr(s, "__code__", None): s for s in (run.train_step, run.val_step) if s is not None}
+        pairs = [(n, p) for n, p in run.pm.list_name_plugin() if p is not None]
+        names = {id(p): n for n, p in pairs}
+        modules = {id(vars(p)): n for n, p in pairs if isinstance(p, type(sys))}
+        while frame is not None:
+            if frame.f_code in steps:
+                return f"step function {qualname(steps[frame.f_code])!r}"
+            owner = frame.f_locals.get("self") if frame.f_code.co_argcount else None
+            if owner is not None and id(owner) in names:
+                return names[id(owner)]
+            if id(frame.f_globals) in modules:
+                return modules[id(frame.f_globals)]
+            frame = frame.f_back
+        return None
+
+    def after_batch(self) -> None:
+        """Ask ``should_stop`` (when implemented), then stop here if a request is waiting."""
+        if self.run.hooks.should_stop is not None:
+            self.ask_should_stop()
+        self.boundary("batch")
+
+    def ask_should_stop(self) -> None:
+        """Ask every ``should_stop`` implementation; true answers become a stop request."""
+        run = self.run
+        answers = [(name, answer) for name, answer in run.hooks.call_each("should_stop", run) if answer]
+        if answers and self.request is None:
+            reasons = [answer for _, answer in answers if isinstance(answer, str)]
+            self.ask("; ".join(reasons) or "a plugin answered should_stop", ", ".join(name for name, _ in answers),
+                     False, None)
+
+    def boundary(self, where: str) -> None:
+        """Stop here (raise :class:`Stop`) if a stop was requested and, with several
+        processes, agreed on."""
+        request = self.request
+        run = self.run
+        agree = run.hooks.agree_stop
+        if agree is not None:
+            decision = agree(run, request, where)
+            if isinstance(decision, StopRequest):
+                request = decision
+            elif decision is False:
+                return
+            elif decision is not None:
+                raise TypeError(
+                    f"agree_stop must return a StopRequest, False or None, not {decision!r} "
+                    f"(plugins: {', '.join(run.hooks.plugins('agree_stop'))})"
+                )
+        if request is not None:
+            raise Stop(request)
+
+
+def qualname(function: object) -> str:
+    """How messages name a step function or a plugin's callable."""
+    return getattr(function, "__qualname__", None) or repr(function)

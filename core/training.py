@@ -1,0 +1,378 @@
+"""The loop: epochs, stages, batches and the boundaries between them, as functions of the
+:class:`hookfit.run.Run` they drive (the way pytest's ``pytest_runtestloop`` drives a session)::
+
+    execute:    configure; fit_start; resume -> epochs; fit_end (whatever happened)
+    epochs:     for each epoch, in scope("epoch"):          epoch_start ... epoch_end, epoch_checkpoint
+                    run_stage("train"), then validate() when due
+    run_stage:  in scope("stage"):                         stage_start ... stage_end
+                    for each batch: batch_start, the step, step_output, batch_end,
+                    batch_checkpoint (training), should_stop and the stop boundary,
+                    a validation due at this step (nested), max_steps
+    validate:   eval mode and no autograd around run_stage("valid")
+
+:func:`scope` gives every scope its start event and boundary, and its end event and boundary
+when the body ran to its end, as fastai's ``_with_events`` does. Stops are
+:mod:`hookfit.stopping`'s, the run's position :mod:`hookfit.position`'s, the time split
+:mod:`hookfit.timing`'s, the error's note :mod:`hookfit.blame`'s.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import itertools
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from hookfit import blame, modes
+from hookfit.payloads import ResumeInfo
+from hookfit.position import rng_state, set_rng_state
+from hookfit.reproducibility import Deterministic, seed_everything
+from hookfit.state import State
+from hookfit.stopping import Budget, Stop, qualname
+from hookfit.timing import store_split
+from hookfit.valsets import ValSets, per_set
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.run import Run, Step
+
+__all__ = ["execute", "run_stage", "scope", "validate"]
+
+_Tensor = torch.Tensor
+_END = object()
+
+def execute(run: Run) -> State:
+    """Run to the end (``Loop.fit()``, ``Loop.validate()``): ``fit_end`` fires exactly
+    once, whatever happened."""
+    run._bind_backward()
+    unbind = run.pm.on_change(run._bind_backward)
+    state = run.state
+    state.status = "running"
+    state.started_at = time.perf_counter()
+    with Deterministic() if run.deterministic else contextlib.nullcontext():
+        try:
+            if run.seed is not None:
+                seed_everything(run.seed)  # before configure: plugins draw from it too
+            fire(run, "configure")
+            if run._smoke is not None:
+                run._smoke.start(run)  # the data as configure left it, cut short
+            fire(run, "fit_start")
+            resume(run)
+            epochs(run)
+        except BaseException as error:
+            fail(run, error)
+            finish(run, failed=True, unbind=unbind)
+            raise
+        else:
+            finish(run, failed=False, unbind=unbind)
+        finally:
+            if run._smoke is not None:
+                run._smoke.finish(run)
+    return state
+
+
+def fire(run: Run, event: str, *args: Any) -> None:
+    """Fire an event whose results the loop ignores."""
+    if (call := getattr(run.hooks, event)) is not None:
+        call(run, *args)
+
+
+@contextlib.contextmanager
+def scope(run: Run, name: str, arg: Any, after: Callable[[], None] | None = None) -> Iterator[None]:
+    """One scope of the loop (an epoch, a stage): ``<name>_start`` and its boundary, the
+    body, then ``<name>_end``, ``after`` and the end's boundary. A body cut short (a stop,
+    ``max_steps``, an error) fires no end: that part of the run did not happen."""
+    fire(run, f"{name}_start", arg)
+    run.stopping.boundary(f"{name}_start")
+    yield
+    fire(run, f"{name}_end", arg)
+    if after is not None:
+        after()
+    run.stopping.boundary(f"{name}_end")
+
+
+def resume(run: Run) -> None:
+    source = run.resume
+    if source is None:
+        return
+    if (call := run.hooks.resume) is None:
+        raise RuntimeError(
+            f"resume={source!r} needs a plugin that implements the 'resume' event "
+            f"(checkpoint) and no enabled plugin does (disabled plugins: {run._disabled()})"
+        )
+    resumed_from = call(run, source)
+    if not resumed_from:
+        return
+    if (at := run.cursor.start) is None:
+        raise RuntimeError(
+            f"resume={source!r}: plugin {', '.join(run.hooks.plugins('resume'))} returned "
+            f"{resumed_from!r} but never gave the run its position: a resume implementation "
+            f"calls loop.load_state_dict(saved) with what loop.state_dict() returned")
+    where = os.fspath(resumed_from) if isinstance(resumed_from, (str, os.PathLike)) else source
+    info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
+    run.state.resumed_from = info
+    fire(run, "resumed", info)
+
+
+def epochs(run: Run) -> None:
+    state, cursor = run.state, run.cursor
+    run._batches_started = True
+    budget = f"max_steps={run.max_steps} reached"
+    try:
+        if run.mode == "validate":  # Loop.validate(): the validation stage alone
+            run.stopping.boundary("start")
+            validate(run)
+            state.stop_reason, state.status = "validation done", "completed"
+            return
+        if run.max_steps is not None and state.step >= run.max_steps:  # resumed at the end
+            state.stop_reason, state.status = budget, "completed"
+            return
+        run.stopping.boundary("start")
+        at, cursor.start = cursor.start, None
+        first_epoch = state.epoch
+        for epoch in range(state.epoch, run.max_epochs):
+            state.epoch = epoch
+            sets = run.val_data.values() if isinstance(run.val_data, Mapping) else (run.val_data,)
+            for data in (run.train_data, *sets):
+                if hasattr(data, "set_epoch"):
+                    data.set_epoch(epoch)
+            start, first = (at.batch, at.stage) if at is not None else (0, "train")
+            at = None
+            cursor.epoch_begins(epoch, start, first)
+            with scope(run, "epoch", epoch, after=functools.partial(epoch_done, run, epoch)):
+                if first == "train":
+                    if epoch == first_epoch:
+                        modes.warn_eval_mode(run.model)
+                    run_stage(run, "train", run.train_step, run.train_data, start)
+                every = run.val_every_n_epochs
+                if run.val_step is not None and every is not None and (epoch + 1) % every == 0:
+                    validate(run)
+            if run.max_steps is not None and state.step >= run.max_steps:
+                state.stop_reason = budget
+                break
+        else:
+            state.stop_reason = f"max_epochs={run.max_epochs} reached"
+        state.status = "completed"
+    except Budget:  # max_steps inside an epoch: the rest of it is for a longer run
+        state.stop_reason, state.status = budget, "completed"
+    except Stop as stop:
+        state.status = "completed" if stop.request.complete else "interrupted"
+        state.stop_reason, state.stopped_by = stop.request.reason, stop.request.by
+    finally:
+        run.training = False
+
+
+def epoch_done(run: Run, epoch: int) -> None:
+    run.cursor.epoch_ends()
+    fire(run, "epoch_checkpoint", epoch)
+
+
+def validate(run: Run) -> None:
+    run.cursor.valid_begins(run.val_data)  # a state dict taken during it resumes at its start
+    with modes.eval_modes(run.model), modes.grad_mode(run.val_grad_mode):
+        if isinstance(run.val_data, Mapping):  # several validation sets: one stage
+            run_stage(run, "valid", per_set(run.val_step, run.state), ValSets(run.val_data, run.state))  # type: ignore[arg-type]
+        else:
+            run_stage(run, "valid", run.val_step, run.val_data)  # type: ignore[arg-type]
+
+
+def stage_done(run: Run, train: bool) -> None:
+    if train:
+        run.cursor.train_ends()
+    else:
+        run.state.val_due = False  # a validation due inside training has run to its end
+        run.cursor.valid_ends()
+
+
+def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
+    """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
+    path: every event without an implementation costs one ``is None`` test on a slot of
+    :class:`hookfit.dispatch.HotPath`. Where the time goes costs three clock reads a batch
+    (four with a ``batch_start``), two sums in locals and one comparison; ``plugins`` is
+    what is left of the stage's time, and the split is stored at the stage's end or every
+    ``TIME_SPLIT_INTERVAL`` seconds."""
+    state, hot, stop = run.state, run.hooks.hot, run.stopping
+    clock = time.perf_counter
+    began = clock()
+    waited = stepping = nested = 0.0  # seconds in next(), in the step, in validations inside
+    due = began + run.TIME_SPLIT_INTERVAL
+    past = state.time_split.get(stage)  # this stage's earlier epochs
+    train = stage == "train"
+    limit = run.max_steps if train and run.max_steps is not None else sys.maxsize
+    every = run.val_every_n_steps if train and run.val_step is not None else None
+    state.stage, state.batch_idx, run.training = stage, start, train
+    batch_idx = start - 1
+    if train:
+        run.cursor.train_begins(start)
+    try:
+        with scope(run, "stage", stage, after=functools.partial(stage_done, run, train)):
+            if train and state.val_due:  # resumed where a validation inside training was due
+                if run.val_step is not None:
+                    inner = clock()
+                    try:
+                        validate_inside(run, batch_idx)
+                    finally:  # its time is the "valid" stage's, even when it stops the run
+                        nested += clock() - inner
+                state.val_due = False  # (a run resumed without validation has none to run)
+            act = mark(run, limit, every)  # the next step at which the loop acts: one test a batch
+            t0 = clock()  # from here on, until next() returns, the loop waits for data
+            batches = iterate(run, data, start, train)
+            checked = False  # the first output of the stage is checked once
+            for batch_idx, batch in enumerate(batches, start):
+                t1 = clock()
+                waited += t1 - t0
+                state.batch_idx = batch_idx
+                if (call := hot.batch_start) is not None:
+                    call(run, batch, batch_idx)
+                    t1 = clock()  # the step starts now: batch_start's time is the plugins'
+                output = step(run, batch)
+                stepping += clock() - t1
+                if output is not None:
+                    if type(output) is not dict:  # a tensor is the common case: before the Mapping ABC
+                        output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else _as_mapping(output, step)
+                    if not checked:
+                        checked = _check_output(output, step)
+                    if (call := hot.step_output) is not None:
+                        call(run, output, batch)
+                if train:
+                    state.step += 1
+                    if state.step >= act and every is not None:
+                        state.val_due = state.step % every == 0
+                if (call := hot.batch_end) is not None:
+                    call(run, output, batch, batch_idx)
+                if train and (call := hot.batch_checkpoint) is not None:
+                    call(run, batch_idx)
+                if hot.asks or stop.request is not None:
+                    stop.after_batch()
+                t0 = clock()  # the batch is done: what follows until next() returns is data
+                if t0 >= due:  # a live split, for a dashboard
+                    store_split(state, stage, past, t0 - began - nested, waited, stepping, batch_idx - start + 1)
+                    due = t0 + run.TIME_SPLIT_INTERVAL
+                if state.step >= act:
+                    if state.val_due:
+                        try:
+                            validate_inside(run, batch_idx)
+                        finally:  # its time is the "valid" stage's, even when it stops the run
+                            inner, t0 = t0, clock()
+                            nested += t0 - inner
+                    if state.step >= limit:
+                        if _more(batches, data, batch_idx):
+                            raise Budget
+                        break
+                    act = mark(run, limit, every)
+            waited += clock() - t0  # the last next(), which ended the stage (or _more's)
+            if batch_idx < 0:
+                raise ValueError(
+                    f"{stage} data yielded no batches in epoch {state.epoch}"
+                    + (" (an iterator or generator is used up after one pass; pass a list, a "
+                       "DataLoader or another re-iterable)" if state.epoch else ""))
+            # stage_end sees the stage's batches counted; its own time is added after it
+            store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
+    finally:
+        store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
+
+
+def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[Any]:
+    """The stage's batches from batch ``start``. A fresh training stage notes the random
+    state before its iterator is made (a ``DataLoader`` draws its seeds from it). A resumed
+    one makes its iterator from that same state and drops the batches already done (data
+    with ``iter_from`` starts there; data that restored its own state is already there),
+    then gives the random state back as it was: so the rest of the epoch sees the batches,
+    the shuffle and the random stream of the run it continues."""
+    cursor = run.cursor
+    if not start:
+        if train:
+            cursor.iter_rng = rng_state()
+        return iter(data)
+    replay = cursor.iter_rng if train else None
+    keep = rng_state() if replay is not None else None
+    try:
+        if replay is not None:
+            set_rng_state(replay)
+        if (iter_from := getattr(data, "iter_from", None)) is not None:
+            return iter(iter_from(start))
+        batches = iter(data)
+        if not (train and "train" in cursor.restored):
+            collections.deque(itertools.islice(batches, start), maxlen=0)
+        return batches
+    finally:
+        if keep is not None:
+            set_rng_state(keep)
+
+
+def mark(run: Run, limit: int, every: int | None) -> int:
+    """The next global step at which the training stage must act: ``max_steps``, or a
+    multiple of ``val_every_n_steps`` (``sys.maxsize`` outside training)."""
+    return limit if every is None else min(limit, (run.state.step // every + 1) * every)
+
+
+def validate_inside(run: Run, batch_idx: int) -> None:
+    """The validation due inside the training stage (``val_every_n_steps``): a
+    ``"valid"`` stage nested in the ``"train"`` one, which then goes on where it was."""
+    validate(run)
+    state = run.state
+    state.stage, state.batch_idx, run.training = "train", batch_idx, True
+
+
+def fail(run: Run, error: BaseException) -> None:
+    state = run.state
+    if isinstance(error, KeyboardInterrupt):
+        state.status, state.stop_reason = "interrupted", "KeyboardInterrupt"
+        return
+    state.status, state.error = "failed", error
+    state.stop_reason = f"{type(error).__name__}: {error}"
+    error.add_note(blame.where(run, error))
+    for _, secondary in run.hooks.call_all("exception", run, error):
+        blame.warn_secondary(secondary, "exception")
+
+
+def finish(run: Run, failed: bool, unbind: Callable[[], None]) -> None:
+    """Fire ``fit_end`` once: every implementation runs even if one raises; then write the
+    run's end line in ``run.jsonl`` with the final status."""
+    state = run.state
+    state.stage = None
+    state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
+    errors = [error for _, error in run.hooks.call_all("fit_end", run)]
+    unbind()
+    run.__dict__.pop("backward", None)
+    run.hooks.close()
+    if errors and not failed:
+        state.status, state.error, state.stopped_by = "failed", errors[0], None
+        state.stop_reason = f"{type(errors[0]).__name__}: {errors[0]}"
+    run.folder.record_end()
+    for exc in errors if failed else errors[1:]:
+        blame.warn_secondary(exc, "fit_end")
+    if errors and not failed:
+        raise errors[0]
+
+
+def _more(batches: Any, data: Any, batch_idx: int) -> bool:
+    """Whether the stage has batches after ``batch_idx`` (``max_steps`` was reached): the
+    data's length says, else one more batch is drawn (and dropped: the run ends)."""
+    try:
+        return batch_idx + 1 < len(data)
+    except TypeError:
+        return next(batches, _END) is not _END
+
+
+def _check_output(output: Mapping[str, Any], step: Step) -> bool:
+    """The first output of a stage: every key must be a string (outputs are read by name)."""
+    for key in output:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"step function {qualname(step)!r} returned a mapping with the key {key!r} "
+                f"({type(key).__name__}); keys must be strings, the names of what it reports")
+    return True
+
+
+def _as_mapping(output: Any, step: Step) -> Mapping[str, Any]:
+    if isinstance(output, Mapping):
+        return output
+    raise TypeError(f"step function {qualname(step)!r} returned {type(output).__name__}; a step must "
+                    f"return None, a mapping or a tensor")
