@@ -42,6 +42,7 @@ from typing import Any, Mapping, TextIO
 
 from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
+from hookfit.plugins.common import number, option_error
 from hookfit.run import Run
 from hookfit.summary import summarize
 
@@ -135,9 +136,13 @@ class Console:
 
     def __init__(self, stream: TextIO | None = None, interval: float = 10.0, summary_interval: float = 2.0,
                  best: Mapping[str, str] | None = None) -> None:
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise option_error(self.name, "stream", stream, "be a text stream (with write()), or None for standard "
+                               "output", shown=type(stream).__name__)
         self.stream = stream
-        self.interval = interval
-        self.summary_interval = summary_interval
+        self.interval = number(self.name, "interval", interval, least=0, meaning="seconds between progress lines")
+        self.summary_interval = number(self.name, "summary_interval", summary_interval, least=0,
+                                       meaning="seconds between epoch summaries")
         self.best = _directions(best)
         """Metric name or ``"stage/metric"`` -> ``"min"`` or ``"max"`` (which value is best)."""
         self._last_progress = 0.0

@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from hookfit import hookimpl
+from hookfit.plugins.common import flag
 from hookfit.run import Run
 
 
@@ -29,7 +30,7 @@ class Interrupter:
     name = "interrupter"
 
     def __init__(self, signals: bool = True) -> None:
-        self.signals = signals
+        self.signals = flag(self.name, "signals", signals)
         self._previous: dict[int, Any] = {}
         self._loop: Run | None = None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import json
+import math
 import os
 import re
 import signal
@@ -296,6 +297,20 @@ def test_options_are_checked() -> None:
         Distributed(stop_check_every=0)
     with pytest.raises(ValueError, match="timeout"):
         Distributed(timeout=0)
+
+
+BAD_OPTIONS = [
+    ("timeout", float("inf")), ("timeout", "10"), ("timeout", math.nan), ("timeout", -1), ("backend", 5),
+    ("backend", ""), ("seed", "a"), ("seed", 1.5), ("stop_check_every", True), ("find_unused_parameters", "yes"),
+    ("wrap_model", 0), ("shard_data", None), ("ddp_options", ["static_graph"]),
+]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("option, value", BAD_OPTIONS, ids=[f"{o}={v!r}" for o, v in BAD_OPTIONS])
+def test_options_are_checked_when_it_is_built_naming_option_and_value(option: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=rf"^distributed: {option} must be .*, got {re.escape(repr(value))}$"):
+        Distributed(**{option: value})
 
 
 @pytest.mark.fault

@@ -146,3 +146,12 @@ def test_only_the_main_process_prints_that_a_signal_was_received(rank: int, says
     assert signal.getsignal(signal.SIGINT) is before
     err = capsys.readouterr().err
     assert ("hookfit: SIGINT received, stopping after this batch; press Ctrl-C again to abort" in err) is says_so, err
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_signals_is_checked_when_it_is_built(value) -> None:
+    from hookfit.plugins.interrupter import Interrupter
+
+    with pytest.raises(ValueError, match=rf"^interrupter: signals must be True or False, got {value!r}$"):
+        Interrupter(signals=value)

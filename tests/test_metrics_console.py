@@ -743,3 +743,34 @@ def test_only_the_main_process_prints_the_model(tmp_path: Path) -> None:
     lines = model_lines(torch.nn.Linear(2, 2), Rank1(), run_dir=tmp_path)
     assert not any(line.startswith("hookfit model") for line in lines)
     assert any(line.startswith("hookfit end status=completed") for line in lines)
+
+
+# -- options are checked when the plugins are built ------------------------------------------
+
+BAD_OPTIONS = [
+    (Metrics, "window", -1), (Metrics, "window", 0), (Metrics, "window", 2.5), (Metrics, "interval", "x"),
+    (Metrics, "interval", -1), (Metrics, "interval", math.nan), (Metrics, "history_epochs", -3),
+    (Metrics, "log_every_n_steps", "5"), (Metrics, "log_every_n_steps", 0), (Metrics, "sync_every", 0),
+    (Metrics, "log", "yes"), (Metrics, "defer", 1),
+    (Console, "interval", "x"), (Console, "interval", math.inf), (Console, "summary_interval", -2),
+    (Console, "stream", "out.txt"),
+]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("plugin, option, value", BAD_OPTIONS, ids=[f"{p.name}-{o}={v!r}" for p, o, v in BAD_OPTIONS])
+def test_options_are_checked_when_the_plugin_is_built_naming_plugin_option_and_value(plugin, option, value) -> None:
+    shown = type(value).__name__ if option == "stream" else re.escape(repr(value))  # a stream by its type
+    with pytest.raises(ValueError, match=rf"^{plugin.name}: {option} must be .*, got {shown}$"):
+        plugin(**{option: value})
+
+
+@pytest.mark.bad_input
+def test_a_bad_option_in_the_configuration_file_names_the_file_the_plugin_the_option_and_the_value(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text("[plugins.metrics]\nhistory_epochs = -3\n")
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "run.toml"))
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics")  # the discovered plugin, built with the file's options
+    with pytest.raises(hookfit.config.ConfigError, match=r"run.toml \[plugins.metrics\]: metrics: history_epochs "
+                                                          r"must be an integer >= 0 .*, got -3$"):
+        hookfit.Loop(lambda loop, batch: None, [1], run_dir=tmp_path / "run").fit()

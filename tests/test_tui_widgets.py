@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from types import MappingProxyType
 
 import pytest
@@ -147,6 +148,14 @@ def test_no_terminal_means_no_dashboard_and_no_claim(monkeypatch: pytest.MonkeyP
 
     hookfit.Loop(lambda l, b: None, [1], plugins=[tui, Ask()]).fit()
     assert seen == [None] and not tui.active
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("option, value", [("fps", 0), ("fps", -5.0), ("fps", "5"), ("fps", float("inf")),
+                                           ("persistent", "yes")])
+def test_options_are_checked_when_the_renderer_is_built(option: str, value) -> None:
+    with pytest.raises(ValueError, match=rf"^tui: {option} must be .*, got {re.escape(repr(value))}$"):
+        TuiRenderer(**{option: value})
 
 
 @pytest.mark.fault

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.plugins.common import check, choice, flag, integer, positive_int, positive_number, text
 from hookfit.plugins.distributed import hookspecs
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.run import Run, modules
@@ -94,21 +95,28 @@ class Distributed:
         shard_data: bool = True,
         seed: int = 0,
     ) -> None:
-        if isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int) or stop_check_every < 1:
-            raise ValueError(f"distributed: stop_check_every must be a positive integer, got {stop_check_every!r}")
-        if not timeout > 0:
-            raise ValueError(f"distributed: timeout must be a positive number of seconds, got {timeout!r}")
-        if strategy not in STRATEGIES:
-            raise ValueError(f"distributed: strategy must be 'ddp' or 'fsdp', got {strategy!r}")
-        if shard_policy is not None and not callable(shard_policy):
-            raise TypeError(f"distributed: shard_policy must be a function module -> bool, got {shard_policy!r}")
+        name = self.name  # every option checked now, naming it (hookfit.plugins.common)
+        backend = text(name, "backend", backend, none=True, what="the name of a torch.distributed backend",
+                       meaning="'gloo', 'nccl'...")
+        strategy = choice(name, "strategy", strategy, STRATEGIES)
+        timeout = positive_number(name, "timeout", timeout, meaning="seconds")
+        stop_check_every = positive_int(name, "stop_check_every", stop_check_every, meaning="batches")
+        for option, value in (("find_unused_parameters", find_unused_parameters), ("wrap_model", wrap_model),
+                              ("shard_data", shard_data)):
+            flag(name, option, value)
+        for option, value in (("fsdp_options", fsdp_options), ("ddp_options", ddp_options)):
+            check(name, option, value, lambda v: v is None or isinstance(v, Mapping),
+                  "be a mapping of keyword arguments, or None")
+        seed = integer(name, "seed", seed, meaning="the shuffling seed of the data's DistributedSampler")
+        check(name, "shard_policy", shard_policy, lambda p: p is None or callable(p),
+              "be a function module -> bool, or None", TypeError)
         if strategy == "ddp" and (shard_policy is not None or fsdp_options):
             raise ValueError("distributed: shard_policy and fsdp_options are options of strategy='fsdp'")
         self.strategy = strategy
         self.shard_policy = shard_policy
         self.fsdp_options = dict(fsdp_options or {})
         self.backend = backend
-        self.timeout = float(timeout)
+        self.timeout = timeout
         self.stop_check_every = stop_check_every
         self.find_unused_parameters = find_unused_parameters
         self.ddp_options = dict(ddp_options or {})

@@ -15,6 +15,7 @@ import torch
 from hookfit import hookimpl
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
+from hookfit.plugins.common import flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs
 from hookfit.plugins.metrics.aggregate import FOLD_EVERY, _is_metric, _Stage, _Tensor, batch_size, check
 from hookfit.run import Run
@@ -38,12 +39,16 @@ class Metrics:
         defer: bool | None = None,
         sync_every: int = 50,
     ) -> None:
-        self.interval = interval
-        self.window = window
-        self.log = log
-        self.log_every_n_steps = log_every_n_steps
-        self.defer = defer
-        self.sync_every = sync_every
+        name = self.name  # every option checked now, naming it (hookfit.plugins.common)
+        self.interval = number(name, "interval", interval, least=0, meaning="seconds between publications")
+        self.window = positive_int(name, "window", window, meaning="batches of the running mean")
+        history_epochs = integer(name, "history_epochs", history_epochs, least=0, meaning="epochs of history kept")
+        self.log = flag(name, "log", log)
+        self.log_every_n_steps = positive_int(name, "log_every_n_steps", log_every_n_steps, none=True,
+                                              meaning="training steps between lines of metrics.jsonl")
+        self.defer = flag(name, "defer", defer, none=True)
+        self.sync_every = positive_int(name, "sync_every", sync_every,
+                                       meaning="batches between publications with several processes")
         self._every = 0  # with several processes: publish every this many batches
         self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only, no per-step log line (the fast path)

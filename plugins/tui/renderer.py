@@ -17,6 +17,7 @@ from typing import Any
 from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.files import FileWarning
 from hookfit.payloads import ResumeInfo
+from hookfit.plugins.common import flag, positive_number
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.terminal import OutputCapture, interactive_terminal
 
@@ -33,8 +34,8 @@ class TuiRenderer:
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
 
     def __init__(self, persistent: bool | None = None, fps: float = 5.0) -> None:
-        self.persistent = persistent
-        self.fps = fps
+        self.persistent = flag(self.name, "persistent", persistent, none=True)
+        self.fps = positive_number(self.name, "fps", fps, meaning="frames a second")
         self.active = False
         self.loop: Any = None
         self._inbox: collections.deque = collections.deque()
