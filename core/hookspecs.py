@@ -77,11 +77,12 @@ a ``hookspecs`` attribute on the plugin names a class or module whose functions 
 with ``@hookfit.hookspec``. The built-in plugins declare theirs this way (optim: the backward
 pass and optimizer steps and ``should_sync_gradients``; metrics: ``metrics_update`` and
 ``epoch_metrics``; checkpoint: ``checkpoint_saved``; distributed: ``all_reduce``; tui:
-``claim_output``), documented below under each plugin. The declarations of every discovered
+``claim_output``), documented below under each plugin. The declarations of every built-in
 plugin are added to every run before any plugin is registered, whether that plugin is enabled,
-disabled or replaced by a plugin of the same name given to ``Loop``; so a replacement fires
-the events of the plugin it replaces (``loop.hooks.metrics_update``) and their consumers still
-hear them. A plugin given to ``Loop`` may declare events too. A consumer of events that a
+disabled, replaced by a plugin of the same name given to ``Loop`` or shadowed by another
+package's entry point of that name; so a replacement fires the events of the built-in it replaces (``loop.hooks.metrics_update``) and their consumers still
+hear them. Any other plugin's declarations are added while it is enabled (a disabled plugin is
+never imported); a plugin given to ``Loop`` may declare events too. A consumer of events that a
 plugin not always installed declares marks its implementation
 ``@hookfit.hookimpl(optionalhook=True)``, so that it keeps working without it.
 

@@ -14,18 +14,18 @@ otherwise.
 
 Selection: ``HOOKFIT_PLUGINS`` (comma-separated names) restricts discovered plugins to those
 named (an empty value loads none); ``HOOKFIT_DISABLE_PLUGINS`` and ``Loop(disable=[...])`` switch
-plugins off by name, given ones included. A disabled plugin is never instantiated nor
-registered; its entry point is only imported to read the events it declares (below), and an
-error there is ignored, so disabling a broken plugin is the way around it. A name in either list
+plugins off by name, given ones included. A disabled plugin is never imported, instantiated nor
+registered, so disabling a broken plugin is the way around it. A name in either list
 that matches no plugin is reported with a :class:`HookfitWarning`, so a typo does not pass
 unnoticed.
 
 Events that plugins declare (a ``hookspecs`` attribute naming a class or module of specs marked
 with :data:`hookfit.hookspec`: the optim, metrics, checkpoint, distributed and tui plugins
-declare the events they fire or answer) are always added, before any plugin is registered:
-those of every discovered plugin, whether it is enabled, disabled or replaced by a plugin of
-the same name given to ``Loop``, and those of every given plugin. So a replacement fires the
-events of the plugin it replaces and its consumers still hear them.
+declare the events they fire or answer) are added before any plugin is registered: those of
+every built-in plugin, whether it is enabled, disabled, replaced by a plugin of the same name
+given to ``Loop`` or shadowed by another distribution's entry point of that name (their spec
+modules are imported, the plugins never instantiated), and those of every enabled plugin. So a
+replacement fires the events of the built-in it replaces and its consumers still hear them.
 
 Failure policy: an entry point that fails to import or to instantiate fails the run before any
 event fires, with a :class:`PluginError` that names the entry point, its distribution and the
@@ -178,6 +178,7 @@ def _discover(path: tuple[str, ...]) -> tuple[tuple[metadata.EntryPoint, str | N
 def refresh() -> None:
     """Forget what was discovered, after installing or removing a plugin in this process."""
     _discover.cache_clear()
+    _builtin.cache_clear()
     importlib.invalidate_caches()
 
 
@@ -193,21 +194,44 @@ def declared_events(plugin: Any) -> list[Any]:
     return [] if specs is None else [specs]
 
 
+OWN = "hookfit"
+"""The distribution whose entry points are the built-in plugins."""
+
+
 def _declared_by(ep: metadata.EntryPoint) -> list[Any]:
-    """What a discovered plugin declares, read from its entry point (imported, never
-    instantiated) whether it is enabled or not. One that fails to import declares nothing:
-    it fails the run where it is enabled, and disabling it is the way around it."""
+    """What a plugin's entry point declares (imported, never instantiated). One that fails to
+    import declares nothing: it fails the run where it is enabled, and disabling it is the way
+    around it."""
     try:
         return declared_events(ep.load())
     except Exception:
         return []
 
 
+@functools.lru_cache(maxsize=8)
+def _builtin(path: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
+    return tuple((ep.name, specs) for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name)
+                 if getattr(getattr(ep, "dist", None), "name", None) == OWN for specs in _declared_by(ep))
+
+
+def builtin_events() -> list[tuple[str, Any]]:
+    """``(plugin name, hookspecs)`` for every built-in plugin (an entry point of hookfit's own
+    distribution) that declares events: added to every run whether that plugin is enabled,
+    disabled, replaced by a plugin given to ``Loop`` or shadowed by another distribution's
+    entry point of the same name, so a replacement fires them and their consumers hear them."""
+    return list(_builtin(tuple(sys.path)))
+
+
 def discovered_events() -> list[tuple[str, Any]]:
-    """``(plugin name, hookspecs)`` for every discovered plugin that declares events, enabled
-    or not, in entry-point order: the events a run always has besides the core's (what
-    ``hookfit hooks`` lists under each plugin)."""
-    return [(ep.name, specs) for ep, _, _ in _discover(tuple(sys.path)) for specs in _declared_by(ep)]
+    """``(plugin name, hookspecs)`` for every installed plugin that declares events, in
+    entry-point order: the built-ins' (:func:`builtin_events`) and those of other
+    distributions (imported here: what ``hookfit hooks`` lists under each plugin)."""
+    events = builtin_events()
+    known = {id(specs) for _, specs in events}
+    for ep, dist, _ in _discover(tuple(sys.path)):
+        if dist != OWN:
+            events += [(ep.name, specs) for specs in _declared_by(ep) if id(specs) not in known]
+    return events
 
 
 def collect(
@@ -258,8 +282,7 @@ def collect(
             plugin=plugin,
         )
         info.declares = declared_events(plugin)
-        if name in by_name:  # the replaced plugin's events stay declared, for the replacement
-            info.declares = _declared_by(eps[name]) + info.declares
+        if name in by_name:  # a replaced built-in's events stay declared (register_all)
             infos[by_name[name]] = info
         else:
             infos.append(info)
@@ -282,8 +305,7 @@ def collect(
     for info in infos:
         if info.source != "entry point":
             continue
-        if not info.enabled:
-            info.declares = _declared_by(eps[info.name])
+        if not info.enabled:  # never imported (a built-in's events are declared all the same)
             continue
         info.options = dict(configured.plugins.get(info.name, {}))
         info.config = configured.path if info.options else None
@@ -388,12 +410,13 @@ class PluginManager(pluggy.PluginManager):
 
         Events that plugins declare (a ``hookspecs`` attribute naming a class or module of
         specs marked with :data:`hookfit.hookspec`) are added first, so every plugin is checked
-        against them whatever the order: those of every plugin in ``infos``, enabled or not
-        (:attr:`PluginInfo.declares`: a disabled or replaced discovered plugin's too), and an
-        enabled plugin's own. Each declaration is added once; two plugins declaring one event
+        against them whatever the order: those of every built-in plugin, enabled or not
+        (:func:`builtin_events`), and those of every enabled plugin. Each declaration is added once; two plugins declaring one event
         are an error naming the second."""
-        for info in infos:
-            declared = list(info.declares)
+        sources = [(PluginInfo(name=name, source="entry point", distribution=OWN), [specs])
+                   for name, specs in builtin_events()]
+        sources += [(info, list(info.declares)) for info in infos]
+        for info, declared in sources:
             if info.enabled and info.plugin is not None:
                 declared += declared_events(info.plugin)
             for specs in declared:

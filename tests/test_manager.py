@@ -267,8 +267,8 @@ def test_a_misspelt_builtin_event_is_caught_with_the_plugin_disabled() -> None:
 
 def test_a_disabled_plugin_that_fails_to_import_declares_nothing_and_fails_nothing(
         dists: Path, tmp_path: Path) -> None:
-    """Reading what a disabled plugin declares imports it; when that fails the plugin stays
-    what disabling it makes it, the way around a broken plugin."""
+    """A disabled plugin is never imported: a broken one stays what disabling it makes it, the
+    way around a broken plugin."""
     make_dist(tmp_path / "broken", "broken-plugin", {"broken": "does_not_exist_mod"}, {})
     sys.path.insert(0, str(tmp_path / "broken"))
     try:
@@ -277,6 +277,43 @@ def test_a_disabled_plugin_that_fails_to_import_declares_nothing_and_fails_nothi
         assert loop.run.pm.infos["broken"].error is None
     finally:
         sys.path.remove(str(tmp_path / "broken"))
+
+
+def test_a_distribution_shadowing_a_builtin_name_keeps_the_builtins_events(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package registering the entry point ``checkpoint`` wins over the built-in (with one
+    warning naming both), and the built-in's declared events (``checkpoint_saved``, which the
+    dashboard implements) are still added, so runs work and the replacement can announce."""
+    heard = []
+
+    class Listener:
+        name = "listener"
+
+        @hookfit.hookimpl
+        def checkpoint_saved(self, path):
+            heard.append(path)
+
+    make_dist(tmp_path / "site", "other-checkpoint", {"checkpoint": "other_ckpt_mod:Saver"}, {"other_ckpt_mod": """
+        import hookfit
+
+        class Saver:
+            @hookfit.hookimpl
+            def epoch_checkpoint(self, loop, epoch):
+                loop.hooks.checkpoint_saved(loop, f"saved-{epoch}", "epoch", loop.state.step)
+        """})
+    sys.path.insert(0, str(tmp_path / "site"))
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "checkpoint,tui")  # tui implements checkpoint_saved too
+    hookfit.manager.refresh()
+    try:
+        with pytest.warns(hookfit.HookfitWarning, match="two distributions register the hookfit plugin 'checkpoint'"):
+            loop = run(plugins=[Listener()])
+        assert loop.state.status == "completed"
+        assert loop.run.pm.infos["checkpoint"].distribution == "other-checkpoint"
+        assert heard == ["saved-0"]
+    finally:
+        sys.path.remove(str(tmp_path / "site"))
+        sys.modules.pop("other_ckpt_mod", None)
+        hookfit.manager.refresh()
 
 
 def test_participants_are_the_plugins_as_the_user_knows_them() -> None:
