@@ -79,6 +79,7 @@ def hooks_reference(markdown: bool = False) -> str:
     import inspect
 
     from hookfit import hookspecs, manager, payloads
+    from hookfit.position import Position
     from hookfit.state import State
 
     out = []
@@ -96,7 +97,7 @@ def hooks_reference(markdown: bool = False) -> str:
         else:
             out += [f"-- events of the plugin {plugin!r} ({where})", ""]
         out += _events(specs, markdown)
-    types = [("hookfit.run.Run", None), ("hookfit.State", State)]
+    types = [("hookfit.run.Run", None), ("hookfit.State", State), ("hookfit.position.Position", Position)]
     types += [(f"hookfit.payloads.{name}", getattr(payloads, name)) for name in payloads.__all__]
     if markdown:
         out += ["# Types the events carry", "", inspect.getdoc(payloads) or "", ""]

@@ -34,8 +34,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
-
 __all__ = ["Cursor", "Position", "check_position", "check_rng", "rng_state", "set_rng_state"]
 
 Stage = Literal["train", "valid"]
@@ -141,6 +139,8 @@ class Cursor:
 
 def rng_state() -> dict[str, Any]:
     """Every random generator a training script draws from, as plain data and tensors."""
+    import torch
+
     version, keys, gauss = random.getstate()
     out: dict[str, Any] = {"python": [version, list(keys), gauss], "torch": torch.get_rng_state()}
     try:
@@ -157,6 +157,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`rng_state` returned (CUDA only on as many devices as it had)."""
+    import torch
+
     version, keys, gauss = state["python"]
     random.setstate((version, tuple(keys), gauss))
     torch.set_rng_state(state["torch"])
@@ -204,6 +206,8 @@ def check_position(position: Any, train_data: Any = None) -> None:
 def check_rng(rng: Any) -> None:
     """A ``ValueError`` naming the entry when ``rng`` is not what :func:`rng_state` returns
     (on this machine: Python's key count, torch's state size)."""
+    import torch
+
     def bad(what: str, why: str) -> ValueError:
         return ValueError(f"bad RNG state: rng[{what!r}] {why}")
 
