@@ -2,6 +2,6 @@
 
 import sys
 
-from hookfit.cli import main
+from hookfit.tools.cli import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """A run's folder and its record: where the files of a run go (``runs/<name>/<date>-<time>``
 unless ``Loop(run_dir=...)`` says otherwise), and ``run.jsonl`` in it, one ``"run"`` line as a
 ``fit()`` starts writing there and one ``"end"`` line when it ends, read back by
-:mod:`hookfit.runs` (``hookfit runs``)."""
+:mod:`hookfit.tools.runs` (``hookfit runs``)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ class RunFolder:
     def record_start(self, folder: Path) -> None:
         """One line in ``run.jsonl`` for this ``fit()`` (a resumed run adds its own): what made
         the run, for a person or a tool looking at it later, with the ``pid`` and ``host`` of
-        the process, so a reader can tell a live run from a dead one (:mod:`hookfit.runs`).
+        the process, so a reader can tell a live run from a dead one (:mod:`hookfit.tools.runs`).
         Main process only."""
         run = self.run
         if not run.is_main:

@@ -7,7 +7,7 @@ The data is scikit-learn's 8x8 digits, shipped inside scikit-learn: nothing is d
 
 import argparse
 
-from hookfit import demo
+from hookfit.tools import demo
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)

@@ -6,7 +6,7 @@ progress lines come at most every ``interval`` seconds, epoch summaries at most 
 ``summary_interval`` seconds (the last epoch's always), so the number of lines per minute is
 bounded however fast the steps are. The first line names the run's plugins as the user knows
 them (discovered or given, enabled and registered; not the helpers a plugin registers for
-itself). Then comes the size of the model (:func:`hookfit.summary.summarize`; nothing for a
+itself). Then comes the size of the model (:func:`hookfit.plugins.summary.summarize`; nothing for a
 run without ``Loop(model=...)``): ``hookfit model params=<n> trainable=<n> size_mb=<MB>``
 (parameters and buffers, in MB of 2**20 bytes; with ``uninitialised=<n>`` for the tensors of
 lazy modules not initialised yet), and ``hookfit model module=<name> type=<class> params=<n>
@@ -44,7 +44,7 @@ from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
 from hookfit.plugins.common import number, option_error
 from hookfit.run import Run
-from hookfit.summary import summarize
+from hookfit.plugins.summary import summarize
 
 MODULE_LINES = 30
 """The most ``hookfit model module=...`` lines printed at the start; more are counted."""

@@ -1,4 +1,4 @@
-"""hookfit.cli: ``hookfit plugins``, ``hookfit hooks`` and the reference page it generates."""
+"""hookfit.tools.cli: ``hookfit plugins``, ``hookfit hooks`` and the reference page it generates."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from conftest import make_dist
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hookfit.cli", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "hookfit.tools.cli", *args], capture_output=True, text=True,
         env={**os.environ, **(env or {})}, timeout=120,
     )
 
@@ -70,7 +70,7 @@ def test_the_reference_page_opens_with_the_loop_and_has_a_section_per_plugin() -
 def test_the_hooks_reference_page_is_up_to_date() -> None:
     from pathlib import Path
 
-    from hookfit.cli import hooks_reference
+    from hookfit.tools.cli import hooks_reference
 
     page = Path(__file__).resolve().parents[1] / "core" / "hooks.md"
     assert page.read_text() == hooks_reference(markdown=True), (

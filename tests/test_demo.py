@@ -1,4 +1,4 @@
-"""hookfit.demo: ``hookfit demo`` trains a real classifier with the discovered plugins."""
+"""hookfit.tools.demo: ``hookfit demo`` trains a real classifier with the discovered plugins."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 @pytest.mark.slow
 def test_hookfit_demo_learns_the_digits_with_the_built_in_plugins(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
-    done = subprocess.run([sys.executable, "-m", "hookfit.cli", "demo", "--epochs", "3"], cwd=tmp_path, env=env,
+    done = subprocess.run([sys.executable, "-m", "hookfit.tools.cli", "demo", "--epochs", "3"], cwd=tmp_path, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout

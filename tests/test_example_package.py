@@ -48,7 +48,7 @@ def _canonical(name: str | None) -> str | None:
 
 
 def _plugins(venv: Venv, cwd: Path, **extra: str) -> dict[str, dict]:
-    out = venv.run("-m", "hookfit.cli", "plugins", "--json", cwd=cwd, timeout=TIMEOUT, **extra).stdout
+    out = venv.run("-m", "hookfit.tools.cli", "plugins", "--json", cwd=cwd, timeout=TIMEOUT, **extra).stdout
     rows = json.loads(out)
     return {row["name"]: row for row in rows}
 

@@ -170,7 +170,7 @@ def test_a_sharded_checkpoint_is_a_folder_kept_pruned_exported_and_resumed_witho
                        optimizer.state[next(iter(model.parameters()))].items() if hasattr(v, "full_tensor")}
     assert optimizer_state.keys() == {"exp_avg", "exp_avg_sq"}
 
-    from hookfit import cli
+    from hookfit.tools import cli
 
     assert cli.main(["export", str(folder), str(tmp_path / "model.pt")], plugins=[Checkpoint()]) == 0
     exported = torch.load(tmp_path / "model.pt", weights_only=True)

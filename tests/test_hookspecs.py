@@ -148,7 +148,7 @@ def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
             fired.add("add_commands")
             commands.add_parser("recorded").set_defaults(run=lambda args: 7)
 
-    from hookfit import cli
+    from hookfit.tools import cli
 
     assert cli.main(["recorded"], plugins=[Command()]) == 7
     assert fired == set(declared), f"never fired: {set(declared) - fired}"

@@ -61,7 +61,7 @@ def load(path: Path) -> Any:
 
 
 def test_the_packages_are_installed_in_the_venv_only_and_discovered_there(venv: Venv, tmp_path: Path) -> None:
-    listing = {row["name"]: row for row in json.loads(venv.run("-m", "hookfit.cli", "plugins", "--json").stdout)}
+    listing = {row["name"]: row for row in json.loads(venv.run("-m", "hookfit.tools.cli", "plugins", "--json").stdout)}
     hooks = {
         "plain_optim": ["backward", "configure", "fit_end", "load_state", "save_state", "should_sync_gradients",
                         "stage_end", "stage_start"],

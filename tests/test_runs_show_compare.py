@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hookfit
-from hookfit import cli, runs
+from hookfit.tools import cli, runs
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 from hookfit.plugins.tui.dashboard import Dashboard, _fmt

@@ -26,28 +26,28 @@ def run(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProces
 
 
 def test_new_plugin_installs_is_discovered_and_its_test_passes(tmp_path: Path, venv: Venv) -> None:
-    made = run(sys.executable, "-m", "hookfit.cli", "new-plugin", "epoch_log", "--dir", str(tmp_path), cwd=tmp_path)
+    made = run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "epoch_log", "--dir", str(tmp_path), cwd=tmp_path)
     root = tmp_path / "hookfit-epoch-log"
     assert f"created {root}" in made.stdout
     venv.install(root, editable=True, copy=False)  # into the temporary venv only
     try:
         assert_not_in_running_env("hookfit-epoch-log", "hookfit_epoch_log")
-        listing = json.loads(venv.run("-m", "hookfit.cli", "plugins", "--json", cwd=tmp_path).stdout)
+        listing = json.loads(venv.run("-m", "hookfit.tools.cli", "plugins", "--json", cwd=tmp_path).stdout)
         row = next(r for r in listing if r["name"] == "epoch_log")
         assert row["distribution"] == "hookfit-epoch-log" and row["enabled"] and row["hooks"] == ["epoch_end"]
         tests = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=root)
         assert "2 passed" in tests.stdout
     finally:
         venv.uninstall("hookfit-epoch-log")  # inside the temporary venv
-    after = json.loads(venv.run("-m", "hookfit.cli", "plugins", "--json", cwd=tmp_path).stdout)
+    after = json.loads(venv.run("-m", "hookfit.tools.cli", "plugins", "--json", cwd=tmp_path).stdout)
     assert "epoch_log" not in [r["name"] for r in after]
     assert_not_in_running_env("hookfit-epoch-log", "hookfit_epoch_log")
 
 
 @pytest.mark.bad_input
 def test_new_plugin_refuses_bad_names_and_existing_folders(tmp_path: Path) -> None:
-    bad = run(sys.executable, "-m", "hookfit.cli", "new-plugin", "Bad-Name", "--dir", str(tmp_path), cwd=tmp_path, check=False)
+    bad = run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "Bad-Name", "--dir", str(tmp_path), cwd=tmp_path, check=False)
     assert bad.returncode == 2 and "must be lowercase letters" in bad.stderr
-    run(sys.executable, "-m", "hookfit.cli", "new-plugin", "twice", "--dir", str(tmp_path), cwd=tmp_path)
-    again = run(sys.executable, "-m", "hookfit.cli", "new-plugin", "twice", "--dir", str(tmp_path), cwd=tmp_path, check=False)
+    run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "twice", "--dir", str(tmp_path), cwd=tmp_path)
+    again = run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "twice", "--dir", str(tmp_path), cwd=tmp_path, check=False)
     assert again.returncode == 2 and "already exists" in again.stderr

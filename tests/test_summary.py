@@ -1,4 +1,4 @@
-"""hookfit.summary: the size of ``loop.model`` (parameters, trainable, bytes, per top-level module),
+"""hookfit.plugins.summary: the size of ``loop.model`` (parameters, trainable, bytes, per top-level module),
 checked against counts made here from ``p.numel()`` over ``model.parameters()``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hookfit.payloads import ModelSummary, ModuleRow
-from hookfit.summary import DIRECT, summarize, unwrap
+from hookfit.plugins.summary import DIRECT, summarize, unwrap
 
 
 def expected(module: torch.nn.Module) -> tuple[int, int, int, int]:

@@ -187,7 +187,7 @@ def straight(venv: Venv, work: Path) -> tuple[dict[str, Any], Path]:
 
 def test_the_package_replaces_the_builtin_checkpoint(venv: Venv, work: Path) -> None:
     listing = {row["name"]: row for row in json.loads(
-        venv.run("-m", "hookfit.cli", "plugins", "--json", cwd=work, **environment(work)).stdout)}
+        venv.run("-m", "hookfit.tools.cli", "plugins", "--json", cwd=work, **environment(work)).stdout)}
     tiny = listing["tiny_checkpoint"]
     assert (tiny["distribution"], tiny["version"], tiny["source"]) == (DISTRIBUTION, "0.1.0", "entry point")
     assert tiny["value"] == f"{MODULE}:TinyCheckpoint" and tiny["enabled"] and tiny["error"] is None

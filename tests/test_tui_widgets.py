@@ -253,7 +253,7 @@ def test_the_renderer_sends_the_model_summary_at_the_start(monkeypatch, capsys, 
     at fit_start, and the summary printed afterwards says it."""
     torch = pytest.importorskip("torch")
     import hookfit.plugins.tui.renderer as renderer_module
-    from hookfit.summary import summarize
+    from hookfit.plugins.summary import summarize
 
     def no_screen(self):
         self._screen = self._capture = None

@@ -99,7 +99,7 @@ class TuiRenderer:
             on_leave=self._quit.set,
         )
         if loop.model is not None:
-            from hookfit.summary import summarize  # imports torch, which a run has loaded
+            from hookfit.plugins.summary import summarize  # imports torch, which a run has loaded
 
             self._inbox.append(("model", summarize(loop.model)))
         self.active = True

@@ -1,6 +1,6 @@
 """``hookfit show`` and ``hookfit compare``: runs looked at again from their folders (the
 ``tui`` plugin adds both through the ``add_commands`` event; the files are read with
-:mod:`hookfit.runs`).
+:mod:`hookfit.tools.runs`).
 
 ``hookfit show [RUN]`` rebuilds the dashboard from the run's ``metrics.jsonl``: the same
 table, curves, progress and summary, read-only (``q`` or Esc leaves; nothing is sent to the
@@ -21,7 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from hookfit import runs
+from hookfit.tools import runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
 
 SHOW_KEYS = " q leave · tab/←→ metric · w window · l log scale · ? help"

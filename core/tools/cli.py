@@ -154,7 +154,7 @@ def _hooks(args: argparse.Namespace) -> int:
 
 
 def _new_plugin(args: argparse.Namespace) -> int:
-    from hookfit import scaffold
+    from hookfit.tools import scaffold
 
     try:
         root = scaffold.create(args.name, Path(args.dir))
@@ -166,7 +166,7 @@ def _new_plugin(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from hookfit import demo
+    from hookfit.tools import demo
 
     state = demo.main(epochs=args.epochs)
     return 0 if state.status == "completed" else 1
@@ -186,7 +186,7 @@ def _duration(seconds: float | None) -> str:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from hookfit import runs
+    from hookfit.tools import runs
 
     root = Path(args.dir)
     if not root.exists():
