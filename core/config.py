@@ -1,8 +1,8 @@
 """Plugin options from a file: configuring discovered plugins without editing the script.
 
-The file is TOML, ``HOOKFIT_CONFIG=path.toml`` or else a ``hookfit.toml`` next to the script
-(the folder of ``sys.argv[0]``; the current folder when there is no script file, as under
-``python -c``). Its only table is ``plugins``, one table per plugin, whose keys are the
+The file is TOML: ``HOOKFIT_CONFIG=path.toml``, else a ``hookfit.toml`` next to the script
+(the folder of ``sys.argv[0]``), else one in the current folder (:func:`find`; ``hookfit
+plugins --script scripts/train.py`` lists what that script's run would read). Its only table is ``plugins``, one table per plugin, whose keys are the
 keyword arguments of the plugin's constructor::
 
     [plugins.early_stopping]
@@ -54,9 +54,12 @@ class Config:
         return f"{self.path} [plugins.{name}]"
 
 
-def find(environ: Mapping[str, str] | None = None, folder: Path | None = None) -> Path | None:
-    """The configuration file of this process: ``HOOKFIT_CONFIG`` (which must exist), else a
-    ``hookfit.toml`` in ``folder`` (by default the script's), else ``None``."""
+def find(environ: Mapping[str, str] | None = None, folder: Path | None = None,
+         script: str | os.PathLike[str] | None = None) -> Path | None:
+    """The configuration file of a run, by one rule for runs and for ``hookfit plugins``:
+    ``HOOKFIT_CONFIG`` (which must exist); else ``hookfit.toml`` in the script's folder (the
+    run's script, ``sys.argv[0]``, or ``script`` given to the listing); else in the current
+    folder; else ``None``. ``folder`` looks in that one folder only."""
     env = os.environ if environ is None else environ
     named = env.get(ENV_CONFIG)
     if named:
@@ -64,11 +67,18 @@ def find(environ: Mapping[str, str] | None = None, folder: Path | None = None) -
         if not path.is_file():
             raise ConfigError(f"{ENV_CONFIG}={named}: no such file")
         return path
-    if folder is None:
-        script = Path(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-m") else None
-        folder = script.parent if script is not None and script.is_file() else Path.cwd()
-    path = folder / FILE_NAME
-    return path if path.is_file() else None
+    if folder is not None:
+        folders = [folder]
+    else:
+        if script is None and sys.argv and sys.argv[0] not in ("", "-c", "-m"):
+            script = sys.argv[0]
+        here = Path(script) if script is not None else None
+        folders = [here.parent] if here is not None and here.is_file() else []
+        folders.append(Path.cwd())
+    for where in folders:
+        if (where / FILE_NAME).is_file():
+            return where / FILE_NAME
+    return None
 
 
 def load(path: Path | None) -> Config:

@@ -76,6 +76,33 @@ def test_a_script_s_discovered_plugins_take_their_options_from_the_file_next_to_
 
 
 @pytest.mark.slow
+def test_a_run_and_the_listing_read_the_same_file_by_one_rule(tmp_path: Path) -> None:
+    """From a project root with scripts/train.py: the run reads the root's hookfit.toml when
+    the script's folder has none, as ``hookfit plugins`` started there lists; once the
+    script's folder has its own, the run reads that one, as ``hookfit plugins --script``."""
+    root = tmp_path / "project"
+    script = write(root / "scripts" / "train.py", SCRIPT)
+    write(root / "hookfit.toml", "[plugins.checkpoint]\nevery_n_steps = 300\n")
+
+    def listed(*args: str) -> object:
+        done = subprocess.run([sys.executable, "-m", "hookfit", "plugins", "--json", *args], cwd=root, env=env(),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        row = next(r for r in json.loads(done.stdout) if r["name"] == "checkpoint")
+        return row["options"]["every_n_steps"]["value"]
+
+    def ran() -> str:
+        done = subprocess.run([sys.executable, str(script.relative_to(root))], cwd=root, env=env(),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "CHECKPOINT 300" in ran() and listed() == 300 == listed("--script", "scripts/train.py")
+    write(root / "scripts" / "hookfit.toml", "[plugins.checkpoint]\nevery_n_steps = 700\n")
+    assert "CHECKPOINT 700" in ran() and listed("--script", "scripts/train.py") == 700
+
+
+@pytest.mark.slow
 def test_hookfit_plugins_shows_each_plugin_s_options_and_where_they_come_from(tmp_path: Path) -> None:
     write(tmp_path / "hookfit.toml", """
         [plugins.early_stopping]

@@ -16,8 +16,8 @@ from typing import Any, Sequence
 def _plugins(args: argparse.Namespace) -> int:
     from hookfit import config, manager
 
-    try:  # the file a script started here would read: HOOKFIT_CONFIG, else ./hookfit.toml
-        configured = config.load(Path(args.config) if args.config else config.find(folder=Path.cwd()))
+    try:  # the file a run of --script started here would read (config.find: one rule for both)
+        configured = config.load(Path(args.config) if args.config else config.find(script=args.script or ""))
         infos = manager.collect(strict=False, configured=configured)
     except config.ConfigError as error:
         print(f"hookfit: {error}", file=sys.stderr)
@@ -218,7 +218,7 @@ def _add_plugin_commands(sub: Any, given: Sequence[Any]) -> None:
     from hookfit import config, manager
 
     try:
-        configured = config.load(config.find(folder=Path.cwd()))
+        configured = config.load(config.find(script=""))
     except config.ConfigError as error:
         print(f"hookfit: {error} (plugin commands are not available)", file=sys.stderr)
         return
@@ -235,7 +235,9 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled, options")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
-    p.add_argument("--config", help="the options file to show (default: HOOKFIT_CONFIG, else ./hookfit.toml)")
+    p.add_argument("--config", help="the options file to show (default: the one a run would read)")
+    p.add_argument("--script", help="list as a run of this script would see them (its folder's hookfit.toml "
+                                    "first, then the current folder's)")
     p.set_defaults(run=_plugins)
     p = sub.add_parser("hooks", help="print every event with its documentation")
     p.add_argument("--markdown", action="store_true", help="as the Markdown page core/hooks.md")
