@@ -1,5 +1,5 @@
-"""What plugins share: option checking, written once for the built-in plugins and for
-third-party plugin authors alike (the core uses none of it).
+"""What plugins share, written once for the built-in plugins and for third-party plugin authors
+alike (the core uses none of it): option checking, a cadence (:class:`Every`).
 
 Option checking
     Every option is checked when the plugin is built (from code or from ``hookfit.toml``), and a
@@ -13,6 +13,11 @@ Option checking
     the usual ones. Each returns the value (an ``int``, a ``float``...), so a plugin writes
     ``self.window = positive_int(self.name, "window", window)``. A ``bool`` is never taken for
     a number.
+
+Cadence
+    ``Every(n)`` is "every n-th step (epoch, batch...)", as Ignite's ``Events.X(every=n)``:
+    checked when built (a positive integer, or ``None`` for never), then ``due(count)`` for the
+    count-th event, counted from 1. ``Every(3).due(6)`` is true; ``Every(None).due(6)`` is not.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 
 __all__ = [
-    "check", "choice", "flag", "integer", "number", "option_error", "path", "positive_int", "positive_number",
+    "Every", "check", "choice", "flag", "integer", "number", "option_error", "path", "positive_int", "positive_number",
     "text",
 ]
 
@@ -202,3 +207,52 @@ def path(plugin: str, option: str, value: Any, *, none: bool = False, what: str 
           lambda v: isinstance(v, os.PathLike) or (isinstance(v, str) and bool(v.strip())),
           _must(f"{what} (a str or os.PathLike)", None, none))
     return value
+
+
+# -- cadence ---------------------------------------------------------------------------------
+
+class Every:
+    """A cadence: due at every ``n``-th event (step, epoch, batch...), or never (``n=None``).
+
+    ``n`` is checked here (a positive integer, ``None`` too where ``none``), the error naming
+    ``plugin`` and ``option`` like every option's (:func:`positive_int`)::
+
+        self._saves = Every(every_n_steps, plugin="checkpoint", option="every_n_steps")
+        ...
+        if self._saves.due(loop.state.step): ...
+
+    Counts start at 1 (the first event is count 1), so ``due(0)`` is never true."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int | None, *, plugin: str = "every", option: str = "n", none: bool = True,
+                 meaning: str | None = None) -> None:
+        self.n: int | None = positive_int(plugin, option, n, none=none, meaning=meaning)
+        """Events between two due ones, or ``None``: never due."""
+
+    @property
+    def never(self) -> bool:
+        """Whether it is never due (``n`` is ``None``)."""
+        return self.n is None
+
+    def due(self, count: int) -> bool:
+        """Whether the ``count``-th event (from 1) is due: ``count`` is a multiple of ``n``."""
+        n = self.n
+        return n is not None and count > 0 and count % n == 0
+
+    def between(self, start: int, stop: int) -> int:
+        """How many of the events ``start + 1`` to ``stop`` (both counts, from 1) are due: the
+        number of multiples of ``n`` in ``(start, stop]``; 0 when ``stop <= start``."""
+        n = self.n
+        if n is None or stop <= start:
+            return 0
+        return stop // n - max(start, 0) // n
+
+    def __repr__(self) -> str:
+        return f"Every({self.n})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Every) and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash((Every, self.n))

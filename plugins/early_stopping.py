@@ -30,7 +30,7 @@ import math
 from typing import Any, Literal, Mapping
 
 from hookfit import hookimpl
-from hookfit.plugins.common import choice, integer, number
+from hookfit.plugins.common import Every, choice, integer, number
 
 __all__ = ["EarlyStopping"]
 
@@ -151,9 +151,8 @@ class EarlyStopping:
         if loop.val_step is None:
             return False
         if loop.val_every_n_steps is not None:  # a multiple of N among this epoch's steps
-            every = loop.val_every_n_steps
-            return loop.state.step // every > self._epoch_step // every
-        return (epoch + 1) % loop.val_every_n_epochs == 0
+            return Every(loop.val_every_n_steps).between(self._epoch_step, loop.state.step) > 0
+        return Every(loop.val_every_n_epochs).due(epoch + 1)
 
     def _by_step(self, loop: Any) -> bool:
         """Whether the monitored metric comes from validations inside training, counted one

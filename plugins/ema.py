@@ -45,7 +45,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from hookfit import hookimpl
-from hookfit.plugins.common import check, flag, positive_int
+from hookfit.plugins.common import Every, check, flag
 
 __all__ = ["EMA"]
 
@@ -63,7 +63,8 @@ class EMA:
         check(name, "decay", decay,
               lambda d: d is None or (not isinstance(d, bool) and isinstance(d, numbers.Real) and 0 < d < 1),
               "be a number with 0 < decay < 1 (like 0.999), or None to switch the plugin off")
-        positive_int(name, "every_n_steps", every_n_steps, meaning="optimizer steps")
+        self._updates = Every(every_n_steps, plugin=name, option="every_n_steps", none=False,
+                              meaning="optimizer steps")
         flag(name, "validate", validate)
         check(name, "optimizer", optimizer, lambda o: o is None or (isinstance(o, str) and bool(o.strip())),
               "be the name of one of the run's optimizers, or None")
@@ -113,7 +114,7 @@ class EMA:
         if name != self._watched:
             return
         self.steps += 1
-        if self.steps % self.every_n_steps == 0:
+        if self._updates.due(self.steps):
             self.average.update_parameters(self._source)  # type: ignore[union-attr]
 
     @hookimpl(tryfirst=True)  # other plugins' stage_start("valid") see the validated weights

@@ -57,3 +57,29 @@ def test_good_options_come_back_as_what_the_plugin_stores() -> None:
 def test_an_error_can_be_a_type_error_and_show_a_value_by_its_type() -> None:
     error = common.option_error("p", "stream", "out.txt", "be a text stream", TypeError, shown="str")
     assert isinstance(error, TypeError) and str(error) == "p: stream must be a text stream, got str"
+
+
+# -- cadence ---------------------------------------------------------------------------------
+
+def test_every_n_is_due_at_each_multiple_of_n_counted_from_1_and_never_without_n() -> None:
+    assert [c for c in range(10) if common.Every(3).due(c)] == [3, 6, 9]
+    assert [c for c in range(4) if common.Every(1).due(c)] == [1, 2, 3]
+    never = common.Every(None)
+    assert never.never and not common.Every(2).never and not any(never.due(c) for c in range(10))
+    assert common.Every(2) == common.Every(2) != common.Every(3) and repr(common.Every(2)) == "Every(2)"
+
+
+@pytest.mark.parametrize("n, start, stop", [(3, 0, 9), (3, 2, 3), (3, 3, 5), (2, 5, 5), (4, 7, 2), (1, 0, 6)])
+def test_between_counts_the_due_events_after_start_up_to_stop(n: int, start: int, stop: int) -> None:
+    every = common.Every(n)
+    assert every.between(start, stop) == sum(every.due(c) for c in range(start + 1, stop + 1))
+    assert common.Every(None).between(start, stop) == 0
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.0, "3", True])
+def test_every_checks_n_and_names_the_plugin_and_option(n: Any) -> None:
+    with pytest.raises(ValueError, match=rf"^ema: every_n_steps must be a positive integer \(optimizer steps\), "
+                                         rf"got {re.escape(repr(n))}$"):
+        common.Every(n, plugin="ema", option="every_n_steps", none=False, meaning="optimizer steps")
+    with pytest.raises(ValueError, match=r"^ema: every_n_steps must be a positive integer \(optimizer steps\), got None"):
+        common.Every(None, plugin="ema", option="every_n_steps", none=False, meaning="optimizer steps")

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from hookfit import StateMismatch, hookimpl
 from hookfit.plugins.checkpoint import hookspecs, sharded
 from hookfit.plugins.checkpoint.state import _load_model, _model_state, _snapshot
-from hookfit.plugins.common import check, choice, flag, path, positive_int, positive_number
+from hookfit.plugins.common import Every, check, choice, flag, path, positive_int, positive_number
 from hookfit.position import Position
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
@@ -47,8 +47,6 @@ def _check_options(options: Mapping[str, Any]) -> None:
     a ``ValueError`` naming the option and the value."""
     name = Checkpoint.name
     path(name, "dir", options["dir"], none=True, what="a folder")
-    for what in ("every_n_epochs", "every_n_steps"):
-        positive_int(name, what, options[what], none=True)
     positive_number(name, "every_seconds", options["every_seconds"], none=True, meaning="seconds")
     positive_int(name, "keep_last", options["keep_last"])
     monitor = options["monitor"]
@@ -88,6 +86,8 @@ class Checkpoint:
         self.dir = Path(dir) if dir is not None else None
         self.every_n_epochs = every_n_epochs
         self.every_n_steps = every_n_steps
+        self._epochs = Every(every_n_epochs, plugin=self.name, option="every_n_epochs")
+        self._steps = Every(every_n_steps, plugin=self.name, option="every_n_steps")
         self.every_seconds = every_seconds
         self.keep_last = keep_last
         self.monitor = monitor
@@ -122,7 +122,7 @@ class Checkpoint:
         self.saved, self.best, self.resumed_from, self.off = [], None, None, False
         self._pending, self._continued, self._monitor_warned, self._warned = None, False, False, set()
         self._written.clear()
-        if self.every_n_steps is not None or self.every_seconds is not None:
+        if not self._steps.never or self.every_seconds is not None:
             # a per-batch hook only when saves can fall mid-epoch: otherwise batches cost nothing
             loop.pm.register(_EveryStep(self), name="checkpoint.steps")
         source = loop.resume
@@ -190,7 +190,7 @@ class Checkpoint:
     @hookimpl
     def epoch_checkpoint(self, loop: Any, epoch: int) -> None:
         self._announce(loop)
-        if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:
+        if self._epochs.due(epoch + 1):
             self.save(loop, "epoch", metric=self._last_value)
         self._last_value = None  # a metric belongs to its epoch's checkpoint
 
@@ -516,7 +516,7 @@ class _EveryStep:
         if owner._written:
             owner._announce(loop)
         step = loop.state.step
-        if (owner.every_n_steps is not None and step % owner.every_n_steps == 0) or (
+        if owner._steps.due(step) or (
             owner.every_seconds is not None and time.monotonic() - owner._last_time >= owner.every_seconds
         ):
             owner.save(loop, "step")

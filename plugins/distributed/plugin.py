@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
-from hookfit.plugins.common import check, choice, flag, integer, positive_int, positive_number, text
+from hookfit.plugins.common import Every, check, choice, flag, integer, positive_number, text
 from hookfit.plugins.distributed import hookspecs
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.run import Run, modules
@@ -100,7 +100,8 @@ class Distributed:
                        meaning="'gloo', 'nccl'...")
         strategy = choice(name, "strategy", strategy, STRATEGIES)
         timeout = positive_number(name, "timeout", timeout, meaning="seconds")
-        stop_check_every = positive_int(name, "stop_check_every", stop_check_every, meaning="batches")
+        self._stop_checks = Every(stop_check_every, plugin=name, option="stop_check_every", none=False,
+                                  meaning="batches")
         for option, value in (("find_unused_parameters", find_unused_parameters), ("wrap_model", wrap_model),
                               ("shard_data", shard_data)):
             flag(name, option, value)
@@ -373,7 +374,7 @@ class Distributed:
                 self._forward_checked = True  # the first backward pass went through DDP
                 self._remove_grad_hooks()
             self._batches += 1
-            if self._batches % self.stop_check_every:
+            if not self._stop_checks.due(self._batches):
                 return False
         flag = self._flag
         flag.fill_(0 if request is None else 1)

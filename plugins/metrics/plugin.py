@@ -15,7 +15,7 @@ import torch
 from hookfit import hookimpl
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
-from hookfit.plugins.common import flag, integer, number, positive_int
+from hookfit.plugins.common import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs
 from hookfit.plugins.metrics.aggregate import FOLD_EVERY, _is_metric, _Stage, _Tensor, batch_size, check
 from hookfit.run import Run
@@ -44,12 +44,14 @@ class Metrics:
         self.window = positive_int(name, "window", window, meaning="batches of the running mean")
         history_epochs = integer(name, "history_epochs", history_epochs, least=0, meaning="epochs of history kept")
         self.log = flag(name, "log", log)
-        self.log_every_n_steps = positive_int(name, "log_every_n_steps", log_every_n_steps, none=True,
-                                              meaning="training steps between lines of metrics.jsonl")
+        self._log_every = Every(log_every_n_steps, plugin=name, option="log_every_n_steps",
+                                meaning="training steps between lines of metrics.jsonl")
+        self.log_every_n_steps = log_every_n_steps
         self.defer = flag(name, "defer", defer, none=True)
-        self.sync_every = positive_int(name, "sync_every", sync_every,
-                                       meaning="batches between publications with several processes")
-        self._every = 0  # with several processes: publish every this many batches
+        self._sync = Every(sync_every, plugin=name, option="sync_every", none=False,
+                           meaning="batches between publications with several processes")
+        self.sync_every = sync_every
+        self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only, no per-step log line (the fast path)
         self._resumed: _Stage | None = None
@@ -86,9 +88,9 @@ class Metrics:
         may differ by a batch, so what it publishes before its end is this process's own,
         reduced only at its ``stage_end``."""
         several = self._reduce(loop) is not None
-        self._every = self.sync_every if several and stage == "train" else 0
+        self._every = self._sync if several and stage == "train" else None
         self._local = several and stage != "train"
-        self._by_time = not self._every and not self.log_every_n_steps
+        self._by_time = self._every is None and self._log_every.never
 
     @hookimpl
     def batch_end(self, loop: Any, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
@@ -132,10 +134,10 @@ class Metrics:
         else:
             agg.samples += batch_size(batch)  # type: ignore[union-attr]
         if not self._by_time:  # a log line every N steps, or several processes
-            if self.log_every_n_steps and loop.training and loop.state.step % self.log_every_n_steps == 0:
+            if loop.training and self._log_every.due(loop.state.step):
                 self._write({"event": "step", **self.snapshot().row()})
-            if self._every:  # several processes: the same batches everywhere, for the reduction
-                if agg.batches % self._every == 0:  # type: ignore[union-attr]
+            if self._every is not None:  # several processes: the same batches everywhere, for the reduction
+                if self._every.due(agg.batches):  # type: ignore[union-attr]
                     self._publish(loop)
                 elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
                     agg.read()  # type: ignore[union-attr]

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import urwid
 
+from hookfit.plugins.common import Every
 from hookfit.plugins.tui.plot import Series, bounds, braille, draw, logged, spans_decades, y_label
 
 PALETTE = [
@@ -286,7 +287,7 @@ class Dashboard:
         if p.stage == "train" and p.total:
             left += (p.total - p.batches) * t_train
         if self.val_every and t_valid is not None and valid_total:
-            vals_left = sum(1 for e in range(self.epoch, self.max_epochs) if (e + 1) % self.val_every == 0)
+            vals_left = Every(self.val_every).between(self.epoch, self.max_epochs)
             if p.stage == "valid":
                 left += (valid_total - p.batches) * t_valid
                 vals_left -= 1
