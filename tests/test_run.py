@@ -5,6 +5,7 @@ several processes (plugin states keyed by name, resume, configure)."""
 from __future__ import annotations
 
 import gc
+import re
 import signal
 import threading
 import tracemalloc
@@ -1094,3 +1095,30 @@ def test_wrap_step_after_the_first_batch_or_returning_no_function_is_an_error() 
     with pytest.raises(TypeError, match=r"wrap_step: the wrapper returned None for train_step '.*<lambda>'"):
         hookfit.Loop(lambda l, b: None, [1], plugins=[Bad()]).fit()
 
+
+
+def test_plugin_code_a_step_calls_is_blamed_on_the_plugin_and_the_step_named() -> None:
+    """An error raised inside plugin code that the step calls (``loop.backward``, a managed
+    optimizer's ``step()``) names the plugin and its function, and the step that called it;
+    an error of the step's own code still names the step alone."""
+    from hookfit.plugins.optim import Optim
+
+    model = torch.nn.Linear(2, 1)
+
+    def step(loop, batch):
+        loop.backward(torch.tensor(1.0))  # no graph: torch refuses, inside optim's backward
+
+    with pytest.raises(RuntimeError) as caught:
+        hookfit.Loop(step, [0], model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                     plugins=[Optim()]).fit()
+    note = " ".join(caught.value.__notes__)
+    assert re.search(r"hookfit: raised by plugin 'optim' \([^)]*\) in \S+, called from step function "
+                     r"'test_plugin_code_a_step_calls_is_blamed.*\.<locals>\.step'", note), note
+
+    def own(loop, batch):
+        raise KeyError("the step's own")
+
+    with pytest.raises(KeyError) as caught:
+        hookfit.Loop(own, [0], model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                     plugins=[Optim()]).fit()
+    assert "raised in step function" in " ".join(caught.value.__notes__)
