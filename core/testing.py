@@ -4,12 +4,18 @@
 Fixtures:
 
 * ``hookfit_recorder``: a :class:`Recorder` plugin that implements every event (the core's
-  and those the discovered plugins declare) and records what it saw (``recorder.names()``,
-  ``recorder.events``).
+  and those the discovered plugins declare) and records what it saw: ``recorder.events``, a
+  list of ``(event, {argument: value})`` without ``loop`` (an ``error`` is recorded as its
+  type's name); ``recorder.names()``, the events in the order they fired;
+  ``recorder.seen``, ``(event, loop.state.stage, loop.training)`` per call.
+  ``Recorder(stop_after=N)`` answers ``should_stop`` from global step N on;
+  ``Recorder(agree=True)`` implements ``agree_stop`` too (always "no opinion").
 * ``hookfit_run``: ``hookfit_run(*plugins, step=..., data=..., **loop_kwargs)`` runs a real
   :class:`hookfit.Loop` with exactly the given plugins (discovered ones are not loaded) and
-  returns the loop; by default the step trains a tiny linear model on a few random batches
-  through the optim plugin's API when an ``Optim`` is among the plugins, else by itself.
+  returns the loop; ``train_step=``/``train_data=`` (the ``Loop``'s own names) work as
+  ``step=``/``data=``. By default the step trains a tiny linear model on a few random batches,
+  through ``loop.backward`` and ``loop.optimizers`` when a plugin implements ``backward``
+  (optim or any replacement), else by itself.
 * ``hookfit_isolated``: discovered plugins are not loaded in this test (``HOOKFIT_PLUGINS`` is
   set to an empty value, ``HOOKFIT_CONFIG`` unset), so a test sees only the plugins it gives,
   as it gives them (the events the discovered plugins declare stay declared); and the test
@@ -123,23 +129,24 @@ def hookfit_run(hookfit_isolated: None, tmp_path: Any) -> Iterator[Callable[...,
     import hookfit
 
     def run(*plugins: Any, step: Callable[..., Any] | None = None, data: Any = None, **kwargs: Any) -> Any:
+        step = kwargs.pop("train_step", None) if step is None else step  # the Loop's own names too
+        data = kwargs.pop("train_data", None) if data is None else data
         generator = torch.Generator().manual_seed(0)
         model = torch.nn.Linear(3, 1)
         if data is None:
             data = [(torch.randn(4, 3, generator=generator), torch.randn(4, 1, generator=generator)) for _ in range(4)]
-        managed = any(getattr(p, "name", None) == "optim" for p in plugins)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
         def tiny_step(loop: Any, batch: Any) -> dict[str, Any]:
             x, y = batch
             loss = torch.nn.functional.mse_loss(model(x), y)
-            if managed:
+            if loop.hooks.backward is not None:  # a plugin owns the backward pass: optim, or its replacement
                 loop.backward(loss)
                 loop.optimizers.step()
                 loop.optimizers.zero_grad()
             else:
                 optimizer.zero_grad()
-                loss.backward()
+                torch.autograd.backward(loss)  # loss.backward(), which torch leaves unannotated
                 optimizer.step()
             return {"loss": loss}
 

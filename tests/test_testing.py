@@ -67,3 +67,24 @@ def test_hookfit_isolated_keeps_run_folders_out_of_the_project(hookfit_isolated:
     assert state.status == "completed"
     written = list(tmp_path.glob("runs/*/*/metrics.jsonl"))
     assert len(written) == 1 and Path.cwd() == tmp_path, written
+
+
+def test_hookfit_run_drives_any_plugin_that_owns_the_backward_pass(hookfit_run, hookfit_recorder) -> None:
+    """The default step is role-neutral: a replacement optimizer plugin under any name gets
+    ``loop.backward`` calls, and the Loop's own keyword names work as the fixture's."""
+    calls = []
+
+    class Mine:
+        name = "zsam"  # not "optim"
+
+        @hookfit.hookimpl
+        def backward(self, loop, loss):
+            calls.append(loop.state.batch_idx)
+            torch.autograd.backward(loss)
+            return True
+
+    loop = hookfit_run(Mine(), hookfit_recorder, train_data=[(torch.ones(2, 3), torch.zeros(2, 1))] * 3)
+    assert loop.state.status == "completed" and calls == [0, 1, 2]
+    seen = []
+    hookfit_run(train_step=lambda l, b: seen.append(b))
+    assert len(seen) == 4  # the fixture's own data, with the step given by the Loop's name
