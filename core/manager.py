@@ -51,7 +51,8 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from types import ModuleType
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pluggy
 
@@ -117,17 +118,37 @@ class PluginInfo:
     options: dict[str, Any] = field(default_factory=dict)  # given by the configuration file
     config: Any = None  # the file's path when it gave options
     declares: list[Any] = field(default_factory=list)
-    """The event declarations (``hookspecs``) that come with this place in the order: the
-    discovered plugin's, read even when it is disabled or replaced, and a given plugin's own.
-    :meth:`PluginManager.register_all` adds them whether the plugin is enabled or not."""
+    """The event declarations (``hookspecs``) of this plugin, read when it is loaded (a
+    disabled plugin is never imported; the built-ins' are added whatever their state, see
+    :func:`builtin_events`)."""
 
     def describe(self) -> str:
-        """``plugin 'name' (distribution 1.0, entry point mod:attr)`` for messages."""
+        """``plugin 'name' (distribution 1.0, entry point mod:attr)`` for messages; a plugin
+        given to ``Loop`` is named with the distribution its module comes from, if any."""
         if self.source == "entry point":
             where = f"{self.distribution} {self.version}, entry point {self.value}"
         else:
-            where = f"{self.value}, given to Loop"
+            dist = _distribution_of(self.value or "")
+            where = f"{dist}, {self.value}, given to Loop" if dist else f"{self.value}, given to Loop"
         return f"plugin {self.name!r} ({where})"
+
+
+def _distribution_of(qualified: str) -> str | None:
+    """``name version`` of the installed distribution that holds the module of ``qualified``
+    (``package.module.Class``), or ``None`` (a script's own class)."""
+    top = qualified.split(".", 1)[0]
+    names = _packages().get(top)
+    if not names:
+        return None
+    try:
+        return f"{names[0]} {metadata.version(names[0])}"
+    except metadata.PackageNotFoundError:
+        return names[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _packages() -> Mapping[str, list[str]]:
+    return metadata.packages_distributions()
 
 
 def split_names(text: str | None) -> list[str]:
@@ -179,6 +200,7 @@ def refresh() -> None:
     """Forget what was discovered, after installing or removing a plugin in this process."""
     _discover.cache_clear()
     _builtin.cache_clear()
+    _packages.cache_clear()
     importlib.invalidate_caches()
 
 
@@ -374,7 +396,7 @@ class PluginManager(pluggy.PluginManager):
         self._changed()
         return result
 
-    def add_hookspecs(self, module_or_class: object) -> None:
+    def add_hookspecs(self, module_or_class: ModuleType | type) -> None:
         super().add_hookspecs(module_or_class)
         if hasattr(self, "_listeners"):
             self._changed()

@@ -352,3 +352,33 @@ def test_participants_are_the_plugins_as_the_user_knows_them() -> None:
 
     hookfit.Loop(lambda l, b: None, [1], plugins=[Owner(), Leaving(), Off(), Look()], disable=["off"]).fit()
     assert seen == [["owner", "look"]]
+
+
+def test_an_observer_given_to_loop_is_named_with_its_distribution(tmp_path: Path) -> None:
+    """A plugin object given to Loop from an installed package is named, in the observer's
+    warning, by its distribution and version, as a discovered plugin is (not by its class
+    alone)."""
+    site = make_dist(tmp_path / "site", "watch-things", {}, {"watch_things_mod": """
+        import hookfit
+
+        class Watcher:
+            name = "watcher"
+            observer = True
+
+            @hookfit.hookimpl
+            def batch_end(self):
+                raise OSError("screen gone")
+        """})
+    (next(site.glob("*.dist-info")) / "top_level.txt").write_text("watch_things_mod\n")
+    sys.path.insert(0, str(site))
+    hookfit.manager.refresh()
+    try:
+        from watch_things_mod import Watcher
+
+        with pytest.warns(hookfit.ObserverWarning, match=r"plugin 'watcher' \(watch-things 1\.2\.3, "
+                                                         r"watch_things_mod\.Watcher, given to Loop\)"):
+            run(plugins=[Watcher()])
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop("watch_things_mod", None)
+        hookfit.manager.refresh()
