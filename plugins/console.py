@@ -31,7 +31,8 @@ are best low, ``accuracy`` high, and a name cannot say so reliably):
 ``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``, keyed by metric name
 or by ``"<stage>/<metric>"`` (which wins over the bare name). A metric with a direction gets
 ``last=... best=... best_epoch=...``; one without gets ``last=... min=... min_epoch=...
-max=... max_epoch=...``. Epochs count from 1; NaN is never best.
+max=... max_epoch=...``. Epochs count from 1; NaN and infinities are never best
+(:class:`hookfit.plugins.common.Monitor`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any, Mapping, TextIO
 
 from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
-from hookfit.plugins.common import number, option_error
+from hookfit.plugins.common import MODES, Monitor, number, option_error
 from hookfit.run import Run
 from hookfit.plugins.summary import summarize
 
@@ -73,7 +74,7 @@ def _field(key: str, value: str) -> str:
     return f'{key}="{escaped}"'
 
 
-DIRECTIONS = ("min", "max")
+DIRECTIONS = MODES
 
 
 def _directions(best: Any) -> dict[str, str]:
@@ -102,30 +103,27 @@ def _directions(best: Any) -> dict[str, str]:
     return out
 
 
-def _better(value: float, current: float, direction: str) -> bool:
-    """Whether ``value`` beats ``current`` (the first of equal values stays; NaN never wins,
-    and anything beats a NaN)."""
-    if current != current:
-        return value == value
-    return value < current if direction == "min" else value > current
-
-
 class _Extremes:
-    """The last, lowest and highest epoch values of one metric of one stage."""
+    """The last, lowest and highest epoch values of one metric of one stage (the first of equal
+    values stays; NaN and infinities are never lowest or highest, unless there is nothing else)."""
 
-    __slots__ = ("last", "low", "low_epoch", "high", "high_epoch")
+    __slots__ = ("last", "first", "low", "high")
 
     def __init__(self, value: float, epoch: int) -> None:
-        self.last = value
-        self.low, self.low_epoch = value, epoch
-        self.high, self.high_epoch = value, epoch
+        self.first = (value, epoch)
+        self.low, self.high = Monitor(mode="min"), Monitor(mode="max")
+        self.add(value, epoch)
 
     def add(self, value: float, epoch: int) -> None:
         self.last = value
-        if _better(value, self.low, "min"):
-            self.low, self.low_epoch = value, epoch
-        if _better(value, self.high, "max"):
-            self.high, self.high_epoch = value, epoch
+        self.low.update(value, at=epoch)
+        self.high.update(value, at=epoch)
+
+    def best(self, direction: str) -> tuple[float, int]:
+        """The lowest (``"min"``) or highest (``"max"``) value and its epoch; with no finite value,
+        the first one."""
+        record = (self.low if direction == "min" else self.high).record
+        return record if record is not None else self.first
 
 
 class Console:
@@ -250,12 +248,12 @@ class Console:
         for (stage, key), result in self._results.items():
             direction = self.direction(stage, key)
             if direction is None:  # no direction configured: both extremes, no guess
-                extremes = (f"min={_number(result.low)}", f"min_epoch={result.low_epoch}",
-                            f"max={_number(result.high)}", f"max_epoch={result.high_epoch}")
-            elif direction == "min":
-                extremes = (f"best={_number(result.low)}", f"best_epoch={result.low_epoch}")
+                (low, low_epoch), (high, high_epoch) = result.best("min"), result.best("max")
+                extremes = (f"min={_number(low)}", f"min_epoch={low_epoch}",
+                            f"max={_number(high)}", f"max_epoch={high_epoch}")
             else:
-                extremes = (f"best={_number(result.high)}", f"best_epoch={result.high_epoch}")
+                best, best_epoch = result.best(direction)
+                extremes = (f"best={_number(best)}", f"best_epoch={best_epoch}")
             self._print("result", f"stage={stage}", f"metric={key}", f"last={_number(result.last)}", *extremes)
         self._print_time(state.time_split)
 

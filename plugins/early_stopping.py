@@ -26,15 +26,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, Mapping
 
 from hookfit import hookimpl
-from hookfit.plugins.common import Every, choice, integer, number
+from hookfit.plugins.common import Every, Monitor, integer
 
 __all__ = ["EarlyStopping"]
-
-STAGES = ("train", "valid")
 
 
 class EarlyStopping:
@@ -46,23 +43,32 @@ class EarlyStopping:
 
     def __init__(self, monitor: str | None = None, mode: Literal["min", "max"] = "min", patience: int = 3,
                  min_delta: float = 0.0) -> None:
-        if monitor is not None and (not isinstance(monitor, str) or "/" not in monitor
-                                    or monitor.split("/", 1)[0] not in STAGES or not monitor.split("/", 1)[1].strip()):
-            raise ValueError(f"early_stopping: monitor must be '<stage>/<metric>' with stage train or valid "
-                             f"(like 'valid/loss'), or None, got {monitor!r}")
-        choice(self.name, "mode", mode, ("min", "max"))
-        integer(self.name, "patience", patience, least=0, meaning="epochs")
-        number(self.name, "min_delta", min_delta, least=0)
+        self._monitor = Monitor(monitor, mode, min_delta, plugin=self.name)  # checks all three
+        self.patience = integer(self.name, "patience", patience, least=0, meaning="epochs")
         self.monitor = monitor
         self.mode = mode
-        self.patience = patience
-        self.min_delta = float(min_delta)
+        self.min_delta = self._monitor.min_delta
         self._reset()
 
+    @property
+    def best(self) -> float | None:
+        """The best value of ``monitor`` so far (``None`` before a finite one)."""
+        return self._monitor.best
+
+    @property
+    def best_epoch(self) -> int | None:
+        """The epoch of :attr:`best`, from 0 as ``loop.state.epoch``."""
+        at = self._monitor.best_at
+        return None if at is None else at[0]
+
+    @property
+    def best_step(self) -> int | None:
+        """The global step at which :attr:`best` was published."""
+        at = self._monitor.best_at
+        return None if at is None else at[1]
+
     def _reset(self) -> None:
-        self.best: float | None = None
-        self.best_epoch: int | None = None  # from 0, as loop.state.epoch
-        self.best_step: int | None = None
+        self._monitor.reset()
         self.wait = 0  # epochs in a row without improvement
         self._heard: int | None = None  # the last epoch whose monitored stage was published
         self._epoch_step = 0  # the global step as the current epoch started
@@ -74,7 +80,7 @@ class EarlyStopping:
 
     @hookimpl
     def fit_start(self, loop: Any) -> None:
-        if self.monitor is not None and self.monitor.startswith("valid/") and loop.val_step is None:
+        if self._monitor.stage == "valid" and loop.val_step is None:
             raise ValueError(f"early_stopping: monitor={self.monitor!r} needs validation, and this run has "
                              f"none: give Loop(val_step=..., val_data=...), or monitor a 'train/' metric")
 
@@ -88,8 +94,8 @@ class EarlyStopping:
     def epoch_metrics(self, loop: Any, stage: str, metrics: Any) -> None:
         if self.monitor is None:
             return
-        want, key = self.monitor.split("/", 1)
-        if stage != want:
+        key = self._monitor.key
+        if stage != self._monitor.stage:
             return
         self._heard = metrics.epoch
         if key not in metrics.values:
@@ -97,9 +103,8 @@ class EarlyStopping:
                 f"early_stopping: monitor={self.monitor!r} names a metric this run does not produce: the "
                 f"{stage} metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}"
             )
-        value = float(metrics.values[key].epoch)
-        if self._improves(value):
-            self.best, self.best_epoch, self.best_step, self.wait = value, metrics.epoch, metrics.step, 0
+        if self._monitor.update(float(metrics.values[key].epoch), at=(metrics.epoch, metrics.step)):
+            self.wait = 0
         else:
             self.wait += 1
         if self._by_step(loop) and self.wait and self.wait >= self.patience:
@@ -112,7 +117,7 @@ class EarlyStopping:
         if self._heard != epoch and self._published(loop, epoch):
             raise ValueError(
                 f"early_stopping: monitor={self.monitor!r}, and no plugin published the "
-                f"{self.monitor.split('/')[0]} metrics of epoch {epoch + 1} (epoch_metrics): is the "
+                f"{self._monitor.stage} metrics of epoch {epoch + 1} (epoch_metrics): is the "
                 f"metrics plugin enabled?"
             )
         if self._heard == epoch and self.wait and self.wait >= self.patience and not self._by_step(loop):
@@ -131,22 +136,13 @@ class EarlyStopping:
             return
         if state.get("monitor") != self.monitor:
             return  # it watched another metric: its best says nothing about this one; start fresh
-        self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], int(state["wait"])
-        self.best_step = state.get("best_step")
+        self._monitor.reset(state["best"], (state["best_epoch"], state.get("best_step")))
+        self.wait = int(state["wait"])
 
     # -- deciding ---------------------------------------------------------------------------
-    def _improves(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return False
-        if self.best is None:
-            return True
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
-
     def _published(self, loop: Any, epoch: int) -> bool:
         """Whether the monitored stage ran in ``epoch`` (validation may run every n epochs)."""
-        if self.monitor.startswith("train/"):  # type: ignore[union-attr]
+        if self._monitor.stage == "train":
             return True
         if loop.val_step is None:
             return False
@@ -157,7 +153,7 @@ class EarlyStopping:
     def _by_step(self, loop: Any) -> bool:
         """Whether the monitored metric comes from validations inside training, counted one
         by one rather than by epoch."""
-        return loop.val_every_n_steps is not None and self.monitor.startswith("valid/")  # type: ignore[union-attr]
+        return loop.val_every_n_steps is not None and self._monitor.stage == "valid"
 
     def _reason(self, loop: Any) -> str:
         by = f" by more than {self.min_delta:g}" if self.min_delta else ""

@@ -706,3 +706,15 @@ def test_names_count_epochs_from_1_and_sort_in_run_order(tmp_path: Path) -> None
     assert names == ["epoch0001-step000000003.pt", "epoch0001-step000000006.pt", "epoch0001-step000000007.pt",
                      "epoch0002-step000000009.pt", "epoch0002-step000000012.pt", "epoch0002-step000000014.pt"]
     assert sorted(names) == names
+
+
+def test_a_nan_or_infinite_metric_is_never_the_best_checkpoint(tmp_path: Path) -> None:
+    """A diverged epoch (NaN) used to become the best checkpoint when it came first, and then
+    stayed the best for good: nothing compares below NaN."""
+    values = [float("nan"), 2.0, 1.0, float("-inf"), float("nan")]
+    ckpt = Checkpoint(monitor="valid/m", keep_last=1, background=False)
+    hookfit.Loop(lambda loop, batch: None, [1], val_step=lambda loop, batch: {"m": values[loop.state.epoch]},
+                 val_data=[1], model=torch.nn.Linear(1, 1), max_epochs=len(values), run_dir=tmp_path,
+                 plugins=[Metrics(log=False), ckpt]).fit()
+    assert ckpt.best is not None and ckpt.best[0] == 1.0 and ckpt.best[1].name.startswith("epoch0003")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [ckpt.best[1].name, ckpt.saved[-1].name]

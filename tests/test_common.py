@@ -83,3 +83,40 @@ def test_every_checks_n_and_names_the_plugin_and_option(n: Any) -> None:
         common.Every(n, plugin="ema", option="every_n_steps", none=False, meaning="optimizer steps")
     with pytest.raises(ValueError, match=r"^ema: every_n_steps must be a positive integer \(optimizer steps\), got None"):
         common.Every(None, plugin="ema", option="every_n_steps", none=False, meaning="optimizer steps")
+
+
+# -- best values -----------------------------------------------------------------------------
+
+def test_a_monitor_keeps_the_first_of_the_best_values_and_never_a_nan_or_an_infinity() -> None:
+    low = common.Monitor("valid/loss")
+    assert (low.stage, low.key, low.best) == ("valid", "loss", None)
+    taken = [low.update(v, at=i) for i, v in enumerate([math.nan, 2.0, 2.0, 1.0, -math.inf, math.inf, 1.5])]
+    assert taken == [False, True, False, True, False, False, False] and low.record == (1.0, 3)
+    high = common.Monitor(mode="max", min_delta=0.5)
+    assert [high.update(v, at=i) for i, v in enumerate([1.0, 1.4, 1.6, 2.0])] == [True, False, True, False]
+    assert (high.best, high.best_at) == (1.6, 2) and high.metric is None
+
+
+def test_a_monitor_restores_a_saved_best_and_forgets_one_that_is_not_finite() -> None:
+    monitor = common.Monitor("train/acc", mode="max")
+    monitor.reset(0.5, at=(1, 10))
+    assert monitor.record == (0.5, (1, 10)) and not monitor.improves(0.5) and monitor.improves(0.6)
+    monitor.reset(math.nan, at=(1, 10))
+    assert monitor.record is None and monitor.improves(0.0)
+    monitor.reset()
+    assert monitor.best is None and monitor.best_at is None
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"metric": "loss"}, "monitor must be '<stage>/<metric>' with stage train or valid (like 'valid/loss'), or None, "
+                         "got 'loss'"),
+    ({"metric": "test/loss"}, "monitor must be '<stage>/<metric>'"),
+    ({"metric": "valid/ "}, "monitor must be '<stage>/<metric>'"),
+    ({"metric": 3}, "monitor must be '<stage>/<metric>'"),
+    ({"mode": "best"}, "mode must be 'min' or 'max', got 'best'"),
+    ({"min_delta": -0.1}, "min_delta must be a finite number >= 0, got -0.1"),
+    ({"min_delta": math.inf}, "min_delta must be a finite number >= 0, got inf"),
+])
+def test_a_monitor_checks_its_options_naming_the_plugin(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="^my_plugin: " + re.escape(message)):
+        common.Monitor(plugin="my_plugin", **options)

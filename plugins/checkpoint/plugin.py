@@ -19,7 +19,7 @@ from typing import Any, Literal
 from hookfit import StateMismatch, hookimpl
 from hookfit.plugins.checkpoint import hookspecs, sharded
 from hookfit.plugins.checkpoint.state import _load_model, _model_state, _snapshot
-from hookfit.plugins.common import Every, check, choice, flag, path, positive_int, positive_number
+from hookfit.plugins.common import Every, Monitor, choice, flag, path, positive_int, positive_number
 from hookfit.position import Position
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
@@ -40,24 +40,6 @@ __all__ = ["Checkpoint", "CheckpointWarning"]
 OWN_KEYS = frozenset({"format", "version", "model", "plugins", "meta", "digest"})
 """A checkpoint's entries that are not the run's own state (``loop.state_dict()``, whose
 entries sit beside them: ``loop``, ``rng``, ``data``...)."""
-
-
-def _check_options(options: Mapping[str, Any]) -> None:
-    """Every option of :class:`Checkpoint`, checked at construction (:mod:`hookfit.plugins.common`):
-    a ``ValueError`` naming the option and the value."""
-    name = Checkpoint.name
-    path(name, "dir", options["dir"], none=True, what="a folder")
-    positive_number(name, "every_seconds", options["every_seconds"], none=True, meaning="seconds")
-    positive_int(name, "keep_last", options["keep_last"])
-    monitor = options["monitor"]
-    check(name, "monitor", monitor, lambda m: m is None or (isinstance(m, str) and "/" in m and all(
-        part.strip() for part in m.split("/", 1))), "look like 'valid/loss' (stage/metric) or be None")
-    check(name, "monitor", monitor, lambda m: m is None or m.split("/")[0] in ("train", "valid"),
-          "be a metric of the 'train' or 'valid' stage, like 'valid/loss'")
-    choice(name, "mode", options["mode"], ("min", "max"))
-    choice(name, "on_save_error", options["on_save_error"], ("warn", "raise"))
-    for what in ("on_interrupt", "on_failure", "strict", "fallback", "background"):
-        flag(name, what, options[what])
 
 
 class Checkpoint:
@@ -82,26 +64,27 @@ class Checkpoint:
         fallback: bool = False,
         background: bool = True,
     ) -> None:
-        _check_options(locals())
-        self.dir = Path(dir) if dir is not None else None
+        name = self.name  # every option checked here, the error naming it (hookfit.plugins.common)
+        self.dir = Path(dir) if path(name, "dir", dir, none=True, what="a folder") is not None else None
+        self._epochs = Every(every_n_epochs, plugin=name, option="every_n_epochs")
+        self._steps = Every(every_n_steps, plugin=name, option="every_n_steps")
         self.every_n_epochs = every_n_epochs
         self.every_n_steps = every_n_steps
-        self._epochs = Every(every_n_epochs, plugin=self.name, option="every_n_epochs")
-        self._steps = Every(every_n_steps, plugin=self.name, option="every_n_steps")
-        self.every_seconds = every_seconds
-        self.keep_last = keep_last
+        self.every_seconds = positive_number(name, "every_seconds", every_seconds, none=True, meaning="seconds")
+        self.keep_last = positive_int(name, "keep_last", keep_last)
+        self._monitor = Monitor(monitor, mode, plugin=name,  # keeps the best checkpoint
+                                must="look like 'valid/loss' (stage/metric, stage train or valid) or be None")
         self.monitor = monitor
         self.mode = mode
-        self.on_interrupt = on_interrupt
-        self.on_failure = on_failure
-        self.on_save_error = on_save_error
-        self.strict = strict
-        self.fallback = fallback
-        self.background = background
+        self.on_interrupt = flag(name, "on_interrupt", on_interrupt)
+        self.on_failure = flag(name, "on_failure", on_failure)
+        self.on_save_error = choice(name, "on_save_error", on_save_error, ("warn", "raise"))
+        self.strict = flag(name, "strict", strict)
+        self.fallback = flag(name, "fallback", fallback)
+        self.background = flag(name, "background", background)
         self.saved: list[Path] = []  # this run's checkpoints still on disk, oldest first
         self.failed_saves = 0
         self.resumed_from: Path | None = None
-        self.best: tuple[float, Path] | None = None
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Any = None
@@ -115,6 +98,16 @@ class Checkpoint:
         self._warned: set[str] = set()
         self._sharded_saves = 0  # this process's sharded saves: their temporary folders' names
         self._written: collections.deque[tuple[str, str, int]] = collections.deque()  # to announce
+
+    @property
+    def best(self) -> tuple[float, Path] | None:
+        """The best checkpoint by ``monitor`` still on disk: ``(its metric, its path)``, or
+        ``None`` (no monitor, or no finite value yet: NaN and infinities are never best)."""
+        return self._monitor.record
+
+    @best.setter
+    def best(self, best: tuple[float, Path] | None) -> None:
+        self._monitor.reset(*(best or ()))
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
@@ -172,8 +165,8 @@ class Checkpoint:
     def epoch_metrics(self, stage: str, metrics: Any) -> None:
         if self.monitor is None:
             return
-        want_stage, key = self.monitor.split("/", 1)
-        if stage != want_stage:
+        key = self._monitor.key
+        if stage != self._monitor.stage:
             return
         if key in metrics.values:
             self._last_value = float(metrics.values[key].epoch)
@@ -358,10 +351,8 @@ class Checkpoint:
         if path in self.saved:  # the same position written again
             self.saved.remove(path)
         self.saved.append(path)
-        if metric is not None and self.monitor is not None and (
-            self.best is None or (metric < self.best[0] if self.mode == "min" else metric > self.best[0])
-        ):
-            self.best = (metric, path)
+        if metric is not None and self.monitor is not None:
+            self._monitor.update(metric, at=path)
         self._prune()
 
     @staticmethod

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import urwid
 
-from hookfit.plugins.common import Every
+from hookfit.plugins.common import Every, Monitor
 from hookfit.plugins.tui.plot import Series, bounds, braille, draw, logged, spans_decades, y_label
 
 PALETTE = [
@@ -364,10 +364,11 @@ class Dashboard:
         for stage in ("valid", "train"):
             series = self.series.get((stage, name))
             if series is not None and len(series):
-                points = [(x, lo, hi) for x, lo, hi in series.points()]
                 grows = any(word in name.lower() for word in ("acc", "f1", "auc", "score", "precision", "recall"))
-                x, _, _ = max(points, key=lambda p: p[2]) if grows else min(points, key=lambda p: p[1])
-                return x
+                best = Monitor(mode="max" if grows else "min")
+                for x, lo, hi in series.points():
+                    best.update(hi if grows else lo, at=x)
+                return best.best_at  # None when no value is finite
         return None
 
     def _ruler(self, name: str, width: int, x0: float, x1: float) -> str:
