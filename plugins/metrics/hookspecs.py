@@ -1,12 +1,32 @@
-"""Events of the metrics plugin: aggregated values, published for renderers and loggers.
+"""Events of the metrics plugin, and the metrics role: what a plugin that aggregates step
+outputs does, whether it is the built-in ``metrics`` or a replacement.
 
-Declared by :class:`hookfit.plugins.metrics.Metrics` (its ``hookspecs`` attribute) and added
-to every run whether ``metrics`` is enabled, disabled or replaced: a metrics plugin of another
-package publishes the same :class:`~hookfit.payloads.MetricsSnapshot` objects with
-``loop.hooks.metrics_update`` and ``loop.hooks.epoch_metrics``, and the console, the dashboard,
-the loggers, early stopping and the checkpoint plugin's ``monitor``, which read nothing else,
-keep working. With several processes a metrics plugin sums over them with ``all_reduce``
-(declared by the distributed plugin).
+The metrics role. What the rest of hookfit reads from it, all of it:
+
+* ``metrics_update(loop, stage, snapshot)`` while a stage runs, at a bounded rate (never per
+  batch), with a :class:`~hookfit.payloads.MetricsSnapshot` (``final=False``): the dashboard's
+  table, curves and progress, the console's lines.
+* ``epoch_metrics(loop, stage, snapshot)`` once per completed stage, from a ``trylast``
+  ``stage_end`` (so an optimizer plugin's last partial window is stepped first), with
+  ``final=True`` and the stage's per-epoch ``history``: the console's and dashboard's summary,
+  the loggers (csv, TensorBoard), early stopping and the checkpoint's ``monitor``.
+* Snapshots are never changed after publication (a renderer hands them to another thread).
+  With several processes, sums and counts are reduced with ``all_reduce`` (declared by the
+  distributed plugin) at the same batch on every process, and in a validation only at its
+  ``stage_end``.
+* The run's metric log, ``loop.run_dir / "metrics.jsonl"``, main process only, one JSON object
+  a line: ``{"event": "epoch", **snapshot.row()}`` for every ``epoch_metrics`` snapshot
+  (``stage``, ``epoch`` counted from 1, ``step``, ``batches``, ``samples``, ``time``,
+  ``samples_per_s``, each metric's epoch mean by name, ``lr_<optimizer>``); optionally
+  ``{"event": "step", **row}`` lines while training; ``{"event": "resume", "from": source,
+  "epoch": epoch + 1, "batch": ..., "step": ...}`` at ``resumed``; and ``{"event": "end",
+  "status", "reason", "by", "epoch", "step", "time"}`` at ``fit_end``. ``hookfit runs``,
+  ``hookfit show`` and ``hookfit compare`` read only this file for metrics: a replacement that
+  wants them writes it (``MetricsSnapshot.row()`` gives the fields).
+
+Both events are declared by :class:`hookfit.plugins.metrics.Metrics` (its ``hookspecs``
+attribute) and added to every run whether ``metrics`` is enabled, disabled or replaced, so a
+replacement publishes them with ``loop.hooks.metrics_update`` and ``loop.hooks.epoch_metrics``.
 """
 
 from __future__ import annotations
