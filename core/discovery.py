@@ -1,0 +1,284 @@
+"""Which plugins a run has: the ``hookfit`` entry points of the installed distributions, the
+plugins given to ``Loop``, their selection (``HOOKFIT_PLUGINS``, ``HOOKFIT_DISABLE_PLUGINS``,
+``Loop(disable=...)``), their options from ``hookfit.toml`` and the events they declare. The
+order and the policies are :mod:`hookfit.manager`'s, which registers what :func:`collect`
+returns."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import importlib.metadata as metadata
+import inspect
+import os
+import sys
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hookfit import config
+from hookfit.errors import HookfitWarning, PluginError
+
+GROUP = "hookfit"
+ENV_ONLY = "HOOKFIT_PLUGINS"
+ENV_DISABLE = "HOOKFIT_DISABLE_PLUGINS"
+
+
+@dataclass
+class PluginInfo:
+    """What hookfit knows about one plugin, enabled or not."""
+
+    name: str
+    source: str  # "entry point" or "given"
+    distribution: str | None = None
+    version: str | None = None
+    value: str | None = None  # the entry point's "module:attr", or the given object's type
+    enabled: bool = True
+    plugin: Any = None
+    error: str | None = None
+    hooks: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)  # given by the configuration file
+    config: Any = None  # the file's path when it gave options
+    declares: list[Any] = field(default_factory=list)
+    """The event declarations (``hookspecs``) of this plugin, read when it is loaded (a
+    disabled plugin is never imported; the built-ins' are added whatever their state, see
+    :func:`builtin_events`)."""
+
+    def describe(self) -> str:
+        """``plugin 'name' (distribution 1.0, entry point mod:attr)`` for messages; a plugin
+        given to ``Loop`` is named with the distribution its module comes from, if any."""
+        if self.source == "entry point":
+            where = f"{self.distribution} {self.version}, entry point {self.value}"
+        else:
+            dist = _distribution_of(self.value or "")
+            where = f"{dist}, {self.value}, given to Loop" if dist else f"{self.value}, given to Loop"
+        return f"plugin {self.name!r} ({where})"
+
+
+def _distribution_of(qualified: str) -> str | None:
+    """``name version`` of the installed distribution that holds the module of ``qualified``
+    (``package.module.Class``), or ``None`` (a script's own class)."""
+    top = qualified.split(".", 1)[0]
+    names = _packages().get(top)
+    if not names:
+        return None
+    try:
+        return f"{names[0]} {metadata.version(names[0])}"
+    except metadata.PackageNotFoundError:
+        return names[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _packages() -> Mapping[str, list[str]]:
+    return metadata.packages_distributions()
+
+
+def split_names(text: str | None) -> list[str]:
+    """Names from a comma-separated environment value, without blanks."""
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def plugin_name(plugin: Any) -> str:
+    """The name of a plugin given as an object: its ``name`` attribute if it is a string,
+    else its class name (a module's own name for a module)."""
+    name = getattr(plugin, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if inspect.ismodule(plugin):
+        return plugin.__name__
+    return type(plugin).__name__
+
+
+def entry_points() -> list[metadata.EntryPoint]:
+    """The ``hookfit`` entry points of every installed distribution, sorted by name.
+
+    A distribution found twice on ``sys.path`` shows up once (the first one wins, as for
+    imports). Two different distributions registering one name: the first on ``sys.path``
+    wins and a :class:`HookfitWarning` names both."""
+    return [ep for ep, _, _ in _discover(tuple(sys.path))]
+
+
+@functools.lru_cache(maxsize=8)
+def _discover(path: tuple[str, ...]) -> tuple[tuple[metadata.EntryPoint, str | None, str | None], ...]:
+    """Entry points with their distribution's name and version, read once per ``sys.path``
+    (reading package metadata costs milliseconds; a run should not pay it every ``fit()``)."""
+    seen: dict[str, tuple[metadata.EntryPoint, str | None, str | None]] = {}
+    for ep in metadata.entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        entry = (ep, dist.name if dist else None, dist.version if dist else None)
+        first = seen.setdefault(ep.name, entry)
+        if first is not entry and first[1] != entry[1]:
+            warnings.warn(
+                f"two distributions register the hookfit plugin {ep.name!r}: "
+                f"{first[1]} ({first[0].value}, used) and {entry[1]} ({ep.value}, "
+                f"ignored); uninstall one",
+                HookfitWarning,
+                stacklevel=4,
+            )
+    return tuple(seen[name] for name in sorted(seen))
+
+
+def refresh() -> None:
+    """Forget what was discovered, after installing or removing a plugin in this process."""
+    _discover.cache_clear()
+    _builtin.cache_clear()
+    _packages.cache_clear()
+    importlib.invalidate_caches()
+
+
+def _instantiate(obj: Any) -> Any:
+    return obj() if inspect.isclass(obj) else obj
+
+
+def declared_events(plugin: Any) -> list[Any]:
+    """The events a plugin declares for others: its ``hookspecs`` attribute (a class or module
+    of functions marked with :data:`hookfit.hookspec`) as a list, empty when it has none.
+    ``plugin`` is a plugin object, its class, or a module."""
+    specs = getattr(plugin, "hookspecs", None)
+    return [] if specs is None else [specs]
+
+
+OWN = "hookfit"
+"""The distribution whose entry points are the built-in plugins."""
+
+
+def _declared_by(ep: metadata.EntryPoint) -> list[Any]:
+    """What a plugin's entry point declares (imported, never instantiated). One that fails to
+    import declares nothing: it fails the run where it is enabled, and disabling it is the way
+    around it."""
+    try:
+        return declared_events(ep.load())
+    except Exception:
+        return []
+
+
+@functools.lru_cache(maxsize=8)
+def _builtin(path: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
+    return tuple((ep.name, specs) for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name)
+                 if getattr(getattr(ep, "dist", None), "name", None) == OWN for specs in _declared_by(ep))
+
+
+def builtin_events() -> list[tuple[str, Any]]:
+    """``(plugin name, hookspecs)`` for every built-in plugin (an entry point of hookfit's own
+    distribution) that declares events: added to every run whether that plugin is enabled,
+    disabled, replaced by a plugin given to ``Loop`` or shadowed by another distribution's
+    entry point of the same name, so a replacement fires them and their consumers hear them."""
+    return list(_builtin(tuple(sys.path)))
+
+
+def discovered_events() -> list[tuple[str, Any]]:
+    """``(plugin name, hookspecs)`` for every installed plugin that declares events, in
+    entry-point order: the built-ins' (:func:`builtin_events`) and those of other
+    distributions (imported here: what ``hookfit hooks`` lists under each plugin)."""
+    events = builtin_events()
+    known = {id(specs) for _, specs in events}
+    for ep, dist, _ in _discover(tuple(sys.path)):
+        if dist != OWN:
+            events += [(ep.name, specs) for specs in _declared_by(ep) if id(specs) not in known]
+    return events
+
+
+def collect(
+    given: Sequence[Any] = (),
+    disable: Iterable[str] = (),
+    *,
+    strict: bool = True,
+    environ: dict[str, str] | None = None,
+    configured: config.Config | None = None,
+) -> list[PluginInfo]:
+    """Every plugin the run would see, in registration order, enabled or not.
+
+    Enabled entry points are imported and instantiated, with their options from the
+    configuration file (:mod:`hookfit.config`; ``configured``, else the file of this process);
+    disabled ones never are. With ``strict=False``
+    (for listing) one that fails to load carries the error instead of raising.
+    """
+    env = os.environ if environ is None else environ
+    if configured is None:
+        configured = config.load(config.find(env))
+    disabled = set(disable) | set(split_names(env.get(ENV_DISABLE)))
+    only = split_names(env.get(ENV_ONLY)) if ENV_ONLY in env else None
+
+    eps: dict[str, metadata.EntryPoint] = {}
+    infos: list[PluginInfo] = []
+    for ep, dist, version in _discover(tuple(sys.path)):
+        eps[ep.name] = ep
+        info = PluginInfo(name=ep.name, source="entry point", distribution=dist, version=version, value=ep.value)
+        info.enabled = info.name not in disabled and (only is None or info.name in only)
+        infos.append(info)
+
+    by_name = {info.name: i for i, info in enumerate(infos)}
+    given_names: set[str] = set()
+    for plugin in given:
+        plugin = _instantiate(plugin)
+        name = plugin_name(plugin)
+        if name in given_names:
+            raise PluginError(
+                f"two plugins given to Loop are both named {name!r}; give one a different "
+                f"`name` attribute"
+            )
+        given_names.add(name)
+        info = PluginInfo(
+            name=name,
+            source="given",
+            value=f"{type(plugin).__module__}.{type(plugin).__qualname__}",
+            enabled=name not in disabled,
+            plugin=plugin,
+        )
+        info.declares = declared_events(plugin)
+        if name in by_name:  # a replaced built-in's events stay declared (register_all)
+            infos[by_name[name]] = info
+        else:
+            infos.append(info)
+
+    known = {info.name for info in infos}
+    for label, names in (("disabled", disabled), (ENV_ONLY, only or ())):
+        for name in sorted(set(names) - known):
+            _warn_unknown(name, label, known)
+    for name in configured.plugins:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise config.ConfigError(
+                f"{configured.where(name)}: no plugin named {name!r} is installed or given"
+                f"{f' (did you mean {close[0]!r}?)' if close else ''}; known plugins: {', '.join(sorted(known))}"
+            )
+        if name in given_names:
+            warnings.warn(f"{configured.where(name)} is not used: the plugin {name!r} given to "
+                          f"Loop(plugins=[...]) wins over the file", HookfitWarning, stacklevel=4)
+
+    for info in infos:
+        if info.source != "entry point":
+            continue
+        if not info.enabled:  # never imported (a built-in's events are declared all the same)
+            continue
+        info.options = dict(configured.plugins.get(info.name, {}))
+        info.config = configured.path if info.options else None
+        try:
+            loaded = eps[info.name].load()
+            info.declares = declared_events(loaded)
+            info.plugin = config.build(configured, info.name, loaded)
+        except config.ConfigError as exc:  # the file's fault, not the plugin's: name the file
+            info.error = str(exc)
+            if strict:
+                raise
+        except Exception as exc:
+            info.error = f"{type(exc).__name__}: {exc}"
+            if strict:
+                raise PluginError(
+                    f"{info.describe()} failed to load: {info.error}. Fix or uninstall "
+                    f"{info.distribution}, or disable the plugin with {ENV_DISABLE}={info.name}."
+                ) from exc
+    return infos
+
+
+def _warn_unknown(name: str, label: str, known: set[str]) -> None:
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    warnings.warn(
+        f"plugin name {name!r} ({label}) matches no installed or given plugin{hint} "
+        f"Known plugins: {', '.join(sorted(known)) or 'none'}.",
+        HookfitWarning,
+        stacklevel=4,
+    )

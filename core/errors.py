@@ -1,0 +1,42 @@
+"""hookfit's own warning category and errors, and what an observer that failed leaves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch"]
+
+
+class HookfitWarning(UserWarning):
+    """Base category of every warning hookfit issues."""
+
+
+class PluginError(Exception):
+    """A plugin cannot take part in a run: it does not import, or its hooks do not match."""
+
+
+class StateMismatch(ValueError):
+    """Saved plugin states do not match the run restoring them (``Run.load_plugin_states`` with
+    ``strict``): ``missing`` names the plugins of the run with no saved state (new to it),
+    ``extra`` the saved states no plugin of the run restores; ``detail`` says both in words.
+    A plugin that restores states (the checkpoint plugin) catches it to say how to go on."""
+
+    def __init__(self, detail: str, missing: list[str], extra: list[str]) -> None:
+        super().__init__(f"{detail} (strict; pass strict=False to restore the rest)")
+        self.detail = detail
+        self.missing = missing
+        self.extra = extra
+
+
+class ObserverWarning(HookfitWarning):
+    """An observer plugin raised and was switched off for the rest of the run."""
+
+
+@dataclass(frozen=True)
+class Silenced:
+    """An observer that failed: which plugin, in which hook, with which error."""
+
+    plugin: str
+    description: str  # the plugin with its distribution
+    hook: str
+    error: BaseException
