@@ -231,7 +231,10 @@ def step_output(loop: Run, output: Mapping[str, Any], batch: Any) -> None:
     """The step function returned something to report.
 
     ``output`` is the step's return value as a mapping: a mapping is passed on unchanged (no
-    ``"loss"`` key is required), a tensor arrives as ``{"loss": tensor}``. Not fired when the
+    ``"loss"`` key is required), a tensor arrives as ``{"loss": tensor}``. With several
+    validation sets (``Loop(val_data={name: data})``) each key of a validation output arrives
+    prefixed with its set's name (``noisy/loss``; ``batch_size`` stays as it is), and
+    ``loop.state.val_set`` names the set: so per-set metrics stay apart. Not fired when the
     step returned ``None`` (a skipped batch). Fires after the step and before ``batch_end``.
     Plugins read the output here (metrics aggregation); they must not keep it after the call,
     and must not mutate it. The return value is ignored.

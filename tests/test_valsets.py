@@ -80,3 +80,21 @@ def test_a_monitor_names_the_metric_of_one_validation_set() -> None:
 def test_bad_validation_sets_are_named_when_the_loop_is_built(val_data, error, message) -> None:
     with pytest.raises(error, match=message):
         hookfit.Loop(lambda l, b: None, [1], val_step=lambda l, b: None, val_data=val_data)
+
+
+def test_step_output_of_several_sets_arrives_prefixed_as_documented() -> None:
+    """hooks.md's step_output: a validation output's keys arrive prefixed with the set's name,
+    batch_size unprefixed, while loop.state.val_set names the set; training outputs unchanged."""
+    seen = []
+
+    class Watch:
+        name = "watch"
+
+        @hookfit.hookimpl
+        def step_output(self, loop, output):
+            seen.append((loop.state.stage, loop.state.val_set, dict(output)))
+
+    hookfit.Loop(lambda l, b: {"loss": b}, [1], val_step=lambda l, b: {"loss": b, "batch_size": 2},
+                 val_data={"clean": [2], "noisy": [3]}, plugins=[Watch()]).fit()
+    assert seen == [("train", None, {"loss": 1}), ("valid", "clean", {"clean/loss": 2, "batch_size": 2}),
+                    ("valid", "noisy", {"noisy/loss": 3, "batch_size": 2})]
