@@ -7,8 +7,9 @@ itself at ``configure``, so no hook of it runs and the optim plugin keeps its fa
 * The average is PyTorch's own :class:`torch.optim.swa_utils.AveragedModel` with
   ``get_ema_multi_avg_fn(decay)`` and ``use_buffers=True`` (batch-norm statistics are
   averaged too), a copy of ``loop.model`` made at ``fit_start``: of the module inside a
-  ``DistributedDataParallel`` wrapper under ``torchrun``; of every module of a dict or a list
-  of modules (as a ``ModuleDict`` or ``ModuleList``).
+  ``DistributedDataParallel`` wrapper under ``torchrun`` or a ``torch.compile`` one (so its
+  state has the plain module's keys); of every module of a dict or a list of modules (as a
+  ``ModuleDict`` or ``ModuleList``).
 * It is updated after every ``every_n_steps``-th real step of the optimizer (the
   ``after_optimizer_step`` event: calls inside a gradient-accumulation window and steps
   skipped for a non-finite loss do not count). The first update copies the weights, each
@@ -45,7 +46,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from hookfit import hookimpl
-from hookfit.plugins.common import Every, check, flag
+from hookfit.plugins.common import Every, check, flag, unwrap_model, unwrap_state_dict
 
 __all__ = ["EMA"]
 
@@ -61,7 +62,7 @@ class EMA:
                  optimizer: str | None = None) -> None:
         name = self.name
         check(name, "decay", decay,
-              lambda d: d is None or (not isinstance(d, bool) and isinstance(d, numbers.Real) and 0 < d < 1),
+              lambda d: d is None or (not isinstance(d, bool) and isinstance(d, numbers.Real) and 0 < float(d) < 1),
               "be a number with 0 < decay < 1 (like 0.999), or None to switch the plugin off")
         self._updates = Every(every_n_steps, plugin=name, option="every_n_steps", none=False,
                               meaning="optimizer steps")
@@ -158,7 +159,7 @@ class EMA:
             raise ValueError(f"ema: the saved state is not an average this plugin saved "
                              f"({type(error).__name__}: {error})") from error
         try:
-            self.average.module.load_state_dict(weights)
+            self.average.module.load_state_dict(unwrap_state_dict(weights))  # "_orig_mod." keys of before
         except (RuntimeError, TypeError) as error:
             raise ValueError(f"ema: the averaged weights in the checkpoint do not fit this run's model: "
                              f"{error}") from error
@@ -226,11 +227,10 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def _unwrap(model: Any, where: str) -> torch.nn.Module:
-    """The user's module (the one inside a (Distributed)DataParallel wrapper)."""
-    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-        return model.module
+    """The user's module (the one inside a ``DistributedDataParallel``, ``DataParallel`` or
+    ``torch.compile`` wrapper: :func:`~hookfit.plugins.common.unwrap_model`)."""
     if isinstance(model, torch.nn.Module):
-        return model
+        return unwrap_model(model)
     raise ValueError(f"ema: {where} is a {type(model).__name__}, not a torch.nn.Module: the average is "
                      f"of modules (Loop(model=...) takes a module, or a dict or list of them)")
 

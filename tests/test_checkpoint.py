@@ -718,3 +718,54 @@ def test_a_nan_or_infinite_metric_is_never_the_best_checkpoint(tmp_path: Path) -
                  plugins=[Metrics(log=False), ckpt]).fit()
     assert ckpt.best is not None and ckpt.best[0] == 1.0 and ckpt.best[1].name.startswith("epoch0003")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [ckpt.best[1].name, ckpt.saved[-1].name]
+
+
+def _compilable_run(run_dir: Path, *, compiled: bool, epochs: int, resume: str | None = None) -> torch.nn.Module:
+    """Two epochs of four batches of a tiny model, given to the run plain or ``torch.compile``d
+    (with dynamo's ``eager`` backend: the same operations, no compiler to wait for)."""
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 2, generator=g), torch.randn(4, 1, generator=g)) for _ in range(4)]
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    model = torch.compile(plain, backend="eager") if compiled else plain
+    hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(plain.parameters(), lr=0.1),
+                 max_epochs=epochs, run_dir=run_dir, resume=resume,
+                 plugins=[Optim(), Metrics(log=False), Checkpoint(background=False)]).fit()
+    return plain
+
+
+@pytest.mark.parametrize("written, resumed", [("compiled", "plain"), ("plain", "compiled")])
+def test_a_compiled_models_checkpoint_holds_the_plain_modules_keys_and_resumes_into_either(
+        tmp_path: Path, written: str, resumed: str) -> None:
+    from hookfit.plugins.checkpoint.export import export
+
+    whole = _compilable_run(tmp_path / "whole", compiled=False, epochs=2)
+    _compilable_run(tmp_path / "run", compiled=written == "compiled", epochs=1)
+    keys = {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert set(read(sorted((tmp_path / "run" / "checkpoints").glob("*.pt"))[-1])["model"]) == keys  # no _orig_mod.
+    export(tmp_path / "run", tmp_path / "model.pt")
+    assert set(torch.load(tmp_path / "model.pt", weights_only=True)) == keys
+    model = _compilable_run(tmp_path / "run", compiled=resumed == "compiled", epochs=2, resume="latest")
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), whole.parameters(), strict=True))
+
+
+def test_a_checkpoint_written_from_a_compiled_module_with_its_prefixed_keys_still_resumes(tmp_path: Path) -> None:
+    """Checkpoints written before the model was unwrapped held a compiled model's keys as
+    ``torch.compile`` gives them (``_orig_mod.0.weight``): they load into the plain module."""
+    whole = _compilable_run(tmp_path / "whole", compiled=False, epochs=2)
+    _compilable_run(tmp_path / "run", compiled=True, epochs=1)
+    path = sorted((tmp_path / "run" / "checkpoints").glob("*.pt"))[-1]
+    data = read(path)
+    data["model"] = {f"_orig_mod.{key}": value for key, value in data["model"].items()}
+    data["digest"] = digest(data)
+    torch.save(data, path)
+    model = _compilable_run(tmp_path / "run", compiled=True, epochs=2, resume="latest")
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), whole.parameters(), strict=True))

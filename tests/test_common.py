@@ -120,3 +120,30 @@ def test_a_monitor_restores_a_saved_best_and_forgets_one_that_is_not_finite() ->
 def test_a_monitor_checks_its_options_naming_the_plugin(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match="^my_plugin: " + re.escape(message)):
         common.Monitor(plugin="my_plugin", **options)
+
+
+# -- models ----------------------------------------------------------------------------------
+
+def test_unwrap_model_looks_through_data_parallel_and_compile_however_nested() -> None:
+    import torch
+
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.BatchNorm1d(1))
+    compiled = torch.compile(plain, backend="eager")
+    assert common.unwrap_model(plain) is plain and common.unwrap_model(compiled) is plain
+    assert common.unwrap_model(torch.nn.DataParallel(compiled)) is plain
+    assert common.unwrap_model(torch.compile(torch.nn.DataParallel(plain), backend="eager")) is plain
+    assert common.unwrap_model(torch.nn.DataParallel(compiled), compiled=False) is compiled
+
+
+def test_unwrap_state_dict_gives_a_compiled_modules_state_the_plain_modules_keys() -> None:
+    import torch
+
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.BatchNorm1d(1))
+    state = torch.compile(plain, backend="eager").state_dict()
+    assert all(key.startswith("_orig_mod.") for key in state)
+    unwrapped = common.unwrap_state_dict(state)
+    assert list(unwrapped) == list(plain.state_dict())
+    assert unwrapped._metadata.keys() == plain.state_dict()._metadata.keys()  # type: ignore[attr-defined]
+    plain.load_state_dict(unwrapped)
+    own = plain.state_dict()
+    assert common.unwrap_state_dict(own) is own and common.unwrap_state_dict({}) == {}

@@ -441,6 +441,17 @@ def test_under_ddp_it_averages_the_module_inside_the_wrapper(process_group: Any)
     assert_matches(snapshot(ema.module), reference(probe.weights, 0.5)[-1])
 
 
+def test_of_a_compiled_model_it_averages_the_plain_module() -> None:
+    """``torch.compile``'s wrapper is looked through as DDP's is: the average is a plain
+    ``Sequential`` with the module's own keys (none with ``_orig_mod.``), equal to a plain run's."""
+    plain_ema, compiled_ema = EMA(decay=0.5), EMA(decay=0.5)
+    _, plain = run(plain_ema)
+    _, compiled = run(compiled_ema, model=torch.compile(make_model(), backend="eager"))
+    assert type(compiled_ema.module) is torch.nn.Sequential
+    assert compiled_ema.module.state_dict().keys() == plain.state_dict().keys()
+    assert same(snapshot(compiled_ema.module), snapshot(plain_ema.module))
+
+
 # -- bad input ----------------------------------------------------------------------------
 
 

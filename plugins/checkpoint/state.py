@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from hookfit.plugins.checkpoint.storage import CheckpointError
+from hookfit.plugins.common import unwrap_model, unwrap_state_dict
 
 
 def _snapshot(obj: Any) -> Any:
@@ -25,17 +26,14 @@ def _snapshot(obj: Any) -> Any:
     return obj
 
 
-def _unwrap(module: Any) -> Any:
-    """The user's module inside a (Distributed)DataParallel wrapper."""
-    parallel = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-    return module.module if isinstance(module, parallel) else module
-
-
 def _model_state(model: Any) -> Any:
+    """The state of ``Loop(model=...)``: of the module the user wrote (inside
+    ``DistributedDataParallel``/``DataParallel`` and ``torch.compile``), so its keys are the
+    plain module's and a checkpoint loads into a compiled or a plain model alike."""
     if model is None:
         return None
     if isinstance(model, torch.nn.Module):
-        return _unwrap(model).state_dict()
+        return unwrap_model(model).state_dict()
     if isinstance(model, Mapping):
         return {k: _model_state(v) for k, v in model.items()}
     return [_model_state(v) for v in model]
@@ -47,8 +45,8 @@ def _load_model(model: Any, state: Any, path: Path) -> None:
             raise CheckpointError(f"checkpoint: {path} {'has' if state is not None else 'lacks'} a model, this run {'lacks' if model is None else 'has'} one")
         return
     if isinstance(model, torch.nn.Module):
-        try:
-            _unwrap(model).load_state_dict(state)
+        try:  # (a checkpoint written from a compiled module before: its keys had "_orig_mod.")
+            unwrap_model(model).load_state_dict(unwrap_state_dict(state) if isinstance(state, Mapping) else state)
         except RuntimeError as error:
             raise CheckpointError(f"checkpoint: the model in {path} does not fit this run's model: {error}") from error
     elif isinstance(model, Mapping):

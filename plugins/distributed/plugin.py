@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
-from hookfit.plugins.common import Every, check, choice, flag, integer, positive_number, text
+from hookfit.plugins.common import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import hookspecs
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.run import Run, modules
@@ -102,11 +102,11 @@ class Distributed:
         timeout = positive_number(name, "timeout", timeout, meaning="seconds")
         self._stop_checks = Every(stop_check_every, plugin=name, option="stop_check_every", none=False,
                                   meaning="batches")
-        for option, value in (("find_unused_parameters", find_unused_parameters), ("wrap_model", wrap_model),
-                              ("shard_data", shard_data)):
-            flag(name, option, value)
-        for option, value in (("fsdp_options", fsdp_options), ("ddp_options", ddp_options)):
-            check(name, option, value, lambda v: v is None or isinstance(v, Mapping),
+        for option, switch in (("find_unused_parameters", find_unused_parameters), ("wrap_model", wrap_model),
+                               ("shard_data", shard_data)):
+            flag(name, option, switch)
+        for option, options in (("fsdp_options", fsdp_options), ("ddp_options", ddp_options)):
+            check(name, option, options, lambda v: v is None or isinstance(v, Mapping),
                   "be a mapping of keyword arguments, or None")
         seed = integer(name, "seed", seed, meaning="the shuffling seed of the data's DistributedSampler")
         check(name, "shard_policy", shard_policy, lambda p: p is None or callable(p),
@@ -496,7 +496,7 @@ class Distributed:
         self._destroy()
         wrapped = self._wrapped
         if wrapped is not None and loop.model is wrapped:  # the run's model is the user's again
-            loop.model = wrapped.module
+            loop.model = unwrap_model(wrapped, compiled=False)  # (compiled, if it was given so)
         self._ddps, self._samplers, self._fsdp, self._wrapped = [], [], None, None
         self._store = None
         self._release()
