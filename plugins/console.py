@@ -247,6 +247,7 @@ class Console:
                         f'error="{type(silenced.error).__name__}: {silenced.error}"'.replace("\n", " "))
         for (stage, key), result in self._results.items():
             direction = self.direction(stage, key)
+            extremes: tuple[str, ...]
             if direction is None:  # no direction configured: both extremes, no guess
                 (low, low_epoch), (high, high_epoch) = result.best("min"), result.best("max")
                 extremes = (f"min={_number(low)}", f"min_epoch={low_epoch}",

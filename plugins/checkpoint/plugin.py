@@ -65,7 +65,8 @@ class Checkpoint:
         background: bool = True,
     ) -> None:
         name = self.name  # every option checked here, the error naming it (hookfit.plugins.common)
-        self.dir = Path(dir) if path(name, "dir", dir, none=True, what="a folder") is not None else None
+        folder = path(name, "dir", dir, none=True, what="a folder")
+        self.dir = Path(folder) if folder is not None else None
         self._epochs = Every(every_n_epochs, plugin=name, option="every_n_epochs")
         self._steps = Every(every_n_steps, plugin=name, option="every_n_steps")
         self.every_n_epochs = every_n_epochs

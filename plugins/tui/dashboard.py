@@ -368,7 +368,8 @@ class Dashboard:
                 best = Monitor(mode="max" if grows else "min")
                 for x, lo, hi in series.points():
                     best.update(hi if grows else lo, at=x)
-                return best.best_at  # None when no value is finite
+                at: float | None = best.best_at  # None when no value is finite
+                return at
         return None
 
     def _ruler(self, name: str, width: int, x0: float, x1: float) -> str:
