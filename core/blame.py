@@ -40,8 +40,8 @@ def where(run: Run, error: BaseException) -> str:
             return f"hookfit: raised by {pm.describe(plugin)} in hook {hook!r} ({at})"
         if step is None and code in steps:
             step = steps[code]
-        elif step is not None and (plugin := _owner(modules, tb.tb_frame.f_globals.get("__name__"))) is not None:
-            return (f"hookfit: raised by {pm.describe(plugin)} in {code.co_qualname}, called from step "
+        elif step is not None and (owner := _owner(modules, tb.tb_frame.f_globals.get("__name__"))) is not None:
+            return (f"hookfit: raised by {pm.describe(owner)} in {code.co_qualname}, called from step "
                     f"function {qualname(step)!r} ({at})")
         tb = tb.tb_next
     if step is not None:

@@ -125,10 +125,10 @@ def build(config: Config, name: str, factory: Any) -> Any:
         return factory
     known = accepted(factory)
     unknown = sorted(set(options) - set(known)) if known is not None else []
-    if unknown:
+    if known is not None and unknown:
         raise ConfigError(
             f"{config.where(name)}: plugin {name!r} has no option {', '.join(map(repr, unknown))}; "
-            f"its options are: {', '.join(known) or 'none'}"  # type: ignore[arg-type]
+            f"its options are: {', '.join(known) or 'none'}"
         )
     if not options:
         return factory()

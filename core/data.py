@@ -177,7 +177,7 @@ class Batches:
             if step == 1:
                 yield tuple(gathered)
             else:
-                yield from zip(*[g.split(size) for g in gathered])
+                yield from zip(*[torch.split(g, size) for g in gathered])
 
     def shard(self, rank: int, world_size: int, *, even: bool = True) -> Batches:
         """A new ``Batches`` over rank ``rank``'s part of the data among ``world_size`` ranks,

@@ -38,13 +38,15 @@ place of the registered one. The registered ``HookImpl`` objects are never chang
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import pluggy
 
 from hookfit.manager import PluginManager
 
 Call = Callable[..., Any]
+CallAll = Callable[..., list[tuple[str, BaseException]]]
+CallEach = Callable[..., list[tuple[str, Any]]]
 OnError = Callable[[BaseException], None]
 
 __all__ = ["Dispatch", "HotPath"]
@@ -60,7 +62,8 @@ def _adapter(function: Call, spec_args: Sequence[str], impl: pluggy.HookImpl) ->
         return function
     passed = [*impl.argnames, *(f"{k}={k}" for k in impl.kwargnames if k in spec_args)]
     source = f"lambda {', '.join(spec_args)}: function({', '.join(passed)})"
-    return eval(source, {"function": function})  # names are identifiers checked by pluggy
+    # names are identifiers checked by pluggy; eval of a lambda source gives a function
+    return cast(Call, eval(source, {"function": function}))
 
 
 def _direct(functions: list[Call], results: bool, firstresult: bool) -> Call:
@@ -239,7 +242,8 @@ class Dispatch:
         self.hot = HotPath()
         """The per-batch events as the loop reads them (:class:`HotPath`)."""
         self._resolved: set[str] = set()
-        self._kinds: dict[tuple[str, str], Call | None] = {}
+        self._all: dict[str, CallAll | None] = {}
+        self._each: dict[str, CallEach | None] = {}
         self.resolve()
         self._undo = pm.on_change(self.resolve)
 
@@ -249,7 +253,7 @@ class Dispatch:
         for name in self._resolved:
             self.__dict__.pop(name, None)
         self._resolved = set()
-        self._kinds = {}
+        self._all, self._each = {}, {}
         hot = self.hot
         for name in self.NOTIFY:
             call = self._compile(name, self._observer_wrap(name), results=False)
@@ -273,7 +277,15 @@ class Dispatch:
     def _caller(self, name: str) -> pluggy.HookCaller:
         if not self._declared(name):
             raise AttributeError(f"no hookfit event named {name!r}")
-        return getattr(self.pm.hook, name)
+        return cast(pluggy.HookCaller, getattr(self.pm.hook, name))  # pm.hook's attributes are HookCallers
+
+    @staticmethod
+    def _signature(caller: pluggy.HookCaller) -> tuple[tuple[str, ...], bool]:
+        """The spec's argument names and whether it is a first-result event."""
+        spec = caller.spec
+        if spec is None:  # never: _caller returns declared events only
+            raise AttributeError(f"no hookfit event named {caller.name!r}")
+        return tuple(spec.argnames), bool(spec.opts.get("firstresult"))
 
     def _compile(
         self,
@@ -288,8 +300,7 @@ class Dispatch:
         impls = list(caller.get_hookimpls() if impls is None else impls)
         if not impls:
             return None
-        spec_args = tuple(caller.spec.argnames)  # type: ignore[union-attr]
-        firstresult = bool(caller.spec.opts.get("firstresult"))  # type: ignore[union-attr]
+        spec_args, firstresult = self._signature(caller)
         plain = not self.pm.monitors and not any(i.wrapper or i.hookwrapper for i in impls)
         if plain:  # pluggy calls the implementation list from its end to its start
             functions = [_adapter(wrap(i), spec_args, i) for i in reversed(impls)]
@@ -319,15 +330,14 @@ class Dispatch:
         them skipped because another raised, wrappers and tracing included. Returns the
         errors, each with the name of the plugin that raised it and a note saying so (an
         observer's error switches it off instead, as always)."""
-        key = (name, "all")
-        if key not in self._kinds:
-            self._kinds[key] = self._compile_all(name)
-        call = self._kinds[key]
+        if name not in self._all:
+            self._all[name] = self._compile_all(name)
+        call = self._all[name]
         if call is None:
             return []
-        return call(*args)  # type: ignore[no-any-return]
+        return call(*args)
 
-    def _compile_all(self, name: str) -> Call | None:
+    def _compile_all(self, name: str) -> CallAll | None:
         errors: list[tuple[str, BaseException]] = []
         pm = self.pm
 
@@ -358,15 +368,14 @@ class Dispatch:
     def call_each(self, name: str, *args: Any) -> list[tuple[str, Any]]:
         """Call ``name`` once (wrappers and tracing see one ordinary call) and return each
         implementation's own non-``None`` answer with its plugin's name, in call order."""
-        key = (name, "each")
-        if key not in self._kinds:
-            self._kinds[key] = self._compile_each(name)
-        call = self._kinds[key]
+        if name not in self._each:
+            self._each[name] = self._compile_each(name)
+        call = self._each[name]
         if call is None:
             return []
-        return call(*args)  # type: ignore[no-any-return]
+        return call(*args)
 
-    def _compile_each(self, name: str) -> Call | None:
+    def _compile_each(self, name: str) -> CallEach | None:
         answers: list[tuple[str, Any]] = []
 
         def wrap(impl: pluggy.HookImpl) -> Call:
@@ -405,8 +414,10 @@ class Dispatch:
         if not any(i.plugin_name == plugin and not (i.wrapper or i.hookwrapper) for i in impls):
             return None
         call = self._compile(name, self._observer_wrap(name), results=True, impls=impls)
-        result = call(*args)  # type: ignore[misc]
-        if bool(self._caller(name).spec.opts.get("firstresult")):  # type: ignore[union-attr]
+        if call is None:  # never: impls holds the plugin's implementation
+            return None
+        result = call(*args)
+        if self._signature(self._caller(name))[1]:  # first result
             return result
         return result[0] if result else None
 

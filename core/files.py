@@ -47,14 +47,17 @@ class RunFile:
             return False
         try:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "ab") if self.binary else open(self.path, "a", encoding="utf-8")
+                self._file = self._open()
             self._file.write(data)
             self._file.flush()
             return True
         except OSError as error:
             self._fail(error)
             return False
+
+    def _open(self) -> IO[Any]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return open(self.path, "ab") if self.binary else open(self.path, "a", encoding="utf-8")
 
     def _fail(self, error: OSError) -> None:
         self.failed = error

@@ -52,22 +52,29 @@ from typing import Any, Callable
 import pluggy
 
 from hookfit import hookspecs
-from hookfit.discovery import (  # noqa: F401 - the manager's public names, as before the split
-    ENV_DISABLE,
-    ENV_ONLY,
-    GROUP,
-    OWN,
-    PluginInfo,
-    builtin_events,
-    collect,
-    declared_events,
-    discovered_events,
-    entry_points,
-    plugin_name,
-    refresh,
-    split_names,
+# the manager's public names, as before the split (`X as X`: re-exported, for type checkers too)
+from hookfit.discovery import (
+    ENV_DISABLE as ENV_DISABLE,
+    ENV_ONLY as ENV_ONLY,
+    GROUP as GROUP,
+    OWN as OWN,
+    PluginInfo as PluginInfo,
+    builtin_events as builtin_events,
+    collect as collect,
+    declared_events as declared_events,
+    discovered_events as discovered_events,
+    entry_points as entry_points,
+    plugin_name as plugin_name,
+    refresh as refresh,
+    split_names as split_names,
 )
-from hookfit.errors import HookfitWarning, ObserverWarning, PluginError, Silenced, StateMismatch  # noqa: F401
+from hookfit.errors import (
+    HookfitWarning as HookfitWarning,
+    ObserverWarning as ObserverWarning,
+    PluginError as PluginError,
+    Silenced as Silenced,
+    StateMismatch as StateMismatch,
+)
 
 hookimpl = pluggy.HookimplMarker("hookfit")
 """The marker for hook implementations: ``@hookfit.hookimpl`` on a function or method named

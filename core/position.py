@@ -32,7 +32,10 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.state import State
 
 __all__ = ["Cursor", "Position", "check_position", "check_rng", "rng_state", "set_rng_state"]
 
@@ -85,7 +88,7 @@ class Cursor:
     __slots__ = ("state", "training", "step0", "batch0", "done", "valid_rng", "valid_data", "iter_rng",
                  "start", "restored")
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: State) -> None:
         self.state = state
         self.training = False  # a training stage is open (a validation may run inside it)
         self.step0 = self.batch0 = 0  # the global step and first batch as the training stage began
@@ -146,11 +149,12 @@ def rng_state() -> dict[str, Any]:
     try:
         import numpy
     except ImportError:
-        numpy = None  # type: ignore[assignment]
-    if numpy is not None:
-        name, keys_np, pos, has_gauss, cached = numpy.random.get_state()
+        pass
+    else:  # the legacy tuple: the global RandomState's generator is MT19937
+        legacy = cast("tuple[str, Any, int, int, float]", numpy.random.get_state())
+        name, keys_np, pos, has_gauss, cached = legacy
         out["numpy"] = [name, torch.from_numpy(keys_np.astype("int64")), pos, has_gauss, cached]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # unannotated in torch
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
 

@@ -15,9 +15,9 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from hookfit.manager import hookimpl
 
@@ -55,7 +55,7 @@ class SizedFirstBatches(FirstBatches):
     """The first ``n`` batches of data that has a length."""
 
     def __len__(self) -> int:
-        return min(self.n, len(self.data))  # type: ignore[arg-type]
+        return min(self.n, len(cast(Sized, self.data)))  # made only for data with __len__ (_first)
 
 
 def _first(data: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from hookfit.manager import HookfitWarning, StateMismatch
 from hookfit.position import Position, check_position, check_rng, set_rng_state
@@ -17,9 +17,27 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["load_plugin_states", "load_run_state", "plugin_states", "run_state", "stateful"]
 
 
-def stateful(data: Any) -> bool:
+class Restorable(Protocol):
+    """Data that takes a saved state back (``load_state_dict``)."""
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+class Stateful(Restorable, Protocol):
+    """Data that keeps a state of its own: torchdata's ``StatefulDataLoader``,
+    :class:`hookfit.data.Batches`."""
+
+    def state_dict(self) -> Any: ...
+
+
+def stateful(data: object) -> TypeGuard[Stateful]:
     """Whether ``data`` keeps a state of its own (``state_dict`` and ``load_state_dict``)."""
     return hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+
+
+def restorable(data: object) -> TypeGuard[Restorable]:
+    """Whether ``data`` takes a saved state back (``load_state_dict``)."""
+    return hasattr(data, "load_state_dict")
 
 
 def run_state(run: Run) -> dict[str, Any]:
@@ -51,7 +69,7 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
     cursor = run.cursor
     cursor.restored = set()
     for key, target in (("train", run.train_data), ("valid", run.val_data)):
-        if key in data and hasattr(target, "load_state_dict"):
+        if key in data and restorable(target):
             target.load_state_dict(data[key])
             cursor.restored.add(key)
     set_rng_state(saved["rng"])

@@ -174,12 +174,15 @@ def epoch_done(run: Run, epoch: int) -> None:
 
 
 def validate(run: Run) -> None:
-    run.cursor.valid_begins(run.val_data)  # a state dict taken during it resumes at its start
+    step, data = run.val_step, run.val_data
+    if step is None or data is None:  # never: Loop() takes both or neither, and callers check
+        raise RuntimeError("a validation needs both val_step and val_data")
+    run.cursor.valid_begins(data)  # a state dict taken during it resumes at its start
     with modes.eval_modes(run.model), modes.grad_mode(run.val_grad_mode):
-        if isinstance(run.val_data, Mapping):  # several validation sets: one stage
-            run_stage(run, "valid", per_set(run.val_step, run.state), ValSets(run.val_data, run.state))  # type: ignore[arg-type]
+        if isinstance(data, Mapping):  # several validation sets: one stage
+            run_stage(run, "valid", per_set(step, run.state), ValSets(data, run.state))
         else:
-            run_stage(run, "valid", run.val_step, run.val_data)  # type: ignore[arg-type]
+            run_stage(run, "valid", step, data)
 
 
 def stage_done(run: Run, train: bool) -> None:

@@ -10,7 +10,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 def _plugins(args: argparse.Namespace) -> int:
@@ -25,7 +25,7 @@ def _plugins(args: argparse.Namespace) -> int:
     pm = manager.PluginManager()
     pm.register_all(infos, strict=False)
     pm.check_unknown_hooks(strict=False)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": i.name,
             "distribution": i.distribution,
@@ -213,7 +213,7 @@ def _runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_plugin_commands(sub: Any, given: Sequence[Any]) -> None:
+def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any]) -> None:
     """The subcommands that the enabled plugins add (``add_commands``)."""
     from hookfit import config, manager
 
@@ -258,8 +258,9 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     if not argv or argv[0] not in OWN:  # a plugin's command, or help: ask the plugins
         _add_plugin_commands(sub, plugins)
     args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
     try:
-        return args.run(args)
+        return run(args)
     except BrokenPipeError:  # `hookfit hooks | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,7 @@ def epoch_rows(folder: Path) -> list[dict[str, Any]]:
     return [r for r in read_jsonl(folder / "metrics.jsonl") if r.get("event") == "epoch"]
 
 
-def default_metric(rows: list[Mapping[str, Any]]) -> str | None:
+def default_metric(rows: Sequence[Mapping[str, Any]]) -> str | None:
     """``valid/loss`` when the run validated a loss, else ``train/loss``, else its first metric."""
     names = metric_names(rows)
     for name in ("valid/loss", "train/loss"):
@@ -133,7 +133,7 @@ def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, in
     return out
 
 
-def best(rows: list[Mapping[str, Any]], metric: str, mode: str | None = None) -> tuple[float, int] | None:
+def best(rows: Sequence[Mapping[str, Any]], metric: str, mode: str | None = None) -> tuple[float, int] | None:
     """The best value of ``metric`` over the epochs and its epoch (from 1): the lowest, or the
     highest for metrics that grow when better (``mode`` says otherwise)."""
     points = series(rows, metric)
