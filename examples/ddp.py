@@ -21,7 +21,7 @@ with ``torch.distributed.checkpoint`` and can be resumed on another number of pr
 The task is a small synthetic regression (a fixed random teacher network plus noise), so the
 script needs nothing but torch. ``--batch-size`` is per process: ``n`` processes with batch
 ``b`` train exactly like one process with batch ``n * b``. The other options exist for the
-tests (``tests/test_distributed.py``): injected stops, failures and hangs, a dump of every
+tests (``tests/plugins/distributed/test_distributed.py``): injected stops, failures and hangs, a dump of every
 rank's parameters and metrics per epoch, and a count of DDP's gradient all-reduces.
 """
 

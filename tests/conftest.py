@@ -22,6 +22,11 @@ pytest.register_assert_rewrite("hookfit.testing")
 
 from hookfit.testing import Recorder, spec_arguments  # noqa: E402
 
+TESTS = Path(__file__).resolve().parent
+"""This folder: its scripts/ and packages/ are the tests' children and packages."""
+REPO = TESTS.parent
+"""The project's root."""
+
 pytest_plugins = ["hookfit.testing"]
 
 spec_names = spec_arguments  # the name the tests use

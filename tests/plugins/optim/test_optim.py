@@ -8,6 +8,7 @@ import torch
 import hookfit
 from hookfit.plugins.optim import Optim, OptimWarning
 from conftest import Recorder
+from conftest import REPO
 
 
 def data(n: int = 10, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -194,7 +195,7 @@ def test_grad_norm_example_plugin_sees_final_gradients() -> None:
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "grad_norm_plugin", Path(__file__).parents[1] / "examples" / "grad_norm_plugin.py"
+        "grad_norm_plugin", REPO / "examples" / "grad_norm_plugin.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
@@ -68,7 +68,7 @@ def test_requires_python_is_no_lower_than_what_the_code_uses() -> None:
     import re
     import tomllib
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     spec = tomllib.loads((root / "pyproject.toml").read_text())["project"]["requires-python"]
     minimum = tuple(int(part) for part in re.fullmatch(r">=\s*(\d+)\.(\d+)", spec).groups())
     needs = set()

@@ -32,8 +32,9 @@ from hookfit.plugins.distributed import Distributed
 from hookfit.plugins.interrupter import Interrupter
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 EXAMPLE = ROOT / "examples" / "ddp.py"
 PLUGINS = "console,distributed,interrupter,metrics,optim"
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

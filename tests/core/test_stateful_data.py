@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TESTS
 
 pytest.importorskip("torchdata.stateful_dataloader")
 
-CHILD = Path(__file__).parent / "scripts" / "stateful_child.py"
+CHILD = TESTS / "scripts" / "stateful_child.py"
 
 
 def _run(run_dir: Path, out: Path, *args: str) -> subprocess.CompletedProcess:

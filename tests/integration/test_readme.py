@@ -8,8 +8,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 
 

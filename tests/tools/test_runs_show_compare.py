@@ -24,9 +24,10 @@ from hookfit.plugins.optim import Optim
 from hookfit.plugins.tui.dashboard import Dashboard, _fmt
 from hookfit.plugins.tui import TuiRenderer
 from hookfit.plugins.tui.plot import spans_decades, text_plot
-from test_tui_terminal import Terminal, term  # noqa: F401 - term: the tmux fixture
+from terminal import Terminal, term  # noqa: F401 - term: the tmux fixture
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def command(*argv: str) -> int:
@@ -288,7 +289,7 @@ hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameter
 def test_show_follows_a_run_that_is_still_going(tmp_path: Path, term: Terminal) -> None:
     import subprocess
 
-    from test_tui_terminal import clean_env
+    from terminal import clean_env
 
     folder, gate = tmp_path / "live-run", tmp_path / "gate"
     script = tmp_path / "live.py"

@@ -18,8 +18,9 @@ import tokenize
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 PACKAGES = ["hookfit"]
 """The packages ``mypy --strict`` checks (``-p``). ``hookfit.plugins`` is left out until its

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from venvs import Venv, assert_not_in_running_env, venv  # noqa: F401 (venv: a fixture)
+from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "examples" / "hookfit-example-plugin"
 DIST = "hookfit-example-plugin"
 NAME = "example_counter"

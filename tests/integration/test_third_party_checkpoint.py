@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 import torch
 from venvs import Venv, assert_not_in_running_env, make_venv
+from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PACKAGE = ROOT / "tests" / "packages" / "hookfit-tiny-checkpoint"
 DISTRIBUTION, MODULE = "hookfit-tiny-checkpoint", "hookfit_tiny_checkpoint"
 TIMEOUT = 180

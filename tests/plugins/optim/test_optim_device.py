@@ -13,6 +13,7 @@ import torch
 import hookfit
 from hookfit.plugins.optim import Optim, OptimWarning
 from test_optim import Skips, assert_bitwise, data, model, mse, params
+from conftest import REPO
 
 KERNELS = {"fused": True, "plain": False, "default": None}
 """The SGD a test builds: ``fused=True`` (the user chose the fused kernel), ``fused=False``
@@ -25,7 +26,7 @@ def _syncs():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "syncs.py"
+    path = REPO / "benchmarks" / "syncs.py"
     spec = importlib.util.spec_from_file_location("hookfit_bench_syncs", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -24,8 +24,9 @@ from hookfit.plugins.optim import Optim
 
 from conftest import StopAfter
 from conftest import resumable_run as train
+from conftest import TESTS
 
-CHILD = Path(__file__).parent / "scripts" / "ckpt_child.py"
+CHILD = TESTS / "scripts" / "ckpt_child.py"
 KILLS = 12  # kill -9 points tried by the random-kill test
 
 
@@ -366,7 +367,7 @@ def test_sigint_and_sigterm_write_an_interrupt_checkpoint_that_resumes_exactly(
 
 # -- which checkpoint "latest" is, and where a resumed run goes on ------------------------------
 
-NAMED = Path(__file__).parent / "scripts" / "ckpt_named.py"
+NAMED = TESTS / "scripts" / "ckpt_named.py"
 
 
 def _named(folder: Path, script: str, *args: str, resume: bool = False) -> dict:

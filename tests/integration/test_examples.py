@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = REPO / "examples"
 pytestmark = pytest.mark.slow
 
 

@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 import torch
 from venvs import Venv, assert_not_in_running_env, make_venv
+from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PACKAGES = ROOT / "tests" / "packages"
 OPTIM_SCRIPT = ROOT / "tests" / "scripts" / "replaced_optim.py"
 METRICS_SCRIPT = ROOT / "tests" / "scripts" / "replaced_metrics.py"
@@ -315,9 +316,9 @@ def test_checkpoint_monitor_keeps_the_best_epoch_by_mean_metrics(venv: Venv, tmp
 
 
 def test_the_dashboard_shows_what_mean_metrics_publishes(venv: Venv, tmp_path: Path) -> None:
-    """In a real terminal (tmux, as tests/test_tui_terminal.py): the dashboard's table fills
+    """In a real terminal (tmux, as tests/plugins/tui/test_tui_terminal.py): the dashboard's table fills
     from mean_metrics' snapshots; q stops the run and the terminal is restored."""
-    import test_tui_terminal as tui  # skips this test (only) when tmux is missing
+    import terminal as tui  # skips this test (only) when tmux is missing
 
     term = tui.Terminal(tmp_path)
     try:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from conftest import make_dist
+from conftest import REPO
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -56,7 +57,7 @@ def test_hookfit_hooks_prints_every_event() -> None:
 
 
 def test_the_reference_page_opens_with_the_loop_and_has_a_section_per_plugin() -> None:
-    page = (Path(__file__).resolve().parents[1] / "core" / "hooks.md").read_text()
+    page = (REPO / "core" / "hooks.md").read_text()
     opening = page.split("\n# ", 2)[0]
     assert "for epoch in" in opening and "The ten events a first plugin needs" in opening
     for plugin, event in [("optim", "before_optimizer_step"), ("metrics", "metrics_update"),
@@ -72,7 +73,7 @@ def test_the_hooks_reference_page_is_up_to_date() -> None:
 
     from hookfit.tools.cli import hooks_reference
 
-    page = Path(__file__).resolve().parents[1] / "core" / "hooks.md"
+    page = REPO / "core" / "hooks.md"
     assert page.read_text() == hooks_reference(markdown=True), (
         "core/hooks.md is stale: run `hookfit hooks --markdown > core/hooks.md`")
 

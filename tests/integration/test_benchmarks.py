@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PROBE = (
     "import sys; sys.path.insert(0, sys.argv[1]); import overhead, torch;"
     "overhead.measure(overhead.framework_workload(5), ['raw'], 15, 0); print(torch.Tensor.backward.__name__)"
