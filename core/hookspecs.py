@@ -212,6 +212,11 @@ def stage_start(loop: Run, stage: str) -> None:
     ``loop.state.stage`` is ``"valid"`` during it and ``"train"`` again after, with no second
     ``stage_start("train")``. A plugin that keeps state per stage keeps the training stage's
     while the validation runs, as it would across any other event.
+
+    In the epoch a resumed run continues, the training stage starts where the run stopped:
+    ``loop.state.batch_idx`` is the first batch it will run (the batches before it are done,
+    ``loop.position.batch`` of them) and ``loop.state.step`` counts the steps already done; a
+    run resumed after that epoch's training stage ends starts at its ``"valid"`` stage.
     """
 
 
@@ -372,6 +377,12 @@ def fit_end(loop: Run) -> None:
     handlers) and write final summaries. Every implementation runs even if another raised,
     wrappers and call tracing included; the first such error fails the run (or is reported as
     a warning if the run failed already), naming the plugin. The return value is ignored.
+
+    After a stop or a failure ``loop.state.epoch`` and ``loop.state.step`` are where the run
+    was (``loop.state.stage`` is ``None``), and ``loop.position`` says where a run resumed from
+    a state dict taken now continues (inside the epoch, after its last whole batch). The run's
+    folder gets ``run.jsonl``'s end line after every ``fit_end`` implementation ran, if the
+    run has a folder: one is made the first time a plugin reads ``loop.run_dir``.
     """
 
 

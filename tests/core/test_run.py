@@ -1122,3 +1122,28 @@ def test_plugin_code_a_step_calls_is_blamed_on_the_plugin_and_the_step_named() -
         hookfit.Loop(own, [0], model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                      plugins=[Optim()]).fit()
     assert "raised in step function" in " ".join(caught.value.__notes__)
+
+
+def test_what_a_resumed_epoch_s_stage_start_and_a_stopped_run_s_fit_end_see() -> None:
+    """As hooks.md says: at the resumed epoch's stage_start the batch index is the first batch
+    to run and the position counts the ones done; at fit_end after a stop, the stage is None
+    and the position is after the last whole batch."""
+    seen = []
+
+    class Watch(Position):
+        @hookfit.hookimpl
+        def stage_start(self, loop, stage):
+            seen.append(("start", stage, loop.state.batch_idx, loop.state.step, loop.position.batch))
+
+        @hookfit.hookimpl
+        def batch_end(self, loop, batch_idx):
+            if loop.state.step == 8:
+                loop.request_stop("enough")
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            seen.append(("end", loop.state.stage, loop.state.step, loop.position.epoch, loop.position.batch))
+
+    hookfit.Loop(lambda l, b: None, [0, 1, 2, 3, 4], max_epochs=3, resume="x", plugins=[Watch(1, 3, 3)]).fit()
+    # epoch 1 from batch 3 (steps 4, 5), epoch 2 from its start; stopped after step 8
+    assert seen == [("start", "train", 3, 3, 3), ("start", "train", 0, 5, 0), ("end", None, 8, 2, 3)]
