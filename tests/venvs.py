@@ -171,3 +171,14 @@ def make_venv(root: Path) -> Venv:
 def venv(tmp_path: Path) -> Venv:
     """A fresh virtual environment for this test, in ``tmp_path / "venv"``."""
     return make_venv(tmp_path / "venv")
+
+
+def assert_installed_copy_needs_no_builtin(venv: "Venv", module: str, cwd: Path) -> None:
+    """``module`` imports from the venv's own site-packages (the installed copy, not the
+    source tree) and pulls in none of hookfit's built-in plugins."""
+    code = (f"import sys, {module}; print({module}.__file__); "
+            "print(sorted(m for m in sys.modules if m.startswith('hookfit.plugins')))")
+    where, plugins = venv.run("-c", code, cwd=cwd).stdout.splitlines()
+    assert Path(where).is_relative_to(venv.site_packages), where
+    assert plugins == "[]"
+

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from venvs import Venv, assert_not_in_running_env, make_venv
+from venvs import Venv, assert_installed_copy_needs_no_builtin, assert_not_in_running_env, make_venv
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -76,12 +76,7 @@ def test_the_packages_are_installed_in_the_venv_only_and_discovered_there(venv: 
         assert row["hooks"] == hooks[name]
         assert venv.has(distribution)
         assert_not_in_running_env(distribution, module)
-        # the installed copy, which needs nothing from hookfit.plugins
-        code = (f"import sys, {module}; print({module}.__file__); "
-                "print(sorted(m for m in sys.modules if m.startswith('hookfit.plugins')))")
-        where, plugins = venv.run("-c", code, cwd=tmp_path).stdout.splitlines()
-        assert Path(where).is_relative_to(venv.site_packages), where
-        assert plugins == "[]"
+        assert_installed_copy_needs_no_builtin(venv, module, tmp_path)  # the installed copy
 
 
 # -- hookfit-plain-optim -------------------------------------------------------------------------

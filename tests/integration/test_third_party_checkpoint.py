@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from venvs import Venv, assert_not_in_running_env, make_venv
+from venvs import Venv, assert_installed_copy_needs_no_builtin, assert_not_in_running_env, make_venv
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -198,12 +198,7 @@ def test_the_package_replaces_the_builtin_checkpoint(venv: Venv, work: Path) -> 
     assert all(row["error"] is None for row in listing.values()), listing
     assert venv.has(DISTRIBUTION)
     assert_not_in_running_env(DISTRIBUTION, MODULE)
-    # the installed copy, which needs nothing from hookfit.plugins
-    code = (f"import sys, {MODULE}; print({MODULE}.__file__); "
-            "print(sorted(m for m in sys.modules if m.startswith('hookfit.plugins')))")
-    where, plugins = venv.run("-c", code, cwd=work).stdout.splitlines()
-    assert Path(where).is_relative_to(venv.site_packages), where
-    assert plugins == "[]"
+    assert_installed_copy_needs_no_builtin(venv, MODULE, work)  # the installed copy
 
 
 STOPS = {  # case -> (script arguments, where the step asked: stage, step, batch, val_due; resume from)
