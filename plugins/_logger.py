@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookfit.files import FileWarning, RunFile
 
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
-def wanted(loop: Any, plugin: Any, enabled: bool | None) -> bool:
+
+def wanted(loop: Run, plugin: Any, enabled: bool | None) -> bool:
     """Whether a logger takes part in this run: ``enabled`` when given; else when it was given
     to ``Loop(plugins=[...])`` (or registered by hand) or the configuration file gave it any
     option, and not when it was merely discovered."""
@@ -23,7 +26,7 @@ def wanted(loop: Any, plugin: Any, enabled: bool | None) -> bool:
     return info.source != "entry point" or bool(info.options)
 
 
-def run_file(loop: Any, name: str, owner: str, binary: bool = False) -> RunFile:
+def run_file(loop: Run, name: str, owner: str, binary: bool = False) -> RunFile:
     """A :class:`~hookfit.files.RunFile` for ``name`` in the run folder. A run folder that
     cannot be made warns once (:class:`~hookfit.files.FileWarning`) and gives a file that
     has failed already, which drops every write."""

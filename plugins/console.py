@@ -39,13 +39,15 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Mapping, TextIO
+from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
 from hookfit.plugins.common import MODES, Monitor, number, option_error
-from hookfit.run import Run
 from hookfit.plugins.summary import summarize
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 MODULE_LINES = 30
 """The most ``hookfit model module=...`` lines printed at the start; more are counted."""

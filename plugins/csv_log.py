@@ -45,13 +45,16 @@ import io
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins._logger import fail, run_file, wanted
 from hookfit.plugins.common import flag
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 __all__ = ["EPOCH_COLUMNS", "UPDATE_COLUMNS", "CSVLogger"]
 
@@ -84,7 +87,7 @@ class _Table:
         self.columns: list[str] | None = None  # the header of the file, once known
         self.path: os.PathLike[str] | None = None  # the file of the current or last run
 
-    def open(self, loop: Any) -> RunFile | None:
+    def open(self, loop: Run) -> RunFile | None:
         """The file, its header read when it exists already; ``None`` once it has failed."""
         if self.file is None:
             self.file = run_file(loop, self.name, self.owner)
@@ -122,7 +125,7 @@ class _Table:
             return None
         return header
 
-    def write(self, loop: Any, row: Mapping[str, Any]) -> None:
+    def write(self, loop: Run, row: Mapping[str, Any]) -> None:
         file = self.open(loop)
         if file is None:
             return
@@ -214,7 +217,7 @@ class CSVLogger:
         self.every_publication = every_publication
         self._epochs = _Table(self.name, "metrics.csv", EPOCH_COLUMNS)
         self._updates = _Table(self.name, "metrics_updates.csv", UPDATE_COLUMNS)
-        self._loop: Any = None
+        self._loop: Run | None = None
 
     @property
     def path(self) -> os.PathLike[str] | None:
@@ -228,17 +231,17 @@ class CSVLogger:
 
     # -- events -------------------------------------------------------------------------------
     @hookimpl
-    def configure(self, loop: Any) -> None:
+    def configure(self, loop: Run) -> None:
         self._close()
         if not wanted(loop, self, self.enabled):
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
 
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         self._loop = loop if loop.is_main else None
 
     @hookimpl
-    def resumed(self, loop: Any, info: ResumeInfo) -> None:
+    def resumed(self, loop: Run, info: ResumeInfo) -> None:
         if self._loop is None:
             return
         again = info.stage == "valid" or bool(loop.state.val_due)  # a validation at info.step runs again
@@ -255,7 +258,7 @@ class CSVLogger:
                 table.rewrite(table.columns, keep=before)
 
     @hookimpl
-    def metrics_update(self, loop: Any, stage: str, metrics: MetricsSnapshot) -> None:
+    def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if self._loop is None or not self.every_publication:
             return
         row = self._row(metrics, {k: v.running for k, v in metrics.values.items()})
@@ -263,13 +266,13 @@ class CSVLogger:
         self._updates.write(loop, row)
 
     @hookimpl
-    def epoch_metrics(self, loop: Any, stage: str, metrics: MetricsSnapshot) -> None:
+    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if self._loop is None:
             return
         self._epochs.write(loop, self._row(metrics, {k: v.epoch for k, v in metrics.values.items()}))
 
     @hookimpl
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         self._close()
 
     # -- rows ---------------------------------------------------------------------------------

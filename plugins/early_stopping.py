@@ -26,10 +26,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from hookfit import hookimpl
 from hookfit.plugins.common import Every, Monitor, integer
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 __all__ = ["EarlyStopping"]
 
@@ -75,23 +78,23 @@ class EarlyStopping:
 
     # -- events -----------------------------------------------------------------------------
     @hookimpl
-    def configure(self, loop: Any) -> None:
+    def configure(self, loop: Run) -> None:
         self._reset()  # a state from a checkpoint comes later (load_state)
 
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         if self._monitor.stage == "valid" and loop.val_step is None:
             raise ValueError(f"early_stopping: monitor={self.monitor!r} needs validation, and this run has "
                              f"none: give Loop(val_step=..., val_data=...), or monitor a 'train/' metric")
 
     @hookimpl
-    def epoch_start(self, loop: Any, epoch: int) -> None:
+    def epoch_start(self, loop: Run, epoch: int) -> None:
         self._epoch_step = loop.state.step
         if self.monitor is not None and self.best is not None and self.wait and self.wait >= self.patience:
             loop.request_stop(self._reason(loop), complete=True)  # resumed after it stopped: no batch
 
     @hookimpl
-    def epoch_metrics(self, loop: Any, stage: str, metrics: Any) -> None:
+    def epoch_metrics(self, loop: Run, stage: str, metrics: Any) -> None:
         if self.monitor is None:
             return
         key = self._monitor.key
@@ -111,7 +114,7 @@ class EarlyStopping:
             loop.request_stop(self._reason(loop), complete=True)  # at this validation's stage_end
 
     @hookimpl
-    def epoch_end(self, loop: Any, epoch: int) -> None:
+    def epoch_end(self, loop: Run, epoch: int) -> None:
         if self.monitor is None:
             return
         if self._heard != epoch and self._published(loop, epoch):
@@ -140,7 +143,7 @@ class EarlyStopping:
         self.wait = int(state["wait"])
 
     # -- deciding ---------------------------------------------------------------------------
-    def _published(self, loop: Any, epoch: int) -> bool:
+    def _published(self, loop: Run, epoch: int) -> bool:
         """Whether the monitored stage ran in ``epoch`` (validation may run every n epochs)."""
         if self._monitor.stage == "train":
             return True
@@ -150,12 +153,12 @@ class EarlyStopping:
             return Every(loop.val_every_n_steps).between(self._epoch_step, loop.state.step) > 0
         return Every(loop.val_every_n_epochs).due(epoch + 1)
 
-    def _by_step(self, loop: Any) -> bool:
+    def _by_step(self, loop: Run) -> bool:
         """Whether the monitored metric comes from validations inside training, counted one
         by one rather than by epoch."""
         return loop.val_every_n_steps is not None and self._monitor.stage == "valid"
 
-    def _reason(self, loop: Any) -> str:
+    def _reason(self, loop: Run) -> str:
         by = f" by more than {self.min_delta:g}" if self.min_delta else ""
         if self.best is None:
             best = "none"

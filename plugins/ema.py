@@ -40,13 +40,16 @@ from __future__ import annotations
 import itertools
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from hookfit import hookimpl
 from hookfit.plugins.common import Every, check, flag, unwrap_model, unwrap_state_dict
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 __all__ = ["EMA"]
 
@@ -96,13 +99,13 @@ class EMA:
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
-    def configure(self, loop: Any) -> None:
+    def configure(self, loop: Run) -> None:
         self.average, self._source, self._watched, self._kept, self.steps = None, None, None, None, 0
         if self.decay is None:
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
 
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         source = _source(loop.model)
         self._watched = self._watch(loop)
         average = AveragedModel(source, multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True)
@@ -111,7 +114,7 @@ class EMA:
         self._source, self.average = source, average
 
     @hookimpl
-    def after_optimizer_step(self, loop: Any, name: str, optimizer: Any) -> None:
+    def after_optimizer_step(self, loop: Run, name: str, optimizer: Any) -> None:
         if name != self._watched:
             return
         self.steps += 1
@@ -119,27 +122,27 @@ class EMA:
             self.average.update_parameters(self._source)  # type: ignore[union-attr]
 
     @hookimpl(tryfirst=True)  # other plugins' stage_start("valid") see the validated weights
-    def stage_start(self, loop: Any, stage: str) -> None:
+    def stage_start(self, loop: Run, stage: str) -> None:
         if stage == "valid" and self.validate:
             self._swap_in()
 
     @hookimpl(trylast=True)  # ... and so do their stage_end("valid")
-    def stage_end(self, loop: Any, stage: str) -> None:
+    def stage_end(self, loop: Run, stage: str) -> None:
         if stage == "valid":
             self._restore()
 
     @hookimpl
-    def exception(self, loop: Any, error: BaseException) -> None:
+    def exception(self, loop: Run, error: BaseException) -> None:
         self._restore()
 
     @hookimpl(wrapper=True)  # before every fit_end (a checkpoint's on a stop during validation)
-    def fit_end(self, loop: Any) -> Any:
+    def fit_end(self, loop: Run) -> Any:
         self._restore()
         self._source = None
         return (yield)
 
     @hookimpl
-    def save_state(self, loop: Any) -> dict[str, Any] | None:
+    def save_state(self, loop: Run) -> dict[str, Any] | None:
         if self.average is None:
             return None
         return {
@@ -150,7 +153,7 @@ class EMA:
         }
 
     @hookimpl
-    def load_state(self, loop: Any, state: Mapping[str, Any]) -> None:
+    def load_state(self, loop: Run, state: Mapping[str, Any]) -> None:
         if self.average is None:
             return
         try:
@@ -167,7 +170,7 @@ class EMA:
         self.steps = steps
 
     # -- set-up ---------------------------------------------------------------------------
-    def _watch(self, loop: Any) -> str:
+    def _watch(self, loop: Run) -> str:
         """The name of the optimizer whose real steps update the average."""
         optimizers = loop.optimizers
         raw = [optimizers] if not isinstance(optimizers, Mapping) else list(optimizers.values())

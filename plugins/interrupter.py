@@ -17,11 +17,13 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
 from hookfit.plugins.common import flag
-from hookfit.run import Run
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 
 class Interrupter:

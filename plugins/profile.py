@@ -60,11 +60,14 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TextIO, TypeVar
 
 from hookfit import config, hookimpl
 from hookfit.files import FileWarning
 from hookfit.plugins.common import check, flag, integer, option_error
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 __all__ = ["Profile", "SORT_KEYS", "FOLDER"]
 
@@ -195,12 +198,12 @@ class Profile:
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
-    def configure(self, loop: Any) -> None:
+    def configure(self, loop: Run) -> None:
         self._reset()
         if not self._configured(loop) or not loop.is_main:
             loop.pm.unregister(self)  # inert (or not the main process): no hook below costs anything
 
-    def _configured(self, loop: Any) -> bool:
+    def _configured(self, loop: Run) -> bool:
         """Given to ``Loop(plugins=[...])``, or given options by the configuration file, or
         named there by an empty ``[plugins.profile]`` table (which reaches the plugin as no
         options at all, so the file is looked at)."""
@@ -224,19 +227,19 @@ class Profile:
 
     @hookimpl
     @_guarded
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         self._stepping_stage = "train" if getattr(loop, "mode", "fit") == "fit" else "valid"
 
     @hookimpl
     @_guarded
-    def stage_start(self, loop: Any, stage: str) -> None:
+    def stage_start(self, loop: Run, stage: str) -> None:
         if stage == self._stepping_stage and not self._started:
             self._started = True
             self._start(loop)
 
     @hookimpl
     @_guarded
-    def batch_end(self, loop: Any) -> None:
+    def batch_end(self, loop: Run) -> None:
         prof = self._prof
         if prof is None or loop.training != (self._stepping_stage == "train"):
             return
@@ -259,7 +262,7 @@ class Profile:
             prof.stop()  # every cycle is over: nothing more to record, nothing more to pay
 
     @hookimpl(tryfirst=True)  # before other plugins' end-of-run work, which is no training step
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         prof, self._prof = self._prof, None
         if prof is not None:
             try:
@@ -270,7 +273,7 @@ class Profile:
         self._print_report(loop)
 
     # -- profiling ------------------------------------------------------------------------
-    def _start(self, loop: Any) -> None:
+    def _start(self, loop: Run) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -366,7 +369,7 @@ class Profile:
     def _print(self, *fields: str) -> None:
         print("hookfit profile " + " ".join(f for f in fields if f), file=self.stream or sys.stdout, flush=True)
 
-    def _print_report(self, loop: Any) -> None:
+    def _print_report(self, loop: Run) -> None:
         report = self._report
         recorded = report.cycles  # every one with a step at least (see _ready)
         if not recorded:
@@ -394,7 +397,7 @@ class Profile:
         out = self.stream or sys.stdout
         print(table.rstrip("\n"), file=out, flush=True)
 
-    def _nothing(self, loop: Any) -> str:
+    def _nothing(self, loop: Run) -> str:
         unit = "training" if self._stepping_stage == "train" else "validation"
         if not self._started:
             return f"no {unit} batch ran"

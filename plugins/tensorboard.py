@@ -59,13 +59,16 @@ import socket
 import time
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookfit import config, hookimpl
 from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins._logger import run_file, wanted
 from hookfit.plugins.common import flag
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 __all__ = ["INSTALL", "TensorBoard"]
 
@@ -145,13 +148,13 @@ class TensorBoard:
         self.path: os.PathLike[str] | None = None
         """The event file of the current or last run (``None`` before one, and when off)."""
         self._file: RunFile | None = None
-        self._loop: Any = None
+        self._loop: Run | None = None
         self._lr_step: int | None = None  # the step the learning rates were last written at
         self._proto: Any = None  # TensorBoard's protobuf and summary modules, imported at fit_start
 
     # -- events -------------------------------------------------------------------------------
     @hookimpl
-    def configure(self, loop: Any) -> None:
+    def configure(self, loop: Run) -> None:
         self._file, self._loop, self._lr_step, self.path = None, None, None, None
         if not wanted(loop, self, self.enabled):
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
@@ -159,7 +162,7 @@ class TensorBoard:
         _require()  # an observer: a missing package is one warning, and training goes on
 
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
@@ -188,7 +191,7 @@ class TensorBoard:
                       plugin_data_pb2.HParamsPluginData(session_start_info=start))
 
     @hookimpl
-    def resumed(self, loop: Any, info: ResumeInfo) -> None:
+    def resumed(self, loop: Run, info: ResumeInfo) -> None:
         if self._file is None:
             return
         event_pb2 = self._proto.event_pb2
@@ -198,14 +201,14 @@ class TensorBoard:
                                      session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))])
 
     @hookimpl
-    def metrics_update(self, loop: Any, stage: str, metrics: MetricsSnapshot) -> None:
+    def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if self._file is None or not self.every_publication or stage != "train":
             return
         values = [(f"train_step/{key}", value.running) for key, value in sorted(metrics.values.items())]
         self._scalars(metrics.step, values + self._rates(metrics))
 
     @hookimpl
-    def epoch_metrics(self, loop: Any, stage: str, metrics: MetricsSnapshot) -> None:
+    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if self._file is None:
             return
         values = [(f"{stage}/{key}", value.epoch) for key, value in sorted(metrics.values.items())]
@@ -215,7 +218,7 @@ class TensorBoard:
         self._scalars(metrics.step, values)
 
     @hookimpl
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         if self._file is not None and self._proto is not None:
             proto = self._proto
             api_pb2, metadata, plugin_data_pb2 = proto.api_pb2, proto.metadata, proto.plugin_data_pb2
@@ -227,7 +230,7 @@ class TensorBoard:
         self._file, self._loop = None, None
 
     # -- what is written ---------------------------------------------------------------------
-    def run_hparams(self, loop: Any) -> dict[str, bool | int | float | str]:
+    def run_hparams(self, loop: Run) -> dict[str, bool | int | float | str]:
         """The hyperparameters recorded for ``loop`` (see the module documentation)."""
         out: dict[str, bool | int | float | str] = {"loop.name": loop.name}
         for key in ("max_epochs", "max_steps", "seed", "deterministic", "val_every_n_epochs", "val_every_n_steps"):
@@ -273,7 +276,7 @@ class TensorBoard:
         merged = summary_pb2.Summary(value=[v for tag, x in values for v in summary.scalar(tag, float(x)).value])
         self._write([event_pb2.Event(wall_time=time.time(), step=step, summary=merged)])
 
-    def _session(self, loop: Any, tag: str, data: Any) -> None:
+    def _session(self, loop: Run, tag: str, data: Any) -> None:
         event_pb2, summary_pb2, metadata = self._proto.event_pb2, self._proto.summary_pb2, self._proto.metadata
         value = summary_pb2.Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))
         self._write([event_pb2.Event(wall_time=time.time(), step=loop.state.step,

@@ -8,7 +8,7 @@ import json
 import time
 import warnings
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
@@ -18,7 +18,9 @@ from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
 from hookfit.plugins.common import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs
 from hookfit.plugins.metrics.aggregate import FOLD_EVERY, _is_metric, _Stage, _Tensor, batch_size, check
-from hookfit.run import Run
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 _clock = time.perf_counter
 
@@ -62,18 +64,18 @@ class Metrics:
         self._outer: list[tuple[str | None, _Stage]] = []  # stages a nested one interrupted
         self._next_publish = 0.0
         self._log_file: RunFile | None = None
-        self.loop: Any = None
+        self.loop: Run | None = None
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         self.loop = loop
         self.history = {
             s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
         }
 
     @hookimpl
-    def stage_start(self, loop: Any, stage: str) -> None:
+    def stage_start(self, loop: Run, stage: str) -> None:
         if self._stage is not None:  # a validation inside training: the training aggregate waits
             self._outer.append((self._stage_name, self._stage))
         resumed, self._resumed = self._resumed, None
@@ -82,7 +84,7 @@ class Metrics:
         self._next_publish = time.perf_counter() + self.interval
         self._publishing(loop, stage)
 
-    def _publishing(self, loop: Any, stage: str | None) -> None:
+    def _publishing(self, loop: Run, stage: str | None) -> None:
         """How the running stage publishes. With several processes, training publishes every
         ``sync_every`` batches (the same ones everywhere, for the reduction); validation parts
         may differ by a batch, so what it publishes before its end is this process's own,
@@ -93,7 +95,7 @@ class Metrics:
         self._by_time = self._every is None and self._log_every.never
 
     @hookimpl
-    def batch_end(self, loop: Any, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
+    def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
         # (every argument of the event, though batch_idx is unused: then the loop calls this
         # method itself, not through an adapter that drops arguments)
         agg = self._stage
@@ -150,11 +152,11 @@ class Metrics:
             agg.read()  # type: ignore[union-attr]
 
     @staticmethod
-    def _step(loop: Any) -> Any:
+    def _step(loop: Run) -> Any:
         """The step function of the running stage (named when a value is refused)."""
         return loop.train_step if loop.training else loop.val_step
 
-    def _first(self, where: dict[str, list], key: Any, value: Any, loop: Any) -> list:
+    def _first(self, where: dict[str, list], key: Any, value: Any, loop: Run) -> list:
         """The new list of ``key``'s values in ``where``, once its first value is checked."""
         return self._stage.entries(where, key, value, self._step(loop))  # type: ignore[union-attr]
 
@@ -195,7 +197,7 @@ class Metrics:
                      "batch": info.batch, "step": info.step})
 
     @hookimpl
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         state = loop.state
         if self.log:
             self._write({"event": "end", "status": state.status, "reason": state.stop_reason,
@@ -225,7 +227,7 @@ class Metrics:
         if state.get("train_stage") is not None:
             self._resumed = _Stage.from_state(self.window, state["train_stage"])
 
-    def _reduce(self, loop: Any) -> Any:
+    def _reduce(self, loop: Run) -> Any:
         """The all-reduce to use for a publication, or None with one process."""
         call = loop.hooks.all_reduce
         if call is None or loop.state.world_size <= 1:

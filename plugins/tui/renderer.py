@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.files import FileWarning
@@ -20,6 +20,9 @@ from hookfit.payloads import ResumeInfo
 from hookfit.plugins.common import flag, positive_number
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.terminal import OutputCapture, interactive_terminal
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 ENV_PERSISTENT = "HOOKFIT_TUI_PERSISTENT"
 OUTPUT_LOG = "output.log"
@@ -37,7 +40,7 @@ class TuiRenderer:
         self.persistent = flag(self.name, "persistent", persistent, none=True)
         self.fps = positive_number(self.name, "fps", fps, meaning="frames a second")
         self.active = False
-        self.loop: Any = None
+        self.loop: Run | None = None
         self._inbox: collections.deque = collections.deque()
         self._quit = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,14 +70,14 @@ class TuiRenderer:
         add_commands(commands)
 
     @hookimpl
-    def claim_output(self, loop: Any) -> str | None:
+    def claim_output(self, loop: Run) -> str | None:
         if self.active or (not self._failed and interactive_terminal() is None):
             return self.name
         return None
 
     # -- start --------------------------------------------------------------------------------
     @hookimpl(tryfirst=True)
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         self.loop = loop
         self._failed = False
         if interactive_terminal() is not None:
@@ -119,7 +122,7 @@ class TuiRenderer:
         self._previous_breakpointhook = sys.breakpointhook
         sys.breakpointhook = self._breakpointhook
 
-    def _output_file(self, loop: Any) -> Any:
+    def _output_file(self, loop: Run) -> Any:
         """``<run_dir>/output.log`` on the main process; ``None`` (with one ``FileWarning``)
         when the run folder cannot be created."""
         if not loop.is_main:
@@ -179,7 +182,7 @@ class TuiRenderer:
             self._inbox.append(("checkpoint", step, reason))
 
     @hookimpl
-    def stage_start(self, loop: Any, stage: str) -> None:
+    def stage_start(self, loop: Run, stage: str) -> None:
         if self.active:
             if self._suspended:
                 self._resume_if_let_go()
@@ -192,7 +195,7 @@ class TuiRenderer:
             self._inbox.append(("stage_end", stage))
 
     @hookimpl
-    def metrics_update(self, loop: Any, metrics: Any) -> None:
+    def metrics_update(self, loop: Run, metrics: Any) -> None:
         if self.active:
             if self._suspended:
                 self._resume_if_let_go()
@@ -200,7 +203,7 @@ class TuiRenderer:
             self._inbox.append(("time", loop.state.time_split))  # an immutable mapping
 
     @hookimpl
-    def epoch_metrics(self, loop: Any, metrics: Any) -> None:
+    def epoch_metrics(self, loop: Run, metrics: Any) -> None:
         if self.active:
             if self._suspended:
                 self._resume_if_let_go()
@@ -320,7 +323,7 @@ class TuiRenderer:
 
     # -- end ----------------------------------------------------------------------------------
     @hookimpl(trylast=True)
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         if not self.active:
             return
         state = loop.state
