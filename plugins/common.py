@@ -201,7 +201,7 @@ def flag(plugin: str, option: str, value: Any, *, none: bool = False) -> bool | 
     ``1`` or ``"yes"``: ``... must be True, False or None, got 'yes'``."""
     check(plugin, option, value, lambda v: isinstance(v, bool) or (none and v is None),
           "be True, False or None" if none else "be True or False")
-    return value  # type: ignore[no-any-return]
+    return cast("bool | None", value)  # checked above
 
 
 @overload
@@ -217,7 +217,7 @@ def text(plugin: str, option: str, value: Any, *, none: bool = False, what: str 
     if none and value is None:
         return None
     check(plugin, option, value, lambda v: isinstance(v, str) and bool(v.strip()), _must(what, meaning, none))
-    return value  # type: ignore[no-any-return]
+    return cast(str, value)  # checked above
 
 
 def path(plugin: str, option: str, value: Any, *, none: bool = False, what: str = "a path") -> Any:

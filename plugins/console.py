@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sized
 from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from hookfit import hookimpl
@@ -168,7 +169,7 @@ class Console:
         self._last_progress = self._last_summary = time.monotonic()
         self._results.clear()
         data = loop.train_data
-        per_epoch = f"batches_per_epoch={len(data)}" if hasattr(data, "__len__") else ""
+        per_epoch = f"batches_per_epoch={len(data)}" if isinstance(data, Sized) else ""
         plugins = ",".join(loop.pm.participants())  # as the user knows them: no helpers
         self._print("start", f"epochs={loop.max_epochs}", per_epoch, f"plugins={plugins}")
         if loop.model is not None and loop.is_main and not self._silent:

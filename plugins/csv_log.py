@@ -45,7 +45,7 @@ import io
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hookfit import hookimpl
 from hookfit.files import FileWarning, RunFile
@@ -94,16 +94,16 @@ class _Table:
             self.path = self.file.path
             if self.file.failed is None:
                 try:
-                    self.columns = self._existing()
+                    self.columns = self._existing(self.file)
                 except OSError as error:
                     fail(self.file, error)
         return None if self.file.failed is not None else self.file
 
-    def _existing(self) -> list[str] | None:
+    def _existing(self, file: RunFile) -> list[str] | None:
         """The header of the file already there (an earlier run's), its cut-short last line
         dropped; ``None`` when there is no file or nothing in it yet. A file that is not one of
         this plugin's tables is left alone: it warns and fails."""
-        path = self.file.path  # type: ignore[union-attr]
+        path = file.path
         if not path.exists():
             return None
         with open(path, "rb+") as raw:
@@ -118,7 +118,7 @@ class _Table:
             return None
         header = next(csv.reader([first]), [])
         if tuple(header[:len(self.leading)]) != self.leading:
-            self.file.failed = OSError(f"not a table of this plugin: its header is {first.strip()!r}")  # type: ignore[union-attr]
+            file.failed = OSError(f"not a table of this plugin: its header is {first.strip()!r}")
             warnings.warn(f"{self.owner}: {path} is not a table this plugin writes (its header starts "
                           f"{','.join(header[:len(self.leading)])!r}, not {','.join(self.leading)!r}); it is "
                           f"left as it is and training goes on without it", FileWarning, stacklevel=5)
@@ -177,7 +177,7 @@ class _Table:
         self.file, self.columns = None, None
 
 
-def _truncate_to_last_line(raw: Any, size: int) -> None:
+def _truncate_to_last_line(raw: BinaryIO, size: int) -> None:
     """Cut the file open in ``raw`` just after its last newline (to nothing if it has none)."""
     position = size
     while position > 0:

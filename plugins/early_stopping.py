@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from hookfit import hookimpl
+from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.common import Every, Monitor, integer
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -94,11 +95,9 @@ class EarlyStopping:
             loop.request_stop(self._reason(loop), complete=True)  # resumed after it stopped: no batch
 
     @hookimpl
-    def epoch_metrics(self, loop: Run, stage: str, metrics: Any) -> None:
-        if self.monitor is None:
-            return
-        key = self._monitor.key
-        if stage != self._monitor.stage:
+    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
+        key = self._monitor.key  # None exactly when there is no monitor
+        if key is None or stage != self._monitor.stage:
             return
         self._heard = metrics.epoch
         if key not in metrics.values:
@@ -160,12 +159,15 @@ class EarlyStopping:
 
     def _reason(self, loop: Run) -> str:
         by = f" by more than {self.min_delta:g}" if self.min_delta else ""
-        if self.best is None:
+        record = self._monitor.record  # (best, (its epoch, its step)): the best and where, together
+        if record is None:
             best = "none"
-        elif self._by_step(loop) and self.best_step is not None:
-            best = f"{self.best:.6g} at step {self.best_step} (epoch {self.best_epoch + 1})"  # type: ignore[operator]
         else:
-            best = f"{self.best:.6g} at epoch {self.best_epoch + 1}"  # type: ignore[operator]
+            value, (epoch, step) = record
+            if self._by_step(loop) and step is not None:
+                best = f"{value:.6g} at step {step} (epoch {epoch + 1})"
+            else:
+                best = f"{value:.6g} at epoch {epoch + 1}"
         counted = "validation(s)" if self._by_step(loop) else "epoch(s)"
         return (f"early stopping: {self.monitor} did not improve{by} for {self.wait} {counted} "
                 f"(patience {self.patience}); best ({self.mode}) {best}")

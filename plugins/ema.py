@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,6 +52,12 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
 __all__ = ["EMA"]
+
+_Params = tuple[torch.Tensor, ...] | list[torch.Tensor]
+_MultiAvg = Callable[[_Params, _Params, torch.Tensor | int], None]
+"""What ``AveragedModel(multi_avg_fn=...)`` takes: it averages the tensors of the first list
+with those of the second, in place."""
+_ema_multi_avg_fn: Callable[[float], _MultiAvg] = get_ema_multi_avg_fn  # unannotated in torch
 
 
 class EMA:
@@ -106,20 +112,24 @@ class EMA:
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
+        decay = self.decay
+        assert decay is not None  # without one, configure unregistered the plugin
         source = _source(loop.model)
         self._watched = self._watch(loop)
-        average = AveragedModel(source, multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True)
+        average = AveragedModel(source, multi_avg_fn=_ema_multi_avg_fn(decay), use_buffers=True)
         for p in average.parameters():
             p.grad = None  # deepcopy copies gradients the model may hold: the average needs none
         self._source, self.average = source, average
 
     @hookimpl
-    def after_optimizer_step(self, loop: Run, name: str, optimizer: Any) -> None:
+    def after_optimizer_step(self, loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
         if name != self._watched:
             return
         self.steps += 1
         if self._updates.due(self.steps):
-            self.average.update_parameters(self._source)  # type: ignore[union-attr]
+            average, source = self.average, self._source
+            assert average is not None and source is not None  # made at fit_start
+            average.update_parameters(source)
 
     @hookimpl(tryfirst=True)  # other plugins' stage_start("valid") see the validated weights
     def stage_start(self, loop: Run, stage: str) -> None:
@@ -136,7 +146,7 @@ class EMA:
         self._restore()
 
     @hookimpl(wrapper=True)  # before every fit_end (a checkpoint's on a stop during validation)
-    def fit_end(self, loop: Run) -> Any:
+    def fit_end(self, loop: Run) -> Generator[None, object, object]:
         self._restore()
         self._source = None
         return (yield)

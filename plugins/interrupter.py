@@ -17,6 +17,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
@@ -50,7 +51,7 @@ class Interrupter:
         self._previous.clear()
         self._loop = None
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         loop = self._loop
         name = signal.Signals(signum).name
         if loop is None:  # pragma: no cover - handlers exist only while a loop is set

@@ -60,13 +60,16 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TextIO, TypeVar
+from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, Protocol, TextIO, TypeVar
 
 from hookfit import config, hookimpl
 from hookfit.files import FileWarning
 from hookfit.plugins.common import check, flag, integer, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from torch.autograd.profiler_util import FunctionEventAvg
+    from torch.profiler import profile as Profiler
+
     from hookfit.run import Run
 
 __all__ = ["Profile", "SORT_KEYS", "FOLDER"]
@@ -85,7 +88,8 @@ SORT_KEYS = (
 )
 """What ``Profile(sort_by=...)`` may sort the table by (the columns ``torch.profiler`` knows)."""
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _field(key: str, value: str) -> str:
@@ -99,19 +103,31 @@ def _span(first: int, last: int) -> str:
     return str(first) if first == last else f"{first}-{last}"
 
 
-def _guarded(method: F) -> F:
+def _guarded(method: Callable[Concatenate[Profile, P], R]) -> Callable[Concatenate[Profile, P], R]:
     """A failure of the plugin stops the profiler before the dispatcher switches the plugin off
     (it then receives no ``fit_end``, and the profiler must not go on recording)."""
 
     @functools.wraps(method)
-    def guarded(self: Profile, *args: Any, **kwargs: Any) -> Any:
+    def guarded(self: Profile, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return method(self, *args, **kwargs)
         except Exception:
             self._abandon()
             raise
 
-    return guarded  # type: ignore[return-value]
+    return guarded
+
+
+class _Table(Protocol):
+    """What the report uses of torch's ``EventList``: its table as text."""
+
+    def table(self, *, sort_by: str, row_limit: int) -> str: ...
+
+
+class _Sum(Protocol):
+    """What the report uses of torch's ``FunctionEventAvg``: adding another operator's times."""
+
+    def add(self, other: FunctionEventAvg) -> object: ...
 
 
 @dataclass
@@ -128,7 +144,7 @@ class _Cycle:
 @dataclass
 class _Report:
     cycles: list[_Cycle] = field(default_factory=list)
-    averages: dict[str, Any] = field(default_factory=dict)  # operator -> FunctionEventAvg, over the cycles
+    averages: dict[str, _Sum] = field(default_factory=dict)  # operator -> FunctionEventAvg, over the cycles
     use_device: str | None = None
 
 
@@ -171,8 +187,8 @@ class Profile:
         self.stream = stream
         self.traces: list[Path] = []
         """The trace files written by the current or last run."""
-        self._prof: Any = None  # the torch.profiler.profile while it runs
-        self._plan: Callable[[int], Any] = lambda step: None  # its schedule
+        self._prof: Profiler | None = None  # the torch.profiler.profile while it runs
+        self._plan: Callable[[int], object] = lambda step: None  # its schedule
         self._report = _Report()
         self._recorded: list[tuple[int, int]] = []  # the current cycle's recorded steps so far
         self._stepping_stage = "train"
@@ -293,7 +309,7 @@ class Profile:
         prof.start()
         self._prof = prof
 
-    def _abandon(self, prof: Any = None) -> None:
+    def _abandon(self, prof: Profiler | None = None) -> None:
         """Stop the profiler without writing anything (the plugin failed)."""
         prof = prof if prof is not None else self._prof
         self._prof = None
@@ -303,7 +319,7 @@ class Profile:
         with contextlib.suppress(Exception):
             prof.stop()
 
-    def _ready(self, prof: Any) -> None:
+    def _ready(self, prof: Profiler) -> None:
         """A cycle is over (or cut short by the end of the run): count its operators and write
         its trace."""
         steps, self._recorded = self._recorded, []
@@ -337,7 +353,7 @@ class Profile:
                       FileWarning, stacklevel=2)
 
     @staticmethod
-    def _export(prof: Any, path: Path) -> OSError | None:
+    def _export(prof: Profiler, path: Path) -> OSError | None:
         """Write the profiler's trace to ``path``: exported to a temporary file, checked, copied
         in under a temporary name and renamed, so ``path`` is whole or absent."""
         temp: str | None = None
@@ -414,9 +430,9 @@ class Profile:
         from torch.autograd.profiler_util import EventList
 
         report = self._report
-        events = EventList(list(report.averages.values()), use_device=report.use_device,
-                           profile_memory=self.profile_memory)
-        return events.table(sort_by=self._sort_key(), row_limit=self.row_limit)
+        events: Callable[..., _Table] = EventList  # unannotated in torch: its table() gives a str
+        return events(list(report.averages.values()), use_device=report.use_device,
+                      profile_memory=self.profile_memory).table(sort_by=self._sort_key(), row_limit=self.row_limit)
 
 
 def _whole(path: str) -> bool:

@@ -30,9 +30,9 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     while True:
         if isinstance(module, wrappers):
             module = module.module
-        elif isinstance(getattr(module, "_orig_mod", None), torch.nn.Module) and \
+        elif isinstance(inner := getattr(module, "_orig_mod", None), torch.nn.Module) and \
                 type(module).__name__ == "OptimizedModule":
-            module = module._orig_mod
+            module = inner
         else:
             return module
 

@@ -75,8 +75,6 @@ __all__ = ["INSTALL", "TensorBoard"]
 INSTALL = "pip install hookfit[tensorboard]"
 """The command that installs what this plugin needs."""
 
-# hyperparameters TensorBoard can show: one scalar each
-_SCALARS = (bool, int, float, str)
 # settings of a parameter group that say how the optimizer is computed, not what it does
 _MECHANICS = frozenset({"params", "foreach", "fused", "capturable", "differentiable"})
 _files = itertools.count()
@@ -92,16 +90,16 @@ def _require() -> None:
                           f"({error}); install it with `{INSTALL}`") from error
 
 
-def _hparam(value: Any) -> bool | int | float | str | None:
+def _hparam(value: object) -> bool | int | float | str | None:
     """``value`` as a hyperparameter TensorBoard shows, or ``None`` if it is not a scalar."""
-    if isinstance(value, _SCALARS):
+    if isinstance(value, (bool, int, float, str)):  # what TensorBoard shows: one scalar each
         return value
     if isinstance(value, numbers.Real):
         return float(value)
     if isinstance(value, tuple) and all(isinstance(v, (bool, int, float, str)) for v in value):
         return str(value)  # betas=(0.9, 0.999)
     if isinstance(value, os.PathLike):
-        return os.fspath(value)  # a folder option
+        return os.fsdecode(value)  # a folder option (as str, even if the path is bytes)
     return None
 
 
@@ -284,8 +282,10 @@ class TensorBoard:
 
     def _write(self, events: list[Any]) -> None:
         """Frame ``events`` as TensorBoard records and append them in one write."""
+        file = self._file
+        assert file is not None  # every caller writes to the run's open file
         buffer = io.BytesIO()
         records = self._proto.RecordWriter(buffer)
         for event in events:
             records.write(event.SerializeToString())
-        self._file.write(buffer.getvalue())  # type: ignore[union-attr]
+        file.write(buffer.getvalue())

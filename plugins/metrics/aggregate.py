@@ -6,11 +6,20 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Any, Mapping
+from collections.abc import Callable
+from typing import Any, Mapping, TypeVar
 
 import torch
 
 from hookfit.payloads import Value
+
+E = TypeVar("E")
+Reduce = Callable[[torch.Tensor], torch.Tensor | None]
+"""A sum over every process of the run (the ``all_reduce`` event, bound to the run): ``None``
+when nothing answered."""
+Row = tuple[float, ...]
+"""A metric's numbers as the processes add them up: last, weighted sum, count, and the
+running window's weighted sum and count."""
 
 
 def _is_metric(value: Any) -> bool:
@@ -39,11 +48,11 @@ def batch_size(batch: Any) -> int:
     return 1
 
 
-def step_name(step: Any) -> str:
+def step_name(step: object) -> str:
     return getattr(step, "__qualname__", None) or repr(step)
 
 
-def check(key: Any, value: Any, step: Any) -> None:
+def check(key: object, value: object, step: object) -> None:
     """Refuse what the plugin cannot aggregate: a key that is not a string, a complex number.
     ``step`` is the step function that returned it, named in the error."""
     if type(key) is not str:
@@ -64,13 +73,14 @@ class _Series:
     """One metric in one stage: weighted sum and count (epoch mean), last value, and the
     last ``window`` (weighted value, size) pairs for the running mean."""
 
-    __slots__ = ("weighted", "count", "last", "window")
+    __slots__ = ("weighted", "count", "last", "window", "size")
 
     def __init__(self, window: int) -> None:
         self.weighted = 0.0
         self.count = 0
         self.last = math.nan
-        self.window: collections.deque = collections.deque(maxlen=window)
+        self.size = window
+        self.window: collections.deque[tuple[float, int]] = collections.deque(maxlen=window)
 
     def fold(self, entries: list[tuple[float, int]]) -> None:
         """Take in ``(value, batch size)`` pairs, oldest first."""
@@ -80,7 +90,7 @@ class _Series:
             count += n
         self.weighted, self.count = weighted, count
         self.last = entries[-1][0]
-        self.window.extend((value * n, n) for value, n in entries[-self.window.maxlen:])
+        self.window.extend((value * n, n) for value, n in entries[-self.size:])
 
 
 class _Stage:
@@ -110,8 +120,8 @@ class _Stage:
         if device:
             tensors = [t for entries in device.values() for t, _ in entries]
             values = iter(torch.stack([t.reshape(()).to(torch.float64) for t in tensors]).tolist())
-            for key, entries in device.items():
-                host.setdefault(key, []).extend((next(values), n) for _, n in entries)
+            for key, kept in device.items():
+                host.setdefault(key, []).extend((next(values), n) for _, n in kept)
             self.device = {}
         if not host:
             return
@@ -122,33 +132,33 @@ class _Stage:
             series.fold(entries)
         self.host = {}
 
-    def entries(self, where: dict[str, list], key: Any, value: Any, step: Any) -> list:
+    def entries(self, where: dict[str, list[E]], key: str, value: object, step: object) -> list[E]:
         """The new list for ``key`` in ``where`` (``host`` or ``device``), which has none: the
         first value under ``key`` in the stage, or since the last :meth:`read` (a few times a
         second at most). The key and the value are checked here, and only here: a value that
         cannot be aggregated is refused at the batch it first appears in, naming the step
         function that returned it, while the per-batch path stays one append per value."""
         check(key, value, step)
-        entries: list = []
+        entries: list[E] = []
         where[key] = entries
         return entries
 
-    def values(self, reduce: Any = None) -> dict[str, Value]:
+    def values(self, reduce: Reduce | None = None) -> dict[str, Value]:
         """Each metric's Value; with ``reduce`` (an all-reduce sum over processes), global."""
         items = [(key, s) for key, s in self.series.items() if s.count]
         if reduce is not None:  # the same order on every process
             items.sort(key=lambda item: item[0])
-        rows = [(s.last, s.weighted, s.count, sum(w for w, _ in s.window), sum(n for _, n in s.window))
-                for _, s in items]
+        rows: list[Row] = [(s.last, s.weighted, s.count, sum(w for w, _ in s.window), sum(n for _, n in s.window))
+                           for _, s in items]
         if reduce is not None:
             rows = self._reduced(reduce, [key for key, _ in items], rows)
-        out = {}
+        out: dict[str, Value] = {}
         for (key, _), (last, weighted, count, w_sum, w_count) in zip(items, rows):
             running = w_sum / w_count if w_count else math.nan
             out[key] = Value(last, running, weighted / count if count else math.nan)
         return out
 
-    def _reduced(self, reduce: Any, keys: list[str], rows: list[tuple]) -> list[tuple]:
+    def _reduced(self, reduce: Reduce, keys: list[str], rows: list[Row]) -> list[Row]:
         """Sum rows, samples and a checksum of the key names over every process."""
         checksum = float(sum(ord(c) * (i + 1) for i, c in enumerate("|".join(keys))) % 1_000_003)
         local = torch.tensor([1.0, checksum, float(self.samples)] + [v for row in rows for v in row],

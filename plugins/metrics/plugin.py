@@ -7,6 +7,7 @@ import collections
 import json
 import time
 import warnings
+from collections.abc import Sized
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -17,10 +18,10 @@ from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
 from hookfit.plugins.common import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs
-from hookfit.plugins.metrics.aggregate import FOLD_EVERY, _is_metric, _Stage, _Tensor, batch_size, check
+from hookfit.plugins.metrics.aggregate import E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, batch_size, check
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    from hookfit.run import Run
+    from hookfit.run import Run, Step
 
 _clock = time.perf_counter
 
@@ -58,7 +59,7 @@ class Metrics:
         self._by_time = True  # publications by time only, no per-step log line (the fast path)
         self._resumed: _Stage | None = None
         self._stage_name: str | None = None
-        self.history: dict[str, collections.deque] = {}
+        self.history: dict[str, collections.deque[Mapping[str, Any]]] = {}
         self._history_epochs = history_epochs
         self._stage: _Stage | None = None
         self._outer: list[tuple[str | None, _Stage]] = []  # stages a nested one interrupted
@@ -99,12 +100,13 @@ class Metrics:
         # (every argument of the event, though batch_idx is unused: then the loop calls this
         # method itself, not through an adapter that drops arguments)
         agg = self._stage
-        agg.batches += 1  # type: ignore[union-attr]
+        assert agg is not None  # inside a stage
+        agg.batches += 1
         if output is not None:
-            n = output.get("batch_size")
-            n = int(n) if n is not None else batch_size(batch)
-            agg.samples += n  # type: ignore[union-attr]
-            host, defer = agg.host, self.defer  # type: ignore[union-attr]
+            given = output.get("batch_size")
+            n = int(given) if given is not None else batch_size(batch)
+            agg.samples += n
+            host, defer = agg.host, self.defer
             # A key missing from host/device (a KeyError, free unless raised) is its first value
             # in the stage or since the last fold: only then is it checked (_first), so the
             # per-batch cost stays one append per value.
@@ -120,9 +122,9 @@ class Metrics:
                             self._first(host, key, value, loop).append((value.item(), n))
                     else:
                         try:
-                            agg.device[key].append((value.detach(), n))  # type: ignore[union-attr]
+                            agg.device[key].append((value.detach(), n))
                         except KeyError:
-                            self._first(agg.device, key, value, loop).append((value.detach(), n))  # type: ignore[union-attr]
+                            self._first(agg.device, key, value, loop).append((value.detach(), n))
                 elif kind is float or kind is int:
                     if key != "batch_size":
                         try:
@@ -130,35 +132,37 @@ class Metrics:
                         except KeyError:
                             self._first(host, key, value, loop).append((value, n))
                 elif _is_metric(value):
-                    agg.metric_objects[key] = value  # type: ignore[union-attr]
+                    agg.metric_objects[key] = value
                 elif kind is complex:
                     check(key, value, self._step(loop))  # a number that cannot be aggregated: refused
         else:
-            agg.samples += batch_size(batch)  # type: ignore[union-attr]
+            agg.samples += batch_size(batch)
         if not self._by_time:  # a log line every N steps, or several processes
             if loop.training and self._log_every.due(loop.state.step):
                 self._write({"event": "step", **self.snapshot().row()})
             if self._every is not None:  # several processes: the same batches everywhere, for the reduction
-                if self._every.due(agg.batches):  # type: ignore[union-attr]
+                if self._every.due(agg.batches):
                     self._publish(loop)
-                elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
-                    agg.read()  # type: ignore[union-attr]
+                elif not agg.batches % FOLD_EVERY:
+                    agg.read()
                 return
         now = _clock()
         if now >= self._next_publish:
             self._next_publish = now + self.interval
             self._publish(loop)
-        elif not agg.batches % FOLD_EVERY:  # type: ignore[union-attr]
-            agg.read()  # type: ignore[union-attr]
+        elif not agg.batches % FOLD_EVERY:
+            agg.read()
 
     @staticmethod
-    def _step(loop: Run) -> Any:
+    def _step(loop: Run) -> Step | None:
         """The step function of the running stage (named when a value is refused)."""
         return loop.train_step if loop.training else loop.val_step
 
-    def _first(self, where: dict[str, list], key: Any, value: Any, loop: Run) -> list:
+    def _first(self, where: dict[str, list[E]], key: str, value: object, loop: Run) -> list[E]:
         """The new list of ``key``'s values in ``where``, once its first value is checked."""
-        return self._stage.entries(where, key, value, self._step(loop))  # type: ignore[union-attr]
+        agg = self._stage
+        assert agg is not None  # inside a stage
+        return agg.entries(where, key, value, self._step(loop))
 
     def _publish(self, loop: Run) -> None:
         if (call := loop.hooks.metrics_update) is not None:
@@ -169,7 +173,7 @@ class Metrics:
         agg = self._stage
         assert agg is not None
         agg.read()
-        extra = {}
+        extra: dict[str, float] = {}
         for key, metric in agg.metric_objects.items():
             value = metric.compute()
             metric.reset()
@@ -227,7 +231,7 @@ class Metrics:
         if state.get("train_stage") is not None:
             self._resumed = _Stage.from_state(self.window, state["train_stage"])
 
-    def _reduce(self, loop: Run) -> Any:
+    def _reduce(self, loop: Run) -> Reduce | None:
         """The all-reduce to use for a publication, or None with one process."""
         call = loop.hooks.all_reduce
         if call is None or loop.state.world_size <= 1:
@@ -238,7 +242,7 @@ class Metrics:
     def snapshot(self, values: dict[str, Value] | None = None, final: bool = False) -> MetricsSnapshot:
         """The current aggregate of the running stage, as published."""
         loop, agg = self.loop, self._stage
-        assert agg is not None
+        assert loop is not None and agg is not None  # inside a stage of a run
         if values is None:
             agg.read()
             values = agg.values(None if self._local else self._reduce(loop))
@@ -250,7 +254,7 @@ class Metrics:
             max_epochs=loop.max_epochs,
             step=loop.state.step,
             batches=agg.batches,
-            total=len(data) if hasattr(data, "__len__") else None,
+            total=len(data) if isinstance(data, Sized) else None,
             samples=agg.samples if agg.global_samples is None else agg.global_samples,
             elapsed=time.perf_counter() - agg.started,
             values=MappingProxyType(values),
@@ -278,7 +282,7 @@ class Metrics:
         self._log_file.write(json.dumps(record, default=float) + "\n")
 
 
-def _learning_rates(optimizers: Any) -> dict[str, float]:
+def _learning_rates(optimizers: object) -> dict[str, float]:
     if optimizers is None:
         return {}
     if not isinstance(optimizers, Mapping):

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import urwid
 
+from hookfit.payloads import MetricsSnapshot, ModelSummary, ResumeInfo, TimeSplit
 from hookfit.plugins.common import Every, Monitor
 from hookfit.plugins.tui.plot import Series, bounds, braille, draw, logged, spans_decades, y_label
 
@@ -106,8 +108,8 @@ class Dashboard:
         self.finished = False
         self.hold = False
         self.elapsed: float | None = None  # the run's duration once it ended: the clock stops
-        self.resumed_from: Any = None
-        self.model: Any = None  # a ModelSummary, once the renderer sent it
+        self.resumed_from: ResumeInfo | None = None
+        self.model: ModelSummary | None = None  # once the renderer sent it
         self.series: dict[tuple[str, str], Series] = {}
         self.table: dict[str, dict[str, float | None]] = {}
         self.names: list[str] = []
@@ -122,7 +124,7 @@ class Dashboard:
         self.log: list[str] = []
         self.marks: list[tuple[float, str]] = []  # (step, "R" resumed / "C" checkpoint / "L" lr / "!" skipped)
         self._lr: dict[str, float] | None = None
-        self.time_split: Any = {}  # stage -> TimeSplit (the "time" message)
+        self.time_split: Mapping[str, TimeSplit] = {}  # stage -> its split (the "time" message)
         self._build()
 
     # -- messages from the training thread ------------------------------------------------
@@ -139,7 +141,7 @@ class Dashboard:
         self.progress.totals[stage] = total
         self.epoch = epoch
 
-    def _on_update(self, m: Any) -> None:
+    def _on_update(self, m: MetricsSnapshot) -> None:
         if m.stage == "train" and m.lr:
             lr = dict(m.lr)
             if self._lr is not None and lr != self._lr:
@@ -157,7 +159,7 @@ class Dashboard:
             if m.stage == "train":
                 self._series(m.stage, key).add(m.step, value.running)
 
-    def _on_epoch(self, m: Any) -> None:
+    def _on_epoch(self, m: MetricsSnapshot) -> None:
         self._on_update(m)
         for key, value in m.values.items():
             if m.stage == "valid":
@@ -177,7 +179,7 @@ class Dashboard:
     def _on_log(self, lines: list[str]) -> None:
         self.log = (self.log + lines)[-200:]
 
-    def _on_resumed(self, info: Any) -> None:
+    def _on_resumed(self, info: ResumeInfo) -> None:
         """The run continues from a checkpoint (:class:`hookfit.payloads.ResumeInfo`)."""
         self.resumed_from = info
         self.marks.append((info.step, "R"))
@@ -188,7 +190,7 @@ class Dashboard:
         """An optimizer step was skipped (a non-finite loss; the ``step_skipped`` event)."""
         self.marks.append((step, "!"))
 
-    def _on_time(self, splits: Any) -> None:
+    def _on_time(self, splits: Mapping[str, TimeSplit]) -> None:
         """Where each stage's time went so far (``loop.state.time_split``: stage name ->
         :class:`hookfit.payloads.TimeSplit`)."""
         self.time_split = splits
@@ -209,7 +211,7 @@ class Dashboard:
         """A checkpoint was written at ``step`` (the ``checkpoint_saved`` event)."""
         self.marks.append((step, "C"))
 
-    def _on_model(self, summary: Any) -> None:
+    def _on_model(self, summary: ModelSummary) -> None:
         """The size of the run's model (:class:`hookfit.payloads.ModelSummary`)."""
         self.model = summary
 

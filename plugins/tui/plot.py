@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 BRAILLE = 0x2800
 # dot bit for (column 0..1, row 0..3) inside one cell
@@ -26,7 +26,7 @@ class Series:
     recent_size: int = 300
     span: int = 1
     buckets: list[list[float]] = field(default_factory=list)  # [x0, min, max, last]
-    recent: collections.deque = field(default_factory=collections.deque)
+    recent: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
 
     def __post_init__(self) -> None:
         self.recent = collections.deque(maxlen=self.recent_size)
@@ -154,7 +154,7 @@ def y_label(y: float, log: bool) -> str:
     return f"{10 ** y:.4g}" if log else f"{y:.4g}"
 
 
-def text_plot(series: dict[str, Sequence[tuple[float, float, float]]], width: int = 60, height: int = 10,
+def text_plot(series: Mapping[str, Sequence[tuple[float, float, float]]], width: int = 60, height: int = 10,
               log: bool = False, marks: bool = False, colours: Sequence[str] | None = None) -> list[str]:
     """A plain-text plot (Braille) with y labels and an x range, for summaries and ``hookfit
     compare``. ``log``: a log-scale y axis. ``marks``: each series' last point shows its name
@@ -179,9 +179,9 @@ def text_plot(series: dict[str, Sequence[tuple[float, float, float]]], width: in
                 continue
             x, lo, hi = points[-1]
             col = min(width - 1, max(0, int((x - x0) / (x1 - x0) * (width * 2 - 1) + 0.5) // 2))
-            row = min(height - 1, max(0, int(round((y1 - (lo + hi) / 2) / (y1 - y0) * (height * 4 - 1))) // 4))
+            line = min(height - 1, max(0, int(round((y1 - (lo + hi) / 2) / (y1 - y0) * (height * 4 - 1))) // 4))
             label = name[:1] or "*"
-            text[row][col] = f"\x1b[1;{colours[index % len(colours)]}m{label}\x1b[0m" if colours else label
+            text[line][col] = f"\x1b[1;{colours[index % len(colours)]}m{label}\x1b[0m" if colours else label
     top, bottom = y_label(y1, log), y_label(y0, log)
     labels = [f"{top:>10} ", *[" " * 11] * (height - 2), f"{bottom:>10} "] if height > 1 else [f"{top:>10} "]
     lines = [labels[r] + "│" + "".join(text[r]) for r in range(height)]

@@ -12,16 +12,24 @@ import sys
 import threading
 import time
 import warnings
+from types import FrameType
+from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.files import FileWarning
-from hookfit.payloads import ResumeInfo
+from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.common import flag, positive_number
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.terminal import OutputCapture, interactive_terminal
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    import argparse
+    from pathlib import Path
+
+    import urwid
+
+    from hookfit.plugins.tui.dashboard import Dashboard
     from hookfit.run import Run
 
 ENV_PERSISTENT = "HOOKFIT_TUI_PERSISTENT"
@@ -41,17 +49,17 @@ class TuiRenderer:
         self.fps = positive_number(self.name, "fps", fps, meaning="frames a second")
         self.active = False
         self.loop: Run | None = None
-        self._inbox: collections.deque = collections.deque()
+        self._inbox: collections.deque[tuple[Any, ...]] = collections.deque()  # (message, *its arguments)
         self._quit = threading.Event()
         self._thread: threading.Thread | None = None
-        self._screen: Any = None
-        self._dashboard: Any = None
+        self._screen: urwid.display.raw.Screen | None = None
+        self._dashboard: Dashboard | None = None
         self._capture: OutputCapture | None = None
         self._saved_signals: dict[int, Any] = {}
         self._ui_error: BaseException | None = None
         self._failed = False
         self._ended_by: int | None = None  # a termination signal that ended the hold
-        self.output: Any = None
+        self.output: Path | None = None
         """The file that keeps what the run printed while the dashboard was up, or ``None``."""
         # a debugger has the terminal: the UI thread is parked, the screen stopped
         self._go = threading.Event()  # cleared: the UI thread parks at the top of its loop
@@ -63,7 +71,7 @@ class TuiRenderer:
 
     # -- who prints ---------------------------------------------------------------------------
     @hookimpl
-    def add_commands(self, commands: Any) -> None:
+    def add_commands(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         """``hookfit show`` and ``hookfit compare`` (:mod:`hookfit.plugins.tui.replay`)."""
         from hookfit.plugins.tui.replay import add_commands
 
@@ -122,7 +130,7 @@ class TuiRenderer:
         self._previous_breakpointhook = sys.breakpointhook
         sys.breakpointhook = self._breakpointhook
 
-    def _output_file(self, loop: Run) -> Any:
+    def _output_file(self, loop: Run) -> Path | None:
         """``<run_dir>/output.log`` on the main process; ``None`` (with one ``FileWarning``)
         when the run folder cannot be created."""
         if not loop.is_main:
@@ -153,7 +161,9 @@ class TuiRenderer:
             def signal_restore(self) -> None:
                 pass
 
-        screen = Screen(input=sys.stdin, output=capture.terminal, bracketed_paste_mode=False, focus_reporting=False)
+        terminal = capture.terminal
+        assert terminal is not None  # open until the capture is restored
+        screen = Screen(input=sys.stdin, output=terminal, bracketed_paste_mode=False, focus_reporting=False)
         screen.register_palette(PALETTE)
         screen.set_input_timeouts(max_wait=1.0 / self.fps)
         for signum in (signal.SIGTSTP, signal.SIGTTOU, signal.SIGTTIN):
@@ -187,7 +197,7 @@ class TuiRenderer:
             if self._suspended:
                 self._resume_if_let_go()
             data = loop.train_data if stage == "train" else loop.val_data
-            self._inbox.append(("stage", stage, loop.state.epoch, len(data) if hasattr(data, "__len__") else None))
+            self._inbox.append(("stage", stage, loop.state.epoch, len(data) if isinstance(data, Sized) else None))
 
     @hookimpl
     def stage_end(self, stage: str) -> None:
@@ -195,7 +205,7 @@ class TuiRenderer:
             self._inbox.append(("stage_end", stage))
 
     @hookimpl
-    def metrics_update(self, loop: Run, metrics: Any) -> None:
+    def metrics_update(self, loop: Run, metrics: MetricsSnapshot) -> None:
         if self.active:
             if self._suspended:
                 self._resume_if_let_go()
@@ -203,7 +213,7 @@ class TuiRenderer:
             self._inbox.append(("time", loop.state.time_split))  # an immutable mapping
 
     @hookimpl
-    def epoch_metrics(self, loop: Run, metrics: Any) -> None:
+    def epoch_metrics(self, loop: Run, metrics: MetricsSnapshot) -> None:
         if self.active:
             if self._suspended:
                 self._resume_if_let_go()
@@ -282,6 +292,7 @@ class TuiRenderer:
         last_draw = 0.0
         idle = 0
         try:
+            assert screen is not None and dashboard is not None and capture is not None  # set before this thread
             while not self._quit.is_set():
                 if not self._go.is_set():  # a debugger has the terminal
                     self._parked.set()
@@ -290,7 +301,7 @@ class TuiRenderer:
                     continue
                 if capture.failed is not None:
                     capture.warn_failure()  # from here: the pipe's reader cannot warn
-                keys = screen.get_input()
+                keys = screen.get_input(raw_keys=False)
                 idle = 0 if keys else idle + 1
                 if idle >= 2:
                     # get_input() without an event loop never resolves a lone Esc (it waits for
@@ -355,7 +366,7 @@ class TuiRenderer:
     def _hold(self) -> None:
         """Keep the final screen until q, Esc or Ctrl-C; SIGTERM and SIGHUP also end the hold,
         so the terminal is restored before the process goes."""
-        def leave(signum: int, frame: Any) -> None:
+        def leave(signum: int, frame: FrameType | None) -> None:
             if signum != signal.SIGINT:
                 self._ended_by = signum
             self._quit.set()
@@ -368,7 +379,7 @@ class TuiRenderer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _terminate(self, signum: int, frame: Any) -> None:
+    def _terminate(self, signum: int, frame: FrameType | None) -> None:
         """A termination signal with no graceful handler installed: restore, then go as asked."""
         previous = self._saved_signals.get(signum, signal.SIG_DFL)
         self._quit.set()
@@ -405,7 +416,7 @@ class TuiRenderer:
                     capture.warn_failure()  # if the UI thread did not: now on the real terminal
 
 
-def summary(dashboard: Any, state: Any, output: Any = None) -> list[str]:
+def summary(dashboard: Dashboard | None, state: Any, output: Path | None = None) -> list[str]:
     """The plain-text record printed after the dashboard closes: status (with the run's own
     duration, ``state.elapsed``: a persistent dashboard's hold is not part of it), where the
     run resumed from, where its output is kept, the size of the model, table and curves."""

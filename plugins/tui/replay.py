@@ -19,16 +19,19 @@ import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookfit.tools import runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only (urwid is imported when drawn)
+    from hookfit.plugins.tui.dashboard import Dashboard
 
 SHOW_KEYS = " q leave · tab/←→ metric · w window · l log scale · ? help"
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")  # ANSI foregrounds, one per run
 
 
-def add_commands(commands: Any) -> None:
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``show`` and ``compare`` subcommands."""
     p = commands.add_parser("show", help="look at a run again: its dashboard, or live while it runs")
     p.add_argument("source", nargs="?", metavar="RUN",
@@ -75,7 +78,7 @@ class Follower:
     """Feeds a dashboard from a run folder's ``metrics.jsonl``, from the start and then as it
     grows (complete lines only)."""
 
-    def __init__(self, folder: Path, dashboard: Any, max_epochs: int) -> None:
+    def __init__(self, folder: Path, dashboard: Dashboard, max_epochs: int) -> None:
         self.path = folder / "metrics.jsonl"
         self.dashboard = dashboard
         self.max_epochs = max_epochs
@@ -137,7 +140,9 @@ def _max_epochs(folder: Path) -> int:
     return max(epochs, default=1)
 
 
-def _dashboard(folder: Path) -> tuple[Any, Follower, runs.RunInfo]:
+def _dashboard(folder: Path) -> tuple[Dashboard, Follower, runs.RunInfo, dict[str, bool]]:
+    """The dashboard of the run in ``folder``, its follower, the run, and the flag ``leave``
+    its keys set (``q``, Esc)."""
     from hookfit.plugins.tui.dashboard import Dashboard
 
     info = runs.load(folder)
@@ -145,7 +150,6 @@ def _dashboard(folder: Path) -> tuple[Any, Follower, runs.RunInfo]:
     dash = Dashboard(_max_epochs(folder), None, on_stop=lambda: holder.update(leave=True),
                      on_leave=lambda: holder.update(leave=True))
     dash.keys = SHOW_KEYS
-    dash.leave = holder
     follower = Follower(folder, dash, dash.max_epochs)
     follower.poll()
     ends = [r for r in runs.read_jsonl(folder / "run.jsonl") if r.get("event") == "end"]
@@ -153,7 +157,7 @@ def _dashboard(folder: Path) -> tuple[Any, Follower, runs.RunInfo]:
         dash.receive("time", time_split(ends[-1]["time_split"]))
     if follower.ended is None and info.status != "running":
         dash.receive("end", info.status, info.reason, True, None, info.duration)
-    return dash, follower, info
+    return dash, follower, info, holder
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -162,18 +166,18 @@ def _show(args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         print(f"hookfit show: {error}", file=sys.stderr)
         return 2
-    dash, follower, info = _dashboard(folder)
+    dash, follower, info, leave = _dashboard(folder)
     from hookfit.plugins.tui.terminal import interactive_terminal
 
     if args.text or interactive_terminal() is not None:
         _print_summary(folder, dash, follower, info)
         return 0
-    _interactive(dash, follower, live=info.status == "running")
+    _interactive(dash, follower, leave, live=info.status == "running")
     _print_summary(folder, dash, follower, runs.load(folder))
     return 0
 
 
-def _print_summary(folder: Path, dash: Any, follower: Follower, info: runs.RunInfo) -> None:
+def _print_summary(folder: Path, dash: Dashboard, follower: Follower, info: runs.RunInfo) -> None:
     from hookfit.plugins.tui.renderer import summary
 
     ended = follower.ended or {}
@@ -184,8 +188,9 @@ def _print_summary(folder: Path, dash: Any, follower: Follower, info: runs.RunIn
     print("\n".join(summary(dash, state)))
 
 
-def _interactive(dash: Any, follower: Follower, live: bool) -> None:
-    """The dashboard on this terminal until ``q``/Esc/Ctrl-C; ``live``: follow the file."""
+def _interactive(dash: Dashboard, follower: Follower, leave: dict[str, bool], live: bool) -> None:
+    """The dashboard on this terminal until ``q``/Esc/Ctrl-C (``leave``); ``live``: follow the
+    file."""
     import signal
 
     import urwid
@@ -195,24 +200,24 @@ def _interactive(dash: Any, follower: Follower, live: bool) -> None:
     screen = urwid.display.raw.Screen(bracketed_paste_mode=False, focus_reporting=False)
     screen.register_palette(PALETTE)
     screen.set_input_timeouts(max_wait=0.25)
-    previous = signal.signal(signal.SIGINT, lambda *_: dash.leave.update(leave=True))
+    previous = signal.signal(signal.SIGINT, lambda *_: leave.update(leave=True))
     screen.start()
     try:
         size = None
         idle = 0
-        while not dash.leave.get("leave"):
+        while not leave.get("leave"):
             current = screen.get_cols_rows()
             if current != size:
                 size = current
                 screen.clear()
             screen.draw_screen(size, dash.render(size))
-            keys = screen.get_input()
+            keys = screen.get_input(raw_keys=False)
             idle = 0 if keys else idle + 1
             if idle >= 2:  # a lone Esc: take what is pending as complete
                 keys, _ = screen.parse_input(None, None, screen.get_available_raw_input(), wait_for_more=False)
             for key in keys:
                 if key in ("q", "esc", "ctrl c") and not dash.show_help:
-                    dash.leave["leave"] = True
+                    leave["leave"] = True
                 elif isinstance(key, str):
                     dash.keypress(key)
             if live and follower.ended is None:
@@ -273,8 +278,8 @@ def _compare(args: argparse.Namespace) -> int:
         if colour and n:
             text = f"\x1b[{COLOURS[(n - 1) % len(COLOURS)]}m{text[:len(row[0])]}\x1b[0m{text[len(row[0]):]}"
         print(text)
-    for folder in missing:
-        print(f"(no {metric} in {folder})")
+    for name in missing:
+        print(f"(no {metric} in {name})")
     return 0
 
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from hookfit.files import FileWarning
 
@@ -96,7 +96,7 @@ class OutputCapture:
             os.set_blocking(self._read, False)
             self._fault = os.dup(self._saved[1])
             opened.append(self._fault)
-            self.terminal: Any = os.fdopen(os.dup(self._saved[0]), "w", encoding="utf-8", errors="replace")
+            self.terminal: TextIO | None = os.fdopen(os.dup(self._saved[0]), "w", encoding="utf-8", errors="replace")
         except BaseException:
             for fd in opened:
                 os.close(fd)
@@ -157,7 +157,7 @@ class OutputCapture:
 
     def _take(self, data: bytes) -> None:
         if self.path is not None and self.failed is None:
-            self._append(data)
+            self._append(self.path, data)
         if not self._frozen:
             kept = self._kept
             kept += data
@@ -177,13 +177,13 @@ class OutputCapture:
             lines = text[:end].decode("utf-8", errors="replace").splitlines()
             self._lines.extend(line for line in lines if line.strip())
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, path: Path, data: bytes) -> None:
         """The run's file policy (as :class:`hookfit.files.RunFile`), without the warning,
         which this thread cannot give: it would be written into the pipe it reads."""
         try:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-                self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             view = memoryview(data)
             while view:
                 view = view[os.write(self._file, view):]
@@ -275,7 +275,7 @@ class OutputCapture:
 
     def _restore_faulthandler(self) -> None:
         if self._fault_before:
-            faulthandler.enable(file=2, all_threads=True)  # type: ignore[arg-type]  (standard error)
+            faulthandler.enable(file=2, all_threads=True)  # (standard error)
         else:
             faulthandler.disable()
         os.close(self._fault)
