@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import StateMismatch, hookimpl
 from hookfit.plugins.checkpoint import hookspecs, sharded
@@ -34,6 +34,9 @@ from hookfit.plugins.checkpoint.storage import (
     read,
     stale_temporaries,
 )
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 __all__ = ["Checkpoint", "CheckpointWarning"]
 
@@ -88,7 +91,7 @@ class Checkpoint:
         self.resumed_from: Path | None = None
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
-        self._loop: Any = None
+        self._loop: Run | None = None
         self._last_time = 0.0
         self._last_value: float | None = None
         self._monitor_warned = False
@@ -112,7 +115,7 @@ class Checkpoint:
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
-    def configure(self, loop: Any) -> None:
+    def configure(self, loop: Run) -> None:
         self.saved, self.best, self.resumed_from, self.off = [], None, None, False
         self._pending, self._continued, self._monitor_warned, self._warned = None, False, False, set()
         self._written.clear()
@@ -134,7 +137,7 @@ class Checkpoint:
             self._continued = True
 
     @hookimpl
-    def fit_start(self, loop: Any) -> None:
+    def fit_start(self, loop: Run) -> None:
         self._loop = loop
         self._last_time = time.monotonic()
         self._last_value = None
@@ -148,7 +151,7 @@ class Checkpoint:
             self._remove_stale_temporaries(loop)
 
     @hookimpl
-    def resume(self, loop: Any, source: str) -> Any:
+    def resume(self, loop: Run, source: str) -> Any:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == source:
             _, path, data = pending
@@ -182,14 +185,14 @@ class Checkpoint:
                 CheckpointWarning, stacklevel=2)
 
     @hookimpl
-    def epoch_checkpoint(self, loop: Any, epoch: int) -> None:
+    def epoch_checkpoint(self, loop: Run, epoch: int) -> None:
         self._announce(loop)
         if self._epochs.due(epoch + 1):
             self.save(loop, "epoch", metric=self._last_value)
         self._last_value = None  # a metric belongs to its epoch's checkpoint
 
     @hookimpl(tryfirst=True)  # before other plugins let go of their state
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         state = loop.state
         try:
             if self.off or self._loop is None:  # no model, or the run failed before this plugin's fit_start
@@ -242,14 +245,14 @@ class Checkpoint:
         return f"{stem}epoch{shown:04d}-step{step:09d}{SUFFIX}"
 
     # -- saving ---------------------------------------------------------------------------
-    def directory(self, loop: Any) -> Path:
+    def directory(self, loop: Run) -> Path:
         """Where this run's checkpoints go (in a smoke run, which keeps nothing, always in
         its temporary run folder)."""
         if self.dir is not None and not loop.smoke:
             return self.dir
         return loop.run_dir / "checkpoints"
 
-    def _known_directory(self, loop: Any) -> Path | None:
+    def _known_directory(self, loop: Run) -> Path | None:
         """This run's checkpoint folder when it may hold files already (a given ``dir`` or
         ``run_dir``, or the folder of the run this one continues), else ``None`` (a new run
         folder, which asking for would create)."""
@@ -257,7 +260,7 @@ class Checkpoint:
             return self.directory(loop)
         return None
 
-    def save(self, loop: Any, reason: str, metric: float | None = None) -> Path | None:
+    def save(self, loop: Run, reason: str, metric: float | None = None) -> Path | None:
         """Write a checkpoint of the run as it is now; returns its path (main process only;
         ``None`` when checkpoints are off for this run: it has no model)."""
         if self.off:
@@ -286,7 +289,7 @@ class Checkpoint:
             self._announce(loop)
         return path
 
-    def payload(self, loop: Any, *, reason: str, metric: float | None) -> dict[str, Any]:
+    def payload(self, loop: Run, *, reason: str, metric: float | None) -> dict[str, Any]:
         """Everything a checkpoint holds, as plain data and tensors (the ``digest`` is added
         when it is written): the run's own state (``loop.state_dict()``: ``loop``, ``rng`` and
         ``data``), the model's, every plugin's and what this plugin notes about the file."""
@@ -300,7 +303,7 @@ class Checkpoint:
                      "status": loop.state.status},
         }
 
-    def _save_sharded(self, loop: Any, position: Position, rest: dict[str, Any],
+    def _save_sharded(self, loop: Run, position: Position, rest: dict[str, Any],
                       shards: dict[str, Any], metric: float | None, reason: str) -> Path | None:
         """A checkpoint of a sharded run (a folder, written by every rank: see
         :mod:`hookfit.plugins.checkpoint.sharded`), in the foreground: the ranks write together."""
@@ -374,7 +377,7 @@ class Checkpoint:
                 continue  # kept on the list: tried again at the next save
             self.saved.remove(old)
 
-    def _announce(self, loop: Any) -> None:
+    def _announce(self, loop: Run) -> None:
         """``checkpoint_saved`` for every write finished since the last call (on the training
         thread: a background write only queues its completion)."""
         written = self._written
@@ -396,7 +399,7 @@ class Checkpoint:
         if error is not None:
             raise error
 
-    def _remove_stale_temporaries(self, loop: Any) -> None:
+    def _remove_stale_temporaries(self, loop: Run) -> None:
         """Temporary files of writes that a killed process left (``kill -9`` during a
         background write): removed at the next start of the run (main process only)."""
         folder = self._known_directory(loop)
@@ -409,7 +412,7 @@ class Checkpoint:
                 pass
 
     # -- resuming -------------------------------------------------------------------------
-    def _choose(self, loop: Any, source: str) -> tuple[Path | None, dict[str, Any] | None]:
+    def _choose(self, loop: Run, source: str) -> tuple[Path | None, dict[str, Any] | None]:
         """The checkpoint to resume from and its checked contents, or ``(None, None)`` when
         ``"latest"`` finds none (the run starts afresh)."""
         if source != "latest":
@@ -435,7 +438,7 @@ class Checkpoint:
                 warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=2)
         raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")
 
-    def _latest(self, loop: Any) -> tuple[list[Path], str]:
+    def _latest(self, loop: Run) -> tuple[list[Path], str]:
         """The candidates for ``"latest"``, newest first, and where they were looked for: the
         given ``dir``; else ``<run_dir>/checkpoints`` of a given ``run_dir``; else the
         checkpoints of this run's name, ``runs/<name>/*/checkpoints`` (never another name's),
@@ -453,10 +456,10 @@ class Checkpoint:
         folders.sort(key=lambda files: max(p.stat().st_mtime for p in files), reverse=True)
         return [p for files in folders for p in files], str(base / "*" / "checkpoints")
 
-    def _load(self, loop: Any, path: Path) -> dict[str, Any]:
+    def _load(self, loop: Run, path: Path) -> dict[str, Any]:
         return read(path, loop.train_data)
 
-    def _restore(self, loop: Any, path: Path, data: dict[str, Any]) -> None:
+    def _restore(self, loop: Run, path: Path, data: dict[str, Any]) -> None:
         here = _model_state(loop.model)
         if sharded.placeholders(data):
             data = sharded.load(data, path, here)
@@ -476,7 +479,7 @@ class Checkpoint:
                 f"restores unused)") from error
         loop.load_state_dict({key: value for key, value in data.items() if key not in OWN_KEYS})
 
-    def _adopt(self, loop: Any, position: Mapping[str, Any]) -> None:
+    def _adopt(self, loop: Run, position: Mapping[str, Any]) -> None:
         """Take the checkpoints already in this run's folder as this run's, so ``keep_last``
         holds across resumes (the file resumed from included): sorted by position, those
         beyond the one resumed from (an abandoned continuation) first, so pruned first."""
@@ -503,7 +506,7 @@ class _EveryStep:
         self.owner = owner
 
     @hookimpl
-    def batch_checkpoint(self, loop: Any) -> None:
+    def batch_checkpoint(self, loop: Run) -> None:
         owner = self.owner
         if owner._written:
             owner._announce(loop)

@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -21,7 +21,10 @@ from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.plugins.common import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import hookspecs
 from hookfit.plugins.distributed.sharding import length, shard
-from hookfit.run import Run, modules
+from hookfit.modes import modules
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE")
@@ -150,7 +153,7 @@ class Distributed:
 
     # -- set-up --------------------------------------------------------------------------
     @hookimpl(tryfirst=True)
-    def configure(self, loop: Any) -> None:
+    def configure(self, loop: Run) -> None:
         self._reset()
         dist = _dist()
         if not launched() and not (dist.is_available() and dist.is_initialized()):
@@ -204,7 +207,7 @@ class Distributed:
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return params[0].device if params else torch.device("cpu")
 
-    def _wrap(self, loop: Any, device: torch.device) -> None:
+    def _wrap(self, loop: Run, device: torch.device) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = loop.model
@@ -241,7 +244,7 @@ class Distributed:
         self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)
                             for p in model.parameters() if p.requires_grad]
 
-    def _shard_model(self, loop: Any, device: torch.device) -> None:
+    def _shard_model(self, loop: Run, device: torch.device) -> None:
         """``strategy="fsdp"``: ``fully_shard`` the picked submodules, deepest first, then the
         model; point the ``Loop``'s optimizers at the sharded parameters. The module stays
         ``loop.model`` (FSDP2 changes it in place), and stays sharded after the run."""
@@ -319,7 +322,7 @@ class Distributed:
             self._samplers.append(sampler)
         return data
 
-    def _check_lengths(self, loop: Any) -> None:
+    def _check_lengths(self, loop: Run) -> None:
         """Every rank must run as many training batches as the others, and at least one
         validation batch (one collective, once). Validation parts may differ by a batch: the
         loop runs no collective per validation batch."""
@@ -420,7 +423,7 @@ class Distributed:
 
     # -- ending ------------------------------------------------------------------------------
     @hookimpl
-    def exception(self, loop: Any, error: BaseException) -> None:
+    def exception(self, loop: Run, error: BaseException) -> None:
         where = f"rank {self.rank} of {self.world_size}"
         notes = " ".join(n for n in getattr(error, "__notes__", []) if n.startswith("hookfit: "))
         text = f"{type(error).__name__}: {_first_line(error)}" + (
@@ -479,7 +482,7 @@ class Distributed:
             return None
 
     @hookimpl(trylast=True)
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         if self._forward_hook is not None:
             self._forward_hook.remove()
             self._forward_hook = None

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from hookfit.run import modules
+from hookfit.modes import modules
 
 try:  # torch's own rule for "the fused kernel takes these parameters" (type, device, dtype)
     from torch.optim.optimizer import _default_to_fused_or_foreach

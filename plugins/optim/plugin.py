@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import torch
 
@@ -14,7 +14,10 @@ from hookfit import HookfitWarning, hookimpl
 from hookfit.plugins.common import choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
-from hookfit.run import modules
+from hookfit.modes import modules
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run, Step
 
 
 class OptimWarning(HookfitWarning):
@@ -129,7 +132,7 @@ class Optim:
         self.schedulers = schedulers
         self.scheduler_interval = scheduler_interval
         self.scaler: torch.amp.GradScaler | None = None
-        self.loop: Any = None
+        self.loop: Run | None = None
         self.optimizers: Optimizers | None = None
         self._poisoned = False  # a non-finite loss in the current window: its steps are skipped
         self._poisoned_at = 0  # the global step of the batch that poisoned it
@@ -163,7 +166,7 @@ class Optim:
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
-    def configure(self, loop: Any) -> None:
+    def configure(self, loop: Run) -> None:
         # loop.optimizers is replaced here, not at fit_start, so that every plugin sees the
         # managed optimizers from fit_start on, whatever the order (the spec says so)
         self.loop = loop
@@ -211,7 +214,7 @@ class Optim:
             loop.pm.register(_BatchEnd(self), name="optim.batch_end")
 
     @hookimpl
-    def backward(self, loop: Any, loss: torch.Tensor) -> bool:
+    def backward(self, loop: Run, loss: torch.Tensor) -> bool:
         if self._bare:  # no scaling, no hook around it, no poisoned window: the common case
             if self.nonfinite is not None:  # _finite(loss), its CPU case inlined
                 if loss.is_cpu and loss.numel() == 1:
@@ -230,7 +233,7 @@ class Optim:
                 return self._backward(loop, loss)
         return self._backward(loop, loss)
 
-    def _backward(self, loop: Any, loss: torch.Tensor) -> bool:
+    def _backward(self, loop: Run, loss: torch.Tensor) -> bool:
         """``backward`` past its common case: poisoned windows, scaling, hooks around it."""
         if self._poisoned:
             self._expire_poison()
@@ -256,7 +259,7 @@ class Optim:
             call(loop, loss)
         return True
 
-    def _nonfinite_loss(self, loop: Any, loss: torch.Tensor) -> bool:
+    def _nonfinite_loss(self, loop: Run, loss: torch.Tensor) -> bool:
         """A non-finite loss: not back-propagated, and its window's steps skipped."""
         self._poison(True)
         self._poisoned_at = loop.state.step
@@ -269,7 +272,7 @@ class Optim:
 
 
     # -- the device path of the non-finite check (see the class docstring) -----------------
-    def _flag_on_device(self, loop: Any, loss: torch.Tensor) -> None:
+    def _flag_on_device(self, loop: Run, loss: torch.Tensor) -> None:
         """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""
         if not self._deferring:  # the first loss seen there (a run without a model, say)
             self._deferring = True
@@ -384,7 +387,7 @@ class Optim:
             raise error
 
     @hookimpl
-    def metrics_update(self, loop: Any) -> None:
+    def metrics_update(self, loop: Run) -> None:
         """The publication rate is a host read anyway: read the device-side flags too, the
         running batch's window included once its steps are done (it closes at this batch)."""
         if self._bad is not None and loop.training and self._window_closes():
@@ -401,7 +404,7 @@ class Optim:
             self._close_window()
 
     @hookimpl
-    def stage_start(self, loop: Any, stage: str) -> None:
+    def stage_start(self, loop: Run, stage: str) -> None:
         if stage == "train":
             self._stage_len = _length(loop.train_data)
             self._last_window, self._last_size = sys.maxsize, self.accumulate
@@ -413,7 +416,7 @@ class Optim:
                 self._watch(True)
 
     @hookimpl
-    def should_sync_gradients(self, loop: Any) -> bool:
+    def should_sync_gradients(self, loop: Run) -> bool:
         """Whether the optimizers step after this training batch (the window's last batch, or
         the stage's last, where the partial window is stepped), or the run may end after it
         with the window open (``max_steps``: a checkpoint then keeps the averaged gradients).
@@ -426,7 +429,7 @@ class Optim:
         return loop.max_steps is not None and state.step + 1 >= loop.max_steps
 
     @hookimpl(tryfirst=True)  # finishes the stage's work before plugins report on it (metrics)
-    def stage_end(self, loop: Any, stage: str) -> None:
+    def stage_end(self, loop: Run, stage: str) -> None:
         if stage != "train" or self.optimizers is None:
             return
         for managed in self.optimizers.values():  # the last, partial window of the epoch
@@ -451,13 +454,13 @@ class Optim:
                     managed.scheduler.step()
 
     @hookimpl
-    def fit_end(self, loop: Any) -> None:
+    def fit_end(self, loop: Run) -> None:
         try:
             self._end_of_run(loop)
         finally:
             self._release_run()
 
-    def _end_of_run(self, loop: Any) -> None:
+    def _end_of_run(self, loop: Run) -> None:
         """The last read of the device-side flags (the open window's too: no step follows):
         a run that completed raises under ``nonfinite="raise"`` as it would have on the CPU
         (``max_steps`` or a rule can end it before any stage end read them); one interrupted
@@ -490,12 +493,12 @@ class Optim:
         self.loop = None
 
     # -- mixed precision ------------------------------------------------------------------------
-    def _under_autocast(self, step: Any) -> Any:
+    def _under_autocast(self, step: Step) -> Step:
         """``step`` run under ``torch.autocast`` (given to ``loop.wrap_step``): the step's
         forward computes in the lower precision; ``backward`` leaves autocast again."""
         device, dtype = self._autocast  # type: ignore[misc]
 
-        def step_under_autocast(loop: Any, batch: Any) -> Any:
+        def step_under_autocast(loop: Run, batch: Any) -> Any:
             with torch.autocast(device, dtype=dtype):
                 return step(loop, batch)
 
@@ -543,7 +546,7 @@ class Optim:
     def _window_closes(self) -> bool:
         return self.accumulate == 1 or (self.loop.state.batch_idx + 1) % self.accumulate == 0
 
-    def _divisor(self, loop: Any) -> int:
+    def _divisor(self, loop: Run) -> int:
         """What the loss of this batch is divided by (``accumulate > 1``): the number of
         batches of its window, ``accumulate`` but in the epoch's last window when the data's
         length makes it partial. A pure function of the batch index and the data's length,
@@ -684,7 +687,7 @@ class _BatchEnd:
         self.owner = owner
 
     @hookimpl
-    def batch_end(self, loop: Any) -> None:
+    def batch_end(self, loop: Run) -> None:
         if loop.training:
             self.owner._batch_end()
 
