@@ -32,7 +32,12 @@ itself at ``configure``, so no hook of it runs and the optim plugin keeps its fa
   training weights): ``model.load_state_dict(ema.module.state_dict())`` puts the average in it.
 * A run it cannot average fails at ``fit_start``, before any batch, with a ``ValueError``
   saying why: no model, no optimizer plugin announcing steps, several optimizers and none
-  named, a named optimizer the run lacks.
+  named, a named optimizer the run lacks. An optimizer plugin announces steps when it owns the
+  backward pass (implements ``backward``) and has put its managed optimizers in
+  ``loop.optimizers`` at ``configure``, as the optimizer role does (``core/hooks.md``), so
+  that ``loop.optimizers`` is no longer what ``Loop(optimizers=...)`` was given; their type
+  does not matter (a replacement's may subclass ``torch.optim.Optimizer``), nor does the
+  plugin's name.
 """
 
 from __future__ import annotations
@@ -181,17 +186,20 @@ class EMA:
 
     # -- set-up ---------------------------------------------------------------------------
     def _watch(self, loop: Run) -> str:
-        """The name of the optimizer whose real steps update the average."""
+        """The name of the optimizer whose real steps update the average.
+
+        An optimizer plugin manages the run's optimizers when it owns the backward pass (it
+        implements ``backward``) and has put its own objects in ``loop.optimizers`` at
+        ``configure`` (core/hooks.md, the optimizer role), whatever their type: a managed
+        optimizer may well subclass ``torch.optim.Optimizer``. While ``loop.optimizers`` is still
+        what ``Loop(optimizers=...)`` was given, nothing announces their steps."""
         optimizers = loop.optimizers
-        raw = [optimizers] if not isinstance(optimizers, Mapping) else list(optimizers.values())
-        if loop.hooks.backward is None or (
-                optimizers is not None and raw and all(isinstance(o, torch.optim.Optimizer) for o in raw)):
-            # no plugin owns the backward pass, or loop.optimizers are still the torch optimizers
-            # themselves: nothing announces their steps
-            raise ValueError(
-                "ema: the average is updated after each optimizer step, which an optimizer plugin "
-                "announces (after_optimizer_step), and no enabled plugin manages this run's "
-                "optimizers: enable the optim plugin (and step through loop.optimizers)")
+        unmanaged = ValueError(
+            "ema: the average is updated after each optimizer step, which an optimizer plugin "
+            "announces (after_optimizer_step), and no enabled plugin manages this run's "
+            "optimizers: enable the optim plugin (and step through loop.optimizers)")
+        if loop.hooks.backward is None:  # no plugin owns the backward pass
+            raise unmanaged
         if optimizers is None:
             names: list[str] = []
         elif isinstance(optimizers, Mapping):
@@ -201,6 +209,8 @@ class EMA:
         if not names:
             raise ValueError("ema: this run has no optimizer, so nothing would update the average: "
                              "give Loop(optimizers=...)")
+        if optimizers is loop.config.optimizers:  # the user's own: no plugin replaced them at configure
+            raise unmanaged
         if self.optimizer is not None:
             if self.optimizer not in names:
                 raise ValueError(f"ema: optimizer={self.optimizer!r} names no optimizer of this run; its "

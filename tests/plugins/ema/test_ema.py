@@ -209,6 +209,60 @@ def test_with_several_models_and_optimizers_the_named_optimizer_steps_update_eve
     assert not torch.equal(ema.module["d"].weight, models["d"].weight)
 
 
+class Announced(torch.optim.Optimizer):
+    """A replacement's managed optimizer, itself a ``torch.optim.Optimizer`` as SAM-style
+    wrappers are: it steps the optimizer it wraps and announces each step
+    (``after_optimizer_step``, under the name ``"default"`` of a single optimizer)."""
+
+    def __init__(self, inner: torch.optim.Optimizer, loop: Any) -> None:
+        super().__init__(inner.param_groups, inner.defaults)
+        self.inner, self.loop = inner, loop
+
+    def step(self, closure: Any = None) -> None:
+        self.inner.step()
+        announce = self.loop.hooks.after_optimizer_step
+        if announce is not None:
+            announce(self.loop, "default", self)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none)
+
+
+class Replacement:
+    """An optimizer plugin written from core/hooks.md alone, in place of optim: it owns the
+    backward pass and puts its managed optimizer in ``loop.optimizers`` at ``configure``
+    (``replace=False``: it leaves them as the user gave them, so nothing manages them)."""
+
+    def __init__(self, name: str, replace: bool = True) -> None:
+        self.name = name
+        self.replace = replace
+
+    @hookimpl
+    def configure(self, loop: Any) -> None:
+        if self.replace:
+            loop.optimizers = Announced(loop.optimizers, loop)
+
+    @hookimpl
+    def backward(self, loop: Any, loss: torch.Tensor) -> None:
+        loss.backward()
+
+
+@pytest.mark.parametrize("name", ["asam", "zsam"])  # named before 'ema' and after it
+def test_a_replacement_whose_managed_optimizer_is_a_torch_optimizer_updates_the_average(name: str) -> None:
+    ema = EMA(decay=0.5)
+    probe = Probe(ema)
+    model = make_model()
+    train, valid = make_data()
+    hookfit.Loop(step, train, val_step=val_step, val_data=valid, model=model, max_epochs=2,
+                 optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                 plugins=[Replacement(name), ema, probe]).fit()
+    steps = 2 * BATCHES
+    assert ema.n_averaged == ema.steps == len(probe.weights) == len(probe.averages) == steps
+    for (_, average), expected in zip(probe.averages, reference(probe.weights, 0.5)):
+        assert expected is not None
+        assert_matches(average, expected)
+
+
 # -- validation with the average ----------------------------------------------------------
 
 
@@ -501,6 +555,15 @@ def _two_optimizers(name: str | None) -> Any:
     return build
 
 
+def _unmanaged(*plugins: Any) -> hookfit.Loop:
+    """A plugin owns the backward pass but leaves ``loop.optimizers`` as the user gave them
+    (torch optimizers, or a wrapper of the user's own): nothing announces their steps."""
+    model = make_model()
+    optimizer = Announced(torch.optim.SGD(model.parameters(), lr=0.1), None)
+    return hookfit.Loop(step, make_data()[0], model=model, optimizers=optimizer,
+                        plugins=[Replacement("asam", replace=False), EMA(decay=0.9), *plugins])
+
+
 def _no_optimizer(*plugins: Any) -> hookfit.Loop:
     return hookfit.Loop(step, make_data()[0], model=make_model(), plugins=[Optim(), EMA(decay=0.9), *plugins])
 
@@ -515,6 +578,7 @@ def _dotted_key(*plugins: Any) -> hookfit.Loop:
 @pytest.mark.parametrize("build, message", [
     (_no_model, "ema: this run has no model to average: give Loop(model=...)"),
     (_without_optim, "ema: the average is updated after each optimizer step, which an optimizer plugin announces"),
+    (_unmanaged, "ema: the average is updated after each optimizer step, which an optimizer plugin announces"),
     (_two_optimizers(None), "ema: this run has 2 optimizers ('g', 'd'); name the one whose steps update the average"),
     (_two_optimizers("e"), "ema: optimizer='e' names no optimizer of this run; its optimizers are 'g', 'd'"),
     (_no_optimizer, "ema: this run has no optimizer, so nothing would update the average"),
