@@ -16,32 +16,19 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from hookfit.payloads import ModelSummary, ModuleRow
+from hookfit.plugins.common import unwrap_model
 
-__all__ = ["DIRECT", "summarize", "unwrap"]
+__all__ = ["DIRECT", "summarize"]
 
 DIRECT = "(direct)"
 """The name of the row for the tensors a model holds itself, outside any child module."""
-
-
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The user's module inside a ``DistributedDataParallel`` or ``DataParallel`` wrapper
-    (``.module``) or a ``torch.compile`` one (``._orig_mod``), however deeply wrapped."""
-    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-    while True:
-        if isinstance(module, wrappers):
-            module = module.module
-        elif isinstance(inner := getattr(module, "_orig_mod", None), torch.nn.Module) and \
-                type(module).__name__ == "OptimizedModule":
-            module = inner
-        else:
-            return module
 
 
 def _roots(model: Any, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module]]:
     """``(name, module)`` for each model of ``Loop(model=...)``: a module (named ``""``), or
     those of a mapping (by key) or a list (by index), dotted when nested."""
     if isinstance(model, torch.nn.Module):
-        yield prefix, unwrap(model)
+        yield prefix, unwrap_model(model)
     elif isinstance(model, Mapping):
         for key, value in model.items():
             yield from _roots(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}")
@@ -117,11 +104,11 @@ def summarize(model: Any) -> ModelSummary:
             rows.append(_row(name, root))
             continue
         for child_name, child in root.named_children():
-            rows.append(_row(child_name, unwrap(child)))
+            rows.append(_row(child_name, unwrap_model(child)))
         own = _Tally()
         own.add(root.parameters(recurse=False), root.buffers(recurse=False))
         if own.seen:
             rows.append(own.row(DIRECT, root))
-    kind = type(unwrap(model)).__name__ if single else type(model).__name__
+    kind = type(unwrap_model(model)).__name__ if single else type(model).__name__
     return ModelSummary(total.parameters, total.trainable, total.parameter_bytes, total.buffer_bytes,
                         tuple(rows), total.uninitialised, kind)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hookfit.payloads import ModelSummary, ModuleRow
-from hookfit.plugins.summary import DIRECT, summarize, unwrap
+from hookfit.plugins.common import unwrap_model as unwrap
+from hookfit.plugins.summary import DIRECT, summarize
 
 
 def expected(module: torch.nn.Module) -> tuple[int, int, int, int]:
