@@ -43,7 +43,7 @@ def export(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     return path
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``hookfit export`` (the checkpoint plugin's ``add_commands``)."""
     p = commands.add_parser("export", help="write a run's model as one plain state dict (sharded checkpoints too)")
     p.add_argument("source", help="a run folder, a folder of checkpoints, or a checkpoint")

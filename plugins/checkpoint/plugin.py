@@ -36,6 +36,9 @@ from hookfit.plugins.checkpoint.storage import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    import argparse
+
+    from hookfit.payloads import MetricsSnapshot
     from hookfit.run import Run
 
 __all__ = ["Checkpoint", "CheckpointWarning"]
@@ -151,7 +154,7 @@ class Checkpoint:
             self._remove_stale_temporaries(loop)
 
     @hookimpl
-    def resume(self, loop: Run, source: str) -> Any:
+    def resume(self, loop: Run, source: str) -> Path | Literal[False]:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == source:
             _, path, data = pending
@@ -166,13 +169,13 @@ class Checkpoint:
         return path
 
     @hookimpl
-    def epoch_metrics(self, stage: str, metrics: Any) -> None:
+    def epoch_metrics(self, stage: str, metrics: MetricsSnapshot) -> None:
         if self.monitor is None:
             return
         key = self._monitor.key
         if stage != self._monitor.stage:
             return
-        if key in metrics.values:
+        if key is not None and key in metrics.values:  # (a key: there is a monitor)
             self._last_value = float(metrics.values[key].epoch)
             return
         self._last_value = None
@@ -215,7 +218,7 @@ class Checkpoint:
             self._loop = None
 
     @hookimpl
-    def add_commands(self, commands: Any) -> None:
+    def add_commands(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         from hookfit.plugins.checkpoint.export import add_command
 
         add_command(commands)
@@ -331,7 +334,8 @@ class Checkpoint:
         step = int(payload["loop"]["step"])
         try:
             if shards:
-                sharded.write(payload, shards, tmp, path, main, self._save_file)  # type: ignore[arg-type]
+                assert tmp is not None  # given with the shards (_save_sharded)
+                sharded.write(payload, shards, tmp, path, main, self._save_file)
             else:
                 self._save_file(payload, path)  # on the writer thread for background saves
         except Exception as error:  # noqa: BLE001 - reported below, as configured
@@ -445,8 +449,9 @@ class Checkpoint:
         the folder written last first."""
         if self.dir is not None:
             return checkpoint_files(self.dir), str(self.dir)
-        if loop.run_dir_given:
-            folder = Path(loop.config.run_dir) / "checkpoints"
+        run_dir = loop.config.run_dir
+        if loop.run_dir_given and run_dir is not None:  # (None only in a smoke run, which never resumes)
+            folder = run_dir / "checkpoints"
             return checkpoint_files(folder), str(folder)
         from hookfit import run as run_module
 

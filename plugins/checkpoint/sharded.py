@@ -25,7 +25,7 @@ import shutil
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 
@@ -131,7 +131,8 @@ def load(data: Mapping[str, Any], folder: Path, model_state: Any) -> dict[str, A
     tensor, loaded by DCP from ``folder`` into this run's tensors (see the module's
     documentation); ``model_state`` is the run's model state dict now (``None`` to load every
     tensor whole, as ``hookfit export`` does)."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     kind = _dtensor_type()
     here: dict[str, Any] = {}
@@ -161,7 +162,7 @@ def load(data: Mapping[str, Any], folder: Path, model_state: Any) -> dict[str, A
     try:
         with warnings.catch_warnings():  # DCP warns that one process reads alone: intended here
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(targets, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=alone)
+            dcp_load(targets, storage_reader=FileSystemReader(str(folder)), no_dist=alone)
     except Exception as error:
         raise CheckpointError(
             f"checkpoint: the sharded tensors of {folder} cannot be read: {type(error).__name__}: "
@@ -178,17 +179,18 @@ def load(data: Mapping[str, Any], folder: Path, model_state: Any) -> dict[str, A
             return tuple(fill(v) for v in value)
         return value
 
-    return fill(dict(data))
+    return cast(dict[str, Any], fill(dict(data)))  # a mapping in, a dict out
 
 
 def write(rest: dict[str, Any], shards: dict[str, Any], tmp: Path, path: Path, main: bool,
-          save_state: Any) -> None:
+          save_state: Callable[[dict[str, Any], Path], None]) -> None:
     """Every rank: its shards into the folder ``tmp`` (DCP: a collective operation that ends
     when every rank's files and the metadata are written). Rank 0 (``main``) then: ``state.pt``
     with ``save_state`` (an atomic write), and the rename of ``tmp`` to ``path``."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    dcp.save(shards, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+    dcp_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True))
     if not main:
         return
     save_state(rest, tmp / STATE_FILE)

@@ -10,7 +10,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -51,7 +51,7 @@ def atomic_save(obj: Any, path: Path) -> None:
         with open(tmp, "wb") as f:
             sink = _Sink(f)
             try:
-                torch.save(obj, sink)
+                torch.save(obj, sink)  # type: ignore[arg-type]  # takes any object with write(), annotated IO[bytes]
             except RuntimeError:
                 if sink.error is not None:  # torch's writer hides the OSError (disk full...)
                     raise sink.error from None
@@ -75,7 +75,7 @@ def atomic_save(obj: Any, path: Path) -> None:
 class _Sink:
     """A file for ``torch.save`` that remembers the operating system's error on a write."""
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: BinaryIO) -> None:
         self.file = file
         self.error: OSError | None = None
 
@@ -145,7 +145,7 @@ def _feed(h: Any, obj: Any) -> None:
         tensor = tensor.cpu().contiguous().reshape(-1)
         h.update(f"T{tensor.dtype}{tuple(obj.shape)}:".encode())
         data = tensor.view(torch.uint8) if tensor.element_size() and tensor.dtype != torch.uint8 else tensor
-        h.update(memoryview(data.numpy()) if data.numel() else b"")
+        h.update(data.numpy().data if data.numel() else b"")  # (the array's buffer, a memoryview)
     elif isinstance(obj, Mapping):
         h.update(f"D{len(obj)}:".encode())
         for key, value in sorted(obj.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0]))):

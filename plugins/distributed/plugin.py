@@ -12,8 +12,8 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -24,6 +24,13 @@ from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.modes import modules
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from torch._C._distributed_c10d import Store
+    from torch.distributed import ProcessGroup
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DistributedSampler
+    from torch.utils.hooks import RemovableHandle
+
     from hookfit.run import Run
 
 ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
@@ -133,23 +140,23 @@ class Distributed:
         self.rank = 0
         self.world_size = 1
         self.created = False  # this plugin initialised the process group
-        self._control: Any = None  # the CPU (gloo) group for flags and all_reduce
+        self._control: ProcessGroup | None = None  # the CPU (gloo) group for flags and all_reduce
         self._flag: torch.Tensor | None = None
-        self._ddps: list[Any] = []
-        self._fsdp: Any = None  # the root FSDP module (strategy="fsdp")
-        self._samplers: list[Any] = []
+        self._ddps: list[DistributedDataParallel] = []
+        self._fsdp: FSDPModule | None = None  # the root FSDP module (strategy="fsdp")
+        self._samplers: list[DistributedSampler[Any]] = []
         self._batches = 0
         self._agreed = False
         self._window_open = False  # FSDP: the last training batch left its gradients unsynchronised
         self._window_warned = False
         self._forward_seen = True
         self._forward_checked = True
-        self._forward_hook: Any = None
+        self._forward_hook: RemovableHandle | None = None
         self._grad_seen = True
-        self._grad_hooks: list[Any] = []
-        self._groups: list[Any] = []
-        self._store: Any = None  # where the first failing rank says so (see _first_failure)
-        self._wrapped: Any = None  # the DistributedDataParallel this plugin wrapped the model in
+        self._grad_hooks: list[RemovableHandle] = []
+        self._groups: list[ProcessGroup] = []
+        self._store: Store | None = None  # where the first failing rank says so (see _first_failure)
+        self._wrapped: DistributedDataParallel | None = None  # the wrapper this plugin made of the model
 
     # -- set-up --------------------------------------------------------------------------
     @hookimpl(tryfirst=True)
@@ -237,11 +244,13 @@ class Distributed:
             exc.add_note("hookfit distributed: wrapping Loop(model=...) in DistributedDataParallel failed")
             raise
         if self.created:  # see _release
-            wrapped._hookfit_process_groups = tuple(self._groups)
+            # (an attribute of this plugin's own on the wrapper: set by name, which Module's
+            # declared __setattr__, for tensors and modules, does not cover)
+            setattr(wrapped, "_hookfit_process_groups", tuple(self._groups))
         loop.model, self._ddps, self._wrapped = wrapped, [wrapped], wrapped
         self._forward_seen = self._forward_checked = self._grad_seen = False
         self._forward_hook = wrapped.register_forward_pre_hook(self._saw_forward)
-        self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)
+        self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)  # type: ignore[no-untyped-call]  # unannotated in torch
                             for p in model.parameters() if p.requires_grad]
 
     def _shard_model(self, loop: Run, device: torch.device) -> None:
@@ -284,14 +293,15 @@ class Distributed:
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["params"] = [after[before[id(p)]] if id(p) in before else p for p in group["params"]]
-        self._fsdp = model
+        self._fsdp = cast("FSDPModule", model)  # fully_shard made it one, in place
 
-    def _saw_forward(self, module: Any, args: Any) -> None:
+    def _saw_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         self._forward_seen = True
-        self._forward_hook.remove()  # once is enough: later calls take torch's fast path
+        if self._forward_hook is not None:  # (set with the hook)
+            self._forward_hook.remove()  # once is enough: later calls take torch's fast path
         self._forward_hook = None
 
-    def _saw_grad(self, param: Any) -> None:
+    def _saw_grad(self, param: torch.Tensor) -> None:
         """The first gradient of the run: was the forward pass DDP's? (Removed after the
         first training batch, by ``agree_stop``.)"""
         if self._grad_seen:
@@ -367,7 +377,7 @@ class Distributed:
                 self._window_open = not sync
 
     @hookimpl
-    def agree_stop(self, loop: Run, request: StopRequest | None, boundary: str) -> StopRequest | bool:
+    def agree_stop(self, loop: Run, request: StopRequest | None, boundary: str) -> StopRequest | Literal[False]:
         """Every ``stop_check_every`` batches, and at every stage and epoch boundary, the ranks
         agree on stopping with one all-reduce of a flag; a request between two checks waits."""
         if boundary == "batch":
@@ -380,6 +390,7 @@ class Distributed:
             if not self._stop_checks.due(self._batches):
                 return False
         flag = self._flag
+        assert flag is not None  # made at configure, which registers this plugin for the run
         flag.fill_(0 if request is None else 1)
         dist = _dist()
         dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=self._control)
@@ -556,7 +567,7 @@ def _holds_parameters(module: torch.nn.Module) -> bool:
     return any(True for _ in module.parameters())
 
 
-def _torch_optimizers(optimizers: Any) -> Any:
+def _torch_optimizers(optimizers: Any) -> Iterator[torch.optim.Optimizer]:
     """The ``torch.optim.Optimizer`` objects in ``Loop(optimizers=...)``: one, or those of a
     mapping or a list."""
     if isinstance(optimizers, torch.optim.Optimizer):
@@ -569,7 +580,7 @@ def _torch_optimizers(optimizers: Any) -> Any:
             yield from _torch_optimizers(value)
 
 
-def _failure_store(dist: Any) -> Any:
+def _failure_store(dist: Any) -> Store | None:
     """A part of the default process group's store for this run's failure record: its own
     prefix per run of this process (every rank runs the same sequence of runs) and per torchrun
     restart; ``None`` if the group's store cannot be had."""
@@ -578,7 +589,8 @@ def _failure_store(dist: Any) -> Any:
     except Exception:  # noqa: BLE001 - a private accessor: without it, failures name no rank
         return None
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"hookfit/distributed/{restart}/{next(_RUNS)}/", store)
+    prefixed: Store = dist.PrefixStore(f"hookfit/distributed/{restart}/{next(_RUNS)}/", store)
+    return prefixed
 
 
 def _first_line(error: BaseException) -> str:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 
-class ExactSampler(DistributedSampler):
+class ExactSampler(DistributedSampler[int]):
     """A ``DistributedSampler`` that neither repeats nor drops a sample: rank ``r`` takes
     indices ``r, r + num_replicas, ...`` of the epoch's order (shuffled with ``seed`` and the
     epoch, or ``0..n-1``), so the ranks together see every sample exactly once and may differ
@@ -21,19 +21,20 @@ class ExactSampler(DistributedSampler):
 
     def __init__(self, dataset: Any, num_replicas: int, rank: int, shuffle: bool = False, seed: int = 0) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
-        self.num_samples = len(range(rank, len(dataset), num_replicas))  # type: ignore[arg-type]
-        self.total_size = len(dataset)  # type: ignore[arg-type]
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.total_size = len(dataset)  # the dataset's length, read once (as DistributedSampler does)
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(len(self.dataset), generator=generator).tolist()  # type: ignore[arg-type]
+            order = torch.randperm(self.total_size, generator=generator).tolist()
         else:
-            order = list(range(len(self.dataset)))  # type: ignore[arg-type]
+            order = list(range(self.total_size))
         return iter(order[self.rank::self.num_replicas])
 
 
-def shard(data: Any, what: str, rank: int, world_size: int, seed: int, even: bool = True) -> tuple[Any, Any]:
+def shard(data: Any, what: str, rank: int, world_size: int, seed: int,
+          even: bool = True) -> tuple[Any, DistributedSampler[Any] | None]:
     """Rank ``rank``'s part of ``data`` (named ``what`` in errors), and the
     ``DistributedSampler`` to tell the epoch at every ``epoch_start`` (``None`` when there is
     none). ``even``: every rank gets as many batches as the others (training: the ranks'
@@ -69,7 +70,7 @@ def shard(data: Any, what: str, rank: int, world_size: int, seed: int, even: boo
 
 
 def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int,
-                 even: bool = True) -> tuple[Any, Any]:
+                 even: bool = True) -> tuple[Any, DistributedSampler[Any]]:
     """A ``DataLoader`` rebuilt with a ``DistributedSampler`` (an :class:`ExactSampler` when
     not ``even``), or kept when it has one, and that sampler."""
     from torch.utils.data import (
@@ -96,7 +97,7 @@ def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int,
         if len(loader.dataset) < world_size:
             raise ValueError(f"distributed: {what} has {len(loader.dataset)} samples, fewer than the "
                              f"{world_size} processes; every process needs at least one batch")
-        sampler: DistributedSampler = ExactSampler(loader.dataset, world_size, rank, shuffle=shuffle, seed=seed)
+        sampler: DistributedSampler[int] = ExactSampler(loader.dataset, world_size, rank, shuffle=shuffle, seed=seed)
     else:
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                      seed=seed, drop_last=loader.drop_last)

@@ -27,14 +27,21 @@ Only where torch's fused kernel is as robust as its default one is a group switc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from hookfit.modes import modules
 
+FusedRule = Callable[[list[torch.Tensor], bool, bool], tuple[bool, bool]]
+"""torch's ``_default_to_fused_or_foreach(params, differentiable, use_fused)``: whether its
+fused (and foreach) kernel takes these parameters (their type, device and dtype)."""
+
 try:  # torch's own rule for "the fused kernel takes these parameters" (type, device, dtype)
-    from torch.optim.optimizer import _default_to_fused_or_foreach
+    from torch.optim.optimizer import _default_to_fused_or_foreach as _torch_rule
+
+    _default_to_fused_or_foreach: FusedRule | None = _torch_rule
 except ImportError:  # pragma: no cover - a torch without it: no optimizer is switched
     _default_to_fused_or_foreach = None
 
@@ -53,7 +60,9 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     if type(optimizer) not in FUSED_CLASSES:
         return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
     fused = all(group.get("fused") for group in optimizer.param_groups)
-    optimizer._step_supports_amp_scaling = fused  # type: ignore[attr-defined]
+    # torch's private attributes of an optimizer (read by GradScaler and the fused kernels) are
+    # not in its declared type: set by name, here and below
+    setattr(optimizer, "_step_supports_amp_scaling", fused)
     return fused
 
 
@@ -70,7 +79,7 @@ def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
         if not _switchable(optimizer, group, dense):
             continue
         group["fused"] = True
-        optimizer._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
+        setattr(optimizer, "_need_device_dtype_check_for_fused", True)
         for param in group["params"]:
             state = optimizer.state[param]
             if torch.is_tensor(state.get("step")):
@@ -104,7 +113,8 @@ def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], dense: 
     if group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable"):
         return False
     params = group["params"]
-    if not params or not _default_to_fused_or_foreach(params, False, use_fused=True)[0]:
+    rule = _default_to_fused_or_foreach
+    if not params or rule is None or not rule(params, False, True)[0]:  # (use_fused=True)
         return False
     if type(optimizer) is torch.optim.SGD:
         if any(type(p) not in (torch.Tensor, torch.nn.Parameter) or id(p) not in dense

@@ -11,6 +11,8 @@ import torch
 from hookfit.plugins.optim import kernels
 
 if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
     from hookfit.plugins.optim.plugin import Optim
 
 
@@ -44,7 +46,7 @@ class ManagedOptimizer:
         self._fast_watched = False  # the same, while steps that bypass optim are watched for
         self._each_batch = plugin.accumulate == 1  # zero_grad() always takes effect
         if self._each_batch:  # then it is the optimizer's own, with no call in between
-            self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]
+            self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]  # bound per instance: no call in between
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
         self._own = False  # optim itself is stepping the optimizer (read by the watch's hook)
         # whether its kernel takes found_inf, so that it can skip on the device: decided at its
@@ -53,7 +55,7 @@ class ManagedOptimizer:
         self._skips_on_device: bool | None = None
         self._groups = 0  # how many parameter groups it had then
         self._primed = False  # a step skipped inside its kernel leaves it a valid state (cached)
-        self._watch: Any = None  # the handle of the step pre-hook while watching
+        self._watch: RemovableHandle | None = None  # the handle of the step pre-hook while watching
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -96,7 +98,8 @@ class ManagedOptimizer:
         if handle is not None:
             handle.remove()
 
-    def _stepped_elsewhere(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _stepped_elsewhere(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
+                           kwargs: dict[str, Any]) -> None:
         if not self._own:
             self.plugin._bypassed(self)
 
@@ -110,6 +113,7 @@ class ManagedOptimizer:
 
     def _step(self) -> bool:
         plugin, loop = self.plugin, self.plugin.loop
+        assert loop is not None  # a step, during the run
         self._deferred = False
         scaler = plugin.scaler
         if plugin._poisoned:
@@ -141,7 +145,7 @@ class ManagedOptimizer:
             norm = torch.nn.utils.clip_grad_norm_(self._params, plugin.clip_norm)
             if check and bad is None:
                 finite = bool(torch.isfinite(norm))
-            elif check:
+            elif check and bad is not None:  # (the branch above took bad None)
                 grad_bad = torch.isfinite(norm).logical_not_().to(bad.device)
         elif plugin.check_grads and check:
             grads = [p.grad for p in self._params if p.grad is not None]
@@ -165,12 +169,15 @@ class ManagedOptimizer:
                 plugin._scaler_used = True
             elif bad is not None:  # the fused kernel skips the update where found_inf is set
                 flag = bad if grad_bad is None else bad | grad_bad
-                self.optimizer.found_inf = flag.to(torch.float32)  # type: ignore[attr-defined]
-                self.optimizer.grad_scale = None  # type: ignore[attr-defined]
+                # GradScaler's contract with the fused kernels: attributes of the optimizer that
+                # its declared type lacks, so set by name
+                setattr(self.optimizer, "found_inf", flag.to(torch.float32))
+                setattr(self.optimizer, "grad_scale", None)
                 try:
                     self.optimizer.step()
                 finally:
-                    del self.optimizer.found_inf, self.optimizer.grad_scale  # type: ignore[attr-defined]
+                    delattr(self.optimizer, "found_inf")
+                    delattr(self.optimizer, "grad_scale")
             else:
                 self.optimizer.step()
         finally:
@@ -191,6 +198,7 @@ class ManagedOptimizer:
         loaded. Unless ``Optim(fuse=False)``, the groups of torch's optimizers that can run
         the fused kernel, whose kernel was left to torch, are switched to it first."""
         if self.plugin.fuse:
+            assert self.plugin.loop is not None  # at a step, during the run
             kernels.fuse(self.optimizer, self.plugin.loop.model)
         self._groups, self._primed = len(self.optimizer.param_groups), False
         return kernels.skips_on_device(self.optimizer)
@@ -263,11 +271,12 @@ def _scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer
     """``scaler.step(optimizer)`` through the scaler's own host read of ``found_inf`` rather
     than the optimizer's kernel, for a fused optimizer whose state a step skipped inside the
     kernel would leave invalid (torch's fused SGD with momentum before its first step)."""
-    optimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+    # (torch's private flag, which GradScaler reads: not in the optimizer's declared type)
+    setattr(optimizer, "_step_supports_amp_scaling", False)
     try:
         scaler.step(optimizer)
     finally:
-        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
+        setattr(optimizer, "_step_supports_amp_scaling", True)
 
 
 def _into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
@@ -296,8 +305,8 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         self._managed = managed
         self._single = next(iter(managed.values())) if len(managed) == 1 else None
         if self._single is not None:  # one optimizer: no lookup on the hot path
-            self.step = self._single.step  # type: ignore[method-assign]
-            self.zero_grad = self._single.zero_grad  # type: ignore[method-assign]
+            self.step = self._single.step  # type: ignore[method-assign]  # bound per instance: the hot path
+            self.zero_grad = self._single.zero_grad  # type: ignore[method-assign]  # bound per instance: the hot path
 
     def __getitem__(self, name: str) -> ManagedOptimizer:
         try:

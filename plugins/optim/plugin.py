@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 import torch
 
@@ -145,7 +145,7 @@ class Optim:
         # the epoch's last window when it is partial: its first batch (never, the length
         # unknown or a multiple of accumulate) and how many batches it holds (see _divisor)
         self._last_window, self._last_size = sys.maxsize, accumulate
-        self._unwatch: Any = None
+        self._unwatch: Callable[[], None] | None = None  # ends the plugin manager's listening
         self._watching = False  # steps that bypass loop.optimizers are being watched for
         self._watched = False  # this run's first training stage was (is) watched
         self._bypass_seen = False  # the warning about such a step was given in this run
@@ -226,7 +226,7 @@ class Optim:
                     return self._backward(loop, loss)
                 elif not _finite(loss):
                     return self._nonfinite_loss(loop, loss)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
             return True
         if self._autocast is not None:  # the backward pass outside autocast, as PyTorch advises
             with torch.autocast(self._autocast[0], enabled=False):
@@ -244,17 +244,15 @@ class Optim:
                 return self._nonfinite_loss(loop, loss)
         if (call := loop.hooks.before_backward) is not None:
             call(loop, loss)
+        scaled = loss
         if self._scales:
             if self.accumulate > 1:
                 divisor = self._divisor(loop)
-                scaled = loss / divisor if divisor > 1 else loss
-            else:
-                scaled = loss
+                if divisor > 1:
+                    scaled = loss / divisor
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
-            scaled.backward()
-        else:
-            loss.backward()
+        scaled.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
         if (call := loop.hooks.after_backward) is not None:
             call(loop, loss)
         return True
@@ -311,6 +309,7 @@ class Optim:
         if not self._read_deferred()[-1]:
             return False
         self._poison(True)
+        assert self.loop is not None  # called by a step, during the run
         self._poisoned_at = self.loop.state.step
         return True
 
@@ -343,6 +342,7 @@ class Optim:
                 if grad is not None:
                     tensors.append(grad.to(device))
         values = iter(torch.stack(tensors).tolist())
+        assert self.loop is not None  # flags are kept and read during the run only
         state = self.loop.state
         read = f"read on the host at epoch {state.epoch}, batch {state.batch_idx}"
         windows, error = [], None
@@ -397,7 +397,7 @@ class Optim:
         self._raise_due()
 
     def _batch_end(self) -> None:
-        if self._scaler_used:
+        if self._scaler_used and self.scaler is not None:  # (used: there is one)
             self.scaler.update()  # once per batch, after every optimizer of the batch stepped
             self._scaler_used = False
         if self._window_closes():
@@ -437,7 +437,7 @@ class Optim:
                 managed._step()
                 managed._clear()
         self._close_window()
-        if self._scaler_used:
+        if self._scaler_used and self.scaler is not None:  # (used: there is one)
             self.scaler.update()
             self._scaler_used = False
         if self._pending:
@@ -496,7 +496,8 @@ class Optim:
     def _under_autocast(self, step: Step) -> Step:
         """``step`` run under ``torch.autocast`` (given to ``loop.wrap_step``): the step's
         forward computes in the lower precision; ``backward`` leaves autocast again."""
-        device, dtype = self._autocast  # type: ignore[misc]
+        assert self._autocast is not None  # set at configure, before it calls loop.wrap_step
+        device, dtype = self._autocast
 
         def step_under_autocast(loop: Run, batch: Any) -> Any:
             with torch.autocast(device, dtype=dtype):
@@ -544,7 +545,10 @@ class Optim:
 
     # -- accumulation windows ---------------------------------------------------------------
     def _window_closes(self) -> bool:
-        return self.accumulate == 1 or (self.loop.state.batch_idx + 1) % self.accumulate == 0
+        if self.accumulate == 1:
+            return True
+        assert self.loop is not None  # asked by a step or an event, during the run
+        return (self.loop.state.batch_idx + 1) % self.accumulate == 0
 
     def _divisor(self, loop: Run) -> int:
         """What the loss of this batch is divided by (``accumulate > 1``): the number of
@@ -553,7 +557,9 @@ class Optim:
         so a run resumed inside the window weights it as an uninterrupted one; a batch past
         the length the data gave (a wrong ``__len__``) is divided by ``accumulate``."""
         batch_idx = loop.state.batch_idx
-        if batch_idx < self._last_window or not loop.training or batch_idx >= self._stage_len:  # type: ignore[operator]
+        # (_last_window is sys.maxsize while the stage's length is unknown)
+        if (batch_idx < self._last_window or not loop.training or self._stage_len is None
+                or batch_idx >= self._stage_len):
             return self.accumulate
         return self._last_size
 
@@ -574,12 +580,13 @@ class Optim:
         """Decide whether ``backward`` and ``step()`` may skip everything but the work itself;
         run when a window is poisoned or closed, and whenever the run's plugins change (a
         plugin that implements ``before_optimizer_step``... turns them off)."""
+        assert self.loop is not None and self.optimizers is not None  # set at configure, before any call
         hooks = self.loop.hooks
         stepped = hooks.before_optimizer_step is not None or hooks.after_optimizer_step is not None
         backward = hooks.before_backward is not None or hooks.after_backward is not None
         clean = not self._poisoned
         fast = self._plain and clean and not stepped and not self._deferring
-        for managed in self.optimizers.values():  # type: ignore[union-attr]
+        for managed in self.optimizers.values():
             # while watching for steps that bypass optim, the fast path marks optim's own
             # (_fast_watched); the plain fast path itself has nothing more to do, then or after
             managed._fast = fast and not self._watching
@@ -590,12 +597,15 @@ class Optim:
     def _expire_poison(self) -> None:
         """Close a poisoned window that a batch_end did not: without accumulation or AMP
         optim has no per-batch hook, so the next batch's first backward or step does it."""
-        if self.accumulate == 1 and self.loop.state.step != self._poisoned_at:
-            self._close_window()
+        if self.accumulate == 1:
+            assert self.loop is not None  # by a step, during the run
+            if self.loop.state.step != self._poisoned_at:
+                self._close_window()
 
     def _skip_window(self) -> None:
         """A poisoned window closed: drop the gradients of optimizers that did not step."""
-        for managed in self.optimizers.values():  # type: ignore[union-attr]
+        assert self.optimizers is not None  # a window closes during the run
+        for managed in self.optimizers.values():
             if managed._deferred:
                 managed._deferred = False
                 managed._skip("non-finite loss")
@@ -604,6 +614,7 @@ class Optim:
 
     def _nonfinite(self, what: str, managed: ManagedOptimizer) -> None:
         """Count a skipped step; warn about the first, or raise under ``nonfinite="raise"``."""
+        assert self.loop is not None  # by a step, during the run
         state = self.loop.state
         where = f"{what} at epoch {state.epoch}, batch {state.batch_idx}"
         if self.nonfinite == "raise":
@@ -615,8 +626,10 @@ class Optim:
         """Count a skipped step of ``managed``; warn about the run's first; tell the plugins
         that listen (``step_skipped``)."""
         managed.skipped += 1
-        if (call := self.loop.hooks.step_skipped) is not None:
-            call(self.loop, managed.name, where, self.loop.state.step)
+        loop = self.loop
+        assert loop is not None  # skips are counted during the run
+        if (call := loop.hooks.step_skipped) is not None:
+            call(loop, managed.name, where, loop.state.step)
         if self._first_skip is None:
             self._first_skip = where
             warnings.warn(
@@ -632,7 +645,9 @@ class Optim:
         accumulation window also the gradients accumulated so far, so a run resumed mid-window
         steps with the same gradients as an uninterrupted one."""
         assert self.optimizers is not None
-        if self._bad is not None and (self.accumulate == 1 or (self.loop.training and self._window_closes())):
+        loop = self.loop  # (None after the run, when no flag is open)
+        if self._bad is not None and (
+                self.accumulate == 1 or (loop is not None and loop.training and self._window_closes())):
             self._close_deferred()  # this batch's steps are done
         if self._pending:  # the counters as they are, the steps skipped on the device counted
             self._read_deferred(hold=True)  # (an error is raised at optim's next step or read)
