@@ -7,7 +7,6 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.storage import CheckpointError, atomic_save, checkpoint_files, read

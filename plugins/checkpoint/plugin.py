@@ -1,9 +1,10 @@
-"""checkpoint plugin: the policy. When to save (epochs, steps, seconds, a graceful stop, a
-failure, ``max_steps`` reached inside an epoch), which checkpoints to keep (``keep_last``,
-the best by ``monitor``), the background writer thread, and which checkpoint to resume from
-and how to restore it. The file format, the digest, the checks of a file and the atomic writes
-are in :mod:`hookfit.plugins.checkpoint.storage`, what a checkpoint holds beyond the plugins'
-states in :mod:`hookfit.plugins.checkpoint.state`."""
+"""checkpoint plugin: the policy and the save side. When to save (epochs, steps, seconds, a
+graceful stop, a failure, ``max_steps`` reached inside an epoch), which checkpoints to keep
+(``keep_last``, the best by ``monitor``), the background writer thread. Which checkpoint to
+resume from and how to restore it is :mod:`hookfit.plugins.checkpoint.resuming`'s; the file
+format, the digest, the checks of a file and the atomic writes are in
+:mod:`hookfit.plugins.checkpoint.storage`, what a checkpoint holds beyond the plugins' states
+in :mod:`hookfit.plugins.checkpoint.state`."""
 
 from __future__ import annotations
 
@@ -16,36 +17,31 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hookfit import StateMismatch, hookimpl
+from hookfit import hookimpl
 from hookfit.plugins.checkpoint import hookspecs, sharded
-from hookfit.plugins.checkpoint.state import _load_model, _model_state, _snapshot
-from hookfit.plugins.common import Every, Monitor, choice, flag, path, positive_int, positive_number
-from hookfit.position import Position
+from hookfit.plugins.checkpoint.resuming import choose, restore
+from hookfit.plugins.checkpoint.state import _model_state, _snapshot
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
     FORMAT_VERSION,
     SUFFIX,
-    CheckpointError,
     CheckpointWarning,
     atomic_save,
     checkpoint_files,
     digest,
     position_of,
-    read,
     stale_temporaries,
 )
+from hookfit.plugins.common import Every, Monitor, choice, flag, path, positive_int, positive_number
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import argparse
 
     from hookfit.payloads import MetricsSnapshot
+    from hookfit.position import Position
     from hookfit.run import Run
 
 __all__ = ["Checkpoint", "CheckpointWarning"]
-
-OWN_KEYS = frozenset({"format", "version", "model", "plugins", "meta", "digest"})
-"""A checkpoint's entries that are not the run's own state (``loop.state_dict()``, whose
-entries sit beside them: ``loop``, ``rng``, ``data``...)."""
 
 
 class Checkpoint:
@@ -133,7 +129,7 @@ class Checkpoint:
                 f"checkpoint: resume={source!r} needs the run's model: this run has no Loop(model=...), so a "
                 f"checkpoint would restore its plugins and position without the weights (half a state); "
                 f"pass Loop(model=...)")
-        path, data = self._choose(loop, source)
+        path, data = choose(loop, source, self.dir, self.fallback)
         self._pending = (source, path, data)
         if path is not None and self.dir is None and not loop.run_dir_given and path.parent.name == "checkpoints":
             loop.continue_in(path.parent.parent.absolute())  # the resumed run goes on writing there
@@ -159,10 +155,10 @@ class Checkpoint:
         if pending is not None and pending[0] == source:
             _, path, data = pending
         else:
-            path, data = self._choose(loop, source)
+            path, data = choose(loop, source, self.dir, self.fallback)
         if path is None or data is None:
             return False
-        self._restore(loop, path, data)
+        restore(loop, path, data, self.strict)
         self.resumed_from = path
         if loop.is_main:
             self._adopt(loop, data["loop"])
@@ -415,75 +411,7 @@ class Checkpoint:
             except OSError:
                 pass
 
-    # -- resuming -------------------------------------------------------------------------
-    def _choose(self, loop: Run, source: str) -> tuple[Path | None, dict[str, Any] | None]:
-        """The checkpoint to resume from and its checked contents, or ``(None, None)`` when
-        ``"latest"`` finds none (the run starts afresh)."""
-        if source != "latest":
-            path = Path(source)
-            if path.is_dir() and not sharded.is_sharded(path):
-                candidates, where = checkpoint_files(path), str(path)
-                if not candidates:
-                    raise FileNotFoundError(f"checkpoint: no checkpoint in {path}")
-            elif not path.exists():
-                raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file")
-            else:
-                return path, self._load(loop, path)
-        else:
-            candidates, where = self._latest(loop)
-            if not candidates:
-                return None, None
-        if not self.fallback:
-            return candidates[0], self._load(loop, candidates[0])
-        for path in candidates:
-            try:
-                return path, self._load(loop, path)
-            except CheckpointError as error:
-                warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=2)
-        raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")
-
-    def _latest(self, loop: Run) -> tuple[list[Path], str]:
-        """The candidates for ``"latest"``, newest first, and where they were looked for: the
-        given ``dir``; else ``<run_dir>/checkpoints`` of a given ``run_dir``; else the
-        checkpoints of this run's name, ``runs/<name>/*/checkpoints`` (never another name's),
-        the folder written last first."""
-        if self.dir is not None:
-            return checkpoint_files(self.dir), str(self.dir)
-        run_dir = loop.config.run_dir
-        if loop.run_dir_given and run_dir is not None:  # (None only in a smoke run, which never resumes)
-            folder = run_dir / "checkpoints"
-            return checkpoint_files(folder), str(folder)
-        from hookfit import run as run_module
-
-        base = (run_module.RUNS / loop.name).absolute()
-        folders = [checkpoint_files(folder) for folder in base.glob("*/checkpoints") if folder.is_dir()]
-        folders = [files for files in folders if files]
-        folders.sort(key=lambda files: max(p.stat().st_mtime for p in files), reverse=True)
-        return [p for files in folders for p in files], str(base / "*" / "checkpoints")
-
-    def _load(self, loop: Run, path: Path) -> dict[str, Any]:
-        return read(path, loop.train_data)
-
-    def _restore(self, loop: Run, path: Path, data: dict[str, Any]) -> None:
-        here = _model_state(loop.model)
-        if sharded.placeholders(data):
-            data = sharded.load(data, path, here)
-        elif sharded.split(here)[1]:
-            raise CheckpointError(
-                f"checkpoint: {path} was written by a run without sharded parameters, and this run's "
-                f"model is sharded (Distributed(strategy='fsdp')): resume it with the strategy that wrote "
-                f"it, or start the sharded run from its weights (hookfit export, then load_state_dict "
-                f"before Loop.fit())")
-        _load_model(loop.model, data["model"], path)
-        try:
-            loop.load_plugin_states(data["plugins"], strict=self.strict)
-        except StateMismatch as error:
-            raise ValueError(
-                f"checkpoint: {path}: {error.detail}. Pass Checkpoint(strict=False) in "
-                f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
-                f"restores unused)") from error
-        loop.load_state_dict({key: value for key, value in data.items() if key not in OWN_KEYS})
-
+    # -- resuming (which checkpoint, restored how: hookfit.plugins.checkpoint.resuming) ------
     def _adopt(self, loop: Run, position: Mapping[str, Any]) -> None:
         """Take the checkpoints already in this run's folder as this run's, so ``keep_last``
         holds across resumes (the file resumed from included): sorted by position, those

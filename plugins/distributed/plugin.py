@@ -1,43 +1,40 @@
 """distributed plugin: the process group (initialised from ``torchrun``'s environment, or the
-script's), the DDP wrapping and its checks, gradient synchronisation, agreement on stopping,
-``all_reduce``, failures and the end of the run. Each rank's part of the data is
-:mod:`hookfit.plugins.distributed.sharding`'s."""
+script's), gradient synchronisation, agreement on stopping, ``all_reduce`` and the end of the
+run. The other parts have a module each: the model's wrapping (DDP) or sharding (FSDP2) in
+:mod:`hookfit.plugins.distributed.wrapping`, a part of the plugin's class; each rank's part of
+the data in :mod:`hookfit.plugins.distributed.sharding`; what a failing rank says, and how
+its peers learn who failed first, in :mod:`hookfit.plugins.distributed.failures`."""
 
 from __future__ import annotations
 
 import datetime
 import gc
-import itertools
-import json
 import os
-import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.modes import modules
 from hookfit.plugins.common import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import hookspecs
+from hookfit.plugins.distributed.failures import failure_store, report
 from hookfit.plugins.distributed.sharding import length, shard
-from hookfit.modes import modules
+from hookfit.plugins.distributed.wrapping import ModelWrap
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from torch._C._distributed_c10d import Store
     from torch.distributed import ProcessGroup
-    from torch.distributed.fsdp import FSDPModule
-    from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DistributedSampler
-    from torch.utils.hooks import RemovableHandle
 
     from hookfit.run import Run
 
+__all__ = ["ENV_TIMEOUT", "STRATEGIES", "Distributed", "launched"]
+
 ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE")
-FIRST_FAILURE = "first_failure"
-"""The store key (under the run's prefix) where the first rank to fail records who it is."""
-_RUNS = itertools.count()  # this process's distributed runs: the same sequence on every rank
 
 
 def launched() -> bool:
@@ -55,7 +52,7 @@ def _dist() -> Any:
 STRATEGIES = ("ddp", "fsdp")
 
 
-class Distributed:
+class Distributed(ModelWrap):
     """Data-parallel training with ``torch.distributed`` under ``torchrun``: DDP (every rank
     holds the whole model) or FSDP2 (``strategy="fsdp"``: parameters, gradients and optimizer
     states sharded over the ranks).
@@ -142,21 +139,14 @@ class Distributed:
         self.created = False  # this plugin initialised the process group
         self._control: ProcessGroup | None = None  # the CPU (gloo) group for flags and all_reduce
         self._flag: torch.Tensor | None = None
-        self._ddps: list[DistributedDataParallel] = []
-        self._fsdp: FSDPModule | None = None  # the root FSDP module (strategy="fsdp")
         self._samplers: list[DistributedSampler[Any]] = []
         self._batches = 0
         self._agreed = False
         self._window_open = False  # FSDP: the last training batch left its gradients unsynchronised
         self._window_warned = False
-        self._forward_seen = True
-        self._forward_checked = True
-        self._forward_hook: RemovableHandle | None = None
-        self._grad_seen = True
-        self._grad_hooks: list[RemovableHandle] = []
         self._groups: list[ProcessGroup] = []
-        self._store: Store | None = None  # where the first failing rank says so (see _first_failure)
-        self._wrapped: DistributedDataParallel | None = None  # the wrapper this plugin made of the model
+        self._store: Store | None = None  # where the first failing rank says so (failures.first_failure)
+        self._reset_model()  # no model wrapped or sharded yet (ModelWrap)
 
     # -- set-up --------------------------------------------------------------------------
     @hookimpl(tryfirst=True)
@@ -184,7 +174,7 @@ class Distributed:
             self.created = True
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self._groups = [dist.group.WORLD]  # see _release
-        self._store = _failure_store(dist)
+        self._store = failure_store(dist)
         loop.state.rank, loop.state.world_size = self.rank, self.world_size
         # flags and metric sums are small CPU tensors: keep them off the accelerator's stream
         if dist.get_backend() == "gloo":
@@ -213,113 +203,6 @@ class Distributed:
         if params and params[0].device.type == "cuda":
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return params[0].device if params else torch.device("cpu")
-
-    def _wrap(self, loop: Run, device: torch.device) -> None:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = loop.model
-        if not self.wrap_model:
-            self._ddps = [m for m in modules(model) if isinstance(m, DDP)]
-            return
-        if isinstance(model, DDP):
-            self._ddps = [model]
-            return
-        if not isinstance(model, torch.nn.Module):
-            got = "no model" if model is None else f"a {type(model).__name__}"
-            raise TypeError(
-                f"distributed: Loop(model=...) must be the one torch.nn.Module the step functions "
-                f"call, to be wrapped in DistributedDataParallel; got {got}. Pass the model, and "
-                f"call it as loop.model(x) in the step. With several models, wrap each in "
-                f"DistributedDataParallel yourself and give Distributed(wrap_model=False)."
-            )
-        if device.type == "cuda" and any(p.device != device for p in model.parameters()):
-            model.to(device)  # the parameters stay the same objects: optimizers keep them
-        options = dict(self.ddp_options)
-        options.setdefault("find_unused_parameters", self.find_unused_parameters)
-        if device.type == "cuda":
-            options.setdefault("device_ids", [device.index])
-        try:
-            wrapped = DDP(model, **options)
-        except Exception as exc:
-            exc.add_note("hookfit distributed: wrapping Loop(model=...) in DistributedDataParallel failed")
-            raise
-        if self.created:  # see _release
-            # (an attribute of this plugin's own on the wrapper: set by name, which Module's
-            # declared __setattr__, for tensors and modules, does not cover)
-            setattr(wrapped, "_hookfit_process_groups", tuple(self._groups))
-        loop.model, self._ddps, self._wrapped = wrapped, [wrapped], wrapped
-        self._forward_seen = self._forward_checked = self._grad_seen = False
-        self._forward_hook = wrapped.register_forward_pre_hook(self._saw_forward)
-        self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)  # type: ignore[no-untyped-call]  # unannotated in torch
-                            for p in model.parameters() if p.requires_grad]
-
-    def _shard_model(self, loop: Run, device: torch.device) -> None:
-        """``strategy="fsdp"``: ``fully_shard`` the picked submodules, deepest first, then the
-        model; point the ``Loop``'s optimizers at the sharded parameters. The module stays
-        ``loop.model`` (FSDP2 changes it in place), and stays sharded after the run."""
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-
-        model = loop.model
-        if not isinstance(model, torch.nn.Module):
-            got = "no model" if model is None else f"a {type(model).__name__}"
-            raise TypeError(f"distributed: strategy='fsdp' shards Loop(model=...), which must be one "
-                            f"torch.nn.Module; got {got}")
-        if isinstance(model, FSDPModule):  # sharded already (an earlier run of this model)
-            self._fsdp = model
-            return
-        if device.type == "cuda" and any(p.device != device for p in model.parameters()):
-            model.to(device)
-        before = {id(p): name for name, p in model.named_parameters()}
-        optimizers = list(_torch_optimizers(loop.optimizers))
-        for index, optimizer in enumerate(optimizers):
-            if any(id(p) in before for p in optimizer.state):
-                raise ValueError(
-                    f"distributed: strategy='fsdp': optimizer {index} ({type(optimizer).__name__}) has stepped "
-                    f"already; its state cannot follow the parameters into their shards. Create the "
-                    f"optimizer fresh, before Loop.fit()")
-        picked = self.shard_policy or _holds_parameters
-        children = [m for _, m in model.named_modules() if m is not model]
-        if self.shard_policy is None:
-            children = list(model.children())
-        try:
-            for module in reversed(children):  # children before their parents
-                if picked(module) and not isinstance(module, FSDPModule):
-                    fully_shard(module, **self.fsdp_options)
-            fully_shard(model, **self.fsdp_options)
-        except Exception as exc:
-            exc.add_note("hookfit distributed: fully_shard of Loop(model=...) failed (strategy='fsdp')")
-            raise
-        after = dict(model.named_parameters())
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["params"] = [after[before[id(p)]] if id(p) in before else p for p in group["params"]]
-        self._fsdp = cast("FSDPModule", model)  # fully_shard made it one, in place
-
-    def _saw_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        self._forward_seen = True
-        if self._forward_hook is not None:  # (set with the hook)
-            self._forward_hook.remove()  # once is enough: later calls take torch's fast path
-        self._forward_hook = None
-
-    def _saw_grad(self, param: torch.Tensor) -> None:
-        """The first gradient of the run: was the forward pass DDP's? (Removed after the
-        first training batch, by ``agree_stop``.)"""
-        if self._grad_seen:
-            return
-        self._grad_seen = True
-        if not self._forward_seen:
-            raise RuntimeError(
-                "distributed: the step computed gradients without calling the model through "
-                "loop.model, so DistributedDataParallel could not synchronise them and the "
-                "processes would train apart. Under torchrun loop.model is the model wrapped in "
-                "DistributedDataParallel: call loop.model(x) in the step functions instead of "
-                "the model variable of the script."
-            )
-
-    def _remove_grad_hooks(self) -> None:
-        hooks, self._grad_hooks = self._grad_hooks, []
-        for hook in hooks:
-            hook.remove()
 
     def _sharded(self, data: Any, what: str, even: bool) -> Any:
         """This rank's part of ``data``; a ``DistributedSampler`` is kept to be told the epoch.
@@ -435,62 +318,11 @@ class Distributed:
     # -- ending ------------------------------------------------------------------------------
     @hookimpl
     def exception(self, loop: Run, error: BaseException) -> None:
-        where = f"rank {self.rank} of {self.world_size}"
-        notes = " ".join(n for n in getattr(error, "__notes__", []) if n.startswith("hookfit: "))
-        text = f"{type(error).__name__}: {_first_line(error)}" + (
-            f" ({notes.removeprefix('hookfit: ')})" if notes else "")
-        if _collective_error(error):
-            # a peer failed, stopped or hangs: the first rank to fail recorded itself (below)
-            first = self._first_failure({"rank": self.rank, "world_size": self.world_size,
-                                         "failed": False, "error": text})
-            if first is not None and first["rank"] != self.rank:
-                peer = f"rank {first['rank']} of {first['world_size']}"
-                cause = (f"{peer} failed first: {first['error']}" if first["failed"] else
-                         f"{peer} stopped first, a collective operation having failed there: "
-                         f"{first['error']}")
-                error.add_note(
-                    f"hookfit distributed: a collective operation failed on {where} because {cause}; "
-                    f"collectives time out after {self._timeout_text()}"
-                )
-                headline = f"hookfit distributed: {where} stopped: a collective operation failed: {cause}; here"
-            else:
-                error.add_note(
-                    f"hookfit distributed: a collective operation failed on {where}: another rank "
-                    f"probably failed, stopped or hung first, and no rank recorded a failure (one "
-                    f"that hangs or is killed cannot; look for the first 'hookfit distributed: "
-                    f"rank N of {self.world_size} failed' message); collectives time out after "
-                    f"{self._timeout_text()}"
-                )
-                headline = (f"hookfit distributed: {where} stopped: a collective operation failed "
-                            f"and no other rank recorded a failure (a rank that hangs or is killed "
-                            f"cannot)")
-        else:
-            self._first_failure({"rank": self.rank, "world_size": self.world_size, "failed": True,
-                                 "error": text})
-            headline = f"hookfit distributed: {where} failed"
-        if "find_unused_parameters" in str(error):
-            error.add_note("hookfit distributed: give Distributed(find_unused_parameters=True) in "
-                           "Loop(plugins=[...]) to let DDP handle parameters a step does not use")
-        print(f"{headline}: {text}", file=sys.stderr, flush=True)
+        """Say on stderr which rank failed, or that this one stopped because another failed
+        first, with a note on ``error`` (:func:`~hookfit.plugins.distributed.failures.report`);
+        then close the process group."""
+        report(error, self.rank, self.world_size, self._store, self._timeout_text)
         self._destroy()  # the peers' next collective fails now instead of at the timeout
-
-    def _first_failure(self, mine: dict[str, Any]) -> dict[str, Any] | None:
-        """Record ``mine`` as the run's first failure unless a rank already recorded one, and
-        return the first (``None`` when there is no store to ask, or it does not answer).
-
-        The record goes to the c10d store the ranks met through (torchrun's agent hosts it, so
-        it outlives any worker), before this rank closes its process group: the peers' next
-        collective fails only then, so the record is there when they look. A rank that hangs or
-        is killed records nothing; its peers then say so."""
-        store = self._store
-        if store is None:
-            return None
-        try:
-            first = store.compare_set(FIRST_FAILURE, "", json.dumps(mine))  # first one wins
-            record = json.loads(first)
-            return record if isinstance(record, dict) and {"rank", "world_size", "failed", "error"} <= record.keys() else None
-        except Exception:  # noqa: BLE001 - the store's server may be gone with its host; say less
-            return None
 
     @hookimpl(trylast=True)
     def fit_end(self, loop: Run) -> None:
@@ -561,51 +393,3 @@ class Distributed:
         except ValueError:
             seconds = f"{self.timeout:g}"
         return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
-
-
-def _holds_parameters(module: torch.nn.Module) -> bool:
-    return any(True for _ in module.parameters())
-
-
-def _torch_optimizers(optimizers: Any) -> Iterator[torch.optim.Optimizer]:
-    """The ``torch.optim.Optimizer`` objects in ``Loop(optimizers=...)``: one, or those of a
-    mapping or a list."""
-    if isinstance(optimizers, torch.optim.Optimizer):
-        yield optimizers
-    elif isinstance(optimizers, Mapping):
-        for value in optimizers.values():
-            yield from _torch_optimizers(value)
-    elif isinstance(optimizers, (list, tuple)):
-        for value in optimizers:
-            yield from _torch_optimizers(value)
-
-
-def _failure_store(dist: Any) -> Store | None:
-    """A part of the default process group's store for this run's failure record: its own
-    prefix per run of this process (every rank runs the same sequence of runs) and per torchrun
-    restart; ``None`` if the group's store cannot be had."""
-    try:
-        store = dist.distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - a private accessor: without it, failures name no rank
-        return None
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    prefixed: Store = dist.PrefixStore(f"hookfit/distributed/{restart}/{next(_RUNS)}/", store)
-    return prefixed
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
-
-
-def _collective_error(error: BaseException) -> bool:
-    """Whether ``error`` came from a collective operation (a peer gone, a timeout)."""
-    dist = _dist()
-    kinds = tuple(k for k in (getattr(dist, "DistError", None),) if k is not None)
-    if kinds and isinstance(error, kinds):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and any(
-        marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed by peer",
-                                      "Connection reset by peer", "Timed out", "timed out")
-    )

@@ -1,31 +1,33 @@
-"""The ``Optim`` plugin: its events, accumulation windows, the non-finite policy, the fast
-paths and checkpoints; :class:`OptimWarning` and the helpers only it uses."""
+"""The ``Optim`` plugin: its options, its events, the fast paths, mixed precision and
+checkpoints. The other parts of its class have a module each: the accumulation windows
+(:mod:`hookfit.plugins.optim.windows`), the non-finite policy and its device path, with
+:class:`OptimWarning` (:mod:`hookfit.plugins.optim.nonfinite`), and the watch for steps that
+bypass it (:mod:`hookfit.plugins.optim.watch`)."""
 
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 import torch
 
-from hookfit import HookfitWarning, hookimpl
+from hookfit import hookimpl
+from hookfit.modes import modules
 from hookfit.plugins.common import choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
-from hookfit.modes import modules
+from hookfit.plugins.optim.nonfinite import NonFinite, OptimWarning, _finite
+from hookfit.plugins.optim.watch import Watch
+from hookfit.plugins.optim.windows import Windows
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run, Step
 
-
-class OptimWarning(HookfitWarning):
-    """A step was skipped because of a non-finite loss or gradient, or a managed optimizer was
-    stepped directly instead of through ``loop.optimizers``."""
+__all__ = ["Optim", "OptimWarning"]
 
 
-class Optim:
+class Optim(NonFinite, Windows, Watch):
     """Manual optimizer stepping with accumulation, clipping, AMP and non-finite policies.
 
     ``accumulate=N``: the optimizers step after every N-th training batch of an epoch
@@ -134,35 +136,18 @@ class Optim:
         self.scaler: torch.amp.GradScaler | None = None
         self.loop: Run | None = None
         self.optimizers: Optimizers | None = None
-        self._poisoned = False  # a non-finite loss in the current window: its steps are skipped
-        self._poisoned_at = 0  # the global step of the batch that poisoned it
+        NonFinite.__init__(self)  # the poisoned window, the device path's flags
+        Windows.__init__(self, accumulate)  # the training stage's length, its last window
         self._scaler_used = False
-        self._first_skip: str | None = None
         self._plain = False  # set at configure: a step needs no window, unscaling, clipping or scheduler
         self._scales = False  # set at configure: backward scales the loss (accumulation or AMP)
         self._bare = False  # backward needs only the finiteness check (kept by _set_fast_paths)
-        self._stage_len: int | None = None  # batches in the training stage, when known
-        # the epoch's last window when it is partial: its first batch (never, the length
-        # unknown or a multiple of accumulate) and how many batches it holds (see _divisor)
-        self._last_window, self._last_size = sys.maxsize, accumulate
         self._unwatch: Callable[[], None] | None = None  # ends the plugin manager's listening
-        self._watching = False  # steps that bypass loop.optimizers are being watched for
-        self._watched = False  # this run's first training stage was (is) watched
-        self._bypass_seen = False  # the warning about such a step was given in this run
+        Watch.__init__(self)  # for steps that bypass loop.optimizers
         self._autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when mixed
         # the device path of the non-finite check (see the class docstring, "On an accelerator")
         self.defer = defer
         self.fuse = fuse  # on the device path, torch's optimizers may run their fused kernel
-        self._deferring = False  # losses are checked on the device: set at configure or first seen
-        self._bad: torch.Tensor | None = None  # the open window's flag: a non-finite loss in it
-        self._bad_where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
-        self._bad_at = -1  # the global step of the flag's last loss
-        # the window's steps that skip on the device: (optimizer, the window's flag as it was
-        # at the step, its gradients' own flag where they are checked)
-        self._bad_stepped: list[tuple[ManagedOptimizer, torch.Tensor, torch.Tensor | None]] = []
-        self._pending: list[tuple[torch.Tensor, tuple[int, int, int],
-                                  list[tuple[ManagedOptimizer, torch.Tensor, torch.Tensor | None]]]] = []
-        self._due: FloatingPointError | None = None  # held by a read for the next (nonfinite="raise")
 
     # -- events ---------------------------------------------------------------------------
     @hookimpl
@@ -257,135 +242,6 @@ class Optim:
             call(loop, loss)
         return True
 
-    def _nonfinite_loss(self, loop: Run, loss: torch.Tensor) -> bool:
-        """A non-finite loss: not back-propagated, and its window's steps skipped."""
-        self._poison(True)
-        self._poisoned_at = loop.state.step
-        if self.nonfinite == "raise":
-            raise FloatingPointError(
-                f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at epoch "
-                f"{loop.state.epoch}, batch {loop.state.batch_idx}"
-            )
-        return True
-
-
-    # -- the device path of the non-finite check (see the class docstring) -----------------
-    def _flag_on_device(self, loop: Run, loss: torch.Tensor) -> None:
-        """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""
-        if not self._deferring:  # the first loss seen there (a run without a model, say)
-            self._deferring = True
-            self._set_fast_paths()
-        if self._due is not None:
-            self._raise_due()
-        state = loop.state
-        if self._bad is not None and self.accumulate == 1 and state.step != self._bad_at:
-            self._close_deferred()  # the previous batch's window: no batch_end closed it
-        bad = torch.isfinite(loss.detach()).logical_not_()
-        if bad.dim():
-            bad = bad.any()
-        if self._bad is None:
-            self._bad = bad
-            self._bad_where = (state.epoch, state.batch_idx, state.batch_idx)
-        else:  # a new tensor: a step that skipped on the flag so far keeps the value it saw
-            self._bad = self._bad.logical_or(bad.to(self._bad.device))
-            self._bad_where = (*self._bad_where[:2], state.batch_idx)
-        self._bad_at = state.step
-
-    def _window_flag(self) -> torch.Tensor | None:
-        """The flag of the window a step belongs to (``None``: no loss checked on the device
-        in it), for ``ManagedOptimizer._step``. A step before its batch's backward steps on
-        the gradients of the window before, so on that window's flag (the next backward
-        closes it)."""
-        if self._due is not None:
-            self._raise_due()
-        return self._bad
-
-    def _read_flag(self) -> bool:
-        """Read the window's flag on the host now, for an optimizer that cannot skip on the
-        device, in one transfer with every flag kept (so steps of other optimizers that
-        skipped on the device are counted as at any read): a non-finite window is then
-        poisoned as on the CPU path."""
-        self._close_deferred(bounded=False)
-        if not self._read_deferred()[-1]:
-            return False
-        self._poison(True)
-        assert self.loop is not None  # called by a step, during the run
-        self._poisoned_at = self.loop.state.step
-        return True
-
-    def _close_deferred(self, bounded: bool = True) -> None:
-        """The window's flag is kept, unread, with the steps that skipped on the device; at
-        most ``READ_EVERY`` of them (``bounded``), then they are read."""
-        if self._bad is not None:
-            self._pending.append((self._bad, self._bad_where, self._bad_stepped))
-            self._bad, self._bad_stepped = None, []
-            if bounded and len(self._pending) >= READ_EVERY:
-                self._read_deferred()
-
-    def _read_deferred(self, final: bool = False, hold: bool = False) -> list[bool]:
-        """The host read of the flags kept since the last one (one transfer for them all):
-        count the steps skipped on the device, each by the flags it stepped on (its window's
-        loss flag as it was at the step, and its gradients' own), and warn about them; return
-        whether each window read had a non-finite loss. Under ``nonfinite="raise"`` the first
-        non-finite value is raised for once every window read is counted; ``hold`` keeps the
-        error for optim's next step or read (a checkpoint's read must not fail the save), and
-        ``final`` (a run that ends interrupted or failed) warns instead."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return []
-        device = pending[0][0].device
-        tensors = []
-        for flag, _, stepped in pending:
-            tensors.append(flag.to(device))
-            for _, loss, grad in stepped:
-                tensors.append(loss.to(device))
-                if grad is not None:
-                    tensors.append(grad.to(device))
-        values = iter(torch.stack(tensors).tolist())
-        assert self.loop is not None  # flags are kept and read during the run only
-        state = self.loop.state
-        read = f"read on the host at epoch {state.epoch}, batch {state.batch_idx}"
-        windows, error = [], None
-        for _, (epoch, first, last), stepped in pending:
-            bad = next(values)
-            windows.append(bad)
-            loss_where = f"non-finite loss at epoch {epoch}, {_batches(first, last)}"
-            skips = []
-            for managed, _, grad in stepped:
-                loss_bad = next(values)
-                grad_bad = next(values) if grad is not None else False
-                if loss_bad:
-                    skips.append((managed, loss_where))
-                elif grad_bad:
-                    skips.append((managed, f"non-finite gradient at epoch {epoch}, batch {last}"))
-            for managed, where in skips:
-                managed.steps -= 1
-                if self.nonfinite == "raise" and not final:  # counted (the error names it)
-                    managed.skipped += 1
-                    self._first_skip = self._first_skip or f"{where} (skipped on the device; {read})"
-                else:
-                    self._count_skip(managed, f"{where} (skipped on the device; {read})")
-            if self.nonfinite == "raise" and (bad or skips):
-                if final:
-                    if not skips:
-                        warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})",
-                                      OptimWarning, stacklevel=3)
-                elif error is None:
-                    where = loss_where if bad else skips[0][1]
-                    were = ("its steps were " if bad else "its step was ") + "skipped on the device; " if skips else ""
-                    error = FloatingPointError(f"optim: {where} ({were}{read})")
-        if error is not None:
-            self._due = self._due or error
-            if not hold:
-                self._raise_due()
-        return windows
-
-    def _raise_due(self) -> None:
-        """Raise the error a read under ``nonfinite="raise"`` held (see ``_read_deferred``)."""
-        if self._due is not None:
-            error, self._due = self._due, None
-            raise error
-
     @hookimpl
     def metrics_update(self, loop: Run) -> None:
         """The publication rate is a host read anyway: read the device-side flags too, the
@@ -406,27 +262,10 @@ class Optim:
     @hookimpl
     def stage_start(self, loop: Run, stage: str) -> None:
         if stage == "train":
-            self._stage_len = _length(loop.train_data)
-            self._last_window, self._last_size = sys.maxsize, self.accumulate
-            if self._stage_len is not None and self._stage_len % self.accumulate:
-                self._last_size = self._stage_len % self.accumulate
-                self._last_window = self._stage_len - self._last_size
+            self._measure(loop.train_data)
             if not self._watched and self.optimizers is not None:
                 self._watched = True  # the run's first training stage only: see _watch
                 self._watch(True)
-
-    @hookimpl
-    def should_sync_gradients(self, loop: Run) -> bool:
-        """Whether the optimizers step after this training batch (the window's last batch, or
-        the stage's last, where the partial window is stepped), or the run may end after it
-        with the window open (``max_steps``: a checkpoint then keeps the averaged gradients).
-        When the stage's length is unknown its last batch cannot be told: every batch syncs."""
-        if self._window_closes() or self._stage_len is None:
-            return True
-        state = loop.state
-        if state.batch_idx >= self._stage_len - 1:
-            return True
-        return loop.max_steps is not None and state.step + 1 >= loop.max_steps
 
     @hookimpl(tryfirst=True)  # finishes the stage's work before plugins report on it (metrics)
     def stage_end(self, loop: Run, stage: str) -> None:
@@ -505,77 +344,7 @@ class Optim:
 
         return step_under_autocast
 
-    # -- steps that bypass loop.optimizers ----------------------------------------------------
-    def _watch(self, on: bool) -> None:
-        """Watch (or stop watching) for steps of the managed optimizers that do not go through
-        ``loop.optimizers`` (a step function stepping its own optimizer variable), which would
-        bypass clipping, accumulation, loss scaling, the non-finite policy, schedulers and the
-        counters. A torch step pre-hook on each optimizer tells, with a flag optim sets only
-        while it steps (``ManagedOptimizer._own``; on the fast path that is a variant of it,
-        ``_fast_watched``). Only the run's first training stage is watched (such a step happens
-        in every batch): afterwards the hooks are removed and ``step()`` takes the plain fast
-        path again, with no per-batch cost left."""
-        assert self.optimizers is not None
-        self._watching = on
-        for managed in self.optimizers.values():
-            if on:
-                managed.watch()
-            else:
-                managed.unwatch()
-        self._set_fast_paths()
-
-    def _bypassed(self, managed: ManagedOptimizer) -> None:
-        """A managed optimizer was stepped by someone else than optim: warn, once a run."""
-        if self._bypass_seen:
-            return
-        self._bypass_seen = True
-        several = self.optimizers is not None and len(self.optimizers) > 1
-        call = f"loop.optimizers[{managed.name!r}].step()" if several else "loop.optimizers.step()"
-        state = self.loop.state if self.loop is not None else None
-        where = f" (epoch {state.epoch}, batch {state.batch_idx})" if state is not None else ""
-        warnings.warn(
-            f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped "
-            f"directly{where}, not through loop.optimizers: such a step bypasses optim's "
-            f"gradient clipping, accumulation, loss scaling, non-finite checks, schedulers and "
-            f"step counters. Call {call} in the step function instead of the optimizer's own "
-            f"step()",
-            OptimWarning,
-            stacklevel=4,  # the step function's line: here, the hook, torch's step wrapper
-        )
-
-    # -- accumulation windows ---------------------------------------------------------------
-    def _window_closes(self) -> bool:
-        if self.accumulate == 1:
-            return True
-        assert self.loop is not None  # asked by a step or an event, during the run
-        return (self.loop.state.batch_idx + 1) % self.accumulate == 0
-
-    def _divisor(self, loop: Run) -> int:
-        """What the loss of this batch is divided by (``accumulate > 1``): the number of
-        batches of its window, ``accumulate`` but in the epoch's last window when the data's
-        length makes it partial. A pure function of the batch index and the data's length,
-        so a run resumed inside the window weights it as an uninterrupted one; a batch past
-        the length the data gave (a wrong ``__len__``) is divided by ``accumulate``."""
-        batch_idx = loop.state.batch_idx
-        # (_last_window is sys.maxsize while the stage's length is unknown)
-        if (batch_idx < self._last_window or not loop.training or self._stage_len is None
-                or batch_idx >= self._stage_len):
-            return self.accumulate
-        return self._last_size
-
-    def _close_window(self) -> None:
-        if self._bad is not None:
-            self._close_deferred()
-        if self._poisoned:
-            self._skip_window()
-        self._poison(False)
-
-    def _poison(self, poisoned: bool) -> None:
-        """Mark the current window as having (or not) a non-finite loss: its steps are
-        skipped, so the fast paths are off meanwhile."""
-        self._poisoned = poisoned
-        self._set_fast_paths()
-
+    # -- the fast paths ---------------------------------------------------------------------
     def _set_fast_paths(self) -> None:
         """Decide whether ``backward`` and ``step()`` may skip everything but the work itself;
         run when a window is poisoned or closed, and whenever the run's plugins change (a
@@ -593,51 +362,6 @@ class Optim:
             managed._fast_watched = fast and self._watching
         self._bare = (not self._scales and clean and not backward and self._autocast is None
                       and not self._deferring)
-
-    def _expire_poison(self) -> None:
-        """Close a poisoned window that a batch_end did not: without accumulation or AMP
-        optim has no per-batch hook, so the next batch's first backward or step does it."""
-        if self.accumulate == 1:
-            assert self.loop is not None  # by a step, during the run
-            if self.loop.state.step != self._poisoned_at:
-                self._close_window()
-
-    def _skip_window(self) -> None:
-        """A poisoned window closed: drop the gradients of optimizers that did not step."""
-        assert self.optimizers is not None  # a window closes during the run
-        for managed in self.optimizers.values():
-            if managed._deferred:
-                managed._deferred = False
-                managed._skip("non-finite loss")
-            else:
-                managed._clear()
-
-    def _nonfinite(self, what: str, managed: ManagedOptimizer) -> None:
-        """Count a skipped step; warn about the first, or raise under ``nonfinite="raise"``."""
-        assert self.loop is not None  # by a step, during the run
-        state = self.loop.state
-        where = f"{what} at epoch {state.epoch}, batch {state.batch_idx}"
-        if self.nonfinite == "raise":
-            managed.skipped += 1
-            raise FloatingPointError(f"optim: {where}")
-        self._count_skip(managed, where)
-
-    def _count_skip(self, managed: ManagedOptimizer, where: str) -> None:
-        """Count a skipped step of ``managed``; warn about the run's first; tell the plugins
-        that listen (``step_skipped``)."""
-        managed.skipped += 1
-        loop = self.loop
-        assert loop is not None  # skips are counted during the run
-        if (call := loop.hooks.step_skipped) is not None:
-            call(loop, managed.name, where, loop.state.step)
-        if self._first_skip is None:
-            self._first_skip = where
-            warnings.warn(
-                f"optim: skipped the step of optimizer {managed.name!r}: {where}; further skips "
-                f"are counted and reported at the end of the run",
-                OptimWarning,
-                stacklevel=4,
-            )
 
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -707,25 +431,6 @@ class _BatchEnd:
             self.owner._batch_end()
 
 
-def _length(data: Any) -> int | None:
-    """How many batches ``data`` yields, or ``None`` when it cannot say: no ``__len__``, or
-    one that raises ``TypeError`` (a ``DataLoader`` over an ``IterableDataset`` without a
-    length)."""
-    try:
-        return len(data)
-    except TypeError:
-        return None
-
-
-def _finite(loss: torch.Tensor) -> bool:
-    """Whether every value of ``loss`` is finite. A CPU scalar is read with ``item()`` (no
-    synchronisation there, the cheapest check; ``Optim.backward`` inlines this case); on an
-    accelerator this synchronises once."""
-    if loss.is_cpu and loss.numel() == 1:
-        return math.isfinite(loss.item())
-    return bool(torch.isfinite(loss).all())
-
-
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 
 
@@ -742,16 +447,6 @@ def _device_type(model: Any, default: Any = _GUESS) -> Any:
     if default is not _GUESS:
         return default
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-READ_EVERY = 1024
-"""On the device path, the flags of this many closed windows are read on the host at the
-latest, so a run that publishes no metrics keeps a bounded number of them."""
-
-
-def _batches(first: int, last: int) -> str:
-    """``batch 3``, or ``batches 2-3`` for an accumulation window's losses."""
-    return f"batch {first}" if first == last else f"batches {first}-{last}"
 
 
 def _named(value: Any, what: str) -> dict[str, Any]:

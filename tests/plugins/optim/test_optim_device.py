@@ -95,7 +95,7 @@ def test_the_default_stack_reads_the_host_only_at_publications_on_the_device_pat
     assert fused.per_batch() == [1] + [0] * 10, fused.calls()  # the first step reads: no state yet
     plain = default_stack("plain", model(), data(12))
     assert plain.per_batch() == [1] * 11
-    assert all("optim/plugin.py" in call and call.startswith("tolist") for call in plain.calls())
+    assert all("optim/nonfinite.py" in call and call.startswith("tolist") for call in plain.calls())
     publishing = default_stack("fused", model(), data(12), interval=0.0)  # a publication every batch
     assert all(n >= 1 for n in publishing.per_batch())
     assert any("metrics/aggregate.py" in call for call in publishing.calls())

@@ -1,0 +1,97 @@
+"""checkpoint's resume side: which checkpoint a run resumes from (``"latest"``, a file, a
+folder; with ``fallback``, the next newest when one fails its checks) and how its contents are
+restored into the run (the model, every plugin's state, the run's own state). Plain functions
+of the run; the plugin (:mod:`hookfit.plugins.checkpoint.plugin`) calls them at ``configure``
+and ``resume``, and keeps the save side."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookfit import StateMismatch
+from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint.state import _load_model, _model_state
+from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, read
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
+
+OWN_KEYS = frozenset({"format", "version", "model", "plugins", "meta", "digest"})
+"""A checkpoint's entries that are not the run's own state (``loop.state_dict()``, whose
+entries sit beside them: ``loop``, ``rng``, ``data``...)."""
+
+
+def choose(loop: Run, source: str, directory: Path | None, fallback: bool
+           ) -> tuple[Path | None, dict[str, Any] | None]:
+    """The checkpoint to resume from and its checked contents, or ``(None, None)`` when
+    ``"latest"`` finds none (the run starts afresh). ``directory``: ``Checkpoint(dir=...)``;
+    ``fallback``: a checkpoint that fails its checks is warned about and the next newest taken."""
+    if source != "latest":
+        path = Path(source)
+        if path.is_dir() and not sharded.is_sharded(path):
+            candidates, where = checkpoint_files(path), str(path)
+            if not candidates:
+                raise FileNotFoundError(f"checkpoint: no checkpoint in {path}")
+        elif not path.exists():
+            raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file")
+        else:
+            return path, read(path, loop.train_data)
+    else:
+        candidates, where = latest(loop, directory)
+        if not candidates:
+            return None, None
+    if not fallback:
+        return candidates[0], read(candidates[0], loop.train_data)
+    for path in candidates:
+        try:
+            return path, read(path, loop.train_data)
+        except CheckpointError as error:
+            warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=2)
+    raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")
+
+
+def latest(loop: Run, directory: Path | None) -> tuple[list[Path], str]:
+    """The candidates for ``"latest"``, newest first, and where they were looked for: the
+    given ``dir`` (``directory``); else ``<run_dir>/checkpoints`` of a given ``run_dir``; else the
+    checkpoints of this run's name, ``runs/<name>/*/checkpoints`` (never another name's),
+    the folder written last first."""
+    if directory is not None:
+        return checkpoint_files(directory), str(directory)
+    run_dir = loop.config.run_dir
+    if loop.run_dir_given and run_dir is not None:  # (None only in a smoke run, which never resumes)
+        folder = run_dir / "checkpoints"
+        return checkpoint_files(folder), str(folder)
+    from hookfit import run as run_module
+
+    base = (run_module.RUNS / loop.name).absolute()
+    folders = [checkpoint_files(folder) for folder in base.glob("*/checkpoints") if folder.is_dir()]
+    folders = [files for files in folders if files]
+    folders.sort(key=lambda files: max(p.stat().st_mtime for p in files), reverse=True)
+    return [p for files in folders for p in files], str(base / "*" / "checkpoints")
+
+
+def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:
+    """Restore the checkpoint ``path`` (its checked contents ``data``) into the run: the model
+    (a sharded checkpoint's shards read by DCP into this run's tensors), every plugin's state
+    (``strict``: a state that does not match the run's plugins is an error, not a warning) and
+    the run's own state, its position included."""
+    here = _model_state(loop.model)
+    if sharded.placeholders(data):
+        data = sharded.load(data, path, here)
+    elif sharded.split(here)[1]:
+        raise CheckpointError(
+            f"checkpoint: {path} was written by a run without sharded parameters, and this run's "
+            f"model is sharded (Distributed(strategy='fsdp')): resume it with the strategy that wrote "
+            f"it, or start the sharded run from its weights (hookfit export, then load_state_dict "
+            f"before Loop.fit())")
+    _load_model(loop.model, data["model"], path)
+    try:
+        loop.load_plugin_states(data["plugins"], strict=strict)
+    except StateMismatch as error:
+        raise ValueError(
+            f"checkpoint: {path}: {error.detail}. Pass Checkpoint(strict=False) in "
+            f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
+            f"restores unused)") from error
+    loop.load_state_dict({key: value for key, value in data.items() if key not in OWN_KEYS})
