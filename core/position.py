@@ -13,8 +13,8 @@ what it was given. What the run's state dict holds:
 * ``"data"``: the ``state_dict()`` of training and validation data that has one (and
   ``load_state_dict``): torchdata's ``StatefulDataLoader``, :class:`hookfit.data.Batches`
   (inside a validation, the validation data's state as it began);
-* ``"data_rng"``, inside a training stage: the random state as that stage made its data
-  iterator. A ``DataLoader`` draws its base seed (and, shuffling without a generator of its
+* ``"data_rng"``, inside a training stage: the random state (Python's and torch's) as that
+  stage made its data iterator. A ``DataLoader`` draws its base seed (and, shuffling without a generator of its
   own, its shuffle seed) from the global generator when it is iterated: a resumed run makes
   its iterator from this state, drops the batches already done, then goes on with ``"rng"``,
   so the rest of the epoch has the same batches, in the same order, and the same random
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.state import State
 
-__all__ = ["Cursor", "Position", "check_position", "check_rng", "rng_state", "set_rng_state"]
+__all__ = ["Cursor", "Position", "check_position", "check_rng", "iterator_rng_state", "rng_state", "set_rng_state"]
 
 Stage = Literal["train", "valid"]
 
@@ -154,7 +154,26 @@ def rng_state() -> dict[str, Any]:
         legacy = cast("tuple[str, Any, int, int, float]", numpy.random.get_state())
         name, keys_np, pos, has_gauss, cached = legacy
         out["numpy"] = [name, torch.from_numpy(keys_np.astype("int64")), pos, has_gauss, cached]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # unannotated in torch
+    if _cuda_in_use():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def _cuda_in_use() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # unannotated in torch
+
+
+def iterator_rng_state() -> dict[str, Any]:
+    """The generators a data iterator draws from as it is made, cheaply (once per training
+    stage): Python's and torch's (and CUDA's in use), not NumPy's, which a ``DataLoader`` does
+    not draw from (its state costs tens of microseconds to read). A valid :func:`rng_state`
+    without its ``"numpy"`` entry."""
+    import torch
+
+    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if _cuda_in_use():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
 

@@ -32,7 +32,7 @@ import torch
 
 from hookfit import blame, modes
 from hookfit.payloads import ResumeInfo
-from hookfit.position import rng_state, set_rng_state
+from hookfit.position import iterator_rng_state, rng_state, set_rng_state
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.state import State
 from hookfit.stopping import Budget, Stop, qualname
@@ -291,7 +291,7 @@ def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[
     cursor = run.cursor
     if not start:
         if train:
-            cursor.iter_rng = rng_state()
+            cursor.iter_rng = iterator_rng_state()
         return iter(data)
     replay = cursor.iter_rng if train else None
     keep = rng_state() if replay is not None else None
