@@ -71,6 +71,10 @@ class MetricsSnapshot:
     * ``history``: for a final snapshot, one read-only mapping per completed epoch of this
       stage, oldest first: ``{"epoch": ..., "step": ..., <metric>: <epoch mean>, ...}``;
       empty otherwise.
+    * ``best``: metric name -> ``"min"`` (lower is better) or ``"max"`` (higher is better),
+      for the metrics of ``values`` whose direction is known: configured by the user
+      (``Metrics(best=...)``), never guessed from a name (read-only; empty when none is).
+      Renderers and loggers mark a best value only for these.
 
     Derived: :attr:`samples_per_s`, :attr:`batches_per_s`, :attr:`step_time`, :attr:`eta`,
     and :meth:`row` (a flat, JSON-ready view).
@@ -88,13 +92,16 @@ class MetricsSnapshot:
     lr: Mapping[str, float] = field(default_factory=dict)
     final: bool = False
     history: tuple[Mapping[str, Any], ...] = ()
+    best: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # read-only views, so that no receiver can change what another one sees
-        if not isinstance(self.values, MappingProxyType):
-            object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
-        if not isinstance(self.lr, MappingProxyType):
-            object.__setattr__(self, "lr", MappingProxyType(dict(self.lr)))
+        for name in ("values", "lr", "best"):
+            if not isinstance(getattr(self, name), MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+        wrong = {k: v for k, v in self.best.items() if v not in ("min", "max")}
+        if wrong:
+            raise ValueError(f"MetricsSnapshot.best: directions must be 'min' or 'max', got {wrong}")
 
     @property
     def samples_per_s(self) -> float:
