@@ -192,7 +192,7 @@ def _runs(args: argparse.Namespace) -> int:
     if not root.exists():
         print(f"hookfit runs: {root}: no such folder", file=sys.stderr)
         return 2
-    infos = [runs.load(folder, metric=args.metric) for folder in runs.run_folders(root)]
+    infos = [runs.load(folder, metric=args.metric, mode=args.mode) for folder in runs.run_folders(root)]
     if args.json:
         print(json.dumps([info.as_dict() for info in infos], indent=2))
         return 0
@@ -210,6 +210,10 @@ def _runs(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    undirected = sorted({info.metric for info in infos if info.metric and info.mode is None})
+    if undirected:
+        print(f"(no best for {', '.join(undirected)}: no direction was configured; give Metrics(best={{...}}) "
+              f"in the run, or --mode min|max here)")
     return 0
 
 
@@ -254,6 +258,8 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.add_argument("--metric", help="the metric whose best value is shown, as stage/name (default: "
                                     "valid/loss, else train/loss)")
+    p.add_argument("--mode", choices=("min", "max"), help="which value of the metric is best, where the run's "
+                                                          "log does not say (default: the log's, min for loss)")
     p.set_defaults(run=_runs)
     if not argv or argv[0] not in OWN:  # a plugin's command, or help: ask the plugins
         _add_plugin_commands(sub, plugins)

@@ -5,9 +5,17 @@ A run folder (``runs/<name>/<date>-<time>``, or ``Loop(run_dir=...)``) holds ``r
 (one ``"run"`` line per ``fit()`` written by the core as it starts, with the process's ``pid``
 and ``host``, and an ``"end"`` line when it ends) and, with the metrics plugin, ``metrics.jsonl``
 (rows of :meth:`hookfit.payloads.MetricsSnapshot.row` as ``"epoch"`` and ``"step"`` events, a
-``"resume"`` line where a resumed run continues, and an ``"end"`` line). Both are read
+``"resume"`` line where a resumed run continues, an ``"end"`` line, and ``"best"`` lines with
+the directions the user configured: ``{"event": "best", "metrics": {"valid/acc": "max"}}``).
+Both are read
 tolerantly: a torn last line (a run killed while writing) is skipped, as is any line that is
 not a JSON object. Reading changes nothing in the folder.
+
+Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
+what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
+named ``loss`` only, ``"min"`` (the loss is what the step minimises: the metrics role's default).
+It is never guessed from other words in a name (``mae`` and ``perplexity`` are best low,
+``accuracy`` high): a metric without a direction has no best value.
 
 A run with no end line is *running* while the process that started it is alive on this
 machine, *unfinished* otherwise (killed, or on another machine that cannot be asked).
@@ -24,8 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROW_FIELDS", "RunInfo", "best", "default_metric", "epoch_rows", "find", "load", "metric_names",
-           "read_jsonl", "run_folders", "series"]
+__all__ = ["ROW_FIELDS", "RunInfo", "best", "default_metric", "direction", "directions", "epoch_rows", "find",
+           "load", "metric_names", "read_jsonl", "run_folders", "series"]
 
 ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s"})
 """The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
@@ -116,10 +124,27 @@ def default_metric(rows: Sequence[Mapping[str, Any]]) -> str | None:
     return names[0] if names else None
 
 
-def _mode(metric: str) -> str:
-    """``max`` for names that grow when better (accuracy, F1, AUC, scores), else ``min``."""
-    name = metric.rsplit("/", 1)[-1].lower()
-    return "max" if any(word in name for word in ("acc", "f1", "auc", "score", "precision", "recall", "iou")) else "min"
+def directions(lines: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """``stage/metric`` -> ``"min"`` or ``"max"``: the last ``"best"`` line of a ``metrics.jsonl``
+    (the directions the user configured in the metrics plugin), ``{}`` without one."""
+    found: dict[str, str] = {}
+    for line in lines:
+        given = line.get("metrics") if line.get("event") == "best" else None
+        if isinstance(given, Mapping):
+            found = {str(k): v for k, v in given.items() if v in ("min", "max")}
+    return found
+
+
+def direction(metric: str, known: Mapping[str, str] | None = None) -> str | None:
+    """Which value of ``metric`` (``stage/name`` or a bare name) is best: ``known``'s entry for
+    it (by ``stage/name``, then by bare name), else ``"min"`` for a metric named ``loss``,
+    else ``None``: unknown, never guessed from the name."""
+    known = known or {}
+    name = metric.rsplit("/", 1)[-1]
+    found = known.get(metric) or known.get(name)
+    if found in ("min", "max"):
+        return found
+    return "min" if name == "loss" else None
 
 
 def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, int, float]]:
@@ -134,12 +159,14 @@ def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, in
 
 
 def best(rows: Sequence[Mapping[str, Any]], metric: str, mode: str | None = None) -> tuple[float, int] | None:
-    """The best value of ``metric`` over the epochs and its epoch (from 1): the lowest, or the
-    highest for metrics that grow when better (``mode`` says otherwise)."""
+    """The best value of ``metric`` over the epochs and its epoch (from 1): the lowest for
+    ``mode="min"``, the highest for ``"max"``; ``mode=None``: the direction the rows' ``"best"``
+    line gives (:func:`direction`). ``None`` with no finite value or no direction."""
+    mode = mode or direction(metric, directions(rows))
     points = series(rows, metric)
-    if not points:
+    if not points or mode is None:
         return None
-    pick = max if (mode or _mode(metric)) == "max" else min
+    pick = max if mode == "max" else min
     _, epoch, value = pick(points, key=lambda p: p[2])
     return value, epoch
 
@@ -150,8 +177,10 @@ class RunInfo:
 
     ``status`` is the last ``fit()``'s (``completed``, ``interrupted``, ``failed``), or
     ``running`` / ``unfinished`` when it wrote no end (see the module's documentation);
-    ``duration`` adds up its ``fit()`` calls; ``best`` is ``(metric, value, epoch)``;
-    ``resumed_from`` the checkpoint the last resume continued from."""
+    ``duration`` adds up its ``fit()`` calls; ``best`` is ``(metric, value, epoch)``, ``None``
+    when the metric has no finite value or no direction; ``mode`` that direction (``"min"``,
+    ``"max"``, ``None``: unknown); ``resumed_from`` the checkpoint the last resume continued
+    from."""
 
     folder: str
     name: str
@@ -164,6 +193,8 @@ class RunInfo:
     best: tuple[str, float, int] | None
     resumed_from: str | None
     fits: int
+    metric: str | None = None
+    mode: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -208,11 +239,12 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     steps = last.get("step") if isinstance(last.get("step"), int) else None
     if metric is None:
         metric = default_metric(rows)
-    found = best(rows, metric, mode) if metric else None
+    mode = mode or (direction(metric, directions(metrics)) if metric else None)
+    found = best(rows, metric, mode) if metric and mode else None
     name = starts[-1].get("name") if starts else folder.parent.name
     return RunInfo(
         folder=str(folder), name=str(name), started=starts[0].get("started") if starts else None,
         duration=duration, status=status, reason=reason, epochs=epochs, steps=steps,
         best=None if found is None or metric is None else (metric, found[0], found[1]),
-        resumed_from=str(resumes[-1].get("from")) if resumes else None, fits=fits,
+        resumed_from=str(resumes[-1].get("from")) if resumes else None, fits=fits, metric=metric, mode=mode,
     )

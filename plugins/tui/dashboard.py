@@ -21,6 +21,7 @@ import urwid
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ResumeInfo, TimeSplit
 from hookfit.plugins.common import Every, Monitor
 from hookfit.plugins.tui.plot import Series, bounds, braille, draw, logged, spans_decades, y_label
+from hookfit.tools.runs import direction
 
 PALETTE = [
     ("title", "white,bold", "dark blue"),
@@ -112,6 +113,7 @@ class Dashboard:
         self.model: ModelSummary | None = None  # once the renderer sent it
         self.series: dict[tuple[str, str], Series] = {}
         self.table: dict[str, dict[str, float | None]] = {}
+        self.directions: dict[tuple[str, str], str] = {}  # (stage, metric) -> "min"/"max", from the snapshots
         self.names: list[str] = []
         self.selected = 0
         self.recent = False
@@ -148,6 +150,8 @@ class Dashboard:
                 self.marks.append((m.step, "L"))  # the learning rate changed since the last snapshot
             self._lr = lr
         self.epoch, self.step = m.epoch, m.step
+        for key, mode in m.best.items():
+            self.directions[(m.stage, key)] = mode
         p = self.progress
         p.stage, p.batches, p.total, p.rate = m.stage, m.batches, m.total, m.batches_per_s
         if m.batches:
@@ -361,15 +365,20 @@ class Dashboard:
         return markup
 
     def best_step(self, name: str) -> float | None:
-        """The step of the best epoch of ``name``: the lowest validation value (the highest
-        for accuracies and scores), else the lowest training value."""
+        """The step of the best epoch of ``name``: of its validation values, else of its
+        training values, the lowest or the highest as the snapshots' ``best`` says (the
+        directions the user configured; ``"min"`` for a metric named ``loss`` without one:
+        :func:`hookfit.tools.runs.direction`). ``None`` for a metric with no direction: it
+        is never guessed from the name."""
         for stage in ("valid", "train"):
             series = self.series.get((stage, name))
             if series is not None and len(series):
-                grows = any(word in name.lower() for word in ("acc", "f1", "auc", "score", "precision", "recall"))
-                best = Monitor(mode="max" if grows else "min")
+                mode = direction(name, {name: self.directions.get((stage, name), "")})
+                if mode is None:
+                    return None
+                best = Monitor(mode=mode)
                 for x, lo, hi in series.points():
-                    best.update(hi if grows else lo, at=x)
+                    best.update(hi if mode == "max" else lo, at=x)
                 at: float | None = best.best_at  # None when no value is finite
                 return at
         return None

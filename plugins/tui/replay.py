@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from hookfit.tools import runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
@@ -41,6 +41,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = commands.add_parser("compare", help="one metric of several runs in one plot, with their final and best values")
     p.add_argument("runs", nargs="+", help="run folders (or run names under runs/)")
     p.add_argument("--metric", help="stage/name, such as valid/loss (default: valid/loss, else train/loss)")
+    p.add_argument("--mode", choices=("min", "max"), help="which value of the metric is best, where the runs' "
+                                                          "logs do not say (default: the logs', min for loss)")
     p.add_argument("--width", type=int, default=None, help="plot columns (default: the terminal's)")
     p.add_argument("--height", type=int, default=14, help="plot rows")
     p.add_argument("--log", choices=("auto", "on", "off"), default="auto",
@@ -51,17 +53,22 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 # -- a run's rows as the dashboard's messages -------------------------------------------------
 
 
-def snapshot(row: dict[str, Any], max_epochs: int, final: bool) -> MetricsSnapshot:
+def snapshot(row: dict[str, Any], max_epochs: int, final: bool,
+             directions: Mapping[str, str] | None = None) -> MetricsSnapshot:
     """A metrics row (:meth:`MetricsSnapshot.row`) as the snapshot it was written from (epoch
-    means as every value: a row keeps no other)."""
+    means as every value: a row keeps no other), with the directions of the log's ``"best"``
+    line (``stage/name`` -> ``"min"``/``"max"``) that concern its stage."""
     values = {k: Value(float(v), float(v), float(v)) for k, v in row.items()
               if k not in runs.ROW_FIELDS and not k.startswith("lr_") and isinstance(v, (int, float))}
     lr = {k[3:]: float(v) for k, v in row.items() if k.startswith("lr_") and isinstance(v, (int, float))}
     batches = int(row.get("batches", 0))
+    stage = str(row.get("stage", "train"))
+    best = {name: mode for name, mode in (directions or {}).items() if name.startswith(f"{stage}/")}
     return MetricsSnapshot(
-        stage=str(row.get("stage", "train")), epoch=int(row.get("epoch", 1)) - 1, max_epochs=max_epochs,
+        stage=stage, epoch=int(row.get("epoch", 1)) - 1, max_epochs=max_epochs,
         step=int(row.get("step", 0)), batches=batches, total=batches, samples=int(row.get("samples", 0)),
-        elapsed=float(row.get("time", 0.0)), values=values, lr=lr, final=final)
+        elapsed=float(row.get("time", 0.0)), values=values, lr=lr, final=final,
+        best={name.split("/", 1)[1]: mode for name, mode in best.items()})
 
 
 def time_split(recorded: dict[str, Any]) -> dict[str, TimeSplit]:
@@ -86,6 +93,7 @@ class Follower:
         self.ended: dict[str, Any] | None = None
         self.resumed: ResumeInfo | None = None
         self.step = 0
+        self.directions: dict[str, str] = {}  # the log's last "best" line
 
     def poll(self) -> bool:
         """Read what was added since the last call; whether anything was."""
@@ -116,10 +124,13 @@ class Follower:
             if row.get("stage") == "train" or event == "epoch":
                 dash.receive("stage", str(row.get("stage", "train")), int(row.get("epoch", 1)) - 1,
                              int(row.get("batches", 0)) or None)
-            dash.receive("epoch" if event == "epoch" else "update", snapshot(row, self.max_epochs, event == "epoch"))
+            dash.receive("epoch" if event == "epoch" else "update",
+                         snapshot(row, self.max_epochs, event == "epoch", self.directions))
             if event == "epoch":
                 dash.receive("stage_end", str(row.get("stage", "train")))
             self.step = int(row.get("step", self.step))
+        elif event == "best":
+            self.directions = runs.directions([row])
         elif event == "resume":
             self.resumed = ResumeInfo(str(row.get("from")), int(row.get("epoch", 1)) - 1, int(row.get("step", 0)),
                                       int(row.get("batch", 0)), "train")
@@ -265,8 +276,8 @@ def _compare(args: argparse.Namespace) -> int:
                           colours=COLOURS if colour else None):
         print(line)
     table = [("#", "RUN", "STATUS", "EPOCHS", "STEPS", "FINAL", "BEST")]
-    for i, folder in enumerate(folders, 1):
-        info = runs.load(folder, metric=metric)
+    infos = [runs.load(folder, metric=metric, mode=args.mode) for folder in folders]
+    for i, (folder, info) in enumerate(zip(folders, infos), 1):
         points = curves[folder]
         final = f"{points[-1][2]:.4g}" if points else "-"
         best = "-" if info.best is None else f"{info.best[1]:.4g} (epoch {info.best[2]})"
@@ -280,6 +291,9 @@ def _compare(args: argparse.Namespace) -> int:
         print(text)
     for name in missing:
         print(f"(no {metric} in {name})")
+    if any(info.mode is None for folder, info in zip(folders, infos) if curves[folder]):
+        print(f"(no best for {metric}: no direction was configured; give Metrics(best={{...}}) in the run, "
+              f"or --mode min|max here)")
     return 0
 
 

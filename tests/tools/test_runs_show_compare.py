@@ -104,7 +104,7 @@ def test_runs_lists_each_run_with_its_status_best_value_and_resume(two_runs: tup
     assert listed["killed"]["best"] == {"metric": "train/loss", "value": 2.5, "epoch": 1}
     assert listed["live"]["status"] == "running"
     # newest first (the fixture's runs started today, after the hand-written ones)
-    assert cli.main(["runs", str(tmp_path / "runs"), "--metric", "train/accuracy"]) == 0
+    assert cli.main(["runs", str(tmp_path / "runs"), "--metric", "train/accuracy", "--mode", "max"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "BEST", "RESUMED", "FROM"]
     order = [Path(line.split()[0]).name for line in lines[1:]]
@@ -135,6 +135,55 @@ def test_show_without_a_terminal_prints_the_runs_summary(two_runs: tuple[Path, P
     assert table["loss"] == _fmt(_final(slow, "train/loss"))
     assert table["accuracy"] == _fmt(_final(slow, "train/accuracy"))
     assert "loss over steps (train and valid):" in out
+
+
+def _log(folder: Path, *lines: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return folder
+
+
+def _epoch(epoch: int, **values: float) -> dict[str, Any]:
+    return {"event": "epoch", "stage": "valid", "epoch": epoch, "step": 10 * epoch, **values}
+
+
+def test_the_best_value_follows_the_configured_direction_never_the_name(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24: which value is best is configuration (the log's "best" line, or --mode), and
+    a metric without one has no best: "mae" is best low and "acc" high, which no name says."""
+    epochs = [_epoch(1, acc=0.5, mae=3.0, loss=2.0), _epoch(2, acc=0.9, mae=1.0, loss=1.0),
+              _epoch(3, acc=0.7, mae=2.0, loss=1.5)]
+    told = _log(tmp_path / "told", {"event": "best", "metrics": {"valid/acc": "min"}},
+                {"event": "best", "metrics": {"valid/acc": "max", "valid/mae": "min"}}, *epochs)
+    untold = _log(tmp_path / "untold", *epochs)
+    # the log's last "best" line decides; a name that "sounds" one way changes nothing
+    assert runs.load(told, metric="valid/acc").best == ("valid/acc", 0.9, 2)
+    assert runs.load(told, metric="valid/mae").best == ("valid/mae", 1.0, 2)
+    assert runs.load(untold, metric="valid/acc").best is None and runs.load(untold, metric="valid/acc").mode is None
+    assert runs.load(untold, metric="valid/acc", mode="min").best == ("valid/acc", 0.5, 1)
+    assert runs.load(untold, metric="valid/loss").best == ("valid/loss", 1.0, 2)  # the loss is minimised
+    assert runs.load(untold).best == ("valid/loss", 1.0, 2)
+    # the listing says why a best is missing, and --mode gives it
+    assert cli.main(["runs", str(untold), "--metric", "valid/mae"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("no best for valid/mae: no direction was configured; give Metrics(best={...}) "
+                                 "in the run, or --mode min|max here)")
+    assert cli.main(["runs", str(untold), "--metric", "valid/mae", "--mode", "min"]) == 0
+    assert "valid/mae 1 (epoch 2)" in capsys.readouterr().out
+    # compare: the same rule, per run
+    assert command("compare", str(told), str(untold), "--metric", "valid/acc", "--width", "40") == 0
+    out = capsys.readouterr().out
+    rows = {row.split()[0]: row for row in out.splitlines() if re.match(r"^[12] ", row)}
+    assert rows["1"].endswith("0.9 (epoch 2)") and rows["2"].endswith("-")
+    assert "no best for valid/acc" in out
+    # the dashboard marks the best epoch only with a direction, from the snapshots it receives
+    from hookfit.plugins.tui.replay import Follower
+
+    for folder, star in ((told, 20.0), (untold, None)):
+        dash = Dashboard(max_epochs=3, val_every=None, on_stop=lambda: None, on_leave=lambda: None)
+        Follower(folder, dash, 3).poll()
+        assert dash.best_step("acc") == star
+        assert dash.best_step("loss") == 20.0
 
 
 def test_compare_draws_every_run_and_tables_final_and_best(two_runs: tuple[Path, Path],
