@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from pathlib import Path
 
 PYPROJECT = """\
@@ -15,8 +16,10 @@ name = "hookfit-{dash}"
 version = "0.1.0"
 description = "A hookfit plugin: {name}."
 readme = "README.md"
-requires-python = ">=3.10"
-dependencies = ["hookfit"]
+requires-python = ">=3.11"
+# The hookfit this package was made next to (hookfit is not on the package index: install this
+# package into the environment that has hookfit, where this requirement is already met).
+dependencies = ["hookfit>={version}"]
 
 [project.optional-dependencies]
 test = ["pytest>=8"]
@@ -84,10 +87,14 @@ def test_the_installed_package_registers_it():
 README = """\
 # hookfit-{dash}
 
-A [hookfit](https://pypi.org/project/hookfit/) plugin named `{name}`.
+A hookfit plugin named `{name}`, made by `hookfit new-plugin` next to hookfit {version}.
 
-    pip install -e ".[test]"     # hookfit finds it at once: `hookfit plugins` lists it
-    python -m pytest             # its tests, with hookfit's pytest plugin
+Install it into the environment where hookfit is installed: this package depends on hookfit,
+which is not on the package index, so pip must find it already there. With pytest and
+setuptools in that environment too, nothing is downloaded (`--no-index` works offline):
+
+    pip install --no-build-isolation -e ".[test]"   # hookfit finds it at once: `hookfit plugins` lists it
+    python -m pytest                                # its tests, with hookfit's pytest plugin
 
 Disable it for one run with `HOOKFIT_DISABLE_PLUGINS={name}`, or `Loop(disable=["{name}"])`.
 """
@@ -100,7 +107,7 @@ def create(name: str, directory: Path) -> Path:
     root = Path(directory) / f"hookfit-{name.replace('_', '-')}"
     if root.exists():
         raise FileExistsError(f"{root} already exists; choose another --dir or name")
-    values = {"name": name, "dash": name.replace("_", "-"),
+    values = {"name": name, "dash": name.replace("_", "-"), "version": metadata.version("hookfit"),
               "cls": "".join(part.capitalize() for part in name.split("_")) + "Plugin"}
     files = {
         "pyproject.toml": PYPROJECT,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+from importlib import metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +31,14 @@ def test_new_plugin_installs_is_discovered_and_its_test_passes(tmp_path: Path, v
     made = run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "epoch_log", "--dir", str(tmp_path), cwd=tmp_path)
     root = tmp_path / "hookfit-epoch-log"
     assert f"created {root}" in made.stdout
-    venv.install(root, editable=True, copy=False)  # into the temporary venv only
+    readme = (root / "README.md").read_text()
+    assert "pypi.org" not in readme and "http" not in readme  # no page that does not exist
+    # exactly the generated README's command, with its dependencies checked, offline: it
+    # installs next to the installed hookfit (which the package index does not have)
+    command = next(shlex.split(line.split("#")[0]) for line in readme.splitlines() if "pip install" in line)
+    assert command[:2] == ["pip", "install"]
+    venv.pip(*command[1:], "--no-index", cwd=root)  # into the temporary venv only
+    assert f'"hookfit>={metadata.version("hookfit")}"' in (root / "pyproject.toml").read_text()
     try:
         assert_not_in_running_env("hookfit-epoch-log", "hookfit_epoch_log")
         listing = json.loads(venv.run("-m", "hookfit.tools.cli", "plugins", "--json", cwd=tmp_path).stdout)
