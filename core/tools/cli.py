@@ -12,6 +12,12 @@ import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+DESCRIPTION = """\
+hookfit's command (python -m hookfit is the same): hookfit plugins, hookfit hooks,
+hookfit new-plugin, hookfit demo, hookfit runs, and the commands that the installed
+plugins add (hookfit export is the checkpoint plugin's)."""
+"""``hookfit --help``'s text: plain words, as a terminal shows them (no reStructuredText)."""
+
 
 def _plugins(args: argparse.Namespace) -> int:
     from hookfit import config, manager
@@ -235,7 +241,8 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     """Entry point of the ``hookfit`` console script; ``plugins`` are added to the installed
     ones for their commands (as ``Loop(plugins=...)``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="hookfit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hookfit", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled, options")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
