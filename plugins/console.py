@@ -1,38 +1,65 @@
 """console: plain-text progress for pipes, CI logs, batch schedulers and notebooks.
 
 Every line is complete, starts with ``hookfit`` and is made of ``key=value`` fields, so logs
-can be grepped; no carriage returns, backspaces or escape codes, ever. It never floods:
-progress lines come at most every ``interval`` seconds, epoch summaries at most every
-``summary_interval`` seconds (the last epoch's always), so the number of lines per minute is
-bounded however fast the steps are. The first line names the run's plugins as the user knows
-them (discovered or given, enabled and registered; not the helpers a plugin registers for
-itself). Then comes the size of the model (:func:`hookfit.plugins.summary.summarize`; nothing for a
-run without ``Loop(model=...)``): ``hookfit model params=<n> trainable=<n> size_mb=<MB>``
-(parameters and buffers, in MB of 2**20 bytes; with ``uninitialised=<n>`` for the tensors of
-lazy modules not initialised yet), and ``hookfit model module=<name> type=<class> params=<n>
-trainable=<n> size_mb=<MB>`` for each top-level module (at most ``MODULE_LINES``, then
-``hookfit model more_modules=<n>``). A resumed run says where it continues from (``hookfit
-resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``), and at the end it prints the
-status, the reason, the duration and, for every metric, its last epoch value and its best or
-its extremes. Last comes where each stage's time went (``loop.state.time_split``, measured by
-the loop): ``hookfit time stage=train batches=<n> time=<s>s data=<%> step=<%> plugins=<%>``, and
-when waiting for data is more than :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's
-time (:attr:`hookfit.payloads.TimeSplit.data_bound`), a plain warning:
-``hookfit bottleneck stage=train part=data share=45% message="data loading is 45% of training
-time: the data loader is the bottleneck (try DataLoader num_workers, pin_memory)"``.
+can be grepped; no carriage returns, backspaces or escape codes, ever.
+
+Epoch summaries
+    Every stage of every epoch gets its summary line, however quickly the epochs come (a log
+    that skips epochs cannot be compared with another run's): ``hookfit train epoch=<e>/<max>
+    done batches=<n> time=<s>s samples_per_s=<x> <metric>=<epoch mean>...``. A stage that
+    ended early (a stop or ``max_steps`` inside the epoch: a snapshot with ``batches <
+    total``) says so, so that nobody reads it as a whole epoch: ``hookfit train epoch=2/5
+    partial batches=37/100 ...``. (``summary_interval``, which dropped summaries that came
+    within 2 s of the previous one, is gone: passing it is an error naming ``interval`` and
+    ``every_n_batches``, which bound the progress lines.)
+
+Progress lines
+    ``hookfit train epoch=<e>/<max> batch=<n>/<total> samples_per_s=<x> eta=<h:mm:ss>
+    <metric>=<running mean>...``, from the metrics plugin's ``metrics_update`` snapshots, at
+    most every ``interval`` seconds (10; ``None``: never by time), so their number per minute
+    is bounded however fast the steps are. ``every_n_batches=N`` adds a line at every N-th
+    training batch of an epoch (batches N, 2N... counted from the epoch's start, a resumed
+    epoch's included), whatever the time; its values are those of the latest snapshot of that
+    epoch, and when that snapshot is of an earlier batch (the metrics plugin publishes at most
+    every ``Metrics(interval=...)`` seconds) the line says which: ``metrics_at_batch=<n>``.
+    The two combine: any progress line restarts the ``interval`` clock, so with both a line
+    by time comes only when N batches take longer than ``interval`` seconds, and a batch
+    already reported by time is not reported twice. ``Console(every_n_batches=200,
+    interval=None)`` prints by batches only. Validation progress is by time only.
+
+The rest
+    The first line names the run's plugins as the user knows them (discovered or given,
+    enabled and registered; not the helpers a plugin registers for itself). Then comes the
+    size of the model (:func:`hookfit.plugins.summary.summarize`; nothing for a run without
+    ``Loop(model=...)``): ``hookfit model params=<n> trainable=<n> size_mb=<MB>`` (parameters
+    and buffers, in MB of 2**20 bytes; with ``uninitialised=<n>`` for the tensors of lazy
+    modules not initialised yet), and ``hookfit model module=<name> type=<class> params=<n>
+    trainable=<n> size_mb=<MB>`` for each top-level module (at most ``MODULE_LINES``, then
+    ``hookfit model more_modules=<n>``). A resumed run says where it continues from
+    (``hookfit resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``), and at the end
+    it prints the status, the reason, the duration and, for every metric, its last epoch value
+    and its best or its extremes. Last comes where each stage's time went
+    (``loop.state.time_split``, measured by the loop): ``hookfit time stage=train
+    batches=<n> time=<s>s data=<%> step=<%> plugins=<%>``, and when waiting for data is more
+    than :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's time
+    (:attr:`hookfit.payloads.TimeSplit.data_bound`), a plain warning: ``hookfit bottleneck
+    stage=train part=data share=45% message="data loading is 45% of training time: the data
+    loader is the bottleneck (try DataLoader num_workers, pin_memory)"``.
 
 When a dashboard claims the terminal (the ``claim_output`` event), the console stays silent
 unless it was given a stream of its own. Progress comes from whichever plugin publishes
 ``metrics_update``/``epoch_metrics`` (:class:`hookfit.payloads.MetricsSnapshot`); without one,
-the console prints the start and the end of the run only.
+the console prints the start and the end of the run only (and, with ``every_n_batches``, the
+position: ``hookfit train epoch=<e>/<max> batch=<n>/<total>``).
 
 Which value is best is configuration, never guessed from a name (``mae`` and ``perplexity``
-are best low, ``accuracy`` high, and a name cannot say so reliably):
-``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``, keyed by metric name
-or by ``"<stage>/<metric>"`` (which wins over the bare name). A metric with a direction gets
-``last=... best=... best_epoch=...``; one without gets ``last=... min=... min_epoch=...
-max=... max_epoch=...``. Epochs count from 1; NaN and infinities are never best
-(:class:`hookfit.plugins.common.Monitor`).
+are best low, ``accuracy`` high, and a name cannot say so reliably). By default it is what
+the snapshots carry (:attr:`hookfit.payloads.MetricsSnapshot.best`, configured in the metrics
+plugin); ``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``, keyed by
+metric name or by ``"<stage>/<metric>"`` (which wins over the bare name), wins for the names
+it lists. A metric with a direction gets ``last=... best=... best_epoch=...``; one without
+gets ``last=... min=... min_epoch=... max=... max_epoch=...``. Epochs count from 1; NaN and
+infinities are never best (:class:`hookfit.plugins.common.Monitor`).
 """
 
 from __future__ import annotations
@@ -44,7 +71,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
-from hookfit.plugins.common import MODES, Monitor, number, option_error
+from hookfit.plugins.common import MODES, Every, Monitor, number, option_error
 from hookfit.plugins.summary import summarize
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -52,6 +79,8 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 MODULE_LINES = 30
 """The most ``hookfit model module=...`` lines printed at the start; more are counted."""
+
+_clock = time.monotonic  # the console's clock for ``interval`` (a test may stand a fake in)
 
 _STAGE_TIME = {"train": "training time", "valid": "validation time"}
 
@@ -130,30 +159,52 @@ class _Extremes:
 
 
 class Console:
-    """Throttled, grep-able progress and summaries on a text stream."""
+    """Grep-able progress and every epoch's summary on a text stream (the module's docstring
+    says what each line holds).
+
+    ``stream``: where to write (standard output by default). ``interval``: seconds between
+    progress lines, at least (``None``: no line by time). ``every_n_batches``: a progress line
+    at every N-th training batch of an epoch as well (``None``: none). ``best``: which way is
+    best for metrics, by name or ``"<stage>/<metric>"``, over the snapshots' own
+    :attr:`~hookfit.payloads.MetricsSnapshot.best`. ``summary_interval`` is removed (every
+    summary is printed): any value but ``None`` is a ``TypeError`` naming what replaces it.
+    """
 
     name = "console"
     observer = True  # a renderer: its failures switch it off, never the run
 
-    def __init__(self, stream: TextIO | None = None, interval: float = 10.0, summary_interval: float = 2.0,
-                 best: Mapping[str, str] | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, interval: float | None = 10.0, *,
+                 every_n_batches: int | None = None, best: Mapping[str, str] | None = None,
+                 summary_interval: None = None) -> None:
+        if summary_interval is not None:
+            raise TypeError(
+                f"console: summary_interval was removed: every epoch summary is printed now (dropping some hid "
+                f"epochs from the log); progress lines are bounded by interval= (seconds) and every_n_batches= "
+                f"(training batches); got summary_interval={summary_interval!r}")
         if stream is not None and not callable(getattr(stream, "write", None)):
             raise option_error(self.name, "stream", stream, "be a text stream (with write()), or None for standard "
                                "output", shown=type(stream).__name__)
         self.stream = stream
-        self.interval = number(self.name, "interval", interval, least=0, meaning="seconds between progress lines")
-        self.summary_interval = number(self.name, "summary_interval", summary_interval, least=0,
-                                       meaning="seconds between epoch summaries")
+        self.interval = number(self.name, "interval", interval, least=0, none=True,
+                               meaning="seconds between progress lines")
+        self._every = Every(every_n_batches, plugin=self.name, option="every_n_batches",
+                            meaning="training batches between progress lines")
+        self.every_n_batches = self._every.n
         self.best = _directions(best)
-        """Metric name or ``"stage/metric"`` -> ``"min"`` or ``"max"`` (which value is best)."""
+        """Metric name or ``"stage/metric"`` -> ``"min"`` or ``"max"`` (which value is best),
+        given to the console: wins over the snapshots' :attr:`~hookfit.payloads.MetricsSnapshot.best`."""
+        self._published: dict[tuple[str, str], str] = {}  # (stage, metric) -> the snapshots' direction
         self._last_progress = 0.0
-        self._last_summary = 0.0
+        self._last_line: tuple[str, int, int] | None = None  # (stage, epoch, batch) of the last progress line
+        self._latest: MetricsSnapshot | None = None  # the last metrics_update snapshot
+        self._total: int | None = None  # training batches per epoch, when the data has a length
         self._results: dict[tuple[str, str], _Extremes] = {}
         self._silent = False
 
     def direction(self, stage: str, metric: str) -> str | None:
-        """``"min"``, ``"max"`` or ``None`` (not configured) for ``metric`` of ``stage``."""
-        return self.best.get(f"{stage}/{metric}") or self.best.get(metric)
+        """``"min"``, ``"max"`` or ``None`` (not configured) for ``metric`` of ``stage``: the
+        console's own ``best`` first, then what the stage's snapshots carry."""
+        return self.best.get(f"{stage}/{metric}") or self.best.get(metric) or self._published.get((stage, metric))
 
     def _print(self, *fields: str) -> None:
         if self._silent:
@@ -166,14 +217,20 @@ class Console:
         # a full-screen renderer owns the terminal; writing to a stream given explicitly is fine
         claim = loop.hooks.claim_output
         self._silent = self.stream is None and claim is not None and claim(loop) is not None
-        self._last_progress = self._last_summary = time.monotonic()
+        self._last_progress = _clock()
+        self._last_line = self._latest = None
         self._results.clear()
+        self._published.clear()
         data = loop.train_data
-        per_epoch = f"batches_per_epoch={len(data)}" if isinstance(data, Sized) else ""
+        self._total = len(data) if isinstance(data, Sized) else None
+        per_epoch = f"batches_per_epoch={self._total}" if self._total is not None else ""
         plugins = ",".join(loop.pm.participants())  # as the user knows them: no helpers
         self._print("start", f"epochs={loop.max_epochs}", per_epoch, f"plugins={plugins}")
         if loop.model is not None and loop.is_main and not self._silent:
             self._print_model(summarize(loop.model))
+        if not self._every.never and not self._silent:
+            # a per-batch hook only when lines are due by batch: otherwise batches cost the console nothing
+            loop.pm.register(_EveryNBatches(self), name=f"{self.name}.batches")
 
     def _print_model(self, summary: ModelSummary) -> None:
         def size(part: ModelSummary | ModuleRow) -> tuple[str, ...]:
@@ -193,40 +250,64 @@ class Console:
 
     @hookimpl
     def metrics_update(self, stage: str, metrics: MetricsSnapshot) -> None:
-        now = time.monotonic()
+        self._latest = metrics
+        if self.interval is None:
+            return
+        now = _clock()
         if now - self._last_progress < self.interval:
             return
+        self._progress(stage, metrics, metrics.batches, now)
+
+    def _progress(self, stage: str, metrics: MetricsSnapshot, batch: int, now: float) -> None:
+        """A progress line at ``batch`` of ``stage``, with the values of ``metrics`` (a snapshot
+        of this stage and epoch, taken at ``batch`` or before it: then the line says where)."""
         self._last_progress = now
-        total = f"/{metrics.total}" if metrics.total is not None else ""
-        eta = metrics.eta
+        self._last_line = (stage, metrics.epoch, batch)
+        total = metrics.total
+        left = None if total is None or not metrics.batches else max(total - batch, 0) * metrics.step_time
         self._print(
             stage,
             f"epoch={metrics.epoch + 1}/{metrics.max_epochs}",
-            f"batch={metrics.batches}{total}",
+            f"batch={batch}" + (f"/{total}" if total is not None else ""),
             f"samples_per_s={metrics.samples_per_s:.1f}",
-            f"eta={_duration(eta)}" if eta is not None else "",
+            f"eta={_duration(left)}" if left is not None else "",
+            f"metrics_at_batch={metrics.batches}" if metrics.batches != batch else "",
             *(f"{k}={_number(v.running)}" for k, v in metrics.values.items()),
         )
+
+    def _batch_due(self, loop: Run, batch: int) -> None:
+        """The line for ``every_n_batches``: training batch ``batch`` of the epoch is done."""
+        epoch = loop.state.epoch
+        if self._last_line == ("train", epoch, batch):  # this batch was just reported, by time
+            return
+        latest = self._latest
+        if latest is not None and latest.stage == "train" and latest.epoch == epoch and latest.batches <= batch:
+            self._progress("train", latest, batch, _clock())
+            return
+        # no snapshot of this epoch yet (or no metrics plugin): the position only
+        self._last_progress, self._last_line = _clock(), ("train", epoch, batch)
+        total = f"/{self._total}" if self._total is not None else ""
+        self._print("train", f"epoch={epoch + 1}/{loop.max_epochs}", f"batch={batch}{total}")
 
     @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         epoch = metrics.epoch + 1
+        for key, direction in metrics.best.items():
+            self._published[(stage, key)] = direction
         for key, value in metrics.values.items():
             result = self._results.get((stage, key))
             if result is None:
                 self._results[(stage, key)] = _Extremes(value.epoch, epoch)
             else:
                 result.add(value.epoch, epoch)
-        now = time.monotonic()
-        last_epoch = metrics.epoch + 1 == loop.max_epochs
-        if now - self._last_summary < self.summary_interval and not last_epoch:
-            return
-        self._last_summary = self._last_progress = now
+        self._last_progress = _clock()
+        total = metrics.total
+        partial = total is not None and metrics.batches < total  # a stage cut short: not a whole epoch
         self._print(
             stage,
-            f"epoch={metrics.epoch + 1}/{metrics.max_epochs}",
-            "done",
-            f"batches={metrics.batches}",
+            f"epoch={epoch}/{metrics.max_epochs}",
+            "partial" if partial else "done",
+            f"batches={metrics.batches}/{total}" if partial else f"batches={metrics.batches}",
             f"time={metrics.elapsed:.2f}s",
             f"samples_per_s={metrics.samples_per_s:.1f}",
             *(f"{k}={_number(v.epoch)}" for k, v in metrics.values.items()),
@@ -274,3 +355,19 @@ class Console:
                 self._print("bottleneck", _field("stage", stage), "part=data", f"share={share:.0%}",
                             _field("message", f"data loading is {share:.0%} of {what}: the data loader is the "
                                               f"bottleneck (try DataLoader num_workers, pin_memory)"))
+
+
+class _EveryNBatches:
+    """The console's per-batch part, registered only for ``Console(every_n_batches=N)``."""
+
+    observer = True  # as the console: a failure switches it off, never the run
+
+    def __init__(self, owner: Console) -> None:
+        self.owner = owner
+        self.n = owner.every_n_batches or 1
+
+    @hookimpl(trylast=True)  # after the metrics plugin's batch_end, which may publish this batch
+    def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
+        # (every argument of the event: the loop then calls this method itself, without an adapter)
+        if loop.training and not (batch_idx + 1) % self.n and loop.pm.is_registered(self.owner):
+            self.owner._batch_due(loop, batch_idx + 1)
