@@ -123,7 +123,8 @@ def test_a_line_by_batch_says_when_its_values_are_of_an_earlier_batch() -> None:
         "hookfit train epoch=1/1 batch=15/20 samples_per_s=4.0 eta=0:00:02 loss=15",
         "hookfit train epoch=1/1 batch=20/20 samples_per_s=4.0 eta=0:00:00 metrics_at_batch=15 loss=15",
     ]
-    lines = fit(Console(stream=io.StringIO(), interval=None, every_n_batches=5), Publish(15, epochs=(0,)), epochs=2, val=0)
+    lines = fit(Console(stream=io.StringIO(), interval=None, every_n_batches=5), Publish(15, epochs=(0,)), epochs=2,
+                val=0)
     # epoch 2 has no snapshot of its own: epoch 1's values are never shown as epoch 2's
     assert [l for l in lines if PROGRESS.match(l) and "loss=" not in l] == [
         "hookfit train epoch=1/2 batch=5/20", "hookfit train epoch=1/2 batch=10/20",
@@ -234,7 +235,8 @@ def test_the_snapshots_directions_are_the_default_and_the_consoles_own_best_wins
     published = [snapshot(e, 20, 20, final=True, best=best, acc=a, loss=l, ppl=p)
                  for e, (a, l, p) in enumerate([(0.5, 3, 9), (0.9, 1, 4), (0.7, 2, 6)])]
     assert results(console_of(*published)) == {
-        "acc": "0.7 best=0.9 best_epoch=2", "loss": "2 best=1 best_epoch=2", "ppl": "6 min=4 min_epoch=2 max=9 max_epoch=1"}
+        "acc": "0.7 best=0.9 best_epoch=2", "loss": "2 best=1 best_epoch=2",
+        "ppl": "6 min=4 min_epoch=2 max=9 max_epoch=1"}
     # the console's own best wins for the names it lists (bare or "stage/metric"), only those
     got = results(console_of(*published, best={"train/loss": "max", "ppl": "min"}))
     assert got == {"acc": "0.7 best=0.9 best_epoch=2", "loss": "2 best=3 best_epoch=1", "ppl": "6 best=4 best_epoch=2"}
