@@ -15,18 +15,25 @@
   publication, never one per step. On the CPU, where reading is no synchronisation, each value
   is read at once (the cheapest path). ``defer=True`` forces the deferred path anywhere.
 * Publishes ``metrics_update`` at most every ``interval`` seconds and ``epoch_metrics`` at the
-  end of every stage; keeps a per-epoch history (``history_epochs`` long) for plots.
-* Writes ``metrics.jsonl`` in ``loop.run_dir``: a line where a resumed run continues
-  (``{"event": "resume", "from": <checkpoint>, "epoch": ..., "batch": ..., "step": ...}``), a
-  line per completed stage, one per ``log_every_n_steps`` training steps if set, and one at
-  the end; every ``epoch`` in it counts from 1. ``log=False`` writes nothing. The file is a
-  :class:`hookfit.files.RunFile`: a full disk or a read-only run folder warns once
-  (``FileWarning``) and training goes on without it.
+  end of every stage; keeps a per-epoch history (``history_epochs`` long) for plots. A run
+  that stops inside a stage (a stop request, ``max_steps``) publishes that stage's epoch as
+  it got at ``fit_end`` (``batches`` fewer than ``total``), so the console, the loggers and the
+  metric log see the last, partial epoch too; the history a checkpoint keeps never counts it.
+* ``best={"acc": "max", "valid/loss": "min"}``: which value of a metric is best, published in
+  every snapshot's ``best``. A key is a metric's name (every stage) or ``"<stage>/<name>"``,
+  which wins for its stage; with several validation sets ``"noisy/acc"`` (or
+  ``"valid/noisy/acc"``) names one set's metric and ``"acc"`` every set's. ``loss`` is
+  ``"min"`` unless configured otherwise (the loss is what the step minimises); nothing else is
+  guessed from a name: a metric not configured has no direction (no best value is marked).
+  Checked at construction: names as keys, ``"min"`` or ``"max"`` as values.
+* The run's metric log, ``metrics.jsonl``, is not this plugin's: the ``metrics_log`` plugin
+  writes it from the snapshots. ``log`` is kept for old code and changes nothing (``log=False``
+  warns when ``metrics_log`` takes part in the run: disable that plugin instead).
 * Several processes (a plugin implements ``all_reduce`` and ``loop.state.world_size > 1``):
   sums and counts are added up over the processes before each publication, so every snapshot
   carries global, sample-weighted numbers (``last`` is the mean of the processes' last
   values). Publications then happen every ``sync_every`` batches, at the same batch on every
-  process, instead of by time. Only the main process writes the log.
+  process, instead of by time.
 * Checkpoints: ``save_state`` carries the history and the aggregate of a training stage in
   progress, so a resumed run publishes the same epoch means as an uninterrupted one.
 """

@@ -111,6 +111,7 @@ class _Stage:
         self.batches = 0
         self.samples = 0
         self.global_samples: int | None = None  # all processes' samples, after a reduction
+        self.start_batches = 0  # batches an earlier run did (a stage resumed from a checkpoint)
         self.started = time.perf_counter()
 
     def read(self) -> None:
@@ -191,6 +192,7 @@ class _Stage:
     def from_state(cls, window: int, state: Mapping[str, Any]) -> _Stage:
         stage = cls(window)
         stage.batches, stage.samples = state["batches"], state["samples"]
+        stage.start_batches = stage.batches
         stage.started -= state["elapsed"]
         for key, saved in state["series"].items():
             series = stage.series[key] = _Series(window)

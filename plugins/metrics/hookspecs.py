@@ -1,28 +1,38 @@
 """Events of the metrics plugin, and the metrics role: what a plugin that aggregates step
 outputs does, whether it is the built-in ``metrics`` or a replacement.
 
-The metrics role. What the rest of hookfit reads from it, all of it:
+The metrics role. What the rest of hookfit reads from it, all of it, is what it publishes:
 
 * ``metrics_update(loop, stage, snapshot)`` while a stage runs, at a bounded rate (never per
   batch), with a :class:`~hookfit.payloads.MetricsSnapshot` (``final=False``): the dashboard's
-  table, curves and progress, the console's lines.
-* ``epoch_metrics(loop, stage, snapshot)`` once per completed stage, from a ``trylast``
-  ``stage_end`` (so an optimizer plugin's last partial window is stepped first), with
-  ``final=True`` and the stage's per-epoch ``history``: the console's and dashboard's summary,
-  the loggers (csv, TensorBoard), early stopping and the checkpoint's ``monitor``.
+  table, curves and progress, the console's lines, the metric log's step lines.
+* ``epoch_metrics(loop, stage, snapshot)`` once per stage of every epoch, with ``final=True``
+  and the stage's per-epoch ``history``: the console's and dashboard's summary, the loggers
+  (the metric log, csv, TensorBoard), early stopping and the checkpoint's ``monitor``. For a
+  completed stage, from a ``trylast`` ``stage_end`` (so an optimizer plugin's last partial
+  window is stepped first). For a stage a stop cut short (``loop.request_stop``, a
+  ``should_stop`` answer, ``max_steps``; the core fires no ``stage_end`` for it), from a plain
+  ``fit_end``, the innermost stage first (a validation inside training, then the training
+  stage), with the ``batches`` it got (fewer than ``total``, unless the stop came right after
+  the last): after the checkpoint role's
+  ``tryfirst`` ``fit_end``, so a checkpoint saved at the stop counts no partial stage (the run
+  resumed from it publishes that epoch once, whole), and before the ``trylast`` ones of the
+  renderers and the metric log, which close in ``fit_end``. A stage with no batch of this run
+  (a stop at its start; a resumed stage stopped before its next batch) publishes nothing, and
+  so does a failed or aborted run (a second Ctrl-C), which ended at no boundary.
+* Every snapshot's ``best`` says which value of its metrics is best (``"min"``/``"max"``), for
+  the metrics that have a direction, and only those: configured by the user, never guessed
+  from a name, except ``loss``, which is ``"min"`` unless configured otherwise (the loss is
+  what the step minimises). The built-in takes them from ``Metrics(best={...})``.
 * Snapshots are never changed after publication (a renderer hands them to another thread).
   With several processes, sums and counts are reduced with ``all_reduce`` (declared by the
-  distributed plugin) at the same batch on every process, and in a validation only at its
-  ``stage_end``.
-* The run's metric log, ``loop.run_dir / "metrics.jsonl"``, main process only, one JSON object
-  a line: ``{"event": "epoch", **snapshot.row()}`` for every ``epoch_metrics`` snapshot
-  (``stage``, ``epoch`` counted from 1, ``step``, ``batches``, ``samples``, ``time``,
-  ``samples_per_s``, each metric's epoch mean by name, ``lr_<optimizer>``); optionally
-  ``{"event": "step", **row}`` lines while training; ``{"event": "resume", "from": source,
-  "epoch": epoch + 1, "batch": ..., "step": ...}`` at ``resumed``; and ``{"event": "end",
-  "status", "reason", "by", "epoch", "step", "time"}`` at ``fit_end``. ``hookfit runs``,
-  ``hookfit show`` and ``hookfit compare`` read only this file for metrics: a replacement that
-  wants them writes it (``MetricsSnapshot.row()`` gives the fields).
+  distributed plugin) at the same batch on every process, and in a validation only for its
+  ``epoch_metrics``; only the main process's publications are shown and written.
+
+That is the whole duty: the run's metric log (``metrics.jsonl``, which ``hookfit runs``,
+``show`` and ``compare`` read) is written by the ``metrics_log`` plugin from these events
+alone, so a replacement that publishes snapshots gets it without writing a file (its format is
+in :mod:`hookfit.plugins.metrics_log`).
 
 Both events are declared by :class:`hookfit.plugins.metrics.Metrics` (its ``hookspecs``
 attribute) and added to every run whether ``metrics`` is enabled, disabled or replaced, so a
@@ -60,8 +70,14 @@ def epoch_metrics(loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
     Fires once per completed stage, from the metrics plugin's ``stage_end`` implementation,
     which is ``trylast``: after every other plugin's ``stage_end`` for that stage (an optimizer
     plugin has stepped the stage's last, partial window; learning rates are those after it).
-    ``metrics`` is a :class:`~hookfit.payloads.MetricsSnapshot` with ``final=True``, whose
-    epoch means are final and which carries the per-epoch ``history`` of the stage. Renderers
+    A run that stops inside a stage (a stop request, ``max_steps``) fires it for that stage
+    too, from the metrics plugin's plain ``fit_end`` (after the ``tryfirst`` ones, where a
+    checkpoint is saved), with ``metrics.batches`` the batches done (fewer than
+    ``metrics.total`` unless the stop came right after the last): ``loop.state.stage`` is then
+    ``None``. ``metrics`` is a
+    :class:`~hookfit.payloads.MetricsSnapshot` with ``final=True``, whose epoch means are final
+    and which carries the per-epoch ``history`` of the stage (a partial epoch last). Renderers
     print summaries here, loggers write them, a checkpoint plugin reads the value it monitors.
-    The return value is ignored.
+    A plugin that closes in ``fit_end`` what it writes here implements that ``fit_end``
+    ``trylast``. The return value is ignored.
     """

@@ -1,10 +1,9 @@
 """Publication: the ``Metrics`` plugin's events, its ``metrics_update`` and ``epoch_metrics``
-snapshots, the ``metrics.jsonl`` log and its checkpoint state."""
+snapshots (a partial last stage's too), the metrics' directions and its checkpoint state."""
 
 from __future__ import annotations
 
 import collections
-import json
 import time
 import warnings
 from collections.abc import Sized
@@ -14,11 +13,12 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 
 from hookfit import hookimpl
-from hookfit.files import FileWarning, RunFile
-from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
+from hookfit.errors import HookfitWarning
+from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.common import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs
 from hookfit.plugins.metrics.aggregate import E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, batch_size, check
+from hookfit.plugins.metrics.directions import Directions
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run, Step
@@ -38,25 +38,24 @@ class Metrics:
         window: int = 50,
         history_epochs: int = 1000,
         log: bool = True,
-        log_every_n_steps: int | None = None,
         defer: bool | None = None,
         sync_every: int = 50,
+        best: Mapping[str, str] | None = None,
     ) -> None:
         name = self.name  # every option checked now, naming it (hookfit.plugins.common)
         self.interval = number(name, "interval", interval, least=0, meaning="seconds between publications")
         self.window = positive_int(name, "window", window, meaning="batches of the running mean")
         history_epochs = integer(name, "history_epochs", history_epochs, least=0, meaning="epochs of history kept")
-        self.log = flag(name, "log", log)
-        self._log_every = Every(log_every_n_steps, plugin=name, option="log_every_n_steps",
-                                meaning="training steps between lines of metrics.jsonl")
-        self.log_every_n_steps = log_every_n_steps
+        self.log = flag(name, "log", log)  # kept for old code: metrics.jsonl is the metrics_log plugin's
         self.defer = flag(name, "defer", defer, none=True)
         self._sync = Every(sync_every, plugin=name, option="sync_every", none=False,
                            meaning="batches between publications with several processes")
         self.sync_every = sync_every
+        self.directions = Directions(best, plugin=name)
+        self.best: Mapping[str, str] = self.directions.given
         self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._local = False  # publications before the stage's end are not reduced
-        self._by_time = True  # publications by time only, no per-step log line (the fast path)
+        self._by_time = True  # publications by time only (the fast path)
         self._resumed: _Stage | None = None
         self._stage_name: str | None = None
         self.history: dict[str, collections.deque[Mapping[str, Any]]] = {}
@@ -64,7 +63,6 @@ class Metrics:
         self._stage: _Stage | None = None
         self._outer: list[tuple[str | None, _Stage]] = []  # stages a nested one interrupted
         self._next_publish = 0.0
-        self._log_file: RunFile | None = None
         self.loop: Run | None = None
 
     # -- events ---------------------------------------------------------------------------
@@ -74,6 +72,11 @@ class Metrics:
         self.history = {
             s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
         }
+        self._stage, self._stage_name, self._outer = None, None, []
+        if not self.log and loop.pm.has_plugin("metrics_log"):
+            warnings.warn(f"{self.name}: log=False no longer keeps metrics.jsonl from being written: the run's "
+                          f"metric log is the metrics_log plugin's; leave it out with Loop(disable=['metrics_log']) "
+                          f"or HOOKFIT_DISABLE_PLUGINS=metrics_log", HookfitWarning, stacklevel=2)
 
     @hookimpl
     def stage_start(self, loop: Run, stage: str) -> None:
@@ -93,7 +96,7 @@ class Metrics:
         several = self._reduce(loop) is not None
         self._every = self._sync if several and stage == "train" else None
         self._local = several and stage != "train"
-        self._by_time = self._every is None and self._log_every.never
+        self._by_time = self._every is None
 
     @hookimpl
     def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
@@ -137,15 +140,14 @@ class Metrics:
                     check(key, value, self._step(loop))  # a number that cannot be aggregated: refused
         else:
             agg.samples += batch_size(batch)
-        if not self._by_time:  # a log line every N steps, or several processes
-            if loop.training and self._log_every.due(loop.state.step):
-                self._write({"event": "step", **self.snapshot().row()})
-            if self._every is not None:  # several processes: the same batches everywhere, for the reduction
-                if self._every.due(agg.batches):
-                    self._publish(loop)
-                elif not agg.batches % FOLD_EVERY:
-                    agg.read()
-                return
+        if not self._by_time:  # several processes: the same batches everywhere, for the reduction
+            every = self._every
+            assert every is not None
+            if every.due(agg.batches):
+                self._publish(loop)
+            elif not agg.batches % FOLD_EVERY:
+                agg.read()
+            return
         now = _clock()
         if now >= self._next_publish:
             self._next_publish = now + self.interval
@@ -172,6 +174,14 @@ class Metrics:
     def stage_end(self, loop: Run, stage: str) -> None:
         agg = self._stage
         assert agg is not None
+        self._final(loop, stage, agg)
+        self._stage_name, self._stage = self._outer.pop() if self._outer else (None, None)
+        if self._stage is not None:  # back in the training stage a validation ran inside
+            self._publishing(loop, self._stage_name)
+
+    def _final(self, loop: Run, stage: str, agg: _Stage, keep: bool = True) -> None:
+        """Publish ``agg``, the aggregate of ``stage``, in ``epoch_metrics``: the stage's end,
+        or (``keep=False``) a stage a stop cut short, whose epoch the history does not keep."""
         agg.read()
         extra: dict[str, float] = {}
         for key, metric in agg.metric_objects.items():
@@ -180,38 +190,38 @@ class Metrics:
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 extra[key] = float(value)
         values = agg.values(self._reduce(loop))
-        entry = {"epoch": loop.state.epoch, "step": loop.state.step,
-                 **{k: v.epoch for k, v in values.items()}, **extra}
-        self.history.setdefault(stage, collections.deque(maxlen=self._history_epochs)).append(
-            MappingProxyType(entry)
-        )
+        entry = MappingProxyType({"epoch": loop.state.epoch, "step": loop.state.step,
+                                  **{k: v.epoch for k, v in values.items()}, **extra})
+        history = self.history.setdefault(stage, collections.deque(maxlen=self._history_epochs))
+        if keep:
+            history.append(entry)
+        earlier: tuple[Mapping[str, Any], ...] = tuple(history) if keep else (*history, entry)
+        if history.maxlen is not None:  # as long as the history kept
+            earlier = earlier[len(earlier) - history.maxlen:]
         for key, value in extra.items():
             values[key] = Value(value, value, value)
-        snapshot = self.snapshot(values=values, final=True)
-        self._write({"event": "epoch", **snapshot.row()})
+        snapshot = self.snapshot(values=values, final=True, stage=stage, history=earlier, agg=agg)
         if (call := loop.hooks.epoch_metrics) is not None:
             call(loop, stage, snapshot)
-        self._stage_name, self._stage = self._outer.pop() if self._outer else (None, None)
-        if self._stage is not None:  # back in the training stage a validation ran inside
-            self._publishing(loop, self._stage_name)
 
-    @hookimpl
-    def resumed(self, info: ResumeInfo) -> None:
-        self._write({"event": "resume", "from": info.source, "epoch": info.epoch + 1,
-                     "batch": info.batch, "step": info.step})
-
-    @hookimpl
+    @hookimpl  # after the checkpoint's tryfirst fit_end: what it saves never counts a partial stage
     def fit_end(self, loop: Run) -> None:
+        """A run that stopped inside a stage (a stop request, ``max_steps``) publishes that
+        stage's epoch as it got (``final``, ``batches < total``), the innermost first (a
+        validation inside training, then the training stage). Not after a failure or an abort
+        (a second Ctrl-C): the run ended at no boundary, and other processes may be gone. A
+        stage with no batch of this run publishes nothing (a resumed one re-publishes no
+        earlier run's epoch)."""
         state = loop.state
-        if self.log:
-            self._write({"event": "end", "status": state.status, "reason": state.stop_reason,
-                         "by": state.stopped_by, "epoch": state.epoch + 1, "step": state.step,
-                         "time": round(state.elapsed, 3)})
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-        self._stage, self._outer = None, []
-        self.loop = None
+        try:
+            if self.loop is not None and state.status != "failed" and state.stop_reason != "KeyboardInterrupt":
+                open_stages = [*self._outer, (self._stage_name, self._stage)]
+                for stage, agg in reversed(open_stages):
+                    if stage is not None and agg is not None and agg.batches > agg.start_batches:
+                        self._final(loop, stage, agg, keep=False)
+        finally:
+            self._stage, self._outer, self._stage_name = None, [], None
+            self.loop = None
 
     @hookimpl
     def save_state(self) -> dict[str, Any]:
@@ -239,15 +249,18 @@ class Metrics:
         return lambda tensor: call(loop, tensor)
 
     # -- snapshots and log ------------------------------------------------------------------
-    def snapshot(self, values: dict[str, Value] | None = None, final: bool = False) -> MetricsSnapshot:
-        """The current aggregate of the running stage, as published."""
-        loop, agg = self.loop, self._stage
+    def snapshot(self, values: dict[str, Value] | None = None, final: bool = False, *, stage: str | None = None,
+                 history: tuple[Mapping[str, Any], ...] | None = None, agg: _Stage | None = None) -> MetricsSnapshot:
+        """The current aggregate of the running stage (or ``agg``, that of ``stage``), as published."""
+        loop, agg = self.loop, agg or self._stage
         assert loop is not None and agg is not None  # inside a stage of a run
         if values is None:
             agg.read()
             values = agg.values(None if self._local else self._reduce(loop))
-        data = loop.val_data if loop.state.stage == "valid" else loop.train_data
-        stage = loop.state.stage or "train"
+        stage = stage or loop.state.stage or "train"
+        data = loop.val_data if stage == "valid" else loop.train_data
+        if history is None:
+            history = tuple(self.history.get(stage, ())) if final else ()
         return MetricsSnapshot(
             stage=stage,
             epoch=loop.state.epoch,
@@ -260,26 +273,9 @@ class Metrics:
             values=MappingProxyType(values),
             lr=MappingProxyType(_learning_rates(loop.optimizers)),
             final=final,
-            history=tuple(self.history.get(stage, ())) if final else (),
+            history=history,
+            best=self.directions.of(stage, values),
         )
-
-    def _write(self, record: dict[str, Any]) -> None:
-        """One line of ``metrics.jsonl``, through :class:`hookfit.files.RunFile`: a full disk
-        or a read-only run folder warns once (``FileWarning``) and training goes on."""
-        if not self.log or self.loop is None or not self.loop.is_main:
-            return  # (no loop: the run failed before this plugin's fit_start)
-        if self._log_file is None:
-            try:
-                folder = self.loop.run_dir  # created on first use: may fail like a write
-            except OSError as error:  # the same policy: warned once, every later line dropped
-                self._log_file = RunFile("metrics.jsonl", self.name)
-                self._log_file.failed = error
-                warnings.warn(f"{self.name}: could not create the run folder for metrics.jsonl "
-                              f"({type(error).__name__}: {error}); training goes on without it",
-                              FileWarning, stacklevel=3)
-                return
-            self._log_file = RunFile(folder / "metrics.jsonl", self.name)
-        self._log_file.write(json.dumps(record, default=float) + "\n")
 
 
 def _learning_rates(optimizers: object) -> dict[str, float]:

@@ -1,0 +1,129 @@
+"""metrics_log: the run's metric log, ``metrics.jsonl`` in the run folder, written from the
+events alone.
+
+On by default, like every built-in; ``Loop(disable=["metrics_log"])`` or
+``HOOKFIT_DISABLE_PLUGINS=metrics_log`` leaves it out. It knows no metrics plugin: every line
+comes from the metrics role's events (``metrics_update``, ``epoch_metrics``) and the core's
+(``resumed``, ``fit_end``), so a metrics plugin that publishes nothing but
+:class:`~hookfit.payloads.MetricsSnapshot` objects, the built-in ``metrics`` or a replacement,
+gets the same file. ``hookfit runs``, ``hookfit show`` and ``hookfit compare`` read their
+metrics from it.
+
+The format: one JSON object a line, appended (a resumed run continuing in the same folder adds
+to what the earlier run wrote); ``epoch`` counts from 1 in every line, as everything written for
+people does:
+
+* ``{"event": "resume", "from": <checkpoint>, "epoch": <epoch>, "batch": <training batches of
+  that epoch already done>, "step": <global step>}`` where a resumed run continues
+  (``resumed``).
+* ``{"event": "best", "metrics": {"<stage>/<name>": "min" | "max", ...}}``: which value of each
+  metric is best, as the snapshots carry it (:attr:`~hookfit.payloads.MetricsSnapshot.best`,
+  configured by the user, never guessed), for every stage seen so far; written before the
+  first row whose snapshot has directions, and again whenever they change. A reader takes the
+  last such line.
+* ``{"event": "epoch", **snapshot.row()}`` for every ``epoch_metrics`` snapshot: ``stage``,
+  ``epoch``, ``step`` (the global step the stage ended at), ``batches``, ``samples``,
+  ``time`` (seconds in the stage), ``samples_per_s``, each metric's epoch mean by name, and
+  ``lr_<optimizer>``. A stage a stop cut short (a stop request, ``max_steps``) has its row too,
+  with the ``batches`` it got; a resumed run that completes that epoch writes the epoch's row
+  again, whole, after its ``resume`` line: a reader takes the last row of a stage's epoch.
+* ``{"event": "step", **snapshot.row()}`` with ``every_n_steps=N``: at the first training
+  ``metrics_update`` at or after every N-th training step (a metrics plugin publishes at a
+  bounded rate, so lines are at least that far apart); the epoch means so far.
+* ``{"event": "end", "status": ..., "reason": ..., "by": ..., "epoch": <epoch the run was in>,
+  "step": ..., "time": <seconds>}`` when the run ends (``fit_end``, ``trylast``: after the
+  metrics plugin published a partial last stage), whatever happened.
+
+Only the main process writes (``loop.is_main``). The file is a
+:class:`hookfit.files.RunFile`: flushed a line at a time, so what a killed run wrote stays; a
+full disk or a read-only run folder warns once (:class:`~hookfit.files.FileWarning`, naming
+this plugin and the file) and training goes on without it. An observer: if it fails otherwise,
+it is switched off with one warning and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from hookfit import hookimpl
+from hookfit.files import RunFile
+from hookfit.payloads import MetricsSnapshot, ResumeInfo
+from hookfit.plugins._logger import run_file
+from hookfit.plugins.common import Every
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
+
+__all__ = ["FILENAME", "MetricsLog"]
+
+FILENAME = "metrics.jsonl"
+"""The log's name in the run folder."""
+
+
+class MetricsLog:
+    """Writes the run's metric log, ``metrics.jsonl`` (the module's documentation has its format)."""
+
+    name = "metrics_log"
+    observer = True
+
+    def __init__(self, every_n_steps: int | None = None) -> None:
+        self._steps = Every(every_n_steps, plugin=self.name, option="every_n_steps",
+                            meaning="training steps between step lines of metrics.jsonl")
+        self.every_n_steps = every_n_steps
+        self._file: RunFile | None = None
+        self._started = False
+        self._last_step = 0  # the step of the last step line (or where the run resumed)
+        self._directions: dict[str, str] = {}
+        self._written: dict[str, str] = {}
+
+    @hookimpl
+    def fit_start(self) -> None:
+        self._started = True  # a run that fails before it (in configure) leaves no log
+        self._last_step, self._directions, self._written = 0, {}, {}
+
+    @hookimpl
+    def resumed(self, loop: Run, info: ResumeInfo) -> None:
+        self._last_step = info.step
+        self._write(loop, {"event": "resume", "from": info.source, "epoch": info.epoch + 1,
+                           "batch": info.batch, "step": info.step})
+
+    @hookimpl(optionalhook=True)
+    def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
+        if stage != "train" or not self._steps.between(self._last_step, metrics.step):
+            return
+        self._last_step = metrics.step
+        self._row(loop, "step", metrics)
+
+    @hookimpl(optionalhook=True)
+    def epoch_metrics(self, loop: Run, metrics: MetricsSnapshot) -> None:
+        self._row(loop, "epoch", metrics)
+
+    @hookimpl(trylast=True)  # after the metrics plugin's fit_end, which publishes a stage cut short
+    def fit_end(self, loop: Run) -> None:
+        try:
+            if self._started:
+                state = loop.state
+                self._write(loop, {"event": "end", "status": state.status, "reason": state.stop_reason,
+                                   "by": state.stopped_by, "epoch": state.epoch + 1, "step": state.step,
+                                   "time": round(state.elapsed, 3)})
+        finally:
+            if self._file is not None:
+                self._file.close()
+            self._file, self._started = None, False
+
+    def _row(self, loop: Run, event: str, metrics: MetricsSnapshot) -> None:
+        """A row, after a ``best`` line when the snapshot brings directions not yet written."""
+        if metrics.best:
+            self._directions.update({f"{metrics.stage}/{name}": mode for name, mode in metrics.best.items()})
+            if self._directions != self._written:
+                self._written = dict(self._directions)
+                self._write(loop, {"event": "best", "metrics": self._written})
+        self._write(loop, {"event": event, **metrics.row()})
+
+    def _write(self, loop: Run, record: dict[str, Any]) -> None:
+        if not loop.is_main:
+            return
+        if self._file is None:
+            self._file = run_file(loop, FILENAME, self.name)
+        self._file.write(json.dumps(record, default=float) + "\n")

@@ -1,0 +1,96 @@
+"""Metrics(best=...): a metric's direction is configured, checked at construction, published in
+every snapshot's ``best``, never guessed from a name; ``loss`` is "min" unless configured
+otherwise (issue 24)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.payloads import MetricsSnapshot
+from hookfit.plugins.metrics import Metrics
+
+
+class Collect:
+    name = "collect"
+
+    def __init__(self) -> None:
+        self.updates: list[MetricsSnapshot] = []
+        self.epochs: list[MetricsSnapshot] = []
+
+    @hookfit.hookimpl
+    def metrics_update(self, metrics: MetricsSnapshot) -> None:
+        self.updates.append(metrics)
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, metrics: MetricsSnapshot) -> None:
+        self.epochs.append(metrics)
+
+
+def step(loop, batch):
+    return {"loss": torch.tensor(1.0), "acc": 0.5, "mae": 0.1, "perplexity": 3.0}
+
+
+def published(best: Any = None, val_data: Any = (1, 2)) -> dict[str, dict[str, str]]:
+    collect = Collect()
+    metrics = Metrics(interval=0) if best is None else Metrics(interval=0, best=best)
+    hookfit.Loop(step, [1, 2], val_step=step, val_data=val_data, plugins=[metrics, collect]).fit()
+    assert collect.updates and all(u.best == collect.epochs[0].best for u in collect.updates if u.stage == "train")
+    return {s.stage: dict(s.best) for s in collect.epochs}
+
+
+def test_only_loss_has_a_direction_unless_configured() -> None:
+    # accuracy, mae, perplexity: no direction is guessed from their names
+    assert published() == {"train": {"loss": "min"}, "valid": {"loss": "min"}}
+
+
+def test_configured_directions_by_name_and_by_stage_the_stage_winning() -> None:
+    best = {"acc": "max", "valid/acc": "min", "perplexity": "min", "loss": "max"}
+    assert published(best) == {
+        "train": {"loss": "max", "acc": "max", "perplexity": "min"},
+        "valid": {"loss": "max", "acc": "min", "perplexity": "min"},
+    }
+    assert published({"train/loss": "max"}) == {"train": {"loss": "max"}, "valid": {"loss": "min"}}
+
+
+def test_several_validation_sets_take_the_sets_keys_then_the_names_within_them() -> None:
+    best = {"acc": "max", "noisy/acc": "min", "valid/clean/mae": "max"}
+    got = published(best, val_data={"clean": [1, 2], "noisy": [3]})
+    assert got["valid"] == {"clean/loss": "min", "clean/acc": "max", "clean/mae": "max",
+                            "noisy/loss": "min", "noisy/acc": "min"}
+    assert got["train"] == {"loss": "min", "acc": "max"}
+
+
+def test_the_option_is_kept_read_only_and_from_a_config_file(tmp_path, monkeypatch) -> None:
+    metrics = Metrics(best={"valid/acc": "max"})
+    assert dict(metrics.best) == {"valid/acc": "max"}
+    with pytest.raises(TypeError):
+        metrics.best["acc"] = "min"  # type: ignore[index]
+    (tmp_path / "hookfit.toml").write_text('[plugins.metrics]\nbest = { "valid/acc" = "max", mae = "min" }\n')
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics")
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "hookfit.toml"))
+    collect = Collect()
+    hookfit.Loop(step, [1], val_step=step, val_data=[1], plugins=[collect]).fit()
+    assert {s.stage: dict(s.best) for s in collect.epochs} == {
+        "train": {"loss": "min", "mae": "min"}, "valid": {"loss": "min", "acc": "max", "mae": "min"}}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("best, message", [
+    (["acc"], r"metrics: best must be a mapping of metric names \('loss', 'valid/acc'\) to 'min' or 'max', or "
+              r"None, got \['acc'\]"),
+    ({"acc": "maximum"}, r"metrics: best\['acc'\] must be 'min' \(lower is better\) or 'max' \(higher is "
+                         r"better\), got 'maximum'"),
+    ({"valid/acc": None}, r"metrics: best\['valid/acc'\] must be 'min' .*, got None"),
+    ({"acc": 1}, r"metrics: best\['acc'\] must be 'min' .*, got 1"),
+    ({"": "max"}, r"metrics: best must have metric names as keys .*got the key ''"),
+    ({3: "max"}, r"metrics: best must have metric names as keys .*got the key 3"),
+    ({"valid/": "max"}, r"metrics: best must have metric names as keys .*got the key 'valid/'"),
+    ({"valid": "max"}, r"metrics: best must name a metric after the stage, got 'valid'"),
+])
+def test_bad_directions_are_refused_at_construction(best: Any, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        Metrics(best=best)
