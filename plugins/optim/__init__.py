@@ -42,10 +42,19 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
   the flag once per step, at its step, and skips exactly as on the CPU. See :class:`Optim` for what a step skipped on the
   device looks like until then, and ``benchmarks/syncs.py`` for the host reads per step,
   counted.
-* ``schedulers``: one scheduler, or a dict keyed like the optimizers, stepped after every real
-  step of its optimizer (``scheduler_interval="step"``) or at each epoch end (``"epoch"``).
+* ``schedulers``: one scheduler (a chain too: torch's ``ChainedScheduler``, ``SequentialLR``), a
+  list of them, or a dict keyed like the optimizers; each drives the optimizer it was built on.
+  Each steps after every real step of its optimizer (by default, or ``scheduler_interval="step"``)
+  or at each epoch end (``"epoch"``); a ``ReduceLROnPlateau`` steps on ``monitor``
+  (``Optim(schedulers=ReduceLROnPlateau(opt), monitor="valid/loss")``), the epoch mean the
+  metrics plugin publishes once that stage is complete. All of it is checked when ``Optim`` is
+  built, and against the run's optimizers when the run starts: see
+  :mod:`hookfit.plugins.optim.schedulers`.
 * ``loop.optimizers.toggle("gen")``: a context in which the parameters of every other optimizer
-  are frozen (for alternating GAN updates); their ``requires_grad`` flags are restored after.
+  are frozen (for alternating GAN updates); their ``requires_grad`` flags are restored after. A
+  backward pass that fails because a toggle froze what it needed (a generator's output computed
+  inside the discriminator's toggle, back-propagated later) gets a note naming the toggle and
+  the parameters it froze (:mod:`hookfit.plugins.optim.toggles`).
 * Counters: ``loop.optimizers[name].steps`` (real steps) and ``.skipped``; the loop's global step
   counts batches, not optimizer steps.
 * A step function that steps its own optimizer variable (``opt.step()``) instead of
@@ -54,6 +63,9 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
   the optimizer and the call to make instead. The hooks are then removed, so later batches
   pay nothing for it.
 * Without ``Loop(optimizers=...)``, ``loop.optimizers.step()`` says that no optimizer was given.
+* A run that does not train (``Loop.validate(resume=...)``) restores no optimizer or scheduler
+  state from the checkpoint and steps no scheduler: it needs no ``optimizers=``, and any it is
+  given keep their own state. A training run resumed with other optimizers is refused.
 * Checkpoints record each optimizer's class: resuming a state into an optimizer of another
   class (Adam's into SGD), or with other parameter groups, is a ``ValueError`` naming the
   optimizer and both, before anything is restored.

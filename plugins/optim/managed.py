@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import torch
 
 from hookfit.plugins.optim import kernels
+from hookfit.plugins.optim.toggles import Toggled, stamp
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -32,11 +33,15 @@ class UnknownOptimizer(KeyError):
 class ManagedOptimizer:
     """One of the run's optimizers, stepped under the plugin's rules."""
 
-    def __init__(self, plugin: Optim, name: str, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    def __init__(self, plugin: Optim, name: str, optimizer: torch.optim.Optimizer,
+                 schedulers: Sequence[Any] = ()) -> None:
         self.plugin = plugin
         self.name = name
         self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.schedulers: list[Any] = list(schedulers)
+        """Its learning-rate schedulers, in the order they step (see
+        :mod:`hookfit.plugins.optim.schedulers`)."""
+        self._per_step = [s for s in self.schedulers if plugin._interval(s) == "step"]  # after each real step
         self.steps = 0
         self.skipped = 0
         self._deferred = False  # step() was called inside an accumulation window
@@ -61,6 +66,11 @@ class ManagedOptimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's parameter groups (learning rates live here)."""
         return self.optimizer.param_groups
+
+    @property
+    def scheduler(self) -> Any:
+        """Its only scheduler, or ``None`` (with several, :attr:`schedulers`)."""
+        return self.schedulers[0] if len(self.schedulers) == 1 else None
 
     def step(self) -> bool:
         """Step now if this batch closes an accumulation window; return whether it stepped
@@ -186,8 +196,8 @@ class ManagedOptimizer:
             plugin._bad_stepped.append((self, bad, grad_bad))
         self.steps += 1
         self._stepped = True
-        if self.scheduler is not None and plugin.scheduler_interval == "step":
-            self.scheduler.step()
+        for scheduler in self._per_step:
+            scheduler.step()
         if (call := loop.hooks.after_optimizer_step) is not None:
             call(loop, self.name, self.optimizer)
         return True
@@ -220,11 +230,12 @@ class ManagedOptimizer:
         self._stepped = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer (with its class), scheduler and counters, for checkpoints."""
+        """Optimizer (with its class), schedulers (with theirs) and counters, for checkpoints."""
         return {
             "class": class_name(self.optimizer),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "scheduler_classes": [class_name(s) for s in self.schedulers],
             "steps": self.steps,
             "skipped": self.skipped,
         }
@@ -232,8 +243,9 @@ class ManagedOptimizer:
     def check_state(self, state: Mapping[str, Any]) -> None:
         """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit
         it: another optimizer class (Adam's moments loaded into SGD would load without a word
-        and train wrongly), or other parameter groups. (States saved before the class was
-        recorded are checked for their groups only.)"""
+        and train wrongly), other parameter groups, or other schedulers (their number and
+        classes: a resumed run would step another schedule). (States saved before the classes
+        were recorded are checked for what they hold.)"""
         saved_class, here = state.get("class"), class_name(self.optimizer)
         if saved_class is not None and saved_class != here:
             raise ValueError(
@@ -256,15 +268,40 @@ class ManagedOptimizer:
                     f"{len(group['params'])} parameter(s) in this run and {len(saved['params'])} in "
                     f"the checkpoint: build it with the same parameters as the run that saved it"
                 )
+        saved_schedulers = _saved_schedulers(state)
+        classes = state.get("scheduler_classes")
+        mine_classes = [class_name(s) for s in self.schedulers]
+        if len(saved_schedulers) != len(self.schedulers) or (classes is not None and list(classes) != mine_classes):
+            theirs = _listed(classes) if classes is not None else f"{len(saved_schedulers)} scheduler(s)"
+            raise ValueError(
+                f"optim: optimizer {self.name!r} has {_listed(mine_classes)} in this run and {theirs} in the "
+                f"checkpoint (schedulers): give Optim(schedulers=...) the schedulers of the run that saved it "
+                f"(their states resume), or start afresh"
+            )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (checked first: :meth:`check_state`)."""
         self.check_state(state)
         self.optimizer.load_state_dict(state["optimizer"])
         self._skips_on_device, self._primed = None, False  # its groups' kernels may have changed
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+        for scheduler, saved in zip(self.schedulers, _saved_schedulers(state)):
+            scheduler.load_state_dict(saved)
         self.steps, self.skipped = state["steps"], state["skipped"]
+
+
+def _listed(classes: Sequence[str]) -> str:
+    """Scheduler classes as errors name them: ``the schedulers [StepLR, LinearLR]``."""
+    if not classes:
+        return "no scheduler"
+    return f"the schedulers [{', '.join(c.rsplit('.', 1)[-1] for c in classes)}]"
+
+
+def _saved_schedulers(state: Mapping[str, Any]) -> list[Any]:
+    """The scheduler states of a saved optimizer state (one ``"scheduler"`` in states saved
+    before a list was kept)."""
+    if "schedulers" in state:
+        return list(state["schedulers"])
+    return [] if state.get("scheduler") is None else [state["scheduler"]]
 
 
 def _scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
@@ -303,6 +340,7 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     def __init__(self, managed: dict[str, ManagedOptimizer]) -> None:
         self._managed = managed
+        self._toggled: list[Toggled] = []  # the toggles of the running batch (for a backward's error)
         self._single = next(iter(managed.values())) if len(managed) == 1 else None
         if self._single is not None:  # one optimizer: no lookup on the hot path
             self.step = self._single.step  # type: ignore[method-assign]  # bound per instance: the hot path
@@ -353,18 +391,27 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
-        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block."""
+        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block (their
+        ``requires_grad`` flags are restored after it). A backward pass of the batch that fails
+        for want of a gradient gets a note naming the toggle and what it froze
+        (:mod:`hookfit.plugins.optim.toggles`)."""
         active = self[name]
         own = {id(p) for p in active._params}
-        frozen = [
-            (p, p.requires_grad)
+        # the parameters it freezes, by optimizer: those that require a gradient now (one frozen
+        # already, by an enclosing toggle or the user, is left as it is, and so restored)
+        frozen = {
+            other.name: [p for p in other._params if id(p) not in own and p.requires_grad]
             for other in self._managed.values() if other is not active
-            for p in other._params if id(p) not in own
-        ]
-        for p, _ in frozen:
-            p.requires_grad_(False)
+        }
+        now = stamp(active.plugin.loop)  # this batch's toggles, the latest of each name
+        self._toggled = [t for t in self._toggled if t.at == now and t.name != name]
+        self._toggled.append(Toggled(name, {n: ps for n, ps in frozen.items() if ps}, now))
+        for params in frozen.values():
+            for p in params:
+                p.requires_grad_(False)
         try:
             yield active
         finally:
-            for p, flag in frozen:
-                p.requires_grad_(flag)
+            for params in frozen.values():
+                for p in params:
+                    p.requires_grad_(True)

@@ -18,6 +18,8 @@ from hookfit.plugins.common import choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
 from hookfit.plugins.optim.nonfinite import NonFinite, OptimWarning, _finite
+from hookfit.plugins.optim.schedulers import Scheduling
+from hookfit.plugins.optim.toggles import note_toggles
 from hookfit.plugins.optim.watch import Watch
 from hookfit.plugins.optim.windows import Windows
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 __all__ = ["Optim", "OptimWarning"]
 
 
-class Optim(NonFinite, Windows, Watch):
+class Optim(NonFinite, Windows, Watch, Scheduling):
     """Manual optimizer stepping with accumulation, clipping, AMP and non-finite policies.
 
     ``accumulate=N``: the optimizers step after every N-th training batch of an epoch
@@ -95,6 +97,10 @@ class Optim(NonFinite, Windows, Watch):
     optimizer alone (as on the CPU), reported as a non-finite gradient at the next host read;
     where the step reads the loss's flag, the check is read too. With a ``GradScaler`` optim
     checks no gradient: ``unscale_`` finds non-finite ones itself.
+
+    ``schedulers``, ``scheduler_interval`` and ``monitor``: learning-rate schedulers as scripts
+    use them, per step, per epoch, chained, and ``ReduceLROnPlateau`` on the epoch mean
+    ``monitor`` names; checked here (see :mod:`hookfit.plugins.optim.schedulers`).
     """
 
     name = "optim"
@@ -109,7 +115,8 @@ class Optim(NonFinite, Windows, Watch):
         nonfinite: Literal["skip", "raise"] | None = "skip",
         check_grads: bool = False,
         schedulers: Any = None,
-        scheduler_interval: Literal["step", "epoch"] = "step",
+        scheduler_interval: Literal["step", "epoch"] | None = None,
+        monitor: str | None = None,
         precision: Literal["32", "bf16-mixed", "16-mixed"] = "32",
         defer: bool | None = None,
         fuse: bool = True,
@@ -117,7 +124,6 @@ class Optim(NonFinite, Windows, Watch):
         name = self.name
         positive_int(name, "accumulate", accumulate)
         choice(name, "nonfinite", nonfinite, ("skip", "raise"), none=True)
-        choice(name, "scheduler_interval", scheduler_interval, ("step", "epoch"))
         choice(name, "precision", precision, PRECISIONS)
         flag(name, "defer", defer, none=True)
         flag(name, "fuse", fuse)
@@ -131,8 +137,7 @@ class Optim(NonFinite, Windows, Watch):
         self.amp = amp
         self.nonfinite = nonfinite
         self.check_grads = check_grads
-        self.schedulers = schedulers
-        self.scheduler_interval = scheduler_interval
+        Scheduling.__init__(self, schedulers, scheduler_interval, monitor)  # checked: see schedulers.py
         self.scaler: torch.amp.GradScaler | None = None
         self.loop: Run | None = None
         self.optimizers: Optimizers | None = None
@@ -156,19 +161,12 @@ class Optim(NonFinite, Windows, Watch):
         # managed optimizers from fit_start on, whatever the order (the spec says so)
         self.loop = loop
         optimizers = _named(loop.optimizers, "optimizers")
-        schedulers = _named(self.schedulers, "schedulers") if self.schedulers is not None else {}
-        if len(schedulers) == 1 and len(optimizers) == 1:
-            schedulers = {next(iter(optimizers)): next(iter(schedulers.values()))}
-        unknown = set(schedulers) - set(optimizers)
-        if unknown:
-            raise ValueError(
-                f"optim: schedulers {sorted(unknown)} name no optimizer; optimizers are {sorted(optimizers)}"
-            )
         for name, opt in optimizers.items():
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optim: optimizer {name!r} is a {type(opt).__name__}, not a torch.optim.Optimizer")
+        schedulers = self._assign(loop, optimizers)  # each optimizer's, checked (none in a validation)
         self.optimizers = Optimizers(
-            {n: ManagedOptimizer(self, n, o, schedulers.get(n)) for n, o in optimizers.items()}
+            {n: ManagedOptimizer(self, n, o, schedulers[n]) for n, o in optimizers.items()}
         )
         self._autocast = None
         if self.precision != "32":
@@ -184,7 +182,7 @@ class Optim(NonFinite, Windows, Watch):
         self._plain = (
             self.accumulate == 1 and self.scaler is None and self.clip_norm is None
             and self.clip_value is None and not (self.check_grads and self.nonfinite is not None)
-            and not (schedulers and self.scheduler_interval == "step")
+            and not any(m._per_step for m in self.optimizers.values())
         )
         self._scales = self.accumulate > 1 or self.scaler is not None
         self._bad, self._bad_stepped, self._pending, self._due = None, [], [], None
@@ -211,7 +209,11 @@ class Optim(NonFinite, Windows, Watch):
                     return self._backward(loop, loss)
                 elif not _finite(loss):
                     return self._nonfinite_loss(loop, loss)
-            loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
+            try:
+                loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
+            except RuntimeError as error:
+                note_toggles(self, error)  # a toggle froze what the loss needed: say so
+                raise
             return True
         if self._autocast is not None:  # the backward pass outside autocast, as PyTorch advises
             with torch.autocast(self._autocast[0], enabled=False):
@@ -237,7 +239,11 @@ class Optim(NonFinite, Windows, Watch):
                     scaled = loss / divisor
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
-        scaled.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
+        try:
+            scaled.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
+        except RuntimeError as error:
+            note_toggles(self, error)
+            raise
         if (call := loop.hooks.after_backward) is not None:
             call(loop, loss)
         return True
@@ -269,6 +275,7 @@ class Optim(NonFinite, Windows, Watch):
 
     @hookimpl(tryfirst=True)  # finishes the stage's work before plugins report on it (metrics)
     def stage_end(self, loop: Run, stage: str) -> None:
+        self._stage_ended(loop, stage)  # a ReduceLROnPlateau steps on this stage's metrics
         if stage != "train" or self.optimizers is None:
             return
         for managed in self.optimizers.values():  # the last, partial window of the epoch
@@ -284,13 +291,6 @@ class Optim(NonFinite, Windows, Watch):
         self._raise_due()
         if self._watching:
             self._watch(False)
-
-    @hookimpl
-    def epoch_end(self) -> None:
-        if self.scheduler_interval == "epoch" and self.optimizers is not None:
-            for managed in self.optimizers.values():
-                if managed.scheduler is not None:
-                    managed.scheduler.step()
 
     @hookimpl
     def fit_end(self, loop: Run) -> None:
@@ -414,7 +414,9 @@ class Optim(NonFinite, Windows, Watch):
         return self.state_dict() if self.optimizers is not None else None
 
     @hookimpl
-    def load_state(self, state: Mapping[str, Any]) -> None:
+    def load_state(self, loop: Run, state: Mapping[str, Any]) -> None:
+        if loop.mode != "fit":
+            return  # a run that does not train (Loop.validate()) needs no optimizer state, nor optimizers
         self.load_state_dict(state)
 
 

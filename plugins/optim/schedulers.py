@@ -1,0 +1,265 @@
+"""optim's learning-rate schedulers, as training scripts use them: which optimizer each one
+drives, when it steps, and ``ReduceLROnPlateau`` on a monitored epoch metric.
+:class:`Scheduling` is that part of the plugin's class.
+
+``Optim(schedulers=...)`` takes
+
+* one scheduler: ``StepLR(opt, ...)``, ``OneCycleLR(...)``, a chain (torch's
+  ``ChainedScheduler``, ``SequentialLR``), ``ReduceLROnPlateau(opt, ...)``;
+* a list of them, each stepped in the order given (``[warmup, cosine]``, as a script that calls
+  both ``step()`` writes it), for one optimizer or several;
+* a dict of optimizer name -> scheduler or list (``{"gen": StepLR(g, ...), "disc": ...}``).
+
+Each scheduler drives the optimizer it was built on (``scheduler.optimizer``): with several
+optimizers no name is needed, and a dict's names are checked against it.
+
+When each steps (``scheduler_interval``):
+
+* ``None`` (default): a ``ReduceLROnPlateau`` on ``monitor``, every other scheduler after each
+  real step of its optimizer (not after a call inside an accumulation window, nor a skipped
+  one);
+* ``"step"``: every scheduler after each real step; a ``ReduceLROnPlateau`` cannot (it steps on
+  an epoch's metric), so that is an error;
+* ``"epoch"``: every scheduler but a ``ReduceLROnPlateau`` at each epoch's end (``epoch_end``,
+  after the validation), a ``ReduceLROnPlateau`` on ``monitor``.
+
+``monitor="<stage>/<metric>"`` (``"valid/loss"``; ``"valid/<set>/<metric>"`` with several
+validation sets) is the epoch mean a ``ReduceLROnPlateau`` steps on, read from the
+``epoch_metrics`` snapshot the metrics plugin publishes once the stage is complete: once per
+epoch in which that stage ran (every ``val_every_n_epochs``), once per validation with
+``Loop(val_every_n_steps=N)``. A stage cut short (a stop, ``max_steps``) steps nothing: the
+resumed run completes it and steps then, as the uninterrupted run did.
+
+Checked when ``Optim`` is built, each a ``ValueError`` or ``TypeError`` naming optim and the
+option: what ``schedulers`` holds, the same scheduler given twice (or inside a chain given
+too), a ``ReduceLROnPlateau`` without ``monitor``, a ``monitor`` without one, a bad
+``monitor``, ``scheduler_interval="step"`` with one. When the run starts (``configure``, the
+first moment the optimizers are known, before any batch): a scheduler built on an optimizer
+that is not one of the run's, a dict name that is no optimizer's, or one that is another
+optimizer's; a ``"valid/"`` monitor in a run without validation. At the end of an epoch in
+which the monitored stage ran: its metric missing from the snapshot (the error names the
+metrics there are), or no snapshot published at all (no metrics plugin).
+
+Checkpoints keep every scheduler's state with its optimizer's (and their classes: a resume with
+other schedulers is refused, naming them). A run that does not train (``Loop.validate()``)
+steps no scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+
+import torch
+
+from hookfit import hookimpl
+from hookfit.payloads import MetricsSnapshot
+from hookfit.plugins.common import Monitor, choice, option_error
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.plugins.optim.managed import Optimizers
+    from hookfit.run import Run
+
+__all__ = ["Scheduling"]
+
+NAME = "optim"
+PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
+SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers "
+                   "(torch.optim.lr_scheduler.StepLR(opt, ...)), a list of them, or a dict of "
+                   "optimizer name -> scheduler or list")
+
+
+class Given(NamedTuple):
+    """One scheduler as ``Optim(schedulers=...)`` gave it: under a dict's name, or none."""
+
+    name: str | None
+    scheduler: Any
+
+
+def describe(scheduler: Any) -> str:
+    """A scheduler as errors name it: its class."""
+    return type(scheduler).__name__
+
+
+def _is_scheduler(value: Any) -> bool:
+    """A scheduler optim can step and checkpoint: built on a torch optimizer, with ``step``,
+    ``state_dict`` and ``load_state_dict`` (torch's, and any written the same way)."""
+    return (isinstance(getattr(value, "optimizer", None), torch.optim.Optimizer)
+            and all(callable(getattr(value, attr, None)) for attr in ("step", "state_dict", "load_state_dict")))
+
+
+def _parse(schedulers: Any) -> list[Given]:
+    """The schedulers given, in order, each with the dict name it came under (checked)."""
+    if schedulers is None:
+        return []
+    items: list[tuple[str | None, Any]]
+    if isinstance(schedulers, Mapping):
+        items = []
+        for key, value in schedulers.items():
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"optim: schedulers: a dict's keys are optimizer names (strings), got {key!r}")
+            values = value if isinstance(value, (list, tuple)) else [value]
+            items.extend((key, v) for v in values)
+    elif isinstance(schedulers, (list, tuple)):
+        items = [(None, v) for v in schedulers]
+    else:
+        items = [(None, schedulers)]
+    for key, value in items:
+        if not _is_scheduler(value):
+            where = "schedulers" if key is None else f"schedulers[{key!r}]"
+            raise option_error(NAME, where, value, SCHEDULERS_MUST, TypeError, shown=_shown(value))
+    given = [Given(key, value) for key, value in items]
+    _check_once(given)
+    return given
+
+
+def _shown(value: Any) -> str:
+    """A value as an error shows it: a class as itself, anything else by its type."""
+    if isinstance(value, type):
+        return f"the class {value.__name__} (build one: {value.__name__}(optimizer, ...))"
+    if value is None or isinstance(value, (str, int, float)):
+        return repr(value)
+    return f"a {type(value).__name__}"
+
+
+def _check_once(given: list[Given]) -> None:
+    """Each scheduler is given once (it would step twice otherwise, chains included), and the
+    schedulers under one dict name drive one optimizer."""
+    seen: dict[int, Any] = {}
+    for item in given:
+        inner = getattr(item.scheduler, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
+        for scheduler in [item.scheduler, *(inner if isinstance(inner, (list, tuple)) else ())]:
+            if id(scheduler) in seen:
+                raise ValueError(
+                    f"optim: schedulers: the same {describe(scheduler)} is given twice"
+                    + (f" (inside the {describe(seen[id(scheduler)])} and on its own)"
+                       if seen[id(scheduler)] is not scheduler else "")
+                    + ": it would step twice; give it once")
+            seen[id(scheduler)] = item.scheduler
+    by_name: dict[str, Any] = {}
+    for item in given:
+        if item.name is None:
+            continue
+        first = by_name.setdefault(item.name, item.scheduler)
+        if first.optimizer is not item.scheduler.optimizer:
+            raise ValueError(
+                f"optim: schedulers[{item.name!r}]: its {describe(first)} and {describe(item.scheduler)} "
+                f"are built on different optimizers; the schedulers under a name drive that optimizer")
+
+
+class Scheduling:
+    """The schedulers of :class:`~hookfit.plugins.optim.Optim` (a part of its class): checked
+    when it is built, given to their optimizers at ``configure``, stepped per step (by
+    :class:`~hookfit.plugins.optim.ManagedOptimizer`), per epoch or on the monitored metric
+    (here)."""
+
+    # the plugin's, read here
+    loop: Run | None
+    optimizers: Optimizers | None
+
+    def __init__(self, schedulers: Any, scheduler_interval: str | None, monitor: str | None) -> None:
+        choice(NAME, "scheduler_interval", scheduler_interval, ("step", "epoch"), none=True)
+        self.schedulers = schedulers
+        self.scheduler_interval = scheduler_interval
+        self.monitor = monitor
+        self._given = _parse(schedulers)
+        self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
+        plateaus = [g.scheduler for g in self._given if isinstance(g.scheduler, PLATEAU)]
+        if plateaus and monitor is None:
+            raise ValueError(
+                "optim: schedulers has a ReduceLROnPlateau, which steps on a metric: give "
+                "monitor='<stage>/<metric>', the epoch mean it reduces the learning rate on "
+                "(monitor='valid/loss')")
+        if monitor is not None and not plateaus:
+            held = ", ".join(describe(g.scheduler) for g in self._given) or "no scheduler"
+            raise ValueError(
+                f"optim: monitor={monitor!r} is the metric a ReduceLROnPlateau steps on, and schedulers "
+                f"has none ({held}): give schedulers=ReduceLROnPlateau(optimizer, ...), or leave monitor out")
+        if plateaus and scheduler_interval == "step":
+            raise ValueError(
+                f"optim: scheduler_interval='step' cannot step a ReduceLROnPlateau: it steps on "
+                f"monitor={monitor!r} once the stage is complete (once per epoch); leave "
+                f"scheduler_interval out (the ReduceLROnPlateau on its metric, the others after every "
+                f"step) or give 'epoch'")
+        self._awaiting: int | None = None  # the epoch whose monitored stage ended, its metrics not heard
+
+    def _interval(self, scheduler: Any) -> str:
+        """When ``scheduler`` steps: ``"step"``, ``"epoch"`` or ``"monitor"``."""
+        if isinstance(scheduler, PLATEAU):
+            return "monitor"
+        return "epoch" if self.scheduler_interval == "epoch" else "step"
+
+    def _per_step(self) -> bool:
+        """Whether some scheduler steps after each optimizer step (no fast path then)."""
+        return any(self._interval(g.scheduler) == "step" for g in self._given)
+
+    def _assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
+        """At ``configure``: each optimizer's schedulers, in the order given; checked against
+        the run's optimizers. A run that does not train (``Loop.validate()``) gets none."""
+        self._awaiting = None
+        out: dict[str, list[Any]] = {name: [] for name in optimizers}
+        if loop.mode != "fit":
+            return out
+        unknown = sorted({g.name for g in self._given if g.name is not None and g.name not in optimizers})
+        if unknown:
+            raise ValueError(
+                f"optim: schedulers {unknown} name no optimizer; optimizers are {sorted(optimizers)}")
+        owners = {id(opt): name for name, opt in optimizers.items()}
+        listing = ", ".join(f"{n!r}: {type(o).__name__}" for n, o in optimizers.items()) or "none"
+        for item in self._given:
+            owner = owners.get(id(item.scheduler.optimizer))
+            where = "schedulers" if item.name is None else f"schedulers[{item.name!r}]"
+            if owner is None:
+                raise ValueError(
+                    f"optim: {where}: the {describe(item.scheduler)} is built on a "
+                    f"{type(item.scheduler.optimizer).__name__} that is not one of this run's optimizers "
+                    f"({listing}): build it on the optimizer given to Loop(optimizers=...)")
+            if item.name is not None and owner != item.name:
+                raise ValueError(
+                    f"optim: {where}: the {describe(item.scheduler)} is built on optimizer {owner!r}, not "
+                    f"{item.name!r}: put it under {owner!r}, or build it on {item.name!r}")
+            out[owner].append(item.scheduler)
+        if self._monitor is not None and self._monitor.stage == "valid" and loop.val_step is None:
+            raise ValueError(
+                f"optim: monitor={self.monitor!r} steps the ReduceLROnPlateau on a validation metric, and "
+                f"this run has no validation: give Loop(val_step=..., val_data=...), or monitor a "
+                f"'train/' metric")
+        return out
+
+    def _stage_ended(self, loop: Run, stage: str) -> None:
+        """From optim's ``stage_end`` (``tryfirst``: before the metrics publish the stage): the
+        monitored stage is complete, so its ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""
+        if self._monitor is not None and stage == self._monitor.stage and loop.mode == "fit":
+            self._awaiting = loop.state.epoch
+
+    @hookimpl
+    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
+        monitor = self._monitor
+        if monitor is None or stage != monitor.stage or self._awaiting is None:
+            return  # not the monitored stage, or one that did not run to its end
+        self._awaiting = None
+        key = monitor.key
+        assert key is not None  # a monitor given has a metric
+        if key not in metrics.values:
+            raise ValueError(
+                f"optim: monitor={self.monitor!r} names a metric this run does not produce: the "
+                f"{stage} metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}")
+        value = float(metrics.values[key].epoch)
+        for managed in (self.optimizers or {}).values():
+            for scheduler in managed.schedulers:
+                if isinstance(scheduler, PLATEAU):
+                    scheduler.step(value)
+
+    @hookimpl
+    def epoch_end(self, loop: Run, epoch: int) -> None:
+        if self._awaiting is not None:
+            stage = self._monitor.stage if self._monitor is not None else None
+            raise ValueError(
+                f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of epoch "
+                f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics "
+                f"plugin enabled?")
+        if self.scheduler_interval == "epoch" and self.optimizers is not None:
+            for managed in self.optimizers.values():
+                for scheduler in managed.schedulers:
+                    if not isinstance(scheduler, PLATEAU):
+                        scheduler.step()
+

@@ -1,0 +1,369 @@
+"""optim's schedulers as training scripts use them: ReduceLROnPlateau on a monitored metric,
+per-step and per-epoch schedulers, chains and lists, each equal to the script's own loop; every
+misuse named when Optim is built or the run starts; exact resume with their states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+from conftest import StopAfter
+
+lr_scheduler = torch.optim.lr_scheduler
+
+
+def data(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(n)]
+
+
+TRAIN, VALID = data(6), data(3, seed=1)
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def mse(m: torch.nn.Module, batch) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(m(batch[0]), batch[1])
+
+
+def params(m: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def train_step(loop, batch):
+    loss = mse(loop.model, batch)
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss}
+
+
+def val_step(loop, batch):
+    return {"loss": mse(loop.model, batch)}
+
+
+class Lrs:
+    """The learning rate at every epoch's end."""
+
+    name = "lrs"
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.opt, self.seen = opt, []
+
+    @hookfit.hookimpl
+    def epoch_end(self, loop, epoch):
+        self.seen.append(self.opt.param_groups[0]["lr"])
+
+
+def run(m, opt, *plugins, epochs=4, **options):
+    return hookfit.Loop(train_step, TRAIN, val_step=val_step, val_data=VALID, model=m, optimizers=opt,
+                        max_epochs=epochs, plugins=[Optim(**options), Metrics(), *plugins]).fit()
+
+
+def raw_epoch(m, opt, per_step=()) -> None:
+    for batch in TRAIN:
+        opt.zero_grad()
+        mse(m, batch).backward()
+        opt.step()
+        for scheduler in per_step:
+            scheduler.step()
+
+
+def raw_valid_loss(m) -> float:
+    with torch.inference_mode():  # equal batch sizes: the sample-weighted mean is the mean
+        return sum(mse(m, b).item() for b in VALID) / len(VALID)
+
+
+# -- ReduceLROnPlateau ---------------------------------------------------------------------
+
+
+def test_reduce_lr_on_plateau_steps_on_the_validation_loss_as_the_script_does() -> None:
+    """The word language model's schedule: lr reduced when the validation loss stops falling.
+    It used to fail at the first step with torch's "step() missing 'metrics'"."""
+    raw = model()
+    opt = torch.optim.SGD(raw.parameters(), lr=0.6)
+    sched = lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    raw_lrs = []
+    for _ in range(6):
+        raw_epoch(raw, opt)
+        sched.step(raw_valid_loss(raw))
+        raw_lrs.append(opt.param_groups[0]["lr"])
+
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.6)
+    lrs = Lrs(opt)
+    plateau = lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    run(m, opt, lrs, epochs=6, schedulers=plateau, monitor="valid/loss")
+    assert lrs.seen == raw_lrs and len(set(raw_lrs)) > 1, raw_lrs  # it did reduce
+    assert plateau.last_epoch == 6  # once per epoch
+    assert same(params(m), params(raw))
+
+
+def test_a_train_monitor_steps_each_epoch_and_a_valid_one_each_validation() -> None:
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    plateau = lr_scheduler.ReduceLROnPlateau(opt)
+    hookfit.Loop(train_step, TRAIN, val_step=val_step, val_data=VALID, model=m, optimizers=opt, max_epochs=4,
+                 val_every_n_epochs=2, plugins=[Optim(schedulers=plateau, monitor="valid/loss"), Metrics()]).fit()
+    assert plateau.last_epoch == 2
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    plateau = lr_scheduler.ReduceLROnPlateau(opt)
+    run(m, opt, epochs=3, schedulers=plateau, monitor="train/loss")
+    assert plateau.last_epoch == 3
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    plateau = lr_scheduler.ReduceLROnPlateau(opt)  # with validation inside training: each validation
+    hookfit.Loop(train_step, TRAIN, val_step=val_step, val_data=VALID, model=m, optimizers=opt, max_epochs=2,
+                 val_every_n_steps=3, plugins=[Optim(schedulers=plateau, monitor="valid/loss"), Metrics()]).fit()
+    assert plateau.last_epoch == 4
+
+
+def test_a_stage_cut_short_steps_no_plateau() -> None:
+    """A stop inside the validation: that stage's partial metrics are no epoch to step on."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    plateau = lr_scheduler.ReduceLROnPlateau(opt)
+    # epoch 1 runs 6 + 3 batches; the stop comes after the 2nd validation batch of epoch 2
+    state = run(m, opt, StopAfter(9 + 6 + 2), epochs=3, schedulers=plateau, monitor="valid/loss")
+    assert state.status == "interrupted" and plateau.last_epoch == 1
+
+
+def test_a_validation_steps_no_scheduler_and_needs_none_of_the_optimizers() -> None:
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    plateau = lr_scheduler.ReduceLROnPlateau(opt)
+    loop = hookfit.Loop(train_step, TRAIN, val_step=val_step, val_data=VALID, model=m,
+                        plugins=[Optim(schedulers=plateau, monitor="valid/loss"), Metrics()])
+    assert loop.validate().status == "completed"
+    assert plateau.last_epoch == 0
+
+
+@pytest.mark.bad_input
+def test_a_monitored_metric_the_run_lacks_names_the_metrics_there_are() -> None:
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"optim: monitor='valid/acc' names a metric this run does not "
+                                         r"produce: the valid metrics of epoch 1 are loss"):
+        run(m, opt, schedulers=lr_scheduler.ReduceLROnPlateau(opt), monitor="valid/acc")
+
+
+@pytest.mark.bad_input
+def test_a_monitor_without_a_metrics_plugin_fails_at_the_epoch_end() -> None:
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    steps = []
+    loop = hookfit.Loop(lambda loop, b: steps.append(train_step(loop, b)), TRAIN, val_step=val_step,
+                        val_data=VALID, model=m, optimizers=opt, max_epochs=2,
+                        plugins=[Optim(schedulers=lr_scheduler.ReduceLROnPlateau(opt), monitor="valid/loss")])
+    with pytest.raises(ValueError, match=r"optim: monitor='valid/loss', and no plugin published the valid "
+                                         r"metrics of epoch 1 .*is the metrics plugin enabled"):
+        loop.fit()
+    assert len(steps) == len(TRAIN)  # the first epoch's end
+
+
+@pytest.mark.bad_input
+def test_a_valid_monitor_in_a_run_without_validation_fails_before_any_batch() -> None:
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    steps = []
+    loop = hookfit.Loop(lambda loop, b: steps.append(b), TRAIN, model=m, optimizers=opt,
+                        plugins=[Optim(schedulers=lr_scheduler.ReduceLROnPlateau(opt), monitor="valid/loss")])
+    with pytest.raises(ValueError, match=r"optim: monitor='valid/loss' .* this run has no validation"):
+        loop.fit()
+    assert steps == []
+
+
+# -- per step, per epoch, chains and lists ---------------------------------------------------
+
+
+def test_step_lr_per_epoch_as_the_mnist_script_steps_it() -> None:
+    raw = model()
+    opt = torch.optim.Adadelta(raw.parameters(), lr=1.0)
+    sched = lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    for _ in range(3):
+        raw_epoch(raw, opt)
+        sched.step()
+    m = model()
+    opt = torch.optim.Adadelta(m.parameters(), lr=1.0)
+    run(m, opt, epochs=3, schedulers=lr_scheduler.StepLR(opt, step_size=1, gamma=0.7), scheduler_interval="epoch")
+    assert same(params(m), params(raw)) and opt.param_groups[0]["lr"] == pytest.approx(0.7 ** 3)
+
+
+def _chain(opt, kind):
+    warmup = lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=4)
+    decay = lr_scheduler.ExponentialLR(opt, gamma=0.9)
+    if kind == "chained":
+        return lr_scheduler.ChainedScheduler([warmup, decay])
+    if kind == "sequential":
+        return lr_scheduler.SequentialLR(opt, [warmup, decay], milestones=[4])
+    return [warmup, decay]  # a list, as a script that steps both writes it
+
+
+@pytest.mark.parametrize("kind", ["chained", "sequential", "list"])
+def test_chained_and_listed_schedulers_step_per_step_as_the_script_does(kind: str) -> None:
+    raw = model()
+    opt = torch.optim.SGD(raw.parameters(), lr=0.2, momentum=0.9)
+    given = _chain(opt, kind)
+    for _ in range(2):
+        raw_epoch(raw, opt, given if isinstance(given, list) else [given])
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.2, momentum=0.9)
+    run(m, opt, epochs=2, schedulers=_chain(opt, kind))
+    assert same(params(m), params(raw))
+
+
+def test_with_two_optimizers_each_scheduler_drives_the_one_it_was_built_on() -> None:
+    """No names needed: a list of schedulers of two optimizers, and a dict keyed by name."""
+    m = model()
+    first, second = list(m.children())[0], list(m.children())[2]
+    for keyed in (False, True):
+        a, b = torch.optim.SGD(first.parameters(), lr=0.1), torch.optim.SGD(second.parameters(), lr=0.1)
+        sa, sb = lr_scheduler.StepLR(a, 1, gamma=0.5), lr_scheduler.StepLR(b, 1, gamma=0.1)
+
+        def step(loop, batch):
+            loss = mse(loop.model, batch)
+            loop.backward(loss)
+            for opt in loop.optimizers.values():
+                opt.step()
+                opt.zero_grad()
+            return loss
+
+        schedulers = {"b": sb, "a": [sa]} if keyed else [sb, sa]
+        hookfit.Loop(step, TRAIN[:2], model=m, optimizers={"a": a, "b": b}, max_epochs=1,
+                     plugins=[Optim(schedulers=schedulers)]).fit()
+        assert a.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 2)
+        assert b.param_groups[0]["lr"] == pytest.approx(0.1 * 0.1 ** 2)
+
+
+# -- bad input: when Optim is built, and when the run starts --------------------------------
+
+_opt = torch.optim.SGD(model().parameters(), lr=0.1)
+_other = torch.optim.SGD(model().parameters(), lr=0.1)
+_step = lr_scheduler.StepLR(_opt, 1)
+_plateau = lr_scheduler.ReduceLROnPlateau(_opt)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("options, error, message", [
+    ({"schedulers": _plateau}, ValueError,
+     r"optim: schedulers has a ReduceLROnPlateau, which steps on a metric: give monitor='<stage>/<metric>'"),
+    ({"schedulers": _step, "monitor": "valid/loss"}, ValueError,
+     r"optim: monitor='valid/loss' is the metric a ReduceLROnPlateau steps on, and schedulers has none \(StepLR\)"),
+    ({"monitor": "valid/loss"}, ValueError, r"schedulers has none \(no scheduler\)"),
+    ({"schedulers": _plateau, "monitor": "valid/loss", "scheduler_interval": "step"}, ValueError,
+     r"optim: scheduler_interval='step' cannot step a ReduceLROnPlateau"),
+    ({"schedulers": _plateau, "monitor": "loss"}, ValueError, r"optim: monitor must be '<stage>/<metric>'"),
+    ({"schedulers": _step, "scheduler_interval": "batch"}, ValueError,
+     r"optim: scheduler_interval must be 'step', 'epoch' or None, got 'batch'"),
+    ({"schedulers": "cosine"}, TypeError, r"optim: schedulers must be a learning-rate scheduler .*, got 'cosine'"),
+    ({"schedulers": lr_scheduler.StepLR}, TypeError, r"got the class StepLR \(build one: StepLR\(optimizer, ...\)\)"),
+    ({"schedulers": {"g": [_step, _opt]}}, TypeError, r"optim: schedulers\['g'\] must be .*, got a SGD"),
+    ({"schedulers": [_step, _step]}, ValueError, r"optim: schedulers: the same StepLR is given twice"),
+    ({"schedulers": [lr_scheduler.ChainedScheduler([_step]), _step]}, ValueError,
+     r"the same StepLR is given twice \(inside the ChainedScheduler and on its own\)"),
+    ({"schedulers": {"g": [_step, lr_scheduler.StepLR(_other, 1)]}}, ValueError,
+     r"optim: schedulers\['g'\]: its StepLR and StepLR are built on different optimizers"),
+])
+def test_schedulers_are_checked_when_optim_is_built(options, error, message) -> None:
+    with pytest.raises(error, match=message):
+        Optim(**options)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("schedulers, optimizers, message", [
+    (lambda: lr_scheduler.StepLR(_other, 1), lambda: _opt,
+     r"optim: schedulers: the StepLR is built on a SGD that is not one of this run's optimizers \('default': SGD\)"),
+    (lambda: {"g": lr_scheduler.StepLR(_other, 1)}, lambda: {"g": _opt, "d": _other},
+     r"optim: schedulers\['g'\]: the StepLR is built on optimizer 'd', not 'g'"),
+    (lambda: {"gen": lr_scheduler.StepLR(_opt, 1)}, lambda: {"g": _opt},
+     r"optim: schedulers \['gen'\] name no optimizer; optimizers are \['g'\]"),
+])
+def test_a_scheduler_of_no_optimizer_of_the_run_fails_before_any_batch(schedulers, optimizers, message) -> None:
+    steps = []
+    loop = hookfit.Loop(lambda loop, b: steps.append(b), [1, 2], optimizers=optimizers(),
+                        plugins=[Optim(schedulers=schedulers())])
+    with pytest.raises(ValueError, match=message):
+        loop.fit()
+    assert steps == []
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+
+def _checkpointed(folder, stop=None, epochs=5, resume=None):
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.6, momentum=0.5)
+    plateau = lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+    warmup = lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=8)
+    lrs = Lrs(opt)
+    plugins = [Optim(schedulers=[warmup, plateau], monitor="valid/loss"), Metrics(),
+               Checkpoint(background=False), lrs, *([stop] if stop is not None else [])]
+    state = hookfit.Loop(train_step, TRAIN, val_step=val_step, val_data=VALID, model=m, optimizers=opt,
+                         max_epochs=epochs, run_dir=folder, resume=resume, plugins=plugins).fit()
+    return state, params(m), lrs.seen, plateau.state_dict(), opt.state_dict()["param_groups"]
+
+
+@pytest.mark.parametrize("stop_after", [6 + 3 + 4, 2 * (6 + 3) + 6 + 1, 9 * 3])  # in training, in validation,
+def test_a_run_with_a_plateau_resumes_bit_for_bit(tmp_path, stop_after: int) -> None:  # the last batch of epoch 3
+    whole = _checkpointed(tmp_path / "whole")
+    assert len(set(whole[2])) > 2  # the warmup and the plateau both changed the rate
+    first = _checkpointed(tmp_path / "split", StopAfter(stop_after))
+    assert first[0].status == "interrupted"
+    rest = _checkpointed(tmp_path / "split", resume="latest")
+    assert rest[0].step == whole[0].step == 30 and rest[0].resumed_from is not None
+    assert same(rest[1], whole[1])
+    assert first[2] + rest[2] == whole[2]
+    assert rest[3] == whole[3] and rest[4] == whole[4]
+
+
+@pytest.mark.bad_input
+def test_resuming_with_other_schedulers_is_refused_naming_both(tmp_path) -> None:
+    def fit(schedulers, epochs=2, resume="latest"):
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        return hookfit.Loop(train_step, TRAIN, model=m, optimizers=opt, run_dir=tmp_path, max_epochs=epochs,
+                            resume=resume, plugins=[Optim(schedulers=schedulers(opt)), Checkpoint(background=False)]
+                            ).fit()
+
+    fit(lambda opt: lr_scheduler.StepLR(opt, 1), epochs=1, resume=None)
+    with pytest.raises(ValueError, match=r"optim: optimizer 'default' has no scheduler in this run and the "
+                                         r"schedulers \[StepLR\] in the checkpoint"):
+        fit(lambda opt: None)
+    with pytest.raises(ValueError, match=r"has the schedulers \[ExponentialLR\] in this run and the schedulers "
+                                         r"\[StepLR\] in the checkpoint"):
+        fit(lambda opt: lr_scheduler.ExponentialLR(opt, 0.5))
+    assert fit(lambda opt: lr_scheduler.StepLR(opt, 1)).step == 12
+
+
+def test_a_state_saved_with_one_scheduler_under_the_old_key_loads() -> None:
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    plugin = Optim(schedulers=sched)
+    hookfit.Loop(train_step, TRAIN[:3], model=m, optimizers=opt, plugins=[plugin]).fit()
+    saved = plugin.state_dict()
+    entry = saved["optimizers"]["default"]
+    entry["scheduler"] = entry.pop("schedulers")[0]
+    del entry["scheduler_classes"]
+    fresh = lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    loaded = Optim(schedulers=fresh)
+
+    class Resume:
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            loop.load_plugin_states({"optim": saved})
+
+    hookfit.Loop(lambda loop, b: None, [1], model=m, optimizers=opt, plugins=[loaded, Resume()]).fit()
+    assert fresh.last_epoch == 3
