@@ -52,8 +52,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import math
-import numbers
 import os
 import socket
 import time
@@ -61,11 +59,11 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from hookfit import config, hookimpl
+from hookfit import hookimpl
 from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins._logger import run_file, wanted
-from hookfit.plugins.common import flag
+from hookfit.plugins.common import Hparam, flag, hyperparameters, run_hparams
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -75,8 +73,6 @@ __all__ = ["INSTALL", "TensorBoard"]
 INSTALL = "pip install hookfit[tensorboard]"
 """The command that installs what this plugin needs."""
 
-# settings of a parameter group that say how the optimizer is computed, not what it does
-_MECHANICS = frozenset({"params", "foreach", "fused", "capturable", "differentiable"})
 _files = itertools.count()
 
 
@@ -88,19 +84,6 @@ def _require() -> None:
     except ImportError as error:
         raise ImportError(f"tensorboard: the plugin needs the tensorboard package, which is not installed "
                           f"({error}); install it with `{INSTALL}`") from error
-
-
-def _hparam(value: object) -> bool | int | float | str | None:
-    """``value`` as a hyperparameter TensorBoard shows, or ``None`` if it is not a scalar."""
-    if isinstance(value, (bool, int, float, str)):  # what TensorBoard shows: one scalar each
-        return value
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, tuple) and all(isinstance(v, (bool, int, float, str)) for v in value):
-        return str(value)  # betas=(0.9, 0.999)
-    if isinstance(value, os.PathLike):
-        return os.fsdecode(value)  # a folder option (as str, even if the path is bytes)
-    return None
 
 
 class TensorBoard:
@@ -123,25 +106,12 @@ class TensorBoard:
                  hparams: Mapping[str, Any] | None = None) -> None:
         flag(self.name, "enabled", enabled, none=True)
         flag(self.name, "every_publication", every_publication)
-        if hparams is not None and not isinstance(hparams, Mapping):
-            raise ValueError(f"tensorboard: hparams must map names to numbers, strings or booleans, "
-                             f"got {type(hparams).__name__} {hparams!r}")
-        extra: dict[str, bool | int | float | str] = {}
-        for key, value in (hparams or {}).items():
-            if not isinstance(key, str) or not key:
-                raise ValueError(f"tensorboard: hparams has the key {key!r}; names are non-empty strings")
-            if isinstance(value, (bool, str)):
-                extra[key] = value
-            elif isinstance(value, numbers.Real) and math.isfinite(value):
-                extra[key] = value if isinstance(value, int) else float(value)
-            else:
-                raise ValueError(f"tensorboard: hparams[{key!r}] is {value!r}; a hyperparameter is a finite "
-                                 f"number, a string or a boolean")
+        extra = hyperparameters(self.name, "hparams", hparams)
         if enabled:
             _require()  # asked for in so many words: say what is missing now, not at fit()
         self.enabled = enabled
         self.every_publication = every_publication
-        self.hparams: dict[str, bool | int | float | str] = extra
+        self.hparams: dict[str, Hparam] = extra
         """The hyperparameters given here (the run's own are added at ``fit_start``)."""
         self.path: os.PathLike[str] | None = None
         """The event file of the current or last run (``None`` before one, and when off)."""
@@ -228,39 +198,10 @@ class TensorBoard:
         self._file, self._loop = None, None
 
     # -- what is written ---------------------------------------------------------------------
-    def run_hparams(self, loop: Run) -> dict[str, bool | int | float | str]:
-        """The hyperparameters recorded for ``loop`` (see the module documentation)."""
-        out: dict[str, bool | int | float | str] = {"loop.name": loop.name}
-        for key in ("max_epochs", "max_steps", "seed", "deterministic", "val_every_n_epochs", "val_every_n_steps"):
-            value = _hparam(getattr(loop, key, None))
-            if value is not None:
-                out[f"loop.{key}"] = value
-        optimizers = getattr(loop.config, "optimizers", None)
-        if optimizers is not None:
-            named = optimizers.items() if isinstance(optimizers, Mapping) else [("default", optimizers)]
-            for name, optimizer in named:
-                out[f"optimizer.{name}"] = type(optimizer).__name__
-                groups = getattr(optimizer, "param_groups", None) or [{}]
-                for key, setting in sorted(groups[0].items()):
-                    value = _hparam(setting)
-                    if key not in _MECHANICS and value is not None:
-                        out[f"optimizer.{name}.{key}"] = value
-        pm = loop.pm
-        for name in pm.participants():
-            plugin = pm.get_plugin(name)
-            info = pm.infos.get(name)
-            options = config.accepted(type(plugin)) if plugin is not None and not isinstance(plugin, type) else None
-            for option in sorted(options or ()):
-                if hasattr(plugin, option):
-                    value = _hparam(getattr(plugin, option))
-                elif info is not None and option in info.options:
-                    value = _hparam(info.options[option])
-                else:
-                    value = None
-                if value is not None:
-                    out[f"plugin.{name}.{option}"] = value
-        out.update(self.hparams)
-        return out
+    def run_hparams(self, loop: Run) -> dict[str, Hparam]:
+        """The hyperparameters recorded for ``loop``: :func:`hookfit.plugins.common.run_hparams`
+        with this plugin's ``hparams``."""
+        return run_hparams(loop, self.hparams)
 
     def _rates(self, metrics: MetricsSnapshot) -> list[tuple[str, float]]:
         """``lr/<optimizer>`` values, once per global step."""

@@ -24,6 +24,7 @@ import hookfit  # noqa: E402
 from hookfit.manager import ObserverWarning  # noqa: E402
 from hookfit.plugins.checkpoint import Checkpoint  # noqa: E402
 from hookfit.plugins.metrics import Metrics  # noqa: E402
+from hookfit.plugins.metrics_log import MetricsLog  # noqa: E402
 from hookfit.plugins.optim import Optim  # noqa: E402
 from hookfit.plugins.tensorboard import INSTALL, TensorBoard  # noqa: E402
 
@@ -64,7 +65,7 @@ def run(run_dir: Path, *plugins, max_epochs: int = 3, interval: float = 0.0, **k
 
     loop = hookfit.Loop(step, data, val_step=val_step, val_data=[0, 1], model=model, optimizers=optimizer,
                         max_epochs=max_epochs, run_dir=run_dir,
-                        plugins=[Optim(), Metrics(interval=interval), *plugins], **kwargs)
+                        plugins=[Optim(), Metrics(interval=interval), MetricsLog(), *plugins], **kwargs)
     loop.fit()
     return loop
 
