@@ -1,0 +1,236 @@
+"""mlflow: the run in an MLflow tracking store: hyperparameters, metrics at the global step,
+learning rates, checkpoints as artifacts (optional) and the final status.
+
+``Loop(plugins=[MLflow(tracking_uri="sqlite:///mlflow.db", experiment="digits")])``, or
+``[plugins.mlflow]`` with any option in ``hookfit.toml`` (``enabled = true`` is enough).
+Discovered like every plugin, it is inert until then: it unregisters itself at ``configure``,
+so it costs a run nothing. ``MLflow(enabled=False)`` switches it off wherever it comes from. It
+needs MLflow (``pip install hookfit[mlflow]``: ``mlflow-skinny`` with SQLAlchemy and Alembic,
+for a SQLite or other database store, a tracking server, or Databricks; the full ``mlflow``
+package works as well); without it, a run that wants it gets one warning naming that command
+and trains on (an ``enabled=True`` given in code fails at once).
+
+What it records, through ``mlflow.tracking.MlflowClient`` (MLflow's global active run is left
+alone), in the experiment ``experiment`` (the run's name by default: ``train`` for ``python
+train.py``), as a tracker run named ``run_name`` (by default the run folder's name,
+``<date>-<time>``), tagged ``hookfit.run_dir`` with the run folder:
+
+* Parameters: the run's hyperparameters (:func:`hookfit.plugins.common.run_hparams`: the
+  ``Loop``'s settings, the optimizers' classes and settings, every plugin's options), and
+  whatever ``MLflow(hparams={...})`` adds, logged when the tracker run starts.
+* Metrics, at the global step, with the same names as the ``tensorboard`` plugin's:
+  ``<stage>/<metric>``, the epoch means the metrics plugin publishes at the end of a stage
+  (``epoch_metrics``), and ``epoch`` (counted from 1) when a training stage ends;
+  ``train_step/<metric>``, the running means of every training publication
+  (``metrics_update``; ``every_publication=False`` leaves them out); ``lr/<optimizer>``, each
+  optimizer's learning rate, once per global step.
+* Checkpoints, with ``log_checkpoints=True``: every checkpoint the checkpoint plugin announces
+  (``checkpoint_saved``) is copied to the run's artifacts under ``checkpoints/``.
+* The end (``fit_end``, after every other plugin's, so after the last checkpoint): the tracker
+  run's status, ``FINISHED`` for a completed run, ``FAILED`` for a failed one, ``KILLED`` for an
+  interrupted one, and the tags ``hookfit.status`` and ``hookfit.stop_reason``.
+
+The tracker run starts when the run's first epoch does (after a resume: ``load_state`` has
+run). Its id is this plugin's state in every checkpoint, so a resumed run (``Loop(resume=...)``)
+continues the same tracker run: it sets it running again, logs the parameters it did not have
+(a parameter the resumed run changed, such as ``max_epochs``, keeps its first value, as MLflow
+requires, and one ``HookfitWarning`` names it) and logs no step twice: for every metric, the
+points at steps the tracker run already has (a run killed after its last checkpoint logged
+past it) are left out, so each metric's history has each step once.
+
+Only the main process logs (under ``torchrun`` the distributed plugin switches observers off on
+the others): two processes creating the same SQLite store at once is what fails a run that logs
+from every rank. An observer: a tracking store that fails (unreachable, full) switches the
+plugin off with one warning naming it, and training goes on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import time
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from hookfit import hookimpl
+from hookfit.errors import HookfitWarning
+from hookfit.payloads import MetricsSnapshot
+from hookfit.plugins._logger import wanted
+from hookfit.plugins.common import Hparam, flag, hyperparameters, path, run_hparams, text
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
+
+__all__ = ["INSTALL", "MLflow"]
+
+INSTALL = "pip install hookfit[mlflow]"
+"""The command that installs what this plugin needs."""
+
+STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+"""The MLflow status of a run that ended with each of hookfit's statuses."""
+
+_BATCH = 100  # MLflow takes at most 100 parameters in one log_batch
+
+
+def _require() -> None:
+    """Say how to install MLflow if it is not installed (without importing it: it is slow)."""
+    if importlib.util.find_spec("mlflow") is None:
+        raise ImportError(f"mlflow: the plugin needs the mlflow package (mlflow-skinny or mlflow), which is not "
+                          f"installed; install it with `{INSTALL}`")
+
+
+class MLflow:
+    """Logs the run to MLflow: hyperparameters, metrics at the global step, learning rates,
+    checkpoints (optional) and the final status (see the module documentation). Options are
+    checked here, with a ``ValueError`` naming them.
+
+    * ``tracking_uri``: where the tracking store is (``"sqlite:///mlflow.db"``,
+      ``"http://host:5000"``, ``"databricks"``...); ``None`` (the default): MLflow's own
+      (``MLFLOW_TRACKING_URI``, else its default).
+    * ``experiment``: the experiment's name, created if missing; ``None``: the run's name.
+    * ``run_name``: the tracker run's name; ``None``: the run folder's name.
+    * ``log_checkpoints``: copy every finished checkpoint to the run's artifacts.
+    * ``every_publication``: also log the training stage's running means at every publication.
+    * ``hparams``: more parameters (names to numbers, strings or booleans) to log with the
+      run's own (they win on a clash).
+    * ``enabled``: ``None`` (the default): on when given to ``Loop(plugins=[...])`` or
+      configured in ``hookfit.toml``, off when only discovered; ``True``/``False`` force it.
+    """
+
+    name = "mlflow"
+    observer = True  # a logger: its failures switch it off, never the run
+
+    def __init__(self, tracking_uri: str | os.PathLike[str] | None = None, experiment: str | None = None,
+                 run_name: str | None = None, log_checkpoints: bool = False, every_publication: bool = True,
+                 hparams: Mapping[str, Any] | None = None, enabled: bool | None = None) -> None:
+        self.tracking_uri: str | None = None if tracking_uri is None else os.fspath(
+            path(self.name, "tracking_uri", tracking_uri, none=True, what="a tracking URI or a folder"))
+        self.experiment = text(self.name, "experiment", experiment, none=True)
+        self.run_name = text(self.name, "run_name", run_name, none=True)
+        self.log_checkpoints = flag(self.name, "log_checkpoints", log_checkpoints)
+        self.every_publication = flag(self.name, "every_publication", every_publication)
+        self.hparams: dict[str, Hparam] = hyperparameters(self.name, "hparams", hparams)
+        """The parameters given here (the run's own are added when the tracker run starts)."""
+        self.enabled = flag(self.name, "enabled", enabled, none=True)
+        if enabled:
+            _require()  # asked for in so many words: say what is missing now, not at fit()
+        self.run_id: str | None = None
+        """The MLflow run of the current or last run (``None`` before its first epoch, and when off)."""
+        self._client: Any = None
+        self._entities: Any = None
+        self._resume_id: str | None = None  # the tracker run a checkpoint's state names
+        self._last: dict[str, int] = {}  # metric -> the last step the tracker run has (a resumed one)
+        self._lr_step: int | None = None
+        self._off = False  # not the main process: nothing to log in this run
+
+    # -- events -------------------------------------------------------------------------------
+    @hookimpl
+    def configure(self, loop: Run) -> None:
+        self.run_id, self._client, self._resume_id, self._last, self._lr_step = None, None, None, {}, None
+        self._off = False
+        if not wanted(loop, self, self.enabled):
+            loop.pm.unregister(self)  # inert: none of the hooks below costs anything
+            return
+        _require()  # an observer: a missing package is one warning, and training goes on
+
+    @hookimpl
+    def load_state(self, loop: Run, state: Any) -> None:
+        run_id = state.get("run_id") if isinstance(state, Mapping) else None
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError(f"mlflow: the checkpoint's state of this plugin is {state!r}; expected "
+                             f"{{'run_id': <an MLflow run id>}}")
+        self._resume_id = run_id
+
+    @hookimpl
+    def save_state(self, loop: Run) -> Any:
+        self._start(loop)
+        return None if self.run_id is None else {"run_id": self.run_id}
+
+    @hookimpl
+    def epoch_start(self, loop: Run) -> None:
+        self._start(loop)
+
+    @hookimpl
+    def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
+        if stage == "train" and self.every_publication and self._start(loop):
+            values = [(f"train_step/{key}", value.running) for key, value in metrics.values.items()]
+            self._log(metrics.step, values + self._rates(metrics))
+
+    @hookimpl
+    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
+        if not self._start(loop):
+            return
+        values = [(f"{stage}/{key}", value.epoch) for key, value in metrics.values.items()]
+        if stage == "train":
+            values += [("epoch", metrics.epoch + 1), *self._rates(metrics)]
+        self._log(metrics.step, values)
+
+    @hookimpl
+    def checkpoint_saved(self, loop: Run, path: str, reason: str, step: int) -> None:
+        if not self.log_checkpoints or not self._start(loop):
+            return
+        if os.path.isdir(path):  # a sharded checkpoint's folder
+            self._client.log_artifacts(self.run_id, path, artifact_path=f"checkpoints/{os.path.basename(path)}")
+        else:
+            self._client.log_artifact(self.run_id, path, artifact_path="checkpoints")
+
+    @hookimpl(trylast=True)  # after the checkpoint plugin's last save and announcement
+    def fit_end(self, loop: Run) -> None:
+        if self._start(loop):
+            state = loop.state
+            tags = {"hookfit.status": state.status, "hookfit.stop_reason": state.stop_reason or ""}
+            self._client.log_batch(self.run_id, tags=[self._entities.RunTag(k, v) for k, v in tags.items()])
+            self._client.set_terminated(self.run_id, STATUS.get(state.status, "FINISHED"))
+        self._client = None
+
+    # -- the tracker run ----------------------------------------------------------------------
+    def _start(self, loop: Run) -> bool:
+        """Start (or continue) the tracker run on first use; whether there is one to log to."""
+        if self._client is not None:
+            return True
+        if self._off or not loop.is_main:
+            self._off = True
+            return False
+        client = importlib.import_module("mlflow.tracking").MlflowClient(tracking_uri=self.tracking_uri)
+        self._entities = importlib.import_module("mlflow.entities")
+        params = {key: str(value) for key, value in run_hparams(loop, self.hparams).items()}
+        if self._resume_id is not None:
+            run = client.get_run(self._resume_id)
+            client.update_run(run.info.run_id, status="RUNNING")
+            had = run.data.params
+            changed = sorted(key for key in params if key in had and had[key] != params[key])
+            if changed:
+                warnings.warn(f"mlflow: run {run.info.run_id} keeps the parameters it started with, as MLflow "
+                              f"requires; this resumed run changed {', '.join(changed)}", HookfitWarning,
+                              stacklevel=2)
+            params = {key: value for key, value in params.items() if key not in had}
+            self._last = {key: max((m.step for m in client.get_metric_history(run.info.run_id, key)), default=-1)
+                          for key in run.data.metrics}
+        else:
+            name = self.experiment or loop.name
+            experiment = client.get_experiment_by_name(name)
+            experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(name)
+            run = client.create_run(experiment_id, run_name=self.run_name or loop.run_dir.name,
+                                    tags={"hookfit.run_dir": os.fspath(loop.run_dir)})
+        self._client, self.run_id = client, run.info.run_id
+        items = sorted(params.items())
+        for start in range(0, len(items), _BATCH):
+            client.log_batch(self.run_id, params=[self._entities.Param(k, v) for k, v in items[start:start + _BATCH]])
+        return True
+
+    def _rates(self, metrics: MetricsSnapshot) -> list[tuple[str, float]]:
+        """``lr/<optimizer>`` values, once per global step."""
+        if not metrics.lr or self._lr_step == metrics.step:
+            return []
+        self._lr_step = metrics.step
+        return [(f"lr/{name}", rate) for name, rate in metrics.lr.items()]
+
+    def _log(self, step: int, values: list[tuple[str, float]]) -> None:
+        """Log ``values`` at ``step`` in one call, leaving out the steps the tracker run has."""
+        now, last = int(time.time() * 1000), self._last
+        points = [self._entities.Metric(key, float(value), now, step) for key, value in values
+                  if step > last.get(key, -1)]
+        if points:
+            self._client.log_batch(self.run_id, metrics=points)
