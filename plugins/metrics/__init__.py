@@ -26,6 +26,10 @@
   ``"min"`` unless configured otherwise (the loss is what the step minimises); nothing else is
   guessed from a name: a metric not configured has no direction (no best value is marked).
   Checked at construction: names as keys, ``"min"`` or ``"max"`` as values.
+* Results (``fit()``'s ``state.results``): ``state.results["metrics"]`` is each metric's last
+  epoch value by ``"<stage>/<name>"``, ``state.results["best"]`` its best ``(value, epoch counted
+  from 1)`` for the metrics with a direction; over every epoch of the run, those before a resume
+  and a partial last one included (``Loop.validate()``: its validation).
 * The run's metric log, ``metrics.jsonl``, is not this plugin's: the ``metrics_log`` plugin
   writes it from the snapshots. ``log`` is kept for old code and changes nothing (``log=False``
   warns when ``metrics_log`` takes part in the run: disable that plugin instead).

@@ -29,6 +29,13 @@ The metrics role. What the rest of hookfit reads from it, all of it, is what it 
   distributed plugin) at the same batch on every process, and in a validation only for its
   ``epoch_metrics``; only the main process's publications are shown and written.
 
+* Optionally, when the run is over, an answer to the core's ``results`` event (merged into
+  ``loop.state.results``, what ``fit()`` returns). The built-in answers ``{"metrics":
+  {"<stage>/<name>": last epoch value}, "best": {"<stage>/<name>": (best value, epoch counted
+  from 1)}}``, ``best`` only for the metrics with a direction, over every epoch of the run (a
+  resumed run's earlier epochs included, a partial last epoch too); a replacement that
+  answers the same keys keeps scripts that read them working.
+
 That is the whole duty: the run's metric log (``metrics.jsonl``, which ``hookfit runs``,
 ``show`` and ``compare`` read) is written by the ``metrics_log`` plugin from these events
 alone, so a replacement that publishes snapshots gets it without writing a file (its format is

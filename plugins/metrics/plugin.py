@@ -19,6 +19,7 @@ from hookfit.plugins.common import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs
 from hookfit.plugins.metrics.aggregate import E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, batch_size, check
 from hookfit.plugins.metrics.directions import Directions
+from hookfit.plugins.metrics.results import Report
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run, Step
@@ -53,6 +54,7 @@ class Metrics:
         self.sync_every = sync_every
         self.directions = Directions(best, plugin=name)
         self.best: Mapping[str, str] = self.directions.given
+        self.report = Report(self.directions)  # what the results event answers
         self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only (the fast path)
@@ -73,6 +75,7 @@ class Metrics:
             s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
         }
         self._stage, self._stage_name, self._outer = None, None, []
+        self.report = Report(self.directions)
         if not self.log and loop.pm.has_plugin("metrics_log"):
             warnings.warn(f"{self.name}: log=False no longer keeps metrics.jsonl from being written: the run's "
                           f"metric log is the metrics_log plugin's; leave it out with Loop(disable=['metrics_log']) "
@@ -200,6 +203,7 @@ class Metrics:
             earlier = earlier[len(earlier) - history.maxlen:]
         for key, value in extra.items():
             values[key] = Value(value, value, value)
+        self.report.take(stage, loop.state.epoch, {k: v.epoch for k, v in values.items()})
         snapshot = self.snapshot(values=values, final=True, stage=stage, history=earlier, agg=agg)
         if (call := loop.hooks.epoch_metrics) is not None:
             call(loop, stage, snapshot)
@@ -223,6 +227,12 @@ class Metrics:
             self._stage, self._outer, self._stage_name = None, [], None
             self.loop = None
 
+    @hookimpl(optionalhook=True)  # the core's, asked after fit_end
+    def results(self) -> dict[str, Any]:
+        """``{"metrics": {"<stage>/<name>": last epoch value}, "best": {"<stage>/<name>":
+        (best value, epoch counted from 1)}}``, best only for the metrics with a direction."""
+        return self.report.answer()
+
     @hookimpl
     def save_state(self) -> dict[str, Any]:
         """History, and the aggregate of the training stage in progress (if any)."""
@@ -231,13 +241,16 @@ class Metrics:
         return {
             "history": {s: [dict(e) for e in h] for s, h in self.history.items()},
             "train_stage": running[0].state() if running else None,
+            "results": self.report.state(),
         }
 
     @hookimpl
-    def load_state(self, state: Mapping[str, Any]) -> None:
+    def load_state(self, loop: Run, state: Mapping[str, Any]) -> None:
         for stage, entries in state["history"].items():
             self.history[stage] = collections.deque(
                 (MappingProxyType(dict(e)) for e in entries), maxlen=self._history_epochs)
+        if loop.mode == "fit":  # Loop.validate(resume=...) reports its validation alone
+            self.report.load(state.get("results"), self.history)
         if state.get("train_stage") is not None:
             self._resumed = _Stage.from_state(self.window, state["train_stage"])
 
