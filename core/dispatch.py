@@ -12,6 +12,8 @@ built from one resolution of an event's implementations:
   returned with the names of the plugins that raised them (``fit_end``, ``exception``).
 * :meth:`Dispatch.call_each`: each implementation's own answer with its plugin's name
   (``save_state``, ``should_stop``).
+* :meth:`Dispatch.gather`: both at once, every implementation's answer and every error, none
+  skipped because another raised (``results``, asked after ``fit_end``).
 * :meth:`Dispatch.call_plugin`: one plugin's implementation, inside the event's wrappers
   (``load_state``, where each plugin gets its own state).
 
@@ -45,7 +47,7 @@ import pluggy
 from hookfit.manager import PluginManager
 
 Call = Callable[..., Any]
-CallAll = Callable[..., list[tuple[str, BaseException]]]
+CallAll = Callable[..., tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]]
 CallEach = Callable[..., list[tuple[str, Any]]]
 OnError = Callable[[BaseException], None]
 
@@ -330,37 +332,56 @@ class Dispatch:
         them skipped because another raised, wrappers and tracing included. Returns the
         errors, each with the name of the plugin that raised it and a note saying so (an
         observer's error switches it off instead, as always)."""
+        return self.gather(name, *args)[1]
+
+    def gather(self, name: str, *args: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]:
+        """What :meth:`call_all` does, also returning each implementation's own non-``None``
+        answer with its plugin's name, in call order (wrappers answer nothing here): every
+        implementation runs, ``(answers, errors)``."""
         if name not in self._all:
             self._all[name] = self._compile_all(name)
         call = self._all[name]
         if call is None:
-            return []
+            return [], []
         return call(*args)
 
     def _compile_all(self, name: str) -> CallAll | None:
         errors: list[tuple[str, BaseException]] = []
+        answers: list[tuple[str, Any]] = []
         pm = self.pm
 
         def wrap(impl: pluggy.HookImpl) -> Call:
-            if _is_observer(impl.plugin):
-                return self._observers(impl, name)
             plugin = impl.plugin_name
+            if _is_observer(impl.plugin):
+                function = self._observers(impl, name)
+            else:
+                def collect(error: BaseException) -> None:
+                    error.add_note(f"hookfit: raised by {pm.describe(plugin)} in hook {name!r}")
+                    errors.append((plugin, error))
 
-            def collect(error: BaseException) -> None:
-                error.add_note(f"hookfit: raised by {pm.describe(plugin)} in hook {name!r}")
-                errors.append((plugin, error))
+                function = _guard(impl, collect)
+            if impl.wrapper or impl.hookwrapper:
+                return function
 
-            return _guard(impl, collect)
+            @functools.wraps(impl.function)
+            def record(*args: Any, **kwargs: Any) -> Any:
+                result = function(*args, **kwargs)
+                if result is not None:
+                    answers.append((plugin, result))
+                return result
+
+            return record
 
         call = self._compile(name, wrap, results=False)
         if call is None:
             return None
 
-        def all_of_them(*args: Any) -> list[tuple[str, BaseException]]:
+        def all_of_them(*args: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]:
             try:
                 call(*args)
-                return errors[:]
+                return answers[:], errors[:]
             finally:
+                answers.clear()
                 errors.clear()
 
         return all_of_them

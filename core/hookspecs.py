@@ -37,12 +37,12 @@ is honoured, see below)::
         boundary "epoch_end"
     exception(error)                            # only when the run failed
     fit_end                                     # exactly once, whatever happened
+    results                                     # each plugin's report: loop.state.results
 
-Besides: ``stop_requested`` fires once, on the thread that asked, when a stop is first asked;
-``agree_stop`` is asked at every boundary when a plugin runs several processes;
-``save_state``/``load_state`` are called by a checkpoint plugin (``loop.plugin_states()``,
-``loop.load_plugin_states(states)``); ``add_commands`` is the ``hookfit`` command's, outside any
-run.
+Besides: ``stop_requested`` fires once, on the thread that asked, when a stop is first asked; ``agree_stop``
+is asked at every boundary when a plugin runs several processes; ``save_state``/``load_state`` are called by
+a checkpoint plugin (``loop.plugin_states()``, ``loop.load_plugin_states(states)``); ``add_commands`` is the
+``hookfit`` command's, outside any run.
 
 The ten events a first plugin needs:
 
@@ -57,94 +57,87 @@ The ten events a first plugin needs:
 * ``epoch_end(loop, epoch)``: the epoch, its validation included, is complete.
 * ``fit_end(loop)``: the run is over, whatever happened (``loop.state.status``); clean up here.
 
-Then, as a plugin grows: ``epoch_metrics``/``metrics_update`` (the metrics plugin's aggregated
-values, for loggers), ``save_state``/``load_state`` (a plugin whose state checkpoints keep),
+Then, as a plugin grows: ``epoch_metrics``/``metrics_update`` (the metrics plugin's aggregated values, for
+loggers), ``save_state``/``load_state`` (a plugin whose state checkpoints keep),
 ``batch_checkpoint``/``epoch_checkpoint`` (a plugin that saves the run).
 
-Plugins implement events with the :data:`hookfit.hookimpl` marker; an implementation may accept
-any subset of the arguments a spec names, in any order, and pluggy passes it only those. (On
-the per-batch path, an implementation that accepts every argument in the spec's order is
-called directly; one that accepts fewer goes through a small adapter: one Python call more per
-batch.) Every event's ``loop`` argument is the :class:`hookfit.run.Run` of the current
-``fit()``: the run's state, model, optimizers and data, its plugin manager and its resolved
-events. Payloads that travel between plugins are core types from :mod:`hookfit.payloads`
-(:class:`~hookfit.payloads.MetricsSnapshot`, :class:`~hookfit.payloads.StopRequest`), so a
-plugin from one package can replace a built-in and still be understood by the others.
+Plugins implement events with the :data:`hookfit.hookimpl` marker; an implementation may accept any subset
+of the arguments a spec names, in any order, and pluggy passes it only those. (On the per-batch path, an
+implementation that accepts every argument in the spec's order is called directly; one that accepts fewer
+goes through a small adapter: one Python call more per batch.) Every event's ``loop`` argument is the
+:class:`hookfit.run.Run` of the current ``fit()``: the run's state, model, optimizers and data, its plugin
+manager and its resolved events. Payloads that travel between plugins are core types from
+:mod:`hookfit.payloads` (:class:`~hookfit.payloads.MetricsSnapshot`,
+:class:`~hookfit.payloads.StopRequest`), so a plugin from one package can replace a built-in and still be
+understood by the others.
 
-Events of the plugins: this module declares only the loop's own events. An event that a plugin
-fires or answers is declared by that plugin (as pytest's ``pytest_addhooks`` lets plugins do):
-a ``hookspecs`` attribute on the plugin names a class or module whose functions are marked
-with ``@hookfit.hookspec``. The built-in plugins declare theirs this way (optim: the backward
-pass and optimizer steps and ``should_sync_gradients``; metrics: ``metrics_update`` and
-``epoch_metrics``; checkpoint: ``checkpoint_saved``; distributed: ``all_reduce``; tui:
-``claim_output``), documented below under each plugin. The declarations of every built-in
-plugin are added to every run before any plugin is registered, whether that plugin is enabled,
-disabled, replaced by a plugin of the same name given to ``Loop`` or shadowed by another
-package's entry point of that name; so a replacement fires the events of the built-in it replaces (``loop.hooks.metrics_update``) and their consumers still
-hear them. Any other plugin's declarations are added while it is enabled (a disabled plugin is
-never imported); a plugin given to ``Loop`` may declare events too. A consumer of events that a
-plugin not always installed declares marks its implementation
-``@hookfit.hookimpl(optionalhook=True)``, so that it keeps working without it.
+Events of the plugins: this module declares only the loop's own events. An event that a plugin fires or
+answers is declared by that plugin (as pytest's ``pytest_addhooks`` lets plugins do): a ``hookspecs``
+attribute on the plugin names a class or module whose functions are marked with ``@hookfit.hookspec``. The
+built-in plugins declare theirs this way (optim: the backward pass and optimizer steps and
+``should_sync_gradients``; metrics: ``metrics_update`` and ``epoch_metrics``; checkpoint:
+``checkpoint_saved``; distributed: ``all_reduce``; tui: ``claim_output``), documented below under each
+plugin. The declarations of every built-in plugin are added to every run before any plugin is registered,
+whether that plugin is enabled, disabled, replaced by a plugin of the same name given to ``Loop`` or
+shadowed by another package's entry point of that name; so a replacement fires the events of the built-in it
+replaces (``loop.hooks.metrics_update``) and their consumers still hear them. Any other plugin's
+declarations are added while it is enabled (a disabled plugin is never imported); a plugin given to ``Loop``
+may declare events too. A consumer of events that a plugin not always installed declares marks its
+implementation ``@hookfit.hookimpl(optionalhook=True)``, so that it keeps working without it.
 
-Stopping is the core's: ``loop.request_stop(reason)`` (any thread, any hook, the step) or a
-true ``should_stop`` answer records a :class:`~hookfit.payloads.StopRequest`, and the loop
-honours it at the next *boundary*: after ``resume`` (before the first epoch), after
-``epoch_start``, ``stage_start``, every batch (after ``should_stop``), ``stage_end`` and
-``epoch_end`` (after ``epoch_checkpoint``). So a stop asked in ``epoch_end`` runs no further
-batch. Events of the part of the run that did not happen are not fired (a stop after a batch
-fires no ``stage_end`` or ``epoch_end`` for that epoch); ``fit_end`` always fires. A run that
-reaches ``max_steps`` inside an epoch ends the same way (status ``"completed"``): the rest of
-that epoch, its ``stage_end``, validation and ``epoch_end`` belong to a longer run, which
-resuming with a larger ``max_steps`` continues exactly. With several processes a plugin
-implementing ``agree_stop`` makes them stop at the same boundary.
+Stopping is the core's: ``loop.request_stop(reason)`` (any thread, any hook, the step) or a true
+``should_stop`` answer records a :class:`~hookfit.payloads.StopRequest`, and the loop honours it at the next
+*boundary*: after ``resume`` (before the first epoch), after ``epoch_start``, ``stage_start``, every batch
+(after ``should_stop``), ``stage_end`` and ``epoch_end`` (after ``epoch_checkpoint``). So a stop asked in
+``epoch_end`` runs no further batch. Events of the part of the run that did not happen are not fired (a stop
+after a batch fires no ``stage_end`` or ``epoch_end`` for that epoch); ``fit_end`` always fires. A run that
+reaches ``max_steps`` inside an epoch ends the same way (status ``"completed"``): the rest of that epoch,
+its ``stage_end``, validation and ``epoch_end`` belong to a longer run, which resuming with a larger
+``max_steps`` continues exactly. With several processes a plugin implementing ``agree_stop`` makes them stop
+at the same boundary.
 
-Order of implementations of one event follows pluggy: the plugin registered last is called
-first, ``tryfirst``/``trylast`` move an implementation to the front or back, and wrappers
-surround the rest. Plugins are registered in a fixed order (sorted by entry-point name, then
-those given to ``Loop``; see :mod:`hookfit.manager`), but no plugin may rely on that order:
-where order matters it is stated below, with ``tryfirst``/``trylast`` or by an event that
-fires at the right moment. The stated orders are:
+Order of implementations of one event follows pluggy: the plugin registered last is called first,
+``tryfirst``/``trylast`` move an implementation to the front or back, and wrappers surround the rest.
+Plugins are registered in a fixed order (sorted by entry-point name, then those given to ``Loop``; see
+:mod:`hookfit.manager`), but no plugin may rely on that order: where order matters it is stated below, with
+``tryfirst``/``trylast`` or by an event that fires at the right moment. The stated orders are:
 
-* ``configure``: a plugin that changes what the run is made of (starts processes, wraps the
-  model, unregisters plugins) is ``tryfirst``, so the others configure what is left.
-* ``stage_end``: plugins that finish the stage's work (an optimizer plugin stepping a last,
-  partial accumulation window) are ``tryfirst``; plugins that report on the finished stage
-  (a metrics plugin publishing ``epoch_metrics``) are ``trylast``, so reports see the
-  finished work.
-* Saving the run: a plugin that saves the run's state (checkpoints) saves in
-  ``batch_checkpoint`` and ``epoch_checkpoint``, events that fire after every plugin took the
-  batch or the epoch into account (never from a ``trylast`` ``batch_end``/``epoch_end``), and
-  from a ``tryfirst`` ``fit_end`` (before any plugin lets go of its state).
+* ``configure``: a plugin that changes what the run is made of (starts processes, wraps the model,
+  unregisters plugins) is ``tryfirst``, so the others configure what is left.
+* ``stage_end``: plugins that finish the stage's work (an optimizer plugin stepping a last, partial
+  accumulation window) are ``tryfirst``; plugins that report on the finished stage (a metrics plugin
+  publishing ``epoch_metrics``) are ``trylast``, so reports see the finished work.
+* Saving the run: a plugin that saves the run's state (checkpoints) saves in ``batch_checkpoint`` and
+  ``epoch_checkpoint``, events that fire after every plugin took the batch or the epoch into account (never
+  from a ``trylast`` ``batch_end``/``epoch_end``), and from a ``tryfirst`` ``fit_end`` (before any plugin
+  lets go of its state).
 
-Saving and resuming a run: the run owns its position (``loop.state_dict()``,
-``loop.load_state_dict()``, ``loop.position``); what a checkpoint plugin must do, all of it,
-is the checkpoint role, under the ``checkpoint`` plugin's events below.
+Saving and resuming a run: the run owns its position (``loop.state_dict()``, ``loop.load_state_dict()``,
+``loop.position``); what a checkpoint plugin must do, all of it, is the checkpoint role, under the
+``checkpoint`` plugin's events below.
 
-Firing events: through ``loop.hooks.<event>`` (:class:`hookfit.dispatch.Dispatch`), a
-callable taking the spec's arguments in order, or ``None`` when nothing implements the event
-(resolved once per run). ``loop.pm.hook.<event>(...)`` is pluggy's bare call, without
-hookfit's guarantees (an observer's error is not contained there).
+Firing events: through ``loop.hooks.<event>`` (:class:`hookfit.dispatch.Dispatch`), a callable taking the
+spec's arguments in order, or ``None`` when nothing implements the event (resolved once per run).
+``loop.pm.hook.<event>(...)`` is pluggy's bare call, without hookfit's guarantees (an observer's error is
+not contained there).
 
-Plugins are named by their entry point (discovered plugins) or their ``name`` attribute
-(plugins given to ``Loop``, where one replaces the discovered plugin of the same name); that
-name keys their state in checkpoints and names them in messages and in
-``loop.state.stopped_by``. A plugin whose class says ``observer = True`` only watches the run
-(renderers, loggers): if one of its implementations raises, it is switched off for the rest of
-the run with one warning instead of failing it. Every other plugin takes part in training,
-and its errors fail the run.
+Plugins are named by their entry point (discovered plugins) or their ``name`` attribute (plugins given to
+``Loop``, where one replaces the discovered plugin of the same name); that name keys their state in
+checkpoints and names them in messages and in ``loop.state.stopped_by``. A plugin whose class says
+``observer = True`` only watches the run (renderers, loggers): if one of its implementations raises, it is
+switched off for the rest of the run with one warning instead of failing it. Every other plugin takes part
+in training, and its errors fail the run.
 
-What every hook may rely on: ``loop.state`` is up to date when the event fires (epoch, step,
-batch index, stage, status). ``loop.optimizers`` is what ``Loop(optimizers=...)`` was given (a
-``torch.optim.Optimizer``, or a mapping of names to them) or, from ``fit_start`` on, what an
-optimizer plugin put there at ``configure``: for one optimizer an object with ``step()``,
-``zero_grad()`` and ``param_groups``, for several a mapping of names to such objects. Step
-functions call ``loop.optimizers.step()`` and ``zero_grad()`` every batch; inside a
-gradient-accumulation window an optimizer plugin makes them wait for the window's end. A single
-optimizer is named ``"default"`` wherever optimizers are named (learning rates, checkpoints);
-plugins that report learning rates read ``param_groups[0]["lr"]``. What no hook may do: keep
-step outputs or batches beyond the event (the core promises flat memory), or register and
-unregister plugins from another thread while a run is in progress.
-"""
+What every hook may rely on: ``loop.state`` is up to date when the event fires (epoch, step, batch index,
+stage, status). ``loop.optimizers`` is what ``Loop(optimizers=...)`` was given (a ``torch.optim.Optimizer``,
+or a mapping of names to them) or, from ``fit_start`` on, what an optimizer plugin put there at
+``configure``: for one optimizer an object with ``step()``, ``zero_grad()`` and ``param_groups``, for
+several a mapping of names to such objects. Step functions call ``loop.optimizers.step()`` and
+``zero_grad()`` every batch; inside a gradient-accumulation window an optimizer plugin makes them wait for
+the window's end. A single optimizer is named ``"default"`` wherever optimizers are named (learning rates,
+checkpoints); plugins that report learning rates read ``param_groups[0]["lr"]``. What no hook may do: keep
+step outputs or batches beyond the event (the core promises flat memory), or register and unregister plugins
+from another thread while a run is in progress. """
 
 from __future__ import annotations
 
@@ -386,6 +379,20 @@ def fit_end(loop: Run) -> None:
     """
 
 
+@hookspec
+def results(loop: Run) -> Mapping[str, Any] | None:
+    """The run is over: return what this plugin reports about it (``{"best_checkpoint": path}``), or ``None``.
+
+    Asked once on every process, right after ``fit_end``, in every outcome (completed, stopped, failed: then
+    with what is known of the part that ran, and the run's error propagates after it), ``Loop.validate()``
+    too. The answers are merged into ``loop.state.results`` (read-only), which ``fit()`` and ``validate()``
+    return; the core reads none of it. Two plugins answering one key, or an answer that is not a mapping with
+    string keys, fail the run naming the plugins (a warning if it failed already). Every implementation is
+    asked even if one raised; the first error fails the run. Off rank 0 of a distributed run the observers
+    do not answer. Built in: ``"metrics"``, ``"best"`` (metrics), ``"best_checkpoint"``, ``"last_checkpoint"``.
+    """
+
+
 # -- state of a run: checkpoints and resume ---------------------------------------------------
 
 
@@ -393,27 +400,24 @@ def fit_end(loop: Run) -> None:
 def save_state(loop: Run) -> Any:
     """Return this plugin's state, to be stored in a checkpoint; ``None`` if it has none now.
 
-    A checkpoint plugin calls every implementation through ``loop.plugin_states()``, which
-    keys each answer by the name of the plugin that gave it, so a third-party plugin's state is
-    saved without the checkpoint plugin knowing it. Return plain data (tensors, numbers,
-    strings, lists, dicts): a checkpoint is read back with ``torch.load(weights_only=True)``,
-    so arbitrary objects cannot be restored. The state must be a snapshot: later training must
-    not change what was returned (copy tensors that training updates in place). Everything a
-    resumed run needs to continue as if never stopped belongs here: an optimizer plugin saves
-    the gradients of an open accumulation window (a model's state dict holds none). Called on
-    the training thread between batches.
+    A checkpoint plugin calls every implementation through ``loop.plugin_states()``, which keys each answer by
+    the name of the plugin that gave it, so a third-party plugin's state is saved without the checkpoint plugin
+    knowing it. Return plain data (tensors, numbers, strings, lists, dicts): a checkpoint is read back with
+    ``torch.load(weights_only=True)``, so arbitrary objects cannot be restored. The state must be a snapshot:
+    later training must not change what was returned (copy tensors that training updates in place). Everything a
+    resumed run needs to continue as if never stopped belongs here: an optimizer plugin saves the gradients of
+    an open accumulation window (a model's state dict holds none). Called on the training thread between
+    batches.
 
-    A checkpoint stores three things: the model's state, every plugin's state (this event,
-    through ``loop.plugin_states()``) and the run's own, ``loop.state_dict()`` (its position,
-    random state and the data's state), which ``resume`` gives back with
-    ``loop.load_state_dict(saved)``.
+    A checkpoint stores three things: the model's state, every plugin's state (this event, through
+    ``loop.plugin_states()``) and the run's own, ``loop.state_dict()`` (its position, random state and the
+    data's state), which ``resume`` gives back with ``loop.load_state_dict(saved)``.
 
-    Sharded tensors (``DTensor``: under FSDP2 the parameters, their gradients and optimizer
-    states) may be returned as they are, on every process: a checkpoint plugin writes each
-    process's shards with ``torch.distributed.checkpoint`` and, at resume, gives back a
-    ``DTensor`` with the same placements on the device mesh of the run's model (resharded
-    when the number of processes changed), or a whole tensor in a run without a mesh. So such
-    a state is asked for on every process, not only the main one.
+    Sharded tensors (``DTensor``: under FSDP2 the parameters, their gradients and optimizer states) may be
+    returned as they are, on every process: a checkpoint plugin writes each process's shards with
+    ``torch.distributed.checkpoint`` and, at resume, gives back a ``DTensor`` with the same placements on the
+    device mesh of the run's model (resharded when the number of processes changed), or a whole tensor in a run
+    without a mesh. So such a state is asked for on every process, not only the main one.
     """
 
 

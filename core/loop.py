@@ -201,7 +201,10 @@ class Loop:
         :class:`hookfit.PluginError` before any event fires. After ``fit_start`` fired,
         ``fit_end`` fires exactly once whatever happens, and an exception from the data, a
         step or a plugin propagates unchanged after ``exception`` and ``fit_end``. A ``Loop``
-        runs once; a ``fit()`` that failed before it started may be called again."""
+        runs once; a ``fit()`` that failed before it started may be called again. The
+        returned state's ``results`` is what the plugins report once the run is over (the
+        ``results`` event): with the built-in plugins the final and best metrics and the best
+        and last checkpoints' paths."""
         if self.run is not None and self.run.state.status != "idle":
             raise RuntimeError("this Loop has already run; create a new Loop to train again")
         self.run = Run(self, manager.build(self._given, self._disable))
@@ -214,8 +217,12 @@ class Loop:
         ``HOOKFIT_RESUME``) loads the weights and plugin states of a checkpoint first. No
         training batch runs, no ``epoch_start``/``epoch_end`` fires, no checkpoint is written;
         the run ends ``completed`` with the reason ``"validation done"``. Returns the
-        :class:`State`; ``loop.run`` is this run (its metrics, through the metrics plugin).
-        A ``Loop`` runs once: ``fit()`` or ``validate()``."""
+        :class:`State` (``results``: what the plugins report, the metrics among them);
+        ``loop.run`` is this run. The run is labelled with the epoch whose weights it
+        validates: ``state.epoch`` is 0 for the checkpoint of the first epoch's end
+        (``epoch0001-...``), and the console, the metric log and ``run.jsonl`` say epoch 1, as
+        the file's name does. No optimizers are needed. A ``Loop`` runs once: ``fit()`` or
+        ``validate()``."""
         if self.val_step is None:
             raise ValueError("validate() needs a val_step and val_data: give Loop(val_step=..., val_data=...)")
         if self.run is not None and self.run.state.status != "idle":

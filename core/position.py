@@ -13,6 +13,8 @@ what it was given. What the run's state dict holds:
 * ``"data"``: the ``state_dict()`` of training and validation data that has one (and
   ``load_state_dict``): torchdata's ``StatefulDataLoader``, :class:`hookfit.data.Batches`
   (inside a validation, the validation data's state as it began);
+* ``"carry"``, inside a training stage: what the step carries across its batches
+  (``loop.carry``, see :attr:`hookfit.run.Run.carry`), its tensors detached;
 * ``"data_rng"``, inside a training stage: the random state (Python's and torch's) as that
   stage made its data iterator. A ``DataLoader`` draws its base seed (and, shuffling without a generator of its
   own, its shuffle seed) from the global generator when it is iterated: a resumed run makes
@@ -86,7 +88,7 @@ class Cursor:
     dict taken now resumes."""
 
     __slots__ = ("state", "training", "step0", "batch0", "done", "valid_rng", "valid_data", "iter_rng",
-                 "start", "restored")
+                 "start", "restored", "carry", "resumed_carry")
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -98,12 +100,19 @@ class Cursor:
         self.iter_rng: dict[str, Any] | None = None  # the random state as the training stage made its iterator
         self.start: Position | None = None  # where a loaded state dict put the run, until it starts there
         self.restored: set[str] = set()  # the data ("train", "valid") that restored its own state
+        self.carry: dict[str, Any] = {}  # the training stage's loop.carry (saved while the stage is open)
+        self.resumed_carry: dict[str, Any] | None = None  # a loaded state's carry, for the stage it resumes
 
     def epoch_begins(self, epoch: int, batch: int = 0, stage: Stage = "train") -> None:
         self.done = (epoch, batch, stage)
 
-    def train_begins(self, batch: int) -> None:
+    def train_begins(self, batch: int) -> dict[str, Any]:
+        """The training stage begins at ``batch``: returns its ``loop.carry``, empty unless a
+        loaded state resumes the stage with one."""
         self.training, self.step0, self.batch0 = True, self.state.step, batch
+        carry, self.resumed_carry = self.resumed_carry, None
+        self.carry = carry if carry is not None else {}
+        return self.carry
 
     def train_ends(self) -> None:
         self.done = (self.state.epoch, self.trained(), "valid")

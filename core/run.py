@@ -7,6 +7,7 @@ receive as ``loop``, what it holds and offers them. The loop it runs, in one sit
             for batch: batch_start, step, step_output, batch_end, batch_checkpoint, stop?
         with scope("stage", "valid"): ...       (when validation is due)
     fit_end                                     (whatever happened)
+    results                                     each plugin's report: state.results
 
 The loop itself is :mod:`hookfit.training`; everything else has a module of its own: the
 position and the random state (:mod:`hookfit.position`), the run's saved state (:mod:`hookfit.states`), stopping
@@ -63,6 +64,9 @@ class Run:
       ``config`` (the ``Loop``), ``name``, ``resume``;
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
       ``continue_in(folder)``, ``is_main``, ``wrap_step(wrapper)``;
+    * ``carry``: what the step carries from one batch to the next (an RNN's hidden state), a
+      dict of the current stage that is saved with the run's position and restored on resume
+      (see :attr:`carry`);
     * the run's saved state: ``state_dict()``/``load_state_dict(saved)`` (its position, random
       state and data), ``position``, ``plugin_states()``/``load_plugin_states(states)``;
     * ``pm``, the run's plugin manager, and ``hooks``, its resolved events
@@ -119,6 +123,7 @@ class Run:
         self.run_dir_given = self.folder.given
         """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
         self.cursor = Cursor(self.state)
+        self._carry: dict[str, Any] = {}  # the current stage's loop.carry (training.run_stage sets it)
         self.stopping = stopping.Stopping(self)
         self._batches_started = False  # past configure and fit_start: see wrap_step
 
@@ -136,6 +141,28 @@ class Run:
         Refused once a plugin has used :attr:`run_dir`, and when ``Loop(run_dir=...)`` names
         another folder."""
         self.folder.continue_in(folder)
+
+    @property
+    def carry(self) -> dict[str, Any]:
+        """State the step carries from one batch to the next, such as an RNN's hidden state:
+        a dict the step reads and writes (``h = loop.carry.get("hidden")``, ...,
+        ``loop.carry["hidden"] = h.detach()``), the same object for every batch of a stage.
+
+        * Emptied when a stage starts: every epoch's training stage, every validation (which
+          has its own: a validation inside the training stage leaves the training's as it was).
+        * Saved with the run's position: inside a training stage ``loop.state_dict()`` holds
+          it (``"carry"``), so a checkpoint keeps it and a resumed run gives the stage it
+          continues the carry it had, on the model's device (the first parameter's): with the
+          random state and the data's position, a resumed run then equals one never stopped.
+        * What it may hold: tensors (saved detached: carry them detached, as a truncated
+          backpropagation through time does), numbers, strings, ``None``, and lists, tuples and
+          dicts of them, under string keys; anything else is a ``TypeError`` naming the key
+          when the run's state is taken. A validation's carry is never saved (a resumed run
+          runs an unfinished validation again from its start).
+        * With several processes each has its own, and a checkpoint keeps the main process's:
+          a per-process carry is not resumed exactly there.
+        """
+        return self._carry
 
     @property
     def is_main(self) -> bool:

@@ -23,7 +23,9 @@ class State:
     current stage; ``stage`` is ``"train"``, ``"valid"`` or ``None`` outside a stage.
     ``status`` ends as ``"completed"``, ``"interrupted"`` or ``"failed"``, with ``stop_reason``
     saying why and, for a stop somebody asked for, ``stopped_by`` saying who asked.
-    ``time_split`` says where each stage's time went (data, step, plugins).
+    ``time_split`` says where each stage's time went (data, step, plugins). ``results`` is
+    what the plugins answered ``results`` with when the run ended (final and best metrics, the
+    best checkpoint): read it from what ``fit()`` or ``validate()`` returns.
     """
 
     epoch: int = 0
@@ -63,6 +65,13 @@ class State:
     ``stage_end`` (which then sees the stage's batches counted) and once more after it, and
     when a stage is cut short (a stop, ``max_steps``, an error), so ``fit_end`` sees the whole
     run. A stage that drew no batch has no entry. A resumed run counts from zero."""
+    results: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """What the run's plugins report when it is over, one read-only mapping: every
+    ``results`` answer (the event asked right after ``fit_end``, on every process, whatever the
+    outcome) merged, each key from the one plugin that answered it. With the built-in plugins:
+    ``"metrics"`` and ``"best"`` (the metrics plugin), ``"best_checkpoint"`` and
+    ``"last_checkpoint"`` (the checkpoint plugin). Empty while the run is going on, and after a
+    run no plugin answered for."""
 
     @property
     def elapsed(self) -> float:

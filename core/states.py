@@ -8,7 +8,10 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
+import torch
+
 from hookfit.manager import HookfitWarning, StateMismatch
+from hookfit.modes import modules
 from hookfit.position import Position, check_position, check_rng, set_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,8 +53,13 @@ def run_state(run: Run) -> dict[str, Any]:
         inside = cursor.valid_rng is not None and cursor.valid_data is not None
         data["valid"] = cursor.valid_data if inside else run.val_data.state_dict()
     saved = {"loop": cursor.position().as_dict(), "rng": cursor.rng(), "data": data}
-    if cursor.training and cursor.iter_rng is not None:
-        saved["data_rng"] = cursor.iter_rng
+    if cursor.training:
+        if cursor.iter_rng is not None:
+            saved["data_rng"] = cursor.iter_rng
+        for key in cursor.carry:
+            if not isinstance(key, str):
+                raise TypeError(f"loop.carry has the key {key!r} ({type(key).__name__}): its keys are names (strings)")
+        saved["carry"] = {key: _carried(value, f"loop.carry[{key!r}]") for key, value in cursor.carry.items()}
     return saved
 
 
@@ -72,12 +80,64 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
         if key in data and restorable(target):
             target.load_state_dict(data[key])
             cursor.restored.add(key)
+    carry = saved.get("carry")
+    if carry is not None:
+        if not isinstance(carry, Mapping) or not all(isinstance(key, str) for key in carry):
+            raise ValueError(f"load_state_dict: 'carry' (loop.carry) is not a mapping of names to values: "
+                             f"{carry!r:.80}")
+        carry = dict(_on_device(carry, run.model))
+        if carry and run.state.world_size > 1:
+            warnings.warn(f"load_state_dict: loop.carry ({', '.join(map(repr, carry))}) was saved by the main "
+                          f"process and goes to each of the {run.state.world_size} processes: a carry of each "
+                          f"process's own (an RNN's hidden state over its part of the data) is not resumed "
+                          f"exactly", HookfitWarning, stacklevel=3)
     set_rng_state(saved["rng"])
     state = run.state
     state.epoch, state.step, state.val_due = position.epoch, position.step, position.val_due
     cursor.epoch_begins(position.epoch, position.batch, position.stage)
     cursor.iter_rng = saved.get("data_rng")
+    cursor.resumed_carry = carry
     return position
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _carried(value: Any, where: str) -> Any:
+    """``value`` of ``loop.carry`` as a state dict keeps it (tensors detached, containers
+    copied), or a ``TypeError`` naming where it is when a checkpoint cannot hold it."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_carried(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, Mapping):
+        return {k: _carried(v, f"{where}[{k!r}]") for k, v in value.items()}
+    raise TypeError(f"{where} is a {type(value).__name__}: "
+                    f"what the step carries is saved with the run, and a checkpoint keeps tensors, numbers, "
+                    f"strings, None and lists, tuples and dicts of them")
+
+
+def _on_device(value: Any, model: Any) -> Any:
+    """A restored ``loop.carry`` value with its tensors on the device of the model's first
+    parameter (a checkpoint is read onto the CPU); unchanged without a model or parameters."""
+    device = next((p.device for m in modules(model) for p in m.parameters()), None)
+    if device is None or device.type == "cpu":
+        return value
+
+    def move(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            return item.to(device)
+        if isinstance(item, (list, tuple)):
+            moved = [move(v) for v in item]
+            return moved if isinstance(item, list) else tuple(moved)
+        if isinstance(item, Mapping):
+            return {k: move(v) for k, v in item.items()}
+        return item
+
+    return move(value)
 
 
 def plugin_states(run: Run) -> dict[str, Any]:

@@ -9,7 +9,8 @@ Fixtures:
   type's name); ``recorder.names()``, the events in the order they fired;
   ``recorder.seen``, ``(event, loop.state.stage, loop.training)`` per call.
   ``Recorder(stop_after=N)`` answers ``should_stop`` from global step N on;
-  ``Recorder(agree=True)`` implements ``agree_stop`` too (always "no opinion").
+  ``Recorder(agree=True)`` implements ``agree_stop`` too (always "no opinion"), and
+  ``Recorder(results=True)`` ``results`` (answering nothing).
 * ``hookfit_run``: ``hookfit_run(*plugins, step=..., data=..., **loop_kwargs)`` runs a real
   :class:`hookfit.Loop` with exactly the given plugins (discovered ones are not loaded) and
   returns the loop; ``train_step=``/``train_data=`` (the ``Loop``'s own names) work as
@@ -74,16 +75,18 @@ class Recorder:
     ``stop_after=N`` makes it answer ``should_stop`` once the global step reaches N.
     ``agree_stop`` is left out unless ``agree=True``: only a plugin that runs several processes
     implements it, and the loop then asks it at every boundary (its answer here is always
-    "no opinion")."""
+    "no opinion"). ``results``, asked after ``fit_end``, is left out unless ``results=True``,
+    so that a run's events still end with ``fit_end`` (it answers nothing)."""
 
     name = "recorder"
 
-    def __init__(self, stop_after: int | None = None, agree: bool = False) -> None:
+    def __init__(self, stop_after: int | None = None, agree: bool = False, results: bool = False) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.seen: list[tuple[str, str | None, bool]] = []
         self.stop_after = stop_after
+        wanted = {"agree_stop": agree, "results": results}
         for event, args in spec_arguments().items():
-            if event != "agree_stop" or agree:
+            if wanted.get(event, True):
                 setattr(self, event, self._make(event, args))
         for event, args in plugin_events().items():
             setattr(self, event, self._make(event, args, optional=True))

@@ -1,7 +1,7 @@
 """The loop: epochs, stages, batches and the boundaries between them, as functions of the
 :class:`hookfit.run.Run` they drive (the way pytest's ``pytest_runtestloop`` drives a session)::
 
-    execute:    configure; fit_start; resume -> epochs; fit_end (whatever happened)
+    execute:    configure; fit_start; resume -> epochs; fit_end (whatever happened); results
     epochs:     for each epoch, in scope("epoch"):          epoch_start ... epoch_end, epoch_checkpoint
                     run_stage("train"), then validate() when due
     run_stage:  in scope("stage"):                         stage_start ... stage_end
@@ -25,14 +25,14 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from hookfit import blame, modes
+from hookfit import blame, modes, results
 from hookfit.payloads import ResumeInfo
-from hookfit.position import iterator_rng_state, rng_state, set_rng_state
+from hookfit.position import Position, iterator_rng_state, rng_state, set_rng_state
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.state import State
 from hookfit.stopping import Budget, Stop, qualname
@@ -115,9 +115,24 @@ def resume(run: Run) -> None:
             f"{resumed_from!r} but never gave the run its position: a resume implementation "
             f"calls loop.load_state_dict(saved) with what loop.state_dict() returned")
     where = os.fspath(resumed_from) if isinstance(resumed_from, (str, os.PathLike)) else source
+    if run.mode == "validate":  # labelled with the epoch whose weights it validates
+        at = weights_of(run, at)
+        run.state.epoch = at.epoch
     info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
     run.state.resumed_from = info
     fire(run, "resumed", info)
+
+
+def weights_of(run: Run, at: Position) -> Position:
+    """Where the weights of a checkpoint saved at ``at`` were made, for ``Loop.validate()``:
+    a checkpoint at the start of epoch ``e > 0`` (an epoch's end, after ``epoch_checkpoint``)
+    holds the weights of epoch ``e - 1`` with its training stage complete, and is labelled so
+    (as its file name is: ``epoch0001-...`` for the end of the first epoch), not as the epoch a
+    training run would continue in. Any other position is where its weights were made."""
+    if at.stage != "train" or at.batch or at.val_due or at.epoch == 0:
+        return at
+    data = run.train_data
+    return Position(at.epoch - 1, at.step, len(data) if isinstance(data, Sized) else 0, "valid")
 
 
 def epochs(run: Run) -> None:
@@ -211,8 +226,8 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
     every = run.val_every_n_steps if train and run.val_step is not None else None
     state.stage, state.batch_idx, run.training = stage, start, train
     batch_idx = start - 1
-    if train:
-        run.cursor.train_begins(start)
+    outer = run._carry  # a validation's own carry; the training stage's is given back after it
+    run._carry = run.cursor.train_begins(start) if train else {}
     try:
         with scope(run, "stage", stage, after=functools.partial(stage_done, run, train)):
             if train and state.val_due:  # resumed where a validation inside training was due
@@ -279,6 +294,8 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
             store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
     finally:
         store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
+        if not train:
+            run._carry = outer
 
 
 def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[Any]:
@@ -336,23 +353,31 @@ def fail(run: Run, error: BaseException) -> None:
 
 
 def finish(run: Run, failed: bool, unbind: Callable[[], None]) -> None:
-    """Fire ``fit_end`` once: every implementation runs even if one raises; then write the
-    run's end line in ``run.jsonl`` with the final status."""
+    """Fire ``fit_end`` once: every implementation runs even if one raises; then ask
+    ``results`` (:mod:`hookfit.results`) and write the run's end line in ``run.jsonl`` with the
+    final status. An error of either fails a run that had not failed."""
     state = run.state
     state.stage = None
     state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
-    errors = [error for _, error in run.hooks.call_all("fit_end", run)]
+    errors = [(error, "fit_end") for _, error in run.hooks.call_all("fit_end", run)]
+    _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
+    errors += [(error, "results") for error in results.ask(run)]
+    _failed_by(state, errors, failed)
     unbind()
     run.__dict__.pop("backward", None)
     run.hooks.close()
-    if errors and not failed:
-        state.status, state.error, state.stopped_by = "failed", errors[0], None
-        state.stop_reason = f"{type(errors[0]).__name__}: {errors[0]}"
     run.folder.record_end()
-    for exc in errors if failed else errors[1:]:
-        blame.warn_secondary(exc, "fit_end")
+    for exc, hook in errors if failed else errors[1:]:
+        blame.warn_secondary(exc, hook)
     if errors and not failed:
-        raise errors[0]
+        raise errors[0][0]
+
+
+def _failed_by(state: State, errors: list[tuple[BaseException, str]], failed: bool) -> None:
+    if errors and not failed and state.status != "failed":
+        error = errors[0][0]
+        state.status, state.error, state.stopped_by = "failed", error, None
+        state.stop_reason = f"{type(error).__name__}: {error}"
 
 
 def _more(batches: Any, data: Any, batch_idx: int) -> bool:

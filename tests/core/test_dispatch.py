@@ -286,6 +286,31 @@ def test_call_each_names_each_answer_in_pluggys_order(config: str) -> None:
         "first", "b", "none", "a", "last"]
 
 
+@pytest.mark.fault
+@pytest.mark.parametrize("tracing", [False, True], ids=["untraced", "traced"])
+@pytest.mark.parametrize("config", ["plain", "new-style wrapper", "old-style wrapper", "both wrappers"])
+def test_gather_names_every_answer_in_pluggys_order_and_runs_past_errors(config: str, tracing: bool) -> None:
+    log: list = []
+    plugins = CONFIGS[config](log)
+    pm = pm_of(*plugins)
+    trace, undo = traced(pm) if tracing else ([], None)
+    answers, errors = Dispatch(pm).gather("before_optimizer_step", LOOP, "sgd", None)
+    assert answers == [("first", 3), ("b", 4), ("a", 1), ("last", 2)] and errors == []
+    if tracing:
+        assert [c[0] for c in trace] == ["before_optimizer_step", "after"]
+        undo()
+    # the oracle: pluggy's own call, in the same order, without the names
+    assert [a for _, a in answers] == [r for r in pm.hook.before_optimizer_step(loop=LOOP, name="sgd", optimizer=None)
+                                       if r not in ("wrapped", "forced")]
+    # an implementation that raises: the others still answer, its error comes back named
+    pm.register(make("bad", log, raises=ValueError("no answer"), tryfirst=True), name="bad")
+    log.clear()
+    answers, errors = Dispatch(pm).gather("before_optimizer_step", LOOP, "sgd", None)
+    assert answers == [("first", 3), ("b", 4), ("a", 1), ("last", 2)]
+    assert [(name, type(error)) for name, error in errors] == [("bad", ValueError)]
+    assert "hookfit: raised by plugin 'bad' in hook 'before_optimizer_step'" in errors[0][1].__notes__
+
+
 def test_call_plugin_calls_one_implementation_inside_the_wrappers() -> None:
     log: list = []
     pm = pm_of(*CONFIGS["both wrappers"](log))

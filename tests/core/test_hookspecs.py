@@ -39,10 +39,11 @@ def builtin_events() -> dict[str, dict[str, str]]:
 
 
 def test_the_core_vocabulary_is_the_loops_and_the_plugins_declare_theirs() -> None:
-    """At most 22 events in hookfit.hookspecs (the loop's); the optimizer, metrics, checkpoint,
-    distributed and terminal events are declared by the plugins that fire or answer them."""
+    """At most 23 events in hookfit.hookspecs (the loop's, ``results`` the last added); the
+    optimizer, metrics, checkpoint, distributed and terminal events are declared by the plugins
+    that fire or answer them."""
     core = spec_names()
-    assert len(core) <= 22, sorted(core)
+    assert len(core) <= 23, sorted(core)
     plugins = builtin_events()
     assert {event: name for name, events in plugins.items() for event in events} == {
         "before_backward": "optim", "after_backward": "optim", "before_optimizer_step": "optim",
@@ -64,9 +65,10 @@ def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
         assert len(doc.split()) >= 15, f"hook {name!r} needs a docstring saying when it fires"
 
     fired: set[str] = set()
-    rec = Recorder()
+    rec = Recorder(results=True)
     hookfit.Loop(lambda l, b: {"x": 1}, [1], val_step=lambda l, b: None, val_data=[1], plugins=[rec]).fit()
     fired |= set(rec.names())
+    assert rec.names()[-2:] == ["fit_end", "results"]
 
     rec = Recorder()
 

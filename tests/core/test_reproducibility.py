@@ -59,14 +59,15 @@ def test_two_runs_with_the_same_seed_end_bitwise_equal_and_without_one_they_do_n
 
 def test_the_seed_and_determinism_are_recorded_in_the_run_folder(tmp_path: Path) -> None:
     from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.metrics_log import MetricsLog
 
     hookfit.Loop(lambda l, b: {"loss": 1.0}, [1, 2], run_dir=tmp_path / "run", name="exp", seed=5,
-                 deterministic=True, plugins=[Metrics()]).fit()
+                 deterministic=True, plugins=[Metrics(), MetricsLog()]).fit()
     lines = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
     assert [r["event"] for r in lines] == ["run", "end"]  # the core's end line follows (see test_time_split)
     (record,) = [r for r in lines if r["event"] == "run"]
     assert (record["event"], record["name"], record["seed"], record["deterministic"]) == ("run", "exp", 5, True)
-    assert record["plugins"] == ["metrics"] and record["versions"]["torch"] == torch.__version__
+    assert record["plugins"] == ["metrics", "metrics_log"] and record["versions"]["torch"] == torch.__version__
     assert record["argv"] and record["resume"] is None
 
 

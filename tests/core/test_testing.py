@@ -62,8 +62,10 @@ def test_hookfit_isolated_keeps_run_folders_out_of_the_project(hookfit_isolated:
     """A test's loop writes its run folder in the test's temporary folder, not where pytest
     was started (the project, whose runs/ would fill up with one folder a test)."""
     from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.metrics_log import MetricsLog
 
-    state = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [torch.ones(1)], plugins=[Metrics()]).fit()
+    state = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [torch.ones(1)],
+                         plugins=[Metrics(), MetricsLog()]).fit()
     assert state.status == "completed"
     written = list(tmp_path.glob("runs/*/*/metrics.jsonl"))
     assert len(written) == 1 and Path.cwd() == tmp_path, written

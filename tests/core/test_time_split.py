@@ -23,6 +23,7 @@ from hookfit.files import FileWarning
 from hookfit.payloads import TimeSplit
 from hookfit.plugins.console import Console
 from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.metrics_log import MetricsLog
 from hookfit.run import Run
 
 from conftest import StopAfter
@@ -199,7 +200,7 @@ def test_a_failing_step_leaves_the_split_of_what_ran(tmp_path: Path) -> None:
         time.sleep(NAP)
 
     with pytest.raises(RuntimeError, match="boom"):
-        hookfit.Loop(step, [torch.zeros(2)] * N, run_dir=tmp_path, plugins=[Metrics()]).fit()
+        hookfit.Loop(step, [torch.zeros(2)] * N, run_dir=tmp_path, plugins=[Metrics(), MetricsLog()]).fit()
     end = records(tmp_path)[-1]
     assert (end["event"], end["status"]) == ("end", "failed") and end["reason"] == "RuntimeError: boom"
     train = end["time_split"]["train"]
@@ -214,7 +215,8 @@ def test_a_failing_fit_end_is_the_status_the_end_record_keeps(tmp_path: Path) ->
             raise OSError("disk gone")
 
     with pytest.raises(OSError, match="disk gone"):
-        hookfit.Loop(quick, [torch.zeros(2)] * 2, run_dir=tmp_path, plugins=[Metrics(), Broken()]).fit()
+        hookfit.Loop(quick, [torch.zeros(2)] * 2, run_dir=tmp_path,
+                     plugins=[Metrics(), MetricsLog(), Broken()]).fit()
     end = records(tmp_path)[-1]
     assert (end["event"], end["status"], end["reason"]) == ("end", "failed", "OSError: disk gone")
     assert end["time_split"]["train"]["batches"] == 2
@@ -313,7 +315,7 @@ def records(folder: Path) -> list[dict]:
 
 def test_run_jsonl_gets_an_end_record_with_the_split(tmp_path: Path) -> None:
     state = hookfit.Loop(quick, SlowData(), val_step=quick, val_data=[torch.zeros(2)] * 2, max_epochs=2,
-                         run_dir=tmp_path, plugins=[Metrics()]).fit()
+                         run_dir=tmp_path, plugins=[Metrics(), MetricsLog()]).fit()
     start, end = records(tmp_path)
     assert start["event"] == "run" and start["pid"] == os.getpid() and start["host"] == socket.gethostname()
     assert set(end) == {"event", "status", "reason", "by", "duration", "epochs", "steps", "time_split", "pid"}
@@ -352,7 +354,8 @@ def test_a_resumed_run_appends_its_own_start_and_end(tmp_path: Path) -> None:
 def test_a_read_only_run_folder_warns_once_for_both_records(read_only_folder: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        state = hookfit.Loop(quick, [torch.zeros(2)] * 2, run_dir=read_only_folder, plugins=[Metrics()]).fit()
+        state = hookfit.Loop(quick, [torch.zeros(2)] * 2, run_dir=read_only_folder,
+                             plugins=[Metrics(), MetricsLog()]).fit()
     assert state.status == "completed" and state.time_split["train"].batches == 2
     ours = [w for w in caught if w.category is FileWarning and str(w.message).startswith("hookfit: ")]
     assert len(ours) == 1 and "run.jsonl" in str(ours[0].message)
