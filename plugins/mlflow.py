@@ -34,7 +34,8 @@ The tracker run starts when the run's first epoch does (after a resume: ``load_s
 run). Its id is this plugin's state in every checkpoint, so a resumed run (``Loop(resume=...)``)
 continues the same tracker run: it sets it running again, logs the parameters it did not have
 (a parameter the resumed run changed, such as ``max_epochs``, keeps its first value, as MLflow
-requires, and one ``HookfitWarning`` names it) and logs no step twice: for every metric, the
+requires, and one ``HookfitWarning`` names it; the optimizers' settings are read after the
+checkpoint's state was loaded into them, so a learning rate a schedule changed is no change) and logs no step twice: for every metric, the
 points at steps the tracker run already has (a run killed after its last checkpoint logged
 past it) are left out, so each metric's history has each step once.
 
@@ -190,7 +191,7 @@ class MLflow:
         """Start (or continue) the tracker run on first use; whether there is one to log to."""
         if self._client is not None:
             return True
-        if self._off or not loop.is_main:
+        if self._off or self.run_id is not None or not loop.is_main:  # not main, or ended already
             self._off = True
             return False
         client = importlib.import_module("mlflow.tracking").MlflowClient(tracking_uri=self.tracking_uri)
@@ -200,7 +201,8 @@ class MLflow:
             run = client.get_run(self._resume_id)
             client.update_run(run.info.run_id, status="RUNNING")
             had = run.data.params
-            changed = sorted(key for key in params if key in had and had[key] != params[key])
+            changed = sorted(key for key, value in params.items()  # (not the optimizers' state, as resumed)
+                             if key in had and had[key] != value and not key.startswith("optimizer."))
             if changed:
                 warnings.warn(f"mlflow: run {run.info.run_id} keeps the parameters it started with, as MLflow "
                               f"requires; this resumed run changed {', '.join(changed)}", HookfitWarning,

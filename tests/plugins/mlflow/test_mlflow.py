@@ -1,0 +1,300 @@
+"""mlflow: real runs logged to a SQLite tracking store and read back through MLflow's own
+client (parameters, metric histories with their steps, status, artifacts); a resumed run
+continues the same MLflow run without a step twice; off until configured; a missing package
+warns once; bad options fail at construction."""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import StopAfter
+
+pytest.importorskip("mlflow")
+pytest.importorskip("sqlalchemy")  # the SQLite store (the [mlflow] extra brings it)
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+import hookfit  # noqa: E402
+from hookfit.errors import HookfitWarning  # noqa: E402
+from hookfit.manager import ObserverWarning  # noqa: E402
+from hookfit.plugins.checkpoint import Checkpoint  # noqa: E402
+from hookfit.plugins.metrics import Metrics  # noqa: E402
+from hookfit.plugins.mlflow import INSTALL, MLflow  # noqa: E402
+from hookfit.plugins.optim import Optim  # noqa: E402
+
+VALID = [3.0, 2.0, 2.5]  # the valid loss of each epoch
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tracking server, store or experiment of the environment's."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class Published:
+    """Keeps what the metrics plugin publishes, and the checkpoints announced."""
+
+    name = "published"
+
+    def __init__(self) -> None:
+        self.updates: list = []
+        self.epochs: list = []
+        self.checkpoints: list[str] = []
+
+    @hookfit.hookimpl
+    def metrics_update(self, stage, metrics):
+        if stage == "train":
+            self.updates.append(metrics)
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, stage, metrics):
+        self.epochs.append(metrics)
+
+    @hookfit.hookimpl
+    def checkpoint_saved(self, path):
+        self.checkpoints.append(path)
+
+
+def run(run_dir: Path, *plugins: Any, max_epochs: int = 3, **kwargs: Any) -> hookfit.Loop:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(4)]
+
+    def step(loop, batch):
+        for group in loop.optimizers.param_groups:  # a learning rate that changes every epoch
+            group["lr"] = 0.1 / (1 + loop.state.epoch)
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def val_step(loop, batch):
+        return {"loss": torch.tensor(VALID[min(loop.state.epoch, 2)])}
+
+    loop = hookfit.Loop(step, data, val_step=val_step, val_data=[0, 1], model=model, optimizers=optimizer,
+                        max_epochs=max_epochs, run_dir=run_dir,
+                        plugins=[Optim(), Metrics(interval=0.0), *plugins], **kwargs)
+    loop.fit()
+    return loop
+
+
+def uri(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def the_run(tmp_path: Path, experiment: str = "exp") -> Any:
+    """The one MLflow run of ``experiment``."""
+    client = MlflowClient(tracking_uri=uri(tmp_path))
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    (one,) = client.search_runs([found.experiment_id])
+    return one
+
+
+def history(tmp_path: Path, run_id: str, key: str) -> list[tuple[int, float]]:
+    points = MlflowClient(tracking_uri=uri(tmp_path)).get_metric_history(run_id, key)
+    return sorted((m.step, m.value) for m in points)
+
+
+def steps(points: list[tuple[int, float]]) -> list[int]:
+    return [s for s, _ in points]
+
+
+def test_parameters_metrics_status_and_checkpoints_read_back(tmp_path: Path) -> None:
+    published = Published()
+    tracker = MLflow(tracking_uri=uri(tmp_path), experiment="exp", log_checkpoints=True,
+                     hparams={"batch_size": 4, "note": "baseline"})
+    loop = run(tmp_path / "run", Checkpoint(background=False), tracker, published)
+    assert loop.state.status == "completed"
+    found = the_run(tmp_path)
+    assert found.info.run_id == tracker.run_id and found.info.status == "FINISHED"
+    assert found.info.run_name == "run"  # the run folder's name
+    assert found.data.tags["hookfit.status"] == "completed"
+    assert found.data.tags["hookfit.stop_reason"] == loop.state.stop_reason == "max_epochs=3 reached"
+    assert found.data.tags["hookfit.run_dir"] == str(tmp_path / "run")
+
+    params = found.data.params
+    assert params["loop.max_epochs"] == "3" and params["optimizer.default"] == "SGD"
+    assert params["optimizer.default.momentum"] == "0.9" and "optimizer.default.foreach" not in params
+    assert params["plugin.mlflow.log_checkpoints"] == "True" and params["plugin.metrics.interval"] == "0.0"
+    assert (params["batch_size"], params["note"]) == ("4", "baseline")
+
+    # every training publication's running mean at its global step, each step once
+    got = history(tmp_path, tracker.run_id, "train_step/loss")
+    assert steps(got) == [m.step for m in published.updates] == list(range(1, 13))
+    assert [v for _, v in got] == pytest.approx([m.values["loss"].running for m in published.updates])
+    # the epoch means at the step their stage ended, the epoch (from 1) with the training's
+    for stage in ("train", "valid"):
+        want = [(m.step, m.values["loss"].epoch) for m in published.epochs if m.stage == stage]
+        got = history(tmp_path, tracker.run_id, f"{stage}/loss")
+        assert steps(got) == steps(want) == [4, 8, 12]
+        assert [v for _, v in got] == pytest.approx([v for _, v in want])
+    assert [v for _, v in history(tmp_path, tracker.run_id, "valid/loss")] == VALID
+    assert history(tmp_path, tracker.run_id, "epoch") == [(4, 1.0), (8, 2.0), (12, 3.0)]
+    rates = dict(history(tmp_path, tracker.run_id, "lr/default"))
+    assert sorted(rates) == list(range(1, 13))  # once per step
+    assert [round(rates[s], 6) for s in (4, 8, 12)] == [0.1, 0.05, round(0.1 / 3, 6)]
+
+    # every announced checkpoint is an artifact, byte for byte
+    client = MlflowClient(tracking_uri=uri(tmp_path))
+    names = [Path(p).name for p in published.checkpoints]
+    assert len(names) == 3
+    assert sorted(a.path for a in client.list_artifacts(tracker.run_id, "checkpoints")) == \
+        sorted(f"checkpoints/{n}" for n in names)
+    copy = client.download_artifacts(tracker.run_id, f"checkpoints/{names[-1]}", str(tmp_path / "download"))
+    assert Path(copy).read_bytes() == Path(published.checkpoints[-1]).read_bytes()
+
+
+class Fail:
+    name = "fail"
+
+    @hookfit.hookimpl
+    def epoch_end(self, epoch):
+        if epoch == 1:
+            raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize("outcome", ["failed", "interrupted"])
+def test_a_failed_or_interrupted_run_ends_its_mlflow_run_so(tmp_path: Path, outcome: str) -> None:
+    tracker = MLflow(tracking_uri=uri(tmp_path), experiment="exp", every_publication=False)
+    if outcome == "failed":
+        with pytest.raises(RuntimeError, match="boom"):
+            run(tmp_path / "run", tracker, Fail())
+    else:
+        assert run(tmp_path / "run", tracker, StopAfter(8)).state.step == 6  # inside epoch 2's training
+    found = the_run(tmp_path)
+    assert found.info.status == {"failed": "FAILED", "interrupted": "KILLED"}[outcome]
+    assert found.data.tags["hookfit.status"] == outcome
+    assert found.data.tags["hookfit.stop_reason"] == ("RuntimeError: boom" if outcome == "failed" else "test stop")
+    assert "train_step/loss" not in found.data.metrics  # every_publication=False
+    # the training stage a stop cut short is published at fit_end, before the MLflow run ends
+    assert steps(history(tmp_path, found.info.run_id, "train/loss")) == ([4, 8] if outcome == "failed" else [4, 6])
+    assert len(MlflowClient(tracking_uri=uri(tmp_path)).search_runs([found.info.experiment_id])) == 1
+
+
+def test_a_resumed_run_continues_the_same_mlflow_run_without_a_step_twice(tmp_path: Path) -> None:
+    """The first run logged epoch 3 and then lost its last checkpoint (as a kill right before
+    it would): the resumed run redoes epoch 3 into the same MLflow run, and each metric has
+    each step once. A longer run then resumes it again: the changed max_epochs is named."""
+    folder = tmp_path / "run"
+    first = MLflow(tracking_uri=uri(tmp_path), experiment="exp")
+    run(folder, first, Checkpoint(background=False))
+    (last,) = (folder / "checkpoints").glob("epoch0003-*.pt")
+    last.unlink()
+    again = MLflow(tracking_uri=uri(tmp_path), experiment="exp")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop = run(folder, again, Checkpoint(background=False), resume="latest")
+    assert not [str(w.message) for w in caught if issubclass(w.category, HookfitWarning)]  # same parameters
+    assert loop.state.resumed_from is not None and loop.state.resumed_from.step == 8
+    found = the_run(tmp_path)  # still one run in the experiment
+    assert again.run_id == first.run_id == found.info.run_id and found.info.status == "FINISHED"
+    for key in ("train_step/loss", "lr/default"):
+        assert steps(history(tmp_path, found.info.run_id, key)) == list(range(1, 13)), key
+    for key in ("train/loss", "valid/loss", "epoch"):
+        assert steps(history(tmp_path, found.info.run_id, key)) == [4, 8, 12], key
+
+    longer = MLflow(tracking_uri=uri(tmp_path), experiment="exp")
+    with pytest.warns(HookfitWarning, match=rf"mlflow: run {first.run_id} keeps the parameters it started with.*"
+                                            r"this resumed run changed loop.max_epochs") as caught:
+        run(folder, longer, Checkpoint(background=False), resume="latest", max_epochs=4)
+    assert len([w for w in caught if issubclass(w.category, HookfitWarning)]) == 1
+    found = the_run(tmp_path)
+    assert longer.run_id == first.run_id and found.data.params["loop.max_epochs"] == "3"
+    assert steps(history(tmp_path, found.info.run_id, "train_step/loss")) == list(range(1, 17))
+    assert steps(history(tmp_path, found.info.run_id, "epoch")) == [4, 8, 12, 16]
+
+
+def test_discovered_it_is_inert_until_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri(tmp_path))  # where MLflow would log by default
+    loop = run(tmp_path / "found")
+    assert loop.run.pm.get_plugin("mlflow") is None  # unregistered at configure: no hook of it runs
+    assert not (tmp_path / "mlflow.db").exists()
+
+    config = tmp_path / "hookfit.toml"
+    config.write_text('[plugins.mlflow]\nexperiment = "configured"\nevery_publication = false\n')
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(config))
+    run(tmp_path / "configured")
+    found = the_run(tmp_path, "configured")
+    assert steps(history(tmp_path, found.info.run_id, "train/loss")) == [4, 8, 12]
+    assert "train_step/loss" not in found.data.metrics
+
+    monkeypatch.delenv("HOOKFIT_CONFIG")
+    config.unlink()  # (a file next to the script would be found, and warned about: the given plugin wins)
+    run(tmp_path / "off", MLflow(enabled=False, experiment="off"))
+    assert MlflowClient(tracking_uri=uri(tmp_path)).get_experiment_by_name("off") is None
+
+
+def test_only_the_main_process_logs(tmp_path: Path) -> None:
+    class Rank1:
+        name = "rank1"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def configure(self, loop):
+            loop.state.rank, loop.state.world_size = 1, 1  # as a distributed plugin on a worker
+
+    tracker = MLflow(tracking_uri=uri(tmp_path), experiment="exp", log_checkpoints=True)
+    loop = run(tmp_path / "run", tracker, Rank1())
+    assert loop.state.status == "completed" and tracker.run_id is None
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("options, message", [
+    ({"tracking_uri": 5}, r"mlflow: tracking_uri must be a tracking URI or a folder \(a str or os.PathLike\) "
+                          r"or None, got 5"),
+    ({"tracking_uri": " "}, r"mlflow: tracking_uri must be a tracking URI or a folder"),
+    ({"experiment": ""}, r"mlflow: experiment must be a non-empty string or None, got ''"),
+    ({"run_name": 3}, r"mlflow: run_name must be a non-empty string or None, got 3"),
+    ({"log_checkpoints": "yes"}, r"mlflow: log_checkpoints must be True or False, got 'yes'"),
+    ({"every_publication": None}, r"mlflow: every_publication must be True or False, got None"),
+    ({"enabled": 1}, r"mlflow: enabled must be True, False or None, got 1"),
+    ({"hparams": [("lr", 0.1)]}, r"mlflow: hparams must map names to numbers, strings or booleans, got list"),
+    ({"hparams": {"lr": math.inf}}, r"mlflow: hparams\['lr'\] is inf; a hyperparameter is a finite number"),
+    ({"hparams": {"": 1}}, r"mlflow: hparams has the key ''; names are non-empty strings"),
+])
+def test_bad_options_are_named(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MLflow(**options)
+
+
+@pytest.mark.bad_input
+def test_a_bad_option_in_the_configuration_file_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "hookfit.toml"
+    config.write_text("[plugins.mlflow]\nexperiment = 7\n")
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "mlflow")
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(config))
+    with pytest.raises(hookfit.config.ConfigError, match=r"hookfit.toml \[plugins.mlflow\]: mlflow: "
+                                                          r"experiment must be a non-empty string or None, got 7"):
+        run(tmp_path / "run")
+
+
+@pytest.mark.bad_input
+def test_a_checkpoint_state_that_names_no_run_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"mlflow: the checkpoint's state of this plugin is \{'run': 1\}; "
+                                         r"expected \{'run_id': <an MLflow run id>\}"):
+        MLflow().load_state(None, {"run": 1})  # type: ignore[arg-type]
+
+
+@pytest.mark.bad_input
+def test_without_mlflow_the_message_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow raises ImportError
+    with pytest.raises(ImportError, match=r"mlflow: the plugin needs the mlflow package.*"
+                                          r"`pip install hookfit\[mlflow\]`"):
+        MLflow(enabled=True)
+    with pytest.warns(ObserverWarning, match=r"observer plugin 'mlflow'.*failed in hook 'configure'.*"
+                                             r"pip install hookfit\[mlflow\]") as caught:
+        loop = run(tmp_path / "run", MLflow(tracking_uri=uri(tmp_path)))
+    assert loop.state.status == "completed" and loop.state.step == 12  # an observer: training goes on
+    assert len([w for w in caught if w.category is ObserverWarning]) == 1
+    assert not (tmp_path / "mlflow.db").exists() and INSTALL == "pip install hookfit[mlflow]"
