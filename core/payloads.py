@@ -147,16 +147,26 @@ class StopRequest:
       dashboard"``, ``"valid/loss did not improve for 3 epochs"``).
     * ``by``: who asked: the name of the plugin, ``"step function 'name'"``, or what the caller
       of ``loop.request_stop(reason, by=...)`` said; ``None`` when nobody could be named.
+      Several askers (plugins answering ``should_stop`` together, or different plugins on
+      different processes) are named once each, joined by ``", "``.
     * ``complete``: the run reached its end by the asker's rule (early stopping, a target
       reached), so it ends ``completed``; ``False`` (the default) for an interruption (a
       signal, ``q``, an error elsewhere), which ends ``interrupted``.
+    * ``ranks``: with several processes, the ranks whose request the processes agreed on
+      (sorted; ``agree_stop``'s answer), ``None`` for a request of this process alone. ``by``
+      stays the asker's name on every process (``"time_budget"``, never one per rank), and the
+      agreed ``reason`` names the ranks for a person to read (``"stop requested on ranks 0, 1:
+      time budget spent"``), so the console's and ``metrics.jsonl``'s end lines show both.
 
-    The run ends with ``loop.state.stop_reason == reason`` and ``loop.state.stopped_by == by``.
+    The run ends with ``loop.state.stop_reason == reason`` and ``loop.state.stopped_by == by``;
+    with several processes ``loop.stop_requested`` is the agreed request (``ranks`` set) once
+    the processes stopped.
     """
 
     reason: str
     by: str | None = None
     complete: bool = False
+    ranks: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
         return self.reason if self.by is None else f"{self.reason} (asked by {self.by})"

@@ -1,7 +1,8 @@
 """Stopping, the core's: a request from any thread, hook or step, honoured at the loop's next
 boundary (after a batch, at a stage's or an epoch's start and end). The first request wins and
 cannot be unset, as pytest's ``session.shouldstop``; ``should_stop`` answers are one more way
-to ask; with several processes an ``agree_stop`` implementation makes them stop together."""
+to ask; with several processes an ``agree_stop`` implementation makes them stop together, and
+the request they agreed on is the one the run keeps."""
 
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ class Stopping:
 
     def boundary(self, where: str) -> None:
         """Stop here (raise :class:`Stop`) if a stop was requested and, with several
-        processes, agreed on."""
+        processes, agreed on. The agreed request (with the ``ranks`` that asked) becomes this
+        run's :attr:`request`, on every process, for ``loop.stop_requested`` to tell."""
         request = self.request
         run = self.run
         agree = run.hooks.agree_stop
@@ -98,6 +100,8 @@ class Stopping:
             decision = agree(run, request, where)
             if isinstance(decision, StopRequest):
                 request = decision
+                with self._lock:
+                    self.request = decision
             elif decision is False:
                 return
             elif decision is not None:

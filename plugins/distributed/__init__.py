@@ -13,14 +13,20 @@ When it is active
 
 What it does, in ``configure`` (before every other plugin starts)
     * Initialises the default process group from ``torchrun``'s environment, unless the script
-      did: ``gloo`` for a model on the CPU, ``nccl`` for a model on a GPU (then each process
-      uses GPU ``LOCAL_RANK``; a model on another GPU is moved there). Collectives time out
-      after ``timeout`` seconds (``HOOKFIT_DIST_TIMEOUT`` overrides it).
+      did or an earlier run of the job (a ``Loop`` after a ``Loop``) did: ``gloo`` for a model
+      on the CPU, ``nccl`` for a model on a GPU (then each process uses GPU ``LOCAL_RANK``; a
+      model on another GPU is moved there). Collectives time out after ``timeout`` seconds
+      (``HOOKFIT_DIST_TIMEOUT`` overrides it). A group it finds initialised is reused, never
+      destroyed; the one it made is kept for the job's later runs (see "The process group").
     * Sets ``loop.state.rank`` and ``loop.state.world_size``; ``loop.is_main`` is rank 0.
     * On every rank but 0, unregisters every *observer* plugin (class attribute
-      ``observer = True``: the console, the dashboard, loggers), so only rank 0 renders. The
-      metrics plugin stays on every rank (it takes part in the reductions) and writes its log
-      on rank 0 only.
+      ``observer = True``: the console, the dashboard, loggers, and an observer you give the
+      ``Loop``), so only rank 0 renders: such a plugin receives no event at all there, not even
+      ``fit_start`` or ``fit_end``. An observer that must see every rank's run (a per-rank
+      logger, one that keeps numbers the script reads on every rank) says so with the class
+      attribute ``every_rank = True``, and stays registered on every rank. The metrics plugin
+      is no observer: it stays on every rank (it takes part in the reductions) and writes its
+      log on rank 0 only.
     * Wraps ``loop.model`` (one ``torch.nn.Module``) in ``DistributedDataParallel``, which
       also copies rank 0's parameters and buffers to every rank. **The step functions must
       call the wrapped model, ``loop.model(x)``**: calls on the original module (a variable
@@ -62,20 +68,31 @@ What it does, in ``configure`` (before every other plugin starts)
       processes with batch ``b`` computes the same updates as one process with batch
       ``n * b`` (over the same samples).
 
-Every batch
-    * ``batch_start``: inside a gradient-accumulation window (the optimizer plugin answers
-      ``should_sync_gradients`` with ``False``: a core contract, so any optimizer plugin can
-      tell) the batch runs as under DDP's ``no_sync()`` (DDP decides in the forward pass, so
-      before the step), and gradients are all-reduced once per optimizer step, on the
-      window's last micro-batch (and on the last batch of the training stage, where the
-      partial window is stepped).
+Every training pass and batch
+    * Before every training forward pass of the data-parallel model (``loop.training``, with
+      gradients enabled; a forward pre-hook on the DDP wrapper, or on the FSDP2 root), the
+      plugin asks ``should_sync_gradients`` (the optimizer role's answer: see the optimizer
+      plugin's events in ``core/hooks.md``). Answered ``False``, that pass runs as under DDP's
+      ``no_sync()`` (DDP decides in the forward whether the backward all-reduces), or, with
+      FSDP2, its backward keeps the gradients unsharded in the model
+      (``set_requires_gradient_sync(False)``). So gradients are all-reduced once per optimizer
+      step inside accumulation windows (on the window's last micro-batch, and on the training
+      stage's last batch, where the partial window is stepped), and an optimizer that runs
+      several passes per batch (Sharpness-Aware Minimization's closure) keeps the passes it
+      does not step with free of communication. Validation, ``predict`` and forwards under
+      ``no_grad`` ask nothing; a run without a data-parallel module (``wrap_model=False`` and
+      none in ``loop.model``) gets no hook at all.
     * ``agree_stop``: every ``stop_check_every`` batches, and at every stage and epoch
       boundary, the ranks agree on stopping with one all-reduce of a flag. If any rank has a
       stop request (``loop.request_stop`` from anywhere: Ctrl-C or SIGTERM through the
       interrupter, the dashboard, a plugin, the step; a true ``should_stop`` answer), every
-      rank stops at the same boundary, with the reason ``"stop requested on rank 1: ..."``;
-      a request between two checks waits for the next. No rank is left waiting in a
-      collective operation that the others have left.
+      rank stops at the same boundary with the same :class:`~hookfit.payloads.StopRequest`:
+      ``by`` the asker's name (``"time_budget"`` once, however many ranks asked; different
+      askers joined by ``", "``), ``ranks`` the ranks that asked, and the reason naming them
+      (``"stop requested on rank 1: ..."``, ``"stop requested on ranks 0, 1: SIGINT"``); after
+      it ``loop.stop_requested`` is that request on every rank. A request between two checks
+      waits for the next. No rank is left waiting in a collective operation that the others
+      have left.
     * ``all_reduce``: sums a tensor over the ranks (``dist.all_reduce``); the metrics plugin
       uses it so that every published number is global and sample-weighted.
 
@@ -95,8 +112,13 @@ Failures
     group initialised without torchrun, with rank 0 hosting it), the message cannot name the
     rank either.
 
-At ``fit_end``: after a completed or agreed stop, a barrier; then the process group is
-destroyed if this plugin created it.
+The process group
+    At ``fit_end``, after a completed or agreed stop, a barrier; the process group stays, so a
+    script runs a ``Loop`` after a ``Loop`` in one ``torchrun`` job (``fit()``, then
+    ``validate()`` a test set on a new ``Loop``): the next run finds it and reuses it. The group this plugin
+    made is destroyed at the job's end (an ``atexit`` handler) or when the script calls
+    :func:`shutdown` (on every rank, after its last run); at once when a run fails. A group
+    the script initialised is the script's to destroy.
 
 Sharding the model: ``strategy="fsdp"``
     Instead of wrapping the model in DDP, ``configure`` applies FSDP2's ``fully_shard`` to the
@@ -117,6 +139,7 @@ so checkpoints of one and of several processes are interchangeable).
 
 from __future__ import annotations
 
+from hookfit.plugins.distributed.group import shutdown
 from hookfit.plugins.distributed.plugin import Distributed, launched
 
-__all__ = ["Distributed", "launched"]
+__all__ = ["Distributed", "launched", "shutdown"]

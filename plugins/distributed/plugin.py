@@ -1,6 +1,7 @@
-"""distributed plugin: the process group (initialised from ``torchrun``'s environment, or the
-script's), gradient synchronisation, agreement on stopping, ``all_reduce`` and the end of the
-run. The other parts have a module each: the model's wrapping (DDP) or sharding (FSDP2) in
+"""distributed plugin: the run's use of the process group, agreement on stopping,
+``all_reduce`` and the end of the run. The other parts have a module each: the process group's
+life (made once per job, kept for later runs) in :mod:`hookfit.plugins.distributed.group`; the
+model's wrapping (DDP) or sharding (FSDP2), and the gradient synchronisation of each pass, in
 :mod:`hookfit.plugins.distributed.wrapping`, a part of the plugin's class; each rank's part of
 the data in :mod:`hookfit.plugins.distributed.sharding`; what a failing rank says, and how
 its peers learn who failed first, in :mod:`hookfit.plugins.distributed.failures`."""
@@ -19,7 +20,7 @@ import torch
 from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.modes import modules
 from hookfit.plugins.common import Every, check, choice, flag, integer, positive_number, text, unwrap_model
-from hookfit.plugins.distributed import hookspecs
+from hookfit.plugins.distributed import group, hookspecs
 from hookfit.plugins.distributed.failures import failure_store, report
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.plugins.distributed.wrapping import ModelWrap
@@ -136,13 +137,12 @@ class Distributed(ModelWrap):
     def _reset(self) -> None:
         self.rank = 0
         self.world_size = 1
-        self.created = False  # this plugin initialised the process group
+        self.created = False  # the run's process group is hookfit's (group.owned()), not the script's
         self._control: ProcessGroup | None = None  # the CPU (gloo) group for flags and all_reduce
         self._flag: torch.Tensor | None = None
         self._samplers: list[DistributedSampler[Any]] = []
         self._batches = 0
         self._agreed = False
-        self._window_open = False  # FSDP: the last training batch left its gradients unsynchronised
         self._window_warned = False
         self._groups: list[ProcessGroup] = []
         self._store: Store | None = None  # where the first failing rank says so (failures.first_failure)
@@ -170,8 +170,8 @@ class Distributed(ModelWrap):
             backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            dist.init_process_group(backend=backend, timeout=timeout)
-            self.created = True
+            group.init(backend, timeout)  # kept for the job's later runs (see group)
+        self.created = group.owned()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self._groups = [dist.group.WORLD]  # see _release
         self._store = failure_store(dist)
@@ -183,9 +183,10 @@ class Distributed(ModelWrap):
             self._control = dist.new_group(backend="gloo", timeout=timeout)
             self._groups.append(self._control)
         self._flag = torch.zeros(1, dtype=torch.int32)
-        if self.rank != 0:
+        if self.rank != 0:  # only rank 0 renders and logs, but for observers that ask for every rank
             for _, plugin in list(loop.pm.list_name_plugin()):
-                if plugin is not None and getattr(plugin, "observer", False) is True:
+                if (plugin is not None and getattr(plugin, "observer", False) is True
+                        and getattr(plugin, "every_rank", False) is not True):
                     loop.pm.unregister(plugin)
         if self.strategy == "fsdp":
             self._shard_model(loop, device)
@@ -196,6 +197,7 @@ class Distributed(ModelWrap):
             if loop.val_data is not None:
                 loop.val_data = self._sharded(loop.val_data, "val_data", even=False)
         self._check_lengths(loop)
+        self._watch_passes(loop)
 
     def _device(self, model: Any) -> torch.device:
         """The device the model lives on: ``cuda:LOCAL_RANK`` for a model on any GPU."""
@@ -245,21 +247,6 @@ class Distributed(ModelWrap):
             sampler.set_epoch(epoch)
 
     @hookimpl
-    def batch_start(self, loop: Run) -> None:
-        # DDP decides in the forward pass whether the next backward pass all-reduces, so the
-        # choice is made before the step runs (what ``with ddp.no_sync():`` around the whole
-        # step would do). Whether this batch closes an accumulation window is the optimizer
-        # plugin's answer (the should_sync_gradients contract); without one, always sync.
-        if loop.training and (self._ddps or self._fsdp is not None):
-            ask = loop.hooks.should_sync_gradients
-            sync = ask is None or ask(loop) is not False
-            for ddp in self._ddps:
-                ddp.require_backward_grad_sync = sync
-            if self._fsdp is not None:  # FSDP2 keeps the window's gradients unsharded until then
-                self._fsdp.set_requires_gradient_sync(sync)
-                self._window_open = not sync
-
-    @hookimpl
     def agree_stop(self, loop: Run, request: StopRequest | None, boundary: str) -> StopRequest | Literal[False]:
         """Every ``stop_check_every`` batches, and at every stage and epoch boundary, the ranks
         agree on stopping with one all-reduce of a flag; a request between two checks waits."""
@@ -283,13 +270,7 @@ class Distributed(ModelWrap):
         mine = None if request is None else (request.reason, request.by, request.complete)
         dist.all_gather_object(asked, mine, group=self._control)
         self._agreed = True
-        wanted = [(rank, why) for rank, why in enumerate(asked) if why is not None]
-        return StopRequest(
-            "; ".join(f"stop requested on rank {rank}: {reason}" for rank, (reason, _, _) in wanted),
-            by="; ".join(f"{by} on rank {rank}" for rank, (_, by, _) in wanted if by) or None,
-            # the run completes only if every rank that asked says so (not if one was signalled)
-            complete=all(complete for _, (_, _, complete) in wanted),
-        )
+        return agreed(asked)
 
     @hookimpl
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -320,26 +301,28 @@ class Distributed(ModelWrap):
     def exception(self, loop: Run, error: BaseException) -> None:
         """Say on stderr which rank failed, or that this one stopped because another failed
         first, with a note on ``error`` (:func:`~hookfit.plugins.distributed.failures.report`);
-        then close the process group."""
+        then destroy the process group if hookfit made it (a script's own stays open)."""
         report(error, self.rank, self.world_size, self._store, self._timeout_text)
-        self._destroy()  # the peers' next collective fails now instead of at the timeout
+        group.destroy()  # hookfit's group: the peers' next collective fails now instead of at the timeout
 
     @hookimpl(trylast=True)
     def fit_end(self, loop: Run) -> None:
+        """Give the run's model back, and keep the process group for the job's next run (a
+        ``Loop`` after a ``Loop``): it is destroyed at the job's end or by
+        :func:`~hookfit.plugins.distributed.shutdown` (see :mod:`~hookfit.plugins.distributed.group`)."""
         if self._forward_hook is not None:
             self._forward_hook.remove()
             self._forward_hook = None
         self._remove_grad_hooks()
-        for ddp in self._ddps:
-            ddp.require_backward_grad_sync = True
-        if self._fsdp is not None:
-            self._fsdp.set_requires_gradient_sync(True)
+        self._unwatch_passes()
         state = loop.state
-        if self.created and (state.status == "completed" or self._agreed):
-            dist = _dist()
-            if dist.is_initialized():
-                dist.barrier(group=self._control)  # nobody leaves while another still sends
-        self._destroy()
+        dist = _dist()
+        if dist.is_initialized():
+            if self.created and (state.status == "completed" or self._agreed):
+                dist.barrier(group=self._control)  # the ranks leave the run together
+            if self._control is not None:  # (a failed run's went with the default group)
+                dist.destroy_process_group(self._control)  # this run's own gloo group, made at configure
+        self._control = None
         wrapped = self._wrapped
         if wrapped is not None and loop.model is wrapped:  # the run's model is the user's again
             loop.model = unwrap_model(wrapped, compiled=False)  # (compiled, if it was given so)
@@ -348,18 +331,12 @@ class Distributed(ModelWrap):
         self._release()
         if wrapped is not None:
             # The wrapper this plugin made holds the process group in reference cycles: left
-            # to the garbage collector, the group could live until the interpreter finalizes,
-            # where a gloo worker thread that frees a collective's tensor aborts the process
-            # ("terminate called without an active exception", SIGABRT after a completed run).
-            # Free it now, while its threads can finish: once per run.
+            # to the garbage collector, the group (destroyed at the job's end) could live on
+            # until the interpreter finalizes, where a gloo worker thread that frees a
+            # collective's tensor aborts the process ("terminate called without an active
+            # exception", SIGABRT after a completed run). Free it now: once per run.
             del wrapped
             gc.collect()
-
-    def _destroy(self) -> None:
-        dist = _dist()
-        if self.created and dist.is_initialized():
-            self.created = False
-            dist.destroy_process_group()
 
     def _release(self) -> None:
         """Drop this plugin's references to the process groups.
@@ -393,3 +370,37 @@ class Distributed(ModelWrap):
         except ValueError:
             seconds = f"{self.timeout:g}"
         return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
+
+
+def agreed(asked: list[tuple[str, str | None, bool] | None]) -> StopRequest:
+    """The stop the ranks agree on, from every rank's pending request (``(reason, by,
+    complete)``, ``None`` where none): ``by`` names each asker once (the same plugin on every
+    rank is named once), ``ranks`` are those that asked, and the reason says it for a person
+    (``"stop requested on ranks 0-3: SIGTERM"``; one part per distinct reason)."""
+    wanted = [(rank, why) for rank, why in enumerate(asked) if why is not None]
+    reasons: dict[str, list[int]] = {}
+    for rank, (reason, _, _) in wanted:
+        reasons.setdefault(reason, []).append(rank)
+    askers = dict.fromkeys(by for _, (_, by, _) in wanted if by)
+    return StopRequest(
+        "; ".join(f"stop requested on {_ranks(ranks)}: {reason}" for reason, ranks in reasons.items()),
+        by=", ".join(askers) or None,
+        # the run completes only if every rank that asked says so (not if one was signalled)
+        complete=all(complete for _, (_, _, complete) in wanted),
+        ranks=tuple(rank for rank, _ in wanted),
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``"rank 1"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``: sorted ranks, runs of three or more
+    as ranges."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
+    return "ranks " + ", ".join(parts)

@@ -1,7 +1,8 @@
 """distributed's model: wrapped in ``DistributedDataParallel`` (``strategy="ddp"``), with the
 check that the step functions call the wrapper (``loop.model``), or sharded in place by FSDP2's
-``fully_shard`` (``strategy="fsdp"``), the ``Loop``'s optimizers pointed at the shards. See the
-package documentation; :class:`ModelWrap` is that part of the plugin's class."""
+``fully_shard`` (``strategy="fsdp"``), the ``Loop``'s optimizers pointed at the shards; and the
+gradient synchronisation of every training forward pass, decided by ``should_sync_gradients``.
+See the package documentation; :class:`ModelWrap` is that part of the plugin's class."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ class ModelWrap:
         self._grad_seen = True
         self._grad_hooks: list[RemovableHandle] = []
         self._wrapped: DistributedDataParallel | None = None  # the wrapper this plugin made of the model
+        self._pass_hooks: list[RemovableHandle] = []  # should_sync_gradients before every training pass
+        self._unsynced: set[int] = set()  # DDP modules whose running pass this plugin made unsynchronised
+        self._window_open = False  # FSDP: the last training pass left its gradients unsynchronised
 
     def _wrap(self, loop: Run, device: torch.device) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -125,6 +129,67 @@ class ModelWrap:
             for group in optimizer.param_groups:
                 group["params"] = [after[before[id(p)]] if id(p) in before else p for p in group["params"]]
         self._fsdp = cast("FSDPModule", model)  # fully_shard made it one, in place
+
+    # -- gradient synchronisation, decided per pass -----------------------------------------
+    def _watch_passes(self, loop: Run) -> None:
+        """Ask ``should_sync_gradients`` before every training forward pass of each
+        data-parallel module (a forward pre-hook on it), so an optimizer plugin decides pass by
+        pass (several passes in one batch: Sharpness-Aware Minimization's closure). Nothing
+        is added when the run has no such module."""
+        for ddp in self._ddps:
+            self._pass_hooks += [ddp.register_forward_pre_hook(self._ddp_pass(loop, ddp)),
+                                 ddp.register_forward_hook(self._ddp_passed(ddp), always_call=True)]
+        if self._fsdp is not None:
+            fsdp = cast("torch.nn.Module", self._fsdp)
+            self._pass_hooks.append(fsdp.register_forward_pre_hook(self._fsdp_pass(loop)))
+
+    def _ddp_pass(self, loop: Run, ddp: DistributedDataParallel) -> Callable[..., None]:
+        """DDP decides in its forward whether the backward of that pass all-reduces: the pass
+        runs as under ``ddp.no_sync()`` when the answer is ``False`` (and as the flag says
+        otherwise: a step's own ``no_sync()`` still holds); :meth:`_ddp_passed` restores it."""
+
+        def before_pass(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            if loop.training and torch.is_grad_enabled() and (ask := loop.hooks.should_sync_gradients) is not None:
+                if ask(loop) is False and ddp.require_backward_grad_sync:
+                    ddp.require_backward_grad_sync = False
+                    self._unsynced.add(id(ddp))
+
+        return before_pass
+
+    def _ddp_passed(self, ddp: DistributedDataParallel) -> Callable[..., None]:
+        def after_pass(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if id(ddp) in self._unsynced:  # this pass was decided unsynchronised: the next one asks again
+                self._unsynced.discard(id(ddp))
+                ddp.require_backward_grad_sync = True
+
+        return after_pass
+
+    def _fsdp_pass(self, loop: Run) -> Callable[..., None]:
+        """FSDP2 reads its flag in the backward pass: set before each training pass, it holds
+        until the next one; inside a window FSDP2 keeps the gradients unsharded in the model."""
+
+        def before_pass(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            if loop.training and torch.is_grad_enabled():
+                ask = loop.hooks.should_sync_gradients
+                sync = ask is None or ask(loop) is not False
+                if sync == self._window_open:  # changed: FSDP2 walks every sharded module to set it
+                    assert self._fsdp is not None  # (the hook is registered on it)
+                    self._fsdp.set_requires_gradient_sync(sync)
+                    self._window_open = not sync
+
+        return before_pass
+
+    def _unwatch_passes(self) -> None:
+        """Remove the pass hooks and leave every module synchronising (the run's end)."""
+        hooks, self._pass_hooks = self._pass_hooks, []
+        for hook in hooks:
+            hook.remove()
+        for ddp in self._ddps:
+            ddp.require_backward_grad_sync = True
+        self._unsynced = set()
+        if self._fsdp is not None:
+            self._fsdp.set_requires_gradient_sync(True)
+        self._window_open = False
 
     def _saw_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         self._forward_seen = True

@@ -36,7 +36,7 @@ from conftest import REPO
 
 ROOT = REPO
 EXAMPLE = ROOT / "examples" / "ddp.py"
-PLUGINS = "console,distributed,interrupter,metrics,optim"
+PLUGINS = "console,distributed,interrupter,metrics,metrics_log,optim"
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
               "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 
@@ -520,9 +520,9 @@ def test_validation_on_two_processes_counts_every_sample_once_as_one_process_doe
     one = json.loads((tmp_path / "one.rank0.json").read_text())
     ranks = [json.loads((tmp_path / f"two.rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
-    # the process group is gone when fit() returns, its gloo threads with it: left to the
-    # interpreter's finalization, a worker freeing a tensor there aborted the process at exit
-    assert not [name for r in ranks for name in r["threads"] if "gloo" in name], ranks[0]["threads"]
+    # the process group is kept for a later run of the job (test_job.py): its gloo threads are
+    # there when fit() returns, and the group is destroyed at exit, where the process ends well
+    assert all(any("gloo" in name for name in r["threads"]) for r in ranks), ranks[0]["threads"]
     # every sample once, at every validation: 21 + 20 samples a set, one more batch on rank 0 in each
     validations = 1 if mode == "validate" else 5
     assert sum(one["batches"]) == sum(ranks[0]["batches"]) + sum(ranks[1]["batches"]) == validations * 3 * 41
@@ -615,9 +615,9 @@ def test_ctrl_c_under_torchrun_stops_every_rank_and_only_rank_0_says_so(tmp_path
     ranks = dumps(tmp_path)
     assert [rank["status"] for rank in ranks] == ["interrupted"] * 2, [rank["reason"] for rank in ranks]
     # torchrun signals one rank after the other: the agreed stop names the ranks whose request
-    # had arrived by then
+    # had arrived by then (the interrupter, named once, is who asked: StopRequest.by)
     assert ranks[0]["reason"] == ranks[1]["reason"]
-    assert re.fullmatch(r"stop requested on rank [01]: SIGINT(; stop requested on rank 1: SIGINT)?", ranks[0]["reason"])
+    assert re.fullmatch(r"stop requested on (rank [01]|ranks 0, 1): SIGINT", ranks[0]["reason"])
     assert ranks[0]["step"] == ranks[1]["step"] and ranks[0]["params"] == ranks[1]["params"]
     said = [line for line in (out + err).splitlines() if "SIGINT received" in line]
     assert said == ["[default0]:hookfit: SIGINT received, stopping after this batch; press Ctrl-C again to abort"], err

@@ -1,0 +1,268 @@
+"""The distributed plugin across a job: gradient synchronisation decided per forward pass (an
+optimizer with several passes per batch), the stop the ranks agree on (``by`` the plugin's
+name, the ranks apart), a ``Loop`` after a ``Loop`` in one ``torchrun`` job (the process group
+kept, destroyed at exit or by ``shutdown()``), and observers on ranks other than 0.
+
+The fast tests run in this process with a one-process group (DDP and FSDP2 still decide per
+pass there); the ``slow`` ones run ``tests/scripts/dist_runs.py`` under ``torchrun`` with two
+processes, once for the module.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hookfit
+from hookfit import hookimpl
+from hookfit.plugins.distributed import Distributed
+from hookfit.plugins.distributed.plugin import agreed
+from test_distributed import (  # noqa: F401 - _not_launched: autouse, this process is not torchrun's
+    ROOT,
+    _env,
+    _free_port,
+    _not_launched,
+    _torchrun,
+)
+
+SCRIPT = ROOT / "tests" / "scripts" / "dist_runs.py"
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Any:
+    """A one-process gloo group, initialised by the 'script' (this test)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class TwoPasses:
+    """An optimizer plugin (replacing ``optim`` by name) whose step function runs two passes
+    per batch and answers ``should_sync_gradients`` ``False`` for the first, ``True`` for the
+    second; records what it was asked and what each pass left."""
+
+    name = "optim"
+
+    def __init__(self) -> None:
+        self.passes = 0  # in the running batch
+        self.asked: list[tuple[int, int]] = []  # (step, pass)
+        self.seen: list[Any] = []
+
+    @hookimpl
+    def batch_start(self) -> None:
+        self.passes = 0
+
+    @hookimpl
+    def backward(self, loss: torch.Tensor) -> bool:
+        loss.backward()
+        self.passes += 1
+        return True
+
+    @hookimpl
+    def should_sync_gradients(self, loop: Any) -> bool:
+        self.asked.append((loop.state.step, self.passes))
+        return self.passes == 1
+
+
+def _data(batches: int = 3) -> list[Any]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 4, generator=g), torch.randn(4, 2, generator=g)) for _ in range(batches)]
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+# -- in this process -------------------------------------------------------------------------
+
+
+def test_ddp_asks_before_every_training_pass_and_reduces_only_the_passes_answered_true(group: Any) -> None:
+    """A comm hook counts DDP's all-reduces: none in the first pass of each batch, one (one
+    bucket) in the second. Asked once per batch, as before, both passes went unsynchronised."""
+    plugin = TwoPasses()
+    counted = {"allreduces": 0}
+    per_pass: list[int] = []
+
+    class Count:
+        @hookimpl
+        def fit_start(self, loop: Any) -> None:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def counting(state, bucket):  # no annotations: DDP checks them against its own
+                counted["allreduces"] += 1
+                return allreduce_hook(state, bucket)
+
+            loop.model.register_comm_hook(None, counting)
+
+    def step(loop: Any, batch: Any) -> None:
+        x, y = batch
+        for _ in range(2):
+            before = counted["allreduces"]
+            loop.backward(torch.nn.functional.mse_loss(loop.model(x), y))
+            per_pass.append(counted["allreduces"] - before)
+        with torch.no_grad():
+            loop.model(x)  # a forward without autograd: not a pass, nothing asked
+
+    model = _net()
+    loop = hookfit.Loop(step, _data(), val_step=lambda loop, b: loop.model(b[0]).sum(), val_data=_data(1),
+                        model=model, plugins=[Distributed(), plugin, Count()])
+    assert loop.fit().status == "completed"
+    assert plugin.asked == [(step, n) for step in range(3) for n in (0, 1)]  # validation asks nothing
+    assert per_pass == [0, 1] * 3
+
+
+def test_fsdp_asks_before_every_training_pass_and_keeps_the_unsynchronised_gradients_inside(group: Any) -> None:
+    """FSDP2 reads its flag in the backward pass: the first pass, answered False, leaves no
+    gradient on the sharded parameters; the second reduce-scatters both passes' sum."""
+    plugin = TwoPasses()
+    grads: list[list[bool]] = []
+    plain = _net()
+
+    def step(loop: Any, batch: Any) -> None:
+        x, y = batch
+        for _ in range(2):
+            loop.backward(torch.nn.functional.mse_loss(loop.model(x), y))
+            grads.append([p.grad is not None for p in loop.model.parameters()])
+            torch.nn.functional.mse_loss(plain(x), y).backward()  # the same two passes, unsharded
+        for mine, theirs in zip(loop.model.parameters(), plain.parameters()):
+            torch.testing.assert_close(mine.grad.full_tensor(), theirs.grad, rtol=1e-6, atol=1e-7)
+            mine.grad, theirs.grad = None, None
+
+    loop = hookfit.Loop(step, _data(), model=_net(), plugins=[Distributed(strategy="fsdp"), plugin])
+    assert loop.fit().status == "completed"
+    assert plugin.asked == [(step, n) for step in range(3) for n in (0, 1)]
+    assert grads == [[False] * 4, [True] * 4] * 3
+
+
+def test_a_run_without_a_data_parallel_module_asks_nothing(group: Any) -> None:
+    plugin = TwoPasses()
+    model = _net()
+
+    def step(loop: Any, batch: Any) -> None:
+        loop.backward(torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1]))
+
+    state = hookfit.Loop(step, _data(), model=model, plugins=[Distributed(wrap_model=False), plugin]).fit()
+    assert state.status == "completed" and plugin.asked == []
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_the_agreed_stop_names_each_asker_once_and_the_ranks_apart() -> None:
+    budget = ("time budget spent", "time_budget", True)
+    request = agreed([budget, budget])
+    assert (request.reason, request.by, request.ranks, request.complete) == (
+        "stop requested on ranks 0, 1: time budget spent", "time_budget", (0, 1), True)
+    request = agreed([None, ("SIGTERM", "interrupter", False), None, budget, budget, budget, None, budget])
+    assert request.reason == "stop requested on rank 1: SIGTERM; stop requested on ranks 3-5, 7: time budget spent"
+    assert (request.by, request.ranks, request.complete) == ("interrupter, time_budget", (1, 3, 4, 5, 7), False)
+    assert agreed([None, ("enough", None, False)]).by is None
+
+
+def test_the_agreed_request_is_the_run_s_stop_request(group: Any) -> None:
+    def step(loop: Any, batch: Any) -> None:
+        if loop.state.batch_idx == 1:
+            loop.request_stop("enough", by="the test")
+
+    loop = hookfit.Loop(step, _data(), model=_net(), plugins=[Distributed()])
+    state = loop.fit()
+    request = loop.run.stop_requested
+    assert (state.stop_reason, state.stopped_by) == ("stop requested on rank 0: enough", "the test")
+    assert (request.reason, request.by, request.ranks) == (state.stop_reason, "the test", (0,))
+
+
+# -- real processes --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``dist_runs.py`` under torchrun, two processes, once: what each rank wrote and said."""
+    folder = tmp_path_factory.mktemp("job")
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--tee", "3"]
+    env = _env()  # console, metrics and its log, the interrupter
+    done = subprocess.run([*_torchrun(), *launch, str(SCRIPT), "out"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [json.loads((folder / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    return {"ranks": ranks, "out": done.stdout, "err": done.stderr, "folder": folder}
+
+
+@pytest.mark.slow
+def test_a_two_pass_optimizer_keeps_its_first_pass_free_of_all_reduces(job: dict[str, Any]) -> None:
+    """Sharpness-Aware Minimization replacing optim: the step's pass answered False, the
+    closure's True. The first pass all-reduces nothing (its gradients differ between the
+    ranks), the second once (one bucket), after which they agree, and so do the weights."""
+    first = [rank["first"] for rank in job["ranks"]]
+    for record in first:
+        assert record["status"] == "completed"
+        assert [(b["first"]["allreduces"], b["second"]["allreduces"]) for b in record["batches"]] == [(0, 1)] * 6
+    for zero, one in zip(first[0]["batches"], first[1]["batches"]):
+        assert zero["first"]["grads"] != one["first"]["grads"]  # each rank's own
+        assert zero["second"]["grads"] == one["second"]["grads"]  # averaged over the ranks
+    assert first[0]["params"] == first[1]["params"]
+    for record in first:  # asked before each pass, not once per batch
+        assert record["asked"] == [[step, closure] for step in range(6) for closure in (False, True)]
+
+
+@pytest.mark.slow
+def test_a_stop_every_rank_asks_for_is_by_the_plugin_with_the_ranks_apart(job: dict[str, Any]) -> None:
+    reason = "stop requested on ranks 0, 1: time budget spent"
+    for rank in job["ranks"]:
+        assert rank["second"] == {"status": "interrupted", "step": 3, "reason": reason, "by": "time_budget",
+                                  "ranks": [0, 1], "request_by": "time_budget"}
+    ends = [line for line in job["out"].splitlines() if " end status=interrupted" in line]
+    assert len(ends) == 1 and ends[0].startswith("[default0]:hookfit end ")  # rank 0 alone prints
+    assert f'reason="{reason}" by="time_budget" ' in ends[0]
+    logs = list((job["folder"] / "out.run2").glob("**/metrics.jsonl"))
+    assert len(logs) == 1, logs  # rank 0 alone writes it
+    end = json.loads(logs[0].read_text().splitlines()[-1])
+    assert (end["event"], end["reason"], end["by"]) == ("end", reason, "time_budget")
+
+
+@pytest.mark.slow
+def test_a_loop_after_a_loop_in_one_job_reuses_the_process_group(job: dict[str, Any]) -> None:
+    """fit, fit again, then validate a test set on a new Loop: the group made by the first run
+    is kept (re-creating it failed with gloo's "Connection refused") and destroyed by
+    shutdown(), its threads with it."""
+    for rank, record in enumerate(job["ranks"]):
+        assert record["first"]["group_kept"] is True
+        assert record["third"]["status"] == "completed"
+        assert record["third"]["events"][0] == ["fit_start", rank]
+        assert record["shutdown"] is True
+        assert record["after_shutdown"] == {"initialized": False, "gloo_threads": []}
+    assert "Connection refused" not in job["err"]
+
+
+@pytest.mark.slow
+def test_observers_run_on_rank_0_unless_they_ask_for_every_rank(job: dict[str, Any]) -> None:
+    zero, one = (rank["first"] for rank in job["ranks"])
+    assert [event[0] for event in zero["plain"]] == [event[0] for event in zero["every_rank"]] == [
+        "fit_start", *["epoch_metrics"] * 4, "fit_end"]
+    assert one["plain"] == []  # unregistered on rank 1: not even fit_start
+    assert [event[0] for event in one["every_rank"]] == [event[0] for event in zero["every_rank"]]
+    assert one["every_rank"][0] == ["fit_start", 1]
+    # the metrics are global: rank 1's observer gets the numbers rank 0's does
+    assert one["every_rank"][1:] == zero["every_rank"][1:]
+
+
+@pytest.mark.slow
+def test_the_group_hookfit_made_is_destroyed_at_exit(tmp_path: Path) -> None:
+    """A one-process job started as torchrun starts it (its environment), one run, no
+    shutdown(): an atexit handler registered before hookfit's sees the group gone."""
+    env = _env(HOOKFIT_PLUGINS="distributed,optim", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    done = subprocess.run([sys.executable, str(SCRIPT), "out", "exit"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads((tmp_path / "out.exit.json").read_text())
+    assert seen == {"status": "completed", "world_size": 1, "initialized_after_fit": True,
+                    "initialized_at_exit": False}
