@@ -208,13 +208,13 @@ class WandB:
             return False
         wandb = importlib.import_module("wandb")
         config: dict[str, Any] = {**run_hparams(loop, self.hparams), "hookfit.run_dir": os.fspath(loop.run_dir)}
-        folder = self.dir if self.dir is not None or os.environ.get("WANDB_DIR") else loop.run_dir
-        if folder is not None:
-            os.makedirs(folder, exist_ok=True)
+        # WANDB_DIR as it is now: W&B reads its environment once a process, at its first run
+        folder = self.dir or os.environ.get("WANDB_DIR") or loop.run_dir
+        os.makedirs(folder, exist_ok=True)
         options = {"settings": {"console": "off"}, **self.init}
         resume = self._resume_id
         run = wandb.init(project=self.project or loop.name, entity=self.entity, name=self.run_name or loop.run_dir.name,
-                         dir=None if folder is None else os.fspath(folder), mode=self.mode, id=resume,
+                         dir=os.fspath(folder), mode=self.mode, id=resume,
                          resume="allow" if resume else None, reinit="create_new", config=config,
                          allow_val_change=True, **options)
         if resume and run.resumed:  # online: W&B has the run's rows up to its step
