@@ -19,7 +19,9 @@ fails (``on_failure``: a ``failed-*.pt`` file, never chosen by ``"latest"``; its
 after the last training batch whose step completed, so the failing batch runs again). The
 last ``keep_last`` checkpoints are kept, plus the best one by ``monitor`` (``"valid/loss"``:
 the epoch mean of ``loss`` in the validation stage, published by the metrics plugin; a
-monitored metric the run does not produce is warned about once). Names count epochs from 1:
+monitored metric the run does not produce is warned about once). ``fit().results`` names
+both, on every process: ``"best_checkpoint"`` and ``"last_checkpoint"`` (paths, or ``None``;
+a ``failed-*`` file is never the last). Names count epochs from 1:
 ``epoch0001-step000000003.pt`` is a save during the first epoch, ``epoch0001-step000000007.pt``
 the one at its end, so names sort in run order. A run without a model saves nothing (one
 :class:`CheckpointWarning`), and resuming one is an error.

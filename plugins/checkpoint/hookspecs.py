@@ -38,6 +38,16 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   go on writing in the folder of the run it continues, choose the file at ``configure``
   (``tryfirst``, before any plugin uses ``loop.run_dir``) and call
   ``loop.continue_in(folder)`` there.
+* Report: answer the core's ``results`` event (after ``fit_end``, on every process) with
+  ``"best_checkpoint"``, the path of the best checkpoint by the plugin's monitor (``None``
+  without one, or without a finite value of it), and ``"last_checkpoint"``, the newest
+  checkpoint of the run (what ``resume="latest"`` would take; ``None`` if there is none); a
+  user reads them in ``fit().results`` and evaluates the best with
+  ``Loop(..., model=model).validate(resume=state.results["best_checkpoint"])``. Both are
+  known on every process: only the main one writes, but the epoch metrics a monitor compares
+  are the same on every rank and a file's name comes from ``loop.position``, so each process
+  names the file the main one writes (told once where the main one writes, its run folder
+  being one the others would name differently).
 * What the rest of hookfit reads from the role: ``checkpoint_saved`` (declared by the
   ``checkpoint`` plugin and always registered) when a file is whole, for the dashboard and for
   plugins that copy checkpoints elsewhere. Nothing else: a replacement that saves and resumes

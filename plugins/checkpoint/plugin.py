@@ -88,6 +88,10 @@ class Checkpoint:
         self.saved: list[Path] = []  # this run's checkpoints still on disk, oldest first
         self.failed_saves = 0
         self.resumed_from: Path | None = None
+        self.last: Path | None = None
+        """The newest checkpoint of the run (what ``resume="latest"`` would take): the last this
+        run wrote, else the one it resumed from; a ``failed-*`` file is not counted. Known on
+        every process (off the main one, the path the main one writes)."""
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Run | None = None
@@ -100,12 +104,15 @@ class Checkpoint:
         self._write_error: BaseException | None = None
         self._warned: set[str] = set()
         self._sharded_saves = 0  # this process's sharded saves: their temporary folders' names
+        self._main_dir: Path | None = None  # off the main process: where the main one writes
         self._written: collections.deque[tuple[str, str, int]] = collections.deque()  # to announce
 
     @property
     def best(self) -> tuple[float, Path] | None:
         """The best checkpoint by ``monitor`` still on disk: ``(its metric, its path)``, or
-        ``None`` (no monitor, or no finite value yet: NaN and infinities are never best)."""
+        ``None`` (no monitor, or no finite value yet: NaN and infinities are never best). Known
+        on every process of a distributed run: the epoch metrics it compares are the same on
+        every rank, and each rank names the file the main process writes."""
         return self._monitor.record
 
     @best.setter
@@ -115,7 +122,8 @@ class Checkpoint:
     # -- events ---------------------------------------------------------------------------
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
     def configure(self, loop: Run) -> None:
-        self.saved, self.best, self.resumed_from, self.off = [], None, None, False
+        self.saved, self.best, self.resumed_from, self.last, self.off = [], None, None, None, False
+        self._main_dir = None
         self._pending, self._continued, self._monitor_warned, self._warned = None, False, False, set()
         self._written.clear()
         if not self._steps.never or self.every_seconds is not None:
@@ -148,6 +156,8 @@ class Checkpoint:
                 CheckpointWarning, stacklevel=2)
         if loop.is_main:
             self._remove_stale_temporaries(loop)
+        if not self.off and loop.state.world_size > 1:
+            self._share_directory(loop)
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:
@@ -159,7 +169,7 @@ class Checkpoint:
         if path is None or data is None:
             return False
         restore(loop, path, data, self.strict)
-        self.resumed_from = path
+        self.resumed_from = self.last = path
         if loop.is_main:
             self._adopt(loop, data["loop"])
         return path
@@ -212,6 +222,14 @@ class Checkpoint:
             self._wait()
             self._announce(loop)
             self._loop = None
+
+    @hookimpl
+    def results(self) -> dict[str, Path | None]:
+        """``"best_checkpoint"``: the path of the best checkpoint by ``monitor`` (``None``
+        without a monitor or a finite value of it); ``"last_checkpoint"``: :attr:`last`. On
+        every process; after ``Loop.validate(resume=...)``, what the checkpoint it read knew."""
+        best = self.best
+        return {"best_checkpoint": None if best is None else best[1], "last_checkpoint": self.last}
 
     @hookimpl
     def add_commands(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -273,6 +291,8 @@ class Checkpoint:
         if shards:  # a sharded run: every rank writes its part
             return self._save_sharded(loop, position, rest, shards, metric, reason)
         if not loop.is_main:
+            if self._main_dir is not None:  # the file the main process writes, for best and last
+                self._follow(self._main_dir / self.filename(position, reason), metric, reason)
             return None
         path = self.directory(loop) / self.filename(position, reason)
         self._wait()
@@ -348,6 +368,7 @@ class Checkpoint:
                     CheckpointWarning, stacklevel=2)
             return
         if not main:
+            self._follow(path, metric, reason)
             return
         self._written.append((str(path), reason, step))  # announced on the training thread
         if reason == "failure":
@@ -355,9 +376,29 @@ class Checkpoint:
         if path in self.saved:  # the same position written again
             self.saved.remove(path)
         self.saved.append(path)
+        self._follow(path, metric, reason)
+        self._prune()
+
+    def _follow(self, path: Path, metric: float | None, reason: str) -> None:
+        """Take ``path``, a checkpoint written whole (by this process, or by the main one),
+        as the last, and as the best if its metric improves on the best."""
+        if reason == "failure":
+            return
+        self.last = path
         if metric is not None and self.monitor is not None:
             self._monitor.update(metric, at=path)
-        self._prune()
+
+    def _share_directory(self, loop: Run) -> None:
+        """Several processes: the main one says where it writes (its run folder may be one
+        the others would name differently), so that every process knows the best and the last
+        checkpoint's path. One broadcast at ``fit_start``, where every process is."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        where: list[Any] = [str(self.directory(loop)) if loop.is_main else None]  # as the main one names it
+        dist.broadcast_object_list(where, src=0)
+        self._main_dir = None if loop.is_main else Path(where[0])
 
     @staticmethod
     def _save_file(payload: dict[str, Any], path: Path) -> None:

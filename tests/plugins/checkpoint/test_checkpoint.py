@@ -375,7 +375,7 @@ def _named(folder: Path, script: str, *args: str, resume: bool = False) -> dict:
     path = folder / f"{script}.py"
     if not path.exists():
         path.write_text(NAMED.read_text())
-    env = {**os.environ, "HOOKFIT_PLUGINS": ""}
+    env = {**os.environ, "HOOKFIT_PLUGINS": "metrics_log"}  # the metric log, which goes on in the resumed folder
     env.pop("HOOKFIT_RESUME", None)
     if resume:
         env["HOOKFIT_RESUME"] = "latest"

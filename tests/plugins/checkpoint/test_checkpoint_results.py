@@ -1,0 +1,182 @@
+"""The checkpoint plugin's side of a run's results: ``"best_checkpoint"`` and
+``"last_checkpoint"`` in ``fit().results``, known on every process under ``torchrun``; and
+the best checkpoint evaluated by a test ``Loop`` built without optimizers, labelled with the
+epoch it was saved at everywhere a person reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import TESTS
+
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.console import Console
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.metrics_log import MetricsLog
+from hookfit.plugins.optim import Optim
+
+SCRIPT = TESTS / "scripts" / "results_ddp.py"
+
+
+def data() -> tuple[list[Any], list[Any]]:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(48, 3, generator=g), torch.randn(48, 1, generator=g)
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 48, 8)]
+    return batches[:4], batches[4:]
+
+
+def train(loop: Any, batch: Any) -> Any:
+    loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss}
+
+
+def valid(loop: Any, batch: Any) -> Any:
+    return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+
+class Losses:
+    name = "losses"
+
+    def __init__(self) -> None:
+        self.valid: list[float] = []
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, stage: str, metrics: Any) -> None:
+        if stage == "valid":
+            self.valid.append(metrics.values["loss"].epoch)
+
+
+def fit(tmp_path: Path, checkpoint: Checkpoint, epochs: int = 4, lr: float = 0.1, **kwargs: Any) -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    batches, held_out = data()
+    losses = Losses()
+    state = hookfit.Loop(train, batches, val_step=valid, val_data=held_out, model=model,
+                         optimizers=torch.optim.SGD(model.parameters(), lr=lr), max_epochs=epochs,
+                         run_dir=tmp_path / "run", plugins=[Optim(), Metrics(), checkpoint, losses], **kwargs).fit()
+    return state, losses.valid, model
+
+
+def test_fit_returns_the_best_and_the_last_checkpoint(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(monitor="valid/loss", keep_last=1, background=False)
+    state, losses, _ = fit(tmp_path, checkpoint)  # the validation loss falls, then rises
+    folder = tmp_path / "run" / "checkpoints"
+    best = losses.index(min(losses)) + 1
+    assert best == 2  # the best is neither the first nor the last: both it and the last are kept
+    assert state.results["best_checkpoint"] == folder / f"epoch{best:04d}-step{4 * best:09d}.pt"
+    assert state.results["last_checkpoint"] == folder / "epoch0004-step000000016.pt"
+    assert sorted(folder.iterdir()) == sorted({state.results["best_checkpoint"], state.results["last_checkpoint"]})
+    assert checkpoint.best is not None and checkpoint.best[1] == state.results["best_checkpoint"]
+
+
+def test_without_a_monitor_there_is_no_best_and_a_run_that_saved_nothing_has_no_last(tmp_path: Path) -> None:
+    state, _, _ = fit(tmp_path, Checkpoint(background=False), epochs=1)
+    assert state.results["best_checkpoint"] is None
+    assert state.results["last_checkpoint"] == tmp_path / "run" / "checkpoints" / "epoch0001-step000000004.pt"
+    state, _, _ = fit(tmp_path / "none", Checkpoint(every_n_epochs=None, on_interrupt=False), epochs=1)
+    assert state.results["best_checkpoint"] is None and state.results["last_checkpoint"] is None
+
+
+def test_a_stopped_run_s_last_checkpoint_is_the_one_it_wrote_at_the_stop(tmp_path: Path) -> None:
+    from conftest import StopAfter
+
+    checkpoint = Checkpoint(background=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    batches, _ = data()
+    state = hookfit.Loop(train, batches, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                         max_epochs=3, run_dir=tmp_path / "run", plugins=[Optim(), checkpoint, StopAfter(6)]).fit()
+    assert state.status == "interrupted"
+    assert state.results["last_checkpoint"] == tmp_path / "run" / "checkpoints" / "epoch0002-step000000006.pt"
+    # resumed and validated: the plugin knows the file it read
+    test = hookfit.Loop(train, batches, val_step=valid, val_data=batches, model=torch.nn.Linear(3, 1),
+                        plugins=[Optim(), Checkpoint()])
+    assert test.validate(resume=state.results["last_checkpoint"]).results["last_checkpoint"] == (
+        state.results["last_checkpoint"])
+
+
+def test_the_best_checkpoint_is_evaluated_by_a_test_loop_without_optimizers_labelled_as_saved(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The end of epoch 1 is ``epoch0001-...``: validating it says epoch 1 in the state, on the
+    console, in metrics.jsonl and in run.jsonl (it said epoch 2, the epoch a training run
+    would continue in)."""
+    checkpoint = Checkpoint(monitor="valid/loss", keep_last=1, background=False)
+    state, losses, _ = fit(tmp_path, checkpoint, epochs=3, lr=0.3)
+    best = state.results["best_checkpoint"]
+    assert best.name == "epoch0001-step000000004.pt" and losses.index(min(losses)) == 0
+    capsys.readouterr()
+
+    model = torch.nn.Linear(3, 1)
+    _, held_out = data()
+    test = hookfit.Loop(train, data()[0], val_step=valid, val_data=held_out, model=model, run_dir=tmp_path / "test",
+                        plugins=[Optim(), Metrics(), MetricsLog(), Console(), Checkpoint(), Losses()])
+    tested = test.validate(resume=best)
+    assert (tested.status, tested.epoch, tested.step) == ("completed", 0, 4)
+    saved = torch.load(best, weights_only=True)["model"]
+    assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)
+    assert tested.results["metrics"]["valid/loss"] == pytest.approx(losses[0])  # the metrics plugin's answer
+
+    out = capsys.readouterr().out.splitlines()
+    resumed = [line for line in out if line.startswith("hookfit resumed ")]
+    assert len(resumed) == 1 and " epoch=1 " in resumed[0], out
+    assert [line for line in out if line.startswith("hookfit valid epoch=1/")], out
+    end = [line for line in out if line.startswith("hookfit end ")]
+    assert len(end) == 1 and " epochs=1 " in end[0], out
+    rows = [json.loads(line) for line in (tmp_path / "test" / "metrics.jsonl").read_text().splitlines()]
+    assert {row["epoch"] for row in rows if "epoch" in row} == {1}, rows
+    ended = [json.loads(line) for line in (tmp_path / "test" / "run.jsonl").read_text().splitlines()][-1]
+    assert (ended["event"], ended["epochs"]) == ("end", 1)
+
+
+def test_a_checkpoint_inside_an_epoch_is_validated_as_that_epoch(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(every_n_steps=6, every_n_epochs=None, background=False)
+    fit(tmp_path, checkpoint, epochs=2)
+    inside = tmp_path / "run" / "checkpoints" / "epoch0002-step000000006.pt"
+    assert inside.exists()
+    _, held_out = data()
+    tested = hookfit.Loop(train, data()[0], val_step=valid, val_data=held_out, model=torch.nn.Linear(3, 1),
+                          plugins=[Optim(), Checkpoint()]).validate(resume=inside)
+    assert tested.epoch == 1 and tested.resumed_from.epoch == 1 and tested.resumed_from.batch == 2
+
+
+def _torchrun() -> list[str]:
+    script = Path(sys.executable).with_name("torchrun")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+@pytest.mark.slow
+def test_every_process_knows_the_best_checkpoint_under_torchrun(tmp_path: Path) -> None:
+    """Only rank 0 writes, in a run folder only it makes (``runs/results/<date>-<time>``);
+    the epoch metrics are the same on every rank, so each names the same best file, and the
+    same last one."""
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                               "MASTER_PORT", "HOOKFIT_DISABLE_PLUGINS")}
+    env.update(OMP_NUM_THREADS="1", HOOKFIT_PLUGINS="")
+    run = subprocess.run([*_torchrun(), *launch, str(SCRIPT), "out"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+    assert ranks[0]["valid"] == ranks[1]["valid"] and len(ranks[0]["valid"]) == 3
+    folders = list((tmp_path / "runs" / "results").iterdir())
+    assert len(folders) == 1, folders  # rank 1 made no folder of its own
+    best = str(folders[0].relative_to(tmp_path) / "checkpoints" / "epoch0001-step000000004.pt")
+    last = str(folders[0].relative_to(tmp_path) / "checkpoints" / "epoch0003-step000000012.pt")
+    for rank in ranks:
+        assert Path(rank["results"]["best_checkpoint"]).resolve() == (tmp_path / best).resolve(), rank
+        assert Path(rank["results"]["last_checkpoint"]).resolve() == (tmp_path / last).resolve(), rank
+        assert rank["best"][0] == max(rank["valid"]) and rank["exist"] == {"best_checkpoint": True,
+                                                                          "last_checkpoint": True}
+    assert ranks[0]["results"] == ranks[1]["results"] and ranks[0]["best"] == ranks[1]["best"]

@@ -1,0 +1,69 @@
+"""The checkpoint plugin's results on every process, for tests/plugins/checkpoint.
+
+``torchrun --nproc-per-node 2 results_ddp.py OUT``: trains a small regression for 3 epochs
+with ``Checkpoint(monitor="valid/loss", mode="max", keep_last=1)`` (the loss falls, so the best
+by this monitor is the first epoch's checkpoint, kept beside the last one), in a new run folder
+of the run's name (``runs/results/<date>-<time>``, which only rank 0 makes). Each process
+writes ``OUT.rank<N>.json``: its ``state.results``, the plugin's ``best`` and ``last``, the
+validation losses it saw and whether the files exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+import hookfit
+from hookfit.data import Batches
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.distributed import Distributed
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
+
+class Losses:
+    name = "losses"
+
+    def __init__(self) -> None:
+        self.valid: list[float] = []
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, stage, metrics) -> None:
+        if stage == "valid":
+            self.valid.append(metrics.values["loss"].epoch)
+
+
+def main(out: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def valid(loop, batch):
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    checkpoint, losses = Checkpoint(monitor="valid/loss", mode="max", keep_last=1, background=False), Losses()
+    state = hookfit.Loop(step, Batches(x, y, batch_size=8), val_step=valid, val_data=Batches(x, y, batch_size=8),
+                         model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.05), max_epochs=3,
+                         name="results", plugins=[Distributed(), Optim(), Metrics(), checkpoint, losses]).fit()
+    assert state.status == "completed", state
+    results = {key: str(value) for key, value in state.results.items() if key.endswith("_checkpoint")}
+    best = checkpoint.best
+    with open(f"{out}.rank{state.rank}.json", "w") as file:
+        json.dump({"rank": state.rank, "world_size": state.world_size, "results": results,
+                   "best": None if best is None else [best[0], str(best[1])], "last": str(checkpoint.last),
+                   "valid": losses.valid, "exist": {k: os.path.exists(v) for k, v in results.items()}}, file)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
