@@ -511,7 +511,7 @@ def test_an_observer_failing_every_batch_warns_once_and_the_run_completes() -> N
     out = io.StringIO()
     with pytest.warns(hookfit.ObserverWarning) as caught:
         loop = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, range(1000),
-                            plugins=[observer, Metrics(log=False), Console(stream=out)])
+                            plugins=[observer, Metrics(), Console(stream=out)])
         state = loop.fit()
     assert state.status == "completed" and state.step == 1000
     assert len(caught) == 1

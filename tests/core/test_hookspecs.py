@@ -121,7 +121,7 @@ def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
             return True
 
     hookfit.Loop(optim_step, [torch.ones(1)], optimizers=torch.optim.SGD(model.parameters()), resume="x",
-                 plugins=[Optim(), Metrics(sync_every=1, log=False), Console(), TwoProcessesResumed(), rec]).fit()
+                 plugins=[Optim(), Metrics(sync_every=1), Console(), TwoProcessesResumed(), rec]).fit()
     fired |= set(rec.names())
 
     from hookfit.plugins.checkpoint import Checkpoint

@@ -116,7 +116,7 @@ def test_validate_runs_the_validation_stage_alone_with_every_plugin(recorder) ->
         raise AssertionError("validate() ran a training batch")
 
     loop = hookfit.Loop(train, [1, 2], val_step=valid, val_data=[1.0, 2.0, 6.0], model=model,
-                        plugins=[Metrics(log=False), Watch(), recorder])
+                        plugins=[Metrics(), Watch(), recorder])
     state = loop.validate()
     assert (state.status, state.stop_reason, state.step) == ("completed", "validation done", 0)
     assert seen == [(False, False)] * 3 and published == [("valid", 3.0)]

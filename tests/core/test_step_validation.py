@@ -46,7 +46,7 @@ def test_validation_runs_inside_training_every_n_global_steps(recorder: Recorder
 
     published = Published()
     loop = hookfit.Loop(train, [1, 2, 3, 4, 5], val_step=valid, val_data=[0, 0], model=model,
-                        val_every_n_steps=3, max_epochs=2, plugins=[Metrics(log=False), published, recorder])
+                        val_every_n_steps=3, max_epochs=2, plugins=[Metrics(), published, recorder])
     state = loop.fit()
     assert state.status == "completed" and state.step == 10 and not state.val_due
     assert loop.val_every_n_epochs is None  # steps instead of epochs
@@ -91,7 +91,7 @@ def test_step_validation_without_validation_is_named() -> None:
 def test_max_steps_on_a_multiple_validates_before_the_run_ends() -> None:
     published = Published()
     loop = hookfit.Loop(lambda l, b: None, list(range(10)), val_step=lambda l, b: {"v": 1.0}, val_data=[0],
-                        val_every_n_steps=4, max_steps=8, plugins=[Metrics(log=False), published])
+                        val_every_n_steps=4, max_steps=8, plugins=[Metrics(), published])
     state = loop.fit()
     assert (state.status, state.step, state.stop_reason) == ("completed", 8, "max_steps=8 reached")
     assert [step for stage, _, step, _ in published.rows if stage == "valid"] == [4, 8]
@@ -214,7 +214,7 @@ def test_early_stopping_counts_validations_and_stops_right_after_the_deciding_on
 
     loop = hookfit.Loop(train, list(range(4)), val_step=lambda l, b: {"loss": next(values)}, val_data=[0],
                         val_every_n_steps=2, max_epochs=5,
-                        plugins=[Metrics(log=False), EarlyStopping(monitor="valid/loss", patience=2)])
+                        plugins=[Metrics(), EarlyStopping(monitor="valid/loss", patience=2)])
     state = loop.fit()
     # validations after steps 2, 4, 6 and 8: 2.5 and 2.4 do not improve on 2.0 (at step 4)
     assert (state.status, state.step) == ("completed", 8)

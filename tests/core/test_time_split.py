@@ -120,7 +120,7 @@ def test_a_data_loader_that_sleeps_in_next_makes_data_the_largest_share() -> Non
 
 
 def test_a_slow_step_makes_step_the_largest_share() -> None:
-    state = hookfit.Loop(slow_step, [torch.zeros(2)] * N, plugins=[Metrics(log=False)]).fit()
+    state = hookfit.Loop(slow_step, [torch.zeros(2)] * N, plugins=[Metrics()]).fit()
     split = split_of(state)
     assert split.step >= 0.95 * N * NAP
     assert split.shares["step"] > 0.5 and split.step > 5 * split.data
@@ -276,7 +276,7 @@ def test_splits_of_two_stages_do_not_add_up() -> None:
 
 def console_lines(step, data, **loop) -> list[str]:
     out = io.StringIO()
-    hookfit.Loop(step, data, plugins=[Console(stream=out), Metrics(log=False)], **loop).fit()
+    hookfit.Loop(step, data, plugins=[Console(stream=out), Metrics()], **loop).fit()
     return out.getvalue().splitlines()
 
 

@@ -48,7 +48,7 @@ def test_several_validation_sets_run_in_one_stage_each_reported_under_its_name(r
                 published.append({k: v.epoch for k, v in metrics.values.items()})
 
     loop = hookfit.Loop(lambda l, b: None, [1], val_step=valid, val_data={"clean": [1, 3], "noisy": [10, 20, 30]},
-                        max_epochs=2, plugins=[Metrics(log=False), Watch(), recorder])
+                        max_epochs=2, plugins=[Metrics(), Watch(), recorder])
     state = loop.fit()
     assert state.status == "completed" and state.val_set is None
     assert seen == [("clean", 1), ("clean", 3), ("noisy", 10), ("noisy", 20), ("noisy", 30)] * 2
@@ -66,7 +66,7 @@ def test_a_monitor_names_the_metric_of_one_validation_set() -> None:
         return {"loss": torch.tensor(1.0 + epoch if loop.state.val_set == "noisy" else 1.0 / (1 + epoch))}
 
     state = hookfit.Loop(lambda l, b: None, [1], val_step=valid, val_data={"clean": [1], "noisy": [1]}, max_epochs=9,
-                         plugins=[Metrics(log=False), EarlyStopping(monitor="valid/noisy/loss", patience=2)]).fit()
+                         plugins=[Metrics(), EarlyStopping(monitor="valid/noisy/loss", patience=2)]).fit()
     assert state.epoch == 2 and state.stop_reason.startswith("early stopping: valid/noisy/loss did not improve")
 
 
