@@ -32,12 +32,13 @@ train.py``), as a tracker run named ``run_name`` (by default the run folder's na
 
 The tracker run starts when the run's first epoch does (after a resume: ``load_state`` has
 run). Its id is this plugin's state in every checkpoint, so a resumed run (``Loop(resume=...)``)
-continues the same tracker run: it sets it running again, logs the parameters it did not have
-(a parameter the resumed run changed, such as ``max_epochs``, keeps its first value, as MLflow
-requires, and one ``HookfitWarning`` names it; the optimizers' settings are read after the
-checkpoint's state was loaded into them, so a learning rate a schedule changed is no change) and logs no step twice: for every metric, the
-points at steps the tracker run already has (a run killed after its last checkpoint logged
-past it) are left out, so each metric's history has each step once.
+continues the same tracker run: it sets it running again and logs the parameters it did not
+have. A parameter the resumed run changed, such as ``max_epochs``, keeps its first value, as
+MLflow requires, and one ``HookfitWarning`` names it (the optimizers' settings are read after the
+checkpoint's state was loaded into them: a learning rate a schedule changed is no change). It
+logs no step twice: for every metric, the points at steps the tracker run already has (a run
+killed after its last checkpoint logged past it) are left out, so each metric's history has
+each step once.
 
 Only the main process logs (under ``torchrun`` the distributed plugin switches observers off on
 the others): two processes creating the same SQLite store at once is what fails a run that logs
@@ -215,7 +216,7 @@ class MLflow:
             experiment = client.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(name)
             run = client.create_run(experiment_id, run_name=self.run_name or loop.run_dir.name,
-                                    tags={"hookfit.run_dir": os.fspath(loop.run_dir)})
+                                    tags={"hookfit.run_dir": os.path.abspath(loop.run_dir)})
         self._client, self.run_id = client, run.info.run_id
         items = sorted(params.items())
         for start in range(0, len(items), _BATCH):

@@ -37,6 +37,8 @@ continues the same W&B run (``resume="allow"``), its config updated, and logs on
 after the last one W&B has. Offline, W&B cannot look a run up: the resumed run writes a new
 offline run folder with the same id, which starts at the step after the checkpoint's (a run
 killed after its last checkpoint wrote a few steps past it, which ``wandb sync`` then has twice).
+W&B writes its files from a process of its own (its service): an offline run's file is whole
+a moment after ``fit()`` returns, and always once the script has ended.
 
 ``init`` passes more arguments to ``wandb.init`` (``{"tags": [...], "group": ..., "notes":
 ...}``); ``settings`` in it default to ``{"console": "off"}``, so W&B does not take over the
@@ -207,14 +209,15 @@ class WandB:
             self._off = True
             return False
         wandb = importlib.import_module("wandb")
-        config: dict[str, Any] = {**run_hparams(loop, self.hparams), "hookfit.run_dir": os.fspath(loop.run_dir)}
-        # WANDB_DIR as it is now: W&B reads its environment once a process, at its first run
-        folder = self.dir or os.environ.get("WANDB_DIR") or loop.run_dir
+        config: dict[str, Any] = {**run_hparams(loop, self.hparams), "hookfit.run_dir": os.path.abspath(loop.run_dir)}
+        # WANDB_DIR as it is now: W&B reads its environment once a process, at its first run; and
+        # absolute: the W&B service that writes the files may be another process's, elsewhere
+        folder = os.path.abspath(self.dir or os.environ.get("WANDB_DIR") or loop.run_dir)
         os.makedirs(folder, exist_ok=True)
         options = {"settings": {"console": "off"}, **self.init}
         resume = self._resume_id
         run = wandb.init(project=self.project or loop.name, entity=self.entity, name=self.run_name or loop.run_dir.name,
-                         dir=os.fspath(folder), mode=self.mode, id=resume,
+                         dir=folder, mode=self.mode, id=resume,
                          resume="allow" if resume else None, reinit="create_new", config=config,
                          allow_val_change=True, **options)
         if resume and run.resumed:  # online: W&B has the run's rows up to its step

@@ -87,21 +87,27 @@ def run(run_dir: Path, *plugins: Any, max_epochs: int = 3, **kwargs: Any) -> hoo
     return loop
 
 
-def uri(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One SQLite store for the module's tests (creating one runs MLflow's migrations, seconds),
+    each test in experiments of its own."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
 
 
-def the_run(tmp_path: Path, experiment: str = "exp") -> Any:
-    """The one MLflow run of ``experiment``."""
-    client = MlflowClient(tracking_uri=uri(tmp_path))
-    found = client.get_experiment_by_name(experiment)
+def experiment(store: str, name: str) -> Any:
+    return MlflowClient(tracking_uri=store).get_experiment_by_name(name)
+
+
+def the_run(store: str, name: str) -> Any:
+    """The one MLflow run of the experiment ``name``."""
+    found = experiment(store, name)
     assert found is not None
-    (one,) = client.search_runs([found.experiment_id])
+    (one,) = MlflowClient(tracking_uri=store).search_runs([found.experiment_id])
     return one
 
 
-def history(tmp_path: Path, run_id: str, key: str) -> list[tuple[int, float]]:
-    points = MlflowClient(tracking_uri=uri(tmp_path)).get_metric_history(run_id, key)
+def history(store: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    points = MlflowClient(tracking_uri=store).get_metric_history(run_id, key)
     return sorted((m.step, m.value) for m in points)
 
 
@@ -109,13 +115,13 @@ def steps(points: list[tuple[int, float]]) -> list[int]:
     return [s for s, _ in points]
 
 
-def test_parameters_metrics_status_and_checkpoints_read_back(tmp_path: Path) -> None:
+def test_parameters_metrics_status_and_checkpoints_read_back(tmp_path: Path, store: str) -> None:
     published = Published()
-    tracker = MLflow(tracking_uri=uri(tmp_path), experiment="exp", log_checkpoints=True,
+    tracker = MLflow(tracking_uri=store, experiment="read-back", log_checkpoints=True,
                      hparams={"batch_size": 4, "note": "baseline"})
     loop = run(tmp_path / "run", Checkpoint(background=False), tracker, published)
     assert loop.state.status == "completed"
-    found = the_run(tmp_path)
+    found = the_run(store, "read-back")
     assert found.info.run_id == tracker.run_id and found.info.status == "FINISHED"
     assert found.info.run_name == "run"  # the run folder's name
     assert found.data.tags["hookfit.status"] == "completed"
@@ -129,23 +135,23 @@ def test_parameters_metrics_status_and_checkpoints_read_back(tmp_path: Path) -> 
     assert (params["batch_size"], params["note"]) == ("4", "baseline")
 
     # every training publication's running mean at its global step, each step once
-    got = history(tmp_path, tracker.run_id, "train_step/loss")
+    got = history(store, tracker.run_id, "train_step/loss")
     assert steps(got) == [m.step for m in published.updates] == list(range(1, 13))
     assert [v for _, v in got] == pytest.approx([m.values["loss"].running for m in published.updates])
     # the epoch means at the step their stage ended, the epoch (from 1) with the training's
     for stage in ("train", "valid"):
         want = [(m.step, m.values["loss"].epoch) for m in published.epochs if m.stage == stage]
-        got = history(tmp_path, tracker.run_id, f"{stage}/loss")
+        got = history(store, tracker.run_id, f"{stage}/loss")
         assert steps(got) == steps(want) == [4, 8, 12]
         assert [v for _, v in got] == pytest.approx([v for _, v in want])
-    assert [v for _, v in history(tmp_path, tracker.run_id, "valid/loss")] == VALID
-    assert history(tmp_path, tracker.run_id, "epoch") == [(4, 1.0), (8, 2.0), (12, 3.0)]
-    rates = dict(history(tmp_path, tracker.run_id, "lr/default"))
+    assert [v for _, v in history(store, tracker.run_id, "valid/loss")] == VALID
+    assert history(store, tracker.run_id, "epoch") == [(4, 1.0), (8, 2.0), (12, 3.0)]
+    rates = dict(history(store, tracker.run_id, "lr/default"))
     assert sorted(rates) == list(range(1, 13))  # once per step
     assert [round(rates[s], 6) for s in (4, 8, 12)] == [0.1, 0.05, round(0.1 / 3, 6)]
 
     # every announced checkpoint is an artifact, byte for byte
-    client = MlflowClient(tracking_uri=uri(tmp_path))
+    client = MlflowClient(tracking_uri=store)
     names = [Path(p).name for p in published.checkpoints]
     assert len(names) == 3
     assert sorted(a.path for a in client.list_artifacts(tracker.run_id, "checkpoints")) == \
@@ -164,78 +170,78 @@ class Fail:
 
 
 @pytest.mark.parametrize("outcome", ["failed", "interrupted"])
-def test_a_failed_or_interrupted_run_ends_its_mlflow_run_so(tmp_path: Path, outcome: str) -> None:
-    tracker = MLflow(tracking_uri=uri(tmp_path), experiment="exp", every_publication=False)
+def test_a_failed_or_interrupted_run_ends_its_mlflow_run_so(tmp_path: Path, store: str, outcome: str) -> None:
+    tracker = MLflow(tracking_uri=store, experiment=outcome, every_publication=False)
     if outcome == "failed":
         with pytest.raises(RuntimeError, match="boom"):
             run(tmp_path / "run", tracker, Fail())
     else:
         assert run(tmp_path / "run", tracker, StopAfter(8)).state.step == 6  # inside epoch 2's training
-    found = the_run(tmp_path)
+    found = the_run(store, outcome)
     assert found.info.status == {"failed": "FAILED", "interrupted": "KILLED"}[outcome]
     assert found.data.tags["hookfit.status"] == outcome
     assert found.data.tags["hookfit.stop_reason"] == ("RuntimeError: boom" if outcome == "failed" else "test stop")
     assert "train_step/loss" not in found.data.metrics  # every_publication=False
     # the training stage a stop cut short is published at fit_end, before the MLflow run ends
-    assert steps(history(tmp_path, found.info.run_id, "train/loss")) == ([4, 8] if outcome == "failed" else [4, 6])
-    assert len(MlflowClient(tracking_uri=uri(tmp_path)).search_runs([found.info.experiment_id])) == 1
+    assert steps(history(store, found.info.run_id, "train/loss")) == ([4, 8] if outcome == "failed" else [4, 6])
+    assert len(MlflowClient(tracking_uri=store).search_runs([found.info.experiment_id])) == 1
 
 
-def test_a_resumed_run_continues_the_same_mlflow_run_without_a_step_twice(tmp_path: Path) -> None:
+def test_a_resumed_run_continues_the_same_mlflow_run_without_a_step_twice(tmp_path: Path, store: str) -> None:
     """The first run logged epoch 3 and then lost its last checkpoint (as a kill right before
     it would): the resumed run redoes epoch 3 into the same MLflow run, and each metric has
     each step once. A longer run then resumes it again: the changed max_epochs is named."""
     folder = tmp_path / "run"
-    first = MLflow(tracking_uri=uri(tmp_path), experiment="exp")
+    first = MLflow(tracking_uri=store, experiment="resumed")
     run(folder, first, Checkpoint(background=False))
     (last,) = (folder / "checkpoints").glob("epoch0003-*.pt")
     last.unlink()
-    again = MLflow(tracking_uri=uri(tmp_path), experiment="exp")
+    again = MLflow(tracking_uri=store, experiment="resumed")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loop = run(folder, again, Checkpoint(background=False), resume="latest")
     assert not [str(w.message) for w in caught if issubclass(w.category, HookfitWarning)]  # same parameters
     assert loop.state.resumed_from is not None and loop.state.resumed_from.step == 8
-    found = the_run(tmp_path)  # still one run in the experiment
+    found = the_run(store, "resumed")  # still one run in the experiment
     assert again.run_id == first.run_id == found.info.run_id and found.info.status == "FINISHED"
     for key in ("train_step/loss", "lr/default"):
-        assert steps(history(tmp_path, found.info.run_id, key)) == list(range(1, 13)), key
+        assert steps(history(store, found.info.run_id, key)) == list(range(1, 13)), key
     for key in ("train/loss", "valid/loss", "epoch"):
-        assert steps(history(tmp_path, found.info.run_id, key)) == [4, 8, 12], key
+        assert steps(history(store, found.info.run_id, key)) == [4, 8, 12], key
 
-    longer = MLflow(tracking_uri=uri(tmp_path), experiment="exp")
+    longer = MLflow(tracking_uri=store, experiment="resumed")
     with pytest.warns(HookfitWarning, match=rf"mlflow: run {first.run_id} keeps the parameters it started with.*"
                                             r"this resumed run changed loop.max_epochs") as caught:
         run(folder, longer, Checkpoint(background=False), resume="latest", max_epochs=4)
     assert len([w for w in caught if issubclass(w.category, HookfitWarning)]) == 1
-    found = the_run(tmp_path)
+    found = the_run(store, "resumed")
     assert longer.run_id == first.run_id and found.data.params["loop.max_epochs"] == "3"
-    assert steps(history(tmp_path, found.info.run_id, "train_step/loss")) == list(range(1, 17))
-    assert steps(history(tmp_path, found.info.run_id, "epoch")) == [4, 8, 12, 16]
+    assert steps(history(store, found.info.run_id, "train_step/loss")) == list(range(1, 17))
+    assert steps(history(store, found.info.run_id, "epoch")) == [4, 8, 12, 16]
 
 
-def test_discovered_it_is_inert_until_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_discovered_it_is_inert_until_configured(tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKFIT_PLUGINS", "mlflow")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri(tmp_path))  # where MLflow would log by default
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # where MLflow would log by default
     loop = run(tmp_path / "found")
     assert loop.run.pm.get_plugin("mlflow") is None  # unregistered at configure: no hook of it runs
-    assert not (tmp_path / "mlflow.db").exists()
+    assert experiment(store, "found") is None  # (the run's name: the default experiment)
 
     config = tmp_path / "hookfit.toml"
     config.write_text('[plugins.mlflow]\nexperiment = "configured"\nevery_publication = false\n')
     monkeypatch.setenv("HOOKFIT_CONFIG", str(config))
     run(tmp_path / "configured")
-    found = the_run(tmp_path, "configured")
-    assert steps(history(tmp_path, found.info.run_id, "train/loss")) == [4, 8, 12]
+    found = the_run(store, "configured")
+    assert steps(history(store, found.info.run_id, "train/loss")) == [4, 8, 12]
     assert "train_step/loss" not in found.data.metrics
 
     monkeypatch.delenv("HOOKFIT_CONFIG")
     config.unlink()  # (a file next to the script would be found, and warned about: the given plugin wins)
     run(tmp_path / "off", MLflow(enabled=False, experiment="off"))
-    assert MlflowClient(tracking_uri=uri(tmp_path)).get_experiment_by_name("off") is None
+    assert experiment(store, "off") is None
 
 
-def test_only_the_main_process_logs(tmp_path: Path) -> None:
+def test_only_the_main_process_logs(tmp_path: Path, store: str) -> None:
     class Rank1:
         name = "rank1"
 
@@ -243,10 +249,10 @@ def test_only_the_main_process_logs(tmp_path: Path) -> None:
         def configure(self, loop):
             loop.state.rank, loop.state.world_size = 1, 1  # as a distributed plugin on a worker
 
-    tracker = MLflow(tracking_uri=uri(tmp_path), experiment="exp", log_checkpoints=True)
+    tracker = MLflow(tracking_uri=store, experiment="main-only", log_checkpoints=True)
     loop = run(tmp_path / "run", tracker, Rank1())
     assert loop.state.status == "completed" and tracker.run_id is None
-    assert not (tmp_path / "mlflow.db").exists()
+    assert experiment(store, "main-only") is None
 
 
 @pytest.mark.bad_input
@@ -287,14 +293,15 @@ def test_a_checkpoint_state_that_names_no_run_is_refused(tmp_path: Path) -> None
 
 
 @pytest.mark.bad_input
-def test_without_mlflow_the_message_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_mlflow_the_message_says_how_to_install_it(tmp_path: Path, store: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow raises ImportError
     with pytest.raises(ImportError, match=r"mlflow: the plugin needs the mlflow package.*"
                                           r"`pip install hookfit\[mlflow\]`"):
         MLflow(enabled=True)
     with pytest.warns(ObserverWarning, match=r"observer plugin 'mlflow'.*failed in hook 'configure'.*"
                                              r"pip install hookfit\[mlflow\]") as caught:
-        loop = run(tmp_path / "run", MLflow(tracking_uri=uri(tmp_path)))
+        loop = run(tmp_path / "run", MLflow(tracking_uri=store, experiment="missing"))
     assert loop.state.status == "completed" and loop.state.step == 12  # an observer: training goes on
     assert len([w for w in caught if w.category is ObserverWarning]) == 1
-    assert not (tmp_path / "mlflow.db").exists() and INSTALL == "pip install hookfit[mlflow]"
+    assert experiment(store, "missing") is None and INSTALL == "pip install hookfit[mlflow]"

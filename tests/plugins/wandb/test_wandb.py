@@ -392,8 +392,9 @@ def test_under_torchrun_only_rank_0_logs_to_wandb_and_mlflow(tmp_path: Path, _of
     launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT", "HOOKFIT_DISABLE_PLUGINS")}
+    launched = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HOOKFIT_DISABLE_PLUGINS")
+    # (WANDB_SERVICE, which this process's earlier W&B runs set, would have the children use its service)
+    env = {k: v for k, v in os.environ.items() if k not in launched and not k.startswith("WANDB_")}
     env.update(_offline, OMP_NUM_THREADS="1", HOOKFIT_PLUGINS="distributed", PYTHONFAULTHANDLER="1")
     done = subprocess.run([*command, *launch, str(REPO / "tests" / "scripts" / "tracker_dist.py")], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
