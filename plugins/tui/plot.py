@@ -3,7 +3,9 @@
 A :class:`Series` keeps at most ``capacity`` buckets of (first x, min, max, last); when full,
 neighbours merge and each bucket covers twice as many steps. Drawing a frame therefore costs
 O(width), not O(steps), and a spike survives downsampling as the max of its bucket instead of
-being dropped with the points around it.
+being dropped with the points around it. Non-finite values (NaN, infinities) are not drawn as
+points: a series keeps where they were (:class:`Ranges`), which a plot marks, and its x range
+still reaches its last point, finite or not.
 """
 
 from __future__ import annotations
@@ -16,24 +18,77 @@ from typing import Iterable, Mapping, Sequence
 BRAILLE = 0x2800
 # dot bit for (column 0..1, row 0..3) inside one cell
 DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+NONFINITE = "×"
+"""The mark of a column where a plotted series had non-finite values."""
+
+
+@dataclass
+class Ranges:
+    """Where something happened along x, as runs ``[first x, last x]``: :meth:`add` extends the
+    last run when told the event goes on (``join``), else starts a new one. At most
+    ``capacity`` runs are kept: beyond, neighbours merge, so a run may then also cover the
+    gap between two (the resolution of a plot of a few hundred columns, at worst)."""
+
+    capacity: int = 256
+    runs: list[list[float]] = field(default_factory=list)
+    count: int = 0
+    """How many times :meth:`add` was called."""
+
+    def add(self, x: float, join: bool = False) -> None:
+        self.count += 1
+        runs = self.runs
+        if join and runs:
+            last = runs[-1]
+            last[0], last[1] = min(last[0], x), max(last[1], x)
+            return
+        runs.append([x, x])
+        if len(runs) > self.capacity:
+            merged = [[runs[i][0], runs[i + 1][1]] for i in range(0, len(runs) - 1, 2)]
+            if len(runs) % 2:
+                merged.append(runs[-1])
+            self.runs = merged
+
+    def within(self, x0: float, x1: float) -> list[tuple[float, float]]:
+        """The runs that meet ``[x0, x1]``, clipped to it."""
+        return [(max(a, x0), min(b, x1)) for a, b in self.runs if b >= x0 and a <= x1]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __bool__(self) -> bool:
+        return bool(self.runs)
 
 
 @dataclass
 class Series:
-    """Downsampled ``(x, y)`` points: full history in min/max buckets, plus a recent window."""
+    """Downsampled ``(x, y)`` points: full history in min/max buckets, plus a recent window;
+    where ``y`` was not finite in :attr:`nonfinite` (its kinds, ``"nan"``/``"inf"``/``"-inf"``,
+    in :attr:`kinds`)."""
 
     capacity: int = 512
     recent_size: int = 300
     span: int = 1
     buckets: list[list[float]] = field(default_factory=list)  # [x0, min, max, last]
     recent: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
+    nonfinite: Ranges = field(default_factory=Ranges)
+    kinds: set[str] = field(default_factory=set)
+    first_x: float | None = None
+    last_x: float | None = None
+    _bad: bool = False  # the last value added was not finite
 
     def __post_init__(self) -> None:
         self.recent = collections.deque(maxlen=self.recent_size)
 
     def add(self, x: float, y: float) -> None:
+        if self.first_x is None:
+            self.first_x = x
+        self.last_x = x if self.last_x is None else max(self.last_x, x)
         if not math.isfinite(y):
+            self.nonfinite.add(x, join=self._bad)
+            self.kinds.add("nan" if y != y else "inf" if y > 0 else "-inf")
+            self._bad = True
             return
+        self._bad = False
         self.recent.append((x, y))
         buckets = self.buckets
         if buckets and x < buckets[-1][0] + self.span:
@@ -52,13 +107,21 @@ class Series:
             self.span *= 2
 
     def points(self, recent: bool = False) -> list[tuple[float, float, float]]:
-        """``(x, low, high)`` for the full history or the recent window."""
+        """``(x, low, high)`` of the finite values, for the full history or the recent window."""
         if recent:
             return [(x, y, y) for x, y in self.recent]
         return [(b[0], b[1], b[2]) for b in self.buckets]
 
+    def x_range(self, recent: bool = False) -> tuple[float, float] | None:
+        """The steps the series covers, its non-finite values included (``recent``: from the
+        first point of the recent window on)."""
+        if self.first_x is None or self.last_x is None:
+            return None
+        start = self.recent[0][0] if recent and self.recent else self.first_x
+        return start, self.last_x
+
     def __len__(self) -> int:
-        return len(self.buckets)
+        return len(self.buckets) + len(self.nonfinite)
 
 
 def bounds(groups: Iterable[Sequence[tuple[float, float, float]]]) -> tuple[float, float, float, float] | None:
@@ -154,17 +217,46 @@ def y_label(y: float, log: bool) -> str:
     return f"{10 ** y:.4g}" if log else f"{y:.4g}"
 
 
+def column(x: float, x0: float, x1: float, width: int) -> int:
+    """The cell column (of ``width``) where step ``x`` falls on an axis from ``x0`` to ``x1``."""
+    if width <= 0 or x1 <= x0:
+        return 0
+    return min(width - 1, max(0, int((x - x0) / (x1 - x0) * (width * 2 - 1) + 0.5) // 2))
+
+
+def spread(ranges: Iterable[tuple[float, float]], x0: float, x1: float, width: int) -> set[int]:
+    """The columns that runs ``(first x, last x)`` cover on an axis from ``x0`` to ``x1``."""
+    cols: set[int] = set()
+    for a, b in ranges:
+        if b < x0 or a > x1:
+            continue
+        cols.update(range(column(max(a, x0), x0, x1, width), column(min(b, x1), x0, x1, width) + 1))
+    return cols
+
+
 def text_plot(series: Mapping[str, Sequence[tuple[float, float, float]]], width: int = 60, height: int = 10,
-              log: bool = False, marks: bool = False, colours: Sequence[str] | None = None) -> list[str]:
+              log: bool = False, marks: bool = False, colours: Sequence[str] | None = None,
+              x_range: tuple[float, float] | None = None,
+              nonfinite: Iterable[tuple[float, float]] = ()) -> list[str]:
     """A plain-text plot (Braille) with y labels and an x range, for summaries and ``hookfit
     compare``. ``log``: a log-scale y axis. ``marks``: each series' last point shows its name
     (its first character). ``colours``: ANSI colour codes, one per series (a cell shared by
-    several series takes the first one's)."""
+    several series takes the first one's). ``x_range``: steps the axis spans at least (where
+    the run went on with values that are not drawn); ``nonfinite``: runs of steps whose values
+    were NaN or infinite, marked ``×`` on the top row."""
     groups = [logged(points) if log else list(points) for points in series.values()]
+    nonfinite = list(nonfinite)
     box = bounds(groups)
     if box is None:
-        return []
+        if x_range is None or not nonfinite:
+            return []
+        box = (x_range[0], x_range[1], 0.0, 1.0)  # nothing finite to draw: the marks alone
     x0, x1, y0, y1 = box
+    if x_range is not None:
+        x0, x1 = min(x0, x_range[0]), max(x1, x_range[1])
+        if x1 <= x0:
+            x1 = x0 + 1
+        box = (x0, x1, y0, y1)
     cells = draw(groups, width, height, box)
     text = [[braille(mask) for mask in row] for row in cells]
     if colours:
@@ -173,16 +265,19 @@ def text_plot(series: Mapping[str, Sequence[tuple[float, float, float]]], width:
                 owner = next((i for i in range(len(groups)) if (mask >> 8 * i) & 0xFF), None)
                 if owner is not None:
                     text[r][c] = f"\x1b[{colours[owner % len(colours)]}m{text[r][c]}\x1b[0m"
+    for col in spread(nonfinite, x0, x1, width):
+        text[0][col] = NONFINITE
     if marks:
         for index, (name, points) in enumerate(zip(series, groups)):
             if not points:
                 continue
             x, lo, hi = points[-1]
-            col = min(width - 1, max(0, int((x - x0) / (x1 - x0) * (width * 2 - 1) + 0.5) // 2))
+            col = column(x, x0, x1, width)
             line = min(height - 1, max(0, int(round((y1 - (lo + hi) / 2) / (y1 - y0) * (height * 4 - 1))) // 4))
             label = name[:1] or "*"
             text[line][col] = f"\x1b[1;{colours[index % len(colours)]}m{label}\x1b[0m" if colours else label
-    top, bottom = y_label(y1, log), y_label(y0, log)
+    drawn = bounds(groups) is not None
+    top, bottom = (y_label(y1, log), y_label(y0, log)) if drawn else ("", "")
     labels = [f"{top:>10} ", *[" " * 11] * (height - 2), f"{bottom:>10} "] if height > 1 else [f"{top:>10} "]
     lines = [labels[r] + "│" + "".join(text[r]) for r in range(height)]
     lines.append(" " * 11 + "└" + "─" * width)
