@@ -1,17 +1,28 @@
 """tui: a live training dashboard in the terminal, drawn with urwid, optionally persistent.
 
-Panels: a metrics table (train last / running / epoch mean, valid), a Braille plot of any
-metric over steps with train and valid series (full history or a recent window, downsampled by
-min/max per bucket), progress of the stage and of the run with rate and ETA (validation time
-included), a log pane with whatever the run printed (and where a resumed run continues from:
-the ``resumed`` event), a status line and the keys. ``q`` asks
+Panels: a metrics table (train last / running / epoch mean, valid; every metric, validation-only
+ones included, paged with ``n``/``p`` and saying which of how many it shows when they do not
+fit), a Braille plot of any metric over steps with train and valid series (full history or a
+recent window, downsampled by min/max per bucket; its axis reaches the metric's last step, with
+``×`` where the values were NaN or infinite and ``!`` at every skipped step), progress of the
+stage and of the run with rate and ETA (validation time included; counted in steps when
+``max_steps`` ends the run first; 100 % and no ETA once it completed), a log pane with whatever
+the run printed (and where a resumed run continues from: the ``resumed`` event), a status line
+(``mostly skipped`` when more than half of the steps were) and the keys. Values that are not
+finite show as ``nan``/``inf`` in the warning colour, never as the dash of "no value yet"; the
+end screen and the summary say how many optimizer steps were skipped and why (the optim
+plugin's ``step_skipped`` event). The layout holds at any size from 40x12 up: every text whole
+or ellipsized, the key help always on its line (see :mod:`hookfit.plugins.tui.dashboard`).
+``q`` asks
 for a graceful stop with ``loop.request_stop``, which the core honours whatever other plugins
 are installed; the dashboard knows no other plugin.
 
 How it stays out of training's way: the training thread only appends the snapshots the metrics
 plugin publishes (a few per second) to a queue; a daemon UI thread drains it, reads keys, follows
-resizes and redraws when something changed, at most ``fps`` times a second, and otherwise once a
-second for the clock (a frame costs about 5 ms of Python at 120x40, time the training thread
+resizes, reads the run's counters (``loop.state``: stage, epoch, batch, step: plain attribute
+reads, so the bars follow the batches without a per-batch hook) and redraws when something
+changed, at most ``fps`` times a second (every ``PROGRESS_EVERY`` seconds for the bars alone),
+and otherwise once a second for the clock (a frame costs about 5 ms of Python at 120x40, time the training thread
 waits for the interpreter lock: five frames a second would take 2.5 % of it). urwid's screen is started and stopped on the
 main thread, which also owns the signal handlers (urwid's own SIGWINCH/SIGTSTP handling is not
 installed: the UI thread polls the size, and Ctrl-Z is ignored while the dashboard is up).
@@ -44,8 +55,10 @@ printed to the normal terminal after it is restored, so the result stays in the 
 
 It starts only on an interactive terminal: stdin and stdout are TTYs, ``TERM`` is set and not
 ``dumb``, ``CI`` and ``HOOKFIT_NO_TUI`` are unset, the process is in the terminal's foreground
-process group and ``fit()`` runs on the main thread. Otherwise it steps aside and the console
-renderer prints instead (through the ``claim_output`` event). If the process is killed with
+process group, ``fit()`` runs on the main thread and urwid can be imported. Otherwise it steps
+aside and the console renderer prints instead (through the ``claim_output`` event); on a
+terminal where only urwid is missing it says so first, in one ``HookfitWarning`` naming what to
+install. If the process is killed with
 SIGKILL (or dies of a fatal signal) no code can run to restore the terminal: ``reset`` (or
 ``stty sane``) fixes it, and ``output.log`` keeps what the run printed.
 """

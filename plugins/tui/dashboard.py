@@ -1,27 +1,38 @@
-"""The dashboard's model and widgets. Everything here runs on the UI thread only.
+"""The dashboard's screen, drawn with urwid from what :class:`~hookfit.plugins.tui.model.DashboardModel`
+knows. Everything here runs on the UI thread only.
 
-:class:`Dashboard` receives messages (snapshots published by the metrics plugin, stage changes,
-the end of the run) through :meth:`Dashboard.receive`, answers keys through
-:meth:`Dashboard.keypress` and draws itself with :meth:`Dashboard.render`. It holds no reference
-to other plugins: a stop is asked for through the ``on_stop`` callback it is given. The size of
-the model (a :class:`hookfit.payloads.ModelSummary`, the ``"model"`` message) is shown on a
-line of its own under the status line: totals, then each top-level module's share of the
-parameters, clipped to the width.
+Layout, top to bottom: the status line, a banner (the end of the run, or a stop on its way), the
+model's size, the metrics table, the plot's title, the plot with its axis, the stage's and the
+run's progress, where the time went, what the run printed, the key help. The status line, the
+plot title, the progress rows and the key help are always there; the other lines appear when the
+terminal has rows for them (the model and time lines from about 20 rows, the log pane only for
+lines that were printed), and the rows left go to the table (as many as it has metrics, up to
+two fifths) and the plot. Every text is whole or ellipsized (``…``) at any width from 40
+columns, and the layout holds from 40x12; below that only the status lines are drawn.
+
+The table lists every metric, validation-only ones included; when they do not fit, its last row
+says which of how many are shown, and ``n``/``p`` page through them. Columns are left out from
+the right when narrow (``train last`` first, then ``epoch``). Non-finite values show as ``nan``
+or ``inf`` in the warning colour. The plot draws the selected metric's train and valid curves
+(the legend names only those it has); its x axis reaches the metric's last step (and, once the
+run ended, the run's last step); columns where the values were NaN or infinite get ``×`` on the
+top row; under the axis, letters mark resumes (``R``), checkpoints (``C``), learning-rate changes
+(``L``), skipped steps (``!``, every one of them) and the best epoch (``*``), and the step range
+is written where no mark is (on a line of its own when marks fill the axis).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from collections.abc import Mapping
-from typing import Any, Callable
+import time  # noqa: F401 - the clock the model reads (time.monotonic); tests replace it here
+from typing import Any
 
 import urwid
 
-from hookfit.payloads import MetricsSnapshot, ModelSummary, ResumeInfo, TimeSplit
-from hookfit.plugins.common import Every, Monitor
-from hookfit.plugins.tui.plot import Series, bounds, braille, draw, logged, spans_decades, y_label
-from hookfit.tools.runs import direction
+from hookfit.plugins.tui.model import DashboardModel
+from hookfit.plugins.tui.text import ellipsize, fmt, nonfinite
+from hookfit.plugins.tui.plot import NONFINITE, bounds, braille, column, draw, logged, spread, y_label
+
+_fmt = fmt  # (the name tests and older code import)
 
 PALETTE = [
     ("title", "white,bold", "dark blue"),
@@ -36,169 +47,50 @@ PALETTE = [
     ("banner", "black,bold", "yellow"),
     ("failed", "white,bold", "dark red"),
     ("help", "black", "light gray"),
+    ("warn", "light red,bold", ""),
 ]
 
 HELP = """\
  q          ask for a graceful stop (after the current batch)
  tab  → / ← next / previous metric in the plot
+ n  p       next / previous page of the metrics table
  w          plot the full history or the recent window
  l          log-scale y axis on or off (on by itself when a curve
             spans more than two orders of magnitude)
  ?  h       show or hide this help
  Esc        leave the final screen (persistent mode)"""
 
-KEYS = " q stop · tab/←→ metric · w window · l log · ? help"
+COLUMNS = (("train last", ("train_last",), 3), ("running", ("train_running",), 0),
+           ("epoch", ("train_final", "train_epoch"), 2), ("valid", ("valid_final", "valid_epoch"), 1))
+"""Table columns: heading, the row's keys (the first present is shown), rank (kept longest: 0)."""
+CELL = 11  # characters of a value column
+LABEL = 10  # characters of the plot's y labels
+MARKS_LONG = " · R resumed  C checkpoint  L lr changed  ! skipped  * best"
+MARKS_SHORT = " · R C L ! * marks"
+MIN_COLS, MIN_ROWS = 30, 9  # below: the status lines only
 
 
-def _fmt(value: float | None) -> str:
-    if value is None or value != value:
-        return "-"
-    if value == 0 or 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4g}"
-    return f"{value:.3e}"
+class Dashboard(DashboardModel):
+    """Metrics table, plot, progress, log pane, status and key help, drawn with urwid."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.w_status = urwid.Text("", wrap="clip")
+        self.w_model = urwid.Text("", wrap="ellipsis")
+        self.w_time = urwid.Text("", wrap="ellipsis")
+        self.w_table = urwid.Text("", wrap="clip")
+        self.w_plot_title = urwid.Text("", wrap="clip")
+        self.w_plot = urwid.Text("", wrap="clip")
+        self.w_stage = urwid.ProgressBar("bar_empty", "bar")
+        self.w_stage_label = urwid.Text("", wrap="ellipsis")
+        self.w_run = urwid.ProgressBar("bar_empty", "bar")
+        self.w_run_label = urwid.Text("", wrap="ellipsis")
+        self.w_log = urwid.Text("", wrap="ellipsis")
+        self.w_keys = urwid.Text("", wrap="clip")
+        self.w_banner = urwid.Text("", wrap="ellipsis")
+        self.w_hint = urwid.Text("", wrap="clip")
 
-def _runs_of(ruler: str, span: str) -> list[tuple[int, str, bool]]:
-    """The row under the plot: ``span`` (the steps shown) where no mark is, the marks' letters
-    over it, as runs of ``(start, text, marked)``."""
-    cells = [(c, True) if c != " " else ((span[i], False) if i < len(span) else (" ", False))
-             for i, c in enumerate(ruler)]
-    out: list[tuple[int, str, bool]] = []
-    for i, (c, marked) in enumerate(cells):
-        if out and out[-1][2] == marked:
-            out[-1] = (out[-1][0], out[-1][1] + c, marked)
-        else:
-            out.append((i, c, marked))
-    return out
-
-
-def _clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "--:--:--"
-    s = int(seconds)
-    return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
-
-
-@dataclass
-class Progress:
-    """What the progress bars show, derived from snapshots."""
-
-    stage: str = "train"
-    batches: int = 0
-    total: int | None = None
-    rate: float = 0.0  # batches/s
-    step_time: dict[str, float] = field(default_factory=dict)  # stage -> s per batch
-    totals: dict[str, int | None] = field(default_factory=dict)  # stage -> batches per epoch
-
-
-class Dashboard:
-    """Metrics table, plot, progress, log pane, status and key help."""
-
-    def __init__(self, max_epochs: int, val_every: int | None, on_stop: Callable[[], Any], on_leave: Callable[[], None]) -> None:
-        self.max_epochs = max_epochs
-        self.val_every = val_every
-        self.on_stop = on_stop
-        self.on_leave = on_leave
-        self.started = time.monotonic()
-        self.epoch = 0
-        self.step = 0
-        self.status = "running"
-        self.reason: str | None = None
-        self.stopped_by: str | None = None
-        self.stopping: str | None = None
-        self.finished = False
-        self.hold = False
-        self.elapsed: float | None = None  # the run's duration once it ended: the clock stops
-        self.resumed_from: ResumeInfo | None = None
-        self.model: ModelSummary | None = None  # once the renderer sent it
-        self.series: dict[tuple[str, str], Series] = {}
-        self.table: dict[str, dict[str, float | None]] = {}
-        self.directions: dict[tuple[str, str], str] = {}  # (stage, metric) -> "min"/"max", from the snapshots
-        self.names: list[str] = []
-        self.selected = 0
-        self.recent = False
-        self.log_scale: bool | None = None  # None: automatic (see plot.spans_decades)
-        self.keys = KEYS
-        self.show_help = False
-        self.progress = Progress()
-        self._open: list[str] = []  # the stages running, outermost first
-        self._waiting: list[tuple[str, int, int | None, float]] = []  # progress of stages a nested one interrupted
-        self.log: list[str] = []
-        self.marks: list[tuple[float, str]] = []  # (step, "R" resumed / "C" checkpoint / "L" lr / "!" skipped)
-        self._lr: dict[str, float] | None = None
-        self.time_split: Mapping[str, TimeSplit] = {}  # stage -> its split (the "time" message)
-        self._build()
-
-    # -- messages from the training thread ------------------------------------------------
-    def receive(self, kind: str, *args: Any) -> None:
-        getattr(self, f"_on_{kind}")(*args)
-
-    def _on_stage(self, stage: str, epoch: int, total: int | None) -> None:
-        p = self.progress
-        if self._open:  # a validation inside training: the training bar comes back after it
-            self._waiting.append((p.stage, p.batches, p.total, p.rate))
-        self._open.append(stage)
-        self.progress.stage, self.progress.batches, self.progress.total = stage, 0, total
-        self.progress.rate = 0.0
-        self.progress.totals[stage] = total
-        self.epoch = epoch
-
-    def _on_update(self, m: MetricsSnapshot) -> None:
-        if m.stage == "train" and m.lr:
-            lr = dict(m.lr)
-            if self._lr is not None and lr != self._lr:
-                self.marks.append((m.step, "L"))  # the learning rate changed since the last snapshot
-            self._lr = lr
-        self.epoch, self.step = m.epoch, m.step
-        for key, mode in m.best.items():
-            self.directions[(m.stage, key)] = mode
-        p = self.progress
-        p.stage, p.batches, p.total, p.rate = m.stage, m.batches, m.total, m.batches_per_s
-        if m.batches:
-            p.step_time[m.stage] = m.step_time
-        for key, value in m.values.items():
-            self._note_name(key)
-            row = self.table.setdefault(key, {})
-            row[f"{m.stage}_last"], row[f"{m.stage}_running"], row[f"{m.stage}_epoch"] = value.last, value.running, value.epoch
-            if m.stage == "train":
-                self._series(m.stage, key).add(m.step, value.running)
-
-    def _on_epoch(self, m: MetricsSnapshot) -> None:
-        self._on_update(m)
-        for key, value in m.values.items():
-            if m.stage == "valid":
-                self._series("valid", key).add(m.step, value.epoch)
-            self.table.setdefault(key, {})[f"{m.stage}_final"] = value.epoch
-
-    def _on_stage_end(self, stage: str) -> None:
-        if self._open:
-            self._open.pop()
-        if self._waiting and len(self._waiting) >= len(self._open):
-            p = self.progress
-            p.stage, p.batches, p.total, p.rate = self._waiting.pop()
-
-    def _on_stopping(self, reason: str) -> None:
-        self.stopping = reason
-
-    def _on_log(self, lines: list[str]) -> None:
-        self.log = (self.log + lines)[-200:]
-
-    def _on_resumed(self, info: ResumeInfo) -> None:
-        """The run continues from a checkpoint (:class:`hookfit.payloads.ResumeInfo`)."""
-        self.resumed_from = info
-        self.marks.append((info.step, "R"))
-        self.epoch, self.step = info.epoch, info.step
-        self._on_log([f"hookfit: resumed from {info}"])
-
-    def _on_skipped(self, step: int) -> None:
-        """An optimizer step was skipped (a non-finite loss; the ``step_skipped`` event)."""
-        self.marks.append((step, "!"))
-
-    def _on_time(self, splits: Mapping[str, TimeSplit]) -> None:
-        """Where each stage's time went so far (``loop.state.time_split``: stage name ->
-        :class:`hookfit.payloads.TimeSplit`)."""
-        self.time_split = splits
-
+    # -- markup -----------------------------------------------------------------------------
     def _time_markup(self) -> list[Any]:
         """`` time  train data 12% · step 80% · plugins 8% │ valid ...``, and a warning when
         waiting for data takes over the stage (:attr:`TimeSplit.data_bound`)."""
@@ -210,111 +102,6 @@ class Dashboard:
             shares = split.shares
             markup.append(f" {stage} " + " · ".join(f"{part} {shares[part]:.0%}" for part in split.PARTS) + " ")
         return markup
-
-    def _on_checkpoint(self, step: int, reason: str) -> None:
-        """A checkpoint was written at ``step`` (the ``checkpoint_saved`` event)."""
-        self.marks.append((step, "C"))
-
-    def _on_model(self, summary: ModelSummary) -> None:
-        """The size of the run's model (:class:`hookfit.payloads.ModelSummary`)."""
-        self.model = summary
-
-    def _on_end(self, status: str, reason: str | None, hold: bool, by: str | None = None,
-                elapsed: float | None = None) -> None:
-        """The run ended: ``elapsed`` is its duration (``loop.state.elapsed``, which a
-        persistent hold does not add to); without it, the clock stops now."""
-        self.finished, self.status, self.reason, self.hold = True, status, reason, hold
-        self.stopped_by = by
-        self.elapsed = elapsed if elapsed is not None else time.monotonic() - self.started
-
-    def _note_name(self, key: str) -> None:
-        if key not in self.names:
-            self.names.append(key)
-            self.names.sort(key=lambda n: (0 if "loss" in n else 1, n))
-
-    def _series(self, stage: str, key: str) -> Series:
-        series = self.series.get((stage, key))
-        if series is None:
-            series = self.series[(stage, key)] = Series()
-        return series
-
-    # -- keys ----------------------------------------------------------------------------
-    def keypress(self, key: str) -> None:
-        if self.show_help and key not in ("q", "ctrl c"):
-            self.show_help = False
-            return
-        if key in ("?", "h"):
-            self.show_help = True
-        elif key in ("tab", "right") and self.names:
-            self.selected = (self.selected + 1) % len(self.names)
-        elif key in ("shift tab", "left") and self.names:
-            self.selected = (self.selected - 1) % len(self.names)
-        elif key == "w":
-            self.recent = not self.recent
-        elif key == "l":
-            self.log_scale = not self._log_now()
-        elif key in ("q", "esc") and self.finished:
-            self.on_leave()
-        elif key == "q" and self.stopping is None:
-            self.stopping = "q pressed"
-            self.on_stop()
-
-    # -- drawing -------------------------------------------------------------------------
-    def _build(self) -> None:
-        self.w_status = urwid.Text("")
-        self.w_model = urwid.Text("", wrap="clip")
-        self.w_time = urwid.Text("", wrap="clip")
-        self.w_table = urwid.Text("")
-        self.w_plot_title = urwid.Text("")
-        self.w_plot = urwid.Text("", wrap="clip")
-        self.w_stage = urwid.ProgressBar("bar_empty", "bar")
-        self.w_stage_label = urwid.Text("")
-        self.w_run = urwid.ProgressBar("bar_empty", "bar")
-        self.w_run_label = urwid.Text("")
-        self.w_log = urwid.Text("", wrap="clip")
-        self.w_keys = urwid.Text(("dim", KEYS))
-        self.w_banner = urwid.Text("", align="center", wrap="ellipsis")
-
-    @property
-    def plotted(self) -> str | None:
-        if not self.names:
-            return None
-        return self.names[self.selected % len(self.names)]
-
-    def eta(self) -> float | None:
-        """Seconds left in the run, counting the validation stages still to come."""
-        p = self.progress
-        train_total, valid_total = p.totals.get("train"), p.totals.get("valid")
-        t_train, t_valid = p.step_time.get("train"), p.step_time.get("valid")
-        if train_total is None or t_train is None:
-            return None
-        epochs_left = self.max_epochs - self.epoch - 1
-        left = epochs_left * train_total * t_train
-        if p.stage == "train" and p.total:
-            left += (p.total - p.batches) * t_train
-        if self.val_every and t_valid is not None and valid_total:
-            vals_left = Every(self.val_every).between(self.epoch, self.max_epochs)
-            if p.stage == "valid":
-                left += (valid_total - p.batches) * t_valid
-                vals_left -= 1
-            left += max(vals_left, 0) * valid_total * t_valid
-        return left
-
-    def _table_text(self, width: int) -> list[Any]:
-        cols = ["train last", "running", "epoch", "valid"]
-        name_w = min(max([6] + [len(n) for n in self.names]), max(6, width - 4 * 11 - 2))
-        head = f"{'metric':<{name_w}} " + "".join(f"{c:>11}" for c in cols)
-        out: list[Any] = [("head", head[:width] + "\n")]
-        for name in self.names:
-            row = self.table.get(name, {})
-            cells = [row.get("train_last"), row.get("train_running"), row.get("train_final", row.get("train_epoch")),
-                     row.get("valid_final", row.get("valid_epoch"))]
-            line = f"{name[:name_w]:<{name_w}} " + "".join(f"{_fmt(c):>11}" for c in cells)
-            attr = "both" if name == self.plotted else ""
-            out.append((attr, line[:width] + "\n"))
-        if not self.names:
-            out.append(("dim", "waiting for the first metrics…\n"))
-        return out
 
     def _model_markup(self) -> list[Any]:
         """``model 1.23M params (1.2M trainable), 4.71 MB │ encoder Sequential 65% · ...``: the
@@ -333,7 +120,62 @@ class Dashboard:
             markup.append(("dim", " │ " + " · ".join(shares)))
         return markup
 
+    def _table_markup(self, width: int, rows: int) -> list[Any]:
+        """The table in ``rows`` rows (heading included): the columns that fit ``width``, and,
+        when the metrics do not fit, a page of them and a row saying which."""
+        if not self.names:
+            return [("dim", ellipsize("waiting for the first metrics…", width))]
+        count = max((k for k in range(len(COLUMNS), 0, -1) if 8 + CELL * k <= width), default=1)
+        shown = [c for c in COLUMNS if c[2] < count]
+        name_w = max(6, min(max(len(n) for n in self.names), width - CELL * len(shown) - 1))
+        head = f"{'metric':<{name_w}} " + "".join(f"{c[0]:>{CELL}}" for c in shown)
+        out: list[Any] = [("head", head[:width] + "\n")]
+        names = self.names
+        if len(names) > rows - 1:
+            per_page = max(1, rows - 2)
+            self.table_pages = -(-len(names) // per_page)
+            page = self.table_page = min(self.table_page, self.table_pages - 1)
+            names = names[page * per_page:(page + 1) * per_page]
+            first = page * per_page + 1
+            footer = f"{first}–{first + len(names) - 1} of {len(self.names)} metrics · n/p more"
+            if rows < 3:  # no row for it: the heading says it
+                out = [("head", f"{ellipsize(f'{first}/{len(self.names)} n/p', name_w):<{name_w}} "
+                                + "".join(f"{c[0]:>{CELL}}" for c in shown)[:max(width - name_w - 1, 0)] + "\n")]
+                footer = ""
+        else:
+            self.table_pages, self.table_page, footer = 1, 0, ""
+        for name in names:
+            row = self.table.get(name, {})
+            attr = "both" if name == self.plotted else ""
+            line: list[Any] = [(attr, f"{ellipsize(name, name_w):<{name_w}} ")]
+            for _, keys, _ in shown:
+                value = next((row[k] for k in keys if row.get(k) is not None), None)
+                line.append(("warn" if nonfinite(value) else attr, f"{fmt(value):>{CELL}}"))
+            out += [*_clip(line, width), "\n"]
+        if footer:
+            out.append(("dim", ellipsize(footer, width)))
+        return out
+
+    def _ruler(self, name: str, width: int, x0: float, x1: float) -> str:
+        """One row under the plot with a letter at the step of each mark (see ``marks``), ``!``
+        over every skipped step and ``*`` at the best epoch (once the run ended)."""
+        cells = [" "] * width
+        if width <= 0:
+            return ""
+        for col in spread(self.skips.within(x0, x1), x0, x1, width):
+            cells[col] = "!"
+        marks = [*self.marks]
+        best = self.best_step(name)
+        if best is not None and self.finished:
+            marks.append((best, "*"))
+        for x, letter in marks:
+            if x0 <= x <= x1:
+                cells[column(x, x0, x1, width)] = letter
+        return "".join(cells)
+
     def _plot_markup(self, width: int, height: int) -> list[Any]:
+        """The plot of the selected metric in ``width`` x ``height`` cells, its axis rows
+        included."""
         name = self.plotted
         if name is None or width < 20 or height < 2:
             return [("dim", "")]
@@ -342,142 +184,187 @@ class Dashboard:
         log = self._log_now(points)
         if log:
             points = [logged(p) for p in points]
+        ranges = [xs for g in groups if g is not None and (xs := g.x_range(self.recent)) is not None]
+        bad = [run for g in groups if g is not None for run in g.nonfinite.runs]
         box = bounds(points)
-        if box is None:
+        if box is None and not bad:
             return [("dim", "no points yet")]
-        label_w = 10
-        cells = draw(points, width - label_w - 1, height - 1, box)
-        x0, x1, y0, y1 = box
+        x0, x1, y0, y1 = box if box is not None else (ranges[0][0], ranges[0][1], 0.0, 1.0)
+        x0, x1 = min([x0, *(r[0] for r in ranges)]), max([x1, *(r[1] for r in ranges)])
+        if self.finished and not self.recent:
+            x1 = max(x1, self.step)  # the run's last step, where its curves ended before it
+        x1 = x1 if x1 > x0 else x0 + 1
+        plot_w = width - LABEL - 1
+        ruler = self._ruler(name, plot_w, x0, x1)
+        axis = _axis(ruler, f"step {x0:g} … {x1:g}")
+        cells_h = max(1, height - len(axis))
+        cells = draw(points, plot_w, cells_h, (x0, x1, y0, y1))
+        crosses = spread([(a, b) for a, b in bad if b >= x0], x0, x1, plot_w)
         markup: list[Any] = []
         for r, row in enumerate(cells):
-            label = (f"{y_label(y1, log):>{label_w}}" if r == 0 else f"{y_label(y0, log):>{label_w}}"
-                     if r == len(cells) - 1 else " " * label_w)
-            markup.append(("dim", label + "│"))
-            for mask in row:
+            label = ""
+            if box is not None:
+                label = y_label(y1, log) if r == 0 else y_label(y0, log) if r == len(cells) - 1 else ""
+            markup.append(("dim", f"{label:>{LABEL}}"[:LABEL] + "│"))
+            for c, mask in enumerate(row):
+                if r == 0 and c in crosses:
+                    markup.append(("warn", NONFINITE))
+                    continue
                 attr = "both" if (mask & 0xFF and mask >> 8) else "train" if mask & 0xFF else "valid"
                 markup.append((attr, braille(mask)))
             markup.append("\n")
-        span = f"step {x0:g} … {x1:g}"
-        ruler = self._ruler(name, width - label_w - 1, x0, x1)
-        markup.append(("dim", " " * label_w + "└"))
-        for start, end, marked in _runs_of(ruler, span):
-            markup.append(("head" if marked else "dim", end))
+        for i, runs in enumerate(axis):
+            markup.append(("dim", " " * LABEL + ("└" if i == 0 else " ")))
+            for text, kind in runs:
+                markup.append(({"mark": "head", "skip": "warn"}.get(kind, "dim"), text))
+            if i < len(axis) - 1:
+                markup.append("\n")
         return markup
 
-    def best_step(self, name: str) -> float | None:
-        """The step of the best epoch of ``name``: of its validation values, else of its
-        training values, the lowest or the highest as the snapshots' ``best`` says (the
-        directions the user configured; ``"min"`` for a metric named ``loss`` without one:
-        :func:`hookfit.tools.runs.direction`). ``None`` for a metric with no direction: it
-        is never guessed from the name."""
-        for stage in ("valid", "train"):
-            series = self.series.get((stage, name))
-            if series is not None and len(series):
-                mode = direction(name, {name: self.directions.get((stage, name), "")})
-                if mode is None:
-                    return None
-                best = Monitor(mode=mode)
-                for x, lo, hi in series.points():
-                    best.update(hi if mode == "max" else lo, at=x)
-                at: float | None = best.best_at  # None when no value is finite
-                return at
-        return None
+    def _title_markup(self, width: int) -> list[Any]:
+        """The plot's title and legend, shortened to fit ``width``: the series it has, the
+        window, the scale, ``× nan`` where values were not finite, the marks' letters."""
+        name = self.plotted or "-"
+        groups = {s: self.series.get((s, name)) for s in ("train", "valid")}
+        legend: list[Any] = [(s, f"━ {s} ") for s, g in groups.items() if g is not None and len(g)]
+        kinds = sorted({k for g in groups.values() if g is not None for k in g.kinds})
+        bad = [("warn", f" · {NONFINITE} {'/'.join(kinds)}")] if kinds else []
+        window = "recent" if self.recent else "full history"
+        scale = " · log scale" if self._log_now() else ""
+        marks = bool(self.marks or self.skips or self.finished)
+        tries = [(f" {name} ", f"· {window}{scale}", MARKS_LONG if marks else ""),
+                 (f" {name} ", f"· {window}{scale}", MARKS_SHORT if marks else ""),
+                 (f" {name} ", f"· {window}{scale}", ""),
+                 (f" {name} ", scale[1:], "")]
+        for head, words, letters in tries:
+            markup = [("head", head), *legend, ("dim", words), *bad, ("dim", letters)]
+            if sum(len(t) for _, t in markup) <= width:
+                return markup
+        return _clip([("head", f" {ellipsize(name, max(width - 12, 4))} "), *legend, *bad], width)
 
-    def _ruler(self, name: str, width: int, x0: float, x1: float) -> str:
-        """One row under the plot with a letter at the step of each mark (see ``marks``) and
-        ``*`` at the best epoch."""
-        cells = [" "] * width
-        marks = [*self.marks]
-        best = self.best_step(name)
-        if best is not None and self.finished:
-            marks.append((best, "*"))
-        for x, letter in marks:
-            if x0 <= x <= x1 and width > 0:
-                col = min(width - 1, max(0, int((x - x0) / (x1 - x0) * (width * 2 - 1) + 0.5) // 2))
-                cells[col] = letter
-        return "".join(cells)
-
-    def _log_now(self, points: list[Any] | None = None) -> bool:
-        """Whether the plot is on a log scale now: as chosen with ``l``, else when the plotted
-        curves are positive and span more than two orders of magnitude."""
-        if points is None:
-            name = self.plotted
-            groups = [self.series.get((s, name)) for s in ("train", "valid")] if name else []
-            points = [g.points(self.recent) for g in groups if g]
-        if self.log_scale is not None:
-            return self.log_scale and not any(lo <= 0 for p in points for _, lo, _ in p)
-        return spans_decades(points)
-
+    # -- drawing ----------------------------------------------------------------------------
     def render(self, size: tuple[int, int]) -> urwid.Canvas:
         cols, rows = size
         self._refresh(cols, rows)
         return self.widget(cols, rows).render(size, focus=True)
 
     def _refresh(self, cols: int, rows: int) -> None:
-        elapsed = self.elapsed if self.finished and self.elapsed is not None else time.monotonic() - self.started
-        stage = self.progress.stage
-        state = self.status if self.finished else ("stopping" if self.stopping else "running")
-        self.w_status.set_text(
-            ("status", f" hookfit │ {stage} │ epoch {self.epoch + 1}/{self.max_epochs} │ step {self.step} │ "
-                       f"{_clock(elapsed)} │ {state} ".ljust(cols)[:cols])
-        )
-        self.w_table.set_text(self._table_text(cols))
+        self.w_status.set_text(("status", self.status_line(cols)))
         self.w_model.set_text(self._model_markup())
         self.w_time.set_text(self._time_markup() if self.time_split else "")
         p = self.progress
         if p.total:
             self.w_stage.set_completion(100 * min(p.batches, p.total) / p.total)
-        stage_eta = (p.total - p.batches) / p.rate if p.total and p.rate else None
-        self.w_stage_label.set_text(
-            f" {stage:<5} {p.batches}/{p.total or '?'} {p.rate:.1f} it/s ETA {_clock(stage_eta)}"
-        )
-        eta = self.eta()
-        done_epochs = self.epoch + (p.batches / p.total if p.total else 0)
-        self.w_run.set_completion(100 * min(done_epochs / self.max_epochs, 1.0))
-        self.w_run_label.set_text(f" run   epoch {self.epoch + 1}/{self.max_epochs}  ETA {_clock(eta)}")
-        window = "recent" if self.recent else "full history"
-        scale = " · log scale" if self._log_now() else ""
-        if self.marks or self.finished:
-            scale += " · R resumed  C checkpoint  L lr changed  ! skipped  * best"
-        self.w_plot_title.set_text([("head", f" {self.plotted or '-'} "), ("train", "━ train "), ("valid", "━ valid "),
-                                    ("dim", f"· {window}{scale}")])
-        self.w_keys.set_text(("dim", self.keys[:cols]))
-        if self.finished:
-            attr = "failed" if self.status == "failed" else "banner"
-            leave = "  —  press q, Esc or Ctrl-C to leave" if self.hold else ""
-            asked = f" (asked by {self.stopped_by})" if self.stopped_by else ""
-            self.w_banner.set_text((attr, f" training {self.status}: {self.reason or ''}{asked}{leave} "))
-        elif self.stopping:
-            self.w_banner.set_text(("banner", f" stopping after this batch ({self.stopping}); Ctrl-C again aborts "))
-        else:
-            self.w_banner.set_text("")
+        self.w_stage_label.set_text(self.stage_label())
+        self.w_run.set_completion(100 * self.run_fraction())
+        self.w_run_label.set_text(self.run_label())
+        self.w_plot_title.set_text(self._title_markup(cols))
+        self.w_keys.set_text(("dim", self.key_help(cols)))
+        banner = self.banner()
+        if banner is not None:
+            attr, text, hint = banner
+            if self._banner_rows(cols, rows) == 1 and hint.strip() and len(text) + len(hint) > cols:
+                hint = " — q leaves "  # one row for it all: the key help says the rest
+            self.w_banner.set_text((attr, text))
+            self.w_hint.set_text((attr, ellipsize(hint, cols)))
+
+    def _banner_rows(self, cols: int, rows: int) -> int:
+        """Rows of the banner: 0 without one; 2 when what happened and what to do are too long
+        for one row together and the terminal has 16 rows or more (else one, shortened)."""
+        banner = self.banner()
+        if banner is None:
+            return 0
+        _, text, hint = banner
+        return 2 if rows >= 16 and hint.strip() and len(text) + len(hint) > cols else 1
+
+    def layout(self, cols: int, rows: int) -> dict[str, int]:
+        """Rows of each part at ``cols`` x ``rows`` (see the module's documentation)."""
+        fixed = 5 + self._banner_rows(cols, rows)  # status, title, two progress rows, keys; the banner
+        free = rows - fixed
+        extras = [part for part, present in (("model", self.model is not None), ("time", bool(self.time_split)))
+                  if present]
+        while extras and free - len(extras) < 12:
+            extras.pop()
+        free -= len(extras)
+        table_want = len(self.names) + 1 if self.names else 1
+        table = min(table_want, max(2, free * 2 // 5), max(1, free - 3))
+        log = min(len(self.log), 6, max(0, (free - table - 8) // 2))
+        return {"fixed": fixed, **{part: 1 for part in extras}, "table": table, "log": log,
+                "plot": max(1, free - table - log)}
 
     def widget(self, cols: int, rows: int) -> urwid.Widget:
-        table_rows = min(len(self.names) + 1, max(2, rows // 4)) if self.names else 2
-        log_rows = max(1, min(6, rows // 6))
-        fixed = 1 + table_rows + 1 + 1 + 1 + log_rows + 1 + (1 if self.finished or self.stopping else 0)
-        fixed += 1 if self.model is not None else 0
-        fixed += 1 if self.time_split else 0
-        plot_rows = max(3, rows - fixed)
-        self.w_plot.set_text(self._plot_markup(cols, plot_rows))
-        self.w_log.set_text(("dim", "\n".join(self.log[-log_rows:]) or " "))
+        banner = self._banner_rows(cols, rows)
+        if cols < MIN_COLS or rows < MIN_ROWS:  # too small for a layout: the status lines only
+            lines = [self.status_line(cols), self.stage_label(), self.run_label(), self.key_help(cols)]
+            return urwid.Filler(urwid.Text("\n".join(ellipsize(line, cols) for line in lines), wrap="clip"),
+                                valign="top")
+        size = self.layout(cols, rows)
+        self.w_table.set_text(self._table_markup(cols, size["table"]))
+        self.w_plot.set_text(self._plot_markup(cols, size["plot"]))
+        self.w_log.set_text(("dim", "\n".join(self.log[-size["log"]:]) if size["log"] else ""))
+        label_w = min(max(len(self.stage_label()), len(self.run_label())) + 1, cols - 10)
         items: list[Any] = [("pack", self.w_status)]
-        if self.finished or self.stopping:
-            items.append(("pack", self.w_banner))
-        if self.model is not None:
+        if banner == 2:
+            self.w_hint.align = "right"
+            attr = (self.banner() or ("banner",))[0]
+            items += [("pack", urwid.AttrMap(self.w_banner, attr)), ("pack", urwid.AttrMap(self.w_hint, attr))]
+        elif banner:
+            self.w_hint.align = "left"
+            hint_w = len(self.w_hint.text)
+            items.append(("pack", urwid.Columns([self.w_banner, (hint_w, self.w_hint)]) if hint_w else self.w_banner))
+        if "model" in size:
             items.append(("pack", self.w_model))
         items += [
-            (table_rows, urwid.Filler(self.w_table, valign="top")),
+            (size["table"], urwid.Filler(self.w_table, valign="top")),
             ("pack", self.w_plot_title),
-            (plot_rows, urwid.Filler(self.w_plot, valign="top")),
-            ("pack", urwid.Columns([(44, self.w_stage_label), self.w_stage])),
-            ("pack", urwid.Columns([(44, self.w_run_label), self.w_run])),
-            *([("pack", self.w_time)] if self.time_split else []),
-            (log_rows, urwid.Filler(self.w_log, valign="bottom")),
+            (size["plot"], urwid.Filler(self.w_plot, valign="top")),
+            ("pack", urwid.Columns([(label_w, self.w_stage_label), self.w_stage])),
+            ("pack", urwid.Columns([(label_w, self.w_run_label), self.w_run])),
+            *([("pack", self.w_time)] if "time" in size else []),
+            *([(size["log"], urwid.Filler(self.w_log, valign="bottom"))] if size["log"] else []),
             ("pack", self.w_keys),
         ]
         body: urwid.Widget = urwid.Pile(items)
         if self.show_help:
             box = urwid.LineBox(urwid.Text(("help", HELP)), title="keys")
-            body = urwid.Overlay(urwid.AttrMap(box, "help"), body, "center", min(cols, 70), "middle", 9)
+            body = urwid.Overlay(urwid.AttrMap(box, "help"), body, "center", min(cols, 70), "middle", min(rows, 10))
         return body
+
+
+def _clip(markup: list[Any], width: int) -> list[Any]:
+    """``(attribute, text)`` markup cut to ``width`` characters."""
+    out: list[Any] = []
+    left = width
+    for attr, text in markup:
+        if left <= 0:
+            break
+        out.append((attr, text[:left]))
+        left -= len(text[:left])
+    return out
+
+
+def _axis(ruler: str, span: str) -> list[list[tuple[str, str]]]:
+    """The rows under the plot as runs of ``(text, kind)``: the ruler's marks (``"mark"``,
+    ``"skip"`` for ``!``) and ``span`` (``"span"``) where no mark is: at the left, else at
+    the right, else in the first gap wide enough, else on a row of its own."""
+    width = len(ruler)
+    need = len(span) + 1
+
+    def free(start: int) -> bool:
+        return all(c == " " for c in ruler[max(0, start - 1):start + need])
+
+    at = next((s for s in [0, width - len(span), *range(1, width - len(span))] if s >= 0 and free(s)), None)
+    cells = [(c, "skip" if c == "!" else "mark") if c != " " else (" ", "blank") for c in ruler]
+    extra: list[list[tuple[str, str]]] = []
+    if at is not None and len(span) <= width:
+        for i, c in enumerate(span):
+            cells[at + i] = (c, "span")
+    elif width > 0:
+        extra = [[(ellipsize(span, width), "span")]]
+    runs: list[tuple[str, str]] = []
+    for c, kind in cells:
+        if runs and runs[-1][1] == kind:
+            runs[-1] = (runs[-1][0] + c, kind)
+        else:
+            runs.append((c, kind))
+    return [runs, *extra]

@@ -21,7 +21,8 @@ from hookfit.files import FileWarning
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.common import flag, positive_number
 from hookfit.plugins.tui import hookspecs
-from hookfit.plugins.tui.terminal import OutputCapture, interactive_terminal
+from hookfit.plugins.tui.terminal import ENV_OFF, NO_URWID, OutputCapture, interactive_terminal
+from hookfit.plugins.tui.text import summary
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import argparse
@@ -35,6 +36,10 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 ENV_PERSISTENT = "HOOKFIT_TUI_PERSISTENT"
 OUTPUT_LOG = "output.log"
 """The file in the run folder that keeps what the run printed while the dashboard was up."""
+PROGRESS_EVERY = 0.5
+"""Seconds between frames drawn for the progress bars alone (the batches counted on)."""
+
+__all__ = ["ENV_PERSISTENT", "OUTPUT_LOG", "TuiRenderer", "summary"]
 
 
 class TuiRenderer:
@@ -88,7 +93,11 @@ class TuiRenderer:
     def fit_start(self, loop: Run) -> None:
         self.loop = loop
         self._failed = False
-        if interactive_terminal() is not None:
+        reason = interactive_terminal()
+        if reason == NO_URWID:  # a terminal, and no way to draw on it: say so, once a run
+            warnings.warn(f"tui: no dashboard: {reason}; the console prints instead ({ENV_OFF}=1 leaves the "
+                          f"dashboard out without this warning)", HookfitWarning, stacklevel=2)
+        if reason is not None:
             return
         from hookfit.plugins.tui.dashboard import Dashboard  # urwid is imported only from here
 
@@ -108,6 +117,7 @@ class TuiRenderer:
             loop.val_every_n_epochs if loop.val_step is not None else None,
             on_stop=lambda: loop.request_stop("q pressed in the dashboard"),
             on_leave=self._quit.set,
+            max_steps=loop.max_steps,
         )
         if loop.model is not None:
             from hookfit.plugins.summary import summarize  # imports torch, which a run has loaded
@@ -182,9 +192,9 @@ class TuiRenderer:
             self._inbox.append(("resumed", info))
 
     @hookimpl
-    def step_skipped(self, step: int) -> None:
+    def step_skipped(self, optimizer: str, reason: str, step: int) -> None:
         if self.active:
-            self._inbox.append(("skipped", step))
+            self._inbox.append(("skipped", step, optimizer, reason))
 
     @hookimpl
     def checkpoint_saved(self, reason: str, step: int) -> None:
@@ -197,7 +207,9 @@ class TuiRenderer:
             if self._suspended:
                 self._resume_if_let_go()
             data = loop.train_data if stage == "train" else loop.val_data
-            self._inbox.append(("stage", stage, loop.state.epoch, len(data) if isinstance(data, Sized) else None))
+            state = loop.state  # (batch_idx: the stage's first batch, later than 0 in a resumed epoch)
+            self._inbox.append(("stage", stage, state.epoch, len(data) if isinstance(data, Sized) else None,
+                                state.batch_idx))
 
     @hookimpl
     def stage_end(self, stage: str) -> None:
@@ -287,12 +299,15 @@ class TuiRenderer:
 
     # -- the UI thread ------------------------------------------------------------------------
     def _ui(self) -> None:
-        screen, dashboard, capture = self._screen, self._dashboard, self._capture
+        screen, dashboard, capture, loop = self._screen, self._dashboard, self._capture, self.loop
         size = None
         last_draw = 0.0
         idle = 0
+        counters: tuple[Any, ...] = ()
+        moved = False
         try:
             assert screen is not None and dashboard is not None and capture is not None  # set before this thread
+            assert loop is not None
             while not self._quit.is_set():
                 if not self._go.is_set():  # a debugger has the terminal
                     self._parked.set()
@@ -319,15 +334,24 @@ class TuiRenderer:
                 lines = capture.lines()
                 if lines:
                     dashboard.receive("log", lines)
+                    dirty = True
                 current = screen.get_cols_rows()
                 if current != size:
                     size = current
                     screen.clear()
                     dirty = True
                 now = time.monotonic()
-                if dirty or now - last_draw >= 1.0:  # the clock shows whole seconds
+                # The run's counters, read here, after the messages (which they are ahead of):
+                # the bars follow the batches at no cost to the training thread.
+                state = loop.state
+                read = (state.stage, state.epoch, state.batch_idx, state.step)
+                if read != counters:
+                    counters, moved = read, True
+                    dashboard.receive("tick", *read, now)
+                # the clock shows whole seconds; the progress alone redraws at most every PROGRESS_EVERY
+                if dirty or now - last_draw >= 1.0 or (moved and now - last_draw >= PROGRESS_EVERY):
                     screen.draw_screen(size, dashboard.render(size))
-                    last_draw = now
+                    last_draw, moved = now, False
         except BaseException as exc:  # an observer: the run goes on without it
             self._ui_error = exc
             self._quit.set()
@@ -344,7 +368,8 @@ class TuiRenderer:
         hold = bool(self.persistent) and self._ui_error is None and not self._suspended
         # the run's own duration (state.elapsed ends before fit_end): the clock stops there
         self._inbox.append(("time", state.time_split))
-        self._inbox.append(("end", state.status, state.stop_reason, hold, state.stopped_by, state.elapsed))
+        self._inbox.append(("end", state.status, state.stop_reason, hold, state.stopped_by, state.elapsed,
+                            state.step, state.epoch))
         try:
             if hold:
                 self._hold()
@@ -414,45 +439,3 @@ class TuiRenderer:
                 if capture.failed is not None:
                     self.output = None  # not (all) in the file
                     capture.warn_failure()  # if the UI thread did not: now on the real terminal
-
-
-def summary(dashboard: Dashboard | None, state: Any, output: Path | None = None) -> list[str]:
-    """The plain-text record printed after the dashboard closes: status (with the run's own
-    duration, ``state.elapsed``: a persistent dashboard's hold is not part of it), where the
-    run resumed from, where its output is kept, the size of the model, table and curves."""
-    from hookfit.plugins.tui.dashboard import _fmt
-    from hookfit.plugins.tui.plot import spans_decades, text_plot
-
-    asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
-    lines = [f"hookfit: training {state.status} ({state.stop_reason}) after {state.elapsed:.1f}s, "
-             f"{state.step} steps{asked}"]
-    if getattr(state, "resumed_from", None) is not None:
-        lines.append(f"  resumed from {state.resumed_from}")
-    if output is not None:
-        lines.append(f"  output printed during the run: {output}")
-    model = getattr(dashboard, "model", None)
-    if model is not None:
-        lines.append(f"  model: {model}")
-    for split in (getattr(state, "time_split", None) or {}).values():
-        lines.append(f"  time in {split.stage}: {split.total:.1f}s over {split.batches} batches, {split}"
-                     + (f"; data loading is {split.shares['data']:.0%} of it: the data loader is the bottleneck"
-                        if split.data_bound else ""))
-    if dashboard is None or not dashboard.names:
-        return lines
-    width = max(len(n) for n in dashboard.names)
-    lines.append(f"  {'metric':<{width}}  {'train':>10}  {'valid':>10}")
-    for name in dashboard.names:
-        row = dashboard.table.get(name, {})
-        train = row.get("train_final", row.get("train_epoch"))
-        valid = row.get("valid_final", row.get("valid_epoch"))
-        lines.append(f"  {name:<{width}}  {_fmt(train):>10}  {_fmt(valid):>10}")
-    for name in dashboard.names:
-        if "loss" not in name:
-            continue
-        groups = {s: dashboard.series[(s, name)].points() for s in ("train", "valid") if (s, name) in dashboard.series}
-        log = spans_decades(groups.values())
-        plot = text_plot(groups, width=60, height=8, log=log)
-        if plot:
-            lines.append(f"  {name} over steps ({' and '.join(groups)}{', log scale' if log else ''}):")
-            lines.extend("  " + line for line in plot)
-    return lines

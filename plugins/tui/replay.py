@@ -5,8 +5,11 @@
 ``hookfit show [RUN]`` rebuilds the dashboard from the run's ``metrics.jsonl``: the same
 table, curves, progress and summary, read-only (``q`` or Esc leaves; nothing is sent to the
 run). On a run that is still going (another terminal, torchrun, the background) it follows
-the file as the run writes it, until ``q``. Without an interactive terminal it prints the
-plain-text summary and curves that a finished run prints.
+the file as the run writes it, until ``q``. With ``--text``, without an interactive terminal,
+or without urwid (then saying in one line what to install) it prints the plain-text summary
+and curves that a finished run prints; that needs no urwid. Progress is counted as the run
+counted it (steps when its ``max_steps``, in ``run.jsonl``, ended it first), and a finished
+run shows where it ended: its last step, epoch and metrics (its end lines).
 
 ``hookfit compare RUN RUN...`` draws one metric of several runs in one plot (each run's curve
 ends in its number; in colour on a terminal) and a table of their final and best values.
@@ -24,10 +27,13 @@ from typing import TYPE_CHECKING, Any, Mapping
 from hookfit.tools import runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
 
+from hookfit.plugins.tui.model import DashboardModel
+
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only (urwid is imported when drawn)
     from hookfit.plugins.tui.dashboard import Dashboard
 
-SHOW_KEYS = " q leave · tab/←→ metric · w window · l log scale · ? help"
+SHOW_KEYS = (("q leave", "q leave"), ("tab/←→ metric", "tab metric"), ("n/p table", "n/p table"),
+             ("w window", "w"), ("l log scale", "l"), ("? help", "? help"))
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")  # ANSI foregrounds, one per run
 
 
@@ -59,14 +65,16 @@ def snapshot(row: dict[str, Any], max_epochs: int, final: bool,
     means as every value: a row keeps no other), with the directions of the log's ``"best"``
     line (``stage/name`` -> ``"min"``/``"max"``) that concern its stage."""
     values = {k: Value(float(v), float(v), float(v)) for k, v in row.items()
-              if k not in runs.ROW_FIELDS and not k.startswith("lr_") and isinstance(v, (int, float))}
+              if k not in runs.ROW_FIELDS and k != "total" and not k.startswith("lr_") and isinstance(v, (int, float))}
     lr = {k[3:]: float(v) for k, v in row.items() if k.startswith("lr_") and isinstance(v, (int, float))}
     batches = int(row.get("batches", 0))
+    given = row.get("total")  # (rows without it: the stage's length is the follower's to find)
+    total = given if isinstance(given, int) and not isinstance(given, bool) and given > 0 else None
     stage = str(row.get("stage", "train"))
     best = {name: mode for name, mode in (directions or {}).items() if name.startswith(f"{stage}/")}
     return MetricsSnapshot(
         stage=stage, epoch=int(row.get("epoch", 1)) - 1, max_epochs=max_epochs,
-        step=int(row.get("step", 0)), batches=batches, total=batches, samples=int(row.get("samples", 0)),
+        step=int(row.get("step", 0)), batches=batches, total=total, samples=int(row.get("samples", 0)),
         elapsed=float(row.get("time", 0.0)), values=values, lr=lr, final=final,
         best={name.split("/", 1)[1]: mode for name, mode in best.items()})
 
@@ -85,7 +93,7 @@ class Follower:
     """Feeds a dashboard from a run folder's ``metrics.jsonl``, from the start and then as it
     grows (complete lines only)."""
 
-    def __init__(self, folder: Path, dashboard: Dashboard, max_epochs: int) -> None:
+    def __init__(self, folder: Path, dashboard: DashboardModel, max_epochs: int) -> None:
         self.path = folder / "metrics.jsonl"
         self.dashboard = dashboard
         self.max_epochs = max_epochs
@@ -94,6 +102,7 @@ class Follower:
         self.resumed: ResumeInfo | None = None
         self.step = 0
         self.directions: dict[str, str] = {}  # the log's last "best" line
+        self.totals: dict[str, int] = {}  # stage -> the most batches an epoch of it had
 
     def poll(self) -> bool:
         """Read what was added since the last call; whether anything was."""
@@ -121,9 +130,14 @@ class Follower:
     def feed(self, row: dict[str, Any]) -> None:
         event, dash = row.get("event"), self.dashboard
         if event in ("epoch", "step"):
-            if row.get("stage") == "train" or event == "epoch":
-                dash.receive("stage", str(row.get("stage", "train")), int(row.get("epoch", 1)) - 1,
-                             int(row.get("batches", 0)) or None)
+            stage = str(row.get("stage", "train"))
+            if stage == "train" or event == "epoch":
+                # A row gives the batches done; a stage's length is its longest epoch's, unless
+                # the row says it (a stage a stop cut short has fewer batches than it has).
+                given, done = row.get("total"), int(row.get("batches", 0))
+                longest = self.totals[stage] = max(self.totals.get(stage, 0), done)
+                total = int(given) if isinstance(given, int) and given > 0 else longest
+                dash.receive("stage", stage, int(row.get("epoch", 1)) - 1, total or None)
             dash.receive("epoch" if event == "epoch" else "update",
                          snapshot(row, self.max_epochs, event == "epoch", self.directions))
             if event == "epoch":
@@ -137,35 +151,55 @@ class Follower:
             dash.receive("resumed", self.resumed)
         elif event == "end":
             self.ended = row
+            _skipped(dash, row)
+            step, epoch = row.get("step"), row.get("epoch")
             dash.receive("end", str(row.get("status")), row.get("reason"), True, row.get("by"),
-                         float(row.get("time", 0.0)))
+                         float(row.get("time", 0.0)), step if isinstance(step, int) else None,
+                         epoch - 1 if isinstance(epoch, int) else None)
             dash.finished = True
 
 
-def _max_epochs(folder: Path) -> int:
+def _skipped(dash: DashboardModel, row: Mapping[str, Any]) -> None:
+    """The count of skipped steps an end line gives (``"skipped": N``), if it gives one."""
+    skipped = row.get("skipped")
+    if isinstance(skipped, int) and not isinstance(skipped, bool) and skipped > 0:
+        dash.receive("skipped_total", skipped)
+
+
+def _limits(folder: Path) -> tuple[int, int | None]:
+    """``max_epochs`` and ``max_steps`` of the run's last start (``run.jsonl``); without one,
+    the epochs its metrics reached."""
     starts = [r for r in runs.read_jsonl(folder / "run.jsonl") if r.get("event") == "run"]
     given = starts[-1].get("max_epochs") if starts else None
+    steps = starts[-1].get("max_steps") if starts else None
+    steps = steps if isinstance(steps, int) and steps > 0 else None
     if isinstance(given, int) and given > 0:
-        return given
+        return given, steps
     epochs = [int(r.get("epoch", 1)) for r in runs.epoch_rows(folder)]
-    return max(epochs, default=1)
+    return max(epochs, default=1), steps
 
 
-def _dashboard(folder: Path) -> tuple[Dashboard, Follower, runs.RunInfo, dict[str, bool]]:
-    """The dashboard of the run in ``folder``, its follower, the run, and the flag ``leave``
-    its keys set (``q``, Esc)."""
-    from hookfit.plugins.tui.dashboard import Dashboard
-
+def _dashboard(folder: Path, draw: bool = True) -> tuple[DashboardModel, Follower, runs.RunInfo, dict[str, bool]]:
+    """The dashboard of the run in ``folder`` (``draw``: one that urwid draws, else its model
+    alone), its follower, the run, and the flag ``leave`` its keys set (``q``, Esc)."""
     info = runs.load(folder)
     holder: dict[str, bool] = {}
-    dash = Dashboard(_max_epochs(folder), None, on_stop=lambda: holder.update(leave=True),
-                     on_leave=lambda: holder.update(leave=True))
+    max_epochs, max_steps = _limits(folder)
+    kind: type[DashboardModel] = DashboardModel
+    if draw:
+        from hookfit.plugins.tui.dashboard import Dashboard
+
+        kind = Dashboard
+    dash = kind(max_epochs, None, on_stop=lambda: holder.update(leave=True),
+                on_leave=lambda: holder.update(leave=True), max_steps=max_steps)
     dash.keys = SHOW_KEYS
     follower = Follower(folder, dash, dash.max_epochs)
     follower.poll()
     ends = [r for r in runs.read_jsonl(folder / "run.jsonl") if r.get("event") == "end"]
     if ends and isinstance(ends[-1].get("time_split"), dict):
         dash.receive("time", time_split(ends[-1]["time_split"]))
+    if ends and not dash.skipped:
+        _skipped(dash, ends[-1])
     if follower.ended is None and info.status != "running":
         dash.receive("end", info.status, info.reason, True, None, info.duration)
     return dash, follower, info, holder
@@ -177,19 +211,26 @@ def _show(args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         print(f"hookfit show: {error}", file=sys.stderr)
         return 2
-    dash, follower, info, leave = _dashboard(folder)
-    from hookfit.plugins.tui.terminal import interactive_terminal
+    from hookfit.plugins.tui.terminal import NO_URWID, interactive_terminal
 
-    if args.text or interactive_terminal() is not None:
-        _print_summary(folder, dash, follower, info)
+    reason = interactive_terminal()
+    if args.text or reason is not None:
+        if reason == NO_URWID and not args.text:
+            print(f"hookfit show: no dashboard: {reason}; the text summary follows", file=sys.stderr)
+        model, follower, info, _ = _dashboard(folder, draw=False)
+        _print_summary(folder, model, follower, info)
         return 0
+    from hookfit.plugins.tui.dashboard import Dashboard
+
+    dash, follower, info, leave = _dashboard(folder)
+    assert isinstance(dash, Dashboard)  # (draw=True)
     _interactive(dash, follower, leave, live=info.status == "running")
     _print_summary(folder, dash, follower, runs.load(folder))
     return 0
 
 
-def _print_summary(folder: Path, dash: Dashboard, follower: Follower, info: runs.RunInfo) -> None:
-    from hookfit.plugins.tui.renderer import summary
+def _print_summary(folder: Path, dash: DashboardModel, follower: Follower, info: runs.RunInfo) -> None:
+    from hookfit.plugins.tui.text import summary
 
     ended = follower.ended or {}
     state = SimpleNamespace(status=info.status, stop_reason=info.reason, elapsed=info.duration or 0.0,

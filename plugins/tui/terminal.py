@@ -17,6 +17,8 @@ from typing import TextIO
 from hookfit.files import FileWarning
 
 ENV_OFF = "HOOKFIT_NO_TUI"
+NO_URWID = "urwid is not installed (pip install urwid, or the tui extra: pip install 'hookfit[tui]')"
+"""What :func:`interactive_terminal` answers on a terminal where urwid cannot be imported."""
 
 
 def interactive_terminal() -> str | None:
@@ -41,9 +43,11 @@ def interactive_terminal() -> str | None:
         return "the terminal's process group is unknown"
     if threading.current_thread() is not threading.main_thread():
         return "fit() does not run on the main thread"
-    if importlib.util.find_spec("urwid") is None:
-        return "urwid is not installed (pip install 'hookfit[tui]')"
-    return None
+    try:
+        found = importlib.util.find_spec("urwid") is not None
+    except (ImportError, ValueError):  # a parent package or a module entry that cannot be imported
+        found = False
+    return None if found else NO_URWID
 
 
 class OutputCapture:

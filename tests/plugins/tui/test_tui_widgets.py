@@ -236,9 +236,9 @@ def test_the_dashboard_shows_the_models_size_under_the_status_line() -> None:
     rows = screen(d, (120, 24))
     assert rows[1] == line.ljust(120)
     assert rows[0].startswith(" hookfit │ train │ epoch 2/3") and "metric" in rows[2]
-    rows = screen(d)  # 80 columns: clipped, every other panel still there
+    rows = screen(d)  # 80 columns: ellipsized, every other panel still there
     assert len(rows) == 24 and all(len(r) == 80 for r in rows)
-    assert rows[1] == line[:80]
+    assert rows[1] == line[:79] + "…"
     assert "40/50" in "\n".join(rows) and "printed by the step" in "\n".join(rows)
     assert rows[-1].startswith(" q stop") or rows[-2].startswith(" q stop")
     without = screen(fed())
