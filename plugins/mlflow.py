@@ -39,6 +39,7 @@ checkpoint's state was loaded into them: a learning rate a schedule changed is n
 logs no step twice: for every metric, the points at steps the tracker run already has (a run
 killed after its last checkpoint logged past it) are left out, so each metric's history has
 each step once.
+``Loop.validate(resume=...)`` is an MLflow run of its own: it never changes the training's.
 
 Only the main process logs (under ``torchrun`` the distributed plugin switches observers off on
 the others): two processes creating the same SQLite store at once is what fails a run that logs
@@ -143,7 +144,8 @@ class MLflow:
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"mlflow: the checkpoint's state of this plugin is {state!r}; expected "
                              f"{{'run_id': <an MLflow run id>}}")
-        self._resume_id = run_id
+        if loop.mode == "fit":  # an evaluation (Loop.validate(resume=...)) is a tracker run of its own
+            self._resume_id = run_id
 
     @hookimpl
     def save_state(self, loop: Run) -> Any:

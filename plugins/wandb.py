@@ -37,6 +37,7 @@ continues the same W&B run (``resume="allow"``), its config updated, and logs on
 after the last one W&B has. Offline, W&B cannot look a run up: the resumed run writes a new
 offline run folder with the same id, which starts at the step after the checkpoint's (a run
 killed after its last checkpoint wrote a few steps past it, which ``wandb sync`` then has twice).
+``Loop.validate(resume=...)`` is a W&B run of its own: it never changes the training's.
 W&B writes its files from a process of its own (its service): an offline run's file is whole
 a moment after ``fit()`` returns, and always once the script has ended.
 
@@ -153,7 +154,8 @@ class WandB:
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"wandb: the checkpoint's state of this plugin is {state!r}; expected "
                              f"{{'run_id': <a W&B run id>}}")
-        self._resume_id = run_id
+        if loop.mode == "fit":  # an evaluation (Loop.validate(resume=...)) is a tracker run of its own
+            self._resume_id = run_id
 
     @hookimpl
     def save_state(self, loop: Run) -> Any:

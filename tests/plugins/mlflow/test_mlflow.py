@@ -220,6 +220,24 @@ def test_a_resumed_run_continues_the_same_mlflow_run_without_a_step_twice(tmp_pa
     assert steps(history(store, found.info.run_id, "epoch")) == [4, 8, 12, 16]
 
 
+def test_an_evaluation_of_a_checkpoint_is_an_mlflow_run_of_its_own(tmp_path: Path, store: str) -> None:
+    """Loop.validate(resume=...) loads the tracker run's id with the plugins' states: the
+    evaluation logs its own run, and the training's (interrupted: KILLED) stays as it was."""
+    trained = MLflow(tracking_uri=store, experiment="evaluated")
+    run(tmp_path / "run", trained, Checkpoint(background=False), StopAfter(8))
+    evaluation = MLflow(tracking_uri=store, experiment="evaluated")
+    model = torch.nn.Linear(2, 1)
+    state = hookfit.Loop(lambda loop, batch: None, [0] * 4, val_step=lambda loop, batch: {"loss": torch.tensor(1.5)},
+                         val_data=[0, 1], model=model, run_dir=tmp_path / "run",
+                         plugins=[Metrics(interval=0.0), Checkpoint(background=False), evaluation]
+                         ).validate(resume="latest")
+    assert state.status == "completed" and evaluation.run_id not in (None, trained.run_id)
+    client = MlflowClient(tracking_uri=store)
+    assert client.get_run(trained.run_id).info.status == "KILLED"
+    assert client.get_run(evaluation.run_id).info.status == "FINISHED"
+    assert history(store, evaluation.run_id, "valid/loss") == [(6, 1.5)]  # at the checkpoint's step
+
+
 def test_discovered_it_is_inert_until_configured(tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKFIT_PLUGINS", "mlflow")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # where MLflow would log by default
