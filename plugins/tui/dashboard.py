@@ -125,7 +125,7 @@ class Dashboard(DashboardModel):
         when the metrics do not fit, a page of them and a row saying which."""
         if not self.names:
             return [("dim", ellipsize("waiting for the first metrics…", width))]
-        count = max((k for k in range(len(COLUMNS), 0, -1) if 8 + CELL * k <= width), default=1)
+        count = max((k for k in range(len(COLUMNS), 0, -1) if 13 + CELL * k <= width), default=1)
         shown = [c for c in COLUMNS if c[2] < count]
         name_w = max(6, min(max(len(n) for n in self.names), width - CELL * len(shown) - 1))
         head = f"{'metric':<{name_w}} " + "".join(f"{c[0]:>{CELL}}" for c in shown)
@@ -158,18 +158,22 @@ class Dashboard(DashboardModel):
 
     def _ruler(self, name: str, width: int, x0: float, x1: float) -> str:
         """One row under the plot with a letter at the step of each mark (see ``marks``), ``!``
-        over every skipped step and ``*`` at the best epoch (once the run ended)."""
-        cells = [" "] * width
+        over every skipped step (over checkpoints and learning-rate changes at the same column)
+        and ``*`` at the best epoch (once the run ended)."""
         if width <= 0:
             return ""
-        for col in spread(self.skips.within(x0, x1), x0, x1, width):
-            cells[col] = "!"
+        cells = [" "] * width
         marks = [*self.marks]
         best = self.best_step(name)
         if best is not None and self.finished:
             marks.append((best, "*"))
         for x, letter in marks:
-            if x0 <= x <= x1:
+            if x0 <= x <= x1 and letter in "CL":
+                cells[column(x, x0, x1, width)] = letter
+        for col in spread(self.skips.within(x0, x1), x0, x1, width):
+            cells[col] = "!"
+        for x, letter in marks:
+            if x0 <= x <= x1 and letter not in "CL":
                 cells[column(x, x0, x1, width)] = letter
         return "".join(cells)
 
