@@ -383,3 +383,91 @@ def test_a_breakpoint_without_a_debugger_gives_the_screen_back_at_once() -> None
     assert tui._breakpointhook(1, x=2) == "answer"
     assert events == ["screen.stop", "capture.suspend", "hook(1,){'x': 2}", "capture.resume", "screen.start"]
     assert tui._go.is_set() and not tui._suspended
+
+
+# -- the truth at every size (issue 29); tmux reads the same in test_tui_truth.py --------------------
+
+def rich() -> Dashboard:
+    """A finished run with everything a screen can hold: 23 metrics (a long name, a NaN one, a
+    validation-only one), checkpoints and skipped steps, the model, the time line, output."""
+    d = fed()
+    d.receive("model", MODEL)
+    d.receive("time", {"train": hookfit.payloads.TimeSplit("train", 0.1, 2.0, 0.1, 90)})
+    for i in range(20):
+        d.receive("update", snap("train", 1, 91 + i, 41, 50, {f"metric_{i:02d}": (1.0, 1.0, 1.0)}))
+    d.receive("update", snap("train", 1, 91, 41, 50, {"x" * 63: (0.25, 0.25, 0.25), "gone": (math.nan,) * 3}))
+    d.receive("epoch", snap("valid", 1, 100, 10, 10, {"val_only": (0.75, 0.75, 0.75)}, final=True))
+    for step in range(5, 100, 5):
+        d.receive("checkpoint", step, "step")
+    for step in range(45, 100):  # more than half of the run's 100 steps
+        d.receive("skipped", step, "default", f"non-finite loss at epoch 1, batch {step - 50}")
+    d.receive("end", "completed", "max_epochs=3 reached", True, None, 3.0, 100, 2)
+    return d
+
+
+@pytest.mark.parametrize("cols", [40, 41, 47, 55, 64, 80, 99, 120, 200])
+@pytest.mark.parametrize("rows", [12, 13, 15, 16, 19, 24, 30, 50])
+def test_every_size_from_40x12_holds_the_layout(cols: int, rows: int) -> None:
+    d = rich()
+    lines = screen(d, (cols, rows))
+    text = "\n".join(lines)
+    assert len(lines) == rows and all(len(line) == cols for line in lines)
+    assert lines[0].rstrip().endswith("│ completed · mostly skipped") or lines[0].rstrip().endswith("…")
+    assert lines[-1].startswith(" q leave") and lines[-1].rstrip().endswith("? help")  # the keys, on their line
+    assert re.search(r"^ (train|valid) +\d+/\d+ ", text, re.M) and re.search(r"^ run +epoch 3/3 +completed", text, re.M)
+    title = next(i for i, line in enumerate(lines) if line.startswith(" loss ━ train ━ valid"))
+    assert lines[title + 1][9:11].endswith("│")  # the legend on one line: the plot follows
+    axis = next(i for i, line in enumerate(lines) if "└" in line)
+    assert re.search(r"step 1 … 100\b", "\n".join(lines[axis:axis + 2]))  # whole, never under a mark
+    assert re.search(r"metrics · n/p more|^\d+/25 n/p", text, re.M)  # the table says what it left out
+    # cut text is ellipsized: the banner, the 63-character name, the time line
+    banner = [line.rstrip() for line in lines[1:3]]
+    assert banner[0].endswith(("…", "(non-finite loss)", "Ctrl-C to leave", "q leaves")), banner
+    assert any(line.endswith(("— q leaves", "Ctrl-C to leave")) for line in banner), banner
+    assert all(re.match(r"x+…", line) for line in lines if line.startswith("xx"))
+    assert all(re.search(r"(…|plugins \d+%)$", line.rstrip()) for line in lines if line.startswith(" time "))
+
+
+def test_a_validation_only_metric_is_listed_and_its_legend_says_valid() -> None:
+    d = fed()
+    d.receive("epoch", snap("valid", 1, 100, 10, 10, {"val_only": (0.75, 0.75, 0.75)}, final=True))
+    assert "val_only" in d.names
+    d.selected = d.names.index("val_only")
+    text = "\n".join(screen(d, (100, 30)))
+    assert " val_only ━ valid · full history" in text and "━ train" not in text
+    assert re.search(r"^val_only +- +- +- +0\.75", text, re.M)
+
+
+def test_nan_and_inf_show_as_they_are_and_the_curve_reaches_the_last_step() -> None:
+    d = fed()
+    for step in range(91, 121):
+        d.receive("update", snap("train", 1, step, step - 50, 50, {"loss": (math.nan, math.nan, math.nan),
+                                                                  "accuracy": (math.inf, -math.inf, 0.7)}))
+    text = "\n".join(screen(d, (100, 30)))
+    assert re.search(r"^loss +nan +nan +nan +0\.25", text, re.M)
+    assert re.search(r"^accuracy +inf +-inf +0\.7 +0\.8", text, re.M)
+    assert " loss ━ train ━ valid · full history · × nan" in text
+    assert re.search(r"step 1 … 120\b", text)
+    top = next(line for line in text.split("\n") if line[10:11] == "│")
+    assert top.rstrip().endswith("×")
+    state = hookfit.State(step=120, status="completed", stop_reason="done", started_at=0, ended_at=2)
+    lines = summary(d, state)
+    assert any(line.split() == ["loss", "nan", "0.25"] for line in lines)
+    assert "  × where loss was nan: steps 91–120" in lines
+
+
+def test_the_bars_follow_the_run_counters_and_end_where_the_run_did() -> None:
+    d = Dashboard(100000, None, on_stop=lambda: None, on_leave=lambda: None, max_steps=2000)
+    d.receive("stage", "train", 0, 90, 0)
+    d.receive("tick", "train", 0, 40, 40, 1000.0)
+    d.receive("tick", "train", 0, 60, 60, 1001.0)
+    assert (d.progress.batches, d.progress.rate) == (60, 20.0)
+    d.receive("update", snap("train", 0, 30, 30, 90, {"loss": (1.0, 1.0, 1.0)}))  # a publication behind them
+    text = "\n".join(screen(d, (100, 30)))
+    assert re.search(r"^ train +60/90 20\.0 it/s ETA", text, re.M)
+    assert re.search(r"^ run +step 60/2000  ETA \d\d:\d\d:\d\d", text, re.M) and "│ step 60/2000 │" in text
+    d.receive("tick", "train", 22, 20, 1999, 1100.0)
+    d.receive("end", "completed", "max_steps=2000 reached", True, None, 100.0, 2000, 22)
+    text = "\n".join(screen(d, (100, 30)))
+    assert "│ epoch 23 │ step 2000/2000 │" in text and "ETA" not in text
+    assert re.search(r"^ run +step 2000/2000  completed +100 %", text, re.M)
