@@ -215,6 +215,18 @@ def _alive(record: Mapping[str, Any]) -> bool:
     return True
 
 
+def _end_of_last_fit(lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The ``"end"`` line that follows the last ``"run"`` line of a ``run.jsonl``, or ``None``
+    (that ``fit()`` is still running, or was killed)."""
+    end = None
+    for line in lines:
+        if line.get("event") == "run":
+            end = None
+        elif line.get("event") == "end":
+            end = line
+    return end
+
+
 def load(folder: Path, metric: str | None = None, mode: str | None = None) -> RunInfo:
     """What ``folder``'s files say of the run."""
     starts_and_ends = read_jsonl(folder / "run.jsonl")
@@ -226,8 +238,13 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     resumes = [r for r in metrics if r.get("event") == "resume"]
     ended = core_ends or ends  # the core's end lines, else the metrics plugin's
     fits = max(len(starts), len(ended), 1 if metrics else 0)
-    if ended and len(ended) >= len(starts):
-        status, reason = str(ended[-1].get("status")), ended[-1].get("reason")
+    # the last fit() decides: its own end line (after its start line in run.jsonl); an earlier
+    # fit() that was killed wrote none, and a resumed one that ended says how the run ended
+    last_end = _end_of_last_fit(starts_and_ends) if starts else (ended[-1] if ended else None)
+    if not core_ends and ended and len(ended) >= len(starts):
+        last_end = ended[-1]  # a run.jsonl without end lines: the metrics log's
+    if last_end is not None:
+        status, reason = str(last_end.get("status")), last_end.get("reason")
     elif starts and _alive(starts[-1]):
         status, reason = "running", None
     else:

@@ -352,12 +352,8 @@ def test_runs_compare_and_show_read_the_snapshots_through_metrics_log(
     row = re.search(r"^\s+mae\s+(\S+)\s+(\S+)\s*$", shown, re.M)
     assert row and [float(row[1]), float(row[2])] == pytest.approx(mae, rel=1e-3), shown
 
-    # last, as it is a known bug: the killed fit left no end line, the resumed one ended
-    # completed (its end line is in run.jsonl and metrics.jsonl), yet the run is "unfinished"
+    # the killed fit left no end line, the resumed one ended completed: the last fit decides
     status = listed["runs/role/resumed"]["status"]
-    if status == "unfinished":
-        pytest.xfail("hookfit bug: hookfit runs/compare/show report a run killed and then resumed to its end as "
-                     "'unfinished' (no end was recorded), though its last fit recorded a completed end")
     assert status == "completed"
 
 

@@ -20,6 +20,7 @@ import torch
 import hookfit
 from hookfit.tools import cli, runs
 from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.metrics_log import MetricsLog
 from hookfit.plugins.optim import Optim
 from hookfit.plugins.tui.dashboard import Dashboard, _fmt
 from hookfit.plugins.tui import TuiRenderer
@@ -58,13 +59,13 @@ def _train(folder: Path, epochs: int, lr: float, stop_at: int | None = None, res
     loop = hookfit.Loop(step, data, val_step=lambda loop, b: {"loss": torch.nn.functional.mse_loss(loop.model(b[0]), b[1])},
                         val_data=data[:2], model=model, optimizers=torch.optim.SGD(model.parameters(), lr=lr),
                         max_epochs=epochs, run_dir=folder, resume=resume,
-                        plugins=[Optim(), Metrics(), Checkpoint()])
+                        plugins=[Optim(), Metrics(), MetricsLog(), Checkpoint()])
     return loop.fit()
 
 
 @pytest.fixture
 def two_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,optim,checkpoint")
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,metrics_log,optim,checkpoint")
     fast, slow = tmp_path / "runs" / "demo" / "fast", tmp_path / "runs" / "demo" / "slow"
     assert _train(fast, 6, 0.3).status == "completed"
     assert _train(slow, 3, 0.01, stop_at=6).status == "interrupted"
@@ -343,7 +344,7 @@ def test_show_follows_a_run_that_is_still_going(tmp_path: Path, term: Terminal) 
     folder, gate = tmp_path / "live-run", tmp_path / "gate"
     script = tmp_path / "live.py"
     script.write_text(LIVE)
-    env = {**clean_env(), "HOOKFIT_PLUGINS": "metrics,optim", "CI": "1"}
+    env = {**clean_env(), "HOOKFIT_PLUGINS": "metrics,metrics_log,optim", "CI": "1"}
     run = subprocess.Popen([sys.executable, str(script), str(folder), str(gate)], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -380,7 +381,7 @@ def test_compare_in_a_terminal_shows_the_plot_and_table(two_runs: tuple[Path, Pa
 @pytest.mark.slow
 def test_the_demo_keeps_its_final_screen_and_says_how_to_look_again(tmp_path: Path, term: Terminal) -> None:
     term.launch(sys.executable, "-m", "hookfit", "demo", "--epochs", "2",
-                env="HOOKFIT_PLUGINS=checkpoint,console,interrupter,metrics,optim,tui")
+                env="HOOKFIT_PLUGINS=checkpoint,console,interrupter,metrics,metrics_log,optim,tui")
     screen = term.wait_for("training completed: max_epochs=2 reached", "press q, Esc or Ctrl-C to leave", timeout=120)
     assert term.alternate() and "epoch 2/2" in screen  # held: the run is over, the screen stays
     term.keys("q")
@@ -390,3 +391,24 @@ def test_the_demo_keeps_its_final_screen_and_says_how_to_look_again(tmp_path: Pa
     said = re.search(r"this run's files are in (\S+); look at it again with: hookfit show (\S+)", text)
     assert said is not None, text
     assert said.group(1) == said.group(2) and (tmp_path / said.group(1) / "metrics.jsonl").is_file()
+
+
+def test_the_last_fit_decides_the_status_of_a_run_killed_then_resumed(tmp_path: Path) -> None:
+    """A fit() killed (a start line, no end) and then resumed to its end is "completed"; a run
+    that ended and whose next fit() was killed is "unfinished": the last fit's own lines decide."""
+    host = socket.gethostname()
+
+    def record(folder: Path, *events: str) -> Path:
+        folder.mkdir(parents=True)
+        lines = [{"event": "run", "name": "demo", "started": "2026-01-01T00:00:00+0000", "pid": 2**22 + 7,
+                  "host": host} if event == "run" else
+                 {"event": "end", "status": event, "reason": f"{event} reason", "duration": 1.0} for event in events]
+        (folder / "run.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return folder
+
+    resumed = runs.load(record(tmp_path / "resumed", "run", "run", "completed"))
+    assert (resumed.status, resumed.reason, resumed.fits) == ("completed", "completed reason", 2)
+    killed_again = runs.load(record(tmp_path / "again", "run", "interrupted", "run"))
+    assert killed_again.status == "unfinished" and killed_again.fits == 2
+    stopped = runs.load(record(tmp_path / "stopped", "run", "interrupted", "run", "completed"))
+    assert stopped.status == "completed"
