@@ -71,8 +71,9 @@ class MetricsSnapshot:
     * ``history``: for a final snapshot, one read-only mapping per completed epoch of this
       stage, oldest first: ``{"epoch": ..., "step": ..., <metric>: <epoch mean>, ...}``;
       empty otherwise.
-    * ``best``: metric name -> ``"min"`` (lower is better) or ``"max"`` (higher is better),
-      for the metrics of ``values`` whose direction is known: configured by the user
+    * ``best``: metric name, bare as in ``values`` (``"acc"``, not ``"valid/acc"``: the
+      snapshot's ``stage`` says which) -> ``"min"`` (lower is better) or ``"max"`` (higher is
+      better), for the metrics of ``values`` whose direction is known: configured by the user
       (``Metrics(best=...)``), never guessed from a name (read-only; empty when none is).
       Renderers and loggers mark a best value only for these.
 

@@ -162,7 +162,10 @@ def should_sync_gradients(loop: Run) -> bool | None:
 
     * with DDP in the parameters' ``.grad``, different on every process; the next pass
       answered ``True`` all-reduces what ``.grad`` then holds (its own gradients added to
-      those left), so zero them first (``zero_grad()``) if they must not count, as SAM does;
+      those left), so what must not count is taken out first: SAM without accumulation zeroes
+      them (``zero_grad()``); with accumulation, zeroing would lose the window's sum, so set
+      the window's gradients aside before the local pass and add them back after the
+      synchronised one;
     * with FSDP2 inside the model, unsharded (the sharded parameters' ``.grad`` stays as it
       was), until the next synchronised pass adds its own and reduce-scatters the sum: they can
       be neither read nor zeroed through the optimizers, so answer ``False`` there only for
