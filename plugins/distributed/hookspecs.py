@@ -21,7 +21,10 @@ The distributed role. What it must do, all of it:
     logs, unless its class also says ``every_rank = True``: an observer that must see every
     rank's run (a per-rank logger, one that keeps numbers the script reads on every rank)
     stays registered everywhere. An unregistered observer receives no event, not even
-    ``fit_start`` or ``fit_end``;
+    ``fit_start`` or ``fit_end``. So an event that only observers listen to can have no
+    listener on rank 1 while rank 0 has one (``loop.hooks.metrics_update`` is ``None`` there):
+    a plugin that runs a collective operation (``all_reduce``) must run it on every rank
+    alike, never only when someone listens, or the ranks wait for each other for ever;
   - the model: wrap ``loop.model`` (DDP; its ``module`` is the user's model, which
     checkpoints, EMA and the model summary reach through
     :func:`hookfit.plugins.common.unwrap_model`) or shard it in place (FSDP2, the ``Loop``'s
