@@ -313,13 +313,14 @@ def test_a_checkpoint_state_that_names_no_run_is_refused(tmp_path: Path) -> None
 @pytest.mark.bad_input
 def test_without_mlflow_the_message_says_how_to_install_it(tmp_path: Path, store: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow raises ImportError
-    with pytest.raises(ImportError, match=r"mlflow: the plugin needs the mlflow package.*"
-                                          r"`pip install hookfit\[mlflow\]`"):
-        MLflow(enabled=True)
-    with pytest.warns(ObserverWarning, match=r"observer plugin 'mlflow'.*failed in hook 'configure'.*"
-                                             r"pip install hookfit\[mlflow\]") as caught:
-        loop = run(tmp_path / "run", MLflow(tracking_uri=store, experiment="missing"))
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "mlflow", None)  # import mlflow raises ImportError
+        with pytest.raises(ImportError, match=r"mlflow: the plugin needs the mlflow package.*"
+                                              r"`pip install hookfit\[mlflow\]`"):
+            MLflow(enabled=True)
+        with pytest.warns(ObserverWarning, match=r"observer plugin 'mlflow'.*failed in hook 'configure'.*"
+                                                 r"pip install hookfit\[mlflow\]") as caught:
+            loop = run(tmp_path / "run", MLflow(tracking_uri=store, experiment="missing"))
     assert loop.state.status == "completed" and loop.state.step == 12  # an observer: training goes on
     assert len([w for w in caught if w.category is ObserverWarning]) == 1
     assert experiment(store, "missing") is None and INSTALL == "pip install hookfit[mlflow]"
