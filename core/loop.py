@@ -61,6 +61,10 @@ class Loop:
     (metrics log, checkpoints, captured output): ``run_dir`` if given, else a new
     ``runs/<name>/<date>-<time>``, created only when a plugin first asks for it.
 
+    How long: ``max_epochs`` epochs, and at most ``max_steps`` training steps (batches) over the
+    whole run when it is given; ``max_steps`` alone runs until that many steps, however many
+    epochs that takes; neither: one epoch.
+
     ``resume="latest"`` or a checkpoint path continues an earlier run through the plugin that
     implements the ``resume`` event (the checkpoint plugin): ``"latest"`` is the newest
     checkpoint of a run *of this name* (never another script's), and the resumed run goes on
@@ -98,7 +102,7 @@ class Loop:
         val_data: Iterable[Any] | None = None,
         model: Any = None,
         optimizers: Any = None,
-        max_epochs: int = 1,
+        max_epochs: int | None = None,
         max_steps: int | None = None,
         val_every_n_epochs: int | None = None,
         val_every_n_steps: int | None = None,
@@ -137,7 +141,7 @@ class Loop:
             raise ValueError(f"val_step {_name(val_step)!r} was given without val_data")
         if val_data is not None and val_step is None:
             raise ValueError("val_data was given without a val_step to run on it")
-        _positive_int(max_epochs, "max_epochs")
+        _positive_int(max_epochs, "max_epochs", allow_none=True)
         _positive_int(max_steps, "max_steps", allow_none=True)
         _positive_int(val_every_n_epochs, "val_every_n_epochs", allow_none=True)
         _positive_int(val_every_n_steps, "val_every_n_steps", allow_none=True)
@@ -167,7 +171,14 @@ class Loop:
         self.val_data = val_data
         self.model = model
         self.optimizers = optimizers
-        self.max_epochs = max_epochs
+        self.epochs_given = max_epochs is not None
+        """Whether ``max_epochs`` was given; without it and with ``max_steps`` the run goes on
+        until ``max_steps``, however many epochs that takes."""
+        self.max_epochs: int = max_epochs if max_epochs is not None else 1 if max_steps is None else max_steps
+        """``max_epochs`` as given; without it one epoch, or with ``max_steps`` alone a bound
+        that never ends the run first (every epoch makes at least one step): each run then
+        tells its plugins the epochs ``max_steps`` takes when the training data has a length
+        (``loop.max_epochs`` from ``configure`` on)."""
         self.max_steps = max_steps
         self.val_every_n_epochs: int | None = (
             val_every_n_epochs if val_every_n_epochs is not None else 1 if val_every_n_steps is None else None)

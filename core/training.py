@@ -62,6 +62,7 @@ def execute(run: Run) -> State:
             fire(run, "configure")
             if run._smoke is not None:
                 run._smoke.start(run)  # the data as configure left it, cut short
+            epochs_for_steps(run)
             fire(run, "fit_start")
             resume(run)
             epochs(run)
@@ -151,7 +152,7 @@ def epochs(run: Run) -> None:
         run.stopping.boundary("start")
         at, cursor.start = cursor.start, None
         first_epoch = state.epoch
-        for epoch in range(state.epoch, run.max_epochs):
+        for epoch in range(state.epoch, run.max_epochs if _epochs_bound(run) else run.max_steps or 0):
             state.epoch = epoch
             sets = run.val_data.values() if isinstance(run.val_data, Mapping) else (run.val_data,)
             for data in (run.train_data, *sets):
@@ -181,6 +182,25 @@ def epochs(run: Run) -> None:
         state.stop_reason, state.stopped_by = stop.request.reason, stop.request.by
     finally:
         run.training = False
+
+
+def _epochs_bound(run: Run) -> bool:
+    """Whether ``max_epochs`` ends the run (else ``max_steps`` alone does)."""
+    return run.config.epochs_given or run.max_steps is None or run._smoke is not None
+
+
+def epochs_for_steps(run: Run) -> None:
+    """With ``max_steps`` and no ``max_epochs``, tell the plugins how many epochs the run
+    takes (``loop.max_epochs``) when the training data, as ``configure`` left it (sharded), has
+    a length; the loop itself goes on until ``max_steps`` whatever that says."""
+    if _epochs_bound(run) or run.max_steps is None:
+        return
+    try:
+        per_epoch = len(run.train_data)  # type: ignore[arg-type]
+    except TypeError:
+        return
+    if per_epoch > 0:
+        run.max_epochs = -(-run.max_steps // per_epoch)
 
 
 def epoch_done(run: Run, epoch: int) -> None:

@@ -201,3 +201,36 @@ def test_predict_yields_one_output_at_a_time_in_eval_mode_and_restores_the_modes
     results = list(hookfit.Loop(lambda l, b: None, [1], model=model, val_step=step, val_data=[1])
                    .predict([torch.ones(1, 2)] * 3))
     assert len(results) == 3 and model.training
+
+
+class _Unsized:
+    """Re-iterable batches without a len(), as an IterableDataset's loader."""
+
+    def __iter__(self):
+        return iter(range(4))
+
+
+@pytest.mark.parametrize("data, epochs_seen", [(list(range(3)), 4), (_Unsized(), 10)])
+def test_max_steps_alone_runs_until_that_many_steps(data, epochs_seen) -> None:
+    """``Loop(max_steps=10)`` without ``max_epochs`` runs 10 steps (it used to stop after one
+    epoch); plugins see from configure on how many epochs that takes when the data has a
+    length (else the bound that never ends the run first)."""
+    seen = []
+
+    class Watcher:
+        name = "watcher"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            seen.append(loop.max_epochs)
+
+    state = hookfit.Loop(lambda loop, b: None, data, max_steps=10, plugins=[Watcher()]).fit()
+    assert (state.status, state.step, state.stop_reason) == ("completed", 10, "max_steps=10 reached")
+    assert state.epoch == (3 if epochs_seen == 4 else 2)  # 3+3+3+1, 4+4+2
+    assert seen == [epochs_seen]
+
+
+def test_max_epochs_still_ends_a_run_with_max_steps_and_one_epoch_is_the_default() -> None:
+    assert hookfit.Loop(lambda loop, b: None, [1, 2], max_steps=10, max_epochs=2).fit().step == 4
+    state = hookfit.Loop(lambda loop, b: None, [1, 2]).fit()
+    assert (state.step, state.stop_reason) == (2, "max_epochs=1 reached")
