@@ -189,7 +189,7 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
         self._deferring = self.nonfinite is not None and (
             self.defer is True or (self.defer is None and _device_type(loop.model, None) not in (None, "cpu")))
         self._poison(False)
-        self._watched = self._bypass_seen = False
+        self._watched = self._bypass_seen = self._backward_bypassed = False
         self._unwatch = loop.pm.on_change(self._set_fast_paths)
         if self.accumulate > 1 or self.scaler is not None:
             # a per-batch hook only where a batch can close a window or update a loss scale;

@@ -4,18 +4,40 @@ accumulation, loss scaling, non-finite policy, schedulers and counters. During t
 training stage a torch step pre-hook on each managed optimizer
 (:meth:`~hookfit.plugins.optim.ManagedOptimizer.watch`) notices such a step, and one
 :class:`~hookfit.plugins.optim.OptimWarning` names the optimizer and the call to make instead.
+
+The same stage watches for a backward pass that bypasses it: a step function calling
+``loss.backward()`` instead of ``loop.backward(loss)`` skips the loss's division for
+accumulation and its scaling. A post-accumulate-grad hook on each parameter of the managed
+optimizers tells gradients that appear outside ``loop.backward`` (which a wrapper of the
+``backward`` event marks). One ``OptimWarning`` names the step function and
+``loop.backward``; where the bypass trains another model than the script means (accumulation,
+loss scaling, several processes) it is a ``RuntimeError`` instead, raised from that
+``loss.backward()`` call, before the first optimizer step. The hooks and the wrapper are gone
+after the first training stage: no per-step cost is left.
+
 :class:`Watch` is that part of the plugin's class."""
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from hookfit import hookimpl
 from hookfit.plugins.optim.nonfinite import OptimWarning
+from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from torch.utils.hooks import RemovableHandle
+
     from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
     from hookfit.run import Run
+
+_TORCH = os.path.dirname(torch.__file__)
 
 
 class Watch:
@@ -30,6 +52,10 @@ class Watch:
         self._watching = False  # steps that bypass loop.optimizers are being watched for
         self._watched = False  # this run's first training stage was (is) watched
         self._bypass_seen = False  # the warning about such a step was given in this run
+        self._in_backward = False  # inside loop.backward (marked by _BackwardMark)
+        self._grad_hooks: list[RemovableHandle] = []  # while watching for loss.backward()
+        self._mark: _BackwardMark | None = None
+        self._backward_bypassed = False  # the warning (or error) about it was given in this run
 
     def _set_fast_paths(self) -> None:
         """The plugin's (``Optim._set_fast_paths``): the fast path marks optim's own steps
@@ -52,7 +78,60 @@ class Watch:
                 managed.watch()
             else:
                 managed.unwatch()
+        self._watch_grads(on)
         self._set_fast_paths()
+
+    def _watch_grads(self, on: bool) -> None:
+        """Watch (or stop watching) for gradients that appear on the managed optimizers'
+        parameters outside ``loop.backward``: a hook on each parameter that requires a
+        gradient, and a wrapper of the ``backward`` event that marks optim's own passes."""
+        assert self.optimizers is not None
+        handles, self._grad_hooks = self._grad_hooks, []
+        for handle in handles:
+            handle.remove()
+        if self._mark is not None:
+            if self.loop is not None and self.loop.pm.is_registered(self._mark):
+                self.loop.pm.unregister(self._mark)
+            self._mark = None
+        if not on or self.loop is None or self._backward_bypassed:
+            return
+        seen: set[int] = set()
+        for managed in self.optimizers.values():
+            for param in managed._params:
+                if id(param) not in seen and param.requires_grad and param.is_leaf:
+                    seen.add(id(param))
+                    self._grad_hooks.append(param.register_post_accumulate_grad_hook(self._grad_arrived))
+        self._mark = _BackwardMark(self)
+        self.loop.pm.register(self._mark, name="optim.backward_watch")
+
+    def _grad_arrived(self, param: torch.Tensor) -> None:
+        if not self._in_backward and not self._backward_bypassed:
+            self._grad_bypassed()
+
+    def _grad_bypassed(self) -> None:
+        """Gradients appeared without ``loop.backward``: warn once a run, or raise where the
+        run would train another model than the script means."""
+        self._backward_bypassed = True
+        loop = self.loop
+        step = qualname(loop.train_step) if loop is not None else "the training step"
+        why = []
+        accumulate = getattr(self, "accumulate", 1)
+        if accumulate > 1:
+            why.append(f"accumulate={accumulate} (each loss must be divided by the window)")
+        if getattr(self, "scaler", None) is not None:
+            why.append("loss scaling (precision='16-mixed' or amp: the loss must be scaled)")
+        if loop is not None and loop.state.world_size > 1:
+            why.append(f"{loop.state.world_size} processes")
+        where = f" (epoch {loop.state.epoch}, batch {loop.state.batch_idx})" if loop is not None else ""
+        message = (f"optim: gradients appeared on the parameters of the run's optimizers outside "
+                   f"loop.backward{where}: step function {step!r} calls loss.backward() itself, "
+                   f"which bypasses optim's")
+        if why:
+            raise RuntimeError(f"{message} handling of {', '.join(why)}; the run would train another "
+                               f"model than the script means. Call loop.backward(loss) in {step!r} instead")
+        warnings.warn(f"{message} hooks around the backward pass (before_backward/after_backward) and "
+                      f"its non-finite-loss check. Call loop.backward(loss) in {step!r} instead",
+                      OptimWarning, stacklevel=_caller_level())
 
     def _bypassed(self, managed: ManagedOptimizer) -> None:
         """A managed optimizer was stepped by someone else than optim: warn, once a run."""
@@ -72,3 +151,29 @@ class Watch:
             OptimWarning,
             stacklevel=4,  # the step function's line: here, the hook, torch's step wrapper
         )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this module and torch (the line of the
+    step function that called ``loss.backward()``), for ``warnings.warn`` called from here."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename == __file__
+                                 or frame.f_code.co_filename.startswith(_TORCH)):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
+
+
+class _BackwardMark:
+    """A wrapper of the ``backward`` event, registered during the first training stage only:
+    it marks the backward passes that go through ``loop.backward`` (whoever implements it)."""
+
+    def __init__(self, owner: Watch) -> None:
+        self.owner = owner
+
+    @hookimpl(wrapper=True, tryfirst=True)
+    def backward(self, loop: Run, loss: torch.Tensor) -> Generator[None, Any, Any]:
+        self.owner._in_backward = True
+        try:
+            return (yield)
+        finally:
+            self.owner._in_backward = False

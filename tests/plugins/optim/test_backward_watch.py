@@ -1,0 +1,149 @@
+"""optim's watch for ``loss.backward()`` called instead of ``loop.backward(loss)``: a warning
+naming the step function where the run still trains the same model, an error before the first
+optimizer step where it would not (accumulation, loss scaling, several processes), nothing for
+a correct script, and no hook left after the first training stage."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.optim import Optim, OptimWarning
+
+
+def data(n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)) for _ in range(n)]
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def hooks_left(m: torch.nn.Module) -> int:
+    return sum(len(p._post_accumulate_grad_hooks or {}) for p in m.parameters())
+
+
+class Probe:
+    """Records, at each training batch's end, the gradient hooks on the parameters and whether
+    the backward wrapper is registered."""
+
+    name = "probe"
+
+    def __init__(self, m: torch.nn.Module) -> None:
+        self.m, self.seen = m, []
+
+    @hookfit.hookimpl
+    def batch_end(self, loop) -> None:
+        if loop.training:
+            self.seen.append((loop.state.epoch, hooks_left(self.m), loop.pm.has_plugin("optim.backward_watch")))
+
+
+def direct_step(m):
+    def train_step(loop, batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        loss.backward()  # instead of loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+    return train_step
+
+
+@pytest.mark.bad_input
+def test_loss_backward_warns_once_naming_the_step_function_and_loop_backward() -> None:
+    m = model()
+    probe = Probe(m)
+    with pytest.warns(OptimWarning) as caught:
+        hookfit.Loop(direct_step(m), data(3), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     max_epochs=2, plugins=[Optim(), probe]).fit()
+    found = [w for w in caught if "loop.backward" in str(w.message)]
+    assert len(found) == 1, [str(w.message) for w in caught]
+    message = str(found[0].message)
+    assert "outside loop.backward (epoch 0, batch 0)" in message
+    assert "step function 'direct_step.<locals>.train_step' calls loss.backward() itself" in message
+    assert "Call loop.backward(loss) in 'direct_step.<locals>.train_step' instead" in message
+    assert found[0].filename == __file__  # the step function's line
+    # watched during the first training stage only: then no hook and no wrapper are left
+    assert probe.seen == [(0, 4, True)] * 3 + [(1, 0, False)] * 3
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("kwargs, why", [
+    ({"accumulate": 4}, r"accumulate=4 \(each loss must be divided by the window\)"),
+    ({"precision": "16-mixed"}, r"loss scaling \(precision='16-mixed'"),
+])
+def test_loss_backward_with_accumulation_or_scaling_fails_before_the_first_optimizer_step(kwargs, why) -> None:
+    m = model()
+    before = [p.detach().clone() for p in m.parameters()]
+    with pytest.raises(RuntimeError, match=r"step function 'direct_step.<locals>.train_step' calls "
+                                           r"loss.backward\(\) itself, which bypasses optim's handling of "
+                                           + why + r".*Call loop.backward\(loss\)"):
+        hookfit.Loop(direct_step(m), data(8), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     plugins=[Optim(**kwargs)]).fit()
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))  # no optimizer step
+    assert hooks_left(m) == 0
+
+
+@pytest.mark.bad_input
+def test_loss_backward_on_several_processes_fails() -> None:
+    class TwoProcesses:  # what a distributed plugin tells the run
+        name = "two"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop) -> None:
+            loop.state.world_size = 2
+
+    m = model()
+    with pytest.raises(RuntimeError, match="bypasses optim's handling of 2 processes"):
+        hookfit.Loop(direct_step(m), data(2), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     plugins=[Optim(), TwoProcesses()]).fit()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"accumulate": 3}, {"precision": "16-mixed"}, {"clip_norm": 1.0}])
+def test_a_correct_script_never_hears_of_it(kwargs) -> None:
+    m = model()
+    probe = Probe(m)
+
+    def train_step(loop, batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimWarning)
+        hookfit.Loop(train_step, data(3), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     max_epochs=2, plugins=[Optim(**kwargs), probe]).fit()
+    assert probe.seen[-1] == (1, 0, False) and hooks_left(m) == 0
+
+
+def test_a_backward_implementation_taking_over_is_loop_backward_too() -> None:
+    """A plugin that implements ``backward`` first (tryfirst) is what ``loop.backward`` runs:
+    its gradients are not a bypass."""
+    class OwnBackward:
+        name = "own_backward"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def backward(self, loop, loss):
+            (loss * 0.5).backward()
+            return True
+
+    m = model()
+
+    def train_step(loop, batch):
+        x, y = batch
+        loop.backward(torch.nn.functional.mse_loss(m(x), y))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimWarning)
+        hookfit.Loop(train_step, data(2), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     plugins=[Optim(accumulate=2), OwnBackward()]).fit()
