@@ -22,10 +22,11 @@ plugin publishes (a few per second) to a queue; a daemon UI thread drains it, re
 resizes, reads the run's counters (``loop.state``: stage, epoch, batch, step: plain attribute
 reads, so the bars follow the batches without a per-batch hook) and redraws when something
 changed, at most ``fps`` times a second (every ``PROGRESS_EVERY`` seconds for the bars alone),
-and otherwise once a second for the clock (a frame costs about 5 ms of Python at 120x40, time the training thread
-waits for the interpreter lock: five frames a second would take 2.5 % of it). urwid's screen is started and stopped on the
-main thread, which also owns the signal handlers (urwid's own SIGWINCH/SIGTSTP handling is not
-installed: the UI thread polls the size, and Ctrl-Z is ignored while the dashboard is up).
+and otherwise once a second for the clock (a frame costs about 5 ms of Python at 120x40, time
+the training thread waits for the interpreter lock: five frames a second would take 2.5 % of
+it). urwid's screen is started and stopped on the main thread, which also owns the signal
+handlers (urwid's own SIGWINCH/SIGTSTP handling is not installed: the UI thread polls the size,
+and Ctrl-Z is ignored while the dashboard is up).
 
 Output: file descriptors 1 and 2 are redirected into a pipe while the dashboard is up, so
 ``print``, logging, warnings, C libraries and child processes cannot scribble over it. A daemon

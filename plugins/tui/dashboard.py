@@ -95,7 +95,8 @@ class Dashboard(DashboardModel):
         """`` time  train data 12% · step 80% · plugins 8% │ valid ...``, and a warning when
         waiting for data takes over the stage (:attr:`TimeSplit.data_bound`)."""
         markup: list[Any] = [("head", " time ")]
-        slow = next(((stage, split.shares["data"]) for stage, split in self.time_split.items() if split.data_bound), None)
+        slow = next(((stage, split.shares["data"]) for stage, split in self.time_split.items() if split.data_bound),
+                    None)
         if slow is not None:  # first, so that a narrow terminal still shows it
             markup.append(("banner", f" the data loader is the bottleneck: {slow[1]:.0%} of {slow[0]} time "))
         for stage, split in self.time_split.items():

@@ -140,7 +140,8 @@ class DashboardModel:
         for key, value in m.values.items():
             self._note_name(key)
             row = self.table.setdefault(key, {})
-            row[f"{m.stage}_last"], row[f"{m.stage}_running"], row[f"{m.stage}_epoch"] = value.last, value.running, value.epoch
+            stage = m.stage
+            row[f"{stage}_last"], row[f"{stage}_running"], row[f"{stage}_epoch"] = value.last, value.running, value.epoch
             if m.stage == "train":
                 self._series(m.stage, key).add(m.step, value.running)
 
