@@ -1,31 +1,130 @@
-"""A run's folder and its record: where the files of a run go (``runs/<name>/<date>-<time>``
-unless ``Loop(run_dir=...)`` says otherwise), and ``run.jsonl`` in it, one ``"run"`` line as a
+"""A run's identity, folder and record: where the files of a run go (``runs/<name>/<date>-<time>``
+unless ``Loop(run_dir=...)`` says otherwise), ``run.jsonl`` in it, one ``"run"`` line as a
 ``fit()`` starts writing there and one ``"end"`` line when it ends, read back by
-:mod:`hookfit.tools.runs` (``hookfit runs``)."""
+:mod:`hookfit.tools.runs` (``hookfit runs``), and the lock that keeps a second process out of
+a folder a live run writes.
+
+**Identity.** A run's name is what its folder is called (``train`` for ``python train.py``);
+its *identity* is what ``resume="latest"`` matches: the script's absolute path (so
+``experiments/a/train.py`` and ``experiments/b/train.py`` share ``runs/train/`` but never each
+other's "latest"), a notebook's path (``JPY_SESSION_NAME``, VS Code's ``__vsc_ipynb_file__``;
+the run is named after the notebook), or, for a kernel that names no notebook, that kernel
+alone (``kernel:<host>:<pid>``). ``Loop(name=...)`` and ``Loop(run_dir=...)`` name the identity
+themselves: every run of that name, or in that folder, is one identity. The identity is stored
+in ``run.jsonl``; a run written before identities were recorded matches any identity of its
+name, as it always did.
+
+**One process a folder.** The process that writes a run folder holds an exclusive
+``fcntl.flock`` on ``run.lock`` in it (with its pid and host written there for others to
+read) until its ``fit()`` ends: a second process that would write the same folder (the same
+``run_dir``, or a resume of a live run) is refused when it first uses the folder, with a
+:class:`FolderInUse` naming the live process. The kernel releases the lock when the process
+dies, whatever killed it (``kill -9`` included), so it is never stale.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
 import hookfit
-from hookfit.files import RunFile
+from hookfit.files import FileWarning, RunFile
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.loop import Loop
     from hookfit.run import Run
 
-__all__ = ["RUNS", "RunFolder", "script_name"]
+__all__ = ["LOCK", "RUNS", "FolderInUse", "FolderLock", "Identity", "RunFolder", "identify", "recorded_identity",
+           "script_name"]
 
 RUNS = Path("runs")
 """Where runs keep their folders unless ``Loop(run_dir=...)`` says otherwise:
 ``runs/<name>/<date>-<time>``."""
+
+LOCK = "run.lock"
+"""The lock file of a folder a live process writes (see :class:`FolderLock`)."""
+
+KERNEL_NAME = "notebook"
+"""The name of a run started from a Jupyter kernel that names no notebook."""
+
+
+class Identity:
+    """Who a run is: ``name`` (its folder under ``runs/``), ``key`` (what ``resume="latest"``
+    matches, stored in ``run.jsonl``) and ``explicit`` (``Loop(name=...)`` or
+    ``Loop(run_dir=...)``: the name alone is the identity, and every run of it matches)."""
+
+    __slots__ = ("explicit", "key", "name")
+
+    def __init__(self, name: str, key: str, explicit: bool = False) -> None:
+        self.name = name
+        self.key = key
+        self.explicit = explicit
+
+    def matches(self, recorded: str | None) -> bool:
+        """Whether a run whose ``run.jsonl`` records the identity ``recorded`` (``None``: one
+        written before identities were recorded) is a run of this identity."""
+        return self.explicit or recorded is None or recorded == self.key
+
+    def __repr__(self) -> str:
+        return f"Identity({self.name!r}, {self.key!r}, explicit={self.explicit})"
+
+
+def _notebook(main: Any) -> str | None:
+    """The path of the notebook this process runs, if it says: VS Code's
+    ``__vsc_ipynb_file__`` in the notebook's namespace, else Jupyter's ``JPY_SESSION_NAME``."""
+    namespaces = [getattr(main, "__dict__", {})]
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if callable(get) else None
+    if shell is not None and isinstance(getattr(shell, "user_ns", None), dict):
+        namespaces.append(shell.user_ns)
+    for namespace in namespaces:
+        path = namespace.get("__vsc_ipynb_file__")
+        if isinstance(path, str) and path.strip():
+            return path
+    path = os.environ.get("JPY_SESSION_NAME", "").strip()
+    return path or None
+
+
+def _in_kernel(argv0: str | None) -> bool:
+    """Whether this process is a Jupyter (IPython) kernel."""
+    if argv0 and Path(argv0).stem == "ipykernel_launcher":
+        return True
+    return "ipykernel" in sys.modules and "ipykernel.kernelapp" in sys.modules
+
+
+def identify(config: Loop) -> Identity:
+    """The identity of a run of ``config``: ``Loop(name=...)``, else ``Loop(run_dir=...)``'s
+    folder, else the notebook's or the script's path (see the module's documentation)."""
+    if config.name:
+        return Identity(config.name, f"name:{config.name}", explicit=True)
+    if config.run_dir is not None:
+        return Identity(config.run_dir.name, f"dir:{config.run_dir.absolute()}", explicit=True)
+    main = sys.modules.get("__main__")
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None
+    notebook = _notebook(main)
+    if notebook is not None:
+        path = Path(notebook).expanduser()
+        key = str(path.absolute()) if path.is_absolute() else notebook
+        return Identity(path.stem or KERNEL_NAME, f"notebook:{key}")
+    if _in_kernel(argv0):  # a kernel that names no notebook: only itself
+        return Identity(KERNEL_NAME, f"kernel:{socket.gethostname()}:{os.getpid()}")
+    name = script_name()
+    file = getattr(main, "__file__", None) or argv0
+    if not file:
+        return Identity(name, f"interactive:{name}")
+    return Identity(name, str(Path(file).absolute().resolve()))
 
 
 def script_name() -> str:
@@ -39,41 +138,131 @@ def script_name() -> str:
     return stem or "run"
 
 
+def recorded_identity(folder: Path) -> str | None:
+    """The identity the first ``"run"`` line of ``folder``'s ``run.jsonl`` records, ``None``
+    when it records none (a run from before identities, or no ``run.jsonl``); read with the
+    run commands' care (:func:`hookfit.tools.runs.read_jsonl`)."""
+    from hookfit.tools.runs import read_jsonl
+
+    for line in read_jsonl(folder / "run.jsonl"):
+        if line.get("event") == "run":
+            found = line.get("identity")
+            return found if isinstance(found, str) else None
+    return None
+
+
+class FolderInUse(RuntimeError):
+    """A folder this run would write is held by another live process (see :class:`FolderLock`)."""
+
+
+class FolderLock:
+    """An exclusive lock on ``folder`` for this process: ``fcntl.flock`` on its ``run.lock``,
+    which also holds the holder's pid, host and start, for the message another process gets.
+    :meth:`acquire` raises :class:`FolderInUse` when a live process holds it; the lock goes
+    with the process (a ``kill -9`` cannot leave it stale) or at :meth:`release`."""
+
+    def __init__(self, folder: Path, owner: str) -> None:
+        self.folder = folder
+        self.owner = owner
+        self._file: IO[str] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._file is not None
+
+    def acquire(self, what: str = "this run") -> None:
+        if self._file is not None:
+            return
+        path = self.folder / LOCK
+        try:
+            file = open(path, "a+", encoding="utf-8")
+        except OSError as error:  # a read-only folder: hookfit.files' policy, the run goes on
+            warnings.warn(f"{self.owner}: could not create {path} ({type(error).__name__}: {error}); this "
+                          f"run goes on without the lock that keeps a second process out of {self.folder}",
+                          FileWarning, stacklevel=4)
+            return
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            file.seek(0)
+            holder = file.read(400).strip() or "a process that wrote no pid"
+            file.close()
+            if error.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                raise
+            raise FolderInUse(
+                f"{self.owner}: {self.folder} is in use by another live process ({holder}); {what} would write "
+                f"the same files. Wait for it to end, give this run a run_dir of its own, or resume from a "
+                f"checkpoint file into a new folder") from None
+        file.seek(0)
+        file.truncate()
+        file.write(f"pid {os.getpid()} on host {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}, "
+                   f"argv {' '.join(sys.argv)[:200]}\n")
+        file.flush()
+        self._file = file
+
+    def release(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+            file.close()
+
+
 class RunFolder:
     """The folder of one run and its ``run.jsonl``: created on first use, so a run that writes
-    nothing gets no folder."""
+    nothing gets no folder. The main process locks it on first use (:class:`FolderLock`) until
+    :meth:`record_end`."""
 
-    def __init__(self, run: Run, given: Path | None) -> None:
+    def __init__(self, run: Run, given: Path | None, lock: bool = True) -> None:
         self.run = run
         self.folder = given
         self.given = given is not None
         self.used = False
+        self.lock_wanted = lock
+        self.lock: FolderLock | None = None
+        self.refused: FolderInUse | None = None  # raised again at every later use
         self.log: RunFile | None = None  # run.jsonl, once the run has a folder
 
     @property
     def path(self) -> Path:
+        if self.refused is not None:
+            raise self.refused
         if self.folder is None:
             self.folder = self.new()
         if not self.used:
             self.folder.mkdir(parents=True, exist_ok=True)
+            if self.lock_wanted and self.run.is_main:
+                lock = FolderLock(self.folder, "hookfit")
+                try:
+                    lock.acquire(f"this run ({self.run.identity.name}, pid {os.getpid()})")
+                except FolderInUse as error:
+                    self.refused = error
+                    raise
+                self.lock = lock
             self.used = True
             self.record_start(self.folder)
         return self.folder
 
     def new(self) -> Path:
-        """A folder for a new run of this name that does not exist yet:
+        """A new folder for a run of this name, made here so that no other process takes it:
         ``runs/<name>/<date>-<time>`` (with ``-2``, ``-3``... if that one is taken)."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         base = (RUNS / self.run.name / stamp).absolute()
+        base.parent.mkdir(parents=True, exist_ok=True)
         candidate, n = base, 1
-        while candidate.exists():
-            n += 1
-            candidate = base.with_name(f"{stamp}-{n}")
-        return candidate
+        while True:
+            try:
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                n += 1
+                candidate = base.with_name(f"{stamp}-{n}")
 
     def continue_in(self, folder: str | os.PathLike[str]) -> None:
         """See :meth:`hookfit.run.Run.continue_in`."""
         folder = Path(folder)
+        if self.run.mode != "fit":  # an evaluation never writes into the run it reads
+            return
         if self.given and self.folder is not None and folder.resolve() != self.folder.resolve():
             raise ValueError(f"continue_in({str(folder)!r}): this run's folder is run_dir={str(self.folder)!r}")
         if self.used and (self.folder is None or folder.resolve() != self.folder.resolve()):
@@ -84,13 +273,15 @@ class RunFolder:
     def record_start(self, folder: Path) -> None:
         """One line in ``run.jsonl`` for this ``fit()`` (a resumed run adds its own): what made
         the run, for a person or a tool looking at it later, with the ``pid`` and ``host`` of
-        the process, so a reader can tell a live run from a dead one (:mod:`hookfit.tools.runs`).
-        Main process only."""
+        the process, so a reader can tell a live run from a dead one (:mod:`hookfit.tools.runs`),
+        its ``identity`` (what ``resume="latest"`` matches) and ``mode`` (``"fit"``, or
+        ``"validate"`` for ``Loop.validate()``). Main process only."""
         run = self.run
         if not run.is_main:
             return
         record = {
-            "event": "run", "name": run.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "event": "run", "name": run.name, "identity": run.identity.key, "mode": run.mode,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "argv": list(sys.argv), "seed": run.seed, "deterministic": run.deterministic,
             "resume": run.resume, "max_epochs": run.max_epochs, "max_steps": run.max_steps,
             "pid": os.getpid(), "host": socket.gethostname(),
@@ -108,7 +299,16 @@ class RunFolder:
         s, "step": s, "plugins": s, "batches": n}}``, see :class:`hookfit.payloads.TimeSplit`)
         and ``pid``. Main process only, and only when the run has a folder (a plugin used
         ``run_dir``). Written through the same :class:`hookfit.files.RunFile` as the start
-        line, so a folder that cannot be written warns once, not twice."""
+        line, so a folder that cannot be written warns once, not twice. Then the folder's lock
+        is released."""
+        try:
+            self._write_end()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
+
+    def _write_end(self) -> None:
         log = self.log
         if log is None or not self.run.is_main:
             return

@@ -33,7 +33,7 @@ from hookfit.manager import PluginManager
 from hookfit.modes import modules
 from hookfit.payloads import StopRequest
 from hookfit.position import Cursor, Position
-from hookfit.records import RUNS, RunFolder, script_name
+from hookfit.records import RUNS, RunFolder, identify, script_name
 from hookfit.state import State
 from hookfit.stopping import qualname
 from hookfit.timing import INTERVAL
@@ -108,10 +108,15 @@ class Run:
         self.resume: str | None = None if resume is None or self.smoke else os.fspath(resume)
         """What to resume from (``Loop(resume=...)``, else ``HOOKFIT_RESUME``; never in a
         smoke run), known from ``configure`` on, or ``None``."""
-        self.name = config.name or (config.run_dir.name if config.run_dir is not None else script_name())
-        """The run's identity: ``Loop(name=...)``, else the name of ``run_dir``, else the
-        script's name. Runs of one name share ``runs/<name>/``, and resuming ``"latest"``
-        never crosses to another name's checkpoints."""
+        self.identity = identify(config)
+        """Who the run is (:class:`hookfit.records.Identity`): ``Loop(name=...)``, else
+        ``run_dir``, else the notebook's or the script's path; stored in ``run.jsonl``, and
+        resuming ``"latest"`` takes only a run of the same identity (see :mod:`hookfit.records`)."""
+        self.name = self.identity.name
+        """The run's name: ``Loop(name=...)``, else the name of ``run_dir``, else the
+        notebook's or the script's name (``train`` for ``python train.py``). Runs of one name
+        share ``runs/<name>/``; scripts of one file name in different folders are different
+        identities there."""
         self.model, self.optimizers = config.model, config.optimizers
         self.train_data, self.val_data = config.train_data, config.val_data
         self.state = State()
@@ -119,7 +124,8 @@ class Run:
         self.pm = pm
         self.hooks = Dispatch(pm)
         self.state.silenced = pm.silenced
-        self.folder = RunFolder(self, config.run_dir if self._smoke is None else self._smoke.folder)
+        self.folder = RunFolder(self, config.run_dir if self._smoke is None else self._smoke.folder,
+                                lock=self._smoke is None)  # a smoke run's temporary folder is its own
         self.run_dir_given = self.folder.given
         """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
         self.cursor = Cursor(self.state)
@@ -139,7 +145,9 @@ class Run:
         """Make ``folder`` (an earlier run's folder) this run's folder: a resume plugin calls it
         at ``configure``, so the resumed run goes on writing where the run it continues did.
         Refused once a plugin has used :attr:`run_dir`, and when ``Loop(run_dir=...)`` names
-        another folder."""
+        another folder. In ``Loop.validate()`` it changes nothing: an evaluation of a run's
+        checkpoint leaves that run's folder and record as they were (its own files, if any,
+        go to a folder of its own)."""
         self.folder.continue_in(folder)
 
     @property

@@ -2,7 +2,8 @@
 
 The first thing to do with a new script: one epoch of two training batches and two
 validation batches, through every plugin, in a temporary run folder that is removed
-afterwards (so nothing is kept: no metrics log, no checkpoint, no resume from an earlier run),
+afterwards (so nothing is kept: no metrics log, no checkpoint, no resume from an earlier run;
+the folder of a smoke run that was killed is removed by the next one),
 then a report on stderr of what ran: how it ended, what each step function returned, and each
 plugin with the events it handled. A plugin that writes files somewhere of its own choosing
 reads ``loop.smoke`` and keeps them in ``loop.run_dir`` instead.
@@ -15,20 +16,24 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
-from hookfit.manager import hookimpl
+from hookfit.manager import HookfitWarning, hookimpl
+from hookfit.records import LOCK, FolderInUse, FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run
 
-__all__ = ["BATCHES", "ENV_SMOKE", "FirstBatches", "Smoke", "wanted"]
+__all__ = ["BATCHES", "ENV_SMOKE", "PREFIX", "FirstBatches", "Smoke", "remove_abandoned", "wanted"]
 
 ENV_SMOKE = "HOOKFIT_SMOKE"
 BATCHES = 2
 """Batches of each stage in a smoke run."""
+PREFIX = "hookfit-smoke-"
+"""The name of every smoke run's temporary folder begins so (in :func:`tempfile.gettempdir`)."""
 WATCH = "hookfit.smoke"  # the name the report's own watcher is registered under
 
 
@@ -66,6 +71,31 @@ def _first(data: Any) -> Any:
     return (SizedFirstBatches if hasattr(data, "__len__") else FirstBatches)(data, BATCHES)
 
 
+def remove_abandoned(where: str | None = None) -> list[Path]:
+    """Remove the temporary folders of smoke runs that were killed before they could (their
+    process is gone, so nothing holds the folder's lock any more); returns them. A folder of a
+    live smoke run is locked and left alone, as is one without a lock file (a smoke run
+    between making its folder and locking it)."""
+    removed = []
+    for folder in Path(where or tempfile.gettempdir()).glob(PREFIX + "*"):
+        if folder.is_symlink() or not (folder / LOCK).is_file():
+            continue
+        lock = FolderLock(folder, "hookfit smoke")
+        try:
+            lock.acquire()
+        except (FolderInUse, OSError):
+            continue
+        try:
+            shutil.rmtree(folder)
+            removed.append(folder)
+        except OSError as error:
+            warnings.warn(f"hookfit smoke: could not remove {folder}, a killed smoke run's temporary folder "
+                          f"({type(error).__name__}: {error})", HookfitWarning, stacklevel=3)
+        finally:
+            lock.release()
+    return removed
+
+
 class _Watch:
     """Registered during a smoke run so that step outputs go through an event call the
     report's monitor sees; it does nothing itself."""
@@ -80,7 +110,10 @@ class Smoke:
     batches of the data once plugins have set it up, and the report."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="hookfit-smoke-"))
+        remove_abandoned()
+        self.folder = Path(tempfile.mkdtemp(prefix=PREFIX))
+        self.lock = FolderLock(self.folder, "hookfit smoke")
+        self.lock.acquire("this smoke run")  # held while it runs: a later smoke run leaves it alone
         self.handled: dict[str, set[str]] = {}  # plugin -> events it handled
         self.returned: dict[str, set[str]] = {}  # stage -> keys the step returned
         self._undo: Callable[[], None] | None = None
@@ -118,6 +151,7 @@ class Smoke:
         try:
             self.report(run)
         finally:
+            self.lock.release()
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def report(self, run: Run, stream: Any = None) -> None:

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import hookimpl
+from hookfit.records import FolderLock
 from hookfit.plugins.checkpoint import hookspecs, sharded
-from hookfit.plugins.checkpoint.resuming import choose, restore
+from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import _model_state, _snapshot
 from hookfit.plugins.checkpoint.storage import (
     FORMAT,
@@ -106,6 +107,7 @@ class Checkpoint:
         self._sharded_saves = 0  # this process's sharded saves: their temporary folders' names
         self._main_dir: Path | None = None  # off the main process: where the main one writes
         self._written: collections.deque[tuple[str, str, int]] = collections.deque()  # to announce
+        self._lock: FolderLock | None = None  # a given dir's, while a run writes there
 
     @property
     def best(self) -> tuple[float, Path] | None:
@@ -139,6 +141,8 @@ class Checkpoint:
                 f"pass Loop(model=...)")
         path, data = choose(loop, source, self.dir, self.fallback)
         self._pending = (source, path, data)
+        if loop.mode != "fit":  # Loop.validate(): reads the checkpoint, writes nothing into its run
+            return
         if path is not None and self.dir is None and not loop.run_dir_given and path.parent.name == "checkpoints":
             loop.continue_in(path.parent.parent.absolute())  # the resumed run goes on writing there
             self._continued = True
@@ -154,7 +158,8 @@ class Checkpoint:
                 "checkpoint: checkpoints are off for this run: it has no model (Loop(model=...)), so a "
                 "checkpoint would hold no weights and a resume would continue half a state; nothing is saved",
                 CheckpointWarning, stacklevel=2)
-        if loop.is_main:
+        if loop.is_main and loop.mode == "fit" and not self.off:
+            self._lock_directory(loop)  # before anything is written or removed: refused if a live process holds it
             self._remove_stale_temporaries(loop)
         if not self.off and loop.state.world_size > 1:
             self._share_directory(loop)
@@ -170,7 +175,9 @@ class Checkpoint:
             return False
         restore(loop, path, data, self.strict)
         self.resumed_from = self.last = path
-        if loop.is_main:
+        if source == "latest":
+            announce(loop, path)
+        if loop.is_main and loop.mode == "fit":  # an evaluation prunes nothing
             self._adopt(loop, data["loop"])
         return path
 
@@ -222,6 +229,9 @@ class Checkpoint:
             self._wait()
             self._announce(loop)
             self._loop = None
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     @hookimpl
     def results(self) -> dict[str, Path | None]:
@@ -439,6 +449,20 @@ class Checkpoint:
         error, self._write_error = self._write_error, None
         if error is not None:
             raise error
+
+    def _lock_directory(self, loop: Run) -> None:
+        """Keep a second process out of the folder this run's checkpoints go to, at the start:
+        the run folder's own lock when it may hold files already (a given ``run_dir``, a
+        resumed run's folder: :class:`hookfit.records.RunFolder` takes it as the folder is
+        first used, refusing with the live process's pid and host), or the lock of a given
+        ``dir`` (held until ``fit_end``). A new run folder is this process's alone."""
+        if self.dir is not None and not loop.smoke:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            lock = FolderLock(self.dir, self.name)
+            lock.acquire(f"this run's checkpoints (Checkpoint(dir={str(self.dir)!r}))")
+            self._lock = lock if lock.held else None
+        elif loop.run_dir_given or self._continued:
+            loop.run_dir  # noqa: B018 - the folder's first use takes its lock
 
     def _remove_stale_temporaries(self, loop: Run) -> None:
         """Temporary files of writes that a killed process left (``kill -9`` during a

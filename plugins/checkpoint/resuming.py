@@ -6,11 +6,13 @@ and ``resume``, and keeps the save side."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookfit import StateMismatch
+from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.state import _load_model, _model_state
 from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, read
@@ -55,7 +57,9 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
 def latest(loop: Run, directory: Path | None) -> tuple[list[Path], str]:
     """The candidates for ``"latest"``, newest first, and where they were looked for: the
     given ``dir`` (``directory``); else ``<run_dir>/checkpoints`` of a given ``run_dir``; else the
-    checkpoints of this run's name, ``runs/<name>/*/checkpoints`` (never another name's),
+    checkpoints of this run's identity under ``runs/<name>/*/checkpoints`` (never another
+    identity's: a script of the same file name in another folder, another notebook; a folder
+    whose ``run.jsonl`` records no identity, written before they were, is taken as before),
     the folder written last first."""
     if directory is not None:
         return checkpoint_files(directory), str(directory)
@@ -66,10 +70,32 @@ def latest(loop: Run, directory: Path | None) -> tuple[list[Path], str]:
     from hookfit import run as run_module
 
     base = (run_module.RUNS / loop.name).absolute()
-    folders = [checkpoint_files(folder) for folder in base.glob("*/checkpoints") if folder.is_dir()]
-    folders = [files for files in folders if files]
+    folders = []
+    for folder in base.glob("*/checkpoints"):
+        files = checkpoint_files(folder) if folder.is_dir() else []
+        if files and loop.identity.matches(recorded_identity(folder.parent)):
+            folders.append(files)
     folders.sort(key=lambda files: max(p.stat().st_mtime for p in files), reverse=True)
-    return [p for files in folders for p in files], str(base / "*" / "checkpoints")
+    return [p for files in folders for p in files], f"{base / '*' / 'checkpoints'} (runs of {describe(loop)})"
+
+
+def describe(loop: Run) -> str:
+    """The run's identity as a message says it: ``train.py at /abs/path``, ``notebook ...``."""
+    key = loop.identity.key
+    if loop.identity.explicit:
+        return f"the name {loop.name!r}" if key.startswith("name:") else f"the folder {key[4:]}"
+    if key.startswith("kernel:"):
+        return "this kernel alone (it names no notebook)"
+    if key.startswith("notebook:"):
+        return f"the notebook {key[9:]}"
+    return f"the script {key}"
+
+
+def announce(loop: Run, path: Path) -> None:
+    """One line on stderr (main process) saying which checkpoint ``resume="latest"`` took."""
+    if loop.is_main:
+        print(f"hookfit checkpoint: resume='latest' took {path} (the newest checkpoint of {describe(loop)})",
+              file=sys.stderr, flush=True)
 
 
 def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:

@@ -1,0 +1,239 @@
+"""Runs that cannot be mistaken for each other (issue 31): a run's identity is its script's
+path, not its file name; two processes never write one run folder; an evaluation leaves the
+run it reads as it was; a killed smoke run's temporary folder does not stay. Real
+subprocesses, real ``kill -9``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.data import Batches
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+from hookfit.records import LOCK
+
+from conftest import TESTS
+
+SCRIPT = TESTS / "scripts" / "identity_train.py"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HOOKFIT_RESUME", "HOOKFIT_SMOKE", "JPY_SESSION_NAME")}
+    return {**env, **extra}
+
+
+def _start(script: Path, cwd: Path, out: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(script), str(out), *args], cwd=cwd, env=_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run(script: Path, cwd: Path, *args: str, **env: str) -> tuple[dict, str]:
+    out = cwd / f"out-{time.monotonic_ns()}.json"
+    process = _start(script, cwd, out, *args, **env)
+    _, err = process.communicate(timeout=180)
+    assert process.returncode == 0, err
+    return json.loads(out.read_text()), err
+
+
+def _wait_for(path: Path, process: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until ``path`` exists (the child reached its hold), failing at once if the child died."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            pytest.fail(f"the child ended ({process.returncode}) before {path.name}: {process.stderr.read()}")
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project with two scripts of one file name: experiments/a/train.py and experiments/b/train.py."""
+    for which in ("a", "b"):
+        folder = tmp_path / "experiments" / which
+        folder.mkdir(parents=True)
+        shutil.copy(SCRIPT, folder / "train.py")
+    return tmp_path
+
+
+# -- identity ------------------------------------------------------------------------------
+
+def test_two_scripts_of_one_file_name_never_share_latest(project: Path) -> None:
+    """Run from the project root, a/train.py and b/train.py are both named ``train`` (their
+    folders under runs/train/), but b's "latest" never takes a's checkpoint; b's own is taken,
+    and the line on stderr says which."""
+    a = project / "experiments" / "a" / "train.py"
+    b = project / "experiments" / "b" / "train.py"
+    a1, _ = _run(a, project, "--epochs", "2")
+    assert a1["name"] == "train" and Path(a1["run_dir"]).parent == project / "runs" / "train"
+    assert a1["identity"] == str(a.resolve())
+    b1, err = _run(b, project, "--epochs", "1", HOOKFIT_RESUME="latest")
+    assert b1["resumed_from"] is None and b1["step"] == 4, err  # a fresh start: a's run is not b's
+    assert b1["run_dir"] != a1["run_dir"] and "took" not in err
+    b2, err = _run(b, project, "--epochs", "2", HOOKFIT_RESUME="latest")
+    assert b2["resumed_from"] is not None and Path(b2["resumed_from"]).parent.parent == Path(b1["run_dir"])
+    assert b2["run_dir"] == b1["run_dir"] and b2["step"] == 8
+    said = [line for line in err.splitlines() if "resume='latest' took" in line]
+    assert len(said) == 1 and b2["resumed_from"] in said[0] and str(b.resolve()) in said[0], err
+    records = [json.loads(line) for line in (Path(a1["run_dir"]) / "run.jsonl").read_text().splitlines()]
+    assert records[0]["identity"] == str(a.resolve())  # stored in run.jsonl
+
+
+def test_a_run_written_before_identities_is_found_as_before(project: Path) -> None:
+    """A run folder whose run.jsonl records no identity (hookfit before this change) is a
+    candidate for "latest" of any script of its name, as it always was."""
+    a = project / "experiments" / "a" / "train.py"
+    a1, _ = _run(a, project, "--epochs", "1")
+    log = Path(a1["run_dir"]) / "run.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    for line in lines:
+        line.pop("identity", None)
+        line.pop("mode", None)
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    b1, err = _run(project / "experiments" / "b" / "train.py", project, "--epochs", "2", HOOKFIT_RESUME="latest")
+    assert b1["resumed_from"] is not None and b1["run_dir"] == a1["run_dir"], err
+
+
+# -- one process a folder ------------------------------------------------------------------
+
+@pytest.mark.fault
+def test_a_second_process_on_a_live_run_folder_is_refused_and_kill_9_leaves_no_stale_lock(tmp_path: Path) -> None:
+    """A live run holds its folder: a second process given the same run_dir, and one resuming
+    "latest" into it, are refused at start, naming the live process's pid and host, and write
+    nothing there. After a kill -9 of the first, a third takes the folder at once."""
+    run_dir = tmp_path / "shared"
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    first = _start(SCRIPT, tmp_path, tmp_path / "first.json", "--run-dir", str(run_dir), "--epochs", "2",
+                   "--hold", str(hold))
+    try:
+        _wait_for(hold / "ready", first)
+        before = sorted(p.name for p in run_dir.rglob("*"))
+        for resume in ("", "latest"):
+            second = _start(SCRIPT, tmp_path, tmp_path / "second.json", "--run-dir", str(run_dir),
+                            HOOKFIT_RESUME=resume)
+            _, err = second.communicate(timeout=180)
+            assert second.returncode != 0, err
+            assert f"pid {first.pid} on host {socket.gethostname()}" in err and str(run_dir) in err, err
+            assert not (tmp_path / "second.json").exists()
+        assert sorted(p.name for p in run_dir.rglob("*")) == before
+        assert len((run_dir / "run.jsonl").read_text().splitlines()) == 1  # the refused ones wrote nothing
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=60)
+    third, err = _run(SCRIPT, tmp_path, "--run-dir", str(run_dir), "--epochs", "1")
+    assert third["status"] == "completed" and third["run_dir"] == str(run_dir), err
+
+
+@pytest.mark.fault
+def test_a_second_process_resuming_latest_of_a_live_run_is_refused(tmp_path: Path) -> None:
+    """Without run_dir: the first run (an epoch done, then held) is found by a second process's
+    resume="latest", which would continue in the first's folder: refused, naming the live one;
+    the first then ends with its own final checkpoint intact."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPT, script)
+    _run(script, tmp_path, "--epochs", "1")  # a checkpoint for "latest"
+    first = _start(script, tmp_path, tmp_path / "first.json", "--epochs", "3", "--hold", str(hold),
+                   HOOKFIT_RESUME="latest")
+    try:
+        _wait_for(hold / "ready", first)
+        second = _start(script, tmp_path, tmp_path / "second.json", "--epochs", "3", HOOKFIT_RESUME="latest")
+        _, err = second.communicate(timeout=180)
+        assert second.returncode != 0 and f"pid {first.pid}" in err, err
+        (hold / "go").write_text("")
+        _, err = first.communicate(timeout=180)
+        assert first.returncode == 0, err
+    finally:
+        if first.poll() is None:
+            first.kill()
+    done = json.loads((tmp_path / "first.json").read_text())
+    assert done["step"] == 12 and done["status"] == "completed"
+    assert (Path(done["run_dir"]) / "checkpoints" / "epoch0003-step000000012.pt").is_file()
+
+
+@pytest.mark.fault
+def test_a_killed_smoke_runs_folder_is_removed_by_the_next_smoke_run(tmp_path: Path) -> None:
+    """A smoke run killed with -9 cannot remove its temporary folder; the next smoke run does,
+    and leaves a live smoke run's folder alone."""
+    tmp, hold = tmp_path / "tmp", tmp_path / "hold"
+    tmp.mkdir()
+    hold.mkdir()
+    first = _start(SCRIPT, tmp_path, tmp_path / "first.json", "--hold", str(hold), HOOKFIT_SMOKE="1", TMPDIR=str(tmp))
+    try:
+        _wait_for(hold / "ready", first)
+        folder = Path((hold / "ready").read_text())
+        assert folder.parent == tmp and folder.is_dir()
+        _run(SCRIPT, tmp_path, HOOKFIT_SMOKE="1", TMPDIR=str(tmp))  # while the first is alive
+        assert folder.is_dir()
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=60)
+    assert folder.is_dir()  # killed: nothing removed it
+    done, err = _run(SCRIPT, tmp_path, HOOKFIT_SMOKE="1", TMPDIR=str(tmp))
+    assert "hookfit smoke: completed" in err
+    assert not folder.exists() and list(tmp.glob("hookfit-smoke-*")) == []
+
+
+# -- read-only uses ------------------------------------------------------------------------
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != LOCK}
+
+
+def _loop(**kwargs: object) -> hookfit.Loop:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(40, 4, generator=g), torch.randn(40, 1, generator=g)
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def val_step(loop, batch):
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    return hookfit.Loop(step, Batches(x, y, batch_size=10), val_step=val_step, val_data=Batches(x, y, batch_size=20),
+                        model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1), name="evaluated",
+                        plugins=[Optim(), Metrics(), Checkpoint(background=False, keep_last=1)], **kwargs)
+
+
+def test_validate_resume_latest_leaves_the_training_run_as_it_was(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation of the training's latest checkpoint changes nothing in the training's folder
+    (run.jsonl, metrics.jsonl, checkpoints: keep_last=1 prunes nothing there), and the run
+    commands still say how the training ended."""
+    from hookfit.tools import runs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics_log")
+    _loop(max_epochs=2).fit()
+    (folder,) = (tmp_path / "runs" / "evaluated").iterdir()
+    (folder / "checkpoints" / "epoch0009-step000000036.pt").write_bytes(
+        (folder / "checkpoints" / "epoch0002-step000000008.pt").read_bytes())  # one keep_last=1 would prune
+    before = _snapshot(folder)
+    info = runs.load(folder)
+    state = _loop(max_epochs=2).validate(resume=folder / "checkpoints" / "epoch0002-step000000008.pt")
+    assert state.status == "completed"
+    state = _loop(max_epochs=2).validate(resume="latest")
+    assert state.status == "completed" and state.resumed_from is not None
+    assert _snapshot(folder) == before
+    assert runs.load(folder) == info and info.status == "completed"
