@@ -18,6 +18,13 @@ not take, a value the constructor refuses, or a file that is not valid TOML is a
 :class:`ConfigError` naming the file, the plugin and what it accepts. A plugin given in code
 (``Loop(plugins=[...])``) wins over the file: its table is ignored, with a warning. A disabled
 plugin's table is not used.
+
+A table turns its plugin on: a plugin that is inert when merely discovered (``csv``,
+``tensorboard``, ``profile``, ``mlflow``, ``wandb``) takes part in a run whose file has a table
+for it, even an empty one. ``enabled`` is an option of every table: ``enabled = false``
+disables the plugin (it is never imported, and ``hookfit plugins`` says the file did it);
+``enabled = true`` is passed to a plugin whose constructor takes ``enabled`` and otherwise only
+names the plugin.
 """
 
 from __future__ import annotations
@@ -118,6 +125,10 @@ def build(config: Config, name: str, factory: Any) -> Any:
     an option ``factory`` does not take, or one it refuses, is a :class:`ConfigError` naming
     the file, the plugin and the options it accepts."""
     options = dict(config.plugins.get(name, {}))
+    if "enabled" in options and not _takes(factory, "enabled"):  # hookfit's own switch (see the module)
+        if not isinstance(options["enabled"], bool):
+            raise ConfigError(f"{config.where(name)}: enabled must be true or false, got {options['enabled']!r}")
+        del options["enabled"]
     if not inspect.isclass(factory):  # a module or an object: used as it is
         if options:
             raise ConfigError(f"{config.where(name)}: plugin {name!r} is not a class ({type(factory).__name__}) "
@@ -136,6 +147,14 @@ def build(config: Config, name: str, factory: Any) -> Any:
         return factory(**options)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{config.where(name)}: {error}") from error
+
+
+def _takes(factory: Any, option: str) -> bool:
+    """Whether ``factory`` (a plugin's class) takes the keyword ``option`` (or any keyword)."""
+    if not inspect.isclass(factory):
+        return False
+    known = accepted(factory)
+    return known is None or option in known
 
 
 def options_of(plugin: Any, given: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:

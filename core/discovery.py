@@ -41,6 +41,14 @@ class PluginInfo:
     hooks: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)  # given by the configuration file
     config: Any = None  # the file's path when it gave options
+    chosen: bool = False
+    """Whether the user chose it: given to ``Loop(plugins=[...])``, or named by a table of the
+    configuration file (``[plugins.<name>]``, even empty): what turns on a plugin that is inert
+    when merely discovered (see :func:`inert`)."""
+    disabled_by: str | None = None
+    """What disabled it (``None`` while enabled): ``Loop(disable=[...])``,
+    ``HOOKFIT_DISABLE_PLUGINS``, ``HOOKFIT_PLUGINS`` (not listed there) or the configuration
+    file's ``enabled = false``."""
     declares: list[Any] = field(default_factory=list)
     """The event declarations (``hookspecs``) of this plugin, read when it is loaded (a
     disabled plugin is never imported; the built-ins' are added whatever their state, see
@@ -128,6 +136,24 @@ def refresh() -> None:
     importlib.invalidate_caches()
 
 
+def inert(plugin: Any, chosen: bool) -> str | None:
+    """The plugin's answer to the listing's question (``hookfit plugins``): ``None`` when it
+    takes part in a run, else what turns it on, in a few words. A plugin answers with a
+    method ``inert(chosen: bool) -> str | None``, where ``chosen`` says whether the user chose
+    it (:attr:`PluginInfo.chosen`); one without the method takes part whenever it is enabled. A
+    plugin that is inert in a run unregisters itself at ``configure`` by the same answer, so
+    the listing and the run agree. An answer that is neither ``None`` nor a string, or a
+    method that raises, is reported as the plugin's own error."""
+    method = getattr(plugin, "inert", None)
+    if not callable(method):
+        return None
+    answer = method(chosen)
+    if answer is not None and not isinstance(answer, str):
+        raise TypeError(f"plugin {plugin_name(plugin)!r}: inert(chosen) must return None or a string, "
+                        f"got {type(answer).__name__}")
+    return answer
+
+
 def _instantiate(obj: Any) -> Any:
     return obj() if inspect.isclass(obj) else obj
 
@@ -198,15 +224,29 @@ def collect(
     env = os.environ if environ is None else environ
     if configured is None:
         configured = config.load(config.find(env))
-    disabled = set(disable) | set(split_names(env.get(ENV_DISABLE)))
+    by_loop, by_env = set(disable), set(split_names(env.get(ENV_DISABLE)))
+    disabled = by_loop | by_env
     only = split_names(env.get(ENV_ONLY)) if ENV_ONLY in env else None
+
+    def disabled_by(name: str, discovered: bool) -> str | None:
+        if name in by_loop:
+            return "Loop(disable=[...])"
+        if name in by_env:
+            return f"{ENV_DISABLE}={env.get(ENV_DISABLE)}"
+        if discovered and only is not None and name not in only:
+            return f"{ENV_ONLY}={env.get(ENV_ONLY)} (not listed there)"
+        if discovered and configured is not None and configured.plugins.get(name, {}).get("enabled") is False:
+            return f"{configured.where(name)} enabled = false"
+        return None
 
     eps: dict[str, metadata.EntryPoint] = {}
     infos: list[PluginInfo] = []
     for ep, dist, version in _discover(tuple(sys.path)):
         eps[ep.name] = ep
         info = PluginInfo(name=ep.name, source="entry point", distribution=dist, version=version, value=ep.value)
-        info.enabled = info.name not in disabled and (only is None or info.name in only)
+        info.disabled_by = disabled_by(info.name, True)
+        info.enabled = info.disabled_by is None
+        info.chosen = info.enabled and info.name in configured.plugins
         infos.append(info)
 
     by_name = {info.name: i for i, info in enumerate(infos)}
@@ -226,6 +266,8 @@ def collect(
             value=f"{type(plugin).__module__}.{type(plugin).__qualname__}",
             enabled=name not in disabled,
             plugin=plugin,
+            chosen=True,
+            disabled_by=disabled_by(name, False),
         )
         info.declares = declared_events(plugin)
         if name in by_name:  # a replaced built-in's events stay declared (register_all)
@@ -254,7 +296,7 @@ def collect(
         if not info.enabled:  # never imported (a built-in's events are declared all the same)
             continue
         info.options = dict(configured.plugins.get(info.name, {}))
-        info.config = configured.path if info.options else None
+        info.config = configured.path if info.chosen else None
         try:
             loaded = eps[info.name].load()
             info.declares = declared_events(loaded)

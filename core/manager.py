@@ -64,6 +64,7 @@ from hookfit.discovery import (
     declared_events as declared_events,
     discovered_events as discovered_events,
     entry_points as entry_points,
+    inert as inert,
     plugin_name as plugin_name,
     refresh as refresh,
     split_names as split_names,
@@ -232,6 +233,18 @@ class PluginManager(pluggy.PluginManager):
                 if strict:
                     raise PluginError(message)
                 self.infos[impl.plugin_name].error = message
+
+
+def chosen(pm: pluggy.PluginManager, plugin: object) -> bool:
+    """Whether the user chose ``plugin`` for this run: given to ``Loop(plugins=[...])``, named by
+    a ``[plugins.<name>]`` table of the configuration file (even empty), or registered by hand
+    (not through discovery). What a plugin that is inert when merely discovered passes to its
+    own ``inert(chosen)`` at ``configure`` (see :func:`hookfit.discovery.inert`)."""
+    infos = getattr(pm, "infos", {})
+    info = infos.get(getattr(plugin, "name", ""))
+    if info is None or info.plugin is not plugin:
+        return True
+    return bool(info.chosen)
 
 
 def impl_names(pm: pluggy.PluginManager, plugin: object) -> list[str]:

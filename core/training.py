@@ -195,10 +195,8 @@ def epochs_for_steps(run: Run) -> None:
     a length; the loop itself goes on until ``max_steps`` whatever that says."""
     if _epochs_bound(run) or run.max_steps is None:
         return
-    try:
-        per_epoch = len(run.train_data)  # type: ignore[arg-type]
-    except TypeError:
-        return
+    data = run.train_data
+    per_epoch = len(data) if isinstance(data, Sized) else 0
     if per_epoch > 0:
         run.max_epochs = -(-run.max_steps // per_epoch)
 

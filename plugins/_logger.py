@@ -14,16 +14,24 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 
 def wanted(loop: Run, plugin: Any, enabled: bool | None) -> bool:
-    """Whether a logger takes part in this run: ``enabled`` when given; else when it was given
-    to ``Loop(plugins=[...])`` (or registered by hand) or the configuration file gave it any
-    option, and not when it was merely discovered."""
-    if enabled is not None:
-        return enabled
-    infos = getattr(loop.pm, "infos", {})
-    info = infos.get(getattr(plugin, "name", ""))
-    if info is None or info.plugin is not plugin:
-        return True  # registered by hand, not through discovery
-    return info.source != "entry point" or bool(info.options)
+    """Whether a logger takes part in this run: ``enabled`` when given; else when the user
+    chose it (:func:`hookfit.manager.chosen`: given to ``Loop(plugins=[...])``, registered by
+    hand, or named by a table of the configuration file, even an empty one), and not when it
+    was merely discovered."""
+    from hookfit.manager import chosen
+
+    return enabled if enabled is not None else chosen(loop.pm, plugin)
+
+
+def inert(self: Any, chosen: bool) -> str | None:
+    """A logger's answer to ``hookfit plugins`` (bound as its ``inert`` method, see
+    :func:`hookfit.discovery.inert`): what turns it on, or ``None`` when it takes part."""
+    cls = type(self).__name__
+    if self.enabled is False:
+        return f"enabled is not False ({cls}(enabled=False) switches it off)"
+    if self.enabled or chosen:
+        return None
+    return f"given to Loop(plugins=[{cls}()]), or named by a [plugins.{self.name}] table in hookfit.toml (even empty)"
 
 
 def run_file(loop: Run, name: str, owner: str, binary: bool = False) -> RunFile:

@@ -1,7 +1,7 @@
 """csv: the run's metrics as CSV tables in the run folder, one row per stage of every epoch.
 
-``Loop(plugins=[CSVLogger()])``, or ``[plugins.csv]`` with any option in ``hookfit.toml``
-(``enabled = true`` is enough). Discovered like every plugin, it is inert until then: it
+``Loop(plugins=[CSVLogger()])``, or a ``[plugins.csv]`` table in ``hookfit.toml`` (even
+empty). Discovered like every plugin, it is inert until then: it
 unregisters itself at ``configure``, so it costs a run nothing. ``CSVLogger(enabled=False)``
 switches it off wherever it comes from.
 
@@ -51,6 +51,7 @@ from hookfit import hookimpl
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins._logger import fail, run_file, wanted
+from hookfit.plugins._logger import inert as logger_inert
 from hookfit.plugins.common import flag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -209,6 +210,7 @@ class CSVLogger:
 
     name = "csv"
     observer = True  # a logger: its failures switch it off, never the run
+    inert = logger_inert  # what hookfit plugins says of it (hookfit.discovery.inert)
 
     def __init__(self, enabled: bool | None = None, every_publication: bool = False) -> None:
         flag(self.name, "enabled", enabled, none=True)

@@ -26,9 +26,12 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from hookfit import hookimpl
+from hookfit.errors import HookfitWarning
+from hookfit.manager import chosen
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.common import Every, Monitor, integer
 
@@ -78,9 +81,20 @@ class EarlyStopping:
         self._epoch_step = 0  # the global step as the current epoch started
 
     # -- events -----------------------------------------------------------------------------
+    def inert(self, chosen: bool) -> str | None:
+        """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): inert until
+        given a ``monitor``."""
+        if self.monitor is not None:
+            return None
+        return ('given a monitor: EarlyStopping(monitor="valid/loss") in Loop(plugins=[...]), or '
+                'monitor = "valid/loss" in [plugins.early_stopping] of hookfit.toml')
+
     @hookimpl
     def configure(self, loop: Run) -> None:
         self._reset()  # a state from a checkpoint comes later (load_state)
+        if (how := self.inert(True)) is not None and chosen(loop.pm, self):  # asked for, and it would do nothing
+            warnings.warn(f"early_stopping: chosen for this run but without a monitor it never stops the run; "
+                          f"it is inert until {how}", HookfitWarning, stacklevel=2)
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import warnings
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from hookfit import hookimpl
+from hookfit.errors import HookfitWarning
+from hookfit.manager import chosen
 from hookfit.plugins.common import Every, check, flag, unwrap_model, unwrap_state_dict
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -109,10 +112,20 @@ class EMA:
         return 0 if self.average is None else int(self.average.n_averaged)
 
     # -- events ---------------------------------------------------------------------------
+    def inert(self, chosen: bool) -> str | None:
+        """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): inert until
+        given a ``decay``."""
+        if self.decay is not None:
+            return None
+        return "given a decay: EMA(decay=0.999) in Loop(plugins=[...]), or decay = 0.999 in [plugins.ema] of hookfit.toml"
+
     @hookimpl
     def configure(self, loop: Run) -> None:
         self.average, self._source, self._watched, self._kept, self.steps = None, None, None, None, 0
-        if self.decay is None:
+        if (how := self.inert(True)) is not None:
+            if chosen(loop.pm, self):  # asked for, and it would do nothing: say so
+                warnings.warn(f"ema: chosen for this run but without a decay it averages nothing; it is inert "
+                              f"until {how}", HookfitWarning, stacklevel=2)
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
 
     @hookimpl

@@ -61,6 +61,7 @@ from hookfit import hookimpl
 from hookfit.errors import HookfitWarning
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins._logger import wanted
+from hookfit.plugins._logger import inert as logger_inert
 from hookfit.plugins.common import Hparam, flag, hyperparameters, path, run_hparams, text
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -104,6 +105,7 @@ class MLflow:
 
     name = "mlflow"
     observer = True  # a logger: its failures switch it off, never the run
+    inert = logger_inert  # what hookfit plugins says of it (hookfit.discovery.inert)
 
     def __init__(self, tracking_uri: str | os.PathLike[str] | None = None, experiment: str | None = None,
                  run_name: str | None = None, log_checkpoints: bool = False, every_publication: bool = True,

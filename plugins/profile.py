@@ -62,8 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, Protocol, TextIO, TypeVar
 
-from hookfit import config, hookimpl
+from hookfit import hookimpl
 from hookfit.files import FileWarning
+from hookfit.manager import chosen
 from hookfit.plugins.common import check, flag, integer, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -213,23 +214,18 @@ class Profile:
         return self.repeat > 0 and step >= self.skip_first + self.repeat * self.period
 
     # -- events ---------------------------------------------------------------------------
+    def inert(self, chosen: bool) -> str | None:
+        """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): inert until
+        chosen, as the run decides at ``configure``."""
+        if chosen:
+            return None
+        return "given to Loop(plugins=[Profile(...)]), or named by a [plugins.profile] table in hookfit.toml (even empty)"
+
     @hookimpl
     def configure(self, loop: Run) -> None:
         self._reset()
-        if not self._configured(loop) or not loop.is_main:
+        if self.inert(chosen(loop.pm, self)) is not None or not loop.is_main:
             loop.pm.unregister(self)  # inert (or not the main process): no hook below costs anything
-
-    def _configured(self, loop: Run) -> bool:
-        """Given to ``Loop(plugins=[...])``, or given options by the configuration file, or
-        named there by an empty ``[plugins.profile]`` table (which reaches the plugin as no
-        options at all, so the file is looked at)."""
-        info = loop.pm.infos.get(self.name)
-        if info is None or info.plugin is not self or info.source != "entry point" or info.options:
-            return True
-        try:  # the file of this process, found as the plugin manager found it
-            return self.name in config.load(config.find()).plugins
-        except config.ConfigError:
-            return False
 
     def _reset(self) -> None:
         self._abandon()

@@ -63,6 +63,7 @@ from hookfit import hookimpl
 from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins._logger import run_file, wanted
+from hookfit.plugins._logger import inert as logger_inert
 from hookfit.plugins.common import Hparam, flag, hyperparameters, run_hparams
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -101,6 +102,7 @@ class TensorBoard:
 
     name = "tensorboard"
     observer = True  # a logger: its failures switch it off, never the run
+    inert = logger_inert  # what hookfit plugins says of it (hookfit.discovery.inert)
 
     def __init__(self, enabled: bool | None = None, every_publication: bool = True,
                  hparams: Mapping[str, Any] | None = None) -> None:

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins._logger import wanted
+from hookfit.plugins._logger import inert as logger_inert
 from hookfit.plugins.common import Hparam, check, choice, flag, hyperparameters, path, run_hparams, text
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -104,6 +105,7 @@ class WandB:
 
     name = "wandb"
     observer = True  # a logger: its failures switch it off, never the run
+    inert = logger_inert  # what hookfit plugins says of it (hookfit.discovery.inert)
 
     def __init__(self, project: str | None = None, mode: str | None = None, entity: str | None = None,
                  run_name: str | None = None, dir: str | os.PathLike[str] | None = None,

@@ -31,22 +31,24 @@ def _plugins(args: argparse.Namespace) -> int:
     pm = manager.PluginManager()
     pm.register_all(infos, strict=False)
     pm.check_unknown_hooks(strict=False)
-    rows: list[dict[str, Any]] = [
-        {
+    rows: list[dict[str, Any]] = []
+    for i in infos:
+        state, why = _state(i)
+        rows.append({
             "name": i.name,
             "distribution": i.distribution,
             "version": i.version,
             "source": i.source,
             "value": i.value,
             "enabled": i.enabled,
+            "state": state,
+            "why": why,
             "hooks": i.hooks,
             "error": i.error,
             "options": {name: {"value": value if _jsonable(value) else repr(value), "from": source}
                         for name, (value, source) in config.options_of(i.plugin, i.options).items()}
             if i.plugin is not None else {},
-        }
-        for i in infos
-    ]
+        })
     status = 1 if any(r["error"] for r in rows) else 0
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -55,11 +57,13 @@ def _plugins(args: argparse.Namespace) -> int:
         print("no hookfit plugins installed")
         return 0
     for row in rows:
-        state = "error" if row["error"] else ("enabled" if row["enabled"] else "disabled")
-        print(f"{row['name']}  [{state}]  {row['distribution']} {row['version']}  ({row['value']})")
+        print(f"{row['name']}  [{row['state']}]  {row['distribution']} {row['version']}  ({row['value']})")
         if row["error"]:
             print(f"    error: {row['error']}")
-        elif row["enabled"]:
+            continue
+        if row["why"]:
+            print(f"    {'disabled by' if row['state'] == 'disabled' else 'inert until'}: {row['why']}")
+        if row["enabled"]:
             print(f"    hooks: {', '.join(row['hooks']) or '-'}")
             if row["options"]:
                 where = f" ({configured.path.name})" if configured.path else ""
@@ -67,6 +71,24 @@ def _plugins(args: argparse.Namespace) -> int:
                     f"{name}={option['value']!r}" + (where if option["from"] == "file" else "")
                     for name, option in row["options"].items()))
     return status
+
+
+def _state(info: Any) -> tuple[str, str | None]:
+    """A listed plugin's state and why: ``("error", None)``; ``("disabled", by what)``;
+    ``("inert", what turns it on)``, the plugin's own answer (:func:`hookfit.discovery.inert`);
+    or ``("active", None)``. A plugin whose answer fails is an error of its own."""
+    from hookfit import discovery
+
+    if info.error:
+        return "error", None
+    if not info.enabled:
+        return "disabled", info.disabled_by
+    try:
+        how = discovery.inert(info.plugin, info.chosen)
+    except Exception as error:
+        info.error = f"inert(chosen) failed: {type(error).__name__}: {error}"
+        return "error", None
+    return ("inert", how) if how is not None else ("active", None)
 
 
 def _jsonable(value: object) -> bool:

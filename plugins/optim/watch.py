@@ -157,9 +157,9 @@ def _caller_level() -> int:
     """The ``stacklevel`` of the first frame outside this module and torch (the line of the
     step function that called ``loss.backward()``), for ``warnings.warn`` called from here."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and (frame.f_code.co_filename == __file__
-                                 or frame.f_code.co_filename.startswith(_TORCH)):
-        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    while frame.f_back is not None and (frame.f_code.co_filename == __file__
+                                        or frame.f_code.co_filename.startswith(_TORCH)):
+        frame, level = frame.f_back, level + 1
     return level
 
 

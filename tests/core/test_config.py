@@ -212,3 +212,60 @@ def test_a_plugin_that_is_a_module_takes_no_options(dists: Path, tmp_path: Path,
     with pytest.raises(ConfigError, match=r"c.toml \[plugins.beta\]: plugin 'beta' is not a class \(module\) and "
                                           r"takes no options"):
         hookfit.Loop(lambda l, b: None, [1]).fit()
+
+
+# -- a table turns its plugin on; enabled = false disables it (issue 27) ---------------------
+
+
+def test_an_empty_table_turns_an_inert_plugin_on(configure, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """csv is inert when merely discovered; an empty [plugins.csv] chooses it (it used to stay off
+    without a word), as a [plugins.profile] table does the profiler."""
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,csv")
+    loop = fit(run_dir=tmp_path / "off")
+    assert loop.run.pm.get_plugin("csv") is None and not (tmp_path / "off" / "metrics.csv").exists()
+    configure("[plugins.csv]\n")
+    loop = fit(run_dir=tmp_path / "on")
+    assert loop.run.pm.get_plugin("csv") is not None and (tmp_path / "on" / "metrics.csv").is_file()
+    assert loop.run.pm.infos["csv"].chosen is True
+
+
+def test_enabled_false_in_the_file_disables_any_plugin_and_enabled_true_only_names_it(configure) -> None:
+    info = configure("[plugins.early_stopping]\nenabled = false\nmonitor = \"valid/nothing\"\n")
+    loop = fit()
+    assert loop.run.pm.get_plugin("early_stopping") is None
+    assert loop.run.pm.infos["early_stopping"].disabled_by == f"{info} [plugins.early_stopping] enabled = false"
+    configure("[plugins.early_stopping]\nenabled = true\nmonitor = \"valid/loss\"\npatience = 1\n")
+    loop = fit()  # early_stopping takes no `enabled`: it is hookfit's, not passed on
+    assert loop.state.stopped_by == "early_stopping"
+
+
+@pytest.mark.bad_input
+def test_enabled_must_be_a_boolean(configure) -> None:
+    configure("[plugins.early_stopping]\nenabled = \"no\"\n")
+    with pytest.raises(ConfigError, match=r"run.toml \[plugins.early_stopping\]: enabled must be true or false, got 'no'"):
+        fit()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("table, given, needs", [
+    ("[plugins.ema]\nvalidate = false\n", None, "without a decay it averages nothing"),
+    ("[plugins.early_stopping]\npatience = 2\n", None, "without a monitor it never stops the run"),
+    ("", "ema", "without a decay it averages nothing"),
+])
+def test_a_chosen_plugin_that_would_do_nothing_says_so(configure, monkeypatch, table, given, needs) -> None:
+    from hookfit.plugins.ema import EMA
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,early_stopping,ema")
+    configure(table)
+    with pytest.warns(hookfit.HookfitWarning, match=needs + ".*inert until given a"):
+        fit(plugins=[EMA()] if given else [])
+
+
+def test_merely_discovered_inert_plugins_say_nothing(configure, monkeypatch) -> None:
+    import warnings
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,early_stopping,ema,csv,profile")
+    configure("")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit()

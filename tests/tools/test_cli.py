@@ -38,7 +38,7 @@ def test_hookfit_plugins_lists_name_distribution_hooks_and_state(dists: Path, tm
 
     text = cli("plugins", env={**env, "HOOKFIT_DISABLE_PLUGINS": "broken"})
     assert text.returncode == 0, text.stderr
-    assert "alpha  [enabled]  fake-plugins 1.2.3" in text.stdout
+    assert "alpha  [active]  fake-plugins 1.2.3" in text.stdout
     assert "hooks: batch_end" in text.stdout
     assert "broken  [disabled]" in text.stdout
 
@@ -85,3 +85,32 @@ def test_python_m_hookfit_is_the_command_and_its_help_names_every_subcommand() -
     for command in ("plugins", "hooks", "new-plugin", "demo"):
         assert f"hookfit {command}" in description, description
     assert "``" not in done.stdout  # plain words on a terminal, not reStructuredText (issue 27)
+
+
+def test_hookfit_plugins_says_active_inert_and_how_or_disabled_and_by_what(tmp_path: Path) -> None:
+    """Each plugin's state with the reason: inert plugins say what turns them on (their own
+    answer, ``inert(chosen)``), disabled ones what disabled them; a table turns a plugin on."""
+    (tmp_path / "hookfit.toml").write_text("[plugins.tensorboard]\n\n[plugins.console]\nenabled = false\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env.update(HOOKFIT_DISABLE_PLUGINS="tui", HOOKFIT_CONFIG=str(tmp_path / "hookfit.toml"))
+    done = subprocess.run([sys.executable, "-m", "hookfit.tools.cli", "plugins", "--json"], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=tmp_path)
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    states = {name: (row["state"], row["why"]) for name, row in rows.items()}
+    assert states["optim"] == ("active", None) and states["metrics"] == ("active", None)
+    assert states["tensorboard"] == ("active", None)  # the empty table turned it on
+    for name, how in [("csv", "[plugins.csv] table in hookfit.toml (even empty)"), ("profile", "[plugins.profile]"),
+                      ("mlflow", "[plugins.mlflow]"), ("wandb", "Loop(plugins=[WandB()])"),
+                      ("ema", "given a decay"), ("early_stopping", "given a monitor")]:
+        assert states[name][0] == "inert" and how in states[name][1], (name, states[name])
+    assert states["tui"] == ("disabled", "HOOKFIT_DISABLE_PLUGINS=tui")
+    assert states["console"] == ("disabled", f"{tmp_path / 'hookfit.toml'} [plugins.console] enabled = false")
+    assert rows["console"]["enabled"] is False and rows["csv"]["enabled"] is True
+
+    env["HOOKFIT_PLUGINS"] = "optim,csv"
+    text = subprocess.run([sys.executable, "-m", "hookfit.tools.cli", "plugins"], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=tmp_path).stdout
+    assert "optim  [active]  hookfit" in text
+    assert ("csv  [inert]  hookfit" in text and "    inert until: given to Loop(plugins=[CSVLogger()]), or named "
+            "by a [plugins.csv] table in hookfit.toml (even empty)" in text)
+    assert "metrics  [disabled]" in text and "    disabled by: HOOKFIT_PLUGINS=optim,csv (not listed there)" in text
