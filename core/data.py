@@ -8,12 +8,13 @@ single samples, so a batch costs a few microseconds instead of a few hundred.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping
+import random
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["Batches"]
+__all__ = ["Batches", "unrebuilt_order"]
 
 _MASK = (1 << 64) - 1
 _GATHER_BYTES = 256 << 10
@@ -230,3 +231,58 @@ class Batches:
             raise ValueError("the saved state is for other batches: " + "; ".join(differ))
         self.seed = operator.index(state["seed"])
         self._epoch = operator.index(state["epoch"])
+
+
+_INSTEAD = ("torchdata's StatefulDataLoader (it saves its sampler's state), hookfit.data.Batches, or a "
+            "DataLoader that shuffles with the global generator (shuffle=True without generator=), which "
+            "the checkpoint holds")
+
+
+def _own_generator(obj: Any) -> str | None:
+    """The name of an attribute of ``obj`` holding a random generator of its own (torch's,
+    Python's or NumPy's), whose state a checkpoint does not hold; ``None`` without one."""
+    kinds: tuple[type, ...] = (torch.Generator, random.Random)
+    try:
+        import numpy
+
+        kinds += (numpy.random.Generator, numpy.random.RandomState)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    for name, value in getattr(obj, "__dict__", {}).items():
+        if isinstance(value, kinds):
+            return name
+    return None
+
+
+def unrebuilt_order(data: Any) -> str | None:
+    """Why a resumed run cannot rebuild the order of ``data``'s batches, and what to use
+    instead, or ``None`` when it can. hookfit rebuilds an epoch's order by making the data's
+    iterator again from the random state the epoch began with (Python's and torch's global
+    generators, which the checkpoint holds): that covers lists, :class:`Batches`, data with
+    ``iter_from``, and a ``DataLoader`` with the default samplers, shuffled or not. It cannot
+    rebuild an order drawn from anything else: a custom sampler or batch sampler, a generator
+    given to the ``DataLoader`` or its ``RandomSampler``, or an iterable (an
+    ``IterableDataset`` among them) with a random generator of its own. Data that restores its
+    own state (``load_state_dict``) is not asked."""
+    if isinstance(data, (Sequence, Batches)) or hasattr(data, "iter_from"):
+        return None
+    from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
+                                  SequentialSampler)
+
+    what = None
+    if isinstance(data, DataLoader):
+        batches, dataset = data.batch_sampler, data.dataset
+        sampler = getattr(batches, "sampler", None)
+        if isinstance(dataset, IterableDataset):
+            if (attr := _own_generator(dataset)) is not None:
+                what = (f"DataLoader over the {type(dataset).__name__} dataset, which draws from a random generator "
+                        f"of its own ({attr})")
+        elif batches is not None and type(batches) is not BatchSampler:
+            what = f"DataLoader with the custom batch sampler {type(batches).__name__}"
+        elif data.generator is not None or getattr(sampler, "generator", None) is not None:
+            what = "DataLoader with a generator of its own (generator=), whose state the checkpoint does not hold"
+        elif type(sampler) not in (SequentialSampler, RandomSampler, DistributedSampler):
+            what = f"DataLoader with the custom sampler {type(sampler).__name__}"
+    elif (attr := _own_generator(data)) is not None:
+        what = f"{type(data).__name__}, which draws from a random generator of its own ({attr})"
+    return None if what is None else f"{what}; use {_INSTEAD}"

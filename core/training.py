@@ -25,12 +25,15 @@ import itertools
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from hookfit import blame, modes, results
+from hookfit.data import unrebuilt_order
+from hookfit.errors import HookfitWarning
 from hookfit.payloads import ResumeInfo
 from hookfit.position import Position, iterator_rng_state, rng_state, set_rng_state
 from hookfit.reproducibility import Deterministic, seed_everything
@@ -121,6 +124,10 @@ def resume(run: Run) -> None:
         run.state.epoch = at.epoch
     info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
     run.state.resumed_from = info
+    if run.mode == "fit" and "train" not in run.cursor.restored and (why := unrebuilt_order(run.train_data)):
+        warnings.warn(f"resume={source!r}: the order of the training data's batches cannot be rebuilt, so the "
+                      f"resumed run trains on other batches than the run it continues would have: train_data is "
+                      f"a {why}", HookfitWarning, stacklevel=5)  # fit(): resume, execute, Run.execute, Loop.fit
     fire(run, "resumed", info)
 
 

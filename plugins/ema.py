@@ -117,7 +117,8 @@ class EMA:
         given a ``decay``."""
         if self.decay is not None:
             return None
-        return "given a decay: EMA(decay=0.999) in Loop(plugins=[...]), or decay = 0.999 in [plugins.ema] of hookfit.toml"
+        return ("given a decay: EMA(decay=0.999) in Loop(plugins=[...]), or decay = 0.999 in [plugins.ema] of "
+                "hookfit.toml")
 
     @hookimpl
     def configure(self, loop: Run) -> None:

@@ -219,7 +219,8 @@ class Profile:
         chosen, as the run decides at ``configure``."""
         if chosen:
             return None
-        return "given to Loop(plugins=[Profile(...)]), or named by a [plugins.profile] table in hookfit.toml (even empty)"
+        return ("given to Loop(plugins=[Profile(...)]), or named by a [plugins.profile] table in hookfit.toml "
+                "(even empty)")
 
     @hookimpl
     def configure(self, loop: Run) -> None:

@@ -242,7 +242,8 @@ def test_enabled_false_in_the_file_disables_any_plugin_and_enabled_true_only_nam
 @pytest.mark.bad_input
 def test_enabled_must_be_a_boolean(configure) -> None:
     configure("[plugins.early_stopping]\nenabled = \"no\"\n")
-    with pytest.raises(ConfigError, match=r"run.toml \[plugins.early_stopping\]: enabled must be true or false, got 'no'"):
+    with pytest.raises(ConfigError,
+                       match=r"run.toml \[plugins.early_stopping\]: enabled must be true or false, got 'no'"):
         fit()
 
 

@@ -1,0 +1,94 @@
+"""A resume whose data order cannot be rebuilt says so once, naming the data and what to use
+instead (issue 27); data whose order the run rebuilds (lists, Batches, a DataLoader shuffled
+by the global generator) resumes without a word."""
+
+from __future__ import annotations
+
+import random
+import re
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+import hookfit
+from hookfit.data import Batches
+
+from conftest import saved_run
+
+
+class Resumer:
+    """Puts the run mid-epoch, as a checkpoint plugin does."""
+
+    name = "resumer"
+
+    @hookfit.hookimpl
+    def resume(self, loop, source):
+        loop.load_state_dict(saved_run(0, 2, 2))
+        return "ckpt.pt"
+
+
+class ShuffledSampler(Sampler):
+    """A custom sampler with a generator of its own."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.g = n, torch.Generator().manual_seed(0)
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class OwnShuffle:
+    """An iterable that shuffles with a random.Random of its own."""
+
+    def __init__(self) -> None:
+        self.rng = random.Random(0)
+
+    def __iter__(self):
+        order = list(range(6))
+        self.rng.shuffle(order)
+        return iter(order)
+
+
+DATA = TensorDataset(torch.arange(12.0))
+
+
+def fit(data, **kwargs) -> hookfit.State:
+    return hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[Resumer()], **kwargs).fit()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("data, what", [
+    (DataLoader(DATA, batch_size=2, sampler=ShuffledSampler(12)),
+     "DataLoader with the custom sampler ShuffledSampler"),
+    (DataLoader(DATA, batch_size=2, shuffle=True, generator=torch.Generator()),
+     "DataLoader with a generator of its own"),
+    (OwnShuffle(), r"OwnShuffle, which draws from a random generator of its own \(rng\)"),
+])
+def test_a_resume_whose_order_cannot_be_rebuilt_warns_once_naming_the_data_and_what_to_use(data, what) -> None:
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        state = fit(data)
+    mine = [w for w in caught if "cannot be rebuilt" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in caught]
+    message = str(mine[0].message)
+    assert message.startswith("resume='latest': the order of the training data's batches cannot be rebuilt")
+    assert re.search(what, message), message
+    assert "use torchdata's StatefulDataLoader" in message and "hookfit.data.Batches" in message
+    assert mine[0].filename == __file__  # the fit() call
+    assert state.status == "completed"
+
+
+@pytest.mark.parametrize("data", [
+    list(range(6)),
+    DataLoader(DATA, batch_size=2, shuffle=True),
+    DataLoader(DATA, batch_size=2),
+    Batches(torch.arange(12.0), batch_size=2, shuffle=True),
+])
+def test_data_whose_order_is_rebuilt_resumes_without_a_word(data) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fit(data).status == "completed"
