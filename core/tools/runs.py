@@ -9,7 +9,12 @@ and ``host``, and an ``"end"`` line when it ends) and, with the metrics plugin, 
 the directions the user configured: ``{"event": "best", "metrics": {"valid/acc": "max"}}``).
 Both are read
 tolerantly: a torn last line (a run killed while writing) is skipped, as is any line that is
-not a JSON object. Reading changes nothing in the folder.
+not a JSON object. Reading changes nothing in the folder, and never hangs: only regular files
+are read (a FIFO, a device, a folder in a file's place are not opened for reading), through a
+symlink only to a file inside the run, at most :data:`LIMIT` bytes; what is skipped is said
+once per run (a :class:`hookfit.HookfitWarning`), and the other runs are listed as usual. The
+metrics are read along the line the run followed (:func:`followed`): rows that a resume
+abandoned are not the run's. ``Loop.validate()`` records in the folder are not fits.
 
 Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
 what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
@@ -27,26 +32,96 @@ import json
 import math
 import os
 import socket
+import stat
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hookfit.errors import HookfitWarning
+
 __all__ = ["ROW_FIELDS", "RunInfo", "best", "default_metric", "direction", "directions", "epoch_rows", "find",
-           "load", "metric_names", "read_jsonl", "run_folders", "series"]
+           "followed", "load", "metric_names", "read_bytes", "read_jsonl", "run_folders", "series"]
 
 ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s"})
 """The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a ``.jsonl`` file, in order; ``[]`` when it does not exist."""
+LIMIT = 256 * 2**20
+"""The most bytes read of one file of a run (a larger file is skipped, with a note)."""
+
+
+def read_bytes(path: Path, notes: list[str] | None = None) -> bytes | None:
+    """The bytes of ``path``, a file of a run folder, read with care: only a regular file (never
+    a FIFO, a device or a folder: they are not opened for reading), through a symlink only to
+    a file inside the same run folder, at most :data:`LIMIT` bytes. ``None`` when it does not
+    exist or is skipped; what was skipped and why is added to ``notes``."""
+    def skip(why: str) -> None:
+        if notes is not None:
+            notes.append(f"{path.name} {why}")
+
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        if path.is_symlink():
+            target = path.resolve(strict=True)
+            inside = path.parent.resolve()
+            if not target.is_relative_to(inside):
+                skip(f"is a symlink out of the run ({target}): skipped")
+                return None
+        info = os.stat(path)
     except FileNotFoundError:
+        if path.is_symlink():
+            skip("is a broken symlink: skipped")
+        return None
+    except (OSError, RuntimeError) as error:  # a symlink loop, a folder that cannot be read
+        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        skip(f"is not a regular file ({_kind(info.st_mode)}): skipped")
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as error:
+        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since it was looked at
+            skip("is not a regular file: skipped")
+            return None
+        chunks, size = [], 0
+        while size <= LIMIT:
+            chunk = os.read(fd, min(2**20, LIMIT + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
+        return None
+    finally:
+        os.close(fd)
+    if size > LIMIT:
+        skip(f"is larger than {LIMIT} bytes: skipped")
+        return None
+    return b"".join(chunks)
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a file"
+
+
+def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of a ``.jsonl`` file, in order; ``[]`` when it does not exist or cannot
+    be read (see :func:`read_bytes`, which says why in ``notes``)."""
+    data = read_bytes(path, notes)
+    if data is None:
         return []
     rows = []
-    for line in text.splitlines():
+    for line in data.decode("utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -56,8 +131,35 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The lines of a ``metrics.jsonl`` along the line the run followed: a ``"resume"`` line
+    at step S drops the ``"epoch"`` and ``"step"`` rows before it past step S (a continuation
+    the resume abandoned), and an ``"epoch"`` row after a resume replaces the rows of the same
+    stage and epoch before it (a resumed run writes the epoch it completes again, whole)."""
+    out: list[dict[str, Any]] = []
+    mark = 0  # rows before the last resume line
+    for line in lines:
+        step = line.get("step")
+        if line.get("event") == "resume" and _number(step):
+            out = [r for r in out if r.get("event") not in ("epoch", "step") or not _number(r.get("step"))
+                   or r["step"] <= step]
+            mark = len(out)
+        elif line.get("event") == "epoch" and mark:
+            key = (line.get("stage"), line.get("epoch"))
+            kept = [r for r in out[:mark] if r.get("event") != "epoch" or (r.get("stage"), r.get("epoch")) != key]
+            out, mark = kept + out[mark:], len(kept)
+        out.append(dict(line))
+    return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def is_run(folder: Path) -> bool:
-    return (folder / "run.jsonl").is_file() or (folder / "metrics.jsonl").is_file()
+    """Whether ``folder`` is a run folder: it has a ``run.jsonl`` or a ``metrics.jsonl``, of
+    whatever kind (one that cannot be read is skipped when the run is read, with a note)."""
+    return any(os.path.lexists(folder / name) for name in ("run.jsonl", "metrics.jsonl"))
 
 
 def run_folders(root: Path) -> list[Path]:
@@ -111,8 +213,9 @@ def metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def epoch_rows(folder: Path) -> list[dict[str, Any]]:
-    """The ``"epoch"`` rows of the run's ``metrics.jsonl``."""
-    return [r for r in read_jsonl(folder / "metrics.jsonl") if r.get("event") == "epoch"]
+    """The ``"epoch"`` rows of the run's ``metrics.jsonl``, along the line the run followed
+    (:func:`followed`)."""
+    return [r for r in followed(read_jsonl(folder / "metrics.jsonl")) if r.get("event") == "epoch"]
 
 
 def default_metric(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -153,7 +256,8 @@ def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, in
     out = []
     for row in rows:
         value = row.get(key)
-        if row.get("stage") == stage and isinstance(value, (int, float)) and math.isfinite(value):
+        if row.get("stage") == stage and _number(value) and _number(row.get("step", 0)) \
+                and _number(row.get("epoch", 0)):
             out.append((int(row.get("step", 0)), int(row.get("epoch", 0)), float(value)))
     return out
 
@@ -227,10 +331,28 @@ def _end_of_last_fit(lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | 
     return end
 
 
+def _fits(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The lines of a ``run.jsonl`` without those of evaluations (``"run"`` lines with
+    ``"mode": "validate"`` and the ``"end"`` line after each)."""
+    out, evaluating = [], False
+    for line in lines:
+        if line.get("event") == "run":
+            evaluating = line.get("mode", "fit") != "fit"
+        if not evaluating:
+            out.append(line)
+    return out
+
+
 def load(folder: Path, metric: str | None = None, mode: str | None = None) -> RunInfo:
-    """What ``folder``'s files say of the run."""
-    starts_and_ends = read_jsonl(folder / "run.jsonl")
-    metrics = read_jsonl(folder / "metrics.jsonl")
+    """What ``folder``'s files say of the run: the fits of ``Loop.fit()`` (an evaluation,
+    ``Loop.validate()``, in the same folder is not one), and its metrics along the line it
+    followed (:func:`followed`). A file that cannot be read is skipped, with one
+    :class:`hookfit.HookfitWarning` for the run naming what and why."""
+    notes: list[str] = []
+    starts_and_ends = _fits(read_jsonl(folder / "run.jsonl", notes))
+    metrics = followed(read_jsonl(folder / "metrics.jsonl", notes))
+    if notes:
+        warnings.warn(f"hookfit runs: {folder}: {'; '.join(notes)}", HookfitWarning, stacklevel=2)
     starts = [r for r in starts_and_ends if r.get("event") == "run"]
     ends = [r for r in metrics if r.get("event") == "end"]
     core_ends = [r for r in starts_and_ends if r.get("event") == "end"]
@@ -259,8 +381,9 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
     name = starts[-1].get("name") if starts else folder.parent.name
+    started = starts[0].get("started") if starts else None
     return RunInfo(
-        folder=str(folder), name=str(name), started=starts[0].get("started") if starts else None,
+        folder=str(folder), name=str(name), started=started if isinstance(started, str) else None,
         duration=duration, status=status, reason=reason, epochs=epochs, steps=steps,
         best=None if found is None or metric is None else (metric, found[0], found[1]),
         resumed_from=str(resumes[-1].get("from")) if resumes else None, fits=fits, metric=metric, mode=mode,

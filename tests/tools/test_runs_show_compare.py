@@ -10,6 +10,7 @@ import math
 import os
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -412,3 +413,68 @@ def test_the_last_fit_decides_the_status_of_a_run_killed_then_resumed(tmp_path: 
     assert killed_again.status == "unfinished" and killed_again.fits == 2
     stopped = runs.load(record(tmp_path / "stopped", "run", "interrupted", "run", "completed"))
     assert stopped.status == "completed"
+
+
+def test_the_run_commands_follow_the_resumed_line_not_an_abandoned_one(tmp_path: Path) -> None:
+    """A run trained to epoch 3, then resumed from its epoch-1 checkpoint: the rows of epochs 2
+    and 3 that the resume abandoned are not the run's (best, epochs, the curve), the rows written
+    after the resume are; a partial epoch written again whole counts once."""
+    folder = _log(tmp_path / "run",
+                  {"event": "best", "metrics": {"valid/loss": "min"}},
+                  _epoch(1, loss=0.5), _epoch(2, loss=0.2), _epoch(3, loss=0.1),
+                  {"event": "end", "status": "completed", "step": 30, "time": 1.0},
+                  {"event": "resume", "from": "epoch0001-step000000010.pt", "epoch": 2, "batch": 0, "step": 10},
+                  {**_epoch(2, loss=0.45), "batches": 3, "step": 13},  # stopped inside epoch 2
+                  {"event": "resume", "from": "epoch0002-step000000013.pt", "epoch": 2, "batch": 3, "step": 13},
+                  _epoch(2, loss=0.4), _epoch(3, loss=0.35))
+    info = runs.load(folder)
+    assert info.best == ("valid/loss", 0.35, 3) and info.epochs == 3 and info.steps == 30
+    assert [(r["epoch"], r["loss"]) for r in runs.epoch_rows(folder)] == [(1, 0.5), (2, 0.4), (3, 0.35)]
+
+
+@pytest.mark.fault
+def test_runs_on_hostile_folders_never_hangs_and_notes_each_unreadable_run_once(tmp_path: Path) -> None:
+    """``hookfit runs`` among a FIFO as metrics.jsonl and as run.jsonl, a metrics.jsonl that is a
+    symlink to /dev/zero, a folder, a symlink out of the run, and a run of damaged lines: it ends
+    (in a subprocess with a timeout: it hung before), lists every run, reads the good one right,
+    reads nothing out of a run, and says once per run what it skipped and why."""
+    root = tmp_path / "runs"
+    good = _log(root / "good" / "1", {"event": "best", "metrics": {"valid/loss": "min"}}, _epoch(1, loss=0.3),
+                _epoch(2, loss=0.2))
+    skipped = {}
+    for name in ("fifo", "zero", "folder", "outside", "fifo_record"):
+        folder = root / name / "1"
+        folder.mkdir(parents=True)
+        (folder / "run.jsonl").write_text(json.dumps({"event": "run", "name": name, "started": "2026-01-01T00:00:00"})
+                                          + "\n")
+        skipped[name] = folder
+    os.mkfifo(skipped["fifo"] / "metrics.jsonl")
+    (skipped["zero"] / "metrics.jsonl").symlink_to("/dev/zero")
+    (skipped["folder"] / "metrics.jsonl").mkdir()
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps(_epoch(1, loss=0.01)) + "\n")
+    (skipped["outside"] / "metrics.jsonl").symlink_to(secret)
+    (skipped["fifo_record"] / "run.jsonl").unlink()
+    os.mkfifo(skipped["fifo_record"] / "run.jsonl")
+    damaged = root / "damaged" / "1"
+    damaged.mkdir(parents=True)
+    (damaged / "run.jsonl").write_bytes(b'{"event": "run", "started": 5, "pid": "x"}\n\xff\xfe{"event": \n[1, 2]\n')
+    (damaged / "metrics.jsonl").write_text(
+        json.dumps({"event": "epoch", "stage": "valid", "epoch": "two", "step": "x", "loss": "low"}) + "\n"
+        + json.dumps({"event": "resume", "step": None}) + "\n" + json.dumps({"event": "epoch", "loss": True}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "hookfit", "runs", str(root), "--json"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = {Path(info["folder"]).parent.name: info for info in json.loads(done.stdout)}
+    assert set(listed) == {"good", "damaged", *skipped}
+    assert listed["good"]["best"] == {"metric": "valid/loss", "value": 0.2, "epoch": 2}
+    assert listed["outside"]["best"] is None and listed["outside"]["epochs"] is None  # the secret was not read
+    assert listed["damaged"]["status"] == "unfinished" and listed["damaged"]["best"] is None
+    notes = [line for line in done.stderr.splitlines() if "hookfit runs:" in line]
+    for name, folder in skipped.items():
+        mine = [line for line in notes if f"{folder}:" in line]
+        assert len(mine) == 1, (name, done.stderr)
+    assert "FIFO" in next(line for line in notes if f"{skipped['fifo']}:" in line)
+    assert "a folder" in next(line for line in notes if f"{skipped['folder']}:" in line)
+    assert "out of the run" in next(line for line in notes if f"{skipped['outside']}:" in line)
+    assert not any(f"{good}:" in line or f"{damaged}:" in line for line in notes)
