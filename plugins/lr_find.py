@@ -1,0 +1,334 @@
+"""lr_find: the learning-rate range test, run at the start of a ``fit()``.
+
+``LRFinder(start_lr=1e-7, end_lr=10.0, num_steps=100)`` in ``Loop(plugins=[...])``, or a
+``[plugins.lr_find]`` table in ``hookfit.toml`` (an empty table too). Discovered like every
+plugin, it is inert until configured that way: the instance discovered without options
+unregisters itself at ``configure``, so a run pays nothing for it.
+
+* **The sweep.** At ``fit_start`` (``trylast``: after every other plugin started, and after the
+  optimizer role filled ``loop.optimizers`` at ``configure``) it calls the run's own training
+  step (``loop.train_step``, wrapped as the run wraps it) on up to ``num_steps`` training
+  batches, taken from ``loop.train_data`` from its start (again from the start when the data
+  runs out), with the run's optimizers. Before batch ``i`` every parameter group of the swept
+  optimizer gets the rate ``start_lr * (end_lr / start_lr) ** (i / (num_steps - 1))``: it rises
+  exponentially. With several optimizers, ``optimizer="name"`` says which one's rate is swept
+  (the others step at their own rates). No batch event fires for these batches (metrics,
+  loggers and ``loop.state.step`` do not count them); ``loop.training`` is true during them.
+* **The loss.** What the step returns under ``key`` (``"loss"``; a tensor is the loss itself; a
+  step that returns ``None`` skips the batch) is smoothed exponentially
+  (``avg = smoothing * avg + (1 - smoothing) * loss``, bias-corrected as Adam's moments are).
+  The sweep stops early when the smoothed loss exceeds ``diverge`` times the best smoothed loss
+  so far (that point is kept: the plot shows the blow-up), or when the loss is not finite.
+* **The suggestion** is the rate where the smoothed loss falls fastest against the rate on its
+  log axis: the most negative slope (central differences over ``log10(rate)``), leaving out the
+  first tenth of the points (the loss has not moved yet) and the last one (a point of
+  divergence). Fewer than 5 points give no suggestion (``None``, one warning). ``finder.rates``,
+  ``finder.losses`` (smoothed), ``finder.raw_losses``, ``finder.suggestion``, and
+  ``loop.state.results["lr_find"]`` (``suggestion``, ``steps``, ``diverged``) hold the result.
+* **Afterwards** the run is put back exactly where it was: every module's parameters and
+  buffers (bitwise), gradients and training flags, each optimizer's ``state_dict()`` (its
+  rates included), every plugin's state (``loop.plugin_states()``: the optimizer role's
+  counters and schedulers, EMA's average...), the random state (Python's, torch's, NumPy's,
+  CUDA's), ``loop.carry`` and the data's own state (``state_dict()``) where it has one; so with
+  ``then="train"`` (the default) the training that follows is bitwise the run without the
+  finder. ``then="stop"`` ends the run after the sweep instead: ``completed``, with a reason
+  that says so and gives the suggestion. Training data that is an iterator (used up by the
+  sweep) is refused with ``then="train"``. Data whose iterator keeps state across passes
+  (a ``DataLoader`` with ``persistent_workers``) is not put back within its workers.
+* **The plot**: the smoothed loss against the rate on a log x axis (clipped at 1.5 times its
+  highest value in the first tenth of the sweep), the suggestion marked ``^`` under it, with
+  the dashboard's text plot (:func:`hookfit.plugins.tui.plot.text_plot`), printed to standard
+  error on the main process (where a running dashboard shows it in its log pane and writes it
+  back when it closes).
+* One process only: under ``torchrun`` (several processes) it fails at ``configure``, naming
+  itself: run the range test with plain ``python``.
+
+Options are checked at construction, with a ``ValueError`` naming ``lr_find`` and the option.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from hookfit import hookimpl
+from hookfit.errors import HookfitWarning
+from hookfit.manager import chosen
+from hookfit.modes import modules
+from hookfit.plugins.common import check, choice, number, option_error, positive_int, positive_number, text
+from hookfit.position import rng_state, set_rng_state
+from hookfit.states import stateful
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
+
+__all__ = ["LRFinder", "suggest"]
+
+NAME = "lr_find"
+
+
+class LRFinder:
+    """The learning-rate range test (see the module documentation): a sweep of ``num_steps``
+    training batches at rates rising exponentially from ``start_lr`` to ``end_lr``, stopped
+    when the smoothed loss exceeds ``diverge`` times its best (``None``: never), a suggested
+    rate, a plot; then the run continues exactly as without it (``then="train"``) or ends
+    (``then="stop"``). ``optimizer`` names the optimizer whose rate is swept when the run has
+    several; ``key`` is the loss in the step's output; ``smoothing`` the weight of the past in
+    the loss's moving average (0: none)."""
+
+    name = NAME
+
+    def __init__(self, start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100,
+                 diverge: float | None = 4.0, smoothing: float = 0.98, then: Literal["train", "stop"] = "train",
+                 optimizer: str | None = None, key: str = "loss") -> None:
+        self.start_lr = positive_number(NAME, "start_lr", start_lr, meaning="the first rate of the sweep")
+        self.end_lr = positive_number(NAME, "end_lr", end_lr, meaning="the last rate of the sweep")
+        if self.end_lr <= self.start_lr:
+            raise option_error(NAME, "end_lr", end_lr, f"be greater than start_lr ({self.start_lr:g})")
+        self.num_steps = positive_int(NAME, "num_steps", num_steps, meaning="training batches the sweep runs")
+        check(NAME, "num_steps", num_steps, lambda n: n >= 2, "be at least 2 (the sweep needs two rates)")
+        self.diverge = number(NAME, "diverge", diverge, none=True, least=1.0,
+                              meaning="stop when the smoothed loss exceeds this many times its best")
+        if self.diverge == 1.0:
+            raise option_error(NAME, "diverge", diverge, "be greater than 1 (the best loss itself would stop it)")
+        self.smoothing = number(NAME, "smoothing", smoothing, least=0.0,
+                                meaning="the weight of the past in the loss's moving average")
+        check(NAME, "smoothing", smoothing, lambda s: s < 1, "be below 1 (1 would never move)")
+        self.then: str = choice(NAME, "then", then, ("train", "stop"))
+        self.optimizer = text(NAME, "optimizer", optimizer, none=True)
+        self.key = text(NAME, "key", key)
+        self.rates: list[float] = []
+        """The rate of each point of the last sweep."""
+        self.losses: list[float] = []
+        """The smoothed loss at each rate of :attr:`rates` (what the suggestion reads)."""
+        self.raw_losses: list[float] = []
+        """The loss the step returned at each rate of :attr:`rates`."""
+        self.suggestion: float | None = None
+        """The suggested rate (steepest descent of the smoothed loss), or ``None``."""
+        self.diverged = False
+        """Whether the last sweep stopped early: the loss diverged or was not finite."""
+
+    # -- events ---------------------------------------------------------------------------
+    def inert(self, chosen: bool) -> str | None:
+        """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): inert until
+        chosen, as the run decides at ``configure``."""
+        if chosen:
+            return None
+        return ("given to Loop(plugins=[LRFinder(...)]), or named by a [plugins.lr_find] table in hookfit.toml "
+                "(even empty)")
+
+    @hookimpl
+    def configure(self, loop: Run) -> None:
+        self.rates, self.losses, self.raw_losses, self.suggestion, self.diverged = [], [], [], None, False
+        if self.inert(chosen(loop.pm, self)) is not None or loop.mode != "fit":
+            loop.pm.unregister(self)  # inert: none of the hooks below costs anything
+            return
+        if loop.state.world_size > 1:
+            raise RuntimeError(f"{NAME}: the learning-rate range test runs on one process, and this run has "
+                               f"{loop.state.world_size}: run it with plain python, without torchrun")
+
+    @hookimpl(trylast=True)  # every other plugin has started: the states taken here are complete
+    def fit_start(self, loop: Run) -> None:
+        name, optimizer = self._swept(loop)
+        if self.then == "train" and _iterator(loop.train_data):
+            raise ValueError(f"{NAME}: the training data is an iterator ({type(loop.train_data).__name__}), which "
+                             f"the sweep would use up before training: pass a list, a DataLoader or another "
+                             f"re-iterable, or then='stop'")
+        saved = _Saved(loop)
+        try:
+            self._sweep(loop, optimizer)
+        finally:
+            saved.restore(loop)
+        self.suggestion = suggest(self.rates, self.losses)
+        if self.suggestion is None:
+            warnings.warn(f"{NAME}: {len(self.rates)} point(s) are too few to suggest a learning rate (at least 5; "
+                          f"raise num_steps, or diverge if the sweep stopped early)", HookfitWarning, stacklevel=2)
+        if loop.is_main:
+            print("\n".join(self.report(name)), file=sys.stderr, flush=True)
+        if self.then == "stop":
+            found = f"{self.suggestion:.3g}" if self.suggestion is not None else "none"
+            loop.request_stop(f"{NAME}: learning-rate range test done (then='stop'); suggested lr={found}",
+                              by=NAME, complete=True)
+
+    @hookimpl
+    def results(self) -> Mapping[str, Any]:
+        return {NAME: {"suggestion": self.suggestion, "steps": len(self.rates), "diverged": self.diverged}}
+
+    # -- the sweep ------------------------------------------------------------------------
+    def _swept(self, loop: Run) -> tuple[str, Any]:
+        """The name and the object of the optimizer whose rate is swept."""
+        optimizers = loop.optimizers
+        if optimizers is None:
+            raise ValueError(f"{NAME}: the run has no optimizers: give Loop(optimizers=...)")
+        if isinstance(optimizers, Mapping):
+            names = ", ".join(map(repr, optimizers))
+            if self.optimizer is None:
+                if len(optimizers) != 1:
+                    raise ValueError(f"{NAME}: the run has several optimizers ({names}): say whose rate to sweep "
+                                     f"with optimizer='name'")
+                return next(iter(optimizers.items()))
+            if self.optimizer not in optimizers:
+                raise option_error(NAME, "optimizer", self.optimizer, f"name one of the run's optimizers ({names})")
+            return self.optimizer, optimizers[self.optimizer]
+        if self.optimizer not in (None, "default"):
+            raise option_error(NAME, "optimizer", self.optimizer,
+                               "be None or 'default': the run has one optimizer, named 'default'")
+        return "default", optimizers
+
+    def _sweep(self, loop: Run, optimizer: Any) -> None:
+        groups = optimizer.param_groups
+        ratio = self.end_lr / self.start_lr
+        avg, best, beta = 0.0, math.inf, self.smoothing
+        loop.training = True
+        batches = _batches(loop.train_data)
+        for i in range(self.num_steps):
+            rate = self.start_lr * ratio ** (i / (self.num_steps - 1))
+            for group in groups:
+                group["lr"] = rate
+            loss = self._loss(loop, next(batches))
+            if loss is None:
+                continue
+            if not math.isfinite(loss):
+                self.diverged = True
+                return
+            avg = beta * avg + (1 - beta) * loss
+            smooth = avg / (1 - beta ** (len(self.rates) + 1))
+            self.rates.append(rate)
+            self.raw_losses.append(loss)
+            self.losses.append(smooth)
+            best = min(best, smooth)
+            if self.diverge is not None and smooth > self.diverge * best:
+                self.diverged = True
+                return
+
+    def _loss(self, loop: Run, batch: Any) -> float | None:
+        output = loop.train_step(loop, batch)
+        if output is None:
+            return None
+        if isinstance(output, Mapping):
+            if self.key not in output:
+                raise ValueError(f"{NAME}: the step's output has no {self.key!r} (it has "
+                                 f"{', '.join(map(repr, output)) or 'nothing'}): return the loss under that key, "
+                                 f"or name it with LRFinder(key=...)")
+            output = output[self.key]
+        try:
+            return float(output.detach() if hasattr(output, "detach") else output)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"{NAME}: the step's {self.key!r} must be a number or a one-element tensor, got "
+                            f"{type(output).__name__} ({error})") from error
+
+    # -- the report -----------------------------------------------------------------------
+    def report(self, optimizer: str = "default", width: int = 60, height: int = 12) -> list[str]:
+        """The lines printed after the sweep: a header, the plot of the smoothed loss against the
+        rate (log x axis, the suggestion marked ``^``) and the suggestion."""
+        from hookfit.plugins.tui.plot import column, text_plot
+
+        end = "stopped early: the loss diverged" if self.diverged else "done"
+        head = (f"hookfit lr_find: {len(self.rates)} step(s), lr of {optimizer!r} from {self.start_lr:g} "
+                f"to {self.end_lr:g}: {end}")
+        xs = [math.log10(r) for r in self.rates]
+        lines = [head]
+        # the blow-up is clipped where it leaves the range the loss started in, so the fall stays readable
+        cap = 1.5 * max(self.losses[: len(self.losses) // 10 + 1], default=math.inf)
+        plot = text_plot({"loss": [(x, min(y, cap), min(y, cap)) for x, y in zip(xs, self.losses)]},
+                         width=width, height=height)
+        if plot:
+            x0, x1 = min(xs), max(xs)
+            plot[-1] = " " * 12 + _axis(self.rates[0], self.rates[-1], width)
+            if self.suggestion is not None:
+                col = column(math.log10(self.suggestion), x0, x1, width)
+                plot.insert(-1, " " * 12 + " " * col + "^")
+            lines += plot + [" " * 12 + "learning rate (log scale)".center(width)]
+        if self.suggestion is not None:
+            lines.append(f"hookfit lr_find: suggested lr={self.suggestion:.3g} (^: where the smoothed loss falls "
+                         f"fastest)")
+        else:
+            lines.append("hookfit lr_find: no suggestion (too few points)")
+        return lines
+
+
+def _axis(first: float, last: float, width: int) -> str:
+    left, right = f"{first:.0e}", f"{last:.0e}"
+    return left + right.rjust(max(0, width - len(left)))
+
+
+def suggest(rates: list[float], losses: list[float]) -> float | None:
+    """The rate where ``losses`` fall fastest against ``log10(rate)``: the most negative slope by
+    central differences (one-sided at the ends), leaving out the first tenth of the points and
+    the last one; ``None`` for fewer than 5 points."""
+    n = len(rates)
+    if n < 5 or len(losses) != n:
+        return None
+    xs = [math.log10(r) for r in rates]
+
+    def slope(i: int) -> float:
+        a, b = max(0, i - 1), min(n - 1, i + 1)
+        return (losses[b] - losses[a]) / (xs[b] - xs[a])
+
+    candidates = range(n // 10, n - 1)
+    return rates[min(candidates, key=slope)]
+
+
+def _iterator(data: Any) -> bool:
+    """Whether ``data`` is used up by iterating it (an iterator or a generator); told without
+    calling ``iter()``, which may change data that keeps its own state."""
+    return isinstance(data, Iterator) or callable(getattr(data, "__next__", None))
+
+
+def _batches(data: Any) -> Iterator[Any]:
+    """The data's batches, from its start again whenever it runs out."""
+    while True:
+        empty = True
+        for batch in data:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError(f"{NAME}: the training data yielded no batches for the sweep")
+
+
+class _Saved:
+    """What the sweep changes, taken before it and put back after."""
+
+    def __init__(self, loop: Run) -> None:
+        import torch
+
+        self.modules = modules(loop.model)
+        self.params = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in self.modules]
+        self.grads = [[None if p.grad is None else p.grad.detach().clone() for p in m.parameters()]
+                      for m in self.modules]
+        self.flags = [[sub.training for sub in m.modules()] for m in self.modules]
+        optimizers = loop.optimizers
+        self.optimizers = list(optimizers.values()) if isinstance(optimizers, Mapping) else [optimizers]
+        self.optimizer_states = [copy.deepcopy(o.state_dict()) if hasattr(o, "state_dict") else None
+                                 for o in self.optimizers]
+        self.plugins = copy.deepcopy(loop.plugin_states())
+        self.rng = rng_state()
+        data = loop.train_data
+        self.data = copy.deepcopy(data.state_dict()) if stateful(data) else None
+        self.carry = dict(loop.carry)
+        self.training = loop.training
+        self._no_grad = torch.no_grad
+
+    def restore(self, loop: Run) -> None:
+        with self._no_grad():
+            for module, params, grads, flags in zip(self.modules, self.params, self.grads, self.flags):
+                module.load_state_dict(params)
+                for p, grad in zip(module.parameters(), grads):
+                    p.grad = grad
+                for sub, flag in zip(module.modules(), flags):
+                    sub.training = flag
+        for optimizer, state in zip(self.optimizers, self.optimizer_states):
+            if state is not None:
+                optimizer.load_state_dict(copy.deepcopy(state))
+        loop.load_plugin_states(self.plugins, strict=False)
+        data = loop.train_data
+        if self.data is not None and stateful(data):
+            data.load_state_dict(self.data)
+        loop.carry.clear()
+        loop.carry.update(self.carry)
+        loop.training = self.training
+        set_rng_state(self.rng)

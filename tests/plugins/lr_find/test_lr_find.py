@@ -1,0 +1,328 @@
+"""lr_find: the learning-rate range test on real runs. The sweep leaves no trace on the training
+that follows (bitwise), its suggestion on the digits data lies where the loss falls, it stops on
+divergence, ends the run with then="stop", and bad options fail at construction."""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy
+import pytest
+import torch
+
+import hookfit
+from hookfit import hookimpl, manager
+from hookfit.config import ConfigError
+from hookfit.data import Batches
+from hookfit.plugins.ema import EMA
+from hookfit.plugins.lr_find import LRFinder, suggest
+from hookfit.plugins.optim import Optim
+from hookfit.tools.demo import load_digits
+
+from conftest import make_dist, mse_step
+
+
+def regression(batches: int = 6) -> tuple[torch.nn.Module, list[Any]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    generator = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 8, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(batches)]
+    return model, data
+
+
+def noisy_step(loop: hookfit.Run, batch: Any) -> dict[str, Any]:
+    """mse_step that also draws from every random generator a script uses (dropout: torch's)."""
+    loss = mse_step(loop, batch)["loss"] + 0 * (random.random() + float(numpy.random.rand()))
+    return {"loss": loss}
+
+
+def raw_step(loop: hookfit.Run, batch: Any) -> dict[str, Any]:
+    """Without an optimizer plugin: the torch optimizer itself."""
+    loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+    loss.backward()
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss}
+
+
+class Reshuffled:
+    """Data that keeps its own state: every pass over it is shuffled anew (by the passes made
+    so far, which ``state_dict`` holds), as a loader that reshuffles by itself does."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches, self.passes = batches, 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Any:
+        order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.passes))
+        self.passes += 1
+        return (self.batches[i] for i in order)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"passes": self.passes}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.passes = state["passes"]
+
+
+def fit(*plugins: Any, data: Any = None, epochs: int = 2, optim: bool = True,
+        **kwargs: Any) -> tuple[torch.nn.Module, hookfit.State]:
+    model, batches = regression()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    random.seed(3)
+    numpy.random.seed(3)
+    loop = hookfit.Loop(noisy_step if optim else raw_step, batches if data is None else data(batches), model=model,
+                        optimizers=optimizer, max_epochs=epochs, plugins=[Optim(), *plugins] if optim else plugins,
+                        run_dir="run", **kwargs)
+    state = loop.fit()
+    return model, state
+
+
+def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.parametrize("data, optim", [
+    (None, True),
+    (lambda b: Batches(torch.cat([x for x, _ in b]), torch.cat([y for _, y in b]), batch_size=8, shuffle=True, seed=5),
+     True),
+    (Reshuffled, True),
+    (None, False),
+], ids=["list", "shuffled Batches", "data with its own state", "torch optimizer without optim"])
+def test_training_after_the_sweep_is_bitwise_the_run_without_it(data: Any, optim: bool) -> None:
+    plain, state = fit(data=data, optim=optim)
+    finder = LRFinder(num_steps=15, end_lr=1.0)
+    swept, swept_state = fit(finder, data=data, optim=optim)
+    assert len(finder.rates) > 5  # the sweep ran, and changed the weights while it ran
+    assert state.status == swept_state.status == "completed"
+    assert swept_state.step == state.step
+    assert same(plain, swept)
+
+
+def test_plugin_states_are_put_back_too() -> None:
+    """EMA's average follows every optimizer step, the sweep's too: it is restored with the rest."""
+    ema_plain = EMA(decay=0.5)
+    plain, _ = fit(ema_plain)
+    ema_swept = EMA(decay=0.5)
+    swept, _ = fit(ema_swept, LRFinder(num_steps=12, end_lr=1.0))
+    assert same(plain, swept)
+    assert same(ema_plain.module, ema_swept.module)
+
+
+def digits_finder(capfd: pytest.CaptureFixture[str], **options: Any) -> tuple[LRFinder, hookfit.State]:
+    torch.manual_seed(0)
+    train, _ = load_digits()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+    def step(loop: hookfit.Run, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(loop.model(x), y)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    finder = LRFinder(**options)
+    loop = hookfit.Loop(step, train, model=model, optimizers=torch.optim.Adam(model.parameters()), max_epochs=3,
+                        plugins=[Optim(), finder], run_dir="run")
+    return finder, loop.fit()
+
+
+def test_digits_suggestion_lies_where_the_loss_falls(capfd: pytest.CaptureFixture[str]) -> None:
+    finder, state = digits_finder(capfd, start_lr=1e-5, end_lr=10.0, num_steps=60, then="stop")
+    assert state.status == "completed"
+    assert state.stop_reason.startswith("lr_find: learning-rate range test done (then='stop'); suggested lr=")
+    assert state.step == 0  # no training batch ran
+    assert finder.diverged  # Adam at lr 10 blows up the loss before the sweep's end
+    losses, rates, s = finder.losses, finder.rates, finder.suggestion
+    assert s is not None and s in rates
+    i, lowest = rates.index(s), losses.index(min(losses))
+    assert 0 < i < lowest  # before the loss is lowest ...
+    assert losses[i + 1] < losses[i - 1] < losses[0]  # ... where it falls
+    assert min(losses) < 0.8 * losses[0]
+    assert state.results["lr_find"] == {"suggestion": s, "steps": len(rates), "diverged": True}
+    err = capfd.readouterr().err
+    assert f"hookfit lr_find: suggested lr={s:.3g}" in err
+    assert "learning rate (log scale)" in err and "1e-05" in err
+    lines = err.splitlines()
+    mark = next(line for line in lines if line.strip() == "^")
+    plot_rows = [line for line in lines if "│" in line]
+    assert len(plot_rows) == 12 and 12 <= mark.index("^") < 12 + 60
+
+
+def test_divergence_stops_the_sweep_early(capfd: pytest.CaptureFixture[str]) -> None:
+    finder, state = digits_finder(capfd, start_lr=1e-2, end_lr=1e4, num_steps=80, diverge=2.0, then="stop")
+    assert finder.diverged and len(finder.rates) < 80
+    last = finder.losses[-1]
+    assert last > 2.0 * min(finder.losses) or not math.isfinite(finder.raw_losses[-1])
+    assert "stopped early: the loss diverged" in capfd.readouterr().err
+    kept, _ = digits_finder(capfd, start_lr=1e-2, end_lr=1e4, num_steps=20, diverge=None, then="stop")
+    assert not kept.diverged and len(kept.rates) == 20  # None never stops it on a finite loss
+    assert max(kept.losses) > 2.0 * min(kept.losses)
+
+
+def test_then_train_goes_on_training_and_stop_ends_the_run(capfd: pytest.CaptureFixture[str]) -> None:
+    _, state = fit(LRFinder(num_steps=8, end_lr=1.0))
+    assert state.status == "completed" and state.step == 12
+    _, stopped = fit(LRFinder(num_steps=8, end_lr=1.0, then="stop"))
+    assert stopped.status == "completed" and stopped.step == 0 and stopped.stopped_by == "lr_find"
+    assert "then='stop'" in stopped.stop_reason
+
+
+def test_several_optimizers_need_a_name() -> None:
+    model, batches = regression()
+    first, second = model[0], model[3]
+
+    def step(loop: hookfit.Run, batch: Any) -> Any:
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        for optimizer in loop.optimizers.values():
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss
+
+    def loop(finder: LRFinder) -> hookfit.Loop:
+        optimizers = {"a": torch.optim.SGD(first.parameters(), lr=0.1),
+                      "b": torch.optim.SGD(second.parameters(), lr=0.1)}
+        return hookfit.Loop(step, batches, model=model, optimizers=optimizers, plugins=[Optim(), finder], run_dir="run")
+
+    with pytest.raises(ValueError, match=r"lr_find: the run has several optimizers \('a', 'b'\): say whose"):
+        loop(LRFinder(num_steps=5)).fit()
+    with pytest.raises(ValueError, match=r"lr_find: optimizer must name one of the run's optimizers \('a', 'b'\), "
+                                         r"got 'c'"):
+        loop(LRFinder(num_steps=5, optimizer="c")).fit()
+    chosen = LRFinder(num_steps=6, optimizer="b", then="stop")
+    loop(chosen).fit()
+    assert len(chosen.rates) == 6
+    assert [g["lr"] for g in loop(LRFinder()).optimizers["a"].param_groups] == [0.1]
+
+
+def test_an_iterator_cannot_be_swept_and_then_trained_on() -> None:
+    with pytest.raises(ValueError, match="lr_find: the training data is an iterator"):
+        fit(LRFinder(num_steps=5), data=lambda b: iter(b))
+
+
+def test_suggest_is_the_steepest_descent_on_the_log_axis() -> None:
+    rates = [10.0 ** (k / 2) for k in range(-10, 0)]
+    losses = [5, 5, 5, 4.9, 4.5, 3.0, 2.5, 2.4, 2.45, 9]
+    assert suggest(rates, losses) == rates[5]  # 4.5 -> 2.5 around it
+    assert suggest(rates[:4], losses[:4]) is None
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("options, message", [
+    ({"start_lr": 0}, "lr_find: start_lr must be a positive finite number (the first rate of the sweep), got 0"),
+    ({"end_lr": float("inf")}, "lr_find: end_lr must be a positive finite number"),
+    ({"start_lr": 1.0, "end_lr": 0.5}, "lr_find: end_lr must be greater than start_lr (1), got 0.5"),
+    ({"num_steps": 1}, "lr_find: num_steps must be at least 2"),
+    ({"num_steps": 2.5}, "lr_find: num_steps must be a positive integer"),
+    ({"diverge": 0.5}, "lr_find: diverge must be a finite number >= 1"),
+    ({"diverge": 1}, "lr_find: diverge must be greater than 1"),
+    ({"smoothing": 1.0}, "lr_find: smoothing must be below 1"),
+    ({"smoothing": -0.1}, "lr_find: smoothing must be a finite number >= 0"),
+    ({"then": "fit"}, "lr_find: then must be 'train' or 'stop', got 'fit'"),
+    ({"optimizer": 3}, "lr_find: optimizer must be a non-empty string"),
+    ({"key": ""}, "lr_find: key must be a non-empty string"),
+])
+def test_bad_options_fail_at_construction(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        LRFinder(**options)
+    assert str(error.value).startswith(message)
+
+
+@pytest.mark.bad_input
+def test_a_step_without_the_loss_key_is_named() -> None:
+    def step(loop: hookfit.Run, batch: Any) -> dict[str, Any]:
+        return {"error": mse_step(loop, batch)["loss"]}
+
+    model, batches = regression()
+    loop = hookfit.Loop(step, batches, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[Optim(), LRFinder(num_steps=5)], run_dir="run")
+    with pytest.raises(ValueError, match=r"lr_find: the step's output has no 'loss' \(it has 'error'\)"):
+        loop.fit()
+    before = regression()[0]
+    assert same(model, before)  # the failed sweep still put the model back
+
+
+# -- inert unless configured ------------------------------------------------------------------
+
+
+@pytest.fixture
+def entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``lr_find`` entry point: hookfit's own once the project is installed with it, else
+    the same one from a distribution made here (an install older than the plugin)."""
+    if not any(ep.name == "lr_find" for ep in manager.entry_points()):
+        root = make_dist(tmp_path / "site", "hookfit-lr-find-ep", {"lr_find": "hookfit.plugins.lr_find:LRFinder"}, {})
+        monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "optim,lr_find")
+
+
+class Probe:
+    name = "probe"
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    @hookimpl
+    def fit_start(self, loop: Any) -> None:
+        plugin = loop.pm.infos["lr_find"].plugin
+        self.seen.update(plugin=plugin, registered=loop.pm.get_plugin("lr_find") is not None)
+
+
+def discovered_fit(probe: Probe) -> hookfit.State:
+    model, batches = regression()
+    return hookfit.Loop(mse_step, batches, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[probe], run_dir="run").fit()
+
+
+def test_discovered_without_options_it_does_nothing(entry_point: None, capfd: pytest.CaptureFixture[str]) -> None:
+    probe = Probe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inert: not a word
+        state = discovered_fit(probe)
+    assert isinstance(probe.seen["plugin"], LRFinder) and probe.seen["registered"] is False
+    assert state.step == 6 and "lr_find" not in state.results and "lr_find" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("table", ["", "num_steps = 5\n"])
+def test_a_table_in_the_configuration_file_switches_it_on(entry_point: None, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch, table: str) -> None:
+    (tmp_path / "run.toml").write_text(f"[plugins.lr_find]\nthen = 'stop'\nend_lr = 1.0\n{table}")
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "run.toml"))
+    probe = Probe()
+    state = discovered_fit(probe)
+    assert probe.seen["registered"] is True
+    assert state.status == "completed" and state.step == 0 and state.stopped_by == "lr_find"
+    assert state.results["lr_find"]["steps"] == (5 if table else 100)
+
+
+@pytest.mark.bad_input
+def test_a_bad_option_in_the_configuration_file_names_the_file_and_the_option(
+        entry_point: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "run.toml").write_text("[plugins.lr_find]\nnum_steps = 0\n")
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "run.toml"))
+    with pytest.raises(ConfigError, match=r"run.toml \[plugins.lr_find\]: lr_find: num_steps must be a positive"):
+        discovered_fit(Probe())
+
+
+@pytest.mark.bad_input
+def test_several_processes_are_refused_at_configure() -> None:
+    class Rank0Of2:
+        name = "two_ranks"
+
+        @hookimpl(tryfirst=True)
+        def configure(self, loop: Any) -> None:
+            loop.state.world_size = 2
+
+    model, batches = regression()
+    loop = hookfit.Loop(mse_step, batches, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[Optim(), LRFinder(), Rank0Of2()], run_dir="run")
+    with pytest.raises(RuntimeError, match="lr_find: the learning-rate range test runs on one process, and this run "
+                                           "has 2: run it with plain python"):
+        loop.fit()
