@@ -46,7 +46,10 @@ The renderer role. A renderer only watches the run; what it must do, all of it:
 
 * Speed: hook implementations run on the training thread; a renderer hands the snapshot over
   (snapshots are never changed after publication) and draws elsewhere, at a bounded rate. It
-  implements no per-batch event unless it must (the console's ``every_n_batches``).
+  implements no per-batch event unless it must (the console's ``every_n_batches``): progress
+  between publications comes from reading ``loop.state``'s counters (``stage``, ``epoch``,
+  ``batch_idx``, ``step``) from the renderer's own thread on its own tick, which a renderer may
+  do at any time (plain attributes, each read whole; a value may be one batch old).
 
 Declared by :class:`hookfit.plugins.tui.TuiRenderer` (its ``hookspecs`` attribute) and added to
 every run whether ``tui`` is enabled, disabled or replaced. The dashboard declares
