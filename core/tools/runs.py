@@ -52,11 +52,11 @@ LIMIT = 256 * 2**20
 """The most bytes read of one file of a run (a larger file is skipped, with a note)."""
 
 
-def read_bytes(path: Path, notes: list[str] | None = None) -> bytes | None:
-    """The bytes of ``path``, a file of a run folder, read with care: only a regular file (never
-    a FIFO, a device or a folder: they are not opened for reading), through a symlink only to
-    a file inside the same run folder, at most :data:`LIMIT` bytes. ``None`` when it does not
-    exist or is skipped; what was skipped and why is added to ``notes``."""
+def read_bytes(path: Path, notes: list[str] | None = None, offset: int = 0) -> bytes | None:
+    """The bytes of ``path``, a file of a run folder, from ``offset`` on, read with care: only a
+    regular file (never a FIFO, a device or a folder: they are not opened for reading), through
+    a symlink only to a file inside the same run folder, at most :data:`LIMIT` bytes. ``None``
+    when it does not exist or is skipped; what was skipped and why is added to ``notes``."""
     def skip(why: str) -> None:
         if notes is not None:
             notes.append(f"{path.name} {why}")
@@ -88,6 +88,8 @@ def read_bytes(path: Path, notes: list[str] | None = None) -> bytes | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since it was looked at
             skip("is not a regular file: skipped")
             return None
+        if offset:
+            os.lseek(fd, offset, os.SEEK_SET)
         chunks, size = [], 0
         while size <= LIMIT:
             chunk = os.read(fd, min(2**20, LIMIT + 1 - size))

@@ -108,11 +108,8 @@ class Follower:
         """Read what was added since the last call; whether anything was."""
         import json
 
-        try:
-            with open(self.path, "rb") as file:
-                file.seek(self.offset)
-                data = file.read()
-        except FileNotFoundError:
+        data = runs.read_bytes(self.path, offset=self.offset)  # a regular file of the run only, bounded
+        if data is None:
             return False
         end = data.rfind(b"\n")
         if end < 0:
