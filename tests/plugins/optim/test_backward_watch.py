@@ -5,6 +5,7 @@ a correct script, and no hook left after the first training stage."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -147,3 +148,49 @@ def test_a_backward_implementation_taking_over_is_loop_backward_too() -> None:
         warnings.simplefilter("error", OptimWarning)
         hookfit.Loop(train_step, data(2), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
                      plugins=[Optim(accumulate=2), OwnBackward()]).fit()
+
+
+TORCHRUN_SCRIPT = '''
+import torch, hookfit
+
+torch.manual_seed(1)
+model = torch.nn.Linear(4, 1)
+data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(8)]
+
+def train_step(loop, batch):
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(loop.model(x), y)
+    loss.backward()  # instead of loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+
+hookfit.Loop(train_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1)).fit()
+'''
+
+
+@pytest.mark.bad_input
+@pytest.mark.slow
+def test_loss_backward_under_torchrun_fails(tmp_path) -> None:
+    """Two real processes (torchrun, gloo): the error names the processes and loop.backward."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    launcher = Path(sys.executable).with_name("torchrun")
+    command = [str(launcher)] if launcher.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HOOKFIT_DISABLE_PLUGINS")}
+    env.update(OMP_NUM_THREADS="1", HOOKFIT_PLUGINS="optim,distributed")
+    done = subprocess.run([*command, "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                           "localhost:0", "--tee", "3", str(script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    # the first process to fail ends the job (torchrun stops the other): its error is the one
+    error = re.compile(r"\[default\d\]:(\[rank\d\]: )?RuntimeError: optim:")
+    lines = [text for text in output.splitlines() if error.match(text)]
+    assert lines and "bypasses optim's handling of 2 processes" in lines[0], output[-3000:]
+    assert "Call loop.backward(loss) in 'train_step' instead" in lines[0]
