@@ -59,6 +59,10 @@ class Ranges:
         return bool(self.runs)
 
 
+RECENT_SHARE = 0.25
+"""The recent window (the ``w`` key): the last quarter of the steps a curve covers."""
+
+
 @dataclass
 class Series:
     """Downsampled ``(x, y)`` points: full history in min/max buckets, plus a recent window;
@@ -106,19 +110,27 @@ class Series:
             self.buckets = merged
             self.span *= 2
 
+    def _cutoff(self) -> float:
+        """The first step of the recent window: the last :data:`RECENT_SHARE` of the steps the
+        series covers (and at most its last ``recent_size`` points), so that the window is
+        never the whole history of a short run."""
+        first, last = self.first_x or 0.0, self.last_x or 0.0
+        start = last - (last - first) * RECENT_SHARE
+        return max(start, self.recent[0][0]) if self.recent else start
+
     def points(self, recent: bool = False) -> list[tuple[float, float, float]]:
         """``(x, low, high)`` of the finite values, for the full history or the recent window."""
         if recent:
-            return [(x, y, y) for x, y in self.recent]
+            cutoff = self._cutoff()
+            return [(x, y, y) for x, y in self.recent if x >= cutoff]
         return [(b[0], b[1], b[2]) for b in self.buckets]
 
     def x_range(self, recent: bool = False) -> tuple[float, float] | None:
-        """The steps the series covers, its non-finite values included (``recent``: from the
-        first point of the recent window on)."""
+        """The steps the series covers, its non-finite values included (``recent``: those of
+        the recent window)."""
         if self.first_x is None or self.last_x is None:
             return None
-        start = self.recent[0][0] if recent and self.recent else self.first_x
-        return start, self.last_x
+        return (self._cutoff() if recent else self.first_x), self.last_x
 
     def __len__(self) -> int:
         return len(self.buckets) + len(self.nonfinite)

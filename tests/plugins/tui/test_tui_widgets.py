@@ -471,3 +471,22 @@ def test_the_bars_follow_the_run_counters_and_end_where_the_run_did() -> None:
     text = "\n".join(screen(d, (100, 30)))
     assert "│ epoch 23 │ step 2000/2000 │" in text and "ETA" not in text
     assert re.search(r"^ run +step 2000/2000  completed +100 %", text, re.M)
+
+
+def test_the_recent_window_is_the_last_quarter_of_a_short_run() -> None:
+    """Issue 29: ``w`` showed the last 300 publications, the whole history of any run under
+    about 150 s; the recent window is the last quarter of the steps a curve covers."""
+    from hookfit.plugins.tui.plot import Series
+
+    series = Series()
+    for step in range(101):
+        series.add(float(step), 1.0 / (step + 1))
+    assert series.x_range() == (0.0, 100.0)
+    assert series.x_range(recent=True) == (75.0, 100.0)
+    recent = series.points(recent=True)
+    assert [x for x, _, _ in recent] == [float(s) for s in range(75, 101)]
+    long = Series()
+    for step in range(2000):
+        long.add(float(step), 1.0)
+    assert long.x_range(recent=True) == (1700.0, 1999.0)  # at most the last recent_size points
+    assert len(long.points(recent=True)) == 300
