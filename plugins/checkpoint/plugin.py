@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import hookimpl
-from hookfit.records import FolderLock
-from hookfit.plugins.checkpoint import hookspecs, sharded
+from hookfit.plugins.checkpoint import folders, hookspecs, sharded
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import _model_state, _snapshot
 from hookfit.plugins.checkpoint.storage import (
@@ -31,7 +30,6 @@ from hookfit.plugins.checkpoint.storage import (
     checkpoint_files,
     digest,
     position_of,
-    stale_temporaries,
 )
 from hookfit.plugins.common import Every, Monitor, choice, flag, path, positive_int, positive_number
 
@@ -107,7 +105,7 @@ class Checkpoint:
         self._sharded_saves = 0  # this process's sharded saves: their temporary folders' names
         self._main_dir: Path | None = None  # off the main process: where the main one writes
         self._written: collections.deque[tuple[str, str, int]] = collections.deque()  # to announce
-        self._lock: FolderLock | None = None  # a given dir's, while a run writes there
+        self._lock: folders.FolderLock | None = None  # a given dir's, while a run writes there
 
     @property
     def best(self) -> tuple[float, Path] | None:
@@ -159,7 +157,8 @@ class Checkpoint:
                 "checkpoint would hold no weights and a resume would continue half a state; nothing is saved",
                 CheckpointWarning, stacklevel=2)
         if loop.is_main and loop.mode == "fit" and not self.off:
-            self._lock_directory(loop)  # before anything is written or removed: refused if a live process holds it
+            # before anything is written or removed there: refused if a live process holds it
+            self._lock = folders.lock(loop, self.dir, self._continued, self.name)
             self._remove_stale_temporaries(loop)
         if not self.off and loop.state.world_size > 1:
             self._share_directory(loop)
@@ -450,31 +449,12 @@ class Checkpoint:
         if error is not None:
             raise error
 
-    def _lock_directory(self, loop: Run) -> None:
-        """Keep a second process out of the folder this run's checkpoints go to, at the start:
-        the run folder's own lock when it may hold files already (a given ``run_dir``, a
-        resumed run's folder: :class:`hookfit.records.RunFolder` takes it as the folder is
-        first used, refusing with the live process's pid and host), or the lock of a given
-        ``dir`` (held until ``fit_end``). A new run folder is this process's alone."""
-        if self.dir is not None and not loop.smoke:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            lock = FolderLock(self.dir, self.name)
-            lock.acquire(f"this run's checkpoints (Checkpoint(dir={str(self.dir)!r}))")
-            self._lock = lock if lock.held else None
-        elif loop.run_dir_given or self._continued:
-            loop.run_dir  # noqa: B018 - the folder's first use takes its lock
-
     def _remove_stale_temporaries(self, loop: Run) -> None:
         """Temporary files of writes that a killed process left (``kill -9`` during a
         background write): removed at the next start of the run (main process only)."""
         folder = self._known_directory(loop)
-        if folder is None:
-            return
-        for path in stale_temporaries(folder):
-            try:
-                sharded.remove(path)
-            except OSError:
-                pass
+        if folder is not None:
+            folders.remove_stale_temporaries(folder)
 
     # -- resuming (which checkpoint, restored how: hookfit.plugins.checkpoint.resuming) ------
     def _adopt(self, loop: Run, position: Mapping[str, Any]) -> None:

@@ -1,0 +1,43 @@
+"""checkpoint's folders: the lock that keeps a second process out of the folder a run's
+checkpoints go to (:class:`hookfit.records.FolderLock`), and the temporary files a killed
+write left there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint.storage import stale_temporaries
+from hookfit.records import FolderLock
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
+
+__all__ = ["FolderLock", "lock", "remove_stale_temporaries"]
+
+
+def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> FolderLock | None:
+    """Lock the folder this run's checkpoints go to, at ``fit_start`` (main process): a given
+    ``dir`` (``directory``) gets a lock of its own, returned for ``fit_end`` to release; a given
+    ``run_dir`` or the folder of a resumed run (``continued``) is locked by the core as it is
+    first used (:class:`hookfit.records.RunFolder`), which this does now. Either way a live
+    process there refuses this one with a :class:`hookfit.records.FolderInUse` naming it. A new
+    run folder is this process's alone and is not touched."""
+    if directory is not None and not loop.smoke:
+        directory.mkdir(parents=True, exist_ok=True)
+        held = FolderLock(directory, owner)
+        held.acquire(f"this run's checkpoints ({owner}(dir={str(directory)!r}))")
+        return held if held.held else None
+    if loop.run_dir_given or continued:
+        loop.run_dir  # noqa: B018 - the folder's first use takes its lock
+    return None
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """Remove the temporary files of writes that a killed process left in ``folder``."""
+    for path in stale_temporaries(folder):
+        try:
+            sharded.remove(path)
+        except OSError:
+            pass
