@@ -4,8 +4,10 @@ divergence, ends the run with then="stop", and bad options fail at construction.
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -290,6 +292,13 @@ def test_discovered_without_options_it_does_nothing(entry_point: None, capfd: py
     assert state.step == 6 and "lr_find" not in state.results and "lr_find" not in capfd.readouterr().err
 
 
+def test_hookfit_plugins_says_what_turns_it_on() -> None:
+    from hookfit.discovery import inert
+
+    assert "[plugins.lr_find] table in hookfit.toml (even empty)" in inert(LRFinder(), False)
+    assert inert(LRFinder(), True) is None
+
+
 @pytest.mark.parametrize("table", ["", "num_steps = 5\n"])
 def test_a_table_in_the_configuration_file_switches_it_on(entry_point: None, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch, table: str) -> None:
@@ -326,3 +335,32 @@ def test_several_processes_are_refused_at_configure() -> None:
     with pytest.raises(RuntimeError, match="lr_find: the learning-rate range test runs on one process, and this run "
                                            "has 2: run it with plain python"):
         loop.fit()
+
+
+# -- on a terminal with the dashboard ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_dashboard_keeps_the_plot_and_writes_it_back(tmp_path: Path) -> None:
+    pytest.importorskip("urwid")
+    from terminal import PLUGINS, Terminal
+
+    from conftest import TESTS
+
+    term = Terminal(tmp_path)
+    try:
+        result = tmp_path / "result.json"
+        term.launch(sys.executable, TESTS / "scripts" / "lr_find_dashboard.py", result, tmp_path / "run",
+                    env=f"HOOKFIT_PLUGINS={PLUGINS}")
+        code, _, text = term.wait_exit()
+    finally:
+        term.kill()
+    assert code == 0
+    outcome = json.loads(result.read_text())
+    assert outcome["status"] == "completed" and outcome["step"] == 16 and outcome["suggestion"] is not None
+    suggested = f"hookfit lr_find: suggested lr={outcome['suggestion']:.3g}"
+    # the dashboard captured it (only the dashboard writes output.log) ...
+    log = (tmp_path / "run" / "output.log").read_text()
+    assert "hookfit lr_find: " in log and "learning rate (log scale)" in log and suggested in log
+    # ... and wrote it back to the terminal when it closed
+    assert suggested in text and "learning rate (log scale)" in text
