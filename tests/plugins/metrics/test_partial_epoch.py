@@ -85,7 +85,8 @@ def test_a_stop_inside_the_training_stage_publishes_its_partial_epoch(tmp_path: 
     partial = collect.epochs[-1]
     assert partial.values["loss"].epoch == 1.5 and partial.step == 6 and partial.best == {"loss": "min"}
     # the history it carries ends with the partial epoch
-    assert [dict(h) for h in partial.history] == [{"epoch": 0, "step": 4, "loss": 2.5}, {"epoch": 1, "step": 6, "loss": 1.5}]
+    assert [dict(h) for h in partial.history] == [{"epoch": 0, "step": 4, "loss": 2.5},
+                                                  {"epoch": 1, "step": 6, "loss": 1.5}]
     assert collect.stages[-1] is None  # published at fit_end, outside any stage
     assert [(r["event"], r.get("stage"), r["epoch"], r.get("batches")) for r in rows(tmp_path)] == [
         ("epoch", "train", 1, 4), ("epoch", "train", 2, 2), ("end", None, 2, None)]
@@ -156,7 +157,8 @@ def test_a_resumed_run_counts_the_partial_epoch_once(tmp_path: Path, order: str)
     cut_stop, collect = EarlyStopping(monitor="train/loss", patience=5), Collect()
     loop, _, _ = resumable_run(tmp_path / "cut", stop=10, extra=extra(cut_stop, collect))
     assert loop.run.state.status == "interrupted"
-    assert [(s.stage, s.epoch, s.batches) for s in collect.epochs] == [("train", 0, 7), ("valid", 0, 2), ("train", 1, 1)]
+    assert [(s.stage, s.epoch, s.batches) for s in collect.epochs] == [
+        ("train", 0, 7), ("valid", 0, 2), ("train", 1, 1)]
     assert cut_stop.wait + (cut_stop.best_epoch == 1) == 1  # it heard the partial epoch...
     [saved] = (tmp_path / "cut" / "checkpoints").glob("*step000000008*")
     states = read(saved)["plugins"]
