@@ -50,18 +50,14 @@ plugin off with one warning naming it, and training goes on.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import time
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hookfit import hookimpl
 from hookfit.errors import HookfitWarning
-from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins._logger import wanted
-from hookfit.plugins._logger import inert as logger_inert
+from hookfit.plugins._tracker import Tracker, require
 from hookfit.plugins.common import Hparam, flag, hyperparameters, path, run_hparams, text
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -80,12 +76,10 @@ _BATCH = 100  # MLflow takes at most 100 parameters in one log_batch
 
 def _require() -> None:
     """Say how to install MLflow if it is not installed (without importing it: it is slow)."""
-    if importlib.util.find_spec("mlflow") is None:
-        raise ImportError(f"mlflow: the plugin needs the mlflow package (mlflow-skinny or mlflow), which is not "
-                          f"installed; install it with `{INSTALL}`")
+    require("mlflow", "mlflow", "mlflow package (mlflow-skinny or mlflow)", INSTALL)
 
 
-class MLflow:
+class MLflow(Tracker):
     """Logs the run to MLflow: hyperparameters, metrics at the global step, learning rates,
     checkpoints (optional) and the final status (see the module documentation). Options are
     checked here, with a ``ValueError`` naming them.
@@ -104,8 +98,7 @@ class MLflow:
     """
 
     name = "mlflow"
-    observer = True  # a logger: its failures switch it off, never the run
-    inert = logger_inert  # what hookfit plugins says of it (hookfit.discovery.inert)
+    run_label = "an MLflow run id"
 
     def __init__(self, tracking_uri: str | os.PathLike[str] | None = None, experiment: str | None = None,
                  run_name: str | None = None, log_checkpoints: bool = False, every_publication: bool = True,
@@ -121,84 +114,36 @@ class MLflow:
         self.enabled = flag(self.name, "enabled", enabled, none=True)
         if enabled:
             _require()  # asked for in so many words: say what is missing now, not at fit()
-        self.run_id: str | None = None
-        """The MLflow run of the current or last run (``None`` before its first epoch, and when off)."""
+        super().__init__()
         self._client: Any = None
         self._entities: Any = None
-        self._resume_id: str | None = None  # the tracker run a checkpoint's state names
         self._last: dict[str, int] = {}  # metric -> the last step the tracker run has (a resumed one)
-        self._lr_step: int | None = None
-        self._off = False  # not the main process: nothing to log in this run
 
-    # -- events -------------------------------------------------------------------------------
-    @hookimpl
-    def configure(self, loop: Run) -> None:
-        self.run_id, self._client, self._resume_id, self._last, self._lr_step = None, None, None, {}, None
-        self._off = False
-        if not wanted(loop, self, self.enabled):
-            loop.pm.unregister(self)  # inert: none of the hooks below costs anything
-            return
-        _require()  # an observer: a missing package is one warning, and training goes on
+    # -- the tracker run ----------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._client, self._last = None, {}
 
-    @hookimpl
-    def load_state(self, loop: Run, state: Any) -> None:
-        run_id = state.get("run_id") if isinstance(state, Mapping) else None
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError(f"mlflow: the checkpoint's state of this plugin is {state!r}; expected "
-                             f"{{'run_id': <an MLflow run id>}}")
-        if loop.mode == "fit":  # an evaluation (Loop.validate(resume=...)) is a tracker run of its own
-            self._resume_id = run_id
+    def _require(self) -> None:
+        _require()
 
-    @hookimpl
-    def save_state(self, loop: Run) -> Any:
-        self._start(loop)
-        return None if self.run_id is None else {"run_id": self.run_id}
+    def _running(self) -> bool:
+        return self._client is not None
 
-    @hookimpl
-    def epoch_start(self, loop: Run) -> None:
-        self._start(loop)
-
-    @hookimpl
-    def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
-        if stage == "train" and self.every_publication and self._start(loop):
-            values = [(f"train_step/{key}", value.running) for key, value in metrics.values.items()]
-            self._log(metrics.step, values + self._rates(metrics))
-
-    @hookimpl
-    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
-        if not self._start(loop):
-            return
-        values = [(f"{stage}/{key}", value.epoch) for key, value in metrics.values.items()]
-        if stage == "train":
-            values += [("epoch", metrics.epoch + 1), *self._rates(metrics)]
-        self._log(metrics.step, values)
-
-    @hookimpl
-    def checkpoint_saved(self, loop: Run, path: str, reason: str, step: int) -> None:
-        if not self.log_checkpoints or not self._start(loop):
-            return
-        if os.path.isdir(path):  # a sharded checkpoint's folder
+    def _keep(self, path: str, reason: str, step: int, folder: bool) -> None:
+        if folder:
             self._client.log_artifacts(self.run_id, path, artifact_path=f"checkpoints/{os.path.basename(path)}")
         else:
             self._client.log_artifact(self.run_id, path, artifact_path="checkpoints")
 
-    @hookimpl(trylast=True)  # after the checkpoint plugin's last save and announcement
-    def fit_end(self, loop: Run) -> None:
-        if self._start(loop):
+    def _close(self, loop: Run, running: bool) -> None:
+        if running:
             state = loop.state
             tags = {"hookfit.status": state.status, "hookfit.stop_reason": state.stop_reason or ""}
             self._client.log_batch(self.run_id, tags=[self._entities.RunTag(k, v) for k, v in tags.items()])
             self._client.set_terminated(self.run_id, STATUS.get(state.status, "FINISHED"))
         self._client = None
 
-    # -- the tracker run ----------------------------------------------------------------------
-    def _start(self, loop: Run) -> bool:
-        """Start (or continue) the tracker run on first use; whether there is one to log to."""
-        if self._client is not None:
-            return True
-        if self._off or self.run_id is not None or not loop.is_main:  # not main, or ended already
-            self._off = True
-            return False
+    def _open(self, loop: Run) -> bool:
         client = importlib.import_module("mlflow.tracking").MlflowClient(tracking_uri=self.tracking_uri)
         self._entities = importlib.import_module("mlflow.entities")
         params = {key: str(value) for key, value in run_hparams(loop, self.hparams).items()}
@@ -227,17 +172,10 @@ class MLflow:
             client.log_batch(self.run_id, params=[self._entities.Param(k, v) for k, v in items[start:start + _BATCH]])
         return True
 
-    def _rates(self, metrics: MetricsSnapshot) -> list[tuple[str, float]]:
-        """``lr/<optimizer>`` values, once per global step."""
-        if not metrics.lr or self._lr_step == metrics.step:
-            return []
-        self._lr_step = metrics.step
-        return [(f"lr/{name}", rate) for name, rate in metrics.lr.items()]
-
-    def _log(self, step: int, values: list[tuple[str, float]]) -> None:
+    def _log(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` at ``step`` in one call, leaving out the steps the tracker run has."""
         now, last = int(time.time() * 1000), self._last
-        points = [self._entities.Metric(key, float(value), now, step) for key, value in values
+        points = [self._entities.Metric(key, float(value), now, step) for key, value in values.items()
                   if step > last.get(key, -1)]
         if points:
             self._client.log_batch(self.run_id, metrics=points)

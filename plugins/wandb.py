@@ -51,15 +51,11 @@ is switched off with one warning naming it, and training goes on.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hookfit import hookimpl
-from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins._logger import wanted
-from hookfit.plugins._logger import inert as logger_inert
+from hookfit.plugins._tracker import Tracker, require
 from hookfit.plugins.common import Hparam, check, choice, flag, hyperparameters, path, run_hparams, text
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -80,12 +76,10 @@ MANAGED = frozenset({"project", "entity", "name", "dir", "mode", "config", "id",
 
 def _require() -> None:
     """Say how to install W&B if it is not installed (without importing it: it is slow)."""
-    if importlib.util.find_spec("wandb") is None:
-        raise ImportError(f"wandb: the plugin needs the wandb package, which is not installed; install it with "
-                          f"`{INSTALL}`")
+    require("wandb", "wandb", "wandb package", INSTALL)
 
 
-class WandB:
+class WandB(Tracker):
     """Logs the run to Weights & Biases: hyperparameters, metrics at the global step, learning
     rates, checkpoints (optional) and the final status (see the module documentation). Options
     are checked here, with a ``ValueError`` naming them.
@@ -104,8 +98,7 @@ class WandB:
     """
 
     name = "wandb"
-    observer = True  # a logger: its failures switch it off, never the run
-    inert = logger_inert  # what hookfit plugins says of it (hookfit.discovery.inert)
+    run_label = "a W&B run id"
 
     def __init__(self, project: str | None = None, mode: str | None = None, entity: str | None = None,
                  run_name: str | None = None, dir: str | os.PathLike[str] | None = None,
@@ -131,87 +124,39 @@ class WandB:
         self.enabled = flag(self.name, "enabled", enabled, none=True)
         if enabled:
             _require()  # asked for in so many words: say what is missing now, not at fit()
+        super().__init__()
         self.run: Any = None
         """The ``wandb`` run of the current run (``None`` before its first epoch, after its end, and when off)."""
-        self.run_id: str | None = None
-        """The W&B run id of the current or last run (``None`` before its first epoch, and when off)."""
-        self._resume_id: str | None = None  # the W&B run a checkpoint's state names
         self._first = 0  # the first step the W&B run has no row for
-        self._lr_step: int | None = None
-        self._off = False  # not the main process: nothing to log in this run
 
-    # -- events -------------------------------------------------------------------------------
-    @hookimpl
-    def configure(self, loop: Run) -> None:
-        self.run, self.run_id, self._resume_id, self._first, self._lr_step = None, None, None, 0, None
-        self._off = False
-        if not wanted(loop, self, self.enabled):
-            loop.pm.unregister(self)  # inert: none of the hooks below costs anything
-            return
-        _require()  # an observer: a missing package is one warning, and training goes on
+    # -- the W&B run --------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self.run, self._first = None, 0
 
-    @hookimpl
-    def load_state(self, loop: Run, state: Any) -> None:
-        run_id = state.get("run_id") if isinstance(state, Mapping) else None
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError(f"wandb: the checkpoint's state of this plugin is {state!r}; expected "
-                             f"{{'run_id': <a W&B run id>}}")
-        if loop.mode == "fit":  # an evaluation (Loop.validate(resume=...)) is a tracker run of its own
-            self._resume_id = run_id
+    def _require(self) -> None:
+        _require()
 
-    @hookimpl
-    def save_state(self, loop: Run) -> Any:
-        self._start(loop)
-        return None if self.run_id is None else {"run_id": self.run_id}
+    def _running(self) -> bool:
+        return self.run is not None
 
-    @hookimpl
-    def epoch_start(self, loop: Run) -> None:
-        self._start(loop)
-
-    @hookimpl
-    def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
-        if stage == "train" and self.every_publication and self._start(loop):
-            values = {f"train_step/{key}": value.running for key, value in metrics.values.items()}
-            self._log(metrics.step, {**values, **self._rates(metrics)})
-
-    @hookimpl
-    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
-        if not self._start(loop):
-            return
-        values: dict[str, float] = {f"{stage}/{key}": value.epoch for key, value in metrics.values.items()}
-        if stage == "train":
-            values.update({"epoch": metrics.epoch + 1, **self._rates(metrics)})
-        self._log(metrics.step, values)
-
-    @hookimpl
-    def checkpoint_saved(self, loop: Run, path: str, reason: str, step: int) -> None:
-        if not self.log_checkpoints or not self._start(loop):
-            return
+    def _keep(self, path: str, reason: str, step: int, folder: bool) -> None:
         wandb = importlib.import_module("wandb")
         artifact = wandb.Artifact(f"checkpoint-{self.run_id}", type="model", metadata={"reason": reason, "step": step})
-        if os.path.isdir(path):  # a sharded checkpoint's folder
+        if folder:
             artifact.add_dir(path, name=os.path.basename(path))
         else:
             artifact.add_file(path, name=os.path.basename(path))
         self.run.log_artifact(artifact, aliases=["latest", f"step-{step}"])
 
-    @hookimpl(trylast=True)  # after the checkpoint plugin's last save and announcement
-    def fit_end(self, loop: Run) -> None:
-        run = self.run if self._start(loop) else None
+    def _close(self, loop: Run, running: bool) -> None:
+        run = self.run if running else None
         self.run = None
         if run is not None:
             state = loop.state
             run.summary.update({"hookfit/status": state.status, "hookfit/stop_reason": state.stop_reason or ""})
             run.finish(exit_code=1 if state.status == "failed" else 0)
 
-    # -- the W&B run --------------------------------------------------------------------------
-    def _start(self, loop: Run) -> bool:
-        """Start (or continue) the W&B run on first use; whether there is one to log to."""
-        if self.run is not None:
-            return True
-        if self._off or self.run_id is not None or not loop.is_main:  # not main, or finished already
-            self._off = True
-            return False
+    def _open(self, loop: Run) -> bool:
         wandb = importlib.import_module("wandb")
         config: dict[str, Any] = {**run_hparams(loop, self.hparams), "hookfit.run_dir": os.path.abspath(loop.run_dir)}
         # WANDB_DIR as it is now: W&B reads its environment once a process, at its first run; and
@@ -229,13 +174,6 @@ class WandB:
             self._first = run.step
         self.run, self.run_id = run, run.id
         return True
-
-    def _rates(self, metrics: MetricsSnapshot) -> dict[str, float]:
-        """``lr/<optimizer>`` values, once per global step."""
-        if not metrics.lr or self._lr_step == metrics.step:
-            return {}
-        self._lr_step = metrics.step
-        return {f"lr/{name}": rate for name, rate in metrics.lr.items()}
 
     def _log(self, step: int, values: dict[str, float]) -> None:
         """One history row at ``step`` (several calls at one step are one row), unless W&B has it."""
