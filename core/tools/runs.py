@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from hookfit.errors import HookfitWarning
 
@@ -154,7 +154,7 @@ def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

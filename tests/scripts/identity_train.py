@@ -60,4 +60,4 @@ with open(args.out, "w") as f:
     json.dump({"name": loop.run.name, "identity": loop.run.identity.key, "run_dir": str(loop.run.run_dir),
                "status": state.status, "step": state.step,
                "resumed_from": None if state.resumed_from is None else str(state.resumed_from.source),
-               "weight": float(model.weight.sum())}, f)
+               "weight": float(model.weight.detach().sum())}, f)
