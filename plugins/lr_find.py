@@ -31,7 +31,10 @@ unregisters itself at ``configure``, so a run pays nothing for it.
   counters and schedulers, EMA's average...), the random state (Python's, torch's, NumPy's,
   CUDA's), ``loop.carry`` and the data's own state (``state_dict()``) where it has one; so with
   ``then="train"`` (the default) the training that follows is bitwise the run without the
-  finder. ``then="stop"`` ends the run after the sweep instead: ``completed``, with a reason
+  finder (the optimizer role's per-step schedulers step during the sweep too, and are put back
+  after it: one made for a fixed number of steps, as ``OneCycleLR``, must allow ``num_steps``
+  more, or the sweep fails with torch's error and a note naming it). ``then="stop"`` ends the
+  run after the sweep instead: ``completed``, with a reason
   that says so and gives the suggestion. Training data that is an iterator (used up by the
   sweep) is refused with ``then="train"``. Data whose iterator keeps state across passes
   (a ``DataLoader`` with ``persistent_workers``) is not put back within its workers.
@@ -111,6 +114,7 @@ class LRFinder:
         """The suggested rate (steepest descent of the smoothed loss), or ``None``."""
         self.diverged = False
         """Whether the last sweep stopped early: the loss diverged or was not finite."""
+        self._batch, self._rate = 0, self.start_lr  # where the sweep is, for an error's note
 
     # -- events ---------------------------------------------------------------------------
     def inert(self, chosen: bool) -> str | None:
@@ -141,6 +145,12 @@ class LRFinder:
         saved = _Saved(loop)
         try:
             self._sweep(loop, optimizer)
+        except Exception as error:
+            error.add_note(f"{NAME}: raised during the learning-rate range test, at its batch {self._batch + 1} "
+                           f"(lr={self._rate:.3g}); the run's per-step schedulers step with it (one made for a "
+                           f"fixed number of steps, as OneCycleLR, needs them to cover num_steps={self.num_steps} "
+                           f"more)")
+            raise
         finally:
             saved.restore(loop)
         self.suggestion = suggest(self.rates, self.losses)
@@ -187,6 +197,7 @@ class LRFinder:
         batches = _batches(loop.train_data)
         for i in range(self.num_steps):
             rate = self.start_lr * ratio ** (i / (self.num_steps - 1))
+            self._batch, self._rate = i, rate
             for group in groups:
                 group["lr"] = rate
             loss = self._loss(loop, next(batches))

@@ -73,15 +73,21 @@ class Reshuffled:
         self.passes = state["passes"]
 
 
-def fit(*plugins: Any, data: Any = None, epochs: int = 2, optim: bool = True,
+def plain(optimizer: torch.optim.Optimizer) -> Optim:
+    return Optim()
+
+
+def fit(*plugins: Any, data: Any = None, epochs: int = 2, optim: Any = plain,
         **kwargs: Any) -> tuple[torch.nn.Module, hookfit.State]:
+    """A run with ``optim(optimizer)`` as its optimizer plugin (``None``: the torch optimizer alone)."""
     model, batches = regression()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     random.seed(3)
     numpy.random.seed(3)
+    managed = [optim(optimizer)] if optim is not None else []
     loop = hookfit.Loop(noisy_step if optim else raw_step, batches if data is None else data(batches), model=model,
-                        optimizers=optimizer, max_epochs=epochs, plugins=[Optim(), *plugins] if optim else plugins,
-                        run_dir="run", **kwargs)
+                        optimizers=optimizer, max_epochs=epochs, plugins=[*managed, *plugins], run_dir="run",
+                        **kwargs)
     state = loop.fit()
     return model, state
 
@@ -90,14 +96,22 @@ def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
+def one_cycle(optimizer: torch.optim.Optimizer) -> Optim:
+    """A per-step schedule the sweep's 15 steps fit in, with the run's 12."""
+    return Optim(schedulers=torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=27))
+
+
 @pytest.mark.parametrize("data, optim", [
-    (None, True),
+    (None, plain),
     (lambda b: Batches(torch.cat([x for x, _ in b]), torch.cat([y for _, y in b]), batch_size=8, shuffle=True, seed=5),
-     True),
-    (Reshuffled, True),
-    (None, False),
-], ids=["list", "shuffled Batches", "data with its own state", "torch optimizer without optim"])
-def test_training_after_the_sweep_is_bitwise_the_run_without_it(data: Any, optim: bool) -> None:
+     plain),
+    (Reshuffled, plain),
+    (None, None),
+    (None, lambda optimizer: Optim(accumulate=4)),  # 15 sweep batches leave a window open
+    (None, one_cycle),
+], ids=["list", "shuffled Batches", "data with its own state", "torch optimizer without optim", "accumulate=4",
+        "per-step scheduler"])
+def test_training_after_the_sweep_is_bitwise_the_run_without_it(data: Any, optim: Any) -> None:
     plain, state = fit(data=data, optim=optim)
     finder = LRFinder(num_steps=15, end_lr=1.0)
     swept, swept_state = fit(finder, data=data, optim=optim)
@@ -203,6 +217,16 @@ def test_several_optimizers_need_a_name() -> None:
     loop(chosen).fit()
     assert len(chosen.rates) == 6
     assert [g["lr"] for g in loop(LRFinder()).optimizers["a"].param_groups] == [0.1]
+
+
+def test_a_schedule_too_short_for_the_sweep_fails_with_a_note_naming_it() -> None:
+    def short(optimizer: torch.optim.Optimizer) -> Optim:
+        return Optim(schedulers=torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.05, total_steps=12))
+
+    with pytest.raises(ValueError, match="Tried to step 13 times") as error:
+        fit(LRFinder(num_steps=15, end_lr=1.0), optim=short)
+    assert any("lr_find: raised during the learning-rate range test, at its batch 13" in note
+               and "OneCycleLR" in note for note in error.value.__notes__)
 
 
 def test_an_iterator_cannot_be_swept_and_then_trained_on() -> None:
