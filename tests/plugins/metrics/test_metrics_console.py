@@ -17,6 +17,7 @@ from conftest import saved_run
 from hookfit.plugins.console import Console
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.metrics import Metrics, batch_size
+from hookfit.plugins.metrics_log import MetricsLog
 
 from conftest import mse_step, squeeze
 
@@ -141,8 +142,10 @@ def test_jsonl_log_in_the_run_directory(tmp_path: Path) -> None:
     def step(loop, batch):
         return {"loss": torch.tensor(2.0)}
 
-    run(step, [1, 2, 3, 4], tmp_path, metrics=Metrics(log_every_n_steps=2), epochs=2)
+    # the log is the metrics_log plugin's (from the published snapshots: every batch here)
+    run(step, [1, 2, 3, 4], tmp_path, metrics=Metrics(interval=0), epochs=2, extra=[MetricsLog(every_n_steps=2)])
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [line for line in lines if line["event"] != "best"]  # the directions: test_metrics_log.py
     assert [(l["event"], l.get("step")) for l in lines] == [
         ("step", 2), ("step", 4), ("epoch", 4), ("step", 6), ("step", 8), ("epoch", 8), ("end", 8)]
     assert lines[2]["loss"] == 2.0 and lines[-1]["status"] == "completed"
@@ -355,7 +358,7 @@ def test_the_outcome_names_the_reason_and_who_asked(tmp_path: Path) -> None:
 
     out = io.StringIO()
     hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [1, 2], max_epochs=5, run_dir=tmp_path,
-                 plugins=[Metrics(), Console(stream=out), Budget()]).fit()
+                 plugins=[Metrics(), MetricsLog(), Console(stream=out), Budget()]).fit()
     assert 'hookfit end status=interrupted reason="time budget spent" by="budget" ' in out.getvalue()
     end = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert (end["event"], end["status"], end["reason"], end["by"], end["step"]) == (
@@ -369,6 +372,7 @@ import json, os, resource, signal, sys, warnings
 import torch
 import hookfit
 from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.metrics_log import MetricsLog
 
 run_dir = sys.argv[1]
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the kernel answers EFBIG instead of the signal
@@ -383,7 +387,7 @@ def step(loop, batch):
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     state = hookfit.Loop(step, [1, 2, 3, 4], max_epochs=3, run_dir=run_dir,
-                         plugins=[Metrics(), Squeeze()]).fit()
+                         plugins=[Metrics(), MetricsLog(), Squeeze()]).fit()
 print(json.dumps({"status": state.status, "step": state.step,
                   "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
 '''
@@ -410,10 +414,12 @@ def test_metrics_log_on_a_full_disk_warns_once_and_training_completes(tmp_path: 
     mine = [(category, text) for category, text in result["warnings"] if text not in core]
     assert [category for category, _ in mine] == ["FileWarning"]  # once, for 2 refused lines
     message = mine[0][1]
-    assert message.startswith("metrics: could not write ") and "metrics.jsonl" in message
+    assert message.startswith("metrics_log: could not write ") and "metrics.jsonl" in message
     assert "File too large" in message and "training goes on" in message
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    first = json.loads(lines[0])  # what was written before the disk filled is kept
+    from hookfit.tools.runs import read_jsonl  # (the last line may be torn where the disk filled)
+
+    first = [line for line in read_jsonl(run_dir / "metrics.jsonl") if line["event"] != "best"][0]
+    # what was written before the disk filled is kept
     assert (first["event"], first["epoch"], first["loss"]) == ("epoch", 1, 2.5)
 
 
@@ -424,14 +430,18 @@ def test_metrics_log_in_a_read_only_run_folder_warns_once_and_training_completes
     collect = Collect()
     with pytest.warns(FileWarning) as caught:
         state = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [1, 2], max_epochs=3,
-                             run_dir=read_only_folder, plugins=[Metrics(), collect]).fit()
+                             run_dir=read_only_folder, plugins=[Metrics(), MetricsLog(), collect]).fit()
     assert (state.status, state.step) == ("completed", 6)
     # one warning a file, each naming who writes it: the run's own record (run.jsonl) first,
     # then the metrics log, once though every epoch writes to it
-    assert sorted(str(w.message).split(":")[0] for w in caught if w.category is FileWarning) == ["hookfit", "metrics"]
-    (by_metrics,) = [w for w in caught if str(w.message).startswith("metrics: ")]
+    warned = [str(w.message) for w in caught if w.category is FileWarning]
+    files = [re.search(r"could not \w+ (\S+)", text)[1] for text in warned]
+    assert len(files) == len(set(files))  # once a file, though every epoch writes to metrics.jsonl
+    assert {text.split(":")[0] for text in warned} == {"hookfit", "metrics_log"}
+    assert any(f.endswith("run.jsonl") for f in files) and any(f.endswith("metrics.jsonl") for f in files)
+    (by_metrics,) = [w for w in caught if str(w.message).startswith("metrics_log: ")]
     message = str(by_metrics.message)
-    assert message.startswith("metrics: could not write") and "metrics.jsonl" in message
+    assert message.startswith("metrics_log: could not write") and "metrics.jsonl" in message
     assert "Read-only" in message or "Permission denied" in message
     assert len(collect.epochs) == 3  # the snapshots were published all the same
 
@@ -465,13 +475,15 @@ def test_metrics_log_records_the_resume_and_counts_epochs_from_1(tmp_path: Path)
                 saved.update(loop.plugin_states())
 
     first, second = tmp_path / "first", tmp_path / "second"
-    hookfit.Loop(step, data, max_epochs=3, run_dir=first, plugins=[Metrics(), Save()]).fit()
+    hookfit.Loop(step, data, max_epochs=3, run_dir=first, plugins=[Metrics(), MetricsLog(), Save()]).fit()
     hookfit.Loop(step, data, max_epochs=3, run_dir=second, resume="earlier/ckpt.pt",
-                 plugins=[Metrics(), FakeResume("earlier/ckpt.pt", saved, epoch=1, step=6, batch=2)]).fit()
+                 plugins=[Metrics(), MetricsLog(), FakeResume("earlier/ckpt.pt", saved, epoch=1, step=6, batch=2)]).fit()
     records = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if r["event"] != "best"]  # the directions: test_metrics_log.py
     assert records[0] == {"event": "resume", "from": "earlier/ckpt.pt", "epoch": 2, "batch": 2, "step": 6}
     assert [(r["event"], r["epoch"]) for r in records[1:]] == [("epoch", 2), ("epoch", 3), ("end", 3)]
     whole = [json.loads(line) for line in (first / "metrics.jsonl").read_text().splitlines()]
+    whole = [r for r in whole if r["event"] != "best"]
     assert [(r["event"], r["epoch"]) for r in whole] == [("epoch", 1), ("epoch", 2), ("epoch", 3), ("end", 3)]
     assert records[-1]["step"] == whole[-1]["step"] == 12
 
@@ -577,13 +589,14 @@ def test_the_console_says_where_a_run_resumed_and_lists_the_users_plugins(tmp_pa
         # Optim(accumulate=2) and Checkpoint(every_n_steps=...) register helpers of their own
         hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                      max_epochs=3, run_dir=tmp_path / "my run", plugins=[
-                         Optim(accumulate=2), Metrics(), Console(stream=out),
+                         Optim(accumulate=2), Metrics(), MetricsLog(), Console(stream=out),
                          Checkpoint(every_n_steps=5, background=False), *plugins], **kwargs).fit()
         return out.getvalue().splitlines()
 
     lines = fit(Stop())
     assert re.fullmatch(r"hookfit start epochs=3 batches_per_epoch=4 plugins=(\S+)", lines[0])
-    assert sorted(lines[0].split("plugins=")[1].split(",")) == ["checkpoint", "console", "metrics", "optim", "stop"]
+    assert sorted(lines[0].split("plugins=")[1].split(",")) == ["checkpoint", "console", "metrics", "metrics_log",
+                                                                "optim", "stop"]
     assert not any(line.startswith("hookfit resumed") for line in lines)
     [saved] = (tmp_path / "my run" / "checkpoints").glob("*step000000006*")  # the one saved at the stop
     lines = fit(resume="latest")
@@ -591,8 +604,10 @@ def test_the_console_says_where_a_run_resumed_and_lists_the_users_plugins(tmp_pa
                           "hookfit model module=(direct) type=Linear params=3 trainable=3 size_mb=0.00"]
     assert lines[3] == f'hookfit resumed from="{saved}" epoch=2 batch=2 step=6'
     assert shlex.split(lines[3])[2] == f"from={saved}"  # quoted: the path has a space
-    assert sorted(lines[0].split("plugins=")[1].split(",")) == ["checkpoint", "console", "metrics", "optim"]
-    resumed = json.loads((tmp_path / "my run" / "metrics.jsonl").read_text().splitlines()[-4])
+    assert sorted(lines[0].split("plugins=")[1].split(",")) == ["checkpoint", "console", "metrics", "metrics_log",
+                                                                "optim"]
+    resumed = [r for r in map(json.loads, (tmp_path / "my run" / "metrics.jsonl").read_text().splitlines())
+               if r["event"] == "resume"][-1]
     assert resumed == {"event": "resume", "from": str(saved), "epoch": 2, "batch": 2, "step": 6}
 
 
@@ -754,7 +769,7 @@ def test_only_the_main_process_prints_the_model(tmp_path: Path) -> None:
 BAD_OPTIONS = [
     (Metrics, "window", -1), (Metrics, "window", 0), (Metrics, "window", 2.5), (Metrics, "interval", "x"),
     (Metrics, "interval", -1), (Metrics, "interval", math.nan), (Metrics, "history_epochs", -3),
-    (Metrics, "log_every_n_steps", "5"), (Metrics, "log_every_n_steps", 0), (Metrics, "sync_every", 0),
+    (MetricsLog, "every_n_steps", "5"), (MetricsLog, "every_n_steps", 0), (Metrics, "sync_every", 0),
     (Metrics, "log", "yes"), (Metrics, "defer", 1),
     (Console, "interval", "x"), (Console, "interval", math.inf), (Console, "every_n_batches", 0),
     (Console, "every_n_batches", 2.5), (Console, "every_n_batches", True), (Console, "stream", "out.txt"),
