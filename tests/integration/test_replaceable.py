@@ -146,7 +146,7 @@ def test_learning_rates_reach_the_builtin_metrics(venv: Venv, tmp_path: Path) ->
     run = tmp_path / "run"
     run_script(venv, OPTIM_SCRIPT, tmp_path / "out", "--samples", "960", "--batch-size", "64", "--epochs", "3",
                "--gamma", "0.5", "--run-dir", run, cwd=tmp_path,
-               HOOKFIT_PLUGINS="plain_optim,metrics", PLAIN_OPTIM_ACCUMULATE="4")
+               HOOKFIT_PLUGINS="plain_optim,metrics,metrics_log", PLAIN_OPTIM_ACCUMULATE="4")
     record = load(tmp_path / "out.rank0.json")
     assert record["optimizers_mapping"] and record["optimizer_names"] == ["default"]
     assert record["status"] == "completed"

@@ -107,6 +107,7 @@ class Probe:
     @hookimpl(optionalhook=True)  # declared by the metrics plugin
     def epoch_metrics(self, loop, stage, metrics):
         record["snapshots"].append({"stage": stage, "epoch": metrics.epoch, "step": metrics.step,
+                                    "partial": metrics.total is not None and metrics.batches < metrics.total,
                                     "values": {k: v.epoch for k, v in metrics.values.items()},
                                     "history": [dict(row) for row in metrics.history]})
 
@@ -160,15 +161,26 @@ def train(venv: Venv, work: Path, name: str, run_dir: Path, *args: Any) -> dict[
 
 
 def snapshots(record: dict[str, Any]) -> list[tuple]:
-    """Every epoch_metrics snapshot the run published: stage, epoch, step, epoch means."""
-    return [(s["stage"], s["epoch"], s["step"], s["values"]) for s in record["snapshots"]]
+    """Every epoch_metrics snapshot the run published of a whole stage: stage, epoch, step,
+    epoch means (a stage a stop cut short is published too, at fit_end: see partial)."""
+    return [(s["stage"], s["epoch"], s["step"], s["values"]) for s in record["snapshots"] if not s["partial"]]
+
+
+def partial(record: dict[str, Any]) -> list[tuple]:
+    """The snapshots of stages a stop cut short: stage and step."""
+    return [(s["stage"], s["step"]) for s in record["snapshots"] if s["partial"]]
 
 
 def logged(run_dir: Path) -> list[tuple]:
     """The metric history metrics.jsonl keeps (the built-in metrics plugin's, appended by
     each run in the folder): stage, epoch, step and loss of every stage published."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    return [(r["stage"], r["epoch"], r["step"], r["loss"]) for r in rows if r["event"] == "epoch"]
+    kept: dict[tuple, tuple] = {}  # a stage a stop cut short, then the resumed run's whole one: the last
+    for r in rows:
+        if r["event"] == "epoch":
+            kept.pop((r["stage"], r["epoch"]), None)
+            kept[(r["stage"], r["epoch"])] = (r["stage"], r["epoch"], r["step"], r["loss"])
+    return list(kept.values())
 
 
 def tiny_files(run_dir: Path) -> list[str]:
@@ -240,6 +252,9 @@ def test_a_stopped_run_resumes_bit_for_bit(venv: Venv, work: Path, straight: tup
     assert second["params"] == reference["params"]  # float32 values, exactly
     # the metric history: what each run published, and what metrics.jsonl kept
     assert snapshots(first) + snapshots(second) == snapshots(reference)
+    # the stages the stop cut short, innermost first (a validation inside training, then training)
+    assert partial(first)[0] == (stopped_in[0], step) and {at for _, at in partial(first)} == {step}
+    assert partial(second) == partial(reference) == []
     assert second["snapshots"][-1]["history"] == reference["snapshots"][-1]["history"]
     assert logged(run_dir) == logged(reference_dir)
 
