@@ -273,7 +273,7 @@ class CSVLogger:
             return
         self._epochs.write(loop, self._row(metrics, {k: v.epoch for k, v in metrics.values.items()}))
 
-    @hookimpl
+    @hookimpl(trylast=True)  # after the metrics plugin publishes a stage a stop cut short
     def fit_end(self, loop: Run) -> None:
         self._close()
 

@@ -187,7 +187,7 @@ class TensorBoard:
             values += self._rates(metrics)
         self._scalars(metrics.step, values)
 
-    @hookimpl
+    @hookimpl(trylast=True)  # after the metrics plugin publishes a stage a stop cut short
     def fit_end(self, loop: Run) -> None:
         if self._file is not None and self._proto is not None:
             proto = self._proto

@@ -311,3 +311,24 @@ def test_only_the_main_process_writes(tmp_path: Path) -> None:
         warnings.simplefilter("error")  # nothing else to say either
         run(tmp_path / "again", TensorBoard(every_publication=False), max_epochs=1)
     assert scalars(read(tmp_path / "again"), "train/loss")[0][0] == 4
+
+
+def test_a_stage_a_stop_cut_short_reaches_the_loggers(tmp_path: Path) -> None:
+    """The metrics plugin publishes a stage that a stop cut short from its fit_end; a logger
+    given after it (whose plain fit_end pluggy would call first) still writes it: the loggers
+    close in a trylast fit_end."""
+    from hookfit.plugins.csv_log import CSVLogger
+
+    class Stop:
+        name = "stop"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            if loop.state.step == 6:  # epoch 2, 2 of its 4 batches
+                loop.request_stop("enough")
+
+    run(tmp_path, TensorBoard(), CSVLogger(), Stop())
+    assert [step for step, _ in scalars(read(tmp_path), "train/loss")] == [4, 6]
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert [row.split(",")[:3] for row in rows[1:] if ",train," in f",{row},"] == [["1", "4", "train"],
+                                                                                ["2", "6", "train"]]
