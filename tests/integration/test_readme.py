@@ -80,3 +80,20 @@ def test_the_reliability_counts_are_what_the_suite_exercises() -> None:
     for marker, number in zip(("bad_input", "fault"), said.groups()):
         assert number == collected[marker], (
             f"README says {number} tests marked {marker}, pytest collects {collected[marker]}: update the README")
+
+
+def test_the_plugin_table_gives_each_built_in_plugins_import_and_it_works() -> None:
+    """Issue 27: the README names classes (CSVLogger...) and never said where they live
+    (``hookfit.plugins.csv`` fails): each row of the plugin table gives the import, which is
+    the entry point's and runs."""
+    import importlib
+    import tomllib
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)` \| `from ([\w.]+ import \w+)` \|", readme, re.M))
+    entry_points = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["hookfit"]
+    assert set(rows) == set(entry_points)
+    for name, statement in rows.items():
+        module, cls = statement.split(" import ")
+        assert entry_points[name] == f"{module}:{cls}", name
+        assert getattr(importlib.import_module(module), cls).name == name
