@@ -176,7 +176,9 @@ class FolderLock:
         path = self.folder / LOCK
         try:
             file = open(path, "a+", encoding="utf-8")
-        except OSError as error:  # a read-only folder: hookfit.files' policy, the run goes on
+        except OSError as error:
+            if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                return  # a folder no process can write needs no lock (its writes warn, hookfit.files' policy)
             warnings.warn(f"{self.owner}: could not create {path} ({type(error).__name__}: {error}); this "
                           f"run goes on without the lock that keeps a second process out of {self.folder}",
                           FileWarning, stacklevel=4)

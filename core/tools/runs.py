@@ -301,6 +301,9 @@ class RunInfo:
     fits: int
     metric: str | None = None
     mode: str | None = None
+    identity: str | None = None
+    """What ``resume="latest"`` matches (the script's path, a notebook's...: see
+    :mod:`hookfit.records`), ``None`` for a run recorded before identities were."""
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -384,9 +387,11 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     found = best(rows, metric, mode) if metric and mode else None
     name = starts[-1].get("name") if starts else folder.parent.name
     started = starts[0].get("started") if starts else None
+    identity = starts[0].get("identity") if starts else None
     return RunInfo(
         folder=str(folder), name=str(name), started=started if isinstance(started, str) else None,
         duration=duration, status=status, reason=reason, epochs=epochs, steps=steps,
         best=None if found is None or metric is None else (metric, found[0], found[1]),
         resumed_from=str(resumes[-1].get("from")) if resumes else None, fits=fits, metric=metric, mode=mode,
+        identity=identity if isinstance(identity, str) else None,
     )

@@ -88,7 +88,10 @@ def test_two_scripts_of_one_file_name_never_share_latest(project: Path) -> None:
     said = [line for line in err.splitlines() if "resume='latest' took" in line]
     assert len(said) == 1 and b2["resumed_from"] in said[0] and str(b.resolve()) in said[0], err
     records = [json.loads(line) for line in (Path(a1["run_dir"]) / "run.jsonl").read_text().splitlines()]
-    assert records[0]["identity"] == str(a.resolve())  # stored in run.jsonl
+    assert records[0]["identity"] == str(a.resolve())  # stored in run.jsonl, and listed by hookfit runs --json
+    from hookfit.tools import runs
+
+    assert runs.load(Path(b1["run_dir"])).identity == str(b.resolve())
 
 
 def test_a_run_written_before_identities_is_found_as_before(project: Path) -> None:
