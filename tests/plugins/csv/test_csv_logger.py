@@ -21,6 +21,7 @@ from hookfit.files import FileWarning
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.csv_log import CSVLogger
 from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.metrics_log import MetricsLog
 from hookfit.plugins.optim import Optim
 
 VALID = [3.0, 2.0, 2.5]
@@ -64,7 +65,7 @@ def run(run_dir: Path, *plugins, max_epochs: int = 3, late: int | None = None, *
 
     loop = hookfit.Loop(step, data, val_step=val_step, val_data=[0, 1], model=model, optimizers=optimizer,
                         max_epochs=max_epochs, run_dir=run_dir,
-                        plugins=[Optim(), Metrics(interval=0.0), *plugins], **kwargs)
+                        plugins=[Optim(), Metrics(interval=0.0), MetricsLog(), *plugins], **kwargs)
     loop.fit()
     return loop
 
@@ -126,7 +127,7 @@ def test_a_metric_appearing_later_widens_the_header_and_every_row_lines_up(tmp_p
     assert [float(r["loss"]) for r in rows] == [line["loss"] for line in expected]
     header, rows = table(tmp_path / "run" / "metrics_updates.csv")
     assert "grad_norm" in header and sum(1 for r in rows if r["grad_norm"]) == 8
-    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.suffix != ".jsonl") == [
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.suffix not in (".jsonl", ".lock")) == [
         "metrics.csv", "metrics_updates.csv"]  # no temporary file left
 
 
@@ -270,4 +271,5 @@ def test_a_full_disk_warns_once_and_training_completes(tmp_path: Path, late: str
         assert table(run_dir / "metrics.csv")[1] == [
             {"epoch": "1", "step": "4", "stage": "train", "loss": "2.5"},
             {"epoch": "1", "step": "1", "stage": "train", "loss": "1.0"}]
-    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.csv", "run.jsonl"]
+    # the run's lock (hookfit.records: one process a run folder) beside its record
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.csv", "run.jsonl", "run.lock"]
