@@ -248,7 +248,8 @@ def _own_generator(obj: Any) -> str | None:
         kinds += (numpy.random.Generator, numpy.random.RandomState)
     except ImportError:  # pragma: no cover - numpy is a dependency
         pass
-    for name, value in getattr(obj, "__dict__", {}).items():
+    attributes: dict[str, Any] = getattr(obj, "__dict__", {})
+    for name, value in attributes.items():
         if isinstance(value, kinds):
             return name
     return None
