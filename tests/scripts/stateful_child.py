@@ -1,13 +1,16 @@
 """A training run over a shuffled ``DataLoader`` in its own process, for the resume tests of
 the loaders users bring.
 
-``python stateful_child.py RUN_DIR OUT [--loader stateful|plain] [--workers N] [--kill-at STEP]
-[--resume]``: trains a small model with dropout for 3 epochs over a shuffled torchdata
+``python stateful_child.py RUN_DIR OUT [--loader stateful|plain] [--workers N] [--no-shuffle]
+[--kill-at STEP] [--resume] [--raw]``: trains a small model with dropout for 3 epochs over a
+shuffled (or, with ``--no-shuffle``, unshuffled) torchdata
 ``StatefulDataLoader`` (which restores its own position) or a plain torch ``DataLoader``
 (which the core skips); both draw their seeds from the global generator. A checkpoint is
 written every step; the final parameters and the samples each step saw go to OUT. With
 ``--kill-at STEP`` the process kills itself with SIGKILL as soon as the checkpoint of that
-step is announced whole (``checkpoint_saved``), so no exit path of hookfit runs.
+step is announced whole (``checkpoint_saved``), so no exit path of hookfit runs. With ``--raw``
+the same training runs as a plain PyTorch loop, without hookfit: what a script ported to
+hookfit must still equal.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ parser.add_argument("--loader", choices=("stateful", "plain"), default="stateful
 parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--kill-at", type=int, default=None)
 parser.add_argument("--resume", action="store_true")
+parser.add_argument("--no-shuffle", action="store_true")
+parser.add_argument("--raw", action="store_true")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -39,8 +44,8 @@ g = torch.Generator().manual_seed(1)
 x, y = torch.randn(100, 8, generator=g), torch.randn(100, 1, generator=g)
 ids = torch.arange(100)
 Loader = StatefulDataLoader if args.loader == "stateful" else torch.utils.data.DataLoader
-data = Loader(torch.utils.data.TensorDataset(x, y, ids), batch_size=5, shuffle=True,
-                          num_workers=args.workers)
+data = Loader(torch.utils.data.TensorDataset(x, y, ids), batch_size=5, shuffle=not args.no_shuffle,
+              num_workers=args.workers)
 seen: list[list[int]] = []
 
 
@@ -62,6 +67,18 @@ class KillAt:
         if step == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
+
+if args.raw:  # the original script, as it was before it was ported
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(3):
+        for xb, yb, ib in data:
+            seen.append(ib.tolist())
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    torch.save({"params": model.state_dict(), "status": "completed", "step": len(seen), "seen": seen}, args.out)
+    raise SystemExit(0)
 
 plugins = [Optim(), Checkpoint(every_n_steps=1, keep_last=2)]
 if args.kill_at is not None:
