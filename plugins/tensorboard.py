@@ -1,7 +1,7 @@
 """tensorboard: the run's metrics, learning rates and hyperparameters as TensorBoard event files.
 
-``Loop(plugins=[TensorBoard()])``, or ``[plugins.tensorboard]`` with any option in
-``hookfit.toml`` (``enabled = true`` is enough). Discovered like every plugin, it is inert
+``Loop(plugins=[TensorBoard()])``, or ``[plugins.tensorboard]`` in ``hookfit.toml``
+(an empty table is enough). Discovered like every plugin, it is inert
 until then: it unregisters itself at ``configure``, so it costs a run nothing.
 ``TensorBoard(enabled=False)`` switches it off wherever it comes from. It needs the
 ``tensorboard`` package (``pip install hookfit[tensorboard]``); without it, a run that wants it

@@ -1,8 +1,8 @@
 """wandb: the run in Weights & Biases: hyperparameters, metrics at the global step, learning
 rates, checkpoints as artifacts (optional) and the final status.
 
-``Loop(plugins=[WandB(project="digits")])``, or ``[plugins.wandb]`` with any option in
-``hookfit.toml`` (``enabled = true`` is enough). Discovered like every plugin, it is inert until
+``Loop(plugins=[WandB(project="digits")])``, or ``[plugins.wandb]`` in ``hookfit.toml``
+(an empty table is enough). Discovered like every plugin, it is inert until
 then: it unregisters itself at ``configure``, so it costs a run nothing. ``WandB(enabled=False)``
 switches it off wherever it comes from. It needs the ``wandb`` package (``pip install
 hookfit[wandb]``); without it, a run that wants it gets one warning naming that command and
