@@ -2,8 +2,7 @@
 learning rates, checkpoints as artifacts (optional) and the final status.
 
 ``Loop(plugins=[MLflow(tracking_uri="sqlite:///mlflow.db", experiment="digits")])``, or
-``[plugins.mlflow]`` in ``hookfit.toml``
-(an empty table is enough).
+``[plugins.mlflow]`` in ``hookfit.toml`` (an empty table is enough).
 Discovered like every plugin, it is inert until then: it unregisters itself at ``configure``,
 so it costs a run nothing. ``MLflow(enabled=False)`` switches it off wherever it comes from. It
 needs MLflow (``pip install hookfit[mlflow]``: ``mlflow-skinny`` with SQLAlchemy and Alembic,
