@@ -199,6 +199,7 @@ class Console:
         self._latest: MetricsSnapshot | None = None  # the last metrics_update snapshot
         self._total: int | None = None  # training batches per epoch, when the data has a length
         self._results: dict[tuple[str, str], _Extremes] = {}
+        self._skipped, self._skip_reason = 0, ""  # optimizer steps skipped (step_skipped), the last why
         self._silent = False
 
     def direction(self, stage: str, metric: str) -> str | None:
@@ -221,6 +222,7 @@ class Console:
         self._last_line = self._latest = None
         self._results.clear()
         self._published.clear()
+        self._skipped, self._skip_reason = 0, ""
         data = loop.train_data
         self._total = len(data) if isinstance(data, Sized) else None
         per_epoch = f"batches_per_epoch={self._total}" if self._total is not None else ""
@@ -313,6 +315,11 @@ class Console:
             *(f"{k}={_number(v.epoch)}" for k, v in metrics.values.items()),
         )
 
+    @hookimpl
+    def step_skipped(self, reason: str) -> None:
+        self._skipped += 1
+        self._skip_reason = reason
+
     @hookimpl(trylast=True)
     def fit_end(self, loop: Run) -> None:
         state = loop.state
@@ -326,6 +333,11 @@ class Console:
             f"epochs={state.epoch + 1}",
             f"steps={state.step}",
         )
+        if self._skipped:  # optimizer steps skipped (step_skipped): the run trained on fewer
+            share = self._skipped / max(state.step, 1)
+            reason = self._skip_reason.replace('"', "'")
+            self._print("skipped", f"steps={self._skipped}", f"share={share:.0%}", f'last_reason="{reason}"',
+                        'message="most steps were skipped: the run barely trained"' if share > 0.5 else "")
         for silenced in state.silenced:
             self._print("silenced", f"plugin={silenced.plugin}", f"hook={silenced.hook}",
                         f'error="{type(silenced.error).__name__}: {silenced.error}"'.replace("\n", " "))

@@ -31,8 +31,10 @@ people does:
   ``metrics_update`` at or after every N-th training step (a metrics plugin publishes at a
   bounded rate, so lines are at least that far apart); the epoch means so far.
 * ``{"event": "end", "status": ..., "reason": ..., "by": ..., "epoch": <epoch the run was in>,
-  "step": ..., "time": <seconds>}`` when the run ends (``fit_end``, ``trylast``: after the
-  metrics plugin published a partial last stage), whatever happened.
+  "step": ..., "time": <seconds>, "skipped": <optimizer steps skipped in this fit()>,
+  "skipped_reason": <why the last one was, or null>}`` when the run ends (``fit_end``,
+  ``trylast``: after the metrics plugin published a partial last stage), whatever happened;
+  the skipped steps are counted from ``step_skipped`` (the optimizer role's event).
 
 Only the main process writes (``loop.is_main``). The file is a
 :class:`hookfit.files.RunFile`: flushed a line at a time, so what a killed run wrote stays; a
@@ -76,11 +78,18 @@ class MetricsLog:
         self._last_step = 0  # the step of the last step line (or where the run resumed)
         self._directions: dict[str, str] = {}
         self._written: dict[str, str] = {}
+        self._skipped, self._skip_reason = 0, None  # optimizer steps skipped in this fit(), the last why
 
     @hookimpl
     def fit_start(self) -> None:
         self._started = True  # a run that fails before it (in configure) leaves no log
         self._last_step, self._directions, self._written = 0, {}, {}
+        self._skipped, self._skip_reason = 0, None
+
+    @hookimpl
+    def step_skipped(self, reason: str) -> None:
+        self._skipped += 1
+        self._skip_reason = reason
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
@@ -106,7 +115,8 @@ class MetricsLog:
                 state = loop.state
                 self._write(loop, {"event": "end", "status": state.status, "reason": state.stop_reason,
                                    "by": state.stopped_by, "epoch": state.epoch + 1, "step": state.step,
-                                   "time": round(state.elapsed, 3)})
+                                   "time": round(state.elapsed, 3), "skipped": self._skipped,
+                                   "skipped_reason": self._skip_reason})
         finally:
             if self._file is not None:
                 self._file.close()

@@ -254,3 +254,39 @@ def test_a_partial_epoch_summary_says_so_a_whole_one_does_not() -> None:
         "hookfit train epoch=3/3 done batches=37",  # no length: nothing says it was cut short
     ]
     assert "done" not in summaries[1] and summaries[1].endswith(" loss=0.5")
+
+
+def test_skipped_steps_are_counted_in_the_console_and_metrics_log_end_lines(tmp_path) -> None:
+    """Issue 29: a run whose loss turned NaN skipped most of its steps and ended "completed"
+    without a word; the console's end lines and the metric log's end line count the skipped
+    steps and say why."""
+    import io
+    import json
+
+    import torch
+
+    import hookfit
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.metrics_log import MetricsLog
+    from hookfit.plugins.optim import Optim
+
+    model = torch.nn.Linear(2, 1)
+
+    def step(loop, batch):
+        loss = model(batch).mean() * (float("nan") if loop.state.step >= 3 else 1.0)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    out = io.StringIO()
+    with pytest.warns(Warning):  # optim warns of the skipped steps itself
+        hookfit.Loop(step, [torch.ones(2, 2)] * 5, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                     max_epochs=2, run_dir=tmp_path, plugins=[Optim(nonfinite="skip"), Metrics(), MetricsLog(),
+                                                              Console(stream=out)]).fit()
+    skipped = [line for line in out.getvalue().splitlines() if line.startswith("hookfit skipped ")]
+    assert len(skipped) == 1 and "steps=7 share=70%" in skipped[0] and "non-finite" in skipped[0]
+    assert "most steps were skipped" in skipped[0]
+    end = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert end["event"] == "end" and end["skipped"] == 7 and "non-finite" in end["skipped_reason"]
