@@ -80,7 +80,8 @@ def test_a_replacement_that_only_publishes_snapshots_gets_the_log(tmp_path: Path
     assert got[1] == {"event": "epoch", "stage": "train", "epoch": 1, "step": 4, "batches": 4, "samples": 4,
                       "time": 1.0, "samples_per_s": 4.0, "median": 3.0}
     assert got[-1] == {"event": "end", "status": "completed", "reason": "max_epochs=2 reached", "by": None,
-                       "epoch": 2, "step": 8, "time": pytest.approx(state.elapsed, abs=0.002)}
+                       "epoch": 2, "step": 8, "time": pytest.approx(state.elapsed, abs=0.002),
+                       "skipped": 0, "skipped_reason": None}
     # what `hookfit runs` reads of it: the metric, its direction from the log, its best epoch
     info = runs.load(tmp_path, metric="valid/median")
     assert (info.status, info.epochs, info.mode, info.best) == ("completed", 2, "min", ("valid/median", 6.0, 1))
