@@ -78,7 +78,8 @@ class MetricsLog:
         self._last_step = 0  # the step of the last step line (or where the run resumed)
         self._directions: dict[str, str] = {}
         self._written: dict[str, str] = {}
-        self._skipped, self._skip_reason = 0, None  # optimizer steps skipped in this fit(), the last why
+        self._skipped = 0  # optimizer steps skipped in this fit() (step_skipped)
+        self._skip_reason: str | None = None  # why the last one was
 
     @hookimpl
     def fit_start(self) -> None:
