@@ -175,12 +175,13 @@ def logged(run_dir: Path) -> list[tuple]:
     """The metric history metrics.jsonl keeps (the built-in metrics plugin's, appended by
     each run in the folder): stage, epoch, step and loss of every stage published."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    kept: dict[tuple, tuple] = {}  # a stage a stop cut short, then the resumed run's whole one: the last
+    kept: list[tuple] = []
     for r in rows:
-        if r["event"] == "epoch":
-            kept.pop((r["stage"], r["epoch"]), None)
-            kept[(r["stage"], r["epoch"])] = (r["stage"], r["epoch"], r["step"], r["loss"])
-    return list(kept.values())
+        if r["event"] == "resume":  # what a stopped run published from its checkpoint on (the stage the
+            kept = [k for k in kept if k[2] < r["step"]]  # stop cut short) the resumed run publishes again
+        elif r["event"] == "epoch":
+            kept.append((r["stage"], r["epoch"], r["step"], r["loss"]))
+    return kept
 
 
 def tiny_files(run_dir: Path) -> list[str]:
