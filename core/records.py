@@ -33,6 +33,7 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -298,8 +299,9 @@ class RunFolder:
         """The ``"end"`` line of this ``fit()``, after ``fit_end`` (so the status is final):
         ``status``, ``reason``, ``by``, ``duration`` (seconds, as ``state.elapsed``),
         ``epochs`` (counted from 1, as printed), ``steps``, ``time_split`` (``{stage: {"data":
-        s, "step": s, "plugins": s, "batches": n}}``, see :class:`hookfit.payloads.TimeSplit`)
-        and ``pid``. Main process only, and only when the run has a folder (a plugin used
+        s, "step": s, "plugins": s, "batches": n}}``, see :class:`hookfit.payloads.TimeSplit`),
+        ``pid`` and ``results`` (``state.results``, what every plugin reported: the metrics,
+        the best checkpoint, the optimizer steps skipped...; paths and other objects as text). Main process only, and only when the run has a folder (a plugin used
         ``run_dir``). Written through the same :class:`hookfit.files.RunFile` as the start
         line, so a folder that cannot be written warns once, not twice. Then the folder's lock
         is released."""
@@ -319,7 +321,19 @@ class RunFolder:
             "event": "end", "status": state.status, "reason": state.stop_reason, "by": state.stopped_by,
             "duration": round(state.elapsed, 3), "epochs": state.epoch + 1, "steps": state.step,
             "time_split": {stage: split.as_dict() for stage, split in state.time_split.items()},
-            "pid": os.getpid(),
+            "pid": os.getpid(), "results": _plain(state.results),
         }
-        log.write(json.dumps(record) + "\n")
+        log.write(json.dumps(record, default=str) + "\n")
         log.close()
+
+
+def _plain(value: object) -> object:
+    """``value`` as JSON holds it: mappings as objects, sequences as lists, numbers, text and
+    ``None`` as they are, anything else as its text (a path)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

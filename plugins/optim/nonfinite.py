@@ -49,6 +49,7 @@ class NonFinite:
         self._poisoned = False  # a non-finite loss in the current window: its steps are skipped
         self._poisoned_at = 0  # the global step of the batch that poisoned it
         self._first_skip: str | None = None
+        self._skipped_total: int | None = None  # the run's skipped steps, at its end (results)
         # the device path of the non-finite check (see Optim's docstring, "On an accelerator")
         self._deferring = False  # losses are checked on the device: set at configure or first seen
         self._bad: torch.Tensor | None = None  # the open window's flag: a non-finite loss in it

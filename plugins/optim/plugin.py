@@ -293,7 +293,18 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
             self._watch(False)
 
     @hookimpl
+    def results(self, loop: Run) -> dict[str, Any] | None:
+        """What ``fit()`` returns of the optimizer steps: ``skipped_steps``, how many were skipped
+        for non-finite values (the optimizers' counts, over the whole run), and ``first_skip``,
+        where the first of this ``fit()`` was (``None`` without one); nothing in a run that
+        does not train."""
+        if self._skipped_total is None:
+            return None
+        return {"skipped_steps": self._skipped_total, "first_skip": self._first_skip}
+
+    @hookimpl
     def fit_end(self, loop: Run) -> None:
+        self._skipped_total = None
         try:
             self._end_of_run(loop)
         finally:
@@ -313,7 +324,7 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
             if self._pending:
                 self._read_deferred(final=final)
             self._raise_due()
-            skipped = sum(m.skipped for m in self.optimizers.values())
+            skipped = self._skipped_total = sum(m.skipped for m in self.optimizers.values())
             if skipped > 1:
                 warnings.warn(
                     f"optim: {skipped} optimizer steps were skipped in this run because of "

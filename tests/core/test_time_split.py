@@ -318,7 +318,7 @@ def test_run_jsonl_gets_an_end_record_with_the_split(tmp_path: Path) -> None:
                          run_dir=tmp_path, plugins=[Metrics(), MetricsLog()]).fit()
     start, end = records(tmp_path)
     assert start["event"] == "run" and start["pid"] == os.getpid() and start["host"] == socket.gethostname()
-    assert set(end) == {"event", "status", "reason", "by", "duration", "epochs", "steps", "time_split", "pid"}
+    assert set(end) == {"event", "status", "reason", "by", "duration", "epochs", "steps", "time_split", "pid", "results"}
     assert (end["event"], end["status"], end["reason"], end["by"]) == ("end", "completed", "max_epochs=2 reached", None)
     assert (end["epochs"], end["steps"], end["pid"]) == (2, 2 * N, os.getpid())
     assert end["duration"] == round(state.elapsed, 3) and end["duration"] >= 0.95 * 2 * N * NAP

@@ -282,7 +282,7 @@ def test_skipped_steps_are_counted_in_the_console_and_metrics_log_end_lines(tmp_
 
     out = io.StringIO()
     with pytest.warns(Warning):  # optim warns of the skipped steps itself
-        hookfit.Loop(step, [torch.ones(2, 2)] * 5, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        state = hookfit.Loop(step, [torch.ones(2, 2)] * 5, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                      max_epochs=2, run_dir=tmp_path, plugins=[Optim(nonfinite="skip"), Metrics(), MetricsLog(),
                                                               Console(stream=out)]).fit()
     skipped = [line for line in out.getvalue().splitlines() if line.startswith("hookfit skipped ")]
@@ -290,3 +290,8 @@ def test_skipped_steps_are_counted_in_the_console_and_metrics_log_end_lines(tmp_
     assert "most steps were skipped" in skipped[0]
     end = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
     assert end["event"] == "end" and end["skipped"] == 7 and "non-finite" in end["skipped_reason"]
+    # what fit() returns, and the run's record (run.jsonl), which keeps every plugin's results
+    assert state.results["skipped_steps"] == 7 and "non-finite" in state.results["first_skip"]
+    record = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()][-1]
+    assert record["event"] == "end" and record["results"]["skipped_steps"] == 7
+    assert record["results"]["metrics"]["train/loss"] != record["results"]["metrics"]["train/loss"]  # NaN
