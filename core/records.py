@@ -224,6 +224,7 @@ class RunFolder:
         self.lock_wanted = lock
         self.lock: FolderLock | None = None
         self.refused: FolderInUse | None = None  # raised again at every later use
+        self.over = False  # the run ended (record_end): a later use takes no lock and records nothing
         self.log: RunFile | None = None  # run.jsonl, once the run has a folder
 
     @property
@@ -232,7 +233,9 @@ class RunFolder:
             raise self.refused
         if self.folder is None:
             self.folder = self.new()
-        if not self.used:
+        if not self.used and self.over:  # asked after the run (loop.run.run_dir): a folder, no run in it
+            self.folder.mkdir(parents=True, exist_ok=True)
+        elif not self.used:
             self.folder.mkdir(parents=True, exist_ok=True)
             if self.lock_wanted and self.run.is_main:
                 lock = FolderLock(self.folder, "hookfit")
@@ -308,6 +311,7 @@ class RunFolder:
         try:
             self._write_end()
         finally:
+            self.over = True
             if self.lock is not None:
                 self.lock.release()
                 self.lock = None

@@ -240,3 +240,24 @@ def test_validate_resume_latest_leaves_the_training_run_as_it_was(tmp_path: Path
     assert state.status == "completed" and state.resumed_from is not None
     assert _snapshot(folder) == before
     assert runs.load(folder) == info and info.status == "completed"
+
+
+def test_the_folder_asked_for_after_a_run_is_not_locked_for_the_next_run(tmp_path: Path) -> None:
+    """``loop.run.run_dir`` read after ``fit()`` (a run that wrote nothing there) gave the
+    folder a lock that nothing released, so the next run in that folder, in the same process,
+    was refused as "in use by another live process" (its own pid)."""
+    import hookfit
+
+    class Writes:
+        name = "writes"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            (loop.run_dir / "mine.txt").write_text("x")
+
+    folder = tmp_path / "run"
+    first = hookfit.Loop(lambda loop, batch: None, [1, 2], run_dir=folder, plugins=[])
+    assert first.fit().status == "completed"
+    assert first.run.run_dir == folder and not (folder / "run.jsonl").exists()  # no run recorded after it
+    state = hookfit.Loop(lambda loop, batch: None, [1, 2], run_dir=folder, plugins=[Writes()]).fit()
+    assert state.status == "completed" and (folder / "mine.txt").exists()
