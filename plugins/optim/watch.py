@@ -13,7 +13,8 @@ optimizers tells gradients that appear outside ``loop.backward`` (which a wrappe
 ``loop.backward``; where the bypass trains another model than the script means (accumulation,
 loss scaling, several processes) it is a ``RuntimeError`` instead, raised from that
 ``loss.backward()`` call, before the first optimizer step. The hooks and the wrapper are gone
-after the first training stage: no per-step cost is left.
+after :data:`WATCHED_PASSES` passes through ``loop.backward`` (a step that bypasses it does so
+at once, in every batch) or at the end of the first training stage: no per-step cost is left.
 
 :class:`Watch` is that part of the plugin's class."""
 
@@ -39,6 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 _TORCH = os.path.dirname(torch.__file__)
 
+WATCHED_PASSES = 16
+"""Backward passes through ``loop.backward`` after which the watch for ``loss.backward()``
+ends (it costs about 2 µs a pass while it lasts)."""
+
 
 class Watch:
     """The watch for steps that bypass :class:`~hookfit.plugins.optim.Optim` (a part of its
@@ -56,6 +61,7 @@ class Watch:
         self._grad_hooks: list[RemovableHandle] = []  # while watching for loss.backward()
         self._mark: _BackwardMark | None = None
         self._backward_bypassed = False  # the warning (or error) about it was given in this run
+        self._passes = 0  # backward passes through loop.backward while watched
 
     def _set_fast_paths(self) -> None:
         """The plugin's (``Optim._set_fast_paths``): the fast path marks optim's own steps
@@ -102,6 +108,7 @@ class Watch:
                     seen.add(id(param))
                     self._grad_hooks.append(param.register_post_accumulate_grad_hook(self._grad_arrived))
         self._mark = _BackwardMark(self)
+        self._passes = 0
         self.loop.pm.register(self._mark, name="optim.backward_watch")
 
     def _grad_arrived(self, param: torch.Tensor) -> None:
@@ -172,8 +179,12 @@ class _BackwardMark:
 
     @hookimpl(wrapper=True, tryfirst=True)
     def backward(self, loop: Run, loss: torch.Tensor) -> Generator[None, Any, Any]:
-        self.owner._in_backward = True
+        owner = self.owner
+        owner._in_backward = True
         try:
             return (yield)
         finally:
-            self.owner._in_backward = False
+            owner._in_backward = False
+            owner._passes += 1
+            if owner._passes >= WATCHED_PASSES:  # seen enough: the rest of the run pays nothing
+                owner._watch_grads(False)

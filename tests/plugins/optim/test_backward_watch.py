@@ -194,3 +194,28 @@ def test_loss_backward_under_torchrun_fails(tmp_path) -> None:
     lines = [text for text in output.splitlines() if error.match(text)]
     assert lines and "bypasses optim's handling of 2 processes" in lines[0], output[-3000:]
     assert "Call loop.backward(loss) in 'train_step' instead" in lines[0]
+
+
+def test_the_watch_ends_after_a_few_passes_through_loop_backward() -> None:
+    """The watch for loss.backward() costs about 2 µs a pass: it ends after WATCHED_PASSES
+    passes through loop.backward, before the end of a long first epoch."""
+    import hookfit
+    from hookfit.plugins.optim import Optim
+    from hookfit.plugins.optim.watch import WATCHED_PASSES
+
+    model = torch.nn.Linear(2, 1)
+    seen = []
+
+    def step(loop, batch):
+        loss = model(batch).sum()
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        seen.append((len(optim._grad_hooks), loop.pm.has_plugin("optim.backward_watch")))
+        return {"loss": loss}
+
+    optim = Optim()
+    hookfit.Loop(step, [torch.ones(1, 2)] * (WATCHED_PASSES + 4), model=model,
+                 optimizers=torch.optim.SGD(model.parameters(), lr=0.1), plugins=[optim]).fit()
+    assert seen[0] == (2, True) and seen[WATCHED_PASSES - 2] == (2, True)  # watched at first
+    assert seen[WATCHED_PASSES - 1:] == [(0, False)] * 5  # then nothing is left
