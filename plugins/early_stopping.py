@@ -105,8 +105,9 @@ class EarlyStopping:
     @hookimpl
     def epoch_start(self, loop: Run, epoch: int) -> None:
         self._epoch_step = loop.state.step
-        if self.monitor is not None and self.best is not None and self.wait and self.wait >= self.patience:
-            loop.request_stop(self._reason(loop), complete=True)  # resumed after it stopped: no batch
+        if self.monitor is not None and self.wait and self.wait >= self.patience:
+            # resumed after it stopped (a best or none: a metric never finite stops as well): no batch
+            loop.request_stop(self._reason(loop), complete=True)
 
     @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:

@@ -150,3 +150,19 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_does_and_stays_stopped(
     more = run(EarlyStopping(monitor="valid/loss", patience=4), Checkpoint(background=False),
                run_dir=tmp_path / "cut", resume="latest").state
     assert more.step == 30 and more.stop_reason == "max_epochs=10 reached"  # epochs 6 to 10 improve
+
+
+@pytest.mark.fault
+def test_a_metric_never_finite_stops_and_a_resumed_run_stops_again_before_its_first_batch(tmp_path: Path) -> None:
+    """No finite value ever: no epoch improves, so it stops after ``patience`` epochs with best
+    "none", and the resumed run stops again before any batch, as one with a best does."""
+    def plugins():
+        return [EarlyStopping(monitor="valid/loss", patience=2), Checkpoint(background=False)]
+
+    never = [math.nan] * 10
+    first = run(*plugins(), valid=never, run_dir=tmp_path).state
+    assert first.status == "completed" and first.epoch == 1 and first.stop_reason.endswith("best (min) none")
+    recorder = Recorder()
+    again = run(*plugins(), recorder, valid=never, run_dir=tmp_path, resume="latest").state
+    assert (again.status, again.step, again.stop_reason) == ("completed", first.step, first.stop_reason)
+    assert "batch_start" not in recorder.names()
