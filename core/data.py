@@ -14,12 +14,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["Batches", "unrebuilt_order"]
+__all__ = ["Batches", "length", "unrebuilt_order"]
 
 _MASK = (1 << 64) - 1
 _GATHER_BYTES = 256 << 10
 """Shuffled batches are gathered this many bytes of rows at a time (at least one batch)."""
 _STRUCTURE = ("num_samples", "batch_size", "shuffle", "drop_last", "rank", "world_size")
+
+
+def length(data: Any) -> int | None:
+    """How many batches ``data`` yields, or ``None`` when it cannot say: it has no
+    ``__len__``, or one that raises ``TypeError`` (every ``DataLoader`` has ``__len__``, and
+    over an ``IterableDataset`` without a length it raises). The one answer the core and every
+    plugin use: ``hasattr(data, "__len__")`` is true of a streaming ``DataLoader``."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
 
 
 def _splitmix64(value: int) -> int:

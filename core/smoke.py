@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from hookfit.data import length
 from hookfit.manager import HookfitWarning, hookimpl
 from hookfit.records import LOCK, FolderInUse, FolderLock
 
@@ -68,7 +69,7 @@ def _first(data: Any) -> Any:
         return None
     if isinstance(data, Mapping):  # several validation sets: the first batches of each
         return {name: _first(part) for name, part in data.items()}
-    return (SizedFirstBatches if hasattr(data, "__len__") else FirstBatches)(data, BATCHES)
+    return (FirstBatches if length(data) is None else SizedFirstBatches)(data, BATCHES)
 
 
 def remove_abandoned(where: str | None = None) -> list[Path]:

@@ -26,13 +26,13 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from hookfit import blame, modes, results
-from hookfit.data import unrebuilt_order
+from hookfit.data import length, unrebuilt_order
 from hookfit.errors import HookfitWarning
 from hookfit.payloads import ResumeInfo
 from hookfit.position import Position, iterator_rng_state, rng_state, set_rng_state
@@ -140,7 +140,7 @@ def weights_of(run: Run, at: Position) -> Position:
     if at.stage != "train" or at.batch or at.val_due or at.epoch == 0:
         return at
     data = run.train_data
-    return Position(at.epoch - 1, at.step, len(data) if isinstance(data, Sized) else 0, "valid")
+    return Position(at.epoch - 1, at.step, length(data) or 0, "valid")
 
 
 def epochs(run: Run) -> None:
@@ -203,8 +203,8 @@ def epochs_for_steps(run: Run) -> None:
     if _epochs_bound(run) or run.max_steps is None:
         return
     data = run.train_data
-    per_epoch = len(data) if isinstance(data, Sized) else 0
-    if per_epoch > 0:
+    per_epoch = length(data)
+    if per_epoch:
         run.max_epochs = -(-run.max_steps // per_epoch)
 
 
@@ -408,10 +408,10 @@ def _failed_by(state: State, errors: list[tuple[BaseException, str]], failed: bo
 def _more(batches: Any, data: Any, batch_idx: int) -> bool:
     """Whether the stage has batches after ``batch_idx`` (``max_steps`` was reached): the
     data's length says, else one more batch is drawn (and dropped: the run ends)."""
-    try:
-        return batch_idx + 1 < len(data)
-    except TypeError:
-        return next(batches, _END) is not _END
+    total = length(data)
+    if total is not None:
+        return batch_idx + 1 < total
+    return next(batches, _END) is not _END
 
 
 def _check_output(output: Mapping[str, Any], step: Step) -> bool:

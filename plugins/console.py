@@ -66,10 +66,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sized
 from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from hookfit import hookimpl
+from hookfit.data import length
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
 from hookfit.plugins.common import MODES, Every, Monitor, number, option_error
 from hookfit.plugins.summary import summarize
@@ -224,7 +224,7 @@ class Console:
         self._published.clear()
         self._skipped, self._skip_reason = 0, ""
         data = loop.train_data
-        self._total = len(data) if isinstance(data, Sized) else None
+        self._total = length(data)
         per_epoch = f"batches_per_epoch={self._total}" if self._total is not None else ""
         plugins = ",".join(loop.pm.participants())  # as the user knows them: no helpers
         self._print("start", f"epochs={loop.max_epochs}", per_epoch, f"plugins={plugins}")

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
+from hookfit.data import length as data_length
+
 
 class ExactSampler(DistributedSampler[int]):
     """A ``DistributedSampler`` that neither repeats nor drops a sample: rank ``r`` takes
@@ -123,7 +125,5 @@ def length(data: Any) -> int:
     if isinstance(data, Mapping):
         counts = [length(part) for part in data.values()]
         return -1 if -1 in counts else sum(counts)
-    try:
-        return len(data)
-    except TypeError:
-        return -1
+    counted = data_length(data)
+    return -1 if counted is None else counted

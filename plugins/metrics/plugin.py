@@ -6,13 +6,13 @@ from __future__ import annotations
 import collections
 import time
 import warnings
-from collections.abc import Sized
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
 from hookfit import hookimpl
+from hookfit.data import length
 from hookfit.errors import HookfitWarning
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.common import Every, flag, integer, number, positive_int
@@ -280,7 +280,7 @@ class Metrics:
             max_epochs=loop.max_epochs,
             step=loop.state.step,
             batches=agg.batches,
-            total=len(data) if isinstance(data, Sized) else None,
+            total=length(data),
             samples=agg.samples if agg.global_samples is None else agg.global_samples,
             elapsed=time.perf_counter() - agg.started,
             values=MappingProxyType(values),

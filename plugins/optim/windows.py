@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
+from hookfit.data import length
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -30,7 +31,7 @@ class Windows:
 
     def _measure(self, data: Any) -> None:
         """At a training stage's start: its length, and its last window when that is partial."""
-        self._stage_len = _length(data)
+        self._stage_len = length(data)
         self._last_window, self._last_size = sys.maxsize, self.accumulate
         if self._stage_len is not None and self._stage_len % self.accumulate:
             self._last_size = self._stage_len % self.accumulate
@@ -68,12 +69,3 @@ class Windows:
             return True
         return loop.max_steps is not None and state.step + 1 >= loop.max_steps
 
-
-def _length(data: Any) -> int | None:
-    """How many batches ``data`` yields, or ``None`` when it cannot say: no ``__len__``, or
-    one that raises ``TypeError`` (a ``DataLoader`` over an ``IterableDataset`` without a
-    length)."""
-    try:
-        return len(data)
-    except TypeError:
-        return None

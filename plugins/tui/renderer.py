@@ -13,10 +13,10 @@ import threading
 import time
 import warnings
 from types import FrameType
-from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.data import length
 from hookfit.files import FileWarning
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.common import flag, positive_number
@@ -208,7 +208,7 @@ class TuiRenderer:
                 self._resume_if_let_go()
             data = loop.train_data if stage == "train" else loop.val_data
             state = loop.state  # (batch_idx: the stage's first batch, later than 0 in a resumed epoch)
-            self._inbox.append(("stage", stage, state.epoch, len(data) if isinstance(data, Sized) else None,
+            self._inbox.append(("stage", stage, state.epoch, length(data),
                                 state.batch_idx))
 
     @hookimpl

@@ -328,3 +328,44 @@ def test_cuda_batches_equal_cpu_batches():
     cpu = Batches(x, y, batch_size=4, shuffle=True, seed=1)
     gpu = Batches(x.cuda(), y.cuda(), batch_size=4, shuffle=True, seed=1)
     assert_same([tuple(t.cpu() for t in b) for b in gpu], list(cpu))
+
+
+def test_length_is_none_for_data_that_cannot_say_even_a_dataloader_whose_len_raises():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    from hookfit.data import length
+    loader = torch.utils.data.DataLoader(Stream(), batch_size=4)
+    assert hasattr(loader, "__len__") and length(loader) is None
+    assert length(x for x in []) is None and length([1, 2, 3]) == 3
+    assert length(torch.utils.data.DataLoader(list(range(8)), batch_size=3)) == 3
+
+
+def test_a_streaming_dataloader_trains_and_validates_with_the_default_stack(tmp_path, monkeypatch):
+    """A DataLoader over an IterableDataset: every built-in asks ``hookfit.data.length``, none
+    calls ``len()`` (which raises on it): the default stack trains and validates."""
+    import hookfit
+
+    monkeypatch.delenv("HOOKFIT_PLUGINS")  # the discovered plugins, as a user's script has them
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            generator = torch.Generator().manual_seed(0)
+            for _ in range(20):
+                yield torch.randn(2, generator=generator), torch.randn(1, generator=generator)
+
+    model = torch.nn.Linear(2, 1)
+
+    def step(loop, batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loop.backward(loss)
+        return {"loss": loss}
+
+    loop = hookfit.Loop(step, torch.utils.data.DataLoader(Stream(), batch_size=4), model=model,
+                        val_step=lambda loop, batch: {"loss": torch.nn.functional.mse_loss(model(batch[0]), batch[1])},
+                        val_data=torch.utils.data.DataLoader(Stream(), batch_size=4),
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2, run_dir=tmp_path)
+    loop.fit()
+    assert (loop.state.status, loop.state.step) == ("completed", 10)
