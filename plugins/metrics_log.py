@@ -30,6 +30,9 @@ people does:
 * ``{"event": "step", **snapshot.row()}`` with ``every_n_steps=N``: at the first training
   ``metrics_update`` at or after every N-th training step (a metrics plugin publishes at a
   bounded rate, so lines are at least that far apart); the epoch means so far.
+* ``{"event": "checkpoint", "step": <global step>, "reason": ..., "file": <its name>}`` for
+  every checkpoint written (``checkpoint_saved``, the checkpoint role's event): ``hookfit
+  show`` draws its ``C`` mark.
 * ``{"event": "end", "status": ..., "reason": ..., "by": ..., "epoch": <epoch the run was in>,
   "step": ..., "time": <seconds>, "skipped": <optimizer steps skipped in this fit()>,
   "skipped_reason": <why the last one was, or null>}`` when the run ends (``fit_end``,
@@ -46,6 +49,7 @@ it is switched off with one warning and the run goes on.
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
@@ -104,6 +108,10 @@ class MetricsLog:
             return
         self._last_step = metrics.step
         self._row(loop, "step", metrics)
+
+    @hookimpl(optionalhook=True)
+    def checkpoint_saved(self, loop: Run, path: str, reason: str, step: int) -> None:
+        self._write(loop, {"event": "checkpoint", "step": step, "reason": reason, "file": os.path.basename(path)})
 
     @hookimpl(optionalhook=True)
     def epoch_metrics(self, loop: Run, metrics: MetricsSnapshot) -> None:

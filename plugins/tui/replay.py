@@ -140,6 +140,10 @@ class Follower:
             if event == "epoch":
                 dash.receive("stage_end", str(row.get("stage", "train")))
             self.step = int(row.get("step", self.step))
+        elif event == "checkpoint":
+            step = row.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                dash.receive("checkpoint", step, str(row.get("reason", "")))
         elif event == "best":
             self.directions = runs.directions([row])
         elif event == "resume":

@@ -101,6 +101,18 @@ def test_the_built_in_metrics_plugin_gives_the_same_lines(tmp_path: Path) -> Non
     assert runs.directions(got) == {"train/loss": "min", "valid/loss": "min", "valid/acc": "max"}
 
 
+def test_every_checkpoint_written_has_its_line_for_hookfit_shows_marks(tmp_path: Path) -> None:
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    model = torch.nn.Linear(1, 1)
+    hookfit.Loop(lambda loop, batch: {"loss": model(torch.ones(1)).sum()}, [1, 2, 3], model=model, max_epochs=2,
+                 run_dir=tmp_path, plugins=[Metrics(), MetricsLog(), Checkpoint(background=False)]).fit()
+    saved = [line for line in lines(tmp_path) if line["event"] == "checkpoint"]
+    assert [(line["step"], line["reason"], line["file"]) for line in saved] == [
+        (3, "epoch", "epoch0001-step000000003.pt"), (6, "epoch", "epoch0002-step000000006.pt")]
+    assert all((tmp_path / "checkpoints" / line["file"]).is_file() for line in saved)
+
+
 def test_without_the_log_plugin_nothing_is_written(tmp_path: Path) -> None:
     hookfit.Loop(loss_step, [1, 2], run_dir=tmp_path, plugins=[Metrics()]).fit()
     assert not (tmp_path / "metrics.jsonl").exists()

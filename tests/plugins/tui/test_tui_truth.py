@@ -166,6 +166,7 @@ def test_q_mid_epoch_leaves_the_screen_as_the_run_ended(term: Terminal, viewer: 
         assert re.search(rf"^ run +epoch {epoch + 1}/80 +interrupted ", shown, re.M), shown
         assert "ETA" not in shown
         assert re.search(rf"step \d+ … {step}\b", axis_text(shown)), shown  # the curve's last point
+        assert "C" in axis_text(shown).split("\n")[0], shown  # the checkpoints' marks, live and in show
 
 
 # -- the bars follow the batches ------------------------------------------------------------------
