@@ -27,6 +27,14 @@ def _name(function: Any) -> str:
     return getattr(function, "__qualname__", None) or repr(function)
 
 
+def _iterable(value: Any) -> bool:
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _positive_int(value: Any, what: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -156,8 +164,15 @@ class Loop:
         if name is not None and (not isinstance(name, str) or not name.strip() or any(
                 c in name for c in "/\\:") or name in (".", "..")):
             raise ValueError(f"name must be a non-empty string usable as a folder name, got {name!r}")
-        if isinstance(disable, str):
-            raise TypeError("disable must be a list of plugin names, not a string")
+        if isinstance(disable, str) or not _iterable(disable):
+            raise TypeError(f"disable must be a list of plugin names, got {disable!r}")
+        if isinstance(plugins, (str, bytes)) or not _iterable(plugins):
+            raise TypeError(f"plugins must be a list of plugin objects, got {plugins!r}")
+        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+            raise TypeError(f"run_dir must be a path (a str or os.PathLike) or None, got {run_dir!r}")
+        if resume is not None and not isinstance(resume, (str, os.PathLike)):
+            raise TypeError(f"resume must be 'latest', a checkpoint's path (a str or os.PathLike) or None, "
+                            f"got {resume!r}")
         check_seed(seed)
         if not isinstance(deterministic, bool):
             raise ValueError(f"deterministic must be True or False, got {deterministic!r}")

@@ -14,7 +14,7 @@ import torch
 
 from hookfit import hookimpl
 from hookfit.modes import modules
-from hookfit.plugins.common import choice, flag, positive_int, positive_number
+from hookfit.plugins.common import check, choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
 from hookfit.plugins.optim.nonfinite import NonFinite, OptimWarning, _finite
@@ -127,6 +127,9 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
         choice(name, "precision", precision, PRECISIONS)
         flag(name, "defer", defer, none=True)
         flag(name, "fuse", fuse)
+        flag(name, "check_grads", check_grads)
+        check(name, "amp", amp, lambda v: isinstance(v, (bool, torch.amp.GradScaler)),
+              "be True, False or a torch.amp.GradScaler")
         if precision == "bf16-mixed" and amp is not False:
             raise ValueError("optim: precision='bf16-mixed' needs no loss scaling: leave amp unset "
                              "(precision='16-mixed' scales the loss itself)")
