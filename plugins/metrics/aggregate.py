@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 import time
 from collections.abc import Callable
 from typing import Any, Mapping, TypeVar
@@ -52,6 +53,34 @@ def step_name(step: object) -> str:
     return getattr(step, "__qualname__", None) or repr(step)
 
 
+def as_real(value: object) -> float | None:
+    """A real scalar a step returned that is neither a plain ``float``/``int`` nor a tensor (those
+    take the per-batch fast path), as a float: ``bool``, NumPy's real scalars (``np.float64``,
+    ``np.float32``, ``np.int64``, ``np.bool_``...) and 0-d arrays, ``fractions.Fraction``;
+    ``None`` for anything else (text, a list, a complex number)."""
+    if isinstance(value, numbers.Real):  # bool, NumPy's float and integer scalars, Fraction
+        return float(value)
+    if _numpy_kind(value) in ("b", "i", "u", "f"):  # np.bool_ and 0-d arrays: no numbers ABC
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def _numpy_kind(value: object) -> str | None:
+    """The dtype kind of a NumPy scalar or 0-d array (``"f"``, ``"c"``...), else ``None``
+    (without importing NumPy)."""
+    if type(value).__module__ != "numpy" or getattr(value, "shape", None) != ():
+        return None
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    return kind if isinstance(kind, str) else None
+
+
+def is_complex(value: object) -> bool:
+    """Whether ``value`` is a complex number (Python's, NumPy's) or a complex tensor."""
+    if isinstance(value, _Tensor):
+        return value.is_complex()
+    return (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)) or _numpy_kind(value) == "c"
+
+
 def check(key: object, value: object, step: object) -> None:
     """Refuse what the plugin cannot aggregate: a key that is not a string, a complex number.
     ``step`` is the step function that returned it, named in the error."""
@@ -60,7 +89,7 @@ def check(key: object, value: object, step: object) -> None:
             f"step function {step_name(step)!r} returned the key {key!r} ({type(key).__name__}) "
             f"with a value to aggregate; keys must be strings, the names of what it reports"
         )
-    if isinstance(value, complex) or (isinstance(value, _Tensor) and value.is_complex()):
+    if is_complex(value):
         what = f"a complex tensor ({value.dtype})" if isinstance(value, _Tensor) else f"a complex number ({value!r})"
         raise TypeError(
             f"step function {step_name(step)!r} returned {what} under the key {key!r}, which the "
@@ -89,7 +118,7 @@ class _Series:
             weighted += value * n
             count += n
         self.weighted, self.count = weighted, count
-        self.last = entries[-1][0]
+        self.last = float(entries[-1][0])  # (a bool or integer tensor's item() is not a float)
         self.window.extend((value * n, n) for value, n in entries[-self.size:])
 
 

@@ -17,7 +17,8 @@ from hookfit.errors import HookfitWarning
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.common import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs
-from hookfit.plugins.metrics.aggregate import E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, batch_size, check
+from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, as_real, batch_size,
+                                               check, is_complex)
 from hookfit.plugins.metrics.directions import Directions
 from hookfit.plugins.metrics.results import Report
 
@@ -139,7 +140,13 @@ class Metrics:
                             self._first(host, key, value, loop).append((value, n))
                 elif _is_metric(value):
                     agg.metric_objects[key] = value
-                elif kind is complex:
+                elif (real := as_real(value)) is not None:  # NumPy scalars, bool: past the fast path
+                    if key != "batch_size":
+                        try:
+                            host[key].append((real, n))
+                        except KeyError:
+                            self._first(host, key, value, loop).append((real, n))
+                elif is_complex(value):
                     check(key, value, self._step(loop))  # a number that cannot be aggregated: refused
         else:
             agg.samples += batch_size(batch)

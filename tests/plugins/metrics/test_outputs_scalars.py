@@ -1,0 +1,94 @@
+"""Every real scalar a step returns is a metric: NumPy scalars and 0-d arrays, ``bool``, 0-d
+tensors of any real dtype (issue 30); complex NumPy scalars are refused like Python's."""
+
+from __future__ import annotations
+
+import fractions
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hookfit
+from hookfit.payloads import MetricsSnapshot
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.metrics_log import MetricsLog
+
+
+class Collect:
+    name = "collect"
+
+    def __init__(self) -> None:
+        self.epochs: list[MetricsSnapshot] = []
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, metrics: MetricsSnapshot) -> None:
+        self.epochs.append(metrics)
+
+
+OUTPUTS = {  # key -> (the value returned for batch 0, for batch 1), and the epoch mean of the two
+    "np_float64": ((np.float64(1.5), np.float64(2.5)), 2.0),
+    "np_float32": ((np.float32(0.5), np.float32(1.5)), 1.0),
+    "np_int64": ((np.int64(3), np.int64(5)), 4.0),
+    "np_uint8": ((np.uint8(1), np.uint8(3)), 2.0),
+    "np_bool": ((np.bool_(True), np.bool_(False)), 0.5),
+    "np_0d_array": ((np.array(2.0), np.array(4.0)), 3.0),
+    "ok": ((True, False), 0.5),
+    "fraction": ((fractions.Fraction(1, 4), fractions.Fraction(3, 4)), 0.5),
+    "t_bool": ((torch.tensor(True), torch.tensor(True)), 1.0),
+    "t_int64": ((torch.tensor(2), torch.tensor(4)), 3.0),
+    "t_uint8": ((torch.tensor(1, dtype=torch.uint8), torch.tensor(2, dtype=torch.uint8)), 1.5),
+    "t_half": ((torch.tensor(0.5, dtype=torch.float16), torch.tensor(1.5, dtype=torch.float16)), 1.0),
+    "t_bfloat16": ((torch.tensor(1.0, dtype=torch.bfloat16), torch.tensor(3.0, dtype=torch.bfloat16)), 2.0),
+}
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["read-at-once", "deferred"])
+def test_every_real_scalar_a_step_returns_is_aggregated_as_a_float(tmp_path: Path, defer: bool) -> None:
+    collect = Collect()
+
+    def step(loop, batch):
+        i = loop.state.batch_idx
+        return {key: values[i] for key, (values, _) in OUTPUTS.items()} | {"name": "text is ignored"}
+
+    hookfit.Loop(step, [torch.zeros(2, 1), torch.zeros(2, 1)], run_dir=tmp_path,
+                 plugins=[Metrics(defer=defer), collect, MetricsLog()]).fit()
+    values = collect.epochs[-1].values
+    assert set(values) == set(OUTPUTS), "every real scalar is a metric, and nothing else"
+    for key, ((_, last), mean) in OUTPUTS.items():
+        assert values[key].epoch == pytest.approx(mean), key
+        # the last value is a float whatever was returned (a bool tensor's item() is True)
+        assert type(values[key].last) is float and values[key].last == pytest.approx(float(last)), key
+    # and the metric log holds them as JSON numbers
+    row = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+           if json.loads(line).get("event") == "epoch"][-1]
+    assert {key: row[key] for key in OUTPUTS} == pytest.approx({key: mean for key, (_, mean) in OUTPUTS.items()})
+
+
+def test_a_numpy_integer_batch_size_is_the_weight_not_a_metric(tmp_path: Path) -> None:
+    collect = Collect()
+    sizes, values = [1, 3], [4.0, 8.0]
+
+    def step(loop, batch):
+        i = loop.state.batch_idx
+        return {"loss": np.float64(values[i]), "batch_size": np.int64(sizes[i])}
+
+    hookfit.Loop(step, [0, 1], run_dir=tmp_path, plugins=[Metrics(), collect]).fit()
+    got = collect.epochs[-1]
+    assert set(got.values) == {"loss"} and got.samples == 4
+    assert got.values["loss"].epoch == pytest.approx((1 * 4.0 + 3 * 8.0) / 4)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("bad", [np.complex128(1 + 2j), np.complex64(1 + 2j), np.array(1 + 2j)],
+                         ids=["complex128", "complex64", "0d-complex-array"])
+def test_a_complex_numpy_scalar_is_refused_naming_the_step_and_the_key(tmp_path: Path, bad: object) -> None:
+    def numpy_step(loop, batch):
+        return {"z": bad}
+
+    with pytest.raises(TypeError, match=r"step function 'test_a_complex_numpy_scalar_is_refused_naming_the_step_"
+                                        r"and_the_key.<locals>.numpy_step' returned a complex number .* under the "
+                                        r"key 'z'"):
+        hookfit.Loop(numpy_step, [0, 1], run_dir=tmp_path, plugins=[Metrics()]).fit()
