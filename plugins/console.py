@@ -1,7 +1,17 @@
-"""console: plain-text progress for pipes, CI logs, batch schedulers and notebooks.
+r"""console: plain-text progress for pipes, CI logs, batch schedulers and notebooks.
 
 Every line is complete, starts with ``hookfit`` and is made of ``key=value`` fields, so logs
 can be grepped; no carriage returns, backspaces or escape codes, ever.
+
+Quoting, one rule for keys and values alike (metric names are keys, and values of
+``metric=``): a key or a value is written as it is unless it is empty or holds white space, a
+quote (``"`` or ``'``), ``=``, a backslash or a character that does not print (a line break, a
+tab, an escape code); then it is written in double quotes, with ``\\``, ``\"``, ``\n``, ``\r``,
+``\t`` and ``\xNN``/``\uNNNN`` for those characters, so a line stays one line and splits into
+its fields: ``hookfit train epoch=1/3 done ... loss=0.25 "top 1 acc"=0.5 "f=1"=0.7``. A field
+reads back with the regular expression ``("(?:\\.|[^"\\])*"|[^\s=]+)=("(?:\\.|[^"\\])*"|\S*)``,
+and Python's ``ast.literal_eval`` turns a quoted part into the text it was. The free-text
+fields (``reason``, ``by``, ``last_reason``, ``error``, ``message``) are always quoted.
 
 Epoch summaries
     Every stage of every epoch gets its summary line, however quickly the epochs come (a log
@@ -98,12 +108,28 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _field(key: str, value: str) -> str:
-    """``key=value``, the value quoted when it has spaces or quotes (a path, say)."""
-    if value and not any(c.isspace() or c in "\"'" for c in value):
-        return f"{key}={value}"
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{key}="{escaped}"'
+_PLAIN_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def quote(text: str, always: bool = False) -> str:
+    """``text`` as a key or a value of a ``key=value`` field (the module's one rule): as it is,
+    or, when it is empty or has white space, a quote, ``=``, a backslash or a character that does
+    not print (``always``: whatever it has), in double quotes with those characters escaped."""
+    if not always and text and text.isprintable() and not any(c.isspace() or c in "\"'=\\" for c in text):
+        return text
+    escaped = "".join(c if c.isprintable() and c not in '"\\' else _PLAIN_ESCAPES.get(c) or _escape(c)
+                      for c in text)
+    return f'"{escaped}"'
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _field(key: str, value: str, always: bool = False) -> str:
+    """``key=value``, each part quoted by :func:`quote` (a metric name with a space, a path)."""
+    return f"{quote(key)}={quote(value, always)}"
 
 
 DIRECTIONS = MODES
@@ -274,7 +300,7 @@ class Console:
             f"samples_per_s={metrics.samples_per_s:.1f}",
             f"eta={_duration(left)}" if left is not None else "",
             f"metrics_at_batch={metrics.batches}" if metrics.batches != batch else "",
-            *(f"{k}={_number(v.running)}" for k, v in metrics.values.items()),
+            *(_field(k, _number(v.running)) for k, v in metrics.values.items()),
         )
 
     def _batch_due(self, loop: Run, batch: int) -> None:
@@ -312,7 +338,7 @@ class Console:
             f"batches={metrics.batches}/{total}" if partial else f"batches={metrics.batches}",
             f"time={metrics.elapsed:.2f}s",
             f"samples_per_s={metrics.samples_per_s:.1f}",
-            *(f"{k}={_number(v.epoch)}" for k, v in metrics.values.items()),
+            *(_field(k, _number(v.epoch)) for k, v in metrics.values.items()),
         )
 
     @hookimpl
@@ -323,24 +349,23 @@ class Console:
     @hookimpl(trylast=True)
     def fit_end(self, loop: Run) -> None:
         state = loop.state
-        reason = (state.stop_reason or "").replace('"', "'")
         self._print(
             "end",
             f"status={state.status}",
-            f'reason="{reason}"',
-            f'by="{state.stopped_by}"' if state.stopped_by else "",
+            _field("reason", state.stop_reason or "", always=True),
+            _field("by", state.stopped_by, always=True) if state.stopped_by else "",
             f"duration={state.elapsed:.2f}s",
             f"epochs={state.epoch + 1}",
             f"steps={state.step}",
         )
         if self._skipped:  # optimizer steps skipped (step_skipped): the run trained on fewer
             share = self._skipped / max(state.step, 1)
-            reason = self._skip_reason.replace('"', "'")
-            self._print("skipped", f"steps={self._skipped}", f"share={share:.0%}", f'last_reason="{reason}"',
+            self._print("skipped", f"steps={self._skipped}", f"share={share:.0%}",
+                        _field("last_reason", self._skip_reason, always=True),
                         'message="most steps were skipped: the run barely trained"' if share > 0.5 else "")
         for silenced in state.silenced:
             self._print("silenced", f"plugin={silenced.plugin}", f"hook={silenced.hook}",
-                        f'error="{type(silenced.error).__name__}: {silenced.error}"'.replace("\n", " "))
+                        _field("error", f"{type(silenced.error).__name__}: {silenced.error}", always=True))
         for (stage, key), result in self._results.items():
             direction = self.direction(stage, key)
             extremes: tuple[str, ...]
@@ -351,7 +376,8 @@ class Console:
             else:
                 best, best_epoch = result.best(direction)
                 extremes = (f"best={_number(best)}", f"best_epoch={best_epoch}")
-            self._print("result", f"stage={stage}", f"metric={key}", f"last={_number(result.last)}", *extremes)
+            self._print("result", _field("stage", stage), _field("metric", key), f"last={_number(result.last)}",
+                        *extremes)
         self._print_time(state.time_split)
 
     def _print_time(self, splits: Mapping[str, TimeSplit]) -> None:
@@ -366,7 +392,7 @@ class Console:
                 what = _STAGE_TIME.get(stage, f"{stage} time")
                 self._print("bottleneck", _field("stage", stage), "part=data", f"share={share:.0%}",
                             _field("message", f"data loading is {share:.0%} of {what}: the data loader is the "
-                                              f"bottleneck (try DataLoader num_workers, pin_memory)"))
+                                              f"bottleneck (try DataLoader num_workers, pin_memory)", always=True))
 
 
 class _EveryNBatches:
