@@ -16,7 +16,11 @@ over the processes and lets only rank 0 print. The one rule: the step calls ``lo
 
 ``--strategy fsdp`` shards the parameters, gradients and optimizer states over the processes
 (FSDP2) instead of copying the model to each; checkpoints are then written by every process
-with ``torch.distributed.checkpoint`` and can be resumed on another number of processes.
+with ``torch.distributed.checkpoint`` and can be resumed on another number of processes, with
+the same global batch (``--batch-size`` times the number of processes)::
+
+    torchrun --nproc-per-node 2 examples/ddp.py --strategy fsdp --epochs 2 --batch-size 32 --run-dir runs/fsdp
+    python examples/ddp.py --strategy fsdp --epochs 3 --batch-size 64 --run-dir runs/fsdp --resume latest
 
 The task is a small synthetic regression (a fixed random teacher network plus noise), so the
 script needs nothing but torch. ``--batch-size`` is per process: ``n`` processes with batch
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> hookfit.State:
     parser.add_argument("--dump", help="write <DUMP>.rank<N>.json: params and metrics per epoch")
     parser.add_argument("--count-allreduce", action="store_true", help="count DDP's all-reduces (in --dump)")
     parser.add_argument("--no-val", action="store_true")
+    parser.add_argument("--run-dir", help="the run's folder (default: a new runs/ddp/<date>-<time>)")
+    parser.add_argument("--resume", help="'latest' (the newest checkpoint of --run-dir) or a checkpoint")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)  # the same initial model everywhere (DDP copies rank 0's anyway)
@@ -194,7 +200,7 @@ def main(argv: list[str] | None = None) -> hookfit.State:
     loop = hookfit.Loop(
         train_step, train, val_step=None if args.no_val else val_step, val_data=None if args.no_val else valid,
         model=model, optimizers=torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-        max_epochs=args.epochs, plugins=plugins,
+        max_epochs=args.epochs, run_dir=args.run_dir, resume=args.resume, plugins=plugins,
     )
     try:
         state = loop.fit()
