@@ -30,8 +30,10 @@ def find(source: str | os.PathLike[str]) -> Path:
 def export(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     """Write the model of the checkpoint that ``source`` names (see :func:`find`) to ``out``
     as a plain state dict (every tensor whole, on the CPU), atomically; returns the checkpoint
-    used. Runs in one process: a sharded checkpoint's tensors are read whole."""
+    used. Runs in one process: a sharded checkpoint's tensors are read whole. ``out`` may not be
+    the checkpoint itself nor inside its folder: that would replace what the run resumes from."""
     path = find(source)
+    _refuse_input(Path(out), path)
     data = read(path)
     if sharded.placeholders(data):
         data = sharded.load(data, path, None)
@@ -40,6 +42,23 @@ def export(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
         raise CheckpointError(f"hookfit export: {path} holds no model")
     atomic_save(model, Path(out))
     return path
+
+
+def _refuse_input(out: Path, checkpoint: Path) -> None:
+    """A :class:`CheckpointError` when writing ``out`` would change ``checkpoint`` (the same
+    file or folder, by name or by a link, or a file inside a sharded checkpoint's folder)."""
+    target, used = out.resolve(), checkpoint.resolve()
+    same = target == used or used in target.parents
+    if not same and out.exists():
+        try:
+            same = os.path.samefile(out, checkpoint)
+        except OSError:
+            pass
+    if same:
+        where = "is the checkpoint it would read" if target == used else "is inside the checkpoint it would read"
+        raise CheckpointError(
+            f"hookfit export: {out} {where} ({checkpoint}): writing the plain state dict there would replace "
+            f"the checkpoint (the run could no longer resume from it); give another file, such as model.pt")
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
