@@ -7,11 +7,13 @@ that applies (optimizer stepping, metrics, console or dashboard, interrupter).
 On an interactive terminal the dashboard keeps its final screen until the user leaves it
 (``HOOKFIT_TUI_PERSISTENT=1`` unless the environment says otherwise): a run this short would
 otherwise flash by. At the end the demo says where its run folder is and how to look at it
-again (``hookfit show``).
+again (``hookfit show``). Where there is no dashboard, it says why first: no terminal, urwid
+missing (what to install), or no plugin of the run drawing one.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -41,6 +43,26 @@ def load_digits(batch_size: int = 64, seed: int = 0) -> tuple[list[Any], list[An
     return batches(0, split), batches(split, len(x))
 
 
+def no_dashboard() -> str | None:
+    """Why a run that no plugin took the terminal for shows no dashboard, with what to install
+    where urwid is missing; ``None`` where the dashboard itself already said why (a terminal
+    without urwid: its warning)."""
+    try:
+        from hookfit.plugins.tui.terminal import NO_URWID, interactive_terminal
+    except ImportError:  # pragma: no cover - the dashboard ships with hookfit
+        return "the dashboard plugin (hookfit.plugins.tui) cannot be imported"
+    reason = interactive_terminal()
+    if reason == NO_URWID:
+        return None
+    if reason is None:
+        return "no plugin of this run draws one (is the tui plugin disabled?)"
+    try:
+        found = importlib.util.find_spec("urwid") is not None
+    except (ImportError, ValueError):
+        found = False
+    return reason if found else f"{reason}; and {NO_URWID}"
+
+
 def main(epochs: int = 8, seed: int = 0) -> hookfit.State:
     """Train the digits classifier and return the final state."""
     torch.manual_seed(seed)
@@ -63,7 +85,15 @@ def main(epochs: int = 8, seed: int = 0) -> hookfit.State:
 
     folders: list[Any] = []
 
-    class RunFolder:  # where this run's files are, to say so at the end
+    class RunFolder:  # where this run's files are, to say so at the end; and why there is no dashboard
+        @hookfit.hookimpl
+        def fit_start(self, loop: hookfit.Run) -> None:
+            claim = getattr(loop.hooks, "claim_output", None)
+            if loop.is_main and (claim is None or claim(loop) is None):
+                why = no_dashboard()
+                if why is not None:
+                    print(f"hookfit demo: no dashboard: {why}", flush=True)
+
         @hookfit.hookimpl
         def fit_end(self, loop: hookfit.Run) -> None:
             if loop.is_main:
