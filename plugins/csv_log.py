@@ -25,6 +25,9 @@ validation-only metric after the first training row, a key a step starts returni
 adds its column: the file is rewritten once, atomically (a new file replacing the old with
 ``os.replace``), with the wider header and the earlier rows unchanged, their new cells empty.
 So every row always lines up with the header, and ``pandas.read_csv`` reads any state of it.
+A metric's name is a column name as the csv module writes it: one with a comma, a quote or a
+line break is quoted (every field of a record holding a carriage return is), so any CSV reader
+gets the name back as it was, and a run continued in the folder finds its columns.
 
 A run continued in the same folder (``Loop(resume=...)``; ``Loop(run_dir=...)`` given again)
 appends to the same files under their header, never repeating it. A resumed run first drops
@@ -68,9 +71,17 @@ LR = "lr_"
 
 
 def _line(fields: Iterable[Any]) -> str:
+    """One CSV record, ending with a newline; a field with a comma, a quote or a line break (a
+    metric name) is quoted, as the csv module reads it back."""
+    fields = list(fields)
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerow(fields)
-    return text.getvalue()
+    line = text.getvalue()
+    if "\r" in line:  # csv leaves a lone carriage return unquoted (Python < 3.12): the record would break
+        text = io.StringIO()
+        csv.writer(text, lineterminator="\n", quoting=csv.QUOTE_ALL).writerow(fields)
+        line = text.getvalue()
+    return line
 
 
 def _order(leading: tuple[str, ...], names: Iterable[str]) -> list[str]:
@@ -113,13 +124,15 @@ class _Table:
                 raw.seek(size - 1)
                 if raw.read(1) != b"\n":  # a write cut short: keep what ends with a newline
                     _truncate_to_last_line(raw, size)
-            raw.seek(0)
-            first = raw.readline().decode("utf-8", errors="replace")
-        if not first:
+        with open(path, newline="", encoding="utf-8", errors="replace") as text:
+            try:  # the first record, which a quoted line break in a metric's name spreads over lines
+                header = next(csv.reader(text), None)
+            except csv.Error:
+                header = ["(not CSV)"]
+        if not header:
             return None
-        header = next(csv.reader([first]), [])
         if tuple(header[:len(self.leading)]) != self.leading:
-            file.failed = OSError(f"not a table of this plugin: its header is {first.strip()!r}")
+            file.failed = OSError(f"not a table of this plugin: its header is {','.join(header)[:200]!r}")
             warnings.warn(f"{self.owner}: {path} is not a table this plugin writes (its header starts "
                           f"{','.join(header[:len(self.leading)])!r}, not {','.join(self.leading)!r}); it is "
                           f"left as it is and training goes on without it", FileWarning, stacklevel=5)
@@ -154,11 +167,10 @@ class _Table:
                 with open(path, newline="", encoding="utf-8") as old, \
                         open(spare, "w", newline="", encoding="utf-8") as new:
                     reader = csv.DictReader(old)
-                    out = csv.writer(new, lineterminator="\n")
-                    out.writerow(columns)
+                    new.write(_line(columns))
                     for entry in reader:
                         if keep is None or keep(entry):
-                            out.writerow(entry.get(c) or "" for c in columns)
+                            new.write(_line(entry.get(c) or "" for c in columns))
                     new.flush()
                     os.fsync(new.fileno())
                 os.replace(spare, path)

@@ -21,6 +21,12 @@ every run of every script, named ``<name>/<date>-<time>``:
   all share one global step, so only their epoch means are written.
 * ``lr/<optimizer>``: the learning rate of each optimizer's first parameter group
   (``"default"`` for a single optimizer), from the same snapshots, once per global step.
+* Names in tags: a tag takes letters, digits, ``_``, ``-``, ``.`` and ``/`` (TensorFlow's rule
+  for summary names, which TensorBoard's tools assume; ``/`` groups the charts), and does not
+  start with ``/``. A metric or optimizer name with anything else (a space, ``=``, a quote, a
+  line break) has each such character written ``_`` (``top 1 acc`` as ``train/top_1_acc``),
+  with a ``_2``, ``_3``... where that would merge it with another name of the run; each name
+  changed so is said once a run, in a :class:`hookfit.HookfitWarning` naming both.
 * Hyperparameters, for TensorBoard's HParams dashboard: written once at ``fit_start``
   (a session start) with the run's name, ``max_epochs``, ``max_steps``, ``seed``,
   ``deterministic``, ``val_every_n_epochs``/``val_every_n_steps`` (as ``loop.*``), each
@@ -53,13 +59,16 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import re
 import socket
 import time
+import warnings
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
+from hookfit.errors import HookfitWarning
 from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins._logger import run_file, wanted
@@ -75,6 +84,14 @@ INSTALL = "pip install hookfit[tensorboard]"
 """The command that installs what this plugin needs."""
 
 _files = itertools.count()
+
+_NOT_IN_TAGS = re.compile(r"[^-/\w.]")
+
+
+def tag_part(name: str) -> str:
+    """``name`` (a metric's, an optimizer's) as a part of a TensorBoard tag: each character but
+    letters, digits, ``_``, ``-``, ``.`` and ``/`` as ``_``, no leading ``/``; ``_`` for nothing."""
+    return _NOT_IN_TAGS.sub("_", name).lstrip("/") or "_"
 
 
 def _require() -> None:
@@ -121,6 +138,7 @@ class TensorBoard:
         self._loop: Run | None = None
         self._lr_step: int | None = None  # the step the learning rates were last written at
         self._proto: Any = None  # TensorBoard's protobuf and summary modules, imported at fit_start
+        self._names: dict[str, str] = {}  # a metric's or an optimizer's name -> its part of the run's tags
 
     # -- events -------------------------------------------------------------------------------
     @hookimpl
@@ -142,6 +160,7 @@ class TensorBoard:
                                       metadata=metadata, plugin_data_pb2=plugin_data_pb2,
                                       RecordWriter=RecordWriter, summary=summary)
         self._loop = loop
+        self._names = {}
         if not loop.is_main:
             return
         name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
@@ -174,14 +193,15 @@ class TensorBoard:
     def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if self._file is None or not self.every_publication or stage != "train":
             return
-        values = [(f"train_step/{key}", value.running) for key, value in sorted(metrics.values.items())]
+        values = [(f"train_step/{self._part(key)}", value.running) for key, value in sorted(metrics.values.items())]
         self._scalars(metrics.step, values + self._rates(metrics))
 
     @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if self._file is None:
             return
-        values = [(f"{stage}/{key}", value.epoch) for key, value in sorted(metrics.values.items())]
+        values = [(f"{self._part(stage)}/{self._part(key)}", value.epoch)
+                  for key, value in sorted(metrics.values.items())]
         if stage == "train":
             values.append(("epoch", metrics.epoch + 1))
             values += self._rates(metrics)
@@ -210,7 +230,27 @@ class TensorBoard:
         if not metrics.lr or self._lr_step == metrics.step:
             return []
         self._lr_step = metrics.step
-        return [(f"lr/{name}", rate) for name, rate in sorted(metrics.lr.items())]
+        return [(f"lr/{self._part(name)}", rate) for name, rate in sorted(metrics.lr.items())]
+
+    def _part(self, name: str) -> str:
+        """``name`` as it goes into this run's tags (:func:`tag_part`, kept apart from the other
+        names of the run), said once when it is not ``name`` itself."""
+        known = self._names.get(name)
+        if known is not None:
+            return known
+        base = part = tag_part(name)
+        taken = set(self._names.values())
+        n = 1
+        while part in taken:
+            n += 1
+            part = f"{base}_{n}"
+        self._names[name] = part
+        if part != name:
+            warnings.warn(f"{self.name}: {name!r} is written as {part!r} in the TensorBoard tags of this run "
+                          f"(a tag takes letters, digits, '_', '-', '.' and '/' only"
+                          f"{'; ' + repr(base) + ' was taken by another name' if part != base else ''})",
+                          HookfitWarning, stacklevel=2)
+        return part
 
     def _scalars(self, step: int, values: list[tuple[str, float]]) -> None:
         event_pb2, summary_pb2, summary = self._proto.event_pb2, self._proto.summary_pb2, self._proto.summary
