@@ -2,7 +2,8 @@
 
 * First SIGINT (Ctrl-C) or SIGTERM: ``loop.request_stop("SIGINT")`` (or ``"SIGTERM"``) and a
   line on stderr saying what happens (from the main process only, ``loop.is_main``: under
-  ``torchrun`` every rank receives the signal and requests the stop, one line says so); the
+  ``torchrun`` every rank receives the signal and requests the stop, one line says so; in a
+  Jupyter kernel, where the interrupt button sends the SIGINT, it says to interrupt again); the
   run stops at the next boundary (after the current batch) and ends ``interrupted``. Stopping itself is the core's: this plugin only turns
   signals into requests, like any other plugin or the step function may.
 * A SIGINT while a stop is already pending (from a signal, the dashboard's ``q`` or anything
@@ -60,5 +61,13 @@ class Interrupter:
             raise KeyboardInterrupt(f"second {name}: aborting")
         loop.request_stop(name)  # the core honours it; the event tells the dashboard
         if loop.is_main:  # under torchrun every rank gets the signal: one line is enough
-            hint = "; press Ctrl-C again to abort" if signum == signal.SIGINT else ""
+            again = "interrupt the kernel again" if _in_kernel() else "press Ctrl-C again"
+            hint = f"; {again} to abort" if signum == signal.SIGINT else ""
             print(f"hookfit: {name} received, stopping after this batch{hint}", file=sys.stderr, flush=True)
+
+
+def _in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (ipykernel's application is running), where a
+    SIGINT comes from the notebook's interrupt button, not from Ctrl-C."""
+    app = sys.modules.get("ipykernel.kernelapp")
+    return app is not None and bool(app.IPKernelApp.initialized())

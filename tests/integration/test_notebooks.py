@@ -1,29 +1,37 @@
 """Runs started from notebooks (issue 28), executed for real through ``nbclient`` in a Jupyter
 kernel: a run is named after its notebook (``JPY_SESSION_NAME``, VS Code's
 ``__vsc_ipynb_file__``), two notebooks in one folder never continue each other's runs, one is
-resumed, and a kernel that names no notebook continues only its own run."""
+resumed, and a kernel that names no notebook continues only its own run; a training cell
+stopped by a real kernel interrupt, resumed exactly in the same kernel."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("ipykernel", reason="executing notebooks needs ipykernel (the test extra)")
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 TRAIN = '''
-import json, torch, hookfit
+import json, time, torch, hookfit
+from pathlib import Path
 from hookfit.data import Batches
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
 
-def train(epochs, resume=None):
+def train(epochs, resume=None, *, interrupt_at=None, run_dir=None, weights=None):
+    """``interrupt_at``: in the batch that follows that many steps, write the file "training" and
+    go on with the step (a long one) until a stop is requested; ``weights``: where the trained
+    weights are saved."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     g = torch.Generator().manual_seed(1)
@@ -34,12 +42,19 @@ def train(epochs, resume=None):
         loop.backward(loss)
         loop.optimizers.step()
         loop.optimizers.zero_grad()
+        if loop.state.step == interrupt_at:
+            Path("training").write_text(str(loop.state.step))
+            deadline = time.monotonic() + 120
+            while loop.stop_requested is None and time.monotonic() < deadline:
+                time.sleep(0.01)
         return {"loss": loss}
 
     loop = hookfit.Loop(step, Batches(x, y, batch_size=10, shuffle=True, seed=2), model=model,
                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=epochs, resume=resume,
-                        plugins=[Optim(), Metrics(), Checkpoint(background=False)])
+                        run_dir=run_dir, plugins=[Optim(), Metrics(), Checkpoint(background=False)])
     state = loop.fit()
+    if weights is not None:
+        torch.save(model.state_dict(), weights)
     return {"name": loop.run.name, "identity": loop.run.identity.key, "run_dir": str(loop.run.run_dir),
             "step": state.step, "status": state.status,
             "resumed_from": None if state.resumed_from is None else str(state.resumed_from.source)}
@@ -100,3 +115,86 @@ def test_a_kernel_that_names_no_notebook_continues_only_its_own_run(tmp_path: Pa
     assert again["resumed_from"] is not None and again["run_dir"] == first["run_dir"] and again["step"] == 8
     (other,) = _execute(folder, "d.ipynb", "print(json.dumps(train(1, resume='latest')))")
     assert other["resumed_from"] is None and other["run_dir"] != first["run_dir"] and other["step"] == 4
+
+
+INTERRUPTED = """
+import signal
+kernels = signal.getsignal(signal.SIGINT)
+print(json.dumps(train(5, interrupt_at=5)))
+print(json.dumps({"handler_restored": signal.getsignal(signal.SIGINT) is kernels}))
+"""
+PLAIN_WAIT = """
+Path("waiting").write_text("a cell of the user's own, no hookfit")
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    time.sleep(0.01)
+print("not interrupted")
+"""
+RESUMED = "print(json.dumps(train(5, resume='latest', weights='resumed.pt')))"
+
+
+def _lines(cell: dict, stream: str) -> list[str]:
+    return [line for output in cell.get("outputs", []) if output.get("output_type") == "stream"
+            and output.get("name") == stream for line in output["text"].splitlines() if line]
+
+
+async def _interrupt_when(client: nbclient.NotebookClient, cell: dict, index: int, marker: Path) -> None:
+    """Execute ``cell`` and interrupt the kernel (``interrupt_kernel()``: a SIGINT, as the
+    notebook's stop button sends) once ``marker`` exists; return when the cell has ended."""
+    running = asyncio.ensure_future(client.async_execute_cell(cell, index))
+    deadline = time.monotonic() + 120
+    while not marker.exists() and not running.done():
+        assert time.monotonic() < deadline, f"{marker.name} never appeared"
+        await asyncio.sleep(0.01)
+    assert marker.exists(), f"the cell ended before it wrote {marker.name}: {cell.get('outputs')}"
+    await client.km.interrupt_kernel()
+    await running
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_kernel_interrupt_stops_the_cell_gracefully_and_the_same_kernel_resumes_it_exactly(tmp_path: Path) -> None:
+    """The notebook's interrupt (a real SIGINT sent by the kernel manager) while a training cell
+    runs: the cell ends with hookfit's one line on stderr and no traceback, the run ends
+    ``interrupted`` with a checkpoint where it stopped (mid-epoch), the kernel's own SIGINT
+    handler is back (a later cell of the user's is interrupted as usual, with
+    ``KeyboardInterrupt``), and ``resume="latest"`` in a next cell of the same kernel ends with
+    the weights of an uninterrupted run, bit for bit."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(code) for code in (TRAIN, INTERRUPTED, PLAIN_WAIT, RESUMED)]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    # the plugins a user has: the interrupter, the console... discovered (HOOKFIT_PLUGINS unset)
+    env = {k: v for k, v in os.environ.items() if k not in ("HOOKFIT_RESUME", "HOOKFIT_PLUGINS")}
+    env["JPY_SESSION_NAME"] = str(folder / "i.ipynb")
+    client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
+                                     resources={"metadata": {"path": str(folder)}})
+    train, interrupted, plain, resumed = notebook.cells
+
+    async def session() -> None:
+        async with client.async_setup_kernel(env=env):
+            await client.async_execute_cell(train, 0)
+            await _interrupt_when(client, interrupted, 1, folder / "training")
+            await _interrupt_when(client, plain, 2, folder / "waiting")
+            await client.async_execute_cell(resumed, 3)
+
+    asyncio.run(session())
+    assert [o["output_type"] for o in interrupted.outputs if o["output_type"] != "stream"] == []  # no traceback
+    assert _lines(interrupted, "stderr") == ["hookfit: SIGINT received, stopping after this batch; "
+                                             "interrupt the kernel again to abort"]
+    stopped, restored = (json.loads(line) for line in _lines(interrupted, "stdout") if line.startswith("{"))
+    assert stopped["status"] == "interrupted" and stopped["step"] == 6, stopped
+    assert restored == {"handler_restored": True}
+    (error,) = [o for o in plain.outputs if o["output_type"] == "error"]  # the kernel's own handler, as before
+    assert error["ename"] == "KeyboardInterrupt" and "not interrupted" not in _lines(plain, "stdout")
+    (again,) = (json.loads(line) for line in _lines(resumed, "stdout") if line.startswith("{"))
+    # from the checkpoint the interrupt wrote, mid-epoch (every_n_epochs=1 writes none there)
+    assert again["resumed_from"] == str(Path(stopped["run_dir"]) / "checkpoints" / "epoch0002-step000000006.pt")
+    assert again["status"] == "completed" and again["step"] == 20 and again["run_dir"] == stopped["run_dir"]
+    namespace: dict = {}
+    exec(TRAIN, namespace)  # the same run uninterrupted, in this process
+    namespace["train"](5, run_dir=tmp_path / "whole", weights=tmp_path / "whole.pt")
+    whole = torch.load(tmp_path / "whole.pt", weights_only=True)
+    after = torch.load(folder / "resumed.pt", weights_only=True)
+    assert after.keys() == whole.keys() and all(torch.equal(after[k], whole[k]) for k in whole)
