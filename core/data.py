@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Batches", "length", "unrebuilt_order"]
+__all__ = ["Batches", "length", "one_pass", "tell_epoch", "unrebuilt_order"]
 
 _MASK = (1 << 64) - 1
 _GATHER_BYTES = 256 << 10
@@ -31,6 +31,37 @@ def length(data: Any) -> int | None:
         return len(data)
     except TypeError:
         return None
+
+
+def one_pass(data: Any) -> bool:
+    """Whether ``data`` is known to give its batches once only: an iterator (``iter(data) is
+    data``: a generator object, ``map(...)``, a file), which a second ``iter()`` finds used up.
+    Told without calling ``iter()`` (which would start a ``DataLoader``'s workers): an iterator
+    has ``__next__``. Re-iterable data (a list, a ``DataLoader``, a generator factory: an object
+    whose ``__iter__`` is a generator function) gives a new pass each time."""
+    return isinstance(data, Iterator)
+
+
+def tell_epoch(data: Any, epoch: int) -> None:
+    """Tell ``data`` the epoch it is about to be iterated for, so that an order or a shuffle it
+    draws can be a pure function of the epoch (which a resumed run can rebuild): data with
+    ``set_epoch(epoch)`` (:class:`Batches`, a Hugging Face ``IterableDataset``, a generator
+    factory), else the ``IterableDataset`` of a ``DataLoader`` when that has one (the loader's
+    workers get a copy of it as each epoch's iterator is made; persistent workers keep the copy
+    of the first epoch)."""
+    target = data if hasattr(data, "set_epoch") else _streamed(data)
+    setter = getattr(target, "set_epoch", None)
+    if callable(setter):
+        setter(epoch)
+
+
+def _streamed(data: Any) -> Any:
+    """The ``IterableDataset`` a ``DataLoader`` streams from, else ``None``."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if isinstance(data, DataLoader) and isinstance(data.dataset, IterableDataset):
+        return data.dataset
+    return None
 
 
 def _splitmix64(value: int) -> int:
@@ -247,6 +278,10 @@ class Batches:
 _INSTEAD = ("torchdata's StatefulDataLoader (it saves its sampler's state), hookfit.data.Batches, or a "
             "DataLoader that shuffles with the global generator (shuffle=True without generator=), which "
             "the checkpoint holds")
+_STREAM_INSTEAD = ("torchdata's StatefulDataLoader over a dataset with state_dict()/load_state_dict() (it saves "
+                   "the stream's position), hookfit.data.Batches for data in memory, or a dataset whose "
+                   "iteration is a pure function of the epoch: "
+                   "set_epoch(epoch), which the loop calls before each epoch, seeding its generator from the epoch")
 
 
 def _own_generator(obj: Any) -> str | None:
@@ -270,31 +305,36 @@ def unrebuilt_order(data: Any) -> str | None:
     """Why a resumed run cannot rebuild the order of ``data``'s batches, and what to use
     instead, or ``None`` when it can. hookfit rebuilds an epoch's order by making the data's
     iterator again from the random state the epoch began with (Python's and torch's global
-    generators, which the checkpoint holds): that covers lists, :class:`Batches`, data with
-    ``iter_from``, and a ``DataLoader`` with the default samplers, shuffled or not. It cannot
-    rebuild an order drawn from anything else: a custom sampler or batch sampler, a generator
-    given to the ``DataLoader`` or its ``RandomSampler``, or an iterable (an
-    ``IterableDataset`` among them) with a random generator of its own. Data that restores its
-    own state (``load_state_dict``) is not asked."""
+    generators, which the checkpoint holds) and skipping the batches done: that covers lists,
+    :class:`Batches`, data with ``iter_from``, a ``DataLoader`` with the default samplers,
+    shuffled or not, and streams (an ``IterableDataset``, a generator factory) that draw from
+    the global generators, from the loader's worker seeds, or from a generator of their own
+    that ``set_epoch`` seeds (the loop calls it before each epoch: :func:`tell_epoch`). It
+    cannot rebuild an order drawn from anything else: a custom sampler or batch sampler, a
+    generator given to the ``DataLoader`` or its ``RandomSampler``, or an iterable (an
+    ``IterableDataset`` among them) with a random generator of its own and no ``set_epoch``.
+    Data that restores its own state (``load_state_dict``) is not asked."""
     if isinstance(data, (Sequence, Batches)) or hasattr(data, "iter_from"):
         return None
     from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
                                   SequentialSampler)
 
-    what = None
+    what, instead = None, _INSTEAD
     if isinstance(data, DataLoader):
         batches, dataset = data.batch_sampler, data.dataset
         sampler = getattr(batches, "sampler", None)
         if isinstance(dataset, IterableDataset):
-            if (attr := _own_generator(dataset)) is not None:
+            if not hasattr(dataset, "set_epoch") and (attr := _own_generator(dataset)) is not None:
                 what = (f"DataLoader over the {type(dataset).__name__} dataset, which draws from a random generator "
-                        f"of its own ({attr})")
+                        f"of its own ({attr}) that nothing reseeds each epoch")
+                instead = _STREAM_INSTEAD
         elif batches is not None and type(batches) is not BatchSampler:
             what = f"DataLoader with the custom batch sampler {type(batches).__name__}"
         elif data.generator is not None or getattr(sampler, "generator", None) is not None:
             what = "DataLoader with a generator of its own (generator=), whose state the checkpoint does not hold"
         elif type(sampler) not in (SequentialSampler, RandomSampler, DistributedSampler):
             what = f"DataLoader with the custom sampler {type(sampler).__name__}"
-    elif (attr := _own_generator(data)) is not None:
+    elif not hasattr(data, "set_epoch") and (attr := _own_generator(data)) is not None:
         what = f"{type(data).__name__}, which draws from a random generator of its own ({attr})"
-    return None if what is None else f"{what}; use {_INSTEAD}"
+        instead = _STREAM_INSTEAD
+    return None if what is None else f"{what}; use {instead}"

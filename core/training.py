@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from hookfit import blame, modes, results
-from hookfit.data import length, unrebuilt_order
+from hookfit.data import length, one_pass, tell_epoch, unrebuilt_order
 from hookfit.errors import HookfitWarning
 from hookfit.payloads import ResumeInfo
 from hookfit.position import Position, iterator_rng_state, rng_state, set_rng_state
@@ -163,8 +163,7 @@ def epochs(run: Run) -> None:
             state.epoch = epoch
             sets = run.val_data.values() if isinstance(run.val_data, Mapping) else (run.val_data,)
             for data in (run.train_data, *sets):
-                if hasattr(data, "set_epoch"):
-                    data.set_epoch(epoch)
+                tell_epoch(data, epoch)
             start, first = (at.batch, at.stage) if at is not None else (0, "train")
             at = None
             cursor.epoch_begins(epoch, start, first)
@@ -311,10 +310,11 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                     act = mark(run, limit, every)
             waited += clock() - t0  # the last next(), which ended the stage (or _more's)
             if batch_idx < 0:
+                used = _used_up(data) or ("an iterator or generator" if state.epoch else "")
                 raise ValueError(
                     f"{stage} data yielded no batches in epoch {state.epoch}"
-                    + (" (an iterator or generator is used up after one pass; pass a list, a "
-                       "DataLoader or another re-iterable)" if state.epoch else ""))
+                    + (f" ({used} is used up after one pass; pass a list, a DataLoader or a generator "
+                       f"factory: an object whose __iter__ is a generator function)" if used else ""))
             # stage_end sees the stage's batches counted; its own time is added after it
             store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
     finally:
@@ -412,6 +412,16 @@ def _more(batches: Any, data: Any, batch_idx: int) -> bool:
     if total is not None:
         return batch_idx + 1 < total
     return next(batches, _END) is not _END
+
+
+def _used_up(data: Any) -> str:
+    """What of ``data`` gives its batches once only: a one-pass iterator (or one of several
+    validation sets), else ``""``."""
+    if one_pass(data):
+        return f"the {type(data).__name__} iterator"
+    sets = data.sets if isinstance(data, ValSets) else {}
+    return next((f"validation set {name!r}, a {type(part).__name__} iterator,"
+                 for name, part in sets.items() if one_pass(part)), "")
 
 
 def _check_output(output: Mapping[str, Any], step: Step) -> bool:

@@ -1,0 +1,301 @@
+"""Data without a length (issue 28) and data that gives its batches once (issue 30).
+
+Streams resume exactly: a ``DataLoader`` over an ``IterableDataset`` with 0 and 2 workers, a
+generator factory, torchdata's ``StatefulDataLoader`` over an ``IterableDataset`` that keeps its
+position, and Hugging Face streaming datasets, each trained in its own process, stopped from
+outside after a checkpoint (``kill -9``, or SIGTERM for a graceful stop), resumed with
+``resume="latest"`` and ended bitwise equal to an uninterrupted run. A stream whose order cannot
+be rebuilt says so once at the resume. A one-pass iterator given for several epochs or
+validations is refused when the ``Loop`` is built, naming the data and what to pass instead.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+import hookfit
+from hookfit.data import one_pass, tell_epoch, unrebuilt_order
+
+from conftest import TESTS, saved_run
+
+CHILD = TESTS / "scripts" / "streaming_child.py"
+STEPS = 36  # 3 epochs of 12 batches
+DEADLINE = 120.0  # seconds for a child to reach its marker; generous, the machine may be busy
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    """The test's environment, with Hugging Face kept offline and its cache in ``tmp_path``."""
+    return {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _run(tmp_path: Path, name: str, *options: str) -> dict:
+    """A whole run of the child (fresh, or ``--resume``); what it wrote to its OUT."""
+    out = tmp_path / f"{name}.pt"
+    done = subprocess.run([sys.executable, str(CHILD), str(tmp_path / name.split("-")[0]), str(out), *options],
+                          capture_output=True, text=True, timeout=300, env=_env(tmp_path))
+    assert done.returncode == 0, done.stderr
+    return torch.load(out, weights_only=True)
+
+
+def _interrupt(tmp_path: Path, name: str, pause_at: int, signum: int, *options: str) -> subprocess.CompletedProcess:
+    """The child started, signalled from here once its marker says the checkpoint of step
+    ``pause_at`` is whole (it waits there), and waited for."""
+    marker = tmp_path / f"{name}.marker"
+    child = subprocess.Popen([sys.executable, str(CHILD), str(tmp_path / name), str(tmp_path / f"{name}.pt"),
+                              *options, "--marker", str(marker), "--pause-at", str(pause_at)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path))
+    try:
+        end = time.monotonic() + DEADLINE
+        while not marker.exists():
+            if child.poll() is not None:
+                raise AssertionError(f"the child exited {child.returncode} before its marker:\n{child.stderr.read()}")
+            if time.monotonic() > end:
+                raise AssertionError(f"no marker after {DEADLINE:g}s")
+            time.sleep(0.05)
+        assert int(marker.read_text()) == child.pid
+        os.kill(child.pid, signum)
+        stdout, stderr = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+
+
+CASES = [
+    pytest.param(("--data", "iterable", "--workers", "0"), signal.SIGKILL, id="iterable-0-workers-kill-9"),
+    pytest.param(("--data", "iterable", "--workers", "2"), signal.SIGKILL, id="iterable-2-workers-kill-9"),
+    pytest.param(("--data", "factory"), signal.SIGKILL, id="generator-factory-kill-9"),
+    pytest.param(("--data", "factory"), signal.SIGTERM, id="generator-factory-sigterm"),
+    pytest.param(("--data", "stateful", "--workers", "0"), signal.SIGKILL, id="stateful-0-workers-kill-9"),
+    pytest.param(("--data", "stateful", "--workers", "2"), signal.SIGKILL, id="stateful-2-workers-kill-9"),
+]
+
+
+def _resumes_exactly(tmp_path: Path, options: tuple[str, ...], signum: int, pause_at: int = 17) -> dict:
+    whole = _run(tmp_path, "whole", *options)
+    assert (whole["status"], whole["step"]) == ("completed", STEPS)
+    assert not whole["warnings"], whole["warnings"]
+    epochs = [sorted(i for batch in whole["seen"][e * 12:(e + 1) * 12] for i in batch) for e in range(3)]
+    assert all(ids == list(range(60)) for ids in epochs)  # every sample once an epoch
+    if options[1] != "hf":  # (Hugging Face's unshuffled stream has one order)
+        assert whole["seen"][:12] != whole["seen"][12:24]  # the stream was told the epoch: another order
+
+    stopped = _interrupt(tmp_path, "run", pause_at, signum, *options)
+    if signum == signal.SIGKILL:
+        assert stopped.returncode == -signal.SIGKILL, stopped.stderr
+        # the newest whole checkpoint: the one announced, or the next, written in the background meanwhile
+        possible = (pause_at, pause_at + 1)
+    else:
+        assert stopped.returncode == 0, stopped.stderr
+        assert torch.load(tmp_path / "run.pt", weights_only=True)["status"] == "interrupted"
+        # stopped after the batch in progress as the announcement came (one or two steps on), checkpointed there
+        possible = (pause_at + 1, pause_at + 2)
+
+    got = _run(tmp_path, "run-resumed", *options, "--resume")
+    assert (got["status"], got["step"]) == ("completed", STEPS)
+    done = STEPS - len(got["seen"])
+    assert done in possible, (done, possible)
+    assert got["resumed_from"].endswith(f"(epoch 2, after {done - 12} training batches, step {done})")
+    assert got["seen"] == whole["seen"][done:]  # the batches the run had left, each once, in order
+    assert not [w for w in got["warnings"] if "cannot be rebuilt" in w], got["warnings"]
+    for key, value in whole["params"].items():
+        assert torch.equal(got["params"][key], value), key
+    return got
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.parametrize("options, signum", CASES)
+def test_a_stream_stopped_mid_epoch_resumes_bitwise_equal(tmp_path: Path, options: tuple[str, ...],
+                                                           signum: int) -> None:
+    if "stateful" in options:
+        pytest.importorskip("torchdata.stateful_dataloader")
+    _resumes_exactly(tmp_path, options, signum)
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.parametrize("options", [
+    pytest.param(("--data", "hf"), id="hf-stream-by-its-state"),
+    pytest.param(("--data", "hf-loader", "--workers", "0"), id="hf-shuffled-in-a-dataloader-by-skipping"),
+])
+def test_a_hugging_face_stream_killed_mid_epoch_resumes_bitwise_equal(tmp_path: Path,
+                                                                      options: tuple[str, ...]) -> None:
+    """Hugging Face's ``IterableDataset`` given to the loop keeps its position in its own
+    ``state_dict()``, which the run's state saves and restores (nothing is skipped twice);
+    shuffled with a buffer inside a ``DataLoader`` it is told the epoch and skipped past."""
+    pytest.importorskip("datasets")
+    _resumes_exactly(tmp_path, options, signal.SIGKILL)
+
+
+# -- a stream whose order cannot be rebuilt -------------------------------------------------
+
+
+class Resumer:
+    """Puts the run mid-epoch, as a checkpoint plugin does."""
+
+    name = "resumer"
+
+    @hookfit.hookimpl
+    def resume(self, loop, source):
+        loop.load_state_dict(saved_run(0, 2, 2))
+        return "ckpt.pt"
+
+
+class OwnStream(IterableDataset):
+    """A stream that draws its order from a generator of its own, never reseeded."""
+
+    def __init__(self) -> None:
+        self.rng = torch.Generator().manual_seed(0)
+
+    def __iter__(self):
+        return iter(torch.randperm(12, generator=self.rng).tolist())
+
+
+class SeededStream(OwnStream):
+    """The same, reseeded from the epoch: its iteration is a pure function of the epoch."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.rng.manual_seed(epoch)
+
+
+def _fit(data) -> hookfit.State:
+    return hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[Resumer()]).fit()
+
+
+@pytest.mark.bad_input
+def test_a_stream_with_a_generator_of_its_own_warns_once_at_resume_naming_it_and_what_to_use() -> None:
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        state = _fit(DataLoader(OwnStream(), batch_size=2))
+    mine = [str(w.message) for w in caught if "cannot be rebuilt" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in caught]
+    assert "DataLoader over the OwnStream dataset, which draws from a random generator of its own (rng)" in mine[0]
+    assert "torchdata's StatefulDataLoader over a dataset with state_dict()/load_state_dict()" in mine[0]
+    assert "a dataset whose iteration is a pure function of the epoch: set_epoch(epoch)" in mine[0]
+    assert state.status == "completed"
+
+
+def test_a_stream_reseeded_by_set_epoch_resumes_without_a_word_and_is_told_each_epoch() -> None:
+    stream = SeededStream()
+    told = []
+    stream.set_epoch = lambda epoch: (told.append(epoch), SeededStream.set_epoch(stream, epoch))  # type: ignore
+    assert unrebuilt_order(DataLoader(stream, batch_size=2)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = hookfit.Loop(lambda loop, batch: None, DataLoader(stream, batch_size=2), max_epochs=3).fit()
+    assert state.status == "completed" and told == [0, 1, 2]
+
+
+def test_tell_epoch_reaches_the_data_or_a_dataloaders_stream_and_nothing_else() -> None:
+    stream = SeededStream()
+    tell_epoch(DataLoader(stream, batch_size=2), 5)
+    assert torch.randperm(12, generator=stream.rng).tolist() == torch.randperm(
+        12, generator=torch.Generator().manual_seed(5)).tolist()
+    tell_epoch([1, 2, 3], 1)  # nothing to tell: no error
+    tell_epoch(DataLoader(list(range(4))), 1)
+
+
+# -- one-pass data (issue 30) ---------------------------------------------------------------
+
+
+def _batches(n: int = 4):
+    for i in range(n):
+        yield torch.full((2, 1), float(i))
+
+
+def _step(loop, batch):
+    return {"loss": batch.mean()}
+
+
+def test_one_pass_is_an_iterator_told_without_iterating() -> None:
+    assert one_pass(_batches()) and one_pass(iter([1])) and one_pass(map(str, [1]))
+    assert not one_pass([1]) and not one_pass(DataLoader(list(range(4)))) and not one_pass(SeededStream())
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("make", [_batches, lambda: iter(list(_batches())), lambda: map(lambda b: b, list(_batches()))],
+                         ids=["generator", "list_iterator", "map"])
+def test_one_pass_training_data_with_several_epochs_is_refused_when_the_loop_is_built(make) -> None:
+    data = make()
+    with pytest.raises(ValueError) as error:
+        hookfit.Loop(_step, data, max_epochs=2)
+    message = str(error.value)
+    assert message.startswith(f"train_data is a {type(data).__name__}, an iterator that gives its batches once only")
+    assert "max_epochs=2" in message
+    assert "generator factory: an object whose __iter__ is a generator function" in message
+    assert "a list or a DataLoader" in message
+    assert next(data) is not None  # refused before anything was drawn from it
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("kwargs, named, times", [
+    ({"max_epochs": 2}, "val_data", 2),
+    ({"max_epochs": 4, "val_every_n_epochs": 2}, "val_data", 2),
+    ({"max_epochs": 1, "val_every_n_steps": 2}, "val_data", 2),  # 4 training batches: 2 validations
+    ({"max_steps": 6, "val_every_n_steps": 3}, "val_data", 2),
+])
+def test_one_pass_validation_data_run_more_than_once_is_refused(kwargs, named, times) -> None:
+    with pytest.raises(ValueError, match=rf"^{named} is a generator, an iterator that gives its batches once only, "
+                                         rf"and validation runs {times} times \(") as error:
+        hookfit.Loop(_step, list(_batches()), val_step=_step, val_data=_batches(), **kwargs)
+    assert "generator factory" in str(error.value)
+
+
+@pytest.mark.bad_input
+def test_a_one_pass_set_among_several_validation_sets_is_named() -> None:
+    with pytest.raises(ValueError, match=r"^val_data\['noisy'\] is a generator, an iterator"):
+        hookfit.Loop(_step, list(_batches()), val_step=_step, max_epochs=3,
+                     val_data={"clean": list(_batches()), "noisy": _batches()})
+
+
+def test_one_epoch_of_a_generator_still_trains_and_validates() -> None:
+    state = hookfit.Loop(_step, _batches(), val_step=_step, val_data=_batches(3)).fit()
+    assert (state.status, state.step) == ("completed", 4)
+    state = hookfit.Loop(_step, _batches(5), max_steps=5).fit()  # max_steps alone: as many epochs as it takes
+    assert (state.status, state.step) == ("completed", 5)
+    state = hookfit.Loop(_step, list(_batches()), val_step=_step, val_data=_batches(), max_epochs=3,
+                         val_every_n_epochs=2).fit()  # one validation in 3 epochs
+    assert state.status == "completed"
+
+
+@pytest.mark.bad_input
+def test_a_function_given_as_data_names_it_and_the_generator_factory() -> None:
+    with pytest.raises(TypeError, match=r"got function '_batches'; for data made anew each epoch, pass a generator "
+                                        r"factory: an object whose __iter__ is a generator function"):
+        hookfit.Loop(_step, _batches)
+
+
+class Factory:
+    """A generator factory without a length: the number of steps cannot be known in advance."""
+
+    def __iter__(self):
+        yield from _batches()
+
+
+@pytest.mark.bad_input
+def test_a_generator_used_up_where_the_count_was_unknown_names_it_when_it_runs_dry() -> None:
+    """Where the number of passes is not known when the ``Loop`` is built (``max_steps`` alone,
+    validations every N steps over data without a length), the pass that finds a generator used
+    up fails, naming it and what to pass instead."""
+    with pytest.raises(ValueError, match=r"train data yielded no batches in epoch 1 \(the generator iterator is used "
+                                         r"up after one pass; pass a list, a DataLoader or a generator factory"):
+        hookfit.Loop(_step, _batches(3), max_steps=5).fit()
+    with pytest.raises(ValueError, match=r"valid data yielded no batches in epoch 0 \(the generator iterator is used "
+                                         r"up after one pass"):
+        hookfit.Loop(_step, Factory(), val_step=_step, val_data=_batches(), val_every_n_steps=2).fit()
+    with pytest.raises(ValueError, match=r"valid data yielded no batches in epoch 0 \(validation set 'b', a generator "
+                                         r"iterator, is used up"):
+        hookfit.Loop(_step, Factory(), val_step=_step, val_data={"b": _batches()}, val_every_n_steps=2).fit()
