@@ -70,6 +70,18 @@ MARKS_SHORT = " · R C L ! * marks"
 MIN_COLS, MIN_ROWS = 30, 9  # below: the status lines only
 
 
+class StageBar(urwid.ProgressBar):
+    """The stage's progress bar: its share of the stage's batches, or, for data without a length
+    (a stream), an empty bar that says so instead of a percentage."""
+
+    counted = True
+    """Whether the stage's batches have a total (else the bar shows :attr:`UNCOUNTED`)."""
+    UNCOUNTED = "no length: batches counted"
+
+    def get_text(self) -> str:
+        return super().get_text() if self.counted else self.UNCOUNTED
+
+
 class Dashboard(DashboardModel):
     """Metrics table, plot, progress, log pane, status and key help, drawn with urwid."""
 
@@ -81,7 +93,7 @@ class Dashboard(DashboardModel):
         self.w_table = urwid.Text("", wrap="clip")
         self.w_plot_title = urwid.Text("", wrap="clip")
         self.w_plot = urwid.Text("", wrap="clip")
-        self.w_stage = urwid.ProgressBar("bar_empty", "bar")
+        self.w_stage = StageBar("bar_empty", "bar")
         self.w_stage_label = urwid.Text("", wrap="ellipsis")
         self.w_run = urwid.ProgressBar("bar_empty", "bar")
         self.w_run_label = urwid.Text("", wrap="ellipsis")
@@ -258,8 +270,8 @@ class Dashboard(DashboardModel):
         self.w_model.set_text(self._model_markup())
         self.w_time.set_text(self._time_markup() if self.time_split else "")
         p = self.progress
-        if p.total:
-            self.w_stage.set_completion(100 * min(p.batches, p.total) / p.total)
+        self.w_stage.counted = p.total is not None
+        self.w_stage.set_completion(100 * min(p.batches, p.total) / p.total if p.total else 0)
         self.w_stage_label.set_text(self.stage_label())
         self.w_run.set_completion(100 * self.run_fraction())
         self.w_run_label.set_text(self.run_label())

@@ -364,18 +364,28 @@ class DashboardModel:
         return (" " + fit_parts(parts, max(width - 2, 1)) + " ").ljust(width)[:width]
 
     def stage_label(self) -> str:
+        """`` train 57/120 12.3 it/s ETA 00:00:05``; for a stage whose data has no length (a
+        stream) the batches done and the rate only: `` train 57 batches 12.3 it/s``."""
         p = self.progress
-        text = f" {p.stage:<5} {p.batches}/{p.total or '?'} {p.rate:.1f} it/s"
+        if p.total is None:
+            return f" {p.stage:<5} {p.batches} batches {p.rate:.1f} it/s"
+        text = f" {p.stage:<5} {p.batches}/{p.total} {p.rate:.1f} it/s"
         if self.finished:
             return text
         eta = (p.total - p.batches) / p.rate if p.total and p.rate else None
         return f"{text} ETA {clock(max(eta, 0.0) if eta is not None else None)}"
 
+    def endless(self) -> bool:
+        """Whether the run's end cannot be foreseen: its training data has no length (a stream)
+        and ``max_steps`` does not end it first. The progress rows then show no ETA."""
+        p = self.progress
+        return self.steps_end() is None and "train" in p.totals and p.totals["train"] is None
+
     def run_label(self) -> str:
         end = self.steps_end()
         where = f"step {self.step}/{end}" if end is not None else f"epoch {self.epoch + 1}/{self.max_epochs}"
-        after = self.status if self.finished else f"ETA {clock(self.eta())}"
-        return f" run   {where}  {after}"
+        after = self.status if self.finished else "" if self.endless() else f"ETA {clock(self.eta())}"
+        return f" run   {where}  {after}".rstrip()
 
     def banner(self) -> tuple[str, str, str] | None:
         """``(attribute, what happened, what to do)`` for the line under the status line, or

@@ -299,3 +299,45 @@ def test_a_generator_used_up_where_the_count_was_unknown_names_it_when_it_runs_d
     with pytest.raises(ValueError, match=r"valid data yielded no batches in epoch 0 \(validation set 'b', a generator "
                                          r"iterator, is used up"):
         hookfit.Loop(_step, Factory(), val_step=_step, val_data={"b": _batches()}, val_every_n_steps=2).fit()
+
+
+# -- progress without a total ---------------------------------------------------------------
+
+
+def test_the_console_shows_a_streams_progress_as_a_count_and_a_rate_without_total_or_eta() -> None:
+    """The console's progress lines for a training stage without a length: ``batch=<n>``, a rate,
+    no ``/<total>``, no ``eta``; the start line gives no batches per epoch."""
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.optim import Optim
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            for i in range(12):
+                yield torch.full((2,), float(i)), torch.ones(1)
+
+    model = torch.nn.Linear(2, 1)
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    out = io.StringIO()
+    state = hookfit.Loop(step, DataLoader(Stream(), batch_size=2), model=model, max_epochs=2,
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
+                         plugins=[Optim(), Metrics(interval=0), Console(stream=out, interval=0, every_n_batches=2)]).fit()
+    assert (state.status, state.step) == ("completed", 12)
+    lines = out.getvalue().splitlines()
+    start = next(line for line in lines if line.startswith("hookfit start "))
+    assert "batches_per_epoch" not in start
+    progress = [line for line in lines if re.match(r"hookfit train epoch=\d/2 batch=\d+ ", line)]
+    assert len(progress) >= 6, lines  # every second batch of both epochs
+    for line in progress:
+        assert re.search(r" batch=\d+ samples_per_s=\d+\.\d ", line), line
+        assert "eta=" not in line and not re.search(r"batch=\d+/", line), line
+    assert any("batch=6 " in line for line in progress)
+    done = [line for line in lines if re.match(r"hookfit train epoch=\d/2 done batches=6 ", line)]
+    assert len(done) == 2, lines
