@@ -174,6 +174,12 @@ def test_a_user_installs_the_wheel_and_runs_every_command_from_an_unrelated_fold
                  "claim_output(loop: Run) -> str | None (first result)", "hookfit.run.Run  # made by Loop.fit()"):
         assert text in hooks.stdout, text
 
+    # hookfit --help: the commands of the wheel's plugins too, in plain words
+    usage = venv.command("--help", cwd=work)
+    no_noise(usage)
+    assert re.search(r"\{plugins,hooks,new-plugin,demo,runs,.*\bshow\b.*\}", usage.stdout), usage.stdout
+    assert "export" in usage.stdout and "``" not in usage.stdout, usage.stdout
+
     # hookfit demo in the base install: one line on what to install, no traceback
     demo = venv.command("demo", cwd=work, check_rc=False)
     no_noise(demo)
