@@ -301,7 +301,24 @@ def _own_generator(obj: Any) -> str | None:
     return None
 
 
-def unrebuilt_order(data: Any) -> str | None:
+def _buffer_shuffled(data: Any) -> str | None:
+    """The name of a Hugging Face ``IterableDataset`` shuffled with a buffer, which its
+    ``state_dict()`` does not hold (Hugging Face documents it: the buffer is lost on resume),
+    given as it is or inside a loader; else ``None``."""
+    for part in (data, getattr(data, "dataset", None)):
+        if type(part).__module__.split(".")[0] != "datasets":
+            continue
+        if getattr(part, "_shuffling", None) is not None:  # datasets 2 and 3 keep the shuffle's settings here
+            return type(part).__name__
+        stage, seen = getattr(part, "_ex_iterable", None), 0  # later ones: a chain of example iterables
+        while stage is not None and seen < 64:
+            if "BufferShuffled" in type(stage).__name__:
+                return type(part).__name__
+            stage, seen = getattr(stage, "ex_iterable", None), seen + 1
+    return None
+
+
+def unrebuilt_order(data: Any, restored: bool = False) -> str | None:
     """Why a resumed run cannot rebuild the order of ``data``'s batches, and what to use
     instead, or ``None`` when it can. hookfit rebuilds an epoch's order by making the data's
     iterator again from the random state the epoch began with (Python's and torch's global
@@ -313,7 +330,16 @@ def unrebuilt_order(data: Any) -> str | None:
     cannot rebuild an order drawn from anything else: a custom sampler or batch sampler, a
     generator given to the ``DataLoader`` or its ``RandomSampler``, or an iterable (an
     ``IterableDataset`` among them) with a random generator of its own and no ``set_epoch``.
-    Data that restores its own state (``load_state_dict``) is not asked."""
+    Data that restored its own state (``restored``: torchdata's ``StatefulDataLoader``) is
+    trusted to continue where it was, except a Hugging Face stream shuffled with a buffer, which
+    its state does not hold."""
+    if restored:
+        name = _buffer_shuffled(data)
+        return None if name is None else (
+            f"Hugging Face {name} shuffled with a buffer, which its state_dict() does not hold (the resumed "
+            f"stream refills it from where it was); give it to a plain torch DataLoader instead (the loop tells it "
+            f"the epoch, and a resume makes the epoch's order again and skips the batches done), or shuffle "
+            f"without a buffer")
     if isinstance(data, (Sequence, Batches)) or hasattr(data, "iter_from"):
         return None
     from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,

@@ -124,7 +124,7 @@ def resume(run: Run) -> None:
         run.state.epoch = at.epoch
     info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
     run.state.resumed_from = info
-    if run.mode == "fit" and "train" not in run.cursor.restored and (why := unrebuilt_order(run.train_data)):
+    if run.mode == "fit" and (why := unrebuilt_order(run.train_data, "train" in run.cursor.restored)):
         warnings.warn(f"resume={source!r}: the order of the training data's batches cannot be rebuilt, so the "
                       f"resumed run trains on other batches than the run it continues would have: train_data is "
                       f"a {why}", HookfitWarning, stacklevel=5)  # fit(): resume, execute, Run.execute, Loop.fit

@@ -188,6 +188,56 @@ def test_a_stream_with_a_generator_of_its_own_warns_once_at_resume_naming_it_and
     assert state.status == "completed"
 
 
+@pytest.mark.bad_input
+@pytest.mark.parametrize("wrapped", [False, True], ids=["as-it-is", "in-a-StatefulDataLoader"])
+def test_a_hugging_face_stream_shuffled_with_a_buffer_warns_once_at_a_resume_by_its_state(
+        wrapped: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hugging Face's state of a stream does not hold its shuffle buffer: resumed by that state
+    (as it is, or through a ``StatefulDataLoader``), it goes on with other examples. One warning
+    says so and what to do; unshuffled, the same resume says nothing."""
+    for name, value in _env(tmp_path).items():
+        if name.startswith("HF_"):
+            monkeypatch.setenv(name, value)
+    datasets = pytest.importorskip("datasets")
+
+    def examples():
+        for i in range(24):
+            yield {"i": i}
+
+    def stream(shuffled: bool):
+        data = datasets.IterableDataset.from_generator(examples)
+        return (data.shuffle(seed=0, buffer_size=8) if shuffled else data).batch(4)
+
+    def fit(shuffled: bool) -> list[str]:
+        data = stream(shuffled)
+        if wrapped:
+            from torchdata.stateful_dataloader import StatefulDataLoader
+            data = StatefulDataLoader(data, batch_size=None)
+        before = iter(data)
+        next(before)
+        saved = {**saved_run(0, 1, 1), "data": {"train": data.state_dict()}}
+
+        class Resume:
+            name = "resumer"
+
+            @hookfit.hookimpl
+            def resume(self, loop, source):
+                loop.load_state_dict(saved)
+                return "ckpt.pt"
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state = hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[Resume()]).fit()
+        assert (state.status, state.step) == ("completed", 6)  # the 5 batches left after the first
+        return [str(w.message) for w in caught if "cannot be rebuilt" in str(w.message)]
+
+    mine = fit(shuffled=True)
+    assert len(mine) == 1, mine
+    assert "IterableDataset shuffled with a buffer, which its state_dict() does not hold" in mine[0]
+    assert "give it to a plain torch DataLoader instead" in mine[0]
+    assert fit(shuffled=False) == []
+
+
 def test_a_stream_reseeded_by_set_epoch_resumes_without_a_word_and_is_told_each_epoch() -> None:
     stream = SeededStream()
     told = []
