@@ -1,15 +1,20 @@
 """``hookfit export RUN model.pt``: the model of a run's latest checkpoint (or of a given one),
-sharded or not, as one plain state dict that ``torch.load`` and ``load_state_dict`` take."""
+sharded or not, as one plain state dict that ``torch.load`` and ``load_state_dict`` take: the
+plain module's keys, even from a checkpoint written from a ``torch.compile``d model before its
+wrapper was looked through (``_orig_mod.``-prefixed keys)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.storage import CheckpointError, atomic_save, checkpoint_files, read
+from hookfit.plugins.common import unwrap_state_dict
 
 
 def find(source: str | os.PathLike[str]) -> Path:
@@ -40,8 +45,22 @@ def export(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     model = data["model"]
     if model is None:
         raise CheckpointError(f"hookfit export: {path} holds no model")
-    atomic_save(model, Path(out))
+    atomic_save(_plain(model), Path(out))
     return path
+
+
+def _plain(state: Any) -> Any:
+    """A checkpoint's model state with ``torch.compile``'s ``_orig_mod.`` taken off the keys
+    (:func:`~hookfit.plugins.common.unwrap_state_dict`) of every module's state dict: of the
+    model, or of each model of a dict or a list of them."""
+    if isinstance(state, Mapping):
+        state = unwrap_state_dict(state)
+        if any(isinstance(value, (Mapping, list)) for value in state.values()):  # a dict of models
+            return {key: _plain(value) for key, value in state.items()}
+        return state
+    if isinstance(state, list):
+        return [_plain(value) for value in state]
+    return state
 
 
 def _refuse_input(out: Path, checkpoint: Path) -> None:
