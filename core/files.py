@@ -6,6 +6,11 @@ otherwise fine: losing a log line is better than losing the training. A plugin t
 file of the run (the metrics log, the dashboard's captured output, checkpoints) reports the
 first failure with one :class:`FileWarning` naming itself, the file and the error, and goes on
 without that file (checkpoints keep trying at the next save: a later one may fit).
+
+A run folder that cannot be made at all (under a read-only folder, a script started from a
+read-only folder with the default ``runs/``) is said once by the core, naming the folder
+(:func:`folder_lost`); the files a plugin would write in it then fail without a warning of
+their own, for the run's one warning has said that they are lost.
 """
 
 from __future__ import annotations
@@ -17,7 +22,27 @@ from typing import IO, Any
 
 from hookfit.manager import HookfitWarning
 
-__all__ = ["FileWarning", "RunFile"]
+__all__ = ["FileWarning", "RunFile", "folder_lost", "folder_found"]
+
+_lost: dict[Path, OSError] = {}  # run folders that could not be made (said once), and why
+
+
+def folder_lost(folder: Path, error: OSError) -> None:
+    """Record that the run folder ``folder`` could not be made (``error``), once the run has
+    said so in a :class:`FileWarning`: a :class:`RunFile` in it or below then fails quietly."""
+    _lost[Path(folder).absolute()] = error
+
+
+def folder_found(folder: Path) -> None:
+    """Forget :func:`folder_lost`'s record of ``folder`` (its run is over)."""
+    _lost.pop(Path(folder).absolute(), None)
+
+
+def _in_lost_folder(path: Path) -> bool:
+    if not _lost:
+        return False
+    path = path.absolute()
+    return any(parent in _lost for parent in path.parents)
 
 
 class FileWarning(HookfitWarning):
@@ -67,6 +92,8 @@ class RunFile:
                 file.close()
             except OSError:
                 pass  # the data that did not fit is what failed to be written
+        if file is None and _in_lost_folder(self.path):
+            return  # a run folder that could not be made: the run's one warning named it
         warnings.warn(
             f"{self.owner}: could not write {self.path} ({type(error).__name__}: {error}); "
             f"it is left as it is and training goes on without it",

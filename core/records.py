@@ -40,7 +40,7 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 
 import hookfit
-from hookfit.files import FileWarning, RunFile
+from hookfit.files import FileWarning, RunFile, folder_found, folder_lost
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop
@@ -232,11 +232,19 @@ class RunFolder:
         if self.refused is not None:
             raise self.refused
         if self.folder is None:
-            self.folder = self.new()
+            try:
+                self.folder = self.new()
+            except OSError as error:  # runs/ cannot be made (a script started from a read-only folder)
+                self.folder = self.planned()
+                self._lost(error)
         if not self.used and self.over:  # asked after the run (loop.run.run_dir): a folder, no run in it
             self.folder.mkdir(parents=True, exist_ok=True)
         elif not self.used:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                self._lost(error)
+                return self.folder
             if self.lock_wanted and self.run.is_main:
                 lock = FolderLock(self.folder, "hookfit")
                 try:
@@ -249,11 +257,27 @@ class RunFolder:
             self.record_start(self.folder)
         return self.folder
 
+    def _lost(self, error: OSError) -> None:
+        """The run folder cannot be made: one :class:`~hookfit.files.FileWarning` naming it, and
+        the run trains on without it (no lock, no record; the files plugins would write in it
+        fail quietly, :func:`hookfit.files.folder_lost`)."""
+        assert self.folder is not None
+        self.used = True
+        folder_lost(self.folder, error)
+        warnings.warn(f"hookfit: could not create the run folder {self.folder} ({type(error).__name__}: {error}); "
+                      f"the run trains on without the files it would write there (run.jsonl, the metric log, "
+                      f"checkpoints, captured output); give Loop(run_dir=...) a folder that can be written",
+                      FileWarning, stacklevel=5)
+
+    def planned(self) -> Path:
+        """Where :meth:`new` makes a new run's folder: ``runs/<name>/<date>-<time>``, absolute."""
+        return (RUNS / self.run.name / time.strftime("%Y%m%d-%H%M%S")).absolute()
+
     def new(self) -> Path:
         """A new folder for a run of this name, made here so that no other process takes it:
         ``runs/<name>/<date>-<time>`` (with ``-2``, ``-3``... if that one is taken)."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = (RUNS / self.run.name / stamp).absolute()
+        base = self.planned()
+        stamp = base.name
         base.parent.mkdir(parents=True, exist_ok=True)
         candidate, n = base, 1
         while True:
@@ -312,6 +336,8 @@ class RunFolder:
             self._write_end()
         finally:
             self.over = True
+            if self.folder is not None:
+                folder_found(self.folder)
             if self.lock is not None:
                 self.lock.release()
                 self.lock = None
