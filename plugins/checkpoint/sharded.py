@@ -8,7 +8,14 @@ checkpoint as a one-file checkpoint holds it (position, plugin states, RNG, dige
 every sharded tensor is replaced by a *placeholder*: a plain mapping that names the tensor's
 key in DCP, its global shape, dtype and placements. The whole folder is written under a
 temporary name and renamed when every rank's part is on disk: a crash leaves the old
-checkpoints and a temporary folder, never a checkpoint that looks whole and is not.
+checkpoints and a temporary folder, never a checkpoint that looks whole and is not. A write
+that fails on any rank (a full or read-only disk) fails on every rank alike: the temporary
+folder is removed and each rank raises the same error, which the plugin reports as it does a
+one-file checkpoint's (a warning, training goes on).
+
+``state.pt`` records the digest of every other file of the folder (each rank's shards, DCP's
+``.metadata``), checked before DCP reads anything, and DCP's metadata (a pickle) is read by
+hookfit without running code: :mod:`hookfit.plugins.checkpoint.shardfiles`.
 
 At resume every placeholder is loaded, by DCP, into a tensor of this run: the tensor at the
 same place of the model's state dict when there is one of that shape (a sharded model's own
@@ -29,6 +36,7 @@ from typing import Any, Callable, cast
 
 import torch
 
+from hookfit.plugins.checkpoint import shardfiles
 from hookfit.plugins.checkpoint.storage import CheckpointError
 
 SHARDED_SUFFIX = ".dcp"
@@ -131,7 +139,7 @@ def load(data: Mapping[str, Any], folder: Path, model_state: Any) -> dict[str, A
     tensor, loaded by DCP from ``folder`` into this run's tensors (see the module's
     documentation); ``model_state`` is the run's model state dict now (``None`` to load every
     tensor whole, as ``hookfit export`` does)."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     kind = _dtensor_type()
@@ -159,14 +167,15 @@ def load(data: Mapping[str, Any], folder: Path, model_state: Any) -> dict[str, A
     import torch.distributed as dist
 
     alone = not (dist.is_available() and dist.is_initialized())
+    checked = shardfiles.reader(folder, data)  # DCP's metadata, unpickled by hookfit without running code
     try:
         with warnings.catch_warnings():  # DCP warns that one process reads alone: intended here
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp_load(targets, storage_reader=FileSystemReader(str(folder)), no_dist=alone)
-    except Exception as error:
-        raise CheckpointError(
-            f"checkpoint: the sharded tensors of {folder} cannot be read: {type(error).__name__}: "
-            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
+            dcp_load(targets, storage_reader=checked, no_dist=alone)
+    except (Exception, CheckpointException) as error:  # (DCP's gathers every rank's: a BaseException)
+        text, _ = shardfiles.failure(error)
+        raise CheckpointError(f"checkpoint: the sharded tensors of {folder} cannot be read: "
+                              f"{text.strip().splitlines()[0] if text.strip() else ''}") from error
 
     def fill(value: Any) -> Any:
         if isinstance(value, Mapping):
@@ -185,15 +194,66 @@ def load(data: Mapping[str, Any], folder: Path, model_state: Any) -> dict[str, A
 def write(rest: dict[str, Any], shards: dict[str, Any], tmp: Path, path: Path, main: bool,
           save_state: Callable[[dict[str, Any], Path], None]) -> None:
     """Every rank: its shards into the folder ``tmp`` (DCP: a collective operation that ends
-    when every rank's files and the metadata are written). Rank 0 (``main``) then: ``state.pt``
-    with ``save_state`` (an atomic write), and the rename of ``tmp`` to ``path``."""
+    when every rank's files and the metadata are written), then the digests of the files it
+    wrote (:func:`hookfit.plugins.checkpoint.shardfiles.own_files`), gathered by every rank.
+    Rank 0 (``main``) then: ``state.pt`` with ``save_state`` (an atomic write), recording those
+    digests, and the rename of ``tmp`` to ``path``. Any rank's failure is every rank's: the
+    ranks agree on the outcome, rank 0 removes ``tmp`` (no folder that looks whole is left), and
+    every rank raises the same error (an ``OSError`` with the first failing rank's ``errno``
+    when it had one, else a :class:`CheckpointError`), naming that rank and its error."""
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+    import torch.distributed as dist
 
-    dcp_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True))
-    if not main:
-        return
-    save_state(rest, tmp / STATE_FILE)
+    together = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if together else 0
+    files: dict[str, str] = {}
+    outcome: tuple[str, int | None] | None = None
+    metadata = None
+    try:
+        metadata = dcp_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True))
+        files = shardfiles.own_files(tmp, metadata, rank, main)
+    except (Exception, CheckpointException) as error:  # (DCP's gathers every rank's: a BaseException)
+        text, number = shardfiles.failure(error)
+        outcome = (text if text.startswith("rank ") else f"rank {rank}: {text}", number)
+    parts: list[Any] = [(files, outcome)]
+    if together:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, (files, outcome))
+    outcome = next((failed for _, failed in parts if failed is not None), None)
+    if main:
+        if outcome is None:
+            recorded = {name: value for done, _ in parts for name, value in done.items()}
+            missing = shardfiles.missing_digests(recorded, metadata)
+            if missing:
+                outcome = (f"no rank hashed {', '.join(missing)}, which DCP's metadata names", None)
+        if outcome is None:
+            try:
+                rest["meta"] = {**rest["meta"], shardfiles.FILES: recorded}
+                save_state(rest, tmp / STATE_FILE)
+                _rename(tmp, path)
+            except Exception as error:  # noqa: BLE001 - every rank is told, then it is raised
+                text, number = shardfiles.failure(error)
+                outcome = (f"rank {rank}: {text}", number)
+        if outcome is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if together:
+        told: list[Any] = [outcome]
+        dist.broadcast_object_list(told, src=0)
+        outcome = told[0]
+    if outcome is not None:
+        text, number = outcome
+        if number is None:
+            raise CheckpointError(text)
+        raised = OSError(text)
+        raised.errno = number
+        raise raised
+
+
+def _rename(tmp: Path, path: Path) -> None:
+    """``tmp``, whole, to ``path`` (replacing a checkpoint of the same position), and the fsync
+    of the folder."""
     old = None
     if path.exists():  # the same position written again: the new one replaces it
         old = path.with_name(f".{path.name}.{os.getpid()}.old.tmp")

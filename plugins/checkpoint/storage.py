@@ -168,8 +168,10 @@ def read(path: str | os.PathLike[str], train_data: Any = None) -> dict[str, Any]
     sharded tensors stay placeholders) with ``weights_only=True`` and check it: its format and version,
     that it holds every entry of a checkpoint, a usable RNG state, a possible position (one
     within ``train_data`` when that is given and has a length), and contents that match its
-    digest. Each problem is a :class:`CheckpointError` naming the
-    file and what does not match."""
+    digest; a sharded checkpoint's other files too, against the digests ``state.pt`` records,
+    and DCP's metadata, read without running code
+    (:func:`hookfit.plugins.checkpoint.shardfiles.verify`). Each problem is a
+    :class:`CheckpointError` naming the file and what does not match."""
     path = Path(path)
     source = path
     if path.is_dir():  # a sharded checkpoint (see hookfit.plugins.checkpoint.sharded)
@@ -192,6 +194,10 @@ def read(path: str | os.PathLike[str], train_data: Any = None) -> dict[str, Any]
             f"checkpoint: {path} has format version {version!r}, newer than this hookfit reads "
             f"({FORMAT_VERSION}); upgrade hookfit to resume from it")
     check(data, path, train_data)
+    if source is not path:  # a sharded checkpoint: its shards and DCP's metadata, before anything reads them
+        from hookfit.plugins.checkpoint.shardfiles import verify
+
+        verify(path, data)
     return data
 
 
