@@ -198,6 +198,9 @@ def metadata(folder: Path, tensors: Mapping[str, tuple[int, ...]], recorded: set
         if not isinstance(info, _StorageInfo):
             raise bad(f"a tensor's place is a {type(info).__name__}, not DCP's _StorageInfo")
         name = _plain(info.relative_path, folder)
+        if getattr(info, "transform_descriptors", None):  # (hookfit's saves transform nothing)
+            raise bad(f"it has {name!r} read through the transforms {info.transform_descriptors!r}, which hookfit's "
+                      f"saves never use")
         if recorded is not None and name not in recorded:
             raise bad(f"it names the file {name!r}, of which state.pt records no digest")
     return loaded

@@ -173,8 +173,8 @@ def test_without_recorded_digests_the_metadata_is_still_read_without_running_cod
         ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A sharded checkpoint of an older hookfit (``state.pt`` records no file digests) is read
     with a warning; its ``.metadata`` is unpickled by hookfit's restricted unpickler, which
-    refuses a crafted one (naming what it names) and one that stores a tensor as bytes (DCP
-    reads those with ``torch.load(weights_only=False)``)."""
+    refuses a crafted one (naming what it names), one that stores a tensor as bytes (DCP reads
+    those with ``torch.load(weights_only=False)``) and one that asks for a transform."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     newest = ckpt / NEWEST
@@ -203,6 +203,13 @@ def test_without_recorded_digests_the_metadata_is_still_read_without_running_cod
     (newest / ".metadata").write_bytes(pickle.dumps(metadata))
     with pytest.warns(CheckpointWarning, match="records no digests"):
         with pytest.raises(CheckpointError, match=r"stores 'model/0.weight' as BytesStorageMetadata, not as a tensor"):
+            read(newest)
+
+    metadata = pickle.loads(good)  # a file read through a transform (a decompression) hookfit never asks for
+    next(iter(metadata.storage_data.values())).transform_descriptors = ["zstd"]
+    (newest / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.warns(CheckpointWarning, match="records no digests"):
+        with pytest.raises(CheckpointError, match=r"has '__0_0.distcp' read through the transforms \['zstd'\]"):
             read(newest)
 
 
