@@ -1,8 +1,13 @@
-"""Batches of in-memory tensors: seeded, resumable mid-epoch without replay, shardable.
+"""Batches of in-memory tensors: seeded, resumable mid-epoch without replay, shardable; and what
+the loop asks of any data.
 
 :class:`Batches` replaces ``DataLoader(TensorDataset(x, y), batch_size=..., shuffle=...)``
 for data that already sits in tensors. It indexes whole batches at once instead of collating
 single samples, so a batch costs a few microseconds instead of a few hundred.
+
+Of any data the loop and the plugins ask: :func:`length` (how many batches, ``None`` for a
+stream), :func:`one_pass` (an iterator, used up after one pass), :func:`tell_epoch` (the epoch
+before each one) and, at a resume, :func:`unrebuilt_order` (why its order cannot be rebuilt).
 """
 
 from __future__ import annotations

@@ -245,8 +245,9 @@ def test_a_stream_reseeded_by_set_epoch_resumes_without_a_word_and_is_told_each_
     assert unrebuilt_order(DataLoader(stream, batch_size=2)) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        state = hookfit.Loop(lambda loop, batch: None, DataLoader(stream, batch_size=2), max_epochs=3).fit()
-    assert state.status == "completed" and told == [0, 1, 2]
+        state = hookfit.Loop(lambda loop, batch: None, DataLoader(stream, batch_size=2), max_epochs=3,
+                             resume="latest", plugins=[Resumer()]).fit()
+    assert (state.status, state.step) == ("completed", 2 + 4 + 6 + 6) and told == [0, 1, 2]
 
 
 def test_tell_epoch_reaches_the_data_or_a_dataloaders_stream_and_nothing_else() -> None:
