@@ -8,11 +8,18 @@ and ``host``, and an ``"end"`` line when it ends) and, with the metrics plugin, 
 ``"resume"`` line where a resumed run continues, an ``"end"`` line, and ``"best"`` lines with
 the directions the user configured: ``{"event": "best", "metrics": {"valid/acc": "max"}}``).
 Both are read
-tolerantly: a torn last line (a run killed while writing) is skipped, as is any line that is
-not a JSON object. Reading changes nothing in the folder, and never hangs: only regular files
-are read (a FIFO, a device, a folder in a file's place are not opened for reading), through a
-symlink only to a file inside the run, at most :data:`LIMIT` bytes; what is skipped is said
-once per run (a :class:`hookfit.HookfitWarning`), and the other runs are listed as usual. The
+tolerantly, past what is damaged: a line that is not a JSON object (a torn last line of a run
+killed while writing, a line cut by a full disk) is skipped; in a line
+of ``metrics.jsonl`` (:func:`checked`), a value that is not what hookfit writes there is left out
+(a metric ``"loss": "abc"`` or ``{}``, a ``time`` that is not a number), and a line whose place
+cannot be read (its ``stage``, ``epoch`` or ``step``) is skipped. Reading changes nothing in the
+folder, and never hangs: only regular files are read (a FIFO, a device, a folder in a file's
+place are not opened for reading), through a symlink only to a file inside the run, at most
+:data:`LIMIT` bytes. What is skipped or left out is said once per run (one
+:class:`hookfit.HookfitWarning` naming the files, lines and values, the first
+:data:`NOTED` of them; :attr:`RunInfo.notes`, in ``hookfit runs --json`` too), and the other
+runs are listed as usual. A run that is still running may be caught in the middle of a line:
+its cut last line is skipped without a note. The
 metrics are read along the line the run followed (:func:`followed`): rows that a resume
 abandoned are not the run's. ``Loop.validate()`` records in the folder are not fits.
 
@@ -23,7 +30,9 @@ It is never guessed from other words in a name (``mae`` and ``perplexity`` are b
 ``accuracy`` high): a metric without a direction has no best value.
 
 A run with no end line is *running* while the process that started it is alive on this
-machine, *unfinished* otherwise (killed, or on another machine that cannot be asked).
+machine, *unfinished* otherwise (killed, or on another machine that cannot be asked). Its steps
+are those the end line of its last ``fit()`` in ``run.jsonl`` counts, else the last line of its
+metric log: a log that a full disk cut short counts fewer than the run made.
 """
 
 from __future__ import annotations
@@ -40,9 +49,12 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from hookfit.errors import HookfitWarning
+from hookfit.tools import jsonlines
+from hookfit.tools.jsonlines import checked
 
-__all__ = ["ROW_FIELDS", "RunInfo", "best", "default_metric", "direction", "directions", "epoch_rows", "find",
-           "followed", "load", "metric_names", "read_bytes", "read_jsonl", "run_folders", "series"]
+__all__ = ["ROW_FIELDS", "RunInfo", "best", "checked", "default_metric", "direction", "directions", "epoch_rows",
+           "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics", "run_folders",
+           "series"]
 
 ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s"})
 """The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
@@ -50,7 +62,6 @@ ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples",
 
 LIMIT = 256 * 2**20
 """The most bytes read of one file of a run (a larger file is skipped, with a note)."""
-
 
 def read_bytes(path: Path, notes: list[str] | None = None, offset: int = 0) -> bytes | None:
     """The bytes of ``path``, a file of a run folder, from ``offset`` on, read with care: only a
@@ -118,19 +129,28 @@ def _kind(mode: int) -> str:
 
 def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
     """The JSON objects of a ``.jsonl`` file, in order; ``[]`` when it does not exist or cannot
-    be read (see :func:`read_bytes`, which says why in ``notes``)."""
+    be read (see :func:`read_bytes`, which says why in ``notes``). The lines that are not JSON
+    objects are skipped, and said in ``notes`` (one note for the file)."""
     data = read_bytes(path, notes)
-    if data is None:
-        return []
-    rows = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a torn line
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    rows, damaged = jsonlines.objects(data) if data is not None else ([], [])
+    jsonlines.note(notes, path, damaged)
+    return [row for _, row in rows]
+
+
+def read_metrics(path: Path, notes: list[str] | None = None, live: bool = False) -> list[dict[str, Any]]:
+    """The lines of a ``metrics.jsonl`` as :func:`read_jsonl` reads them, each :func:`checked`:
+    what is damaged is skipped or left out, and said in ``notes`` (one note for the file).
+    ``live``: the run is still writing, so a last line without its newline is one being written,
+    skipped without a note."""
+    data = read_bytes(path, notes)
+    rows, damaged = jsonlines.objects(data, live) if data is not None else ([], [])
+    out = []
+    for number, row in rows:
+        kept = jsonlines.checked(row, damaged, number)
+        if kept is not None:
+            out.append(kept)
+    jsonlines.note(notes, path, damaged)
+    return out
 
 
 def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -216,8 +236,9 @@ def metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def epoch_rows(folder: Path) -> list[dict[str, Any]]:
     """The ``"epoch"`` rows of the run's ``metrics.jsonl``, along the line the run followed
-    (:func:`followed`)."""
-    return [r for r in followed(read_jsonl(folder / "metrics.jsonl")) if r.get("event") == "epoch"]
+    (:func:`followed`), damaged ones skipped and damaged values left out (:func:`read_metrics`;
+    :func:`load` says which)."""
+    return [r for r in followed(read_metrics(folder / "metrics.jsonl")) if r.get("event") == "epoch"]
 
 
 def default_metric(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -304,6 +325,9 @@ class RunInfo:
     identity: str | None = None
     """What ``resume="latest"`` matches (the script's path, a notebook's...: see
     :mod:`hookfit.records`), ``None`` for a run recorded before identities were."""
+    notes: tuple[str, ...] = ()
+    """What was skipped or left out reading the run's files and why (its files are damaged or
+    cannot be read), one entry a file; said once in a warning as well."""
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -313,8 +337,8 @@ class RunInfo:
 
 def _alive(record: Mapping[str, Any]) -> bool:
     pid, host = record.get("pid"), record.get("host")
-    if not isinstance(pid, int) or host != socket.gethostname():
-        return False
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or host != socket.gethostname():
+        return False  # (kill(0) and kill(-1) would ask about process groups, not a process)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -355,10 +379,11 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     :class:`hookfit.HookfitWarning` for the run naming what and why."""
     notes: list[str] = []
     starts_and_ends = _fits(read_jsonl(folder / "run.jsonl", notes))
-    metrics = followed(read_jsonl(folder / "metrics.jsonl", notes))
+    starts = [r for r in starts_and_ends if r.get("event") == "run"]
+    live = bool(starts) and _end_of_last_fit(starts_and_ends) is None and _alive(starts[-1])
+    metrics = followed(read_metrics(folder / "metrics.jsonl", notes, live=live))
     if notes:
         warnings.warn(f"hookfit runs: {folder}: {'; '.join(notes)}", HookfitWarning, stacklevel=2)
-    starts = [r for r in starts_and_ends if r.get("event") == "run"]
     ends = [r for r in metrics if r.get("event") == "end"]
     core_ends = [r for r in starts_and_ends if r.get("event") == "end"]
     rows = [r for r in metrics if r.get("event") == "epoch"]
@@ -380,7 +405,13 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     duration = sum(d for d in durations if isinstance(d, (int, float))) if durations else None
     last = ([r for r in metrics if r.get("event") in ("epoch", "step", "end")] or [{}])[-1]
     epochs = max((int(r["epoch"]) for r in rows if isinstance(r.get("epoch"), int)), default=None)
-    steps = last.get("step") if isinstance(last.get("step"), int) else None
+    steps = last.get("step") if jsonlines.count(last.get("step")) else None
+    counted = last_end.get("steps") if last_end is not None else None  # the core's end line (run.jsonl)
+    if jsonlines.count(counted) and (steps is None or counted > steps):  # the metric log stopped short (a full disk)
+        steps = counted
+        end_epochs = last_end.get("epochs") if last_end is not None else None
+        if jsonlines.count(end_epochs) and (epochs is None or end_epochs > epochs):
+            epochs = end_epochs
     if metric is None:
         metric = default_metric(rows)
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
@@ -393,5 +424,5 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         duration=duration, status=status, reason=reason, epochs=epochs, steps=steps,
         best=None if found is None or metric is None else (metric, found[0], found[1]),
         resumed_from=str(resumes[-1].get("from")) if resumes else None, fits=fits, metric=metric, mode=mode,
-        identity=identity if isinstance(identity, str) else None,
+        identity=identity if isinstance(identity, str) else None, notes=tuple(notes),
     )

@@ -1,0 +1,159 @@
+"""A run's JSON-lines files read past damage, for :mod:`hookfit.tools.runs`: which lines are
+not JSON objects (a torn or cut line), and which values of a ``metrics.jsonl`` line are not what
+hookfit writes there (:func:`checked`), each said in a note naming the file and the line."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeGuard
+
+__all__ = ["CUT", "NOTED", "checked", "count", "note", "objects"]
+
+NOTED = 5
+"""The most damaged lines and values of one file a note names (then it counts the others)."""
+
+CUT = "its last line is cut short (a run killed while writing it, or a full disk): skipped"
+"""What a note says of a last line without its newline that is not JSON."""
+
+
+def objects(data: bytes, live: bool = False) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, str]]]:
+    """The JSON objects of a ``.jsonl`` file's ``data`` with their line numbers (from 1), and what
+    was skipped and why, by line number. ``live``: the file is being written, so a last line
+    without its newline is one being written, skipped without a word."""
+    rows: list[tuple[int, dict[str, Any]]] = []
+    damaged: list[tuple[int, str]] = []
+    lines = data.split(b"\n")
+    last = len(lines) - 1  # the part after the last newline: empty, or a line being (or cut while) written
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        text = raw.decode("utf-8", errors="replace")
+        try:
+            row = json.loads(text)
+        except ValueError:
+            if number <= last:
+                damaged.append((number, f"line {number} is not JSON ({_line_shown(text)}): skipped"))
+            elif not live:
+                damaged.append((number, CUT))
+            continue
+        if not isinstance(row, dict):
+            damaged.append((number, f"line {number} is not a JSON object ({_line_shown(text)}): skipped"))
+        else:
+            rows.append((number, row))
+    return rows, damaged
+
+
+def _shown(value: object) -> str:
+    """A value as JSON writes it (a line as it is), at most 40 characters."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _line_shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def note(notes: list[str] | None, path: Path, damaged: list[tuple[int, str]]) -> None:
+    """One note in ``notes`` for the file ``path``: the first :data:`NOTED` of ``damaged``
+    (line number, what), in the order of the lines."""
+    if notes is None or not damaged:
+        return
+    said = [text for _, text in sorted(damaged, key=lambda item: item[0])]
+    more = len(said) - NOTED
+    notes.append(f"{path.name}: {'; '.join(said[:NOTED])}" + (f"; and {more} more" if more > 0 else ""))
+
+
+def count(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is a count: an ``int`` (not a ``bool``), not negative."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+Check = Callable[[Any], bool]
+"""Whether a value read from a line is what hookfit writes there."""
+
+_PLACE: dict[str, tuple[Check, str]] = {
+    "stage": (lambda v: isinstance(v, str) and bool(v), "a stage name"),
+    "epoch": (lambda v: count(v) and v >= 1, "an epoch counted from 1"),
+    "step": (count, "a step count"),
+}
+"""The fields that place a row (a row without them as they should be cannot be placed)."""
+
+_SECONDS: tuple[Check, str] = (lambda v: _number(v) and v >= 0, "a number of seconds")
+
+_FIELDS: dict[str, tuple[Check, str]] = {
+    "batches": (count, "a count"), "samples": (count, "a count"), "total": (count, "a count"), "time": _SECONDS,
+    "samples_per_s": (lambda v: _number(v) or _nan(v), "a number"),
+}
+"""The other fields of a row that are not metrics, and what each is."""
+
+_OTHER: dict[str, dict[str, tuple[Check, str]]] = {
+    "resume": {"step": (count, "a step count"), "epoch": (count, "an epoch"), "batch": (count, "a count"),
+               "from": (lambda v: isinstance(v, str), "a file name")},
+    "end": {"step": (count, "a step count"), "epoch": (count, "an epoch"), "time": _SECONDS,
+            "status": (lambda v: isinstance(v, str), "a status"), "skipped": (count, "a count")},
+    "checkpoint": {"step": (count, "a step count")},
+}
+"""The fields of the other lines that readers use, and what each is (a damaged one is left out)."""
+
+
+def _nan(value: object) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def checked(line: Mapping[str, Any], damaged: list[tuple[int, str]] | None = None, number: int = 0
+            ) -> dict[str, Any] | None:
+    """A line of a ``metrics.jsonl`` as hookfit wrote it, or ``None`` when it cannot be placed.
+    In an ``"epoch"`` or ``"step"`` row, ``stage``, ``epoch`` and ``step`` must be what they are
+    (else the row is skipped), the other progress fields and every metric and learning rate
+    numbers (a metric may be NaN or infinite: a run that diverged); a value that is not is left
+    out. In ``"resume"``, ``"end"`` and ``"checkpoint"`` lines, a field readers use that is not
+    what it is is left out (a resume line without its step is skipped). Each is said in
+    ``damaged`` (with the line's ``number``)."""
+    where = f"line {number}" if number else "a line"
+    event = line.get("event")
+
+    def say(text: str) -> None:
+        if damaged is not None:
+            damaged.append((number, f"{where}: {text}"))
+
+    if event in ("epoch", "step"):
+        for key, (good, what) in _PLACE.items():
+            if not good(line.get(key)):
+                say(f"{key!r} is {_shown(line.get(key))}, not {what}: the line is skipped")
+                return None
+        out: dict[str, Any] = {}
+        for key, value in line.items():
+            field = _FIELDS.get(key)
+            if key in _PLACE or key == "event":
+                out[key] = value
+            elif field is not None:
+                if field[0](value):
+                    out[key] = value
+                else:
+                    say(f"{key!r} is {_shown(value)}, not {field[1]}: left out")
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[key] = value
+            else:
+                say(f"{key!r} is {_shown(value)}, not a number: left out")
+        return out
+    fields = _OTHER.get(event) if isinstance(event, str) else None
+    if fields is None:
+        return dict(line)
+    if event == "resume" and not count(line.get("step")):  # where the run resumed: nothing without it
+        say(f"'step' of its resume line is {_shown(line.get('step'))}, not a step count: the line is skipped")
+        return None
+    out = {}
+    for key, value in line.items():
+        field = fields.get(key)
+        if field is None or field[0](value):
+            out[key] = value
+        else:
+            say(f"{key!r} of its {event} line is {_shown(value)}, not {field[1]}: left out")
+    return out
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
