@@ -209,3 +209,15 @@ def test_runs_counts_the_steps_of_a_run_whose_metric_log_filled_the_disk(tmp_pat
     assert listed.returncode == 0, listed.stderr
     (info,) = json.loads(listed.stdout)
     assert (info["status"], info["steps"], info["epochs"]) == ("completed", 80, 40)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("pid", [0, -1, True, "12"])
+def test_a_pid_that_names_no_single_process_is_no_live_run(tmp_path: Path, pid: object) -> None:
+    """``kill(0)`` and ``kill(-1)`` ask about process groups, which are alive: such a pid in a
+    hand-edited run.jsonl made a dead run "running"."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run.jsonl").write_text(json.dumps({"event": "run", "pid": pid, "host": os.uname().nodename,
+                                                  "started": "2026-01-01T00:00:00"}) + "\n")
+    assert runs.load(folder).status == "unfinished"
