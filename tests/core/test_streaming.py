@@ -379,7 +379,8 @@ def test_the_console_shows_a_streams_progress_as_a_count_and_a_rate_without_tota
     out = io.StringIO()
     state = hookfit.Loop(step, DataLoader(Stream(), batch_size=2), model=model, max_epochs=2,
                          optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
-                         plugins=[Optim(), Metrics(interval=0), Console(stream=out, interval=0, every_n_batches=2)]).fit()
+                         plugins=[Optim(), Metrics(interval=0),
+                                  Console(stream=out, interval=0, every_n_batches=2)]).fit()
     assert (state.status, state.step) == ("completed", 12)
     lines = out.getvalue().splitlines()
     start = next(line for line in lines if line.startswith("hookfit start "))

@@ -32,7 +32,8 @@ def test_the_progress_rows_of_a_stream_drawn_headlessly_have_no_total_eta_or_per
 
     def rows(d: Dashboard) -> list[str]:
         d._refresh(80, 24)
-        return [line for line in render_text(d.widget(80, 24), (80, 24)) if line.startswith((" train", " valid", " run"))]
+        drawn = render_text(d.widget(80, 24), (80, 24))
+        return [line for line in drawn if line.startswith((" train", " valid", " run"))]
 
     d = Dashboard(3, 1, on_stop=lambda: None, on_leave=lambda: None)
     d.receive("stage", "train", 0, None)
