@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from hookfit.manager import HookfitWarning
 
-__all__ = ["FileWarning", "RunFile", "folder_lost", "folder_found"]
+__all__ = ["FileWarning", "RunFile", "folder_found", "folder_lost", "in_lost_folder"]
 
 _lost: dict[Path, OSError] = {}  # run folders that could not be made (said once), and why
 
@@ -38,11 +38,13 @@ def folder_found(folder: Path) -> None:
     _lost.pop(Path(folder).absolute(), None)
 
 
-def _in_lost_folder(path: Path) -> bool:
+def in_lost_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` lies in a run folder that could not be made (:func:`folder_lost`): the run
+    has said so once, and a plugin that writes ``path`` by other means than :class:`RunFile` (a
+    profiler's trace, a checkpoint) may fail without a warning of its own."""
     if not _lost:
         return False
-    path = path.absolute()
-    return any(parent in _lost for parent in path.parents)
+    return any(parent in _lost for parent in Path(path).absolute().parents)
 
 
 class FileWarning(HookfitWarning):
@@ -92,7 +94,7 @@ class RunFile:
                 file.close()
             except OSError:
                 pass  # the data that did not fit is what failed to be written
-        if file is None and _in_lost_folder(self.path):
+        if file is None and in_lost_folder(self.path):
             return  # a run folder that could not be made: the run's one warning named it
         warnings.warn(
             f"{self.owner}: could not write {self.path} ({type(error).__name__}: {error}); "
