@@ -214,7 +214,9 @@ class FolderLock:
 class RunFolder:
     """The folder of one run and its ``run.jsonl``: created on first use, so a run that writes
     nothing gets no folder. The main process locks it on first use (:class:`FolderLock`) until
-    :meth:`record_end`."""
+    :meth:`record_end`. A folder that cannot be created (a read-only parent, a script started
+    from a read-only folder) is said once in a :class:`~hookfit.files.FileWarning` naming it,
+    and the run trains on without its files."""
 
     def __init__(self, run: Run, given: Path | None, lock: bool = True) -> None:
         self.run = run
