@@ -32,8 +32,8 @@ def fit(run_dir: Path | None, *plugins: object) -> hookfit.State:
         loop.optimizers.zero_grad()
         return {"loss": loss}
 
-    return hookfit.Loop(step, [torch.ones(4, 2)] * 3, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                        max_epochs=2, run_dir=run_dir,
+    return hookfit.Loop(step, [torch.ones(4, 2)] * 3, model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2, run_dir=run_dir,
                         plugins=[Optim(), Metrics(), MetricsLog(), CSVLogger(), *plugins]).fit()
 
 
@@ -72,7 +72,8 @@ def test_after_a_lost_folder_the_next_run_in_the_process_writes_and_warns_as_eve
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert fit(tmp_path / "run").status == "completed"
-    assert [m.split(" (")[0] for m in file_warnings(caught)] == [f"csv: could not write {tmp_path / 'run' / 'metrics.csv'}"]
+    csv_file = tmp_path / "run" / "metrics.csv"
+    assert [m.split(" (")[0] for m in file_warnings(caught)] == [f"csv: could not write {csv_file}"]
 
 
 @pytest.mark.fault
