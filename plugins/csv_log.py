@@ -27,7 +27,10 @@ adds its column: the file is rewritten once, atomically (a new file replacing th
 So every row always lines up with the header, and ``pandas.read_csv`` reads any state of it.
 A metric's name is a column name as the csv module writes it: one with a comma, a quote or a
 line break is quoted (every field of a record holding a carriage return is), so any CSV reader
-gets the name back as it was, and a run continued in the folder finds its columns.
+gets the name back as it was, and a run continued in the folder finds its columns. A metric
+named as a column of the tables' own (``epoch``, ``step``, ``stage``, ``batches``, a learning
+rate's ``lr_<optimizer>``) has the column ``metric.<name>``, said once a run in a
+``HookfitWarning``.
 
 A run continued in the same folder (``Loop(resume=...)``; ``Loop(run_dir=...)`` given again)
 appends to the same files under their header, never repeating it. A resumed run first drops
@@ -51,6 +54,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hookfit import hookimpl
+from hookfit.errors import HookfitWarning
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins._logger import fail, run_file, wanted
@@ -68,6 +72,8 @@ UPDATE_COLUMNS = ("epoch", "step", "stage", "batches")
 """The leading columns of ``metrics_updates.csv``."""
 LR = "lr_"
 """The prefix of the learning-rate columns."""
+RENAMED = "metric."
+"""The prefix of the column of a metric named as a column of the tables' own (``metric.step``)."""
 
 
 def _line(fields: Iterable[Any]) -> str:
@@ -232,6 +238,7 @@ class CSVLogger:
         self._epochs = _Table(self.name, "metrics.csv", EPOCH_COLUMNS)
         self._updates = _Table(self.name, "metrics_updates.csv", UPDATE_COLUMNS)
         self._loop: Run | None = None
+        self._renamed: set[str] = set()  # metrics named as a column of the tables' own, said this run
 
     @property
     def path(self) -> os.PathLike[str] | None:
@@ -253,6 +260,7 @@ class CSVLogger:
     @hookimpl
     def fit_start(self, loop: Run) -> None:
         self._loop = loop if loop.is_main else None
+        self._renamed = set()
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
@@ -290,12 +298,24 @@ class CSVLogger:
         self._close()
 
     # -- rows ---------------------------------------------------------------------------------
-    @staticmethod
-    def _row(metrics: MetricsSnapshot, values: dict[str, float]) -> dict[str, Any]:
-        row: dict[str, Any] = {k: float(v) for k, v in values.items()}
-        row.update({f"{LR}{name}": float(rate) for name, rate in metrics.lr.items()})
+    def _row(self, metrics: MetricsSnapshot, values: dict[str, float]) -> dict[str, Any]:
+        rates = {f"{LR}{name}": float(rate) for name, rate in metrics.lr.items()}
+        row: dict[str, Any] = {self._column(k, rates): float(v) for k, v in values.items()}
+        row.update(rates)
         row.update(epoch=metrics.epoch + 1, step=metrics.step, stage=metrics.stage)
         return row
+
+    def _column(self, metric: str, rates: Mapping[str, float]) -> str:
+        """The column of ``metric``: its name, unless that is a column of the table's own (a
+        leading column, a learning rate's): then ``metric.<name>``, said once a run."""
+        if metric not in UPDATE_COLUMNS and metric not in rates:
+            return metric
+        column = f"{RENAMED}{metric}"
+        if metric not in self._renamed:
+            self._renamed.add(metric)
+            warnings.warn(f"{self.name}: the metric {metric!r} is written in the column {column!r} of the CSV "
+                          f"tables: {metric!r} is a column of their own", HookfitWarning, stacklevel=3)
+        return column
 
     def _close(self) -> None:
         self._epochs.close()

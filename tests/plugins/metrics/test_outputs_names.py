@@ -21,6 +21,7 @@ from hookfit.errors import HookfitWarning
 from hookfit.plugins.csv_log import CSVLogger
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.metrics_log import MetricsLog
+from hookfit.plugins.optim import Optim
 from hookfit.tools import runs
 
 NAMES = ["loss", "top 1 acc", "f=1", "a,b", 'say "hi"', "two\nlines", "x\r", "tab\there", "é/ü"]
@@ -113,3 +114,33 @@ def test_metrics_jsonl_keeps_the_names_and_runs_show_and_compare_read_them_back(
     shown = hookfit_cli("show", str(folder), "--text", cwd=tmp_path)
     assert shown.returncode == 0 and not shown.stderr.strip(), shown.stderr
     assert "top 1 acc" in shown.stdout
+
+
+@pytest.mark.bad_input
+def test_csv_puts_a_metric_named_as_a_column_of_its_own_in_a_column_apart_said_once(tmp_path: Path) -> None:
+    logger = CSVLogger(every_publication=True)
+
+    def step(loop, batch):
+        loop.backward(loop.model(batch).sum())
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"step": 7.0, "epoch": 8.0, "stage": 9.0, "batches": 10.0, "lr_default": 11.0, "loss": 1.0}
+
+    model = torch.nn.Linear(1, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(step, [torch.ones(2, 1)] * 2, model=model,
+                     optimizers=torch.optim.SGD(model.parameters(), lr=0.5), max_epochs=2, run_dir=tmp_path,
+                     plugins=[Optim(), Metrics(interval=0), logger]).fit()
+    said = sorted(str(w.message) for w in caught if str(w.message).startswith("csv: "))
+    assert said == sorted(f"csv: the metric {name!r} is written in the column 'metric.{name}' of the CSV tables: "
+                          f"{name!r} is a column of their own"
+                          for name in ("step", "epoch", "stage", "batches", "lr_default"))
+    for table in ("metrics.csv", "metrics_updates.csv"):
+        with open(tmp_path / table, newline="") as file:
+            rows = list(csv.DictReader(file))
+        assert [(r["epoch"], r["step"], r["stage"], r["lr_default"]) for r in rows][-1] == ("2", "4", "train", "0.5")
+        for row in rows:
+            assert {k: row[k] for k in row if k.startswith("metric.")} == {
+                "metric.step": "7.0", "metric.epoch": "8.0", "metric.stage": "9.0", "metric.batches": "10.0",
+                "metric.lr_default": "11.0"}
