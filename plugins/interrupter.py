@@ -4,8 +4,9 @@
   line on stderr saying what happens (from the main process only, ``loop.is_main``: under
   ``torchrun`` every rank receives the signal and requests the stop, one line says so; in a
   Jupyter kernel, where the interrupt button sends the SIGINT, it says to interrupt again); the
-  run stops at the next boundary (after the current batch) and ends ``interrupted``. Stopping itself is the core's: this plugin only turns
-  signals into requests, like any other plugin or the step function may.
+  run stops at the next boundary (after the current batch) and ends ``interrupted``. Stopping
+  itself is the core's: this plugin only turns signals into requests, like any other plugin or
+  the step function may.
 * A SIGINT while a stop is already pending (from a signal, the dashboard's ``q`` or anything
   else) aborts at once with ``KeyboardInterrupt`` (``fit_end`` still runs, with status
   ``interrupted``).
