@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import hookimpl
-from hookfit.plugins.checkpoint import folders, hookspecs, sharded
+from hookfit.plugins.checkpoint import folders, hookspecs, ranks, sharded
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import _model_state, _snapshot
 from hookfit.plugins.checkpoint.storage import (
@@ -321,10 +321,12 @@ class Checkpoint:
         """Everything a checkpoint holds, as plain data and tensors (the ``digest`` is added
         when it is written): the run's own state (``loop.state_dict()``: ``loop``, ``rng`` and
         ``data``), the model's, every plugin's and what this plugin notes about the file."""
+        run = loop.state_dict()
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
-            **loop.state_dict(),
+            **run,
+            **({ranks.KEY: own} if (own := ranks.gather(loop, run)) is not None else {}),
             "model": _model_state(loop.model),
             "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
             "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": self.monitor,

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from hookfit import StateMismatch
 from hookfit.records import recorded_identity
-from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint import ranks, sharded
 from hookfit.plugins.checkpoint.state import _load_model, _model_state
 from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, read
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-OWN_KEYS = frozenset({"format", "version", "model", "plugins", "meta", "digest"})
+OWN_KEYS = frozenset({"format", "version", "model", "plugins", "meta", "digest", ranks.KEY})
 """A checkpoint's entries that are not the run's own state (``loop.state_dict()``, whose
 entries sit beside them: ``loop``, ``rng``, ``data``...)."""
 
@@ -120,4 +120,5 @@ def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:
             f"checkpoint: {path}: {error.detail}. Pass Checkpoint(strict=False) in "
             f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
             f"restores unused)") from error
-    loop.load_state_dict({key: value for key, value in data.items() if key not in OWN_KEYS})
+    run = {key: value for key, value in data.items() if key not in OWN_KEYS}
+    loop.load_state_dict(ranks.own(loop, run, data.get(ranks.KEY), path))

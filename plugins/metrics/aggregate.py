@@ -8,7 +8,7 @@ import math
 import numbers
 import time
 from collections.abc import Callable
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, SupportsFloat, TypeVar, cast
 
 import torch
 
@@ -61,7 +61,7 @@ def as_real(value: object) -> float | None:
     if isinstance(value, numbers.Real):  # bool, NumPy's float and integer scalars, Fraction
         return float(value)
     if _numpy_kind(value) in ("b", "i", "u", "f"):  # np.bool_ and 0-d arrays: no numbers ABC
-        return float(value)  # type: ignore[arg-type]
+        return float(cast(SupportsFloat, value))
     return None
 
 
@@ -175,7 +175,9 @@ class _Stage:
 
     def values(self, reduce: Reduce | None = None) -> dict[str, Value]:
         """Each metric's Value; with ``reduce`` (an all-reduce sum over processes), global."""
-        items = [(key, s) for key, s in self.series.items() if s.count]
+        # (a series with nothing counted yet takes part in a sum over the processes: the other
+        # processes' part of a stage resumed on another number of them, see ranks.py)
+        items = [(key, s) for key, s in self.series.items() if s.count or reduce is not None]
         if reduce is not None:  # the same order on every process
             items.sort(key=lambda item: item[0])
         rows: list[Row] = [(s.last, s.weighted, s.count, sum(w for w, _ in s.window), sum(n for _, n in s.window))

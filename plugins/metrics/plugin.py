@@ -16,7 +16,7 @@ from hookfit.data import length
 from hookfit.errors import HookfitWarning
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.common import Every, flag, integer, number, positive_int
-from hookfit.plugins.metrics import hookspecs
+from hookfit.plugins.metrics import hookspecs, ranks
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, as_real, batch_size,
                                                check, is_complex)
 from hookfit.plugins.metrics.directions import Directions
@@ -241,13 +241,17 @@ class Metrics:
         return self.report.answer()
 
     @hookimpl
-    def save_state(self) -> dict[str, Any]:
-        """History, and the aggregate of the training stage in progress (if any)."""
+    def save_state(self, loop: Run) -> dict[str, Any]:
+        """History, and the aggregate of the training stage in progress (if any): every
+        process's, with several (:mod:`hookfit.plugins.metrics.ranks`)."""
         running = [agg for name, agg in (*self._outer, (self._stage_name, self._stage))
                    if name == "train" and agg is not None]
+        stage = running[0].state() if running else None
+        if stage is not None and (reduce := self._reduce(loop)) is not None:
+            stage = ranks.gather(stage, loop.state.rank, loop.state.world_size, reduce)
         return {
             "history": {s: [dict(e) for e in h] for s, h in self.history.items()},
-            "train_stage": running[0].state() if running else None,
+            "train_stage": stage,
             "results": self.report.state(),
         }
 
@@ -259,7 +263,8 @@ class Metrics:
         if loop.mode == "fit":  # Loop.validate(resume=...) reports its validation alone
             self.report.load(state.get("results"), self.history)
         if state.get("train_stage") is not None:
-            self._resumed = _Stage.from_state(self.window, state["train_stage"])
+            mine = ranks.own(state["train_stage"], loop.state.rank, loop.state.world_size)
+            self._resumed = _Stage.from_state(self.window, mine)
 
     def _reduce(self, loop: Run) -> Reduce | None:
         """The all-reduce to use for a publication, or None with one process."""

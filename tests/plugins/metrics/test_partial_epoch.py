@@ -72,7 +72,8 @@ def step(loop, batch):
 
 
 def rows(folder: Path) -> list[dict[str, Any]]:
-    return [r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if r["event"] != "best"]
+    lines = map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+    return [r for r in lines if r["event"] not in ("best", "checkpoint")]
 
 
 def test_a_stop_inside_the_training_stage_publishes_its_partial_epoch(tmp_path: Path) -> None:

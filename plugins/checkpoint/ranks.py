@@ -1,0 +1,65 @@
+"""checkpoint ranks: every process's own random state, in a checkpoint of a run of several
+processes.
+
+``loop.state_dict()`` differs between the processes of a run in its random state: ``rng`` (a
+script that seeds each process's stream for its own dropout or augmentation) and ``data_rng``
+(the stream the epoch's data iterator was made from). The main process writes the checkpoint,
+so without this every process of the resumed run would continue the main process's streams.
+:func:`gather` collects each process's (a collective: every process builds the checkpoint's
+contents) into the checkpoint's ``ranks`` entry, and :func:`own` gives each process of the
+resumed run its own before ``loop.load_state_dict``. Resumed on more processes than wrote it, a
+process beyond those keeps the main process's, with one warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any, Mapping
+
+from hookfit.errors import HookfitWarning
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
+
+__all__ = ["KEY", "gather", "own"]
+
+KEY = "ranks"
+"""The checkpoint's entry of every process's own part of the run's state."""
+OWN = ("rng", "data_rng")
+"""What of ``loop.state_dict()`` is each process's own."""
+
+
+def _group() -> Any:
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def gather(loop: Run, run_state: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Every process's ``rng`` and ``data_rng`` (of its ``loop.state_dict()``), in rank
+    order, on every process; ``None`` in a run of one process."""
+    dist = _group()
+    if loop.state.world_size <= 1 or dist is None:
+        return None
+    mine = {key: run_state[key] for key in OWN if key in run_state}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[str, Any]:
+    """``run_state`` (the main process's, as saved) with this process's own part of it, from
+    the checkpoint's ``ranks`` entry ``saved`` (absent: as it is)."""
+    if not isinstance(saved, list) or not saved:
+        return run_state
+    rank = loop.state.rank
+    if len(saved) < loop.state.world_size and loop.is_main:
+        warnings.warn(f"checkpoint: {path} holds the random states of {len(saved)} process(es) and this run has "
+                      f"{loop.state.world_size}: each process resumes its own where it has one, the others the "
+                      f"main process's (random draws of those processes differ from the run it continues)",
+                      HookfitWarning, stacklevel=4)
+    if rank >= len(saved) or not isinstance(saved[rank], Mapping):
+        return run_state
+    mine = {key: value for key, value in run_state.items() if key not in OWN}
+    mine.update(saved[rank])
+    return mine
