@@ -31,6 +31,8 @@ def main(strategy: str) -> None:
         inputs, targets = batch
         loss = torch.nn.functional.mse_loss(loop.model(inputs), targets)
         loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
         return {"loss": loss}
 
     loop = hookfit.Loop(step, Batches(x, y, batch_size=32, shuffle=True, seed=0), model=model,
