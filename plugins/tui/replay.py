@@ -120,7 +120,7 @@ class Follower:
                 row = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(row, dict):
+            if isinstance(row, dict) and (row := runs.checked(row)) is not None:  # damaged values left out
                 self.feed(row)
         return True
 

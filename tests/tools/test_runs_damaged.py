@@ -123,6 +123,20 @@ def test_show_reads_past_damaged_metric_values(run_folder: Path, tmp_path: Path)
     assert len(notes_of(shown.stderr, run_folder)) == 1
 
 
+def test_show_reads_past_damaged_progress_fields(run_folder: Path, tmp_path: Path) -> None:
+    """``epoch`` and ``time`` that are not what hookfit writes: the dashboard's follower reads
+    the log itself, and took them as numbers (a traceback)."""
+    def edit(lines: list[dict]) -> None:
+        first, second, _ = valid_rows(lines)
+        lines[first]["epoch"] = "x"
+        lines[second]["time"] = "x"
+
+    damage(run_folder, edit)
+    shown = hookfit_cli("show", str(run_folder), "--text", cwd=tmp_path)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert "completed" in shown.stdout
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize("line, note", [
     ({"event": "resume", "step": "x", "epoch": 1, "batch": 0, "from": "a.pt"},

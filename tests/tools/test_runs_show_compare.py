@@ -481,7 +481,9 @@ def test_runs_on_hostile_folders_never_hangs_and_notes_each_unreadable_run_once(
     assert "FIFO" in next(line for line in notes if f"{skipped['fifo']}:" in line)
     assert "a folder" in next(line for line in notes if f"{skipped['folder']}:" in line)
     assert "out of the run" in next(line for line in notes if f"{skipped['outside']}:" in line)
-    assert not any(f"{good}:" in line or f"{damaged}:" in line for line in notes)
+    assert not any(f"{good}:" in line for line in notes)
+    # the damaged values are read past, named in one note for that run (issue 30)
+    assert len([line for line in notes if f"{damaged}" in line]) == 1, done.stderr
     for name in ("fifo", "zero"):  # hookfit show's text summary (no terminal) reads the log the same way
         shown = subprocess.run([sys.executable, "-m", "hookfit", "show", str(skipped[name])], capture_output=True,
                                text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL,

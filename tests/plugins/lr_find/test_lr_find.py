@@ -231,7 +231,7 @@ def test_a_schedule_too_short_for_the_sweep_fails_with_a_note_naming_it() -> Non
 
 def test_an_iterator_cannot_be_swept_and_then_trained_on() -> None:
     with pytest.raises(ValueError, match="lr_find: the training data is an iterator"):
-        fit(LRFinder(num_steps=5), data=lambda b: iter(b))
+        fit(LRFinder(num_steps=5), data=lambda b: iter(b), epochs=1)  # one epoch: the Loop takes it
 
 
 def test_suggest_is_the_steepest_descent_on_the_log_axis() -> None:
