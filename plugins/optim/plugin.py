@@ -192,7 +192,7 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
         self._deferring = self.nonfinite is not None and (
             self.defer is True or (self.defer is None and _device_type(loop.model, None) not in (None, "cpu")))
         self._poison(False)
-        self._watched = self._bypass_seen = self._backward_bypassed = False
+        self._watched = self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
         self._unwatch = loop.pm.on_change(self._set_fast_paths)
         if self.accumulate > 1 or self.scaler is not None:
             # a per-batch hook only where a batch can close a window or update a loss scale;
@@ -293,6 +293,7 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
             self._read_deferred()
         self._raise_due()
         if self._watching:
+            self._check_stepped(self._passes)
             self._watch(False)
 
     @hookimpl

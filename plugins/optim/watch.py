@@ -16,6 +16,11 @@ loss scaling, several processes) it is a ``RuntimeError`` instead, raised from t
 after :data:`WATCHED_PASSES` passes through ``loop.backward`` (a step that bypasses it does so
 at once, in every batch) or at the end of the first training stage: no per-step cost is left.
 
+At the end of the first training stage, a stage whose batches went through ``loop.backward``
+and in which no managed optimizer stepped (taken or skipped) gets one ``OptimWarning``: optim
+steps when the step function asks (``loop.optimizers.step()``), and a step function that never
+asks trains nothing.
+
 :class:`Watch` is that part of the plugin's class."""
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class Watch:
         self._mark: _BackwardMark | None = None
         self._backward_bypassed = False  # the warning (or error) about it was given in this run
         self._passes = 0  # backward passes through loop.backward while watched
+        self._steps_at = 0  # the optimizers' steps (taken or skipped) when the watch began
+        self._unstepped_said = False  # the warning that no optimizer steps was given in this run
 
     def _set_fast_paths(self) -> None:
         """The plugin's (``Optim._set_fast_paths``): the fast path marks optim's own steps
@@ -109,7 +116,27 @@ class Watch:
                     self._grad_hooks.append(param.register_post_accumulate_grad_hook(self._grad_arrived))
         self._mark = _BackwardMark(self)
         self._passes = 0
+        self._steps_at = self._stepped()
         self.loop.pm.register(self._mark, name="optim.backward_watch")
+
+    def _stepped(self) -> int:
+        """The managed optimizers' steps so far, taken or skipped (a non-finite loss)."""
+        return sum(m.steps + m.skipped for m in self.optimizers.values()) if self.optimizers is not None else 0
+
+    def _check_stepped(self, passes: int) -> None:
+        """At the end of the first training stage, ``passes`` backward passes through
+        ``loop.backward`` were made and no optimizer stepped: the step function never calls
+        ``loop.optimizers.step()``, and the model does not train. One
+        :class:`~hookfit.plugins.optim.OptimWarning` a run says so (a step function that steps
+        every k batches, k within the epoch, is not warned about)."""
+        if self._unstepped_said or passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
+            return
+        self._unstepped_said = True
+        step = qualname(self.loop.train_step) if self.loop is not None else "the training step"
+        warnings.warn(f"optim: step function {step!r} called loop.backward(loss) in the first training epoch and no "
+                      f"optimizer stepped in all of it: the parameters do not change. optim steps when the step function asks: call "
+                      f"loop.optimizers.step() and loop.optimizers.zero_grad() after loop.backward(loss)",
+                      OptimWarning, stacklevel=2)
 
     def _grad_arrived(self, param: torch.Tensor) -> None:
         if not self._in_backward and not self._backward_bypassed:

@@ -219,3 +219,42 @@ def test_the_watch_ends_after_a_few_passes_through_loop_backward() -> None:
                  optimizers=torch.optim.SGD(model.parameters(), lr=0.1), plugins=[optim]).fit()
     assert seen[0] == (2, True) and seen[WATCHED_PASSES - 2] == (2, True)  # watched at first
     assert seen[WATCHED_PASSES - 1:] == [(0, False)] * 5  # then nothing is left
+
+
+@pytest.mark.bad_input
+def test_a_step_function_that_never_steps_the_optimizers_is_told_the_model_does_not_train() -> None:
+    """``loop.backward(loss)`` without ``loop.optimizers.step()``: optim steps when asked, so the
+    parameters never change; the first training epoch's end says so, once a run."""
+    m = model()
+    before = [p.detach().clone() for p in m.parameters()]
+
+    def train_step(loop, batch):
+        x, y = batch
+        loop.backward(torch.nn.functional.mse_loss(m(x), y))
+
+    with pytest.warns(OptimWarning) as caught:
+        hookfit.Loop(train_step, data(20), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     max_epochs=2, plugins=[Optim()]).fit()
+    said = [str(w.message) for w in caught if "no optimizer stepped" in str(w.message)]
+    assert said == ["optim: step function 'test_a_step_function_that_never_steps_the_optimizers_is_told_the_model_"
+                    "does_not_train.<locals>.train_step' called loop.backward(loss) in the first training epoch and "
+                    "no optimizer stepped in all of it: the parameters do not change. optim steps when the step "
+                    "function asks: call loop.optimizers.step() and loop.optimizers.zero_grad() after "
+                    "loop.backward(loss)"]
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+
+
+def test_a_step_every_few_batches_is_no_step_never_taken() -> None:
+    m = model()
+
+    def train_step(loop, batch):
+        x, y = batch
+        loop.backward(torch.nn.functional.mse_loss(m(x), y))
+        if loop.state.batch_idx % 8 == 7:  # accumulated by hand over 8 batches
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimWarning)
+        hookfit.Loop(train_step, data(20), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     plugins=[Optim()]).fit()
