@@ -155,6 +155,7 @@ def epochs(run: Run) -> None:
             return
         if run.max_steps is not None and state.step >= run.max_steps:  # resumed at the end
             state.stop_reason, state.status = budget, "completed"
+            _last_epoch_done(run, cursor.start)
             return
         run.stopping.boundary("start")
         at, cursor.start = cursor.start, None
@@ -180,6 +181,7 @@ def epochs(run: Run) -> None:
                 break
         else:
             state.stop_reason = f"max_epochs={run.max_epochs} reached"
+            _last_epoch_done(run, at)  # (at: still the start when no epoch was left to run)
         state.status = "completed"
     except Budget:  # max_steps inside an epoch: the rest of it is for a longer run
         state.stop_reason, state.status = budget, "completed"
@@ -193,6 +195,14 @@ def epochs(run: Run) -> None:
 def _epochs_bound(run: Run) -> bool:
     """Whether ``max_epochs`` ends the run (else ``max_steps`` alone does)."""
     return run.config.epochs_given or run.max_steps is None or run._smoke is not None
+
+
+def _last_epoch_done(run: Run, at: Position | None) -> None:
+    """A run resumed at the start of an epoch it has no reason to run (a completed run, resumed
+    from the checkpoint of its last epoch's end) ended in the epoch before: its end says so, as
+    the run it continues did (``epochs=20``, not 21)."""
+    if at is not None and at.epoch > 0 and at.batch == 0 and at.stage == "train" and not at.val_due:
+        run.state.epoch = at.epoch - 1
 
 
 def epochs_for_steps(run: Run) -> None:

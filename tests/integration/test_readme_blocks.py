@@ -239,8 +239,6 @@ def test_the_slow_blocks_run(reader: Reader) -> None:
     reader.read(parse(README.read_text(encoding="utf-8")), slow=True)
 
 
-@pytest.mark.xfail(strict=True, reason="core/training.py: a run resumed after its last epoch keeps state.epoch at "
-                                       "the epoch after it, which never began (issue 27; the fix is the lead's)")
 def test_the_checkpoint_block_started_again_counts_the_epochs_hookfit_runs_counts(reader: Reader) -> None:
     """The README's checkpoint script, started again once its run is complete, resumes at the
     end and trains nothing: the console's end line, ``metrics.jsonl`` and ``run.jsonl`` count
