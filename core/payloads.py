@@ -129,13 +129,17 @@ class MetricsSnapshot:
     def row(self) -> dict[str, Any]:
         """A flat, JSON-ready view for a person or a log: progress fields (``epoch`` counted
         from 1, as everything written for people), ``{metric: epoch mean}`` and
-        ``{"lr_<optimizer>": learning rate}``."""
+        ``{"lr_<optimizer>": learning rate}``. A metric whose name is taken by a field of the
+        row (``step``, ``time``, ``event``, ``total``, ``lr_...``) is ``metric.<name>``, so that
+        it never overwrites the field nor is read as it."""
         out: dict[str, Any] = {
             "stage": self.stage, "epoch": self.epoch + 1, "step": self.step, "batches": self.batches,
             "samples": self.samples, "time": round(self.elapsed, 6),
             "samples_per_s": round(self.samples_per_s, 3),
         }
-        out.update({k: v.epoch for k, v in self.values.items()})
+        taken = {*out, "event", "total"}
+        out.update({(f"metric.{k}" if k in taken or k.startswith("lr_") else k): v.epoch
+                    for k, v in self.values.items()})
         out.update({f"lr_{k}": v for k, v in self.lr.items()})
         return out
 

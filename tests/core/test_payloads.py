@@ -50,6 +50,16 @@ def test_derived_progress_and_the_json_row() -> None:
     assert snap.epoch == 1
 
 
+@pytest.mark.bad_input
+def test_a_metric_named_as_a_field_of_the_row_never_overwrites_it() -> None:
+    values = {name: Value(1.0, 1.0, 9.0) for name in ("step", "time", "event", "total", "lr_default", "loss")}
+    row = snapshot(values=values).row()
+    assert (row["step"], row["time"], row["lr_default"]) == (40, 2.0, 0.1) and "event" not in row
+    assert {k: v for k, v in row.items() if k.startswith("metric.")} == {
+        "metric.step": 9.0, "metric.time": 9.0, "metric.event": 9.0, "metric.total": 9.0, "metric.lr_default": 9.0}
+    assert row["loss"] == 9.0
+
+
 def test_a_stop_request_says_why_and_who_asked() -> None:
     assert str(StopRequest("SIGINT", by="interrupter")) == "SIGINT (asked by interrupter)"
     assert str(StopRequest("budget spent")) == "budget spent"
