@@ -33,7 +33,9 @@ in the foreground (``background`` applies to one-file checkpoints), atomically a
 temporary folder renamed once every part is written. It resumes on any number of processes,
 or in a plain process; ``hookfit export RUN model.pt`` writes its model as one plain state
 dict. The digest covers ``state.pt`` (everything but the shards, whose places, shapes and
-dtypes it names), not the shards' bytes. A checkpoint of an unsharded run is not resumed by a
+dtypes it names, with a digest of every shard file and of DCP's ``.metadata``, checked before
+DCP reads anything; ``.metadata`` is read without unpickling anything a file could craft; see
+:mod:`hookfit.plugins.checkpoint.shardfiles`). A checkpoint of an unsharded run is not resumed by a
 sharded one (an error says what to do instead).
 
 Atomic: each file is written to a temporary file ``.<name>.<pid>.tmp`` in the same folder,

@@ -1,6 +1,7 @@
 """metrics: aggregates every scalar a step returns and publishes read-only snapshots.
 
-* Each value of a step output that is a Python number, or a tensor with one element, is
+* Each value of a step output that is a real number (a Python number or ``bool``, a NumPy
+  scalar or 0-d array), or a tensor with one element, is
   aggregated under its key, weighted by the batch size: last value, running mean over the last
   ``window`` batches, and epoch mean; train and valid apart. Other values (strings, vectors,
   images) are ignored, without error. A scalar that cannot be aggregated (a complex number or
