@@ -224,6 +224,7 @@ class Console:
         self._last_line: tuple[str, int, int] | None = None  # (stage, epoch, batch) of the last progress line
         self._latest: MetricsSnapshot | None = None  # the last metrics_update snapshot
         self._total: int | None = None  # training batches per epoch, when the data has a length
+        self._by_steps = False  # max_steps ends the run before its last epoch (fit_start)
         self._results: dict[tuple[str, str], _Extremes] = {}
         self._skipped, self._skip_reason = 0, ""  # optimizer steps skipped (step_skipped), the last why
         self._silent = False
@@ -253,12 +254,21 @@ class Console:
         self._total = length(data)
         per_epoch = f"batches_per_epoch={self._total}" if self._total is not None else ""
         plugins = ",".join(loop.pm.participants())  # as the user knows them: no helpers
-        self._print("start", f"epochs={loop.max_epochs}", per_epoch, f"plugins={plugins}")
+        # max_steps ends the run before the last epoch does (or epochs of unknown length): the
+        # epochs are counted without a total, as the dashboard counts them
+        steps = loop.max_steps
+        self._by_steps = steps is not None and (self._total is None or steps < loop.max_epochs * self._total)
+        self._print("start", "" if self._by_steps else f"epochs={loop.max_epochs}",
+                    f"max_steps={steps}" if steps is not None else "", per_epoch, f"plugins={plugins}")
         if loop.model is not None and loop.is_main and not self._silent:
             self._print_model(summarize(loop.model))
         if not self._every.never and not self._silent:
             # a per-batch hook only when lines are due by batch: otherwise batches cost the console nothing
             loop.pm.register(_EveryNBatches(self), name=f"{self.name}.batches")
+
+    def _epoch(self, epoch: int, of: int) -> str:
+        """``epoch=E/N``, or ``epoch=E`` when ``max_steps`` ends the run first (see fit_start)."""
+        return f"epoch={epoch}" if self._by_steps else f"epoch={epoch}/{of}"
 
     def _print_model(self, summary: ModelSummary) -> None:
         def size(part: ModelSummary | ModuleRow) -> tuple[str, ...]:
@@ -295,7 +305,7 @@ class Console:
         left = None if total is None or not metrics.batches else max(total - batch, 0) * metrics.step_time
         self._print(
             stage,
-            f"epoch={metrics.epoch + 1}/{metrics.max_epochs}",
+            self._epoch(metrics.epoch + 1, metrics.max_epochs),
             f"batch={batch}" + (f"/{total}" if total is not None else ""),
             f"samples_per_s={metrics.samples_per_s:.1f}",
             f"eta={_duration(left)}" if left is not None else "",
@@ -315,7 +325,7 @@ class Console:
         # no snapshot of this epoch yet (or no metrics plugin): the position only
         self._last_progress, self._last_line = _clock(), ("train", epoch, batch)
         total = f"/{self._total}" if self._total is not None else ""
-        self._print("train", f"epoch={epoch + 1}/{loop.max_epochs}", f"batch={batch}{total}")
+        self._print("train", self._epoch(epoch + 1, loop.max_epochs), f"batch={batch}{total}")
 
     @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
@@ -333,7 +343,7 @@ class Console:
         partial = total is not None and metrics.batches < total  # a stage cut short: not a whole epoch
         self._print(
             stage,
-            f"epoch={epoch}/{metrics.max_epochs}",
+            self._epoch(epoch, metrics.max_epochs),
             "partial" if partial else "done",
             f"batches={metrics.batches}/{total}" if partial else f"batches={metrics.batches}",
             f"time={metrics.elapsed:.2f}s",

@@ -295,3 +295,26 @@ def test_skipped_steps_are_counted_in_the_console_and_metrics_log_end_lines(tmp_
     record = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()][-1]
     assert record["event"] == "end" and record["results"]["skipped_steps"] == 7
     assert record["results"]["metrics"]["train/loss"] != record["results"]["metrics"]["train/loss"]  # NaN
+
+
+class _Stream:
+    """Re-iterable batches without a length."""
+
+    def __iter__(self):
+        return iter(range(3))
+
+
+@pytest.mark.parametrize("data, epochs, by_steps", [
+    (_Stream(), {}, True),              # no length: max_steps decides, the epochs are not known
+    (list(range(10)), {}, True),        # 15 steps end the run inside its second epoch
+    (list(range(10)), {"max_epochs": 1}, False),  # the one epoch ends it before 15 steps
+])
+def test_with_max_steps_the_epochs_are_counted_as_the_run_counts_them(data: Any, epochs: dict, by_steps: bool) -> None:
+    stream = io.StringIO()
+    hookfit.Loop(lambda run, batch: {"loss": 1.0}, data, max_steps=15, **epochs,
+                 plugins=[Metrics(log=False), Console(stream=stream)]).fit()
+    lines = stream.getvalue().splitlines()
+    start = fields(lines[0])
+    assert start["max_steps"] == "15" and ("epochs" not in start) == by_steps, lines[0]
+    done = [line for line in lines if line.startswith("hookfit train ") and " done " in line]
+    assert done and all(("/" not in fields(line)["epoch"]) == by_steps for line in done), done
