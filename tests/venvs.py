@@ -182,3 +182,20 @@ def assert_installed_copy_needs_no_builtin(venv: "Venv", module: str, cwd: Path)
     assert Path(where).is_relative_to(venv.site_packages), where
     assert plugins == "[]"
 
+
+
+def copy_project(root: Path, dest: Path) -> Path:
+    """A copy of the project's files at ``dest``: git's list (tracked and new, not ignored)
+    where ``root`` is a clone, else everything but build output and environments; ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout.strip():
+        names = [line for line in listed.stdout.splitlines() if (root / line).is_file()]
+    else:
+        skip = {".venv", ".git", "runs", "build", "dist", "__pycache__"}
+        names = [str(p.relative_to(root)) for p in root.rglob("*")
+                 if p.is_file() and not skip & set(p.relative_to(root).parts) and ".egg-info" not in str(p)]
+    for name in names:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, dest / name)
+    return dest

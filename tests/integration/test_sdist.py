@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from venvs import copy_project
 
 pytestmark = pytest.mark.slow
 
@@ -30,23 +30,8 @@ QUICK = [
 ]
 
 
-def _tracked(root: Path) -> list[str]:
-    """The project's files: git's list (tracked and new, not ignored) where this is a clone, else
-    everything but build output."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
-                            capture_output=True, text=True)
-    if listed.returncode == 0 and listed.stdout.strip():
-        return [line for line in listed.stdout.splitlines() if (root / line).is_file()]
-    skip = {".venv", ".git", "runs", "build", "dist", "__pycache__"}
-    return [str(p.relative_to(root)) for p in root.rglob("*")
-            if p.is_file() and not skip & set(p.relative_to(root).parts) and ".egg-info" not in str(p)]
-
-
 def test_the_sdist_holds_what_its_tests_need_and_they_pass_from_it(tmp_path: Path) -> None:
-    source = tmp_path / "source"
-    for name in _tracked(REPO):
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, source / name)
+    source = copy_project(REPO, tmp_path / "source")
     build = subprocess.run(
         [sys.executable, "-c", "import sys; from setuptools import build_meta; "
                                "print(build_meta.build_sdist(sys.argv[1]))", str(tmp_path / "dist")],

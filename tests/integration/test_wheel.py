@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from venvs import TIMEOUT, Venv, check, running_site_packages
+from venvs import TIMEOUT, Venv, check, copy_project, running_site_packages
 
 pytestmark = pytest.mark.slow
 
@@ -43,24 +43,9 @@ DEMO_EXTRA = "scikit-learn"
 NUMPY_WARNING = "Failed to initialize NumPy"
 
 
-def project_files(root: Path) -> list[str]:
-    """The project's files as git lists them (tracked and new, not ignored); without git,
-    everything but build output and environments."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
-                            capture_output=True, text=True)
-    if listed.returncode == 0 and listed.stdout.strip():
-        return [line for line in listed.stdout.splitlines() if (root / line).is_file()]
-    skip = {".venv", ".git", "runs", "build", "dist", "__pycache__"}
-    return [str(p.relative_to(root)) for p in root.rglob("*")
-            if p.is_file() and not skip & set(p.relative_to(root).parts) and ".egg-info" not in str(p)]
-
-
 def build_wheel(where: Path) -> Path:
     """The wheel of a copy of the project's files (no build isolation, offline)."""
-    source = where / "source"
-    for name in project_files(REPO):
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, source / name)
+    source = copy_project(REPO, where / "source")
     check(subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                           "-w", str(where / "dist"), str(source)], capture_output=True, text=True, timeout=TIMEOUT))
     [wheel] = (where / "dist").glob("hookfit-*.whl")

@@ -19,7 +19,7 @@ from test_distributed import _env, _torchrun, _not_launched  # noqa: F401 - _not
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 JOB = REPO / "tests" / "scripts" / "exit_job.py"
-ROUNDS = 3  # each round: one DDP job and one FSDP job at the same time
+ROUNDS = 2  # each round: one DDP job and one FSDP job at the same time
 
 
 def _start(folder: Path, strategy: str) -> subprocess.Popen[str]:
