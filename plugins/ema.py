@@ -134,6 +134,11 @@ class EMA:
         decay = self.decay
         assert decay is not None  # without one, configure unregistered the plugin
         source = _source(loop.model)
+        sharded = [name for name, p in source.named_parameters() if type(p).__name__ == "DTensor"]
+        if sharded:
+            raise ValueError(f"ema: the model's parameters are sharded (Distributed(strategy='fsdp'): "
+                             f"{sharded[0]!r} is a DTensor), and EMA keeps a whole copy it averages in place; "
+                             f"use strategy='ddp' with EMA, or leave EMA out of a sharded run")
         self._watched = self._watch(loop)
         average = AveragedModel(source, multi_avg_fn=_ema_multi_avg_fn(decay), use_buffers=True)
         for p in average.parameters():

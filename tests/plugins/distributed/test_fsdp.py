@@ -94,6 +94,23 @@ def test_fsdp_shards_the_model_in_place_and_the_optimizer_follows(group: Any) ->
         torch.testing.assert_close(value, dict(plain.named_parameters())[name].detach(), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.bad_input
+def test_ema_with_sharded_parameters_is_refused_before_any_batch(group: Any) -> None:
+    from hookfit.plugins.ema import EMA
+
+    model = _net()
+    seen: list[int] = []
+
+    def step(loop: Any, batch: Any) -> Any:
+        seen.append(loop.state.step)
+        return _step(loop, batch)
+
+    with pytest.raises(ValueError, match=r"ema: the model's parameters are sharded \(Distributed\(strategy='fsdp'\)"):
+        hookfit.Loop(step, _data(), model=model, optimizers=torch.optim.Adam(model.parameters(), lr=0.01),
+                     plugins=[Distributed(strategy="fsdp"), Optim(), EMA(decay=0.9)]).fit()
+    assert seen == []
+
+
 def test_fsdp_options_and_the_shard_policy_are_passed_through(group: Any) -> None:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
