@@ -6,7 +6,8 @@ a small regression with dropout, ``Distributed(strategy=STRATEGY)``, the metrics
 checkpoint every 3 steps. Each process seeds its own random stream (``torch.manual_seed(100 +
 rank)``), as scripts do for per-process augmentation and dropout, and each sees other samples,
 so each process's partial sums of the epoch's loss differ. ``--kill-at STEP`` kills rank 0
-with SIGKILL once the checkpoint of STEP is written (torchrun then ends the job); run again
+with SIGKILL at the end of training step STEP, before that step's checkpoint (torchrun then
+ends the job); run again
 with ``HOOKFIT_RESUME=latest`` it continues from that checkpoint. Each process writes
 ``OUT.rank<N>.json``: the run's status, every epoch's published training loss and the
 parameters, whole, as a flat list.
@@ -32,7 +33,7 @@ from hookfit.plugins.optim import Optim
 
 
 class Record:
-    """The published training loss of every epoch; SIGKILL after the checkpoint of a step."""
+    """The published training loss of every epoch; SIGKILL at the end of a step."""
 
     name = "record"
 
@@ -46,9 +47,9 @@ class Record:
             self.losses.append(metrics.values["loss"].epoch)
 
     @hookimpl
-    def checkpoint_saved(self, loop: Any, path: str, reason: str, step: int) -> None:
-        if step == self.kill_at:  # (the main process hears of the checkpoints it writes)
-            os.kill(os.getpid(), signal.SIGKILL)
+    def batch_end(self, loop: Any) -> None:
+        if loop.training and loop.state.step == self.kill_at and loop.is_main:
+            os.kill(os.getpid(), signal.SIGKILL)  # torchrun then ends the other process
 
 
 def main() -> None:
