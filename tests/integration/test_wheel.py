@@ -92,7 +92,9 @@ class UserVenv(Venv):
                 timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
         """``hookfit ARGS`` as a user types it: the venv's console script, found on ``PATH``,
         no terminal."""
-        result = subprocess.run(["hookfit", *args], cwd=cwd, env=self.env(), stdin=subprocess.DEVNULL,
+        env = self.env()
+        env.pop("CI", None)  # a user's shell, not the CI's (where the dashboard stays off by CI=true)
+        result = subprocess.run(["hookfit", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                 capture_output=True, text=True, timeout=timeout)
         return check(result) if check_rc else result
 
