@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import math
 import numbers
+import operator
 import time
 from collections.abc import Callable
 from typing import Any, Mapping, SupportsFloat, TypeVar, cast
@@ -98,6 +99,26 @@ def check(key: object, value: object, step: object) -> None:
         )
 
 
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One-number tensors of one metric as one float64 vector on the first one's device: one
+    stacking and one conversion in the common case (0-d tensors of one dtype on one device),
+    each tensor on its own otherwise (shapes ``(1,)``, mixed devices or dtypes, which stacking
+    would promote to the narrower float)."""
+    if len(set(map(_dtype, tensors))) == 1:
+        try:
+            stacked = torch.stack(tensors)
+        except RuntimeError:  # shapes or devices differ
+            pass
+        else:
+            if stacked.dim() == 1:
+                return stacked.to(torch.float64)
+    device = tensors[0].device
+    return torch.stack([t.reshape(()).to(device=device, dtype=torch.float64) for t in tensors])
+
+
+_dtype = operator.attrgetter("dtype")
+
+
 class _Series:
     """One metric in one stage: weighted sum and count (epoch mean), last value, and the
     last ``window`` (weighted value, size) pairs for the running mean."""
@@ -127,7 +148,9 @@ class _Stage:
 
     Per batch, a value is only appended to ``host`` (read on the CPU) or ``device`` (a tensor
     left where it is) with its batch size; :meth:`read` folds them into the series when a
-    snapshot is taken, and at least every :data:`FOLD_EVERY` batches so memory stays flat."""
+    snapshot is taken, and at least every :data:`FOLD_EVERY` batches so memory stays flat.
+    ``scalars`` holds the lists of ``host`` whose key was given a CPU tensor of one number since
+    the last fold: its next values are read with ``item()`` and nothing else."""
 
     def __init__(self, window: int) -> None:
         self.window = window
@@ -136,6 +159,7 @@ class _Stage:
         # is the only moment a value is looked at beyond its type (see :meth:`entries`)
         self.host: dict[str, list[tuple[float, int]]] = {}
         self.device: dict[str, list[tuple[torch.Tensor, int]]] = {}
+        self.scalars: dict[str, list[tuple[float, int]]] = {}
         self.metric_objects: dict[str, Any] = {}
         self.batches = 0
         self.samples = 0
@@ -147,9 +171,10 @@ class _Stage:
         """Fold every value taken since the last read; device values come over in one
         transfer."""
         host, device = self.host, self.device
-        if device:
-            tensors = [t for entries in device.values() for t, _ in entries]
-            values = iter(torch.stack([t.reshape(()).to(torch.float64) for t in tensors]).tolist())
+        if device:  # one host read for them all
+            first = next(iter(device.values()))[0][0]
+            vectors = [_stacked([t for t, _ in entries]).to(first.device) for entries in device.values()]
+            values = iter(torch.cat(vectors).tolist())
             for key, kept in device.items():
                 host.setdefault(key, []).extend((next(values), n) for _, n in kept)
             self.device = {}
@@ -160,7 +185,7 @@ class _Stage:
             if series is None:
                 series = self.series[key] = _Series(self.window)
             series.fold(entries)
-        self.host = {}
+        self.host, self.scalars = {}, {}
 
     def entries(self, where: dict[str, list[E]], key: str, value: object, step: object) -> list[E]:
         """The new list for ``key`` in ``where`` (``host`` or ``device``), which has none: the

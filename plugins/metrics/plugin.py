@@ -106,48 +106,40 @@ class Metrics:
     def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
         # (every argument of the event, though batch_idx is unused: then the loop calls this
         # method itself, not through an adapter that drops arguments)
+        # Per value a batch costs one read and one append: a key is looked at beyond its type
+        # only when it has no list since the last fold (_take), and a CPU tensor under a key
+        # known to hold one number (agg.scalars) is read with item() alone.
         agg = self._stage
         assert agg is not None  # inside a stage
         agg.batches += 1
         if output is not None:
             given = output.get("batch_size")
-            n = int(given) if given is not None else batch_size(batch)
+            if given is not None:
+                n = int(given)
+            elif (type(batch) is tuple or type(batch) is list) and batch and type(first := batch[0]) is _Tensor:
+                shape = first.shape  # the common (inputs, targets) case, without a call
+                n = shape[0] if shape else 1
+            else:
+                n = batch_size(batch)
             agg.samples += n
-            host, defer = agg.host, self.defer
-            # A key missing from host/device (a KeyError, free unless raised) is its first value
-            # in the stage or since the last fold: only then is it checked (_first), so the
-            # per-batch cost stays one append per value.
+            scalars, host = agg.scalars, agg.host
             for key, value in output.items():
                 kind = type(value)
-                if kind is _Tensor or isinstance(value, _Tensor):
-                    if value.numel() != 1:
-                        continue  # not a scalar: ignored, by design
-                    if value.is_cpu and not defer:
+                if kind is _Tensor:
+                    if (entries := scalars.get(key)) is not None:
                         try:
-                            host[key].append((value.item(), n))
-                        except KeyError:
-                            self._first(host, key, value, loop).append((value.item(), n))
-                    else:
-                        try:
-                            agg.device[key].append((value.detach(), n))
-                        except KeyError:
-                            self._first(agg.device, key, value, loop).append((value.detach(), n))
+                            entries.append((value.item(), n))
+                        except RuntimeError:  # no longer one number: ignored, as any non-scalar is
+                            pass
+                        continue
                 elif kind is float or kind is int:
                     if key != "batch_size":
                         try:
                             host[key].append((value, n))
                         except KeyError:
                             self._first(host, key, value, loop).append((value, n))
-                elif _is_metric(value):
-                    agg.metric_objects[key] = value
-                elif (real := as_real(value)) is not None:  # NumPy scalars, bool: past the fast path
-                    if key != "batch_size":
-                        try:
-                            host[key].append((real, n))
-                        except KeyError:
-                            self._first(host, key, value, loop).append((real, n))
-                elif is_complex(value):
-                    check(key, value, self._step(loop))  # a number that cannot be aggregated: refused
+                    continue
+                self._take(agg, key, value, n, loop)
         else:
             agg.samples += batch_size(batch)
         if not self._by_time:  # several processes: the same batches everywhere, for the reduction
@@ -164,6 +156,37 @@ class Metrics:
             self._publish(loop)
         elif not agg.batches % FOLD_EVERY:
             agg.read()
+
+    def _take(self, agg: _Stage, key: str, value: Any, n: int, loop: Run) -> None:
+        """A value past ``batch_end``'s fast paths: a tensor under a key with no list yet, one
+        that stays on its device (an accelerator, ``defer=True``), a subclass of a tensor, a
+        metric object, a NumPy scalar or a ``bool``; refused when it cannot be aggregated."""
+        if isinstance(value, _Tensor):
+            if value.numel() != 1:
+                return  # not a scalar: ignored, by design
+            if value.is_cpu and not self.defer:
+                try:
+                    entries = agg.host[key]
+                except KeyError:
+                    entries = self._first(agg.host, key, value, loop)
+                if type(value) is _Tensor:  # its next values take the fast path
+                    agg.scalars[key] = entries
+                entries.append((value.item(), n))
+            else:
+                try:
+                    agg.device[key].append((value.detach(), n))
+                except KeyError:
+                    self._first(agg.device, key, value, loop).append((value.detach(), n))
+        elif _is_metric(value):
+            agg.metric_objects[key] = value
+        elif (real := as_real(value)) is not None:  # NumPy scalars, bool: past the fast path
+            if key != "batch_size":
+                try:
+                    agg.host[key].append((real, n))
+                except KeyError:
+                    self._first(agg.host, key, value, loop).append((real, n))
+        elif is_complex(value):
+            check(key, value, self._step(loop))  # a number that cannot be aggregated: refused
 
     @staticmethod
     def _step(loop: Run) -> Step | None:
