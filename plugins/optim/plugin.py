@@ -193,6 +193,7 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
             self.defer is True or (self.defer is None and _device_type(loop.model, None) not in (None, "cpu")))
         self._poison(False)
         self._watched = self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
+        self._first_stage = False
         self._unwatch = loop.pm.on_change(self._set_fast_paths)
         if self.accumulate > 1 or self.scaler is not None:
             # a per-batch hook only where a batch can close a window or update a loss scale;
@@ -273,7 +274,7 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
         if stage == "train":
             self._measure(loop.train_data)
             if not self._watched and self.optimizers is not None:
-                self._watched = True  # the run's first training stage only: see _watch
+                self._watched = self._first_stage = True  # the run's first training stage only: see _watch
                 self._watch(True)
 
     @hookimpl(tryfirst=True)  # finishes the stage's work before plugins report on it (metrics)
@@ -292,7 +293,8 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
         if self._pending:
             self._read_deferred()
         self._raise_due()
-        if self._watching:
+        if self._first_stage:  # (its watch may have ended earlier: WATCHED_PASSES)
+            self._first_stage = False
             self._check_stepped(self._passes)
             self._watch(False)
 

@@ -14,7 +14,9 @@ optimizers tells gradients that appear outside ``loop.backward`` (which a wrappe
 loss scaling, several processes) it is a ``RuntimeError`` instead, raised from that
 ``loss.backward()`` call, before the first optimizer step. The hooks and the wrapper are gone
 after :data:`WATCHED_PASSES` passes through ``loop.backward`` (a step that bypasses it does so
-at once, in every batch) or at the end of the first training stage: no per-step cost is left.
+at once, in every batch) or at the end of the first training stage, and the steps' pre-hooks
+with them (a step function that steps its own optimizer does so within as many batches, unless
+it steps less often than every :data:`WATCHED_PASSES` batches): no per-step cost is left.
 
 At the end of the first training stage, a stage whose batches went through ``loop.backward``
 and in which no managed optimizer stepped (taken or skipped) gets one ``OptimWarning``: optim
@@ -61,6 +63,7 @@ class Watch:
     def __init__(self) -> None:
         self._watching = False  # steps that bypass loop.optimizers are being watched for
         self._watched = False  # this run's first training stage was (is) watched
+        self._first_stage = False  # this run's first training stage is running
         self._bypass_seen = False  # the warning about such a step was given in this run
         self._in_backward = False  # inside loop.backward (marked by _BackwardMark)
         self._grad_hooks: list[RemovableHandle] = []  # while watching for loss.backward()
@@ -81,9 +84,10 @@ class Watch:
         bypass clipping, accumulation, loss scaling, the non-finite policy, schedulers and the
         counters. A torch step pre-hook on each optimizer tells, with a flag optim sets only
         while it steps (``ManagedOptimizer._own``; on the fast path that is a variant of it,
-        ``_fast_watched``). Only the run's first training stage is watched (such a step happens
-        in every batch): afterwards the hooks are removed and ``step()`` takes the plain fast
-        path again, with no per-batch cost left."""
+        ``_fast_watched``). Only the run's first training stage is watched, and only its first
+        :data:`WATCHED_PASSES` passes through ``loop.backward`` when the step function makes them
+        (such a step happens in every batch, or every few): afterwards the hooks are removed and
+        ``step()`` takes the plain fast path again, with no per-batch cost left."""
         assert self.optimizers is not None
         self._watching = on
         for managed in self.optimizers.values():
@@ -214,4 +218,4 @@ class _BackwardMark:
             owner._in_backward = False
             owner._passes += 1
             if owner._passes >= WATCHED_PASSES:  # seen enough: the rest of the run pays nothing
-                owner._watch_grads(False)
+                owner._watch(False)  # (the steps' watch too: a bypassing step happens as early)

@@ -198,12 +198,15 @@ def test_loss_backward_under_torchrun_fails(tmp_path) -> None:
 
 def test_the_watch_ends_after_a_few_passes_through_loop_backward() -> None:
     """The watch for loss.backward() costs about 2 µs a pass: it ends after WATCHED_PASSES
-    passes through loop.backward, before the end of a long first epoch."""
+    passes through loop.backward, before the end of a long first epoch, and the watch for
+    steps that bypass loop.optimizers (a step pre-hook on each optimizer) ends with it: the
+    rest of the epoch takes the plain fast path."""
     import hookfit
     from hookfit.plugins.optim import Optim
     from hookfit.plugins.optim.watch import WATCHED_PASSES
 
     model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = []
 
     def step(loop, batch):
@@ -211,14 +214,16 @@ def test_the_watch_ends_after_a_few_passes_through_loop_backward() -> None:
         loop.backward(loss)
         loop.optimizers.step()
         loop.optimizers.zero_grad()
-        seen.append((len(optim._grad_hooks), loop.pm.has_plugin("optim.backward_watch")))
+        managed = loop.optimizers["default"]
+        seen.append((len(optim._grad_hooks), loop.pm.has_plugin("optim.backward_watch"),
+                     len(opt._optimizer_step_pre_hooks), managed._fast))
         return {"loss": loss}
 
     optim = Optim()
     hookfit.Loop(step, [torch.ones(1, 2)] * (WATCHED_PASSES + 4), model=model,
-                 optimizers=torch.optim.SGD(model.parameters(), lr=0.1), plugins=[optim]).fit()
-    assert seen[0] == (2, True) and seen[WATCHED_PASSES - 2] == (2, True)  # watched at first
-    assert seen[WATCHED_PASSES - 1:] == [(0, False)] * 5  # then nothing is left
+                 optimizers=opt, plugins=[optim]).fit()
+    assert seen[0] == (2, True, 1, False) and seen[WATCHED_PASSES - 2] == (2, True, 1, False)  # watched at first
+    assert seen[WATCHED_PASSES - 1:] == [(0, False, 0, True)] * 5  # then nothing is left
 
 
 @pytest.mark.bad_input
