@@ -56,8 +56,13 @@ TARGETS = {  # (workload, variant, compared with) -> the most that variant may a
     ("big", "default", "raw"): 1.01,
     ("model", "dashboard", "default"): 1.05,
 }
+ADDED_TARGETS = {  # (workload, variant) -> the most it may add over raw, in us a step (issue 32)
+    ("model", "core"): 1.0,
+    ("model", "default"): 5.0,
+}
 TARGET_TEXT = ("targets: core <= 3% over raw; default stack <= 10% over raw (tiny) and <= 1% "
-               "(compute-bound); dashboard <= 5% over the console stack")
+               "(compute-bound); dashboard <= 5% over the console stack; added per step on the tiny model: "
+               "core <= 1 us, default stack <= 5 us")
 
 
 # -- workloads -------------------------------------------------------------------------------
@@ -76,6 +81,8 @@ class Workload:
     """Fresh parts for one variant: its own model copy and optimizer."""
     setting: Callable[[], Any] = contextlib.nullcontext
     """A context every pass of this workload runs in (see :func:`framework_workload`)."""
+    device: str = "cpu"
+    """Where the model and batches are: every timed span ends with a synchronisation there."""
 
 
 @dataclass
@@ -91,9 +98,10 @@ class Parts:
     optimizer: Any
 
 
-def model_workload(batches: int, seed: int = 0, big: bool = False) -> Workload:
+def model_workload(batches: int, seed: int = 0, big: bool = False, device: str = "cpu") -> Workload:
     """The tiny model (or, with ``big``, the compute-bound 4 x Linear 1024 on batches of 256):
-    each variant gets its own copy of one seeded model and its own SGD."""
+    each variant gets its own copy of one seeded model and its own SGD. With ``device`` (e.g.
+    ``"cuda"``) the model and the batches are made there beforehand."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     nn = torch.nn
@@ -103,6 +111,9 @@ def model_workload(batches: int, seed: int = 0, big: bool = False) -> Workload:
     else:
         data = [_batch(gen) for _ in range(batches)]
         template = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    if device != "cpu":
+        data = [(x.to(device), y.to(device)) for x, y in data]
+        template = template.to(device)
 
     def make() -> Parts:
         model = copy.deepcopy(template)
@@ -134,7 +145,7 @@ def model_workload(batches: int, seed: int = 0, big: bool = False) -> Workload:
 
         return Parts(step, managed_step, raw_pass, model, opt)
 
-    return Workload("big" if big else "model", data, make)
+    return Workload("big" if big else "model", data, make, device=device)
 
 
 @contextlib.contextmanager
@@ -200,13 +211,22 @@ class Timing:
 Runner = Callable[[], Timing]
 
 
+def _sync(device: str) -> Callable[[], None]:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if device == "cpu":
+        return lambda: None
+    return getattr(torch, torch.device(device).type).synchronize
+
+
 def raw_variant(workload: Workload) -> Runner:
     raw_pass = workload.make().raw_pass
-    clock = time.perf_counter
+    clock, sync = time.perf_counter, _sync(workload.device)
 
     def run() -> Timing:
+        sync()
         start = clock()
         raw_pass()
+        sync()
         elapsed = clock() - start
         return Timing(elapsed, elapsed)
 
@@ -220,17 +240,20 @@ class StageClock:
 
     name = "stage_clock"
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         self.start = self.end = 0.0
+        self.sync = _sync(device)
 
     @hookimpl(trylast=True)
     def stage_start(self, stage: str) -> None:
         if stage == "train":
+            self.sync()
             self.start = time.perf_counter()
 
     @hookimpl(tryfirst=True)
     def stage_end(self, stage: str) -> None:
         if stage == "train":
+            self.sync()
             self.end = time.perf_counter()
 
 
@@ -250,7 +273,7 @@ class HookfitRunner:
         self.model = parts.model
         self.optimizer = parts.optimizer if managed else None
         self.data = workload.data
-        self.clock = StageClock()
+        self.clock = StageClock(workload.device)
         self.plugins = (*plugins, self.clock)
         self.only = ",".join(keep)
         self.plugins_seen: list[str] | None = None
@@ -296,10 +319,12 @@ def core_variant(workload: Workload) -> Runner:
 
 
 def default_variant(workload: Workload) -> Runner:
-    """The default stack: optim, metrics (writing its log) and the console writing to a pipe."""
+    """The default stack of the README's first script: optim (the managed step), metrics, the
+    interrupter and the console writing to a pipe."""
     from hookfit.plugins.console import Console
 
-    return HookfitRunner(workload, plugins=(Console(stream=_pipe()),), keep=("optim", "metrics"), managed=True)
+    return HookfitRunner(workload, plugins=(Console(stream=_pipe()),), keep=("optim", "metrics", "interrupter"),
+                         managed=True)
 
 
 def dashboard_variant(workload: Workload) -> Runner:
@@ -439,7 +464,7 @@ def table(title: str, unit: str, results: list[Result], rounds: int, digits: int
             f"{r.added_ci[0]:+.{digits}f}..{r.added_ci[1]:+.{digits}f}",
         ))
     for r in results:
-        if r.ratio is None:
+        if r.ratio is None or r.plugins is None:  # (raw, and the peers: no hookfit plugins)
             continue
         lines.append(
             f"  {r.variant}: plugins registered: {', '.join(r.plugins or []) or 'none'}; "
@@ -467,6 +492,21 @@ def verdicts(workload: str, results: list[Result]) -> list[str]:
             word = "undecided: the 95% CI straddles the target (more rounds, or a quieter machine)"
         lines.append(f"measured: {variant}/{base} per step = {ratio:.3f} ({(ratio - 1) * 100:+.1f}%, "
                      f"95% CI {low:.3f}-{high:.3f}; target <= {(limit - 1) * 100:.0f}%): {word}")
+    for (key, variant), limit in ADDED_TARGETS.items():
+        row = by_name.get(variant)
+        if key != workload or row is None or row.added_us is None or row.added_ci is None:
+            continue
+        low, high = row.added_ci
+        word = ("within the target" if high <= limit else "OVER the target" if low > limit
+                else "undecided: the 95% CI straddles the target (more rounds, or a quieter machine)")
+        lines.append(f"measured: {variant} adds {row.added_us:+.1f} us a step (95% CI {low:+.1f}..{high:+.1f}; "
+                     f"target <= {limit:g} us): {word}")
+    base = by_name.get("default")
+    if base is not None and base.added_us is not None and base.added_us > 0:
+        for peer in ("ignite", "ignite-default", "lightning", "lightning-default"):
+            if (row := by_name.get(peer)) is not None and row.added_us is not None:
+                lines.append(f"{peer} adds {row.added_us:+.1f} us a step: {row.added_us / base.added_us:.1f}x "
+                             f"what hookfit's default stack adds")
     return lines
 
 
@@ -514,6 +554,8 @@ def render(out: dict[str, Any]) -> str:
                    for r in workload["results"]]
         lines += ["", table(workload["title"], workload["unit"], results, workload["rounds"], workload["digits"])]
         lines += ["  " + v for v in workload["verdicts"]]
+    if "budget" in out:
+        lines += ["", out["budget"]["text"]]
     lines.append(f"\n({out['seconds']:.1f} s; 1-minute load average {out['load_average'][0]:.2f} before, "
                  f"{out['load_average'][1]:.2f} after: anything else running on the machine distorts these numbers)")
     return "\n".join(lines)
@@ -523,10 +565,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--rounds", type=int, default=301,
-        help="timed rounds per workload, at least 15 (default 301: this machine is noisy)")
+    add("--rounds", type=int, default=101,
+        help="timed rounds per workload, at least 15 (default 101: this machine is noisy)")
     add("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
-    add("--batches", type=int, default=64, help="batches a pass, tiny model (default 64)")
+    add("--batches", type=int, default=1000,
+        help="batches a pass, tiny model (default 1000: an epoch's fixed costs spread as in a real one)")
     add("--fw-batches", type=int, default=5000,
         help="batches a pass, framework-only workload (default 5000)")
     add("--big", action="store_true", help="also the compute-bound model (4 x Linear 1024, batch 256)")
@@ -537,6 +580,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"comma-separated; raw is always run (registered: {', '.join(VARIANTS)}; "
              f"dashboard needs --pty)")
     add("--pty", action="store_true", help="run in a pseudo-terminal, for the dashboard variant")
+    add("--device", default="cpu", help="where the tiny model and its batches are (e.g. cuda; default cpu)")
+    add("--peers", action="store_true",
+        help="also Lightning's and Ignite's stacks on the tiny model, where installed (the [bench] extra)")
+    add("--budget", action="store_true",
+        help="also the per-batch budget: the core and each built-in plugin on its own, and a checkpoint's save")
     add("--seed", type=int, default=0, help="seed of the data and the model (default 0)")
     add("--json", metavar="PATH", help="also write every number, round by round, as JSON")
     add("--quiet", action="store_true", help=argparse.SUPPRESS)
@@ -546,6 +594,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batches < 1 or args.fw_batches < 1 or args.big_batches < 1 or args.warmup < 0:
         parser.error("batch counts must be positive, --warmup not negative")
     names = ["raw"] + [n for n in args.variants.split(",") if n and n != "raw"]
+    peer_names: list[str] = []
+    if args.peers:
+        import peers
+
+        found = peers.available()
+        VARIANTS.update(found)
+        peer_names = list(found)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; registered: {', '.join(VARIANTS)}")
@@ -564,18 +619,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = []
     if not args.framework_only:
         title = f"Tiny model (Linear 32-32, ReLU, Linear 32-1; batch 64; SGD), {args.batches} batches a pass"
-        plan.append(("model", model_workload(args.batches, args.seed), title, "us/step", 1, args.rounds))
+        if args.device != "cpu":
+            title += f", on {args.device}"
+        plan.append(("model", model_workload(args.batches, args.seed, device=args.device), title, "us/step", 1,
+                     args.rounds))
         if args.big:
             title = f"Compute-bound model (4 x Linear 1024; batch 256; SGD), {args.big_batches} batches a pass"
             plan.append(("big", model_workload(args.big_batches, args.seed, big=True), title, "us/step", 0, args.big_rounds))
     title = f"Framework only (no-op step calls), {args.fw_batches} batches a pass"
     plan.append(("framework", framework_workload(args.fw_batches, args.seed), title, "us/batch", 3, args.rounds))
     for key, workload, title, unit, digits, rounds in plan:
-        results = measure(workload, names, rounds, args.warmup)
+        results = measure(workload, names + (peer_names if key == "model" and args.device == "cpu" else []),
+                          rounds, args.warmup)
         lines = verdicts(key, results)
         out["workloads"][key] = {"title": title, "unit": unit, "digits": digits, "rounds": rounds,
                                  "batches": len(workload.data), "verdicts": lines,
                                  "results": [asdict(r) for r in results]}
+    if args.budget:
+        import budget
+
+        rows = budget.budget(framework_workload(args.fw_batches, args.seed), args.rounds, args.warmup)
+        save = budget.save_cost(max(15, args.rounds // 5), args.warmup)
+        out["budget"] = {**budget.as_json(rows, save),
+                         "text": budget.render(rows, save, args.rounds, args.fw_batches)}
     out["seconds"] = time.perf_counter() - started
     out["load_average"] = [load_before, os.getloadavg()[0]]
     if not args.quiet:

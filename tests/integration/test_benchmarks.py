@@ -25,7 +25,7 @@ def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path
     )
     result = json.loads(out.read_text())
     rows = {r["variant"]: r for r in result["workloads"]["framework"]["results"]}
-    assert rows["core"]["plugins"] == [] and rows["default"]["plugins"] == ["console", "metrics", "optim"]
+    assert rows["core"]["plugins"] == [] and rows["default"]["plugins"] == ["console", "interrupter", "metrics", "optim"]
     assert all(len(r["rounds_run_us"]) == 15 for r in rows.values())
     # the framework workload's no-op backward is undone after the passes (it patches torch)
     assert "lambda" not in subprocess.run(
@@ -49,3 +49,24 @@ def test_syncs_counts_host_reads_per_step_of_the_default_stack(tmp_path: Path) -
     rows = json.loads(out.read_text())["variants"]
     assert rows["hookfit-default"]["per_step"] == [0] * 7
     assert rows["hookfit-fuse-false"]["per_step"] == [1] * 7
+
+
+def test_the_budget_table_measures_each_plugin_against_its_baseline(tmp_path: Path) -> None:
+    """``overhead.py --budget``: a row per built-in plugin, each run with the plugins it names
+    (the consumers of metrics with metrics), and a checkpoint's save cost per save."""
+    out = tmp_path / "overhead.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--framework-only", "--budget", "--rounds", "15",
+         "--warmup", "1", "--fw-batches", "20", "--json", str(out), "--quiet"],
+        check=True, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    budget = json.loads(out.read_text())["budget"]
+    rows = {r["name"]: r for r in budget["rows"]}
+    assert rows["core"]["plugins"] == [] and rows["core"]["baseline"] == "raw"
+    assert rows["optim (managed step)"]["plugins"] == ["optim"]
+    assert rows["console"]["plugins"] == ["console", "metrics"] and rows["console"]["baseline"] == "core + metrics"
+    assert rows["checkpoint (every epoch)"]["plugins"] == ["checkpoint"]
+    assert all(r["added_ci"][0] <= r["added_us"] <= r["added_ci"][1] for r in rows.values())
+    assert budget["save_us"]["median"] > 0  # a save writes a file: it costs something
+    assert "the default stack's parts" in budget["text"]
