@@ -133,8 +133,9 @@ class Loop:
     bottleneck), and the ``"time_split"`` of the end line in ``run.jsonl``.
 
     ``smoke=True`` (or ``HOOKFIT_SMOKE=1`` when ``smoke`` is not given) makes a smoke run: two
-    batches of each stage, one epoch, every plugin, nothing kept, and a report of what ran
-    (:mod:`hookfit.smoke`).
+    batches of each stage, one epoch, every plugin, nothing kept, and a report of what ran,
+    made by the ``smoke`` plugin (:mod:`hookfit.plugins.smoke`); with it disabled such a run
+    fails after ``configure``, before any batch, naming it.
     """
 
     def __init__(

@@ -35,7 +35,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -214,16 +214,18 @@ class FolderLock:
 class RunFolder:
     """The folder of one run and its ``run.jsonl``: created on first use, so a run that writes
     nothing gets no folder. The main process locks it on first use (:class:`FolderLock`) until
-    :meth:`record_end`. A folder that cannot be created (a read-only parent, a script started
+    :meth:`record_end`, unless a plugin placed it (:meth:`place`: that plugin holds the folder).
+    A folder that cannot be created (a read-only parent, a script started
     from a read-only folder) is said once in a :class:`~hookfit.files.FileWarning` naming it,
     and the run trains on without its files."""
 
-    def __init__(self, run: Run, given: Path | None, lock: bool = True) -> None:
+    def __init__(self, run: Run, given: Path | None) -> None:
         self.run = run
         self.folder = given
         self.given = given is not None
         self.used = False
-        self.lock_wanted = lock
+        self.lock_wanted = True
+        self.released: list[Callable[[], None]] = []  # what placed folders call at record_end (place)
         self.lock: FolderLock | None = None
         self.refused: FolderInUse | None = None  # raised again at every later use
         self.over = False  # the run ended (record_end): a later use takes no lock and records nothing
@@ -302,6 +304,15 @@ class RunFolder:
                                "call it at configure, before any plugin uses loop.run_dir")
         self.folder = folder
 
+    def place(self, folder: str | os.PathLike[str], released: Callable[[], None] | None = None) -> None:
+        """See :meth:`hookfit.run.Run.place_run_dir`."""
+        if self.used:
+            raise RuntimeError(f"place_run_dir({str(folder)!r}): the run already writes to {self.folder}; "
+                               "call it at configure, before any plugin uses loop.run_dir")
+        self.folder, self.given, self.lock_wanted = Path(folder), True, False
+        if released is not None:
+            self.released.append(released)
+
     def record_start(self, folder: Path) -> None:
         """One line in ``run.jsonl`` for this ``fit()`` (a resumed run adds its own): what made
         the run, for a person or a tool looking at it later, with the ``pid`` and ``host`` of
@@ -333,7 +344,7 @@ class RunFolder:
         the best checkpoint, the optimizer steps skipped...; paths and other objects as text). Main process only, and only when the run has a folder (a plugin used
         ``run_dir``). Written through the same :class:`hookfit.files.RunFile` as the start
         line, so a folder that cannot be written warns once, not twice. Then the folder's lock
-        is released."""
+        is released, and the plugin that placed the folder is told (:meth:`place`)."""
         try:
             self._write_end()
         finally:
@@ -343,6 +354,9 @@ class RunFolder:
             if self.lock is not None:
                 self.lock.release()
                 self.lock = None
+            released, self.released = self.released, []
+            for callback in released:
+                callback()
 
     def _write_end(self) -> None:
         log = self.log

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from hookfit import modes, smoke, stopping, training
+from hookfit import modes, stopping, training
 from hookfit import states as saved_states
 from hookfit.dispatch import Dispatch
 from hookfit.manager import PluginManager
@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Step = Callable[["Run", Any], Any]
 ENV_RESUME = "HOOKFIT_RESUME"
+ENV_SMOKE = "HOOKFIT_SMOKE"
 
 __all__ = ["RUNS", "Run", "modules", "script_name"]
 
@@ -61,9 +62,10 @@ class Run:
     * the configuration, read-only: ``train_step``, ``val_step``, ``max_epochs``,
       ``max_steps``, ``val_every_n_epochs``, ``val_every_n_steps``, ``val_grad_mode``,
       ``seed``, ``deterministic``, ``smoke``, ``mode`` (``"fit"`` or ``"validate"``),
-      ``config`` (the ``Loop``), ``name``, ``resume``;
+      ``config`` (the ``Loop``), ``name``, ``resume``; a plugin that makes a smoke run changes
+      the bounds and ``resume`` at ``configure`` (see :attr:`smoke`);
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
-      ``continue_in(folder)``, ``is_main``, ``wrap_step(wrapper)``;
+      ``continue_in(folder)``, ``place_run_dir(folder, released)``, ``is_main``, ``wrap_step(wrapper)``;
     * ``carry``: what the step carries from one batch to the next (an RNN's hidden state), a
       dict of the current stage that is saved with the run's position and restored on resume
       (see :attr:`carry`);
@@ -92,22 +94,20 @@ class Run:
         self.max_epochs, self.max_steps = config.max_epochs, config.max_steps
         self.val_every_n_epochs, self.val_every_n_steps = config.val_every_n_epochs, config.val_every_n_steps
         self.val_grad_mode, self.seed, self.deterministic = config.val_grad_mode, config.seed, config.deterministic
-        self.smoke = smoke.wanted(config.smoke)
-        """A smoke run (``Loop(smoke=True)`` or ``HOOKFIT_SMOKE=1``): two batches a stage, one
-        epoch, a temporary run folder, a report (:mod:`hookfit.smoke`). A plugin that writes
+        self.smoke = smoke_wanted(config.smoke)
+        """Whether a smoke run is asked (``Loop(smoke=True)``, else ``HOOKFIT_SMOKE=1``): two
+        batches a stage, one epoch, a temporary run folder, a report. A plugin makes it one (the
+        built-in :mod:`hookfit.plugins.smoke`): at ``configure`` it sets :attr:`smoke_by`, the
+        bounds and ``resume``, and places the folder (:meth:`place_run_dir`); a smoke run that no
+        plugin made fails right after ``configure``, before any batch. A plugin that writes
         files where it chooses keeps them in :attr:`run_dir` instead during one."""
-        self._smoke = smoke.Smoke() if self.smoke else None
-        if self._smoke is not None:  # one epoch, validated: inside training too when asked
-            self.max_epochs, self.max_steps = 1, None
-            if self.val_every_n_epochs is not None:
-                self.val_every_n_epochs = 1
-            if self.val_every_n_steps is not None:
-                self.val_every_n_steps = 1
+        self.smoke_by: str | None = None
+        """The name of the plugin that made this run the smoke run asked (set at ``configure``)."""
         if resume is None:
             resume = config.resume if config.resume is not None else os.environ.get(ENV_RESUME) or None
-        self.resume: str | None = None if resume is None or self.smoke else os.fspath(resume)
-        """What to resume from (``Loop(resume=...)``, else ``HOOKFIT_RESUME``; never in a
-        smoke run), known from ``configure`` on, or ``None``."""
+        self.resume: str | None = None if resume is None else os.fspath(resume)
+        """What to resume from (``Loop(resume=...)``, else ``HOOKFIT_RESUME``; a smoke run's
+        plugin clears it), known from ``configure`` on, or ``None``."""
         self.identity = identify(config)
         """Who the run is (:class:`hookfit.records.Identity`): ``Loop(name=...)``, else
         ``run_dir``, else the notebook's or the script's path; stored in ``run.jsonl``, and
@@ -124,10 +124,7 @@ class Run:
         self.pm = pm
         self.hooks = Dispatch(pm)
         self.state.silenced = pm.silenced
-        self.folder = RunFolder(self, config.run_dir if self._smoke is None else self._smoke.folder,
-                                lock=self._smoke is None)  # a smoke run's temporary folder is its own
-        self.run_dir_given = self.folder.given
-        """Whether ``Loop(run_dir=...)`` was given (else each run gets a new folder)."""
+        self.folder = RunFolder(self, config.run_dir)
         self.cursor = Cursor(self.state)
         self._carry: dict[str, Any] = {}  # the current stage's loop.carry (training.run_stage sets it)
         self.stopping = stopping.Stopping(self)
@@ -137,9 +134,25 @@ class Run:
     @property
     def run_dir(self) -> Path:
         """The folder this run's files go to, created on first access (with its
-        ``run.jsonl``): ``Loop(run_dir=...)``; else the folder of the run this one resumes
-        (see :meth:`continue_in`); else a new ``runs/<name>/<date>-<time>``."""
+        ``run.jsonl``): one a plugin placed (:meth:`place_run_dir`); else ``Loop(run_dir=...)``;
+        else the folder of the run this one resumes (see :meth:`continue_in`); else a new
+        ``runs/<name>/<date>-<time>``."""
         return self.folder.path
+
+    @property
+    def run_dir_given(self) -> bool:
+        """Whether the run's folder was chosen for it, by ``Loop(run_dir=...)`` or a plugin
+        (:meth:`place_run_dir`); else each run gets a new folder."""
+        return self.folder.given
+
+    def place_run_dir(self, folder: str | os.PathLike[str], released: Callable[[], None] | None = None) -> None:
+        """Make ``folder``, which a plugin made for this run (a smoke run's temporary folder),
+        the run's folder, instead of ``Loop(run_dir=...)`` or a new one: called at ``configure``,
+        before any plugin uses :attr:`run_dir`. The core takes no lock on it (the plugin that made
+        it holds what it needs) and writes ``run.jsonl`` there as anywhere. ``released()`` is
+        called once the run is over, after ``fit_end``, ``results`` and ``run.jsonl``'s end line,
+        in every outcome: the plugin may report and remove the folder then."""
+        self.folder.place(folder, released)
 
     def continue_in(self, folder: str | os.PathLike[str]) -> None:
         """Make ``folder`` (an earlier run's folder) this run's folder: a resume plugin calls it
@@ -282,6 +295,16 @@ class Run:
         :mod:`hookfit.training`): ``fit_end`` fires exactly once, whatever happened."""
         return training.execute(self)
 
+    def check_configured(self) -> None:
+        """After ``configure``: a smoke run asked was made one by a plugin (:attr:`smoke_by`),
+        else a ``RuntimeError`` names the plugin that would have, before any batch trains."""
+        if self.smoke and self.smoke_by is None:
+            asked = "Loop(smoke=True)" if self.config.smoke else f"{ENV_SMOKE}={os.environ.get(ENV_SMOKE)}"
+            raise RuntimeError(
+                f"{asked} asks for a smoke run, and no enabled plugin made one at configure: the built-in "
+                f"plugin 'smoke' (hookfit.plugins.smoke) does; enable it, or run without {asked} to train "
+                f"for real (disabled plugins: {self._disabled()})")
+
     def _disabled(self) -> str:
         return ", ".join(i.name for i in self.pm.infos.values() if not i.enabled) or "none"
 
@@ -295,3 +318,9 @@ class Run:
                     output = step(self, batch)
                 yield output
 
+
+def smoke_wanted(smoke: bool | None) -> bool:
+    """``Loop(smoke=...)``, else whether ``HOOKFIT_SMOKE`` is set to a true value."""
+    if smoke is not None:
+        return smoke
+    return os.environ.get(ENV_SMOKE, "").strip().lower() in ("1", "true", "yes", "on")

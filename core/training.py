@@ -63,8 +63,7 @@ def execute(run: Run) -> State:
             if run.seed is not None:
                 seed_everything(run.seed)  # before configure: plugins draw from it too
             fire(run, "configure")
-            if run._smoke is not None:
-                run._smoke.start(run)  # the data as configure left it, cut short
+            run.check_configured()
             epochs_for_steps(run)
             fire(run, "fit_start")
             resume(run)
@@ -75,9 +74,6 @@ def execute(run: Run) -> State:
             raise
         else:
             finish(run, failed=False, unbind=unbind)
-        finally:
-            if run._smoke is not None:
-                run._smoke.finish(run)
     return state
 
 
@@ -194,7 +190,7 @@ def epochs(run: Run) -> None:
 
 def _epochs_bound(run: Run) -> bool:
     """Whether ``max_epochs`` ends the run (else ``max_steps`` alone does)."""
-    return run.config.epochs_given or run.max_steps is None or run._smoke is not None
+    return run.config.epochs_given or run.max_steps is None
 
 
 def _last_epoch_done(run: Run, at: Position | None) -> None:

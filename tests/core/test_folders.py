@@ -1,9 +1,10 @@
 """A run whose folder cannot be created trains on with one ``FileWarning`` naming the folder: a
 ``run_dir`` under a read-only folder, and a script started from a read-only folder with the
-default ``runs/`` (issue 30)."""
+default ``runs/`` (issue 30). A folder a plugin places for the run (``loop.place_run_dir``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,11 +16,13 @@ import pytest
 import torch
 
 import hookfit
+from hookfit import hookimpl
 from hookfit.files import FileWarning
 from hookfit.plugins.csv_log import CSVLogger
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.metrics_log import MetricsLog
 from hookfit.plugins.optim import Optim
+from hookfit.records import LOCK
 
 
 def fit(run_dir: Path | None, *plugins: object) -> hookfit.State:
@@ -108,3 +111,53 @@ def test_a_script_started_from_a_read_only_folder_trains_on_without_runs(read_on
     # the checkpoint plugin, on by default, says once that its saves fail, in its own category
     assert all("FileWarning: " in line or "CheckpointWarning: checkpoint: " in line for line in warned), warned
     assert list(read_only_folder.iterdir()) == []
+
+
+class Place:
+    """Places the run's folder at configure, and notes what the folder holds when released."""
+
+    name = "place"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.released: list[tuple[list[str], bool]] = []
+
+    @hookimpl(tryfirst=True)
+    def configure(self, loop):
+        self.folder.mkdir()
+        loop.place_run_dir(self.folder, released=self.release)
+
+    def release(self) -> None:
+        lines = (self.folder / "run.jsonl").read_text().splitlines()
+        self.released.append(([json.loads(line)["event"] for line in lines], (self.folder / LOCK).exists()))
+
+
+def test_a_folder_a_plugin_places_is_the_runs_and_released_after_the_end_line(tmp_path: Path) -> None:
+    place = Place(tmp_path / "placed")
+    given = []
+
+    class Look:
+        name = "look"
+
+        @hookimpl
+        def fit_start(self, loop):
+            given.append((loop.run_dir, loop.run_dir_given))
+
+    state = fit(tmp_path / "configured", place, Look())
+    assert state.status == "completed"
+    assert given == [(tmp_path / "placed", True)]
+    assert (tmp_path / "placed" / "metrics.jsonl").is_file() and not (tmp_path / "configured").exists()
+    assert place.released == [(["run", "end"], False)]  # after the end line; the core took no lock there
+
+
+def test_a_folder_is_placed_before_any_plugin_uses_run_dir(tmp_path: Path) -> None:
+    class Early:
+        name = "early"
+
+        @hookimpl(tryfirst=True)
+        def configure(self, loop):
+            loop.run_dir  # noqa: B018
+
+    with pytest.raises(RuntimeError, match=r"place_run_dir\('.*placed'\): the run already writes to .*early; call "
+                       r"it at configure, before any plugin uses loop.run_dir"):
+        fit(tmp_path / "early", Place(tmp_path / "placed"), Early())

@@ -28,6 +28,7 @@ from hookfit.records import LOCK
 from conftest import TESTS
 
 SCRIPT = TESTS / "scripts" / "identity_train.py"
+SMOKE = {"HOOKFIT_PLUGINS": "smoke"}  # the plugin that makes smoke runs, beside those the script gives
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -175,18 +176,19 @@ def test_a_killed_smoke_runs_folder_is_removed_by_the_next_smoke_run(tmp_path: P
     tmp, hold = tmp_path / "tmp", tmp_path / "hold"
     tmp.mkdir()
     hold.mkdir()
-    first = _start(SCRIPT, tmp_path, tmp_path / "first.json", "--hold", str(hold), HOOKFIT_SMOKE="1", TMPDIR=str(tmp))
+    first = _start(SCRIPT, tmp_path, tmp_path / "first.json", "--hold", str(hold), HOOKFIT_SMOKE="1", TMPDIR=str(tmp),
+                   **SMOKE)
     try:
         _wait_for(hold / "ready", first)
         folder = Path((hold / "ready").read_text())
         assert folder.parent == tmp and folder.is_dir()
-        _run(SCRIPT, tmp_path, HOOKFIT_SMOKE="1", TMPDIR=str(tmp))  # while the first is alive
+        _run(SCRIPT, tmp_path, HOOKFIT_SMOKE="1", TMPDIR=str(tmp), **SMOKE)  # while the first is alive
         assert folder.is_dir()
     finally:
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=60)
     assert folder.is_dir()  # killed: nothing removed it
-    done, err = _run(SCRIPT, tmp_path, HOOKFIT_SMOKE="1", TMPDIR=str(tmp))
+    done, err = _run(SCRIPT, tmp_path, HOOKFIT_SMOKE="1", TMPDIR=str(tmp), **SMOKE)
     assert "hookfit smoke: completed" in err
     assert not folder.exists() and list(tmp.glob("hookfit-smoke-*")) == []
 

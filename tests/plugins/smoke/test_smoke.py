@@ -1,7 +1,9 @@
-"""hookfit.smoke: two batches a stage through every plugin, nothing kept, a report."""
+"""The smoke plugin (hookfit.plugins.smoke): two batches a stage through every plugin, nothing
+kept, a report; the core knows only the flag, and a smoke run without the plugin fails at once."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +19,13 @@ from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
 from conftest import Recorder
+
+
+@pytest.fixture(autouse=True)
+def _smoke_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's runs see only the plugins a test gives (HOOKFIT_PLUGINS is empty); these
+    also get the discovered smoke plugin, which makes smoke runs."""
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "smoke")
 
 
 class Folder:
@@ -156,3 +165,74 @@ def test_helpers_a_plugin_registers_are_reported_as_such(capsys: pytest.CaptureF
     err = capsys.readouterr().err.splitlines()
     assert "hookfit smoke:   optim.batch_end (registered by a plugin): batch_end" in err, err
     assert "hookfit smoke: plugins (1), with the events each handled:" in err
+
+
+def test_a_smoke_run_validates_inside_training_when_asked(capsys: pytest.CaptureFixture) -> None:
+    """(Moved from tests/core/test_step_validation.py, where the smoke plugin is not enabled.)"""
+    seen = []
+    loop = hookfit.Loop(lambda l, b: None, list(range(10)),
+                        val_step=lambda l, b: seen.append(l.state.step) or {"v": 1.0},
+                        val_data=list(range(10)), val_every_n_steps=500, smoke=True)
+    assert loop.fit().status == "completed"
+    assert seen == [1, 1, 2, 2]  # two validation batches after each of the two training batches
+    assert "and validation" in capsys.readouterr().err
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("how", ["HOOKFIT_PLUGINS", "disable", "hookfit.toml", "HOOKFIT_SMOKE"])
+def test_a_smoke_run_without_the_smoke_plugin_fails_at_once_naming_it(
+        how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the plugin that makes smoke runs, smoke=True would train for real (100 epochs
+    here): it fails after configure instead, before any batch, naming the plugin."""
+    steps = []
+    smoke: bool | None = True
+    disable = ["smoke"] if how == "disable" else []
+    if how == "HOOKFIT_PLUGINS":
+        monkeypatch.setenv("HOOKFIT_PLUGINS", "")
+    if how == "hookfit.toml":
+        (tmp_path / "off.toml").write_text("[plugins.smoke]\nenabled = false\n")
+        monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "off.toml"))
+    if how == "HOOKFIT_SMOKE":
+        monkeypatch.setenv("HOOKFIT_PLUGINS", "")
+        monkeypatch.setenv("HOOKFIT_SMOKE", "1")
+        smoke = None
+    loop = hookfit.Loop(lambda l, b: steps.append(b), range(10), max_epochs=100, smoke=smoke, disable=disable,
+                        plugins=[Folder()])
+    asked = "HOOKFIT_SMOKE=1" if how == "HOOKFIT_SMOKE" else r"Loop\(smoke=True\)"
+    with pytest.raises(RuntimeError, match=asked + r" asks for a smoke run, and no enabled plugin made one at "
+                       r"configure: the built-in plugin 'smoke' \(hookfit.plugins.smoke\) does; enable it.*"
+                       r"disabled plugins: [^)]*\bsmoke\b"):
+        loop.fit()
+    assert steps == [] and loop.state.status == "failed" and loop.state.step == 0
+    assert "hookfit smoke:" not in capsys.readouterr().err
+
+
+def test_a_run_that_is_not_a_smoke_run_has_no_smoke_plugin_in_it(tmp_path: Path) -> None:
+    """Discovered in every run, the plugin unregisters itself at configure unless a smoke run is
+    asked: not a participant, nothing on the per-batch path, run.jsonl does not list it."""
+    seen = []
+
+    class Look:
+        name = "look"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            seen.append((loop.pm.participants(), loop.hooks.hot.step_output, loop.smoke, loop.run_dir_given))
+            loop.run_dir  # noqa: B018 - the folder, with its run.jsonl
+
+    state = hookfit.Loop(lambda l, b: {"loss": 1.0}, range(4), max_epochs=3, run_dir=tmp_path / "run",
+                         plugins=[Look()]).fit()
+    assert (state.status, state.step) == ("completed", 12)
+    assert seen == [(["look"], None, False, True)]
+    assert json.loads((tmp_path / "run" / "run.jsonl").read_text().splitlines()[0])["plugins"] == ["look"]
+
+
+def test_a_smoke_run_gets_its_temporary_folder_even_with_a_run_dir(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    Folder.seen = None
+    state = hookfit.Loop(lambda l, b: None, range(10), run_dir=tmp_path / "kept", smoke=True, max_steps=7,
+                         plugins=[Folder()]).fit()
+    assert (state.status, state.step, state.epoch) == ("completed", 2, 0)
+    assert Folder.seen is not None and Folder.seen.name.startswith("hookfit-smoke-") and not Folder.seen.exists()
+    assert not (tmp_path / "kept").exists()
+    assert capsys.readouterr().err.startswith("hookfit smoke: completed after 2 training batch(es) in ")

@@ -7,17 +7,27 @@ the folder of a smoke run that was killed is removed by the next one),
 then a report on stderr of what ran: how it ended, what each step function returned, and each
 plugin with the events it handled. A plugin that writes files somewhere of its own choosing
 reads ``loop.smoke`` and keeps them in ``loop.run_dir`` instead.
+
+The core knows only the flag (``loop.smoke``); this plugin, discovered like every other, makes
+the run a smoke run. Its ``configure`` is a ``tryfirst`` wrapper: before every other plugin
+configures, it sets the run's bounds (one epoch, no ``max_steps``, a validation every epoch or
+after every step as asked), clears ``resume`` and places the temporary folder
+(``loop.place_run_dir``); after them (a distributed plugin has sharded the data) it cuts the
+data to its first batches and starts watching which plugin handles which event. The report and
+the folder's removal come once the run is over and its ``run.jsonl`` written (the folder's
+``released`` call). In a run that is not a smoke run it unregisters itself at ``configure``,
+so it costs nothing. Disabled (``HOOKFIT_PLUGINS`` without it, ``enabled = false`` in
+``hookfit.toml``), a smoke run fails after ``configure`` naming it, rather than train for real.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
@@ -28,21 +38,13 @@ from hookfit.records import LOCK, FolderInUse, FolderLock
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run
 
-__all__ = ["BATCHES", "ENV_SMOKE", "PREFIX", "FirstBatches", "Smoke", "remove_abandoned", "wanted"]
+__all__ = ["BATCHES", "PREFIX", "FirstBatches", "Smoke", "remove_abandoned"]
 
-ENV_SMOKE = "HOOKFIT_SMOKE"
+NAME = "smoke"
 BATCHES = 2
 """Batches of each stage in a smoke run."""
 PREFIX = "hookfit-smoke-"
 """The name of every smoke run's temporary folder begins so (in :func:`tempfile.gettempdir`)."""
-WATCH = "hookfit.smoke"  # the name the report's own watcher is registered under
-
-
-def wanted(smoke: bool | None) -> bool:
-    """``Loop(smoke=...)``, else whether ``HOOKFIT_SMOKE`` is set to a true value."""
-    if smoke is not None:
-        return smoke
-    return os.environ.get(ENV_SMOKE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class FirstBatches:
@@ -97,63 +99,80 @@ def remove_abandoned(where: str | None = None) -> list[Path]:
     return removed
 
 
-class _Watch:
-    """Registered during a smoke run so that step outputs go through an event call the
-    report's monitor sees; it does nothing itself."""
-
-    @hookimpl
-    def step_output(self, output: Any) -> None:
-        pass
-
-
 class Smoke:
-    """What a smoke run adds to a :class:`hookfit.run.Run`: a temporary folder, the first
-    batches of the data once plugins have set it up, and the report."""
+    """Makes a run that asks for it (``loop.smoke``) a smoke run: a temporary folder, one epoch
+    of the first batches of the data once plugins have set it up, and the report."""
+
+    name = NAME
 
     def __init__(self) -> None:
-        remove_abandoned()
-        self.folder = Path(tempfile.mkdtemp(prefix=PREFIX))
-        self.lock = FolderLock(self.folder, "hookfit smoke")
-        self.lock.acquire("this smoke run")  # held while it runs: a later smoke run leaves it alone
+        self.folder: Path | None = None
+        self.lock: FolderLock | None = None
         self.handled: dict[str, set[str]] = {}  # plugin -> events it handled
         self.returned: dict[str, set[str]] = {}  # stage -> keys the step returned
         self._undo: Callable[[], None] | None = None
 
-    def start(self, run: Run) -> None:
-        """After ``configure`` (a distributed plugin has sharded the data): cut the data to
-        its first batches, and watch which plugin handles which event."""
-        run.train_data = _first(run.train_data)
-        run.val_data = _first(run.val_data)
+    def inert(self, chosen: bool) -> str | None:
+        """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): it takes part
+        in smoke runs only, as the run decides at ``configure``."""
+        return "a smoke run is asked: Loop(smoke=True), or HOOKFIT_SMOKE=1"
 
-        pm = run.pm
-        assert pm is not None
-        watch = _Watch()
-        pm.register(watch, name=WATCH)
+    @hookimpl(wrapper=True, tryfirst=True)
+    def configure(self, loop: Run) -> Generator[None, None, None]:
+        if not loop.smoke:
+            loop.pm.unregister(self)  # not a smoke run: none of the hooks below costs anything
+            return (yield)
+        self.start(loop)
+        result = yield
+        self.watch(loop)  # the data as configure left it (sharded), cut short
+        return result
+
+    def start(self, loop: Run) -> None:
+        """Before any other plugin configures: the folder, the bounds, no resume."""
+        remove_abandoned()
+        self.folder = Path(tempfile.mkdtemp(prefix=PREFIX))
+        self.lock = FolderLock(self.folder, "hookfit smoke")
+        self.lock.acquire("this smoke run")  # held while it runs: a later smoke run leaves it alone
+        self.handled, self.returned, self._undo = {}, {}, None
+        loop.smoke_by = loop.pm.get_name(self) or NAME
+        loop.place_run_dir(self.folder, released=lambda: self.finish(loop))
+        loop.max_epochs, loop.max_steps = 1, None  # one epoch, validated: inside training too when asked
+        if loop.val_every_n_epochs is not None:
+            loop.val_every_n_epochs = 1
+        if loop.val_every_n_steps is not None:
+            loop.val_every_n_steps = 1
+        loop.resume = None  # a smoke run resumes nothing
+
+    def watch(self, loop: Run) -> None:
+        """After every plugin configured: cut the data to its first batches, and watch which
+        plugin handles which event."""
+        loop.train_data = _first(loop.train_data)
+        loop.val_data = _first(loop.val_data)
 
         def before(hook: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
             for impl in impls:
                 self.handled.setdefault(impl.plugin_name, set()).add(hook)
-            if hook == "step_output" and run.state.stage is not None:
-                self.returned.setdefault(run.state.stage, set()).update(map(str, kwargs["output"]))
 
-        undo = pm.add_hookcall_monitoring(before, lambda *args: None)
+        self._undo = loop.pm.add_hookcall_monitoring(before, lambda *args: None)
 
-        def stop() -> None:
-            undo()
-            pm.unregister(watch)
+    @hookimpl
+    def step_output(self, loop: Run, output: Mapping[str, Any]) -> None:
+        if loop.state.stage is not None:
+            self.returned.setdefault(loop.state.stage, set()).update(map(str, output))
 
-        self._undo = stop
-
-    def finish(self, run: Run) -> None:
-        """Report, stop watching and remove the folder."""
+    def finish(self, loop: Run) -> None:
+        """The run is over and its folder released: stop watching, report, remove the folder."""
         if self._undo is not None:
             self._undo()
             self._undo = None
         try:
-            self.report(run)
+            self.report(loop)
         finally:
-            self.lock.release()
-            shutil.rmtree(self.folder, ignore_errors=True)
+            if self.lock is not None:
+                self.lock.release()
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+            self.lock = self.folder = None
 
     def report(self, run: Run, stream: Any = None) -> None:
         out = stream if stream is not None else sys.stderr
@@ -171,12 +190,14 @@ class Smoke:
             name = getattr(step, "__qualname__", repr(step))
             keys = ", ".join(sorted(self.returned.get(stage, ()))) or "nothing to report"
             print(f"hookfit smoke: {stage} step {name!r} returned: {keys}", file=out)
-        names = run.pm.participants() if run.pm is not None else []
+        me = run.smoke_by
+        registered = run.pm.participants()
+        names = [name for name in registered if name != me]  # the report's own plugin is not what ran
         print(f"hookfit smoke: plugins ({len(names)}), with the events each handled:", file=out)
         for name in names:
             events = sorted(self.handled.get(name, ())) or ["none"]
             print(f"hookfit smoke:   {name}: {', '.join(events)}", file=out)
-        helpers = sorted(set(self.handled) - set(names) - {WATCH})  # registered by plugins themselves
+        helpers = sorted(set(self.handled) - set(registered) - {me})  # registered by plugins themselves
         for name in helpers:
             print(f"hookfit smoke:   {name} (registered by a plugin): {', '.join(sorted(self.handled[name]))}",
                   file=out)
