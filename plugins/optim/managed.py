@@ -178,10 +178,10 @@ class ManagedOptimizer:
                     scaler.step(self.optimizer)
                 plugin._scaler_used = True
             elif bad is not None:  # the fused kernel skips the update where found_inf is set
-                flag = bad if grad_bad is None else bad | grad_bad
+                flag = bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype))
                 # GradScaler's contract with the fused kernels: attributes of the optimizer that
                 # its declared type lacks, so set by name
-                setattr(self.optimizer, "found_inf", flag.to(torch.float32))
+                setattr(self.optimizer, "found_inf", flag)  # (float32, see nonfinite._flag)
                 setattr(self.optimizer, "grad_scale", None)
                 try:
                     self.optimizer.step()
