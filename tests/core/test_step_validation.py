@@ -224,15 +224,6 @@ def test_early_stopping_counts_validations_and_stops_right_after_the_deciding_on
     assert state.stopped_by == "early_stopping"
 
 
-def test_a_smoke_run_validates_inside_training_when_asked(capsys: pytest.CaptureFixture) -> None:
-    seen = []
-    loop = hookfit.Loop(lambda l, b: None, list(range(10)), val_step=lambda l, b: seen.append(l.state.step) or {"v": 1.0},
-                        val_data=list(range(10)), val_every_n_steps=500, smoke=True)
-    assert loop.fit().status == "completed"
-    assert seen == [1, 1, 2, 2]  # two validation batches after each of the two training batches
-    assert "and validation" in capsys.readouterr().err
-
-
 def test_the_dashboard_shows_training_progress_again_after_a_validation_inside_it() -> None:
     from hookfit.plugins.tui.dashboard import Dashboard
 
