@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookfit import StateMismatch
+from hookfit.data import Batches
 from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import ranks, sharded
 from hookfit.plugins.checkpoint.state import _load_model, _model_state
@@ -121,4 +123,32 @@ def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:
             f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
             f"restores unused)") from error
     run = {key: value for key, value in data.items() if key not in OWN_KEYS}
-    loop.load_state_dict(ranks.own(loop, run, data.get(ranks.KEY), path))
+    loop.load_state_dict(ranks.own(loop, validation_batching(loop, run), data.get(ranks.KEY), path))
+
+
+BATCHING = ("batch_size", "world_size", "rank")
+"""What of a :class:`hookfit.data.Batches` state says how its samples are cut into batches and
+shared among the processes, not which samples or in what order."""
+
+
+def validation_batching(loop: Run, run_state: dict[str, Any]) -> dict[str, Any]:
+    """``run_state`` (``loop.state_dict()`` as saved) with its validation data's state cut into
+    batches as this run cuts ``loop.val_data``: a resumed run runs a validation from its start
+    (never from a batch inside it), and every validation covers all its samples whatever their
+    batches, so the validation batch size and the number of processes sharing the validation
+    may differ from the run that wrote the checkpoint (2 processes with validation batches of 32
+    resumed as one plain process that keeps 32). Only the seed and epoch (the order of a
+    shuffled validation) are taken; other data, another ``shuffle`` or ``drop_last`` is still
+    refused. Before, the state of the validation data had to match as the training data's must
+    (same global batch), and such a resume failed with ``world_size 2 saved, 1 here``."""
+    data, target = run_state.get("data"), loop.val_data
+    if not isinstance(target, Batches) or not isinstance(data, Mapping):
+        return run_state
+    saved = data.get("valid")
+    if not isinstance(saved, Mapping):
+        return run_state
+    mine = target.state_dict()
+    if all(saved.get(key) == mine[key] for key in BATCHING) or not all(key in saved for key in BATCHING):
+        return run_state
+    valid = {**saved, **{key: mine[key] for key in BATCHING}}
+    return {**run_state, "data": {**data, "valid": valid}}

@@ -27,8 +27,10 @@ from hookfit.plugins.optim import Optim
 from test_distributed import (  # noqa: F401 - _not_launched: autouse, this process is not torchrun's
     EXAMPLE,
     PLUGINS,
+    ROOT,
     _env,
     _not_launched,
+    _torchrun,
     _step,
     assert_same_training,
     dumps,
@@ -229,6 +231,53 @@ def test_a_sharded_checkpoint_is_a_folder_kept_pruned_exported_and_resumed_witho
     assert sorted(p.suffix for p in folder.iterdir() if p.name != "run.lock") == [".dcp", ".dcp", ".pt"]  # the plain run writes a file
 
 
+def test_a_sharded_checkpoint_resumes_with_another_validation_batch(group: Any, tmp_path: Path) -> None:
+    """A resumed run validates from the start of a validation, over all its samples, so the
+    validation batch (and the number of processes sharing the validation) may differ from the
+    run that wrote the checkpoint: an FSDP run's checkpoint, validation batches of 4, resumes in
+    a plain process with batches of 2. It failed with "the saved state is for other batches:
+    batch_size 4 saved, 2 here". Validation data of other samples is still refused."""
+    from hookfit.data import Batches
+
+    generator = torch.Generator().manual_seed(2)
+    x, y = torch.randn(10, 4, generator=generator), torch.randn(10, 2, generator=generator)
+    seen: list[int] = []
+
+    def valid(loop: Any, batch: Any) -> dict[str, Any]:
+        seen.append(len(batch[0]))
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    def run(val_batch: int, samples: int = 10, **options: Any) -> hookfit.Loop:
+        model = _net()
+        return hookfit.Loop(_step, _data(), val_step=valid, val_data=Batches(x[:samples], y[:samples],
+                                                                             batch_size=val_batch),
+                            model=model, optimizers=torch.optim.Adam(model.parameters(), lr=0.01), **options)
+
+    folder = tmp_path / "ckpt"
+    sharded = run(4, plugins=[Distributed(strategy="fsdp"), Optim(), Checkpoint(dir=folder)])
+    assert sharded.fit().status == "completed" and seen == [4, 4, 2]
+    saved = _whole(sharded.model)
+    [checkpoint] = folder.glob("*.dcp")
+    dist.destroy_process_group()
+
+    params: dict[str, Any] = {}
+
+    class Look:
+        @hookimpl
+        def resumed(self, loop: Any) -> None:
+            params.update(_whole(loop.model))
+
+    seen.clear()
+    state = run(2, max_epochs=2, resume=str(checkpoint),
+                plugins=[Optim(), Checkpoint(dir=tmp_path / "plain"), Look()]).fit()
+    assert (state.status, state.step, seen) == ("completed", 12, [2] * 5)
+    assert params.keys() == saved.keys() and all(torch.equal(params[k], v) for k, v in saved.items())
+
+    other = run(2, samples=8, max_epochs=2, resume=str(checkpoint), plugins=[Optim(), Checkpoint(dir=tmp_path / "o")])
+    with pytest.raises(ValueError, match="num_samples 10 saved, 8 here"):
+        other.fit()
+
+
 # -- real processes ----------------------------------------------------------------------------
 
 SHARDED = ("--strategy", "fsdp", "--samples", "1024")
@@ -323,6 +372,36 @@ def test_sharded_checkpoints_resume_exactly_and_on_other_numbers_of_processes(tm
     exported = torch.load(tmp_path / "model.pt", weights_only=True)
     assert list(exported) == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert torch.cat([t.flatten() for t in exported.values()]).tolist() == want["params"]
+
+
+VAL_BATCH = ROOT / "tests" / "scripts" / "val_batch_run.py"
+
+
+@pytest.mark.slow
+def test_two_sharded_processes_resume_as_a_plain_process_that_keeps_its_validation_batch(tmp_path: Path) -> None:
+    """Issue 30: a 2-process FSDP run (batches of 8 per process, validation batches of 4)
+    resumed from its sharded checkpoint as a plain script, with the global training batch (16)
+    and the same validation batch (4). It failed at resume ("the saved state is for other
+    batches: world_size 2 saved, 1 here": the validation data's state was held to the training
+    data's rule); now it continues from the saved parameters and ends, parameters and
+    validation losses, where a plain run that was never interrupted does."""
+    two = subprocess.run([*_torchrun(), "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                          "localhost:0", str(VAL_BATCH), "two", "--batch-size", "8", "--val-batch-size", "4",
+                          "--epochs", "1"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
+    assert two.returncode == 0, two.stdout + two.stderr
+    [checkpoint] = tmp_path.glob("ckpt/*.dcp")
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    for folder, name, resume in ((tmp_path, "plain", ["--resume", str(checkpoint)]), (whole, "whole", [])):
+        done = subprocess.run([sys.executable, str(VAL_BATCH), name, "--batch-size", "16", "--val-batch-size", "4",
+                               "--epochs", "2", *resume], cwd=folder, env=_env(), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+    sharded, plain, want = _dump(tmp_path, "two"), _dump(tmp_path, "plain"), _dump(whole, "whole")
+    assert plain["resumed_params"] == sharded["params"]
+    assert (plain["status"], plain["step"], plain["world_size"]) == ("completed", 8, 1)
+    torch.testing.assert_close(torch.tensor(plain["params"]), torch.tensor(want["params"]), rtol=1e-5, atol=1e-6)
+    assert sharded["valid"] + plain["valid"] == pytest.approx(want["valid"], rel=1e-5)
 
 
 @pytest.mark.slow
