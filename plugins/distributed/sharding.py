@@ -49,6 +49,10 @@ def shard(data: Any, what: str, rank: int, world_size: int, seed: int,
     if callable(getattr(data, "shard", None)):
         if getattr(data, "world_size", 1) != 1:  # sharded by the script already
             return data, None
+        samples = getattr(data, "num_samples", None)  # (hookfit.data.Batches has it)
+        if not even and isinstance(samples, int) and samples < world:  # the same on every rank
+            raise ValueError(f"distributed: {what} has {samples} samples, fewer than the {world} processes; "
+                             f"every process needs at least one batch")
         if not even and "even" in inspect.signature(data.shard).parameters:
             return data.shard(rank, world, even=False), None
         return data.shard(rank, world), None

@@ -180,6 +180,28 @@ def test_the_agreed_request_is_the_run_s_stop_request(group: Any) -> None:
     assert (request.reason, request.by, request.ranks) == (state.stop_reason, "the test", (0,))
 
 
+@pytest.mark.bad_input
+def test_a_validation_set_smaller_than_the_processes_is_refused_naming_it() -> None:
+    """Several validation sets, one of hookfit.data.Batches with fewer samples than processes:
+    refused at configure on every rank (the numbers are the same everywhere), naming the set.
+    Rank 1 had no batch of it, and the ranks' collectives at the validation's end no longer
+    matched: gloo aborted both processes ("Received data size doesn't match expected size")."""
+    from hookfit.data import Batches
+
+    plugin = Distributed()
+    plugin.world_size = 2
+    sets = {"a": Batches(torch.zeros(10, 2), batch_size=4), "b": Batches(torch.zeros(1, 2), batch_size=4)}
+    for rank in (0, 1):
+        plugin.rank = rank
+        with pytest.raises(ValueError, match=r"^distributed: val_data\['b'\] has 1 samples, fewer than the 2 "
+                                             r"processes; every process needs at least one batch$"):
+            plugin._sharded(sets, "val_data", even=False)
+    parts = plugin._sharded({"a": sets["a"], "b": Batches(torch.zeros(2, 2), batch_size=4)}, "val_data", even=False)
+    assert [len(part) for part in parts.values()] == [2, 1]  # rank 1's: 5 samples of a, 1 of b
+    # training data stays even: a sample too few is repeated, as before
+    assert len(plugin._sharded(sets["b"], "train_data", even=True)) == 1
+
+
 # -- real processes --------------------------------------------------------------------------
 
 
