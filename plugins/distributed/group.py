@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
+import importlib
+import sys
 from typing import Any
 
 __all__ = ["init", "owned", "shutdown"]
@@ -47,6 +50,13 @@ def init(backend: str, timeout: datetime.timedelta) -> None:
     """Initialise the default process group from ``torchrun``'s environment (``env://``); it
     is hookfit's, destroyed at the job's end or by :func:`shutdown`."""
     global _owned, _exit_registered
+    # torch.distributed.nn.functional's collectives take ``group=group.WORLD`` as a default
+    # argument, evaluated when the module is first imported: imported after the group exists
+    # (DTensor imports it, so every FSDP run does), its functions keep the group alive after
+    # destroy_process_group(), with gloo's threads, until the interpreter finalizes, where a
+    # thread still running can abort a finished process. Imported first, the default is None.
+    import torch.distributed.nn.functional  # noqa: F401
+
     _dist().init_process_group(backend=backend, timeout=timeout)
     _owned = True
     if not _exit_registered:
@@ -78,6 +88,25 @@ def destroy() -> None:
     if owned():
         _owned = False
         _dist().destroy_process_group()
+        _release()
+
+
+def _release() -> None:
+    """Free the destroyed group now, so that gloo's threads end here and not while the
+    interpreter finalizes (where a thread still running can abort a finished process). The
+    group lives on while anything refers to it: DTensor's caches of sharding decisions refer to
+    the device meshes of every FSDP run, which refer to the group, and a finished run's objects
+    in reference cycles wait for the collector. (A model the script still holds keeps its own
+    mesh, and the group, until the script drops it.)"""
+    if "torch.distributed.tensor" in sys.modules:  # (an FSDP run: DTensor is in use)
+        try:
+            debug = importlib.import_module("torch.distributed.tensor.debug")
+        except ImportError:  # pragma: no cover - a torch without it: the group lives to the end
+            debug = None
+        clear = getattr(debug, "_clear_sharding_prop_cache", None)  # torch's: the Python and C++ caches
+        if callable(clear):
+            clear()
+    gc.collect()
 
 
 def _at_exit() -> None:
