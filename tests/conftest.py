@@ -9,14 +9,26 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
-import hookfit
-from hookfit import hookimpl, manager
-from hookfit.data import Batches
-from hookfit.plugins.checkpoint import Checkpoint
-from hookfit.plugins.metrics import Metrics
-from hookfit.plugins.optim import Optim
+# One intra-op thread in every process of the suite (the xdist workers, and through the
+# environment every child they start: scripts, venvs, torchrun's ranks). Workers and their
+# children already share the cores; torch's default of a thread per core then makes a tiny
+# model's step 10-30 times slower (threads spin waiting for each other), most of the suite's
+# time. Set before torch is imported; a value given from outside is kept.
+_THREADS_SET_HERE = "OMP_NUM_THREADS" not in os.environ
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+if _THREADS_SET_HERE:
+    torch.set_num_threads(1)  # in case something imported torch before this file
+
+import hookfit  # noqa: E402
+from hookfit import hookimpl, manager  # noqa: E402
+from hookfit.data import Batches  # noqa: E402
+from hookfit.plugins.checkpoint import Checkpoint  # noqa: E402
+from hookfit.plugins.metrics import Metrics  # noqa: E402
+from hookfit.plugins.optim import Optim  # noqa: E402
 
 pytest.register_assert_rewrite("hookfit.testing")
 
