@@ -217,3 +217,58 @@ class Squeeze:
             _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
             resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize({path}) + {slack}, hard))
 '''
+
+
+
+# -- scheduling on several workers (pytest -n auto) -------------------------------------------
+
+SHARED_SETUP = {
+    "tests/integration/test_role_packages.py": "module",  # a venv with packages installed, two runs
+    "tests/integration/test_replaceable.py": "module",  # a venv with packages installed
+    "tests/integration/test_third_party_checkpoint.py": "module",  # a venv, an uninterrupted run
+    "tests/integration/test_wheel.py": "module",  # the wheel, built
+    "tests/plugins/checkpoint/test_sharded_trust.py": "module",  # a 2-process run's checkpoints
+    "tests/plugins/checkpoint/test_compiled.py": "param",  # a backend's compiled runs
+}
+"""Test modules whose module-scoped fixtures cost many seconds: their tests run on one xdist
+worker (for ``"param"``, those of one parameter id on one worker), so the fixture is built once."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` first, each part in collection order (the sort is stable, so
+    every xdist worker collects the same order, and pytest's grouping of the tests of a
+    parametrized module fixture is kept): handed out one at a time as workers become free
+    (:func:`pytest_xdist_make_scheduler`), the long ones start early and the many short ones
+    fill the gaps at the end, instead of a minute-long test starting last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def shared_scope(nodeid: str) -> str:
+    """The unit of scheduling ``nodeid`` belongs to: itself, or its module (or module and
+    parameter id) where :data:`SHARED_SETUP` says so."""
+    path, _, rest = nodeid.partition("::")
+    how = SHARED_SETUP.get(path)
+    if how == "module":
+        return path
+    if how == "param" and rest.endswith("]"):
+        return f"{path}[{rest[rest.rindex('[') + 1:]}"
+    return nodeid
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """For xdist's default ``--dist load``: a scheduler that gives each free worker the next
+    unit (:func:`shared_scope`) in collection order, keeping two or three tests queued per
+    worker. xdist's own ``load`` sends a quarter of the suite to each worker at the start, so a
+    worker could be left with a run of slow tests while the other idles at the end; its
+    ``loadgroup`` cannot group here (it renames ``item._nodeid``, which pytest 9 no longer reads)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedSetupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_scope(nodeid)
+
+    config.option.loadscopereorder = False  # the order of the collection (slow first), not by group size
+    return SharedSetupScheduling(config, log)

@@ -16,11 +16,11 @@ block is said by an HTML comment (invisible on a rendered page) on the line befo
     <!-- readme-test: skip: WHY -->                  not run, and WHY says why (the network, two machines)
 
 ``python``, ``sh`` and ``file`` directives may end in ``slow``: those blocks (processes started by
-``torchrun``, installs, longer runs) run in :func:`test_the_slow_blocks_run`, marked slow; the
-others in :func:`test_the_readme_runs_in_order`. Both read the whole README in order and save
-every script and file, so a slow block may use the files an earlier block writes (not what an
-earlier block's run made). A block without a directive, or with one this module does not know,
-fails :func:`test_every_block_says_how_it_runs`.
+``torchrun``, installs, longer runs) run in :func:`test_the_slow_blocks_run`; the others in
+:func:`test_the_readme_runs_in_order` (both marked slow: each runs a minute of real processes).
+Both read the whole README in order and save every script and file, so a slow block may use the
+files an earlier block writes (not what an earlier block's run made). A block without a directive,
+or with one this module does not know, fails :func:`test_every_block_says_how_it_runs`.
 
 The reader works in a temporary folder holding a copy of ``examples/`` (as a clone does), with
 a fresh virtual environment first on ``PATH`` (:class:`venvs.Venv`: it sees the suite's packages,
@@ -230,6 +230,7 @@ def reader(tmp_path: Path) -> Reader:
     return Reader(folder, Venv(tmp_path / "venv"))
 
 
+@pytest.mark.slow
 def test_the_readme_runs_in_order(reader: Reader) -> None:
     reader.read(parse(README.read_text(encoding="utf-8")), slow=False)
 
@@ -239,6 +240,7 @@ def test_the_slow_blocks_run(reader: Reader) -> None:
     reader.read(parse(README.read_text(encoding="utf-8")), slow=True)
 
 
+@pytest.mark.slow
 def test_the_checkpoint_block_started_again_counts_the_epochs_hookfit_runs_counts(reader: Reader) -> None:
     """The README's checkpoint script, started again once its run is complete, resumes at the
     end and trains nothing: the console's end line, ``metrics.jsonl`` and ``run.jsonl`` count
