@@ -255,7 +255,7 @@ def shared_scope(nodeid: str) -> str:
     return nodeid
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: the suite also runs without xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """For xdist's default ``--dist load``: a scheduler that gives each free worker the next
     unit (:func:`shared_scope`) in collection order, keeping two or three tests queued per
