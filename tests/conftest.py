@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -200,6 +201,17 @@ def resumable_run(run_dir, *, stop=None, resume=None, checkpoint=None, extra=(),
     return loop, model, history
 
 
+def run_script_here(script: Path, *argv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs a test script as ``python script ARGV`` runs it, in this process: for the
+    uninterrupted runs that faulted child processes are compared with. The worker has torch
+    imported already, and a child process spends about 3 s of CPU importing torch (and
+    torch._dynamo, which its optimizers import) before its first batch: on the suite's two cores,
+    those seconds are the suite's time. What is faulted (killed, signalled, resumed) still runs in
+    a process of its own."""
+    monkeypatch.setattr(sys, "argv", [str(script), *argv])
+    runpy.run_path(str(script), run_name="__main__")
+
+
 def squeeze(path: str, slack: int) -> str:
     """The source of a plugin for a child process's script: from the second epoch on, no file
     may grow past the size of ``path`` (a Python expression, read then) plus ``slack`` bytes,
@@ -253,6 +265,17 @@ def shared_scope(nodeid: str) -> str:
     if how == "param" and rest.endswith("]"):
         return f"{path}[{rest[rest.rindex('[') + 1:]}"
     return nodeid
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: a worker per core and one more. Most tests that take seconds wait on a child
+    process (a run, torchrun's ranks, a terminal) part of the time: with a worker per core a
+    core idles while its worker waits; the extra worker's test runs then. Measured on two
+    cores: ... (README). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides where it is set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) + 1
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: the suite also runs without xdist

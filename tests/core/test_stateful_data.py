@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS
+from conftest import TESTS, run_script_here
 
 pytest.importorskip("torchdata.stateful_dataloader")
 
@@ -33,15 +33,15 @@ CASES = [("stateful", 0, True), ("stateful", 2, True), ("plain", 0, True), ("pla
 @pytest.mark.fault
 @pytest.mark.parametrize("loader, workers, shuffle", CASES)
 def test_a_dataloader_killed_mid_epoch_resumes_bitwise_equal(tmp_path: Path, loader: str, workers: int,
-                                                             shuffle: bool) -> None:
+                                                             shuffle: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 25: killed at a moment drawn at random (seeded by the case, so a failure
     reproduces), resumed, equal bit for bit to the uninterrupted run, which itself equals the
     original plain PyTorch loop: resume changes nothing of the random stream."""
     options = ("--loader", loader, "--workers", str(workers), *(() if shuffle else ("--no-shuffle",)))
-    raw = _run(tmp_path / "raw", tmp_path / "raw.pt", *options, "--raw")
-    assert raw.returncode == 0, raw.stderr
-    whole = _run(tmp_path / "whole", tmp_path / "whole.pt", *options)
-    assert whole.returncode == 0, whole.stderr
+    # the two uninterrupted runs in this process (the same script, seeded the same); the killed
+    # and the resumed one each in a process of its own
+    run_script_here(CHILD, str(tmp_path / "raw"), str(tmp_path / "raw.pt"), *options, "--raw", monkeypatch=monkeypatch)
+    run_script_here(CHILD, str(tmp_path / "whole"), str(tmp_path / "whole.pt"), *options, monkeypatch=monkeypatch)
     want = torch.load(tmp_path / "whole.pt", weights_only=True)
     assert want["status"] == "completed" and want["step"] == 60
     original = torch.load(tmp_path / "raw.pt", weights_only=True)

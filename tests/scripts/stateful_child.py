@@ -78,12 +78,11 @@ if args.raw:  # the original script, as it was before it was ported
             optimizer.step()
             optimizer.zero_grad()
     torch.save({"params": model.state_dict(), "status": "completed", "step": len(seen), "seen": seen}, args.out)
-    raise SystemExit(0)
-
-plugins = [Optim(), Checkpoint(every_n_steps=1, keep_last=2)]
-if args.kill_at is not None:
-    plugins.append(KillAt())
-state = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-                     max_epochs=3, run_dir=args.run_dir, resume="latest" if args.resume else None,
-                     plugins=plugins).fit()
-torch.save({"params": model.state_dict(), "status": state.status, "step": state.step, "seen": seen}, args.out)
+else:
+    plugins = [Optim(), Checkpoint(every_n_steps=1, keep_last=2)]
+    if args.kill_at is not None:
+        plugins.append(KillAt())
+    state = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                         max_epochs=3, run_dir=args.run_dir, resume="latest" if args.resume else None,
+                         plugins=plugins).fit()
+    torch.save({"params": model.state_dict(), "status": state.status, "step": state.step, "seen": seen}, args.out)
