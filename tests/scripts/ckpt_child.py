@@ -1,8 +1,9 @@
 """A training run for the checkpoint tests, in its own process.
 
-``python ckpt_child.py RUN_DIR OUT [--resume] [--sleep S] [--every N]``: trains a small model
-for 3 epochs on shuffled in-memory data with a checkpoint every N steps, printing
-``started`` once training runs, and writes the final parameters to OUT. Environment:
+``python ckpt_child.py RUN_DIR OUT [--resume] [--sleep S] [--every N] [--tell]``: trains a small
+model for 3 epochs on shuffled in-memory data with a checkpoint every N steps, printing
+``started`` once training runs (with ``--tell``, ``batch`` as each training batch's step function
+ends), and writes the final parameters to OUT. Environment:
 ``KILL_AT_FSYNC=n`` kills this process with SIGKILL at the n-th ``os.fsync`` (in the middle of
 a checkpoint write, after the temporary file is written and before it is renamed).
 """
@@ -30,6 +31,7 @@ parser.add_argument("out")
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--every", type=int, default=1)
+parser.add_argument("--tell", action="store_true")
 args = parser.parse_args()
 
 if os.environ.get("KILL_AT_FSYNC"):
@@ -62,6 +64,8 @@ def step(loop, batch):
     loop.backward(loss)
     loop.optimizers.step()
     loop.optimizers.zero_grad()
+    if args.tell:
+        print("batch", flush=True)
     return {"loss": loss}
 
 
