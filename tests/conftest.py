@@ -276,7 +276,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     decides where it is set."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    return len(os.sched_getaffinity(0)) + 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # not on macOS
+    return (cores or 1) + 1
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: the suite also runs without xdist
