@@ -47,6 +47,39 @@ spec_names = spec_arguments  # the name the tests use
 __all__ = ["Recorder", "spec_names"]
 
 
+# -- warm interpreters for torchrun's ranks (tests/warm.py) --------------------------------------
+
+_ZYGOTE: list = []  # (process, folder) of this worker's zygote
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each worker (not xdist's controller) starts a zygote and puts ``PYTHON_EXEC`` in its
+    environment, so that the ranks of the suite's ``torchrun`` jobs start warm (see :mod:`warm`).
+    ``HOOKFIT_TEST_FRESH=1`` starts every process fresh."""
+    if os.environ.get("HOOKFIT_TEST_FRESH") or (config.getoption("numprocesses", None)
+                                                 and not hasattr(config, "workerinput")):
+        return
+    import tempfile
+
+    import warm
+
+    folder = tempfile.mkdtemp(prefix="hookfit-warm-")
+    print("WARMDIR", folder, file=open("/tmp/warmdirs", "a"))  # short: a socket's path is at most 107 bytes
+    process, variables = warm.start(folder)
+    _ZYGOTE.append((process, folder))
+    os.environ.update(variables)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    for process, folder in _ZYGOTE:
+        process.kill()
+        process.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+    _ZYGOTE.clear()
+
+
 @pytest.fixture
 def recorder(hookfit_recorder: Recorder) -> Recorder:
     return hookfit_recorder

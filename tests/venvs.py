@@ -35,7 +35,7 @@ import pytest
 
 TIMEOUT = 300  # seconds for one pip or python command; generous, the machine may be busy
 DROPPED_PREFIXES = ("PIP_", "HOOKFIT_")
-DROPPED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "__PYVENV_LAUNCHER__",
+DROPPED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "__PYVENV_LAUNCHER__", "PYTHON_EXEC",
            # torchrun's variables, in case the suite itself runs under a launcher
            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
            "GROUP_RANK", "TORCHELASTIC_RUN_ID")
