@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import TESTS
+import warm
 
 import hookfit
 
@@ -167,8 +168,8 @@ def test_an_lstm_carrying_its_hidden_state_killed_at_a_checkpoint_resumes_bitwis
     checkpoint of step 13 (inside the second epoch) is whole, then a resume."""
 
     def run(run_dir: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(CHILD), str(run_dir), str(out), *args],
-                              capture_output=True, text=True, timeout=300)
+        return warm.run([sys.executable, str(CHILD), str(run_dir), str(out), *args],
+                        capture_output=True, text=True, timeout=300)
 
     whole = run(tmp_path / "whole", tmp_path / "whole.pt")
     assert whole.returncode == 0, whole.stderr

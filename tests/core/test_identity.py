@@ -26,6 +26,7 @@ from hookfit.plugins.optim import Optim
 from hookfit.records import LOCK
 
 from conftest import TESTS
+import warm
 
 SCRIPT = TESTS / "scripts" / "identity_train.py"
 SMOKE = {"HOOKFIT_PLUGINS": "smoke"}  # the plugin that makes smoke runs, beside those the script gives
@@ -37,8 +38,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _start(script: Path, cwd: Path, out: Path, *args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(script), str(out), *args], cwd=cwd, env=_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return warm.Popen([sys.executable, str(script), str(out), *args], cwd=cwd, env=_env(**env),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _run(script: Path, cwd: Path, *args: str, **env: str) -> tuple[dict, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TESTS, run_script_here
+import warm
 
 pytest.importorskip("torchdata.stateful_dataloader")
 
@@ -21,8 +22,8 @@ CHILD = TESTS / "scripts" / "stateful_child.py"
 
 
 def _run(run_dir: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CHILD), str(run_dir), str(out), *args],
-                          capture_output=True, text=True, timeout=300)
+    return warm.run([sys.executable, str(CHILD), str(run_dir), str(out), *args],
+                    capture_output=True, text=True, timeout=300)
 
 
 CASES = [("stateful", 0, True), ("stateful", 2, True), ("plain", 0, True), ("plain", 2, True),

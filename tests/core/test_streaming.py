@@ -29,6 +29,7 @@ import hookfit
 from hookfit.data import one_pass, tell_epoch, unrebuilt_order
 
 from conftest import TESTS, run_script_here, saved_run
+import warm
 
 CHILD = TESTS / "scripts" / "streaming_child.py"
 STEPS = 36  # 3 epochs of 12 batches
@@ -43,8 +44,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _run(tmp_path: Path, name: str, *options: str) -> dict:
     """A whole run of the child (fresh, or ``--resume``); what it wrote to its OUT."""
     out = tmp_path / f"{name}.pt"
-    done = subprocess.run([sys.executable, str(CHILD), str(tmp_path / name.split("-")[0]), str(out), *options],
-                          capture_output=True, text=True, timeout=300, env=_env(tmp_path))
+    done = warm.run([sys.executable, str(CHILD), str(tmp_path / name.split("-")[0]), str(out), *options],
+                    capture_output=True, text=True, timeout=300, env=_env(tmp_path))
     assert done.returncode == 0, done.stderr
     return torch.load(out, weights_only=True)
 
@@ -53,9 +54,9 @@ def _interrupt(tmp_path: Path, name: str, pause_at: int, signum: int, *options: 
     """The child started, signalled from here once its marker says the checkpoint of step
     ``pause_at`` is whole (it waits there), and waited for."""
     marker = tmp_path / f"{name}.marker"
-    child = subprocess.Popen([sys.executable, str(CHILD), str(tmp_path / name), str(tmp_path / f"{name}.pt"),
-                              *options, "--marker", str(marker), "--pause-at", str(pause_at)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path))
+    child = warm.Popen([sys.executable, str(CHILD), str(tmp_path / name), str(tmp_path / f"{name}.pt"),
+                        *options, "--marker", str(marker), "--pause-at", str(pause_at)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path))
     try:
         end = time.monotonic() + DEADLINE
         while not marker.exists():

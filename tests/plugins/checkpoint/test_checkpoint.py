@@ -25,6 +25,7 @@ from hookfit.plugins.optim import Optim
 from conftest import StopAfter
 from conftest import resumable_run as train
 from conftest import TESTS
+import warm
 
 CHILD = TESTS / "scripts" / "ckpt_child.py"
 KILLS = 8  # kill -9 points tried by the random-kill test (a chain of runs through the whole run)
@@ -274,8 +275,8 @@ def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_na
 
 def _child(run_dir: Path, out: Path, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     environment = {**os.environ, "HOOKFIT_PLUGINS": "", **(env or {})}
-    return subprocess.Popen([sys.executable, str(CHILD), str(run_dir), str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, **kw)
+    return warm.Popen([sys.executable, str(CHILD), str(run_dir), str(out), *args],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, **kw)
 
 
 def _finish(run_dir: Path, out: Path, *args: str, **kw) -> dict:
@@ -389,8 +390,8 @@ def _named(folder: Path, script: str, *args: str, resume: bool = False) -> dict:
     env.pop("HOOKFIT_RESUME", None)
     if resume:
         env["HOOKFIT_RESUME"] = "latest"
-    done = subprocess.run([sys.executable, str(path), str(folder / f"{script}.json"), *args], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = warm.run([sys.executable, str(path), str(folder / f"{script}.json"), *args], cwd=folder, env=env,
+                    capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     import json
 
