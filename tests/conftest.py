@@ -47,15 +47,15 @@ spec_names = spec_arguments  # the name the tests use
 __all__ = ["Recorder", "spec_names"]
 
 
-# -- warm interpreters for torchrun's ranks (tests/warm.py) --------------------------------------
+# -- warm interpreters for the suite's children and torchrun's ranks (tests/warm.py) -------------
 
 _ZYGOTE: list = []  # (process, folder) of this worker's zygote
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each worker (not xdist's controller) starts a zygote and puts ``PYTHON_EXEC`` in its
-    environment, so that the ranks of the suite's ``torchrun`` jobs start warm (see :mod:`warm`).
-    ``HOOKFIT_TEST_FRESH=1`` starts every process fresh."""
+    """Each worker (not xdist's controller) starts a zygote for ``warm.Popen`` and ``warm.run``,
+    and puts ``PYTHON_EXEC`` in its environment, so that the ranks of the suite's ``torchrun``
+    jobs start warm too (see :mod:`warm`). ``HOOKFIT_TEST_FRESH=1`` starts every process fresh."""
     if os.environ.get("HOOKFIT_TEST_FRESH") or (config.getoption("numprocesses", None)
                                                  and not hasattr(config, "workerinput")):
         return
@@ -63,8 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     import warm
 
-    folder = tempfile.mkdtemp(prefix="hookfit-warm-")
-    print("WARMDIR", folder, file=open("/tmp/warmdirs", "a"))  # short: a socket's path is at most 107 bytes
+    folder = tempfile.mkdtemp(prefix="hookfit-warm-")  # short: a socket's path is at most 107 bytes
     process, variables = warm.start(folder)
     _ZYGOTE.append((process, folder))
     os.environ.update(variables)
