@@ -82,3 +82,88 @@ def test_the_device_fold_is_one_batched_read_and_exact_for_mixed_dtypes(tmp_path
     assert got["loss"].epoch == pytest.approx(weighted_mean(loss), rel=1e-12)
     assert got["half"].epoch == pytest.approx(weighted_mean([(0.5 + i, n) for i, n in enumerate(sizes)]), rel=1e-12)
     assert not any(math.isnan(v.epoch) for v in got.values())
+
+
+def counting_reads(monkeypatch) -> dict[str, int]:
+    """Count ``Tensor.item`` and ``Tensor.tolist`` calls from now on."""
+    reads = {"item": 0, "tolist": 0}
+    for name in reads:
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, _name=name, _original=original, **kwargs):
+            reads[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    return reads
+
+
+def test_cpu_tensors_are_kept_and_read_in_one_batched_fold_not_one_item_a_batch(tmp_path: Path, monkeypatch) -> None:
+    """By default a CPU scalar tensor is not read at its batch (a torch call a batch costs more
+    in a training loop than the whole fold): 300 batches of two tensors fold at batch 256 and at
+    the stage's end, two host reads in all, and the weighted means are exact."""
+    reads = counting_reads(monkeypatch)
+
+    def step(loop, batch):
+        i = loop.state.batch_idx
+        return {"loss": torch.tensor(0.1 * i, dtype=torch.float32), "n": torch.tensor(i)}
+
+    got = epoch_values(step, 300, tmp_path, interval=3600)
+    assert reads == {"item": 0, "tolist": 2}
+    sizes = [i % 3 + 1 for i in range(300)]
+    loss = [(float(torch.tensor(0.1 * i, dtype=torch.float32)), n) for i, n in enumerate(sizes)]
+    assert got["loss"].epoch == weighted_mean(loss)  # the same sum, in the same order, as item() a batch
+    assert got["n"].epoch == weighted_mean([(float(i), n) for i, n in enumerate(sizes)])
+    assert got["n"].last == 299.0
+
+
+def test_defer_false_reads_cpu_tensors_at_their_batch(tmp_path: Path, monkeypatch) -> None:
+    reads = counting_reads(monkeypatch)
+    got = epoch_values(lambda loop, batch: {"loss": torch.tensor(2.0)}, 10, tmp_path, interval=3600, defer=False)
+    assert reads["item"] == 10 and got["loss"].epoch == 2.0
+
+
+def test_a_tensor_changed_in_place_after_its_batch_warns_naming_the_key_and_is_read_at_its_batch_after(tmp_path: Path) -> None:
+    """A step that returns one tensor it keeps adding to: the kept values all read the last
+    count, so the fold says so (a HookfitWarning naming the key) and the key is read at its
+    batch for the rest of the run: the second epoch's mean is exact."""
+    from hookfit.errors import HookfitWarning
+
+    count = torch.zeros(())
+    collect = Collect()
+
+    def step(loop, batch):
+        count.add_(1)
+        return {"count": count, "fresh": count.clone()}
+
+    with pytest.warns(HookfitWarning, match=r"'count' was changed in place after the batch") as caught:
+        hookfit.Loop(step, [(torch.zeros(1, 2),)] * 4, max_epochs=2, run_dir=tmp_path,
+                     plugins=[Metrics(log=False, interval=3600), collect]).fit()
+    assert len([w for w in caught if "changed in place" in str(w.message)]) == 1
+    first, second = (dict(snapshot.values) for snapshot in collect.epochs)
+    assert first["fresh"].epoch == 2.5 and second["fresh"].epoch == 6.5  # a new tensor a batch: exact
+    assert first["count"].epoch == 4.0  # every kept value read as it was at the fold
+    assert second["count"].epoch == 6.5  # read at its batch since
+
+
+def test_a_tensor_folded_before_it_changes_needs_no_warning(tmp_path: Path, recwarn) -> None:
+    """With a publication after every batch (something listens to ``metrics_update``) each
+    value is read before the step changes it."""
+    count = torch.zeros(())
+    updates: list = []
+
+    class Listen:
+        name = "listen"
+
+        @hookfit.hookimpl
+        def metrics_update(self, metrics):
+            updates.append(metrics.values["count"].last)
+
+    def step(loop, batch):
+        count.add_(1)
+        return {"count": count}
+
+    hookfit.Loop(step, [(torch.zeros(1, 2),)] * 4, max_epochs=1, run_dir=tmp_path,
+                 plugins=[Metrics(interval=0), Listen()]).fit()
+    assert updates == [1.0, 2.0, 3.0, 4.0]
+    assert not [w for w in recwarn if "changed in place" in str(w.message)]
