@@ -126,6 +126,86 @@ def test_a_slow_step_makes_step_the_largest_share() -> None:
     assert split.shares["step"] > 0.5 and split.step > 5 * split.data
 
 
+class FakeClock:
+    """A clock for ``hookfit.training`` alone that moves only when told (``pass_(seconds)``)
+    and counts its reads."""
+
+    def __init__(self) -> None:
+        self.now, self.reads = 1000.0, 0
+
+    def perf_counter(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def pass_(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Ticking:
+    """Data whose ``next()`` takes ``wait(i)`` seconds of ``clock`` for batch ``i``."""
+
+    def __init__(self, clock: FakeClock, n: int, wait) -> None:
+        self.clock, self.n, self.wait = clock, n, wait
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.clock.pass_(self.wait(i))
+            yield i
+
+
+def fake_run(monkeypatch: pytest.MonkeyPatch, n: int, wait, step_s: float, plugins_s: float = 0.0):
+    from hookfit import training
+
+    clock = FakeClock()
+    monkeypatch.setattr(training, "time", clock)
+
+    class Busy:
+        name = "busy"
+
+        @hookfit.hookimpl
+        def batch_end(self):
+            clock.pass_(plugins_s)
+
+    def step(loop, batch):
+        clock.pass_(step_s)
+
+    state = hookfit.Loop(step, Ticking(clock, n, wait), plugins=[Busy()]).fit()
+    return split_of(state), clock.reads
+
+
+def test_fast_batches_are_timed_in_a_sample_and_the_split_is_scaled_to_every_batch(monkeypatch) -> None:
+    """Batches of 100 us: after the first 16 the loop reads the clock at about one batch in
+    eight (three reads each) instead of three times every batch. A loader slow at one batch in
+    eight (its workers taking turns) is not sampled in phase: the estimate is near the truth,
+    and the stage's total stays exact."""
+    n = 4000
+    split, reads = fake_run(monkeypatch, n, lambda i: 400e-6 if i % 8 == 7 else 0.0, 40e-6, 10e-6)
+    assert reads < n  # every batch timed would be 3 * n
+    true_data, true_step, true_plugins = n / 8 * 400e-6, n * 40e-6, n * 10e-6
+    assert split.batches == n
+    assert split.total == pytest.approx(true_data + true_step + true_plugins, rel=1e-9)
+    assert split.data == pytest.approx(true_data, rel=0.3)
+    assert split.step == pytest.approx(true_step, rel=0.05)
+    assert split.plugins == pytest.approx(true_plugins, abs=0.3 * true_data)
+
+
+def test_slow_batches_and_a_stage_s_first_batches_are_all_timed_exactly(monkeypatch) -> None:
+    """At 4 ms a batch every batch is timed (three reads are nothing next to it), and a
+    stage of 16 batches or fewer is exact whatever its speed."""
+    split, reads = fake_run(monkeypatch, 200, lambda i: 0.002 if i % 7 == 0 else 0.0005, 0.003, 0.0002)
+    assert reads >= 3 * 200
+    assert split.data == pytest.approx(sum(0.002 if i % 7 == 0 else 0.0005 for i in range(200)), rel=1e-9)
+    assert split.step == pytest.approx(200 * 0.003, rel=1e-9)
+    assert split.plugins == pytest.approx(200 * 0.0002, rel=1e-6)
+    monkeypatch.undo()
+    split, _ = fake_run(monkeypatch, 16, lambda i: 30e-6 * (i % 3), 20e-6, 5e-6)
+    assert split.data == pytest.approx(sum(30e-6 * (i % 3) for i in range(16)), rel=1e-9)
+    assert split.step == pytest.approx(16 * 20e-6, rel=1e-9)
+
+
 @pytest.mark.parametrize("event", ["batch_start", "step_output", "batch_end"])
 def test_a_slow_per_batch_plugin_makes_plugins_the_largest_share(event: str) -> None:
     state = hookfit.Loop(lambda l, b: {"loss": 1.0}, [torch.zeros(2)] * N, plugins=[slow_event(event)]).fit()
