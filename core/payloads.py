@@ -329,11 +329,8 @@ warn about."""
 class TimeSplit:
     """Where the wall-clock time of one stage (``"train"`` or ``"valid"``) went, over every
     epoch of the current ``fit()`` so far: what ``loop.state.time_split[stage]`` holds. The
-    loop measures it itself, with ``time.perf_counter()`` reads and no device synchronisation
-    (no tensor is ever read): it times every batch of a stage's first 16 and every batch of a
-    slow stage (2 ms a batch or more), and otherwise a random sample of about one batch in
-    eight, whose sums are scaled to every batch (:class:`hookfit.timing.Sample`). The total is
-    always exact. Fields, in seconds:
+    loop measures it itself, with a few ``time.perf_counter()`` reads a batch and no device
+    synchronisation (no tensor is ever read). Fields, in seconds:
 
     * ``data``: waiting for the next batch: ``iter(data)`` (a ``DataLoader`` starts its
       workers there) and every ``next()`` on it, the last one that ends the stage included.

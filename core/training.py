@@ -39,7 +39,7 @@ from hookfit.position import Position, iterator_rng_state, rng_state, set_rng_st
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.state import State
 from hookfit.stopping import Budget, Stop, qualname
-from hookfit.timing import Sample, store_split
+from hookfit.timing import store_split
 from hookfit.valsets import ValSets, per_set
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -241,15 +241,14 @@ def stage_done(run: Run, train: bool) -> None:
 def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
     """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
     path: every event without an implementation costs one ``is None`` test on a slot of
-    :class:`hookfit.dispatch.HotPath`. Where the time goes costs a few tests a batch and
-    three clock reads a timed batch (four with a ``batch_start``): every batch of the first
-    few, then a sample (:class:`hookfit.timing.Sample`, whose ``turn`` says which); ``plugins``
-    is what is left of the stage's time, and the split is stored at the stage's end or every
+    :class:`hookfit.dispatch.HotPath`. Where the time goes costs three clock reads a batch
+    (four with a ``batch_start``), two sums in locals and one comparison; ``plugins`` is
+    what is left of the stage's time, and the split is stored at the stage's end or every
     ``TIME_SPLIT_INTERVAL`` seconds."""
     state, hot, stop = run.state, run.hooks.hot, run.stopping
     clock = time.perf_counter
     began = clock()
-    waited = stepping = nested = 0.0  # seconds in next() and in the step (timed batches), in validations inside
+    waited = stepping = nested = 0.0  # seconds in next(), in the step, in validations inside
     due = began + run.TIME_SPLIT_INTERVAL
     past = state.time_split.get(stage)  # this stage's earlier epochs
     train = stage == "train"
@@ -257,8 +256,6 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
     every = run.val_every_n_steps if train and run.val_step is not None else None
     state.stage, state.batch_idx, run.training = stage, start, train
     batch_idx = start - 1
-    sample = Sample(began, start)
-    timed, turn = True, start  # the batch running now is timed; the clock is read at the end of batch `turn`
     outer = run._carry  # a validation's own carry; the training stage's is given back after it
     run._carry = run.cursor.train_begins(start) if train else {}
     try:
@@ -276,17 +273,14 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
             batches = iterate(run, data, start, train)
             checked = False  # the first output of the stage is checked once
             for batch_idx, batch in enumerate(batches, start):
-                if timed:
-                    t1 = clock()
-                    waited += t1 - t0
+                t1 = clock()
+                waited += t1 - t0
                 state.batch_idx = batch_idx
                 if (call := hot.batch_start) is not None:
                     call(run, batch, batch_idx)
-                    if timed:
-                        t1 = clock()  # the step starts now: batch_start's time is the plugins'
+                    t1 = clock()  # the step starts now: batch_start's time is the plugins'
                 output = step(run, batch)
-                if timed:
-                    stepping += clock() - t1
+                stepping += clock() - t1
                 if output is not None:
                     if type(output) is not dict:  # a tensor is the common case: before the Mapping ABC
                         output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else _as_mapping(output, step)
@@ -304,27 +298,23 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                     call(run, batch_idx)
                 if hot.asks or stop.request is not None:
                     stop.after_batch()
-                if batch_idx >= turn:  # the clock's turn: what follows until next() returns is data
-                    t0 = clock()
-                    timed, turn = sample.turn(batch_idx, t0, waited, stepping)
-                    if t0 >= due:  # a live split, for a dashboard
-                        store_split(state, stage, past, t0 - began - nested, waited, stepping, batch_idx - start + 1, sample)
-                        due = t0 + run.TIME_SPLIT_INTERVAL
+                t0 = clock()  # the batch is done: what follows until next() returns is data
+                if t0 >= due:  # a live split, for a dashboard
+                    store_split(state, stage, past, t0 - began - nested, waited, stepping, batch_idx - start + 1)
+                    due = t0 + run.TIME_SPLIT_INTERVAL
                 if state.step >= act:
                     if state.val_due:
-                        inner = clock()
                         try:
                             validate_inside(run, batch_idx)
                         finally:  # its time is the "valid" stage's, even when it stops the run
-                            t0 = clock()
+                            inner, t0 = t0, clock()
                             nested += t0 - inner
                     if state.step >= limit:
                         if _more(batches, data, batch_idx):
                             raise Budget
                         break
                     act = mark(run, limit, every)
-            if timed:  # the last next(), which ended the stage (or _more's), when it was timed
-                waited += clock() - t0
+            waited += clock() - t0  # the last next(), which ended the stage (or _more's)
             if batch_idx < 0:
                 used = _used_up(data) or ("an iterator or generator" if state.epoch else "")
                 raise ValueError(
@@ -332,9 +322,9 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                     + (f" ({used} is used up after one pass; pass a list, a DataLoader or a generator "
                        f"factory: an object whose __iter__ is a generator function)" if used else ""))
             # stage_end sees the stage's batches counted; its own time is added after it
-            store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1, sample)
+            store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
     finally:
-        store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1, sample)
+        store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
         if not train:
             run._carry = outer
 
