@@ -92,7 +92,7 @@ class Metrics:
             self._outer.append((self._stage_name, self._stage))
         resumed, self._resumed = self._resumed, None
         self._stage = resumed if resumed is not None and stage == "train" else _Stage(self.window)
-        self._stage.read_now = self._read_now
+        self._stage.read_now, self._stage.batched = self._read_now, self.defer is True
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
         self._publishing(loop, stage)
