@@ -117,8 +117,8 @@ class Metrics:
         # Per value a batch costs one append and no tensor operation: a key is looked at beyond
         # its type only when it has no list since the last fold (_take); a tensor under a key
         # that holds tensors (agg.kept) is kept as it is, with its version counter, and read
-        # with the others in one batched operation when the stage is folded (a torch call a
-        # batch, even item(), costs more than a whole fold spread over its batches).
+        # with the others when the stage is folded (_Stage.read): between two training steps a
+        # torch call, even item(), costs several times what it costs in the fold's loop.
         agg = self._stage
         assert agg is not None  # inside a stage
         agg.batches += 1
