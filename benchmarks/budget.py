@@ -109,8 +109,9 @@ def save_cost(rounds: int, warmup: int, batches: int = 64, seed: int = 0) -> tup
     return median_ci([(w.fit - o.fit) * 1e6 for w, o in zip(times["with"], times["without"])])
 
 
-def render(rows: list[Row], save: tuple[float, float, float] | None, rounds: int, batches: int) -> str:
-    lines = [f"Budget per batch, framework-only workload ({batches} batches a pass, {rounds} rounds interleaved): "
+def render(rows: list[Row], save: tuple[float, float, float] | None, rounds: int, batches: int,
+           workload: str = "framework-only workload") -> str:
+    lines = [f"Budget per batch, {workload} ({batches} batches a pass, {rounds} rounds interleaved): "
              f"each row against its baseline in the same rounds",
              f"  {'what':<26} {'added us/batch':>15} {'95% CI':>18}   compared with"]
     for r in rows:

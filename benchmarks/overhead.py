@@ -554,8 +554,9 @@ def render(out: dict[str, Any]) -> str:
                    for r in workload["results"]]
         lines += ["", table(workload["title"], workload["unit"], results, workload["rounds"], workload["digits"])]
         lines += ["  " + v for v in workload["verdicts"]]
-    if "budget" in out:
-        lines += ["", out["budget"]["text"]]
+    for key in ("budget", "budget_model"):
+        if key in out:
+            lines += ["", out[key]["text"]]
     lines.append(f"\n({out['seconds']:.1f} s; 1-minute load average {out['load_average'][0]:.2f} before, "
                  f"{out['load_average'][1]:.2f} after: anything else running on the machine distorts these numbers)")
     return "\n".join(lines)
@@ -585,6 +586,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also Lightning's and Ignite's stacks on the tiny model, where installed (the [bench] extra)")
     add("--budget", action="store_true",
         help="also the per-batch budget: the core and each built-in plugin on its own, and a checkpoint's save")
+    add("--budget-model", action="store_true",
+        help="also the same budget on the tiny model (core, optim, metrics, console, interrupter): "
+             "what each costs a step between real steps, several times its framework-only cost")
     add("--seed", type=int, default=0, help="seed of the data and the model (default 0)")
     add("--json", metavar="PATH", help="also write every number, round by round, as JSON")
     add("--quiet", action="store_true", help=argparse.SUPPRESS)
@@ -642,6 +646,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         save = budget.save_cost(max(15, args.rounds // 5), args.warmup)
         out["budget"] = {**budget.as_json(rows, save),
                          "text": budget.render(rows, save, args.rounds, args.fw_batches)}
+    if args.budget_model:
+        import budget
+
+        parts = ["core", "optim (managed step)", "metrics", "console", "interrupter"]
+        rows = budget.budget(model_workload(args.batches, args.seed, device=args.device), args.rounds,
+                             args.warmup, parts)
+        out["budget_model"] = {**budget.as_json(rows, None),
+                               "text": budget.render(rows, None, args.rounds, args.batches, "the tiny model")}
     out["seconds"] = time.perf_counter() - started
     out["load_average"] = [load_before, os.getloadavg()[0]]
     if not args.quiet:

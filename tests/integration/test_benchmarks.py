@@ -70,3 +70,20 @@ def test_the_budget_table_measures_each_plugin_against_its_baseline(tmp_path: Pa
     assert all(r["added_ci"][0] <= r["added_us"] <= r["added_ci"][1] for r in rows.values())
     assert budget["save_us"]["median"] > 0  # a save writes a file: it costs something
     assert "the default stack's parts" in budget["text"]
+
+
+def test_the_model_budget_measures_the_default_stack_s_parts_between_real_steps(tmp_path: Path) -> None:
+    """``overhead.py --budget-model``: the core and each part of the default stack on the tiny
+    model, each against its baseline (a smoke run: the numbers of 5 batches mean nothing)."""
+    out = tmp_path / "overhead.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--framework-only", "--budget-model", "--rounds",
+         "15", "--warmup", "0", "--batches", "5", "--fw-batches", "20", "--json", str(out), "--quiet"],
+        check=True, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    budget = json.loads(out.read_text())["budget_model"]
+    rows = {r["name"]: r for r in budget["rows"]}
+    assert list(rows) == ["core", "optim (managed step)", "metrics", "console", "interrupter"]
+    assert rows["optim (managed step)"]["plugins"] == ["optim"] and rows["metrics"]["baseline"] == "core"
+    assert "the tiny model" in budget["text"] and budget["save_us"] is None
