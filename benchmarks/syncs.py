@@ -207,7 +207,7 @@ NOTES = {
     "hookfit-default-adam": "Adam: the same",
     "hookfit-fuse-false": "Optim(fuse=False): torch's for-loop SGD, optim reads the flag at the step",
     "hookfit-nonfinite-none": "Optim(nonfinite=None): no check",
-    "hookfit-cpu-path": "as on the CPU: loss.item() in optim (no sync there); metrics folds at publications",
+    "hookfit-cpu-path": "as on the CPU: loss.item() in optim and metrics (no sync there)",
 }
 
 

@@ -12,15 +12,9 @@
   (not itself aggregated), else the first dimension of the batch's first tensor, else 1.
 * ``torchmetrics.Metric`` objects in an output are the step's to update; this plugin computes
   them at the end of the stage (published in ``epoch_metrics``) and resets them.
-* A tensor is kept as it is until the values are folded (at every publication, every
-  ``interval`` seconds, and at least every 256 batches): never a tensor operation at its
-  batch. The fold reads kept CPU tensors one after the other (a torch call in a tight loop
-  costs a tenth of what it costs between two training steps); tensors on an accelerator are
-  stacked a metric and come over in one host read, so there is never a synchronisation per
-  step. A step that changes a tensor in place after returning it (its version counter moved)
-  gets a ``HookfitWarning`` naming the key, whose values are read at their batch from then on.
-  ``defer=False`` reads CPU tensors at their batch with ``item()``; ``defer=True`` stacks
-  every kept tensor, the CPU's too, as on an accelerator.
+* Tensors on an accelerator stay there until the publishing interval: one host read per
+  publication, never one per step. On the CPU, where reading is no synchronisation, each value
+  is read at once (the cheapest path). ``defer=True`` forces the deferred path anywhere.
 * Publishes ``metrics_update`` at most every ``interval`` seconds and ``epoch_metrics`` at the
   end of every stage; keeps a per-epoch history (``history_epochs`` long) for plots. A run
   that stops inside a stage (a stop request, ``max_steps``) publishes that stage's epoch as

@@ -8,13 +8,11 @@ import math
 import numbers
 import operator
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any, Mapping, SupportsFloat, TypeVar, cast
 
 import torch
 
-from hookfit.errors import HookfitWarning
 from hookfit.payloads import Value
 
 E = TypeVar("E")
@@ -31,10 +29,9 @@ def _is_metric(value: Any) -> bool:
 
 
 _Tensor = torch.Tensor
-FOLD_EVERY = 256
+FOLD_EVERY = 1024
 """Values are folded into the aggregates at every publication and at least this often (in
-batches), so a long interval between publications holds few values (a kept tensor holds its
-autograd nodes until then, though backward has freed what they saved)."""
+batches), so a long interval between publications cannot hold many values."""
 
 
 def batch_size(batch: Any) -> int:
@@ -149,11 +146,11 @@ class _Series:
 class _Stage:
     """Aggregates of one stage of one epoch.
 
-    Per batch, a value is only appended with its batch size: to ``host`` (a Python number) or
-    ``kept`` (a tensor, as it is, with its version counter; -1 for an inference tensor, which has none); :meth:`read` folds them into the
-    series when a snapshot is taken, and at least every :data:`FOLD_EVERY` batches so memory
-    stays flat. A key is in one of the two at a time: a key whose values change kind is folded
-    first, so its values keep their order."""
+    Per batch, a value is only appended to ``host`` (read on the CPU) or ``device`` (a tensor
+    left where it is) with its batch size; :meth:`read` folds them into the series when a
+    snapshot is taken, and at least every :data:`FOLD_EVERY` batches so memory stays flat.
+    ``scalars`` holds the lists of ``host`` whose key was given a CPU tensor of one number since
+    the last fold: its next values are read with ``item()`` and nothing else."""
 
     def __init__(self, window: int) -> None:
         self.window = window
@@ -161,69 +158,34 @@ class _Stage:
         # plain dicts: a key missing from one (the first value under it since the last read)
         # is the only moment a value is looked at beyond its type (see :meth:`entries`)
         self.host: dict[str, list[tuple[float, int]]] = {}
-        self.kept: dict[str, list[tuple[torch.Tensor, int, int]]] = {}
+        self.device: dict[str, list[tuple[torch.Tensor, int]]] = {}
+        self.scalars: dict[str, list[tuple[float, int]]] = {}
         self.metric_objects: dict[str, Any] = {}
         self.batches = 0
         self.samples = 0
         self.global_samples: int | None = None  # all processes' samples, after a reduction
         self.start_batches = 0  # batches an earlier run did (a stage resumed from a checkpoint)
         self.started = time.perf_counter()
-        self.read_at = 0  # batches at the last read
-        self.batched = False
-        """Every kept tensor is stacked and read in one host read, the CPU's too (``defer=True``)."""
-        self.read_now: set[str] = set()
-        """Keys whose tensors are read at their batch (``item()``), not kept: a step changed one
-        in place after returning it. The plugin shares one set with every stage of its run."""
 
     def read(self) -> None:
-        """Fold every value taken since the last read. Kept CPU tensors are read one after the
-        other with ``item()``: in a tight loop that costs 0.15 µs a value, against about 2 µs for
-        the same call between two training steps, and less than stacking them. Kept tensors on
-        an accelerator (or every kept tensor, with ``batched``) are stacked a metric and come over
-        in one host read. A kept tensor changed in place since its batch (its version counter
-        moved) is read as it is now, once, with a warning; its key's values are read at their
-        batch from then on."""
-        host, kept = self.host, self.kept
-        self.read_at = self.batches
-        if kept:
-            with torch.no_grad():
-                for key, entries in kept.items():
-                    if key not in self.read_now and any(v != -1 and t._version != v for t, v, _ in entries):
-                        self.read_now.add(key)
-                        warnings.warn(
-                            f"metrics: the tensor returned under {key!r} was changed in place after the batch "
-                            f"that returned it, so the values since the last publication are read as they are "
-                            f"now; from now on {key!r} is read at every batch (return a new tensor, such as "
-                            f"x.detach().clone(), to keep the cheaper path)", HookfitWarning, stacklevel=2)
-                stacked: dict[str, list[tuple[torch.Tensor, int, int]]] = {}
-                for key, entries in kept.items():
-                    if self.batched or not all(t.is_cpu for t, _, _ in entries):
-                        stacked[key] = entries
-                        continue
-                    values = host.setdefault(key, [])
-                    for t, _, n in entries:
-                        if t.numel() == 1:  # (a key's later value that is not one number: ignored)
-                            values.append((t.item(), n))
-                if stacked:
-                    self._read_stacked(stacked)
-            self.kept = {}
+        """Fold every value taken since the last read; device values come over in one
+        transfer."""
+        host, device = self.host, self.device
+        if device:  # one host read for them all
+            first = next(iter(device.values()))[0][0]
+            vectors = [_stacked([t for t, _ in entries]).to(first.device) for entries in device.values()]
+            values = iter(torch.cat(vectors).tolist())
+            for key, kept in device.items():
+                host.setdefault(key, []).extend((next(values), n) for _, n in kept)
+            self.device = {}
+        if not host:
+            return
         for key, entries in host.items():
             series = self.series.get(key)
             if series is None:
                 series = self.series[key] = _Series(self.window)
             series.fold(entries)
-        self.host = {}
-
-    def _read_stacked(self, kept: dict[str, list[tuple[torch.Tensor, int, int]]]) -> None:
-        """Kept tensors a metric stacked, and all of them read in one host read."""
-        tensors = {key: [t for t, _, _ in entries if t.numel() == 1] for key, entries in kept.items()}
-        tensors = {key: ts for key, ts in tensors.items() if ts}
-        if not tensors:
-            return
-        first = next(iter(tensors.values()))[0]
-        values = iter(torch.cat([_stacked(ts).to(first.device) for ts in tensors.values()]).tolist())
-        for key in tensors:
-            self.host.setdefault(key, []).extend((next(values), n) for t, _, n in kept[key] if t.numel() == 1)
+        self.host, self.scalars = {}, {}
 
     def entries(self, where: dict[str, list[E]], key: str, value: object, step: object) -> list[E]:
         """The new list for ``key`` in ``where`` (``host`` or ``device``), which has none: the

@@ -66,9 +66,6 @@ class Metrics:
         self._stage: _Stage | None = None
         self._outer: list[tuple[str | None, _Stage]] = []  # stages a nested one interrupted
         self._next_publish = 0.0
-        self._due = self._base = 0  # the batch count at which batch_end looks at the clock; at the stage's start
-        self._began = 0.0
-        self._read_now: set[str] = set()
         self.loop: Run | None = None
 
     # -- events ---------------------------------------------------------------------------
@@ -79,7 +76,6 @@ class Metrics:
             s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
         }
         self._stage, self._stage_name, self._outer = None, None, []
-        self._read_now: set[str] = set()  # keys a step changed in place (_Stage.read)
         self.report = Report(self.directions)
         if not self.log and loop.pm.has_plugin("metrics_log"):
             warnings.warn(f"{self.name}: log=False no longer keeps metrics.jsonl from being written: the run's "
@@ -92,7 +88,6 @@ class Metrics:
             self._outer.append((self._stage_name, self._stage))
         resumed, self._resumed = self._resumed, None
         self._stage = resumed if resumed is not None and stage == "train" else _Stage(self.window)
-        self._stage.read_now, self._stage.batched = self._read_now, self.defer is True
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
         self._publishing(loop, stage)
@@ -106,19 +101,14 @@ class Metrics:
         self._every = self._sync if several and stage == "train" else None
         self._local = several and stage != "train"
         self._by_time = self._every is None
-        agg = self._stage
-        self._due = self._base = agg.batches if agg is not None else 0  # look at the next batch
-        self._began = _clock()
 
     @hookimpl
     def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
         # (every argument of the event, though batch_idx is unused: then the loop calls this
         # method itself, not through an adapter that drops arguments)
-        # Per value a batch costs one append and no tensor operation: a key is looked at beyond
-        # its type only when it has no list since the last fold (_take); a tensor under a key
-        # that holds tensors (agg.kept) is kept as it is, with its version counter, and read
-        # with the others when the stage is folded (_Stage.read): between two training steps a
-        # torch call, even item(), costs several times what it costs in the fold's loop.
+        # Per value a batch costs one read and one append: a key is looked at beyond its type
+        # only when it has no list since the last fold (_take), and a CPU tensor under a key
+        # known to hold one number (agg.scalars) is read with item() alone.
         agg = self._stage
         assert agg is not None  # inside a stage
         agg.batches += 1
@@ -132,15 +122,15 @@ class Metrics:
             else:
                 n = batch_size(batch)
             agg.samples += n
-            kept, host = agg.kept, agg.host
+            scalars, host = agg.scalars, agg.host
             for key, value in output.items():
                 kind = type(value)
                 if kind is _Tensor:
-                    if (entries := kept.get(key)) is not None:
+                    if (entries := scalars.get(key)) is not None:
                         try:
-                            entries.append((value, value._version, n))
-                        except RuntimeError:  # an inference tensor (inference_mode) has no version
-                            entries.append((value, -1, n))
+                            entries.append((value.item(), n))
+                        except RuntimeError:  # no longer one number: ignored, as any non-scalar is
+                            pass
                         continue
                 elif kind is float or kind is int:
                     if key != "batch_size":
@@ -152,55 +142,41 @@ class Metrics:
                 self._take(agg, key, value, n, loop)
         else:
             agg.samples += batch_size(batch)
-        if agg.batches >= self._due:  # a look at the clock (a publication, a fold): not every batch
-            self._look(loop, agg)
-
-    def _look(self, loop: Run, agg: _Stage) -> None:
-        """Publish when due (by time; with several processes every ``sync_every`` batches),
-        else fold when :data:`FOLD_EVERY` batches wait; then say at which batch to look again:
-        the next, unless batches are fast, when the clock is read every few batches (up to 16,
-        a quarter of ``interval`` at the rate so far): a clock read costs the loop about 0.4 µs."""
-        batches = agg.batches
         if not self._by_time:  # several processes: the same batches everywhere, for the reduction
             every = self._every
             assert every is not None
-            if every.due(batches):
+            if every.due(agg.batches):
                 self._publish(loop)
-            elif batches - agg.read_at >= FOLD_EVERY:
+            elif not agg.batches % FOLD_EVERY:
                 agg.read()
-            self._due = batches + 1
             return
         now = _clock()
         if now >= self._next_publish:
             self._next_publish = now + self.interval
             self._publish(loop)
-        elif batches - agg.read_at >= FOLD_EVERY:
+        elif not agg.batches % FOLD_EVERY:
             agg.read()
-        done = batches - self._base
-        seconds = now - self._began
-        stride = 1 if seconds <= 0 else min(16, max(1, int(self.interval * done / (4 * seconds))))
-        self._due = batches + stride
 
     def _take(self, agg: _Stage, key: str, value: Any, n: int, loop: Run) -> None:
-        """A value past ``batch_end``'s fast paths: a tensor under a key with no list of kept
-        tensors yet, one read at its batch (``defer=False`` on the CPU, a key changed in place),
-        a subclass of a tensor, a metric object, a NumPy scalar or a ``bool``; refused when it
-        cannot be aggregated."""
+        """A value past ``batch_end``'s fast paths: a tensor under a key with no list yet, one
+        that stays on its device (an accelerator, ``defer=True``), a subclass of a tensor, a
+        metric object, a NumPy scalar or a ``bool``; refused when it cannot be aggregated."""
         if isinstance(value, _Tensor):
             if value.numel() != 1:
                 return  # not a scalar: ignored, by design
-            if key not in agg.read_now and (self.defer is not False or not value.is_cpu):
-                try:
-                    entries = agg.kept[key]
-                except KeyError:
-                    entries = self._first(agg.kept, key, value, loop)
-                entries.append((value, -1 if value.is_inference() else value._version, n))
-            else:  # read at its batch: asked for on the CPU (defer=False), or changed in place before
+            if value.is_cpu and not self.defer:
                 try:
                     entries = agg.host[key]
                 except KeyError:
                     entries = self._first(agg.host, key, value, loop)
+                if type(value) is _Tensor:  # its next values take the fast path
+                    agg.scalars[key] = entries
                 entries.append((value.item(), n))
+            else:
+                try:
+                    agg.device[key].append((value.detach(), n))
+                except KeyError:
+                    self._first(agg.device, key, value, loop).append((value.detach(), n))
         elif _is_metric(value):
             agg.metric_objects[key] = value
         elif (real := as_real(value)) is not None:  # NumPy scalars, bool: past the fast path
@@ -221,10 +197,6 @@ class Metrics:
         """The new list of ``key``'s values in ``where``, once its first value is checked."""
         agg = self._stage
         assert agg is not None  # inside a stage
-        tensors = where is agg.kept
-        if key in (agg.host if tensors else agg.kept):  # the key's values change kind:
-            agg.read()  # fold what it has first, so they stay in order
-            where = agg.kept if tensors else agg.host  # (read() made new dicts)
         return agg.entries(where, key, value, self._step(loop))
 
     def _publish(self, loop: Run) -> None:
