@@ -233,6 +233,25 @@ def raw_variant(workload: Workload) -> Runner:
     return run
 
 
+def call_variant(workload: Workload) -> Runner:
+    """The floor under any framework built on step functions: a bare loop that calls the step
+    function (the ``core`` variant's, which steps its optimizer itself) for every batch and
+    does nothing else."""
+    step, data = workload.make().step, workload.data
+    clock, sync = time.perf_counter, _sync(workload.device)
+
+    def run() -> Timing:
+        sync()
+        start = clock()
+        for batch in data:
+            step(None, batch)
+        sync()
+        elapsed = clock() - start
+        return Timing(elapsed, elapsed)
+
+    return run
+
+
 class StageClock:
     """Times the batches of the training stage, every per-batch event included, without a
     per-batch hook: it starts after every other plugin's ``stage_start`` and stops before any
@@ -339,6 +358,7 @@ def dashboard_variant(workload: Workload) -> Runner:
 
 VARIANTS: dict[str, Callable[[Workload], Runner]] = {
     "raw": raw_variant,
+    "call": call_variant,
     "core": core_variant,
     "default": default_variant,
     "dashboard": dashboard_variant,
