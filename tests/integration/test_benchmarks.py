@@ -87,3 +87,20 @@ def test_the_model_budget_measures_the_default_stack_s_parts_between_real_steps(
     assert list(rows) == ["core", "optim (managed step)", "metrics", "console", "interrupter"]
     assert rows["optim (managed step)"]["plugins"] == ["optim"] and rows["metrics"]["baseline"] == "core"
     assert "the tiny model" in budget["text"] and budget["save_us"] is None
+
+
+def test_counts_runs_each_pass_once_inside_qsort_and_says_when_valgrind_is_missing(tmp_path: Path) -> None:
+    """``counts.py``: its child (what runs under valgrind) makes a variant's counted pass once,
+    inside one ``qsort`` comparison, where callgrind collects; with no valgrind on the ``PATH``
+    the script says so and counts nothing (callgrind itself is too slow for the suite: a run
+    takes minutes, see benchmarks/README.md)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    script = str(REPO / "benchmarks" / "counts.py")
+    for name in ("raw", "optim", "metrics"):
+        child = subprocess.run([sys.executable, script, "--child", name, "--batches", "3"],
+                               check=True, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert child.stdout == f"counted {name} 3\n"
+    bare = {**env, "PATH": str(tmp_path)}  # nothing on it, valgrind least of all
+    parent = subprocess.run([sys.executable, script, "--variants", "core"], check=True, capture_output=True,
+                            text=True, timeout=120, env=bare, cwd=tmp_path)
+    assert "valgrind is not installed" in parent.stdout and "per batch" not in parent.stdout
