@@ -244,7 +244,10 @@ def call_variant(workload: Workload) -> Runner:
         sync()
         start = clock()
         for batch in data:
-            step(None, batch)
+            # kept until the next step has returned, as the raw loop keeps its loss (and the
+            # core its output): a loss dropped at once frees its graph, and with it the
+            # parameters' AccumulateGrad nodes, which the next forward then builds anew
+            last = step(None, batch)  # noqa: F841
         sync()
         elapsed = clock() - start
         return Timing(elapsed, elapsed)
