@@ -69,8 +69,10 @@ def execute(run: Run) -> State:
             resume(run)
             epochs(run)
         except BaseException as error:
-            fail(run, error)
-            finish(run, failed=True, unbind=unbind)
+            try:
+                fail(run, error)  # a second Ctrl-C in an exception hook aborts it: still finish
+            finally:
+                finish(run, failed=True, unbind=unbind)
             raise
         else:
             finish(run, failed=False, unbind=unbind)

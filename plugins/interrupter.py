@@ -10,6 +10,11 @@
 * A SIGINT while a stop is already pending (from a signal, the dashboard's ``q`` or anything
   else) aborts at once with ``KeyboardInterrupt`` (``fit_end`` still runs, with status
   ``interrupted``).
+* A signal while the run is already ending (it failed and its ``exception`` hooks run, or
+  ``fit_end`` runs) requests nothing, since there is nothing left to stop: the run's own error
+  stays the one raised. The first says so (a SIGINT: interrupt again to abort); a second SIGINT
+  aborts. Under ``torchrun`` this is the agent's SIGTERM to the ranks still alive after one
+  failed.
 * Handlers are installed at ``fit_start`` only on the main thread and the previous ones are put
   back at ``fit_end``, so a notebook or a host application keeps its own.
 """
@@ -38,6 +43,7 @@ class Interrupter:
         self.signals = flag(self.name, "signals", signals)
         self._previous: dict[int, Any] = {}
         self._loop: Run | None = None
+        self._ending_said = False  # a signal came while the run was ending, and was said
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
@@ -51,20 +57,28 @@ class Interrupter:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
-        self._loop = None
+        self._loop, self._ending_said = None, False
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         loop = self._loop
         name = signal.Signals(signum).name
         if loop is None:  # pragma: no cover - handlers exist only while a loop is set
             return
-        if loop.stop_requested is not None and signum == signal.SIGINT:
+        if signum == signal.SIGINT and (loop.stop_requested is not None or self._ending_said):
             raise KeyboardInterrupt(f"second {name}: aborting")
+        if loop.state.status != "running":  # ending: nothing to stop, the run's error stays its own
+            self._say(loop, signum, f"hookfit: {name} received while the run ends ({loop.state.status})")
+            self._ending_said = True
+            return
         loop.request_stop(name)  # the core honours it; the event tells the dashboard
+        self._say(loop, signum, f"hookfit: {name} received, stopping after this batch")
+
+    @staticmethod
+    def _say(loop: Run, signum: int, line: str) -> None:
         if loop.is_main:  # under torchrun every rank gets the signal: one line is enough
             again = "interrupt the kernel again" if _in_kernel() else "press Ctrl-C again"
             hint = f"; {again} to abort" if signum == signal.SIGINT else ""
-            print(f"hookfit: {name} received, stopping after this batch{hint}", file=sys.stderr, flush=True)
+            print(f"{line}{hint}", file=sys.stderr, flush=True)
 
 
 def _in_kernel() -> bool:

@@ -155,3 +155,85 @@ def test_signals_is_checked_when_it_is_built(value) -> None:
 
     with pytest.raises(ValueError, match=rf"^interrupter: signals must be True or False, got {value!r}$"):
         Interrupter(signals=value)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")])
+@pytest.mark.parametrize("ending", ["exception", "fit_end"])
+def test_a_signal_while_the_run_ends_requests_nothing_and_keeps_the_runs_own_outcome(
+        ending: str, signum: int, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torchrun, the agent sends SIGTERM to the ranks still alive once one failed: it
+    may come while this rank's run is failing (its ``exception`` hooks run) or in ``fit_end``.
+    There is nothing left to stop: the run keeps its own error (or completes), and the line
+    says the signal came while the run ended. It used to raise "request_stop() needs a running
+    loop" from the handler, in place of the run's error."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    class Signal:
+        name = "signal"
+
+        @hookfit.hookimpl
+        def exception(self, loop, error):
+            if ending == "exception":
+                os.kill(os.getpid(), signum)  # handled on this (the main) thread, here
+
+        @hookfit.hookimpl(tryfirst=True)  # before the interrupter puts the old handlers back
+        def fit_end(self, loop):
+            if ending == "fit_end":
+                os.kill(os.getpid(), signum)
+
+    def step(loop, batch):
+        if ending == "exception" and batch == 2:
+            raise ValueError("the step's own error")
+
+    before = signal.getsignal(signum)
+    loop = hookfit.Loop(step, list(range(4)), plugins=[Signal(), Interrupter()])
+    if ending == "exception":
+        with pytest.raises(ValueError, match="the step's own error"):
+            loop.fit()
+        status = "failed"
+    else:
+        loop.fit()
+        status = "completed"
+    assert (loop.state.status, loop.state.stopped_by) == (status, None)
+    assert signal.getsignal(signum) is before
+    err = capsys.readouterr().err
+    hint = "; press Ctrl-C again to abort" if signum == signal.SIGINT else ""
+    assert f"hookfit: {name} received while the run ends ({status}){hint}\n" in err, err
+    assert "needs a running loop" not in err and "stopping after this batch" not in err, err
+
+
+@pytest.mark.fault
+def test_a_second_sigint_while_the_run_fails_aborts_and_fit_end_still_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """A failing run's ``exception`` hooks may take long (a checkpoint saved on failure): the
+    first Ctrl-C says the run is ending, the second aborts them with ``KeyboardInterrupt``, and
+    ``fit_end`` still runs, with the handlers put back and the run's own error kept as the
+    abort's context."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    ended: list[str] = []
+
+    class Slow:
+        name = "slow"
+
+        @hookfit.hookimpl
+        def exception(self, loop, error):
+            os.kill(os.getpid(), signal.SIGINT)
+            ended.append("said")
+            os.kill(os.getpid(), signal.SIGINT)
+            ended.append("not aborted")
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            ended.append(loop.state.status)
+
+    def step(loop, batch):
+        raise ValueError("the step's own error")
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt, match="second SIGINT: aborting") as caught:
+        hookfit.Loop(step, list(range(4)), plugins=[Slow(), Interrupter()]).fit()
+    assert isinstance(caught.value.__context__, ValueError)
+    assert ended == ["said", "failed"]
+    assert signal.getsignal(signal.SIGINT) is before
+    assert "hookfit: SIGINT received while the run ends (failed); press Ctrl-C again to abort" in capsys.readouterr().err
