@@ -24,7 +24,6 @@ import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
 import tracemalloc
 import warnings
@@ -34,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead import StageClock, in_pty, median_ci  # noqa: E402  (same folder)
+from overhead import StageClock, in_pty, median_ci, scratch  # noqa: E402  (same folder)
 
 import hookfit  # noqa: E402
 from hookfit.plugins.console import Console  # noqa: E402
@@ -96,7 +95,7 @@ def hookfit_variant(only: str, given: Callable[[], list[Any]], managed: bool = T
 
     def build(setup: Setup) -> Runner:
         model, opt = setup.fresh()
-        run_dir = tempfile.mkdtemp(prefix="hookfit-compare-")
+        run_dir = scratch("hookfit-compare-")
 
         def step(loop: Any, batch: Any) -> Any:
             x, y = batch
@@ -184,7 +183,7 @@ def lightning(default: bool) -> Callable[[Setup], Runner]:
                 times.append(time.perf_counter() - self.start)
 
         module = lightning_module(model, log=default)
-        root = tempfile.mkdtemp(prefix="lightning-compare-")
+        root = scratch("lightning-compare-")
         loader = Batches(setup.data)  # Lightning would read a plain list as several loaders
 
         def run() -> float:

@@ -37,7 +37,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -119,7 +118,9 @@ def worker(args: argparse.Namespace) -> None:
         loop.optimizers.zero_grad()
         return {"loss": loss}
 
-    run_dir = tempfile.mkdtemp(prefix="hookfit-ddp-bench-")
+    from overhead import scratch  # (same folder)
+
+    run_dir = scratch("hookfit-ddp-bench-")
 
     def fit() -> dict[str, float]:
         clock = Clock()

@@ -34,7 +34,9 @@ import gc
 import json
 import math
 import os
+import atexit
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -299,7 +301,7 @@ class HookfitRunner:
         self.plugins = (*plugins, self.clock)
         self.only = ",".join(keep)
         self.plugins_seen: list[str] | None = None
-        self.run_dir = tempfile.mkdtemp(prefix="hookfit-bench-")
+        self.run_dir = scratch("hookfit-bench-")
 
     def __call__(self) -> Timing:
         saved = os.environ.get(manager.ENV_ONLY)
@@ -321,6 +323,14 @@ class HookfitRunner:
         pm: Any = loop.run.pm  # type: ignore[union-attr]
         self.plugins_seen = sorted(name for name, _ in pm.list_name_plugin() if name != StageClock.name)
         return Timing(self.clock.end - self.clock.start, elapsed)
+
+
+def scratch(prefix: str) -> str:
+    """A new temporary folder for a run's files, removed when the process exits (a benchmark,
+    or the test that runs it, leaves nothing behind)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _pipe() -> Any:

@@ -94,9 +94,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     args = parser.parse_args()
-    import tempfile
+    from overhead import scratch  # (same folder)
 
-    run_dir = tempfile.mkdtemp(prefix="hookfit-startup-")
+    run_dir = scratch("hookfit-startup-")
     names = args.frameworks.split(",")
     samples: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(args.runs):  # interleaved, fresh process each time

@@ -26,7 +26,6 @@ import logging
 import os
 import statistics
 import sys
-import tempfile
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any, Callable
@@ -36,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import Batches, Setup, _sink, lightning_module, mse  # noqa: E402  (same folder)
+from overhead import scratch  # noqa: E402
 
 import hookfit  # noqa: E402
 from hookfit.plugins.console import Console  # noqa: E402
@@ -136,7 +136,7 @@ def hookfit_default(setup: Setup, counts: Counts, *, device_path: bool = True, a
     os.environ["HOOKFIT_PLUGINS"] = "interrupter"
     try:
         with counts.reads:
-            hookfit.Loop(step, setup.data, model=model, optimizers=opt, run_dir=tempfile.mkdtemp(prefix="syncs-"),
+            hookfit.Loop(step, setup.data, model=model, optimizers=opt, run_dir=scratch("syncs-"),
                          plugins=[Optim(defer=defer, **optim), Metrics(defer=defer), Console(stream=_sink()),
                                   Count()]).fit()
     finally:
@@ -161,7 +161,7 @@ def lightning_default(setup: Setup, counts: Counts) -> None:
             counts.epoch[1] = counts.reads.count
 
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, callbacks=[Count()],
-                         default_root_dir=tempfile.mkdtemp(prefix="syncs-"), num_sanity_val_steps=0)
+                         default_root_dir=scratch("syncs-"), num_sanity_val_steps=0)
     with counts.reads:
         trainer.fit(lightning_module(model, log=True), train_dataloaders=Batches(setup.data))
 

@@ -15,9 +15,23 @@ PROBE = (
 )
 
 
+def clean_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a benchmark's process: no HOOKFIT_ setting, and a temporary folder
+    of its own, to check that its runs' folders are gone when it exits (:func:`left`)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    return {**env, "TMPDIR": str(temp)}, temp
+
+
+def left(temp: Path) -> list[str]:
+    """What a benchmark left in its temporary folder, torch's own compile cache aside."""
+    return [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
+
+
 def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env, temp = clean_env(tmp_path)
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--framework-only", "--rounds", "15",
          "--warmup", "1", "--fw-batches", "50", "--json", str(out), "--quiet"],
@@ -27,6 +41,7 @@ def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path
     rows = {r["variant"]: r for r in result["workloads"]["framework"]["results"]}
     assert rows["core"]["plugins"] == [] and rows["default"]["plugins"] == ["console", "interrupter", "metrics", "optim"]
     assert all(len(r["rounds_run_us"]) == 15 for r in rows.values())
+    assert left(temp) == []  # every run's folder removed at exit
     # the framework workload's no-op backward is undone after the passes (it patches torch)
     assert "lambda" not in subprocess.run(
         [sys.executable, "-c", PROBE, str(REPO / "benchmarks")],
@@ -40,7 +55,7 @@ def test_syncs_counts_host_reads_per_step_of_the_default_stack(tmp_path: Path) -
     fused kernel; without momentum a skipped first step leaves nothing uninitialised), the
     one read at the step with the kernel torch picks (``Optim(fuse=False)``)."""
     out = tmp_path / "syncs.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env, temp = clean_env(tmp_path)
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "syncs.py"), "--variants",
          "hookfit-default,hookfit-fuse-false", "--batches", "8", "--json", str(out)],
@@ -49,13 +64,14 @@ def test_syncs_counts_host_reads_per_step_of_the_default_stack(tmp_path: Path) -
     rows = json.loads(out.read_text())["variants"]
     assert rows["hookfit-default"]["per_step"] == [0] * 7
     assert rows["hookfit-fuse-false"]["per_step"] == [1] * 7
+    assert left(temp) == []
 
 
 def test_the_budget_table_measures_each_plugin_against_its_baseline(tmp_path: Path) -> None:
     """``overhead.py --budget``: a row per built-in plugin, each run with the plugins it names
     (the consumers of metrics with metrics), and a checkpoint's save cost per save."""
     out = tmp_path / "overhead.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env, temp = clean_env(tmp_path)
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--framework-only", "--budget", "--rounds", "15",
          "--warmup", "1", "--fw-batches", "20", "--json", str(out), "--quiet"],
@@ -70,6 +86,7 @@ def test_the_budget_table_measures_each_plugin_against_its_baseline(tmp_path: Pa
     assert all(r["added_ci"][0] <= r["added_us"] <= r["added_ci"][1] for r in rows.values())
     assert budget["save_us"]["median"] > 0  # a save writes a file: it costs something
     assert "the default stack's parts" in budget["text"]
+    assert left(temp) == []  # the checkpoints' folders too
 
 
 def test_the_model_budget_measures_the_default_stack_s_parts_between_real_steps(tmp_path: Path) -> None:
