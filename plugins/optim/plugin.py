@@ -204,10 +204,14 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
     def backward(self, loop: Run, loss: torch.Tensor) -> bool:
         if self._bare:  # no scaling, no hook around it, no poisoned window: the common case
             if self.nonfinite is not None:  # _finite(loss), its CPU case inlined
-                if loss.is_cpu and loss.numel() == 1:
-                    if not math.isfinite(loss.item()):
+                if loss.is_cpu:
+                    try:  # one number: read at once (item() refuses any other count)
+                        finite = math.isfinite(loss.item())
+                    except RuntimeError:
+                        finite = _finite(loss)
+                    if not finite:
                         return self._nonfinite_loss(loop, loss)
-                elif self.defer is None and not loss.is_cpu:  # the first loss on an accelerator
+                elif self.defer is None:  # the first loss on an accelerator
                     self._deferring = True
                     self._set_fast_paths()
                     return self._backward(loop, loss)

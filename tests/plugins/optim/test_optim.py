@@ -316,6 +316,25 @@ def test_nonfinite_loss_raise_policy() -> None:
 
 
 @pytest.mark.fault
+@pytest.mark.parametrize("values", [2, 0])
+def test_a_loss_of_several_values_or_none_is_checked_whole(values: int) -> None:
+    """The check reads a CPU loss of one number at once; any other count (per-sample losses
+    not reduced, an empty tensor) is checked value by value: an infinite one among several
+    raises before ``backward`` would refuse the shape, and an empty one has nothing to flag."""
+    m = model()
+
+    def step(loop, batch):
+        losses = torch.nn.functional.mse_loss(m(batch[0]), batch[1], reduction="none").flatten()[:values]
+        if values:
+            losses = losses * torch.tensor([1.0, float("inf")])
+        loop.backward(losses)
+
+    error = FloatingPointError if values else RuntimeError  # backward: no implicit gradient for it
+    with pytest.raises(error, match="non-finite loss.*epoch 0, batch 0" if values else "scalar outputs"):
+        fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), step=step, nonfinite="raise")
+
+
+@pytest.mark.fault
 def test_nonfinite_policy_none_checks_nothing() -> None:
     m = model()
 
