@@ -15,7 +15,11 @@ more inside libc's ``qsort``, called on two elements with a Python comparison fu
 makes the pass; collection is off except inside ``qsort`` and what it calls
 (``--toggle-collect=*qsort*``: glibc's ``qsort`` jumps to ``qsort_r``, which calls the
 comparison; a pattern naming ``qsort`` alone loses the pass). The count is checked to hold at
-least :data:`LEAST_PER_BATCH` instructions a batch. Every variant runs a short and a long pass
+least :data:`LEAST_PER_BATCH` instructions a batch. Work driven by the clock is off in the
+counted processes (:data:`UNTIMED`): callgrind runs the code some 50 times slower, so a
+publication of the metrics every 0.5 s, which comes once in ~2,000 batches at full speed, would
+come every ~40 batches and be counted as per-batch work (13,000 of the default stack's 41,000
+instructions a batch, before this was done). Every variant runs a short and a long pass
 (``--batches 20,220``), each in its own process; their difference divided by the difference in
 batches is the per-batch count, free of what a pass costs once (the ``Loop``, its plugins, the
 stage's events).
@@ -31,10 +35,12 @@ rows of ``overhead.py --budget-model``. Without ``valgrind`` on the ``PATH`` it 
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures
 import ctypes
 import gc
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -51,6 +57,11 @@ PARTS: dict[str, Callable[[overhead.Workload], Any]] = {
     "optim": budget.ROWS["optim (managed step)"][0],
     "metrics": budget.ROWS["metrics"][0],
 }
+UNTIMED = "[plugins.metrics]\ninterval = 1e9\n"
+"""The ``hookfit.toml`` of a counted process: no publication of the metrics by time, so no
+console line either (it writes on publications). The core's live time split is put off in
+:func:`child`. A publication's own cost is not a batch's: at full speed one comes a stage's
+end or every 0.5 s."""
 LEAST_PER_BATCH = 100_000
 """Fewer instructions a batch than a pass of the tiny model can run (a raw step runs ~800,000)."""
 DEFAULT_VARIANTS = ("raw", "call", "core", "optim", "metrics", "default")
@@ -67,6 +78,14 @@ def child(name: str, size: int) -> None:
     """Warm the variant up with two passes of ``size`` batches, then run one more inside
     ``qsort``'s comparison function."""
     torch.set_num_threads(1)
+    import hookfit.run
+
+    config = tempfile.NamedTemporaryFile("w", prefix="hookfit-counts-", suffix=".toml", delete=False)
+    with config:
+        config.write(UNTIMED)
+    atexit.register(os.unlink, config.name)
+    os.environ["HOOKFIT_CONFIG"] = config.name
+    hookfit.run.Run.TIME_SPLIT_INTERVAL = math.inf  # the stage's split once, at its end
     libc = ctypes.CDLL(None)
     compare_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
     two = (ctypes.c_int * 2)(0, 1)
@@ -84,7 +103,10 @@ def child(name: str, size: int) -> None:
     libc.qsort(two, 2, ctypes.sizeof(ctypes.c_int), compare_type(compare))
     if len(passes) != 1:
         raise RuntimeError(f"qsort called the pass {len(passes)} times, not once")
-    print(f"counted {name} {size}", flush=True)
+    loop = getattr(run, "last_loop", None)  # (the raw loop has none)
+    metrics = loop.run.pm.get_plugin("metrics") if loop is not None else None
+    untimed = f" (metrics by time every {metrics.interval:g} s)" if metrics is not None else ""
+    print(f"counted {name} {size}{untimed}", flush=True)
 
 
 # -- the parent --------------------------------------------------------------------------------

@@ -286,7 +286,7 @@ class HookfitRunner:
     ``keep`` loaded (``HOOKFIT_PLUGINS`` set to them for the call; empty loads none) and
     ``plugins`` given to ``Loop``. With ``managed`` the step goes through the optim plugin.
     ``run`` is the training stage; ``fit`` the whole call. ``plugins_seen`` lists what the
-    last run registered (the clock excepted)."""
+    last run registered (the clock excepted); ``last_loop`` is that run's ``Loop``."""
 
     def __init__(
         self, workload: Workload, *, plugins: Sequence[Any] = (), keep: Sequence[str] = (),
@@ -301,6 +301,7 @@ class HookfitRunner:
         self.plugins = (*plugins, self.clock)
         self.only = ",".join(keep)
         self.plugins_seen: list[str] | None = None
+        self.last_loop: hookfit.Loop | None = None
         self.run_dir = scratch("hookfit-bench-")
 
     def __call__(self) -> Timing:
@@ -322,6 +323,7 @@ class HookfitRunner:
                 os.environ[manager.ENV_ONLY] = saved
         pm: Any = loop.run.pm  # type: ignore[union-attr]
         self.plugins_seen = sorted(name for name, _ in pm.list_name_plugin() if name != StageClock.name)
+        self.last_loop = loop
         return Timing(self.clock.end - self.clock.start, elapsed)
 
 
