@@ -33,6 +33,9 @@ READ_EVERY = 1024
 """On the device path, the flags of this many closed windows are read on the host at the
 latest, so a run that publishes no metrics keeps a bounded number of them."""
 
+SLOTS = 1024
+"""How many zeroed flags :class:`Flags` makes in one go (one kernel, then a kernel a window)."""
+
 
 class NonFinite:
     """The non-finite policy of :class:`~hookfit.plugins.optim.Optim` (a part of its class):
@@ -61,6 +64,7 @@ class NonFinite:
         self._pending: list[tuple[torch.Tensor, tuple[int, int, int],
                                   list[tuple[ManagedOptimizer, torch.Tensor, torch.Tensor | None]]]] = []
         self._due: FloatingPointError | None = None  # held by a read for the next (nonfinite="raise")
+        self._flags = Flags()  # the windows' flags, made zero ahead of time
 
     def _set_fast_paths(self) -> None:
         """The plugin's (``Optim._set_fast_paths``): a poisoned window turns the fast paths off."""
@@ -147,12 +151,11 @@ class NonFinite:
         state = loop.state
         if self._bad is not None and self.accumulate == 1 and state.step != self._bad_at:
             self._close_deferred()  # the previous batch's window: no batch_end closed it
-        bad = _flag(loss)
-        if self._bad is None:
-            self._bad = bad
+        if self._bad is None:  # a window's first loss: one kernel
+            self._bad = self._flags.check(loss)
             self._bad_where = (state.epoch, state.batch_idx, state.batch_idx)
         else:  # a new tensor: a step that skipped on the flag so far keeps the value it saw
-            self._bad = torch.maximum(self._bad, bad.to(self._bad.device))
+            self._bad = torch.maximum(self._bad, _flag(loss).to(self._bad.device))
             self._bad_where = (*self._bad_where[:2], state.batch_idx)
         self._bad_at = state.step
 
@@ -250,6 +253,43 @@ class NonFinite:
         if self._due is not None:
             error, self._due = self._due, None
             raise error
+
+
+class Flags:
+    """The flags of the device path's windows, each a float32 zero made ahead of time, ``SLOTS``
+    at once in one kernel: a window's first loss is checked into a flag of its own with one more
+    kernel, torch's ``_amp_foreach_non_finite_check_and_unscale_`` (GradScaler's check), which sets
+    the flag to 1.0 where a value is not finite and multiplies the values by 1.0, an exact no-op,
+    written through ``loss.data``: autograd's version counter of the loss does not move, so its
+    graph stays usable. Where that kernel does not take the loss (a subclass such as a DTensor, a
+    dtype or device it refuses), :func:`_flag` makes the flag with two."""
+
+    def __init__(self) -> None:
+        self._slots: tuple[torch.Tensor, ...] = ()
+        self._next = 0
+        self._one = torch.ones(())  # the check's scale: 1.0 on the slots' device (made with them)
+        self._works = True  # the one-kernel check took a loss, or has not been tried
+
+    def check(self, loss: torch.Tensor) -> torch.Tensor:
+        """A new flag for ``loss``: 1.0 if any of its values is not finite, else 0.0."""
+        if self._works and type(loss) is torch.Tensor:
+            for fresh in (False, True):  # (once more on zeros made on the loss's device)
+                if fresh or self._next >= len(self._slots):
+                    self._make(loss.device)
+                slot = self._slots[self._next]
+                try:
+                    torch._amp_foreach_non_finite_check_and_unscale_([loss.data], slot, self._one)
+                except RuntimeError:  # another device than the slots', or a loss it refuses
+                    continue
+                self._next += 1
+                return slot
+            self._works = False
+        return _flag(loss)
+
+    def _make(self, device: torch.device) -> None:
+        zeros = torch.zeros(SLOTS, device=device)
+        self._slots, self._next = zeros.unbind(), 0
+        self._one = torch.ones((), device=device)
 
 
 def _flag(loss: torch.Tensor) -> torch.Tensor:

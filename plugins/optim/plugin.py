@@ -17,7 +17,7 @@ from hookfit.modes import modules
 from hookfit.plugins.common import check, choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
-from hookfit.plugins.optim.nonfinite import NonFinite, OptimWarning, _finite
+from hookfit.plugins.optim.nonfinite import Flags, NonFinite, OptimWarning, _finite
 from hookfit.plugins.optim.schedulers import Scheduling
 from hookfit.plugins.optim.toggles import note_toggles
 from hookfit.plugins.optim.watch import Watch
@@ -189,6 +189,7 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
         )
         self._scales = self.accumulate > 1 or self.scaler is not None
         self._bad, self._bad_stepped, self._pending, self._due = None, [], [], None
+        self._flags = Flags()
         self._deferring = self.nonfinite is not None and (
             self.defer is True or (self.defer is None and _device_type(loop.model, None) not in (None, "cpu")))
         self._poison(False)

@@ -882,3 +882,63 @@ def test_a_state_taken_before_optim_s_batch_end_counts_the_batch_s_skipped_step(
         hookfit.Loop(nan_at(m, {2}), data(6), model=m, optimizers=torch.optim.Adam(m.parameters(), lr=0.01),
                      max_epochs=1, plugins=[Optim(defer=True, accumulate=2), Early()]).fit()
     assert seen == [(1, 1)]
+
+
+class OpsPerBatch:
+    """The torch operators run from each training batch's start to its end, every plugin's
+    ``batch_end`` included (``detach``, which runs no kernel, left out)."""
+
+    def __init__(self) -> None:
+        from test_flag import Ops
+
+        self.mode, self.batches = Ops(), []
+
+    @hookfit.hookimpl(tryfirst=True)
+    def batch_start(self, loop) -> None:
+        if loop.training:
+            self.mode.ops = []
+            self.mode.__enter__()
+
+    @hookfit.hookimpl(trylast=True)
+    def batch_end(self, loop) -> None:
+        if loop.training:
+            self.mode.__exit__(None, None, None)
+            self.batches.append([op for op in self.mode.ops if op != "detach.default"])
+
+
+def test_the_device_path_adds_one_operator_a_step_to_a_raw_loop_s_the_window_s_flag() -> None:
+    """On an accelerator every operator is a kernel launch a step. The default stack's step on
+    the device path runs a raw loop's operators (the same fused kernel, given the window's flag
+    as ``found_inf``) and one more: the loss's check into a flag made zero ahead of time. The
+    zeros themselves are one operator per 1024 windows (here at the first step)."""
+    from io import StringIO
+
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.interrupter import Interrupter
+    from hookfit.plugins.metrics import Metrics
+    from test_flag import Ops
+
+    batches = data(8)
+    m_raw, m = model(), model()
+    raw_opt = torch.optim.SGD(m_raw.parameters(), lr=0.1, momentum=0.9, fused=True)
+    raw = Ops()
+    for i, batch in enumerate(batches):
+        raw.ops = []
+        with raw:
+            loss = mse(m_raw, batch)
+            loss.backward()
+            raw_opt.step()
+            raw_opt.zero_grad()
+        if i == 3:
+            raw_ops = [op for op in raw.ops if op != "detach.default"]
+    ops = OpsPerBatch()
+    hookfit.Loop(nan_at(m, set()), batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                 max_epochs=1, plugins=[Optim(defer=True), Metrics(defer=True, interval=3600.0, log=False),
+                                        Console(stream=StringIO()), Interrupter(signals=False), ops]).fit()
+    assert "_fused_sgd_.default" in raw_ops
+    for seen in ops.batches[1:-1]:  # (the first makes the zeros; the last runs into the stage's end)
+        extra = list(seen)
+        for op in raw_ops:
+            extra.remove(op)
+        assert extra == ["_amp_foreach_non_finite_check_and_unscale_.default"], seen
+    assert params(m) and all(torch.equal(a, b) for a, b in zip(params(m), params(m_raw)))
