@@ -123,3 +123,22 @@ def test_counts_runs_each_pass_once_inside_qsort_and_says_when_valgrind_is_missi
     parent = subprocess.run([sys.executable, script, "--variants", "core"], check=True, capture_output=True,
                             text=True, timeout=120, env=bare, cwd=tmp_path)
     assert "valgrind is not installed" in parent.stdout and "per batch" not in parent.stdout
+
+
+def test_gpu_kernels_counts_what_the_default_stack_adds_to_a_raw_step(tmp_path: Path) -> None:
+    """benchmarks/gpu_kernels.py on the CPU (``--device cpu``: torch's operators, not kernels)
+    shows the CPU path's cost: the two host reads of the loss (optim's check, metrics), and
+    nothing else; without a GPU, the default (CUDA) says it needs one."""
+    env, temp = clean_env(tmp_path)
+    script = str(REPO / "benchmarks" / "gpu_kernels.py")
+    done = subprocess.run([sys.executable, script, "--device", "cpu", "--steps", "4"], check=True,
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert lines[0][:4] == ["operators", "a", "step", "over"], done.stdout
+    assert sorted((w[0], w[-1]) for w in lines[1:]) == [("+2.00", "aten::_local_scalar_dense"), ("+2.00", "aten::item")]
+    assert left(temp) == []
+    import torch
+
+    if not torch.cuda.is_available():
+        done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert done.returncode == 2 and "needs a CUDA device" in done.stderr
