@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from hookfit.modes import modules
+from hookfit.plugins.common import GradientWatch
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from torch.distributed import ProcessGroup
@@ -43,7 +44,7 @@ class ModelWrap:
         self._forward_checked = True
         self._forward_hook: RemovableHandle | None = None
         self._grad_seen = True
-        self._grad_hooks: list[RemovableHandle] = []
+        self._grad_hooks = GradientWatch((), self._saw_grad)
         self._wrapped: DistributedDataParallel | None = None  # the wrapper this plugin made of the model
         self._pass_hooks: list[RemovableHandle] = []  # should_sync_gradients before every training pass
         self._unsynced: set[int] = set()  # DDP modules whose running pass this plugin made unsynchronised
@@ -85,8 +86,7 @@ class ModelWrap:
         loop.model, self._ddps, self._wrapped = wrapped, [wrapped], wrapped
         self._forward_seen = self._forward_checked = self._grad_seen = False
         self._forward_hook = wrapped.register_forward_pre_hook(self._saw_forward)
-        self._grad_hooks = [p.register_post_accumulate_grad_hook(self._saw_grad)  # type: ignore[no-untyped-call]  # unannotated in torch
-                            for p in model.parameters() if p.requires_grad]
+        self._grad_hooks = GradientWatch([p for p in model.parameters() if p.requires_grad], self._saw_grad)
 
     def _shard_model(self, loop: Run, device: torch.device) -> None:
         """``strategy="fsdp"``: ``fully_shard`` the picked submodules, deepest first, then the
@@ -197,7 +197,7 @@ class ModelWrap:
             self._forward_hook.remove()  # once is enough: later calls take torch's fast path
         self._forward_hook = None
 
-    def _saw_grad(self, param: torch.Tensor) -> None:
+    def _saw_grad(self, tensor: torch.Tensor) -> None:
         """The first gradient of the run: was the forward pass DDP's? (Removed after the
         first training batch, by ``agree_stop``.)"""
         if self._grad_seen:
@@ -213,9 +213,7 @@ class ModelWrap:
             )
 
     def _remove_grad_hooks(self) -> None:
-        hooks, self._grad_hooks = self._grad_hooks, []
-        for hook in hooks:
-            hook.remove()
+        self._grad_hooks.remove()
 
 
 def _holds_parameters(module: torch.nn.Module) -> bool:

@@ -7,15 +7,15 @@ training stage a torch step pre-hook on each managed optimizer
 
 The same stage watches for a backward pass that bypasses it: a step function calling
 ``loss.backward()`` instead of ``loop.backward(loss)`` skips the loss's division for
-accumulation and its scaling. A post-accumulate-grad hook on each parameter of the managed
-optimizers tells gradients that appear outside ``loop.backward`` (which a wrapper of the
-``backward`` event marks). One ``OptimWarning`` names the step function and
+accumulation and its scaling. A hook on each parameter of the managed optimizers
+(:class:`~hookfit.plugins.common.GradientWatch`) tells gradients that appear outside
+``loop.backward`` (which a wrapper of the ``backward`` event marks). One ``OptimWarning`` names the step function and
 ``loop.backward``; where the bypass trains another model than the script means (accumulation,
 loss scaling, several processes) it is a ``RuntimeError`` instead, raised from that
 ``loss.backward()`` call, before the first optimizer step. The hooks and the wrapper are gone
 after :data:`WATCHED_PASSES` passes through ``loop.backward`` (a step that bypasses it does so
-at once, in every batch) or at the end of the first training stage, and the steps' pre-hooks
-with them (a step function that steps its own optimizer does so within as many batches, unless
+at once, in every batch) or at the end of the first training stage, leaving nothing in the
+backward pass, and the steps' pre-hooks with them (a step function that steps its own optimizer does so within as many batches, unless
 it steps less often than every :data:`WATCHED_PASSES` batches): no per-step cost is left.
 
 At the end of the first training stage, a stage whose batches went through ``loop.backward``
@@ -36,12 +36,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hookfit import hookimpl
+from hookfit.plugins.common import GradientWatch
 from hookfit.plugins.optim.nonfinite import OptimWarning
 from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    from torch.utils.hooks import RemovableHandle
-
     from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
     from hookfit.run import Run
 
@@ -66,7 +65,7 @@ class Watch:
         self._first_stage = False  # this run's first training stage is running
         self._bypass_seen = False  # the warning about such a step was given in this run
         self._in_backward = False  # inside loop.backward (marked by _BackwardMark)
-        self._grad_hooks: list[RemovableHandle] = []  # while watching for loss.backward()
+        self._grad_hooks = GradientWatch((), self._grad_arrived)  # while watching for loss.backward()
         self._mark: _BackwardMark | None = None
         self._backward_bypassed = False  # the warning (or error) about it was given in this run
         self._passes = 0  # backward passes through loop.backward while watched
@@ -103,21 +102,19 @@ class Watch:
         parameters outside ``loop.backward``: a hook on each parameter that requires a
         gradient, and a wrapper of the ``backward`` event that marks optim's own passes."""
         assert self.optimizers is not None
-        handles, self._grad_hooks = self._grad_hooks, []
-        for handle in handles:
-            handle.remove()
+        self._grad_hooks.remove()
         if self._mark is not None:
             if self.loop is not None and self.loop.pm.is_registered(self._mark):
                 self.loop.pm.unregister(self._mark)
             self._mark = None
         if not on or self.loop is None or self._backward_bypassed:
             return
-        seen: set[int] = set()
+        watched: dict[int, torch.Tensor] = {}
         for managed in self.optimizers.values():
             for param in managed._params:
-                if id(param) not in seen and param.requires_grad and param.is_leaf:
-                    seen.add(id(param))
-                    self._grad_hooks.append(param.register_post_accumulate_grad_hook(self._grad_arrived))
+                if param.requires_grad and param.is_leaf:
+                    watched.setdefault(id(param), param)
+        self._grad_hooks = GradientWatch(watched.values(), self._grad_arrived)
         self._mark = _BackwardMark(self)
         self._passes = 0
         self._steps_at = self._stepped()
@@ -142,7 +139,7 @@ class Watch:
                       f"loop.optimizers.step() and loop.optimizers.zero_grad() after loop.backward(loss)",
                       OptimWarning, stacklevel=2)
 
-    def _grad_arrived(self, param: torch.Tensor) -> None:
+    def _grad_arrived(self, tensor: torch.Tensor) -> None:
         if not self._in_backward and not self._backward_bypassed:
             self._grad_bypassed()
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from hookfit.plugins import common
 
@@ -147,3 +148,57 @@ def test_unwrap_state_dict_gives_a_compiled_modules_state_the_plain_modules_keys
     plain.load_state_dict(unwrapped)
     own = plain.state_dict()
     assert common.unwrap_state_dict(own) is own and common.unwrap_state_dict({}) == {}
+
+
+# -- GradientWatch ------------------------------------------------------------------------------
+def test_a_gradient_watch_sees_each_gradient_and_leaves_no_hook_of_torch_s_behind() -> None:
+    """Until it is removed, the watch is called for each parameter's gradient. After, torch's
+    own hook goes too: the hook dictionary the watch made is no longer read by any backward
+    pass (a handle's remove() alone leaves it read, empty, by every pass, for each parameter)."""
+    from hookfit.plugins.common import GradientWatch
+
+    model = torch.nn.Linear(3, 2)
+    seen: list[torch.Tensor] = []
+    watch = GradientWatch(model.parameters(), seen.append)
+    assert len(watch) == 2
+    model(torch.ones(1, 3)).sum().backward()
+    assert sorted(tuple(g.shape) for g in seen) == [(2,), (2, 3)]
+    made = [p._backward_hooks for p in model.parameters()]  # the dictionaries torch reads
+    watch.remove()
+    assert len(watch) == 0 and all(p._backward_hooks is None for p in model.parameters())
+    late: list[object] = []
+    for hooks in made:  # were torch still reading them, these would be called
+        hooks[10**6] = late.append
+    model(torch.ones(1, 3)).sum().backward()
+    assert late == [] and len(seen) == 2
+
+
+def test_a_gradient_watch_keeps_the_hooks_that_others_put_on_the_same_tensors() -> None:
+    from hookfit.plugins.common import GradientWatch
+
+    before, during = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    calls: list[str] = []
+    before.register_hook(lambda g: calls.append("before"))
+    watch = GradientWatch([before, during], lambda g: calls.append("watch"))
+    during.register_hook(lambda g: calls.append("during"))
+    watch.remove()
+    ((before + during) * 2).sum().backward()
+    assert sorted(calls) == ["before", "during"]
+
+
+def test_a_gradient_watch_on_a_tensor_subclass_is_told_after_accumulation() -> None:
+    """A subclass (FSDP2's DTensor) gets a post-accumulate-grad hook: FSDP2 runs those itself
+    once it has set the sharded gradient, which autograd never accumulates."""
+    from hookfit.plugins.common import GradientWatch
+
+    class Sub(torch.nn.Parameter):
+        pass
+
+    param = Sub(torch.zeros(2))
+    seen: list[torch.Tensor] = []
+    watch = GradientWatch([param], seen.append)
+    (param * 3).sum().backward()
+    assert seen == [param] and torch.equal(seen[0].grad, torch.full((2,), 3.0))
+    watch.remove()
+    (param * 3).sum().backward()
+    assert len(seen) == 1

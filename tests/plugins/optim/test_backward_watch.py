@@ -26,7 +26,8 @@ def model() -> torch.nn.Module:
 
 
 def hooks_left(m: torch.nn.Module) -> int:
-    return sum(len(p._post_accumulate_grad_hooks or {}) for p in m.parameters())
+    """The gradient hooks on the parameters, of either kind (GradientWatch's)."""
+    return sum(len(p._backward_hooks or {}) + len(p._post_accumulate_grad_hooks or {}) for p in m.parameters())
 
 
 class Probe:
@@ -224,6 +225,9 @@ def test_the_watch_ends_after_a_few_passes_through_loop_backward() -> None:
                  optimizers=opt, plugins=[optim]).fit()
     assert seen[0] == (2, True, 1, False) and seen[WATCHED_PASSES - 2] == (2, True, 1, False)  # watched at first
     assert seen[WATCHED_PASSES - 1:] == [(0, False, 0, True)] * 5  # then nothing is left
+    # not even torch's own hook around the emptied dictionaries, which every backward pass
+    # would still walk, for each parameter (GradientWatch's test shows they are no longer read)
+    assert all(p._backward_hooks is None and p._post_accumulate_grad_hooks is None for p in model.parameters())
 
 
 @pytest.mark.bad_input
