@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import io
+import os
 import sys
 
 import torch
@@ -20,6 +20,9 @@ from hookfit.plugins.console import Console
 from hookfit.plugins.interrupter import Interrupter
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import overhead  # noqa: E402  (the tiny model and its steps, as overhead.py times them)
 
 
 def kernels(prof: profile, cuda: bool) -> collections.Counter[str]:
@@ -64,50 +67,32 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and not torch.cuda.is_available():
         print("gpu_kernels.py needs a CUDA device (--device cpu counts torch's operators on the CPU)", file=sys.stderr)
         return 2
-    dev, n, first = torch.device(args.device), args.steps, 10
-    torch.manual_seed(0)
-    template = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(dev)
-    g = torch.Generator().manual_seed(0)
-    data = [(torch.randn(64, 32, generator=g).to(dev), torch.randn(64, 1, generator=g).to(dev))
-            for _ in range(first + n + 10)]
-    mse = torch.nn.functional.mse_loss
-
-    m = copy.deepcopy(template)
-    opt = torch.optim.SGD(m.parameters(), lr=0.01)  # as users build it: torch picks the kernel
+    n, first = args.steps, 10
+    workload = overhead.model_workload(first + n + 10, device=args.device)  # overhead.py's tiny model
+    raw = workload.make()  # its step steps torch's SGD as users build it: torch picks the kernel
     prof = profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU])
-    for i, (x, y) in enumerate(data):
+    for i, batch in enumerate(workload.data):
         if i == first:
             sync(cuda)
             prof.__enter__()
-        opt.zero_grad()
-        loss = mse(m(x), y)
-        loss.backward()
-        opt.step()
+        raw.step(None, batch)
         if i == first + n - 1:
             sync(cuda)
             prof.__exit__(None, None, None)
-    raw = kernels(prof, cuda)
+    raw_kernels = kernels(prof, cuda)
 
-    m = copy.deepcopy(template)
-
-    def step(loop: hookfit.Run, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
-        x, y = batch
-        loop.optimizers.zero_grad()
-        loss = mse(m(x), y)
-        loop.backward(loss)
-        loop.optimizers.step()
-        return {"loss": loss}
-
+    parts = workload.make()  # the managed step of the README's first script
     window = Window(first, n, cuda)
-    hookfit.Loop(step, data, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.01), max_epochs=1,
+    hookfit.Loop(parts.managed_step, workload.data, model=parts.model, optimizers=parts.optimizer, max_epochs=1,
                  plugins=[Optim(), Metrics(), Console(stream=io.StringIO()), Interrupter(signals=False),
                           window]).fit()
     stack = kernels(window.prof, cuda)
     what = "kernels" if cuda else "operators"
-    print(f"{what} a step over {n} steps: raw {sum(raw.values()) / n:.2f}, default stack {sum(stack.values()) / n:.2f}")
-    for name in sorted(set(raw) | set(stack)):
-        if raw[name] != stack[name]:
-            print(f"  {(stack[name] - raw[name]) / n:+.2f} a step  {name[:110]}")
+    print(f"{what} a step over {n} steps: raw {sum(raw_kernels.values()) / n:.2f}, "
+          f"default stack {sum(stack.values()) / n:.2f}")
+    for name in sorted(set(raw_kernels) | set(stack)):
+        if raw_kernels[name] != stack[name]:
+            print(f"  {(stack[name] - raw_kernels[name]) / n:+.2f} a step  {name[:110]}")
     return 0
 
 

@@ -361,6 +361,18 @@ def default_variant(workload: Workload) -> Runner:
                          managed=True)
 
 
+def device_path_variant(workload: Workload) -> Runner:
+    """The default stack through the path a loss on an accelerator takes (optim and metrics
+    with ``defer=True``), wherever the workload is: on the CPU, what that path's Python costs a
+    batch, which a GPU step pays on the host."""
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.optim import Optim
+
+    return HookfitRunner(workload, plugins=(Optim(defer=True), Metrics(defer=True), Console(stream=_pipe())),
+                         keep=("interrupter",), managed=True)
+
+
 def dashboard_variant(workload: Workload) -> Runner:
     """optim, metrics and the urwid dashboard; needs a terminal (``--pty`` provides one)."""
     from hookfit.plugins.tui import interactive_terminal
@@ -376,6 +388,7 @@ VARIANTS: dict[str, Callable[[Workload], Runner]] = {
     "call": call_variant,
     "core": core_variant,
     "default": default_variant,
+    "device-path": device_path_variant,
     "dashboard": dashboard_variant,
 }
 """name -> builder. ``raw`` is the baseline; every other variant is compared with it."""

@@ -107,8 +107,9 @@ class Metrics:
         # (every argument of the event, though batch_idx is unused: then the loop calls this
         # method itself, not through an adapter that drops arguments)
         # Per value a batch costs one read and one append: a key is looked at beyond its type
-        # only when it has no list since the last fold (_take), and a CPU tensor under a key
-        # known to hold one number (agg.scalars) is read with item() alone.
+        # only when it has no list since the last fold (_take), a CPU tensor under a key
+        # known to hold one number (agg.scalars) is read with item() alone, and one that stays
+        # on its device is kept, detached, after two tests.
         agg = self._stage
         assert agg is not None  # inside a stage
         agg.batches += 1
@@ -122,7 +123,7 @@ class Metrics:
             else:
                 n = batch_size(batch)
             agg.samples += n
-            scalars, host = agg.scalars, agg.host
+            scalars, host, device = agg.scalars, agg.host, agg.device
             for key, value in output.items():
                 kind = type(value)
                 if kind is _Tensor:
@@ -131,6 +132,10 @@ class Metrics:
                             entries.append((value.item(), n))
                         except RuntimeError:  # no longer one number: ignored, as any non-scalar is
                             pass
+                        continue
+                    if ((kept := device.get(key)) is not None and (self.defer or not value.is_cpu)
+                            and value.numel() == 1):  # (_take's device case, without its call)
+                        kept.append((value.detach(), n))
                         continue
                 elif kind is float or kind is int:
                     if key != "batch_size":

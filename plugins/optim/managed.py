@@ -49,6 +49,7 @@ class ManagedOptimizer:
         self._fast = False  # step() can step at once: no window, poison, scaling, clipping,
         # step-wise scheduler or hook around it (kept by Optim._set_fast_paths)
         self._fast_watched = False  # the same, while steps that bypass optim are watched for
+        self._fast_device = False  # the same on the device path, where the kernel skips on the flag
         self._each_batch = plugin.accumulate == 1  # zero_grad() always takes effect
         if self._each_batch:  # then it is the optimizer's own, with no call in between
             self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]  # bound per instance: no call in between
@@ -83,6 +84,17 @@ class ManagedOptimizer:
         if not self._each_batch and not self.plugin._window_closes():
             self._deferred = True
             return False
+        if self._fast_device and self._primed and self._skips_on_device:
+            # the device path's common case: the fused kernel skips on the window's flag
+            plugin, optimizer = self.plugin, self.optimizer
+            bad = plugin._bad
+            if plugin._due is None and bad is not None and len(optimizer.param_groups) == self._groups:
+                _step_on_flag(optimizer, bad)
+                plugin._bad_stepped.append((self, bad, None))  # counted at the next host read if set
+                self.steps += 1
+                self._stepped = True
+                return True
+            return self._step()
         if self._fast_watched:  # the fast path while bypassing steps are watched (see watch())
             self._own = True
             try:
@@ -178,16 +190,7 @@ class ManagedOptimizer:
                     scaler.step(self.optimizer)
                 plugin._scaler_used = True
             elif bad is not None:  # the fused kernel skips the update where found_inf is set
-                flag = bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype))
-                # GradScaler's contract with the fused kernels: attributes of the optimizer that
-                # its declared type lacks, so set by name
-                setattr(self.optimizer, "found_inf", flag)  # (float32, see nonfinite._flag)
-                setattr(self.optimizer, "grad_scale", None)
-                try:
-                    self.optimizer.step()
-                finally:
-                    delattr(self.optimizer, "found_inf")
-                    delattr(self.optimizer, "grad_scale")
+                _step_on_flag(self.optimizer, bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype)))
             else:
                 self.optimizer.step()
         finally:
@@ -302,6 +305,20 @@ def _saved_schedulers(state: Mapping[str, Any]) -> list[Any]:
     if "schedulers" in state:
         return list(state["schedulers"])
     return [] if state.get("scheduler") is None else [state["scheduler"]]
+
+
+def _step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
+    """Step ``optimizer``'s fused kernel with ``flag`` (a float32 1.0 or 0.0 on the device, see
+    :class:`~hookfit.plugins.optim.nonfinite.Flags`) as its ``found_inf``: the kernel leaves
+    parameters and state as they are where it is 1.0. That is GradScaler's contract with the
+    fused kernels: attributes of the optimizer that its declared type lacks, so set by name."""
+    setattr(optimizer, "found_inf", flag)
+    setattr(optimizer, "grad_scale", None)
+    try:
+        optimizer.step()
+    finally:
+        delattr(optimizer, "found_inf")
+        delattr(optimizer, "grad_scale")
 
 
 def _scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:

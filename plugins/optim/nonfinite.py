@@ -272,18 +272,29 @@ class Flags:
 
     def check(self, loss: torch.Tensor) -> torch.Tensor:
         """A new flag for ``loss``: 1.0 if any of its values is not finite, else 0.0."""
+        if type(loss) is torch.Tensor and self._next < len(self._slots):
+            slot = self._slots[self._next]
+            try:
+                torch._amp_foreach_non_finite_check_and_unscale_([loss.data], slot, self._one)
+            except RuntimeError:  # another device than the slots', or a loss it refuses
+                return self._anew(loss)
+            self._next += 1
+            return slot
+        return self._anew(loss)
+
+    def _anew(self, loss: torch.Tensor) -> torch.Tensor:
+        """:meth:`check` past its common case: zeros made (on the loss's device), or the
+        two-kernel flag for a loss the one-kernel check refuses."""
         if self._works and type(loss) is torch.Tensor:
-            for fresh in (False, True):  # (once more on zeros made on the loss's device)
-                if fresh or self._next >= len(self._slots):
-                    self._make(loss.device)
-                slot = self._slots[self._next]
-                try:
-                    torch._amp_foreach_non_finite_check_and_unscale_([loss.data], slot, self._one)
-                except RuntimeError:  # another device than the slots', or a loss it refuses
-                    continue
-                self._next += 1
+            self._make(loss.device)
+            slot = self._slots[0]
+            try:
+                torch._amp_foreach_non_finite_check_and_unscale_([loss.data], slot, self._one)
+            except RuntimeError:
+                self._works, self._slots = False, ()  # from now on, two kernels
+            else:
+                self._next = 1
                 return slot
-            self._works = False
         return _flag(loss)
 
     def _make(self, device: torch.device) -> None:

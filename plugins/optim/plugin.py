@@ -17,7 +17,7 @@ from hookfit.modes import modules
 from hookfit.plugins.common import check, choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
-from hookfit.plugins.optim.nonfinite import Flags, NonFinite, OptimWarning, _finite
+from hookfit.plugins.optim.nonfinite import READ_EVERY, Flags, NonFinite, OptimWarning, _finite
 from hookfit.plugins.optim.schedulers import Scheduling
 from hookfit.plugins.optim.toggles import note_toggles
 from hookfit.plugins.optim.watch import Watch
@@ -150,6 +150,7 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
         self._plain = False  # set at configure: a step needs no window, unscaling, clipping or scheduler
         self._scales = False  # set at configure: backward scales the loss (accumulation or AMP)
         self._bare = False  # backward needs only the finiteness check (kept by _set_fast_paths)
+        self._bare_device = False  # the same on the device path: only the window's flag
         self._unwatch: Callable[[], None] | None = None  # ends the plugin manager's listening
         Watch.__init__(self)  # for steps that bypass loop.optimizers
         self._autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when mixed
@@ -224,6 +225,23 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
                 note_toggles(self, error)  # a toggle froze what the loss needed: say so
                 raise
             return True
+        if self._bare_device:  # the device path's common case: a new window's flag, then backward
+            state = loop.state
+            if self._due is None and (self._bad is None or state.step != self._bad_at):
+                if self._bad is not None:  # the previous batch's window: no batch_end closed it
+                    pending = self._pending  # (_close_deferred, inlined)
+                    pending.append((self._bad, self._bad_where, self._bad_stepped))
+                    self._bad, self._bad_stepped = None, []
+                    if len(pending) >= READ_EVERY:
+                        self._read_deferred()
+                self._bad, self._bad_at = self._flags.check(loss), state.step
+                self._bad_where = (state.epoch, state.batch_idx, state.batch_idx)
+                try:
+                    loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch
+                except RuntimeError as error:
+                    note_toggles(self, error)
+                    raise
+                return True
         if self._autocast is not None:  # the backward pass outside autocast, as PyTorch advises
             with torch.autocast(self._autocast[0], enabled=False):
                 return self._backward(loop, loss)
@@ -384,6 +402,11 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
             managed._fast_watched = fast and self._watching
         self._bare = (not self._scales and clean and not backward and self._autocast is None
                       and not self._deferring)
+        # the device path's: one window a batch, nothing around backward or the step
+        self._bare_device = (not self._scales and clean and not backward and self._autocast is None
+                             and self._deferring and self.accumulate == 1)
+        for managed in self.optimizers.values():
+            managed._fast_device = self._bare_device and self._plain and not stepped and not self._watching
 
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
