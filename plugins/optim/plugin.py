@@ -50,8 +50,9 @@ class Optim(NonFinite, Windows, Watch, Scheduling):
     On an accelerator (a loss not on the CPU; ``defer=True`` takes the same path on the CPU,
     ``defer=False`` never takes it) the non-finite check of the loss never waits for the
     device. ``backward`` back-propagates every loss and folds ``~isfinite(loss)`` into a flag
-    tensor of the accumulation window, on the device. A step of that window then skips on the
-    device, with no host read, when it can:
+    tensor of the accumulation window, on the device (a window's first loss costs one kernel,
+    into a zero made ahead of time; see :class:`~hookfit.plugins.optim.nonfinite.Flags`). A step
+    of that window then skips on the device, with no host read, when it can:
 
     * an optimizer that accepts ``found_inf`` in every parameter group (torch's ``fused=True``
       Adam, AdamW, SGD, Adagrad; another class that sets ``_step_supports_amp_scaling``) gets
