@@ -7,6 +7,7 @@ import runpy
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture
 def recorder(hookfit_recorder: Recorder) -> Recorder:
     return hookfit_recorder
+
+
+@pytest.fixture(autouse=True)
+def _distutils_shim_kept() -> Iterator[None]:
+    """A test that turns setuptools' distutils shim off fails, and the shim is put back. On
+    Python < 3.12 asking the import system for ``pip`` (``importlib.util.find_spec("pip")``)
+    turns it off for the rest of the process; every later ``import setuptools`` in the worker
+    then fails an assert, inductor's among them, and the compiled-model tests fell back to
+    ``aot_eager`` with a wrong reason ("inductor cannot compile here")."""
+    yield
+    finder = getattr(sys.modules.get("_distutils_hack"), "DISTUTILS_FINDER", None)
+    if finder is not None and "spec_for_distutils" in vars(finder):
+        del finder.spec_for_distutils  # the class's own again
+        pytest.fail("this test turned setuptools' distutils shim off for the rest of the process "
+                    "(importlib.util.find_spec('pip'), or an import of pip?); later imports of "
+                    "setuptools (inductor's) would fail", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ after the install.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import json
 import re
 import shutil
@@ -59,8 +59,13 @@ def _fit(venv: Venv, cwd: Path, **extra: str) -> dict:
 
 
 def test_example_package_installs_runs_disables_and_uninstalls(tmp_path: Path, venv: Venv) -> None:
-    for needed in ("pip", "setuptools"):  # looked up, not imported (setuptools patches distutils)
-        if importlib.util.find_spec(needed) is None:
+    # their metadata, not importlib.util.find_spec(): on Python < 3.12 asking the import system
+    # for "pip" turns setuptools' distutils shim off in this process for good, and a later
+    # `import setuptools` (inductor's, in another test of this worker) then fails its assert
+    for needed in ("pip", "setuptools"):
+        try:
+            importlib.metadata.distribution(needed)
+        except importlib.metadata.PackageNotFoundError:
             pytest.fail(f"{needed} is not installed; this test installs a package with a real pip")
     work = tmp_path / "cwd"  # neither the repo nor the package source is on sys.path from here
     work.mkdir()
