@@ -38,10 +38,8 @@ Models
     (``_orig_mod.``-prefixed keys) the same way.
 
 Gradients, watched for a while
-    ``GradientWatch(params, arrived)`` calls ``arrived`` whenever a gradient for one of
-    ``params`` is computed, until ``remove()``, which leaves the backward pass as it was. (A
-    handle's ``remove()`` alone does not: torch keeps the emptied hook dictionary attached to
-    the parameter, and every later backward pass takes the GIL and walks it, for each parameter.)
+    ``GradientWatch(params, arrived)`` (:mod:`hookfit.plugins.gradients`) calls ``arrived``
+    for each gradient of ``params`` until ``remove()``, which leaves no cost behind.
 
 Hyperparameters
     ``run_hparams(loop, extra)`` is what the loggers (``tensorboard``, ``mlflow``, ``wandb``) record as a
@@ -59,6 +57,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import torch
+
+from hookfit.plugins.gradients import GradientWatch
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -444,49 +444,6 @@ def unwrap_state_dict(state: Mapping[str, Any]) -> Mapping[str, Any]:
                 for key, value in metadata.items() if key == root or key.startswith(prefix))
         state = out
     return state
-
-
-# -- gradients -------------------------------------------------------------------------------
-class GradientWatch:
-    """Calls ``arrived(...)`` whenever a gradient for one of ``params`` (leaf tensors that
-    require one) is computed, until :meth:`remove`. A plain tensor or ``Parameter`` gets a
-    tensor hook (``register_hook``: ``arrived`` is given the gradient, and its return value, to
-    be ``None``, is ignored). A tensor subclass (a DTensor that FSDP2 shards, whose gradient FSDP2
-    sets after its reduce-scatter and then runs the post-accumulate-grad hooks of) gets a
-    post-accumulate-grad hook (``arrived`` is given the tensor).
-
-    :meth:`remove` leaves nothing behind on a plain tensor: torch keeps a tensor's hook
-    dictionary attached to its autograd metadata once made, and a ``RemovableHandle`` only
-    empties it, so every later backward pass would still take the GIL and walk an empty
-    dictionary for each parameter (measured at about 1 µs a parameter, a pass, on a CPU). A
-    dictionary this watch made is dropped when nothing else was put in it, which drops torch's
-    hook with it. (Torch has no such way for post-accumulate-grad hooks; autograd never
-    accumulates into a sharded DTensor, so those cost nothing once removed.)"""
-
-    def __init__(self, params: Iterable[torch.Tensor], arrived: Callable[[torch.Tensor], None]) -> None:
-        self._handles: list[Any] = []
-        self._made: list[torch.Tensor] = []  # plain tensors whose hook dictionary this watch made
-        for param in params:
-            if type(param) is torch.Tensor or type(param) is torch.nn.Parameter:
-                if param._backward_hooks is None:
-                    self._made.append(param)
-                self._handles.append(param.register_hook(arrived))  # type: ignore[no-untyped-call]  # unannotated in torch
-            else:
-                self._handles.append(param.register_post_accumulate_grad_hook(arrived))  # type: ignore[no-untyped-call]  # unannotated in torch
-
-    def __len__(self) -> int:
-        """How many tensors are watched (none after :meth:`remove`)."""
-        return len(self._handles)
-
-    def remove(self) -> None:
-        """Remove every hook, and the hook dictionaries this watch made that nothing else uses."""
-        handles, self._handles = self._handles, []
-        for handle in handles:
-            handle.remove()
-        made, self._made = self._made, []
-        for param in made:
-            if not param._backward_hooks:  # no one else's hook came since
-                param._backward_hooks = None  # torch clears the tensor's hooks with it
 
 
 # -- hyperparameters -------------------------------------------------------------------------
