@@ -98,6 +98,9 @@ class Parts:
     raw_pass: Callable[[], None]
     model: Any
     optimizer: Any
+    inline_pass: Callable[[], None] | None = None
+    """The raw loop with the default stack's per-batch work written into it (the model
+    workload only): see :func:`inline_variant`."""
 
 
 def model_workload(batches: int, seed: int = 0, big: bool = False, device: str = "cpu") -> Workload:
@@ -145,7 +148,33 @@ def model_workload(batches: int, seed: int = 0, big: bool = False, device: str =
                 loss.backward()
                 opt.step()
 
-        return Parts(step, managed_step, raw_pass, model, opt)
+        def inline_pass() -> None:
+            clock, isfinite, interval = time.perf_counter, math.isfinite, 0.5
+            kept: list[tuple[float, int]] = []
+            steps = batches = samples = 0
+            waited = stepping = 0.0
+            due = clock() + interval
+            t0 = clock()
+            for x, y in data:
+                t1 = clock()  # the core: where the time goes (waiting for data, the step)
+                waited += t1 - t0
+                opt.zero_grad()
+                loss = mse(model(x), y)
+                if isfinite(loss.item()):  # optim: a non-finite loss skips the step
+                    loss.backward()
+                    opt.step()
+                    steps += 1
+                stepping += clock() - t1
+                n = x.shape[0]  # metrics: the batch's loss, weighted by its size
+                batches += 1
+                samples += n
+                kept.append((loss.item(), n))
+                t0 = clock()
+                if t0 >= due:  # a publication, then a fresh list
+                    due = t0 + interval
+                    kept = []
+
+        return Parts(step, managed_step, raw_pass, model, opt, inline_pass)
 
     return Workload("big" if big else "model", data, make, device=device)
 
@@ -220,19 +249,36 @@ def _sync(device: str) -> Callable[[], None]:
     return getattr(torch, torch.device(device).type).synchronize
 
 
-def raw_variant(workload: Workload) -> Runner:
-    raw_pass = workload.make().raw_pass
+def _timed(workload: Workload, one_pass: Callable[[], None]) -> Runner:
+    """A runner for a hand-written pass: its time, up to the device's last queued work."""
     clock, sync = time.perf_counter, _sync(workload.device)
 
     def run() -> Timing:
         sync()
         start = clock()
-        raw_pass()
+        one_pass()
         sync()
         elapsed = clock() - start
         return Timing(elapsed, elapsed)
 
     return run
+
+
+def raw_variant(workload: Workload) -> Runner:
+    return _timed(workload, workload.make().raw_pass)
+
+
+def inline_variant(workload: Workload) -> Runner:
+    """The floor under any implementation of the default stack's behaviours: the raw loop with
+    its per-batch work written in by hand, in one frame, with no framework: three clock reads
+    (the core's time split, metrics' publication check), optim's non-finite check (one host
+    read of the loss) and step count, metrics' weighted value (a second read, the batch size,
+    an append). ``default`` minus ``inline`` is what the framework's structure costs; ``inline``
+    minus ``raw`` is what no structure can save (model workload only)."""
+    inline_pass = workload.make().inline_pass
+    if inline_pass is None:
+        raise SystemExit(f"the inline variant has no {workload.name} workload")
+    return _timed(workload, inline_pass)
 
 
 def call_variant(workload: Workload) -> Runner:
@@ -386,12 +432,15 @@ def dashboard_variant(workload: Workload) -> Runner:
 VARIANTS: dict[str, Callable[[Workload], Runner]] = {
     "raw": raw_variant,
     "call": call_variant,
+    "inline": inline_variant,
     "core": core_variant,
     "default": default_variant,
     "device-path": device_path_variant,
     "dashboard": dashboard_variant,
 }
 """name -> builder. ``raw`` is the baseline; every other variant is compared with it."""
+MODEL_ONLY = {"inline"}
+"""Variants with no framework-only form (left out of that table)."""
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -681,7 +730,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = f"Framework only (no-op step calls), {args.fw_batches} batches a pass"
     plan.append(("framework", framework_workload(args.fw_batches, args.seed), title, "us/batch", 3, args.rounds))
     for key, workload, title, unit, digits, rounds in plan:
-        results = measure(workload, names + (peer_names if key == "model" and args.device == "cpu" else []),
+        here = [n for n in names if n not in MODEL_ONLY or key != "framework"]
+        results = measure(workload, here + (peer_names if key == "model" and args.device == "cpu" else []),
                           rounds, args.warmup)
         lines = verdicts(key, results)
         out["workloads"][key] = {"title": title, "unit": unit, "digits": digits, "rounds": rounds,
