@@ -101,6 +101,8 @@ class Parts:
     inline_pass: Callable[[], None] | None = None
     """The raw loop with the default stack's per-batch work written into it (the model
     workload only): see :func:`inline_variant`."""
+    floor_pass: Callable[[], None] | None = None
+    """The raw loop with the least of that work (model workload only): see :func:`floor_variant`."""
 
 
 def model_workload(batches: int, seed: int = 0, big: bool = False, device: str = "cpu") -> Workload:
@@ -174,7 +176,23 @@ def model_workload(batches: int, seed: int = 0, big: bool = False, device: str =
                     due = t0 + interval
                     kept = []
 
-        return Parts(step, managed_step, raw_pass, model, opt, inline_pass)
+        def floor_pass() -> None:
+            clock, isfinite, interval = time.perf_counter, math.isfinite, 0.5
+            kept: list[tuple[float, int]] = []
+            due = clock() + interval
+            for x, y in data:
+                opt.zero_grad()
+                loss = mse(model(x), y)
+                value = loss.item()  # one read, for the check and the metric
+                if isfinite(value):
+                    loss.backward()
+                    opt.step()
+                kept.append((value, x.shape[0]))
+                if clock() >= due:
+                    due = clock() + interval
+                    kept = []
+
+        return Parts(step, managed_step, raw_pass, model, opt, inline_pass, floor_pass)
 
     return Workload("big" if big else "model", data, make, device=device)
 
@@ -275,10 +293,23 @@ def inline_variant(workload: Workload) -> Runner:
     read of the loss) and step count, metrics' weighted value (a second read, the batch size,
     an append). ``default`` minus ``inline`` is what the framework's structure costs; ``inline``
     minus ``raw`` is what no structure can save (model workload only)."""
-    inline_pass = workload.make().inline_pass
-    if inline_pass is None:
-        raise SystemExit(f"the inline variant has no {workload.name} workload")
-    return _timed(workload, inline_pass)
+    return _timed(workload, _hand_written(workload, "inline"))
+
+
+def floor_variant(workload: Workload) -> Runner:
+    """The least any implementation of the default stack's behaviours does a batch, written
+    into the raw loop: one host read of the loss, shared by the non-finite check and the
+    metric, one append of the weighted value, one clock read for the publication; no time
+    split. What ``floor`` adds over ``raw`` is what Python between two steps costs on this
+    machine; a per-step target under it cannot be met here (model workload only)."""
+    return _timed(workload, _hand_written(workload, "floor"))
+
+
+def _hand_written(workload: Workload, name: str) -> Callable[[], None]:
+    one_pass = getattr(workload.make(), f"{name}_pass")
+    if one_pass is None:
+        raise SystemExit(f"the {name} variant has no {workload.name} workload")
+    return one_pass
 
 
 def call_variant(workload: Workload) -> Runner:
@@ -433,13 +464,14 @@ VARIANTS: dict[str, Callable[[Workload], Runner]] = {
     "raw": raw_variant,
     "call": call_variant,
     "inline": inline_variant,
+    "floor": floor_variant,
     "core": core_variant,
     "default": default_variant,
     "device-path": device_path_variant,
     "dashboard": dashboard_variant,
 }
 """name -> builder. ``raw`` is the baseline; every other variant is compared with it."""
-MODEL_ONLY = {"inline"}
+MODEL_ONLY = {"inline", "floor"}
 """Variants with no framework-only form (left out of that table)."""
 
 
@@ -598,6 +630,14 @@ def verdicts(workload: str, results: list[Result]) -> list[str]:
                 else "undecided: the 95% CI straddles the target (more rounds, or a quieter machine)")
         lines.append(f"measured: {variant} adds {row.added_us:+.1f} us a step (95% CI {low:+.1f}..{high:+.1f}; "
                      f"target <= {limit:g} us): {word}")
+    floor, limit = by_name.get("floor"), ADDED_TARGETS.get((workload, "default"))
+    if floor is not None and floor.added_us is not None and floor.added_ci is not None and limit is not None:
+        low, high = floor.added_ci
+        word = (f"over the default stack's target ({limit:g} us): no implementation of this work can meet it on this machine"
+                if low > limit else f"the default stack's target ({limit:g} us) is above it" if high <= limit
+                else f"the default stack's target ({limit:g} us) is within its CI")
+        lines.append(f"floor: the least of the default stack's work a batch, hand-written into the raw loop, adds "
+                     f"{floor.added_us:+.1f} us a step (95% CI {low:+.1f}..{high:+.1f}): {word}")
     base = by_name.get("default")
     if base is not None and base.added_us is not None and base.added_us > 0:
         for peer in ("ignite", "ignite-default", "lightning", "lightning-default"):

@@ -49,25 +49,26 @@ def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path
     ).stdout
 
 
-def test_the_inline_floor_trains_as_the_raw_loop_does_and_only_on_the_model(tmp_path: Path) -> None:
-    """``inline``, the raw loop with the default stack's per-batch work written into it, makes
-    the same steps as the raw loop (its reads change nothing), and the framework-only table,
-    which has no such loop, leaves it out."""
+def test_the_hand_written_floors_train_as_the_raw_loop_does_and_only_on_the_model(tmp_path: Path) -> None:
+    """``inline`` and ``floor``, the raw loop with the default stack's per-batch work (or the
+    least of it) written into it, make the same steps as the raw loop (their reads change
+    nothing), and the framework-only table, which has no such loops, leaves them out."""
     out = tmp_path / "overhead.json"
     env, temp = clean_env(tmp_path)
     probe = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import overhead;"
-             "w = overhead.model_workload(6); a, b, c = w.make(), w.make(), w.make(); a.raw_pass(); b.inline_pass();"
+             "w = overhead.model_workload(6); a, b, c, d = (w.make() for _ in range(4));"
+             "a.raw_pass(); b.inline_pass(); d.floor_pass();"
              "same = lambda p, q: all(torch.equal(x, y) for x, y in zip(p.model.parameters(), q.model.parameters()));"
-             "print(same(a, b), same(b, c))")
+             "print(same(a, b), same(a, d), same(b, c))")
     assert subprocess.run([sys.executable, "-c", probe, str(REPO / "benchmarks")], check=True, capture_output=True,
-                          text=True, timeout=120, env=env).stdout.split() == ["True", "False"]
+                          text=True, timeout=120, env=env).stdout.split() == ["True", "True", "False"]
     subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--variants", "inline,core", "--rounds", "15",
+        [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--variants", "inline,floor,core", "--rounds", "15",
          "--warmup", "0", "--batches", "5", "--fw-batches", "20", "--json", str(out), "--quiet"],
         check=True, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )
     workloads = json.loads(out.read_text())["workloads"]
-    assert [r["variant"] for r in workloads["model"]["results"]] == ["raw", "inline", "core"]
+    assert [r["variant"] for r in workloads["model"]["results"]] == ["raw", "inline", "floor", "core"]
     assert [r["variant"] for r in workloads["framework"]["results"]] == ["raw", "core"]
     assert left(temp) == []
 
