@@ -287,12 +287,12 @@ def raw_variant(workload: Workload) -> Runner:
 
 
 def inline_variant(workload: Workload) -> Runner:
-    """The floor under any implementation of the default stack's behaviours: the raw loop with
-    its per-batch work written in by hand, in one frame, with no framework: three clock reads
-    (the core's time split, metrics' publication check), optim's non-finite check (one host
-    read of the loss) and step count, metrics' weighted value (a second read, the batch size,
-    an append). ``default`` minus ``inline`` is what the framework's structure costs; ``inline``
-    minus ``raw`` is what no structure can save (model workload only)."""
+    """What the default stack does a batch on the CPU, written by hand into the raw loop, in one
+    frame, with no framework: three clock reads (the core's time split, metrics' publication
+    check), optim's non-finite check (one host read of the loss) and step count, metrics'
+    weighted value (a second read, the batch size, an append). ``default`` minus ``inline`` is
+    what the framework's structure costs (model workload only; on an accelerator the default
+    stack reads nothing a batch, so there this is no floor of it)."""
     return _timed(workload, _hand_written(workload, "inline"))
 
 
