@@ -29,7 +29,7 @@ Best values
     checkpoint by one, early stopping counts the epochs without improvement by one, the console
     and the dashboard pick best values with them.
 
-Models
+Models (:mod:`hookfit.plugins.models`)
     ``unwrap_model(loop.model)`` is the module the user wrote, inside
     ``DistributedDataParallel``/``DataParallel`` (``.module``) and ``torch.compile``
     (``._orig_mod``), however nested. Its ``state_dict()`` has the plain module's keys, so a
@@ -48,17 +48,14 @@ Hyperparameters
 
 from __future__ import annotations
 
-import collections
 import math
 import numbers
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
-import torch
-
 from hookfit.plugins.gradients import GradientWatch
+from hookfit.plugins.models import unwrap_model, unwrap_state_dict
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -395,55 +392,6 @@ class Monitor:
 
     def __repr__(self) -> str:
         return f"Monitor({self.metric!r}, mode={self.mode!r}, min_delta={self.min_delta:g}, best={self.best!r})"
-
-
-# -- models ----------------------------------------------------------------------------------
-
-COMPILED_PREFIX = "_orig_mod."
-"""What ``torch.compile``'s wrapper puts before every key of the module's ``state_dict()``."""
-
-
-def _compiled(module: Any) -> bool:
-    """Whether ``module`` is ``torch.compile``'s wrapper (an ``OptimizedModule``: nothing was
-    compiled in a process that never imported ``torch._dynamo``)."""
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")
-    return dynamo is not None and isinstance(module, dynamo.OptimizedModule)
-
-
-def unwrap_model(model: torch.nn.Module, *, compiled: bool = True) -> torch.nn.Module:
-    """The user's module inside ``model``: through ``DistributedDataParallel`` and
-    ``DataParallel`` (``.module``) and, unless ``compiled=False``, ``torch.compile``
-    (``._orig_mod``), as deeply as they are nested (a compiled DDP, a DDP of a compiled module).
-    A module that is no wrapper comes back as it is. Its parameters are the wrapper's, so what
-    is loaded into it is loaded into the model the step calls.
-
-    ``compiled=False`` stops at a compiled module: what a data-parallel wrapper was given (the
-    distributed plugin gives the run its model back so)."""
-    parallel = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-    while True:
-        if isinstance(model, parallel):
-            model = cast(torch.nn.Module, model.module)
-        elif compiled and _compiled(model):
-            model = cast(torch.nn.Module, model._orig_mod)
-        else:
-            return model
-
-
-def unwrap_state_dict(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``state`` (a module's state dict) with ``torch.compile``'s ``_orig_mod.`` taken off its
-    keys (and its ``_metadata``'s) where every key has it: the state of a compiled module, as
-    :func:`unwrap_model`'s module takes it. Any other state comes back as it is."""
-    prefix = COMPILED_PREFIX
-    while state and all(isinstance(key, str) and key.startswith(prefix) for key in state):
-        out: Any = collections.OrderedDict((key[len(prefix):], value) for key, value in state.items())
-        metadata = getattr(state, "_metadata", None)
-        if metadata is not None:  # per-module versions, keyed by module path ("" for the root)
-            root = prefix[:-1]
-            out._metadata = collections.OrderedDict(
-                (key[len(prefix):] if key.startswith(prefix) else "", value)
-                for key, value in metadata.items() if key == root or key.startswith(prefix))
-        state = out
-    return state
 
 
 # -- hyperparameters -------------------------------------------------------------------------
