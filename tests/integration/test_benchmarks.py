@@ -59,9 +59,13 @@ def test_the_hand_written_floors_train_as_the_raw_loop_does_and_only_on_the_mode
              "w = overhead.model_workload(6); a, b, c, d = (w.make() for _ in range(4));"
              "a.raw_pass(); b.inline_pass(); d.floor_pass();"
              "same = lambda p, q: all(torch.equal(x, y) for x, y in zip(p.model.parameters(), q.model.parameters()));"
-             "print(same(a, b), same(a, d), same(b, c))")
-    assert subprocess.run([sys.executable, "-c", probe, str(REPO / "benchmarks")], check=True, capture_output=True,
-                          text=True, timeout=120, env=env).stdout.split() == ["True", "True", "False"]
+             "print(same(a, b), same(a, d), same(b, c));"
+             "overhead.floor_variant(overhead.framework_workload(4))")
+    done = subprocess.run([sys.executable, "-c", probe, str(REPO / "benchmarks")], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.stdout.split() == ["True", "True", "False"]
+    # built on a workload without the loop (only through code: the command line leaves it out)
+    assert done.returncode == 1 and "the floor variant has no framework workload" in done.stderr
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--variants", "inline,floor,core", "--rounds", "15",
          "--warmup", "0", "--batches", "5", "--fw-batches", "20", "--json", str(out), "--quiet"],
