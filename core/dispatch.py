@@ -198,20 +198,20 @@ def _is_observer(plugin: object) -> bool:
 
 class HotPath:
     """What the loop reads for every batch: the resolved ``batch_start``, ``step_output``,
-    ``batch_end`` and ``batch_checkpoint`` (``None`` when nothing implements them) and ``asks``, whether anything answers
+    ``batch_end`` and ``after_batch`` (``None`` when nothing implements them) and ``asks``, whether anything answers
     ``should_stop`` or ``agree_stop`` (so the loop must ask after each batch).
 
     A plain object with slots, updated in place whenever the plugins change: CPython
     specialises loads of its attributes, which it cannot do on :class:`Dispatch` (a class with
     ``__getattr__``), and five such loads a batch are measurable on a small model."""
 
-    __slots__ = ("batch_start", "step_output", "batch_end", "batch_checkpoint", "asks")
+    __slots__ = ("batch_start", "step_output", "batch_end", "after_batch", "asks")
 
     def __init__(self) -> None:
         self.batch_start: Call | None = None
         self.step_output: Call | None = None
         self.batch_end: Call | None = None
-        self.batch_checkpoint: Call | None = None
+        self.after_batch: Call | None = None
         self.asks = False
 
 
@@ -230,14 +230,14 @@ class Dispatch:
     :meth:`hookfit.manager.PluginManager.silence`), and the call goes on without it.
     """
 
-    NOTIFY = ("batch_start", "step_output", "batch_end", "batch_checkpoint")
+    NOTIFY = ("batch_start", "step_output", "batch_end", "after_batch")
     """The loop's per-batch events, whose results are ignored: resolved as soon as the
     plugins change, so the loop only reads an attribute per batch."""
 
     batch_start: Call | None
     step_output: Call | None
     batch_end: Call | None
-    batch_checkpoint: Call | None
+    after_batch: Call | None
 
     def __init__(self, pm: PluginManager) -> None:
         self.pm = pm

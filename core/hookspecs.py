@@ -22,7 +22,7 @@ is honoured, see below)::
             step_output(output, batch)          # unless the step returned None
             batch_end(output, batch, batch_idx) # loop.state.step counts the batch; the metrics
                                                 # plugin publishes metrics_update from here
-            batch_checkpoint(batch_idx)         # after everything else of the batch: save here
+            after_batch(batch_idx)         # after everything else of the batch: save here
             should_stop;  boundary
             [a validation due (val_every_n_steps): the "valid" stage below, nested here]
             [max_steps reached inside the epoch: the run ends here, completed]
@@ -33,7 +33,7 @@ is honoured, see below)::
                 batch_start, val_step, step_output, batch_end, should_stop;  boundary
             stage_end("valid");  boundary
         epoch_end(epoch)
-        epoch_checkpoint(epoch)                 # after everything else of the epoch: save here
+        after_epoch(epoch)                 # after everything else of the epoch: save here
         boundary "epoch_end"
     exception(error)                            # only when the run failed
     fit_end                                     # exactly once, whatever happened
@@ -59,7 +59,7 @@ The ten events a first plugin needs:
 
 Then, as a plugin grows: ``epoch_metrics``/``metrics_update`` (the metrics plugin's aggregated values, for
 loggers), ``save_state``/``load_state`` (a plugin whose state checkpoints keep),
-``batch_checkpoint``/``epoch_checkpoint`` (a plugin that saves the run).
+``after_batch``/``after_epoch`` (a plugin that saves the run).
 
 Plugins implement events with the :data:`hookfit.hookimpl` marker; an implementation may accept any subset
 of the arguments a spec names, in any order, and pluggy passes it only those. (On the per-batch path, an
@@ -88,7 +88,7 @@ implementation ``@hookfit.hookimpl(optionalhook=True)``, so that it keeps workin
 Stopping is the core's: ``loop.request_stop(reason)`` (any thread, any hook, the step) or a true
 ``should_stop`` answer records a :class:`~hookfit.payloads.StopRequest`, and the loop honours it at the next
 *boundary*: after ``resume`` (before the first epoch), after ``epoch_start``, ``stage_start``, every batch
-(after ``should_stop``), ``stage_end`` and ``epoch_end`` (after ``epoch_checkpoint``). So a stop asked in
+(after ``should_stop``), ``stage_end`` and ``epoch_end`` (after ``after_epoch``). So a stop asked in
 ``epoch_end`` runs no further batch. Events of the part of the run that did not happen are not fired (a stop
 after a batch fires no ``stage_end`` or ``epoch_end`` for that epoch); ``fit_end`` always fires. A run that
 reaches ``max_steps`` inside an epoch ends the same way (status ``"completed"``): the rest of that epoch,
@@ -107,8 +107,8 @@ Plugins are registered in a fixed order (sorted by entry-point name, then those 
 * ``stage_end``: plugins that finish the stage's work (an optimizer plugin stepping a last, partial
   accumulation window) are ``tryfirst``; plugins that report on the finished stage (a metrics plugin
   publishing ``epoch_metrics``) are ``trylast``, so reports see the finished work.
-* Saving the run: a plugin that saves the run's state (checkpoints) saves in ``batch_checkpoint`` and
-  ``epoch_checkpoint``, events that fire after every plugin took the batch or the epoch into account (never
+* Saving the run: a plugin that saves the run's state (checkpoints) saves in ``after_batch`` and
+  ``after_epoch``, events that fire after every plugin took the batch or the epoch into account (never
   from a ``trylast`` ``batch_end``/``epoch_end``), and from a ``tryfirst`` ``fit_end`` (before any plugin
   lets go of its state).
 
@@ -249,7 +249,7 @@ def batch_end(loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx
 
 
 @hookspec
-def batch_checkpoint(loop: Run, batch_idx: int) -> None:
+def after_batch(loop: Run, batch_idx: int) -> None:
     """After everything else of training batch ``batch_idx``: the moment to save the run.
 
     Fired by the core after the batch's ``batch_end`` (training stage only), before
@@ -337,7 +337,7 @@ def epoch_end(loop: Run, epoch: int) -> None:
 
 
 @hookspec
-def epoch_checkpoint(loop: Run, epoch: int) -> None:
+def after_epoch(loop: Run, epoch: int) -> None:
     """After everything else of epoch ``epoch``: the moment to save the run at an epoch's end.
 
     Fired by the core after ``epoch_end`` has run to its end (its validation included), before

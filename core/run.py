@@ -2,9 +2,9 @@
 receive as ``loop``, what it holds and offers them. The loop it runs, in one sitting::
 
     configure; fit_start; resume
-    for epoch:                                  with scope("epoch"): epoch_start ... epoch_end, epoch_checkpoint
+    for epoch:                                  with scope("epoch"): epoch_start ... epoch_end, after_epoch
         with scope("stage", "train"):           stage_start ... stage_end
-            for batch: batch_start, step, step_output, batch_end, batch_checkpoint, stop?
+            for batch: batch_start, step, step_output, batch_end, after_batch, stop?
         with scope("stage", "valid"): ...       (when validation is due)
     fit_end                                     (whatever happened)
     results                                     each plugin's report: state.results

@@ -2,11 +2,11 @@
 :class:`hookfit.run.Run` they drive (the way pytest's ``pytest_runtestloop`` drives a session)::
 
     execute:    configure; fit_start; resume -> epochs; fit_end (whatever happened); results
-    epochs:     for each epoch, in scope("epoch"):          epoch_start ... epoch_end, epoch_checkpoint
+    epochs:     for each epoch, in scope("epoch"):          epoch_start ... epoch_end, after_epoch
                     run_stage("train"), then validate() when due
     run_stage:  in scope("stage"):                         stage_start ... stage_end
                     for each batch: batch_start, the step, step_output, batch_end,
-                    batch_checkpoint (training), should_stop and the stop boundary,
+                    after_batch (training), should_stop and the stop boundary,
                     a validation due at this step (nested), max_steps
     validate:   eval mode and no autograd around run_stage("valid")
 
@@ -131,7 +131,7 @@ def resume(run: Run) -> None:
 
 def weights_of(run: Run, at: Position) -> Position:
     """Where the weights of a checkpoint saved at ``at`` were made, for ``Loop.validate()``:
-    a checkpoint at the start of epoch ``e > 0`` (an epoch's end, after ``epoch_checkpoint``)
+    a checkpoint at the start of epoch ``e > 0`` (an epoch's end, after ``after_epoch``)
     holds the weights of epoch ``e - 1`` with its training stage complete, and is labelled so
     (as its file name is: ``epoch0001-...`` for the end of the first epoch), not as the epoch a
     training run would continue in. Any other position is where its weights were made."""
@@ -217,7 +217,7 @@ def epochs_for_steps(run: Run) -> None:
 
 def epoch_done(run: Run, epoch: int) -> None:
     run.cursor.epoch_ends()
-    fire(run, "epoch_checkpoint", epoch)
+    fire(run, "after_epoch", epoch)
 
 
 def validate(run: Run) -> None:
@@ -296,7 +296,7 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                         state.val_due = state.step % every == 0
                 if (call := hot.batch_end) is not None:
                     call(run, output, batch, batch_idx)
-                if train and (call := hot.batch_checkpoint) is not None:
+                if train and (call := hot.after_batch) is not None:
                     call(run, batch_idx)
                 if hot.asks or stop.request is not None:
                     stop.after_batch()

@@ -4,7 +4,7 @@ resumes runs does, whether it is the built-in ``checkpoint`` or a replacement.
 The checkpoint role. The run owns its position; a checkpoint
 plugin is policy (when to save, which files to keep) and storage. What it must do, all of it:
 
-* Save: at ``batch_checkpoint`` and/or ``epoch_checkpoint`` (when its policy says), and from
+* Save: at ``after_batch`` and/or ``after_epoch`` (when its policy says), and from
   a ``tryfirst`` ``fit_end`` after a graceful stop (``loop.state.status == "interrupted"``
   and a ``stop_reason`` other than ``"KeyboardInterrupt"``) and after a run that completed
   inside an epoch's training stage (``max_steps``, or a rule such as early stopping:

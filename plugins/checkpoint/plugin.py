@@ -200,7 +200,7 @@ class Checkpoint:
                 CheckpointWarning, stacklevel=2)
 
     @hookimpl
-    def epoch_checkpoint(self, loop: Run, epoch: int) -> None:
+    def after_epoch(self, loop: Run, epoch: int) -> None:
         self._announce(loop)
         if self._epochs.due(epoch + 1):
             self.save(loop, "epoch", metric=self._last_value)
@@ -486,7 +486,7 @@ class _EveryStep:
         self.owner = owner
 
     @hookimpl
-    def batch_checkpoint(self, loop: Run) -> None:
+    def after_batch(self, loop: Run) -> None:
         owner = self.owner
         if owner._written:
             owner._announce(loop)

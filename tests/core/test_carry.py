@@ -41,12 +41,12 @@ class Saves:
         self.states: dict[Any, dict[str, Any]] = {}
 
     @hookfit.hookimpl
-    def batch_checkpoint(self, loop: Any) -> None:
+    def after_batch(self, loop: Any) -> None:
         if loop.state.step in self.at_steps:
             self.states[loop.state.step] = loop.state_dict()
 
     @hookfit.hookimpl
-    def epoch_checkpoint(self, loop: Any, epoch: int) -> None:
+    def after_epoch(self, loop: Any, epoch: int) -> None:
         self.states[f"epoch {epoch}"] = loop.state_dict()
 
 

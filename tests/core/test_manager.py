@@ -298,7 +298,7 @@ def test_a_distribution_shadowing_a_builtin_name_keeps_the_builtins_events(
 
         class Saver:
             @hookfit.hookimpl
-            def epoch_checkpoint(self, loop, epoch):
+            def after_epoch(self, loop, epoch):
                 loop.hooks.checkpoint_saved(loop, f"saved-{epoch}", "epoch", loop.state.step)
         """})
     sys.path.insert(0, str(tmp_path / "site"))

@@ -31,10 +31,10 @@ def test_event_sequence_two_epochs_with_validation(recorder: Recorder) -> None:
     ).fit()
     assert state.status == "completed"
     batch = ["batch_start", "step_output", "batch_end", "should_stop"]
-    train = ["batch_start", "step_output", "batch_end", "batch_checkpoint", "should_stop"]
+    train = ["batch_start", "step_output", "batch_end", "after_batch", "should_stop"]
     epoch = (
         ["epoch_start", "stage_start"] + train * 2 + ["stage_end", "stage_start"]
-        + batch + ["stage_end", "epoch_end", "epoch_checkpoint"]
+        + batch + ["stage_end", "epoch_end", "after_epoch"]
     )
     assert recorder.names() == ["configure", "fit_start"] + epoch * 2 + ["fit_end"]
     events = recorder.events
@@ -178,7 +178,7 @@ def test_max_steps_completes_mid_epoch(recorder: Recorder) -> None:
 def test_max_steps_at_the_end_of_an_epoch_completes_that_epoch(recorder: Recorder) -> None:
     state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=5, max_steps=10, plugins=[recorder]).fit()
     assert (state.status, state.step, state.stop_reason) == ("completed", 10, "max_steps=10 reached")
-    assert recorder.names().count("epoch_end") == 1 and recorder.names()[-3:] == ["epoch_end", "epoch_checkpoint", "fit_end"]
+    assert recorder.names().count("epoch_end") == 1 and recorder.names()[-3:] == ["epoch_end", "after_epoch", "fit_end"]
     unsized = Recorder()  # without a length, the stage's end is found by asking for one more batch
 
     class Unsized:
@@ -352,7 +352,7 @@ def test_a_stop_asked_at_a_boundary_runs_no_further_batch(event: str, stage: str
     assert state.step == batches_run
     assert all(torch.equal(a, b) for a, b in zip(decider.params, model.parameters()))
     names = recorder.names()
-    after = ["epoch_checkpoint"] if event == "epoch_end" else []  # the epoch is whole: it may be saved
+    after = ["after_epoch"] if event == "epoch_end" else []  # the epoch is whole: it may be saved
     assert names[-3 - len(after):] == [event, "stop_requested", *after, "fit_end"]
     assert names.count("epoch_end") == (2 if event == "epoch_end" else epoch)
     assert names.count("batch_end") == batches_run + 2 * names.count("epoch_end")  # + validation batches
@@ -377,7 +377,7 @@ def test_a_stop_by_the_run_s_own_rule_completes_it(complete: bool, status: str) 
                          max_epochs=4, plugins=[Rule(), recorder]).fit()
     assert (state.status, state.stop_reason, state.stopped_by) == (status, "target reached", "rule")
     assert state.step == 10 and recorder.names().count("epoch_end") == 2
-    assert recorder.names()[-3:] == ["stop_requested", "epoch_checkpoint", "fit_end"]
+    assert recorder.names()[-3:] == ["stop_requested", "after_epoch", "fit_end"]
 
 
 def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> None:

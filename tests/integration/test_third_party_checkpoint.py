@@ -205,7 +205,7 @@ def test_the_package_replaces_the_builtin_checkpoint(venv: Venv, work: Path) -> 
     tiny = listing["tiny_checkpoint"]
     assert (tiny["distribution"], tiny["version"], tiny["source"]) == (DISTRIBUTION, "0.1.0", "entry point")
     assert tiny["value"] == f"{MODULE}:TinyCheckpoint" and tiny["enabled"] and tiny["error"] is None
-    assert tiny["hooks"] == ["batch_checkpoint", "epoch_checkpoint", "fit_end", "resume"]
+    assert tiny["hooks"] == ["after_batch", "after_epoch", "fit_end", "resume"]
     assert tiny["options"] == {"every_n_steps": {"value": 5, "from": "file"}}
     assert (listing["checkpoint"]["distribution"], listing["checkpoint"]["enabled"]) == ("hookfit", False)
     assert all(row["error"] is None for row in listing.values()), listing
@@ -262,7 +262,7 @@ def test_a_stopped_run_resumes_bit_for_bit(venv: Venv, work: Path, straight: tup
 
 def test_a_checkpoint_saved_where_a_validation_is_due_resumes_with_it(venv: Venv, work: Path,
                                                                      straight: tuple) -> None:
-    """hooks.md, batch_checkpoint: a run resumed from a checkpoint saved there "continues with
+    """hooks.md, after_batch: a run resumed from a checkpoint saved there "continues with
     the next batch, running first the validation due here". The uninterrupted run saved at
     step 20, whose validation was due; a run resumed from that file (by path, in a folder of
     its own) runs that validation, then the rest, as the uninterrupted run did."""

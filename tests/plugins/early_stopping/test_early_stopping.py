@@ -48,7 +48,7 @@ def test_stops_after_patience_epochs_without_improvement_and_completes() -> None
     assert state.epoch == 4 and state.step == 15  # epochs 3, 4 and 5 did not improve on epoch 2
     names = recorder.names()
     assert names.count("epoch_end") == 5 and names.count("epoch_start") == 5  # no further batch
-    assert names[-3:] == ["stop_requested", "epoch_checkpoint", "fit_end"]
+    assert names[-3:] == ["stop_requested", "after_epoch", "fit_end"]
 
 
 @pytest.mark.parametrize("options, epochs, best", [

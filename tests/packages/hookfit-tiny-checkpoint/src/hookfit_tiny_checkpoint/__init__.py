@@ -3,8 +3,8 @@
 A test fixture written only against hookfit's ``README.md`` and ``core/hooks.md`` ("Saving and
 resuming a run (the checkpoint role)"). Run it with the built-in disabled
 (``HOOKFIT_DISABLE_PLUGINS=checkpoint``). It writes one ``torch.save`` file per save into
-``<run folder>/tiny``: every ``every_n_steps`` training steps (``batch_checkpoint``), every epoch
-(``epoch_checkpoint``) and at ``fit_end`` after a graceful stop; each holds ``loop.state_dict()``,
+``<run folder>/tiny``: every ``every_n_steps`` training steps (``after_batch``), every epoch
+(``after_epoch``) and at ``fit_end`` after a graceful stop; each holds ``loop.state_dict()``,
 the model's state dict and ``loop.plugin_states()``. ``Loop(resume="latest")`` or a file's path
 resumes. Not done: keeping the last K, best, background writes, sharded (FSDP) states.
 """
@@ -89,12 +89,12 @@ class TinyCheckpoint:
             announce(loop, str(path), reason, loop.state.step)
 
     @hookimpl
-    def batch_checkpoint(self, loop: Any) -> None:
+    def after_batch(self, loop: Any) -> None:
         if self.every_n_steps and loop.state.step % self.every_n_steps == 0:
             self.save(loop, "step")
 
     @hookimpl
-    def epoch_checkpoint(self, loop: Any) -> None:
+    def after_epoch(self, loop: Any) -> None:
         self.save(loop, "epoch")
 
     @hookimpl(tryfirst=True)  # hooks.md: before any plugin lets go of its state
