@@ -11,7 +11,7 @@ any plugin, so a renderer or logger can be written, and tested, against it alone
   ``agree_stop``).
 * :class:`ResumeInfo`: where a resumed run continues from (``resumed``).
 * :class:`ModelSummary` with its :class:`ModuleRow` entries: the size of the run's model, as
-  :func:`hookfit.plugins.summary.summarize` counts it (what the console and the dashboard show at the
+  :func:`hookfit.plugins.support.summary.summarize` counts it (what the console and the dashboard show at the
   start).
 * :class:`TimeSplit`: where a stage's time went, waiting for data, in the step function or in
   plugins (``loop.state.time_split``, measured by the loop itself).
@@ -260,7 +260,7 @@ class ModuleRow(NamedTuple):
 
 @dataclass(frozen=True)
 class ModelSummary:
-    """The size of a model: what :func:`hookfit.plugins.summary.summarize` counts in ``loop.model``
+    """The size of a model: what :func:`hookfit.plugins.support.summary.summarize` counts in ``loop.model``
     (a module, or a dict or list of them; a ``DistributedDataParallel``, ``DataParallel`` or
     ``torch.compile`` wrapper is looked through).
 

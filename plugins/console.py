@@ -40,7 +40,7 @@ Progress lines
 The rest
     The first line names the run's plugins as the user knows them (discovered or given,
     enabled and registered; not the helpers a plugin registers for itself). Then comes the
-    size of the model (:func:`hookfit.plugins.summary.summarize`; nothing for a run without
+    size of the model (:func:`hookfit.plugins.support.summary.summarize`; nothing for a run without
     ``Loop(model=...)``): ``hookfit model params=<n> trainable=<n> size_mb=<MB>`` (parameters
     and buffers, in MB of 2**20 bytes; with ``uninitialised=<n>`` for the tensors of lazy
     modules not initialised yet), and ``hookfit model module=<name> type=<class> params=<n>
@@ -69,7 +69,7 @@ plugin); ``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``
 metric name or by ``"<stage>/<metric>"`` (which wins over the bare name), wins for the names
 it lists. A metric with a direction gets ``last=... best=... best_epoch=...``; one without
 gets ``last=... min=... min_epoch=... max=... max_epoch=...``. Epochs count from 1; NaN and
-infinities are never best (:class:`hookfit.plugins.common.Monitor`).
+infinities are never best (:class:`hookfit.plugins.support.Monitor`).
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 from hookfit import hookimpl
 from hookfit.data import length
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
-from hookfit.plugins.common import MODES, Every, Monitor, number, option_error
-from hookfit.plugins.summary import summarize
+from hookfit.plugins.support import MODES, Every, Monitor, number, option_error
+from hookfit.plugins.support.summary import summarize
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run

@@ -57,9 +57,9 @@ from hookfit import hookimpl
 from hookfit.errors import HookfitWarning
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins._logger import fail, run_file, wanted
-from hookfit.plugins._logger import inert as logger_inert
-from hookfit.plugins.common import flag
+from hookfit.plugins.support.logger import fail, run_file, wanted
+from hookfit.plugins.support.logger import inert as logger_inert
+from hookfit.plugins.support import flag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run

@@ -33,7 +33,7 @@ from hookfit import hookimpl
 from hookfit.errors import HookfitWarning
 from hookfit.manager import chosen
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins.common import Every, Monitor, integer
+from hookfit.plugins.support import Every, Monitor, integer
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run

@@ -54,7 +54,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from hookfit import hookimpl
 from hookfit.errors import HookfitWarning
 from hookfit.manager import chosen
-from hookfit.plugins.common import Every, check, flag, unwrap_model, unwrap_state_dict
+from hookfit.plugins.support import Every, check, flag, unwrap_model, unwrap_state_dict
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -270,7 +270,7 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
 
 def _unwrap(model: Any, where: str) -> torch.nn.Module:
     """The user's module (the one inside a ``DistributedDataParallel``, ``DataParallel`` or
-    ``torch.compile`` wrapper: :func:`~hookfit.plugins.common.unwrap_model`)."""
+    ``torch.compile`` wrapper: :func:`~hookfit.plugins.support.unwrap_model`)."""
     if isinstance(model, torch.nn.Module):
         return unwrap_model(model)
     raise ValueError(f"ema: {where} is a {type(model).__name__}, not a torch.nn.Module: the average is "

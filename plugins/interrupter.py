@@ -28,7 +28,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
-from hookfit.plugins.common import flag
+from hookfit.plugins.support import flag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run

@@ -40,7 +40,7 @@ unregisters itself at ``configure``, so a run pays nothing for it.
   (a ``DataLoader`` with ``persistent_workers``) is not put back within its workers.
 * **The plot**: the smoothed loss against the rate on a log x axis (clipped at 1.5 times its
   highest value in the first tenth of the sweep), the suggestion marked ``^`` under it, with
-  the dashboard's text plot (:func:`hookfit.plugins.tui.plot.text_plot`), printed to standard
+  the dashboard's text plot (:func:`hookfit.plugins.support.plot.text_plot`), printed to standard
   error on the main process (where a running dashboard shows it in its log pane and writes it
   back when it closes).
 * One process only: under ``torchrun`` (several processes) it fails at ``configure``, naming
@@ -62,7 +62,7 @@ from hookfit import hookimpl
 from hookfit.errors import HookfitWarning
 from hookfit.manager import chosen
 from hookfit.modes import modules
-from hookfit.plugins.common import check, choice, number, option_error, positive_int, positive_number, text
+from hookfit.plugins.support import check, choice, number, option_error, positive_int, positive_number, text
 from hookfit.position import rng_state, set_rng_state
 from hookfit.states import stateful
 
@@ -236,7 +236,7 @@ class LRFinder:
     def report(self, optimizer: str = "default", width: int = 60, height: int = 12) -> list[str]:
         """The lines printed after the sweep: a header, the plot of the smoothed loss against the
         rate (log x axis, the suggestion marked ``^``) and the suggestion."""
-        from hookfit.plugins.tui.plot import column, text_plot
+        from hookfit.plugins.support.plot import column, text_plot
 
         end = "stopped early: the loss diverged" if self.diverged else "done"
         head = (f"hookfit lr_find: {len(self.rates)} step(s), lr of {optimizer!r} from {self.start_lr:g} "

@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Any
 from hookfit import hookimpl
 from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins._logger import run_file
-from hookfit.plugins.common import Every
+from hookfit.plugins.support.logger import run_file
+from hookfit.plugins.support import Every
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run

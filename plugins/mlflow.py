@@ -15,7 +15,7 @@ alone), in the experiment ``experiment`` (the run's name by default: ``train`` f
 train.py``), as a tracker run named ``run_name`` (by default the run folder's name,
 ``<date>-<time>``), tagged ``hookfit.run_dir`` with the run folder:
 
-* Parameters: the run's hyperparameters (:func:`hookfit.plugins.common.run_hparams`: the
+* Parameters: the run's hyperparameters (:func:`hookfit.plugins.support.run_hparams`: the
   ``Loop``'s settings, the optimizers' classes and settings, every plugin's options), and
   whatever ``MLflow(hparams={...})`` adds, logged when the tracker run starts.
 * Metrics, at the global step, with the same names as the ``tensorboard`` plugin's:
@@ -57,8 +57,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookfit.errors import HookfitWarning
-from hookfit.plugins._tracker import Tracker, require
-from hookfit.plugins.common import Hparam, flag, hyperparameters, path, run_hparams, text
+from hookfit.plugins.support.tracker import Tracker, require
+from hookfit.plugins.support import Hparam, flag, hyperparameters, path, run_hparams, text
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, Protocol, Te
 from hookfit import hookimpl
 from hookfit.files import FileWarning
 from hookfit.manager import chosen
-from hookfit.plugins.common import check, flag, integer, option_error
+from hookfit.plugins.support import check, flag, integer, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from torch.autograd.profiler_util import FunctionEventAvg

@@ -71,9 +71,9 @@ from hookfit import hookimpl
 from hookfit.errors import HookfitWarning
 from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins._logger import run_file, wanted
-from hookfit.plugins._logger import inert as logger_inert
-from hookfit.plugins.common import Hparam, flag, hyperparameters, run_hparams
+from hookfit.plugins.support.logger import run_file, wanted
+from hookfit.plugins.support.logger import inert as logger_inert
+from hookfit.plugins.support import Hparam, flag, hyperparameters, run_hparams
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -221,7 +221,7 @@ class TensorBoard:
 
     # -- what is written ---------------------------------------------------------------------
     def run_hparams(self, loop: Run) -> dict[str, Hparam]:
-        """The hyperparameters recorded for ``loop``: :func:`hookfit.plugins.common.run_hparams`
+        """The hyperparameters recorded for ``loop``: :func:`hookfit.plugins.support.run_hparams`
         with this plugin's ``hparams``."""
         return run_hparams(loop, self.hparams)
 

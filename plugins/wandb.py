@@ -15,7 +15,7 @@ train.py``) named ``run_name`` (by default the run folder's name, ``<date>-<time
 files W&B keeps under ``dir`` (by default ``WANDB_DIR``, else the run folder: ``<run
 folder>/wandb/``):
 
-* Config: the run's hyperparameters (:func:`hookfit.plugins.common.run_hparams`: the ``Loop``'s
+* Config: the run's hyperparameters (:func:`hookfit.plugins.support.run_hparams`: the ``Loop``'s
   settings, the optimizers' classes and settings, every plugin's options), and whatever
   ``WandB(hparams={...})`` adds, with the run folder as ``hookfit.run_dir``.
 * Metrics, at the global step (W&B's ``step``), with the same names as the ``tensorboard``
@@ -55,8 +55,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hookfit.plugins._tracker import Tracker, require
-from hookfit.plugins.common import Hparam, check, choice, flag, hyperparameters, path, run_hparams, text
+from hookfit.plugins.support.tracker import Tracker, require
+from hookfit.plugins.support import Hparam, check, choice, flag, hyperparameters, path, run_hparams, text
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run

@@ -14,7 +14,7 @@ from typing import Any
 
 from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.storage import CheckpointError, atomic_save, checkpoint_files, read
-from hookfit.plugins.common import unwrap_state_dict
+from hookfit.plugins.support import unwrap_state_dict
 
 
 def find(source: str | os.PathLike[str]) -> Path:
@@ -51,7 +51,7 @@ def export(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
 
 def _plain(state: Any) -> Any:
     """A checkpoint's model state with ``torch.compile``'s ``_orig_mod.`` taken off the keys
-    (:func:`~hookfit.plugins.common.unwrap_state_dict`) of every module's state dict: of the
+    (:func:`~hookfit.plugins.support.unwrap_state_dict`) of every module's state dict: of the
     model, or of each model of a dict or a list of them."""
     if isinstance(state, Mapping):
         state = unwrap_state_dict(state)

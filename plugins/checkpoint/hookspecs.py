@@ -13,7 +13,7 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   state and the data's own states: plain data and tensors, to store whole and untouched),
   the model's weights (``loop.model``: a module, or a mapping or list of modules; unwrap
   ``module.module`` of a ``DistributedDataParallel``, ``_orig_mod`` of a compiled model:
-  :func:`hookfit.plugins.common.unwrap_model`) and ``loop.plugin_states()`` (every plugin's
+  :func:`hookfit.plugins.support.unwrap_model`) and ``loop.plugin_states()`` (every plugin's
   ``save_state``, keyed by plugin name; an optimizer plugin keeps the optimizers' states
   there). A state dict taken at any moment is consistent: inside a validation it describes
   the moment that validation began. Take copies of tensors before writing in the background

@@ -31,7 +31,7 @@ from hookfit.plugins.checkpoint.storage import (
     digest,
     position_of,
 )
-from hookfit.plugins.common import Every, Monitor, choice, flag, path, positive_int, positive_number
+from hookfit.plugins.support import Every, Monitor, choice, flag, path, positive_int, positive_number
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import argparse
@@ -65,7 +65,7 @@ class Checkpoint:
         fallback: bool = False,
         background: bool = True,
     ) -> None:
-        name = self.name  # every option checked here, the error naming it (hookfit.plugins.common)
+        name = self.name  # every option checked here, the error naming it (hookfit.plugins.support)
         folder = path(name, "dir", dir, none=True, what="a folder")
         self.dir = Path(folder) if folder is not None else None
         self._epochs = Every(every_n_epochs, plugin=name, option="every_n_epochs")

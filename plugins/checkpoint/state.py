@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from hookfit.plugins.checkpoint.storage import CheckpointError
-from hookfit.plugins.common import unwrap_model, unwrap_state_dict
+from hookfit.plugins.support import unwrap_model, unwrap_state_dict
 
 
 def _snapshot(obj: Any) -> Any:

@@ -27,7 +27,7 @@ The distributed role. What it must do, all of it:
     alike, never only when someone listens, or the ranks wait for each other for ever;
   - the model: wrap ``loop.model`` (DDP; its ``module`` is the user's model, which
     checkpoints, EMA and the model summary reach through
-    :func:`hookfit.plugins.common.unwrap_model`) or shard it in place (FSDP2, the ``Loop``'s
+    :func:`hookfit.plugins.support.unwrap_model`) or shard it in place (FSDP2, the ``Loop``'s
     torch optimizers pointed at the sharded parameters before the optimizer role's
     ``configure`` wraps them);
   - the data: shard ``loop.train_data`` so that every rank runs the same number of batches

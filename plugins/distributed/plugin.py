@@ -19,7 +19,7 @@ import torch
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.modes import modules
-from hookfit.plugins.common import Every, check, choice, flag, integer, positive_number, text, unwrap_model
+from hookfit.plugins.support import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import group, hookspecs
 from hookfit.plugins.distributed.failures import failure_store, report
 from hookfit.plugins.distributed.sharding import length, shard
@@ -103,7 +103,7 @@ class Distributed(ModelWrap):
         shard_data: bool = True,
         seed: int = 0,
     ) -> None:
-        name = self.name  # every option checked now, naming it (hookfit.plugins.common)
+        name = self.name  # every option checked now, naming it (hookfit.plugins.support)
         backend = text(name, "backend", backend, none=True, what="the name of a torch.distributed backend",
                        meaning="'gloo', 'nccl'...")
         strategy = choice(name, "strategy", strategy, STRATEGIES)

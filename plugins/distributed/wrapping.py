@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from hookfit.modes import modules
-from hookfit.plugins.common import GradientWatch
+from hookfit.plugins.support import GradientWatch
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from torch.distributed import ProcessGroup

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Mapping
 
-from hookfit.plugins.common import MODES, STAGES, option_error
+from hookfit.plugins.support import MODES, STAGES, option_error
 
 __all__ = ["Directions"]
 

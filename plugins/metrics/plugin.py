@@ -15,7 +15,7 @@ from hookfit import hookimpl
 from hookfit.data import length
 from hookfit.errors import HookfitWarning
 from hookfit.payloads import MetricsSnapshot, Value
-from hookfit.plugins.common import Every, flag, integer, number, positive_int
+from hookfit.plugins.support import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs, ranks
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, as_real, batch_size,
                                                check, is_complex)
@@ -44,7 +44,7 @@ class Metrics:
         sync_every: int = 50,
         best: Mapping[str, str] | None = None,
     ) -> None:
-        name = self.name  # every option checked now, naming it (hookfit.plugins.common)
+        name = self.name  # every option checked now, naming it (hookfit.plugins.support)
         self.interval = number(name, "interval", interval, least=0, meaning="seconds between publications")
         self.window = positive_int(name, "window", window, meaning="batches of the running mean")
         history_epochs = integer(name, "history_epochs", history_epochs, least=0, meaning="epochs of history kept")

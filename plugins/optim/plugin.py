@@ -14,7 +14,7 @@ import torch
 
 from hookfit import hookimpl
 from hookfit.modes import modules
-from hookfit.plugins.common import check, choice, flag, positive_int, positive_number
+from hookfit.plugins.support import check, choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers
 from hookfit.plugins.optim.nonfinite import READ_EVERY, Flags, NonFinite, OptimWarning, _finite

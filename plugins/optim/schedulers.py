@@ -53,7 +53,7 @@ import torch
 
 from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins.common import Monitor, choice, option_error
+from hookfit.plugins.support import Monitor, choice, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.plugins.optim.managed import Optimizers

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from hookfit.plugins.common import unwrap_model
+from hookfit.plugins.support import unwrap_model
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.plugins.optim.plugin import Optim

@@ -8,7 +8,7 @@ training stage a torch step pre-hook on each managed optimizer
 The same stage watches for a backward pass that bypasses it: a step function calling
 ``loss.backward()`` instead of ``loop.backward(loss)`` skips the loss's division for
 accumulation and its scaling. A hook on each parameter of the managed optimizers
-(:class:`~hookfit.plugins.common.GradientWatch`) tells gradients that appear outside
+(:class:`~hookfit.plugins.support.GradientWatch`) tells gradients that appear outside
 ``loop.backward`` (which a wrapper of the ``backward`` event marks). One ``OptimWarning`` names the step function and
 ``loop.backward``; where the bypass trains another model than the script means (accumulation,
 loss scaling, several processes) it is a ``RuntimeError`` instead, raised from that
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hookfit import hookimpl
-from hookfit.plugins.common import GradientWatch
+from hookfit.plugins.support import GradientWatch
 from hookfit.plugins.optim.nonfinite import OptimWarning
 from hookfit.stopping import qualname
 

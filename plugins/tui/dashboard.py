@@ -30,7 +30,7 @@ import urwid
 
 from hookfit.plugins.tui.model import DashboardModel
 from hookfit.plugins.tui.text import ellipsize, fmt, nonfinite
-from hookfit.plugins.tui.plot import NONFINITE, bounds, braille, column, draw, logged, spread, y_label
+from hookfit.plugins.support.plot import NONFINITE, bounds, braille, column, draw, logged, spread, y_label
 
 _fmt = fmt  # (the name tests and older code import)
 

@@ -24,7 +24,7 @@ The renderer role. A renderer only watches the run; what it must do, all of it:
 
   - ``fit_start(loop)``: ``loop.max_epochs``, ``loop.max_steps``, ``loop.val_every_n_epochs``,
     ``loop.val_step`` (validation or not), ``loop.model`` (a summary:
-    :func:`hookfit.plugins.summary.summarize`), ``loop.run_dir`` (main process), ``loop.smoke``.
+    :func:`hookfit.plugins.support.summary.summarize`), ``loop.run_dir`` (main process), ``loop.smoke``.
   - ``stage_start(loop, stage)`` / ``stage_end(stage)``: which stage runs (a validation due at a
     step runs inside the training stage); ``len()`` of ``loop.train_data``/the validation data
     where it has one.

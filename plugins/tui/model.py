@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ResumeInfo, TimeSplit
-from hookfit.plugins.common import Every, Monitor
-from hookfit.plugins.tui.plot import Ranges, Series, spans_decades
+from hookfit.plugins.support import Every, Monitor
+from hookfit.plugins.support.plot import Ranges, Series, spans_decades
 from hookfit.plugins.tui.text import KEYS, KeyHelp, clock, fit_parts, key_line
 from hookfit.tools.runs import direction
 

@@ -19,7 +19,7 @@ from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.data import length
 from hookfit.files import FileWarning
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.common import flag, positive_number
+from hookfit.plugins.support import flag, positive_number
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.terminal import ENV_OFF, NO_URWID, OutputCapture, interactive_terminal
 from hookfit.plugins.tui.text import summary
@@ -120,7 +120,7 @@ class TuiRenderer:
             max_steps=loop.max_steps,
         )
         if loop.model is not None:
-            from hookfit.plugins.summary import summarize  # imports torch, which a run has loaded
+            from hookfit.plugins.support.summary import summarize  # imports torch, which a run has loaded
 
             self._inbox.append(("model", summarize(loop.model)))
         self.active = True

@@ -284,7 +284,7 @@ def _interactive(dash: Dashboard, follower: Follower, leave: dict[str, bool], li
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from hookfit.plugins.tui.plot import text_plot
+    from hookfit.plugins.support.plot import text_plot
 
     folders = []
     for source in args.runs:

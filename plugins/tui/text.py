@@ -86,7 +86,7 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
     resumed from, where its output is kept, the size of the model, where the time went, the
     table (``nan``/``inf`` as they are) and the loss curves up to the run's last step (``×``
     where the values were not finite)."""
-    from hookfit.plugins.tui.plot import NONFINITE, spans_decades, text_plot
+    from hookfit.plugins.support.plot import NONFINITE, spans_decades, text_plot
 
     asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
     lines = [f"hookfit: training {state.status} ({state.stop_reason}) after {state.elapsed:.1f}s, "

@@ -25,7 +25,7 @@ from hookfit.plugins.metrics_log import MetricsLog
 from hookfit.plugins.optim import Optim
 from hookfit.plugins.tui.dashboard import Dashboard, _fmt
 from hookfit.plugins.tui import TuiRenderer
-from hookfit.plugins.tui.plot import spans_decades, text_plot
+from hookfit.plugins.support.plot import spans_decades, text_plot
 from terminal import Terminal, term  # noqa: F401 - term: the tmux fixture
 from conftest import REPO
 

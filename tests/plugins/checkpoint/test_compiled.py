@@ -31,7 +31,7 @@ from hookfit.plugins.checkpoint import Checkpoint, digest, read
 from hookfit.plugins.ema import EMA
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
-from hookfit.plugins.summary import summarize
+from hookfit.plugins.support.summary import summarize
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 """How far inductor's results may be from eager's (float32, a few dozen steps)."""

@@ -1,4 +1,4 @@
-"""hookfit.plugins.summary: the size of ``loop.model`` (parameters, trainable, bytes, per top-level module),
+"""hookfit.plugins.support.summary: the size of ``loop.model`` (parameters, trainable, bytes, per top-level module),
 checked against counts made here from ``p.numel()`` over ``model.parameters()``."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hookfit.payloads import ModelSummary, ModuleRow
-from hookfit.plugins.common import unwrap_model as unwrap
-from hookfit.plugins.summary import DIRECT, summarize
+from hookfit.plugins.support import unwrap_model as unwrap
+from hookfit.plugins.support.summary import DIRECT, summarize
 
 
 def expected(module: torch.nn.Module) -> tuple[int, int, int, int]:

@@ -16,7 +16,7 @@ import hookfit  # noqa: E402
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, Value  # noqa: E402
 from hookfit.plugins.tui import TuiRenderer, interactive_terminal, summary  # noqa: E402
 from hookfit.plugins.tui.dashboard import Dashboard  # noqa: E402
-from hookfit.plugins.tui.plot import Series, text_plot  # noqa: E402
+from hookfit.plugins.support.plot import Series, text_plot  # noqa: E402
 
 
 def snap(stage, epoch, step, batches, total, values, final=False):
@@ -253,7 +253,7 @@ def test_the_renderer_sends_the_model_summary_at_the_start(monkeypatch, capsys, 
     at fit_start, and the summary printed afterwards says it."""
     torch = pytest.importorskip("torch")
     import hookfit.plugins.tui.renderer as renderer_module
-    from hookfit.plugins.summary import summarize
+    from hookfit.plugins.support.summary import summarize
 
     def no_screen(self):
         self._screen = self._capture = None
@@ -476,7 +476,7 @@ def test_the_bars_follow_the_run_counters_and_end_where_the_run_did() -> None:
 def test_the_recent_window_is_the_last_quarter_of_a_short_run() -> None:
     """Issue 29: ``w`` showed the last 300 publications, the whole history of any run under
     about 150 s; the recent window is the last quarter of the steps a curve covers."""
-    from hookfit.plugins.tui.plot import Series
+    from hookfit.plugins.support.plot import Series
 
     series = Series()
     for step in range(101):

@@ -1,4 +1,4 @@
-"""hookfit.plugins.common: the helpers plugins share (built-in and third-party alike)."""
+"""hookfit.plugins.support: the helpers plugins share (built-in and third-party alike)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from hookfit.plugins import common
+from hookfit.plugins import support as common
 
 
 # -- option checking -------------------------------------------------------------------------
@@ -155,7 +155,7 @@ def test_a_gradient_watch_sees_each_gradient_and_leaves_no_hook_of_torch_s_behin
     """Until it is removed, the watch is called for each parameter's gradient. After, torch's
     own hook goes too: the hook dictionary the watch made is no longer read by any backward
     pass (a handle's remove() alone leaves it read, empty, by every pass, for each parameter)."""
-    from hookfit.plugins.common import GradientWatch
+    from hookfit.plugins.support import GradientWatch
 
     model = torch.nn.Linear(3, 2)
     seen: list[torch.Tensor] = []
@@ -174,7 +174,7 @@ def test_a_gradient_watch_sees_each_gradient_and_leaves_no_hook_of_torch_s_behin
 
 
 def test_a_gradient_watch_keeps_the_hooks_that_others_put_on_the_same_tensors() -> None:
-    from hookfit.plugins.common import GradientWatch
+    from hookfit.plugins.support import GradientWatch
 
     before, during = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
     calls: list[str] = []
@@ -189,7 +189,7 @@ def test_a_gradient_watch_keeps_the_hooks_that_others_put_on_the_same_tensors() 
 def test_a_gradient_watch_on_a_tensor_subclass_is_told_after_accumulation() -> None:
     """A subclass (FSDP2's DTensor) gets a post-accumulate-grad hook: FSDP2 runs those itself
     once it has set the sharded gradient, which autograd never accumulates."""
-    from hookfit.plugins.common import GradientWatch
+    from hookfit.plugins.support import GradientWatch
 
     class Sub(torch.nn.Parameter):
         pass

@@ -1,5 +1,5 @@
 """Gradients watched for a while, without a cost left behind once the watch ends
-(:class:`GradientWatch`; also importable from :mod:`hookfit.plugins.common`)."""
+(:class:`GradientWatch`; also importable from :mod:`hookfit.plugins.support`)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins._logger import inert as logger_inert
-from hookfit.plugins._logger import wanted
+from hookfit.plugins.support.logger import inert as logger_inert
+from hookfit.plugins.support.logger import wanted
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run

@@ -16,7 +16,7 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from hookfit.payloads import ModelSummary, ModuleRow
-from hookfit.plugins.common import unwrap_model
+from hookfit.plugins.support import unwrap_model
 
 __all__ = ["DIRECT", "summarize"]
 

@@ -1,6 +1,6 @@
 """The module the user wrote, inside the wrappers a run may put around it: data-parallel
 (``DistributedDataParallel``, ``DataParallel``) and ``torch.compile``, and the state dict of a
-compiled module with the plain module's keys. Also importable from :mod:`hookfit.plugins.common`."""
+compiled module with the plain module's keys. Also importable from :mod:`hookfit.plugins.support`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,34 @@
+"""Not a plugin: what the plugins share, written once for the built-in plugins and for third-party
+plugin authors alike (the core uses none of it). The names below are its public face; each lives in
+a module of one concern:
+
+* option checking (:mod:`~hookfit.plugins.support.options`): every option checked when the plugin
+  is built, a bad one a ``ValueError`` naming the plugin, the option, what it must be and the value;
+* a cadence (:class:`Every`, :mod:`~hookfit.plugins.support.cadence`): ``Every(3).due(6)``, as
+  Ignite's ``Events.X(every=n)``;
+* a metric watched for its best value (:class:`Monitor`, :mod:`~hookfit.plugins.support.best`);
+* the user's module inside its wrappers (:func:`unwrap_model`, :mod:`~hookfit.plugins.support.models`):
+  ``DistributedDataParallel``/``DataParallel`` (``.module``) and ``torch.compile`` (``._orig_mod``);
+* gradients watched for a while (:class:`GradientWatch`, :mod:`~hookfit.plugins.support.gradients`);
+* a run's hyperparameters as the loggers record them (:func:`run_hparams`,
+  :mod:`~hookfit.plugins.support.hparams`).
+
+Besides, imported from their modules: a model's size (:mod:`~hookfit.plugins.support.summary`), the
+text plot the dashboard and the lr finder draw (:mod:`~hookfit.plugins.support.plot`), what the file
+loggers share (:mod:`~hookfit.plugins.support.logger`) and what the experiment trackers share
+(:mod:`~hookfit.plugins.support.tracker`).
+"""
+
+from hookfit.plugins.support.best import MODES, STAGES, Monitor
+from hookfit.plugins.support.cadence import Every
+from hookfit.plugins.support.gradients import GradientWatch
+from hookfit.plugins.support.hparams import Hparam, hparam, hyperparameters, run_hparams
+from hookfit.plugins.support.models import unwrap_model, unwrap_state_dict
+from hookfit.plugins.support.options import (check, choice, flag, integer, number, option_error, path, positive_int,
+                                             positive_number, text)
+
+__all__ = [
+    "MODES", "STAGES", "Every", "GradientWatch", "Hparam", "Monitor", "check", "choice", "flag", "hparam", "hyperparameters",
+    "integer", "number", "option_error", "path", "positive_int", "positive_number", "run_hparams", "text",
+    "unwrap_model", "unwrap_state_dict",
+]

@@ -1,0 +1,114 @@
+"""A metric watched for its best value (:class:`Monitor`): the checkpoint plugin keeps its best
+checkpoint by one, early stopping counts the epochs without improvement by one, the console and
+the dashboard pick best values with them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hookfit.plugins.support.options import check, choice, number
+
+__all__ = ["MODES", "STAGES", "Monitor"]
+
+MODES = ("min", "max")
+"""The directions of a metric: ``"min"`` (lower is better) and ``"max"`` (higher is better)."""
+
+STAGES = ("train", "valid")
+"""The stages whose metrics a monitor names: ``"<stage>/<metric>"``."""
+
+_METRIC_MUST = "be '<stage>/<metric>' with stage train or valid (like 'valid/loss'), or None"
+
+
+def _stage_metric(metric: Any) -> bool:
+    """Whether ``metric`` is ``"<stage>/<name>"`` with a known stage and a name (or ``None``)."""
+    if metric is None:
+        return True
+    if not isinstance(metric, str) or "/" not in metric:
+        return False
+    stage, name = metric.split("/", 1)
+    return stage in STAGES and bool(name.strip())
+
+
+class Monitor:
+    """A metric watched for its best value.
+
+    * ``metric``: ``"<stage>/<metric>"`` (``"valid/loss"``: the epoch mean of ``loss`` in the
+      validation stage, as a metrics plugin publishes it), or ``None`` for a monitor that only
+      compares values (a plugin switched off, a console ranking any metric).
+    * ``mode``: ``"min"`` (lower is better) or ``"max"``.
+    * ``min_delta``: how much better a value must be to improve, a finite number ``>= 0``.
+
+    All three are checked here, with the error every option gives (naming ``plugin``;
+    ``must`` keeps a plugin's own wording of what ``metric`` must be). A value improves when it
+    is below ``best - min_delta`` (``"min"``) or above ``best + min_delta`` (``"max"``); the first
+    value improves on nothing; NaN and infinities never improve, so never become the best (a
+    diverged epoch is no best checkpoint). Of equal values the first stays the best.
+
+    Thread-safe for one writer: the best and where it was seen change together, so a reader on
+    another thread never sees one without the other."""
+
+    __slots__ = ("metric", "stage", "key", "mode", "min_delta", "_record")
+
+    def __init__(self, metric: str | None = None, mode: str = "min", min_delta: float = 0.0, *,
+                 plugin: str = "monitor", option: str = "monitor", must: str | None = None) -> None:
+        check(plugin, option, metric, _stage_metric, must or _METRIC_MUST)
+        self.metric: str | None = metric
+        """``"<stage>/<metric>"``, or ``None``."""
+        stage, key = metric.split("/", 1) if metric is not None else (None, None)
+        self.stage: str | None = stage
+        """The stage of ``metric`` (``"valid"``), or ``None``."""
+        self.key: str | None = key
+        """The metric's name within its stage (``"loss"``), or ``None``."""
+        self.mode: str = choice(plugin, "mode", mode, MODES)
+        self.min_delta: float = number(plugin, "min_delta", min_delta, least=0)
+        self._record: tuple[float, Any] | None = None
+
+    @property
+    def best(self) -> float | None:
+        """The best value so far, or ``None`` before any finite one."""
+        record = self._record
+        return None if record is None else record[0]
+
+    @property
+    def best_at(self) -> Any:
+        """Where the best value was seen (what ``update`` was given as ``at``), or ``None``."""
+        record = self._record
+        return None if record is None else record[1]
+
+    @property
+    def record(self) -> tuple[float, Any] | None:
+        """``(best, best_at)`` together, or ``None`` before any finite value."""
+        return self._record
+
+    def improves(self, value: float) -> bool:
+        """Whether ``value`` improves on the best so far (by more than ``min_delta``)."""
+        value = float(value)
+        if not math.isfinite(value):
+            return False
+        record = self._record
+        if record is None:
+            return True
+        if self.mode == "min":
+            return value < record[0] - self.min_delta
+        return value > record[0] + self.min_delta
+
+    def update(self, value: float, at: Any = None) -> bool:
+        """Take ``value`` (seen ``at`` an epoch, a step, a file...) as the best if it improves
+        on it; returns whether it did."""
+        if not self.improves(value):
+            return False
+        self._record = (float(value), at)
+        return True
+
+    def reset(self, best: float | None = None, at: Any = None) -> None:
+        """Forget the best, or set it (a best restored from a checkpoint; one that is not a
+        finite number is forgotten)."""
+        self._record = None
+        if best is not None and math.isfinite(float(best)):
+            self._record = (float(best), at)
+
+    def __repr__(self) -> str:
+        return f"Monitor({self.metric!r}, mode={self.mode!r}, min_delta={self.min_delta:g}, best={self.best!r})"
+
+
