@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import operator
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["Batches", "length", "one_pass", "tell_epoch", "unrebuilt_order"]
+__all__ = ["Batches", "generators", "length", "one_pass", "tell_epoch", "unrebuilt_order"]
 
 _MASK = (1 << 64) - 1
 _GATHER_BYTES = 256 << 10
@@ -58,6 +58,28 @@ def tell_epoch(data: Any, epoch: int) -> None:
     setter = getattr(target, "set_epoch", None)
     if callable(setter):
         setter(epoch)
+
+
+def generators(data: Any) -> dict[str, torch.Generator]:
+    """The torch generators of its own that a ``DataLoader`` draws its order and its workers'
+    base seed from, by where they sit: ``"generator"`` (``DataLoader(generator=...)``, which a
+    shuffling loader also gives its ``RandomSampler``), ``"sampler.generator"`` and
+    ``"batch_sampler.sampler.generator"`` (a sampler given with a generator of its own), each
+    generator once, under the first of these names that holds it. Empty for any other data, and
+    for a loader that draws from the global generator. The run keeps their states with its
+    random state (:mod:`hookfit.position`)."""
+    from torch.utils.data import DataLoader
+
+    found: dict[str, torch.Generator] = {}
+    if not isinstance(data, DataLoader):
+        return found
+    sampler = getattr(data.batch_sampler, "sampler", None)
+    for name, holder in (("generator", data), ("sampler.generator", data.sampler),
+                         ("batch_sampler.sampler.generator", sampler)):
+        generator = getattr(holder, "generator", None)
+        if isinstance(generator, torch.Generator) and all(g is not generator for g in found.values()):
+            found[name] = generator
+    return found
 
 
 def _streamed(data: Any) -> Any:
@@ -281,8 +303,8 @@ class Batches:
 
 
 _INSTEAD = ("torchdata's StatefulDataLoader (it saves its sampler's state), hookfit.data.Batches, or a "
-            "DataLoader that shuffles with the global generator (shuffle=True without generator=), which "
-            "the checkpoint holds")
+            "DataLoader with the default samplers, shuffling with the global generator or a generator of its "
+            "own (generator=), whose states the run's state holds")
 _STREAM_INSTEAD = ("torchdata's StatefulDataLoader over a dataset with state_dict()/load_state_dict() (it saves "
                    "the stream's position), hookfit.data.Batches for data in memory, or a dataset whose "
                    "iteration is a pure function of the epoch: "
@@ -323,17 +345,20 @@ def _buffer_shuffled(data: Any) -> str | None:
     return None
 
 
-def unrebuilt_order(data: Any, restored: bool = False) -> str | None:
+def unrebuilt_order(data: Any, restored: bool = False, held: Collection[str] = ()) -> str | None:
     """Why a resumed run cannot rebuild the order of ``data``'s batches, and what to use
     instead, or ``None`` when it can. hookfit rebuilds an epoch's order by making the data's
     iterator again from the random state the epoch began with (Python's and torch's global
-    generators, which the checkpoint holds) and skipping the batches done: that covers lists,
-    :class:`Batches`, data with ``iter_from``, a ``DataLoader`` with the default samplers,
-    shuffled or not, and streams (an ``IterableDataset``, a generator factory) that draw from
-    the global generators, from the loader's worker seeds, or from a generator of their own
-    that ``set_epoch`` seeds (the loop calls it before each epoch: :func:`tell_epoch`). It
-    cannot rebuild an order drawn from anything else: a custom sampler or batch sampler, a
-    generator given to the ``DataLoader`` or its ``RandomSampler``, or an iterable (an
+    generators, and the loader's own torch generators, :func:`generators`, all of which the
+    run's state holds) and skipping the batches done: that covers lists, :class:`Batches`, data
+    with ``iter_from``, a ``DataLoader`` with the default samplers, shuffled or not, on the
+    global generator or a generator of its own (``generator=``, or a ``RandomSampler``'s) whose
+    state the loaded run state held (``held``: their names in :func:`generators`), and streams
+    (an ``IterableDataset``, a generator factory) that draw from the global generators, from
+    the loader's worker seeds, or from a generator of their own that ``set_epoch`` seeds (the
+    loop calls it before each epoch: :func:`tell_epoch`). It cannot rebuild an order drawn from
+    anything else: a custom sampler or batch sampler, a loader's generator whose state the
+    loaded state lacks (saved by a run whose data had none), or an iterable (an
     ``IterableDataset`` among them) with a random generator of its own and no ``set_epoch``.
     Data that restored its own state (``restored``: torchdata's ``StatefulDataLoader``) is
     trusted to continue where it was, except a Hugging Face stream shuffled with a buffer, which
@@ -361,8 +386,9 @@ def unrebuilt_order(data: Any, restored: bool = False) -> str | None:
                 instead = _STREAM_INSTEAD
         elif batches is not None and type(batches) is not BatchSampler:
             what = f"DataLoader with the custom batch sampler {type(batches).__name__}"
-        elif data.generator is not None or getattr(sampler, "generator", None) is not None:
-            what = "DataLoader with a generator of its own (generator=), whose state the checkpoint does not hold"
+        elif (own := generators(data)) and not set(own) <= set(held):
+            what = ("DataLoader with a generator of its own (generator=), whose state the loaded run state does "
+                    f"not hold ({', '.join(sorted(set(own) - set(held)))})")
         elif type(sampler) not in (SequentialSampler, RandomSampler, DistributedSampler):
             what = f"DataLoader with the custom sampler {type(sampler).__name__}"
     elif not hasattr(data, "set_epoch") and (attr := _own_generator(data)) is not None:

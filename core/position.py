@@ -9,18 +9,39 @@ what it was given. What the run's state dict holds:
   ``resume_stage`` and, only when true, ``val_due``);
 * ``"rng"``: the random state (Python, NumPy when it is installed, torch, CUDA when it is in
   use) that belongs to that position: the state *now*, except inside a validation, which a
-  resumed run runs again from its start, where it is the state as that validation began;
+  resumed run runs again from its start, where it is the state as that validation began; and,
+  under ``"data"``, the state now of each torch generator of the training data's own
+  (:func:`hookfit.data.generators`: ``DataLoader(generator=...)``, a sampler's generator), by
+  name;
 * ``"data"``: the ``state_dict()`` of training and validation data that has one (and
   ``load_state_dict``): torchdata's ``StatefulDataLoader``, :class:`hookfit.data.Batches`
   (inside a validation, the validation data's state as it began);
 * ``"carry"``, inside a training stage: what the step carries across its batches
   (``loop.carry``, see :attr:`hookfit.run.Run.carry`), its tensors detached;
-* ``"data_rng"``, inside a training stage: the random state (Python's and torch's) as that
-  stage made its data iterator. A ``DataLoader`` draws its base seed (and, shuffling without a generator of its
-  own, its shuffle seed) from the global generator when it is iterated: a resumed run makes
-  its iterator from this state, drops the batches already done, then goes on with ``"rng"``,
-  so the rest of the epoch has the same batches, in the same order, and the same random
-  stream (dropout, noise) as the run it continues.
+* ``"data_rng"``, inside a training stage: the random state (Python's, torch's and, under
+  ``"data"``, the training data's own generators') as that stage made its data iterator. A
+  ``DataLoader`` draws its base seed and its shuffle from its own generator when it has one,
+  else from the global one, when it is iterated: a resumed run makes its iterator from this
+  state, drops the batches already done, then goes on with ``"rng"``, so the rest of the
+  epoch has the same batches, in the same order, and the same random stream (dropout, noise)
+  as the run it continues. A run resumed at an epoch's start makes that epoch's iterator from
+  ``"rng"``, which holds the loader's generators as the epoch before left them.
+
+The state dict is JSON-safe by construction where it is the core's: string keys, ``int``,
+``float``, ``bool``, ``str``, ``None``, lists (never tuples) and dicts of them, and tensors
+(uint8 random states, NumPy's keys as int64). A store that writes tensors apart (safetensors)
+and the rest as JSON gives back what it was given. What the data's own ``state_dict()`` and the
+step's ``loop.carry`` hold is theirs: a tuple there comes back from a JSON store as a list.
+
+When the iterator is made: a training stage makes its data iterator (``iter(train_data)``,
+or ``iter_from(batch)``) after ``epoch_start`` and ``stage_start``, before the stage's first
+``batch_start``; ``set_epoch(epoch)`` is called (:func:`hookfit.data.tell_epoch`) before
+``epoch_start``; a resume (``resume``, ``load_state``) comes before all of them. So a plugin
+may keep the data's order itself, restoring what it saved at ``resume``; the way to tell the
+core the order is kept is for the data to carry its own state (``state_dict()`` and
+``load_state_dict()``, as torchdata's ``StatefulDataLoader`` does): the run saves it under
+``"data"``, and data whose state was restored is trusted to continue where it was, with no
+"cannot be rebuilt" warning.
 
 Which batches the core skips at a resume: data with ``iter_from(start)`` starts there
 (:class:`hookfit.data.Batches`); data whose own state was restored (it has ``load_state_dict``
@@ -36,10 +57,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from hookfit.data import generators
+
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.state import State
 
-__all__ = ["Cursor", "Position", "check_position", "check_rng", "iterator_rng_state", "rng_state", "set_rng_state"]
+__all__ = ["Cursor", "Position", "check_position", "check_rng", "generator_states", "iterator_rng_state",
+           "rng_state", "set_rng_state"]
 
 Stage = Literal["train", "valid"]
 
@@ -88,7 +112,7 @@ class Cursor:
     dict taken now resumes."""
 
     __slots__ = ("state", "training", "step0", "batch0", "done", "valid_rng", "valid_data", "iter_rng",
-                 "start", "restored", "carry", "resumed_carry")
+                 "start", "restored", "held", "carry", "resumed_carry")
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -100,6 +124,7 @@ class Cursor:
         self.iter_rng: dict[str, Any] | None = None  # the random state as the training stage made its iterator
         self.start: Position | None = None  # where a loaded state dict put the run, until it starts there
         self.restored: set[str] = set()  # the data ("train", "valid") that restored its own state
+        self.held: frozenset[str] = frozenset()  # the training data's generators a loaded state gave back
         self.carry: dict[str, Any] = {}  # the training stage's loop.carry (saved while the stage is open)
         self.resumed_carry: dict[str, Any] | None = None  # a loaded state's carry, for the stage it resumes
 
@@ -141,16 +166,28 @@ class Cursor:
         epoch, batch, stage = self.done
         return Position(epoch, state.step, batch, stage)
 
-    def rng(self) -> dict[str, Any]:
-        """The random state that goes with :meth:`position`."""
-        return self.valid_rng if self.valid_rng is not None else rng_state()
+    def rng(self, data: Any = None) -> dict[str, Any]:
+        """The random state that goes with :meth:`position`, with the state now of the
+        generators of ``data``'s own (the training data)."""
+        if self.valid_rng is None:
+            return rng_state(data)
+        own = generator_states(data)
+        return {**self.valid_rng, "data": own} if own else self.valid_rng
 
 
 # -- random state -----------------------------------------------------------------------------
 
 
-def rng_state() -> dict[str, Any]:
-    """Every random generator a training script draws from, as plain data and tensors."""
+def generator_states(data: Any) -> dict[str, Any]:
+    """The states of ``data``'s own torch generators (:func:`hookfit.data.generators`), by
+    name; empty without any."""
+    return {name: generator.get_state() for name, generator in generators(data).items()}
+
+
+def rng_state(data: Any = None) -> dict[str, Any]:
+    """Every random generator a training script draws from, as plain data and tensors (lists,
+    never tuples): Python's, NumPy's, torch's, CUDA's in use and, under ``"data"``, those of
+    ``data``'s own (:func:`generator_states`) when it has any."""
     import torch
 
     version, keys, gauss = random.getstate()
@@ -165,6 +202,8 @@ def rng_state() -> dict[str, Any]:
         out["numpy"] = [name, torch.from_numpy(keys_np.astype("int64")), pos, has_gauss, cached]
     if _cuda_in_use():
         out["cuda"] = torch.cuda.get_rng_state_all()
+    if own := generator_states(data):
+        out["data"] = own
     return out
 
 
@@ -174,21 +213,25 @@ def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]  # unannotated in torch
 
 
-def iterator_rng_state() -> dict[str, Any]:
+def iterator_rng_state(data: Any = None) -> dict[str, Any]:
     """The generators a data iterator draws from as it is made, cheaply (once per training
-    stage): Python's and torch's (and CUDA's in use), not NumPy's, which a ``DataLoader`` does
-    not draw from (its state costs tens of microseconds to read). A valid :func:`rng_state`
-    without its ``"numpy"`` entry."""
+    stage): Python's and torch's (and CUDA's in use) and ``data``'s own, not NumPy's, which a
+    ``DataLoader`` does not draw from (its state costs tens of microseconds to read). A valid
+    :func:`rng_state` without its ``"numpy"`` entry."""
     import torch
 
-    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    version, keys, gauss = random.getstate()
+    out: dict[str, Any] = {"python": [version, list(keys), gauss], "torch": torch.get_rng_state()}
     if _cuda_in_use():
         out["cuda"] = torch.cuda.get_rng_state_all()
+    if own := generator_states(data):
+        out["data"] = own
     return out
 
 
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned (CUDA only on as many devices as it had)."""
+def set_rng_state(state: Mapping[str, Any], data: Any = None) -> frozenset[str]:
+    """Restore what :func:`rng_state` returned (CUDA only on as many devices as it had), and
+    the states of ``data``'s own generators that it holds; returns the names of those."""
     import torch
 
     version, keys, gauss = state["python"]
@@ -201,6 +244,11 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         numpy.random.set_state((name, keys_np.numpy().astype("uint32"), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("data") or {}
+    own = {name: generator for name, generator in generators(data).items() if name in saved}
+    for name, generator in own.items():
+        generator.set_state(saved[name])
+    return frozenset(own)
 
 
 # -- checks of a saved state ------------------------------------------------------------------
@@ -273,6 +321,12 @@ def check_rng(rng: Any) -> None:
                 np_keys.is_floating_point()) or not _natural(pos) or pos > 624 or not isinstance(has_gauss, int) or (
                 not isinstance(cached, (int, float)) or not math.isfinite(float(cached))):
             raise bad("numpy", "is not NumPy's MT19937 state (name, 624 keys, position, gauss)")
+    if "data" in rng:
+        own = rng["data"]
+        if not isinstance(own, Mapping) or not all(
+                isinstance(k, str) and isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
+                for k, t in own.items()):
+            raise bad("data", "is not a mapping of names to generator states (uint8 tensors)")
     if "cuda" in rng:
         cuda = rng["cuda"]
         if not isinstance(cuda, (list, tuple)) or not all(

@@ -52,7 +52,7 @@ def run_state(run: Run) -> dict[str, Any]:
     if stateful(run.val_data):
         inside = cursor.valid_rng is not None and cursor.valid_data is not None
         data["valid"] = cursor.valid_data if inside else run.val_data.state_dict()
-    saved = {"loop": cursor.position().as_dict(), "rng": cursor.rng(), "data": data}
+    saved = {"loop": cursor.position().as_dict(), "rng": cursor.rng(run.train_data), "data": data}
     if cursor.training:
         if cursor.iter_rng is not None:
             saved["data_rng"] = cursor.iter_rng
@@ -91,11 +91,14 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
                           f"process and goes to each of the {run.state.world_size} processes: a carry of each "
                           f"process's own (an RNN's hidden state over its part of the data) is not resumed "
                           f"exactly", HookfitWarning, stacklevel=3)
-    set_rng_state(saved["rng"])
+    held = set_rng_state(saved["rng"], run.train_data)
+    if saved.get("data_rng") is not None:  # a stage's iterator is made again from these
+        held &= frozenset(saved["data_rng"].get("data") or ())
     state = run.state
     state.epoch, state.step, state.val_due = position.epoch, position.step, position.val_due
     cursor.epoch_begins(position.epoch, position.batch, position.stage)
     cursor.iter_rng = saved.get("data_rng")
+    cursor.held = held
     cursor.resumed_carry = carry
     return position
 

@@ -122,7 +122,8 @@ def resume(run: Run) -> None:
         run.state.epoch = at.epoch
     info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
     run.state.resumed_from = info
-    if run.mode == "fit" and (why := unrebuilt_order(run.train_data, "train" in run.cursor.restored)):
+    cursor = run.cursor
+    if run.mode == "fit" and (why := unrebuilt_order(run.train_data, "train" in cursor.restored, cursor.held)):
         warnings.warn(f"resume={source!r}: the order of the training data's batches cannot be rebuilt, so the "
                       f"resumed run trains on other batches than the run it continues would have: train_data is "
                       f"a {why}", HookfitWarning, stacklevel=5)  # fit(): resume, execute, Run.execute, Loop.fit
@@ -333,21 +334,22 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
 
 def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[Any]:
     """The stage's batches from batch ``start``. A fresh training stage notes the random
-    state before its iterator is made (a ``DataLoader`` draws its seeds from it). A resumed
-    one makes its iterator from that same state and drops the batches already done (data
-    with ``iter_from`` starts there; data that restored its own state is already there),
-    then gives the random state back as it was: so the rest of the epoch sees the batches,
-    the shuffle and the random stream of the run it continues."""
+    state before its iterator is made, the data's own generators included (a ``DataLoader``
+    draws its seeds from its generator, else from the global one). A resumed one makes its
+    iterator from that same state and drops the batches already done (data with
+    ``iter_from`` starts there; data that restored its own state is already there), then
+    gives the random state back as it was: so the rest of the epoch sees the batches, the
+    shuffle and the random stream of the run it continues."""
     cursor = run.cursor
     if not start:
         if train:
-            cursor.iter_rng = iterator_rng_state()
+            cursor.iter_rng = iterator_rng_state(data)
         return iter(data)
     replay = cursor.iter_rng if train else None
-    keep = rng_state() if replay is not None else None
+    keep = rng_state(data) if replay is not None else None
     try:
         if replay is not None:
-            set_rng_state(replay)
+            set_rng_state(replay, data)
         if (iter_from := getattr(data, "iter_from", None)) is not None:
             return iter(iter_from(start))
         batches = iter(data)
@@ -356,7 +358,7 @@ def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[
         return batches
     finally:
         if keep is not None:
-            set_rng_state(keep)
+            set_rng_state(keep, data)
 
 
 def mark(run: Run, limit: int, every: int | None) -> int:

@@ -92,3 +92,20 @@ def test_data_whose_order_is_rebuilt_resumes_without_a_word(data) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fit(data).status == "completed"
+
+
+def test_a_loader_with_its_own_generator_resumes_without_a_word_when_the_state_holds_it() -> None:
+    from hookfit.position import iterator_rng_state, rng_state
+
+    data = DataLoader(DATA, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1))
+
+    class Holding(Resumer):
+        @hookfit.hookimpl
+        def resume(self, loop, source):
+            loop.load_state_dict({**saved_run(0, 2, 2), "rng": rng_state(data), "data_rng": iterator_rng_state(data)})
+            return "ckpt.pt"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[Holding()]).fit()
+    assert state.status == "completed"
