@@ -8,6 +8,7 @@ what step functions and hooks receive as ``loop``.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
@@ -21,7 +22,33 @@ from hookfit.state import State
 
 Step = Callable[[Run, Any], Any]
 
-__all__ = ["Loop", "modules"]
+__all__ = ["Loop", "end_with", "modules"]
+
+_ENDINGS: weakref.WeakKeyDictionary[Run, BaseException] = weakref.WeakKeyDictionary()
+
+
+def end_with(run: Run, error: BaseException) -> None:
+    """Make the ``fit()`` (or ``validate()``) of ``run`` raise ``error`` once the run is over:
+    after ``fit_end``, ``results`` and ``run.jsonl``'s end line, with the run's own outcome
+    (status, checkpoints, results) as it is. For a plugin that ends the process the way an
+    event of the run asks (the interrupter, after a stop asked by a signal: ``KeyboardInterrupt``
+    for SIGINT, ``SystemExit(143)`` for SIGTERM). The first error asked wins; a run that raises
+    its own error (it failed, or was aborted) raises that one instead."""
+    if not isinstance(error, BaseException):
+        raise TypeError(f"end_with: error must be an exception, got {type(error).__name__}")
+    _ENDINGS.setdefault(run, error)
+
+
+def _execute(run: Run) -> State:
+    """Run ``run`` to the end; then raise the error a plugin asked it to end with
+    (:func:`end_with`), if any, unless the run raised its own."""
+    try:
+        state = run.execute()
+    finally:
+        error = _ENDINGS.pop(run, None)
+    if error is not None:
+        raise error
+    return state
 
 
 def _name(function: Any) -> str:
@@ -268,11 +295,14 @@ class Loop:
         runs once; a ``fit()`` that failed before it started may be called again. The
         returned state's ``results`` is what the plugins report once the run is over (the
         ``results`` event): with the built-in plugins the final and best metrics and the best
-        and last checkpoints' paths."""
+        and last checkpoints' paths. A plugin may make it raise instead once the run is over
+        (:func:`end_with`): the interrupter does after a stop asked by SIGINT
+        (``KeyboardInterrupt``) or SIGTERM (``SystemExit(143)``), unless ``Interrupter(exit=False)``
+        or in a notebook; ``loop.state`` is then the run's state as it would have returned it."""
         if self.run is not None and self.run.state.status != "idle":
             raise RuntimeError("this Loop has already run; create a new Loop to train again")
         self.run = Run(self, manager.build(self._given, self._disable))
-        return self.run.execute()
+        return _execute(self.run)
 
     def validate(self, resume: str | os.PathLike[str] | None = None) -> State:
         """Run the validation stage alone, with every plugin (metrics, console, dashboard),
@@ -292,7 +322,7 @@ class Loop:
         if self.run is not None and self.run.state.status != "idle":
             raise RuntimeError("this Loop has already run; create a new Loop to validate")
         self.run = Run(self, manager.build(self._given, self._disable), mode="validate", resume=resume)
-        return self.run.execute()
+        return _execute(self.run)
 
     def predict(self, data: Iterable[Any], step: Step | None = None) -> Iterator[Any]:
         """Yield ``step(loop, batch)`` for each batch of ``data``, one at a time, keeping none:

@@ -17,6 +17,13 @@
   failed.
 * Handlers are installed at ``fit_start`` only on the main thread and the previous ones are put
   back at ``fit_end``, so a notebook or a host application keeps its own.
+* A run stopped by a signal ends its process the way the signal unhandled would, once the
+  stop is graceful and over (the last batch, the checkpoint, ``fit_end``, ``results`` and
+  ``run.jsonl``'s end line): ``fit()`` then raises ``KeyboardInterrupt`` for SIGINT (exit
+  status 130 where the script does not catch it) and ``SystemExit(143)`` for SIGTERM, so a
+  shell, a job scheduler or ``torchrun`` tells an interrupted run from a finished one.
+  ``Interrupter(exit=False)`` makes ``fit()`` return the interrupted run's state instead; in a
+  Jupyter kernel it always returns (the kernel keeps running).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
+from hookfit.loop import end_with
 from hookfit.plugins.support import flag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -35,15 +43,21 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 
 class Interrupter:
-    """Turns SIGINT and SIGTERM into stop requests; a second SIGINT aborts."""
+    """Turns SIGINT and SIGTERM into stop requests; a second SIGINT aborts. ``signals=False``
+    installs no handlers. ``exit`` (default ``True``): a run stopped by a signal makes ``fit()``
+    raise once it is over, ``KeyboardInterrupt`` for SIGINT and ``SystemExit(143)`` for SIGTERM,
+    so the process ends as the signal would have ended it; ``exit=False`` (and a Jupyter kernel)
+    has ``fit()`` return the interrupted run's state."""
 
     name = "interrupter"
 
-    def __init__(self, signals: bool = True) -> None:
+    def __init__(self, signals: bool = True, exit: bool = True) -> None:
         self.signals = flag(self.name, "signals", signals)
+        self.exit = flag(self.name, "exit", exit)
         self._previous: dict[int, Any] = {}
         self._loop: Run | None = None
         self._ending_said = False  # a signal came while the run was ending, and was said
+        self._stopped_by: int | None = None  # the signal that asked this run to stop
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
@@ -52,12 +66,15 @@ class Interrupter:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._on_signal)
 
-    @hookimpl
-    def fit_end(self) -> None:
+    @hookimpl(trylast=True)  # last: what the other plugins do at the end is done before the process ends
+    def fit_end(self, loop: Run) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        stopped_by, self._stopped_by = self._stopped_by, None
         self._loop, self._ending_said = None, False
+        if stopped_by is not None and self.exit and loop.state.status == "interrupted" and not _in_kernel():
+            end_with(loop, _ending(stopped_by))
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         loop = self._loop
@@ -71,6 +88,8 @@ class Interrupter:
             self._ending_said = True
             return
         loop.request_stop(name)  # the core honours it; the event tells the dashboard
+        if self._stopped_by is None:
+            self._stopped_by = signum
         self._say(loop, signum, f"hookfit: {name} received, stopping after this batch")
 
     @staticmethod
@@ -79,6 +98,17 @@ class Interrupter:
             again = "interrupt the kernel again" if _in_kernel() else "press Ctrl-C again"
             hint = f"; {again} to abort" if signum == signal.SIGINT else ""
             print(f"{line}{hint}", file=sys.stderr, flush=True)
+
+
+def _ending(signum: int) -> BaseException:
+    """What ``fit()`` raises after a graceful stop asked by ``signum``: what Python makes of
+    the signal unhandled (``KeyboardInterrupt`` for SIGINT: exit status 130 when uncaught), or
+    an exit with 128 + the signal's number (143 for SIGTERM), as a shell reports a process
+    ended by it."""
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+        return KeyboardInterrupt(f"{name}: the run stopped gracefully (Interrupter(exit=False) returns instead)")
+    return SystemExit(128 + signum)
 
 
 def _in_kernel() -> bool:

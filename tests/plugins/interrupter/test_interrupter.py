@@ -22,6 +22,7 @@ before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 ended = []
 
 HOLD = "hold" in sys.argv  # batch 1 waits for a stop, then (pending) for a second signal
+RETURN = "return" in sys.argv  # Interrupter(exit=False): fit() returns after a graceful stop
 
 class Watch:
     name = "watch"
@@ -44,7 +45,11 @@ def step(loop, batch):
         while loop.stop_requested is not None:
             time.sleep(0.01)
 
-loop = hookfit.Loop(step, list(range(10_000)), plugins=[Watch()])
+given = [Watch()]
+if RETURN:
+    from hookfit.plugins.interrupter import Interrupter
+    given.append(Interrupter(exit=False))
+loop = hookfit.Loop(step, list(range(10_000)), plugins=given)
 try:
     state = loop.fit()
     outcome = "returned"
@@ -76,7 +81,7 @@ def finish(proc: subprocess.Popen) -> tuple[dict, str]:
 @pytest.mark.fault
 @pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")])
 def test_one_signal_stops_gracefully(tmp_path: Path, signum: int, name: str) -> None:
-    proc = start(tmp_path)
+    proc = start(tmp_path, "return")
     proc.send_signal(signum)
     result, err = finish(proc)
     assert result["outcome"] == "returned" and result["status"] == "interrupted"
@@ -141,7 +146,7 @@ def test_only_the_main_process_prints_that_a_signal_was_received(rank: int, says
             os.kill(os.getpid(), signal.SIGINT)  # handled on this (the main) thread
 
     before = signal.getsignal(signal.SIGINT)
-    state = hookfit.Loop(step, list(range(6)), plugins=[Rank(), Interrupter()]).fit()
+    state = hookfit.Loop(step, list(range(6)), plugins=[Rank(), Interrupter(exit=False)]).fit()
     assert (state.status, state.stop_reason, state.step) == ("interrupted", "SIGINT", 2)
     assert signal.getsignal(signal.SIGINT) is before
     err = capsys.readouterr().err

@@ -1,0 +1,176 @@
+"""A run stopped by a signal ends its process as the signal would, after the graceful stop:
+real signals sent to a real training subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = r'''
+import json, sys, time
+import torch
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.interrupter import Interrupter
+
+exit_, catch = sys.argv[1] == "exit", sys.argv[2] == "catch"
+
+class Watch:
+    name = "watch"
+    @hookfit.hookimpl
+    def batch_end(self, batch_idx):
+        if batch_idx == 0:
+            print("TRAINING", flush=True)
+    @hookfit.hookimpl
+    def fit_end(self, loop):
+        print("FIT_END " + loop.state.status, flush=True)
+
+def step(loop, batch):
+    time.sleep(0.01)
+
+model = torch.nn.Linear(2, 1)
+loop = hookfit.Loop(step, list(range(100_000)), model=model, run_dir="run",
+                    plugins=[Watch(), Checkpoint(every_n_epochs=None), Interrupter(exit=exit_)])
+try:
+    state = loop.fit()
+    print("RETURNED " + json.dumps({"status": state.status, "reason": state.stop_reason}), flush=True)
+except KeyboardInterrupt as error:
+    if not catch:
+        raise
+    print("CAUGHT " + json.dumps({"error": str(error), "status": loop.state.status}), flush=True)
+finally:
+    print("FINALLY", flush=True)
+'''
+
+
+def run(tmp_path: Path, signum: int, *args: str) -> tuple[int, list[str], str]:
+    """The script started with ``args``, signalled once it trained a batch, and waited for:
+    its exit status, its stdout's lines and its stderr."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env["HOOKFIT_PLUGINS"] = "interrupter,checkpoint"
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line == "TRAINING", line + proc.stderr.read()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out.splitlines(), err
+
+
+def ended_gracefully(tmp_path: Path, lines: list[str], name: str) -> None:
+    """fit_end ran, an interrupt checkpoint was written and run.jsonl has its end line."""
+    assert "FIT_END interrupted" in lines, lines
+    assert list((tmp_path / "run" / "checkpoints").glob("*.pt")), "no checkpoint written at the stop"
+    records = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
+    assert records[-1]["event"] == "end" and records[-1]["status"] == "interrupted"
+    assert records[-1]["reason"] == name
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_sigint_ends_the_process_as_an_unhandled_sigint_would(tmp_path: Path) -> None:
+    code, lines, err = run(tmp_path, signal.SIGINT, "exit", "plain")
+    assert code == -signal.SIGINT, err  # killed by SIGINT: a shell says 130
+    ended_gracefully(tmp_path, lines, "SIGINT")
+    assert "RETURNED" not in " ".join(lines) and "FINALLY" in lines
+    assert "KeyboardInterrupt: SIGINT: the run stopped gracefully" in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_sigterm_ends_the_process_with_status_143(tmp_path: Path) -> None:
+    code, lines, err = run(tmp_path, signal.SIGTERM, "exit", "plain")
+    assert code == 128 + signal.SIGTERM == 143, err
+    ended_gracefully(tmp_path, lines, "SIGTERM")
+    assert "RETURNED" not in " ".join(lines) and "FINALLY" in lines
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_script_catches_the_keyboard_interrupt_after_the_graceful_stop(tmp_path: Path) -> None:
+    code, lines, err = run(tmp_path, signal.SIGINT, "exit", "catch")
+    assert code == 0, err
+    ended_gracefully(tmp_path, lines, "SIGINT")
+    caught = json.loads(next(line for line in lines if line.startswith("CAUGHT "))[len("CAUGHT "):])
+    assert caught["status"] == "interrupted" and caught["error"].startswith("SIGINT: the run stopped gracefully")
+    assert lines.index("FIT_END interrupted") < lines.index(next(line for line in lines if line.startswith("CAUGHT")))
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")])
+def test_exit_false_returns_the_interrupted_state(tmp_path: Path, signum: int, name: str) -> None:
+    code, lines, err = run(tmp_path, signum, "return", "plain")
+    assert code == 0, err
+    ended_gracefully(tmp_path, lines, name)
+    returned = json.loads(next(line for line in lines if line.startswith("RETURNED "))[len("RETURNED "):])
+    assert returned == {"status": "interrupted", "reason": name}
+
+
+def test_exit_is_checked_when_it_is_built() -> None:
+    from hookfit.plugins.interrupter import Interrupter
+
+    with pytest.raises(ValueError, match=r"^interrupter: exit must be True or False, got 'no'$"):
+        Interrupter(exit="no")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, SystemExit)])
+def test_fit_raises_once_the_run_is_over(signum: int, raised: type[BaseException]) -> None:
+    """In the process: ``fit()`` raises after every ``fit_end`` and ``results``, with the
+    run's state as it would have returned it."""
+    import hookfit
+    from hookfit.plugins.interrupter import Interrupter
+
+    seen: list[str] = []
+
+    class Late:
+        name = "late"
+
+        @hookfit.hookimpl(trylast=True)
+        def fit_end(self, loop):
+            seen.append("fit_end " + loop.state.status)
+
+        @hookfit.hookimpl
+        def results(self, loop):
+            seen.append("results")
+
+    def step(loop, batch):
+        if batch == 1:
+            os.kill(os.getpid(), signum)  # handled on this (the main) thread
+
+    before = signal.getsignal(signum)
+    loop = hookfit.Loop(step, list(range(6)), plugins=[Late(), Interrupter()])
+    with pytest.raises(raised) as caught:
+        loop.fit()
+    if raised is SystemExit:
+        assert caught.value.code == 143
+    assert seen == ["fit_end interrupted", "results"]
+    assert (loop.state.status, loop.state.stop_reason, loop.state.step) == ("interrupted", signal.Signals(signum).name, 2)
+    assert signal.getsignal(signum) is before
+
+
+def test_a_stop_asked_otherwise_returns() -> None:
+    """Only a stop asked by a signal ends the process: a run stopped by anyone else returns."""
+    import hookfit
+    from hookfit.plugins.interrupter import Interrupter
+
+    def step(loop, batch):
+        if batch == 1:
+            loop.request_stop("enough")
+
+    state = hookfit.Loop(step, list(range(6)), plugins=[Interrupter()]).fit()
+    assert (state.status, state.stop_reason) == ("interrupted", "enough")
