@@ -48,7 +48,8 @@ The rest
     ``hookfit model more_modules=<n>``). A resumed run says where it continues from
     (``hookfit resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``), and at the end
     it prints the status, the reason, the duration and, for every metric, its last epoch value
-    and its best or its extremes. Last comes where each stage's time went
+    and its best or its extremes over the whole run: a resumed run's include the epochs of the
+    run it continues (the epoch summaries' ``history``, restored from the checkpoint). Last comes where each stage's time went
     (``loop.state.time_split``, measured by the loop): ``hookfit time stage=train
     batches=<n> time=<s>s data=<%> step=<%> plugins=<%>``, and when waiting for data is more
     than :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's time
@@ -226,6 +227,7 @@ class Console:
         self._total: int | None = None  # training batches per epoch, when the data has a length
         self._by_steps = False  # max_steps ends the run before its last epoch (fit_start)
         self._results: dict[tuple[str, str], _Extremes] = {}
+        self._stages: set[str] = set()  # stages with an epoch summary in this run
         self._skipped, self._skip_reason = 0, ""  # optimizer steps skipped (step_skipped), the last why
         self._silent = False
 
@@ -248,6 +250,7 @@ class Console:
         self._last_progress = _clock()
         self._last_line = self._latest = None
         self._results.clear()
+        self._stages.clear()
         self._published.clear()
         self._skipped, self._skip_reason = 0, ""
         data = loop.train_data
@@ -332,12 +335,14 @@ class Console:
         epoch = metrics.epoch + 1
         for key, direction in metrics.best.items():
             self._published[(stage, key)] = direction
+        if stage not in self._stages:  # the stage's first epoch in this run: a resumed run's earlier ones first
+            self._stages.add(stage)
+            for entry in metrics.history[:-1]:  # (the last entry is this epoch's)
+                for key, value in entry.items():
+                    if key not in ("epoch", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                        self._extremes(stage, key, float(value), int(entry["epoch"]) + 1)
         for key, value in metrics.values.items():
-            result = self._results.get((stage, key))
-            if result is None:
-                self._results[(stage, key)] = _Extremes(value.epoch, epoch)
-            else:
-                result.add(value.epoch, epoch)
+            self._extremes(stage, key, value.epoch, epoch)
         self._last_progress = _clock()
         total = metrics.total
         partial = total is not None and metrics.batches < total  # a stage cut short: not a whole epoch
@@ -350,6 +355,13 @@ class Console:
             f"samples_per_s={metrics.samples_per_s:.1f}",
             *(_field(k, _number(v.epoch)) for k, v in metrics.values.items()),
         )
+
+    def _extremes(self, stage: str, key: str, value: float, epoch: int) -> None:
+        result = self._results.get((stage, key))
+        if result is None:
+            self._results[(stage, key)] = _Extremes(value, epoch)
+        else:
+            result.add(value, epoch)
 
     @hookimpl
     def step_skipped(self, reason: str) -> None:
