@@ -23,7 +23,9 @@ its cut last line is skipped without a note. The
 metrics are read along the line the run followed (:func:`followed`): rows that a resume
 abandoned are not the run's. ``Loop.validate()`` records in the folder are not fits.
 
-Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
+Without ``--metric``, a run is ranked by the metric the user configured a direction for
+(:func:`default_metric`: ``Metrics(best={"valid/acc": "max"})`` ranks by ``valid/acc``), else
+by its loss. Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
 what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
 named ``loss`` only, ``"min"`` (the loss is what the step minimises: the metrics role's default).
 It is never guessed from other words in a name (``mae`` and ``perplexity`` are best low,
@@ -241,9 +243,17 @@ def epoch_rows(folder: Path) -> list[dict[str, Any]]:
     return [r for r in followed(read_metrics(folder / "metrics.jsonl")) if r.get("event") == "epoch"]
 
 
-def default_metric(rows: Sequence[Mapping[str, Any]]) -> str | None:
-    """``valid/loss`` when the run validated a loss, else ``train/loss``, else its first metric."""
+def default_metric(rows: Sequence[Mapping[str, Any]], known: Mapping[str, str] | None = None) -> str | None:
+    """The metric a run is ranked by: the first one of ``rows`` that ``known`` (the run's
+    directions, :func:`directions`) gives a direction and that is not a loss, a validation one
+    first (the metric the user configured, ``Metrics(best={"valid/acc": "max"})``); else
+    ``valid/loss`` when the run validated a loss, else ``train/loss``, else its first metric."""
     names = metric_names(rows)
+    chosen = [name for name in (known or {}) if name in names and name.rsplit("/", 1)[-1] != "loss"]
+    for stage in ("valid/", "train/"):
+        for name in chosen:
+            if name.startswith(stage):
+                return name
     for name in ("valid/loss", "train/loss"):
         if name in names:
             return name
@@ -413,7 +423,7 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         if jsonlines.count(end_epochs) and (epochs is None or end_epochs > epochs):
             epochs = end_epochs
     if metric is None:
-        metric = default_metric(rows)
+        metric = default_metric(rows, directions(metrics))
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
     name = starts[-1].get("name") if starts else folder.parent.name

@@ -294,7 +294,8 @@ def _compare(args: argparse.Namespace) -> int:
             print(f"hookfit compare: {error}", file=sys.stderr)
             return 2
     rows = {folder: runs.epoch_rows(folder) for folder in folders}
-    metric = args.metric or next((m for m in (runs.default_metric(r) for r in rows.values()) if m), None)
+    ranked = (runs.default_metric(r, runs.directions(runs.read_metrics(f / "metrics.jsonl"))) for f, r in rows.items())
+    metric = args.metric or next((m for m in ranked if m), None)
     if metric is None:
         print("hookfit compare: these runs have no metrics (no metrics.jsonl epochs)", file=sys.stderr)
         return 2
