@@ -25,9 +25,10 @@ unregisters itself at ``configure``, so a run pays nothing for it.
   divergence). Fewer than 5 points give no suggestion (``None``, one warning). ``finder.rates``,
   ``finder.losses`` (smoothed), ``finder.raw_losses``, ``finder.suggestion``, and
   ``loop.state.results["lr_find"]`` (``suggestion``, ``steps``, ``diverged``) hold the result.
-* **Afterwards** the run is put back exactly where it was: every module's parameters and
-  buffers (bitwise), gradients and training flags, each optimizer's ``state_dict()`` (its
-  rates included), every plugin's state (``loop.plugin_states()``: the optimizer role's
+* **Afterwards** the run is put back exactly where it was: the parameters and buffers of
+  ``model=`` (bitwise) and their training flags, every tensor an optimizer steps (in
+  ``model=`` or not: a free ``nn.Parameter`` too) and its gradient, each optimizer's
+  ``state_dict()`` (its rates included), every plugin's state (``loop.plugin_states()``: the optimizer role's
   counters and schedulers, EMA's average...), the random state (Python's, torch's, NumPy's,
   CUDA's), ``loop.carry`` and the data's own state (``state_dict()``) where it has one; so with
   ``then="train"`` (the default) the training that follows is bitwise the run without the
@@ -36,7 +37,10 @@ unregisters itself at ``configure``, so a run pays nothing for it.
   more, or the sweep fails with torch's error and a note naming it). ``then="stop"`` ends the
   run after the sweep instead: ``completed``, with a reason
   that says so and gives the suggestion. Training data that is an iterator (used up by the
-  sweep) is refused with ``then="train"``. Data whose iterator keeps state across passes
+  sweep) is refused with ``then="train"``, and so is an optimizer without ``param_groups``,
+  ``state_dict`` and ``load_state_dict`` (it could not be put back). Buffers of modules
+  outside ``model=`` (a BatchNorm's running statistics) are not put back: give the module
+  that holds them as ``model=``. Data whose iterator keeps state across passes
   (a ``DataLoader`` with ``persistent_workers``) is not put back within its workers.
 * **The plot**: the smoothed loss against the rate on a log x axis (clipped at 1.5 times its
   highest value in the first tenth of the sweep), the suggestion marked ``^`` under it, with
@@ -302,20 +306,37 @@ def _batches(data: Any) -> Iterator[Any]:
 
 
 class _Saved:
-    """What the sweep changes, taken before it and put back after."""
+    """What the sweep changes, taken before it and put back after: the model's modules
+    (parameters, buffers, gradients, training flags), every tensor an optimizer steps (in
+    ``model=`` or not), the optimizers' own states, every plugin's state, the random state,
+    ``loop.carry`` and the data's own state."""
 
     def __init__(self, loop: Run) -> None:
         import torch
 
         self.modules = modules(loop.model)
         self.params = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in self.modules]
-        self.grads = [[None if p.grad is None else p.grad.detach().clone() for p in m.parameters()]
-                      for m in self.modules]
         self.flags = [[sub.training for sub in m.modules()] for m in self.modules]
         optimizers = loop.optimizers
         self.optimizers = list(optimizers.values()) if isinstance(optimizers, Mapping) else [optimizers]
-        self.optimizer_states = [copy.deepcopy(o.state_dict()) if hasattr(o, "state_dict") else None
-                                 for o in self.optimizers]
+        for optimizer in self.optimizers:
+            missing = [a for a in ("param_groups", "state_dict", "load_state_dict") if not hasattr(optimizer, a)]
+            if missing:
+                raise TypeError(f"{NAME}: the run's optimizer {type(optimizer).__name__} has no "
+                                f"{', '.join(missing)}: the sweep could not put it back afterwards; give a "
+                                f"torch.optim.Optimizer")
+        self.optimizer_states = [copy.deepcopy(o.state_dict()) for o in self.optimizers]
+        # every tensor the sweep may change through an optimizer or the model, once each
+        tensors: dict[int, Any] = {}
+        for m in self.modules:
+            for p in m.parameters():
+                tensors.setdefault(id(p), p)
+        for o in self.optimizers:
+            for group in o.param_groups:
+                for p in group["params"]:
+                    tensors.setdefault(id(p), p)
+        self.tensors = [(p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
+                        for p in tensors.values()]
         self.plugins = copy.deepcopy(loop.plugin_states())
         self.rng = rng_state()
         data = loop.train_data
@@ -326,15 +347,15 @@ class _Saved:
 
     def restore(self, loop: Run) -> None:
         with self._no_grad():
-            for module, params, grads, flags in zip(self.modules, self.params, self.grads, self.flags):
+            for module, params, flags in zip(self.modules, self.params, self.flags):
                 module.load_state_dict(params)
-                for p, grad in zip(module.parameters(), grads):
-                    p.grad = grad
                 for sub, flag in zip(module.modules(), flags):
                     sub.training = flag
+            for tensor, value, grad in self.tensors:
+                tensor.copy_(value)
+                tensor.grad = grad
         for optimizer, state in zip(self.optimizers, self.optimizer_states):
-            if state is not None:
-                optimizer.load_state_dict(copy.deepcopy(state))
+            optimizer.load_state_dict(copy.deepcopy(state))
         loop.load_plugin_states(self.plugins, strict=False)
         data = loop.train_data
         if self.data is not None and stateful(data):
