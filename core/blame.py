@@ -3,6 +3,7 @@ walking the error's traceback against the code of every registered implementatio
 
 from __future__ import annotations
 
+import dis
 import types
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -17,10 +18,13 @@ __all__ = ["warn_secondary", "where"]
 
 
 def where(run: Run, error: BaseException) -> str:
-    """A note saying where ``error`` was raised: by which plugin in which hook, or in which
-    step function, at which epoch, stage and batch. Plugin code that a step calls
-    (``loop.backward``, a managed optimizer's ``step()``) is the plugin's: the note names the
-    plugin and the function, and the step that called it."""
+    """A note saying where ``error`` was raised: by the training or validation data (the
+    loop's fetch of which batch), by which plugin in which hook, or in which step function, at
+    which epoch, stage and batch. A hook implementation that raised inside another plugin's
+    hook (an event that plugin fires, as metrics fires ``epoch_metrics`` from its
+    ``stage_end``) is the one blamed, and the hook it was called from is named. Plugin code
+    that a step calls (``loop.backward``, a managed optimizer's ``step()``) is the plugin's: the
+    note names the plugin and the function, and the step that called it."""
     pm = run.pm
     owners: dict[Any, tuple[str, str]] = {}
     for caller in vars(pm.hook).values():
@@ -32,21 +36,66 @@ def where(run: Run, error: BaseException) -> str:
     state = run.state
     at = f"epoch {state.epoch}, stage {state.stage}, batch {state.batch_idx}"
     step = None
+    hooks: list[tuple[str, str]] = []  # the hook implementations on the way, outermost first
+    fetch = None  # the loop's innermost frame, where it was fetching a batch
     tb = error.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
         if step is None and code in owners:
-            plugin, hook = owners[code]
-            return f"hookfit: raised by {pm.describe(plugin)} in hook {hook!r} ({at})"
-        if step is None and code in steps:
+            hooks.append(owners[code])
+        elif not hooks and step is None and code in steps:
             step = steps[code]
-        elif step is not None and (owner := _owner(modules, tb.tb_frame.f_globals.get("__name__"))) is not None:
+        elif not hooks and step is not None and (owner := _owner(modules, tb.tb_frame.f_globals.get("__name__"))):
             return (f"hookfit: raised by {pm.describe(owner)} in {code.co_qualname}, called from step "
                     f"function {qualname(step)!r} ({at})")
+        if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") == _LOOP:
+            fetch = _fetching(tb, state.epoch)
         tb = tb.tb_next
+    if hooks:
+        plugin, hook = hooks[-1]
+        note = f"hookfit: raised by {pm.describe(plugin)} in hook {hook!r}"
+        if len(hooks) > 1 and hooks[0] != hooks[-1]:
+            outer, fired = hooks[0]
+            note += f", called from {pm.describe(outer)} in its hook {fired!r}"
+        return f"{note} ({at})"
     if step is not None:
         return f"hookfit: raised in step function {qualname(step)!r} ({at})"
+    if fetch is not None:
+        return f"hookfit: {fetch}"
     return f"hookfit: raised during the run ({at})"
+
+
+_LOOP = "hookfit.training"
+"""The module of the loop's stage function (:func:`hookfit.training.run_stage`): its frames in a
+traceback say whether the loop was fetching a batch when the error came."""
+
+
+def _fetching(tb: types.TracebackType, epoch: int) -> str | None:
+    """What the loop's frame ``tb`` was doing with the data when the error passed through it,
+    in words, or ``None`` when it was not fetching: the stage function's ``for`` statement
+    taking the next batch (``FOR_ITER``), making the stage's iterator (``iterate``), or
+    looking for a batch after the last one it ran (``_more``). Read from the frame alone: the
+    loop does no work for it."""
+    frame, name = tb.tb_frame, tb.tb_frame.f_code.co_name
+    local = frame.f_locals
+    stage = local.get("stage", "train") if name == "run_stage" else ("train" if local.get("train", True) else "valid")
+    data = "the training data" if stage == "train" else "the validation data"
+    done = "trained" if stage == "train" else "validated"
+    if name == "run_stage" and dis.opname[frame.f_code.co_code[tb.tb_lasti]] == "FOR_ITER":
+        index, start = local.get("batch_idx", -1) + 1, local.get("start", 0)
+        ran = (f"batches {start}-{index - 1} {done}" if index - 1 > start else
+               f"batch {start} {done}" if index - 1 == start else f"no batch {done} yet")
+        return (f"raised by {data} when the loop fetched batch {index}, fetch {index - start + 1} of the "
+                f"stage ({ran}) (epoch {epoch}, stage {stage})")
+    if name == "iterate":
+        start = local.get("start", 0)
+        what = f"skipping the {start} batch(es) already done" if start else "making its iterator (iter(data))"
+        return f"raised by {data} when the loop was {what} (epoch {epoch}, stage {stage})"
+    if name == "_more":
+        index = local.get("batch_idx", -1) + 1
+        return (f"raised by {data} when the loop fetched batch {index} to see whether the stage had more "
+                f"batches after the max_steps limit (epoch {epoch}, stage {stage})")
+    return None
 
 
 def _plugin_modules(pm: Any, scripts: set[str | None]) -> dict[str, str]:

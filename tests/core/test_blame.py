@@ -1,0 +1,125 @@
+"""The note an error gets says where it came from: the data the loop was fetching (which
+batch), the plugin whose hook implementation raised (even inside another plugin's hook),
+or the step function."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import hookfit
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
+
+class Broken(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Ten batches; fetching the fourth (index 3) raises."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if index == 3:
+            raise OSError(f"the stream broke at item {index}")
+        return torch.full((4, 2), float(index)), torch.zeros(4, 1)
+
+
+class Stream:
+    """A re-iterable stream whose fourth batch fails (a reader losing its source)."""
+
+    def __iter__(self) -> Any:
+        for index in range(10):
+            if index == 3:
+                raise OSError("the stream broke at item 3")
+            yield torch.full((4, 2), float(index)), torch.zeros(4, 1)
+
+
+def fit(data: Any, **options: Any) -> BaseException:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+
+    def step(loop: hookfit.Run, batch: Any) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    loop = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        max_epochs=2, plugins=[Optim(**options)])
+    with pytest.raises(Exception) as caught:
+        loop.fit()
+    return caught.value
+
+
+@pytest.mark.parametrize("data", [
+    Stream(),
+    DataLoader(Broken(), batch_size=None, num_workers=0),
+    DataLoader(Broken(), batch_size=None, num_workers=2),
+], ids=["stream", "0 workers", "2 workers"])
+def test_an_error_of_the_training_data_says_so_and_which_fetch_failed(data: Any) -> None:
+    error = fit(data)
+    assert "the stream broke at item 3" in str(error)
+    note = error.__notes__[-1]
+    assert note == ("hookfit: raised by the training data when the loop fetched batch 3, fetch 4 of the stage "
+                    "(batches 0-2 trained) (epoch 0, stage train)"), note
+
+
+def test_an_error_of_the_validation_data_names_the_validation_data() -> None:
+    model = torch.nn.Linear(2, 1)
+    loop = hookfit.Loop(lambda loop, batch: None, [1, 2], val_step=lambda loop, batch: None, val_data=Stream(),
+                        model=model, max_epochs=1)
+    with pytest.raises(OSError) as caught:
+        loop.fit()
+    assert caught.value.__notes__[-1].startswith(
+        "hookfit: raised by the validation data when the loop fetched batch 3, fetch 4 of the stage "
+        "(batches 0-2 validated)")
+
+
+def test_data_that_fails_to_make_its_iterator_says_so() -> None:
+    class Unopenable:
+        def __iter__(self) -> Any:
+            raise FileNotFoundError("shard-0001.tar")
+
+    error = fit(Unopenable())
+    assert error.__notes__[-1] == ("hookfit: raised by the training data when the loop was making its iterator "
+                                   "(iter(data)) (epoch 0, stage train)")
+
+
+def test_the_step_s_own_error_still_names_the_step() -> None:
+    def step(loop: hookfit.Run, batch: Any) -> None:
+        if batch == 2:
+            raise KeyError("the step's own")
+
+    with pytest.raises(KeyError) as caught:
+        hookfit.Loop(step, [0, 1, 2, 3], max_epochs=1).fit()
+    assert re.fullmatch(r"hookfit: raised in step function '.*step' \(epoch 0, stage train, batch 2\)",
+                        caught.value.__notes__[-1])
+
+
+def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() -> None:
+    """optim's ``epoch_metrics`` raises inside the metrics plugin's ``stage_end``, which fires that
+    event: the note blames optim's implementation and says where it was called from."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+
+    def step(loop: hookfit.Run, batch: Any) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))] * 3
+    loop = hookfit.Loop(step, data, model=model, optimizers=optimizer, max_epochs=1,
+                        plugins=[Metrics(), Optim(schedulers=plateau, monitor="train/accuracy")])
+    with pytest.raises(ValueError, match="monitor='train/accuracy' names a metric this run does not produce") as caught:
+        loop.fit()
+    note = caught.value.__notes__[-1]
+    assert re.fullmatch(r"hookfit: raised by plugin 'optim' \(.*\) in hook 'epoch_metrics', called from plugin "
+                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 0, stage train, batch 2\)", note), note
