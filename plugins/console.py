@@ -19,9 +19,8 @@ Epoch summaries
     done batches=<n> time=<s>s samples_per_s=<x> <metric>=<epoch mean>...``. A stage that
     ended early (a stop or ``max_steps`` inside the epoch: a snapshot with ``batches <
     total``) says so, so that nobody reads it as a whole epoch: ``hookfit train epoch=2/5
-    partial batches=37/100 ...``. (``summary_interval``, which dropped summaries that came
-    within 2 s of the previous one, is gone: passing it is an error naming ``interval`` and
-    ``every_n_batches``, which bound the progress lines.)
+    partial batches=37/100 ...``. ``interval`` and ``every_n_batches`` bound the progress
+    lines, never the summaries.
 
 Progress lines
     ``hookfit train epoch=<e>/<max> batch=<n>/<total> samples_per_s=<x> eta=<h:mm:ss>
@@ -193,21 +192,14 @@ class Console:
     progress lines, at least (``None``: no line by time). ``every_n_batches``: a progress line
     at every N-th training batch of an epoch as well (``None``: none). ``best``: which way is
     best for metrics, by name or ``"<stage>/<metric>"``, over the snapshots' own
-    :attr:`~hookfit.payloads.MetricsSnapshot.best`. ``summary_interval`` is removed (every
-    summary is printed): any value but ``None`` is a ``TypeError`` naming what replaces it.
+    :attr:`~hookfit.payloads.MetricsSnapshot.best`.
     """
 
     name = "console"
     observer = True  # a renderer: its failures switch it off, never the run
 
     def __init__(self, stream: TextIO | None = None, interval: float | None = 10.0, *,
-                 every_n_batches: int | None = None, best: Mapping[str, str] | None = None,
-                 summary_interval: None = None) -> None:
-        if summary_interval is not None:
-            raise TypeError(
-                f"console: summary_interval was removed: every epoch summary is printed now (dropping some hid "
-                f"epochs from the log); progress lines are bounded by interval= (seconds) and every_n_batches= "
-                f"(training batches); got summary_interval={summary_interval!r}")
+                 every_n_batches: int | None = None, best: Mapping[str, str] | None = None) -> None:
         if stream is not None and not callable(getattr(stream, "write", None)):
             raise option_error(self.name, "stream", stream, "be a text stream (with write()), or None for standard "
                                "output", shown=type(stream).__name__)

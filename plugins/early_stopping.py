@@ -1,7 +1,9 @@
 """early_stopping: end training when a monitored metric stops improving.
 
 ``EarlyStopping(monitor="valid/loss", mode="min", patience=3, min_delta=0.0)`` in
-``Loop(plugins=[...])``. Discovered like every plugin, it is inert until given a ``monitor``.
+``Loop(plugins=[...])``. Discovered like every plugin, it is inert until given a ``monitor``:
+without one it unregisters itself at ``configure``, so it is not among the run's plugins and
+none of its hooks is called, as ``hookfit plugins`` says (``[inert]``).
 
 * It reads the epoch means a metrics plugin publishes in ``epoch_metrics`` (a
   :class:`hookfit.payloads.MetricsSnapshot`), nothing else: ``monitor`` is ``"<stage>/<metric>"``
@@ -92,9 +94,12 @@ class EarlyStopping:
     @hookimpl
     def configure(self, loop: Run) -> None:
         self._reset()  # a state from a checkpoint comes later (load_state)
-        if (how := self.inert(True)) is not None and chosen(loop.pm, self):  # asked for, and it would do nothing
+        if (how := self.inert(True)) is None:
+            return
+        if chosen(loop.pm, self):  # asked for, and it would do nothing
             warnings.warn(f"early_stopping: chosen for this run but without a monitor it never stops the run; "
                           f"it is inert until {how}", HookfitWarning, stacklevel=2)
+        loop.pm.unregister(self)  # inert, as hookfit plugins says: not in the run, none of its hooks is called
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -82,7 +83,41 @@ def test_it_is_discovered_like_every_built_in(monkeypatch: pytest.MonkeyPatch) -
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # inert: not a word
         loop.fit()
-    assert isinstance(loop.run.pm.get_plugin("early_stopping"), EarlyStopping)
+    info = loop.run.pm.infos["early_stopping"]
+    assert info.enabled and isinstance(info.plugin, EarlyStopping)  # discovered and enabled ...
+    assert loop.run.pm.get_plugin("early_stopping") is None  # ... and, inert without a monitor, not in the run
+
+
+def test_the_listing_and_the_run_agree_that_without_a_monitor_it_is_inert(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hookfit plugins`` says ``[inert]``: the run then has it neither among its plugins (the
+    console's ``plugins=`` line) nor calls any of its hooks; with a monitor it takes part."""
+    import io
+
+    from hookfit.plugins.console import Console
+    from hookfit.tools import cli
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "early_stopping,console,metrics")
+    assert cli.main(["plugins"]) == 0
+    assert re.search(r"^early_stopping  \[inert\]", capsys.readouterr().out, re.M)
+    called: list[str] = []
+
+    class Counted(EarlyStopping):
+        @hookfit.hookimpl
+        def epoch_end(self, loop, epoch):
+            called.append("epoch_end")
+            super().epoch_end(loop, epoch)
+
+    for plugin, takes_part in ((Counted(), False), (Counted(monitor="train/loss"), True)):
+        called.clear()
+        stream = io.StringIO()
+        loop = hookfit.Loop(lambda l, b: torch.tensor(1.0), [1], max_epochs=2,
+                            plugins=[plugin, Metrics(), Console(stream=stream)])
+        loop.fit()
+        start = stream.getvalue().splitlines()[0]
+        assert ("early_stopping" in start.split("plugins=")[1].split(",")) is takes_part, start
+        assert (loop.run.pm.get_plugin("early_stopping") is plugin) is takes_part
+        assert called == (["epoch_end", "epoch_end"] if takes_part else [])
 
 
 @pytest.mark.bad_input
