@@ -97,3 +97,34 @@ def test_the_plugin_table_gives_each_built_in_plugins_import_and_it_works() -> N
         module, cls = statement.split(" import ")
         assert entry_points[name] == f"{module}:{cls}", name
         assert getattr(importlib.import_module(module), cls).name == name
+
+
+def test_the_readme_names_the_scheduler_option_and_what_a_step_is() -> None:
+    """``Optim(scheduler=...)`` is a ``TypeError``: the README names the option as ``Optim``
+    takes it, and says that a scheduler steps per optimizer step, which accumulation makes
+    fewer than the batches ``state.step`` counts."""
+    import inspect
+
+    from hookfit.plugins.optim import Optim
+
+    assert "schedulers" in inspect.signature(Optim).parameters
+    assert "Optim(schedulers=...)" in README and "Optim(scheduler=" not in README
+    section = README[README.index("### Optimizers: accumulation and schedulers"):]
+    section = section[:section.index("\n### ")]
+    assert "after every *optimizer step*, not every batch" in section
+    assert "`loop.state.step` counts batches" in section
+    assert "Optim(accumulate=4, schedulers=scheduler)" in section
+
+
+def test_blocks_added_to_the_first_script_say_how_they_are_run() -> None:
+    """A block that continues ``train.py`` (its directive says ``after train.py``) says so where
+    it is shown, naming the script it makes; the README says where ``examples/...`` commands
+    run."""
+    pattern = r"<!-- readme-test: python (\S+) after (\S+?)(?: slow)? -->"
+    continued = re.findall(pattern, README)
+    assert len(continued) >= 3
+    for name, after in continued:
+        directive = README.index(f"<!-- readme-test: python {name} after {after}")
+        before = " ".join(README[README.rindex("```", 0, directive):directive].split())  # since the previous block
+        assert f"`{after}` followed by this block, saved as `{name}`" in before, name
+    assert "Commands that name `examples/...` run from the root of a clone of this repository" in " ".join(README.split())
