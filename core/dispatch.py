@@ -1,13 +1,18 @@
 """Every way hookfit calls an event, in one module, with pluggy's own call as the oracle.
 
 A run calls its events through one :class:`Dispatch` (``loop.hooks``); the core, the built-in
-plugins and any plugin that fires events use nothing else. It offers four kinds of call, all
-built from one resolution of an event's implementations:
+plugins and any plugin that fires events use nothing else. Every kind of call is built from one
+resolution of an event's implementations:
 
+* :meth:`Dispatch.handlers`: the implementations as a plain list of callables in pluggy's call
+  order, each called positionally with the spec's arguments (``for call in handlers: call(loop,
+  loss)``), as Ignite keeps its handler lists. The list is the same object for the whole run and is
+  refilled in place when the plugins change, so a caller may take it once and iterate it for every
+  batch; empty when nothing implements the event. The loop's own per-batch events are such lists
+  (:class:`PerBatch`, ``loop.hooks.per_batch``).
 * ``loop.hooks.<event>(*args)``: what ``pm.hook.<event>(**kwargs)`` returns (a list of the
   non-``None`` results, or the first one for a first-result event); ``None`` instead of a
-  callable when nothing implements the event, so a caller on the hot path pays one test. The
-  loop's own per-batch events (``batch_start``, ``step_output``, ``batch_end``) ignore results.
+  callable when nothing implements the event.
 * :meth:`Dispatch.call_all`: every implementation runs even if some raise; the errors are
   returned with the names of the plugins that raised them (``fit_end``, ``exception``).
 * :meth:`Dispatch.call_each`: each implementation's own answer with its plugin's name
@@ -17,24 +22,29 @@ built from one resolution of an event's implementations:
 * :meth:`Dispatch.call_plugin`: one plugin's implementation, inside the event's wrappers
   (``load_state``, where each plugin gets its own state).
 
-How an event is called (resolved once per run, and again whenever the plugin manager reports a
-change: a plugin registered or unregistered, a spec added, monitoring switched on or off):
+How an implementation is called (resolved when the run starts, again after ``configure``, and
+whenever the plugin manager reports a change: a plugin registered or unregistered, a spec added,
+monitoring switched on or off):
 
-* no implementation: nothing is called;
-* only plain implementations and no call monitoring: their functions are called directly, in
-  exactly pluggy's order, each with the arguments it asked for, collecting results as pluggy
-  does. This is the hot path: a per-batch event with one implementation that takes every
-  argument is one Python call;
-* wrappers (``wrapper=True`` or ``hookwrapper=True``) or monitoring (tracing): pluggy's own
-  call path, ``PluginManager._hookexec``, which is where ``HookCaller.__call__`` ends and where
-  pluggy's tracing hooks in, so wrappers and tracers see an ordinary call.
+* only plain implementations and no call monitoring: each function is called directly, in
+  exactly pluggy's order; one that takes the spec's arguments in order is called as it is, one
+  that takes fewer or others gets them picked from the positional arguments (one Python call more);
+* wrappers (``wrapper=True`` or ``hookwrapper=True``) or monitoring (tracing): one callable that
+  goes through pluggy's own call path, ``PluginManager.execute``, where ``HookCaller.__call__``
+  ends and pluggy's tracing hooks in, so wrappers and tracers see an ordinary call.
 
-Guards, without touching pluggy's objects: where an implementation must not end the call
-(an observer plugin, which is switched off with one warning when it raises; any
-implementation of ``fit_end`` and ``exception``), the dispatch calls a guarded function in its
-place. On the direct path that is a closure; on pluggy's path it is a new ``HookImpl`` built
-from the same plugin and options around the guarded function, handed to pluggy's call in
-place of the registered one. The registered ``HookImpl`` objects are never changed.
+Per-batch events only sometimes: a plugin that implements a per-batch event (``batch_start``,
+``step_output``, ``batch_end``, ``after_batch``) but needs it only in some runs says which it takes
+part in with a method ``batch_events(loop) -> Collection[str]``, asked at each resolution once the
+run is configured; an implementation it does not name is left out of every call of that event for
+the run (it costs nothing per batch). A plugin whose answer changes mid-run calls
+:meth:`Dispatch.resolve`. A plugin without the method takes part in every event it implements.
+
+The guard, without touching pluggy's objects: where an implementation must not end the call (an
+observer plugin, which is switched off with one warning when it raises; any implementation of
+``fit_end`` and ``exception``), the dispatch calls a guarded function (:func:`_guard`) in its
+place: on the direct path in the list itself, on pluggy's path inside a new ``HookImpl`` built from
+the same plugin and options. The registered ``HookImpl`` objects are never changed.
 """
 
 from __future__ import annotations
@@ -44,14 +54,13 @@ from typing import Any, Callable, Iterable, Sequence, cast
 
 import pluggy
 
+from hookfit.guard import guard as _guard
 from hookfit.manager import PluginManager
 
 Call = Callable[..., Any]
 CallAll = Callable[..., tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]]
-CallEach = Callable[..., list[tuple[str, Any]]]
-OnError = Callable[[BaseException], None]
 
-__all__ = ["Dispatch", "HotPath"]
+__all__ = ["PER_BATCH", "Dispatch", "PerBatch"]
 
 
 # -- building the calls ---------------------------------------------------------------------
@@ -60,12 +69,23 @@ __all__ = ["Dispatch", "HotPath"]
 def _adapter(function: Call, spec_args: Sequence[str], impl: pluggy.HookImpl) -> Call:
     """``function`` called positionally with the spec's arguments, passing only those the
     implementation asked for (keyword parameters with defaults by keyword, as pluggy does)."""
-    if tuple(impl.argnames) == tuple(spec_args) and not impl.kwargnames:
-        return function
-    passed = [*impl.argnames, *(f"{k}={k}" for k in impl.kwargnames if k in spec_args)]
-    source = f"lambda {', '.join(spec_args)}: function({', '.join(passed)})"
-    # names are identifiers checked by pluggy; eval of a lambda source gives a function
-    return cast(Call, eval(source, {"function": function}))
+    names = tuple(impl.argnames)
+    keywords = [(k, spec_args.index(k)) for k in impl.kwargnames if k in spec_args]
+    if names == tuple(spec_args[:len(names)]) and not keywords:
+        if len(names) == len(spec_args):
+            return function
+        count = len(names)
+
+        def first_arguments(*args: Any) -> Any:
+            return function(*args[:count])
+
+        return first_arguments
+    positions = [spec_args.index(name) for name in names]
+
+    def picked(*args: Any) -> Any:
+        return function(*[args[i] for i in positions], **{k: args[i] for k, i in keywords})
+
+    return picked
 
 
 def _direct(functions: list[Call], results: bool, firstresult: bool) -> Call:
@@ -103,92 +123,6 @@ def _direct(functions: list[Call], results: bool, firstresult: bool) -> Call:
     return collect
 
 
-def _guard(impl: pluggy.HookImpl, on_error: OnError) -> Call:
-    """``impl``'s function such that an :class:`Exception` it raises goes to ``on_error``
-    instead of out of the call; a wrapper then behaves as if it were absent."""
-    if impl.wrapper:
-        return _guard_wrapper(impl.function, on_error)
-    if impl.hookwrapper:
-        return _guard_hookwrapper(impl.function, on_error)
-    function = impl.function
-
-    @functools.wraps(function)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except Exception as error:
-            on_error(error)
-            return None
-
-    return guarded
-
-
-def _guard_wrapper(function: Call, on_error: OnError) -> Call:
-    """A new-style wrapper (``wrapper=True``) whose own errors go to ``on_error``."""
-
-    @functools.wraps(function)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            teardown = function(*args, **kwargs)
-            next(teardown)
-        except Exception as error:  # raised, or did not yield (StopIteration)
-            on_error(error)
-            return (yield)
-        try:
-            result = yield
-        except BaseException as inner:  # an unguarded implementation inside raised
-            try:
-                teardown.throw(inner)
-            except StopIteration as stop:
-                return stop.value
-            except BaseException as error:
-                if error is not inner and isinstance(error, Exception):
-                    on_error(error)
-                    raise inner from None
-                raise
-            teardown.close()
-            on_error(RuntimeError(f"wrapper {function.__qualname__} has a second yield"))
-            raise
-        try:
-            teardown.send(result)
-        except StopIteration as stop:
-            return stop.value
-        except Exception as error:
-            on_error(error)
-            return result
-        teardown.close()
-        on_error(RuntimeError(f"wrapper {function.__qualname__} has a second yield"))
-        return result
-
-    return guarded
-
-
-def _guard_hookwrapper(function: Call, on_error: OnError) -> Call:
-    """An old-style wrapper (``hookwrapper=True``) whose own errors go to ``on_error``."""
-
-    @functools.wraps(function)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            teardown = function(*args, **kwargs)
-            next(teardown)
-        except Exception as error:
-            on_error(error)
-            yield
-            return
-        outcome = yield
-        try:
-            teardown.send(outcome)
-        except StopIteration:
-            return
-        except Exception as error:
-            on_error(error)
-            return
-        teardown.close()
-        on_error(RuntimeError(f"hookwrapper {function.__qualname__} has a second yield"))
-
-    return guarded
-
-
 def _is_observer(plugin: object) -> bool:
     return getattr(plugin, "observer", False) is True
 
@@ -196,81 +130,97 @@ def _is_observer(plugin: object) -> bool:
 # -- one run's calls ------------------------------------------------------------------------
 
 
-class HotPath:
-    """What the loop reads for every batch: the resolved ``batch_start``, ``step_output``,
-    ``batch_end`` and ``after_batch`` (``None`` when nothing implements them) and ``asks``, whether anything answers
-    ``should_stop`` or ``agree_stop`` (so the loop must ask after each batch).
+class PerBatch:
+    """The loop's per-batch events as it reads them for every batch: ``batch_start``,
+    ``step_output``, ``batch_end`` and ``after_batch``, each a plain list of callables (empty when
+    nothing implements it), and ``asks``: whether anything answers ``should_stop`` or
+    ``agree_stop``, so the loop must ask after each batch.
 
-    A plain object with slots, updated in place whenever the plugins change: CPython
-    specialises loads of its attributes, which it cannot do on :class:`Dispatch` (a class with
-    ``__getattr__``), and five such loads a batch are measurable on a small model."""
+    A plain object with slots, refilled in place: CPython specialises loads of its attributes,
+    which it cannot do on :class:`Dispatch` (a class with ``__getattr__``)."""
 
     __slots__ = ("batch_start", "step_output", "batch_end", "after_batch", "asks")
 
-    def __init__(self) -> None:
-        self.batch_start: Call | None = None
-        self.step_output: Call | None = None
-        self.batch_end: Call | None = None
-        self.after_batch: Call | None = None
+    def __init__(self, lists: dict[str, list[Call]]) -> None:
+        self.batch_start = lists["batch_start"]
+        self.step_output = lists["step_output"]
+        self.batch_end = lists["batch_end"]
+        self.after_batch = lists["after_batch"]
         self.asks = False
 
 
+PER_BATCH = ("batch_start", "step_output", "batch_end", "after_batch")
+"""The loop's per-batch events: results ignored, resolved into handler lists, and open to a
+plugin's ``batch_events`` answer."""
+
+
 class Dispatch:
-    """The resolved events of one run, read as attributes (``loop.hooks.<event>``): a
-    positional callable taking the spec's arguments in order, or ``None`` when nothing
-    implements the event::
+    """The resolved events of one run (``loop.hooks``): handler lists (:meth:`handlers`), the
+    loop's per-batch lists (:attr:`per_batch`), and each event as an attribute, a positional
+    callable returning pluggy's result, or ``None`` when nothing implements it::
 
-        if (call := loop.hooks.before_backward) is not None:
-            call(loop, loss)
+        if (call := loop.hooks.resume) is not None:
+            call(loop, source)
 
-    An implementation that takes every argument of its event, in the spec's order, is called
-    as it is; one that takes fewer goes through a small adapter (one call more per event).
     Observer plugins (``observer = True``) are guarded in every kind of call: one that raises
     is switched off for the rest of the run with one warning (see
     :meth:`hookfit.manager.PluginManager.silence`), and the call goes on without it.
     """
 
-    NOTIFY = ("batch_start", "step_output", "batch_end", "after_batch")
-    """The loop's per-batch events, whose results are ignored: resolved as soon as the
-    plugins change, so the loop only reads an attribute per batch."""
-
-    batch_start: Call | None
-    step_output: Call | None
-    batch_end: Call | None
-    after_batch: Call | None
-
-    def __init__(self, pm: PluginManager) -> None:
+    def __init__(self, pm: PluginManager, run: Any = None) -> None:
         self.pm = pm
-        self.hot = HotPath()
-        """The per-batch events as the loop reads them (:class:`HotPath`)."""
-        self._resolved: set[str] = set()
+        self.run = run
+        """The run whose plugins' ``batch_events`` are asked (``None``: none is asked)."""
+        self.configured = False
+        """Whether the run is configured: from then on ``batch_events`` answers are honoured."""
+        self._lists: dict[str, list[Call]] = {name: [] for name in PER_BATCH}
+        self.per_batch = PerBatch(self._lists)
+        """The loop's per-batch events as the loop reads them (:class:`PerBatch`)."""
+        self._calls: dict[str, Call | None] = {}
         self._all: dict[str, CallAll | None] = {}
-        self._each: dict[str, CallEach | None] = {}
+        self._each: dict[str, CallAll | None] = {}
         self.resolve()
         self._undo = pm.on_change(self.resolve)
 
     # -- resolution -----------------------------------------------------------------------
+    def start(self) -> None:
+        """The run is configured: resolve again, asking each plugin's ``batch_events``."""
+        self.configured = True
+        self.resolve()
+
     def resolve(self) -> None:
-        """Forget every resolution; the per-batch events are resolved again at once."""
-        for name in self._resolved:
-            self.__dict__.pop(name, None)
-        self._resolved = set()
-        self._all, self._each = {}, {}
-        hot = self.hot
-        for name in self.NOTIFY:
-            call = self._compile(name, self._observer_wrap(name), results=False)
-            self.__dict__[name] = call
-            setattr(hot, name, call)
-            self._resolved.add(name)
-        hot.asks = bool(self.pm.hook.should_stop.get_hookimpls() or self.pm.hook.agree_stop.get_hookimpls())
+        """Resolve every event again: the handler lists are refilled in place, every other
+        call is made anew when next asked for."""
+        self._calls, self._all, self._each = {}, {}, {}
+        for name, handlers in self._lists.items():
+            handlers[:] = self._handlers(name) if self._declared(name) else []
+        self.per_batch.asks = bool(self.pm.hook.should_stop.get_hookimpls() or self.pm.hook.agree_stop.get_hookimpls())
+
+    def handlers(self, name: str) -> list[Call]:
+        """Event ``name``'s implementations as a plain list of callables in pluggy's call order,
+        each called positionally with the spec's arguments; the same list for the whole run,
+        refilled in place when the plugins change (results are not collected: an event whose
+        results matter is called as ``loop.hooks.<event>``)."""
+        if name not in self._lists:
+            self._caller(name)  # an unknown event is an AttributeError naming it
+            self._lists[name] = self._handlers(name)
+        return self._lists[name]
+
+    def _handlers(self, name: str) -> list[Call]:
+        impls = self._impls(name)
+        if not impls:
+            return []
+        if self._plain(impls):
+            spec_args = self._signature(self._caller(name))[0]
+            return [_adapter(self._observers(i, name), spec_args, i) for i in reversed(impls)]
+        return [self._through_pluggy(name, impls, self._observer_wrap(name))]
 
     def __getattr__(self, name: str) -> Call | None:
         if name.startswith("_") or not self._declared(name):
             raise AttributeError(f"no hookfit event named {name!r}")
-        call = self._compile(name, self._observer_wrap(name), results=True)
-        self.__dict__[name] = call
-        self._resolved.add(name)
-        return call
+        if name not in self._calls:
+            self._calls[name] = self._compile(name, self._observer_wrap(name), results=True)
+        return self._calls[name]
 
     def _declared(self, name: str) -> bool:
         caller = getattr(self.pm.hook, name, None)
@@ -280,6 +230,19 @@ class Dispatch:
         if not self._declared(name):
             raise AttributeError(f"no hookfit event named {name!r}")
         return cast(pluggy.HookCaller, getattr(self.pm.hook, name))  # pm.hook's attributes are HookCallers
+
+    def _impls(self, name: str) -> list[pluggy.HookImpl]:
+        """Event ``name``'s implementations in pluggy's order, less those a plugin's
+        ``batch_events`` leaves out of a per-batch event."""
+        impls = self._caller(name).get_hookimpls()
+        if name not in PER_BATCH or not self.configured:
+            return impls
+        return [i for i in impls if (ask := getattr(i.plugin, "batch_events", None)) is None
+                or name in ask(self.run)]
+
+    def _plain(self, impls: Iterable[pluggy.HookImpl]) -> bool:
+        """Whether ``impls`` may be called directly (no wrapper, no call monitoring)."""
+        return not self.pm.monitors and not any(i.wrapper or i.hookwrapper for i in impls)
 
     @staticmethod
     def _signature(caller: pluggy.HookCaller) -> tuple[tuple[str, ...], bool]:
@@ -298,15 +261,19 @@ class Dispatch:
     ) -> Call | None:
         """One callable for event ``name`` over ``impls`` (default: all of them), calling
         ``wrap(impl)`` in each implementation's place; ``None`` when there is none."""
-        caller = self._caller(name)
-        impls = list(caller.get_hookimpls() if impls is None else impls)
+        impls = list(self._impls(name) if impls is None else impls)
         if not impls:
             return None
-        spec_args, firstresult = self._signature(caller)
-        plain = not self.pm.monitors and not any(i.wrapper or i.hookwrapper for i in impls)
-        if plain:  # pluggy calls the implementation list from its end to its start
+        spec_args, firstresult = self._signature(self._caller(name))
+        if self._plain(impls):  # pluggy calls the implementation list from its end to its start
             functions = [_adapter(wrap(i), spec_args, i) for i in reversed(impls)]
             return _direct(functions, results, firstresult)
+        return self._through_pluggy(name, impls, wrap)
+
+    def _through_pluggy(self, name: str, impls: Iterable[pluggy.HookImpl],
+                        wrap: Callable[[pluggy.HookImpl], Call]) -> Call:
+        """``impls`` called through pluggy's own call path, each guarded as ``wrap`` says."""
+        spec_args, firstresult = self._signature(self._caller(name))
         prepared = [i if (f := wrap(i)) is i.function else _replace(i, f) for i in impls]
         execute = self.pm.execute
 
@@ -339,27 +306,36 @@ class Dispatch:
         answer with its plugin's name, in call order (wrappers answer nothing here): every
         implementation runs, ``(answers, errors)``."""
         if name not in self._all:
-            self._all[name] = self._compile_all(name)
+            self._all[name] = self._recording(name, catch=True)
         call = self._all[name]
-        if call is None:
-            return [], []
-        return call(*args)
+        return ([], []) if call is None else call(*args)
 
-    def _compile_all(self, name: str) -> CallAll | None:
+    def call_each(self, name: str, *args: Any) -> list[tuple[str, Any]]:
+        """Call ``name`` once (wrappers and tracing see one ordinary call) and return each
+        implementation's own non-``None`` answer with its plugin's name, in call order."""
+        if name not in self._each:
+            self._each[name] = self._recording(name, catch=False)
+        call = self._each[name]
+        return [] if call is None else call(*args)[0]
+
+    def _recording(self, name: str, catch: bool) -> CallAll | None:
+        """One call of ``name`` that records each implementation's answer with its plugin's
+        name and, with ``catch``, guards every implementation, recording its error with a note
+        naming the plugin instead of letting it end the call."""
         errors: list[tuple[str, BaseException]] = []
         answers: list[tuple[str, Any]] = []
         pm = self.pm
 
         def wrap(impl: pluggy.HookImpl) -> Call:
             plugin = impl.plugin_name
-            if _is_observer(impl.plugin):
-                function = self._observers(impl, name)
-            else:
+            if catch and not _is_observer(impl.plugin):
                 def collect(error: BaseException) -> None:
                     error.add_note(f"hookfit: raised by {pm.describe(plugin)} in hook {name!r}")
                     errors.append((plugin, error))
 
                 function = _guard(impl, collect)
+            else:
+                function = self._observers(impl, name)
             if impl.wrapper or impl.hookwrapper:
                 return function
 
@@ -376,7 +352,7 @@ class Dispatch:
         if call is None:
             return None
 
-        def all_of_them(*args: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]:
+        def recorded(*args: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]:
             try:
                 call(*args)
                 return answers[:], errors[:]
@@ -384,48 +360,7 @@ class Dispatch:
                 answers.clear()
                 errors.clear()
 
-        return all_of_them
-
-    def call_each(self, name: str, *args: Any) -> list[tuple[str, Any]]:
-        """Call ``name`` once (wrappers and tracing see one ordinary call) and return each
-        implementation's own non-``None`` answer with its plugin's name, in call order."""
-        if name not in self._each:
-            self._each[name] = self._compile_each(name)
-        call = self._each[name]
-        if call is None:
-            return []
-        return call(*args)
-
-    def _compile_each(self, name: str) -> CallEach | None:
-        answers: list[tuple[str, Any]] = []
-
-        def wrap(impl: pluggy.HookImpl) -> Call:
-            function = self._observers(impl, name)
-            if impl.wrapper or impl.hookwrapper:
-                return function
-            plugin = impl.plugin_name
-
-            @functools.wraps(impl.function)
-            def record(*args: Any, **kwargs: Any) -> Any:
-                result = function(*args, **kwargs)
-                if result is not None:
-                    answers.append((plugin, result))
-                return result
-
-            return record
-
-        call = self._compile(name, wrap, results=False)
-        if call is None:
-            return None
-
-        def each(*args: Any) -> list[tuple[str, Any]]:
-            try:
-                call(*args)
-                return answers[:]
-            finally:
-                answers.clear()
-
-        return each
+        return recorded
 
     def call_plugin(self, name: str, plugin: str, *args: Any) -> Any:
         """Call the implementation of ``name`` of the plugin registered as ``plugin`` (inside

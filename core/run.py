@@ -122,7 +122,7 @@ class Run:
         self.state = State()
         self.training = False
         self.pm = pm
-        self.hooks = Dispatch(pm)
+        self.hooks = Dispatch(pm, self)
         self.state.silenced = pm.silenced
         self.folder = RunFolder(self, config.run_dir)
         self.cursor = Cursor(self.state)
@@ -214,23 +214,16 @@ class Run:
 
     def backward(self, loss: Any) -> Any:
         """Run the backward pass on ``loss`` through the plugin that owns it (``backward``
-        event), so gradient accumulation, loss scaling and the hooks around it apply. While a
-        plugin implements the event, ``loop.backward`` is the resolved event bound to this run
-        (one call less on the hot path); this method only says what is missing."""
+        event), so gradient accumulation, loss scaling and the hooks around it apply."""
         if self.state.status != "running":
             raise RuntimeError("backward() needs a running loop: call it from a step function")
-        raise RuntimeError(
-            "loop.backward() needs a plugin that implements the 'backward' event and no "
-            f"enabled plugin does (disabled plugins: {self._disabled()}); "
-            "enable it, or call loss.backward() yourself"
-        )
-
-    def _bind_backward(self) -> None:
-        call = self.hooks.backward
-        if call is None:
-            self.__dict__.pop("backward", None)
-        else:
-            self.__dict__["backward"] = functools.partial(call, self)
+        if (call := self.hooks.backward) is None:
+            raise RuntimeError(
+                "loop.backward() needs a plugin that implements the 'backward' event and no "
+                f"enabled plugin does (disabled plugins: {self._disabled()}); "
+                "enable it, or call loss.backward() yourself"
+            )
+        return call(self, loss)
 
     def wrap_step(self, wrapper: Callable[[Step], Step]) -> None:
         """Replace this run's step functions (training and validation) with

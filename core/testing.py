@@ -38,15 +38,21 @@ from hookfit import hookimpl, hookspecs
 from hookfit.manager import ENV_DISABLE, ENV_ONLY
 
 
+def _specs(module: Any) -> dict[str, Callable[..., Any]]:
+    """Every event declared in ``module`` (a module or a class of specs), in declaration order."""
+    return {name: fn for name, fn in vars(module).items() if hasattr(fn, "hookfit_spec")}
+
+
+def _arguments(spec: Callable[..., Any]) -> list[str]:
+    """A spec's argument names (a spec class's ``self`` left out, as pluggy does)."""
+    args = list(inspect.signature(spec).parameters)
+    return args[1:] if args[:1] == ["self"] else args
+
+
 def spec_arguments(module: Any = hookspecs) -> dict[str, list[str]]:
     """Every event declared in ``module`` (a module or a class of specs) with its argument
     names, in declaration order (a class's ``self`` left out, as pluggy does)."""
-    events = {}
-    for name, fn in vars(module).items():
-        if hasattr(fn, "hookfit_spec"):
-            args = list(inspect.signature(fn).parameters)
-            events[name] = args[1:] if inspect.isclass(module) and args[:1] == ["self"] else args
-    return events
+    return {name: _arguments(fn) for name, fn in _specs(module).items()}
 
 
 def _describe(name: str, value: Any) -> Any:
@@ -55,13 +61,17 @@ def _describe(name: str, value: Any) -> Any:
     return value
 
 
+def _discovered_specs() -> list[tuple[str, Any]]:
+    from hookfit import manager
+
+    return list(manager.discovered_events())
+
+
 def plugin_events() -> dict[str, list[str]]:
     """Every event the discovered plugins declare (:func:`hookfit.manager.discovered_events`),
     enabled or not, with its argument names. Imports those plugins (and so torch)."""
-    from hookfit import manager
-
     events: dict[str, list[str]] = {}
-    for _, specs in manager.discovered_events():
+    for _, specs in _discovered_specs():
         events.update(spec_arguments(specs))
     return events
 
@@ -85,14 +95,20 @@ class Recorder:
         self.seen: list[tuple[str, str | None, bool]] = []
         self.stop_after = stop_after
         wanted = {"agree_stop": agree, "results": results}
-        for event, args in spec_arguments().items():
+        for event, spec in _specs(hookspecs).items():
             if wanted.get(event, True):
-                setattr(self, event, self._make(event, args))
-        for event, args in plugin_events().items():
-            setattr(self, event, self._make(event, args, optional=True))
+                setattr(self, event, self._make(event, spec))
+        for _, specs in _discovered_specs():
+            for event, spec in _specs(specs).items():
+                setattr(self, event, self._make(event, spec, optional=True))
 
-    def _make(self, event: str, args: list[str], optional: bool = False) -> Any:
-        def record(**kwargs: Any) -> Any:
+    def _make(self, event: str, spec: Callable[..., Any], optional: bool = False) -> Any:
+        """An implementation of ``event`` taking every argument of its ``spec``: pluggy reads
+        the argument names through ``__wrapped__`` (the spec itself) and passes them in order."""
+        names = _arguments(spec)
+
+        def record(*values: Any) -> Any:
+            kwargs = dict(zip(names, values))
             loop = kwargs["loop"]
             self.events.append((event, {k: _describe(k, v) for k, v in kwargs.items() if k != "loop"}))
             self.seen.append((event, loop.state.stage, loop.training))
@@ -100,8 +116,8 @@ class Recorder:
                 return f"recorder stops at step {loop.state.step}"
             return None
 
-        source = f"lambda {', '.join(args)}: record({', '.join(f'{a}={a}' for a in args)})"
-        return hookimpl(optionalhook=optional)(eval(source, {"record": record}))
+        record.__wrapped__ = spec  # type: ignore[attr-defined]  # where pluggy reads the argument names
+        return hookimpl(optionalhook=optional)(record)
 
     def names(self) -> list[str]:
         """The events in the order they fired."""

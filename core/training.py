@@ -53,8 +53,6 @@ _END = object()
 def execute(run: Run) -> State:
     """Run to the end (``Loop.fit()``, ``Loop.validate()``): ``fit_end`` fires exactly
     once, whatever happened."""
-    run._bind_backward()
-    unbind = run.pm.on_change(run._bind_backward)
     state = run.state
     state.status = "running"
     state.started_at = time.perf_counter()
@@ -63,6 +61,7 @@ def execute(run: Run) -> State:
             if run.seed is not None:
                 seed_everything(run.seed)  # before configure: plugins draw from it too
             fire(run, "configure")
+            run.hooks.start()  # the plugins are configured: their batch_events answers count
             run.check_configured()
             epochs_for_steps(run)
             fire(run, "fit_start")
@@ -72,10 +71,10 @@ def execute(run: Run) -> State:
             try:
                 fail(run, error)  # a second Ctrl-C in an exception hook aborts it: still finish
             finally:
-                finish(run, failed=True, unbind=unbind)
+                finish(run, failed=True)
             raise
         else:
-            finish(run, failed=False, unbind=unbind)
+            finish(run, failed=False)
     return state
 
 
@@ -243,12 +242,12 @@ def stage_done(run: Run, train: bool) -> None:
 
 def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
     """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
-    path: every event without an implementation costs one ``is None`` test on a slot of
-    :class:`hookfit.dispatch.HotPath`. Where the time goes costs three clock reads a batch
+    path: each event is a plain list of callables (:class:`hookfit.dispatch.PerBatch`), empty
+    when nothing implements it. Where the time goes costs three clock reads a batch
     (four with a ``batch_start``), two sums in locals and one comparison; ``plugins`` is
     what is left of the stage's time, and the split is stored at the stage's end or every
     ``TIME_SPLIT_INTERVAL`` seconds."""
-    state, hot, stop = run.state, run.hooks.hot, run.stopping
+    state, per_batch, stop = run.state, run.hooks.per_batch, run.stopping
     clock = time.perf_counter
     began = clock()
     waited = stepping = nested = 0.0  # seconds in next(), in the step, in validations inside
@@ -279,8 +278,9 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                 t1 = clock()
                 waited += t1 - t0
                 state.batch_idx = batch_idx
-                if (call := hot.batch_start) is not None:
-                    call(run, batch, batch_idx)
+                if per_batch.batch_start:
+                    for call in per_batch.batch_start:
+                        call(run, batch, batch_idx)
                     t1 = clock()  # the step starts now: batch_start's time is the plugins'
                 output = step(run, batch)
                 stepping += clock() - t1
@@ -289,17 +289,18 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                         output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else _as_mapping(output, step)
                     if not checked:
                         checked = _check_output(output, step)
-                    if (call := hot.step_output) is not None:
+                    for call in per_batch.step_output:
                         call(run, output, batch)
                 if train:
                     state.step += 1
                     if state.step >= act and every is not None:
                         state.val_due = state.step % every == 0
-                if (call := hot.batch_end) is not None:
+                for call in per_batch.batch_end:
                     call(run, output, batch, batch_idx)
-                if train and (call := hot.after_batch) is not None:
-                    call(run, batch_idx)
-                if hot.asks or stop.request is not None:
+                if train:
+                    for call in per_batch.after_batch:
+                        call(run, batch_idx)
+                if per_batch.asks or stop.request is not None:
                     stop.after_batch()
                 t0 = clock()  # the batch is done: what follows until next() returns is data
                 if t0 >= due:  # a live split, for a dashboard
@@ -387,7 +388,7 @@ def fail(run: Run, error: BaseException) -> None:
         blame.warn_secondary(secondary, "exception")
 
 
-def finish(run: Run, failed: bool, unbind: Callable[[], None]) -> None:
+def finish(run: Run, failed: bool) -> None:
     """Fire ``fit_end`` once: every implementation runs even if one raises; then ask
     ``results`` (:mod:`hookfit.results`) and write the run's end line in ``run.jsonl`` with the
     final status. An error of either fails a run that had not failed."""
@@ -398,8 +399,6 @@ def finish(run: Run, failed: bool, unbind: Callable[[], None]) -> None:
     _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
     errors += [(error, "results") for error in results.ask(run)]
     _failed_by(state, errors, failed)
-    unbind()
-    run.__dict__.pop("backward", None)
     run.hooks.close()
     run.folder.record_end()
     for exc, hook in errors if failed else errors[1:]:

@@ -120,15 +120,26 @@ class Checkpoint:
         self._monitor.reset(*(best or ()))
 
     # -- events ---------------------------------------------------------------------------
+    def batch_events(self, loop: Run) -> tuple[str, ...]:
+        """``after_batch`` only when saves can fall mid-epoch (by step or by time): otherwise
+        batches cost nothing."""
+        return () if self._steps.never and self.every_seconds is None else ("after_batch",)
+
+    @hookimpl
+    def after_batch(self, loop: Run) -> None:
+        if self._written:
+            self._announce(loop)
+        if self._steps.due(loop.state.step) or (
+            self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds
+        ):
+            self.save(loop, "step")
+
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
     def configure(self, loop: Run) -> None:
         self.saved, self.best, self.resumed_from, self.last, self.off = [], None, None, None, False
         self._main_dir = None
         self._pending, self._continued, self._monitor_warned, self._warned = None, False, False, set()
         self._written.clear()
-        if not self._steps.never or self.every_seconds is not None:
-            # a per-batch hook only when saves can fall mid-epoch: otherwise batches cost nothing
-            loop.pm.register(_EveryStep(self), name="checkpoint.steps")
         source = loop.resume
         if source is None:
             return
@@ -476,22 +487,3 @@ class Checkpoint:
 def _inside_training(position: Position) -> bool:
     """Whether the run stands inside an epoch's training stage (not at an epoch's start)."""
     return position.stage == "train" and (position.batch > 0 or position.val_due)
-
-
-class _EveryStep:
-    """The checkpoint plugin's per-batch part, registered only when saves are due by step or
-    by time."""
-
-    def __init__(self, owner: Checkpoint) -> None:
-        self.owner = owner
-
-    @hookimpl
-    def after_batch(self, loop: Run) -> None:
-        owner = self.owner
-        if owner._written:
-            owner._announce(loop)
-        step = loop.state.step
-        if owner._steps.due(step) or (
-            owner.every_seconds is not None and time.monotonic() - owner._last_time >= owner.every_seconds
-        ):
-            owner.save(loop, "step")

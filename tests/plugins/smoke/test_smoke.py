@@ -217,7 +217,7 @@ def test_a_run_that_is_not_a_smoke_run_has_no_smoke_plugin_in_it(tmp_path: Path)
 
         @hookfit.hookimpl
         def fit_start(self, loop):
-            seen.append((loop.pm.participants(), loop.hooks.hot.step_output, loop.smoke, loop.run_dir_given))
+            seen.append((loop.pm.participants(), loop.hooks.per_batch.step_output or None, loop.smoke, loop.run_dir_given))
             loop.run_dir  # noqa: B018 - the folder, with its run.jsonl
 
     state = hookfit.Loop(lambda l, b: {"loss": 1.0}, range(4), max_epochs=3, run_dir=tmp_path / "run",
