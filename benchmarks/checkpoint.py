@@ -14,7 +14,7 @@ process with the order rotating:
   file, fsync, rename, fsync of the folder) blocks the loop.
 
 The checkpoint holds more than the model (position, RNG states, plugin states), as a real one
-does. The target (issue 5) is ``checkpoint-bg`` blocking at most 1.2x ``torch.save``.
+does. The target is ``checkpoint-bg`` blocking at most 1.2x ``torch.save``.
 
     python benchmarks/checkpoint.py               # 15 rounds, ~1 min on 2 cores
     python benchmarks/checkpoint.py --rounds 31 --json runs/checkpoint.json

@@ -2,7 +2,7 @@
 Valgrind's callgrind: a measure that does not move with the machine's load.
 
 On a shared 2-core VM the wall-clock readings of ``overhead.py`` move by several microseconds a
-step from run to run, more than the effects issue 32 is after. Callgrind runs the same code on a
+step from run to run, more than the effects looked for. Callgrind runs the same code on a
 simulated CPU and counts what it executed: instructions (``Ir``), first-level instruction and
 data cache misses (``I1mr``, ``D1mr`` + ``D1mw``) and mispredicted conditional and indirect
 branches (``Bcm``, ``Bim``). The counts are the same in every run on the same build, so a

@@ -58,7 +58,7 @@ TARGETS = {  # (workload, variant, compared with) -> the most that variant may a
     ("big", "default", "raw"): 1.01,
     ("model", "dashboard", "default"): 1.05,
 }
-ADDED_TARGETS = {  # (workload, variant) -> the most it may add over raw, in us a step (issue 32)
+ADDED_TARGETS = {  # (workload, variant) -> the most it may add over raw, in us a step
     ("model", "core"): 1.0,
     ("model", "default"): 5.0,
 }

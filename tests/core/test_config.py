@@ -214,7 +214,7 @@ def test_a_plugin_that_is_a_module_takes_no_options(dists: Path, tmp_path: Path,
         hookfit.Loop(lambda l, b: None, [1]).fit()
 
 
-# -- a table turns its plugin on; enabled = false disables it (issue 27) ---------------------
+# -- a table turns its plugin on; enabled = false disables it ---------------------
 
 
 def test_an_empty_table_turns_an_inert_plugin_on(configure, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""The package's own metadata: what a base install brings (issue 27)."""
+"""The package's own metadata: what a base install brings."""
 
 from __future__ import annotations
 

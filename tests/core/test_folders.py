@@ -1,6 +1,6 @@
 """A run whose folder cannot be created trains on with one ``FileWarning`` naming the folder: a
 ``run_dir`` under a read-only folder, and a script started from a read-only folder with the
-default ``runs/`` (issue 30). A folder a plugin places for the run (``loop.place_run_dir``)."""
+default ``runs/``. A folder a plugin places for the run (``loop.place_run_dir``)."""
 
 from __future__ import annotations
 

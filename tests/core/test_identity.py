@@ -1,4 +1,4 @@
-"""Runs that cannot be mistaken for each other (issue 31): a run's identity is its script's
+"""Runs that cannot be mistaken for each other: a run's identity is its script's
 path, not its file name; two processes never write one run folder; an evaluation leaves the
 run it reads as it was; a killed smoke run's temporary folder does not stay. Real
 subprocesses, real ``kill -9``."""

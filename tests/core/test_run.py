@@ -201,7 +201,7 @@ def test_empty_data_fails_the_run_cleanly(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.bad_input
 def test_exhausted_generator_is_explained() -> None:
-    # several epochs of a generator: refused when the Loop is built (issue 30)...
+    # several epochs of a generator: refused when the Loop is built...
     with pytest.raises(ValueError, match="train_data is a generator, an iterator that gives its batches once only"):
         hookfit.Loop(lambda l, b: None, (i for i in range(3)), max_epochs=2)
     # ... and where the epochs are not known then (max_steps alone), explained when it runs dry

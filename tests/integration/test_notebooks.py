@@ -1,4 +1,4 @@
-"""Runs started from notebooks (issue 28), executed for real through ``nbclient`` in a Jupyter
+"""Runs started from notebooks, executed for real through ``nbclient`` in a Jupyter
 kernel: a run is named after its notebook (``JPY_SESSION_NAME``, VS Code's
 ``__vsc_ipynb_file__``), two notebooks in one folder never continue each other's runs, one is
 resumed, and a kernel that names no notebook continues only its own run; a training cell

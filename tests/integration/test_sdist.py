@@ -1,4 +1,4 @@
-"""The source distribution can run its own tests (issue 27): ``MANIFEST.in`` ships the shared
+"""The source distribution can run its own tests: ``MANIFEST.in`` ships the shared
 test helpers, scripts, plugin packages, examples, benchmarks and ``core/hooks.md``.
 
 The sdist is built from a copy of the project's files, unpacked, installed (not editable) into a

@@ -1,5 +1,5 @@
 """The package passes ``mypy --strict``, and its few ``type: ignore`` comments are narrow and
-explained (issue 23, point 4: at most 20, each with its error code and its reason).
+explained (at most 20, each with its error code and its reason).
 
 mypy cannot follow the editable install's folder mapping (``hookfit`` is ``core/``,
 ``hookfit.plugins`` is ``plugins/``), so the check runs over a tree of symbolic links laid out

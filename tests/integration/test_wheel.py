@@ -1,4 +1,4 @@
-"""The built wheel, installed as a user installs it (issue 27).
+"""The built wheel, installed as a user installs it.
 
 The wheel is built from the project's files, installed with pip into a throw-away virtual
 environment that has torch, numpy, pluggy and pytest (the README's set-up) but neither urwid nor

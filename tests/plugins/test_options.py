@@ -1,5 +1,5 @@
 """Every option of every built-in plugin, and of the ``Loop``, is checked when the object is
-built (issue 30): a value of no meaning is refused there, the error naming the plugin, the
+built: a value of no meaning is refused there, the error naming the plugin, the
 option and the value, never accepted to fail later, elsewhere, or never. The options come from
 the signatures themselves, so a new option without a check fails here."""
 

@@ -32,7 +32,7 @@ def test_hookfit_demo_learns_the_digits_with_the_built_in_plugins(tmp_path) -> N
 
 @pytest.mark.slow
 def test_the_demo_on_a_terminal_without_urwid_says_why_there_is_no_dashboard(term: Terminal) -> None:
-    """Issue 27: urwid not installed (the import blocked by tests/scripts/tui_no_urwid.py: a
+    """Urwid not installed (the import blocked by tests/scripts/tui_no_urwid.py: a
     throw-away venv would still see the suite's urwid), on a real terminal (tmux)."""
     term.launch(sys.executable, REPO / "tests" / "scripts" / "tui_no_urwid.py", "-m", "hookfit", "demo",
                 "--epochs", "1", env="HOOKFIT_PLUGINS=console,interrupter,metrics,optim,tui")

@@ -1,4 +1,4 @@
-"""``torch.compile``d models for real (issue 28), with the ``inductor`` backend where it can
+"""``torch.compile``d models for real, with the ``inductor`` backend where it can
 build its C++ kernels here (probed once per session) and always with ``aot_eager`` (AOTAutograd's
 traced graphs run eagerly: what a machine without a compiler can use): a compiled run's
 checkpoint holds the plain module's keys, resumes compiled and uncompiled, and an uncompiled

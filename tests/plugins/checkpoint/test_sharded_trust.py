@@ -1,5 +1,5 @@
 """Sharded checkpoints (FSDP2, ``torch.distributed.checkpoint``) with the one-file checkpoint's
-guarantees (issue 30): DCP's ``.metadata`` (a pickle) is never unpickled by anything that could
+guarantees: DCP's ``.metadata`` (a pickle) is never unpickled by anything that could
 run code from it; every shard file's digest, recorded in ``state.pt``, is checked at resume and
 by ``hookfit export``; a damaged or missing shard is named, and skipped by ``fallback``; a save
 on a full or read-only disk warns and every rank trains on; ``hookfit export`` never writes over

@@ -1,4 +1,4 @@
-"""Every process of a finished distributed job exits 0 (issue 30): nothing of hookfit's (the
+"""Every process of a finished distributed job exits 0: nothing of hookfit's (the
 process group and its gloo threads, its store, a background checkpoint save, DCP's writers) is
 alive when the interpreter exits, which can abort a rank after it printed "completed"
 (``terminate called without an active exception``, exit -6) and make a scheduler retry a

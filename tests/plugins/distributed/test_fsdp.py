@@ -379,7 +379,7 @@ VAL_BATCH = ROOT / "tests" / "scripts" / "val_batch_run.py"
 
 @pytest.mark.slow
 def test_two_sharded_processes_resume_as_a_plain_process_that_keeps_its_validation_batch(tmp_path: Path) -> None:
-    """Issue 30: a 2-process FSDP run (batches of 8 per process, validation batches of 4)
+    """A 2-process FSDP run (batches of 8 per process, validation batches of 4)
     resumed from its sharded checkpoint as a plain script, with the global training batch (16)
     and the same validation batch (4). It failed at resume ("the saved state is for other
     batches: world_size 2 saved, 1 here": the validation data's state was held to the training

@@ -1,5 +1,5 @@
-"""A distributed run resumed after ``kill -9`` mid-epoch continues every process's own state
-(issue 30): each process's random stream (its dropout masks, with a seed of its own) and each
+"""A distributed run resumed after ``kill -9`` mid-epoch continues every process's own state:
+each process's random stream (its dropout masks, with a seed of its own) and each
 process's partial sums of the epoch's metrics, so the parameters AND the metric history equal
 the uninterrupted run's, for DDP and FSDP."""
 
