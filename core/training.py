@@ -31,19 +31,21 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from hookfit import blame, modes, results
+from hookfit import modes
 from hookfit.data import length, one_pass, tell_epoch, unrebuilt_order
+from hookfit.ending import fail, finish
 from hookfit.errors import HookfitWarning
+from hookfit.outputs import as_mapping, check_output
 from hookfit.payloads import ResumeInfo
 from hookfit.position import Position, iterator_rng_state, rng_state, set_rng_state
 from hookfit.reproducibility import Deterministic, seed_everything
-from hookfit.state import State
-from hookfit.stopping import Budget, Stop, qualname
+from hookfit.stopping import Budget, Stop
 from hookfit.timing import store_split
 from hookfit.valsets import ValSets, per_set
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run, Step
+    from hookfit.state import State
 
 __all__ = ["execute", "run_stage", "scope", "validate"]
 
@@ -286,9 +288,9 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                 stepping += clock() - t1
                 if output is not None:
                     if type(output) is not dict:  # a tensor is the common case: before the Mapping ABC
-                        output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else _as_mapping(output, step)
+                        output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else as_mapping(output, step)
                     if not checked:
-                        checked = _check_output(output, step)
+                        checked = check_output(output, step)
                     for call in per_batch.step_output:
                         call(run, output, batch)
                 if train:
@@ -376,44 +378,6 @@ def validate_inside(run: Run, batch_idx: int) -> None:
     state.stage, state.batch_idx, run.training = "train", batch_idx, True
 
 
-def fail(run: Run, error: BaseException) -> None:
-    state = run.state
-    if isinstance(error, KeyboardInterrupt):
-        state.status, state.stop_reason = "interrupted", "KeyboardInterrupt"
-        return
-    state.status, state.error = "failed", error
-    state.stop_reason = f"{type(error).__name__}: {error}"
-    error.add_note(blame.where(run, error))
-    for _, secondary in run.hooks.call_all("exception", run, error):
-        blame.warn_secondary(secondary, "exception")
-
-
-def finish(run: Run, failed: bool) -> None:
-    """Fire ``fit_end`` once: every implementation runs even if one raises; then ask
-    ``results`` (:mod:`hookfit.results`) and write the run's end line in ``run.jsonl`` with the
-    final status. An error of either fails a run that had not failed."""
-    state = run.state
-    state.stage = None
-    state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
-    errors = [(error, "fit_end") for _, error in run.hooks.call_all("fit_end", run)]
-    _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
-    errors += [(error, "results") for error in results.ask(run)]
-    _failed_by(state, errors, failed)
-    run.hooks.close()
-    run.folder.record_end()
-    for exc, hook in errors if failed else errors[1:]:
-        blame.warn_secondary(exc, hook)
-    if errors and not failed:
-        raise errors[0][0]
-
-
-def _failed_by(state: State, errors: list[tuple[BaseException, str]], failed: bool) -> None:
-    if errors and not failed and state.status != "failed":
-        error = errors[0][0]
-        state.status, state.error, state.stopped_by = "failed", error, None
-        state.stop_reason = f"{type(error).__name__}: {error}"
-
-
 def _more(batches: Any, data: Any, batch_idx: int) -> bool:
     """Whether the stage has batches after ``batch_idx`` (``max_steps`` was reached): the
     data's length says, else one more batch is drawn (and dropped: the run ends)."""
@@ -431,20 +395,3 @@ def _used_up(data: Any) -> str:
     sets = data.sets if isinstance(data, ValSets) else {}
     return next((f"validation set {name!r}, a {type(part).__name__} iterator,"
                  for name, part in sets.items() if one_pass(part)), "")
-
-
-def _check_output(output: Mapping[str, Any], step: Step) -> bool:
-    """The first output of a stage: every key must be a string (outputs are read by name)."""
-    for key in output:
-        if not isinstance(key, str):
-            raise TypeError(
-                f"step function {qualname(step)!r} returned a mapping with the key {key!r} "
-                f"({type(key).__name__}); keys must be strings, the names of what it reports")
-    return True
-
-
-def _as_mapping(output: Any, step: Step) -> Mapping[str, Any]:
-    if isinstance(output, Mapping):
-        return output
-    raise TypeError(f"step function {qualname(step)!r} returned {type(output).__name__}; a step must "
-                    f"return None, a mapping or a tensor")

@@ -1,0 +1,33 @@
+"""What a step function returns, as the loop passes it on: ``None`` (the batch is skipped), a
+mapping with string keys (passed on as it is) or a tensor (``{"loss": tensor}``); anything else is a
+``TypeError`` naming the step function and what it returned. The loop turns a tensor into a
+mapping itself (the common case, one type test); these are the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from hookfit.stopping import qualname
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.run import Step
+
+__all__ = ["as_mapping", "check_output"]
+
+
+def check_output(output: Mapping[str, Any], step: Step) -> bool:
+    """The first output of a stage: every key must be a string (outputs are read by name)."""
+    for key in output:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"step function {qualname(step)!r} returned a mapping with the key {key!r} "
+                f"({type(key).__name__}); keys must be strings, the names of what it reports")
+    return True
+
+
+def as_mapping(output: Any, step: Step) -> Mapping[str, Any]:
+    if isinstance(output, Mapping):
+        return output
+    raise TypeError(f"step function {qualname(step)!r} returned {type(output).__name__}; a step must "
+                    f"return None, a mapping or a tensor")
