@@ -1,0 +1,310 @@
+"""hookfit.stopping: a stop asked by should_stop, request_stop (any thread) or a rule, honoured at the
+next boundary; who asked; agree_stop across processes."""
+
+from __future__ import annotations
+
+import gc
+import re
+import signal
+import threading
+import tracemalloc
+from collections import OrderedDict
+
+import pytest
+import torch
+
+import hookfit
+import hookfit.payloads
+from conftest import saved_run
+from conftest import Recorder
+
+
+def test_should_stop_ends_run_after_that_batch_interrupted() -> None:
+    recorder = Recorder(stop_after=3)
+    state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=3, plugins=[recorder]).fit()
+    assert state.status == "interrupted"
+    assert state.step == 3
+    assert state.stop_reason == "recorder stops at step 3" and state.stopped_by == "recorder"
+    names = recorder.names()
+    assert names[-3:] == ["should_stop", "stop_requested", "fit_end"]  # the answer became a request
+    assert "stage_end" not in names and "epoch_end" not in names
+
+
+def test_should_stop_asks_every_plugin_any_true_answer_stops() -> None:
+    asked = []
+
+    class No:
+        name = "no"
+
+        @hookfit.hookimpl
+        def should_stop(self):
+            asked.append("no")
+            return False
+
+    class Yes:
+        name = "yes"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def should_stop(self):
+            asked.append("yes")
+            return True
+
+    state = hookfit.Loop(lambda loop, b: None, range(5), plugins=[No(), Yes()]).fit()
+    assert asked == ["yes", "no"]
+    assert state.status == "interrupted" and state.step == 1
+    assert state.stop_reason == "a plugin answered should_stop"
+
+
+@pytest.mark.parametrize("answers, stops", [([False], False), ([0, None], False), (["why"], True), ([None, "why"], True)])
+def test_one_or_several_should_stop_answers(answers: list, stops: bool) -> None:
+    """One implementation's answer is used as it is (no list around it), several are
+    gathered: either way only a true answer stops, and a string is the reason."""
+    def answering(value):
+        class Answer:
+            name = f"answer-{value!r}"
+
+            @hookfit.hookimpl
+            def should_stop(self, loop):
+                return value
+        return Answer()
+
+    state = hookfit.Loop(lambda loop, b: None, range(3), plugins=[answering(a) for a in answers]).fit()
+    assert (state.status, state.step) == (("interrupted", 1) if stops else ("completed", 3))
+    assert state.stop_reason == ("why" if stops else "max_epochs=1 reached")
+
+
+def test_request_stop_from_the_step_stops_after_that_batch(recorder: Recorder) -> None:
+    def step(loop: hookfit.Loop, b: int) -> None:
+        if b == 2:
+            loop.request_stop("enough for today")
+
+    state = hookfit.Loop(step, range(10), plugins=[recorder]).fit()
+    assert state.status == "interrupted" and state.stop_reason == "enough for today"
+    assert state.step == 3
+    assert state.stopped_by == "step function 'test_request_stop_from_the_step_stops_after_that_batch.<locals>.step'"
+    request = hookfit.StopRequest("enough for today", state.stopped_by)
+    assert ("stop_requested", {"request": request}) in recorder.events
+
+
+def test_request_stop_needs_no_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopping is the core's: with every discovered plugin switched off (the interrupter
+    included), a request is honoured."""
+    monkeypatch.delenv("HOOKFIT_PLUGINS")
+    monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", "interrupter")
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "")
+
+    def step(loop: hookfit.Loop, b: int) -> None:
+        loop.request_stop("please")
+
+    loop = hookfit.Loop(step, range(2))
+    state = loop.fit()
+    assert state.status == "interrupted" and state.step == 1 and state.stop_reason == "please"
+    assert "interrupter" not in [name for name, _ in loop.run.pm.list_name_plugin()]
+
+
+def regression() -> tuple[torch.nn.Module, list]:
+    g = torch.Generator().manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(1, 3, generator=g))
+    return model, [(torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)) for _ in range(5)]
+
+
+def decider_for(event: str, stage: str | None, epoch: int):
+    """A plugin implementing exactly ``event``, which asks for a stop there in ``epoch`` (and
+    ``stage``) and keeps the parameters of that moment."""
+    args = "loop" if event == "fit_start" else f"loop, {'stage' if event.startswith('stage') else 'epoch'}"
+    ns: dict = {}
+    exec(f"def {event}(self, {args}):\n    self.decide(loop)", ns)
+
+    class Plugin:
+        name = "decider"
+        params: list | None = None
+
+        def decide(self, loop):
+            if loop.state.epoch == epoch and (stage is None or loop.state.stage == stage):
+                self.params = [p.detach().clone() for p in loop.model.parameters()]
+                loop.request_stop(f"decided in {event}")
+
+    setattr(Plugin, event, hookfit.hookimpl(ns[event]))
+    return Plugin()
+
+
+def sgd_step(loop, batch):
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(loop.model(x), y)
+    loop.optimizers.zero_grad()
+    loss.backward()
+    loop.optimizers.step()
+    return {"loss": loss}
+
+
+@pytest.mark.parametrize("event, stage, epoch, batches_run", [
+    ("fit_start", None, 0, 0),
+    ("epoch_start", None, 1, 5),          # epoch 1 runs no batch
+    ("stage_start", "train", 1, 5),       # ... nor does its training stage
+    ("stage_end", "train", 1, 10),        # no validation, no epoch_end for epoch 1
+    ("epoch_end", None, 1, 10),           # epoch 1 complete, epoch 2 never starts
+])
+def test_a_stop_asked_at_a_boundary_runs_no_further_batch(event: str, stage: str | None, epoch: int,
+                                                           batches_run: int) -> None:
+    """Early stopping decided in epoch_end, a budget checked in stage_end: the run ends right
+    there, and the parameters are those of the decision."""
+    model, data = regression()
+    decider = decider_for(event, stage, epoch)
+    recorder = Recorder()
+    loop = hookfit.Loop(sgd_step, data, val_step=lambda l, b: None, val_data=data[:2], model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=4,
+                        plugins=[decider, recorder])
+    state = loop.fit()
+    assert state.status == "interrupted" and state.stop_reason == f"decided in {event}"
+    assert state.stopped_by == "decider"
+    assert state.step == batches_run
+    assert all(torch.equal(a, b) for a, b in zip(decider.params, model.parameters()))
+    names = recorder.names()
+    after = ["after_epoch"] if event == "epoch_end" else []  # the epoch is whole: it may be saved
+    assert names[-3 - len(after):] == [event, "stop_requested", *after, "fit_end"]
+    assert names.count("epoch_end") == (2 if event == "epoch_end" else epoch)
+    assert names.count("batch_end") == batches_run + 2 * names.count("epoch_end")  # + validation batches
+
+
+@pytest.mark.parametrize("complete, status", [(True, "completed"), (False, "interrupted")])
+def test_a_stop_by_the_run_s_own_rule_completes_it(complete: bool, status: str) -> None:
+    """request_stop(complete=True) (early stopping, a target reached) ends the run where it
+    was asked, like any stop, with status completed instead of interrupted."""
+    model, data = regression()
+
+    class Rule:
+        name = "rule"
+
+        @hookfit.hookimpl
+        def epoch_end(self, loop, epoch):
+            if epoch == 1:
+                loop.request_stop("target reached", complete=complete)
+
+    recorder = Recorder()
+    state = hookfit.Loop(sgd_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                         max_epochs=4, plugins=[Rule(), recorder]).fit()
+    assert (state.status, state.stop_reason, state.stopped_by) == (status, "target reached", "rule")
+    assert state.step == 10 and recorder.names().count("epoch_end") == 2
+    assert recorder.names()[-3:] == ["stop_requested", "after_epoch", "fit_end"]
+
+
+def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def step(loop, b):
+        if b == 2:
+            started.set()
+            assert release.wait(30)
+        return None
+
+    loop = hookfit.Loop(step, range(100))
+    asker = threading.Thread(target=lambda: (started.wait(30), loop.request_stop("from a thread", by="a scheduler"),
+                                             release.set()))
+    asker.start()
+    state = loop.fit()
+    asker.join(30)
+    assert (state.status, state.step, state.stop_reason, state.stopped_by) == (
+        "interrupted", 3, "from a thread", "a scheduler")
+
+
+def test_the_first_request_wins_and_the_event_fires_once(recorder: Recorder) -> None:
+    def step(loop, b):
+        first = loop.request_stop("first", by="me")
+        again = loop.request_stop("second")
+        assert again is first and loop.stop_requested is first
+
+    state = hookfit.Loop(step, range(5), plugins=[recorder]).fit()
+    assert (state.stop_reason, state.stopped_by, state.step) == ("first", "me", 1)
+    assert recorder.names().count("stop_requested") == 1
+
+
+def test_who_asked_is_the_plugin_whose_code_asked() -> None:
+    class Budget:
+        name = "budget"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop, batch_idx):
+            if batch_idx == 1:
+                self.check(loop)
+
+        def check(self, loop):  # not a hook itself: the plugin is still found on the stack
+            loop.request_stop("time budget spent")
+
+    state = hookfit.Loop(lambda l, b: None, range(5), plugins=[Budget()]).fit()
+    assert (state.stop_reason, state.stopped_by, state.step) == ("time budget spent", "budget", 2)
+
+
+def test_should_stop_answers_name_the_plugins_that_answered() -> None:
+    def answering(name, value):
+        class Answer:
+            @hookfit.hookimpl
+            def should_stop(self, loop):
+                return value if loop.state.step == 2 else None
+        plugin = Answer()
+        plugin.name = name
+        return plugin
+
+    state = hookfit.Loop(lambda l, b: None, range(5),
+                         plugins=[answering("a", "loss exploded"), answering("b", True), answering("c", False)]).fit()
+    assert (state.step, state.stop_reason, state.stopped_by) == (2, "loss exploded", "b, a")
+
+
+@pytest.mark.bad_input
+def test_a_bad_reason_is_refused() -> None:
+    def step(loop, b):
+        loop.request_stop(3)
+
+    with pytest.raises(TypeError, match="reason must be a string, got int"):
+        hookfit.Loop(step, [1]).fit()
+
+
+class Agreement:
+    """Stands in for a distributed plugin: defers every request until ``at``, then stops."""
+
+    name = "agreement"
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.seen: list[tuple[str, str | None]] = []
+
+    @hookfit.hookimpl
+    def agree_stop(self, loop, request, boundary):
+        self.seen.append((boundary, None if request is None else request.reason))
+        if boundary == "batch" and loop.state.step == self.at:
+            return hookfit.StopRequest("agreed", by="every rank")
+        return False
+
+
+def test_agree_stop_defers_a_request_until_the_processes_agree() -> None:
+    agreement = Agreement(at=4)
+
+    def step(loop, b):
+        if b == 1:
+            loop.request_stop("rank 1 wants to stop")
+
+    state = hookfit.Loop(step, range(10), plugins=[agreement]).fit()
+    assert (state.status, state.step, state.stop_reason, state.stopped_by) == ("interrupted", 4, "agreed", "every rank")
+    assert agreement.seen[:3] == [("start", None), ("epoch_start", None), ("stage_start", None)]
+    assert agreement.seen[3:] == [("batch", None)] + [("batch", "rank 1 wants to stop")] * 3
+
+
+def test_agree_stop_asked_at_every_boundary_of_a_completed_run() -> None:
+    agreement = Agreement(at=-1)
+    hookfit.Loop(lambda l, b: None, [1, 2], val_step=lambda l, b: None, val_data=[1], plugins=[agreement]).fit()
+    assert [b for b, _ in agreement.seen] == ["start", "epoch_start", "stage_start", "batch", "batch", "stage_end",
+                                             "stage_start", "batch", "stage_end", "epoch_end"]
+
+
+@pytest.mark.bad_input
+def test_agree_stop_with_a_wrong_answer_names_the_plugin() -> None:
+    class Wrong:
+        name = "wrong"
+
+        @hookfit.hookimpl
+        def agree_stop(self, loop, request, boundary):
+            return "yes"
+
+    with pytest.raises(TypeError, match=r"agree_stop must return a StopRequest, False or None.*wrong"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Wrong()]).fit()

@@ -1,0 +1,342 @@
+"""hookfit.training: the loop of one fit(). Event order, the training flag, step outputs, train and eval
+modes around validation, validation cadence, max_steps, empty data, flat memory, configure first,
+wrap_step, first-batch checks."""
+
+from __future__ import annotations
+
+import gc
+import re
+import signal
+import threading
+import tracemalloc
+from collections import OrderedDict
+
+import pytest
+import torch
+
+import hookfit
+import hookfit.payloads
+from conftest import saved_run
+from conftest import Recorder
+
+
+def test_event_sequence_two_epochs_with_validation(recorder: Recorder) -> None:
+    state = hookfit.Loop(
+        lambda loop, b: {"x": b},
+        [1, 2],
+        val_step=lambda loop, b: {"v": b},
+        val_data=[10],
+        max_epochs=2,
+        plugins=[recorder],
+    ).fit()
+    assert state.status == "completed"
+    batch = ["batch_start", "step_output", "batch_end", "should_stop"]
+    train = ["batch_start", "step_output", "batch_end", "after_batch", "should_stop"]
+    epoch = (
+        ["epoch_start", "stage_start"] + train * 2 + ["stage_end", "stage_start"]
+        + batch + ["stage_end", "epoch_end", "after_epoch"]
+    )
+    assert recorder.names() == ["configure", "fit_start"] + epoch * 2 + ["fit_end"]
+    events = recorder.events
+    assert events[2] == ("epoch_start", {"epoch": 0})
+    assert events[3] == ("stage_start", {"stage": "train"})
+    assert events[4] == ("batch_start", {"batch": 1, "batch_idx": 0})
+    assert events[5] == ("step_output", {"output": {"x": 1}, "batch": 1})
+    assert events[6] == ("batch_end", {"output": {"x": 1}, "batch": 1, "batch_idx": 0})
+    assert ("stage_start", {"stage": "valid"}) in events
+    assert ("step_output", {"output": {"v": 10}, "batch": 10}) in events
+    assert ("epoch_end", {"epoch": 1}) in events
+    assert state.step == 4 and state.epoch == 1
+    assert state.stop_reason == "max_epochs=2 reached"
+
+
+def test_loop_training_flag_and_stage_seen_by_steps_and_plugins(recorder: Recorder) -> None:
+    seen = []
+
+    def train(loop: hookfit.Loop, b: int) -> None:
+        seen.append(("train", loop.training, loop.state.stage, torch.is_grad_enabled()))
+
+    def valid(loop: hookfit.Loop, b: int) -> None:
+        seen.append(("valid", loop.training, loop.state.stage, torch.is_grad_enabled()))
+
+    hookfit.Loop(train, [1], val_step=valid, val_data=[1], plugins=[recorder]).fit()
+    assert seen == [("train", True, "train", True), ("valid", False, "valid", False)]
+    stage_flags = {(stage, training) for event, stage, training in recorder.seen if event == "batch_end"}
+    assert stage_flags == {("train", True), ("valid", False)}
+
+
+def test_every_step_output_kind_reaches_batch_end(recorder: Recorder) -> None:
+    loss = torch.tensor(0.5)
+    ordered = OrderedDict(acc=1.0)
+    outputs = [None, {"accuracy": 0.9}, loss, ordered, {}]
+
+    def step(loop: hookfit.Loop, i: int):
+        return outputs[i]
+
+    hookfit.Loop(step, range(len(outputs)), plugins=[recorder]).fit()
+    ends = [args["output"] for event, args in recorder.events if event == "batch_end"]
+    assert ends[0] is None
+    assert ends[1] == {"accuracy": 0.9} and "loss" not in ends[1]
+    assert ends[2] == {"loss": loss} and ends[2]["loss"] is loss
+    assert ends[3] is ordered  # any mapping goes on unchanged
+    assert ends[4] == {}
+    step_outputs = [args["output"] for event, args in recorder.events if event == "step_output"]
+    assert len(step_outputs) == 4  # None skips step_output, batch_end still fires
+
+
+@pytest.mark.bad_input
+def test_step_returning_a_string_names_the_step_and_type(recorder: Recorder) -> None:
+    def my_train_step(loop: hookfit.Loop, b: int) -> str:
+        return "oops"
+
+    loop = hookfit.Loop(my_train_step, [1], plugins=[recorder])
+    with pytest.raises(TypeError, match=r"my_train_step.*returned str"):
+        loop.fit()
+    assert loop.state.status == "failed"
+    assert recorder.names()[-2:] == ["exception", "fit_end"]
+
+
+class Frozen(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(2, 2)
+        self.bn = torch.nn.BatchNorm1d(2)
+        self.head = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(2, 1))
+
+
+def test_validation_restores_each_modules_own_mode() -> None:
+    model = Frozen()
+    model.train()
+    model.bn.eval()  # a frozen BatchNorm
+    before = {name: m.training for name, m in model.named_modules()}
+    during = []
+
+    def valid(loop: hookfit.Loop, b: torch.Tensor) -> None:
+        during.append({name: m.training for name, m in model.named_modules()})
+        assert torch.is_inference_mode_enabled()
+
+    hookfit.Loop(lambda loop, b: None, [1], val_step=valid, val_data=[1], model=model).fit()
+    assert during and not any(any(flags.values()) for flags in during)
+    assert {name: m.training for name, m in model.named_modules()} == before
+    assert model.bn.training is False and model.body.training is True
+
+
+def test_validation_no_grad_mode_and_several_models() -> None:
+    g, d = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    d.eval()
+    modes = []
+
+    def valid(loop, b):
+        modes.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled(), g.training, d.training))
+
+    with pytest.warns(hookfit.HookfitWarning, match=r"^model\['d'\] \(Linear\) is in eval mode as training starts"):
+        hookfit.Loop(
+            lambda loop, b: None, [1], val_step=valid, val_data=[1],
+            model={"g": g, "d": d}, val_grad_mode="no_grad",
+        ).fit()
+    assert modes == [(False, False, False, False)]
+    assert g.training is True and d.training is False
+
+
+@pytest.mark.fault
+def test_validation_restores_modes_when_the_val_step_raises() -> None:
+    model = Frozen()
+    model.bn.eval()
+
+    def valid(loop, b):
+        raise RuntimeError("boom in validation")
+
+    with pytest.raises(RuntimeError, match="boom in validation"):
+        hookfit.Loop(lambda loop, b: None, [1], val_step=valid, val_data=[1], model=model).fit()
+    assert model.training and model.body.training and not model.bn.training
+
+
+def test_val_every_n_epochs(recorder: Recorder) -> None:
+    hookfit.Loop(
+        lambda loop, b: None, [1], val_step=lambda loop, b: None, val_data=[1],
+        max_epochs=4, val_every_n_epochs=2, plugins=[recorder],
+    ).fit()
+    valid_epochs = [
+        recorder.events[i - 1] for i, (e, a) in enumerate(recorder.events)
+        if e == "stage_start" and a["stage"] == "valid"
+    ]
+    assert len(valid_epochs) == 2
+
+
+def test_max_steps_completes_mid_epoch(recorder: Recorder) -> None:
+    """The rest of epoch 1 belongs to a longer run: no stage_end, validation or epoch_end for
+    it (resuming with a larger max_steps continues it exactly)."""
+    state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=5, max_steps=13, plugins=[recorder],
+                         val_step=lambda loop, b: None, val_data=[1]).fit()
+    assert state.status == "completed" and state.step == 13 and state.epoch == 1
+    assert state.stop_reason == "max_steps=13 reached"
+    assert recorder.names().count("epoch_end") == 1
+    assert recorder.names().count("stage_end") == 2  # epoch 0's training and validation only
+    assert recorder.names()[-1] == "fit_end" and ("batch_end", {"output": None, "batch": 2, "batch_idx": 2}) in recorder.events[-4:]
+
+
+def test_max_steps_at_the_end_of_an_epoch_completes_that_epoch(recorder: Recorder) -> None:
+    state = hookfit.Loop(lambda loop, b: None, range(10), max_epochs=5, max_steps=10, plugins=[recorder]).fit()
+    assert (state.status, state.step, state.stop_reason) == ("completed", 10, "max_steps=10 reached")
+    assert recorder.names().count("epoch_end") == 1 and recorder.names()[-3:] == ["epoch_end", "after_epoch", "fit_end"]
+    unsized = Recorder()  # without a length, the stage's end is found by asking for one more batch
+
+    class Unsized:
+        def __iter__(self):
+            return iter(range(10))
+
+    hookfit.Loop(lambda loop, b: None, Unsized(), max_epochs=5, max_steps=10, plugins=[unsized]).fit()
+    assert unsized.names().count("epoch_end") == 1
+
+
+@pytest.mark.bad_input
+def test_empty_data_fails_the_run_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter")
+    before = signal.getsignal(signal.SIGINT)
+    loop = hookfit.Loop(lambda l, b: None, [])
+    with pytest.raises(ValueError, match="train data yielded no batches in epoch 0"):
+        loop.fit()
+    assert loop.state.status == "failed"
+    assert signal.getsignal(signal.SIGINT) is before  # the interrupter's fit_end ran
+
+
+@pytest.mark.bad_input
+def test_exhausted_generator_is_explained() -> None:
+    # several epochs of a generator: refused when the Loop is built...
+    with pytest.raises(ValueError, match="train_data is a generator, an iterator that gives its batches once only"):
+        hookfit.Loop(lambda l, b: None, (i for i in range(3)), max_epochs=2)
+    # ... and where the epochs are not known then (max_steps alone), explained when it runs dry
+    with pytest.raises(ValueError, match="epoch 1 .*generator iterator is used up after one pass"):
+        hookfit.Loop(lambda l, b: None, (i for i in range(3)), max_steps=5).fit()
+
+
+def test_memory_is_flat_over_many_batches() -> None:
+    """Outputs and batches are not kept: the traced memory after 20 000 batches is no larger
+    than after 2 000 (a leak of even one small dict per batch would add over a megabyte)."""
+    def step(loop, b):
+        return {"loss": torch.ones(()) * b, "extra": [b] * 4}
+
+    class Reader:
+        @hookfit.hookimpl
+        def batch_end(self, output):
+            output["loss"].item()
+
+    def run(n: int) -> int:
+        gc.collect()
+        tracemalloc.start()
+        hookfit.Loop(step, range(n), plugins=[Reader()]).fit()
+        gc.collect()
+        current, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return current
+
+    run(500)  # warm caches
+    small, large = run(2_000), run(20_000)
+    assert large - small < 50_000, (small, large)
+
+
+def test_configure_fires_first_and_a_plugin_switched_off_there_sees_nothing() -> None:
+    victim = Recorder()
+    victim.name = "victim"
+
+    class Gate:
+        name = "gate"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.state.rank, loop.state.world_size = 1, 2
+            loop.pm.unregister(victim)
+
+    order = Recorder()
+    state = hookfit.Loop(lambda l, x: None, [1], plugins=[victim, Gate(), order]).fit()
+    assert victim.names() in ([], ["configure"]) and order.names()[:2] == ["configure", "fit_start"]
+    assert state.rank == 1 and state.world_size == 2
+
+
+def test_is_main_follows_the_rank() -> None:
+    seen = []
+    hookfit.Loop(lambda l, x: seen.append(l.is_main), [1]).fit()
+    assert seen == [True]
+
+
+@pytest.mark.bad_input
+def test_a_step_output_with_a_key_that_is_not_a_string_is_named_at_the_first_batch(recorder: Recorder) -> None:
+    def my_step(loop, b):
+        return {"loss": 1.0, 3: 2.0}
+
+    with pytest.raises(TypeError, match=r"step function '.*my_step' returned a mapping with the key 3 \(int\)"):
+        hookfit.Loop(my_step, range(5), plugins=[recorder]).fit()
+    assert "step_output" not in recorder.names()  # no plugin saw it
+    assert recorder.events[-3][0] == "batch_start"
+
+
+@pytest.mark.bad_input
+def test_a_model_left_in_eval_mode_is_warned_about_once() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    model.eval()
+    with pytest.warns(hookfit.HookfitWarning, match=r"the model \(Sequential\) is in eval mode as training starts") as caught:
+        hookfit.Loop(lambda l, b: None, [1], model=model, max_epochs=3,
+                     val_step=lambda l, b: None, val_data=[1]).fit()
+    assert len([w for w in caught if "eval mode" in str(w.message)]) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hookfit.Loop(lambda l, b: None, [1], model=model.train()).fit()
+
+
+def test_wrap_step_surrounds_every_call_of_both_steps_and_keeps_their_names() -> None:
+    calls = []
+
+    def tagging(tag):
+        def wrapper(step):
+            def wrapped(loop, batch):
+                calls.append(tag)
+                return step(loop, batch)
+            return wrapped
+        return wrapper
+
+    class Wrapping:
+        name = "wrapping"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.wrap_step(tagging("inner"))
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            loop.wrap_step(tagging("outer"))
+
+    def my_train(loop, batch):
+        calls.append("train")
+
+    def my_valid(loop, batch):
+        calls.append("valid")
+
+    loop = hookfit.Loop(my_train, [1], val_step=my_valid, val_data=[1], plugins=[Wrapping()])
+    loop.fit()
+    assert calls == ["outer", "inner", "train", "outer", "inner", "valid"]
+    assert loop.run.train_step.__qualname__.endswith("my_train") and loop.train_step is my_train
+
+
+@pytest.mark.bad_input
+def test_wrap_step_after_the_first_batch_or_returning_no_function_is_an_error() -> None:
+    class Late:
+        name = "late"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            loop.wrap_step(lambda step: step)
+
+    with pytest.raises(RuntimeError, match=r"wrap_step\(\) must be called at configure or fit_start"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Late()]).fit()
+
+    class Bad:
+        name = "bad"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.wrap_step(lambda step: None)
+
+    with pytest.raises(TypeError, match=r"wrap_step: the wrapper returned None for train_step '.*<lambda>'"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Bad()]).fit()
