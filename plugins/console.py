@@ -209,6 +209,7 @@ class Console:
         self._every = Every(every_n_batches, plugin=self.name, option="every_n_batches",
                             meaning="training batches between progress lines")
         self.every_n_batches = self._every.n
+        self._every_n = self._every.n or 1
         self.best = _directions(best)
         """Metric name or ``"stage/metric"`` -> ``"min"`` or ``"max"`` (which value is best),
         given to the console: wins over the snapshots' :attr:`~hookfit.payloads.MetricsSnapshot.best`."""
@@ -257,9 +258,8 @@ class Console:
                     f"max_steps={steps}" if steps is not None else "", per_epoch, f"plugins={plugins}")
         if loop.model is not None and loop.is_main and not self._silent:
             self._print_model(summarize(loop.model))
-        if not self._every.never and not self._silent:
-            # a per-batch hook only when lines are due by batch: otherwise batches cost the console nothing
-            loop.pm.register(_EveryNBatches(self), name=f"{self.name}.batches")
+        if not self._every.never:
+            loop.hooks.resolve()  # batch_events' answer is known now that the console knows if it is silent
 
     def _epoch(self, epoch: int, of: int) -> str:
         """``epoch=E/N``, or ``epoch=E`` when ``max_steps`` ends the run first (see fit_start)."""
@@ -307,6 +307,17 @@ class Console:
             f"metrics_at_batch={metrics.batches}" if metrics.batches != batch else "",
             *(_field(k, _number(v.running)) for k, v in metrics.values.items()),
         )
+
+    def batch_events(self, loop: Run) -> tuple[str, ...]:
+        """``batch_end`` only when lines are due by batch (``every_n_batches``) and the console
+        prints: otherwise batches cost the console nothing."""
+        return () if self._every.never or self._silent else ("batch_end",)
+
+    @hookimpl(trylast=True)  # after the metrics plugin's batch_end, which may publish this batch
+    def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
+        # (every argument of the event: the loop then calls this method itself, without an adapter)
+        if loop.training and not (batch_idx + 1) % self._every_n:
+            self._batch_due(loop, batch_idx + 1)
 
     def _batch_due(self, loop: Run, batch: int) -> None:
         """The line for ``every_n_batches``: training batch ``batch`` of the epoch is done."""
@@ -408,18 +419,3 @@ class Console:
                             _field("message", f"data loading is {share:.0%} of {what}: the data loader is the "
                                               f"bottleneck (try DataLoader num_workers, pin_memory)", always=True))
 
-
-class _EveryNBatches:
-    """The console's per-batch part, registered only for ``Console(every_n_batches=N)``."""
-
-    observer = True  # as the console: a failure switches it off, never the run
-
-    def __init__(self, owner: Console) -> None:
-        self.owner = owner
-        self.n = owner.every_n_batches or 1
-
-    @hookimpl(trylast=True)  # after the metrics plugin's batch_end, which may publish this batch
-    def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
-        # (every argument of the event: the loop then calls this method itself, without an adapter)
-        if loop.training and not (batch_idx + 1) % self.n and loop.pm.is_registered(self.owner):
-            self.owner._batch_due(loop, batch_idx + 1)
