@@ -12,16 +12,20 @@ import importlib
 import importlib.metadata as metadata
 import inspect
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hookfit import config
 from hookfit.errors import HookfitWarning, PluginError
 
 GROUP = "hookfit"
+REPLACES = "hookfit.replaces"
+"""The entry-point group in which a distribution says which plugins of another distribution its
+own plugins replace on purpose (see :func:`entry_points`)."""
 ENV_ONLY = "HOOKFIT_PLUGINS"
 ENV_DISABLE = "HOOKFIT_DISABLE_PLUGINS"
 
@@ -49,6 +53,10 @@ class PluginInfo:
     """What disabled it (``None`` while enabled): ``Loop(disable=[...])``,
     ``HOOKFIT_DISABLE_PLUGINS``, ``HOOKFIT_PLUGINS`` (not listed there) or the configuration
     file's ``enabled = false``."""
+    replaces: str | None = None
+    """The plugin of the same name that this one replaces on purpose, as ``hookfit 0.3.0
+    (hookfit.plugins.checkpoint:Checkpoint)``: another distribution's entry point, ignored
+    because this plugin's distribution declares the replacement (see :func:`entry_points`)."""
     declares: list[Any] = field(default_factory=list)
     """The event declarations (``hookspecs``) of this plugin, read when it is loaded (a
     disabled plugin is never imported; the built-ins' are added whatever their state, see
@@ -103,25 +111,69 @@ def entry_points() -> list[metadata.EntryPoint]:
     """The ``hookfit`` entry points of every installed distribution, sorted by name.
 
     A distribution found twice on ``sys.path`` shows up once (the first one wins, as for
-    imports). Two different distributions registering one name: the first on ``sys.path``
-    wins and a :class:`HookfitWarning` names both."""
-    return [ep for ep, _, _ in _discover(tuple(sys.path))]
+    imports). Two different distributions registering one name is a clash: the first on
+    ``sys.path`` wins and a :class:`HookfitWarning` names both, unless one of them replaces
+    the other's plugin on purpose. A distribution says so in the ``hookfit.replaces``
+    entry-point group, one entry per plugin it replaces, named as the plugin and whose value is
+    the distribution whose plugin it replaces (``hookfit`` for a built-in)::
+
+        [project.entry-points.hookfit]
+        checkpoint = "my_package:MyCheckpoint"
+
+        [project.entry-points."hookfit.replaces"]
+        checkpoint = "hookfit"
+
+    Its plugin then wins wherever it sits on ``sys.path``, without a warning; ``hookfit
+    plugins`` shows what it replaced (:attr:`PluginInfo.replaces`). Any other clash of that
+    name (a third distribution, one not named there) still warns."""
+    return [found.ep for found in _discover(tuple(sys.path))]
+
+
+class _Found(NamedTuple):
+    ep: metadata.EntryPoint
+    distribution: str | None
+    version: str | None
+    replaces: str | None  # the other distribution's plugin this one replaces on purpose
+
+
+def _replacements() -> set[tuple[str | None, str, str | None]]:
+    """``(distribution, plugin name, distribution replaced)`` for each ``hookfit.replaces``
+    entry point of the installed distributions."""
+    return {(_canonical(getattr(getattr(ep, "dist", None), "name", None)), ep.name, _canonical(ep.value.strip()))
+            for ep in metadata.entry_points(group=REPLACES)}
+
+
+def _canonical(distribution: str | None) -> str | None:
+    """A distribution's name as packaging compares names: lower case, ``-`` for runs of
+    ``-``, ``_`` and ``.``."""
+    return None if distribution is None else re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 @functools.lru_cache(maxsize=8)
-def _discover(path: tuple[str, ...]) -> tuple[tuple[metadata.EntryPoint, str | None, str | None], ...]:
-    """Entry points with their distribution's name and version, read once per ``sys.path``
-    (reading package metadata costs milliseconds; a run should not pay it every ``fit()``)."""
-    seen: dict[str, tuple[metadata.EntryPoint, str | None, str | None]] = {}
+def _discover(path: tuple[str, ...]) -> tuple[_Found, ...]:
+    """Entry points with their distribution's name and version and what they replace on
+    purpose, read once per ``sys.path`` (reading package metadata costs milliseconds; a run
+    should not pay it every ``fit()``)."""
+    intended = _replacements()
+    seen: dict[str, _Found] = {}
     for ep in metadata.entry_points(group=GROUP):
         dist = getattr(ep, "dist", None)
-        entry = (ep, dist.name if dist else None, dist.version if dist else None)
+        entry = _Found(ep, dist.name if dist else None, dist.version if dist else None, None)
         first = seen.setdefault(ep.name, entry)
-        if first is not entry and first[1] != entry[1]:
+        if first is entry or first.distribution == entry.distribution:
+            continue
+        mine, theirs = _canonical(entry.distribution), _canonical(first.distribution)
+        if (mine, ep.name, theirs) in intended and first.replaces is None:
+            seen[ep.name] = entry._replace(replaces=f"{first.distribution} {first.version} ({first.ep.value})")
+        elif (theirs, ep.name, mine) in intended and first.replaces is None:
+            seen[ep.name] = first._replace(replaces=f"{entry.distribution} {entry.version} ({ep.value})")
+        else:
+            used = seen[ep.name]
             warnings.warn(
                 f"two distributions register the hookfit plugin {ep.name!r}: "
-                f"{first[1]} ({first[0].value}, used) and {entry[1]} ({ep.value}, "
-                f"ignored); uninstall one",
+                f"{used.distribution} ({used.ep.value}, used) and {entry.distribution} ({ep.value}, "
+                f"ignored); uninstall one, or, to replace the plugin on purpose, declare it in the "
+                f"replacing distribution's {REPLACES!r} entry points ({ep.name} = \"<distribution replaced>\")",
                 HookfitWarning,
                 stacklevel=4,
             )
@@ -200,9 +252,9 @@ def discovered_events() -> list[tuple[str, Any]]:
     distributions (imported here: what ``hookfit hooks`` lists under each plugin)."""
     events = builtin_events()
     known = {id(specs) for _, specs in events}
-    for ep, dist, _ in _discover(tuple(sys.path)):
-        if dist != OWN:
-            events += [(ep.name, specs) for specs in _declared_by(ep) if id(specs) not in known]
+    for found in _discover(tuple(sys.path)):
+        if found.distribution != OWN:
+            events += [(found.ep.name, specs) for specs in _declared_by(found.ep) if id(specs) not in known]
     return events
 
 
@@ -241,9 +293,10 @@ def collect(
 
     eps: dict[str, metadata.EntryPoint] = {}
     infos: list[PluginInfo] = []
-    for ep, dist, version in _discover(tuple(sys.path)):
+    for ep, dist, version, replaces in _discover(tuple(sys.path)):
         eps[ep.name] = ep
-        info = PluginInfo(name=ep.name, source="entry point", distribution=dist, version=version, value=ep.value)
+        info = PluginInfo(name=ep.name, source="entry point", distribution=dist, version=version, value=ep.value,
+                          replaces=replaces)
         info.disabled_by = disabled_by(info.name, True)
         info.enabled = info.disabled_by is None
         info.chosen = info.enabled and info.name in configured.plugins

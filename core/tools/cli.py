@@ -40,6 +40,7 @@ def _plugins(args: argparse.Namespace) -> int:
             "version": i.version,
             "source": i.source,
             "value": i.value,
+            "replaces": i.replaces,
             "enabled": i.enabled,
             "state": state,
             "why": why,
@@ -58,6 +59,8 @@ def _plugins(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         print(f"{row['name']}  [{row['state']}]  {row['distribution']} {row['version']}  ({row['value']})")
+        if row["replaces"]:
+            print(f"    replaces: {row['replaces']}")
         if row["error"]:
             print(f"    error: {row['error']}")
             continue

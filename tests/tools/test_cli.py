@@ -114,3 +114,22 @@ def test_hookfit_plugins_says_active_inert_and_how_or_disabled_and_by_what(tmp_p
     assert ("csv  [inert]  hookfit" in text and "    inert until: given to Loop(plugins=[CSVLogger()]), or named "
             "by a [plugins.csv] table in hookfit.toml (even empty)" in text)
     assert "metrics  [disabled]" in text and "    disabled by: HOOKFIT_PLUGINS=optim,csv (not listed there)" in text
+
+
+def test_hookfit_plugins_names_the_package_that_holds_a_role_and_what_it_replaced(tmp_path: Path) -> None:
+    site = make_dist(tmp_path / "site", "my-checkpoint", {"checkpoint": "my_ckpt_mod:Saver"},
+                     {"my_ckpt_mod": "import hookfit\n\nclass Saver:\n    @hookfit.hookimpl\n"
+                                     "    def after_epoch(self, loop, epoch):\n        pass\n"})
+    listed = site / "my_checkpoint-1.2.3.dist-info" / "entry_points.txt"
+    listed.write_text(listed.read_text() + "\n[hookfit.replaces]\ncheckpoint = hookfit\n")
+    env = {"PYTHONPATH": str(site), "HOOKFIT_PLUGINS": "checkpoint"}
+    text = cli("plugins", env=env)
+    assert text.returncode == 0, text.stderr
+    assert "two distributions" not in text.stderr, text.stderr
+    lines = text.stdout.splitlines()
+    at = lines.index("checkpoint  [active]  my-checkpoint 1.2.3  (my_ckpt_mod:Saver)")
+    assert lines[at + 1].startswith("    replaces: hookfit ") and lines[at + 1].endswith(
+        "(hookfit.plugins.checkpoint:Checkpoint)"), lines[at + 1]
+    rows = {row["name"]: row for row in json.loads(cli("plugins", "--json", env=env).stdout)}
+    assert rows["checkpoint"]["distribution"] == "my-checkpoint"
+    assert rows["checkpoint"]["replaces"].endswith("(hookfit.plugins.checkpoint:Checkpoint)")
