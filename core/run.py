@@ -126,9 +126,10 @@ class Run:
         self.state.silenced = pm.silenced
         self.folder = RunFolder(self, config.run_dir)
         self.cursor = Cursor(self.state)
-        self._carry: dict[str, Any] = {}  # the current stage's loop.carry (training.run_stage sets it)
+        self._carry: dict[str, Any] = {}  # the current stage's loop.carry (the loop sets it for each stage)
         self.stopping = stopping.Stopping(self)
-        self._batches_started = False  # past configure and fit_start: see wrap_step
+        self.started = False
+        """Whether the first epoch has begun (past ``configure``, ``fit_start`` and ``resume``)."""
 
     # -- what steps and plugins use ---------------------------------------------------------
     @property
@@ -185,6 +186,12 @@ class Run:
         """
         return self._carry
 
+    def enter_carry(self, carry: dict[str, Any]) -> dict[str, Any]:
+        """Make ``carry`` the current stage's :attr:`carry` and return the one it replaces: the
+        loop calls it as each stage begins, and as a validation inside training ends."""
+        outer, self._carry = self._carry, carry
+        return outer
+
     @property
     def is_main(self) -> bool:
         """Whether this is the process that writes files and renders (rank 0)."""
@@ -220,7 +227,7 @@ class Run:
         if (call := self.hooks.backward) is None:
             raise RuntimeError(
                 "loop.backward() needs a plugin that implements the 'backward' event and no "
-                f"enabled plugin does (disabled plugins: {self._disabled()}); "
+                f"enabled plugin does (disabled plugins: {self.disabled_plugins()}); "
                 "enable it, or call loss.backward() yourself"
             )
         return call(self, loss)
@@ -231,7 +238,7 @@ class Run:
         ``torch.autocast`` or a profiler's record. Called at ``configure`` or ``fit_start``;
         the wrapped functions keep the steps' names in messages. Wrappers of several plugins
         nest, the first given innermost. The ``Loop``'s own step functions are not changed."""
-        if self._batches_started:
+        if self.started:
             raise RuntimeError("wrap_step() must be called at configure or fit_start, before the first batch")
         for attr in ("train_step", "val_step"):
             step = getattr(self, attr)
@@ -265,7 +272,7 @@ class Run:
         (never twice for data that restored its own position), runs first a validation that
         was due, or goes straight to the epoch's validation when its training stage was
         complete. A ``ValueError`` names what is not possible."""
-        if self._batches_started:
+        if self.started:
             raise RuntimeError("load_state_dict() must be called before the first epoch (from a resume implementation)")
         self.cursor.start = saved_states.load_run_state(self, saved)
 
@@ -296,9 +303,10 @@ class Run:
             raise RuntimeError(
                 f"{asked} asks for a smoke run, and no enabled plugin made one at configure: the built-in "
                 f"plugin 'smoke' (hookfit.plugins.smoke) does; enable it, or run without {asked} to train "
-                f"for real (disabled plugins: {self._disabled()})")
+                f"for real (disabled plugins: {self.disabled_plugins()})")
 
-    def _disabled(self) -> str:
+    def disabled_plugins(self) -> str:
+        """The names of the disabled plugins, for messages (``none`` when there are none)."""
         return ", ".join(i.name for i in self.pm.infos.values() if not i.enabled) or "none"
 
     def predict(self, data: Iterable[Any], step: Step) -> Iterator[Any]:

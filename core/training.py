@@ -107,7 +107,7 @@ def resume(run: Run) -> None:
     if (call := run.hooks.resume) is None:
         raise RuntimeError(
             f"resume={source!r} needs a plugin that implements the 'resume' event "
-            f"(checkpoint) and no enabled plugin does (disabled plugins: {run._disabled()})"
+            f"(checkpoint) and no enabled plugin does (disabled plugins: {run.disabled_plugins()})"
         )
     resumed_from = call(run, source)
     if not resumed_from:
@@ -145,7 +145,7 @@ def weights_of(run: Run, at: Position) -> Position:
 
 def epochs(run: Run) -> None:
     state, cursor = run.state, run.cursor
-    run._batches_started = True
+    run.started = True
     budget = f"max_steps={run.max_steps} reached"
     try:
         if run.mode == "validate":  # Loop.validate(): the validation stage alone
@@ -260,8 +260,8 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
     every = run.val_every_n_steps if train and run.val_step is not None else None
     state.stage, state.batch_idx, run.training = stage, start, train
     batch_idx = start - 1
-    outer = run._carry  # a validation's own carry; the training stage's is given back after it
-    run._carry = run.cursor.train_begins(start) if train else {}
+    # a validation's own carry; the training stage's is given back after it
+    outer = run.enter_carry(run.cursor.train_begins(start) if train else {})
     try:
         with scope(run, "stage", stage, after=functools.partial(stage_done, run, train)):
             if train and state.val_due:  # resumed where a validation inside training was due
@@ -332,7 +332,7 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
     finally:
         store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
         if not train:
-            run._carry = outer
+            run.enter_carry(outer)
 
 
 def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[Any]:
