@@ -32,16 +32,12 @@ gradient accumulation, clipping, mixed precision and non-finite losses::
   too when clipping by norm (the norm is computed anyway) or with ``check_grads=True``. On the
   CPU the check reads the loss (no synchronisation there). On an accelerator (``defer``, by
   default whenever the loss is not on the CPU; ``defer=True`` takes that path on the CPU too,
-  ``defer=False`` never) it never waits for the device: every loss is back-propagated and
-  its finiteness kept in a flag on the device; an optimizer that accepts ``found_inf``
-  (torch's ``fused=True`` ones) or a ``GradScaler`` skips the step on the device, with no host
-  read, and the skip is counted, warned about or raised for at the next host read (a metrics
-  publication, the training stage's end, a checkpoint). torch's Adam, AdamW and SGD built
-  without a choice of kernel run their fused kernel there where it takes their parameters
-  (``fuse=True``, the default; ``fuse=False`` keeps torch's pick); any other optimizer reads
-  the flag once per step, at its step, and skips exactly as on the CPU. See :class:`Optim` for what a step skipped on the
-  device looks like until then, and ``benchmarks/syncs.py`` for the host reads per step,
-  counted.
+  ``defer=False`` never) it never waits for the device: the loss's finiteness is kept in a flag
+  there, a step skips on it where its kernel can (torch's fused kernels, to which ``fuse=True``,
+  the default, switches torch's Adam, AdamW and SGD where they take the parameters), and the
+  skip is counted, warned about or raised for at optim's next host read (the training stage's
+  end, a checkpoint, every ``READ_EVERY`` windows); see :mod:`hookfit.plugins.optim.nonfinite`,
+  and ``benchmarks/syncs.py`` for the host reads per step, counted.
 * ``schedulers``: one scheduler (a chain too: torch's ``ChainedScheduler``, ``SequentialLR``), a
   list of them, or a dict keyed like the optimizers; each drives the optimizer it was built on.
   Each steps after every real step of its optimizer (by default, or ``scheduler_interval="step"``)

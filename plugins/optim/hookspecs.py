@@ -52,8 +52,9 @@ The optimizer role. What it must do, all of it:
 * Errors: code a step calls (``loop.backward``, a managed ``step()``) lives in the plugin's own
   module or package, so that an error raised there names the plugin, with the step that called
   it.
-* Speed: nothing per batch that a run does not need (the built-in registers no per-batch hook
-  without accumulation or loss scaling); no host-device synchronisation per step.
+* Speed: nothing per batch that a run does not need (the built-in takes part in no per-batch
+  event without accumulation or loss scaling: its ``batch_events``); no host-device
+  synchronisation per step.
 
 Replace the built-in by giving ``Loop(plugins=[...])`` a plugin whose ``name`` is ``"optim"``,
 by naming your entry point ``optim``, or by disabling it (``HOOKFIT_DISABLE_PLUGINS=optim``).
@@ -129,7 +130,7 @@ def step_skipped(loop: Run, optimizer: str, reason: str, step: int) -> None:
 
     Fired by the plugin that owns the optimizer steps (optim), once per skipped step, on the
     training thread: at once where the check reads the host (the CPU), at the next host read
-    where it stays on the device (an accelerator: a metrics publication, the stage's end...;
+    where it stays on the device (an accelerator: the stage's end, a checkpoint...;
     ``reason`` then names the batch it happened in). Not fired for a step that raises
     (``nonfinite="raise"``). Observers mark it (the dashboard puts ``!`` on its curve),
     loggers count it. The return value is ignored.

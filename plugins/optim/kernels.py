@@ -3,7 +3,8 @@
 On the device path (see :class:`~hookfit.plugins.optim.Optim`) a step that must be skipped
 because of a non-finite loss is skipped without a host read only by a kernel that takes
 torch's ``found_inf`` (the contract ``GradScaler`` uses): torch's ``fused=True`` optimizers.
-This module says whether an optimizer has such a kernel, switches parameter groups of torch's
+This module says whether an optimizer has such a kernel, steps it on a flag
+(:func:`step_on_flag`), joins a flag to a ``GradScaler``'s (:func:`into_found_inf`), switches parameter groups of torch's
 Adam, AdamW and SGD to their fused kernel where the user left the choice of kernel to torch
 and the fused kernel is known to take the group, and says whether a step skipped inside the
 kernel leaves the optimizer a valid state.
@@ -130,3 +131,42 @@ def _dense_parameters(model: Any) -> set[int]:
     (``Embedding``/``EmbeddingBag`` with ``sparse=True``)."""
     return {id(p) for root in modules(model) for module in root.modules()
             if getattr(module, "sparse", False) is not True for p in module.parameters(recurse=False)}
+
+
+def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
+    """Step ``optimizer``'s fused kernel with ``flag`` (a float32 1.0 or 0.0 on the device, see
+    :class:`~hookfit.plugins.optim.checks.Flags`) as its ``found_inf``: the kernel leaves
+    parameters and state as they are where it is 1.0. That is GradScaler's contract with the
+    fused kernels: attributes of the optimizer that its declared type lacks, so set by name."""
+    setattr(optimizer, "found_inf", flag)
+    setattr(optimizer, "grad_scale", None)
+    try:
+        optimizer.step()
+    finally:
+        delattr(optimizer, "found_inf")
+        delattr(optimizer, "grad_scale")
+
+
+def scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    """``scaler.step(optimizer)`` through the scaler's own host read of ``found_inf`` rather
+    than the optimizer's kernel, for a fused optimizer whose state a step skipped inside the
+    kernel would leave invalid (torch's fused SGD with momentum before its first step)."""
+    # (torch's private flag, which GradScaler reads: not in the optimizer's declared type)
+    setattr(optimizer, "_step_supports_amp_scaling", False)
+    try:
+        scaler.step(optimizer)
+    finally:
+        setattr(optimizer, "_step_supports_amp_scaling", True)
+
+
+def into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
+    """Add the window's non-finite flag to what ``scaler`` found in ``optimizer``'s gradients
+    at ``unscale_``, on the flag's device, so that ``scaler.step`` skips the step (and the
+    scale backs off, as for an overflow). ``False`` when the scaler keeps no such record
+    there (its layout is torch's, not public API): the caller then reads the flag itself."""
+    record = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+    found = record.get("found_inf_per_device", {}).get(bad.device)
+    if not isinstance(found, torch.Tensor):
+        return False
+    found.add_(bad).clamp_(max=1.0)  # fused kernels skip only where found_inf is exactly 1
+    return True

@@ -1,10 +1,12 @@
 """The objects the step function drives: ``loop.optimizers`` (:class:`Optimizers`), each of its
-:class:`ManagedOptimizer` entries, and :class:`UnknownOptimizer` for a name the run lacks."""
+:class:`ManagedOptimizer` entries, and :class:`UnknownOptimizer` for a name the run lacks. A
+step obeys the run's :class:`Rules`, which ``Optim`` builds at ``configure`` from its parts."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -12,9 +14,10 @@ from hookfit.plugins.optim import kernels
 from hookfit.plugins.optim.toggles import Toggled, stamp
 
 if TYPE_CHECKING:
-    from torch.utils.hooks import RemovableHandle
-
-    from hookfit.plugins.optim.plugin import Optim
+    from hookfit.plugins.optim.nonfinite import Deferred, Policy
+    from hookfit.plugins.optim.watch import Watch
+    from hookfit.plugins.optim.windows import Window
+    from hookfit.run import Run
 
 
 def class_name(optimizer: Any) -> str:
@@ -30,38 +33,53 @@ class UnknownOptimizer(KeyError):
         return str(self.args[0])
 
 
-class ManagedOptimizer:
-    """One of the run's optimizers, stepped under the plugin's rules."""
+@dataclass
+class Rules:
+    """What every step of a run obeys: optim's parts and options, shared by its optimizers."""
 
-    def __init__(self, plugin: Optim, name: str, optimizer: torch.optim.Optimizer,
-                 schedulers: Sequence[Any] = ()) -> None:
-        self.plugin = plugin
+    loop: Run
+    window: Window
+    policy: Policy
+    deferred: Deferred
+    watch: Watch
+    scaler: torch.amp.GradScaler | None = None
+    clip_norm: float | None = None
+    clip_value: float | None = None
+    check_grads: bool = False
+    """Whether the gradients are checked (``check_grads`` or ``clip_norm`` under a policy, no scaler)."""
+    fuse: bool = True
+    prepares: bool = False
+    """Whether a step unscales, clips or checks the gradients first."""
+    before_step: list[Callable[..., Any]] = field(default_factory=list)
+    after_step: list[Callable[..., Any]] = field(default_factory=list)
+    scaler_used: bool = False
+    """A scaler stepped since its last ``update()`` (``Optim`` updates it once a batch)."""
+
+
+class ManagedOptimizer:
+    """One of the run's optimizers, stepped under the run's :class:`Rules`."""
+
+    def __init__(self, rules: Rules, name: str, optimizer: torch.optim.Optimizer,
+                 schedulers: Sequence[Any] = (), per_step: Sequence[Any] = ()) -> None:
         self.name = name
         self.optimizer = optimizer
         self.schedulers: list[Any] = list(schedulers)
         """Its learning-rate schedulers, in the order they step (see
         :mod:`hookfit.plugins.optim.schedulers`)."""
-        self._per_step = [s for s in self.schedulers if plugin._interval(s) == "step"]  # after each real step
         self.steps = 0
         self.skipped = 0
-        self._deferred = False  # step() was called inside an accumulation window
+        self.window_open = False
+        """``step()`` was called inside an accumulation window that has not closed."""
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._rules = rules
+        self._per_step = list(per_step)  # its schedulers that step after each real step
         self._stepped = False  # a real step happened since the last effective zero_grad()
-        self._fast = False  # step() can step at once: no window, poison, scaling, clipping,
-        # step-wise scheduler or hook around it (kept by Optim._set_fast_paths)
-        self._fast_watched = False  # the same, while steps that bypass optim are watched for
-        self._fast_device = False  # the same on the device path, where the kernel skips on the flag
-        self._each_batch = plugin.accumulate == 1  # zero_grad() always takes effect
-        if self._each_batch:  # then it is the optimizer's own, with no call in between
-            self.zero_grad = optimizer.zero_grad  # type: ignore[method-assign]  # bound per instance: no call in between
-        self._params = [p for group in optimizer.param_groups for p in group["params"]]
-        self._own = False  # optim itself is stepping the optimizer (read by the watch's hook)
         # whether its kernel takes found_inf, so that it can skip on the device: decided at its
         # first step on the device path (where optim may switch it to torch's fused kernel),
         # again when its parameter groups change or a state is loaded
-        self._skips_on_device: bool | None = None
+        self._skips: bool | None = None
         self._groups = 0  # how many parameter groups it had then
         self._primed = False  # a step skipped inside its kernel leaves it a valid state (cached)
-        self._watch: RemovableHandle | None = None  # the handle of the step pre-hook while watching
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -76,161 +94,139 @@ class ManagedOptimizer:
     def step(self) -> bool:
         """Step now if this batch closes an accumulation window; return whether it stepped
         (``False`` inside a window or when the step was skipped for a non-finite value)."""
-        if self._fast:
-            self.optimizer.step()
-            self.steps += 1
-            self._stepped = True
-            return True
-        if not self._each_batch and not self.plugin._window_closes():
-            self._deferred = True
+        window = self._rules.window
+        if window.size > 1 and not window.closes(self._rules.loop):  # (size first: a call saved a step)
+            self.window_open = True
             return False
-        if self._fast_device and self._primed and self._skips_on_device:
-            # the device path's common case: the fused kernel skips on the window's flag
-            plugin, optimizer = self.plugin, self.optimizer
-            bad = plugin._bad
-            if plugin._due is None and bad is not None and len(optimizer.param_groups) == self._groups:
-                _step_on_flag(optimizer, bad)
-                plugin._bad_stepped.append((self, bad, None))  # counted at the next host read if set
-                self.steps += 1
-                self._stepped = True
-                return True
-            return self._step()
-        if self._fast_watched:  # the fast path while bypassing steps are watched (see watch())
-            self._own = True
-            try:
-                self.optimizer.step()
-            finally:
-                self._own = False
-            self.steps += 1
-            self._stepped = True
-            return True
         return self._step()
-
-    def watch(self) -> None:
-        """Watch for steps of the wrapped optimizer that do not come through this object (a
-        step function calling its own optimizer variable's ``step()``), with torch's step
-        pre-hook, until :meth:`unwatch`. Meanwhile optim's own steps are marked (``_own``):
-        the plugin turns ``_fast`` off and ``_fast_watched`` on (``Optim._set_fast_paths``)."""
-        if self._watch is None:
-            self._watch = self.optimizer.register_step_pre_hook(self._stepped_elsewhere)
-
-    def unwatch(self) -> None:
-        """Remove the hook."""
-        handle, self._watch = self._watch, None
-        if handle is not None:
-            handle.remove()
-
-    def _stepped_elsewhere(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
-                           kwargs: dict[str, Any]) -> None:
-        if not self._own:
-            self.plugin._bypassed(self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, unless they are being accumulated for a later step: with
         accumulation it takes effect only once after each step, so calling it before
         ``backward`` or after ``step()`` in every batch both work."""
-        if self._stepped or self._each_batch:
+        if self._stepped or self._rules.window.size == 1:
             self.optimizer.zero_grad(set_to_none=set_to_none)
             self._stepped = False
 
+    def flush(self) -> None:
+        """At the training stage's end: step the open (partial) window, then drop its
+        gradients."""
+        if self.window_open:
+            self._step()
+            self.clear()
+
+    def drop_window(self) -> None:
+        """A poisoned window closed: skip its step if one was asked for, drop its gradients."""
+        if self.window_open:
+            self.window_open = False
+            self.skip("non-finite loss")
+        else:
+            self.clear()
+
+    def skip(self, why: str) -> bool:
+        """Skip this step (``why``: what was not finite), counted by the policy."""
+        self._rules.policy.skip(self, why)
+        self.clear()
+        return False
+
+    def clear(self) -> None:
+        """Drop the gradients now; the window starts afresh."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._stepped = False
+
     def _step(self) -> bool:
-        plugin, loop = self.plugin, self.plugin.loop
-        assert loop is not None  # a step, during the run
-        self._deferred = False
-        scaler = plugin.scaler
-        if plugin._poisoned:
-            plugin._expire_poison()
-        if plugin._poisoned:  # a non-finite loss in this window: its gradients are incomplete
-            return self._skip("non-finite loss")
-        bad = plugin._window_flag() if plugin._deferring else None  # the device path's flag
-        if bad is not None and (self._skips_on_device is None or len(self.optimizer.param_groups) != self._groups):
-            self._skips_on_device = self._device_kernel()
-        # no device-side skip for this optimizer, or not yet (see kernels.skip_keeps_state):
-        # one host read
-        if bad is not None and scaler is None and not (self._skips_on_device and self._skip_keeps_state()):
-            if plugin._read_flag():
-                return self._skip("non-finite loss")
-            bad = None
-        if scaler is not None:
-            scaler.unscale_(self.optimizer)
-            if bad is not None and not _into_found_inf(scaler, self.optimizer, bad):
-                if plugin._read_flag():  # (a GradScaler whose found_inf was not found)
-                    plugin._scaler_used = True  # update() resets the unscaled state
-                    return self._skip("non-finite loss")
-                bad = None
-        # the gradients' check: read on the host, or (where the step skips on the device, bad
-        # set) a flag of this step's own, on the device; with a scaler, scaler.step() skips by
-        # itself on non-finite gradients, so nothing is checked
-        finite, grad_bad = True, None
-        check = plugin.nonfinite is not None and scaler is None
-        if plugin.clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self._params, plugin.clip_norm)
-            if check and bad is None:
-                finite = bool(torch.isfinite(norm))
-            elif check and bad is not None:  # (the branch above took bad None)
-                grad_bad = torch.isfinite(norm).logical_not_().to(bad.device)
-        elif plugin.check_grads and check:
-            grads = [p.grad for p in self._params if p.grad is not None]
-            if bad is None:
-                finite = all(bool(torch.isfinite(g).all()) for g in grads)
-            elif grads:
-                grad_bad = torch.stack([torch.isfinite(g).all().to(bad.device) for g in grads]).all().logical_not_()
-        if plugin.clip_value is not None:
-            torch.nn.utils.clip_grad_value_(self._params, plugin.clip_value)
-        if not finite:
-            return self._skip("non-finite gradient")
-        if (call := loop.hooks.before_optimizer_step) is not None:
-            call(loop, self.name, self.optimizer)
-        self._own = True  # for the watch on steps that bypass optim (see watch())
+        rules = self._rules
+        self.window_open = False
+        policy, deferred, optimizer = rules.policy, rules.deferred, self.optimizer
+        # the window's flag on the device (the device path), None on the host path
+        bad = deferred.flag_for(self) if deferred.bad is not None and not policy.poisoned else None
+        if policy.poisoned:  # a non-finite loss in this window: its gradients are incomplete
+            return self.skip("non-finite loss")
+        grad_bad = None
+        if rules.prepares:  # unscaling, clipping, gradient checks (a plain run has none)
+            prepared = self._prepare(bad)
+            if prepared is None:
+                return False
+            bad, grad_bad = prepared
+        loop = rules.loop
+        for call in rules.before_step:
+            call(loop, self.name, optimizer)
+        watch = rules.watch
+        watch.stepping = True  # optim's own step, for the watch on steps that bypass it
         try:
-            if scaler is not None:  # skips by itself on inf/NaN gradients (and on bad)
-                if getattr(self.optimizer, "_step_supports_amp_scaling", False) and not self._skip_keeps_state():
-                    _scaler_reads(scaler, self.optimizer)
+            if rules.scaler is not None:  # skips by itself on inf/NaN gradients (and on bad)
+                if getattr(optimizer, "_step_supports_amp_scaling", False) and not self.skip_keeps_state():
+                    kernels.scaler_reads(rules.scaler, optimizer)
                 else:
-                    scaler.step(self.optimizer)
-                plugin._scaler_used = True
+                    rules.scaler.step(optimizer)
+                rules.scaler_used = True
             elif bad is not None:  # the fused kernel skips the update where found_inf is set
-                _step_on_flag(self.optimizer, bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype)))
+                kernels.step_on_flag(optimizer, bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype)))
             else:
-                self.optimizer.step()
+                optimizer.step()
         finally:
-            self._own = False
-        if bad is not None:  # counted at the next host read if a flag it stepped on was set
-            plugin._bad_stepped.append((self, bad, grad_bad))
+            watch.stepping = False
+        if bad is not None:
+            deferred.stepped_on(self, bad, grad_bad)
         self.steps += 1
         self._stepped = True
         for scheduler in self._per_step:
             scheduler.step()
-        if (call := loop.hooks.after_optimizer_step) is not None:
-            call(loop, self.name, self.optimizer)
+        for call in rules.after_step:
+            call(loop, self.name, optimizer)
         return True
 
-    def _device_kernel(self) -> bool:
+    def _prepare(self, bad: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
+        """The gradients made final: unscaled, checked, clipped. Returns the window's flag and
+        the gradients' own flag on the device (where the step skips on the device, ``bad``
+        set; on the host they are read), or ``None``: the step was skipped."""
+        rules, optimizer, scaler = self._rules, self.optimizer, self._rules.scaler
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+            if bad is not None and not kernels.into_found_inf(scaler, optimizer, bad):
+                if rules.deferred.read_flag():  # (a GradScaler whose found_inf was not found)
+                    rules.scaler_used = True  # update() resets the unscaled state
+                    self.skip("non-finite loss")
+                    return None
+                bad = None
+        finite, grad_bad = True, None
+        if rules.clip_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, rules.clip_norm)
+            if rules.check_grads and bad is None:
+                finite = bool(torch.isfinite(norm))
+            elif rules.check_grads and bad is not None:
+                grad_bad = torch.isfinite(norm).logical_not_().to(bad.device)
+        elif rules.check_grads:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if bad is None:
+                finite = all(bool(torch.isfinite(g).all()) for g in grads)
+            elif grads:
+                grad_bad = torch.stack([torch.isfinite(g).all().to(bad.device) for g in grads]).all().logical_not_()
+        if rules.clip_value is not None:
+            torch.nn.utils.clip_grad_value_(self.params, rules.clip_value)
+        if not finite:
+            self.skip("non-finite gradient")
+            return None
+        return bad, grad_bad
+
+    def skips_on_device(self) -> bool:
         """Whether this optimizer skips on the device (see :mod:`kernels`): decided at its first
         step on the device path, and again when its parameter groups changed or a state was
         loaded. Unless ``Optim(fuse=False)``, the groups of torch's optimizers that can run
         the fused kernel, whose kernel was left to torch, are switched to it first."""
-        if self.plugin.fuse:
-            assert self.plugin.loop is not None  # at a step, during the run
-            kernels.fuse(self.optimizer, self.plugin.loop.model)
-        self._groups, self._primed = len(self.optimizer.param_groups), False
-        return kernels.skips_on_device(self.optimizer)
+        optimizer = self.optimizer
+        if self._skips is None or len(optimizer.param_groups) != self._groups:
+            if self._rules.fuse:
+                kernels.fuse(optimizer, self._rules.loop.model)
+            self._groups, self._primed = len(optimizer.param_groups), False
+            self._skips = kernels.skips_on_device(optimizer)
+        return self._skips
 
-    def _skip_keeps_state(self) -> bool:
+    def skip_keeps_state(self) -> bool:
         """:func:`kernels.skip_keeps_state`, remembered once true (it stays true)."""
         if not self._primed:
             self._primed = kernels.skip_keeps_state(self.optimizer)
         return self._primed
-
-    def _skip(self, why: str) -> bool:
-        self.plugin._nonfinite(why, self)
-        self._clear()
-        return False
-
-    def _clear(self) -> None:
-        """Drop the gradients now; the window starts afresh."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self._stepped = False
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer (with its class), schedulers (with theirs) and counters, for checkpoints."""
@@ -286,7 +282,7 @@ class ManagedOptimizer:
         """Restore what :meth:`state_dict` returned (checked first: :meth:`check_state`)."""
         self.check_state(state)
         self.optimizer.load_state_dict(state["optimizer"])
-        self._skips_on_device, self._primed = None, False  # its groups' kernels may have changed
+        self._skips, self._primed = None, False  # its groups' kernels may have changed
         for scheduler, saved in zip(self.schedulers, _saved_schedulers(state)):
             scheduler.load_state_dict(saved)
         self.steps, self.skipped = state["steps"], state["skipped"]
@@ -307,45 +303,6 @@ def _saved_schedulers(state: Mapping[str, Any]) -> list[Any]:
     return [] if state.get("scheduler") is None else [state["scheduler"]]
 
 
-def _step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
-    """Step ``optimizer``'s fused kernel with ``flag`` (a float32 1.0 or 0.0 on the device, see
-    :class:`~hookfit.plugins.optim.nonfinite.Flags`) as its ``found_inf``: the kernel leaves
-    parameters and state as they are where it is 1.0. That is GradScaler's contract with the
-    fused kernels: attributes of the optimizer that its declared type lacks, so set by name."""
-    setattr(optimizer, "found_inf", flag)
-    setattr(optimizer, "grad_scale", None)
-    try:
-        optimizer.step()
-    finally:
-        delattr(optimizer, "found_inf")
-        delattr(optimizer, "grad_scale")
-
-
-def _scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
-    """``scaler.step(optimizer)`` through the scaler's own host read of ``found_inf`` rather
-    than the optimizer's kernel, for a fused optimizer whose state a step skipped inside the
-    kernel would leave invalid (torch's fused SGD with momentum before its first step)."""
-    # (torch's private flag, which GradScaler reads: not in the optimizer's declared type)
-    setattr(optimizer, "_step_supports_amp_scaling", False)
-    try:
-        scaler.step(optimizer)
-    finally:
-        setattr(optimizer, "_step_supports_amp_scaling", True)
-
-
-def _into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
-    """Add the window's non-finite flag to what ``scaler`` found in ``optimizer``'s gradients
-    at ``unscale_``, on the flag's device, so that ``scaler.step`` skips the step (and the
-    scale backs off, as for an overflow). ``False`` when the scaler keeps no such record
-    there (its layout is torch's, not public API): the caller then reads the flag itself."""
-    record = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
-    found = record.get("found_inf_per_device", {}).get(bad.device)
-    if not isinstance(found, torch.Tensor):
-        return False
-    found.add_(bad).clamp_(max=1.0)  # fused kernels skip only where found_inf is exactly 1
-    return True
-
-
 NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...); pass the "
               "optimizer the step drives, Loop(optimizers=torch.optim.SGD(model.parameters(), "
               "lr=...)), or several as a dict of names")
@@ -355,13 +312,12 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     """``loop.optimizers`` during a run: named :class:`ManagedOptimizer` objects; with exactly
     one, ``step()``, ``zero_grad()`` and ``param_groups`` work without a name."""
 
-    def __init__(self, managed: dict[str, ManagedOptimizer]) -> None:
+    def __init__(self, managed: dict[str, ManagedOptimizer], loop: Run | None = None) -> None:
         self._managed = managed
-        self._toggled: list[Toggled] = []  # the toggles of the running batch (for a backward's error)
+        self._loop = loop
+        self.toggled: list[Toggled] = []
+        """The toggles of the running batch (named in a failed backward's error)."""
         self._single = next(iter(managed.values())) if len(managed) == 1 else None
-        if self._single is not None:  # one optimizer: no lookup on the hot path
-            self.step = self._single.step  # type: ignore[method-assign]  # bound per instance: the hot path
-            self.zero_grad = self._single.zero_grad  # type: ignore[method-assign]  # bound per instance: the hot path
 
     def __getitem__(self, name: str) -> ManagedOptimizer:
         try:
@@ -413,16 +369,16 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         for want of a gradient gets a note naming the toggle and what it froze
         (:mod:`hookfit.plugins.optim.toggles`)."""
         active = self[name]
-        own = {id(p) for p in active._params}
+        own = {id(p) for p in active.params}
         # the parameters it freezes, by optimizer: those that require a gradient now (one frozen
         # already, by an enclosing toggle or the user, is left as it is, and so restored)
         frozen = {
-            other.name: [p for p in other._params if id(p) not in own and p.requires_grad]
+            other.name: [p for p in other.params if id(p) not in own and p.requires_grad]
             for other in self._managed.values() if other is not active
         }
-        now = stamp(active.plugin.loop)  # this batch's toggles, the latest of each name
-        self._toggled = [t for t in self._toggled if t.at == now and t.name != name]
-        self._toggled.append(Toggled(name, {n: ps for n, ps in frozen.items() if ps}, now))
+        now = stamp(self._loop)  # this batch's toggles, the latest of each name
+        self.toggled = [t for t in self.toggled if t.at == now and t.name != name]
+        self.toggled.append(Toggled(name, {n: ps for n, ps in frozen.items() if ps}, now))
         for params in frozen.values():
             for p in params:
                 p.requires_grad_(False)

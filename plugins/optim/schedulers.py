@@ -1,6 +1,6 @@
 """optim's learning-rate schedulers, as training scripts use them: which optimizer each one
 drives, when it steps, and ``ReduceLROnPlateau`` on a monitored epoch metric.
-:class:`Scheduling` is that part of the plugin's class.
+:class:`Schedules` is that part of the plugin.
 
 ``Optim(schedulers=...)`` takes
 
@@ -51,15 +51,13 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 import torch
 
-from hookfit import hookimpl
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import Monitor, choice, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    from hookfit.plugins.optim.managed import Optimizers
     from hookfit.run import Run
 
-__all__ = ["Scheduling"]
+__all__ = ["Schedules"]
 
 NAME = "optim"
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
@@ -146,20 +144,15 @@ def _check_once(given: list[Given]) -> None:
                 f"are built on different optimizers; the schedulers under a name drive that optimizer")
 
 
-class Scheduling:
-    """The schedulers of :class:`~hookfit.plugins.optim.Optim` (a part of its class): checked
-    when it is built, given to their optimizers at ``configure``, stepped per step (by
-    :class:`~hookfit.plugins.optim.ManagedOptimizer`), per epoch or on the monitored metric
-    (here)."""
-
-    # the plugin's, read here
-    loop: Run | None
-    optimizers: Optimizers | None
+class Schedules:
+    """The schedulers of :class:`~hookfit.plugins.optim.Optim`: checked when it is built, given
+    to their optimizers at ``configure`` (:meth:`assign`), stepped after each real step (by
+    :class:`~hookfit.plugins.optim.ManagedOptimizer`, those :meth:`per_step` names), per epoch
+    or on the monitored metric (here, from optim's events)."""
 
     def __init__(self, schedulers: Any, scheduler_interval: str | None, monitor: str | None) -> None:
         choice(NAME, "scheduler_interval", scheduler_interval, ("step", "epoch"), none=True)
-        self.schedulers = schedulers
-        self.scheduler_interval = scheduler_interval
+        self.interval = scheduler_interval
         self.monitor = monitor
         self._given = _parse(schedulers)
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
@@ -180,23 +173,19 @@ class Scheduling:
                 f"monitor={monitor!r} once the stage is complete (once per epoch); leave "
                 f"scheduler_interval out (the ReduceLROnPlateau on its metric, the others after every "
                 f"step) or give 'epoch'")
+        self._assigned: dict[str, list[Any]] = {}
         self._awaiting: int | None = None  # the epoch whose monitored stage ended, its metrics not heard
 
-    def _interval(self, scheduler: Any) -> str:
-        """When ``scheduler`` steps: ``"step"``, ``"epoch"`` or ``"monitor"``."""
-        if isinstance(scheduler, PLATEAU):
-            return "monitor"
-        return "epoch" if self.scheduler_interval == "epoch" else "step"
+    def per_step(self, schedulers: list[Any]) -> list[Any]:
+        """Those of ``schedulers`` that step after each real step of their optimizer."""
+        return [s for s in schedulers if not isinstance(s, PLATEAU) and self.interval != "epoch"]
 
-    def _per_step(self) -> bool:
-        """Whether some scheduler steps after each optimizer step (no fast path then)."""
-        return any(self._interval(g.scheduler) == "step" for g in self._given)
-
-    def _assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
+    def assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
         """At ``configure``: each optimizer's schedulers, in the order given; checked against
         the run's optimizers. A run that does not train (``Loop.validate()``) gets none."""
         self._awaiting = None
         out: dict[str, list[Any]] = {name: [] for name in optimizers}
+        self._assigned = out
         if loop.mode != "fit":
             return out
         unknown = sorted({g.name for g in self._given if g.name is not None and g.name not in optimizers})
@@ -225,14 +214,15 @@ class Scheduling:
                 f"'train/' metric")
         return out
 
-    def _stage_ended(self, loop: Run, stage: str) -> None:
+    def stage_ended(self, loop: Run, stage: str) -> None:
         """From optim's ``stage_end`` (``tryfirst``: before the metrics publish the stage): the
         monitored stage is complete, so its ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""
         if self._monitor is not None and stage == self._monitor.stage and loop.mode == "fit":
             self._awaiting = loop.state.epoch
 
-    @hookimpl
-    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
+    def epoch_metrics(self, stage: str, metrics: MetricsSnapshot) -> None:
+        """The metrics plugin published ``stage``'s epoch means: step the ``ReduceLROnPlateau``
+        on the monitored one."""
         monitor = self._monitor
         if monitor is None or stage != monitor.stage or self._awaiting is None:
             return  # not the monitored stage, or one that did not run to its end
@@ -244,22 +234,22 @@ class Scheduling:
                 f"optim: monitor={self.monitor!r} names a metric this run does not produce: the "
                 f"{stage} metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}")
         value = float(metrics.values[key].epoch)
-        for managed in (self.optimizers or {}).values():
-            for scheduler in managed.schedulers:
+        for schedulers in self._assigned.values():
+            for scheduler in schedulers:
                 if isinstance(scheduler, PLATEAU):
                     scheduler.step(value)
 
-    @hookimpl
-    def epoch_end(self, loop: Run, epoch: int) -> None:
+    def epoch_end(self, epoch: int) -> None:
+        """At an epoch's end: the epoch-wise schedulers step; a monitored stage must have been
+        published."""
         if self._awaiting is not None:
             stage = self._monitor.stage if self._monitor is not None else None
             raise ValueError(
                 f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of epoch "
                 f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics "
                 f"plugin enabled?")
-        if self.scheduler_interval == "epoch" and self.optimizers is not None:
-            for managed in self.optimizers.values():
-                for scheduler in managed.schedulers:
+        if self.interval == "epoch":
+            for schedulers in self._assigned.values():
+                for scheduler in schedulers:
                     if not isinstance(scheduler, PLATEAU):
                         scheduler.step()
-

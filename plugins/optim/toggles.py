@@ -20,7 +20,7 @@ import torch
 from hookfit.plugins.support import unwrap_model
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    from hookfit.plugins.optim.plugin import Optim
+    from hookfit.plugins.optim.managed import Optimizers
     from hookfit.run import Run
 
 __all__ = ["Toggled", "note_toggles", "stamp"]
@@ -45,14 +45,13 @@ def stamp(loop: Run | None) -> Any:
     return state.epoch, state.stage, state.batch_idx, state.step
 
 
-def note_toggles(plugin: Optim, error: RuntimeError) -> None:
+def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) -> None:
     """Add a note to ``error``, torch's error for a backward pass through nothing that requires
     a gradient, when a ``toggle`` of this batch froze parameters: which, and why."""
-    optimizers, loop = plugin.optimizers, plugin.loop
-    if optimizers is None or loop is None or NO_GRAD not in str(error):
+    if optimizers is None or NO_GRAD not in str(error):
         return
     now = stamp(loop)
-    toggled = [t for t in optimizers._toggled if t.at == now and t.frozen]
+    toggled = [t for t in optimizers.toggled if t.at == now and t.frozen]
     if not toggled:
         return
     names = parameter_names(loop.model)

@@ -1,5 +1,5 @@
 """The device path's non-finite flag: a window's first loss checked into a zero made ahead of time
-with one kernel (``nonfinite.Flags``), any other with two (``nonfinite._flag``), instead of
+with one kernel (``checks.Flags``), any other with two (``checks.loss_flag``), instead of
 ``isfinite``'s five; the same answer as ``isfinite`` for every kind of value and dtype, and the
 loss left as it was."""
 
@@ -10,8 +10,8 @@ import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hookfit.plugins.optim import nonfinite
-from hookfit.plugins.optim.nonfinite import Flags, _flag
+from hookfit.plugins.optim import checks
+from hookfit.plugins.optim.checks import Flags, loss_flag
 
 VALUES = [0.0, -0.0, 1.5, -3e38, 3e38, float("inf"), float("-inf"), float("nan")]
 
@@ -20,7 +20,7 @@ VALUES = [0.0, -0.0, 1.5, -3e38, 3e38, float("inf"), float("-inf"), float("nan")
 @pytest.mark.parametrize("value", VALUES)
 def test_the_flag_is_one_exactly_where_isfinite_is_false(dtype, value) -> None:
     loss = torch.tensor(value).to(dtype)  # (3e38 overflows to inf in float16: the flag follows)
-    flag = _flag(loss)
+    flag = loss_flag(loss)
     assert flag.dtype == torch.float32 and flag.dim() == 0  # what the fused kernels take as found_inf
     assert flag.item() == (0.0 if bool(torch.isfinite(loss)) else 1.0)
 
@@ -28,7 +28,7 @@ def test_the_flag_is_one_exactly_where_isfinite_is_false(dtype, value) -> None:
 def test_a_loss_of_several_values_is_flagged_if_any_is_not_finite_and_keeps_its_graph() -> None:
     w = torch.ones(3, requires_grad=True)
     loss = w * torch.tensor([1.0, float("nan"), 2.0])
-    assert _flag(loss).item() == 1.0 and _flag(w * 2).item() == 0.0
+    assert loss_flag(loss).item() == 1.0 and loss_flag(w * 2).item() == 0.0
     loss.sum().backward()  # the flag read nothing in place: the graph is intact
     assert w.grad is not None
 
@@ -73,7 +73,7 @@ def test_a_windows_first_flag_is_one_kernel_with_the_same_answer_and_the_loss_un
 
 
 def test_each_window_gets_a_flag_of_its_own_that_later_checks_leave_as_it_was(monkeypatch) -> None:
-    monkeypatch.setattr(nonfinite, "SLOTS", 3)  # so the run crosses two refills
+    monkeypatch.setattr(checks, "SLOTS", 3)  # so the run crosses two refills
     flags = Flags()
     values = [1.0, float("nan"), 2.0, float("inf"), 3.0, 4.0, float("-inf"), 5.0]
     made = [flags.check(torch.tensor(v)) for v in values]

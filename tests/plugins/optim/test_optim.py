@@ -575,19 +575,20 @@ def test_clip_options_accept_positive_numbers_and_none(value, expected) -> None:
 # -- a step that bypasses loop.optimizers ------------------------------------------------------
 
 class Hooks:
-    """Records, at each training batch's end, whether optim still watches the optimizers."""
+    """Records, at each training batch's end, whether optim still watches the optimizers and
+    whether it registered a plugin of its own (it never does)."""
 
     name = "hooks_probe"
 
     def __init__(self) -> None:
-        self.seen: list[tuple[int, int, bool, bool]] = []
+        self.seen: list[tuple[int, int, bool]] = []
 
     @hookfit.hookimpl
     def batch_end(self, loop) -> None:
         if loop.training:
             managed = next(iter(loop.optimizers.values()))
             self.seen.append((loop.state.epoch, len(managed.optimizer._optimizer_step_pre_hooks),
-                              managed._fast, managed._fast_watched))
+                              any(name.startswith("optim.") for name, _ in loop.pm.list_name_plugin())))
 
 
 @pytest.mark.bad_input
@@ -615,9 +616,8 @@ def test_stepping_the_optimizer_variable_instead_of_loop_optimizers_warns_once()
     assert "Call loop.optimizers.step() in the step function" in message
     assert "clipping" in message and "schedulers" in message
     assert bypass[0].filename == __file__  # points at the step function's line
-    # watched during the first training stage only; then no hook, and step() takes the plain
-    # fast path again (while watching, its variant that marks optim's own steps)
-    assert probe.seen == [(0, 1, False, True)] * 3 + [(1, 0, True, False)] * 3
+    # watched during the first training stage only, with no plugin of optim's own; then no hook
+    assert probe.seen == [(0, 1, False)] * 3 + [(1, 0, False)] * 3
     assert not opt._optimizer_step_pre_hooks
 
 
