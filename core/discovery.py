@@ -234,8 +234,14 @@ def _declared_by(ep: metadata.EntryPoint) -> list[Any]:
 
 @functools.lru_cache(maxsize=8)
 def _builtin(path: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
-    return tuple((ep.name, specs) for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name)
-                 if getattr(getattr(ep, "dist", None), "name", None) == OWN for specs in _declared_by(ep))
+    return tuple((ep.name, specs) for ep in builtin_entry_points() for specs in _declared_by(ep))
+
+
+def builtin_entry_points() -> list[metadata.EntryPoint]:
+    """The entry points of hookfit's own distribution (the built-in plugins), sorted by name,
+    whether each is enabled, disabled or replaced by another distribution's of its name."""
+    return sorted((ep for ep in metadata.entry_points(group=GROUP)
+                   if getattr(getattr(ep, "dist", None), "name", None) == OWN), key=lambda e: e.name)
 
 
 def builtin_events() -> list[tuple[str, Any]]:

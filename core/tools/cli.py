@@ -1,6 +1,8 @@
 """The ``hookfit`` command (also ``python -m hookfit``): ``hookfit plugins``, ``hookfit hooks``,
 ``hookfit new-plugin``, ``hookfit demo``, ``hookfit runs``, and the commands that plugins add (the
-``add_commands`` hook: ``hookfit export`` is the checkpoint plugin's)."""
+``add_commands`` hook: ``hookfit export`` is the built-in checkpoint plugin's, for its own files;
+where that plugin is disabled or replaced, ``hookfit export`` says so and which plugin holds
+the role, unless the replacement adds an ``export`` of its own)."""
 
 from __future__ import annotations
 
@@ -248,18 +250,54 @@ def _runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any]) -> None:
-    """The subcommands that the enabled plugins add (``add_commands``)."""
+def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any]) -> list[Any]:
+    """The subcommands that the enabled plugins add (``add_commands``); returns the plugins'
+    :class:`hookfit.discovery.PluginInfo`, empty when the configuration file is bad."""
     from hookfit import config, manager
 
     try:
         configured = config.load(config.find(script=""))
     except config.ConfigError as error:
         print(f"hookfit: {error} (plugin commands are not available)", file=sys.stderr)
-        return
+        return []
+    infos = manager.collect(given, strict=False, configured=configured)
     pm = manager.PluginManager()
-    pm.register_all(manager.collect(given, strict=False, configured=configured), strict=False)
+    pm.register_all(infos, strict=False)
     pm.hook.add_commands(commands=sub)
+    return infos
+
+
+def _missing(command: str, infos: Sequence[Any]) -> str | None:
+    """Why ``hookfit COMMAND`` is not there when it is the command of a built-in plugin that
+    this environment disabled or replaced (``hookfit export`` is the built-in checkpoint's: it
+    reads that plugin's files), else ``None``. A plugin holding the role adds a command of that
+    name itself, through ``add_commands``, when it has one."""
+    from hookfit import discovery
+
+    held = {info.name: info for info in infos}
+    for ep in discovery.builtin_entry_points():
+        info = held.get(ep.name)
+        if info is not None and info.enabled and info.distribution == discovery.OWN:
+            continue  # registered: its commands are there
+        scratch = argparse.ArgumentParser(add_help=False).add_subparsers()
+        try:
+            loaded = ep.load()
+            plugin = loaded() if isinstance(loaded, type) else loaded
+            add = getattr(plugin, "add_commands", None)
+            if callable(add):
+                add(scratch)
+        except Exception:  # a built-in that cannot load adds nothing to explain
+            continue
+        if command not in scratch.choices:
+            continue
+        if info is None or not info.enabled:
+            why = f"which is disabled ({info.disabled_by if info is not None else 'not found'})"
+        else:
+            why = f"and {info.describe()} holds that role here and adds no {command!r} command"
+        return (f"hookfit {command}: this is the command of hookfit's built-in plugin {ep.name!r}, {why}; "
+                f"a plugin replacing {ep.name!r} adds its own {command!r} through the add_commands event "
+                f"when it has one (see 'hookfit plugins')")
+    return None
 
 
 def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
@@ -294,7 +332,10 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
                                                           "log does not say (default: the log's, min for loss)")
     p.set_defaults(run=_runs)
     if not argv or argv[0] not in OWN:  # a plugin's command, or help: ask the plugins
-        _add_plugin_commands(sub, plugins)
+        infos = _add_plugin_commands(sub, plugins)
+        if argv and argv[0] not in sub.choices and (why := _missing(argv[0], infos)) is not None:
+            print(why, file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
     try:

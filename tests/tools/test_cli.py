@@ -133,3 +133,23 @@ def test_hookfit_plugins_names_the_package_that_holds_a_role_and_what_it_replace
     rows = {row["name"]: row for row in json.loads(cli("plugins", "--json", env=env).stdout)}
     assert rows["checkpoint"]["distribution"] == "my-checkpoint"
     assert rows["checkpoint"]["replaces"].endswith("(hookfit.plugins.checkpoint:Checkpoint)")
+
+
+@pytest.mark.bad_input
+def test_hookfit_export_without_the_builtin_checkpoint_says_which_plugin_holds_the_role(tmp_path: Path) -> None:
+    """``hookfit export`` reads the built-in checkpoint's files: replaced by a plugin that adds no
+    ``export``, or disabled, it says so instead of argparse's bare "invalid choice"."""
+    site = make_dist(tmp_path / "site", "my-checkpoint", {"checkpoint": "my_ckpt_mod:Saver"},
+                     {"my_ckpt_mod": "class Saver:\n    pass\n"})
+    listed = site / "my_checkpoint-1.2.3.dist-info" / "entry_points.txt"
+    listed.write_text(listed.read_text() + "\n[hookfit.replaces]\ncheckpoint = hookfit\n")
+    replaced = cli("export", "runs/x", "model.pt", env={"PYTHONPATH": str(site), "HOOKFIT_PLUGINS": "checkpoint"})
+    assert replaced.returncode == 2
+    assert "invalid choice" not in replaced.stderr
+    assert ("hookfit export: this is the command of hookfit's built-in plugin 'checkpoint', and plugin "
+            "'checkpoint' (my-checkpoint 1.2.3, entry point my_ckpt_mod:Saver) holds that role here and adds "
+            "no 'export' command") in replaced.stderr, replaced.stderr
+    disabled = cli("export", "runs/x", "model.pt", env={"HOOKFIT_PLUGINS": "", "HOOKFIT_DISABLE_PLUGINS": "checkpoint"})
+    assert disabled.returncode == 2
+    assert "'checkpoint', which is disabled (HOOKFIT_DISABLE_PLUGINS=checkpoint)" in disabled.stderr, disabled.stderr
+    assert "invalid choice: 'nothing'" in cli("nothing", env={"HOOKFIT_PLUGINS": ""}).stderr  # no built-in's: argparse's
