@@ -27,6 +27,12 @@
   ``"min"`` unless configured otherwise (the loss is what the step minimises); nothing else is
   guessed from a name: a metric not configured has no direction (no best value is marked).
   Checked at construction: names as keys, ``"min"`` or ``"max"`` as values.
+* ``derived={"ppl": lambda m: math.exp(m["loss"])}``: metrics computed from the aggregated
+  ones at every publication and at each stage's end, train and valid (per validation set), never
+  averaged batch by batch: the epoch's ``ppl`` is ``exp`` of the epoch's mean loss. They are
+  published with the others, so every consumer shows them; ``best={"ppl": "min"}`` gives one a
+  direction; ``"train/ppl"`` derives it in one stage only (see
+  :mod:`~hookfit.plugins.metrics.derived`).
 * Results (``fit()``'s ``state.results``): ``state.results["metrics"]`` is each metric's last
   epoch value by ``"<stage>/<name>"``, ``state.results["best"]`` its best ``(value, epoch counted
   from 1)`` for the metrics with a direction; over every epoch of the run, those before a resume

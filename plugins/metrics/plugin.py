@@ -19,6 +19,7 @@ from hookfit.plugins.support import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs, ranks
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, as_real, batch_size,
                                                check, is_complex)
+from hookfit.plugins.metrics.derived import Derived, Function
 from hookfit.plugins.metrics.directions import Directions
 from hookfit.plugins.metrics.results import Report
 
@@ -43,6 +44,7 @@ class Metrics:
         defer: bool | None = None,
         sync_every: int = 50,
         best: Mapping[str, str] | None = None,
+        derived: Mapping[str, Function] | None = None,
     ) -> None:
         name = self.name  # every option checked now, naming it (hookfit.plugins.support)
         self.interval = number(name, "interval", interval, least=0, meaning="seconds between publications")
@@ -55,6 +57,7 @@ class Metrics:
         self.sync_every = sync_every
         self.directions = Directions(best, plugin=name)
         self.best: Mapping[str, str] = self.directions.given
+        self.derived = Derived(derived, plugin=name)  # metrics computed from the aggregated ones
         self.report = Report(self.directions)  # what the results event answers
         self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._local = False  # publications before the stage's end are not reduced
@@ -77,6 +80,7 @@ class Metrics:
         }
         self._stage, self._stage_name, self._outer = None, None, []
         self.report = Report(self.directions)
+        self.derived.reset()
         if not self.log and loop.pm.has_plugin("metrics_log"):
             warnings.warn(f"{self.name}: log=False no longer keeps metrics.jsonl from being written: the run's "
                           f"metric log is the metrics_log plugin's; leave it out with Loop(disable=['metrics_log']) "
@@ -228,16 +232,17 @@ class Metrics:
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 extra[key] = float(value)
         values = agg.values(self._reduce(loop))
+        for key, value in extra.items():
+            values[key] = Value(value, value, value)
+        self.derived.add(stage, values, final=True)
         entry = MappingProxyType({"epoch": loop.state.epoch, "step": loop.state.step,
-                                  **{k: v.epoch for k, v in values.items()}, **extra})
+                                  **{k: v.epoch for k, v in values.items()}})
         history = self.history.setdefault(stage, collections.deque(maxlen=self._history_epochs))
         if keep:
             history.append(entry)
         earlier: tuple[Mapping[str, Any], ...] = tuple(history) if keep else (*history, entry)
         if history.maxlen is not None:  # as long as the history kept
             earlier = earlier[len(earlier) - history.maxlen:]
-        for key, value in extra.items():
-            values[key] = Value(value, value, value)
         self.report.take(stage, loop.state.epoch, {k: v.epoch for k, v in values.items()})
         snapshot = self.snapshot(values=values, final=True, stage=stage, history=earlier, agg=agg)
         if (call := loop.hooks.epoch_metrics) is not None:
@@ -307,10 +312,11 @@ class Metrics:
         """The current aggregate of the running stage (or ``agg``, that of ``stage``), as published."""
         loop, agg = self.loop, agg or self._stage
         assert loop is not None and agg is not None  # inside a stage of a run
+        stage = stage or loop.state.stage or "train"
         if values is None:
             agg.read()
             values = agg.values(None if self._local else self._reduce(loop))
-        stage = stage or loop.state.stage or "train"
+            self.derived.add(stage, values, final=False)
         data = loop.val_data if stage == "valid" else loop.train_data
         if history is None:
             history = tuple(self.history.get(stage, ())) if final else ()
