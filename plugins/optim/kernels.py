@@ -1,28 +1,19 @@
-"""Which optimizers can skip a step on the device, and torch's fused kernels that can.
+"""torch's kernels that skip a step on the device, and optim's use of them.
 
-On the device path (see :class:`~hookfit.plugins.optim.Optim`) a step that must be skipped
-because of a non-finite loss is skipped without a host read only by a kernel that takes
-torch's ``found_inf`` (the contract ``GradScaler`` uses): torch's ``fused=True`` optimizers.
-This module says whether an optimizer has such a kernel, steps it on a flag
-(:func:`step_on_flag`), joins a flag to a ``GradScaler``'s (:func:`into_found_inf`), switches parameter groups of torch's
-Adam, AdamW and SGD to their fused kernel where the user left the choice of kernel to torch
-and the fused kernel is known to take the group, and says whether a step skipped inside the
-kernel leaves the optimizer a valid state.
+On the device path (:mod:`~hookfit.plugins.optim.nonfinite`) a step is skipped without a host
+read only by a kernel that takes torch's ``found_inf`` (``GradScaler``'s contract): torch's
+``fused=True`` optimizers. This module says whether an optimizer has one, switches groups of
+torch's Adam, AdamW and SGD whose kernel was left to torch to it where it is as robust as the
+default one, steps on a flag, and joins a flag to a ``GradScaler``'s. Switched:
 
-Only where torch's fused kernel is as robust as its default one is a group switched:
-
-* Adam and AdamW make each parameter's state before the kernel runs, support every
-  parameter type their other kernels do (DTensor included) and no sparse gradient anyway;
-* SGD only on plain tensors (its fused kernel has no DTensor sharding rule) of the run's
-  model, none of a module with ``sparse=True`` nor with a sparse gradient at the switch (its
-  fused kernel refuses sparse gradients; a parameter outside the model, or made sparse by a
-  functional ``embedding(..., sparse=True)``, cannot be told apart beforehand), and with
-  momentum only without dampening and where every parameter requires a gradient:
-  torch's fused SGD makes its momentum buffers at its first step with ``empty_like`` (a step
-  skipped then would leave them uninitialised) and fails when some parameters have buffers
-  and others not yet. A switched group gets zero buffers instead, with which its update is
-  torch's first step exactly (``momentum * 0 + grad``), and parameters whose gradients come
-  later have theirs already;
+* Adam and AdamW: they make each parameter's state before the kernel runs, and take every
+  parameter type their other kernels do (DTensor included);
+* SGD on plain tensors of the run's model (no DTensor sharding rule) with no sparse gradient
+  (none of a module with ``sparse=True``; one outside the model cannot be told beforehand), and
+  with momentum only without dampening where every parameter requires a gradient: torch's
+  fused SGD makes its momentum buffers at its first step with ``empty_like`` (a step skipped
+  then would leave them uninitialised), so a switched group gets zero buffers, with which its
+  update is torch's first step exactly (``momentum * 0 + grad``);
 * Adagrad and the others are left as they are.
 """
 

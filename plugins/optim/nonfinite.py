@@ -1,25 +1,21 @@
 """optim's non-finite policy (:class:`Policy`) and its device path (:class:`Deferred`).
 
-A non-finite loss poisons its accumulation window, whose steps are skipped
-(``nonfinite="skip"``: counted, the first warned about at once, the total at the end of the
-run) or fail the run (``"raise"``); a step whose gradients are non-finite is skipped alone.
-The loss is checked by one of :mod:`hookfit.plugins.optim.checks`.
+A non-finite loss (checked by one of :mod:`~hookfit.plugins.optim.checks`) poisons its
+accumulation window, whose steps are skipped (``nonfinite="skip"``: counted, the first warned
+about at once, the total at the end of the run) or fail the run (``"raise"``); a step whose
+gradients are non-finite is skipped alone.
 
-The device path (an accelerator, or ``defer=True``) never waits for the device. Every loss is
-back-propagated and ``~isfinite(loss)`` folded into a flag tensor of its window, on the device
-(a window's first loss costs one kernel, into a zero made ahead of time:
-:class:`~hookfit.plugins.optim.checks.Flags`). A step of the window then skips on the device,
-with no host read, where it can: an optimizer that accepts ``found_inf`` (torch's fused kernels,
-which ``Optim(fuse=True)`` switches torch's Adam, AdamW and SGD to where they take the
-parameters: :mod:`hookfit.plugins.optim.kernels`) gets the flag as ``found_inf``; with a
-``GradScaler`` the flag joins the scaler's ``found_inf``; any other optimizer reads the flag on
-the host once per step and skips as on the CPU. The flags of the steps that skipped on the
-device are read later, all in one transfer: every ``READ_EVERY`` windows, at the training
-stage's end, for a checkpoint, at the end of the run. Until then such a step looks like a real
-one (``step()`` returned ``True``, the optimizer events fired, a per-step scheduler stepped);
-the read counts it as skipped, warns, or under ``nonfinite="raise"`` raises, naming the batch.
-A read made for a checkpoint keeps the error for optim's next step or read, so the save is
-whole; at the end of a run that did not complete it is warned about instead."""
+The device path (an accelerator, or ``defer=True``) never waits for the device: every loss is
+back-propagated and its finiteness folded into a flag of its window on the device. A step then
+skips on the flag where it can, with no host read: an optimizer whose kernel takes
+``found_inf`` (:mod:`~hookfit.plugins.optim.kernels`) gets the flag, a ``GradScaler`` adds it to
+its own; any other optimizer reads the flag at its step and skips as on the CPU. The flags of
+steps that skipped on the device are read later, in one transfer: every ``READ_EVERY`` windows,
+at the training stage's end, for a checkpoint, at the end of the run. Until then such a step
+looks like a real one (``step()`` returned ``True``, the optimizer events fired, a per-step
+scheduler stepped); the read counts it as skipped and warns, or under ``nonfinite="raise"``
+raises, naming the batch. A checkpoint's read keeps that error for optim's next step or read,
+so the save is whole; a run that did not complete warns instead."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ class OptimWarning(HookfitWarning):
 
 
 READ_EVERY = 1024
-"""On the device path, the flags of this many closed windows are read on the host at the
-latest, so a run that publishes no metrics keeps a bounded number of them."""
+"""The device path reads the flags of this many closed windows at the latest."""
 
 Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]
 """A window's steps that skipped on the device: (optimizer, the window's flag as it was at
@@ -109,8 +104,6 @@ class Policy:
                 OptimWarning,
                 stacklevel=4,
             )
-
-
 
 
 class Deferred:
@@ -206,14 +199,13 @@ class Deferred:
             self._due = None
         self.read(final=final)
         self.raise_due()
+
     def read(self, final: bool = False, hold: bool = False) -> list[bool]:
-        """The host read of the flags kept since the last one (one transfer for them all):
-        count the steps skipped on the device, each by the flags it stepped on (its window's
-        loss flag as it was at the step, and its gradients' own), and warn about them; return
-        whether each window read had a non-finite loss. Under ``nonfinite="raise"`` the first
-        non-finite value is raised for once every window read is counted; ``hold`` keeps the
-        error for optim's next step or read (a checkpoint's read must not fail the save), and
-        ``final`` (a run that ends interrupted or failed) warns instead."""
+        """Read the flags kept since the last read, in one transfer: count each step skipped on
+        the device by the flags it stepped on; return whether each window had a non-finite
+        loss. Under ``nonfinite="raise"`` the first non-finite value is raised once every window
+        is counted; ``hold`` keeps the error for optim's next step or read (a checkpoint), and
+        ``final`` (a run that did not complete) warns instead."""
         pending, self._pending = self._pending, []
         if not pending:
             return []
@@ -270,8 +262,6 @@ class Deferred:
         if self._due is not None:
             error, self._due = self._due, None
             raise error
-
-
 
 
 def _batches(first: int, last: int) -> str:

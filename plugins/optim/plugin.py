@@ -1,10 +1,8 @@
 """The ``Optim`` plugin: its options and events, mixed precision and checkpoints. It is built
-from parts that own their state: the accumulation window (:mod:`~hookfit.plugins.optim.windows`),
-the non-finite policy and its device path (:mod:`~hookfit.plugins.optim.nonfinite`), the check
-of the run's losses (:mod:`~hookfit.plugins.optim.checks`), the watch for steps that bypass it
-(:mod:`~hookfit.plugins.optim.watch`) and the schedules
-(:mod:`~hookfit.plugins.optim.schedulers`); ``configure`` gathers them into the
-:class:`~hookfit.plugins.optim.managed.Rules` each managed optimizer steps by."""
+from parts that own their state: the accumulation window (:mod:`.windows`), the non-finite
+policy and its device path (:mod:`.nonfinite`), the check of the run's losses (:mod:`.checks`),
+the watch for steps that bypass it (:mod:`.watch`) and the schedules (:mod:`.schedulers`);
+``configure`` gathers them into the :class:`~.managed.Rules` each managed optimizer steps by."""
 
 from __future__ import annotations
 
@@ -33,29 +31,9 @@ __all__ = ["Optim", "OptimWarning"]
 
 
 class Optim:
-    """Manual optimizer stepping with accumulation, clipping, AMP, schedulers and a non-finite
-    policy: the options are described in :mod:`hookfit.plugins.optim`.
-
-    ``accumulate=N``: the optimizers step after every N-th training batch of an epoch
-    (windows aligned to batch indices, also in a run resumed mid-epoch) and after its last
-    batch, and each loss is divided by the number of batches of its window, so that a
-    window's update is that of its batches taken as one large batch (a mean-reduced loss,
-    batches of one size). That number is N but in the epoch's last window when the training
-    data's length (``len()``) makes it partial: 9 batches with ``accumulate=4`` are windows of
-    4, 4 and 1. When the length is unknown every loss is divided by N, the partial window's
-    too. ``max_steps`` may end a run inside a window, which is then not stepped; a checkpoint
-    keeps its gradients and a longer run resumed from it completes the window as an
-    uninterrupted run would. A ``GradScaler`` scales the divided loss.
-
-    The non-finite check of the losses is one of :mod:`hookfit.plugins.optim.checks`, chosen
-    at ``configure``: on an accelerator (a loss not on the CPU; ``defer=True`` takes the same
-    path on the CPU, ``defer=False`` never) it never waits for the device, and steps skipped
-    there are counted at the next host read (see :mod:`hookfit.plugins.optim.nonfinite`).
-    Gradient checks (``clip_norm`` with a non-finite policy, ``check_grads``) skip the step of
-    that optimizer alone; on the device path they are a flag of the step's own, joined to the
-    loss's in ``found_inf``. With a ``GradScaler`` optim checks no gradient: ``unscale_`` finds
-    non-finite ones itself.
-    """
+    """Manual optimizer stepping with accumulation, clipping, mixed precision, schedulers and a
+    non-finite policy; its options are described in :mod:`hookfit.plugins.optim`, its parts in
+    the modules this one names."""
 
     name = "optim"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)

@@ -1,48 +1,26 @@
-"""optim's learning-rate schedulers, as training scripts use them: which optimizer each one
-drives, when it steps, and ``ReduceLROnPlateau`` on a monitored epoch metric.
-:class:`Schedules` is that part of the plugin.
+"""optim's learning-rate schedulers (:class:`Schedules`), as training scripts use them.
 
-``Optim(schedulers=...)`` takes
+``Optim(schedulers=...)`` takes one scheduler (a chain too: torch's ``ChainedScheduler``,
+``SequentialLR``), a list of them, stepped in the order given (``[warmup, cosine]``), or a dict
+of optimizer name -> scheduler or list. Each drives the optimizer it was built on
+(``scheduler.optimizer``); a dict's names are checked against it.
 
-* one scheduler: ``StepLR(opt, ...)``, ``OneCycleLR(...)``, a chain (torch's
-  ``ChainedScheduler``, ``SequentialLR``), ``ReduceLROnPlateau(opt, ...)``;
-* a list of them, each stepped in the order given (``[warmup, cosine]``, as a script that calls
-  both ``step()`` writes it), for one optimizer or several;
-* a dict of optimizer name -> scheduler or list (``{"gen": StepLR(g, ...), "disc": ...}``).
+When each steps (``scheduler_interval``): ``None`` (default), a ``ReduceLROnPlateau`` on
+``monitor`` and every other scheduler after each real step of its optimizer (not a call inside
+an accumulation window, nor a skipped one); ``"step"``, every scheduler after each real step (a
+``ReduceLROnPlateau`` there is an error); ``"epoch"``, every scheduler but a
+``ReduceLROnPlateau`` at each epoch's end, after the validation.
 
-Each scheduler drives the optimizer it was built on (``scheduler.optimizer``): with several
-optimizers no name is needed, and a dict's names are checked against it.
+``monitor="<stage>/<metric>"`` (``"valid/loss"``, ``"valid/<set>/<metric>"``) is the epoch mean
+a ``ReduceLROnPlateau`` steps on, from the ``epoch_metrics`` snapshot the metrics plugin
+publishes once that stage is complete; a stage cut short (a stop, ``max_steps``) steps nothing,
+and the resumed run steps when it completes it.
 
-When each steps (``scheduler_interval``):
-
-* ``None`` (default): a ``ReduceLROnPlateau`` on ``monitor``, every other scheduler after each
-  real step of its optimizer (not after a call inside an accumulation window, nor a skipped
-  one);
-* ``"step"``: every scheduler after each real step; a ``ReduceLROnPlateau`` cannot (it steps on
-  an epoch's metric), so that is an error;
-* ``"epoch"``: every scheduler but a ``ReduceLROnPlateau`` at each epoch's end (``epoch_end``,
-  after the validation), a ``ReduceLROnPlateau`` on ``monitor``.
-
-``monitor="<stage>/<metric>"`` (``"valid/loss"``; ``"valid/<set>/<metric>"`` with several
-validation sets) is the epoch mean a ``ReduceLROnPlateau`` steps on, read from the
-``epoch_metrics`` snapshot the metrics plugin publishes once the stage is complete: once per
-epoch in which that stage ran (every ``val_every_n_epochs``), once per validation with
-``Loop(val_every_n_steps=N)``. A stage cut short (a stop, ``max_steps``) steps nothing: the
-resumed run completes it and steps then, as the uninterrupted run did.
-
-Checked when ``Optim`` is built, each a ``ValueError`` or ``TypeError`` naming optim and the
-option: what ``schedulers`` holds, the same scheduler given twice (or inside a chain given
-too), a ``ReduceLROnPlateau`` without ``monitor``, a ``monitor`` without one, a bad
-``monitor``, ``scheduler_interval="step"`` with one. When the run starts (``configure``, the
-first moment the optimizers are known, before any batch): a scheduler built on an optimizer
-that is not one of the run's, a dict name that is no optimizer's, or one that is another
-optimizer's; a ``"valid/"`` monitor in a run without validation. At the end of an epoch in
-which the monitored stage ran: its metric missing from the snapshot (the error names the
-metrics there are), or no snapshot published at all (no metrics plugin).
-
-Checkpoints keep every scheduler's state with its optimizer's (and their classes: a resume with
-other schedulers is refused, naming them). A run that does not train (``Loop.validate()``)
-steps no scheduler.
+Errors name optim and the option: when ``Optim`` is built (what ``schedulers`` holds, one given
+twice, a ``monitor`` without a ``ReduceLROnPlateau`` or the reverse), when the run starts (a
+scheduler of an optimizer that is not the run's, a wrong dict name, a ``"valid/"`` monitor
+without validation), at an epoch's end (the monitored metric missing, or never published). A
+run that does not train (``Loop.validate()``) steps no scheduler.
 """
 
 from __future__ import annotations

@@ -1,6 +1,14 @@
-"""optim's accumulation window: which training batch closes one (the optimizers step after it),
-what each loss is divided by, and the answer to ``should_sync_gradients``. Windows are aligned
-to batch indices, so a run resumed mid-epoch has the windows of an uninterrupted one."""
+"""optim's accumulation window (``Optim(accumulate=N)``): which training batch closes one, what
+each loss is divided by, and the answer to ``should_sync_gradients``.
+
+The optimizers step after every N-th training batch of an epoch (windows aligned to batch
+indices, also in a run resumed mid-epoch) and after its last batch; each loss is divided by the
+number of batches of its window, so that a window's update is that of its batches taken as one
+large batch (a mean-reduced loss, batches of one size). That number is N but in the epoch's last
+window when the training data's length makes it partial: 9 batches with ``accumulate=4`` are
+windows of 4, 4 and 1. When the length is unknown every loss is divided by N. ``max_steps`` may
+end a run inside a window, which is then not stepped; a checkpoint keeps its gradients, and a
+longer run resumed from it completes the window as an uninterrupted run would."""
 
 from __future__ import annotations
 
@@ -37,11 +45,8 @@ class Window:
         return self.size == 1 or (loop.state.batch_idx + 1) % self.size == 0
 
     def divisor(self, loop: Run) -> int:
-        """What the loss of this batch is divided by: the number of batches of its window,
-        ``size`` but in the epoch's last window when the data's length makes it partial. A pure
-        function of the batch index and the data's length, so a run resumed inside the window
-        weights it as an uninterrupted one; a batch past the length the data gave (a wrong
-        ``__len__``) is divided by ``size``."""
+        """What the loss of this batch is divided by: a pure function of the batch index and the
+        data's length (``size`` past the length the data gave: a wrong ``__len__``)."""
         batch_idx = loop.state.batch_idx
         if (batch_idx < self._last_window or not loop.training or self._stage_len is None
                 or batch_idx >= self._stage_len):
