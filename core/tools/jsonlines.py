@@ -89,14 +89,22 @@ _FIELDS: dict[str, tuple[Check, str]] = {
 }
 """The other fields of a row that are not metrics, and what each is."""
 
+_TEXT: tuple[Check, str] = (lambda v: v is None or isinstance(v, str), "a text or null")
+
 _OTHER: dict[str, dict[str, tuple[Check, str]]] = {
     "resume": {"step": (count, "a step count"), "epoch": (count, "an epoch"), "batch": (count, "a count"),
                "from": (lambda v: isinstance(v, str), "a file name")},
     "end": {"step": (count, "a step count"), "epoch": (count, "an epoch"), "time": _SECONDS,
-            "status": (lambda v: isinstance(v, str), "a status"), "skipped": (count, "a count")},
+            "status": (lambda v: isinstance(v, str), "a status"), "skipped": (count, "a count"),
+            "reason": _TEXT, "by": _TEXT, "duration": _SECONDS, "steps": (count, "a step count"),
+            "epochs": (count, "an epoch count")},
+    "run": {"name": _TEXT, "started": _TEXT, "identity": _TEXT, "host": _TEXT, "mode": _TEXT},
     "checkpoint": {"step": (count, "a step count")},
 }
-"""The fields of the other lines that readers use, and what each is (a damaged one is left out)."""
+"""The fields of the other lines that readers use, and what each is (a damaged one is left out):
+of ``metrics.jsonl`` and of ``run.jsonl`` (its ``"run"`` and ``"end"`` lines), whose values
+``hookfit runs`` shows and writes as JSON: a text field holding a number (``NaN``) or a number
+of seconds that is not finite is left out, never passed on."""
 
 
 def _nan(value: object) -> bool:
@@ -105,11 +113,11 @@ def _nan(value: object) -> bool:
 
 def checked(line: Mapping[str, Any], damaged: list[tuple[int, str]] | None = None, number: int = 0
             ) -> dict[str, Any] | None:
-    """A line of a ``metrics.jsonl`` as hookfit wrote it, or ``None`` when it cannot be placed.
+    """A line of a ``metrics.jsonl`` or a ``run.jsonl`` as hookfit wrote it, or ``None`` when it cannot be placed.
     In an ``"epoch"`` or ``"step"`` row, ``stage``, ``epoch`` and ``step`` must be what they are
     (else the row is skipped), the other progress fields and every metric and learning rate
     numbers (a metric may be NaN or infinite: a run that diverged); a value that is not is left
-    out. In ``"resume"``, ``"end"`` and ``"checkpoint"`` lines, a field readers use that is not
+    out. In ``"resume"``, ``"end"``, ``"run"`` and ``"checkpoint"`` lines, a field readers use that is not
     what it is is left out (a resume line without its step is skipped). Each is said in
     ``damaged`` (with the line's ``number``)."""
     where = f"line {number}" if number else "a line"

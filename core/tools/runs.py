@@ -130,13 +130,15 @@ def _kind(mode: int) -> str:
 
 
 def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
-    """The JSON objects of a ``.jsonl`` file, in order; ``[]`` when it does not exist or cannot
-    be read (see :func:`read_bytes`, which says why in ``notes``). The lines that are not JSON
-    objects are skipped, and said in ``notes`` (one note for the file)."""
+    """The JSON objects of a ``.jsonl`` file (``run.jsonl``), in order, each :func:`checked`;
+    ``[]`` when it does not exist or cannot be read (see :func:`read_bytes`, which says why in
+    ``notes``). The lines that are not JSON objects are skipped, and the damaged values left out,
+    each said in ``notes`` (one note for the file)."""
     data = read_bytes(path, notes)
     rows, damaged = jsonlines.objects(data) if data is not None else ([], [])
+    out = [kept for number, row in rows if (kept := jsonlines.checked(row, damaged, number)) is not None]
     jsonlines.note(notes, path, damaged)
-    return [row for _, row in rows]
+    return out
 
 
 def read_metrics(path: Path, notes: list[str] | None = None, live: bool = False) -> list[dict[str, Any]]:
@@ -411,8 +413,8 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         status, reason = "running", None
     else:
         status, reason = "unfinished", "no end was recorded (killed, or still running elsewhere)"
-    durations = [r.get("duration", r.get("time")) for r in ended]
-    duration = sum(d for d in durations if isinstance(d, (int, float))) if durations else None
+    durations = [d for r in ended if isinstance(d := r.get("duration", r.get("time")), (int, float))]
+    duration = sum(durations) if durations else None  # (None: no fit's duration is known)
     last = ([r for r in metrics if r.get("event") in ("epoch", "step", "end")] or [{}])[-1]
     epochs = max((int(r["epoch"]) for r in rows if isinstance(r.get("epoch"), int)), default=None)
     steps = last.get("step") if jsonlines.count(last.get("step")) else None

@@ -102,6 +102,7 @@ class Follower:
         self.resumed: ResumeInfo | None = None
         self.step = 0
         self.directions: dict[str, str] = {}  # the log's last "best" line
+        self.before = 0.0  # seconds of the fits that ended before (a resumed run's earlier ones)
         self.totals: dict[str, int] = {}  # stage -> the most batches an epoch of it had
 
     def poll(self) -> bool:
@@ -150,12 +151,13 @@ class Follower:
             self.resumed = ResumeInfo(str(row.get("from")), int(row.get("epoch", 1)) - 1, int(row.get("step", 0)),
                                       int(row.get("batch", 0)), "train")
             dash.receive("resumed", self.resumed)
-        elif event == "end":
+        elif event == "end":  # the clock says the whole run's time, as hookfit runs does: every fit's
             self.ended = row
             _skipped(dash, row)
-            step, epoch = row.get("step"), row.get("epoch")
+            step, epoch, seconds = row.get("step"), row.get("epoch"), row.get("time")
+            self.before += float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else 0.0
             dash.receive("end", str(row.get("status")), row.get("reason"), True, row.get("by"),
-                         float(row.get("time", 0.0)), step if isinstance(step, int) else None,
+                         self.before, step if isinstance(step, int) else None,
                          epoch - 1 if isinstance(epoch, int) else None)
             dash.finished = True
 

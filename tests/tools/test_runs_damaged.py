@@ -237,3 +237,32 @@ def test_a_pid_that_names_no_single_process_is_no_live_run(tmp_path: Path, pid: 
     (folder / "run.jsonl").write_text(json.dumps({"event": "run", "pid": pid, "host": os.uname().nodename,
                                                   "started": "2026-01-01T00:00:00"}) + "\n")
     assert runs.load(folder).status == "unfinished"
+
+
+@pytest.mark.bad_input
+def test_runs_json_stays_json_when_a_text_field_holds_a_non_finite_number(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged line can hold ``NaN`` or ``Infinity`` (Python's json reads and writes them)
+    where hookfit writes a text or a number of seconds: those values are left out, said in the
+    run's note, and ``hookfit runs --json`` writes JSON, which has no such constants."""
+    from hookfit.tools import cli
+
+    folder = tmp_path / "runs" / "demo" / "1"
+    folder.mkdir(parents=True)
+    (folder / "run.jsonl").write_text(
+        json.dumps({"event": "run", "name": float("nan"), "started": "2026-01-01T00:00:00"}) + "\n"
+        + json.dumps({"event": "end", "status": "interrupted", "reason": float("nan"), "by": float("inf"),
+                      "duration": float("inf"), "epochs": 1, "steps": 2}) + "\n")
+    (folder / "metrics.jsonl").write_text(
+        json.dumps({"event": "epoch", "stage": "train", "epoch": 1, "step": 2, "loss": 0.5}) + "\n"
+        + json.dumps({"event": "end", "status": "interrupted", "reason": float("-inf"), "time": 3.0}) + "\n")
+    with pytest.warns(hookfit.HookfitWarning, match=r"run.jsonl: line 1: 'name' of its run line is NaN, not a text "
+                                                    r"or null: left out; line 2: 'reason' of its end line is NaN"):
+        assert cli.main(["runs", str(tmp_path / "runs"), "--json"]) == 0
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    (listed,) = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert (listed["status"], listed["reason"], listed["duration"]) == ("interrupted", None, None)
+    assert listed["best"] == {"metric": "train/loss", "value": 0.5, "epoch": 1}

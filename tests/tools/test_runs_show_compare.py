@@ -489,3 +489,23 @@ def test_runs_on_hostile_folders_never_hangs_and_notes_each_unreadable_run_once(
                                text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL,
                                env={k: v for k, v in os.environ.items() if k != "HOOKFIT_PLUGINS"})  # with tui
         assert shown.returncode == 0 and "unfinished" in shown.stdout, shown.stderr
+
+
+def test_shows_clock_of_a_resumed_run_is_the_whole_runs_time_as_runs_says(tmp_path: Path) -> None:
+    """A run interrupted after 20 s and resumed for 31.1 s took 51.1 s: ``hookfit show``'s
+    clock and ``hookfit runs`` say so, not the resumed part's 31.1 s."""
+    from hookfit.plugins.tui.replay import _dashboard
+
+    folder = tmp_path / "run"
+    row = {"event": "epoch", "stage": "train", "batches": 4, "loss": 1.0}
+    _log(folder, {**row, "epoch": 1, "step": 4}, {"event": "end", "status": "interrupted", "epoch": 2, "step": 6,
+                                                 "time": 20.0},
+         {"event": "resume", "from": "epoch0002-step000000006.pt", "epoch": 2, "batch": 2, "step": 6},
+         {**row, "epoch": 2, "step": 8}, {"event": "end", "status": "completed", "epoch": 2, "step": 8, "time": 31.1})
+    (folder / "run.jsonl").write_text("".join(json.dumps(line) + "\n" for line in (
+        {"event": "run", "name": "run", "started": "2026-01-01T00:00:00", "max_epochs": 2},
+        {"event": "end", "status": "interrupted", "duration": 20.0, "epochs": 2, "steps": 6},
+        {"event": "run", "name": "run", "started": "2026-01-01T00:01:00", "max_epochs": 2},
+        {"event": "end", "status": "completed", "duration": 31.1, "epochs": 2, "steps": 8})))
+    model, _, info, _ = _dashboard(folder, draw=False)
+    assert info.duration == pytest.approx(51.1) and model.elapsed == pytest.approx(51.1)
