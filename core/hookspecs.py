@@ -123,7 +123,11 @@ not contained there).
 
 Plugins are named by their entry point (discovered plugins) or their ``name`` attribute (plugins given to
 ``Loop``, where one replaces the discovered plugin of the same name); that name keys their state in
-checkpoints and names them in messages and in ``loop.state.stopped_by``. A plugin whose class says
+checkpoints and names them in messages and in ``loop.state.stopped_by``. Two distributions registering one
+entry-point name clash (a warning names both; the first on ``sys.path`` is used), unless one declares that
+it replaces the other's plugin in its ``hookfit.replaces`` entry points (``checkpoint = "hookfit"`` for the
+built-in checkpoint): that one is used, without a warning, and ``hookfit plugins`` says what it replaced
+(see :func:`hookfit.discovery.entry_points`). A plugin whose class says
 ``observer = True`` only watches the run (renderers, loggers): if one of its implementations raises, it is
 switched off for the rest of the run with one warning instead of failing it. Every other plugin takes part
 in training, and its errors fail the run.
@@ -403,7 +407,9 @@ def save_state(loop: Run) -> Any:
     A checkpoint plugin calls every implementation through ``loop.plugin_states()``, which keys each answer by
     the name of the plugin that gave it, so a third-party plugin's state is saved without the checkpoint plugin
     knowing it. Return plain data (tensors, numbers, strings, lists, dicts): a checkpoint is read back with
-    ``torch.load(weights_only=True)``, so arbitrary objects cannot be restored. The state must be a snapshot:
+    ``torch.load(weights_only=True)``, so arbitrary objects cannot be restored. Tuples and non-string keys (an
+    optimizer's state dict has int keys) survive ``torch.save``; a checkpoint store of another format (JSON)
+    keeps them as the checkpoint role says (under the ``checkpoint`` plugin's events). The state must be a snapshot:
     later training must not change what was returned (copy tensors that training updates in place). Everything a
     resumed run needs to continue as if never stopped belongs here: an optimizer plugin saves the gradients of
     an open accumulation window (a model's state dict holds none). Called on the training thread between
@@ -440,7 +446,9 @@ def resume(loop: Run, source: str) -> str | os.PathLike[str] | Literal[False] | 
     (``loop.load_plugin_states(states)``), and gives the run its own saved position back with
     ``loop.load_state_dict(saved)``, where ``saved`` is what ``loop.state_dict()`` returned
     when it saved (a mapping of plain data and tensors: the position, the random state, the
-    data's own state). It writes nothing of ``loop.state`` itself. The core then fires
+    data's own state). It writes nothing of ``loop.state`` itself. The whole of what a
+    checkpoint plugin does (``strict``, which checkpoint is newest and a run's own, evaluations
+    and smoke runs) is the checkpoint role, under the ``checkpoint`` plugin's events. The core then fires
     ``resumed`` and starts where the run was: it skips the training batches of the epoch
     already done (data with an ``iter_from(start)`` method starts there without producing the
     earlier ones; nothing is skipped for data that restores its own position through

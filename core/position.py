@@ -96,6 +96,13 @@ class Position:
             out["val_due"] = True
         return out
 
+    def key(self) -> tuple[int, int, bool, bool]:
+        """A sort key: of two positions of one run, the later one has the greater key. The
+        global step first; at one step, the epoch (an epoch's end, at the start of the next
+        one, after its last batch), then a complete training stage (``"valid"``) after an open
+        one, then the step with its due validation run (``val_due`` false) after it was due."""
+        return (self.step, self.epoch, self.stage == "valid", not self.val_due)
+
     @classmethod
     def from_dict(cls, saved: Any) -> Position:
         """The position a state dict's ``"loop"`` entry describes, checked by
