@@ -40,8 +40,9 @@ last line cut short (a ``kill -9`` in the middle of a write) is dropped. A file 
 is not one of these tables is left alone, with a warning, and not written to.
 
 Writes go through :class:`hookfit.files.RunFile` (flushed, one write per row, never per
-batch): a full disk or a read-only run folder warns once (``FileWarning``) and training goes
-on without that file. Only the main process writes.
+batch): a full disk or a read-only run folder warns once (``FileWarning``, naming the file
+that failed first) and training goes on without the tables: the other table, failing for the
+same reason, says nothing more and is written no longer. Only the main process writes.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import io
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hookfit import hookimpl
@@ -96,17 +98,35 @@ def _order(leading: tuple[str, ...], names: Iterable[str]) -> list[str]:
     return [*leading, *sorted(n for n in rest if not n.startswith(LR)), *sorted(n for n in rest if n.startswith(LR))]
 
 
+class _Failure:
+    """The first failure of the file system in a run (a full disk, a read-only folder), said once
+    by the table it came to: it fails the other table too, quietly, as it would fail it."""
+
+    def __init__(self) -> None:
+        self.error: OSError | None = None
+
+
 class _Table:
     """One CSV file of the run, appended to row by row; its header widens by a rewrite."""
 
-    def __init__(self, owner: str, name: str, leading: tuple[str, ...]) -> None:
+    def __init__(self, owner: str, name: str, leading: tuple[str, ...], failure: _Failure) -> None:
         self.owner, self.name, self.leading = owner, name, leading
+        self.failure = failure
         self.file: RunFile | None = None
         self.columns: list[str] | None = None  # the header of the file, once known
         self.path: os.PathLike[str] | None = None  # the file of the current or last run
 
     def open(self, loop: Run) -> RunFile | None:
-        """The file, its header read when it exists already; ``None`` once it has failed."""
+        """The file, its header read when it exists already; ``None`` once it or the other table
+        has failed (the first failure warned, naming its file and the error)."""
+        if self.failure.error is not None:  # the other table failed: this one goes without a warning of its own
+            if self.file is None:
+                self.file = RunFile(self._path(loop), self.owner)
+                self.path = self.file.path
+            if self.file.failed is None:
+                self.file.close()
+                self.file.failed = self.failure.error
+            return None
         if self.file is None:
             self.file = run_file(loop, self.name, self.owner)
             self.path = self.file.path
@@ -115,7 +135,24 @@ class _Table:
                     self.columns = self._existing(self.file)
                 except OSError as error:
                     fail(self.file, error)
-        return None if self.file.failed is not None else self.file
+        return self._checked()
+
+    def _path(self, loop: Run) -> Path:
+        try:
+            return loop.run_dir / self.name
+        except OSError:  # a run folder that could not be made
+            return Path(self.name)
+
+    def _checked(self) -> RunFile | None:
+        """The file, unless it failed: then ``None``, and a failure of the file system (a full
+        disk, a read-only folder: an error with an ``errno``) is the plugin's, which the other
+        table then shares (a file that is not this plugin's table fails that file alone)."""
+        file = self.file
+        if file is None or file.failed is None:
+            return file
+        if self.failure.error is None and file.failed.errno is not None:
+            self.failure.error = file.failed
+        return None
 
     def _existing(self, file: RunFile) -> list[str] | None:
         """The header of the file already there (an earlier run's), its cut-short last line
@@ -149,14 +186,17 @@ class _Table:
         file = self.open(loop)
         if file is None:
             return
-        if self.columns is None:
-            self.columns = _order(self.leading, row)
-            if not file.write(_line(self.columns)):
-                return
-        elif not set(row) <= set(self.columns):
-            if not self.rewrite(_order(self.leading, [*self.columns, *row])):
-                return
-        file.write(_line(_cell(row.get(c)) for c in self.columns))
+        try:
+            if self.columns is None:
+                self.columns = _order(self.leading, row)
+                if not file.write(_line(self.columns)):
+                    return
+            elif not set(row) <= set(self.columns):
+                if not self.rewrite(_order(self.leading, [*self.columns, *row])):
+                    return
+            file.write(_line(_cell(row.get(c)) for c in self.columns))
+        finally:
+            self._checked()
 
     def rewrite(self, columns: list[str], keep: Callable[[Mapping[str, str]], bool] | None = None) -> bool:
         """Rewrite the file with ``columns`` as its header, keeping the rows ``keep`` accepts
@@ -188,6 +228,7 @@ class _Table:
             except OSError:
                 pass
             fail(file, error)
+            self._checked()
             return False
 
     def close(self) -> None:
@@ -235,8 +276,9 @@ class CSVLogger:
         flag(self.name, "every_publication", every_publication)
         self.enabled = enabled
         self.every_publication = every_publication
-        self._epochs = _Table(self.name, "metrics.csv", EPOCH_COLUMNS)
-        self._updates = _Table(self.name, "metrics_updates.csv", UPDATE_COLUMNS)
+        self._failure = _Failure()  # one warning a run for both tables
+        self._epochs = _Table(self.name, "metrics.csv", EPOCH_COLUMNS, self._failure)
+        self._updates = _Table(self.name, "metrics_updates.csv", UPDATE_COLUMNS, self._failure)
         self._loop: Run | None = None
         self._renamed: set[str] = set()  # metrics named as a column of the tables' own, said this run
 
@@ -320,4 +362,5 @@ class CSVLogger:
     def _close(self) -> None:
         self._epochs.close()
         self._updates.close()
+        self._failure.error = None
         self._loop = None

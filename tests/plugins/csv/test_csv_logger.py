@@ -273,3 +273,32 @@ def test_a_full_disk_warns_once_and_training_completes(tmp_path: Path, late: str
             {"epoch": "1", "step": "1", "stage": "train", "loss": "1.0"}]
     # the run's lock (hookfit.records: one process a run folder) beside its record
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.csv", "run.jsonl", "run.lock"]
+
+
+@pytest.mark.fault
+def test_a_read_only_run_folder_warns_once_as_every_other_writer(read_only_folder: Path) -> None:
+    """Both tables fail for the one reason: one ``FileWarning`` from the plugin, as the metric
+    log gives one, and the run completes."""
+    logger = CSVLogger(every_publication=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = hookfit.Loop(lambda loop, b: {"loss": float(b)}, [1, 2, 3], val_step=lambda loop, b: {"loss": 1.0},
+                             val_data=[1], max_epochs=2, run_dir=read_only_folder,
+                             plugins=[Metrics(interval=0), logger, MetricsLog()]).fit()
+    assert state.status == "completed"
+    said = [str(w.message) for w in caught if w.category is FileWarning]
+    mine = [text for text in said if text.startswith("csv: ")]
+    log = [text for text in said if text.startswith("metrics_log: ")]
+    assert len(mine) == 1 and len(log) == 1, said
+    assert "metrics_updates.csv" in mine[0] and "training goes on" in mine[0]
+    assert not any(read_only_folder.iterdir())
+
+
+def test_a_file_that_is_not_its_table_fails_that_table_alone(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.csv").write_text("name,value\nx,1\n")
+    with pytest.warns(FileWarning, match="is not a table this plugin writes"):
+        hookfit.Loop(lambda loop, b: {"loss": float(b)}, [1, 2], run_dir=tmp_path / "run",
+                     plugins=[Metrics(interval=0), CSVLogger(every_publication=True)]).fit()
+    assert (tmp_path / "run" / "metrics.csv").read_text() == "name,value\nx,1\n"
+    assert (tmp_path / "run" / "metrics_updates.csv").read_text().startswith("epoch,step,stage,batches,loss\n")
