@@ -21,8 +21,10 @@ from hookfit.files import FileWarning
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support import flag, positive_number
 from hookfit.plugins.tui import hookspecs
+from hookfit.plugins.tui.debugging import Debugging
 from hookfit.plugins.tui.terminal import ENV_OFF, NO_URWID, OutputCapture, interactive_terminal
 from hookfit.plugins.tui.text import summary
+from hookfit.plugins.tui.warned import WarningLog
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import argparse
@@ -42,7 +44,7 @@ PROGRESS_EVERY = 0.5
 __all__ = ["ENV_PERSISTENT", "OUTPUT_LOG", "TuiRenderer", "summary"]
 
 
-class TuiRenderer:
+class TuiRenderer(Debugging):
     """The urwid dashboard. ``persistent`` keeps the final screen until the user leaves."""
 
     name = "tui"
@@ -60,6 +62,8 @@ class TuiRenderer:
         self._screen: urwid.display.raw.Screen | None = None
         self._dashboard: Dashboard | None = None
         self._capture: OutputCapture | None = None
+        self.warned = WarningLog(self._logged)
+        """The run's warnings while the dashboard was up: its log pane showed them, the summary lists them."""
         self._saved_signals: dict[int, Any] = {}
         self._ui_error: BaseException | None = None
         self._failed = False
@@ -135,6 +139,8 @@ class TuiRenderer:
                           f"({type(exc).__name__}: {exc}); the console prints instead",
                           HookfitWarning, stacklevel=2)
             return
+        self.warned = WarningLog(self._logged)
+        self.warned.install()  # removed by _restore, in every outcome
         self._thread = threading.Thread(target=self._ui, name="hookfit-tui", daemon=True)
         self._thread.start()
         self._previous_breakpointhook = sys.breakpointhook
@@ -186,6 +192,10 @@ class TuiRenderer:
         self._screen = screen
 
     # -- the training thread hands over, in O(1) -----------------------------------------------
+    def _logged(self, lines: list[str]) -> None:
+        """Lines for the log pane (the warnings of :class:`WarningLog`), from any thread."""
+        self._inbox.append(("log", lines))
+
     @hookimpl
     def resumed(self, info: ResumeInfo) -> None:
         if self.active:
@@ -236,66 +246,6 @@ class TuiRenderer:
     def stop_requested(self, request: StopRequest) -> None:
         if self.active:
             self._inbox.append(("stopping", request.reason))
-
-    # -- a debugger (breakpoint()) gets the terminal ----------------------------------------------
-    def _breakpointhook(self, *args: Any, **kwargs: Any) -> Any:
-        """``sys.breakpointhook`` while the dashboard is up: the terminal and descriptors 1 and
-        2 are given back before the previous hook (pdb, by default) runs; the dashboard comes
-        back once the debugger lets go (at the next publication of metrics, the next stage or
-        the end of the run) or at once if no debugger took over."""
-        previous = self._previous_breakpointhook or sys.__breakpointhook__
-        if not self.active or self._suspended:
-            return previous(*args, **kwargs)
-        tracer = sys.gettrace()
-        self._suspend()
-        frame = sys._getframe()
-        try:
-            # On one line, so that no line event of this frame reaches a debugger that starts
-            # tracing in previous() (pdb stops at the next line event): untraced from there on,
-            # this frame calls no Python function while it is attached, and the debugger stops
-            # at the line after breakpoint() in the caller, as without a dashboard.
-            result = previous(*args, **kwargs); attached = sys.gettrace() is not tracer; frame.f_trace = None if attached else frame.f_trace  # noqa: E501,E702
-        except BaseException:
-            self._resume()
-            raise
-        del frame
-        if not attached:  # no debugger is tracing (PYTHONBREAKPOINT=0, or one that is done)
-            self._resume()
-            return result
-        self._debugger = sys.gettrace()  # (C calls and attributes only: nothing to step into)
-        self._debug_thread = threading.get_ident()
-        return result
-
-    def _suspend(self) -> None:
-        """Park the UI thread (it must not read the keys the debugger reads), stop the screen
-        and give the descriptors back."""
-        self._parked.clear()
-        self._go.clear()
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            self._parked.wait(timeout=2.0)  # a tick of get_input() and a frame at most
-        self._suspended = True
-        if self._screen is not None:
-            self._screen.stop()
-        if self._capture is not None:
-            self._capture.suspend()
-
-    def _resume_if_let_go(self) -> None:
-        """On the thread that hit the breakpoint: back to the dashboard once the debugger no
-        longer traces it (``continue`` in pdb)."""
-        if self._debug_thread == threading.get_ident() and sys.gettrace() is not self._debugger:
-            self._resume()
-
-    def _resume(self) -> None:
-        if not self._suspended:
-            return
-        self._debugger = self._debug_thread = None
-        if self._capture is not None:
-            self._capture.resume()
-        if self._screen is not None:
-            self._screen.start()
-        self._suspended = False
-        self._go.set()  # the UI thread redraws the whole screen
 
     # -- the UI thread ------------------------------------------------------------------------
     def _ui(self) -> None:
@@ -379,11 +329,14 @@ class TuiRenderer:
             if self._thread is not None:
                 self._thread.join(timeout=5)
             self._restore()
+            if self._dashboard is not None and (self._thread is None or not self._thread.is_alive()):
+                while self._inbox:  # what came after the UI thread's last frame (the summary reads it)
+                    self._dashboard.receive(*self._inbox.popleft())
         if self._ui_error is not None:
             warnings.warn(f"tui: the dashboard failed and was closed: {type(self._ui_error).__name__}: "
                           f"{self._ui_error}", HookfitWarning, stacklevel=2)
         output = self.output if self.output is not None and self.output.exists() else None
-        print("\n".join(summary(self._dashboard, state, output)), flush=True)
+        print("\n".join(summary(self._dashboard, state, output, warned=self.warned.lines())), flush=True)
         if self._ended_by is not None:  # terminate as asked, now that the terminal is back
             signum, self._ended_by = self._ended_by, None
             signal.raise_signal(signum)
@@ -425,6 +378,7 @@ class TuiRenderer:
         if sys.breakpointhook == self._breakpointhook:
             sys.breakpointhook = self._previous_breakpointhook
         self._suspended = False
+        self.warned.remove()
         try:
             if self._screen is not None:
                 self._screen.stop()

@@ -79,13 +79,15 @@ def clock(seconds: float | None) -> str:
 
 
 
-def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | None = None) -> list[str]:
+def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | None = None,
+            warned: Sequence[str] = ()) -> list[str]:
     """The plain-text record printed after the dashboard closes (and by ``hookfit show
     --text``): status (with the run's own duration, ``state.elapsed``: a persistent
     dashboard's hold is not part of it), how many steps were skipped and why, where the run
     resumed from, where its output is kept, the size of the model, where the time went, the
     table (``nan``/``inf`` as they are) and the loss curves up to the run's last step (``×``
-    where the values were not finite)."""
+    where the values were not finite); ``warned``: the warnings the run issued while the
+    dashboard was up, a line each."""
     from hookfit.plugins.support.plot import NONFINITE, spans_decades, text_plot
 
     asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
@@ -98,6 +100,7 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
         lines.append(f"  resumed from {state.resumed_from}")
     if output is not None:
         lines.append(f"  output printed during the run: {output}")
+    lines.extend(f"  {line}" for line in warned)
     model = getattr(dashboard, "model", None)
     if model is not None:
         lines.append(f"  model: {model}")

@@ -1,0 +1,89 @@
+"""The warnings of a run while the dashboard owns the terminal: kept, shown in the dashboard's
+log pane and again in the plain-text summary printed after it, never written to the terminal
+(where they would land in the screen's rows, or in the captured output as two raw lines).
+
+:class:`WarningLog` replaces :func:`warnings.showwarning` while it is installed and puts the
+previous one back when removed; the warnings filters decide, as always, which warnings are
+shown at all. A warning written to a file of the caller's own (``showwarning(..., file=f)``)
+goes to the previous function unchanged."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any, TextIO
+
+__all__ = ["WarningLog", "describe"]
+
+KEPT = 100
+"""At most this many warnings are kept for the summary; the count of the others is."""
+
+
+class WarningLog:
+    """Keeps the warnings shown while installed and hands each to ``deliver`` (the log pane),
+    as one line of :func:`describe`."""
+
+    def __init__(self, deliver: Callable[[list[str]], None]) -> None:
+        self._deliver = deliver
+        self._previous: Any = None
+        self._lock = threading.Lock()
+        self.kept: list[str] = []
+        """The warnings shown while installed (at most :data:`KEPT`), each as :func:`describe` says it."""
+        self.dropped = 0
+        """How many more there were."""
+
+    def install(self) -> None:
+        """Take over :func:`warnings.showwarning` (once; installing again does nothing)."""
+        if self._previous is None:
+            self._previous = warnings.showwarning
+            warnings.showwarning = self._show
+
+    def remove(self) -> None:
+        """Put back the function that was there when installed, unless another replaced ours
+        since (then theirs stays, and ours is no longer called)."""
+        previous, self._previous = self._previous, None
+        if previous is not None and warnings.showwarning == self._show:
+            warnings.showwarning = previous
+
+    def lines(self) -> list[str]:
+        """The summary's lines: one per warning kept, and how many more there were."""
+        lines = [f"warning: {text}" for text in self.kept]
+        if self.dropped:
+            lines.append(f"warning: … and {self.dropped} more")
+        return lines
+
+    def _show(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+              file: TextIO | None = None, line: str | None = None) -> None:
+        if file is not None:  # written to a file of the caller's own: not the terminal's
+            if self._previous is not None:
+                self._previous(message, category, filename, lineno, file, line)
+            else:  # called after removal, through a reference kept elsewhere
+                file.write(warnings.formatwarning(message, category, filename, lineno, line))
+            return
+        text = describe(message, category, filename, lineno)
+        with self._lock:
+            if len(self.kept) < KEPT:
+                self.kept.append(text)
+            else:
+                self.dropped += 1
+        self._deliver([f"warning: {text}"])
+
+
+def describe(message: Warning | str, category: type[Warning], filename: str, lineno: int) -> str:
+    """One line for a warning: its category and message, and where it points: the file and line
+    when that is the user's code, else the module of hookfit (which plugin) that issued it."""
+    text = " ".join(str(message).split())
+    module = _hookfit_module(filename)
+    where = f"from {module}" if module is not None else f"{os.path.basename(filename)}:{lineno}"
+    return f"{category.__name__}: {text} ({where})"
+
+
+def _hookfit_module(filename: str) -> str | None:
+    """The name of the hookfit module loaded from ``filename``, or ``None`` when it is not one."""
+    for name, module in list(sys.modules.items()):
+        if (name == "hookfit" or name.startswith("hookfit.")) and getattr(module, "__file__", None) == filename:
+            return name
+    return None
