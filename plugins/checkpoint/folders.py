@@ -25,13 +25,30 @@ def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> Fold
     process there refuses this one with a :class:`hookfit.records.FolderInUse` naming it. A new
     run folder is this process's alone and is not touched."""
     if directory is not None and not loop.smoke:
-        directory.mkdir(parents=True, exist_ok=True)
+        _make(directory, owner)
         held = FolderLock(directory, owner)
         held.acquire(f"this run's checkpoints ({owner}(dir={str(directory)!r}))")
         return held if held.held else None
     if loop.run_dir_given or continued:
         loop.run_dir  # noqa: B018 - the folder's first use takes its lock
     return None
+
+
+def _make(directory: Path, owner: str) -> None:
+    """Make the checkpoint folder ``directory`` (and its parents) if it is missing; a path that
+    is there and not a folder (a file, ``/dev/null``) is refused with a ``NotADirectoryError``
+    that says so, and any other failure gets a note naming the option."""
+    given = f"{owner}(dir={str(directory)!r})"
+    if directory.exists() and not directory.is_dir():
+        kind = "a file" if directory.is_file() else "not a regular file (a device, a socket or a pipe)"
+        raise NotADirectoryError(f"{given}: the checkpoints' folder is {kind}, not a folder: give the path of a "
+                                 f"folder (it is made if it does not exist), or leave dir out to save into the "
+                                 f"run folder")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        error.add_note(f"{given}: could not make the checkpoints' folder {str(directory)!r}")
+        raise
 
 
 def remove_stale_temporaries(folder: Path) -> None:
