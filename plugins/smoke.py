@@ -6,7 +6,10 @@ afterwards (so nothing is kept: no metrics log, no checkpoint, no resume from an
 the folder of a smoke run that was killed is removed by the next one),
 then a report on stderr of what ran: how it ended, what each step function returned, and each
 plugin with the events it handled. A plugin that writes files somewhere of its own choosing
-reads ``loop.smoke`` and keeps them in ``loop.run_dir`` instead.
+reads ``loop.smoke`` and keeps them in ``loop.run_dir`` instead. What the run returns
+(``loop.state.results``) points at nothing that was removed: a path into the temporary folder
+(``best_checkpoint``, ``last_checkpoint``...) becomes ``None``, and the report names those
+results.
 
 The core knows only the flag (``loop.smoke``); this plugin, discovered like every other, makes
 the run a smoke run. Its ``configure`` is a ``tryfirst`` wrapper: before every other plugin
@@ -28,7 +31,9 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sized
+from os import PathLike
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from hookfit.data import length
@@ -166,13 +171,34 @@ class Smoke:
             self._undo()
             self._undo = None
         try:
+            gone = self.forget(loop)
             self.report(loop)
+            if gone:
+                print(f"hookfit smoke: results that pointed into the temporary folder are None: {', '.join(gone)}",
+                      file=sys.stderr, flush=True)
         finally:
             if self.lock is not None:
                 self.lock.release()
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
             self.lock = self.folder = None
+
+    def forget(self, loop: Run) -> list[str]:
+        """Set to ``None`` every path in ``loop.state.results`` (at any depth of its mappings and
+        lists) that lies in the temporary folder, which is about to be removed; return the
+        names of the results that had one."""
+        folder = self.folder
+        if folder is None:
+            return []
+        root = folder.resolve()
+        results, gone = {}, []
+        for key, value in loop.state.results.items():
+            results[key] = kept = _outside(value, root)
+            if kept is not value:
+                gone.append(key)
+        if gone:
+            loop.state.results = MappingProxyType(results)
+        return gone
 
     def report(self, run: Run, stream: Any = None) -> None:
         out = stream if stream is not None else sys.stderr
@@ -202,3 +228,21 @@ class Smoke:
             print(f"hookfit smoke:   {name} (registered by a plugin): {', '.join(sorted(self.handled[name]))}",
                   file=out)
         out.flush()
+
+
+def _outside(value: Any, root: Path) -> Any:
+    """``value`` with every path (a string or a path object) inside ``root`` replaced by
+    ``None``, through mappings, lists and tuples; ``value`` itself when nothing changed."""
+    if isinstance(value, (str, PathLike)):
+        try:
+            inside = Path(value).resolve().is_relative_to(root)
+        except (OSError, ValueError, TypeError):
+            return value
+        return None if inside else value
+    if isinstance(value, Mapping):
+        items = {k: _outside(v, root) for k, v in value.items()}
+        return items if any(items[k] is not v for k, v in value.items()) else value
+    if isinstance(value, (list, tuple)):
+        parts = [_outside(v, root) for v in value]
+        return type(value)(parts) if any(a is not b for a, b in zip(parts, value)) else value
+    return value

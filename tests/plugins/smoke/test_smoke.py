@@ -158,13 +158,28 @@ def test_each_validation_set_gets_its_first_batches() -> None:
     assert seen == [("a", 0), ("a", 1), ("b", 100), ("b", 101)]
 
 
+class Helped:
+    """A third-party plugin that registers a helper of its own at configure."""
+
+    name = "helped"
+
+    class Helper:
+        @hookfit.hookimpl
+        def batch_end(self) -> None:
+            pass
+
+    @hookfit.hookimpl
+    def configure(self, loop):
+        loop.pm.register(Helped.Helper(), name="helped.batch_end")
+
+
 def test_helpers_a_plugin_registers_are_reported_as_such(capsys: pytest.CaptureFixture[str]) -> None:
     model, data, step = regression()
     hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1), smoke=True,
-                 plugins=[Optim(accumulate=2)]).fit()
+                 plugins=[Optim(), Helped()]).fit()
     err = capsys.readouterr().err.splitlines()
-    assert "hookfit smoke:   optim.batch_end (registered by a plugin): batch_end" in err, err
-    assert "hookfit smoke: plugins (1), with the events each handled:" in err
+    assert "hookfit smoke:   helped.batch_end (registered by a plugin): batch_end" in err, err
+    assert "hookfit smoke: plugins (2), with the events each handled:" in err
 
 
 def test_a_smoke_run_validates_inside_training_when_asked(capsys: pytest.CaptureFixture) -> None:
