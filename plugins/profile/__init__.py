@@ -52,23 +52,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import socket
 import sys
-import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, Protocol, TextIO, TypeVar
+from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, TextIO, TypeVar
 
 from hookfit import hookimpl
 from hookfit.files import FileWarning
 from hookfit.manager import chosen
+from hookfit.plugins.profile.report import Cycle, Report, Table, field, span
+from hookfit.plugins.profile.traces import export
 from hookfit.plugins.support import check, flag, integer, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    from torch.autograd.profiler_util import FunctionEventAvg
     from torch.profiler import profile as Profiler
 
     from hookfit.run import Run
@@ -93,17 +91,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _field(key: str, value: str) -> str:
-    """``key=value``, the value quoted when it has spaces or quotes (a path, a sentence)."""
-    if value and not any(c.isspace() or c in "\"'" for c in value):
-        return f"{key}={value}"
-    return '{}="{}"'.format(key, value.replace("\\", "\\\\").replace('"', '\\"'))
-
-
-def _span(first: int, last: int) -> str:
-    return str(first) if first == last else f"{first}-{last}"
-
-
 def _guarded(method: Callable[Concatenate[Profile, P], R]) -> Callable[Concatenate[Profile, P], R]:
     """A failure of the plugin stops the profiler before the dispatcher switches the plugin off
     (it then receives no ``fit_end``, and the profiler must not go on recording)."""
@@ -117,36 +104,6 @@ def _guarded(method: Callable[Concatenate[Profile, P], R]) -> Callable[Concatena
             raise
 
     return guarded
-
-
-class _Table(Protocol):
-    """What the report uses of torch's ``EventList``: its table as text."""
-
-    def table(self, *, sort_by: str, row_limit: int) -> str: ...
-
-
-class _Sum(Protocol):
-    """What the report uses of torch's ``FunctionEventAvg``: adding another operator's times."""
-
-    def add(self, other: FunctionEventAvg) -> object: ...
-
-
-@dataclass
-class _Cycle:
-    """One recorded cycle of the schedule."""
-
-    steps: list[tuple[int, int]]  # (the run's step, the profiler's step) of each recorded batch
-    active: int  # the steps the schedule wanted recorded
-    cut: bool  # the run ended during it
-    trace: Path | None = None  # the file written, or None
-    error: str | None = None  # why it was not written
-
-
-@dataclass
-class _Report:
-    cycles: list[_Cycle] = field(default_factory=list)
-    averages: dict[str, _Sum] = field(default_factory=dict)  # operator -> FunctionEventAvg, over the cycles
-    use_device: str | None = None
 
 
 class Profile:
@@ -190,7 +147,7 @@ class Profile:
         """The trace files written by the current or last run."""
         self._prof: Profiler | None = None  # the torch.profiler.profile while it runs
         self._plan: Callable[[int], object] = lambda step: None  # its schedule
-        self._report = _Report()
+        self._report = Report()
         self._recorded: list[tuple[int, int]] = []  # the current cycle's recorded steps so far
         self._stepping_stage = "train"
         self._folder: Path | None = None
@@ -230,7 +187,7 @@ class Profile:
 
     def _reset(self) -> None:
         self._abandon()
-        self._report = _Report()
+        self._report = Report()
         self._recorded = []
         self._folder = None
         self._failed = False
@@ -322,7 +279,7 @@ class Profile:
         steps, self._recorded = self._recorded, []
         if not steps:  # the run ended right after the warm-up: the trace would hold only its end
             return
-        cycle = _Cycle(steps=steps, active=self.active, cut=self._prof is None and len(steps) < self.active)
+        cycle = Cycle(steps=steps, active=self.active, cut=self._prof is None and len(steps) < self.active)
         report = self._report
         for average in prof.key_averages():
             mine = report.averages.get(average.key)
@@ -339,7 +296,7 @@ class Profile:
             cycle.error = "not tried after an earlier trace could not be written"
             return
         path = self._folder / f"{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json"
-        error = self._export(prof, path)
+        error = export(prof, path)
         if error is None:
             cycle.trace = path
             self.traces.append(path)
@@ -349,35 +306,6 @@ class Profile:
         warnings.warn(f"profile: could not write {path} ({cycle.error}); training goes on without this trace",
                       FileWarning, stacklevel=2)
 
-    @staticmethod
-    def _export(prof: Profiler, path: Path) -> OSError | None:
-        """Write the profiler's trace to ``path``: exported to a temporary file, checked, copied
-        in under a temporary name and renamed, so ``path`` is whole or absent."""
-        temp: str | None = None
-        partial = path.with_name(path.name + ".partial")
-        try:
-            handle, temp = tempfile.mkstemp(prefix="hookfit-profile-", suffix=".pt.trace.json")
-            os.close(handle)
-            prof.export_chrome_trace(temp)
-            if not _whole(temp):
-                raise OSError(f"the profiler could not export its trace to {temp} (is the temporary folder "
-                              f"{tempfile.gettempdir()} full?)")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                shutil.copyfile(temp, partial)
-                os.replace(partial, path)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    partial.unlink(missing_ok=True)
-                raise
-            return None
-        except OSError as error:
-            return error
-        finally:
-            if temp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-
     # -- the end --------------------------------------------------------------------------
     def _print(self, *fields: str) -> None:
         print("hookfit profile " + " ".join(f for f in fields if f), file=self.stream or sys.stdout, flush=True)
@@ -386,23 +314,23 @@ class Profile:
         report = self._report
         recorded = report.cycles  # every one with a step at least (see _ready)
         if not recorded:
-            self._print("nothing_recorded", _field("reason", self._nothing(loop)))
+            self._print("nothing_recorded", field("reason", self._nothing(loop)))
             return
         for cycle in recorded:
             (first, first_n), (last, last_n) = cycle.steps[0], cycle.steps[-1]
-            fields = [f"steps={_span(first, last)}", f"profiler_steps={_span(first_n, last_n)}"]
+            fields = [f"steps={span(first, last)}", f"profiler_steps={span(first_n, last_n)}"]
             if cycle.cut:
-                fields.append(_field("cut_short", f"the run ended after {len(cycle.steps)} of the {cycle.active} "
+                fields.append(field("cut_short", f"the run ended after {len(cycle.steps)} of the {cycle.active} "
                                                   f"active steps; ProfilerStep#{last_n + 1} holds the rest of the run"))
             if cycle.trace is not None:
-                fields.append(_field("trace", str(cycle.trace)))
+                fields.append(field("trace", str(cycle.trace)))
             else:
-                fields.append(_field("trace_not_written", cycle.error or "no run folder"))
+                fields.append(field("trace_not_written", cycle.error or "no run folder"))
             self._print(*fields)
         if self.traces:
             run_folder = self.traces[0].parent.parent
-            self._print(_field("tensorboard", f"tensorboard --logdir {run_folder} (with torch-tb-profiler)"),
-                        _field("perfetto", "https://ui.perfetto.dev or chrome://tracing: open a .pt.trace.json"))
+            self._print(field("tensorboard", f"tensorboard --logdir {run_folder} (with torch-tb-profiler)"),
+                        field("perfetto", "https://ui.perfetto.dev or chrome://tracing: open a .pt.trace.json"))
         table = self._table()
         count = sum(len(c.steps) for c in recorded)
         self._print("slowest", f"sort_by={self._sort_key()}", f"rows={min(self.row_limit, len(report.averages))}",
@@ -427,20 +355,6 @@ class Profile:
         from torch.autograd.profiler_util import EventList
 
         report = self._report
-        events: Callable[..., _Table] = EventList  # unannotated in torch: its table() gives a str
+        events: Callable[..., Table] = EventList  # unannotated in torch: its table() gives a str
         return events(list(report.averages.values()), use_device=report.use_device,
                       profile_memory=self.profile_memory).table(sort_by=self._sort_key(), row_limit=self.row_limit)
-
-
-def _whole(path: str) -> bool:
-    """Whether an exported trace is complete: a JSON object, so its last character is ``}``."""
-    try:
-        with open(path, "rb") as file:
-            file.seek(0, os.SEEK_END)
-            size = file.tell()
-            if size == 0:
-                return False
-            file.seek(max(0, size - 64))
-            return file.read().rstrip().endswith(b"}")
-    except OSError:
-        return False

@@ -199,7 +199,7 @@ def test_a_run_cut_short_in_the_active_steps_still_writes_its_trace_and_prints(h
     if how == "stop":
         loop = make_loop(profile, StopAfter(4))
     elif how == "sigint":
-        loop = make_loop(profile, Interrupter(), step=Raise(3, signal_instead=True))
+        loop = make_loop(profile, Interrupter(exit=False), step=Raise(3, signal_instead=True))
     else:
         loop = make_loop(profile, step=Raise(4))
     if how == "failure":
