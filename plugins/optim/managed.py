@@ -72,6 +72,7 @@ class ManagedOptimizer:
         """``step()`` was called inside an accumulation window that has not closed."""
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self._rules = rules
+        self._accumulates = rules.window.size > 1
         self._per_step = list(per_step)  # its schedulers that step after each real step
         self._stepped = False  # a real step happened since the last effective zero_grad()
         # whether its kernel takes found_inf, so that it can skip on the device: decided at its
@@ -94,8 +95,7 @@ class ManagedOptimizer:
     def step(self) -> bool:
         """Step now if this batch closes an accumulation window; return whether it stepped
         (``False`` inside a window or when the step was skipped for a non-finite value)."""
-        window = self._rules.window
-        if window.size > 1 and not window.closes(self._rules.loop):  # (size first: a call saved a step)
+        if self._accumulates and not self._rules.window.closes(self._rules.loop):
             self.window_open = True
             return False
         return self._step()
@@ -104,8 +104,8 @@ class ManagedOptimizer:
         """Clear gradients, unless they are being accumulated for a later step: with
         accumulation it takes effect only once after each step, so calling it before
         ``backward`` or after ``step()`` in every batch both work."""
-        if self._stepped or self._rules.window.size == 1:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+        if self._stepped or not self._accumulates:
+            self.optimizer.zero_grad(set_to_none)
             self._stepped = False
 
     def flush(self) -> None:
@@ -137,10 +137,10 @@ class ManagedOptimizer:
     def _step(self) -> bool:
         rules = self._rules
         self.window_open = False
-        policy, deferred, optimizer = rules.policy, rules.deferred, self.optimizer
+        deferred = rules.deferred
         # the window's flag on the device (the device path), None on the host path
-        bad = deferred.flag_for(self) if deferred.bad is not None and not policy.poisoned else None
-        if policy.poisoned:  # a non-finite loss in this window: its gradients are incomplete
+        bad = deferred.flag_for(self) if deferred.bad is not None and not rules.policy.poisoned else None
+        if rules.policy.poisoned:  # a non-finite loss in this window: its gradients are incomplete
             return self.skip("non-finite loss")
         grad_bad = None
         if rules.prepares:  # unscaling, clipping, gradient checks (a plain run has none)
@@ -148,7 +148,7 @@ class ManagedOptimizer:
             if prepared is None:
                 return False
             bad, grad_bad = prepared
-        loop = rules.loop
+        loop, optimizer = rules.loop, self.optimizer
         for call in rules.before_step:
             call(loop, self.name, optimizer)
         watch = rules.watch
@@ -210,17 +210,18 @@ class ManagedOptimizer:
         return bad, grad_bad
 
     def skips_on_device(self) -> bool:
-        """Whether this optimizer skips on the device (see :mod:`kernels`): decided at its first
-        step on the device path, and again when its parameter groups changed or a state was
-        loaded. Unless ``Optim(fuse=False)``, the groups of torch's optimizers that can run
-        the fused kernel, whose kernel was left to torch, are switched to it first."""
+        """Whether a step of this optimizer skipped inside its kernel (``found_inf``) leaves it
+        a valid state (see :mod:`kernels`). Its kernel is decided at its first step on the
+        device path, and again when its parameter groups changed or a state was loaded; unless
+        ``Optim(fuse=False)``, groups of torch's optimizers whose kernel was left to torch are
+        switched to the fused one first."""
         optimizer = self.optimizer
         if self._skips is None or len(optimizer.param_groups) != self._groups:
             if self._rules.fuse:
                 kernels.fuse(optimizer, self._rules.loop.model)
             self._groups, self._primed = len(optimizer.param_groups), False
             self._skips = kernels.skips_on_device(optimizer)
-        return self._skips
+        return self._skips and (self._primed or self.skip_keeps_state())
 
     def skip_keeps_state(self) -> bool:
         """:func:`kernels.skip_keeps_state`, remembered once true (it stays true)."""
@@ -241,10 +242,8 @@ class ManagedOptimizer:
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit
-        it: another optimizer class (Adam's moments loaded into SGD would load without a word
-        and train wrongly), other parameter groups, or other schedulers (their number and
-        classes: a resumed run would step another schedule). (States saved before the classes
-        were recorded are checked for what they hold.)"""
+        it: another optimizer class (it would load without a word and train wrongly), other
+        parameter groups, or other schedulers (a resumed run would step another schedule)."""
         saved_class, here = state.get("class"), class_name(self.optimizer)
         if saved_class is not None and saved_class != here:
             raise ValueError(
@@ -341,13 +340,8 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
             return self._single
         if not self._managed:
             raise TypeError(f"loop.optimizers.{what}: {NONE_GIVEN}")
-        if len(self._managed) != 1:
-            raise TypeError(
-                f"this run has {len(self._managed)} optimizers "
-                f"({', '.join(map(repr, self._managed)) or 'none'}); name one: "
-                f"loop.optimizers[name]"
-            )
-        return next(iter(self._managed.values()))
+        raise TypeError(f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))}); "
+                        f"name one: loop.optimizers[name]")
 
     def step(self) -> bool:
         """Step the only optimizer (see :meth:`ManagedOptimizer.step`)."""

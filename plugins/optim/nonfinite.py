@@ -155,8 +155,7 @@ class Deferred:
         bad = self.bad
         if bad is None:
             return None
-        skips = managed.skips_on_device()  # (decided, and fused where it can be, at its first step)
-        if self._scaled or (skips and managed.skip_keeps_state()):
+        if managed.skips_on_device() or self._scaled:  # (the kernel decided first: it may be fused)
             return bad
         self.read_flag()
         return None

@@ -1,29 +1,19 @@
-"""optim's watch for steps that bypass it: a step function that steps its own optimizer
-variable (``opt.step()``) instead of ``loop.optimizers.step()`` skips optim's clipping,
-accumulation, loss scaling, non-finite policy, schedulers and counters. During the run's first
-training stage a torch step pre-hook on each managed optimizer
-(:class:`Watch`) notices such a step, and one
-:class:`~hookfit.plugins.optim.OptimWarning` names the optimizer and the call to make instead.
+"""optim's watch for steps and backward passes that bypass it, during the run's first training
+stage.
 
-The same stage watches for a backward pass that bypasses it: a step function calling
-``loss.backward()`` instead of ``loop.backward(loss)`` skips the loss's division for
-accumulation and its scaling. A hook on each parameter of the managed optimizers
-(:class:`~hookfit.plugins.support.GradientWatch`) tells gradients that appear outside
-``loop.backward`` (optim's ``backward`` marks its own passes). One ``OptimWarning`` names the step function and
-``loop.backward``; where the bypass trains another model than the script means (accumulation,
-loss scaling, several processes) it is a ``RuntimeError`` instead, raised from that
-``loss.backward()`` call, before the first optimizer step. The hooks are gone
-after :data:`WATCHED_PASSES` passes through ``loop.backward`` (a step that bypasses it does so
-at once, in every batch) or at the end of the first training stage, leaving nothing in the
-backward pass, and the steps' pre-hooks with them (a step function that steps its own optimizer does so within as many batches, unless
-it steps less often than every :data:`WATCHED_PASSES` batches): no per-step cost is left.
-
-At the end of the first training stage, a stage whose batches went through ``loop.backward``
-and in which no managed optimizer stepped (taken or skipped) gets one ``OptimWarning``: optim
-steps when the step function asks (``loop.optimizers.step()``), and a step function that never
-asks trains nothing.
-
-"""
+A step function that steps its own optimizer variable (``opt.step()``) instead of
+``loop.optimizers.step()`` skips optim's clipping, accumulation, loss scaling, non-finite
+policy, schedulers and counters: a torch step pre-hook on each managed optimizer notices it, and
+one :class:`~hookfit.plugins.optim.OptimWarning` names the optimizer and the call to make. One
+that calls ``loss.backward()`` instead of ``loop.backward(loss)`` skips the loss's division and
+scaling: a hook on each parameter (:class:`~hookfit.plugins.support.GradientWatch`) tells
+gradients that appear outside optim's own passes; one ``OptimWarning`` names the step function,
+or where the bypass trains another model than the script means (accumulation, loss scaling,
+several processes) a ``RuntimeError`` is raised from that call. The hooks are removed after
+:data:`WATCHED_PASSES` passes through ``loop.backward`` or at the stage's end: no per-step cost
+is left. A first stage whose batches went through ``loop.backward`` and in which no optimizer
+stepped gets one ``OptimWarning``: a step function that never asks optim to step trains
+nothing."""
 
 from __future__ import annotations
 
@@ -141,11 +131,8 @@ class Watch:
         return sum(m.steps + m.skipped for m in (self._optimizers or {}).values())
 
     def _check_stepped(self) -> None:
-        """At the end of the first training stage, backward passes through
-        ``loop.backward`` were made and no optimizer stepped: the step function never calls
-        ``loop.optimizers.step()``, and the model does not train. One
-        :class:`~hookfit.plugins.optim.OptimWarning` a run says so (a step function that steps
-        every k batches, k within the epoch, is not warned about)."""
+        """Warn, once a run, when the first training stage made passes through
+        ``loop.backward`` and no optimizer stepped (taken or skipped)."""
         if self._unstepped_said or self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
             return
         self._unstepped_said = True
