@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
+from hookfit.units import MB, count, size
+
 __all__ = ["MetricsSnapshot", "ModelSummary", "ModuleRow", "ResumeInfo", "StopRequest", "TimeSplit", "Value"]
 
 
@@ -202,30 +204,6 @@ class ResumeInfo:
         return f"{self.source} (epoch {self.epoch + 1}, {where}, step {self.step})"
 
 
-MB = 2**20
-"""Bytes in a megabyte, as the sizes of models are given here (``size_mb``): 1,048,576."""
-
-
-def _scaled(n: int, base: int, units: tuple[str, ...]) -> str:
-    """``n`` in the first unit where it reads below ``base``, to three significant digits."""
-    for power, unit in enumerate(units):
-        value = n / base**power
-        text = f"{value:.3g}" if value < 99.95 else f"{value:.0f}"
-        if float(text) < base or power == len(units) - 1:
-            return text + unit
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _count(n: int) -> str:
-    """``860``, ``12.3k``, ``1.23M``, ``7.1B``."""
-    return _scaled(n, 1000, ("", "k", "M", "B", "T"))
-
-
-def _size(n: int) -> str:
-    """``240 B``, ``12.3 kB``, ``4.71 MB``, ``1.2 GB`` (kB = 1024 bytes, MB = 1024 kB, ...)."""
-    return _scaled(n, 1024, (" B", " kB", " MB", " GB", " TB"))
-
-
 class ModuleRow(NamedTuple):
     """One top-level module in a :class:`ModelSummary`.
 
@@ -270,7 +248,7 @@ class ModelSummary:
     * ``parameters``: elements in the model's parameters (``sum(p.numel())`` over
       ``model.parameters()``, each parameter once).
     * ``trainable``: those in parameters with ``requires_grad`` (the rest are frozen).
-    * ``parameter_bytes``: memory of the parameters (``numel() * element_size()``).
+    * ``parameter_bytes``: memory of the parameters (``numel() * elementsize()``).
     * ``buffer_bytes``: memory of the buffers (running statistics of a BatchNorm, ...).
     * ``modules``: one :class:`ModuleRow` per top-level module, in definition order: the
       children of a single model (plus a ``"(direct)"`` row when the model holds parameters or
@@ -313,7 +291,7 @@ class ModelSummary:
         return self.parameters - self.trainable
 
     def __str__(self) -> str:
-        text = f"{_count(self.parameters)} params ({_count(self.trainable)} trainable), {_size(self.bytes)}"
+        text = f"{count(self.parameters)} params ({count(self.trainable)} trainable), {size(self.bytes)}"
         if self.uninitialised:
             text += f", {self.uninitialised} tensors not initialised yet (lazy)"
         return text

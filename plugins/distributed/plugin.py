@@ -21,6 +21,7 @@ from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.modes import modules
 from hookfit.plugins.support import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import group, hookspecs
+from hookfit.plugins.distributed.agreement import agreed
 from hookfit.plugins.distributed.failures import failure_store, report
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.plugins.distributed.wrapping import ModelWrap
@@ -370,37 +371,3 @@ class Distributed(ModelWrap):
         except ValueError:
             seconds = f"{self.timeout:g}"
         return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
-
-
-def agreed(asked: list[tuple[str, str | None, bool] | None]) -> StopRequest:
-    """The stop the ranks agree on, from every rank's pending request (``(reason, by,
-    complete)``, ``None`` where none): ``by`` names each asker once (the same plugin on every
-    rank is named once), ``ranks`` are those that asked, and the reason says it for a person
-    (``"stop requested on ranks 0-3: SIGTERM"``; one part per distinct reason)."""
-    wanted = [(rank, why) for rank, why in enumerate(asked) if why is not None]
-    reasons: dict[str, list[int]] = {}
-    for rank, (reason, _, _) in wanted:
-        reasons.setdefault(reason, []).append(rank)
-    askers = dict.fromkeys(by for _, (_, by, _) in wanted if by)
-    return StopRequest(
-        "; ".join(f"stop requested on {_ranks(ranks)}: {reason}" for reason, ranks in reasons.items()),
-        by=", ".join(askers) or None,
-        # the run completes only if every rank that asked says so (not if one was signalled)
-        complete=all(complete for _, (_, _, complete) in wanted),
-        ranks=tuple(rank for rank, _ in wanted),
-    )
-
-
-def _ranks(ranks: list[int]) -> str:
-    """``"rank 1"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``: sorted ranks, runs of three or more
-    as ranges."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][-1] + 1:
-            runs[-1].append(rank)
-        else:
-            runs.append([rank])
-    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
-    return "ranks " + ", ".join(parts)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import hookfit
 from hookfit import hookimpl
 from hookfit.plugins.distributed import Distributed
-from hookfit.plugins.distributed.plugin import agreed
+from hookfit.plugins.distributed.agreement import agreed
 from test_distributed import (  # noqa: F401 - _not_launched: autouse, this process is not torchrun's
     ROOT,
     _env,
