@@ -48,8 +48,9 @@ The rest
     (``hookfit resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``), and at the end
     it prints the status, the reason, the duration and, for every metric, its last epoch value
     and its best or its extremes over the whole run: a resumed run's include the epochs of the
-    run it continues (the epoch summaries' ``history``, restored from the checkpoint). Last comes where each stage's time went
-    (``loop.state.time_split``, measured by the loop): ``hookfit time stage=train
+    run it continues (the epoch summaries' ``history``, restored from the checkpoint). Last
+    comes where each stage's time went (``loop.state.time_split``, measured by the loop):
+    ``hookfit time stage=train
     batches=<n> time=<s>s data=<%> step=<%> plugins=<%>``, and when waiting for data is more
     than :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's time
     (:attr:`hookfit.payloads.TimeSplit.data_bound`), a plain warning: ``hookfit bottleneck
@@ -132,31 +133,22 @@ def _field(key: str, value: str, always: bool = False) -> str:
     return f"{quote(key)}={quote(value, always)}"
 
 
-DIRECTIONS = MODES
-
-
 def _directions(best: Any) -> dict[str, str]:
     """``Console(best=...)`` checked: a mapping of metric names (or ``"stage/metric"``) to
     ``"min"`` or ``"max"``."""
     if best is None:
         return {}
     if not isinstance(best, Mapping):
-        raise TypeError(
-            f"console: best must map metric names to 'min' or 'max', e.g. "
-            f"best={{'loss': 'min', 'accuracy': 'max'}}; got {type(best).__name__} {best!r}"
-        )
+        raise TypeError(f"console: best must map metric names to 'min' or 'max', e.g. "
+                        f"best={{'loss': 'min', 'accuracy': 'max'}}; got {type(best).__name__} {best!r}")
     out = {}
     for key, direction in best.items():
         if not isinstance(key, str) or not key or key.endswith("/") or key.startswith("/"):
-            raise ValueError(
-                f"console: best has the key {key!r}; keys are metric names ('loss') or "
-                f"'<stage>/<metric>' ('valid/loss')"
-            )
-        if direction not in DIRECTIONS:
-            raise ValueError(
-                f"console: best[{key!r}] is {direction!r}; the direction of a metric is "
-                f"'min' (lower is better) or 'max' (higher is better)"
-            )
+            raise ValueError(f"console: best has the key {key!r}; keys are metric names ('loss') or "
+                             f"'<stage>/<metric>' ('valid/loss')")
+        if direction not in MODES:
+            raise ValueError(f"console: best[{key!r}] is {direction!r}; the direction of a metric is "
+                             f"'min' (lower is better) or 'max' (higher is better)")
         out[key] = direction
     return out
 
@@ -298,15 +290,11 @@ class Console:
         self._last_line = (stage, metrics.epoch, batch)
         total = metrics.total
         left = None if total is None or not metrics.batches else max(total - batch, 0) * metrics.step_time
-        self._print(
-            stage,
-            self._epoch(metrics.epoch + 1, metrics.max_epochs),
-            f"batch={batch}" + (f"/{total}" if total is not None else ""),
-            f"samples_per_s={metrics.samples_per_s:.1f}",
-            f"eta={_duration(left)}" if left is not None else "",
-            f"metrics_at_batch={metrics.batches}" if metrics.batches != batch else "",
-            *(_field(k, _number(v.running)) for k, v in metrics.values.items()),
-        )
+        self._print(stage, self._epoch(metrics.epoch + 1, metrics.max_epochs),
+                    f"batch={batch}" + (f"/{total}" if total is not None else ""),
+                    f"samples_per_s={metrics.samples_per_s:.1f}", f"eta={_duration(left)}" if left is not None else "",
+                    f"metrics_at_batch={metrics.batches}" if metrics.batches != batch else "",
+                    *(_field(k, _number(v.running)) for k, v in metrics.values.items()))
 
     def batch_events(self, loop: Run) -> tuple[str, ...]:
         """``batch_end`` only when lines are due by batch (``every_n_batches``) and the console
@@ -349,15 +337,10 @@ class Console:
         self._last_progress = _clock()
         total = metrics.total
         partial = total is not None and metrics.batches < total  # a stage cut short: not a whole epoch
-        self._print(
-            stage,
-            self._epoch(epoch, metrics.max_epochs),
-            "partial" if partial else "done",
-            f"batches={metrics.batches}/{total}" if partial else f"batches={metrics.batches}",
-            f"time={metrics.elapsed:.2f}s",
-            f"samples_per_s={metrics.samples_per_s:.1f}",
-            *(_field(k, _number(v.epoch)) for k, v in metrics.values.items()),
-        )
+        self._print(stage, self._epoch(epoch, metrics.max_epochs), "partial" if partial else "done",
+                    f"batches={metrics.batches}/{total}" if partial else f"batches={metrics.batches}",
+                    f"time={metrics.elapsed:.2f}s", f"samples_per_s={metrics.samples_per_s:.1f}",
+                    *(_field(k, _number(v.epoch)) for k, v in metrics.values.items()))
 
     def _extremes(self, stage: str, key: str, value: float, epoch: int) -> None:
         result = self._results.get((stage, key))
@@ -374,15 +357,9 @@ class Console:
     @hookimpl(trylast=True)
     def fit_end(self, loop: Run) -> None:
         state = loop.state
-        self._print(
-            "end",
-            f"status={state.status}",
-            _field("reason", state.stop_reason or "", always=True),
-            _field("by", state.stopped_by, always=True) if state.stopped_by else "",
-            f"duration={state.elapsed:.2f}s",
-            f"epochs={state.epoch + 1}",
-            f"steps={state.step}",
-        )
+        self._print("end", f"status={state.status}", _field("reason", state.stop_reason or "", always=True),
+                    _field("by", state.stopped_by, always=True) if state.stopped_by else "",
+                    f"duration={state.elapsed:.2f}s", f"epochs={state.epoch + 1}", f"steps={state.step}")
         if self._skipped:  # optimizer steps skipped (step_skipped): the run trained on fewer
             share = self._skipped / max(state.step, 1)
             self._print("skipped", f"steps={self._skipped}", f"share={share:.0%}",
