@@ -14,7 +14,7 @@ from hookfit.stopping import qualname
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run
 
-__all__ = ["warn_secondary", "where"]
+__all__ = ["hook_note", "warn_secondary", "where"]
 
 
 def where(run: Run, error: BaseException) -> str:
@@ -26,11 +26,7 @@ def where(run: Run, error: BaseException) -> str:
     that a step calls (``loop.backward``, a managed optimizer's ``step()``) is the plugin's: the
     note names the plugin and the function, and the step that called it."""
     pm = run.pm
-    owners: dict[Any, tuple[str, str]] = {}
-    for caller in vars(pm.hook).values():
-        for impl in caller.get_hookimpls():
-            code = getattr(getattr(impl.function, "__func__", impl.function), "__code__", None)
-            owners[code] = (impl.plugin_name, caller.name)
+    owners = _owners(pm)
     steps = {getattr(s, "__code__", None): s for s in (run.train_step, run.val_step) if s}
     modules = _plugin_modules(pm, {getattr(s, "__module__", None) for s in steps.values()})
     state = run.state
@@ -52,17 +48,43 @@ def where(run: Run, error: BaseException) -> str:
             fetch = _fetching(tb, state.epoch)
         tb = tb.tb_next
     if hooks:
-        plugin, hook = hooks[-1]
-        note = f"hookfit: raised by {pm.describe(plugin)} in hook {hook!r}"
-        if len(hooks) > 1 and hooks[0] != hooks[-1]:
-            outer, fired = hooks[0]
-            note += f", called from {pm.describe(outer)} in its hook {fired!r}"
-        return f"{note} ({at})"
+        return f"{_hook_note(pm, hooks[0], hooks[-1])} ({at})"
     if step is not None:
         return f"hookfit: raised in step function {qualname(step)!r} ({at})"
     if fetch is not None:
         return f"hookfit: {fetch}"
     return f"hookfit: raised during the run ({at})"
+
+
+def hook_note(pm: Any, error: BaseException, plugin: str, hook: str) -> str:
+    """The note of an error that ``plugin``'s implementation of ``hook`` let out (a guard that
+    calls each implementation on its own, as ``fit_end``'s does): that implementation, or the
+    innermost implementation of another hook it called (an event it fires), which is then the
+    one blamed, with ``plugin`` and ``hook`` named as where it was called from."""
+    owners = _owners(pm)
+    inner = (plugin, hook)
+    tb = error.__traceback__
+    while tb is not None:
+        inner = owners.get(tb.tb_frame.f_code, inner)
+        tb = tb.tb_next
+    return _hook_note(pm, (plugin, hook), inner)
+
+
+def _hook_note(pm: Any, outer: tuple[str, str], inner: tuple[str, str]) -> str:
+    note = f"hookfit: raised by {pm.describe(inner[0])} in hook {inner[1]!r}"
+    if inner != outer:
+        note += f", called from {pm.describe(outer[0])} in its hook {outer[1]!r}"
+    return note
+
+
+def _owners(pm: Any) -> dict[Any, tuple[str, str]]:
+    """The code of every registered hook implementation -> (its plugin's name, the hook)."""
+    owners: dict[Any, tuple[str, str]] = {}
+    for caller in vars(pm.hook).values():
+        for impl in caller.get_hookimpls():
+            code = getattr(getattr(impl.function, "__func__", impl.function), "__code__", None)
+            owners[code] = (impl.plugin_name, caller.name)
+    return owners
 
 
 _LOOP = "hookfit.training"

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import hookfit
+from hookfit import blame
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
@@ -123,3 +124,38 @@ def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() ->
     note = caught.value.__notes__[-1]
     assert re.fullmatch(r"hookfit: raised by plugin 'optim' \(.*\) in hook 'epoch_metrics', called from plugin "
                         r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 0, stage train, batch 2\)", note), note
+
+
+def test_a_guard_s_note_blames_the_implementation_that_raised_inside_another_plugin_s_hook() -> None:
+    """``hook_note``, for guards that call each implementation on their own (``fit_end``'s): an
+    error raised in an event a plugin fires from its hook is blamed on the implementation of
+    that event; one raised by the hook itself on the hook."""
+    seen: dict[str, Any] = {}
+
+    class Fires:
+        name = "fires"
+
+        @hookfit.hookimpl
+        def fit_end(self, loop: hookfit.Run) -> None:
+            seen["pm"] = loop.pm
+            if seen.get("own"):
+                raise LookupError("fit_end's own")
+            loop.pm.hook.epoch_metrics(loop=loop, stage="train", metrics=None)
+
+    class Raises:
+        name = "raises"
+
+        @hookfit.hookimpl
+        def epoch_metrics(self, loop: hookfit.Run, metrics: Any) -> None:
+            raise LookupError("no such metric")
+
+    with pytest.raises(LookupError, match="no such metric") as caught:
+        hookfit.Loop(lambda loop, batch: None, [1], max_epochs=1, plugins=[Fires(), Raises()]).fit()
+    note = blame.hook_note(seen["pm"], caught.value, "fires", "fit_end")
+    assert re.fullmatch(r"hookfit: raised by plugin 'raises' \(.*\) in hook 'epoch_metrics', called from plugin "
+                        r"'fires' \(.*\) in its hook 'fit_end'", note), note
+    seen["own"] = True
+    with pytest.raises(LookupError, match="fit_end's own") as caught:
+        hookfit.Loop(lambda loop, batch: None, [1], max_epochs=1, plugins=[Fires(), Raises()]).fit()
+    note = blame.hook_note(seen["pm"], caught.value, "fires", "fit_end")
+    assert re.fullmatch(r"hookfit: raised by plugin 'fires' \(.*\) in hook 'fit_end'", note), note
