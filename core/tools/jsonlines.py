@@ -1,16 +1,19 @@
-"""A run's JSON-lines files read past damage, for :mod:`hookfit.tools.runs`: which lines are
-not JSON objects (a torn or cut line), and which values of a ``metrics.jsonl`` line are not what
-hookfit writes there (:func:`checked`), each said in a note naming the file and the line."""
+"""A run's JSON-lines files read with care and past damage, for :mod:`hookfit.tools.runs`: only
+a regular file of the run, bounded (:func:`read_bytes`); which lines are not JSON objects (a torn
+or cut line), and which values of a line are not what hookfit writes there (:func:`checked`),
+each said in a note naming the file and the line (:func:`read_jsonl`, :func:`read_metrics`)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
-__all__ = ["CUT", "NOTED", "checked", "count", "note", "objects"]
+__all__ = ["CUT", "LIMIT", "NOTED", "checked", "count", "note", "objects", "read_bytes", "read_jsonl", "read_metrics"]
 
 NOTED = 5
 """The most damaged lines and values of one file a note names (then it counts the others)."""
@@ -165,3 +168,98 @@ def checked(line: Mapping[str, Any], damaged: list[tuple[int, str]] | None = Non
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+LIMIT = 256 * 2**20
+"""The most bytes read of one file of a run (a larger file is skipped, with a note)."""
+
+def read_bytes(path: Path, notes: list[str] | None = None, offset: int = 0) -> bytes | None:
+    """The bytes of ``path``, a file of a run folder, from ``offset`` on, read with care: only a
+    regular file (never a FIFO, a device or a folder: they are not opened for reading), through
+    a symlink only to a file inside the same run folder, at most :data:`LIMIT` bytes. ``None``
+    when it does not exist or is skipped; what was skipped and why is added to ``notes``."""
+    def skip(why: str) -> None:
+        if notes is not None:
+            notes.append(f"{path.name} {why}")
+
+    try:
+        if path.is_symlink():
+            target = path.resolve(strict=True)
+            inside = path.parent.resolve()
+            if not target.is_relative_to(inside):
+                skip(f"is a symlink out of the run ({target}): skipped")
+                return None
+        info = os.stat(path)
+    except FileNotFoundError:
+        if path.is_symlink():
+            skip("is a broken symlink: skipped")
+        return None
+    except (OSError, RuntimeError) as error:  # a symlink loop, a folder that cannot be read
+        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        skip(f"is not a regular file ({_kind(info.st_mode)}): skipped")
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as error:
+        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since it was looked at
+            skip("is not a regular file: skipped")
+            return None
+        if offset:
+            os.lseek(fd, offset, os.SEEK_SET)
+        chunks, size = [], 0
+        while size <= LIMIT:
+            chunk = os.read(fd, min(2**20, LIMIT + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
+        return None
+    finally:
+        os.close(fd)
+    if size > LIMIT:
+        skip(f"is larger than {LIMIT} bytes: skipped")
+        return None
+    return b"".join(chunks)
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a file"
+
+
+def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of a ``.jsonl`` file (``run.jsonl``), in order, each :func:`checked`;
+    ``[]`` when it does not exist or cannot be read (see :func:`read_bytes`, which says why in
+    ``notes``). The lines that are not JSON objects are skipped, and the damaged values left out,
+    each said in ``notes`` (one note for the file)."""
+    data = read_bytes(path, notes)
+    rows, damaged = objects(data) if data is not None else ([], [])
+    out = [kept for number, row in rows if (kept := checked(row, damaged, number)) is not None]
+    note(notes, path, damaged)
+    return out
+
+
+def read_metrics(path: Path, notes: list[str] | None = None, live: bool = False) -> list[dict[str, Any]]:
+    """The lines of a ``metrics.jsonl`` as :func:`read_jsonl` reads them, each :func:`checked`:
+    what is damaged is skipped or left out, and said in ``notes`` (one note for the file).
+    ``live``: the run is still writing, so a last line without its newline is one being written,
+    skipped without a note."""
+    data = read_bytes(path, notes)
+    rows, damaged = objects(data, live) if data is not None else ([], [])
+    out = []
+    for number, row in rows:
+        kept = checked(row, damaged, number)
+        if kept is not None:
+            out.append(kept)
+    note(notes, path, damaged)
+    return out

@@ -39,11 +39,9 @@ metric log: a log that a full disk cut short counts fewer than the run made.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
-import stat
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -52,109 +50,14 @@ from typing import Any, TypeGuard
 
 from hookfit.errors import HookfitWarning
 from hookfit.tools import jsonlines
-from hookfit.tools.jsonlines import checked
+from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
 
-__all__ = ["ROW_FIELDS", "RunInfo", "best", "checked", "default_metric", "direction", "directions", "epoch_rows",
+__all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "default_metric", "direction", "directions", "epoch_rows",
            "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics", "run_folders",
            "series"]
 
 ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s"})
 """The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
-
-
-LIMIT = 256 * 2**20
-"""The most bytes read of one file of a run (a larger file is skipped, with a note)."""
-
-def read_bytes(path: Path, notes: list[str] | None = None, offset: int = 0) -> bytes | None:
-    """The bytes of ``path``, a file of a run folder, from ``offset`` on, read with care: only a
-    regular file (never a FIFO, a device or a folder: they are not opened for reading), through
-    a symlink only to a file inside the same run folder, at most :data:`LIMIT` bytes. ``None``
-    when it does not exist or is skipped; what was skipped and why is added to ``notes``."""
-    def skip(why: str) -> None:
-        if notes is not None:
-            notes.append(f"{path.name} {why}")
-
-    try:
-        if path.is_symlink():
-            target = path.resolve(strict=True)
-            inside = path.parent.resolve()
-            if not target.is_relative_to(inside):
-                skip(f"is a symlink out of the run ({target}): skipped")
-                return None
-        info = os.stat(path)
-    except FileNotFoundError:
-        if path.is_symlink():
-            skip("is a broken symlink: skipped")
-        return None
-    except (OSError, RuntimeError) as error:  # a symlink loop, a folder that cannot be read
-        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
-        return None
-    if not stat.S_ISREG(info.st_mode):
-        skip(f"is not a regular file ({_kind(info.st_mode)}): skipped")
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except OSError as error:
-        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since it was looked at
-            skip("is not a regular file: skipped")
-            return None
-        if offset:
-            os.lseek(fd, offset, os.SEEK_SET)
-        chunks, size = [], 0
-        while size <= LIMIT:
-            chunk = os.read(fd, min(2**20, LIMIT + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as error:
-        skip(f"cannot be read ({type(error).__name__}: {error}): skipped")
-        return None
-    finally:
-        os.close(fd)
-    if size > LIMIT:
-        skip(f"is larger than {LIMIT} bytes: skipped")
-        return None
-    return b"".join(chunks)
-
-
-def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "not a file"
-
-
-def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
-    """The JSON objects of a ``.jsonl`` file (``run.jsonl``), in order, each :func:`checked`;
-    ``[]`` when it does not exist or cannot be read (see :func:`read_bytes`, which says why in
-    ``notes``). The lines that are not JSON objects are skipped, and the damaged values left out,
-    each said in ``notes`` (one note for the file)."""
-    data = read_bytes(path, notes)
-    rows, damaged = jsonlines.objects(data) if data is not None else ([], [])
-    out = [kept for number, row in rows if (kept := jsonlines.checked(row, damaged, number)) is not None]
-    jsonlines.note(notes, path, damaged)
-    return out
-
-
-def read_metrics(path: Path, notes: list[str] | None = None, live: bool = False) -> list[dict[str, Any]]:
-    """The lines of a ``metrics.jsonl`` as :func:`read_jsonl` reads them, each :func:`checked`:
-    what is damaged is skipped or left out, and said in ``notes`` (one note for the file).
-    ``live``: the run is still writing, so a last line without its newline is one being written,
-    skipped without a note."""
-    data = read_bytes(path, notes)
-    rows, damaged = jsonlines.objects(data, live) if data is not None else ([], [])
-    out = []
-    for number, row in rows:
-        kept = jsonlines.checked(row, damaged, number)
-        if kept is not None:
-            out.append(kept)
-    jsonlines.note(notes, path, damaged)
-    return out
 
 
 def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
