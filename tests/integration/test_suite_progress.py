@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import REPO, Progress
+from conftest import REPO
+from progress import Progress
 
 
 @dataclass
