@@ -103,7 +103,8 @@ def _fetching(tb: types.TracebackType, epoch: int) -> str | None:
     stage = local.get("stage", "train") if name == "run_stage" else ("train" if local.get("train", True) else "valid")
     data = "the training data" if stage == "train" else "the validation data"
     done = "trained" if stage == "train" else "validated"
-    if name == "run_stage" and dis.opname[frame.f_code.co_code[tb.tb_lasti]] == "FOR_ITER":
+    code = frame.f_code.co_code
+    if name == "run_stage" and 0 <= tb.tb_lasti < len(code) and dis.opname[code[tb.tb_lasti]] == "FOR_ITER":
         index, start = local.get("batch_idx", -1) + 1, local.get("start", 0)
         ran = (f"batches {start}-{index - 1} {done}" if index - 1 > start else
                f"batch {start} {done}" if index - 1 == start else f"no batch {done} yet")

@@ -91,6 +91,16 @@ def test_data_that_fails_to_make_its_iterator_says_so() -> None:
                                    "(iter(data)) (epoch 0, stage train)")
 
 
+def test_a_fetch_after_the_max_steps_limit_says_why_the_loop_fetched() -> None:
+    model = torch.nn.Linear(2, 1)
+    loop = hookfit.Loop(lambda loop, batch: None, Stream(), model=model, max_steps=3)  # no length: one more is drawn
+    with pytest.raises(OSError) as caught:
+        loop.fit()
+    assert caught.value.__notes__[-1] == (
+        "hookfit: raised by the training data when the loop fetched batch 3 to see whether the stage had more "
+        "batches after the max_steps limit (epoch 0, stage train)")
+
+
 def test_the_step_s_own_error_still_names_the_step() -> None:
     def step(loop: hookfit.Run, batch: Any) -> None:
         if batch == 2:
