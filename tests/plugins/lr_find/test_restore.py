@@ -64,3 +64,29 @@ def test_a_sweep_whose_loss_turns_non_finite_leaves_no_skipped_step(model: str, 
     assert swept_state.results["skipped_steps"] == state.results["skipped_steps"] == 0
     assert swept_state.results["first_skip"] is state.results["first_skip"] is None
     assert all(torch.equal(a, b) for a, b in zip(plain, swept))
+
+
+@pytest.mark.bad_input
+def test_an_optimizer_it_could_not_put_back_is_refused_before_the_sweep() -> None:
+    weight = torch.nn.Parameter(torch.zeros(2))
+
+    class Bare:
+        """Steps, with rates in param_groups, and has no state_dict to be put back with."""
+
+        param_groups = [{"params": [weight], "lr": 0.1}]
+
+        def step(self) -> None:
+            with torch.no_grad():
+                weight -= 0.1 * weight.grad
+
+    def step(loop: hookfit.Run, batch: Any) -> torch.Tensor:
+        loss = (weight * batch).sum() ** 2
+        loss.backward()
+        loop.optimizers.step()
+        return loss
+
+    with pytest.raises(TypeError, match=r"lr_find: the run's optimizer Bare has no state_dict, load_state_dict: the "
+                                        r"sweep could not put it back"):
+        hookfit.Loop(step, [torch.ones(2)] * 3, optimizers=Bare(), max_epochs=1, plugins=[LRFinder(num_steps=3)],
+                     disable=["checkpoint"]).fit()
+    assert torch.equal(weight, torch.zeros(2))  # refused before any sweep step
