@@ -29,7 +29,11 @@ handlers (urwid's own SIGWINCH/SIGTSTP handling is not installed: the UI thread 
 and Ctrl-Z is ignored while the dashboard is up).
 
 Output: file descriptors 1 and 2 are redirected into a pipe while the dashboard is up, so
-``print``, logging, warnings, C libraries and child processes cannot scribble over it. A daemon
+``print``, logging, C libraries and child processes cannot scribble over it. Warnings are kept
+apart (``warnings.showwarning`` is the dashboard's until the terminal is restored, in every
+outcome, and during a debugger's hold): one line each in the log pane, with the file and line of
+the user's code they point at or the hookfit module that issued them, and listed again in the
+summary (:mod:`hookfit.plugins.tui.warned`). A daemon
 thread reads the pipe and appends everything to ``<run_dir>/output.log`` at once (so a ``kill
 -9`` loses nothing that was printed), feeds the log pane, and keeps it for the replay: it is
 written back to the terminal once the terminal is restored. The file follows the run's file
