@@ -1,16 +1,14 @@
 """checkpoint plugin: the policy and the save side. When to save (epochs, steps, seconds, a
-graceful stop, a failure, ``max_steps`` reached inside an epoch), which checkpoints to keep
-(``keep_last``, the best by ``monitor``), the background writer thread. Which checkpoint to
-resume from and how to restore it is :mod:`hookfit.plugins.checkpoint.resuming`'s; the file
-format, the digest, the checks of a file and the atomic writes are in
-:mod:`hookfit.plugins.checkpoint.storage`, what a checkpoint holds beyond the plugins' states
-in :mod:`hookfit.plugins.checkpoint.state`."""
+graceful stop, a failure, ``max_steps`` reached inside an epoch); its parts: which checkpoints
+to keep (:mod:`~hookfit.plugins.checkpoint.catalog`), the background writer
+(:mod:`~hookfit.plugins.checkpoint.writer`), failed and skipped saves
+(:mod:`~hookfit.plugins.checkpoint.reports`), what a checkpoint holds
+(:mod:`~hookfit.plugins.checkpoint.state`), the file format (:mod:`~hookfit.plugins.checkpoint.storage`)
+and which checkpoint to resume from (:mod:`~hookfit.plugins.checkpoint.resuming`)."""
 
 from __future__ import annotations
 
-import collections
 import os
-import threading
 import time
 import warnings
 from collections.abc import Mapping
@@ -20,17 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from hookfit import hookimpl
 from hookfit.plugins.checkpoint import folders, hookspecs, ranks, sharded
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
-from hookfit.plugins.checkpoint.state import _model_state, _snapshot
-from hookfit.plugins.checkpoint.storage import (
-    FORMAT,
-    FORMAT_VERSION,
-    SUFFIX,
-    CheckpointWarning,
-    atomic_save,
-    checkpoint_files,
-    digest,
-    position_of,
-)
+from hookfit.plugins.checkpoint.state import payload
+from hookfit.plugins.checkpoint.catalog import Catalog
+from hookfit.plugins.checkpoint.reports import Reports
+from hookfit.plugins.checkpoint.storage import CheckpointWarning, checkpoint_files, filename
+from hookfit.plugins.checkpoint.writer import Done, Writer, write_file
 from hookfit.plugins.support import Every, Monitor, choice, flag, path, positive_int, positive_number
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -44,7 +36,18 @@ __all__ = ["Checkpoint", "CheckpointWarning"]
 
 
 class Checkpoint:
-    """Atomic checkpoints of model, optimizers, plugins, position and RNG; exact resume."""
+    """Atomic checkpoints of model, optimizers, plugins, position and RNG; exact resume.
+
+    With ``background=True`` (default) a save blocks training for one copy of the state into
+    host buffers made at the first save and reused while the tensors keep their shapes and
+    dtypes; the digest, the file, its fsyncs and rename and the pruning to ``keep_last`` are
+    done by a writer thread (:class:`hookfit.plugins.checkpoint.writer.Writer`). A save never
+    waits for an earlier write: one write is in flight and one snapshot waits at most. A save
+    asked while both are taken (saves coming faster than files are written) follows
+    ``when_busy``: ``"wait"`` (default) waits for the write in flight to end, so every save asked
+    is written; ``"skip"`` skips it, counts it in ``skipped_saves`` and warns once a run. The
+    saves of the run's end (interrupt, failure, ``max_steps``) always wait. The run's end, however
+    it ended, waits for every write and reports a failed one as ``on_save_error`` says."""
 
     name = "checkpoint"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
@@ -64,6 +67,7 @@ class Checkpoint:
         strict: bool = False,
         fallback: bool = False,
         background: bool = True,
+        when_busy: Literal["wait", "skip"] = "wait",
     ) -> None:
         name = self.name  # every option checked here, the error naming it (hookfit.plugins.support)
         folder = path(name, "dir", dir, none=True, what="a folder")
@@ -76,21 +80,21 @@ class Checkpoint:
         self.keep_last = positive_int(name, "keep_last", keep_last)
         self._monitor = Monitor(monitor, mode, plugin=name,  # keeps the best checkpoint
                                 must="look like 'valid/loss' (stage/metric, stage train or valid) or be None")
+        self.catalog = Catalog(self.keep_last, self._monitor)
+        """The checkpoints this run keeps: ``saved``, ``last``, ``best``, and what to prune."""
         self.monitor = monitor
         self.mode = mode
         self.on_interrupt = flag(name, "on_interrupt", on_interrupt)
         self.on_failure = flag(name, "on_failure", on_failure)
         self.on_save_error = choice(name, "on_save_error", on_save_error, ("warn", "raise"))
+        self.reports = Reports(self.on_save_error)
         self.strict = flag(name, "strict", strict)
         self.fallback = flag(name, "fallback", fallback)
         self.background = flag(name, "background", background)
-        self.saved: list[Path] = []  # this run's checkpoints still on disk, oldest first
-        self.failed_saves = 0
+        self.when_busy = choice(name, "when_busy", when_busy, ("wait", "skip"))
+        self.writer = Writer(write_file, sharded.remove, background=self.background, when_busy=self.when_busy)
+        """The part that writes files and prunes them (on its thread when ``background``)."""
         self.resumed_from: Path | None = None
-        self.last: Path | None = None
-        """The newest checkpoint of the run (what ``resume="latest"`` would take): the last this
-        run wrote, else the one it resumed from; a ``failed-*`` file is not counted. Known on
-        every process (off the main one, the path the main one writes)."""
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Run | None = None
@@ -99,12 +103,8 @@ class Checkpoint:
         self._monitor_warned = False
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
-        self._writer: threading.Thread | None = None
-        self._write_error: BaseException | None = None
-        self._warned: set[str] = set()
         self._sharded_saves = 0  # this process's sharded saves: their temporary folders' names
         self._main_dir: Path | None = None  # off the main process: where the main one writes
-        self._written: collections.deque[tuple[str, str, int]] = collections.deque()  # to announce
         self._lock: folders.FolderLock | None = None  # a given dir's, while a run writes there
 
     @property
@@ -113,11 +113,29 @@ class Checkpoint:
         ``None`` (no monitor, or no finite value yet: NaN and infinities are never best). Known
         on every process of a distributed run: the epoch metrics it compares are the same on
         every rank, and each rank names the file the main process writes."""
-        return self._monitor.record
+        return self.catalog.best
 
-    @best.setter
-    def best(self, best: tuple[float, Path] | None) -> None:
-        self._monitor.reset(*(best or ()))
+    @property
+    def last(self) -> Path | None:
+        """The newest checkpoint of the run (what ``resume="latest"`` would take): the last this
+        run wrote, else the one it resumed from; a ``failed-*`` file is not counted. Known on
+        every process (off the main one, the path the main one writes)."""
+        return self.catalog.last
+
+    @property
+    def saved(self) -> list[Path]:
+        """This run's checkpoints still on disk, oldest first."""
+        return self.catalog.saved
+
+    @property
+    def failed_saves(self) -> int:
+        """Writes that failed (``on_save_error="warn"``: the run went on)."""
+        return self.reports.failed
+
+    @property
+    def skipped_saves(self) -> int:
+        """Saves skipped with ``when_busy="skip"`` (a write was in flight and another waited)."""
+        return self.reports.skipped
 
     # -- events ---------------------------------------------------------------------------
     def batch_events(self, loop: Run) -> tuple[str, ...]:
@@ -127,8 +145,7 @@ class Checkpoint:
 
     @hookimpl
     def after_batch(self, loop: Run) -> None:
-        if self._written:
-            self._announce(loop)
+        self._collect(loop)
         if self._steps.due(loop.state.step) or (
             self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds
         ):
@@ -136,10 +153,11 @@ class Checkpoint:
 
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
     def configure(self, loop: Run) -> None:
-        self.saved, self.best, self.resumed_from, self.last, self.off = [], None, None, None, False
-        self._main_dir = None
-        self._pending, self._continued, self._monitor_warned, self._warned = None, False, False, set()
-        self._written.clear()
+        self.catalog.reset()
+        self.reports.reset()
+        self.resumed_from, self.off, self._main_dir = None, False, None
+        self._pending, self._continued, self._monitor_warned = None, False, False
+        self.writer.outcomes()  # (a run before this one told everything at its end)
         source = loop.resume
         if source is None:
             return
@@ -172,7 +190,7 @@ class Checkpoint:
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
             self._remove_stale_temporaries(loop)
         if not self.off and loop.state.world_size > 1:
-            self._share_directory(loop)
+            self._main_dir = ranks.main_directory(loop, self.directory(loop) if loop.is_main else None)
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:
@@ -184,7 +202,7 @@ class Checkpoint:
         if path is None or data is None:
             return False
         restore(loop, path, data, self.strict)
-        self.resumed_from = self.last = path
+        self.resumed_from = self.catalog.last = path
         if source == "latest":
             announce(loop, path)
         if loop.is_main and loop.mode == "fit":  # an evaluation prunes nothing
@@ -212,7 +230,7 @@ class Checkpoint:
 
     @hookimpl
     def after_epoch(self, loop: Run, epoch: int) -> None:
-        self._announce(loop)
+        self._collect(loop)
         if self._epochs.due(epoch + 1):
             self.save(loop, "epoch", metric=self._last_value)
         self._last_value = None  # a metric belongs to its epoch's checkpoint
@@ -227,21 +245,24 @@ class Checkpoint:
                 return
             graceful = state.status == "interrupted" and state.stop_reason != "KeyboardInterrupt"
             if graceful and self.on_interrupt:
-                self.save(loop, "interrupt")
+                self._save(loop, "interrupt", must=True)
             elif state.status == "failed" and self.on_failure:
-                self.save(loop, "failure")
+                self._save(loop, "failure", must=True)
             elif state.status == "completed" and _inside_training(loop.position):
                 # max_steps reached inside the epoch (a longer run continues from here), or a
                 # rule ended the run there (early stopping after a validation inside training)
                 budget = loop.max_steps is not None and state.step >= loop.max_steps
-                self.save(loop, "max_steps" if budget else "completed")
+                self._save(loop, "max_steps" if budget else "completed", must=True)
         finally:
-            self._wait()
-            self._announce(loop)
-            self._loop = None
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            try:
+                self.writer.wait()  # every write asked, whatever the outcome
+                self._collect(loop)  # announced; a failure reported as on_save_error says
+            finally:
+                self.writer.close()  # the files pruned last removed; the buffers let go
+                self._loop = None
+                if self._lock is not None:
+                    self._lock.release()
+                    self._lock = None
 
     @hookimpl
     def results(self) -> dict[str, Path | None]:
@@ -259,27 +280,13 @@ class Checkpoint:
 
     @hookimpl
     def save_state(self) -> dict[str, Any]:
-        best = None if self.best is None else [self.best[0], str(self.best[1])]
-        return {"best": best, "saved": [str(p) for p in list(self.saved)]}
+        return self.catalog.state()
 
     @hookimpl
     def load_state(self, state: Mapping[str, Any]) -> None:
-        if state.get("best") is not None:
-            value, path = state["best"]
-            if Path(path).exists():
-                self.best = (value, Path(path))
-        self.saved = [Path(p) for p in state.get("saved", []) if Path(p).exists()]
+        self.catalog.load(state)
 
-    # -- naming ---------------------------------------------------------------------------
-    @staticmethod
-    def filename(position: Position, reason: str) -> str:
-        """``epochNNNN-stepNNNNNNNNN.pt``, the epoch counted from 1: the epoch in progress, or
-        the one just completed at an epoch's boundary, so names sort in run order."""
-        epoch, step = position.epoch, position.step
-        at_start = position.stage == "train" and position.batch == 0 and not position.val_due
-        shown = epoch if (at_start and epoch > 0) else epoch + 1
-        stem = "failed-" if reason == "failure" else ""
-        return f"{stem}epoch{shown:04d}-step{step:09d}{SUFFIX}"
+    filename = staticmethod(filename)
 
     # -- saving ---------------------------------------------------------------------------
     def directory(self, loop: Run) -> Path:
@@ -299,12 +306,15 @@ class Checkpoint:
 
     def save(self, loop: Run, reason: str, metric: float | None = None) -> Path | None:
         """Write a checkpoint of the run as it is now; returns its path (main process only;
-        ``None`` when checkpoints are off for this run: it has no model)."""
+        ``None`` when checkpoints are off for this run, it has no model, or the save was
+        skipped: ``when_busy="skip"``)."""
+        return self._save(loop, reason, metric)
+
+    def _save(self, loop: Run, reason: str, metric: float | None = None, must: bool = False) -> Path | None:
         if self.off:
             return None
         self._last_time = time.monotonic()
-        self._raise_write_error()
-        self._announce(loop)
+        self._collect(loop)
         position = loop.position
         payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
         rest, shards = sharded.split(payload)
@@ -312,155 +322,61 @@ class Checkpoint:
             return self._save_sharded(loop, position, rest, shards, metric, reason)
         if not loop.is_main:
             if self._main_dir is not None:  # the file the main process writes, for best and last
-                self._follow(self._main_dir / self.filename(position, reason), metric, reason)
+                self.catalog.follow(self._main_dir / self.filename(position, reason), metric, reason)
             return None
         path = self.directory(loop) / self.filename(position, reason)
-        self._wait()
-        self._raise_write_error()
-        if self.background:
-            payload = _snapshot(payload)
-            self._writer = threading.Thread(
-                target=self._write, args=(payload, path, metric, reason), name="hookfit-checkpoint", daemon=True)
-            self._writer.start()
-        else:
-            self._write(payload, path, metric, reason)
-            self._raise_write_error()
-            self._announce(loop)
+        if not self.writer.submit(payload, path, (reason, position.step, metric, True), must=must):
+            self.reports.skip(position.step)
+            return None
+        if not self.background:
+            self._collect(loop)
         return path
 
     def payload(self, loop: Run, *, reason: str, metric: float | None) -> dict[str, Any]:
-        """Everything a checkpoint holds, as plain data and tensors (the ``digest`` is added
-        when it is written): the run's own state (``loop.state_dict()``: ``loop``, ``rng`` and
-        ``data``), the model's, every plugin's and what this plugin notes about the file."""
-        run = loop.state_dict()
-        return {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            **run,
-            **({ranks.KEY: own} if (own := ranks.gather(loop, run)) is not None else {}),
-            "model": _model_state(loop.model),
-            "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
-            "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": self.monitor,
-                     "status": loop.state.status},
-        }
+        """Everything a checkpoint holds (:func:`hookfit.plugins.checkpoint.state.payload`)."""
+        return payload(loop, reason=reason, metric=metric, monitor=self.monitor)
 
     def _save_sharded(self, loop: Run, position: Position, rest: dict[str, Any],
                       shards: dict[str, Any], metric: float | None, reason: str) -> Path | None:
         """A checkpoint of a sharded run (a folder, written by every rank: see
         :mod:`hookfit.plugins.checkpoint.sharded`), in the foreground: the ranks write together."""
-        import torch.distributed as dist
+        self.writer.wait()
+        self._collect(loop)
+        main = loop.is_main
+        path = self.directory(loop).absolute() / self.filename(position, reason) if main else None
+        self._sharded_saves += 1
+        path, tmp = sharded.destination(path, self._sharded_saves)  # rank 0's, on every rank
 
-        self._wait()
-        self._raise_write_error()
-        where: list[Any] = [None]
-        if loop.is_main:
-            path = self.directory(loop).absolute() / self.filename(position, reason)
-            path = path.with_suffix(sharded.SHARDED_SUFFIX)
-            self._sharded_saves += 1
-            where = [(str(path), f".{path.name}.{os.getpid()}-{self._sharded_saves}.tmp")]
-        if dist.is_available() and dist.is_initialized():
-            dist.broadcast_object_list(where, src=0)  # rank 0's folder, for every rank's part
-        folder, tmp_name = where[0]
-        path = Path(folder)
-        self._write(rest, path, metric, reason, shards=shards, tmp=path.with_name(tmp_name), main=loop.is_main)
-        self._raise_write_error()
-        self._announce(loop)
-        return path if loop.is_main else None
+        def write(state: dict[str, Any], to: Path) -> None:
+            sharded.write(state, shards, tmp, to, main, write_file)
 
-    def _write(self, payload: dict[str, Any], path: Path, metric: float | None, reason: str,
-               shards: dict[str, Any] | None = None, tmp: Path | None = None, main: bool = True) -> None:
-        step = int(payload["loop"]["step"])
-        try:
-            if shards:
-                assert tmp is not None  # given with the shards (_save_sharded)
-                sharded.write(payload, shards, tmp, path, main, self._save_file)
+        self.writer.write(rest, path, (reason, position.step, metric, main), save=write)
+        self._collect(loop)
+        return path if main else None
+
+    def _collect(self, loop: Run) -> None:
+        """Act, on the training thread, on what the writer finished: each checkpoint written
+        is taken (last, best, kept) and announced (``checkpoint_saved``), older ones pruned;
+        each failed write is reported as ``on_save_error`` says (``"raise"``: the first failure
+        is raised once every outcome is taken); a file pruning could not remove is kept on the
+        list, to be tried again."""
+        failure: BaseException | None = None
+        for outcome in self.writer.outcomes():
+            if not isinstance(outcome, Done):  # a file that could not be removed
+                self.catalog.keep(outcome.path)
+                continue
+            path = outcome.path
+            reason, step, metric, main = outcome.tag
+            if outcome.error is not None:
+                failure = failure or self.reports.failure(path, outcome.error, main)
+            elif not main:
+                self.catalog.follow(path, metric, reason)
             else:
-                self._save_file(payload, path)  # on the writer thread for background saves
-        except Exception as error:  # noqa: BLE001 - reported below, as configured
-            self.failed_saves += 1
-            if self.on_save_error == "raise":
-                self._write_error = error
-                return
-            kind = f"{type(error).__name__}:{getattr(error, 'errno', '')}"
-            if kind not in self._warned and main:
-                self._warned.add(kind)
-                warnings.warn(
-                    f"checkpoint: could not write {path} ({type(error).__name__}: {error}); the "
-                    f"previous checkpoints are kept and training goes on",
-                    CheckpointWarning, stacklevel=2)
-            return
-        if not main:
-            self._follow(path, metric, reason)
-            return
-        self._written.append((str(path), reason, step))  # announced on the training thread
-        if reason == "failure":
-            return
-        if path in self.saved:  # the same position written again
-            self.saved.remove(path)
-        self.saved.append(path)
-        self._follow(path, metric, reason)
-        self._prune()
-
-    def _follow(self, path: Path, metric: float | None, reason: str) -> None:
-        """Take ``path``, a checkpoint written whole (by this process, or by the main one),
-        as the last, and as the best if its metric improves on the best."""
-        if reason == "failure":
-            return
-        self.last = path
-        if metric is not None and self.monitor is not None:
-            self._monitor.update(metric, at=path)
-
-    def _share_directory(self, loop: Run) -> None:
-        """Several processes: the main one says where it writes (its run folder may be one
-        the others would name differently), so that every process knows the best and the last
-        checkpoint's path. One broadcast at ``fit_start``, where every process is."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        where: list[Any] = [str(self.directory(loop)) if loop.is_main else None]  # as the main one names it
-        dist.broadcast_object_list(where, src=0)
-        self._main_dir = None if loop.is_main else Path(where[0])
-
-    @staticmethod
-    def _save_file(payload: dict[str, Any], path: Path) -> None:
-        payload["digest"] = digest(payload)
-        atomic_save(payload, path)
-
-    def _prune(self) -> None:
-        keep = set(self.saved[-self.keep_last:])
-        if self.best is not None:
-            keep.add(self.best[1])
-        for old in [p for p in self.saved if p not in keep]:
-            try:
-                sharded.remove(old)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                continue  # kept on the list: tried again at the next save
-            self.saved.remove(old)
-
-    def _announce(self, loop: Run) -> None:
-        """``checkpoint_saved`` for every write finished since the last call (on the training
-        thread: a background write only queues its completion)."""
-        written = self._written
-        if not written:
-            return
-        call = loop.hooks.checkpoint_saved
-        while written:
-            path, reason, step = written.popleft()
-            if call is not None:
-                call(loop, path, reason, step)
-
-    def _wait(self) -> None:
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
-
-    def _raise_write_error(self) -> None:
-        error, self._write_error = self._write_error, None
-        if error is not None:
-            raise error
+                self.writer.remove(self.catalog.take(path, metric, reason))
+                if (call := loop.hooks.checkpoint_saved) is not None:
+                    call(loop, str(path), reason, step)
+        if failure is not None:
+            raise failure
 
     def _remove_stale_temporaries(self, loop: Run) -> None:
         """Temporary files of writes that a killed process left (``kill -9`` during a
@@ -477,11 +393,7 @@ class Checkpoint:
         folder = self._known_directory(loop)
         if folder is None:
             return
-        step = position["step"]
-        files = checkpoint_files(folder)
-        files.sort(key=lambda p: (position_of(p)[0] <= step, position_of(p), p.stat().st_mtime))
-        self.saved = files
-        self._prune()
+        self.writer.remove(self.catalog.adopt(checkpoint_files(folder), position["step"]))
 
 
 def _inside_training(position: Position) -> bool:

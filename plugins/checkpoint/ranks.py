@@ -14,6 +14,7 @@ process beyond those keeps the main process's, with one warning.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hookfit.errors import HookfitWarning
@@ -21,7 +22,7 @@ from hookfit.errors import HookfitWarning
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["KEY", "gather", "own"]
+__all__ = ["KEY", "gather", "main_directory", "own"]
 
 KEY = "ranks"
 """The checkpoint's entry of every process's own part of the run's state."""
@@ -63,3 +64,16 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[
     mine = {key: value for key, value in run_state.items() if key not in OWN}
     mine.update(saved[rank])
     return mine
+
+
+def main_directory(loop: Run, folder: Path | None) -> Path | None:
+    """Off the main process, where the main one writes its checkpoints (``folder``, given by
+    the main process: its run folder may be one the others would name differently), so that
+    every process knows the best and the last checkpoint's path; ``None`` on the main process
+    or without ``torch.distributed``. One broadcast: every process calls it at ``fit_start``."""
+    dist = _group()
+    if dist is None:
+        return None
+    where: list[Any] = [str(folder) if loop.is_main else None]
+    dist.broadcast_object_list(where, src=0)
+    return None if loop.is_main else Path(where[0])

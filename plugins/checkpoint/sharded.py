@@ -191,6 +191,22 @@ def load(data: Mapping[str, Any], folder: Path, model_state: Any) -> dict[str, A
     return cast(dict[str, Any], fill(dict(data)))  # a mapping in, a dict out
 
 
+def destination(path: Path | None, count: int) -> tuple[Path, Path]:
+    """Every rank: the folder of the sharded checkpoint rank 0 writes (``path`` on rank 0,
+    anything elsewhere) and its temporary name, ``.<name>.<pid>-<count>.tmp`` (``count``: rank
+    0's sharded saves so far); one broadcast when ``torch.distributed`` runs."""
+    import torch.distributed as dist
+
+    where: list[Any] = [None]
+    if path is not None:
+        path = path.with_suffix(SHARDED_SUFFIX)
+        where = [(str(path), f".{path.name}.{os.getpid()}-{count}.tmp")]
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(where, src=0)
+    folder, tmp = Path(where[0][0]), where[0][1]
+    return folder, folder.with_name(tmp)
+
+
 def write(rest: dict[str, Any], shards: dict[str, Any], tmp: Path, path: Path, main: bool,
           save_state: Callable[[dict[str, Any], Path], None]) -> None:
     """Every rank: its shards into the folder ``tmp`` (DCP: a collective operation that ends

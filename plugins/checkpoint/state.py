@@ -1,29 +1,40 @@
-"""checkpoint state: what a checkpoint holds beyond the run's and the plugins' states (the
-model's state dict) and how it is copied and restored."""
+"""checkpoint state: what a checkpoint holds (:func:`payload`): the run's and the plugins'
+states and the model's state dict, and how the model's is restored."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hookfit.plugins.checkpoint.storage import CheckpointError
+from hookfit.plugins.checkpoint import ranks
+from hookfit.plugins.checkpoint.storage import FORMAT, FORMAT_VERSION, CheckpointError
 from hookfit.plugins.support import unwrap_model, unwrap_state_dict
 
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
-def _snapshot(obj: Any) -> Any:
-    """A copy in which every tensor is cloned: later training cannot change it."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_snapshot(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_snapshot(v) for v in obj)
-    return obj
+
+def payload(loop: Run, *, reason: str, metric: float | None, monitor: str | None) -> dict[str, Any]:
+    """Everything a checkpoint holds, as plain data and tensors (the ``digest`` is added when
+    it is written): the run's own state (``loop.state_dict()``: ``loop``, ``rng`` and ``data``),
+    every process's own random state in a run of several (:mod:`hookfit.plugins.checkpoint.ranks`:
+    a collective), the model's, every plugin's and what the checkpoint notes about the file.
+    Its tensors are the run's own, not copies."""
+    run = loop.state_dict()
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        **run,
+        **({ranks.KEY: own} if (own := ranks.gather(loop, run)) is not None else {}),
+        "model": _model_state(loop.model),
+        "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
+        "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": monitor,
+                 "status": loop.state.status},
+    }
 
 
 def _model_state(model: Any) -> Any:

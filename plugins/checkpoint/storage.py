@@ -10,12 +10,15 @@ import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 
 from hookfit.files import FileWarning
 from hookfit.position import check_position, check_rng
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.position import Position
 
 FORMAT = "hookfit-checkpoint"
 FORMAT_VERSION = 1
@@ -229,6 +232,17 @@ def check(data: Mapping[str, Any], path: Path, train_data: Any = None) -> None:
 # -- listing --------------------------------------------------------------------------------
 
 _NAME = re.compile(r"epoch(\d+)-step(\d+)")
+
+
+def filename(position: Position, reason: str) -> str:
+    """``epochNNNN-stepNNNNNNNNN.pt``, the epoch counted from 1: the epoch in progress, or
+    the one just completed at an epoch's boundary, so names sort in run order (``failed-``
+    before it for a checkpoint of a failure)."""
+    epoch, step = position.epoch, position.step
+    at_start = position.stage == "train" and position.batch == 0 and not position.val_due
+    shown = epoch if (at_start and epoch > 0) else epoch + 1
+    stem = "failed-" if reason == "failure" else ""
+    return f"{stem}epoch{shown:04d}-step{step:09d}{SUFFIX}"
 
 
 def checkpoint_files(folder: Path) -> list[Path]:

@@ -28,6 +28,7 @@ from conftest import TESTS
 import warm
 
 CHILD = TESTS / "scripts" / "ckpt_child.py"
+WRITING = TESTS / "scripts" / "ckpt_writing.py"  # the same run, its background writes told and paced
 KILLS = 8  # kill -9 points tried by the random-kill test (a chain of runs through the whole run)
 
 
@@ -273,9 +274,10 @@ def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_na
 # -- real processes ---------------------------------------------------------------------------
 
 
-def _child(run_dir: Path, out: Path, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+def _child(run_dir: Path, out: Path, *args: str, env: dict | None = None, script: Path = CHILD,
+           **kw) -> subprocess.Popen:
     environment = {**os.environ, "HOOKFIT_PLUGINS": "", **(env or {})}
-    return warm.Popen([sys.executable, str(CHILD), str(run_dir), str(out), *args],
+    return warm.Popen([sys.executable, str(script), str(run_dir), str(out), *args],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, **kw)
 
 
@@ -298,32 +300,41 @@ def _same(a: dict, b: dict) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.fault
-def test_kill_9_at_random_moments_always_resumes_to_the_uninterrupted_result(tmp_path: Path, uninterrupted) -> None:
+@pytest.mark.parametrize("moment", ["batch", "write"])
+def test_kill_9_at_random_moments_always_resumes_to_the_uninterrupted_result(
+        tmp_path: Path, uninterrupted, moment: str) -> None:
     """Chains of runs, each killed with SIGKILL at a random moment after training started
-    (often inside a checkpoint write: there is one per step) and resumed from the newest
-    checkpoint on disk, until one finishes; every chain must end with the uninterrupted
-    run's parameters and metric history. ``KILLS`` kill points are tried in all.
+    and resumed from the newest checkpoint on disk, until one finishes; every chain must end
+    with the uninterrupted run's parameters and metric history. ``KILLS`` kill points are
+    tried in all.
 
-    A kill comes a random number of batches into a run (1 to 14: the run gets on, however loaded
-    the machine) and then a random fraction of a batch later (inside the next step, or inside
-    the checkpoint write after the batch); the last chain is resumed to its end once ``KILLS``
-    kills are done."""
+    ``moment="batch"``: a kill comes a random number of batches into a run (1 to 14: the run
+    gets on, however loaded the machine) and then a random fraction of a batch later (inside
+    the next step, or inside the checkpoint write after the batch: there is one per step).
+    ``moment="write"``: the run's background writes are told and paced (``ckpt_writing.py``)
+    and a kill comes a random moment into its 1st to 3rd write, while training goes on; most
+    such kills leave the write's temporary file. The last chain is resumed to its end once
+    ``KILLS`` kills are done."""
     rng = random.Random(1234)
-    kills = chains = 0
+    script, marker, most, late = (CHILD, "batch", 14, 0.02) if moment == "batch" else (WRITING, "writing", 3, 0.06)
+    kills = chains = inside = 0
     while kills < KILLS:
         chains += 1
         run, out = tmp_path / f"chain{chains}", tmp_path / f"chain{chains}.pt"
         ended = False  # the chain's last run went to the end by itself
         while kills < KILLS and not ended:
-            proc = _child(run, out, "--resume", "--sleep", "0.01", "--tell")
+            proc = _child(run, out, "--resume", "--sleep", "0.01", "--tell", script=script)
             told = proc.stdout.readline().strip()
             assert told in ("started", "status completed 60"), proc.stderr.read()  # status: killed after the final checkpoint
-            for _ in range(rng.randint(1, 14)):
-                if told.startswith("status"):
+            for _ in range(rng.randint(1, most)):
+                while not told.startswith("status"):
+                    told = proc.stdout.readline().strip()
+                    if told == marker or not told:
+                        break
+                if told.startswith("status") or not told:
                     break
-                told = proc.stdout.readline().strip()
             if not told.startswith("status"):
-                time.sleep(rng.uniform(0.0, 0.02))
+                time.sleep(rng.uniform(0.0, late))
                 proc.kill()
             stdout, stderr = proc.communicate(timeout=60)
             if proc.returncode == 0:  # it ended before the kill came
@@ -334,13 +345,16 @@ def test_kill_9_at_random_moments_always_resumes_to_the_uninterrupted_result(tmp
             written = list((run / "checkpoints").iterdir()) if (run / "checkpoints").exists() else []  # killed before the first save
             for p in written:  # a torn temporary file may remain; never read
                 assert not p.name.startswith(".") or p.name.endswith(".tmp")
+            inside += any(p.name.endswith(".tmp") for p in written)
         final = torch.load(out, weights_only=True) if ended else _finish(run, out, "--resume")
         assert final["status"] == "completed" and final["step"] == 60
         assert _same(final, uninterrupted), f"chain {chains} differs from the uninterrupted run"
         left = sorted(p.name for p in (run / "checkpoints").iterdir())
         assert len([f for f in left if f.startswith("epoch")]) <= 2, left  # keep_last=2 across the resumes
         assert not [f for f in left if f.endswith(".tmp")], left  # the killed writers' files are gone
-    print(f"kill -9 points tried: {kills} in {chains} chains")
+    if moment == "write":
+        assert inside >= KILLS // 2, f"only {inside} of {KILLS} kills fell inside a write"
+    print(f"kill -9 points tried: {kills} in {chains} chains, {inside} inside a write")
 
 
 @pytest.mark.slow

@@ -1,0 +1,94 @@
+"""checkpoint catalog: the checkpoints a run keeps. The files still on disk (oldest first),
+the last one and the best by a monitored metric, and which files to remove so that at most
+``keep_last`` remain besides the best. The files are removed by the writer
+(:mod:`hookfit.plugins.checkpoint.writer`); this part only decides."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hookfit.plugins.checkpoint.storage import position_of
+from hookfit.plugins.support import Monitor
+
+__all__ = ["Catalog"]
+
+
+class Catalog:
+    """The checkpoints a run keeps (see the module); ``monitor`` keeps the best."""
+
+    def __init__(self, keep_last: int, monitor: Monitor) -> None:
+        self.keep_last = keep_last
+        self.monitor = monitor
+        self.saved: list[Path] = []
+        """This run's checkpoints still on disk, oldest first."""
+        self.last: Path | None = None
+        """The newest checkpoint of the run: the last written whole, else the one it resumed
+        from; a ``failed-*`` file is not counted."""
+
+    @property
+    def best(self) -> tuple[float, Path] | None:
+        """``(its metric, its path)`` of the best checkpoint by the monitor, or ``None``."""
+        return self.monitor.record
+
+    @best.setter
+    def best(self, best: tuple[float, Path] | None) -> None:
+        self.monitor.reset(*(best or ()))
+
+    def reset(self) -> None:
+        """A new run: nothing kept yet."""
+        self.saved, self.best, self.last = [], None, None
+
+    def follow(self, path: Path, metric: float | None, reason: str) -> None:
+        """Take ``path``, a checkpoint written whole (by this process, or by the main one),
+        as the last, and as the best if its metric improves on the best."""
+        if reason == "failure":
+            return
+        self.last = path
+        if metric is not None and self.monitor.metric is not None:
+            self.monitor.update(metric, at=path)
+
+    def take(self, path: Path, metric: float | None, reason: str) -> list[Path]:
+        """A checkpoint this process wrote whole: kept (last, best), and the files to remove now."""
+        if reason == "failure":
+            return []
+        if path in self.saved:  # the same position written again
+            self.saved.remove(path)
+        self.saved.append(path)
+        self.follow(path, metric, reason)
+        return self.prune()
+
+    def prune(self) -> list[Path]:
+        """Drop what is beyond ``keep_last`` (the best kept) from the list; the files to remove."""
+        keep = set(self.saved[-self.keep_last:])
+        if self.best is not None:
+            keep.add(self.best[1])
+        old = [p for p in self.saved if p not in keep]
+        self.saved = [p for p in self.saved if p in keep]
+        return old
+
+    def keep(self, path: Path) -> None:
+        """A file that could not be removed: on the list again, the oldest, tried again at the next prune."""
+        self.saved.insert(0, path)
+
+    def adopt(self, files: list[Path], step: int) -> list[Path]:
+        """Take ``files`` (the checkpoints in this run's folder) as this run's, resumed from
+        one at ``step``, so ``keep_last`` holds across resumes: sorted by position, those beyond
+        ``step`` (an abandoned continuation) first, so pruned first; the files to remove."""
+        files = sorted(files, key=lambda p: (position_of(p)[0] <= step, position_of(p), p.stat().st_mtime))
+        self.saved = files
+        return self.prune()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds of this (the plugin's ``save_state``)."""
+        best = None if self.best is None else [self.best[0], str(self.best[1])]
+        return {"best": best, "saved": [str(p) for p in list(self.saved)]}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Back from :meth:`state`, for the files still on disk."""
+        if state.get("best") is not None:
+            value, path = state["best"]
+            if Path(path).exists():
+                self.best = (value, Path(path))
+        self.saved = [Path(p) for p in state.get("saved", []) if Path(p).exists()]

@@ -1,0 +1,55 @@
+"""checkpoint reports: how saves that were not written are reported, on the training thread.
+A failed write (full disk, read-only folder) is counted and, with ``on_save_error="warn"``,
+warned about once per kind of error (a :class:`CheckpointWarning`: the previous checkpoints
+are kept, training goes on) or, with ``"raise"``, raised; a save skipped because the writer
+was busy (``when_busy="skip"``) is counted and warned about once a run."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from hookfit.plugins.checkpoint.storage import CheckpointWarning
+
+__all__ = ["Reports"]
+
+
+class Reports:
+    """Counts and reports failed and skipped saves (see the module)."""
+
+    def __init__(self, on_save_error: str) -> None:
+        self.on_save_error = on_save_error
+        self.failed = 0
+        """Writes that failed, over every run of the plugin."""
+        self.skipped = 0
+        """Saves skipped because the writer was busy, over every run of the plugin."""
+        self._warned: set[str] = set()
+
+    def reset(self) -> None:
+        """A new run: each kind is warned about again."""
+        self._warned = set()
+
+    def failure(self, path: Path, error: BaseException, main: bool) -> BaseException | None:
+        """Count a failed write of ``path`` and warn (on the main process) once per kind of
+        error; the error when it is to be raised."""
+        self.failed += 1
+        if self.on_save_error == "raise" or not isinstance(error, Exception):
+            return error
+        kind = f"{type(error).__name__}:{getattr(error, 'errno', '')}"
+        if kind not in self._warned and main:
+            self._warned.add(kind)
+            warnings.warn(
+                f"checkpoint: could not write {path} ({type(error).__name__}: {error}); the "
+                f"previous checkpoints are kept and training goes on", CheckpointWarning, stacklevel=6)
+        return None
+
+    def skip(self, step: int) -> None:
+        """Count a save at ``step`` skipped because the writer was busy; warn once a run."""
+        self.skipped += 1
+        if "skipped" not in self._warned:
+            self._warned.add("skipped")
+            warnings.warn(
+                f"checkpoint: the save at step {step} was skipped: a checkpoint is being written and "
+                f"another waits (when_busy='skip'; skipped saves are counted in skipped_saves). Save "
+                f"less often, or pass when_busy='wait' to wait for the write instead",
+                CheckpointWarning, stacklevel=5)

@@ -1,0 +1,232 @@
+"""checkpoint writer: writes checkpoints off the training thread.
+
+The training thread hands a state to :meth:`Writer.submit`, which copies its tensors into
+reusable host buffers (:class:`hookfit.plugins.checkpoint.staging.Staging`) and returns; the
+writer's thread then does everything else: the digest, the file (temporary file, fsyncs,
+rename: the ``save`` function it was given) and the removal of pruned files. It holds at most
+two snapshots, one being written and one waiting, each in its own buffers (the second set is
+only made when a save is asked during a write, so a run whose saves are further apart than a
+write's length holds one copy of its state). A save asked while both are taken waits for the
+write in flight to end (``when_busy="wait"``) or is skipped and counted in :attr:`Writer.skipped`
+(``"skip"``; a save that must not be lost, ``must=True``, always waits).
+
+Nothing the writer does reaches the caller but through :meth:`Writer.outcomes`: each finished
+write (with its error, if it failed) and each file it could not remove, in order, for the
+training thread to act on (announce, prune, report as configured). With ``background=False``
+the same work is done on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from hookfit.plugins.checkpoint.staging import Staging
+from hookfit.plugins.checkpoint.storage import atomic_save, digest
+
+__all__ = ["Done", "Kept", "Writer", "write_file"]
+
+Save = Callable[[dict[str, Any], Path], None]
+
+
+def write_file(state: dict[str, Any], path: Path) -> None:
+    """A one-file checkpoint: ``state`` with its ``digest`` added, written atomically
+    (:func:`hookfit.plugins.checkpoint.storage.atomic_save`)."""
+    state["digest"] = digest(state)
+    atomic_save(state, path)
+
+
+@dataclass(frozen=True)
+class Done:
+    """A write that ended: ``tag`` is what the caller gave with it; ``error`` why it failed
+    (``None``: the file is whole at ``path``)."""
+
+    path: Path
+    tag: Any
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A file the writer was asked to remove and could not (``error``): it is still there."""
+
+    path: Path
+    error: OSError
+
+
+class Writer:
+    """Writes checkpoints on a thread of its own, from reusable host buffers (see the
+    module): the training thread pays one copy of the state per save and never waits for an
+    earlier write, except when a save comes while one write is in flight and another waits
+    and ``when_busy="wait"`` (with ``"skip"`` that save is skipped and counted)."""
+
+    SLOTS = 2
+    """Snapshots held at most: the one being written and the one waiting."""
+
+    def __init__(self, save: Save, remove: Callable[[Path], None], *, background: bool = True,
+                 when_busy: Literal["wait", "skip"] = "wait", name: str = "hookfit-checkpoint") -> None:
+        self.background = background
+        self.when_busy = when_busy
+        self.skipped = 0
+        """Saves skipped because both snapshots were taken (``when_busy="skip"``)."""
+        self._save, self._remove, self._name = save, remove, name
+        self._slots: list[Staging | None] = [None] * self.SLOTS
+        self._taken: set[int] = set()  # slots staged or being written
+        self._jobs: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._running = False  # the thread is doing a job
+        self._waiting = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._outcomes: collections.deque[Done | Kept] = collections.deque()
+
+    # -- what the training thread calls -----------------------------------------------------
+    def submit(self, state: dict[str, Any], path: Path, tag: Any, *, must: bool = False) -> bool:
+        """Copy ``state``'s tensors into a free snapshot and have it written to ``path`` on the
+        writer's thread; ``False`` when it was skipped (both snapshots taken, ``when_busy="skip"``
+        and not ``must``). Without ``background``, written now (:meth:`write`)."""
+        if not self.background:
+            self.write(state, path, tag)
+            return True
+        with self._cond:
+            slot = self._free()
+            while slot is None:
+                if self.when_busy == "skip" and not must:
+                    self.skipped += 1
+                    return False
+                self._waiting += 1
+                self._cond.wait()
+                self._waiting -= 1
+                slot = self._free()
+            self._taken.add(slot)
+            staging = self._slots[slot]
+            if staging is None:
+                staging = self._slots[slot] = Staging()
+        try:  # the writer never reads a slot before it is queued: the copy needs no lock
+            staged = staging.stage(state)
+        except BaseException:
+            with self._cond:
+                self._taken.discard(slot)
+                self._cond.notify_all()
+            raise
+        self._queue(("write", slot, staged, path, tag))
+        return True
+
+    def write(self, state: dict[str, Any], path: Path, tag: Any, save: Save | None = None) -> None:
+        """Write ``state`` to ``path`` on this thread, once every earlier job is done (with
+        ``save``, not the writer's own: a sharded checkpoint's write, a collective)."""
+        self.wait()
+        self._write(state, path, tag, save or self._save)
+
+    def remove(self, paths: list[Path]) -> None:
+        """Remove ``paths`` after the jobs already queued (on this thread without ``background``);
+        each that cannot be is told back as :class:`Kept`."""
+        if not paths:
+            return
+        if self.background:
+            self._queue(("remove", list(paths)))
+        else:
+            self._remove_all(paths)
+
+    def outcomes(self) -> list[Done | Kept]:
+        """What ended since the last call, in order (never blocks)."""
+        out = []
+        while self._outcomes:
+            out.append(self._outcomes.popleft())
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Snapshots staged or being written."""
+        with self._cond:
+            return len(self._taken)
+
+    @property
+    def waiting(self) -> int:
+        """Saves waiting for a snapshot to be free (``when_busy="wait"``)."""
+        with self._cond:
+            return self._waiting
+
+    @property
+    def staged(self) -> list[Staging]:
+        """The snapshots' buffers made so far (the first is the one used whenever it is free)."""
+        return [s for s in self._slots if s is not None]
+
+    def wait(self) -> None:
+        """Block until every queued job is done."""
+        with self._cond:
+            while self._jobs or self._running:
+                self._cond.wait()
+
+    def close(self) -> None:
+        """Wait for every job, end the thread and let go of the buffers (a later save starts
+        them again)."""
+        self.wait()
+        thread = self._thread
+        if thread is not None:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            thread.join()
+        self._thread, self._closing = None, False
+        for staging in self.staged:
+            staging.release()
+        self._slots = [None] * self.SLOTS
+
+    # -- the writer's thread ----------------------------------------------------------------
+    def _free(self) -> int | None:
+        return next((i for i in range(self.SLOTS) if i not in self._taken), None)
+
+    def _queue(self, job: tuple[Any, ...]) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closing:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._running = True
+            try:
+                if job[0] == "write":
+                    _, slot, staged, path, tag = job
+                    staging = self._slots[slot]
+                    if staging is not None:
+                        staging.ready()
+                    self._write(staged, path, tag, self._save, BaseException)  # nothing escapes the thread
+                else:
+                    self._remove_all(job[1])
+            finally:
+                with self._cond:
+                    if job[0] == "write":
+                        self._taken.discard(job[1])
+                    self._running = False
+                    self._cond.notify_all()
+
+    def _write(self, state: dict[str, Any], path: Path, tag: Any, save: Save,
+               caught: type[BaseException] = Exception) -> None:
+        try:
+            save(state, path)
+        except caught as error:  # told to the training thread, which reports it as configured
+            self._outcomes.append(Done(path, tag, error))
+            return
+        self._outcomes.append(Done(path, tag))
+
+    def _remove_all(self, paths: list[Path]) -> None:
+        for path in paths:
+            try:
+                self._remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                self._outcomes.append(Kept(path, error))
