@@ -4,17 +4,11 @@ optimizer with several forward/backward passes per batch, as Sharpness-Aware Min
 
 The optimizer role. What it must do, all of it:
 
-* Own the backward pass: implement the core's ``backward(loop, loss)`` and return something
-  other than ``None`` (``True``) once it has run it (first result: a ``tryfirst``
-  implementation takes over from another). A step's ``loop.backward(loss)`` calls it; without
-  an implementation ``loop.backward`` fails, naming the disabled plugins. Around the pass, fire
-  ``before_backward`` and ``after_backward`` (below) through ``loop.hooks.<event>`` (``None``
-  when nobody listens: then skip the call). On an accelerator never read the loss on the host
-  (``item()``, ``bool()``): that waits for the device at every step.
-* Fill ``loop.optimizers`` at ``configure`` with what the step drives: for one optimizer an
-  object with ``step()``, ``zero_grad()`` and ``param_groups`` (the torch optimizer's own
-  list, where learning rates are read); for several a ``Mapping`` of names to such objects.
-  Start from what the ``Loop`` was given, ``loop.optimizers`` at ``configure``: a
+* Own the backward pass: implement the core's ``backward(loop, loss)`` (its contract is the
+  core's) and fire ``before_backward`` and ``after_backward`` (below) around the pass, through
+  ``loop.hooks.handlers(event)`` (taken once) or ``loop.hooks.<event>``.
+* Fill ``loop.optimizers`` at ``configure`` with what the step drives (the core's events
+  reference describes it), starting from what the ``Loop`` was given there: a
   ``torch.optim.Optimizer``, a mapping of names to them, or ``None`` (``Loop.validate()`` of a
   test set needs none). Do it in a plain ``configure``, not a ``tryfirst`` one: the distributed
   plugin's ``tryfirst`` ``configure`` finds the ``Loop``'s torch optimizers there and, with
