@@ -57,11 +57,17 @@ class WarningLog:
 
     def _show(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
               file: TextIO | None = None, line: str | None = None) -> None:
-        if file is not None:  # written to a file of the caller's own: not the terminal's
-            if self._previous is not None:
-                self._previous(message, category, filename, lineno, file, line)
-            else:  # called after removal, through a reference kept elsewhere
-                file.write(warnings.formatwarning(message, category, filename, lineno, line))
+        if file is not None and self._previous is not None:  # a file of the caller's own: not the terminal's
+            self._previous(message, category, filename, lineno, file, line)
+            return
+        if self._previous is None:  # called after removal, through a reference kept elsewhere (a
+            # catch_warnings() entered while the dashboard was up and left after): as Python would
+            target = file if file is not None else sys.stderr
+            if target is not None:
+                try:
+                    target.write(warnings.formatwarning(message, category, filename, lineno, line))
+                except (OSError, ValueError):  # a closed or broken stream, as Python's own ignores
+                    pass
             return
         text = describe(message, category, filename, lineno)
         with self._lock:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import warnings
 
+import pytest
+
 import hookfit.plugins.support as support
 from hookfit.plugins.tui.warned import KEPT, WarningLog
 
@@ -57,3 +59,16 @@ def test_a_replacement_installed_after_ours_stays_and_the_count_is_bounded() -> 
         log.remove()
         assert warnings.showwarning is theirs
     assert len(log.kept) == KEPT and log.lines()[-1] == "warning: … and 3 more"
+
+
+def test_called_after_removal_it_writes_as_python_would(capsys: pytest.CaptureFixture[str]) -> None:
+    log = WarningLog(lambda lines: None)
+    with warnings.catch_warnings():
+        before = warnings.showwarning
+        log.install()
+        with warnings.catch_warnings():  # entered while it is installed: saves it, and puts it back on leaving
+            log.remove()
+        assert warnings.showwarning is not before  # ours, stale: what catch_warnings put back
+        warnings.simplefilter("always")
+        warnings.warn("after the run")
+    assert "UserWarning: after the run" in capsys.readouterr().err and log.kept == []
