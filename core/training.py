@@ -125,9 +125,13 @@ def resume(run: Run) -> None:
     run.state.resumed_from = info
     cursor = run.cursor
     if run.mode == "fit" and (why := unrebuilt_order(run.train_data, "train" in cursor.restored, cursor.held)):
+        # pointing at the user's fit() call: the first frame outside the core, however deep the core's calls
+        level, frame, core = 1, sys._getframe(), os.path.dirname(__file__)
+        while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == core:
+            frame, level = frame.f_back, level + 1
         warnings.warn(f"resume={source!r}: the order of the training data's batches cannot be rebuilt, so the "
                       f"resumed run trains on other batches than the run it continues would have: train_data is "
-                      f"a {why}", HookfitWarning, stacklevel=5)  # fit(): resume, execute, Run.execute, Loop.fit
+                      f"a {why}", HookfitWarning, stacklevel=level)
     fire(run, "resumed", info)
 
 
