@@ -123,6 +123,7 @@ class Run:
         self.training = False
         self.pm = pm
         self.hooks = Dispatch(pm, self)
+        self._backward = self.hooks.handlers("backward")  # refilled in place when plugins change
         self.state.silenced = pm.silenced
         self.folder = RunFolder(self, config.run_dir)
         self.cursor = Cursor(self.state)
@@ -221,16 +222,20 @@ class Run:
 
     def backward(self, loss: Any) -> Any:
         """Run the backward pass on ``loss`` through the plugin that owns it (``backward``
-        event), so gradient accumulation, loss scaling and the hooks around it apply."""
+        event, first result), so gradient accumulation, loss scaling and the hooks around it
+        apply."""
         if self.state.status != "running":
             raise RuntimeError("backward() needs a running loop: call it from a step function")
-        if (call := self.hooks.backward) is None:
+        for call in self._backward:
+            if (result := call(self, loss)) is not None:
+                return result
+        if not self._backward:
             raise RuntimeError(
                 "loop.backward() needs a plugin that implements the 'backward' event and no "
                 f"enabled plugin does (disabled plugins: {self.disabled_plugins()}); "
                 "enable it, or call loss.backward() yourself"
             )
-        return call(self, loss)
+        return None
 
     def wrap_step(self, wrapper: Callable[[Step], Step]) -> None:
         """Replace this run's step functions (training and validation) with
