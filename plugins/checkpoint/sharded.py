@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +48,8 @@ MARK = "__hookfit_shard__"
 
 
 def _dtensor_type() -> Any:
+    if "torch.distributed.tensor" not in sys.modules:  # never imported: no DTensor exists
+        return None
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover - a torch without torch.distributed

@@ -87,19 +87,22 @@ class Staging:
         return made
 
     def _copy(self, sources: dict[tuple[Any, ...], torch.Tensor]) -> None:
-        on_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        """One call per device for all its tensors: the interpreter is let go once for the
+        whole copy, not once per tensor (a writer thread would take it at each)."""
+        on_device: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         for place, source in sources.items():
-            if source.device.type == "cpu":
-                self._buffers[place].copy_(source.detach())
+            buffers, tensors = on_device.setdefault(source.device, ([], []))
+            buffers.append(self._buffers[place])
+            tensors.append(source.detach())
+        for device, (buffers, tensors) in on_device.items():
+            if device.type == "cpu":
+                torch._foreach_copy_(buffers, tensors)
             else:
-                on_device.setdefault(source.device, []).append((self._buffers[place], source))
-        for device, pairs in on_device.items():
-            self._copy_from(device, pairs)
+                self._copy_from(device, buffers, tensors)
 
-    def _copy_from(self, device: torch.device, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _copy_from(self, device: torch.device, buffers: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         if device.type != "cuda":  # another accelerator: a plain blocking copy
-            for buffer, source in pairs:
-                buffer.copy_(source.detach())
+            torch._foreach_copy_(buffers, tensors)
             return
         stream = self._streams.get(device)
         if stream is None:
@@ -107,8 +110,7 @@ class Staging:
         training = torch.cuda.current_stream(device)
         stream.wait_stream(training)  # the copy reads what the work queued so far wrote
         with torch.cuda.stream(stream):
-            for buffer, source in pairs:
-                buffer.copy_(source.detach(), non_blocking=True)
+            torch._foreach_copy_(buffers, tensors, non_blocking=True)
             event = _CUDA.Event()
             event.record(stream)
         training.wait_stream(stream)  # training's next writes to these tensors wait for the copy
