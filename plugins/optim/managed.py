@@ -105,7 +105,7 @@ class ManagedOptimizer:
         accumulation it takes effect only once after each step, so calling it before
         ``backward`` or after ``step()`` in every batch both work."""
         if self._stepped or not self._accumulates:
-            self.optimizer.zero_grad(set_to_none)
+            self.optimizer.zero_grad(set_to_none=set_to_none)
             self._stepped = False
 
     def flush(self) -> None:

@@ -572,6 +572,83 @@ def test_clip_options_accept_positive_numbers_and_none(value, expected) -> None:
     assert plugin.clip_norm == expected and plugin.clip_value == expected
 
 
+# -- what runs is what is written: no method replaced, no plugin of optim's own ---------------
+
+class Counted(Optim):
+    """optim, counting the training batches its ``batch_end`` runs in."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.batch_ends: list[int] = []
+
+    @hookfit.hookimpl(tryfirst=True)
+    def batch_end(self, loop) -> None:
+        if loop.training:
+            self.batch_ends.append(loop.state.batch_idx)
+        super().batch_end(loop)
+
+
+class Shadowing:
+    """Records, at each training batch's start, whether a plugin optim registered for itself is
+    in the run, and the instance attributes that would shadow the methods of
+    ``loop.optimizers`` and of each managed optimizer."""
+
+    name = "shadowing_probe"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, list[str]]] = []
+
+    @hookfit.hookimpl
+    def batch_start(self, loop) -> None:
+        if loop.training:
+            owners = [("optimizers", loop.optimizers), *loop.optimizers.items()]
+            self.seen.append((any(name.startswith("optim.") for name, _ in loop.pm.list_name_plugin()),
+                              [f"{owner}.{attr}" for owner, obj in owners for attr in ("step", "zero_grad")
+                               if attr in vars(obj)]))
+
+
+@pytest.mark.parametrize("options, batches", [(dict(), []), (dict(accumulate=2), [0, 1, 2]),
+                                              (dict(amp=True), [0, 1, 2])])
+def test_optim_takes_part_in_batch_end_itself_only_where_a_batch_needs_it(options, batches) -> None:
+    """optim implements ``batch_end`` itself and declares (``batch_events``) that a run takes it
+    only where a batch can close an accumulation window or update a loss scale; it registers no
+    plugin of its own, and no method of ``loop.optimizers`` or a managed optimizer is replaced
+    on the instance."""
+    m = model()
+    optim, probe = Counted(**options), Shadowing()
+    hookfit.Loop(lambda loop, batch: fit_step(loop, m, batch), data(3), model=m, max_epochs=1,
+                 optimizers=torch.optim.SGD(m.parameters(), lr=0.1), plugins=[optim, probe]).fit()
+    assert optim.batch_ends == batches
+    assert probe.seen == [(False, [])] * 3
+
+
+def fit_step(loop, m, batch):
+    loss = mse(m, batch)
+    loop.backward(loss)
+    stepped = loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss, "stepped": float(stepped)}
+
+
+def test_after_a_nonfinite_loss_optim_closes_windows_at_batch_end() -> None:
+    """A plain run takes no per-batch event of optim's; the batch of a non-finite loss makes it
+    take part in ``batch_end``, which closes that window, and the next batch steps again."""
+    m = model()
+    optim, stepped = Counted(), []
+
+    def step(loop, batch):
+        loss = mse(m, batch) * (float("nan") if loop.state.batch_idx == 1 else 1.0)
+        loop.backward(loss)
+        stepped.append(loop.optimizers.step())
+        loop.optimizers.zero_grad()
+
+    with pytest.warns(OptimWarning, match="non-finite loss at epoch 0, batch 1"):
+        hookfit.Loop(step, data(4), model=m, max_epochs=1, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     plugins=[optim]).fit()
+    assert optim.batch_ends == [1, 2, 3]
+    assert stepped == [True, False, True, True]
+
+
 # -- a step that bypasses loop.optimizers ------------------------------------------------------
 
 class Hooks:
