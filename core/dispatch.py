@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable, Sequence, cast
 
 import pluggy
 
+from hookfit import blame
 from hookfit.guard import guard as _guard
 from hookfit.manager import PluginManager
 
@@ -330,7 +331,7 @@ class Dispatch:
             plugin = impl.plugin_name
             if catch and not _is_observer(impl.plugin):
                 def collect(error: BaseException) -> None:
-                    error.add_note(f"hookfit: raised by {pm.describe(plugin)} in hook {name!r}")
+                    error.add_note(blame.hook_note(pm, error, plugin, name))
                     errors.append((plugin, error))
 
                 function = _guard(impl, collect)

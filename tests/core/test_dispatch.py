@@ -7,6 +7,7 @@ objects."""
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from typing import Any
 
@@ -571,3 +572,34 @@ def test_isolation_also_holds_on_pluggys_call_path() -> None:
         state = hookfit.Loop(lambda l, b: None, [1], max_epochs=3, plugins=[Logger()]).fit()
     assert state.status == "completed" and Logger.epochs == 1
 
+
+
+def test_a_fit_end_error_raised_in_an_event_another_plugin_fires_there_is_blamed_on_its_implementation() -> None:
+    """fit_end's guard calls each implementation on its own: an error raised by plugin B's
+    implementation of an event that plugin A fires from its fit_end names B, called from A."""
+
+    class Specs:
+        @hookfit.hookspec
+        def tidy(self, loop: Any) -> None:
+            """Fired by 'fires' from its fit_end."""
+
+    class Fires:
+        name = "fires"
+        hookspecs = Specs
+
+        @hookfit.hookimpl
+        def fit_end(self, loop: Any) -> None:
+            loop.hooks.tidy(loop)
+
+    class Raises:
+        name = "raises"
+
+        @hookfit.hookimpl
+        def tidy(self, loop: Any) -> None:
+            raise LookupError("tidy failed")
+
+    with pytest.raises(LookupError, match="tidy failed") as caught:
+        hookfit.Loop(lambda loop, b: None, [1], plugins=[Fires(), Raises()]).fit()
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert re.search(r"raised by plugin 'raises' .* in hook 'tidy', called from plugin 'fires' .* in its hook "
+                     r"'fit_end'", notes), notes
