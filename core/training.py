@@ -125,8 +125,7 @@ def resume(run: Run) -> None:
     run.state.resumed_from = info
     cursor = run.cursor
     if run.mode == "fit" and (why := unrebuilt_order(run.train_data, "train" in cursor.restored, cursor.held)):
-        # pointing at the user's fit() call: the first frame outside the core, however deep the core's calls
-        level, frame, core = 1, sys._getframe(), os.path.dirname(__file__)
+        level, frame, core = 1, sys._getframe(), os.path.dirname(__file__)  # at the user's fit(): out of core
         while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == core:
             frame, level = frame.f_back, level + 1
         warnings.warn(f"resume={source!r}: the order of the training data's batches cannot be rebuilt, so the "
@@ -340,13 +339,12 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
 
 
 def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[Any]:
-    """The stage's batches from batch ``start``. A fresh training stage notes the random
-    state before its iterator is made, the data's own generators included (a ``DataLoader``
-    draws its seeds from its generator, else from the global one). A resumed one makes its
-    iterator from that same state and drops the batches already done (data with
-    ``iter_from`` starts there; data that restored its own state is already there), then
-    gives the random state back as it was: so the rest of the epoch sees the batches, the
-    shuffle and the random stream of the run it continues."""
+    """The stage's batches from batch ``start``. A fresh training stage notes the random state
+    before its iterator is made, the data's own generators included (a ``DataLoader`` draws its
+    seeds from them). A resumed one makes its iterator from that same state and drops the
+    batches already done (data with ``iter_from`` starts there; data that restored its own
+    state is already there), then gives the random state back as it was: so the rest of the
+    epoch sees the batches, the shuffle and the random stream of the run it continues."""
     cursor = run.cursor
     if not start:
         if train:
