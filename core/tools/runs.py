@@ -331,7 +331,8 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         metric = default_metric(rows, directions(metrics))
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
-    name = starts[-1].get("name") if starts else folder.parent.name
+    name = starts[-1].get("name") if starts else None
+    name = name if isinstance(name, str) else folder.parent.name  # (a damaged name is left out)
     started = starts[0].get("started") if starts else None
     identity = starts[0].get("identity") if starts else None
     return RunInfo(

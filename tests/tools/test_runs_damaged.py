@@ -265,4 +265,5 @@ def test_runs_json_stays_json_when_a_text_field_holds_a_non_finite_number(tmp_pa
 
     (listed,) = json.loads(capsys.readouterr().out, parse_constant=refuse)
     assert (listed["status"], listed["reason"], listed["duration"]) == ("interrupted", None, None)
+    assert listed["name"] == "demo"  # the name left out: the folder's
     assert listed["best"] == {"metric": "train/loss", "value": 0.5, "epoch": 1}
