@@ -174,3 +174,37 @@ def test_a_stop_asked_otherwise_returns() -> None:
 
     state = hookfit.Loop(step, list(range(6)), plugins=[Interrupter()]).fit()
     assert (state.status, state.stop_reason) == ("interrupted", "enough")
+
+
+def test_end_with_raises_once_the_run_is_over_and_the_runs_own_error_wins() -> None:
+    """The core's side (``hookfit.loop.end_with``): the first error asked is raised after
+    ``results``; a run that fails raises its own; anything but an exception is refused."""
+    import hookfit
+    from hookfit.loop import end_with
+
+    order: list[str] = []
+
+    class Ends:
+        name = "ends"
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            end_with(loop, SystemExit(3))
+            end_with(loop, SystemExit(4))  # the first one asked wins
+            order.append("fit_end")
+
+        @hookfit.hookimpl
+        def results(self, loop):
+            order.append("results")
+
+    with pytest.raises(SystemExit) as raised:
+        hookfit.Loop(lambda loop, batch: None, [0, 1], plugins=[Ends()]).fit()
+    assert raised.value.code == 3 and order == ["fit_end", "results"]
+
+    def failing(loop, batch):
+        raise ValueError("the step's own error")
+
+    with pytest.raises(ValueError, match="the step's own error"):
+        hookfit.Loop(failing, [0, 1], plugins=[Ends()]).fit()
+    with pytest.raises(TypeError, match="^end_with: error must be an exception, got int$"):
+        end_with(None, 3)  # type: ignore[arg-type]
