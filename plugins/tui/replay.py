@@ -46,7 +46,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(run=_show)
     p = commands.add_parser("compare", help="one metric of several runs in one plot, with their final and best values")
     p.add_argument("runs", nargs="+", help="run folders (or run names under runs/)")
-    p.add_argument("--metric", help="stage/name, such as valid/loss (default: valid/loss, else train/loss)")
+    p.add_argument("--metric", help="stage/name, such as valid/loss (default: the metric the first run configured a "
+                                    "direction for, Metrics(best=...), else valid/loss, else train/loss)")
     p.add_argument("--mode", choices=("min", "max"), help="which value of the metric is best, where the runs' "
                                                           "logs do not say (default: the logs', min for loss)")
     p.add_argument("--width", type=int, default=None, help="plot columns (default: the terminal's)")
