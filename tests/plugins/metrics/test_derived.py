@@ -134,3 +134,17 @@ def test_an_error_of_the_function_names_the_derived_metric() -> None:
     with pytest.raises(AttributeError) as raised:
         fit(Metrics(derived={"ppl": lambda m: m.nothing}))
     assert "metrics: raised by the function of the derived metric 'ppl'" in raised.value.__notes__
+
+
+def test_the_dashboard_rebuilt_by_hookfit_show_has_it_as_any_metric(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The dashboard's model takes the snapshots as they come: ``hookfit show`` rebuilds it from
+    the metric log, with the derived metric in its table and its summary."""
+    from hookfit.plugins.tui.replay import _dashboard, _print_summary
+
+    fit(Metrics(derived=PPL, best={"ppl": "min"}), MetricsLog(), run_dir=tmp_path / "run")
+    model, follower, info, _ = _dashboard(tmp_path / "run", draw=False)
+    assert "ppl" in model.names
+    _print_summary(tmp_path / "run", model, follower, info)
+    row = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["ppl"]]
+    assert row and row[0][1:3] == [f"{math.exp(1.0):.4g}", f"{math.exp(1.0):.4g}"], row
