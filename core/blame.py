@@ -134,7 +134,7 @@ def _plugin_modules(pm: Any, scripts: set[str | None]) -> dict[str, str]:
         module = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
         if module in scripts:
             continue
-        root = name.split(".")[0]  # "checkpoint.steps", a helper a plugin registered, is checkpoint's
+        root = name.split(".")[0]  # "tool.part", a helper plugin "tool" registered, is "tool"'s
         modules.setdefault(module, root)
         if "." in module:
             packages.setdefault(module.rsplit(".", 1)[0] + ".", set()).add(root)
