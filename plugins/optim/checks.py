@@ -1,8 +1,5 @@
-"""The non-finite checks of a run's losses, one chosen when the run is configured:
-:class:`HostCheck` reads the loss (on the CPU, no synchronisation), :class:`DeviceCheck` keeps
-its finiteness in a flag on the device (:class:`~hookfit.plugins.optim.nonfinite.Deferred`),
-:class:`NoCheck` checks nothing (``nonfinite=None``). ``Optim.backward`` asks the check whether
-to back-propagate a loss. :class:`Flags` makes the device path's flags."""
+"""The non-finite check of a run's losses, one of :class:`HostCheck`, :class:`DeviceCheck` and
+:class:`NoCheck` chosen at ``configure``; :class:`Flags` makes the device path's flags."""
 
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ SLOTS = 1024
 
 
 class Check(Protocol):
-    """The non-finite check of a run's losses, one of the classes below."""
+    """Asked by ``Optim.backward`` for every loss."""
 
     def admits(self, loop: Run, loss: torch.Tensor) -> bool:
         """Whether ``loss`` is back-propagated (``False``: it poisoned its window)."""
@@ -70,13 +67,11 @@ class DeviceCheck:
 
 
 class Flags:
-    """The flags of the device path's windows, each a float32 zero made ahead of time, ``SLOTS``
-    at once in one kernel: a window's first loss is checked into a flag of its own with one more
-    kernel, torch's ``_amp_foreach_non_finite_check_and_unscale_`` (GradScaler's check), which sets
-    the flag to 1.0 where a value is not finite and multiplies the values by 1.0, an exact no-op,
-    written through ``loss.data``: autograd's version counter of the loss does not move, so its
-    graph stays usable. Where that kernel does not take the loss (a subclass such as a DTensor, a
-    dtype or device it refuses), :func:`loss_flag` makes the flag with two."""
+    """The flags of the device path's windows: float32 zeros made ``SLOTS`` at once, each set by
+    one kernel at a window's first loss, torch's ``_amp_foreach_non_finite_check_and_unscale_``
+    (GradScaler's check: 1.0 where a value is not finite; the values times 1.0, an exact no-op,
+    through ``loss.data``, so autograd's version counter does not move). A loss that kernel
+    refuses (a DTensor, a dtype or device) gets :func:`loss_flag`'s two kernels."""
 
     def __init__(self) -> None:
         self._slots: tuple[torch.Tensor, ...] = ()
@@ -86,29 +81,18 @@ class Flags:
 
     def check(self, loss: torch.Tensor) -> torch.Tensor:
         """A new flag for ``loss``: 1.0 if any of its values is not finite, else 0.0."""
-        if type(loss) is torch.Tensor and self._next < len(self._slots):
-            slot = self._slots[self._next]
-            try:
-                torch._amp_foreach_non_finite_check_and_unscale_([loss.data], slot, self._one)
-            except RuntimeError:  # another device than the slots', or a loss it refuses
-                return self._anew(loss)
-            self._next += 1
-            return slot
-        return self._anew(loss)
-
-    def _anew(self, loss: torch.Tensor) -> torch.Tensor:
-        """:meth:`check` past its common case: zeros made (on the loss's device), or the
-        two-kernel flag for a loss the one-kernel check refuses."""
-        if self._works and type(loss) is torch.Tensor:
-            self._make(loss.device)
-            slot = self._slots[0]
-            try:
-                torch._amp_foreach_non_finite_check_and_unscale_([loss.data], slot, self._one)
-            except RuntimeError:
-                self._works, self._slots = False, ()  # from now on, two kernels
-            else:
-                self._next = 1
+        if type(loss) is torch.Tensor and self._works:
+            for fresh in (self._next >= len(self._slots), True):  # then zeros on the loss's device
+                if fresh:
+                    self._make(loss.device)
+                slot = self._slots[self._next]
+                try:
+                    torch._amp_foreach_non_finite_check_and_unscale_([loss.data], slot, self._one)
+                except RuntimeError:  # another device than the slots', or a loss it refuses
+                    continue
+                self._next += 1
                 return slot
+            self._works, self._slots = False, ()  # from now on, two kernels
         return loss_flag(loss)
 
     def _make(self, device: torch.device) -> None:
@@ -118,10 +102,9 @@ class Flags:
 
 
 def loss_flag(loss: torch.Tensor) -> torch.Tensor:
-    """A window's flag from ``loss``, on its device, without a host read: a float32 ``1.0`` if
-    any value is not finite, else ``0.0`` (the ``found_inf`` of torch's fused kernels). Two
-    kernels for a float32 loss, ``x * 0 != 0`` (infinity and NaN times zero are NaN), where
-    ``isfinite`` and a negation take five: on an accelerator each is a launch a step."""
+    """A flag from ``loss`` on its device, as :meth:`Flags.check` makes: two kernels for a
+    float32 loss, ``x * 0 != 0`` (infinity and NaN times zero are NaN), where ``isfinite`` and a
+    negation take five (on an accelerator, a launch each)."""
     bad = loss.detach().mul(0).ne_(0)  # (ne_ keeps the loss's dtype: 1.0 where not finite)
     if bad.dim():
         bad = bad.amax()

@@ -1,10 +1,7 @@
-"""torch's kernels that skip a step on the device, and optim's use of them.
-
-On the device path (:mod:`~hookfit.plugins.optim.nonfinite`) a step is skipped without a host
-read only by a kernel that takes torch's ``found_inf`` (``GradScaler``'s contract): torch's
-``fused=True`` optimizers. This module says whether an optimizer has one, switches groups of
-torch's Adam, AdamW and SGD whose kernel was left to torch to it where it is as robust as the
-default one, steps on a flag, and joins a flag to a ``GradScaler``'s. Switched:
+"""torch's kernels that skip a step on the device (they take ``found_inf``, ``GradScaler``'s
+contract with torch's ``fused=True`` optimizers), and optim's use of them on the device path:
+whether an optimizer has one, a step on a flag, a flag joined to a ``GradScaler``'s, and groups
+whose kernel was left to torch switched to the fused one where it is as robust. Switched:
 
 * Adam and AdamW: they make each parameter's state before the kernel runs, and take every
   parameter type their other kernels do (DTensor included);
@@ -27,10 +24,8 @@ import torch
 from hookfit.modes import modules
 
 FusedRule = Callable[[list[torch.Tensor], bool, bool], tuple[bool, bool]]
-"""torch's ``_default_to_fused_or_foreach(params, differentiable, use_fused)``: whether its
-fused (and foreach) kernel takes these parameters (their type, device and dtype)."""
 
-try:  # torch's own rule for "the fused kernel takes these parameters" (type, device, dtype)
+try:  # torch's rule (params, differentiable, use_fused): whether its fused kernel takes them
     from torch.optim.optimizer import _default_to_fused_or_foreach as _torch_rule
 
     _default_to_fused_or_foreach: FusedRule | None = _torch_rule
@@ -39,31 +34,25 @@ except ImportError:  # pragma: no cover - a torch without it: no optimizer is sw
 
 FUSED_CLASSES = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
 """torch's optimizers that have a fused kernel (in torch 2.13)."""
-SWITCHED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
-"""Those whose groups optim may switch to it (see the module docstring)."""
+SWITCHED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)  # (see the module docstring)
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` honours ``found_inf`` in every parameter group: for torch's
-    optimizers with a fused kernel, every group runs it (built with ``fused=True``, switched,
-    or loaded from a checkpoint of such a run); for another class, it set torch's
-    ``_step_supports_amp_scaling``. torch's flag is kept true exactly when every group is fused,
-    as ``GradScaler`` reads it to hand ``found_inf`` over."""
+    optimizers with a fused kernel, every group is fused (torch's ``_step_supports_amp_scaling``
+    is kept so, for ``GradScaler``); for another class, that flag as it set it."""
     if type(optimizer) not in FUSED_CLASSES:
         return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
     fused = all(group.get("fused") for group in optimizer.param_groups)
-    # torch's private attributes of an optimizer (read by GradScaler and the fused kernels) are
-    # not in its declared type: set by name, here and below
+    # torch's private attributes (GradScaler's, the fused kernels'): not in the declared type
     setattr(optimizer, "_step_supports_amp_scaling", fused)
     return fused
 
 
 def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
-    """Switch every parameter group of ``optimizer`` that can take it (see the module
-    docstring; ``model``: where modules with ``sparse=True`` are looked for) to torch's fused
-    kernel, as if the optimizer had been built with ``fused=True``: the group's flag, the
-    ``step`` counters it already has moved where the fused kernel keeps them (on the
-    parameter's device), SGD's momentum buffers made."""
+    """Switch every group of ``optimizer`` that can take it to torch's fused kernel, as if built
+    with ``fused=True`` (``step`` counters moved to the parameter's device, SGD's momentum
+    buffers made); ``model`` holds the modules whose ``sparse=True`` rules SGD out."""
     if _default_to_fused_or_foreach is None or type(optimizer) not in SWITCHED:
         return
     dense = _dense_parameters(model) if type(optimizer) is torch.optim.SGD else set()
@@ -81,10 +70,9 @@ def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
 
 
 def skip_keeps_state(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether a step skipped inside the kernel (by ``found_inf``) now leaves ``optimizer`` a
-    valid state: yes for torch's Adam, AdamW and Adagrad (their state is made before the kernel
-    runs) and for SGD where every parameter with a gradient has its momentum buffer (or there
-    is no momentum); for another class, once it has any state (not known before)."""
+    """Whether a step skipped inside the kernel now leaves ``optimizer`` a valid state: torch's
+    Adam, AdamW and Adagrad always, SGD once every parameter with a gradient has its momentum
+    buffer, another class once it has any state."""
     kind = type(optimizer)
     if kind in (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad):
         return True
@@ -98,10 +86,8 @@ def skip_keeps_state(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], dense: set[int]) -> bool:
-    """Whether ``group`` may be switched: its kernel left to torch, not differentiable, its
-    parameters ones torch's fused kernel takes (``_default_to_fused_or_foreach``), and for SGD
-    the conditions of the module docstring (``dense``: the model's parameters that no module
-    makes sparse gradients for)."""
+    """Whether ``group`` may be switched (the module docstring; ``dense``: the ids of the
+    model's parameters without sparse gradients)."""
     if group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable"):
         return False
     params = group["params"]
@@ -118,17 +104,14 @@ def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], dense: 
 
 
 def _dense_parameters(model: Any) -> set[int]:
-    """The ids of ``model``'s parameters, but those of its modules that make sparse gradients
-    (``Embedding``/``EmbeddingBag`` with ``sparse=True``)."""
+    """The ids of ``model``'s parameters but those of modules with ``sparse=True``."""
     return {id(p) for root in modules(model) for module in root.modules()
             if getattr(module, "sparse", False) is not True for p in module.parameters(recurse=False)}
 
 
 def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
-    """Step ``optimizer``'s fused kernel with ``flag`` (a float32 1.0 or 0.0 on the device, see
-    :class:`~hookfit.plugins.optim.checks.Flags`) as its ``found_inf``: the kernel leaves
-    parameters and state as they are where it is 1.0. That is GradScaler's contract with the
-    fused kernels: attributes of the optimizer that its declared type lacks, so set by name."""
+    """Step ``optimizer``'s fused kernel with ``flag`` (a float32 1.0 or 0.0 on the device) as
+    its ``found_inf``: at 1.0 it leaves parameters and state as they are."""
     setattr(optimizer, "found_inf", flag)
     setattr(optimizer, "grad_scale", None)
     try:
@@ -139,10 +122,8 @@ def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
 
 
 def scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
-    """``scaler.step(optimizer)`` through the scaler's own host read of ``found_inf`` rather
-    than the optimizer's kernel, for a fused optimizer whose state a step skipped inside the
-    kernel would leave invalid (torch's fused SGD with momentum before its first step)."""
-    # (torch's private flag, which GradScaler reads: not in the optimizer's declared type)
+    """``scaler.step(optimizer)`` by the scaler's host read of ``found_inf``, not the kernel,
+    for a fused optimizer that a skip inside the kernel would leave invalid."""
     setattr(optimizer, "_step_supports_amp_scaling", False)
     try:
         scaler.step(optimizer)
@@ -151,10 +132,9 @@ def scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer)
 
 
 def into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
-    """Add the window's non-finite flag to what ``scaler`` found in ``optimizer``'s gradients
-    at ``unscale_``, on the flag's device, so that ``scaler.step`` skips the step (and the
-    scale backs off, as for an overflow). ``False`` when the scaler keeps no such record
-    there (its layout is torch's, not public API): the caller then reads the flag itself."""
+    """Add the window's flag to what ``scaler`` found at ``unscale_``, so that ``scaler.step``
+    skips (the scale backs off, as for an overflow); ``False`` where the scaler keeps no such
+    record (its layout is torch's, not public API): the caller then reads the flag itself."""
     record = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
     found = record.get("found_inf_per_device", {}).get(bad.device)
     if not isinstance(found, torch.Tensor):

@@ -75,11 +75,8 @@ class ManagedOptimizer:
         self._accumulates = rules.window.size > 1
         self._per_step = list(per_step)  # its schedulers that step after each real step
         self._stepped = False  # a real step happened since the last effective zero_grad()
-        # whether its kernel takes found_inf, so that it can skip on the device: decided at its
-        # first step on the device path (where optim may switch it to torch's fused kernel),
-        # again when its parameter groups change or a state is loaded
-        self._skips: bool | None = None
-        self._groups = 0  # how many parameter groups it had then
+        self._skips: bool | None = None  # its kernel takes found_inf (see skips_on_device)
+        self._groups = 0  # how many parameter groups it had when that was decided
         self._primed = False  # a step skipped inside its kernel leaves it a valid state (cached)
 
     @property
@@ -87,30 +84,24 @@ class ManagedOptimizer:
         """The wrapped optimizer's parameter groups (learning rates live here)."""
         return self.optimizer.param_groups
 
-    @property
-    def scheduler(self) -> Any:
-        """Its only scheduler, or ``None`` (with several, :attr:`schedulers`)."""
-        return self.schedulers[0] if len(self.schedulers) == 1 else None
-
     def step(self) -> bool:
-        """Step now if this batch closes an accumulation window; return whether it stepped
-        (``False`` inside a window or when the step was skipped for a non-finite value)."""
+        """Step now if this batch closes an accumulation window; whether it stepped (``False``
+        inside a window or skipped for a non-finite value)."""
         if self._accumulates and not self._rules.window.closes(self._rules.loop):
             self.window_open = True
             return False
         return self._step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients, unless they are being accumulated for a later step: with
-        accumulation it takes effect only once after each step, so calling it before
-        ``backward`` or after ``step()`` in every batch both work."""
+        """Clear gradients, unless they are accumulated for a later step: with accumulation only
+        the first call after a step clears, so calling it before ``backward`` or after
+        ``step()`` works alike."""
         if self._stepped or not self._accumulates:
             self.optimizer.zero_grad(set_to_none=set_to_none)
             self._stepped = False
 
     def flush(self) -> None:
-        """At the training stage's end: step the open (partial) window, then drop its
-        gradients."""
+        """At the training stage's end: step the open (partial) window, drop its gradients."""
         if self.window_open:
             self._step()
             self.clear()
@@ -210,11 +201,10 @@ class ManagedOptimizer:
         return bad, grad_bad
 
     def skips_on_device(self) -> bool:
-        """Whether a step of this optimizer skipped inside its kernel (``found_inf``) leaves it
-        a valid state (see :mod:`kernels`). Its kernel is decided at its first step on the
-        device path, and again when its parameter groups changed or a state was loaded; unless
-        ``Optim(fuse=False)``, groups of torch's optimizers whose kernel was left to torch are
-        switched to the fused one first."""
+        """Whether a step skipped inside its kernel (``found_inf``) leaves it a valid state
+        (:mod:`kernels`). Decided at its first step on the device path (after switching its
+        groups to torch's fused kernel, unless ``Optim(fuse=False)``), again when its parameter
+        groups changed or a state was loaded."""
         optimizer = self.optimizer
         if self._skips is None or len(optimizer.param_groups) != self._groups:
             if self._rules.fuse:
@@ -278,8 +268,7 @@ class ManagedOptimizer:
             )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (checked first: :meth:`check_state`)."""
-        self.check_state(state)
+        """Restore what :meth:`state_dict` returned, once :meth:`check_state` accepted it."""
         self.optimizer.load_state_dict(state["optimizer"])
         self._skips, self._primed = None, False  # its groups' kernels may have changed
         for scheduler, saved in zip(self.schedulers, _saved_schedulers(state)):
@@ -295,8 +284,7 @@ def _listed(classes: Sequence[str]) -> str:
 
 
 def _saved_schedulers(state: Mapping[str, Any]) -> list[Any]:
-    """The scheduler states of a saved optimizer state (one ``"scheduler"`` in states saved
-    before a list was kept)."""
+    """The scheduler states of a saved optimizer state (a list, or one under ``"scheduler"``)."""
     if "schedulers" in state:
         return list(state["schedulers"])
     return [] if state.get("scheduler") is None else [state["scheduler"]]
@@ -358,14 +346,11 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
-        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block (their
-        ``requires_grad`` flags are restored after it). A backward pass of the batch that fails
-        for want of a gradient gets a note naming the toggle and what it froze
-        (:mod:`hookfit.plugins.optim.toggles`)."""
+        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block
+        (:mod:`hookfit.plugins.optim.toggles`); their ``requires_grad`` is restored after it."""
         active = self[name]
         own = {id(p) for p in active.params}
-        # the parameters it freezes, by optimizer: those that require a gradient now (one frozen
-        # already, by an enclosing toggle or the user, is left as it is, and so restored)
+        # by optimizer, those requiring a gradient now (one frozen already is left, and stays so)
         frozen = {
             other.name: [p for p in other.params if id(p) not in own and p.requires_grad]
             for other in self._managed.values() if other is not active
@@ -373,12 +358,14 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         now = stamp(self._loop)  # this batch's toggles, the latest of each name
         self.toggled = [t for t in self.toggled if t.at == now and t.name != name]
         self.toggled.append(Toggled(name, {n: ps for n, ps in frozen.items() if ps}, now))
-        for params in frozen.values():
-            for p in params:
-                p.requires_grad_(False)
+        _require_grad(frozen, False)
         try:
             yield active
         finally:
-            for params in frozen.values():
-                for p in params:
-                    p.requires_grad_(True)
+            _require_grad(frozen, True)
+
+
+def _require_grad(frozen: Mapping[str, list[torch.Tensor]], on: bool) -> None:
+    for params in frozen.values():
+        for p in params:
+            p.requires_grad_(on)

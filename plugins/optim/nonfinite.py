@@ -1,21 +1,17 @@
 """optim's non-finite policy (:class:`Policy`) and its device path (:class:`Deferred`).
 
-A non-finite loss (checked by one of :mod:`~hookfit.plugins.optim.checks`) poisons its
-accumulation window, whose steps are skipped (``nonfinite="skip"``: counted, the first warned
-about at once, the total at the end of the run) or fail the run (``"raise"``); a step whose
-gradients are non-finite is skipped alone.
+A non-finite loss poisons its accumulation window, whose steps are skipped or fail the run
+(``nonfinite``); a step whose gradients are non-finite is skipped alone.
 
-The device path (an accelerator, or ``defer=True``) never waits for the device: every loss is
-back-propagated and its finiteness folded into a flag of its window on the device. A step then
-skips on the flag where it can, with no host read: an optimizer whose kernel takes
-``found_inf`` (:mod:`~hookfit.plugins.optim.kernels`) gets the flag, a ``GradScaler`` adds it to
-its own; any other optimizer reads the flag at its step and skips as on the CPU. The flags of
-steps that skipped on the device are read later, in one transfer: every ``READ_EVERY`` windows,
-at the training stage's end, for a checkpoint, at the end of the run. Until then such a step
-looks like a real one (``step()`` returned ``True``, the optimizer events fired, a per-step
-scheduler stepped); the read counts it as skipped and warns, or under ``nonfinite="raise"``
-raises, naming the batch. A checkpoint's read keeps that error for optim's next step or read,
-so the save is whole; a run that did not complete warns instead."""
+The device path never waits for the device: every loss is back-propagated and its finiteness
+folded into its window's flag on the device. An optimizer whose kernel takes ``found_inf``
+(:mod:`~hookfit.plugins.optim.kernels`) skips on the flag, a ``GradScaler`` adds it to its own;
+any other reads it at its step and skips as on the CPU. Flags are read later, in one transfer:
+every ``READ_EVERY`` windows, at the training stage's end, for a checkpoint, at the run's end.
+Until then a step skipped on the device looks real (``step()`` returned ``True``, the events
+fired, a per-step scheduler stepped); the read counts it as skipped and warns, or under
+``"raise"`` raises, naming the batch. A checkpoint's read keeps that error for optim's next
+step or read, so the save is whole; a run that did not complete warns instead."""
 
 from __future__ import annotations
 
@@ -46,6 +42,11 @@ Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]
 the step, its gradients' own flag where they are checked)."""
 
 
+def at(loop: Run) -> str:
+    """Where the run is, as optim's messages name it: ``epoch 2, batch 7``."""
+    return f"epoch {loop.state.epoch}, batch {loop.state.batch_idx}"
+
+
 class Policy:
     """What a non-finite value does: the poisoned window and the skipped steps' count."""
 
@@ -59,7 +60,6 @@ class Policy:
         self.loop: Run | None = None
 
     def start(self, loop: Run) -> None:
-        """A run begins (``configure``)."""
         self.loop, self.first_skip = loop, None
         self.poison(False)
 
@@ -73,16 +73,12 @@ class Policy:
         """A non-finite loss read on the host: not back-propagated, its window poisoned."""
         self.poison(True)
         if self.mode == "raise":
-            raise FloatingPointError(
-                f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at epoch "
-                f"{loop.state.epoch}, batch {loop.state.batch_idx}"
-            )
+            raise FloatingPointError(f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at {at(loop)}")
 
     def skip(self, managed: ManagedOptimizer, what: str) -> None:
         """Count a skipped step; warn about the first, or raise under ``nonfinite="raise"``."""
         assert self.loop is not None  # by a step, during the run
-        state = self.loop.state
-        where = f"{what} at epoch {state.epoch}, batch {state.batch_idx}"
+        where = f"{what} at {at(self.loop)}"
         if self.mode == "raise":
             managed.skipped += 1
             raise FloatingPointError(f"optim: {where}")
@@ -107,8 +103,8 @@ class Policy:
 
 
 class Deferred:
-    """The device path's flags (see the module docstring): the open window's, the closed
-    windows' kept unread, and the error a read under ``nonfinite="raise"`` holds."""
+    """The device path's flags: the open window's, the closed windows' kept unread, and the
+    error a read under ``nonfinite="raise"`` holds."""
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
@@ -161,9 +157,8 @@ class Deferred:
         return None
 
     def read_flag(self) -> bool:
-        """Read the window's flag on the host now, in one transfer with every flag kept (so
-        steps of other optimizers that skipped on the device are counted as at any read); a
-        non-finite window is poisoned."""
+        """Read the window's flag now, with every flag kept (as any read); a non-finite window is
+        poisoned."""
         self.close(bounded=False)
         if not self.read()[-1]:
             return False
@@ -189,9 +184,8 @@ class Deferred:
                 self.read()
 
     def finish(self, final: bool) -> None:
-        """The run's last read, the open window's flag too (no step follows): an error under
-        ``nonfinite="raise"`` is raised, or warned about where the run did not complete
-        (``final``)."""
+        """The run's last read, the open window's too; an error under ``"raise"`` is warned
+        about instead where the run did not complete (``final``)."""
         self.close(bounded=False)
         if self._due is not None and final:
             warnings.warn(f"{self._due}, found at the end of the run", OptimWarning, stacklevel=3)
@@ -200,11 +194,10 @@ class Deferred:
         self.raise_due()
 
     def read(self, final: bool = False, hold: bool = False) -> list[bool]:
-        """Read the flags kept since the last read, in one transfer: count each step skipped on
-        the device by the flags it stepped on; return whether each window had a non-finite
-        loss. Under ``nonfinite="raise"`` the first non-finite value is raised once every window
-        is counted; ``hold`` keeps the error for optim's next step or read (a checkpoint), and
-        ``final`` (a run that did not complete) warns instead."""
+        """Read the flags kept, in one transfer: count each step skipped on the device; return
+        whether each window had a non-finite loss. Under ``"raise"`` the first non-finite value
+        is raised once all are counted; ``hold`` keeps it for the next step or read (a
+        checkpoint), ``final`` (a run that did not complete) warns instead."""
         pending, self._pending = self._pending, []
         if not pending:
             return []
@@ -219,8 +212,7 @@ class Deferred:
         values = iter(torch.stack(tensors).tolist())
         policy = self._policy
         assert policy.loop is not None  # flags are kept and read during the run only
-        state = policy.loop.state
-        read = f"read on the host at epoch {state.epoch}, batch {state.batch_idx}"
+        read = f"read on the host at {at(policy.loop)}"
         windows, error = [], None
         for _, (epoch, first, last), stepped in pending:
             bad = bool(next(values))

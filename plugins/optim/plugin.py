@@ -93,33 +93,32 @@ class Optim:
         self._autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when mixed
         self._skipped_total: int | None = None  # the run's skipped steps, at its end (results)
 
-    # -- events ---------------------------------------------------------------------------
     @hookimpl
     def configure(self, loop: Run) -> None:
         # loop.optimizers is replaced here, not at fit_start, so that every plugin sees the
         # managed optimizers from fit_start on, whatever the order (the spec says so)
         self.loop = loop
-        optimizers = _named(loop.optimizers, "optimizers")
+        optimizers = _named(loop.optimizers)
         for name, opt in optimizers.items():
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optim: optimizer {name!r} is a {type(opt).__name__}, not a torch.optim.Optimizer")
         schedulers = self._schedules.assign(loop, optimizers)  # each optimizer's, checked (none in a validation)
+        device = _device_type(loop.model)  # None: the model has no parameter
+        guess = "cuda" if torch.cuda.is_available() else "cpu"
         self._autocast = None
         if self.precision != "32":
-            device = _device_type(loop.model)
-            self._autocast = (device, torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
+            self._autocast = (device or guess, torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
             loop.wrap_step(self._under_autocast)
         if isinstance(self.amp, torch.amp.GradScaler):
             self.scaler = self.amp
         elif self.amp or self.precision == "16-mixed":
-            self.scaler = torch.amp.GradScaler(
-                self._autocast[0] if self._autocast else ("cuda" if torch.cuda.is_available() else "cpu"))
+            self.scaler = torch.amp.GradScaler(self._autocast[0] if self._autocast else guess)
         self._closes_always = False
         self._policy.start(loop)
         self._deferred.start(Flags(), self.accumulate, self.scaler is not None)
         if self.nonfinite is None:
             self._check = NoCheck()
-        elif self.defer is True or (self.defer is None and _device_type(loop.model, None) not in (None, "cpu")):
+        elif self.defer is True or (self.defer is None and device not in (None, "cpu")):
             self._check = DeviceCheck(self._deferred)
         else:  # defer=None: the first loss on an accelerator takes the device path
             self._check = HostCheck(self._policy, self._to_device if self.defer is None else None)
@@ -154,8 +153,8 @@ class Optim:
         return ()
 
     def _poisoned(self) -> None:
-        """A window was poisoned: from now on ``batch_end`` closes windows (it stays in the
-        run's lists: leaving them from inside ``batch_end`` would skip a plugin there)."""
+        """Once a window is poisoned, ``batch_end`` closes windows for the rest of the run
+        (leaving the run's lists from inside ``batch_end`` would skip a plugin there)."""
         if self._policy.poisoned and not self._closes_always and self.loop is not None:
             self._closes_always = True
             self.loop.hooks.resolve()
@@ -251,18 +250,16 @@ class Optim:
 
     @hookimpl
     def results(self, loop: Run) -> dict[str, Any] | None:
-        """What ``fit()`` returns of the optimizer steps: ``skipped_steps``, how many were skipped
-        for non-finite values (the optimizers' counts, over the whole run), and ``first_skip``,
-        where the first of this ``fit()`` was (``None`` without one); nothing in a run that
-        does not train."""
+        """``skipped_steps`` (for non-finite values, over the whole run) and ``first_skip`` (where
+        this ``fit()``'s first was, or ``None``); nothing in a run that does not train."""
         if self._skipped_total is None:
             return None
         return {"skipped_steps": self._skipped_total, "first_skip": self._policy.first_skip}
 
     @hookimpl
     def fit_end(self, loop: Run) -> None:
-        """The last read of the device-side flags, then the run's total of skipped steps; the
-        watch ends whatever happened."""
+        """The last read of the device's flags, the run's total of skipped steps; the watch
+        ends whatever happened."""
         self._skipped_total = None
         try:
             if self.optimizers is not None:
@@ -279,10 +276,8 @@ class Optim:
             self._watch.release()
             self.loop = None
 
-    # -- mixed precision ------------------------------------------------------------------------
     def _under_autocast(self, step: Step) -> Step:
-        """``step`` run under ``torch.autocast`` (given to ``loop.wrap_step``): the step's
-        forward computes in the lower precision; ``backward`` leaves autocast again."""
+        """``step`` run under ``torch.autocast`` (given to ``loop.wrap_step``)."""
         assert self._autocast is not None  # set at configure, before it calls loop.wrap_step
         device, dtype = self._autocast
 
@@ -292,11 +287,9 @@ class Optim:
 
         return step_under_autocast
 
-    # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every optimizer, scheduler and counter, and the gradient scaler; inside an open
-        accumulation window also the gradients accumulated so far, so a run resumed mid-window
-        steps with the same gradients as an uninterrupted one."""
+        """What ``save_state`` stores (the optimizer role's contract); inside an open window
+        also the gradients accumulated so far."""
         assert self.optimizers is not None
         loop, deferred = self.loop, self._deferred  # (loop None after the run, when no flag is open)
         if deferred.bad is not None and (
@@ -317,8 +310,8 @@ class Optim:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; refused, before anything is restored, when
-        it does not fit this run's optimizers (their names, classes, parameter groups)."""
+        """Restore what :meth:`state_dict` returned, refused before anything is restored when it
+        does not fit this run's optimizers."""
         assert self.optimizers is not None
         saved, here = set(state["optimizers"]), set(self.optimizers)
         if saved != here:
@@ -351,22 +344,15 @@ class Optim:
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 
 
-_GUESS = object()
-
-
-def _device_type(model: Any, default: Any = _GUESS) -> Any:
-    """Where the model computes (``"cuda"``, ``"cpu"``...): its first parameter's device;
-    if there is none, ``default`` when given, else ``"cuda"`` if CUDA is available, else
-    ``"cpu"``."""
+def _device_type(model: Any) -> str | None:
+    """Where the model computes (``"cuda"``, ``"cpu"``...): its first parameter's device."""
     for root in modules(model):
         for parameter in root.parameters():
             return parameter.device.type
-    if default is not _GUESS:
-        return default
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return None
 
 
-def _named(value: Any, what: str) -> dict[str, Any]:
+def _named(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, Optimizers):
@@ -374,5 +360,5 @@ def _named(value: Any, what: str) -> dict[str, Any]:
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, (list, tuple)):
-        raise TypeError(f"optim: give several {what} as a dict of names, not a {type(value).__name__}")
+        raise TypeError(f"optim: give several optimizers as a dict of names, not a {type(value).__name__}")
     return {"default": value}

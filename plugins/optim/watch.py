@@ -1,19 +1,13 @@
 """optim's watch for steps and backward passes that bypass it, during the run's first training
-stage.
-
-A step function that steps its own optimizer variable (``opt.step()``) instead of
-``loop.optimizers.step()`` skips optim's clipping, accumulation, loss scaling, non-finite
-policy, schedulers and counters: a torch step pre-hook on each managed optimizer notices it, and
-one :class:`~hookfit.plugins.optim.OptimWarning` names the optimizer and the call to make. One
-that calls ``loss.backward()`` instead of ``loop.backward(loss)`` skips the loss's division and
-scaling: a hook on each parameter (:class:`~hookfit.plugins.support.GradientWatch`) tells
-gradients that appear outside optim's own passes; one ``OptimWarning`` names the step function,
-or where the bypass trains another model than the script means (accumulation, loss scaling,
-several processes) a ``RuntimeError`` is raised from that call. The hooks are removed after
-:data:`WATCHED_PASSES` passes through ``loop.backward`` or at the stage's end: no per-step cost
-is left. A first stage whose batches went through ``loop.backward`` and in which no optimizer
-stepped gets one ``OptimWarning``: a step function that never asks optim to step trains
-nothing."""
+stage: a torch step pre-hook on each managed optimizer tells ``opt.step()`` called instead of
+``loop.optimizers.step()``, a hook on each parameter
+(:class:`~hookfit.plugins.support.GradientWatch`) gradients that appear outside optim's own
+passes (``loss.backward()`` instead of ``loop.backward(loss)``). Each bypass gets one
+:class:`~hookfit.plugins.optim.OptimWarning` naming the call to make, or a ``RuntimeError``
+where it trains another model than the script means (accumulation, loss scaling, several
+processes). The hooks are removed after :data:`WATCHED_PASSES` passes through ``loop.backward``
+or at the stage's end. A first stage with passes through ``loop.backward`` and no optimizer
+step warns too: such a step function trains nothing."""
 
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hookfit.plugins.support import GradientWatch
-from hookfit.plugins.optim.nonfinite import OptimWarning
+from hookfit.plugins.optim.nonfinite import OptimWarning, at
 from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -47,12 +41,9 @@ class Watch:
     (then :meth:`passed`)."""
 
     def __init__(self) -> None:
-        self.active = False
-        """Steps and gradients that bypass optim are being watched for."""
+        self.active = False  # steps and gradients that bypass optim are being watched for
         self.stepping = False
-        """optim itself is stepping an optimizer (set by :class:`~hookfit.plugins.optim.ManagedOptimizer`)."""
         self.inside = False
-        """optim's ``backward`` is running its pass."""
         self.loop: Run | None = None
         self._optimizers: Optimizers | None = None
         self._why: list[str] = []  # what a bypassed loop.backward breaks (its error's reasons)
@@ -97,15 +88,13 @@ class Watch:
 
     def passed(self) -> None:
         """optim's ``backward`` ran a pass while watching: after :data:`WATCHED_PASSES` the
-        rest of the run pays nothing (the steps' watch ends too: a bypassing step happens as
-        early)."""
+        watch ends (the steps' too: a bypassing step shows as early)."""
         self._passes += 1
         if self._passes >= WATCHED_PASSES:
             self._watch(False)
 
     def _watch(self, on: bool) -> None:
-        """Watch (or stop watching): a torch step pre-hook on each managed optimizer, and a
-        hook on each parameter that requires a gradient."""
+        """Watch (or stop watching) the managed optimizers' steps and their parameters."""
         assert self._optimizers is not None
         self.active = on
         for handle in self._handles:
@@ -132,11 +121,11 @@ class Watch:
 
     def _check_stepped(self) -> None:
         """Warn, once a run, when the first training stage made passes through
-        ``loop.backward`` and no optimizer stepped (taken or skipped)."""
+        ``loop.backward`` and no optimizer stepped."""
         if self._unstepped_said or self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
             return
         self._unstepped_said = True
-        step = qualname(self.loop.train_step) if self.loop is not None else "the training step"
+        step = self._step_name()
         warnings.warn(f"optim: step function {step!r} called loop.backward(loss) in the first training epoch and no "
                       f"optimizer stepped in all of it: the parameters do not change. optim steps when the step function asks: call "
                       f"loop.optimizers.step() and loop.optimizers.zero_grad() after loop.backward(loss)",
@@ -150,12 +139,10 @@ class Watch:
         """Gradients appeared without ``loop.backward``: warn once a run, or raise where the
         run would train another model than the script means."""
         self._backward_bypassed = True
-        loop = self.loop
-        step = qualname(loop.train_step) if loop is not None else "the training step"
+        loop, step, where = self.loop, self._step_name(), self._where()
         why = list(self._why)
         if loop is not None and loop.state.world_size > 1:
             why.append(f"{loop.state.world_size} processes")
-        where = f" (epoch {loop.state.epoch}, batch {loop.state.batch_idx})" if loop is not None else ""
         message = (f"optim: gradients appeared on the parameters of the run's optimizers outside "
                    f"loop.backward{where}: step function {step!r} calls loss.backward() itself, "
                    f"which bypasses optim's")
@@ -173,19 +160,23 @@ class Watch:
             return
         self._bypass_seen = True
         managed = next(m for m in self._optimizers.values() if m.optimizer is optimizer)
-        several = self._optimizers is not None and len(self._optimizers) > 1
-        call = f"loop.optimizers[{managed.name!r}].step()" if several else "loop.optimizers.step()"
-        state = self.loop.state if self.loop is not None else None
-        where = f" (epoch {state.epoch}, batch {state.batch_idx})" if state is not None else ""
+        call = f"loop.optimizers[{managed.name!r}].step()" if len(self._optimizers) > 1 else "loop.optimizers.step()"
         warnings.warn(
             f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped "
-            f"directly{where}, not through loop.optimizers: such a step bypasses optim's "
+            f"directly{self._where()}, not through loop.optimizers: such a step bypasses optim's "
             f"gradient clipping, accumulation, loss scaling, non-finite checks, schedulers and "
             f"step counters. Call {call} in the step function instead of the optimizer's own "
             f"step()",
             OptimWarning,
             stacklevel=3,  # the step function's line: here, torch's step wrapper
         )
+
+
+    def _step_name(self) -> str:
+        return qualname(self.loop.train_step) if self.loop is not None else "the training step"
+
+    def _where(self) -> str:
+        return f" ({at(self.loop)})" if self.loop is not None else ""
 
 
 def _caller_level() -> int:

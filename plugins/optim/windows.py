@@ -22,8 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 
 class Window:
-    """Windows of ``size`` training batches (``Optim(accumulate=size)``); the epoch's last one
-    is partial when the training data's length is not a multiple of ``size``."""
+    """Windows of ``size`` training batches (``Optim(accumulate=size)``)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -45,8 +44,8 @@ class Window:
         return self.size == 1 or (loop.state.batch_idx + 1) % self.size == 0
 
     def divisor(self, loop: Run) -> int:
-        """What the loss of this batch is divided by: a pure function of the batch index and the
-        data's length (``size`` past the length the data gave: a wrong ``__len__``)."""
+        """What this batch's loss is divided by, from its index and the data's length alone
+        (``size`` past the length the data gave: a wrong ``__len__``)."""
         batch_idx = loop.state.batch_idx
         if (batch_idx < self._last_window or not loop.training or self._stage_len is None
                 or batch_idx >= self._stage_len):
@@ -54,10 +53,7 @@ class Window:
         return self._last_size
 
     def should_sync(self, loop: Run) -> bool:
-        """Whether the optimizers step after this training batch (the window's last batch, or
-        the stage's last, where the partial window is stepped), or the run may end after it
-        with the window open (``max_steps``: a checkpoint then keeps the averaged gradients).
-        When the stage's length is unknown its last batch cannot be told: every batch syncs."""
+        """The built-in's answer to ``should_sync_gradients`` (its contract is stated there)."""
         if self.closes(loop) or self._stage_len is None:
             return True
         state = loop.state
