@@ -45,15 +45,12 @@ class Rules:
     scaler: torch.amp.GradScaler | None = None
     clip_norm: float | None = None
     clip_value: float | None = None
-    check_grads: bool = False
-    """Whether the gradients are checked (``check_grads`` or ``clip_norm`` under a policy, no scaler)."""
+    check_grads: bool = False  # the gradients are checked (check_grads or clip_norm, a policy, no scaler)
     fuse: bool = True
-    prepares: bool = False
-    """Whether a step unscales, clips or checks the gradients first."""
+    prepares: bool = False  # a step unscales, clips or checks the gradients first
     before_step: list[Callable[..., Any]] = field(default_factory=list)
     after_step: list[Callable[..., Any]] = field(default_factory=list)
-    scaler_used: bool = False
-    """A scaler stepped since its last ``update()`` (``Optim`` updates it once a batch)."""
+    scaler_used: bool = False  # the scaler stepped since its last update() (Optim's, once a batch)
 
 
 class ManagedOptimizer:
@@ -63,13 +60,10 @@ class ManagedOptimizer:
                  schedulers: Sequence[Any] = (), per_step: Sequence[Any] = ()) -> None:
         self.name = name
         self.optimizer = optimizer
-        self.schedulers: list[Any] = list(schedulers)
-        """Its learning-rate schedulers, in the order they step (see
-        :mod:`hookfit.plugins.optim.schedulers`)."""
+        self.schedulers: list[Any] = list(schedulers)  # in the order they step
         self.steps = 0
         self.skipped = 0
-        self.window_open = False
-        """``step()`` was called inside an accumulation window that has not closed."""
+        self.window_open = False  # step() was called inside a window that has not closed
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self._rules = rules
         self._accumulates = rules.window.size > 1
@@ -302,8 +296,7 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     def __init__(self, managed: dict[str, ManagedOptimizer], loop: Run | None = None) -> None:
         self._managed = managed
         self._loop = loop
-        self.toggled: list[Toggled] = []
-        """The toggles of the running batch (named in a failed backward's error)."""
+        self.toggled: list[Toggled] = []  # the running batch's toggles (note_toggles names them)
         self._single = next(iter(managed.values())) if len(managed) == 1 else None
 
     def __getitem__(self, name: str) -> ManagedOptimizer:

@@ -125,8 +125,8 @@ class Optim:
         hooks = loop.hooks
         self._before_backward = hooks.handlers("before_backward")
         self._after_backward = hooks.handlers("after_backward")
-        checked = self.nonfinite is not None and self.scaler is None
-        checks_grads = checked and (self.check_grads or self.clip_norm is not None)
+        checks_grads = self.nonfinite is not None and self.scaler is None and (
+            self.check_grads or self.clip_norm is not None)
         rules = Rules(
             loop, self._window, self._policy, self._deferred, self._watch, scaler=self.scaler,
             clip_norm=self.clip_norm, clip_value=self.clip_value, check_grads=checks_grads, fuse=self.fuse,

@@ -1,9 +1,8 @@
-"""optim's learning-rate schedulers (:class:`Schedules`), as training scripts use them.
+"""optim's learning-rate schedulers (:class:`Schedules`).
 
 ``Optim(schedulers=...)`` takes one scheduler (a chain too: torch's ``ChainedScheduler``,
 ``SequentialLR``), a list of them, stepped in the order given (``[warmup, cosine]``), or a dict
-of optimizer name -> scheduler or list. Each drives the optimizer it was built on
-(``scheduler.optimizer``); a dict's names are checked against it.
+of optimizer name -> scheduler or list. Each drives the optimizer it was built on.
 
 When each steps (``scheduler_interval``): ``None`` (default), a ``ReduceLROnPlateau`` on
 ``monitor`` and every other scheduler after each real step of its optimizer (not a call inside
@@ -16,11 +15,8 @@ a ``ReduceLROnPlateau`` steps on, from the ``epoch_metrics`` snapshot the metric
 publishes once that stage is complete; a stage cut short (a stop, ``max_steps``) steps nothing,
 and the resumed run steps when it completes it.
 
-Errors name optim and the option: when ``Optim`` is built (what ``schedulers`` holds, one given
-twice, a ``monitor`` without a ``ReduceLROnPlateau`` or the reverse), when the run starts (a
-scheduler of an optimizer that is not the run's, a wrong dict name, a ``"valid/"`` monitor
-without validation), at an epoch's end (the monitored metric missing, or never published). A
-run that does not train (``Loop.validate()``) steps no scheduler.
+Errors name optim and the option, as soon as they can be told: when ``Optim`` is built, when
+the run starts, at an epoch's end. A run that does not train (``Loop.validate()``) steps none.
 """
 
 from __future__ import annotations
@@ -57,8 +53,7 @@ def describe(scheduler: Any) -> str:
 
 
 def _is_scheduler(value: Any) -> bool:
-    """A scheduler optim can step and checkpoint: built on a torch optimizer, with ``step``,
-    ``state_dict`` and ``load_state_dict`` (torch's, and any written the same way)."""
+    """Built on a torch optimizer, with ``step``, ``state_dict`` and ``load_state_dict``."""
     return (isinstance(getattr(value, "optimizer", None), torch.optim.Optimizer)
             and all(callable(getattr(value, attr, None)) for attr in ("step", "state_dict", "load_state_dict")))
 
@@ -98,8 +93,7 @@ def _shown(value: Any) -> str:
 
 
 def _check_once(given: list[Given]) -> None:
-    """Each scheduler is given once (it would step twice otherwise, chains included), and the
-    schedulers under one dict name drive one optimizer."""
+    """Each scheduler given once (chains included), those under one dict name on one optimizer."""
     seen: dict[int, Any] = {}
     for item in given:
         inner = getattr(item.scheduler, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
@@ -123,10 +117,9 @@ def _check_once(given: list[Given]) -> None:
 
 
 class Schedules:
-    """The schedulers of :class:`~hookfit.plugins.optim.Optim`: checked when it is built, given
-    to their optimizers at ``configure`` (:meth:`assign`), stepped after each real step (by
-    :class:`~hookfit.plugins.optim.ManagedOptimizer`, those :meth:`per_step` names), per epoch
-    or on the monitored metric (here, from optim's events)."""
+    """The schedulers of ``Optim``: checked when it is built, given to their optimizers at
+    ``configure`` (:meth:`assign`); the managed optimizers step those :meth:`per_step` names,
+    this object the others, from optim's events."""
 
     def __init__(self, schedulers: Any, scheduler_interval: str | None, monitor: str | None) -> None:
         choice(NAME, "scheduler_interval", scheduler_interval, ("step", "epoch"), none=True)
@@ -159,8 +152,8 @@ class Schedules:
         return [s for s in schedulers if not isinstance(s, PLATEAU) and self.interval != "epoch"]
 
     def assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
-        """At ``configure``: each optimizer's schedulers, in the order given; checked against
-        the run's optimizers. A run that does not train (``Loop.validate()``) gets none."""
+        """At ``configure``: each optimizer's schedulers, in order, checked against the run's
+        optimizers (none in a run that does not train)."""
         self._awaiting = None
         out: dict[str, list[Any]] = {name: [] for name in optimizers}
         self._assigned = out
@@ -193,14 +186,13 @@ class Schedules:
         return out
 
     def stage_ended(self, loop: Run, stage: str) -> None:
-        """From optim's ``stage_end`` (``tryfirst``: before the metrics publish the stage): the
-        monitored stage is complete, so its ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""
+        """The monitored stage is complete (optim's ``tryfirst`` ``stage_end``): its
+        ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""
         if self._monitor is not None and stage == self._monitor.stage and loop.mode == "fit":
             self._awaiting = loop.state.epoch
 
     def epoch_metrics(self, stage: str, metrics: MetricsSnapshot) -> None:
-        """The metrics plugin published ``stage``'s epoch means: step the ``ReduceLROnPlateau``
-        on the monitored one."""
+        """Step the ``ReduceLROnPlateau`` on the monitored epoch mean."""
         monitor = self._monitor
         if monitor is None or stage != monitor.stage or self._awaiting is None:
             return  # not the monitored stage, or one that did not run to its end
@@ -218,8 +210,7 @@ class Schedules:
                     scheduler.step(value)
 
     def epoch_end(self, epoch: int) -> None:
-        """At an epoch's end: the epoch-wise schedulers step; a monitored stage must have been
-        published."""
+        """The epoch-wise schedulers step; a monitored stage must have been published."""
         if self._awaiting is not None:
             stage = self._monitor.stage if self._monitor is not None else None
             raise ValueError(

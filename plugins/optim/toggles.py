@@ -1,13 +1,12 @@
 """``loop.optimizers.toggle(name)`` and the note it leaves on a backward pass it broke.
 
 Inside ``with loop.optimizers.toggle("D"):`` the parameters of every other optimizer are
-frozen (``requires_grad=False``), so that a backward pass there gives gradients to ``"D"``'s
-alone. A tensor computed inside the block from those frozen parameters (the generator's
-forward pass inside the discriminator's toggle, as the DCGAN example is often ported) records
-no graph through them; a loss computed from it later, with nothing else requiring a gradient,
-makes torch raise its generic ``element 0 of tensors does not require grad and does not have
-a grad_fn``. optim adds a note to that error (:func:`note_toggles`) naming each toggle of the
-batch, the parameters it froze and why, and what to write instead.
+frozen (``requires_grad=False``), so that a backward pass there trains ``"D"``'s alone. A
+tensor computed there from frozen parameters (the generator's forward inside the
+discriminator's toggle) records no graph through them, and a loss computed from it later with
+nothing else requiring a gradient makes torch raise ``... does not require grad and does not
+have a grad_fn``: :func:`note_toggles` adds a note naming each toggle of the batch, the
+parameters it froze, and what to write instead.
 """
 
 from __future__ import annotations
