@@ -188,7 +188,8 @@ class Checkpoint:
         if loop.is_main and loop.mode == "fit" and not self.off:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
-            self._remove_stale_temporaries(loop)
+            if (known := self._known_directory(loop)) is not None:  # files of writes a kill -9 cut short
+                folders.remove_stale_temporaries(known)
         if not self.off and loop.state.world_size > 1:
             self._main_dir = ranks.main_directory(loop, self.directory(loop) if loop.is_main else None)
 
@@ -316,16 +317,18 @@ class Checkpoint:
         self._last_time = time.monotonic()
         self._collect(loop)
         position = loop.position
-        payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
-        rest, shards = sharded.split(payload)
-        if shards:  # a sharded run: every rank writes its part
-            return self._save_sharded(loop, position, rest, shards, metric, reason)
-        if not loop.is_main:
-            if self._main_dir is not None:  # the file the main process writes, for best and last
-                self.catalog.follow(self._main_dir / self.filename(position, reason), metric, reason)
-            return None
-        path = self.directory(loop) / self.filename(position, reason)
-        if not self.writer.submit(payload, path, (reason, position.step, metric, True), must=must):
+        with self.writer.aside():  # the writer steps aside while this thread copies
+            payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
+            rest, shards = sharded.split(payload)
+            if shards:  # a sharded run: every rank writes its part
+                return self._save_sharded(loop, position, rest, shards, metric, reason)
+            if not loop.is_main:
+                if self._main_dir is not None:  # the file the main process writes, for best and last
+                    self.catalog.follow(self._main_dir / self.filename(position, reason), metric, reason)
+                return None
+            path = self.directory(loop) / self.filename(position, reason)
+            submitted = self.writer.submit(payload, path, (reason, position.step, metric, True), must=must)
+        if not submitted:
             self.reports.skip(position.step)
             return None
         if not self.background:
@@ -347,7 +350,7 @@ class Checkpoint:
         self._sharded_saves += 1
         path, tmp = sharded.destination(path, self._sharded_saves)  # rank 0's, on every rank
 
-        def write(state: dict[str, Any], to: Path) -> None:
+        def write(state: dict[str, Any], to: Path, between: Any) -> None:
             sharded.write(state, shards, tmp, to, main, write_file)
 
         self.writer.write(rest, path, (reason, position.step, metric, main), save=write)
@@ -377,13 +380,6 @@ class Checkpoint:
                     call(loop, str(path), reason, step)
         if failure is not None:
             raise failure
-
-    def _remove_stale_temporaries(self, loop: Run) -> None:
-        """Temporary files of writes that a killed process left (``kill -9`` during a
-        background write): removed at the next start of the run (main process only)."""
-        folder = self._known_directory(loop)
-        if folder is not None:
-            folders.remove_stale_temporaries(folder)
 
     # -- resuming (which checkpoint, restored how: hookfit.plugins.checkpoint.resuming) ------
     def _adopt(self, loop: Run, position: Mapping[str, Any]) -> None:

@@ -10,7 +10,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import torch
 
@@ -44,15 +44,16 @@ class CheckpointWarning(FileWarning):
 # -- files ----------------------------------------------------------------------------------
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: Any, path: Path, between: Callable[[], None] | None = None) -> None:
     """``torch.save`` to ``path`` so that a crash leaves the old file or the new, never a torn
     one: temporary file ``.<name>.<pid>.tmp`` in the same folder, flush, fsync, rename, fsync
-    of the folder."""
+    of the folder. ``between`` is called before each piece written (a background writer
+    waits there while training needs the machine)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            sink = _Sink(f)
+            sink = _Sink(f, between)
             try:
                 torch.save(obj, sink)  # type: ignore[arg-type]  # takes any object with write(), annotated IO[bytes]
             except RuntimeError:
@@ -78,11 +79,14 @@ def atomic_save(obj: Any, path: Path) -> None:
 class _Sink:
     """A file for ``torch.save`` that remembers the operating system's error on a write."""
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: BinaryIO, between: Callable[[], None] | None = None) -> None:
         self.file = file
+        self.between = between
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
+        if self.between is not None:
+            self.between()
         try:
             return self.file.write(data)
         except OSError as error:
@@ -131,17 +135,23 @@ def _running(pid: int) -> bool:
 # -- digest ---------------------------------------------------------------------------------
 
 
-def digest(payload: Mapping[str, Any]) -> str:
+def digest(payload: Mapping[str, Any], between: Callable[[], None] | None = None) -> str:
     """``"blake2b:<hex>"`` over everything in ``payload`` but its ``digest`` entry: every
     tensor's dtype, shape and bytes and every other value, in a fixed order (mappings by
-    their keys, sorted), so a bit that changed in a file after it was written is found."""
+    their keys, sorted), so a bit that changed in a file after it was written is found.
+    ``between`` is called before each tensor is hashed (as :func:`atomic_save`'s)."""
     h = hashlib.blake2b(digest_size=32)
-    _feed(h, {k: v for k, v in payload.items() if k != "digest"})
+    _feed(h, {k: v for k, v in payload.items() if k != "digest"}, between or _nothing)
     return f"{DIGEST}:{h.hexdigest()}"
 
 
-def _feed(h: Any, obj: Any) -> None:
+def _nothing() -> None:
+    return None
+
+
+def _feed(h: Any, obj: Any, between: Callable[[], None]) -> None:
     if isinstance(obj, torch.Tensor):
+        between()
         tensor = obj.detach()
         if tensor.layout != torch.strided:
             tensor = tensor.to_dense()
@@ -152,12 +162,12 @@ def _feed(h: Any, obj: Any) -> None:
     elif isinstance(obj, Mapping):
         h.update(f"D{len(obj)}:".encode())
         for key, value in sorted(obj.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0]))):
-            _feed(h, key)
-            _feed(h, value)
+            _feed(h, key, between)
+            _feed(h, value, between)
     elif isinstance(obj, (list, tuple)):
         h.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)}:".encode())
         for value in obj:
-            _feed(h, value)
+            _feed(h, value, between)
     else:
         text = repr(obj)
         h.update(f"V{type(obj).__name__}:{len(text)}:{text}".encode())

@@ -19,7 +19,9 @@ the same work is done on the caller's thread.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -29,14 +31,16 @@ from hookfit.plugins.checkpoint.storage import atomic_save, digest
 
 __all__ = ["Done", "Kept", "Writer", "write_file"]
 
-Save = Callable[[dict[str, Any], Path], None]
+Save = Callable[[dict[str, Any], Path, Callable[[], None]], None]
+"""Writes a state to a path, calling its third argument between pieces of the work."""
 
 
-def write_file(state: dict[str, Any], path: Path) -> None:
+def write_file(state: dict[str, Any], path: Path, between: Callable[[], None] | None = None) -> None:
     """A one-file checkpoint: ``state`` with its ``digest`` added, written atomically
-    (:func:`hookfit.plugins.checkpoint.storage.atomic_save`)."""
-    state["digest"] = digest(state)
-    atomic_save(state, path)
+    (:func:`hookfit.plugins.checkpoint.storage.atomic_save`); ``between`` is called before each
+    tensor hashed and each piece written."""
+    state["digest"] = digest(state, between)
+    atomic_save(state, path, between)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,10 @@ class Kept:
 
     path: Path
     error: OSError
+
+
+def _go_on() -> None:
+    """``between`` of a write on the caller's thread: nothing to wait for."""
 
 
 class Writer:
@@ -81,6 +89,9 @@ class Writer:
         self._closing = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._aside = False  # the training thread is saving: the writer waits between pieces
+        self._go = threading.Event()  # set while the writer may work
+        self._go.set()
         self._outcomes: collections.deque[Done | Kept] = collections.deque()
 
     # -- what the training thread calls -----------------------------------------------------
@@ -98,8 +109,11 @@ class Writer:
                     self.skipped += 1
                     return False
                 self._waiting += 1
+                self._go.set()  # the write in flight must go on for a snapshot to be free
                 self._cond.wait()
                 self._waiting -= 1
+                if self._aside:
+                    self._go.clear()
                 slot = self._free()
             self._taken.add(slot)
             staging = self._slots[slot]
@@ -115,11 +129,30 @@ class Writer:
         self._queue(("write", slot, staged, path, tag))
         return True
 
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """While the training thread builds and copies a snapshot: the writer's thread waits
+        at its next piece of work (a tensor hashed, a piece of file written), so that it takes
+        neither the interpreter nor the memory bandwidth from the copy. Waiting for the writer
+        (:meth:`wait`, a save that waits for a snapshot) lets it go on."""
+        self._aside = True
+        self._go.clear()
+        try:
+            yield
+        finally:
+            self._aside = False
+            self._go.set()
+
+    def between(self) -> None:
+        """Called on the writer's thread by the save function between pieces of its work:
+        returns at once, or once the training thread's snapshot is copied (:meth:`aside`)."""
+        self._go.wait()
+
     def write(self, state: dict[str, Any], path: Path, tag: Any, save: Save | None = None) -> None:
         """Write ``state`` to ``path`` on this thread, once every earlier job is done (with
         ``save``, not the writer's own: a sharded checkpoint's write, a collective)."""
         self.wait()
-        self._write(state, path, tag, save or self._save)
+        self._write(state, path, tag, save or self._save, _go_on)  # (this thread is the one copying)
 
     def remove(self, paths: list[Path]) -> None:
         """Remove ``paths`` after the jobs already queued (on this thread without ``background``);
@@ -158,8 +191,11 @@ class Writer:
     def wait(self) -> None:
         """Block until every queued job is done."""
         with self._cond:
+            self._go.set()
             while self._jobs or self._running:
                 self._cond.wait()
+            if self._aside:
+                self._go.clear()
 
     def close(self) -> None:
         """Wait for every job, end the thread and let go of the buffers (a later save starts
@@ -203,7 +239,7 @@ class Writer:
                     staging = self._slots[slot]
                     if staging is not None:
                         staging.ready()
-                    self._write(staged, path, tag, self._save, BaseException)  # nothing escapes the thread
+                    self._write(staged, path, tag, self._save, self.between, BaseException)  # nothing escapes
                 else:
                     self._remove_all(job[1])
             finally:
@@ -213,10 +249,10 @@ class Writer:
                     self._running = False
                     self._cond.notify_all()
 
-    def _write(self, state: dict[str, Any], path: Path, tag: Any, save: Save,
+    def _write(self, state: dict[str, Any], path: Path, tag: Any, save: Save, between: Callable[[], None],
                caught: type[BaseException] = Exception) -> None:
         try:
-            save(state, path)
+            save(state, path, between)
         except caught as error:  # told to the training thread, which reports it as configured
             self._outcomes.append(Done(path, tag, error))
             return

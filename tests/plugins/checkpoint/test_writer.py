@@ -43,7 +43,7 @@ class Held:
         self.release = threading.Event()
         self.seen: list[tuple[Path, dict[str, Any], dict[str, torch.Tensor]]] = []
 
-    def __call__(self, state: dict[str, Any], path: Path) -> None:
+    def __call__(self, state: dict[str, Any], path: Path, between: Any = None) -> None:
         if not self.entered.is_set():
             self.entered.set()
             assert self.release.wait(WAIT), "the test never released the writer"
@@ -101,9 +101,9 @@ def test_a_run_holds_at_most_two_copies_of_its_state_whatever_the_number_of_save
     all of them share at most two storages per tensor of the state."""
     given: list[dict[str, Any]] = []
 
-    def recording(state: dict[str, Any], path: Path) -> None:
+    def recording(state: dict[str, Any], path: Path, between: Any) -> None:
         given.append(state)
-        write_file(state, path)
+        write_file(state, path, between)
 
     monkeypatch.setattr(checkpoint_plugin, "write_file", recording)
     ckpt = Checkpoint(every_n_steps=1, keep_last=2)
@@ -159,7 +159,7 @@ def test_a_save_that_waits_for_a_snapshot_is_written_once_the_write_in_flight_en
 
 def test_a_writer_without_background_writes_on_the_callers_thread() -> None:
     threads: list[str] = []
-    writer = Writer(lambda s, p: threads.append(threading.current_thread().name), remove, background=False)
+    writer = Writer(lambda s, p, b: threads.append(threading.current_thread().name), remove, background=False)
     writer.submit(state(1.0), Path("a"), "a")
     assert threads == [threading.current_thread().name] and [o.tag for o in writer.outcomes()] == ["a"]
 
@@ -185,9 +185,9 @@ class Release:
 def _held_checkpoint(monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[Checkpoint, Held]:
     held = Held()
 
-    def save(state: dict[str, Any], path: Path) -> None:
+    def save(state: dict[str, Any], path: Path, between: Any) -> None:
         held(state, path)
-        write_file(state, path)
+        write_file(state, path, between)
 
     monkeypatch.setattr(checkpoint_plugin, "write_file", save)
     return Checkpoint(every_n_epochs=None, every_n_steps=1, keep_last=100, **options), held
@@ -227,7 +227,7 @@ def test_with_wait_a_save_asked_while_both_snapshots_are_taken_waits_and_every_s
 @pytest.mark.parametrize("policy", ["warn", "raise"])
 def test_the_last_writes_failure_is_reported_at_the_runs_end_as_configured(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
-    def full(state: dict[str, Any], path: Path) -> None:
+    def full(state: dict[str, Any], path: Path, between: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(checkpoint_plugin, "write_file", full)
