@@ -132,12 +132,10 @@ class Watch:
                       OptimWarning, stacklevel=2)
 
     def _grad_arrived(self, tensor: torch.Tensor) -> None:
-        if not self.inside and not self._backward_bypassed:
-            self._grad_bypassed()
-
-    def _grad_bypassed(self) -> None:
-        """Gradients appeared without ``loop.backward``: warn once a run, or raise where the
-        run would train another model than the script means."""
+        """A gradient arrived: outside optim's own pass, warn once a run, or raise where the run
+        would train another model than the script means."""
+        if self.inside or self._backward_bypassed:
+            return
         self._backward_bypassed = True
         loop, step, where = self.loop, self._step_name(), self._where()
         why = list(self._why)
