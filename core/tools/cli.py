@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 DESCRIPTION = """\
 hookfit's command (python -m hookfit is the same): hookfit plugins, hookfit hooks,
 hookfit new-plugin, hookfit demo, hookfit runs, and the commands that the installed
-plugins add (hookfit export is the checkpoint plugin's)."""
+plugins add (hookfit export is the built-in checkpoint plugin's, for its own files)."""
 """``hookfit --help``'s text: plain words, as a terminal shows them (no reStructuredText)."""
 
 
