@@ -122,8 +122,13 @@ class Deferred:
 
     def start(self, flags: Flags, size: int, scaled: bool) -> None:
         """A run begins: windows of ``size`` batches, a ``GradScaler`` or not (``scaled``)."""
-        self.bad, self._stepped, self._pending, self._due = None, [], [], None
+        self.discard()
         self._flags, self._size, self._scaled = flags, size, scaled
+
+    def discard(self) -> None:
+        """Forget the open window's flag and the closed ones unread (a restored state replaces
+        them: the losses they flagged belong to a run that is put back)."""
+        self.bad, self._stepped, self._pending, self._due = None, [], [], None
 
     def fold(self, loop: Run, loss: torch.Tensor) -> None:
         """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""

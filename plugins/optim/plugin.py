@@ -251,7 +251,8 @@ class Optim:
     @hookimpl
     def results(self, loop: Run) -> dict[str, Any] | None:
         """``skipped_steps`` (for non-finite values, over the whole run) and ``first_skip`` (where
-        this ``fit()``'s first was, or ``None``); nothing in a run that does not train."""
+        the run's first was, a resumed run's state included, or ``None``); nothing in a run that
+        does not train."""
         if self._skipped_total is None:
             return None
         return {"skipped_steps": self._skipped_total, "first_skip": self._policy.first_skip}
@@ -307,6 +308,7 @@ class Optim:
                 "grads": {n: [None if p.grad is None else p.grad.detach().clone() for p in m.params]
                           for n, m in self.optimizers.items()},
             } if window_open else None,
+            "nonfinite": {"poisoned": poisoned, "first_skip": self._policy.first_skip},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -322,6 +324,10 @@ class Optim:
             managed.load_state_dict(state["optimizers"][name])
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
+        self._deferred.discard()  # the flags of losses the restored state comes before
+        if (nonfinite := state.get("nonfinite")) is not None:
+            self._policy.poison(nonfinite["poisoned"])
+            self._policy.first_skip = nonfinite["first_skip"]
         window = state.get("window")
         if window is not None:
             self._policy.poison(window["poisoned"])

@@ -52,8 +52,6 @@ def test_parameters_only_the_optimizer_holds_are_put_back(model: str) -> None:
     assert all(torch.equal(a, b) for a, b in zip(plain, swept))
 
 
-@pytest.mark.xfail(strict=True, reason="needs optim's save_state to carry its non-finite window (poisoned, "
-                                       "where, first skip) and its load_state to drop the live one")
 @pytest.mark.parametrize("model, defer", [("linear", False), ("none", False), ("linear", True)])
 def test_a_sweep_whose_loss_turns_non_finite_leaves_no_skipped_step(model: str, defer: bool) -> None:
     plain, state = train(None, model, defer)
