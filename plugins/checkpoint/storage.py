@@ -25,6 +25,8 @@ FORMAT_VERSION = 1
 SUFFIX = ".pt"
 DIGEST = "blake2b"
 """The hash of a checkpoint's ``digest`` entry (:func:`digest`)."""
+PIECE = 4 << 20
+"""Bytes a background writer hashes or writes between two chances to step aside."""
 KEYS = ("loop", "model", "plugins", "rng", "data", "meta")
 """What a checkpoint holds besides ``format``, ``version`` and ``digest``."""
 
@@ -85,10 +87,14 @@ class _Sink:
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
-        if self.between is not None:
-            self.between()
         try:
-            return self.file.write(data)
+            if self.between is None:
+                return self.file.write(data)
+            view = memoryview(data).cast("B")
+            for start in range(0, len(view), PIECE):
+                self.between()
+                self.file.write(view[start:start + PIECE])
+            return len(view)
         except OSError as error:
             self.error = error
             raise
@@ -158,7 +164,11 @@ def _feed(h: Any, obj: Any, between: Callable[[], None]) -> None:
         tensor = tensor.cpu().contiguous().reshape(-1)
         h.update(f"T{tensor.dtype}{tuple(obj.shape)}:".encode())
         data = tensor.view(torch.uint8) if tensor.element_size() and tensor.dtype != torch.uint8 else tensor
-        h.update(data.numpy().data if data.numel() else b"")  # (the array's buffer, a memoryview)
+        view = memoryview(data.numpy()).cast("B") if data.numel() else memoryview(b"")  # (no copy)
+        for start in range(0, len(view), PIECE):  # (hashed in pieces: the same digest as at once)
+            if start:
+                between()
+            h.update(view[start:start + PIECE])
     elif isinstance(obj, Mapping):
         h.update(f"D{len(obj)}:".encode())
         for key, value in sorted(obj.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0]))):
