@@ -164,7 +164,7 @@ def _feed(h: Any, obj: Any, between: Callable[[], None]) -> None:
         tensor = tensor.cpu().contiguous().reshape(-1)
         h.update(f"T{tensor.dtype}{tuple(obj.shape)}:".encode())
         data = tensor.view(torch.uint8) if tensor.element_size() and tensor.dtype != torch.uint8 else tensor
-        view = memoryview(data.numpy()).cast("B") if data.numel() else memoryview(b"")  # (no copy)
+        view = data.numpy().data.cast("B") if data.numel() else memoryview(b"")  # (the array's buffer)
         for start in range(0, len(view), PIECE):  # (hashed in pieces: the same digest as at once)
             if start:
                 between()
