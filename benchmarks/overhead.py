@@ -49,7 +49,7 @@ import threading
 import torch
 
 import hookfit
-from hookfit import hookimpl, manager
+from hookfit import discovery, hookimpl
 
 TARGET_RATIO = 1.03
 TARGETS = {  # (workload, variant, compared with) -> the most that variant may add
@@ -382,8 +382,8 @@ class HookfitRunner:
         self.run_dir = scratch("hookfit-bench-")
 
     def __call__(self) -> Timing:
-        saved = os.environ.get(manager.ENV_ONLY)
-        os.environ[manager.ENV_ONLY] = self.only
+        saved = os.environ.get(discovery.ENV_ONLY)
+        os.environ[discovery.ENV_ONLY] = self.only
         clock = time.perf_counter
         try:
             start = clock()
@@ -395,9 +395,9 @@ class HookfitRunner:
             elapsed = clock() - start
         finally:
             if saved is None:
-                del os.environ[manager.ENV_ONLY]
+                del os.environ[discovery.ENV_ONLY]
             else:
-                os.environ[manager.ENV_ONLY] = saved
+                os.environ[discovery.ENV_ONLY] = saved
         pm: Any = loop.run.pm  # type: ignore[union-attr]
         self.plugins_seen = sorted(name for name, _ in pm.list_name_plugin() if name != StageClock.name)
         self.last_loop = loop
@@ -656,7 +656,7 @@ def in_pty(argv: Sequence[str], script: str | None = None, renderer: Callable[[d
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         args = [a for a in argv if a != "--pty"] + ["--json", out, "--quiet"]
-        env = {k: v for k, v in os.environ.items() if k not in ("CI", manager.ENV_DISABLE)}
+        env = {k: v for k, v in os.environ.items() if k not in ("CI", discovery.ENV_DISABLE)}
         env.setdefault("TERM", "xterm-256color")
         env.pop("HOOKFIT_NO_TUI", None)
         pid, fd = pty.fork()

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hookfit.hookspecs import hookspec
-from hookfit.manager import HookfitWarning, ObserverWarning, PluginError, StateMismatch, hookimpl
+from hookfit.errors import HookfitWarning, ObserverWarning, PluginError, StateMismatch
+from hookfit.manager import hookimpl
 from hookfit.payloads import StopRequest
 from hookfit.state import State
 

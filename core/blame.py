@@ -8,7 +8,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from hookfit.manager import HookfitWarning
+from hookfit.errors import HookfitWarning
 from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover

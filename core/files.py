@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import IO, Any
 
-from hookfit.manager import HookfitWarning
+from hookfit.errors import HookfitWarning
 
 __all__ = ["FileWarning", "RunFile", "folder_found", "folder_lost", "in_lost_folder"]
 

@@ -52,30 +52,8 @@ from typing import Any, Callable
 import pluggy
 
 from hookfit import hookspecs
-# the manager's public names, as before the split (`X as X`: re-exported, for type checkers too)
-from hookfit.discovery import (
-    ENV_DISABLE as ENV_DISABLE,
-    ENV_ONLY as ENV_ONLY,
-    GROUP as GROUP,
-    OWN as OWN,
-    PluginInfo as PluginInfo,
-    builtin_events as builtin_events,
-    collect as collect,
-    declared_events as declared_events,
-    discovered_events as discovered_events,
-    entry_points as entry_points,
-    inert as inert,
-    plugin_name as plugin_name,
-    refresh as refresh,
-    split_names as split_names,
-)
-from hookfit.errors import (
-    HookfitWarning as HookfitWarning,
-    ObserverWarning as ObserverWarning,
-    PluginError as PluginError,
-    Silenced as Silenced,
-    StateMismatch as StateMismatch,
-)
+from hookfit.discovery import GROUP, OWN, PluginInfo, builtin_events, collect, declared_events
+from hookfit.errors import ObserverWarning, PluginError, Silenced
 
 hookimpl = pluggy.HookimplMarker("hookfit")
 """The marker for hook implementations: ``@hookfit.hookimpl`` on a function or method named
@@ -139,7 +117,7 @@ class PluginManager(pluggy.PluginManager):
     def participants(self) -> list[str]:
         """The run's plugins as the user knows them, in registration order: discovered or
         given, enabled and registered (not switched off since, nor the helpers a plugin
-        registers for itself, such as ``optim.batch_end``)."""
+        registers for itself)."""
         return [name for name, info in self.infos.items() if info.enabled and self.get_plugin(name) is not None]
 
     def describe(self, name: str | None) -> str:

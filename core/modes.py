@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hookfit.manager import HookfitWarning
+from hookfit.errors import HookfitWarning
 
 __all__ = ["eval_modes", "grad_mode", "modules", "warn_eval_mode"]
 

@@ -55,7 +55,7 @@ class State:
     """This process's rank among ``world_size`` processes (set by a distributed plugin)."""
     world_size: int = 1
     silenced: list[Any] = field(default_factory=list)
-    """Observer plugins switched off during the run (:class:`hookfit.manager.Silenced`)."""
+    """Observer plugins switched off during the run (:class:`hookfit.errors.Silenced`)."""
     time_split: Mapping[str, TimeSplit] = field(default_factory=lambda: MappingProxyType({}))
     """Stage name -> :class:`hookfit.payloads.TimeSplit`: the seconds each stage of this
     ``fit()`` has spent waiting for data, in the step function and in plugins, summed over its

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
 
-from hookfit.manager import HookfitWarning, StateMismatch
+from hookfit.errors import HookfitWarning, StateMismatch
 from hookfit.modes import modules
 from hookfit.position import Position, check_position, check_rng, set_rng_state
 

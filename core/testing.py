@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from hookfit import hookimpl, hookspecs
-from hookfit.manager import ENV_DISABLE, ENV_ONLY
+from hookfit.discovery import ENV_DISABLE, ENV_ONLY
 
 
 def _specs(module: Any) -> dict[str, Callable[..., Any]]:
@@ -62,13 +62,13 @@ def _describe(name: str, value: Any) -> Any:
 
 
 def _discovered_specs() -> list[tuple[str, Any]]:
-    from hookfit import manager
+    from hookfit import discovery
 
-    return list(manager.discovered_events())
+    return list(discovery.discovered_events())
 
 
 def plugin_events() -> dict[str, list[str]]:
-    """Every event the discovered plugins declare (:func:`hookfit.manager.discovered_events`),
+    """Every event the discovered plugins declare (:func:`hookfit.discovery.discovered_events`),
     enabled or not, with its argument names. Imports those plugins (and so torch)."""
     events: dict[str, list[str]] = {}
     for _, specs in _discovered_specs():

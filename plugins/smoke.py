@@ -37,7 +37,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from hookfit.data import length
-from hookfit.manager import HookfitWarning, hookimpl
+from hookfit.errors import HookfitWarning
+from hookfit.manager import hookimpl
 from hookfit.records import LOCK, FolderInUse, FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover

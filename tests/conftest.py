@@ -26,7 +26,7 @@ if _THREADS_SET_HERE:
     torch.set_num_threads(1)  # in case something imported torch before this file
 
 import hookfit  # noqa: E402
-from hookfit import hookimpl, manager  # noqa: E402
+from hookfit import discovery, hookimpl  # noqa: E402
 from hookfit.data import Batches  # noqa: E402
 from hookfit.plugins.checkpoint import Checkpoint  # noqa: E402
 from hookfit.plugins.metrics import Metrics  # noqa: E402
@@ -180,7 +180,7 @@ def batch_end(batch_idx):
 '''
 
 
-BUILTINS = ",".join(ep.name for ep in manager.entry_points() if ep.dist.name == "hookfit")
+BUILTINS = ",".join(ep.name for ep in discovery.entry_points() if ep.dist.name == "hookfit")
 
 
 @pytest.fixture

@@ -22,11 +22,11 @@ plugins add (hookfit export is the built-in checkpoint plugin's, for its own fil
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from hookfit import config, manager
+    from hookfit import config, discovery, manager
 
     try:  # the file a run of --script started here would read (config.find: one rule for both)
         configured = config.load(Path(args.config) if args.config else config.find(script=args.script or ""))
-        infos = manager.collect(strict=False, configured=configured)
+        infos = discovery.collect(strict=False, configured=configured)
     except config.ConfigError as error:
         print(f"hookfit: {error}", file=sys.stderr)
         return 2
@@ -111,7 +111,7 @@ def hooks_reference(markdown: bool = False) -> str:
     payloads of :mod:`hookfit.payloads`."""
     import inspect
 
-    from hookfit import hookspecs, manager, payloads
+    from hookfit import discovery, hookspecs, payloads
     from hookfit.position import Position
     from hookfit.state import State
 
@@ -122,7 +122,7 @@ def hooks_reference(markdown: bool = False) -> str:
                 "`core/payloads.py` by `hookfit hooks --markdown`; do not edit by hand.", "",
                 inspect.getdoc(hookspecs) or "", "", "# The core's events", ""]
     out += _events(hookspecs, markdown)
-    for plugin, specs in manager.discovered_events():
+    for plugin, specs in discovery.discovered_events():
         where = specs.__name__ if inspect.ismodule(specs) else f"{specs.__module__}.{specs.__qualname__}"
         if markdown:
             out += [f"# Events of the plugin `{plugin}`", "", f"Declared in `{where}`.", "",
@@ -253,14 +253,14 @@ def _runs(args: argparse.Namespace) -> int:
 def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any]) -> list[Any]:
     """The subcommands that the enabled plugins add (``add_commands``); returns the plugins'
     :class:`hookfit.discovery.PluginInfo`, empty when the configuration file is bad."""
-    from hookfit import config, manager
+    from hookfit import config, discovery, manager
 
     try:
         configured = config.load(config.find(script=""))
     except config.ConfigError as error:
         print(f"hookfit: {error} (plugin commands are not available)", file=sys.stderr)
         return []
-    infos = manager.collect(given, strict=False, configured=configured)
+    infos = discovery.collect(given, strict=False, configured=configured)
     pm = manager.PluginManager()
     pm.register_all(infos, strict=False)
     pm.hook.add_commands(commands=sub)

@@ -66,7 +66,7 @@ class {cls}:
 TEST = '''\
 """Tests for the {name} plugin, with hookfit's pytest plugin (hookfit.testing)."""
 
-from hookfit import manager
+from hookfit import discovery
 
 from hookfit_{name} import {cls}
 
@@ -81,7 +81,7 @@ def test_it_records_every_epoch(hookfit_run):
 
 
 def test_the_installed_package_registers_it():
-    assert "{name}" in [ep.name for ep in manager.entry_points()]
+    assert "{name}" in [ep.name for ep in discovery.entry_points()]
 '''
 
 README = """\

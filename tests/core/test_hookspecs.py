@@ -32,9 +32,9 @@ def declared_in(module) -> dict[str, str]:
 
 def builtin_events() -> dict[str, dict[str, str]]:
     """Each built-in plugin that declares events: {plugin: {event: docstring}}."""
-    from hookfit import manager
+    from hookfit import discovery
 
-    return {name: declared_in(specs) for name, specs in manager.discovered_events()
+    return {name: declared_in(specs) for name, specs in discovery.discovered_events()
             if specs.__name__.startswith("hookfit.plugins.")}
 
 

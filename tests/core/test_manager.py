@@ -303,7 +303,7 @@ def test_a_distribution_shadowing_a_builtin_name_keeps_the_builtins_events(
         """})
     sys.path.insert(0, str(tmp_path / "site"))
     monkeypatch.setenv("HOOKFIT_PLUGINS", "checkpoint,tui")  # tui implements checkpoint_saved too
-    hookfit.manager.refresh()
+    hookfit.discovery.refresh()
     try:
         with pytest.warns(hookfit.HookfitWarning, match="two distributions register the hookfit plugin 'checkpoint'"):
             loop = run(plugins=[Listener()])
@@ -313,7 +313,7 @@ def test_a_distribution_shadowing_a_builtin_name_keeps_the_builtins_events(
     finally:
         sys.path.remove(str(tmp_path / "site"))
         sys.modules.pop("other_ckpt_mod", None)
-        hookfit.manager.refresh()
+        hookfit.discovery.refresh()
 
 
 def test_participants_are_the_plugins_as_the_user_knows_them() -> None:
@@ -371,7 +371,7 @@ def test_an_observer_given_to_loop_is_named_with_its_distribution(tmp_path: Path
         """})
     (next(site.glob("*.dist-info")) / "top_level.txt").write_text("watch_things_mod\n")
     sys.path.insert(0, str(site))
-    hookfit.manager.refresh()
+    hookfit.discovery.refresh()
     try:
         from watch_things_mod import Watcher
 
@@ -381,5 +381,5 @@ def test_an_observer_given_to_loop_is_named_with_its_distribution(tmp_path: Path
     finally:
         sys.path.remove(str(site))
         sys.modules.pop("watch_things_mod", None)
-        hookfit.manager.refresh()
+        hookfit.discovery.refresh()
 

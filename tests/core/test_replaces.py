@@ -46,11 +46,11 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     folder.mkdir()
     monkeypatch.setattr(sys, "path", [*sys.path, str(folder)])
     monkeypatch.setenv("HOOKFIT_PLUGINS", "checkpoint")
-    hookfit.manager.refresh()
+    hookfit.discovery.refresh()
     yield folder
     for module in ("my_ckpt_mod", "stray_ckpt_mod"):
         sys.modules.pop(module, None)
-    hookfit.manager.refresh()
+    hookfit.discovery.refresh()
 
 
 @pytest.mark.parametrize("spelled", ["hookfit", "Hookfit"])
@@ -79,7 +79,7 @@ def test_a_declared_replacement_silences_only_its_own_pair(site: Path) -> None:
     checkpoint_dist(site, "my-checkpoint", "my_ckpt_mod", replaces="hookfit")
     checkpoint_dist(site / "more", "stray-checkpoint", "stray_ckpt_mod", replaces=None)
     sys.path.append(str(site / "more"))
-    hookfit.manager.refresh()
+    hookfit.discovery.refresh()
     with pytest.warns(hookfit.HookfitWarning) as caught:
         loop = run()
     clashes = [str(w.message) for w in caught if "two distributions" in str(w.message)]

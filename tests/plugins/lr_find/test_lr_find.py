@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hookfit
-from hookfit import hookimpl, manager
+from hookfit import discovery, hookimpl
 from hookfit.config import ConfigError
 from hookfit.data import Batches
 from hookfit.plugins.ema import EMA
@@ -283,7 +283,7 @@ def test_a_step_without_the_loss_key_is_named() -> None:
 def entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ``lr_find`` entry point: hookfit's own once the project is installed with it, else
     the same one from a distribution made here (an install older than the plugin)."""
-    if not any(ep.name == "lr_find" for ep in manager.entry_points()):
+    if not any(ep.name == "lr_find" for ep in discovery.entry_points()):
         root = make_dist(tmp_path / "site", "hookfit-lr-find-ep", {"lr_find": "hookfit.plugins.lr_find:LRFinder"}, {})
         monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("HOOKFIT_PLUGINS", "optim,lr_find")

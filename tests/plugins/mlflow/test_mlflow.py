@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 import hookfit  # noqa: E402
 from hookfit.errors import HookfitWarning  # noqa: E402
-from hookfit.manager import ObserverWarning  # noqa: E402
+from hookfit.errors import ObserverWarning  # noqa: E402
 from hookfit.plugins.checkpoint import Checkpoint  # noqa: E402
 from hookfit.plugins.metrics import Metrics  # noqa: E402
 from hookfit.plugins.mlflow import INSTALL, MLflow  # noqa: E402

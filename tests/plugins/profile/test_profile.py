@@ -21,7 +21,7 @@ import hookfit
 from hookfit import hookimpl
 from hookfit.config import ConfigError
 from hookfit.files import FileWarning
-from hookfit.manager import ObserverWarning
+from hookfit.errors import ObserverWarning
 from hookfit.plugins.interrupter import Interrupter
 from hookfit.plugins.optim import Optim
 from hookfit.plugins.profile import Profile

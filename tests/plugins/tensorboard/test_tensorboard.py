@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import api_pb2, metadata  # noqa: E402
 
 import hookfit  # noqa: E402
-from hookfit.manager import ObserverWarning  # noqa: E402
+from hookfit.errors import ObserverWarning  # noqa: E402
 from hookfit.plugins.checkpoint import Checkpoint  # noqa: E402
 from hookfit.plugins.metrics import Metrics  # noqa: E402
 from hookfit.plugins.metrics_log import MetricsLog  # noqa: E402

@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 import hookfit  # noqa: E402
-from hookfit.manager import ObserverWarning  # noqa: E402
+from hookfit.errors import ObserverWarning  # noqa: E402
 from hookfit.plugins.checkpoint import Checkpoint  # noqa: E402
 from hookfit.plugins.metrics import Metrics  # noqa: E402
 from hookfit.plugins.optim import Optim  # noqa: E402
