@@ -22,6 +22,7 @@ import torch
 __all__ = ["Staging"]
 
 _CUDA: Any = torch.cuda  # (its Stream and Event are untyped)
+_SCALARS = (int, float, str, bool, bytes, type(None))
 
 
 class Staging:
@@ -72,6 +73,8 @@ class Staging:
         if isinstance(obj, dict):
             return {k: self._walk(v, (*place, k), found) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
+            if all(type(v) in _SCALARS for v in obj):  # (a random state: hundreds of numbers)
+                return list(obj) if isinstance(obj, list) else obj
             items = [self._walk(v, (*place, i), found) for i, v in enumerate(obj)]
             return items if isinstance(obj, list) else tuple(items)
         return obj

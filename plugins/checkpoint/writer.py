@@ -233,6 +233,7 @@ class Writer:
                     return
                 job = self._jobs.popleft()
                 self._running = True
+            self.between()  # no work of this thread while the training thread copies
             try:
                 if job[0] == "write":
                     _, slot, staged, path, tag = job
