@@ -41,8 +41,8 @@ is honoured, see below)::
 
 Besides: ``stop_requested`` fires once, on the thread that asked, when a stop is first asked; ``agree_stop``
 is asked at every boundary when a plugin runs several processes; ``save_state``/``load_state`` are called by
-a checkpoint plugin (``loop.plugin_states()``, ``loop.load_plugin_states(states)``); ``add_commands`` is the
-``hookfit`` command's, outside any run.
+a checkpoint plugin (``loop.plugin_states()``, ``loop.load_plugin_states(states)``); the ``hookfit`` command's
+one event, ``add_commands``, outside any run, is the command line's (:mod:`hookfit.tools.hookspecs`).
 
 The ten events a first plugin needs:
 
@@ -150,7 +150,6 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    import argparse
     import os
 
     import torch
@@ -488,20 +487,4 @@ def backward(loop: Run, loss: torch.Tensor) -> Any:
     when it is on an accelerator (``item()``, ``bool()``...): that waits for the device at every
     step. The built-in ``optim`` keeps its non-finite check on the device there and acts on it
     at the next host read (see ``hookfit.plugins.optim.Optim``).
-    """
-
-
-# -- the hookfit command ----------------------------------------------------------------------
-
-
-@hookspec
-def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add subcommands to the ``hookfit`` command line (outside any run: there is no ``loop``).
-
-    ``commands`` is the ``argparse`` sub-parsers object of ``hookfit``: add a parser with
-    ``commands.add_parser(name, help=...)``, its arguments, and ``set_defaults(run=function)``
-    where ``function(args) -> int`` does the work and returns the exit status. Called with
-    every enabled plugin (installed, given, not disabled) when the command is not one of
-    ``hookfit``'s own (``plugins``, ``hooks``, ``new-plugin``, ``demo``); the checkpoint plugin
-    adds ``hookfit export``. A name already taken is an error.
     """

@@ -52,6 +52,7 @@ from typing import Any, Callable
 import pluggy
 
 from hookfit import hookspecs
+from hookfit.tools import hookspecs as command_events
 from hookfit.discovery import GROUP, OWN, PluginInfo, builtin_events, collect, declared_events
 from hookfit.errors import ObserverWarning, PluginError, Silenced
 
@@ -69,6 +70,7 @@ class PluginManager(pluggy.PluginManager):
     def __init__(self) -> None:
         super().__init__(GROUP)
         self.add_hookspecs(hookspecs)
+        self.add_hookspecs(command_events)  # add_commands: the command line's, outside runs
         self.declared: list[tuple[str, Any]] = []
         """``(plugin name, hookspecs)`` of the events plugins declared, in the order added."""
         self.infos: dict[str, PluginInfo] = {}

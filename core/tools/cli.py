@@ -112,6 +112,7 @@ def hooks_reference(markdown: bool = False) -> str:
     import inspect
 
     from hookfit import discovery, hookspecs, payloads
+    from hookfit.tools import hookspecs as command_events
     from hookfit.position import Position
     from hookfit.state import State
 
@@ -122,6 +123,11 @@ def hooks_reference(markdown: bool = False) -> str:
                 "`core/payloads.py` by `hookfit hooks --markdown`; do not edit by hand.", "",
                 inspect.getdoc(hookspecs) or "", "", "# The core's events", ""]
     out += _events(hookspecs, markdown)
+    if markdown:
+        out += ["# The command line's event", "", inspect.getdoc(command_events) or "", ""]
+    else:
+        out += [f"-- the command line's event ({command_events.__name__})", ""]
+    out += _events(command_events, markdown)
     for plugin, specs in discovery.discovered_events():
         where = specs.__name__ if inspect.ismodule(specs) else f"{specs.__module__}.{specs.__qualname__}"
         if markdown:

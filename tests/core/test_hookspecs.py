@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hookfit
+import hookfit.tools.hookspecs
 from conftest import Recorder, spec_names
 
 
@@ -39,11 +40,12 @@ def builtin_events() -> dict[str, dict[str, str]]:
 
 
 def test_the_core_vocabulary_is_the_loops_and_the_plugins_declare_theirs() -> None:
-    """At most 23 events in hookfit.hookspecs (the loop's, ``results`` the last added); the
-    optimizer, metrics, checkpoint, distributed and terminal events are declared by the plugins
-    that fire or answer them."""
+    """At most 22 events in hookfit.hookspecs, the loop's own; the command line's
+    (``add_commands``) is hookfit.tools.hookspecs'; the optimizer, metrics, checkpoint,
+    distributed and terminal events are declared by the plugins that fire or answer them."""
     core = spec_names()
-    assert len(core) <= 23, sorted(core)
+    assert len(core) <= 22, sorted(core)
+    assert "add_commands" not in core and set(declared_in(hookfit.tools.hookspecs)) == {"add_commands"}
     plugins = builtin_events()
     assert {event: name for name, events in plugins.items() for event in events} == {
         "before_backward": "optim", "after_backward": "optim", "before_optimizer_step": "optim",
@@ -59,6 +61,7 @@ def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
     somewhere that these runs cover (normal run with validation, a stop request, a failure)."""
     declared = declared_in(hookfit.hookspecs)
     assert set(declared) == set(spec_names())
+    declared.update(declared_in(hookfit.tools.hookspecs))
     for events in builtin_events().values():
         declared.update(events)
     for name, doc in declared.items():

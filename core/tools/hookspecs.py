@@ -1,0 +1,25 @@
+"""The command line's one event, outside any run: ``add_commands``, with which a plugin adds
+subcommands to ``hookfit`` (the built-in checkpoint plugin adds ``hookfit export``, the dashboard
+``hookfit show``). Added to every plugin manager beside the loop's events
+(:mod:`hookfit.hookspecs`), so a plugin may implement it whether or not it takes part in runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from hookfit.hookspecs import hookspec
+
+__all__ = ["add_commands"]
+
+
+@hookspec
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add subcommands to the ``hookfit`` command line (outside any run: there is no ``loop``).
+
+    ``commands`` is the ``argparse`` sub-parsers object of ``hookfit``: add a parser with
+    ``commands.add_parser(name, help=...)``, its arguments, and ``set_defaults(run=function)``
+    where ``function(args) -> int`` does the work and returns the exit status. Called with
+    every enabled plugin (installed, given, not disabled) when the command is not one of
+    ``hookfit``'s own (``plugins``, ``hooks``, ``new-plugin``, ``demo``); the checkpoint plugin
+    adds ``hookfit export``. A name already taken is an error.
+    """
