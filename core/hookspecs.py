@@ -39,6 +39,23 @@ is honoured, see below)::
     fit_end                                     # exactly once, whatever happened
     results                                     # each plugin's report: loop.state.results
 
+One training batch, traced: everything of hookfit's that runs for a training batch with the default
+plugins, in a step that calls ``loop.backward(loss)``, ``loop.optimizers.step()`` and
+``loop.optimizers.zero_grad()`` (the second epoch, a batch that publishes no metrics; ``file:line`` is
+each function's ``def``; ``tests/integration/test_one_batch.py`` checks that exactly these run)::
+
+    core/training.py:248              run_stage                 the loop's body: the lists of batch_start, step_output,
+                                                                batch_end and after_batch (empty ones cost a loop test)
+    core/run.py:223                   Run.backward              loop.backward(loss): the backward event's handler list
+    plugins/optim/plugin.py:167       Optim.backward            the loss checked, divided for its window, back-propagated
+    plugins/optim/checks.py:42        HostCheck.admits          the non-finite check chosen at configure (a CPU loss)
+    plugins/optim/managed.py:327      Optimizers.step           loop.optimizers.step(): each managed optimizer
+    plugins/optim/managed.py:81       ManagedOptimizer.step     steps unless its window is open
+    plugins/optim/managed.py:122      ManagedOptimizer._step    the torch optimizer's step, clipping and scaling around it
+    plugins/optim/managed.py:331      Optimizers.zero_grad      loop.optimizers.zero_grad(): each managed optimizer
+    plugins/optim/managed.py:89       ManagedOptimizer.zero_grad  unless its window is open
+    plugins/metrics/plugin.py:109     Metrics.batch_end         the output's numbers added to the running sums
+
 Besides: ``stop_requested`` fires once, on the thread that asked, when a stop is first asked; ``agree_stop``
 is asked at every boundary when a plugin runs several processes; ``save_state``/``load_state`` are called by
 a checkpoint plugin (``loop.plugin_states()``, ``loop.load_plugin_states(states)``); the ``hookfit`` command's
