@@ -265,7 +265,8 @@ class Batches:
             raise ValueError(f"already a shard (rank {self.rank} of {self.world_size}); shard the whole data")
         part = Batches(*self.tensors, batch_size=self.batch_size, shuffle=self.shuffle,
                        seed=self.seed, drop_last=self.drop_last)
-        part.rank, part.world_size, part._epoch = rank, world_size, self._epoch
+        part.rank, part.world_size = rank, world_size
+        part.set_epoch(self._epoch)
         part.even = bool(even)
         return part
 
