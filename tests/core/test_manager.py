@@ -1,5 +1,5 @@
-"""hookfit.manager: discovery through the entry-point group, selection, validation and the
-events plugins declare for each other.
+"""hookfit.manager: validation of what plugins implement, the events plugins declare for each
+other, names of plugins as the user knows them (discovery itself: test_discovery.py).
 
 Distributions are made for real (``make_dist`` in conftest): a ``*.dist-info`` folder with
 ``METADATA`` and ``entry_points.txt`` on ``sys.path`` is exactly what ``importlib.metadata``
@@ -22,87 +22,6 @@ def run(**kwargs) -> hookfit.Loop:
     loop = hookfit.Loop(lambda loop, b: None, [0, 1], **kwargs)
     loop.fit()
     return loop
-
-def test_entry_points_are_discovered_sorted_and_classes_instantiated(dists: Path) -> None:
-    loop = run()
-    names = [name for name, _ in loop.run.pm.list_name_plugin()]
-    assert names == ["alpha", "beta"]  # sorted by entry-point name, not file order
-    assert type(loop.run.pm.get_plugin("alpha")).__name__ == "Alpha"
-    assert loop.run.pm.get_plugin("beta").__name__ == "fake_plugins_mod"
-    # pluggy calls the last registered first: beta, then alpha, batch after batch
-    assert calls() == [("beta", 0), ("alpha", 0), ("beta", 1), ("alpha", 1)]
-    info = loop.run.pm.infos["alpha"]
-    assert (info.distribution, info.version, info.source) == ("fake-plugins", "1.2.3", "entry point")
-
-
-def test_given_plugin_replaces_discovered_one_of_the_same_name(dists: Path) -> None:
-    seen = []
-
-    class MyAlpha:
-        name = "alpha"
-
-        @hookfit.hookimpl
-        def batch_end(self, batch_idx):
-            seen.append(batch_idx)
-
-    loop = run(plugins=[MyAlpha()])
-    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["alpha", "beta"]
-    assert seen == [0, 1]
-    assert ("alpha", 0) not in calls()
-    assert loop.run.pm.infos["alpha"].source == "given"
-
-
-def test_given_plugins_are_called_before_discovered_ones(dists: Path) -> None:
-    class Given:
-        @hookfit.hookimpl
-        def batch_end(self, batch_idx):
-            calls().append(("given", batch_idx))
-
-    run(plugins=[Given()])
-    assert calls()[:3] == [("given", 0), ("beta", 0), ("alpha", 0)]
-
-
-@pytest.mark.parametrize("how", ["argument", "environment"])
-def test_disable_by_name(dists: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    if how == "argument":
-        loop = run(disable=["alpha"])
-    else:
-        monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", f"{BUILTINS}, alpha")
-        loop = run()
-    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["beta"]
-    assert loop.run.pm.infos["alpha"].enabled is False
-    assert {name for name, _ in calls()} == {"beta"}
-
-
-def test_restrict_to_a_list(dists: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOOKFIT_PLUGINS", "alpha")
-    loop = run()
-    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["alpha"]
-    monkeypatch.setenv("HOOKFIT_PLUGINS", "")
-    assert hookfit.Loop(lambda l, b: None, [1]).fit() and calls() == [("alpha", 0), ("alpha", 1)]
-
-
-@pytest.mark.bad_input
-def test_unknown_name_in_disable_warns_with_suggestion(dists: Path) -> None:
-    with pytest.warns(hookfit.HookfitWarning, match=r"'alfa' \(disabled\).*did you mean 'alpha'"):
-        run(disable=["alfa"])
-
-
-@pytest.mark.fault
-def test_broken_entry_point_fails_naming_it_and_can_be_disabled(dists: Path, tmp_path: Path) -> None:
-    make_dist(tmp_path / "broken", "broken-plugin", {"broken": "does_not_exist_mod"}, {})
-    sys.path.insert(0, str(tmp_path / "broken"))
-    try:
-        with pytest.raises(hookfit.PluginError) as info:
-            run()
-        message = str(info.value)
-        assert "'broken'" in message and "broken-plugin 1.2.3" in message
-        assert "does_not_exist_mod" in message and "HOOKFIT_DISABLE_PLUGINS=broken" in message
-        assert isinstance(info.value.__cause__, ModuleNotFoundError)
-        assert run(disable=["broken"]).state.status == "completed"
-    finally:
-        sys.path.remove(str(tmp_path / "broken"))
-
 
 @pytest.mark.bad_input
 def test_misspelt_hook_fails_at_fit_before_any_batch() -> None:
