@@ -41,7 +41,8 @@ class Checkpoint:
     With ``background=True`` (default) a save blocks training for one copy of the state into
     host buffers made at the first save and reused while the tensors keep their shapes and
     dtypes; the digest, the file, its fsyncs and rename and the pruning to ``keep_last`` are
-    done by a writer thread (:class:`hookfit.plugins.checkpoint.writer.Writer`). A save never
+    done by a writer thread (:class:`hookfit.plugins.checkpoint.writer.Writer`), which steps
+    aside while a save copies. A save never
     waits for an earlier write: one write is in flight and one snapshot waits at most. A save
     asked while both are taken (saves coming faster than files are written) follows
     ``when_busy``: ``"wait"`` (default) waits for the write in flight to end, so every save asked

@@ -8,7 +8,10 @@ two snapshots, one being written and one waiting, each in its own buffers (the s
 only made when a save is asked during a write, so a run whose saves are further apart than a
 write's length holds one copy of its state). A save asked while both are taken waits for the
 write in flight to end (``when_busy="wait"``) or is skipped and counted in :attr:`Writer.skipped`
-(``"skip"``; a save that must not be lost, ``must=True``, always waits).
+(``"skip"``; a save that must not be lost, ``must=True``, always waits). While the training
+thread builds and copies a snapshot (:meth:`Writer.aside`) the writer's thread waits: before a
+job, and between the 4 MiB pieces it hashes and writes, so it takes neither the interpreter
+nor the memory bandwidth from the copy.
 
 Nothing the writer does reaches the caller but through :meth:`Writer.outcomes`: each finished
 write (with its error, if it failed) and each file it could not remove, in order, for the
