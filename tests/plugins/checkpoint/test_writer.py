@@ -164,6 +164,32 @@ def test_a_writer_without_background_writes_on_the_callers_thread() -> None:
     assert threads == [threading.current_thread().name] and [o.tag for o in writer.outcomes()] == ["a"]
 
 
+def test_the_writer_waits_while_the_training_thread_copies_and_goes_on_when_it_is_waited_for() -> None:
+    order: list[str] = []
+    started = threading.Event()
+
+    def save(state: dict[str, Any], path: Path, between: Any) -> None:
+        order.append(f"{path} started")
+        started.set()
+        between()
+        order.append(f"{path} piece")
+
+    writer = Writer(save, remove)
+    with writer.aside():  # as Checkpoint.save builds and copies a snapshot
+        writer.submit(state(1.0), Path("a"), "a")
+        # a negative cannot be waited for: a writer that did not wait would have started by now
+        assert not started.wait(0.2)
+        order.append("copied")
+    writer.wait()
+    assert order == ["copied", "a started", "a piece"]
+    with writer.aside():
+        writer.submit(state(2.0), Path("b"), "b")
+        writer.wait()  # (a save that waits for the writer, a sharded save): it goes on, no deadlock
+        order.append("waited")
+    assert order[3:] == ["b started", "b piece", "waited"]
+    writer.close()
+
+
 # -- the plugin: training never waits for an earlier write -----------------------------------
 
 
