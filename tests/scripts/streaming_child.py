@@ -181,7 +181,7 @@ class PauseAt:
             time.sleep(0.01)
 
 
-plugins = [Optim(), Interrupter(), Checkpoint(every_n_steps=1, keep_last=2)]
+plugins = [Optim(), Interrupter(exit=False), Checkpoint(every_n_steps=1, keep_last=2)]  # fit() returns: OUT is written
 if args.pause_at is not None:
     plugins.append(PauseAt())
 with warnings.catch_warnings(record=True) as caught:
