@@ -75,7 +75,7 @@ loop = hookfit.Loop(
     val_data=Batches(x[:40], y[:40], batch_size=10),
     model=model, optimizers=torch.optim.Adam(model.parameters(), lr=1e-3), max_epochs=3,
     run_dir=args.run_dir, resume="latest" if args.resume else None,
-    plugins=[Optim(accumulate=3), Metrics(), Interrupter(), Checkpoint(every_n_steps=args.every, keep_last=2)],
+    plugins=[Optim(accumulate=3), Metrics(), Interrupter(exit=False), Checkpoint(every_n_steps=args.every, keep_last=2)],
 )
 state = loop.fit()
 metrics = loop.run.pm.get_plugin("metrics")
