@@ -42,8 +42,15 @@ Atomic: each file is written to a temporary file ``.<name>.<pid>.tmp`` in the sa
 flushed, fsynced, renamed over its final name, and the folder is fsynced. A process killed at
 any moment leaves the previous checkpoint or the new one, never a torn one; the temporary
 files of killed processes are removed at the next start of the run. With ``background=True``
-(default) the loop is blocked only while the state is copied; the digest and the file are
-written by a thread, one at a time, and ``fit_end`` waits for the last one.
+(default) a save blocks the loop only while the state is copied into host buffers made at the
+first save and reused while the tensors keep their shapes and dtypes (pinned, on a copy stream of
+their own, for tensors on a GPU); the digest, the file, its fsyncs and rename and the pruning to
+``keep_last`` are a writer thread's, which steps aside while a save copies. One write is in flight
+and one snapshot waits at most (one copy of the state in host memory, two when saves come faster
+than writes); a save asked while both are taken follows ``when_busy``: ``"wait"`` (default) waits
+for the write in flight, ``"skip"`` skips it, counts it in ``skipped_saves`` and warns once a run;
+the saves of the run's end always wait. ``fit_end``, however the run ended, waits for every write
+and reports a failed one as ``on_save_error`` says.
 
 Resume: ``Loop(resume="latest" | path)`` (or ``HOOKFIT_RESUME``). ``"latest"`` is the newest
 checkpoint in ``dir``, or, when no folder was given, in ``<run_dir>/checkpoints`` if the run
