@@ -332,8 +332,9 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     p = sub.add_parser("runs", help="list runs, newest first: status, epochs, steps, best value, resumes")
     p.add_argument("dir", nargs="?", default="runs", help="a folder of runs or a run folder (default: runs)")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
-    p.add_argument("--metric", help="the metric whose best value is shown, as stage/name (default: "
-                                    "valid/loss, else train/loss)")
+    p.add_argument("--metric", help="the metric whose best value is shown, as stage/name (default: the "
+                                    "metric the run gave a direction, Metrics(best=...), else valid/loss, "
+                                    "else train/loss)")
     p.add_argument("--mode", choices=("min", "max"), help="which value of the metric is best, where the run's "
                                                           "log does not say (default: the log's, min for loss)")
     p.set_defaults(run=_runs)
