@@ -1,11 +1,6 @@
 """hookfit.manager: validation of what plugins implement, the events plugins declare for each
-other, names of plugins as the user knows them (discovery itself: test_discovery.py).
-
-Distributions are made for real (``make_dist`` in conftest): a ``*.dist-info`` folder with
-``METADATA`` and ``entry_points.txt`` on ``sys.path`` is exactly what ``importlib.metadata``
-discovers for an installed package (the pip-installed packages have their own end-to-end
-tests).
-"""
+other, names of plugins as the user knows them (discovery itself, and how its distributions
+are made for real: test_discovery.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +17,7 @@ def run(**kwargs) -> hookfit.Loop:
     loop = hookfit.Loop(lambda loop, b: None, [0, 1], **kwargs)
     loop.fit()
     return loop
+
 
 @pytest.mark.bad_input
 def test_misspelt_hook_fails_at_fit_before_any_batch() -> None:
