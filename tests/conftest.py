@@ -244,7 +244,7 @@ def resumable_run(run_dir, *, stop=None, resume=None, checkpoint=None, extra=(),
         loop.optimizers.zero_grad()
         return {"loss": loss, "noise": torch.rand(())}  # the RNG is part of the state
 
-    metrics = Metrics(log=False)
+    metrics = Metrics()
     plugins = [Optim(accumulate=accumulate), metrics,
                checkpoint or Checkpoint(every_n_epochs=1, background=False, strict=strict), *extra]
     if stop:

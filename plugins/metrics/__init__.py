@@ -38,8 +38,7 @@
   from 1)`` for the metrics with a direction; over every epoch of the run, those before a resume
   and a partial last one included (``Loop.validate()``: its validation).
 * The run's metric log, ``metrics.jsonl``, is not this plugin's: the ``metrics_log`` plugin
-  writes it from the snapshots. ``log`` is kept for old code and changes nothing (``log=False``
-  warns when ``metrics_log`` takes part in the run: disable that plugin instead).
+  writes it from the snapshots; leave it out with ``Loop(disable=["metrics_log"])``.
 * Several processes (a plugin implements ``all_reduce`` and ``loop.state.world_size > 1``):
   sums and counts are added up over the processes before each publication, so every snapshot
   carries global, sample-weighted numbers (``last`` is the mean of the processes' last

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import time
-import warnings
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -13,7 +12,6 @@ import torch
 
 from hookfit import hookimpl
 from hookfit.data import length
-from hookfit.errors import HookfitWarning
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.support import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs, ranks
@@ -40,7 +38,6 @@ class Metrics:
         interval: float = 0.5,
         window: int = 50,
         history_epochs: int = 1000,
-        log: bool = True,
         defer: bool | None = None,
         sync_every: int = 50,
         best: Mapping[str, str] | None = None,
@@ -50,7 +47,6 @@ class Metrics:
         self.interval = number(name, "interval", interval, least=0, meaning="seconds between publications")
         self.window = positive_int(name, "window", window, meaning="batches of the running mean")
         history_epochs = integer(name, "history_epochs", history_epochs, least=0, meaning="epochs of history kept")
-        self.log = flag(name, "log", log)  # kept for old code: metrics.jsonl is the metrics_log plugin's
         self.defer = flag(name, "defer", defer, none=True)
         self._sync = Every(sync_every, plugin=name, option="sync_every", none=False,
                            meaning="batches between publications with several processes")
@@ -81,10 +77,6 @@ class Metrics:
         self._stage, self._stage_name, self._outer = None, None, []
         self.report = Report(self.directions)
         self.derived.reset()
-        if not self.log and loop.pm.has_plugin("metrics_log"):
-            warnings.warn(f"{self.name}: log=False no longer keeps metrics.jsonl from being written: the run's "
-                          f"metric log is the metrics_log plugin's; leave it out with Loop(disable=['metrics_log']) "
-                          f"or HOOKFIT_DISABLE_PLUGINS=metrics_log", HookfitWarning, stacklevel=2)
 
     @hookimpl
     def stage_start(self, loop: Run, stage: str) -> None:

@@ -64,7 +64,7 @@ def loop(model: torch.nn.Module, published: Published, counted: list, **kwargs) 
     # world processes with batch 8 // world train like one process with batch 8
     return hookfit.Loop(train, Batches(x, y, batch_size=8 // world), val_step=valid, val_data=sets, model=model,
                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2,
-                        plugins=[Optim(), Metrics(interval=0, log=False), published], **kwargs)
+                        plugins=[Optim(), Metrics(interval=0), published], **kwargs)
 
 
 def main(out: str, mode: str) -> None:

@@ -514,7 +514,7 @@ def exact(run_dir: Path, *, max_steps: int | None = None, resume=None, fail_at: 
         loop.optimizers.zero_grad()
         return {"loss": loss}
 
-    metrics = Metrics(log=False)
+    metrics = Metrics()
     loop = hookfit.Loop(
         step, Batches(x, y, batch_size=10, shuffle=True, seed=7),
         val_step=lambda l, b: {"vloss": torch.nn.functional.mse_loss(l.model(b[0]), b[1])},
@@ -741,7 +741,7 @@ def test_a_nan_or_infinite_metric_is_never_the_best_checkpoint(tmp_path: Path) -
     ckpt = Checkpoint(monitor="valid/m", keep_last=1, background=False)
     hookfit.Loop(lambda loop, batch: None, [1], val_step=lambda loop, batch: {"m": values[loop.state.epoch]},
                  val_data=[1], model=torch.nn.Linear(1, 1), max_epochs=len(values), run_dir=tmp_path,
-                 plugins=[Metrics(log=False), ckpt]).fit()
+                 plugins=[Metrics(), ckpt]).fit()
     assert ckpt.best is not None and ckpt.best[0] == 1.0 and ckpt.best[1].name.startswith("epoch0003")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [ckpt.best[1].name, ckpt.saved[-1].name]
 
@@ -764,7 +764,7 @@ def _compilable_run(run_dir: Path, *, compiled: bool, epochs: int, resume: str |
     model = torch.compile(plain, backend="eager") if compiled else plain
     hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(plain.parameters(), lr=0.1),
                  max_epochs=epochs, run_dir=run_dir, resume=resume,
-                 plugins=[Optim(), Metrics(log=False), Checkpoint(background=False)]).fit()
+                 plugins=[Optim(), Metrics(), Checkpoint(background=False)]).fit()
     return plain
 
 

@@ -50,7 +50,7 @@ def fit(console: Console, *plugins: Any, n: int = 20, epochs: int = 3, val: int 
 def test_every_epoch_summary_is_printed_however_quickly_the_epochs_come() -> None:
     """Before: summaries within 2 s of the previous one were dropped (3 of 8 in a language
     model run); here 8 epochs take milliseconds, and all 16 summaries are there, in order."""
-    lines = fit(Console(stream=io.StringIO()), Metrics(log=False), epochs=8)
+    lines = fit(Console(stream=io.StringIO()), Metrics(), epochs=8)
     summaries = [l.split()[1:4] for l in lines if " done " in l]
     assert summaries == [[stage, f"epoch={e}/8", "done"] for e in range(1, 9) for stage in ("train", "valid")]
     assert all(fields(l)["batches"] in ("20", "2") for l in lines if " done " in l)
@@ -81,8 +81,7 @@ def test_summary_interval_is_no_option_and_is_refused_naming_the_options(tmp_pat
 def test_a_progress_line_every_n_training_batches_with_the_values_at_that_batch() -> None:
     """20 batches an epoch, N=7: batches 7 and 14 of each of 3 epochs, none in validation.
     The metrics plugin publishes every batch here, so the values are those of the batch."""
-    lines = fit(Console(stream=io.StringIO(), interval=None, every_n_batches=7), Metrics(interval=0, window=3,
-                                                                                           log=False))
+    lines = fit(Console(stream=io.StringIO(), interval=None, every_n_batches=7), Metrics(interval=0, window=3))
     assert progress(lines) == [("train", e, b) for e in (1, 2, 3) for b in (7, 14)]
     for line in lines:
         if PROGRESS.match(line):
@@ -155,7 +154,7 @@ def test_lines_by_time_and_by_batch_combine_and_never_repeat_a_batch(monkeypatch
 
     def batches(**console: Any) -> list[int]:
         now[0] = 0.0
-        lines = fit(Console(stream=io.StringIO(), **console), Metrics(interval=0, log=False), Tick(), n=32, epochs=1,
+        lines = fit(Console(stream=io.StringIO(), **console), Metrics(interval=0), Tick(), n=32, epochs=1,
                     val=0)
         return [b for _, _, b in progress(lines)]
 
@@ -318,7 +317,7 @@ class _Stream:
 def test_with_max_steps_the_epochs_are_counted_as_the_run_counts_them(data: Any, epochs: dict, by_steps: bool) -> None:
     stream = io.StringIO()
     hookfit.Loop(lambda run, batch: {"loss": 1.0}, data, max_steps=15, **epochs,
-                 plugins=[Metrics(log=False), Console(stream=stream)]).fit()
+                 plugins=[Metrics(), Console(stream=stream)]).fit()
     lines = stream.getvalue().splitlines()
     start = fields(lines[0])
     assert start["max_steps"] == "15" and ("epochs" not in start) == by_steps, lines[0]

@@ -232,7 +232,7 @@ def step(loop, batch):
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     state = hookfit.Loop(step, [1, 2, 3, 4], max_epochs=3, run_dir=run_dir,
-                         plugins=[Metrics(log=False), logger, Squeeze()]).fit()
+                         plugins=[Metrics(), logger, Squeeze()]).fit()
 print(json.dumps({"status": state.status, "step": state.step,
                   "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
 '''
@@ -267,7 +267,7 @@ def test_a_full_disk_warns_once_and_training_completes(tmp_path: Path, late: str
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             hookfit.Loop(lambda loop, b: {"loss": 1.0}, [1], run_dir=run_dir,
-                         plugins=[Metrics(log=False), CSVLogger()]).fit()
+                         plugins=[Metrics(), CSVLogger()]).fit()
         assert table(run_dir / "metrics.csv")[1] == [
             {"epoch": "1", "step": "4", "stage": "train", "loss": "2.5"},
             {"epoch": "1", "step": "1", "stage": "train", "loss": "1.0"}]

@@ -125,7 +125,7 @@ def test_with_a_process_group_the_model_is_wrapped_then_given_back(process_group
     loop = hookfit.Loop(_step, data, val_step=lambda loop, b: {"loss": loop.model(b[0]).mean()},
                         val_data=data[:2], model=model,
                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2,
-                        plugins=[Distributed(), Optim(), Metrics(log=False), Interrupter(), probe])
+                        plugins=[Distributed(), Optim(), Metrics(), Interrupter(), probe])
     state = loop.fit()
     assert state.status == "completed", state.stop_reason
     seen = probe.seen
@@ -165,7 +165,7 @@ def test_several_validation_sets_are_each_sharded(process_group: Any) -> None:
 
     state = hookfit.Loop(_step, data, val_step=valid, val_data={"a": data[:2], "b": data[2:5]}, model=model,
                          optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                         plugins=[Distributed(), Optim(), Metrics(log=False)]).fit()
+                         plugins=[Distributed(), Optim(), Metrics()]).fit()
     assert state.status == "completed" and seen == ["a", "a", "b", "b", "b"]
 
 

@@ -270,7 +270,7 @@ def test_validation_sees_the_average_and_training_gets_its_weights_back_bit_for_
     ema = EMA(decay=0.5)
     probe = Probe(ema)
     seen = Seen()
-    _, model = run(ema, probe, Metrics(log=False), val=seen, max_epochs=3)
+    _, model = run(ema, probe, Metrics(), val=seen, max_epochs=3)
     expected = reference(probe.weights, 0.5)
     _, valid = make_data()
     model.eval()
@@ -444,12 +444,12 @@ class Costs:
 
 def test_without_a_decay_it_unregisters_itself_costs_nothing_and_changes_nothing() -> None:
     ema, costs = EMA(), Costs()
-    _, model = run(ema, costs, Metrics(log=False))
+    _, model = run(ema, costs, Metrics())
     assert costs.seen["plugin"] is ema
     assert costs.seen["registered"] is False and costs.seen["hooks"] == []
     assert costs.seen["steps_watched"] is False  # optim keeps its fast path
     assert ema.module is None and ema.n_averaged == 0
-    _, alone = run(Metrics(log=False))
+    _, alone = run(Metrics())
     assert same(snapshot(model), snapshot(alone))
 
     # the same probe sees an active one

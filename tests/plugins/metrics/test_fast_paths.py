@@ -29,7 +29,7 @@ class Collect:
 def epoch_values(step, batches: int, tmp_path: Path, **options) -> dict:
     collect = Collect()
     hookfit.Loop(step, [(torch.zeros(i % 3 + 1, 2),) for i in range(batches)], max_epochs=1, run_dir=tmp_path,
-                 plugins=[Metrics(log=False, **options), collect]).fit()
+                 plugins=[Metrics(**options), collect]).fit()
     (snapshot,) = collect.epochs
     return dict(snapshot.values)
 

@@ -119,7 +119,7 @@ def test_device_path_reads_the_host_once_per_publication(tmp_path: Path, monkeyp
     def step(loop, batch):
         return {"loss": torch.tensor(float(batch)), "acc": torch.tensor(0.5)}
 
-    got = run(step, list(range(200)), tmp_path, metrics=Metrics(defer=True, interval=3600, log=False))
+    got = run(step, list(range(200)), tmp_path, metrics=Metrics(defer=True, interval=3600))
     assert reads == {"item": 0, "tolist": 1}  # one read for 400 values, at the end of the stage
     assert got.epochs[0].values["loss"].epoch == pytest.approx(99.5)
 
@@ -159,7 +159,7 @@ def test_memory_stays_flat_with_metrics(tmp_path: Path) -> None:
 
     def peak(n):  # the most allocated at any time during the run (freed values included)
         tracemalloc.start()
-        hookfit.Loop(step, range(n), run_dir=tmp_path, plugins=[Metrics(log=False, interval=1e9)]).fit()
+        hookfit.Loop(step, range(n), run_dir=tmp_path, plugins=[Metrics(interval=1e9)]).fit()
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         return peak
@@ -199,7 +199,7 @@ def test_with_several_processes_snapshots_carry_global_sample_weighted_numbers(t
     data = [torch.full((2, 1), float(i)) for i in range(6)]
     two = TwoProcesses()
     collect = run(lambda l, b: {"v": b.mean()}, data, tmp_path,
-                  metrics=Metrics(interval=1e9, sync_every=2, log=False), extra=[two])
+                  metrics=Metrics(interval=1e9, sync_every=2), extra=[two])
     assert [u.batches for u in collect.updates] == [2, 4, 6]  # by batch count, not by time
     final = collect.epochs[-1]
     local_mean = sum(range(6)) / 6
@@ -212,12 +212,12 @@ def test_with_several_processes_snapshots_carry_global_sample_weighted_numbers(t
 def test_processes_reporting_different_metric_names_fail_clearly(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="processes of this run report different metric names"):
         run(lambda l, b: {"v": b.mean()}, [torch.ones(2, 1)], tmp_path,
-            metrics=Metrics(log=False), extra=[TwoProcesses(rename=True)])
+            metrics=Metrics(), extra=[TwoProcesses(rename=True)])
 
 
 def test_a_resumed_training_stage_ends_with_the_uninterrupted_epoch_means(tmp_path: Path) -> None:
     data = [torch.full((i + 1, 1), float(i)) for i in range(6)]
-    whole = run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(window=3, log=False))
+    whole = run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(window=3))
 
     saved = {}
 
@@ -229,7 +229,7 @@ def test_a_resumed_training_stage_ends_with_the_uninterrupted_epoch_means(tmp_pa
             if loop.training and batch_idx == 2:
                 saved.update(loop.plugin_states())
 
-    run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(window=3, log=False), extra=[Save()])
+    run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(window=3), extra=[Save()])
 
     class Resume:
         name = "resume"
@@ -242,7 +242,7 @@ def test_a_resumed_training_stage_ends_with_the_uninterrupted_epoch_means(tmp_pa
 
     collect = Collect()
     hookfit.Loop(lambda l, b: {"v": b.mean()}, data, resume="x", plugins=[
-        Metrics(window=3, log=False), collect, Resume()]).fit()
+        Metrics(window=3), collect, Resume()]).fit()
     want, got = whole.epochs[-1], collect.epochs[-1]
     assert got.values == want.values and got.samples == want.samples == 21 and got.batches == 6
     assert [dict(e) for e in got.history] == [dict(e) for e in want.history]
@@ -338,7 +338,7 @@ def test_epoch_metrics_sees_the_finished_stage_whatever_the_registration_order(o
         loop.optimizers.step()
         return {"loss": torch.tensor(1.0)}
 
-    optim, metrics = Optim(accumulate=3, schedulers=schedule), Metrics(log=False)
+    optim, metrics = Optim(accumulate=3, schedulers=schedule), Metrics()
     # names of no entry point, so that the order given is the order registered
     optim.name, metrics.name = "stepper", "aggregator"
     plugins = [optim, metrics] if order.startswith("optim") else [metrics, optim]
@@ -559,7 +559,7 @@ def test_values_are_checked_once_per_key_and_publication_not_per_batch(tmp_path,
         return {"loss": torch.tensor(1.0), "acc": 0.5, "n": 3}
 
     hookfit.Loop(step, list(range(3000)), val_step=step, val_data=[0, 1], max_epochs=2, run_dir=tmp_path,
-                 plugins=[Metrics(interval=3600, log=False)]).fit()
+                 plugins=[Metrics(interval=3600)]).fit()
     # two stages of two epochs, three keys each; FOLD_EVERY (1024) folds create lists anew
     folds = 3000 // aggregate.FOLD_EVERY
     assert len(checked) == 2 * 3 * (1 + folds) + 2 * 3
@@ -635,7 +635,7 @@ def directed_run(tmp_path: Path, **console) -> dict[tuple[str, str], str]:
 
     out = io.StringIO()
     hookfit.Loop(step, [0, 1], val_step=step, val_data=[0], max_epochs=3, run_dir=tmp_path,
-                 plugins=[Metrics(log=False), Console(stream=out, **console)]).fit()
+                 plugins=[Metrics(), Console(stream=out, **console)]).fit()
     return results(out.getvalue().splitlines())
 
 
@@ -663,7 +663,7 @@ def test_nan_is_never_the_best_value(tmp_path: Path) -> None:
     values = [math.nan, 2.0, 1.0, math.nan]
     out = io.StringIO()
     hookfit.Loop(lambda l, b: {"loss": values[l.state.epoch]}, [0], max_epochs=4, run_dir=tmp_path,
-                 plugins=[Metrics(log=False), Console(stream=out, best={"loss": "min"})]).fit()
+                 plugins=[Metrics(), Console(stream=out, best={"loss": "min"})]).fit()
     assert results(out.getvalue().splitlines())[("train", "loss")] == "last=nan best=1 best_epoch=3"
 
 
@@ -770,7 +770,7 @@ BAD_OPTIONS = [
     (Metrics, "window", -1), (Metrics, "window", 0), (Metrics, "window", 2.5), (Metrics, "interval", "x"),
     (Metrics, "interval", -1), (Metrics, "interval", math.nan), (Metrics, "history_epochs", -3),
     (MetricsLog, "every_n_steps", "5"), (MetricsLog, "every_n_steps", 0), (Metrics, "sync_every", 0),
-    (Metrics, "log", "yes"), (Metrics, "defer", 1),
+    (Metrics, "defer", 1),
     (Console, "interval", "x"), (Console, "interval", math.inf), (Console, "every_n_batches", 0),
     (Console, "every_n_batches", 2.5), (Console, "every_n_batches", True), (Console, "stream", "out.txt"),
 ]

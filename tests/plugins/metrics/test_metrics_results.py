@@ -14,7 +14,6 @@ import hookfit
 from conftest import resumable_run
 from hookfit.plugins.metrics import Metrics
 
-pytestmark = pytest.mark.filterwarnings("ignore:metrics. log=False:hookfit.errors.HookfitWarning")
 
 LOSSES = {0: [4.0, 2.0], 1: [1.0, 1.0], 2: [3.0, 5.0]}  # the training loss of each epoch's batches
 ACC = {0: 0.5, 1: 0.9, 2: 0.7}

@@ -20,8 +20,7 @@ from hookfit.plugins.early_stopping import EarlyStopping
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.metrics_log import MetricsLog
 
-# resumable_run's Metrics(log=False) is told, rightly, that the metrics_log plugin writes the log
-pytestmark = pytest.mark.filterwarnings("ignore:metrics. log=False:hookfit.errors.HookfitWarning")
+# resumable_run's Metrics() is told, rightly, that the metrics_log plugin writes the log
 
 
 class Collect:

@@ -129,13 +129,16 @@ def test_the_log_is_a_discovered_plugin_on_by_default(tmp_path: Path, monkeypatc
     assert not (tmp_path / "off" / "metrics.jsonl").exists()
 
 
-def test_metrics_log_false_warns_where_the_log_plugin_takes_part(tmp_path: Path) -> None:
-    with pytest.warns(hookfit.HookfitWarning, match=r"metrics: log=False no longer keeps metrics.jsonl from "
-                                                    r"being written.*disable=\['metrics_log'\]"):
-        hookfit.Loop(loss_step, [1, 2], run_dir=tmp_path, plugins=[Metrics(log=False), MetricsLog()]).fit()
+def test_the_metrics_plugin_has_no_log_option_the_log_plugin_is_left_out_by_name(tmp_path: Path) -> None:
+    """metrics.jsonl is the metrics_log plugin's alone: Metrics takes no ``log`` option, and a run
+    without the log plugin (disabled by name) writes no file and warns nothing."""
+    with pytest.raises(TypeError, match="log"):
+        Metrics(log=False)  # type: ignore[call-arg]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        hookfit.Loop(loss_step, [1, 2], run_dir=tmp_path / "alone", plugins=[Metrics(log=False)]).fit()
+        hookfit.Loop(loss_step, [1, 2], run_dir=tmp_path / "alone", plugins=[Metrics()],
+                     disable=["metrics_log"]).fit()
+    assert not (tmp_path / "alone" / "metrics.jsonl").exists()
 
 
 def test_step_lines_every_n_training_steps(tmp_path: Path) -> None:

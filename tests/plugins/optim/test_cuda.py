@@ -58,7 +58,7 @@ def default_stack(opt_factory, nan_at: set[int] = frozenset(), n: int = 32, **op
     watch = NoSyncInTraining()
     try:
         state = hookfit.Loop(step_with_nan(m, set(nan_at)), batches, model=m, optimizers=opt, max_epochs=1,
-                             plugins=[Optim(**optim), Metrics(interval=3600.0, log=False),
+                             plugins=[Optim(**optim), Metrics(interval=3600.0),
                                       Console(stream=StringIO()), Interrupter(signals=False), watch]).fit()
     finally:
         torch.cuda.set_sync_debug_mode("default")

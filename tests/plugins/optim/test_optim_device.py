@@ -81,7 +81,7 @@ def default_stack(opt_kind: str, m, batches, *, defer=True, step=None, interval=
     counter = ReadsPerBatch(syncs.HostReads(trace=True))
     with counter.reads:
         hookfit.Loop(step or default_step, batches, model=m, optimizers=opt, max_epochs=1,
-                     plugins=[Optim(defer=defer, **optim), Metrics(defer=defer, interval=interval, log=False),
+                     plugins=[Optim(defer=defer, **optim), Metrics(defer=defer, interval=interval),
                               Console(stream=StringIO()), Interrupter(signals=False), counter]).fit()
     return counter
 
@@ -200,7 +200,7 @@ def test_the_device_path_raises_at_the_next_host_read_with_the_loss_s_batch(publ
     from hookfit.plugins.metrics import Metrics
 
     m, batches = model(), data(6)
-    plugins = [Metrics(defer=True, interval=0.0, log=False)] if publish else []
+    plugins = [Metrics(defer=True, interval=0.0)] if publish else []
     read_at = 5
     with pytest.raises(FloatingPointError, match=rf"optim: non-finite loss at epoch 0, batch 1 \(its steps "
                                                  rf"were skipped on the device; read on the host at epoch 0, "
@@ -244,7 +244,7 @@ def test_a_publication_inside_an_accumulation_window_leaves_its_flag_to_its_step
                                           r"read on the host at epoch 0, batch 7\)"):
         hookfit.Loop(nan_at(m, {5}), batches, model=m, max_epochs=1,
                      optimizers=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True),
-                     plugins=[optim, Metrics(defer=True, interval=0.0, log=False)]).fit()
+                     plugins=[optim, Metrics(defer=True, interval=0.0)]).fit()
     raw = model()
     opt = torch.optim.SGD(raw.parameters(), lr=0.1, momentum=0.9, fused=True)
     for b in batches[:4]:
@@ -933,7 +933,7 @@ def test_the_device_path_adds_one_operator_a_step_to_a_raw_loop_s_the_window_s_f
             raw_ops = [op for op in raw.ops if op != "detach.default"]
     ops = OpsPerBatch()
     hookfit.Loop(nan_at(m, set()), batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
-                 max_epochs=1, plugins=[Optim(defer=True), Metrics(defer=True, interval=3600.0, log=False),
+                 max_epochs=1, plugins=[Optim(defer=True), Metrics(defer=True, interval=3600.0),
                                         Console(stream=StringIO()), Interrupter(signals=False), ops]).fit()
     assert "_fused_sgd_.default" in raw_ops
     for seen in ops.batches[1:-1]:  # (the first makes the zeros; the last runs into the stage's end)

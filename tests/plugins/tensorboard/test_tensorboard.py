@@ -265,7 +265,7 @@ def step(loop, batch):
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     state = hookfit.Loop(step, [1, 2, 3, 4], max_epochs=3, run_dir=run_dir,
-                         plugins=[Metrics(log=False, interval=0.0), tb, Squeeze()]).fit()
+                         plugins=[Metrics(interval=0.0), tb, Squeeze()]).fit()
 print(json.dumps({"status": state.status, "step": state.step, "path": str(tb.path),
                   "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
 '''
