@@ -39,6 +39,7 @@ class Progress:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.total = len(session.items)  # pytest -n 0 (xdist's controller collects nothing)
 
+    @pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without -n has no such hook
     def pytest_xdist_node_collection_finished(self, node: object, ids: Sequence[str]) -> None:
         self.total = len(ids)  # every worker collects the whole suite
 
