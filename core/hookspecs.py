@@ -42,7 +42,8 @@ is honoured, see below)::
 One training batch, traced: everything of hookfit's that runs for a training batch with the default
 plugins, in a step that calls ``loop.backward(loss)``, ``loop.optimizers.step()`` and
 ``loop.optimizers.zero_grad()`` (the second epoch, a batch that publishes no metrics; ``file:line`` is
-each function's ``def``; ``tests/integration/test_one_batch.py`` checks that exactly these run)::
+where each function's definition starts, its decorators included;
+``tests/integration/test_one_batch.py`` checks that exactly these run)::
 
     core/training.py:248              run_stage                 the loop's body: the lists of batch_start, step_output,
                                                                 batch_end and after_batch (empty ones cost a loop test)
@@ -54,7 +55,7 @@ each function's ``def``; ``tests/integration/test_one_batch.py`` checks that exa
     plugins/optim/managed.py:122      ManagedOptimizer._step    the torch optimizer's step, clipping and scaling around it
     plugins/optim/managed.py:331      Optimizers.zero_grad      loop.optimizers.zero_grad(): each managed optimizer
     plugins/optim/managed.py:89       ManagedOptimizer.zero_grad  unless its window is open
-    plugins/metrics/plugin.py:109     Metrics.batch_end         the output's numbers added to the running sums
+    plugins/metrics/plugin.py:101     Metrics.batch_end         the output's numbers added to the running sums
 
 Besides: ``stop_requested`` fires once, on the thread that asked, when a stop is first asked; ``agree_stop``
 is asked at every boundary when a plugin runs several processes; ``save_state``/``load_state`` are called by

@@ -300,7 +300,8 @@ def test_show_reopens_a_finished_runs_dashboard_read_only(two_runs: tuple[Path, 
     end = [r for r in runs.read_jsonl(fast / "run.jsonl") if r["event"] == "end"][-1]
     train = end["time_split"]["train"]
     total = train["data"] + train["step"] + train["plugins"]
-    assert re.search(rf" time .* train data {train['data'] / total:.0%} · step \d+% · plugins \d+% ", screen), screen
+    # (when the data's share makes the bottleneck note precede it, the line may be cut at the screen's edge)
+    assert re.search(rf" time .* train data {train['data'] / total:.0%} · step \d+% · plugins \d+", screen), screen
     term.keys("l")  # the key works on a replayed run too
     term.wait_for("full history · log scale")
     term.keys("q")
