@@ -21,32 +21,18 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ResumeInfo, TimeSplit
-from hookfit.plugins.support import Every, Monitor
+from hookfit.plugins.support import Monitor
 from hookfit.plugins.support.plot import Ranges, Series, spans_decades
+from hookfit.plugins.tui import timeline
+from hookfit.plugins.tui.timeline import Progress
 from hookfit.plugins.tui.text import KEYS, KeyHelp, clock, fit_parts, key_line
 from hookfit.tools.runs import direction
 
 RATE_WINDOW = 3.0
 """Seconds of counter readings the live training rate is measured over."""
-
-
-@dataclass
-class Progress:
-    """What the progress bars show: the running stage's batches (``batches`` of ``total``),
-    its rate (batches/s), and per stage the mean time of a batch and the batches of an epoch."""
-
-    stage: str = "train"
-    batches: int = 0
-    total: int | None = None
-    rate: float = 0.0  # batches/s
-    step_time: dict[str, float] = field(default_factory=dict)  # stage -> s per batch
-    totals: dict[str, int | None] = field(default_factory=dict)  # stage -> batches per epoch
-    epoch: int = 0
-    rates: dict[str, float] = field(default_factory=dict)  # stage -> last known batches/s
 
 
 class DashboardModel:
@@ -299,52 +285,20 @@ class DashboardModel:
     def steps_end(self) -> int | None:
         """The step the run ends at by ``max_steps``, when that comes before the end of its last
         epoch (as far as the epoch's length is known); else ``None``: epochs end it."""
-        if self.max_steps is None:
-            return None
-        per_epoch = self.progress.totals.get("train")
-        if per_epoch and self.max_steps > self.max_epochs * per_epoch:
-            return None
-        return self.max_steps
+        return timeline.steps_end(self.max_steps, self.max_epochs, self.progress.totals.get("train"))
 
     def eta(self) -> float | None:
         """Seconds left in the run, counting the validation stages still to come; ``None``
         once it ended or while the time of a batch is unknown."""
         if self.finished:
             return None
-        p = self.progress
-        train_total, valid_total = p.totals.get("train"), p.totals.get("valid")
-        t_train, t_valid = p.step_time.get("train"), p.step_time.get("valid")
-        if t_train is None:
-            return None
-        end = self.steps_end()
-        if end is not None:
-            left = max(end - self.step, 0) * t_train
-            last = end // train_total if train_total else self.epoch + 1  # epochs complete by then
-        else:
-            if train_total is None:
-                return None
-            left = (self.max_epochs - self.epoch - 1) * train_total * t_train
-            if p.stage == "train" and p.total:
-                left += (p.total - p.batches) * t_train
-            last = self.max_epochs
-        if self.val_every and t_valid is not None and valid_total:
-            vals_left = Every(self.val_every).between(self.epoch, last)
-            if p.stage == "valid":
-                left += max(valid_total - p.batches, 0) * t_valid
-                vals_left -= 1
-            left += max(vals_left, 0) * valid_total * t_valid
-        return left
+        return timeline.eta(self.progress, self.step, self.epoch, self.max_epochs, self.steps_end(), self.val_every)
 
     def run_fraction(self) -> float:
         """How much of the run is done, from 0 to 1, in what ends it (steps or epochs)."""
         if self.finished and self.status == "completed":
             return 1.0
-        end = self.steps_end()
-        if end is not None:
-            return min(self.step / end, 1.0) if end > 0 else 1.0
-        p = self.progress
-        done = self.epoch + (min(p.batches, p.total) / p.total if p.total else 0)
-        return min(done / self.max_epochs, 1.0) if self.max_epochs > 0 else 1.0
+        return timeline.run_fraction(self.progress, self.step, self.epoch, self.max_epochs, self.steps_end())
 
     def state_word(self) -> str:
         """``running``, ``stopping``, or how the run ended; with ``mostly skipped`` when more
