@@ -39,9 +39,8 @@ class Stream:
             yield torch.full((4, 2), float(index)), torch.zeros(4, 1)
 
 
-def fit(data: Any, **options: Any) -> BaseException:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(2, 1)
+def stepping(model: torch.nn.Module) -> Any:
+    """A training step of ``model`` on ``(x, y)`` batches through optim."""
 
     def step(loop: hookfit.Run, batch: Any) -> torch.Tensor:
         loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
@@ -50,6 +49,14 @@ def fit(data: Any, **options: Any) -> BaseException:
         loop.optimizers.zero_grad()
         return loss
 
+    return step
+
+
+def fit(data: Any, **options: Any) -> BaseException:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+
+    step = stepping(model)
     loop = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                         max_epochs=2, plugins=[Optim(**options)])
     with pytest.raises(Exception) as caught:
@@ -119,13 +126,7 @@ def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() ->
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
 
-    def step(loop: hookfit.Run, batch: Any) -> torch.Tensor:
-        loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return loss
-
+    step = stepping(model)
     data = [(torch.ones(4, 2), torch.zeros(4, 1))] * 3
     loop = hookfit.Loop(step, data, model=model, optimizers=optimizer, max_epochs=1,
                         plugins=[Metrics(), Optim(schedulers=plateau, monitor="train/accuracy")])
