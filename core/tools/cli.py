@@ -108,7 +108,8 @@ def hooks_reference(markdown: bool = False) -> str:
     """Every event with its signature and documentation: the core's (:mod:`hookfit.hookspecs`),
     then, plugin by plugin, the events each discovered plugin declares (its ``hookspecs``,
     enabled or not), then the types the events carry: the run (``loop``), its state and the
-    payloads of :mod:`hookfit.payloads`."""
+    payloads of :mod:`hookfit.payloads`. As markdown (``core/hooks.md``) it opens with
+    ``core/loop.md``: the loop, one batch traced and the rules every event keeps."""
     import inspect
 
     from hookfit import discovery, hookspecs, payloads
@@ -119,9 +120,9 @@ def hooks_reference(markdown: bool = False) -> str:
     out = []
     if markdown:
         out += ["# hookfit events", "",
-                "Generated from `core/hookspecs.py`, the plugins' own `hookspecs` and "
+                "Generated from `core/loop.md`, `core/hookspecs.py`, the plugins' own `hookspecs` and "
                 "`core/payloads.py` by `hookfit hooks --markdown`; do not edit by hand.", "",
-                inspect.getdoc(hookspecs) or "", "", "# The core's events", ""]
+                _loop_document(), "", "# The core's events", ""]
     out += _events(hookspecs, markdown)
     if markdown:
         out += ["# The command line's event", "", inspect.getdoc(command_events) or "", ""]
@@ -152,6 +153,15 @@ def hooks_reference(markdown: bool = False) -> str:
         else:
             out += [f"{qualified}{signature}", textwrap.indent(doc, "    "), ""]
     return "\n".join(out)
+
+
+def _loop_document() -> str:
+    """``core/loop.md``, the reference's opening: the loop, one batch traced and the rules every
+    event keeps. Read from the installed package (package data), where ``hooks_reference``
+    runs."""
+    from importlib.resources import files
+
+    return files("hookfit").joinpath("loop.md").read_text(encoding="utf-8").rstrip("\n")
 
 
 def _events(specs: Any, markdown: bool) -> list[str]:

@@ -1,6 +1,7 @@
 """One training batch with the default plugins, traced as it runs: the functions of hookfit that
-run for it are exactly those core/hooks.md's opening section lists (file, line and name), in at
-most 8 files and 15 functions, so a newcomer who reads that list reads the code that runs."""
+run for it are exactly those core/loop.md lists (file, line and name; the opening of the
+generated core/hooks.md), in at most 8 files and 15 functions, so a newcomer who reads that list
+reads the code that runs."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ LISTED = re.compile(r"^\s+((?:core|plugins)/[\w/]+\.py):(\d+)\s+([\w.]+)", re.M)
 
 
 def documented() -> set[tuple[str, int, str]]:
-    """The functions the hooks reference's trace of one batch names."""
-    text = (ROOT / "core" / "hooks.md").read_text()
+    """The functions the hooks reference's trace of one batch names (core/loop.md, its source)."""
+    text = (ROOT / "core" / "loop.md").read_text()
     section = text.split("One training batch, traced", 1)[1].split("\n\n", 2)[1]  # the block after it
     return {(path, int(line), name) for path, line, name in LISTED.findall(section)}
 
@@ -81,7 +82,7 @@ def test_one_batch_runs_the_functions_the_reference_lists_and_no_others(
     assert [(path, name) for path, _, name in loop] == [("core/training.py", "run_stage")]
     (_, line, _), = loop
     assert (ROOT / "core" / "training.py").read_text().splitlines()[line - 1].startswith("def run_stage(")
-    assert running - listed == set(), "runs for a batch but the trace in core/hooks.md does not name it"
-    assert listed - loop - running == set(), "named by the trace in core/hooks.md but does not run for a batch"
+    assert running - listed == set(), "runs for a batch but the trace in core/loop.md does not name it"
+    assert listed - loop - running == set(), "named by the trace in core/loop.md but does not run for a batch"
     files = {path for path, _, _ in listed}
     assert len(files) <= 8 and len(listed) <= 15, (files, listed)
