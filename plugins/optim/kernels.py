@@ -121,9 +121,12 @@ def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
         delattr(optimizer, "grad_scale")
 
 
-def scaler_reads(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
-    """``scaler.step(optimizer)`` by the scaler's host read of ``found_inf``, not the kernel,
-    for a fused optimizer that a skip inside the kernel would leave invalid."""
+def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, keeps_state: Callable[[], bool]) -> None:
+    """``scaler.step(optimizer)``; for a fused optimizer that a skip inside its kernel would leave
+    invalid (``keeps_state()`` false), by the scaler's host read of ``found_inf`` instead."""
+    if not getattr(optimizer, "_step_supports_amp_scaling", False) or keeps_state():
+        scaler.step(optimizer)
+        return
     setattr(optimizer, "_step_supports_amp_scaling", False)
     try:
         scaler.step(optimizer)

@@ -78,13 +78,49 @@ class ManagedOptimizer:
         """The wrapped optimizer's parameter groups (learning rates live here)."""
         return self.optimizer.param_groups
 
-    def step(self) -> bool:
-        """Step now if this batch closes an accumulation window; whether it stepped (``False``
-        inside a window or skipped for a non-finite value)."""
-        if self._accumulates and not self._rules.window.closes(self._rules.loop):
+    def step(self, partial: bool = False) -> bool:
+        """Step now if this batch closes an accumulation window (``partial``: the stage's end steps
+        the open one); whether it stepped (``False`` inside a window or skipped for a non-finite value)."""
+        rules = self._rules
+        if self._accumulates and not partial and not rules.window.closes(rules.loop):
             self.window_open = True
             return False
-        return self._step()
+        self.window_open = False
+        deferred = rules.deferred
+        # the window's flag on the device (the device path), None on the host path
+        bad = deferred.flag_for(self) if deferred.bad is not None and not rules.policy.poisoned else None
+        if rules.policy.poisoned:  # a non-finite loss in this window: its gradients are incomplete
+            return self.skip("non-finite loss")
+        grad_bad = None
+        if rules.prepares:  # unscaling, clipping, gradient checks (a plain run has none)
+            prepared = self._prepare(bad)
+            if prepared is None:
+                return False
+            bad, grad_bad = prepared
+        loop, optimizer = rules.loop, self.optimizer
+        for call in rules.before_step:
+            call(loop, self.name, optimizer)
+        watch = rules.watch
+        watch.stepping = True  # optim's own step, for the watch on steps that bypass it
+        try:
+            if rules.scaler is not None:  # skips by itself on inf/NaN gradients (and on bad)
+                kernels.scaler_step(rules.scaler, optimizer, self.skip_keeps_state)
+                rules.scaler_used = True
+            elif bad is not None:  # the fused kernel skips the update where found_inf is set
+                kernels.step_on_flag(optimizer, bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype)))
+            else:
+                optimizer.step()
+        finally:
+            watch.stepping = False
+        if bad is not None:
+            deferred.stepped_on(self, bad, grad_bad)
+        self.steps += 1
+        self._stepped = True
+        for scheduler in self._per_step:
+            scheduler.step()
+        for call in rules.after_step:
+            call(loop, self.name, optimizer)
+        return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, unless they are accumulated for a later step: with accumulation only
@@ -97,7 +133,7 @@ class ManagedOptimizer:
     def flush(self) -> None:
         """At the training stage's end: step the open (partial) window, drop its gradients."""
         if self.window_open:
-            self._step()
+            self.step(partial=True)
             self.clear()
 
     def drop_window(self) -> None:
@@ -118,48 +154,6 @@ class ManagedOptimizer:
         """Drop the gradients now; the window starts afresh."""
         self.optimizer.zero_grad(set_to_none=True)
         self._stepped = False
-
-    def _step(self) -> bool:
-        rules = self._rules
-        self.window_open = False
-        deferred = rules.deferred
-        # the window's flag on the device (the device path), None on the host path
-        bad = deferred.flag_for(self) if deferred.bad is not None and not rules.policy.poisoned else None
-        if rules.policy.poisoned:  # a non-finite loss in this window: its gradients are incomplete
-            return self.skip("non-finite loss")
-        grad_bad = None
-        if rules.prepares:  # unscaling, clipping, gradient checks (a plain run has none)
-            prepared = self._prepare(bad)
-            if prepared is None:
-                return False
-            bad, grad_bad = prepared
-        loop, optimizer = rules.loop, self.optimizer
-        for call in rules.before_step:
-            call(loop, self.name, optimizer)
-        watch = rules.watch
-        watch.stepping = True  # optim's own step, for the watch on steps that bypass it
-        try:
-            if rules.scaler is not None:  # skips by itself on inf/NaN gradients (and on bad)
-                if getattr(optimizer, "_step_supports_amp_scaling", False) and not self.skip_keeps_state():
-                    kernels.scaler_reads(rules.scaler, optimizer)
-                else:
-                    rules.scaler.step(optimizer)
-                rules.scaler_used = True
-            elif bad is not None:  # the fused kernel skips the update where found_inf is set
-                kernels.step_on_flag(optimizer, bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype)))
-            else:
-                optimizer.step()
-        finally:
-            watch.stepping = False
-        if bad is not None:
-            deferred.stepped_on(self, bad, grad_bad)
-        self.steps += 1
-        self._stepped = True
-        for scheduler in self._per_step:
-            scheduler.step()
-        for call in rules.after_step:
-            call(loop, self.name, optimizer)
-        return True
 
     def _prepare(self, bad: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
         """The gradients made final: unscaled, checked, clipped. Returns the window's flag and
@@ -250,13 +244,11 @@ class ManagedOptimizer:
                     f"{len(group['params'])} parameter(s) in this run and {len(saved['params'])} in "
                     f"the checkpoint: build it with the same parameters as the run that saved it"
                 )
-        saved_schedulers = _saved_schedulers(state)
-        classes = state.get("scheduler_classes")
+        theirs = list(state["scheduler_classes"])
         mine_classes = [class_name(s) for s in self.schedulers]
-        if len(saved_schedulers) != len(self.schedulers) or (classes is not None and list(classes) != mine_classes):
-            theirs = _listed(classes) if classes is not None else f"{len(saved_schedulers)} scheduler(s)"
+        if theirs != mine_classes:
             raise ValueError(
-                f"optim: optimizer {self.name!r} has {_listed(mine_classes)} in this run and {theirs} in the "
+                f"optim: optimizer {self.name!r} has {_listed(mine_classes)} in this run and {_listed(theirs)} in the "
                 f"checkpoint (schedulers): give Optim(schedulers=...) the schedulers of the run that saved it "
                 f"(their states resume), or start afresh"
             )
@@ -265,7 +257,7 @@ class ManagedOptimizer:
         """Restore what :meth:`state_dict` returned, once :meth:`check_state` accepted it."""
         self.optimizer.load_state_dict(state["optimizer"])
         self._skips, self._primed = None, False  # its groups' kernels may have changed
-        for scheduler, saved in zip(self.schedulers, _saved_schedulers(state)):
+        for scheduler, saved in zip(self.schedulers, state["schedulers"]):
             scheduler.load_state_dict(saved)
         self.steps, self.skipped = state["steps"], state["skipped"]
 
@@ -275,13 +267,6 @@ def _listed(classes: Sequence[str]) -> str:
     if not classes:
         return "no scheduler"
     return f"the schedulers [{', '.join(c.rsplit('.', 1)[-1] for c in classes)}]"
-
-
-def _saved_schedulers(state: Mapping[str, Any]) -> list[Any]:
-    """The scheduler states of a saved optimizer state (a list, or one under ``"scheduler"``)."""
-    if "schedulers" in state:
-        return list(state["schedulers"])
-    return [] if state.get("scheduler") is None else [state["scheduler"]]
 
 
 NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...); pass the "

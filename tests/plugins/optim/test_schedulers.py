@@ -345,25 +345,3 @@ def test_resuming_with_other_schedulers_is_refused_naming_both(tmp_path) -> None
                                          r"\[StepLR\] in the checkpoint"):
         fit(lambda opt: lr_scheduler.ExponentialLR(opt, 0.5))
     assert fit(lambda opt: lr_scheduler.StepLR(opt, 1)).step == 12
-
-
-def test_a_state_saved_with_one_scheduler_under_the_old_key_loads() -> None:
-    m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    sched = lr_scheduler.StepLR(opt, 1, gamma=0.5)
-    plugin = Optim(schedulers=sched)
-    hookfit.Loop(train_step, TRAIN[:3], model=m, optimizers=opt, plugins=[plugin]).fit()
-    saved = plugin.state_dict()
-    entry = saved["optimizers"]["default"]
-    entry["scheduler"] = entry.pop("schedulers")[0]
-    del entry["scheduler_classes"]
-    fresh = lr_scheduler.StepLR(opt, 1, gamma=0.5)
-    loaded = Optim(schedulers=fresh)
-
-    class Resume:
-        @hookfit.hookimpl
-        def fit_start(self, loop):
-            loop.load_plugin_states({"optim": saved})
-
-    hookfit.Loop(lambda loop, b: None, [1], model=m, optimizers=opt, plugins=[loaded, Resume()]).fit()
-    assert fresh.last_epoch == 3
