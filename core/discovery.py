@@ -136,36 +136,53 @@ class _Found(NamedTuple):
     replaces: str | None  # the other distribution's plugin this one replaces on purpose
 
 
-def _replacements() -> set[tuple[str | None, str, str | None]]:
-    """``(distribution, plugin name, distribution replaced)`` for each ``hookfit.replaces``
-    entry point of the installed distributions."""
-    return {(_canonical(getattr(getattr(ep, "dist", None), "name", None)), ep.name, _canonical(ep.value.strip()))
-            for ep in metadata.entry_points(group=REPLACES)}
+class _Scan(NamedTuple):
+    plugins: tuple[_Found, ...]  # every hookfit entry point, shadowed ones too, replaces unset
+    replacements: frozenset[tuple[str | None, str, str | None]]  # (dist, plugin, dist replaced)
+
+
+@functools.lru_cache(maxsize=8)
+def _scan(path: tuple[str, ...]) -> _Scan:
+    """The entry points of both groups, each with its distribution's name and version, read once
+    per ``sys.path`` in one pass over the distributions, parsing each one's metadata once
+    (``ep.dist.name`` and ``.version`` parse it on every call, a millisecond for a long one)."""
+    named: dict[int, tuple[str | None, str | None]] = {}
+
+    def name_and_version(ep: metadata.EntryPoint) -> tuple[str | None, str | None]:
+        dist = getattr(ep, "dist", None)
+        if dist is None:
+            return None, None
+        if id(dist) not in named:  # the entry points of one distribution share its object
+            meta = dist.metadata
+            named[id(dist)] = meta["Name"], meta["Version"]
+        return named[id(dist)]
+
+    every = metadata.entry_points()
+    plugins = tuple(_Found(ep, *name_and_version(ep), None) for ep in every.select(group=GROUP))
+    replacements = frozenset((_canonical(name_and_version(ep)[0]), ep.name, _canonical(ep.value.strip()))
+                             for ep in every.select(group=REPLACES))
+    return _Scan(plugins, replacements)
 
 
 def _canonical(distribution: str | None) -> str | None:
-    """A distribution's name as packaging compares names: lower case, ``-`` for runs of
-    ``-``, ``_`` and ``.``."""
+    """A distribution's name as packaging compares names: lower case, ``-`` for runs of ``-_.``."""
     return None if distribution is None else re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 @functools.lru_cache(maxsize=8)
 def _discover(path: tuple[str, ...]) -> tuple[_Found, ...]:
-    """Entry points with their distribution's name and version and what they replace on
-    purpose, read once per ``sys.path`` (reading package metadata costs milliseconds; a run
-    should not pay it every ``fit()``)."""
-    intended = _replacements()
+    """The entry points that count, with what each replaces on purpose, once per ``sys.path``."""
+    scan = _scan(path)
     seen: dict[str, _Found] = {}
-    for ep in metadata.entry_points(group=GROUP):
-        dist = getattr(ep, "dist", None)
-        entry = _Found(ep, dist.name if dist else None, dist.version if dist else None, None)
+    for entry in scan.plugins:
+        ep = entry.ep
         first = seen.setdefault(ep.name, entry)
         if first is entry or first.distribution == entry.distribution:
             continue
         mine, theirs = _canonical(entry.distribution), _canonical(first.distribution)
-        if (mine, ep.name, theirs) in intended and first.replaces is None:
+        if (mine, ep.name, theirs) in scan.replacements and first.replaces is None:
             seen[ep.name] = entry._replace(replaces=f"{first.distribution} {first.version} ({first.ep.value})")
-        elif (theirs, ep.name, mine) in intended and first.replaces is None:
+        elif (theirs, ep.name, mine) in scan.replacements and first.replaces is None:
             seen[ep.name] = first._replace(replaces=f"{entry.distribution} {entry.version} ({ep.value})")
         else:
             used = seen[ep.name]
@@ -174,14 +191,13 @@ def _discover(path: tuple[str, ...]) -> tuple[_Found, ...]:
                 f"{used.distribution} ({used.ep.value}, used) and {entry.distribution} ({ep.value}, "
                 f"ignored); uninstall one, or, to replace the plugin on purpose, declare it in the "
                 f"replacing distribution's {REPLACES!r} entry points ({ep.name} = \"<distribution replaced>\")",
-                HookfitWarning,
-                stacklevel=4,
-            )
+                HookfitWarning, stacklevel=4)
     return tuple(seen[name] for name in sorted(seen))
 
 
 def refresh() -> None:
     """Forget what was discovered, after installing or removing a plugin in this process."""
+    _scan.cache_clear()
     _discover.cache_clear()
     _builtin.cache_clear()
     _packages.cache_clear()
@@ -240,8 +256,7 @@ def _builtin(path: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
 def builtin_entry_points() -> list[metadata.EntryPoint]:
     """The entry points of hookfit's own distribution (the built-in plugins), sorted by name,
     whether each is enabled, disabled or replaced by another distribution's of its name."""
-    return sorted((ep for ep in metadata.entry_points(group=GROUP)
-                   if getattr(getattr(ep, "dist", None), "name", None) == OWN), key=lambda e: e.name)
+    return sorted((f.ep for f in _scan(tuple(sys.path)).plugins if f.distribution == OWN), key=lambda e: e.name)
 
 
 def builtin_events() -> list[tuple[str, Any]]:
