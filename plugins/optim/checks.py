@@ -1,5 +1,5 @@
 """The non-finite check of a run's losses, one of :class:`HostCheck`, :class:`DeviceCheck` and
-:class:`NoCheck` chosen at ``configure``; :class:`Flags` makes the device path's flags."""
+:class:`NoCheck` chosen at ``configure``, and the device path's flags (README.md, "Non-finite values")."""
 
 from __future__ import annotations
 
@@ -31,9 +31,8 @@ class NoCheck:
 
 
 class HostCheck:
-    """The loss read on the host: on the CPU that is no synchronisation, and the cheapest
-    check. ``to_device`` (``defer=None``) is called instead for the first loss that is not on
-    the CPU, and chooses the device path for the rest of the run."""
+    """The loss read on the host; ``to_device`` (``defer=None``) is called instead for the first
+    loss that is not on the CPU, and chooses the device path for the rest of the run."""
 
     def __init__(self, policy: Policy, to_device: Callable[[Run, torch.Tensor], bool] | None) -> None:
         self._policy = policy
@@ -55,8 +54,7 @@ class HostCheck:
 
 
 class DeviceCheck:
-    """The device path: every loss is back-propagated and its finiteness folded into the
-    window's flag on the device (:class:`~hookfit.plugins.optim.nonfinite.Deferred`)."""
+    """The device path: every loss is back-propagated, its finiteness folded into its window's flag."""
 
     def __init__(self, deferred: Deferred) -> None:
         self._deferred = deferred
@@ -68,10 +66,7 @@ class DeviceCheck:
 
 class Flags:
     """The flags of the device path's windows: float32 zeros made ``SLOTS`` at once, each set by
-    one kernel at a window's first loss, torch's ``_amp_foreach_non_finite_check_and_unscale_``
-    (GradScaler's check: 1.0 where a value is not finite; the values times 1.0, an exact no-op,
-    through ``loss.data``, so autograd's version counter does not move). A loss that kernel
-    refuses (a DTensor, a dtype or device) gets :func:`loss_flag`'s two kernels."""
+    torch's ``_amp_foreach_non_finite_check_and_unscale_`` (or :func:`loss_flag` where it refuses)."""
 
     def __init__(self) -> None:
         self._slots: tuple[torch.Tensor, ...] = ()
@@ -84,7 +79,9 @@ class Flags:
         if type(loss) is torch.Tensor and self._works:
             for fresh in (self._next >= len(self._slots), True):  # then zeros on the loss's device
                 if fresh:
-                    self._make(loss.device)
+                    zeros = torch.zeros(SLOTS, device=loss.device)
+                    self._slots, self._next = zeros.unbind(), 0
+                    self._one = torch.ones((), device=loss.device)
                 slot = self._slots[self._next]
                 try:
                     torch._amp_foreach_non_finite_check_and_unscale_([loss.data], slot, self._one)
@@ -95,16 +92,9 @@ class Flags:
             self._works, self._slots = False, ()  # from now on, two kernels
         return loss_flag(loss)
 
-    def _make(self, device: torch.device) -> None:
-        zeros = torch.zeros(SLOTS, device=device)
-        self._slots, self._next = zeros.unbind(), 0
-        self._one = torch.ones((), device=device)
-
 
 def loss_flag(loss: torch.Tensor) -> torch.Tensor:
-    """A flag from ``loss`` on its device, as :meth:`Flags.check` makes: two kernels for a
-    float32 loss, ``x * 0 != 0`` (infinity and NaN times zero are NaN), where ``isfinite`` and a
-    negation take five (on an accelerator, a launch each)."""
+    """A flag from ``loss`` on its device, in two kernels for a float32 loss: ``x * 0 != 0``."""
     bad = loss.detach().mul(0).ne_(0)  # (ne_ keeps the loss's dtype: 1.0 where not finite)
     if bad.dim():
         bad = bad.amax()

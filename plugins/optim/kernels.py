@@ -1,18 +1,5 @@
-"""torch's kernels that skip a step on the device (they take ``found_inf``, ``GradScaler``'s
-contract with torch's ``fused=True`` optimizers), and optim's use of them on the device path:
-whether an optimizer has one, a step on a flag, a flag joined to a ``GradScaler``'s, and groups
-whose kernel was left to torch switched to the fused one where it is as robust. Switched:
-
-* Adam and AdamW: they make each parameter's state before the kernel runs, and take every
-  parameter type their other kernels do (DTensor included);
-* SGD on plain tensors of the run's model (no DTensor sharding rule) with no sparse gradient
-  (none of a module with ``sparse=True``; one outside the model cannot be told beforehand), and
-  with momentum only without dampening where every parameter requires a gradient: torch's
-  fused SGD makes its momentum buffers at its first step with ``empty_like`` (a step skipped
-  then would leave them uninitialised), so a switched group gets zero buffers, with which its
-  update is torch's first step exactly (``momentum * 0 + grad``);
-* Adagrad and the others are left as they are.
-"""
+"""torch's kernels that skip a step on the device (they take ``found_inf``), and optim's use of
+them on the device path (README.md, "torch's kernels that skip a step on the device")."""
 
 from __future__ import annotations
 
@@ -32,15 +19,12 @@ try:  # torch's rule (params, differentiable, use_fused): whether its fused kern
 except ImportError:  # pragma: no cover - a torch without it: no optimizer is switched
     _default_to_fused_or_foreach = None
 
-FUSED_CLASSES = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
-"""torch's optimizers that have a fused kernel (in torch 2.13)."""
-SWITCHED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)  # (see the module docstring)
+FUSED_CLASSES = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)  # (in torch 2.13)
+SWITCHED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)  # switched to their fused kernel by fuse()
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step()`` honours ``found_inf`` in every parameter group: for torch's
-    optimizers with a fused kernel, every group is fused (torch's ``_step_supports_amp_scaling``
-    is kept so, for ``GradScaler``); for another class, that flag as it set it."""
+    """Whether ``optimizer.step()`` honours ``found_inf`` in every parameter group (README.md)."""
     if type(optimizer) not in FUSED_CLASSES:
         return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
     fused = all(group.get("fused") for group in optimizer.param_groups)
@@ -50,9 +34,8 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
-    """Switch every group of ``optimizer`` that can take it to torch's fused kernel, as if built
-    with ``fused=True`` (``step`` counters moved to the parameter's device, SGD's momentum
-    buffers made); ``model`` holds the modules whose ``sparse=True`` rules SGD out."""
+    """Switch every group of ``optimizer`` that can take it to torch's fused kernel, as if built with
+    ``fused=True``; ``model`` holds the modules whose ``sparse=True`` rules SGD out."""
     if _default_to_fused_or_foreach is None or type(optimizer) not in SWITCHED:
         return
     dense = _dense_parameters(model) if type(optimizer) is torch.optim.SGD else set()
@@ -70,9 +53,7 @@ def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
 
 
 def skip_keeps_state(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether a step skipped inside the kernel now leaves ``optimizer`` a valid state: torch's
-    Adam, AdamW and Adagrad always, SGD once every parameter with a gradient has its momentum
-    buffer, another class once it has any state."""
+    """Whether a step skipped inside the kernel now leaves ``optimizer`` a valid state (README.md)."""
     kind = type(optimizer)
     if kind in (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad):
         return True
@@ -86,8 +67,7 @@ def skip_keeps_state(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], dense: set[int]) -> bool:
-    """Whether ``group`` may be switched (the module docstring; ``dense``: the ids of the
-    model's parameters without sparse gradients)."""
+    """Whether ``group`` may be switched (``dense``: the ids of the model's parameters without sparse gradients)."""
     if group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable"):
         return False
     params = group["params"]
@@ -110,8 +90,7 @@ def _dense_parameters(model: Any) -> set[int]:
 
 
 def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
-    """Step ``optimizer``'s fused kernel with ``flag`` (a float32 1.0 or 0.0 on the device) as
-    its ``found_inf``: at 1.0 it leaves parameters and state as they are."""
+    """Step ``optimizer``'s fused kernel with ``flag`` (float32 1.0: skip, or 0.0) as its ``found_inf``."""
     setattr(optimizer, "found_inf", flag)
     setattr(optimizer, "grad_scale", None)
     try:
@@ -121,7 +100,8 @@ def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
         delattr(optimizer, "grad_scale")
 
 
-def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, keeps_state: Callable[[], bool]) -> None:
+def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
+                keeps_state: Callable[[], bool]) -> None:
     """``scaler.step(optimizer)``; for a fused optimizer that a skip inside its kernel would leave
     invalid (``keeps_state()`` false), by the scaler's host read of ``found_inf`` instead."""
     if not getattr(optimizer, "_step_supports_amp_scaling", False) or keeps_state():
@@ -135,9 +115,8 @@ def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, 
 
 
 def into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
-    """Add the window's flag to what ``scaler`` found at ``unscale_``, so that ``scaler.step``
-    skips (the scale backs off, as for an overflow); ``False`` where the scaler keeps no such
-    record (its layout is torch's, not public API): the caller then reads the flag itself."""
+    """Add the window's flag to what ``scaler`` found at ``unscale_``, so that ``scaler.step`` skips (the
+    scale backs off); ``False`` where the scaler keeps no such record: the caller reads the flag itself."""
     record = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
     found = record.get("found_inf_per_device", {}).get(bad.device)
     if not isinstance(found, torch.Tensor):

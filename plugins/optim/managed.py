@@ -1,6 +1,5 @@
-"""The objects the step function drives: ``loop.optimizers`` (:class:`Optimizers`), each of its
-:class:`ManagedOptimizer` entries, and :class:`UnknownOptimizer` for a name the run lacks. A
-step obeys the run's :class:`Rules`, which ``Optim`` builds at ``configure`` from its parts."""
+"""What the step function drives: ``loop.optimizers`` (:class:`Optimizers`) of :class:`ManagedOptimizer`,
+each stepped under the run's :class:`Rules`, which ``Optim`` builds at ``configure`` from its parts."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ if TYPE_CHECKING:
 
 def class_name(optimizer: Any) -> str:
     """The optimizer's class as recorded in checkpoints: ``torch.optim.adam.Adam``."""
-    cls = type(optimizer)
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
 
 
 class UnknownOptimizer(KeyError):
@@ -123,9 +121,7 @@ class ManagedOptimizer:
         return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients, unless they are accumulated for a later step: with accumulation only
-        the first call after a step clears, so calling it before ``backward`` or after
-        ``step()`` works alike."""
+        """Clear gradients, unless they are accumulated for a later step (README.md, "The accumulation window")."""
         if self._stepped or not self._accumulates:
             self.optimizer.zero_grad(set_to_none=set_to_none)
             self._stepped = False
@@ -151,14 +147,13 @@ class ManagedOptimizer:
         return False
 
     def clear(self) -> None:
-        """Drop the gradients now; the window starts afresh."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self._stepped = False
+        """Drop the gradients now, as :meth:`zero_grad` after a step; the window starts afresh."""
+        self._stepped = True
+        self.zero_grad()
 
     def _prepare(self, bad: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
-        """The gradients made final: unscaled, checked, clipped. Returns the window's flag and
-        the gradients' own flag on the device (where the step skips on the device, ``bad``
-        set; on the host they are read), or ``None``: the step was skipped."""
+        """The gradients made final: unscaled, checked, clipped. Returns the window's flag and the
+        gradients' own flag on the device (``bad`` set; on the host they are read), or ``None``: skipped."""
         rules, optimizer, scaler = self._rules, self.optimizer, self._rules.scaler
         if scaler is not None:
             scaler.unscale_(optimizer)
@@ -189,10 +184,8 @@ class ManagedOptimizer:
         return bad, grad_bad
 
     def skips_on_device(self) -> bool:
-        """Whether a step skipped inside its kernel (``found_inf``) leaves it a valid state
-        (:mod:`kernels`). Decided at its first step on the device path (after switching its
-        groups to torch's fused kernel, unless ``Optim(fuse=False)``), again when its parameter
-        groups changed or a state was loaded."""
+        """Whether its kernel skips on ``found_inf`` and a skip leaves it a valid state (README.md,
+        "torch's kernels that skip a step on the device")."""
         optimizer = self.optimizer
         if self._skips is None or len(optimizer.param_groups) != self._groups:
             if self._rules.fuse:
@@ -219,39 +212,28 @@ class ManagedOptimizer:
         }
 
     def check_state(self, state: Mapping[str, Any]) -> None:
-        """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit
-        it: another optimizer class (it would load without a word and train wrongly), other
-        parameter groups, or other schedulers (a resumed run would step another schedule)."""
+        """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit it
+        (README.md, "Checkpoints")."""
         saved_class, here = state.get("class"), class_name(self.optimizer)
         if saved_class is not None and saved_class != here:
-            raise ValueError(
-                f"optim: optimizer {self.name!r} was a {saved_class} in the checkpoint and is a "
-                f"{here} in this run: its state cannot be loaded into another type of optimizer; "
-                f"build the run with a {saved_class}, or start it afresh"
-            )
-        groups = state["optimizer"].get("param_groups", [])
-        mine = self.optimizer.param_groups
+            raise ValueError(f"optim: optimizer {self.name!r} was a {saved_class} in the checkpoint and is a {here} "
+                             f"in this run: its state cannot be loaded into another type of optimizer; build the run "
+                             f"with a {saved_class}, or start it afresh")
+        groups, mine = state["optimizer"].get("param_groups", []), self.optimizer.param_groups
         if len(groups) != len(mine):
-            raise ValueError(
-                f"optim: optimizer {self.name!r} ({here}) has {len(mine)} parameter group(s) in this "
-                f"run and {len(groups)} in the checkpoint: build it with the same parameter groups "
-                f"as the run that saved it"
-            )
+            raise ValueError(f"optim: optimizer {self.name!r} ({here}) has {len(mine)} parameter group(s) in this "
+                             f"run and {len(groups)} in the checkpoint: build it with the same parameter groups as "
+                             f"the run that saved it")
         for index, (saved, group) in enumerate(zip(groups, mine)):
             if len(saved["params"]) != len(group["params"]):
-                raise ValueError(
-                    f"optim: parameter group {index} of optimizer {self.name!r} ({here}) has "
-                    f"{len(group['params'])} parameter(s) in this run and {len(saved['params'])} in "
-                    f"the checkpoint: build it with the same parameters as the run that saved it"
-                )
-        theirs = list(state["scheduler_classes"])
-        mine_classes = [class_name(s) for s in self.schedulers]
-        if theirs != mine_classes:
-            raise ValueError(
-                f"optim: optimizer {self.name!r} has {_listed(mine_classes)} in this run and {_listed(theirs)} in the "
-                f"checkpoint (schedulers): give Optim(schedulers=...) the schedulers of the run that saved it "
-                f"(their states resume), or start afresh"
-            )
+                raise ValueError(f"optim: parameter group {index} of optimizer {self.name!r} ({here}) has "
+                                 f"{len(group['params'])} parameter(s) in this run and {len(saved['params'])} in "
+                                 f"the checkpoint: build it with the same parameters as the run that saved it")
+        theirs, ours = list(state["scheduler_classes"]), [class_name(s) for s in self.schedulers]
+        if theirs != ours:
+            raise ValueError(f"optim: optimizer {self.name!r} has {_listed(ours)} in this run and {_listed(theirs)} "
+                             f"in the checkpoint (schedulers): give Optim(schedulers=...) the schedulers of the run "
+                             f"that saved it (their states resume), or start afresh")
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned, once :meth:`check_state` accepted it."""
@@ -264,9 +246,7 @@ class ManagedOptimizer:
 
 def _listed(classes: Sequence[str]) -> str:
     """Scheduler classes as errors name them: ``the schedulers [StepLR, LinearLR]``."""
-    if not classes:
-        return "no scheduler"
-    return f"the schedulers [{', '.join(c.rsplit('.', 1)[-1] for c in classes)}]"
+    return f"the schedulers [{', '.join(c.rsplit('.', 1)[-1] for c in classes)}]" if classes else "no scheduler"
 
 
 NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...); pass the "
@@ -288,12 +268,9 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         try:
             return self._managed[name]
         except KeyError:
-            if not self._managed:
-                raise UnknownOptimizer(f"unknown optimizer {name!r}: {NONE_GIVEN}") from None
-            raise UnknownOptimizer(
-                f"unknown optimizer {name!r}; this run's optimizers are: "
-                f"{', '.join(map(repr, self._managed))}"
-            ) from None
+            raise UnknownOptimizer(f"unknown optimizer {name!r}; this run's optimizers are: "
+                                   f"{', '.join(map(repr, self._managed))}" if self._managed
+                                   else f"unknown optimizer {name!r}: {NONE_GIVEN}") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._managed)
@@ -324,26 +301,21 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
-        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block
-        (:mod:`hookfit.plugins.optim.toggles`); their ``requires_grad`` is restored after it."""
+        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block; their
+        ``requires_grad`` is restored after it (README.md, "Toggles")."""
         active = self[name]
         own = {id(p) for p in active.params}
         # by optimizer, those requiring a gradient now (one frozen already is left, and stays so)
-        frozen = {
-            other.name: [p for p in other.params if id(p) not in own and p.requires_grad]
-            for other in self._managed.values() if other is not active
-        }
+        frozen = {other.name: [p for p in other.params if id(p) not in own and p.requires_grad]
+                  for other in self._managed.values() if other is not active}
         now = stamp(self._loop)  # this batch's toggles, the latest of each name
         self.toggled = [t for t in self.toggled if t.at == now and t.name != name]
         self.toggled.append(Toggled(name, {n: ps for n, ps in frozen.items() if ps}, now))
-        _require_grad(frozen, False)
+        params = [p for ps in frozen.values() for p in ps]
+        for p in params:
+            p.requires_grad_(False)
         try:
             yield active
         finally:
-            _require_grad(frozen, True)
-
-
-def _require_grad(frozen: Mapping[str, list[torch.Tensor]], on: bool) -> None:
-    for params in frozen.values():
-        for p in params:
-            p.requires_grad_(on)
+            for p in params:
+                p.requires_grad_(True)

@@ -1,17 +1,5 @@
-"""optim's non-finite policy (:class:`Policy`) and its device path (:class:`Deferred`).
-
-A non-finite loss poisons its accumulation window, whose steps are skipped or fail the run
-(``nonfinite``); a step whose gradients are non-finite is skipped alone.
-
-The device path never waits for the device: every loss is back-propagated and its finiteness
-folded into its window's flag on the device. An optimizer whose kernel takes ``found_inf``
-(:mod:`~hookfit.plugins.optim.kernels`) skips on the flag, a ``GradScaler`` adds it to its own;
-any other reads it at its step and skips as on the CPU. Flags are read later, in one transfer:
-every ``READ_EVERY`` windows, at the training stage's end, for a checkpoint, at the run's end.
-Until then a step skipped on the device looks real (``step()`` returned ``True``, the events
-fired, a per-step scheduler stepped); the read counts it as skipped and warns, or under
-``"raise"`` raises, naming the batch. A checkpoint's read keeps that error for optim's next
-step or read, so the save is whole; a run that did not complete warns instead."""
+"""optim's non-finite policy (:class:`Policy`) and its device path (:class:`Deferred`): README.md,
+"Non-finite values"."""
 
 from __future__ import annotations
 
@@ -52,10 +40,8 @@ class Policy:
 
     def __init__(self, mode: Literal["skip", "raise"] | None, on_poison: Callable[[], None]) -> None:
         self.mode = mode
-        self.poisoned = False
-        """A non-finite loss in the current window: its steps are skipped."""
-        self.first_skip: str | None = None
-        """Where the run's first skip was (``results``)."""
+        self.poisoned = False  # a non-finite loss in the current window: its steps are skipped
+        self.first_skip: str | None = None  # where the run's first skip was (results)
         self._on_poison = on_poison  # called when poisoned changes
         self.loop: Run | None = None
 
@@ -85,8 +71,7 @@ class Policy:
         self.count(managed, where)
 
     def count(self, managed: ManagedOptimizer, where: str) -> None:
-        """Count a skipped step of ``managed``; warn about the run's first; tell the plugins
-        that listen (``step_skipped``)."""
+        """Count a skipped step of ``managed``; warn about the run's first; fire ``step_skipped``."""
         managed.skipped += 1
         loop = self.loop
         assert loop is not None  # skips are counted during the run
@@ -94,12 +79,8 @@ class Policy:
             call(loop, managed.name, where, loop.state.step)
         if self.first_skip is None:
             self.first_skip = where
-            warnings.warn(
-                f"optim: skipped the step of optimizer {managed.name!r}: {where}; further skips "
-                f"are counted and reported at the end of the run",
-                OptimWarning,
-                stacklevel=4,
-            )
+            warnings.warn(f"optim: skipped the step of optimizer {managed.name!r}: {where}; further skips "
+                          f"are counted and reported at the end of the run", OptimWarning, stacklevel=4)
 
 
 class Deferred:
@@ -109,8 +90,8 @@ class Deferred:
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
         self.bad: torch.Tensor | None = None
-        """The open window's flag: 1.0 once a loss in it was not finite (``None``: no loss
-        checked on the device in it)."""
+        """The open window's flag: 1.0 once a loss in it was not finite (``None``: no loss checked
+        on the device in it)."""
         self._where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
         self._at = -1  # the global step of the flag's last loss
         self._stepped: Stepped = []
@@ -132,7 +113,7 @@ class Deferred:
 
     def fold(self, loop: Run, loss: torch.Tensor) -> None:
         """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""
-        if self._due is not None:
+        if self._due is not None:  # (tested here: a call fewer a loss)
             self.raise_due()
         state = loop.state
         if self.bad is not None and self._size == 1 and state.step != self._at:
@@ -147,23 +128,20 @@ class Deferred:
         self._at = state.step
 
     def flag_for(self, managed: ManagedOptimizer) -> torch.Tensor | None:
-        """The flag ``managed``'s step skips on (that of the window its gradients are from: a
-        step before its batch's backward steps on the window before), or ``None``: no flag,
-        or one read on the host now because ``managed`` cannot skip on the device (a
-        non-finite window is then poisoned, as on the CPU path)."""
-        if self._due is not None:
+        """The flag ``managed``'s step skips on (that of the window its gradients are from), or
+        ``None``: no flag, or one read on the host now because ``managed`` cannot skip on the
+        device (a non-finite window is then poisoned, as on the CPU path)."""
+        if self._due is not None:  # (tested here: a call fewer a step)
             self.raise_due()
-        bad = self.bad
-        if bad is None:
+        if self.bad is None:
             return None
         if managed.skips_on_device() or self._scaled:  # (the kernel decided first: it may be fused)
-            return bad
+            return self.bad
         self.read_flag()
         return None
 
     def read_flag(self) -> bool:
-        """Read the window's flag now, with every flag kept (as any read); a non-finite window is
-        poisoned."""
+        """Read the window's flag now, with every flag kept; a non-finite window is poisoned."""
         self.close(bounded=False)
         if not self.read()[-1]:
             return False
@@ -171,8 +149,7 @@ class Deferred:
         return True
 
     def stepped_on(self, managed: ManagedOptimizer, bad: torch.Tensor, grad_bad: torch.Tensor | None) -> None:
-        """``managed`` stepped on ``bad`` (and its gradients' flag): counted at the next read
-        if either was set."""
+        """``managed`` stepped on ``bad`` (and its gradients' flag): counted at the next read if either was set."""
         self._stepped.append((managed, bad, grad_bad))
 
     def window_bad(self) -> bool:
@@ -180,8 +157,8 @@ class Deferred:
         return self.bad is not None and bool(self.bad)
 
     def close(self, bounded: bool = True) -> None:
-        """The window's flag is kept, unread, with the steps that skipped on the device; at
-        most ``READ_EVERY`` of them (``bounded``), then they are read."""
+        """The window's flag is kept, unread, with the steps that skipped on the device; at most
+        ``READ_EVERY`` of them (``bounded``), then they are read."""
         if self.bad is not None:
             self._pending.append((self.bad, self._where, self._stepped))
             self.bad, self._stepped = None, []
@@ -189,8 +166,8 @@ class Deferred:
                 self.read()
 
     def finish(self, final: bool) -> None:
-        """The run's last read, the open window's too; an error under ``"raise"`` is warned
-        about instead where the run did not complete (``final``)."""
+        """The run's last read, the open window's too; an error under ``"raise"`` is warned about
+        instead where the run did not complete (``final``)."""
         self.close(bounded=False)
         if self._due is not None and final:
             warnings.warn(f"{self._due}, found at the end of the run", OptimWarning, stacklevel=3)
@@ -200,22 +177,17 @@ class Deferred:
 
     def read(self, final: bool = False, hold: bool = False) -> list[bool]:
         """Read the flags kept, in one transfer: count each step skipped on the device; return
-        whether each window had a non-finite loss. Under ``"raise"`` the first non-finite value
-        is raised once all are counted; ``hold`` keeps it for the next step or read (a
-        checkpoint), ``final`` (a run that did not complete) warns instead."""
+        whether each window had a non-finite loss. Under ``"raise"`` the first non-finite value is
+        raised once all are counted; ``hold`` keeps it for the next step or read (a checkpoint),
+        ``final`` (a run that did not complete) warns instead."""
         pending, self._pending = self._pending, []
         if not pending:
             return []
         device = pending[0][0].device
-        tensors = []
-        for flag, _, stepped in pending:
-            tensors.append(flag.to(device))
-            for _, loss, grad in stepped:
-                tensors.append(loss.to(device))
-                if grad is not None:
-                    tensors.append(grad.to(device))
+        tensors = [t.to(device) for flag, _, stepped in pending
+                   for t in (flag, *(x for _, loss, grad in stepped for x in (loss, grad) if x is not None))]
         values = iter(torch.stack(tensors).tolist())
-        policy = self._policy
+        policy, raising = self._policy, self._policy.mode == "raise"
         assert policy.loop is not None  # flags are kept and read during the run only
         read = f"read on the host at {at(policy.loop)}"
         windows, error = [], None
@@ -225,28 +197,22 @@ class Deferred:
             loss_where = f"non-finite loss at epoch {epoch}, {_batches(first, last)}"
             skips = []
             for managed, _, grad in stepped:
-                loss_bad = bool(next(values))
-                grad_bad = bool(next(values)) if grad is not None else False
-                if loss_bad:
-                    skips.append((managed, loss_where))
-                elif grad_bad:
-                    skips.append((managed, f"non-finite gradient at epoch {epoch}, batch {last}"))
+                loss_bad, grad_bad = bool(next(values)), grad is not None and bool(next(values))
+                if loss_bad or grad_bad:
+                    grad_where = f"non-finite gradient at epoch {epoch}, batch {last}"
+                    skips.append((managed, loss_where if loss_bad else grad_where))
             for managed, where in skips:
                 managed.steps -= 1
-                if policy.mode == "raise" and not final:  # counted (the error names it)
+                if raising and not final:  # counted (the error names it)
                     managed.skipped += 1
                     policy.first_skip = policy.first_skip or f"{where} (skipped on the device; {read})"
                 else:
                     policy.count(managed, f"{where} (skipped on the device; {read})")
-            if policy.mode == "raise" and (bad or skips):
-                if final:
-                    if not skips:
-                        warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})",
-                                      OptimWarning, stacklevel=3)
-                elif error is None:
-                    where = loss_where if bad else skips[0][1]
-                    were = ("its steps were " if bad else "its step was ") + "skipped on the device; " if skips else ""
-                    error = FloatingPointError(f"optim: {where} ({were}{read})")
+            if raising and final and bad and not skips:
+                warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})", OptimWarning, stacklevel=3)
+            elif raising and not final and (bad or skips) and error is None:
+                were = ("its steps were " if bad else "its step was ") + "skipped on the device; " if skips else ""
+                error = FloatingPointError(f"optim: {loss_where if bad else skips[0][1]} ({were}{read})")
         if error is not None:
             self._due = self._due or error
             if not hold:

@@ -1,8 +1,5 @@
-"""The ``Optim`` plugin: its options and events, mixed precision and checkpoints. It is built
-from parts that own their state: the accumulation window (:mod:`.windows`), the non-finite
-policy and its device path (:mod:`.nonfinite`), the check of the run's losses (:mod:`.checks`),
-the watch for steps that bypass it (:mod:`.watch`) and the schedules (:mod:`.schedulers`);
-``configure`` gathers them into the :class:`~.managed.Rules` each managed optimizer steps by."""
+"""The ``Optim`` plugin: its options and events, mixed precision and checkpoints, built from parts
+that own their state (README.md)."""
 
 from __future__ import annotations
 
@@ -32,8 +29,7 @@ __all__ = ["Optim", "OptimWarning"]
 
 class Optim:
     """Manual optimizer stepping with accumulation, clipping, mixed precision, schedulers and a
-    non-finite policy; its options are described in :mod:`hookfit.plugins.optim`, its parts in
-    the modules this one names."""
+    non-finite policy; its options are described in :mod:`hookfit.plugins.optim`."""
 
     name = "optim"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
@@ -95,15 +91,13 @@ class Optim:
 
     @hookimpl
     def configure(self, loop: Run) -> None:
-        # loop.optimizers is replaced here, not at fit_start, so that every plugin sees the
-        # managed optimizers from fit_start on, whatever the order (the spec says so)
-        self.loop = loop
+        self.loop = loop  # loop.optimizers replaced here: every plugin sees them from fit_start on
         optimizers = _named(loop.optimizers)
         for name, opt in optimizers.items():
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optim: optimizer {name!r} is a {type(opt).__name__}, not a torch.optim.Optimizer")
         schedulers = self._schedules.assign(loop, optimizers)  # each optimizer's, checked (none in a validation)
-        device = _device_type(loop.model)  # None: the model has no parameter
+        device = next((p.device.type for root in modules(loop.model) for p in root.parameters()), None)
         guess = "cuda" if torch.cuda.is_available() else "cpu"
         self._autocast = None
         if self.precision != "32":
@@ -127,20 +121,16 @@ class Optim:
         self._after_backward = hooks.handlers("after_backward")
         checks_grads = self.nonfinite is not None and self.scaler is None and (
             self.check_grads or self.clip_norm is not None)
-        rules = Rules(
+        rules = self._rules = Rules(
             loop, self._window, self._policy, self._deferred, self._watch, scaler=self.scaler,
             clip_norm=self.clip_norm, clip_value=self.clip_value, check_grads=checks_grads, fuse=self.fuse,
             prepares=self.scaler is not None or checks_grads or self.clip_norm is not None
             or self.clip_value is not None, before_step=hooks.handlers("before_optimizer_step"),
             after_step=hooks.handlers("after_optimizer_step"))
-        self._rules = rules
-        self.optimizers = Optimizers({
+        self.optimizers = loop.optimizers = Optimizers({
             n: ManagedOptimizer(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
             for n, o in optimizers.items()}, loop)
-        loop.optimizers = self.optimizers
-        why = []
-        if self.accumulate > 1:
-            why.append(f"accumulate={self.accumulate} (each loss must be divided by the window)")
+        why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []
         if self.scaler is not None:
             why.append("loss scaling (precision='16-mixed' or amp: the loss must be scaled)")
         self._watch.start(loop, self.optimizers, why)
@@ -250,29 +240,22 @@ class Optim:
 
     @hookimpl
     def results(self, loop: Run) -> dict[str, Any] | None:
-        """``skipped_steps`` (for non-finite values, over the whole run) and ``first_skip`` (where
-        the run's first was, a resumed run's state included, or ``None``); nothing in a run that
-        does not train."""
-        if self._skipped_total is None:
-            return None
-        return {"skipped_steps": self._skipped_total, "first_skip": self._policy.first_skip}
+        """``skipped_steps`` (for non-finite values, over the whole run) and ``first_skip`` (where the run's
+        first was, a resumed run's state included, or ``None``); nothing in a run that does not train."""
+        total = self._skipped_total
+        return None if total is None else {"skipped_steps": total, "first_skip": self._policy.first_skip}
 
     @hookimpl
     def fit_end(self, loop: Run) -> None:
-        """The last read of the device's flags, the run's total of skipped steps; the watch
-        ends whatever happened."""
+        """The last read of the device's flags, the run's total of skipped steps; the watch ends whatever happened."""
         self._skipped_total = None
         try:
             if self.optimizers is not None:
                 self._deferred.finish(final=loop.state.status != "completed")
                 skipped = self._skipped_total = sum(m.skipped for m in self.optimizers.values())
                 if skipped > 1:
-                    warnings.warn(
-                        f"optim: {skipped} optimizer steps were skipped in this run because of "
-                        f"non-finite values (first: {self._policy.first_skip})",
-                        OptimWarning,
-                        stacklevel=2,
-                    )
+                    warnings.warn(f"optim: {skipped} optimizer steps were skipped in this run because of non-finite "
+                                  f"values (first: {self._policy.first_skip})", OptimWarning, stacklevel=2)
         finally:
             self._watch.release()
             self.loop = None
@@ -289,8 +272,7 @@ class Optim:
         return step_under_autocast
 
     def state_dict(self) -> dict[str, Any]:
-        """What ``save_state`` stores (the optimizer role's contract); inside an open window
-        also the gradients accumulated so far."""
+        """What ``save_state`` stores (README.md, "Checkpoints")."""
         assert self.optimizers is not None
         loop, deferred = self.loop, self._deferred  # (loop None after the run, when no flag is open)
         if deferred.bad is not None and (
@@ -299,21 +281,18 @@ class Optim:
         deferred.read(hold=True)  # the counters as they are (an error is raised at optim's next step or read)
         window_open = self.accumulate > 1 and any(m.window_open for m in self.optimizers.values())
         poisoned = self._policy.poisoned or (window_open and deferred.window_bad())
+        managed = self.optimizers.items()
         return {
-            "optimizers": {n: m.state_dict() for n, m in self.optimizers.items()},
+            "optimizers": {n: m.state_dict() for n, m in managed},
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "window": {
-                "poisoned": poisoned,
-                "deferred": [n for n, m in self.optimizers.items() if m.window_open],
-                "grads": {n: [None if p.grad is None else p.grad.detach().clone() for p in m.params]
-                          for n, m in self.optimizers.items()},
-            } if window_open else None,
+            "window": {"deferred": [n for n, m in managed if m.window_open],
+                       "grads": {n: [None if p.grad is None else p.grad.detach().clone() for p in m.params]
+                                 for n, m in managed}} if window_open else None,
             "nonfinite": {"poisoned": poisoned, "first_skip": self._policy.first_skip},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned, refused before anything is restored when it
-        does not fit this run's optimizers."""
+        """Restore what :meth:`state_dict` returned, refused before anything is restored when it does not fit."""
         assert self.optimizers is not None
         saved, here = set(state["optimizers"]), set(self.optimizers)
         if saved != here:
@@ -322,15 +301,12 @@ class Optim:
             managed.check_state(state["optimizers"][name])
         for name, managed in self.optimizers.items():
             managed.load_state_dict(state["optimizers"][name])
-        if self.scaler is not None and state.get("scaler") is not None:
+        if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         self._deferred.discard()  # the flags of losses the restored state comes before
-        if (nonfinite := state.get("nonfinite")) is not None:
-            self._policy.poison(nonfinite["poisoned"])
-            self._policy.first_skip = nonfinite["first_skip"]
-        window = state.get("window")
-        if window is not None:
-            self._policy.poison(window["poisoned"])
+        self._policy.poison(state["nonfinite"]["poisoned"])
+        self._policy.first_skip = state["nonfinite"]["first_skip"]
+        if (window := state["window"]) is not None:
             for name, managed in self.optimizers.items():
                 managed.window_open = name in window["deferred"]
                 for p, grad in zip(managed.params, window["grads"][name]):
@@ -348,14 +324,6 @@ class Optim:
 
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
-
-
-def _device_type(model: Any) -> str | None:
-    """Where the model computes (``"cuda"``, ``"cpu"``...): its first parameter's device."""
-    for root in modules(model):
-        for parameter in root.parameters():
-            return parameter.device.type
-    return None
 
 
 def _named(value: Any) -> dict[str, Any]:

@@ -1,23 +1,6 @@
-"""optim's learning-rate schedulers (:class:`Schedules`).
-
-``Optim(schedulers=...)`` takes one scheduler (a chain too: torch's ``ChainedScheduler``,
-``SequentialLR``), a list of them, stepped in the order given (``[warmup, cosine]``), or a dict
-of optimizer name -> scheduler or list. Each drives the optimizer it was built on.
-
-When each steps (``scheduler_interval``): ``None`` (default), a ``ReduceLROnPlateau`` on
-``monitor`` and every other scheduler after each real step of its optimizer (not a call inside
-an accumulation window, nor a skipped one); ``"step"``, every scheduler after each real step (a
-``ReduceLROnPlateau`` there is an error); ``"epoch"``, every scheduler but a
-``ReduceLROnPlateau`` at each epoch's end, after the validation.
-
-``monitor="<stage>/<metric>"`` (``"valid/loss"``, ``"valid/<set>/<metric>"``) is the epoch mean
-a ``ReduceLROnPlateau`` steps on, from the ``epoch_metrics`` snapshot the metrics plugin
-publishes once that stage is complete; a stage cut short (a stop, ``max_steps``) steps nothing,
-and the resumed run steps when it completes it.
-
-Errors name optim and the option, as soon as they can be told: when ``Optim`` is built, when
-the run starts, at an epoch's end. A run that does not train (``Loop.validate()``) steps none.
-"""
+"""optim's learning-rate schedulers (:class:`Schedules`): what ``schedulers``, ``scheduler_interval``
+and ``monitor`` take, checked as soon as each can be told, and when each scheduler steps (README.md,
+"Schedulers")."""
 
 from __future__ import annotations
 
@@ -46,39 +29,32 @@ class Given(NamedTuple):
     name: str | None
     scheduler: Any
 
+    @property
+    def where(self) -> str:
+        """The option as errors name it: ``schedulers`` or ``schedulers['g']``."""
+        return "schedulers" if self.name is None else f"schedulers[{self.name!r}]"
+
 
 def describe(scheduler: Any) -> str:
     """A scheduler as errors name it: its class."""
     return type(scheduler).__name__
 
 
-def _is_scheduler(value: Any) -> bool:
-    """Built on a torch optimizer, with ``step``, ``state_dict`` and ``load_state_dict``."""
-    return (isinstance(getattr(value, "optimizer", None), torch.optim.Optimizer)
-            and all(callable(getattr(value, attr, None)) for attr in ("step", "state_dict", "load_state_dict")))
-
-
 def _parse(schedulers: Any) -> list[Given]:
     """The schedulers given, in order, each with the dict name it came under (checked)."""
-    if schedulers is None:
-        return []
-    items: list[tuple[str | None, Any]]
+    given: list[Given] = []
     if isinstance(schedulers, Mapping):
-        items = []
         for key, value in schedulers.items():
             if not isinstance(key, str) or not key:
                 raise TypeError(f"optim: schedulers: a dict's keys are optimizer names (strings), got {key!r}")
-            values = value if isinstance(value, (list, tuple)) else [value]
-            items.extend((key, v) for v in values)
-    elif isinstance(schedulers, (list, tuple)):
-        items = [(None, v) for v in schedulers]
-    else:
-        items = [(None, schedulers)]
-    for key, value in items:
-        if not _is_scheduler(value):
-            where = "schedulers" if key is None else f"schedulers[{key!r}]"
-            raise option_error(NAME, where, value, SCHEDULERS_MUST, TypeError, shown=_shown(value))
-    given = [Given(key, value) for key, value in items]
+            given.extend(Given(key, v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    elif schedulers is not None:
+        given = [Given(None, v) for v in (schedulers if isinstance(schedulers, (list, tuple)) else [schedulers])]
+    for item in given:
+        value = item.scheduler
+        if not (isinstance(getattr(value, "optimizer", None), torch.optim.Optimizer) and all(
+                callable(getattr(value, attr, None)) for attr in ("step", "state_dict", "load_state_dict"))):
+            raise option_error(NAME, item.where, value, SCHEDULERS_MUST, TypeError, shown=_shown(value))
     _check_once(given)
     return given
 
@@ -98,18 +74,14 @@ def _check_once(given: list[Given]) -> None:
     for item in given:
         inner = getattr(item.scheduler, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
         for scheduler in [item.scheduler, *(inner if isinstance(inner, (list, tuple)) else ())]:
-            if id(scheduler) in seen:
-                raise ValueError(
-                    f"optim: schedulers: the same {describe(scheduler)} is given twice"
-                    + (f" (inside the {describe(seen[id(scheduler)])} and on its own)"
-                       if seen[id(scheduler)] is not scheduler else "")
-                    + ": it would step twice; give it once")
+            if (holder := seen.get(id(scheduler))) is not None:
+                inside = f" (inside the {describe(holder)} and on its own)" if holder is not scheduler else ""
+                raise ValueError(f"optim: schedulers: the same {describe(scheduler)} is given twice{inside}: it "
+                                 f"would step twice; give it once")
             seen[id(scheduler)] = item.scheduler
     by_name: dict[str, Any] = {}
     for item in given:
-        if item.name is None:
-            continue
-        first = by_name.setdefault(item.name, item.scheduler)
+        first = by_name.setdefault(item.name, item.scheduler) if item.name is not None else item.scheduler
         if first.optimizer is not item.scheduler.optimizer:
             raise ValueError(
                 f"optim: schedulers[{item.name!r}]: its {describe(first)} and {describe(item.scheduler)} "
@@ -129,21 +101,19 @@ class Schedules:
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
         plateaus = [g.scheduler for g in self._given if isinstance(g.scheduler, PLATEAU)]
         if plateaus and monitor is None:
-            raise ValueError(
-                "optim: schedulers has a ReduceLROnPlateau, which steps on a metric: give "
-                "monitor='<stage>/<metric>', the epoch mean it reduces the learning rate on "
-                "(monitor='valid/loss')")
+            raise ValueError("optim: schedulers has a ReduceLROnPlateau, which steps on a metric: give "
+                             "monitor='<stage>/<metric>', the epoch mean it reduces the learning rate on "
+                             "(monitor='valid/loss')")
         if monitor is not None and not plateaus:
             held = ", ".join(describe(g.scheduler) for g in self._given) or "no scheduler"
-            raise ValueError(
-                f"optim: monitor={monitor!r} is the metric a ReduceLROnPlateau steps on, and schedulers "
-                f"has none ({held}): give schedulers=ReduceLROnPlateau(optimizer, ...), or leave monitor out")
+            raise ValueError(f"optim: monitor={monitor!r} is the metric a ReduceLROnPlateau steps on, and schedulers "
+                             f"has none ({held}): give schedulers=ReduceLROnPlateau(optimizer, ...), or leave "
+                             f"monitor out")
         if plateaus and scheduler_interval == "step":
-            raise ValueError(
-                f"optim: scheduler_interval='step' cannot step a ReduceLROnPlateau: it steps on "
-                f"monitor={monitor!r} once the stage is complete (once per epoch); leave "
-                f"scheduler_interval out (the ReduceLROnPlateau on its metric, the others after every "
-                f"step) or give 'epoch'")
+            raise ValueError(f"optim: scheduler_interval='step' cannot step a ReduceLROnPlateau: it steps on "
+                             f"monitor={monitor!r} once the stage is complete (once per epoch); leave "
+                             f"scheduler_interval out (the ReduceLROnPlateau on its metric, the others after every "
+                             f"step) or give 'epoch'")
         self._assigned: dict[str, list[Any]] = {}
         self._awaiting: int | None = None  # the epoch whose monitored stage ended, its metrics not heard
 
@@ -161,28 +131,23 @@ class Schedules:
             return out
         unknown = sorted({g.name for g in self._given if g.name is not None and g.name not in optimizers})
         if unknown:
-            raise ValueError(
-                f"optim: schedulers {unknown} name no optimizer; optimizers are {sorted(optimizers)}")
+            raise ValueError(f"optim: schedulers {unknown} name no optimizer; optimizers are {sorted(optimizers)}")
         owners = {id(opt): name for name, opt in optimizers.items()}
         listing = ", ".join(f"{n!r}: {type(o).__name__}" for n, o in optimizers.items()) or "none"
         for item in self._given:
-            owner = owners.get(id(item.scheduler.optimizer))
-            where = "schedulers" if item.name is None else f"schedulers[{item.name!r}]"
+            owner, what = owners.get(id(item.scheduler.optimizer)), describe(item.scheduler)
             if owner is None:
-                raise ValueError(
-                    f"optim: {where}: the {describe(item.scheduler)} is built on a "
-                    f"{type(item.scheduler.optimizer).__name__} that is not one of this run's optimizers "
-                    f"({listing}): build it on the optimizer given to Loop(optimizers=...)")
+                raise ValueError(f"optim: {item.where}: the {what} is built on a "
+                                 f"{type(item.scheduler.optimizer).__name__} that is not one of this run's optimizers "
+                                 f"({listing}): build it on the optimizer given to Loop(optimizers=...)")
             if item.name is not None and owner != item.name:
-                raise ValueError(
-                    f"optim: {where}: the {describe(item.scheduler)} is built on optimizer {owner!r}, not "
-                    f"{item.name!r}: put it under {owner!r}, or build it on {item.name!r}")
+                raise ValueError(f"optim: {item.where}: the {what} is built on optimizer {owner!r}, not "
+                                 f"{item.name!r}: put it under {owner!r}, or build it on {item.name!r}")
             out[owner].append(item.scheduler)
         if self._monitor is not None and self._monitor.stage == "valid" and loop.val_step is None:
-            raise ValueError(
-                f"optim: monitor={self.monitor!r} steps the ReduceLROnPlateau on a validation metric, and "
-                f"this run has no validation: give Loop(val_step=..., val_data=...), or monitor a "
-                f"'train/' metric")
+            raise ValueError(f"optim: monitor={self.monitor!r} steps the ReduceLROnPlateau on a validation metric, "
+                             f"and this run has no validation: give Loop(val_step=..., val_data=...), or monitor a "
+                             f"'train/' metric")
         return out
 
     def stage_ended(self, loop: Run, stage: str) -> None:
@@ -203,11 +168,7 @@ class Schedules:
             raise ValueError(
                 f"optim: monitor={self.monitor!r} names a metric this run does not produce: the "
                 f"{stage} metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}")
-        value = float(metrics.values[key].epoch)
-        for schedulers in self._assigned.values():
-            for scheduler in schedulers:
-                if isinstance(scheduler, PLATEAU):
-                    scheduler.step(value)
+        self._step_all(True, float(metrics.values[key].epoch))
 
     def epoch_end(self, epoch: int) -> None:
         """The epoch-wise schedulers step; a monitored stage must have been published."""
@@ -215,10 +176,13 @@ class Schedules:
             stage = self._monitor.stage if self._monitor is not None else None
             raise ValueError(
                 f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of epoch "
-                f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics "
-                f"plugin enabled?")
+                f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics plugin enabled?")
         if self.interval == "epoch":
-            for schedulers in self._assigned.values():
-                for scheduler in schedulers:
-                    if not isinstance(scheduler, PLATEAU):
-                        scheduler.step()
+            self._step_all(False)
+
+    def _step_all(self, plateaus: bool, *value: float) -> None:
+        """Step every ``ReduceLROnPlateau`` (``plateaus``, on ``value``), or every other scheduler."""
+        for schedulers in self._assigned.values():
+            for scheduler in schedulers:
+                if isinstance(scheduler, PLATEAU) == plateaus:
+                    scheduler.step(*value)

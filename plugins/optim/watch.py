@@ -1,13 +1,5 @@
 """optim's watch for steps and backward passes that bypass it, during the run's first training
-stage: a torch step pre-hook on each managed optimizer tells ``opt.step()`` called instead of
-``loop.optimizers.step()``, a hook on each parameter
-(:class:`~hookfit.plugins.support.GradientWatch`) gradients that appear outside optim's own
-passes (``loss.backward()`` instead of ``loop.backward(loss)``). Each bypass gets one
-:class:`~hookfit.plugins.optim.OptimWarning` naming the call to make, or a ``RuntimeError``
-where it trains another model than the script means (accumulation, loss scaling, several
-processes). The hooks are removed after :data:`WATCHED_PASSES` passes through ``loop.backward``
-or at the stage's end. A first stage with passes through ``loop.backward`` and no optimizer
-step warns too: such a step function trains nothing."""
+stage (README.md, "The watch for steps and passes that bypass optim")."""
 
 from __future__ import annotations
 
@@ -31,8 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 _TORCH = os.path.dirname(torch.__file__)
 
 WATCHED_PASSES = 16
-"""Backward passes through ``loop.backward`` after which the watch for ``loss.backward()``
-ends (it costs about 2 µs a pass while it lasts)."""
+"""Backward passes through ``loop.backward`` after which the watch ends (about 2 µs a pass while it lasts)."""
 
 
 class Watch:
@@ -52,15 +43,13 @@ class Watch:
         self._first_stage = False  # this run's first training stage is running
         self._own_backward = True  # loop.backward runs optim's pass
         self._watched = False  # this run's first training stage was (is) watched
-        self._bypass_seen = False  # the warning about a bypassing step was given in this run
-        self._backward_bypassed = False  # the warning (or error) about it was given in this run
+        # said in this run: a bypassing step, a bypassed backward (or its error), no step at all
+        self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
         self._passes = 0  # backward passes through loop.backward while watched
         self._steps_at = 0  # the optimizers' steps (taken or skipped) when the watch began
-        self._unstepped_said = False  # the warning that no optimizer steps was given in this run
 
     def start(self, loop: Run, optimizers: Optimizers, why: list[str]) -> None:
-        """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in
-        it (accumulation, loss scaling), for the error that then ends it."""
+        """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in it."""
         self.loop, self._optimizers, self._why = loop, optimizers, why
         self._watched = self._first_stage = False
         self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
@@ -74,8 +63,7 @@ class Watch:
             self._watch(True)
 
     def stage_end(self) -> None:
-        """A training stage ended: the first one says whether any optimizer stepped, then the
-        watch ends (it may have ended earlier: :data:`WATCHED_PASSES`)."""
+        """A training stage ended: the first one says whether any optimizer stepped, then the watch ends."""
         if self._first_stage:
             self._first_stage = False
             self._check_stepped()
@@ -87,8 +75,7 @@ class Watch:
             self._watch(False)
 
     def passed(self) -> None:
-        """optim's ``backward`` ran a pass while watching: after :data:`WATCHED_PASSES` the
-        watch ends (the steps' too: a bypassing step shows as early)."""
+        """optim's ``backward`` ran a pass while watching: the watch ends after :data:`WATCHED_PASSES`."""
         self._passes += 1
         if self._passes >= WATCHED_PASSES:
             self._watch(False)
@@ -99,37 +86,30 @@ class Watch:
         self.active = on
         for handle in self._handles:
             handle.remove()
-        self._handles = []
         self._grad_hooks.remove()
+        managed = list(self._optimizers.values()) if on else []
+        self._handles = [m.optimizer.register_step_pre_hook(self._step_seen) for m in managed]
         if not on:
             return
-        for managed in self._optimizers.values():
-            self._handles.append(managed.optimizer.register_step_pre_hook(self._step_seen))
         self._passes, self._steps_at = 0, self._stepped()
-        if self._backward_bypassed or not self._own_backward:
-            return
-        watched: dict[int, torch.Tensor] = {}
-        for managed in self._optimizers.values():
-            for param in managed.params:
-                if param.requires_grad and param.is_leaf:
-                    watched.setdefault(id(param), param)
-        self._grad_hooks = GradientWatch(watched.values(), self._grad_arrived)
+        if not self._backward_bypassed and self._own_backward:
+            watched = {id(p): p for m in managed for p in m.params if p.requires_grad and p.is_leaf}
+            self._grad_hooks = GradientWatch(watched.values(), self._grad_arrived)
 
     def _stepped(self) -> int:
         """The managed optimizers' steps so far, taken or skipped (a non-finite loss)."""
         return sum(m.steps + m.skipped for m in (self._optimizers or {}).values())
 
     def _check_stepped(self) -> None:
-        """Warn, once a run, when the first training stage made passes through
-        ``loop.backward`` and no optimizer stepped."""
+        """Warn, once a run, when the first training stage made passes through ``loop.backward``
+        and no optimizer stepped."""
         if self._unstepped_said or self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
             return
         self._unstepped_said = True
-        step = self._step_name()
-        warnings.warn(f"optim: step function {step!r} called loop.backward(loss) in the first training epoch and no "
-                      f"optimizer stepped in all of it: the parameters do not change. optim steps when the step function asks: call "
-                      f"loop.optimizers.step() and loop.optimizers.zero_grad() after loop.backward(loss)",
-                      OptimWarning, stacklevel=2)
+        warnings.warn(f"optim: step function {self._step_name()!r} called loop.backward(loss) in the first training "
+                      f"epoch and no optimizer stepped in all of it: the parameters do not change. optim steps when "
+                      f"the step function asks: call loop.optimizers.step() and loop.optimizers.zero_grad() after "
+                      f"loop.backward(loss)", OptimWarning, stacklevel=2)
 
     def _grad_arrived(self, tensor: torch.Tensor) -> None:
         """A gradient arrived: outside optim's own pass, warn once a run, or raise where the run
@@ -137,12 +117,11 @@ class Watch:
         if self.inside or self._backward_bypassed:
             return
         self._backward_bypassed = True
-        loop, step, where = self.loop, self._step_name(), self._where()
-        why = list(self._why)
-        if loop is not None and loop.state.world_size > 1:
-            why.append(f"{loop.state.world_size} processes")
+        loop, step = self.loop, self._step_name()
+        why = self._why + ([f"{loop.state.world_size} processes"] if loop is not None and loop.state.world_size > 1
+                           else [])
         message = (f"optim: gradients appeared on the parameters of the run's optimizers outside "
-                   f"loop.backward{where}: step function {step!r} calls loss.backward() itself, "
+                   f"loop.backward{self._where()}: step function {step!r} calls loss.backward() itself, "
                    f"which bypasses optim's")
         if why:
             raise RuntimeError(f"{message} handling of {', '.join(why)}; the run would train another "
@@ -152,8 +131,7 @@ class Watch:
                       OptimWarning, stacklevel=_caller_level())
 
     def _step_seen(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A managed optimizer steps (torch's step pre-hook): by someone else than optim, warn,
-        once a run."""
+        """A managed optimizer steps (torch's step pre-hook): by someone else than optim, warn, once a run."""
         if self.stepping or self._bypass_seen or self._optimizers is None:
             return
         self._bypass_seen = True
@@ -163,12 +141,8 @@ class Watch:
             f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped "
             f"directly{self._where()}, not through loop.optimizers: such a step bypasses optim's "
             f"gradient clipping, accumulation, loss scaling, non-finite checks, schedulers and "
-            f"step counters. Call {call} in the step function instead of the optimizer's own "
-            f"step()",
-            OptimWarning,
-            stacklevel=3,  # the step function's line: here, torch's step wrapper
-        )
-
+            f"step counters. Call {call} in the step function instead of the optimizer's own step()",
+            OptimWarning, stacklevel=3)  # the step function's line: here, torch's step wrapper
 
     def _step_name(self) -> str:
         return qualname(self.loop.train_step) if self.loop is not None else "the training step"

@@ -1,14 +1,5 @@
-"""optim's accumulation window (``Optim(accumulate=N)``): which training batch closes one, what
-each loss is divided by, and the answer to ``should_sync_gradients``.
-
-The optimizers step after every N-th training batch of an epoch (windows aligned to batch
-indices, also in a run resumed mid-epoch) and after its last batch; each loss is divided by the
-number of batches of its window, so that a window's update is that of its batches taken as one
-large batch (a mean-reduced loss, batches of one size). That number is N but in the epoch's last
-window when the training data's length makes it partial: 9 batches with ``accumulate=4`` are
-windows of 4, 4 and 1. When the length is unknown every loss is divided by N. ``max_steps`` may
-end a run inside a window, which is then not stepped; a checkpoint keeps its gradients, and a
-longer run resumed from it completes the window as an uninterrupted run would."""
+"""optim's accumulation window (``Optim(accumulate=N)``): which training batch closes one, what each
+loss is divided by, and the answer to ``should_sync_gradients`` (README.md, "The accumulation window")."""
 
 from __future__ import annotations
 
