@@ -21,6 +21,7 @@ from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import payload
 from hookfit.plugins.checkpoint.catalog import Catalog
 from hookfit.plugins.checkpoint.reports import Reports
+from hookfit.plugins.checkpoint.shardwriter import ShardWriter, save_sharded
 from hookfit.plugins.checkpoint.storage import CheckpointWarning, checkpoint_files, filename
 from hookfit.plugins.checkpoint.writer import Done, Writer, write_file
 from hookfit.plugins.support import Every, Monitor, choice, flag, path, positive_int, positive_number
@@ -48,7 +49,15 @@ class Checkpoint:
     ``when_busy``: ``"wait"`` (default) waits for the write in flight to end, so every save asked
     is written; ``"skip"`` skips it, counts it in ``skipped_saves`` and warns once a run. The
     saves of the run's end (interrupt, failure, ``max_steps``) always wait. The run's end, however
-    it ended, waits for every write and reports a failed one as ``on_save_error`` says."""
+    it ended, waits for every write and reports a failed one as ``on_save_error`` says.
+
+    A sharded run's checkpoint (FSDP2; a folder every rank writes its part of:
+    :mod:`~hookfit.plugins.checkpoint.sharded`) is written in the background too: a save blocks
+    every rank for one copy of its state into host memory, and DCP's ``async_save`` writes it on
+    a process group of its own (:mod:`~hookfit.plugins.checkpoint.shardwriter`). One write is in
+    flight at most: a save asked during it waits for it, or with ``"skip"`` is skipped, on every
+    rank alike; the write's outcome is taken at the next save and at the run's end, at the same
+    step on every rank. ``background=False`` writes every checkpoint in the foreground."""
 
     name = "checkpoint"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
@@ -95,6 +104,8 @@ class Checkpoint:
         self.when_busy = choice(name, "when_busy", when_busy, ("wait", "skip"))
         self.writer = Writer(write_file, sharded.remove, background=self.background, when_busy=self.when_busy)
         """The part that writes files and prunes them (on its thread when ``background``)."""
+        self.shards = ShardWriter(self.when_busy)
+        """The part that writes a sharded run's checkpoints in the background (``background``)."""
         self.resumed_from: Path | None = None
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
@@ -104,7 +115,6 @@ class Checkpoint:
         self._monitor_warned = False
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
-        self._sharded_saves = 0  # this process's sharded saves: their temporary folders' names
         self._main_dir: Path | None = None  # off the main process: where the main one writes
         self._lock: folders.FolderLock | None = None  # a given dir's, while a run writes there
 
@@ -158,7 +168,7 @@ class Checkpoint:
         self.reports.reset()
         self.resumed_from, self.off, self._main_dir = None, False, None
         self._pending, self._continued, self._monitor_warned = None, False, False
-        self.writer.outcomes()  # (a run before this one told everything at its end)
+        self.writer.outcomes(), self.shards.take()  # (a run before this one told everything at its end)
         source = loop.resume
         if source is None:
             return
@@ -258,8 +268,10 @@ class Checkpoint:
         finally:
             try:
                 self.writer.wait()  # every write asked, whatever the outcome
-                self._collect(loop)  # announced; a failure reported as on_save_error says
+                self.shards.wait()
+                self._collect(loop, self.shards.take())  # announced; a failure reported as on_save_error says
             finally:
+                self.shards.close()
                 self.writer.close()  # the files pruned last removed; the buffers let go
                 self._loop = None
                 if self._lock is not None:
@@ -322,7 +334,7 @@ class Checkpoint:
             payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
             rest, shards = sharded.split(payload)
             if shards:  # a sharded run: every rank writes its part
-                return self._save_sharded(loop, position, rest, shards, metric, reason)
+                return save_sharded(self, loop, position, rest, shards, (reason, position.step, metric, must))
             if not loop.is_main:
                 if self._main_dir is not None:  # the file the main process writes, for best and last
                     self.catalog.follow(self._main_dir / self.filename(position, reason), metric, reason)
@@ -340,32 +352,14 @@ class Checkpoint:
         """Everything a checkpoint holds (:func:`hookfit.plugins.checkpoint.state.payload`)."""
         return payload(loop, reason=reason, metric=metric, monitor=self.monitor)
 
-    def _save_sharded(self, loop: Run, position: Position, rest: dict[str, Any],
-                      shards: dict[str, Any], metric: float | None, reason: str) -> Path | None:
-        """A checkpoint of a sharded run (a folder, written by every rank: see
-        :mod:`hookfit.plugins.checkpoint.sharded`), in the foreground: the ranks write together."""
-        self.writer.wait()
-        self._collect(loop)
-        main = loop.is_main
-        path = self.directory(loop).absolute() / self.filename(position, reason) if main else None
-        self._sharded_saves += 1
-        path, tmp = sharded.destination(path, self._sharded_saves)  # rank 0's, on every rank
-
-        def write(state: dict[str, Any], to: Path, between: Any) -> None:
-            sharded.write(state, shards, tmp, to, main, write_file)
-
-        self.writer.write(rest, path, (reason, position.step, metric, main), save=write)
-        self._collect(loop)
-        return path if main else None
-
-    def _collect(self, loop: Run) -> None:
+    def _collect(self, loop: Run, more: list[Done] | None = None) -> None:
         """Act, on the training thread, on what the writer finished: each checkpoint written
         is taken (last, best, kept) and announced (``checkpoint_saved``), older ones pruned;
         each failed write is reported as ``on_save_error`` says (``"raise"``: the first failure
         is raised once every outcome is taken); a file pruning could not remove is kept on the
-        list, to be tried again."""
+        list, to be tried again. ``more``: finished sharded writes, taken on every rank alike."""
         failure: BaseException | None = None
-        for outcome in self.writer.outcomes():
+        for outcome in [*self.writer.outcomes(), *(more or [])]:
             if not isinstance(outcome, Done):  # a file that could not be removed
                 self.catalog.keep(outcome.path)
                 continue

@@ -13,6 +13,12 @@ that fails on any rank (a full or read-only disk) fails on every rank alike: the
 folder is removed and each rank raises the same error, which the plugin reports as it does a
 one-file checkpoint's (a warning, training goes on).
 
+With ``Checkpoint(background=True)`` (the default) a save blocks training for one copy of the
+state into host memory and the ranks write in the background, with DCP's ``async_save`` on a
+process group of the checkpoint's own, then :func:`finish` the folder as above
+(:mod:`hookfit.plugins.checkpoint.shardwriter`); with ``background=False`` every rank writes in
+the foreground (:func:`write`).
+
 ``state.pt`` records the digest of every other file of the folder (each rank's shards, DCP's
 ``.metadata``), checked before DCP reads anything, and DCP's metadata (a pickle) is read by
 hookfit without running code: :mod:`hookfit.plugins.checkpoint.shardfiles`.
@@ -212,34 +218,46 @@ def destination(path: Path | None, count: int) -> tuple[Path, Path]:
 
 def write(rest: dict[str, Any], shards: dict[str, Any], tmp: Path, path: Path, main: bool,
           save_state: Callable[[dict[str, Any], Path], None]) -> None:
-    """Every rank: its shards into the folder ``tmp`` (DCP: a collective operation that ends
-    when every rank's files and the metadata are written), then the digests of the files it
-    wrote (:func:`hookfit.plugins.checkpoint.shardfiles.own_files`), gathered by every rank.
-    Rank 0 (``main``) then: ``state.pt`` with ``save_state`` (an atomic write), recording those
-    digests, and the rename of ``tmp`` to ``path``. Any rank's failure is every rank's: the
-    ranks agree on the outcome, rank 0 removes ``tmp`` (no folder that looks whole is left), and
-    every rank raises the same error (an ``OSError`` with the first failing rank's ``errno``
-    when it had one, else a :class:`CheckpointError`), naming that rank and its error."""
-    from torch.distributed.checkpoint.api import CheckpointException
+    """Every rank, in the foreground: its shards into the folder ``tmp`` with DCP's ``save``
+    (a collective operation that ends when every rank's files and the metadata are written),
+    then :func:`finish`."""
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    finish(rest, tmp, path, main, save_state,
+           lambda: dcp_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True)))
+
+
+def finish(rest: dict[str, Any], tmp: Path, path: Path, main: bool, save_state: Callable[[dict[str, Any], Path], None],
+           written: Callable[[], Any], group: Any = None) -> None:
+    """Every rank, once DCP wrote (or failed to write) its part of the checkpoint into the
+    folder ``tmp``: ``written()`` returns what DCP's save returned (its metadata) or raises its
+    error. Then the digests of the files this rank wrote
+    (:func:`hookfit.plugins.checkpoint.shardfiles.own_files`), gathered by every rank of
+    ``group`` (a process group of every rank; ``None``: the default one). Rank 0 (``main``) then:
+    ``state.pt`` with ``save_state`` (an atomic write), recording those digests, and the rename
+    of ``tmp`` to ``path``. Any rank's failure is every rank's: the ranks agree on the outcome,
+    rank 0 removes ``tmp`` (no folder that looks whole is left), and every rank raises the same
+    error (an ``OSError`` with the first failing rank's ``errno`` when it had one, else a
+    :class:`CheckpointError`), naming that rank and its error."""
+    from torch.distributed.checkpoint.api import CheckpointException
     import torch.distributed as dist
 
     together = dist.is_available() and dist.is_initialized()
-    rank = dist.get_rank() if together else 0
+    rank = dist.get_rank(group) if together else 0
     files: dict[str, str] = {}
     outcome: tuple[str, int | None] | None = None
     metadata = None
     try:
-        metadata = dcp_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True))
+        metadata = written()
         files = shardfiles.own_files(tmp, metadata, rank, main)
     except (Exception, CheckpointException) as error:  # (DCP's gathers every rank's: a BaseException)
         text, number = shardfiles.failure(error)
         outcome = (text if text.startswith("rank ") else f"rank {rank}: {text}", number)
     parts: list[Any] = [(files, outcome)]
     if together:
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (files, outcome))
+        parts = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, (files, outcome), group=group)
     outcome = next((failed for _, failed in parts if failed is not None), None)
     if main:
         if outcome is None:
@@ -259,7 +277,7 @@ def write(rest: dict[str, Any], shards: dict[str, Any], tmp: Path, path: Path, m
             shutil.rmtree(tmp, ignore_errors=True)
     if together:
         told: list[Any] = [outcome]
-        dist.broadcast_object_list(told, src=0)
+        dist.broadcast_object_list(told, src=0, group=group)
         outcome = told[0]
     if outcome is not None:
         text, number = outcome

@@ -1,14 +1,28 @@
 """A small FSDP2 run with sharded checkpoints, for tests/plugins/checkpoint/test_sharded_trust.py.
 
 ``torchrun --nproc-per-node 2 sharded_run.py OUT --dir CKPT [--epochs N] [--resume latest|PATH]
-[--fallback] [--squeeze-at EPOCH]``: trains a small regression (``Distributed(strategy="fsdp")``,
-``Checkpoint(dir=CKPT, keep_last=10)``, a checkpoint at every epoch's end). ``--squeeze-at``
-limits the size of any file this process writes to 600 bytes from that epoch's start on
-(``RLIMIT_FSIZE``: the kernel refuses the write with ``EFBIG``, as a full disk refuses with
-``ENOSPC``), so that epoch's checkpoint cannot be written. Each process writes
-``OUT.rank<N>.json``: the run's status and step (or the error that ended it), the checkpoint
-plugin's failed saves, the checkpoint it resumed from, the warnings it caught (category and
-message) and every parameter, whole, as a flat list.
+[--fallback] [--squeeze-at EPOCH] [--sync] [--every-n-steps N] [--when-busy wait|skip]
+[--on-save-error warn|raise] [--pace SECONDS] [--hold]``: trains a small regression
+(``Distributed(strategy="fsdp")``, ``Checkpoint(dir=CKPT, keep_last=10)``, a checkpoint at every
+epoch's end, or every N steps). ``--sync`` writes them in the foreground (``background=False``).
+``--squeeze-at`` limits the size of any file this process writes to 600 bytes from that epoch's
+start on (``RLIMIT_FSIZE``: the kernel refuses the write with ``EFBIG``, as a full disk refuses
+with ``ENOSPC``; the write in flight, if any, ends first), so that epoch's checkpoint cannot be
+written.
+
+Background writes, told and paced: with ``--pace``, every piece of a sharded checkpoint's
+write (each tensor DCP writes, ``state.pt``, the rename) prints ``ckpt-io <rank>`` first and
+waits that many seconds, so a kill at a random one of those lines falls inside a write while
+training goes on. With ``--hold``, DCP's write of each checkpoint waits before its first tensor
+until the next save is asked or the run's end waits for it: the write is in flight for certain
+when the next save is asked, and a save that blocked training until its write ended would never
+end.
+
+Each process writes ``OUT.rank<N>.json``: the run's status and step (or the error that ended it
+and the step), the checkpoint plugin's failed and skipped saves, the checkpoint it resumed
+from, the warnings it caught (category and message), for each save whether a write was in flight
+on this rank when it was asked and the step the training had reached when its write ended, and
+every parameter, whole, as a flat list. Each prints ``pid <rank> <pid>`` at its start.
 """
 
 from __future__ import annotations
@@ -18,6 +32,8 @@ import json
 import os
 import resource
 import signal
+import threading
+import time
 import warnings
 from typing import Any
 
@@ -25,7 +41,8 @@ import torch
 
 import hookfit
 from hookfit.data import Batches
-from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.checkpoint import Checkpoint, sharded
+from hookfit.plugins.checkpoint.shardwriter import ShardWriter
 from hookfit.plugins.distributed import Distributed
 from hookfit.plugins.optim import Optim
 
@@ -36,13 +53,15 @@ class Squeeze:
 
     name = "squeeze"
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int, checkpoint: Checkpoint) -> None:
         self.at = at
+        self.checkpoint = checkpoint
         self.limits: tuple[int, int] | None = None
 
     @hookfit.hookimpl
     def epoch_start(self, epoch: int) -> None:
         if epoch + 1 == self.at:
+            self.checkpoint.shards.wait()  # the previous epoch's write is not this epoch's to fail
             self.limits = resource.getrlimit(resource.RLIMIT_FSIZE)
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal
             resource.setrlimit(resource.RLIMIT_FSIZE, (600, self.limits[1]))
@@ -66,6 +85,94 @@ class Params:
         if loop.state.status != "failed":
             whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in loop.model.parameters()]
             self.flat = torch.cat([p.detach().flatten() for p in whole]).tolist()
+
+
+class Watch:
+    """What the background writes did (see the module): ``--pace`` and ``--hold``."""
+
+    name = "watch"
+
+    def __init__(self, pace: float | None, hold: bool) -> None:
+        self.pace, self.hold = pace, hold
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.step = 0  # the training's step, as the writing threads read it
+        self.saves: list[dict[str, Any]] = []
+        self.go = threading.Condition()
+        self.released = True  # the write in flight may go on (--hold)
+
+    @hookfit.hookimpl
+    def after_batch(self, loop: Any) -> None:
+        with self.go:
+            self.step = loop.state.step
+            self.go.notify_all()
+
+    def piece(self) -> None:
+        """Before each piece of a write, on a writing thread."""
+        if self.pace is not None:
+            os.write(1, f"ckpt-io {self.rank}\n".encode())
+            time.sleep(self.pace)
+
+    def first(self) -> None:
+        """Before DCP writes a checkpoint's first tensor (--hold)."""
+        with self.go:
+            while not self.released:
+                self.go.wait()
+
+    def install(self) -> None:
+        from torch.distributed.checkpoint import filesystem
+
+        watch, write_item, rename, save = self, filesystem._write_item, sharded._rename, torch.save
+        ready, submit, wait = ShardWriter.ready, ShardWriter.submit, ShardWriter.wait
+
+        def paced_item(*args: Any, **kwargs: Any) -> Any:
+            if watch.hold:
+                watch.first()
+            watch.piece()
+            return write_item(*args, **kwargs)
+
+        def paced_rename(*args: Any) -> None:
+            watch.piece()
+            rename(*args)
+
+        def paced_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+            if threading.current_thread().name == "hookfit-checkpoint-shards":  # state.pt
+                watch.piece()
+            save(obj, f, *args, **kwargs)
+
+        def told_ready(writer: ShardWriter, must: bool) -> bool:
+            watch.saves.append({"step": watch.step, "in_flight": writer.in_flight()})
+            answer = ready(writer, must)
+            watch.saves[-1]["skipped"] = not answer
+            watch.release()
+            return answer
+
+        def told_submit(writer: ShardWriter, *args: Any) -> None:
+            with watch.go:
+                watch.released = False
+            submit(writer, *args)
+            thread = writer._thread
+            record = watch.saves[-1] if watch.saves else {}
+
+            def ended() -> None:
+                assert thread is not None
+                thread.join()
+                record["ended_at"] = watch.step
+
+            threading.Thread(target=ended, daemon=True).start()
+
+        def told_wait(writer: ShardWriter) -> None:
+            watch.release()
+            wait(writer)
+
+        filesystem._write_item = paced_item
+        sharded._rename = paced_rename
+        torch.save = paced_save
+        ShardWriter.ready, ShardWriter.submit, ShardWriter.wait = told_ready, told_submit, told_wait
+
+    def release(self) -> None:
+        with self.go:
+            self.released = True
+            self.go.notify_all()
 
 
 def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, Batches, Any]:
@@ -94,14 +201,25 @@ def main() -> None:
     parser.add_argument("--resume")
     parser.add_argument("--fallback", action="store_true")
     parser.add_argument("--squeeze-at", type=int)
+    parser.add_argument("--sync", action="store_true")
+    parser.add_argument("--every-n-steps", type=int)
+    parser.add_argument("--when-busy", default="wait")
+    parser.add_argument("--on-save-error", default="warn")
+    parser.add_argument("--pace", type=float)
+    parser.add_argument("--hold", action="store_true")
     args = parser.parse_args()
+    os.write(1, f"pid {os.environ.get('RANK', '0')} {os.getpid()}\n".encode())
 
     model, optimizer, data, step = build()
-    checkpoint = Checkpoint(dir=args.dir, keep_last=10, fallback=args.fallback)
+    every = {"every_n_steps": args.every_n_steps, "every_n_epochs": None} if args.every_n_steps else {}
+    checkpoint = Checkpoint(dir=args.dir, keep_last=10, fallback=args.fallback, background=not args.sync,
+                            when_busy=args.when_busy, on_save_error=args.on_save_error, **every)
     params = Params()
-    plugins: list[Any] = [Distributed(strategy="fsdp"), Optim(), checkpoint, params]
+    watch = Watch(args.pace, args.hold)
+    watch.install()
+    plugins: list[Any] = [Distributed(strategy="fsdp"), Optim(), checkpoint, params, watch]
     if args.squeeze_at is not None:
-        plugins.append(Squeeze(args.squeeze_at))
+        plugins.append(Squeeze(args.squeeze_at, checkpoint))
     loop = hookfit.Loop(step, data, model=model, max_epochs=args.epochs, optimizers=optimizer, resume=args.resume,
                         name="sharded", plugins=plugins)
     result: dict[str, Any] = {}
@@ -111,10 +229,12 @@ def main() -> None:
             state = loop.fit()
             result.update(status=state.status, step=state.step)
         except Exception as error:  # noqa: BLE001 - reported in the dump
-            result["error"] = f"{type(error).__name__}: {error}"
+            result.update(error=f"{type(error).__name__}: {error}", step=loop.state.step)
     rank = int(os.environ.get("RANK", "0"))
     result.update(
         failed_saves=checkpoint.failed_saves,
+        skipped_saves=checkpoint.skipped_saves,
+        saves=watch.saves,
         resumed_from=None if checkpoint.resumed_from is None else str(checkpoint.resumed_from),
         warnings=[[w.category.__name__, str(w.message)] for w in caught],
         params=params.flat,

@@ -2,8 +2,8 @@
 guarantees: DCP's ``.metadata`` (a pickle) is never unpickled by anything that could
 run code from it; every shard file's digest, recorded in ``state.pt``, is checked at resume and
 by ``hookfit export``; a damaged or missing shard is named, and skipped by ``fallback``; a save
-on a full or read-only disk warns and every rank trains on; ``hookfit export`` never writes over
-the checkpoint it reads.
+on a full or read-only disk, written in the background or in the foreground, warns and every rank
+trains on; ``hookfit export`` never writes over the checkpoint it reads.
 
 The checkpoints are written by real ``torchrun`` processes (2, gloo on the CPU) running
 ``tests/scripts/sharded_run.py``; each test damages a copy of them."""
@@ -272,20 +272,23 @@ def test_fallback_skips_damaged_torn_and_crafted_sharded_checkpoints_on_every_ra
 
 @pytest.mark.slow
 @pytest.mark.fault
-@pytest.mark.parametrize("disk", ["full", "read-only"])
+@pytest.mark.parametrize("disk, written", [("full", "background"), ("read-only", "background"),
+                                           ("read-only", "foreground")])
 def test_a_sharded_save_that_cannot_be_written_warns_and_every_rank_trains_on(
-        tmp_path: Path, disk: str, request: pytest.FixtureRequest) -> None:
+        tmp_path: Path, disk: str, written: str, request: pytest.FixtureRequest) -> None:
     """A full disk (``RLIMIT_FSIZE`` from the second epoch: the kernel refuses the writes as a
-    full disk does) or a read-only folder: one ``CheckpointWarning`` (rank 0's, as a one-file
-    save's), every rank completes and counts the failed saves, and no folder is left that
-    looks like a checkpoint, nor a temporary one."""
+    full disk does) or a read-only folder, the checkpoints written in the background (the
+    default) or in the foreground (``background=False``): one ``CheckpointWarning`` (rank 0's,
+    as a one-file save's), every rank completes and counts the failed saves, and no folder is
+    left that looks like a checkpoint, nor a temporary one."""
+    how = ("--sync",) if written == "foreground" else ()
     if disk == "full":
         folder = tmp_path / "ckpt"
-        ranks, output = run_sharded(tmp_path, "--dir", str(folder), "--epochs", "3", "--squeeze-at", "2")
+        ranks, output = run_sharded(tmp_path, "--dir", str(folder), "--epochs", "3", "--squeeze-at", "2", *how)
         failed, first, error = 2, "epoch0002", "File too large"
     else:
         folder = request.getfixturevalue("read_only_folder")
-        ranks, output = run_sharded(tmp_path, "--dir", str(folder), "--epochs", "3")
+        ranks, output = run_sharded(tmp_path, "--dir", str(folder), "--epochs", "3", *how)
         failed, first, error = 3, "epoch0001", "(Read-only file system|Permission denied)"
     for rank in ranks:
         assert (rank.get("status"), rank.get("step"), rank.get("failed_saves")) == ("completed", 12, failed), output
