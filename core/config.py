@@ -32,7 +32,6 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +91,8 @@ def load(path: Path | None) -> Config:
     """Read and check the file's shape (its options are checked against each plugin later)."""
     if path is None:
         return Config()
+    import tomllib  # here, not at the top: a run without the file does not import the parser
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as error:
