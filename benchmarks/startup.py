@@ -20,7 +20,8 @@ Two tables, each the median over fresh interpreters, run interleaved:
    ``fit()`` up to the step, the step itself) and the modules it imports that torch had not are
    listed. Target: with the import counted, at most 100 ms over the raw first step.
 
-Every process runs with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` is dropped from its
+Every process runs in the run folder (not in the checkout, whose build leftovers would be found
+as a distribution), with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` is dropped from its
 environment) after one untimed round, as an installed package runs: compiling the sources is a
 first import's cost, not a first ``fit()``'s.
 """
@@ -142,8 +143,9 @@ def _env(run_dir: str) -> dict[str, str]:
 
 
 def _run(name: str, code: str, run_dir: str) -> dict[str, Any]:
+    os.makedirs(run_dir, exist_ok=True)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(run_dir),
-                         stdin=subprocess.DEVNULL, timeout=300)
+                         cwd=run_dir, stdin=subprocess.DEVNULL, timeout=300)
     if out.returncode:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
