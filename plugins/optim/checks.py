@@ -1,5 +1,4 @@
-"""The non-finite check of a run's losses, one of :class:`HostCheck`, :class:`DeviceCheck` and
-:class:`NoCheck` chosen at ``configure``, and the device path's flags (README.md, "Non-finite values")."""
+"""The non-finite check of a run's losses, chosen at ``configure``, and the device path's flags (README.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ class NoCheck:
 
 
 class HostCheck:
-    """The loss read on the host; ``to_device`` (``defer=None``) is called instead for the first
-    loss that is not on the CPU, and chooses the device path for the rest of the run."""
+    """The loss read on the host; ``to_device`` (``defer=None``) takes the first loss not on the CPU."""
 
     def __init__(self, policy: Policy, to_device: Callable[[Run, torch.Tensor], bool] | None) -> None:
         self._policy = policy
@@ -65,8 +63,7 @@ class DeviceCheck:
 
 
 class Flags:
-    """The flags of the device path's windows: float32 zeros made ``SLOTS`` at once, each set by
-    torch's ``_amp_foreach_non_finite_check_and_unscale_`` (or :func:`loss_flag` where it refuses)."""
+    """The device path's window flags: float32 zeros made ``SLOTS`` at once, each set by one kernel."""
 
     def __init__(self) -> None:
         self._slots: tuple[torch.Tensor, ...] = ()

@@ -2,42 +2,40 @@
 and the optimizer steps does, the built-in ``optim`` or a replacement (an optimizer with several
 forward/backward passes per batch, as Sharpness-Aware Minimization). It must:
 
-* Own the backward pass: implement the core's ``backward(loop, loss)`` and fire
-  ``before_backward`` and ``after_backward`` around the pass, through
-  ``loop.hooks.handlers(event)`` (taken once) or ``loop.hooks.<event>``.
-* Fill ``loop.optimizers`` at ``configure`` with what the step drives (described in the core's
-  events reference), from what the ``Loop`` was given there: a ``torch.optim.Optimizer``, a
-  mapping of names to them, or ``None`` (``Loop.validate()`` needs none). Do it in a plain
-  ``configure``: the distributed plugin's ``tryfirst`` one points the torch optimizers'
-  parameter groups at FSDP2's sharded parameters, in place, before it. ``loop.config.optimizers``
-  stays the user's. Every plugin reads ``loop.optimizers`` from ``fit_start`` on: EMA tells a
-  managed run by ``loop.hooks.backward`` implemented and ``loop.optimizers`` not being
-  ``loop.config.optimizers`` (whatever their type); the metrics role publishes each one's
-  ``param_groups[0]["lr"]`` as ``lr_<name>`` (a single optimizer is named ``"default"``), shown
-  by the console, the dashboard, the loggers, ``metrics.jsonl`` and ``hookfit runs``, ``show``
+* Own the backward pass: implement the core's ``backward(loop, loss)`` and fire ``before_backward``
+  and ``after_backward`` around the pass, through ``loop.hooks.handlers(event)`` (taken once) or
+  ``loop.hooks.<event>``.
+* Fill ``loop.optimizers`` at ``configure`` with what the step drives (see the core's events
+  reference) from what the ``Loop`` was given: a ``torch.optim.Optimizer``, a mapping of names to
+  them, or ``None`` (``Loop.validate()`` needs none); ``loop.config.optimizers`` stays the user's.
+  Do it in a plain ``configure``: the distributed plugin's ``tryfirst`` one first points the torch
+  optimizers' parameter groups at FSDP2's sharded parameters, in place. Every plugin reads
+  ``loop.optimizers`` from ``fit_start`` on: EMA tells a managed run by ``loop.hooks.backward``
+  implemented and ``loop.optimizers`` not being ``loop.config.optimizers``; the metrics role
+  publishes each one's ``param_groups[0]["lr"]`` as ``lr_<name>`` (one optimizer is ``"default"``),
+  shown by the console, the dashboard, the loggers, ``metrics.jsonl`` and ``hookfit runs``, ``show``
   and ``compare``; ``hookfit.testing``'s default step calls ``loop.backward``,
   ``loop.optimizers.step()`` and ``zero_grad()`` whenever a plugin implements ``backward``.
 * Announce every real step of optimizer ``name`` (its name in ``loop.optimizers``) with
   ``before_optimizer_step`` and ``after_optimizer_step`` (EMA averages after it, gradient-norm
-  loggers read before), and a skipped one with ``step_skipped``; a call that does not step
-  (inside an accumulation window) announces nothing.
+  loggers read before), and a skipped one with ``step_skipped``; a call that does not step (inside
+  an accumulation window) announces nothing.
 * Answer ``should_sync_gradients``: too often and a run is slower; too rarely and the processes
   step with gradients of their own, and their models drift apart.
 * Finish the training stage in a ``tryfirst`` ``stage_end`` (a partial accumulation window
-  stepped), before the metrics role's ``trylast`` one publishes the epoch with the learning
-  rates after it.
+  stepped), before the metrics role's ``trylast`` one publishes the epoch with the learning rates.
 * Save and resume: ``save_state()`` returns all a resumed run needs to step exactly as an
-  uninterrupted one (optimizer and scheduler states, counters, the loss scale, an open
-  window's gradients), stored under the plugin's name (``loop.plugin_states()``);
-  ``load_state(loop, state)`` restores it, and refuses a state that does not fit (other
-  optimizer names, classes, parameter groups) before it changes anything. Leave tensors as they
-  are: with FSDP2 optimizer states are sharded (``DTensor``) and written from every process. A
-  run that does not train (``loop.mode == "validate"``) may have no optimizers: it loads nothing.
-* Keep the code a step calls (``loop.backward``, a managed ``step()``) in the plugin's own
-  module or package, so that an error raised there names the plugin.
+  uninterrupted one (optimizer and scheduler states, counters, the loss scale, an open window's
+  gradients), stored under the plugin's name (``loop.plugin_states()``); ``load_state(loop,
+  state)`` restores it, and refuses a state that does not fit (other optimizer names, classes,
+  parameter groups) before it changes anything. Leave tensors as they are: with FSDP2 optimizer
+  states are sharded (``DTensor``) and written from every process. A run that does not train
+  (``loop.mode == "validate"``) may have no optimizers: it loads nothing.
+* Keep the code a step calls (``loop.backward``, a managed ``step()``) in the plugin's own module or
+  package, so that an error raised there names the plugin.
 * Do nothing per batch that a run does not need (the built-in takes part in no per-batch event
-  without accumulation or loss scaling: its ``batch_events``), and no host-device
-  synchronisation per step.
+  without accumulation or loss scaling: its ``batch_events``), and no host-device synchronisation
+  per step.
 
 Replace the built-in with a plugin named ``"optim"`` given to ``Loop(plugins=[...])``, an entry
 point named ``optim``, or by disabling it (``HOOKFIT_DISABLE_PLUGINS=optim``). Accumulation,
@@ -76,13 +74,12 @@ def after_backward(loop: Run, loss: torch.Tensor) -> None:
 def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
     """Optimizer ``name`` is about to step: gradients are final (unscaled and clipped).
 
-    Fires only for real steps (not for calls inside a gradient-accumulation window, nor for a
-    step skipped for a non-finite value known on the host). On an accelerator the built-in
-    ``optim`` may issue a step that the optimizer's kernel or the ``GradScaler`` then skips on
-    the device (a non-finite loss not read yet): it fires for that step too. A gradient-norm
-    logger reads the gradients here (on an accelerator, as a tensor: no host read per step). The
-    return value is ignored; a plugin must not replace the optimizer.
-    """
+    Fires only for real steps (not for calls inside a gradient-accumulation window, nor for a step
+    skipped for a non-finite value known on the host). On an accelerator the built-in ``optim`` may
+    issue a step that the optimizer's kernel or the ``GradScaler`` then skips on the device (a
+    non-finite loss not read yet): it fires for that step too. A gradient-norm logger reads the
+    gradients here (on an accelerator, as a tensor: no host read per step). The return value is
+    ignored; a plugin must not replace the optimizer."""
 
 
 @hookspec
@@ -94,55 +91,52 @@ def after_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer)
 @hookspec
 def step_skipped(loop: Run, optimizer: str, reason: str, step: int) -> None:
     """An optimizer step was skipped: ``optimizer`` names it, ``reason`` says why and where
-    (``"non-finite loss at epoch 2, batch 7"``), ``step`` is the global step the run was at
-    when the skip became known on the host.
+    (``"non-finite loss at epoch 2, batch 7"``), ``step`` is the global step the run was at when
+    the skip became known on the host.
 
     Fired by the plugin that owns the optimizer steps, once per skipped step, on the training
-    thread: at once where the check reads the host (the CPU), at the next host read where it
-    stays on the device (an accelerator: the stage's end, a checkpoint...; ``reason`` then names
-    the batch it happened in). Not fired for a step that raises (``nonfinite="raise"``).
-    Observers mark it (the dashboard puts ``!`` on its curve), loggers count it. The return
-    value is ignored.
-    """
+    thread: at once where the check reads the host (the CPU), at the next host read where it stays
+    on the device (an accelerator: the stage's end, a checkpoint...; ``reason`` then names the batch
+    it happened in). Not fired for a step that raises (``nonfinite="raise"``). Observers mark it
+    (the dashboard puts ``!`` on its curve), loggers count it. The return value is ignored."""
 
 
 @hookspec(firstresult=True)
 def should_sync_gradients(loop: Run) -> bool | None:
-    """Should the backward pass of the training forward pass about to run synchronise its
-    gradients over the processes (DDP's all-reduce, FSDP2's reduce-scatter)?
+    """Should the backward pass of the training forward pass about to run synchronise its gradients
+    over the processes (DDP's all-reduce, FSDP2's reduce-scatter)?
 
-    Asked by the plugin that runs a data-parallel model (distributed), from a forward pre-hook
-    of that model, before every forward pass while ``loop.training`` with gradients enabled:
-    inside the step function, on the training thread, once per pass, in order (the step's own,
-    then those of a closure it gives ``loop.optimizers.step(closure)``). ``loop.state.batch_idx``
-    is the running batch and ``loop.state.step`` counts the training batches before it. Not
-    asked in validation, ``predict``, under ``torch.no_grad()``, nor in a run without a
-    data-parallel model. Several forwards that feed one backward are each asked: answer alike.
+    Asked by the plugin that runs a data-parallel model (distributed), from a forward pre-hook of
+    that model, before every forward pass while ``loop.training`` with gradients enabled: inside the
+    step function, on the training thread, once per pass, in order (the step's own, then those of a
+    closure it gives ``loop.optimizers.step(closure)``). ``loop.state.batch_idx`` is the running
+    batch, ``loop.state.step`` counts the training batches before it. Not asked in validation,
+    ``predict``, under ``torch.no_grad()``, nor without a data-parallel model. Several forwards that
+    feed one backward are each asked: answer alike.
 
-    ``True`` when the optimizers will step with the gradients this pass leaves (on their own, or
-    summed with those of earlier passes answered ``False``): every pass of a plain batch; the
-    window's last micro-batch with gradient accumulation, and the training stage's last batch,
-    where a partial window is stepped; the pass whose gradients a Sharpness-Aware Minimization
-    step takes (the closure's). ``False`` when they are not yet what the step takes:
-    micro-batches inside a window, a pass that only prepares the step (SAM's first). A pass
-    answered ``False`` costs no communication and leaves each process gradients of its own:
+    ``True`` when the optimizers will step with the gradients this pass leaves (alone, or summed
+    with those of earlier passes answered ``False``): every pass of a plain batch; an accumulation
+    window's last micro-batch, and the training stage's last batch (a partial window is stepped);
+    the pass whose gradients a Sharpness-Aware Minimization step takes (the closure's). ``False``
+    when they are not yet what the step takes: micro-batches inside a window, a pass that only
+    prepares the step (SAM's first). A pass answered ``False`` costs no communication and leaves
+    each process gradients of its own:
 
     * with DDP in the parameters' ``.grad``; the next pass answered ``True`` all-reduces what
-      ``.grad`` then holds (its own gradients added), so what must not count is taken out
-      first: SAM without accumulation zeroes them (``zero_grad()``); with accumulation, set the
-      window's gradients aside before the local pass and add them back after the synchronised one;
-    * with FSDP2 inside the model, unsharded (the sharded ``.grad`` stays as it was), until the
-      next synchronised pass adds its own and reduce-scatters the sum: they can be neither read
-      nor zeroed through the optimizers, so answer ``False`` only for passes whose gradients are
-      summed with the next synchronised one (accumulation), ``True`` for a pass whose gradients
-      the optimizer reads itself (SAM's first).
+      ``.grad`` then holds (its own added), so what must not count is taken out first: SAM without
+      accumulation zeroes them; with accumulation, set the window's gradients aside before the
+      local pass and add them back after the synchronised one;
+    * with FSDP2 inside the model, unsharded (the sharded ``.grad`` stays as it was) until the next
+      synchronised pass adds its own and reduce-scatters the sum: neither readable nor zeroable
+      through the optimizers, so answer ``False`` only for passes summed with the next synchronised
+      one (accumulation), ``True`` for a pass whose gradients the optimizer reads (SAM's first).
 
-    Synchronising a pass that need not be is harmless (the average is linear), only slower.
-    When in doubt, answer ``True``; ``None`` (or no implementation) means ``True``. First result.
+    Synchronising a pass that need not be is harmless (the average is linear), only slower. When
+    in doubt, answer ``True``; ``None`` (or no implementation) means ``True``. First result.
 
-    The built-in ``optim`` answers per batch, every pass alike: ``True`` when the optimizers
-    step after this batch, and on the last batch before ``max_steps`` (the run may end there
-    with its window open, and the gradients a checkpoint keeps from the main process must be
-    every process's); ``False`` inside a window; ``True`` when the stage's length is unknown
-    (data without ``len()``: its last batch cannot be told in advance).
+    The built-in ``optim`` answers per batch, every pass alike: ``True`` when the optimizers step
+    after this batch, and on the last batch before ``max_steps`` (the run may end there with its
+    window open, and a checkpoint keeps the main process's gradients: they must be every
+    process's); ``False`` inside a window; ``True`` when the stage's length is unknown (data
+    without ``len()``: its last batch cannot be told in advance).
     """

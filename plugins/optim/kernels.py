@@ -1,5 +1,4 @@
-"""torch's kernels that skip a step on the device (they take ``found_inf``), and optim's use of
-them on the device path (README.md, "torch's kernels that skip a step on the device")."""
+"""torch's kernels that skip a step on ``found_inf``, and optim's use of them on the device path (README.md)."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
-    """Switch every group of ``optimizer`` that can take it to torch's fused kernel, as if built with
-    ``fused=True``; ``model`` holds the modules whose ``sparse=True`` rules SGD out."""
+    """Switch the groups of ``optimizer`` that can take it to torch's fused kernel (``model``: its sparse modules)."""
     if _default_to_fused_or_foreach is None or type(optimizer) not in SWITCHED:
         return
     dense = _dense_parameters(model) if type(optimizer) is torch.optim.SGD else set()
@@ -102,8 +100,7 @@ def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
 
 def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
                 keeps_state: Callable[[], bool]) -> None:
-    """``scaler.step(optimizer)``; for a fused optimizer that a skip inside its kernel would leave
-    invalid (``keeps_state()`` false), by the scaler's host read of ``found_inf`` instead."""
+    """``scaler.step(optimizer)``, by the scaler's host read where a skip in the kernel would not ``keeps_state()``."""
     if not getattr(optimizer, "_step_supports_amp_scaling", False) or keeps_state():
         scaler.step(optimizer)
         return
@@ -115,8 +112,7 @@ def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
 
 
 def into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:
-    """Add the window's flag to what ``scaler`` found at ``unscale_``, so that ``scaler.step`` skips (the
-    scale backs off); ``False`` where the scaler keeps no such record: the caller reads the flag itself."""
+    """Add ``bad`` to what ``scaler`` found at ``unscale_`` (it then skips); ``False``: no such record found."""
     record = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
     found = record.get("found_inf_per_device", {}).get(bad.device)
     if not isinstance(found, torch.Tensor):

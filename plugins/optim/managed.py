@@ -1,5 +1,4 @@
-"""What the step function drives: ``loop.optimizers`` (:class:`Optimizers`) of :class:`ManagedOptimizer`,
-each stepped under the run's :class:`Rules`, which ``Optim`` builds at ``configure`` from its parts."""
+"""What the step drives: ``loop.optimizers`` of :class:`ManagedOptimizer`, stepped by the run's :class:`Rules`."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ class ManagedOptimizer:
         return self.optimizer.param_groups
 
     def step(self, partial: bool = False) -> bool:
-        """Step now if this batch closes an accumulation window (``partial``: the stage's end steps
-        the open one); whether it stepped (``False`` inside a window or skipped for a non-finite value)."""
+        """Step unless this batch is inside a window (``partial``: the stage's end); whether it stepped."""
         rules = self._rules
         if self._accumulates and not partial and not rules.window.closes(rules.loop):
             self.window_open = True
@@ -152,8 +150,7 @@ class ManagedOptimizer:
         self.zero_grad()
 
     def _prepare(self, bad: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
-        """The gradients made final: unscaled, checked, clipped. Returns the window's flag and the
-        gradients' own flag on the device (``bad`` set; on the host they are read), or ``None``: skipped."""
+        """Unscale, check, clip: the window's flag and the gradients' on the device, or ``None`` (skipped)."""
         rules, optimizer, scaler = self._rules, self.optimizer, self._rules.scaler
         if scaler is not None:
             scaler.unscale_(optimizer)
@@ -163,29 +160,25 @@ class ManagedOptimizer:
                     self.skip("non-finite loss")
                     return None
                 bad = None
-        finite, grad_bad = True, None
+        grad_bad = None  # 1.0 where the gradients are not finite, on the window flag's device
         if rules.clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, rules.clip_norm)
-            if rules.check_grads and bad is None:
-                finite = bool(torch.isfinite(norm))
-            elif rules.check_grads and bad is not None:
-                grad_bad = torch.isfinite(norm).logical_not_().to(bad.device)
-        elif rules.check_grads:
-            grads = [p.grad for p in self.params if p.grad is not None]
-            if bad is None:
-                finite = all(bool(torch.isfinite(g).all()) for g in grads)
-            elif grads:
-                grad_bad = torch.stack([torch.isfinite(g).all().to(bad.device) for g in grads]).all().logical_not_()
+            if rules.check_grads:
+                grad_bad = torch.isfinite(norm).logical_not_()
+        elif rules.check_grads and (grads := [p.grad for p in self.params if p.grad is not None]):
+            device = grads[0].device if bad is None else bad.device
+            grad_bad = torch.stack([torch.isfinite(g).all().to(device) for g in grads]).all().logical_not_()
         if rules.clip_value is not None:
             torch.nn.utils.clip_grad_value_(self.params, rules.clip_value)
-        if not finite:
+        if bad is not None:  # the device path: the step skips on both flags
+            return bad, None if grad_bad is None else grad_bad.to(bad.device)
+        if grad_bad is not None and bool(grad_bad):  # the host path: one read
             self.skip("non-finite gradient")
             return None
-        return bad, grad_bad
+        return None, None
 
     def skips_on_device(self) -> bool:
-        """Whether its kernel skips on ``found_inf`` and a skip leaves it a valid state (README.md,
-        "torch's kernels that skip a step on the device")."""
+        """Whether its kernel skips on ``found_inf``, leaving it a valid state (decided once, again on a change)."""
         optimizer = self.optimizer
         if self._skips is None or len(optimizer.param_groups) != self._groups:
             if self._rules.fuse:
@@ -212,8 +205,7 @@ class ManagedOptimizer:
         }
 
     def check_state(self, state: Mapping[str, Any]) -> None:
-        """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit it
-        (README.md, "Checkpoints")."""
+        """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit it."""
         saved_class, here = state.get("class"), class_name(self.optimizer)
         if saved_class is not None and saved_class != here:
             raise ValueError(f"optim: optimizer {self.name!r} was a {saved_class} in the checkpoint and is a {here} "
@@ -255,8 +247,7 @@ NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...)
 
 
 class Optimizers(Mapping[str, ManagedOptimizer]):
-    """``loop.optimizers`` during a run: named :class:`ManagedOptimizer` objects; with exactly
-    one, ``step()``, ``zero_grad()`` and ``param_groups`` work without a name."""
+    """``loop.optimizers`` during a run; with exactly one optimizer, it steps without a name."""
 
     def __init__(self, managed: dict[str, ManagedOptimizer], loop: Run | None = None) -> None:
         self._managed = managed
@@ -301,8 +292,7 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
-        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block; their
-        ``requires_grad`` is restored after it (README.md, "Toggles")."""
+        """Freeze the parameters of every optimizer but ``name`` for the ``with`` block, restored after it."""
         active = self[name]
         own = {id(p) for p in active.params}
         # by optimizer, those requiring a gradient now (one frozen already is left, and stays so)

@@ -1,5 +1,4 @@
-"""optim's non-finite policy (:class:`Policy`) and its device path (:class:`Deferred`): README.md,
-"Non-finite values"."""
+"""optim's non-finite policy (:class:`Policy`) and its device path (:class:`Deferred`): README.md."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 
 class OptimWarning(HookfitWarning):
-    """A step was skipped because of a non-finite loss or gradient, or a managed optimizer was
-    stepped directly instead of through ``loop.optimizers``."""
+    """A step skipped for a non-finite value, or a managed optimizer stepped outside ``loop.optimizers``."""
 
 
 READ_EVERY = 1024
@@ -84,8 +82,7 @@ class Policy:
 
 
 class Deferred:
-    """The device path's flags: the open window's, the closed windows' kept unread, and the
-    error a read under ``nonfinite="raise"`` holds."""
+    """The device path's flags: the open window's, the closed ones kept unread, an error held under "raise"."""
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
@@ -107,8 +104,7 @@ class Deferred:
         self._flags, self._size, self._scaled = flags, size, scaled
 
     def discard(self) -> None:
-        """Forget the open window's flag and the closed ones unread (a restored state replaces
-        them: the losses they flagged belong to a run that is put back)."""
+        """Forget every flag kept (a restored state replaces the run they came from)."""
         self.bad, self._stepped, self._pending, self._due = None, [], [], None
 
     def fold(self, loop: Run, loss: torch.Tensor) -> None:
@@ -157,8 +153,7 @@ class Deferred:
         return self.bad is not None and bool(self.bad)
 
     def close(self, bounded: bool = True) -> None:
-        """The window's flag is kept, unread, with the steps that skipped on the device; at most
-        ``READ_EVERY`` of them (``bounded``), then they are read."""
+        """Keep the window's flag, unread, with the steps that skipped on it; read at ``READ_EVERY`` (``bounded``)."""
         if self.bad is not None:
             self._pending.append((self.bad, self._where, self._stepped))
             self.bad, self._stepped = None, []
@@ -166,8 +161,7 @@ class Deferred:
                 self.read()
 
     def finish(self, final: bool) -> None:
-        """The run's last read, the open window's too; an error under ``"raise"`` is warned about
-        instead where the run did not complete (``final``)."""
+        """The run's last read; under "raise" a run that did not complete (``final``) warns instead."""
         self.close(bounded=False)
         if self._due is not None and final:
             warnings.warn(f"{self._due}, found at the end of the run", OptimWarning, stacklevel=3)

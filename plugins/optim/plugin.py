@@ -1,5 +1,4 @@
-"""The ``Optim`` plugin: its options and events, mixed precision and checkpoints, built from parts
-that own their state (README.md)."""
+"""The ``Optim`` plugin: options, events, mixed precision and checkpoints, built from parts (README.md)."""
 
 from __future__ import annotations
 
@@ -28,27 +27,17 @@ __all__ = ["Optim", "OptimWarning"]
 
 
 class Optim:
-    """Manual optimizer stepping with accumulation, clipping, mixed precision, schedulers and a
-    non-finite policy; its options are described in :mod:`hookfit.plugins.optim`."""
+    """Manual optimizer stepping; its options are described in plugins/optim/README.md."""
 
     name = "optim"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
 
-    def __init__(
-        self,
-        accumulate: int = 1,
-        clip_norm: float | None = None,
-        clip_value: float | None = None,
-        amp: bool | torch.amp.GradScaler = False,
-        nonfinite: Literal["skip", "raise"] | None = "skip",
-        check_grads: bool = False,
-        schedulers: Any = None,
-        scheduler_interval: Literal["step", "epoch"] | None = None,
-        monitor: str | None = None,
-        precision: Literal["32", "bf16-mixed", "16-mixed"] = "32",
-        defer: bool | None = None,
-        fuse: bool = True,
-    ) -> None:
+    def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None,
+                 amp: bool | torch.amp.GradScaler = False, nonfinite: Literal["skip", "raise"] | None = "skip",
+                 check_grads: bool = False, schedulers: Any = None,
+                 scheduler_interval: Literal["step", "epoch"] | None = None, monitor: str | None = None,
+                 precision: Literal["32", "bf16-mixed", "16-mixed"] = "32", defer: bool | None = None,
+                 fuse: bool = True) -> None:
         name = self.name
         positive_int(name, "accumulate", accumulate)
         choice(name, "nonfinite", nonfinite, ("skip", "raise"), none=True)
@@ -136,11 +125,8 @@ class Optim:
         self._watch.start(loop, self.optimizers, why)
 
     def batch_events(self, loop: Run) -> tuple[str, ...]:
-        """``batch_end`` where a batch can close an accumulation window, update the loss scale
-        or close a poisoned window; nothing else per batch."""
-        if self.accumulate > 1 or self.scaler is not None or self._closes_always:
-            return ("batch_end",)
-        return ()
+        """``batch_end`` where a batch can close a window, update the loss scale or close a poisoned window."""
+        return ("batch_end",) if self.accumulate > 1 or self.scaler is not None or self._closes_always else ()
 
     def _poisoned(self) -> None:
         """Once a window is poisoned, ``batch_end`` closes windows for the rest of the run
@@ -156,8 +142,7 @@ class Optim:
 
     @hookimpl
     def backward(self, loop: Run, loss: torch.Tensor) -> bool:
-        """The check, the events around the pass, the loss divided for its window and scaled,
-        the pass marked for the watch; outside autocast, as PyTorch advises."""
+        """The check, the events around the pass, the loss divided and scaled; outside autocast, as PyTorch advises."""
         if self._autocast is not None and torch.is_autocast_enabled(self._autocast[0]):
             with torch.autocast(self._autocast[0], enabled=False):
                 return self.backward(loop, loss)
@@ -318,9 +303,8 @@ class Optim:
 
     @hookimpl
     def load_state(self, loop: Run, state: Mapping[str, Any]) -> None:
-        if loop.mode != "fit":
-            return  # a run that does not train (Loop.validate()) needs no optimizer state, nor optimizers
-        self.load_state_dict(state)
+        if loop.mode == "fit":  # a run that does not train (Loop.validate()) needs no optimizer state
+            self.load_state_dict(state)
 
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")

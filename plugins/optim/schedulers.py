@@ -1,6 +1,4 @@
-"""optim's learning-rate schedulers (:class:`Schedules`): what ``schedulers``, ``scheduler_interval``
-and ``monitor`` take, checked as soon as each can be told, and when each scheduler steps (README.md,
-"Schedulers")."""
+"""optim's learning-rate schedulers (:class:`Schedules`), checked as soon as each can be told (README.md)."""
 
 from __future__ import annotations
 
@@ -122,8 +120,7 @@ class Schedules:
         return [s for s in schedulers if not isinstance(s, PLATEAU) and self.interval != "epoch"]
 
     def assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
-        """At ``configure``: each optimizer's schedulers, in order, checked against the run's
-        optimizers (none in a run that does not train)."""
+        """At ``configure``: each optimizer's schedulers, in order, checked against the run's optimizers."""
         self._awaiting = None
         out: dict[str, list[Any]] = {name: [] for name in optimizers}
         self._assigned = out
@@ -151,8 +148,7 @@ class Schedules:
         return out
 
     def stage_ended(self, loop: Run, stage: str) -> None:
-        """The monitored stage is complete (optim's ``tryfirst`` ``stage_end``): its
-        ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""
+        """The monitored stage is complete: its ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""
         if self._monitor is not None and stage == self._monitor.stage and loop.mode == "fit":
             self._awaiting = loop.state.epoch
 

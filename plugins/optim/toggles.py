@@ -1,5 +1,4 @@
-"""``loop.optimizers.toggle(name)``'s record of a batch's toggles, and the note it leaves on a
-backward pass it broke (README.md, "Toggles")."""
+"""``loop.optimizers.toggle(name)``'s record, and the note on a backward pass it broke (README.md, "Toggles")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""optim's watch for steps and backward passes that bypass it, during the run's first training
-stage (README.md, "The watch for steps and passes that bypass optim")."""
+"""optim's watch for steps and backward passes that bypass it, in the first training stage (README.md)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ class Watch:
         self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
 
     def stage_start(self, own_backward: bool) -> None:
-        """A training stage begins: the run's first is watched; gradients only where
-        ``loop.backward`` runs optim's pass (``own_backward``), which marks it."""
+        """A training stage begins: the run's first is watched (gradients only where ``own_backward``)."""
         if not self._watched and self._optimizers is not None:
             self._watched = self._first_stage = True
             self._own_backward = own_backward
@@ -101,8 +99,7 @@ class Watch:
         return sum(m.steps + m.skipped for m in (self._optimizers or {}).values())
 
     def _check_stepped(self) -> None:
-        """Warn, once a run, when the first training stage made passes through ``loop.backward``
-        and no optimizer stepped."""
+        """Warn, once a run, when the first stage passed through ``loop.backward`` and nothing stepped."""
         if self._unstepped_said or self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
             return
         self._unstepped_said = True
@@ -112,8 +109,7 @@ class Watch:
                       f"loop.backward(loss)", OptimWarning, stacklevel=2)
 
     def _grad_arrived(self, tensor: torch.Tensor) -> None:
-        """A gradient arrived: outside optim's own pass, warn once a run, or raise where the run
-        would train another model than the script means."""
+        """A gradient arrived outside optim's pass: warn once a run, or raise where it trains another model."""
         if self.inside or self._backward_bypassed:
             return
         self._backward_bypassed = True
@@ -152,8 +148,7 @@ class Watch:
 
 
 def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside this module and torch (the line of the
-    step function that called ``loss.backward()``), for ``warnings.warn`` called from here."""
+    """The ``stacklevel`` of the first frame outside this module and torch (the step function's line)."""
     frame, level = sys._getframe(1), 1
     while frame.f_back is not None and (frame.f_code.co_filename == __file__
                                         or frame.f_code.co_filename.startswith(_TORCH)):

@@ -1,5 +1,4 @@
-"""optim's accumulation window (``Optim(accumulate=N)``): which training batch closes one, what each
-loss is divided by, and the answer to ``should_sync_gradients`` (README.md, "The accumulation window")."""
+"""optim's accumulation window (``Optim(accumulate=N)``): README.md, "The accumulation window"."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class Window:
         return self.size == 1 or (loop.state.batch_idx + 1) % self.size == 0
 
     def divisor(self, loop: Run) -> int:
-        """What this batch's loss is divided by, from its index and the data's length alone
-        (``size`` past the length the data gave: a wrong ``__len__``)."""
+        """What this batch's loss is divided by (``size`` past the data's length: a wrong ``__len__``)."""
         batch_idx = loop.state.batch_idx
         if (batch_idx < self._last_window or not loop.training or self._stage_len is None
                 or batch_idx >= self._stage_len):
