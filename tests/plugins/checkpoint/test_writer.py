@@ -6,6 +6,7 @@ the run's end."""
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from pathlib import Path
@@ -112,6 +113,62 @@ def test_a_run_holds_at_most_two_copies_of_its_state_whatever_the_number_of_save
     for key in given[0]["model"]:
         assert len({state["model"][key].data_ptr() for state in given}) <= 2, key
     assert read(ckpt.last)["loop"]["step"] == 14
+
+
+
+class Settle:
+    """Waits, before each batch, for the checkpoint writer to finish every write asked (so each
+    save finds the first snapshot's buffers free)."""
+
+    name = "settle"
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self.ckpt = ckpt
+
+    @hookfit.hookimpl
+    def batch_start(self) -> None:
+        self.ckpt.writer.wait()
+
+
+def test_in_a_run_a_tensor_that_changes_shape_gets_a_new_buffer_and_the_others_keep_their_storage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's buffer grows from 2 to 5 values after the 3rd step: the saves after it copy it
+    into a buffer of the new shape, made once and reused; the weight and bias are copied into
+    the same storages at every save; each file holds the values of its step."""
+    given: list[dict[str, Any]] = []
+
+    def recording(state: dict[str, Any], path: Path, between: Any) -> None:
+        given.append(state)  # kept alive: a storage let go could be reused by another buffer
+        write_file(state, path, between)
+
+    monkeypatch.setattr(checkpoint_plugin, "write_file", recording)
+    ckpt = Checkpoint(every_n_epochs=None, every_n_steps=1, keep_last=100)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model.register_buffer("seen", torch.zeros(2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(loop: Any, batch: torch.Tensor) -> None:
+        if loop.state.step == 3:
+            model.seen = torch.zeros(5)  # (a registered buffer replaced: it stays in the state dict)
+        model.seen.add_(1)
+        model(batch).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    hookfit.Loop(step, [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(6)],
+                 model=model, optimizers=optimizer, run_dir=tmp_path, plugins=[ckpt, Settle(ckpt)]).fit()
+    assert len(given) == 6
+
+    def storages(key: str) -> list[int]:
+        return [state["model"][key].untyped_storage().data_ptr() for state in given]
+
+    assert len(set(storages("weight"))) == 1 and len(set(storages("bias"))) == 1
+    seen = storages("seen")
+    assert len(set(seen[:3])) == 1 and len(set(seen[3:])) == 1 and seen[0] != seen[3]
+    assert [read(p)["model"]["seen"].tolist() for p in ckpt.saved] == [[1.0] * 2, [2.0] * 2, [3.0] * 2,
+                                                                       [1.0] * 5, [2.0] * 5, [3.0] * 5]
+    assert torch.equal(read(ckpt.saved[-1])["model"]["weight"], model.weight.detach())
 
 
 # -- a save asked while one write is in flight and another waits -----------------------------
@@ -266,6 +323,68 @@ def test_the_last_writes_failure_is_reported_at_the_runs_end_as_configured(
             loop, _, _ = train(tmp_path, checkpoint=ckpt, epochs=1)
         assert loop.state.status == "completed"
     assert ckpt.failed_saves == 1 and ckpt.saved == [] and ckpt.last is None
+
+
+
+def _failing_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint's first write fails once its temporary file is started (the disk is
+    full then, not later)."""
+    writes = [0]
+
+    def save(state: dict[str, Any], path: Path, between: Any) -> None:
+        writes[0] += 1
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+        def full() -> None:
+            between()
+            if writes[0] == 1 and temporary.exists():
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+        write_file(state, path, full)
+
+    monkeypatch.setattr(checkpoint_plugin, "write_file", save)
+
+
+class WaitFor(Settle):
+    """Waits, before the ``at``-th batch, for the checkpoint writer to finish every write
+    asked (its outcomes told); counts the batches started."""
+
+    def __init__(self, ckpt: Checkpoint, at: int) -> None:
+        super().__init__(ckpt)
+        self.at, self.started = at, 0
+
+    @hookfit.hookimpl
+    def batch_start(self) -> None:
+        self.started += 1
+        if self.started == self.at:
+            self.ckpt.writer.wait()
+
+
+@pytest.mark.fault
+def test_with_warn_a_failed_background_write_leaves_no_file_and_the_next_saves_are_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _failing_once(monkeypatch)
+    ckpt = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=100)
+    with pytest.warns(CheckpointWarning, match=r"could not write .*step000000002.pt.*No space left") as caught:
+        loop, _, _ = train(tmp_path, checkpoint=ckpt, epochs=1)
+    assert loop.state.status == "completed" and ckpt.failed_saves == 1
+    assert len([w for w in caught if w.category is CheckpointWarning]) == 1
+    assert [read(p)["loop"]["step"] for p in ckpt.saved] == [4, 6]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [p.name for p in ckpt.saved]  # no .tmp
+
+
+@pytest.mark.fault
+def test_with_raise_a_failed_background_write_stops_training_at_the_first_batch_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The save at step 2 fails while the 3rd batch waits for it: the error is raised on the
+    training thread after that batch, not at the run's end; no file is left."""
+    _failing_once(monkeypatch)
+    ckpt = Checkpoint(every_n_epochs=None, every_n_steps=2, on_save_error="raise")
+    waiter = WaitFor(ckpt, 3)
+    with pytest.raises(OSError, match="No space left on device"):
+        train(tmp_path, checkpoint=ckpt, epochs=2, extra=[waiter])
+    assert waiter.started == 3 and ckpt.failed_saves == 1 and ckpt.saved == []
+    assert list((tmp_path / "checkpoints").iterdir()) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
