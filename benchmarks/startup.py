@@ -29,6 +29,7 @@ first import's cost, not a first ``fit()``'s.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -152,6 +153,10 @@ def _run(name: str, code: str, run_dir: str) -> dict[str, Any]:
     return result
 
 
+PEERS = {"lightning": "pytorch_lightning", "ignite": "ignite"}
+"""The module each peer's probe imports: a peer without it is left out, and said so."""
+
+
 def probe(name: str, run_dir: str) -> dict[str, Any]:
     imports, run = FRAMEWORKS[name]
     return _run(name, PROBE.replace("FRAMEWORK_IMPORT", imports).replace("RUN", run), run_dir)
@@ -210,6 +215,9 @@ def main() -> int:
     if args.first_step_runs:
         first_step_table(args.first_step_runs, run_dir)
     names = [n for n in args.frameworks.split(",") if n]
+    for name in [n for n in names if n in PEERS and importlib.util.find_spec(PEERS[n]) is None]:
+        print(f"{name}: not installed (pip install -e '.[bench]'), left out")
+        names.remove(name)
     if not names:
         return 0
     samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
