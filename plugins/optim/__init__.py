@@ -1,6 +1,5 @@
-"""optim: manual optimizer stepping, the way Lightning 2's manual optimization works. The step
-function drives the optimizers; this plugin makes that correct under gradient accumulation,
-clipping, mixed precision and non-finite losses::
+"""optim: manual optimizer stepping, as Lightning 2's manual optimization; the step drives the
+optimizers, correctly under gradient accumulation, clipping, mixed precision and non-finite losses::
 
     def train_step(loop, batch):
         loss = ...
@@ -9,9 +8,8 @@ clipping, mixed precision and non-finite losses::
         loop.optimizers.zero_grad()
         return {"loss": loss}
 
-``Optim(accumulate, clip_norm, clip_value, amp, nonfinite, check_grads, schedulers,
-scheduler_interval, monitor, precision, defer, fuse)``: what each option does, and the design
-behind them, is ``plugins/optim/README.md`` (its section "Options" first).
+``Optim``'s options (``accumulate``, ``clip_norm``, ``precision``, ``nonfinite``, ``schedulers``...) and the
+design behind them: ``plugins/optim/README.md``, its section "Options" first.
 """
 
 from __future__ import annotations

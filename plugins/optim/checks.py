@@ -37,14 +37,11 @@ class HostCheck:
         self._to_device = to_device
 
     def admits(self, loop: Run, loss: torch.Tensor) -> bool:
-        if loss.is_cpu:
-            try:  # one number: read at once (item() refuses any other count)
-                finite = math.isfinite(loss.item())
-            except RuntimeError:
-                finite = bool(torch.isfinite(loss).all())
-        elif self._to_device is not None:
+        if loss.is_cpu and loss.numel() == 1:  # one number on the CPU: read at once
+            finite = math.isfinite(loss.item())
+        elif not loss.is_cpu and self._to_device is not None:
             return self._to_device(loop, loss)
-        else:  # defer=False on an accelerator: one synchronisation
+        else:  # several numbers, or defer=False on an accelerator (one synchronisation)
             finite = bool(torch.isfinite(loss).all())
         if not finite:
             self._policy.nonfinite_loss(loop, loss)
@@ -76,8 +73,7 @@ class Flags:
         if type(loss) is torch.Tensor and self._works:
             for fresh in (self._next >= len(self._slots), True):  # then zeros on the loss's device
                 if fresh:
-                    zeros = torch.zeros(SLOTS, device=loss.device)
-                    self._slots, self._next = zeros.unbind(), 0
+                    self._slots, self._next = torch.zeros(SLOTS, device=loss.device).unbind(), 0
                     self._one = torch.ones((), device=loss.device)
                 slot = self._slots[self._next]
                 try:

@@ -5,17 +5,16 @@ forward/backward passes per batch, as Sharpness-Aware Minimization). It must:
 * Own the backward pass: implement the core's ``backward(loop, loss)`` and fire ``before_backward``
   and ``after_backward`` around the pass, through ``loop.hooks.handlers(event)`` (taken once) or
   ``loop.hooks.<event>``.
-* Fill ``loop.optimizers`` at ``configure`` with what the step drives (see the core's events
-  reference) from what the ``Loop`` was given: a ``torch.optim.Optimizer``, a mapping of names to
-  them, or ``None`` (``Loop.validate()`` needs none); ``loop.config.optimizers`` stays the user's.
-  Do it in a plain ``configure``: the distributed plugin's ``tryfirst`` one first points the torch
-  optimizers' parameter groups at FSDP2's sharded parameters, in place. Every plugin reads
-  ``loop.optimizers`` from ``fit_start`` on: EMA tells a managed run by ``loop.hooks.backward``
-  implemented and ``loop.optimizers`` not being ``loop.config.optimizers``; the metrics role
-  publishes each one's ``param_groups[0]["lr"]`` as ``lr_<name>`` (one optimizer is ``"default"``),
-  shown by the console, the dashboard, the loggers, ``metrics.jsonl`` and ``hookfit runs``, ``show``
-  and ``compare``; ``hookfit.testing``'s default step calls ``loop.backward``,
-  ``loop.optimizers.step()`` and ``zero_grad()`` whenever a plugin implements ``backward``.
+* Fill ``loop.optimizers`` in a plain ``configure`` (the distributed plugin's ``tryfirst`` one first
+  points the torch optimizers' parameter groups at FSDP2's sharded parameters, in place) with what
+  the step drives (see the core's events reference), from what the ``Loop`` was given: a
+  ``torch.optim.Optimizer``, a mapping of names to them, or ``None`` (``Loop.validate()`` needs
+  none); ``loop.config.optimizers`` stays the user's. Every plugin reads ``loop.optimizers`` from
+  ``fit_start`` on: EMA tells a managed run by ``loop.hooks.backward`` implemented and
+  ``loop.optimizers`` not being ``loop.config.optimizers``; the metrics role publishes each one's
+  ``param_groups[0]["lr"]`` as ``lr_<name>`` (one optimizer is ``"default"``); ``hookfit.testing``'s
+  default step calls ``loop.backward``, ``loop.optimizers.step()`` and ``zero_grad()`` when a plugin
+  implements ``backward``.
 * Announce every real step of optimizer ``name`` (its name in ``loop.optimizers``) with
   ``before_optimizer_step`` and ``after_optimizer_step`` (EMA averages after it, gradient-norm
   loggers read before), and a skipped one with ``step_skipped``; a call that does not step (inside
@@ -31,17 +30,14 @@ forward/backward passes per batch, as Sharpness-Aware Minimization). It must:
   parameter groups) before it changes anything. Leave tensors as they are: with FSDP2 optimizer
   states are sharded (``DTensor``) and written from every process. A run that does not train
   (``loop.mode == "validate"``) may have no optimizers: it loads nothing.
-* Keep the code a step calls (``loop.backward``, a managed ``step()``) in the plugin's own module or
-  package, so that an error raised there names the plugin.
-* Do nothing per batch that a run does not need (the built-in takes part in no per-batch event
-  without accumulation or loss scaling: its ``batch_events``), and no host-device synchronisation
-  per step.
+* Keep the code a step calls (``loop.backward``, a managed ``step()``) in the plugin's own package,
+  so that an error raised there names the plugin. Do nothing per batch that a run does not need
+  (``batch_events``), and no host-device synchronisation per step.
 
-Replace the built-in with a plugin named ``"optim"`` given to ``Loop(plugins=[...])``, an entry
-point named ``optim``, or by disabling it (``HOOKFIT_DISABLE_PLUGINS=optim``). Accumulation,
-clipping, mixed precision, schedulers and the non-finite policy are the built-in's features
-(:class:`hookfit.plugins.optim.Optim`), not the role's. A replacement fires these events with
-``loop.hooks.<event>``: they are declared for every run, as every built-in plugin's are.
+Replace the built-in with a plugin named ``"optim"`` given to ``Loop(plugins=[...])``, an entry point
+named ``optim``, or by disabling it (``HOOKFIT_DISABLE_PLUGINS=optim``). Accumulation, clipping, mixed
+precision, schedulers and the non-finite policy are the built-in's features, not the role's. A
+replacement fires these events with ``loop.hooks.<event>``: they are declared for every run.
 """
 
 from __future__ import annotations
@@ -58,27 +54,24 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 @hookspec
 def before_backward(loop: Run, loss: torch.Tensor) -> None:
-    """The plugin that owns the backward pass is about to run it on ``loss``, the tensor as the
-    step passed it (before any accumulation or AMP scaling). Fires inside the step function, on
-    the training thread. The return value is ignored."""
+    """The backward pass is about to run on ``loss`` as the step passed it (not yet divided or scaled),
+    inside the step function, on the training thread. The return value is ignored."""
 
 
 @hookspec
 def after_backward(loop: Run, loss: torch.Tensor) -> None:
-    """The backward pass on ``loss`` is done: gradients are accumulated on the parameters, maybe
-    still scaled for mixed precision and not clipped (``before_optimizer_step`` sees them final).
-    The return value is ignored."""
+    """The backward pass on ``loss`` is done: gradients are accumulated, maybe still scaled and not
+    clipped (``before_optimizer_step`` sees them final). The return value is ignored."""
 
 
 @hookspec
 def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
     """Optimizer ``name`` is about to step: gradients are final (unscaled and clipped).
 
-    Fires only for real steps (not for calls inside a gradient-accumulation window, nor for a step
-    skipped for a non-finite value known on the host). On an accelerator the built-in ``optim`` may
-    issue a step that the optimizer's kernel or the ``GradScaler`` then skips on the device (a
-    non-finite loss not read yet): it fires for that step too. A gradient-norm logger reads the
-    gradients here (on an accelerator, as a tensor: no host read per step). The return value is
+    Fires only for real steps (not inside an accumulation window, nor for a step skipped for a
+    non-finite value known on the host), also for one the optimizer's kernel or the ``GradScaler``
+    then skips on the device (the built-in ``optim`` on an accelerator). A gradient-norm logger reads
+    the gradients here (on an accelerator, as a tensor: no host read per step). The return value is
     ignored; a plugin must not replace the optimizer."""
 
 
@@ -94,11 +87,10 @@ def step_skipped(loop: Run, optimizer: str, reason: str, step: int) -> None:
     (``"non-finite loss at epoch 2, batch 7"``), ``step`` is the global step the run was at when
     the skip became known on the host.
 
-    Fired by the plugin that owns the optimizer steps, once per skipped step, on the training
-    thread: at once where the check reads the host (the CPU), at the next host read where it stays
-    on the device (an accelerator: the stage's end, a checkpoint...; ``reason`` then names the batch
-    it happened in). Not fired for a step that raises (``nonfinite="raise"``). Observers mark it
-    (the dashboard puts ``!`` on its curve), loggers count it. The return value is ignored."""
+    Fired once per skipped step, on the training thread: at once where the check reads the host (the
+    CPU), at the next host read where it stays on the device (an accelerator: the stage's end, a
+    checkpoint...; ``reason`` then names the batch). Not fired for a step that raises
+    (``nonfinite="raise"``). The dashboard marks it, loggers count it. The return value is ignored."""
 
 
 @hookspec(firstresult=True)
@@ -132,11 +124,6 @@ def should_sync_gradients(loop: Run) -> bool | None:
       one (accumulation), ``True`` for a pass whose gradients the optimizer reads (SAM's first).
 
     Synchronising a pass that need not be is harmless (the average is linear), only slower. When
-    in doubt, answer ``True``; ``None`` (or no implementation) means ``True``. First result.
-
-    The built-in ``optim`` answers per batch, every pass alike: ``True`` when the optimizers step
-    after this batch, and on the last batch before ``max_steps`` (the run may end there with its
-    window open, and a checkpoint keeps the main process's gradients: they must be every
-    process's); ``False`` inside a window; ``True`` when the stage's length is unknown (data
-    without ``len()``: its last batch cannot be told in advance).
+    in doubt, answer ``True``; ``None`` (or no implementation) means ``True``. First result. The
+    built-in ``optim``'s answer: ``plugins/optim/README.md``, "The accumulation window".
     """

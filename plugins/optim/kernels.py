@@ -27,8 +27,7 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     if type(optimizer) not in FUSED_CLASSES:
         return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
     fused = all(group.get("fused") for group in optimizer.param_groups)
-    # torch's private attributes (GradScaler's, the fused kernels'): not in the declared type
-    setattr(optimizer, "_step_supports_amp_scaling", fused)
+    setattr(optimizer, "_step_supports_amp_scaling", fused)  # torch's (GradScaler's), not in the declared type
     return fused
 
 
@@ -36,7 +35,9 @@ def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
     """Switch the groups of ``optimizer`` that can take it to torch's fused kernel (``model``: its sparse modules)."""
     if _default_to_fused_or_foreach is None or type(optimizer) not in SWITCHED:
         return
-    dense = _dense_parameters(model) if type(optimizer) is torch.optim.SGD else set()
+    dense = {id(p) for root in modules(model) for module in root.modules()  # SGD's rule: no sparse=True module
+             if getattr(module, "sparse", False) is not True for p in module.parameters(recurse=False)
+             } if type(optimizer) is torch.optim.SGD else set()
     for group in optimizer.param_groups:
         if not _switchable(optimizer, group, dense):
             continue
@@ -56,11 +57,8 @@ def skip_keeps_state(optimizer: torch.optim.Optimizer) -> bool:
     if kind in (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad):
         return True
     if kind is torch.optim.SGD:
-        return all(
-            param.grad is None or optimizer.state.get(param, {}).get("momentum_buffer") is not None
-            for group in optimizer.param_groups if group["momentum"]
-            for param in group["params"]
-        )
+        return all(param.grad is None or optimizer.state.get(param, {}).get("momentum_buffer") is not None
+                   for group in optimizer.param_groups if group["momentum"] for param in group["params"])
     return any(optimizer.state.values())
 
 
@@ -79,12 +77,6 @@ def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], dense: 
         if group["momentum"] and (group["dampening"] or not all(p.requires_grad for p in params)):
             return False
     return True
-
-
-def _dense_parameters(model: Any) -> set[int]:
-    """The ids of ``model``'s parameters but those of modules with ``sparse=True``."""
-    return {id(p) for root in modules(model) for module in root.modules()
-            if getattr(module, "sparse", False) is not True for p in module.parameters(recurse=False)}
 
 
 def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:

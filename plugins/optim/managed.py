@@ -58,8 +58,7 @@ class ManagedOptimizer:
         self.name = name
         self.optimizer = optimizer
         self.schedulers: list[Any] = list(schedulers)  # in the order they step
-        self.steps = 0
-        self.skipped = 0
+        self.steps, self.skipped = 0, 0  # real steps, skipped ones
         self.window_open = False  # step() was called inside a window that has not closed
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self._rules = rules
@@ -83,7 +82,6 @@ class ManagedOptimizer:
             return False
         self.window_open = False
         deferred = rules.deferred
-        # the window's flag on the device (the device path), None on the host path
         bad = deferred.flag_for(self) if deferred.bad is not None and not rules.policy.poisoned else None
         if rules.policy.poisoned:  # a non-finite loss in this window: its gradients are incomplete
             return self.skip("non-finite loss")
@@ -134,9 +132,8 @@ class ManagedOptimizer:
         """A poisoned window closed: skip its step if one was asked for, drop its gradients."""
         if self.window_open:
             self.window_open = False
-            self.skip("non-finite loss")
-        else:
-            self.clear()
+            self._rules.policy.skip(self, "non-finite loss")
+        self.clear()
 
     def skip(self, why: str) -> bool:
         """Skip this step (``why``: what was not finite), counted by the policy."""
@@ -189,20 +186,15 @@ class ManagedOptimizer:
 
     def skip_keeps_state(self) -> bool:
         """:func:`kernels.skip_keeps_state`, remembered once true (it stays true)."""
-        if not self._primed:
-            self._primed = kernels.skip_keeps_state(self.optimizer)
+        self._primed = self._primed or kernels.skip_keeps_state(self.optimizer)
         return self._primed
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer (with its class), schedulers (with theirs) and counters, for checkpoints."""
-        return {
-            "class": class_name(self.optimizer),
-            "optimizer": self.optimizer.state_dict(),
-            "schedulers": [s.state_dict() for s in self.schedulers],
-            "scheduler_classes": [class_name(s) for s in self.schedulers],
-            "steps": self.steps,
-            "skipped": self.skipped,
-        }
+        return {"class": class_name(self.optimizer), "optimizer": self.optimizer.state_dict(),
+                "schedulers": [s.state_dict() for s in self.schedulers],
+                "scheduler_classes": [class_name(s) for s in self.schedulers],
+                "steps": self.steps, "skipped": self.skipped}
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit it."""

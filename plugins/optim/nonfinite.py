@@ -23,9 +23,8 @@ class OptimWarning(HookfitWarning):
 READ_EVERY = 1024
 """The device path reads the flags of this many closed windows at the latest."""
 
+# a window's steps that skipped on the device: (optimizer, the window's flag at the step, its gradients' or None)
 Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]
-"""A window's steps that skipped on the device: (optimizer, the window's flag as it was at
-the step, its gradients' own flag where they are checked)."""
 
 
 def at(loop: Run) -> str:
@@ -63,22 +62,22 @@ class Policy:
         """Count a skipped step; warn about the first, or raise under ``nonfinite="raise"``."""
         assert self.loop is not None  # by a step, during the run
         where = f"{what} at {at(self.loop)}"
+        self.count(managed, where, quiet=self.mode == "raise")
         if self.mode == "raise":
-            managed.skipped += 1
             raise FloatingPointError(f"optim: {where}")
-        self.count(managed, where)
 
-    def count(self, managed: ManagedOptimizer, where: str) -> None:
-        """Count a skipped step of ``managed``; warn about the run's first; fire ``step_skipped``."""
+    def count(self, managed: ManagedOptimizer, where: str, quiet: bool = False) -> None:
+        """Count a skipped step; unless ``quiet`` (an error names it), announce it and warn about the first."""
         managed.skipped += 1
         loop = self.loop
         assert loop is not None  # skips are counted during the run
-        if (call := loop.hooks.step_skipped) is not None:
+        if not quiet and (call := loop.hooks.step_skipped) is not None:
             call(loop, managed.name, where, loop.state.step)
         if self.first_skip is None:
             self.first_skip = where
-            warnings.warn(f"optim: skipped the step of optimizer {managed.name!r}: {where}; further skips "
-                          f"are counted and reported at the end of the run", OptimWarning, stacklevel=4)
+            if not quiet:
+                warnings.warn(f"optim: skipped the step of optimizer {managed.name!r}: {where}; further skips "
+                              f"are counted and reported at the end of the run", OptimWarning, stacklevel=4)
 
 
 class Deferred:
@@ -86,17 +85,12 @@ class Deferred:
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
-        self.bad: torch.Tensor | None = None
-        """The open window's flag: 1.0 once a loss in it was not finite (``None``: no loss checked
-        on the device in it)."""
         self._where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
         self._at = -1  # the global step of the flag's last loss
-        self._stepped: Stepped = []
-        self._pending: list[tuple[torch.Tensor, tuple[int, int, int], Stepped]] = []
-        self._due: FloatingPointError | None = None
         self._flags: Flags | None = None
         self._size = 1
         self._scaled = False
+        self.discard()
 
     def start(self, flags: Flags, size: int, scaled: bool) -> None:
         """A run begins: windows of ``size`` batches, a ``GradScaler`` or not (``scaled``)."""
@@ -105,7 +99,10 @@ class Deferred:
 
     def discard(self) -> None:
         """Forget every flag kept (a restored state replaces the run they came from)."""
-        self.bad, self._stepped, self._pending, self._due = None, [], [], None
+        self.bad: torch.Tensor | None = None  # the open window's flag: 1.0 once a loss in it was not finite
+        self._stepped: Stepped = []
+        self._pending: list[tuple[torch.Tensor, tuple[int, int, int], Stepped]] = []
+        self._due: FloatingPointError | None = None
 
     def fold(self, loop: Run, loss: torch.Tensor) -> None:
         """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""
@@ -124,9 +121,7 @@ class Deferred:
         self._at = state.step
 
     def flag_for(self, managed: ManagedOptimizer) -> torch.Tensor | None:
-        """The flag ``managed``'s step skips on (that of the window its gradients are from), or
-        ``None``: no flag, or one read on the host now because ``managed`` cannot skip on the
-        device (a non-finite window is then poisoned, as on the CPU path)."""
+        """The flag ``managed``'s step skips on, or ``None``: none, or read now (``managed`` cannot skip on it)."""
         if self._due is not None:  # (tested here: a call fewer a step)
             self.raise_due()
         if self.bad is None:
@@ -139,18 +134,13 @@ class Deferred:
     def read_flag(self) -> bool:
         """Read the window's flag now, with every flag kept; a non-finite window is poisoned."""
         self.close(bounded=False)
-        if not self.read()[-1]:
-            return False
-        self._policy.poison(True)
-        return True
+        if bad := self.read()[-1]:
+            self._policy.poison(True)
+        return bad
 
     def stepped_on(self, managed: ManagedOptimizer, bad: torch.Tensor, grad_bad: torch.Tensor | None) -> None:
         """``managed`` stepped on ``bad`` (and its gradients' flag): counted at the next read if either was set."""
         self._stepped.append((managed, bad, grad_bad))
-
-    def window_bad(self) -> bool:
-        """Whether the open window had a non-finite loss (a host read)."""
-        return self.bad is not None and bool(self.bad)
 
     def close(self, bounded: bool = True) -> None:
         """Keep the window's flag, unread, with the steps that skipped on it; read at ``READ_EVERY`` (``bounded``)."""
@@ -170,10 +160,8 @@ class Deferred:
         self.raise_due()
 
     def read(self, final: bool = False, hold: bool = False) -> list[bool]:
-        """Read the flags kept, in one transfer: count each step skipped on the device; return
-        whether each window had a non-finite loss. Under ``"raise"`` the first non-finite value is
-        raised once all are counted; ``hold`` keeps it for the next step or read (a checkpoint),
-        ``final`` (a run that did not complete) warns instead."""
+        """Read the flags kept, in one transfer, and count the steps skipped on them; whether each window had a
+        non-finite loss. Under "raise" the error comes once all are counted: ``hold`` keeps it, ``final`` warns."""
         pending, self._pending = self._pending, []
         if not pending:
             return []
@@ -186,27 +174,21 @@ class Deferred:
         read = f"read on the host at {at(policy.loop)}"
         windows, error = [], None
         for _, (epoch, first, last), stepped in pending:
-            bad = bool(next(values))
-            windows.append(bad)
-            loss_where = f"non-finite loss at epoch {epoch}, {_batches(first, last)}"
-            skips = []
+            windows.append(bad := bool(next(values)))
+            batches = f"batch {first}" if first == last else f"batches {first}-{last}"  # (an accumulation window)
+            loss_where = f"non-finite loss at epoch {epoch}, {batches}"
+            skips = []  # where each step that skipped on the device was
             for managed, _, grad in stepped:
                 loss_bad, grad_bad = bool(next(values)), grad is not None and bool(next(values))
                 if loss_bad or grad_bad:
-                    grad_where = f"non-finite gradient at epoch {epoch}, batch {last}"
-                    skips.append((managed, loss_where if loss_bad else grad_where))
-            for managed, where in skips:
-                managed.steps -= 1
-                if raising and not final:  # counted (the error names it)
-                    managed.skipped += 1
-                    policy.first_skip = policy.first_skip or f"{where} (skipped on the device; {read})"
-                else:
-                    policy.count(managed, f"{where} (skipped on the device; {read})")
+                    skips.append(loss_where if loss_bad else f"non-finite gradient at epoch {epoch}, batch {last}")
+                    managed.steps -= 1
+                    policy.count(managed, f"{skips[-1]} (skipped on the device; {read})", quiet=raising and not final)
             if raising and final and bad and not skips:
                 warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})", OptimWarning, stacklevel=3)
             elif raising and not final and (bad or skips) and error is None:
                 were = ("its steps were " if bad else "its step was ") + "skipped on the device; " if skips else ""
-                error = FloatingPointError(f"optim: {loss_where if bad else skips[0][1]} ({were}{read})")
+                error = FloatingPointError(f"optim: {loss_where if bad else skips[0]} ({were}{read})")
         if error is not None:
             self._due = self._due or error
             if not hold:
@@ -218,8 +200,3 @@ class Deferred:
         if self._due is not None:
             error, self._due = self._due, None
             raise error
-
-
-def _batches(first: int, last: int) -> str:
-    """``batch 3``, or ``batches 2-3`` for an accumulation window's losses."""
-    return f"batch {first}" if first == last else f"batches {first}-{last}"

@@ -21,7 +21,7 @@ from hookfit.plugins.optim.watch import Watch
 from hookfit.plugins.optim.windows import Window
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    from hookfit.run import Run, Step
+    from hookfit.run import Run
 
 __all__ = ["Optim", "OptimWarning"]
 
@@ -50,18 +50,11 @@ class Optim:
         if precision == "bf16-mixed" and amp is not False:
             raise ValueError("optim: precision='bf16-mixed' needs no loss scaling: leave amp unset "
                              "(precision='16-mixed' scales the loss itself)")
-        self.precision = precision
-        self.accumulate = accumulate
         self.clip_norm = positive_number(name, "clip_norm", clip_norm, none=True)
         self.clip_value = positive_number(name, "clip_value", clip_value, none=True)
-        self.amp = amp
-        self.nonfinite = nonfinite
-        self.check_grads = check_grads
-        self.schedulers = schedulers
-        self.scheduler_interval = scheduler_interval
-        self.monitor = monitor
-        self.defer = defer
-        self.fuse = fuse
+        self.accumulate, self.amp, self.nonfinite, self.precision = accumulate, amp, nonfinite, precision
+        self.check_grads, self.defer, self.fuse = check_grads, defer, fuse
+        self.schedulers, self.scheduler_interval, self.monitor = schedulers, scheduler_interval, monitor
         self.scaler: torch.amp.GradScaler | None = None
         self.loop: Run | None = None
         self.optimizers: Optimizers | None = None
@@ -91,7 +84,7 @@ class Optim:
         self._autocast = None
         if self.precision != "32":
             self._autocast = (device or guess, torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
-            loop.wrap_step(self._under_autocast)
+            loop.wrap_step(torch.autocast(self._autocast[0], dtype=self._autocast[1]))  # (a decorator of the step)
         if isinstance(self.amp, torch.amp.GradScaler):
             self.scaler = self.amp
         elif self.amp or self.precision == "16-mixed":
@@ -129,8 +122,7 @@ class Optim:
         return ("batch_end",) if self.accumulate > 1 or self.scaler is not None or self._closes_always else ()
 
     def _poisoned(self) -> None:
-        """Once a window is poisoned, ``batch_end`` closes windows for the rest of the run
-        (leaving the run's lists from inside ``batch_end`` would skip a plugin there)."""
+        """Once a window is poisoned, ``batch_end`` closes windows for the rest of the run (never leaves the lists)."""
         if self._policy.poisoned and not self._closes_always and self.loop is not None:
             self._closes_always = True
             self.loop.hooks.resolve()
@@ -194,8 +186,7 @@ class Optim:
     def stage_start(self, loop: Run, stage: str) -> None:
         if stage == "train":
             self._window.measure(loop.train_data)
-            # gradients are watched only where loop.backward runs optim's own pass
-            self._watch.stage_start(loop.hooks.plugins("backward")[:1] == [loop.pm.get_name(self)])
+            self._watch.stage_start(loop.hooks.plugins("backward")[:1] == [loop.pm.get_name(self)])  # optim's pass
 
     @hookimpl(tryfirst=True)  # finishes the stage's work before plugins report on it (metrics)
     def stage_end(self, loop: Run, stage: str) -> None:
@@ -225,8 +216,7 @@ class Optim:
 
     @hookimpl
     def results(self, loop: Run) -> dict[str, Any] | None:
-        """``skipped_steps`` (for non-finite values, over the whole run) and ``first_skip`` (where the run's
-        first was, a resumed run's state included, or ``None``); nothing in a run that does not train."""
+        """``skipped_steps`` (non-finite values, the whole run), ``first_skip`` (where, or ``None``), when training."""
         total = self._skipped_total
         return None if total is None else {"skipped_steps": total, "first_skip": self._policy.first_skip}
 
@@ -245,17 +235,6 @@ class Optim:
             self._watch.release()
             self.loop = None
 
-    def _under_autocast(self, step: Step) -> Step:
-        """``step`` run under ``torch.autocast`` (given to ``loop.wrap_step``)."""
-        assert self._autocast is not None  # set at configure, before it calls loop.wrap_step
-        device, dtype = self._autocast
-
-        def step_under_autocast(loop: Run, batch: Any) -> Any:
-            with torch.autocast(device, dtype=dtype):
-                return step(loop, batch)
-
-        return step_under_autocast
-
     def state_dict(self) -> dict[str, Any]:
         """What ``save_state`` stores (README.md, "Checkpoints")."""
         assert self.optimizers is not None
@@ -265,7 +244,7 @@ class Optim:
             deferred.close()  # this batch's steps are done
         deferred.read(hold=True)  # the counters as they are (an error is raised at optim's next step or read)
         window_open = self.accumulate > 1 and any(m.window_open for m in self.optimizers.values())
-        poisoned = self._policy.poisoned or (window_open and deferred.window_bad())
+        poisoned = self._policy.poisoned or (window_open and deferred.bad is not None and bool(deferred.bad))
         managed = self.optimizers.items()
         return {
             "optimizers": {n: m.state_dict() for n, m in managed},
@@ -311,12 +290,9 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 
 
 def _named(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if isinstance(value, Optimizers):
-        return {n: m.optimizer for n, m in value.items()}
-    if isinstance(value, Mapping):
-        return dict(value)
+    """``Loop(optimizers=...)`` by name (one optimizer is ``"default"``)."""
     if isinstance(value, (list, tuple)):
         raise TypeError(f"optim: give several optimizers as a dict of names, not a {type(value).__name__}")
-    return {"default": value}
+    if isinstance(value, Optimizers):
+        return {n: m.optimizer for n, m in value.items()}
+    return {} if value is None else dict(value) if isinstance(value, Mapping) else {"default": value}

@@ -12,8 +12,6 @@ from hookfit.plugins.support import Monitor, choice, option_error
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["Schedules"]
-
 NAME = "optim"
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
 SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers "
@@ -39,7 +37,7 @@ def describe(scheduler: Any) -> str:
 
 
 def _parse(schedulers: Any) -> list[Given]:
-    """The schedulers given, in order, each with the dict name it came under (checked)."""
+    """The schedulers given, in order, with their dict names: each given once, those under a name on one optimizer."""
     given: list[Given] = []
     if isinstance(schedulers, Mapping):
         for key, value in schedulers.items():
@@ -53,21 +51,6 @@ def _parse(schedulers: Any) -> list[Given]:
         if not (isinstance(getattr(value, "optimizer", None), torch.optim.Optimizer) and all(
                 callable(getattr(value, attr, None)) for attr in ("step", "state_dict", "load_state_dict"))):
             raise option_error(NAME, item.where, value, SCHEDULERS_MUST, TypeError, shown=_shown(value))
-    _check_once(given)
-    return given
-
-
-def _shown(value: Any) -> str:
-    """A value as an error shows it: a class as itself, anything else by its type."""
-    if isinstance(value, type):
-        return f"the class {value.__name__} (build one: {value.__name__}(optimizer, ...))"
-    if value is None or isinstance(value, (str, int, float)):
-        return repr(value)
-    return f"a {type(value).__name__}"
-
-
-def _check_once(given: list[Given]) -> None:
-    """Each scheduler given once (chains included), those under one dict name on one optimizer."""
     seen: dict[int, Any] = {}
     for item in given:
         inner = getattr(item.scheduler, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
@@ -84,17 +67,24 @@ def _check_once(given: list[Given]) -> None:
             raise ValueError(
                 f"optim: schedulers[{item.name!r}]: its {describe(first)} and {describe(item.scheduler)} "
                 f"are built on different optimizers; the schedulers under a name drive that optimizer")
+    return given
+
+
+def _shown(value: Any) -> str:
+    """A value as an error shows it: a class as itself, anything else by its type."""
+    if isinstance(value, type):
+        return f"the class {value.__name__} (build one: {value.__name__}(optimizer, ...))"
+    if value is None or isinstance(value, (str, int, float)):
+        return repr(value)
+    return f"a {type(value).__name__}"
 
 
 class Schedules:
-    """The schedulers of ``Optim``: checked when it is built, given to their optimizers at
-    ``configure`` (:meth:`assign`); the managed optimizers step those :meth:`per_step` names,
-    this object the others, from optim's events."""
+    """``Optim``'s schedulers: those :meth:`per_step` names step with their optimizer, the others here."""
 
     def __init__(self, schedulers: Any, scheduler_interval: str | None, monitor: str | None) -> None:
         choice(NAME, "scheduler_interval", scheduler_interval, ("step", "epoch"), none=True)
-        self.interval = scheduler_interval
-        self.monitor = monitor
+        self.interval, self.monitor = scheduler_interval, monitor
         self._given = _parse(schedulers)
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
         plateaus = [g.scheduler for g in self._given if isinstance(g.scheduler, PLATEAU)]
@@ -110,8 +100,7 @@ class Schedules:
         if plateaus and scheduler_interval == "step":
             raise ValueError(f"optim: scheduler_interval='step' cannot step a ReduceLROnPlateau: it steps on "
                              f"monitor={monitor!r} once the stage is complete (once per epoch); leave "
-                             f"scheduler_interval out (the ReduceLROnPlateau on its metric, the others after every "
-                             f"step) or give 'epoch'")
+                             f"scheduler_interval out (then the others step after every step) or give 'epoch'")
         self._assigned: dict[str, list[Any]] = {}
         self._awaiting: int | None = None  # the epoch whose monitored stage ended, its metrics not heard
 

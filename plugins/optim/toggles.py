@@ -13,8 +13,6 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.plugins.optim.managed import Optimizers
     from hookfit.run import Run
 
-__all__ = ["Toggled", "note_toggles", "stamp"]
-
 NO_GRAD = "does not require grad"  # in torch's error for a backward pass through nothing that requires one
 
 
@@ -32,8 +30,7 @@ def stamp(loop: Run | None) -> Any:
 
 
 def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) -> None:
-    """Add a note to ``error``, torch's error for a backward pass through nothing that requires
-    a gradient, when a ``toggle`` of this batch froze parameters: which, and why."""
+    """Add a note naming this batch's toggles to torch's error for a backward pass through nothing to train."""
     if optimizers is None or NO_GRAD not in str(error):
         return
     now = stamp(loop)

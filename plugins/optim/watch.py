@@ -26,31 +26,24 @@ WATCHED_PASSES = 16
 
 
 class Watch:
-    """The watch for steps and backward passes that bypass optim. optim marks its own:
-    :attr:`stepping` while it steps an optimizer, :attr:`inside` while it runs a backward pass
-    (then :meth:`passed`)."""
+    """The watch for steps and passes that bypass optim, which marks its own: :attr:`stepping`, :attr:`inside`."""
 
     def __init__(self) -> None:
         self.active = False  # steps and gradients that bypass optim are being watched for
-        self.stepping = False
-        self.inside = False
-        self.loop: Run | None = None
-        self._optimizers: Optimizers | None = None
-        self._why: list[str] = []  # what a bypassed loop.backward breaks (its error's reasons)
+        self.stepping = self.inside = False
         self._handles: list[RemovableHandle] = []  # the step pre-hooks
         self._grad_hooks = GradientWatch((), self._grad_arrived)
-        self._first_stage = False  # this run's first training stage is running
         self._own_backward = True  # loop.backward runs optim's pass
-        self._watched = False  # this run's first training stage was (is) watched
-        # said in this run: a bypassing step, a bypassed backward (or its error), no step at all
-        self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
         self._passes = 0  # backward passes through loop.backward while watched
         self._steps_at = 0  # the optimizers' steps (taken or skipped) when the watch began
+        self.start(None, None, [])
 
-    def start(self, loop: Run, optimizers: Optimizers, why: list[str]) -> None:
+    def start(self, loop: Run | None, optimizers: Optimizers | None, why: list[str]) -> None:
         """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in it."""
         self.loop, self._optimizers, self._why = loop, optimizers, why
-        self._watched = self._first_stage = False
+        self._watched = False  # this run's first training stage was (is) watched
+        self._first_stage = False  # this run's first training stage is running
+        # said in this run: a bypassing step, a bypassed backward (or its error), no step at all
         self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
 
     def stage_start(self, own_backward: bool) -> None:

@@ -17,9 +17,7 @@ class Window:
     def __init__(self, size: int) -> None:
         self.size = size
         self._stage_len: int | None = None  # batches in the training stage, when known
-        # the epoch's last window when it is partial: its first batch (never, the length
-        # unknown or a multiple of size) and how many batches it holds
-        self._last_window, self._last_size = sys.maxsize, size
+        self._last_window, self._last_size = sys.maxsize, size  # the epoch's last window if partial: start, size
 
     def measure(self, data: Any) -> None:
         """At a training stage's start: its length, and its last window when that is partial."""
@@ -43,9 +41,6 @@ class Window:
 
     def should_sync(self, loop: Run) -> bool:
         """The built-in's answer to ``should_sync_gradients`` (its contract is stated there)."""
-        if self.closes(loop) or self._stage_len is None:
-            return True
         state = loop.state
-        if state.batch_idx >= self._stage_len - 1:
-            return True
-        return loop.max_steps is not None and state.step + 1 >= loop.max_steps
+        return (self.closes(loop) or self._stage_len is None or state.batch_idx >= self._stage_len - 1
+                or (loop.max_steps is not None and state.step + 1 >= loop.max_steps))
