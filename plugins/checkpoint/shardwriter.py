@@ -3,8 +3,8 @@ written in the background, with :func:`torch.distributed.checkpoint.async_save`.
 
 A save blocks training for one copy of the state into host memory: the sharded tensors (each
 rank's shards) and the rest of the checkpoint (``state.pt``'s contents) are staged by DCP's
-:class:`~torch.distributed.checkpoint.staging.DefaultStager`, whose host buffers are made at the
-first save and reused while the tensors keep their storages. DCP's own thread then writes each
+:class:`~torch.distributed.checkpoint.staging.DefaultStager`, whose host buffers (pinned where
+CUDA is) are made at the first save and reused while the tensors keep their storages. DCP's own thread then writes each
 rank's files; its collectives run on a gloo process group of the checkpoint's own, made once
 (``dist.new_group(backend="gloo")``), so the training's collectives never wait on them. When a
 rank's part is written, a thread of this module finishes the checkpoint as the foreground
@@ -27,6 +27,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
+
+import torch
 
 from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.writer import Done, write_file
@@ -133,8 +135,9 @@ class ShardWriter:
 
         group = self.group
         if self._stager is None:  # to host memory, on this thread, into buffers it keeps for the next save
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=False))
+            device = torch.cuda.is_available()  # (pinned buffers and copies synchronised once, from a GPU)
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=device, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=device))
         staged = self._stager.stage(rest)
         response = async_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True),
                               process_group=group, async_stager=self._stager)
