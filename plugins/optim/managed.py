@@ -271,11 +271,11 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
     def step(self) -> bool:
         """Step the only optimizer (see :meth:`ManagedOptimizer.step`)."""
-        return (self._single or self._only("step()")).step()
+        return (self._single or self._only("step()")).step()  # (_single read first: no _only frame a batch)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the only optimizer's gradients (see :meth:`ManagedOptimizer.zero_grad`)."""
-        (self._single or self._only("zero_grad()")).zero_grad(set_to_none)
+        (self._single or self._only("zero_grad()")).zero_grad(set_to_none)  # (as step())
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:

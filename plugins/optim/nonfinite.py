@@ -106,8 +106,7 @@ class Deferred:
 
     def fold(self, loop: Run, loss: torch.Tensor) -> None:
         """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""
-        if self._due is not None:  # (tested here: a call fewer a loss)
-            self.raise_due()
+        self.raise_due()
         state = loop.state
         if self.bad is not None and self._size == 1 and state.step != self._at:
             self.close()  # the previous batch's window: no batch_end closed it
@@ -122,8 +121,7 @@ class Deferred:
 
     def flag_for(self, managed: ManagedOptimizer) -> torch.Tensor | None:
         """The flag ``managed``'s step skips on, or ``None``: none, or read now (``managed`` cannot skip on it)."""
-        if self._due is not None:  # (tested here: a call fewer a step)
-            self.raise_due()
+        self.raise_due()
         if self.bad is None:
             return None
         if managed.skips_on_device() or self._scaled:  # (the kernel decided first: it may be fused)
