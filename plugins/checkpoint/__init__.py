@@ -29,8 +29,12 @@ the one at its end, so names sort in run order. A run without a model saves noth
 Sharded runs (FSDP2: the model's parameters are ``DTensor`` shards): the checkpoint is a
 folder ``epochNNNN-stepNNNNNNNNN.dcp`` written with :mod:`torch.distributed.checkpoint` by
 every process (its own shards, in parallel; see :mod:`hookfit.plugins.checkpoint.sharded`),
-in the foreground (``background`` applies to one-file checkpoints), atomically as a whole: a
-temporary folder renamed once every part is written. It resumes on any number of processes,
+atomically as a whole: a temporary folder renamed once every part is written. With
+``background=True`` (default) a save blocks each process for one copy of its state into host
+memory and DCP's ``async_save`` writes it, on a process group of the checkpoint's own, while
+training goes on (:mod:`hookfit.plugins.checkpoint.shardwriter`): one write is in flight at most,
+a save asked during it follows ``when_busy`` on every process alike, and the write's outcome is
+taken at the next save and at the run's end. It resumes on any number of processes,
 or in a plain process; ``hookfit export RUN model.pt`` writes its model as one plain state
 dict. The digest covers ``state.pt`` (everything but the shards, whose places, shapes and
 dtypes it names, with a digest of every shard file and of DCP's ``.metadata``, checked before

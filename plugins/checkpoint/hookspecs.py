@@ -149,7 +149,8 @@ def checkpoint_saved(loop: Run, path: str, reason: str, step: int) -> None:
 
     Fired by the checkpoint plugin on the training thread, once the write has finished: a
     checkpoint written in the background is announced at the plugin's next save, epoch end,
-    checked batch or ``fit_end``, whichever comes first, never from the writer thread. A write
+    checked batch or ``fit_end``, whichever comes first (a sharded one at the next save or
+    ``fit_end``), never from the writer thread. A write
     that failed is not announced. For observers (a dashboard marks it on its curve) and for
     plugins that act on finished checkpoints (copy them elsewhere, upload them): they must not
     change or delete ``path``, whose keeping is the checkpoint plugin's. Main process only.
