@@ -2,10 +2,12 @@
 written in the background, with :func:`torch.distributed.checkpoint.async_save`.
 
 A save blocks training for one copy of the state into host memory: the sharded tensors (each
-rank's shards) and the rest of the checkpoint (``state.pt``'s contents) are staged by DCP's
-:class:`~torch.distributed.checkpoint.staging.DefaultStager`, whose host buffers (pinned where
-CUDA is) are made at the first save and reused while the tensors keep their storages. DCP's own thread then writes each
-rank's files; its collectives run on a gloo process group of the checkpoint's own, made once
+rank's shards) are staged by DCP's :class:`~torch.distributed.checkpoint.staging.DefaultStager`,
+whose host buffers (pinned where CUDA is) are made at the first save and reused while the
+tensors keep their storages; the rest of the checkpoint (``state.pt``'s contents, no sharded
+tensor in it) as a one-file checkpoint's state is
+(:class:`~hookfit.plugins.checkpoint.staging.Staging`). DCP's own thread then writes each rank's
+files; its collectives run on a gloo process group of the checkpoint's own, made once
 (``dist.new_group(backend="gloo")``), so the training's collectives never wait on them. When a
 rank's part is written, a thread of this module finishes the checkpoint as the foreground
 save does (:func:`hookfit.plugins.checkpoint.sharded.finish`, on the same group): the digests of
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 import torch
 
 from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint.staging import Staging
 from hookfit.plugins.checkpoint.writer import Done, write_file
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -86,7 +89,8 @@ class ShardWriter:
         """Sharded saves of this process so far (the temporary folders' names count them)."""
         self._thread: threading.Thread | None = None
         self._done: list[Done] = []
-        self._stager: Any = None
+        self._stager: Any = None  # DCP's, for the shards
+        self._rest = Staging()  # the one-file checkpoint's, for the rest (state.pt): no DTensor in it
         self._group: tuple[Any, Any] | None = None  # (the default group it was made in, the checkpoint's group)
 
     @property
@@ -138,13 +142,14 @@ class ShardWriter:
             device = torch.cuda.is_available()  # (pinned buffers and copies synchronised once, from a GPU)
             self._stager = DefaultStager(StagingOptions(use_pinned_memory=device, use_shared_memory=False,
                                                         use_async_staging=False, use_non_blocking_copy=device))
-        staged = self._stager.stage(rest)
+        staged = self._rest.stage(rest)
         response = async_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True),
                               process_group=group, async_stager=self._stager)
         future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
 
         def finish() -> None:
             try:
+                self._rest.ready()
                 sharded.finish(staged, tmp, path, main, save_state, future.result, group)
             except BaseException as error:  # noqa: BLE001 - taken on the training thread, reported as configured
                 self._done.append(Done(path, tag, error))
@@ -169,6 +174,7 @@ class ShardWriter:
     def close(self) -> None:
         """Wait for the write in flight and let go of the staging buffers."""
         self.wait()
+        self._rest.release()
         if self._stager is not None:
             self._stager.close()
             self._stager = None
