@@ -37,11 +37,14 @@ class HostCheck:
         self._to_device = to_device
 
     def admits(self, loop: Run, loss: torch.Tensor) -> bool:
-        if loss.is_cpu and loss.numel() == 1:  # one number on the CPU: read at once
-            finite = math.isfinite(loss.item())
-        elif not loss.is_cpu and self._to_device is not None:
+        if loss.is_cpu:
+            try:  # one number: read at once (item() refuses any other count; no numel() call a batch)
+                finite = math.isfinite(loss.item())
+            except RuntimeError:
+                finite = bool(torch.isfinite(loss).all())
+        elif self._to_device is not None:
             return self._to_device(loop, loss)
-        else:  # several numbers, or defer=False on an accelerator (one synchronisation)
+        else:  # defer=False on an accelerator: one synchronisation
             finite = bool(torch.isfinite(loss).all())
         if not finite:
             self._policy.nonfinite_loss(loop, loss)
