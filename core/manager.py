@@ -56,21 +56,6 @@ from hookfit.tools import hookspecs as command_events
 from hookfit.discovery import GROUP, OWN, PluginInfo, builtin_events, collect, declared_events
 from hookfit.errors import ObserverWarning, PluginError, Silenced
 
-_OBJECT_NAMES = frozenset(vars(object))
-
-
-def _from_object(plugin: object, name: str) -> bool:
-    """Whether ``plugin``, an instance (not a class or module), has ``name`` from ``object``
-    alone: not in its own ``__dict__`` nor in any other class of its type's MRO."""
-    if isinstance(plugin, (type, ModuleType)):
-        return False
-    try:
-        own = object.__getattribute__(plugin, "__dict__")
-    except AttributeError:  # __slots__
-        own = {}
-    return name not in own and not any(name in vars(klass) for klass in type(plugin).__mro__[:-1])
-
-
 hookimpl = pluggy.HookimplMarker("hookfit")
 """The marker for hook implementations: ``@hookfit.hookimpl`` on a function or method named
 after an event of :mod:`hookfit.hookspecs` or one that a plugin declares."""
@@ -107,14 +92,6 @@ class PluginManager(pluggy.PluginManager):
         result = super().register(plugin, name)
         self._changed()
         return result
-
-    def parse_hookimpl_opts(self, plugin: object, name: str) -> pluggy.HookimplOpts | None:
-        """pluggy's answer. An attribute that a plugin instance takes from ``object`` itself
-        (``__repr__``, ``__eq__``, ...: a builtin, never a hook implementation) is answered
-        ``None`` without pluggy's static lookup, which costs registration most of its time."""
-        if name in _OBJECT_NAMES and _from_object(plugin, name):
-            return None
-        return super().parse_hookimpl_opts(plugin, name)
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         result = super().unregister(plugin, name)
