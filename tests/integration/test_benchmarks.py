@@ -170,3 +170,23 @@ def test_gpu_kernels_counts_what_the_default_stack_adds_to_a_raw_step(tmp_path: 
     if not torch.cuda.is_available():
         done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
         assert done.returncode == 2 and "needs a CUDA device" in done.stderr
+
+
+def test_checkpoint_training_times_each_variant_and_every_save_is_announced(tmp_path: Path) -> None:
+    """``checkpoint_training.py`` at a tiny size: a round of each variant (raw, without, with
+    saves), every save of the round announced written (a smoke run: its times mean nothing)."""
+    out = tmp_path / "checkpoint_training.json"
+    env, temp = clean_env(tmp_path)
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "checkpoint_training.py"), "--layers", "2", "--width", "64",
+         "--batch", "4", "--rounds", "1", "--saves", "2", "--every", "2", "--json", str(out), "--quiet"],
+        check=True, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    assert result["every"] == 2 and result["steps"] == 5 and len(result["write_alone_s"]) == 2
+    rounds = result["rounds"]
+    assert {v: len(r) for v, r in rounds.items()} == {"raw": 1, "without": 1, "with": 1}
+    assert len(rounds["with"][0]["lags"]) == 2 and rounds["without"][0]["lags"] == []
+    assert all(r[0]["per_step_s"] > 0 and r[0]["peak_mb"] > 0 for r in rounds.values())
+    assert "with / without, per round" in result["text"]
+    assert left(temp) == []  # the checkpoints' folders too
