@@ -37,8 +37,11 @@ own. Each rank times, inside a training run that saves every ``--gap`` steps:
   the checkpoint's own gloo group). ``first`` is the save that makes the buffers and the
   group; ``median`` and ``worst`` are over the saves after it. A save's time is the slowest
   rank's (the next collective waits for it);
-* ``peak RSS``: each rank's peak resident memory (the largest of the ranks), and its rise over
-  training alone while the background saves ran (about one staging copy of the rank's shard).
+* ``peak RSS``: each kind's job's peak resident memory (the larger of its ranks), and its rise
+  over that job's training alone (for ``background``: the staging copy of the rank's shard,
+  reused from save to save, and the transient buffers of writes that run while training
+  allocates). Every rank builds the whole model before it is sharded: with ``--large`` a rank
+  peaks near 9-11 GB (about 20 GB free needed).
 
 The target: every background sharded save after the first at most 0.25x the synchronous
 (``sync``) one.
