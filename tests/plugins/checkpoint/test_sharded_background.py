@@ -114,7 +114,7 @@ def _killed(folder: Path, at: int) -> tuple[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.fault
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [2, 9])  # a kill in the first write, one in the fifth
 def test_sigkill_during_background_sharded_writes_resumes_bitwise_from_the_last_whole_checkpoint(
         held: tuple[Path, list[dict[str, Any]]], tmp_path: Path, seed: int) -> None:
     """Each rank prints a line before each piece of a write: the 12 tensors DCP writes (each
