@@ -13,7 +13,6 @@ never end), ``--pace`` prints a line before each piece of a write (the kill's mo
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
