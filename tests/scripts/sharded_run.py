@@ -2,9 +2,9 @@
 
 ``torchrun --nproc-per-node 2 sharded_run.py OUT --dir CKPT [--epochs N] [--resume latest|PATH]
 [--fallback] [--squeeze-at EPOCH] [--sync] [--every-n-steps N] [--when-busy wait|skip]
-[--on-save-error warn|raise] [--pace SECONDS] [--hold]``: trains a small regression
-(``Distributed(strategy="fsdp")``, ``Checkpoint(dir=CKPT, keep_last=10)``, a checkpoint at every
-epoch's end, or every N steps). ``--sync`` writes them in the foreground (``background=False``).
+[--on-save-error warn|raise] [--pace SECONDS] [--hold] [--keep-last K]``: trains a small
+regression (``Distributed(strategy="fsdp")``, ``Checkpoint(dir=CKPT, keep_last=10)`` or K, a
+checkpoint at every epoch's end, or every N steps). ``--sync`` writes them in the foreground (``background=False``).
 ``--squeeze-at`` limits the size of any file this process writes to 600 bytes from that epoch's
 start on (``RLIMIT_FSIZE``: the kernel refuses the write with ``EFBIG``, as a full disk refuses
 with ``ENOSPC``; the write in flight, if any, ends first), so that epoch's checkpoint cannot be
@@ -207,12 +207,13 @@ def main() -> None:
     parser.add_argument("--on-save-error", default="warn")
     parser.add_argument("--pace", type=float)
     parser.add_argument("--hold", action="store_true")
+    parser.add_argument("--keep-last", type=int, default=10)
     args = parser.parse_args()
     os.write(1, f"pid {os.environ.get('RANK', '0')} {os.getpid()}\n".encode())
 
     model, optimizer, data, step = build()
     every = {"every_n_steps": args.every_n_steps, "every_n_epochs": None} if args.every_n_steps else {}
-    checkpoint = Checkpoint(dir=args.dir, keep_last=10, fallback=args.fallback, background=not args.sync,
+    checkpoint = Checkpoint(dir=args.dir, keep_last=args.keep_last, fallback=args.fallback, background=not args.sync,
                             when_busy=args.when_busy, on_save_error=args.on_save_error, **every)
     params = Params()
     watch = Watch(args.pace, args.hold)

@@ -70,15 +70,15 @@ def test_training_goes_on_while_a_sharded_write_is_in_flight_and_the_checkpoints
 
 
 @pytest.mark.slow
-def test_a_background_sharded_checkpoint_resumes_bitwise(
+def test_a_background_sharded_checkpoint_resumes_bitwise_and_keep_last_prunes(
         held: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
     folder, ranks = held
     middle = folder / NAMES[2]
-    resumed, output = run_sharded(tmp_path, "--dir", "ckpt", *EVERY, "--resume", str(middle))
+    resumed, output = run_sharded(tmp_path, "--dir", "ckpt", *EVERY, "--resume", str(middle), "--keep-last", "2")
     for rank in resumed:
         assert (rank.get("status"), rank.get("step"), rank.get("resumed_from")) == ("completed", 12, str(middle)), output
         assert rank["params"] == ranks[0]["params"]  # the uninterrupted run's end, bitwise
-    assert _checkpoints(tmp_path / "ckpt") == NAMES[3:]
+    assert _checkpoints(tmp_path / "ckpt") == NAMES[4:]  # of the 3 written in the background, the last 2
 
 
 def _killed(folder: Path, at: int) -> tuple[str, int]:
