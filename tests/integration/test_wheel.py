@@ -121,6 +121,7 @@ def test_the_wheel_holds_the_package_its_plugins_and_the_markers_installed_comma
     assert modules - names == set(), "modules missing from the wheel"
     assert "hookfit/py.typed" in names, "no py.typed: mypy reports hookfit as untyped in a user's script"
     assert "hookfit/loop.md" in names, "no loop.md: `hookfit hooks --markdown` has no opening to read"
+    assert "hookfit/plugins/optim/README.md" in names, "no optim README.md: its package docstring points there"
     assert not any(n.startswith("tests/") or "/tests/" in n for n in names), sorted(names)
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     [info] = {n.split("/")[0] for n in names if ".dist-info/" in n}
