@@ -156,7 +156,7 @@ class Checkpoint:
 
     @hookimpl
     def after_batch(self, loop: Run) -> None:
-        self._collect(loop)
+        self.collect(loop)
         if self._steps.due(loop.state.step) or (
             self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds
         ):
@@ -242,7 +242,7 @@ class Checkpoint:
 
     @hookimpl
     def after_epoch(self, loop: Run, epoch: int) -> None:
-        self._collect(loop)
+        self.collect(loop)
         if self._epochs.due(epoch + 1):
             self.save(loop, "epoch", metric=self._last_value)
         self._last_value = None  # a metric belongs to its epoch's checkpoint
@@ -269,7 +269,7 @@ class Checkpoint:
             try:
                 self.writer.wait()  # every write asked, whatever the outcome
                 self.shards.wait()
-                self._collect(loop, self.shards.take())  # announced; a failure reported as on_save_error says
+                self.collect(loop, self.shards.take())  # announced; a failure reported as on_save_error says
             finally:
                 self.shards.close()
                 self.writer.close()  # the files pruned last removed; the buffers let go
@@ -328,7 +328,7 @@ class Checkpoint:
         if self.off:
             return None
         self._last_time = time.monotonic()
-        self._collect(loop)
+        self.collect(loop)
         position = loop.position
         with self.writer.aside():  # the writer steps aside while this thread copies
             payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
@@ -345,14 +345,14 @@ class Checkpoint:
             self.reports.skip(position.step)
             return None
         if not self.background:
-            self._collect(loop)
+            self.collect(loop)
         return path
 
     def payload(self, loop: Run, *, reason: str, metric: float | None) -> dict[str, Any]:
         """Everything a checkpoint holds (:func:`hookfit.plugins.checkpoint.state.payload`)."""
         return payload(loop, reason=reason, metric=metric, monitor=self.monitor)
 
-    def _collect(self, loop: Run, more: list[Done] | None = None) -> None:
+    def collect(self, loop: Run, more: list[Done] | None = None) -> None:
         """Act, on the training thread, on what the writer finished: each checkpoint written
         is taken (last, best, kept) and announced (``checkpoint_saved``), older ones pruned;
         each failed write is reported as ``on_save_error`` says (``"raise"``: the first failure

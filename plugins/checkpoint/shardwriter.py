@@ -53,13 +53,13 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
     rank, or a save skipped: ``when_busy="skip"``)."""
     reason, step, metric, must = asked
     checkpoint.writer.wait()  # (pruning the one-file writer was asked to do)
-    checkpoint._collect(loop)  # (the plugin's own: announced, pruned, failures reported)
+    checkpoint.collect(loop)  # (the plugin's own: announced, pruned, failures reported)
     writer = checkpoint.shards
     if checkpoint.background:
         if not writer.ready(must):  # the same answer on every rank
             checkpoint.reports.skip(step)
             return None
-        checkpoint._collect(loop, writer.take())
+        checkpoint.collect(loop, writer.take())
     main = loop.is_main
     path = checkpoint.directory(loop).absolute() / checkpoint.filename(position, reason) if main else None
     writer.saves += 1
@@ -70,7 +70,7 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
     else:
         checkpoint.writer.write(rest, path, tag, save=lambda state, to, between: sharded.write(
             state, shards, tmp, to, main, write_file))
-        checkpoint._collect(loop)
+        checkpoint.collect(loop)
     return path if main else None
 
 
