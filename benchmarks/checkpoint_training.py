@@ -2,7 +2,7 @@
 
 A measurement, never an assertion. The model is ``--layers`` x ``Linear(width, width)`` (by
 default 24 x 2048: 100.7 M parameters, 403 MB of float32), trained with plain SGD on one
-random batch (``--batch`` rows) with torch's default intra-op threads. Three variants run in
+random batch (``--batch`` rows) with torch's default intra-op threads (``--threads``: fewer). Three variants run in
 alternating rounds in one process, each round the same number of steps:
 
 * ``raw``: the plain PyTorch loop (forward, backward, ``step``, ``zero_grad``): the reference;
@@ -291,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="folder to write in (default: a temporary one)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--quiet", action="store_true", help="only the summary")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="training's intra-op threads (default torch's: every core); fewer leaves a core "
+                             "to the writer, as a run whose steps are an accelerator's does")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     out = measure(args)
     text = summary(out)
     print(text)
