@@ -49,7 +49,7 @@ class Reports:
         if "skipped" not in self._warned:
             self._warned.add("skipped")
             warnings.warn(
-                f"checkpoint: the save at step {step} was skipped: a checkpoint is being written and "
-                f"another waits (when_busy='skip'; skipped saves are counted in skipped_saves). Save "
+                f"checkpoint: the save at step {step} was skipped: the writer was still busy with "
+                f"earlier checkpoints (when_busy='skip'; skipped saves are counted in skipped_saves). Save "
                 f"less often, or pass when_busy='wait' to wait for the write instead",
                 CheckpointWarning, stacklevel=5)
