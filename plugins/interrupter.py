@@ -81,7 +81,9 @@ class Interrupter:
         name = signal.Signals(signum).name
         if loop is None:  # pragma: no cover - handlers exist only while a loop is set
             return
-        if signum == signal.SIGINT and (loop.stop_requested is not None or self._ending_said):
+        # "second": this process's own second signal; a stop another rank or plugin asked
+        # first (under torchrun a rank's signal may land after the agreed stop) is not one
+        if signum == signal.SIGINT and (self._stopped_by is not None or self._ending_said):
             raise KeyboardInterrupt(f"second {name}: aborting")
         if loop.state.status != "running":  # ending: nothing to stop, the run's error stays its own
             self._say(loop, signum, f"hookfit: {name} received while the run ends ({loop.state.status})")

@@ -242,3 +242,22 @@ def test_a_second_sigint_while_the_run_fails_aborts_and_fit_end_still_runs(capsy
     assert ended == ["said", "failed"]
     assert signal.getsignal(signal.SIGINT) is before
     assert "hookfit: SIGINT received while the run ends (failed); press Ctrl-C again to abort" in capsys.readouterr().err
+
+
+@pytest.mark.fault
+def test_a_first_sigint_after_a_stop_asked_elsewhere_stops_gracefully(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torchrun a rank's SIGINT may be handled after the stop another rank asked reached
+    it (its main thread was inside a collective): the stop is already requested, and this
+    process's first SIGINT is still a first one, not the second that aborts."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    def step(loop, batch):
+        if batch == 1:
+            loop.request_stop("asked on another rank", by="distributed")
+            os.kill(os.getpid(), signal.SIGINT)  # handled on this (the main) thread, here
+
+    loop = hookfit.Loop(step, list(range(4)), plugins=[Interrupter(exit=False)])
+    loop.fit()
+    assert (loop.state.status, loop.state.stop_reason) == ("interrupted", "asked on another rank")
+    assert loop.state.step == 2
+    assert "hookfit: SIGINT received, stopping after this batch; press Ctrl-C again to abort" in capsys.readouterr().err
