@@ -19,7 +19,7 @@ from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.metrics import Metrics, batch_size
 from hookfit.plugins.metrics_log import MetricsLog
 
-from conftest import mse_step, squeeze
+from conftest import mse_step
 
 
 class Collect:
@@ -365,86 +365,7 @@ def test_the_outcome_names_the_reason_and_who_asked(tmp_path: Path) -> None:
         "end", "interrupted", "time budget spent", "budget", 4)
 
 
-# -- metrics.jsonl: the run's file policy, resumes, epochs from 1 -----------------------------
-
-FULL_DISK_CHILD = r'''
-import json, os, resource, signal, sys, warnings
-import torch
-import hookfit
-from hookfit.plugins.metrics import Metrics
-from hookfit.plugins.metrics_log import MetricsLog
-
-run_dir = sys.argv[1]
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the kernel answers EFBIG instead of the signal
-log = os.path.join(run_dir, "metrics.jsonl")
-
-
-''' + squeeze('log', 10) + r'''
-
-def step(loop, batch):
-    return {"loss": torch.tensor(float(batch))}
-
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    state = hookfit.Loop(step, [1, 2, 3, 4], max_epochs=3, run_dir=run_dir,
-                         plugins=[Metrics(), MetricsLog(), Squeeze()]).fit()
-print(json.dumps({"status": state.status, "step": state.step,
-                  "warnings": [(w.category.__name__, str(w.message)) for w in caught]}))
-'''
-
-
-@pytest.mark.fault
-def test_metrics_log_on_a_full_disk_warns_once_and_training_completes(tmp_path: Path) -> None:
-    """RLIMIT_FSIZE makes the kernel refuse the writes as a full disk would (EFBIG for ENOSPC),
-    in a child process, so that the limit cannot touch the test's own files."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "child.py"
-    script.write_text(FULL_DISK_CHILD)
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ, "HOOKFIT_PLUGINS": ""})
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.splitlines()[-1])
-    assert (result["status"], result["step"]) == ("completed", 12)
-    # the core's own end line in run.jsonl may hit the limit too: its warning is the core's
-    core = [text for _, text in result["warnings"] if text.startswith("hookfit: could not write ")]
-    assert all("run.jsonl" in text for text in core)
-    mine = [(category, text) for category, text in result["warnings"] if text not in core]
-    assert [category for category, _ in mine] == ["FileWarning"]  # once, for 2 refused lines
-    message = mine[0][1]
-    assert message.startswith("metrics_log: could not write ") and "metrics.jsonl" in message
-    assert "File too large" in message and "training goes on" in message
-    from hookfit.tools.runs import read_jsonl  # (the last line may be torn where the disk filled)
-
-    first = [line for line in read_jsonl(run_dir / "metrics.jsonl") if line["event"] != "best"][0]
-    # what was written before the disk filled is kept
-    assert (first["event"], first["epoch"], first["loss"]) == ("epoch", 1, 2.5)
-
-
-@pytest.mark.fault
-def test_metrics_log_in_a_read_only_run_folder_warns_once_and_training_completes(read_only_folder: Path) -> None:
-    from hookfit.files import FileWarning
-
-    collect = Collect()
-    with pytest.warns(FileWarning) as caught:
-        state = hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [1, 2], max_epochs=3,
-                             run_dir=read_only_folder, plugins=[Metrics(), MetricsLog(), collect]).fit()
-    assert (state.status, state.step) == ("completed", 6)
-    # one warning a file, each naming who writes it: the run's own record (run.jsonl) first,
-    # then the metrics log, once though every epoch writes to it
-    warned = [str(w.message) for w in caught if w.category is FileWarning]
-    files = [re.search(r"could not \w+ (\S+)", text)[1] for text in warned]
-    assert len(files) == len(set(files))  # once a file, though every epoch writes to metrics.jsonl
-    assert {text.split(":")[0] for text in warned} == {"hookfit", "metrics_log"}
-    assert any(f.endswith("run.jsonl") for f in files) and any(f.endswith("metrics.jsonl") for f in files)
-    (by_metrics,) = [w for w in caught if str(w.message).startswith("metrics_log: ")]
-    message = str(by_metrics.message)
-    assert message.startswith("metrics_log: could not write") and "metrics.jsonl" in message
-    assert "Read-only" in message or "Permission denied" in message
-    assert len(collect.epochs) == 3  # the snapshots were published all the same
-
+# -- metrics.jsonl: resumes, epochs from 1 (its file policy: tests/plugins/metrics_log) --------
 
 class FakeResume:
     """Resumes "from" a named file: restores the metrics history and the position."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -304,6 +305,10 @@ def test_a_read_only_run_folder_warns_once_and_training_completes(read_only_fold
     # once though every epoch writes to it
     owners = [str(w.message).split(":")[0] for w in caught if w.category is FileWarning]
     assert set(owners) == {"hookfit", "metrics_log"} and owners.count("metrics_log") == 1, owners
+    files = [re.search(r"could not \w+ (\S+)", str(w.message))[1] for w in caught if w.category is FileWarning]
+    assert len(files) == len(set(files))  # once a file, though every epoch writes to metrics.jsonl
+    assert any(f.endswith("run.jsonl") for f in files) and any(f.endswith("metrics.jsonl") for f in files)
     (mine,) = [str(w.message) for w in caught if str(w.message).startswith("metrics_log: ")]
-    assert "metrics.jsonl" in mine and ("Read-only" in mine or "Permission denied" in mine)
+    assert mine.startswith("metrics_log: could not write") and "metrics.jsonl" in mine
+    assert "Read-only" in mine or "Permission denied" in mine
     assert len(published) == 3  # the snapshots were published all the same
