@@ -6,8 +6,9 @@ model's state dict, every plugin's state through the ``save_state`` event keyed 
 any third-party plugin's), the loop's position (epoch, global step, training batches of the
 epoch already done), the random number generators (Python, NumPy when installed, torch CPU and
 CUDA), the state of data that has ``state_dict()`` (:class:`hookfit.data.Batches`), and a
-``digest`` (blake2b over every tensor's dtype, shape and bytes and every other value, in a
-fixed order). Only plain data and tensors: it is read back with
+``digest`` (CRC-32 over every tensor's dtype, shape and bytes and every other value, in a
+fixed order: it finds torn writes and flipped bits, as zip and gzip do, not deliberate
+tampering). Only plain data and tensors: it is read back with
 ``torch.load(weights_only=True)``, so loading a checkpoint never runs code from the file.
 
 When: every ``every_n_epochs`` epochs (default 1), every ``every_n_steps`` training steps,

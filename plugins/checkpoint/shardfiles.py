@@ -4,8 +4,9 @@
 Digests
     When a sharded checkpoint is written, every rank hashes the shard files it wrote
     (``__<rank>_<n>.distcp``) and rank 0 DCP's ``.metadata``; ``state.pt`` records them
-    (``meta["files"]``: file name to ``"blake2b:<hex>"``), and ``state.pt`` itself is covered by
-    the checkpoint's digest. Before anything of the folder but ``state.pt`` (read with
+    (``meta["files"]``: file name to ``"crc32:<8 hex digits>"``, a CRC-32 that finds torn and
+    flipped bytes, not deliberate tampering), and ``state.pt`` itself is covered by the
+    checkpoint's digest. Before anything of the folder but ``state.pt`` (read with
     ``weights_only=True``) is read, :func:`verify` checks every recorded file: one that is
     missing (a rank's shard lost, a torn copy) or whose bytes changed is a
     :class:`CheckpointError` naming it, so ``fallback=True`` skips the checkpoint and ``hookfit
@@ -25,7 +26,6 @@ DCP's metadata
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 import warnings
@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import torch
 
-from hookfit.plugins.checkpoint.storage import DIGEST, CheckpointError, CheckpointWarning
+from hookfit.plugins.checkpoint.storage import DIGEST, CheckpointError, CheckpointWarning, Crc32
 
 METADATA = ".metadata"
 """DCP's metadata file in a sharded checkpoint's folder."""
@@ -58,8 +58,9 @@ they hold. Each builds a value from plain data; none runs anything the file coul
 
 
 def file_digest(path: Path) -> str:
-    """``"blake2b:<hex>"`` of the bytes of the file ``path``."""
-    h = hashlib.blake2b(digest_size=32)
+    """``"crc32:<8 hex digits>"`` of the bytes of the file ``path`` (finds a torn or flipped
+    shard, not deliberate tampering: see :data:`hookfit.plugins.checkpoint.storage.DIGEST`)."""
+    h = Crc32()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)

@@ -4,10 +4,10 @@ which file to resume from) is in :mod:`hookfit.plugins.checkpoint.plugin`."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import warnings
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
@@ -23,8 +23,10 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 FORMAT = "hookfit-checkpoint"
 FORMAT_VERSION = 1
 SUFFIX = ".pt"
-DIGEST = "blake2b"
-"""The hash of a checkpoint's ``digest`` entry (:func:`digest`)."""
+DIGEST = "crc32"
+"""The checksum of a checkpoint's ``digest`` entry (:func:`digest`) and of a sharded checkpoint's
+files: CRC-32 finds torn writes and flipped bits (as zip and gzip do); it is no defence against
+deliberate tampering (files load with ``weights_only=True``)."""
 PIECE = 4 << 20
 """Bytes a background writer hashes or writes between two chances to step aside."""
 KEYS = ("loop", "model", "plugins", "rng", "data", "meta")
@@ -142,20 +144,36 @@ def _running(pid: int) -> bool:
 
 
 def digest(payload: Mapping[str, Any], between: Callable[[], None] | None = None) -> str:
-    """``"blake2b:<hex>"`` over everything in ``payload`` but its ``digest`` entry: every
+    """``"crc32:<8 hex digits>"`` over everything in ``payload`` but its ``digest`` entry: every
     tensor's dtype, shape and bytes and every other value, in a fixed order (mappings by
-    their keys, sorted), so a bit that changed in a file after it was written is found.
+    their keys, sorted), so a bit that changed in a file after it was written is found
+    (CRC-32: torn writes and flipped bits, not deliberate tampering; see :data:`DIGEST`).
     ``between`` is called before each tensor is hashed (as :func:`atomic_save`'s)."""
-    h = hashlib.blake2b(digest_size=32)
+    h = Crc32()
     _feed(h, {k: v for k, v in payload.items() if k != "digest"}, between or _nothing)
     return f"{DIGEST}:{h.hexdigest()}"
+
+
+class Crc32:
+    """A running ``zlib.crc32`` with a hash object's ``update()`` and ``hexdigest()`` (8 hex
+    digits). ``zlib.crc32`` releases the GIL on large buffers, so a writer thread's pieces run
+    beside training's Python."""
+
+    def __init__(self) -> None:
+        self.crc = 0
+
+    def update(self, data: Any) -> None:
+        self.crc = zlib.crc32(data, self.crc)
+
+    def hexdigest(self) -> str:
+        return f"{self.crc:08x}"
 
 
 def _nothing() -> None:
     return None
 
 
-def _feed(h: Any, obj: Any, between: Callable[[], None]) -> None:
+def _feed(h: Crc32, obj: Any, between: Callable[[], None]) -> None:
     if isinstance(obj, torch.Tensor):
         between()
         tensor = obj.detach()
