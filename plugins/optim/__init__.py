@@ -14,7 +14,7 @@ design behind them: ``plugins/optim/README.md``, its section "Options" first.
 
 from __future__ import annotations
 
-from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers, UnknownOptimizer
+from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, UnknownOptimizer
 from hookfit.plugins.optim.plugin import Optim, OptimWarning
 
-__all__ = ["ManagedOptimizer", "Optim", "OptimWarning", "Optimizers", "UnknownOptimizer"]
+__all__ = ["ManagedOptimizer", "OnlyOptimizer", "Optim", "OptimWarning", "Optimizers", "UnknownOptimizer"]

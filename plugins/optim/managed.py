@@ -239,13 +239,13 @@ NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...)
 
 
 class Optimizers(Mapping[str, ManagedOptimizer]):
-    """``loop.optimizers`` during a run; with exactly one optimizer, it steps without a name."""
+    """``loop.optimizers`` during a run: its managed optimizers by name; a run with exactly one gets
+    :class:`OnlyOptimizer`, which also steps without a name."""
 
     def __init__(self, managed: dict[str, ManagedOptimizer], loop: Run | None = None) -> None:
         self._managed = managed
         self._loop = loop
         self.toggled: list[Toggled] = []  # the running batch's toggles (note_toggles names them)
-        self._single = next(iter(managed.values())) if len(managed) == 1 else None
 
     def __getitem__(self, name: str) -> ManagedOptimizer:
         try:
@@ -261,26 +261,24 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     def __len__(self) -> int:
         return len(self._managed)
 
-    def _only(self, what: str) -> ManagedOptimizer:
-        if self._single is not None:
-            return self._single
+    def _name_one(self, what: str) -> TypeError:
         if not self._managed:
-            raise TypeError(f"loop.optimizers.{what}: {NONE_GIVEN}")
-        raise TypeError(f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))}); "
-                        f"name one: loop.optimizers[name]")
+            return TypeError(f"loop.optimizers.{what}: {NONE_GIVEN}")
+        return TypeError(f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))}); "
+                         f"name one: loop.optimizers[name].{what}")
 
     def step(self) -> bool:
-        """Step the only optimizer (see :meth:`ManagedOptimizer.step`)."""
-        return (self._single or self._only("step()")).step()  # (_single read first: no _only frame a batch)
+        """Step the only optimizer (see :meth:`ManagedOptimizer.step`); with several, name one."""
+        raise self._name_one("step()")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the only optimizer's gradients (see :meth:`ManagedOptimizer.zero_grad`)."""
-        (self._single or self._only("zero_grad()")).zero_grad(set_to_none)  # (as step())
+        """Clear the only optimizer's gradients (see :meth:`ManagedOptimizer.zero_grad`); with several, name one."""
+        raise self._name_one("zero_grad()")
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        """The only optimizer's parameter groups."""
-        return self._only("param_groups").param_groups
+        """The only optimizer's parameter groups; with several, name one."""
+        raise self._name_one("param_groups")
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
@@ -301,3 +299,18 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         finally:
             for p in params:
                 p.requires_grad_(True)
+
+
+class OnlyOptimizer(ManagedOptimizer, Optimizers):
+    """A run's one managed optimizer, which is also ``loop.optimizers``: a collection of one
+    (``loop.optimizers["default"]`` is itself) whose ``step``, ``zero_grad`` and ``param_groups``
+    are its own. (Itself, not a collection in front of it: two calls fewer a batch, more than
+    the noise of ``benchmarks/overhead.py``.)"""
+
+    __eq__ = object.__eq__  # an optimizer: equal to itself only, and hashable (not compared as a mapping)
+    __hash__ = object.__hash__
+
+    def __init__(self, rules: Rules, name: str, optimizer: torch.optim.Optimizer,
+                 schedulers: Sequence[Any] = (), per_step: Sequence[Any] = ()) -> None:
+        ManagedOptimizer.__init__(self, rules, name, optimizer, schedulers, per_step)
+        Optimizers.__init__(self, {name: self}, rules.loop)

@@ -13,7 +13,7 @@ from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import check, choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.checks import Check, DeviceCheck, Flags, HostCheck, NoCheck
-from hookfit.plugins.optim.managed import ManagedOptimizer, Optimizers, Rules
+from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules
 from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy
 from hookfit.plugins.optim.schedulers import Schedules
 from hookfit.plugins.optim.toggles import note_toggles
@@ -109,9 +109,14 @@ class Optim:
             prepares=self.scaler is not None or checks_grads or self.clip_norm is not None
             or self.clip_value is not None, before_step=hooks.handlers("before_optimizer_step"),
             after_step=hooks.handlers("after_optimizer_step"))
-        self.optimizers = loop.optimizers = Optimizers({
-            n: ManagedOptimizer(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
-            for n, o in optimizers.items()}, loop)
+        if len(optimizers) == 1:  # (OnlyOptimizer: the one optimizer is the collection)
+            (n, o), = optimizers.items()
+            self.optimizers = OnlyOptimizer(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
+        else:
+            self.optimizers = Optimizers({
+                n: ManagedOptimizer(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
+                for n, o in optimizers.items()}, loop)
+        loop.optimizers = self.optimizers
         why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []
         if self.scaler is not None:
             why.append("loss scaling (precision='16-mixed' or amp: the loss must be scaled)")

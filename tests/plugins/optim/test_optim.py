@@ -407,6 +407,30 @@ def test_unknown_optimizer_name_lists_the_known_ones() -> None:
                      plugins=[Optim()]).fit()
 
 
+def test_one_optimizer_is_a_collection_of_one_stepped_with_or_without_its_name() -> None:
+    """With one optimizer, loop.optimizers is that managed optimizer: a mapping of one whose item is
+    itself, so a step through the name and one without count alike; it compares and hashes as
+    an object, not as a mapping; unknown names are refused as in a collection."""
+    m = model()
+    seen: dict[str, object] = {}
+
+    def step(loop, batch):
+        opts = loop.optimizers
+        loss = m(batch).pow(2).mean()
+        loop.backward(loss)
+        (opts["default"] if loop.state.step % 2 else opts).step()
+        opts.zero_grad()
+        seen.update(keys=list(opts), len=len(opts), item=opts["default"] is opts, hashed={opts: 1}[opts],
+                    steps=opts.steps, groups=opts.param_groups is opts.optimizer.param_groups)
+        with pytest.raises(KeyError, match="unknown optimizer 'gen'; this run's optimizers are: 'default'"):
+            opts["gen"]
+        return loss
+
+    hookfit.Loop(step, [torch.randn(2, 4) for _ in range(4)], model=m, max_epochs=1,
+                 optimizers=torch.optim.SGD(m.parameters(), lr=0.1), plugins=[Optim()]).fit()
+    assert seen == {"keys": ["default"], "len": 1, "item": True, "hashed": 1, "steps": 4, "groups": True}
+
+
 @pytest.mark.bad_input
 def test_unnamed_access_with_two_optimizers_asks_for_a_name() -> None:
     m = model()
@@ -535,7 +559,7 @@ def test_with_data_of_unknown_length_every_batch_synchronises() -> None:
 def test_managed_optimizers_are_in_place_for_every_plugins_fit_start() -> None:
     """optim replaces loop.optimizers at configure: a plugin's fit_start sees the managed
     optimizers whatever the order the plugins run in."""
-    from hookfit.plugins.optim import Optimizers
+    from hookfit.plugins.optim import OnlyOptimizer, Optimizers
 
     seen = []
 
@@ -548,7 +572,7 @@ def test_managed_optimizers_are_in_place_for_every_plugins_fit_start() -> None:
 
     m = model()
     fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), Early(), epochs=1)
-    assert seen == [Optimizers]
+    assert seen == [OnlyOptimizer] and issubclass(OnlyOptimizer, Optimizers)  # one optimizer: the collection of one
 
 
 # -- options are checked at construction -----------------------------------------------------
