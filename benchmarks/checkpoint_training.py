@@ -26,7 +26,8 @@ has ``N - 1`` steps to end in before the run's end), its time per step is the ti
 first step's start to the last step's end over the steps; the run's end (which, with saves,
 waits for the last write) is timed on its own (``end``). Reported per variant: the median over
 rounds, the ratio of ``with`` over ``without`` (and of each over ``raw``) in each round with its
-median, the CPU seconds the process spent per step (the writer thread's work shows there),
+median, the CPU seconds the process spent per step (the writer thread's work shows there) and its
+minor page faults per step (memory the kernel handed it anew),
 after how many steps each save's write was announced (``checkpoint_saved``: a write that ended
 within ``N`` steps never made a save wait), and each round's peak resident memory.
 
@@ -112,6 +113,11 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def faults() -> int:
+    """Minor page faults of the process so far (memory the kernel handed it, page by page)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 # -- the work -------------------------------------------------------------------------------
 
 
@@ -151,11 +157,11 @@ class Announced:
 
 def round_of(variant: str, work: Work, steps: int, every: int, folder: Path) -> dict[str, Any]:
     """One round of ``variant``: seconds per step (first step's start to last step's end),
-    seconds of the run's end, CPU seconds per step, steps each write took to be announced."""
+    seconds of the run's end, CPU seconds and minor page faults per step, steps each write took to be announced."""
     starts: list[float] = []
     lags: list[int] = []
     reset = reset_peak()
-    cpu = cpu_s()
+    cpu, faulted = cpu_s(), faults()
     if variant == "raw":
         for _ in range(steps):
             starts.append(time.perf_counter())
@@ -181,6 +187,7 @@ def round_of(variant: str, work: Work, steps: int, every: int, folder: Path) -> 
             ckpt = plugins[0]
             assert ckpt.failed_saves == 0 and ckpt.skipped_saves == 0 and len(ckpt.saved) == min(2, steps // every)
     return {"per_step_s": (last - starts[0]) / steps, "end_s": ended - last, "cpu_per_step_s": (cpu_s() - cpu) / steps,
+            "faults_per_step": (faults() - faulted) / steps,
             "lags": lags, "peak_mb": peak_mb(reset), "peak_own": reset}
 
 
@@ -240,7 +247,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 rounds[variant].append(round_of(variant, work, steps, every, folder / f"{variant}{r}"))
             if not args.quiet:
                 print(f"round {r + 1}: " + ", ".join(
-                    f"{v} {rounds[v][-1]['per_step_s']:.4f} s/step" for v in VARIANTS)
+                    f"{v} {rounds[v][-1]['per_step_s']:.4f} s/step ({rounds[v][-1]['faults_per_step']:.0f} faults)" for v in VARIANTS)
                     + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     out["rounds"] = rounds
     out["load_after"] = os.getloadavg()
@@ -259,12 +266,13 @@ def summary(out: dict[str, Any]) -> str:
         f"one write alone {max(out['write_alone_s']):.3f} s, {out['every']} steps alone "
         f"{out['every'] * out['step_alone_s']:.3f} s; load {out['load_before'][0]:.2f} before, "
         f"{out['load_after'][0]:.2f} after (1-minute averages)",
-        f"  {'variant':<8} {'s/step':>8} {'/raw':>6} {'end s':>6} {'cpu s/step':>10} {'peak RSS MB':>11}",
+        f"  {'variant':<8} {'s/step':>8} {'/raw':>6} {'end s':>6} {'cpu s/step':>10} {'faults/step':>11} {'peak RSS MB':>11}",
     ]
     for v in VARIANTS:
         vs_raw = med([a / b for a, b in zip(per[v], per["raw"])])
         lines.append(f"  {v:<8} {med(per[v]):>8.4f} {vs_raw:>6.3f} {med(r['end_s'] for r in rounds[v]):>6.3f} "
                      f"{med(r['cpu_per_step_s'] for r in rounds[v]):>10.3f} "
+                     f"{med(r['faults_per_step'] for r in rounds[v]):>11.0f} "
                      f"{med(r['peak_mb'] for r in rounds[v]):>11.0f}")
     lags = [lag for r in rounds["with"] for lag in r["lags"]]
     own = all(r["peak_own"] for rs in rounds.values() for r in rs)
