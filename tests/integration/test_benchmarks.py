@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 from conftest import REPO
 
 PROBE = (
@@ -190,3 +193,71 @@ def test_checkpoint_training_times_each_variant_and_every_save_is_announced(tmp_
     assert all(r[0]["per_step_s"] > 0 and r[0]["peak_mb"] > 0 for r in rounds.values())
     assert "with / without, per round" in result["text"]
     assert left(temp) == []  # the checkpoints' folders too
+
+
+ONE_LAYER = 2048 * 2048 + 2048
+"""The parameters of checkpoint.py's smallest model, one ``Linear(2048, 2048)`` (any size under 6 M)."""
+
+
+def test_checkpoint_one_file_times_each_save_against_torch_save_and_the_floor(tmp_path: Path) -> None:
+    """``checkpoint.py`` at its smallest model: torch.save, the copy floor, the one-file
+    background save (the first, then every save after it) and the synchronous save each
+    measured, the table printed, its folders gone (a smoke run: its times mean nothing)."""
+    out, work = tmp_path / "checkpoint.json", tmp_path / "work"
+    work.mkdir()
+    env, temp = clean_env(tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "checkpoint.py"), "--sizes", "1", "--rounds", "4", "--saves", "3",
+         "--gap", "2", "--dir", str(work), "--json", str(out)],
+        check=True, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    result = json.loads(out.read_text())
+    assert result["gap"] == 2 and len(result["rows"]) == 1
+    row = result["rows"][0]
+    assert row["params_m"] == ONE_LAYER / 1e6 and row["state_mb"] == ONE_LAYER * 4 / 2**20  # float32
+    assert len(row["one_file_ms"]) == 2  # every save after the first
+    assert len(row["torch_save_ms"]) == 4 and len(row["floor_ms"]) == 4 and len(row["sync_ms"]) == 2
+    times = [row["one_file_first_ms"], *row["one_file_ms"], *row["torch_save_ms"], *row["floor_ms"], *row["sync_ms"]]
+    assert all(t > 0 for t in times)
+    assert row["worst_over_floor"] == max(row["one_file_ms"]) / statistics.median(row["floor_ms"])
+    assert row["peak_rss_mb"] > 0 and row["rss_rise_mb"] >= 0 and 0 <= row["found_busy"] <= 2
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("Checkpoint saves blocking the loop (ms; medians; one-file over 2 saves after the first, "
+                               "a save every 2 steps"), done.stdout
+    assert [line.split()[0] for line in lines[2:-1]] == ["4M"]
+    assert lines[-1].startswith("  target: every one-file save after the first <= 1.5x the floor: ")
+    assert list(work.iterdir()) == [] and left(temp) == []  # the checkpoints' folders too
+
+
+@pytest.mark.slow
+def test_checkpoint_sharded_times_each_kind_of_save_under_torchrun(tmp_path: Path) -> None:
+    """``checkpoint.py --sharded`` at its smallest model: each kind of save (DCP's synchronous
+    save, the plugin's synchronous and background sharded saves) timed in a torchrun job of 2
+    processes, every save counted, the table printed, its folders gone (a smoke run)."""
+    out, work = tmp_path / "checkpoint.json", tmp_path / "work"
+    work.mkdir()
+    env, temp = clean_env(tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "checkpoint.py"), "--sharded", "--sizes", "1", "--saves", "3",
+         "--gap", "2", "--dir", str(work), "--json", str(out)],
+        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["sharded"] is True and result["gap"] == 2 and len(result["rows"]) == 1
+    row = result["rows"][0]
+    assert row["params_m"] == ONE_LAYER / 1e6
+    # the background saves: the first and every one after it; the synchronous kinds: max(2, saves // 2)
+    assert {k: len(row[f"{k}_ms"]) for k in ("background", "sync", "dcp")} == {"background": 3, "sync": 2, "dcp": 2}
+    for kind in ("background", "sync", "dcp"):
+        assert all(t > 0 for t in row[f"{kind}_ms"]), kind
+        assert row[f"{kind}_step_ms"] > 0 and row[f"{kind}_peak_rss_mb"] > 0 and row[f"{kind}_rss_rise_mb"] >= 0
+    assert row["worst_over_sync"] == max(row["background_ms"][1:]) / statistics.median(row["sync_ms"])
+    assert 0 <= row["found_busy"] <= 2
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("Sharded checkpoint saves blocking the loop, 2 processes, FSDP2, gloo"), done.stdout
+    assert "background over 2 saves after the first, a save every 2 steps" in lines[0]
+    assert [line.split()[0] for line in lines[2:-1]] == ["4M"]
+    assert lines[-1].startswith("  target: every background sharded save after the first <= 0.25x the synchronous one: ")
+    assert list(work.iterdir()) == []
+    assert [name for name in left(temp) if not name.startswith("torchelastic_")] == []  # torchrun's logs aside
