@@ -280,12 +280,19 @@ def finish(rest: dict[str, Any], tmp: Path, path: Path, main: bool, save_state: 
         dist.broadcast_object_list(told, src=0, group=group)
         outcome = told[0]
     if outcome is not None:
-        text, number = outcome
-        if number is None:
-            raise CheckpointError(text)
-        raised = OSError(text)
-        raised.errno = number
-        raise raised
+        raise error_of(outcome)
+
+
+def error_of(outcome: tuple[str, int | None]) -> Exception:
+    """The error every rank raises for a sharded save's agreed failure ``outcome`` (what failed,
+    naming the first failing rank, and that rank's operating system error number, if any): an
+    ``OSError`` with that ``errno`` when there is one, else a :class:`CheckpointError`."""
+    text, number = outcome
+    if number is None:
+        return CheckpointError(text)
+    raised = OSError(text)
+    raised.errno = number
+    return raised
 
 
 def _rename(tmp: Path, path: Path) -> None:

@@ -6,7 +6,12 @@ rank's shards) are staged by DCP's :class:`~torch.distributed.checkpoint.staging
 whose host buffers (pinned where CUDA is) are made at the first save and reused while the
 tensors keep their storages; the rest of the checkpoint (``state.pt``'s contents, no sharded
 tensor in it) as a one-file checkpoint's state is
-(:class:`~hookfit.plugins.checkpoint.staging.Staging`). DCP's own thread then writes each rank's
+(:class:`~hookfit.plugins.checkpoint.staging.Staging`). Whether every rank's copy succeeded, the
+ranks agree (one small collective of the training's group, the one that agrees whether a write
+is in flight): when it failed on any rank (no host memory for it), nothing of that save is
+written on any rank, every rank lets go of its staging buffers, and the save is a failed save
+on every rank at its step, reported as a failed write is (``on_save_error``), naming the first
+failing rank and its error. DCP's own thread then writes each rank's
 files; its collectives run on a gloo process group of the checkpoint's own, made once
 (``dist.new_group(backend="gloo")``), so the training's collectives never wait on them. When a
 rank's part is written, a thread of this module finishes the checkpoint as the foreground
@@ -28,11 +33,11 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
 import torch
 
-from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint import sharded, shardfiles
 from hookfit.plugins.checkpoint.staging import Staging
 from hookfit.plugins.checkpoint.writer import Done, write_file
 
@@ -49,7 +54,8 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
     """``checkpoint``'s save of a sharded run (``asked``: reason, step, metric, and whether it
     must not be skipped), on every rank: a folder every rank writes its part of (see
     :mod:`~hookfit.plugins.checkpoint.sharded`); with ``background``, staged and written in the
-    background (see the module), else in the foreground. Rank 0's folder, or ``None`` (another
+    background (see the module; a copy into host memory that failed on some rank is reported at
+    once, on every rank), else in the foreground. Rank 0's folder, or ``None`` (another
     rank, or a save skipped: ``when_busy="skip"``)."""
     reason, step, metric, must = asked
     checkpoint.writer.wait()  # (pruning the one-file writer was asked to do)
@@ -66,7 +72,9 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
     path, tmp = sharded.destination(path, writer.saves)  # rank 0's, on every rank
     tag = (reason, step, metric, main)
     if checkpoint.background:
-        writer.submit(rest, shards, tmp, path, main, tag, write_file)
+        failed = writer.submit(rest, shards, tmp, path, main, tag, write_file)
+        if failed is not None:  # the same on every rank
+            checkpoint.collect(loop, [failed])
     else:
         checkpoint.writer.write(rest, path, tag, save=lambda state, to, between: sharded.write(
             state, shards, tmp, to, main, write_file))
@@ -78,6 +86,34 @@ def _dist() -> Any:
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _everyone(value: Any) -> list[Any]:
+    """``value`` of every rank, in rank order (one small collective of the training's group,
+    on the training thread; ``[value]`` without ``torch.distributed`` or with one rank)."""
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        return [value]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, value)
+    return everyone
+
+
+class _Staged:
+    """DCP's stager for shards already staged (by :meth:`ShardWriter.submit`, before the ranks
+    agreed to write them): hands them on as they are."""
+
+    _synchronize_after_execute = False
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: staged already."""
+
+    def close(self) -> None:
+        """Nothing held: the buffers are the writer's stager's."""
 
 
 class ShardWriter:
@@ -115,36 +151,42 @@ class ShardWriter:
         (waiting for it when one is and ``when_busy="wait"`` or ``must``); ``False`` when the save
         is to be skipped (a write in flight on some rank, ``when_busy="skip"``): the same answer
         on every rank."""
-        busy = self.in_flight()
-        dist = _dist()
-        if dist is not None and dist.get_world_size() > 1:
-            everyone: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, busy)
-            busy = any(everyone)
+        busy = any(_everyone(self.in_flight()))
         if busy and self.when_busy == "skip" and not must:
             return False
         self.wait()
         return True
 
     def submit(self, rest: dict[str, Any], shards: dict[str, Any], tmp: Path, path: Path, main: bool, tag: Any,
-               save_state: Callable[[dict[str, Any], Path], None]) -> None:
-        """Every rank, once :meth:`ready`: stage ``rest`` and ``shards`` into host memory, start
-        DCP's write of the shards into the folder ``tmp`` and return; the checkpoint is finished
-        in the background (:func:`hookfit.plugins.checkpoint.sharded.finish`: ``state.pt`` with
-        ``save_state``, the rename to ``path``) and its outcome, a
-        :class:`~hookfit.plugins.checkpoint.writer.Done` with ``tag``, kept for :meth:`take`."""
+               save_state: Callable[[dict[str, Any], Path], None]) -> Done | None:
+        """Every rank, once :meth:`ready`: stage ``rest`` and ``shards`` into host memory and agree
+        that every rank did; then start DCP's write of the shards into the folder ``tmp`` and
+        return ``None``; the checkpoint is finished in the background
+        (:func:`hookfit.plugins.checkpoint.sharded.finish`: ``state.pt`` with ``save_state``, the
+        rename to ``path``) and its outcome, a :class:`~hookfit.plugins.checkpoint.writer.Done`
+        with ``tag``, kept for :meth:`take`. When the copy failed on any rank, nothing is written
+        and every rank lets go of its staging buffers: the failed save's outcome is returned, the
+        same on every rank (the error :func:`~hookfit.plugins.checkpoint.sharded.finish` would
+        raise, naming the first failing rank), to be reported at once."""
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
 
         group = self.group
-        if self._stager is None:  # to host memory, on this thread, into buffers it keeps for the next save
-            device = torch.cuda.is_available()  # (pinned buffers and copies synchronised once, from a GPU)
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=device, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=device))
-        staged = self._rest.stage(rest)
+        failed: tuple[str, int | None] | None = None
+        try:
+            staged = self._rest.stage(rest)
+            shards = self._stage(shards)
+        except Exception as error:  # noqa: BLE001 - a failed save on every rank, reported as configured
+            text, number = shardfiles.failure(error)
+            dist = _dist()
+            failed = (f"rank {dist.get_rank() if dist is not None else 0}: copying its state into host memory: "
+                      f"{text}", number)
+        failed = next((outcome for outcome in _everyone(failed) if outcome is not None), None)
+        if failed is not None:
+            self._let_go()
+            return Done(path, tag, sharded.error_of(failed))
         response = async_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True),
-                              process_group=group, async_stager=self._stager)
+                              process_group=group, async_stager=_Staged())
         future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
 
         def finish() -> None:
@@ -158,6 +200,18 @@ class ShardWriter:
 
         self._thread = threading.Thread(target=finish, name="hookfit-checkpoint-shards", daemon=True)
         self._thread.start()
+        return None
+
+    def _stage(self, shards: dict[str, Any]) -> dict[str, Any]:
+        """``shards`` copied into host memory by DCP's stager, on this thread, into buffers it
+        keeps for the next save (made at the first)."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            device = torch.cuda.is_available()  # (pinned buffers and copies synchronised once, from a GPU)
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=device, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=device))
+        return cast(dict[str, Any], self._stager.stage(shards))  # (a dict: staged synchronously)
 
     def wait(self) -> None:
         """Block until this rank's write in flight, if any, is finished."""
@@ -174,6 +228,10 @@ class ShardWriter:
     def close(self) -> None:
         """Wait for the write in flight and let go of the staging buffers."""
         self.wait()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Let go of the staging buffers (no write in flight reads them): the next save makes them again."""
         self._rest.release()
         if self._stager is not None:
             self._stager.close()

@@ -2,7 +2,7 @@
 
 ``torchrun --nproc-per-node 2 sharded_run.py OUT --dir CKPT [--epochs N] [--resume latest|PATH]
 [--fallback] [--squeeze-at EPOCH] [--sync] [--every-n-steps N] [--when-busy wait|skip]
-[--on-save-error warn|raise] [--pace SECONDS] [--hold] [--keep-last K]``: trains a small
+[--on-save-error warn|raise] [--pace SECONDS] [--hold] [--keep-last K] [--fail-staging WHAT:STEP]``: trains a small
 regression (``Distributed(strategy="fsdp")``, ``Checkpoint(dir=CKPT, keep_last=10)`` or K, a
 checkpoint at every epoch's end, or every N steps). ``--sync`` writes them in the foreground (``background=False``).
 ``--squeeze-at`` limits the size of any file this process writes to 600 bytes from that epoch's
@@ -18,6 +18,10 @@ until the next save is asked or the run's end waits for it: the write is in flig
 when the next save is asked, and a save that blocked training until its write ended would never
 end.
 
+With ``--fail-staging shards:STEP`` (or ``rest:STEP``), rank 1's copy of its state into host
+memory at the save of step STEP raises, once: DCP's stager of the sharded tensors (a
+``MemoryError``), or the staging of the rest of the checkpoint (an ``OSError``, ``ENOMEM``).
+
 Each process writes ``OUT.rank<N>.json``: the run's status and step (or the error that ended it
 and the step), the checkpoint plugin's failed and skipped saves, the checkpoint it resumed
 from, the warnings it caught (category and message), for each save whether a write was in flight
@@ -28,6 +32,7 @@ every parameter, whole, as a flat list. Each prints ``pid <rank> <pid>`` at its 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import resource
@@ -70,6 +75,34 @@ class Squeeze:
     def fit_end(self) -> None:
         if self.limits is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, self.limits)
+
+
+class FailStaging:
+    """On rank 1, the copy into host memory at the save of step ``step`` raises, once (see the
+    module): ``what`` is ``"shards"`` (DCP's stager) or ``"rest"`` (the checkpoint's staging)."""
+
+    def __init__(self, what: str, step: int, watch: Watch) -> None:
+        self.what, self.step, self.watch = what, step, watch
+
+    def install(self) -> None:
+        if int(os.environ.get("RANK", "0")) != 1:
+            return
+        from torch.distributed.checkpoint.staging import DefaultStager
+
+        from hookfit.plugins.checkpoint.staging import Staging
+
+        owner, stage = (DefaultStager, DefaultStager.stage) if self.what == "shards" else (Staging, Staging.stage)
+        failing = self
+
+        def failing_stage(stager: Any, *args: Any, **kwargs: Any) -> Any:
+            if failing.watch.step == failing.step:
+                failing.step = -1  # once
+                if failing.what == "shards":
+                    raise MemoryError("the host copy of the shards was refused")
+                raise OSError(errno.ENOMEM, "Cannot allocate memory for the host copy")
+            return stage(stager, *args, **kwargs)
+
+        owner.stage = failing_stage  # type: ignore[method-assign]
 
 
 class Params:
@@ -146,19 +179,22 @@ class Watch:
             watch.release()
             return answer
 
-        def told_submit(writer: ShardWriter, *args: Any) -> None:
+        def told_submit(writer: ShardWriter, *args: Any) -> Any:
             with watch.go:
                 watch.released = False
-            submit(writer, *args)
+            answer = submit(writer, *args)
             thread = writer._thread
             record = watch.saves[-1] if watch.saves else {}
+            if thread is None:  # nothing written: the copy into host memory failed on some rank
+                record["failed"] = True
+                return answer
 
             def ended() -> None:
-                assert thread is not None
                 thread.join()
                 record["ended_at"] = watch.step
 
             threading.Thread(target=ended, daemon=True).start()
+            return answer
 
         def told_wait(writer: ShardWriter) -> None:
             watch.release()
@@ -208,6 +244,7 @@ def main() -> None:
     parser.add_argument("--pace", type=float)
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--keep-last", type=int, default=10)
+    parser.add_argument("--fail-staging")
     args = parser.parse_args()
     os.write(1, f"pid {os.environ.get('RANK', '0')} {os.getpid()}\n".encode())
 
@@ -218,6 +255,9 @@ def main() -> None:
     params = Params()
     watch = Watch(args.pace, args.hold)
     watch.install()
+    if args.fail_staging is not None:
+        what, at = args.fail_staging.split(":")
+        FailStaging(what, int(at), watch).install()
     plugins: list[Any] = [Distributed(strategy="fsdp"), Optim(), checkpoint, params, watch]
     if args.squeeze_at is not None:
         plugins.append(Squeeze(args.squeeze_at, checkpoint))

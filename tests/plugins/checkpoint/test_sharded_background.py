@@ -3,18 +3,21 @@ the default ``background=True``) keep the foreground save's guarantees: training
 write is in flight, the checkpoints hold what the foreground save writes and resume bitwise; a
 SIGKILL at a random moment of the writes leaves only whole checkpoints under their names, and the
 resumed run ends bitwise where the uninterrupted one does; a failed write is raised on every
-rank at the same step (``on_save_error="raise"``); a save asked during a write waits for it or
-is skipped on every rank (``when_busy``).
+rank at the same step (``on_save_error="raise"``); a copy into host memory that fails on one rank
+is a failed save on every rank at its step, warned about or raised as ``on_save_error`` says; a
+save asked during a write waits for it or is skipped on every rank (``when_busy``).
 
 Real ``torchrun`` jobs (2 processes, gloo on the CPU) run ``tests/scripts/sharded_run.py``:
 ``--hold`` keeps each write from starting until the next save is asked (so every save after the
 first finds a write in flight, and a save that blocked training until its write ended would
-never end), ``--pace`` prints a line before each piece of a write (the kill's moments)."""
+never end), ``--pace`` prints a line before each piece of a write (the kill's moments),
+``--fail-staging`` makes rank 1's copy into host memory raise at one save."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -174,3 +177,55 @@ def test_a_sharded_save_asked_during_a_write_is_skipped_on_every_rank(tmp_path: 
     for name in written:
         read(tmp_path / "ckpt" / name)
     assert ranks[0]["params"] == ranks[1]["params"]
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.parametrize("what, error", [("shards", "MemoryError: the host copy of the shards was refused"),
+                                         ("rest", r"\[Errno 12\] Cannot allocate memory for the host copy")])
+def test_a_copy_into_host_memory_failing_on_one_rank_is_a_failed_save_on_every_rank(
+        held: tuple[Path, list[dict[str, Any]]], tmp_path: Path, what: str, error: str) -> None:
+    """``on_save_error="warn"``: rank 1's copy of its state into host memory raises at the save of
+    step 4 (DCP's stager of the shards, or the staging of the rest). That save is a failed save on
+    every rank, at that step: counted on both, warned about once (by rank 0, naming rank 1 and its
+    error), no folder for it; training goes on, and every other save is the checkpoint the run
+    without the failure writes, byte for byte; the one after it resumes bitwise."""
+    folder = tmp_path / "ckpt"
+    ranks, output = run_sharded(tmp_path, "--dir", "ckpt", *EVERY, "--fail-staging", f"{what}:4")
+    for rank in ranks:
+        assert (rank.get("status"), rank.get("step"), rank.get("failed_saves")) == ("completed", 12, 1), output
+        assert [s.get("failed", False) for s in rank["saves"]] == [False, True, False, False, False, False]
+        assert rank["params"] == held[1][0]["params"]  # training went on as if nothing happened
+    [warning] = [m for c, m in ranks[0]["warnings"] if c == "CheckpointWarning"]
+    assert all("could not write" not in m for _, m in ranks[1]["warnings"])  # said once, by rank 0
+    assert re.search(rf"^checkpoint: could not write .*/{NAMES[1]} \(\w+: rank 1: .*{error}\); the previous "
+                     r"checkpoints are kept and training goes on$", warning), warning
+    written = [name for name in NAMES if name != NAMES[1]]
+    assert _checkpoints(folder) == written  # nothing of step 4's save, not even a temporary folder
+    for name in written:
+        assert read(folder / name)["loop"] == read(held[0] / name)["loop"], name
+        for key in ("__0_0.distcp", "__1_0.distcp"):
+            assert (folder / name / key).read_bytes() == (held[0] / name / key).read_bytes(), (name, key)
+
+    resumed, output = run_sharded(tmp_path / "resumed", "--dir", "ckpt", *EVERY, "--resume", str(folder / NAMES[2]))
+    for rank in resumed:
+        assert (rank.get("status"), rank.get("step")) == ("completed", 12), output
+        assert rank["params"] == held[1][0]["params"]
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_copy_into_host_memory_failing_on_one_rank_is_raised_on_every_rank_at_its_step(tmp_path: Path) -> None:
+    """``on_save_error="raise"``: rank 1's copy of the shards into host memory raises at the save
+    of step 4; every rank stops there with the same error, naming rank 1 and its error (none
+    waits for the other: the run ends within ``run_sharded``'s timeout); the checkpoint of step
+    2 is whole, and nothing of step 4's is left."""
+    ranks, output = run_sharded(tmp_path, "--dir", "ckpt", *EVERY, "--on-save-error", "raise",
+                                "--fail-staging", "shards:4")
+    errors = [r.get("error") for r in ranks]
+    assert errors[0] is not None and errors[0] == errors[1], output
+    assert errors[0] == ("CheckpointError: rank 1: copying its state into host memory: MemoryError: the host copy "
+                         "of the shards was refused"), errors[0]
+    assert [(r["step"], r["failed_saves"]) for r in ranks] == [(4, 1), (4, 1)], output
+    assert _checkpoints(tmp_path / "ckpt") == NAMES[:1]
+    assert read(tmp_path / "ckpt" / NAMES[0])["loop"]["step"] == 2
