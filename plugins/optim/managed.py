@@ -261,24 +261,13 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     def __len__(self) -> int:
         return len(self._managed)
 
-    def _name_one(self, what: str) -> TypeError:
-        if not self._managed:
-            return TypeError(f"loop.optimizers.{what}: {NONE_GIVEN}")
-        return TypeError(f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))}); "
-                         f"name one: loop.optimizers[name].{what}")
-
-    def step(self) -> bool:
-        """Step the only optimizer (see :meth:`ManagedOptimizer.step`); with several, name one."""
-        raise self._name_one("step()")
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the only optimizer's gradients (see :meth:`ManagedOptimizer.zero_grad`); with several, name one."""
-        raise self._name_one("zero_grad()")
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The only optimizer's parameter groups; with several, name one."""
-        raise self._name_one("param_groups")
+    def __getattr__(self, what: str) -> Any:
+        """``step``, ``zero_grad`` and ``param_groups`` are the only optimizer's (:class:`OnlyOptimizer`)."""
+        if what not in ("step", "zero_grad", "param_groups"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {what!r}")
+        several = f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))})"
+        raise TypeError(f"{several}; name one: loop.optimizers[name].{what}" if self._managed
+                        else f"loop.optimizers.{what}: {NONE_GIVEN}")
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
@@ -302,13 +291,10 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
 
 class OnlyOptimizer(ManagedOptimizer, Optimizers):
-    """A run's one managed optimizer, which is also ``loop.optimizers``: a collection of one
-    (``loop.optimizers["default"]`` is itself) whose ``step``, ``zero_grad`` and ``param_groups``
-    are its own. (Itself, not a collection in front of it: two calls fewer a batch, more than
-    the noise of ``benchmarks/overhead.py``.)"""
+    """A run's one managed optimizer, which is also ``loop.optimizers``: a collection of one whose item
+    is itself (not a collection in front of it: two calls fewer a batch, above benchmarks/overhead.py's noise)."""
 
-    __eq__ = object.__eq__  # an optimizer: equal to itself only, and hashable (not compared as a mapping)
-    __hash__ = object.__hash__
+    __eq__, __hash__ = object.__eq__, object.__hash__  # an optimizer: equal to itself only, not as a mapping
 
     def __init__(self, rules: Rules, name: str, optimizer: torch.optim.Optimizer,
                  schedulers: Sequence[Any] = (), per_step: Sequence[Any] = ()) -> None:

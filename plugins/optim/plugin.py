@@ -109,14 +109,11 @@ class Optim:
             prepares=self.scaler is not None or checks_grads or self.clip_norm is not None
             or self.clip_value is not None, before_step=hooks.handlers("before_optimizer_step"),
             after_step=hooks.handlers("after_optimizer_step"))
-        if len(optimizers) == 1:  # (OnlyOptimizer: the one optimizer is the collection)
-            (n, o), = optimizers.items()
-            self.optimizers = OnlyOptimizer(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
-        else:
-            self.optimizers = Optimizers({
-                n: ManagedOptimizer(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
-                for n, o in optimizers.items()}, loop)
-        loop.optimizers = self.optimizers
+        kind = OnlyOptimizer if len(optimizers) == 1 else ManagedOptimizer  # one optimizer is the collection
+        managed = {n: kind(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
+                   for n, o in optimizers.items()}
+        only = next(iter(managed.values())) if kind is OnlyOptimizer else None
+        self.optimizers = loop.optimizers = only if isinstance(only, OnlyOptimizer) else Optimizers(managed, loop)
         why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []
         if self.scaler is not None:
             why.append("loss scaling (precision='16-mixed' or amp: the loss must be scaled)")
