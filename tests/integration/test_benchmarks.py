@@ -1,4 +1,5 @@
-"""The overhead benchmark still runs and measures what it says (a smoke run, no timing asserted)."""
+"""The benchmarks (benchmarks/*.py) still run and measure what they say: smoke runs at tiny sizes,
+no timing asserted."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def test_the_model_budget_measures_the_default_stack_s_parts_between_real_steps(
     """``overhead.py --budget-model``: the core and each part of the default stack on the tiny
     model, each against its baseline (a smoke run: the numbers of 5 batches mean nothing)."""
     out = tmp_path / "overhead.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env, temp = clean_env(tmp_path)
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--framework-only", "--budget-model", "--rounds",
          "15", "--warmup", "0", "--batches", "5", "--fw-batches", "20", "--json", str(out), "--quiet"],
@@ -135,6 +136,7 @@ def test_the_model_budget_measures_the_default_stack_s_parts_between_real_steps(
     assert list(rows) == ["core", "optim (managed step)", "metrics", "console", "interrupter"]
     assert rows["optim (managed step)"]["plugins"] == ["optim"] and rows["metrics"]["baseline"] == "core"
     assert "the tiny model" in budget["text"] and budget["save_us"] is None
+    assert left(temp) == []
 
 
 def test_counts_runs_each_pass_once_inside_qsort_and_says_when_valgrind_is_missing(tmp_path: Path) -> None:
