@@ -51,6 +51,7 @@ __all__ = ["Recorder", "spec_names"]
 # -- warm interpreters for the suite's children and torchrun's ranks (tests/warm.py) -------------
 
 _ZYGOTE: list = []  # (process, folder) of this worker's zygote
+_LOGS: list[str] = []  # the session's folder for torchrun's logs (the controller's)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,6 +68,13 @@ def pytest_configure(config: pytest.Config) -> None:
         from progress import Progress
 
         config.pluginmanager.register(Progress(write), "hookfit-progress")
+        if "PET_LOG_DIR" not in os.environ:  # (torchrun's --log-dir; workers and children inherit it)
+            # each torchrun job otherwise leaves a folder torchelastic_* in the temporary folder:
+            # the suite's jobs put theirs in one folder of the session's, removed at its end
+            import tempfile
+
+            _LOGS.append(tempfile.mkdtemp(prefix="hookfit-torchrun-logs-"))
+            os.environ["PET_LOG_DIR"] = _LOGS[-1]
     if os.environ.get("HOOKFIT_TEST_FRESH") or (config.getoption("numprocesses", None)
                                                  and not hasattr(config, "workerinput")):
         return
@@ -88,6 +96,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         process.wait()
         shutil.rmtree(folder, ignore_errors=True)
     _ZYGOTE.clear()
+    for folder in _LOGS:
+        shutil.rmtree(folder, ignore_errors=True)
+    _LOGS.clear()
 
 
 @pytest.fixture

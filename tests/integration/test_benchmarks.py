@@ -262,4 +262,4 @@ def test_checkpoint_sharded_times_each_kind_of_save_under_torchrun(tmp_path: Pat
     assert [line.split()[0] for line in lines[2:-1]] == ["4M"]
     assert lines[-1].startswith("  target: every background sharded save after the first <= 0.25x the synchronous one: ")
     assert list(work.iterdir()) == []
-    assert [name for name in left(temp) if not name.startswith("torchelastic_")] == []  # torchrun's logs aside
+    assert left(temp) == []  # torchrun's logs too: the suite gives torchrun a folder for them (tests/conftest.py)
