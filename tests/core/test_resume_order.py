@@ -1,5 +1,5 @@
 """A resume whose data order cannot be rebuilt says so once, naming the data and what to use
-instead (issue 27); data whose order the run rebuilds (lists, Batches, a DataLoader shuffled
+instead; data whose order the run rebuilds (lists, Batches, a DataLoader shuffled
 by the global generator) resumes without a word."""
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ CASES = [("stateful", 0, True), ("stateful", 2, True), ("plain", 0, True), ("pla
 @pytest.mark.parametrize("loader, workers, shuffle", CASES)
 def test_a_dataloader_killed_mid_epoch_resumes_bitwise_equal(tmp_path: Path, loader: str, workers: int,
                                                              shuffle: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 25: killed at a moment drawn at random (seeded by the case, so a failure
+    """Killed at a moment drawn at random (seeded by the case, so a failure
     reproduces), resumed, equal bit for bit to the uninterrupted run, which itself equals the
     original plain PyTorch loop: resume changes nothing of the random stream."""
     options = ("--loader", loader, "--workers", str(workers), *(() if shuffle else ("--no-shuffle",)))

@@ -1,4 +1,4 @@
-"""Data without a length (issue 28) and data that gives its batches once (issue 30).
+"""Data without a length and data that gives its batches once.
 
 Streams resume exactly: a ``DataLoader`` over an ``IterableDataset`` with 0 and 2 workers, a
 generator factory, torchdata's ``StatefulDataLoader`` over an ``IterableDataset`` that keeps its
@@ -273,7 +273,7 @@ def test_tell_epoch_reaches_the_data_or_a_dataloaders_stream_and_nothing_else() 
     tell_epoch(DataLoader(list(range(4))), 1)
 
 
-# -- one-pass data (issue 30) ---------------------------------------------------------------
+# -- one-pass data ---------------------------------------------------------------------------
 
 
 def _batches(n: int = 4):

@@ -83,7 +83,7 @@ def test_the_reliability_counts_are_what_the_suite_exercises() -> None:
 
 
 def test_the_plugin_table_gives_each_built_in_plugins_import_and_it_works() -> None:
-    """Issue 27: the README names classes (CSVLogger...) and never said where they live
+    """The README names classes (CSVLogger...), so it says where they live
     (``hookfit.plugins.csv`` fails): each row of the plugin table gives the import, which is
     the entry point's and runs."""
     import importlib

@@ -1,4 +1,4 @@
-"""Every block of the README runs as written, in order, as a reader would (issue 27).
+"""Every block of the README runs as written, in order, as a reader would.
 
 The README is read from top to bottom and each fenced block is treated as the reader treats it:
 scripts are saved and run, shell lines are typed, files are written. What the test does with a
@@ -244,7 +244,7 @@ def test_the_slow_blocks_run(reader: Reader) -> None:
 def test_the_checkpoint_block_started_again_counts_the_epochs_hookfit_runs_counts(reader: Reader) -> None:
     """The README's checkpoint script, started again once its run is complete, resumes at the
     end and trains nothing: the console's end line, ``metrics.jsonl`` and ``run.jsonl`` count
-    the epochs the run has, as ``hookfit runs`` does (issue 27: they said 21 for 20)."""
+    the epochs the run has, as ``hookfit runs`` does (20, not 21)."""
     blocks = parse(README.read_text(encoding="utf-8"))
     resumable = next(b for b in blocks if b.kind == "python" and 'resume="latest"' in b.text)
     epochs = int(re.search(r"max_epochs=(\d+)", resumable.text).group(1))

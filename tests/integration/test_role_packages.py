@@ -1,4 +1,4 @@
-"""Two role packages written from the documents alone take the built-ins' places (issue 24).
+"""Two role packages written from the documents alone take the built-ins' places.
 
 ``tests/packages/hookfit-sam-optim`` (plugin ``sam_optim``) plays the optimizer role with
 Sharpness-Aware Minimization: two forward/backward passes per batch (the step's, then a closure's)

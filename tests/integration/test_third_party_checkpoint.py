@@ -2,7 +2,7 @@
 
 ``tests/packages/hookfit-tiny-checkpoint`` (plugin ``tiny_checkpoint``) was written from
 ``README.md`` and ``core/hooks.md`` alone ("Saving and resuming a run (the checkpoint role)"),
-without reading the built-in checkpoint plugin or the run's source (issue 23, "Must show"). It
+without reading the built-in checkpoint plugin or the run's source. It
 is installed with a real pip into a temporary virtual environment (tests/venvs.py), never into
 the one running the suite, and the built-in is disabled by name, as README.md's "Replacing a
 built-in plugin" says (``HOOKFIT_DISABLE_PLUGINS=checkpoint``); every other discovered plugin

@@ -84,7 +84,7 @@ def test_python_m_hookfit_is_the_command_and_its_help_names_every_subcommand() -
     description = done.stdout.split("positional arguments")[0].split("\n\n", 1)[1]
     for command in ("plugins", "hooks", "new-plugin", "demo"):
         assert f"hookfit {command}" in description, description
-    assert "``" not in done.stdout  # plain words on a terminal, not reStructuredText (issue 27)
+    assert "``" not in done.stdout  # plain words on a terminal, not reStructuredText
 
 
 def test_hookfit_plugins_says_active_inert_and_how_or_disabled_and_by_what(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """``hookfit runs``, ``show`` and ``compare`` read past damaged lines and values of a run's
 ``metrics.jsonl`` (a torn last line, a hand-edited value), naming them once, ``--json`` too; and
 ``hookfit runs`` counts the steps of a run whose metric log a full disk cut short from its end
-line in ``run.jsonl`` (issue 30)."""
+line in ``run.jsonl``."""
 
 from __future__ import annotations
 

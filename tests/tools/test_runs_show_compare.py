@@ -151,7 +151,7 @@ def _epoch(epoch: int, **values: float) -> dict[str, Any]:
 
 def test_the_best_value_follows_the_configured_direction_never_the_name(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 24: which value is best is configuration (the log's "best" line, or --mode), and
+    """Which value is best is configuration (the log's "best" line, or --mode), and
     a metric without one has no best: "mae" is best low and "acc" high, which no name says."""
     epochs = [_epoch(1, acc=0.5, mae=3.0, loss=2.0), _epoch(2, acc=0.9, mae=1.0, loss=1.0),
               _epoch(3, acc=0.7, mae=2.0, loss=1.5)]
@@ -483,7 +483,7 @@ def test_runs_on_hostile_folders_never_hangs_and_notes_each_unreadable_run_once(
     assert "a folder" in next(line for line in notes if f"{skipped['folder']}:" in line)
     assert "out of the run" in next(line for line in notes if f"{skipped['outside']}:" in line)
     assert not any(f"{good}:" in line for line in notes)
-    # the damaged values are read past, named in one note for that run (issue 30)
+    # the damaged values are read past, named in one note for that run
     assert len([line for line in notes if f"{damaged}" in line]) == 1, done.stderr
     for name in ("fifo", "zero"):  # hookfit show's text summary (no terminal) reads the log the same way
         shown = subprocess.run([sys.executable, "-m", "hookfit", "show", str(skipped[name])], capture_output=True,

@@ -1,5 +1,5 @@
 """The console: every epoch's summary, progress every N batches and by time, directions from the
-snapshots, partial epochs (issues 24 and 25)."""
+snapshots, partial epochs."""
 
 from __future__ import annotations
 
@@ -262,9 +262,8 @@ def test_a_partial_epoch_summary_says_so_a_whole_one_does_not() -> None:
 
 
 def test_skipped_steps_are_counted_in_the_console_and_metrics_log_end_lines(tmp_path) -> None:
-    """Issue 29: a run whose loss turned NaN skipped most of its steps and ended "completed"
-    without a word; the console's end lines and the metric log's end line count the skipped
-    steps and say why."""
+    """A run whose loss turned NaN skips most of its steps and ends "completed": the console's
+    end lines and the metric log's end line count the skipped steps and say why."""
     import io
     import json
 

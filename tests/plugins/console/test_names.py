@@ -1,6 +1,6 @@
 """The console's ``key=value`` lines stay one line each, split into their fields, whatever the
 metric names and the free text hold (a space, ``=``, a quote, a line break, an escape code):
-one quoting rule for keys and values, read back as the module's docstring says (issue 30)."""
+one quoting rule for keys and values, read back as the module's docstring says."""
 
 from __future__ import annotations
 

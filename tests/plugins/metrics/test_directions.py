@@ -1,6 +1,6 @@
 """Metrics(best=...): a metric's direction is configured, checked at construction, published in
 every snapshot's ``best``, never guessed from a name; ``loss`` is "min" unless configured
-otherwise (issue 24)."""
+otherwise."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What fit() returns of the metrics (issue 25, point 4): state.results["metrics"], each
+"""What fit() returns of the metrics: state.results["metrics"], each
 metric's last epoch value, and state.results["best"], the best value and its epoch (from 1)
 of the metrics with a direction; a partial last epoch and a resumed run's earlier epochs
 count."""

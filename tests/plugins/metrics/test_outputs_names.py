@@ -1,7 +1,7 @@
 """Metric names with a space, ``=``, a comma, a quote or a line break are written safely in every
 output: the CSV tables (the csv module's quoting, read back by any CSV reader, a continued run
 included), TensorBoard tags (sanitized, said once), and ``metrics.jsonl``, which ``hookfit
-runs``, ``show`` and ``compare`` read back (issue 30)."""
+runs``, ``show`` and ``compare`` read back."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every real scalar a step returns is a metric: NumPy scalars and 0-d arrays, ``bool``, 0-d
-tensors of any real dtype (issue 30); complex NumPy scalars are refused like Python's."""
+tensors of any real dtype; complex NumPy scalars are refused like Python's."""
 
 from __future__ import annotations
 

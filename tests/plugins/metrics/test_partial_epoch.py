@@ -1,4 +1,4 @@
-"""A run that ends inside a stage publishes that stage's epoch as it got (issue 25, point 5): a
+"""A run that ends inside a stage publishes that stage's epoch as it got: a
 stop request, ``max_steps``, a stop inside a validation; nothing for a stage with no batch;
 a checkpoint saved at the stop counts no partial stage, so a resumed run counts that epoch
 once."""

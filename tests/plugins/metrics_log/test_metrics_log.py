@@ -1,4 +1,4 @@
-"""metrics_log: metrics.jsonl written from the metrics role's events alone (issue 24): the same
+"""metrics_log: metrics.jsonl written from the metrics role's events alone: the same
 file from the built-in metrics plugin and from a replacement that only publishes snapshots;
 directions, resumes, step lines, the main process only, a full disk and a read-only folder."""
 
@@ -68,8 +68,8 @@ class Medians:
 
 
 def test_a_replacement_that_only_publishes_snapshots_gets_the_log(tmp_path: Path) -> None:
-    """Before issue 24 the built-in metrics plugin wrote metrics.jsonl itself: a replacement
-    left `hookfit runs/show/compare` without metrics."""
+    """metrics.jsonl is the metrics_log plugin's, not the metrics plugin's: a replacement of the
+    metrics plugin still leaves `hookfit runs/show/compare` their metrics."""
     state = hookfit.Loop(loss_step, [1, 2, 3, 4], val_step=loss_step, val_data=[5, 6], max_epochs=2,
                          run_dir=tmp_path, plugins=[Medians(), MetricsLog()]).fit()
     got = lines(tmp_path)

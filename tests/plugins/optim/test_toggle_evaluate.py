@@ -1,4 +1,4 @@
-"""What ported scripts ran into (issue 25): toggle's note on the backward pass it broke, and
+"""What ported scripts ran into: toggle's note on the backward pass it broke, and
 evaluating a checkpoint on a Loop without optimizers."""
 
 from __future__ import annotations

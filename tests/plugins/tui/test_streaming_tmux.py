@@ -1,4 +1,4 @@
-"""The dashboard over data without a length (issue 28), in a real terminal (tmux), and drawn
+"""The dashboard over data without a length, in a real terminal (tmux), and drawn
 headlessly: the stage's progress row shows the batches done and a rate, and no total, ETA or
 percentage; the run's row no ETA; the run goes on and stops on ``q`` as any other."""
 

@@ -1,7 +1,7 @@
-"""The dashboard tells the truth about the run (issue 29), read off a real terminal (tmux): NaN and
+"""The dashboard tells the truth about the run, read off a real terminal (tmux): NaN and
 infinite values, every skipped step, ``max_steps``, the final screen after ``q`` mid-epoch, short
 epochs, a table longer than the screen, and the layout at 80x24, 200x50 and 40x12; ``hookfit
-show`` of the same runs; and ``hookfit show`` without urwid (issue 27), the import blocked by
+show`` of the same runs; and ``hookfit show`` without urwid, the import blocked by
 ``tests/scripts/tui_no_urwid.py`` (a throw-away venv would still see urwid: it shares the running
 environment's packages).
 
@@ -254,7 +254,7 @@ def test_the_final_screen_holds_at_common_and_small_sizes(term: Terminal, cols: 
     assert "C" in lines[axis], screen
 
 
-# -- without urwid (issue 27) -------------------------------------------------------------------------
+# -- without urwid ------------------------------------------------------------------------------------
 
 @pytest.fixture
 def finished_run(tmp_path: Path) -> Path:

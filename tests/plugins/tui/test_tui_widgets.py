@@ -385,7 +385,7 @@ def test_a_breakpoint_without_a_debugger_gives_the_screen_back_at_once() -> None
     assert tui._go.is_set() and not tui._suspended
 
 
-# -- the truth at every size (issue 29); tmux reads the same in test_tui_truth.py --------------------
+# -- the truth at every size; tmux reads the same in test_tui_truth.py ------------------------------
 
 def rich() -> Dashboard:
     """A finished run with everything a screen can hold: 23 metrics (a long name, a NaN one, a
@@ -474,8 +474,8 @@ def test_the_bars_follow_the_run_counters_and_end_where_the_run_did() -> None:
 
 
 def test_the_recent_window_is_the_last_quarter_of_a_short_run() -> None:
-    """Issue 29: ``w`` showed the last 300 publications, the whole history of any run under
-    about 150 s; the recent window is the last quarter of the steps a curve covers."""
+    """``w``'s recent window is the last quarter of the steps a curve covers (the last 300
+    publications would be the whole history of any run under about 150 s)."""
     from hookfit.plugins.support.plot import Series
 
     series = Series()

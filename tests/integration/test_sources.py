@@ -1,0 +1,52 @@
+"""The rules the source keeps so that the code a newcomer reads is the code that runs, checked
+on every file of the package (``core/``, ``plugins/``) and of the tests: small modules, optim
+within its size, no code built from strings, no plugin registering a hidden helper, and
+comments that state contracts rather than the tracker's history."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGE = ("core", "plugins")
+MOST_LINES = 400
+OPTIM_LINES = 1600
+
+
+def files(*folders: str) -> list[Path]:
+    """The Python files under ``folders`` of the repository (caches left out)."""
+    found = [p for folder in folders for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts]
+    assert found, f"no Python file under {folders}"
+    return sorted(found)
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def matches(pattern: str, paths: list[Path]) -> list[str]:
+    """``file:line: text`` of every line of ``paths`` that ``pattern`` finds."""
+    rule = re.compile(pattern)
+    return [f"{p.relative_to(REPO)}:{n}: {text.strip()}" for p in paths
+            for n, text in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if rule.search(text)]
+
+
+def test_no_module_of_the_package_is_over_400_lines() -> None:
+    over = {str(p.relative_to(REPO)): n for p in files(*PACKAGE) if (n := lines(p)) > MOST_LINES}
+    assert over == {}, f"modules over {MOST_LINES} lines: split them by concern"
+
+
+def test_optim_is_under_1600_lines_in_all() -> None:
+    total = sum(lines(p) for p in files("plugins/optim"))
+    assert total < OPTIM_LINES, f"plugins/optim is {total} lines"
+
+
+def test_no_code_is_built_from_strings_and_no_plugin_registers_a_helper() -> None:
+    assert matches(r"(?<![.\w])(eval|exec)\(", files(*PACKAGE)) == []
+    assert matches(r"\bpm\.register\(", files("plugins")) == []
+
+
+def test_no_issue_numbers_in_code_or_tests() -> None:
+    assert matches(r"(?i)\bissues? #?\d+", files(*PACKAGE, "tests")) == []
