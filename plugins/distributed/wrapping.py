@@ -227,7 +227,8 @@ def _torch_optimizers(optimizers: Any) -> Iterator[torch.optim.Optimizer]:
         yield optimizers
     elif isinstance(optimizers, Mapping):
         for value in optimizers.values():
-            yield from _torch_optimizers(value)
+            if value is not optimizers:  # (a collection of one that is its own item)
+                yield from _torch_optimizers(value)
     elif isinstance(optimizers, (list, tuple)):
         for value in optimizers:
             yield from _torch_optimizers(value)

@@ -74,8 +74,8 @@ class ManagedOptimizer:
         """The wrapped optimizer's parameter groups (learning rates live here)."""
         return self.optimizer.param_groups
 
-    def step(self, partial: bool = False) -> bool:
-        """Step unless this batch is inside a window (``partial``: the stage's end); whether it stepped."""
+    def step(self, *, partial: bool = False) -> bool:
+        """Step unless inside a window (``partial``, keyword only: the stage's end; no closure); whether it stepped."""
         rules = self._rules
         if self._accumulates and not partial and not rules.window.closes(rules.loop):
             self.window_open = True

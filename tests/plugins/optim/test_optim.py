@@ -432,6 +432,43 @@ def test_one_optimizer_is_a_collection_of_one_stepped_with_or_without_its_name()
 
 
 @pytest.mark.bad_input
+@pytest.mark.parametrize("named", [False, True])
+def test_a_closure_given_to_the_managed_step_is_refused_not_taken_for_the_stage_end(named: bool) -> None:
+    """``loop.optimizers.step(closure)`` (the form a closure-taking optimizer plugin documents) under
+    the built-in optim is a TypeError: its one flag is keyword only, so a closure can never make a
+    step outside its accumulation window, whether the optimizer is named or not."""
+    m = model()
+    calls = []
+
+    def step(loop, batch):
+        x, y = batch
+        loop.backward(torch.nn.functional.mse_loss(m(x), y))
+        (loop.optimizers["default"] if named else loop.optimizers).step(lambda: calls.append(1))
+
+    with pytest.raises(TypeError, match="positional argument"):
+        hookfit.Loop(step, data(8), model=m, max_epochs=1, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     plugins=[Optim(accumulate=4)]).fit()
+    assert calls == []
+
+
+def test_the_distributed_plugin_finds_no_torch_optimizer_in_a_collection_of_one_and_does_not_recurse() -> None:
+    """A collection of one is its own item: walking ``loop.optimizers`` for torch optimizers
+    (the distributed plugin's repointing at shards) stops there, as for any managed optimizer."""
+    from hookfit.plugins.distributed.wrapping import _torch_optimizers
+
+    m = model()
+    seen = {}
+
+    def step(loop, batch):
+        seen["found"] = list(_torch_optimizers(loop.optimizers))
+        return None
+
+    hookfit.Loop(step, data(1), model=m, max_epochs=1, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                 plugins=[Optim()]).fit()
+    assert seen == {"found": []}
+
+
+@pytest.mark.bad_input
 def test_unnamed_access_with_two_optimizers_asks_for_a_name() -> None:
     m = model()
 
