@@ -112,7 +112,7 @@ class Optim:
         kind = OnlyOptimizer if len(optimizers) == 1 else ManagedOptimizer  # one optimizer is the collection
         managed = {n: kind(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
                    for n, o in optimizers.items()}
-        only = next(iter(managed.values())) if kind is OnlyOptimizer else None
+        only = next(iter(managed.values()), None)
         self.optimizers = loop.optimizers = only if isinstance(only, OnlyOptimizer) else Optimizers(managed, loop)
         why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []
         if self.scaler is not None:
