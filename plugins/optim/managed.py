@@ -233,9 +233,12 @@ def _listed(classes: Sequence[str]) -> str:
     return f"the schedulers [{', '.join(c.rsplit('.', 1)[-1] for c in classes)}]" if classes else "no scheduler"
 
 
-NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...); pass the "
-              "optimizer the step drives, Loop(optimizers=torch.optim.SGD(model.parameters(), "
-              "lr=...)), or several as a dict of names")
+NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...); pass the optimizer the step "
+              "drives, Loop(optimizers=torch.optim.SGD(model.parameters(), lr=...)), or several as a dict of names")
+
+
+class NameOne(TypeError, AttributeError):
+    """An unnamed optimizer's ``step``/``zero_grad``/``param_groups`` asked of several: ``hasattr`` says False."""
 
 
 class Optimizers(Mapping[str, ManagedOptimizer]):
@@ -266,8 +269,8 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         if what not in ("step", "zero_grad", "param_groups"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {what!r}")
         several = f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))})"
-        raise TypeError(f"{several}; name one: loop.optimizers[name].{what}" if self._managed
-                        else f"loop.optimizers.{what}: {NONE_GIVEN}")
+        raise NameOne(f"{several}; name one: loop.optimizers[name].{what}" if self._managed
+                      else f"loop.optimizers.{what}: {NONE_GIVEN}")
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:

@@ -88,8 +88,7 @@ class Deferred:
         self._where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
         self._at = -1  # the global step of the flag's last loss
         self._flags: Flags | None = None
-        self._size = 1
-        self._scaled = False
+        self._size, self._scaled = 1, False  # windows of this many batches; a GradScaler's run
         self.discard()
 
     def start(self, flags: Flags, size: int, scaled: bool) -> None:

@@ -89,9 +89,8 @@ class Schedules:
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
         plateaus = [g.scheduler for g in self._given if isinstance(g.scheduler, PLATEAU)]
         if plateaus and monitor is None:
-            raise ValueError("optim: schedulers has a ReduceLROnPlateau, which steps on a metric: give "
-                             "monitor='<stage>/<metric>', the epoch mean it reduces the learning rate on "
-                             "(monitor='valid/loss')")
+            raise ValueError("optim: schedulers has a ReduceLROnPlateau, which steps on a metric: give monitor="
+                             "'<stage>/<metric>', the epoch mean it reduces the learning rate on (monitor='valid/loss')")
         if monitor is not None and not plateaus:
             held = ", ".join(describe(g.scheduler) for g in self._given) or "no scheduler"
             raise ValueError(f"optim: monitor={monitor!r} is the metric a ReduceLROnPlateau steps on, and schedulers "

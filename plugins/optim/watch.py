@@ -109,9 +109,8 @@ class Watch:
         loop, step = self.loop, self._step_name()
         why = self._why + ([f"{loop.state.world_size} processes"] if loop is not None and loop.state.world_size > 1
                            else [])
-        message = (f"optim: gradients appeared on the parameters of the run's optimizers outside "
-                   f"loop.backward{self._where()}: step function {step!r} calls loss.backward() itself, "
-                   f"which bypasses optim's")
+        message = (f"optim: gradients appeared on the parameters of the run's optimizers outside loop.backward"
+                   f"{self._where()}: step function {step!r} calls loss.backward() itself, which bypasses optim's")
         if why:
             raise RuntimeError(f"{message} handling of {', '.join(why)}; the run would train another "
                                f"model than the script means. Call loop.backward(loss) in {step!r} instead")

@@ -480,6 +480,27 @@ def test_unnamed_access_with_two_optimizers_asks_for_a_name() -> None:
                      plugins=[Optim()]).fit()
 
 
+def test_whether_loop_optimizers_steps_unnamed_is_a_question_hasattr_answers() -> None:
+    """``hasattr(loop.optimizers, "step")`` tells a plugin whether it may step without a name:
+    ``True`` with one optimizer; ``False`` with several (the "name one" error is also an
+    AttributeError), while calling it still raises the TypeError that asks for a name."""
+    m = model()
+    seen: dict[str, object] = {}
+
+    def step(loop, batch):
+        opts = loop.optimizers
+        seen[str(len(opts))] = [hasattr(opts, what) for what in ("step", "zero_grad", "param_groups")]
+        if len(opts) > 1:
+            with pytest.raises(TypeError, match="2 optimizers .* name one: loop.optimizers\\[name\\].zero_grad"):
+                opts.zero_grad()
+            assert getattr(opts, "step", None) is None
+
+    hookfit.Loop(step, [1], optimizers=torch.optim.SGD(m.parameters()), plugins=[Optim()]).fit()
+    hookfit.Loop(step, [1], optimizers={"g": torch.optim.SGD(m.parameters()), "d": torch.optim.SGD(m.parameters())},
+                 plugins=[Optim()]).fit()
+    assert seen == {"1": [True, True, True], "2": [False, False, False]}
+
+
 @pytest.mark.bad_input
 def test_backward_without_the_optim_plugin_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOOKFIT_PLUGINS")
