@@ -12,7 +12,9 @@
   ``interrupted``).
 * A signal while the run is already ending (it failed and its ``exception`` hooks run, or
   ``fit_end`` runs) requests nothing, since there is nothing left to stop: the run's own error
-  stays the one raised. The first says so (a SIGINT: interrupt again to abort); a second SIGINT
+  stays the one raised. Except under ``torchrun`` when the run ends by the stop another rank's
+  signal asked (the ranks agreed on it before this rank's signal came, the same Ctrl-C): that
+  signal is this process's first, said as one, and the process ends as a signalled one. The first says so (a SIGINT: interrupt again to abort); a second SIGINT
   aborts. Under ``torchrun`` this is the agent's SIGTERM to the ranks still alive after one
   failed.
 * Handlers are installed at ``fit_start`` only on the main thread and the previous ones are put
@@ -85,7 +87,14 @@ class Interrupter:
         # first (under torchrun a rank's signal may land after the agreed stop) is not one
         if signum == signal.SIGINT and (self._stopped_by is not None or self._ending_said):
             raise KeyboardInterrupt(f"second {name}: aborting")
-        if loop.state.status != "running":  # ending: nothing to stop, the run's error stays its own
+        state = loop.state
+        if state.status == "interrupted" and state.stopped_by == loop.pm.get_name(self) and self._stopped_by is None:
+            # under torchrun: the ranks agreed on the stop another rank's signal asked before this
+            # rank's own (the same Ctrl-C) came; it is this process's first, and ends it as such
+            self._stopped_by = signum
+            self._say(loop, signum, f"hookfit: {name} received, stopping after this batch")
+            return
+        if state.status != "running":  # ending: nothing to stop, the run's error stays its own
             self._say(loop, signum, f"hookfit: {name} received while the run ends ({loop.state.status})")
             self._ending_said = True
             return
