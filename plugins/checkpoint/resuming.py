@@ -16,7 +16,7 @@ from hookfit import StateMismatch
 from hookfit.data import Batches
 from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import ranks, sharded
-from hookfit.plugins.checkpoint.state import _load_model, _model_state
+from hookfit.plugins.checkpoint.state import load_model, model_state
 from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, read
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -105,7 +105,7 @@ def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:
     (a sharded checkpoint's shards read by DCP into this run's tensors), every plugin's state
     (``strict``: a state that does not match the run's plugins is an error, not a warning) and
     the run's own state, its position included."""
-    here = _model_state(loop.model)
+    here = model_state(loop.model)
     if sharded.placeholders(data):
         data = sharded.load(data, path, here)
     elif sharded.split(here)[1]:
@@ -114,7 +114,7 @@ def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:
             f"model is sharded (Distributed(strategy='fsdp')): resume it with the strategy that wrote "
             f"it, or start the sharded run from its weights (hookfit export, then load_state_dict "
             f"before Loop.fit())")
-    _load_model(loop.model, data["model"], path)
+    load_model(loop.model, data["model"], path)
     try:
         loop.load_plugin_states(data["plugins"], strict=strict)
     except StateMismatch as error:

@@ -30,14 +30,14 @@ def payload(loop: Run, *, reason: str, metric: float | None, monitor: str | None
         "version": FORMAT_VERSION,
         **run,
         **({ranks.KEY: own} if (own := ranks.gather(loop, run)) is not None else {}),
-        "model": _model_state(loop.model),
+        "model": model_state(loop.model),
         "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
         "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": monitor,
                  "status": loop.state.status},
     }
 
 
-def _model_state(model: Any) -> Any:
+def model_state(model: Any) -> Any:
     """The state of ``Loop(model=...)``: of the module the user wrote (inside
     ``DistributedDataParallel``/``DataParallel`` and ``torch.compile``), so its keys are the
     plain module's and a checkpoint loads into a compiled or a plain model alike."""
@@ -46,11 +46,11 @@ def _model_state(model: Any) -> Any:
     if isinstance(model, torch.nn.Module):
         return unwrap_model(model).state_dict()
     if isinstance(model, Mapping):
-        return {k: _model_state(v) for k, v in model.items()}
-    return [_model_state(v) for v in model]
+        return {k: model_state(v) for k, v in model.items()}
+    return [model_state(v) for v in model]
 
 
-def _load_model(model: Any, state: Any, path: Path) -> None:
+def load_model(model: Any, state: Any, path: Path) -> None:
     if model is None or state is None:
         if (model is None) != (state is None):
             raise CheckpointError(f"checkpoint: {path} {'has' if state is not None else 'lacks'} a model, this run {'lacks' if model is None else 'has'} one")
@@ -64,7 +64,7 @@ def _load_model(model: Any, state: Any, path: Path) -> None:
         if set(model) != set(state):
             raise CheckpointError(f"checkpoint: {path} has models {sorted(state)}, this run {sorted(model)}")
         for key, module in model.items():
-            _load_model(module, state[key], path)
+            load_model(module, state[key], path)
     else:
         for module, sub in zip(model, state, strict=True):
-            _load_model(module, sub, path)
+            load_model(module, sub, path)

@@ -24,11 +24,12 @@ Row = tuple[float, ...]
 running window's weighted sum and count."""
 
 
-def _is_metric(value: Any) -> bool:
+def is_metric(value: Any) -> bool:
+    """Whether ``value`` is a metric object (torchmetrics' ``Metric`` shape: update, compute, reset)."""
     return hasattr(value, "compute") and hasattr(value, "reset") and hasattr(value, "update")
 
 
-_Tensor = torch.Tensor
+Tensor = torch.Tensor  # (a module global: the per-batch type tests read it without an attribute lookup)
 FOLD_EVERY = 1024
 """Values are folded into the aggregates at every publication and at least this often (in
 batches), so a long interval between publications cannot hold many values."""
@@ -37,14 +38,14 @@ batches), so a long interval between publications cannot hold many values."""
 def batch_size(batch: Any) -> int:
     """The first dimension of the batch's first tensor; 1 when there is none."""
     kind = type(batch)
-    if (kind is tuple or kind is list) and batch and type(first := batch[0]) is _Tensor:
+    if (kind is tuple or kind is list) and batch and type(first := batch[0]) is Tensor:
         shape = first.shape  # the common (inputs, targets) case, without the generic walk
         return shape[0] if shape else 1
     if isinstance(batch, (list, tuple)):
-        batch = next((item for item in batch if isinstance(item, _Tensor)), None)
+        batch = next((item for item in batch if isinstance(item, Tensor)), None)
     elif isinstance(batch, Mapping):
-        batch = next((item for item in batch.values() if isinstance(item, _Tensor)), None)
-    if isinstance(batch, _Tensor):
+        batch = next((item for item in batch.values() if isinstance(item, Tensor)), None)
+    if isinstance(batch, Tensor):
         shape = batch.shape
         return shape[0] if shape else 1
     return 1
@@ -77,7 +78,7 @@ def _numpy_kind(value: object) -> str | None:
 
 def is_complex(value: object) -> bool:
     """Whether ``value`` is a complex number (Python's, NumPy's) or a complex tensor."""
-    if isinstance(value, _Tensor):
+    if isinstance(value, Tensor):
         return value.is_complex()
     return (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)) or _numpy_kind(value) == "c"
 
@@ -91,7 +92,7 @@ def check(key: object, value: object, step: object) -> None:
             f"with a value to aggregate; keys must be strings, the names of what it reports"
         )
     if is_complex(value):
-        what = f"a complex tensor ({value.dtype})" if isinstance(value, _Tensor) else f"a complex number ({value!r})"
+        what = f"a complex tensor ({value.dtype})" if isinstance(value, Tensor) else f"a complex number ({value!r})"
         raise TypeError(
             f"step function {step_name(step)!r} returned {what} under the key {key!r}, which the "
             f"metrics plugin cannot aggregate (a metric is a real number); "
@@ -143,7 +144,7 @@ class _Series:
         self.window.extend((value * n, n) for value, n in entries[-self.size:])
 
 
-class _Stage:
+class Stage:
     """Aggregates of one stage of one epoch.
 
     Per batch, a value is only appended to ``host`` (read on the CPU) or ``device`` (a tensor
@@ -245,7 +246,7 @@ class _Stage:
         }
 
     @classmethod
-    def from_state(cls, window: int, state: Mapping[str, Any]) -> _Stage:
+    def from_state(cls, window: int, state: Mapping[str, Any]) -> Stage:
         stage = cls(window)
         stage.batches, stage.samples = state["batches"], state["samples"]
         stage.start_batches = stage.batches

@@ -15,8 +15,8 @@ from hookfit.data import length
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.support import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs, ranks
-from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, _is_metric, _Stage, _Tensor, as_real, batch_size,
-                                               check, is_complex)
+from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
+                                               is_complex, is_metric)
 from hookfit.plugins.metrics.derived import Derived, Function
 from hookfit.plugins.metrics.directions import Directions
 from hookfit.plugins.metrics.results import Report
@@ -58,12 +58,12 @@ class Metrics:
         self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only (the fast path)
-        self._resumed: _Stage | None = None
+        self._resumed: Stage | None = None
         self._stage_name: str | None = None
         self.history: dict[str, collections.deque[Mapping[str, Any]]] = {}
         self._history_epochs = history_epochs
-        self._stage: _Stage | None = None
-        self._outer: list[tuple[str | None, _Stage]] = []  # stages a nested one interrupted
+        self._stage: Stage | None = None
+        self._outer: list[tuple[str | None, Stage]] = []  # stages a nested one interrupted
         self._next_publish = 0.0
         self.loop: Run | None = None
 
@@ -83,7 +83,7 @@ class Metrics:
         if self._stage is not None:  # a validation inside training: the training aggregate waits
             self._outer.append((self._stage_name, self._stage))
         resumed, self._resumed = self._resumed, None
-        self._stage = resumed if resumed is not None and stage == "train" else _Stage(self.window)
+        self._stage = resumed if resumed is not None and stage == "train" else Stage(self.window)
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
         self._publishing(loop, stage)
@@ -113,7 +113,7 @@ class Metrics:
             given = output.get("batch_size")
             if given is not None:
                 n = int(given)
-            elif (type(batch) is tuple or type(batch) is list) and batch and type(first := batch[0]) is _Tensor:
+            elif (type(batch) is tuple or type(batch) is list) and batch and type(first := batch[0]) is Tensor:
                 shape = first.shape  # the common (inputs, targets) case, without a call
                 n = shape[0] if shape else 1
             else:
@@ -122,7 +122,7 @@ class Metrics:
             scalars, host, device = agg.scalars, agg.host, agg.device
             for key, value in output.items():
                 kind = type(value)
-                if kind is _Tensor:
+                if kind is Tensor:
                     if (entries := scalars.get(key)) is not None:
                         try:
                             entries.append((value.item(), n))
@@ -158,11 +158,11 @@ class Metrics:
         elif not agg.batches % FOLD_EVERY:
             agg.read()
 
-    def _take(self, agg: _Stage, key: str, value: Any, n: int, loop: Run) -> None:
+    def _take(self, agg: Stage, key: str, value: Any, n: int, loop: Run) -> None:
         """A value past ``batch_end``'s fast paths: a tensor under a key with no list yet, one
         that stays on its device (an accelerator, ``defer=True``), a subclass of a tensor, a
         metric object, a NumPy scalar or a ``bool``; refused when it cannot be aggregated."""
-        if isinstance(value, _Tensor):
+        if isinstance(value, Tensor):
             if value.numel() != 1:
                 return  # not a scalar: ignored, by design
             if value.is_cpu and not self.defer:
@@ -170,7 +170,7 @@ class Metrics:
                     entries = agg.host[key]
                 except KeyError:
                     entries = self._first(agg.host, key, value, loop)
-                if type(value) is _Tensor:  # its next values take the fast path
+                if type(value) is Tensor:  # its next values take the fast path
                     agg.scalars[key] = entries
                 entries.append((value.item(), n))
             else:
@@ -178,7 +178,7 @@ class Metrics:
                     agg.device[key].append((value.detach(), n))
                 except KeyError:
                     self._first(agg.device, key, value, loop).append((value.detach(), n))
-        elif _is_metric(value):
+        elif is_metric(value):
             agg.metric_objects[key] = value
         elif (real := as_real(value)) is not None:  # NumPy scalars, bool: past the fast path
             if key != "batch_size":
@@ -213,7 +213,7 @@ class Metrics:
         if self._stage is not None:  # back in the training stage a validation ran inside
             self._publishing(loop, self._stage_name)
 
-    def _final(self, loop: Run, stage: str, agg: _Stage, keep: bool = True) -> None:
+    def _final(self, loop: Run, stage: str, agg: Stage, keep: bool = True) -> None:
         """Publish ``agg``, the aggregate of ``stage``, in ``epoch_metrics``: the stage's end,
         or (``keep=False``) a stage a stop cut short, whose epoch the history does not keep."""
         agg.read()
@@ -289,7 +289,7 @@ class Metrics:
             self.report.load(state.get("results"), self.history)
         if state.get("train_stage") is not None:
             mine = ranks.own(state["train_stage"], loop.state.rank, loop.state.world_size)
-            self._resumed = _Stage.from_state(self.window, mine)
+            self._resumed = Stage.from_state(self.window, mine)
 
     def _reduce(self, loop: Run) -> Reduce | None:
         """The all-reduce to use for a publication, or None with one process."""
@@ -300,7 +300,7 @@ class Metrics:
 
     # -- snapshots and log ------------------------------------------------------------------
     def snapshot(self, values: dict[str, Value] | None = None, final: bool = False, *, stage: str | None = None,
-                 history: tuple[Mapping[str, Any], ...] | None = None, agg: _Stage | None = None) -> MetricsSnapshot:
+                 history: tuple[Mapping[str, Any], ...] | None = None, agg: Stage | None = None) -> MetricsSnapshot:
         """The current aggregate of the running stage (or ``agg``, that of ``stage``), as published."""
         loop, agg = self.loop, agg or self._stage
         assert loop is not None and agg is not None  # inside a stage of a run

@@ -53,7 +53,7 @@ def _checksum(keys: list[str]) -> float:
 
 def gather(state: dict[str, Any], rank: int, world: int, reduce: Reduce) -> dict[str, Any]:
     """``{"ranks": [stage state of process 0, 1, ...]}`` from this process's ``state``
-    (:meth:`_Stage.state`), on every process at once (a collective: every process calls it at
+    (:meth:`Stage.state`), on every process at once (a collective: every process calls it at
     the same checkpoint). The processes must have the same metrics and windows, as a
     publication needs them to; a ``RuntimeError`` says so otherwise."""
     keys = sorted(state["series"])
@@ -75,7 +75,7 @@ def gather(state: dict[str, Any], rank: int, world: int, reduce: Reduce) -> dict
 
 def own(saved: Mapping[str, Any], rank: int, world: int) -> dict[str, Any]:
     """This process's stage state from what :func:`gather` (or, in a run of one process,
-    ``_Stage.state``) saved: its own row when the processes are as many as wrote it; else the
+    ``Stage.state``) saved: its own row when the processes are as many as wrote it; else the
     sum of them all on the main process and nothing (the same keys, zero counts) on the others."""
     ranks = saved.get("ranks")
     if ranks is not None and len(ranks) == world:

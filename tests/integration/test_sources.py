@@ -5,6 +5,7 @@ comments that state contracts rather than the tracker's history."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -56,3 +57,40 @@ def test_no_method_is_replaced_on_an_instance() -> None:
 
 def test_no_issue_numbers_in_code_or_tests() -> None:
     assert matches(r"(?i)\bissues? #?\d+", files(*PACKAGE, "tests")) == []
+
+
+NAMEDTUPLE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
+"""Public API of every namedtuple, underscore and all."""
+
+
+def private_names(tree: ast.Module) -> set[str]:
+    """The ``_private`` names a module defines: its functions, classes and globals, and the
+    attributes its classes set or define on ``self``/``cls``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def test_no_module_reads_another_modules_private_names() -> None:
+    """A ``_private`` name of the package is read only in the module that defines it: never
+    imported by another module (``from hookfit.x import _helper``), and never read as an
+    attribute of another object (``plugin._due``) where only other modules define it."""
+    trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in files(*PACKAGE)}
+    own = {p: private_names(tree) for p, tree in trees.items()}
+    everyone = set().union(*own.values())
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hookfit"):
+                found += [f"{path.relative_to(REPO)}:{node.lineno}: imports {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+            elif (isinstance(node, ast.Attribute) and node.attr in everyone - own[path] - NAMEDTUPLE
+                  and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: reads {ast.unparse(node)}")
+    assert found == []
