@@ -7,6 +7,7 @@ what step functions and hooks receive as ``loop``.
 
 from __future__ import annotations
 
+import inspect
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -55,12 +56,50 @@ def _name(function: Any) -> str:
     return getattr(function, "__qualname__", None) or repr(function)
 
 
+def _shown(value: Any, most: int = 80) -> str:
+    """``value`` as an error names it: its type and a repr cut to ``most`` characters (a
+    dataset's repr can run to pages)."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= most else text[:most - 3] + '...'}"
+
+
+def check_step(what: str, step: Any) -> None:
+    """Refuse, naming it, a step function that cannot be called as ``step(loop, batch)``: not
+    callable, or a signature that does not take two positional arguments (``def step(batch)``)."""
+    if not callable(step):
+        raise TypeError(f"{what} must be a function step(loop, batch), got {_shown(step)}")
+    try:
+        signature = inspect.signature(step)
+    except (TypeError, ValueError):  # a builtin or an extension's callable: nothing to check
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(f"{what} {_name(step)!r} is called as step(loop, batch), and its signature "
+                        f"{signature} does not take those two arguments") from None
+
+
 def _iterable(value: Any) -> bool:
     try:
         iter(value)
     except TypeError:
         return False
     return True
+
+
+def _check_optimizers(optimizers: Any) -> None:
+    """Refuse the shapes of ``Loop(optimizers=...)`` that are a slip, not an optimizer: a list of
+    them, the parameters themselves, an optimizer's class (any other object is for the
+    optimizer plugin to accept or refuse)."""
+    if isinstance(optimizers, (list, tuple)):
+        raise TypeError(f"optimizers: give one optimizer, or several as a dict of names "
+                        f"({{'gen': g_opt, 'disc': d_opt}}), not a {type(optimizers).__name__}")
+    if isinstance(optimizers, Iterator):
+        raise TypeError(f"optimizers: got a {type(optimizers).__name__} (model.parameters()?), not an optimizer: "
+                        f"build one on them, optimizers=torch.optim.SGD(model.parameters(), lr=...)")
+    if isinstance(optimizers, type):
+        raise TypeError(f"optimizers: got the class {optimizers.__name__}, not an optimizer: build one, "
+                        f"optimizers={optimizers.__name__}(model.parameters(), ...)")
 
 
 def _positive_int(value: Any, what: str, allow_none: bool = False) -> None:
@@ -189,8 +228,9 @@ class Loop:
         smoke: bool | None = None,
     ) -> None:
         for what, fn in (("train_step", train_step), ("val_step", val_step)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{what} must be a function step(loop, batch), got {fn!r}")
+            if fn is not None:
+                check_step(what, fn)
+        _check_optimizers(optimizers)
         for what, data in (("train_data", train_data), ("val_data", val_data)):
             if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
                 if what == "val_data" and data is None:
@@ -230,14 +270,14 @@ class Loop:
                 c in name for c in "/\\:") or name in (".", "..")):
             raise ValueError(f"name must be a non-empty string usable as a folder name, got {name!r}")
         if isinstance(disable, str) or not _iterable(disable):
-            raise TypeError(f"disable must be a list of plugin names, got {disable!r}")
+            raise TypeError(f"disable must be a list of plugin names, got {_shown(disable)}")
         if isinstance(plugins, (str, bytes)) or not _iterable(plugins):
-            raise TypeError(f"plugins must be a list of plugin objects, got {plugins!r}")
+            raise TypeError(f"plugins must be a list of plugin objects, got {_shown(plugins)}")
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
-            raise TypeError(f"run_dir must be a path (a str or os.PathLike) or None, got {run_dir!r}")
+            raise TypeError(f"run_dir must be a path (a str or os.PathLike) or None, got {_shown(run_dir)}")
         if resume is not None and not isinstance(resume, (str, os.PathLike)):
             raise TypeError(f"resume must be 'latest', a checkpoint's path (a str or os.PathLike) or None, "
-                            f"got {resume!r}")
+                            f"got {_shown(resume)}")
         check_seed(seed)
         if not isinstance(deterministic, bool):
             raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
@@ -301,6 +341,8 @@ class Loop:
         or in a notebook; ``loop.state`` is then the run's state as it would have returned it."""
         if self.run is not None and self.run.state.status != "idle":
             raise RuntimeError("this Loop has already run; create a new Loop to train again")
+        if self.train_step is None:
+            raise TypeError("fit() needs a train_step: this Loop was given None (a Loop for validate() only)")
         self.run = Run(self, manager.build(self._given, self._disable))
         return _execute(self.run)
 
@@ -332,9 +374,9 @@ class Loop:
         them first, for instance with :meth:`validate` ``(resume=...)`` on a ``Loop`` sharing
         the model). The ``loop`` a step receives has ``model`` and the configuration."""
         step = step if step is not None else self.val_step
-        if step is None or not callable(step):
-            raise TypeError(f"predict() needs a step function step(loop, batch), got {step!r} "
-                            f"(and the Loop has no val_step to use instead)")
+        if step is None:
+            raise TypeError("predict() needs a step function step(loop, batch): give one, or Loop(val_step=...)")
+        check_step("predict()'s step", step)
         if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
             raise TypeError(f"predict() data must be an iterable of batches, got {type(data).__name__}")
         return Run(self, manager.PluginManager(), mode="validate").predict(data, step)

@@ -34,6 +34,70 @@ def test_train_data_not_iterable() -> None:
     with pytest.raises(TypeError, match="train_data must be an iterable of batches.*got int"):
         hookfit.Loop(lambda l, b: None, 5)
 
+@pytest.mark.bad_input
+@pytest.mark.parametrize("step, match", [
+    (lambda batch: None, r"train_step '<lambda>' is called as step\(loop, batch\), and its signature \(batch\) "),
+    (lambda loop, batch, extra: None, r"its signature \(loop, batch, extra\) does not take those two arguments"),
+    (type("Scorer", (), {"__call__": lambda self, batch: None})(), r"train_step '<.*Scorer object at .*>' is called as "
+                                                                   r"step\(loop, batch\), and its signature \(batch\)"),
+])
+def test_a_step_function_that_cannot_take_loop_and_batch_is_refused_when_the_loop_is_made(step, match) -> None:
+    """``def step(batch)`` fails at Loop(), naming the step and its signature, not at the first
+    batch with Python's bare "takes 1 positional argument but 2 were given"; steps that do take
+    two positional arguments (defaults, ``*args``, a bound method, a partial) are accepted."""
+    with pytest.raises(TypeError, match=match):
+        hookfit.Loop(step, [1])
+    with pytest.raises(TypeError, match=match.replace("train_step", "val_step")):
+        hookfit.Loop(lambda loop, b: None, [1], val_step=step, val_data=[1])
+    import functools
+
+    class Task:
+        def step(self, loop, batch):
+            return None
+
+    for fine in (lambda loop, batch, extra=1: None, lambda *args: None, Task().step,
+                 functools.partial(lambda scale, loop, batch: None, 2.0), print):
+        hookfit.Loop(fine, [1])
+
+
+@pytest.mark.bad_input
+def test_what_is_not_a_step_function_is_named_briefly() -> None:
+    """A dataset given where the step goes (the arguments swapped) is named by its type and
+    the start of its repr, not by a repr of every tensor in it."""
+    data = [(torch.randn(64, 8), torch.randn(64, 1)) for _ in range(8)]
+    with pytest.raises(TypeError) as caught:
+        hookfit.Loop(data, lambda loop, batch: None)
+    assert str(caught.value).startswith("train_step must be a function step(loop, batch), got list [(tensor(")
+    assert len(str(caught.value)) < 200, len(str(caught.value))
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("given, match", [
+    ("list", r"optimizers: give one optimizer, or several as a dict of names \(\{'gen': g_opt, 'disc': d_opt\}\), not "
+             r"a list"),
+    ("parameters", r"optimizers: got a generator \(model.parameters\(\)\?\), not an optimizer: build one on them"),
+    ("class", r"optimizers: got the class SGD, not an optimizer: build one, optimizers=SGD\(model.parameters"),
+])
+def test_optimizers_that_are_a_slip_are_refused_when_the_loop_is_made(given: str, match: str) -> None:
+    """A list of optimizers, the parameters themselves or an optimizer's class fail at Loop(),
+    saying what to give instead, before any plugin is set up."""
+    model = torch.nn.Linear(2, 1)
+    value = {"list": lambda: [torch.optim.SGD(model.parameters())], "parameters": model.parameters,
+             "class": lambda: torch.optim.SGD}[given]()
+    with pytest.raises(TypeError, match=match):
+        hookfit.Loop(lambda loop, b: None, [1], model=model, optimizers=value)
+
+
+@pytest.mark.bad_input
+def test_fit_without_a_train_step_says_so_before_the_run() -> None:
+    """A Loop made with no train step (for validate() alone) cannot fit(): said at once, with
+    no plugin set up and no run started."""
+    loop = hookfit.Loop(None, [1], val_step=lambda loop, b: None, val_data=[1])
+    with pytest.raises(TypeError, match=r"^fit\(\) needs a train_step: this Loop was given None"):
+        loop.fit()
+    assert loop.run is None
+
+
 def test_a_loop_runs_once() -> None:
     loop = hookfit.Loop(lambda loop, b: None, [1])
     loop.fit()
