@@ -11,7 +11,11 @@ ranks agree (one small collective of the training's group, the one that agrees w
 is in flight): when it failed on any rank (no host memory for it), nothing of that save is
 written on any rank, every rank lets go of its staging buffers, and the save is a failed save
 on every rank at its step, reported as a failed write is (``on_save_error``), naming the first
-failing rank and its error. DCP's own thread then writes each rank's
+failing rank and its error. A copy stopped on some rank by what is no :class:`Exception` (a
+``KeyboardInterrupt``, a ``SystemExit``) stops every rank there, whatever ``on_save_error`` says:
+the ranks agree all the same, let go of their buffers, and that rank raises its own, every
+other rank the same kind, naming that rank (a ``KeyboardInterrupt``; a ``SystemExit`` of the
+same code), so the run ends the same way on every rank. DCP's own thread then writes each rank's
 files; its collectives run on a gloo process group of the checkpoint's own, made once
 (``dist.new_group(backend="gloo")``), so the training's collectives never wait on them. When a
 rank's part is written, a thread of this module finishes the checkpoint as the foreground
@@ -99,6 +103,35 @@ def _everyone(value: Any) -> list[Any]:
     return everyone
 
 
+def _stop(error: BaseException | None, rank: int) -> tuple[str, str, int | str | None] | None:
+    """How ``error``, a stop that is no :class:`Exception` (``KeyboardInterrupt``, ``SystemExit``),
+    ended ``rank``'s copy into host memory, as plain values another rank can be told: its kind
+    (the loop makes ``"KeyboardInterrupt"`` an interrupted run, any other a failed one), what
+    happened, naming the rank, and ``SystemExit``'s code; ``None`` for no stop."""
+    if error is None:
+        return None
+    where = f"rank {rank}: {{}} while copying its state into host memory"
+    if isinstance(error, KeyboardInterrupt):
+        return "KeyboardInterrupt", where.format("interrupted"), None
+    if isinstance(error, SystemExit):
+        code = error.code if error.code is None or isinstance(error.code, int) else str(error.code)
+        return "SystemExit", where.format(f"exited (SystemExit({code!r}))"), code
+    return "BaseException", where.format(f"stopped ({type(error).__name__}: {error})"), None
+
+
+def _stopping(kind: str, text: str, code: int | str | None) -> BaseException:
+    """What a rank raises when another rank's copy into host memory was stopped (:func:`_stop`):
+    the loop ends it as that rank's run ends (interrupted, or failed; with ``SystemExit``, the
+    same exit code), whatever ``on_save_error`` says."""
+    if kind == "KeyboardInterrupt":
+        return KeyboardInterrupt(text)
+    if kind == "SystemExit":
+        stop = SystemExit(code)
+        stop.add_note(text)
+        return stop
+    return BaseException(text)
+
+
 class _Staged:
     """DCP's stager for shards already staged (by :meth:`ShardWriter.submit`, before the ranks
     agreed to write them): hands them on as they are."""
@@ -167,23 +200,38 @@ class ShardWriter:
         with ``tag``, kept for :meth:`take`. When the copy failed on any rank, nothing is written
         and every rank lets go of its staging buffers: the failed save's outcome is returned, the
         same on every rank (the error :func:`~hookfit.plugins.checkpoint.sharded.finish` would
-        raise, naming the first failing rank), to be reported at once."""
+        raise, naming the first failing rank), to be reported at once. When the copy was stopped
+        on any rank (a ``KeyboardInterrupt``, a ``SystemExit``: see the module), every rank lets
+        go of its buffers and raises."""
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
 
         group = self.group
+        dist = _dist()
+        rank = dist.get_rank() if dist is not None else 0
         failed: tuple[str, int | None] | None = None
+        stopped: BaseException | None = None
         try:
             staged = self._rest.stage(rest)
             shards = self._stage(shards)
         except Exception as error:  # noqa: BLE001 - a failed save on every rank, reported as configured
             text, number = shardfiles.failure(error)
-            dist = _dist()
-            failed = (f"rank {dist.get_rank() if dist is not None else 0}: copying its state into host memory: "
-                      f"{text}", number)
-        failed = next((outcome for outcome in _everyone(failed) if outcome is not None), None)
-        if failed is not None:
+            failed = (f"rank {rank}: copying its state into host memory: {text}", number)
+        except BaseException as error:  # the run is stopped (Ctrl-C, an exit): on every rank, below
+            stopped = error
+        mine = _stop(stopped, rank)
+        outcomes = _everyone((failed, mine))  # every rank, whatever it raised
+        stop = next((outcome for _, outcome in outcomes if outcome is not None), None)
+        failed = next((outcome for outcome, _ in outcomes if outcome is not None), None)
+        if failed is not None or stop is not None:
+            if torch.cuda.is_available():  # CUDA's non-blocking copies may still read the buffers
+                torch.cuda.synchronize()
             self._let_go()
+        if stop is not None:  # the first stopped rank's kind: a rank stopped so raises its own
+            if stopped is None or mine is None or mine[0] != stop[0]:
+                raise _stopping(*stop) from stopped
+            raise stopped
+        if failed is not None:
             return Done(path, tag, sharded.error_of(failed))
         response = async_save(shards, storage_writer=FileSystemWriter(str(tmp), sync_files=True),
                               process_group=group, async_stager=_Staged())

@@ -21,9 +21,12 @@ end.
 With ``--fail-staging shards:STEP`` (or ``rest:STEP``), rank 1's copy of its state into host
 memory at the save of step STEP raises, once: DCP's stager of the sharded tensors (a
 ``MemoryError``), or the staging of the rest of the checkpoint (an ``OSError``, ``ENOMEM``).
+With ``interrupt:STEP``, DCP's stager of rank 1 raises ``KeyboardInterrupt`` there (a second
+Ctrl-C on that rank alone), once, after the rest of its checkpoint was staged.
 
 Each process writes ``OUT.rank<N>.json``: the run's status and step (or the error that ended it
-and the step), the checkpoint plugin's failed and skipped saves, the checkpoint it resumed
+(``KeyboardInterrupt`` and ``SystemExit`` too), the run's status and stop reason then, and the
+step), the checkpoint plugin's failed and skipped saves, the checkpoint it resumed
 from, the warnings it caught (category and message), for each save whether a write was in flight
 on this rank when it was asked and the step the training had reached when its write ended, and
 every parameter, whole, as a flat list. Each prints ``pid <rank> <pid>`` at its start.
@@ -79,7 +82,8 @@ class Squeeze:
 
 class FailStaging:
     """On rank 1, the copy into host memory at the save of step ``step`` raises, once (see the
-    module): ``what`` is ``"shards"`` (DCP's stager) or ``"rest"`` (the checkpoint's staging)."""
+    module): ``what`` is ``"shards"`` (DCP's stager) or ``"rest"`` (the checkpoint's staging), or
+    ``"interrupt"`` (DCP's stager raises ``KeyboardInterrupt``)."""
 
     def __init__(self, what: str, step: int, watch: Watch) -> None:
         self.what, self.step, self.watch = what, step, watch
@@ -91,12 +95,14 @@ class FailStaging:
 
         from hookfit.plugins.checkpoint.staging import Staging
 
-        owner, stage = (DefaultStager, DefaultStager.stage) if self.what == "shards" else (Staging, Staging.stage)
+        owner, stage = (Staging, Staging.stage) if self.what == "rest" else (DefaultStager, DefaultStager.stage)
         failing = self
 
         def failing_stage(stager: Any, *args: Any, **kwargs: Any) -> Any:
             if failing.watch.step == failing.step:
                 failing.step = -1  # once
+                if failing.what == "interrupt":
+                    raise KeyboardInterrupt("raised by rank 1's stager")
                 if failing.what == "shards":
                     raise MemoryError("the host copy of the shards was refused")
                 raise OSError(errno.ENOMEM, "Cannot allocate memory for the host copy")
@@ -269,8 +275,9 @@ def main() -> None:
         try:
             state = loop.fit()
             result.update(status=state.status, step=state.step)
-        except Exception as error:  # noqa: BLE001 - reported in the dump
-            result.update(error=f"{type(error).__name__}: {error}", step=loop.state.step)
+        except BaseException as error:  # noqa: BLE001 - reported in the dump (an interrupt or an exit too)
+            result.update(error=f"{type(error).__name__}: {error}", status=loop.state.status,
+                          stop_reason=loop.state.stop_reason, step=loop.state.step)
     rank = int(os.environ.get("RANK", "0"))
     result.update(
         failed_saves=checkpoint.failed_saves,

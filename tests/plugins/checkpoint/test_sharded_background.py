@@ -4,14 +4,15 @@ write is in flight, the checkpoints hold what the foreground save writes and res
 SIGKILL at a random moment of the writes leaves only whole checkpoints under their names, and the
 resumed run ends bitwise where the uninterrupted one does; a failed write is raised on every
 rank at the same step (``on_save_error="raise"``); a copy into host memory that fails on one rank
-is a failed save on every rank at its step, warned about or raised as ``on_save_error`` says; a
-save asked during a write waits for it or is skipped on every rank (``when_busy``).
+is a failed save on every rank at its step, warned about or raised as ``on_save_error`` says, and
+one interrupted on one rank (``KeyboardInterrupt``) stops every rank there, interrupted; a save
+asked during a write waits for it or is skipped on every rank (``when_busy``).
 
 Real ``torchrun`` jobs (2 processes, gloo on the CPU) run ``tests/scripts/sharded_run.py``:
 ``--hold`` keeps each write from starting until the next save is asked (so every save after the
 first finds a write in flight, and a save that blocked training until its write ended would
 never end), ``--pace`` prints a line before each piece of a write (the kill's moments),
-``--fail-staging`` makes rank 1's copy into host memory raise at one save."""
+``--fail-staging`` makes rank 1's copy into host memory raise at one save (or be interrupted)."""
 
 from __future__ import annotations
 
@@ -228,4 +229,26 @@ def test_a_copy_into_host_memory_failing_on_one_rank_is_raised_on_every_rank_at_
                          "of the shards was refused"), errors[0]
     assert [(r["step"], r["failed_saves"]) for r in ranks] == [(4, 1), (4, 1)], output
     assert _checkpoints(tmp_path / "ckpt") == NAMES[:1]
+    assert read(tmp_path / "ckpt" / NAMES[0])["loop"]["step"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_an_interrupt_while_one_rank_copies_into_host_memory_stops_every_rank_at_its_step(tmp_path: Path) -> None:
+    """Rank 1's copy of the shards into host memory raises ``KeyboardInterrupt`` at the save of
+    step 4 (a second Ctrl-C on that rank alone): every rank stops there, interrupted (none waits
+    in a collective the other never starts: the run ends within ``run_sharded``'s timeout), with
+    ``KeyboardInterrupt`` (rank 1 its own, rank 0 one naming rank 1), though
+    ``on_save_error="warn"`` goes on after a failed save: it is no failed save, and no warning;
+    the checkpoint of step 2 is whole, and nothing of step 4's is left."""
+    ranks, output = run_sharded(tmp_path, "--dir", "ckpt", *EVERY, "--fail-staging", "interrupt:4")
+    for rank in ranks:
+        assert (rank.get("status"), rank.get("stop_reason"), rank.get("step")) == (
+            "interrupted", "KeyboardInterrupt", 4), output
+        assert rank["failed_saves"] == 0 and [s["step"] for s in rank["saves"]] == [2, 4], rank
+        assert not [m for c, m in rank["warnings"] if c == "CheckpointWarning"], rank["warnings"]
+    assert ranks[1]["error"] == "KeyboardInterrupt: raised by rank 1's stager", ranks[1]["error"]  # its own
+    assert ranks[0]["error"] == ("KeyboardInterrupt: rank 1: interrupted while copying its state into host "
+                                 "memory"), ranks[0]["error"]
+    assert _checkpoints(tmp_path / "ckpt") == NAMES[:1]  # no temporary folder of step 4's
     assert read(tmp_path / "ckpt" / NAMES[0])["loop"]["step"] == 2
