@@ -6,6 +6,7 @@ and ``resume``, and keeps the save side."""
 
 from __future__ import annotations
 
+import difflib
 import sys
 import warnings
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ entries sit beside them: ``loop``, ``rng``, ``data``...)."""
 def choose(loop: Run, source: str, directory: Path | None, fallback: bool
            ) -> tuple[Path | None, dict[str, Any] | None]:
     """The checkpoint to resume from and its checked contents, or ``(None, None)`` when
-    ``"latest"`` finds none (the run starts afresh). ``directory``: ``Checkpoint(dir=...)``;
+    ``"latest"`` finds none (the run starts afresh, said in one line on stderr). ``directory``: ``Checkpoint(dir=...)``;
     ``fallback``: a checkpoint that fails its checks is warned about and the next newest taken."""
     if source != "latest":
         path = Path(source)
@@ -39,12 +40,16 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
             if not candidates:
                 raise FileNotFoundError(f"checkpoint: no checkpoint in {path}")
         elif not path.exists():
-            raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file")
+            meant = "; did you mean resume='latest'?" if difflib.get_close_matches(source, ["latest"]) else ""
+            raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file{meant}")
         else:
             return path, read(path, loop.train_data)
     else:
         candidates, where = latest(loop, directory)
-        if not candidates:
+        if not candidates:  # said: a script run from another folder finds no runs/ of its own
+            if loop.is_main:
+                print(f"hookfit checkpoint: resume='latest' found no checkpoint in {where}: the run starts from "
+                      f"the beginning", file=sys.stderr, flush=True)
             return None, None
     if not fallback:
         return candidates[0], read(candidates[0], loop.train_data)

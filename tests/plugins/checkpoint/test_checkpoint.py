@@ -264,11 +264,20 @@ def test_bad_options_are_named() -> None:
 
 
 @pytest.mark.bad_input
-def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_named(tmp_path: Path) -> None:
+def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``"latest"`` with nothing saved starts afresh and says where it looked (a script started
+    from another folder finds no ``runs/`` of its own: a requeued job must not lose its progress
+    without a word); a missing path is named, and a near miss of "latest" suggested."""
     loop, _, _ = train(tmp_path, resume="latest", epochs=1)
     assert loop.state.status == "completed" and loop.run.pm.get_plugin("checkpoint").resumed_from is None
-    with pytest.raises(FileNotFoundError, match="resume='nope.pt': no such file"):
+    said = [line for line in capsys.readouterr().err.splitlines() if "resume='latest'" in line]
+    assert said == [f"hookfit checkpoint: resume='latest' found no checkpoint in {tmp_path / 'checkpoints'}: the run "
+                    f"starts from the beginning"], said
+    with pytest.raises(FileNotFoundError, match=r"resume='nope.pt': no such file\n"):
         train(tmp_path, resume="nope.pt")
+    with pytest.raises(FileNotFoundError, match=r"resume='latets': no such file; did you mean resume='latest'\?\n"):
+        train(tmp_path, resume="latets")
 
 
 # -- real processes ---------------------------------------------------------------------------
