@@ -1,6 +1,6 @@
 """early_stopping: end training when a monitored metric stops improving.
 
-``EarlyStopping(monitor="valid/loss", mode="min", patience=3, min_delta=0.0)`` in
+``EarlyStopping(monitor="valid/loss", mode=None, patience=3, min_delta=0.0)`` in
 ``Loop(plugins=[...])``. Discovered like every plugin, it is inert until given a ``monitor``:
 without one it unregisters itself at ``configure``, so it is not among the run's plugins and
 none of its hooks is called, as ``hookfit plugins`` says (``[inert]``).
@@ -8,7 +8,12 @@ none of its hooks is called, as ``hookfit plugins`` says (``[inert]``).
 * It reads the epoch means a metrics plugin publishes in ``epoch_metrics`` (a
   :class:`hookfit.payloads.MetricsSnapshot`), nothing else: ``monitor`` is ``"<stage>/<metric>"``
   with stage ``train`` or ``valid``.
-* An epoch improves on the best so far when its value is below ``best - min_delta`` (``mode="min"``)
+* Which way is better is the metric's direction as the metrics plugin publishes it (the
+  snapshot's ``best``, from ``Metrics(best={"valid/acc": "max"})``), else ``"min"``, unless
+  ``mode`` is given: a given ``mode`` that contradicts the published direction is kept, with
+  one ``HookfitWarning`` a run naming the metric and both directions (the warning comes with
+  the first epoch's metrics, when the direction is first known; a run is not ended for it).
+* An epoch improves on the best so far when its value is below ``best - min_delta`` (``"min"``)
   or above ``best + min_delta`` (``"max"``); a non-finite value never improves. After
   ``patience`` epochs in a row without improvement, it asks the loop to stop at the end of that
   epoch (``epoch_end``: the epoch's checkpoint is written first), with ``complete=True``: the
@@ -21,9 +26,9 @@ none of its hooks is called, as ``hookfit plugins`` says (``[inert]``).
 * A ``valid`` monitor in a run without validation is an error when training starts; a metric
   the run never produces is an error at the first epoch end it should have appeared at, naming
   the metrics that exist.
-* Its state (best value, its epoch, epochs without improvement) is saved in checkpoints, so a
-  resumed run decides as the uninterrupted one would. A run resumed after it stopped stops
-  again before its first batch, unless given a larger ``patience``.
+* Its state (best value, its epoch, its direction, epochs without improvement) is saved in
+  checkpoints, so a resumed run decides as the uninterrupted one would. A run resumed after it
+  stopped stops again before its first batch, unless given a larger ``patience``.
 """
 
 from __future__ import annotations
@@ -50,12 +55,13 @@ class EarlyStopping:
 
     name = "early_stopping"
 
-    def __init__(self, monitor: str | None = None, mode: Literal["min", "max"] = "min", patience: int = 3,
+    def __init__(self, monitor: str | None = None, mode: Literal["min", "max"] | None = None, patience: int = 3,
                  min_delta: float = 0.0) -> None:
-        self._monitor = Monitor(monitor, mode, min_delta, plugin=self.name)  # checks all three
+        self._monitor = Monitor(monitor, mode, min_delta, plugin=self.name, category=HookfitWarning)  # checks all three
         self.patience = integer(self.name, "patience", patience, least=0, meaning="epochs")
         self.monitor = monitor
         self.mode = mode
+        """The ``mode`` given (``None``: the direction the metrics plugin publishes, else ``"min"``)."""
         self.min_delta = self._monitor.min_delta
         self._reset()
 
@@ -77,7 +83,7 @@ class EarlyStopping:
         return None if at is None else at[1]
 
     def _reset(self) -> None:
-        self._monitor.reset()
+        self._monitor.start()
         self.wait = 0  # epochs in a row without improvement
         self._heard: int | None = None  # the last epoch whose monitored stage was published
         self._epoch_step = 0  # the global step as the current epoch started
@@ -125,6 +131,7 @@ class EarlyStopping:
                 f"early_stopping: monitor={self.monitor!r} names a metric this run does not produce: the "
                 f"{stage} metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}"
             )
+        self._monitor.follow(metrics.best)  # the direction in force, before comparing
         if self._monitor.update(float(metrics.values[key].epoch), at=(metrics.epoch, metrics.step)):
             self.wait = 0
         else:
@@ -150,7 +157,7 @@ class EarlyStopping:
         if self.monitor is None:
             return None
         return {"monitor": self.monitor, "best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,
-                "best_step": self.best_step}
+                "best_step": self.best_step, "mode": self._monitor.mode}
 
     @hookimpl
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -158,7 +165,7 @@ class EarlyStopping:
             return
         if state.get("monitor") != self.monitor:
             return  # it watched another metric: its best says nothing about this one; start fresh
-        self._monitor.reset(state["best"], (state["best_epoch"], state.get("best_step")))
+        self._monitor.reset(state["best"], (state["best_epoch"], state.get("best_step")), state.get("mode"))
         self.wait = int(state["wait"])
 
     # -- deciding ---------------------------------------------------------------------------
@@ -190,4 +197,4 @@ class EarlyStopping:
                 best = f"{value:.6g} at epoch {epoch + 1}"
         counted = "validation(s)" if self._by_step(loop) else "epoch(s)"
         return (f"early stopping: {self.monitor} did not improve{by} for {self.wait} {counted} "
-                f"(patience {self.patience}); best ({self.mode}) {best}")
+                f"(patience {self.patience}); best ({self._monitor.mode}) {best}")

@@ -5,6 +5,8 @@ the dashboard pick best values with them."""
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from hookfit.plugins.support.options import check, choice, number
@@ -36,7 +38,9 @@ class Monitor:
     * ``metric``: ``"<stage>/<metric>"`` (``"valid/loss"``: the epoch mean of ``loss`` in the
       validation stage, as a metrics plugin publishes it), or ``None`` for a monitor that only
       compares values (a plugin switched off, a console ranking any metric).
-    * ``mode``: ``"min"`` (lower is better) or ``"max"``.
+    * ``mode``: ``"min"`` (lower is better), ``"max"``, or ``None`` (the default): the
+      direction the metrics snapshots publish for ``metric``
+      (:attr:`hookfit.payloads.MetricsSnapshot.best`, ``Metrics(best=...)``), else ``"min"``.
     * ``min_delta``: how much better a value must be to improve, a finite number ``>= 0``.
 
     All three are checked here, with the error every option gives (naming ``plugin``;
@@ -45,13 +49,19 @@ class Monitor:
     value improves on nothing; NaN and infinities never improve, so never become the best (a
     diverged epoch is no best checkpoint). Of equal values the first stays the best.
 
+    The plugin hands it each snapshot of ``metric``'s stage (:meth:`follow`) before comparing
+    that snapshot's value: :attr:`mode` is then the direction in force. A given ``mode`` is kept
+    even where a snapshot publishes the other direction (the user said so for this plugin), with
+    one warning of ``category`` a run (:meth:`start`), naming the plugin, the metric and both.
+
     Thread-safe for one writer: the best and where it was seen change together, so a reader on
     another thread never sees one without the other."""
 
-    __slots__ = ("metric", "stage", "key", "mode", "min_delta", "_record")
+    __slots__ = ("metric", "stage", "key", "given", "mode", "min_delta", "plugin", "category", "_record", "_warned")
 
-    def __init__(self, metric: str | None = None, mode: str = "min", min_delta: float = 0.0, *,
-                 plugin: str = "monitor", option: str = "monitor", must: str | None = None) -> None:
+    def __init__(self, metric: str | None = None, mode: str | None = None, min_delta: float = 0.0, *,
+                 plugin: str = "monitor", option: str = "monitor", must: str | None = None,
+                 category: type[Warning] = UserWarning) -> None:
         check(plugin, option, metric, _stage_metric, must or _METRIC_MUST)
         self.metric: str | None = metric
         """``"<stage>/<metric>"``, or ``None``."""
@@ -60,9 +70,14 @@ class Monitor:
         """The stage of ``metric`` (``"valid"``), or ``None``."""
         self.key: str | None = key
         """The metric's name within its stage (``"loss"``), or ``None``."""
-        self.mode: str = choice(plugin, "mode", mode, MODES)
+        self.given: str | None = None if mode is None else choice(plugin, "mode", mode, MODES)
+        """The ``mode`` given, or ``None``: the published direction, else ``"min"``."""
+        self.mode: str = self.given or "min"
+        """The direction in force: the given one, else the latest snapshot's (``"min"`` before one)."""
         self.min_delta: float = number(plugin, "min_delta", min_delta, least=0)
+        self.plugin, self.category = plugin, category
         self._record: tuple[float, Any] | None = None
+        self._warned = False
 
     @property
     def best(self) -> float | None:
@@ -101,10 +116,32 @@ class Monitor:
         self._record = (float(value), at)
         return True
 
-    def reset(self, best: float | None = None, at: Any = None) -> None:
+    def start(self) -> None:
+        """A new run: the best forgotten, the direction back to the given one (``"min"`` until a
+        snapshot says, when none was given), a contradiction warned of again."""
+        self.reset()
+        self.mode, self._warned = self.given or "min", False
+
+    def follow(self, published: Mapping[str, str]) -> str:
+        """Take the directions a snapshot of ``metric``'s stage publishes (its ``best``: bare
+        metric name -> ``"min"``/``"max"``); returns :attr:`mode`, the direction in force."""
+        found = published.get(self.key) if self.key is not None else None
+        if self.given is None:
+            self.mode = found if found in MODES else "min"
+        elif found is not None and found != self.given and not self._warned:
+            self._warned = True
+            warnings.warn(f"{self.plugin}: mode={self.given!r} for {self.metric}, whose direction the metrics "
+                          f"plugin publishes as {found!r} (Metrics(best=...)); {self.plugin} keeps {self.given!r}: "
+                          f"leave mode out to follow the metrics plugin", self.category, stacklevel=3)
+        return self.mode
+
+    def reset(self, best: float | None = None, at: Any = None, mode: str | None = None) -> None:
         """Forget the best, or set it (a best restored from a checkpoint; one that is not a
-        finite number is forgotten)."""
+        finite number is forgotten); ``mode``: the direction it was found in, taken as the one in
+        force when none was given (a restored run knows it before its first snapshot)."""
         self._record = None
+        if mode in MODES and self.given is None:
+            self.mode = str(mode)
         if best is not None and math.isfinite(float(best)):
             self._record = (float(best), at)
 
