@@ -160,9 +160,10 @@ def _owner(modules: dict[str, str], module: str | None) -> str | None:
 def warn_secondary(error: BaseException, hook: str) -> None:
     """An error of ``hook`` while the run was already ending: a warning, never a replacement
     of the error that ended it."""
-    notes = " ".join(getattr(error, "__notes__", []))
+    notes = "; ".join(getattr(error, "__notes__", []))
     warnings.warn(
-        f"{hook} failed while the run was already ending: {type(error).__name__}: {error} {notes}".strip(),
+        f"{hook} failed while the run was already ending: {type(error).__name__}: {error}" + (f" ({notes})" if notes
+                                                                                             else ""),
         HookfitWarning,
         stacklevel=4,
     )

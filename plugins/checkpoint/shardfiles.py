@@ -27,6 +27,7 @@ DCP's metadata
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import warnings
 from collections.abc import Mapping
@@ -164,9 +165,9 @@ class _Unpickler(pickle._Unpickler):
 def metadata(folder: Path, tensors: Mapping[str, tuple[int, ...]], recorded: set[str] | None) -> Any:
     """DCP's metadata of ``folder``, unpickled without running code (see the module's
     documentation) and checked: ``tensors`` (the places to load and their shapes) are each
-    stored as a tensor of that shape, and every file it names is a plain name (among
-    ``recorded``, the files ``state.pt`` has digests of, when it has). A
-    :class:`CheckpointError` naming ``.metadata`` and what is wrong otherwise."""
+    stored as a tensor of that shape, whole (its chunks hold every element), and every file it
+    names is a plain name (among ``recorded``, the files ``state.pt`` has digests of, when it
+    has). A :class:`CheckpointError` naming ``.metadata`` and what is wrong otherwise."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
@@ -195,6 +196,10 @@ def metadata(folder: Path, tensors: Mapping[str, tuple[int, ...]], recorded: set
             raise bad(f"it stores {key!r} as {kind}, not as a tensor")
         if tuple(entry.size) != shape:
             raise bad(f"it stores {key!r} with the shape {tuple(entry.size)}, state.pt says {shape}")
+        held, whole = sum(math.prod(chunk.sizes) for chunk in entry.chunks), math.prod(shape)
+        if held != whole:  # (DCP stores each element once: its chunks do not overlap)
+            raise bad(f"its chunks of {key!r} hold {held} of its {whole} elements: a checkpoint that not every "
+                      f"process of the run wrote its part of")
     for info in storage.values():
         if not isinstance(info, _StorageInfo):
             raise bad(f"a tensor's place is a {type(info).__name__}, not DCP's _StorageInfo")

@@ -43,6 +43,7 @@ import torch
 
 from hookfit.plugins.checkpoint import sharded, shardfiles
 from hookfit.plugins.checkpoint.staging import Staging
+from hookfit.plugins.checkpoint.storage import CheckpointError
 from hookfit.plugins.checkpoint.writer import Done, write_file
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -60,8 +61,18 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
     :mod:`~hookfit.plugins.checkpoint.sharded`); with ``background``, staged and written in the
     background (see the module; a copy into host memory that failed on some rank is reported at
     once, on every rank), else in the foreground. Rank 0's folder, or ``None`` (another
-    rank, or a save skipped: ``when_busy="skip"``)."""
+    rank, or a save skipped: ``when_busy="skip"``). A run of several processes whose process
+    group is gone (it failed: ``on_failure``) writes nothing: a failed save, reported as
+    ``on_save_error`` says, never a folder of some ranks' parts."""
     reason, step, metric, must = asked
+    if loop.state.world_size > 1 and _dist() is None:  # (a failed run: its process group ended with the failure)
+        folder = (checkpoint.directory(loop).absolute() / checkpoint.filename(position, reason)).with_suffix(
+            sharded.SHARDED_SUFFIX)
+        checkpoint.collect(loop, [Done(folder, (reason, step, metric, loop.is_main), CheckpointError(
+            f"every process writes its part of a sharded checkpoint, and the {loop.state.world_size} processes of "
+            f"this run can no longer work together (their process group ended with the run's failure): nothing "
+            f"is written"))])
+        return None
     checkpoint.writer.wait()  # (pruning the one-file writer was asked to do)
     checkpoint.collect(loop)  # (the plugin's own: announced, pruned, failures reported)
     writer = checkpoint.shards

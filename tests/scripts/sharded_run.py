@@ -2,7 +2,8 @@
 
 ``torchrun --nproc-per-node 2 sharded_run.py OUT --dir CKPT [--epochs N] [--resume latest|PATH]
 [--fallback] [--squeeze-at EPOCH] [--sync] [--every-n-steps N] [--when-busy wait|skip]
-[--on-save-error warn|raise] [--pace SECONDS] [--hold] [--keep-last K] [--fail-staging WHAT:STEP]``: trains a small
+[--on-save-error warn|raise] [--on-failure] [--pace SECONDS] [--hold] [--keep-last K]
+[--fail-staging WHAT:STEP]``: trains a small
 regression (``Distributed(strategy="fsdp")``, ``Checkpoint(dir=CKPT, keep_last=10)`` or K, a
 checkpoint at every epoch's end, or every N steps). ``--sync`` writes them in the foreground (``background=False``).
 ``--squeeze-at`` limits the size of any file this process writes to 600 bytes from that epoch's
@@ -251,13 +252,15 @@ def main() -> None:
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--keep-last", type=int, default=10)
     parser.add_argument("--fail-staging")
+    parser.add_argument("--on-failure", action="store_true")
     args = parser.parse_args()
     os.write(1, f"pid {os.environ.get('RANK', '0')} {os.getpid()}\n".encode())
 
     model, optimizer, data, step = build()
     every = {"every_n_steps": args.every_n_steps, "every_n_epochs": None} if args.every_n_steps else {}
     checkpoint = Checkpoint(dir=args.dir, keep_last=args.keep_last, fallback=args.fallback, background=not args.sync,
-                            when_busy=args.when_busy, on_save_error=args.on_save_error, **every)
+                            when_busy=args.when_busy, on_save_error=args.on_save_error, on_failure=args.on_failure,
+                            **every)
     params = Params()
     watch = Watch(args.pace, args.hold)
     watch.install()

@@ -205,6 +205,16 @@ def test_without_recorded_digests_the_metadata_is_still_read_without_running_cod
         with pytest.raises(CheckpointError, match=r"stores 'model/0.weight' as BytesStorageMetadata, not as a tensor"):
             read(newest)
 
+    metadata = pickle.loads(good)  # what one rank alone writes: its chunks of a tensor, not the others'
+    entry = metadata.state_dict_metadata["model/0.weight"]
+    entry.chunks = entry.chunks[:1] if len(entry.chunks) > 1 else [type(entry.chunks[0])(
+        offsets=entry.chunks[0].offsets, sizes=torch.Size([entry.size[0] // 2, *entry.size[1:]]))]
+    (newest / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.warns(CheckpointWarning, match="records no digests"):
+        with pytest.raises(CheckpointError, match=r"its chunks of 'model/0.weight' hold 16 of its 32 elements: a "
+                                                  r"checkpoint that not every process of the run wrote its part of"):
+            read(newest)
+
     metadata = pickle.loads(good)  # a file read through a transform (a decompression) hookfit never asks for
     next(iter(metadata.storage_data.values())).transform_descriptors = ["zstd"]
     (newest / ".metadata").write_bytes(pickle.dumps(metadata))
