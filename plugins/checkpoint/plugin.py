@@ -57,7 +57,11 @@ class Checkpoint:
     a process group of its own (:mod:`~hookfit.plugins.checkpoint.shardwriter`). One write is in
     flight at most: a save asked during it waits for it, or with ``"skip"`` is skipped, on every
     rank alike; the write's outcome is taken at the next save and at the run's end, at the same
-    step on every rank. ``background=False`` writes every checkpoint in the foreground."""
+    step on every rank. ``background=False`` writes every checkpoint in the foreground.
+
+    The best checkpoint is the one with the best ``monitor`` value in ``mode``; ``mode=None``
+    (default) is the direction the metrics snapshots publish for it (``Metrics(best=...)``),
+    else ``"min"``; a given ``mode`` that contradicts it is kept, with one warning a run."""
 
     name = "checkpoint"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
@@ -70,7 +74,7 @@ class Checkpoint:
         every_seconds: float | None = None,
         keep_last: int = 3,
         monitor: str | None = None,
-        mode: Literal["min", "max"] = "min",
+        mode: Literal["min", "max"] | None = None,
         on_interrupt: bool = True,
         on_failure: bool = False,
         on_save_error: Literal["warn", "raise"] = "warn",
@@ -88,7 +92,7 @@ class Checkpoint:
         self.every_n_steps = every_n_steps
         self.every_seconds = positive_number(name, "every_seconds", every_seconds, none=True, meaning="seconds")
         self.keep_last = positive_int(name, "keep_last", keep_last)
-        self._monitor = Monitor(monitor, mode, plugin=name,  # keeps the best checkpoint
+        self._monitor = Monitor(monitor, mode, plugin=name, category=CheckpointWarning,  # keeps the best checkpoint
                                 must="look like 'valid/loss' (stage/metric, stage train or valid) or be None")
         self.catalog = Catalog(self.keep_last, self._monitor)
         """The checkpoints this run keeps: ``saved``, ``last``, ``best``, and what to prune."""
@@ -165,6 +169,7 @@ class Checkpoint:
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
     def configure(self, loop: Run) -> None:
         self.catalog.reset()
+        self._monitor.start()
         self.reports.reset()
         self.resumed_from, self.off, self._main_dir = None, False, None
         self._pending, self._continued, self._monitor_warned = None, False, False
@@ -229,6 +234,7 @@ class Checkpoint:
         if stage != self._monitor.stage:
             return
         if key is not None and key in metrics.values:  # (a key: there is a monitor)
+            self._monitor.follow(metrics.best)  # the direction the checkpoint of this epoch is compared in
             self._last_value = float(metrics.values[key].epoch)
             return
         self._last_value = None
