@@ -70,7 +70,8 @@ plugin); ``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``
 metric name or by ``"<stage>/<metric>"`` (which wins over the bare name), wins for the names
 it lists. A metric with a direction gets ``last=... best=... best_epoch=...``; one without
 gets ``last=... min=... min_epoch=... max=... max_epoch=...``. Epochs count from 1; NaN and
-infinities are never best (:class:`hookfit.plugins.support.Monitor`).
+infinities are never best (:class:`hookfit.plugins.support.Monitor`), nor lowest or highest: a
+metric with no finite value gets ``last=nan`` alone, as ``results["best"]`` has no entry for it.
 """
 
 from __future__ import annotations
@@ -155,12 +156,11 @@ def _directions(best: Any) -> dict[str, str]:
 
 class _Extremes:
     """The last, lowest and highest epoch values of one metric of one stage (the first of equal
-    values stays; NaN and infinities are never lowest or highest, unless there is nothing else)."""
+    values stays; NaN and infinities are never lowest or highest, as never best)."""
 
-    __slots__ = ("last", "first", "low", "high")
+    __slots__ = ("last", "low", "high")
 
     def __init__(self, value: float, epoch: int) -> None:
-        self.first = (value, epoch)
         self.low, self.high = Monitor(mode="min"), Monitor(mode="max")
         self.add(value, epoch)
 
@@ -169,11 +169,9 @@ class _Extremes:
         self.low.update(value, at=epoch)
         self.high.update(value, at=epoch)
 
-    def best(self, direction: str) -> tuple[float, int]:
-        """The lowest (``"min"``) or highest (``"max"``) value and its epoch; with no finite value,
-        the first one."""
-        record = (self.low if direction == "min" else self.high).record
-        return record if record is not None else self.first
+    def best(self, direction: str) -> tuple[float, int] | None:
+        """The lowest (``"min"``) or highest (``"max"``) value and its epoch; ``None`` with no finite value."""
+        return (self.low if direction == "min" else self.high).record
 
 
 class Console:
@@ -369,15 +367,10 @@ class Console:
             self._print("silenced", f"plugin={silenced.plugin}", f"hook={silenced.hook}",
                         _field("error", f"{type(silenced.error).__name__}: {silenced.error}", always=True))
         for (stage, key), result in self._results.items():
-            direction = self.direction(stage, key)
-            extremes: tuple[str, ...]
-            if direction is None:  # no direction configured: both extremes, no guess
-                (low, low_epoch), (high, high_epoch) = result.best("min"), result.best("max")
-                extremes = (f"min={_number(low)}", f"min_epoch={low_epoch}",
-                            f"max={_number(high)}", f"max_epoch={high_epoch}")
-            else:
-                best, best_epoch = result.best(direction)
-                extremes = (f"best={_number(best)}", f"best_epoch={best_epoch}")
+            direction = self.direction(stage, key)  # none configured: both extremes, no guess
+            named = {"best": direction} if direction is not None else {"min": "min", "max": "max"}
+            extremes = [f"{name}={_number(record[0])} {name}_epoch={record[1]}" for name, way in named.items()
+                        if (record := result.best(way)) is not None]  # none: no finite value, as in results["best"]
             self._print("result", _field("stage", stage), _field("metric", key), f"last={_number(result.last)}",
                         *extremes)
         self._print_time(state.time_split)
