@@ -80,6 +80,16 @@ def atomic_save(obj: Any, path: Path, between: Callable[[], None] | None = None)
         os.close(fd)
 
 
+def _why_unread(error: Exception) -> str:
+    """What ``torch.load`` said of a file it could not read, without its advice to load with
+    ``weights_only=False`` (wrong for a torn file, and unsafe): the unpickler's own reason."""
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0]
+        return " ".join(text.split())
+    return text.splitlines()[0] if text else ""
+
+
 class _Sink:
     """A file for ``torch.save`` that remembers the operating system's error on a write."""
 
@@ -225,8 +235,7 @@ def read(path: str | os.PathLike[str], train_data: Any = None) -> dict[str, Any]
     except Exception as error:
         raise CheckpointError(
             f"checkpoint: {path} is not a whole hookfit checkpoint (torn, truncated or not a "
-            f"torch file): {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        ) from error
+            f"torch file): {type(error).__name__}: {_why_unread(error)}") from error
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint: {path} is not a hookfit checkpoint (no '{FORMAT}' format marker)")
     version = data.get("version")
