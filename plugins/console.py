@@ -48,7 +48,8 @@ The rest
     (``hookfit resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``), and at the end
     it prints the status, the reason, the duration and, for every metric, its last epoch value
     and its best or its extremes over the whole run: a resumed run's include the epochs of the
-    run it continues (the epoch summaries' ``history``, restored from the checkpoint). Last
+    run it continues (the epoch summaries' ``history``, restored from the checkpoint), while
+    ``Loop.validate(resume=...)`` reports its own validation alone, as its ``results["best"]``. Last
     comes where each stage's time went (``loop.state.time_split``, measured by the loop):
     ``hookfit time stage=train
     batches=<n> time=<s>s data=<%> step=<%> plugins=<%>``, and when waiting for data is more
@@ -326,7 +327,8 @@ class Console:
             self._published[(stage, key)] = direction
         if stage not in self._stages:  # the stage's first epoch in this run: a resumed run's earlier ones first
             self._stages.add(stage)
-            for entry in metrics.history[:-1]:  # (the last entry is this epoch's)
+            earlier = metrics.history[:-1] if loop.mode == "fit" else ()  # Loop.validate(): its validation alone
+            for entry in earlier:  # (the last entry is this epoch's)
                 for key, value in entry.items():
                     if key not in ("epoch", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
                         self._extremes(stage, key, float(value), int(entry["epoch"]) + 1)

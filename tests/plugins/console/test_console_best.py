@@ -1,5 +1,6 @@
 """The console's ``hookfit result`` lines agree with ``results["best"]``: a metric never finite
-has no best (nor extremes)."""
+has no best (nor extremes), and ``Loop.validate(resume=...)`` reports its own validation alone,
+not the restored history of the training run's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.console import Console
 from hookfit.plugins.metrics import Metrics
 
@@ -39,3 +41,27 @@ def test_a_metric_never_finite_has_no_best_on_the_console_as_in_the_results(tmp_
         "hookfit result stage=train metric=acc last=0.5 best=0.5 best_epoch=2",
     ]
 
+
+def test_validate_reports_its_own_validation_not_the_training_runs_history(tmp_path: Path) -> None:
+    """Trained 3 epochs on one validation set (loss 3, 2, 1), then the last checkpoint validated
+    on another (loss 21): the console's best is the one value this validation produced, as
+    ``results["best"]`` says, not the best of the training run's restored history."""
+    model = torch.nn.Linear(1, 1)
+
+    def train(loop, batch):
+        return {"loss": torch.tensor(1.0)}
+
+    def valid(loop, batch):
+        return {"loss": torch.tensor(3.0 - loop.state.epoch)}
+
+    def test(loop, batch):
+        return {"loss": torch.tensor(21.0)}
+
+    fitted = hookfit.Loop(train, [0, 1], val_step=valid, val_data=[0], model=model, max_epochs=3,
+                          run_dir=tmp_path / "fit", disable=QUIET, plugins=[Metrics(), Checkpoint()]).fit()
+    stream = io.StringIO()
+    tested = hookfit.Loop(train, [0, 1], val_step=test, val_data=[0], model=model, run_dir=tmp_path / "test",
+                          disable=QUIET, plugins=[Metrics(), Checkpoint(), Console(stream=stream)]
+                          ).validate(resume=fitted.results["last_checkpoint"])
+    assert tested.results["best"] == {"valid/loss": (21.0, 3)}
+    assert result_lines(stream) == ["hookfit result stage=valid metric=loss last=21 best=21 best_epoch=3"]
