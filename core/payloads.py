@@ -301,6 +301,8 @@ DATA_BOTTLENECK = 0.2
 """The share of a stage's time spent waiting for data above which the data loader is called
 the bottleneck (:attr:`TimeSplit.data_bound`): what the console's end summary and a dashboard
 warn about."""
+BOTTLENECK_SECONDS = 0.1
+"""A stage shorter than this never names a bottleneck: its split is the noise of a few batches."""
 
 
 @dataclass(frozen=True)
@@ -358,9 +360,9 @@ class TimeSplit:
 
     @property
     def data_bound(self) -> bool:
-        """Whether waiting for data is more than :data:`DATA_BOTTLENECK` of the stage's time:
-        the data loader is the bottleneck."""
-        return self.shares["data"] > DATA_BOTTLENECK
+        """Whether waiting for data is more than :data:`DATA_BOTTLENECK` of the stage's time,
+        of :data:`BOTTLENECK_SECONDS` at least: the data loader is the bottleneck."""
+        return self.total >= BOTTLENECK_SECONDS and self.shares["data"] > DATA_BOTTLENECK
 
     def __add__(self, other: TimeSplit) -> TimeSplit:
         if not isinstance(other, TimeSplit):

@@ -264,6 +264,8 @@ def test_shares_rows_sums_and_text() -> None:
     assert split + split == TimeSplit("train", 2.0, 5.0, 1.0, 16)
     assert TimeSplit("valid").shares == {"data": 0.0, "step": 0.0, "plugins": 0.0}  # nothing measured yet
     assert split.data_bound and not TimeSplit("train", 0.2, 0.8).data_bound and not TimeSplit("valid").data_bound
+    # a stage of a few milliseconds names no bottleneck, whatever its shares: they are noise
+    assert not TimeSplit("valid", 0.008, 0.002, 0.0, 4).data_bound and TimeSplit("valid", 0.08, 0.02).data_bound
 
 
 @pytest.mark.bad_input
