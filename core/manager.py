@@ -54,7 +54,7 @@ import pluggy
 from hookfit import hookspecs
 from hookfit.tools import hookspecs as command_events
 from hookfit.discovery import GROUP, OWN, PluginInfo, builtin_events, collect, declared_events
-from hookfit.errors import ObserverWarning, PluginError, Silenced
+from hookfit.errors import HookfitWarning, ObserverWarning, PluginError, Silenced
 
 hookimpl = pluggy.HookimplMarker("hookfit")
 """The marker for hook implementations: ``@hookfit.hookimpl`` on a function or method named
@@ -215,6 +215,19 @@ class PluginManager(pluggy.PluginManager):
                 self.infos[impl.plugin_name].error = message
 
 
+def warn_unmarked(pm: PluginManager) -> None:
+    """Warn, once per plugin, about its methods named for an event but not marked
+    ``@hookfit.hookimpl``: pluggy never calls them, and nothing else would say so."""
+    events = {name for name, caller in vars(pm.hook).items() if caller.has_spec()}
+    for name, plugin in pm.list_name_plugin():
+        marked = set(impl_names(pm, plugin))
+        unmarked = sorted(e for e in events - marked if callable(getattr(type(plugin), e, None)))
+        if unmarked:
+            warnings.warn(f"{pm.describe(name)} has methods named for events and not marked @hookfit.hookimpl, so "
+                          f"hookfit never calls them: {', '.join(unmarked)}; mark them, or rename them",
+                          HookfitWarning, stacklevel=4)
+
+
 def chosen(pm: pluggy.PluginManager, plugin: object) -> bool:
     """Whether the user chose ``plugin`` for this run: given to ``Loop(plugins=[...])``, named by
     a ``[plugins.<name>]`` table of the configuration file (even empty), or registered by hand
@@ -237,4 +250,5 @@ def build(given: Sequence[Any] = (), disable: Iterable[str] = ()) -> PluginManag
     pm = PluginManager()
     pm.register_all(collect(given, disable))
     pm.check_unknown_hooks()
+    warn_unmarked(pm)
     return pm

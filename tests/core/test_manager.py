@@ -298,3 +298,39 @@ def test_an_observer_given_to_loop_is_named_with_its_distribution(tmp_path: Path
         sys.modules.pop("watch_things_mod", None)
         hookfit.discovery.refresh()
 
+
+
+@pytest.mark.bad_input
+def test_a_method_named_for_an_event_without_the_marker_is_warned_about_at_the_fit_line() -> None:
+    """A plugin whose ``batch_end`` lacks ``@hookfit.hookimpl`` is never called by pluggy and
+    nothing fails: one warning names the plugin and each such method, pointing at the script's
+    ``fit()`` line; marked methods, other methods and attributes named like events are not
+    named."""
+    import warnings
+
+    class Forgetful:
+        name = "forgetful"
+        results = None  # an attribute, not a method: not named
+
+        def batch_end(self, loop):
+            raise AssertionError("never called")
+
+        def fit_end(self, loop):
+            raise AssertionError("never called")
+
+        def batch_ends(self, loop):  # named for no event
+            return None
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            return None
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(lambda loop, batch: None, [1, 2], plugins=[Forgetful()]).fit()
+    said = [w for w in caught if "not marked" in str(w.message)]
+    assert len(said) == 1 and str(said[0].message).startswith("plugin 'forgetful' ("), said
+    assert str(said[0].message).endswith(
+        "given to Loop) has methods named for events and not marked @hookfit.hookimpl, so hookfit never calls "
+        "them: batch_end, fit_end; mark them, or rename them"), said[0].message
+    assert said[0].category is hookfit.HookfitWarning and said[0].filename == __file__
