@@ -239,12 +239,14 @@ class Console:
         self._skipped, self._skip_reason = 0, ""
         data = loop.train_data
         self._total = length(data)
-        per_epoch = f"batches_per_epoch={self._total}" if self._total is not None else ""
+        per_epoch = f"batches_per_epoch={self._total}" if self._total is not None and loop.mode == "fit" else ""
         plugins = ",".join(loop.pm.participants())  # as the user knows them: no helpers
-        # max_steps ends the run before the last epoch does (or epochs of unknown length): the
-        # epochs are counted without a total, as the dashboard counts them
+        # max_steps ends the run before the last epoch does (or epochs of unknown length), or
+        # Loop.validate() labels its one validation with the checkpoint's epoch: the epochs are
+        # counted without a total, as the dashboard counts them
         steps = loop.max_steps
-        self._by_steps = steps is not None and (self._total is None or steps < loop.max_epochs * self._total)
+        self._by_steps = loop.mode != "fit" or (
+            steps is not None and (self._total is None or steps < loop.max_epochs * self._total))
         self._print("start", "" if self._by_steps else f"epochs={loop.max_epochs}",
                     f"max_steps={steps}" if steps is not None else "", per_epoch, f"plugins={plugins}")
         if loop.model is not None and loop.is_main and not self._silent:
@@ -253,7 +255,8 @@ class Console:
             loop.hooks.resolve()  # batch_events' answer is known now that the console knows if it is silent
 
     def _epoch(self, epoch: int, of: int) -> str:
-        """``epoch=E/N``, or ``epoch=E`` when ``max_steps`` ends the run first (see fit_start)."""
+        """``epoch=E/N``, or ``epoch=E`` when ``max_steps`` ends the run first or in
+        ``Loop.validate()`` (see fit_start)."""
         return f"epoch={epoch}" if self._by_steps else f"epoch={epoch}/{of}"
 
     def _print_model(self, summary: ModelSummary) -> None:

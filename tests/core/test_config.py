@@ -112,13 +112,13 @@ def test_hookfit_plugins_shows_each_plugin_s_options_and_where_they_come_from(tm
     done = subprocess.run([sys.executable, "-m", "hookfit", "plugins"], cwd=tmp_path, env=env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert ("    options: monitor='valid/loss' (hookfit.toml), mode='min', patience=5 (hookfit.toml), "
+    assert ("    options: monitor='valid/loss' (hookfit.toml), mode=None, patience=5 (hookfit.toml), "
             "min_delta=0.0") in done.stdout.splitlines()
     done = subprocess.run([sys.executable, "-m", "hookfit", "plugins", "--json"], cwd=tmp_path, env=env(),
                           capture_output=True, text=True, timeout=120)
     (row,) = [r for r in json.loads(done.stdout) if r["name"] == "early_stopping"]
     assert row["options"]["patience"] == {"value": 5, "from": "file"}
-    assert row["options"]["mode"] == {"value": "min", "from": "default"}
+    assert row["options"]["mode"] == {"value": None, "from": "default"}  # the metrics plugin's direction
 
     write(tmp_path / "hookfit.toml", "[plugins.early_stoping]\npatience = 5\n")
     done = subprocess.run([sys.executable, "-m", "hookfit", "plugins"], cwd=tmp_path, env=env(),
