@@ -19,8 +19,9 @@ run resumed with a larger ``max_steps`` equals one that never stopped) and, if a
 fails (``on_failure``: a ``failed-*.pt`` file, never chosen by ``"latest"``; its position is
 after the last training batch whose step completed, so the failing batch runs again). The
 last ``keep_last`` checkpoints are kept, plus the best one by ``monitor`` (``"valid/loss"``:
-the epoch mean of ``loss`` in the validation stage, published by the metrics plugin; a
-monitored metric the run does not produce is warned about once). ``fit().results`` names
+the epoch mean of ``loss`` in the validation stage, published by the metrics plugin, compared
+in the direction it publishes for it unless ``mode`` is given; a monitored metric the run
+does not produce is warned about once). ``fit().results`` names
 both, on every process: ``"best_checkpoint"`` and ``"last_checkpoint"`` (paths, or ``None``;
 a ``failed-*`` file is never the last). Names count epochs from 1:
 ``epoch0001-step000000003.pt`` is a save during the first epoch, ``epoch0001-step000000007.pt``
