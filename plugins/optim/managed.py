@@ -201,13 +201,11 @@ class ManagedOptimizer:
         saved_class, here = state.get("class"), class_name(self.optimizer)
         if saved_class is not None and saved_class != here:
             raise ValueError(f"optim: optimizer {self.name!r} was a {saved_class} in the checkpoint and is a {here} "
-                             f"in this run: its state cannot be loaded into another type of optimizer; build the run "
-                             f"with a {saved_class}, or start it afresh")
+                             f"in this run: build the run with a {saved_class} to resume its state, or start afresh")
         groups, mine = state["optimizer"].get("param_groups", []), self.optimizer.param_groups
         if len(groups) != len(mine):
-            raise ValueError(f"optim: optimizer {self.name!r} ({here}) has {len(mine)} parameter group(s) in this "
-                             f"run and {len(groups)} in the checkpoint: build it with the same parameter groups as "
-                             f"the run that saved it")
+            raise ValueError(f"optim: optimizer {self.name!r} ({here}) has {len(mine)} parameter group(s) in this run "
+                             f"and {len(groups)} in the checkpoint: build it with the groups of the run that saved it")
         for index, (saved, group) in enumerate(zip(groups, mine)):
             if len(saved["params"]) != len(group["params"]):
                 raise ValueError(f"optim: parameter group {index} of optimizer {self.name!r} ({here}) has "

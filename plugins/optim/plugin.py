@@ -292,9 +292,7 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 
 
 def _named(value: Any) -> dict[str, Any]:
-    """``Loop(optimizers=...)`` by name (one optimizer is ``"default"``)."""
-    if isinstance(value, (list, tuple)):
-        raise TypeError(f"optim: give several optimizers as a dict of names, not a {type(value).__name__}")
+    """``Loop(optimizers=...)`` by name (one optimizer is ``"default"``; ``Loop()`` refuses a list of them)."""
     if isinstance(value, Optimizers):
         return {n: m.optimizer for n, m in value.items()}
     return {} if value is None else dict(value) if isinstance(value, Mapping) else {"default": value}

@@ -14,9 +14,8 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 NAME = "optim"
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
-SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers "
-                   "(torch.optim.lr_scheduler.StepLR(opt, ...)), a list of them, or a dict of "
-                   "optimizer name -> scheduler or list")
+SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers (torch.optim.lr_scheduler."
+                   "StepLR(opt, ...)), a list of them, or a dict of optimizer name -> scheduler or list")
 
 
 class Given(NamedTuple):
@@ -149,9 +148,8 @@ class Schedules:
         key = monitor.key
         assert key is not None  # a monitor given has a metric
         if key not in metrics.values:
-            raise ValueError(
-                f"optim: monitor={self.monitor!r} names a metric this run does not produce: the "
-                f"{stage} metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}")
+            raise ValueError(f"optim: monitor={self.monitor!r} names a metric this run does not produce: the {stage} "
+                             f"metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}")
         self._step_all(True, float(metrics.values[key].epoch))
 
     def epoch_end(self, epoch: int) -> None:

@@ -41,10 +41,10 @@ class Watch:
     def start(self, loop: Run | None, optimizers: Optimizers | None, why: list[str]) -> None:
         """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in it."""
         self.loop, self._optimizers, self._why = loop, optimizers, why
-        self._watched = False  # this run's first training stage was (is) watched
-        self._first_stage = False  # this run's first training stage is running
+        self._watched = self._first_stage = False  # this run's first training stage was watched; is running
         # said in this run: a bypassing step, a bypassed backward (or its error), no step at all
         self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
+        self._grads: bool | None = None  # whether a torch step while watched had a gradient (None: no step)
 
     def stage_start(self, own_backward: bool) -> None:
         """A training stage begins: the run's first is watched (gradients only where ``own_backward``)."""
@@ -92,7 +92,12 @@ class Watch:
         return sum(m.steps + m.skipped for m in (self._optimizers or {}).values())
 
     def _check_stepped(self) -> None:
-        """Warn, once a run, when the first stage passed through ``loop.backward`` and nothing stepped."""
+        """Warn, once a run, when the first stage passed through ``loop.backward`` and nothing stepped, or
+        when its optimizers stepped and none of their parameters had a gradient at any step."""
+        if self._grads is False:
+            warnings.warn(f"optim: the optimizers stepped without a gradient on any of their parameters in the first "
+                          f"epoch: call loop.backward(loss) in {self._step_name()!r} on a loss of the model they hold"
+                          f" (the parameters do not change)", OptimWarning, stacklevel=2)
         if self._unstepped_said or self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
             return
         self._unstepped_said = True
@@ -119,7 +124,8 @@ class Watch:
                       OptimWarning, stacklevel=_caller_level())
 
     def _step_seen(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A managed optimizer steps (torch's step pre-hook): by someone else than optim, warn, once a run."""
+        """A managed optimizer steps (torch's step pre-hook): noted, whether it had a gradient; by someone else, warn."""
+        self._grads = bool(self._grads) or any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
         if self.stepping or self._bypass_seen or self._optimizers is None:
             return
         self._bypass_seen = True

@@ -256,6 +256,41 @@ def test_a_step_function_that_never_steps_the_optimizers_is_told_the_model_does_
     assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
 
 
+@pytest.mark.bad_input
+@pytest.mark.parametrize("slip", ["no backward", "another module's optimizer", "zero_grad before step"])
+def test_optimizers_that_step_without_any_gradient_are_told_the_model_does_not_train(slip: str) -> None:
+    """The optimizers step, and none of their parameters ever has a gradient when they do: the
+    step never calls ``loop.backward``, the optimizer holds another module's parameters, or
+    ``zero_grad()`` comes between the backward pass and the step. The run completes and nothing
+    trains; the first training epoch's end says so, once a run."""
+    m, other = model(), model()
+    before = [p.detach().clone() for p in m.parameters()]
+
+    def train_step(loop, batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        if slip != "no backward":
+            loop.backward(loss)
+        if slip == "zero_grad before step":
+            loop.optimizers.zero_grad()
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    held = other if slip == "another module's optimizer" else m
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop = hookfit.Loop(train_step, data(4), model=m, optimizers=torch.optim.SGD(held.parameters(), lr=0.1),
+                            max_epochs=2, plugins=[Optim()])
+        loop.fit()
+    said = [str(w.message) for w in caught if "without a gradient" in str(w.message)]
+    assert said == ["optim: the optimizers stepped without a gradient on any of their parameters in the first epoch: "
+                    "call loop.backward(loss) in 'test_optimizers_that_step_without_any_gradient_are_told_the_model_"
+                    "does_not_train.<locals>.train_step' on a loss of the model they hold (the parameters do not "
+                    "change)"], said
+    assert loop.state.status == "completed" and all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+
+
 def test_a_step_every_few_batches_is_no_step_never_taken() -> None:
     m = model()
 
