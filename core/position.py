@@ -26,6 +26,13 @@ what it was given. What the run's state dict holds:
   epoch has the same batches, in the same order, and the same random stream (dropout, noise)
   as the run it continues. A run resumed at an epoch's start makes that epoch's iterator from
   ``"rng"``, which holds the loader's generators as the epoch before left them.
+* ``"persistent_iterators"``, only when there are any: the run's data (``"train"``,
+  ``"valid"``, ``"valid/<name>"``) that is a ``DataLoader`` with persistent workers (and no
+  state of its own) and had made its iterator at the position (the training data as the open
+  training stage made its iterator, the validation data as a running validation began): a
+  resumed run makes theirs first, with the random state kept, so that the iterator it resumes
+  with is reset, drawing no workers' base seed, as the run it continues had it (see
+  :mod:`hookfit.persistent`). A state without it (an older one) makes every iterator anew.
 
 The state dict is JSON-safe by construction where it is the core's: string keys, ``int``,
 ``float``, ``bool``, ``str``, ``None``, lists (never tuples) and dicts of them, and tensors
@@ -58,6 +65,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from hookfit.data import generators
+from hookfit.persistent import made, made_iterators
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.state import State
@@ -119,7 +127,7 @@ class Cursor:
     dict taken now resumes."""
 
     __slots__ = ("state", "training", "step0", "batch0", "done", "valid_rng", "valid_data", "iter_rng",
-                 "start", "restored", "held", "carry", "resumed_carry")
+                 "iter_made", "valid_made", "made_before", "start", "restored", "held", "carry", "resumed_carry")
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -129,6 +137,9 @@ class Cursor:
         self.valid_rng: dict[str, Any] | None = None
         self.valid_data: Any = None  # the validation data's own state as the running validation began
         self.iter_rng: dict[str, Any] | None = None  # the random state as the training stage made its iterator
+        self.iter_made = False  # that iterator was a persistent one reset (hookfit.persistent.made)
+        self.valid_made: list[str] | None = None  # the validation data so made as the running validation began
+        self.made_before: frozenset[str] = frozenset()  # the loaded state's "persistent_iterators"
         self.start: Position | None = None  # where a loaded state dict put the run, until it starts there
         self.restored: set[str] = set()  # the data ("train", "valid") that restored its own state
         self.held: frozenset[str] = frozenset()  # the training data's generators a loaded state gave back
@@ -153,13 +164,26 @@ class Cursor:
     def epoch_ends(self) -> None:
         self.done = (self.state.epoch + 1, 0, "train")
 
+    def iterator_begins(self, data: Any) -> None:
+        """The training stage makes its iterator over ``data`` now, from its start."""
+        self.iter_rng, self.iter_made = iterator_rng_state(data), made(data)
+
     def valid_begins(self, data: Any) -> None:
         if self.valid_rng is None:
             self.valid_rng = rng_state()
             self.valid_data = data.state_dict() if hasattr(data, "state_dict") and hasattr(data, "load_state_dict") else None
+            self.valid_made = made_iterators(None, data)
 
     def valid_ends(self) -> None:
-        self.valid_rng = self.valid_data = None
+        self.valid_rng = self.valid_data = self.valid_made = None
+
+    def persistent_iterators(self, train_data: Any, val_data: Any) -> list[str]:
+        """The run's data whose persistent iterator goes with :meth:`position` (the state's
+        ``"persistent_iterators"``): as the open training stage made its iterator, as a running
+        validation began, else now."""
+        train = self.iter_made if self.training else made(train_data)
+        valid = self.valid_made if self.valid_made is not None else made_iterators(None, val_data)
+        return (["train"] if train else []) + valid
 
     def trained(self) -> int:
         """Training batches of the running epoch whose step completed: the stage's first batch

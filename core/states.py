@@ -12,7 +12,8 @@ import torch
 
 from hookfit.errors import HookfitWarning, StateMismatch
 from hookfit.modes import modules
-from hookfit.position import Position, check_position, check_rng, set_rng_state
+from hookfit.persistent import made, named, persistent
+from hookfit.position import Position, check_position, check_rng, rng_state, set_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run
@@ -52,7 +53,9 @@ def run_state(run: Run) -> dict[str, Any]:
     if stateful(run.val_data):
         inside = cursor.valid_rng is not None and cursor.valid_data is not None
         data["valid"] = cursor.valid_data if inside else run.val_data.state_dict()
-    saved = {"loop": cursor.position().as_dict(), "rng": cursor.rng(run.train_data), "data": data}
+    saved: dict[str, Any] = {"loop": cursor.position().as_dict(), "rng": cursor.rng(run.train_data), "data": data}
+    if made_iterators := cursor.persistent_iterators(run.train_data, run.val_data):
+        saved["persistent_iterators"] = made_iterators
     if cursor.training:
         if cursor.iter_rng is not None:
             saved["data_rng"] = cursor.iter_rng
@@ -91,6 +94,15 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
                           f"process and goes to each of the {run.state.world_size} processes: a carry of each "
                           f"process's own (an RNN's hidden state over its part of the data) is not resumed "
                           f"exactly", HookfitWarning, stacklevel=3)
+    made_before = saved.get("persistent_iterators") or []
+    if not isinstance(made_before, (list, tuple)) or not all(isinstance(name, str) for name in made_before):
+        raise ValueError(f"load_state_dict: 'persistent_iterators' is not a list of names: {made_before!r:.80}")
+    if run.mode == "fit":  # made as the run it continues had them, the random state kept
+        for name, target in named(run.train_data, run.val_data).items():
+            if name in made_before and persistent(target) and not made(target):
+                keep = rng_state(target)
+                iter(target)
+                set_rng_state(keep, target)
     held = set_rng_state(saved["rng"], run.train_data)
     if saved.get("data_rng") is not None:  # a stage's iterator is made again from these
         held &= frozenset(saved["data_rng"].get("data") or ())
@@ -98,6 +110,7 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
     state.epoch, state.step, state.val_due = position.epoch, position.step, position.val_due
     cursor.epoch_begins(position.epoch, position.batch, position.stage)
     cursor.iter_rng = saved.get("data_rng")
+    cursor.iter_made, cursor.made_before = "train" in made_before, frozenset(made_before)
     cursor.held = held
     cursor.resumed_carry = carry
     return position

@@ -37,7 +37,8 @@ from hookfit.ending import fail, finish
 from hookfit.errors import HookfitWarning
 from hookfit.outputs import as_mapping, check_output
 from hookfit.payloads import ResumeInfo
-from hookfit.position import Position, iterator_rng_state, rng_state, set_rng_state
+from hookfit.persistent import unrebuilt_workers
+from hookfit.position import Position, rng_state, set_rng_state
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.stopping import Budget, Stop
 from hookfit.timing import store_split
@@ -123,14 +124,16 @@ def resume(run: Run) -> None:
         run.state.epoch = at.epoch
     info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
     run.state.resumed_from = info
-    cursor = run.cursor
-    if run.mode == "fit" and (why := unrebuilt_order(run.train_data, "train" in cursor.restored, cursor.held)):
+    if run.mode == "fit":
         level, frame, core = 1, sys._getframe(), os.path.dirname(__file__)  # at the user's fit(): out of core
         while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == core:
             frame, level = frame.f_back, level + 1
-        warnings.warn(f"resume={source!r}: the order of the training data's batches cannot be rebuilt, so the "
-                      f"resumed run trains on other batches than the run it continues would have: train_data is "
-                      f"a {why}", HookfitWarning, stacklevel=level)
+        if why := unrebuilt_order(run.train_data, "train" in run.cursor.restored, run.cursor.held):
+            warnings.warn(f"resume={source!r}: the order of the training data's batches cannot be rebuilt, so the "
+                          f"resumed run trains on other batches than the run it continues would have: train_data "
+                          f"is a {why}", HookfitWarning, stacklevel=level)
+        if why := unrebuilt_workers(run.train_data, run.val_data, run.cursor.made_before):
+            warnings.warn(f"resume={source!r}: {why}", HookfitWarning, stacklevel=level)
     fire(run, "resumed", info)
 
 
@@ -142,8 +145,7 @@ def weights_of(run: Run, at: Position) -> Position:
     training run would continue in. Any other position is where its weights were made."""
     if at.stage != "train" or at.batch or at.val_due or at.epoch == 0:
         return at
-    data = run.train_data
-    return Position(at.epoch - 1, at.step, length(data) or 0, "valid")
+    return Position(at.epoch - 1, at.step, length(run.train_data) or 0, "valid")
 
 
 def epochs(run: Run) -> None:
@@ -340,15 +342,14 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
 
 def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[Any]:
     """The stage's batches from batch ``start``. A fresh training stage notes the random state
-    before its iterator is made, the data's own generators included (a ``DataLoader`` draws its
-    seeds from them). A resumed one makes its iterator from that same state and drops the
-    batches already done (data with ``iter_from`` starts there; data that restored its own
-    state is already there), then gives the random state back as it was: so the rest of the
-    epoch sees the batches, the shuffle and the random stream of the run it continues."""
+    as it makes its iterator (:meth:`hookfit.position.Cursor.iterator_begins`). A resumed one
+    makes its iterator from that state and drops the batches done (data with ``iter_from``
+    starts there; data that restored its own state is there), then gives the random state back:
+    the rest of the epoch sees the batches and the random stream of the run it continues."""
     cursor = run.cursor
     if not start:
         if train:
-            cursor.iter_rng = iterator_rng_state(data)
+            cursor.iterator_begins(data)
         return iter(data)
     replay = cursor.iter_rng if train else None
     keep = rng_state(data) if replay is not None else None

@@ -1,7 +1,10 @@
 """A DataLoader that shuffles with a generator of its own (``generator=``, as many published
 scripts seed their data) resumes exactly: the run's state holds that generator's state as the
 epoch's iterator was made and as the position left it, mid-epoch and at an epoch's end, with
-and without workers, and such a resume says nothing about an order it cannot rebuild."""
+and without workers, and such a resume says nothing about an order it cannot rebuild. With
+persistent workers, on its own generator or the global one, the resumed run's iterators are
+reset as the run it continues had them (no workers' base seed drawn before the order), and the
+workers' own random state, which it cannot rebuild, is named in one warning."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
@@ -123,3 +126,163 @@ def test_the_run_state_holds_the_loaders_generator_as_the_iterator_was_made_and_
     list(DataLoader(list(range(12)), batch_size=2, shuffle=True, generator=made))
     assert torch.equal(state["data_rng"]["data"]["generator"], made.get_state())
     assert not torch.equal(state["data_rng"]["data"]["generator"], seen["generator"])
+
+
+# -- persistent workers ---------------------------------------------------------------------
+
+WORKERS_SAY = "the random state of the persistent worker processes of train_data, val_data"
+
+
+def persistent(run_dir: Path, own: bool, *, stopper=None, resume=None, loaders=None):
+    """Three epochs over loaders with one persistent worker each: training data shuffled with
+    a generator of its own (``own``) or the global one, a validation each epoch, dropout (the
+    global stream); a checkpoint at each epoch's end and at a stop. ``loaders``: the
+    ``(train, valid)`` to use instead of new ones (left running)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+    mine = loaders is None
+    if mine:
+        g = torch.Generator().manual_seed(1)
+        data = TensorDataset(torch.randn(4 * BATCHES, 3, generator=g), torch.randn(4 * BATCHES, 1, generator=g))
+        kw = {"generator": torch.Generator().manual_seed(5)} if own else {}
+        loaders = (DataLoader(data, batch_size=4, shuffle=True, num_workers=1, persistent_workers=True, **kw),
+                   DataLoader(data, batch_size=12, num_workers=1, persistent_workers=True))
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    def val_step(loop, batch):
+        return torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+
+    plugins = [Optim(), Checkpoint(every_n_epochs=1, background=False), *([stopper] if stopper else [])]
+    loop = hookfit.Loop(step, loaders[0], val_step=val_step, val_data=loaders[1], model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=3, run_dir=run_dir,
+                        resume=resume, plugins=plugins, disable=["console"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = loop.fit()
+    if mine:
+        shut_down(*loaders)
+    return state, [p.detach().clone() for p in model.parameters()], [str(w.message) for w in caught]
+
+
+def shut_down(*loaders) -> None:
+    """End the loaders' persistent workers now: torch's iterator ends them as it is freed, and
+    one left to the cyclic garbage collector (a run holds its data in cycles) waits 5 s for each."""
+    for loader in loaders:
+        loader._iterator = None
+
+
+@pytest.fixture(scope="module")
+def straight_persistent(tmp_path_factory):
+    """The uninterrupted runs with persistent workers, by whether the loader has a generator."""
+    runs = {}
+
+    def get(own: bool):
+        if own not in runs:
+            state, params, _ = persistent(tmp_path_factory.mktemp("persistent"), own)
+            assert state.status == "completed"
+            runs[own] = params
+        return runs[own]
+
+    return get
+
+
+# training and validation batches each stop counts: BATCHES and 2 (validation batches of 12) an epoch
+# (the second stop of "resumed twice" is in the epoch it resumed, the third in the next one)
+STOPS = {"first epoch": [3], "second epoch": [BATCHES + 2 + 3], "epoch boundary": ["end"],
+         "resumed twice": [BATCHES + 2 + 3, 1, 1 + 2 + 2]}
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["generator", "global RNG"])
+@pytest.mark.parametrize("where", list(STOPS))
+def test_loaders_with_persistent_workers_resume_to_bitwise_equal_parameters(
+        tmp_path: Path, straight_persistent, own: bool, where: str) -> None:
+    said = []
+    for stop in STOPS[where]:
+        stopper = StopAtEpochEnd() if stop == "end" else StopAfter(stop)
+        stopped, _, told = persistent(tmp_path, own, stopper=stopper, resume="latest")
+        assert stopped.status == "interrupted"
+        said += told
+    resumed, params, told = persistent(tmp_path, own, resume="latest")
+    said += told
+    assert resumed.resumed_from is not None and resumed.status == "completed" and resumed.step == 3 * BATCHES
+    assert all(torch.equal(p, q) for p, q in zip(params, straight_persistent(own)))
+    # the run it continues had started its workers in the first epoch: only then can they not be rebuilt
+    workers = [m for m in said if "persistent worker processes" in m]
+    assert len(workers) == (0 if where == "first epoch" else len(STOPS[where])), said
+    assert all(WORKERS_SAY in m for m in workers), workers
+    assert not [m for m in said if "cannot be rebuilt" in m and m not in workers], said
+
+
+def test_the_run_state_names_the_data_whose_persistent_iterator_the_position_resumes_with(tmp_path: Path) -> None:
+    seen = {}
+
+    class Look:
+        name = "look"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop, batch_idx):
+            if loop.state.stage == "train" and batch_idx == 1:
+                seen[loop.state.epoch] = loop.state_dict().get("persistent_iterators")
+
+        @hookfit.hookimpl
+        def epoch_end(self, loop, epoch):
+            seen[epoch, "end"] = loop.state_dict().get("persistent_iterators")
+
+    def loader():
+        return DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True)
+
+    train, noisy, clean = loader(), loader(), DataLoader(list(range(8)), batch_size=2, num_workers=1)
+    hookfit.Loop(lambda loop, batch: None, train, val_step=lambda loop, batch: None,
+                 val_data={"noisy": noisy, "clean": clean}, max_epochs=2, run_dir=tmp_path,
+                 plugins=[Look()], disable=["console", "checkpoint"]).fit()
+    shut_down(train, noisy)
+    # the first epoch made the training iterator anew, and no validation had run; the second reset them
+    assert seen == {0: None, (0, "end"): ["train", "valid/noisy"], 1: ["train", "valid/noisy"],
+                    (1, "end"): ["train", "valid/noisy"]}
+
+
+def test_a_loader_whose_persistent_iterator_this_process_made_before_the_resume_is_named(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(4 * BATCHES, 3, generator=g), torch.randn(4 * BATCHES, 1, generator=g))
+    loaders = (DataLoader(data, batch_size=4, shuffle=True, num_workers=1, persistent_workers=True),
+               DataLoader(data, batch_size=12))
+    stopped, _, _ = persistent(tmp_path, False, stopper=StopAfter(3), loaders=loaders)  # in the first epoch
+    assert stopped.status == "interrupted"
+    _, _, said = persistent(tmp_path, False, resume="latest", loaders=loaders)
+    shut_down(*loaders)
+    stale = [m for m in said if "had made its iterator with persistent workers in this process" in m]
+    assert len(stale) == 1 and stale[0].startswith("resume='latest': train_data had made its iterator"), said
+    assert "cannot be rebuilt" in stale[0] and "give the resumed run a new DataLoader" in stale[0]
+
+
+def test_a_stateful_loader_with_persistent_workers_restores_its_own_iterator(tmp_path: Path) -> None:
+    """torchdata's StatefulDataLoader restores its iterator from its own state (the run makes
+    none for it before): resumed in its second epoch, it trains on each batch once, as the
+    uninterrupted run did."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(4 * BATCHES, 3, generator=g), torch.randn(4 * BATCHES, 1, generator=g))
+
+    def run(run_dir: Path, stopper=None):
+        torch.manual_seed(0)
+        seen = []
+        loader = stateful.StatefulDataLoader(data, batch_size=4, shuffle=True, num_workers=1, persistent_workers=True)
+        loop = hookfit.Loop(lambda loop, batch: seen.append(batch[1].sum().item()), loader, max_epochs=2,
+                            model=torch.nn.Linear(3, 1), run_dir=run_dir, resume="latest", disable=["console"],
+                            plugins=[Checkpoint(background=False), *([stopper] if stopper else [])])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loop.fit()
+        shut_down(loader)
+        return seen, [str(w.message) for w in caught if issubclass(w.category, hookfit.HookfitWarning)]
+
+    straight, _ = run(tmp_path / "straight")
+    first, _ = run(tmp_path / "stopped", StopAfter(BATCHES + 2))
+    rest, said = run(tmp_path / "stopped")
+    assert first + rest == straight and said == []
