@@ -42,7 +42,10 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   states (``rng["data"]``, ``data_rng["data"]``) and puts them back before it makes the
   iterator again. Data with ``state_dict()``/``load_state_dict()`` (torchdata's
   ``StatefulDataLoader``) keeps its own order in ``"data"``: that is how a plugin or a
-  script tells the run the order is kept. A resume says, with one warning, "the order of the
+  script tells the run the order is kept. A ``DataLoader`` with persistent workers whose
+  iterator was made at that position is named in ``"persistent_iterators"``: the run makes
+  its iterator again as it loads the state, so its next epoch resets it as the run it
+  continues did. A resume says, with one warning, "the order of the
   training data's batches cannot be rebuilt" only where it truly cannot (a custom sampler, a
   generator whose state the saved state lacks, an iterable with a generator of its own and no
   ``set_epoch``).
