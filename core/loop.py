@@ -68,15 +68,21 @@ def check_step(what: str, step: Any) -> None:
     callable, or a signature that does not take two positional arguments (``def step(batch)``)."""
     if not callable(step):
         raise TypeError(f"{what} must be a function step(loop, batch), got {_shown(step)}")
-    try:
-        signature = inspect.signature(step)
+    try:  # the function's signature, and a decorator's own (functools.wraps points at the inner one)
+        signatures = [inspect.signature(step), inspect.signature(step, follow_wrapped=False)]
     except (TypeError, ValueError):  # a builtin or an extension's callable: nothing to check
         return
+    if not any(_binds(signature) for signature in signatures):
+        raise TypeError(f"{what} {_name(step)!r} is called as step(loop, batch), and its signature "
+                        f"{signatures[0]} does not take those two arguments")
+
+
+def _binds(signature: inspect.Signature) -> bool:
     try:
         signature.bind(None, None)
     except TypeError:
-        raise TypeError(f"{what} {_name(step)!r} is called as step(loop, batch), and its signature "
-                        f"{signature} does not take those two arguments") from None
+        return False
+    return True
 
 
 def _iterable(value: Any) -> bool:

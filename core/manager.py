@@ -44,6 +44,7 @@ changed.
 from __future__ import annotations
 
 import difflib
+import inspect
 import warnings
 from collections.abc import Iterable, Sequence
 from types import ModuleType
@@ -221,7 +222,7 @@ def warn_unmarked(pm: PluginManager) -> None:
     events = {name for name, caller in vars(pm.hook).items() if caller.has_spec()}
     for name, plugin in pm.list_name_plugin():
         marked = set(impl_names(pm, plugin))
-        unmarked = sorted(e for e in events - marked if callable(getattr(type(plugin), e, None)))
+        unmarked = sorted(e for e in events - marked if inspect.isroutine(getattr(type(plugin), e, None)))
         if unmarked:
             warnings.warn(f"{pm.describe(name)} has methods named for events and not marked @hookfit.hookimpl, so "
                           f"hookfit never calls them: {', '.join(unmarked)}; mark them, or rename them",

@@ -88,7 +88,8 @@ class Interrupter:
         if signum == signal.SIGINT and (self._stopped_by is not None or self._ending_said):
             raise KeyboardInterrupt(f"second {name}: aborting")
         state = loop.state
-        if state.status == "interrupted" and state.stopped_by == loop.pm.get_name(self) and self._stopped_by is None:
+        askers = (state.stopped_by or "").split(", ")  # (several askers are joined: "interrupter, early_stopping")
+        if state.status == "interrupted" and loop.pm.get_name(self) in askers and self._stopped_by is None:
             # under torchrun: the ranks agreed on the stop another rank's signal asked before this
             # rank's own (the same Ctrl-C) came; it is this process's first, and ends it as such
             self._stopped_by = signum

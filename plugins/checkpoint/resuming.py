@@ -48,8 +48,9 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
         candidates, where = latest(loop, directory)
         if not candidates:  # said: a script run from another folder finds no runs/ of its own
             if loop.is_main:
-                print(f"hookfit checkpoint: resume='latest' found no checkpoint in {where}: the run starts from "
-                      f"the beginning", file=sys.stderr, flush=True)
+                then = "the run starts from the beginning" if loop.mode == "fit" else "the model's weights as they are"
+                print(f"hookfit checkpoint: resume='latest' found no checkpoint in {where}: {then}", file=sys.stderr,
+                      flush=True)
             return None, None
     if not fallback:
         return candidates[0], read(candidates[0], loop.train_data)

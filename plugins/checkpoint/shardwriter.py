@@ -69,9 +69,9 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
         folder = (checkpoint.directory(loop).absolute() / checkpoint.filename(position, reason)).with_suffix(
             sharded.SHARDED_SUFFIX)
         checkpoint.collect(loop, [Done(folder, (reason, step, metric, loop.is_main), CheckpointError(
-            f"every process writes its part of a sharded checkpoint, and the {loop.state.world_size} processes of "
-            f"this run can no longer work together (their process group ended with the run's failure): nothing "
-            f"is written"))])
+            f"checkpoint: every process writes its part of a sharded checkpoint, and the {loop.state.world_size} "
+            f"processes of this run can no longer work together (their process group ended with the run's failure): "
+            f"nothing of {folder.name} is written"))])
         return None
     checkpoint.writer.wait()  # (pruning the one-file writer was asked to do)
     checkpoint.collect(loop)  # (the plugin's own: announced, pruned, failures reported)

@@ -13,7 +13,6 @@ FusedRule = Callable[[list[torch.Tensor], bool, bool], tuple[bool, bool]]
 
 try:  # torch's rule (params, differentiable, use_fused): whether its fused kernel takes them
     from torch.optim.optimizer import _default_to_fused_or_foreach as _torch_rule
-
     _default_to_fused_or_foreach: FusedRule | None = _torch_rule
 except ImportError:  # pragma: no cover - a torch without it: no optimizer is switched
     _default_to_fused_or_foreach = None

@@ -124,8 +124,9 @@ class Watch:
                       OptimWarning, stacklevel=_caller_level())
 
     def _step_seen(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A managed optimizer steps (torch's step pre-hook): noted, whether it had a gradient; by someone else, warn."""
-        self._grads = bool(self._grads) or any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
+        """A managed optimizer steps (torch's step pre-hook): whether it had a gradient; by someone else, warn."""
+        if not (self._grads or args[1:] or kwargs):  # (args: self first; a closure makes its gradient inside)
+            self._grads = any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
         if self.stepping or self._bypass_seen or self._optimizers is None:
             return
         self._bypass_seen = True

@@ -55,8 +55,18 @@ def test_a_step_function_that_cannot_take_loop_and_batch_is_refused_when_the_loo
         def step(self, loop, batch):
             return None
 
+    def supplying(function):  # a decorator that gives the step an argument of its own (as mock.patch does)
+        @functools.wraps(function)
+        def wrapper(loop, batch):
+            return function(loop, batch, "config")
+        return wrapper
+
+    @supplying
+    def configured(loop, batch, config):
+        return None
+
     for fine in (lambda loop, batch, extra=1: None, lambda *args: None, Task().step,
-                 functools.partial(lambda scale, loop, batch: None, 2.0), print):
+                 functools.partial(lambda scale, loop, batch: None, 2.0), print, configured):
         hookfit.Loop(fine, [1])
 
 

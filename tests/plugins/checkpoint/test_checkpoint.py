@@ -276,6 +276,12 @@ def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_na
     said = [line for line in capsys.readouterr().err.splitlines() if "resume='latest'" in line]
     assert said == [f"hookfit checkpoint: resume='latest' found no checkpoint in {tmp_path / 'checkpoints'}: the run "
                     f"starts from the beginning"], said
+    data = [torch.zeros(1, 1)]
+    hookfit.Loop(lambda loop, b: None, data, val_step=lambda loop, b: None, val_data=data, model=torch.nn.Linear(1, 1),
+                 run_dir=tmp_path / "v", plugins=[Checkpoint()]).validate(resume="latest")  # validates the weights it has
+    assert [line for line in capsys.readouterr().err.splitlines() if "resume='latest'" in line] == [
+        f"hookfit checkpoint: resume='latest' found no checkpoint in {tmp_path / 'v' / 'checkpoints'}: the model's "
+        f"weights as they are"]
     with pytest.raises(FileNotFoundError, match=r"resume='nope.pt': no such file\n"):
         train(tmp_path, resume="nope.pt")
     with pytest.raises(FileNotFoundError, match=r"resume='latets': no such file; did you mean resume='latest'\?\n"):

@@ -65,7 +65,7 @@ def test_validate_reports_its_own_validation_not_the_training_runs_history(tmp_p
                           ).validate(resume=fitted.results["last_checkpoint"])
     assert tested.results["best"] == {"valid/loss": (21.0, 3)}
     assert result_lines(stream) == ["hookfit result stage=valid metric=loss last=21 best=21 best_epoch=3"]
-    # labelled with the checkpoint's epoch, out of no total: this run trains none (it read epoch=3/1)
+    # labelled with the checkpoint's epoch, out of no total: this run trains none
     lines = stream.getvalue().splitlines()
     assert [line.split(" time=")[0] for line in lines if line.startswith("hookfit valid ")] == [
         "hookfit valid epoch=3 done batches=1"]

@@ -264,8 +264,9 @@ def test_a_first_sigint_after_a_stop_asked_elsewhere_stops_gracefully(capsys: py
 
 
 @pytest.mark.fault
+@pytest.mark.parametrize("by", ["interrupter", "interrupter, early_stopping"])
 def test_a_rank_whose_signal_comes_after_the_agreed_stop_it_asked_too_ends_as_signalled(
-        capsys: pytest.CaptureFixture[str]) -> None:
+        by: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Under torchrun each rank gets the SIGINT, one after the other: the ranks may agree on
     the stop the first rank's signal asked (``stopped_by`` the interrupter) before this rank's
     own SIGINT is handled, in its ``fit_end``. That SIGINT is this process's first: it says so as
@@ -282,12 +283,12 @@ def test_a_rank_whose_signal_comes_after_the_agreed_stop_it_asked_too_ends_as_si
 
     def step(loop, batch):
         if batch == 1:  # what the agreement of the ranks leaves on this one
-            loop.request_stop("stop requested on rank 1: SIGINT", by="interrupter")
+            loop.request_stop("stop requested on rank 1: SIGINT", by=by)  # (the ranks' askers, joined)
 
     loop = hookfit.Loop(step, list(range(4)), plugins=[Late(), Interrupter()])
     with pytest.raises(KeyboardInterrupt, match="the run stopped gracefully"):
         loop.fit()
-    assert (loop.state.status, loop.state.stopped_by, loop.state.step) == ("interrupted", "interrupter", 2)
+    assert (loop.state.status, loop.state.stopped_by, loop.state.step) == ("interrupted", by, 2)
     err = capsys.readouterr().err
     assert err.count("hookfit: SIGINT received, stopping after this batch; press Ctrl-C again to abort\n") == 1, err
     assert "while the run ends" not in err, err

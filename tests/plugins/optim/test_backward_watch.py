@@ -291,6 +291,34 @@ def test_optimizers_that_step_without_any_gradient_are_told_the_model_does_not_t
     assert loop.state.status == "completed" and all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
 
 
+def test_a_step_given_a_closure_that_makes_its_gradient_is_not_told_it_has_none() -> None:
+    """A full-batch LBFGS steps with a closure that runs ``loop.backward``: no gradient exists
+    when its step begins, and the parameters do change; only the step taken outside
+    ``loop.optimizers`` is warned about, not a step without a gradient."""
+    m = model()
+    before = [p.detach().clone() for p in m.parameters()]
+    opt = torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=3)
+
+    def train_step(loop, batch):
+        x, y = batch
+
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loop.backward(loss)
+            return loss
+
+        opt.step(closure)
+        opt.zero_grad()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(train_step, data(1), model=m, optimizers=opt, max_epochs=2, plugins=[Optim()]).fit()
+    assert not [w for w in caught if "without a gradient" in str(w.message)], [str(w.message) for w in caught]
+    assert [w for w in caught if "was stepped directly" in str(w.message)]
+    assert not all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+
+
 def test_a_step_every_few_batches_is_no_step_never_taken() -> None:
     m = model()
 
