@@ -19,7 +19,7 @@ import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.optim import Optim
 
-from conftest import StopAfter
+from conftest import StopAfter, mse_step
 
 BATCHES = 6  # training batches an epoch
 
@@ -148,18 +148,11 @@ def persistent(run_dir: Path, own: bool, *, stopper=None, resume=None, loaders=N
         loaders = (DataLoader(data, batch_size=4, shuffle=True, num_workers=1, persistent_workers=True, **kw),
                    DataLoader(data, batch_size=12, num_workers=1, persistent_workers=True))
 
-    def step(loop, batch):
-        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return loss
-
     def val_step(loop, batch):
         return torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
 
     plugins = [Optim(), Checkpoint(every_n_epochs=1, background=False), *([stopper] if stopper else [])]
-    loop = hookfit.Loop(step, loaders[0], val_step=val_step, val_data=loaders[1], model=model,
+    loop = hookfit.Loop(mse_step, loaders[0], val_step=val_step, val_data=loaders[1], model=model,
                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=3, run_dir=run_dir,
                         resume=resume, plugins=plugins, disable=["console"])
     with warnings.catch_warnings(record=True) as caught:
