@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from hookfit import blame, results
+from hookfit import blame, persistent, results
 from hookfit.state import State
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,7 +31,8 @@ def fail(run: Run, error: BaseException) -> None:
 def finish(run: Run, failed: bool) -> None:
     """Fire ``fit_end`` once: every implementation runs even if one raises; then ask
     ``results`` (:mod:`hookfit.results`) and write the run's end line in ``run.jsonl`` with the
-    final status. An error of either fails a run that had not failed."""
+    final status; the persistent worker processes of its loaders end with it
+    (:func:`hookfit.persistent.release`). An error of either fails a run that had not failed."""
     state = run.state
     state.stage = None
     state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
@@ -41,6 +42,7 @@ def finish(run: Run, failed: bool) -> None:
     _failed_by(state, errors, failed)
     run.hooks.close()
     run.folder.record_end()
+    persistent.release(run.train_data, run.val_data)
     for exc, hook in errors if failed else errors[1:]:
         blame.warn_secondary(exc, hook)
     if errors and not failed:

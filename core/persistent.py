@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-__all__ = ["made", "made_iterators", "named", "persistent", "unrebuilt_workers"]
+__all__ = ["made", "made_iterators", "named", "persistent", "release", "unrebuilt_workers"]
 
 
 def persistent(data: Any) -> bool:
@@ -88,3 +88,17 @@ def unrebuilt_workers(train_data: Any, val_data: Any, made_before: Collection[st
             f"made a new one, which draws the workers' base seed before the epoch's order: that order and the random "
             f"draws after it cannot be rebuilt; give the resumed run a new DataLoader")
     return "; and ".join(said) or None
+
+
+def release(train_data: Any, val_data: Any) -> None:
+    """At the run's end: the persistent worker processes of its loaders are shut down and their
+    iterators let go, so a later run over the same loader starts them afresh, as a new process
+    would (and as a resumed run does). Left to the loader, they would end when Python's cycle
+    collector frees it (the run's objects refer to each other): a shutdown there waits for each
+    worker's status-check timeout, about 5 s a worker, at whatever moment the collector runs."""
+    for data in named(train_data, val_data).values():
+        if made(data):
+            iterator, data._iterator = data._iterator, None
+            shutdown = getattr(iterator, "_shutdown_workers", None)  # (torch's own, as its __del__ calls it)
+            if shutdown is not None:
+                shutdown()

@@ -137,7 +137,7 @@ def persistent(run_dir: Path, own: bool, *, stopper=None, resume=None, loaders=N
     """Three epochs over loaders with one persistent worker each: training data shuffled with
     a generator of its own (``own``) or the global one, a validation each epoch, dropout (the
     global stream); a checkpoint at each epoch's end and at a stop. ``loaders``: the
-    ``(train, valid)`` to use instead of new ones (left running)."""
+    ``(train, valid)`` to use instead of new ones (the run ends their workers)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
     mine = loaders is None
@@ -241,13 +241,21 @@ def test_the_run_state_names_the_data_whose_persistent_iterator_the_position_res
 
 
 def test_a_loader_whose_persistent_iterator_this_process_made_before_the_resume_is_named(tmp_path: Path) -> None:
+    """A run over a persistent loader ends its workers (a resumed run over the same loader in the
+    same process is exact, with no word); a loader the script iterated itself before the resume
+    (a batch looked at in a notebook) still holds its iterator: the resume names it."""
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(4 * BATCHES, 3, generator=g), torch.randn(4 * BATCHES, 1, generator=g))
     loaders = (DataLoader(data, batch_size=4, shuffle=True, num_workers=1, persistent_workers=True),
                DataLoader(data, batch_size=12))
     stopped, _, _ = persistent(tmp_path, False, stopper=StopAfter(3), loaders=loaders)  # in the first epoch
-    assert stopped.status == "interrupted"
+    assert stopped.status == "interrupted" and loaders[0]._iterator is None
     _, _, said = persistent(tmp_path, False, resume="latest", loaders=loaders)
+    assert not [m for m in said if "in this process" in m], said
+
+    stopped, _, _ = persistent(tmp_path / "peeked", False, stopper=StopAfter(3), loaders=loaders)
+    next(iter(loaders[0]))  # the script looks at a batch: the loader makes its iterator and keeps it
+    _, _, said = persistent(tmp_path / "peeked", False, resume="latest", loaders=loaders)
     shut_down(*loaders)
     stale = [m for m in said if "had made its iterator with persistent workers in this process" in m]
     assert len(stale) == 1 and stale[0].startswith("resume='latest': train_data had made its iterator"), said

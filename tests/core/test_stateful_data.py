@@ -58,8 +58,9 @@ def test_a_dataloader_killed_mid_epoch_resumes_bitwise_equal(tmp_path: Path, loa
 
     assert got["status"] == "completed" and got["step"] == 60
     # the resumed process trained on what the uninterrupted one did after the checkpoint it
-    # continued from (the newest whole one: the kill's step or, written meanwhile, the next), no
-    # batch twice
+    # continued from (the newest whole one: the kill's step or one written meanwhile: a write is
+    # announced at a later save, when the writer's two snapshots may both have been written),
+    # no batch twice
     done = 60 - len(got["seen"])
-    assert done in (kill_at, kill_at + 1) and got["seen"] == want["seen"][done:]
+    assert done in (kill_at, kill_at + 1, kill_at + 2) and got["seen"] == want["seen"][done:]
     assert all(torch.equal(got["params"][k], want["params"][k]) for k in want["params"])
