@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from hookfit import config
-from hookfit.errors import HookfitWarning, PluginError
+from hookfit.errors import HookfitWarning, PluginError, user_level
 
 GROUP = "hookfit"
 REPLACES = "hookfit.replaces"
@@ -191,7 +191,7 @@ def _discover(path: tuple[str, ...]) -> tuple[_Found, ...]:
                 f"{used.distribution} ({used.ep.value}, used) and {entry.distribution} ({ep.value}, "
                 f"ignored); uninstall one, or, to replace the plugin on purpose, declare it in the "
                 f"replacing distribution's {REPLACES!r} entry points ({ep.name} = \"<distribution replaced>\")",
-                HookfitWarning, stacklevel=4)
+                HookfitWarning, stacklevel=user_level())
     return tuple(seen[name] for name in sorted(seen))
 
 
@@ -362,7 +362,7 @@ def collect(
             )
         if name in given_names:
             warnings.warn(f"{configured.where(name)} is not used: the plugin {name!r} given to "
-                          f"Loop(plugins=[...]) wins over the file", HookfitWarning, stacklevel=4)
+                          f"Loop(plugins=[...]) wins over the file", HookfitWarning, stacklevel=user_level())
 
     for info in infos:
         if info.source != "entry point":
@@ -396,5 +396,5 @@ def _warn_unknown(name: str, label: str, known: set[str]) -> None:
         f"plugin name {name!r} ({label}) matches no installed or given plugin{hint} "
         f"Known plugins: {', '.join(sorted(known)) or 'none'}.",
         HookfitWarning,
-        stacklevel=4,
+        stacklevel=user_level(),
     )

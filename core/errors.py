@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
-__all__ = ["HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch"]
+__all__ = ["HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "user_level"]
 
 
 class HookfitWarning(UserWarning):
@@ -40,3 +42,16 @@ class Silenced:
     description: str  # the plugin with its distribution
     hook: str
     error: BaseException
+
+
+def user_level(*also: str) -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the function that calls this: the first frame
+    outside hookfit, pluggy and the folders ``also`` (torch's, say), so the warning names the
+    script's line (its ``fit()``) rather than the plugin or the event call it came through."""
+    inside = (os.path.dirname(__file__), *(os.path.dirname(getattr(sys.modules.get(name), "__file__", None) or "")
+                                           for name in ("hookfit.plugins", "pluggy")), *also)
+    inside = tuple(folder + os.sep for folder in inside if folder)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -55,7 +55,7 @@ import pluggy
 from hookfit import hookspecs
 from hookfit.tools import hookspecs as command_events
 from hookfit.discovery import GROUP, OWN, PluginInfo, builtin_events, collect, declared_events
-from hookfit.errors import HookfitWarning, ObserverWarning, PluginError, Silenced
+from hookfit.errors import HookfitWarning, ObserverWarning, PluginError, Silenced, user_level
 
 hookimpl = pluggy.HookimplMarker("hookfit")
 """The marker for hook implementations: ``@hookfit.hookimpl`` on a function or method named
@@ -226,7 +226,7 @@ def warn_unmarked(pm: PluginManager) -> None:
         if unmarked:
             warnings.warn(f"{pm.describe(name)} has methods named for events and not marked @hookfit.hookimpl, so "
                           f"hookfit never calls them: {', '.join(unmarked)}; mark them, or rename them",
-                          HookfitWarning, stacklevel=4)
+                          HookfitWarning, stacklevel=user_level())
 
 
 def chosen(pm: pluggy.PluginManager, plugin: object) -> bool:

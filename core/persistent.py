@@ -97,8 +97,9 @@ def release(train_data: Any, val_data: Any) -> None:
     collector frees it (the run's objects refer to each other): a shutdown there waits for each
     worker's status-check timeout, about 5 s a worker, at whatever moment the collector runs."""
     for data in named(train_data, val_data).values():
-        if made(data):
-            iterator, data._iterator = data._iterator, None
-            shutdown = getattr(iterator, "_shutdown_workers", None)  # (torch's own, as its __del__ calls it)
+        if made(data):  # (torch's DataLoader keeps it in _iterator, and its __del__ calls _shutdown_workers)
+            iterator = getattr(data, "_iterator")
+            setattr(data, "_iterator", None)
+            shutdown = getattr(iterator, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()

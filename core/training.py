@@ -34,7 +34,7 @@ import torch
 from hookfit import modes
 from hookfit.data import length, one_pass, tell_epoch, unrebuilt_order
 from hookfit.ending import fail, finish
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.outputs import as_mapping, check_output
 from hookfit.payloads import ResumeInfo
 from hookfit.persistent import unrebuilt_workers
@@ -125,9 +125,7 @@ def resume(run: Run) -> None:
     info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
     run.state.resumed_from = info
     if run.mode == "fit":
-        level, frame, core = 1, sys._getframe(), os.path.dirname(__file__)  # at the user's fit(): out of core
-        while frame.f_back is not None and os.path.dirname(frame.f_code.co_filename) == core:
-            frame, level = frame.f_back, level + 1
+        level = user_level()  # at the user's fit()
         if why := unrebuilt_order(run.train_data, "train" in run.cursor.restored, run.cursor.held):
             warnings.warn(f"resume={source!r}: the order of the training data's batches cannot be rebuilt, so the "
                           f"resumed run trains on other batches than the run it continues would have: train_data "

@@ -37,7 +37,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from hookfit import hookimpl
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.manager import chosen
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import Every, Monitor, integer
@@ -104,7 +104,7 @@ class EarlyStopping:
             return
         if chosen(loop.pm, self):  # asked for, and it would do nothing
             warnings.warn(f"early_stopping: chosen for this run but without a monitor it never stops the run; "
-                          f"it is inert until {how}", HookfitWarning, stacklevel=2)
+                          f"it is inert until {how}", HookfitWarning, stacklevel=user_level())
         loop.pm.unregister(self)  # inert, as hookfit plugins says: not in the run, none of its hooks is called
 
     @hookimpl

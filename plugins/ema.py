@@ -52,7 +52,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from hookfit import hookimpl
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.manager import chosen
 from hookfit.plugins.support import Every, check, flag, unwrap_model, unwrap_state_dict
 
@@ -126,7 +126,7 @@ class EMA:
         if (how := self.inert(True)) is not None:
             if chosen(loop.pm, self):  # asked for, and it would do nothing: say so
                 warnings.warn(f"ema: chosen for this run but without a decay it averages nothing; it is inert "
-                              f"until {how}", HookfitWarning, stacklevel=2)
+                              f"until {how}", HookfitWarning, stacklevel=user_level())
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
 
     @hookimpl

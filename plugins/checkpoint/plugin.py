@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import hookimpl
+from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import folders, hookspecs, ranks, sharded
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import payload
@@ -200,7 +201,7 @@ class Checkpoint:
             warnings.warn(
                 "checkpoint: checkpoints are off for this run: it has no model (Loop(model=...)), so a "
                 "checkpoint would hold no weights and a resume would continue half a state; nothing is saved",
-                CheckpointWarning, stacklevel=2)
+                CheckpointWarning, stacklevel=user_level())
         if loop.is_main and loop.mode == "fit" and not self.off:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)

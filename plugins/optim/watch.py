@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hookfit.errors import user_level
 from hookfit.plugins.support import GradientWatch
 from hookfit.plugins.optim.nonfinite import OptimWarning, at
 from hookfit.stopping import qualname
@@ -121,7 +121,7 @@ class Watch:
                                f"model than the script means. Call loop.backward(loss) in {step!r} instead")
         warnings.warn(f"{message} hooks around the backward pass (before_backward/after_backward) and "
                       f"its non-finite-loss check. Call loop.backward(loss) in {step!r} instead",
-                      OptimWarning, stacklevel=_caller_level())
+                      OptimWarning, stacklevel=user_level(_TORCH))  # the step function's line
 
     def _step_seen(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A managed optimizer steps (torch's step pre-hook): whether it had a gradient; by someone else, warn."""
@@ -145,11 +145,3 @@ class Watch:
     def _where(self) -> str:
         return f" ({at(self.loop)})" if self.loop is not None else ""
 
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside this module and torch (the step function's line)."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and (frame.f_code.co_filename == __file__
-                                        or frame.f_code.co_filename.startswith(_TORCH)):
-        frame, level = frame.f_back, level + 1
-    return level
