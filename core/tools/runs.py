@@ -293,8 +293,10 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     followed (:func:`followed`). A file that cannot be read is skipped, with one
     :class:`hookfit.HookfitWarning` for the run naming what and why."""
     notes: list[str] = []
-    starts_and_ends = _fits(read_jsonl(folder / "run.jsonl", notes))
+    lines = list(read_jsonl(folder / "run.jsonl", notes))
+    starts_and_ends = _fits(lines)
     starts = [r for r in starts_and_ends if r.get("event") == "run"]
+    opened = starts or [r for r in lines if r.get("event") == "run"]  # (a folder of evaluations alone: theirs)
     live = bool(starts) and _end_of_last_fit(starts_and_ends) is None and _alive(starts[-1])
     metrics = followed(read_metrics(folder / "metrics.jsonl", notes, live=live))
     if notes:
@@ -331,10 +333,10 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         metric = default_metric(rows, directions(metrics))
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
-    name = starts[-1].get("name") if starts else None
+    name = opened[-1].get("name") if opened else None
     name = name if isinstance(name, str) else folder.parent.name  # (a damaged name is left out)
-    started = starts[0].get("started") if starts else None
-    identity = starts[0].get("identity") if starts else None
+    started = opened[0].get("started") if opened else None
+    identity = opened[0].get("identity") if opened else None
     return RunInfo(
         folder=str(folder), name=str(name), started=started if isinstance(started, str) else None,
         duration=duration, status=status, reason=reason, epochs=epochs, steps=steps,

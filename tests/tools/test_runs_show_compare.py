@@ -510,3 +510,18 @@ def test_shows_clock_of_a_resumed_run_is_the_whole_runs_time_as_runs_says(tmp_pa
         {"event": "end", "status": "completed", "duration": 31.1, "epochs": 2, "steps": 8})))
     model, _, info, _ = _dashboard(folder, draw=False)
     assert info.duration == pytest.approx(51.1) and model.elapsed == pytest.approx(51.1)
+
+
+def test_a_folder_of_evaluations_alone_is_listed_with_when_it_started(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run folder that only ``Loop.validate()`` wrote (an evaluation of a checkpoint in a
+    folder of its own) has no fit: ``hookfit runs`` still says when it started and its name,
+    from the evaluation's own line, where it showed ``-``."""
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,metrics_log")
+    folder = tmp_path / "runs" / "evaluated"
+    data = [(torch.zeros(1, 1), torch.zeros(1, 1))]
+    hookfit.Loop(lambda loop, b: None, data, val_step=lambda loop, b: {"loss": torch.tensor(1.0)}, val_data=data,
+                 model=torch.nn.Linear(1, 1), run_dir=folder, name="evaluated").validate()
+    info = runs.load(folder)
+    assert info.started is not None and info.started[:4].isdigit(), info
+    assert info.name == "evaluated", info
