@@ -100,7 +100,7 @@ def test_every_hookspec_is_documented_and_fired(tmp_path) -> None:
     model = torch.nn.Linear(1, 1)
 
     def optim_step(loop, x):
-        loop.backward(model(x).sum())
+        loop.backward((model if loop.model is None else loop.model)(x).sum())  # the run's model, when it has one
         loop.optimizers.step()
 
     class TwoProcessesResumed:
