@@ -109,7 +109,10 @@ class Interrupter:
         if loop.is_main:  # under torchrun every rank gets the signal: one line is enough
             again = "interrupt the kernel again" if _in_kernel() else "press Ctrl-C again"
             hint = f"; {again} to abort" if signum == signal.SIGINT else ""
-            print(f"{line}{hint}", file=sys.stderr, flush=True)
+            try:
+                print(f"{line}{hint}", file=sys.stderr, flush=True)
+            except (OSError, ValueError):  # stderr gone (the `| tee` a Ctrl-C also ended, closed): the stop stands
+                pass
 
 
 def _ending(signum: int) -> BaseException:

@@ -292,3 +292,27 @@ def test_a_rank_whose_signal_comes_after_the_agreed_stop_it_asked_too_ends_as_si
     err = capsys.readouterr().err
     assert err.count("hookfit: SIGINT received, stopping after this batch; press Ctrl-C again to abort\n") == 1, err
     assert "while the run ends" not in err, err
+
+
+@pytest.mark.fault
+def test_a_ctrl_c_whose_line_cannot_be_written_still_stops_gracefully(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python train.py 2>&1 | tee log``: Ctrl-C ends ``tee`` too, so the interrupter's line
+    meets a broken pipe. The stop it asked stands: the run ends ``interrupted`` after the batch
+    (its stop checkpoint written where one is configured), not ``failed`` by a BrokenPipeError."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def step(loop, batch):
+        if batch == 1:
+            monkeypatch.setattr("sys.stderr", Gone())
+            os.kill(os.getpid(), signal.SIGINT)  # handled on this (the main) thread, here
+
+    state = hookfit.Loop(step, list(range(6)), plugins=[Interrupter(exit=False)]).fit()
+    monkeypatch.undo()
+    assert (state.status, state.stop_reason, state.step) == ("interrupted", "SIGINT", 2)
