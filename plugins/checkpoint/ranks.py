@@ -50,7 +50,19 @@ def gather(loop: Run, run_state: Mapping[str, Any]) -> list[dict[str, Any]] | No
 
 def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[str, Any]:
     """``run_state`` (the main process's, as saved) with this process's own part of it, from
-    the checkpoint's ``ranks`` entry ``saved`` (absent: as it is)."""
+    the checkpoint's ``ranks`` entry ``saved`` (absent: as it is). Resumed inside a training
+    epoch on another number of processes than wrote it, over data that keeps no position of its
+    own, the rest of that epoch is another share of the data: one warning says so."""
+    position, size = run_state.get("loop") or {}, len(saved) if isinstance(saved, list) and saved else 1
+    if (size != loop.state.world_size and loop.is_main and position.get("resume_stage") == "train"
+            and position.get("resume_batch") and not run_state.get("data")):
+        warnings.warn(
+            f"checkpoint: {path} was written by {size} process(es) inside epoch {position.get('epoch', 0) + 1} "
+            f"({position['resume_batch']} batches of it done by each) and this run has {loop.state.world_size}: each "
+            f"process's batches of that epoch are another share of the data, so the rest of it repeats or skips "
+            f"samples of the run it continues; resume with {size} process(es), from a checkpoint at an epoch's end, "
+            f"or over data that keeps its own position (hookfit.data.Batches, StatefulDataLoader)",
+            HookfitWarning, stacklevel=4)
     if not isinstance(saved, list) or not saved:
         return run_state
     rank = loop.state.rank

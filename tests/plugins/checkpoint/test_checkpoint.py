@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -812,3 +813,38 @@ def test_a_checkpoint_written_from_a_compiled_module_with_its_prefixed_keys_stil
     torch.save(data, path)
     model = _compilable_run(tmp_path / "run", compiled=True, epochs=2, resume="latest")
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), whole.parameters(), strict=True))
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("where", ["inside an epoch", "at an epoch's end"])
+def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_is_another_share(
+        tmp_path: Path, where: str) -> None:
+    """A checkpoint written inside a training epoch by one process, resumed by a run of two (as
+    the distributed plugin sets it at configure), over a list of batches (no position of its
+    own): each process's batches of that epoch are another share of the data, so one warning
+    says the rest of the epoch is not the rest of the run it continues. At an epoch's end there
+    is nothing to say."""
+    from conftest import StopAfter
+
+    class TwoProcesses:
+        name = "two"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def configure(self, loop):
+            loop.state.world_size = 2
+
+    data = [(torch.zeros(2, 1), torch.zeros(2, 1))] * 4
+    model = torch.nn.Linear(1, 1)
+    inside = where == "inside an epoch"  # stopped after its second batch, or the first epoch run whole
+    hookfit.Loop(lambda loop, b: None, data, model=model, max_epochs=2 if inside else 1, run_dir=tmp_path,
+                 plugins=[Checkpoint(background=False), *([StopAfter(2)] if inside else [])]).fit()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(lambda loop, b: None, data, model=model, max_epochs=2, run_dir=tmp_path, resume="latest",
+                     plugins=[Checkpoint(background=False), TwoProcesses()]).fit()
+    said = [str(w.message) for w in caught if "another share of the data" in str(w.message)]
+    if where == "inside an epoch":
+        assert len(said) == 1 and "was written by 1 process(es) inside epoch 1 (2 batches of it done by each) and " \
+                                  "this run has 2" in said[0], said
+    else:
+        assert said == []
