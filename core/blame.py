@@ -30,7 +30,7 @@ def where(run: Run, error: BaseException) -> str:
     steps = {getattr(s, "__code__", None): s for s in (run.train_step, run.val_step) if s}
     modules = _plugin_modules(pm, {getattr(s, "__module__", None) for s in steps.values()})
     state = run.state
-    at = f"epoch {state.epoch}, stage {state.stage}, batch {state.batch_idx}"
+    at = f"epoch {state.epoch + 1}, stage {state.stage}, batch {state.batch_idx}"  # epochs as the console counts
     step = None
     hooks: list[tuple[str, str]] = []  # the hook implementations on the way, outermost first
     fetch = None  # the loop's innermost frame, where it was fetching a batch
@@ -45,7 +45,7 @@ def where(run: Run, error: BaseException) -> str:
             return (f"hookfit: raised by {pm.describe(owner)} in {code.co_qualname}, called from step "
                     f"function {qualname(step)!r} ({at})")
         if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") == _LOOP:
-            fetch = _fetching(tb, state.epoch)
+            fetch = _fetching(tb, state.epoch + 1)
         tb = tb.tb_next
     if hooks:
         return f"{_hook_note(pm, hooks[0], hooks[-1])} ({at})"

@@ -327,7 +327,7 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
             if batch_idx < 0:
                 used = _used_up(data) or ("an iterator or generator" if state.epoch else "")
                 raise ValueError(
-                    f"{stage} data yielded no batches in epoch {state.epoch}"
+                    f"{stage} data yielded no batches in epoch {state.epoch + 1}"
                     + (f" ({used} is used up after one pass; pass a list, a DataLoader or a generator "
                        f"factory: an object whose __iter__ is a generator function)" if used else ""))
             # stage_end sees the stage's batches counted; its own time is added after it

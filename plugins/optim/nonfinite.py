@@ -28,8 +28,8 @@ Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]
 
 
 def at(loop: Run) -> str:
-    """Where the run is, as optim's messages name it: ``epoch 2, batch 7``."""
-    return f"epoch {loop.state.epoch}, batch {loop.state.batch_idx}"
+    """Where the run is, as optim's messages name it: ``epoch 2, batch 7`` (epochs from 1, as the console)."""
+    return f"epoch {loop.state.epoch + 1}, batch {loop.state.batch_idx}"
 
 
 class Policy:
@@ -173,12 +173,12 @@ class Deferred:
         for _, (epoch, first, last), stepped in pending:
             windows.append(bad := bool(next(values)))
             batches = f"batch {first}" if first == last else f"batches {first}-{last}"  # (an accumulation window)
-            loss_where = f"non-finite loss at epoch {epoch}, {batches}"
+            loss_where = f"non-finite loss at epoch {epoch + 1}, {batches}"
             skips = []  # where each step that skipped on the device was
             for managed, _, grad in stepped:
                 loss_bad, grad_bad = bool(next(values)), grad is not None and bool(next(values))
                 if loss_bad or grad_bad:
-                    skips.append(loss_where if loss_bad else f"non-finite gradient at epoch {epoch}, batch {last}")
+                    skips.append(loss_where if loss_bad else f"non-finite gradient at epoch {epoch + 1}, batch {last}")
                     managed.steps -= 1
                     policy.count(managed, f"{skips[-1]} (skipped on the device; {read})", quiet=raising and not final)
             if raising and final and bad and not skips:

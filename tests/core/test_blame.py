@@ -74,7 +74,7 @@ def test_an_error_of_the_training_data_says_so_and_which_fetch_failed(data: Any)
     assert "the stream broke at item 3" in str(error)
     note = error.__notes__[-1]
     assert note == ("hookfit: raised by the training data when the loop fetched batch 3, fetch 4 of the stage "
-                    "(batches 0-2 trained) (epoch 0, stage train)"), note
+                    "(batches 0-2 trained) (epoch 1, stage train)"), note
 
 
 def test_an_error_of_the_validation_data_names_the_validation_data() -> None:
@@ -95,7 +95,7 @@ def test_data_that_fails_to_make_its_iterator_says_so() -> None:
 
     error = fit(Unopenable())
     assert error.__notes__[-1] == ("hookfit: raised by the training data when the loop was making its iterator "
-                                   "(iter(data)) (epoch 0, stage train)")
+                                   "(iter(data)) (epoch 1, stage train)")
 
 
 def test_a_fetch_after_the_max_steps_limit_says_why_the_loop_fetched() -> None:
@@ -105,7 +105,7 @@ def test_a_fetch_after_the_max_steps_limit_says_why_the_loop_fetched() -> None:
         loop.fit()
     assert caught.value.__notes__[-1] == (
         "hookfit: raised by the training data when the loop fetched batch 3 to see whether the stage had more "
-        "batches after the max_steps limit (epoch 0, stage train)")
+        "batches after the max_steps limit (epoch 1, stage train)")
 
 
 def test_the_step_s_own_error_still_names_the_step() -> None:
@@ -115,7 +115,7 @@ def test_the_step_s_own_error_still_names_the_step() -> None:
 
     with pytest.raises(KeyError) as caught:
         hookfit.Loop(step, [0, 1, 2, 3], max_epochs=1).fit()
-    assert re.fullmatch(r"hookfit: raised in step function '.*step' \(epoch 0, stage train, batch 2\)",
+    assert re.fullmatch(r"hookfit: raised in step function '.*step' \(epoch 1, stage train, batch 2\)",
                         caught.value.__notes__[-1])
 
 
@@ -134,7 +134,7 @@ def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() ->
         loop.fit()
     note = caught.value.__notes__[-1]
     assert re.fullmatch(r"hookfit: raised by plugin 'optim' \(.*\) in hook 'epoch_metrics', called from plugin "
-                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 0, stage train, batch 2\)", note), note
+                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, batch 2\)", note), note
 
 
 def test_a_guard_s_note_blames_the_implementation_that_raised_inside_another_plugin_s_hook() -> None:

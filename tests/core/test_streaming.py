@@ -355,13 +355,13 @@ def test_a_generator_used_up_where_the_count_was_unknown_names_it_when_it_runs_d
     """Where the number of passes is not known when the ``Loop`` is built (``max_steps`` alone,
     validations every N steps over data without a length), the pass that finds a generator used
     up fails, naming it and what to pass instead."""
-    with pytest.raises(ValueError, match=r"train data yielded no batches in epoch 1 \(the generator iterator is used "
+    with pytest.raises(ValueError, match=r"train data yielded no batches in epoch 2 \(the generator iterator is used "
                                          r"up after one pass; pass a list, a DataLoader or a generator factory"):
         hookfit.Loop(_step, _batches(3), max_steps=5).fit()
-    with pytest.raises(ValueError, match=r"valid data yielded no batches in epoch 0 \(the generator iterator is used "
+    with pytest.raises(ValueError, match=r"valid data yielded no batches in epoch 1 \(the generator iterator is used "
                                          r"up after one pass"):
         hookfit.Loop(_step, Factory(), val_step=_step, val_data=_batches(), val_every_n_steps=2).fit()
-    with pytest.raises(ValueError, match=r"valid data yielded no batches in epoch 0 \(validation set 'b', a generator "
+    with pytest.raises(ValueError, match=r"valid data yielded no batches in epoch 1 \(validation set 'b', a generator "
                                          r"iterator, is used up"):
         hookfit.Loop(_step, Factory(), val_step=_step, val_data={"b": _batches()}, val_every_n_steps=2).fit()
 

@@ -194,7 +194,7 @@ def test_empty_data_fails_the_run_cleanly(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("HOOKFIT_PLUGINS", "interrupter")
     before = signal.getsignal(signal.SIGINT)
     loop = hookfit.Loop(lambda l, b: None, [])
-    with pytest.raises(ValueError, match="train data yielded no batches in epoch 0"):
+    with pytest.raises(ValueError, match="train data yielded no batches in epoch 1"):
         loop.fit()
     assert loop.state.status == "failed"
     assert signal.getsignal(signal.SIGINT) is before  # the interrupter's fit_end ran
@@ -206,7 +206,7 @@ def test_exhausted_generator_is_explained() -> None:
     with pytest.raises(ValueError, match="train_data is a generator, an iterator that gives its batches once only"):
         hookfit.Loop(lambda l, b: None, (i for i in range(3)), max_epochs=2)
     # ... and where the epochs are not known then (max_steps alone), explained when it runs dry
-    with pytest.raises(ValueError, match="epoch 1 .*generator iterator is used up after one pass"):
+    with pytest.raises(ValueError, match="epoch 2 .*generator iterator is used up after one pass"):
         hookfit.Loop(lambda l, b: None, (i for i in range(3)), max_steps=5).fit()
 
 

@@ -332,12 +332,12 @@ def test_the_first_failing_rank_is_recorded_and_the_others_name_it(capsys: pytes
             error.add_note(note)
         return error
 
-    rank(2).exception(None, failure("CUDA out of memory", "hookfit: raised in step function 'step' (epoch 0, stage train, batch 5)"))
+    rank(2).exception(None, failure("CUDA out of memory", "hookfit: raised in step function 'step' (epoch 1, stage train, batch 5)"))
     survivors = [failure("[gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:1234") for _ in range(2)]
     rank(0).exception(None, survivors[0])
     rank(1).exception(None, survivors[1])
     lines = capsys.readouterr().err.splitlines()
-    first = "RuntimeError: CUDA out of memory (raised in step function 'step' (epoch 0, stage train, batch 5))"
+    first = "RuntimeError: CUDA out of memory (raised in step function 'step' (epoch 1, stage train, batch 5))"
     assert lines[0] == f"hookfit distributed: rank 2 of 3 failed: {first}"
     for number, line, error in zip((0, 1), lines[1:], survivors):
         assert line == (f"hookfit distributed: rank {number} of 3 stopped: a collective operation failed: "
@@ -575,7 +575,7 @@ def test_a_failing_or_hanging_rank_ends_the_run_in_bounded_time_with_a_clear_err
     assert code != 0
     assert seconds < 60, f"took {seconds:.0f} s"
     failure = ("RuntimeError: injected failure on rank 1 (raised in step function 'main.<locals>.train_step' "
-               "(epoch 0, stage train, batch 3))")
+               "(epoch 1, stage train, batch 3))")
     assert f"hookfit distributed: rank 1 of 2 failed: {failure}" in err, err
     assert "hookfit distributed: rank 0 of 2 stopped: a collective operation failed" in err, err
     # the survivor names the rank that failed and its error (recorded in torchrun's store), in
