@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ def user_level(*also: str) -> int:
     script's line (its ``fit()``) rather than the plugin or the event call it came through."""
     inside = (os.path.dirname(__file__), *(os.path.dirname(getattr(sys.modules.get(name), "__file__", None) or "")
                                            for name in ("hookfit.plugins", "pluggy")), *also)
-    inside = tuple(folder + os.sep for folder in inside if folder)
+    inside = (*(folder + os.sep for folder in inside if folder), contextlib.__file__)  # (the loop's scopes)
     frame, level = sys._getframe(1), 1
     while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1

@@ -191,7 +191,7 @@ class PluginManager(pluggy.PluginManager):
             f"observer {description} failed in hook {hook!r} and is switched off for the rest of "
             f"the run: {type(error).__name__}: {error}",
             ObserverWarning,
-            stacklevel=3,
+            stacklevel=user_level(),
         )
 
     def check_unknown_hooks(self, strict: bool = True) -> None:

@@ -245,7 +245,7 @@ class Checkpoint:
             warnings.warn(
                 f"checkpoint: monitor={self.monitor!r} names a metric this run does not produce: the {stage} "
                 f"metrics of epoch {metrics.epoch + 1} are {have}; no best checkpoint is kept by it",
-                CheckpointWarning, stacklevel=2)
+                CheckpointWarning, stacklevel=user_level())
 
     @hookimpl
     def after_epoch(self, loop: Run, epoch: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 
 import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
@@ -32,3 +33,31 @@ def _line() -> int:
     import sys
 
     return sys._getframe(1).f_lineno
+
+
+def test_a_warning_during_the_run_points_at_the_scripts_fit_line_too() -> None:
+    """An observer switched off in a per-batch hook, and a checkpoint monitor naming a metric the
+    run does not produce (said at the first epoch's metrics): both at the script's ``fit()``."""
+    from hookfit.plugins.metrics import Metrics
+
+    class Fragile:
+        name = "fragile"
+        observer = True
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            raise RuntimeError("the observer's own error")
+
+    data = [(torch.zeros(1, 1), torch.zeros(1, 1))]
+
+    def step(loop, batch):
+        return {"loss": torch.tensor(1.0)}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop = hookfit.Loop(step, data, val_step=step, val_data=data, model=torch.nn.Linear(1, 1),
+                            plugins=[Fragile(), Metrics(), Checkpoint(monitor="valid/los", background=False)])
+        loop.fit(); line = _line()
+    for says in ("observer plugin 'fragile'", "monitor='valid/los' names a metric this run does not produce"):
+        [warning] = [w for w in caught if says in str(w.message)]
+        assert (warning.filename, warning.lineno) == (__file__, line), (says, warning.filename, warning.lineno)
