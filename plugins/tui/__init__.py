@@ -63,7 +63,8 @@ It starts only on an interactive terminal: stdin and stdout are TTYs, ``TERM`` i
 process group, ``fit()`` runs on the main thread and urwid can be imported. Otherwise it steps
 aside and the console renderer prints instead (through the ``claim_output`` event); on a
 terminal where only urwid is missing it says so first, in one ``HookfitWarning`` naming what to
-install. If the process is killed with
+install, and in a ``torchrun`` worker started from a terminal (torchrun puts its workers in a
+process group of their own) the main process says why. If the process is killed with
 SIGKILL (or dies of a fatal signal) no code can run to restore the terminal: ``reset`` (or
 ``stty sane``) fixes it, and ``output.log`` keeps what the run printed.
 """

@@ -16,13 +16,14 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.errors import user_level
 from hookfit.data import length
 from hookfit.files import FileWarning
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support import flag, positive_number
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.debugging import Debugging
-from hookfit.plugins.tui.terminal import ENV_OFF, NO_URWID, OutputCapture, interactive_terminal
+from hookfit.plugins.tui.terminal import ENV_OFF, NO_URWID, UNDER_TORCHRUN, OutputCapture, interactive_terminal
 from hookfit.plugins.tui.text import summary
 from hookfit.plugins.tui.warned import WarningLog
 
@@ -98,9 +99,9 @@ class TuiRenderer(Debugging):
         self.loop = loop
         self._failed = False
         reason = interactive_terminal()
-        if reason == NO_URWID:  # a terminal, and no way to draw on it: say so, once a run
+        if reason in (NO_URWID, UNDER_TORCHRUN) and loop.is_main:  # a terminal, and no way to draw on it: said
             warnings.warn(f"tui: no dashboard: {reason}; the console prints instead ({ENV_OFF}=1 leaves the "
-                          f"dashboard out without this warning)", HookfitWarning, stacklevel=2)
+                          f"dashboard out without this warning)", HookfitWarning, stacklevel=user_level())
         if reason is not None:
             return
         from hookfit.plugins.tui.dashboard import Dashboard  # urwid is imported only from here

@@ -19,6 +19,9 @@ from hookfit.files import FileWarning
 ENV_OFF = "HOOKFIT_NO_TUI"
 NO_URWID = "urwid is not installed (pip install urwid, or the tui extra: pip install 'hookfit[tui]')"
 """What :func:`interactive_terminal` answers on a terminal where urwid cannot be imported."""
+UNDER_TORCHRUN = ("torchrun's worker processes do not own the terminal (it starts them in a process group of their "
+                  "own)")
+"""What it answers in a worker of ``torchrun`` started from a terminal."""
 
 
 def interactive_terminal() -> str | None:
@@ -38,7 +41,7 @@ def interactive_terminal() -> str | None:
             return f"{name} is not a terminal"
     try:
         if os.tcgetpgrp(sys.stdout.fileno()) != os.getpgrp():
-            return "the process runs in the background"
+            return UNDER_TORCHRUN if os.environ.get("TORCHELASTIC_RUN_ID") else "the process runs in the background"
     except OSError:
         return "the terminal's process group is unknown"
     if threading.current_thread() is not threading.main_thread():

@@ -127,6 +127,48 @@ def test_summary_has_the_table_and_the_loss_curve() -> None:
     assert any("loss over steps (train and valid)" in l for l in lines)
 
 
+def test_a_torchrun_worker_on_a_terminal_is_told_why_it_has_no_dashboard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun starts its workers in a process group of their own, so none owns the terminal
+    it was started from: the main process says why there is no dashboard, once, at the
+    script's fit() line (another background process stays silent, as before)."""
+    import sys
+    import warnings
+
+    from hookfit.plugins.tui import terminal
+
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+        def fileno(self) -> int:
+            return 1
+
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    for name in ("CI", "HOOKFIT_NO_TUI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setattr(sys, "stdin", Tty())
+    monkeypatch.setattr(sys, "stdout", Tty())
+    monkeypatch.setattr(terminal.os, "tcgetpgrp", lambda fd: os.getpgrp() + 1)  # another group owns it
+    assert interactive_terminal() == "the process runs in the background"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    assert interactive_terminal() == terminal.UNDER_TORCHRUN
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(lambda loop, b: None, [1], plugins=[TuiRenderer()]).fit(); line = sys._getframe().f_lineno
+    monkeypatch.undo()
+    said = [w for w in caught if "no dashboard" in str(w.message)]
+    assert [str(w.message) for w in said] == [
+        f"tui: no dashboard: {terminal.UNDER_TORCHRUN}; the console prints instead (HOOKFIT_NO_TUI=1 leaves the "
+        f"dashboard out without this warning)"]
+    assert (said[0].filename, said[0].lineno) == (__file__, line)
+
+
 def test_no_terminal_means_no_dashboard_and_no_claim(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.setenv("TERM", "xterm")
