@@ -23,9 +23,13 @@ none of its hooks is called, as ``hookfit plugins`` says (``[inert]``).
   validations, not epochs: after ``patience`` validations in a row without improvement it stops
   right after the one that decided (at its ``stage_end``, before any further training batch),
   and the reason names the step of the best value too.
-* A ``valid`` monitor in a run without validation is an error when training starts; a metric
-  the run never produces is an error at the first epoch end it should have appeared at, naming
-  the metrics that exist.
+* A ``valid`` monitor in a run without validation is an error when training starts. A metric
+  the run never produces is an error as soon as the first metrics of its stage are published
+  (the end of the first training stage, or of the first validation), before that epoch's
+  ``epoch_end`` and checkpoint: it names the metrics the stage has and the closest of them
+  (``did you mean monitor='valid/loss'?``). A checkpoint's ``monitor`` naming no metric gets the
+  same words as a warning, since its checkpoints are still written; early stopping with no
+  metric could never stop the run, so it does not let it train on as if it could.
 * Its state (best value, its epoch, its direction, epochs without improvement) is saved in
   checkpoints, so a resumed run decides as the uninterrupted one would. A run resumed after it
   stopped stops again before its first batch, unless given a larger ``patience``.
@@ -126,11 +130,8 @@ class EarlyStopping:
         if key is None or stage != self._monitor.stage:
             return
         self._heard = metrics.epoch
-        if key not in metrics.values:
-            raise ValueError(
-                f"early_stopping: monitor={self.monitor!r} names a metric this run does not produce: the "
-                f"{stage} metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}"
-            )
+        if key not in metrics.values:  # the earliest it can know: no batch, checkpoint or epoch_end after it
+            raise ValueError(self._monitor.absent(metrics.values, metrics.epoch))
         self._monitor.follow(metrics.best)  # the direction in force, before comparing
         if self._monitor.update(float(metrics.values[key].epoch), at=(metrics.epoch, metrics.step)):
             self.wait = 0

@@ -241,11 +241,8 @@ class Checkpoint:
         self._last_value = None
         if not self._monitor_warned:
             self._monitor_warned = True
-            have = ", ".join(sorted(metrics.values)) or "none"
-            warnings.warn(
-                f"checkpoint: monitor={self.monitor!r} names a metric this run does not produce: the {stage} "
-                f"metrics of epoch {metrics.epoch + 1} are {have}; no best checkpoint is kept by it",
-                CheckpointWarning, stacklevel=user_level())
+            warnings.warn(self._monitor.absent(metrics.values, metrics.epoch, then="no best checkpoint is kept by it"),
+                          CheckpointWarning, stacklevel=user_level())
 
     @hookimpl
     def after_epoch(self, loop: Run, epoch: int) -> None:

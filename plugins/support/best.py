@@ -4,9 +4,10 @@ the dashboard pick best values with them."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hookfit.plugins.support.options import check, choice, number
@@ -57,7 +58,8 @@ class Monitor:
     Thread-safe for one writer: the best and where it was seen change together, so a reader on
     another thread never sees one without the other."""
 
-    __slots__ = ("metric", "stage", "key", "given", "mode", "min_delta", "plugin", "category", "_record", "_warned")
+    __slots__ = ("metric", "stage", "key", "given", "mode", "min_delta", "plugin", "option", "category", "_record",
+                 "_warned")
 
     def __init__(self, metric: str | None = None, mode: str | None = None, min_delta: float = 0.0, *,
                  plugin: str = "monitor", option: str = "monitor", must: str | None = None,
@@ -75,7 +77,7 @@ class Monitor:
         self.mode: str = self.given or "min"
         """The direction in force: the given one, else the latest snapshot's (``"min"`` before one)."""
         self.min_delta: float = number(plugin, "min_delta", min_delta, least=0)
-        self.plugin, self.category = plugin, category
+        self.plugin, self.option, self.category = plugin, option, category
         self._record: tuple[float, Any] | None = None
         self._warned = False
 
@@ -134,6 +136,18 @@ class Monitor:
                           f"plugin publishes as {found!r} (Metrics(best=...)); {self.plugin} keeps {self.given!r}: "
                           f"leave mode out to follow the metrics plugin", self.category, stacklevel=3)
         return self.mode
+
+    def absent(self, published: Iterable[str], epoch: int, then: str = "") -> str:
+        """What to say of a snapshot of ``metric``'s stage that lacks it: the plugin, the option,
+        the metrics that stage published in ``epoch`` (from 0, said from 1), ``then`` (what the
+        plugin does about it) and the closest of those metrics, as ``"<stage>/<metric>"`` to paste
+        into the option. The plugin decides whether that is an error or a warning."""
+        names = sorted(published)
+        close = difflib.get_close_matches(self.key or "", names, n=1, cutoff=0.5)
+        meant = f"; did you mean {self.option}={f'{self.stage}/{close[0]}'!r}?" if close else ""
+        return (f"{self.plugin}: {self.option}={self.metric!r} names a metric this run does not produce: the "
+                f"{self.stage} metrics of epoch {epoch + 1} are {', '.join(names) or 'none'}"
+                f"{f'; {then}' if then else ''}{meant}")
 
     def reset(self, best: float | None = None, at: Any = None, mode: str | None = None) -> None:
         """Forget the best, or set it (a best restored from a checkpoint; one that is not a

@@ -140,12 +140,36 @@ def test_options_are_checked_when_it_is_built(options: dict, message: str) -> No
 
 
 @pytest.mark.bad_input
-def test_a_metric_the_run_never_produces_fails_at_the_first_epoch_end_naming_those_it_has() -> None:
+def test_a_metric_the_run_never_produces_fails_with_its_stage_s_first_metrics_naming_those_it_has_and_the_closest(
+        tmp_path: Path) -> None:
     recorder = Recorder()
-    with pytest.raises(ValueError, match=r"early_stopping: monitor='valid/acc' names a metric this run does not "
-                                         r"produce: the valid metrics of epoch 1 are accuracy, loss"):
-        run(EarlyStopping(monitor="valid/acc"), recorder)
-    assert recorder.names().count("epoch_end") == 0 and recorder.names().count("stage_end") == 2
+    with pytest.raises(ValueError, match=r"^early_stopping: monitor='valid/acc' names a metric this run does not "
+                                         r"produce: the valid metrics of epoch 1 are accuracy, loss; did you mean "
+                                         r"monitor='valid/accuracy'\?\n"):  # then the note naming the plugin
+        run(EarlyStopping(monitor="valid/acc"), recorder, Checkpoint(dir=tmp_path, background=False))
+    names = recorder.names()
+    assert names.count("epoch_end") == 0 and names.count("stage_end") == 2 and not list(tmp_path.glob("epoch*"))
+    with pytest.raises(ValueError, match=r"^early_stopping: monitor='train/accuracy' names a metric this run does "
+                                         r"not produce: the train metrics of epoch 1 are loss\n"):  # none close
+        run(EarlyStopping(monitor="train/accuracy"), recorder := Recorder())
+    assert recorder.names().count("stage_end") == 1  # the training stage's end: no validation batch ran
+
+
+@pytest.mark.bad_input
+def test_a_checkpoint_monitoring_a_metric_the_run_never_produces_is_told_the_same_in_a_warning(tmp_path: Path) -> None:
+    """Early stopping cannot work without its metric and fails the run; a checkpoint still
+    writes its checkpoints and warns, in the same words."""
+    ckpt = Checkpoint(dir=tmp_path, monitor="valid/los", background=False)
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        loop = run(ckpt, max_epochs=2)
+    said = [(str(w.message), w.filename) for w in caught if "monitor=" in str(w.message)]
+    assert said == [("checkpoint: monitor='valid/los' names a metric this run does not produce: the valid metrics of "
+                     "epoch 1 are accuracy, loss; no best checkpoint is kept by it; did you mean monitor='valid/loss'?",
+                     __file__)]  # at run()'s loop.fit()
+    assert loop.state.status == "completed" and ckpt.best is None and len(list(tmp_path.glob("epoch*.pt"))) == 2
+    with pytest.raises(ValueError, match=r"^early_stopping: monitor='valid/los' names .* are accuracy, loss; did "
+                                         r"you mean monitor='valid/loss'\?\n"):
+        run(EarlyStopping(monitor="valid/los"))
 
 
 @pytest.mark.bad_input
