@@ -1,10 +1,18 @@
-"""``hookfit new-plugin NAME``: write a complete, installable plugin package to start from."""
+"""``hookfit new-plugin NAME``: write a complete, installable plugin package to start from.
+
+A built-in plugin's name is refused unless the package is to replace that built-in
+(``replaces=True``): a package registering a built-in's name without declaring so clashes with
+the built-in, with a warning at every run (:func:`hookfit.discovery.entry_points`). A
+replacement's ``pyproject.toml`` declares it in the ``hookfit.replaces`` entry-point group, so
+its plugin wins without a warning and ``hookfit plugins`` says what it replaced."""
 
 from __future__ import annotations
 
 import re
 from importlib import metadata
 from pathlib import Path
+
+from hookfit import discovery
 
 PYPROJECT = """\
 [build-system]
@@ -27,7 +35,7 @@ test = ["pytest>=8"]
 # This table is what makes hookfit find the plugin once the package is installed.
 [project.entry-points.hookfit]
 {name} = "hookfit_{name}:{cls}"
-
+{replaces}
 [tool.setuptools.packages.find]
 where = ["src"]
 """
@@ -65,7 +73,7 @@ class {cls}:
 
 TEST = '''\
 """Tests for the {name} plugin, with hookfit's pytest plugin (hookfit.testing)."""
-
+{replaces_import}
 from hookfit import discovery
 
 from hookfit_{name} import {cls}
@@ -82,6 +90,23 @@ def test_it_records_every_epoch(hookfit_run):
 
 def test_the_installed_package_registers_it():
     assert "{name}" in [ep.name for ep in discovery.entry_points()]
+{replaces_test}'''
+
+REPLACES = """
+# Its plugin replaces hookfit's built-in plugin {name} ({builtin}) on purpose:
+# it wins without the warning an undeclared clash of names gives; `hookfit plugins` says so.
+[project.entry-points."hookfit.replaces"]
+{name} = "hookfit"
+"""
+
+REPLACES_TEST = '''
+
+def test_it_replaces_the_built_in_without_a_clash_warning():
+    discovery.refresh()  # discover again, watching for the warning a clash gives
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = [ep.value for ep in discovery.entry_points() if ep.name == "{name}"]
+    assert found == ["hookfit_{name}:{cls}"]
 '''
 
 README = """\
@@ -97,18 +122,47 @@ setuptools in that environment too, nothing is downloaded (`--no-index` works of
     python -m pytest                                # its tests, with hookfit's pytest plugin
 
 Disable it for one run with `HOOKFIT_DISABLE_PLUGINS={name}`, or `Loop(disable=["{name}"])`.
+{replaces_readme}"""
+
+REPLACES_README = """
+It replaces hookfit's built-in plugin `{name}` (`{builtin}`), as its `pyproject.toml`
+declares in the `hookfit.replaces` entry points: every run uses this one in its place, and
+`hookfit plugins` says what it replaced. Whatever runs needed the built-in for is now this plugin's to
+do (`hookfit hooks` lists the events and the roles). Uninstall it to get the built-in back.
 """
 
 
-def create(name: str, directory: Path) -> Path:
-    """Write the package ``hookfit-<name>`` under ``directory``; return its folder."""
+def builtins() -> dict[str, str]:
+    """The built-in plugins: name -> ``"module:Class"`` (hookfit's own ``hookfit`` entry points)."""
+    return {ep.name: ep.value for ep in discovery.builtin_entry_points()}
+
+
+def create(name: str, directory: Path, replaces: bool = False) -> Path:
+    """Write the package ``hookfit-<name>`` under ``directory``; return its folder.
+
+    ``name`` must not be a built-in plugin's unless ``replaces`` is true, and then it must be
+    one: the package declares that it replaces that built-in (see the module documentation)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"plugin name {name!r} must be lowercase letters, digits and underscores, starting with a letter")
+    known = builtins()
+    if name in known and not replaces:
+        raise ValueError(
+            f"{name!r} is the name of a built-in plugin ({known[name]}): a package registering it clashes with the "
+            f"built-in, and every run warns, naming both. Give yours another name (hookfit new-plugin my_{name}), "
+            f"or, to replace the built-in on purpose, register your plugin as {name!r} and declare the replacement in "
+            f"its pyproject.toml: [project.entry-points.\"hookfit.replaces\"] {name} = \"hookfit\" (README: "
+            f"Replacing a built-in plugin)")
+    if replaces and name not in known:
+        raise ValueError(f"{name!r} is no built-in plugin's name, so there is nothing to replace; the built-ins are "
+                         f"{', '.join(sorted(known))}")
     root = Path(directory) / f"hookfit-{name.replace('_', '-')}"
     if root.exists():
         raise FileExistsError(f"{root} already exists; choose another --dir or name")
     values = {"name": name, "dash": name.replace("_", "-"), "version": metadata.version("hookfit"),
-              "cls": "".join(part.capitalize() for part in name.split("_")) + "Plugin"}
+              "cls": "".join(part.capitalize() for part in name.split("_")) + "Plugin", "builtin": known.get(name)}
+    parts = {"replaces": REPLACES, "replaces_test": REPLACES_TEST, "replaces_readme": REPLACES_README,
+             "replaces_import": "\nimport warnings\n"}
+    values.update({key: part.format(**values) if replaces else "" for key, part in parts.items()})
     files = {
         "pyproject.toml": PYPROJECT,
         "README.md": README,

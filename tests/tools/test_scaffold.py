@@ -60,3 +60,45 @@ def test_new_plugin_refuses_bad_names_and_existing_folders(tmp_path: Path) -> No
     run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "twice", "--dir", str(tmp_path), cwd=tmp_path)
     again = run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "twice", "--dir", str(tmp_path), cwd=tmp_path, check=False)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+@pytest.mark.bad_input
+def test_new_plugin_refuses_a_built_in_s_name_saying_how_to_name_it_or_replace_the_built_in(tmp_path: Path) -> None:
+    from hookfit.tools import scaffold
+
+    refused = run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "optim", "--dir", str(tmp_path), cwd=tmp_path,
+                  check=False)
+    assert refused.returncode == 2 and not list(tmp_path.iterdir()), refused.stdout + refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert "'optim' is the name of a built-in plugin (hookfit.plugins.optim:Optim)" in said
+    assert "every run warns" in said and "another name (hookfit new-plugin my_optim)" in said
+    assert '[project.entry-points."hookfit.replaces"] optim = "hookfit"' in said
+    built_ins = {ep.name for ep in metadata.distribution("hookfit").entry_points if ep.group == "hookfit"}
+    assert set(scaffold.builtins()) == built_ins and {"optim", "checkpoint", "metrics", "console", "tui"} <= built_ins
+    for name in sorted(built_ins):
+        with pytest.raises(ValueError, match=rf"^'{name}' is the name of a built-in plugin"):
+            scaffold.create(name, tmp_path)
+    with pytest.raises(ValueError, match=r"'epoch_log' is no built-in plugin's name, so there is nothing to replace"):
+        scaffold.create("epoch_log", tmp_path, replaces=True)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_package_made_to_replace_a_built_in_replaces_it_without_a_clash_warning(tmp_path: Path, venv: Venv) -> None:
+    made = run(sys.executable, "-c", f"from hookfit.tools import scaffold; print(scaffold.create('csv', {str(tmp_path)!r}, "
+                                     f"replaces=True))", cwd=tmp_path)
+    root = Path(made.stdout.strip())
+    assert root == tmp_path / "hookfit-csv"
+    assert '[project.entry-points."hookfit.replaces"]\ncsv = "hookfit"\n' in (root / "pyproject.toml").read_text()
+    venv.pip("install", "--no-build-isolation", "-e", ".[test]", "--no-index", cwd=root)
+    try:
+        assert_not_in_running_env("hookfit-csv", "hookfit_csv")
+        listed = venv.run("-W", "error", "-m", "hookfit.tools.cli", "plugins", "--json", cwd=tmp_path)
+        row = next(r for r in json.loads(listed.stdout) if r["name"] == "csv")
+        assert row["distribution"] == "hookfit-csv" and row["value"] == "hookfit_csv:CsvPlugin"
+        assert row["replaces"].startswith("hookfit ") and row["replaces"].endswith("(hookfit.plugins.csv_log:CSVLogger)")
+        assert "two distributions" not in listed.stderr
+        tests = venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=root)
+        assert "3 passed" in tests.stdout  # its own check that no clash warning is given, among them
+    finally:
+        venv.uninstall("hookfit-csv")
+    assert_not_in_running_env("hookfit-csv", "hookfit_csv")
