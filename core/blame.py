@@ -8,7 +8,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, UsageError
 from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,7 +24,9 @@ def where(run: Run, error: BaseException) -> str:
     hook (an event that plugin fires, as metrics fires ``epoch_metrics`` from its
     ``stage_end``) is the one blamed, and the hook it was called from is named. Plugin code
     that a step calls (``loop.backward``, a managed optimizer's ``step()``) is the plugin's: the
-    note names the plugin and the function, and the step that called it."""
+    note names the plugin and the function, and the step that called it; unless the error is a
+    :class:`~hookfit.errors.UsageError` raised within that plugin's code, which says the step
+    called it wrongly: then the step is blamed, and the plugin's function that refused named."""
     pm = run.pm
     owners = _owners(pm)
     steps = {getattr(s, "__code__", None): s for s in (run.train_step, run.val_step) if s}
@@ -42,6 +44,9 @@ def where(run: Run, error: BaseException) -> str:
         elif not hooks and step is None and code in steps:
             step = steps[code]
         elif not hooks and step is not None and (owner := _owner(modules, tb.tb_frame.f_globals.get("__name__"))):
+            if isinstance(error, UsageError) and _within(modules, owner, tb):
+                return (f"hookfit: raised in step function {qualname(step)!r}, which called {pm.describe(owner)} "
+                        f"wrongly: {code.co_qualname} refused the call ({at})")
             return (f"hookfit: raised by {pm.describe(owner)} in {code.co_qualname}, called from step "
                     f"function {qualname(step)!r} ({at})")
         if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") == _LOOP:
@@ -155,6 +160,15 @@ def _owner(modules: dict[str, str], module: str | None) -> str | None:
         if prefix + "." in modules:
             return modules[prefix + "."]
     return None
+
+
+def _within(modules: dict[str, str], owner: str, tb: types.TracebackType | None) -> bool:
+    """Whether every frame from ``tb`` to where the error was raised is code of plugin ``owner``."""
+    while tb is not None:
+        if _owner(modules, tb.tb_frame.f_globals.get("__name__")) != owner:
+            return False
+        tb = tb.tb_next
+    return True
 
 
 def warn_secondary(error: BaseException, hook: str) -> None:

@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-__all__ = ["HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "user_level"]
+__all__ = ["HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "user_level"]
 
 
 class HookfitWarning(UserWarning):
@@ -16,6 +16,15 @@ class HookfitWarning(UserWarning):
 
 class PluginError(Exception):
     """A plugin cannot take part in a run: it does not import, or its hooks do not match."""
+
+
+class UsageError(Exception):
+    """An error that says its caller used the object raising it wrongly (named an optimizer a run
+    has several of without saying which, passed what it cannot take). A plugin declares such an
+    error by deriving from it, alongside the built-in it is (``class NameOne(UsageError,
+    TypeError)``); raised by the plugin's code that a step function called, and by no other code
+    below that call, its note blames the step function that made the call, naming the plugin
+    and the function that refused it, not the plugin."""
 
 
 class StateMismatch(ValueError):

@@ -170,3 +170,58 @@ def test_a_guard_s_note_blames_the_implementation_that_raised_inside_another_plu
         hookfit.Loop(lambda loop, batch: None, [1], max_epochs=1, plugins=[Fires(), Raises()]).fit()
     note = blame.hook_note(seen["pm"], caught.value, "fires", "fit_end")
     assert re.fullmatch(r"hookfit: raised by plugin 'fires' \(.*\) in hook 'fit_end'", note), note
+
+
+PLUGIN = '''
+from hookfit.errors import UsageError
+
+
+class Refused(UsageError, TypeError):
+    """The caller named nothing."""
+
+
+class Tool:
+    name = "tool"
+
+    def use(self, what=None, callback=None):
+        if callback is not None:
+            return callback()
+        if what is None:
+            raise Refused("name one: tool.use(what)")
+        return self.check(what)
+
+    def check(self, what):
+        if what == "deep":
+            raise Refused("deep inside the tool")
+        raise ValueError("the tool's own fault")
+'''
+
+
+def test_a_usage_error_raised_by_plugin_code_a_step_calls_blames_the_step(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A :class:`hookfit.errors.UsageError` that a plugin's code raises when the step calls it
+    says the step called it wrongly: the step is blamed, the plugin and its refusing function
+    named; another error of the same code, or a usage error raised by code the plugin called
+    back (not its own), still blames the plugin."""
+    (tmp_path / "refusing_tool.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import refusing_tool
+
+    def note(**use: Any) -> str:
+        def step(loop: hookfit.Run, batch: Any) -> None:
+            loop.pm.get_plugin("tool").use(**use)
+
+        with pytest.raises(Exception) as caught:
+            hookfit.Loop(step, [0, 1], max_epochs=1, plugins=[refusing_tool.Tool()]).fit()
+        return str(caught.value.__notes__[-1])
+
+    for use in ({}, {"what": "deep"}):
+        assert re.fullmatch(r"hookfit: raised in step function '.*step', which called plugin 'tool' \(.*\) wrongly: "
+                            r"Tool\.use refused the call \(epoch 1, stage train, batch 0\)", note(**use)), use
+    assert re.fullmatch(r"hookfit: raised by plugin 'tool' \(.*\) in Tool\.use, called from step function '.*step' "
+                        r"\(epoch 1, stage train, batch 0\)", note(what="own")), note(what="own")
+
+    def callback() -> None:
+        raise refusing_tool.Refused("raised by the script's callback, not by the tool")
+
+    assert note(callback=callback).startswith("hookfit: raised by plugin 'tool'")
