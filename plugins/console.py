@@ -17,60 +17,64 @@ Epoch summaries
     Every stage of every epoch gets its summary line, however quickly the epochs come (a log
     that skips epochs cannot be compared with another run's): ``hookfit train epoch=<e>/<max>
     done batches=<n> time=<s>s samples_per_s=<x> <metric>=<epoch mean>...``. A stage that
-    ended early (a stop or ``max_steps`` inside the epoch: a snapshot with ``batches <
-    total``) says so, so that nobody reads it as a whole epoch: ``hookfit train epoch=2/5
-    partial batches=37/100 ...``. ``interval`` and ``every_n_batches`` bound the progress
-    lines, never the summaries.
+    ended early (a stop or ``max_steps`` inside the epoch: ``batches < total``) says so, lest
+    it be read as a whole epoch: ``hookfit train epoch=2/5 partial batches=37/100 ...``.
+    ``interval`` and ``every_n_batches`` bound the progress lines, never the summaries.
 
 Progress lines
     ``hookfit train epoch=<e>/<max> batch=<n>/<total> samples_per_s=<x> eta=<h:mm:ss>
     <metric>=<running mean>...``, from the metrics plugin's ``metrics_update`` snapshots, at
-    most every ``interval`` seconds (10; ``None``: never by time), so their number per minute
-    is bounded however fast the steps are. ``every_n_batches=N`` adds a line at every N-th
-    training batch of an epoch (batches N, 2N... counted from the epoch's start, a resumed
-    epoch's included), whatever the time; its values are those of the latest snapshot of that
-    epoch, and when that snapshot is of an earlier batch (the metrics plugin publishes at most
-    every ``Metrics(interval=...)`` seconds) the line says which: ``metrics_at_batch=<n>``.
-    The two combine: any progress line restarts the ``interval`` clock, so with both a line
-    by time comes only when N batches take longer than ``interval`` seconds, and a batch
-    already reported by time is not reported twice. ``Console(every_n_batches=200,
-    interval=None)`` prints by batches only. Validation progress is by time only.
+    most every ``interval`` seconds (10; ``None``: never by time), however fast the steps are.
+    ``every_n_batches=N`` adds a line at every N-th training batch of an epoch (batches N,
+    2N... from the epoch's start, a resumed epoch's included), whatever the time, with the
+    values of the epoch's latest snapshot; when that is of an earlier batch (the metrics plugin
+    publishes at most every ``Metrics(interval=...)`` seconds) the line says which:
+    ``metrics_at_batch=<n>``. Any progress line restarts the ``interval`` clock, so with both
+    a line by time comes only when N batches take longer than ``interval`` seconds, and no
+    batch is reported twice. ``Console(every_n_batches=200, interval=None)`` prints by batches
+    only. Validation progress is by time only.
 
 The rest
     The first line names the run's plugins as the user knows them (discovered or given,
     enabled and registered; not the helpers a plugin registers for itself). Then comes the
-    size of the model (:func:`hookfit.plugins.support.summary.summarize`; nothing for a run without
+    size of the model (:func:`hookfit.plugins.support.summary.summarize`; nothing without
     ``Loop(model=...)``): ``hookfit model params=<n> trainable=<n> size_mb=<MB>`` (parameters
-    and buffers, in MB of 2**20 bytes; with ``uninitialised=<n>`` for the tensors of lazy
-    modules not initialised yet), and ``hookfit model module=<name> type=<class> params=<n>
+    and buffers, in MB of 2**20 bytes; ``uninitialised=<n>`` for the tensors of lazy modules
+    not initialised yet), and ``hookfit model module=<name> type=<class> params=<n>
     trainable=<n> size_mb=<MB>`` for each top-level module (at most ``MODULE_LINES``, then
     ``hookfit model more_modules=<n>``). A resumed run says where it continues from
-    (``hookfit resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``), and at the end
-    it prints the status, the reason, the duration and, for every metric, its last epoch value
-    and its best or its extremes over the whole run: a resumed run's include the epochs of the
-    run it continues (the epoch summaries' ``history``, restored from the checkpoint), while
-    ``Loop.validate(resume=...)`` reports its own validation alone, as its ``results["best"]``. Last
-    comes where each stage's time went (``loop.state.time_split``, measured by the loop):
-    ``hookfit time stage=train
-    batches=<n> time=<s>s data=<%> step=<%> plugins=<%>``, and when waiting for data is more
-    than :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's time
-    (:attr:`hookfit.payloads.TimeSplit.data_bound`), a plain warning: ``hookfit bottleneck
-    stage=train part=data share=45% message="data loading is 45% of training time: the data
-    loader is the bottleneck (try DataLoader num_workers, pin_memory)"``.
+    (``hookfit resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``). At the end: the
+    status, the reason, the duration and, for every metric, its last epoch value and its best
+    or its extremes over the whole run (a resumed run's include the epochs of the run it
+    continues, the summaries' ``history``; ``Loop.validate(resume=...)`` reports its own
+    validation alone, as its ``results["best"]``); last, where each stage's time went
+    (``loop.state.time_split``): ``hookfit time stage=train batches=<n> time=<s>s data=<%>
+    step=<%> plugins=<%>`` and, when waiting for data is more than
+    :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's time, a plain warning:
+    ``hookfit bottleneck stage=train part=data share=45% message="data loading is 45% of
+    training time: the data loader is the bottleneck (try DataLoader num_workers, pin_memory)"``.
+
+Several processes (``torchrun``: rank 0 prints)
+    Every figure counts the whole job, as one process running it would: samples and metrics
+    as the snapshots carry them (summed over the processes), batches those of every process
+    (the start line says ``processes=<n>``; each runs as many training batches, so
+    ``batch=20/64`` is 10 of 32 on each of 2; ``every_n_batches`` counts so). Validation
+    progress (the metrics role reduces a validation at its end only) and the ``time`` and
+    ``bottleneck`` lines (measured per process) are rank 0's and say ``rank=0``; a validation
+    summary counts ``samples=<n>``, as the processes' parts differ by a batch.
 
 When a dashboard claims the terminal (the ``claim_output`` event), the console stays silent
-unless it was given a stream of its own. Progress comes from whichever plugin publishes
+unless given a stream of its own. Progress comes from whichever plugin publishes
 ``metrics_update``/``epoch_metrics`` (:class:`hookfit.payloads.MetricsSnapshot`); without one,
-the console prints the start and the end of the run only (and, with ``every_n_batches``, the
-position: ``hookfit train epoch=<e>/<max> batch=<n>/<total>``).
+only the start, the end (and with ``every_n_batches`` the position: ``batch=<n>/<total>``).
 
 Which value is best is configuration, never guessed from a name (``mae`` and ``perplexity``
-are best low, ``accuracy`` high, and a name cannot say so reliably). By default it is what
-the snapshots carry (:attr:`hookfit.payloads.MetricsSnapshot.best`, configured in the metrics
-plugin); ``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``, keyed by
-metric name or by ``"<stage>/<metric>"`` (which wins over the bare name), wins for the names
-it lists. A metric with a direction gets ``last=... best=... best_epoch=...``; one without
-gets ``last=... min=... min_epoch=... max=... max_epoch=...``. Epochs count from 1; NaN and
+are best low, ``accuracy`` high). By default it is what the snapshots carry
+(:attr:`hookfit.payloads.MetricsSnapshot.best`, configured in the metrics plugin);
+``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``, keyed by metric name
+or ``"<stage>/<metric>"`` (which wins over the bare name), wins for the names it lists. A
+metric with a direction gets ``last=... best=... best_epoch=...``; one without gets
+``last=... min=... min_epoch=... max=... max_epoch=...``. Epochs count from 1; NaN and
 infinities are never best (:class:`hookfit.plugins.support.Monitor`), nor lowest or highest: a
 metric with no finite value gets ``last=nan`` alone, as ``results["best"]`` has no entry for it.
 """
@@ -176,8 +180,7 @@ class _Extremes:
 
 
 class Console:
-    """Grep-able progress and every epoch's summary on a text stream (the module's docstring
-    says what each line holds).
+    """Grep-able progress and every epoch's summary on a text stream (each line: the module's docstring).
 
     ``stream``: where to write (standard output by default). ``interval``: seconds between
     progress lines, at least (``None``: no line by time). ``every_n_batches``: a progress line
@@ -213,7 +216,7 @@ class Console:
         self._results: dict[tuple[str, str], _Extremes] = {}
         self._stages: set[str] = set()  # stages with an epoch summary in this run
         self._skipped, self._skip_reason = 0, ""  # optimizer steps skipped (step_skipped), the last why
-        self._silent = False
+        self._silent, self._world, self._rank = False, 1, 0  # (fit_start) the run's processes, this one's rank
 
     def direction(self, stage: str, metric: str) -> str | None:
         """``"min"``, ``"max"`` or ``None`` (not configured) for ``metric`` of ``stage``: the
@@ -221,10 +224,8 @@ class Console:
         return self.best.get(f"{stage}/{metric}") or self.best.get(metric) or self._published.get((stage, metric))
 
     def _print(self, *fields: str) -> None:
-        if self._silent:
-            return
-        stream = self.stream or sys.stdout
-        print("hookfit " + " ".join(f for f in fields if f), file=stream, flush=True)
+        if not self._silent:
+            print("hookfit " + " ".join(f for f in fields if f), file=self.stream or sys.stdout, flush=True)
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
@@ -233,13 +234,13 @@ class Console:
         self._silent = self.stream is None and claim is not None and claim(loop) is not None
         self._last_progress = _clock()
         self._last_line = self._latest = None
-        self._results.clear()
-        self._stages.clear()
-        self._published.clear()
+        for kept in (self._results, self._stages, self._published):
+            kept.clear()
         self._skipped, self._skip_reason = 0, ""
+        self._world, self._rank = max(loop.state.world_size, 1), loop.state.rank
         data = loop.train_data
         self._total = length(data)
-        per_epoch = f"batches_per_epoch={self._total}" if self._total is not None and loop.mode == "fit" else ""
+        total = self._total * self._world if self._total is not None and loop.mode == "fit" else None
         plugins = ",".join(loop.pm.participants())  # as the user knows them: no helpers
         # max_steps ends the run before the last epoch does (or epochs of unknown length), or
         # Loop.validate() labels its one validation with the checkpoint's epoch: the epochs are
@@ -248,7 +249,9 @@ class Console:
         self._by_steps = loop.mode != "fit" or (
             steps is not None and (self._total is None or steps < loop.max_epochs * self._total))
         self._print("start", "" if self._by_steps else f"epochs={loop.max_epochs}",
-                    f"max_steps={steps}" if steps is not None else "", per_epoch, f"plugins={plugins}")
+                    f"max_steps={steps}" if steps is not None else "",
+                    f"batches_per_epoch={total}" if total is not None else "",
+                    f"processes={self._world}" if self._world > 1 else "", f"plugins={plugins}")
         if loop.model is not None and loop.is_main and not self._silent:
             self._print_model(summarize(loop.model))
         if not self._every.never:
@@ -273,17 +276,13 @@ class Console:
     @hookimpl
     def resumed(self, info: ResumeInfo) -> None:
         self._print("resumed", _field("from", str(info.source)), f"epoch={info.epoch + 1}",
-                    f"batch={info.batch}", f"step={info.step}")
+                    f"batch={info.batch * self._world}", f"step={info.step}")
 
     @hookimpl
     def metrics_update(self, stage: str, metrics: MetricsSnapshot) -> None:
         self._latest = metrics
-        if self.interval is None:
-            return
-        now = _clock()
-        if now - self._last_progress < self.interval:
-            return
-        self._progress(stage, metrics, metrics.batches, now)
+        if self.interval is not None and (now := _clock()) - self._last_progress >= self.interval:
+            self._progress(stage, metrics, metrics.batches, now)
 
     def _progress(self, stage: str, metrics: MetricsSnapshot, batch: int, now: float) -> None:
         """A progress line at ``batch`` of ``stage``, with the values of ``metrics`` (a snapshot
@@ -292,10 +291,11 @@ class Console:
         self._last_line = (stage, metrics.epoch, batch)
         total = metrics.total
         left = None if total is None or not metrics.batches else max(total - batch, 0) * metrics.step_time
-        self._print(stage, self._epoch(metrics.epoch + 1, metrics.max_epochs),
-                    f"batch={batch}" + (f"/{total}" if total is not None else ""),
+        per = self._world if stage == "train" else 1  # the job's batches (the module's docstring)
+        self._print(stage, self._epoch(metrics.epoch + 1, metrics.max_epochs), self._own(stage),
+                    f"batch={batch * per}" + (f"/{total * per}" if total is not None else ""),
                     f"samples_per_s={metrics.samples_per_s:.1f}", f"eta={_duration(left)}" if left is not None else "",
-                    f"metrics_at_batch={metrics.batches}" if metrics.batches != batch else "",
+                    f"metrics_at_batch={metrics.batches * per}" if metrics.batches != batch else "",
                     *(_field(k, _number(v.running)) for k, v in metrics.values.items()))
 
     def batch_events(self, loop: Run) -> tuple[str, ...]:
@@ -305,8 +305,9 @@ class Console:
 
     @hookimpl(trylast=True)  # after the metrics plugin's batch_end, which may publish this batch
     def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
-        # (every argument of the event: the loop then calls this method itself, without an adapter)
-        if loop.training and not (batch_idx + 1) % self._every_n:
+        # (every argument of the event: the loop calls it without an adapter); due when the job's count
+        # of batches reaches or passes a multiple of every_n_batches
+        if loop.training and (batch_idx + 1) * self._world % self._every_n < self._world:
             self._batch_due(loop, batch_idx + 1)
 
     def _batch_due(self, loop: Run, batch: int) -> None:
@@ -320,8 +321,8 @@ class Console:
             return
         # no snapshot of this epoch yet (or no metrics plugin): the position only
         self._last_progress, self._last_line = _clock(), ("train", epoch, batch)
-        total = f"/{self._total}" if self._total is not None else ""
-        self._print("train", self._epoch(epoch + 1, loop.max_epochs), f"batch={batch}{total}")
+        total = f"/{self._total * self._world}" if self._total is not None else ""
+        self._print("train", self._epoch(epoch + 1, loop.max_epochs), f"batch={batch * self._world}{total}")
 
     @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
@@ -340,22 +341,22 @@ class Console:
         self._last_progress = _clock()
         total = metrics.total
         partial = total is not None and metrics.batches < total  # a stage cut short: not a whole epoch
-        self._print(stage, self._epoch(epoch, metrics.max_epochs), "partial" if partial else "done",
-                    f"batches={metrics.batches}/{total}" if partial else f"batches={metrics.batches}",
+        per = self._world if stage == "train" else 1
+        count = (f"samples={metrics.samples}" if self._own(stage)  # the processes' parts differ
+                 else f"batches={metrics.batches * per}" + (f"/{total * per}" if partial and total else ""))
+        self._print(stage, self._epoch(epoch, metrics.max_epochs), "partial" if partial else "done", count,
                     f"time={metrics.elapsed:.2f}s", f"samples_per_s={metrics.samples_per_s:.1f}",
                     *(_field(k, _number(v.epoch)) for k, v in metrics.values.items()))
 
     def _extremes(self, stage: str, key: str, value: float, epoch: int) -> None:
-        result = self._results.get((stage, key))
-        if result is None:
+        if (result := self._results.get((stage, key))) is None:
             self._results[(stage, key)] = _Extremes(value, epoch)
         else:
             result.add(value, epoch)
 
     @hookimpl
     def step_skipped(self, reason: str) -> None:
-        self._skipped += 1
-        self._skip_reason = reason
+        self._skipped, self._skip_reason = self._skipped + 1, reason
 
     @hookimpl(trylast=True)
     def fit_end(self, loop: Run) -> None:
@@ -380,17 +381,20 @@ class Console:
                         *extremes)
         self._print_time(state.time_split)
 
+    def _own(self, stage: str = "") -> str:
+        """``rank=R`` where a line's figures are this process's own (see the module's docstring)."""
+        return f"rank={self._rank}" if self._world > 1 and stage != "train" else ""
+
     def _print_time(self, splits: Mapping[str, TimeSplit]) -> None:
         """Where each stage's time went, and a plain warning when the data loader holds it up."""
         for stage, split in splits.items():
-            shares = split.shares
-            self._print("time", _field("stage", stage), f"batches={split.batches}", f"time={split.total:.2f}s",
-                        *(f"{part}={share:.0%}" for part, share in shares.items()))
+            self._print("time", _field("stage", stage), self._own(), f"batches={split.batches}",
+                        f"time={split.total:.2f}s", *(f"{part}={share:.0%}" for part, share in split.shares.items()))
         for stage, split in splits.items():
             if split.data_bound:
                 share = split.shares["data"]
                 what = _STAGE_TIME.get(stage, f"{stage} time")
-                self._print("bottleneck", _field("stage", stage), "part=data", f"share={share:.0%}",
+                self._print("bottleneck", _field("stage", stage), self._own(), "part=data", f"share={share:.0%}",
                             _field("message", f"data loading is {share:.0%} of {what}: the data loader is the "
                                               f"bottleneck (try DataLoader num_workers, pin_memory)", always=True))
 
