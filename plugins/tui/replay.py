@@ -9,7 +9,8 @@ the file as the run writes it, until ``q``. With ``--text``, without an interact
 or without urwid (then saying in one line what to install) it prints the plain-text summary
 and curves that a finished run prints; that needs no urwid. Progress is counted as the run
 counted it (steps when its ``max_steps``, in ``run.jsonl``, ended it first), and a finished
-run shows where it ended: its last step, epoch and metrics (its end lines).
+run shows where it ended: its last step, epoch and metrics (its end lines). A run folder resumed
+into is timed over all its fits (the clock, the time lines), the summary adding the last one's.
 
 ``hookfit compare RUN RUN...`` draws one metric of several runs in one plot (each run's curve
 ends in its number; in colour on a terminal) and a table of their final and best values.
@@ -20,9 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from hookfit.tools import runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
@@ -88,6 +90,44 @@ def time_split(recorded: dict[str, Any]) -> dict[str, TimeSplit]:
             out[stage] = TimeSplit(stage, float(parts.get("data", 0.0)), float(parts.get("step", 0.0)),
                                    float(parts.get("plugins", 0.0)), int(parts.get("batches", 0)))
     return out
+
+
+def fit_ends(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``"end"`` lines of a ``run.jsonl`` that end a ``fit()``, in order: a run folder gets
+    one more with each resume; an evaluation's (``Loop.validate()``, after a ``"run"`` line
+    with ``"mode": "validate"``) is not one, unless the folder holds evaluations alone."""
+    fits: list[Mapping[str, Any]] = []
+    every: list[Mapping[str, Any]] = []
+    mode = "fit"
+    for line in lines:
+        if line.get("event") == "run":
+            mode = line.get("mode", "fit")
+        elif line.get("event") == "end":
+            every.append(line)
+            if mode == "fit":
+                fits.append(line)
+    return fits or every
+
+
+def fit_times(ends: Sequence[Mapping[str, Any]]) -> tuple[dict[str, TimeSplit], dict[str, TimeSplit]]:
+    """Where the time of the fits that ``ends`` end went, per stage: over them all (a resumed
+    run's earlier fits too: what the dashboard shows), and as the text summary says it, a line
+    each: that too, and where there were several fits, the last one's (stage names
+    ``"train (3 fits)"``, ``"train (last fit)"``)."""
+    splits = [time_split(end["time_split"]) for end in ends if isinstance(end.get("time_split"), dict)]
+    whole: dict[str, TimeSplit] = {}
+    for fit in splits:
+        for stage, part in fit.items():
+            whole[stage] = whole[stage] + part if stage in whole else part
+    last = time_split(ends[-1]["time_split"]) if ends and isinstance(ends[-1].get("time_split"), dict) else {}
+    if len(splits) < 2:
+        return whole, whole
+    said: dict[str, TimeSplit] = {}
+    for stage, split in whole.items():
+        said[f"{stage} (all)"] = replace(split, stage=f"{stage} ({len(splits)} fits)")
+        if stage in last:
+            said[f"{stage} (last)"] = replace(last[stage], stage=f"{stage} (last fit)")
+    return whole, said
 
 
 class Follower:
@@ -199,9 +239,10 @@ def _dashboard(folder: Path, draw: bool = True) -> tuple[DashboardModel, Followe
     dash.keys = SHOW_KEYS
     follower = Follower(folder, dash, dash.max_epochs)
     follower.poll()
-    ends = [r for r in runs.read_jsonl(folder / "run.jsonl") if r.get("event") == "end"]
-    if ends and isinstance(ends[-1].get("time_split"), dict):
-        dash.receive("time", time_split(ends[-1]["time_split"]))
+    ends = fit_ends(runs.read_jsonl(folder / "run.jsonl"))
+    whole, _ = fit_times(ends)
+    if whole:  # every fit's time, as the clock counts
+        dash.receive("time", whole)
     if ends and not dash.skipped:
         _skipped(dash, ends[-1])
     if follower.ended is None and info.status != "running":
@@ -237,9 +278,10 @@ def _print_summary(folder: Path, dash: DashboardModel, follower: Follower, info:
     from hookfit.plugins.tui.text import summary
 
     ended = follower.ended or {}
+    _, times = fit_times(fit_ends(runs.read_jsonl(folder / "run.jsonl")))  # (a followed run may have ended since)
     state = SimpleNamespace(status=info.status, stop_reason=info.reason, elapsed=info.duration or 0.0,
                             step=ended.get("step", follower.step), stopped_by=ended.get("by"),
-                            resumed_from=follower.resumed, time_split=dash.time_split)
+                            resumed_from=follower.resumed, time_split=times or dash.time_split)
     print(f"run {folder}")
     print("\n".join(summary(dash, state)))
 

@@ -1,0 +1,95 @@
+"""``hookfit show`` of a run folder resumed into (several ``fit()`` calls appended to it): its
+time lines count every fit, as its clock and ``hookfit runs`` do, and also say the last fit's."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.payloads import TimeSplit
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.metrics_log import MetricsLog
+from hookfit.plugins.optim import Optim
+from hookfit.plugins.tui import TuiRenderer
+from hookfit.plugins.tui.replay import _dashboard
+from hookfit.tools import cli, runs
+
+from conftest import mse_step
+
+TIME_LINE = re.compile(r"^  time in (\w+)( \((?:\d+ fits|last fit)\))?: ([\d.]+)s over (\d+) batches", re.M)
+
+
+def show_text(folder: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert cli.main(["show", str(folder), "--text"], plugins=[TuiRenderer()]) == 0
+    return capsys.readouterr().out
+
+
+def train(folder: Path, epochs: int) -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(4)]
+    loop = hookfit.Loop(mse_step, data, val_step=lambda loop, b: {"loss": torch.tensor(1.0)}, val_data=data[:2],
+                        model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01), max_epochs=epochs,
+                        run_dir=folder, resume="latest",
+                        plugins=[Optim(), Metrics(), MetricsLog(), Checkpoint(background=False)])
+    return loop.fit()
+
+
+def test_a_resumed_runs_time_lines_count_every_fit_and_the_last_one_apart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,metrics_log,optim,checkpoint")
+    folder = tmp_path / "run"
+    fits = [train(folder, epochs) for epochs in (2, 3, 5)]  # 2 epochs, then resumed for 1, then for 2
+    assert [state.status for state in fits] == ["completed"] * 3
+    splits = [state.time_split for state in fits]
+    out = show_text(folder, capsys)
+    said = {(stage, label): (float(seconds), int(batches)) for stage, label, seconds, batches in TIME_LINE.findall(out)}
+    assert said.keys() == {(s, label) for s in ("train", "valid") for label in (" (3 fits)", " (last fit)")}, out
+    for stage, per_epoch in (("train", 4), ("valid", 2)):
+        assert said[stage, " (3 fits)"][1] == 5 * per_epoch and said[stage, " (last fit)"][1] == 2 * per_epoch
+        whole = sum((split[stage] for split in splits[1:]), splits[0][stage])
+        assert said[stage, " (3 fits)"][0] == pytest.approx(whole.total, abs=0.05)
+        assert said[stage, " (last fit)"][0] == pytest.approx(splits[-1][stage].total, abs=0.05)
+    model, _, info, _ = _dashboard(folder, draw=False)  # the dashboard's time row: the whole run's
+    assert {stage: split.batches for stage, split in model.time_split.items()} == {"train": 20, "valid": 10}
+    assert info.fits == 3 and out.splitlines()[1].endswith(f"after {info.duration:.1f}s, 20 steps")
+
+
+def _folder(tmp_path: Path, *lines: dict[str, Any]) -> Path:
+    folder = tmp_path / "run"
+    folder.mkdir(parents=True)
+    rows = [{"event": "epoch", "stage": "train", "epoch": e, "step": 4 * e, "batches": 4, "loss": 1.0} for e in (1, 2)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "run.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return folder
+
+
+def _end(duration: float, **stages: tuple[float, int]) -> dict[str, Any]:
+    return {"event": "end", "status": "completed", "duration": duration, "epochs": 2, "steps": 8,
+            "time_split": {stage: {"data": 0.0, "step": seconds, "plugins": 0.0, "batches": batches}
+                           for stage, (seconds, batches) in stages.items()}}
+
+
+def test_an_evaluation_in_the_folder_is_no_fit_and_one_fit_keeps_its_plain_lines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    start = {"event": "run", "name": "run", "started": "2026-01-01T00:00:00", "max_epochs": 2}
+    folder = _folder(tmp_path, start, _end(12.0, train=(10.0, 8), valid=(1.0, 2)),
+                     {**start, "mode": "validate"}, _end(0.5, valid=(0.4, 2)))
+    out = show_text(folder, capsys)
+    assert TIME_LINE.findall(out) == [("train", "", "10.0", "8"), ("valid", "", "1.0", "2")], out
+    model, _, _, _ = _dashboard(folder, draw=False)
+    assert model.time_split == {"train": TimeSplit("train", 0.0, 10.0, 0.0, 8),
+                                "valid": TimeSplit("valid", 0.0, 1.0, 0.0, 2)}
+    again = tmp_path / "again"
+    _folder(again, start, _end(20.0, train=(15.0, 6)), start, _end(31.1, train=(25.0, 10), valid=(2.0, 4)))
+    out = show_text(again / "run", capsys)
+    assert TIME_LINE.findall(out) == [("train", " (2 fits)", "40.0", "16"), ("train", " (last fit)", "25.0", "10"),
+                                      ("valid", " (2 fits)", "2.0", "4"), ("valid", " (last fit)", "2.0", "4")], out
+    assert runs.load(again / "run").duration == pytest.approx(51.1) and "after 51.1s" in out
