@@ -12,7 +12,6 @@ import importlib
 import importlib.metadata as metadata
 import inspect
 import os
-import re
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,12 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from hookfit import config
+from hookfit.clashes import REPLACES, Found, Replacement, canonical, choose
 from hookfit.errors import HookfitWarning, PluginError, user_level
 
 GROUP = "hookfit"
-REPLACES = "hookfit.replaces"
-"""The entry-point group in which a distribution says which plugins of another distribution its
-own plugins replace on purpose (see :func:`entry_points`)."""
 ENV_ONLY = "HOOKFIT_PLUGINS"
 ENV_DISABLE = "HOOKFIT_DISABLE_PLUGINS"
 
@@ -123,22 +120,17 @@ def entry_points() -> list[metadata.EntryPoint]:
         [project.entry-points."hookfit.replaces"]
         checkpoint = "hookfit"
 
-    Its plugin then wins wherever it sits on ``sys.path``, without a warning; ``hookfit
-    plugins`` shows what it replaced (:attr:`PluginInfo.replaces`). Any other clash of that
-    name (a third distribution, one not named there) still warns."""
+    Its plugin then wins over that one wherever it sits on ``sys.path``, without a warning;
+    ``hookfit plugins`` shows what it replaced (:attr:`PluginInfo.replaces`). Any other clash
+    of that name (a third distribution, one not named there) still warns, naming the plugin
+    used, the first on ``sys.path``, a replacement counting at the place of what it replaces
+    if that is earlier (:func:`hookfit.clashes.choose`)."""
     return [found.ep for found in _discover(tuple(sys.path))]
 
 
-class _Found(NamedTuple):
-    ep: metadata.EntryPoint
-    distribution: str | None
-    version: str | None
-    replaces: str | None  # the other distribution's plugin this one replaces on purpose
-
-
 class _Scan(NamedTuple):
-    plugins: tuple[_Found, ...]  # every hookfit entry point, shadowed ones too, replaces unset
-    replacements: frozenset[tuple[str | None, str, str | None]]  # (dist, plugin, dist replaced)
+    plugins: tuple[Found, ...]  # every hookfit entry point, shadowed ones too, replaces unset
+    replacements: frozenset[Replacement]
 
 
 @functools.lru_cache(maxsize=8)
@@ -158,41 +150,20 @@ def _scan(path: tuple[str, ...]) -> _Scan:
         return named[id(dist)]
 
     every = metadata.entry_points()
-    plugins = tuple(_Found(ep, *name_and_version(ep), None) for ep in every.select(group=GROUP))
-    replacements = frozenset((_canonical(name_and_version(ep)[0]), ep.name, _canonical(ep.value.strip()))
+    plugins = tuple(Found(ep, *name_and_version(ep), None) for ep in every.select(group=GROUP))
+    replacements = frozenset((canonical(name_and_version(ep)[0]), ep.name, canonical(ep.value.strip()))
                              for ep in every.select(group=REPLACES))
     return _Scan(plugins, replacements)
 
 
-def _canonical(distribution: str | None) -> str | None:
-    """A distribution's name as packaging compares names: lower case, ``-`` for runs of ``-_.``."""
-    return None if distribution is None else re.sub(r"[-_.]+", "-", distribution).lower()
-
-
 @functools.lru_cache(maxsize=8)
-def _discover(path: tuple[str, ...]) -> tuple[_Found, ...]:
+def _discover(path: tuple[str, ...]) -> tuple[Found, ...]:
     """The entry points that count, with what each replaces on purpose, once per ``sys.path``."""
     scan = _scan(path)
-    seen: dict[str, _Found] = {}
+    named: dict[str, list[Found]] = {}
     for entry in scan.plugins:
-        ep = entry.ep
-        first = seen.setdefault(ep.name, entry)
-        if first is entry or first.distribution == entry.distribution:
-            continue
-        mine, theirs = _canonical(entry.distribution), _canonical(first.distribution)
-        if (mine, ep.name, theirs) in scan.replacements and first.replaces is None:
-            seen[ep.name] = entry._replace(replaces=f"{first.distribution} {first.version} ({first.ep.value})")
-        elif (theirs, ep.name, mine) in scan.replacements and first.replaces is None:
-            seen[ep.name] = first._replace(replaces=f"{entry.distribution} {entry.version} ({ep.value})")
-        else:
-            used = seen[ep.name]
-            warnings.warn(
-                f"two distributions register the hookfit plugin {ep.name!r}: "
-                f"{used.distribution} ({used.ep.value}, used) and {entry.distribution} ({ep.value}, "
-                f"ignored); uninstall one, or, to replace the plugin on purpose, declare it in the "
-                f"replacing distribution's {REPLACES!r} entry points ({ep.name} = \"<distribution replaced>\")",
-                HookfitWarning, stacklevel=user_level())
-    return tuple(seen[name] for name in sorted(seen))
+        named.setdefault(entry.ep.name, []).append(entry)
+    return tuple(choose(name, named[name], scan.replacements) for name in sorted(named))
 
 
 def refresh() -> None:

@@ -85,3 +85,21 @@ def test_a_declared_replacement_silences_only_its_own_pair(site: Path) -> None:
     clashes = [str(w.message) for w in caught if "two distributions" in str(w.message)]
     assert len(clashes) == 1 and "my-checkpoint" in clashes[0] and "stray-checkpoint (stray_ckpt_mod:Saver, ignored)" in clashes[0]
     assert loop.run.pm.infos["checkpoint"].distribution == "my-checkpoint"
+
+
+def test_the_clash_warning_names_the_declared_replacement_that_is_used(site: Path) -> None:
+    """The undeclared distribution sits between hookfit and the declared replacement on
+    ``sys.path``: the replacement is used, and the warning says so, not hookfit's built-in."""
+    checkpoint_dist(site, "stray-checkpoint", "stray_ckpt_mod", replaces=None)
+    checkpoint_dist(site / "more", "my-checkpoint", "my_ckpt_mod", replaces="hookfit")
+    sys.path.append(str(site / "more"))
+    hookfit.discovery.refresh()
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        loop = run()
+    clashes = [str(w.message) for w in caught if "two distributions" in str(w.message)]
+    assert len(clashes) == 1, clashes
+    assert "my-checkpoint (my_ckpt_mod:Saver, used)" in clashes[0]
+    assert "stray-checkpoint (stray_ckpt_mod:Saver, ignored)" in clashes[0]
+    assert "hookfit.plugins.checkpoint" not in clashes[0]
+    info = loop.run.pm.infos["checkpoint"]
+    assert info.distribution == "my-checkpoint" and type(info.plugin).__module__ == "my_ckpt_mod"
