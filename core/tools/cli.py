@@ -206,7 +206,7 @@ def _new_plugin(args: argparse.Namespace) -> int:
     from hookfit.tools import scaffold
 
     try:
-        root = scaffold.create(args.name, Path(args.dir))
+        root = scaffold.create(args.name, Path(args.dir), replaces=args.replaces)
     except (ValueError, FileExistsError) as exc:
         print(f"hookfit new-plugin: {exc}", file=sys.stderr)
         return 2
@@ -335,6 +335,8 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     p = sub.add_parser("new-plugin", help="write a complete plugin package to start from")
     p.add_argument("name", help="the plugin's name (lowercase, digits, underscores)")
     p.add_argument("--dir", default=".", help="where to create hookfit-NAME/ (default: here)")
+    p.add_argument("--replaces", action="store_true", help="NAME is a built-in plugin's: the package replaces it on "
+                                                           "purpose (its hookfit.replaces entry point)")
     p.set_defaults(run=_new_plugin)
     p = sub.add_parser("demo", help="train a small classifier on scikit-learn's digits")
     p.add_argument("--epochs", type=int, default=8)

@@ -275,7 +275,7 @@ def _end_of_last_fit(lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | 
     return end
 
 
-def _fits(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def fit_lines(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The lines of a ``run.jsonl`` without those of evaluations (``"run"`` lines with
     ``"mode": "validate"`` and the ``"end"`` line after each)."""
     out, evaluating = [], False
@@ -294,7 +294,7 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     :class:`hookfit.HookfitWarning` for the run naming what and why."""
     notes: list[str] = []
     lines = list(read_jsonl(folder / "run.jsonl", notes))
-    starts_and_ends = _fits(lines)
+    starts_and_ends = fit_lines(lines)
     starts = [r for r in starts_and_ends if r.get("event") == "run"]
     opened = starts or [r for r in lines if r.get("event") == "run"]  # (a folder of evaluations alone: theirs)
     live = bool(starts) and _end_of_last_fit(starts_and_ends) is None and _alive(starts[-1])

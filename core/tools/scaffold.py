@@ -149,8 +149,8 @@ def create(name: str, directory: Path, replaces: bool = False) -> Path:
         raise ValueError(
             f"{name!r} is the name of a built-in plugin ({known[name]}): a package registering it clashes with the "
             f"built-in, and every run warns, naming both. Give yours another name (hookfit new-plugin my_{name}), "
-            f"or, to replace the built-in on purpose, register your plugin as {name!r} and declare the replacement in "
-            f"its pyproject.toml: [project.entry-points.\"hookfit.replaces\"] {name} = \"hookfit\" (README: "
+            f"or, to replace the built-in on purpose, hookfit new-plugin {name} --replaces, which declares it in the "
+            f"package's pyproject.toml: [project.entry-points.\"hookfit.replaces\"] {name} = \"hookfit\" (README: "
             f"Replacing a built-in plugin)")
     if replaces and name not in known:
         raise ValueError(f"{name!r} is no built-in plugin's name, so there is nothing to replace; the built-ins are "

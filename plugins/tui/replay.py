@@ -94,19 +94,11 @@ def time_split(recorded: dict[str, Any]) -> dict[str, TimeSplit]:
 
 def fit_ends(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The ``"end"`` lines of a ``run.jsonl`` that end a ``fit()``, in order: a run folder gets
-    one more with each resume; an evaluation's (``Loop.validate()``, after a ``"run"`` line
-    with ``"mode": "validate"``) is not one, unless the folder holds evaluations alone."""
-    fits: list[Mapping[str, Any]] = []
-    every: list[Mapping[str, Any]] = []
-    mode = "fit"
-    for line in lines:
-        if line.get("event") == "run":
-            mode = line.get("mode", "fit")
-        elif line.get("event") == "end":
-            every.append(line)
-            if mode == "fit":
-                fits.append(line)
-    return fits or every
+    one more with each resume; an evaluation's (:func:`hookfit.tools.runs.fit_lines`) is not one,
+    unless the folder holds evaluations alone."""
+    lines = list(lines)
+    ends = [line for line in runs.fit_lines(lines) if line.get("event") == "end"]
+    return ends or [line for line in lines if line.get("event") == "end"]
 
 
 def fit_times(ends: Sequence[Mapping[str, Any]]) -> tuple[dict[str, TimeSplit], dict[str, TimeSplit]]:

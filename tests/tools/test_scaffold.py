@@ -72,6 +72,7 @@ def test_new_plugin_refuses_a_built_in_s_name_saying_how_to_name_it_or_replace_t
     said = " ".join(refused.stderr.split())
     assert "'optim' is the name of a built-in plugin (hookfit.plugins.optim:Optim)" in said
     assert "every run warns" in said and "another name (hookfit new-plugin my_optim)" in said
+    assert "hookfit new-plugin optim --replaces" in said
     assert '[project.entry-points."hookfit.replaces"] optim = "hookfit"' in said
     built_ins = {ep.name for ep in metadata.distribution("hookfit").entry_points if ep.group == "hookfit"}
     assert set(scaffold.builtins()) == built_ins and {"optim", "checkpoint", "metrics", "console", "tui"} <= built_ins
@@ -84,10 +85,10 @@ def test_new_plugin_refuses_a_built_in_s_name_saying_how_to_name_it_or_replace_t
 
 
 def test_a_package_made_to_replace_a_built_in_replaces_it_without_a_clash_warning(tmp_path: Path, venv: Venv) -> None:
-    made = run(sys.executable, "-c", f"from hookfit.tools import scaffold; print(scaffold.create('csv', {str(tmp_path)!r}, "
-                                     f"replaces=True))", cwd=tmp_path)
-    root = Path(made.stdout.strip())
-    assert root == tmp_path / "hookfit-csv"
+    made = run(sys.executable, "-m", "hookfit.tools.cli", "new-plugin", "csv", "--replaces", "--dir", str(tmp_path),
+               cwd=tmp_path)
+    root = tmp_path / "hookfit-csv"
+    assert f"created {root}" in made.stdout
     assert '[project.entry-points."hookfit.replaces"]\ncsv = "hookfit"\n' in (root / "pyproject.toml").read_text()
     venv.pip("install", "--no-build-isolation", "-e", ".[test]", "--no-index", cwd=root)
     try:
