@@ -30,6 +30,17 @@ itself at ``configure``, so no hook of it runs and the optim plugin keeps its fa
   as one that was never interrupted (a resumed run goes on with the ``decay`` it is given).
 * After ``fit()``, :attr:`EMA.module` is the averaged module (the model itself keeps the
   training weights): ``model.load_state_dict(ema.module.state_dict())`` puts the average in it.
+  ``hookfit export RUN model.pt --weights ema`` writes the average of a run's checkpoint (its
+  saved state offers it: a ``state_dict`` entry with the model's keys,
+  :mod:`hookfit.plugins.checkpoint.export`).
+* In an evaluation (``Loop.validate(resume=...)``, ``loop.mode == "validate"``) it needs no
+  optimizer and updates nothing: the average is the checkpoint's, restored by ``load_state``,
+  and the validation runs with it (``validate=True``) as a training run's validations did, the
+  model's own weights back afterwards. A checkpoint without an average (or before its first
+  update) is validated with the training weights, with one warning saying so. Without a
+  ``decay`` the plugin stays registered in such an evaluation only to say, in one warning, that
+  the checkpoint holds an average and the evaluation uses the training weights, not it, and
+  how to validate the average (``EMA(decay=...)``; the decay is not used).
 * A run it cannot average fails at ``fit_start``, before any batch, with a ``ValueError``
   saying why: no model, no optimizer plugin announcing steps, several optimizers and none
   named, a named optimizer the run lacks. An optimizer plugin announces steps when it owns the
@@ -99,6 +110,7 @@ class EMA:
         self._source: torch.nn.Module | None = None  # the module (or container) averaged
         self._watched: str | None = None  # the name of the optimizer whose steps count
         self._kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # (model tensor, training value)
+        self._evaluating = False  # Loop.validate(): the average is the checkpoint's, no optimizer updates it
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -123,6 +135,9 @@ class EMA:
     @hookimpl
     def configure(self, loop: Run) -> None:
         self.average, self._source, self._watched, self._kept, self.steps = None, None, None, None, 0
+        self._evaluating = loop.mode == "validate"
+        if self._evaluating and loop.resume is not None and self.decay is None:
+            return  # averages nothing: only says so if the checkpoint holds an average (load_state)
         if (how := self.inert(True)) is not None:
             if chosen(loop.pm, self):  # asked for, and it would do nothing: say so
                 warnings.warn(f"ema: chosen for this run but without a decay it averages nothing; it is inert "
@@ -132,14 +147,16 @@ class EMA:
     @hookimpl
     def fit_start(self, loop: Run) -> None:
         decay = self.decay
-        assert decay is not None  # without one, configure unregistered the plugin
+        if decay is None:  # an evaluation's, kept by configure to say what it does not validate
+            return
         source = _source(loop.model)
         sharded = [name for name, p in source.named_parameters() if type(p).__name__ == "DTensor"]
         if sharded:
             raise ValueError(f"ema: the model's parameters are sharded (Distributed(strategy='fsdp'): "
                              f"{sharded[0]!r} is a DTensor), and EMA keeps a whole copy it averages in place; "
                              f"use strategy='ddp' with EMA, or leave EMA out of a sharded run")
-        self._watched = self._watch(loop)
+        if not self._evaluating:  # an evaluation steps no optimizer: its average is the checkpoint's
+            self._watched = self._watch(loop)
         average = AveragedModel(source, multi_avg_fn=_ema_multi_avg_fn(decay), use_buffers=True)
         for p in average.parameters():
             p.grad = None  # deepcopy copies gradients the model may hold: the average needs none
@@ -158,6 +175,11 @@ class EMA:
     @hookimpl(tryfirst=True)  # other plugins' stage_start("valid") see the validated weights
     def stage_start(self, loop: Run, stage: str) -> None:
         if stage == "valid" and self.validate:
+            if self._evaluating and self.average is not None and self.n_averaged == 0:
+                why = ("it read no checkpoint" if loop.state.resumed_from is None else
+                       "the checkpoint it read holds none, or was written before the average's first update")
+                warnings.warn(f"ema: this evaluation has no average to validate ({why}): it validates the training "
+                              f"weights", HookfitWarning, stacklevel=user_level())
             self._swap_in()
 
     @hookimpl(trylast=True)  # ... and so do their stage_end("valid")
@@ -177,7 +199,7 @@ class EMA:
 
     @hookimpl
     def save_state(self, loop: Run) -> dict[str, Any] | None:
-        if self.average is None:
+        if self.average is None or (self._evaluating and self.n_averaged == 0):  # an evaluation's: none loaded
             return None
         return {
             "decay": self.decay,
@@ -189,6 +211,13 @@ class EMA:
     @hookimpl
     def load_state(self, loop: Run, state: Mapping[str, Any]) -> None:
         if self.average is None:
+            if self._evaluating and isinstance(state, Mapping) and "state_dict" in state:
+                warnings.warn(f"ema: the checkpoint holds an exponential moving average of the weights "
+                              f"({state.get('n_averaged', '?')} update(s)), and this evaluation validates the "
+                              f"training weights, not the average; to validate the average, give "
+                              f"Loop(plugins=[EMA(decay=...)]) (any decay: an evaluation updates nothing), and "
+                              f"'hookfit export RUN model.pt --weights ema' writes it", HookfitWarning,
+                              stacklevel=user_level())
             return
         try:
             weights, n_averaged, steps = state["state_dict"], int(state["n_averaged"]), int(state["steps"])

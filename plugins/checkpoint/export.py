@@ -1,7 +1,16 @@
 """``hookfit export RUN model.pt``: the model of a run's latest checkpoint (or of a given one),
 sharded or not, as one plain state dict that ``torch.load`` and ``load_state_dict`` take: the
 plain module's keys, even from a checkpoint written from a ``torch.compile``d model before its
-wrapper was looked through (``_orig_mod.``-prefixed keys)."""
+wrapper was looked through (``_orig_mod.``-prefixed keys).
+
+``hookfit export RUN model.pt --weights NAME`` writes instead the weights that plugin ``NAME``
+keeps in the checkpoint (``--weights ema``: the ema plugin's average), laid out as the model
+would be. A plugin offers weights to export by its saved state alone (``save_state``), with no
+knowledge of this command: a mapping whose :data:`WEIGHTS` entry is a state dict of the run's
+model as one module (several models as a ``ModuleDict`` or ``ModuleList`` of them holds them:
+``"<name>."`` or ``"<index>."`` before each model's keys). Its keys must be the model's, or
+nothing is written. Exporting the model names the plugins whose weights the checkpoint also
+holds."""
 
 from __future__ import annotations
 
@@ -10,11 +19,24 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.storage import CheckpointError, atomic_save, checkpoint_files, read
 from hookfit.plugins.support import unwrap_state_dict
+
+WEIGHTS = "state_dict"
+"""The entry of a plugin's saved state that offers weights to ``hookfit export --weights``
+(see the module documentation)."""
+
+
+class Exported(NamedTuple):
+    """What :func:`export` wrote: from which checkpoint, whose weights (``None``: the model's)
+    and the plugins whose weights that checkpoint also offers."""
+
+    checkpoint: Path
+    weights: str | None
+    offered: tuple[str, ...]
 
 
 def find(source: str | os.PathLike[str]) -> Path:
@@ -32,11 +54,12 @@ def find(source: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"hookfit export: no checkpoint in {path} (nor in {path / 'checkpoints'})")
 
 
-def export(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+def export(source: str | os.PathLike[str], out: str | os.PathLike[str], weights: str | None = None) -> Exported:
     """Write the model of the checkpoint that ``source`` names (see :func:`find`) to ``out``
-    as a plain state dict (every tensor whole, on the CPU), atomically; returns the checkpoint
-    used. Runs in one process: a sharded checkpoint's tensors are read whole. ``out`` may not be
-    the checkpoint itself nor inside its folder: that would replace what the run resumes from."""
+    as a plain state dict (every tensor whole, on the CPU), atomically; with ``weights``, the
+    weights that plugin offers in it instead (see the module documentation). Runs in one
+    process: a sharded checkpoint's tensors are read whole. ``out`` may not be the checkpoint
+    itself nor inside its folder: that would replace what the run resumes from."""
     path = find(source)
     _refuse_input(Path(out), path)
     data = read(path)
@@ -45,8 +68,60 @@ def export(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     model = data["model"]
     if model is None:
         raise CheckpointError(f"hookfit export: {path} holds no model")
-    atomic_save(_plain(model), Path(out))
-    return path
+    model = _plain(model)
+    offers = offered(data)
+    if weights is not None:
+        model = _offered(data, weights, offers, model, path)
+    atomic_save(model, Path(out))
+    return Exported(path, weights, tuple(offers))
+
+
+def offered(data: Mapping[str, Any]) -> list[str]:
+    """The plugins whose saved state in checkpoint ``data`` offers weights to export."""
+    states = data.get("plugins")
+    if not isinstance(states, Mapping):
+        return []
+    return [str(name) for name, state in states.items()
+            if isinstance(state, Mapping) and isinstance(state.get(WEIGHTS), Mapping)]
+
+
+def _offered(data: Mapping[str, Any], name: str, offers: list[str], model: Any, path: Path) -> Any:
+    """Plugin ``name``'s weights in checkpoint ``data``, laid out as ``model`` (its plain
+    state: one state dict, or a dict or a list of them) and with its keys."""
+    where = f"hookfit export --weights {name}: {path}"
+    others = f"plugins whose weights it holds: {', '.join(map(repr, offers))}" if offers else "no plugin's weights"
+    if name not in offers:
+        states = data.get("plugins")
+        if not isinstance(states, Mapping) or states.get(name) is None:
+            raise CheckpointError(f"{where} holds no saved state of plugin {name!r} ({others})")
+        raise CheckpointError(f"{where}: plugin {name!r}'s saved state offers no weights (no {WEIGHTS!r} entry "
+                              f"with a state dict; {others})")
+    weights = unwrap_state_dict(data["plugins"][name][WEIGHTS])
+    if isinstance(model, list):
+        laid: Any = [_part(weights, f"{i}.") for i in range(len(model))]
+        pairs = [(f"[{i}]", laid[i], part) for i, part in enumerate(model)]
+    elif _several(model):
+        laid = {key: _part(weights, f"{key}.") for key in model}
+        pairs = [(f"[{key!r}]", laid[key], part) for key, part in model.items()]
+    else:
+        laid, pairs = weights, [("", weights, model)]
+    for label, got, expected in pairs:
+        if set(got) != set(expected):
+            missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+            raise CheckpointError(
+                f"{where}: plugin {name!r}'s weights do not have the keys of the model{label} "
+                f"(missing {missing[:3]}, unexpected {extra[:3]}): nothing was written")
+    return laid
+
+
+def _part(weights: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    """One model's entries of a container's state dict, without their ``prefix``."""
+    return unwrap_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+
+
+def _several(state: Any) -> bool:
+    """Whether a checkpoint's model state is a dict of models (rather than one state dict)."""
+    return isinstance(state, Mapping) and any(isinstance(value, (Mapping, list)) for value in state.values())
 
 
 def _plain(state: Any) -> Any:
@@ -55,7 +130,7 @@ def _plain(state: Any) -> Any:
     model, or of each model of a dict or a list of them."""
     if isinstance(state, Mapping):
         state = unwrap_state_dict(state)
-        if any(isinstance(value, (Mapping, list)) for value in state.values()):  # a dict of models
+        if _several(state):
             return {key: _plain(value) for key, value in state.items()}
         return state
     if isinstance(state, list):
@@ -85,15 +160,24 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = commands.add_parser("export", help="write a run's model as one plain state dict (sharded checkpoints too)")
     p.add_argument("source", help="a run folder, a folder of checkpoints, or a checkpoint")
     p.add_argument("out", help="the file to write, such as model.pt")
+    p.add_argument("--weights", metavar="PLUGIN", default=None,
+                   help="write the weights that plugin keeps in the checkpoint instead of the model's "
+                        "(--weights ema: the ema plugin's average)")
     p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        used = export(args.source, args.out)
+        done = export(args.source, args.out, weights=args.weights)
     except (OSError, CheckpointError) as error:
         print(f"hookfit export: {error}" if not str(error).startswith("hookfit export") else str(error),
               file=sys.stderr)
         return 2
-    print(f"wrote {args.out}: the model of {used}")
+    if done.weights is None:
+        print(f"wrote {args.out}: the model of {done.checkpoint}")
+        for name in done.offered:
+            print(f"hookfit export: {done.checkpoint} also holds the weights of plugin {name!r}: "
+                  f"--weights {name} writes those")
+    else:
+        print(f"wrote {args.out}: the weights of plugin {done.weights!r} in {done.checkpoint}")
     return 0

@@ -1,0 +1,124 @@
+"""``hookfit export --weights NAME``: the weights a plugin offers in its saved state (a
+``state_dict`` entry with the model's keys), laid out as the model is; any plugin's, not only
+ema's; refused, naming what is wrong, when they are not there or not the model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hookfit
+from hookfit import hookimpl
+from hookfit.plugins.checkpoint import Checkpoint, CheckpointError, read
+from hookfit.plugins.checkpoint.export import export
+from hookfit.plugins.ema import EMA
+from hookfit.plugins.optim import Optim
+
+
+def two_model_step(loop: Any, batch: Any) -> dict[str, Any]:
+    x, y = batch
+    models = loop.model.values() if isinstance(loop.model, dict) else loop.model
+    loss = sum(torch.nn.functional.mse_loss(m(x), y) for m in models)
+    loop.backward(loss)
+    for optimizer in loop.optimizers.values():
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"loss": loss}
+
+
+def data() -> list[Any]:
+    generator = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 3, generator=generator), torch.randn(4, 1, generator=generator)) for _ in range(3)]
+
+
+@pytest.mark.parametrize("as_dict", [True, False])
+def test_the_average_of_several_models_is_exported_as_the_model_is(tmp_path: Path, as_dict: bool) -> None:
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(3, 1), torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    model: Any = {"g": a, "d": b} if as_dict else [a, b]
+    ema = EMA(decay=0.5, optimizer="g")
+    state = hookfit.Loop(two_model_step, data(), model=model, max_epochs=2, run_dir=tmp_path / "run",
+                         optimizers={"g": torch.optim.SGD(a.parameters(), lr=0.1),
+                                     "d": torch.optim.SGD(b.parameters(), lr=0.1)},
+                         plugins=[Optim(), ema, Checkpoint(background=False)]).fit()
+    done = export(tmp_path / "run", tmp_path / "ema.pt", weights="ema")
+    assert done.checkpoint == Path(state.results["last_checkpoint"]) and done.weights == "ema"
+    exported = torch.load(tmp_path / "ema.pt", weights_only=True)
+    assert ema.module is not None
+    averaged = list(ema.module.children())  # the ModuleDict's or ModuleList's models, in order
+    parts = [exported["g"], exported["d"]] if as_dict else exported
+    assert isinstance(exported, dict if as_dict else list) and len(parts) == 2
+    for part, module, trained in zip(parts, averaged, (a, b)):
+        assert part.keys() == module.state_dict().keys()
+        assert all(torch.equal(part[k], v) for k, v in module.state_dict().items())
+        assert not all(torch.equal(part[k], v) for k, v in trained.state_dict().items())  # not the training weights
+        trained.load_state_dict(part)
+
+
+class Offers:
+    """A third-party plugin that keeps weights of its own in its saved state."""
+
+    name = "swa_like"
+
+    def __init__(self, weights: dict[str, torch.Tensor]) -> None:
+        self.weights = weights
+
+    @hookimpl
+    def save_state(self, loop: Any) -> dict[str, Any]:
+        return {"state_dict": self.weights, "count": 1}
+
+    @hookimpl
+    def load_state(self, loop: Any, state: Any) -> None:
+        pass
+
+
+def mse_step(loop: Any, batch: Any) -> dict[str, Any]:
+    loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss}
+
+
+def written(tmp_path: Path, weights: dict[str, torch.Tensor]) -> Path:
+    model = torch.nn.Linear(3, 1)
+    hookfit.Loop(mse_step, data(), model=model, max_epochs=1, run_dir=tmp_path / "run",
+                 optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                 plugins=[Optim(), Offers(weights), Checkpoint(background=False)]).fit()
+    return tmp_path / "run"
+
+
+def test_any_plugin_whose_saved_state_holds_the_models_weights_offers_them(tmp_path: Path) -> None:
+    weights = {"weight": torch.full((1, 3), 7.0), "bias": torch.zeros(1)}
+    run = written(tmp_path, weights)
+    done = export(run, tmp_path / "model.pt")
+    assert done.weights is None and done.offered == ("swa_like",)
+    export(run, tmp_path / "offered.pt", weights="swa_like")
+    exported = torch.load(tmp_path / "offered.pt", weights_only=True)
+    assert exported.keys() == weights.keys() and all(torch.equal(exported[k], v) for k, v in weights.items())
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("name, weights, message", [
+    ("nope", {"weight": torch.zeros(1, 3), "bias": torch.zeros(1)},
+     "holds no saved state of plugin 'nope' (plugins whose weights it holds: 'swa_like')"),
+    ("optim", {"weight": torch.zeros(1, 3), "bias": torch.zeros(1)},
+     "plugin 'optim''s saved state offers no weights (no 'state_dict' entry with a state dict; plugins whose "
+     "weights it holds: 'swa_like')"),
+    ("swa_like", {"weight": torch.zeros(1, 3), "other": torch.zeros(1)},
+     "plugin 'swa_like''s weights do not have the keys of the model (missing ['bias'], unexpected ['other']): "
+     "nothing was written"),
+])
+def test_weights_a_checkpoint_does_not_offer_are_refused_naming_why(
+        tmp_path: Path, name: str, weights: dict[str, torch.Tensor], message: str) -> None:
+    run = written(tmp_path, weights)
+    checkpoint = sorted((run / "checkpoints").glob("*.pt"))[-1]
+    assert read(checkpoint)["plugins"]["swa_like"]["state_dict"].keys() == weights.keys()
+    with pytest.raises(CheckpointError) as error:
+        export(run, tmp_path / "out.pt", weights=name)
+    assert str(error.value) == f"hookfit export --weights {name}: {checkpoint}" + (
+        " " if message.startswith("holds") else ": ") + message
+    assert not (tmp_path / "out.pt").exists()
