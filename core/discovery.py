@@ -93,15 +93,32 @@ def split_names(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
 
 
-def plugin_name(plugin: Any) -> str:
-    """The name of a plugin given as an object: its ``name`` attribute if it is a string,
-    else its class name (a module's own name for a module)."""
+def plugin_name(plugin: Any, discovered: Iterable[metadata.EntryPoint] = ()) -> str:
+    """The name of a plugin given as an object: its ``name`` attribute if it is a string; else
+    the name of the one entry point of ``discovered`` that names this very object, or else its
+    class (so that it replaces the plugin discovered there); else its class name (a module's
+    own name for a module)."""
     name = getattr(plugin, "name", None)
     if isinstance(name, str) and name:
         return name
+    for named in (plugin, type(plugin)):
+        naming = [ep.name for ep in discovered if _imported(ep) is named]
+        if len(naming) == 1:
+            return naming[0]
+        if naming:  # several name it: none of them is chosen over the others
+            break
     if inspect.ismodule(plugin):
         return plugin.__name__
     return type(plugin).__name__
+
+
+def _imported(ep: metadata.EntryPoint) -> Any:
+    """What ``ep`` names if its module is imported already, else ``None``: never imports (an
+    object given to ``Loop`` comes from a module that is imported)."""
+    target: Any = sys.modules.get(ep.module)
+    for part in ep.attr.split(".") if ep.attr else ():
+        target = getattr(target, part, None)
+    return target
 
 
 def entry_points() -> list[metadata.EntryPoint]:
@@ -298,7 +315,7 @@ def collect(
     given_names: set[str] = set()
     for plugin in given:
         plugin = _instantiate(plugin)
-        name = plugin_name(plugin)
+        name = plugin_name(plugin, eps.values())
         if name in given_names:
             raise PluginError(
                 f"two plugins given to Loop are both named {name!r}; give one a different "

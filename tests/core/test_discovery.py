@@ -104,3 +104,59 @@ def test_broken_entry_point_fails_naming_it_and_can_be_disabled(dists: Path, tmp
         assert run(disable=["broken"]).state.status == "completed"
     finally:
         sys.path.remove(str(tmp_path / "broken"))
+
+
+def test_a_given_instance_of_the_class_an_entry_point_names_replaces_the_discovered_one(dists: Path) -> None:
+    """``Alpha`` has no ``name``: an instance given to configure it takes the name of the entry
+    point that names its class, instead of running beside the discovered one as 'Alpha'."""
+    import fake_plugins_mod
+
+    given = fake_plugins_mod.Alpha()
+    loop = run(plugins=[given])
+    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["alpha", "beta"]
+    assert loop.run.pm.get_plugin("alpha") is given and loop.run.pm.infos["alpha"].source == "given"
+    assert calls() == [("beta", 0), ("alpha", 0), ("beta", 1), ("alpha", 1)]  # once each, in its place
+    loop = run(plugins=[fake_plugins_mod])  # a module entry point: the module itself given
+    assert [n for n, _ in loop.run.pm.list_name_plugin()] == ["alpha", "beta"]
+    assert loop.run.pm.infos["beta"].source == "given"
+
+
+INSTANCES = """
+    import hookfit
+
+    class Counter:
+        def __init__(self, tag="discovered"):
+            self.tag = tag
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            TAGS.append(self.tag)
+
+    TAGS = []
+    INSTANCE = Counter(tag="instance")
+    """
+
+
+def test_a_given_object_takes_the_name_of_the_entry_point_naming_it_before_its_class(
+        dists: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``counter`` names the class, ``counter_inst`` an instance of it: the instance itself given
+    replaces ``counter_inst``, another instance of the class replaces ``counter``. An entry point
+    whose module is not imported is never imported to name a given plugin."""
+    make_dist(tmp_path / "more", "counters", {"counter": "counters_mod:Counter", "counter_inst": "counters_mod:INSTANCE",
+                                               "unimported": "never_imported_mod"},
+              {"counters_mod": INSTANCES, "never_imported_mod": "raise RuntimeError('imported')"})
+    monkeypatch.syspath_prepend(str(tmp_path / "more"))
+    hookfit.discovery.refresh()
+    try:
+        import counters_mod
+
+        for given, replaced, ran in ((counters_mod.INSTANCE, "counter_inst", ["discovered", "instance"]),
+                                     (counters_mod.Counter(tag="given"), "counter", ["given", "instance"])):
+            counters_mod.TAGS.clear()
+            loop = run(plugins=[given], disable=["unimported"])
+            assert loop.run.pm.get_plugin(replaced) is given and "Counter" not in loop.run.pm.infos
+            assert sorted(counters_mod.TAGS) == ran
+        assert "never_imported_mod" not in sys.modules
+    finally:
+        sys.modules.pop("counters_mod", None)
+        hookfit.discovery.refresh()
