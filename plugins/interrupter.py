@@ -25,7 +25,11 @@
   status 130 where the script does not catch it) and ``SystemExit(143)`` for SIGTERM, so a
   shell, a job scheduler or ``torchrun`` tells an interrupted run from a finished one.
   ``Interrupter(exit=False)`` makes ``fit()`` return the interrupted run's state instead; in a
-  Jupyter kernel it always returns (the kernel keeps running).
+  Jupyter kernel it always returns (the kernel keeps running). Under ``torchrun`` every rank
+  raises it, and only rank 0's traceback is printed: on the other ranks the
+  ``KeyboardInterrupt`` left uncaught ends the process as it would (killed by SIGINT) without
+  printing the same lines again (a wrapper of ``sys.excepthook`` passes every other exception
+  on); a script that catches it gets it on every rank.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
@@ -76,7 +80,10 @@ class Interrupter:
         stopped_by, self._stopped_by = self._stopped_by, None
         self._loop, self._ending_said = None, False
         if stopped_by is not None and self.exit and loop.state.status == "interrupted" and not _in_kernel():
-            end_with(loop, _ending(stopped_by))
+            ending = _ending(stopped_by)
+            if not loop.is_main:  # under torchrun: rank 0 prints the traceback every rank has
+                _Unprinted.install(ending)
+            end_with(loop, ending)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         loop = self._loop
@@ -124,6 +131,28 @@ def _ending(signum: int) -> BaseException:
     if signum == signal.SIGINT:
         return KeyboardInterrupt(f"{name}: the run stopped gracefully (Interrupter(exit=False) returns instead)")
     return SystemExit(128 + signum)
+
+
+class _Unprinted:
+    """``sys.excepthook`` of a rank other than 0 that ends as a signal asked (:func:`_ending`):
+    that exception, left uncaught, is not printed (rank 0 prints the same); any other goes to
+    the hook this one wraps (torch's, which prefixes the rank, or Python's)."""
+
+    def __init__(self, error: BaseException, hook: Any) -> None:
+        self.error, self.hook = error, hook
+
+    def __call__(self, kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
+        if error is not self.error:
+            self.hook(kind, error, traceback)
+
+    @classmethod
+    def install(cls, error: BaseException) -> None:
+        """Leave ``error`` unprinted: one wrapper a process, for the ending of its latest run."""
+        hook = sys.excepthook
+        if isinstance(hook, cls):
+            hook.error = error
+        else:
+            sys.excepthook = cls(error, hook)
 
 
 def _in_kernel() -> bool:

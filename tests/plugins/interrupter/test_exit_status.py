@@ -208,3 +208,36 @@ def test_end_with_raises_once_the_run_is_over_and_the_runs_own_error_wins() -> N
         hookfit.Loop(failing, [0, 1], plugins=[Ends()]).fit()
     with pytest.raises(TypeError, match="^end_with: error must be an exception, got int$"):
         end_with(None, 3)  # type: ignore[arg-type]
+
+
+RANK_1 = r'''
+import os, signal
+import hookfit
+from hookfit.plugins.interrupter import Interrupter
+
+class Rank:  # what the distributed plugin does at configure under torchrun: this process is rank 1 of 2
+    name = "rank"
+    @hookfit.hookimpl
+    def configure(self, loop):
+        loop.state.rank, loop.state.world_size = 1, 2
+
+def step(loop, batch):
+    if batch == 1:
+        os.kill(os.getpid(), signal.SIGINT)
+
+hookfit.Loop(step, list(range(6)), plugins=[Rank(), Interrupter()]).fit()
+'''
+
+
+@pytest.mark.slow
+def test_a_rank_other_than_0_ends_as_signalled_without_printing_rank_0s_traceback_again(tmp_path: Path) -> None:
+    """Under torchrun rank 0 prints the ``KeyboardInterrupt`` every rank raises after a graceful
+    Ctrl-C; another rank, the exception left uncaught, ends killed by SIGINT as well, silently."""
+    script = tmp_path / "rank1.py"
+    script.write_text(RANK_1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env["HOOKFIT_PLUGINS"] = "interrupter"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == -signal.SIGINT, done.stderr  # killed by SIGINT: a shell says 130
+    assert "KeyboardInterrupt" not in done.stderr and "Traceback" not in done.stderr, done.stderr

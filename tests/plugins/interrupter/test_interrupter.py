@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -316,3 +317,38 @@ def test_a_ctrl_c_whose_line_cannot_be_written_still_stops_gracefully(monkeypatc
     state = hookfit.Loop(step, list(range(6)), plugins=[Interrupter(exit=False)]).fit()
     monkeypatch.undo()
     assert (state.status, state.stop_reason, state.step) == ("interrupted", "SIGINT", 2)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_under_torchrun_only_rank_0_prints_the_keyboard_interrupt_that_every_rank_raises(
+        rank: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank's ``fit()`` raises the ``KeyboardInterrupt`` of a graceful Ctrl-C; left uncaught,
+    Python prints it through ``sys.excepthook``: on a rank other than 0 that one exception is not
+    printed (rank 0 prints the same traceback), any other still is, and rank 0 keeps its hook."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    printed: list[BaseException] = []
+
+    def hook(kind: type[BaseException], error: BaseException, traceback: Any) -> None:
+        printed.append(error)
+
+    monkeypatch.setattr(sys, "excepthook", hook)
+
+    class Rank:  # what the distributed plugin does at configure under torchrun
+        name = "rank"
+
+        @hookfit.hookimpl
+        def configure(self, loop):
+            loop.state.rank, loop.state.world_size = rank, 2
+
+    def step(loop, batch):
+        if batch == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # handled on this (the main) thread, here
+
+    with pytest.raises(KeyboardInterrupt, match="the run stopped gracefully") as caught:
+        hookfit.Loop(step, list(range(6)), plugins=[Rank(), Interrupter()]).fit()
+    assert (sys.excepthook is hook) is (rank == 0)
+    other = ValueError("another error")
+    for error in (caught.value, other):
+        sys.excepthook(type(error), error, error.__traceback__)
+    assert printed == ([caught.value, other] if rank == 0 else [other])
