@@ -14,6 +14,12 @@ unregisters itself at ``configure``, so a run pays nothing for it.
   exponentially. With several optimizers, ``optimizer="name"`` says which one's rate is swept
   (the others step at their own rates). No batch event fires for these batches (metrics,
   loggers and ``loop.state.step`` do not count them); ``loop.training`` is true during them.
+* **Resumed and smoke runs.** A resumed run does not sweep: its optimizers' states, restored
+  from the checkpoint, hold the rates it trains with (one line says so; ``skipped="resumed"``).
+  A run asked to resume (``loop.resume``) knows whether it did only after ``fit_start``: its
+  sweep runs at the first ``epoch_start`` (``tryfirst``) instead, if nothing was resumed. A
+  smoke run (``loop.smoke``) sweeps one pass of the batches it keeps, to check the step and
+  the putting back: one line, no plot, no suggestion, ``skipped="smoke"``.
 * **The loss.** What the step returns under ``key`` (``"loss"``; a tensor is the loss itself; a
   step that returns ``None`` skips the batch) is smoothed exponentially
   (``avg = smoothing * avg + (1 - smoothing) * loss``, bias-corrected as Adam's moments are).
@@ -26,29 +32,25 @@ unregisters itself at ``configure``, so a run pays nothing for it.
   ``finder.losses`` (smoothed), ``finder.raw_losses``, ``finder.suggestion``, and
   ``loop.state.results["lr_find"]`` (``suggestion``, ``steps``, ``diverged``) hold the result.
 * **Afterwards** the run is put back exactly where it was: the parameters and buffers of
-  ``model=`` (bitwise) and their training flags, every tensor an optimizer steps (in
-  ``model=`` or not: a free ``nn.Parameter`` too) and its gradient, each optimizer's
-  ``state_dict()`` (its rates included), every plugin's state (``loop.plugin_states()``: the optimizer role's
-  counters and schedulers, EMA's average...), the random state (Python's, torch's, NumPy's,
-  CUDA's), ``loop.carry`` and the data's own state (``state_dict()``) where it has one; so with
+  ``model=`` (bitwise) and their training flags, every tensor an optimizer steps (in ``model=``
+  or not: a free ``nn.Parameter`` too) and its gradient, each optimizer's ``state_dict()`` (its
+  rates included), every plugin's state (``loop.plugin_states()``: the optimizer role's counters
+  and schedulers, EMA's average...), the random state (Python's, torch's, NumPy's, CUDA's),
+  ``loop.carry`` and the data's own state (``state_dict()``) where it has one; so with
   ``then="train"`` (the default) the training that follows is bitwise the run without the
   finder (the optimizer role's per-step schedulers step during the sweep too, and are put back
   after it: one made for a fixed number of steps, as ``OneCycleLR``, must allow ``num_steps``
   more, or the sweep fails with torch's error and a note naming it). ``then="stop"`` ends the
-  run after the sweep instead: ``completed``, with a reason
-  that says so and gives the suggestion. Training data that is an iterator (used up by the
-  sweep) is refused with ``then="train"``, and so is an optimizer without ``param_groups``,
-  ``state_dict`` and ``load_state_dict`` (it could not be put back). Buffers of modules
-  outside ``model=`` (a BatchNorm's running statistics) are not put back: give the module
-  that holds them as ``model=``. Data whose iterator keeps state across passes
-  (a ``DataLoader`` with ``persistent_workers``) is not put back within its workers.
+  run after the sweep instead: ``completed``, with a reason that says so and gives the
+  suggestion. Training data that is an iterator (used up by the sweep) is refused with
+  ``then="train"``, and so is an optimizer without ``param_groups``, ``state_dict`` and
+  ``load_state_dict`` (it could not be put back). Not put back: buffers of modules outside
+  ``model=`` (pass the module that holds them as ``model=``), and what the workers of a
+  ``DataLoader`` with ``persistent_workers`` keep across passes.
 * **The plot**: the smoothed loss against the rate on a log x axis (clipped at 1.5 times its
-  highest value in the first tenth of the sweep), the suggestion marked ``^`` under it, with
-  the dashboard's text plot (:func:`hookfit.plugins.support.plot.text_plot`), printed to standard
-  error on the main process (where a running dashboard shows it in its log pane and writes it
-  back when it closes).
-* One process only: under ``torchrun`` (several processes) it fails at ``configure``, naming
-  itself: run the range test with plain ``python``.
+  highest value in the first tenth of the sweep), ``^`` under the suggestion, with the
+  dashboard's text plot (:mod:`hookfit.plugins.support.plot`), printed to standard error.
+* One process only: under ``torchrun`` it fails at ``configure``: run it with plain ``python``.
 
 Options are checked at construction, with a ``ValueError`` naming ``lr_find`` and the option.
 """
@@ -63,7 +65,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import hookimpl
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.manager import chosen
 from hookfit.modes import modules
 from hookfit.plugins.support import check, choice, number, option_error, positive_int, positive_number, text
@@ -71,6 +73,7 @@ from hookfit.position import rng_state, set_rng_state
 from hookfit.states import stateful
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.payloads import ResumeInfo
     from hookfit.run import Run
 
 __all__ = ["LRFinder", "suggest"]
@@ -79,11 +82,9 @@ NAME = "lr_find"
 
 
 class LRFinder:
-    """The learning-rate range test (see the module documentation): a sweep of ``num_steps``
-    training batches at rates rising exponentially from ``start_lr`` to ``end_lr``, stopped
-    when the smoothed loss exceeds ``diverge`` times its best (``None``: never), a suggested
-    rate, a plot; then the run continues exactly as without it (``then="train"``) or ends
-    (``then="stop"``). ``optimizer`` names the optimizer whose rate is swept when the run has
+    """The learning-rate range test (see the module documentation): ``num_steps`` batches from
+    ``start_lr`` to ``end_lr``, stopped past ``diverge`` times the best loss (``None``: never);
+    then ``then="train"`` or ``"stop"``. ``optimizer`` names the optimizer swept when the run has
     several; ``key`` is the loss in the step's output; ``smoothing`` the weight of the past in
     the loss's moving average (0: none)."""
 
@@ -118,7 +119,10 @@ class LRFinder:
         """The suggested rate (steepest descent of the smoothed loss), or ``None``."""
         self.diverged = False
         """Whether the last sweep stopped early: the loss diverged or was not finite."""
+        self.skipped: str | None = None
+        """Why the last run made no full sweep: ``"resumed"``, ``"smoke"``, or ``None``."""
         self._batch, self._rate = 0, self.start_lr  # where the sweep is, for an error's note
+        self._waiting = False  # asked to resume: the sweep waits for the resume's outcome
 
     # -- events ---------------------------------------------------------------------------
     def inert(self, chosen: bool) -> str | None:
@@ -132,6 +136,7 @@ class LRFinder:
     @hookimpl
     def configure(self, loop: Run) -> None:
         self.rates, self.losses, self.raw_losses, self.suggestion, self.diverged = [], [], [], None, False
+        self.skipped, self._waiting = None, False
         if self.inert(chosen(loop.pm, self)) is not None or loop.mode != "fit":
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
             return
@@ -141,6 +146,25 @@ class LRFinder:
 
     @hookimpl(trylast=True)  # every other plugin has started: the states taken here are complete
     def fit_start(self, loop: Run) -> None:
+        self._waiting = loop.resume is not None  # a resumed run does not sweep: known after fit_start
+        if not self._waiting:
+            self._start(loop)
+
+    @hookimpl(trylast=True)  # after the line that says where the run resumed from
+    def resumed(self, loop: Run, info: ResumeInfo) -> None:
+        self._waiting, self.skipped = False, "resumed"
+        if loop.is_main:
+            print(f"hookfit lr_find: no sweep: this run resumed from {info.source}, whose optimizers' state holds "
+                  f"the learning rates it trains with", file=sys.stderr, flush=True)
+
+    @hookimpl(tryfirst=True)  # asked to resume and nothing was: the sweep, before the first epoch's events
+    def epoch_start(self, loop: Run, epoch: int) -> None:
+        if self._waiting:
+            self._waiting = False  # once
+            self._start(loop)
+
+    def _start(self, loop: Run) -> None:
+        """The sweep, the run put back, the report (see the module documentation)."""
         name, optimizer = self._swept(loop)
         if self.then == "train" and _iterator(loop.train_data):
             raise ValueError(f"{NAME}: the training data is an iterator ({type(loop.train_data).__name__}), which "
@@ -157,12 +181,19 @@ class LRFinder:
             raise
         finally:
             saved.restore(loop)
-        self.suggestion = suggest(self.rates, self.losses)
-        if self.suggestion is None:
-            warnings.warn(f"{NAME}: {len(self.rates)} point(s) are too few to suggest a learning rate (at least 5; "
-                          f"raise num_steps, or diverge if the sweep stopped early)", HookfitWarning, stacklevel=2)
+        if loop.smoke:  # a check of the sweep, too short to suggest anything
+            self.skipped = "smoke"
+            lines = [f"hookfit lr_find: smoke run: {len(self.rates)} step(s), one pass over its batches, to check the "
+                     f"sweep (num_steps={self.num_steps} in a run that is not a smoke run); no suggestion"]
+        else:
+            self.suggestion = suggest(self.rates, self.losses)
+            if self.suggestion is None:
+                warnings.warn(f"{NAME}: {len(self.rates)} point(s) are too few to suggest a learning rate (at least "
+                              f"5; raise num_steps, or diverge if the sweep stopped early)", HookfitWarning,
+                              stacklevel=user_level())
+            lines = self.report(name)
         if loop.is_main:
-            print("\n".join(self.report(name)), file=sys.stderr, flush=True)
+            print("\n".join(lines), file=sys.stderr, flush=True)
         if self.then == "stop":
             found = f"{self.suggestion:.3g}" if self.suggestion is not None else "none"
             loop.request_stop(f"{NAME}: learning-rate range test done (then='stop'); suggested lr={found}",
@@ -170,7 +201,8 @@ class LRFinder:
 
     @hookimpl
     def results(self) -> Mapping[str, Any]:
-        return {NAME: {"suggestion": self.suggestion, "steps": len(self.rates), "diverged": self.diverged}}
+        found = {"suggestion": self.suggestion, "steps": len(self.rates), "diverged": self.diverged}
+        return {NAME: found if self.skipped is None else {**found, "skipped": self.skipped}}
 
     # -- the sweep ------------------------------------------------------------------------
     def _swept(self, loop: Run) -> tuple[str, Any]:
@@ -198,13 +230,13 @@ class LRFinder:
         ratio = self.end_lr / self.start_lr
         avg, best, beta = 0.0, math.inf, self.smoothing
         loop.training = True
-        batches = _batches(loop.train_data)
-        for i in range(self.num_steps):
+        batches = _batches(loop.train_data, again=not loop.smoke)  # a smoke run: one pass of its batches
+        for i, batch in zip(range(self.num_steps), batches):
             rate = self.start_lr * ratio ** (i / (self.num_steps - 1))
             self._batch, self._rate = i, rate
             for group in groups:
                 group["lr"] = rate
-            loss = self._loss(loop, next(batches))
+            loss = self._loss(loop, batch)
             if loss is None:
                 continue
             if not math.isfinite(loss):
@@ -294,8 +326,8 @@ def _iterator(data: Any) -> bool:
     return isinstance(data, Iterator) or callable(getattr(data, "__next__", None))
 
 
-def _batches(data: Any) -> Iterator[Any]:
-    """The data's batches, from its start again whenever it runs out."""
+def _batches(data: Any, again: bool = True) -> Iterator[Any]:
+    """The data's batches, from its start again whenever it runs out (``again``), else once."""
     while True:
         empty = True
         for batch in data:
@@ -303,6 +335,8 @@ def _batches(data: Any) -> Iterator[Any]:
             yield batch
         if empty:
             raise ValueError(f"{NAME}: the training data yielded no batches for the sweep")
+        if not again:
+            return
 
 
 class _Saved:
