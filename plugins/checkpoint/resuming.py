@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookfit import StateMismatch
+from hookfit import HookfitWarning, StateMismatch
 from hookfit.data import Batches
+from hookfit.errors import user_level
 from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import ranks, sharded
-from hookfit.plugins.checkpoint.state import load_model, model_state
+from hookfit.plugins.checkpoint.state import SWITCHED_OFF, load_model, model_state
 from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, read
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -121,15 +122,51 @@ def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:
             f"it, or start the sharded run from its weights (hookfit export, then load_state_dict "
             f"before Loop.fit())")
     load_model(loop.model, data["model"], path)
-    try:
-        loop.load_plugin_states(data["plugins"], strict=strict)
-    except StateMismatch as error:
-        raise ValueError(
-            f"checkpoint: {path}: {error.detail}. Pass Checkpoint(strict=False) in "
-            f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
-            f"restores unused)") from error
+    restore_plugins(loop, path, data, strict)
     run = {key: value for key, value in data.items() if key not in OWN_KEYS}
     loop.load_state_dict(ranks.own(loop, validation_batching(loop, run), data.get(ranks.KEY), path))
+
+
+def restore_plugins(loop: Run, path: Path, data: Mapping[str, Any], strict: bool) -> None:
+    """Restore every plugin's state saved in the checkpoint ``path`` (contents ``data``). A
+    plugin of the run with a state to keep and none saved starts fresh, with a warning at the
+    script's line: one that the checkpoint's run switched off (an observer that raised, named
+    in ``meta``'s :data:`~hookfit.plugins.checkpoint.state.SWITCHED_OFF`) is said to be so,
+    whether ``strict`` or not, since no checkpoint of that run holds its state; any other
+    plugin is new to the run, and a saved state no plugin restores is left unused, each an
+    error with ``strict``. Nothing is restored before that is known."""
+    states = dict(data["plugins"])
+    meta = data["meta"]
+    off = meta.get(SWITCHED_OFF) if isinstance(meta, Mapping) else None
+    try:
+        loop.load_plugin_states(states, strict=True)
+        return
+    except StateMismatch as error:
+        mismatch = error
+    if was_off := [name for name in mismatch.missing if name in (off or ())]:
+        some = len(was_off) > 1
+        warnings.warn(
+            f"checkpoint: {path} has no saved state for {', '.join(map(loop.pm.describe, was_off))}: "
+            f"{'they were observers' if some else 'it was an observer'} switched off after an error in the "
+            f"run that wrote the checkpoint (that run's ObserverWarning named the error), so "
+            f"{'their states were' if some else 'its state was'} not saved; {'they start' if some else 'it starts'} "
+            f"fresh", HookfitWarning,
+            stacklevel=user_level())
+        states.update(dict.fromkeys(was_off))
+        try:  # what is left of the mismatch, in words that no longer name them
+            loop.load_plugin_states(states, strict=True)
+            return
+        except StateMismatch as error:
+            mismatch = error
+    if strict:
+        raise ValueError(
+            f"checkpoint: {path}: {mismatch.detail}. Pass Checkpoint(strict=False) in "
+            f"Loop(plugins=[...]) to start those plugins fresh (and leave saved states that no plugin "
+            f"restores unused)") from mismatch
+    warnings.warn(f"checkpoint: {path}: {mismatch.detail}; restoring the rest", HookfitWarning,
+                  stacklevel=user_level())
+    states.update(dict.fromkeys([*mismatch.missing, *mismatch.extra]))  # (None: nothing to restore)
+    loop.load_plugin_states(states, strict=True)
 
 
 BATCHING = ("batch_size", "world_size", "rank")

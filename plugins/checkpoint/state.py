@@ -18,11 +18,17 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
 
+SWITCHED_OFF = "switched_off"
+"""The entry of a checkpoint's ``meta`` naming the observers switched off (``loop.state.silenced``)
+before it was written: their states are not in it. A checkpoint without it names none."""
+
+
 def payload(loop: Run, *, reason: str, metric: float | None, monitor: str | None) -> dict[str, Any]:
     """Everything a checkpoint holds, as plain data and tensors (the ``digest`` is added when
     it is written): the run's own state (``loop.state_dict()``: ``loop``, ``rng`` and ``data``),
     every process's own random state in a run of several (:mod:`hookfit.plugins.checkpoint.ranks`:
-    a collective), the model's, every plugin's and what the checkpoint notes about the file.
+    a collective), the model's, every plugin's (but an observer's switched off, which
+    :data:`SWITCHED_OFF` names) and what the checkpoint notes about the file.
     Its tensors are the run's own, not copies."""
     run = loop.state_dict()
     return {
@@ -33,7 +39,7 @@ def payload(loop: Run, *, reason: str, metric: float | None, monitor: str | None
         "model": model_state(loop.model),
         "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
         "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": monitor,
-                 "status": loop.state.status},
+                 "status": loop.state.status, SWITCHED_OFF: [s.plugin for s in loop.state.silenced]},
     }
 
 
