@@ -201,8 +201,11 @@ class Metrics:
         return agg.entries(where, key, value, self._step(loop))
 
     def _publish(self, loop: Run) -> None:
-        if (call := loop.hooks.metrics_update) is not None:
-            call(loop, loop.state.stage, self.snapshot())
+        call = loop.hooks.metrics_update
+        if call is not None or self._every is not None:  # several processes: each joins the reduction, heard or not
+            snapshot = self.snapshot()
+            if call is not None:
+                call(loop, loop.state.stage, snapshot)
 
     @hookimpl(trylast=True)  # after every stage_end that finishes the stage's work (optim's)
     def stage_end(self, loop: Run, stage: str) -> None:

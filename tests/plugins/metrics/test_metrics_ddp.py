@@ -45,3 +45,39 @@ def test_a_stop_on_rank_1_publishes_the_partial_epoch_on_both_ranks_with_global_
         ("best", None, None, None), ("epoch", "train", 4, 512), ("end", None, None, None)]
     assert rows[1]["loss"] == pytest.approx(published[0][0]["loss"])
     assert rows[-1]["status"] == "interrupted"
+
+
+SYNCED = """
+import sys, torch, hookfit
+g = torch.Generator().manual_seed(0)
+x = torch.randn(1200, 4, generator=g); y = x.sum(1, keepdim=True)
+train = [(x[i:i + 10], y[i:i + 10]) for i in range(0, 1200, 10)]  # 120 batches: 60 a process
+model = torch.nn.Linear(4, 1)
+def step(loop, batch):
+    inputs, targets = batch
+    loss = torch.nn.functional.mse_loss(loop.model(inputs), targets)
+    loop.backward(loss); loop.optimizers.step(); loop.optimizers.zero_grad()
+    return {"loss": loss}
+loop = hookfit.Loop(step, train, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01), max_epochs=1)
+state = loop.fit()
+print("RESULT", state.rank, state.status, state.step, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_every_process_joins_the_training_reduction_whether_or_not_a_plugin_listens_to_its_updates(
+        tmp_path: Path) -> None:
+    # past sync_every (50) batches a process, training publishes every 50 batches, all-reducing the sums: rank 0
+    # has listeners (the console), the others none, and every process must still take part in each reduction
+    script = tmp_path / "synced.py"
+    script.write_text(SYNCED)
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOOKFIT_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                         "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    done = subprocess.run([*torchrun(), *launch, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("RESULT")) == [
+        "RESULT 0 completed 60", "RESULT 1 completed 60"]
