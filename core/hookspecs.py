@@ -134,17 +134,20 @@ def after_batch(loop: Run, batch_idx: int) -> None:
 
 
 @hookspec
-def should_stop(loop: Run) -> bool | str | None:
+def should_stop(loop: Run) -> bool | str | StopRequest | None:
     """Asked after every batch, training and validation alike: should the run stop now?
 
     For plugins with a per-batch criterion of their own (a time budget checked per batch, a
     loss threshold). Return a true value to stop the run after this batch; a string is taken as
-    the reason. Every implementation is asked (this is not first-result); the true answers
-    become one stop request, as ``loop.request_stop(reason)`` would, naming the plugins that
-    answered as who asked. ``None`` or a false value means "carry on". A plugin that decides at
-    another moment (an epoch's end) calls ``loop.request_stop(reason)`` there instead: the loop
-    honours it at that boundary, without a further batch, and one that ends the run by its rule
-    (early stopping) passes ``complete=True``. The run then ends with status ``"interrupted"``
+    the reason; a :class:`~hookfit.payloads.StopRequest` as the whole request, so a rule that
+    ends the run by design answers ``StopRequest("loss under 0.01", complete=True)`` and the
+    run ends ``"completed"`` (``by`` may be left ``None``: the plugin is named). Every
+    implementation is asked (this is not first-result); the true answers become one stop
+    request, as ``loop.request_stop(reason)`` would, naming the plugins that answered as who
+    asked, ``complete`` only if every answer was. ``None`` or a false value means "carry on".
+    A plugin that decides at another moment (an epoch's end) calls ``loop.request_stop(reason)``
+    there instead: the loop honours it at that boundary, without a further batch, and one that
+    ends the run by its rule (early stopping) passes ``complete=True``. The run then ends with status ``"interrupted"``
     (``"completed"`` for a ``complete`` request): ``stage_end`` and ``epoch_end`` are *not*
     fired for a cut-short epoch, ``fit_end`` is.
     """

@@ -84,10 +84,12 @@ class Stopping:
         """Ask every ``should_stop`` implementation; true answers become a stop request."""
         run = self.run
         answers = [(name, answer) for name, answer in run.hooks.call_each("should_stop", run) if answer]
-        if answers and self.request is None:
-            reasons = [answer for _, answer in answers if isinstance(answer, str)]
-            self.ask("; ".join(reasons) or "a plugin answered should_stop", ", ".join(name for name, _ in answers),
-                     False, None)
+        if answers and self.request is None:  # a StopRequest answer is taken whole, any other as a reason or none
+            asked = [answer if isinstance(answer, StopRequest) else StopRequest(answer if isinstance(answer, str) else "")
+                     for _, answer in answers]
+            self.ask("; ".join(r.reason for r in asked if r.reason) or "a plugin answered should_stop",
+                     ", ".join(r.by or name for r, (name, _) in zip(asked, answers)),
+                     all(r.complete for r in asked), None)
 
     def boundary(self, where: str) -> None:
         """Stop here (raise :class:`Stop`) if a stop was requested and, with several

@@ -308,3 +308,29 @@ def test_agree_stop_with_a_wrong_answer_names_the_plugin() -> None:
 
     with pytest.raises(TypeError, match=r"agree_stop must return a StopRequest, False or None.*wrong"):
         hookfit.Loop(lambda l, b: None, [1], plugins=[Wrong()]).fit()
+
+
+def test_a_should_stop_answer_may_be_a_whole_stop_request_that_ends_the_run_completed() -> None:
+    """A per-batch rule reached ends the run completed, as request_stop(complete=True) does; its
+    reason is kept, the plugin named when the request names nobody; an interruption answered
+    beside it keeps the run interrupted."""
+    def rule(name: str, answer: object) -> object:
+        class Rule:
+            @hookfit.hookimpl
+            def should_stop(self, loop):
+                return answer if loop.state.step >= 2 else None
+        plugin = Rule()
+        plugin.name = name
+        return plugin
+
+    target = hookfit.payloads.StopRequest("loss under 0.01", complete=True)
+    state = hookfit.Loop(lambda loop, b: None, range(5), plugins=[rule("target", target)]).fit()
+    assert (state.status, state.step, state.stop_reason, state.stopped_by) == (
+        "completed", 2, "loss under 0.01", "target")
+    named = hookfit.payloads.StopRequest("budget", by="the budget", complete=True)
+    state = hookfit.Loop(lambda loop, b: None, range(5), plugins=[rule("target", target), rule("budget", named)]).fit()
+    assert (state.status, state.stopped_by) == ("completed", "the budget, target")
+    assert sorted(state.stop_reason.split("; ")) == ["budget", "loss under 0.01"]
+    state = hookfit.Loop(lambda loop, b: None, range(5), plugins=[rule("target", target), rule("cut", "enough")]).fit()
+    assert (state.status, state.step) == ("interrupted", 2)
+    assert sorted(state.stop_reason.split("; ")) == ["enough", "loss under 0.01"]
