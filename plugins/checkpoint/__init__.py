@@ -21,7 +21,18 @@ after the last training batch whose step completed, so the failing batch runs ag
 last ``keep_last`` checkpoints are kept, plus the best one by ``monitor`` (``"valid/loss"``:
 the epoch mean of ``loss`` in the validation stage, published by the metrics plugin, compared
 in the direction it publishes for it unless ``mode`` is given; a monitored metric the run
-does not produce is warned about once). ``fit().results`` names
+does not produce is warned about once). A checkpoint's metric (``meta["metric"]``) is the
+score of its own weights: the value a validation of them published, else ``None`` (a
+checkpoint saved after more training than its validation saw carries none). A validation of
+the monitored stage is followed by a save of the weights it scored when that save is due anyway,
+or when the score is a new best (``reason="best"``), so the best checkpoint holds the
+best-scored weights. At an epoch's end that is the epoch's save. With
+``Loop(val_every_n_steps=N)`` the validation runs after the step's save point: the state is
+copied there (one copy, as a save makes) and written once the validation has published,
+with its score, if the step's save was due or the score is a new best, else let go; its
+position says the validation is due, so a run resumed from it runs that validation again
+first. A validation cut short scores nothing, and a sharded run writes its saves at such steps
+at once, without a metric (:mod:`hookfit.plugins.checkpoint.scores`). ``fit().results`` names
 both, on every process: ``"best_checkpoint"`` and ``"last_checkpoint"`` (paths, or ``None``;
 a ``failed-*`` file is never the last). Names count epochs from 1:
 ``epoch0001-step000000003.pt`` is a save during the first epoch, ``epoch0001-step000000007.pt``

@@ -148,7 +148,8 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 def checkpoint_saved(loop: Run, path: str, reason: str, step: int) -> None:
     """A checkpoint of the run is complete on disk: ``path`` (a file, or a sharded
     checkpoint's folder), written for ``reason`` (``"epoch"``, ``"step"``, ``"interrupt"``,
-    ``"max_steps"``, ``"completed"``, ``"failure"``), at global step ``step``.
+    ``"max_steps"``, ``"completed"``, ``"failure"``, or ``"best"``: a validation scored the
+    weights as the best of the run where no save was due), at global step ``step``.
 
     Fired by the checkpoint plugin on the training thread, once the write has finished: a
     checkpoint written in the background is announced at the plugin's next save, epoch end,

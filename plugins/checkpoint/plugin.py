@@ -2,7 +2,8 @@
 graceful stop, a failure, ``max_steps`` reached inside an epoch); its parts: which checkpoints
 to keep (:mod:`~hookfit.plugins.checkpoint.catalog`), the background writer
 (:mod:`~hookfit.plugins.checkpoint.writer`), failed and skipped saves
-(:mod:`~hookfit.plugins.checkpoint.reports`), what a checkpoint holds
+(:mod:`~hookfit.plugins.checkpoint.reports`), the monitored metric's scores and the saves
+they call for (:mod:`~hookfit.plugins.checkpoint.scores`), what a checkpoint holds
 (:mod:`~hookfit.plugins.checkpoint.state`), the file format (:mod:`~hookfit.plugins.checkpoint.storage`)
 and which checkpoint to resume from (:mod:`~hookfit.plugins.checkpoint.resuming`)."""
 
@@ -22,6 +23,7 @@ from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import payload
 from hookfit.plugins.checkpoint.catalog import Catalog
 from hookfit.plugins.checkpoint.reports import Reports
+from hookfit.plugins.checkpoint.scores import Scores, hold, settle
 from hookfit.plugins.checkpoint.shardwriter import ShardWriter, save_sharded
 from hookfit.plugins.checkpoint.storage import CheckpointWarning, checkpoint_files, filename
 from hookfit.plugins.checkpoint.writer import Done, Writer, write_file
@@ -62,7 +64,10 @@ class Checkpoint:
 
     The best checkpoint is the one with the best ``monitor`` value in ``mode``; ``mode=None``
     (default) is the direction the metrics snapshots publish for it (``Metrics(best=...)``),
-    else ``"min"``; a given ``mode`` that contradicts it is kept, with one warning a run."""
+    else ``"min"``; a given ``mode`` that contradicts it is kept, with one warning a run. A
+    checkpoint's metric is the score of its own weights, and a validation of the monitored
+    stage is followed by a save of the weights it scored when it is due or a new best
+    (:mod:`~hookfit.plugins.checkpoint.scores`)."""
 
     name = "checkpoint"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
@@ -93,9 +98,10 @@ class Checkpoint:
         self.every_n_steps = every_n_steps
         self.every_seconds = positive_number(name, "every_seconds", every_seconds, none=True, meaning="seconds")
         self.keep_last = positive_int(name, "keep_last", keep_last)
-        self._monitor = Monitor(monitor, mode, plugin=name, category=CheckpointWarning,  # keeps the best checkpoint
-                                must="look like 'valid/loss' (stage/metric, stage train or valid) or be None")
-        self.catalog = Catalog(self.keep_last, self._monitor)
+        self.scores = Scores(Monitor(monitor, mode, plugin=name, category=CheckpointWarning,
+                                     must="look like 'valid/loss' (stage/metric, stage train or valid) or be None"))
+        """The monitored metric's scores of the run's weights, and the save waiting for one."""
+        self.catalog = Catalog(self.keep_last, self.scores.monitor)
         """The checkpoints this run keeps: ``saved``, ``last``, ``best``, and what to prune."""
         self.monitor = monitor
         self.mode = mode
@@ -116,8 +122,6 @@ class Checkpoint:
         """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Run | None = None
         self._last_time = 0.0
-        self._last_value: float | None = None
-        self._monitor_warned = False
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
         self._main_dir: Path | None = None  # off the main process: where the main one writes
@@ -155,25 +159,30 @@ class Checkpoint:
 
     # -- events ---------------------------------------------------------------------------
     def batch_events(self, loop: Run) -> tuple[str, ...]:
-        """``after_batch`` only when saves can fall mid-epoch (by step or by time): otherwise
-        batches cost nothing."""
-        return () if self._steps.never and self.every_seconds is None else ("after_batch",)
+        """``after_batch`` only when saves can fall mid-epoch (by step, by time, or after a
+        monitored validation inside training): otherwise batches cost nothing."""
+        mid_epoch = not self._steps.never or self.every_seconds is not None or self.scores.inside(loop)
+        return ("after_batch",) if mid_epoch else ()
 
     @hookimpl
     def after_batch(self, loop: Run) -> None:
         self.collect(loop)
-        if self._steps.due(loop.state.step) or (
-            self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds
-        ):
+        due = self._steps.due(loop.state.step) or (
+            self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds)
+        if self.scores.follows(loop):  # written once its validation has scored these weights
+            if due:
+                self._last_time = time.monotonic()
+            hold(self, loop, due)
+        elif due:
             self.save(loop, "step")
 
     @hookimpl(tryfirst=True)  # may change the run's folder (continue_in): before any plugin uses it
     def configure(self, loop: Run) -> None:
         self.catalog.reset()
-        self._monitor.start()
+        self.scores.start()
         self.reports.reset()
         self.resumed_from, self.off, self._main_dir = None, False, None
-        self._pending, self._continued, self._monitor_warned = None, False, False
+        self._pending, self._continued = None, False
         self.writer.outcomes(), self.shards.take()  # (a run before this one told everything at its end)
         source = loop.resume
         if source is None:
@@ -195,7 +204,6 @@ class Checkpoint:
     def fit_start(self, loop: Run) -> None:
         self._loop = loop
         self._last_time = time.monotonic()
-        self._last_value = None
         self.off = loop.model is None
         if self.off:
             warnings.warn(
@@ -223,33 +231,23 @@ class Checkpoint:
         self.resumed_from = self.catalog.last = path
         if source == "latest":
             announce(loop, path)
-        if loop.is_main and loop.mode == "fit":  # an evaluation prunes nothing
-            self._adopt(loop, data["loop"])
+        if loop.is_main and loop.mode == "fit" and (folder := self._known_directory(loop)) is not None:
+            # the checkpoints already there are this run's: keep_last holds across resumes (Catalog.adopt)
+            self.writer.remove(self.catalog.adopt(checkpoint_files(folder), data["loop"]["step"]))
         return path
 
     @hookimpl
-    def epoch_metrics(self, stage: str, metrics: MetricsSnapshot) -> None:
-        if self.monitor is None:
-            return
-        key = self._monitor.key
-        if stage != self._monitor.stage:
-            return
-        if key is not None and key in metrics.values:  # (a key: there is a monitor)
-            self._monitor.follow(metrics.best)  # the direction the checkpoint of this epoch is compared in
-            self._last_value = float(metrics.values[key].epoch)
-            return
-        self._last_value = None
-        if not self._monitor_warned:
-            self._monitor_warned = True
-            warnings.warn(self._monitor.absent(metrics.values, metrics.epoch, then="no best checkpoint is kept by it"),
-                          CheckpointWarning, stacklevel=user_level())
+    def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
+        if stage == self.scores.stage:
+            settle(self, loop, self.scores.publish(loop, metrics))
 
     @hookimpl
     def after_epoch(self, loop: Run, epoch: int) -> None:
         self.collect(loop)
         if self._epochs.due(epoch + 1):
-            self.save(loop, "epoch", metric=self._last_value)
-        self._last_value = None  # a metric belongs to its epoch's checkpoint
+            self.save(loop, "epoch")
+        elif self.scores.improves(self.scores.current(loop)):
+            self.save(loop, "best")
 
     @hookimpl(tryfirst=True)  # before other plugins let go of their state
     def fit_end(self, loop: Run) -> None:
@@ -259,6 +257,7 @@ class Checkpoint:
                 return
             if loop.mode != "fit":  # Loop.validate(): nothing was trained, nothing to save
                 return
+            settle(self, loop, None)  # a validation cut short scored nothing
             graceful = state.status == "interrupted" and state.stop_reason != "KeyboardInterrupt"
             if graceful and self.on_interrupt:
                 self._save(loop, "interrupt", must=True)
@@ -314,6 +313,12 @@ class Checkpoint:
             return self.dir
         return loop.run_dir / "checkpoints"
 
+    def destination(self, loop: Run, position: Position, reason: str) -> Path | None:
+        """The file a save at ``position`` writes; off the main process, the main process's
+        (``None`` where that is not known: checkpoints off)."""
+        folder = self.directory(loop) if loop.is_main else self._main_dir
+        return None if folder is None else folder / self.filename(position, reason)
+
     def _known_directory(self, loop: Run) -> Path | None:
         """This run's checkpoint folder when it may hold files already (a given ``dir`` or
         ``run_dir``, or the folder of the run this one continues), else ``None`` (a new run
@@ -322,28 +327,32 @@ class Checkpoint:
             return self.directory(loop)
         return None
 
-    def save(self, loop: Run, reason: str, metric: float | None = None) -> Path | None:
-        """Write a checkpoint of the run as it is now; returns its path (main process only;
-        ``None`` when checkpoints are off for this run, it has no model, or the save was
-        skipped: ``when_busy="skip"``)."""
-        return self._save(loop, reason, metric)
+    def save(self, loop: Run, reason: str) -> Path | None:
+        """Write a checkpoint of the run as it is now, its metric the score of the weights now
+        (:meth:`Scores.current <hookfit.plugins.checkpoint.scores.Scores.current>`); returns its
+        path (main process only; ``None`` when checkpoints are off for this run, it has no
+        model, or the save was skipped: ``when_busy="skip"``)."""
+        return self._save(loop, reason)
 
-    def _save(self, loop: Run, reason: str, metric: float | None = None, must: bool = False) -> Path | None:
+    def _save(self, loop: Run, reason: str, must: bool = False) -> Path | None:
         if self.off:
             return None
         self._last_time = time.monotonic()
         self.collect(loop)
         position = loop.position
+        metric = self.scores.current(loop)
+        self.scores.asked(metric)
         with self.writer.aside():  # the writer steps aside while this thread copies
             payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
             rest, shards = sharded.split(payload)
             if shards:  # a sharded run: every rank writes its part
                 return save_sharded(self, loop, position, rest, shards, (reason, position.step, metric, must))
+            path = self.destination(loop, position, reason)
             if not loop.is_main:
-                if self._main_dir is not None:  # the file the main process writes, for best and last
-                    self.catalog.follow(self._main_dir / self.filename(position, reason), metric, reason)
+                if path is not None:  # the file the main process writes, for best and last
+                    self.catalog.follow(path, metric, reason)
                 return None
-            path = self.directory(loop) / self.filename(position, reason)
+            assert path is not None  # (the main process's own folder)
             submitted = self.writer.submit(payload, path, (reason, position.step, metric, True), must=must)
         if not submitted:
             self.reports.skip(position.step)
@@ -370,6 +379,7 @@ class Checkpoint:
             path = outcome.path
             reason, step, metric, main = outcome.tag
             if outcome.error is not None:
+                self.scores.failed()
                 failure = failure or self.reports.failure(path, outcome.error, main)
             elif not main:
                 self.catalog.follow(path, metric, reason)
@@ -379,16 +389,6 @@ class Checkpoint:
                     call(loop, str(path), reason, step)
         if failure is not None:
             raise failure
-
-    # -- resuming (which checkpoint, restored how: hookfit.plugins.checkpoint.resuming) ------
-    def _adopt(self, loop: Run, position: Mapping[str, Any]) -> None:
-        """Take the checkpoints already in this run's folder as this run's, so ``keep_last``
-        holds across resumes (the file resumed from included): sorted by position, those
-        beyond the one resumed from (an abandoned continuation) first, so pruned first."""
-        folder = self._known_directory(loop)
-        if folder is None:
-            return
-        self.writer.remove(self.catalog.adopt(checkpoint_files(folder), position["step"]))
 
 
 def _inside_training(position: Position) -> bool:

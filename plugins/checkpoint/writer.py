@@ -32,7 +32,7 @@ from typing import Any, Callable, Literal
 from hookfit.plugins.checkpoint.staging import Staging
 from hookfit.plugins.checkpoint.storage import atomic_save, digest
 
-__all__ = ["Done", "Kept", "Writer", "write_file"]
+__all__ = ["Done", "Held", "Kept", "Writer", "write_file"]
 
 Save = Callable[[dict[str, Any], Path, Callable[[], None]], None]
 """Writes a state to a path, calling its third argument between pieces of the work."""
@@ -54,6 +54,14 @@ class Done:
     path: Path
     tag: Any
     error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A snapshot copied and not yet written (:meth:`Writer.hold`): ``state`` is the copy."""
+
+    slot: int
+    state: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -105,12 +113,24 @@ class Writer:
         if not self.background:
             self.write(state, path, tag)
             return True
+        held = self.hold(state, must=must)
+        if held is None:
+            return False
+        self._queue(("write", held.slot, held.state, path, tag))
+        return True
+
+    def hold(self, state: dict[str, Any], *, must: bool = False) -> Held | None:
+        """Copy ``state``'s tensors into a free snapshot now, for a write decided later:
+        :meth:`release` writes it, :meth:`drop` lets it go (a checkpoint whose metric is known
+        only after the state is taken). ``None`` when it was skipped, as :meth:`submit` skips.
+        Without ``background`` too: the state is then copied as well, and written by
+        :meth:`release` on the caller's thread."""
         with self._cond:
             slot = self._free()
             while slot is None:
                 if self.when_busy == "skip" and not must:
                     self.skipped += 1
-                    return False
+                    return None
                 self._waiting += 1
                 self._go.set()  # the write in flight must go on for a snapshot to be free
                 self._cond.wait()
@@ -123,14 +143,31 @@ class Writer:
             if staging is None:
                 staging = self._slots[slot] = Staging()
         try:  # the writer never reads a slot before it is queued: the copy needs no lock
-            staged = staging.stage(state)
+            return Held(slot, staging.stage(state))
         except BaseException:
-            with self._cond:
-                self._taken.discard(slot)
-                self._cond.notify_all()
+            self.drop(Held(slot, {}))
             raise
-        self._queue(("write", slot, staged, path, tag))
-        return True
+
+    def release(self, held: Held, path: Path, tag: Any) -> None:
+        """Write the snapshot :meth:`hold` took to ``path`` (``held.state``, its plain values
+        changed since if need be: the state's own dicts were copied)."""
+        if self.background:
+            self._queue(("write", held.slot, held.state, path, tag))
+            return
+        try:
+            self.wait()
+            staging = self._slots[held.slot]
+            if staging is not None:
+                staging.ready()
+            self._write(held.state, path, tag, self._save, _go_on)
+        finally:
+            self.drop(held)
+
+    def drop(self, held: Held) -> None:
+        """Let a snapshot :meth:`hold` took go, unwritten (its buffers kept for the next save)."""
+        with self._cond:
+            self._taken.discard(held.slot)
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def aside(self) -> Iterator[None]:
@@ -211,6 +248,8 @@ class Writer:
                 self._cond.notify_all()
             thread.join()
         self._thread, self._closing = None, False
+        with self._cond:
+            self._taken.clear()  # (a snapshot still held: let go with the rest)
         for staging in self.staged:
             staging.release()
         self._slots = [None] * self.SLOTS

@@ -221,6 +221,32 @@ def test_a_writer_without_background_writes_on_the_callers_thread() -> None:
     assert threads == [threading.current_thread().name] and [o.tag for o in writer.outcomes()] == ["a"]
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_a_held_snapshot_is_a_copy_written_when_released_and_a_dropped_one_frees_its_buffers(
+        background: bool) -> None:
+    """A save whose metric is known only later (a validation that follows it): the state is
+    copied at once, the run may change its tensors meanwhile, and the copy is written, with
+    its plain values changed, or let go."""
+    held = Held()
+    held.release.set()
+    writer = Writer(held, remove, background=background)
+    source = state(1.0)
+    snapshot = writer.hold(source)
+    assert snapshot is not None and writer.pending == 1 and not held.seen
+    source["w"].fill_(5.0)  # training goes on: the copy keeps what was held
+    snapshot.state["step"] = 7
+    writer.release(snapshot, Path("a"), "a")
+    writer.wait()
+    assert [(path.name, seen["step"], values["w"].unique().tolist()) for path, seen, values in held.seen] == [
+        ("a", 7, [1.0])]
+    assert source["step"] == 1 and [o.tag for o in writer.outcomes()] == ["a"] and writer.pending == 0
+    dropped = writer.hold(state(2.0))
+    assert dropped is not None and writer.pending == 1
+    writer.drop(dropped)
+    assert writer.pending == 0 and len(held.seen) == 1
+    writer.close()
+
+
 def test_the_writer_waits_while_the_training_thread_copies_and_goes_on_when_it_is_waited_for() -> None:
     order: list[str] = []
     started = threading.Event()

@@ -1,0 +1,177 @@
+"""checkpoint scores: the monitored metric of the run's weights, and the checkpoints that
+carry it. The rule is written here once:
+
+* a checkpoint's ``metric`` is the score of its own weights: the value of ``monitor`` (the
+  epoch mean of its stage) published by a validation of those weights, else ``None``. A
+  score belongs to the weights of the global step it was published at: a checkpoint saved at an
+  epoch's end right after its validation carries it, one saved after more training does not;
+* a publication of the monitored stage is followed by a save of the weights it scored when
+  that save is due anyway, or when the score is a new best (``reason="best"``), so the best
+  checkpoint holds the best-scored weights. At an epoch's end that save is the epoch's
+  (``after_epoch``). A validation inside the training stage (``Loop(val_every_n_steps=N)``)
+  runs after its step's ``after_batch``, the moment a run is saved: there the plugin copies
+  the run's state as for any save (:class:`Pending`: the position of that step, its validation
+  due) and writes the copy once the validation has published, with its score, or lets it go.
+  A run resumed from it runs that validation again first, as from any checkpoint written at
+  such a step. A validation cut short (a stop, a failure) publishes nothing: the copy is
+  written without a metric if the step's save was due. A sharded run's state is not copied
+  ahead (DCP copies it as it writes): its saves at such steps are written at once, without a
+  metric, and its best is among the checkpoints of epoch ends.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hookfit.errors import user_level
+from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint.shardwriter import save_sharded
+from hookfit.plugins.checkpoint.storage import CheckpointWarning
+from hookfit.plugins.checkpoint.writer import Held
+from hookfit.plugins.support import Monitor
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.payloads import MetricsSnapshot
+    from hookfit.plugins.checkpoint.plugin import Checkpoint
+    from hookfit.position import Position
+    from hookfit.run import Run
+
+__all__ = ["Pending", "Scores", "hold", "settle"]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A save taken at a step whose validation comes next, waiting for that validation's score:
+    where (``position``), whether the step's save was ``due`` anyway, the ``path`` the main
+    process writes, and the copy of the state (``None`` off the main process, which writes
+    nothing)."""
+
+    position: Position
+    due: bool
+    path: Path | None
+    copy: Held | None
+
+
+class Scores:
+    """The scores of the run's weights by ``monitor`` (see the module)."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+        """The metric watched, its direction, and the best checkpoint (kept by the catalog)."""
+        self.pending: Pending | None = None
+        """The save waiting for the validation that runs next, if any."""
+        self._score: tuple[int, float] | None = None  # (the global step it was published at, the score)
+        self._asked: float | None = None  # the best metric of the saves asked, written or not yet
+        self._warned = False
+
+    def start(self) -> None:
+        """A new run: no score, no best, nothing pending."""
+        self.monitor.start()
+        self.pending, self._score, self._asked, self._warned = None, None, None, False
+
+    @property
+    def stage(self) -> str | None:
+        """The stage whose publications score the weights (``"valid"``), or ``None``."""
+        return self.monitor.stage
+
+    def inside(self, loop: Run) -> bool:
+        """Whether the monitored validations of this run run inside its training stage."""
+        return self.stage == "valid" and loop.val_every_n_steps is not None and loop.val_step is not None
+
+    def follows(self, loop: Run) -> bool:
+        """Whether a validation of the monitored stage runs right after this training batch."""
+        return self.stage == "valid" and bool(loop.state.val_due)
+
+    def publish(self, loop: Run, metrics: MetricsSnapshot) -> float | None:
+        """Take the publication of the monitored stage: the score of the weights now, or
+        ``None`` when it lacks the metric (warned once a run)."""
+        key = self.monitor.key
+        if key is not None and key in metrics.values:
+            self.monitor.follow(metrics.best)  # the direction the checkpoints are compared in
+            score = float(metrics.values[key].epoch)
+            self._score = (loop.state.step, score)
+            return score
+        self._score = None
+        if not self._warned:
+            self._warned = True
+            warnings.warn(self.monitor.absent(metrics.values, metrics.epoch, then="no best checkpoint is kept by it"),
+                          CheckpointWarning, stacklevel=user_level())
+        return None
+
+    def current(self, loop: Run) -> float | None:
+        """The score of the run's weights as they are now (published at this global step), or
+        ``None``: what a checkpoint saved now carries as its ``metric``."""
+        score = self._score
+        return score[1] if score is not None and score[0] == loop.state.step else None
+
+    def improves(self, score: float | None) -> bool:
+        """Whether ``score`` is a new best: better than the best checkpoint's and than every
+        save asked with a metric whose write is not taken yet."""
+        if score is None or not self.monitor.improves(score):
+            return False
+        return self._asked is None or self._better(score, self._asked)
+
+    def asked(self, metric: float | None) -> None:
+        """A save carrying ``metric`` was asked (its write may still be going on)."""
+        if metric is not None and math.isfinite(metric) and (self._asked is None or self._better(metric, self._asked)):
+            self._asked = metric
+
+    def _better(self, score: float, than: float) -> bool:
+        return score < than if self.monitor.mode == "min" else score > than
+
+    def failed(self) -> None:
+        """A write failed: the best is again the best checkpoint written."""
+        self._asked = None
+
+
+def hold(checkpoint: Checkpoint, loop: Run, due: bool) -> None:
+    """``checkpoint``'s save at a step whose validation of the monitored stage comes next
+    (``due``: whether the step's save was due anyway): the state copied now, as a save copies
+    it, and kept in ``checkpoint.scores.pending`` for :func:`settle` (see the module)."""
+    if checkpoint.off:
+        return
+    checkpoint.collect(loop)
+    position = loop.position
+    with checkpoint.writer.aside():
+        payload = checkpoint.payload(loop, reason="step", metric=None)  # also on other ranks: collectives
+        rest, shards = sharded.split(payload)
+        if shards:  # DCP copies a sharded state as it writes it: written now, if due
+            if due:
+                save_sharded(checkpoint, loop, position, rest, shards, ("step", position.step, None, False))
+            return
+        path = checkpoint.destination(loop, position, "step")
+        copy = checkpoint.writer.hold(payload) if loop.is_main else None
+    if loop.is_main and copy is None:  # skipped: when_busy="skip" and both snapshots taken
+        if due:
+            checkpoint.reports.skip(position.step)
+        return
+    checkpoint.scores.pending = Pending(position, due, path, copy)
+
+
+def settle(checkpoint: Checkpoint, loop: Run, score: float | None) -> None:
+    """The pending save after the validation it waited for: written with ``score`` if it was
+    due or ``score`` is a new best, else let go (``score`` ``None``: the publication lacked
+    the metric, or the validation was cut short and the run ends)."""
+    scores = checkpoint.scores
+    pending, scores.pending = scores.pending, None
+    if pending is None:
+        return
+    if not (pending.due or scores.improves(score)):
+        if pending.copy is not None:
+            checkpoint.writer.drop(pending.copy)
+        return
+    reason = "step" if pending.due else "best"
+    scores.asked(score)
+    if pending.copy is None:  # off the main process: the file the main one writes, for best and last
+        if pending.path is not None:
+            checkpoint.catalog.follow(pending.path, score, reason)
+        return
+    assert pending.path is not None  # (the main process's own folder)
+    pending.copy.state["meta"].update(reason=reason, metric=score)
+    checkpoint.writer.release(pending.copy, pending.path, (reason, pending.position.step, score, True))
+    if not checkpoint.background:
+        checkpoint.collect(loop)

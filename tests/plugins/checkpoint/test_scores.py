@@ -1,0 +1,155 @@
+"""checkpoint scores: a checkpoint's metric is the score of its own weights (a validation of
+them published it), and a validation of the monitored stage is followed by a save of the weights
+it scored when that save is due or the score is a new best, so the best checkpoint holds the
+best-scored weights: at epoch ends, and with ``Loop(val_every_n_steps=N)`` inside epochs, where
+the state is copied before the validation and written once it has scored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint, read
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
+from conftest import mse_step, resumable_run
+
+
+class Scored:
+    """Records, at each validation's publication, its global step, its ``vloss`` and the
+    model's weights it scored; and every checkpoint announced, as (reason, step, file name)."""
+
+    name = "scored"
+
+    def __init__(self, key: str = "vloss") -> None:
+        self.key = key
+        self.scores: dict[int, float] = {}
+        self.weights: dict[int, list[torch.Tensor]] = {}
+        self.saved: list[tuple[str, int, str]] = []
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, loop: Any, stage: str, metrics: Any) -> None:
+        if stage == "valid":
+            self.scores[loop.state.step] = metrics.values[self.key].epoch
+            self.weights[loop.state.step] = [t.detach().clone() for t in loop.model.state_dict().values()]
+
+    @hookfit.hookimpl
+    def checkpoint_saved(self, path: str, reason: str, step: int) -> None:
+        self.saved.append((reason, step, Path(path).name))
+
+
+def weights(path: Path) -> list[torch.Tensor]:
+    return list(read(path)["model"].values())
+
+
+def test_each_checkpoint_carries_the_score_of_its_own_weights_and_the_best_is_the_best_scored(
+        tmp_path: Path) -> None:
+    """Validations after steps 3, 6, 9 and 12 (2 epochs of 7 batches), a save every 3 steps and
+    at each epoch's end: the step saves carry their validation's score (they were stamped with
+    nothing), the epoch ends at steps 7 and 14 carry none (they were stamped with the score of
+    the validation before, of other weights), and the best is the best-scored step."""
+    scored = Scored()
+    checkpoint = Checkpoint(every_n_steps=3, keep_last=10, monitor="valid/vloss", background=False)
+    loop, _, _ = resumable_run(tmp_path, epochs=2, val_every_n_steps=3, checkpoint=checkpoint, extra=[scored])
+    assert sorted(scored.scores) == [3, 6, 9, 12]
+    files = {read(p)["loop"]["step"]: p for p in (tmp_path / "checkpoints").glob("*.pt")}
+    assert sorted(files) == [3, 6, 7, 9, 12, 14]
+    for step, path in files.items():
+        meta = read(path)["meta"]
+        if step in scored.scores:
+            assert meta["metric"] == scored.scores[step], path.name
+            assert all(torch.equal(a, b) for a, b in zip(weights(path), scored.weights[step], strict=True))
+        else:
+            assert meta["metric"] is None, path.name
+    best_step = min(scored.scores, key=scored.scores.__getitem__)
+    assert loop.state.results["best_checkpoint"] == files[best_step]
+    assert checkpoint.best == (scored.scores[best_step], files[best_step])
+
+
+def scripted(scores: dict[int, float]) -> Any:
+    """A validation step whose loss is ``scores[global step]``."""
+    def valid(loop: Any, batch: Any) -> Any:
+        return {"loss": torch.tensor(scores[loop.state.step])}
+    return valid
+
+
+def small_run(tmp_path: Path, checkpoint: Checkpoint, scores: dict[int, float], **options: Any) -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    batches = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(6)]
+    scored = Scored("loss")
+    state = hookfit.Loop(mse_step, batches, val_step=scripted(scores), val_data=[0], model=model,
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), run_dir=tmp_path,
+                         plugins=[Optim(), Metrics(), checkpoint, scored], **options).fit()
+    return state, scored
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_validation_inside_training_saves_a_new_best_where_no_save_is_due(tmp_path: Path, background: bool) -> None:
+    """No save by steps or epochs: the validations after steps 3, 6, 9 and 12 are followed by a
+    save of the weights they scored when they improve (3, 6, 12), not when they do not (9)."""
+    checkpoint = Checkpoint(every_n_epochs=None, keep_last=1, monitor="valid/loss", background=background)
+    state, scored = small_run(tmp_path, checkpoint, {3: 5.0, 6: 2.0, 9: 3.0, 12: 1.5}, max_epochs=2,
+                              val_every_n_steps=3)
+    assert [(reason, step) for reason, step, _ in scored.saved if reason == "best"] == [("best", 3), ("best", 6),
+                                                                                      ("best", 12)]
+    best = state.results["best_checkpoint"]
+    assert best is not None and read(best)["meta"]["metric"] == 1.5 and read(best)["loop"]["step"] == 12
+    assert all(torch.equal(a, b) for a, b in zip(weights(best), scored.weights[12], strict=True))
+
+
+def test_epoch_end_validations_keep_the_best_when_epoch_saves_are_off(tmp_path: Path) -> None:
+    """``every_n_epochs=None`` with saves by steps: the epoch-end validation that improves is
+    followed by a save at that epoch's end (there was no best checkpoint at all)."""
+    checkpoint = Checkpoint(every_n_epochs=None, every_n_steps=4, keep_last=1, monitor="valid/loss",
+                            background=False)
+    state, scored = small_run(tmp_path, checkpoint, {6: 3.0, 12: 1.0, 18: 2.0}, max_epochs=3)
+    assert [(reason, step) for reason, step, _ in scored.saved if reason == "best"] == [("best", 6), ("best", 12)]
+    best = state.results["best_checkpoint"]
+    assert best is not None and best.name == "epoch0002-step000000012.pt" and read(best)["meta"]["metric"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(weights(best), scored.weights[12], strict=True))
+
+
+def test_a_run_resumed_from_a_best_checkpoint_taken_before_its_validation_continues_exactly(tmp_path: Path) -> None:
+    """The best checkpoint of a validation inside training holds the run as it was before that
+    validation (its position says the validation is due): a run resumed from it validates
+    again, once, and ends as the run that never stopped, metric history included."""
+    checkpoint = Checkpoint(every_n_epochs=None, keep_last=10, monitor="valid/vloss", background=False)
+    straight, model, history = resumable_run(tmp_path / "straight", epochs=2, val_every_n_steps=3,
+                                             checkpoint=checkpoint)
+    best = straight.state.results["best_checkpoint"]
+    assert best is not None and read(best)["loop"]["val_due"] is True and read(best)["meta"]["reason"] == "best"
+    resumed, again, rerun = resumable_run(tmp_path / "resumed", epochs=2, val_every_n_steps=3, resume=str(best))
+    assert resumed.state.step == straight.state.step == 14
+    assert all(torch.equal(p, q) for p, q in zip(again.parameters(), model.parameters(), strict=True))
+    assert rerun == history
+
+
+class FailInValidation:
+    """The validation at ``step`` fails at its first batch."""
+
+    name = "fail_in_validation"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @hookfit.hookimpl
+    def batch_start(self, loop: Any) -> None:
+        if not loop.training and loop.state.step == self.step:
+            raise RuntimeError("injected failure during validation")
+
+
+@pytest.mark.fault
+def test_a_step_save_due_before_a_validation_that_fails_is_written_without_a_score(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(every_n_steps=3, monitor="valid/vloss", background=False)
+    with pytest.raises(RuntimeError, match="injected failure during validation"):
+        resumable_run(tmp_path, epochs=2, val_every_n_steps=3, checkpoint=checkpoint, extra=[FailInValidation(6)])
+    latest = max((tmp_path / "checkpoints").glob("*.pt"))
+    assert latest.name == "epoch0001-step000000006.pt"
+    data = read(latest)
+    assert data["loop"]["val_due"] is True and data["meta"]["metric"] is None and data["meta"]["reason"] == "step"
