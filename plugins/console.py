@@ -18,7 +18,8 @@ Epoch summaries
     that skips epochs cannot be compared with another run's): ``hookfit train epoch=<e>/<max>
     done batches=<n> time=<s>s samples_per_s=<x> <metric>=<epoch mean>...``. A stage that
     ended early (a stop or ``max_steps`` inside the epoch: ``batches < total``) says so, lest
-    it be read as a whole epoch: ``hookfit train epoch=2/5 partial batches=37/100 ...``.
+    it be read as a whole epoch: ``hookfit train epoch=2/5 partial batches=37/100 ...``; a
+    validation every N steps (``val_every_n_steps``) says after which: ``step=<n>``.
     ``interval`` and ``every_n_batches`` bound the progress lines, never the summaries.
 
 Progress lines
@@ -55,28 +56,26 @@ The rest
     training time: the data loader is the bottleneck (try DataLoader num_workers, pin_memory)"``.
 
 Several processes (``torchrun``: rank 0 prints)
-    Every figure counts the whole job, as one process running it would: samples and metrics
-    as the snapshots carry them (summed over the processes), batches those of every process
-    (the start line says ``processes=<n>``; each runs as many training batches, so
-    ``batch=20/64`` is 10 of 32 on each of 2; ``every_n_batches`` counts so). Validation
-    progress (the metrics role reduces a validation at its end only) and the ``time`` and
-    ``bottleneck`` lines (measured per process) are rank 0's and say ``rank=0``; a validation
-    summary counts ``samples=<n>``, as the processes' parts differ by a batch.
+    Every figure counts the whole job, as one process running it would: samples and metrics as the snapshots carry
+    them (summed over the processes), batches those of every process (the start line says ``processes=<n>``; each
+    runs as many training batches, so ``batch=20/64`` is 10 of 32 on each of 2; ``every_n_batches`` counts so).
+    Validation progress (the metrics role reduces a validation at its end only) and the ``time`` and ``bottleneck``
+    lines (measured per process) are rank 0's and say ``rank=0``; a validation summary counts ``samples=<n>``, as
+    the processes' parts differ by a batch.
 
 When a dashboard claims the terminal (the ``claim_output`` event), the console stays silent
 unless given a stream of its own. Progress comes from whichever plugin publishes
 ``metrics_update``/``epoch_metrics`` (:class:`hookfit.payloads.MetricsSnapshot`); without one,
 only the start, the end (and with ``every_n_batches`` the position: ``batch=<n>/<total>``).
 
-Which value is best is configuration, never guessed from a name (``mae`` and ``perplexity``
-are best low, ``accuracy`` high). By default it is what the snapshots carry
-(:attr:`hookfit.payloads.MetricsSnapshot.best`, configured in the metrics plugin);
-``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``, keyed by metric name
-or ``"<stage>/<metric>"`` (which wins over the bare name), wins for the names it lists. A
-metric with a direction gets ``last=... best=... best_epoch=...``; one without gets
-``last=... min=... min_epoch=... max=... max_epoch=...``. Epochs count from 1; NaN and
-infinities are never best (:class:`hookfit.plugins.support.Monitor`), nor lowest or highest: a
-metric with no finite value gets ``last=nan`` alone, as ``results["best"]`` has no entry for it.
+Which value is best is configuration, never guessed from a name (``mae`` and ``perplexity`` are best low,
+``accuracy`` high). By default it is what the snapshots carry (:attr:`hookfit.payloads.MetricsSnapshot.best`,
+configured in the metrics plugin); ``Console(best={"loss": "min", "accuracy": "max", "valid/f1": "max"})``, keyed by
+metric name or ``"<stage>/<metric>"`` (which wins over the bare name), wins for the names it lists. A metric with a
+direction gets ``last=... best=... best_epoch=...``; one without gets ``last=... min=... min_epoch=... max=...
+max_epoch=...``. Epochs count from 1; NaN and infinities are never best (:class:`hookfit.plugins.support.Monitor`),
+nor lowest or highest: a metric with no finite value gets ``last=nan`` alone, as ``results["best"]`` has no entry
+for it.
 """
 
 from __future__ import annotations
@@ -344,7 +343,8 @@ class Console:
         per = self._world if stage == "train" else 1
         count = (f"samples={metrics.samples}" if self._own(stage)  # the processes' parts differ
                  else f"batches={metrics.batches * per}" + (f"/{total * per}" if partial and total else ""))
-        self._print(stage, self._epoch(epoch, metrics.max_epochs), "partial" if partial else "done", count,
+        at = (f"step={metrics.step}",) if stage != "train" and loop.val_every_n_steps else ()
+        self._print(stage, self._epoch(epoch, metrics.max_epochs), "partial" if partial else "done", count, *at,
                     f"time={metrics.elapsed:.2f}s", f"samples_per_s={metrics.samples_per_s:.1f}",
                     *(_field(k, _number(v.epoch)) for k, v in metrics.values.items()))
 

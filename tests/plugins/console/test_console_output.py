@@ -322,3 +322,11 @@ def test_with_max_steps_the_epochs_are_counted_as_the_run_counts_them(data: Any,
     assert start["max_steps"] == "15" and ("epochs" not in start) == by_steps, lines[0]
     done = [line for line in lines if line.startswith("hookfit train ") and " done " in line]
     assert done and all(("/" not in fields(line)["epoch"]) == by_steps for line in done), done
+
+
+def test_a_validation_every_n_steps_says_after_which_step_it_ran() -> None:
+    lines = fit(Console(stream=io.StringIO()), Metrics(), n=6, epochs=2, val_every_n_steps=4)
+    done = [fields(line) for line in lines if line.startswith("hookfit valid epoch=")]
+    assert [(d["epoch"], d["step"]) for d in done] == [("1/2", "4"), ("2/2", "8"), ("2/2", "12")], lines
+    plain = fit(Console(stream=io.StringIO()), Metrics(), n=6, epochs=2)  # one validation an epoch: the epoch says which
+    assert [("step" in fields(line)) for line in plain if line.startswith("hookfit valid epoch=")] == [False, False]
