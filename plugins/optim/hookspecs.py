@@ -72,13 +72,21 @@ def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer
     non-finite value known on the host), also for one the optimizer's kernel or the ``GradScaler``
     then skips on the device (the built-in ``optim`` on an accelerator). A gradient-norm logger reads
     the gradients here (on an accelerator, as a tensor: no host read per step). The return value is
-    ignored; a plugin must not replace the optimizer."""
+    ignored; a plugin must not replace the optimizer.
+
+    ``loop.state.batch_idx`` is the batch that closes the step; ``loop.state.step`` counts the
+    training batches done: inside the step function (the usual case) it is the running batch's
+    global number (from 0), but a partial window stepped at the stage's end (optim's ``tryfirst``
+    ``stage_end``) sees the last batch done too (6 after a first epoch of batches 0-5). Keep
+    ``step`` from ``batch_start`` for the closing batch's number in both; the built-in's
+    ``loop.optimizers[name].steps`` counts that optimizer's real steps before this one."""
 
 
 @hookspec
 def after_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
     """Optimizer ``name`` and its per-step learning-rate schedulers have stepped: once per step
-    announced by ``before_optimizer_step``, after it. The return value is ignored."""
+    announced by ``before_optimizer_step``, after it, with the same ``loop.state`` (see there), and
+    ``loop.optimizers[name].steps`` (the built-in's) counting this step. The return value is ignored."""
 
 
 @hookspec

@@ -190,20 +190,87 @@ def test_hooks_of_a_plugin_registered_or_removed_mid_run_are_honoured() -> None:
     assert seen == [("backward", 2), ("step", 2), ("backward", 3), ("step", 3)]
 
 
-def test_grad_norm_example_plugin_sees_final_gradients() -> None:
-    import importlib.util
-    from pathlib import Path
+GRAD_NORM = REPO / "examples" / "grad_norm_plugin.py"
 
-    spec = importlib.util.spec_from_file_location(
-        "grad_norm_plugin", REPO / "examples" / "grad_norm_plugin.py"
-    )
+
+def grad_norm_example():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("grad_norm_plugin", GRAD_NORM)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    norms = module.GradNorm()
+    return module
+
+
+def test_grad_norm_example_plugin_sees_final_gradients() -> None:
+    norms = grad_norm_example().GradNorm()
     m = model()
     fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(3), norms, epochs=1, clip_norm=0.01)
     assert len(norms.norms) == 3
     assert all(0 < n <= 0.01 + 1e-6 for n in norms.norms)  # measured after clipping
+
+
+def test_grad_norm_example_plugin_reads_the_host_once_an_epoch_and_skips_an_optimizer_without_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example follows the advice it illustrates: no host read per step (its norms stay
+    tensors until the training stage's end), and an optimizer none of whose parameters got a
+    gradient (a part of the model this step did not use) has no norm instead of an error."""
+    import sys
+
+    reads: list[str] = []
+    for method in ("item", "tolist", "__float__"):
+        original = getattr(torch.Tensor, method)
+
+        def counted(self, *args, _original=original, _method=method):
+            if sys._getframe(1).f_code.co_filename == str(GRAD_NORM):
+                reads.append(_method)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+
+    norms = grad_norm_example().GradNorm()
+    m, unused = model(), torch.nn.Linear(4, 1)
+    optimizers = {"model": torch.optim.SGD(m.parameters(), lr=0.1), "unused": torch.optim.SGD(unused.parameters(), lr=0.1)}
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch))
+        for optimizer in loop.optimizers.values():
+            optimizer.step()
+            optimizer.zero_grad()
+
+    state = hookfit.Loop(step, data(4), model=m, optimizers=optimizers, max_epochs=2,
+                         plugins=[Optim(accumulate=3), norms]).fit()
+    assert state.status == "completed"
+    assert len(reads) == 2, reads  # one an epoch, for its 2 steps (a window of 3, then a partial one of 1)
+    assert len(norms.norms) == 4 and all(n > 0 for n in norms.norms)
+
+
+def test_the_optimizer_step_events_see_the_position_their_specs_state() -> None:
+    """``before_optimizer_step``'s docstring: ``batch_idx`` is the closing batch; ``step`` is its
+    global number inside the step function, one more for a partial window stepped at the stage's
+    end; ``step`` kept from ``batch_start`` is the closing batch's number in both; the managed
+    optimizer's ``steps`` counts real steps before it there, and this one in ``after_optimizer_step``."""
+    seen: list[tuple[str, int, int, int, int]] = []
+
+    class Probe:
+        kept = -1
+
+        @hookfit.hookimpl
+        def batch_start(self, loop):
+            self.kept = loop.state.step
+
+        @hookfit.hookimpl
+        def before_optimizer_step(self, loop, name):
+            seen.append(("before", loop.state.step, loop.state.batch_idx, self.kept, loop.optimizers[name].steps))
+
+        @hookfit.hookimpl
+        def after_optimizer_step(self, loop, name):
+            seen.append(("after", loop.state.step, loop.state.batch_idx, self.kept, loop.optimizers[name].steps))
+
+    m = model()
+    fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(6), Probe(), epochs=2, accumulate=4)
+    assert seen == [("before", 3, 3, 3, 0), ("after", 3, 3, 3, 1), ("before", 6, 5, 5, 1), ("after", 6, 5, 5, 2),
+                    ("before", 9, 3, 9, 2), ("after", 9, 3, 9, 3), ("before", 12, 5, 11, 3), ("after", 12, 5, 11, 4)]
 
 
 class Skips:
