@@ -34,8 +34,10 @@ rate's ``lr_<optimizer>``) has the column ``metric.<name>``, said once a run in 
 
 A run continued in the same folder (``Loop(resume=...)``; ``Loop(run_dir=...)`` given again)
 appends to the same files under their header, never repeating it. A resumed run first drops
-the rows the earlier run wrote after the checkpoint it continues from (a later step, or the
-validation it is about to run again), so the table reads as if the run had never stopped. A
+the rows the earlier run wrote after the checkpoint it continues from (a later step, the
+validation it is about to run again, and the row of a training stage that a stop cut short,
+which the resumed run writes whole at the epoch's end), so each file reads as the run's that
+had never stopped, row for row. A
 last line cut short (a ``kill -9`` in the middle of a write) is dropped. A file whose header
 is not one of these tables is left alone, with a warning, and not written to.
 
@@ -252,6 +254,29 @@ def _truncate_to_last_line(raw: BinaryIO, size: int) -> None:
     raw.truncate(0)
 
 
+def _before(info: ResumeInfo, val_due: bool, epochs: bool) -> Callable[[Mapping[str, str]], bool]:
+    """Whether a row an earlier run wrote was written before the checkpoint ``info`` continues
+    from, and so stays: a row of a later step goes, and so do rows at the checkpoint's step
+    that the resumed run writes again: a validation's there when it runs again (``val_due``, or
+    a resume at the epoch's validation) and, in ``metrics.csv`` (``epochs``), the training row
+    of the epoch it continues in, which a stop inside it wrote with the batches it had got.
+    A row whose step or epoch is not a number is not this plugin's: it stays."""
+    again = info.stage == "valid" or val_due
+
+    def keep(entry: Mapping[str, str]) -> bool:
+        try:
+            step, epoch = int(entry.get("step") or ""), int(entry.get("epoch") or "")
+        except ValueError:
+            return True
+        if step != info.step:
+            return step < info.step
+        if entry.get("stage") == "valid":
+            return not again
+        return not (epochs and info.stage == "train" and epoch == info.epoch + 1)
+
+    return keep
+
+
 def _cell(value: Any) -> Any:
     return "" if value is None else value
 
@@ -308,18 +333,9 @@ class CSVLogger:
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
         if self._loop is None:
             return
-        again = info.stage == "valid" or bool(loop.state.val_due)  # a validation at info.step runs again
-
-        def before(entry: Mapping[str, str]) -> bool:
-            try:
-                step = int(entry.get("step") or "")
-            except ValueError:
-                return True  # not a row this plugin wrote: kept as it is
-            return step < info.step or (step == info.step and not (again and entry.get("stage") == "valid"))
-
-        for table in (self._epochs, self._updates):
+        for table, epochs in ((self._epochs, True), (self._updates, False)):
             if table.open(loop) is not None and table.columns is not None:
-                table.rewrite(table.columns, keep=before)
+                table.rewrite(table.columns, keep=_before(info, bool(loop.state.val_due), epochs))
 
     @hookimpl
     def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:

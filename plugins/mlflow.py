@@ -31,14 +31,21 @@ train.py``), as a tracker run named ``run_name`` (by default the run folder's na
   interrupted one, and the tags ``hookfit.status`` and ``hookfit.stop_reason``.
 
 The tracker run starts when the run's first epoch does (after a resume: ``load_state`` has
-run). Its id is this plugin's state in every checkpoint, so a resumed run (``Loop(resume=...)``)
-continues the same tracker run: it sets it running again and logs the parameters it did not
-have. A parameter the resumed run changed, such as ``max_epochs``, keeps its first value, as
-MLflow requires, and one ``HookfitWarning`` names it (the optimizers' settings are read after the
-checkpoint's state was loaded into them: a learning rate a schedule changed is no change). It
-logs no step twice: for every metric, the points at steps the tracker run already has (a run
-killed after its last checkpoint logged past it) are left out, so each metric's history has
-each step once.
+run). Its id is this plugin's state in every checkpoint (with the checkpoint's step and the
+metrics logged at it), so a resumed run (``Loop(resume=...)``) continues the same tracker run:
+it sets it running again and logs the parameters it did not have. A parameter the resumed run
+changed, such as ``max_epochs``, keeps its first value, as MLflow requires, and one
+``HookfitWarning`` names it (the optimizers' settings are read after the checkpoint's state was
+loaded into them: a learning rate a schedule changed is no change). It logs no step twice: for
+every metric, the points at steps the tracker run already has (a run killed after its last
+checkpoint logged past it) are left out, so each metric's history has each step once, with
+one exception. A run stopped inside a stage logs that stage's means so far at the stop's step
+(``train/<metric>`` and ``epoch`` inside a training stage, ``valid/<metric>`` inside a
+validation), after its checkpoint; the resumed run logs the stage whole at its end, and MLflow
+cannot remove a logged point, so the history keeps both: a training stage's partial means are
+one point more than the uninterrupted run has, at the stop's step, and a validation's whole
+means come as a second point at the same step as its partial ones (the later one, which MLflow
+reads as the value at that step). Every other point is the uninterrupted run's.
 ``Loop.validate(resume=...)`` is an MLflow run of its own: it never changes the training's.
 
 Only the main process logs (under ``torchrun`` the distributed plugin switches observers off on
@@ -158,8 +165,10 @@ class MLflow(Tracker):
                               f"requires; this resumed run changed {', '.join(changed)}", HookfitWarning,
                               stacklevel=2)
             params = {key: value for key, value in params.items() if key not in had}
-            self._last = {key: max((m.step for m in client.get_metric_history(run.info.run_id, key)), default=-1)
-                          for key in run.data.metrics}
+            last = {key: max((m.step for m in client.get_metric_history(run.info.run_id, key)), default=-1)
+                    for key in run.data.metrics}
+            self._last = {key: step - 1 if self.logged_after_checkpoint(key, step) else step
+                          for key, step in last.items()}
         else:
             name = self.experiment or loop.name
             experiment = client.get_experiment_by_name(name)

@@ -48,9 +48,14 @@ writes from a thread of its own, where a failed write surfaces late, as an excep
 later call and a traceback on stderr.
 
 Each ``fit()`` starts a new event file. A resumed run (``Loop(resume=...)``, which writes in
-the folder of the run it continues) marks where it continues (a ``SessionLog.START`` event at
-the step after the checkpoint's): TensorBoard drops what the earlier run wrote past the
-checkpoint, so the curves show the run as if it had never stopped. Only the main process
+the folder of the run it continues) reads as the run that never stopped: it marks where it
+continues with a ``SessionLog.START`` event at the checkpoint's step, from which TensorBoard
+drops every point the earlier files have (the purge that ``SummaryWriter(purge_step=...)``
+writes), and writes again at that step the values the earlier run had written there when the
+checkpoint was taken (this plugin's state in checkpoints: the step and those values). So what
+the earlier run wrote after its checkpoint is gone, the means of a stage that a stop cut short
+included (``train/<metric>`` and ``epoch`` at the stop's step, which the resumed run writes
+whole at the epoch's end), and the points up to the checkpoint stay. Only the main process
 writes (under ``torchrun`` the distributed plugin switches observers off on the others).
 """
 
@@ -139,6 +144,9 @@ class TensorBoard:
         self._lr_step: int | None = None  # the step the learning rates were last written at
         self._proto: Any = None  # TensorBoard's protobuf and summary modules, imported at fit_start
         self._names: dict[str, str] = {}  # a metric's or an optimizer's name -> its part of the run's tags
+        self._step: int | None = None  # the step of the last scalars written
+        self._at_step: dict[str, float] = {}  # the scalars written at that step: this plugin's state
+        self._restore: Mapping[str, Any] | None = None  # the state a resumed run writes again (load_state)
 
     # -- events -------------------------------------------------------------------------------
     @hookimpl
@@ -161,6 +169,7 @@ class TensorBoard:
                                       RecordWriter=RecordWriter, summary=summary)
         self._loop = loop
         self._names = {}
+        self._step, self._at_step, self._restore = None, {}, None
         if not loop.is_main:
             return
         name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
@@ -180,14 +189,38 @@ class TensorBoard:
                       plugin_data_pb2.HParamsPluginData(session_start_info=start))
 
     @hookimpl
+    def save_state(self, loop: Run) -> dict[str, Any] | None:
+        """The scalars written at the current step, which a run resumed from this checkpoint
+        writes again after dropping that step; ``None`` when there are none."""
+        if self._file is None or not self._at_step or self._step != loop.state.step:
+            return None
+        return {"step": self._step, "scalars": dict(self._at_step)}
+
+    @hookimpl
+    def load_state(self, state: Any) -> None:
+        scalars = state.get("scalars") if isinstance(state, Mapping) else None
+        if not (isinstance(scalars, Mapping) and isinstance(state.get("step"), int)
+                and all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in scalars.items())):
+            raise ValueError(f"{self.name}: the checkpoint's state of this plugin is {state!r:.200}; expected "
+                             f"{{'step': <int>, 'scalars': {{<tag>: <number>}}}}")
+        self._restore = state
+
+    @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
+        restore, self._restore = self._restore, None
         if self._file is None:
             return
         event_pb2 = self._proto.event_pb2
-        # TensorBoard drops every event of an earlier file at this step or later: what the
-        # earlier run wrote after the checkpoint (what it wrote up to it is at its step or before)
-        self._write([event_pb2.Event(wall_time=time.time(), step=info.step + 1,
+        # TensorBoard drops every point of the files before this event at its step or later (the
+        # session start of this fit(), at step 0, stays): what the earlier run wrote at the
+        # checkpoint's step is written again, what it wrote after its checkpoint is gone
+        purge = max(info.step, 1)
+        self._write([event_pb2.Event(wall_time=time.time(), step=purge,
                                      session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))])
+        if restore is not None and restore["step"] == info.step == purge:
+            self._scalars(info.step, sorted(restore["scalars"].items()))
+            if any(tag.startswith("lr/") for tag in restore["scalars"]):
+                self._lr_step = info.step  # the learning rates are once per step: these were
 
     @hookimpl
     def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
@@ -256,6 +289,9 @@ class TensorBoard:
         event_pb2, summary_pb2, summary = self._proto.event_pb2, self._proto.summary_pb2, self._proto.summary
         merged = summary_pb2.Summary(value=[v for tag, x in values for v in summary.scalar(tag, float(x)).value])
         self._write([event_pb2.Event(wall_time=time.time(), step=step, summary=merged)])
+        if step != self._step:
+            self._step, self._at_step = step, {}
+        self._at_step.update((tag, float(x)) for tag, x in values)
 
     def _session(self, loop: Run, tag: str, data: Any) -> None:
         event_pb2, summary_pb2, metadata = self._proto.event_pb2, self._proto.summary_pb2, self._proto.metadata

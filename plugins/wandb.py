@@ -37,6 +37,13 @@ continues the same W&B run (``resume="allow"``), its config updated, and logs on
 after the last one W&B has. Offline, W&B cannot look a run up: the resumed run writes a new
 offline run folder with the same id, which starts at the step after the checkpoint's (a run
 killed after its last checkpoint wrote a few steps past it, which ``wandb sync`` then has twice).
+W&B cannot remove a row of a run's history either, so a run stopped inside a stage leaves
+what it logged of that stage after its checkpoint, its means so far at the stop's step
+(``train/<metric>`` and ``epoch`` inside a training stage, ``valid/<metric>`` inside a
+validation): a training stage's are one point more than the uninterrupted run has, before the
+stage's whole means at the epoch's end; a validation's stay the values at that step of an
+online run, which takes no row at a step it has passed (offline, the resumed run's folder has
+the whole ones at the same step, after them).
 ``Loop.validate(resume=...)`` is a W&B run of its own: it never changes the training's.
 W&B writes its files from a process of its own (its service): an offline run's file is whole
 a moment after ``fit()`` returns, and always once the script has ended.

@@ -48,12 +48,16 @@ class Tracker:
         self._resume_id: str | None = None  # the tracker run a checkpoint's state names
         self._lr_step: int | None = None
         self._off = False  # not the main process: nothing to log in this run
+        self._step: int | None = None  # the step of the last values logged
+        self._at_step: set[str] = set()  # the metrics logged at that step
+        self._checkpoint: tuple[int, frozenset[str]] | None = None  # a checkpoint's step, what it had logged there
 
     # -- events -------------------------------------------------------------------------------
     @hookimpl
     def configure(self, loop: Run) -> None:
         self._reset()
         self.run_id, self._resume_id, self._lr_step, self._off = None, None, None, False
+        self._step, self._at_step, self._checkpoint = None, set(), None
         if not wanted(loop, self, self.enabled):
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
             return
@@ -62,16 +66,23 @@ class Tracker:
     @hookimpl
     def load_state(self, loop: Run, state: Any) -> None:
         run_id = state.get("run_id") if isinstance(state, Mapping) else None
-        if not isinstance(run_id, str) or not run_id:
+        step, logged = (state.get("step"), state.get("logged", ())) if isinstance(state, Mapping) else (None, ())
+        if not isinstance(run_id, str) or not run_id or not (step is None or isinstance(step, int)) or not (
+                isinstance(logged, (list, tuple)) and all(isinstance(key, str) for key in logged)):
             raise ValueError(f"{self.name}: the checkpoint's state of this plugin is {state!r}; expected "
-                             f"{{'run_id': <{self.run_label}>}}")
+                             f"{{'run_id': <{self.run_label}>}}, with the 'step' it was saved at and the "
+                             f"metrics 'logged' at that step")
         if loop.mode == "fit":  # an evaluation (Loop.validate(resume=...)) is a tracker run of its own
             self._resume_id = run_id
+            self._checkpoint = None if step is None else (step, frozenset(logged))
 
     @hookimpl
     def save_state(self, loop: Run) -> Any:
         self._start(loop)
-        return None if self.run_id is None else {"run_id": self.run_id}
+        if self.run_id is None:
+            return None
+        step = loop.state.step
+        return {"run_id": self.run_id, "step": step, "logged": sorted(self._at_step) if step == self._step else []}
 
     @hookimpl
     def epoch_start(self, loop: Run) -> None:
@@ -81,7 +92,7 @@ class Tracker:
     def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if stage == "train" and self.every_publication and self._start(loop):
             values = {f"train_step/{key}": value.running for key, value in metrics.values.items()}
-            self._log(metrics.step, {**values, **self._rates(metrics)})
+            self._record(metrics.step, {**values, **self._rates(metrics)})
 
     @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
@@ -90,7 +101,7 @@ class Tracker:
         values: dict[str, float] = {f"{stage}/{key}": value.epoch for key, value in metrics.values.items()}
         if stage == "train":
             values.update({"epoch": metrics.epoch + 1, **self._rates(metrics)})
-        self._log(metrics.step, values)
+        self._record(metrics.step, values)
 
     @hookimpl
     def checkpoint_saved(self, loop: Run, path: str, reason: str, step: int) -> None:
@@ -110,6 +121,22 @@ class Tracker:
             self._off = True
             return False
         return self._open(loop)
+
+    def _record(self, step: int, values: dict[str, float]) -> None:
+        """Log ``values`` at ``step``, keeping which metrics have been logged at the latest step
+        (what a checkpoint taken now has logged there: this plugin's state)."""
+        if step != self._step:
+            self._step, self._at_step = step, set()
+        self._at_step.update(values)
+        self._log(step, values)
+
+    def logged_after_checkpoint(self, key: str, step: int) -> bool:
+        """Whether the tracker run's point of ``key`` at ``step`` was logged after the
+        checkpoint this run resumed from, at its step: the means of a stage that a stop cut
+        short, which the resumed run logs again, whole (a tracker that can log a second point
+        at a step it has logs it; none can remove the first)."""
+        checkpoint = self._checkpoint
+        return checkpoint is not None and step == checkpoint[0] and key not in checkpoint[1]
 
     def _rates(self, metrics: MetricsSnapshot) -> dict[str, float]:
         """``lr/<optimizer>`` values, once per global step."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import squeeze
+from conftest import StopAfter, squeeze
 
 import hookfit
 from hookfit.files import FileWarning
@@ -156,6 +156,26 @@ def test_a_resumed_run_appends_without_a_second_header_and_drops_what_followed_i
     run(folder, CSVLogger(), max_epochs=1)
     header2, rows2 = table(folder / "metrics.csv")
     assert header2 == header and len(rows2) == 8 and (folder / "metrics.csv").read_text().count("epoch,step") == 1
+
+
+# where a stop lands, counting batches of four training and two validation batches an epoch
+STOPS = {8: "inside epoch 2's training", 10: "right after epoch 2's last training batch",
+         11: "inside epoch 2's validation", 12: "right after epoch 2's validation"}
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_run_stopped_and_resumed_writes_the_files_of_the_run_that_never_stopped(tmp_path: Path, stop: int) -> None:
+    """The stopped run writes the stage the stop cut short (its means so far); the resumed run
+    writes that stage again, whole, at its end, and drops the earlier row: both files read as
+    the uninterrupted run's, byte for byte."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run(whole, CSVLogger(every_publication=True))
+    first = run(resumed, CSVLogger(every_publication=True), Checkpoint(background=False), StopAfter(stop))
+    assert first.state.status == "interrupted", STOPS[stop]
+    loop = run(resumed, CSVLogger(every_publication=True), Checkpoint(background=False), resume="latest")
+    assert loop.state.resumed_from is not None and loop.state.status == "completed"
+    for name in ("metrics.csv", "metrics_updates.csv"):
+        assert (resumed / name).read_text() == (whole / name).read_text(), (name, STOPS[stop])
 
 
 @pytest.mark.fault

@@ -77,8 +77,8 @@ def run(run_dir: Path, *plugins: Any, max_epochs: int = 3, **kwargs: Any) -> hoo
         loop.optimizers.zero_grad()
         return {"loss": loss}
 
-    def val_step(loop, batch):
-        return {"loss": torch.tensor(VALID[min(loop.state.epoch, 2)])}
+    def val_step(loop, batch):  # batches 0 and 1: the epoch's mean is VALID's, the first batch's lower
+        return {"loss": torch.tensor(VALID[min(loop.state.epoch, 2)] + batch - 0.5)}
 
     loop = hookfit.Loop(step, data, val_step=val_step, val_data=[0, 1], model=model, optimizers=optimizer,
                         max_epochs=max_epochs, run_dir=run_dir,
@@ -218,6 +218,40 @@ def test_a_resumed_run_continues_the_same_mlflow_run_without_a_step_twice(tmp_pa
     assert longer.run_id == first.run_id and found.data.params["loop.max_epochs"] == "3"
     assert steps(history(store, found.info.run_id, "train_step/loss")) == list(range(1, 17))
     assert steps(history(store, found.info.run_id, "epoch")) == [4, 8, 12, 16]
+
+
+@pytest.mark.parametrize("stop", [8, 11])
+def test_a_run_stopped_and_resumed_logs_every_point_of_the_run_that_never_stopped(
+        tmp_path: Path, store: str, stop: int) -> None:
+    """A stop inside epoch 2's training (after 8 batches, at step 6) or its validation (after
+    11, at step 8): the stopped run logs the stage cut short, its means so far, at the stop's
+    step; the resumed run logs the rest, that stage whole included, into the same MLflow run.
+    MLflow cannot remove a point: what remains besides the uninterrupted run's points is those
+    means of the stopped run, at the stop's step, before the whole stage's at its own."""
+    whole, resumed = MLflow(tracking_uri=store, experiment=f"whole{stop}"), MLflow(tracking_uri=store,
+                                                                                   experiment=f"resumed{stop}")
+    run(tmp_path / "whole", whole)
+    run(tmp_path / "resumed", resumed, Checkpoint(background=False), StopAfter(stop))
+    again = MLflow(tracking_uri=store, experiment=f"resumed{stop}")
+    loop = run(tmp_path / "resumed", again, Checkpoint(background=False), resume="latest")
+    assert loop.state.resumed_from is not None and again.run_id == resumed.run_id
+    client = MlflowClient(tracking_uri=store)
+    keys = sorted(the_run(store, f"whole{stop}").data.metrics)
+    assert sorted(the_run(store, f"resumed{stop}").data.metrics) == keys
+    extra = {}
+    for key in keys:
+        expected, got = history(store, whole.run_id, key), history(store, resumed.run_id, key)
+        for point in expected:
+            got.remove(point)  # every point of the uninterrupted run is there
+        if got:
+            extra[key] = got
+    if stop == 8:  # epoch 2's training means after 2 of its 4 batches; it ends at step 8
+        assert sorted(extra) == ["epoch", "train/loss"] and extra["epoch"] == [(6, 2.0)]
+        assert steps(extra["train/loss"]) == [6]
+    else:  # epoch 2's validation after its first batch, then whole, later, at the same step
+        assert extra == {"valid/loss": [(8, 1.5)]}
+        points = sorted(client.get_metric_history(resumed.run_id, "valid/loss"), key=lambda m: m.timestamp)
+        assert [(m.step, m.value) for m in points if m.step == 8] == [(8, 1.5), (8, 2.0)]
 
 
 def test_an_evaluation_of_a_checkpoint_is_an_mlflow_run_of_its_own(tmp_path: Path, store: str) -> None:

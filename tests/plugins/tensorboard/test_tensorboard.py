@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import squeeze
+from conftest import StopAfter, squeeze
 
 pytest.importorskip("tensorboard")
 
@@ -243,6 +243,29 @@ def test_a_resumed_run_continues_the_curves_as_if_it_never_stopped(tmp_path: Pat
         assert all(close(v, final[(stage, e)]["loss"]) for e, (_, v) in enumerate(got, 1))
     assert [s for s, _ in scalars(events, "train_step/loss")] == list(range(1, 13))
     assert [s for s, _ in scalars(events, "lr/default")] == list(range(1, 13))
+
+
+# where a stop lands, counting batches of four training and two validation batches an epoch
+STOPS = {8: "inside epoch 2's training", 10: "right after epoch 2's last training batch",
+         11: "inside epoch 2's validation", 12: "right after epoch 2's validation"}
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_run_stopped_and_resumed_reads_as_the_run_that_never_stopped(tmp_path: Path, stop: int) -> None:
+    """The stopped run writes the stage the stop cut short (its means so far, at the stop's
+    step); the resumed run drops that step and writes again what the checkpoint had there, so
+    TensorBoard reads every curve of the uninterrupted run, point for point."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run(whole, TensorBoard())
+    first = run(resumed, TensorBoard(), Checkpoint(background=False), StopAfter(stop))
+    assert first.state.status == "interrupted", STOPS[stop]
+    loop = run(resumed, TensorBoard(), Checkpoint(background=False), resume="latest")
+    assert loop.state.resumed_from is not None and loop.state.status == "completed"
+    expected, got = read(whole), read(resumed)
+    tags = expected.Tags()["scalars"]
+    assert sorted(got.Tags()["scalars"]) == sorted(tags) and "epoch" in tags and "lr/default" in tags
+    for tag in tags:
+        assert scalars(got, tag) == scalars(expected, tag), (tag, STOPS[stop])
 
 
 FULL_DISK_CHILD = r'''
