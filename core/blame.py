@@ -26,7 +26,10 @@ def where(run: Run, error: BaseException) -> str:
     that a step calls (``loop.backward``, a managed optimizer's ``step()``) is the plugin's: the
     note names the plugin and the function, and the step that called it; unless the error is a
     :class:`~hookfit.errors.UsageError` raised within that plugin's code, which says the step
-    called it wrongly: then the step is blamed, and the plugin's function that refused named."""
+    called it wrongly: then the step is blamed, and the plugin's function that refused named; or
+    it was raised by a hook implementation that code called (an event it fired, as a managed
+    ``step()`` fires ``before_optimizer_step``): then that implementation is blamed, the plugin
+    code and the step named as where it was called from."""
     pm = run.pm
     owners = _owners(pm)
     steps = {getattr(s, "__code__", None): s for s in (run.train_step, run.val_step) if s}
@@ -47,8 +50,10 @@ def where(run: Run, error: BaseException) -> str:
             if isinstance(error, UsageError) and _within(modules, owner, tb):
                 return (f"hookfit: raised in step function {qualname(step)!r}, which called {pm.describe(owner)} "
                         f"wrongly: {code.co_qualname} refused the call ({at})")
-            return (f"hookfit: raised by {pm.describe(owner)} in {code.co_qualname}, called from step "
-                    f"function {qualname(step)!r} ({at})")
+            called = f"{pm.describe(owner)} in {code.co_qualname}, called from step function {qualname(step)!r}"
+            if inner := _innermost(owners, tb.tb_next):  # an event that plugin code fired
+                return f"{_hook_note(pm, inner, inner)}, called from {called} ({at})"
+            return f"hookfit: raised by {called} ({at})"
         if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") == _LOOP:
             fetch = _fetching(tb, state.epoch + 1)
         tb = tb.tb_next
@@ -67,11 +72,7 @@ def hook_note(pm: Any, error: BaseException, plugin: str, hook: str) -> str:
     innermost implementation of another hook it called (an event it fires), which is then the
     one blamed, with ``plugin`` and ``hook`` named as where it was called from."""
     owners = _owners(pm)
-    inner = (plugin, hook)
-    tb = error.__traceback__
-    while tb is not None:
-        inner = owners.get(tb.tb_frame.f_code, inner)
-        tb = tb.tb_next
+    inner = _innermost(owners, error.__traceback__) or (plugin, hook)
     return _hook_note(pm, (plugin, hook), inner)
 
 
@@ -160,6 +161,15 @@ def _owner(modules: dict[str, str], module: str | None) -> str | None:
         if prefix + "." in modules:
             return modules[prefix + "."]
     return None
+
+
+def _innermost(owners: dict[Any, tuple[str, str]], tb: types.TracebackType | None) -> tuple[str, str] | None:
+    """The innermost hook implementation (its plugin and hook) from ``tb`` on, if any."""
+    inner = None
+    while tb is not None:
+        inner = owners.get(tb.tb_frame.f_code, inner)
+        tb = tb.tb_next
+    return inner
 
 
 def _within(modules: dict[str, str], owner: str, tb: types.TracebackType | None) -> bool:

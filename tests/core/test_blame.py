@@ -225,3 +225,27 @@ def test_a_usage_error_raised_by_plugin_code_a_step_calls_blames_the_step(
         raise refusing_tool.Refused("raised by the script's callback, not by the tool")
 
     assert note(callback=callback).startswith("hookfit: raised by plugin 'tool'")
+
+
+def test_a_hook_implementation_called_from_plugin_code_a_step_calls_is_blamed() -> None:
+    """An implementation of an event that plugin code fires when the step calls it (a managed
+    ``step()`` fires ``before_optimizer_step``) is blamed, with the plugin code and the step
+    named as where it was called from, not the plugin that fired the event."""
+
+    class Logger:
+        name = "logger"
+
+        @hookfit.hookimpl
+        def before_optimizer_step(self) -> None:
+            raise LookupError("the logger's own")
+
+    model = torch.nn.Linear(2, 1)
+    loop = hookfit.Loop(stepping(model), [(torch.ones(4, 2), torch.zeros(4, 1))] * 2, model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=1,
+                        plugins=[Optim(), Logger()])
+    with pytest.raises(LookupError, match="the logger's own") as caught:
+        loop.fit()
+    note = caught.value.__notes__[-1]
+    assert re.fullmatch(r"hookfit: raised by plugin 'logger' \(.*\) in hook 'before_optimizer_step', called from "
+                        r"plugin 'optim' \(.*\) in \S+\.step, called from step function '.*step' "
+                        r"\(epoch 1, stage train, batch 0\)", note), note
