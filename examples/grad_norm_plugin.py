@@ -18,6 +18,7 @@ class GradNorm:
     step; an optimizer none of whose parameters got a gradient has no norm and is left out."""
 
     name = "grad_norm"
+    observer = True  # it only watches: an error of its own switches it off, never fails the run
 
     def __init__(self) -> None:
         self._read: list[float] = []
