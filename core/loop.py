@@ -244,6 +244,7 @@ class Loop:
                 raise TypeError(
                     f"{what} must be an iterable of batches (a list, a DataLoader, ...), "
                     f"got {type(data).__name__}" + (f" {_name(data)!r}; {_FACTORY}" if callable(data) else "")
+                    + ("; a Loop that only validates reads no training data: give []" if data is None else "")
                 )
         if isinstance(val_data, Mapping):
             if not val_data:
@@ -363,8 +364,9 @@ class Loop:
         ``loop.run`` is this run. The run is labelled with the epoch whose weights it
         validates: ``state.epoch`` is 0 for the checkpoint of the first epoch's end
         (``epoch0001-...``), and the console, the metric log and ``run.jsonl`` say epoch 1, as
-        the file's name does. No optimizers are needed. A ``Loop`` runs once: ``fit()`` or
-        ``validate()``."""
+        the file's name does. No optimizers are needed, and the training data is not read (a
+        ``Loop`` built only to validate may be given ``[]``), whatever the checkpoint's position in
+        its epoch. A ``Loop`` runs once: ``fit()`` or ``validate()``."""
         if self.val_step is None:
             raise ValueError("validate() needs a val_step and val_data: give Loop(val_step=..., val_data=...)")
         if self.run is not None and self.run.state.status != "idle":

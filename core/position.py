@@ -291,7 +291,8 @@ def _natural(value: Any) -> bool:
 
 def check_position(position: Any, train_data: Any = None) -> None:
     """A ``ValueError`` naming the entry when ``position`` (a state dict's ``"loop"``) is not
-    a possible position, or one beyond ``train_data`` (when that has a length)."""
+    a possible position, or one beyond ``train_data`` (when that has a length): the data a run
+    trains on from there, ``None`` for an evaluation (``Loop.validate()``), which trains nothing."""
     if not isinstance(position, Mapping):
         raise ValueError(f"'loop' (the position) is a {type(position).__name__}, not a mapping")
     for key in ("epoch", "step", "resume_batch"):

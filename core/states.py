@@ -71,7 +71,7 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
     for key in ("loop", "rng"):
         if key not in saved:
             raise ValueError(f"load_state_dict: the run's state lacks {key!r} (it has {', '.join(map(repr, saved))})")
-    check_position(saved["loop"], run.train_data)
+    check_position(saved["loop"], run.train_data if run.mode == "fit" else None)  # (an evaluation trains nothing)
     check_rng(saved["rng"])
     if saved.get("data_rng") is not None:
         check_rng(saved["data_rng"])

@@ -120,7 +120,7 @@ def resume(run: Run) -> None:
             f"calls loop.load_state_dict(saved) with what loop.state_dict() returned")
     where = os.fspath(resumed_from) if isinstance(resumed_from, (str, os.PathLike)) else source
     if run.mode == "validate":  # labelled with the epoch whose weights it validates
-        at = weights_of(run, at)
+        at = weights_of(at)
         run.state.epoch = at.epoch
     info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
     run.state.resumed_from = info
@@ -135,15 +135,15 @@ def resume(run: Run) -> None:
     fire(run, "resumed", info)
 
 
-def weights_of(run: Run, at: Position) -> Position:
+def weights_of(at: Position) -> Position:
     """Where the weights of a checkpoint saved at ``at`` were made, for ``Loop.validate()``:
-    a checkpoint at the start of epoch ``e > 0`` (an epoch's end, after ``after_epoch``)
-    holds the weights of epoch ``e - 1`` with its training stage complete, and is labelled so
-    (as its file name is: ``epoch0001-...`` for the end of the first epoch), not as the epoch a
-    training run would continue in. Any other position is where its weights were made."""
+    a checkpoint at the start of epoch ``e > 0`` (an epoch's end, after ``after_epoch``) holds
+    the weights of epoch ``e - 1``, its training complete (batch 0: an evaluation reads no training
+    data, so it does not know how many), labelled so as its file name is (``epoch0001-...``: the
+    first epoch's end), not as the epoch a training run would continue in. Else ``at`` itself."""
     if at.stage != "train" or at.batch or at.val_due or at.epoch == 0:
         return at
-    return Position(at.epoch - 1, at.step, length(run.train_data) or 0, "valid")
+    return Position(at.epoch - 1, at.step, 0, "valid")
 
 
 def epochs(run: Run) -> None:

@@ -34,6 +34,7 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
     """The checkpoint to resume from and its checked contents, or ``(None, None)`` when
     ``"latest"`` finds none (the run starts afresh, said in one line on stderr). ``directory``: ``Checkpoint(dir=...)``;
     ``fallback``: a checkpoint that fails its checks is warned about and the next newest taken."""
+    trains = loop.train_data if loop.mode == "fit" else None  # (an evaluation trains from no position)
     if source != "latest":
         path = Path(source)
         if path.is_dir() and not sharded.is_sharded(path):
@@ -44,7 +45,7 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
             meant = "; did you mean resume='latest'?" if difflib.get_close_matches(source, ["latest"]) else ""
             raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file{meant}")
         else:
-            return path, read(path, loop.train_data)
+            return path, read(path, trains)
     else:
         candidates, where = latest(loop, directory)
         if not candidates:  # said: a script run from another folder finds no runs/ of its own
@@ -54,10 +55,10 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
                       flush=True)
             return None, None
     if not fallback:
-        return candidates[0], read(candidates[0], loop.train_data)
+        return candidates[0], read(candidates[0], trains)
     for path in candidates:
         try:
-            return path, read(path, loop.train_data)
+            return path, read(path, trains)
         except CheckpointError as error:
             warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=2)
     raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")

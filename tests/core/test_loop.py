@@ -33,6 +33,8 @@ def test_bad_arguments_are_named(kwargs: dict, error: type, match: str) -> None:
 def test_train_data_not_iterable() -> None:
     with pytest.raises(TypeError, match="train_data must be an iterable of batches.*got int"):
         hookfit.Loop(lambda l, b: None, 5)
+    with pytest.raises(TypeError, match=r"got NoneType; a Loop that only validates reads no training data: give \[\]"):
+        hookfit.Loop(lambda l, b: None, None)
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize("step, match", [

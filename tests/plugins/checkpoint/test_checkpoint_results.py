@@ -150,6 +150,25 @@ def test_a_checkpoint_inside_an_epoch_is_validated_as_that_epoch(tmp_path: Path)
     assert tested.epoch == 1 and tested.resumed_from.epoch == 1 and tested.resumed_from.batch == 2
 
 
+def test_an_evaluation_reads_no_training_data_whatever_the_checkpoints_position(tmp_path: Path) -> None:
+    """Inside an epoch (after 2 of its 4 batches) or at its end: an evaluation Loop with no
+    training batches, or fewer than the checkpoint's epoch had, validates it, and says where
+    its weights were made the same way whatever its training data (it reads none)."""
+    fit(tmp_path, Checkpoint(every_n_steps=6, keep_last=5, background=False), epochs=2)
+    _, held_out = data()
+    for name, where in [("epoch0002-step000000006.pt", (1, 6, 2, "train")), ("epoch0001-step000000004.pt",
+                                                                             (0, 4, 0, "valid"))]:
+        seen = []
+        for train_data in ([], data()[0][:1], data()[0]):
+            tested = hookfit.Loop(train, train_data, val_step=valid, val_data=held_out, model=torch.nn.Linear(3, 1),
+                                  plugins=[Metrics(), Checkpoint()]).validate(
+                resume=tmp_path / "run" / "checkpoints" / name)
+            info = tested.resumed_from
+            seen.append(((info.epoch, info.step, info.batch, info.stage), tested.results["metrics"]))
+        assert [at for at, _ in seen] == [where] * 3, name
+        assert seen[0][1] == seen[1][1] == seen[2][1], name
+
+
 def _torchrun() -> list[str]:
     script = Path(sys.executable).with_name("torchrun")
     return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
