@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from hookfit.errors import UsageError
 from hookfit.plugins.optim import kernels
 from hookfit.plugins.optim.toggles import Toggled, stamp
 
@@ -23,9 +24,8 @@ def class_name(optimizer: Any) -> str:
     return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
 
 
-class UnknownOptimizer(KeyError):
+class UnknownOptimizer(UsageError, KeyError):
     """``loop.optimizers[name]`` with a name the run does not have."""
-
     def __str__(self) -> str:
         return str(self.args[0])
 
@@ -235,7 +235,7 @@ NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...)
               "drives, Loop(optimizers=torch.optim.SGD(model.parameters(), lr=...)), or several as a dict of names")
 
 
-class NameOne(TypeError, AttributeError):
+class NameOne(UsageError, TypeError, AttributeError):
     """An unnamed optimizer's ``step``/``zero_grad``/``param_groups`` asked of several: ``hasattr`` says False."""
 
 

@@ -542,9 +542,17 @@ def test_unnamed_access_with_two_optimizers_asks_for_a_name() -> None:
     def step(loop, batch):
         loop.optimizers.step()
 
-    with pytest.raises(TypeError, match="2 optimizers .* name one"):
+    with pytest.raises(TypeError, match="2 optimizers .* name one") as caught:
         hookfit.Loop(step, [1], optimizers={"g": torch.optim.SGD(m.parameters()), "d": torch.optim.SGD(m.parameters())},
                      plugins=[Optim()]).fit()
+    # the step used optim wrongly: the note blames the step, naming what refused the call
+    assert caught.value.__notes__[-1].startswith(
+        "hookfit: raised in step function 'test_unnamed_access_with_two_optimizers_asks_for_a_name.<locals>.step', "
+        "which called plugin 'optim'")
+    with pytest.raises(KeyError, match="'e'") as caught:
+        hookfit.Loop(lambda loop, batch: loop.optimizers["e"].step(), [1], plugins=[Optim()],
+                     optimizers={"g": torch.optim.SGD(m.parameters()), "d": torch.optim.SGD(m.parameters())}).fit()
+    assert "<lambda>', which called plugin 'optim'" in caught.value.__notes__[-1]
 
 
 def test_whether_loop_optimizers_steps_unnamed_is_a_question_hasattr_answers() -> None:
