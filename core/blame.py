@@ -8,7 +8,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from hookfit.errors import HookfitWarning, UsageError
+from hookfit.errors import HookfitWarning, UsageError, user_level
 from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -189,5 +189,5 @@ def warn_secondary(error: BaseException, hook: str) -> None:
         f"{hook} failed while the run was already ending: {type(error).__name__}: {error}" + (f" ({notes})" if notes
                                                                                              else ""),
         HookfitWarning,
-        stacklevel=4,
+        stacklevel=user_level(),
     )

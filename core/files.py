@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import IO, Any
 
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 
 __all__ = ["FileWarning", "RunFile", "folder_found", "folder_lost", "in_lost_folder"]
 
@@ -100,7 +100,7 @@ class RunFile:
             f"{self.owner}: could not write {self.path} ({type(error).__name__}: {error}); "
             f"it is left as it is and training goes on without it",
             FileWarning,
-            stacklevel=4,
+            stacklevel=user_level(),
         )
 
     def close(self) -> None:

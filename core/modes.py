@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 
 __all__ = ["eval_modes", "grad_mode", "modules", "warn_eval_mode"]
 
@@ -70,5 +70,5 @@ def warn_eval_mode(model: Any) -> None:
             f"module's own mode); for a module kept in eval mode on purpose, filter this "
             f"HookfitWarning",
             HookfitWarning,
-            stacklevel=5,
+            stacklevel=user_level(),
         )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
 
-from hookfit.errors import HookfitWarning, StateMismatch
+from hookfit.errors import HookfitWarning, StateMismatch, user_level
 from hookfit.modes import modules
 from hookfit.persistent import made, named, persistent
 from hookfit.position import Position, check_position, check_rng, rng_state, set_rng_state
@@ -93,7 +93,7 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
             warnings.warn(f"load_state_dict: loop.carry ({', '.join(map(repr, carry))}) was saved by the main "
                           f"process and goes to each of the {run.state.world_size} processes: a carry of each "
                           f"process's own (an RNN's hidden state over its part of the data) is not resumed "
-                          f"exactly", HookfitWarning, stacklevel=3)
+                          f"exactly", HookfitWarning, stacklevel=user_level())
     made_before = saved.get("persistent_iterators") or []
     if not isinstance(made_before, (list, tuple)) or not all(isinstance(name, str) for name in made_before):
         raise ValueError(f"load_state_dict: 'persistent_iterators' is not a list of names: {made_before!r:.80}")
@@ -185,7 +185,7 @@ def load_plugin_states(run: Run, states: Mapping[str, Any], strict: bool) -> Non
         message = "plugin states do not match this run: " + "; ".join(problems)
         if strict:
             raise StateMismatch(message, missing, extra)
-        warnings.warn(message + "; restoring the rest", HookfitWarning, stacklevel=3)
+        warnings.warn(message + "; restoring the rest", HookfitWarning, stacklevel=user_level())
     for name in loaders:
         if states.get(name) is not None:
             hooks.call_plugin("load_state", name, run, states[name])

@@ -36,7 +36,7 @@ def test_a_full_disk_warns_once_naming_the_plugin_and_the_file_then_drops_writes
     full = RunFile("/dev/full", owner="metrics")
     with pytest.warns(FileWarning) as caught:
         assert full.write("x" * 10) is False
-    assert len(caught) == 1
+    assert len(caught) == 1 and caught[0].filename == __file__  # the caller's line, not core/files.py's
     message = str(caught[0].message)
     assert message.startswith("metrics: could not write /dev/full (OSError: [Errno 28] No space left on device")
     assert "training goes on without it" in message

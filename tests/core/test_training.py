@@ -277,7 +277,8 @@ def test_a_model_left_in_eval_mode_is_warned_about_once() -> None:
     with pytest.warns(hookfit.HookfitWarning, match=r"the model \(Sequential\) is in eval mode as training starts") as caught:
         hookfit.Loop(lambda l, b: None, [1], model=model, max_epochs=3,
                      val_step=lambda l, b: None, val_data=[1]).fit()
-    assert len([w for w in caught if "eval mode" in str(w.message)]) == 1
+    said = [w for w in caught if "eval mode" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__  # the fit() line, not the loop's code
     import warnings
 
     with warnings.catch_warnings():
