@@ -40,6 +40,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable
 import torch
 
 import hookfit
+from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile, folder_found, folder_lost
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -182,7 +183,7 @@ class FolderLock:
                 return  # a folder no process can write needs no lock (its writes warn, hookfit.files' policy)
             warnings.warn(f"{self.owner}: could not create {path} ({type(error).__name__}: {error}); this "
                           f"run goes on without the lock that keeps a second process out of {self.folder}",
-                          FileWarning, stacklevel=4)
+                          FileWarning, stacklevel=user_level())
             return
         try:
             fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -271,7 +272,7 @@ class RunFolder:
         warnings.warn(f"hookfit: could not create the run folder {self.folder} ({type(error).__name__}: {error}); "
                       f"the run trains on without the files it would write there (run.jsonl, the metric log, "
                       f"checkpoints, captured output); give Loop(run_dir=...) a folder that can be written",
-                      FileWarning, stacklevel=5)
+                      FileWarning, stacklevel=user_level())
 
     def planned(self) -> Path:
         """Where :meth:`new` makes a new run's folder: ``runs/<name>/<date>-<time>``, absolute."""

@@ -78,7 +78,8 @@ and a run without a ``run_dir`` of its own continues in the folder of the run it
 this run's too, so ``keep_last`` holds across resumes. Contents are checked before use: a file
 that is torn, not a hookfit checkpoint, newer, lacking entries, with a bad RNG state or an
 impossible position, or whose contents do not match its digest is a :class:`CheckpointError`
-naming it and what does not match; ``fallback=True`` warns and takes the next newest instead.
+naming it and what does not match; ``fallback=True`` warns and takes the next newest instead
+(the line that says which checkpoint ``"latest"`` took names those it skipped).
 Plugin states that do not match the run (a plugin new to it, a saved state nobody restores)
 are warned about by default and those plugins start fresh; ``strict=True`` makes it an error.
 

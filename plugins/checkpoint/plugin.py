@@ -230,7 +230,7 @@ class Checkpoint:
         restore(loop, path, data, self.strict)
         self.resumed_from = self.catalog.last = path
         if source == "latest":
-            announce(loop, path)
+            announce(loop, path, self.dir)
         if loop.is_main and loop.mode == "fit" and (folder := self._known_directory(loop)) is not None:
             # the checkpoints already there are this run's: keep_last holds across resumes (Catalog.adopt)
             self.writer.remove(self.catalog.adopt(checkpoint_files(folder), data["loop"]["step"]))

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -62,7 +62,7 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[
             f"process's batches of that epoch are another share of the data, so the rest of it repeats or skips "
             f"samples of the run it continues; resume with {size} process(es), from a checkpoint at an epoch's end, "
             f"or over data that keeps its own position (hookfit.data.Batches, StatefulDataLoader)",
-            HookfitWarning, stacklevel=4)
+            HookfitWarning, stacklevel=user_level())
     if not isinstance(saved, list) or not saved:
         return run_state
     rank = loop.state.rank
@@ -70,7 +70,7 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[
         warnings.warn(f"checkpoint: {path} holds the random states of {len(saved)} process(es) and this run has "
                       f"{loop.state.world_size}: each process resumes its own where it has one, the others the "
                       f"main process's (random draws of those processes differ from the run it continues)",
-                      HookfitWarning, stacklevel=4)
+                      HookfitWarning, stacklevel=user_level())
     if rank >= len(saved) or not isinstance(saved[rank], Mapping):
         return run_state
     mine = {key: value for key, value in run_state.items() if key not in OWN}

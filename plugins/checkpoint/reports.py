@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from hookfit.errors import user_level
 from hookfit.plugins.checkpoint.storage import CheckpointWarning
 
 __all__ = ["Reports"]
@@ -40,7 +41,7 @@ class Reports:
             self._warned.add(kind)
             warnings.warn(
                 f"checkpoint: could not write {path} ({type(error).__name__}: {error}); the "
-                f"previous checkpoints are kept and training goes on", CheckpointWarning, stacklevel=6)
+                f"previous checkpoints are kept and training goes on", CheckpointWarning, stacklevel=user_level())
         return None
 
     def skip(self, step: int) -> None:
@@ -52,4 +53,4 @@ class Reports:
                 f"checkpoint: the save at step {step} was skipped: the writer was still busy with "
                 f"earlier checkpoints (when_busy='skip'; skipped saves are counted in skipped_saves). Save "
                 f"less often, or pass when_busy='wait' to wait for the write instead",
-                CheckpointWarning, stacklevel=5)
+                CheckpointWarning, stacklevel=user_level())

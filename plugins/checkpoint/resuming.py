@@ -60,7 +60,7 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
         try:
             return path, read(path, trains)
         except CheckpointError as error:
-            warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=2)
+            warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=user_level())
     raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")
 
 
@@ -101,11 +101,17 @@ def describe(loop: Run) -> str:
     return f"the script {key}"
 
 
-def announce(loop: Run, path: Path) -> None:
-    """One line on stderr (main process) saying which checkpoint ``resume="latest"`` took."""
+def announce(loop: Run, path: Path, directory: Path | None) -> None:
+    """One line on stderr (main process) saying which checkpoint ``resume="latest"`` took: the
+    newest (:func:`latest`, ``directory`` as there), or the newest that read whole, naming the
+    newer ones ``fallback`` skipped."""
     if loop.is_main:
-        print(f"hookfit checkpoint: resume='latest' took {path} (the newest checkpoint of {describe(loop)})",
-              file=sys.stderr, flush=True)
+        candidates = latest(loop, directory)[0]
+        skipped = candidates[:candidates.index(path)] if path in candidates else []
+        which = (f"the newest checkpoint of {describe(loop)} that reads whole; skipped: "
+                 f"{', '.join(str(p) for p in skipped)} (fallback=True)") if skipped else (
+            f"the newest checkpoint of {describe(loop)}")
+        print(f"hookfit checkpoint: resume='latest' took {path} ({which})", file=sys.stderr, flush=True)
 
 
 def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:

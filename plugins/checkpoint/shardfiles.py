@@ -36,6 +36,7 @@ from typing import Any, cast
 
 import torch
 
+from hookfit.errors import user_level
 from hookfit.plugins.checkpoint.storage import DIGEST, CheckpointError, CheckpointWarning, Crc32
 
 METADATA = ".metadata"
@@ -92,7 +93,7 @@ def verify(folder: Path, data: Mapping[str, Any]) -> None:
     files = _recorded(data, folder)
     if files is None:
         warnings.warn(f"checkpoint: {folder} records no digests of its shard files (written by an older "
-                      f"hookfit): a changed shard cannot be found before it is read", CheckpointWarning, stacklevel=3)
+                      f"hookfit): a changed shard cannot be found before it is read", CheckpointWarning, stacklevel=user_level())
     for name, saved in (files or {}).items():
         path = folder / name
         if not path.is_file():

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import torch
 
+from hookfit.errors import user_level
 from hookfit.files import FileWarning
 from hookfit.position import check_position, check_rng
 
@@ -268,7 +269,7 @@ def check(data: Mapping[str, Any], path: Path, train_data: Any = None) -> None:
     saved = data.get("digest")
     if saved is None:
         warnings.warn(f"checkpoint: {path} has no digest (written by an older hookfit): its tensors "
-                      f"cannot be checked for changes since it was written", CheckpointWarning, stacklevel=3)
+                      f"cannot be checked for changes since it was written", CheckpointWarning, stacklevel=user_level())
         return
     if saved != digest(data):
         raise CheckpointError(

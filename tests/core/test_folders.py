@@ -55,7 +55,19 @@ def test_a_run_dir_under_a_read_only_folder_trains_on_with_one_warning_naming_it
     assert message.startswith(f"hookfit: could not create the run folder {folder} (")
     assert "Read-only file system" in message or "Permission denied" in message
     assert "trains on without the files" in message
+    assert [w.filename for w in caught if issubclass(w.category, FileWarning)] == [__file__]  # fit()'s line
     assert list(read_only_folder.iterdir()) == []
+
+
+@pytest.mark.fault
+def test_a_lock_that_cannot_be_made_is_warned_about_at_the_fit_line(tmp_path: Path) -> None:
+    (tmp_path / "run" / LOCK).mkdir(parents=True)  # a folder where the lock file goes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fit(tmp_path / "run").status == "completed"
+    said = [w for w in caught if issubclass(w.category, FileWarning)]
+    assert [str(w.message).split(" (")[0] for w in said] == [f"hookfit: could not create {tmp_path / 'run' / LOCK}"]
+    assert said[0].filename == __file__  # fit()'s line, not the run folder's code
 
 
 @pytest.mark.fault

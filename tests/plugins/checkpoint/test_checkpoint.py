@@ -651,6 +651,37 @@ def test_contents_are_checked_before_use_and_fallback_takes_the_next_newest(tmp_
     assert loop.state.resumed_from.source == str(tmp_path / "checkpoints" / "epoch0001-step000000007.pt")
 
 
+def test_fallback_names_the_newer_checkpoints_it_skipped_and_warns_at_the_fit_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train(tmp_path, epochs=2)
+    folder = tmp_path / "checkpoints"
+    newest = folder / "epoch0002-step000000014.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # torn
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tmp_path, resume="latest", epochs=3, checkpoint=Checkpoint(fallback=True, background=False))
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "resume='latest' took" in line]
+    taken = folder / "epoch0001-step000000007.pt"
+    assert line.startswith(f"hookfit checkpoint: resume='latest' took {taken} (the newest checkpoint of ")
+    assert line.endswith(f" that reads whole; skipped: {newest} (fallback=True))")
+    said = [w for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert [w.filename for w in said] == [str(TESTS / "conftest.py")]  # the fit() line of resumable_run
+    assert "trying an older one" in str(said[0].message)
+
+
+@pytest.mark.fault
+def test_a_checkpoint_that_cannot_be_written_is_warned_about_at_the_fit_line(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").write_text("")  # a file where the folder goes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop, _, _ = train(tmp_path, epochs=1)
+    assert loop.state.status == "completed"
+    said = [w for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert len(said) == 1 and str(said[0].message).startswith("checkpoint: could not write ")
+    assert said[0].filename == str(TESTS / "conftest.py")  # the fit() line of resumable_run
+
+
 def test_background_saves_carry_a_digest_of_what_they_hold(tmp_path: Path) -> None:
     ckpt = Checkpoint(every_n_steps=2, background=True)
     train(tmp_path, checkpoint=ckpt, epochs=1)
