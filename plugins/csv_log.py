@@ -36,8 +36,9 @@ A run continued in the same folder (``Loop(resume=...)``; ``Loop(run_dir=...)`` 
 appends to the same files under their header, never repeating it. A resumed run first drops
 the rows the earlier run wrote after the checkpoint it continues from (a later step, the
 validation it is about to run again, and the row of a training stage that a stop cut short,
-which the resumed run writes whole at the epoch's end), so each file reads as the run's that
-had never stopped, row for row. A
+which the resumed run writes whole at the epoch's end:
+:func:`hookfit.plugins.support.logger.written_again`, the rule the ``tensorboard`` plugin keeps
+too), so each file reads as the run's that had never stopped, row for row. A
 last line cut short (a ``kill -9`` in the middle of a write) is dropped. A file whose header
 is not one of these tables is left alone, with a warning, and not written to.
 
@@ -61,7 +62,7 @@ from hookfit import hookimpl
 from hookfit.errors import HookfitWarning
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support.logger import fail, run_file, wanted
+from hookfit.plugins.support.logger import fail, run_file, wanted, written_again
 from hookfit.plugins.support.logger import inert as logger_inert
 from hookfit.plugins.support import flag
 
@@ -254,29 +255,6 @@ def _truncate_to_last_line(raw: BinaryIO, size: int) -> None:
     raw.truncate(0)
 
 
-def _before(info: ResumeInfo, val_due: bool, epochs: bool) -> Callable[[Mapping[str, str]], bool]:
-    """Whether a row an earlier run wrote was written before the checkpoint ``info`` continues
-    from, and so stays: a row of a later step goes, and so do rows at the checkpoint's step
-    that the resumed run writes again: a validation's there when it runs again (``val_due``, or
-    a resume at the epoch's validation) and, in ``metrics.csv`` (``epochs``), the training row
-    of the epoch it continues in, which a stop inside it wrote with the batches it had got.
-    A row whose step or epoch is not a number is not this plugin's: it stays."""
-    again = info.stage == "valid" or val_due
-
-    def keep(entry: Mapping[str, str]) -> bool:
-        try:
-            step, epoch = int(entry.get("step") or ""), int(entry.get("epoch") or "")
-        except ValueError:
-            return True
-        if step != info.step:
-            return step < info.step
-        if entry.get("stage") == "valid":
-            return not again
-        return not (epochs and info.stage == "train" and epoch == info.epoch + 1)
-
-    return keep
-
-
 def _cell(value: Any) -> Any:
     return "" if value is None else value
 
@@ -333,9 +311,18 @@ class CSVLogger:
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
         if self._loop is None:
             return
-        for table, epochs in ((self._epochs, True), (self._updates, False)):
+        again = written_again(info, bool(loop.state.val_due))
+        for table, means in ((self._epochs, True), (self._updates, False)):
+
+            def keep(entry: Mapping[str, str], means: bool = means) -> bool:
+                try:
+                    epoch, step = int(entry.get("epoch") or ""), int(entry.get("step") or "")
+                except ValueError:
+                    return True  # not a row this plugin wrote: kept as it is
+                return not again(epoch if means else None, step, entry.get("stage") or "")
+
             if table.open(loop) is not None and table.columns is not None:
-                table.rewrite(table.columns, keep=_before(info, bool(loop.state.val_due), epochs))
+                table.rewrite(table.columns, keep=keep)
 
     @hookimpl
     def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:

@@ -51,32 +51,38 @@ Each ``fit()`` starts a new event file. A resumed run (``Loop(resume=...)``, whi
 the folder of the run it continues) reads as the run that never stopped: it marks where it
 continues with a ``SessionLog.START`` event at the checkpoint's step, from which TensorBoard
 drops every point the earlier files have (the purge that ``SummaryWriter(purge_step=...)``
-writes), and writes again at that step the values the earlier run had written there when the
-checkpoint was taken (this plugin's state in checkpoints: the step and those values). So what
-the earlier run wrote after its checkpoint is gone, the means of a stage that a stop cut short
-included (``train/<metric>`` and ``epoch`` at the stop's step, which the resumed run writes
-whole at the epoch's end), and the points up to the checkpoint stay. Only the main process
-writes (under ``torchrun`` the distributed plugin switches observers off on the others).
+writes), and writes again the points the earlier files have at that step, but for those the
+resumed run writes again (:func:`hookfit.plugins.support.logger.written_again`, the rule the
+``csv`` plugin keeps too): the means of a stage a stop cut short there (``train/<metric>`` and
+``epoch`` inside a training stage, which the resumed run writes whole at the epoch's end;
+``valid/<metric>`` inside a validation, which it runs again). So every curve is the
+uninterrupted run's, point for point. An earlier file that cannot be read warns
+(``FileWarning``) and the purge is at the step after the checkpoint's, keeping what the
+earlier run wrote at its step. Only the main process writes (under ``torchrun`` the
+distributed plugin switches observers off on the others).
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import itertools
 import os
 import re
 import socket
+import struct
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
-from hookfit.errors import HookfitWarning
-from hookfit.files import RunFile
+from hookfit.errors import HookfitWarning, user_level
+from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support.logger import run_file, wanted
+from hookfit.plugins.support.logger import run_file, wanted, written_again
 from hookfit.plugins.support.logger import inert as logger_inert
 from hookfit.plugins.support import Hparam, flag, hyperparameters, run_hparams
 
@@ -97,6 +103,38 @@ def tag_part(name: str) -> str:
     """``name`` (a metric's, an optimizer's) as a part of a TensorBoard tag: each character but
     letters, digits, ``_``, ``-``, ``.`` and ``/`` as ``_``, no leading ``/``; ``_`` for nothing."""
     return _NOT_IN_TAGS.sub("_", name).lstrip("/") or "_"
+
+
+def _event_file_name(loop: Run) -> str:
+    """A new event file's name, TensorBoard's ``events.out.tfevents.<seconds>.<host>.<pid>.<n>``,
+    its seconds past those of every event file in the run folder: TensorBoard reads a folder's
+    files in the order of their names, and a resumed run's file (its purge) comes after the
+    earlier run's, even one of the same second (of the same process too)."""
+    seconds = int(time.time())
+    try:
+        for path in loop.run_dir.glob("events.out.tfevents.*"):
+            written = path.name.split(".")[3]
+            if written.isdigit():
+                seconds = max(seconds, int(written) + 1)
+    except OSError:  # a run folder that cannot be made or listed: the file's writes say so
+        pass
+    return f"events.out.tfevents.{seconds:010d}.{socket.gethostname()}.{os.getpid()}.{next(_files)}"
+
+
+def _records(path: Path) -> Iterator[bytes]:
+    """The records of an event file, in TensorBoard's framing (a record's length, its checksum,
+    the record, its checksum), up to the end or a last record cut short (a ``kill -9``). The
+    checksums are not checked: reading a long run's file then takes a fraction of a second."""
+    with open(path, "rb") as file:
+        while True:
+            header = file.read(12)
+            if len(header) < 12:
+                return
+            (length,) = struct.unpack("<Q", header[:8])
+            record = file.read(length)
+            if len(record) < length or len(file.read(4)) < 4:
+                return
+            yield record
 
 
 def _require() -> None:
@@ -144,9 +182,6 @@ class TensorBoard:
         self._lr_step: int | None = None  # the step the learning rates were last written at
         self._proto: Any = None  # TensorBoard's protobuf and summary modules, imported at fit_start
         self._names: dict[str, str] = {}  # a metric's or an optimizer's name -> its part of the run's tags
-        self._step: int | None = None  # the step of the last scalars written
-        self._at_step: dict[str, float] = {}  # the scalars written at that step: this plugin's state
-        self._restore: Mapping[str, Any] | None = None  # the state a resumed run writes again (load_state)
 
     # -- events -------------------------------------------------------------------------------
     @hookimpl
@@ -169,12 +204,9 @@ class TensorBoard:
                                       RecordWriter=RecordWriter, summary=summary)
         self._loop = loop
         self._names = {}
-        self._step, self._at_step, self._restore = None, {}, None
         if not loop.is_main:
             return
-        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
-                f"{next(_files)}")
-        self._file = run_file(loop, name, self.name, binary=True)
+        self._file = run_file(loop, _event_file_name(loop), self.name, binary=True)
         self.path = self._file.path
         self._write([event_pb2.Event(wall_time=time.time(), step=loop.state.step, file_version="brain.Event:2")])
         start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
@@ -189,38 +221,21 @@ class TensorBoard:
                       plugin_data_pb2.HParamsPluginData(session_start_info=start))
 
     @hookimpl
-    def save_state(self, loop: Run) -> dict[str, Any] | None:
-        """The scalars written at the current step, which a run resumed from this checkpoint
-        writes again after dropping that step; ``None`` when there are none."""
-        if self._file is None or not self._at_step or self._step != loop.state.step:
-            return None
-        return {"step": self._step, "scalars": dict(self._at_step)}
-
-    @hookimpl
-    def load_state(self, state: Any) -> None:
-        scalars = state.get("scalars") if isinstance(state, Mapping) else None
-        if not (isinstance(scalars, Mapping) and isinstance(state.get("step"), int)
-                and all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in scalars.items())):
-            raise ValueError(f"{self.name}: the checkpoint's state of this plugin is {state!r:.200}; expected "
-                             f"{{'step': <int>, 'scalars': {{<tag>: <number>}}}}")
-        self._restore = state
-
-    @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
-        restore, self._restore = self._restore, None
         if self._file is None:
             return
         event_pb2 = self._proto.event_pb2
+        kept = self._kept(loop, info) if info.step > 0 else None
         # TensorBoard drops every point of the files before this event at its step or later (the
-        # session start of this fit(), at step 0, stays): what the earlier run wrote at the
-        # checkpoint's step is written again, what it wrote after its checkpoint is gone
-        purge = max(info.step, 1)
+        # session start of this fit(), at step 0, stays); what stays of the checkpoint's step is
+        # written again after it
+        purge = info.step if kept is not None else info.step + 1
         self._write([event_pb2.Event(wall_time=time.time(), step=purge,
                                      session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))])
-        if restore is not None and restore["step"] == info.step == purge:
-            self._scalars(info.step, sorted(restore["scalars"].items()))
-            if any(tag.startswith("lr/") for tag in restore["scalars"]):
-                self._lr_step = info.step  # the learning rates are once per step: these were
+        if kept:
+            self._scalars(info.step, kept)
+            if any(tag.startswith("lr/") for tag, _ in kept):
+                self._lr_step = info.step  # once per step: the resumed run's next ones are at a later step
 
     @hookimpl
     def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
@@ -289,9 +304,45 @@ class TensorBoard:
         event_pb2, summary_pb2, summary = self._proto.event_pb2, self._proto.summary_pb2, self._proto.summary
         merged = summary_pb2.Summary(value=[v for tag, x in values for v in summary.scalar(tag, float(x)).value])
         self._write([event_pb2.Event(wall_time=time.time(), step=step, summary=merged)])
-        if step != self._step:
-            self._step, self._at_step = step, {}
-        self._at_step.update((tag, float(x)) for tag, x in values)
+
+    def _kept(self, loop: Run, info: ResumeInfo) -> list[tuple[str, float]] | None:
+        """The scalars the earlier event files of the run folder have at the checkpoint's step,
+        as TensorBoard reads them, less those the resumed run writes again
+        (:func:`~hookfit.plugins.support.logger.written_again`: the means of a stage a stop
+        cut short there); ``None``, with a ``FileWarning``, when a file cannot be read."""
+        decode_error = importlib.import_module("google.protobuf.message").DecodeError  # (untyped package)
+
+        assert self._file is not None  # called on the run's open file
+        event_pb2 = self._proto.event_pb2
+        start = event_pb2.SessionLog.START
+        found: dict[str, float] = {}
+        path = self._file.path
+        reading = path.parent
+        try:
+            for reading in sorted(path.parent.glob("events.out.tfevents.*")):  # in TensorBoard's order
+                if reading == path:
+                    continue
+                for record in _records(reading):
+                    event = event_pb2.Event.FromString(record)
+                    if event.HasField("session_log") and event.session_log.status == start and event.step <= info.step:
+                        found.clear()  # a later run's purge: what it dropped is not there
+                    elif event.step == info.step and event.HasField("summary"):
+                        found.update((v.tag, v.simple_value) for v in event.summary.value if v.HasField("simple_value"))
+        except (OSError, decode_error) as error:
+            warnings.warn(f"{self.name}: could not read {reading} ({type(error).__name__}: {error}); the resumed "
+                          f"run's curves keep what the earlier run wrote after its checkpoint", FileWarning,
+                          stacklevel=user_level())
+            return None
+        again = written_again(info, bool(loop.state.val_due))
+        epoch = found.get("epoch")  # the epoch of the training means at this step
+        train = again(None if epoch is None else int(epoch), info.step, "train")
+        valid = again(None, info.step, "valid")
+
+        def stays(tag: str) -> bool:
+            stage = tag.partition("/")[0] if "/" in tag else None
+            return not ((train and (tag == "epoch" or stage == "train")) or (valid and stage == "valid"))
+
+        return sorted(item for item in found.items() if stays(item[0]))
 
     def _session(self, loop: Run, tag: str, data: Any) -> None:
         event_pb2, summary_pb2, metadata = self._proto.event_pb2, self._proto.summary_pb2, self._proto.metadata

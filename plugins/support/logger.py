@@ -1,15 +1,18 @@
-"""What the file loggers (``tensorboard``, ``csv``) share: when a discovered logger is on, and
-their files in the run folder under :mod:`hookfit.files`' policy."""
+"""What the file loggers (``tensorboard``, ``csv``) share: when a discovered logger is on, their
+files in the run folder under :mod:`hookfit.files`' policy, and which of an earlier run's records
+a resumed run writes again."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookfit.files import FileWarning, RunFile
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.payloads import ResumeInfo
     from hookfit.run import Run
 
 
@@ -61,3 +64,24 @@ def fail(file: RunFile, error: OSError) -> None:
         FileWarning,
         stacklevel=3,
     )
+
+
+def written_again(info: ResumeInfo, val_due: bool) -> Callable[[int | None, int, str], bool]:
+    """Whether a run resumed from the checkpoint ``info`` names writes again a record an earlier
+    run wrote in its folder, ``(epoch, step, stage)``: a stage's means (``epoch`` counted from
+    1) or a publication (``epoch`` ``None``), at the global ``step``. A logger drops such a
+    record, so that what it keeps reads as the run that never stopped: a record of a step after
+    the checkpoint's; at its step, a validation's when that validation runs again (``val_due``,
+    or a resume at the epoch's validation), and the training means of the epoch the resumed run
+    continues in, which a stop inside that epoch wrote with the batches it had got (the resumed
+    run writes them whole at the epoch's end). What was written up to the checkpoint stays."""
+    again = info.stage == "valid" or val_due
+
+    def written(epoch: int | None, step: int, stage: str) -> bool:
+        if step != info.step:
+            return step > info.step
+        if stage == "valid":
+            return again
+        return stage == "train" and info.stage == "train" and epoch == info.epoch + 1
+
+    return written

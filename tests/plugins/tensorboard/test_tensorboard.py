@@ -22,6 +22,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata  # noqa: E402
 
 import hookfit  # noqa: E402
 from hookfit.errors import ObserverWarning  # noqa: E402
+from hookfit.files import FileWarning  # noqa: E402
 from hookfit.plugins.checkpoint import Checkpoint  # noqa: E402
 from hookfit.plugins.metrics import Metrics  # noqa: E402
 from hookfit.plugins.metrics_log import MetricsLog  # noqa: E402
@@ -257,15 +258,38 @@ def test_a_run_stopped_and_resumed_reads_as_the_run_that_never_stopped(tmp_path:
     TensorBoard reads every curve of the uninterrupted run, point for point."""
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     run(whole, TensorBoard())
-    first = run(resumed, TensorBoard(), Checkpoint(background=False), StopAfter(stop))
+    stopped, again = TensorBoard(), TensorBoard()
+    first = run(resumed, stopped, Checkpoint(background=False), StopAfter(stop))
     assert first.state.status == "interrupted", STOPS[stop]
-    loop = run(resumed, TensorBoard(), Checkpoint(background=False), resume="latest")
+    loop = run(resumed, again, Checkpoint(background=False), resume="latest")
     assert loop.state.resumed_from is not None and loop.state.status == "completed"
+    # TensorBoard reads a folder's files in the order of their names: the resumed run's comes
+    # after, also when both runs began in the same second
+    assert _event_files(resumed) == [stopped.path, again.path]
     expected, got = read(whole), read(resumed)
     tags = expected.Tags()["scalars"]
     assert sorted(got.Tags()["scalars"]) == sorted(tags) and "epoch" in tags and "lr/default" in tags
     for tag in tags:
         assert scalars(got, tag) == scalars(expected, tag), (tag, STOPS[stop])
+
+
+@pytest.mark.fault
+def test_an_earlier_event_file_that_cannot_be_read_warns_and_the_stop_s_step_stays(tmp_path: Path) -> None:
+    """The resumed run reads the earlier files for what they have at the checkpoint's step; one
+    it cannot read warns, and the purge is then from the step after, as nothing there is lost."""
+    folder = tmp_path / "run"
+    run(folder, TensorBoard(), Checkpoint(background=False), StopAfter(8))  # stopped at step 6
+    unreadable = folder / "events.out.tfevents.0000000000.unreadable"
+    unreadable.mkdir()  # an event file's name on a folder: reading it fails
+    with pytest.warns(FileWarning, match=rf"tensorboard: could not read {unreadable} \(IsADirectoryError: .*\); "
+                                         r"the resumed run's curves keep what the earlier run wrote after its "
+                                         r"checkpoint"):
+        loop = run(folder, TensorBoard(), Checkpoint(background=False), resume="latest")
+    assert loop.state.status == "completed"
+    unreadable.rmdir()
+    events = read(folder)
+    assert [s for s, _ in scalars(events, "train/loss")] == [4, 6, 8, 12]  # the stop's partial means stay
+    assert [s for s, _ in scalars(events, "train_step/loss")] == list(range(1, 13))
 
 
 FULL_DISK_CHILD = r'''
