@@ -192,18 +192,21 @@ def refresh() -> None:
     importlib.invalidate_caches()
 
 
-def inert(plugin: Any, chosen: bool) -> str | None:
+def inert(plugin: Any, chosen: bool, loop: Any = None) -> str | None:
     """The plugin's answer to the listing's question (``hookfit plugins``): ``None`` when it
     takes part in a run, else what turns it on, in a few words. A plugin answers with a
     method ``inert(chosen: bool) -> str | None``, where ``chosen`` says whether the user chose
-    it (:attr:`PluginInfo.chosen`); one without the method takes part whenever it is enabled. A
-    plugin that is inert in a run unregisters itself at ``configure`` by the same answer, so
-    the listing and the run agree. An answer that is neither ``None`` nor a string, or a
-    method that raises, is reported as the plugin's own error."""
+    it (:attr:`PluginInfo.chosen`); one without the method takes part whenever it is enabled.
+    A run asks too, before its ``configure`` (:func:`hookfit.manager.leave_inert`), with
+    itself as ``loop``, which a method with a second parameter, ``inert(chosen, loop)``, is
+    given (``None`` for the listing): the answer of a plugin whose part depends on the run (a
+    smoke run, an evaluation). An answer that is neither ``None`` nor a string, or a method
+    that raises, is reported as the plugin's own error."""
     method = getattr(plugin, "inert", None)
     if not callable(method):
         return None
-    answer = method(chosen)
+    asks_run = loop is not None and len(inspect.signature(method).parameters) > 1
+    answer = method(chosen, loop) if asks_run else method(chosen)
     if answer is not None and not isinstance(answer, str):
         raise TypeError(f"plugin {plugin_name(plugin)!r}: inert(chosen) must return None or a string, "
                         f"got {type(answer).__name__}")

@@ -54,7 +54,7 @@ import pluggy
 
 from hookfit import hookspecs
 from hookfit.tools import hookspecs as command_events
-from hookfit.discovery import GROUP, OWN, PluginInfo, builtin_events, collect, declared_events
+from hookfit.discovery import GROUP, OWN, PluginInfo, builtin_events, collect, declared_events, inert
 from hookfit.errors import HookfitWarning, ObserverWarning, PluginError, Silenced, user_level
 
 hookimpl = pluggy.HookimplMarker("hookfit")
@@ -233,12 +233,24 @@ def chosen(pm: pluggy.PluginManager, plugin: object) -> bool:
     """Whether the user chose ``plugin`` for this run: given to ``Loop(plugins=[...])``, named by
     a ``[plugins.<name>]`` table of the configuration file (even empty), or registered by hand
     (not through discovery). What a plugin that is inert when merely discovered passes to its
-    own ``inert(chosen)`` at ``configure`` (see :func:`hookfit.discovery.inert`)."""
+    own ``inert(chosen)`` (see :func:`hookfit.discovery.inert`)."""
     infos = getattr(pm, "infos", {})
     info = infos.get(getattr(plugin, "name", ""))
     if info is None or info.plugin is not plugin:
         return True
     return bool(info.chosen)
+
+
+def leave_inert(pm: PluginManager, loop: object) -> PluginManager:
+    """Before the run's ``configure``: unregister every plugin that is inert merely discovered,
+    not chosen (:func:`chosen`) and answering :func:`hookfit.discovery.inert` for this run
+    with what would turn it on; ``pm``. None of its hooks is called then, not even ``fit_end``
+    after a ``configure`` that failed. A plugin the user chose that would do nothing decides at
+    its own ``configure`` (where it may say so)."""
+    for plugin in list(pm.get_plugins()):
+        if not chosen(pm, plugin) and inert(plugin, False, loop) is not None:
+            pm.unregister(plugin)
+    return pm
 
 
 def impl_names(pm: pluggy.PluginManager, plugin: object) -> list[str]:

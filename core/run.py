@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 from hookfit import modes, stopping, training
 from hookfit import states as saved_states
 from hookfit.dispatch import Dispatch
-from hookfit.manager import PluginManager
+from hookfit.manager import PluginManager, leave_inert
 from hookfit.modes import modules
 from hookfit.payloads import StopRequest
 from hookfit.position import Cursor, Position
@@ -121,7 +121,7 @@ class Run:
         self.train_data, self.val_data = config.train_data, config.val_data
         self.state = State()
         self.training = False
-        self.pm = pm
+        self.pm = leave_inert(pm, self)  # before configure: an inert plugin gets no event of this run
         self.hooks = Dispatch(pm, self)
         self._backward = self.hooks.handlers("backward")  # refilled in place when plugins change
         self.state.silenced = pm.silenced

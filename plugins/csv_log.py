@@ -1,9 +1,10 @@
 """csv: the run's metrics as CSV tables in the run folder, one row per stage of every epoch.
 
 ``Loop(plugins=[CSVLogger()])``, or a ``[plugins.csv]`` table in ``hookfit.toml`` (even
-empty). Discovered like every plugin, it is inert until then: it
-unregisters itself at ``configure``, so it costs a run nothing. ``CSVLogger(enabled=False)``
-switches it off wherever it comes from.
+empty). Discovered like every plugin, it is inert until then: the run leaves it out before
+``configure`` (:func:`hookfit.manager.leave_inert`), so it costs a run nothing.
+``CSVLogger(enabled=False)`` switches it off wherever it comes from (given, it unregisters
+itself at ``configure``).
 
 Files, in the run folder (``loop.run_dir``):
 

@@ -2,8 +2,9 @@
 
 ``EarlyStopping(monitor="valid/loss", mode=None, patience=3, min_delta=0.0)`` in
 ``Loop(plugins=[...])``. Discovered like every plugin, it is inert until given a ``monitor``:
-without one it unregisters itself at ``configure``, so it is not among the run's plugins and
-none of its hooks is called, as ``hookfit plugins`` says (``[inert]``).
+without one it is left out of the run before ``configure`` (given without one, it warns and
+unregisters itself there), so it is not among the run's plugins and none of its hooks is
+called, as ``hookfit plugins`` says (``[inert]``).
 
 * It reads the epoch means a metrics plugin publishes in ``epoch_metrics`` (a
   :class:`hookfit.payloads.MetricsSnapshot`), nothing else: ``monitor`` is ``"<stage>/<metric>"``

@@ -1,8 +1,9 @@
 """ema: an exponential moving average of the model's weights, validated with and saved.
 
 ``EMA(decay=0.999, every_n_steps=1, validate=True, optimizer=None)`` in ``Loop(plugins=[...])``.
-Discovered like every plugin, it is inert until given a ``decay``: without one it unregisters
-itself at ``configure``, so no hook of it runs and the optim plugin keeps its fast path.
+Discovered like every plugin, it is inert until given a ``decay``: without one it is left out
+of the run before ``configure`` (given without one, it warns and unregisters itself there), so
+no hook of it runs and the optim plugin keeps its fast path.
 
 * The average is PyTorch's own :class:`torch.optim.swa_utils.AveragedModel` with
   ``get_ema_multi_avg_fn(decay)`` and ``use_buffers=True`` (batch-norm statistics are
@@ -124,10 +125,11 @@ class EMA:
         return 0 if self.average is None else int(self.average.n_averaged)
 
     # -- events ---------------------------------------------------------------------------
-    def inert(self, chosen: bool) -> str | None:
+    def inert(self, chosen: bool, loop: Run | None = None) -> str | None:
         """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): inert until
-        given a ``decay``."""
-        if self.decay is not None:
+        given a ``decay``, but in an evaluation of a checkpoint (``loop``, a run asking), where
+        it says whether the checkpoint holds an average it does not validate."""
+        if self.decay is not None or (loop is not None and loop.mode == "validate" and loop.resume is not None):
             return None
         return ("given a decay: EMA(decay=0.999) in Loop(plugins=[...]), or decay = 0.999 in [plugins.ema] of "
                 "hookfit.toml")

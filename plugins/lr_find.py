@@ -2,8 +2,9 @@
 
 ``LRFinder(start_lr=1e-7, end_lr=10.0, num_steps=100)`` in ``Loop(plugins=[...])``, or a
 ``[plugins.lr_find]`` table in ``hookfit.toml`` (an empty table too). Discovered like every
-plugin, it is inert until configured that way: the instance discovered without options
-unregisters itself at ``configure``, so a run pays nothing for it.
+plugin, it is inert until configured that way: the run leaves the instance discovered without
+options out before ``configure`` (:func:`hookfit.manager.leave_inert`), so a run pays nothing
+for it.
 
 * **The sweep.** At ``fit_start`` (``trylast``: after every other plugin started, and after the
   optimizer role filled ``loop.optimizers`` at ``configure``) it calls the run's own training
@@ -66,7 +67,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import hookimpl
 from hookfit.errors import HookfitWarning, user_level
-from hookfit.manager import chosen
 from hookfit.modes import modules
 from hookfit.plugins.support import check, choice, number, option_error, positive_int, positive_number, text
 from hookfit.position import rng_state, set_rng_state
@@ -127,7 +127,7 @@ class LRFinder:
     # -- events ---------------------------------------------------------------------------
     def inert(self, chosen: bool) -> str | None:
         """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): inert until
-        chosen, as the run decides at ``configure``."""
+        chosen: merely discovered, it leaves the run before ``configure``."""
         if chosen:
             return None
         return ("given to Loop(plugins=[LRFinder(...)]), or named by a [plugins.lr_find] table in hookfit.toml "
@@ -137,8 +137,8 @@ class LRFinder:
     def configure(self, loop: Run) -> None:
         self.rates, self.losses, self.raw_losses, self.suggestion, self.diverged = [], [], [], None, False
         self.skipped, self._waiting = None, False
-        if self.inert(chosen(loop.pm, self)) is not None or loop.mode != "fit":
-            loop.pm.unregister(self)  # inert: none of the hooks below costs anything
+        if loop.mode != "fit":  # (an inert one is not in the run: hookfit.manager.leave_inert)
+            loop.pm.unregister(self)  # an evaluation: none of the hooks below costs anything
             return
         if loop.state.world_size > 1:
             raise RuntimeError(f"{NAME}: the learning-rate range test runs on one process, and this run has "

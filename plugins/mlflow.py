@@ -3,8 +3,10 @@ learning rates, checkpoints as artifacts (optional) and the final status.
 
 ``Loop(plugins=[MLflow(tracking_uri="sqlite:///mlflow.db", experiment="digits")])``, or
 ``[plugins.mlflow]`` in ``hookfit.toml`` (an empty table is enough).
-Discovered like every plugin, it is inert until then: it unregisters itself at ``configure``,
-so it costs a run nothing. ``MLflow(enabled=False)`` switches it off wherever it comes from. It
+Discovered like every plugin, it is inert until then: the run leaves it out before
+``configure`` (:func:`hookfit.manager.leave_inert`), so no event of the run reaches it, not
+even ``fit_end`` after a start-up that failed. ``MLflow(enabled=False)`` switches it off
+wherever it comes from (given, it unregisters itself at ``configure``). It
 needs MLflow (``pip install hookfit[mlflow]``: ``mlflow-skinny`` with SQLAlchemy and Alembic,
 for a SQLite or other database store, a tracking server, or Databricks; the full ``mlflow``
 package works as well); without it, a run that wants it gets one warning naming that command

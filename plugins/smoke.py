@@ -18,8 +18,9 @@ after every step as asked), clears ``resume`` and places the temporary folder
 (``loop.place_run_dir``); after them (a distributed plugin has sharded the data) it cuts the
 data to its first batches and starts watching which plugin handles which event. The report and
 the folder's removal come once the run is over and its ``run.jsonl`` written (the folder's
-``released`` call). In a run that is not a smoke run it unregisters itself at ``configure``,
-so it costs nothing. Disabled (``HOOKFIT_PLUGINS`` without it, ``enabled = false`` in
+``released`` call). A run that is not a smoke run leaves it out before ``configure`` (its
+``inert`` answer for the run; given to ``Loop``, it unregisters itself at ``configure``), so
+it costs nothing. Disabled (``HOOKFIT_PLUGINS`` without it, ``enabled = false`` in
 ``hookfit.toml``), a smoke run fails after ``configure`` naming it, rather than train for real.
 """
 
@@ -118,9 +119,11 @@ class Smoke:
         self.returned: dict[str, set[str]] = {}  # stage -> keys the step returned
         self._undo: Callable[[], None] | None = None
 
-    def inert(self, chosen: bool) -> str | None:
+    def inert(self, chosen: bool, loop: Run | None = None) -> str | None:
         """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): it takes part
-        in smoke runs only, as the run decides at ``configure``."""
+        in smoke runs only, which a run asking (``loop``) says it is or not."""
+        if loop is not None and loop.smoke:
+            return None
         return "a smoke run is asked: Loop(smoke=True), or HOOKFIT_SMOKE=1"
 
     @hookimpl(wrapper=True, tryfirst=True)

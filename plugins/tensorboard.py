@@ -1,9 +1,10 @@
 """tensorboard: the run's metrics, learning rates and hyperparameters as TensorBoard event files.
 
 ``Loop(plugins=[TensorBoard()])``, or ``[plugins.tensorboard]`` in ``hookfit.toml``
-(an empty table is enough). Discovered like every plugin, it is inert
-until then: it unregisters itself at ``configure``, so it costs a run nothing.
-``TensorBoard(enabled=False)`` switches it off wherever it comes from. It needs the
+(an empty table is enough). Discovered like every plugin, it is inert until then: the run
+leaves it out before ``configure`` (:func:`hookfit.manager.leave_inert`), so it costs a run
+nothing. ``TensorBoard(enabled=False)`` switches it off wherever it comes from (given, it
+unregisters itself at ``configure``). It needs the
 ``tensorboard`` package (``pip install hookfit[tensorboard]``); without it, a run that wants it
 gets one warning naming that command and trains on (an ``enabled=True`` given in code fails
 at once).

@@ -2,9 +2,11 @@
 rates, checkpoints as artifacts (optional) and the final status.
 
 ``Loop(plugins=[WandB(project="digits")])``, or ``[plugins.wandb]`` in ``hookfit.toml``
-(an empty table is enough). Discovered like every plugin, it is inert until
-then: it unregisters itself at ``configure``, so it costs a run nothing. ``WandB(enabled=False)``
-switches it off wherever it comes from. It needs the ``wandb`` package (``pip install
+(an empty table is enough). Discovered like every plugin, it is inert until then: the run
+leaves it out before ``configure`` (:func:`hookfit.manager.leave_inert`), so no event of the run
+reaches it, not even ``fit_end`` after a start-up that failed. ``WandB(enabled=False)``
+switches it off wherever it comes from (given, it unregisters itself at ``configure``). It
+needs the ``wandb`` package (``pip install
 hookfit[wandb]``); without it, a run that wants it gets one warning naming that command and
 trains on (an ``enabled=True`` given in code fails at once). Online, log in first (``wandb
 login`` or ``WANDB_API_KEY``); ``mode="offline"`` (or ``WANDB_MODE=offline``) writes the run to

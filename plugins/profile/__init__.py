@@ -2,8 +2,9 @@
 
 ``Profile(wait=1, warmup=1, active=3, repeat=1)`` in ``Loop(plugins=[...])``, or a
 ``[plugins.profile]`` table in ``hookfit.toml``. Discovered like every plugin, it is inert until
-configured that way: the instance discovered without options unregisters itself at
-``configure``, so no hook of it runs and a run pays nothing for it.
+configured that way: the run leaves the instance discovered without options out before
+``configure`` (:func:`hookfit.manager.leave_inert`), so no hook of it runs, not even after a
+start-up that failed, and a run pays nothing for it.
 
 * **Schedule.** It drives :class:`torch.profiler.profile` with
   ``torch.profiler.schedule(skip_first=..., wait=..., warmup=..., active=..., repeat=...)``,
@@ -61,7 +62,6 @@ from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, TextIO, Type
 
 from hookfit import hookimpl
 from hookfit.files import FileWarning
-from hookfit.manager import chosen
 from hookfit.plugins.profile.report import Cycle, Report, Table, field, span
 from hookfit.plugins.profile.traces import export
 from hookfit.plugins.support import check, flag, integer, option_error
@@ -173,7 +173,7 @@ class Profile:
     # -- events ---------------------------------------------------------------------------
     def inert(self, chosen: bool) -> str | None:
         """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): inert until
-        chosen, as the run decides at ``configure``."""
+        chosen: merely discovered, it leaves the run before ``configure``."""
         if chosen:
             return None
         return ("given to Loop(plugins=[Profile(...)]), or named by a [plugins.profile] table in hookfit.toml "
@@ -182,8 +182,8 @@ class Profile:
     @hookimpl
     def configure(self, loop: Run) -> None:
         self._reset()
-        if self.inert(chosen(loop.pm, self)) is not None or not loop.is_main:
-            loop.pm.unregister(self)  # inert (or not the main process): no hook below costs anything
+        if not loop.is_main:  # (an inert one is not in the run: hookfit.manager.leave_inert)
+            loop.pm.unregister(self)  # not the main process: no hook below costs anything
 
     def _reset(self) -> None:
         self._abandon()

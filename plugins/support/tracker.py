@@ -110,7 +110,7 @@ class Tracker:
 
     @hookimpl(trylast=True)  # after the checkpoint plugin's last save and announcement
     def fit_end(self, loop: Run) -> None:
-        self._close(loop, self._start(loop))
+        self._close(loop, self._running())  # never starts one: a run failed before its first epoch logs nothing
 
     # -- what every tracker shares --------------------------------------------------------------
     def _start(self, loop: Run) -> bool:

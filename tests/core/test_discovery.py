@@ -160,3 +160,22 @@ def test_a_given_object_takes_the_name_of_the_entry_point_naming_it_before_its_c
     finally:
         sys.modules.pop("counters_mod", None)
         hookfit.discovery.refresh()
+
+
+def test_inert_asks_the_run_of_a_plugin_whose_method_takes_it() -> None:
+    """hookfit plugins asks inert(chosen); a run asks before its configure with itself too,
+    which a method with a second parameter is given and one with a single parameter is not."""
+    from hookfit.discovery import inert
+
+    class Alone:
+        def inert(self, chosen):
+            return None if chosen else "chosen"
+
+    class WithRun:
+        def inert(self, chosen, loop=None):
+            return None if loop == "smoke run" else f"asked by {loop}"
+
+    run = "smoke run"
+    assert (inert(Alone(), False), inert(Alone(), False, run), inert(Alone(), True, run)) == ("chosen", "chosen", None)
+    assert (inert(WithRun(), False), inert(WithRun(), False, run)) == ("asked by None", None)
+    assert inert(object(), False, run) is None  # no method: it takes part

@@ -334,3 +334,58 @@ def test_a_method_named_for_an_event_without_the_marker_is_warned_about_at_the_f
         "given to Loop) has methods named for events and not marked @hookfit.hookimpl, so hookfit never calls "
         "them: batch_end, fit_end; mark them, or rename them"), said[0].message
     assert said[0].category is hookfit.HookfitWarning and said[0].filename == __file__
+
+
+INERT = ["csv", "tensorboard", "profile", "lr_find", "mlflow", "wandb", "ema", "early_stopping", "smoke"]
+"""The built-in plugins inert when merely discovered (outside a smoke run)."""
+
+
+@pytest.mark.fault
+def test_plugins_inert_when_merely_discovered_get_no_event_even_after_a_failed_configure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run leaves them out before configure: a plugin's configure that fails first (a
+    resume file that does not exist) no longer leaves them registered for fit_end, where the
+    trackers opened runs the user never asked for and profile said it recorded nothing."""
+    import warnings
+
+    monkeypatch.chdir(tmp_path)  # where MLflow's and W&B's defaults would write
+    monkeypatch.setenv("HOOKFIT_PLUGINS", ",".join(["optim", "metrics", *INERT]))
+    seen: dict[str, list[str]] = {}
+
+    class Fails:
+        name = "fails"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def configure(self, loop):
+            seen["configure"] = sorted(loop.pm.participants())
+            raise FileNotFoundError("no/such/file.pt")
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            seen["fit_end"] = sorted(loop.pm.participants())
+
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(FileNotFoundError):
+        warnings.simplefilter("always")
+        run(plugins=[Fails()], run_dir=tmp_path / "run")
+    assert seen["configure"] == seen["fit_end"] == ["fails", "metrics", "optim"]
+    assert [str(w.message) for w in caught] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no store, no W&B folder, no run folder
+    assert "profile" not in capsys.readouterr().out
+
+
+def test_a_plugin_inert_merely_discovered_takes_part_when_the_run_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """smoke answers inert(chosen, loop) for the run that asks: a smoke run keeps it (it makes
+    the run one), any other leaves it out before configure."""
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "optim,metrics,smoke")
+    seen = []
+
+    class Look:
+        name = "look"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            seen.append(loop.pm.participants())
+
+    run(plugins=[Look()])
+    run(plugins=[Look()], smoke=True)
+    assert seen == [["metrics", "optim", "look"], ["metrics", "optim", "smoke", "look"]]

@@ -254,6 +254,18 @@ def test_a_run_stopped_and_resumed_logs_every_point_of_the_run_that_never_stoppe
         assert [(m.step, m.value) for m in points if m.step == 8] == [(8, 1.5), (8, 2.0)]
 
 
+@pytest.mark.fault
+def test_a_run_that_fails_before_its_first_epoch_opens_no_mlflow_run(tmp_path: Path) -> None:
+    """A plugin's configure fails before MLflow's (the checkpoint's, which comes first, on a
+    resume file that does not exist): fit_end reaches the chosen plugin, and it ends no tracker
+    run because none was started; it starts none either (the store is not even created)."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MLflow(tracking_uri=store, experiment="never")
+    with pytest.raises(FileNotFoundError, match="no/such/file.pt"):
+        run(tmp_path / "run", tracker, Checkpoint(background=False), resume="no/such/file.pt")
+    assert tracker.run_id is None and not (tmp_path / "mlflow.db").exists()
+
+
 def test_an_evaluation_of_a_checkpoint_is_an_mlflow_run_of_its_own(tmp_path: Path, store: str) -> None:
     """Loop.validate(resume=...) loads the tracker run's id with the plugins' states: the
     evaluation logs its own run, and the training's (interrupted: KILLED) stays as it was."""
