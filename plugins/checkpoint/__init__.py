@@ -14,8 +14,13 @@ tampering). Only plain data and tensors: it is read back with
 When: every ``every_n_epochs`` epochs (default 1), every ``every_n_steps`` training steps,
 every ``every_seconds`` seconds (checked after each training batch), when the run stops
 gracefully (``on_interrupt``, default on: a stop request, SIGINT or SIGTERM through the
-interrupter), when ``max_steps`` ends the run inside an epoch (at that exact position, so a
-run resumed with a larger ``max_steps`` equals one that never stopped) and, if asked, when it
+interrupter), when the run completes (``max_epochs``, ``max_steps``, or a rule such as early
+stopping) inside an epoch, at that exact position (``reason`` ``"max_steps"`` or
+``"completed"``: a run resumed with a larger ``max_steps`` equals one that never stopped), or
+at an epoch's end when it saves on a schedule (any ``every_n_*``) and its last save is of an
+earlier step (so the newest checkpoint of a completed run, which ``"latest"`` and ``hookfit
+export`` take, holds its final weights: ``every_n_epochs=None, every_n_steps=5`` over 48 steps
+saves step 48 too; a run saving on no schedule saves nothing at its end) and, if asked, when it
 fails (``on_failure``: a ``failed-*.pt`` file, never chosen by ``"latest"``; its position is
 after the last training batch whose step completed, so the failing batch runs again). The
 last ``keep_last`` checkpoints are kept, plus the best one by ``monitor`` (``"valid/loss"``:

@@ -1,5 +1,5 @@
 """checkpoint plugin: the policy and the save side. When to save (epochs, steps, seconds, a
-graceful stop, a failure, ``max_steps`` reached inside an epoch); its parts: which checkpoints
+graceful stop, a failure, the final state of a run that completed); its parts: which checkpoints
 to keep (:mod:`~hookfit.plugins.checkpoint.catalog`), the background writer
 (:mod:`~hookfit.plugins.checkpoint.writer`), failed and skipped saves
 (:mod:`~hookfit.plugins.checkpoint.reports`), the monitored metric's scores and the saves
@@ -98,6 +98,7 @@ class Checkpoint:
         self.every_n_steps = every_n_steps
         self.every_seconds = positive_number(name, "every_seconds", every_seconds, none=True, meaning="seconds")
         self.keep_last = positive_int(name, "keep_last", keep_last)
+        self.scheduled = not (self._epochs.never and self._steps.never and self.every_seconds is None)  # (its end saved)
         self.scores = Scores(Monitor(monitor, mode, plugin=name, category=CheckpointWarning,
                                      must="look like 'valid/loss' (stage/metric, stage train or valid) or be None"))
         """The monitored metric's scores of the run's weights, and the save waiting for one."""
@@ -125,6 +126,7 @@ class Checkpoint:
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
         self._main_dir: Path | None = None  # off the main process: where the main one writes
+        self._saved_step: int | None = None  # the global step of the last save asked (or resumed from)
         self._lock: folders.FolderLock | None = None  # a given dir's, while a run writes there
 
     @property
@@ -182,7 +184,7 @@ class Checkpoint:
         self.scores.start()
         self.reports.reset()
         self.resumed_from, self.off, self._main_dir = None, False, None
-        self._pending, self._continued = None, False
+        self._pending, self._continued, self._saved_step = None, False, None
         self.writer.outcomes(), self.shards.take()  # (a run before this one told everything at its end)
         source = loop.resume
         if source is None:
@@ -229,6 +231,7 @@ class Checkpoint:
             return False
         restore(loop, path, data, self.strict)
         self.resumed_from = self.catalog.last = path
+        self._saved_step = data["loop"]["step"]
         if source == "latest":
             announce(loop, path, self.dir)
         if loop.is_main and loop.mode == "fit" and (folder := self._known_directory(loop)) is not None:
@@ -263,9 +266,9 @@ class Checkpoint:
                 self._save(loop, "interrupt", must=True)
             elif state.status == "failed" and self.on_failure:
                 self._save(loop, "failure", must=True)
-            elif state.status == "completed" and _inside_training(loop.position):
-                # max_steps reached inside the epoch (a longer run continues from here), or a
-                # rule ended the run there (early stopping after a validation inside training)
+            elif state.status == "completed" and (_inside_training(loop.position) or (
+                    self.scheduled and self._saved_step != state.step)):
+                # inside an epoch (max_steps: a longer run goes on from here), or newer than the last save
                 budget = loop.max_steps is not None and state.step >= loop.max_steps
                 self._save(loop, "max_steps" if budget else "completed", must=True)
         finally:
@@ -340,6 +343,7 @@ class Checkpoint:
         self._last_time = time.monotonic()
         self.collect(loop)
         position = loop.position
+        self._saved_step = position.step
         metric = self.scores.current(loop)
         self.scores.asked(metric)
         with self.writer.aside():  # the writer steps aside while this thread copies

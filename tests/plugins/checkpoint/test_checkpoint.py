@@ -252,10 +252,28 @@ def test_a_checkpoint_that_could_not_be_written_is_not_announced(tmp_path: Path,
 def test_saves_by_step_and_by_time(tmp_path: Path) -> None:
     by_step = Checkpoint(every_n_epochs=None, every_n_steps=3, keep_last=100, background=False)
     train(tmp_path / "steps", checkpoint=by_step, epochs=1)
-    assert [read(p)["loop"]["step"] for p in by_step.saved] == [3, 6]
+    assert [read(p)["loop"]["step"] for p in by_step.saved] == [3, 6, 7]  # 7: the completed run's end
     by_time = Checkpoint(every_n_epochs=None, every_seconds=1e-9, keep_last=100, background=False)
     train(tmp_path / "time", checkpoint=by_time, epochs=1)
     assert [read(p)["loop"]["resume_batch"] for p in by_time.saved] == list(range(1, 8))
+
+
+def test_a_completed_run_saving_on_a_schedule_ends_with_a_checkpoint_of_its_final_state(tmp_path: Path) -> None:
+    """Saves every 5 steps over 14: the last would be step 10's, and ``"latest"`` (``hookfit
+    export``) would take weights 4 steps old; the run's end is saved, once, and a run resumed
+    there has nothing left to do and saves nothing again."""
+    ckpt = Checkpoint(every_n_epochs=None, every_n_steps=5, keep_last=2, background=False)
+    loop, model, _ = train(tmp_path, checkpoint=ckpt, epochs=2)
+    assert [(read(p)["loop"]["step"], read(p)["meta"]["reason"]) for p in ckpt.saved] == [(10, "step"),
+                                                                                         (14, "completed")]
+    last = loop.state.results["last_checkpoint"]
+    assert last == ckpt.saved[-1] == tmp_path / "checkpoints" / "epoch0002-step000000014.pt"
+    assert all(torch.equal(a, b) for a, b in zip(read(last)["model"].values(), model.state_dict().values()))
+    written = last.stat().st_mtime_ns
+    again = Checkpoint(every_n_epochs=None, every_n_steps=5, keep_last=2, background=False)
+    loop, _, _ = train(tmp_path, checkpoint=again, epochs=2, resume="latest")
+    assert (loop.state.status, loop.state.step) == ("completed", 14)
+    assert last.stat().st_mtime_ns == written and loop.state.results["last_checkpoint"] == last
 
 
 @pytest.mark.bad_input
