@@ -15,7 +15,9 @@ Files, in the run folder (``loop.run_dir``):
   step the stage ended at; ``stage`` is ``train`` or ``valid``, so a run validating inside its
   epochs (``Loop(val_every_n_steps=N)``) simply has more ``valid`` rows.
 * ``metrics_updates.csv``, with ``every_publication=True``: a row at every publication of the
-  metrics plugin (``metrics_update``, at most every ``interval`` seconds), training and
+  metrics plugin (``metrics_update``: the built-in publishes at most every
+  ``Metrics(interval=0.5)`` seconds, so a run shorter than that may have no row;
+  ``Metrics(interval=0)`` publishes after every batch), training and
   validation alike: ``epoch,step,stage,batches`` (batches done in the stage), then the
   *running* mean of every metric, then the learning rates.
 
@@ -268,7 +270,9 @@ class CSVLogger:
 
     * ``enabled``: ``None`` (the default): on when given to ``Loop(plugins=[...])`` or
       configured in ``hookfit.toml``, off when only discovered; ``True``/``False`` force it.
-    * ``every_publication``: also write a row for every ``metrics_update``.
+    * ``every_publication``: also write a row for every ``metrics_update``, which the built-in
+      metrics plugin publishes at most every ``Metrics(interval=0.5)`` seconds
+      (``Metrics(interval=0)``: after every batch).
     """
 
     name = "csv"

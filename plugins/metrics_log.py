@@ -28,8 +28,10 @@ people does:
   with the ``batches`` it got; a resumed run that completes that epoch writes the epoch's row
   again, whole, after its ``resume`` line: a reader takes the last row of a stage's epoch.
 * ``{"event": "step", **snapshot.row()}`` with ``every_n_steps=N``: at the first training
-  ``metrics_update`` at or after every N-th training step (a metrics plugin publishes at a
-  bounded rate, so lines are at least that far apart); the epoch means so far.
+  ``metrics_update`` at or after every N-th training step; the epoch means so far. A metrics
+  plugin publishes at a bounded rate, the built-in at most every ``Metrics(interval=0.5)``
+  seconds: lines are at least that far apart, and a run shorter than that may have none.
+  ``Metrics(interval=0)`` publishes after every batch, so every N-th step has its line.
 * ``{"event": "checkpoint", "step": <global step>, "reason": ..., "file": <its name>}`` for
   every checkpoint written (``checkpoint_saved``, the checkpoint role's event): ``hookfit
   show`` draws its ``C`` mark.
@@ -68,7 +70,12 @@ FILENAME = "metrics.jsonl"
 
 
 class MetricsLog:
-    """Writes the run's metric log, ``metrics.jsonl`` (the module's documentation has its format)."""
+    """Writes the run's metric log, ``metrics.jsonl`` (the module's documentation has its format).
+
+    * ``every_n_steps``: also a step line at the first publication at or after every N-th
+      training step; publications come at most every ``Metrics(interval=0.5)`` seconds, so a
+      fast run gets fewer (``Metrics(interval=0)``: one after every batch, and every line).
+    """
 
     name = "metrics_log"
     observer = True

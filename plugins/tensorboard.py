@@ -156,7 +156,9 @@ class TensorBoard:
     * ``enabled``: ``None`` (the default): on when given to ``Loop(plugins=[...])`` or
       configured in ``hookfit.toml``, off when only discovered; ``True``/``False`` force it.
     * ``every_publication``: also write the training stage's running means at every
-      publication (``train_step/<metric>``), not only the epoch means.
+      publication (``train_step/<metric>``), not only the epoch means; the built-in metrics
+      plugin publishes at most every ``Metrics(interval=0.5)`` seconds (``Metrics(interval=0)``:
+      after every batch).
     * ``hparams``: more hyperparameters (names to numbers, strings or booleans) to record
       with the run's own.
     """

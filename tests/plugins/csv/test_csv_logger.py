@@ -116,6 +116,25 @@ def test_every_publication_has_its_row_with_running_means(tmp_path: Path) -> Non
     assert len(table(tmp_path / "run" / "metrics.csv")[1]) == 6
 
 
+def test_publications_come_at_most_every_metrics_interval_which_the_option_says(tmp_path: Path) -> None:
+    """metrics_updates.csv has a row per publication, which the built-in metrics plugin makes at
+    most every Metrics(interval=0.5) seconds: a run of a few milliseconds has fewer rows than
+    batches, and Metrics(interval=0) a row after every batch. The option says so."""
+    import hookfit.plugins.csv_log as module
+
+    def step(loop, batch):
+        return {"loss": float(batch)}
+
+    for folder, metrics in (("bounded", Metrics()), ("every", Metrics(interval=0))):
+        hookfit.Loop(step, list(range(40)), run_dir=tmp_path / folder,
+                     plugins=[metrics, CSVLogger(every_publication=True)]).fit()
+    rows = {folder: table(tmp_path / folder / "metrics_updates.csv")[1] if (tmp_path / folder /
+            "metrics_updates.csv").exists() else [] for folder in ("bounded", "every")}
+    assert [int(r["step"]) for r in rows["every"]] == list(range(1, 41)) and len(rows["bounded"]) < 40
+    for doc in (module.__doc__, CSVLogger.__doc__):
+        assert "Metrics(interval=0.5)" in doc and "Metrics(interval=0)" in doc
+
+
 def test_a_metric_appearing_later_widens_the_header_and_every_row_lines_up(tmp_path: Path) -> None:
     run(tmp_path / "run", CSVLogger(every_publication=True), late=1)
     header, rows = table(tmp_path / "run" / "metrics.csv")

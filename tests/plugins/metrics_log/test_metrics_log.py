@@ -312,3 +312,20 @@ def test_a_read_only_run_folder_warns_once_and_training_completes(read_only_fold
     assert mine.startswith("metrics_log: could not write") and "metrics.jsonl" in mine
     assert "Read-only" in mine or "Permission denied" in mine
     assert len(published) == 3  # the snapshots were published all the same
+
+
+def test_step_lines_come_with_publications_which_the_metrics_interval_bounds(tmp_path: Path) -> None:
+    """A step line is written at a publication, which the built-in metrics plugin makes at most
+    every Metrics(interval=0.5) seconds: a run of a few milliseconds gets fewer lines than
+    every_n_steps asks, and Metrics(interval=0) gets every one. The option says so where it is
+    documented."""
+    import hookfit.plugins.metrics_log as module
+
+    for folder, metrics in (("bounded", Metrics()), ("every", Metrics(interval=0))):
+        hookfit.Loop(loss_step, list(range(40)), run_dir=tmp_path / folder,
+                     plugins=[metrics, MetricsLog(every_n_steps=5)]).fit()
+    steps = {folder: [line["step"] for line in lines(tmp_path / folder) if line["event"] == "step"]
+             for folder in ("bounded", "every")}
+    assert steps["every"] == [5, 10, 15, 20, 25, 30, 35, 40] and len(steps["bounded"]) < 8
+    for doc in (module.__doc__, MetricsLog.__doc__):
+        assert "Metrics(interval=0.5)" in doc and "Metrics(interval=0)" in doc
