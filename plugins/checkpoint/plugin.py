@@ -126,7 +126,7 @@ class Checkpoint:
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
         self._main_dir: Path | None = None  # off the main process: where the main one writes
-        self._saved_step: int | None = None  # the global step of the last save asked (or resumed from)
+        self.saved_step: int | None = None  # the global step of the last save asked, or of the one resumed from
         self._lock: folders.FolderLock | None = None  # a given dir's, while a run writes there
 
     @property
@@ -184,7 +184,7 @@ class Checkpoint:
         self.scores.start()
         self.reports.reset()
         self.resumed_from, self.off, self._main_dir = None, False, None
-        self._pending, self._continued, self._saved_step = None, False, None
+        self._pending, self._continued, self.saved_step = None, False, None
         self.writer.outcomes(), self.shards.take()  # (a run before this one told everything at its end)
         source = loop.resume
         if source is None:
@@ -231,7 +231,7 @@ class Checkpoint:
             return False
         restore(loop, path, data, self.strict)
         self.resumed_from = self.catalog.last = path
-        self._saved_step = data["loop"]["step"]
+        self.saved_step = data["loop"]["step"]
         if source == "latest":
             announce(loop, path, self.dir)
         if loop.is_main and loop.mode == "fit" and (folder := self._known_directory(loop)) is not None:
@@ -267,7 +267,7 @@ class Checkpoint:
             elif state.status == "failed" and self.on_failure:
                 self._save(loop, "failure", must=True)
             elif state.status == "completed" and (_inside_training(loop.position) or (
-                    self.scheduled and self._saved_step != state.step)):
+                    self.scheduled and self.saved_step != state.step)):
                 # inside an epoch (max_steps: a longer run goes on from here), or newer than the last save
                 budget = loop.max_steps is not None and state.step >= loop.max_steps
                 self._save(loop, "max_steps" if budget else "completed", must=True)
@@ -343,7 +343,7 @@ class Checkpoint:
         self._last_time = time.monotonic()
         self.collect(loop)
         position = loop.position
-        self._saved_step = position.step
+        self.saved_step = position.step
         metric = self.scores.current(loop)
         self.scores.asked(metric)
         with self.writer.aside():  # the writer steps aside while this thread copies

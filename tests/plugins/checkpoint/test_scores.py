@@ -153,3 +153,13 @@ def test_a_step_save_due_before_a_validation_that_fails_is_written_without_a_sco
     assert latest.name == "epoch0001-step000000006.pt"
     data = read(latest)
     assert data["loop"]["val_due"] is True and data["meta"]["metric"] is None and data["meta"]["reason"] == "step"
+
+
+def test_a_run_whose_last_validation_ends_it_is_saved_once_with_that_validations_score(tmp_path: Path) -> None:
+    """Saves and validations every 6 steps, epochs of 6: the run's last step is saved once,
+    after its validation, with its score (the run's end adds no second save of it)."""
+    checkpoint = Checkpoint(every_n_epochs=None, every_n_steps=6, keep_last=5, monitor="valid/loss", background=False)
+    state, scored = small_run(tmp_path, checkpoint, {6: 2.0, 12: 1.0}, max_epochs=2, val_every_n_steps=6)
+    assert [(reason, step) for reason, step, _ in scored.saved] == [("step", 6), ("step", 12)]
+    assert [read(p)["meta"]["metric"] for p in checkpoint.saved] == [2.0, 1.0]
+    assert state.results["last_checkpoint"] == state.results["best_checkpoint"] == checkpoint.saved[-1]
