@@ -379,7 +379,7 @@ def unrebuilt_order(data: Any, restored: bool = False, held: Collection[str] = (
     what, instead = None, _INSTEAD
     if isinstance(data, DataLoader):
         batches, dataset = data.batch_sampler, data.dataset
-        sampler = getattr(batches, "sampler", None)
+        sampler = data.sampler if batches is None else getattr(batches, "sampler", None)  # (batch_size=None: none)
         if isinstance(dataset, IterableDataset):
             if not hasattr(dataset, "set_epoch") and (attr := _own_generator(dataset)) is not None:
                 what = (f"DataLoader over the {type(dataset).__name__} dataset, which draws from a random generator "

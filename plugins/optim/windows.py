@@ -28,8 +28,8 @@ class Window:
             self._last_window = self._stage_len - self._last_size
 
     def closes(self, loop: Run) -> bool:
-        """Whether the running training batch is its window's last."""
-        return self.size == 1 or (loop.state.batch_idx + 1) % self.size == 0
+        """Whether the running training batch is its window's last (the epoch's last batch closes a partial one)."""
+        return self.size == 1 or (done := loop.state.batch_idx + 1) % self.size == 0 or done == self._stage_len
 
     def divisor(self, loop: Run) -> int:
         """What this batch's loss is divided by (``size`` past the data's length: a wrong ``__len__``)."""

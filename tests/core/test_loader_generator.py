@@ -50,11 +50,13 @@ class StopAtEpochEnd:
         loop.request_stop("test stop at an epoch's end")
 
 
-def train(run_dir: Path, workers: int, *, stopper=None, resume=None, sampler: bool = False):
+def train(run_dir: Path, workers: int, *, stopper=None, resume=None, sampler: bool = False, unbatched: bool = False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
     g = torch.Generator().manual_seed(5)
-    if sampler:  # the generator on a RandomSampler the script makes
+    if unbatched:  # batch_size=None: the loader has no batch sampler, its sampler shuffles the items
+        data = DataLoader(Noisy(), batch_size=None, shuffle=True, generator=g, num_workers=workers)
+    elif sampler:  # the generator on a RandomSampler the script makes
         data = DataLoader(Noisy(), batch_size=4, sampler=torch.utils.data.RandomSampler(Noisy(), generator=g),
                           num_workers=workers)
     else:
@@ -104,6 +106,17 @@ def test_a_loader_with_its_own_generator_resumes_to_bitwise_equal_parameters_wit
     assert resumed.resumed_from is not None and resumed.status == "completed" and resumed.step == 3 * BATCHES
     assert not [m for m in said if "cannot be rebuilt" in m], said
     assert all(torch.equal(p, q) for p, q in zip(params, straight(workers, sampler)))
+
+
+def test_a_loader_without_batching_that_shuffles_with_its_own_generator_resumes_without_a_warning(
+        tmp_path: Path) -> None:
+    straight, expected, _ = train(tmp_path / "straight", 0, unbatched=True)
+    stopped, _, _ = train(tmp_path, 0, stopper=StopAfter(30), unbatched=True)
+    assert (straight.status, stopped.status, stopped.step) == ("completed", "interrupted", 30)
+    resumed, params, said = train(tmp_path, 0, resume="latest", unbatched=True)
+    assert resumed.status == "completed" and resumed.step == straight.step == 3 * 4 * BATCHES
+    assert not [m for m in said if "cannot be rebuilt" in m], said
+    assert all(torch.equal(p, q) for p, q in zip(params, expected))
 
 
 def test_the_run_state_holds_the_loaders_generator_as_the_iterator_was_made_and_now(tmp_path: Path) -> None:

@@ -269,6 +269,17 @@ def test_the_optimizer_step_events_see_the_position_their_specs_state() -> None:
 
     m = model()
     fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(6), Probe(), epochs=2, accumulate=4)
+    # data with a len(): the epoch's last, partial window steps in its last batch, as the step asks
+    assert seen == [("before", 3, 3, 3, 0), ("after", 3, 3, 3, 1), ("before", 5, 5, 5, 1), ("after", 5, 5, 5, 2),
+                    ("before", 9, 3, 9, 2), ("after", 9, 3, 9, 3), ("before", 11, 5, 11, 3), ("after", 11, 5, 11, 4)]
+    seen.clear()
+
+    class Unsized:  # batches without a len()
+        def __iter__(self):
+            return iter(data(6))
+
+    fit(m, torch.optim.SGD(m.parameters(), lr=0.1), Unsized(), Probe(), epochs=2, accumulate=4)
+    # without a len(): the partial window is known only at the stage's end, which steps it
     assert seen == [("before", 3, 3, 3, 0), ("after", 3, 3, 3, 1), ("before", 6, 5, 5, 1), ("after", 6, 5, 5, 2),
                     ("before", 9, 3, 9, 2), ("after", 9, 3, 9, 3), ("before", 12, 5, 11, 3), ("after", 12, 5, 11, 4)]
 

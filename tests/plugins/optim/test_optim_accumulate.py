@@ -169,3 +169,59 @@ def test_max_steps_inside_the_last_window_leaves_it_to_the_resumed_run(tmp_path)
     assert (state.status, state.step) == ("completed", 10)
     torch.testing.assert_close(params(m), large_batches(batches, 4), **TIGHT)
     assert_bitwise(params(m), accumulated(batches, 4, len))
+
+
+def test_the_epochs_last_partial_window_steps_in_its_last_batch_where_the_step_asks_for_it() -> None:
+    """With several optimizers stepped in turn (a GAN's discriminator, then its generator on the
+    updated discriminator), the last, partial window must step where the step function steps it,
+    as a hand-written loop does, not after the epoch: the generator's loss of batch 4 of 5 is
+    computed on the discriminator batch 4 just updated."""
+    torch.manual_seed(0)
+    d_net, g_net = torch.nn.Linear(3, 1).double(), torch.nn.Linear(2, 3).double()
+    noise = [torch.randn(4, 2, dtype=torch.float64) for _ in range(5)]
+    real = [torch.randn(4, 3, dtype=torch.float64) for _ in range(5)]
+    start = [t.clone() for t in (*d_net.parameters(), *g_net.parameters())]
+
+    def train(hooked: bool) -> list[float]:
+        with torch.no_grad():
+            for p, s in zip((*d_net.parameters(), *g_net.parameters()), start):
+                p.copy_(s)
+        opts = {"d": torch.optim.SGD(d_net.parameters(), lr=0.5), "g": torch.optim.SGD(g_net.parameters(), lr=0.5)}
+        g_losses: list[float] = []
+
+        def parts(batch: int, step_d, step_g) -> None:
+            fake = g_net(noise[batch])
+            d_loss = d_net(real[batch]).mean() - d_net(fake.detach()).mean()
+            step_d(d_loss, batch)
+            g_loss = d_net(fake).mean()
+            g_losses.append(g_loss.item())
+            step_g(g_loss, batch)
+
+        if hooked:
+            def step(loop, batch):
+                def stepper(name):
+                    def go(loss, b):
+                        with loop.optimizers.toggle(name):
+                            loop.backward(loss)
+                        loop.optimizers[name].step()
+                        loop.optimizers[name].zero_grad()
+                    return go
+                parts(batch, stepper("d"), stepper("g"))
+            hookfit.Loop(step, list(range(5)), optimizers=opts, plugins=[Optim(accumulate=2)]).fit()
+        else:  # by hand: windows [0, 1], [2, 3], [4], each optimizer its own gradients
+            def by_hand(name, net, other):
+                def go(loss, b):
+                    for p in other.parameters():
+                        p.requires_grad_(False)
+                    (loss / (1 if b == 4 else 2)).backward()
+                    for p in other.parameters():
+                        p.requires_grad_(True)
+                    if b % 2 == 1 or b == 4:
+                        opts[name].step()
+                        opts[name].zero_grad()
+                return go
+            for b in range(5):
+                parts(b, by_hand("d", d_net, g_net), by_hand("g", g_net, d_net))
+        return g_losses
+
+    assert train(hooked=True) == train(hooked=False)
