@@ -12,8 +12,6 @@ optimizers, correctly under gradient accumulation, clipping, mixed precision and
 design behind them: ``plugins/optim/README.md``, its section "Options" first.
 """
 
-from __future__ import annotations
-
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, UnknownOptimizer
 from hookfit.plugins.optim.plugin import Optim, OptimWarning
 

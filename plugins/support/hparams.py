@@ -1,22 +1,31 @@
 """A run's hyperparameters, as the loggers (``tensorboard``, ``mlflow``, ``wandb``) record them: one
-flat mapping of scalars (:func:`run_hparams`); :func:`hyperparameters` checks a logger's ``hparams``."""
+flat mapping of scalars (:func:`run_hparams`); :func:`hyperparameters` checks a logger's ``hparams``;
+:func:`replaced_settings` finds the optimizer settings a resume puts back over those given."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hookfit.errors import user_level
 from hookfit.plugins.support.options import finite, is_int, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["Hparam", "hparam", "hyperparameters", "run_hparams"]
+__all__ = ["Hparam", "hparam", "hyperparameters", "replaced_settings", "run_hparams", "warn_replaced"]
 
 Hparam = bool | int | float | str  # a hyperparameter's value: one scalar, as every tracker shows it
-_MECHANICS = frozenset({"params", "foreach", "fused", "capturable", "differentiable"})  # how, not what
+_MECHANICS = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable"})  # how, not what
+_BOUNDS = ("max_momentum", "base_momentum")  # put in each group by OneCycleLR and CyclicLR with cycle_momentum,
+_CYCLED = ("momentum", "betas")  # which then move these every step
+# the end of warn_replaced's warning where lr itself was compared (no scheduler)
+_OWN_RATE = (". A rate the training code sets itself (a schedule of its own, in the step function or a plugin) "
+             "cannot be told from one changed: such code sets it again as the resumed run goes on")
 
 
 def hparam(value: object) -> Hparam | None:
@@ -70,3 +79,77 @@ def run_hparams(loop: Run, extra: Mapping[str, Hparam] | None = None) -> dict[st
             if (value := hparam(getattr(plugin, option) if hasattr(plugin, option) else given.get(option))) is not None:
                 out[f"plugin.{name}.{option}"] = value
     return {**out, **(extra or {})}
+
+
+Replaced = tuple[int, str, Any, Any]  # (parameter group, setting, the saved value, the value given)
+
+
+def replaced_settings(saved: Sequence[Mapping[str, Any]], given: Sequence[Mapping[str, Any]], *,
+                      scheduled: bool) -> list[Replaced]:
+    """The settings of the parameter groups ``given`` (an optimizer's ``param_groups`` as the run built it)
+    that loading ``saved`` (``state_dict()["param_groups"]`` of a checkpoint) puts other values in, as torch's
+    ``Optimizer.load_state_dict`` does. What moves during training is left out: ``lr`` where both groups have
+    a scheduler's ``initial_lr`` (compared instead) or where the run has a scheduler (``scheduled``:
+    ``ReduceLROnPlateau`` keeps no ``initial_lr``), ``momentum``/``betas`` where a scheduler cycles them,
+    and how the optimizer runs (``params``, ``fused``, ``foreach``...). A setting only one side has is
+    left out too (another torch version's defaults)."""
+    out: list[Replaced] = []
+    for index, (old, new) in enumerate(zip(saved, given)):
+        skip = set(_MECHANICS)
+        if scheduled or ("initial_lr" in old and "initial_lr" in new):
+            skip.add("lr")
+        if any(bound in old or bound in new for bound in _BOUNDS):
+            skip.update(_CYCLED)
+        out += [(index, key, old[key], value) for key, value in new.items()
+                if key in old and key not in skip and _differ(old[key], value)]
+    return out
+
+
+def warn_replaced(plugin: str, name: str, optimizer: Any, saved: Mapping[str, Any], *, scheduled: bool,
+                  category: type[Warning]) -> None:
+    """One warning (``category``, at the user's line) when loading ``saved`` (its ``state_dict()`` in a
+    checkpoint) into ``optimizer`` (``loop.optimizers[name]``, before the load) replaces settings it was
+    built with (:func:`replaced_settings`): each with both values, and how to train with the new ones instead."""
+    changes = replaced_settings(saved.get("param_groups", ()), optimizer.param_groups, scheduled=scheduled)
+    if not changes:
+        return
+    groups = sorted({index for index, *_ in changes})
+    listed = "; ".join(f"parameter group {group}: " + ", ".join(
+        f"the checkpoint's {key}={_shown(old)} replaces {key}={_shown(new)} given"
+        for index, key, old, new in changes if index == group) for group in groups)
+    index, key, _, new = changes[0]
+    key = "lr" if key == "initial_lr" else key  # (a scheduler's starting rate: the group's lr is what is set)
+    warnings.warn(
+        f"{plugin}: optimizer {name!r} ({type(optimizer).__name__}) resumed with the settings of the checkpoint, "
+        f"not those it was built with: {listed}. A resumed run continues the saved one as it was (torch's "
+        f"Optimizer.load_state_dict puts back the saved parameter groups"
+        f"{', and its scheduler resumes from its own saved state' if scheduled else ''}). To train with the new "
+        f"values, start a new run (another Loop(run_dir=...) or Loop(name=...), or no resume), or set them once "
+        f"the run has resumed, in a plugin's resumed(loop, info) hook: "
+        f"loop.optimizers[{name!r}].param_groups[{index}][{key!r}] = {_shown(new)}"
+        f"{_OWN_RATE if any(change[1] == 'lr' for change in changes) else ''}", category, stacklevel=user_level())
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as compared: a tensor (``lr`` may be one) as its number(s), a list as a tuple (``betas``)."""
+    value = value.tolist() if callable(getattr(value, "tolist", None)) else value
+    return tuple(_plain(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _differ(saved: Any, given: Any) -> bool:
+    """Whether two values of a setting differ: numbers by more than a float32 tensor's rounding (``lr`` may be
+    one), tuples item by item; values that cannot be compared are taken as the same."""
+    saved, given = _plain(saved), _plain(given)
+    if isinstance(saved, tuple) and isinstance(given, tuple):
+        return len(saved) != len(given) or any(_differ(a, b) for a, b in zip(saved, given))
+    if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (saved, given)):
+        return not math.isclose(saved, given, rel_tol=1e-6)
+    try:
+        return bool(saved != given)
+    except Exception:  # (an object whose comparison fails or is not a truth value)
+        return False
+
+
+def _shown(value: Any) -> str:
+    """A setting as the warning shows it: ``0.001``, ``(0.9, 0.999)``."""
+    return repr(_plain(value))

@@ -1067,6 +1067,92 @@ def test_resuming_a_checkpoint_of_another_optimizer_class_fails(tmp_path) -> Non
     assert run(adam, max_epochs=2, resume="latest").step == 6  # the same class resumes
 
 
+def _resumed(folder, make, schedulers=lambda opt: None, plugins=(), first=None, **options):
+    """A run of ``first`` (else ``make``) for an epoch, then one of ``make`` and ``plugins`` resumed from it for two
+    more: the optimizer of the resumed run, the first run's learning rate at its end, the resume's OptimWarnings."""
+    import warnings
+
+    from hookfit.plugins.checkpoint import Checkpoint
+    from hookfit.plugins.metrics import Metrics
+
+    def run(make, plugins=(), **kwargs):
+        m = model()
+
+        def step(loop, batch):
+            loss = mse(m, batch)
+            loop.backward(loss)
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+            return loss
+
+        opt = make(m)
+        hookfit.Loop(step, data(3), val_step=lambda loop, batch: {"loss": mse(m, batch)}, val_data=data(2, seed=1),
+                     model=m, optimizers=opt, run_dir=folder, disable=["console"],
+                     plugins=[Optim(schedulers=schedulers(opt), **options), Metrics(), Checkpoint(background=False),
+                              *plugins],
+                     **kwargs).fit()
+        return opt
+
+    rate = run(first or make, max_epochs=1).param_groups[0]["lr"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = run(make, plugins, max_epochs=3, resume="latest")
+    return opt, float(rate), [w for w in caught if issubclass(w.category, OptimWarning)]
+
+
+@pytest.mark.parametrize("make, schedulers, options", [
+    (sgd, lambda opt: None, {}),
+    (adam, lambda opt: None, {}),
+    (lambda m: torch.optim.Adam(m.parameters(), lr=torch.tensor(0.01), foreach=False), lambda opt: None, {}),
+    (sgd, lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5), {}),
+    (sgd, lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=9), {}),
+    (adam, lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.02, total_steps=9), {}),
+    (sgd, lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5, threshold=10.0),
+     {"monitor": "valid/loss"}),
+], ids=["SGD", "Adam", "Adam-tensor-lr", "StepLR", "OneCycleLR-SGD", "OneCycleLR-Adam", "ReduceLROnPlateau"])
+def test_a_resume_with_the_optimizer_the_run_was_built_with_warns_nothing(tmp_path, make, schedulers, options) -> None:
+    opt, rate, caught = _resumed(tmp_path, make, schedulers, **options)
+    assert caught == []
+    start = make(model()).param_groups[0]["lr"]
+    if schedulers(make(model())) is not None:  # the checkpoint's rate is not the one given: a scheduler moved it
+        assert rate != pytest.approx(float(start))
+    assert opt.param_groups[0]["lr"] != start or schedulers(opt) is None
+
+
+@pytest.mark.bad_input
+def test_a_resume_that_replaces_the_settings_given_says_so_with_both_values(tmp_path) -> None:
+    """torch's load_state_dict puts back the saved groups' settings, as an exact resume needs: a rate and a
+    weight decay changed for the resumed run never took effect, without a word."""
+    opt, _, caught = _resumed(tmp_path, lambda m: torch.optim.Adam(m.parameters(), lr=1e-4, weight_decay=0.1),
+                              first=adam)
+    assert opt.param_groups[0]["lr"] == 0.01 and opt.param_groups[0]["weight_decay"] == 0  # the checkpoint's
+    assert len(caught) == 1 and caught[0].filename == __file__, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert ("optim: optimizer 'default' (Adam) resumed with the settings of the checkpoint, not those it was built "
+            "with: parameter group 0: the checkpoint's lr=0.01 replaces lr=0.0001 given, the checkpoint's "
+            "weight_decay=0 replaces weight_decay=0.1 given") in message, message
+    assert "start a new run (another Loop(run_dir=...) or Loop(name=...), or no resume)" in message, message
+    assert "resumed(loop, info) hook: loop.optimizers['default'].param_groups[0]['lr'] = 0.0001" in message, message
+
+
+def test_settings_set_in_a_resumed_hook_are_those_the_resumed_run_trains_with(tmp_path) -> None:
+    """What the warning advises for training a resumed run with new settings."""
+    rates = []
+
+    class NewRate:
+        @hookfit.hookimpl
+        def resumed(self, loop, info):
+            loop.optimizers["default"].param_groups[0]["lr"] = 1e-4
+
+        @hookfit.hookimpl
+        def after_optimizer_step(self, loop, name, optimizer):
+            rates.append(optimizer.param_groups[0]["lr"])
+
+    opt, _, caught = _resumed(tmp_path, lambda m: torch.optim.Adam(m.parameters(), lr=1e-4), plugins=[NewRate()],
+                              first=adam)
+    assert len(caught) == 1 and rates == [1e-4] * 6 and opt.param_groups[0]["lr"] == 1e-4
+
+
 # -- mixed precision: Optim(precision=...) -------------------------------------------------------
 
 
