@@ -74,14 +74,12 @@ def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer
     the gradients here (on an accelerator, as a tensor: no host read per step). The return value is
     ignored; a plugin must not replace the optimizer.
 
-    ``loop.state.batch_idx`` is the batch that closes the step; ``loop.state.step`` counts the
-    training batches done: inside the step function (the usual case) it is the running batch's
-    global number (from 0; an epoch's last, partial window is stepped in its last batch when the
-    data has a ``len()``), but a partial window stepped at the stage's end (optim's ``tryfirst``
-    ``stage_end``, for data without a ``len()``) sees the last batch done too (6 after a first
-    epoch of batches 0-5). Keep
-    ``step`` from ``batch_start`` for the closing batch's number in both; the built-in's
-    ``loop.optimizers[name].steps`` counts that optimizer's real steps before this one."""
+    ``loop.state.batch_idx`` is the batch that closes the step; ``loop.state.step`` counts the training
+    batches done: inside the step function (the usual case, an epoch's last partial window included when
+    the data has a ``len()``) it is the running batch's global number (from 0), but a partial window
+    stepped at the stage's end (optim's ``tryfirst`` ``stage_end``, data without a ``len()``) sees the
+    last batch done too (6 after a first epoch of batches 0-5). Keep ``step`` from ``batch_start`` for
+    the closing batch's number in both; ``loop.optimizers[name].steps`` counts real steps before this."""
 
 
 @hookspec

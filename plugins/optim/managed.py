@@ -10,10 +10,11 @@ import torch
 
 from hookfit.errors import UsageError
 from hookfit.plugins.optim import kernels
+from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy
 from hookfit.plugins.optim.toggles import Toggled, stamp
+from hookfit.plugins.support import hparams
 
 if TYPE_CHECKING:
-    from hookfit.plugins.optim.nonfinite import Deferred, Policy
     from hookfit.plugins.optim.watch import Watch
     from hookfit.plugins.optim.windows import Window
     from hookfit.run import Run
@@ -55,8 +56,8 @@ class ManagedOptimizer:
 
     def __init__(self, rules: Rules, name: str, optimizer: torch.optim.Optimizer,
                  schedulers: Sequence[Any] = (), per_step: Sequence[Any] = ()) -> None:
-        self.name = name
-        self.optimizer = optimizer
+        self.name, self.optimizer = name, optimizer
+        self.built = hparams.settings(optimizer.param_groups)  # as given to the run: what a resume compares
         self.schedulers: list[Any] = list(schedulers)  # in the order they step
         self.steps, self.skipped = 0, 0  # real steps, skipped ones
         self.window_open = False  # step() was called inside a window that has not closed
@@ -194,7 +195,7 @@ class ManagedOptimizer:
         return {"class": class_name(self.optimizer), "optimizer": self.optimizer.state_dict(),
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scheduler_classes": [class_name(s) for s in self.schedulers],
-                "steps": self.steps, "skipped": self.skipped}
+                "steps": self.steps, "skipped": self.skipped, "built": self.built}
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit it."""
@@ -219,6 +220,7 @@ class ManagedOptimizer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned, once :meth:`check_state` accepted it."""
+        hparams.warn_replaced("optim", self.name, self.optimizer, self.built, state.get("built"), OptimWarning)
         self.optimizer.load_state_dict(state["optimizer"])
         self._skips, self._primed = None, False  # its groups' kernels may have changed
         for scheduler, saved in zip(self.schedulers, state["schedulers"]):

@@ -10,7 +10,7 @@ import torch
 from hookfit import hookimpl
 from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins.support import check, choice, flag, hparams, positive_int, positive_number
+from hookfit.plugins.support import check, choice, flag, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.checks import Check, DeviceCheck, Flags, HostCheck, NoCheck
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules
@@ -265,9 +265,7 @@ class Optim:
             raise ValueError(f"optim: the checkpoint has optimizers {sorted(saved)}, this run {sorted(here)}")
         for name, managed in self.optimizers.items():
             managed.check_state(state["optimizers"][name])
-        for name, managed in self.optimizers.items():  # a warning where the saved settings replace those given
-            hparams.warn_replaced("optim", name, managed.optimizer, state["optimizers"][name]["optimizer"],
-                                  scheduled=bool(managed.schedulers), category=OptimWarning)
+        for name, managed in self.optimizers.items():
             managed.load_state_dict(state["optimizers"][name])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])

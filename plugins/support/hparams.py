@@ -1,6 +1,6 @@
 """A run's hyperparameters, as the loggers (``tensorboard``, ``mlflow``, ``wandb``) record them: one
 flat mapping of scalars (:func:`run_hparams`); :func:`hyperparameters` checks a logger's ``hparams``;
-:func:`replaced_settings` finds the optimizer settings a resume puts back over those given."""
+:func:`settings` and :func:`replaced_settings` find the optimizer settings a resume puts back over those given."""
 
 from __future__ import annotations
 
@@ -17,15 +17,10 @@ from hookfit.plugins.support.options import finite, is_int, option_error
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["Hparam", "hparam", "hyperparameters", "replaced_settings", "run_hparams", "warn_replaced"]
+__all__ = ["Hparam", "hparam", "hyperparameters", "replaced_settings", "run_hparams", "settings", "warn_replaced"]
 
 Hparam = bool | int | float | str  # a hyperparameter's value: one scalar, as every tracker shows it
 _MECHANICS = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable"})  # how, not what
-_BOUNDS = ("max_momentum", "base_momentum")  # put in each group by OneCycleLR and CyclicLR with cycle_momentum,
-_CYCLED = ("momentum", "betas")  # which then move these every step
-# the end of warn_replaced's warning where lr itself was compared (no scheduler)
-_OWN_RATE = (". A rate the training code sets itself (a schedule of its own, in the step function or a plugin) "
-             "cannot be told from one changed: such code sets it again as the resumed run goes on")
 
 
 def hparam(value: object) -> Hparam | None:
@@ -82,35 +77,37 @@ def run_hparams(loop: Run, extra: Mapping[str, Hparam] | None = None) -> dict[st
 
 
 Replaced = tuple[int, str, Any, Any]  # (parameter group, setting, the saved value, the value given)
+Setting = Any  # a setting as :func:`settings` keeps it: a number, a string, a bool, None, or a tuple of them
 
 
-def replaced_settings(saved: Sequence[Mapping[str, Any]], given: Sequence[Mapping[str, Any]], *,
-                      scheduled: bool) -> list[Replaced]:
-    """The settings of the parameter groups ``given`` (an optimizer's ``param_groups`` as the run built it)
-    that loading ``saved`` (``state_dict()["param_groups"]`` of a checkpoint) puts other values in, as torch's
-    ``Optimizer.load_state_dict`` does. What moves during training is left out: ``lr`` where both groups have
-    a scheduler's ``initial_lr`` (compared instead) or where the run has a scheduler (``scheduled``:
-    ``ReduceLROnPlateau`` keeps no ``initial_lr``), ``momentum``/``betas`` where a scheduler cycles them,
-    and how the optimizer runs (``params``, ``fused``, ``foreach``...). A setting only one side has is
-    left out too (another torch version's defaults)."""
+def settings(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Setting]]:
+    """The settings of an optimizer's parameter groups (``param_groups`` as the run was given them, before
+    any step, schedule or resume moves them): each group's values but how the optimizer runs (``params``,
+    ``fused``, ``foreach``...), as plain values a checkpoint holds (a tensor ``lr`` as its number, ``betas``
+    as a tuple); a value of any other kind (a custom optimizer's object) is left out."""
+    return [{key: value for key, value in ((k, _plain(v)) for k, v in group.items() if k not in _MECHANICS)
+             if _plain_value(value)} for group in groups]
+
+
+def replaced_settings(saved: Sequence[Mapping[str, Setting]], given: Sequence[Mapping[str, Setting]]
+                      ) -> list[Replaced]:
+    """The settings of ``given`` (:func:`settings` of the optimizer as this run was given it) that differ from
+    ``saved`` (the same, of the run that wrote the checkpoint): what the user changed between the two runs,
+    which a resume does not apply (torch's ``Optimizer.load_state_dict`` puts back the saved groups). What
+    training moved since (a schedule, the training code's own rate) is not compared: both sides are as built.
+    A setting only one side has is left out (another torch version's defaults)."""
     out: list[Replaced] = []
     for index, (old, new) in enumerate(zip(saved, given)):
-        skip = set(_MECHANICS)
-        if scheduled or ("initial_lr" in old and "initial_lr" in new):
-            skip.add("lr")
-        if any(bound in old or bound in new for bound in _BOUNDS):
-            skip.update(_CYCLED)
-        out += [(index, key, old[key], value) for key, value in new.items()
-                if key in old and key not in skip and _differ(old[key], value)]
+        out += [(index, key, old[key], value) for key, value in new.items() if key in old and _differ(old[key], value)]
     return out
 
 
-def warn_replaced(plugin: str, name: str, optimizer: Any, saved: Mapping[str, Any], *, scheduled: bool,
-                  category: type[Warning]) -> None:
-    """One warning (``category``, at the user's line) when loading ``saved`` (its ``state_dict()`` in a
-    checkpoint) into ``optimizer`` (``loop.optimizers[name]``, before the load) replaces settings it was
-    built with (:func:`replaced_settings`): each with both values, and how to train with the new ones instead."""
-    changes = replaced_settings(saved.get("param_groups", ()), optimizer.param_groups, scheduled=scheduled)
+def warn_replaced(plugin: str, name: str, optimizer: Any, built: Sequence[Mapping[str, Setting]],
+                  saved: Sequence[Mapping[str, Setting]] | None, category: type[Warning]) -> None:
+    """One warning (``category``, at the user's line) when ``optimizer`` (``loop.optimizers[name]``, settings
+    ``built`` as given to this run) resumes from a checkpoint whose run was given other settings (``saved``;
+    ``None``: the checkpoint does not say): each with both values, and how to train with the new ones."""
+    changes = replaced_settings(saved, built) if saved is not None else []
     if not changes:
         return
     groups = sorted({index for index, *_ in changes})
@@ -122,12 +119,17 @@ def warn_replaced(plugin: str, name: str, optimizer: Any, saved: Mapping[str, An
     warnings.warn(
         f"{plugin}: optimizer {name!r} ({type(optimizer).__name__}) resumed with the settings of the checkpoint, "
         f"not those it was built with: {listed}. A resumed run continues the saved one as it was (torch's "
-        f"Optimizer.load_state_dict puts back the saved parameter groups"
-        f"{', and its scheduler resumes from its own saved state' if scheduled else ''}). To train with the new "
-        f"values, start a new run (another Loop(run_dir=...) or Loop(name=...), or no resume), or set them once "
-        f"the run has resumed, in a plugin's resumed(loop, info) hook: "
-        f"loop.optimizers[{name!r}].param_groups[{index}][{key!r}] = {_shown(new)}"
-        f"{_OWN_RATE if any(change[1] == 'lr' for change in changes) else ''}", category, stacklevel=user_level())
+        f"Optimizer.load_state_dict puts back the saved parameter groups, a scheduler its saved state). To train "
+        f"with the new values, start a new run (another Loop(run_dir=...) or Loop(name=...), or no resume), or "
+        f"set them once the run has resumed, in a plugin's resumed(loop, info) hook: "
+        f"loop.optimizers[{name!r}].param_groups[{index}][{key!r}] = {_shown(new)}", category, stacklevel=user_level())
+
+
+def _plain_value(value: Any) -> bool:
+    """Whether :func:`settings` keeps ``value``: what ``torch.load(weights_only=True)`` reads back."""
+    if isinstance(value, tuple):
+        return all(_plain_value(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _plain(value: Any) -> Any:

@@ -1249,3 +1249,30 @@ def test_a_step_wrapped_for_autocast_is_still_named_in_errors() -> None:
         hookfit.Loop(my_step, data(1), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
                      plugins=[Optim(precision="bf16-mixed")]).fit()
     assert any("my_step" in note for note in raised.value.__notes__), raised.value.__notes__
+
+
+def test_a_resume_of_a_run_whose_code_sets_its_own_rate_warns_nothing(tmp_path) -> None:
+    """A schedule of the training code's own (nanoGPT sets every group's lr each step, no torch scheduler):
+    the rate the checkpoint holds is the code's, not a setting the user changed."""
+    import warnings
+
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    class OwnRate:
+        @hookfit.hookimpl
+        def batch_start(self, loop):
+            for group in loop.optimizers.param_groups:
+                group["lr"] = 0.01 / (1 + loop.state.step)
+
+    def run(**kwargs):
+        m = model()
+        opt = sgd(m)
+        hookfit.Loop(lambda loop, batch: fit_step(loop, m, batch), data(3), model=m, optimizers=opt, run_dir=tmp_path,
+                     plugins=[Optim(), OwnRate(), Checkpoint(background=False)], **kwargs).fit()
+        return opt
+
+    assert run(max_epochs=1).param_groups[0]["lr"] != 0.1  # the checkpoint holds the code's rate
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(max_epochs=2, resume="latest").param_groups[0]["lr"] == pytest.approx(0.01 / 6)
+    assert [str(w.message) for w in caught if issubclass(w.category, OptimWarning)] == []
