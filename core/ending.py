@@ -1,19 +1,23 @@
 """How a run ends, whatever happened: :func:`fail` when it raised (``exception``), then
 :func:`finish`: ``fit_end`` exactly once, every implementation run even if one raises, then
-``results``, and ``run.jsonl``'s end line with the final status."""
+``results``, and ``run.jsonl``'s end line with the final status. The state then keeps what
+ended the run without the run (:func:`detached`)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
 from hookfit import blame, persistent, results
+from hookfit.errors import ErrorCopy
 from hookfit.state import State
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run
 
-__all__ = ["fail", "finish"]
+__all__ = ["detached", "fail", "finish"]
 
 
 def fail(run: Run, error: BaseException) -> None:
@@ -32,19 +36,26 @@ def finish(run: Run, failed: bool) -> None:
     """Fire ``fit_end`` once: every implementation runs even if one raises; then ask
     ``results`` (:mod:`hookfit.results`) and write the run's end line in ``run.jsonl`` with the
     final status; the persistent worker processes of its loaders end with it
-    (:func:`hookfit.persistent.release`). An error of either fails a run that had not failed."""
+    (:func:`hookfit.persistent.release`). An error of either fails a run that had not failed.
+    Last, the state's errors (``error``, ``silenced``) become :func:`detached` copies: a state
+    kept after the run holds none of its frames; what ``fit()`` raises is the exception itself."""
     state = run.state
-    state.stage = None
-    state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
-    errors = [(error, "fit_end") for _, error in run.hooks.call_all("fit_end", run)]
-    _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
-    errors += [(error, "results") for error in results.ask(run)]
-    _failed_by(state, errors, failed)
-    run.hooks.close()
-    run.folder.record_end()
-    persistent.release(run.train_data, run.val_data)
-    for exc, hook in errors if failed else errors[1:]:
-        blame.warn_secondary(exc, hook)
+    try:
+        state.stage = None
+        state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
+        errors = [(error, "fit_end") for _, error in run.hooks.call_all("fit_end", run)]
+        _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
+        errors += [(error, "results") for error in results.ask(run)]
+        _failed_by(state, errors, failed)
+        run.hooks.close()
+        run.folder.record_end()
+        persistent.release(run.train_data, run.val_data)
+        for exc, hook in errors if failed else errors[1:]:
+            blame.warn_secondary(exc, hook)
+    finally:
+        if state.error is not None:
+            state.error = detached(state.error)
+        state.silenced[:] = [dataclasses.replace(s, error=detached(s.error)) for s in state.silenced]
     if errors and not failed:
         raise errors[0][0]
 
@@ -54,3 +65,54 @@ def _failed_by(state: State, errors: list[tuple[BaseException, str]], failed: bo
         error = errors[0][0]
         state.status, state.error, state.stopped_by = "failed", error, None
         state.stop_reason = f"{type(error).__name__}: {error}"
+
+
+def detached(error: BaseException) -> BaseException:
+    """A copy of ``error`` that says what it said, without its traceback: its class, ``args``,
+    attributes and ``__notes__``, and its ``__cause__`` and ``__context__`` (and an exception
+    group's exceptions) copied the same way. A traceback holds every frame the exception went
+    through and each frame's locals (the run, its model and optimizers, a loss with its autograd
+    graph); a copy holds none. Made the way pickling makes one (``copy.copy``); an exception
+    whose class cannot be built again from its ``args`` is made without its ``__init__``, and
+    one whose class cannot be made at all becomes a :class:`hookfit.errors.ErrorCopy` naming it."""
+    return _detached(error, {})
+
+
+def _detached(error: BaseException, copies: dict[int, BaseException]) -> BaseException:
+    if (done := copies.get(id(error))) is not None:  # a chain that loops back
+        return done
+    inner = [_detached(e, copies) for e in error.exceptions] if isinstance(error, BaseExceptionGroup) else None
+    twin = copies[id(error)] = _copy(error, inner)
+    twin.__traceback__ = None
+    twin.__cause__ = None if error.__cause__ is None else _detached(error.__cause__, copies)
+    twin.__context__ = None if error.__context__ is None else _detached(error.__context__, copies)
+    twin.__suppress_context__ = error.__suppress_context__
+    return twin
+
+
+def _copy(error: BaseException, inner: list[BaseException] | None) -> BaseException:
+    kind = type(error)
+    attributes = dict(getattr(error, "__dict__", {}))
+    if "__notes__" in attributes:
+        attributes["__notes__"] = list(attributes["__notes__"])
+    args = error.args if inner is None else (error.args[0], inner)  # a group's own exceptions copied
+    try:
+        if isinstance(error, BaseExceptionGroup) and inner is not None:
+            twin: BaseException = error.derive(inner)
+        else:
+            twin = copy.copy(error)
+        if type(twin) is not kind:
+            raise TypeError(f"{kind.__name__} copied as {type(twin).__name__}")
+    except Exception:  # its __init__ takes other arguments than its args (or derive is not its own)
+        try:
+            twin = kind.__new__(kind, *args)
+            twin.args = args
+        except Exception:
+            twin = ErrorCopy(f"{kind.__module__}.{kind.__qualname__}: {error}")
+            attributes = {name: attributes[name] for name in ("__notes__",) if name in attributes}
+    for name, value in attributes.items():
+        try:
+            setattr(twin, name, value)
+        except (AttributeError, TypeError):  # a read-only property: the copy made it already
+            pass
+    return twin

@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-__all__ = ["HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "user_level"]
+__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "user_level"]
 
 
 class HookfitWarning(UserWarning):
@@ -25,6 +25,12 @@ class UsageError(Exception):
     TypeError)``); raised by the plugin's code that a step function called, and by no other code
     below that call, its note blames the step function that made the call, naming the plugin
     and the function that refused it, not the plugin."""
+
+
+class ErrorCopy(Exception):
+    """What a failed run's state keeps (``State.error``) in place of an exception whose class
+    cannot be made again, even without its ``__init__``: its message is the class's full name
+    and the exception's text, and it has the exception's ``__notes__``."""
 
 
 class StateMismatch(ValueError):

@@ -40,6 +40,13 @@ class State:
     stopped_by: str | None = None
     """Who asked for the stop that ended the run (:class:`hookfit.payloads.StopRequest`)."""
     error: BaseException | None = None
+    """What failed the run (``status == "failed"``), else ``None``. While the run ends (its
+    ``exception``, ``fit_end`` and ``results`` events) it is the exception itself, which
+    ``fit()`` then raises unchanged, traceback and all. Once the run is over it is a copy
+    (:func:`hookfit.ending.detached`): the class, ``args``, attributes and ``__notes__``, and the
+    ``__cause__``/``__context__`` chain copied likewise, without traceback, whose frames would
+    keep the whole run alive (model, optimizers, data loaders' workers, a loss's autograd graph)
+    as long as the state is kept. Debug the exception ``fit()`` raises, not this copy."""
     started_at: float | None = None
     ended_at: float | None = None
     val_due: bool = False
@@ -55,7 +62,8 @@ class State:
     """This process's rank among ``world_size`` processes (set by a distributed plugin)."""
     world_size: int = 1
     silenced: list[Any] = field(default_factory=list)
-    """Observer plugins switched off during the run (:class:`hookfit.errors.Silenced`)."""
+    """Observer plugins switched off during the run (:class:`hookfit.errors.Silenced`); once the
+    run is over, each one's ``error`` is a copy without traceback, as :attr:`error` is."""
     time_split: Mapping[str, TimeSplit] = field(default_factory=lambda: MappingProxyType({}))
     """Stage name -> :class:`hookfit.payloads.TimeSplit`: the seconds each stage of this
     ``fit()`` has spent waiting for data, in the step function and in plugins, summed over its

@@ -34,6 +34,7 @@ def test_failing_step_fires_exception_then_fit_end_and_reraises(recorder: Record
         @hookfit.hookimpl
         def fit_end(self, loop):
             statuses.append(loop.state.status)
+            assert loop.state.error is error  # while the run ends: the exception itself
 
     def exploding_step(loop, b):
         if b == 1:
@@ -47,7 +48,10 @@ def test_failing_step_fires_exception_then_fit_end_and_reraises(recorder: Record
     assert recorder.names()[-2:] == ["exception", "fit_end"]
     assert recorder.events[-2] == ("exception", {"error": "Boom"})
     assert statuses == ["failed"] and loop.state.status == "failed"
-    assert loop.state.error is error
+    kept = loop.state.error  # once the run is over: a copy without its traceback
+    assert type(kept) is Boom and kept is not error and kept.args == ("step exploded",)
+    assert kept.__notes__ == error.__notes__ and kept.__traceback__ is None
+    assert error.__traceback__ is not None  # what fit() raised keeps its frames, for a debugger
 
 
 @pytest.mark.fault
@@ -211,3 +215,107 @@ def test_plugin_code_a_step_calls_is_blamed_on_the_plugin_and_the_step_named() -
         hookfit.Loop(own, [0], model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                      plugins=[Optim()]).fit()
     assert "raised in step function" in " ".join(caught.value.__notes__)
+
+
+@pytest.mark.fault
+def test_a_failed_run_s_kept_state_keeps_what_failed_but_not_the_run() -> None:
+    """A sweep that catches each failure and keeps the state (its table of outcomes): the
+    state's error says what failed (class, message, notes, cause) without the traceback whose
+    frames held the run, so the model, its optimizer and the step's loss are freed."""
+    import weakref
+
+    model = torch.nn.Linear(4, 4)
+    alive = weakref.ref(model)
+
+    def step(loop, batch):
+        loss = loop.model(batch).square().mean()  # a local with its autograd graph
+        try:
+            raise ValueError("the inner cause")
+        except ValueError as cause:
+            raise Boom(f"diverged at loss {loss.item() > -1}") from cause
+
+    loop = hookfit.Loop(step, [torch.ones(2, 4)], model=model, optimizers=torch.optim.Adam(model.parameters()),
+                        disable=["console", "checkpoint"])
+    with pytest.raises(Boom) as caught:
+        loop.fit()
+    assert caught.value.__traceback__ is not None and caught.value.__cause__.__traceback__ is not None
+    raised_notes = list(caught.value.__notes__)
+    state = loop.state
+    del loop, model, caught
+    gc.collect()
+    assert alive() is None, "the failed run's state keeps its model alive"
+    error = state.error
+    assert state.status == "failed" and type(error) is Boom and str(error) == "diverged at loss True"
+    assert error.__notes__ == raised_notes and any("step function" in note for note in error.__notes__)
+    assert error.__traceback__ is None and error.__suppress_context__
+    assert type(error.__cause__) is ValueError and error.__cause__.args == ("the inner cause",)
+    assert error.__cause__.__traceback__ is None and error.__cause__ is error.__context__
+    assert state.stop_reason == "Boom: diverged at loss True"
+
+
+@pytest.mark.fault
+def test_a_kept_state_s_silenced_observers_keep_their_error_but_not_the_run() -> None:
+    import weakref
+
+    class Flaky:
+        name = "flaky"
+        observer = True
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            raise RuntimeError(f"cannot draw batch {loop.state.batch_idx}")
+
+    model = torch.nn.Linear(2, 2)
+    alive = weakref.ref(model)
+    loop = hookfit.Loop(lambda loop, b: None, [1], model=model, plugins=[Flaky()], disable=["console", "checkpoint"])
+    with pytest.warns(hookfit.errors.ObserverWarning):
+        state = loop.fit()
+    del loop, model
+    gc.collect()
+    assert alive() is None, "a silenced observer's error keeps the run alive"
+    [silenced] = state.silenced
+    assert silenced.plugin == "flaky" and type(silenced.error) is RuntimeError
+    assert str(silenced.error) == "cannot draw batch 0" and silenced.error.__traceback__ is None
+
+
+def test_detached_copies_exceptions_that_cannot_be_built_again_from_their_args() -> None:
+    from hookfit.ending import detached
+    from hookfit.errors import ErrorCopy, StateMismatch
+
+    def raised(error: BaseException) -> BaseException:
+        try:
+            raise error
+        except BaseException as caught:
+            return caught
+
+    mismatch = raised(StateMismatch("2 plugins differ", ["a"], ["b"]))  # its __init__ takes three
+    copy = detached(mismatch)
+    assert type(copy) is StateMismatch and copy.args == mismatch.args and copy.__traceback__ is None
+    assert (copy.detail, copy.missing, copy.extra) == ("2 plugins differ", ["a"], ["b"])
+
+    class Fussy(Exception):
+        def __new__(cls, code: int) -> "Fussy":  # cannot be made from its args
+            if not isinstance(code, int):
+                raise TypeError("code")
+            return super().__new__(cls, code)
+
+        def __init__(self, code: int) -> None:
+            super().__init__(f"code {code}")
+
+    fussy = raised(Fussy(3))
+    fussy.add_note("a note")
+    copy = detached(fussy)
+    assert type(copy) is ErrorCopy and "Fussy: code 3" in str(copy) and copy.__notes__ == ["a note"]
+    assert copy.__traceback__ is None
+
+    group = raised(ExceptionGroup("two failed", [raised(ValueError("one")), raised(KeyError("two"))]))
+    copy = detached(group)
+    assert type(copy) is ExceptionGroup and copy.message == "two failed" and copy.__traceback__ is None
+    assert [(type(e), e.args) for e in copy.exceptions] == [(ValueError, ("one",)), (KeyError, ("two",))]
+    assert all(e.__traceback__ is None for e in copy.exceptions) and all(e.__traceback__ for e in group.exceptions)
+
+    first, second = raised(ValueError("a")), raised(ValueError("b"))
+    first.__context__, second.__context__ = second, first  # a chain that loops back
+    copy = detached(first)
+    assert copy.__context__.__context__ is copy and copy.__context__.args == ("b",)
+    assert first.__traceback__ is not None  # the original is left as it was
