@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import sys
+import types
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "user_level"]
+__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "user_level"]
 
 
 class HookfitWarning(UserWarning):
@@ -64,10 +68,50 @@ def user_level(*also: str) -> int:
     """The ``stacklevel`` for a ``warnings.warn`` in the function that calls this: the first frame
     outside hookfit, pluggy and the folders ``also`` (torch's, say), so the warning names the
     script's line (its ``fit()``) rather than the plugin or the event call it came through."""
+    return _outside(sys._getframe(1), also)[1]
+
+
+def _outside(frame: types.FrameType, also: tuple[str, ...]) -> tuple[types.FrameType, int]:
+    """The first frame from ``frame`` outwards that is outside hookfit, pluggy and ``also``, and
+    how many frames out it is (1: ``frame`` itself)."""
     inside = (os.path.dirname(__file__), *(os.path.dirname(getattr(sys.modules.get(name), "__file__", None) or "")
                                            for name in ("hookfit.plugins", "pluggy")), *also)
     inside = (*(folder + os.sep for folder in inside if folder), contextlib.__file__)  # (the loop's scopes)
-    frame, level = sys._getframe(1), 1
+    level = 1
     while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
-    return level
+    return frame, level
+
+
+def forget_warnings(*steps: Any) -> None:
+    """Forget which of hookfit's warnings (every category deriving from :class:`HookfitWarning`)
+    were shown, so that each is shown once a run rather than once a process: called as a run
+    starts (``fit()``, ``validate()``). Python's ``"default"`` action shows a warning once per
+    text, category and line of the module it points at, and hookfit's point at the script's
+    ``fit()`` line or a step function's line (:func:`user_level`), the same lines for every run
+    of a sweep's loop. This drops those entries from the ``__warningregistry__`` of every module
+    loaded, of the code that called ``fit()`` and of the ``steps``' code; nothing else: other
+    categories' entries, a ``"module"`` action's (line 0: once per module, as asked) and the
+    filters themselves stay, so ``"ignore"``, ``"error"``, ``"once"`` (once a process) and
+    ``"always"`` act as before."""
+    spaces = [module.__dict__ for module in list(sys.modules.values()) if isinstance(module, types.ModuleType)]
+    spaces += [_outside(sys._getframe(1), ())[0].f_globals, *(_namespace(step) for step in steps)]
+    registries = (space.get("__warningregistry__") for space in spaces)
+    for registry in {id(r): r for r in registries if isinstance(r, dict)}.values():
+        for key in list(registry):
+            if (isinstance(key, tuple) and len(key) == 3 and isinstance(key[1], type)
+                    and issubclass(key[1], HookfitWarning) and key[2] != 0):
+                registry.pop(key, None)
+
+
+def _namespace(function: Any) -> dict[str, Any]:
+    """The globals of the code ``function`` runs (through a bound method, a ``functools.partial``,
+    decorators that wrap), or ``{}``."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    try:
+        function = inspect.unwrap(getattr(function, "__func__", function))
+    except ValueError:  # a __wrapped__ chain that loops
+        pass
+    space = getattr(function, "__globals__", None)
+    return space if isinstance(space, dict) else {}

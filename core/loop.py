@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from hookfit import manager
+from hookfit import errors, manager
 from hookfit.data import length, one_pass
 from hookfit.payloads import StopRequest
 from hookfit.reproducibility import check_seed
@@ -41,8 +41,10 @@ def end_with(run: Run, error: BaseException) -> None:
 
 
 def _execute(run: Run) -> State:
-    """Run ``run`` to the end; then raise the error a plugin asked it to end with
-    (:func:`end_with`), if any, unless the run raised its own."""
+    """Run ``run`` to the end, each of hookfit's warnings shown once in it
+    (:func:`hookfit.errors.forget_warnings`); then raise the error a plugin asked it to end
+    with (:func:`end_with`), if any, unless the run raised its own."""
+    errors.forget_warnings(run.train_step, run.val_step)
     try:
         state = run.execute()
     finally:

@@ -61,3 +61,73 @@ def test_a_warning_during_the_run_points_at_the_scripts_fit_line_too() -> None:
     for says in ("observer plugin 'fragile'", "monitor='valid/los' names a metric this run does not produce"):
         [warning] = [w for w in caught if says in str(w.message)]
         assert (warning.filename, warning.lineno) == (__file__, line), (says, warning.filename, warning.lineno)
+
+
+def test_each_run_of_a_sweep_shows_hookfit_s_warnings_and_the_user_s_filters_still_apply(tmp_path) -> None:
+    """Three ``fit()`` from one line of a script's loop: Python's default action shows a warning
+    once per text and line, and hookfit's point at that ``fit()`` line (a checkpoint monitor
+    naming no metric) or at the step function's line (a backward pass outside
+    ``loop.backward``), the same in every run; each run shows them again. The script's own
+    warning shows once, as Python shows it; a filter the user set on hookfit's category
+    (``ignore``, ``once``, ``error``) applies as it says."""
+    from hookfit.plugins.checkpoint import CheckpointWarning
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.optim import Optim, OptimWarning
+
+    def step(loop, batch):
+        loss = loop.model(batch).square().mean()
+        loss.backward(); backward_line = _line()  # outside loop.backward: optim warns at this line
+        warnings.warn("the script's own warning"); own_line = _line()
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        lines.update(backward=backward_line, own=own_line)
+        return {"loss": loss.detach()}
+
+    def val_step(loop, batch):
+        return {"loss": loop.model(batch).square().mean()}
+
+    lines: dict[str, int] = {}
+
+    def sweep(action: str | None) -> list[tuple[type[Warning], int]]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            if action is not None:
+                warnings.simplefilter(action, CheckpointWarning)
+            for i in range(3):
+                model = torch.nn.Linear(2, 1)
+                loop = hookfit.Loop(step, [torch.ones(4, 2)], val_step=val_step, val_data=[torch.ones(4, 2)],
+                                    model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                                    max_epochs=1, run_dir=tmp_path / f"{action}-{i}",
+                                    plugins=[Optim(), Metrics(), Checkpoint(monitor="valid/acc", background=False)])
+                loop.fit(); lines["fit"] = _line()
+        return [(w.category, w.lineno) for w in caught if w.category in (CheckpointWarning, OptimWarning, UserWarning)]
+
+    shown = sweep(None)
+    assert shown.count((CheckpointWarning, lines["fit"])) == 3, shown
+    assert shown.count((OptimWarning, lines["backward"])) == 3, shown
+    assert shown.count((UserWarning, lines["own"])) == 1, shown  # not hookfit's: as Python shows it
+    assert (CheckpointWarning, lines["fit"]) not in sweep("ignore")
+    assert sweep("once").count((CheckpointWarning, lines["fit"])) == 1
+    with pytest.raises(CheckpointWarning, match="monitor='valid/acc' names a metric"):
+        sweep("error")
+
+
+def test_every_warning_category_hookfit_defines_derives_from_hookfit_warning() -> None:
+    """What a user filters on (``-W error::hookfit.HookfitWarning``) and what each run shows
+    again (:func:`hookfit.errors.forget_warnings`) is every category deriving from it."""
+    import ast
+    import importlib
+
+    from conftest import REPO
+
+    found = {}
+    for folder, package in (("core", "hookfit"), ("plugins", "hookfit.plugins")):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            names = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.endswith("Warning")]
+            if names:
+                parts = path.relative_to(REPO / folder).with_suffix("").parts
+                module = importlib.import_module(".".join((package, *parts)).removesuffix(".__init__"))
+                found.update({f"{module.__name__}.{name}": getattr(module, name) for name in names})
+    assert len(found) >= 4, found  # ObserverWarning, FileWarning, OptimWarning, CheckpointWarning at least
+    assert [name for name, kind in found.items() if not issubclass(kind, hookfit.HookfitWarning)] == []
