@@ -23,9 +23,10 @@ its cut last line is skipped without a note. The
 metrics are read along the line the run followed (:func:`followed`): rows that a resume
 abandoned are not the run's. ``Loop.validate()`` records in the folder are not fits.
 
-Without ``--metric``, a run is ranked by the metric the user configured a direction for
-(:func:`default_metric`: ``Metrics(best={"valid/acc": "max"})`` ranks by ``valid/acc``), else
-by its loss. Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
+Without ``--metric``, a run's best value is that of the metric the user configured a direction
+for (:func:`default_metric`: ``Metrics(best={"valid/acc": "max"})``: ``valid/acc``), else of its
+loss; ``hookfit runs`` lists runs newest first, ``hookfit compare`` in the order given.
+Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
 what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
 named ``loss`` only, ``"min"`` (the loss is what the step minimises: the metrics role's default).
 It is never guessed from other words in a name (``mae`` and ``perplexity`` are best low,
@@ -149,8 +150,8 @@ def epoch_rows(folder: Path) -> list[dict[str, Any]]:
 
 
 def default_metric(rows: Sequence[Mapping[str, Any]], known: Mapping[str, str] | None = None) -> str | None:
-    """The metric a run is ranked by: the first one of ``rows`` that ``known`` (the run's
-    directions, :func:`directions`) gives a direction and that is not a loss, a validation one
+    """The metric a run is judged by (its best value): the first one of ``rows`` that ``known``
+    (the run's directions, :func:`directions`) gives a direction and that is not a loss, a validation one
     first (the metric the user configured, ``Metrics(best={"valid/acc": "max"})``); else
     ``valid/loss`` when the run validated a loss, else ``train/loss``, else its first metric."""
     names = metric_names(rows)

@@ -202,6 +202,12 @@ def test_compare_draws_every_run_and_tables_final_and_best(two_runs: tuple[Path,
     for number, folder in (("1", fast), ("2", slow)):
         assert rows[number][1] == str(folder)
         assert rows[number][5] == f"{_final(folder, 'train/loss'):.4g}"
+    worse, better = sorted((fast, slow), key=lambda folder: _final(folder, "train/loss"), reverse=True)
+    assert _final(worse, "train/loss") > _final(better, "train/loss")
+    for order in ((worse, better), (better, worse)):  # rows in the order given, the worse first or not
+        assert command(*["compare", *map(str, order), "--metric", "train/loss", "--width", "50"]) == 0
+        given = [row.split()[:2] for row in capsys.readouterr().out.splitlines() if re.match(r"^[12] ", row)]
+        assert given == [["1", str(order[0])], ["2", str(order[1])]]
     assert command(*["compare", str(fast), "--metric", "valid/nothing"]) == 2
     assert "no run has valid/nothing; they have: train/accuracy, train/loss, valid/loss" in capsys.readouterr().err
 
