@@ -25,7 +25,7 @@ abandoned are not the run's. ``Loop.validate()`` records in the folder are not f
 
 Without ``--metric``, a run's best value is that of the metric the user configured a direction
 for (:func:`default_metric`: ``Metrics(best={"valid/acc": "max"})``: ``valid/acc``), else of its
-loss; ``hookfit runs`` lists runs newest first, ``hookfit compare`` in the order given.
+loss; ``hookfit runs`` lists runs newest first, ``hookfit compare`` ranked by that best value.
 Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
 what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
 named ``loss`` only, ``"min"`` (the loss is what the step minimises: the metrics role's default).

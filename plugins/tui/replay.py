@@ -344,6 +344,9 @@ def _compare(args: argparse.Namespace) -> int:
         names = sorted({n for r in rows.values() for n in runs.metric_names(r)})
         print(f"hookfit compare: no run has {metric}; they have: {', '.join(names) or 'nothing'}", file=sys.stderr)
         return 2
+    loaded = {folder: runs.load(folder, metric=metric, mode=args.mode) for folder in folders}
+    infos = dict(sorted(loaded.items(), key=lambda item: _rank(item[1])))  # ranked: the table's rows, the curves' numbers
+    curves = {folder: curves[folder] for folder in infos}
     colour = sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
     width = args.width or max(20, min(120, _columns() - 14))
     series = {f"{i}": [(float(s), v, v) for s, _, v in points] for i, points in enumerate(curves.values(), 1)}
@@ -356,8 +359,7 @@ def _compare(args: argparse.Namespace) -> int:
                           colours=COLOURS if colour else None):
         print(line)
     table = [("#", "RUN", "STATUS", "EPOCHS", "STEPS", "FINAL", "BEST")]
-    infos = [runs.load(folder, metric=metric, mode=args.mode) for folder in folders]
-    for i, (folder, info) in enumerate(zip(folders, infos), 1):
+    for i, (folder, info) in enumerate(infos.items(), 1):
         points = curves[folder]
         final = f"{points[-1][2]:.4g}" if points else "-"
         best = "-" if info.best is None else f"{info.best[1]:.4g} (epoch {info.best[2]})"
@@ -371,10 +373,18 @@ def _compare(args: argparse.Namespace) -> int:
         print(text)
     for name in missing:
         print(f"(no {metric} in {name})")
-    if any(info.mode is None for folder, info in zip(folders, infos) if curves[folder]):
+    if any(info.mode is None for folder, info in infos.items() if curves[folder]):
         print(f"(no best for {metric}: no direction was configured; give Metrics(best={{...}}) in the run, "
               f"or --mode min|max here)")
     return 0
+
+
+def _rank(info: runs.RunInfo) -> tuple[bool, float]:
+    """Where a run stands in ``hookfit compare``: by its best, best first in the metric's direction; a run
+    without one after those (in the order given: the sort is stable)."""
+    if info.best is None:
+        return True, 0.0
+    return False, info.best[1] if info.mode == "min" else -info.best[1]
 
 
 def _columns() -> int:

@@ -198,16 +198,19 @@ def test_compare_draws_every_run_and_tables_final_and_best(two_runs: tuple[Path,
     plot = lines[1:lines.index("")]
     assert all("│" in line or "└" in line or line.strip()[0].isdigit() for line in plot)
     assert sum(line.count("1") for line in plot[:-2]) >= 1 and sum(line.count("2") for line in plot[:-2]) >= 1
-    rows = {row.split()[0]: row.split() for row in lines if re.match(r"^[12] ", row)}
-    for number, folder in (("1", fast), ("2", slow)):
-        assert rows[number][1] == str(folder)
-        assert rows[number][5] == f"{_final(folder, 'train/loss'):.4g}"
-    worse, better = sorted((fast, slow), key=lambda folder: _final(folder, "train/loss"), reverse=True)
-    assert _final(worse, "train/loss") > _final(better, "train/loss")
-    for order in ((worse, better), (better, worse)):  # rows in the order given, the worse first or not
+    rows = {row.split()[1]: row.split() for row in lines if re.match(r"^[12] ", row)}
+    for folder in (fast, slow):
+        assert rows[str(folder)][5] == f"{_final(folder, 'train/loss'):.4g}"
+    best = {folder: float(rows[str(folder)][6]) for folder in (fast, slow)}
+    worse, better = sorted((fast, slow), key=best.__getitem__, reverse=True)
+    assert best[worse] > best[better]
+    for order in ((worse, better), (better, worse)):  # ranked by the best loss (lowest first), however given
         assert command(*["compare", *map(str, order), "--metric", "train/loss", "--width", "50"]) == 0
-        given = [row.split()[:2] for row in capsys.readouterr().out.splitlines() if re.match(r"^[12] ", row)]
-        assert given == [["1", str(order[0])], ["2", str(order[1])]]
+        ranked = [row.split()[:2] for row in capsys.readouterr().out.splitlines() if re.match(r"^[12] ", row)]
+        assert ranked == [["1", str(better)], ["2", str(worse)]]
+    assert command(*["compare", str(worse), str(better), "--metric", "train/loss", "--mode", "max"]) == 0
+    ranked = [row.split()[1] for row in capsys.readouterr().out.splitlines() if re.match(r"^[12] ", row)]
+    assert ranked == [str(worse), str(better)]  # the highest first where the highest is best
     assert command(*["compare", str(fast), "--metric", "valid/nothing"]) == 2
     assert "no run has valid/nothing; they have: train/accuracy, train/loss, valid/loss" in capsys.readouterr().err
 
