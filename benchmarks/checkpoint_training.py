@@ -142,7 +142,8 @@ class Work:
 
 
 class Announced:
-    """The step at which each checkpoint was announced written (``checkpoint_saved``)."""
+    """The step at which each save every ``N`` steps was announced written (``checkpoint_saved``; the
+    checkpoint a completed run writes of its final state, ``"completed"``, is the run's end's)."""
 
     name = "announced"
 
@@ -151,8 +152,9 @@ class Announced:
         self.lags: list[int] = []
 
     @hookfit.hookimpl
-    def checkpoint_saved(self, step: int) -> None:
-        self.lags.append(self.clock() - step)  # steps trained since the save was asked
+    def checkpoint_saved(self, reason: str, step: int) -> None:
+        if reason == "step":
+            self.lags.append(self.clock() - step)  # steps trained since the save was asked
 
 
 def round_of(variant: str, work: Work, steps: int, every: int, folder: Path) -> dict[str, Any]:
