@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hookfit import hookimpl
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support.logger import fail, run_file, wanted, written_again
@@ -184,7 +184,7 @@ class _Table:
             file.failed = OSError(f"not a table of this plugin: its header is {','.join(header)[:200]!r}")
             warnings.warn(f"{self.owner}: {path} is not a table this plugin writes (its header starts "
                           f"{','.join(header[:len(self.leading)])!r}, not {','.join(self.leading)!r}); it is "
-                          f"left as it is and training goes on without it", FileWarning, stacklevel=5)
+                          f"left as it is and training goes on without it", FileWarning, stacklevel=user_level())
             return None
         return header
 
@@ -364,7 +364,7 @@ class CSVLogger:
         if metric not in self._renamed:
             self._renamed.add(metric)
             warnings.warn(f"{self.name}: the metric {metric!r} is written in the column {column!r} of the CSV "
-                          f"tables: {metric!r} is a column of their own", HookfitWarning, stacklevel=3)
+                          f"tables: {metric!r} is a column of their own", HookfitWarning, stacklevel=user_level())
         return column
 
     def _close(self) -> None:

@@ -65,7 +65,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.plugins.support.tracker import Tracker, require
 from hookfit.plugins.support import Hparam, flag, hyperparameters, path, run_hparams, text
 
@@ -165,7 +165,7 @@ class MLflow(Tracker):
             if changed:
                 warnings.warn(f"mlflow: run {run.info.run_id} keeps the parameters it started with, as MLflow "
                               f"requires; this resumed run changed {', '.join(changed)}", HookfitWarning,
-                              stacklevel=2)
+                              stacklevel=user_level())
             params = {key: value for key, value in params.items() if key not in had}
             last = {key: max((m.step for m in client.get_metric_history(run.info.run_id, key)), default=-1)
                     for key in run.data.metrics}

@@ -38,7 +38,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from hookfit.data import length
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.manager import hookimpl
 from hookfit.records import LOCK, FolderInUse, FolderLock
 
@@ -100,7 +100,7 @@ def remove_abandoned(where: str | None = None) -> list[Path]:
             removed.append(folder)
         except OSError as error:
             warnings.warn(f"hookfit smoke: could not remove {folder}, a killed smoke run's temporary folder "
-                          f"({type(error).__name__}: {error})", HookfitWarning, stacklevel=3)
+                          f"({type(error).__name__}: {error})", HookfitWarning, stacklevel=user_level())
         finally:
             lock.release()
     return removed

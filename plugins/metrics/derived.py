@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from hookfit.errors import HookfitWarning
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.payloads import Value
 from hookfit.plugins.support import STAGES, option_error
 
@@ -91,7 +91,7 @@ class Derived:
                 self._warned.add((stage, name))  # derived nowhere in the stage: said once
                 warnings.warn(f"{self.plugin}: the derived metric {name!r} reads {missing[0]}, which stage {stage!r} "
                               f"does not have (it has {', '.join(sorted(values)) or 'no metrics'}): not derived "
-                              f"there", HookfitWarning, stacklevel=2)
+                              f"there", HookfitWarning, stacklevel=user_level())
 
     def _derive(self, stage: str, prefix: str, name: str, function: Function,
                 values: dict[str, Value]) -> KeyError | None:

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, TextIO, TypeVar
 
 from hookfit import hookimpl
+from hookfit.errors import user_level
 from hookfit.files import FileWarning
 from hookfit.plugins.profile.report import Cycle, Report, Table, field, span
 from hookfit.plugins.profile.traces import export
@@ -304,7 +305,7 @@ class Profile:
         self._failed = True
         cycle.error = f"{type(error).__name__}: {error}"
         warnings.warn(f"profile: could not write {path} ({cycle.error}); training goes on without this trace",
-                      FileWarning, stacklevel=2)
+                      FileWarning, stacklevel=user_level())
 
     # -- the end --------------------------------------------------------------------------
     def _print(self, *fields: str) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -47,7 +48,7 @@ def run_file(loop: Run, name: str, owner: str, binary: bool = False) -> RunFile:
         file = RunFile(Path(name), owner, binary=binary)
         file.failed = error
         warnings.warn(f"{owner}: could not create the run folder for {name} ({type(error).__name__}: "
-                      f"{error}); training goes on without it", FileWarning, stacklevel=3)
+                      f"{error}); training goes on without it", FileWarning, stacklevel=user_level())
         return file
     return RunFile(folder / name, owner, binary=binary)
 
@@ -62,7 +63,7 @@ def fail(file: RunFile, error: OSError) -> None:
         f"{file.owner}: could not write {file.path} ({type(error).__name__}: {error}); "
         f"it is left as it is and training goes on without it",
         FileWarning,
-        stacklevel=3,
+        stacklevel=user_level(),
     )
 
 

@@ -16,8 +16,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
-from hookfit.errors import user_level
 from hookfit.data import length
+from hookfit.errors import user_level
 from hookfit.files import FileWarning
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support import flag, positive_number
@@ -138,7 +138,7 @@ class TuiRenderer(Debugging):
             self.output = None
             warnings.warn(f"tui: the dashboard could not start and is switched off "
                           f"({type(exc).__name__}: {exc}); the console prints instead",
-                          HookfitWarning, stacklevel=2)
+                          HookfitWarning, stacklevel=user_level())
             return
         self.warned = WarningLog(self._logged)
         self.warned.install()  # removed by _restore, in every outcome
@@ -157,7 +157,7 @@ class TuiRenderer(Debugging):
         except OSError as error:
             warnings.warn(f"{self.name}: could not create the run folder for {OUTPUT_LOG} "
                           f"({type(error).__name__}: {error}); the output shows on the terminal "
-                          f"afterwards, without the file", FileWarning, stacklevel=3)
+                          f"afterwards, without the file", FileWarning, stacklevel=user_level())
             return None
 
     def _start_screen(self) -> None:
@@ -335,7 +335,7 @@ class TuiRenderer(Debugging):
                     self._dashboard.receive(*self._inbox.popleft())
         if self._ui_error is not None:
             warnings.warn(f"tui: the dashboard failed and was closed: {type(self._ui_error).__name__}: "
-                          f"{self._ui_error}", HookfitWarning, stacklevel=2)
+                          f"{self._ui_error}", HookfitWarning, stacklevel=user_level())
         output = self.output if self.output is not None and self.output.exists() else None
         print("\n".join(summary(self._dashboard, state, output, warned=self.warned.lines())), flush=True)
         if self._ended_by is not None:  # terminate as asked, now that the terminal is back

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import TextIO
 
+from hookfit.errors import user_level
 from hookfit.files import FileWarning
 
 ENV_OFF = "HOOKFIT_NO_TUI"
@@ -228,7 +229,7 @@ class OutputCapture:
             f"left as it is and training goes on without it (the output still shows in the log "
             f"pane and on the terminal afterwards)",
             FileWarning,
-            stacklevel=2,
+            stacklevel=user_level(),
         )
 
     def suspend(self) -> None:

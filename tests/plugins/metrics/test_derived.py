@@ -103,6 +103,7 @@ def test_a_metric_a_function_misses_is_said_once_per_stage_and_arithmetic_errors
     messages = [str(w.message) for w in said if "derived" in str(w.message)]
     assert messages == [f"metrics: the derived metric 'acc2' reads 'acc', which stage {stage!r} does not have (it "
                         f"has loss): not derived there" for stage in ("train", "valid")]
+    assert {w.filename for w in said if "derived" in str(w.message)} == {__file__}  # the fit() line, not hookfit's
     final = seen.epochs[0].values
     assert "acc2" not in final and final["big"].epoch == math.inf and math.isnan(final["log"].epoch)
 

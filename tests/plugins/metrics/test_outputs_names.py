@@ -133,6 +133,7 @@ def test_csv_puts_a_metric_named_as_a_column_of_its_own_in_a_column_apart_said_o
                      optimizers=torch.optim.SGD(model.parameters(), lr=0.5), max_epochs=2, run_dir=tmp_path,
                      plugins=[Optim(), Metrics(interval=0), logger]).fit()
     said = sorted(str(w.message) for w in caught if str(w.message).startswith("csv: "))
+    assert {w.filename for w in caught if str(w.message).startswith("csv: ")} == {__file__}  # the fit() line
     assert said == sorted(f"csv: the metric {name!r} is written in the column 'metric.{name}' of the CSV tables: "
                           f"{name!r} is a column of their own"
                           for name in ("step", "epoch", "stage", "batches", "lr_default"))
