@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.plugins.support.options import check, choice, number
 
 __all__ = ["MODES", "STAGES", "Monitor"]
@@ -63,7 +64,7 @@ class Monitor:
 
     def __init__(self, metric: str | None = None, mode: str | None = None, min_delta: float = 0.0, *,
                  plugin: str = "monitor", option: str = "monitor", must: str | None = None,
-                 category: type[Warning] = UserWarning) -> None:
+                 category: type[Warning] = HookfitWarning) -> None:
         check(plugin, option, metric, _stage_metric, must or _METRIC_MUST)
         self.metric: str | None = metric
         """``"<stage>/<metric>"``, or ``None``."""
@@ -134,7 +135,7 @@ class Monitor:
             self._warned = True
             warnings.warn(f"{self.plugin}: mode={self.given!r} for {self.metric}, whose direction the metrics "
                           f"plugin publishes as {found!r} (Metrics(best=...)); {self.plugin} keeps {self.given!r}: "
-                          f"leave mode out to follow the metrics plugin", self.category, stacklevel=3)
+                          f"leave mode out to follow the metrics plugin", self.category, stacklevel=user_level())
         return self.mode
 
     def absent(self, published: Iterable[str], epoch: int, then: str = "") -> str:
