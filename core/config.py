@@ -158,14 +158,19 @@ def _takes(factory: Any, option: str) -> bool:
     return known is None or option in known
 
 
-def options_of(plugin: Any, given: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+def options_of(plugin: Any, given: Mapping[str, Any], built: bool = True) -> dict[str, tuple[Any, str]]:
     """Each constructor option of ``plugin``'s class with the value it was built with and
-    where that came from: ``"file"`` (``given``, the file's options) or ``"default"``. Options
-    without a default that the file did not give are left out (their value is not known)."""
+    where that came from: ``"file"`` (``given``, the file's options) or ``"default"``, when hookfit
+    built it from its class (``built``); else (an object an entry point or ``Loop`` gave, made by
+    someone else's call) the object's attribute of the option's name, ``"object"``. Options whose
+    value is not known (no default and not in the file; no such attribute) are left out."""
     known = accepted(type(plugin)) if not inspect.ismodule(plugin) else None
     out: dict[str, tuple[Any, str]] = {}
     for name, default in (known or {}).items():
-        if name in given:
+        if not built:  # (an attribute of the object itself, not a computed property's value)
+            if name in getattr(plugin, "__dict__", {}):
+                out[name] = (plugin.__dict__[name], "object")
+        elif name in given:
             out[name] = (given[name], "file")
         elif default is not inspect.Parameter.empty:
             out[name] = (default, "default")

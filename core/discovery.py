@@ -46,6 +46,8 @@ class PluginInfo:
     """Whether the user chose it: given to ``Loop(plugins=[...])``, or named by a table of the
     configuration file (``[plugins.<name>]``, even empty): what turns on a plugin that is inert
     when merely discovered (see :func:`inert`)."""
+    built: bool = False
+    """Whether hookfit made ``plugin`` from a class (with the file's options), not given an object."""
     disabled_by: str | None = None
     """What disabled it (``None`` while enabled): ``Loop(disable=[...])``,
     ``HOOKFIT_DISABLE_PLUGINS``, ``HOOKFIT_PLUGINS`` (not listed there) or the configuration
@@ -317,7 +319,7 @@ def collect(
     by_name = {info.name: i for i, info in enumerate(infos)}
     given_names: set[str] = set()
     for plugin in given:
-        plugin = _instantiate(plugin)
+        built, plugin = inspect.isclass(plugin), _instantiate(plugin)
         name = plugin_name(plugin, eps.values())
         if name in given_names:
             raise PluginError(
@@ -331,6 +333,7 @@ def collect(
             value=f"{type(plugin).__module__}.{type(plugin).__qualname__}",
             enabled=name not in disabled,
             plugin=plugin,
+            built=built,
             chosen=True,
             disabled_by=disabled_by(name, False),
         )
@@ -365,7 +368,7 @@ def collect(
         try:
             loaded = eps[info.name].load()
             info.declares = declared_events(loaded)
-            info.plugin = config.build(configured, info.name, loaded)
+            info.plugin, info.built = config.build(configured, info.name, loaded), inspect.isclass(loaded)
         except config.ConfigError as exc:  # the file's fault, not the plugin's: name the file
             info.error = str(exc)
             if strict:

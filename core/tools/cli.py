@@ -49,7 +49,7 @@ def _plugins(args: argparse.Namespace) -> int:
             "hooks": i.hooks,
             "error": i.error,
             "options": {name: {"value": value if _jsonable(value) else repr(value), "from": source}
-                        for name, (value, source) in config.options_of(i.plugin, i.options).items()}
+                        for name, (value, source) in config.options_of(i.plugin, i.options, i.built).items()}
             if i.plugin is not None else {},
         })
     status = 1 if any(r["error"] for r in rows) else 0

@@ -179,3 +179,29 @@ def test_inert_asks_the_run_of_a_plugin_whose_method_takes_it() -> None:
     assert (inert(Alone(), False), inert(Alone(), False, run), inert(Alone(), True, run)) == ("chosen", "chosen", None)
     assert (inert(WithRun(), False), inert(WithRun(), False, run)) == ("asked by None", None)
     assert inert(object(), False, run) is None  # no method: it takes part
+
+
+def test_the_options_listed_are_the_object_s_own_when_hookfit_did_not_build_it(
+        dists: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hookfit plugins`` lists each plugin's options: for a class an entry point names, those it
+    was built with (the file's or the defaults); for an instance an entry point or Loop gives,
+    the instance's own, not its class's defaults."""
+    from hookfit import config, discovery
+
+    make_dist(tmp_path / "more", "counters", {"counter": "counters_mod:Counter", "counter_inst": "counters_mod:INSTANCE"},
+              {"counters_mod": INSTANCES})
+    monkeypatch.syspath_prepend(str(tmp_path / "more"))
+    discovery.refresh()
+    try:
+        infos = {i.name: i for i in discovery.collect(strict=False, configured=config.Config())}
+        listed = {name: config.options_of(infos[name].plugin, infos[name].options, infos[name].built)
+                  for name in ("counter", "counter_inst")}
+        assert listed == {"counter": {"tag": ("discovered", "default")}, "counter_inst": {"tag": ("instance", "object")}}
+        import counters_mod
+
+        [given] = [i for i in discovery.collect([counters_mod.Counter(tag="given")], strict=False,
+                                                configured=config.Config()) if i.source == "given"]
+        assert config.options_of(given.plugin, given.options, given.built) == {"tag": ("given", "object")}
+    finally:
+        sys.modules.pop("counters_mod", None)
+        discovery.refresh()
