@@ -137,6 +137,19 @@ def saved_run(epoch: int, step: int, batch: int, stage: str = "train") -> dict:
             "rng": rng_state()}
 
 
+class StopAt:
+    """Stops the run after training step ``step``."""
+
+    name = "stop_at"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @hookimpl
+    def should_stop(self, loop):
+        return "test stop" if loop.training and loop.state.step == self.step else None
+
+
 class StopAfter:
     """Asks for a stop after the run's n-th batch, training and validation batches alike
     (``should_stop``)."""

@@ -22,7 +22,7 @@ from hookfit.plugins.ema import EMA
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
-from conftest import Recorder, mse_step
+from conftest import Recorder, StopAt, mse_step
 
 BATCHES = 4  # training batches per epoch: one optimizer step each
 
@@ -148,19 +148,6 @@ class Seen:
         if self.stop_at == (loop.state.epoch, loop.state.batch_idx):
             loop.request_stop("test stop in validation")
         return val_step(loop, batch)
-
-
-class StopAt:
-    """Stops the run after training step ``step``."""
-
-    name = "stop_at"
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    @hookimpl
-    def should_stop(self, loop: Any) -> str | None:
-        return "test stop" if loop.training and loop.state.step == self.step else None
 
 
 # -- the average --------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import hookfit
-from hookfit import hookimpl
 from hookfit.data import Batches
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.lr_find import LRFinder
@@ -20,7 +19,7 @@ from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 from hookfit.plugins.smoke import Smoke
 
-from conftest import mse_step
+from conftest import StopAt, mse_step
 
 
 class Counted:
@@ -32,19 +31,6 @@ class Counted:
     def __call__(self, loop: Any, batch: Any) -> dict[str, Any]:
         self.calls += 1
         return mse_step(loop, batch)
-
-
-class StopAt:
-    """Stops the run after training step ``step``."""
-
-    name = "stop_at"
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    @hookimpl
-    def should_stop(self, loop: Any) -> str | None:
-        return "test stop" if loop.training and loop.state.step == self.step else None
 
 
 def fit(run_dir: Path, *plugins: Any, resume: str | None = None, smoke: bool = False) -> tuple[torch.nn.Module, Counted,
