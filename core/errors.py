@@ -94,7 +94,10 @@ def forget_warnings(*steps: Any) -> None:
     categories' entries, a ``"module"`` action's (line 0: once per module, as asked) and the
     filters themselves stay, so ``"ignore"``, ``"error"``, ``"once"`` (once a process) and
     ``"always"`` act as before."""
-    spaces = [module.__dict__ for module in list(sys.modules.values()) if isinstance(module, types.ModuleType)]
+    # object.__getattribute__: a lazily imported module's (importlib.util.LazyLoader) own dict,
+    # read without loading it as reading its __dict__ attribute would
+    spaces = [object.__getattribute__(module, "__dict__") for module in list(sys.modules.values())
+              if isinstance(module, types.ModuleType)]
     spaces += [_outside(sys._getframe(1), ())[0].f_globals, *(_namespace(step) for step in steps)]
     registries = (space.get("__warningregistry__") for space in spaces)
     for registry in {id(r): r for r in registries if isinstance(r, dict)}.values():

@@ -4,7 +4,10 @@ call they came through."""
 
 from __future__ import annotations
 
+import sys
+import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,3 +134,22 @@ def test_every_warning_category_hookfit_defines_derives_from_hookfit_warning() -
                 found.update({f"{module.__name__}.{name}": getattr(module, name) for name in names})
     assert len(found) >= 4, found  # ObserverWarning, FileWarning, OptimWarning, CheckpointWarning at least
     assert [name for name, kind in found.items() if not issubclass(kind, hookfit.HookfitWarning)] == []
+
+
+def test_forgetting_the_shown_warnings_loads_no_lazily_imported_module(tmp_path: Path, monkeypatch) -> None:
+    """A module imported with ``importlib.util.LazyLoader`` runs when first used, not when a run
+    starts: reading it for shown warnings must not run it (its import may be slow, have effects
+    of its own, or fail)."""
+    import importlib.util
+
+    (tmp_path / "lazy_hookfit_probe.py").write_text("import sys\nsys.modules[__name__].RAN = True\nvalue = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = importlib.util.find_spec("lazy_hookfit_probe")
+    assert spec is not None and spec.loader is not None
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lazy_hookfit_probe", module)
+    spec.loader.exec_module(module)
+    hookfit.Loop(lambda loop, batch: None, [1, 2], max_epochs=1, run_dir=tmp_path / "run").fit()
+    assert type(module) is not types.ModuleType  # still the lazy module: not run
+    assert module.value == 1 and module.RAN  # and it runs when used
