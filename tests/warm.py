@@ -428,6 +428,7 @@ def _adopt(argv: list[str], env, cwd, umask: int, session: bool, streams) -> int
         return None
     path = _SOCKET[0]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(120)  # a zygote that stopped answering fails the test (TimeoutError), never hangs it
     try:
         conn.connect(path)
     except OSError as error:

@@ -396,9 +396,10 @@ class Run:
         launch = ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
         folder.mkdir(parents=True, exist_ok=True)
         self.start = time.monotonic()
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # a session of its own: a timeout kills its ranks too
             [*_torchrun(), *launch, "--tee", tee, str(EXAMPLE), *args],
             cwd=folder, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
         )
 
     def finish(self, timeout: float = 120) -> tuple[int, str, str, float]:
@@ -406,8 +407,9 @@ class Run:
         try:
             out, err = self.process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            out, err = self.process.communicate()
+            # torchrun alone killed, a hung rank would keep the pipes open and this wait forever
+            os.killpg(self.process.pid, signal.SIGKILL)
+            out, err = self.process.communicate(timeout=60)
             pytest.fail(f"torchrun did not end in {timeout} s:\n{out}\n{err}")
         return self.process.returncode, out, err, time.monotonic() - self.start
 
