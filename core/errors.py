@@ -94,17 +94,23 @@ def forget_warnings(*steps: Any) -> None:
     categories' entries, a ``"module"`` action's (line 0: once per module, as asked) and the
     filters themselves stay, so ``"ignore"``, ``"error"``, ``"once"`` (once a process) and
     ``"always"`` act as before."""
-    # object.__getattribute__: a lazily imported module's (importlib.util.LazyLoader) own dict,
-    # read without loading it as reading its __dict__ attribute would
-    spaces = [object.__getattribute__(module, "__dict__") for module in list(sys.modules.values())
-              if isinstance(module, types.ModuleType)]
+    spaces = [_own_dict(module) for module in list(sys.modules.values()) if isinstance(module, types.ModuleType)]
     spaces += [_outside(sys._getframe(1), ())[0].f_globals, *(_namespace(step) for step in steps)]
-    registries = (space.get("__warningregistry__") for space in spaces)
+    registries = (space.get("__warningregistry__") for space in spaces if isinstance(space, dict))
     for registry in {id(r): r for r in registries if isinstance(r, dict)}.values():
         for key in list(registry):
             if (isinstance(key, tuple) and len(key) == 3 and isinstance(key[1], type)
                     and issubclass(key[1], HookfitWarning) and key[2] != 0):
                 registry.pop(key, None)
+
+
+def _own_dict(module: types.ModuleType) -> Any:
+    """``module``'s dict, read without loading a lazily imported module (``importlib.util.LazyLoader``
+    loads it at the first attribute read, ``__dict__`` included)."""
+    try:
+        return object.__getattribute__(module, "__dict__")
+    except AttributeError:  # a module type of C whose dict object's lookup does not find (cffi's Lib)
+        return getattr(module, "__dict__", None)
 
 
 def _namespace(function: Any) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def test_every_warning_category_hookfit_defines_derives_from_hookfit_warning() -
     assert [name for name, kind in found.items() if not issubclass(kind, hookfit.HookfitWarning)] == []
 
 
-def test_forgetting_the_shown_warnings_loads_no_lazily_imported_module(tmp_path: Path, monkeypatch) -> None:
+def test_forgetting_the_shown_warnings_loads_no_lazily_imported_module_and_reads_every_kind(tmp_path: Path, monkeypatch) -> None:
     """A module imported with ``importlib.util.LazyLoader`` runs when first used, not when a run
     starts: reading it for shown warnings must not run it (its import may be slow, have effects
     of its own, or fail)."""
@@ -150,6 +150,10 @@ def test_forgetting_the_shown_warnings_loads_no_lazily_imported_module(tmp_path:
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "lazy_hookfit_probe", module)
     spec.loader.exec_module(module)
-    hookfit.Loop(lambda loop, batch: None, [1, 2], max_epochs=1, run_dir=tmp_path / "run").fit()
+    # and a module of C whose dict object's own lookup does not find (a cffi library: cryptography's)
+    cffi = pytest.importorskip("_cffi_backend")
+    monkeypatch.setitem(sys.modules, "hookfit_probe_cffi_lib", cffi.FFI().dlopen(None))
+    state = hookfit.Loop(lambda loop, batch: None, [1, 2], max_epochs=1, run_dir=tmp_path / "run").fit()
+    assert state.status == "completed"
     assert type(module) is not types.ModuleType  # still the lazy module: not run
     assert module.value == 1 and module.RAN  # and it runs when used
