@@ -23,7 +23,7 @@ from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import payload
 from hookfit.plugins.checkpoint.catalog import Catalog
 from hookfit.plugins.checkpoint.reports import Reports
-from hookfit.plugins.checkpoint.scores import Scores, hold, settle
+from hookfit.plugins.checkpoint.scores import Scores, hold, settle, unscored
 from hookfit.plugins.checkpoint.shardwriter import ShardWriter, save_sharded
 from hookfit.plugins.checkpoint.storage import CheckpointWarning, checkpoint_files, filename
 from hookfit.plugins.checkpoint.writer import Done, Writer, write_file
@@ -42,32 +42,30 @@ __all__ = ["Checkpoint", "CheckpointWarning"]
 class Checkpoint:
     """Atomic checkpoints of model, optimizers, plugins, position and RNG; exact resume.
 
-    With ``background=True`` (default) a save blocks training for one copy of the state into
-    host buffers made at the first save and reused while the tensors keep their shapes and
-    dtypes; the digest, the file, its fsyncs and rename and the pruning to ``keep_last`` are
-    done by a writer thread (:class:`hookfit.plugins.checkpoint.writer.Writer`), which steps
-    aside while a save copies. A save never
-    waits for an earlier write: one write is in flight and one snapshot waits at most. A save
-    asked while both are taken (saves coming faster than files are written) follows
-    ``when_busy``: ``"wait"`` (default) waits for the write in flight to end, so every save asked
-    is written; ``"skip"`` skips it, counts it in ``skipped_saves`` and warns once a run. The
-    saves of the run's end (interrupt, failure, ``max_steps``) always wait. The run's end, however
-    it ended, waits for every write and reports a failed one as ``on_save_error`` says.
+    With ``background=True`` (default) a save blocks training for one copy of the state into host
+    buffers made at the first save and reused while the tensors keep their shapes and dtypes; the
+    digest, the file, its fsyncs and rename and the pruning to ``keep_last`` are done by a writer thread
+    (:class:`hookfit.plugins.checkpoint.writer.Writer`), which steps aside while a save copies. A save
+    never waits for an earlier write: one write is in flight and one snapshot waits at most. A save
+    asked while both are taken (saves coming faster than files are written) follows ``when_busy``:
+    ``"wait"`` (default) waits for the write in flight to end, so every save asked is written;
+    ``"skip"`` skips it, counts it in ``skipped_saves`` and warns once a run. The saves of the run's end
+    (interrupt, failure, ``max_steps``) always wait. The run's end, however it ended, waits for every
+    write and reports a failed one as ``on_save_error`` says.
 
     A sharded run's checkpoint (FSDP2; a folder every rank writes its part of:
-    :mod:`~hookfit.plugins.checkpoint.sharded`) is written in the background too: a save blocks
-    every rank for one copy of its state into host memory, and DCP's ``async_save`` writes it on
-    a process group of its own (:mod:`~hookfit.plugins.checkpoint.shardwriter`). One write is in
-    flight at most: a save asked during it waits for it, or with ``"skip"`` is skipped, on every
-    rank alike; the write's outcome is taken at the next save and at the run's end, at the same
-    step on every rank. ``background=False`` writes every checkpoint in the foreground.
+    :mod:`~hookfit.plugins.checkpoint.sharded`) is written in the background too: a save blocks every
+    rank for one copy of its state into host memory, and DCP's ``async_save`` writes it on a process
+    group of its own (:mod:`~hookfit.plugins.checkpoint.shardwriter`). One write is in flight at most: a
+    save asked during it waits for it, or with ``"skip"`` is skipped, on every rank alike; the write's
+    outcome is taken at the next save and at the run's end, at the same step on every rank.
+    ``background=False`` writes every checkpoint in the foreground.
 
-    The best checkpoint is the one with the best ``monitor`` value in ``mode``; ``mode=None``
-    (default) is the direction the metrics snapshots publish for it (``Metrics(best=...)``),
-    else ``"min"``; a given ``mode`` that contradicts it is kept, with one warning a run. A
-    checkpoint's metric is the score of its own weights, and a validation of the monitored
-    stage is followed by a save of the weights it scored when it is due or a new best
-    (:mod:`~hookfit.plugins.checkpoint.scores`)."""
+    The best checkpoint is the one with the best ``monitor`` value in ``mode``; ``mode=None`` (default)
+    is the direction the metrics snapshots publish for it (``Metrics(best=...)``), else ``"min"``; a
+    given ``mode`` that contradicts it is kept, with one warning a run. A checkpoint's metric is the
+    score of its own weights, and a validation of the monitored stage is followed by a save of the
+    weights it scored when it is due or a new best (:mod:`~hookfit.plugins.checkpoint.scores`)."""
 
     name = "checkpoint"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
@@ -169,6 +167,7 @@ class Checkpoint:
     @hookimpl
     def after_batch(self, loop: Run) -> None:
         self.collect(loop)
+        unscored(self, loop)  # a copy held for a validation inside training that published no score
         due = self._steps.due(loop.state.step) or (
             self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds)
         if self.scores.follows(loop):  # written once its validation has scored these weights
@@ -247,6 +246,7 @@ class Checkpoint:
     @hookimpl
     def after_epoch(self, loop: Run, epoch: int) -> None:
         self.collect(loop)
+        unscored(self, loop)
         if self._epochs.due(epoch + 1):
             self.save(loop, "epoch")
         elif self.scores.improves(self.scores.current(loop)):

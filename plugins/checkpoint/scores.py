@@ -14,7 +14,9 @@ carry it. The rule is written here once:
   due) and writes the copy once the validation has published, with its score, or lets it go.
   A run resumed from it runs that validation again first, as from any checkpoint written at
   such a step. A validation cut short (a stop, a failure) publishes nothing: the copy is
-  written without a metric if the step's save was due. A sharded run's state is not copied
+  written without a metric if the step's save was due, else let go; so is a copy whose
+  validation published no metrics of the stage (no metrics plugin: warned once a run), at the
+  next save point (:func:`unscored`), so that copies never pile up in the writer's snapshots. A sharded run's state is not copied
   ahead (DCP copies it as it writes): its saves at such steps are written at once, without a
   metric, and its best is among the checkpoints of epoch ends.
 """
@@ -40,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.position import Position
     from hookfit.run import Run
 
-__all__ = ["Pending", "Scores", "hold", "settle"]
+__all__ = ["Pending", "Scores", "hold", "settle", "unscored"]
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,13 @@ class Scores:
         self._score: tuple[int, float] | None = None  # (the global step it was published at, the score)
         self._asked: float | None = None  # the best metric of the saves asked, written or not yet
         self._warned = False
+        self.unheard = False
+        """Whether a validation of this run published no metrics of the stage (:func:`unscored`)."""
 
     def start(self) -> None:
         """A new run: no score, no best, nothing pending."""
         self.monitor.start()
-        self.pending, self._score, self._asked, self._warned = None, None, None, False
+        self.pending, self._score, self._asked, self._warned, self.unheard = None, None, None, False, False
 
     @property
     def stage(self) -> str | None:
@@ -151,6 +155,22 @@ def hold(checkpoint: Checkpoint, loop: Run, due: bool) -> None:
             checkpoint.reports.skip(position.step)
         return
     checkpoint.scores.pending = Pending(position, due, path, copy)
+
+
+def unscored(checkpoint: Checkpoint, loop: Run) -> None:
+    """At a save point (a training batch's, an epoch's): a copy still pending is one whose
+    validation published no metrics of the monitored stage (no plugin publishes them: the metrics
+    plugin does). Said once a run, then settled without a score."""
+    pending = checkpoint.scores.pending
+    if pending is None:
+        return
+    if not checkpoint.scores.unheard:
+        checkpoint.scores.unheard = True
+        warnings.warn(f"{checkpoint.name}: monitor={checkpoint.scores.monitor.metric!r}: the validation after step "
+                      f"{pending.position.step} published no {checkpoint.scores.stage} metrics (no plugin publishes "
+                      f"epoch_metrics; the metrics plugin does), so checkpoints carry no metric and no best checkpoint "
+                      f"is kept", CheckpointWarning, stacklevel=user_level())
+    settle(checkpoint, loop, None)
 
 
 def settle(checkpoint: Checkpoint, loop: Run, score: float | None) -> None:

@@ -6,6 +6,7 @@ the state is copied before the validation and written once it has scored."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import hookfit
-from hookfit.plugins.checkpoint import Checkpoint, read
+from hookfit.plugins.checkpoint import Checkpoint, CheckpointWarning, read
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
@@ -163,3 +164,44 @@ def test_a_run_whose_last_validation_ends_it_is_saved_once_with_that_validations
     assert [(reason, step) for reason, step, _ in scored.saved] == [("step", 6), ("step", 12)]
     assert [read(p)["meta"]["metric"] for p in checkpoint.saved] == [2.0, 1.0]
     assert state.results["last_checkpoint"] == state.results["best_checkpoint"] == checkpoint.saved[-1]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("background", [False, True])
+def test_validations_inside_training_that_publish_no_score_never_hold_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool) -> None:
+    """A monitored checkpoint copies the state before each validation inside training, for its
+    score; without the metrics plugin no validation publishes one. Each copy is settled at the
+    next save point (written without a metric where the step's save was due, else let go): the
+    copies held two snapshots from the second validation on, and the third waited for a free one
+    forever."""
+    import threading
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "optim,checkpoint")
+    model = torch.nn.Linear(2, 1)
+    checkpoint = Checkpoint(every_n_epochs=None, every_n_steps=4, keep_last=10, monitor="valid/loss",
+                            background=background)
+    ended: list[Any] = []
+
+    def fit() -> None:
+        ended.append(hookfit.Loop(mse_step, [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(12)],
+                                  val_step=lambda loop, batch: {"loss": torch.tensor(1.0)}, val_data=[0],
+                                  model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                                  max_epochs=1, val_every_n_steps=2, run_dir=tmp_path,
+                                  plugins=[Optim(), checkpoint]).fit())
+
+    worker = threading.Thread(target=fit, daemon=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        worker.start()
+        worker.join(timeout=120)
+    assert not worker.is_alive(), "six validations inside training without a score held the run"
+    said = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert said == ["checkpoint: monitor='valid/loss': the validation after step 2 published no valid metrics (no "
+                    "plugin publishes epoch_metrics; the metrics plugin does), so checkpoints carry no metric and "
+                    "no best checkpoint is kept"]
+    assert ended[0].status == "completed" and checkpoint.writer.pending == 0
+    saved = [read(p) for p in checkpoint.saved]
+    assert [(d["loop"]["step"], d["meta"]["reason"], d["meta"]["metric"]) for d in saved] == [
+        (4, "step", None), (8, "step", None), (12, "step", None)]
+    assert checkpoint.best is None and ended[0].results["best_checkpoint"] is None
