@@ -203,9 +203,9 @@ def _skipped(dash: DashboardModel, row: Mapping[str, Any]) -> None:
 
 
 def _limits(folder: Path) -> tuple[int, int | None]:
-    """``max_epochs`` and ``max_steps`` of the run's last start (``run.jsonl``); without one,
-    the epochs its metrics reached."""
-    starts = [r for r in runs.read_jsonl(folder / "run.jsonl") if r.get("event") == "run"]
+    """``max_epochs`` and ``max_steps`` of the run's last start of a fit (``run.jsonl``; an
+    evaluation's, ``Loop.validate()``, trains nothing); without one, the epochs its metrics reached."""
+    starts = [r for r in runs.fit_lines(runs.read_jsonl(folder / "run.jsonl")) if r.get("event") == "run"]
     given = starts[-1].get("max_epochs") if starts else None
     steps = starts[-1].get("max_steps") if starts else None
     steps = steps if isinstance(steps, int) and steps > 0 else None

@@ -87,6 +87,9 @@ def test_an_evaluation_in_the_folder_is_no_fit_and_one_fit_keeps_its_plain_lines
     model, _, _, _ = _dashboard(folder, draw=False)
     assert model.time_split == {"train": TimeSplit("train", 0.0, 10.0, 0.0, 8),
                                 "valid": TimeSplit("valid", 0.0, 1.0, 0.0, 2)}
+    evaluated = _folder(tmp_path / "evaluated", start, _end(12.0, train=(10.0, 8)),
+                        {**start, "mode": "validate", "max_epochs": 1}, _end(0.5, valid=(0.4, 2)))
+    assert _dashboard(evaluated, draw=False)[0].max_epochs == 2  # the fit's, not the evaluation Loop's 1
     again = tmp_path / "again"
     _folder(again, start, _end(20.0, train=(15.0, 6)), start, _end(31.1, train=(25.0, 10), valid=(2.0, 4)))
     out = show_text(again / "run", capsys)
