@@ -148,8 +148,7 @@ class Schedules:
         key = monitor.key
         assert key is not None  # a monitor given has a metric
         if key not in metrics.values:
-            raise ValueError(f"optim: monitor={self.monitor!r} names a metric this run does not produce: the {stage} "
-                             f"metrics of epoch {metrics.epoch + 1} are {', '.join(sorted(metrics.values)) or 'none'}")
+            raise ValueError(monitor.absent(metrics.values, metrics.epoch))  # (the closest metric suggested)
         self._step_all(True, float(metrics.values[key].epoch))
 
     def epoch_end(self, epoch: int) -> None:

@@ -155,8 +155,11 @@ def test_a_monitored_metric_the_run_lacks_names_the_metrics_there_are() -> None:
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r"optim: monitor='valid/acc' names a metric this run does not "
-                                         r"produce: the valid metrics of epoch 1 are loss"):
+                                         r"produce: the valid metrics of epoch 1 are loss\n"):  # none close
         run(m, opt, schedulers=lr_scheduler.ReduceLROnPlateau(opt), monitor="valid/acc")
+    with pytest.raises(ValueError, match=r"optim: monitor='valid/los' names a metric this run does not produce: the "
+                                         r"valid metrics of epoch 1 are loss; did you mean monitor='valid/loss'\?"):
+        run(m, opt, schedulers=lr_scheduler.ReduceLROnPlateau(opt), monitor="valid/los")
 
 
 @pytest.mark.bad_input
