@@ -219,9 +219,10 @@ class Distributed(ModelWrap):
         return data
 
     def _check_lengths(self, loop: Run) -> None:
-        """Every rank must run as many training batches as the others, and at least one
-        validation batch (one collective, once). Validation parts may differ by a batch: the
-        loop runs no collective per validation batch."""
+        """Every rank must run as many training batches as the others (in a fit: an evaluation,
+        ``Loop.validate()``, reads none), and at least one validation batch (one collective,
+        once). Validation parts may differ by a batch: the loop runs no collective per validation
+        batch."""
         dist = _dist()
         lengths = [length(loop.train_data), length(loop.val_data) if loop.val_data is not None else -1]
         mine = torch.tensor(lengths, dtype=torch.int64)
@@ -233,7 +234,7 @@ class Distributed(ModelWrap):
             raise ValueError(f"distributed: val_data has no batch for rank(s) {empty}; every process needs at "
                              f"least one validation batch (give more validation samples than processes)")
         counts = [row[0] for row in rows]
-        if len(set(counts)) > 1:
+        if len(set(counts)) > 1 and loop.mode == "fit":
             listed = ", ".join(f"rank {r}: {n if n >= 0 else 'unknown'}" for r, n in enumerate(counts))
             raise ValueError(
                 f"distributed: the processes have different numbers of train_data batches per "

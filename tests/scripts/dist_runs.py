@@ -14,6 +14,8 @@ each process, as a script that trains, then evaluates, does:
    every rank at the same batch (``should_stop``); console and metrics log enabled through
    ``HOOKFIT_PLUGINS``, the run folder ``OUT.run2``.
 3. ``validate()`` of a test set on a new ``Loop``.
+4. ``validate()`` with data each process shards itself (``Distributed(shard_data=False)``), a
+   training batch more on rank 1.
 
 Then :func:`hookfit.plugins.distributed.shutdown`. It writes ``OUT.rank<N>.json``.
 
@@ -36,7 +38,7 @@ import torch.distributed as dist
 
 import hookfit
 from hookfit import hookimpl
-from hookfit.plugins.distributed import shutdown
+from hookfit.plugins.distributed import Distributed, shutdown
 
 RHO = 0.05
 
@@ -250,6 +252,13 @@ def job(out: str) -> None:
     third = hookfit.Loop(train_step, data(3, 1), val_step=val_step, val_data=data(4, 2), model=model, plugins=[test])
     state = third.validate()
     record["third"] = {"status": state.status, "events": test.events}
+
+    # 4. data each process shards itself, a training batch more on rank 1: an evaluation reads no
+    # training data, so the lengths differ harmlessly (a fit of it is refused: test_job.py)
+    rank = dist.get_rank()
+    fourth = hookfit.Loop(train_step, data(5, 2)[:2 + rank], val_step=val_step, val_data=data(6, 1)[rank::2],
+                          model=model, plugins=[Distributed(shard_data=False)])
+    record["uneven_validate"] = fourth.validate().status
 
     record["shutdown"] = shutdown()
     record["after_shutdown"] = {"initialized": dist.is_initialized(),

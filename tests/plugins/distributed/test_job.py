@@ -265,6 +265,40 @@ def test_a_loop_after_a_loop_in_one_job_reuses_the_process_group(job: dict[str, 
 
 
 @pytest.mark.slow
+def test_an_evaluation_runs_whatever_training_data_each_process_holds(job: dict[str, Any]) -> None:
+    """Data each process shards itself, 2 training batches on rank 0 and 3 on rank 1:
+    Loop.validate() reads no training data, so it runs (it was refused as a fit is)."""
+    assert [record["uneven_validate"] for record in job["ranks"]] == ["completed", "completed"]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("mode", ["fit", "validate"])
+def test_training_data_of_other_lengths_per_process_is_refused_in_a_fit(
+        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lengths every process has, as the all_gather at configure brings them (rank 1 has a
+    training batch more): a fit is refused on every rank, naming each one's length (the ranks'
+    collectives would not match); an evaluation reads no training data and is not."""
+    import hookfit.plugins.distributed.plugin as module
+
+    class Gathered:  # the lengths of rank 0 and rank 1, whatever this process holds
+        @staticmethod
+        def all_gather(everyone: list[torch.Tensor], mine: torch.Tensor, group: Any = None) -> None:
+            for rank, tensor in enumerate(everyone):
+                tensor.copy_(torch.tensor([2 + rank, 1]))
+
+    monkeypatch.setattr(module, "_dist", lambda: Gathered)
+    plugin = Distributed()
+    plugin.world_size, plugin._control = 2, None
+    loop = type("Run", (), {"mode": mode, "train_data": [0, 1], "val_data": [0]})()
+    if mode == "validate":
+        plugin._check_lengths(loop)  # type: ignore[arg-type]
+        return
+    with pytest.raises(ValueError, match=r"^distributed: the processes have different numbers of train_data "
+                                         r"batches per epoch \(rank 0: 2, rank 1: 3\); every rank must run the same"):
+        plugin._check_lengths(loop)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
 def test_observers_run_on_rank_0_unless_they_ask_for_every_rank(job: dict[str, Any]) -> None:
     zero, one = (rank["first"] for rank in job["ranks"])
     assert [event[0] for event in zero["plain"]] == [event[0] for event in zero["every_rank"]] == [
