@@ -16,9 +16,10 @@ carry it. The rule is written here once:
   such a step. A validation cut short (a stop, a failure) publishes nothing: the copy is
   written without a metric if the step's save was due, else let go; so is a copy whose
   validation published no metrics of the stage (no metrics plugin: warned once a run), at the
-  next save point (:func:`unscored`), so that copies never pile up in the writer's snapshots. A sharded run's state is not copied
-  ahead (DCP copies it as it writes): its saves at such steps are written at once, without a
-  metric, and its best is among the checkpoints of epoch ends.
+  next save point (:func:`unscored`), so that copies never pile up in the writer's snapshots.
+  A sharded run's state is not copied ahead (DCP copies it as it writes): its saves at such
+  steps are written at once, without a metric, and its best is among the checkpoints of epoch
+  ends.
 """
 
 from __future__ import annotations
