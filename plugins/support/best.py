@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -22,6 +23,11 @@ STAGES = ("train", "valid")
 """The stages whose metrics a monitor names: ``"<stage>/<metric>"``."""
 
 _METRIC_MUST = "be '<stage>/<metric>' with stage train or valid (like 'valid/loss'), or None"
+HIGHER_IS_BETTER = re.compile(r"(acc|accuracy|f1|auc|auroc|auprc|precision|recall|iou|miou|dice|map\d*|bleu|rouge\w*"
+                              r"|r2|top\d+|ndcg|psnr|ssim)")
+"""Words of a metric's name where higher is usually better: the default direction, ``"min"``,
+is warned of for such a metric (never decided by the name: the direction is the one given or
+published)."""
 
 
 def _stage_metric(metric: Any) -> bool:
@@ -131,6 +137,13 @@ class Monitor:
         found = published.get(self.key) if self.key is not None else None
         if self.given is None:
             self.mode = found if found in MODES else "min"
+            words = re.split(r"[^a-z0-9]+", (self.key or "").lower())
+            if found not in MODES and not self._warned and any(HIGHER_IS_BETTER.fullmatch(w) for w in words):
+                self._warned = True
+                warnings.warn(f"{self.plugin}: {self.metric} is compared as lower is better ('min', the default: "
+                              f"{self.plugin} was given no mode and Metrics(best=...) names no direction for it); "
+                              f"if higher is better, give mode='max' or Metrics(best={{{self.metric!r}: 'max'}})",
+                              self.category, stacklevel=user_level())
         elif found is not None and found != self.given and not self._warned:
             self._warned = True
             warnings.warn(f"{self.plugin}: mode={self.given!r} for {self.metric}, whose direction the metrics "

@@ -98,6 +98,34 @@ def test_a_monitor_keeps_the_first_of_the_best_values_and_never_a_nan_or_an_infi
     assert (high.best, high.best_at) == (1.6, 2) and high.metric is None
 
 
+@pytest.mark.bad_input
+def test_a_metric_named_as_higher_is_better_compared_by_the_default_min_is_warned_of_once_a_run() -> None:
+    """The direction is never taken from the name (given, else published, else "min"); but a
+    monitor of ``valid/acc`` left at the default "min" kept the worst epoch as the best and
+    stopped the run when accuracy rose, without a word."""
+    import warnings
+
+    def said(metric: str, published: dict[str, str], **options: Any) -> list[str]:
+        monitor = common.Monitor(metric, plugin="early_stopping", **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            modes = [monitor.follow(published), monitor.follow(published)]
+            monitor.start()
+            modes.append(monitor.follow(published))  # a new run: warned again
+        assert set(modes) == {options.get("mode") or published.get(metric.split("/")[1], "min")}
+        return [str(w.message) for w in caught]
+
+    for metric in ("valid/acc", "valid/top1_accuracy", "train/f1", "valid/mAP50", "valid/val_auroc", "valid/dice"):
+        assert said(metric, {}) == [
+            f"early_stopping: {metric} is compared as lower is better ('min', the default: early_stopping was given no "
+            f"mode and Metrics(best=...) names no direction for it); if higher is better, give mode='max' or "
+            f"Metrics(best={{{metric!r}: 'max'}})"] * 2, metric
+    for metric in ("valid/loss", "valid/mse", "valid/accumulated_loss", "valid/error_rate", "valid/perplexity"):
+        assert said(metric, {}) == [], metric
+    assert said("valid/acc", {"acc": "max"}) == [] and said("valid/acc", {"acc": "min"}) == []  # published
+    assert said("valid/acc", {}, mode="min") == [] and said("valid/acc", {}, mode="max") == []  # given
+
+
 def test_a_monitor_restores_a_saved_best_and_forgets_one_that_is_not_finite() -> None:
     monitor = common.Monitor("train/acc", mode="max")
     monitor.reset(0.5, at=(1, 10))
