@@ -58,6 +58,7 @@ class ManagedOptimizer:
                  schedulers: Sequence[Any] = (), per_step: Sequence[Any] = ()) -> None:
         self.name, self.optimizer = name, optimizer
         self.built = hparams.settings(optimizer.param_groups)  # as given to the run: what a resume compares
+        hparams.warn_unsaved_schedule("optim", rules.loop, name, optimizer, schedulers, OptimWarning)
         self.schedulers: list[Any] = list(schedulers)  # in the order they step
         self.steps, self.skipped = 0, 0  # real steps, skipped ones
         self.window_open = False  # step() was called inside a window that has not closed

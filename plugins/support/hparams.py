@@ -125,6 +125,19 @@ def warn_replaced(plugin: str, name: str, optimizer: Any, built: Sequence[Mappin
         f"loop.optimizers[{name!r}].param_groups[{index}][{key!r}] = {_shown(new)}", category, stacklevel=user_level())
 
 
+def warn_unsaved_schedule(plugin: str, loop: Run, name: str, optimizer: Any, schedulers: Sequence[Any],
+                          category: type[Warning]) -> None:
+    """One warning (``category``, at the user's line) when a training run's ``optimizer`` has a
+    learning-rate scheduler built on it (torch's schedulers put ``initial_lr`` in the parameter
+    groups) and ``plugin`` was given none of it (``schedulers``): a scheduler the step steps
+    itself is in no checkpoint, so a resumed run would start its schedule again."""
+    if loop.mode == "fit" and not schedulers and any("initial_lr" in group for group in optimizer.param_groups):
+        warnings.warn(f"{plugin}: optimizer {name!r} has a learning-rate scheduler built on it that was not given to "
+                      f"{plugin.capitalize()}(schedulers=...): its state is in no checkpoint, so a resumed run starts "
+                      f"its schedule again; give it as {plugin.capitalize()}(schedulers=scheduler) and do not step it "
+                      f"yourself", category, stacklevel=user_level())
+
+
 def _plain_value(value: Any) -> bool:
     """Whether :func:`settings` keeps ``value``: what ``torch.load(weights_only=True)`` reads back."""
     if isinstance(value, tuple):

@@ -348,3 +348,36 @@ def test_resuming_with_other_schedulers_is_refused_naming_both(tmp_path) -> None
                                          r"\[StepLR\] in the checkpoint"):
         fit(lambda opt: lr_scheduler.ExponentialLR(opt, 0.5))
     assert fit(lambda opt: lr_scheduler.StepLR(opt, 1)).step == 12
+
+
+@pytest.mark.bad_input
+def test_a_scheduler_the_step_drives_itself_is_warned_of_as_in_no_checkpoint(tmp_path) -> None:
+    """A per-step schedule stepped in the step function (the plain PyTorch port) trains as the
+    script says, but optim neither saves nor restores it: a run stopped and resumed started
+    its warmup and decay again, silently. One warning, at the fit() line, names the optimizer
+    and the fix; a scheduler given to Optim and an evaluation say nothing."""
+    import warnings
+
+    def fit(given: bool, mode: str = "fit") -> list[str]:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        sched = lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+
+        def step(loop, batch):
+            out = train_step(loop, batch)
+            if not given:
+                sched.step()
+            return out
+
+        loop = hookfit.Loop(step, TRAIN, val_step=val_step, val_data=VALID, model=m, optimizers=opt, max_epochs=1,
+                            run_dir=tmp_path / f"{given}-{mode}", plugins=[Optim(schedulers=sched if given else None)])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loop.fit() if mode == "fit" else loop.validate()
+        return [f"{w.filename.rsplit('/', 1)[-1]}: {w.message}" for w in caught if "scheduler" in str(w.message)]
+
+    assert fit(given=False) == [
+        "test_schedulers.py: optim: optimizer 'default' has a learning-rate scheduler built on it that was not given "
+        "to Optim(schedulers=...): its state is in no checkpoint, so a resumed run starts its schedule again; give it "
+        "as Optim(schedulers=scheduler) and do not step it yourself"]
+    assert fit(given=True) == [] and fit(given=False, mode="validate") == []
