@@ -378,5 +378,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         def _split_scope(self, nodeid: str) -> str:
             return shared_scope(nodeid)
 
+        def remove_node(self, node: Any) -> str | None:
+            """A worker that died (killed, crashed): only its units with tests still to run go
+            back in the queue (xdist's puts back its whole workload, units done included, and
+            hands those out again as empty batches)."""
+            workload = self.assigned_work.get(node, {})
+            for scope in [scope for scope, unit in workload.items() if all(unit.values())]:
+                del workload[scope]
+            return super().remove_node(node)
+
+        def _reschedule(self, node: Any) -> None:
+            """Top ``node`` up to three tests, and say it is done once the queue is empty. A worker
+            starts a test only once it has the next one or the word to stop; xdist's gave a worker
+            that replaced a crashed one a single unit, so when a worker died near the end of the
+            run the replacement held its one test, the others their last, and the run waited
+            forever with no test running."""
+            if node.shutting_down:
+                return
+            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+            if not self.workqueue:
+                node.shutdown()
+
     config.option.loadscopereorder = False  # the order of the collection (slow first), not by group size
     return SharedSetupScheduling(config, log)
