@@ -69,7 +69,7 @@ class Kept:
     """A file the writer was asked to remove and could not (``error``): it is still there."""
 
     path: Path
-    error: OSError
+    error: Exception
 
 
 def _go_on() -> None:
@@ -276,13 +276,17 @@ class Writer:
                 job = self._jobs.popleft()
                 self._running = True
             self.between()  # no work of this thread while the training thread copies
-            try:
+            try:  # nothing escapes: a thread that died would leave every later wait() waiting forever
                 if job[0] == "write":
                     _, slot, staged, path, tag = job
                     staging = self._slots[slot]
-                    if staging is not None:
-                        staging.ready()
-                    self._write(staged, path, tag, self._save, self.between, BaseException)  # nothing escapes
+                    try:
+                        if staging is not None:
+                            staging.ready()
+                    except BaseException as error:  # (a device's copy that failed)
+                        self._outcomes.append(Done(path, tag, error))
+                    else:
+                        self._write(staged, path, tag, self._save, self.between, BaseException)
                 else:
                     self._remove_all(job[1])
             finally:
@@ -307,5 +311,5 @@ class Writer:
                 self._remove(path)
             except FileNotFoundError:
                 pass
-            except OSError as error:
+            except Exception as error:  # (an error of the writer's thread would end it: see _loop)
                 self._outcomes.append(Kept(path, error))

@@ -221,6 +221,40 @@ def test_a_writer_without_background_writes_on_the_callers_thread() -> None:
     assert threads == [threading.current_thread().name] and [o.tag for o in writer.outcomes()] == ["a"]
 
 
+@pytest.mark.fault
+def test_an_error_outside_the_save_function_is_told_back_and_the_writer_thread_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's thread finishing a snapshot's copy (a device's copy: Staging.ready) or
+    removing a file met an error that is not an OSError: it ended the thread, and every later
+    save and the run's end waited for it forever."""
+    held = Held()
+    held.release.set()
+
+    def refuse(path: Path) -> None:
+        raise ValueError(f"cannot remove {path.name}")
+
+    def fail(self: Staging) -> None:
+        raise RuntimeError("copy failed")
+
+    writer = Writer(held, refuse)
+    real_ready = Staging.ready
+    monkeypatch.setattr(Staging, "ready", fail)
+    writer.submit(state(1.0), Path("a"), "a")
+    writer.remove([Path("old")])
+    waiter = threading.Thread(target=writer.wait, daemon=True)
+    waiter.start()
+    waiter.join(WAIT)
+    assert not waiter.is_alive(), "the writer's thread died: wait() never returned"
+    told = writer.outcomes()
+    assert [(o.path.name, type(o.error).__name__, str(o.error)) for o in told] == [
+        ("a", "RuntimeError", "copy failed"), ("old", "ValueError", "cannot remove old")]
+    monkeypatch.setattr(Staging, "ready", real_ready)
+    writer.submit(state(2.0), Path("b"), "b")  # the same thread writes the next save
+    writer.wait()
+    assert [path.name for path, _, _ in held.seen] == ["b"] and [o.tag for o in writer.outcomes()] == ["b"]
+    writer.close()
+
+
 @pytest.mark.parametrize("background", [True, False])
 def test_a_held_snapshot_is_a_copy_written_when_released_and_a_dropped_one_frees_its_buffers(
         background: bool) -> None:
