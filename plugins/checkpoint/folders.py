@@ -4,17 +4,19 @@ write left there."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import sharded
-from hookfit.plugins.checkpoint.storage import stale_temporaries
+from hookfit.plugins.checkpoint.storage import CheckpointWarning, checkpoint_files, stale_temporaries
 from hookfit.records import FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["FolderLock", "lock", "remove_stale_temporaries"]
+__all__ = ["FolderLock", "lock", "prepare"]
 
 
 def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> FolderLock | None:
@@ -51,10 +53,20 @@ def _make(directory: Path, owner: str) -> None:
         raise
 
 
-def remove_stale_temporaries(folder: Path) -> None:
-    """Remove the temporary files of writes that a killed process left in ``folder``."""
+def prepare(folder: Path, resumes: bool) -> None:
+    """Before a run writes in ``folder``: the temporary files of writes that a killed process
+    left removed; the checkpoints of an earlier run there warned of once when this run does not
+    resume (they stay beside its own, keep_last does not prune them, and ``resume="latest"``
+    takes the newest of them all by epoch and step)."""
     for path in stale_temporaries(folder):
         try:
             sharded.remove(path)
         except OSError:
             pass
+    earlier = [] if resumes else checkpoint_files(folder)
+    if earlier:
+        warnings.warn(f"checkpoint: {folder} already holds {len(earlier)} checkpoint(s) of an earlier run (newest by "
+                      f"name: {earlier[0].name}) and this run does not resume: its checkpoints go beside them, "
+                      f"keep_last leaves those alone, and a later resume='latest' takes the newest of all by epoch "
+                      f"and step, which may be one of the earlier run's. Give this run another run_dir or name, "
+                      f"resume it (resume='latest'), or remove them", CheckpointWarning, stacklevel=user_level())

@@ -214,8 +214,8 @@ class Checkpoint:
         if loop.is_main and loop.mode == "fit" and not self.off:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
-            if (known := self._known_directory(loop)) is not None:  # files of writes a kill -9 cut short
-                folders.remove_stale_temporaries(known)
+            if (known := self._known_directory(loop)) is not None:  # a kill -9's files; an earlier run's
+                folders.prepare(known, resumes=loop.resume is not None)
         if not self.off and loop.state.world_size > 1:
             self._main_dir = ranks.main_directory(loop, self.directory(loop) if loop.is_main else None)
 

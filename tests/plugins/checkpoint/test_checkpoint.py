@@ -897,3 +897,26 @@ def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_i
                                   "this run has 2" in said[0], said
     else:
         assert said == []
+
+
+@pytest.mark.bad_input
+def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints_is_warned_once(
+        tmp_path: Path) -> None:
+    """A script run again with the same run_dir and no resume (a new experiment): its
+    checkpoints went beside the earlier run's, keep_last left those alone, and a later
+    resume='latest' took the earlier run's newer epoch and deleted the new run's files, without
+    a word (a newcomer's). One warning at the fit() line; a resume, or a first run, says nothing."""
+    def said(**options: object) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train(tmp_path, **options)
+        return [f"{Path(w.filename).name}: {w.message}" for w in caught if "earlier run" in str(w.message)]
+
+    assert said(epochs=2) == []  # the first run
+    assert said(epochs=1) == [
+        f"conftest.py: checkpoint: {tmp_path / 'checkpoints'} already holds 2 checkpoint(s) of an earlier run (newest "
+        f"by name: epoch0002-step000000014.pt) and this run does not resume: its checkpoints go beside them, "
+        f"keep_last leaves those alone, and a later resume='latest' takes the newest of all by epoch and step, which "
+        f"may be one of the earlier run's. Give this run another run_dir or name, resume it (resume='latest'), or "
+        f"remove them"]
+    assert said(epochs=3, resume="latest") == []
