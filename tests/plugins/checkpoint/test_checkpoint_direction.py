@@ -43,7 +43,8 @@ def test_without_a_mode_the_best_checkpoint_is_the_metrics_plugins_best_epoch(tm
 
 
 def test_without_a_published_direction_the_best_checkpoint_is_the_lowest(tmp_path: Path) -> None:
-    state = fit(tmp_path, Metrics(), Checkpoint(monitor="valid/acc", keep_last=1, background=False))
+    with pytest.warns(CheckpointWarning, match=r"checkpoint: valid/acc is compared as lower is better \('min'"):
+        state = fit(tmp_path, Metrics(), Checkpoint(monitor="valid/acc", keep_last=1, background=False))
     assert "valid/acc" not in state.results["best"]  # no direction: the metrics plugin has no best either
     assert state.results["best_checkpoint"] == tmp_path / "checkpoints" / "epoch0001-step000000002.pt"
 

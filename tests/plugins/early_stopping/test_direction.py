@@ -53,7 +53,9 @@ def test_without_a_mode_it_follows_the_direction_the_metrics_plugin_publishes() 
 def test_without_a_published_direction_it_is_min() -> None:
     """The built-in metrics plugin with no direction for ``acc``, and a third-party publisher
     whose snapshots carry none: lower is better, as before."""
-    state = fit(RISING, Metrics(), EarlyStopping(monitor="valid/acc", patience=1))
+    said = r"early_stopping: valid/acc is compared as lower is better \('min', the default"  # (support.Monitor)
+    with pytest.warns(HookfitWarning, match=said):
+        state = fit(RISING, Metrics(), EarlyStopping(monitor="valid/acc", patience=1))
     assert state.epoch + 1 == 2 and state.stop_reason.endswith("best (min) 0.5 at epoch 1"), state.stop_reason
 
     class Publisher:
@@ -69,7 +71,8 @@ def test_without_a_published_direction_it_is_min() -> None:
                     stage=stage, epoch=loop.state.epoch, max_epochs=loop.max_epochs, step=loop.state.step,
                     batches=1, total=1, samples=1, elapsed=0.1, values={"acc": Value(acc, acc, acc)}, final=True))
 
-    state = fit(RISING, Publisher(), EarlyStopping(monitor="valid/acc", patience=1))
+    with pytest.warns(HookfitWarning, match=said):
+        state = fit(RISING, Publisher(), EarlyStopping(monitor="valid/acc", patience=1))
     assert state.epoch + 1 == 2 and state.stop_reason.endswith("best (min) 0.5 at epoch 1"), state.stop_reason
 
 
