@@ -33,8 +33,7 @@ class HostCheck:
     """The loss read on the host; ``to_device`` (``defer=None``) takes the first loss not on the CPU."""
 
     def __init__(self, policy: Policy, to_device: Callable[[Run, torch.Tensor], bool] | None) -> None:
-        self._policy = policy
-        self._to_device = to_device
+        self._policy, self._to_device = policy, to_device
 
     def admits(self, loop: Run, loss: torch.Tensor) -> bool:
         if loss.is_cpu:

@@ -124,6 +124,10 @@ class ManagedOptimizer:
             self.optimizer.zero_grad(set_to_none=set_to_none)
             self._stepped = False
 
+    def holds_grads(self) -> bool:
+        """Gradients back-propagated since its last step and not cleared: a window its step function keeps by hand."""
+        return not self._stepped and any(p.grad is not None for p in self.params)
+
     def flush(self) -> None:
         """At the training stage's end: step the open (partial) window, drop its gradients."""
         if self.window_open:
@@ -247,8 +251,7 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     :class:`OnlyOptimizer`, which also steps without a name."""
 
     def __init__(self, managed: dict[str, ManagedOptimizer], loop: Run | None = None) -> None:
-        self._managed = managed
-        self._loop = loop
+        self._managed, self._loop = managed, loop
         self.toggled: list[Toggled] = []  # the running batch's toggles (note_toggles names them)
 
     def __getitem__(self, name: str) -> ManagedOptimizer:

@@ -92,15 +92,14 @@ class Optim:
         self._closes_always = False
         self._policy.start(loop)
         self._deferred.start(Flags(), self.accumulate, self.scaler is not None)
-        if self.nonfinite is None:
+        if self.nonfinite is None:  # every loss back-propagated
             self._check = NoCheck()
         elif self.defer is True or (self.defer is None and device not in (None, "cpu")):
             self._check = DeviceCheck(self._deferred)
         else:  # defer=None: the first loss on an accelerator takes the device path
             self._check = HostCheck(self._policy, self._to_device if self.defer is None else None)
         hooks = loop.hooks
-        self._before_backward = hooks.handlers("before_backward")
-        self._after_backward = hooks.handlers("after_backward")
+        self._before_backward, self._after_backward = hooks.handlers("before_backward"), hooks.handlers("after_backward")
         checks_grads = self.nonfinite is not None and self.scaler is None and (
             self.check_grads or self.clip_norm is not None)
         rules = self._rules = Rules(
@@ -248,12 +247,13 @@ class Optim:
         window_open = self.accumulate > 1 and any(m.window_open for m in self.optimizers.values())
         poisoned = self._policy.poisoned or (window_open and deferred.bad is not None and bool(deferred.bad))
         managed = self.optimizers.items()
+        held = window_open or any(m.holds_grads() for _, m in managed)  # optim's window, or the step function's
         return {
             "optimizers": {n: m.state_dict() for n, m in managed},
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "window": {"deferred": [n for n, m in managed if m.window_open],
                        "grads": {n: [None if p.grad is None else p.grad.detach().clone() for p in m.params]
-                                 for n, m in managed}} if window_open else None,
+                                 for n, m in managed}} if held else None,
             "nonfinite": {"poisoned": poisoned, "first_skip": self._policy.first_skip},
         }
 

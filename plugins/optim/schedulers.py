@@ -109,8 +109,7 @@ class Schedules:
     def assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
         """At ``configure``: each optimizer's schedulers, in order, checked against the run's optimizers."""
         self._awaiting = None
-        out: dict[str, list[Any]] = {name: [] for name in optimizers}
-        self._assigned = out
+        out = self._assigned = {name: [] for name in optimizers}
         if loop.mode != "fit":
             return out
         unknown = sorted({g.name for g in self._given if g.name is not None and g.name not in optimizers})

@@ -49,8 +49,7 @@ class Watch:
     def stage_start(self, own_backward: bool) -> None:
         """A training stage begins: the run's first is watched (gradients only where ``own_backward``)."""
         if not self._watched and self._optimizers is not None:
-            self._watched = self._first_stage = True
-            self._own_backward = own_backward
+            self._watched, self._first_stage, self._own_backward = True, True, own_backward
             self._watch(True)
 
     def stage_end(self) -> None:

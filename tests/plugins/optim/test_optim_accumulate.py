@@ -171,6 +171,39 @@ def test_max_steps_inside_the_last_window_leaves_it_to_the_resumed_run(tmp_path)
     assert_bitwise(params(m), accumulated(batches, 4, len))
 
 
+@pytest.mark.parametrize("clear_first", [False, True], ids=["zero_grad-after-step", "zero_grad-at-window-start"])
+def test_a_window_the_step_function_keeps_by_hand_resumes_with_its_gradients(tmp_path, clear_first: bool) -> None:
+    """Accumulation written in the step function, as scripts port it (``loop.backward(loss / 3)``
+    each batch, the optimizers stepped every third batch), with ``Optim()`` accumulating nothing:
+    a run that ends inside a window (max_steps=5: batches 3 and 4 of the window 3-5
+    back-propagated, not stepped) keeps their gradients in its checkpoint, and the run resumed
+    there ends with the parameters of an uninterrupted run, bit for bit. Without them the
+    resumed window steps on batch 5's gradient alone."""
+    batches = batches64(9)
+
+    def hand_step(loop, batch):
+        first = loop.state.batch_idx % 3 == 0
+        if clear_first and first:
+            loop.optimizers.zero_grad()
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss / 3)
+        if loop.state.batch_idx % 3 == 2:
+            loop.optimizers.step()
+            if not clear_first:
+                loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def run(m, **options):
+        return hookfit.Loop(hand_step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                            max_epochs=1, run_dir=tmp_path, plugins=[Optim(), Checkpoint(background=False)],
+                            **options).fit()
+
+    assert run(model64(), max_steps=5).step == 5
+    resumed = model64()  # the resumed run's own model, which the checkpoint fills
+    assert run(resumed, resume="latest").step == 9
+    assert_bitwise(params(resumed), accumulated(batches, 3, lambda span: 3))
+
+
 def test_the_epochs_last_partial_window_steps_in_its_last_batch_where_the_step_asks_for_it() -> None:
     """With several optimizers stepped in turn (a GAN's discriminator, then its generator on the
     updated discriminator), the last, partial window must step where the step function steps it,
