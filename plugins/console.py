@@ -75,7 +75,7 @@ metric name or ``"<stage>/<metric>"`` (which wins over the bare name), wins for 
 direction gets ``last=... best=... best_epoch=...``; one without gets ``last=... min=... min_epoch=... max=...
 max_epoch=...``. Epochs count from 1; NaN and infinities are never best (:class:`hookfit.plugins.support.Monitor`),
 nor lowest or highest: a metric with no finite value gets ``last=nan`` alone, as ``results["best"]`` has no entry
-for it.
+for it. A stage a stop request cut short gives the last value, never the best (as in ``results["best"]``).
 """
 
 from __future__ import annotations
@@ -164,14 +164,14 @@ class _Extremes:
 
     __slots__ = ("last", "low", "high")
 
-    def __init__(self, value: float, epoch: int) -> None:
+    def __init__(self) -> None:
         self.low, self.high = Monitor(mode="min"), Monitor(mode="max")
-        self.add(value, epoch)
 
-    def add(self, value: float, epoch: int) -> None:
+    def add(self, value: float, epoch: int, whole: bool = True) -> None:
         self.last = value
-        self.low.update(value, at=epoch)
-        self.high.update(value, at=epoch)
+        if whole:  # a stage a stop request cut short is the last value, never the lowest or highest
+            self.low.update(value, at=epoch)
+            self.high.update(value, at=epoch)
 
     def best(self, direction: str) -> tuple[float, int] | None:
         """The lowest (``"min"``) or highest (``"max"``) value and its epoch; ``None`` with no finite value."""
@@ -336,7 +336,7 @@ class Console:
                     if key not in ("epoch", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
                         self._extremes(stage, key, float(value), int(entry["epoch"]) + 1)
         for key, value in metrics.values.items():
-            self._extremes(stage, key, value.epoch, epoch)
+            self._extremes(stage, key, value.epoch, epoch, loop.state.status != "interrupted")
         self._last_progress = _clock()
         total = metrics.total
         partial = total is not None and metrics.batches < total  # a stage cut short: not a whole epoch
@@ -348,11 +348,10 @@ class Console:
                     f"time={metrics.elapsed:.2f}s", f"samples_per_s={metrics.samples_per_s:.1f}",
                     *(_field(k, _number(v.epoch)) for k, v in metrics.values.items()))
 
-    def _extremes(self, stage: str, key: str, value: float, epoch: int) -> None:
+    def _extremes(self, stage: str, key: str, value: float, epoch: int, whole: bool = True) -> None:
         if (result := self._results.get((stage, key))) is None:
-            self._results[(stage, key)] = _Extremes(value, epoch)
-        else:
-            result.add(value, epoch)
+            self._results[(stage, key)] = result = _Extremes()
+        result.add(value, epoch, whole)
 
     @hookimpl
     def step_skipped(self, reason: str) -> None:

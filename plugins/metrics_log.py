@@ -25,7 +25,8 @@ people does:
   ``epoch``, ``step`` (the global step the stage ended at), ``batches``, ``samples``,
   ``time`` (seconds in the stage), ``samples_per_s``, each metric's epoch mean by name, and
   ``lr_<optimizer>``. A stage a stop cut short (a stop request, ``max_steps``) has its row too,
-  with the ``batches`` it got; a resumed run that completes that epoch writes the epoch's row
+  with the ``batches`` it got, and ``"stopped": true`` after a stop request (the run
+  ``interrupted``: the mean of some of the batches, never a run's best); a resumed run that completes that epoch writes the epoch's row
   again, whole, after its ``resume`` line: a reader takes the last row of a stage's epoch.
 * ``{"event": "step", **snapshot.row()}`` with ``every_n_steps=N``: at the first training
   ``metrics_update`` at or after every N-th training step; the epoch means so far. A metrics
@@ -145,7 +146,8 @@ class MetricsLog:
             if self._directions != self._written:
                 self._written = dict(self._directions)
                 self._write(loop, {"event": "best", "metrics": self._written})
-        self._write(loop, {"event": event, **metrics.row()})
+        cut = {"stopped": True} if loop.state.status == "interrupted" else {}  # published at a stop's fit_end
+        self._write(loop, {"event": event, **metrics.row(), **cut})
 
     def _write(self, loop: Run, record: dict[str, Any]) -> None:
         if not loop.is_main:

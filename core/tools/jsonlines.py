@@ -89,6 +89,7 @@ _SECONDS: tuple[Check, str] = (lambda v: _number(v) and v >= 0, "a number of sec
 _FIELDS: dict[str, tuple[Check, str]] = {
     "batches": (count, "a count"), "samples": (count, "a count"), "total": (count, "a count"), "time": _SECONDS,
     "samples_per_s": (lambda v: _number(v) or _nan(v), "a number"),
+    "stopped": (lambda v: v is True, "true"),  # a stage a stop cut short (metrics_log)
 }
 """The other fields of a row that are not metrics, and what each is."""
 

@@ -57,7 +57,7 @@ __all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "default_metric"
            "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics", "run_folders",
            "series"]
 
-ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s"})
+ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s", "stopped"})
 """The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
 
 
@@ -202,11 +202,12 @@ def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, in
 
 
 def best(rows: Sequence[Mapping[str, Any]], metric: str, mode: str | None = None) -> tuple[float, int] | None:
-    """The best value of ``metric`` over the epochs and its epoch (from 1): the lowest for
+    """The best value of ``metric`` over the epochs and its epoch (from 1), a stage a stop cut
+    short (``"stopped"``, :mod:`hookfit.plugins.metrics_log`) left out: the lowest for
     ``mode="min"``, the highest for ``"max"``; ``mode=None``: the direction the rows' ``"best"``
     line gives (:func:`direction`). ``None`` with no finite value or no direction."""
     mode = mode or direction(metric, directions(rows))
-    points = series(rows, metric)
+    points = series([row for row in rows if not row.get("stopped")], metric)  # not a stage a stop cut short
     if not points or mode is None:
         return None
     pick = max if mode == "max" else min

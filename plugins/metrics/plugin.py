@@ -238,7 +238,9 @@ class Metrics:
         earlier: tuple[Mapping[str, Any], ...] = tuple(history) if keep else (*history, entry)
         if history.maxlen is not None:  # as long as the history kept
             earlier = earlier[len(earlier) - history.maxlen:]
-        self.report.take(stage, loop.state.epoch, {k: v.epoch for k, v in values.items()})
+        # a stage a stop cut short is the run's last value, never its best (max_steps ends a run as planned)
+        self.report.take(stage, loop.state.epoch, {k: v.epoch for k, v in values.items()},
+                         best=keep or loop.state.status == "completed")
         snapshot = self.snapshot(values=values, final=True, stage=stage, history=earlier, agg=agg)
         if (call := loop.hooks.epoch_metrics) is not None:
             call(loop, stage, snapshot)

@@ -24,15 +24,16 @@ class Report:
         self.last: dict[str, float] = {}
         self.best: dict[str, tuple[float, int]] = {}
 
-    def take(self, stage: str, epoch: int, values: Mapping[str, Any]) -> None:
-        """The epoch means of ``stage`` in ``epoch`` (counted from 0), by metric name."""
+    def take(self, stage: str, epoch: int, values: Mapping[str, Any], best: bool = True) -> None:
+        """The epoch means of ``stage`` in ``epoch`` (counted from 0), by metric name; with
+        ``best=False`` (a stage a stop cut short: the mean of some of its batches) the last values only."""
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             key, value = f"{stage}/{name}", float(value)
             self.last[key] = value
             mode = self.directions.direction(stage, name)
-            if mode is None or not math.isfinite(value):
+            if not best or mode is None or not math.isfinite(value):
                 continue
             held = self.best.get(key)
             if held is None or (value < held[0] if mode == "min" else value > held[0]):

@@ -1,7 +1,7 @@
 """What fit() returns of the metrics: state.results["metrics"], each
 metric's last epoch value, and state.results["best"], the best value and its epoch (from 1)
 of the metrics with a direction; a partial last epoch and a resumed run's earlier epochs
-count."""
+count (for best, not a stage a stop request cut short)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,34 @@ def test_a_partial_last_epoch_counts() -> None:
     assert state.status == "interrupted"
     assert state.results["metrics"]["train/loss"] == 3.0
     assert state.results["best"] == {"train/loss": (1.0, 2), "train/acc": (0.9, 2)}
+
+
+CUT = {0: [4.0, 2.0], 1: [2.0, 2.0], 2: [0.5, 9.0]}  # epoch 3's first batch alone would be the lowest mean
+
+
+@pytest.mark.parametrize("end", ["stop", "max_steps"])
+def test_a_stage_a_stop_cut_short_is_the_last_value_never_the_best(end: str) -> None:
+    """A stop request after epoch 3's first batch: its mean of one batch (0.5) is the run's last
+    value, not its best, which stays epoch 2's whole mean (a sweep reading ``results["best"]``
+    after a Ctrl-C would take one batch for an epoch). ``max_steps`` ends the run as planned:
+    its partial epoch counts."""
+    class Stop:
+        name = "stop"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            if loop.state.step == 5:
+                loop.request_stop("enough")
+
+    def cut_step(loop, batch):
+        return {"loss": torch.tensor(CUT[loop.state.epoch][batch])}
+
+    plugins = [Metrics(), Stop()] if end == "stop" else [Metrics()]
+    state = hookfit.Loop(cut_step, [0, 1], max_epochs=3, max_steps=5 if end == "max_steps" else None,
+                         plugins=plugins).fit()
+    assert state.status == ("interrupted" if end == "stop" else "completed")
+    assert state.results["metrics"]["train/loss"] == 0.5
+    assert state.results["best"] == {"train/loss": (2.0, 2) if end == "stop" else (0.5, 3)}
 
 
 def test_nothing_published_reports_empty_mappings() -> None:
