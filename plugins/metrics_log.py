@@ -42,6 +42,10 @@ people does:
   ``trylast``: after the metrics plugin published a partial last stage), whatever happened;
   the skipped steps are counted from ``step_skipped`` (the optimizer role's event).
 
+An evaluation (``Loop.validate()``) writes the same lines, each with ``"evaluation": true``: in
+the folder of the run it evaluates (the same ``run_dir``) they are not the run's (its resume
+line is not a resume of it), and ``hookfit runs``, ``show`` and ``compare`` leave them out there.
+
 Only the main process writes (``loop.is_main``). The file is a
 :class:`hookfit.files.RunFile`: flushed a line at a time, so what a killed run wrote stays; a
 full disk or a read-only run folder warns once (:class:`~hookfit.files.FileWarning`, naming
@@ -152,6 +156,8 @@ class MetricsLog:
     def _write(self, loop: Run, record: dict[str, Any]) -> None:
         if not loop.is_main:
             return
+        if loop.mode != "fit":  # Loop.validate()'s: not a line of the run whose folder it may share
+            record["evaluation"] = True
         if self._file is None:
             self._file = run_file(loop, FILENAME, self.name)
         self._file.write(json.dumps(record, default=float) + "\n")

@@ -90,6 +90,7 @@ _FIELDS: dict[str, tuple[Check, str]] = {
     "batches": (count, "a count"), "samples": (count, "a count"), "total": (count, "a count"), "time": _SECONDS,
     "samples_per_s": (lambda v: _number(v) or _nan(v), "a number"),
     "stopped": (lambda v: v is True, "true"),  # a stage a stop cut short (metrics_log)
+    "evaluation": (lambda v: v is True, "true"),  # written by Loop.validate() (metrics_log)
 }
 """The other fields of a row that are not metrics, and what each is."""
 

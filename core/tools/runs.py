@@ -57,7 +57,8 @@ __all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "default_metric"
            "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics", "run_folders",
            "series"]
 
-ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s", "stopped"})
+ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s", "stopped",
+                        "evaluation"})
 """The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
 
 
@@ -65,7 +66,12 @@ def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The lines of a ``metrics.jsonl`` along the line the run followed: a ``"resume"`` line
     at step S drops the ``"epoch"`` and ``"step"`` rows before it past step S (a continuation
     the resume abandoned), and an ``"epoch"`` row after a resume replaces the rows of the same
-    stage and epoch before it (a resumed run writes the epoch it completes again, whole)."""
+    stage and epoch before it (a resumed run writes the epoch it completes again, whole). The
+    lines of evaluations (``Loop.validate()``, ``"evaluation": true``) are left out where the
+    folder holds a fit's: an evaluation in the run's folder is not a resume of it."""
+    lines = list(lines)
+    if not all(line.get("evaluation") for line in lines):
+        lines = [line for line in lines if not line.get("evaluation")]
     out: list[dict[str, Any]] = []
     mark = 0  # rows before the last resume line
     for line in lines:

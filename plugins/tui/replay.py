@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from hookfit.tools import runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
-
 from hookfit.plugins.tui.model import DashboardModel
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only (urwid is imported when drawn)
@@ -128,12 +127,11 @@ class Follower:
 
     def __init__(self, folder: Path, dashboard: DashboardModel, max_epochs: int) -> None:
         self.path = folder / "metrics.jsonl"
-        self.dashboard = dashboard
-        self.max_epochs = max_epochs
-        self.offset = 0
+        self.dashboard, self.max_epochs = dashboard, max_epochs
+        self.offset = self.step = 0
         self.ended: dict[str, Any] | None = None
         self.resumed: ResumeInfo | None = None
-        self.step = 0
+        self.fitted = False  # a fit's line was read (runs.followed: Loop.validate()'s lines after it are not the run's)
         self.directions: dict[str, str] = {}  # the log's last "best" line
         self.before = 0.0  # seconds of the fits that ended before (a resumed run's earlier ones)
         self.totals: dict[str, int] = {}  # stage -> the most batches an epoch of it had
@@ -159,7 +157,9 @@ class Follower:
         return True
 
     def feed(self, row: dict[str, Any]) -> None:
-        event, dash = row.get("event"), self.dashboard
+        if row.get("evaluation") and self.fitted:
+            return
+        event, dash, self.fitted = row.get("event"), self.dashboard, self.fitted or not row.get("evaluation")
         if event in ("epoch", "step"):
             stage = str(row.get("stage", "train"))
             if stage == "train" or event == "epoch":

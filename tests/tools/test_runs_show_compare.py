@@ -534,3 +534,46 @@ def test_a_folder_of_evaluations_alone_is_listed_with_when_it_started(tmp_path: 
     info = runs.load(folder)
     assert info.started is not None and info.started[:4].isdigit(), info
     assert info.name == "evaluated", info
+
+
+def test_an_evaluation_in_the_runs_folder_is_not_a_resume_of_it(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Loop.validate(resume=<epoch 1's checkpoint>)`` with the training run's ``run_dir``: its
+    metric lines say ``"evaluation": true``, and ``hookfit runs`` and ``show`` read the fit's
+    three epochs, its best and its end, where they read a resume from epoch 1 that dropped epochs
+    2 and 3 and took the evaluation's loss for the run's best."""
+    from hookfit.plugins.checkpoint import Checkpoint
+    from hookfit.plugins.tui.replay import _dashboard
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "optim,metrics,metrics_log")
+    folder = tmp_path / "run"
+    model = torch.nn.Linear(1, 1)
+    data = [(torch.ones(4, 1) * i, torch.ones(4, 1) * 2 * i) for i in range(3)]
+
+    def train(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def valid(loop, batch):
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    def run(**options: Any) -> Any:
+        return hookfit.Loop(train, data, val_step=valid, val_data=data, model=model, max_epochs=3, run_dir=folder,
+                            plugins=[Checkpoint(background=False)], **options)
+
+    fitted = run(optimizers=torch.optim.SGD(model.parameters(), lr=0.01)).fit()
+    expected = runs.load(folder)
+    assert (expected.epochs, expected.steps, expected.resumed_from) == (3, 9, None)
+    first = sorted((folder / "checkpoints").glob("*.pt"))[0]
+    evaluated = run().validate(resume=str(first))
+    assert evaluated.results["metrics"]["valid/loss"] != fitted.results["best"]["valid/loss"][0]
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    mine = lines[[line["event"] for line in lines].index("end") + 1:]  # the evaluation's
+    assert mine and all(line.get("evaluation") is True for line in mine), mine
+    assert runs.load(folder) == expected
+    _, follower, _, _ = _dashboard(folder, draw=False)
+    assert follower.resumed is None and follower.ended is not None
+    assert (follower.ended["status"], follower.ended["step"]) == ("completed", 9)
