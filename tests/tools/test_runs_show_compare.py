@@ -27,7 +27,7 @@ from hookfit.plugins.tui.dashboard import Dashboard, _fmt
 from hookfit.plugins.tui import TuiRenderer
 from hookfit.plugins.support.plot import spans_decades, text_plot
 from terminal import Terminal, term  # noqa: F401 - term: the tmux fixture
-from conftest import REPO
+from conftest import REPO, mse_step
 
 ROOT = REPO
 
@@ -550,18 +550,11 @@ def test_an_evaluation_in_the_runs_folder_is_not_a_resume_of_it(tmp_path: Path,
     model = torch.nn.Linear(1, 1)
     data = [(torch.ones(4, 1) * i, torch.ones(4, 1) * 2 * i) for i in range(3)]
 
-    def train(loop, batch):
-        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return {"loss": loss}
-
     def valid(loop, batch):
         return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
 
     def run(**options: Any) -> Any:
-        return hookfit.Loop(train, data, val_step=valid, val_data=data, model=model, max_epochs=3, run_dir=folder,
+        return hookfit.Loop(mse_step, data, val_step=valid, val_data=data, model=model, max_epochs=3, run_dir=folder,
                             plugins=[Checkpoint(background=False)], **options)
 
     fitted = run(optimizers=torch.optim.SGD(model.parameters(), lr=0.01)).fit()

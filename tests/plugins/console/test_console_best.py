@@ -14,6 +14,7 @@ import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.console import Console
 from hookfit.plugins.metrics import Metrics
+from conftest import StopAfter
 
 QUIET = ["tui", "metrics_log", "csv"]
 
@@ -76,14 +77,6 @@ def test_a_validation_a_stop_cut_short_is_the_last_value_never_the_best(tmp_path
     """A stop after the first batch of epoch 2's validation (the easy batch: the lowest loss
     of the run): its partial mean is the last value, the best stays epoch 1's whole validation,
     as ``results["best"]`` says."""
-    class Stop:
-        name = "stop"
-
-        @hookfit.hookimpl
-        def batch_end(self, loop, batch_idx):
-            if loop.state.stage == "valid" and loop.state.epoch == 1 and batch_idx == 0:
-                loop.request_stop("enough")
-
     def train(loop, batch):
         return {"loss": torch.tensor(1.0)}
 
@@ -92,6 +85,6 @@ def test_a_validation_a_stop_cut_short_is_the_last_value_never_the_best(tmp_path
 
     stream = io.StringIO()
     state = hookfit.Loop(train, [0, 1], val_step=valid, val_data=[0, 1], max_epochs=3, run_dir=tmp_path,
-                         disable=QUIET, plugins=[Metrics(), Console(stream=stream), Stop()]).fit()
+                         disable=QUIET, plugins=[Metrics(), Console(stream=stream), StopAfter(7)]).fit()  # epoch 2's first validation batch
     assert state.status == "interrupted" and state.results["best"]["valid/loss"] == (2.25, 1)
     assert result_lines(stream)[-1] == "hookfit result stage=valid metric=loss last=0.5 best=2.25 best_epoch=1"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hookfit
-from conftest import resumable_run
+from conftest import StopAt, resumable_run
 from hookfit.plugins.metrics import Metrics
 
 
@@ -57,18 +57,10 @@ def test_a_stage_a_stop_cut_short_is_the_last_value_never_the_best(end: str) -> 
     value, not its best, which stays epoch 2's whole mean (a sweep reading ``results["best"]``
     after a Ctrl-C would take one batch for an epoch). ``max_steps`` ends the run as planned:
     its partial epoch counts."""
-    class Stop:
-        name = "stop"
-
-        @hookfit.hookimpl
-        def batch_end(self, loop):
-            if loop.state.step == 5:
-                loop.request_stop("enough")
-
     def cut_step(loop, batch):
         return {"loss": torch.tensor(CUT[loop.state.epoch][batch])}
 
-    plugins = [Metrics(), Stop()] if end == "stop" else [Metrics()]
+    plugins = [Metrics(), StopAt(5)] if end == "stop" else [Metrics()]
     state = hookfit.Loop(cut_step, [0, 1], max_epochs=3, max_steps=5 if end == "max_steps" else None,
                          plugins=plugins).fit()
     assert state.status == ("interrupted" if end == "stop" else "completed")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hookfit
-from conftest import saved_run, squeeze
+from conftest import StopAfter, saved_run, squeeze
 from hookfit.files import FileWarning
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.metrics import Metrics
@@ -225,19 +225,11 @@ def test_a_stage_a_stop_cut_short_is_marked_and_hookfit_runs_takes_no_best_from_
     """The row of the validation a stop cut short after its first batch (the easy one: the
     lowest loss of the run) says ``"stopped": true``; ``hookfit runs``' best is a whole
     validation's, and the row still counts as the run's last."""
-    class Stop:
-        name = "stop"
-
-        @hookfit.hookimpl
-        def batch_end(self, loop, batch_idx):
-            if loop.state.stage == "valid" and loop.state.epoch == 1 and batch_idx == 0:
-                loop.request_stop("enough")
-
     def val_step(loop, batch):
         return {"loss": torch.tensor(0.1 if batch == 0 else 5.0 - loop.state.epoch)}
 
     state = hookfit.Loop(loss_step, [1, 2], val_step=val_step, val_data=[0, 1, 2], max_epochs=3, run_dir=tmp_path,
-                         plugins=[Metrics(), MetricsLog(), Stop()]).fit()
+                         plugins=[Metrics(), MetricsLog(), StopAfter(8)]).fit()  # epoch 2's first validation batch
     assert state.status == "interrupted"
     valid = [r for r in lines(tmp_path) if r["event"] == "epoch" and r["stage"] == "valid"]
     assert [(r["epoch"], r["batches"], r.get("stopped")) for r in valid] == [(1, 3, None), (2, 1, True)]
