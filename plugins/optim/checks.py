@@ -66,8 +66,7 @@ class Flags:
 
     def __init__(self) -> None:
         self._slots: tuple[torch.Tensor, ...] = ()
-        self._next = 0
-        self._one = torch.ones(())  # the check's scale: 1.0 on the slots' device (made with them)
+        self._next, self._one = 0, torch.ones(())  # _one: the check's scale, 1.0 on the slots' device (made with them)
         self._works = True  # the one-kernel check took a loss, or has not been tried
 
     def check(self, loss: torch.Tensor) -> torch.Tensor:

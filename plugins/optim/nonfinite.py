@@ -36,10 +36,9 @@ class Policy:
     """What a non-finite value does: the poisoned window and the skipped steps' count."""
 
     def __init__(self, mode: Literal["skip", "raise"] | None, on_poison: Callable[[], None]) -> None:
-        self.mode = mode
+        self.mode, self._on_poison = mode, on_poison  # (called when poisoned changes)
         self.poisoned = False  # a non-finite loss in the current window: its steps are skipped
         self.first_skip: str | None = None  # where the run's first skip was (results)
-        self._on_poison = on_poison  # called when poisoned changes
         self.loop: Run | None = None
 
     def start(self, loop: Run) -> None:

@@ -10,7 +10,7 @@ import torch
 from hookfit import hookimpl
 from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins.support import check, choice, flag, positive_int, positive_number
+from hookfit.plugins.support import check, choice, flag, hparams, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.checks import Check, DeviceCheck, Flags, HostCheck, NoCheck
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules
@@ -59,10 +59,9 @@ class Optim:
         self.loop: Run | None = None
         self.optimizers: Optimizers | None = None
         self._schedules = Schedules(schedulers, scheduler_interval, monitor)  # checked: see schedulers.py
-        self._window = Window(accumulate)
+        self._window, self._watch = Window(accumulate), Watch()
         self._policy = Policy(nonfinite, on_poison=self._poisoned)
         self._deferred = Deferred(self._policy)
-        self._watch = Watch()
         self._check: Check = NoCheck()
         self._rules: Rules | None = None
         self._closes_always = False  # batch_end closes every window (once one was poisoned)
@@ -79,6 +78,7 @@ class Optim:
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optim: optimizer {name!r} is a {type(opt).__name__}, not a torch.optim.Optimizer")
         schedulers = self._schedules.assign(loop, optimizers)  # each optimizer's, checked (none in a validation)
+        self._counts = hparams.ScheduleCounts(self.name, OptimWarning)  # schedulers stepped elsewhere too
         device = next((p.device.type for root in modules(loop.model) for p in root.parameters()), None)
         guess = "cuda" if torch.cuda.is_available() else "cpu"
         self._autocast = None
@@ -188,12 +188,14 @@ class Optim:
         if stage == "train":
             self._window.measure(loop.train_data)
             self._watch.stage_start(loop.hooks.plugins("backward")[:1] == [loop.pm.get_name(self)])  # optim's pass
+            self._counts.start(self.optimizers, self._schedules.per_step)
 
     @hookimpl(tryfirst=True)  # finishes the stage's work before plugins report on it (metrics)
     def stage_end(self, loop: Run, stage: str) -> None:
         self._schedules.stage_ended(loop, stage)  # a ReduceLROnPlateau steps on this stage's metrics
         if stage != "train" or self.optimizers is None:
             return
+        self._counts.check(loop, self.optimizers, self._schedules.per_step)  # (a flush below steps both alike)
         for managed in self.optimizers.values():  # the last, partial window of the epoch
             managed.flush()
         self._close_window()

@@ -1,6 +1,7 @@
 """A run's hyperparameters, as the loggers (``tensorboard``, ``mlflow``, ``wandb``) record them: one
 flat mapping of scalars (:func:`run_hparams`); :func:`hyperparameters` checks a logger's ``hparams``;
-:func:`settings` and :func:`replaced_settings` find the optimizer settings a resume puts back over those given."""
+:func:`settings` and :func:`replaced_settings` find the optimizer settings a resume puts back over those given;
+:func:`warn_unsaved_schedule` and :class:`ScheduleCounts` find schedulers stepped outside an optimizer plugin."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import numbers
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from hookfit.errors import user_level
 from hookfit.plugins.support.options import finite, is_int, option_error
@@ -17,7 +20,8 @@ from hookfit.plugins.support.options import finite, is_int, option_error
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["Hparam", "hparam", "hyperparameters", "replaced_settings", "run_hparams", "settings", "warn_replaced"]
+__all__ = ["Hparam", "ScheduleCounts", "hparam", "hyperparameters", "replaced_settings", "run_hparams", "settings",
+           "warn_replaced"]
 
 Hparam = bool | int | float | str  # a hyperparameter's value: one scalar, as every tracker shows it
 _MECHANICS = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable"})  # how, not what
@@ -136,6 +140,49 @@ def warn_unsaved_schedule(plugin: str, loop: Run, name: str, optimizer: Any, sch
                       f"{plugin.capitalize()}(schedulers=...): its state is in no checkpoint, so a resumed run starts "
                       f"its schedule again; give it as {plugin.capitalize()}(schedulers=scheduler) and do not step it "
                       f"yourself", category, stacklevel=user_level())
+
+
+class ScheduleCounts:
+    """A plugin's schedulers stepped elsewhere as well in a training stage (the step function's
+    ``scheduler.step()`` left in): their schedule runs ahead of the optimizer's steps, silently.
+    Each scheduler's count (``last_epoch``) at the stage's start is compared at its end with the
+    steps the plugin made of its optimizer (taken or skipped) where it steps the scheduler after
+    each, none where it steps it per epoch; a ``ReduceLROnPlateau`` (stepped on metrics, which a
+    validation inside training publishes) is not compared. One warning (``category``) a run."""
+
+    def __init__(self, plugin: str, category: type[Warning]) -> None:
+        self.plugin, self.category = plugin, category
+        self._before: dict[int, tuple[int, int]] = {}
+        self._said = False
+
+    def start(self, optimizers: Mapping[str, Any] | None, per_step: Callable[[list[Any]], list[Any]]) -> None:
+        """A training stage begins. ``optimizers``: the plugin's by name (each with ``schedulers``, ``steps``
+        and ``skipped``); ``per_step``: which of a list of schedulers the plugin steps after each optimizer step."""
+        self._before = {id(s): (count, own) for _, s, count, own in self._counts(optimizers, per_step)}
+
+    def check(self, loop: Run, optimizers: Mapping[str, Any] | None, per_step: Callable[[list[Any]], list[Any]]
+              ) -> None:
+        """The training stage ended: warn where a scheduler moved more than the plugin stepped it."""
+        for name, scheduler, count, own in [] if self._said else self._counts(optimizers, per_step):
+            if (before := self._before.get(id(scheduler))) is None or count - before[0] <= own - before[1]:
+                continue
+            self._said = True
+            warnings.warn(f"{self.plugin}: the {type(scheduler).__name__} of optimizer {name!r} stepped "
+                          f"{count - before[0]} times in the training stage of epoch {loop.state.epoch + 1}, and "
+                          f"{self.plugin} stepped it {own - before[1]} times: something else steps it too "
+                          f"(scheduler.step() in the step function?), so its schedule runs ahead of the optimizer's "
+                          f"steps. {self.plugin} steps the schedulers given to {self.plugin.capitalize()}"
+                          f"(schedulers=...): remove the other step() call, or leave the scheduler out of "
+                          f"{self.plugin.capitalize()}", self.category, stacklevel=user_level())
+            return
+
+    @staticmethod
+    def _counts(optimizers: Mapping[str, Any] | None, per_step: Callable[[list[Any]], list[Any]]
+                ) -> list[tuple[str, Any, int, int]]:
+        """(optimizer name, scheduler, its count, the plugin's steps of the optimizer that step it)."""
+        return [(name, s, s.last_epoch, managed.steps + managed.skipped if per_step([s]) else 0)
+                for name, managed in (optimizers or {}).items() for s in managed.schedulers
+                if not isinstance(s, ReduceLROnPlateau) and is_int(getattr(s, "last_epoch", None))]
 
 
 def _plain_value(value: Any) -> bool:

@@ -381,3 +381,42 @@ def test_a_scheduler_the_step_drives_itself_is_warned_of_as_in_no_checkpoint(tmp
         "to Optim(schedulers=...): its state is in no checkpoint, so a resumed run starts its schedule again; give it "
         "as Optim(schedulers=scheduler) and do not step it yourself"]
     assert fit(given=True) == [] and fit(given=False, mode="validate") == []
+
+
+def test_a_scheduler_given_to_optim_and_also_stepped_in_the_step_warns_once(tmp_path) -> None:
+    """A scheduler given to ``Optim(schedulers=...)`` that the step function steps as well (the
+    plain port's ``sched.step()`` left in) moves twice a step: its warmup and decay run twice
+    as fast, silently. One warning, at the first training stage's end, names it and both counts;
+    a scheduler optim alone steps (per step with accumulation, per epoch, on a plateau monitored
+    in validations inside training) says nothing."""
+    import warnings
+
+    def fit(by_hand: bool, epochs: int = 2, **options) -> list[str]:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        plateau = options.pop("plateau", False)
+        sched = lr_scheduler.ReduceLROnPlateau(opt) if plateau else lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
+
+        def step(loop, batch):
+            out = train_step(loop, batch)
+            if by_hand:
+                sched.step()
+            return out
+
+        loop = hookfit.Loop(step, TRAIN, val_step=val_step, val_data=VALID, model=m, optimizers=opt,
+                            max_epochs=epochs, run_dir=tmp_path / str(len(list(tmp_path.iterdir()))),
+                            val_every_n_steps=2 if plateau else None,
+                            plugins=[Metrics(), Optim(schedulers=sched, **options)])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loop.fit()
+        return [f"{w.filename.rsplit('/', 1)[-1]}: {w.message}" for w in caught if "scheduler" in str(w.message)]
+
+    assert fit(by_hand=True) == [
+        "test_schedulers.py: optim: the LambdaLR of optimizer 'default' stepped 12 times in the training stage of "
+        "epoch 1, and optim stepped it 6 times: something else steps it too (scheduler.step() in the step function?), "
+        "so its schedule runs ahead of the optimizer's steps. optim steps the schedulers given to "
+        "Optim(schedulers=...): remove the other step() call, or leave the scheduler out of Optim"]
+    assert fit(by_hand=False) == [] and fit(by_hand=False, accumulate=2) == []
+    assert fit(by_hand=False, scheduler_interval="epoch") == []
+    assert fit(by_hand=False, plateau=True, monitor="valid/loss") == []
