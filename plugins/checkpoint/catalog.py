@@ -81,14 +81,25 @@ class Catalog:
         return self.prune()
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds of this (the plugin's ``save_state``)."""
+        """What a checkpoint holds of this (the plugin's ``save_state``): taken before the file it is
+        saved in is written, so its best is the one before that file (see :meth:`resumed`)."""
         best = None if self.best is None else [self.best[0], str(self.best[1])]
-        return {"best": best, "saved": [str(p) for p in list(self.saved)]}
+        return {"best": best, "mode": self.monitor.mode, "saved": [str(p) for p in list(self.saved)]}
 
     def load(self, state: Mapping[str, Any]) -> None:
-        """Back from :meth:`state`, for the files still on disk."""
-        if state.get("best") is not None:
-            value, path = state["best"]
-            if Path(path).exists():
-                self.best = (value, Path(path))
+        """Back from :meth:`state`, for the files still on disk; the direction the best was found in."""
+        best = state.get("best")
+        value, path = best if best is not None and Path(best[1]).exists() else (None, None)
+        self.monitor.reset(value, None if path is None else Path(path), state.get("mode"))
         self.saved = [Path(p) for p in state.get("saved", []) if Path(p).exists()]
+
+    def resumed(self, path: Path, meta: Any, training: bool) -> Path:
+        """The run resumed from ``path``: the last and, in a training run, the best if its own score
+        (``meta["metric"]``, of the metric monitored here) improves on the best its state named. A run
+        killed right after writing its best checkpoint would else take a worse one for the best, and
+        prune the best weights away."""
+        self.last = path
+        metric = meta.get("metric") if isinstance(meta, Mapping) else None
+        if training and isinstance(metric, (int, float)) and meta.get("monitor") == self.monitor.metric:
+            self.follow(path, float(metric), "resume")
+        return path

@@ -229,7 +229,7 @@ class Checkpoint:
         if path is None or data is None:
             return False
         restore(loop, path, data, self.strict)
-        self.resumed_from = self.catalog.last = path
+        self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit")
         self.saved_step = data["loop"]["step"]
         if source == "latest":
             announce(loop, path, self.dir)
