@@ -201,14 +201,15 @@ def test_every_process_knows_the_best_checkpoint_under_torchrun(tmp_path: Path) 
     assert ranks[0]["results"] == ranks[1]["results"] and ranks[0]["best"] == ranks[1]["best"]
 
 
-@pytest.mark.parametrize("direction", ["min", "max"])
-def test_a_run_resumed_from_its_best_checkpoint_keeps_it_as_the_best(tmp_path: Path, direction: str) -> None:
+@pytest.mark.parametrize(("direction", "keep"), [("min", 1), ("max", 1), ("max", 2)])
+def test_a_run_resumed_from_its_best_checkpoint_keeps_it_as_the_best(tmp_path: Path, direction: str, keep: int) -> None:
     """A run killed right after it wrote its best checkpoint (epoch 2; ``keep_last=1`` had pruned
     epoch 1's): that file's own state named the best before it, now gone. The resumed run takes
     the checkpoint it resumed from as the best by its own score, so epoch 3's worse score is not
     the best, and keep_last does not prune the best weights away. ``max`` follows the direction
     the metrics plugin publishes (Metrics(best=...)), which the resumed run knows before its
-    first validation."""
+    first validation: with ``keep_last=2`` epoch 1's file, named the best in epoch 2's state, is
+    still there, and only that direction says epoch 2's is better."""
     scores = {0: 3.0, 1: 1.0, 2: 2.0, 3: 2.5} if direction == "min" else {0: 1.0, 1: 3.0, 2: 2.0, 3: 1.5}
     m = torch.nn.Linear(3, 1)
 
@@ -231,12 +232,12 @@ def test_a_run_resumed_from_its_best_checkpoint_keeps_it_as_the_best(tmp_path: P
         return hookfit.Loop(train, train_data, val_step=scored, val_data=valid_data, model=m,
                             optimizers=torch.optim.SGD(m.parameters(), lr=0.1), max_epochs=4, run_dir=tmp_path,
                             plugins=[Optim(), Metrics(best={"valid/score": direction}),
-                                     Checkpoint(keep_last=1, monitor="valid/score", background=False), *more],
+                                     Checkpoint(keep_last=keep, monitor="valid/score", background=False), *more],
                             **options).fit()
 
     with pytest.raises(Killed):
         run(Kill())
-    second = tmp_path / "checkpoints" / "epoch0002-step000000008.pt"
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("epoch*.pt")) == [second.name]
+    first, second = (tmp_path / "checkpoints" / f"epoch000{e}-step00000000{4 * e}.pt" for e in (1, 2))
+    assert sorted((tmp_path / "checkpoints").glob("epoch*.pt")) == [first, second][2 - keep:]
     state = run(resume="latest")
     assert state.results["best_checkpoint"] == second and second.exists()
