@@ -10,7 +10,12 @@ knowledge of this command: a mapping whose :data:`WEIGHTS` entry is a state dict
 model as one module (several models as a ``ModuleDict`` or ``ModuleList`` of them holds them:
 ``"<name>."`` or ``"<index>."`` before each model's keys). Its keys must be the model's, or
 nothing is written. Exporting the model names the plugins whose weights the checkpoint also
-holds."""
+holds.
+
+``hookfit export RUN model.pt --best`` takes the run's best checkpoint by the metric its
+checkpoints were scored on (``Checkpoint(monitor=...)``) instead of its newest: the best its
+newest checkpoint records, or that checkpoint itself where its own score is better (a
+checkpoint's record is taken before it is written)."""
 
 from __future__ import annotations
 
@@ -22,8 +27,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hookfit.plugins.checkpoint import sharded
+from hookfit.plugins.checkpoint.catalog import Catalog
 from hookfit.plugins.checkpoint.storage import CheckpointError, atomic_save, checkpoint_files, read
-from hookfit.plugins.support import unwrap_state_dict
+from hookfit.plugins.support import Monitor, unwrap_state_dict
 
 WEIGHTS = "state_dict"
 """The entry of a plugin's saved state that offers weights to ``hookfit export --weights``
@@ -37,6 +43,7 @@ class Exported(NamedTuple):
     checkpoint: Path
     weights: str | None
     offered: tuple[str, ...]
+    best: tuple[str, float] | None = None  # with --best: the metric and the checkpoint's score
 
 
 def find(source: str | os.PathLike[str]) -> Path:
@@ -54,13 +61,42 @@ def find(source: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"hookfit export: no checkpoint in {path} (nor in {path / 'checkpoints'})")
 
 
-def export(source: str | os.PathLike[str], out: str | os.PathLike[str], weights: str | None = None) -> Exported:
-    """Write the model of the checkpoint that ``source`` names (see :func:`find`) to ``out``
-    as a plain state dict (every tensor whole, on the CPU), atomically; with ``weights``, the
-    weights that plugin offers in it instead (see the module documentation). Runs in one
-    process: a sharded checkpoint's tensors are read whole. ``out`` may not be the checkpoint
-    itself nor inside its folder: that would replace what the run resumes from."""
-    path = find(source)
+def best(source: str | os.PathLike[str]) -> tuple[Path, str, float]:
+    """The best checkpoint of the run whose newest checkpoint ``source`` names (:func:`find`), the
+    metric it was scored on and its score: the best that checkpoint's state records, or the
+    checkpoint itself where its own score is better (:meth:`Catalog.resumed`)."""
+    newest = find(source)
+    data = read(newest)
+    meta, states = data.get("meta"), data.get("plugins")
+    monitor = meta.get("monitor") if isinstance(meta, Mapping) else None
+    state = states.get("checkpoint") if isinstance(states, Mapping) else None
+    if not isinstance(monitor, str) or not isinstance(state, Mapping):
+        raise CheckpointError(f"hookfit export --best: the run of {newest} scored no checkpoint (no "
+                              f"Checkpoint(monitor=...)), so none is its best: export the newest (without --best) or "
+                              f"a checkpoint by its path")
+    recorded = state.get("best")
+    if isinstance(recorded, (list, tuple)) and len(recorded) == 2:  # by name: the run may have used another folder
+        state = {**state, "best": [recorded[0], str(newest.parent / Path(str(recorded[1])).name)]}
+    catalog = Catalog(1, Monitor(monitor))
+    catalog.load(state)
+    catalog.resumed(newest, meta, training=True)
+    if catalog.best is None:
+        raise CheckpointError(f"hookfit export --best: no checkpoint of the run of {newest} has a score of {monitor} "
+                              f"(none was saved after a validation of it): export a checkpoint by its path")
+    score, path = catalog.best
+    return path, monitor, score
+
+
+def export(source: str | os.PathLike[str], out: str | os.PathLike[str], weights: str | None = None,
+           best_of_run: bool = False) -> Exported:
+    """Write the model of the checkpoint that ``source`` names (see :func:`find`; with
+    ``best_of_run``, the best of that run: :func:`best`) to ``out`` as a plain state dict (every
+    tensor whole, on the CPU), atomically; with ``weights``, the weights that plugin offers in it
+    instead (see the module documentation). Runs in one process: a sharded checkpoint's tensors
+    are read whole. ``out`` may not be the checkpoint itself nor inside its folder: that would
+    replace what the run resumes from."""
+    scored = best(source) if best_of_run else None
+    path = scored[0] if scored is not None else find(source)
     _refuse_input(Path(out), path)
     data = read(path)
     if sharded.placeholders(data):
@@ -73,7 +109,7 @@ def export(source: str | os.PathLike[str], out: str | os.PathLike[str], weights:
     if weights is not None:
         model = _offered(data, weights, offers, model, path)
     atomic_save(model, Path(out))
-    return Exported(path, weights, tuple(offers))
+    return Exported(path, weights, tuple(offers), None if scored is None else scored[1:])
 
 
 def offered(data: Mapping[str, Any]) -> list[str]:
@@ -163,21 +199,24 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--weights", metavar="PLUGIN", default=None,
                    help="write the weights that plugin keeps in the checkpoint instead of the model's "
                         "(--weights ema: the ema plugin's average)")
+    p.add_argument("--best", action="store_true", help="the run's best checkpoint by the metric its checkpoints "
+                                                       "were scored on (Checkpoint(monitor=...)), not its newest")
     p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        done = export(args.source, args.out, weights=args.weights)
+        done = export(args.source, args.out, weights=args.weights, best_of_run=args.best)
     except (OSError, CheckpointError) as error:
         print(f"hookfit export: {error}" if not str(error).startswith("hookfit export") else str(error),
               file=sys.stderr)
         return 2
+    which = f" (the best by {done.best[0]}: {done.best[1]:g})" if done.best is not None else ""
     if done.weights is None:
-        print(f"wrote {args.out}: the model of {done.checkpoint}")
+        print(f"wrote {args.out}: the model of {done.checkpoint}{which}")
         for name in done.offered:
             print(f"hookfit export: {done.checkpoint} also holds the weights of plugin {name!r}: "
                   f"--weights {name} writes those")
     else:
-        print(f"wrote {args.out}: the weights of plugin {done.weights!r} in {done.checkpoint}")
+        print(f"wrote {args.out}: the weights of plugin {done.weights!r} in {done.checkpoint}{which}")
     return 0

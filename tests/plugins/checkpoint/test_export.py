@@ -122,3 +122,33 @@ def test_weights_a_checkpoint_does_not_offer_are_refused_naming_why(
     assert str(error.value) == f"hookfit export --weights {name}: {checkpoint}" + (
         " " if message.startswith("holds") else ": ") + message
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_best_exports_the_best_checkpoint_by_the_runs_monitor_even_the_newest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hookfit export RUN model.pt --best``: the model of the checkpoint with the best score of
+    the run's monitor, not the newest; the newest itself where it is the best (its own state
+    names the best before it), and an error naming the option where the run monitored nothing."""
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.tools import cli
+
+    def fitted(scores: list[float], monitor: str | None, folder: str) -> Path:
+        m = torch.nn.Linear(3, 1)
+
+        def score(loop: Any, batch: Any) -> dict[str, Any]:
+            return {"loss": torch.tensor(scores[loop.state.epoch])}
+
+        hookfit.Loop(two_model_step, data(), val_step=score, val_data=data()[:1], model=[m], max_epochs=len(scores),
+                     optimizers={"a": torch.optim.SGD(m.parameters(), lr=0.1)}, run_dir=tmp_path / folder,
+                     plugins=[Optim(), Metrics(), Checkpoint(monitor=monitor, keep_last=1, background=False)]).fit()
+        return tmp_path / folder / "checkpoints"
+
+    for scores, best in (([3.0, 1.0, 2.0], "epoch0002-step000000006.pt"), ([3.0, 2.0, 1.0], "epoch0003-step000000009.pt")):
+        folder = fitted(scores, "valid/loss", f"run{best[8]}")
+        assert cli.main(["export", str(folder.parent), str(tmp_path / "best.pt"), "--best"], plugins=[Checkpoint()]) == 0
+        exported, saved = torch.load(tmp_path / "best.pt", weights_only=True), read(folder / best)["model"]
+        assert len(exported) == 1 and all(torch.equal(exported[0][k], v) for k, v in saved[0].items())
+        assert f"the model of {folder / best} (the best by valid/loss: {min(scores):g})" in capsys.readouterr().out
+    unscored = fitted([1.0, 2.0], None, "unscored")
+    assert cli.main(["export", str(unscored.parent), str(tmp_path / "x.pt"), "--best"], plugins=[Checkpoint()]) == 2
+    assert "--best: the run of " in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
