@@ -251,10 +251,10 @@ def _runs(args: argparse.Namespace) -> int:
     rows = [("RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "BEST", "RESUMED FROM")]
     for info in infos:
         best = "-" if info.best is None else f"{info.best[0]} {info.best[1]:.4g} (epoch {info.best[2]})"
-        status = info.status + (f": {info.reason}" if info.reason else "")
+        status = textwrap.shorten(info.status + (f": {info.reason}" if info.reason else ""), 48, placeholder=" ...")
         resumed = Path(info.resumed_from).name if info.resumed_from else "-"
         rows.append((info.folder, (info.started or "-").replace("T", " ")[:19], _duration(info.duration),
-                     status[:48], str(info.epochs if info.epochs is not None else "-"),
+                     status, str(info.epochs if info.epochs is not None else "-"),
                      str(info.steps if info.steps is not None else "-"), best, resumed))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

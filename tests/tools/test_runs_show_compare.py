@@ -570,3 +570,13 @@ def test_an_evaluation_in_the_runs_folder_is_not_a_resume_of_it(tmp_path: Path,
     _, follower, _, _ = _dashboard(folder, draw=False)
     assert follower.resumed is None and follower.ended is not None
     assert (follower.ended["status"], follower.ended["step"]) == ("completed", 9)
+
+
+def test_runs_shortens_a_long_reason_at_a_word(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The STATUS column holds 48 characters: a longer reason ends at a whole word and says it goes on."""
+    reason = "ValueError: valid data yielded no batches in epoch 1 (an iterator used up)"
+    _log(tmp_path / "run", _epoch(1, loss=1.0), {"event": "end", "status": "failed", "reason": reason, "epoch": 1,
+                                                 "step": 10})
+    assert cli.main(["runs", str(tmp_path / "run")]) == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert "failed: ValueError: valid data yielded no ..." in row and " batches" not in row
