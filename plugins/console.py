@@ -75,7 +75,7 @@ metric name or ``"<stage>/<metric>"`` (which wins over the bare name), wins for 
 direction gets ``last=... best=... best_epoch=...``; one without gets ``last=... min=... min_epoch=... max=...
 max_epoch=...``. Epochs count from 1; NaN and infinities are never best (:class:`hookfit.plugins.support.Monitor`),
 nor lowest or highest: a metric with no finite value gets ``last=nan`` alone, as ``results["best"]`` has no entry
-for it. A stage a stop request cut short gives the last value, never the best (as in ``results["best"]``).
+for it. A stage a stop that interrupted the run cut short gives the last value, never the best (as ``results["best"]``).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class _Extremes:
 
     def add(self, value: float, epoch: int, whole: bool = True) -> None:
         self.last = value
-        if whole:  # a stage a stop request cut short is the last value, never the lowest or highest
+        if whole:  # a stage a stop that interrupted the run cut short: the last value, never the lowest or highest
             self.low.update(value, at=epoch)
             self.high.update(value, at=epoch)
 

@@ -25,9 +25,10 @@ people does:
   ``epoch``, ``step`` (the global step the stage ended at), ``batches``, ``samples``,
   ``time`` (seconds in the stage), ``samples_per_s``, each metric's epoch mean by name, and
   ``lr_<optimizer>``. A stage a stop cut short (a stop request, ``max_steps``) has its row too,
-  with the ``batches`` it got, and ``"stopped": true`` after a stop request (the run
-  ``interrupted``: the mean of some of the batches, never a run's best); a resumed run that completes that epoch writes the epoch's row
-  again, whole, after its ``resume`` line: a reader takes the last row of a stage's epoch.
+  with the ``batches`` it got, and ``"stopped": true`` where the stop interrupted the run
+  (status ``"interrupted"``: the mean of some of the batches, never a run's best); a resumed
+  run that completes that epoch writes the epoch's row again, whole, after its ``resume`` line:
+  a reader takes the last row of a stage's epoch.
 * ``{"event": "step", **snapshot.row()}`` with ``every_n_steps=N``: at the first training
   ``metrics_update`` at or after every N-th training step; the epoch means so far. A metrics
   plugin publishes at a bounded rate, the built-in at most every ``Metrics(interval=0.5)``

@@ -100,6 +100,7 @@ class Catalog:
         prune the best weights away."""
         self.last = path
         metric = meta.get("metric") if isinstance(meta, Mapping) else None
-        if training and isinstance(metric, (int, float)) and meta.get("monitor") == self.monitor.metric:
+        if (training and isinstance(metric, (int, float)) and meta.get("monitor") == self.monitor.metric
+                and meta.get("reason") != "failure"):  # (a failed-*.pt file is never the best, as in follow)
             self.follow(path, float(metric), "resume")
         return path

@@ -37,7 +37,8 @@
   epoch value by ``"<stage>/<name>"``, ``state.results["best"]`` its best ``(value, epoch counted
   from 1)`` for the metrics with a direction; over every epoch of the run, those before a resume
   and a partial last one included (``Loop.validate()``: its validation), but for ``best`` a stage
-  a stop request cut short (the run ``interrupted``: the mean of some of its batches).
+  cut short by a stop that interrupted the run (status ``"interrupted"``: the mean of some of its
+  batches; ``max_steps`` and early stopping complete a run).
 * The run's metric log, ``metrics.jsonl``, is not this plugin's: the ``metrics_log`` plugin
   writes it from the snapshots; leave it out with ``Loop(disable=["metrics_log"])``.
 * Several processes (a plugin implements ``all_reduce`` and ``loop.state.world_size > 1``):

@@ -238,7 +238,7 @@ class Metrics:
         earlier: tuple[Mapping[str, Any], ...] = tuple(history) if keep else (*history, entry)
         if history.maxlen is not None:  # as long as the history kept
             earlier = earlier[len(earlier) - history.maxlen:]
-        # a stage a stop cut short is the run's last value, never its best (max_steps ends a run as planned)
+        # a stage an interrupting stop cut short: the run's last value, never its best (max_steps completes a run)
         self.report.take(stage, loop.state.epoch, {k: v.epoch for k, v in values.items()},
                          best=keep or loop.state.status == "completed")
         snapshot = self.snapshot(values=values, final=True, stage=stage, history=earlier, agg=agg)

@@ -63,8 +63,7 @@ class ManagedOptimizer:
         self.steps, self.skipped = 0, 0  # real steps, skipped ones
         self.window_open = False  # step() was called inside a window that has not closed
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
-        self._rules = rules
-        self._accumulates = rules.window.size > 1
+        self._rules, self._accumulates = rules, rules.window.size > 1
         self._per_step = list(per_step)  # its schedulers that step after each real step
         self._stepped = False  # a real step happened since the last effective zero_grad()
         self._skips: bool | None = None  # its kernel takes found_inf (see skips_on_device)

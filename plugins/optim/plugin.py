@@ -229,6 +229,7 @@ class Optim:
         self._skipped_total = None
         try:
             if self.optimizers is not None:
+                self._counts.check(loop, self.optimizers, self._schedules.per_step)  # a stage max_steps or a stop cut
                 self._deferred.finish(final=loop.state.status != "completed")
                 skipped = self._skipped_total = sum(m.skipped for m in self.optimizers.values())
                 if skipped > 1:
@@ -249,7 +250,8 @@ class Optim:
         window_open = self.accumulate > 1 and any(m.window_open for m in self.optimizers.values())
         poisoned = self._policy.poisoned or (window_open and deferred.bad is not None and bool(deferred.bad))
         managed = self.optimizers.items()
-        held = window_open or any(m.holds_grads() for _, m in managed)  # optim's window, or the step function's
+        hand = loop is not None and loop.state.status != "failed"  # a failed run's may be the failed batch's
+        held = window_open or (hand and any(m.holds_grads() for _, m in managed))  # optim's window, or the step's
         return {
             "optimizers": {n: m.state_dict() for n, m in managed},
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,

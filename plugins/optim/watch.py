@@ -29,8 +29,7 @@ class Watch:
     """The watch for steps and passes that bypass optim, which marks its own: :attr:`stepping`, :attr:`inside`."""
 
     def __init__(self) -> None:
-        self.active = False  # steps and gradients that bypass optim are being watched for
-        self.stepping = self.inside = False
+        self.active = self.stepping = self.inside = False  # active: steps and gradients bypassing optim are watched
         self._handles: list[RemovableHandle] = []  # the step pre-hooks
         self._grad_hooks = GradientWatch((), self._grad_arrived)
         self._own_backward = True  # loop.backward runs optim's pass

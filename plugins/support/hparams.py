@@ -148,7 +148,9 @@ class ScheduleCounts:
     Each scheduler's count (``last_epoch``) at the stage's start is compared at its end with the
     steps the plugin made of its optimizer (taken or skipped) where it steps the scheduler after
     each, none where it steps it per epoch; a ``ReduceLROnPlateau`` (stepped on metrics, which a
-    validation inside training publishes) is not compared. One warning (``category``) a run."""
+    validation inside training publishes) is not compared, a ``ChainedScheduler`` through its first
+    scheduler. Checked at the stage's end, or at the run's where that came inside the stage
+    (``max_steps``, a stop); not in a failed run. One warning (``category``) a run."""
 
     def __init__(self, plugin: str, category: type[Warning]) -> None:
         self.plugin, self.category = plugin, category
@@ -162,14 +164,18 @@ class ScheduleCounts:
 
     def check(self, loop: Run, optimizers: Mapping[str, Any] | None, per_step: Callable[[list[Any]], list[Any]]
               ) -> None:
-        """The training stage ended: warn where a scheduler moved more than the plugin stepped it."""
-        for name, scheduler, count, own in [] if self._said else self._counts(optimizers, per_step):
-            if (before := self._before.get(id(scheduler))) is None or count - before[0] <= own - before[1]:
+        """The training stage ended (or the run, inside one): warn where a scheduler moved more than the plugin
+        stepped it. Once a stage: the next is compared from its start."""
+        before, self._before = self._before, {}
+        if self._said or not before or loop.state.status == "failed":
+            return
+        for name, scheduler, count, own in self._counts(optimizers, per_step):
+            if (then := before.get(id(scheduler))) is None or count - then[0] <= own - then[1]:
                 continue
             self._said = True
             warnings.warn(f"{self.plugin}: the {type(scheduler).__name__} of optimizer {name!r} stepped "
-                          f"{count - before[0]} times in the training stage of epoch {loop.state.epoch + 1}, and "
-                          f"{self.plugin} stepped it {own - before[1]} times: something else steps it too "
+                          f"{count - then[0]} times in the training stage of epoch {loop.state.epoch + 1}, and "
+                          f"{self.plugin} stepped it {own - then[1]} times: something else steps it too "
                           f"(scheduler.step() in the step function?), so its schedule runs ahead of the optimizer's "
                           f"steps. {self.plugin} steps the schedulers given to {self.plugin.capitalize()}"
                           f"(schedulers=...): remove the other step() call, or leave the scheduler out of "
@@ -180,9 +186,18 @@ class ScheduleCounts:
     def _counts(optimizers: Mapping[str, Any] | None, per_step: Callable[[list[Any]], list[Any]]
                 ) -> list[tuple[str, Any, int, int]]:
         """(optimizer name, scheduler, its count, the plugin's steps of the optimizer that step it)."""
-        return [(name, s, s.last_epoch, managed.steps + managed.skipped if per_step([s]) else 0)
+        return [(name, s, count, managed.steps + managed.skipped if per_step([s]) else 0)
                 for name, managed in (optimizers or {}).items() for s in managed.schedulers
-                if not isinstance(s, ReduceLROnPlateau) and is_int(getattr(s, "last_epoch", None))]
+                if not isinstance(s, ReduceLROnPlateau) and (count := _count(s)) is not None]
+
+
+def _count(scheduler: Any) -> int | None:
+    """A scheduler's steps (``last_epoch``); a ``ChainedScheduler``'s, which has none, its first scheduler's."""
+    count = getattr(scheduler, "last_epoch", None)
+    if isinstance(count, int) and not isinstance(count, bool):
+        return count
+    inner = getattr(scheduler, "_schedulers", None)
+    return _count(inner[0]) if isinstance(inner, (list, tuple)) and inner else None
 
 
 def _plain_value(value: Any) -> bool:

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from hookfit.tools import runs
+from hookfit.tools import jsonlines, runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
 from hookfit.plugins.tui.model import DashboardModel
 
@@ -137,9 +137,8 @@ class Follower:
         self.totals: dict[str, int] = {}  # stage -> the most batches an epoch of it had
 
     def poll(self) -> bool:
-        """Read what was added since the last call; whether anything was."""
-        import json
-
+        """Read what was added since the last call; whether anything was. An evaluation's lines
+        (``Loop.validate()``) are left out once a fit's were read, as :func:`runs.followed` does."""
         data = runs.read_bytes(self.path, offset=self.offset)  # a regular file of the run only, bounded
         if data is None:
             return False
@@ -147,19 +146,15 @@ class Follower:
         if end < 0:
             return False
         self.offset += end + 1
-        for line in data[:end].decode("utf-8", "replace").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and (row := runs.checked(row)) is not None:  # damaged values left out
+        rows = [row for _, raw in jsonlines.objects(data[:end])[0] if (row := runs.checked(raw)) is not None]
+        self.fitted = self.fitted or not all(row.get("evaluation") for row in rows)  # (damaged values left out)
+        for row in rows:
+            if not (row.get("evaluation") and self.fitted):
                 self.feed(row)
         return True
 
     def feed(self, row: dict[str, Any]) -> None:
-        if row.get("evaluation") and self.fitted:
-            return
-        event, dash, self.fitted = row.get("event"), self.dashboard, self.fitted or not row.get("evaluation")
+        event, dash = row.get("event"), self.dashboard
         if event in ("epoch", "step"):
             stage = str(row.get("stage", "train"))
             if stage == "train" or event == "epoch":

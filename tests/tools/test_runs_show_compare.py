@@ -570,6 +570,13 @@ def test_an_evaluation_in_the_runs_folder_is_not_a_resume_of_it(tmp_path: Path,
     _, follower, _, _ = _dashboard(folder, draw=False)
     assert follower.resumed is None and follower.ended is not None
     assert (follower.ended["status"], follower.ended["step"]) == ("completed", 9)
+    # an evaluation before the fit in a folder (a baseline): both readers leave it out too
+    folder = tmp_path / "baseline-first"
+    run().validate(resume=str(first))
+    run(optimizers=torch.optim.SGD(model.parameters(), lr=0.01)).fit()
+    assert runs.load(folder).resumed_from is None
+    _, follower, _, _ = _dashboard(folder, draw=False)
+    assert follower.resumed is None and follower.ended is not None and follower.ended["status"] == "completed"
 
 
 def test_runs_shortens_a_long_reason_at_a_word(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -204,6 +204,40 @@ def test_a_window_the_step_function_keeps_by_hand_resumes_with_its_gradients(tmp
     assert_bitwise(params(resumed), accumulated(batches, 3, lambda span: 3))
 
 
+def test_a_failed_batch_s_gradients_are_no_window_the_failed_checkpoint_redoes_it(tmp_path) -> None:
+    """A step that fails after ``loop.backward`` and before its step (no accumulation at all): the
+    ``failed-*.pt`` checkpoint holds no gradients (they are the failed batch's, not a window's), and
+    the run resumed from it redoes the batch and ends as an uninterrupted one, bit for bit."""
+    batches = batches64(6)
+    fail = {"at": None}
+
+    def failing_step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        if loop.state.step == fail["at"]:
+            fail["at"] = None
+            raise RuntimeError("between backward and step")
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def run(m, folder, **options):
+        return hookfit.Loop(failing_step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                            max_epochs=1, run_dir=folder, plugins=[Optim(), Checkpoint(on_failure=True, background=False)],
+                            **options).fit()
+
+    uninterrupted = model64()
+    run(uninterrupted, tmp_path / "whole")
+    fail["at"] = 3
+    with pytest.raises(RuntimeError, match="between backward and step"):
+        run(model64(), tmp_path / "failed")
+    failed = next((tmp_path / "failed" / "checkpoints").glob("failed-*.pt"))
+    assert torch.load(failed, weights_only=True)["plugins"]["optim"]["window"] is None
+    resumed = model64()
+    run(resumed, tmp_path / "failed", resume=str(failed))
+    assert_bitwise(params(resumed), params(uninterrupted))
+
+
 def test_the_epochs_last_partial_window_steps_in_its_last_batch_where_the_step_asks_for_it() -> None:
     """With several optimizers stepped in turn (a GAN's discriminator, then its generator on the
     updated discriminator), the last, partial window must step where the step function steps it,

@@ -387,15 +387,18 @@ def test_a_scheduler_given_to_optim_and_also_stepped_in_the_step_warns_once(tmp_
     """A scheduler given to ``Optim(schedulers=...)`` that the step function steps as well (the
     plain port's ``sched.step()`` left in) moves twice a step: its warmup and decay run twice
     as fast, silently. One warning, at the first training stage's end, names it and both counts;
-    a scheduler optim alone steps (per step with accumulation, per epoch, on a plateau monitored
-    in validations inside training) says nothing."""
+    a run ended inside its training stage (``max_steps``) is told at its end. A scheduler optim
+    alone steps (per step with accumulation, per epoch, on a plateau monitored in validations inside
+    training, a chain) says nothing."""
     import warnings
 
-    def fit(by_hand: bool, epochs: int = 2, **options) -> list[str]:
+    def fit(by_hand: bool, epochs: int = 2, max_steps: int | None = None, chain: bool = False, **options) -> list[str]:
         m = model()
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         plateau = options.pop("plateau", False)
         sched = lr_scheduler.ReduceLROnPlateau(opt) if plateau else lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
+        if chain:  # no count of its own (torch 2.13): its first scheduler's
+            sched = lr_scheduler.ChainedScheduler([sched, lr_scheduler.ExponentialLR(opt, 0.9)])
 
         def step(loop, batch):
             out = train_step(loop, batch)
@@ -404,7 +407,7 @@ def test_a_scheduler_given_to_optim_and_also_stepped_in_the_step_warns_once(tmp_
             return out
 
         loop = hookfit.Loop(step, TRAIN, val_step=val_step, val_data=VALID, model=m, optimizers=opt,
-                            max_epochs=epochs, run_dir=tmp_path / str(len(list(tmp_path.iterdir()))),
+                            max_epochs=epochs, max_steps=max_steps, run_dir=tmp_path / str(len(list(tmp_path.iterdir()))),
                             val_every_n_steps=2 if plateau else None,
                             plugins=[Metrics(), Optim(schedulers=sched, **options)])
         with warnings.catch_warnings(record=True) as caught:
@@ -417,6 +420,11 @@ def test_a_scheduler_given_to_optim_and_also_stepped_in_the_step_warns_once(tmp_
         "epoch 1, and optim stepped it 6 times: something else steps it too (scheduler.step() in the step function?), "
         "so its schedule runs ahead of the optimizer's steps. optim steps the schedulers given to "
         "Optim(schedulers=...): remove the other step() call, or leave the scheduler out of Optim"]
+    inside = fit(by_hand=True, epochs=1, max_steps=4)  # the run ends inside its only training stage: at its end
+    assert [m.split(":")[2].split(", and")[0] for m in inside] == [" the LambdaLR of optimizer 'default' stepped 8 times "
+                                                                  "in the training stage of epoch 1"]
+    assert len(fit(by_hand=True, chain=True)) == 1 and fit(by_hand=False, chain=True) == []
     assert fit(by_hand=False) == [] and fit(by_hand=False, accumulate=2) == []
+    assert fit(by_hand=False, epochs=1, max_steps=4, scheduler_interval="epoch") == []
     assert fit(by_hand=False, scheduler_interval="epoch") == []
     assert fit(by_hand=False, plateau=True, monitor="valid/loss") == []
