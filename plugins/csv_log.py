@@ -14,6 +14,8 @@ Files, in the run folder (``loop.run_dir``):
   ``epoch`` counts from 1, as ``metrics.jsonl`` and the console do; ``step`` is the global
   step the stage ended at; ``stage`` is ``train`` or ``valid``, so a run validating inside its
   epochs (``Loop(val_every_n_steps=N)``) simply has more ``valid`` rows.
+* An evaluation (``Loop.validate()``) writes ``evaluation.csv`` and ``evaluation_updates.csv``
+  instead, the same tables: in the folder of the run it evaluates they leave the run's own alone.
 * ``metrics_updates.csv``, with ``every_publication=True``: a row at every publication of the
   metrics plugin (``metrics_update``: the built-in publishes at most every
   ``Metrics(interval=0.5)`` seconds, so a run shorter than that may have no row;
@@ -304,6 +306,9 @@ class CSVLogger:
     @hookimpl
     def configure(self, loop: Run) -> None:
         self._close()
+        evaluating = loop.mode != "fit"  # an evaluation's rows are no epochs of the run whose folder it may share
+        self._epochs.name = "evaluation.csv" if evaluating else "metrics.csv"
+        self._updates.name = "evaluation_updates.csv" if evaluating else "metrics_updates.csv"
         if not wanted(loop, self, self.enabled):
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
 
@@ -314,7 +319,7 @@ class CSVLogger:
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
-        if self._loop is None:
+        if self._loop is None or loop.mode != "fit":  # an evaluation continues no run: it drops no row
             return
         again = written_again(info, bool(loop.state.val_due))
         for table, means in ((self._epochs, True), (self._updates, False)):

@@ -10,7 +10,8 @@ gets one warning naming that command and trains on (an ``enabled=True`` given in
 at once).
 
 What it writes, in the run folder (``loop.run_dir``), so ``tensorboard --logdir runs`` shows
-every run of every script, named ``<name>/<date>-<time>``:
+every run of every script, named ``<name>/<date>-<time>`` (an evaluation, ``Loop.validate()``, in
+its ``evaluation/`` subfolder: a run of its own, beside the training run's when it shares its folder):
 
 * ``<stage>/<metric>``: the epoch mean of every metric the metrics plugin publishes at the end
   of a stage (``epoch_metrics``: ``train/loss``, ``valid/loss``, ``valid/accuracy``), at the
@@ -93,6 +94,9 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 __all__ = ["INSTALL", "TensorBoard"]
 
 INSTALL = "pip install hookfit[tensorboard]"
+
+EVALUATION = "evaluation"
+"""The subfolder of the run folder an evaluation (``Loop.validate()``) writes its events in."""
 """The command that installs what this plugin needs."""
 
 _files = itertools.count()
@@ -106,14 +110,14 @@ def tag_part(name: str) -> str:
     return _NOT_IN_TAGS.sub("_", name).lstrip("/") or "_"
 
 
-def _event_file_name(loop: Run) -> str:
+def _event_file_name(loop: Run, folder: str = "") -> str:
     """A new event file's name, TensorBoard's ``events.out.tfevents.<seconds>.<host>.<pid>.<n>``,
     its seconds past those of every event file in the run folder: TensorBoard reads a folder's
     files in the order of their names, and a resumed run's file (its purge) comes after the
     earlier run's, even one of the same second (of the same process too)."""
     seconds = int(time.time())
     try:
-        for path in loop.run_dir.glob("events.out.tfevents.*"):
+        for path in (loop.run_dir / folder).glob("events.out.tfevents.*"):
             written = path.name.split(".")[3]
             if written.isdigit():
                 seconds = max(seconds, int(written) + 1)
@@ -209,7 +213,8 @@ class TensorBoard:
         self._names = {}
         if not loop.is_main:
             return
-        self._file = run_file(loop, _event_file_name(loop), self.name, binary=True)
+        folder = "" if loop.mode == "fit" else EVALUATION  # an evaluation is a run of its own beside the fit's
+        self._file = run_file(loop, os.path.join(folder, _event_file_name(loop, folder)), self.name, binary=True)
         self.path = self._file.path
         self._write([event_pb2.Event(wall_time=time.time(), step=loop.state.step, file_version="brain.Event:2")])
         start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
@@ -225,7 +230,7 @@ class TensorBoard:
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
-        if self._file is None:
+        if self._file is None or loop.mode != "fit":  # an evaluation continues no run: it purges nothing
             return
         event_pb2 = self._proto.event_pb2
         kept = self._kept(loop, info) if info.step > 0 else None

@@ -341,3 +341,22 @@ def test_a_file_that_is_not_its_table_fails_that_table_alone(tmp_path: Path) -> 
                      plugins=[Metrics(interval=0), CSVLogger(every_publication=True)]).fit()
     assert (tmp_path / "run" / "metrics.csv").read_text() == "name,value\nx,1\n"
     assert (tmp_path / "run" / "metrics_updates.csv").read_text().startswith("epoch,step,stage,batches,loss\n")
+
+
+def test_an_evaluation_in_the_runs_folder_leaves_its_tables_alone_and_writes_its_own(tmp_path: Path) -> None:
+    """``Loop.validate(resume=<epoch 1's checkpoint>)`` in the training run's folder: the run's
+    ``metrics.csv`` stays byte for byte (a resume would drop the rows after the checkpoint: an
+    evaluation is none), and the evaluation's row goes to ``evaluation.csv``, labelled with the
+    checkpoint's epoch and step."""
+    loop = run(tmp_path, Checkpoint(background=False), CSVLogger())
+    before = (tmp_path / "metrics.csv").read_bytes()
+    first = sorted((tmp_path / "checkpoints").glob("*.pt"))[0]
+
+    def test_step(loop, batch):
+        return {"loss": torch.tensor(100.0)}
+
+    hookfit.Loop(None, [], val_step=test_step, val_data=[0], model=loop.model, run_dir=tmp_path,
+                 plugins=[Metrics(), Checkpoint(), CSVLogger()]).validate(resume=str(first))
+    assert (tmp_path / "metrics.csv").read_bytes() == before
+    _, rows = table(tmp_path / "evaluation.csv")
+    assert [(r["epoch"], r["step"], r["stage"], r["loss"]) for r in rows] == [("1", "4", "valid", "100.0")]

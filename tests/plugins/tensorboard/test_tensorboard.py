@@ -379,3 +379,21 @@ def test_a_stage_a_stop_cut_short_reaches_the_loggers(tmp_path: Path) -> None:
     rows = (tmp_path / "metrics.csv").read_text().splitlines()
     assert [row.split(",")[:3] for row in rows[1:] if ",train," in f",{row},"] == [["1", "4", "train"],
                                                                                 ["2", "6", "train"]]
+
+
+def test_an_evaluation_in_the_runs_folder_purges_nothing_and_is_a_run_of_its_own(tmp_path: Path) -> None:
+    """``Loop.validate(resume=<epoch 1's checkpoint>)`` in the training run's folder: the run's
+    scalars read back unchanged (a resume would purge those after the checkpoint's step: an
+    evaluation is none), and the evaluation's are in ``evaluation/``, which TensorBoard shows as
+    a run of its own beside the training's."""
+    loop = run(tmp_path, Checkpoint(background=False), TensorBoard())
+    before = scalars(read(tmp_path), "valid/loss")
+    first = sorted((tmp_path / "checkpoints").glob("*.pt"))[0]
+
+    def test_step(loop, batch):
+        return {"loss": torch.tensor(100.0)}
+
+    hookfit.Loop(None, [], val_step=test_step, val_data=[0], model=loop.model, run_dir=tmp_path,
+                 plugins=[Metrics(), Checkpoint(), TensorBoard()]).validate(resume=str(first))
+    assert scalars(read(tmp_path), "valid/loss") == before and len(before) == 3
+    assert scalars(read(tmp_path / "evaluation"), "valid/loss") == [(4, 100.0)]
