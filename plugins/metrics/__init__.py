@@ -33,6 +33,9 @@
   published with the others, so every consumer shows them; ``best={"ppl": "min"}`` gives one a
   direction; ``"train/ppl"`` derives it in one stage only (see
   :mod:`~hookfit.plugins.metrics.derived`).
+* A metric object a step returns (torchmetrics' ``Metric``: ``update``, ``compute``, ``reset``) is
+  computed and reset at the stage's end; with several validation sets, a set's objects as the
+  next set begins (one object shared by the sets gives each its own value).
 * Results (``fit()``'s ``state.results``): ``state.results["metrics"]`` is each metric's last
   epoch value by ``"<stage>/<name>"``, ``state.results["best"]`` its best ``(value, epoch counted
   from 1)`` for the metrics with a direction; over every epoch of the run, those before a resume

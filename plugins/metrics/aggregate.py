@@ -162,6 +162,7 @@ class Stage:
         self.device: dict[str, list[tuple[torch.Tensor, int]]] = {}
         self.scalars: dict[str, list[tuple[float, int]]] = {}
         self.metric_objects: dict[str, Any] = {}
+        self.computed: dict[str, Any] = {}  # the values of metric objects computed already (see close_metrics)
         self.batches = 0
         self.samples = 0
         self.global_samples: int | None = None  # all processes' samples, after a reduction
@@ -187,6 +188,16 @@ class Stage:
                 series = self.series[key] = _Series(self.window)
             series.fold(entries)
         self.host, self.scalars = {}, {}
+
+    def close_metrics(self, prefix: str = "") -> dict[str, Any]:
+        """Compute and reset the metric objects under the keys that start with ``prefix`` (a
+        validation set that is done: an object the next set shares starts afresh, so each set's
+        value is its own); every value computed so far in the stage, by key."""
+        for key in [key for key in self.metric_objects if key.startswith(prefix)]:
+            metric = self.metric_objects.pop(key)
+            self.computed[key] = metric.compute()
+            metric.reset()
+        return self.computed
 
     def entries(self, where: dict[str, list[E]], key: str, value: object, step: object) -> list[E]:
         """The new list for ``key`` in ``where`` (``host`` or ``device``), which has none: the

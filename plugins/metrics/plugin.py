@@ -65,6 +65,7 @@ class Metrics:
         self._stage: Stage | None = None
         self._outer: list[tuple[str | None, Stage]] = []  # stages a nested one interrupted
         self._next_publish = 0.0
+        self._val_set: str | None = None  # the validation set whose batches run (batch_start)
         self.loop: Run | None = None
 
     # -- events ---------------------------------------------------------------------------
@@ -86,6 +87,7 @@ class Metrics:
         self._stage = resumed if resumed is not None and stage == "train" else Stage(self.window)
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
+        self._val_set = None
         self._publishing(loop, stage)
 
     def _publishing(self, loop: Run, stage: str | None) -> None:
@@ -189,6 +191,21 @@ class Metrics:
         elif is_complex(value):
             check(key, value, self._step(loop))  # a number that cannot be aggregated: refused
 
+    def batch_events(self, loop: Run) -> tuple[str, ...]:
+        """``batch_start`` with several validation sets (``Loop(val_data={...})``), where a set's end closes its metric
+        objects; else ``batch_end`` alone."""
+        return ("batch_end", "batch_start") if isinstance(loop.val_data, Mapping) else ("batch_end",)
+
+    @hookimpl
+    def batch_start(self, loop: Run) -> None:
+        """The first batch of a validation set: the metric objects of the set before it are computed now, before the
+        step updates an object they share with this one (one torchmetrics object over every set)."""
+        name = loop.state.val_set
+        if not loop.training and name != self._val_set and self._stage is not None:
+            if self._val_set is not None:
+                self._stage.close_metrics(f"{self._val_set}/")
+            self._val_set = name
+
     @staticmethod
     def _step(loop: Run) -> Step | None:
         """The step function of the running stage (named when a value is refused)."""
@@ -221,9 +238,7 @@ class Metrics:
         or (``keep=False``) a stage a stop cut short, whose epoch the history does not keep."""
         agg.read()
         extra: dict[str, float] = {}
-        for key, metric in agg.metric_objects.items():
-            value = metric.compute()
-            metric.reset()
+        for key, value in agg.close_metrics().items():
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 extra[key] = float(value)
         values = agg.values(self._reduce(loop))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import io
 import json
 import math
@@ -136,6 +138,27 @@ def test_torchmetrics_objects_are_computed_at_stage_end(tmp_path: Path) -> None:
 
     got = run(step, [0, 1], tmp_path, epochs=2).epochs
     assert [s.values["acc"].epoch for s in got] == [pytest.approx(6 / 8)] * 2  # reset per epoch
+
+
+def test_one_torchmetrics_object_over_several_validation_sets_gives_each_set_its_value(tmp_path: Path) -> None:
+    """One ``Accuracy`` the ``val_step`` updates and returns, over ``val_data={"clean": ..., "noisy":
+    ...}``: each set's value is its own (1.0 and 0.5), computed as the next set begins, not the
+    accuracy over both sets for the first and nothing for the second (a newcomer's early
+    stopping stopped on that 0)."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    accuracy = torchmetrics.Accuracy(task="binary")
+
+    def val_step(loop, batch):
+        accuracy.update(*batch)
+        return {"acc": accuracy}
+
+    clean = [(torch.tensor([1, 1]), torch.tensor([1, 1])), (torch.tensor([0, 1]), torch.tensor([0, 1]))]
+    noisy = [(torch.tensor([1, 0]), torch.tensor([1, 1])), (torch.tensor([1, 0]), torch.tensor([1, 1]))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (torchmetrics warns of a compute() before any update())
+        state = hookfit.Loop(lambda loop, batch: None, [0], val_step=val_step, val_data={"clean": clean, "noisy": noisy},
+                             max_epochs=2, run_dir=tmp_path, plugins=[Metrics()]).fit()
+    assert state.results["metrics"] == {"valid/clean/acc": 1.0, "valid/noisy/acc": 0.5}
 
 
 def test_jsonl_log_in_the_run_directory(tmp_path: Path) -> None:
