@@ -35,7 +35,11 @@
   :mod:`~hookfit.plugins.metrics.derived`).
 * A metric object a step returns (torchmetrics' ``Metric``: ``update``, ``compute``, ``reset``) is
   computed and reset at the stage's end; with several validation sets, a set's objects as the
-  next set begins (one object shared by the sets gives each its own value).
+  next set begins (one object shared by the sets gives each its own value). A checkpoint inside
+  the training stage keeps its objects' states (``metric_state``), and the resumed stage merges
+  them back into the object the step returns (``merge_state``), so its epoch value is the
+  uninterrupted run's; an object that cannot be merged (no ``merge_state``, one that refuses, a
+  run of several processes) counts the batches since the resume only, said in one warning.
 * Results (``fit()``'s ``state.results``): ``state.results["metrics"]`` is each metric's last
   epoch value by ``"<stage>/<name>"``, ``state.results["best"]`` its best ``(value, epoch counted
   from 1)`` for the metrics with a direction; over every epoch of the run, those before a resume

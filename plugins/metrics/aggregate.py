@@ -163,6 +163,8 @@ class Stage:
         self.scalars: dict[str, list[tuple[float, int]]] = {}
         self.metric_objects: dict[str, Any] = {}
         self.computed: dict[str, Any] = {}  # the values of metric objects computed already (see close_metrics)
+        self.saved_metrics: dict[str, Any] = {}  # metric objects' states an earlier run left (resumed: see merge)
+        self.merged: set[str] = set()  # the keys whose saved state a metric object took
         self.batches = 0
         self.samples = 0
         self.global_samples: int | None = None  # all processes' samples, after a reduction
@@ -198,6 +200,21 @@ class Stage:
             self.computed[key] = metric.compute()
             metric.reset()
         return self.computed
+
+    def take_metric(self, key: str, metric: Any) -> None:
+        """A metric object under ``key``; in a stage resumed mid-way, the state the earlier run's
+        batches left in it (saved in the checkpoint) merged into it the first time, with
+        torchmetrics' ``merge_state``, so its value covers the whole stage."""
+        if self.saved_metrics and (saved := self.saved_metrics.pop(key, None)) is not None:
+            device = getattr(metric, "device", None)
+            moved = {name: [t.to(device) for t in value] if isinstance(value, list) else value.to(device)
+                     for name, value in saved.items()}
+            try:
+                metric.merge_state(moved)
+                self.merged.add(key)
+            except (AttributeError, RuntimeError, TypeError, ValueError):  # no merge_state, or one it refuses
+                pass  # said at the stage's end, with the other objects the resume left short
+        self.metric_objects[key] = metric
 
     def entries(self, where: dict[str, list[E]], key: str, value: object, step: object) -> list[E]:
         """The new list for ``key`` in ``where`` (``host`` or ``device``), which has none: the
@@ -254,6 +271,7 @@ class Stage:
             "series": {k: {"weighted": s.weighted, "count": s.count, "last": s.last,
                            "window": [list(w) for w in s.window]}
                        for k, s in self.series.items()},
+            "metrics": {k: _metric_state(m) for k, m in self.metric_objects.items() if hasattr(m, "metric_state")},
         }
 
     @classmethod
@@ -262,8 +280,15 @@ class Stage:
         stage.batches, stage.samples = state["batches"], state["samples"]
         stage.start_batches = stage.batches
         stage.started -= state["elapsed"]
+        stage.saved_metrics = dict(state.get("metrics") or {})
         for key, saved in state["series"].items():
             series = stage.series[key] = _Series(window)
             series.weighted, series.count, series.last = saved["weighted"], saved["count"], saved["last"]
             series.window.extend((weighted, n) for weighted, n in saved["window"][-window:])
         return stage
+
+
+def _metric_state(metric: Any) -> dict[str, Any]:
+    """A metric object's state (torchmetrics' ``metric_state``: tensors, lists of tensors) as a checkpoint keeps it."""
+    return {name: [t.detach().clone() for t in value] if isinstance(value, list) else value.detach().clone()
+            for name, value in metric.metric_state.items()}

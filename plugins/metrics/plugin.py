@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import collections
 import time
+import warnings
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from hookfit import hookimpl
+from hookfit import HookfitWarning, hookimpl
+from hookfit.errors import user_level
 from hookfit.data import length
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.support import Every, flag, integer, number, positive_int
@@ -181,7 +183,7 @@ class Metrics:
                 except KeyError:
                     self._first(agg.device, key, value, loop).append((value.detach(), n))
         elif is_metric(value):
-            agg.metric_objects[key] = value
+            agg.take_metric(key, value)
         elif (real := as_real(value)) is not None:  # NumPy scalars, bool: past the fast path
             if key != "batch_size":
                 try:
@@ -241,6 +243,13 @@ class Metrics:
         for key, value in agg.close_metrics().items():
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 extra[key] = float(value)
+        if short := [key for key in extra if agg.start_batches and key not in agg.merged]:  # resumed mid-way
+            warnings.warn(f"metrics: the metric object(s) {', '.join(map(repr, short))} of the {stage} stage of epoch "
+                          f"{loop.state.epoch + 1} count only its {agg.batches - agg.start_batches} batch(es) since the "
+                          f"resume: the checkpoint holds no state of it that it could merge (torchmetrics' merge_state; "
+                          f"a run of several processes keeps none), while the other metrics cover the whole epoch",
+                          HookfitWarning,
+                          stacklevel=user_level())
         values = agg.values(self._reduce(loop))
         for key, value in extra.items():
             values[key] = Value(value, value, value)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import warnings
-
 import io
 import json
 import math
 import re
 import shlex
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import hookfit
+from hookfit import HookfitWarning
 from conftest import saved_run
 from hookfit.plugins.console import Console
 from hookfit.payloads import MetricsSnapshot
@@ -159,6 +160,58 @@ def test_one_torchmetrics_object_over_several_validation_sets_gives_each_set_its
         state = hookfit.Loop(lambda loop, batch: None, [0], val_step=val_step, val_data={"clean": clean, "noisy": noisy},
                              max_epochs=2, run_dir=tmp_path, plugins=[Metrics()]).fit()
     assert state.results["metrics"] == {"valid/clean/acc": 1.0, "valid/noisy/acc": 0.5}
+
+
+class Counted:
+    """A metric object without torchmetrics' ``metric_state``/``merge_state``: the share of ones."""
+
+    def __init__(self) -> None:
+        self.ones = self.seen = 0
+
+    def update(self, values: list[int]) -> None:
+        self.ones, self.seen = self.ones + sum(values), self.seen + len(values)
+
+    def compute(self) -> torch.Tensor:
+        return torch.tensor(self.ones / self.seen)
+
+    def reset(self) -> None:
+        self.ones = self.seen = 0
+
+
+def test_a_metric_object_in_a_stage_resumed_mid_way_covers_the_whole_stage(tmp_path: Path) -> None:
+    """A torchmetrics ``Accuracy`` the training step returns, the run stopped after 2 of 4 batches
+    (``max_steps``) and resumed: its epoch value is the uninterrupted run's (0.5; the resumed
+    batches alone give 0.0), its state kept in the checkpoint and merged back (``merge_state``).
+    An object that cannot be merged is said to count the batches since the resume only."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    right, wrong = (torch.tensor([1, 1]), torch.tensor([1, 1])), (torch.tensor([0, 0]), torch.tensor([1, 1]))
+    data = [right, right, wrong, wrong]
+
+    def fit(folder: Path, make: Any, **options: Any) -> Any:
+        metric = make()
+
+        def step(loop, batch):
+            if isinstance(metric, Counted):
+                metric.update((batch[0] == batch[1]).int().tolist())
+            else:
+                metric.update(*batch)
+            return {"acc": metric}
+
+        return hookfit.Loop(step, data, model=torch.nn.Linear(1, 1), max_epochs=1, run_dir=folder, resume="latest",
+                            plugins=[Metrics(), Checkpoint(background=False)], **options).fit()
+
+    accuracy = lambda: torchmetrics.Accuracy(task="binary")  # noqa: E731
+    whole = fit(tmp_path / "whole", accuracy).results["metrics"]["train/acc"]
+    fit(tmp_path / "resumed", accuracy, max_steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HookfitWarning)
+        assert fit(tmp_path / "resumed", accuracy).results["metrics"]["train/acc"] == whole == 0.5
+    fit(tmp_path / "counted", Counted, max_steps=2)
+    with pytest.warns(HookfitWarning, match=r"metrics: the metric object\(s\) 'acc' of the train stage of epoch 1 "
+                                            r"count only its 2 batch\(es\) since the resume"):
+        assert fit(tmp_path / "counted", Counted).results["metrics"]["train/acc"] == 0.0
 
 
 def test_jsonl_log_in_the_run_directory(tmp_path: Path) -> None:
