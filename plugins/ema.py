@@ -14,7 +14,9 @@ no hook of it runs and the optim plugin keeps its fast path.
 * It is updated after every ``every_n_steps``-th real step of the optimizer (the
   ``after_optimizer_step`` event: calls inside a gradient-accumulation window and steps
   skipped for a non-finite loss do not count). The first update copies the weights, each
-  later one makes ``average = decay * average + (1 - decay) * weights`` (a ``lerp``). With
+  later one makes ``average = decay * average + (1 - decay) * weights`` (a ``lerp``); a buffer
+  holding an infinity when the run starts (a ``-inf`` attention or padding mask) is copied from
+  the model instead, which averaging would turn into NaN. With
   several optimizers, ``optimizer`` names the one whose steps count. Implementing
   ``after_optimizer_step`` makes the optim plugin fire the events around its steps (its
   slower step path); ``every_n_steps`` spares the update itself, not that.
@@ -111,6 +113,7 @@ class EMA:
         self._source: torch.nn.Module | None = None  # the module (or container) averaged
         self._watched: str | None = None  # the name of the optimizer whose steps count
         self._kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # (model tensor, training value)
+        self._copied: list[tuple[torch.Tensor, torch.Tensor]] = []  # (averaged, model) buffers copied, not averaged
         self._evaluating = False  # Loop.validate(): the average is the checkpoint's, no optimizer updates it
 
     @property
@@ -137,6 +140,7 @@ class EMA:
     @hookimpl
     def configure(self, loop: Run) -> None:
         self.average, self._source, self._watched, self._kept, self.steps = None, None, None, None, 0
+        self._copied = []
         self._evaluating = loop.mode == "validate"
         if self._evaluating and loop.resume is not None and self.decay is None:
             return  # averages nothing: only says so if the checkpoint holds an average (load_state)
@@ -163,6 +167,9 @@ class EMA:
         for p in average.parameters():
             p.grad = None  # deepcopy copies gradients the model may hold: the average needs none
         self._source, self.average = source, average
+        # buffers holding infinities (a -inf mask): averaged they would be NaN (-inf with -inf); copied instead
+        self._copied = [(a, b) for a, b in zip(average.module.buffers(), source.buffers(), strict=True)
+                        if b.is_floating_point() and not bool(torch.isfinite(b).all())]
 
     @hookimpl
     def after_optimizer_step(self, loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
@@ -173,6 +180,7 @@ class EMA:
             average, source = self.average, self._source
             assert average is not None and source is not None  # made at fit_start
             average.update_parameters(source)
+            self._copy_buffers()
 
     @hookimpl(tryfirst=True)  # other plugins' stage_start("valid") see the validated weights
     def stage_start(self, loop: Run, stage: str) -> None:
@@ -233,6 +241,7 @@ class EMA:
                              f"{error}") from error
         self.average.n_averaged.fill_(n_averaged)
         self.steps = steps
+        self._copy_buffers()  # (a checkpoint written before they were copied holds NaN in them)
 
     # -- set-up ---------------------------------------------------------------------------
     def _watch(self, loop: Run) -> str:
@@ -270,6 +279,12 @@ class EMA:
             raise ValueError(f"ema: this run has {len(names)} optimizers ({', '.join(map(repr, names))}); "
                              f"name the one whose steps update the average: EMA(decay=..., optimizer=...)")
         return names[0]
+
+    def _copy_buffers(self) -> None:
+        """The buffers that hold infinities, copied from the model into the average (see ``fit_start``)."""
+        with torch.no_grad():
+            for averaged, source in self._copied:
+                averaged.copy_(source)
 
     # -- validating with the average -----------------------------------------------------
     def _swap_in(self) -> None:

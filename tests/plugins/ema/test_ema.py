@@ -577,3 +577,40 @@ def test_a_run_it_cannot_average_fails_before_any_batch_saying_why(build: Any, m
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         build(recorder).fit()
     assert "batch_start" not in recorder.names() and "fit_end" in recorder.names()
+
+
+def test_a_buffer_holding_infinities_is_copied_not_averaged(tmp_path: Path) -> None:
+    """A constant mask buffer with ``-inf`` (padding, causal attention): averaged, ``-inf`` with
+    ``-inf`` is NaN, and the validation with the average published a NaN loss (a newcomer's). It
+    is copied from the model at every update instead, and its finite buffers and the parameters
+    are still averaged."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("mask", torch.tensor([0.0, 0.0, -math.inf, -math.inf]))
+            self.register_buffer("seen", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen += 1
+            return torch.log_softmax(self.lin(x) + self.mask, -1)[:, 0]
+
+    torch.manual_seed(0)
+    model, data = Masked(), [torch.randn(8, 4) for _ in range(4)]
+
+    def step(loop: Any, batch: Any) -> Any:
+        loss = -loop.model(batch).mean()
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    ema = EMA(decay=0.5)
+    state = hookfit.Loop(step, data, val_step=lambda loop, b: {"loss": -loop.model(b).mean()}, val_data=data[:1],
+                         model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2,
+                         run_dir=tmp_path, plugins=[Optim(), Metrics(), ema]).fit()
+    assert ema.module is not None and torch.equal(ema.module.mask, model.mask)
+    assert math.isfinite(state.results["metrics"]["valid/loss"])
+    assert 0 < float(ema.module.seen) < float(model.seen)  # a finite buffer is still averaged
+    assert not torch.equal(ema.module.lin.weight, model.lin.weight)
