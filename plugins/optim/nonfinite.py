@@ -68,7 +68,9 @@ class Policy:
     def count(self, managed: ManagedOptimizer, where: str, quiet: bool = False) -> None:
         """Count a skipped step; unless ``quiet`` (an error names it), announce it and warn about the first."""
         managed.skipped += 1
-        if not quiet and (loop := self.loop) is not None and (call := loop.hooks.step_skipped) is not None:
+        loop = self.loop
+        assert loop is not None  # skips are counted during the run
+        if not quiet and (call := loop.hooks.step_skipped) is not None:
             call(loop, managed.name, where, loop.state.step)
         if self.first_skip is None:
             self.first_skip = where
@@ -104,8 +106,8 @@ class Deferred:
         """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""
         self.raise_due()
         state = loop.state
-        if self.bad is not None and self._size == 1 and state.step != self._at and self._stepped:
-            self.close()  # the previous batch's window: no batch_end closed it (unstepped: a window kept by hand)
+        if self.bad is not None and self._size == 1 and state.step != self._at:
+            self.close()  # the previous batch's window: no batch_end closed it
         if self.bad is None:  # a window's first loss: one kernel
             assert self._flags is not None  # made at start
             self.bad = self._flags.check(loss)

@@ -167,9 +167,7 @@ class Optim:
     def batch_end(self, loop: Run) -> None:
         if loop.training:
             self._update_scale()  # once per batch, after every optimizer of the batch stepped
-            held = (self.accumulate == 1 and self._policy.poisoned and self.optimizers is not None
-                    and any(m.holds_grads() for m in self.optimizers.values()))  # a poisoned window kept by hand
-            if self._window.closes(loop) and not held:  # (held: its step skips it, and closes it)
+            if self._window.closes(loop):
                 self._close_window()
 
     def _update_scale(self) -> None:

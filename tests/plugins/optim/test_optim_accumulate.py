@@ -19,7 +19,7 @@ import torch
 
 import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
-from hookfit.plugins.optim import Optim, OptimWarning
+from hookfit.plugins.optim import Optim
 from conftest import mse_step
 from test_optim import assert_bitwise, data, model, params
 
@@ -236,38 +236,6 @@ def test_a_failed_batch_s_gradients_are_no_window_the_failed_checkpoint_redoes_i
     resumed = model64()
     run(resumed, tmp_path / "failed", resume=str(failed))
     assert_bitwise(params(resumed), params(uninterrupted))
-
-
-@pytest.mark.parametrize("defer", [False, True], ids=["host-check", "device-path"])
-def test_a_non_finite_loss_inside_a_window_kept_by_hand_skips_that_window_s_step(defer: bool) -> None:
-    """A NaN loss in the middle batch of a window the step function keeps by hand (stepping every
-    third batch, ``Optim()`` accumulating nothing): that window's step is skipped, counted and
-    warned, and the next window trains as in a raw loop that skipped it. Before, the host check
-    dropped the window's first gradients and stepped on its last batch's alone, without a word,
-    and the device path stepped on the NaN gradients (the model became NaN)."""
-    batches = batches64(6)
-
-    def hand_step(loop, batch):
-        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-        if loop.state.batch_idx == 1:
-            loss = loss * float("nan")
-        loop.backward(loss / 3)
-        if loop.state.batch_idx % 3 == 2:
-            loop.optimizers.step()
-            loop.optimizers.zero_grad()
-        return {"loss": loss}
-
-    m = model64()
-    with pytest.warns(OptimWarning, match="skipped the step of optimizer 'default': non-finite loss"):
-        state = hookfit.Loop(hand_step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
-                             max_epochs=1, plugins=[Optim(defer=defer)]).fit()
-    assert state.results["skipped_steps"] == 1
-    raw = model64()
-    opt = torch.optim.SGD(raw.parameters(), lr=0.1)
-    for x, y in batches[3:]:  # the first window skipped
-        (torch.nn.functional.mse_loss(raw(x), y) / 3).backward()
-    opt.step()
-    torch.testing.assert_close(params(m), params(raw), **TIGHT)
 
 
 def test_the_epochs_last_partial_window_steps_in_its_last_batch_where_the_step_asks_for_it() -> None:
