@@ -11,8 +11,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ErrorCopy", "FolderInUse", "HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch",
-           "UsageError", "forget_warnings", "user_level"]
+__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "user_level"]
 
 
 class HookfitWarning(UserWarning):
@@ -49,11 +48,6 @@ class StateMismatch(ValueError):
         self.detail = detail
         self.missing = missing
         self.extra = extra
-
-
-class FolderInUse(RuntimeError):
-    """A folder this run would write is held by another live process (:class:`hookfit.records.FolderLock`):
-    the run's error, whichever plugin first wrote there (an observer is not switched off for it)."""
 
 
 class ObserverWarning(HookfitWarning):

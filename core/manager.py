@@ -55,7 +55,7 @@ import pluggy
 from hookfit import hookspecs
 from hookfit.tools import hookspecs as command_events
 from hookfit.discovery import GROUP, OWN, PluginInfo, builtin_events, collect, declared_events, inert
-from hookfit.errors import FolderInUse, HookfitWarning, ObserverWarning, PluginError, Silenced, user_level
+from hookfit.errors import HookfitWarning, ObserverWarning, PluginError, Silenced, user_level
 
 hookimpl = pluggy.HookimplMarker("hookfit")
 """The marker for hook implementations: ``@hookfit.hookimpl`` on a function or method named
@@ -180,10 +180,7 @@ class PluginManager(pluggy.PluginManager):
 
     # -- observers ------------------------------------------------------------------------
     def silence(self, name: str, hook: str, error: BaseException) -> None:
-        """Switch an observer off for the rest of the run, with one warning naming it; but for the run's
-        folder held by another live process (:class:`FolderInUse`), the run's error: raised on."""
-        if isinstance(error, FolderInUse):
-            raise error
+        """Switch an observer off for the rest of the run, with one warning naming it."""
         plugin = self.get_plugin(name)
         if plugin is None:  # already switched off (an error in another thread, say)
             return

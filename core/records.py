@@ -40,7 +40,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable
 import torch
 
 import hookfit
-from hookfit.errors import FolderInUse, user_level
+from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile, folder_found, folder_lost
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -151,6 +151,10 @@ def recorded_identity(folder: Path) -> str | None:
             found = line.get("identity")
             return found if isinstance(found, str) else None
     return None
+
+
+class FolderInUse(RuntimeError):
+    """A folder this run would write is held by another live process (see :class:`FolderLock`)."""
 
 
 class FolderLock:
