@@ -94,10 +94,10 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 __all__ = ["INSTALL", "TensorBoard"]
 
 INSTALL = "pip install hookfit[tensorboard]"
+"""The command that installs what this plugin needs."""
 
 EVALUATION = "evaluation"
 """The subfolder of the run folder an evaluation (``Loop.validate()``) writes its events in."""
-"""The command that installs what this plugin needs."""
 
 _files = itertools.count()
 

@@ -271,7 +271,10 @@ class Stage:
             "series": {k: {"weighted": s.weighted, "count": s.count, "last": s.last,
                            "window": [list(w) for w in s.window]}
                        for k, s in self.series.items()},
-            "metrics": {k: _metric_state(m) for k, m in self.metric_objects.items() if hasattr(m, "metric_state")},
+            # metric objects' states: those not merged yet (a save before the resumed step returned them), then each
+            # object's own (torchmetrics' metric_state of tensors; another kind, as a MetricCollection's, keeps none)
+            "metrics": {**self.saved_metrics, **{k: s for k, m in self.metric_objects.items()
+                                                 if (s := _metric_state(m)) is not None}},
         }
 
     @classmethod
@@ -288,7 +291,13 @@ class Stage:
         return stage
 
 
-def _metric_state(metric: Any) -> dict[str, Any]:
-    """A metric object's state (torchmetrics' ``metric_state``: tensors, lists of tensors) as a checkpoint keeps it."""
+def _metric_state(metric: Any) -> dict[str, Any] | None:
+    """A metric object's state (torchmetrics' ``metric_state``: tensors, lists of tensors) as a checkpoint keeps it;
+    ``None`` for an object without one of that kind."""
+    state = getattr(metric, "metric_state", None)
+    if not isinstance(state, Mapping) or not all(
+            isinstance(v, torch.Tensor) or (isinstance(v, list) and all(isinstance(t, torch.Tensor) for t in v))
+            for v in state.values()):
+        return None
     return {name: [t.detach().clone() for t in value] if isinstance(value, list) else value.detach().clone()
-            for name, value in metric.metric_state.items()}
+            for name, value in state.items()}

@@ -208,6 +208,9 @@ def test_a_metric_object_in_a_stage_resumed_mid_way_covers_the_whole_stage(tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error", HookfitWarning)
         assert fit(tmp_path / "resumed", accuracy).results["metrics"]["train/acc"] == whole == 0.5
+    collection = lambda: torchmetrics.MetricCollection([torchmetrics.Accuracy(task="binary")])  # noqa: E731
+    fit(tmp_path / "collection", collection, max_steps=2)  # a state of dicts: none kept, nothing raised
+    assert fit(tmp_path / "collection", collection).status == "completed"
     fit(tmp_path / "counted", Counted, max_steps=2)
     with pytest.warns(HookfitWarning, match=r"metrics: the metric object\(s\) 'acc' of the train stage of epoch 1 "
                                             r"count only its 2 batch\(es\) since the resume"):
