@@ -262,6 +262,13 @@ class RunFolder:
             self.record_start(self.folder)
         return self.folder
 
+    def claim(self) -> None:
+        """An evaluation (``Loop.validate()``) takes the folder it was given at its start: one another live process
+        holds (the run it evaluates, still going) is refused here, as the run's error, not where the first plugin
+        writes (an observer's error only switches it off). A fit takes its folder on first use, as before."""
+        if self.given and self.run.mode != "fit" and self.run.is_main:
+            self.path  # noqa: B018 - the lock and run.jsonl's start, or FolderInUse
+
     def _lost(self, error: OSError) -> None:
         """The run folder cannot be made: one :class:`~hookfit.files.FileWarning` naming it, and
         the run trains on without it (no lock, no record; the files plugins would write in it

@@ -13,7 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +27,8 @@ from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 from hookfit.records import LOCK
 
-from conftest import TESTS
+from conftest import TESTS, mse_step
+from hookfit.errors import ObserverWarning
 import warm
 
 SCRIPT = TESTS / "scripts" / "identity_train.py"
@@ -264,3 +267,42 @@ def test_the_folder_asked_for_after_a_run_is_not_locked_for_the_next_run(tmp_pat
     assert first.run.run_dir == folder and not (folder / "run.jsonl").exists()  # no run recorded after it
     state = hookfit.Loop(lambda loop, batch: None, [1, 2], run_dir=folder, plugins=[Writes()]).fit()
     assert state.status == "completed" and (folder / "mine.txt").exists()
+
+
+@pytest.mark.fault
+def test_an_evaluation_in_a_live_runs_folder_is_refused_not_an_observer_switched_off(tmp_path: Path) -> None:
+    """``Loop.validate(resume=...)`` given the run_dir of a run still going (its lock held): the
+    first plugin to write there was an observer (metrics_log), whose error switched it off with an
+    ObserverWarning that read as a crash, and the evaluation went on. The evaluation claims its
+    folder at its start: refused, naming the folder and the live process, every fit_end run."""
+    from hookfit.plugins.metrics_log import MetricsLog
+    from hookfit.records import FolderInUse, FolderLock
+
+    model = torch.nn.Linear(1, 1)
+    data = [(torch.ones(2, 1), torch.ones(2, 1))]
+    ended: list[str] = []
+
+    class Ends:
+        name = "ends"
+
+        @hookfit.hookimpl(trylast=True)
+        def fit_end(self, loop) -> None:
+            ended.append(loop.state.status)
+
+    def loop(*more: Any, **options: Any) -> hookfit.Loop:
+        return hookfit.Loop(mse_step, data, val_step=lambda loop, b: {"loss": torch.tensor(1.0)}, val_data=data,
+                            model=model, max_epochs=1, run_dir=tmp_path,
+                            plugins=[Optim(), Metrics(), MetricsLog(), Checkpoint(background=False), *more], **options)
+
+    loop(optimizers=torch.optim.SGD(model.parameters(), lr=0.1)).fit()
+    before = (tmp_path / "metrics.jsonl").read_text()
+    held = FolderLock(tmp_path, "another run")
+    held.acquire()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ObserverWarning)
+            with pytest.raises(FolderInUse, match=f"{tmp_path} is in use by another live process"):
+                loop(Ends()).validate(resume="latest")
+    finally:
+        held.release()
+    assert ended == ["failed"] and (tmp_path / "metrics.jsonl").read_text() == before
