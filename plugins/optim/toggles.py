@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from hookfit.plugins.support import unwrap_model
+from hookfit.plugins.support import parameter_names
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.plugins.optim.managed import Optimizers
@@ -50,18 +50,6 @@ def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) 
         "them and, with nothing else requiring a gradient, has no grad_fn, as here. Compute that tensor "
         "outside the block (and detach it where the toggled optimizer's model reads it: D(fake.detach())), "
         "or inside the toggle of the optimizer its loss trains.")
-
-
-def parameter_names(model: Any, prefix: str = "", out: dict[int, str] | None = None) -> dict[int, str]:
-    """``id(parameter)`` -> its first name in the run's model (``"g.0.weight"`` in a dict of models)."""
-    out = {} if out is None else out
-    if isinstance(model, torch.nn.Module):
-        for name, parameter in unwrap_model(model).named_parameters():
-            out.setdefault(id(parameter), prefix + name)
-    elif isinstance(model, (Mapping, list, tuple)):
-        for key, value in model.items() if isinstance(model, Mapping) else enumerate(model):
-            parameter_names(value, f"{prefix}{key}.", out)
-    return out
 
 
 def _few(params: list[torch.Tensor], names: Mapping[int, str], shown: int = 4) -> str:

@@ -8,7 +8,8 @@ a module of one concern:
   Ignite's ``Events.X(every=n)``;
 * a metric watched for its best value (:class:`Monitor`, :mod:`~hookfit.plugins.support.best`);
 * the user's module inside its wrappers (:func:`unwrap_model`, :mod:`~hookfit.plugins.support.models`):
-  ``DistributedDataParallel``/``DataParallel`` (``.module``) and ``torch.compile`` (``._orig_mod``);
+  ``DistributedDataParallel``/``DataParallel`` (``.module``) and ``torch.compile`` (``._orig_mod``),
+  and its parameters' names (:func:`parameter_names`);
 * gradients watched for a while (:class:`GradientWatch`, :mod:`~hookfit.plugins.support.gradients`);
 * a run's hyperparameters as the loggers record them (:func:`run_hparams`,
   :mod:`~hookfit.plugins.support.hparams`).
@@ -23,12 +24,12 @@ from hookfit.plugins.support.best import MODES, STAGES, Monitor
 from hookfit.plugins.support.cadence import Every
 from hookfit.plugins.support.gradients import GradientWatch
 from hookfit.plugins.support.hparams import Hparam, hparam, hyperparameters, run_hparams
-from hookfit.plugins.support.models import unwrap_model, unwrap_state_dict
+from hookfit.plugins.support.models import parameter_names, unwrap_model, unwrap_state_dict
 from hookfit.plugins.support.options import (check, choice, flag, integer, number, option_error, path, positive_int,
                                              positive_number, text)
 
 __all__ = [
     "MODES", "STAGES", "Every", "GradientWatch", "Hparam", "Monitor", "check", "choice", "flag", "hparam", "hyperparameters",
     "integer", "number", "option_error", "path", "positive_int", "positive_number", "run_hparams", "text",
-    "unwrap_model", "unwrap_state_dict",
+    "parameter_names", "unwrap_model", "unwrap_state_dict",
 ]

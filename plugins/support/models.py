@@ -1,6 +1,7 @@
 """The module the user wrote, inside the wrappers a run may put around it: data-parallel
-(``DistributedDataParallel``, ``DataParallel``) and ``torch.compile``, and the state dict of a
-compiled module with the plain module's keys. Also importable from :mod:`hookfit.plugins.support`."""
+(``DistributedDataParallel``, ``DataParallel``) and ``torch.compile``, the state dict of a
+compiled module with the plain module's keys, and the names of a model's parameters. Also
+importable from :mod:`hookfit.plugins.support`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["COMPILED_PREFIX", "unwrap_model", "unwrap_state_dict"]
+__all__ = ["COMPILED_PREFIX", "parameter_names", "unwrap_model", "unwrap_state_dict"]
 
 COMPILED_PREFIX = "_orig_mod."
 """What ``torch.compile``'s wrapper puts before every key of the module's ``state_dict()``."""
@@ -58,3 +59,15 @@ def unwrap_state_dict(state: Mapping[str, Any]) -> Mapping[str, Any]:
                 for key, value in metadata.items() if key == root or key.startswith(prefix))
         state = out
     return state
+
+
+def parameter_names(model: Any, prefix: str = "", out: dict[int, str] | None = None) -> dict[int, str]:
+    """``id(parameter)`` -> its first name in the run's model (``"g.0.weight"`` in a dict of models)."""
+    out = {} if out is None else out
+    if isinstance(model, torch.nn.Module):
+        for name, parameter in unwrap_model(model).named_parameters():
+            out.setdefault(id(parameter), prefix + name)
+    elif isinstance(model, (Mapping, list, tuple)):
+        for key, value in model.items() if isinstance(model, Mapping) else enumerate(model):
+            parameter_names(value, f"{prefix}{key}.", out)
+    return out
