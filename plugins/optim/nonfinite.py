@@ -88,12 +88,13 @@ class Deferred:
         self._at = -1  # the global step of the flag's last loss
         self._flags: Flags | None = None
         self._size, self._scaled = 1, False  # windows of this many batches; a GradScaler's run
+        self.optimizers: list[ManagedOptimizer] = []
         self.discard()
 
-    def start(self, flags: Flags, size: int, scaled: bool) -> None:
-        """A run begins: windows of ``size`` batches, a ``GradScaler`` or not (``scaled``)."""
+    def start(self, flags: Flags, size: int, scaled: bool, optimizers: list[ManagedOptimizer]) -> None:
+        """A run begins: windows of ``size`` batches, a ``GradScaler`` or not (``scaled``), the run's optimizers."""
         self.discard()
-        self._flags, self._size, self._scaled = flags, size, scaled
+        self._flags, self._size, self._scaled, self.optimizers = flags, size, scaled, optimizers
 
     def discard(self) -> None:
         """Forget every flag kept (a restored state replaces the run they came from)."""
@@ -118,13 +119,17 @@ class Deferred:
         self._at = state.step
 
     def flag_for(self, managed: ManagedOptimizer) -> torch.Tensor | None:
-        """The flag ``managed``'s step skips on, or ``None``: none, or read now (``managed`` cannot skip on it)."""
+        """The flag ``managed``'s step skips on (with what it carried), or ``None``: none, or read now (it cannot)."""
         self.raise_due()
-        if self.bad is None:
-            return None
+        bad, carried, managed.carried = self.bad, managed.carried, None
+        if carried is not None and bad is not None and carried[1][0] == self._where[0]:  # the read names its window
+            self._where = (self._where[0], min(carried[1][1], self._where[1]), self._where[2])
         if managed.skips_on_device() or self._scaled:  # (the kernel decided first: it may be fused)
-            return self.bad
-        self.read_flag()
+            return bad if carried is None else carried[0] if bad is None else torch.maximum(bad, carried[0])
+        if bad is not None:
+            self.read_flag()
+        if carried is not None and bool(carried[0]):
+            managed.poisoned = f"epoch {carried[1][0] + 1}, batch {carried[1][1]}"
         return None
 
     def read_flag(self) -> bool:
@@ -139,9 +144,14 @@ class Deferred:
         self._stepped.append((managed, bad, grad_bad))
 
     def close(self, bounded: bool = True) -> None:
-        """Keep the window's flag, unread, with the steps that skipped on it; read at ``READ_EVERY`` (``bounded``)."""
-        if self.bad is not None:
-            self._pending.append((self.bad, self._where, self._stepped))
+        """Keep the flag unread with its steps (read at ``READ_EVERY``: ``bounded``); unstepped gradients carry it."""
+        if (bad := self.bad) is not None:
+            if len(self._stepped) < len(self.optimizers):  # (one test a batch where each stepped)
+                stepped = [m for m, _, _ in self._stepped]
+                for m in self.optimizers:
+                    if not any(s is m for s in stepped) and m.holds_grads():  # its step skips on it too
+                        m.carried = (bad.maximum(m.carried[0]), m.carried[1]) if m.carried else (bad, self._where)
+            self._pending.append((bad, self._where, self._stepped))
             self.bad, self._stepped = None, []
             if bounded and len(self._pending) >= READ_EVERY:
                 self.read()
