@@ -76,6 +76,7 @@ class DashboardModel:
         self._waiting: list[tuple[str, int, int | None, float]] = []  # progress of stages a nested one interrupted
         self.log: list[str] = []
         self.marks: list[tuple[float, str]] = []  # (step, "R" resumed / "C" checkpoint / "L" lr)
+        self.cut: set[tuple[str, float]] = set()  # (stage, step) of epochs a stop cut short: never the best
         self.skips = Ranges()
         """Where optimizer steps were skipped (the ``step_skipped`` event): ``!`` on the curves."""
         self.skip_reasons: collections.Counter[str] = collections.Counter()
@@ -131,8 +132,11 @@ class DashboardModel:
             if m.stage == "train":
                 self._series(m.stage, key).add(m.step, value.running)
 
-    def _on_epoch(self, m: MetricsSnapshot) -> None:
+    def _on_epoch(self, m: MetricsSnapshot, whole: bool = True) -> None:
+        """A stage's epoch means (``whole``: unless a stop that ended the run cut the stage short)."""
         self._on_update(m)
+        if not whole:
+            self.cut.add((m.stage, m.step))
         for key, value in m.values.items():
             if m.stage == "valid":
                 self._series("valid", key).add(m.step, value.epoch)
@@ -365,7 +369,7 @@ class DashboardModel:
         training values, the lowest or the highest as the snapshots' ``best`` says (the
         directions the user configured; ``"min"`` for a metric named ``loss`` without one:
         :func:`hookfit.tools.runs.direction`). ``None`` for a metric with no direction: it
-        is never guessed from the name."""
+        is never guessed from the name. An epoch a stop cut short (:attr:`cut`) is never the best."""
         for stage in ("valid", "train"):
             series = self.series.get((stage, name))
             if series is not None and series.points():
@@ -374,7 +378,8 @@ class DashboardModel:
                     return None
                 best = Monitor(mode=mode)
                 for x, lo, hi in series.points():
-                    best.update(hi if mode == "max" else lo, at=x)
+                    if (stage, x) not in self.cut:
+                        best.update(hi if mode == "max" else lo, at=x)
                 at: float | None = best.best_at  # None when no value is finite
                 return at
         return None

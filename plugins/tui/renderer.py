@@ -240,7 +240,7 @@ class TuiRenderer(Debugging):
         if self.active:
             if self._suspended:
                 self._resume_if_let_go()
-            self._inbox.append(("epoch", metrics))
+            self._inbox.append(("epoch", metrics, loop.state.status != "interrupted"))
             self._inbox.append(("time", loop.state.time_split))
 
     @hookimpl

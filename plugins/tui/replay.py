@@ -164,10 +164,12 @@ class Follower:
                 longest = self.totals[stage] = max(self.totals.get(stage, 0), done)
                 total = int(given) if isinstance(given, int) and given > 0 else longest
                 dash.receive("stage", stage, int(row.get("epoch", 1)) - 1, total or None)
-            dash.receive("epoch" if event == "epoch" else "update",
-                         snapshot(row, self.max_epochs, event == "epoch", self.directions))
-            if event == "epoch":
+            snap = snapshot(row, self.max_epochs, event == "epoch", self.directions)
+            if event == "epoch":  # (a stage a stop cut short: never the best epoch)
+                dash.receive("epoch", snap, not row.get("stopped"))
                 dash.receive("stage_end", str(row.get("stage", "train")))
+            else:
+                dash.receive("update", snap)
             self.step = int(row.get("step", self.step))
         elif event == "checkpoint":
             step = row.get("step")

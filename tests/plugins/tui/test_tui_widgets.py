@@ -321,6 +321,42 @@ def test_the_renderer_sends_the_model_summary_at_the_start(monkeypatch, capsys, 
     assert tui._dashboard.model is None  # no model: nothing to show
 
 
+def test_the_best_epoch_mark_never_sits_on_a_validation_a_stop_cut_short(monkeypatch, tmp_path) -> None:
+    """A real run whose last validation a stop cut short after its first batch, the easy one (the
+    lowest loss of the run): the dashboard's ``*`` (``best_step``) stays on the first, whole
+    validation, live and replayed from ``metrics.jsonl`` (its row says ``"stopped"``)."""
+    torch = pytest.importorskip("torch")
+    import hookfit.plugins.tui.renderer as renderer_module
+    from conftest import StopAfter
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.metrics_log import MetricsLog
+    from hookfit.plugins.tui.replay import Follower
+
+    def ui(self):  # what the UI thread does with the messages, once the run is over
+        self._quit.wait()
+        while self._inbox:
+            self._dashboard.receive(*self._inbox.popleft())
+
+    monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
+    monkeypatch.setattr(TuiRenderer, "_start_screen", lambda self: setattr(self, "_screen", None))
+    monkeypatch.setattr(TuiRenderer, "_ui", ui)
+
+    def val_step(loop, batch):
+        return {"loss": torch.tensor(0.1 if batch == 0 else 5.0 - loop.state.epoch)}
+
+    tui = TuiRenderer()
+    state = hookfit.Loop(lambda loop, batch: {"loss": torch.tensor(1.0)}, [1, 2], val_step=val_step,
+                         val_data=[0, 1, 2], max_epochs=3, run_dir=tmp_path,
+                         plugins=[Metrics(), MetricsLog(), StopAfter(8), tui]).fit()  # epoch 2's first validation batch
+    assert state.status == "interrupted" and not tui.active
+    live = tui._dashboard
+    assert live.series[("valid", "loss")].points()[-1][1] == pytest.approx(0.1)  # drawn, as it was
+    assert live.best_step("loss") == 2  # epoch 1's validation, after its 2 training batches
+    replayed = Dashboard(max_epochs=3, val_every=None, on_stop=lambda: None, on_leave=lambda: None)
+    Follower(tmp_path, replayed, 3).poll()
+    assert replayed.best_step("loss") == 2 and replayed.series[("valid", "loss")].points()[-1][1] == pytest.approx(0.1)
+
+
 # -- the captured output: output.log, the replay, the file policy, fatal errors ----------------
 
 CAPTURE_CHILD = r"""
