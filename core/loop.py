@@ -20,6 +20,7 @@ from hookfit.payloads import StopRequest
 from hookfit.reproducibility import check_seed
 from hookfit.run import Run, modules
 from hookfit.state import State
+from hookfit.stopping import qualname
 
 Step = Callable[[Run, Any], Any]
 
@@ -54,10 +55,6 @@ def _execute(run: Run) -> State:
     return state
 
 
-def _name(function: Any) -> str:
-    return getattr(function, "__qualname__", None) or repr(function)
-
-
 def _shown(value: Any, most: int = 80) -> str:
     """``value`` as an error names it: its type and a repr cut to ``most`` characters (a
     dataset's repr can run to pages)."""
@@ -75,7 +72,7 @@ def check_step(what: str, step: Any) -> None:
     except (TypeError, ValueError):  # a builtin or an extension's callable: nothing to check
         return
     if not any(_binds(signature) for signature in signatures):
-        raise TypeError(f"{what} {_name(step)!r} is called as step(loop, batch), and its signature "
+        raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
                         f"{signatures[0]} does not take those two arguments")
 
 
@@ -245,7 +242,7 @@ class Loop:
                     continue
                 raise TypeError(
                     f"{what} must be an iterable of batches (a list, a DataLoader, ...), "
-                    f"got {type(data).__name__}" + (f" {_name(data)!r}; {_FACTORY}" if callable(data) else "")
+                    f"got {type(data).__name__}" + (f" {qualname(data)!r}; {_FACTORY}" if callable(data) else "")
                     + ("; a Loop that only validates reads no training data: give []" if data is None else "")
                 )
         if isinstance(val_data, Mapping):
@@ -259,7 +256,7 @@ class Loop:
                     raise TypeError(f"val_data[{key!r}] must be an iterable of batches (a list, a "
                                     f"DataLoader, ...), got {type(data).__name__}")
         if val_step is not None and val_data is None:
-            raise ValueError(f"val_step {_name(val_step)!r} was given without val_data")
+            raise ValueError(f"val_step {qualname(val_step)!r} was given without val_data")
         if val_data is not None and val_step is None:
             raise ValueError("val_data was given without a val_step to run on it")
         _positive_int(max_epochs, "max_epochs", allow_none=True)

@@ -14,6 +14,7 @@ from typing import Any, Mapping, SupportsFloat, TypeVar, cast
 import torch
 
 from hookfit.payloads import Value
+from hookfit.stopping import qualname
 
 E = TypeVar("E")
 Reduce = Callable[[torch.Tensor], torch.Tensor | None]
@@ -51,10 +52,6 @@ def batch_size(batch: Any) -> int:
     return 1
 
 
-def step_name(step: object) -> str:
-    return getattr(step, "__qualname__", None) or repr(step)
-
-
 def as_real(value: object) -> float | None:
     """A real scalar a step returned that is neither a plain ``float``/``int`` nor a tensor (those
     take the per-batch fast path), as a float: ``bool``, NumPy's real scalars (``np.float64``,
@@ -88,13 +85,13 @@ def check(key: object, value: object, step: object) -> None:
     ``step`` is the step function that returned it, named in the error."""
     if type(key) is not str:
         raise TypeError(
-            f"step function {step_name(step)!r} returned the key {key!r} ({type(key).__name__}) "
+            f"step function {qualname(step)!r} returned the key {key!r} ({type(key).__name__}) "
             f"with a value to aggregate; keys must be strings, the names of what it reports"
         )
     if is_complex(value):
         what = f"a complex tensor ({value.dtype})" if isinstance(value, Tensor) else f"a complex number ({value!r})"
         raise TypeError(
-            f"step function {step_name(step)!r} returned {what} under the key {key!r}, which the "
+            f"step function {qualname(step)!r} returned {what} under the key {key!r}, which the "
             f"metrics plugin cannot aggregate (a metric is a real number); "
             f"return a real value, such as its .abs() or .real, or leave it out of the output"
         )
