@@ -10,7 +10,7 @@ import torch
 
 from hookfit.errors import UsageError
 from hookfit.plugins.optim import kernels
-from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy, at
+from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy
 from hookfit.plugins.optim.toggles import Toggled, stamp
 from hookfit.plugins.support import hparams
 
@@ -65,7 +65,7 @@ class ManagedOptimizer:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self._rules, self._accumulates = rules, rules.window.size > 1
         self._per_step = list(per_step)  # its schedulers that step after each real step
-        self._stepped = False  # a real step happened since the last effective zero_grad()
+        self._stepped = self._zeros = False  # a real step since the last effective zero_grad(); zeros it left
         self.poisoned: str | None = None  # where a non-finite loss was in a window its step function keeps by hand
         self.carried: tuple[torch.Tensor, tuple[int, int, int]] | None = None  # that window's flag so far (device)
         self._skips: bool | None = None  # its kernel takes found_inf (see skips_on_device)
@@ -124,11 +124,11 @@ class ManagedOptimizer:
         """Clear gradients, unless they are accumulated for a later step (README.md, "The accumulation window")."""
         if self._stepped or not self._accumulates:
             self.optimizer.zero_grad(set_to_none=set_to_none)
-            self._stepped, self.poisoned, self.carried = False, None, None
+            self._stepped, self.poisoned, self.carried, self._zeros = False, None, None, not set_to_none
 
     def holds_grads(self) -> bool:
-        """Gradients back-propagated since its last step and not cleared: a window its step function keeps by hand."""
-        return not self._stepped and any(p.grad is not None for p in self.params)
+        """Gradients since its last step, not cleared (nor zeroed: set_to_none=False): a window kept by hand."""
+        return not self._stepped and any(p.grad is not None and (not self._zeros or p.grad.any()) for p in self.params)
 
     def flush(self) -> None:
         """At the training stage's end: step the open (partial) window, drop its gradients."""
@@ -141,8 +141,7 @@ class ManagedOptimizer:
         if self.window_open:
             self.window_open = False
             self._rules.policy.skip(self, "non-finite loss")
-        elif self.holds_grads():
-            self.poisoned = self.poisoned or at(self._rules.loop)  # a window its step function keeps by hand
+        elif self.poisoned and self.holds_grads():  # a window its step function keeps by hand, at the loss
             return
         self.clear()
 

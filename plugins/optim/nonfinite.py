@@ -40,9 +40,10 @@ class Policy:
         self.poisoned = False  # a non-finite loss in the current window: its steps are skipped
         self.first_skip: str | None = None  # where the run's first skip was (results)
         self.loop: Run | None = None
+        self.optimizers: list[ManagedOptimizer] = []
 
-    def start(self, loop: Run) -> None:
-        self.loop, self.first_skip = loop, None
+    def start(self, loop: Run, optimizers: list[ManagedOptimizer]) -> None:
+        self.loop, self.first_skip, self.optimizers = loop, None, optimizers
         self.poison(False)
 
     def poison(self, poisoned: bool) -> None:
@@ -52,8 +53,10 @@ class Policy:
             self._on_poison()
 
     def nonfinite_loss(self, loop: Run, loss: torch.Tensor) -> None:
-        """A non-finite loss read on the host: not back-propagated, its window poisoned."""
+        """Read on the host: not back-propagated; poisons its window, and each optimizer's holding earlier gradients."""
         self.poison(True)
+        for managed in self.optimizers:
+            managed.poisoned = managed.poisoned or (at(loop) if managed.holds_grads() else None)
         if self.mode == "raise":
             raise FloatingPointError(f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at {at(loop)}")
 
@@ -88,13 +91,12 @@ class Deferred:
         self._at = -1  # the global step of the flag's last loss
         self._flags: Flags | None = None
         self._size, self._scaled = 1, False  # windows of this many batches; a GradScaler's run
-        self.optimizers: list[ManagedOptimizer] = []
         self.discard()
 
-    def start(self, flags: Flags, size: int, scaled: bool, optimizers: list[ManagedOptimizer]) -> None:
-        """A run begins: windows of ``size`` batches, a ``GradScaler`` or not (``scaled``), the run's optimizers."""
+    def start(self, flags: Flags, size: int, scaled: bool) -> None:
+        """A run begins: windows of ``size`` batches, a ``GradScaler`` or not (``scaled``)."""
         self.discard()
-        self._flags, self._size, self._scaled, self.optimizers = flags, size, scaled, optimizers
+        self._flags, self._size, self._scaled = flags, size, scaled
 
     def discard(self) -> None:
         """Forget every flag kept (a restored state replaces the run they came from)."""
@@ -146,10 +148,9 @@ class Deferred:
     def close(self, bounded: bool = True) -> None:
         """Keep the flag unread with its steps (read at ``READ_EVERY``: ``bounded``); unstepped gradients carry it."""
         if (bad := self.bad) is not None:
-            if len(self._stepped) < len(self.optimizers):  # (one test a batch where each stepped)
-                stepped = [m for m, _, _ in self._stepped]
-                for m in self.optimizers:
-                    if not any(s is m for s in stepped) and m.holds_grads():  # its step skips on it too
+            if not self._stepped or len(self._policy.optimizers) > 1:  # (one test a batch: one optimizer, stepped)
+                for m in self._policy.optimizers:
+                    if not any(s is m for s, _, _ in self._stepped) and m.holds_grads():  # its step skips on it too
                         m.carried = (bad.maximum(m.carried[0]), m.carried[1]) if m.carried else (bad, self._where)
             self._pending.append((bad, self._where, self._stepped))
             self.bad, self._stepped = None, []

@@ -88,7 +88,6 @@ class Optim:
         elif self.amp or self.precision == "16-mixed":
             self.scaler = torch.amp.GradScaler(self._autocast[0] if self._autocast else guess)
         self._closes_always = False
-        self._policy.start(loop)
         if self.nonfinite is None:  # every loss back-propagated
             self._check = NoCheck()
         elif self.defer is True or (self.defer is None and device not in (None, "cpu")):
@@ -109,7 +108,8 @@ class Optim:
                    for n, o in optimizers.items()}
         only = next(iter(managed.values()), None)
         self.optimizers = loop.optimizers = only if isinstance(only, OnlyOptimizer) else Optimizers(managed, loop)
-        self._deferred.start(Flags(), self.accumulate, self.scaler is not None, list(managed.values()))
+        self._policy.start(loop, list(managed.values()))
+        self._deferred.start(Flags(), self.accumulate, self.scaler is not None)
         why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []
         if self.scaler is not None:
             why.append("loss scaling (precision='16-mixed' or amp: the loss must be scaled)")

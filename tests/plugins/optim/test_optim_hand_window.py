@@ -17,7 +17,7 @@ import torch
 import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.optim import Optim, OptimWarning
-from test_optim import params
+from test_optim import assert_bitwise, params
 from test_optim_accumulate import TIGHT, batches64, model64
 
 PATHS = pytest.mark.parametrize("defer", [False, True], ids=["host-check", "device-path"])
@@ -123,23 +123,25 @@ def test_only_the_optimizer_whose_window_held_the_loss_skips_a_later_step(defer:
 
 
 @PATHS
+@pytest.mark.parametrize("to_none", [True, False], ids=["set_to_none", "zeros"])
 @pytest.mark.parametrize("clear", ["before", "after"])
 def test_a_step_function_that_skips_its_own_step_for_a_non_finite_loss_loses_no_clean_step(
-        defer: bool, clear: str) -> None:
+        defer: bool, clear: str, to_none: bool) -> None:
     """The step reads its loss and leaves out its step where it is not finite, clearing the
     gradients at the batch's start or its end: every clean batch steps (nothing counted as
-    skipped), as in a raw loop that leaves out the NaN batch."""
+    skipped), as in a raw loop that leaves out the NaN batch. Zeros left by
+    ``zero_grad(set_to_none=False)`` are no gradients of an earlier batch."""
     batches = batches64(5)
 
     def step(loop, batch):
         if clear == "before":
-            loop.optimizers.zero_grad()
+            loop.optimizers.zero_grad(set_to_none=to_none)
         loss = nan_at(mse(loop.model, batch), loop.state.batch_idx, {1, 3})
         loop.backward(loss)
         if torch.isfinite(loss):
             loop.optimizers.step()
         if clear == "after":
-            loop.optimizers.zero_grad()
+            loop.optimizers.zero_grad(set_to_none=to_none)
         return {"loss": loss}
 
     m = model64()
@@ -156,6 +158,89 @@ def test_a_step_function_that_skips_its_own_step_for_a_non_finite_loss_loses_no_
             opt.step()
             opt.zero_grad()
     torch.testing.assert_close(params(m), params(raw), **TIGHT)
+
+
+@PATHS
+def test_gradients_a_poisoned_batch_itself_left_skip_no_later_step(defer: bool) -> None:
+    """PyTorch's DCGAN step, the models cleared with their own ``zero_grad()``: a NaN loss of the
+    discriminator at batch 1 skips both steps of that batch, and the generator's loss, which
+    back-propagates into the discriminator after it, leaves that batch no window: the
+    discriminator's next, clean step is taken, as in a raw loop that leaves out batch 1."""
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 4, generator=gen, dtype=torch.float64), torch.randn(8, 2, generator=gen,
+                                                                                  dtype=torch.float64))
+               for _ in range(4)]
+
+    def nets():
+        torch.manual_seed(3)
+        return torch.nn.Linear(2, 4).double(), torch.nn.Linear(4, 1).double()
+
+    def losses(g, d, batch):
+        real, z = batch
+        fake = g(z)
+        return (lambda: d(real).mean() - d(fake.detach()).mean()), (lambda: -d(fake).mean())
+
+    g, d = nets()
+
+    def step(loop, batch):
+        d.zero_grad()
+        d_loss, g_loss = losses(g, d, batch)
+        loss = nan_at(d_loss(), loop.state.batch_idx, {1})
+        loop.backward(loss)
+        loop.optimizers["d"].step()
+        g.zero_grad()
+        loop.backward(g_loss())
+        loop.optimizers["g"].step()
+        return {"loss": loss}
+
+    opts = {"g": torch.optim.SGD(g.parameters(), lr=0.05), "d": torch.optim.SGD(d.parameters(), lr=0.05)}
+    with pytest.warns(OptimWarning):
+        state = hookfit.Loop(step, batches, model={"g": g, "d": d}, optimizers=opts, max_epochs=1,
+                             plugins=[Optim(defer=defer)]).fit()
+    assert state.results["skipped_steps"] == 2
+    raw_g, raw_d = nets()
+    raw = {"g": torch.optim.SGD(raw_g.parameters(), lr=0.05), "d": torch.optim.SGD(raw_d.parameters(), lr=0.05)}
+    for i, batch in enumerate(batches):
+        if i != 1:
+            d_loss, g_loss = losses(raw_g, raw_d, batch)
+            raw_d.zero_grad()
+            d_loss().backward()
+            raw["d"].step()
+            raw_g.zero_grad()
+            g_loss().backward()
+            raw["g"].step()
+    torch.testing.assert_close(params(g) + params(d), params(raw_g) + params(raw_d), **TIGHT)
+
+
+def test_an_optimizer_stepping_twice_a_batch_hides_no_other_s_window_on_the_device_path() -> None:
+    """Optimizer ``a`` steps twice a batch, ``b`` keeps a window of three batches by hand (inside
+    its toggle) and holds a NaN loss at batch 1: ``b``'s step is skipped on the device, not taken
+    on NaN gradients."""
+    batches = batches64(3)
+    torch.manual_seed(3)
+    first, second = torch.nn.Linear(4, 8).double(), torch.nn.Linear(8, 1).double()
+    opts = {"a": torch.optim.SGD(first.parameters(), lr=0.1), "b": torch.optim.SGD(second.parameters(), lr=0.1)}
+
+    def step(loop, batch):
+        for _ in range(2):
+            loop.optimizers["a"].zero_grad()
+            loop.backward(torch.nn.functional.mse_loss(first(batch[0]).sum(1, keepdim=True), batch[1]))
+            loop.optimizers["a"].step()
+        with loop.optimizers.toggle("b"):
+            loss = nan_at(torch.nn.functional.mse_loss(second(torch.tanh(first(batch[0]))), batch[1]),
+                          loop.state.batch_idx, {1})
+            loop.backward(loss / 3)
+        if loop.state.batch_idx == 2:
+            loop.optimizers["b"].step()
+            loop.optimizers["b"].zero_grad()
+        return {"loss": loss}
+
+    before = params(second)
+    with pytest.warns(OptimWarning):
+        state = hookfit.Loop(step, batches, model={"f": first, "s": second}, optimizers=opts, max_epochs=1,
+                             plugins=[Optim(defer=True)]).fit()
+    assert state.results["skipped_steps"] == 1
+    assert_bitwise(params(second), before)
 
 
 @PATHS
