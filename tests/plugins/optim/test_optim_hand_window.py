@@ -259,3 +259,30 @@ def test_a_checkpoint_inside_a_poisoned_window_kept_by_hand_resumes_its_skip(tmp
         resumed = model64()
         assert run(resumed, resume="latest").results["skipped_steps"] == 1
     torch.testing.assert_close(params(resumed), raw_windows(batches, {0}), **TIGHT)
+
+
+def test_zeros_left_by_zero_grad_are_no_window_in_a_checkpoint(tmp_path) -> None:
+    """``zero_grad(set_to_none=False)`` after every step leaves zeros, no window: checkpoints carry
+    no gradients (before, every checkpoint copied the zeros), and the resumed run still ends as an
+    uninterrupted one."""
+    batches = batches64(4)
+
+    def step(loop, batch):
+        loop.backward(mse(loop.model, batch))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad(set_to_none=False)
+        return {"loss": torch.tensor(0.0)}
+
+    def run(m, folder, **options):
+        return hookfit.Loop(step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                            max_epochs=1, run_dir=folder, plugins=[Optim(), Checkpoint(background=False)],
+                            **options).fit()
+
+    whole = model64()
+    run(whole, tmp_path / "whole")
+    run(model64(), tmp_path / "cut", max_steps=2)
+    saved = next((tmp_path / "cut" / "checkpoints").glob("*.pt"))
+    assert torch.load(saved, weights_only=True)["plugins"]["optim"]["window"] is None
+    resumed = model64()
+    run(resumed, tmp_path / "cut", resume="latest")
+    assert_bitwise(params(resumed), params(whole))
