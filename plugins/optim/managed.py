@@ -65,9 +65,7 @@ class ManagedOptimizer:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self._rules, self._accumulates = rules, rules.window.size > 1
         self._per_step = list(per_step)  # its schedulers that step after each real step
-        self._stepped = self._zeros = False  # a real step since the last effective zero_grad(); zeros it left
-        self.poisoned: str | None = None  # where a non-finite loss was in a window its step function keeps by hand
-        self.carried: tuple[torch.Tensor, tuple[int, int, int]] | None = None  # that window's flag so far (device)
+        self._stepped = False  # a real step happened since the last effective zero_grad()
         self._skips: bool | None = None  # its kernel takes found_inf (see skips_on_device)
         self._groups = 0  # how many parameter groups it had when that was decided
         self._primed = False  # a step skipped inside its kernel leaves it a valid state (cached)
@@ -84,20 +82,19 @@ class ManagedOptimizer:
             self.window_open = True
             return False
         self.window_open = False
-        flags = rules.deferred  # the device path's (carried: the earlier batches of a window kept by hand)
-        bad = flags.flag_for(self) if (flags.bad is not None or self.carried) and not rules.policy.poisoned else None
-        if rules.policy.poisoned or self.poisoned:  # a non-finite loss in this window: its gradients are incomplete
-            return self.skip(f"non-finite loss at {self.poisoned} in its window kept by hand; its step"
-                             if self.poisoned else "non-finite loss")
+        deferred = rules.deferred
+        bad = deferred.flag_for(self) if deferred.bad is not None and not rules.policy.poisoned else None
+        if rules.policy.poisoned:  # a non-finite loss in this window: its gradients are incomplete
+            return self.skip("non-finite loss")
         grad_bad = None
         if rules.prepares:  # unscaling, clipping, gradient checks (a plain run has none)
             prepared = self._prepare(bad)
             if prepared is None:
                 return False
             bad, grad_bad = prepared
-        optimizer = self.optimizer
+        loop, optimizer = rules.loop, self.optimizer
         for call in rules.before_step:
-            call(rules.loop, self.name, optimizer)
+            call(loop, self.name, optimizer)
         watch = rules.watch
         watch.stepping = True  # optim's own step, for the watch on steps that bypass it
         try:
@@ -111,24 +108,24 @@ class ManagedOptimizer:
         finally:
             watch.stepping = False
         if bad is not None:
-            flags.stepped_on(self, bad, grad_bad)
+            deferred.stepped_on(self, bad, grad_bad)
         self.steps += 1
         self._stepped = True
         for scheduler in self._per_step:
             scheduler.step()
         for call in rules.after_step:
-            call(rules.loop, self.name, optimizer)
+            call(loop, self.name, optimizer)
         return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, unless they are accumulated for a later step (README.md, "The accumulation window")."""
         if self._stepped or not self._accumulates:
             self.optimizer.zero_grad(set_to_none=set_to_none)
-            self._stepped, self.poisoned, self.carried, self._zeros = False, None, None, not set_to_none
+            self._stepped = False
 
     def holds_grads(self) -> bool:
-        """Gradients since its last step, not cleared (nor zeroed: set_to_none=False): a window kept by hand."""
-        return not self._stepped and any(p.grad is not None and (not self._zeros or p.grad.any()) for p in self.params)
+        """Gradients back-propagated since its last step and not cleared: a window its step function keeps by hand."""
+        return not self._stepped and any(p.grad is not None for p in self.params)
 
     def flush(self) -> None:
         """At the training stage's end: step the open (partial) window, drop its gradients."""
@@ -137,12 +134,10 @@ class ManagedOptimizer:
             self.clear()
 
     def drop_window(self) -> None:
-        """A poisoned window closed: skip its step if asked and drop its gradients (one kept by hand skips later)."""
+        """A poisoned window closed: skip its step if one was asked for, drop its gradients."""
         if self.window_open:
             self.window_open = False
             self._rules.policy.skip(self, "non-finite loss")
-        elif self.poisoned and self.holds_grads():  # a window its step function keeps by hand, at the loss
-            return
         self.clear()
 
     def skip(self, why: str) -> bool:
@@ -200,13 +195,11 @@ class ManagedOptimizer:
         return self._primed
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer (with its class), schedulers (with theirs), counters and a window's poison, for checkpoints."""
-        held = self.carried  # (read on the host: a checkpoint reads anyway)
-        poisoned = f"epoch {held[1][0] + 1}, batch {held[1][1]}" if held is not None and bool(held[0]) else None
+        """Optimizer (with its class), schedulers (with theirs) and counters, for checkpoints."""
         return {"class": class_name(self.optimizer), "optimizer": self.optimizer.state_dict(),
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scheduler_classes": [class_name(s) for s in self.schedulers],
-                "steps": self.steps, "skipped": self.skipped, "built": self.built, "poisoned": self.poisoned or poisoned}
+                "steps": self.steps, "skipped": self.skipped, "built": self.built}
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit it."""
@@ -236,7 +229,7 @@ class ManagedOptimizer:
         self._skips, self._primed = None, False  # its groups' kernels may have changed
         for scheduler, saved in zip(self.schedulers, state["schedulers"]):
             scheduler.load_state_dict(saved)
-        self.steps, self.skipped, self.poisoned = state["steps"], state["skipped"], state.get("poisoned")
+        self.steps, self.skipped = state["steps"], state["skipped"]
 
 
 def _listed(classes: Sequence[str]) -> str:

@@ -40,10 +40,9 @@ class Policy:
         self.poisoned = False  # a non-finite loss in the current window: its steps are skipped
         self.first_skip: str | None = None  # where the run's first skip was (results)
         self.loop: Run | None = None
-        self.optimizers: list[ManagedOptimizer] = []
 
-    def start(self, loop: Run, optimizers: list[ManagedOptimizer]) -> None:
-        self.loop, self.first_skip, self.optimizers = loop, None, optimizers
+    def start(self, loop: Run) -> None:
+        self.loop, self.first_skip = loop, None
         self.poison(False)
 
     def poison(self, poisoned: bool) -> None:
@@ -53,10 +52,8 @@ class Policy:
             self._on_poison()
 
     def nonfinite_loss(self, loop: Run, loss: torch.Tensor) -> None:
-        """Read on the host: not back-propagated; poisons its window, and each optimizer's holding earlier gradients."""
+        """A non-finite loss read on the host: not back-propagated, its window poisoned."""
         self.poison(True)
-        for managed in self.optimizers:
-            managed.poisoned = managed.poisoned or (at(loop) if managed.holds_grads() else None)
         if self.mode == "raise":
             raise FloatingPointError(f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at {at(loop)}")
 
@@ -121,17 +118,13 @@ class Deferred:
         self._at = state.step
 
     def flag_for(self, managed: ManagedOptimizer) -> torch.Tensor | None:
-        """The flag ``managed``'s step skips on (with what it carried), or ``None``: none, or read now (it cannot)."""
+        """The flag ``managed``'s step skips on, or ``None``: none, or read now (``managed`` cannot skip on it)."""
         self.raise_due()
-        bad, carried, managed.carried = self.bad, managed.carried, None
-        if carried is not None and bad is not None and carried[1][0] == self._where[0]:  # the read names its window
-            self._where = (self._where[0], min(carried[1][1], self._where[1]), self._where[2])
+        if self.bad is None:
+            return None
         if managed.skips_on_device() or self._scaled:  # (the kernel decided first: it may be fused)
-            return bad if carried is None else carried[0] if bad is None else torch.maximum(bad, carried[0])
-        if bad is not None:
-            self.read_flag()
-        if carried is not None and bool(carried[0]):
-            managed.poisoned = f"epoch {carried[1][0] + 1}, batch {carried[1][1]}"
+            return self.bad
+        self.read_flag()
         return None
 
     def read_flag(self) -> bool:
@@ -146,13 +139,9 @@ class Deferred:
         self._stepped.append((managed, bad, grad_bad))
 
     def close(self, bounded: bool = True) -> None:
-        """Keep the flag unread with its steps (read at ``READ_EVERY``: ``bounded``); unstepped gradients carry it."""
-        if (bad := self.bad) is not None:
-            if not self._stepped or len(self._policy.optimizers) > 1:  # (one test a batch: one optimizer, stepped)
-                for m in self._policy.optimizers:
-                    if not any(s is m for s, _, _ in self._stepped) and m.holds_grads():  # its step skips on it too
-                        m.carried = (bad.maximum(m.carried[0]), m.carried[1]) if m.carried else (bad, self._where)
-            self._pending.append((bad, self._where, self._stepped))
+        """Keep the window's flag, unread, with the steps that skipped on it; read at ``READ_EVERY`` (``bounded``)."""
+        if self.bad is not None:
+            self._pending.append((self.bad, self._where, self._stepped))
             self.bad, self._stepped = None, []
             if bounded and len(self._pending) >= READ_EVERY:
                 self.read()

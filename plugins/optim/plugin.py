@@ -65,6 +65,8 @@ class Optim:
         self._check: Check = NoCheck()
         self._rules: Rules | None = None
         self._closes_always = False  # batch_end closes every window (once one was poisoned)
+        self._before_backward: list[Callable[..., Any]] = []
+        self._after_backward: list[Callable[..., Any]] = []
         self._autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when mixed
         self._skipped_total: int | None = None  # the run's skipped steps, at its end (results)
 
@@ -88,6 +90,8 @@ class Optim:
         elif self.amp or self.precision == "16-mixed":
             self.scaler = torch.amp.GradScaler(self._autocast[0] if self._autocast else guess)
         self._closes_always = False
+        self._policy.start(loop)
+        self._deferred.start(Flags(), self.accumulate, self.scaler is not None)
         if self.nonfinite is None:  # every loss back-propagated
             self._check = NoCheck()
         elif self.defer is True or (self.defer is None and device not in (None, "cpu")):
@@ -96,11 +100,12 @@ class Optim:
             self._check = HostCheck(self._policy, self._to_device if self.defer is None else None)
         hooks = loop.hooks
         self._before_backward, self._after_backward = hooks.handlers("before_backward"), hooks.handlers("after_backward")
-        checked = self.nonfinite is not None and self.scaler is None and (self.check_grads or self.clip_norm is not None)
+        checks_grads = self.nonfinite is not None and self.scaler is None and (
+            self.check_grads or self.clip_norm is not None)
         rules = self._rules = Rules(
             loop, self._window, self._policy, self._deferred, self._watch, scaler=self.scaler,
-            clip_norm=self.clip_norm, clip_value=self.clip_value, check_grads=checked, fuse=self.fuse,
-            prepares=self.scaler is not None or checked or self.clip_norm is not None
+            clip_norm=self.clip_norm, clip_value=self.clip_value, check_grads=checks_grads, fuse=self.fuse,
+            prepares=self.scaler is not None or checks_grads or self.clip_norm is not None
             or self.clip_value is not None, before_step=hooks.handlers("before_optimizer_step"),
             after_step=hooks.handlers("after_optimizer_step"))
         kind = OnlyOptimizer if len(optimizers) == 1 else ManagedOptimizer  # one optimizer is the collection
@@ -108,8 +113,6 @@ class Optim:
                    for n, o in optimizers.items()}
         only = next(iter(managed.values()), None)
         self.optimizers = loop.optimizers = only if isinstance(only, OnlyOptimizer) else Optimizers(managed, loop)
-        self._policy.start(loop, list(managed.values()))
-        self._deferred.start(Flags(), self.accumulate, self.scaler is not None)
         why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []
         if self.scaler is not None:
             why.append("loss scaling (precision='16-mixed' or amp: the loss must be scaled)")

@@ -63,8 +63,9 @@ def _parse(schedulers: Any) -> list[Given]:
     for item in given:
         first = by_name.setdefault(item.name, item.scheduler) if item.name is not None else item.scheduler
         if first.optimizer is not item.scheduler.optimizer:
-            raise ValueError(f"optim: schedulers[{item.name!r}]: its {describe(first)} and {describe(item.scheduler)} "
-                             f"are built on different optimizers; the schedulers under a name drive that optimizer")
+            raise ValueError(
+                f"optim: schedulers[{item.name!r}]: its {describe(first)} and {describe(item.scheduler)} "
+                f"are built on different optimizers; the schedulers under a name drive that optimizer")
     return given
 
 
@@ -153,9 +154,9 @@ class Schedules:
         """The epoch-wise schedulers step; a monitored stage must have been published."""
         if self._awaiting is not None:
             stage = self._monitor.stage if self._monitor is not None else None
-            raise ValueError(f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of "
-                             f"epoch {epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics "
-                             f"plugin enabled?")
+            raise ValueError(
+                f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of epoch "
+                f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics plugin enabled?")
         if self.interval == "epoch":
             self._step_all(False)
 

@@ -42,13 +42,14 @@ def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) 
         f"the {len(params)} parameter tensor(s) of optimizer {other!r} ({_few(params, names)})"
         for other, params in t.frozen.items()) + "\n" for t in toggled)
     error.add_note(
-        "optim: this batch ran loop.optimizers.toggle(...), which freezes the parameters of the other optimizers "
-        "(requires_grad=False) for its `with` block, so that a backward pass there trains the toggled optimizer's "
-        "alone:\n" + lines + "A tensor computed inside such a block (a generator's output inside the discriminator's "
-        "toggle) records no gradient through the parameters it froze: a loss computed from it later trains none of "
-        "them and, with nothing else requiring a gradient, has no grad_fn, as here. Compute that tensor outside the "
-        "block (and detach it where the toggled optimizer's model reads it: D(fake.detach())), or inside the toggle "
-        "of the optimizer its loss trains.")
+        "optim: this batch ran loop.optimizers.toggle(...), which freezes the parameters of the other "
+        "optimizers (requires_grad=False) for its `with` block, so that a backward pass there trains the "
+        "toggled optimizer's alone:\n" + lines +
+        "A tensor computed inside such a block (a generator's output inside the discriminator's toggle) "
+        "records no gradient through the parameters it froze: a loss computed from it later trains none of "
+        "them and, with nothing else requiring a gradient, has no grad_fn, as here. Compute that tensor "
+        "outside the block (and detach it where the toggled optimizer's model reads it: D(fake.detach())), "
+        "or inside the toggle of the optimizer its loss trains.")
 
 
 def _few(params: list[torch.Tensor], names: Mapping[int, str], shown: int = 4) -> str:
