@@ -19,6 +19,14 @@
   failed.
 * Handlers are installed at ``fit_start`` only on the main thread and the previous ones are put
   back at ``fit_end``, so a notebook or a host application keeps its own.
+* The signals are the main process's: a Ctrl-C or a job scheduler's SIGTERM reaches the whole
+  process group, ``DataLoader`` workers included. While the handlers are on, the workers of the
+  run's ``DataLoader``\ s (``num_workers > 0``, training and validation data) ignore both
+  (:class:`Shielded`, their ``worker_init_fn`` for the run; the loader's own runs after it), so
+  they keep feeding the batch the stop waits for, and the main process ends them as it ends
+  the stage. Before, torch's handler killed them and the main process failed in the middle of
+  the step (``DataLoader worker ... is killed by signal``), with no checkpoint of the stop and
+  exit status 1. Any other child forked during the run ignores the handlers it inherited.
 * A run stopped by a signal ends its process the way the signal unhandled would, once the
   stop is graceful and over (the last batch, the checkpoint, ``fit_end``, ``results`` and
   ``run.jsonl``'s end line): ``fit()`` then raises ``KeyboardInterrupt`` for SIGINT (exit
@@ -34,9 +42,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -64,19 +74,28 @@ class Interrupter:
         self._loop: Run | None = None
         self._ending_said = False  # a signal came while the run was ending, and was said
         self._stopped_by: int | None = None  # the signal that asked this run to stop
+        self._pid = os.getpid()  # the process whose handlers these are (a forked child inherits them)
+        self._shielded: list[tuple[Any, Any]] = []  # (DataLoader, its own worker_init_fn) for the run
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
         self._loop = loop
         if self.signals and threading.current_thread() is threading.main_thread():
+            self._pid = os.getpid()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+            for loader in _loaders(loop.train_data, loop.val_data):
+                self._shielded.append((loader, loader.worker_init_fn))
+                loader.worker_init_fn = Shielded(loader.worker_init_fn)
 
     @hookimpl(trylast=True)  # last: what the other plugins do at the end is done before the process ends
     def fit_end(self, loop: Run) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        for loader, init in self._shielded:
+            loader.worker_init_fn = init
+        self._shielded.clear()
         stopped_by, self._stopped_by = self._stopped_by, None
         self._loop, self._ending_said = None, False
         if stopped_by is not None and self.exit and loop.state.status == "interrupted" and not _in_kernel():
@@ -88,7 +107,7 @@ class Interrupter:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         loop = self._loop
         name = signal.Signals(signum).name
-        if loop is None:  # pragma: no cover - handlers exist only while a loop is set
+        if loop is None or os.getpid() != self._pid:  # a child forked during the run: the main process stops it
             return
         # "second": this process's own second signal; a stop another rank or plugin asked
         # first (under torchrun a rank's signal may land after the agreed stop) is not one
@@ -120,6 +139,31 @@ class Interrupter:
                 print(f"{line}{hint}", file=sys.stderr, flush=True)
             except (OSError, ValueError):  # stderr gone (the `| tee` a Ctrl-C also ended, closed): the stop stands
                 pass
+
+
+class Shielded:
+    """A ``DataLoader``'s ``worker_init_fn`` during a run with the interrupter's handlers: the
+    worker ignores SIGINT and SIGTERM, then runs the loader's own ``init`` (picklable as the
+    loader's own is, for the spawn and forkserver start methods)."""
+
+    def __init__(self, init: Callable[[int], Any] | None) -> None:
+        self.init = init
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.init is not None:
+            self.init(worker_id)
+
+
+def _loaders(*data: Any) -> Iterator[Any]:
+    """The ``DataLoader``\ s with workers among ``data`` (a validation's sets by name included)."""
+    from torch.utils.data import DataLoader
+
+    for item in data:
+        for one in item.values() if isinstance(item, Mapping) else (item,):
+            if isinstance(one, DataLoader) and one.num_workers > 0 and not isinstance(one.worker_init_fn, Shielded):
+                yield one
 
 
 def _ending(signum: int) -> BaseException:

@@ -1,0 +1,94 @@
+"""A signal to the whole process group (a terminal's Ctrl-C, a job scheduler's SIGTERM) while a
+``DataLoader`` has workers: the run stops gracefully, as a signal to the main process alone does.
+Real subprocesses, real signals, real workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CHILD = r'''
+import multiprocessing, os, sys, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+
+go = sys.argv[1]
+x = torch.arange(64.0).reshape(32, 2)
+loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, num_workers=2)
+
+def step(loop, batch):
+    loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    if loop.state.step == 3:
+        print("WORKERS " + " ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+        while not os.path.exists(go):  # the test signals the group, then lets the batch go on
+            time.sleep(0.01)
+    return loss
+
+model = torch.nn.Linear(2, 1)
+hookfit.Loop(step, loader, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01), max_epochs=2,
+             run_dir="run", plugins=[Checkpoint(background=False, every_n_epochs=None)]).fit()
+'''
+
+
+def handled(pid: int, signum: int) -> bool:
+    """Whether worker ``pid`` has dealt with ``signum``: gone (torch's handler kills a worker on
+    SIGTERM) or ignoring it."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return fields["State"].strip().startswith("Z") or bool(int(fields["SigIgn"], 16) >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_workers(
+        tmp_path: Path, signum: int) -> None:
+    """The group's signal reaches the workers too. Before, torch's SIGTERM handler killed them and
+    the main process failed inside the step (``DataLoader worker ... is killed by signal``): no
+    checkpoint of the stop, exit status 1, the step function blamed; a Ctrl-C was announced once
+    by the main process and once by every worker (each ran the handler it inherited). Now the
+    workers ignore both while the run is on, the batch ends, the stop is checkpointed and the
+    process ends as the signal would."""
+    script, go = tmp_path / "train.py", tmp_path / "go"
+    script.write_text(CHILD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env["HOOKFIT_PLUGINS"] = "interrupter,optim"
+    proc = subprocess.Popen([sys.executable, str(script), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["WORKERS"] and len(line) == 3, line + [proc.stderr.read()]
+        os.killpg(proc.pid, signum)
+        name = signal.Signals(signum).name
+        said = proc.stderr.readline()
+        assert said.startswith(f"hookfit: {name} received"), said
+        workers = [int(pid) for pid in line[1:]]
+        deadline = time.monotonic() + 60
+        while not all(handled(pid, signum) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (a condition: each worker is gone or ignores the signal)
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = said + err
+    assert "killed by signal" not in err and "RuntimeError" not in err, err
+    assert err.count(f"hookfit: {name} received") == 1, err
+    assert proc.returncode == (143 if signum == signal.SIGTERM else -signal.SIGINT), err
+    records = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
+    assert (records[-1]["event"], records[-1]["status"], records[-1]["reason"]) == ("end", "interrupted", name)
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("*.pt")] == ["epoch0001-step000000004.pt"]
