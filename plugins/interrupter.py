@@ -21,7 +21,7 @@
   back at ``fit_end``, so a notebook or a host application keeps its own.
 * The signals are the main process's: a Ctrl-C or a job scheduler's SIGTERM reaches the whole
   process group, ``DataLoader`` workers included. While the handlers are on, the workers of the
-  run's ``DataLoader``\ s (``num_workers > 0``, training and validation data) ignore both
+  run's ``DataLoader`` objects (``num_workers > 0``, training and validation data) ignore both
   (:class:`Shielded`, their ``worker_init_fn`` for the run; the loader's own runs after it), so
   they keep feeding the batch the stop waits for, and the main process ends them as it ends
   the stage. Before, torch's handler killed them and the main process failed in the middle of
@@ -157,7 +157,7 @@ class Shielded:
 
 
 def _loaders(*data: Any) -> Iterator[Any]:
-    """The ``DataLoader``\ s with workers among ``data`` (a validation's sets by name included)."""
+    """The ``DataLoader`` objects with workers among ``data`` (a validation's sets by name included)."""
     from torch.utils.data import DataLoader
 
     for item in data:
