@@ -150,12 +150,19 @@ class Distributed(ModelWrap):
         self._reset_model()  # no model wrapped or sharded yet (ModelWrap)
 
     # -- set-up --------------------------------------------------------------------------
+    def inert(self, chosen: bool) -> str | None:
+        """What ``hookfit plugins`` says of it (:func:`hookfit.discovery.inert`): off in one process."""
+        dist = _dist()
+        if launched() or (dist.is_available() and dist.is_initialized()):
+            return None
+        return "started by torchrun (RANK and WORLD_SIZE set), or in a process that initialised torch.distributed"
+
     @hookimpl(tryfirst=True)
     def configure(self, loop: Run) -> None:
         self._reset()
         dist = _dist()
-        if not launched() and not (dist.is_available() and dist.is_initialized()):
-            loop.pm.unregister(self)  # one process: none of the hooks below costs anything
+        if self.inert(True) is not None:  # given in one process: none of the hooks below costs anything
+            loop.pm.unregister(self)
             return
         if not dist.is_available():
             raise RuntimeError(

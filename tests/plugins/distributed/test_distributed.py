@@ -102,6 +102,25 @@ class Probe:
 # -- in this process -------------------------------------------------------------------------
 
 
+def test_hookfit_plugins_says_it_is_off_in_one_process_and_what_turns_it_on(monkeypatch, capsys, tmp_path) -> None:
+    """Outside torchrun the plugin takes no part in a run: the listing says so ("inert") and what
+    turns it on, where it said "active"; the env:// variables of a launcher turn it on."""
+    from hookfit.tools import cli
+
+    monkeypatch.chdir(tmp_path)  # (no hookfit.toml)
+    for name in ("RANK", "WORLD_SIZE", "HOOKFIT_PLUGINS", "HOOKFIT_DISABLE_PLUGINS"):
+        monkeypatch.delenv(name, raising=False)
+    assert not dist.is_initialized()
+    assert cli.main(["plugins"]) == 0
+    listed = capsys.readouterr().out
+    assert re.search(r"^distributed  \[inert\].*\n    inert until: started by torchrun \(RANK and WORLD_SIZE set\)",
+                     listed, re.M), listed
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["plugins"]) == 0
+    assert re.search(r"^distributed  \[active\]", capsys.readouterr().out, re.M)
+
+
 def test_without_torchrun_the_plugin_unregisters_itself_and_costs_nothing() -> None:
     model, data = _regression()
     probe = Probe()
