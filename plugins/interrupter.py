@@ -24,9 +24,12 @@
   run's ``DataLoader`` objects (``num_workers > 0``, training and validation data) ignore both
   (:class:`Shielded`, their ``worker_init_fn`` for the run; the loader's own runs after it), so
   they keep feeding the batch the stop waits for, and the main process ends them as it ends
-  the stage. Before, torch's handler killed them and the main process failed in the middle of
+  the stage; a SIGTERM from the main process itself still ends a worker at once, as torch's
+  handler does (torch's shutdown, Python's exit). A worker still starting (spawn, forkserver)
+  is not shielded yet. Before, torch's handler killed them and the main process failed in the middle of
   the step (``DataLoader worker ... is killed by signal``), with no checkpoint of the stop and
-  exit status 1. Any other child forked during the run ignores the handlers it inherited.
+  exit status 1. Any other child forked during the run takes the signal as it would have
+  without the handlers it inherited.
 * A run stopped by a signal ends its process the way the signal unhandled would, once the
   stop is graceful and over (the last batch, the checkpoint, ``fit_end``, ``results`` and
   ``run.jsonl``'s end line): ``fit()`` then raises ``KeyboardInterrupt`` for SIGINT (exit
@@ -107,7 +110,11 @@ class Interrupter:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         loop = self._loop
         name = signal.Signals(signum).name
-        if loop is None or os.getpid() != self._pid:  # a child forked during the run: the main process stops it
+        if loop is None:  # pragma: no cover - handlers exist only while a loop is set
+            return
+        if os.getpid() != self._pid:  # a child forked during the run: as without the handler it inherited
+            signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
             return
         # "second": this process's own second signal; a stop another rank or plugin asked
         # first (under torchrun a rank's signal may land after the agreed stop) is not one
@@ -143,17 +150,29 @@ class Interrupter:
 
 class Shielded:
     """A ``DataLoader``'s ``worker_init_fn`` during a run with the interrupter's handlers: the
-    worker ignores SIGINT and SIGTERM, then runs the loader's own ``init`` (picklable as the
-    loader's own is, for the spawn and forkserver start methods)."""
+    worker ignores SIGINT, and SIGTERM unless its parent sends it (:func:`_parent_terminates`),
+    then runs the loader's own ``init`` (picklable as the loader's own is, for the spawn and
+    forkserver start methods)."""
 
     def __init__(self, init: Callable[[int], Any] | None) -> None:
         self.init = init
 
     def __call__(self, worker_id: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (threads started after inherit it)
+        threading.Thread(target=_parent_terminates, name="hookfit-sigterm", daemon=True).start()
         if self.init is not None:
             self.init(worker_id)
+
+
+def _parent_terminates() -> None:
+    """A shielded worker's SIGTERMs, taken by this thread: the parent's (torch's shutdown of a worker
+    that does not stop, multiprocessing's at the parent's exit) ends the worker at once, as torch's
+    own handler does; any other (the process group's) is ignored."""
+    parent = os.getppid()
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)
 
 
 def _loaders(*data: Any) -> Iterator[Any]:

@@ -44,13 +44,14 @@ hookfit.Loop(step, loader, model=model, optimizers=torch.optim.SGD(model.paramet
 
 def handled(pid: int, signum: int) -> bool:
     """Whether worker ``pid`` has dealt with ``signum``: gone (torch's handler kills a worker on
-    SIGTERM) or ignoring it."""
+    SIGTERM), ignoring it or blocking it (a shielded worker's thread takes its SIGTERMs)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return True
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return fields["State"].strip().startswith("Z") or bool(int(fields["SigIgn"], 16) >> (signum - 1) & 1)
+    masks = int(fields["SigIgn"], 16) | int(fields["SigBlk"], 16)
+    return fields["State"].strip().startswith("Z") or bool(masks >> (signum - 1) & 1)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -92,3 +93,54 @@ def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_
     records = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
     assert (records[-1]["event"], records[-1]["status"], records[-1]["reason"]) == ("end", "interrupted", name)
     assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("*.pt")] == ["epoch0001-step000000004.pt"]
+
+
+ENDINGS = r'''
+import os, signal, sys, torch, hookfit
+from torch.utils.data import DataLoader, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+how = sys.argv[1]
+x = torch.randn(32, 2)
+kind = StatefulDataLoader if how == "persistent-stateful" else DataLoader
+loader = kind(TensorDataset(x, x), batch_size=4, num_workers=2, persistent_workers=how == "persistent-stateful")
+
+def step(loop, batch):
+    if how in ("raises", "raises-caught"):
+        raise ValueError("a bug in the step")
+    if how == "aborted" and loop.state.step == 2:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, Ctrl-C: abort
+        os.kill(os.getpid(), signal.SIGINT)
+    return torch.zeros(())
+
+try:
+    hookfit.Loop(step, loader, max_epochs=1, run_dir="run").fit()
+except ValueError:
+    if how != "raises-caught":
+        raise
+print("ENDED", flush=True)
+'''
+
+
+@pytest.mark.parametrize("how, status", [("raises", 1), ("raises-caught", 0), ("aborted", -signal.SIGINT),
+                                         ("persistent-stateful", 0)])
+def test_a_process_whose_dataloader_workers_are_shielded_still_ends(tmp_path: Path, how: str, status: int) -> None:
+    """The workers a run leaves alive at its end (a failed step's traceback holds the iterator, an
+    abort, torchdata's StatefulDataLoader keeping its persistent workers) are ended by Python's
+    exit, with a SIGTERM from the main process that a shielded worker still obeys: the process
+    ends with its status instead of waiting for them forever (as it did while the workers
+    ignored every SIGTERM)."""
+    script = tmp_path / "ends.py"
+    script.write_text(ENDINGS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env["HOOKFIT_PLUGINS"] = "interrupter"
+    proc = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)  # (a hang fails here)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == status, out + err
+    assert ("ENDED" in out) == (status == 0), out + err
