@@ -30,6 +30,17 @@ def nan_at(loss: torch.Tensor, batch_idx: int, bad: set[int]) -> torch.Tensor:
     return loss * float("nan") if batch_idx in bad else loss
 
 
+def unskipped(step, batches, defer: bool) -> torch.nn.Module:
+    """The model ``step`` trained for an epoch, no step skipped and no ``OptimWarning``."""
+    m = model64()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimWarning)
+        state = hookfit.Loop(step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                             max_epochs=1, plugins=[Optim(defer=defer)]).fit()
+    assert state.results["skipped_steps"] == 0
+    return m
+
+
 @PATHS
 @pytest.mark.parametrize("to_none", [True, False], ids=["set_to_none", "zeros"])
 @pytest.mark.parametrize("clear", ["before", "after"])
@@ -52,12 +63,7 @@ def test_a_step_function_that_skips_its_own_step_for_a_non_finite_loss_loses_no_
             loop.optimizers.zero_grad(set_to_none=to_none)
         return {"loss": loss}
 
-    m = model64()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", OptimWarning)
-        state = hookfit.Loop(step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
-                             max_epochs=1, plugins=[Optim(defer=defer)]).fit()
-    assert state.results["skipped_steps"] == 0
+    m = unskipped(step, batches, defer)
     raw = model64()
     opt = torch.optim.SGD(raw.parameters(), lr=0.1)
     for i, batch in enumerate(batches):
@@ -141,12 +147,7 @@ def test_two_losses_a_batch_the_second_not_finite_lose_no_clean_step(defer: bool
             loop.optimizers.step()
         return {"loss": first + second}
 
-    m = model64()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", OptimWarning)
-        state = hookfit.Loop(step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
-                             max_epochs=1, plugins=[Optim(defer=defer)]).fit()
-    assert state.results["skipped_steps"] == 0
+    m = unskipped(step, batches, defer)
     raw = model64()
     opt = torch.optim.SGD(raw.parameters(), lr=0.1)
     for i, batch in enumerate(batches):
