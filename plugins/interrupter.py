@@ -24,9 +24,9 @@
   run's ``DataLoader`` objects (``num_workers > 0``, training and validation data) ignore both
   (:class:`Shielded`, their ``worker_init_fn`` for the run; the loader's own runs after it), so
   they keep feeding the batch the stop waits for, and the main process ends them as it ends
-  the stage; a SIGTERM from the main process itself still ends a worker at once, as torch's
-  handler does (torch's shutdown, Python's exit). A worker still starting (spawn, forkserver)
-  is not shielded yet. Before, torch's handler killed them and the main process failed in the middle of
+  the stage; once the run is over a SIGTERM ends a worker at once again, as torch's handler
+  does (Python's exit terminates the workers a run left, then joins them). A worker still
+  starting (spawn, forkserver) is not shielded yet. Before, torch's handler killed them and the main process failed in the middle of
   the step (``DataLoader worker ... is killed by signal``), with no checkpoint of the stop and
   exit status 1. Any other child forked during the run takes the signal as it would have
   without the handlers it inherited.
@@ -45,9 +45,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import FrameType, TracebackType
@@ -79,6 +81,7 @@ class Interrupter:
         self._stopped_by: int | None = None  # the signal that asked this run to stop
         self._pid = os.getpid()  # the process whose handlers these are (a forked child inherits them)
         self._shielded: list[tuple[Any, Any]] = []  # (DataLoader, its own worker_init_fn) for the run
+        self._running: str | None = None  # a file that exists while the run is on (see Shielded)
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
@@ -87,9 +90,13 @@ class Interrupter:
             self._pid = os.getpid()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._on_signal)
-            for loader in _loaders(loop.train_data, loop.val_data):
+            loaders = list(_loaders(loop.train_data, loop.val_data))
+            if loaders:  # the file the workers read: the run is on while it exists
+                handle, self._running = tempfile.mkstemp(prefix="hookfit-running-")
+                os.close(handle)
+            for loader in loaders:
                 self._shielded.append((loader, loader.worker_init_fn))
-                loader.worker_init_fn = Shielded(loader.worker_init_fn)
+                loader.worker_init_fn = Shielded(loader.worker_init_fn, self._running)
 
     @hookimpl(trylast=True)  # last: what the other plugins do at the end is done before the process ends
     def fit_end(self, loop: Run) -> None:
@@ -99,6 +106,10 @@ class Interrupter:
         for loader, init in self._shielded:
             loader.worker_init_fn = init
         self._shielded.clear()
+        if self._running is not None:  # the run is over: a SIGTERM ends its workers again (Python's exit)
+            with contextlib.suppress(OSError):
+                os.remove(self._running)
+            self._running = None
         stopped_by, self._stopped_by = self._stopped_by, None
         self._loop, self._ending_said = None, False
         if stopped_by is not None and self.exit and loop.state.status == "interrupted" and not _in_kernel():
@@ -149,29 +160,25 @@ class Interrupter:
 
 
 class Shielded:
-    """A ``DataLoader``'s ``worker_init_fn`` during a run with the interrupter's handlers: the
-    worker ignores SIGINT, and SIGTERM unless its parent sends it (:func:`_parent_terminates`),
-    then runs the loader's own ``init`` (picklable as the loader's own is, for the spawn and
-    forkserver start methods)."""
+    """A ``DataLoader``'s ``worker_init_fn`` during a run with the interrupter's handlers: while the
+    file ``running`` exists the worker ignores SIGINT and SIGTERM (the process group's: the main
+    process stops the run and ends its workers); once it is gone (``fit_end``) a SIGTERM ends the
+    worker at once, as torch's own handler does for its parent's (Python's exit terminates its
+    daemonic children, then joins them). Then the loader's own ``init`` runs. Python handlers,
+    not ignored dispositions or blocked signals: a program the worker starts gets neither.
+    Picklable as the loader's own ``init`` is (the spawn and forkserver start methods)."""
 
-    def __init__(self, init: Callable[[int], Any] | None) -> None:
-        self.init = init
+    def __init__(self, init: Callable[[int], Any] | None, running: str | None) -> None:
+        self.init, self.running = init, running
 
     def __call__(self, worker_id: int) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (threads started after inherit it)
-        threading.Thread(target=_parent_terminates, name="hookfit-sigterm", daemon=True).start()
+        signal.signal(signal.SIGINT, self._signalled)
+        signal.signal(signal.SIGTERM, self._signalled)
         if self.init is not None:
             self.init(worker_id)
 
-
-def _parent_terminates() -> None:
-    """A shielded worker's SIGTERMs, taken by this thread: the parent's (torch's shutdown of a worker
-    that does not stop, multiprocessing's at the parent's exit) ends the worker at once, as torch's
-    own handler does; any other (the process group's) is ignored."""
-    parent = os.getppid()
-    while True:
-        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+    def _signalled(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM and (self.running is None or not os.path.exists(self.running)):
             os._exit(0)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 CHILD = r'''
-import multiprocessing, os, sys, time
+import multiprocessing, os, signal, sys, time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 import hookfit
@@ -23,7 +23,14 @@ from hookfit.plugins.checkpoint import Checkpoint
 
 go = sys.argv[1]
 x = torch.arange(64.0).reshape(32, 2)
-loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, num_workers=2)
+
+def init(worker_id):  # what the worker does with a SIGTERM, for the test to read
+    handler = signal.getsignal(signal.SIGTERM)
+    with open(f"init-{os.getpid()}", "w") as out:
+        out.write(getattr(handler, "__qualname__", repr(handler)))
+
+loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, num_workers=2, worker_init_fn=init,
+                    multiprocessing_context=sys.argv[2])
 
 def step(loop, batch):
     loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
@@ -36,27 +43,27 @@ def step(loop, batch):
             time.sleep(0.01)
     return loss
 
-model = torch.nn.Linear(2, 1)
-hookfit.Loop(step, loader, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01), max_epochs=2,
-             run_dir="run", plugins=[Checkpoint(background=False, every_n_epochs=None)]).fit()
+if __name__ == "__main__":  # (spawn's workers import this file)
+    model = torch.nn.Linear(2, 1)
+    hookfit.Loop(step, loader, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01), max_epochs=2,
+                 run_dir="run", plugins=[Checkpoint(background=False, every_n_epochs=None)]).fit()
 '''
 
 
-def handled(pid: int, signum: int) -> bool:
-    """Whether worker ``pid`` has dealt with ``signum``: gone (torch's handler kills a worker on
-    SIGTERM), ignoring it or blocking it (a shielded worker's thread takes its SIGTERMs)."""
+def handled(pid: int, folder: Path) -> bool:
+    """Whether worker ``pid`` has dealt with the signal: gone (torch's handler kills a worker on
+    SIGTERM) or shielded (its ``worker_init_fn`` saw the interrupter's handler)."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
         return True
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    masks = int(fields["SigIgn"], 16) | int(fields["SigBlk"], 16)
-    return fields["State"].strip().startswith("Z") or bool(masks >> (signum - 1) & 1)
+    return state == "Z" or (folder / f"init-{pid}").read_text() == "Shielded._signalled"
 
 
+@pytest.mark.parametrize("start", ["fork", "spawn"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_workers(
-        tmp_path: Path, signum: int) -> None:
+        tmp_path: Path, signum: int, start: str) -> None:
     """The group's signal reaches the workers too. Before, torch's SIGTERM handler killed them and
     the main process failed inside the step (``DataLoader worker ... is killed by signal``): no
     checkpoint of the stop, exit status 1, the step function blamed; a Ctrl-C was announced once
@@ -67,7 +74,7 @@ def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_
     script.write_text(CHILD)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
     env["HOOKFIT_PLUGINS"] = "interrupter,optim"
-    proc = subprocess.Popen([sys.executable, str(script), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), str(go), start], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=tmp_path, start_new_session=True)
     try:
         line = proc.stdout.readline().split()
@@ -78,8 +85,8 @@ def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_
         assert said.startswith(f"hookfit: {name} received"), said
         workers = [int(pid) for pid in line[1:]]
         deadline = time.monotonic() + 60
-        while not all(handled(pid, signum) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.01)  # (a condition: each worker is gone or ignores the signal)
+        while not all(handled(pid, tmp_path) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (a condition: each worker is gone or shielded)
         go.touch()
         out, err = proc.communicate(timeout=120)
     finally:
