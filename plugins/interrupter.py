@@ -45,11 +45,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import FrameType, TracebackType
@@ -81,7 +79,7 @@ class Interrupter:
         self._stopped_by: int | None = None  # the signal that asked this run to stop
         self._pid = os.getpid()  # the process whose handlers these are (a forked child inherits them)
         self._shielded: list[tuple[Any, Any]] = []  # (DataLoader, its own worker_init_fn) for the run
-        self._running: str | None = None  # a file that exists while the run is on (see Shielded)
+        self._running: list[Any] = []  # events set while the run is on, one a start method (see Shielded)
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
@@ -90,13 +88,15 @@ class Interrupter:
             self._pid = os.getpid()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._on_signal)
-            loaders = list(_loaders(loop.train_data, loop.val_data))
-            if loaders:  # the file the workers read: the run is on while it exists
-                handle, self._running = tempfile.mkstemp(prefix="hookfit-running-")
-                os.close(handle)
-            for loader in loaders:
+            running: dict[int, Any] = {}  # by the loader's start method's context (events go to its workers)
+            for loader in _loaders(loop.train_data, loop.val_data):
+                context = _context(loader)
+                if id(context) not in running:
+                    running[id(context)] = context.Event()
+                    running[id(context)].set()
                 self._shielded.append((loader, loader.worker_init_fn))
-                loader.worker_init_fn = Shielded(loader.worker_init_fn, self._running)
+                loader.worker_init_fn = Shielded(loader.worker_init_fn, running[id(context)])
+            self._running = list(running.values())
 
     @hookimpl(trylast=True)  # last: what the other plugins do at the end is done before the process ends
     def fit_end(self, loop: Run) -> None:
@@ -106,10 +106,9 @@ class Interrupter:
         for loader, init in self._shielded:
             loader.worker_init_fn = init
         self._shielded.clear()
-        if self._running is not None:  # the run is over: a SIGTERM ends its workers again (Python's exit)
-            with contextlib.suppress(OSError):
-                os.remove(self._running)
-            self._running = None
+        for running in self._running:  # the run is over: a SIGTERM ends its workers again (Python's exit)
+            running.clear()
+        self._running = []
         stopped_by, self._stopped_by = self._stopped_by, None
         self._loop, self._ending_said = None, False
         if stopped_by is not None and self.exit and loop.state.status == "interrupted" and not _in_kernel():
@@ -161,14 +160,14 @@ class Interrupter:
 
 class Shielded:
     """A ``DataLoader``'s ``worker_init_fn`` during a run with the interrupter's handlers: while the
-    file ``running`` exists the worker ignores SIGINT and SIGTERM (the process group's: the main
-    process stops the run and ends its workers); once it is gone (``fit_end``) a SIGTERM ends the
+    event ``running`` is set the worker ignores SIGINT and SIGTERM (the process group's: the main
+    process stops the run and ends its workers); once it is cleared (``fit_end``) a SIGTERM ends the
     worker at once, as torch's own handler does for its parent's (Python's exit terminates its
     daemonic children, then joins them). Then the loader's own ``init`` runs. Python handlers,
     not ignored dispositions or blocked signals: a program the worker starts gets neither.
     Picklable as the loader's own ``init`` is (the spawn and forkserver start methods)."""
 
-    def __init__(self, init: Callable[[int], Any] | None, running: str | None) -> None:
+    def __init__(self, init: Callable[[int], Any] | None, running: Any) -> None:
         self.init, self.running = init, running
 
     def __call__(self, worker_id: int) -> None:
@@ -178,8 +177,16 @@ class Shielded:
             self.init(worker_id)
 
     def _signalled(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGTERM and (self.running is None or not os.path.exists(self.running)):
+        if signum == signal.SIGTERM and not self.running.is_set():
             os._exit(0)
+
+
+def _context(loader: Any) -> Any:
+    """The multiprocessing context that starts ``loader``'s workers."""
+    import multiprocessing
+
+    context = loader.multiprocessing_context
+    return multiprocessing.get_context(context) if isinstance(context, str) or context is None else context
 
 
 def _loaders(*data: Any) -> Iterator[Any]:
