@@ -26,10 +26,9 @@
   they keep feeding the batch the stop waits for, and the main process ends them as it ends
   the stage; once the run is over a SIGTERM ends a worker at once again, as torch's handler
   does (Python's exit terminates the workers a run left, then joins them). A worker still
-  starting (spawn, forkserver) is not shielded yet. Before, torch's handler killed them and the main process failed in the middle of
-  the step (``DataLoader worker ... is killed by signal``), with no checkpoint of the stop and
-  exit status 1. Any other child forked during the run takes the signal as it would have
-  without the handlers it inherited.
+  starting (spawn, forkserver) is not shielded yet: torch's handler ends it, and the run fails.
+  Any other child forked during the run takes the signal as it would have without the
+  handlers it inherited.
 * A run stopped by a signal ends its process the way the signal unhandled would, once the
   stop is graceful and over (the last batch, the checkpoint, ``fit_end``, ``results`` and
   ``run.jsonl``'s end line): ``fit()`` then raises ``KeyboardInterrupt`` for SIGINT (exit
