@@ -181,11 +181,10 @@ class Shielded:
 
 
 def _context(loader: Any) -> Any:
-    """The multiprocessing context that starts ``loader``'s workers."""
+    """The multiprocessing context that starts ``loader``'s workers (torch turns a name given into one)."""
     import multiprocessing
 
-    context = loader.multiprocessing_context
-    return multiprocessing.get_context(context) if isinstance(context, str) or context is None else context
+    return loader.multiprocessing_context or multiprocessing.get_context()
 
 
 def _loaders(*data: Any) -> Iterator[Any]:
