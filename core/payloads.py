@@ -68,7 +68,9 @@ class MetricsSnapshot:
     * ``samples``: samples done in this stage (over every process of the run).
     * ``elapsed``: seconds since the stage started.
     * ``values``: metric name -> :class:`Value` (a read-only mapping).
-    * ``lr``: optimizer name -> learning rate of its first parameter group (read-only).
+    * ``lr``: optimizer name -> learning rate of its first parameter group, and
+      ``<name>/<group>`` -> that of each further group (its ``"name"`` entry, else its index)
+      (read-only).
     * ``final``: ``True`` for the stage's last snapshot (``epoch_metrics``).
     * ``history``: for a final snapshot, one read-only mapping per completed epoch of this
       stage, oldest first: ``{"epoch": ..., "step": ..., <metric>: <epoch mean>, ...}``;

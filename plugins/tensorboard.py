@@ -22,7 +22,8 @@ its ``evaluation/`` subfolder: a run of its own, beside the training run's when 
   seconds of the metrics plugin), at the global step it was taken. Validation publications
   all share one global step, so only their epoch means are written.
 * ``lr/<optimizer>``: the learning rate of each optimizer's first parameter group
-  (``"default"`` for a single optimizer), from the same snapshots, once per global step.
+  (``"default"`` for a single optimizer), and ``lr/<optimizer>/<group>`` of each further
+  group (its ``"name"`` entry, else its index), from the same snapshots, once per global step.
 * Names in tags: a tag takes letters, digits, ``_``, ``-``, ``.`` and ``/`` (TensorFlow's rule
   for summary names, which TensorBoard's tools assume; ``/`` groups the charts), and does not
   start with ``/``. A metric or optimizer name with anything else (a space, ``=``, a quote, a

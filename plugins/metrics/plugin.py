@@ -359,13 +359,16 @@ class Metrics:
 
 
 def _learning_rates(optimizers: object) -> dict[str, float]:
+    """Each optimizer's learning rate by its name (its first parameter group's), and each further group's as
+    ``<name>/<group>``: the group's ``"name"`` entry where it has one of its own, else its index."""
     if optimizers is None:
         return {}
     if not isinstance(optimizers, Mapping):
         optimizers = {"default": optimizers}
     out = {}
     for name, opt in optimizers.items():
-        groups = getattr(opt, "param_groups", None)
-        if groups:
-            out[name] = float(groups[0]["lr"])
+        for index, group in enumerate(getattr(opt, "param_groups", None) or ()):
+            label = group.get("name")
+            key = name if index == 0 else f"{name}/{label if isinstance(label, str) and label else index}"
+            out[key if key not in out else f"{name}/{index}"] = float(group["lr"])
     return out

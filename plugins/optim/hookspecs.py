@@ -12,9 +12,9 @@ forward/backward passes per batch, as Sharpness-Aware Minimization). It must:
   none); ``loop.config.optimizers`` stays the user's. Every plugin reads ``loop.optimizers`` from
   ``fit_start`` on: EMA tells a managed run by ``loop.hooks.backward`` implemented and
   ``loop.optimizers`` not being ``loop.config.optimizers``; the metrics role publishes each one's
-  ``param_groups[0]["lr"]`` as ``lr_<name>`` (one optimizer is ``"default"``); ``hookfit.testing``'s
-  default step calls ``loop.backward``, ``loop.optimizers.step()`` and ``zero_grad()`` when a plugin
-  implements ``backward``.
+  learning rates (``MetricsSnapshot.lr``: ``<name>``, one optimizer ``"default"``, and ``<name>/<group>``
+  for further groups); ``hookfit.testing``'s default step calls ``loop.backward``,
+  ``loop.optimizers.step()`` and ``zero_grad()`` when a plugin implements ``backward``.
 * Announce every real step of optimizer ``name`` (its name in ``loop.optimizers``) with
   ``before_optimizer_step`` and ``after_optimizer_step`` (EMA averages after it, gradient-norm
   loggers read before), and a skipped one with ``step_skipped``; a call that does not step (inside

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -424,6 +425,47 @@ def test_epoch_metrics_sees_the_finished_stage_whatever_the_registration_order(o
     hookfit.Loop(step, data, model=model, optimizers=opt, plugins=[*plugins, Catch()]).fit()
     # windows end after batches 2, 5, 8 and the partial one at the stage's end: four steps
     assert epochs[0].lr == {"default": 0.5 ** 4}
+
+
+def test_every_parameter_group_publishes_its_learning_rate_by_its_name_or_index(tmp_path: Path) -> None:
+    """A fine-tuning's backbone and head each have their rate in the snapshots, the CSV table and
+    TensorBoard: the first group's under the optimizer's name, each further one's under its
+    ``"name"`` entry, else its index; a second optimizer's apart."""
+    from hookfit.plugins.csv_log import CSVLogger
+    from hookfit.plugins.optim import Optim
+
+    backbone, head, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD([{"params": backbone.parameters(), "lr": 0.1},
+                           {"params": head.parameters(), "lr": 1.0, "name": "head"},
+                           {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5}], lr=0.3)
+    other = torch.optim.SGD(critic.parameters(), lr=0.2)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, [lambda e: 1.0, lambda e: 0.5 ** e, lambda e: 1.0])
+    epochs: list = []
+
+    class Catch:
+        name = "catch"
+
+        @hookfit.hookimpl
+        def epoch_metrics(self, metrics):
+            epochs.append(dict(metrics.lr))
+
+    def step(loop, batch):
+        loss = head(backbone(batch)).sum() + critic(batch).sum()
+        loop.backward(loss)
+        for name in ("main", "critic"):
+            loop.optimizers[name].step()
+            loop.optimizers[name].zero_grad()
+        return loss
+
+    hookfit.Loop(step, [torch.ones(4, 2)] * 2, model=torch.nn.ModuleList([backbone, head, critic]),
+                 optimizers={"main": opt, "critic": other}, max_epochs=2, run_dir=tmp_path,
+                 plugins=[Optim(schedulers={"main": schedule}), Metrics(), CSVLogger(), Catch()]).fit()
+    # the schedule halves the head's rate every step: two steps an epoch
+    assert epochs == [{"main": 0.1, "main/head": 0.25, "main/2": 0.5, "critic": 0.2},
+                      {"main": 0.1, "main/head": 0.0625, "main/2": 0.5, "critic": 0.2}]
+    with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    assert [float(row["lr_main/head"]) for row in rows] == [0.25, 0.0625]
 
 
 def test_the_outcome_names_the_reason_and_who_asked(tmp_path: Path) -> None:
