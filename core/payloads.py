@@ -316,6 +316,8 @@ class TimeSplit:
 
     * ``data``: waiting for the next batch: ``iter(data)`` (a ``DataLoader`` starts its
       workers there) and every ``next()`` on it, the last one that ends the stage included.
+      A resumed stage's start, which passes the batches done before the checkpoint, is in
+      no part (it is the resume's time, not the stage's).
     * ``step``: inside the step function, with everything it calls: the forward pass,
       ``loop.backward(loss)`` and ``loop.optimizers.step()`` (so what an optimizer plugin
       does inside the step counts as step, not as plugins). On an accelerator this is the time

@@ -249,10 +249,9 @@ def stage_done(run: Run, train: bool) -> None:
 def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
     """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
     path: each event is a plain list of callables (:class:`hookfit.dispatch.PerBatch`), empty
-    when nothing implements it. Where the time goes costs three clock reads a batch
-    (four with a ``batch_start``), two sums in locals and one comparison; ``plugins`` is
-    what is left of the stage's time, and the split is stored at the stage's end or every
-    ``TIME_SPLIT_INTERVAL`` seconds."""
+    when nothing implements it. Where the time goes costs three clock reads a batch (four with a
+    ``batch_start``), two sums in locals and one comparison; ``plugins`` is what is left of the
+    stage's time, and the split is stored at the stage's end or every ``TIME_SPLIT_INTERVAL`` s."""
     state, per_batch, stop = run.state, run.hooks.per_batch, run.stopping
     clock = time.perf_counter
     began = clock()
@@ -279,6 +278,8 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
             act = mark(run, limit, every)  # the next step at which the loop acts: one test a batch
             t0 = clock()  # from here on, until next() returns, the loop waits for data
             batches = iterate(run, data, start, train)
+            if start:  # passing the batches a resumed stage already did is the resume's time, not the stage's
+                began, t0 = began + (clock() - t0), clock()
             checked = False  # the first output of the stage is checked once
             for batch_idx, batch in enumerate(batches, start):
                 t1 = clock()

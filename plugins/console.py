@@ -53,7 +53,8 @@ The rest
     step=<%> plugins=<%>`` and, when waiting for data is more than
     :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's time, a plain warning:
     ``hookfit bottleneck stage=train part=data share=45% message="data loading is 45% of
-    training time: the data loader is the bottleneck (try DataLoader num_workers, pin_memory)"``.
+    training time: the data loader is the bottleneck (try DataLoader num_workers, pin_memory)"``, the advice from
+    the stage's data (:func:`hookfit.plugins.support.faster_data`).
 
 Several processes (``torchrun``: rank 0 prints)
     Every figure counts the whole job, as one process running it would: samples and metrics as the snapshots carry
@@ -87,7 +88,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 from hookfit import hookimpl
 from hookfit.data import length
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
-from hookfit.plugins.support import MODES, Every, Monitor, number, option_error
+from hookfit.plugins.support import MODES, Every, Monitor, faster_data, number, option_error
 from hookfit.plugins.support.summary import summarize
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -378,13 +379,13 @@ class Console:
                         if (record := result.best(way)) is not None]  # none: no finite value, as in results["best"]
             self._print("result", _field("stage", stage), _field("metric", key), f"last={_number(result.last)}",
                         *extremes)
-        self._print_time(state.time_split)
+        self._print_time(state.time_split, {"train": loop.train_data, "valid": loop.val_data})
 
     def _own(self, stage: str = "") -> str:
         """``rank=R`` where a line's figures are this process's own (see the module's docstring)."""
         return f"rank={self._rank}" if self._world > 1 and stage != "train" else ""
 
-    def _print_time(self, splits: Mapping[str, TimeSplit]) -> None:
+    def _print_time(self, splits: Mapping[str, TimeSplit], data: Mapping[str, object]) -> None:
         """Where each stage's time went, and a plain warning when the data loader holds it up."""
         for stage, split in splits.items():
             self._print("time", _field("stage", stage), self._own(), f"batches={split.batches}",
@@ -395,5 +396,5 @@ class Console:
                 what = _STAGE_TIME.get(stage, f"{stage} time")
                 self._print("bottleneck", _field("stage", stage), self._own(), "part=data", f"share={share:.0%}",
                             _field("message", f"data loading is {share:.0%} of {what}: the data loader is the "
-                                              f"bottleneck (try DataLoader num_workers, pin_memory)", always=True))
+                                              f"bottleneck ({faster_data(data.get(stage))})", always=True))
 

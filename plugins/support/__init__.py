@@ -12,7 +12,8 @@ a module of one concern:
   and its parameters' names (:func:`parameter_names`);
 * gradients watched for a while (:class:`GradientWatch`, :mod:`~hookfit.plugins.support.gradients`);
 * a run's hyperparameters as the loggers record them (:func:`run_hparams`,
-  :mod:`~hookfit.plugins.support.hparams`).
+  :mod:`~hookfit.plugins.support.hparams`);
+* advice for data that holds a stage up (:func:`faster_data`, :mod:`~hookfit.plugins.support.loading`).
 
 Besides, imported from their modules: a model's size (:mod:`~hookfit.plugins.support.summary`), the
 text plot the dashboard and the lr finder draw (:mod:`~hookfit.plugins.support.plot`), what the file
@@ -24,6 +25,7 @@ from hookfit.plugins.support.best import MODES, STAGES, Monitor
 from hookfit.plugins.support.cadence import Every
 from hookfit.plugins.support.gradients import GradientWatch
 from hookfit.plugins.support.hparams import Hparam, hparam, hyperparameters, run_hparams
+from hookfit.plugins.support.loading import faster_data
 from hookfit.plugins.support.models import parameter_names, unwrap_model, unwrap_state_dict
 from hookfit.plugins.support.options import (check, choice, flag, integer, number, option_error, path, positive_int,
                                              positive_number, text)
@@ -31,5 +33,5 @@ from hookfit.plugins.support.options import (check, choice, flag, integer, numbe
 __all__ = [
     "MODES", "STAGES", "Every", "GradientWatch", "Hparam", "Monitor", "check", "choice", "flag", "hparam", "hyperparameters",
     "integer", "number", "option_error", "path", "positive_int", "positive_number", "run_hparams", "text",
-    "parameter_names", "unwrap_model", "unwrap_state_dict",
+    "parameter_names", "unwrap_model", "unwrap_state_dict", "faster_data",
 ]

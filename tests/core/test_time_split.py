@@ -24,6 +24,7 @@ from hookfit.payloads import TimeSplit
 from hookfit.plugins.console import Console
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.metrics_log import MetricsLog
+from hookfit.plugins.support import faster_data
 from hookfit.run import Run
 
 from conftest import StopAfter
@@ -302,6 +303,32 @@ def test_the_console_ends_with_the_split_and_names_a_slow_data_loader() -> None:
     assert f'message="data loading is {share} of training time: the data loader is the bottleneck' in warning
 
 
+class SlowItems(torch.utils.data.Dataset):
+    """A map-style dataset whose items take ``NAP`` seconds each to make."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(NAP)
+        return torch.zeros(2)
+
+
+def test_the_bottleneck_advice_fits_how_the_data_is_loaded() -> None:
+    """More workers for a DataLoader that has some, not "try num_workers"; workers kept between epochs
+    where they start every epoch; a DataLoader where the data is none."""
+    from torch.utils.data import DataLoader
+
+    lines = console_lines(quick, DataLoader(SlowItems(), batch_size=None, num_workers=1), max_epochs=2)
+    (warning,) = [line for line in lines if line.startswith("hookfit bottleneck ")]
+    assert ("the data loader is the bottleneck (try more workers than 1, a larger prefetch_factor, "
+            "persistent_workers=True (its workers start every epoch))") in warning
+    assert faster_data(DataLoader(SlowItems(), num_workers=2, persistent_workers=True)) == (
+        "try more workers than 2, a larger prefetch_factor")
+    assert faster_data(DataLoader(SlowItems())) == "try DataLoader num_workers, pin_memory"
+    assert faster_data(SlowData()) == "try a torch DataLoader with num_workers, pin_memory"
+
+
 def test_the_console_does_not_blame_the_data_loader_of_a_slow_step() -> None:
     lines = console_lines(slow_step, [torch.zeros(2)] * N)
     (line,) = [line for line in lines if line.startswith("hookfit time ")]
@@ -350,6 +377,42 @@ def test_a_resumed_run_appends_its_own_start_and_end(tmp_path: Path) -> None:
     # each fit() counts its own batches: together, every training batch of the three epochs once
     assert first["time_split"]["train"]["batches"] + second["time_split"]["train"]["batches"] == 21
     assert (first["time_split"]["valid"]["batches"], second["time_split"]["valid"]["batches"]) == (2, 4)
+
+
+class SlowStart:
+    """Data whose first ``slow`` batches take ``nap`` seconds each to come, the rest none."""
+
+    def __init__(self, slow: int, nap: float) -> None:
+        self.slow, self.nap = slow, nap
+
+    def __len__(self) -> int:
+        return N
+
+    def __iter__(self):
+        for i in range(N):
+            if i < self.slow:
+                time.sleep(self.nap)
+            yield torch.zeros(2)
+
+
+def test_a_resumed_stage_does_not_count_passing_the_batches_done_as_waiting_for_data(tmp_path: Path) -> None:
+    """Passing the batches done before the checkpoint (slow here: they are drawn again) is the resume's
+    time: the resumed stage's split, and its bottleneck, are its own batches'."""
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    data, nap = SlowStart(4, 0.3), 0.3
+
+    def run(**options) -> hookfit.State:
+        return hookfit.Loop(quick, data, model=torch.nn.Linear(2, 1), run_dir=tmp_path, max_epochs=1,
+                            plugins=[Checkpoint(background=False), *options.pop("plugins", [])], **options).fit()
+
+    assert run(plugins=[StopAfter(4)]).status == "interrupted"
+    resumed = run(resume="latest")
+    assert resumed.status == "completed" and resumed.step == N
+    split = resumed.time_split["train"]
+    assert split.batches == N - 4
+    assert split.total < 4 * nap, split  # the 1.2 s of passing the four batches again is not in it
+    assert not split.data_bound
 
 
 @pytest.mark.fault
