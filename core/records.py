@@ -2,7 +2,7 @@
 unless ``Loop(run_dir=...)`` says otherwise), ``run.jsonl`` in it, one ``"run"`` line as a
 ``fit()`` starts writing there and one ``"end"`` line when it ends, read back by
 :mod:`hookfit.tools.runs` (``hookfit runs``), and the lock that keeps a second process out of
-a folder a live run writes.
+a folder a live run writes (:mod:`hookfit.locks`).
 
 **Identity.** A run's name is what its folder is called (``train`` for ``python train.py``);
 its *identity* is what ``resume="latest"`` matches: the script's absolute path (so
@@ -13,20 +13,10 @@ alone (``kernel:<host>:<pid>``). ``Loop(name=...)`` and ``Loop(run_dir=...)`` na
 themselves: every run of that name, or in that folder, is one identity. The identity is stored
 in ``run.jsonl``; a run written before identities were recorded matches any identity of its
 name, as it always did.
-
-**One process a folder.** The process that writes a run folder holds an exclusive
-``fcntl.flock`` on ``run.lock`` in it (with its pid and host written there for others to
-read) until its ``fit()`` ends: a second process that would write the same folder (the same
-``run_dir``, or a resume of a live run) is refused when it first uses the folder, with a
-:class:`FolderInUse` naming the live process. The kernel releases the lock when the process
-dies, whatever killed it (``kill -9`` included), so it is never stale.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
 import os
 import socket
@@ -42,20 +32,17 @@ import torch
 import hookfit
 from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile, folder_found, folder_lost
+from hookfit.locks import FolderInUse, FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop
     from hookfit.run import Run
 
-__all__ = ["LOCK", "RUNS", "FolderInUse", "FolderLock", "Identity", "RunFolder", "identify", "recorded_identity",
-           "script_name"]
+__all__ = ["RUNS", "Identity", "RunFolder", "identify", "recorded_identity", "script_name"]
 
 RUNS = Path("runs")
 """Where runs keep their folders unless ``Loop(run_dir=...)`` says otherwise:
 ``runs/<name>/<date>-<time>``."""
-
-LOCK = "run.lock"
-"""The lock file of a folder a live process writes (see :class:`FolderLock`)."""
 
 KERNEL_NAME = "notebook"
 """The name of a run started from a Jupyter kernel that names no notebook."""
@@ -151,65 +138,6 @@ def recorded_identity(folder: Path) -> str | None:
             found = line.get("identity")
             return found if isinstance(found, str) else None
     return None
-
-
-class FolderInUse(RuntimeError):
-    """A folder this run would write is held by another live process (see :class:`FolderLock`)."""
-
-
-class FolderLock:
-    """An exclusive lock on ``folder`` for this process: ``fcntl.flock`` on its ``run.lock``,
-    which also holds the holder's pid, host and start, for the message another process gets.
-    :meth:`acquire` raises :class:`FolderInUse` when a live process holds it; the lock goes
-    with the process (a ``kill -9`` cannot leave it stale) or at :meth:`release`."""
-
-    def __init__(self, folder: Path, owner: str) -> None:
-        self.folder = folder
-        self.owner = owner
-        self._file: IO[str] | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._file is not None
-
-    def acquire(self, what: str = "this run") -> None:
-        if self._file is not None:
-            return
-        path = self.folder / LOCK
-        try:
-            file = open(path, "a+", encoding="utf-8")
-        except OSError as error:
-            if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                return  # a folder no process can write needs no lock (its writes warn, hookfit.files' policy)
-            warnings.warn(f"{self.owner}: could not create {path} ({type(error).__name__}: {error}); this "
-                          f"run goes on without the lock that keeps a second process out of {self.folder}",
-                          FileWarning, stacklevel=user_level())
-            return
-        try:
-            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            file.seek(0)
-            holder = file.read(400).strip() or "a process that wrote no pid"
-            file.close()
-            if error.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
-                raise
-            raise FolderInUse(
-                f"{self.owner}: {self.folder} is in use by another live process ({holder}); {what} would write "
-                f"the same files. Wait for it to end, give this run a run_dir of its own, or resume from a "
-                f"checkpoint file into a new folder") from None
-        file.seek(0)
-        file.truncate()
-        file.write(f"pid {os.getpid()} on host {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}, "
-                   f"argv {' '.join(sys.argv)[:200]}\n")
-        file.flush()
-        self._file = file
-
-    def release(self) -> None:
-        file, self._file = self._file, None
-        if file is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(file.fileno(), fcntl.LOCK_UN)
-            file.close()
 
 
 class RunFolder:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from hookfit.data import length
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.manager import hookimpl
-from hookfit.records import LOCK, FolderInUse, FolderLock
+from hookfit.locks import LOCK, FolderInUse, FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run

@@ -1,5 +1,5 @@
 """checkpoint's folders: the lock that keeps a second process out of the folder a run's
-checkpoints go to (:class:`hookfit.records.FolderLock`), and the temporary files a killed
+checkpoints go to (:class:`hookfit.locks.FolderLock`), and the temporary files a killed
 write left there."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.storage import CheckpointWarning, checkpoint_files, stale_temporaries
-from hookfit.records import FolderLock
+from hookfit.locks import FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -24,7 +24,7 @@ def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> Fold
     ``dir`` (``directory``) gets a lock of its own, returned for ``fit_end`` to release; a given
     ``run_dir`` or the folder of a resumed run (``continued``) is locked by the core as it is
     first used (:class:`hookfit.records.RunFolder`), which this does now. Either way a live
-    process there refuses this one with a :class:`hookfit.records.FolderInUse` naming it. A new
+    process there refuses this one with a :class:`hookfit.locks.FolderInUse` naming it. A new
     run folder is this process's alone and is not touched."""
     if directory is not None and not loop.smoke:
         _make(directory, owner)

@@ -22,7 +22,7 @@ from hookfit.plugins.csv_log import CSVLogger
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.metrics_log import MetricsLog
 from hookfit.plugins.optim import Optim
-from hookfit.records import LOCK
+from hookfit.locks import LOCK
 
 
 def fit(run_dir: Path | None, *plugins: object) -> hookfit.State:

@@ -5,6 +5,7 @@ subprocesses, real ``kill -9``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from hookfit.data import Batches
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
-from hookfit.records import LOCK
+from hookfit.locks import LOCK
 
 from conftest import TESTS, mse_step
 from hookfit.errors import ObserverWarning
@@ -143,6 +144,70 @@ def test_a_second_process_on_a_live_run_folder_is_refused_and_kill_9_leaves_no_s
         first.communicate(timeout=60)
     third, err = _run(SCRIPT, tmp_path, "--run-dir", str(run_dir), "--epochs", "1")
     assert third["status"] == "completed" and third["run_dir"] == str(run_dir), err
+
+
+HELD_BY_WORKERS = """
+import os, sys, time
+from pathlib import Path
+import torch
+import hookfit
+from torch.utils.data import DataLoader, Dataset
+
+run_dir, hold = Path(sys.argv[1]), Path(sys.argv[2])
+
+class Blocking(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        (hold / f"worker-{os.getpid()}").touch()
+        while i >= 2 and not (hold / "release").exists():  # the workers stay busy past their parent
+            time.sleep(0.05)
+        return torch.zeros(2)
+
+def step(loop, batch):
+    (hold / "ready").touch()
+
+loader = DataLoader(Blocking(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+from hookfit.plugins.checkpoint import Checkpoint
+hookfit.Loop(step, loader, model=torch.nn.Linear(2, 1), run_dir=run_dir, max_epochs=1,
+             plugins=[Checkpoint(background=False)]).fit()
+"""
+
+
+@pytest.mark.fault
+def test_kill_9_leaves_no_lock_held_by_the_data_loader_workers_it_orphans(tmp_path: Path) -> None:
+    """The lock goes with the process that took it: forked DataLoader workers that outlive a kill -9
+    of their parent (until they next look for it) do not keep a resumed run out of the folder."""
+    from hookfit.locks import FolderLock
+
+    run_dir, hold = tmp_path / "run", tmp_path / "hold"
+    hold.mkdir()
+    script = tmp_path / "held.py"
+    script.write_text(HELD_BY_WORKERS)
+    first = warm.Popen([sys.executable, str(script), str(run_dir), str(hold)], env=_env(),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    try:
+        _wait_for(hold / "ready", first)
+        assert (run_dir / LOCK).is_file()
+        workers = [int(p.name.split("-")[1]) for p in hold.glob("worker-*")]
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)  # (its pipes stay open in the workers)
+        lock = FolderLock(run_dir, "resumed run")
+        lock.acquire()  # not FolderInUse: the workers hold none of it
+        assert lock.held
+        for pid in workers:
+            os.kill(pid, 0)  # the orphaned workers were alive while the lock was taken
+        lock.release()
+    finally:
+        (hold / "release").touch()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if first.poll() is None:
+            first.kill()
+    assert len(workers) == 2
 
 
 @pytest.mark.fault
@@ -276,7 +341,7 @@ def test_an_evaluation_in_a_live_runs_folder_is_refused_not_an_observer_switched
     ObserverWarning that read as a crash, and the evaluation went on. The evaluation claims its
     folder at its start: refused, naming the folder and the live process, every fit_end run."""
     from hookfit.plugins.metrics_log import MetricsLog
-    from hookfit.records import FolderInUse, FolderLock
+    from hookfit.locks import FolderInUse, FolderLock
 
     model = torch.nn.Linear(1, 1)
     data = [(torch.ones(2, 1), torch.ones(2, 1))]

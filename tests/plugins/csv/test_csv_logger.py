@@ -310,7 +310,7 @@ def test_a_full_disk_warns_once_and_training_completes(tmp_path: Path, late: str
         assert table(run_dir / "metrics.csv")[1] == [
             {"epoch": "1", "step": "4", "stage": "train", "loss": "2.5"},
             {"epoch": "1", "step": "1", "stage": "train", "loss": "1.0"}]
-    # the run's lock (hookfit.records: one process a run folder) beside its record
+    # the run's lock (hookfit.locks: one process a run folder) beside its record
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.csv", "run.jsonl", "run.lock"]
 
 
