@@ -32,7 +32,7 @@ import torch
 import hookfit
 from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile, folder_found, folder_lost
-from hookfit.locks import FolderInUse, FolderLock
+from hookfit.locks import LOCK, FolderInUse, FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop
@@ -178,24 +178,32 @@ class RunFolder:
             except OSError as error:
                 self._lost(error)
                 return self.folder
-            if self.lock_wanted and self.run.is_main:
-                lock = FolderLock(self.folder, "hookfit")
-                try:
-                    lock.acquire(f"this run ({self.run.identity.name}, pid {os.getpid()})")
-                except FolderInUse as error:
-                    self.refused = error
-                    raise
-                self.lock = lock
+            self._take_lock()
             self.used = True
             self.record_start(self.folder)
         return self.folder
 
     def claim(self) -> None:
-        """An evaluation (``Loop.validate()``) takes the folder it was given at its start: one another live process
-        holds (the run it evaluates, still going) is refused here, as the run's error, not where the first plugin
-        writes (an observer's error only switches it off). A fit takes its folder on first use, as before."""
-        if self.given and self.run.mode != "fit" and self.run.is_main:
+        """At the run's start (after ``configure``), a folder another live process may hold is taken: one an
+        evaluation (``Loop.validate()``) was given, and one that has a lock file (a run wrote there: a given
+        ``run_dir`` used before, a resumed run's); held, the run is refused here, as the run's error, not where the
+        first plugin writes (an observer's error only switches it off). A new folder is made on first use."""
+        if not self.run.is_main:
+            return
+        if self.given and self.run.mode != "fit":
             self.path  # noqa: B018 - the lock and run.jsonl's start, or FolderInUse
+        elif self.folder is not None and (self.folder / LOCK).is_file():
+            self._take_lock()
+
+    def _take_lock(self) -> None:
+        if self.lock is None and self.lock_wanted and self.run.is_main and self.folder is not None:
+            lock = FolderLock(self.folder, "hookfit")
+            try:
+                lock.acquire(f"this run ({self.run.identity.name}, pid {os.getpid()})")
+            except FolderInUse as error:
+                self.refused = error
+                raise
+            self.lock = lock
 
     def _lost(self, error: OSError) -> None:
         """The run folder cannot be made: one :class:`~hookfit.files.FileWarning` naming it, and

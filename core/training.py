@@ -64,7 +64,7 @@ def execute(run: Run) -> State:
             if run.seed is not None:
                 seed_everything(run.seed)  # before configure: plugins draw from it too
             fire(run, "configure")
-            run.folder.claim()  # an evaluation's given folder that a live run holds: refused before any plugin writes
+            run.folder.claim()  # a folder a live process holds: refused before any plugin writes there
             run.hooks.start()  # the plugins are configured: their batch_events answers count
             run.check_configured()
             epochs_for_steps(run)

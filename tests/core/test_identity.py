@@ -335,6 +335,46 @@ def test_the_folder_asked_for_after_a_run_is_not_locked_for_the_next_run(tmp_pat
 
 
 @pytest.mark.fault
+def test_a_fit_in_a_live_runs_folder_is_refused_at_its_start_not_by_an_observer_switched_off(tmp_path: Path) -> None:
+    """A fit given (or resuming into) a folder a live process holds: TensorBoard, an observer, was the first
+    to use it at fit_start and was switched off with a warning that read as a crash, before the checkpoint
+    plugin failed the run. The run claims a folder that has a lock file at its start: refused once, as
+    the run's error, every fit_end run, nothing written there."""
+    from hookfit.locks import FolderInUse, FolderLock
+    from hookfit.plugins.tensorboard import TensorBoard
+
+    model = torch.nn.Linear(1, 1)
+    data = [(torch.ones(2, 1), torch.ones(2, 1))]
+    ended: list[str] = []
+
+    class Ends:
+        name = "ends"
+
+        @hookfit.hookimpl(trylast=True)
+        def fit_end(self, loop) -> None:
+            ended.append(loop.state.status)
+
+    def fit(**options: Any) -> hookfit.State:
+        return hookfit.Loop(mse_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                            max_epochs=1, run_dir=tmp_path, plugins=[TensorBoard(), Optim(), Metrics(),
+                            Checkpoint(background=False), Ends()], **options).fit()
+
+    fit()
+    before = sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*") if p.name != LOCK)
+    held = FolderLock(tmp_path, "another run")
+    held.acquire()
+    try:
+        for resume in (None, "latest"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", ObserverWarning)
+                with pytest.raises(FolderInUse, match=f"{tmp_path} is in use by another live process"):
+                    fit(resume=resume)
+    finally:
+        held.release()
+    assert ended == ["completed", "failed", "failed"]
+    assert sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*") if p.name != LOCK) == before
+
+
 def test_an_evaluation_in_a_live_runs_folder_is_refused_not_an_observer_switched_off(tmp_path: Path) -> None:
     """``Loop.validate(resume=...)`` given the run_dir of a run still going (its lock held): the
     first plugin to write there was an observer (metrics_log), whose error switched it off with an
