@@ -35,7 +35,8 @@ class Optim:
     def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None,
                  amp: bool | torch.amp.GradScaler = False, nonfinite: Literal["skip", "raise"] | None = "skip",
                  check_grads: bool = False, schedulers: Any = None,
-                 scheduler_interval: Literal["step", "epoch"] | None = None, monitor: str | None = None,
+                 scheduler_interval: Literal["step", "epoch"] | Mapping[str, Literal["step", "epoch"]] | None = None,
+                 monitor: str | None = None,
                  precision: Literal["32", "bf16-mixed", "16-mixed"] = "32", defer: bool | None = None,
                  fuse: bool = True) -> None:
         name = self.name

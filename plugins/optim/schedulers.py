@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 NAME = "optim"
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
+INTERVALS = ("step", "epoch")
 SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers (torch.optim.lr_scheduler."
                    "StepLR(opt, ...)), a list of them, or a dict of optimizer name -> scheduler or list")
 
@@ -81,9 +82,11 @@ def _shown(value: Any) -> str:
 class Schedules:
     """``Optim``'s schedulers: those :meth:`per_step` names step with their optimizer, the others here."""
 
-    def __init__(self, schedulers: Any, scheduler_interval: str | None, monitor: str | None) -> None:
-        choice(NAME, "scheduler_interval", scheduler_interval, ("step", "epoch"), none=True)
-        self.interval, self.monitor = scheduler_interval, monitor
+    def __init__(self, schedulers: Any, scheduler_interval: Any, monitor: str | None) -> None:
+        by_name = dict(scheduler_interval) if isinstance(scheduler_interval, Mapping) else {None: scheduler_interval}
+        for k, value in by_name.items():  # by optimizer name (the others' None), or one for all
+            choice(NAME, "scheduler_interval" + ("" if k is None else f"[{k!r}]"), value, INTERVALS, none=k is None)
+        self.interval, self.monitor, self._by_name = scheduler_interval, monitor, by_name
         self._given = _parse(schedulers)
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
         plateaus = [g.scheduler for g in self._given if isinstance(g.scheduler, PLATEAU)]
@@ -96,25 +99,31 @@ class Schedules:
                              f"has none ({held}): give schedulers=ReduceLROnPlateau(optimizer, ...), or leave "
                              f"monitor out")
         if plateaus and scheduler_interval == "step":
-            raise ValueError(f"optim: scheduler_interval='step' cannot step a ReduceLROnPlateau: it steps on "
-                             f"monitor={monitor!r} once the stage is complete (once per epoch); leave "
-                             f"scheduler_interval out (then the others step after every step) or give 'epoch'")
+            self._plateau_stepped(None)
         self._assigned: dict[str, list[Any]] = {}
+        self._epochwise: set[int] = set()  # the schedulers (ids) that step at each epoch's end
         self._awaiting: int | None = None  # the epoch whose monitored stage ended, its metrics not heard
+
+    def _plateau_stepped(self, name: str | None) -> None:
+        option = "scheduler_interval" + ("" if name is None else f"[{name!r}]")
+        raise ValueError(f"optim: {option}='step' cannot step a ReduceLROnPlateau: it steps on monitor={self.monitor!r} "
+                         f"once the stage is complete (once per epoch); leave {option} out (then the others step "
+                         f"after every step) or give 'epoch'")
 
     def per_step(self, schedulers: list[Any]) -> list[Any]:
         """Those of ``schedulers`` that step after each real step of their optimizer."""
-        return [s for s in schedulers if not isinstance(s, PLATEAU) and self.interval != "epoch"]
+        return [s for s in schedulers if not isinstance(s, PLATEAU) and id(s) not in self._epochwise]
 
     def assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
         """At ``configure``: each optimizer's schedulers, in order, checked against the run's optimizers."""
-        self._awaiting = None
+        self._awaiting, self._epochwise = None, set()
         out = self._assigned = {name: [] for name in optimizers}
         if loop.mode != "fit":
             return out
-        unknown = sorted({g.name for g in self._given if g.name is not None and g.name not in optimizers})
-        if unknown:
-            raise ValueError(f"optim: schedulers {unknown} name no optimizer; optimizers are {sorted(optimizers)}")
+        for option, names in (("schedulers", [g.name for g in self._given]), ("scheduler_interval", self._by_name)):
+            if unknown := sorted({repr(n) for n in names if n is not None and n not in optimizers}):
+                raise ValueError(f"optim: {option} [{', '.join(unknown)}] name no optimizer; optimizers are "
+                                 f"{sorted(optimizers)}")
         owners = {id(opt): name for name, opt in optimizers.items()}
         listing = ", ".join(f"{n!r}: {type(o).__name__}" for n, o in optimizers.items()) or "none"
         for item in self._given:
@@ -127,6 +136,11 @@ class Schedules:
                 raise ValueError(f"optim: {item.where}: the {what} is built on optimizer {owner!r}, not "
                                  f"{item.name!r}: put it under {owner!r}, or build it on {item.name!r}")
             out[owner].append(item.scheduler)
+            interval = self._by_name.get(owner, self._by_name.get(None))
+            if interval == "epoch" and not isinstance(item.scheduler, PLATEAU):
+                self._epochwise.add(id(item.scheduler))
+            elif interval == "step" and isinstance(item.scheduler, PLATEAU):
+                self._plateau_stepped(owner)
         if self._monitor is not None and self._monitor.stage == "valid" and loop.val_step is None:
             raise ValueError(f"optim: monitor={self.monitor!r} steps the ReduceLROnPlateau on a validation metric, "
                              f"and this run has no validation: give Loop(val_step=..., val_data=...), or monitor a "
@@ -143,8 +157,7 @@ class Schedules:
         monitor = self._monitor
         if monitor is None or stage != monitor.stage or self._awaiting is None:
             return  # not the monitored stage, or one that did not run to its end
-        self._awaiting = None
-        key = monitor.key
+        self._awaiting, key = None, monitor.key
         assert key is not None  # a monitor given has a metric
         if key not in metrics.values:
             raise ValueError(monitor.absent(metrics.values, metrics.epoch))  # (the closest metric suggested)
@@ -154,15 +167,14 @@ class Schedules:
         """The epoch-wise schedulers step; a monitored stage must have been published."""
         if self._awaiting is not None:
             stage = self._monitor.stage if self._monitor is not None else None
-            raise ValueError(
-                f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of epoch "
-                f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics plugin enabled?")
-        if self.interval == "epoch":
-            self._step_all(False)
+            raise ValueError(f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of epoch "
+                             f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics "
+                             f"plugin enabled?")
+        self._step_all(False)
 
     def _step_all(self, plateaus: bool, *value: float) -> None:
-        """Step every ``ReduceLROnPlateau`` (``plateaus``, on ``value``), or every other scheduler."""
+        """Step every ``ReduceLROnPlateau`` (``plateaus``, on ``value``), or every epoch-wise scheduler."""
         for schedulers in self._assigned.values():
             for scheduler in schedulers:
-                if isinstance(scheduler, PLATEAU) == plateaus:
+                if isinstance(scheduler, PLATEAU) if plateaus else id(scheduler) in self._epochwise:
                     scheduler.step(*value)

@@ -21,8 +21,7 @@ class Window:
 
     def measure(self, data: Any) -> None:
         """At a training stage's start: its length, and its last window when that is partial."""
-        self._stage_len = length(data)
-        self._last_window, self._last_size = sys.maxsize, self.size
+        self._stage_len, self._last_window, self._last_size = length(data), sys.maxsize, self.size
         if self._stage_len is not None and self._stage_len % self.size:
             self._last_size = self._stage_len % self.size
             self._last_window = self._stage_len - self._last_size

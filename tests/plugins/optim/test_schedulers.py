@@ -250,6 +250,88 @@ def test_with_two_optimizers_each_scheduler_drives_the_one_it_was_built_on() -> 
         assert b.param_groups[0]["lr"] == pytest.approx(0.1 * 0.1 ** 2)
 
 
+def _fine_tuning(folder=None, interval=None, stop=None, resume=None):
+    """A backbone on a StepLR each epoch, a head on a OneCycleLR each step (Lightning's "interval")."""
+    m = model()
+    backbone, head = list(m.children())[0], list(m.children())[2]
+    a, b = torch.optim.SGD(backbone.parameters(), lr=0.1), torch.optim.SGD(head.parameters(), lr=0.1)
+    epochwise, stepwise = lr_scheduler.StepLR(a, 1, gamma=0.5), lr_scheduler.OneCycleLR(b, 1.0, total_steps=18)
+
+    def step(loop, batch):
+        loss = mse(loop.model, batch)
+        loop.backward(loss)
+        for opt in loop.optimizers.values():
+            opt.step()
+            opt.zero_grad()
+        return loss
+
+    seen = []
+
+    class Rates:
+        name = "rates"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop):
+            seen.append((a.param_groups[0]["lr"], b.param_groups[0]["lr"]))
+
+    plugins = [Optim(schedulers=[epochwise, stepwise], scheduler_interval=interval or {"backbone": "epoch"}), Rates(),
+               *([Checkpoint(background=False)] if folder else []), *([StopAfter(stop)] if stop else [])]
+    state = hookfit.Loop(step, TRAIN, model=m, optimizers={"backbone": a, "head": b}, max_epochs=3, run_dir=folder,
+                         resume=resume, plugins=plugins).fit()
+    return state, seen, params(m)
+
+
+def test_each_optimizers_schedulers_step_at_its_own_interval(tmp_path) -> None:
+    """scheduler_interval by optimizer name: the backbone's schedule each epoch, the head's (given none) each step,
+    as a script that steps each where it belongs; resumed inside an epoch, bit for bit."""
+    _, seen, _ = _fine_tuning()
+    ref = model()
+    a = torch.optim.SGD(list(ref.children())[0].parameters(), lr=0.1)
+    b = torch.optim.SGD(list(ref.children())[2].parameters(), lr=0.1)
+    epochwise, stepwise = lr_scheduler.StepLR(a, 1, gamma=0.5), lr_scheduler.OneCycleLR(b, 1.0, total_steps=18)
+    expected = []
+    for _ in range(3):
+        for _ in TRAIN:
+            b.step()  # (no gradient: the step's place only)
+            stepwise.step()
+            expected.append((a.param_groups[0]["lr"], b.param_groups[0]["lr"]))
+        a.step()
+        epochwise.step()
+    assert seen == expected and [r[0] for r in seen[::6]] == [0.1, 0.05, 0.025]
+    whole = _fine_tuning(tmp_path / "whole")
+    assert _fine_tuning(tmp_path / "split", stop=8)[0].status == "interrupted"
+    rest = _fine_tuning(tmp_path / "split", resume="latest")
+    assert rest[1] == whole[1][8:] and same(rest[2], whole[2])
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("interval, message", [
+    ({"backbone": "batch"}, r"optim: scheduler_interval\['backbone'\] must be 'step' or 'epoch', got 'batch'"),
+    ({"backbone": None}, r"optim: scheduler_interval\['backbone'\] must be 'step' or 'epoch', got None"),
+])
+def test_an_interval_by_name_is_checked_when_optim_is_built(interval, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        Optim(scheduler_interval=interval)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("interval, message", [
+    ({"body": "epoch"},
+     r"optim: scheduler_interval \['body'\] name no optimizer; optimizers are \['backbone', 'head'\]"),
+    ({"backbone": "step"}, r"optim: scheduler_interval\['backbone'\]='step' cannot step a ReduceLROnPlateau"),
+])
+def test_an_interval_by_name_is_checked_against_the_runs_optimizers_before_any_batch(interval, message) -> None:
+    m = model()
+    a, b = torch.optim.SGD(m[0].parameters(), lr=0.1), torch.optim.SGD(m[2].parameters(), lr=0.1)
+    steps = []
+    loop = hookfit.Loop(lambda loop, batch: steps.append(batch), [1, 2], optimizers={"backbone": a, "head": b},
+                        plugins=[Optim(schedulers=lr_scheduler.ReduceLROnPlateau(a), monitor="train/loss",
+                                       scheduler_interval=interval), Metrics()])
+    with pytest.raises(ValueError, match=message):
+        loop.fit()
+    assert steps == []
+
+
 # -- bad input: when Optim is built, and when the run starts --------------------------------
 
 _opt = torch.optim.SGD(model().parameters(), lr=0.1)
