@@ -23,7 +23,7 @@ export`` take, holds its final weights: ``every_n_epochs=None, every_n_steps=5``
 saves step 48 too; a run saving on no schedule saves nothing at its end) and, if asked, when it
 fails (``on_failure``: a ``failed-*.pt`` file, never chosen by ``"latest"``; its position is
 after the last training batch whose step completed, so the failing batch runs again). The
-last ``keep_last`` checkpoints are kept, plus the best one by ``monitor`` (``"valid/loss"``:
+last ``keep_last`` checkpoints are kept, plus the ``keep_best`` (1) best by ``monitor`` (``"valid/loss"``:
 the epoch mean of ``loss`` in the validation stage, published by the metrics plugin, compared
 in the direction it publishes for it unless ``mode`` is given; a monitored metric the run
 does not produce is warned about once). A checkpoint's metric (``meta["metric"]``) is the

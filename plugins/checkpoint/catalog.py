@@ -1,6 +1,6 @@
 """checkpoint catalog: the checkpoints a run keeps. The files still on disk (oldest first),
 the last one and the best by a monitored metric, and which files to remove so that at most
-``keep_last`` remain besides the best. The files are removed by the writer
+``keep_last`` remain besides the ``keep_best`` best-scored ones. The files are removed by the writer
 (:mod:`hookfit.plugins.checkpoint.writer`); this part only decides."""
 
 from __future__ import annotations
@@ -18,11 +18,17 @@ __all__ = ["Catalog"]
 class Catalog:
     """The checkpoints a run keeps (see the module); ``monitor`` keeps the best."""
 
-    def __init__(self, keep_last: int, monitor: Monitor) -> None:
-        self.keep_last = keep_last
+    def __init__(self, keep_last: int, monitor: Monitor, keep_best: int = 1) -> None:
+        if keep_best > 1 and monitor.metric is None:
+            raise ValueError(f"checkpoint: keep_best={keep_best} keeps the checkpoints best by monitor, and none is "
+                             f"given: give monitor='valid/loss' (the metric they are compared on), or leave "
+                             f"keep_best out")
+        self.keep_last, self.keep_best = keep_last, keep_best
         self.monitor = monitor
         self.saved: list[Path] = []
         """This run's checkpoints still on disk, oldest first."""
+        self.scores: dict[Path, float] = {}
+        """The monitored metric of each checkpoint on disk that has one (a finite value)."""
         self.last: Path | None = None
         """The newest checkpoint of the run: the last written whole, else the one it resumed
         from; a ``failed-*`` file is not counted."""
@@ -38,7 +44,7 @@ class Catalog:
 
     def reset(self) -> None:
         """A new run: nothing kept yet."""
-        self.saved, self.best, self.last = [], None, None
+        self.saved, self.best, self.last, self.scores = [], None, None, {}
 
     def follow(self, path: Path, metric: float | None, reason: str) -> None:
         """Take ``path``, a checkpoint written whole (by this process, or by the main one),
@@ -48,6 +54,8 @@ class Catalog:
         self.last = path
         if metric is not None and self.monitor.metric is not None:
             self.monitor.update(metric, at=path)
+            if metric == metric and abs(metric) != float("inf"):  # NaN and infinities are never kept as best
+                self.scores[path] = metric
 
     def take(self, path: Path, metric: float | None, reason: str) -> list[Path]:
         """A checkpoint this process wrote whole: kept (last, best), and the files to remove now."""
@@ -60,12 +68,17 @@ class Catalog:
         return self.prune()
 
     def prune(self) -> list[Path]:
-        """Drop what is beyond ``keep_last`` (the best kept) from the list; the files to remove."""
-        keep = set(self.saved[-self.keep_last:])
+        """Drop what is beyond ``keep_last`` and the ``keep_best`` best (the best kept) from the list; the files to
+        remove."""
+        ranked = sorted((p for p in self.saved if p in self.scores), key=self.scores.__getitem__,
+                        reverse=self.monitor.mode == "max")
+        keep = {*self.saved[-self.keep_last:], *ranked[:self.keep_best]}
         if self.best is not None:
             keep.add(self.best[1])
         old = [p for p in self.saved if p not in keep]
         self.saved = [p for p in self.saved if p in keep]
+        for path in old:
+            self.scores.pop(path, None)
         return old
 
     def keep(self, path: Path) -> None:
@@ -84,7 +97,8 @@ class Catalog:
         """What a checkpoint holds of this (the plugin's ``save_state``): taken before the file it is
         saved in is written, so its best is the one before that file (see :meth:`resumed`)."""
         best = None if self.best is None else [self.best[0], str(self.best[1])]
-        return {"best": best, "mode": self.monitor.mode, "saved": [str(p) for p in list(self.saved)]}
+        return {"best": best, "mode": self.monitor.mode, "saved": [str(p) for p in list(self.saved)],
+                "scores": {str(p): value for p, value in list(self.scores.items())}, "monitor": self.monitor.metric}
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Back from :meth:`state`, for the files still on disk; the direction the best was found in."""
@@ -92,6 +106,8 @@ class Catalog:
         value, path = best if best is not None and Path(best[1]).exists() else (None, None)
         self.monitor.reset(value, None if path is None else Path(path), state.get("mode"))
         self.saved = [Path(p) for p in state.get("saved", []) if Path(p).exists()]
+        scores = state.get("scores") if state.get("monitor") == self.monitor.metric else None  # (of another metric)
+        self.scores = {Path(p): float(v) for p, v in dict(scores or {}).items() if Path(p) in self.saved}
 
     def resumed(self, path: Path, meta: Any, training: bool) -> Path:
         """The run resumed from ``path``: the last and, in a training run, the best if its own score

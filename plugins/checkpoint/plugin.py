@@ -77,6 +77,7 @@ class Checkpoint:
         every_n_steps: int | None = None,
         every_seconds: float | None = None,
         keep_last: int = 3,
+        keep_best: int = 1,
         monitor: str | None = None,
         mode: Literal["min", "max"] | None = None,
         on_interrupt: bool = True,
@@ -92,18 +93,17 @@ class Checkpoint:
         self.dir = Path(folder) if folder is not None else None
         self._epochs = Every(every_n_epochs, plugin=name, option="every_n_epochs")
         self._steps = Every(every_n_steps, plugin=name, option="every_n_steps")
-        self.every_n_epochs = every_n_epochs
-        self.every_n_steps = every_n_steps
+        self.every_n_epochs, self.every_n_steps = every_n_epochs, every_n_steps
         self.every_seconds = positive_number(name, "every_seconds", every_seconds, none=True, meaning="seconds")
         self.keep_last = positive_int(name, "keep_last", keep_last)
         self.scheduled = not (self._epochs.never and self._steps.never and self.every_seconds is None)  # (its end saved)
         self.scores = Scores(Monitor(monitor, mode, plugin=name, category=CheckpointWarning,
                                      must="look like 'valid/loss' (stage/metric, stage train or valid) or be None"))
         """The monitored metric's scores of the run's weights, and the save waiting for one."""
-        self.catalog = Catalog(self.keep_last, self.scores.monitor)
+        self.keep_best = positive_int(name, "keep_best", keep_best)
+        self.catalog = Catalog(self.keep_last, self.scores.monitor, self.keep_best)
         """The checkpoints this run keeps: ``saved``, ``last``, ``best``, and what to prune."""
-        self.monitor = monitor
-        self.mode = mode
+        self.monitor, self.mode = monitor, mode
         self.on_interrupt = flag(name, "on_interrupt", on_interrupt)
         self.on_failure = flag(name, "on_failure", on_failure)
         self.on_save_error = choice(name, "on_save_error", on_save_error, ("warn", "raise"))

@@ -86,6 +86,47 @@ def test_files_are_whole_pruned_to_keep_last_and_best_and_read_weights_only(tmp_
     assert data["meta"]["metric"] == max(read(tmp_path / "checkpoints" / f)["meta"]["metric"] for f in files)
 
 
+class Scored:
+    """The monitored metric of every checkpoint written, read from the file as it is announced."""
+
+    name = "scored"
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float | None] = {}
+
+    @hookfit.hookimpl
+    def checkpoint_saved(self, path: str) -> None:
+        self.metrics[Path(path).name] = read(Path(path))["meta"]["metric"]
+
+
+def test_keep_best_keeps_the_k_best_scored_checkpoints_besides_the_last_across_a_resume(tmp_path: Path) -> None:
+    """Lightning's save_top_k: with keep_best=3 the three best by the monitor stay, however old, with the
+    keep_last newest; a run stopped and resumed keeps the same files as one that ran through."""
+    def ckpt() -> Checkpoint:
+        return Checkpoint(every_n_epochs=1, keep_last=1, keep_best=3, monitor="valid/vloss", background=False)
+
+    whole, stopped = Scored(), Scored()
+    train(tmp_path / "whole", checkpoint=ckpt(), epochs=7, extra=[whole])
+    train(tmp_path / "split", checkpoint=ckpt(), epochs=7, stop=4 * 9 + 3, extra=[stopped])
+    train(tmp_path / "split", checkpoint=(kept := ckpt()), epochs=7, resume="latest", extra=[stopped])
+    scored = {name: m for name, m in whole.metrics.items() if name.startswith("epoch")}
+    assert len(scored) == 7 and None not in scored.values() and stopped.metrics.items() >= scored.items()
+    newest = max(scored)
+    expected = {newest, *sorted(scored, key=scored.__getitem__)[:3]}
+    assert len(expected) in (3, 4) and sorted(scored, key=scored.__getitem__)[:3] != sorted(scored)[:3]
+    for folder in ("whole", "split"):
+        assert {p.name for p in (tmp_path / folder / "checkpoints").iterdir() if p.name.startswith("epoch")} == expected
+    assert {p.name for p in kept.saved} >= expected and kept.best is not None
+    assert kept.best[1].name == min(scored, key=scored.__getitem__)
+
+
+@pytest.mark.bad_input
+def test_keep_best_without_a_monitor_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"checkpoint: keep_best=2 keeps the checkpoints best by monitor, and none "
+                                         r"is given: give monitor='valid/loss'"):
+        Checkpoint(keep_best=2)
+
+
 @pytest.mark.bad_input
 @pytest.mark.fault
 def test_torn_foreign_newer_and_malicious_files_are_refused_by_name(tmp_path: Path) -> None:
@@ -779,7 +820,7 @@ def test_a_monitored_metric_the_run_does_not_produce_is_warned_about_once(tmp_pa
 BAD_OPTIONS = [
     ("every_seconds", 0), ("every_seconds", -5), ("every_seconds", float("nan")), ("every_seconds", float("inf")),
     ("every_seconds", "10"), ("every_seconds", True), ("every_n_epochs", 0), ("every_n_steps", 2.5),
-    ("keep_last", 0), ("keep_last", True), ("monitor", 3), ("monitor", "valid/"), ("monitor", "test/loss"),
+    ("keep_last", 0), ("keep_last", True), ("keep_best", 0), ("monitor", 3), ("monitor", "valid/"), ("monitor", "test/loss"),
     ("mode", "best"), ("on_save_error", "ignore"), ("on_interrupt", "yes"), ("on_failure", 1), ("strict", None),
     ("fallback", "no"), ("background", 0), ("dir", 5),
 ]
