@@ -25,7 +25,8 @@ train.py``), as a tracker run named ``run_name`` (by default the run folder's na
   (``epoch_metrics``), and ``epoch`` (counted from 1) when a training stage ends;
   ``train_step/<metric>``, the running means of every training publication
   (``metrics_update``; ``every_publication=False`` leaves them out); ``lr/<optimizer>``, each
-  optimizer's learning rate, once per global step.
+  optimizer's learning rate, once per global step. A name MLflow refuses (``acc (top1)``) is
+  written with ``_`` for each character it does not take (:func:`metric_key`), said once a run.
 * Checkpoints, with ``log_checkpoints=True``: every checkpoint the checkpoint plugin announces
   (``checkpoint_saved``) is copied to the run's artifacts under ``checkpoints/``.
 * The end (``fit_end``, after every other plugin's, so after the last checkpoint): the tracker
@@ -60,12 +61,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import time
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookfit.errors import HookfitWarning, user_level
+from hookfit.plugins.support.logger import SafeNames
 from hookfit.plugins.support.tracker import Tracker, require
 from hookfit.plugins.support import Hparam, flag, hyperparameters, path, run_hparams, text
 
@@ -81,6 +84,13 @@ STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 """The MLflow status of a run that ended with each of hookfit's statuses."""
 
 _BATCH = 100  # MLflow takes at most 100 parameters in one log_batch
+_NOT_IN_NAMES = re.compile(r"[^-/\w. ]")
+
+
+def metric_key(name: str) -> str:
+    """``name`` as MLflow takes a metric's: each character but letters, digits, ``_``, ``-``, ``.``, space and
+    ``/`` as ``_``, and ``_`` for an empty, ``.`` or ``..`` part between slashes (MLflow refuses both)."""
+    return "/".join(p if p not in ("", ".", "..") else "_" for p in _NOT_IN_NAMES.sub("_", name).split("/"))
 
 
 def _require() -> None:
@@ -127,10 +137,16 @@ class MLflow(Tracker):
         self._client: Any = None
         self._entities: Any = None
         self._last: dict[str, int] = {}  # metric -> the last step the tracker run has (a resumed one)
+        self._names = SafeNames(self.name, metric_key, "in MLflow (a metric's name takes letters, digits, '_', "
+                                                        "'-', '.', ' ' and '/' only, no empty part")
 
     # -- the tracker run ----------------------------------------------------------------------
     def _reset(self) -> None:
         self._client, self._last = None, {}
+        self._names.names = {}
+
+    def _key(self, name: str) -> str:
+        return self._names.of(name)
 
     def _require(self) -> None:
         _require()

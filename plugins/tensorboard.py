@@ -82,10 +82,10 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
-from hookfit.errors import HookfitWarning, user_level
+from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support.logger import run_file, wanted, written_again
+from hookfit.plugins.support.logger import SafeNames, run_file, wanted, written_again
 from hookfit.plugins.support.logger import inert as logger_inert
 from hookfit.plugins.support import Hparam, flag, hyperparameters, run_hparams
 
@@ -189,7 +189,8 @@ class TensorBoard:
         self._loop: Run | None = None
         self._lr_step: int | None = None  # the step the learning rates were last written at
         self._proto: Any = None  # TensorBoard's protobuf and summary modules, imported at fit_start
-        self._names: dict[str, str] = {}  # a metric's or an optimizer's name -> its part of the run's tags
+        self._names = SafeNames(self.name, tag_part, "in the TensorBoard tags of this run (a tag takes letters, "
+                                                     "digits, '_', '-', '.' and '/' only")
 
     # -- events -------------------------------------------------------------------------------
     @hookimpl
@@ -211,7 +212,7 @@ class TensorBoard:
                                       metadata=metadata, plugin_data_pb2=plugin_data_pb2,
                                       RecordWriter=RecordWriter, summary=summary)
         self._loop = loop
-        self._names = {}
+        self._names.names = {}
         if not loop.is_main:
             return
         folder = "" if loop.mode == "fit" else EVALUATION  # an evaluation is a run of its own beside the fit's
@@ -290,24 +291,8 @@ class TensorBoard:
         return [(f"lr/{self._part(name)}", rate) for name, rate in sorted(metrics.lr.items())]
 
     def _part(self, name: str) -> str:
-        """``name`` as it goes into this run's tags (:func:`tag_part`, kept apart from the other
-        names of the run), said once when it is not ``name`` itself."""
-        known = self._names.get(name)
-        if known is not None:
-            return known
-        base = part = tag_part(name)
-        taken = set(self._names.values())
-        n = 1
-        while part in taken:
-            n += 1
-            part = f"{base}_{n}"
-        self._names[name] = part
-        if part != name:
-            warnings.warn(f"{self.name}: {name!r} is written as {part!r} in the TensorBoard tags of this run "
-                          f"(a tag takes letters, digits, '_', '-', '.' and '/' only"
-                          f"{'; ' + repr(base) + ' was taken by another name' if part != base else ''})",
-                          HookfitWarning, stacklevel=2)
-        return part
+        """``name`` as it goes into this run's tags (:func:`tag_part`, kept apart from the other names of the run)."""
+        return self._names.of(name)
 
     def _scalars(self, step: int, values: list[tuple[str, float]]) -> None:
         event_pb2, summary_pb2, summary = self._proto.event_pb2, self._proto.summary_pb2, self._proto.summary

@@ -365,10 +365,12 @@ def _learning_rates(optimizers: object) -> dict[str, float]:
         return {}
     if not isinstance(optimizers, Mapping):
         optimizers = {"default": optimizers}
-    out = {}
+    out: dict[str, float] = {}
     for name, opt in optimizers.items():
         for index, group in enumerate(getattr(opt, "param_groups", None) or ()):
             label = group.get("name")
             key = name if index == 0 else f"{name}/{label if isinstance(label, str) and label else index}"
-            out[key if key not in out else f"{name}/{index}"] = float(group["lr"])
+            while key in out:  # a group's name taken by another's (or its index)
+                key += f"#{index}"
+            out[key] = float(group["lr"])
     return out

@@ -1,6 +1,6 @@
-"""What the file loggers (``tensorboard``, ``csv``) share: when a discovered logger is on, their
-files in the run folder under :mod:`hookfit.files`' policy, and which of an earlier run's records
-a resumed run writes again."""
+"""What the loggers (``tensorboard``, ``csv``, the trackers) share: when a discovered logger is on, their
+files in the run folder under :mod:`hookfit.files`' policy, which of an earlier run's records a resumed run
+writes again, and names as a logger can take them (:class:`SafeNames`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookfit.errors import user_level
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.files import FileWarning, RunFile
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -86,3 +86,31 @@ def written_again(info: ResumeInfo, val_due: bool) -> Callable[[int | None, int,
         return stage == "train" and info.stage == "train" and epoch == info.epoch + 1
 
     return written
+
+
+class SafeNames:
+    """Names (a metric's, an optimizer's, a parameter group's) as a logger takes them: ``clean(name)``, kept
+    apart from the run's other names (``_2``, ``_3``...), each one changed said once a run in a
+    :class:`hookfit.HookfitWarning` naming both (``rule``: what the logger's names take)."""
+
+    def __init__(self, plugin: str, clean: Callable[[str], str], rule: str) -> None:
+        self.plugin, self.clean, self.rule = plugin, clean, rule
+        self.names: dict[str, str] = {}  # a name -> as the logger takes it, this run
+
+    def of(self, name: str) -> str:
+        """``name`` as this run's logger takes it."""
+        known = self.names.get(name)
+        if known is not None:
+            return known
+        base = safe = self.clean(name)
+        taken = set(self.names.values())
+        n = 1
+        while safe in taken:
+            n += 1
+            safe = f"{base}_{n}"
+        self.names[name] = safe
+        if safe != name:
+            warnings.warn(f"{self.plugin}: {name!r} is written as {safe!r} {self.rule}"
+                          f"{'; ' + repr(base) + ' was taken by another name' if safe != base else ''})",
+                          HookfitWarning, stacklevel=3)
+        return safe

@@ -125,6 +125,7 @@ class Tracker:
     def _record(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` at ``step``, keeping which metrics have been logged at the latest step
         (what a checkpoint taken now has logged there: this plugin's state)."""
+        values = {self._key(key): value for key, value in values.items()}
         if step != self._step:
             self._step, self._at_step = step, set()
         self._at_step.update(values)
@@ -146,6 +147,10 @@ class Tracker:
         return {f"lr/{name}": rate for name, rate in metrics.lr.items()}
 
     # -- what each tracker does its own way ------------------------------------------------------
+    def _key(self, name: str) -> str:
+        """A metric's name (``<stage>/<metric>``, ``lr/<optimizer>``...) as the tracker takes it."""
+        return name
+
     def _reset(self) -> None:
         """Forget the last run's tracker objects (at ``configure``)."""
 

@@ -375,6 +375,7 @@ def test_a_fit_in_a_live_runs_folder_is_refused_at_its_start_not_by_an_observer_
     assert sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*") if p.name != LOCK) == before
 
 
+@pytest.mark.fault
 def test_an_evaluation_in_a_live_runs_folder_is_refused_not_an_observer_switched_off(tmp_path: Path) -> None:
     """``Loop.validate(resume=...)`` given the run_dir of a run still going (its lock held): the
     first plugin to write there was an observer (metrics_log), whose error switched it off with an

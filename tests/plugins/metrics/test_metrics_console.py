@@ -430,16 +430,18 @@ def test_epoch_metrics_sees_the_finished_stage_whatever_the_registration_order(o
 def test_every_parameter_group_publishes_its_learning_rate_by_its_name_or_index(tmp_path: Path) -> None:
     """A fine-tuning's backbone and head each have their rate in the snapshots, the CSV table and
     TensorBoard: the first group's under the optimizer's name, each further one's under its
-    ``"name"`` entry, else its index; a second optimizer's apart."""
+    ``"name"`` entry, else its index (a key taken: ``#<index>`` after it); a second optimizer's apart."""
     from hookfit.plugins.csv_log import CSVLogger
     from hookfit.plugins.optim import Optim
 
     backbone, head, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
     opt = torch.optim.SGD([{"params": backbone.parameters(), "lr": 0.1},
                            {"params": head.parameters(), "lr": 1.0, "name": "head"},
-                           {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5}], lr=0.3)
+                           {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.5},
+                           {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.7, "name": "2"}], lr=0.3)
     other = torch.optim.SGD(critic.parameters(), lr=0.2)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, [lambda e: 1.0, lambda e: 0.5 ** e, lambda e: 1.0])
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, [lambda e: 1.0, lambda e: 0.5 ** e, lambda e: 1.0,
+                                                       lambda e: 1.0])
     epochs: list = []
 
     class Catch:
@@ -461,8 +463,9 @@ def test_every_parameter_group_publishes_its_learning_rate_by_its_name_or_index(
                  optimizers={"main": opt, "critic": other}, max_epochs=2, run_dir=tmp_path,
                  plugins=[Optim(schedulers={"main": schedule}), Metrics(), CSVLogger(), Catch()]).fit()
     # the schedule halves the head's rate every step: two steps an epoch
-    assert epochs == [{"main": 0.1, "main/head": 0.25, "main/2": 0.5, "critic": 0.2},
-                      {"main": 0.1, "main/head": 0.0625, "main/2": 0.5, "critic": 0.2}]
+    # (a group named "2" after the third group, unnamed: both kept)
+    assert epochs == [{"main": 0.1, "main/head": 0.25, "main/2": 0.5, "main/2#3": 0.7, "critic": 0.2},
+                      {"main": 0.1, "main/head": 0.0625, "main/2": 0.5, "main/2#3": 0.7, "critic": 0.2}]
     with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as file:
         rows = list(csv.DictReader(file))
     assert [float(row["lr_main/head"]) for row in rows] == [0.25, 0.0625]

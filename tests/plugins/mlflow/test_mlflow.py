@@ -305,6 +305,41 @@ def test_discovered_it_is_inert_until_configured(tmp_path: Path, store: str, mon
     assert experiment(store, "off") is None
 
 
+@pytest.mark.bad_input
+def test_names_mlflow_refuses_are_written_safely_and_said_once_not_the_tracker_switched_off(
+        tmp_path: Path, store: str) -> None:
+    """A metric ``acc (top1)`` and a parameter group named ``bias (no decay)``: MLflow refuses both names
+    (parentheses), which switched the tracker off for the run; each is written with ``_`` instead, once
+    said, and every point is logged."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD([{"params": [model.weight], "lr": 0.1},
+                                 {"params": [model.bias], "lr": 0.2, "name": "bias (no decay)"}])
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss, "acc _top1_": 0.25, "acc (top1)": 0.5}
+
+    tracker = MLflow(tracking_uri=store, experiment="refused-names")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(step, [(torch.randn(4, 2), torch.randn(4, 1))] * 2, model=model, optimizers=optimizer,
+                     max_epochs=2, run_dir=tmp_path / "run", plugins=[tracker, Optim(), Metrics()]).fit()
+    assert not [w for w in caught if issubclass(w.category, ObserverWarning)], [str(w.message) for w in caught]
+    said = sorted(str(w.message) for w in caught if "is written as" in str(w.message))
+    assert said == ["mlflow: 'lr/default/bias (no decay)' is written as 'lr/default/bias _no decay_' in MLflow (a "
+                    "metric's name takes letters, digits, '_', '-', '.', ' ' and '/' only, no empty part)",
+                    "mlflow: 'train/acc (top1)' is written as 'train/acc _top1__2' in MLflow (a metric's name "
+                    "takes letters, digits, '_', '-', '.', ' ' and '/' only, no empty part; 'train/acc _top1_' was "
+                    "taken by another name)"], said
+    run_id = the_run(store, "refused-names").info.run_id
+    assert steps(history(store, run_id, "train/acc _top1__2")) == [2, 4]
+    assert history(store, run_id, "train/acc _top1_") == [(2, 0.25), (4, 0.25)]
+    assert [v for _, v in history(store, run_id, "lr/default/bias _no decay_")] == [0.2, 0.2]
+
+
 def test_only_the_main_process_logs(tmp_path: Path, store: str) -> None:
     class Rank1:
         name = "rank1"
