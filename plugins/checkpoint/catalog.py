@@ -5,14 +5,21 @@ the last one and the best by a monitored metric, and which files to remove so th
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hookfit.plugins.checkpoint.storage import position_of
+from hookfit.plugins.checkpoint.storage import position_of, score_of
 from hookfit.plugins.support import Monitor
 
 __all__ = ["Catalog"]
+
+
+def _at(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint's path as the catalog keeps it: absolute, so that one file written two ways is one."""
+    return Path(os.path.abspath(path))
 
 
 class Catalog:
@@ -51,16 +58,25 @@ class Catalog:
         as the last, and as the best if its metric improves on the best."""
         if reason == "failure":
             return
-        self.last = path
+        self.last = path = _at(path)
         if metric is not None and self.monitor.metric is not None:
             self.monitor.update(metric, at=path)
-            if metric == metric and abs(metric) != float("inf"):  # NaN and infinities are never kept as best
+            if math.isfinite(metric):  # NaN and infinities are never kept as best
                 self.scores[path] = metric
+
+    def ranks(self, score: float | None) -> bool:
+        """Whether a checkpoint scored ``score`` would be among the ``keep_best`` (more than one) kept."""
+        if self.keep_best < 2 or score is None or not math.isfinite(score):
+            return False
+        better = self.monitor.mode == "max"
+        ranked = sorted((self.scores[p] for p in self.saved if p in self.scores), reverse=better)
+        return len(ranked) < self.keep_best or (score > ranked[-1] if better else score < ranked[-1])
 
     def take(self, path: Path, metric: float | None, reason: str) -> list[Path]:
         """A checkpoint this process wrote whole: kept (last, best), and the files to remove now."""
         if reason == "failure":
             return []
+        path = _at(path)
         if path in self.saved:  # the same position written again
             self.saved.remove(path)
         self.saved.append(path)
@@ -83,14 +99,19 @@ class Catalog:
 
     def keep(self, path: Path) -> None:
         """A file that could not be removed: on the list again, the oldest, tried again at the next prune."""
-        self.saved.insert(0, path)
+        self.saved.insert(0, _at(path))
 
     def adopt(self, files: list[Path], step: int) -> list[Path]:
         """Take ``files`` (the checkpoints in this run's folder) as this run's, resumed from
         one at ``step``, so ``keep_last`` holds across resumes: sorted by position, those beyond
         ``step`` (an abandoned continuation) first, so pruned first; the files to remove."""
-        files = sorted(files, key=lambda p: (position_of(p)[0] <= step, position_of(p), p.stat().st_mtime))
+        files = sorted(map(_at, files), key=lambda p: (position_of(p)[0] <= step, position_of(p), p.stat().st_mtime))
         self.saved = files
+        if self.keep_best > 1 and self.monitor.metric is not None:  # a state without scores (written before them)
+            for path in files:
+                if path not in self.scores and position_of(path)[0] <= step:
+                    if (score := score_of(path, self.monitor.metric)) is not None:
+                        self.scores[path] = score
         return self.prune()
 
     def state(self) -> dict[str, Any]:
@@ -102,19 +123,20 @@ class Catalog:
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Back from :meth:`state`, for the files still on disk; the direction the best was found in."""
-        best = state.get("best")
+        same = state.get("monitor", self.monitor.metric) == self.monitor.metric  # (a state before it was kept: same)
+        best = state.get("best") if same else None  # a best by another metric is none by this one
         value, path = best if best is not None and Path(best[1]).exists() else (None, None)
-        self.monitor.reset(value, None if path is None else Path(path), state.get("mode"))
-        self.saved = [Path(p) for p in state.get("saved", []) if Path(p).exists()]
-        scores = state.get("scores") if state.get("monitor") == self.monitor.metric else None  # (of another metric)
-        self.scores = {Path(p): float(v) for p, v in dict(scores or {}).items() if Path(p) in self.saved}
+        self.monitor.reset(value, None if path is None else _at(path), state.get("mode"))
+        self.saved = [_at(p) for p in state.get("saved", []) if Path(p).exists()]
+        self.scores = {_at(p): float(v) for p, v in dict(state.get("scores") or {} if same else {}).items()
+                       if _at(p) in self.saved}
 
     def resumed(self, path: Path, meta: Any, training: bool) -> Path:
         """The run resumed from ``path``: the last and, in a training run, the best if its own score
         (``meta["metric"]``, of the metric monitored here) improves on the best its state named. A run
         killed right after writing its best checkpoint would else take a worse one for the best, and
         prune the best weights away."""
-        self.last = path
+        self.last = path = _at(path)
         metric = meta.get("metric") if isinstance(meta, Mapping) else None
         if (training and isinstance(metric, (int, float)) and meta.get("monitor") == self.monitor.metric
                 and meta.get("reason") != "failure"):  # (a failed-*.pt file is never the best, as in follow)

@@ -249,7 +249,7 @@ class Checkpoint:
         unscored(self, loop)
         if self._epochs.due(epoch + 1):
             self.save(loop, "epoch")
-        elif self.scores.improves(self.scores.current(loop)):
+        elif self.scores.improves(score := self.scores.current(loop)) or self.catalog.ranks(score):
             self.save(loop, "best")
 
     @hookimpl(tryfirst=True)  # before other plugins let go of their state

@@ -176,13 +176,13 @@ def unscored(checkpoint: Checkpoint, loop: Run) -> None:
 
 def settle(checkpoint: Checkpoint, loop: Run, score: float | None) -> None:
     """The pending save after the validation it waited for: written with ``score`` if it was
-    due or ``score`` is a new best, else let go (``score`` ``None``: the publication lacked
+    due or ``score`` is a new best (or one of the ``keep_best``), else let go (``score`` ``None``: the publication lacked
     the metric, or the validation was cut short and the run ends)."""
     scores = checkpoint.scores
     pending, scores.pending = scores.pending, None
     if pending is None:
         return
-    if not (pending.due or scores.improves(score)):
+    if not (pending.due or scores.improves(score) or checkpoint.catalog.ranks(score)):
         if pending.copy is not None:
             checkpoint.writer.drop(pending.copy)
         return

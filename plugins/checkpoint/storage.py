@@ -4,6 +4,7 @@ which file to resume from) is in :mod:`hookfit.plugins.checkpoint.plugin`."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -250,6 +251,18 @@ def read(path: str | os.PathLike[str], train_data: Any = None) -> dict[str, Any]
 
         verify(path, data)
     return data
+
+
+def score_of(path: Path, monitor: str) -> float | None:
+    """The finite ``monitor`` score a checkpoint file carries (``meta["metric"]``), read without reading its tensors
+    (a memory map), or ``None``: another metric, none, a failure's file, or a file that cannot be read."""
+    try:
+        meta = torch.load(path / "state.pt" if path.is_dir() else path, map_location="cpu", weights_only=True,
+                          mmap=True)["meta"]
+        metric = meta["metric"] if meta.get("monitor") == monitor and meta.get("reason") != "failure" else None
+    except Exception:  # noqa: BLE001 - unreadable here is unscored: read() names what is wrong when it is used
+        return None
+    return float(metric) if isinstance(metric, (int, float)) and math.isfinite(metric) else None
 
 
 def check(data: Mapping[str, Any], path: Path, train_data: Any = None) -> None:

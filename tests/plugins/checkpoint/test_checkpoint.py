@@ -120,6 +120,76 @@ def test_keep_best_keeps_the_k_best_scored_checkpoints_besides_the_last_across_a
     assert kept.best[1].name == min(scored, key=scored.__getitem__)
 
 
+def _scored(run_dir, scores, checkpoint: Checkpoint, monitor: str = "score", **options):
+    """A run whose validation of epoch ``e`` scores ``scores[e]`` (as ``valid/<monitor>``)."""
+    model = torch.nn.Linear(1, 1)
+
+    def val_step(loop, batch):
+        return {monitor: torch.tensor(scores[loop.state.epoch])}
+
+    return hookfit.Loop(lambda loop, batch: None, [torch.zeros(1)], val_step=val_step, val_data=[torch.zeros(1)],
+                        model=model, max_epochs=len(scores), run_dir=run_dir, plugins=[Metrics(), checkpoint],
+                        **options).fit()
+
+
+def _kept(folder: Path) -> list[int]:
+    """The epochs (from 1) of the checkpoint files in ``folder``'s checkpoints."""
+    return sorted(int(p.name[5:9]) for p in (folder / "checkpoints").iterdir() if p.name.startswith("epoch"))
+
+
+def test_keep_best_saves_a_score_among_the_k_best_even_when_no_save_is_due(tmp_path: Path) -> None:
+    """Lightning's save_top_k with checkpoints every 10 epochs: a validation whose score ranks among the
+    keep_best is saved for it, not only a new best."""
+    ckpt = Checkpoint(every_n_epochs=10, keep_last=1, keep_best=2, monitor="valid/score", background=False)
+    _scored(tmp_path, [3.0, 1.0, 5.0, 4.0, 2.0, 6.0], ckpt)
+    assert _kept(tmp_path) == [2, 5, 6]  # scores 1 and 2, and the run's end
+
+
+def test_keep_best_holds_when_a_resumed_run_names_its_folder_another_way(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_dir absolute, then relative (or a checkpoint named by a relative path): one file, not two, so
+    the best ones are never pruned as someone else's."""
+    def ckpt() -> Checkpoint:
+        return Checkpoint(keep_last=1, keep_best=2, monitor="valid/score", background=False)
+
+    monkeypatch.chdir(tmp_path)
+    _scored(tmp_path / "run", [3.0, 1.0, 4.0, 2.0], ckpt())
+    assert _kept(tmp_path / "run") == [2, 4]
+    resumed = ckpt()
+    _scored("run", [3.0, 1.0, 4.0, 2.0, 5.0, 6.0], resumed, resume="latest")
+    assert _kept(tmp_path / "run") == [2, 4, 6]
+    assert resumed.best is not None
+    assert resumed.best[1] == tmp_path / "run" / "checkpoints" / "epoch0002-step000000002.pt"
+    _scored("run", [3.0, 1.0, 4.0, 2.0, 5.0, 6.0, 7.0], ckpt(), resume="run/checkpoints/epoch0006-step000000006.pt")
+    assert _kept(tmp_path / "run") == [2, 4, 7]
+
+
+def test_keep_best_ranks_checkpoints_whose_state_kept_no_scores_by_their_own(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run resumed from a checkpoint whose state lists no scores (written before keep_best): the files'
+    own scores (meta["metric"]) rank them."""
+    from hookfit.plugins.checkpoint.catalog import Catalog
+
+    state = Catalog.state
+    with monkeypatch.context() as patched:
+        patched.setattr(Catalog, "state", lambda self: {k: v for k, v in state(self).items() if k != "scores"})
+        _scored(tmp_path, [5.0, 1.0, 4.0, 2.0, 3.0], Checkpoint(keep_last=5, monitor="valid/score", background=False))
+    assert _kept(tmp_path) == [1, 2, 3, 4, 5]
+    _scored(tmp_path, [5.0, 1.0, 4.0, 2.0, 3.0, 9.0],
+            Checkpoint(keep_last=1, keep_best=3, monitor="valid/score", background=False), resume="latest")
+    assert _kept(tmp_path) == [2, 4, 5, 6]
+
+
+def test_a_best_by_another_metric_is_not_kept_when_the_monitor_changes(tmp_path: Path) -> None:
+    """Resumed with another monitor, the earlier best (by the metric no longer watched) is neither the best
+    nor kept for it."""
+    _scored(tmp_path, [1.0, 2.0, 3.0], Checkpoint(keep_last=1, monitor="valid/score", background=False))
+    assert _kept(tmp_path) == [1, 3]
+    other = Checkpoint(keep_last=1, monitor="valid/other", background=False)
+    _scored(tmp_path, [1.0, 2.0, 3.0, 4.0, 5.0], other, monitor="other", resume="latest")
+    assert other.best is not None and other.best[0] == 4.0 and _kept(tmp_path) == [4, 5]
+
+
 @pytest.mark.bad_input
 def test_keep_best_without_a_monitor_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match=r"checkpoint: keep_best=2 keeps the checkpoints best by monitor, and none "
