@@ -292,7 +292,8 @@ class Run:
         ``load_state`` implementation; an entry ``None`` restores nothing. A plugin with a
         state to keep but no entry (new to the run) and an entry no plugin restores (a plugin
         since removed) raise :class:`hookfit.StateMismatch` with ``strict``, else one
-        :class:`hookfit.HookfitWarning` names them and the rest is restored."""
+        :class:`hookfit.HookfitWarning` names them and the rest is restored. Off the main process
+        the entries of observers (switched off there: rank 0 logs) are rank 0's, not a mismatch."""
         saved_states.load_plugin_states(self, states, strict)
 
     def execute(self) -> State:

@@ -173,7 +173,11 @@ def load_plugin_states(run: Run, states: Mapping[str, Any], strict: bool) -> Non
     # whose save_state answers None now, has nothing to restore)
     missing = sorted(name for name in savers if name not in states
                      and hooks.call_plugin("save_state", name, run) is not None)
-    extra = sorted(name for name in states if name not in loaders and states[name] is not None)
+    # off the main process (a torchrun rank but 0) observers are switched off: their states are rank 0's to restore
+    main_only = set() if run.is_main else {name for name, info in getattr(run.pm, "infos", {}).items()
+                                           if getattr(info.plugin, "observer", False) is True}
+    extra = sorted(name for name in states
+                   if name not in loaders and states[name] is not None and name not in main_only)
     if missing or extra:
         problems = []
         if missing:

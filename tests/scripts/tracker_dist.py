@@ -5,17 +5,21 @@
 ``WandB`` (W&B's mode and folders from the environment; its files in the run folder ``run``),
 the distributed plugin discovered. Each process writes ``rank<N>.json``: the world size, the
 trackers still registered at ``fit_start``, the published training epoch means
-(``[step, value]``), the run's name and the tracker runs' ids.
+(``[step, value]``), the run's name and the tracker runs' ids. ``tracker_dist.py resume``: a third
+epoch, resumed from the run's latest checkpoint with ``Checkpoint(strict=True)``
+(``resumed<N>.json``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 
 import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.mlflow import MLflow
 from hookfit.plugins.optim import Optim
@@ -54,15 +58,17 @@ def main() -> None:
         loop.optimizers.zero_grad()
         return {"loss": loss}
 
+    resume = sys.argv[1:] == ["resume"]
     seen, mlflow, wandb = Seen(), MLflow(tracking_uri="sqlite:///mlflow.db"), WandB()
-    plugins = [Optim(), Metrics(interval=0.0), mlflow, wandb, seen]
+    plugins = [Optim(), Metrics(interval=0.0), mlflow, wandb, seen, Checkpoint(strict=True, background=False)]
     loop = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                        max_epochs=2, run_dir="run", plugins=plugins)
+                        max_epochs=3 if resume else 2, run_dir="run", plugins=plugins,
+                        resume="latest" if resume else None)
     state = loop.fit()
     rank = state.rank
     out = {"world_size": state.world_size, "name": loop.run.name, "trackers": seen.trackers, "train_loss": seen.train_loss,
-           "mlflow": mlflow.run_id, "wandb": wandb.run_id, "status": state.status}
-    with open(f"rank{rank}.json", "w") as file:
+           "mlflow": mlflow.run_id, "wandb": wandb.run_id, "status": state.status, "step": state.step}
+    with open(f"{'resumed' if resume else 'rank'}{rank}.json", "w") as file:
         json.dump(out, file)
     assert os.environ.get("WORLD_SIZE") == "2"
 

@@ -384,7 +384,9 @@ def test_under_torchrun_only_rank_0_logs_to_wandb_and_mlflow(tmp_path: Path, _of
     """Two processes, each given both trackers: rank 0 keeps them, the other rank's are
     switched off by the distributed plugin before they start, so one MLflow run (in a SQLite
     store both processes could otherwise create at once) and one W&B run hold the global
-    metrics of the two processes."""
+    metrics of the two processes. Resumed with a strict checkpoint, rank 1 takes the trackers'
+    states as rank 0's (it failed the run: states no plugin of rank 1 restores), and rank 0
+    continues both tracker runs."""
     pytest.importorskip("mlflow")
     pytest.importorskip("sqlalchemy")
     from mlflow.tracking import MlflowClient
@@ -416,3 +418,12 @@ def test_under_torchrun_only_rank_0_logs_to_wandb_and_mlflow(tmp_path: Path, _of
     assert found.run.run_id == ranks[0]["wandb"] and found.exit_code == 0
     got = found.series("train/loss")
     assert [s for s, _ in got] == [4, 8] and [v for _, v in got] == pytest.approx([v for _, v in want])
+
+    # resumed with Checkpoint(strict=True): the trackers' states are rank 0's, not a mismatch on rank 1
+    done = subprocess.run([*command, *launch, str(REPO / "tests" / "scripts" / "tracker_dist.py"), "resume"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "plugin states do not match" not in done.stdout + done.stderr
+    resumed = [json.loads((tmp_path / f"resumed{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["status"], r["step"]) for r in resumed] == [("completed", 12)] * 2
+    assert resumed[0]["mlflow"] == ranks[0]["mlflow"] and resumed[0]["wandb"] == ranks[0]["wandb"]
