@@ -10,7 +10,8 @@ wherever it comes from (given, it unregisters itself at ``configure``). It
 needs MLflow (``pip install hookfit[mlflow]``: ``mlflow-skinny`` with SQLAlchemy and Alembic,
 for a SQLite or other database store, a tracking server, or Databricks; the full ``mlflow``
 package works as well); without it, a run that wants it gets one warning naming that command
-and trains on (an ``enabled=True`` given in code fails at once).
+and trains on (an ``enabled=True`` given in code fails at once). A smoke run (``HOOKFIT_SMOKE=1``)
+logs to a SQLite store in its temporary folder, so nothing reaches the tracking store.
 
 What it records, through ``mlflow.tracking.MlflowClient`` (MLflow's global active run is left
 alone), in the experiment ``experiment`` (the run's name by default: ``train`` for ``python
@@ -169,7 +170,9 @@ class MLflow(Tracker):
         self._client = None
 
     def _open(self, loop: Run) -> bool:
-        client = importlib.import_module("mlflow.tracking").MlflowClient(tracking_uri=self.tracking_uri)
+        # a smoke run keeps nothing: a store of its own in its temporary folder
+        uri = f"sqlite:///{os.path.abspath(loop.run_dir / 'mlflow.db')}" if loop.smoke else self.tracking_uri
+        client = importlib.import_module("mlflow.tracking").MlflowClient(tracking_uri=uri)
         self._entities = importlib.import_module("mlflow.entities")
         params = {key: str(value) for key, value in run_hparams(loop, self.hparams).items()}
         if self._resume_id is not None:

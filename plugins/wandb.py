@@ -10,7 +10,8 @@ needs the ``wandb`` package (``pip install
 hookfit[wandb]``); without it, a run that wants it gets one warning naming that command and
 trains on (an ``enabled=True`` given in code fails at once). Online, log in first (``wandb
 login`` or ``WANDB_API_KEY``); ``mode="offline"`` (or ``WANDB_MODE=offline``) writes the run to
-disk only, for ``wandb sync`` later.
+disk only, for ``wandb sync`` later. A smoke run (``HOOKFIT_SMOKE=1``) logs offline into its temporary
+folder, so nothing reaches the project.
 
 What it records, in a W&B run of ``project`` (the run's name by default: ``train`` for ``python
 train.py``) named ``run_name`` (by default the run folder's name, ``<date>-<time>``), whose
@@ -170,12 +171,13 @@ class WandB(Tracker):
         config: dict[str, Any] = {**run_hparams(loop, self.hparams), "hookfit.run_dir": os.path.abspath(loop.run_dir)}
         # WANDB_DIR as it is now: W&B reads its environment once a process, at its first run; and
         # absolute: the W&B service that writes the files may be another process's, elsewhere
-        folder = os.path.abspath(self.dir or os.environ.get("WANDB_DIR") or loop.run_dir)
+        # a smoke run keeps nothing: offline, in its temporary folder
+        folder = os.path.abspath(loop.run_dir if loop.smoke else self.dir or os.environ.get("WANDB_DIR") or loop.run_dir)
         os.makedirs(folder, exist_ok=True)
         options = {"settings": {"console": "off"}, **self.init}
         resume = self._resume_id
         run = wandb.init(project=self.project or loop.name, entity=self.entity, name=self.run_name or loop.run_dir.name,
-                         dir=folder, mode=self.mode, id=resume,
+                         dir=folder, mode="offline" if loop.smoke else self.mode, id=resume,
                          resume="allow" if resume else None, reinit="create_new", config=config,
                          allow_val_change=True, **options)
         if resume and run.resumed:  # online: W&B has the run's rows up to its step

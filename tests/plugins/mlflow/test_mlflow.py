@@ -305,6 +305,17 @@ def test_discovered_it_is_inert_until_configured(tmp_path: Path, store: str, mon
     assert experiment(store, "off") is None
 
 
+def test_a_smoke_run_logs_to_a_store_in_its_temporary_folder_not_the_tracking_store(tmp_path: Path, store: str) -> None:
+    """HOOKFIT_SMOKE=1 on a script that logs to a tracking store: the MLflow run is in a store of the smoke
+    run's own, removed with it; the real store has no experiment for it."""
+    from hookfit.plugins.smoke import Smoke
+
+    tracker = MLflow(tracking_uri=store, experiment="smoke-kept-out")
+    loop = run(tmp_path / "run", tracker, Smoke(), smoke=True)
+    assert loop.state.status == "completed" and tracker.run_id is not None
+    assert experiment(store, "smoke-kept-out") is None and not (tmp_path / "run").exists()
+
+
 @pytest.mark.bad_input
 def test_names_mlflow_refuses_are_written_safely_and_said_once_not_the_tracker_switched_off(
         tmp_path: Path, store: str) -> None:

@@ -312,6 +312,26 @@ def test_discovered_it_is_inert_until_configured(tmp_path: Path, monkeypatch: py
     assert not (tmp_path / "off-wandb").exists() and len(offline_runs(tmp_path / "elsewhere")) == 1
 
 
+def test_a_smoke_run_logs_offline_in_its_temporary_folder_and_nothing_reaches_the_project(tmp_path: Path) -> None:
+    """HOOKFIT_SMOKE=1 on a script that logs online to a folder of its own: the W&B run is offline, in the
+    smoke run's temporary folder, removed with it."""
+    from hookfit.plugins.smoke import Smoke
+
+    where: list[bool] = []
+
+    class Where:
+        name = "where"
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            where.append((loop.run_dir / "wandb").is_dir())
+
+    tracker = WandB(dir=tmp_path / "elsewhere", mode="online")
+    loop = run(tmp_path / "run", tracker, Where(), Smoke(), smoke=True)
+    assert loop.state.status == "completed" and tracker.run_id is not None and where == [True]
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "run").exists()
+
+
 def test_only_the_main_process_logs(tmp_path: Path) -> None:
     class Rank1:
         name = "rank1"
