@@ -58,6 +58,7 @@ class Metrics:
         self.derived = Derived(derived, plugin=name)  # metrics computed from the aggregated ones
         self.report = Report(self.directions)  # what the results event answers
         self._every: Every | None = None  # with several processes: publish every sync_every batches
+        self._said_sync = False  # interval=0 with several processes was warned about
         self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only (the fast path)
         self._resumed: Stage | None = None
@@ -77,7 +78,7 @@ class Metrics:
         self.history = {
             s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
         }
-        self._stage, self._stage_name, self._outer = None, None, []
+        self._stage, self._stage_name, self._outer, self._said_sync = None, None, [], False
         self.report = Report(self.directions)
         self.derived.reset()
 
@@ -98,6 +99,12 @@ class Metrics:
         may differ by a batch, so what it publishes before its end is this process's own,
         reduced only at its ``stage_end``."""
         several = self._reduce(loop) is not None
+        if several and self.interval == 0 and self.sync_every > 1 and not self._said_sync:
+            self._said_sync = True
+            warnings.warn(f"metrics: interval=0 asks for a publication after every batch; with several processes "
+                          f"they come every sync_every={self.sync_every} batches (a reduction over the processes "
+                          f"each time): give Metrics(sync_every=1) for every batch", HookfitWarning,
+                          stacklevel=user_level())
         self._every = self._sync if several and stage == "train" else None
         self._local = several and stage != "train"
         self._by_time = self._every is None

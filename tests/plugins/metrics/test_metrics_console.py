@@ -289,6 +289,23 @@ def test_with_several_processes_snapshots_carry_global_sample_weighted_numbers(t
 
 
 @pytest.mark.bad_input
+def test_interval_0_with_several_processes_says_publications_come_every_sync_every_batches(tmp_path: Path) -> None:
+    """Metrics(interval=0) for a line every step (MetricsLog, TensorBoard) under torchrun got one every 50
+    batches, silently: said once a run, with sync_every=1 for every batch."""
+    data = [torch.full((2, 1), float(i)) for i in range(4)]
+    with pytest.warns(HookfitWarning, match=r"metrics: interval=0 asks for a publication after every batch; with "
+                                            r"several processes they come every sync_every=50 batches") as said:
+        run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(interval=0), extra=[TwoProcesses()],
+            epochs=2)
+    assert len([w for w in said if "sync_every" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HookfitWarning)
+        every = run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(interval=0, sync_every=1),
+                    extra=[TwoProcesses()])
+    assert [u.batches for u in every.updates] == [1, 2, 3, 4]
+
+
+@pytest.mark.bad_input
 def test_processes_reporting_different_metric_names_fail_clearly(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="processes of this run report different metric names"):
         run(lambda l, b: {"v": b.mean()}, [torch.ones(2, 1)], tmp_path,
