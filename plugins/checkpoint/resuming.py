@@ -18,7 +18,7 @@ from hookfit.data import Batches
 from hookfit.errors import user_level
 from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import ranks, sharded
-from hookfit.plugins.checkpoint.state import SWITCHED_OFF, load_model, model_state
+from hookfit.plugins.checkpoint.state import SWITCHED_OFF, load_model, model_mismatch, model_state
 from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, read
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -45,7 +45,7 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
             meant = "; did you mean resume='latest'?" if difflib.get_close_matches(source, ["latest"]) else ""
             raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file{meant}")
         else:
-            return path, read(path, trains)
+            return path, _read(loop, path, trains)
     else:
         candidates, where = latest(loop, directory)
         if not candidates:  # said: a script run from another folder finds no runs/ of its own
@@ -55,13 +55,32 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
                       flush=True)
             return None, None
     if not fallback:
-        return candidates[0], read(candidates[0], trains)
+        return candidates[0], _read(loop, candidates[0], trains)
     for path in candidates:
         try:
-            return path, read(path, trains)
+            return path, _read(loop, path, trains)
         except CheckpointError as error:
             warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=user_level())
     raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")
+
+
+def _read(loop: Run, path: Path, trains: Any) -> dict[str, Any]:
+    """:func:`read`, a checkpoint of another model said as such: its position may be one this run's data
+    cannot hold, which would hide the mistake behind it."""
+    try:
+        return read(path, trains)
+    except CheckpointError as error:
+        if trains is None:
+            raise
+        failed = error
+    try:
+        why = model_mismatch(loop.model, read(path)["model"])
+    except CheckpointError:  # unreadable without the data as well: the first error says why
+        raise failed from None
+    if why is None:
+        raise failed
+    raise CheckpointError(f"checkpoint: the model in {path} does not fit this run's model ({why}): a checkpoint "
+                          f"of another model, or of this one before a change") from failed
 
 
 def latest(loop: Run, directory: Path | None) -> tuple[list[Path], str]:

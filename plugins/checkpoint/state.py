@@ -74,3 +74,23 @@ def load_model(model: Any, state: Any, path: Path) -> None:
     else:
         for module, sub in zip(model, state, strict=True):
             load_model(module, sub, path)
+
+
+def model_mismatch(model: Any, state: Any) -> str | None:
+    """How the model state a checkpoint holds differs from ``model``'s by its keys (``None``: the same keys)."""
+    here, saved = _keys(model_state(model)), _keys(unwrap_state_dict(state) if isinstance(state, Mapping) else state)
+    if here == saved:
+        return None
+    missing, unexpected = sorted(here - saved), sorted(saved - here)
+    return "; ".join(f"{what} {', '.join(map(repr, keys[:3]))}{' ...' if len(keys) > 3 else ''}"
+                     for what, keys in (("this run's model has", missing), ("the checkpoint has", unexpected)) if keys)
+
+
+def _keys(state: Any, prefix: str = "") -> set[str]:
+    if isinstance(state, Mapping) and not all(isinstance(v, torch.Tensor) or v is None for v in state.values()):
+        return {key for k, v in state.items() for key in _keys(v, f"{prefix}{k}/")}
+    if isinstance(state, Mapping):
+        return {f"{prefix}{k}" for k in state}
+    if isinstance(state, (list, tuple)):
+        return {key for i, v in enumerate(state) for key in _keys(v, f"{prefix}{i}/")}
+    return set()

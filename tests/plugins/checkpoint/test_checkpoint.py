@@ -191,6 +191,27 @@ def test_a_best_by_another_metric_is_not_kept_when_the_monitor_changes(tmp_path:
 
 
 @pytest.mark.bad_input
+def test_a_checkpoint_of_another_model_is_said_so_not_as_a_position_the_data_cannot_hold(tmp_path: Path) -> None:
+    """Resuming the checkpoint of another script (its model and its longer data): the model is the mistake,
+    not 'impossible position: 7 training batches done ... and this run's training data has 4'."""
+    def fit(model, batches, **options):
+        return hookfit.Loop(lambda loop, batch: None, [torch.zeros(1)] * batches, model=model, run_dir=tmp_path,
+                            plugins=[Checkpoint(every_n_epochs=None, every_n_steps=7, background=False)],
+                            **options).fit()
+
+    fit(torch.nn.Sequential(torch.nn.Linear(1, 1)), 10)
+    path = tmp_path / "checkpoints" / "epoch0001-step000000007.pt"
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"checkpoint: the model in {path} does not fit this run's model (this run's model has 'bias', "
+            f"'weight'; the checkpoint has '0.bias', '0.weight'): a checkpoint of another model")) as raised:
+        fit(torch.nn.Linear(1, 1), 4, resume=str(path))
+    assert "impossible position: 7 training batches done in epoch 1" in str(raised.value.__cause__)
+    with pytest.raises(CheckpointError, match="impossible position: 7 training batches done in epoch 1, and this "
+                                              "run's training data has 4"):  # the same model: the data it is
+        fit(torch.nn.Sequential(torch.nn.Linear(1, 1)), 4, resume=str(path))
+
+
+@pytest.mark.bad_input
 def test_keep_best_without_a_monitor_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match=r"checkpoint: keep_best=2 keeps the checkpoints best by monitor, and none "
                                          r"is given: give monitor='valid/loss'"):
