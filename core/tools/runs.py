@@ -207,6 +207,16 @@ def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, in
     return out
 
 
+def _ended_best(end: Mapping[str, Any] | None, metric: str) -> tuple[float, int] | None:
+    """``metric``'s best and its epoch as the core's end line records them (``results["best"]``), if it does."""
+    results = end.get("results") if end is not None else None
+    kept = results.get("best", {}).get(metric) if isinstance(results, dict) and isinstance(results.get("best"),
+                                                                                             dict) else None
+    if isinstance(kept, list) and len(kept) == 2 and isinstance(kept[0], (int, float)) and jsonlines.count(kept[1]):
+        return float(kept[0]), int(kept[1])
+    return None
+
+
 def best(rows: Sequence[Mapping[str, Any]], metric: str, mode: str | None = None) -> tuple[float, int] | None:
     """The best value of ``metric`` over the epochs and its epoch (from 1), a stage a stop cut
     short (``"stopped"``, :mod:`hookfit.plugins.metrics_log`) left out: the lowest for
@@ -332,7 +342,8 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     epochs = max((int(r["epoch"]) for r in rows if isinstance(r.get("epoch"), int)), default=None)
     steps = last.get("step") if jsonlines.count(last.get("step")) else None
     counted = last_end.get("steps") if last_end is not None else None  # the core's end line (run.jsonl)
-    if jsonlines.count(counted) and (steps is None or counted > steps):  # the metric log stopped short (a full disk)
+    short = jsonlines.count(counted) and (steps is None or counted > steps)
+    if short:  # the metric log stopped short (a full disk)
         steps = counted
         end_epochs = last_end.get("epochs") if last_end is not None else None
         if jsonlines.count(end_epochs) and (epochs is None or end_epochs > epochs):
@@ -341,6 +352,8 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         metric = default_metric(rows, directions(metrics))
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
+    if short and metric and mode == direction(metric, directions(metrics)):  # the run's own best of every epoch
+        found = _ended_best(last_end, metric) or found
     name = opened[-1].get("name") if opened else None
     name = name if isinstance(name, str) else folder.parent.name  # (a damaged name is left out)
     started = opened[0].get("started") if opened else None

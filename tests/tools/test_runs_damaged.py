@@ -202,7 +202,11 @@ FULL_DISK = textwrap.dedent('''
                 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
-    state = hookfit.Loop(lambda loop, batch: {"loss": torch.tensor(float(batch))}, [1, 2], max_epochs=40,
+    def step(loop, batch):  # better every epoch: the best is the last epoch's, which the log does not hold
+        return {"loss": torch.tensor(float(batch) / (1 + loop.state.epoch))}
+
+
+    state = hookfit.Loop(step, [1, 2], max_epochs=40,
                          run_dir=run_dir, plugins=[Metrics(), MetricsLog(), Fill()]).fit()
     print(state.status, state.step)
 ''')
@@ -225,6 +229,7 @@ def test_runs_counts_the_steps_of_a_run_whose_metric_log_filled_the_disk(tmp_pat
     assert listed.returncode == 0, listed.stderr
     (info,) = json.loads(listed.stdout)
     assert (info["status"], info["steps"], info["epochs"]) == ("completed", 80, 40)
+    assert info["best"]["epoch"] == 40 and info["best"]["value"] == pytest.approx(1.5 / 40)  # the run's, not the log's
 
 
 @pytest.mark.bad_input
