@@ -16,9 +16,9 @@ fields (``reason``, ``by``, ``last_reason``, ``error``, ``message``) are always 
 Epoch summaries
     Every stage of every epoch gets its summary line, however quickly the epochs come (a log
     that skips epochs cannot be compared with another run's): ``hookfit train epoch=<e>/<max>
-    done batches=<n> time=<s>s samples_per_s=<x> <metric>=<epoch mean>...``. A stage that
-    ended early (a stop or ``max_steps`` inside the epoch: ``batches < total``) says so, lest
-    it be read as a whole epoch: ``hookfit train epoch=2/5 partial batches=37/100 ...``; a
+    done batches=<n> time=<s>s samples_per_s=<x> <metric>=<epoch mean>...``. A stage that ended early (a
+    stop or ``max_steps`` inside the epoch: ``batches < total``, or for data without a length its summary
+    coming after the run's end) says so, lest it be read as a whole epoch: ``partial batches=37/100``; a
     validation every N steps (``val_every_n_steps``) says after which: ``step=<n>``.
     ``interval`` and ``every_n_batches`` bound the progress lines, never the summaries.
 
@@ -340,7 +340,7 @@ class Console:
             self._extremes(stage, key, value.epoch, epoch, loop.state.status != "interrupted")
         self._last_progress = _clock()
         total = metrics.total
-        partial = total is not None and metrics.batches < total  # a stage cut short: not a whole epoch
+        partial = metrics.batches < total if total is not None else loop.state.stop_reason is not None
         per = self._world if stage == "train" else 1
         count = (f"samples={metrics.samples}" if self._own(stage)  # the processes' parts differ
                  else f"batches={metrics.batches * per}" + (f"/{total * per}" if partial and total else ""))

@@ -261,6 +261,30 @@ def test_a_partial_epoch_summary_says_so_a_whole_one_does_not() -> None:
     assert "done" not in summaries[1] and summaries[1].endswith(" loss=0.5")
 
 
+class Stream:
+    """A hundred batches and no length, as a streaming dataset."""
+
+    def __iter__(self):
+        return iter(range(100))
+
+
+@pytest.mark.parametrize("ended", ["max_steps", "a stop"])
+def test_a_stage_of_data_without_a_length_cut_short_says_partial(ended: str) -> None:
+    """max_steps=7 (or a stop after batch 7) of a stream: the summary comes once the run ended, not at the
+    stage's end, and says partial; a stream read to its end says done."""
+    from conftest import StopAfter
+
+    def lines(**options) -> list[str]:
+        out = io.StringIO()
+        hookfit.Loop(lambda loop, b: {"loss": torch.tensor(float(b))}, Stream(), plugins=[Console(stream=out),
+                     Metrics(), *options.pop("plugins", [])], **options).fit()
+        return [l.split(" time=")[0] for l in out.getvalue().splitlines() if l.startswith("hookfit train epoch=")]
+
+    cut = lines(max_steps=7) if ended == "max_steps" else lines(plugins=[StopAfter(7)])
+    assert cut == [f"hookfit train epoch={'1' if ended == 'max_steps' else '1/1'} partial batches=7"]
+    assert lines() == ["hookfit train epoch=1/1 done batches=100"]
+
+
 def test_skipped_steps_are_counted_in_the_console_and_metrics_log_end_lines(tmp_path) -> None:
     """A run whose loss turned NaN skips most of its steps and ends "completed": the console's
     end lines and the metric log's end line count the skipped steps and say why."""
