@@ -28,8 +28,11 @@ def fail(run: Run, error: BaseException) -> None:
     state.status, state.error = "failed", error
     state.stop_reason = f"{type(error).__name__}: {error}"
     error.add_note(blame.where(run, error))
+    known = len(getattr(error, "__notes__", ()))
     for _, secondary in run.hooks.call_all("exception", run, error):
         blame.warn_secondary(secondary, "exception")
+    if added := getattr(error, "__notes__", [])[known:]:  # what the plugins know of it (a rank that failed first)
+        state.stop_reason += f" ({'; '.join(added)})"
 
 
 def finish(run: Run, failed: bool) -> None:

@@ -227,7 +227,9 @@ def exception(loop: Run, error: BaseException) -> None:
     """The run failed: ``error`` was raised by the step function, the data or a plugin.
 
     Fires once, before ``fit_end``, with ``loop.state.status == "failed"``. The exception then
-    propagates unchanged to the caller of ``fit()``, with a note naming where it came from.
+    propagates unchanged to the caller of ``fit()``, with a note naming where it came from. A
+    note an implementation adds (``error.add_note``: what it knows of the cause, such as the
+    rank of a distributed run that failed first) is part of ``loop.state.stop_reason`` too.
     An implementation must not raise; if one does, its error is reported as a warning and the
     original error still propagates. Every implementation runs even if another raised,
     wrappers and call tracing included. The return value is ignored.

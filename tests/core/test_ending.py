@@ -55,6 +55,26 @@ def test_failing_step_fires_exception_then_fit_end_and_reraises(recorder: Record
 
 
 @pytest.mark.fault
+def test_a_note_an_exception_hook_adds_is_part_of_the_stop_reason() -> None:
+    """What a plugin knows of the cause (a distributed run's rank that failed first, while this rank saw
+    its connection closed) reaches loop.state.stop_reason, which run.jsonl and hookfit runs show."""
+    class Cause:
+        name = "cause"
+
+        @hookfit.hookimpl
+        def exception(self, error):
+            error.add_note("hookfit distributed: rank 1 of 2 failed first: ValueError: bad")
+
+    def step(loop, batch):
+        raise RuntimeError("Connection closed by peer")
+
+    loop = hookfit.Loop(step, [1], plugins=[Cause()])
+    with pytest.raises(RuntimeError):
+        loop.fit()
+    assert loop.state.stop_reason == ("RuntimeError: Connection closed by peer (hookfit distributed: rank 1 of 2 "
+                                      "failed first: ValueError: bad)")
+
+
 def test_failing_plugin_is_named_in_the_note(recorder: Recorder) -> None:
     class Faulty:
         name = "faulty"
