@@ -292,8 +292,9 @@ class Run:
         ``load_state`` implementation; an entry ``None`` restores nothing. A plugin with a
         state to keep but no entry (new to the run) and an entry no plugin restores (a plugin
         since removed) raise :class:`hookfit.StateMismatch` with ``strict``, else one
-        :class:`hookfit.HookfitWarning` names them and the rest is restored. Off the main process
-        the entries of observers (switched off there: rank 0 logs) are rank 0's, not a mismatch."""
+        :class:`hookfit.HookfitWarning` names them and the rest is restored. An entry no plugin
+        restores is judged on the main process only: the others leave out what runs on rank 0
+        alone (observers, a tracker a script gives rank 0)."""
         saved_states.load_plugin_states(self, states, strict)
 
     def execute(self) -> State:

@@ -173,11 +173,9 @@ def load_plugin_states(run: Run, states: Mapping[str, Any], strict: bool) -> Non
     # whose save_state answers None now, has nothing to restore)
     missing = sorted(name for name in savers if name not in states
                      and hooks.call_plugin("save_state", name, run) is not None)
-    # off the main process (a torchrun rank but 0) observers are switched off: their states are rank 0's to restore
-    main_only = set() if run.is_main else {name for name, info in getattr(run.pm, "infos", {}).items()
-                                           if getattr(info.plugin, "observer", False) is True}
-    extra = sorted(name for name in states
-                   if name not in loaders and states[name] is not None and name not in main_only)
+    # a state no plugin here restores is rank 0's to judge: the checkpoint is its, and other ranks leave out what
+    # runs on rank 0 alone (the observers switched off there, a tracker a script gives rank 0 only)
+    extra = sorted(name for name in states if name not in loaders and states[name] is not None) if run.is_main else []
     if missing or extra:
         problems = []
         if missing:

@@ -89,6 +89,11 @@ def _require() -> None:
     require("wandb", "wandb", "wandb package", INSTALL)
 
 
+def _smoke_mode(mode: str | None) -> str:
+    """A smoke run's W&B mode: ``"disabled"`` where that is asked (the option, else ``WANDB_MODE``), else offline."""
+    return "disabled" if (mode or os.environ.get("WANDB_MODE")) == "disabled" else "offline"
+
+
 class WandB(Tracker):
     """Logs the run to Weights & Biases: hyperparameters, metrics at the global step, learning
     rates, checkpoints (optional) and the final status (see the module documentation). Options
@@ -177,7 +182,7 @@ class WandB(Tracker):
         options = {"settings": {"console": "off"}, **self.init}
         resume = self._resume_id
         run = wandb.init(project=self.project or loop.name, entity=self.entity, name=self.run_name or loop.run_dir.name,
-                         dir=folder, mode="offline" if loop.smoke else self.mode, id=resume,
+                         dir=folder, mode=_smoke_mode(self.mode) if loop.smoke else self.mode, id=resume,
                          resume="allow" if resume else None, reinit="create_new", config=config,
                          allow_val_change=True, **options)
         if resume and run.resumed:  # online: W&B has the run's rows up to its step

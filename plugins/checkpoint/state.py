@@ -77,20 +77,23 @@ def load_model(model: Any, state: Any, path: Path) -> None:
 
 
 def model_mismatch(model: Any, state: Any) -> str | None:
-    """How the model state a checkpoint holds differs from ``model``'s by its keys (``None``: the same keys)."""
-    here, saved = _keys(model_state(model)), _keys(unwrap_state_dict(state) if isinstance(state, Mapping) else state)
-    if here == saved:
+    """How the model state a checkpoint holds differs from ``model``'s by the keys of each module (``None``: the
+    same keys), walked along ``model`` as :func:`load_model` loads it (a sharded state's entries are its keys too)."""
+    if model is None or state is None:
         return None
-    missing, unexpected = sorted(here - saved), sorted(saved - here)
-    return "; ".join(f"{what} {', '.join(map(repr, keys[:3]))}{' ...' if len(keys) > 3 else ''}"
-                     for what, keys in (("this run's model has", missing), ("the checkpoint has", unexpected)) if keys)
-
-
-def _keys(state: Any, prefix: str = "") -> set[str]:
-    if isinstance(state, Mapping) and not all(isinstance(v, torch.Tensor) or v is None for v in state.values()):
-        return {key for k, v in state.items() for key in _keys(v, f"{prefix}{k}/")}
-    if isinstance(state, Mapping):
-        return {f"{prefix}{k}" for k in state}
-    if isinstance(state, (list, tuple)):
-        return {key for i, v in enumerate(state) for key in _keys(v, f"{prefix}{i}/")}
-    return set()
+    if isinstance(model, torch.nn.Module):
+        if not isinstance(state, Mapping):
+            return None
+        here, saved = set(unwrap_model(model).state_dict()), set(unwrap_state_dict(state))
+        missing, unexpected = sorted(here - saved), sorted(saved - here)
+        return "; ".join(f"{what} {', '.join(map(repr, keys[:3]))}{' ...' if len(keys) > 3 else ''}"
+                         for what, keys in (("this run's model has", missing), ("the checkpoint has", unexpected))
+                         if keys) or None
+    if isinstance(model, Mapping):
+        if not isinstance(state, Mapping) or set(model) != set(state):
+            held = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            return f"the checkpoint has models {held}, this run {sorted(model)}"
+        return next((f"{key!r}: {why}" for key in model if (why := model_mismatch(model[key], state[key]))), None)
+    if not isinstance(state, (list, tuple)) or len(state) != len(model):
+        return None
+    return next((f"[{i}]: {why}" for i, (m, st) in enumerate(zip(model, state)) if (why := model_mismatch(m, st))), None)

@@ -99,7 +99,7 @@ class Metrics:
         may differ by a batch, so what it publishes before its end is this process's own,
         reduced only at its ``stage_end``."""
         several = self._reduce(loop) is not None
-        if several and self.interval == 0 and self.sync_every > 1 and not self._said_sync:
+        if several and stage == "train" and self.interval == 0 and self.sync_every > 1 and not self._said_sync:
             self._said_sync = True
             warnings.warn(f"metrics: interval=0 asks for a publication after every batch; with several processes "
                           f"they come every sync_every={self.sync_every} batches (a reduction over the processes "

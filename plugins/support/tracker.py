@@ -105,7 +105,7 @@ class Tracker:
 
     @hookimpl
     def checkpoint_saved(self, loop: Run, path: str, reason: str, step: int) -> None:
-        if self.log_checkpoints and self._start(loop):
+        if self.log_checkpoints and not loop.smoke and self._start(loop):  # (a smoke run keeps no checkpoint)
             self._keep(path, reason, step, folder=os.path.isdir(path))  # a folder: a sharded checkpoint
 
     @hookimpl(trylast=True)  # after the checkpoint plugin's last save and announcement

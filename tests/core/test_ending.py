@@ -54,7 +54,6 @@ def test_failing_step_fires_exception_then_fit_end_and_reraises(recorder: Record
     assert error.__traceback__ is not None  # what fit() raised keeps its frames, for a debugger
 
 
-@pytest.mark.fault
 def test_a_note_an_exception_hook_adds_is_part_of_the_stop_reason() -> None:
     """What a plugin knows of the cause (a distributed run's rank that failed first, while this rank saw
     its connection closed) reaches loop.state.stop_reason, which run.jsonl and hookfit runs show."""
@@ -75,6 +74,7 @@ def test_a_note_an_exception_hook_adds_is_part_of_the_stop_reason() -> None:
                                       "failed first: ValueError: bad)")
 
 
+@pytest.mark.fault
 def test_failing_plugin_is_named_in_the_note(recorder: Recorder) -> None:
     class Faulty:
         name = "faulty"

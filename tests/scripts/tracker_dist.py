@@ -6,8 +6,8 @@
 the distributed plugin discovered. Each process writes ``rank<N>.json``: the world size, the
 trackers still registered at ``fit_start``, the published training epoch means
 (``[step, value]``), the run's name and the tracker runs' ids. ``tracker_dist.py resume``: a third
-epoch, resumed from the run's latest checkpoint with ``Checkpoint(strict=True)``
-(``resumed<N>.json``).
+epoch, resumed from the run's latest checkpoint with ``Checkpoint(strict=True)``, the trackers given
+on rank 0 only, as scripts do (``resumed<N>.json``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def main() -> None:
 
     resume = sys.argv[1:] == ["resume"]
     seen, mlflow, wandb = Seen(), MLflow(tracking_uri="sqlite:///mlflow.db"), WandB()
-    plugins = [Optim(), Metrics(interval=0.0), mlflow, wandb, seen, Checkpoint(strict=True, background=False)]
+    trackers = [mlflow, wandb] if not resume or os.environ["RANK"] == "0" else []  # resumed: given on rank 0 only
+    plugins = [Optim(), Metrics(interval=0.0), *trackers, seen, Checkpoint(strict=True, background=False)]
     loop = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                         max_epochs=3 if resume else 2, run_dir="run", plugins=plugins,
                         resume="latest" if resume else None)

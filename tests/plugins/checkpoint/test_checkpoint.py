@@ -211,6 +211,35 @@ def test_a_checkpoint_of_another_model_is_said_so_not_as_a_position_the_data_can
         fit(torch.nn.Sequential(torch.nn.Linear(1, 1)), 4, resume=str(path))
 
 
+def test_the_model_mismatch_compares_each_modules_keys_whatever_its_values() -> None:
+    """A sharded checkpoint's placeholders, a module's extra state, an old compiled module's keys and
+    models given as dicts: the same model is no mismatch; another one is, named by its keys."""
+    import collections
+
+    from hookfit.plugins.checkpoint.sharded import MARK
+    from hookfit.plugins.checkpoint.state import model_mismatch, model_state
+
+    class Extra(torch.nn.Linear):
+        def get_extra_state(self):
+            return {"v": 1}
+
+        def set_extra_state(self, state):
+            pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    placeholders = {k: {MARK: f"model/{k}", "shape": list(v.shape)} for k, v in model_state(model).items()}
+    assert model_mismatch(model, placeholders) is None
+    extra, linear = Extra(2, 2), torch.nn.Linear(2, 2)
+    assert model_mismatch(extra, model_state(Extra(2, 2))) is None
+    assert model_mismatch(extra, model_state(torch.nn.Sequential(Extra(2, 2)))) == (
+        "this run's model has '_extra_state', 'bias', 'weight'; the checkpoint has '0._extra_state', '0.bias', "
+        "'0.weight'")
+    compiled = collections.OrderedDict(("_orig_mod." + k, v) for k, v in linear.state_dict().items())
+    assert model_mismatch({"g": linear}, {"g": compiled}) is None
+    assert model_mismatch({"g": linear}, linear.state_dict()) == "the checkpoint has models ['bias', 'weight'], this run ['g']"
+    assert model_mismatch([linear, model], [linear.state_dict(), model_state(model)]) is None
+
+
 @pytest.mark.bad_input
 def test_keep_best_without_a_monitor_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match=r"checkpoint: keep_best=2 keeps the checkpoints best by monitor, and none "

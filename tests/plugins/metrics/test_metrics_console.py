@@ -303,6 +303,10 @@ def test_interval_0_with_several_processes_says_publications_come_every_sync_eve
         every = run(lambda l, b: {"v": b.mean()}, data, tmp_path, metrics=Metrics(interval=0, sync_every=1),
                     extra=[TwoProcesses()])
     assert [u.batches for u in every.updates] == [1, 2, 3, 4]
+    with warnings.catch_warnings():  # an evaluation publishes by time: nothing to say
+        warnings.simplefilter("error", HookfitWarning)
+        hookfit.Loop(lambda l, b: None, [], val_step=lambda l, b: {"v": b.mean()}, val_data=data,
+                     plugins=[Metrics(interval=0), TwoProcesses()]).validate()
 
 
 @pytest.mark.bad_input

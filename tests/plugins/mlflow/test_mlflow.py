@@ -305,15 +305,19 @@ def test_discovered_it_is_inert_until_configured(tmp_path: Path, store: str, mon
     assert experiment(store, "off") is None
 
 
-def test_a_smoke_run_logs_to_a_store_in_its_temporary_folder_not_the_tracking_store(tmp_path: Path, store: str) -> None:
+def test_a_smoke_run_logs_to_a_store_in_its_temporary_folder_not_the_tracking_store(
+        tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """HOOKFIT_SMOKE=1 on a script that logs to a tracking store: the MLflow run is in a store of the smoke
     run's own, removed with it; the real store has no experiment for it."""
     from hookfit.plugins.smoke import Smoke
 
-    tracker = MLflow(tracking_uri=store, experiment="smoke-kept-out")
-    loop = run(tmp_path / "run", tracker, Smoke(), smoke=True)
-    assert loop.state.status == "completed" and tracker.run_id is not None
+    tracker = MLflow(tracking_uri=store, experiment="smoke-kept-out", log_checkpoints=True)
+    saved = Published()
+    monkeypatch.chdir(tmp_path)  # (where MLflow would keep artifacts by default: ./mlruns)
+    loop = run(tmp_path / "run", tracker, Smoke(), Checkpoint(background=False), saved, smoke=True)
+    assert loop.state.status == "completed" and tracker.run_id is not None and saved.checkpoints
     assert experiment(store, "smoke-kept-out") is None and not (tmp_path / "run").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no checkpoint copied as an artifact either
 
 
 @pytest.mark.bad_input

@@ -326,10 +326,34 @@ def test_a_smoke_run_logs_offline_in_its_temporary_folder_and_nothing_reaches_th
         def fit_end(self, loop):
             where.append((loop.run_dir / "wandb").is_dir())
 
-    tracker = WandB(dir=tmp_path / "elsewhere", mode="online")
-    loop = run(tmp_path / "run", tracker, Where(), Smoke(), smoke=True)
+    def kept() -> list[Path]:  # what W&B keeps of the process's runs outside their folders (artifacts staged)
+        data = Path(os.environ["WANDB_DATA_DIR"])
+        return sorted(p for p in data.rglob("*") if p.is_file()) if data.exists() else []
+
+    before = kept()
+    tracker = WandB(dir=tmp_path / "elsewhere", mode="online", log_checkpoints=True)
+    loop = run(tmp_path / "run", tracker, Where(), Smoke(), Checkpoint(background=False), smoke=True)
     assert loop.state.status == "completed" and tracker.run_id is not None and where == [True]
     assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "run").exists()
+    assert kept() == before  # no checkpoint staged as an artifact
+
+
+def test_a_smoke_run_keeps_wandb_disabled_where_it_was_asked(tmp_path: Path) -> None:
+    """WandB(mode="disabled"): a smoke run does not turn it into an offline run."""
+    from hookfit.plugins.smoke import Smoke
+
+    seen: list[Any] = []
+
+    class Mode:
+        name = "mode"
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):  # (before the tracker's, which ends its run last)
+            seen.append(getattr(tracker.run, "disabled", None))
+
+    tracker = WandB(mode="disabled")
+    loop = run(tmp_path / "run", tracker, Mode(), Smoke(), smoke=True)
+    assert loop.state.status == "completed" and seen == [True]
 
 
 def test_only_the_main_process_logs(tmp_path: Path) -> None:
@@ -404,9 +428,9 @@ def test_under_torchrun_only_rank_0_logs_to_wandb_and_mlflow(tmp_path: Path, _of
     """Two processes, each given both trackers: rank 0 keeps them, the other rank's are
     switched off by the distributed plugin before they start, so one MLflow run (in a SQLite
     store both processes could otherwise create at once) and one W&B run hold the global
-    metrics of the two processes. Resumed with a strict checkpoint, rank 1 takes the trackers'
-    states as rank 0's (it failed the run: states no plugin of rank 1 restores), and rank 0
-    continues both tracker runs."""
+    metrics of the two processes. Resumed with a strict checkpoint and the trackers given to rank
+    0 only, rank 1 leaves the trackers' states to rank 0 (it failed the run: states no plugin of
+    rank 1 restores), and rank 0 continues both tracker runs."""
     pytest.importorskip("mlflow")
     pytest.importorskip("sqlalchemy")
     from mlflow.tracking import MlflowClient
@@ -439,7 +463,8 @@ def test_under_torchrun_only_rank_0_logs_to_wandb_and_mlflow(tmp_path: Path, _of
     got = found.series("train/loss")
     assert [s for s, _ in got] == [4, 8] and [v for _, v in got] == pytest.approx([v for _, v in want])
 
-    # resumed with Checkpoint(strict=True): the trackers' states are rank 0's, not a mismatch on rank 1
+    # resumed with Checkpoint(strict=True), the trackers given on rank 0 alone: their states are rank 0's to restore,
+    # not a mismatch on rank 1
     done = subprocess.run([*command, *launch, str(REPO / "tests" / "scripts" / "tracker_dist.py"), "resume"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
