@@ -334,6 +334,19 @@ def test_the_folder_asked_for_after_a_run_is_not_locked_for_the_next_run(tmp_pat
     assert state.status == "completed" and (folder / "mine.txt").exists()
 
 
+class Ends:
+    """The status of every run at its fit_end, after every other plugin's."""
+
+    name = "ends"
+
+    def __init__(self) -> None:
+        self.statuses: list[str] = []
+
+    @hookfit.hookimpl(trylast=True)
+    def fit_end(self, loop) -> None:
+        self.statuses.append(loop.state.status)
+
+
 @pytest.mark.fault
 def test_a_fit_in_a_live_runs_folder_is_refused_at_its_start_not_by_an_observer_switched_off(tmp_path: Path) -> None:
     """A fit given (or resuming into) a folder a live process holds: TensorBoard, an observer, was the first
@@ -345,19 +358,12 @@ def test_a_fit_in_a_live_runs_folder_is_refused_at_its_start_not_by_an_observer_
 
     model = torch.nn.Linear(1, 1)
     data = [(torch.ones(2, 1), torch.ones(2, 1))]
-    ended: list[str] = []
-
-    class Ends:
-        name = "ends"
-
-        @hookfit.hookimpl(trylast=True)
-        def fit_end(self, loop) -> None:
-            ended.append(loop.state.status)
+    ends = Ends()
 
     def fit(**options: Any) -> hookfit.State:
         return hookfit.Loop(mse_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                             max_epochs=1, run_dir=tmp_path, plugins=[TensorBoard(), Optim(), Metrics(),
-                            Checkpoint(background=False), Ends()], **options).fit()
+                            Checkpoint(background=False), ends], **options).fit()
 
     fit()
     before = sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*") if p.name != LOCK)
@@ -371,7 +377,7 @@ def test_a_fit_in_a_live_runs_folder_is_refused_at_its_start_not_by_an_observer_
                     fit(resume=resume)
     finally:
         held.release()
-    assert ended == ["completed", "failed", "failed"]
+    assert ends.statuses == ["completed", "failed", "failed"]
     assert sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*") if p.name != LOCK) == before
 
 
@@ -386,14 +392,7 @@ def test_an_evaluation_in_a_live_runs_folder_is_refused_not_an_observer_switched
 
     model = torch.nn.Linear(1, 1)
     data = [(torch.ones(2, 1), torch.ones(2, 1))]
-    ended: list[str] = []
-
-    class Ends:
-        name = "ends"
-
-        @hookfit.hookimpl(trylast=True)
-        def fit_end(self, loop) -> None:
-            ended.append(loop.state.status)
+    ends = Ends()
 
     def loop(*more: Any, **options: Any) -> hookfit.Loop:
         return hookfit.Loop(mse_step, data, val_step=lambda loop, b: {"loss": torch.tensor(1.0)}, val_data=data,
@@ -408,7 +407,7 @@ def test_an_evaluation_in_a_live_runs_folder_is_refused_not_an_observer_switched
         with warnings.catch_warnings():
             warnings.simplefilter("error", ObserverWarning)
             with pytest.raises(FolderInUse, match=f"{tmp_path} is in use by another live process"):
-                loop(Ends()).validate(resume="latest")
+                loop(ends).validate(resume="latest")
     finally:
         held.release()
-    assert ended == ["failed"] and (tmp_path / "metrics.jsonl").read_text() == before
+    assert ends.statuses == ["failed"] and (tmp_path / "metrics.jsonl").read_text() == before

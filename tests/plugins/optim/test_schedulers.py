@@ -227,6 +227,16 @@ def test_chained_and_listed_schedulers_step_per_step_as_the_script_does(kind: st
     assert same(params(m), params(raw))
 
 
+def step_each(loop, batch):
+    """A step of a run with several optimizers: each stepped and cleared by name."""
+    loss = mse(loop.model, batch)
+    loop.backward(loss)
+    for opt in loop.optimizers.values():
+        opt.step()
+        opt.zero_grad()
+    return loss
+
+
 def test_with_two_optimizers_each_scheduler_drives_the_one_it_was_built_on() -> None:
     """No names needed: a list of schedulers of two optimizers, and a dict keyed by name."""
     m = model()
@@ -235,16 +245,8 @@ def test_with_two_optimizers_each_scheduler_drives_the_one_it_was_built_on() -> 
         a, b = torch.optim.SGD(first.parameters(), lr=0.1), torch.optim.SGD(second.parameters(), lr=0.1)
         sa, sb = lr_scheduler.StepLR(a, 1, gamma=0.5), lr_scheduler.StepLR(b, 1, gamma=0.1)
 
-        def step(loop, batch):
-            loss = mse(loop.model, batch)
-            loop.backward(loss)
-            for opt in loop.optimizers.values():
-                opt.step()
-                opt.zero_grad()
-            return loss
-
         schedulers = {"b": sb, "a": [sa]} if keyed else [sb, sa]
-        hookfit.Loop(step, TRAIN[:2], model=m, optimizers={"a": a, "b": b}, max_epochs=1,
+        hookfit.Loop(step_each, TRAIN[:2], model=m, optimizers={"a": a, "b": b}, max_epochs=1,
                      plugins=[Optim(schedulers=schedulers)]).fit()
         assert a.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 2)
         assert b.param_groups[0]["lr"] == pytest.approx(0.1 * 0.1 ** 2)
@@ -257,14 +259,6 @@ def _fine_tuning(folder=None, interval=None, stop=None, resume=None):
     a, b = torch.optim.SGD(backbone.parameters(), lr=0.1), torch.optim.SGD(head.parameters(), lr=0.1)
     epochwise, stepwise = lr_scheduler.StepLR(a, 1, gamma=0.5), lr_scheduler.OneCycleLR(b, 1.0, total_steps=18)
 
-    def step(loop, batch):
-        loss = mse(loop.model, batch)
-        loop.backward(loss)
-        for opt in loop.optimizers.values():
-            opt.step()
-            opt.zero_grad()
-        return loss
-
     seen = []
 
     class Rates:
@@ -276,7 +270,7 @@ def _fine_tuning(folder=None, interval=None, stop=None, resume=None):
 
     plugins = [Optim(schedulers=[epochwise, stepwise], scheduler_interval=interval or {"backbone": "epoch"}), Rates(),
                *([Checkpoint(background=False)] if folder else []), *([StopAfter(stop)] if stop else [])]
-    state = hookfit.Loop(step, TRAIN, model=m, optimizers={"backbone": a, "head": b}, max_epochs=3, run_dir=folder,
+    state = hookfit.Loop(step_each, TRAIN, model=m, optimizers={"backbone": a, "head": b}, max_epochs=3, run_dir=folder,
                          resume=resume, plugins=plugins).fit()
     return state, seen, params(m)
 
