@@ -72,18 +72,33 @@ def load_model(model: Any, state: Any, path: Path) -> None:
         for key, module in model.items():
             load_model(module, state[key], path)
     else:
+        if not isinstance(state, (list, tuple)) or len(state) != len(model):
+            raise CheckpointError(f"checkpoint: {path} holds {_held(state)}, this run {len(model)} models")
         for module, sub in zip(model, state, strict=True):
             load_model(module, sub, path)
+
+
+def _held(state: Any) -> str:
+    """What a checkpoint's model entry holds, in words: ``3 models``, ``the entries 'a', 'b'``, ``no model``."""
+    if state is None:
+        return "no model"
+    if isinstance(state, (list, tuple)):
+        return f"{len(state)} model{'' if len(state) == 1 else 's'}"
+    if isinstance(state, Mapping):
+        keys = sorted(map(str, state))
+        return f"the entries {', '.join(map(repr, keys[:3]))}{' ...' if len(keys) > 3 else ''}"
+    return f"a {type(state).__name__}"
 
 
 def model_mismatch(model: Any, state: Any) -> str | None:
     """How the model state a checkpoint holds differs from ``model``'s by the keys of each module (``None``: the
     same keys), walked along ``model`` as :func:`load_model` loads it (a sharded state's entries are its keys too)."""
     if model is None or state is None:
-        return None
+        return None if model is None and state is None else f"the checkpoint holds {_held(state)}, this run " + (
+            "no model" if model is None else "a model")
     if isinstance(model, torch.nn.Module):
         if not isinstance(state, Mapping):
-            return None
+            return f"the checkpoint holds {_held(state)}, this run one model"
         here, saved = set(unwrap_model(model).state_dict()), set(unwrap_state_dict(state))
         missing, unexpected = sorted(here - saved), sorted(saved - here)
         return "; ".join(f"{what} {', '.join(map(repr, keys[:3]))}{' ...' if len(keys) > 3 else ''}"
@@ -91,9 +106,8 @@ def model_mismatch(model: Any, state: Any) -> str | None:
                          if keys) or None
     if isinstance(model, Mapping):
         if not isinstance(state, Mapping) or set(model) != set(state):
-            held = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-            return f"the checkpoint has models {held}, this run {sorted(model)}"
+            return f"the checkpoint holds {_held(state)}, this run the models {', '.join(map(repr, sorted(model)))}"
         return next((f"{key!r}: {why}" for key in model if (why := model_mismatch(model[key], state[key]))), None)
     if not isinstance(state, (list, tuple)) or len(state) != len(model):
-        return None
+        return f"the checkpoint holds {_held(state)}, this run {len(model)} models"
     return next((f"[{i}]: {why}" for i, (m, st) in enumerate(zip(model, state)) if (why := model_mismatch(m, st))), None)

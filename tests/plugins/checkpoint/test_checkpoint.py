@@ -209,6 +209,9 @@ def test_a_checkpoint_of_another_model_is_said_so_not_as_a_position_the_data_can
     with pytest.raises(CheckpointError, match="impossible position: 7 training batches done in epoch 1, and this "
                                               "run's training data has 4"):  # the same model: the data it is
         fit(torch.nn.Sequential(torch.nn.Linear(1, 1)), 4, resume=str(path))
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint: {path} holds the entries '0.bias', '0.weight', "
+                                                        f"this run 2 models")):  # (a TypeError from torch before)
+        fit([torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)], 10, resume=str(path))
 
 
 def test_the_model_mismatch_compares_each_modules_keys_whatever_its_values() -> None:
@@ -236,7 +239,12 @@ def test_the_model_mismatch_compares_each_modules_keys_whatever_its_values() -> 
         "'0.weight'")
     compiled = collections.OrderedDict(("_orig_mod." + k, v) for k, v in linear.state_dict().items())
     assert model_mismatch({"g": linear}, {"g": compiled}) is None
-    assert model_mismatch({"g": linear}, linear.state_dict()) == "the checkpoint has models ['bias', 'weight'], this run ['g']"
+    assert model_mismatch({"g": linear}, linear.state_dict()) == (
+        "the checkpoint holds the entries 'bias', 'weight', this run the models 'g'")
+    assert model_mismatch([linear, linear], [linear.state_dict()] * 3) == (
+        "the checkpoint holds 3 models, this run 2 models")
+    assert model_mismatch(linear, [linear.state_dict()]) == "the checkpoint holds 1 model, this run one model"
+    assert model_mismatch(linear, None) == "the checkpoint holds no model, this run a model"
     assert model_mismatch([linear, model], [linear.state_dict(), model_state(model)]) is None
 
 
