@@ -152,7 +152,9 @@ def _check_passes(train_data: Any, val_data: Any, max_epochs: int | None, max_st
 class Loop:
     """A training run's configuration: ``Loop(train_step, train_data, ...).fit()``.
 
-    ``train_step(loop, batch)`` and ``val_step(loop, batch)`` are plain functions; their
+    ``train_step(loop, batch)`` and ``val_step(loop, batch)`` are plain functions (a ``Loop`` for
+    evaluations alone, ``Loop(val_step=..., val_data=..., model=...).validate()``, needs no train step
+    nor training data); their
     ``loop`` is the :class:`hookfit.Run` of the current ``fit()``. They return ``None``
     (nothing to report for this batch), a mapping with any keys, or a tensor (taken as
     ``{"loss": tensor}``). Optimizers, metrics and output are plugins: discovered through the
@@ -211,8 +213,8 @@ class Loop:
 
     def __init__(
         self,
-        train_step: Step,
-        train_data: Iterable[Any],
+        train_step: Step | None = None,
+        train_data: Iterable[Any] | None = None,
         *,
         val_step: Step | None = None,
         val_data: Iterable[Any] | None = None,
@@ -236,6 +238,8 @@ class Loop:
             if fn is not None:
                 check_step(what, fn)
         _check_optimizers(optimizers)
+        if train_step is None and train_data is None:  # a Loop for evaluations alone: Loop(val_step=..., val_data=...)
+            train_data = []
         for what, data in (("train_data", train_data), ("val_data", val_data)):
             if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
                 if what == "val_data" and data is None:
@@ -243,7 +247,8 @@ class Loop:
                 raise TypeError(
                     f"{what} must be an iterable of batches (a list, a DataLoader, ...), "
                     f"got {type(data).__name__}" + (f" {qualname(data)!r}; {_FACTORY}" if callable(data) else "")
-                    + ("; a Loop that only validates reads no training data: give []" if data is None else "")
+                    + ("; a Loop that only validates reads no training data: give [] (or neither train_step nor "
+                       "train_data)" if data is None else "")
                 )
         if isinstance(val_data, Mapping):
             if not val_data:
@@ -292,7 +297,7 @@ class Loop:
         modules(model)  # type check now, not mid-run
 
         self.train_step = train_step
-        self.train_data = train_data
+        self.train_data: Iterable[Any] = train_data if train_data is not None else []  # (None was refused above)
         self.val_step = val_step
         self.val_data = val_data
         self.model = model

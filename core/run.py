@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
 from hookfit import modes, stopping, training
 from hookfit import states as saved_states
@@ -90,7 +90,8 @@ class Run:
         self.mode = mode
         """``"fit"``, or ``"validate"`` (``Loop.validate()``: the validation stage alone, no
         ``epoch_start``/``epoch_end``; a plugin that saves training progress saves nothing)."""
-        self.train_step, self.val_step = config.train_step, config.val_step
+        # (None only in a Loop for validate() alone, whose runs never train: fit() refuses it)
+        self.train_step, self.val_step = cast("Step", config.train_step), config.val_step
         self.max_epochs, self.max_steps = config.max_epochs, config.max_steps
         self.val_every_n_epochs, self.val_every_n_steps = config.val_every_n_epochs, config.val_every_n_steps
         self.val_grad_mode, self.seed, self.deterministic = config.val_grad_mode, config.seed, config.deterministic

@@ -110,6 +110,19 @@ def test_fit_without_a_train_step_says_so_before_the_run() -> None:
     assert loop.run is None
 
 
+def test_a_loop_for_evaluations_alone_needs_no_train_step_nor_training_data() -> None:
+    """Lightning's trainer.validate(model, dataloaders): Loop(val_step=..., val_data=..., model=...) validates;
+    its fit() says what it lacks."""
+    model = torch.nn.Linear(2, 1)
+    from hookfit.plugins.metrics import Metrics
+
+    loop = hookfit.Loop(val_step=lambda loop, b: {"loss": loop.model(b).mean()}, val_data=[torch.ones(3, 2)],
+                        model=model, plugins=[Metrics()])
+    assert loop.validate().results["metrics"] == {"valid/loss": pytest.approx(model(torch.ones(3, 2)).mean().item())}
+    with pytest.raises(TypeError, match=r"^fit\(\) needs a train_step: this Loop was given None"):
+        hookfit.Loop(val_step=lambda loop, b: None, val_data=[1]).fit()
+
+
 def test_a_loop_runs_once() -> None:
     loop = hookfit.Loop(lambda loop, b: None, [1])
     loop.fit()
