@@ -152,10 +152,9 @@ def _check_passes(train_data: Any, val_data: Any, max_epochs: int | None, max_st
 class Loop:
     """A training run's configuration: ``Loop(train_step, train_data, ...).fit()``.
 
-    ``train_step(loop, batch)`` and ``val_step(loop, batch)`` are plain functions (a ``Loop`` for
-    evaluations alone, ``Loop(val_step=..., val_data=..., model=...).validate()``, needs no train step
-    nor training data); their
-    ``loop`` is the :class:`hookfit.Run` of the current ``fit()``. They return ``None``
+    ``train_step(loop, batch)`` and ``val_step(loop, batch)`` are plain functions (a ``Loop`` for evaluations
+    alone, ``Loop(val_step=..., val_data=..., model=...).validate()``, needs no train step nor training data);
+    their ``loop`` is the :class:`hookfit.Run` of the current ``fit()``. They return ``None``
     (nothing to report for this batch), a mapping with any keys, or a tensor (taken as
     ``{"loss": tensor}``). Optimizers, metrics and output are plugins: discovered through the
     ``hookfit`` entry-point group, given in ``plugins`` (an instance replaces a discovered
