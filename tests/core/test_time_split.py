@@ -411,8 +411,8 @@ def test_a_resumed_stage_does_not_count_passing_the_batches_done_as_waiting_for_
     assert resumed.status == "completed" and resumed.step == N
     split = resumed.time_split["train"]
     assert split.batches == N - 4
-    assert split.total < 4 * nap, split  # the 1.2 s of passing the four batches again is not in it
-    assert not split.data_bound
+    # the 1.2 s at least (a sleep never returns early) of passing the four batches again is the run's, not the stage's
+    assert resumed.elapsed - split.total >= 4 * nap, (resumed.elapsed, split)
 
 
 @pytest.mark.fault
