@@ -144,7 +144,7 @@ class MLflow(Tracker):
     # -- the tracker run ----------------------------------------------------------------------
     def _reset(self) -> None:
         self._client, self._last = None, {}
-        self._names.names = {}
+        self._names.reset()
 
     def _key(self, name: str) -> str:
         return self._names.of(name)

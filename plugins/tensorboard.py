@@ -212,7 +212,7 @@ class TensorBoard:
                                       metadata=metadata, plugin_data_pb2=plugin_data_pb2,
                                       RecordWriter=RecordWriter, summary=summary)
         self._loop = loop
-        self._names.names = {}
+        self._names.reset()
         if not loop.is_main:
             return
         folder = "" if loop.mode == "fit" else EVALUATION  # an evaluation is a run of its own beside the fit's

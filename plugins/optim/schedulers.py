@@ -86,7 +86,7 @@ class Schedules:
         by_name = dict(scheduler_interval) if isinstance(scheduler_interval, Mapping) else {None: scheduler_interval}
         for k, value in by_name.items():  # by optimizer name (the others' None), or one for all
             choice(NAME, "scheduler_interval" + ("" if k is None else f"[{k!r}]"), value, INTERVALS, none=k is None)
-        self.interval, self.monitor, self._by_name = scheduler_interval, monitor, by_name
+        self.monitor, self._by_name = monitor, by_name
         self._given = _parse(schedulers)
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
         plateaus = [g.scheduler for g in self._given if isinstance(g.scheduler, PLATEAU)]

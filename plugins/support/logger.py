@@ -97,6 +97,10 @@ class SafeNames:
         self.plugin, self.clean, self.rule = plugin, clean, rule
         self.names: dict[str, str] = {}  # a name -> as the logger takes it, this run
 
+    def reset(self) -> None:
+        """A new run: no name said or taken yet."""
+        self.names = {}
+
     def of(self, name: str) -> str:
         """``name`` as this run's logger takes it."""
         known = self.names.get(name)
