@@ -37,6 +37,10 @@ people does:
 * ``{"event": "checkpoint", "step": <global step>, "reason": ..., "file": <its name>}`` for
   every checkpoint written (``checkpoint_saved``, the checkpoint role's event): ``hookfit
   show`` draws its ``C`` mark.
+* ``{"event": "start"}`` where a fit that does not resume (``resume=None``) begins writing into
+  a log that holds lines already (a script run again in its ``run_dir``): a new history begins,
+  and readers take the lines after the last such line (:func:`hookfit.tools.runs.current`), as
+  they take the fits of ``run.jsonl`` from its last ``"run"`` line with ``"resume": null``.
 * ``{"event": "end", "status": ..., "reason": ..., "by": ..., "epoch": <epoch the run was in>,
   "step": ..., "time": <seconds>, "skipped": <optimizer steps skipped in this fit()>,
   "skipped_reason": <why the last one was, or null>}`` when the run ends (``fit_end``,
@@ -161,4 +165,13 @@ class MetricsLog:
             record["evaluation"] = True
         if self._file is None:
             self._file = run_file(loop, FILENAME, self.name)
+            if loop.mode == "fit" and loop.resume is None and _holds_lines(self._file.path):
+                self._file.write(json.dumps({"event": "start"}) + "\n")  # a new history in a used folder
         self._file.write(json.dumps(record, default=float) + "\n")
+
+
+def _holds_lines(path: os.PathLike[str]) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False

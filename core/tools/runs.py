@@ -21,7 +21,8 @@ place are not opened for reading), through a symlink only to a file inside the r
 runs are listed as usual. A run that is still running may be caught in the middle of a line:
 its cut last line is skipped without a note. The
 metrics are read along the line the run followed (:func:`followed`): rows that a resume
-abandoned are not the run's. ``Loop.validate()`` records in the folder are not fits.
+abandoned are not the run's, nor those of an earlier history in the folder (:func:`current`).
+``Loop.validate()`` records in the folder are not fits.
 
 Without ``--metric``, a run's best value is that of the metric the user configured a direction
 for (:func:`default_metric`: ``Metrics(best={"valid/acc": "max"})``: ``valid/acc``), else of its
@@ -47,19 +48,32 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 from hookfit.errors import HookfitWarning
 from hookfit.tools import jsonlines
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
 
-__all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "default_metric", "direction", "directions", "epoch_rows",
+__all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions", "epoch_rows",
            "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics", "run_folders",
            "series"]
+
+Line = TypeVar("Line", bound=Mapping[str, Any])
 
 ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s", "stopped",
                         "evaluation"})
 """The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
+
+
+def current(lines: Iterable[Line]) -> list[Line]:
+    """The lines of the folder's current history: from the last line that begins one, a
+    ``"start"`` line in ``metrics.jsonl``, in ``run.jsonl`` the ``"run"`` line of a fit that
+    does not resume (``"resume": null``). A script run again in its ``run_dir`` without resume
+    begins a new history; the earlier one stays in the files, unread."""
+    lines = list(lines)
+    begins = [i for i, line in enumerate(lines) if line.get("event") == "start" or (
+        line.get("event") == "run" and line.get("mode", "fit") == "fit" and line.get("resume", "") is None)]
+    return lines[begins[-1]:] if begins else lines
 
 
 def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -68,8 +82,9 @@ def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     the resume abandoned), and an ``"epoch"`` row after a resume replaces the rows of the same
     stage and epoch before it (a resumed run writes the epoch it completes again, whole). The
     lines of evaluations (``Loop.validate()``, ``"evaluation": true``) are left out where the
-    folder holds a fit's: an evaluation in the run's folder is not a resume of it."""
-    lines = list(lines)
+    folder holds a fit's: an evaluation in the run's folder is not a resume of it. Only the
+    current history's lines (:func:`current`)."""
+    lines = current(lines)
     if not all(line.get("evaluation") for line in lines):
         lines = [line for line in lines if not line.get("evaluation")]
     out: list[dict[str, Any]] = []
@@ -109,7 +124,7 @@ def run_folders(root: Path) -> list[Path]:
 
 
 def _started_key(folder: Path) -> tuple[str, float]:
-    starts = [r.get("started") for r in read_jsonl(folder / "run.jsonl") if r.get("event") == "run"]
+    starts = [r.get("started") for r in current(read_jsonl(folder / "run.jsonl")) if r.get("event") == "run"]
     first = next((s for s in starts if isinstance(s, str)), "")
     try:
         mtime = folder.stat().st_mtime
@@ -294,10 +309,10 @@ def _end_of_last_fit(lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | 
 
 
 def fit_lines(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The lines of a ``run.jsonl`` without those of evaluations (``"run"`` lines with
-    ``"mode": "validate"`` and the ``"end"`` line after each)."""
+    """The lines of a ``run.jsonl``'s current history (:func:`current`) without those of
+    evaluations (``"run"`` lines with ``"mode": "validate"`` and the ``"end"`` line after each)."""
     out, evaluating = [], False
-    for line in lines:
+    for line in current(lines):
         if line.get("event") == "run":
             evaluating = line.get("mode", "fit") != "fit"
         if not evaluating:

@@ -145,8 +145,9 @@ class Follower:
         end = data.rfind(b"\n")
         if end < 0:
             return False
-        self.offset += end + 1
         rows = [row for _, raw in jsonlines.objects(data[:end])[0] if (row := runs.checked(raw)) is not None]
+        rows = runs.current(rows) if self.offset == 0 else rows  # (a history begun while followed: not shown)
+        self.offset += end + 1
         self.fitted = self.fitted or not all(row.get("evaluation") for row in rows)  # (damaged values left out)
         for row in rows:
             if not (row.get("evaluation") and self.fitted):

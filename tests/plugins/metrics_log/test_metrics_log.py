@@ -194,6 +194,33 @@ def test_a_resumed_run_records_where_it_continued(tmp_path: Path) -> None:
     assert records[1]["batches"] == 4 and records[-1]["step"] == whole[-1]["step"] == 12
 
 
+def test_a_fresh_fit_in_a_used_folder_begins_a_history_the_readers_take_alone(tmp_path: Path) -> None:
+    """A script run again in its run_dir without resume: the log keeps the earlier history and marks
+    where the new one begins; `hookfit runs` and `show` read the new one alone (before, the listing
+    gave the first fit's epochs with the second's steps, and a best of either)."""
+    data = [torch.ones(2, 1)] * 4
+
+    def fit(epochs: int, loss: float, **kwargs: Any) -> None:
+        hookfit.Loop(lambda l, b: {"loss": b.mean() * loss}, data, max_epochs=epochs, run_dir=tmp_path,
+                     plugins=[Metrics(), MetricsLog()], **kwargs).fit()
+
+    fit(3, 0.5)
+    assert not any(r["event"] == "start" for r in lines(tmp_path))  # a first history needs no mark
+    fit(1, 2.0)
+    got = [r["event"] for r in lines(tmp_path)]
+    assert got.count("start") == 1 and got.count("end") == 2 and got.index("start") == got.index("end") + 1
+    info = runs.load(tmp_path)
+    assert (info.epochs, info.steps, info.fits, info.best[1:] if info.best else None) == (1, 4, 1, (2.0, 1))
+    assert [r["epoch"] for r in runs.epoch_rows(tmp_path)] == [1]
+    duration = [r for r in runs.read_jsonl(tmp_path / "run.jsonl") if r.get("event") == "end"][-1]["duration"]
+    assert info.duration == pytest.approx(duration)  # the last history's fit alone
+
+    from hookfit.plugins.tui.replay import _dashboard
+
+    dash, follower, _, _ = _dashboard(tmp_path, draw=False)
+    assert [y for _, y in dash.series[("train", "loss")].recent] == [2.0]  # the first history's 0.5s left out
+
+
 def test_only_the_main_process_writes(tmp_path: Path) -> None:
     class Rank1:
         name = "rank1"
