@@ -4,12 +4,13 @@ A run calls its events through one :class:`Dispatch` (``loop.hooks``); the core,
 plugins and any plugin that fires events use nothing else. Every kind of call is built from one
 resolution of an event's implementations:
 
-* :meth:`Dispatch.handlers`: the implementations as a plain list of callables in pluggy's call
-  order, each called positionally with the spec's arguments (``for call in handlers: call(loop,
-  loss)``), as Ignite keeps its handler lists. The list is the same object for the whole run and is
-  refilled in place when the plugins change, so a caller may take it once and iterate it for every
-  batch; empty when nothing implements the event. The loop's own per-batch events are such lists
-  (:class:`PerBatch`, ``loop.hooks.per_batch``).
+* :meth:`Dispatch.handlers`: the implementations as plain callables in pluggy's call order, each
+  called positionally with the spec's arguments (``for call in handlers.calls: call(loop,
+  loss)``), as Ignite keeps its handler lists. The :class:`Handlers` is the same object for the
+  whole run, its ``calls`` a tuple bound anew (never changed in place) when the plugins change, so
+  a caller may take it once and iterate it for every batch, and a call in progress ends over the
+  callables it began with; empty when nothing implements the event. The loop's own per-batch
+  events are read so (:class:`PerBatch`, ``loop.hooks.per_batch``).
 * ``loop.hooks.<event>(*args)``: what ``pm.hook.<event>(**kwargs)`` returns (a list of the
   non-``None`` results, or the first one for a first-result event); ``None`` instead of a
   callable when nothing implements the event.
@@ -56,12 +57,12 @@ import pluggy
 
 from hookfit import blame
 from hookfit.guard import guard as _guard
+from hookfit.handlers import PER_BATCH, Call, Handlers, PerBatch
 from hookfit.manager import PluginManager
 
-Call = Callable[..., Any]
 CallAll = Callable[..., tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]]
 
-__all__ = ["PER_BATCH", "Dispatch", "PerBatch"]
+__all__ = ["Dispatch"]
 
 
 # -- building the calls ---------------------------------------------------------------------
@@ -131,30 +132,6 @@ def _is_observer(plugin: object) -> bool:
 # -- one run's calls ------------------------------------------------------------------------
 
 
-class PerBatch:
-    """The loop's per-batch events as it reads them for every batch: ``batch_start``,
-    ``step_output``, ``batch_end`` and ``after_batch``, each a plain list of callables (empty when
-    nothing implements it), and ``asks``: whether anything answers ``should_stop`` or
-    ``agree_stop``, so the loop must ask after each batch.
-
-    A plain object with slots, refilled in place: CPython specialises loads of its attributes,
-    which it cannot do on :class:`Dispatch` (a class with ``__getattr__``)."""
-
-    __slots__ = ("batch_start", "step_output", "batch_end", "after_batch", "asks")
-
-    def __init__(self, lists: dict[str, list[Call]]) -> None:
-        self.batch_start = lists["batch_start"]
-        self.step_output = lists["step_output"]
-        self.batch_end = lists["batch_end"]
-        self.after_batch = lists["after_batch"]
-        self.asks = False
-
-
-PER_BATCH = ("batch_start", "step_output", "batch_end", "after_batch")
-"""The loop's per-batch events: results ignored, resolved into handler lists, and open to a
-plugin's ``batch_events`` answer."""
-
-
 class Dispatch:
     """The resolved events of one run (``loop.hooks``): handler lists (:meth:`handlers`), the
     loop's per-batch lists (:attr:`per_batch`), and each event as an attribute, a positional
@@ -174,8 +151,8 @@ class Dispatch:
         """The run whose plugins' ``batch_events`` are asked (``None``: none is asked)."""
         self.configured = False
         """Whether the run is configured: from then on ``batch_events`` answers are honoured."""
-        self._lists: dict[str, list[Call]] = {name: [] for name in PER_BATCH}
-        self.per_batch = PerBatch(self._lists)
+        self._lists: dict[str, Handlers] = {name: Handlers() for name in PER_BATCH}
+        self.per_batch = PerBatch()
         """The loop's per-batch events as the loop reads them (:class:`PerBatch`)."""
         self._calls: dict[str, Call | None] = {}
         self._all: dict[str, CallAll | None] = {}
@@ -190,21 +167,25 @@ class Dispatch:
         self.resolve()
 
     def resolve(self) -> None:
-        """Resolve every event again: the handler lists are refilled in place, every other
-        call is made anew when next asked for."""
+        """Resolve every event again: each :class:`Handlers` gets a new tuple, every other call
+        is made anew when next asked for."""
         self._calls, self._all, self._each = {}, {}, {}
         for name, handlers in self._lists.items():
-            handlers[:] = self._handlers(name) if self._declared(name) else []
+            handlers.calls = tuple(self._handlers(name)) if self._declared(name) else ()
+        for name in PER_BATCH:
+            setattr(self.per_batch, name, self._lists[name].calls)
         self.per_batch.asks = bool(self.pm.hook.should_stop.get_hookimpls() or self.pm.hook.agree_stop.get_hookimpls())
 
-    def handlers(self, name: str) -> list[Call]:
-        """Event ``name``'s implementations as a plain list of callables in pluggy's call order,
-        each called positionally with the spec's arguments; the same list for the whole run,
-        refilled in place when the plugins change (results are not collected: an event whose
-        results matter is called as ``loop.hooks.<event>``)."""
+    def handlers(self, name: str) -> Handlers:
+        """Event ``name``'s implementations, the same :class:`Handlers` for the whole run: its
+        ``calls``, in pluggy's call order, each called positionally with the spec's arguments
+        (``for call in handlers.calls: call(loop, loss)``), a new tuple when the plugins change
+        (results are not collected: an event whose results matter is called as
+        ``loop.hooks.<event>``)."""
         if name not in self._lists:
             self._caller(name)  # an unknown event is an AttributeError naming it
-            self._lists[name] = self._handlers(name)
+            self._lists[name] = Handlers()
+            self._lists[name].calls = tuple(self._handlers(name))
         return self._lists[name]
 
     def _handlers(self, name: str) -> list[Call]:

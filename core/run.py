@@ -124,7 +124,7 @@ class Run:
         self.training = False
         self.pm = leave_inert(pm, self)  # before configure: an inert plugin gets no event of this run
         self.hooks = Dispatch(pm, self)
-        self._backward = self.hooks.handlers("backward")  # refilled in place when plugins change
+        self._backward = self.hooks.handlers("backward")  # its calls follow the plugins
         self.state.silenced = pm.silenced
         self.folder = RunFolder(self, config.run_dir)
         self.cursor = Cursor(self.state)
@@ -227,10 +227,10 @@ class Run:
         apply."""
         if self.state.status != "running":
             raise RuntimeError("backward() needs a running loop: call it from a step function")
-        for call in self._backward:
+        for call in self._backward.calls:
             if (result := call(self, loss)) is not None:
                 return result
-        if not self._backward:
+        if not self._backward.calls:
             raise RuntimeError(
                 "loop.backward() needs a plugin that implements the 'backward' event and no "
                 f"enabled plugin does (disabled plugins: {self.disabled_plugins()}); "

@@ -248,7 +248,7 @@ def stage_done(run: Run, train: bool) -> None:
 
 def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int = 0) -> None:
     """Run one stage over ``data`` from batch ``start``. The per-batch body is the hot
-    path: each event is a plain list of callables (:class:`hookfit.dispatch.PerBatch`), empty
+    path: each event is a plain tuple of callables (:class:`hookfit.handlers.PerBatch`), empty
     when nothing implements it. Where the time goes costs three clock reads a batch (four with a
     ``batch_start``), two sums in locals and one comparison; ``plugins`` is what is left of the
     stage's time, and the split is stored at the stage's end or every ``TIME_SPLIT_INTERVAL`` s."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import torch
 
+from hookfit.handlers import Handlers
 from hookfit.errors import UsageError
 from hookfit.plugins.optim import kernels
 from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy
@@ -46,8 +47,8 @@ class Rules:
     check_grads: bool = False  # the gradients are checked (check_grads or clip_norm, a policy, no scaler)
     fuse: bool = True
     prepares: bool = False  # a step unscales, clips or checks the gradients first
-    before_step: list[Callable[..., Any]] = field(default_factory=list)
-    after_step: list[Callable[..., Any]] = field(default_factory=list)
+    before_step: Handlers = field(default_factory=Handlers)  # the events around each step
+    after_step: Handlers = field(default_factory=Handlers)
     scaler_used: bool = False  # the scaler stepped since its last update() (Optim's, once a batch)
 
 
@@ -93,7 +94,7 @@ class ManagedOptimizer:
                 return False
             bad, grad_bad = prepared
         loop, optimizer = rules.loop, self.optimizer
-        for call in rules.before_step:
+        for call in rules.before_step.calls:
             call(loop, self.name, optimizer)
         watch = rules.watch
         watch.stepping = True  # optim's own step, for the watch on steps that bypass it
@@ -113,7 +114,7 @@ class ManagedOptimizer:
         self._stepped = True
         for scheduler in self._per_step:
             scheduler.step()
-        for call in rules.after_step:
+        for call in rules.after_step.calls:
             call(loop, self.name, optimizer)
         return True
 

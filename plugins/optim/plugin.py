@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import torch
 
 from hookfit import hookimpl
+from hookfit.handlers import Handlers
 from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import check, choice, flag, hparams, positive_int, positive_number
@@ -66,8 +67,7 @@ class Optim:
         self._check: Check = NoCheck()
         self._rules: Rules | None = None
         self._closes_always = False  # batch_end closes every window (once one was poisoned)
-        self._before_backward: list[Callable[..., Any]] = []
-        self._after_backward: list[Callable[..., Any]] = []
+        self._before_backward, self._after_backward = Handlers(), Handlers()
         self._autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when mixed
         self._skipped_total: int | None = None  # the run's skipped steps, at its end (results)
 
@@ -142,7 +142,7 @@ class Optim:
                 return self.backward(loop, loss)
         if not self._check.admits(loop, loss):  # a non-finite loss: not back-propagated
             return True
-        for call in self._before_backward:
+        for call in self._before_backward.calls:
             call(loop, loss)
         scaled = loss
         if self.accumulate > 1 and (divisor := self._window.divisor(loop)) > 1:
@@ -160,7 +160,7 @@ class Optim:
             watch.inside = False
         if watch.active:
             watch.passed()
-        for call in self._after_backward:
+        for call in self._after_backward.calls:
             call(loop, loss)
         return True
 
@@ -259,8 +259,7 @@ class Optim:
             "window": {"deferred": [n for n, m in managed if m.window_open],
                        "grads": {n: [None if p.grad is None else p.grad.detach().clone() for p in m.params]
                                  for n, m in managed}} if held else None,
-            "nonfinite": {"poisoned": poisoned, "first_skip": self._policy.first_skip},
-        }
+            "nonfinite": {"poisoned": poisoned, "first_skip": self._policy.first_skip}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned, refused before anything is restored when it does not fit."""
