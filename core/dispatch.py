@@ -276,21 +276,24 @@ class Dispatch:
         return lambda impl: self._observers(impl, name)
 
     # -- the kinds of call ------------------------------------------------------------------
-    def call_all(self, name: str, *args: Any) -> list[tuple[str, BaseException]]:
+    def call_all(self, name: str, *args: Any, on_error: Callable[[BaseException], None] | None = None
+                 ) -> list[tuple[str, BaseException]]:
         """Call every implementation of ``name`` with ``args`` (in the spec's order), none of
         them skipped because another raised, wrappers and tracing included. Returns the
         errors, each with the name of the plugin that raised it and a note saying so (an
-        observer's error switches it off instead, as always)."""
-        return self.gather(name, *args)[1]
+        observer's error switches it off instead, as always); ``on_error`` is given each as it
+        is caught, before the implementations after it run."""
+        return self.gather(name, *args, on_error=on_error)[1]
 
-    def gather(self, name: str, *args: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]:
+    def gather(self, name: str, *args: Any, on_error: Callable[[BaseException], None] | None = None
+               ) -> tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]:
         """What :meth:`call_all` does, also returning each implementation's own non-``None``
         answer with its plugin's name, in call order (wrappers answer nothing here): every
         implementation runs, ``(answers, errors)``."""
         if name not in self._all:
             self._all[name] = self._recording(name, catch=True)
         call = self._all[name]
-        return ([], []) if call is None else call(*args)
+        return ([], []) if call is None else call(*args, on_error=on_error)
 
     def call_each(self, name: str, *args: Any) -> list[tuple[str, Any]]:
         """Call ``name`` once (wrappers and tracing see one ordinary call) and return each
@@ -306,6 +309,7 @@ class Dispatch:
         naming the plugin instead of letting it end the call."""
         errors: list[tuple[str, BaseException]] = []
         answers: list[tuple[str, Any]] = []
+        told: list[Callable[[BaseException], None]] = []  # the call's on_error, if it has one
         pm = self.pm
 
         def wrap(impl: pluggy.HookImpl) -> Call:
@@ -314,6 +318,8 @@ class Dispatch:
                 def collect(error: BaseException) -> None:
                     error.add_note(blame.hook_note(pm, error, plugin, name))
                     errors.append((plugin, error))
+                    for tell in told:
+                        tell(error)
 
                 function = _guard(impl, collect)
             else:
@@ -334,13 +340,16 @@ class Dispatch:
         if call is None:
             return None
 
-        def recorded(*args: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]:
+        def recorded(*args: Any, on_error: Callable[[BaseException], None] | None = None
+                     ) -> tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]:
+            told[:] = [] if on_error is None else [on_error]
             try:
                 call(*args)
                 return answers[:], errors[:]
             finally:
                 answers.clear()
                 errors.clear()
+                told.clear()
 
         return recorded
 

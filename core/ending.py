@@ -46,7 +46,9 @@ def finish(run: Run, failed: bool) -> None:
     try:
         state.stage = None
         state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
-        errors = [(error, "fit_end") for _, error in run.hooks.call_all("fit_end", run)]
+        # the implementations after a failing one (the trylast renderers and loggers) see the status it made
+        fit_end = run.hooks.call_all("fit_end", run, on_error=lambda error: _failed_by(state, [(error, "")], failed))
+        errors = [(error, "fit_end") for _, error in fit_end]
         _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
         errors += [(error, "results") for error in results.ask(run)]
         _failed_by(state, errors, failed)

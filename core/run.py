@@ -217,8 +217,10 @@ class Run:
         request wins; later ones return it unchanged. ``stop_requested`` fires once."""
         if not isinstance(reason, str):
             raise TypeError(f"request_stop: reason must be a string, got {type(reason).__name__}")
-        if self.state.status != "running":
-            raise RuntimeError("request_stop() needs a running loop: call it during fit()")
+        if (status := self.state.status) != "running":
+            raise RuntimeError("request_stop() needs a running loop: call it during fit()" if status == "idle" else
+                               f"request_stop() needs a running loop, and this run has ended ({status}): in fit_end "
+                               "or later a stop changes nothing; ask it by the last batch (should_stop, epoch_end)")
         return self.stopping.ask(reason, by, complete, sys._getframe(1))
 
     def backward(self, loss: Any) -> Any:

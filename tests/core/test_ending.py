@@ -121,6 +121,34 @@ def test_fit_end_runs_for_every_plugin_even_if_one_raises() -> None:
 
 
 @pytest.mark.fault
+def test_a_fit_end_error_is_the_status_the_renderers_and_loggers_after_it_write(tmp_path) -> None:
+    """A plugin's fit_end raises in a run that completed: the console's end line, metrics.jsonl's and
+    run.jsonl's all say failed (before, the trylast console and log had written completed)."""
+    import io
+    import json
+
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.metrics_log import MetricsLog
+
+    class Broken:
+        name = "broken"
+
+        @hookfit.hookimpl
+        def fit_end(self):
+            raise OSError("cannot close")
+
+    out = io.StringIO()
+    with pytest.raises(OSError, match="cannot close"):
+        hookfit.Loop(lambda l, b: {"loss": torch.tensor(1.0)}, [1, 2], run_dir=tmp_path,
+                     plugins=[Broken(), Metrics(), MetricsLog(), Console(stream=out)]).fit()
+    ends = [json.loads(line) for name in ("metrics.jsonl", "run.jsonl")
+            for line in (tmp_path / name).read_text().splitlines() if json.loads(line)["event"] == "end"]
+    assert [end["status"] for end in ends] == ["failed", "failed"]
+    assert "hookfit end status=failed" in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.fault
 def test_fit_end_error_after_a_failure_is_a_warning_not_a_replacement() -> None:
     class B:
         name = "b"

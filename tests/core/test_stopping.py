@@ -86,6 +86,21 @@ def test_request_stop_from_the_step_stops_after_that_batch(recorder: Recorder) -
     assert ("stop_requested", {"request": request}) in recorder.events
 
 
+@pytest.mark.bad_input
+def test_a_stop_asked_in_fit_end_says_the_run_has_ended_not_call_it_during_fit() -> None:
+    """fit_end is during fit(): "call it during fit()" misled; the message says the run ended, and how."""
+
+    class Late:
+        name = "late"
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            loop.request_stop("too late", complete=True)
+
+    with pytest.raises(RuntimeError, match=r"this run has ended \(completed\): in fit_end or later a stop changes"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Late()]).fit()
+
+
 def test_request_stop_needs_no_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stopping is the core's: with every discovered plugin switched off (the interrupter
     included), a request is honoured."""
