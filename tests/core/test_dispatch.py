@@ -559,6 +559,57 @@ def test_an_observer_switched_off_mid_call_leaves_the_others_their_call(event: s
     assert len(calls) == 18
 
 
+def test_batch_events_leaves_out_the_per_batch_events_a_plugin_does_not_name() -> None:
+    calls: list[str] = []
+
+    class Sometimes:
+        name = "sometimes"
+
+        def batch_events(self, loop):
+            return ["batch_end"]
+
+        @hookfit.hookimpl
+        def batch_start(self):
+            calls.append("batch_start")
+
+        @hookfit.hookimpl
+        def batch_end(self):
+            calls.append("batch_end")
+
+    hookfit.Loop(lambda l, b: None, [1, 2], plugins=[Sometimes()]).fit()
+    assert calls == ["batch_end", "batch_end"]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("answer, match", [
+    (("batch_ends",), r"plugin 'asks' .*batch_events\(\) answered 'batch_ends', not a per-batch event.*"
+                      r"batch_start, step_output, batch_end, after_batch.*Did you mean 'batch_end'\?"),
+    (("should_stop",), r"answered 'should_stop', not a per-batch event.*should_stop and the other events"),
+    ("batch_end", r"batch_events\(\) answered a str, not a collection of event names"),
+    (KeyError("every_n"), r"every_n"),
+])
+def test_a_batch_events_answer_that_names_no_per_batch_event_is_an_error_naming_the_plugin(
+        answer: Any, match: str) -> None:
+    """A misspelt answer left batch_end out of the run without a word, an answer naming should_stop
+    changed nothing, and an error in batch_events named no plugin."""
+
+    class Asks:
+        name = "asks"
+
+        def batch_events(self, loop):
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        @hookfit.hookimpl
+        def batch_end(self):
+            pass
+
+    with pytest.raises(Exception, match=match) as caught:
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Asks()]).fit()
+    assert "plugin 'asks'" in str(caught.value) + " ".join(getattr(caught.value, "__notes__", []))
+
+
 @pytest.mark.fault
 def test_an_observer_failing_in_fit_end_does_not_fail_the_run() -> None:
     with pytest.warns(hookfit.ObserverWarning, match=r"'flaky'.*'fit_end'.*disk full"):
