@@ -164,7 +164,7 @@ class PluginManager(pluggy.PluginManager):
                 self.register(info.plugin, name=info.name)
             except (pluggy.PluginValidationError, ValueError) as exc:
                 # ValueError: the same object registered twice under two names
-                info.error = "; ".join(str(exc).splitlines())
+                info.error = "; ".join(str(exc).splitlines()) + self._arguments_hint(info.plugin)
                 if strict:
                     raise PluginError(f"{info.describe()} cannot be registered: {info.error}") from exc
                 continue
@@ -179,6 +179,22 @@ class PluginManager(pluggy.PluginManager):
         return self._hookexec(name, impls, kwargs, firstresult)
 
     # -- observers ------------------------------------------------------------------------
+    def _arguments_hint(self, plugin: object) -> str:
+        """What an implementation asks for that its event does not give, with the event's arguments."""
+        for attr in dir(plugin):
+            caller = getattr(self.hook, attr, None)
+            if self.parse_hookimpl_opts(plugin, attr) is None or caller is None or caller.spec is None:
+                continue
+            given = caller.spec.argnames
+            for parameter in inspect.signature(getattr(plugin, attr)).parameters.values():
+                name = parameter.name
+                if parameter.default is parameter.empty and name not in given:  # (pluggy passes those it has)
+                    close = difflib.get_close_matches(name, given, n=1)
+                    return (f". The event {attr}({', '.join(given)}) gives no {name!r}"
+                            f"{f'; did you mean {close[0]!r}?' if close else ''} An implementation takes any of "
+                            "those arguments, by name, in any order")
+        return ""
+
     def silence(self, name: str, hook: str, error: BaseException) -> None:
         """Switch an observer off for the rest of the run, with one warning naming it."""
         plugin = self.get_plugin(name)
@@ -203,9 +219,13 @@ class PluginManager(pluggy.PluginManager):
             if caller.has_spec():
                 continue
             for impl in caller.get_hookimpls():
-                if impl.optionalhook:
-                    continue
                 close = difflib.get_close_matches(name, specs, n=1)
+                if impl.optionalhook:  # another plugin's event, maybe absent: unless it looks misspelt
+                    if strict and difflib.get_close_matches(name, specs, n=1, cutoff=0.85):
+                        warnings.warn(f"{self.describe(impl.plugin_name)} implements {name!r} (optionalhook=True), "
+                                      f"which no plugin of this run declares, so it is never called. Did you mean "
+                                      f"{close[0]!r}?", HookfitWarning, stacklevel=user_level())
+                    continue
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 message = (
                     f"{self.describe(impl.plugin_name)} implements hook {name!r}, which is "

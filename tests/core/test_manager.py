@@ -47,8 +47,27 @@ def test_wrong_argument_name_fails_naming_plugin_and_hook() -> None:
         def batch_end(self, loop, outptu):
             pass
 
-    with pytest.raises(hookfit.PluginError, match=r"plugin 'wrong'.*batch_end.*outptu"):
+    with pytest.raises(hookfit.PluginError, match=r"plugin 'wrong'.*batch_end.*outptu") as caught:
         hookfit.Loop(lambda loop, b: None, [1], plugins=[Wrong()]).fit()
+    assert ("The event batch_end(loop, output, batch, batch_idx) gives no 'outptu'; did you mean 'output'?"
+            in str(caught.value))  # the event's arguments, not only pluggy's "can not be found in the hookspec"
+
+
+@pytest.mark.bad_input
+def test_an_optional_implementation_named_close_to_an_event_is_warned_about() -> None:
+    """optionalhook=True (for another plugin's events) skipped the misspelt-hook check: `epoch_ends`
+    was never called, without a word."""
+
+    class Typo:
+        name = "typo"
+
+        @hookfit.hookimpl(optionalhook=True)
+        def epoch_ends(self):
+            pass
+
+    with pytest.warns(hookfit.HookfitWarning, match=r"plugin 'typo'.*'epoch_ends'.*no plugin of this run declares.*"
+                                                    r"Did you mean 'epoch_end'\?"):
+        assert hookfit.Loop(lambda loop, b: None, [1], plugins=[Typo()]).fit().status == "completed"
 
 
 def test_optional_hook_for_an_absent_event_is_allowed() -> None:
