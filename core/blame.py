@@ -33,6 +33,8 @@ def where(run: Run, error: BaseException) -> str:
     pm = run.pm
     owners = _owners(pm)
     steps = {getattr(s, "__code__", None): s for s in (run.train_step, run.val_step) if s}
+    own = {getattr(s, "__code__", None) for s in (run.config.train_step, run.config.val_step) if s}
+    wrapper = None  # the frame of a plugin's wrapper of the step (loop.wrap_step), until the step's own
     modules = _plugin_modules(pm, {getattr(s, "__module__", None) for s in steps.values()})
     state = run.state
     at = f"epoch {state.epoch + 1}, stage {state.stage}, batch {state.batch_idx}"  # epochs as the console counts
@@ -45,7 +47,9 @@ def where(run: Run, error: BaseException) -> str:
         if step is None and code in owners:
             hooks.append(owners[code])
         elif not hooks and step is None and code in steps:
-            step = steps[code]
+            step, wrapper = steps[code], (None if code in own else tb)
+        elif wrapper is not None and code in own:  # the step itself, inside its wrapper
+            wrapper = None
         elif not hooks and step is not None and (owner := _owner(modules, tb.tb_frame.f_globals.get("__name__"))):
             if isinstance(error, UsageError) and _within(modules, owner, tb):
                 return (f"hookfit: raised in step function {qualname(step)!r}, which called {pm.describe(owner)} "
@@ -59,6 +63,11 @@ def where(run: Run, error: BaseException) -> str:
         tb = tb.tb_next
     if hooks:
         return f"{_hook_note(pm, hooks[0], hooks[-1])} ({at})"
+    if wrapper is not None:
+        owner = _owner(modules, wrapper.tb_frame.f_globals.get("__name__"))
+        return (f"hookfit: raised in the step wrapper {wrapper.tb_frame.f_code.co_qualname!r}"
+                f"{f' of {pm.describe(owner)}' if owner else ''} (loop.wrap_step), around step function "
+                f"{qualname(step)!r} ({at})")
     if step is not None:
         return f"hookfit: raised in step function {qualname(step)!r} ({at})"
     if fetch is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -256,6 +257,12 @@ class Run:
             if not callable(wrapped):
                 raise TypeError(f"wrap_step: the wrapper returned {wrapped!r} for {attr} "
                                 f"{qualname(step)!r}, not a function step(loop, batch)")
+            with contextlib.suppress(ValueError):  # (a callable whose signature cannot be read is tried as is)
+                try:
+                    inspect.signature(wrapped).bind(self, None)
+                except TypeError as error:
+                    raise TypeError(f"wrap_step: the wrapper returned {qualname(wrapped)!r} for {attr} "
+                                    f"{qualname(step)!r}, which cannot be called as step(loop, batch): {error}") from None
             if wrapped is not step:
                 with contextlib.suppress(AttributeError, TypeError):  # one that takes no attributes
                     functools.update_wrapper(wrapped, step)  # its name, for messages

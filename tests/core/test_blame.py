@@ -249,3 +249,65 @@ def test_a_hook_implementation_called_from_plugin_code_a_step_calls_is_blamed() 
     assert re.fullmatch(r"hookfit: raised by plugin 'logger' \(.*\) in hook 'before_optimizer_step', called from "
                         r"plugin 'optim' \(.*\) in \S+\.step, called from step function '.*step' "
                         r"\(epoch 1, stage train, batch 0\)", note), note
+
+
+WRAPPING = '''
+import hookfit
+
+
+class Wrapping:
+    name = "wrapping"
+
+    def __init__(self, fail_on: int, signature_ok: bool = True) -> None:
+        self.fail_on, self.signature_ok = fail_on, signature_ok
+
+    def wrap(self, step):
+        def wrapped(loop, batch):
+            if loop.state.step == self.fail_on:
+                raise RuntimeError("the wrapper broke")
+            return step(loop, batch)
+
+        return wrapped if self.signature_ok else (lambda batch: step(None, batch))
+
+    @hookfit.hookimpl
+    def configure(self, loop):
+        loop.wrap_step(self.wrap)
+'''
+
+
+def _wrapping(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    (tmp_path / "wrapping_plugin.py").write_text(WRAPPING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    return importlib.import_module("wrapping_plugin").Wrapping
+
+
+@pytest.mark.bad_input
+def test_an_error_of_a_plugin_s_step_wrapper_blames_the_plugin_not_the_step(tmp_path, monkeypatch) -> None:
+    """A wrap_step wrapper that raises, outside the step it wraps: the note said 'raised in step function
+    'step'' (the wrapper carries the step's name); it names the plugin and its wrapper. An error of the
+    step itself, inside the wrapper, still names the step."""
+    wrapping = _wrapping(tmp_path, monkeypatch)
+
+    def step(loop, batch):
+        if batch == 5:
+            raise ValueError("the step broke")
+
+    with pytest.raises(RuntimeError, match="the wrapper broke") as caught:
+        hookfit.Loop(step, [1, 2, 3], plugins=[wrapping(fail_on=1)]).fit()
+    note = " ".join(caught.value.__notes__)
+    assert re.search(r"raised in the step wrapper 'Wrapping.wrap.<locals>.wrapped' of plugin 'wrapping'.*"
+                     r"around step function '.*step'", note), note
+    with pytest.raises(ValueError, match="the step broke") as caught:
+        hookfit.Loop(step, [4, 5], plugins=[wrapping(fail_on=-1)]).fit()
+    assert "raised in step function" in " ".join(caught.value.__notes__)
+
+
+@pytest.mark.bad_input
+def test_a_step_wrapper_that_cannot_take_loop_and_batch_is_refused_at_wrap_step(tmp_path, monkeypatch) -> None:
+    """It failed at the first batch as 'train_step() takes 1 positional argument', blamed on no plugin."""
+    wrapping = _wrapping(tmp_path, monkeypatch)
+    with pytest.raises(TypeError, match=r"wrap_step: the wrapper returned .*lambda.* for train_step '.*', which "
+                                        r"cannot be called as step\(loop, batch\)"):
+        hookfit.Loop(lambda loop, batch: None, [1], plugins=[wrapping(fail_on=-1, signature_ok=False)]).fit()
