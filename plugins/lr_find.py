@@ -32,22 +32,23 @@ for it.
   divergence). Fewer than 5 points give no suggestion (``None``, one warning). ``finder.rates``,
   ``finder.losses`` (smoothed), ``finder.raw_losses``, ``finder.suggestion``, and
   ``loop.state.results["lr_find"]`` (``suggestion``, ``steps``, ``diverged``) hold the result.
-* **Afterwards** the run is put back exactly where it was: the parameters and buffers of
-  ``model=`` (bitwise) and their training flags, every tensor an optimizer steps (in ``model=``
-  or not: a free ``nn.Parameter`` too) and its gradient, each optimizer's ``state_dict()`` (its
-  rates included), every plugin's state (``loop.plugin_states()``: the optimizer role's counters
-  and schedulers, EMA's average...), the random state (Python's, torch's, NumPy's, CUDA's),
-  ``loop.carry`` and the data's own state (``state_dict()``) where it has one; so with
-  ``then="train"`` (the default) the training that follows is bitwise the run without the
-  finder (the optimizer role's per-step schedulers step during the sweep too, and are put back
-  after it: one made for a fixed number of steps, as ``OneCycleLR``, must allow ``num_steps``
-  more, or the sweep fails with torch's error and a note naming it). ``then="stop"`` ends the
-  run after the sweep instead: ``completed``, with a reason that says so and gives the
-  suggestion. Training data that is an iterator (used up by the sweep) is refused with
-  ``then="train"``, and so is an optimizer without ``param_groups``, ``state_dict`` and
-  ``load_state_dict`` (it could not be put back). Not put back: buffers of modules outside
-  ``model=`` (pass the module that holds them as ``model=``), and what the workers of a
-  ``DataLoader`` with ``persistent_workers`` keep across passes.
+* **Afterwards** the run is put back exactly where it was: the parameters and buffers of ``model=``
+  (bitwise) and their training flags, every tensor an optimizer steps (in ``model=`` or not: a free
+  ``nn.Parameter`` too) and its gradient, each optimizer's ``state_dict()`` (its rates included),
+  every plugin's state (``loop.plugin_states()``: the optimizer role's counters and schedulers,
+  EMA's average...), the random state (Python's, torch's, NumPy's, CUDA's, and the training data's
+  own generators, :func:`hookfit.data.generators`: a ``DataLoader``'s ``generator=``, its
+  samplers'), ``loop.carry`` and the data's own state (``state_dict()``) where it has one; so with
+  ``then="train"`` (the default) the training that follows is bitwise the run without the finder
+  (the optimizer role's per-step schedulers step during the sweep too, and are put back after it:
+  one made for a fixed number of steps, as ``OneCycleLR``, must allow ``num_steps`` more, or the
+  sweep fails with torch's error and a note naming it). ``then="stop"`` ends the run after the sweep
+  instead: ``completed``, with a reason that says so and gives the suggestion. Training data that is
+  an iterator (used up by the sweep) is refused with ``then="train"``, and so is an optimizer
+  without ``param_groups``, ``state_dict`` and ``load_state_dict`` (it could not be put back). Not
+  put back: buffers of modules outside ``model=`` (pass the module that holds them as ``model=``), a
+  random generator a dataset holds itself, and what the workers of a ``DataLoader`` with
+  ``persistent_workers`` keep across passes.
 * **The plot**: the smoothed loss against the rate on a log x axis (clipped at 1.5 times its
   highest value in the first tenth of the sweep), ``^`` under the suggestion, with the
   dashboard's text plot (:mod:`hookfit.plugins.support.plot`), printed to standard error.
@@ -372,11 +373,10 @@ class _Saved:
         self.tensors = [(p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
                         for p in tensors.values()]
         self.plugins = copy.deepcopy(loop.plugin_states())
-        self.rng = rng_state()
         data = loop.train_data
+        self.rng = rng_state(data)  # with the data's own generators, which the sweep's passes draw from
         self.data = copy.deepcopy(data.state_dict()) if stateful(data) else None
-        self.carry = dict(loop.carry)
-        self.training = loop.training
+        self.carry, self.training = dict(loop.carry), loop.training
         self._no_grad = torch.no_grad
 
     def restore(self, loop: Run) -> None:
@@ -397,4 +397,4 @@ class _Saved:
         loop.carry.clear()
         loop.carry.update(self.carry)
         loop.training = self.training
-        set_rng_state(self.rng)
+        set_rng_state(self.rng, data)

@@ -22,8 +22,12 @@ earlier step (so the newest checkpoint of a completed run, which ``"latest"`` an
 export`` take, holds its final weights: ``every_n_epochs=None, every_n_steps=5`` over 48 steps
 saves step 48 too; a run saving on no schedule saves nothing at its end) and, if asked, when it
 fails (``on_failure``: a ``failed-*.pt`` file, never chosen by ``"latest"``; its position is
-after the last training batch whose step completed, so the failing batch runs again). The
-last ``keep_last`` checkpoints are kept, plus the ``keep_best`` (1) best by ``monitor`` (``"valid/loss"``:
+after the last training batch whose step completed, so the failing batch runs again). A run
+whose end stands at the position it started or resumed at (it trained no batch and ended no
+epoch: stopped before its first batch, as ``LRFinder(then="stop")`` stops it) writes no
+checkpoint at its end but ``on_failure``'s, so that the next run of its name does not resume
+its untrained state (:mod:`hookfit.plugins.checkpoint.ending`). The last ``keep_last``
+checkpoints are kept, plus the ``keep_best`` (1) best by ``monitor`` (``"valid/loss"``:
 the epoch mean of ``loss`` in the validation stage, published by the metrics plugin, compared
 in the direction it publishes for it unless ``mode`` is given; a monitored metric the run
 does not produce is warned about once). A checkpoint's metric (``meta["metric"]``) is the

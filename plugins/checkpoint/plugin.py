@@ -1,5 +1,6 @@
 """checkpoint plugin: the policy and the save side. When to save (epochs, steps, seconds, a
-graceful stop, a failure, the final state of a run that completed); its parts: which checkpoints
+graceful stop, a failure, the final state of a run that completed: the end's save, none where the
+run began, is :mod:`~hookfit.plugins.checkpoint.ending`'s rule); its parts: which checkpoints
 to keep (:mod:`~hookfit.plugins.checkpoint.catalog`), the background writer
 (:mod:`~hookfit.plugins.checkpoint.writer`), failed and skipped saves
 (:mod:`~hookfit.plugins.checkpoint.reports`), the monitored metric's scores and the saves
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from hookfit import hookimpl
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import folders, hookspecs, ranks, sharded
+from hookfit.plugins.checkpoint.ending import end_save
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import payload
 from hookfit.plugins.checkpoint.catalog import Catalog
@@ -32,7 +34,7 @@ from hookfit.plugins.support import Every, Monitor, choice, flag, path, positive
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import argparse
 
-    from hookfit.payloads import MetricsSnapshot
+    from hookfit.payloads import MetricsSnapshot, ResumeInfo
     from hookfit.position import Position
     from hookfit.run import Run
 
@@ -125,6 +127,7 @@ class Checkpoint:
         self._continued = False
         self._main_dir: Path | None = None  # off the main process: where the main one writes
         self.saved_step: int | None = None  # the global step of the last save asked, or of the one resumed from
+        self.began: Position | None = None  # where the run started or resumed: its end there saves nothing
         self._lock: folders.FolderLock | None = None  # a given dir's, while a run writes there
 
     @property
@@ -183,7 +186,7 @@ class Checkpoint:
         self.scores.start()
         self.reports.reset()
         self.resumed_from, self.off, self._main_dir = None, False, None
-        self._pending, self._continued, self.saved_step = None, False, None
+        self._pending, self._continued, self.saved_step, self.began = None, False, None, None
         self.writer.outcomes(), self.shards.take()  # (a run before this one told everything at its end)
         source = loop.resume
         if source is None:
@@ -203,7 +206,7 @@ class Checkpoint:
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
-        self._loop = loop
+        self._loop, self.began = loop, loop.position
         self._last_time = time.monotonic()
         self.off = loop.model is None
         if self.off:
@@ -239,6 +242,10 @@ class Checkpoint:
         return path
 
     @hookimpl
+    def resumed(self, loop: Run, info: ResumeInfo) -> None:
+        self.began = loop.position  # (whichever plugin resumed the run)
+
+    @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if stage == self.scores.stage:
             settle(self, loop, self.scores.publish(loop, metrics))
@@ -254,23 +261,14 @@ class Checkpoint:
 
     @hookimpl(tryfirst=True)  # before other plugins let go of their state
     def fit_end(self, loop: Run) -> None:
-        state = loop.state
         try:
             if self.off or self._loop is None:  # no model, or the run failed before this plugin's fit_start
                 return
             if loop.mode != "fit":  # Loop.validate(): nothing was trained, nothing to save
                 return
             settle(self, loop, None)  # a validation cut short scored nothing
-            graceful = state.status == "interrupted" and state.stop_reason != "KeyboardInterrupt"
-            if graceful and self.on_interrupt:
-                self._save(loop, "interrupt", must=True)
-            elif state.status == "failed" and self.on_failure:
-                self._save(loop, "failure", must=True)
-            elif state.status == "completed" and (_inside_training(loop.position) or (
-                    self.scheduled and self.saved_step != state.step)):
-                # inside an epoch (max_steps: a longer run goes on from here), or newer than the last save
-                budget = loop.max_steps is not None and state.step >= loop.max_steps
-                self._save(loop, "max_steps" if budget else "completed", must=True)
+            if (reason := end_save(self, loop)) is not None:  # none where the run began (ending.py)
+                self._save(loop, reason, must=True)
         finally:
             try:
                 self.writer.wait()  # every write asked, whatever the outcome
@@ -394,7 +392,3 @@ class Checkpoint:
         if failure is not None:
             raise failure
 
-
-def _inside_training(position: Position) -> bool:
-    """Whether the run stands inside an epoch's training stage (not at an epoch's start)."""
-    return position.stage == "train" and (position.batch > 0 or position.val_due)
