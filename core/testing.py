@@ -16,7 +16,9 @@ Fixtures:
   returns the loop; ``train_step=``/``train_data=`` (the ``Loop``'s own names) work as
   ``step=``/``data=``. By default the step trains a tiny linear model on a few random batches,
   through ``loop.backward`` and ``loop.optimizers`` when a plugin implements ``backward``
-  (optim or any replacement), else by itself.
+  (optim or any replacement), else by itself. A plugin switched off during the run (an observer
+  that raised: in a run, one warning) fails the test, naming it and its error, unless
+  ``expect_silenced=True``.
 * ``hookfit_isolated``: discovered plugins are not loaded in this test (``HOOKFIT_PLUGINS`` is
   set to an empty value, ``HOOKFIT_CONFIG`` unset), so a test sees only the plugins it gives,
   as it gives them (the events the discovered plugins declare stay declared); and the test
@@ -147,7 +149,8 @@ def hookfit_run(hookfit_isolated: None, tmp_path: Any) -> Iterator[Callable[...,
 
     import hookfit
 
-    def run(*plugins: Any, step: Callable[..., Any] | None = None, data: Any = None, **kwargs: Any) -> Any:
+    def run(*plugins: Any, step: Callable[..., Any] | None = None, data: Any = None, expect_silenced: bool = False,
+            **kwargs: Any) -> Any:
         step = kwargs.pop("train_step", None) if step is None else step  # the Loop's own names too
         data = kwargs.pop("train_data", None) if data is None else data
         generator = torch.Generator().manual_seed(0)
@@ -174,6 +177,10 @@ def hookfit_run(hookfit_isolated: None, tmp_path: Any) -> Iterator[Callable[...,
         kwargs.setdefault("run_dir", tmp_path / "run")
         loop = hookfit.Loop(step or tiny_step, data, plugins=list(plugins), **kwargs)
         loop.fit()
+        if loop.state.silenced and not expect_silenced:  # an observer's error is only a warning in a run
+            pytest.fail("; ".join(f"{s.description} was switched off in {s.hook!r}: {type(s.error).__name__}: "
+                                  f"{s.error}" for s in loop.state.silenced)
+                        + " (hookfit_run(..., expect_silenced=True) where the test expects it)", pytrace=False)
         return loop
 
     yield run

@@ -90,3 +90,25 @@ def test_hookfit_run_drives_any_plugin_that_owns_the_backward_pass(hookfit_run, 
     seen = []
     hookfit_run(train_step=lambda l, b: seen.append(b))
     assert len(seen) == 4  # the fixture's own data, with the step given by the Loop's name
+
+
+@pytest.mark.fault
+def test_hookfit_run_fails_the_test_when_a_plugin_was_switched_off(hookfit_run) -> None:
+    """An observer under test that raised was a warning the test never saw: `status == "completed"` passed.
+    hookfit_run fails the test naming it, unless the test says it expects that."""
+
+    class Buggy:
+        name = "buggy"
+        observer = True
+
+        @hookfit.hookimpl
+        def epoch_end(self):
+            raise ZeroDivisionError("bug in my logger")
+
+    with pytest.warns(hookfit.ObserverWarning), pytest.raises(pytest.fail.Exception,
+                                                               match=r"plugin 'buggy'.*switched off.*epoch_end.*"
+                                                                     r"ZeroDivisionError: bug in my logger"):
+        hookfit_run(Buggy(), max_epochs=2)
+    with pytest.warns(hookfit.ObserverWarning):
+        loop = hookfit_run(Buggy(), max_epochs=2, expect_silenced=True)
+    assert [s.plugin for s in loop.state.silenced] == ["buggy"]
