@@ -18,9 +18,11 @@ people does:
   (``resumed``).
 * ``{"event": "best", "metrics": {"<stage>/<name>": "min" | "max", ...}}``: which value of each
   metric is best, as the snapshots carry it (:attr:`~hookfit.payloads.MetricsSnapshot.best`,
-  configured by the user, never guessed), for every stage seen so far; written before the
-  first row whose snapshot has directions, and again whenever they change. A reader takes the
-  last such line.
+  configured by the user, never guessed), for every stage seen so far, in the order the
+  snapshots give them (the built-in metrics plugin's: the order of ``Metrics(best=...)``, then
+  ``loss``); written before the first row whose snapshot has directions, and again whenever
+  they change. A reader takes the last such line; its first metric that is not a loss, a
+  validation one first, is the one a run is judged by (:func:`hookfit.tools.runs.default_metric`).
 * ``{"event": "epoch", **snapshot.row()}`` for every ``epoch_metrics`` snapshot: ``stage``,
   ``epoch``, ``step`` (the global step the stage ended at), ``batches``, ``samples``,
   ``time`` (seconds in the stage), ``samples_per_s``, each metric's epoch mean by name, and

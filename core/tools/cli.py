@@ -251,7 +251,9 @@ def _runs(args: argparse.Namespace) -> int:
     rows = [("RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "BEST", "RESUMED FROM")]
     for info in infos:
         best = "-" if info.best is None else f"{info.best[0]} {info.best[1]:.4g} (epoch {info.best[2]})"
-        status = textwrap.shorten(info.status + (f": {info.reason}" if info.reason else ""), 48, placeholder=" ...")
+        status = _evaluated(info) if info.status == "evaluated" else textwrap.shorten(
+            ("evaluation " if info.evaluation else "") + info.status + (f": {info.reason}" if info.reason else ""), 48,
+            placeholder=" ...")
         resumed = Path(info.resumed_from).name if info.resumed_from else "-"
         rows.append((info.folder, (info.started or "-").replace("T", " ")[:19], _duration(info.duration),
                      status, str(info.epochs if info.epochs is not None else "-"),
@@ -264,6 +266,17 @@ def _runs(args: argparse.Namespace) -> int:
         print(f"(no best for {', '.join(undirected)}: no direction was configured; give Metrics(best={{...}}) "
               f"in the run, or --mode min|max here)")
     return 0
+
+
+def _evaluated(info: Any) -> str:
+    """The STATUS of a folder of evaluations alone whose last one completed: ``evaluated`` and
+    the checkpoint it read, with the run folder that holds it where it is one's
+    (``evaluated epoch0005-step000000050.pt of 20260101-120000``)."""
+    if not info.evaluated:
+        return "evaluated"
+    path = Path(info.evaluated)
+    owner = path.parent.parent if path.parent.name == "checkpoints" else None
+    return f"evaluated {path.name}" + (f" of {owner.name}" if owner is not None and owner.name else "")
 
 
 def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any]) -> list[Any]:
@@ -341,7 +354,8 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     p = sub.add_parser("demo", help="train a small classifier on scikit-learn's digits")
     p.add_argument("--epochs", type=int, default=8)
     p.set_defaults(run=_demo)
-    p = sub.add_parser("runs", help="list runs, newest first: status, epochs, steps, best value, resumes")
+    p = sub.add_parser("runs", help="list runs, newest first: status, epochs, steps, best value, resumes "
+                                    "(the checkpoint an evaluation read)")
     p.add_argument("dir", nargs="?", default="runs", help="a folder of runs or a run folder (default: runs)")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.add_argument("--metric", help="the metric whose best value is shown, as stage/name (default: the "

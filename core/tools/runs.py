@@ -7,26 +7,28 @@ and ``host``, and an ``"end"`` line when it ends) and, with the metrics plugin, 
 (rows of :meth:`hookfit.payloads.MetricsSnapshot.row` as ``"epoch"`` and ``"step"`` events, a
 ``"resume"`` line where a resumed run continues, an ``"end"`` line, and ``"best"`` lines with
 the directions the user configured: ``{"event": "best", "metrics": {"valid/acc": "max"}}``).
-Both are read
-tolerantly, past what is damaged: a line that is not a JSON object (a torn last line of a run
-killed while writing, a line cut by a full disk) is skipped; in a line
-of ``metrics.jsonl`` (:func:`checked`), a value that is not what hookfit writes there is left out
+Both are read tolerantly, past what is damaged: a line that is not a JSON object (a torn last
+line of a run killed while writing, a line cut by a full disk) is skipped; in a line of
+``metrics.jsonl`` (:func:`checked`), a value that is not what hookfit writes there is left out
 (a metric ``"loss": "abc"`` or ``{}``, a ``time`` that is not a number), and a line whose place
 cannot be read (its ``stage``, ``epoch`` or ``step``) is skipped. Reading changes nothing in the
 folder, and never hangs: only regular files are read (a FIFO, a device, a folder in a file's
 place are not opened for reading), through a symlink only to a file inside the run, at most
 :data:`LIMIT` bytes. What is skipped or left out is said once per run (one
-:class:`hookfit.HookfitWarning` naming the files, lines and values, the first
-:data:`NOTED` of them; :attr:`RunInfo.notes`, in ``hookfit runs --json`` too), and the other
-runs are listed as usual. A run that is still running may be caught in the middle of a line:
-its cut last line is skipped without a note. The
-metrics are read along the line the run followed (:func:`followed`): rows that a resume
-abandoned are not the run's, nor those of an earlier history in the folder (:func:`current`).
-``Loop.validate()`` records in the folder are not fits.
+:class:`hookfit.HookfitWarning` naming the files, lines and values, the first :data:`NOTED` of
+them; :attr:`RunInfo.notes`, in ``hookfit runs --json`` too), and the other runs are listed as
+usual. A run that is still running may be caught in the middle of a line: its cut last line is
+skipped without a note. The metrics are read along the line the run followed (:func:`followed`):
+rows that a resume abandoned are not the run's, nor those of an earlier history in the folder
+(:func:`current`), nor a resume after which nothing was left to do (:func:`resumed_from`).
+``Loop.validate()`` records in the folder are not fits, and a folder of them alone (a test
+``Loop`` without ``run_dir``) is no training run (:attr:`RunInfo.evaluation`, :func:`find`).
 
-Without ``--metric``, a run's best value is that of the metric the user configured a direction
-for (:func:`default_metric`: ``Metrics(best={"valid/acc": "max"})``: ``valid/acc``), else of its
-loss; ``hookfit runs`` lists runs newest first, ``hookfit compare`` ranked by that best value.
+Without ``--metric``, a run's best value is that of the first metric the user configured a
+direction for, in the order given, a validation one first (:func:`default_metric`:
+``Metrics(best={"valid/auroc": "max", "valid/acc": "max"})``: ``valid/auroc``, whatever the order
+of the step's keys), else of its loss; ``hookfit runs`` lists runs newest first, ``hookfit
+compare`` ranked by that best value.
 Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
 what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
 named ``loss`` only, ``"min"`` (the loss is what the step minimises: the metrics role's default).
@@ -54,9 +56,9 @@ from hookfit.errors import HookfitWarning
 from hookfit.tools import jsonlines
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
 
-__all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions", "epoch_rows",
-           "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics", "run_folders",
-           "series"]
+__all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
+           "epoch_rows", "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics",
+           "resumed_from", "run_folders", "series"]
 
 Line = TypeVar("Line", bound=Mapping[str, Any])
 
@@ -114,8 +116,7 @@ def is_run(folder: Path) -> bool:
 
 
 def run_folders(root: Path) -> list[Path]:
-    """The run folders at or under ``root`` (``runs/``, ``runs/<name>`` or a run folder),
-    newest first."""
+    """The run folders at or under ``root`` (``runs/``, ``runs/<name>`` or a run folder), newest first."""
     if is_run(root):
         return [root]
     found = {p.parent for pattern in ("*/run.jsonl", "*/*/run.jsonl", "*/metrics.jsonl", "*/*/metrics.jsonl")
@@ -135,22 +136,23 @@ def _started_key(folder: Path) -> tuple[str, float]:
 
 def find(source: str | os.PathLike[str] | None, root: Path = Path("runs")) -> Path:
     """The run folder ``source`` names: a run folder; a folder of runs, or a run name under
-    ``root`` (its newest run); ``None``: the newest run under ``root``."""
-    candidates: list[Path]
-    if source is None:
-        candidates = run_folders(root) if root.is_dir() else []
-        if not candidates:
-            raise FileNotFoundError(f"no runs in {root}/ (run a training script first, or name a run folder)")
-        return candidates[0]
-    path = Path(source)
-    if not path.exists() and (root / path).exists():
+    ``root`` (its newest training run); ``None``: the newest training run under ``root``. A
+    folder of evaluations alone (:attr:`RunInfo.evaluation`) is found only where it is named."""
+    path = root if source is None else Path(source)
+    if source is not None and not path.exists() and (root / path).exists():
         path = root / path
-    if not path.exists():
-        raise FileNotFoundError(f"{source}: no such run folder")
-    candidates = run_folders(path)
+    candidates = run_folders(path) if path.is_dir() else []
     if not candidates:
-        raise FileNotFoundError(f"{source}: not a run folder (no run.jsonl or metrics.jsonl in it or below)")
-    return candidates[0]
+        raise FileNotFoundError(
+            f"no runs in {root}/ (run a training script first, or name a run folder)" if source is None else
+            f"{source}: no such run folder" if not path.exists() else
+            f"{source}: not a run folder (no run.jsonl or metrics.jsonl in it or below)")
+    with warnings.catch_warnings():  # (what is damaged is said where the run found is read)
+        warnings.simplefilter("ignore", HookfitWarning)
+        found = path if candidates == [path] else next((f for f in candidates if not load(f).evaluation), None)
+    if found is None:
+        raise FileNotFoundError(f"{path}: evaluations only, no training run (name one to show it: {candidates[0]})")
+    return found
 
 
 def metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -171,20 +173,15 @@ def epoch_rows(folder: Path) -> list[dict[str, Any]]:
 
 
 def default_metric(rows: Sequence[Mapping[str, Any]], known: Mapping[str, str] | None = None) -> str | None:
-    """The metric a run is judged by (its best value): the first one of ``rows`` that ``known``
-    (the run's directions, :func:`directions`) gives a direction and that is not a loss, a validation one
-    first (the metric the user configured, ``Metrics(best={"valid/acc": "max"})``); else
-    ``valid/loss`` when the run validated a loss, else ``train/loss``, else its first metric."""
+    """The metric a run is judged by (its best value): the first one in ``known`` (the run's
+    directions, :func:`directions`) that ``rows`` have and that is not a loss, a validation one
+    first; else ``valid/loss`` when the run validated a loss, else ``train/loss``, else its first
+    metric. ``known`` is in the order of the log's ``"best"`` line: the order the user gave the
+    directions in (``Metrics(best={"valid/auroc": "max", "valid/acc": "max"})``: ``valid/auroc``)."""
     names = metric_names(rows)
     chosen = [name for name in (known or {}) if name in names and name.rsplit("/", 1)[-1] != "loss"]
-    for stage in ("valid/", "train/"):
-        for name in chosen:
-            if name.startswith(stage):
-                return name
-    for name in ("valid/loss", "train/loss"):
-        if name in names:
-            return name
-    return names[0] if names else None
+    ranked = [name for stage in ("valid/", "train/") for name in chosen if name.startswith(stage)]
+    return next(iter(ranked + [name for name in ("valid/loss", "train/loss") if name in names] + names), None)
 
 
 def directions(lines: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -216,8 +213,7 @@ def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, in
     out = []
     for row in rows:
         value = row.get(key)
-        if row.get("stage") == stage and _number(value) and _number(row.get("step", 0)) \
-                and _number(row.get("epoch", 0)):
+        if row.get("stage") == stage and _number(value) and _number(row.get("step", 0)) and _number(row.get("epoch", 0)):
             out.append((int(row.get("step", 0)), int(row.get("epoch", 0)), float(value)))
     return out
 
@@ -225,8 +221,8 @@ def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, in
 def _ended_best(end: Mapping[str, Any] | None, metric: str) -> tuple[float, int] | None:
     """``metric``'s best and its epoch as the core's end line records them (``results["best"]``), if it does."""
     results = end.get("results") if end is not None else None
-    kept = results.get("best", {}).get(metric) if isinstance(results, dict) and isinstance(results.get("best"),
-                                                                                             dict) else None
+    held = results.get("best") if isinstance(results, dict) else None
+    kept = held.get(metric) if isinstance(held, dict) else None
     if isinstance(kept, list) and len(kept) == 2 and isinstance(kept[0], (int, float)) and jsonlines.count(kept[1]):
         return float(kept[0]), int(kept[1])
     return None
@@ -254,8 +250,8 @@ class RunInfo:
     ``running`` / ``unfinished`` when it wrote no end (see the module's documentation);
     ``duration`` adds up its ``fit()`` calls; ``best`` is ``(metric, value, epoch)``, ``None``
     when the metric has no finite value or no direction; ``mode`` that direction (``"min"``,
-    ``"max"``, ``None``: unknown); ``resumed_from`` the checkpoint the last resume continued
-    from."""
+    ``"max"``, ``None``: unknown); ``resumed_from`` the checkpoint of the last resume the run
+    went on from (:func:`resumed_from`); ``evaluation``, ``evaluated``: below."""
 
     folder: str
     name: str
@@ -276,6 +272,11 @@ class RunInfo:
     notes: tuple[str, ...] = ()
     """What was skipped or left out reading the run's files and why (its files are damaged or
     cannot be read), one entry a file; said once in a warning as well."""
+    evaluation: bool = False
+    """The folder holds evaluations alone (``Loop.validate()``): status ``evaluated`` once the last
+    one completed, no epochs, steps, fits nor resume."""
+    evaluated: str | None = None
+    """The checkpoint the last evaluation read (``None``: the model as it was given)."""
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -299,13 +300,24 @@ def _alive(record: Mapping[str, Any]) -> bool:
 def _end_of_last_fit(lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The ``"end"`` line that follows the last ``"run"`` line of a ``run.jsonl``, or ``None``
     (that ``fit()`` is still running, or was killed)."""
-    end = None
+    marks = [line for line in lines if line.get("event") in ("run", "end")]
+    return marks[-1] if marks and marks[-1].get("event") == "end" else None
+
+
+def resumed_from(lines: Iterable[Mapping[str, Any]]) -> str | None:
+    """The checkpoint (``"from"``) of the last ``"resume"`` line of a ``metrics.jsonl`` that the
+    run went on from, ``None`` without one: one after which, before the next, the run wrote a
+    metrics row (a stage it ran), or an end or checkpoint line past its step (a run resumed once
+    it had ended, with nothing left to do, writes its end line alone)."""
+    found: Mapping[str, Any] | None = None
+    pending: Mapping[str, Any] | None = None
     for line in lines:
-        if line.get("event") == "run":
-            end = None
-        elif line.get("event") == "end":
-            end = line
-    return end
+        event, step = line.get("event"), line.get("step")
+        if pending is not None and (event in ("epoch", "step") or event in ("end", "checkpoint") and _number(step)
+                                    and not (_number(pending.get("step")) and step <= pending["step"])):
+            found, pending = pending, None
+        pending = line if event == "resume" else pending
+    return None if found is None else str(found.get("from"))
 
 
 def fit_lines(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -328,16 +340,18 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     notes: list[str] = []
     lines = list(read_jsonl(folder / "run.jsonl", notes))
     starts_and_ends = fit_lines(lines)
+    evaluation = not any(r.get("event") == "run" for r in starts_and_ends)
+    if evaluation:  # no fit: a folder of evaluations alone (their lines), or one without a run.jsonl
+        starts_and_ends = current(lines)
     starts = [r for r in starts_and_ends if r.get("event") == "run"]
-    opened = starts or [r for r in lines if r.get("event") == "run"]  # (a folder of evaluations alone: theirs)
     live = bool(starts) and _end_of_last_fit(starts_and_ends) is None and _alive(starts[-1])
     metrics = followed(read_metrics(folder / "metrics.jsonl", notes, live=live))
     if notes:
         warnings.warn(f"hookfit runs: {folder}: {'; '.join(notes)}", HookfitWarning, stacklevel=2)
+    evaluation = evaluation and (bool(starts) or bool(metrics) and all(r.get("evaluation") for r in metrics))
     ends = [r for r in metrics if r.get("event") == "end"]
     core_ends = [r for r in starts_and_ends if r.get("event") == "end"]
     rows = [r for r in metrics if r.get("event") == "epoch"]
-    resumes = [r for r in metrics if r.get("event") == "resume"]
     ended = core_ends or ends  # the core's end lines, else the metrics plugin's
     fits = max(len(starts), len(ended), 1 if metrics else 0)
     # the last fit() decides: its own end line (after its start line in run.jsonl); an earlier
@@ -363,20 +377,24 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         end_epochs = last_end.get("epochs") if last_end is not None else None
         if jsonlines.count(end_epochs) and (epochs is None or end_epochs > epochs):
             epochs = end_epochs
-    if metric is None:
-        metric = default_metric(rows, directions(metrics))
+    metric = metric or default_metric(rows, directions(metrics))
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
     if short and metric and mode == direction(metric, directions(metrics)):  # the run's own best of every epoch
         found = _ended_best(last_end, metric) or found
-    name = opened[-1].get("name") if opened else None
+    name = starts[-1].get("name") if starts else None
     name = name if isinstance(name, str) else folder.parent.name  # (a damaged name is left out)
-    started = opened[0].get("started") if opened else None
-    identity = opened[0].get("identity") if opened else None
+    started = starts[0].get("started") if starts else None
+    identity = starts[0].get("identity") if starts else None
+    read: list[Any] = []  # what an evaluation read: its resume lines, else the checkpoints it was given
+    if evaluation:
+        read = [r.get("from") for r in metrics if r.get("event") == "resume"] or [r.get("resume") for r in starts]
+        status, epochs, steps, fits = "evaluated" if status == "completed" else status, None, None, 0
     return RunInfo(
         folder=str(folder), name=str(name), started=started if isinstance(started, str) else None,
         duration=duration, status=status, reason=reason, epochs=epochs, steps=steps,
         best=None if found is None or metric is None else (metric, found[0], found[1]),
-        resumed_from=str(resumes[-1].get("from")) if resumes else None, fits=fits, metric=metric, mode=mode,
-        identity=identity if isinstance(identity, str) else None, notes=tuple(notes),
+        resumed_from=None if evaluation else resumed_from(metrics), fits=fits, metric=metric, mode=mode,
+        identity=identity if isinstance(identity, str) else None, notes=tuple(notes), evaluation=evaluation,
+        evaluated=read[-1] if read and isinstance(read[-1], str) else None,
     )

@@ -50,27 +50,34 @@ class Directions:
         """The directions as configured (read-only)."""
         self._cache: dict[tuple[str, tuple[str, ...]], Mapping[str, str]] = {}
 
-    def direction(self, stage: str, name: str) -> str | None:
-        """The direction of metric ``name`` of ``stage``, or ``None`` when it has none."""
-        given = self.given
+    def key(self, stage: str, name: str) -> str | None:
+        """The key of ``best`` that gives metric ``name`` of ``stage`` its direction, or ``None``."""
         base = name.rsplit("/", 1)[-1]
         keys = (f"{stage}/{name}", name) if base == name else (f"{stage}/{name}", name, f"{stage}/{base}", base)
-        for key in keys:
-            found = given.get(key)
-            if found is not None:
-                return found
-        return "min" if base == "loss" else None
+        return next((key for key in keys if key in self.given), None)
+
+    def direction(self, stage: str, name: str) -> str | None:
+        """The direction of metric ``name`` of ``stage``, or ``None`` when it has none."""
+        key = self.key(stage, name)
+        if key is not None:
+            return self.given[key]
+        return "min" if name.rsplit("/", 1)[-1] == "loss" else None
 
     def of(self, stage: str, names: Iterable[str]) -> Mapping[str, str]:
         """The directions of ``stage``'s metrics ``names`` that have one (read-only), for
-        :attr:`hookfit.payloads.MetricsSnapshot.best`."""
+        :attr:`hookfit.payloads.MetricsSnapshot.best`: those the user configured in the order
+        of their keys in ``best`` (a reader takes the first one as the metric a run is judged
+        by, :func:`hookfit.tools.runs.default_metric`), then ``loss``'s default; names that one
+        key gives in the order of ``names``."""
         key = (stage, tuple(names))
         found = self._cache.get(key)
         if found is None:
             if len(self._cache) >= _CACHED:
                 self._cache.clear()
-            found = self._cache[key] = MappingProxyType(
-                {name: mode for name in key[1] if (mode := self.direction(stage, name)) is not None})
+            rank = {given: i for i, given in enumerate(self.given)}
+            named = sorted((name for name in key[1] if self.direction(stage, name) is not None),
+                           key=lambda name: rank.get(self.key(stage, name) or "", len(rank)))
+            found = self._cache[key] = MappingProxyType({name: str(self.direction(stage, name)) for name in named})
         return found
 
     def __repr__(self) -> str:

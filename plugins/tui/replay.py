@@ -2,15 +2,16 @@
 ``tui`` plugin adds both through the ``add_commands`` event; the files are read with
 :mod:`hookfit.tools.runs`).
 
-``hookfit show [RUN]`` rebuilds the dashboard from the run's ``metrics.jsonl``: the same
-table, curves, progress and summary, read-only (``q`` or Esc leaves; nothing is sent to the
-run). On a run that is still going (another terminal, torchrun, the background) it follows
-the file as the run writes it, until ``q``. With ``--text``, without an interactive terminal,
-or without urwid (then saying in one line what to install) it prints the plain-text summary
-and curves that a finished run prints; that needs no urwid. Progress is counted as the run
-counted it (steps when its ``max_steps``, in ``run.jsonl``, ended it first), and a finished
-run shows where it ended: its last step, epoch and metrics (its end lines). A run folder resumed
-into is timed over all its fits (the clock, the time lines), the summary adding the last one's.
+``hookfit show [RUN]`` (default: the newest training run, :func:`hookfit.tools.runs.find`)
+rebuilds the dashboard from the run's ``metrics.jsonl``: the same table, curves, progress and
+summary, read-only (``q`` or Esc leaves; nothing is sent to the run). On a run that is still
+going (another terminal, torchrun, the background) it follows the file as the run writes it,
+until ``q``. With ``--text``, without an interactive terminal, or without urwid (then saying in
+one line what to install) it prints the plain-text summary and curves that a finished run
+prints; that needs no urwid. Progress is counted as the run counted it (steps when its
+``max_steps``, in ``run.jsonl``, ended it first), and a finished run shows where it ended: its
+last step, epoch and metrics (its end lines). A run folder resumed into is timed over all its
+fits (the clock, the time lines), the summary adding the last one's.
 
 ``hookfit compare RUN RUN...`` draws one metric of several runs in one plot (each run's curve
 ends in its number; in colour on a terminal) and a table of their final and best values.
@@ -41,8 +42,8 @@ COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")  # ANSI foregrounds, 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``show`` and ``compare`` subcommands."""
     p = commands.add_parser("show", help="look at a run again: its dashboard, or live while it runs")
-    p.add_argument("source", nargs="?", metavar="RUN",
-                   help="a run folder or a run name under runs/ (default: the newest run)")
+    p.add_argument("source", nargs="?", metavar="RUN", help="a run folder or a run name under runs/ (default: the "
+                   "newest training run; a folder of evaluations alone is shown where it is named)")
     p.add_argument("--text", action="store_true", help="print the text summary even on a terminal")
     p.set_defaults(run=_show)
     p = commands.add_parser("compare", help="one metric of several runs in one plot, with their final and best values")
@@ -92,9 +93,8 @@ def time_split(recorded: dict[str, Any]) -> dict[str, TimeSplit]:
 
 
 def fit_ends(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The ``"end"`` lines of a ``run.jsonl`` that end a ``fit()``, in order: a run folder gets
-    one more with each resume; an evaluation's (:func:`hookfit.tools.runs.fit_lines`) is not one,
-    unless the folder holds evaluations alone."""
+    """The ``"end"`` lines of a ``run.jsonl`` that end a ``fit()``, in order (one more with each resume); an
+    evaluation's (:func:`hookfit.tools.runs.fit_lines`) is not one, unless the folder holds evaluations alone."""
     lines = list(lines)
     ends = [line for line in runs.fit_lines(lines) if line.get("event") == "end"]
     return ends or [line for line in lines if line.get("event") == "end"]
@@ -130,7 +130,8 @@ class Follower:
         self.dashboard, self.max_epochs = dashboard, max_epochs
         self.offset = self.step = 0
         self.ended: dict[str, Any] | None = None
-        self.resumed: ResumeInfo | None = None
+        self.resumed: ResumeInfo | None = None  # the last resume line's; resumes: each checkpoint's
+        self.resumes: dict[str, ResumeInfo] = {}
         self.fitted = False  # a fit's line was read (runs.followed: Loop.validate()'s lines after it are not the run's)
         self.directions: dict[str, str] = {}  # the log's last "best" line
         self.before = 0.0  # seconds of the fits that ended before (a resumed run's earlier ones)
@@ -181,6 +182,7 @@ class Follower:
         elif event == "resume":
             self.resumed = ResumeInfo(str(row.get("from")), int(row.get("epoch", 1)) - 1, int(row.get("step", 0)),
                                       int(row.get("batch", 0)), "train")
+            self.resumes[self.resumed.source] = self.resumed
             dash.receive("resumed", self.resumed)
         elif event == "end":  # the clock says the whole run's time, as hookfit runs does: every fit's
             self.ended = row
@@ -269,9 +271,11 @@ def _print_summary(folder: Path, dash: DashboardModel, follower: Follower, info:
 
     ended = follower.ended or {}
     _, times = fit_times(fit_ends(runs.read_jsonl(folder / "run.jsonl")))  # (a followed run may have ended since)
-    state = SimpleNamespace(status=info.status, stop_reason=info.reason, elapsed=info.duration or 0.0,
-                            step=ended.get("step", follower.step), stopped_by=ended.get("by"),
-                            resumed_from=follower.resumed, time_split=times or dash.time_split)
+    resumed = follower.resumes.get((info.evaluated if info.evaluation else info.resumed_from) or "")  # (runs' rule)
+    state = SimpleNamespace(status="completed" if info.status == "evaluated" else info.status, stop_reason=info.reason,
+                            elapsed=info.duration or 0.0, step=ended.get("step", follower.step),
+                            stopped_by=ended.get("by"), resumed_from=resumed, time_split=times or dash.time_split,
+                            evaluation=info.evaluation)
     print(f"run {folder}")
     print("\n".join(summary(dash, state)))
 
@@ -334,8 +338,7 @@ def _compare(args: argparse.Namespace) -> int:
     if metric is None:
         print("hookfit compare: these runs have no metrics (no metrics.jsonl epochs)", file=sys.stderr)
         return 2
-    if "/" not in metric:
-        metric = f"train/{metric}"
+    metric = metric if "/" in metric else f"train/{metric}"
     curves = {folder: runs.series(r, metric) for folder, r in rows.items()}
     missing = [str(f) for f, points in curves.items() if not points]
     if len(missing) == len(folders):
@@ -343,15 +346,13 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"hookfit compare: no run has {metric}; they have: {', '.join(names) or 'nothing'}", file=sys.stderr)
         return 2
     loaded = {folder: runs.load(folder, metric=metric, mode=args.mode) for folder in folders}
-    infos = dict(sorted(loaded.items(), key=lambda item: _rank(item[1])))  # ranked: the table's rows, the curves' numbers
+    infos = dict(sorted(loaded.items(), key=lambda item: _rank(item[1])))  # ranked: the table's rows, curves' numbers
     curves = {folder: curves[folder] for folder in infos}
     colour = sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
     width = args.width or max(20, min(120, _columns() - 14))
     series = {f"{i}": [(float(s), v, v) for s, _, v in points] for i, points in enumerate(curves.values(), 1)}
     values = [v for points in curves.values() for _, _, v in points]
-    log = args.log == "on" or (args.log == "auto" and _spans_decades(values))
-    if log and min(values) <= 0:
-        log = False
+    log = (args.log == "on" or (args.log == "auto" and _spans_decades(values))) and min(values) > 0
     print(f"{metric} over steps{' (log scale)' if log else ''}")
     for line in text_plot(series, width=width, height=max(3, args.height), log=log, marks=True,
                           colours=COLOURS if colour else None):

@@ -87,17 +87,19 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
     resumed from, where its output is kept, the size of the model, where the time went, the
     table (``nan``/``inf`` as they are) and the loss curves up to the run's last step (``×``
     where the values were not finite); ``warned``: the warnings the run issued while the
-    dashboard was up, a line each."""
+    dashboard was up, a line each. ``state.evaluation`` true (``hookfit show`` of a folder of
+    evaluations alone): an evaluation's record, which counts no steps and says what it evaluated."""
     from hookfit.plugins.support.plot import NONFINITE, spans_decades, text_plot
 
+    evaluation = getattr(state, "evaluation", False)
     asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
-    lines = [f"hookfit: training {state.status} ({state.stop_reason}) after {state.elapsed:.1f}s, "
-             f"{state.step} steps{asked}"]
+    lines = [f"hookfit: {'evaluation' if evaluation else 'training'} {state.status} ({state.stop_reason}) after "
+             f"{state.elapsed:.1f}s{'' if evaluation else f', {state.step} steps'}{asked}"]
     if dashboard is not None and dashboard.skipped:
         lines.append(f"  {dashboard.skipped_text()}"
                      + ("; most of the run did not train" if dashboard.mostly_skipped else ""))
     if getattr(state, "resumed_from", None) is not None:
-        lines.append(f"  resumed from {state.resumed_from}")
+        lines.append(f"  {'evaluated' if evaluation else 'resumed from'} {state.resumed_from}")
     if output is not None:
         lines.append(f"  output printed during the run: {output}")
     lines.extend(f"  {line}" for line in warned)

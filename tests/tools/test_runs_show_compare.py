@@ -579,6 +579,104 @@ def test_an_evaluation_in_the_runs_folder_is_not_a_resume_of_it(tmp_path: Path,
     assert follower.resumed is None and follower.ended is not None and follower.ended["status"] == "completed"
 
 
+def test_a_test_loops_folder_reads_as_an_evaluation_and_show_takes_the_training_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Train, then evaluate the best checkpoint on a test ``Loop(val_step=..., val_data=...,
+    model=...)`` without ``run_dir``: its folder of its own is listed ``evaluated`` with the
+    checkpoint it read, no epochs, steps nor resume of its own; plain ``hookfit show`` shows the
+    training run, and the evaluation, named, is titled an evaluation. They read it as a completed
+    training run of the checkpoint's epochs and steps, the newest run, "training completed"."""
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "optim,metrics,metrics_log,checkpoint")
+    model = torch.nn.Linear(1, 1)
+    data = [(torch.ones(4, 1) * i, torch.ones(4, 1) * 2 * i) for i in range(3)]
+
+    def valid(loop: Any, batch: Any) -> dict[str, Any]:
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    state = hookfit.Loop(mse_step, data, val_step=valid, val_data=data, model=model, max_epochs=2, name="m",
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
+                         plugins=[Checkpoint(background=False, monitor="valid/loss")]).fit()
+    checkpoint = state.results["best_checkpoint"]
+    assert hookfit.Loop(val_step=valid, val_data=data, model=model, name="m").validate(resume=checkpoint).status \
+        == "completed"
+    trained = Path("runs") / "m" / Path(checkpoint).parent.parent.name
+    (evaluated,) = [folder for folder in runs.run_folders(Path("runs")) if folder != trained]
+    os.utime(trained, (0, 0))  # whatever the clock's resolution: the evaluation is the newest folder
+    assert runs.run_folders(Path("runs")) == [evaluated, trained]
+    info = runs.load(evaluated)
+    assert (info.evaluation, info.status, info.evaluated) == (True, "evaluated", str(checkpoint))
+    assert (info.epochs, info.steps, info.fits, info.resumed_from) == (None, None, 0, None)
+    assert info.best is not None and info.best[0] == "valid/loss"
+    assert not runs.load(trained).evaluation and runs.load(trained).status == "completed"
+    assert cli.main(["runs"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(str(evaluated)))
+    assert f"evaluated {Path(checkpoint).name} of {trained.name}" in row and "completed" not in row, row
+    for named in ([], ["m"]):  # the newest run, the name's newest run: the training run's
+        assert command("show", "--text", *named) == 0
+        assert capsys.readouterr().out.startswith(f"run {trained}\nhookfit: training completed")
+    assert command("show", "--text", str(evaluated)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"run {evaluated}\nhookfit: evaluation completed (validation done) after "), out
+    assert f"\n  evaluated {checkpoint} (" in out and "steps" not in out.splitlines()[1], out
+
+
+@pytest.mark.bad_input
+def test_show_of_a_folder_holding_evaluations_only_names_one_to_show(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``hookfit show`` of a folder of runs that holds evaluations alone shows none in the place of
+    a training run: it says so, and names the newest evaluation to show."""
+    evaluation = tmp_path / "runs" / "test" / "20260101-000000"
+    _log(evaluation, {"event": "epoch", "stage": "valid", "epoch": 1, "step": 6, "loss": 0.5, "evaluation": True},
+         {"event": "end", "status": "completed", "reason": "validation done", "step": 6, "evaluation": True})
+    (evaluation / "run.jsonl").write_text("".join(json.dumps(line) + "\n" for line in (
+        {"event": "run", "name": "test", "mode": "validate", "started": "2026-01-01T00:00:00", "resume": "a.pt"},
+        {"event": "end", "status": "completed", "reason": "validation done", "duration": 0.5, "steps": 6})))
+    assert command("show", "--text", str(tmp_path / "runs")) == 2
+    assert f"evaluations only, no training run (name one to show it: {evaluation})" in capsys.readouterr().err
+    assert command("show", "--text", str(evaluation)) == 0
+    assert capsys.readouterr().out.startswith(f"run {evaluation}\nhookfit: evaluation completed (validation done)")
+
+
+def test_a_resume_with_nothing_left_to_do_is_not_where_the_run_resumed_from(
+        two_runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A run interrupted, resumed to its end, then run again with ``resume="latest"`` (it resumes
+    from its last checkpoint and ends at once): ``hookfit runs`` and ``show`` say it resumed from
+    the interruption's checkpoint, where they named the last one, which nothing followed."""
+    _, slow = two_runs
+    assert _train(slow, 3, 0.01, resume="latest").status == "completed"
+    lines = [json.loads(line) for line in (slow / "metrics.jsonl").read_text().splitlines()]
+    resumes = [line for line in lines if line["event"] == "resume"]
+    assert len(resumes) == 2 and resumes[0]["from"].endswith("epoch0002-step000000007.pt")
+    assert [line["event"] for line in lines[-2:]] == ["resume", "end"] and lines[-1]["step"] == resumes[1]["step"]
+    info = runs.load(slow)
+    assert info.resumed_from == resumes[0]["from"] and (info.status, info.fits, info.steps) == ("completed", 3, 12)
+    assert cli.main(["runs", str(slow)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("  epoch0002-step000000007.pt")
+    assert command("show", str(slow), "--text") == 0
+    out = capsys.readouterr().out
+    assert f"\n  resumed from {resumes[0]['from']} (" in out and resumes[1]["from"] not in out, out
+
+
+def test_resumed_from_is_the_last_resume_the_run_went_on_from() -> None:
+    """A resume counts once the run went on from it: a row after it (a validation a stop had cut
+    is one), or an end or a checkpoint past its step (a run without the metrics plugin's rows);
+    an end at its step alone is a resume with nothing left to do."""
+    def resume(step: int, source: str) -> dict[str, Any]:
+        return {"event": "resume", "from": source, "epoch": 1, "batch": 0, "step": step}
+
+    def end(step: int) -> dict[str, Any]:
+        return {"event": "end", "status": "completed", "step": step, "time": 1.0}
+
+    assert runs.resumed_from([resume(10, "a"), _epoch(1, loss=1.0), end(10), resume(10, "b"), end(10)]) == "a"
+    assert runs.resumed_from([resume(5, "a"), end(8), resume(8, "b"), end(8)]) == "a"
+    assert runs.resumed_from([resume(5, "a"), {"event": "checkpoint", "step": 6, "file": "c"}]) == "a"
+    assert runs.resumed_from([resume(5, "a"), end(5)]) is None
+    assert runs.resumed_from([resume(5, "a"), end(8), resume(8, "b"), end(9)]) == "b"
+
+
 def test_runs_shortens_a_long_reason_at_a_word(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The STATUS column holds 48 characters: a longer reason ends at a whole word and says it goes on."""
     reason = "ValueError: valid data yielded no batches in epoch 1 (an iterator used up)"

@@ -94,3 +94,13 @@ def test_the_option_is_kept_read_only_and_from_a_config_file(tmp_path, monkeypat
 def test_bad_directions_are_refused_at_construction(best: Any, message: str) -> None:
     with pytest.raises((TypeError, ValueError), match=message):
         Metrics(best=best)
+
+
+def test_directions_come_in_the_order_the_user_gave_them_then_the_loss() -> None:
+    """A snapshot's ``best`` lists the configured directions in the order of ``Metrics(best=...)``,
+    whatever the order of the step's keys (``loss``, ``acc``, ``mae``, ``perplexity``), and the
+    loss's default after them: a reader judges a run by the first (``hookfit runs``), where it
+    took the step's first key that had a direction."""
+    got = published({"perplexity": "min", "valid/acc": "max", "mae": "min"})
+    assert list(got["valid"]) == ["perplexity", "acc", "mae", "loss"]
+    assert list(got["train"]) == ["perplexity", "mae", "loss"]
