@@ -50,16 +50,14 @@ the same plugin and options. The registered ``HookImpl`` objects are never chang
 
 from __future__ import annotations
 
-import difflib
 import functools
-from typing import Any, Callable, Collection, Iterable, Sequence, cast
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import pluggy
 
 from hookfit import blame
-from hookfit.errors import PluginError
 from hookfit.guard import guard as _guard
-from hookfit.handlers import PER_BATCH, Call, Handlers, PerBatch
+from hookfit.handlers import PER_BATCH, Call, Handlers, PerBatch, asked
 from hookfit.manager import PluginManager
 
 CallAll = Callable[..., tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]]
@@ -221,27 +219,8 @@ class Dispatch:
         impls = self._caller(name).get_hookimpls()
         if name not in PER_BATCH or not self.configured:
             return impls
-        return [i for i in impls if getattr(i.plugin, "batch_events", None) is None or name in self._asked(i)]
-
-    def _asked(self, impl: pluggy.HookImpl) -> Collection[str]:
-        """The plugin's ``batch_events`` answer, checked: per-batch event names, the plugin named where not."""
-        who = self.pm.describe(impl.plugin_name)
-        try:
-            answer = getattr(impl.plugin, "batch_events")(self.run)
-        except Exception as error:
-            error.add_note(f"hookfit: raised by {who} in its batch_events(loop)")
-            raise
-        if isinstance(answer, (str, bytes)) or not isinstance(answer, Collection):
-            raise PluginError(f"{who}: batch_events() answered a {type(answer).__name__}, not a collection of event "
-                              f"names (those of {', '.join(PER_BATCH)} it takes part in)")
-        for event in answer:
-            if event not in PER_BATCH:
-                close = difflib.get_close_matches(str(event), PER_BATCH, n=1)
-                raise PluginError(
-                    f"{who}: batch_events() answered {event!r}, not a per-batch event: it names those of "
-                    f"{', '.join(PER_BATCH)} the plugin takes part in (should_stop and the other events are "
-                    f"not left out this way).{f' Did you mean {close[0]!r}?' if close else ''}")
-        return answer
+        return [i for i in impls if getattr(i.plugin, "batch_events", None) is None
+                or name in asked(i.plugin, self.run, self.pm.describe(i.plugin_name))]
 
     def _plain(self, impls: Iterable[pluggy.HookImpl]) -> bool:
         """Whether ``impls`` may be called directly (no wrapper, no call monitoring)."""

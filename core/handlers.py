@@ -1,14 +1,18 @@
 """What a run's calls iterate: each event's implementations as a tuple of callables, bound anew
 (never changed in place) when the plugins change, read by the loop (:class:`PerBatch`) and by
-plugins that fire events on the hot path (:class:`Handlers`). :mod:`hookfit.dispatch` fills them."""
+plugins that fire events on the hot path (:class:`Handlers`), and a plugin's answer to which of the
+per-batch events it takes part in (:func:`asked`). :mod:`hookfit.dispatch` fills them."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+import difflib
+from typing import Any, Callable, Collection, Iterator
+
+from hookfit.errors import PluginError
 
 Call = Callable[..., Any]
 
-__all__ = ["PER_BATCH", "Call", "Handlers", "PerBatch"]
+__all__ = ["PER_BATCH", "Call", "Handlers", "PerBatch", "asked"]
 
 
 class Handlers:
@@ -51,3 +55,24 @@ class PerBatch:
 PER_BATCH = ("batch_start", "step_output", "batch_end", "after_batch")
 """The loop's per-batch events: results ignored, resolved into handler lists, and open to a
 plugin's ``batch_events`` answer."""
+
+
+def asked(plugin: Any, run: Any, who: str) -> Collection[str]:
+    """``plugin``'s ``batch_events(run)`` answer, checked: names of per-batch events; ``who``
+    (the plugin described) is named in the error of an answer that is not, or raised."""
+    try:
+        answer = plugin.batch_events(run)
+    except Exception as error:
+        error.add_note(f"hookfit: raised by {who} in its batch_events(loop)")
+        raise
+    if isinstance(answer, (str, bytes)) or not isinstance(answer, Collection):
+        raise PluginError(f"{who}: batch_events() answered a {type(answer).__name__}, not a collection of event "
+                          f"names (those of {', '.join(PER_BATCH)} it takes part in)")
+    for event in answer:
+        if event not in PER_BATCH:
+            close = difflib.get_close_matches(str(event), PER_BATCH, n=1)
+            raise PluginError(
+                f"{who}: batch_events() answered {event!r}, not a per-batch event: it names those of "
+                f"{', '.join(PER_BATCH)} the plugin takes part in (should_stop and the other events are "
+                f"not left out this way).{f' Did you mean {close[0]!r}?' if close else ''}")
+    return answer
