@@ -54,6 +54,7 @@ class DashboardModel:
         self.stopped_by: str | None = None
         self.stopping: str | None = None
         self.finished = False
+        self.evaluation = False  # the run is an evaluation (Loop.validate()), not a training
         self.hold = False
         self.elapsed: float | None = None  # the run's duration once it ended: the clock stops
         self.resumed_from: ResumeInfo | None = None
@@ -352,7 +353,7 @@ class DashboardModel:
             attr = "failed" if self.status == "failed" else "banner"
             asked = f" (asked by {self.stopped_by})" if self.stopped_by else ""
             skipped = self.skipped_text()
-            text = f" training {self.status}: {self.reason or ''}{asked}" + (f" · {skipped}" if skipped else "")
+            text = f" {'evaluation' if self.evaluation else 'training'} {self.status}: {self.reason or ''}{asked}" + (f" · {skipped}" if skipped else "")
             return attr, text, "  —  press q, Esc or Ctrl-C to leave " if self.hold else " "
         if self.stopping:
             return "banner", f" stopping after this batch ({self.stopping}); Ctrl-C again aborts ", ""

@@ -124,6 +124,7 @@ class TuiRenderer(Debugging):
             on_leave=self._quit.set,
             max_steps=loop.max_steps,
         )
+        self._dashboard.evaluation = loop.mode != "fit"  # Loop.validate(): "evaluation completed", no steps
         if loop.model is not None:
             from hookfit.plugins.support.summary import summarize  # imports torch, which a run has loaded
 

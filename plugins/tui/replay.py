@@ -228,7 +228,7 @@ def _dashboard(folder: Path, draw: bool = True) -> tuple[DashboardModel, Followe
         kind = Dashboard
     dash = kind(max_epochs, None, on_stop=lambda: holder.update(leave=True),
                 on_leave=lambda: holder.update(leave=True), max_steps=max_steps)
-    dash.keys = SHOW_KEYS
+    dash.keys, dash.evaluation = SHOW_KEYS, info.evaluation
     follower = Follower(folder, dash, dash.max_epochs)
     follower.poll()
     ends = fit_ends(runs.read_jsonl(folder / "run.jsonl"))

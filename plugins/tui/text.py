@@ -91,7 +91,7 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
     evaluations alone): an evaluation's record, which counts no steps and says what it evaluated."""
     from hookfit.plugins.support.plot import NONFINITE, spans_decades, text_plot
 
-    evaluation = getattr(state, "evaluation", False)
+    evaluation = getattr(state, "evaluation", False) or getattr(dashboard, "evaluation", False)
     asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
     lines = [f"hookfit: {'evaluation' if evaluation else 'training'} {state.status} ({state.stop_reason}) after "
              f"{state.elapsed:.1f}s{'' if evaluation else f', {state.step} steps'}{asked}"]

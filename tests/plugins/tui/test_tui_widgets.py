@@ -127,6 +127,17 @@ def test_summary_has_the_table_and_the_loss_curve() -> None:
     assert any("loss over steps (train and valid)" in l for l in lines)
 
 
+def test_an_evaluation_s_dashboard_and_summary_say_evaluation_not_training() -> None:
+    """Loop.validate() with the dashboard said "training completed (validation done) ... 0 steps"."""
+    d = fed()
+    d.evaluation = True
+    d.receive("end", "completed", "validation done", False)
+    state = hookfit.State(step=0, status="completed", stop_reason="validation done", started_at=0, ended_at=2)
+    assert summary(d, state)[0] == "hookfit: evaluation completed (validation done) after 2.0s"
+    banner = d.banner()
+    assert banner is not None and banner[1].startswith(" evaluation completed: validation done")
+
+
 def test_a_torchrun_worker_on_a_terminal_is_told_why_it_has_no_dashboard(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun starts its workers in a process group of their own, so none owns the terminal
     it was started from: the main process says why there is no dashboard, once, at the
