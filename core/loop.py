@@ -378,12 +378,12 @@ class Loop:
         return _execute(self.run)
 
     def predict(self, data: Iterable[Any], step: Step | None = None) -> Iterator[Any]:
-        """Yield ``step(loop, batch)`` for each batch of ``data``, one at a time, keeping none:
-        the model in eval mode under ``torch.inference_mode()`` (as validation), every
-        module's mode restored when the iteration ends or is abandoned. ``step`` defaults to
-        the ``val_step``. No plugin takes part (to predict with a checkpoint's weights, load
-        them first, for instance with :meth:`validate` ``(resume=...)`` on a ``Loop`` sharing
-        the model). The ``loop`` a step receives has ``model`` and the configuration."""
+        """Yield ``step(loop, batch)`` for each batch of ``data``, one at a time, keeping none: the model in eval
+        mode under ``torch.inference_mode()``, every module's mode restored when the iteration ends or is abandoned.
+        ``step`` defaults to the ``val_step``. No plugin takes part: load a checkpoint's weights first, with
+        :meth:`validate` ``(resume=...)`` on a ``Loop`` sharing the model (the training weights: an EMA average
+        scored the checkpoint where EMA validated, and ``EMA.module`` holds it then, README "Evaluation and
+        prediction"). The ``loop`` a step receives has ``model`` and the configuration."""
         step = step if step is not None else self.val_step
         if step is None:
             raise TypeError("predict() needs a step function step(loop, batch): give one, or Loop(val_step=...)")
