@@ -294,7 +294,8 @@ class Run:
     def plugin_states(self) -> dict[str, Any]:
         """Every plugin's ``save_state`` answer, keyed by plugin name (for checkpoints); a
         plugin that answered ``None`` has the entry ``None``, so a resumed run knows it took
-        part."""
+        part. An answer a checkpoint could not be read back with (``torch.load(weights_only=True)``:
+        a numpy scalar, an object) fails the run naming the plugin, or switches an observer off."""
         return saved_states.plugin_states(self)
 
     def load_plugin_states(self, states: Mapping[str, Any], strict: bool = True) -> None:

@@ -1,10 +1,13 @@
 """What a run gives a checkpoint and takes back: its own state (``loop.state_dict()``: the
 position, the random state, the data's own states; see :mod:`hookfit.position`) and every
-plugin's (``loop.plugin_states()``, through the ``save_state``/``load_state`` events)."""
+plugin's (``loop.plugin_states()``, through the ``save_state``/``load_state`` events). Each is
+checked as it is taken to hold only what a checkpoint is read back with
+(``torch.load(weights_only=True)``), so that no checkpoint is written that cannot be read."""
 
 from __future__ import annotations
 
 import warnings
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
@@ -124,14 +127,14 @@ def _carried(value: Any, where: str) -> Any:
     copied), or a ``TypeError`` naming where it is when a checkpoint cannot hold it."""
     if isinstance(value, torch.Tensor):
         return value.detach()
-    if isinstance(value, _PLAIN):
+    if type(value) in _PLAIN:  # (exact: a numpy.float64 is a float that a checkpoint cannot be read back with)
         return value
     if isinstance(value, (list, tuple)):
         items = [_carried(v, f"{where}[{i}]") for i, v in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, Mapping):
         return {k: _carried(v, f"{where}[{k!r}]") for k, v in value.items()}
-    raise TypeError(f"{where} is a {type(value).__name__}: "
+    raise TypeError(f"{where} is a {_type_name(value)}: "
                     f"what the step carries is saved with the run, and a checkpoint keeps tensors, numbers, "
                     f"strings, None and lists, tuples and dicts of them")
 
@@ -157,11 +160,89 @@ def _on_device(value: Any, model: Any) -> Any:
 
 
 def plugin_states(run: Run) -> dict[str, Any]:
-    """See :meth:`hookfit.run.Run.plugin_states`."""
+    """See :meth:`hookfit.run.Run.plugin_states`. Each answer is checked to be what a checkpoint
+    can be read back with (:func:`_refused`): a participant whose state is not fails the run with a
+    ``TypeError`` naming it, the place in its state and the type; an observer is switched off with
+    one warning naming it, its entry ``None``. So no checkpoint that cannot be read is written."""
     hooks = run.hooks
     states: dict[str, Any] = dict.fromkeys(hooks.plugins("save_state"))
     states.update(hooks.call_each("save_state", run))
+    trusted = _trusted()
+    for name, state in states.items():
+        if state is None or (found := _refused(state, "state", trusted)) is None:
+            continue
+        where, part = found
+        kind = _type_name(part)
+        hint = " (of a numpy value: .item(), .tolist() or torch.from_numpy())" if kind.startswith("numpy.") else ""
+        error = TypeError(
+            f"{run.pm.describe(name)} returned from save_state a state that no checkpoint could be read back with: "
+            f"{where} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, which torch.load(weights_only=True), the way "
+            f"hookfit reads checkpoints, refuses. Return plain data instead: Python numbers{hint}, strings, bytes, "
+            f"None, tensors, torch dtypes and devices, and lists, tuples, sets and dicts of them")
+        if getattr(run.pm.get_plugin(name), "observer", False) is not True:
+            raise error
+        run.pm.silence(name, "save_state", error)
+        states[name] = None
     return states
+
+
+_ATOMS = frozenset({bool, int, float, complex, str, bytes, bytearray, type(None),
+                    torch.device, torch.dtype, torch.layout, torch.qscheme})
+"""The types of values ``torch.load(weights_only=True)`` reads back, besides tensors and :data:`_CONTAINERS`
+(exact types: a ``numpy.float64`` is a ``float`` that it refuses)."""
+_CONTAINERS = frozenset({dict, OrderedDict, Counter, list, tuple, set, torch.Size})
+
+
+def _trusted() -> frozenset[Any]:
+    """What the process allows a safe load beyond torch's own (``torch.serialization.add_safe_globals``; none
+    in a torch without the allowlist)."""
+    allowed: list[Any] = getattr(torch.serialization, "get_safe_globals", list)()
+    return frozenset(g[0] if isinstance(g, tuple) else g for g in allowed)
+
+
+def _refused(value: Any, where: str, trusted: frozenset[Any], path: set[int] | None = None) -> tuple[str, Any] | None:
+    """The first part of ``value`` that ``torch.load(weights_only=True)`` would refuse to read back, as
+    ``(where it is, the part)`` (``where`` names ``value``: ``"state['best']"``, ``"a key of state"``), or
+    ``None``. Walks the containers without serialising anything: a tensor (of any size) is taken as it is,
+    an instance of a type in ``trusted`` too. ``path``: the containers being walked (one inside itself)."""
+    kind = type(value)
+    if kind in _ATOMS or isinstance(value, torch.Tensor) or kind in trusted:
+        return None
+    if kind not in _CONTAINERS:
+        return where, value
+    path = set() if path is None else path
+    if id(value) in path:
+        return None
+    path.add(id(value))
+    try:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if found := (_refused(key, f"a key of {where} ({key!r:.40})", trusted, path)
+                             or _refused(item, f"{where}[{key!r:.40}]", trusted, path)):
+                    return found
+            return None
+        for i, item in enumerate(value):
+            if found := _refused(item, f"an item of {where}" if kind is set else f"{where}[{i}]", trusted, path):
+                return found
+        return None
+    finally:
+        path.discard(id(value))
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _sits_out(run: Run, name: str) -> bool:
+    """Whether ``run`` is an evaluation (``loop.mode != "fit"``) and plugin ``name`` one it has, enabled, that takes
+    no part in it: left out as inert there or unregistered at its ``configure`` (early stopping, a training-only
+    plugin), so the saved state it would restore is of no use to it. A plugin the evaluation lacks altogether
+    (disabled, not installed, not given) is not: its state may have mattered to it (an average of the weights)."""
+    if run.mode == "fit":
+        return False
+    info = run.pm.infos.get(name)
+    return info is not None and info.enabled and run.pm.get_plugin(name) is None
 
 
 def load_plugin_states(run: Run, states: Mapping[str, Any], strict: bool) -> None:
@@ -175,7 +256,8 @@ def load_plugin_states(run: Run, states: Mapping[str, Any], strict: bool) -> Non
                      and hooks.call_plugin("save_state", name, run) is not None)
     # a state no plugin here restores is rank 0's to judge: the checkpoint is its, and other ranks leave out what
     # runs on rank 0 alone (the observers switched off there, a tracker a script gives rank 0 only)
-    extra = sorted(name for name in states if name not in loaders and states[name] is not None) if run.is_main else []
+    extra = sorted(name for name in states if name not in loaders and states[name] is not None
+                   and not _sits_out(run, name)) if run.is_main else []
     if missing or extra:
         problems = []
         if missing:

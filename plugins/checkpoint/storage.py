@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import re
 import warnings
 import zlib
@@ -36,9 +37,9 @@ KEYS = ("loop", "model", "plugins", "rng", "data", "meta")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file cannot be used: torn, foreign, from a newer format, or with contents
-    that do not match what a checkpoint holds (missing keys, a bad RNG state, an impossible
-    position, tensors or values that changed since it was written)."""
+    """A checkpoint file cannot be used: torn, foreign, from a newer format, holding an object
+    that a safe load refuses, or with contents that do not match what a checkpoint holds (missing
+    keys, a bad RNG state, an impossible position, tensors or values that changed since it was written)."""
 
 
 class CheckpointWarning(FileWarning):
@@ -90,6 +91,24 @@ def _why_unread(error: Exception) -> str:
         text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0]
         return " ".join(text.split())
     return text.splitlines()[0] if text else ""
+
+
+_REFUSED = re.compile(r"Unsupported global: GLOBAL (\S+)")
+"""How torch's safe load names an object it refuses to make (a class or function the file names)."""
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    """Why ``torch.load`` could not read the checkpoint ``path``: a file holding an object that a safe load refuses
+    (a plugin's state that was not plain data), or a file that is not a whole checkpoint."""
+    why = _why_unread(error)
+    refused = _REFUSED.search(why) if isinstance(error, pickle.UnpicklingError) else None
+    if refused is not None:
+        return (f"checkpoint: {path} holds an object that a safe load refuses, {refused[1]}: hookfit reads a "
+                f"checkpoint as plain data and tensors, running no code from the file, and this one holds more (a "
+                f"plugin's save_state that returned an object of another type wrote it, or it is no hookfit file): "
+                f"it cannot be resumed from safely")
+    return (f"checkpoint: {path} is not a whole hookfit checkpoint (torn, truncated or not a torch file): "
+            f"{type(error).__name__}: {why}")
 
 
 class _Sink:
@@ -235,9 +254,7 @@ def read(path: str | os.PathLike[str], train_data: Any = None) -> dict[str, Any]
     try:
         data = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise CheckpointError(
-            f"checkpoint: {path} is not a whole hookfit checkpoint (torn, truncated or not a "
-            f"torch file): {type(error).__name__}: {_why_unread(error)}") from error
+        raise CheckpointError(_unreadable(path, error)) from error
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint: {path} is not a hookfit checkpoint (no '{FORMAT}' format marker)")
     version = data.get("version")

@@ -1,15 +1,22 @@
 """hookfit.states: every plugin's state keyed by its name, restored to its owner; a changed plugin set
-in strict and lenient mode."""
+in strict and lenient mode, and in an evaluation; a state a checkpoint could not be read back with,
+refused as it is gathered."""
 
 from __future__ import annotations
 
+import collections
 import gc
+import io
+import pickle
 import re
 import signal
 import threading
 import tracemalloc
+import warnings
 from collections import OrderedDict
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -140,3 +147,137 @@ def test_a_new_plugin_starts_fresh_with_one_warning_naming_it() -> None:
         hookfit.Loop(lambda l, b: None, [1], plugins=[
             fresh, Probe(lambda l: l.load_plugin_states({}, strict=False))]).fit()
     assert fresh.seen == 1 and len([w for w in caught if "plugin states" in str(w.message)]) == 1
+
+
+class Holds:
+    """A participant (or, with ``observer``, an observer) whose ``save_state`` answers ``state``."""
+
+    def __init__(self, state: object, name: str = "holds", observer: bool = False) -> None:
+        self.name, self.state, self.observer = name, state, observer
+
+    @hookfit.hookimpl
+    def save_state(self) -> object:
+        return self.state
+
+    @hookfit.hookimpl
+    def load_state(self, state: object) -> None:
+        self.state = state
+
+
+def _gathered(*plugins: object) -> dict:
+    """``loop.plugin_states()`` as a checkpoint takes it, after the run's one batch."""
+    saved: dict = {}
+
+    class Save:
+        name = "save"
+
+        @hookfit.hookimpl
+        def epoch_end(self, loop):
+            saved.update(loop.plugin_states())
+
+    hookfit.Loop(lambda l, b: None, [1], plugins=[*plugins, Save()]).fit()
+    return saved
+
+
+def _safe_load_refuses(state: object) -> bool:
+    buffer = io.BytesIO()
+    torch.save({"state": state}, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except pickle.UnpicklingError:
+        return True
+    return False
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("state, where, kind", [
+    ({"best": np.float64(1.5)}, r"state\['best'\]", "numpy.float64"),
+    (object(), "state", "object"),
+    ({"runs": [1, {"dir": Path("x")}]}, r"state\['runs'\]\[1\]\['dir'\]", r"pathlib\.\w*Path"),
+    ({"seen": {np.int64(3): 1}}, r"a key of state\['seen'\] \(np\.int64\(3\)\)", "numpy.int64"),
+    ({"tags": frozenset({"a"})}, r"state\['tags'\]", "frozenset"),
+    ((1, Opaque()), r"state\[1\]", "test_plugin_states.Opaque"),
+], ids=["numpy-scalar", "object", "path-deep-inside", "numpy-key", "frozenset", "own-class-in-a-tuple"])
+def test_a_state_a_checkpoint_could_not_be_read_back_with_fails_when_gathered_naming_plugin_place_and_type(
+        state: object, where: str, kind: str) -> None:
+    """A participant's state that torch.load(weights_only=True), which reads checkpoints, refuses fails the run
+    where the state is gathered, naming the plugin, the place inside the state and the type, and what to return:
+    no checkpoint is written that cannot be read."""
+    assert _safe_load_refuses(state)  # what the check stands for
+    with pytest.raises(TypeError, match=rf"plugin 'holds' .*returned from save_state a state that no checkpoint "
+                                        rf"could be read back with: {where} is an? {kind}, which "
+                                        rf"torch\.load\(weights_only=True\).* refuses\. Return plain data instead: "
+                                        rf"Python numbers"):
+        _gathered(Holds(state))
+
+
+@pytest.mark.bad_input
+def test_an_observer_whose_state_could_not_be_read_back_is_switched_off_with_one_warning_naming_it() -> None:
+    with pytest.warns(hookfit.ObserverWarning, match=r"observer plugin 'look'.* in hook 'save_state'.*"
+                                                     r"state\['best'\] is a numpy\.float64") as caught:
+        saved = _gathered(Holds({"best": np.float64(1.5)}, "look", observer=True), Counter("a"))
+    assert saved == {"look": None, "a": {"seen": 1}}
+    assert len([w for w in caught if issubclass(w.category, hookfit.ObserverWarning)]) == 1
+
+
+@pytest.mark.parametrize("state", [
+    {"ints": 1, "float": 1.5, "complex": 1j, "bool": True, "none": None, "str": "s", "bytes": b"b",
+     "bytearray": bytearray(b"b"), "dtype": torch.float16, "device": torch.device("cpu"), "layout": torch.strided,
+     "size": torch.Size([2, 3]), "set": {1, 2}, "tuple": (1, (2, "x")), 3: "an int key", (1, 2): "a tuple key"},
+    OrderedDict(a=torch.ones(2), b=torch.nn.Parameter(torch.zeros(1))),
+    torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1, momentum=0.9).state_dict(),
+    [collections.Counter("abca"), torch.arange(3)],
+])
+def test_states_a_checkpoint_reads_back_pass_unchanged(state: object) -> None:
+    assert not _safe_load_refuses(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _gathered(Holds(state))["holds"] is state
+
+
+def test_a_state_that_holds_itself_is_walked_once() -> None:
+    """The check follows containers, not references it has met on its way in: it ends."""
+    looped: list = [1]
+    looped.append(looped)
+    assert _gathered(Holds(looped))["holds"] is looped
+
+
+class TrainingOnly(Counter):
+    """A plugin with a state that takes no part in an evaluation: it leaves the run at its configure there, as
+    early stopping without a monitor does."""
+
+    @hookfit.hookimpl
+    def configure(self, loop):
+        if loop.mode != "fit":
+            loop.pm.unregister(self)
+
+
+def test_an_evaluation_leaves_the_state_of_a_plugin_that_sits_it_out_unused_without_a_word() -> None:
+    """Strict or not, an evaluation (Loop.validate) says nothing of a saved state whose plugin it has but which
+    takes no part in it; the state of a plugin it lacks altogether is still reported (it may have mattered: an
+    average of the weights), as is a plugin of the evaluation with no saved state, and a fit reports both."""
+    states = {"a": {"seen": 5}, "trainer": {"seen": 2}}
+
+    def evaluate(*plugins: object) -> hookfit.State:
+        return hookfit.Loop(val_step=lambda l, b: None, val_data=[1], plugins=[
+            *plugins, Probe(lambda l: l.load_plugin_states(states, strict=True))]).validate()
+
+    a, trainer = Counter("a"), TrainingOnly("trainer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert evaluate(a, trainer).status == "completed"
+    assert a.seen == 6 and trainer.seen == 0  # restored, then the validation batch counted; the other untouched
+    with pytest.raises(hookfit.StateMismatch, match=r"'trainer' that no enabled plugin") as raised:
+        evaluate(Counter("a"))
+    assert (raised.value.missing, raised.value.extra) == ([], ["trainer"])
+    with pytest.raises(hookfit.StateMismatch, match=r"no saved state for plugin 'b'") as raised:
+        evaluate(Counter("a"), TrainingOnly("trainer"), Counter("b"))
+    assert (raised.value.missing, raised.value.extra) == (["b"], [])
+    with pytest.raises(hookfit.StateMismatch, match=r"'gone' that no enabled plugin"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Counter("a"), TrainingOnly("trainer"), Probe(
+            lambda l: l.load_plugin_states({**states, "gone": {"x": 1}}))]).fit()

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -99,3 +101,22 @@ def test_the_runs_state_has_no_tuples_and_resumes_exactly_through_a_json_store(t
     state, got = train(JsonStore(saved=store.saved), resume="json")
     assert state.status == "completed" and state.step == 12
     assert all(torch.equal(p, q) for p, q in zip(got, want))
+
+
+@pytest.mark.bad_input
+def test_a_numpy_number_in_the_carry_is_named_when_the_state_is_taken() -> None:
+    """A numpy scalar is a Python float or int by class, but a checkpoint holding it cannot be read back
+    (torch.load(weights_only=True) refuses it): named, as any value a checkpoint cannot hold."""
+    class Takes:
+        name = "takes"
+
+        @hookfit.hookimpl
+        def after_batch(self, loop: Any) -> None:
+            loop.state_dict()
+
+    def step(loop: Any, batch: Any) -> None:
+        loop.carry["h"] = [np.float64(0.5)]
+
+    with pytest.raises(TypeError, match=r"loop\.carry\['h'\]\[0\] is a numpy\.float64: what the step carries is "
+                                        r"saved with the run"):
+        hookfit.Loop(step, [1, 2], plugins=[Takes()]).fit()

@@ -1,6 +1,7 @@
-"""checkpoint's resume side: the plugin states a checkpoint holds, and what a resume says of
-a plugin whose state it lacks (an observer switched off in the run that wrote it, a plugin new
-to the run), at the script's line."""
+"""checkpoint's resume side: the plugin states a checkpoint holds (never one it could not be read
+back with), what a resume says of a plugin whose state it lacks (an observer switched off in the
+run that wrote it, a plugin new to the run), at the script's line, and what an evaluation of a
+checkpoint leaves unused without a word."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 import hookfit
-from hookfit.plugins.checkpoint import Checkpoint, digest, read
+from hookfit.plugins.checkpoint import Checkpoint, CheckpointError, digest, read
+from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
 
@@ -105,3 +108,115 @@ def test_a_checkpoint_naming_no_switched_off_observer_says_the_plugin_is_new_at_
     assert said.filename == __file__, (said.filename, message)
     assert message.startswith(f"checkpoint: {path}: plugin states do not match this run: no saved state for plugin "
                               f"'flaky'") and "(new to the run: it starts fresh); restoring the rest" in message
+
+
+class Best:
+    """A plugin whose state holds a numpy scalar (``np.min`` of a list), which a checkpoint cannot be read back with."""
+
+    name = "best_so_far"
+
+    @hookfit.hookimpl
+    def save_state(self) -> dict[str, Any]:
+        return {"best": np.float64(1.5)}
+
+    @hookfit.hookimpl
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@pytest.mark.bad_input
+def test_a_plugin_state_a_checkpoint_could_not_be_read_back_with_fails_the_run_before_any_file_is_written(
+        tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"plugin 'best_so_far' .*returned from save_state a state that no "
+                                        r"checkpoint could be read back with: state\['best'\] is a numpy\.float64"):
+        run(tmp_path, Best(), epochs=2)
+    assert not list(tmp_path.rglob("*.pt")), list(tmp_path.rglob("*.pt"))  # none that could not be read back
+
+
+@pytest.mark.bad_input
+def test_a_whole_checkpoint_holding_an_object_a_safe_load_refuses_is_said_so_not_torn(tmp_path: Path) -> None:
+    """A file whose plugin state holds a numpy scalar (written where states were not checked) is whole: the
+    error says it holds an object a safe load refuses, and which, rather than that it is torn."""
+    run(tmp_path, epochs=1)
+    (path,) = (tmp_path / "checkpoints").glob("*.pt")
+    data = read(path)
+    data["plugins"]["best_so_far"] = {"best": np.float64(1.5)}
+    data["digest"] = digest(data)
+    torch.save(data, path)
+    with pytest.raises(CheckpointError) as caught:
+        run(tmp_path, Best(), epochs=2, resume="latest")
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint: {path} holds an object that a safe load refuses, "
+                              f"numpy._core.multiarray.scalar: "), message
+    assert "truncated" not in message and "not a whole" not in message and "weights_only" not in message, message
+
+
+def _early_stopped_checkpoint(run_dir: Path) -> tuple[Path, Any, Any]:
+    """The best checkpoint of a run with early stopping (its state saved), the step and the data to evaluate it."""
+    from hookfit.plugins.early_stopping import EarlyStopping
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = [torch.ones(4, 2)] * 3
+
+    def step(loop: hookfit.Run, batch: torch.Tensor) -> torch.Tensor:
+        loss = model(batch).square().mean()
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    def val_step(loop: hookfit.Run, batch: torch.Tensor) -> torch.Tensor:
+        return model(batch).square().mean()
+
+    state = hookfit.Loop(step, data, val_step=val_step, val_data=data, model=model,
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2, run_dir=run_dir,
+                         plugins=[Optim(), Metrics(), Checkpoint(monitor="valid/loss", background=False),
+                                  EarlyStopping(monitor="valid/loss")]).fit()
+    path = state.results["best_checkpoint"]
+    assert "early_stopping" in read(path)["plugins"]
+    return path, val_step, (model, data)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("how", ["discovered", "given without a monitor", "absent"])
+def test_evaluating_a_checkpoint_leaves_training_only_states_unused_without_a_word(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strict: bool, how: str) -> None:
+    """Loop.validate(resume=...) of a run that stopped early: early stopping, installed, sits the evaluation out,
+    and its saved state is left without a warning, strict or not. An evaluation without the plugin at all still
+    says so (a plugin it lacks may have held what it evaluates: an average of the weights)."""
+    from hookfit.plugins.early_stopping import EarlyStopping
+
+    path, val_step, (model, data) = _early_stopped_checkpoint(tmp_path / "train")
+    if how == "discovered":
+        monkeypatch.setenv("HOOKFIT_PLUGINS", "early_stopping")
+    given = [EarlyStopping()] if how == "given without a monitor" else []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluation = hookfit.Loop(val_step=val_step, val_data=data, model=model, run_dir=tmp_path / "eval",
+                                  plugins=[Optim(), Metrics(), Checkpoint(strict=strict), *given])
+        if how == "absent" and strict:
+            with pytest.raises(ValueError, match="'early_stopping' that no enabled plugin"):
+                evaluation.validate(resume=path)
+            return
+        assert evaluation.validate(resume=path).status == "completed"
+    said = [str(w.message) for w in caught if "plugin states" in str(w.message)]
+    assert said == ([] if how != "absent" else [f"checkpoint: {path}: plugin states do not match this run: saved "
+                                                f"state of plugin(s) 'early_stopping' that no enabled plugin of "
+                                                f"this run restores (left unused); restoring the rest"]), said
+
+
+@pytest.mark.bad_input
+def test_evaluating_a_checkpoint_still_fails_on_a_state_a_present_plugin_cannot_load(tmp_path: Path) -> None:
+    path, val_step, (model, data) = _early_stopped_checkpoint(tmp_path / "train")
+
+    class Refuses:
+        name = "early_stopping"
+
+        @hookfit.hookimpl
+        def load_state(self, state: dict[str, Any]) -> None:
+            raise ValueError(f"cannot use {sorted(state)}")
+
+    with pytest.raises(ValueError, match=r"cannot use \['best'"):
+        hookfit.Loop(val_step=val_step, val_data=data, model=model, run_dir=tmp_path / "eval",
+                     plugins=[Optim(), Metrics(), Checkpoint(), Refuses()]).validate(resume=path)
