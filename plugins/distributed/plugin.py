@@ -294,16 +294,18 @@ class Distributed(ModelWrap):
 
     @hookimpl
     def save_state(self) -> None:
-        """No state of its own; says when a checkpoint cannot be exact (FSDP2 holds an open
-        accumulation window's gradients unsharded inside the model, where no state reaches)."""
+        """No state of its own; says when a checkpoint cannot be exact: inside an accumulation window
+        each rank's gradients are its own until the window's last batch (DDP: a checkpoint holds rank
+        0's state alone; FSDP2 keeps them unsharded inside the model, where no state reaches)."""
         if self._window_open and not self._window_warned:
             self._window_warned = True
+            held = ("FSDP2 keeps them unsharded inside the model" if self.strategy == "fsdp" else
+                    "each rank's are its own until the window's last batch, and a checkpoint holds rank 0's")
             warnings.warn(
-                "distributed: a checkpoint taken inside a gradient-accumulation window with "
-                "strategy='fsdp' does not hold the window's gradients (FSDP2 keeps them unsharded "
-                "inside the model until the window's last batch): a run resumed from it steps that "
-                "window without the batches before the checkpoint. Checkpoints at window ends "
-                "(every_n_steps, epochs) are exact", HookfitWarning, stacklevel=2)
+                f"distributed: a checkpoint taken inside a gradient-accumulation window does not hold every "
+                f"rank's gradients of the window ({held}): a run resumed from it ends that window with other "
+                f"gradients than an uninterrupted run. Checkpoints at window ends (every_n_steps a multiple of "
+                f"the window, epochs) are exact", HookfitWarning, stacklevel=2)
 
     # -- ending ------------------------------------------------------------------------------
     @hookimpl

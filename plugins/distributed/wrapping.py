@@ -48,7 +48,7 @@ class ModelWrap:
         self._wrapped: DistributedDataParallel | None = None  # the wrapper this plugin made of the model
         self._pass_hooks: list[RemovableHandle] = []  # should_sync_gradients before every training pass
         self._unsynced: set[int] = set()  # DDP modules whose running pass this plugin made unsynchronised
-        self._window_open = False  # FSDP: the last training pass left its gradients unsynchronised
+        self._window_open = False  # the last training pass left its gradients unsynchronised (a window is open)
 
     def _wrap(self, loop: Run, device: torch.device) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -150,7 +150,8 @@ class ModelWrap:
 
         def before_pass(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
             if loop.training and torch.is_grad_enabled() and (ask := loop.hooks.should_sync_gradients) is not None:
-                if ask(loop) is False and ddp.require_backward_grad_sync:
+                self._window_open = ask(loop) is False  # this pass's gradients stay this rank's own
+                if self._window_open and ddp.require_backward_grad_sync:
                     ddp.require_backward_grad_sync = False
                     self._unsynced.add(id(ddp))
 
