@@ -177,6 +177,20 @@ def test_one_signal_stops_gracefully(term: Terminal, name: str, hint: str) -> No
 
 
 @pytest.mark.fault
+def test_a_sigterm_stop_ends_a_persistent_dashboard_without_waiting_for_a_key(term: Terminal) -> None:
+    """A scheduler's SIGTERM with persistent=True: the screen waited for q, the process stayed alive and
+    run.jsonl had no end line until then (a SIGKILL after the grace period lost it)."""
+    term.train(steps=300, delay=0.1, persistent=True)
+    term.wait_dashboard()
+    os.kill(term.pid(), signal.SIGTERM)
+    code, flags, text = term.wait_exit()
+    assert code == 143 and term.outcome()["status"] == "interrupted"
+    term.assert_restored(flags)
+    ends = [line for line in (term.tmp / "run" / "run.jsonl").read_text().splitlines() if '"event": "end"' in line]
+    assert len(ends) == 1 and '"status": "interrupted"' in ends[0]
+
+
+@pytest.mark.fault
 def test_second_sigint_aborts_after_fit_end(term: Terminal) -> None:
     # long steps: both Ctrl-C land in the first batch, and the abort cuts its sleep short
     term.train(steps=50, delay=5.0)
