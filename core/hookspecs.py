@@ -266,7 +266,8 @@ def results(loop: Run) -> Mapping[str, Any] | None:
     return; the core reads none of it. Two plugins answering one key, or an answer that is not a mapping with
     string keys, fail the run naming the plugins (a warning if it failed already). Every implementation is
     asked even if one raised; the first error fails the run. Off rank 0 of a distributed run the observers
-    do not answer. Built in: ``"metrics"``, ``"best"`` (metrics), ``"best_checkpoint"``, ``"last_checkpoint"``.
+    do not answer. Built in: ``"metrics"``, ``"best"`` (metrics), ``"best_checkpoint"``, ``"last_checkpoint"``,
+    ``"failed_saves"``, ``"skipped_saves"`` (checkpoint).
     """
 
 

@@ -283,12 +283,14 @@ class Checkpoint:
                     self._lock = None
 
     @hookimpl
-    def results(self) -> dict[str, Path | None]:
+    def results(self) -> dict[str, Path | int | None]:
         """``"best_checkpoint"``: the path of the best checkpoint by ``monitor`` (``None``
-        without a monitor or a finite value of it); ``"last_checkpoint"``: :attr:`last`. On
-        every process; after ``Loop.validate(resume=...)``, what the checkpoint it read knew."""
-        best = self.best
-        return {"best_checkpoint": None if best is None else best[1], "last_checkpoint": self.last}
+        without a monitor or a finite value of it); ``"last_checkpoint"``: :attr:`last`;
+        ``"failed_saves"``, ``"skipped_saves"``: this run's saves that failed, that a busy writer
+        skipped. On every process; after ``Loop.validate(resume=...)``, what the checkpoint it read knew."""
+        best, reports = self.best, self.reports
+        return {"best_checkpoint": None if best is None else best[1], "last_checkpoint": self.last,
+                "failed_saves": reports.run_failed, "skipped_saves": reports.run_skipped}
 
     @hookimpl
     def add_commands(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

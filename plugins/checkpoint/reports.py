@@ -25,15 +25,16 @@ class Reports:
         self.skipped = 0
         """Saves skipped because the writer was busy, over every run of the plugin."""
         self._warned: set[str] = set()
+        self.run_failed, self.run_skipped = 0, 0  # this run's (results: failed_saves, skipped_saves)
 
     def reset(self) -> None:
         """A new run: each kind is warned about again."""
-        self._warned = set()
+        self._warned, self.run_failed, self.run_skipped = set(), 0, 0
 
     def failure(self, path: Path, error: BaseException, main: bool) -> BaseException | None:
         """Count a failed write of ``path`` and warn (on the main process) once per kind of
         error; the error when it is to be raised."""
-        self.failed += 1
+        self.failed, self.run_failed = self.failed + 1, self.run_failed + 1
         if self.on_save_error == "raise" or not isinstance(error, Exception):
             return error
         kind = f"{type(error).__name__}:{getattr(error, 'errno', '')}"
@@ -41,12 +42,13 @@ class Reports:
             self._warned.add(kind)
             warnings.warn(
                 f"checkpoint: could not write {path} ({type(error).__name__}: {error}); the "
-                f"previous checkpoints are kept and training goes on", CheckpointWarning, stacklevel=user_level())
+                f"previous checkpoints are kept and training goes on; later failures of this kind are counted in "
+                f"results['failed_saves']", CheckpointWarning, stacklevel=user_level())
         return None
 
     def skip(self, step: int) -> None:
         """Count a save at ``step`` skipped because the writer was busy; warn once a run."""
-        self.skipped += 1
+        self.skipped, self.run_skipped = self.skipped + 1, self.run_skipped + 1
         if "skipped" not in self._warned:
             self._warned.add("skipped")
             warnings.warn(
