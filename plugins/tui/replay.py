@@ -147,7 +147,7 @@ class Follower:
         if end < 0:
             return False
         rows = [row for _, raw in jsonlines.objects(data[:end])[0] if (row := runs.checked(raw)) is not None]
-        rows = runs.current(rows) if self.offset == 0 else rows  # (a history begun while followed: not shown)
+        rows = runs.followed(rows) if self.offset == 0 else rows  # as hookfit runs reads it (then: as it comes)
         self.offset += end + 1
         self.fitted = self.fitted or not all(row.get("evaluation") for row in rows)  # (damaged values left out)
         for row in rows:

@@ -96,3 +96,21 @@ def test_an_evaluation_in_the_folder_is_no_fit_and_one_fit_keeps_its_plain_lines
     assert TIME_LINE.findall(out) == [("train", " (2 fits)", "40.0", "16"), ("train", " (last fit)", "25.0", "10"),
                                       ("valid", " (2 fits)", "2.0", "4"), ("valid", " (last fit)", "2.0", "4")], out
     assert runs.load(again / "run").duration == pytest.approx(51.1) and "after 51.1s" in out
+
+
+def test_show_leaves_out_the_rows_a_resume_abandoned_as_hookfit_runs_does(tmp_path: Path) -> None:
+    """A run stopped at step 51 (its partial epoch's row) and resumed from its checkpoint at step 50:
+    `hookfit show` drew the stopped fit's partial mean at 51 before the whole epoch's at 60."""
+    lines = [
+        {"event": "best", "metrics": {"train/loss": "min"}},
+        {"event": "epoch", "stage": "train", "epoch": 1, "step": 51, "batches": 51, "loss": 9.0, "stopped": True},
+        {"event": "end", "status": "interrupted", "reason": "SIGTERM", "epoch": 1, "step": 51, "time": 1.0},
+        {"event": "resume", "from": "epoch0001-step000000050.pt", "epoch": 1, "batch": 50, "step": 50},
+        {"event": "epoch", "stage": "train", "epoch": 1, "step": 60, "batches": 60, "loss": 1.0},
+        {"event": "epoch", "stage": "train", "epoch": 2, "step": 120, "batches": 60, "loss": 0.5},
+        {"event": "end", "status": "completed", "reason": "max_epochs=2 reached", "epoch": 2, "step": 120, "time": 1.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    dash, _, _, _ = _dashboard(tmp_path, draw=False)
+    assert [x for x, _ in dash.series[("train", "loss")].recent] == [60, 120]
+    assert [row["step"] for row in runs.epoch_rows(tmp_path)] == [60, 120]  # what hookfit runs and compare read
