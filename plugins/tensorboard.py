@@ -58,8 +58,9 @@ writes), and writes again the points the earlier files have at that step, but fo
 resumed run writes again (:func:`hookfit.plugins.support.logger.written_again`, the rule the
 ``csv`` plugin keeps too): the means of a stage a stop cut short there (``train/<metric>`` and
 ``epoch`` inside a training stage, which the resumed run writes whole at the epoch's end;
-``valid/<metric>`` inside a validation, which it runs again). So every curve is the
-uninterrupted run's, point for point. An earlier file that cannot be read warns
+``valid/<metric>`` inside a validation, which it runs again). So every epoch curve is the
+uninterrupted run's, point for point; the per-publication ones (``train_step/``, ``lr/``) are at
+the steps a timer chose (``Metrics(interval=0)``: every step). An earlier file that cannot be read warns
 (``FileWarning``) and the purge is at the step after the checkpoint's, keeping what the
 earlier run wrote at its step. Only the main process writes (under ``torchrun`` the
 distributed plugin switches observers off on the others).
