@@ -70,8 +70,8 @@ from hookfit.persistent import made, made_iterators
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.state import State
 
-__all__ = ["Cursor", "Position", "check_position", "check_rng", "generator_states", "iterator_rng_state",
-           "rng_state", "set_rng_state"]
+__all__ = ["Cursor", "Position", "check_position", "check_rng", "generator_states", "iterator_rng_state", "rng_state",
+           "set_rng_state", "weights_of"]
 
 Stage = Literal["train", "valid"]
 
@@ -364,3 +364,14 @@ def check_rng(rng: Any) -> None:
         if not isinstance(cuda, (list, tuple)) or not all(
                 isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in cuda):
             raise bad("cuda", "is not a list of uint8 tensors (one per device)")
+
+
+def weights_of(at: Position) -> Position:
+    """Where the weights of a checkpoint saved at ``at`` were made, for ``Loop.validate()``:
+    a checkpoint at the start of epoch ``e > 0`` (an epoch's end, after ``after_epoch``) holds
+    the weights of epoch ``e - 1``, its training complete (batch 0: an evaluation reads no training
+    data, so it does not know how many), labelled so as its file name is (``epoch0001-...``: the
+    first epoch's end), not as the epoch a training run would continue in. Else ``at`` itself."""
+    if at.stage != "train" or at.batch or at.val_due or at.epoch == 0:
+        return at
+    return Position(at.epoch - 1, at.step, 0, "valid")

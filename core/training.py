@@ -38,7 +38,7 @@ from hookfit.errors import HookfitWarning, user_level
 from hookfit.outputs import as_mapping, check_output
 from hookfit.payloads import ResumeInfo
 from hookfit.persistent import unrebuilt_workers
-from hookfit.position import Position, rng_state, set_rng_state
+from hookfit.position import Position, rng_state, set_rng_state, weights_of
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.stopping import Budget, Stop
 from hookfit.timing import store_split
@@ -113,6 +113,10 @@ def resume(run: Run) -> None:
         )
     resumed_from = call(run, source)
     if not resumed_from:
+        if run.cursor.start is not None:  # (a run that does not resume is never given a position)
+            raise RuntimeError(f"resume={source!r}: plugin {', '.join(run.hooks.plugins('resume'))} gave the run its "
+                               f"position (loop.load_state_dict) but returned {resumed_from!r}: return what it resumed "
+                               "from (the checkpoint's path), which the resumed event and the run's records name")
         return
     if (at := run.cursor.start) is None:
         raise RuntimeError(
@@ -134,17 +138,6 @@ def resume(run: Run) -> None:
         if why := unrebuilt_workers(run.train_data, run.val_data, run.cursor.made_before):
             warnings.warn(f"resume={source!r}: {why}", HookfitWarning, stacklevel=level)
     fire(run, "resumed", info)
-
-
-def weights_of(at: Position) -> Position:
-    """Where the weights of a checkpoint saved at ``at`` were made, for ``Loop.validate()``:
-    a checkpoint at the start of epoch ``e > 0`` (an epoch's end, after ``after_epoch``) holds
-    the weights of epoch ``e - 1``, its training complete (batch 0: an evaluation reads no training
-    data, so it does not know how many), labelled so as its file name is (``epoch0001-...``: the
-    first epoch's end), not as the epoch a training run would continue in. Else ``at`` itself."""
-    if at.stage != "train" or at.batch or at.val_due or at.epoch == 0:
-        return at
-    return Position(at.epoch - 1, at.step, 0, "valid")
 
 
 def epochs(run: Run) -> None:

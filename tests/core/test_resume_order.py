@@ -109,3 +109,23 @@ def test_a_loader_with_its_own_generator_resumes_without_a_word_when_the_state_h
         warnings.simplefilter("error")
         state = hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[Holding()]).fit()
     assert state.status == "completed"
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("answer", [None, False])
+def test_a_resume_that_gives_the_position_but_returns_no_source_is_an_error_naming_the_plugin(answer) -> None:
+    """A replacement that forgot `return path`: the run continued, but `resumed` never fired, so no
+    "resumed from" line, no resume line in metrics.jsonl, and the CSV logger kept the rows after the
+    checkpoint (a duplicate row)."""
+
+    class Forgetful:
+        name = "forgetful"
+
+        @hookfit.hookimpl
+        def resume(self, loop, source):
+            loop.load_state_dict(saved_run(0, 1, 1))
+            return answer
+
+    with pytest.raises(RuntimeError, match=rf"plugin forgetful gave the run its position \(loop.load_state_dict\) "
+                                           rf"but returned {answer}: return what it resumed from"):
+        hookfit.Loop(lambda l, b: None, [1, 2], resume="latest", plugins=[Forgetful()]).fit()
