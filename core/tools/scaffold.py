@@ -59,8 +59,8 @@ class {cls}:
 
     name = "{name}"
     # An observer only watches the run: if one of its hooks raises, hookfit switches it off
-    # with a warning and training goes on. Set it to False if the run depends on this plugin.
-    observer = True
+    # with a warning and training goes on. Set it to False if the run depends on this plugin.{observer_note}
+    observer = {observer}
 
     def __init__(self) -> None:
         self.history: list[tuple[int, int]] = []
@@ -137,6 +137,14 @@ def builtins() -> dict[str, str]:
     return {ep.name: ep.value for ep in discovery.builtin_entry_points()}
 
 
+def _observes(target: str) -> bool:
+    """Whether the built-in ``"module:Class"`` is an observer (``observer = True``)."""
+    import importlib
+
+    module, _, attribute = target.partition(":")
+    return getattr(getattr(importlib.import_module(module), attribute), "observer", False) is True
+
+
 def create(name: str, directory: Path, replaces: bool = False) -> Path:
     """Write the package ``hookfit-<name>`` under ``directory``; return its folder.
 
@@ -163,6 +171,10 @@ def create(name: str, directory: Path, replaces: bool = False) -> Path:
     parts = {"replaces": REPLACES, "replaces_test": REPLACES_TEST, "replaces_readme": REPLACES_README,
              "replaces_import": "\nimport warnings\n"}
     values.update({key: part.format(**values) if replaces else "" for key, part in parts.items()})
+    observer = True if not replaces else _observes(known[name])  # a replacement takes the built-in's part
+    values["observer"] = str(observer)
+    values["observer_note"] = "" if not replaces else (
+        f"\n    # As the built-in {name} it replaces, it {'only watches' if observer else 'takes part in training'}.")
     files = {
         "pyproject.toml": PYPROJECT,
         "README.md": README,

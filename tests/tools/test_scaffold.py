@@ -103,3 +103,16 @@ def test_a_package_made_to_replace_a_built_in_replaces_it_without_a_clash_warnin
     finally:
         venv.uninstall("hookfit-csv")
     assert_not_in_running_env("hookfit-csv", "hookfit_csv")
+
+
+@pytest.mark.parametrize("name, observer", [("checkpoint", False), ("console", True), ("mine", True)])
+def test_a_replacement_takes_the_built_in_s_part_observer_or_not(tmp_path: Path, name: str, observer: bool) -> None:
+    """`new-plugin checkpoint --replaces` made an observer: a checkpoint role that a failing save switched
+    off with a warning instead of failing the run. A replacement is an observer as its built-in is."""
+    from hookfit.tools import scaffold
+
+    root = scaffold.create(name, tmp_path, replaces=name != "mine")
+    source = (root / "src" / f"hookfit_{name}" / "__init__.py").read_text()
+    assert f"    observer = {observer}\n" in source
+    if name == "checkpoint":
+        assert "As the built-in checkpoint it replaces, it takes part in training." in source
