@@ -367,7 +367,7 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         status, reason = "unfinished", "no end was recorded (killed, or still running elsewhere)"
     durations = [d for r in ended if isinstance(d := r.get("duration", r.get("time")), (int, float))]
     duration = sum(durations) if durations else None  # (None: no fit's duration is known)
-    last = ([r for r in metrics if r.get("event") in ("epoch", "step", "end")] or [{}])[-1]
+    last = ([r for r in metrics if r.get("event") in ("epoch", "step", "end", "checkpoint", "resume")] or [{}])[-1]
     epochs = max((int(r["epoch"]) for r in rows if isinstance(r.get("epoch"), int)), default=None)
     steps = last.get("step") if jsonlines.count(last.get("step")) else None
     counted = last_end.get("steps") if last_end is not None else None  # the core's end line (run.jsonl)

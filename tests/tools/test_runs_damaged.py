@@ -272,3 +272,16 @@ def test_runs_json_stays_json_when_a_text_field_holds_a_non_finite_number(tmp_pa
     assert (listed["status"], listed["reason"], listed["duration"]) == ("interrupted", None, None)
     assert listed["name"] == "demo"  # the name left out: the folder's
     assert listed["best"] == {"metric": "train/loss", "value": 0.5, "epoch": 1}
+
+
+def test_a_killed_run_s_steps_are_at_least_those_of_its_last_checkpoint(tmp_path: Path) -> None:
+    """`kill -9` in the first epoch, after a checkpoint at step 25: hookfit runs said 0 steps (no epoch
+    row yet). Its steps are what its log last recorded, a checkpoint or a resume included."""
+    from hookfit.tools import runs
+
+    (tmp_path / "run.jsonl").write_text(json.dumps({"event": "run", "name": "killed", "mode": "fit", "resume": None,
+                                                    "started": "2026-11-29T10:00:00+0000", "pid": -1}) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"event": "checkpoint", "step": 25, "reason": "steps", "file": "epoch0001-step000000025.pt"}) + "\n")
+    info = runs.load(tmp_path)
+    assert (info.status, info.steps) == ("unfinished", 25)
