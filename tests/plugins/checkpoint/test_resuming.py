@@ -44,9 +44,8 @@ class Flaky:
         self.count = state["count"]
 
 
-def run(run_dir: Path, *plugins: Any, epochs: int, resume: str | None = None, strict: bool = False) -> hookfit.Run:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(2, 1)
+def training_step(model: torch.nn.Module) -> Any:
+    """A step that trains ``model`` on a batch's mean square through the optimizer role."""
 
     def step(loop: hookfit.Run, batch: torch.Tensor) -> torch.Tensor:
         loss = model(batch).square().mean()
@@ -54,6 +53,15 @@ def run(run_dir: Path, *plugins: Any, epochs: int, resume: str | None = None, st
         loop.optimizers.step()
         loop.optimizers.zero_grad()
         return loss
+
+    return step
+
+
+def run(run_dir: Path, *plugins: Any, epochs: int, resume: str | None = None, strict: bool = False) -> hookfit.Run:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+
+    step = training_step(model)
 
     loop = hookfit.Loop(step, [torch.ones(4, 2)] * 3, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
                         max_epochs=epochs, run_dir=run_dir, resume=resume,
@@ -159,12 +167,7 @@ def _early_stopped_checkpoint(run_dir: Path) -> tuple[Path, Any, Any]:
     model = torch.nn.Linear(2, 1)
     data = [torch.ones(4, 2)] * 3
 
-    def step(loop: hookfit.Run, batch: torch.Tensor) -> torch.Tensor:
-        loss = model(batch).square().mean()
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return loss
+    step = training_step(model)
 
     def val_step(loop: hookfit.Run, batch: torch.Tensor) -> torch.Tensor:
         return model(batch).square().mean()
