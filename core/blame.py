@@ -4,6 +4,7 @@ walking the error's traceback against the code of every registered implementatio
 from __future__ import annotations
 
 import dis
+import functools
 import types
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,9 @@ def where(run: Run, error: BaseException) -> str:
     code and the step named as where it was called from."""
     pm = run.pm
     owners = _owners(pm)
-    steps = {getattr(s, "__code__", None): s for s in (run.train_step, run.val_step) if s}
-    own = {getattr(s, "__code__", None) for s in (run.config.train_step, run.config.val_step) if s}
+    config = run.config  # the steps as given (named in messages), and as wrapped (wrap_step), which run
+    steps = {_code(w): g or w for w, g in ((run.train_step, config.train_step), (run.val_step, config.val_step)) if w}
+    own = {_code(s) for s in (config.train_step, config.val_step) if s}
     wrapper = None  # the frame of a plugin's wrapper of the step (loop.wrap_step), until the step's own
     modules = _plugin_modules(pm, {getattr(s, "__module__", None) for s in steps.values()})
     state = run.state
@@ -47,7 +49,7 @@ def where(run: Run, error: BaseException) -> str:
         if step is None and code in owners:
             hooks.append(owners[code])
         elif not hooks and step is None and code in steps:
-            step, wrapper = steps[code], (None if code in own else tb)
+            step, wrapper = steps[code], (None if code in own or None in own else tb)  # (None: a step unseen)
         elif wrapper is not None and code in own:  # the step itself, inside its wrapper
             wrapper = None
         elif not hooks and step is not None and (owner := _owner(modules, tb.tb_frame.f_globals.get("__name__"))):
@@ -170,6 +172,15 @@ def _owner(modules: dict[str, str], module: str | None) -> str | None:
         if prefix + "." in modules:
             return modules[prefix + "."]
     return None
+
+
+def _code(function: Any) -> Any:
+    """The code a step function runs: a function's, a ``functools.partial``'s function's, a callable
+    object's ``__call__``'s; ``None`` when none is found."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    code = getattr(function, "__code__", None)
+    return code if code is not None else getattr(getattr(type(function), "__call__", None), "__code__", None)
 
 
 def _innermost(owners: dict[Any, tuple[str, str]], tb: types.TracebackType | None) -> tuple[str, str] | None:

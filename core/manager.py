@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from types import ModuleType
@@ -164,7 +165,7 @@ class PluginManager(pluggy.PluginManager):
                 self.register(info.plugin, name=info.name)
             except (pluggy.PluginValidationError, ValueError) as exc:
                 # ValueError: the same object registered twice under two names
-                info.error = "; ".join(str(exc).splitlines()) + self._arguments_hint(info.plugin)
+                info.error = "; ".join(str(exc).splitlines()) + self._arguments_hint(info.plugin, str(exc))
                 if strict:
                     raise PluginError(f"{info.describe()} cannot be registered: {info.error}") from exc
                 continue
@@ -179,19 +180,21 @@ class PluginManager(pluggy.PluginManager):
         return self._hookexec(name, impls, kwargs, firstresult)
 
     # -- observers ------------------------------------------------------------------------
-    def _arguments_hint(self, plugin: object) -> str:
-        """What an implementation asks for that its event does not give, with the event's arguments."""
-        for attr in dir(plugin):
+    def _arguments_hint(self, plugin: object, error: str) -> str:
+        """What the implementation pluggy refused (``error`` names its hook) asks for that its event
+        does not give, with the event's arguments."""
+        refused = re.search(r"for hook '(\w+)'", error)
+        for attr in [refused[1]] if refused else dir(plugin):
             caller = getattr(self.hook, attr, None)
             if self.parse_hookimpl_opts(plugin, attr) is None or caller is None or caller.spec is None:
                 continue
             given = caller.spec.argnames
             for parameter in inspect.signature(getattr(plugin, attr)).parameters.values():
-                name = parameter.name
-                if parameter.default is parameter.empty and name not in given:  # (pluggy passes those it has)
+                name, variadic = parameter.name, parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+                if not variadic and parameter.default is parameter.empty and name not in given:  # (pluggy's rule)
                     close = difflib.get_close_matches(name, given, n=1)
                     return (f". The event {attr}({', '.join(given)}) gives no {name!r}"
-                            f"{f'; did you mean {close[0]!r}?' if close else ''} An implementation takes any of "
+                            f"{f'; did you mean {close[0]!r}?' if close else '.'} An implementation takes any of "
                             "those arguments, by name, in any order")
         return ""
 

@@ -291,12 +291,13 @@ class Run:
             raise RuntimeError("load_state_dict() must be called before the first epoch (from a resume implementation)")
         self.cursor.start = saved_states.load_run_state(self, saved)
 
-    def plugin_states(self) -> dict[str, Any]:
+    def plugin_states(self, *, check: bool = True) -> dict[str, Any]:
         """Every plugin's ``save_state`` answer, keyed by plugin name (for checkpoints); a
         plugin that answered ``None`` has the entry ``None``, so a resumed run knows it took
         part. An answer a checkpoint could not be read back with (``torch.load(weights_only=True)``:
-        a numpy scalar, an object) fails the run naming the plugin, or switches an observer off."""
-        return saved_states.plugin_states(self)
+        a numpy scalar, an object) fails the run naming the plugin, or switches an observer off;
+        ``check=False`` for states kept in memory only, never written."""
+        return saved_states.plugin_states(self, check)
 
     def load_plugin_states(self, states: Mapping[str, Any], strict: bool = True) -> None:
         """Give each plugin its entry of ``states`` (from :meth:`plugin_states`) through its

@@ -372,7 +372,7 @@ class _Saved:
                     tensors.setdefault(id(p), p)
         self.tensors = [(p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
                         for p in tensors.values()]
-        self.plugins = copy.deepcopy(loop.plugin_states())
+        self.plugins = copy.deepcopy(loop.plugin_states(check=False))  # (kept in memory, never written)
         data = loop.train_data
         self.rng = rng_state(data)  # with the data's own generators, which the sweep's passes draw from
         self.data = copy.deepcopy(data.state_dict()) if stateful(data) else None

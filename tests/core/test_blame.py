@@ -311,3 +311,23 @@ def test_a_step_wrapper_that_cannot_take_loop_and_batch_is_refused_at_wrap_step(
     with pytest.raises(TypeError, match=r"wrap_step: the wrapper returned .*lambda.* for train_step '.*', which "
                                         r"cannot be called as step\(loop, batch\)"):
         hookfit.Loop(lambda loop, batch: None, [1], plugins=[wrapping(fail_on=-1, signature_ok=False)]).fit()
+
+
+@pytest.mark.parametrize("kind", ["partial", "callable"])
+def test_an_error_of_a_partial_or_callable_step_under_a_wrapper_names_the_step(kind: str) -> None:
+    """A step whose code is not its own __code__ (a functools.partial, a callable object) under the
+    optimizer's autocast wrapper was blamed on the wrapper; it is the step's error, named as given."""
+    import functools
+
+    def failing(loop: Any, batch: Any, scale: float) -> Any:
+        raise ValueError("boom in the step")
+
+    class Step:
+        def __call__(self, loop: Any, batch: Any) -> Any:
+            raise ValueError("boom in the step")
+
+    step = functools.partial(failing, scale=2.0) if kind == "partial" else Step()
+    with pytest.raises(ValueError, match="boom in the step") as caught:
+        hookfit.Loop(step, [1], model=torch.nn.Linear(1, 1), plugins=[Optim(precision="bf16-mixed")]).fit()
+    note = " ".join(caught.value.__notes__)
+    assert "raised in step function" in note and "step wrapper" not in note, note

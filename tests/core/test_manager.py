@@ -54,6 +54,27 @@ def test_wrong_argument_name_fails_naming_plugin_and_hook() -> None:
 
 
 @pytest.mark.bad_input
+def test_the_argument_hint_is_of_the_implementation_pluggy_refused() -> None:
+    """Another hook taking *args/**kwargs was named instead (its 'args'), and a name with no close one
+    ran into the next sentence."""
+
+    class Two:
+        name = "two"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop, *args, **kwargs):
+            pass
+
+        @hookfit.hookimpl
+        def fit_end(self, xyz):
+            pass
+
+    with pytest.raises(hookfit.PluginError) as caught:
+        hookfit.Loop(lambda loop, b: None, [1], plugins=[Two()]).fit()
+    assert "The event fit_end(loop) gives no 'xyz'. An implementation takes" in str(caught.value)
+
+
+@pytest.mark.bad_input
 def test_an_optional_implementation_named_close_to_an_event_is_warned_about() -> None:
     """optionalhook=True (for another plugin's events) skipped the misspelt-hook check: `epoch_ends`
     was never called, without a word."""

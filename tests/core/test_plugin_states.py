@@ -281,3 +281,13 @@ def test_an_evaluation_leaves_the_state_of_a_plugin_that_sits_it_out_unused_with
     with pytest.raises(hookfit.StateMismatch, match=r"'gone' that no enabled plugin"):
         hookfit.Loop(lambda l, b: None, [1], plugins=[Counter("a"), TrainingOnly("trainer"), Probe(
             lambda l: l.load_plugin_states({**states, "gone": {"x": 1}}))]).fit()
+
+
+def test_a_type_allowlisted_for_safe_loads_passes_as_torch_reads_it_back() -> None:
+    """numpy scalars allowlisted as torch's own error advises (add_safe_globals of numpy's scalar and
+    dtypes): the walk refused np.float64 that torch.load(weights_only=True) then reads back."""
+    allowed = [np._core.multiarray.scalar, np.dtype, type(np.dtype(np.float64))]
+    state = {"best": np.float64(1.5)}
+    with torch.serialization.safe_globals(allowed):
+        assert not _safe_load_refuses(state)
+        assert _gathered(Holds(state)) == {"holds": state}

@@ -65,3 +65,34 @@ def test_the_loaders_own_generator_is_put_back_after_the_sweep(tmp_path: Path, l
 def test_with_workers_their_base_seed_is_drawn_as_without_the_sweep(tmp_path: Path) -> None:
     """Each pass of a loader with workers draws their base seed from its generator."""
     check(tmp_path, LOADERS["DataLoader(generator=)"], workers=2)
+
+
+def test_a_state_no_checkpoint_could_hold_does_not_fail_a_sweep_that_writes_none(tmp_path: Path) -> None:
+    """The sweep keeps the plugins' states in memory: a numpy number there (which a checkpoint refuses)
+    failed an lr_find run without any checkpoint plugin once the states were checked as gathered."""
+    import numpy as np
+
+    class Tracker:
+        name = "tracker"
+        best = np.float64(1.0)
+
+        @hookfit.hookimpl
+        def save_state(self):
+            return {"best": self.best}
+
+        @hookfit.hookimpl
+        def load_state(self, state):
+            self.best = state["best"]
+
+    model = torch.nn.Linear(2, 1)
+
+    def step(loop: Any, batch: torch.Tensor) -> torch.Tensor:
+        loss = model(batch).pow(2).mean()
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    state = hookfit.Loop(step, [torch.ones(4, 2)] * 6, model=model, optimizers=torch.optim.SGD(model.parameters(), 0.01),
+                         run_dir=tmp_path, plugins=[Optim(), LRFinder(num_steps=5), Tracker()]).fit()
+    assert state.status == "completed"
