@@ -367,14 +367,14 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         status, reason = "unfinished", "no end was recorded (killed, or still running elsewhere)"
     durations = [d for r in ended if isinstance(d := r.get("duration", r.get("time")), (int, float))]
     duration = sum(durations) if durations else None  # (None: no fit's duration is known)
-    last = ([r for r in metrics if r.get("event") in ("epoch", "step", "end", "checkpoint", "resume")] or [{}])[-1]
+    since = metrics[max((i for i, r in enumerate(metrics) if r.get("event") == "resume"), default=0):]  # the last fit's
     epochs = max((int(r["epoch"]) for r in rows if isinstance(r.get("epoch"), int)), default=None)
-    steps = last.get("step") if jsonlines.count(last.get("step")) else None
+    steps = max((r["step"] for r in since if r.get("event") in ("epoch", "step", "end", "checkpoint", "resume")
+                 and jsonlines.count(r.get("step"))), default=None)
     counted = last_end.get("steps") if last_end is not None else None  # the core's end line (run.jsonl)
     short = jsonlines.count(counted) and (steps is None or counted > steps)
     if short:  # the metric log stopped short (a full disk)
-        steps = counted
-        end_epochs = last_end.get("epochs") if last_end is not None else None
+        steps, end_epochs = counted, last_end.get("epochs") if last_end is not None else None
         if jsonlines.count(end_epochs) and (epochs is None or end_epochs > epochs):
             epochs = end_epochs
     metric = metric or default_metric(rows, directions(metrics))

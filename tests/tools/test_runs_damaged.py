@@ -285,3 +285,15 @@ def test_a_killed_run_s_steps_are_at_least_those_of_its_last_checkpoint(tmp_path
         json.dumps({"event": "checkpoint", "step": 25, "reason": "steps", "file": "epoch0001-step000000025.pt"}) + "\n")
     info = runs.load(tmp_path)
     assert (info.status, info.steps) == ("unfinished", 25)
+
+
+def test_a_checkpoint_announced_after_a_later_row_does_not_lower_the_steps(tmp_path: Path) -> None:
+    """The writer announces a checkpoint once written, possibly after rows of later steps: the steps are
+    the most the log records since the last resume, not its last line's."""
+    from hookfit.tools import runs
+
+    rows = [{"event": "resume", "from": "a.pt", "epoch": 1, "batch": 0, "step": 40},
+            {"event": "epoch", "stage": "train", "epoch": 2, "step": 60, "batches": 20, "loss": 1.0},
+            {"event": "checkpoint", "step": 50, "reason": "steps", "file": "epoch0002-step000000050.pt"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert runs.load(tmp_path).steps == 60
