@@ -42,8 +42,7 @@ class Reports:
             self._warned.add(kind)
             warnings.warn(
                 f"checkpoint: could not write {path} ({type(error).__name__}: {error}); the "
-                f"previous checkpoints are kept and training goes on; later failures of this kind are counted in "
-                f"results['failed_saves']", CheckpointWarning, stacklevel=user_level())
+                f"previous checkpoints are kept and training goes on", CheckpointWarning, stacklevel=user_level())
         return None
 
     def skip(self, step: int) -> None:
