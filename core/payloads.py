@@ -166,6 +166,9 @@ class StopRequest:
       stays the asker's name on every process (``"time_budget"``, never one per rank), and the
       agreed ``reason`` names the ranks for a person to read (``"stop requested on ranks 0, 1:
       time budget spent"``), so the console's and ``metrics.jsonl``'s end lines show both.
+    * ``ends_process``: the asker ends the process once the run is over (a job scheduler's
+      SIGTERM): nothing at the run's end waits for a person (a persistent dashboard does not
+      hold the screen). With several processes, true if any rank's request says so.
 
     The run ends with ``loop.state.stop_reason == reason`` and ``loop.state.stopped_by == by``;
     with several processes ``loop.stop_requested`` is the agreed request (``ranks`` set) once
@@ -176,6 +179,7 @@ class StopRequest:
     by: str | None = None
     complete: bool = False
     ranks: tuple[int, ...] | None = None
+    ends_process: bool = False
 
     def __str__(self) -> str:
         return self.reason if self.by is None else f"{self.reason} (asked by {self.by})"

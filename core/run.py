@@ -206,7 +206,7 @@ class Run:
         return self.stopping.request
 
     def request_stop(self, reason: str = "stop requested", by: str | None = None, *,
-                     complete: bool = False) -> StopRequest:
+                     complete: bool = False, ends_process: bool = False) -> StopRequest:
         """Ask for a graceful stop, from any thread, any hook or the step function.
 
         The loop honours it at the next boundary it reaches: after the current batch, or at a
@@ -214,15 +214,16 @@ class Run:
         run then ends with status ``"interrupted"`` (``"completed"`` with ``complete=True``:
         the run ended by a rule, such as early stopping), ``state.stop_reason == reason`` and
         ``state.stopped_by`` naming who asked: ``by`` if given, else the plugin or step
-        function that called this (found on the caller's stack), else ``None``. The first
-        request wins; later ones return it unchanged. ``stop_requested`` fires once."""
+        function that called this (found on the caller's stack), else ``None``. ``ends_process``:
+        the asker ends the process after the run (a scheduler's SIGTERM; see :class:`StopRequest`).
+        The first request wins; later ones return it unchanged. ``stop_requested`` fires once."""
         if not isinstance(reason, str):
             raise TypeError(f"request_stop: reason must be a string, got {type(reason).__name__}")
         if (status := self.state.status) != "running":
             raise RuntimeError("request_stop() needs a running loop: call it during fit()" if status == "idle" else
                                f"request_stop() needs a running loop, and this run has ended ({status}): in fit_end "
                                "or later a stop changes nothing; ask it by the last batch (should_stop, epoch_end)")
-        return self.stopping.ask(reason, by, complete, sys._getframe(1))
+        return self.stopping.ask(reason, by, complete, sys._getframe(1), ends_process)
 
     def backward(self, loss: Any) -> Any:
         """Run the backward pass on ``loss`` through the plugin that owns it (``backward``

@@ -43,10 +43,12 @@ class Stopping:
         # while the step function itself is inside ask()
         self._lock = threading.RLock()
 
-    def ask(self, reason: str, by: str | None, complete: bool, caller: FrameType | None) -> StopRequest:
+    def ask(self, reason: str, by: str | None, complete: bool, caller: FrameType | None,
+            ends_process: bool = False) -> StopRequest:
         """Record a request (the first one wins) and fire ``stop_requested`` once for it, on
         the calling thread. ``by`` defaults to whoever called, found from ``caller`` up."""
-        new = StopRequest(reason, by if by is not None else self.asker(caller), bool(complete))
+        new = StopRequest(reason, by if by is not None else self.asker(caller), bool(complete),
+                          ends_process=bool(ends_process))
         with self._lock:
             if self.request is None:
                 self.request = new
@@ -89,7 +91,7 @@ class Stopping:
                      for _, answer in answers]
             self.ask("; ".join(r.reason for r in asked if r.reason) or "a plugin answered should_stop",
                      ", ".join(r.by or name for r, (name, _) in zip(asked, answers)),
-                     all(r.complete for r in asked), None)
+                     all(r.complete for r in asked), None, any(r.ends_process for r in asked))
 
     def boundary(self, where: str) -> None:
         """Stop here (raise :class:`Stop`) if a stop was requested and, with several

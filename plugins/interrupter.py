@@ -141,7 +141,8 @@ class Interrupter:
             self._say(loop, signum, f"hookfit: {name} received while the run ends ({loop.state.status})")
             self._ending_said = True
             return
-        loop.request_stop(name)  # the core honours it; the event tells the dashboard
+        # the core honours it; the event tells the dashboard; a SIGTERM is a scheduler's: the process ends after
+        loop.request_stop(name, ends_process=signum == signal.SIGTERM)
         if self._stopped_by is None:
             self._stopped_by = signum
         self._say(loop, signum, f"hookfit: {name} received, stopping after this batch")

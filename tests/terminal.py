@@ -74,6 +74,8 @@ def train_step(loop, batch):
     if mode == "segv" and loop.state.step == 5:
         import faulthandler
         faulthandler._sigsegv()
+    if mode == "preempt" and loop.state.step == 5:
+        loop.request_stop("preempted by the scheduler", ends_process=True)
     if mode == "debug" and loop.state.step == 3:
         breakpoint()
     loss = torch.nn.functional.mse_loss(model(x), y)

@@ -8,22 +8,22 @@ from hookfit.payloads import StopRequest
 __all__ = ["agreed"]
 
 
-def agreed(asked: list[tuple[str, str | None, bool] | None]) -> StopRequest:
-    """The stop the ranks agree on, from every rank's pending request (``(reason, by,
-    complete)``, ``None`` where none): ``by`` names each asker once (the same plugin on every
+def agreed(asked: list[StopRequest | None]) -> StopRequest:
+    """The stop the ranks agree on, from every rank's pending request (``None`` where none): ``by`` names each asker once (the same plugin on every
     rank is named once), ``ranks`` are those that asked, and the reason says it for a person
     (``"stop requested on ranks 0-3: SIGTERM"``; one part per distinct reason)."""
     wanted = [(rank, why) for rank, why in enumerate(asked) if why is not None]
     reasons: dict[str, list[int]] = {}
-    for rank, (reason, _, _) in wanted:
-        reasons.setdefault(reason, []).append(rank)
-    askers = dict.fromkeys(by for _, (_, by, _) in wanted if by)
+    for rank, request in wanted:
+        reasons.setdefault(request.reason, []).append(rank)
+    askers = dict.fromkeys(request.by for _, request in wanted if request.by)
     return StopRequest(
         "; ".join(f"stop requested on {_ranks(ranks)}: {reason}" for reason, ranks in reasons.items()),
         by=", ".join(askers) or None,
         # the run completes only if every rank that asked says so (not if one was signalled)
-        complete=all(complete for _, (_, _, complete) in wanted),
+        complete=all(request.complete for _, request in wanted),
         ranks=tuple(rank for rank, _ in wanted),
+        ends_process=any(request.ends_process for _, request in wanted),
     )
 
 

@@ -276,8 +276,7 @@ class Distributed(ModelWrap):
         if not int(flag.item()):
             return False
         asked: list[Any] = [None] * self.world_size
-        mine = None if request is None else (request.reason, request.by, request.complete)
-        dist.all_gather_object(asked, mine, group=self._control)
+        dist.all_gather_object(asked, request, group=self._control)
         self._agreed = True
         return agreed(asked)
 

@@ -316,10 +316,10 @@ class TuiRenderer(Debugging):
         state = loop.state
         if self._suspended:
             self._resume_if_let_go()
-        # no hold while a debugger still has the terminal
-        # nor after a scheduler's SIGTERM (the interrupter's reason): the process is to end, not to wait for a key
+        # no hold while a debugger still has the terminal, nor when the stop's asker ends the process (a SIGTERM)
+        stop = loop.stop_requested
         hold = bool(self.persistent) and self._ui_error is None and not self._suspended and not (
-            state.status == "interrupted" and (state.stop_reason or "").endswith("SIGTERM"))
+            stop is not None and stop.ends_process)
         # the run's own duration (state.elapsed ends before fit_end): the clock stops there
         self._inbox.append(("time", state.time_split))
         self._inbox.append(("end", state.status, state.stop_reason, hold, state.stopped_by, state.elapsed,

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import hookfit
-from hookfit import hookimpl
+from hookfit import StopRequest, hookimpl
 from hookfit.plugins.distributed import Distributed
 from hookfit.plugins.distributed.agreement import agreed
 from test_distributed import (  # noqa: F401 - _not_launched: autouse, this process is not torchrun's
@@ -158,14 +158,15 @@ def test_a_run_without_a_data_parallel_module_asks_nothing(group: Any) -> None:
 
 
 def test_the_agreed_stop_names_each_asker_once_and_the_ranks_apart() -> None:
-    budget = ("time budget spent", "time_budget", True)
+    budget = StopRequest("time budget spent", "time_budget", True)
     request = agreed([budget, budget])
     assert (request.reason, request.by, request.ranks, request.complete) == (
         "stop requested on ranks 0, 1: time budget spent", "time_budget", (0, 1), True)
-    request = agreed([None, ("SIGTERM", "interrupter", False), None, budget, budget, budget, None, budget])
+    request = agreed([None, StopRequest("SIGTERM", "interrupter", False, ends_process=True), None, budget, budget, budget, None, budget])
     assert request.reason == "stop requested on rank 1: SIGTERM; stop requested on ranks 3-5, 7: time budget spent"
     assert (request.by, request.ranks, request.complete) == ("interrupter, time_budget", (1, 3, 4, 5, 7), False)
-    assert agreed([None, ("enough", None, False)]).by is None
+    assert request.ends_process and not agreed([budget, budget]).ends_process  # one rank's process ends: no hold
+    assert agreed([None, StopRequest("enough", None, False)]).by is None
 
 
 def test_the_agreed_request_is_the_run_s_stop_request(group: Any) -> None:

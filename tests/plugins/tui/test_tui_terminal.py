@@ -190,6 +190,17 @@ def test_a_sigterm_stop_ends_a_persistent_dashboard_without_waiting_for_a_key(te
     assert len(ends) == 1 and '"status": "interrupted"' in ends[0]
 
 
+def test_a_stop_whose_asker_ends_the_process_does_not_hold_a_persistent_dashboard(term: Terminal) -> None:
+    """Any plugin's request with ``ends_process=True`` (not only the interrupter's SIGTERM) ends the
+    hold: the dashboard told a SIGTERM by its reason's last word before."""
+    term.train(steps=300, delay=0.05, mode="preempt", persistent=True)
+    code, flags, text = term.wait_exit()
+    result = term.outcome()
+    assert code == 0 and result["status"] == "interrupted" and result["reason"] == "preempted by the scheduler"
+    assert result["step"] == 6
+    term.assert_restored(flags)
+
+
 @pytest.mark.fault
 def test_second_sigint_aborts_after_fit_end(term: Terminal) -> None:
     # long steps: both Ctrl-C land in the first batch, and the abort cuts its sleep short
