@@ -19,6 +19,7 @@ from hookfit import HookfitWarning, StopRequest, hookimpl
 from hookfit.data import length
 from hookfit.errors import user_level
 from hookfit.files import FileWarning
+from hookfit.loop import end_with
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support import flag, positive_number
 from hookfit.plugins.tui import hookspecs
@@ -341,13 +342,13 @@ class TuiRenderer(Debugging):
                           f"{self._ui_error}", HookfitWarning, stacklevel=user_level())
         output = self.output if self.output is not None and self.output.exists() else None
         print("\n".join(summary(self._dashboard, state, output, warned=self.warned.lines())), flush=True)
-        if self._ended_by is not None:  # terminate as asked, now that the terminal is back
+        if self._ended_by is not None:  # end as the signal asks, once the run's records are written
             signum, self._ended_by = self._ended_by, None
-            signal.raise_signal(signum)
+            end_with(loop, SystemExit(128 + signum))
 
     def _hold(self) -> None:
-        """Keep the final screen until q, Esc or Ctrl-C; SIGTERM and SIGHUP also end the hold,
-        so the terminal is restored before the process goes."""
+        """Keep the final screen until q, Esc or Ctrl-C; SIGTERM and SIGHUP also end the hold, and
+        ``fit()`` then raises ``SystemExit(128 + signal)`` once the run's records are written."""
         def leave(signum: int, frame: FrameType | None) -> None:
             if signum != signal.SIGINT:
                 self._ended_by = signum

@@ -226,12 +226,17 @@ def test_sigterm_during_the_persistent_hold_restores_the_terminal_then_terminate
     term.wait_for(HOLD_BANNER)
     os.kill(term.pid(), signal.SIGTERM)
     code, flags, text = term.wait_exit()
-    assert code == 128 + signal.SIGTERM  # it ends as asked, killed by the signal ...
+    assert code == 128 + signal.SIGTERM  # it ends as asked, as a process the signal ended ...
     term.assert_restored(flags)  # ... once the terminal is back,
     assert after(text, PRINTED, "hookfit: training completed (max_epochs=1 reached)")  # output and summary shown
     assert after(text, "loss over steps (train):", f"EXIT={128 + signal.SIGTERM}")
     assert Path(str(term.result) + ".fit_end").read_text() == "completed"
-    assert not term.result.exists()  # fit() never returned: the process was terminated
+    # fit() never returned: it raised SystemExit(143) (the script's `finally` wrote its result) after
+    # the run's records, the end line included (the process killed itself with the signal before that line)
+    assert term.outcome()["status"] == "completed"
+    ends = [json.loads(line) for line in (term.tmp / "run" / "run.jsonl").read_text().splitlines()
+            if '"event": "end"' in line]
+    assert [end["status"] for end in ends] == ["completed"]
 
 
 # -- found by these tests, fixed, kept as regressions ------------------------------------------
