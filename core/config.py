@@ -17,7 +17,8 @@ A plugin the file names that is neither installed nor given, an option the const
 not take, a value the constructor refuses, or a file that is not valid TOML is a
 :class:`ConfigError` naming the file, the plugin and what it accepts. A plugin given in code
 (``Loop(plugins=[...])``) wins over the file: its table is ignored, with a warning. A disabled
-plugin's table is not used.
+plugin's table is not used; a built-in's is still checked, and an option it does not take is
+warned about.
 
 A table turns its plugin on: a plugin that is inert when merely discovered (``csv``,
 ``tensorboard``, ``profile``, ``mlflow``, ``wandb``) takes part in a run whose file has a table
@@ -32,12 +33,14 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_CONFIG", "FILE_NAME", "Config", "ConfigError", "accepted", "build", "find", "load", "options_of"]
+__all__ = ["ENV_CONFIG", "FILE_NAME", "Config", "ConfigError", "accepted", "build", "checked", "find", "load",
+           "options_of", "warn_unused"]
 
 ENV_CONFIG = "HOOKFIT_CONFIG"
 FILE_NAME = "hookfit.toml"
@@ -122,19 +125,33 @@ def accepted(factory: Any) -> dict[str, Any] | None:
 
 
 def build(config: Config, name: str, factory: Any) -> Any:
-    """``factory(**options)`` for the plugin ``name`` with the file's options, checked first:
-    an option ``factory`` does not take, or one it refuses, is a :class:`ConfigError` naming
-    the file, the plugin and the options it accepts."""
+    """``factory(**options)`` for the plugin ``name`` with the file's options, checked first
+    (:func:`checked`); a value it refuses is a :class:`ConfigError` naming the file and the plugin."""
+    options = checked(config, name, factory)
+    if not inspect.isclass(factory):  # a module or an object: used as it is
+        return factory
+    if not options:
+        return factory()
+    try:
+        return factory(**options)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{config.where(name)}: {error}") from error
+
+
+def checked(config: Config, name: str, factory: Any) -> dict[str, Any]:
+    """The file's options for the plugin ``name`` as ``factory`` takes them (``enabled`` dropped
+    where it is only hookfit's switch); an option ``factory`` does not take is a
+    :class:`ConfigError` naming the file, the plugin and the options it accepts."""
     options = dict(config.plugins.get(name, {}))
     if "enabled" in options and not _takes(factory, "enabled"):  # hookfit's own switch (see the module)
         if not isinstance(options["enabled"], bool):
             raise ConfigError(f"{config.where(name)}: enabled must be true or false, got {options['enabled']!r}")
         del options["enabled"]
-    if not inspect.isclass(factory):  # a module or an object: used as it is
+    if not inspect.isclass(factory):
         if options:
             raise ConfigError(f"{config.where(name)}: plugin {name!r} is not a class ({type(factory).__name__}) "
                               f"and takes no options")
-        return factory
+        return options
     known = accepted(factory)
     unknown = sorted(set(options) - set(known)) if known is not None else []
     if known is not None and unknown:
@@ -142,12 +159,19 @@ def build(config: Config, name: str, factory: Any) -> Any:
             f"{config.where(name)}: plugin {name!r} has no option {', '.join(map(repr, unknown))}; "
             f"its options are: {', '.join(known) or 'none'}"
         )
-    if not options:
-        return factory()
+    return options
+
+
+def warn_unused(config: Config, name: str, factory: Any) -> None:
+    """The table of a disabled plugin whose class imports safely (hookfit's own): an option it
+    does not take is warned about now, not on the day the plugin is enabled and the run fails."""
+    from hookfit.errors import HookfitWarning, user_level
+
     try:
-        return factory(**options)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"{config.where(name)}: {error}") from error
+        checked(config, name, factory)
+    except ConfigError as error:
+        warnings.warn(f"{error} (the plugin is disabled in this run; enabled, this fails it)",
+                      HookfitWarning, stacklevel=user_level())
 
 
 def _takes(factory: Any, option: str) -> bool:

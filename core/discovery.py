@@ -361,7 +361,9 @@ def collect(
     for info in infos:
         if info.source != "entry point":
             continue
-        if not info.enabled:  # never imported (a built-in's events are declared all the same)
+        if not info.enabled:  # never imported (a built-in's events are declared all the same), but for
+            if info.distribution == OWN and set(configured.plugins.get(info.name, ())) - {"enabled"}:
+                config.warn_unused(configured, info.name, eps[info.name].load())  # a typo in a built-in's table
             continue
         info.options = dict(configured.plugins.get(info.name, {}))
         info.config = configured.path if info.chosen else None

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
-from hookfit import modes, stopping, training
+from hookfit import discovery, modes, stopping, training
 from hookfit import states as saved_states
 from hookfit.dispatch import Dispatch
 from hookfit.manager import PluginManager, leave_inert
@@ -237,7 +237,7 @@ class Run:
         if not self._backward.calls:
             raise RuntimeError(
                 "loop.backward() needs a plugin that implements the 'backward' event and no "
-                f"enabled plugin does (disabled plugins: {self.disabled_plugins()}); "
+                f"enabled plugin does ({self.unserved('backward')}); "
                 "enable it, or call loss.backward() yourself"
             )
         return None
@@ -328,6 +328,16 @@ class Run:
     def disabled_plugins(self) -> str:
         """The names of the disabled plugins, for messages (``none`` when there are none)."""
         return ", ".join(i.name for i in self.pm.infos.values() if not i.enabled) or "none"
+
+    def unserved(self, event: str) -> str:
+        """For the error that no enabled plugin implements ``event``: the built-in plugins that do,
+        with what disabled each (hookfit's own import safely), then every disabled plugin's name."""
+        infos = {i.name: i for i in self.pm.infos.values()}
+        own = [f"{ep.name!r}" + (f" (disabled by {infos[ep.name].disabled_by})" if ep.name in infos else "")
+               for ep in discovery.builtin_entry_points()
+               if hasattr(getattr(ep.load(), event, None), "hookfit_impl")]
+        does = f"the built-in {' and '.join(own)} {'does' if len(own) == 1 else 'do'}; " if own else ""
+        return f"{does}disabled plugins: {self.disabled_plugins()}"
 
     def predict(self, data: Iterable[Any], step: Step) -> Iterator[Any]:
         """What :meth:`hookfit.Loop.predict` returns: the step's output per batch, in eval

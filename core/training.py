@@ -109,7 +109,7 @@ def resume(run: Run) -> None:
     if (call := run.hooks.resume) is None:
         raise RuntimeError(
             f"resume={source!r} needs a plugin that implements the 'resume' event "
-            f"(checkpoint) and no enabled plugin does (disabled plugins: {run.disabled_plugins()})"
+            f"and no enabled plugin does ({run.unserved('resume')})"
         )
     resumed_from = call(run, source)
     if not resumed_from:

@@ -59,6 +59,7 @@ def _plugins(args: argparse.Namespace) -> int:
     if not rows:
         print("no hookfit plugins installed")
         return 0
+    print(f"options file: {configured.path or 'none'}")  # what "(hookfit.toml)" after an option means
     for row in rows:
         print(f"{row['name']}  [{row['state']}]  {row['distribution']} {row['version']}  ({row['value']})")
         if row["replaces"]:
@@ -339,8 +340,8 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled, options")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.add_argument("--config", help="the options file to show (default: the one a run would read)")
-    p.add_argument("--script", help="list as a run of this script would see them (its folder's hookfit.toml "
-                                    "first, then the current folder's)")
+    p.add_argument("--script", help="list as a run of this script would see them (the hookfit.toml in its "
+                                    "folder, else the one in the current folder)")
     p.set_defaults(run=_plugins)
     p = sub.add_parser("hooks", help="print every event with its documentation")
     p.add_argument("--markdown", action="store_true", help="as the Markdown page core/hooks.md")

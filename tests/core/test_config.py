@@ -112,6 +112,7 @@ def test_hookfit_plugins_shows_each_plugin_s_options_and_where_they_come_from(tm
     done = subprocess.run([sys.executable, "-m", "hookfit", "plugins"], cwd=tmp_path, env=env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"options file: {tmp_path / 'hookfit.toml'}"  # which hookfit.toml
     assert ("    options: monitor='valid/loss' (hookfit.toml), mode=None, patience=5 (hookfit.toml), "
             "min_delta=0.0") in done.stdout.splitlines()
     done = subprocess.run([sys.executable, "-m", "hookfit", "plugins", "--json"], cwd=tmp_path, env=env(),
@@ -204,6 +205,16 @@ def test_a_disabled_plugin_s_options_are_not_used(configure) -> None:
         warnings.simplefilter("error")
         loop = fit(disable=["early_stopping"])
     assert loop.state.status == "completed" and loop.run.pm.get_plugin("early_stopping") is None
+
+
+@pytest.mark.bad_input
+def test_a_typo_in_a_disabled_built_in_s_table_is_warned_before_the_day_it_is_enabled(configure) -> None:
+    configure('[plugins.early_stopping]\nmonitor = "valid/loss"\npatiense = 2\n')
+    with pytest.warns(hookfit.HookfitWarning, match=r"\[plugins.early_stopping\]: plugin 'early_stopping' has no "
+                      r"option 'patiense'; its options are: monitor, mode, patience, min_delta \(the plugin is "
+                      r"disabled in this run; enabled, this fails it\)"):
+        loop = fit(disable=["early_stopping"])
+    assert loop.state.status == "completed"
 
 
 @pytest.mark.bad_input

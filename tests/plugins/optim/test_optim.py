@@ -596,8 +596,20 @@ def test_backward_without_the_optim_plugin_names_it(monkeypatch: pytest.MonkeyPa
     def step(loop, batch):
         loop.backward(mse(m, batch))
 
-    with pytest.raises(RuntimeError, match=r"loop.backward\(\) needs a plugin .*disabled plugins: optim"):
+    with pytest.raises(RuntimeError, match=r"loop.backward\(\) needs a plugin .*disabled plugins: optim") as raised:
         hookfit.Loop(step, data(1), model=m, optimizers=torch.optim.SGD(m.parameters())).fit()
+    # which plugin to enable, and what disabled it
+    assert "the built-in 'optim' (disabled by HOOKFIT_DISABLE_PLUGINS=optim) does;" in str(raised.value)
+
+
+@pytest.mark.bad_input
+def test_resume_without_the_checkpoint_plugin_names_the_built_in_that_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "")
+    m = model()
+    with pytest.raises(RuntimeError, match=r"resume='latest' needs a plugin that implements the 'resume' event and no "
+                       r"enabled plugin does \(the built-in 'checkpoint' \(disabled by HOOKFIT_PLUGINS= \(not listed "
+                       r"there\)\) does; disabled plugins: .*\boptim\b"):
+        hookfit.Loop(lambda loop, batch: None, data(1), model=m, resume="latest").fit()
 
 
 @pytest.mark.bad_input
