@@ -12,7 +12,7 @@ what it was given. What the run's state dict holds:
   resumed run runs again from its start, where it is the state as that validation began; and,
   under ``"data"``, the state now of each torch generator of the training data's own
   (:func:`hookfit.data.generators`: ``DataLoader(generator=...)``, a sampler's generator), by
-  name;
+  name, and of the validation data's (:func:`valid_generators`, as a running validation began);
 * ``"data"``: the ``state_dict()`` of training and validation data that has one (and
   ``load_state_dict``): torchdata's ``StatefulDataLoader``, :class:`hookfit.data.Batches`
   (inside a validation, the validation data's state as it began);
@@ -65,13 +65,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from hookfit.data import generators
-from hookfit.persistent import made, made_iterators
+from hookfit.persistent import made, made_iterators, named
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.state import State
 
 __all__ = ["Cursor", "Position", "check_position", "check_rng", "generator_states", "iterator_rng_state", "rng_state",
-           "set_rng_state", "weights_of"]
+           "set_rng_state", "valid_generators", "weights_of"]
 
 Stage = Literal["train", "valid"]
 
@@ -171,6 +171,8 @@ class Cursor:
     def valid_begins(self, data: Any) -> None:
         if self.valid_rng is None:
             self.valid_rng = rng_state()
+            if began := _states(valid_generators(data)):  # as the validation draws them: a resume runs it again
+                self.valid_rng["data"] = began
             self.valid_data = data.state_dict() if hasattr(data, "state_dict") and hasattr(data, "load_state_dict") else None
             self.valid_made = made_iterators(None, data)
 
@@ -197,13 +199,15 @@ class Cursor:
         epoch, batch, stage = self.done
         return Position(epoch, state.step, batch, stage)
 
-    def rng(self, data: Any = None) -> dict[str, Any]:
+    def rng(self, data: Any = None, val_data: Any = None) -> dict[str, Any]:
         """The random state that goes with :meth:`position`, with the state now of the
-        generators of ``data``'s own (the training data)."""
+        generators of ``data``'s own (the training data) and of ``val_data``'s
+        (:func:`valid_generators`), those as the running validation began."""
         if self.valid_rng is None:
-            return rng_state(data)
-        own = generator_states(data)
-        return {**self.valid_rng, "data": own} if own else self.valid_rng
+            state, own = rng_state(), {**generator_states(data), **_states(valid_generators(val_data))}
+        else:
+            state, own = self.valid_rng, {**(self.valid_rng.get("data") or {}), **generator_states(data)}
+        return {**state, "data": own} if own else state
 
 
 # -- random state -----------------------------------------------------------------------------
@@ -212,7 +216,19 @@ class Cursor:
 def generator_states(data: Any) -> dict[str, Any]:
     """The states of ``data``'s own torch generators (:func:`hookfit.data.generators`), by
     name; empty without any."""
-    return {name: generator.get_state() for name, generator in generators(data).items()}
+    return _states(generators(data))
+
+
+def valid_generators(val_data: Any) -> dict[str, Any]:
+    """The validation data's own generators (:func:`hookfit.data.generators`), named by the data's
+    name in the run and theirs (``"valid:generator"``, ``"valid/noisy:sampler.generator"``): a
+    random state keeps them under ``"data"`` beside the training data's; a resume restores them."""
+    return {f"{where}:{name}": generator for where, data in named(None, val_data).items()
+            for name, generator in generators(data).items()}
+
+
+def _states(found: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: generator.get_state() for name, generator in found.items()}
 
 
 def rng_state(data: Any = None) -> dict[str, Any]:
@@ -260,9 +276,10 @@ def iterator_rng_state(data: Any = None) -> dict[str, Any]:
     return out
 
 
-def set_rng_state(state: Mapping[str, Any], data: Any = None) -> frozenset[str]:
+def set_rng_state(state: Mapping[str, Any], data: Any = None, val_data: Any = None) -> frozenset[str]:
     """Restore what :func:`rng_state` returned (CUDA only on as many devices as it had), and
-    the states of ``data``'s own generators that it holds; returns the names of those."""
+    the states of ``data``'s own generators that it holds, and of ``val_data``'s
+    (:func:`valid_generators`); returns the names of ``data``'s."""
     import torch
 
     version, keys, gauss = state["python"]
@@ -277,8 +294,9 @@ def set_rng_state(state: Mapping[str, Any], data: Any = None) -> frozenset[str]:
         torch.cuda.set_rng_state_all(state["cuda"])
     saved = state.get("data") or {}
     own = {name: generator for name, generator in generators(data).items() if name in saved}
-    for name, generator in own.items():
-        generator.set_state(saved[name])
+    for name, generator in {**own, **valid_generators(val_data)}.items():
+        if name in saved:
+            generator.set_state(saved[name])
     return frozenset(own)
 
 

@@ -57,7 +57,8 @@ def run_state(run: Run) -> dict[str, Any]:
     if stateful(run.val_data):
         inside = cursor.valid_rng is not None and cursor.valid_data is not None
         data["valid"] = cursor.valid_data if inside else run.val_data.state_dict()
-    saved: dict[str, Any] = {"loop": cursor.position().as_dict(), "rng": cursor.rng(run.train_data), "data": data}
+    saved: dict[str, Any] = {"loop": cursor.position().as_dict(), "rng": cursor.rng(run.train_data, run.val_data),
+                             "data": data}
     if made_iterators := cursor.persistent_iterators(run.train_data, run.val_data):
         saved["persistent_iterators"] = made_iterators
     if cursor.training:
@@ -107,7 +108,7 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
                 keep = rng_state(target)
                 iter(target)
                 set_rng_state(keep, target)
-    held = set_rng_state(saved["rng"], run.train_data)
+    held = set_rng_state(saved["rng"], run.train_data, run.val_data)
     if saved.get("data_rng") is not None:  # a stage's iterator is made again from these
         held &= frozenset(saved["data_rng"].get("data") or ())
     state = run.state

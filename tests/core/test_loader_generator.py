@@ -300,3 +300,42 @@ def test_a_stateful_loader_with_persistent_workers_restores_its_own_iterator(tmp
     first, _ = run(tmp_path / "stopped", StopAfter(BATCHES + 2))
     rest, said = run(tmp_path / "stopped")
     assert first + rest == straight and said == []
+
+
+# -- the validation data's own generators ------------------------------------------------------
+
+def validated(run_dir: Path, *, sets: bool, stopper=None, resume=None) -> tuple[hookfit.State, list]:
+    """A run whose validation draws from generators of its own: a random subset each time
+    (a sampler with replacement), and with ``sets``, a second set shuffled by its loader's generator.
+    Returns the state and every validation batch seen, with its epoch and set."""
+    items = torch.arange(40.0).unsqueeze(1)
+    subset = DataLoader(items, batch_size=4, sampler=torch.utils.data.RandomSampler(
+        items, replacement=True, num_samples=8, generator=torch.Generator().manual_seed(2)))
+    shuffled = DataLoader(items, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
+    seen: list = []
+
+    def valid(loop, batch):
+        seen.append((loop.state.epoch, loop.state.val_set, batch.flatten().tolist()))
+        return {"loss": batch.mean()}
+
+    loop = hookfit.Loop(lambda loop, batch: None, [torch.zeros(1)] * BATCHES, model=torch.nn.Linear(1, 1),
+                        val_step=valid, val_data={"subset": subset, "shuffled": shuffled} if sets else subset,
+                        max_epochs=3, run_dir=run_dir, resume=resume,
+                        plugins=[Checkpoint(every_n_epochs=1, background=False), *([stopper] if stopper else [])])
+    return loop.fit(), seen
+
+
+@pytest.mark.parametrize("sets", [False, True], ids=["one set", "two sets"])
+@pytest.mark.parametrize("where", ["training", "validation"])
+def test_validation_data_with_its_own_generators_validates_as_the_uninterrupted_run_after_a_resume(
+        tmp_path: Path, sets: bool, where: str) -> None:
+    """A validation on a random subset drew the first epoch's subset again after a resume: only the
+    training data's generators were kept."""
+    straight, expected = validated(tmp_path / "straight", sets=sets)
+    per_epoch = BATCHES + (2 + 5 if sets else 2)  # training batches, then the validation's
+    stop = per_epoch + (3 if where == "training" else BATCHES + 1)  # in the second epoch, its training or validation
+    stopped, _ = validated(tmp_path / "run", sets=sets, stopper=StopAfter(stop))
+    assert stopped.status == "interrupted" and stopped.epoch == 1
+    resumed, seen = validated(tmp_path / "run", sets=sets, resume="latest")
+    assert resumed.status == "completed" and resumed.resumed_from is not None
+    assert seen == [batch for batch in expected if batch[0] >= 1]
