@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from hookfit import modes
-from hookfit.data import length, one_pass, tell_epoch, unrebuilt_order
+from hookfit.data import length, one_pass, tell_epoch
 from hookfit.ending import fail, finish
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.outputs import as_mapping, check_output
 from hookfit.payloads import ResumeInfo
+from hookfit.order import unrebuilt_order
 from hookfit.persistent import unrebuilt_workers
 from hookfit.position import Position, rng_state, set_rng_state, weights_of
 from hookfit.reproducibility import Deterministic, seed_everything

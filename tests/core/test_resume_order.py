@@ -129,3 +129,46 @@ def test_a_resume_that_gives_the_position_but_returns_no_source_is_an_error_nami
     with pytest.raises(RuntimeError, match=rf"plugin forgetful gave the run its position \(loop.load_state_dict\) "
                                            rf"but returned {answer}: return what it resumed from"):
         hookfit.Loop(lambda l, b: None, [1, 2], resume="latest", plugins=[Forgetful()]).fit()
+
+
+def stateful_resumer(data):
+    """Puts the run mid-epoch with the loader's own state saved after two batches, as a checkpoint does."""
+    iterator = iter(data)
+    next(iterator), next(iterator)
+    saved = data.state_dict()
+
+    class Restoring(Resumer):
+        @hookfit.hookimpl
+        def resume(self, loop, source):
+            loop.load_state_dict({**saved_run(0, 2, 2), "data": {"train": saved}})
+            return "ckpt.pt"
+
+    return Restoring()
+
+
+@pytest.mark.bad_input
+def test_a_stateful_loader_whose_sampler_has_no_state_warns_that_its_order_is_not_rebuilt() -> None:
+    """torchdata's loader fast-forwards a sampler without state from a new iterator: a custom sampler
+    drawing at random gives another order, and the warning that advised this loader went quiet."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = StatefulDataLoader(DATA, batch_size=2, sampler=ShuffledSampler(12))
+    with pytest.warns(hookfit.HookfitWarning, match=r"cannot be rebuilt.*train_data is a StatefulDataLoader with the "
+                      r"sampler ShuffledSampler, which has no state_dict\(\).*give the sampler state_dict\(\)"):
+        state = hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[stateful_resumer(data)]).fit()
+    assert state.status == "completed"
+
+
+@pytest.mark.parametrize("kind", ["shuffled with its own generator", "sequential", "distributed sampler"])
+def test_a_stateful_loader_with_samplers_it_restores_resumes_without_a_word(kind: str) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = {"shuffled with its own generator": lambda: StatefulDataLoader(
+                DATA, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1)),
+            "sequential": lambda: StatefulDataLoader(DATA, batch_size=2),
+            "distributed sampler": lambda: StatefulDataLoader(DATA, batch_size=2, sampler=torch.utils.data.
+                                                              DistributedSampler(DATA, num_replicas=1, rank=0))}[kind]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[stateful_resumer(data)]).fit()
+    assert state.status == "completed"

@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 import hookfit
-from hookfit.data import one_pass, tell_epoch, unrebuilt_order
+from hookfit.data import one_pass, tell_epoch
+from hookfit.order import unrebuilt_order
 
 from conftest import TESTS, run_script_here, saved_run
 import warm
