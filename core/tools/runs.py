@@ -36,16 +36,18 @@ It is never guessed from other words in a name (``mae`` and ``perplexity`` are b
 ``accuracy`` high): a metric without a direction has no best value.
 
 A run with no end line is *running* while the process that started it is alive on this
-machine, *unfinished* otherwise (killed, or on another machine that cannot be asked). Its steps
-are those the end line of its last ``fit()`` in ``run.jsonl`` counts, else the last line of its
-metric log: a log that a full disk cut short counts fewer than the run made.
+machine, *unfinished* otherwise (killed, or on another machine that cannot be asked). A run's
+epochs are those the end line of its last ``fit()`` counts (``run.jsonl``'s, else the metric log's:
+the epoch it ended in, from 1, as the console prints it, whatever its status, an epoch that a stop,
+a failure or an abort cut short included), else, with no end line, the epochs of its metric log.
+Its steps are those the end line of its last ``fit()`` in ``run.jsonl`` counts, else the last line
+of its metric log: a log that a full disk cut short counts fewer than the run made.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import socket
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -54,6 +56,7 @@ from typing import Any, TypeGuard, TypeVar
 
 from hookfit.errors import HookfitWarning
 from hookfit.tools import jsonlines
+from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_epochs
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
 
 __all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
@@ -218,16 +221,6 @@ def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, in
     return out
 
 
-def _ended_best(end: Mapping[str, Any] | None, metric: str) -> tuple[float, int] | None:
-    """``metric``'s best and its epoch as the core's end line records them (``results["best"]``), if it does."""
-    results = end.get("results") if end is not None else None
-    held = results.get("best") if isinstance(results, dict) else None
-    kept = held.get(metric) if isinstance(held, dict) else None
-    if isinstance(kept, list) and len(kept) == 2 and isinstance(kept[0], (int, float)) and jsonlines.count(kept[1]):
-        return float(kept[0]), int(kept[1])
-    return None
-
-
 def best(rows: Sequence[Mapping[str, Any]], metric: str, mode: str | None = None) -> tuple[float, int] | None:
     """The best value of ``metric`` over the epochs and its epoch (from 1), a stage a stop cut
     short (``"stopped"``, :mod:`hookfit.plugins.metrics_log`) left out: the lowest for
@@ -248,7 +241,8 @@ class RunInfo:
 
     ``status`` is the last ``fit()``'s (``completed``, ``interrupted``, ``failed``), or
     ``running`` / ``unfinished`` when it wrote no end (see the module's documentation);
-    ``duration`` adds up its ``fit()`` calls; ``best`` is ``(metric, value, epoch)``, ``None``
+    ``duration`` adds up its ``fit()`` calls; ``epochs`` is the epoch it ended in (see the
+    module's documentation); ``best`` is ``(metric, value, epoch)``, ``None``
     when the metric has no finite value or no direction; ``mode`` that direction (``"min"``,
     ``"max"``, ``None``: unknown); ``resumed_from`` the checkpoint of the last resume the run
     went on from (:func:`resumed_from`); ``evaluation``, ``evaluated``: below."""
@@ -282,26 +276,6 @@ class RunInfo:
         out = asdict(self)
         out["best"] = None if self.best is None else dict(zip(("metric", "value", "epoch"), self.best))
         return out
-
-
-def _alive(record: Mapping[str, Any]) -> bool:
-    pid, host = record.get("pid"), record.get("host")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or host != socket.gethostname():
-        return False  # (kill(0) and kill(-1) would ask about process groups, not a process)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return pid > 0
-    return True
-
-
-def _end_of_last_fit(lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The ``"end"`` line that follows the last ``"run"`` line of a ``run.jsonl``, or ``None``
-    (that ``fit()`` is still running, or was killed)."""
-    marks = [line for line in lines if line.get("event") in ("run", "end")]
-    return marks[-1] if marks and marks[-1].get("event") == "end" else None
 
 
 def resumed_from(lines: Iterable[Mapping[str, Any]]) -> str | None:
@@ -344,7 +318,7 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     if evaluation:  # no fit: a folder of evaluations alone (their lines), or one without a run.jsonl
         starts_and_ends = current(lines)
     starts = [r for r in starts_and_ends if r.get("event") == "run"]
-    live = bool(starts) and _end_of_last_fit(starts_and_ends) is None and _alive(starts[-1])
+    live = bool(starts) and end_of_last_fit(starts_and_ends) is None and alive(starts[-1])
     metrics = followed(read_metrics(folder / "metrics.jsonl", notes, live=live))
     if notes:
         warnings.warn(f"hookfit runs: {folder}: {'; '.join(notes)}", HookfitWarning, stacklevel=2)
@@ -356,12 +330,12 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     fits = max(len(starts), len(ended), 1 if metrics else 0)
     # the last fit() decides: its own end line (after its start line in run.jsonl); an earlier
     # fit() that was killed wrote none, and a resumed one that ended says how the run ended
-    last_end = _end_of_last_fit(starts_and_ends) if starts else (ended[-1] if ended else None)
+    last_end = end_of_last_fit(starts_and_ends) if starts else (ended[-1] if ended else None)
     if not core_ends and ended and len(ended) >= len(starts):
         last_end = ended[-1]  # a run.jsonl without end lines: the metrics log's
     if last_end is not None:
         status, reason = str(last_end.get("status")), last_end.get("reason")
-    elif starts and _alive(starts[-1]):
+    elif starts and alive(starts[-1]):
         status, reason = "running", None
     else:
         status, reason = "unfinished", "no end was recorded (killed, or still running elsewhere)"
@@ -371,17 +345,16 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     epochs = max((int(r["epoch"]) for r in rows if isinstance(r.get("epoch"), int)), default=None)
     steps = max((r["step"] for r in since if r.get("event") in ("epoch", "step", "end", "checkpoint", "resume")
                  and jsonlines.count(r.get("step"))), default=None)
+    epochs = ended_epochs(last_end) or epochs  # the epoch it ended in (a partial one too), as the console counts
     counted = last_end.get("steps") if last_end is not None else None  # the core's end line (run.jsonl)
     short = jsonlines.count(counted) and (steps is None or counted > steps)
     if short:  # the metric log stopped short (a full disk)
-        steps, end_epochs = counted, last_end.get("epochs") if last_end is not None else None
-        if jsonlines.count(end_epochs) and (epochs is None or end_epochs > epochs):
-            epochs = end_epochs
+        steps = counted
     metric = metric or default_metric(rows, directions(metrics))
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
     if short and metric and mode == direction(metric, directions(metrics)):  # the run's own best of every epoch
-        found = _ended_best(last_end, metric) or found
+        found = ended_best(last_end, metric) or found
     name = starts[-1].get("name") if starts else None
     name = name if isinstance(name, str) else folder.parent.name  # (a damaged name is left out)
     started = starts[0].get("started") if starts else None
