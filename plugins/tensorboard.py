@@ -23,7 +23,9 @@ its ``evaluation/`` subfolder: a run of its own, beside the training run's when 
   all share one global step, so only their epoch means are written.
 * ``lr/<optimizer>``: the learning rate of each optimizer's first parameter group
   (``"default"`` for a single optimizer), and ``lr/<optimizer>/<group>`` of each further
-  group (its ``"name"`` entry, else its index), from the same snapshots, once per global step.
+  group (its ``"name"`` entry, else its index), from the same snapshots, once per global step:
+  every publication's and every training stage's end, not a training stage a stop cut short
+  (which a resumed run writes again at the epoch's end).
 * Names in tags: a tag takes letters, digits, ``_``, ``-``, ``.`` and ``/`` (TensorFlow's rule
   for summary names, which TensorBoard's tools assume; ``/`` groups the charts), and does not
   start with ``/``. A metric or optimizer name with anything else (a space, ``=``, a quote, a
@@ -59,8 +61,9 @@ resumed run writes again (:func:`hookfit.plugins.support.logger.written_again`, 
 ``csv`` plugin keeps too): the means of a stage a stop cut short there (``train/<metric>`` and
 ``epoch`` inside a training stage, which the resumed run writes whole at the epoch's end;
 ``valid/<metric>`` inside a validation, which it runs again). So every epoch curve is the
-uninterrupted run's, point for point; the per-publication ones (``train_step/``, ``lr/``) are at
-the steps a timer chose (``Metrics(interval=0)``: every step). An earlier file that cannot be read warns
+uninterrupted run's, point for point, and so is every other curve (``lr/`` too) where no step is
+a timer's choice: the publications' points (``train_step/``, ``lr/`` between epoch ends) are at the
+steps a timer chose (``Metrics(interval=0)``: every step). An earlier file that cannot be read warns
 (``FileWarning``) and the purge is at the step after the checkpoint's, keeping what the
 earlier run wrote at its step. Only the main process writes (under ``torchrun`` the
 distributed plugin switches observers off on the others).
@@ -263,7 +266,9 @@ class TensorBoard:
                   for key, value in sorted(metrics.values.items())]
         if stage == "train":
             values.append(("epoch", metrics.epoch + 1))
-            values += self._rates(metrics)
+            # a stage a stop cut short (published at fit_end, outside every stage) has no learning rate
+            # point: the run that goes on from there writes the epoch's, whole, at its end
+            values += self._rates(metrics) if loop.state.stage is not None else []
         self._scalars(metrics.step, values)
 
     @hookimpl(trylast=True)  # after the metrics plugin publishes a stage a stop cut short
