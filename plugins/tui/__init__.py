@@ -1,6 +1,7 @@
 """tui: a live training dashboard in the terminal, drawn with urwid, optionally persistent.
 
-Panels: a metrics table (train last / running / epoch mean, valid; every metric, validation-only
+Panels: a metrics table (train last / running / the mean of the training epoch so far, of the
+validation so far: the running epoch's, not the previous one's; every metric, validation-only
 ones included, paged with ``n``/``p`` and saying which of how many it shows when they do not
 fit), a Braille plot of any metric over steps with train and valid series (full history or a
 recent window, downsampled by min/max per bucket; its axis reaches the metric's last step, with
@@ -56,7 +57,8 @@ ends, however it ends, the final dashboard stays with a banner until ``q``, Esc 
 clock stops at the end of the run, and the duration shown there and in the summary is the
 run's own (``loop.state.elapsed``, which the hold does not add to). In both modes a plain-text
 summary (status, where the run resumed from, the output file, metrics table and curves) is
-printed to the normal terminal after it is restored, so the result stays in the scrollback.
+printed to the normal terminal after it is restored, so the result stays in the scrollback; it
+fits the terminal's width as the dashboard does, from 40 columns (see :func:`summary`).
 
 It starts only on an interactive terminal: stdin and stdout are TTYs, ``TERM`` is set and not
 ``dumb``, ``CI`` and ``HOOKFIT_NO_TUI`` are unset, the process is in the terminal's foreground

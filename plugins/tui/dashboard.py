@@ -10,9 +10,11 @@ lines that were printed), and the rows left go to the table (as many as it has m
 two fifths) and the plot. Every text is whole or ellipsized (``…``) at any width from 40
 columns, and the layout holds from 40x12; below that only the status lines are drawn.
 
-The table lists every metric, validation-only ones included; when they do not fit, its last row
-says which of how many are shown, and ``n``/``p`` page through them. Columns are left out from
-the right when narrow (``train last`` first, then ``epoch``). Non-finite values show as ``nan``
+The table lists every metric, validation-only ones included: the training batch's value
+(``train last``), the running mean, the mean of the training epoch so far (``epoch``) and of the
+validation so far (``valid``), each epoch's from its first publication on (see ``COLUMNS``). When
+the metrics do not fit, its last row says which of how many are shown, and ``n``/``p`` page
+through them. Columns are left out when narrow (``train last`` first, then ``epoch``). Non-finite values show as ``nan``
 or ``inf`` in the warning colour. The plot draws the selected metric's train and valid curves
 (the legend names only those it has); its x axis reaches the metric's last step (and, once the
 run ended, the run's last step); columns where the values were NaN or infinite get ``×`` on the
@@ -61,8 +63,11 @@ HELP = """\
  Esc        leave the final screen (persistent mode)"""
 
 COLUMNS = (("train last", ("train_last",), 3), ("running", ("train_running",), 0),
-           ("epoch", ("train_final", "train_epoch"), 2), ("valid", ("valid_final", "valid_epoch"), 1))
-"""Table columns: heading, the row's keys (the first present is shown), rank (kept longest: 0)."""
+           ("epoch", ("train_epoch",), 2), ("valid", ("valid_epoch",), 1))
+"""Table columns: heading, the row's keys (the first present is shown), rank (kept longest: 0).
+``epoch`` and ``valid`` are the mean over the batches of the training or validation epoch so
+far (:attr:`hookfit.payloads.Value.epoch`): the running epoch's while it runs (``-`` until its
+first publication), the last one's, whole, once it ended."""
 CELL = 11  # characters of a value column
 LABEL = 10  # characters of the plot's y labels
 MARKS_LONG = " · R resumed  C checkpoint  L lr changed  ! skipped  * best"

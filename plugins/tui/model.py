@@ -26,7 +26,7 @@ from typing import Any, Callable
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ResumeInfo, TimeSplit
 from hookfit.plugins.support import Monitor
 from hookfit.plugins.support.plot import Ranges, Series, spans_decades
-from hookfit.plugins.tui import timeline
+from hookfit.plugins.tui import onsets, timeline
 from hookfit.plugins.tui.timeline import Progress
 from hookfit.plugins.tui.text import KEYS, KeyHelp, clock, fit_parts, key_line
 from hookfit.tools.runs import direction
@@ -60,6 +60,7 @@ class DashboardModel:
         self.resumed_from: ResumeInfo | None = None
         self.model: ModelSummary | None = None  # once the renderer sent it
         self.series: dict[tuple[str, str], Series] = {}
+        self.onsets = onsets.Onsets()  # where the training curves' non-finite runs could have begun
         self.table: dict[str, dict[str, float | None]] = {}
         self.directions: dict[tuple[str, str], str] = {}  # (stage, metric) -> "min"/"max", from the snapshots
         self.names: list[str] = []
@@ -100,6 +101,8 @@ class DashboardModel:
         p.rate = p.rates.get(stage, 0.0)
         p.totals[stage] = total
         self.epoch = epoch
+        for row in self.table.values():  # the stage's mean so far: none of this epoch yet
+            row[f"{stage}_epoch"] = None
 
     def _on_update(self, m: MetricsSnapshot) -> None:
         if m.stage == "train" and m.lr:
@@ -131,7 +134,7 @@ class DashboardModel:
             stage = m.stage
             row[f"{stage}_last"], row[f"{stage}_running"], row[f"{stage}_epoch"] = value.last, value.running, value.epoch
             if m.stage == "train":
-                self._series(m.stage, key).add(m.step, value.running)
+                self.onsets.add(self._series(m.stage, key), key, m.step, value.running, self.resumed_from)
 
     def _on_epoch(self, m: MetricsSnapshot, whole: bool = True) -> None:
         """A stage's epoch means (``whole``: unless a stop that ended the run cut the stage short)."""

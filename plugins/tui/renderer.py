@@ -25,7 +25,7 @@ from hookfit.plugins.support import flag, positive_number
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.debugging import Debugging
 from hookfit.plugins.tui.terminal import ENV_OFF, NO_URWID, UNDER_TORCHRUN, OutputCapture, interactive_terminal
-from hookfit.plugins.tui.text import summary
+from hookfit.plugins.tui.text import summary, terminal_width
 from hookfit.plugins.tui.warned import WarningLog
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -221,8 +221,7 @@ class TuiRenderer(Debugging):
                 self._resume_if_let_go()
             data = loop.train_data if stage == "train" else loop.val_data
             state = loop.state  # (batch_idx: the stage's first batch, later than 0 in a resumed epoch)
-            self._inbox.append(("stage", stage, state.epoch, length(data),
-                                state.batch_idx))
+            self._inbox.append(("stage", stage, state.epoch, length(data), state.batch_idx))
 
     @hookimpl
     def stage_end(self, stage: str) -> None:
@@ -341,7 +340,8 @@ class TuiRenderer(Debugging):
             warnings.warn(f"tui: the dashboard failed and was closed: {type(self._ui_error).__name__}: "
                           f"{self._ui_error}", HookfitWarning, stacklevel=user_level())
         output = self.output if self.output is not None and self.output.exists() else None
-        print("\n".join(summary(self._dashboard, state, output, warned=self.warned.lines())), flush=True)
+        print("\n".join(summary(self._dashboard, state, output, warned=self.warned.lines(), width=terminal_width())),
+              flush=True)
         if self._ended_by is not None:  # end as the signal asks, once the run's records are written
             signum, self._ended_by = self._ended_by, None
             end_with(loop, SystemExit(128 + signum))

@@ -267,7 +267,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _print_summary(folder: Path, dash: DashboardModel, follower: Follower, info: runs.RunInfo) -> None:
-    from hookfit.plugins.tui.text import summary
+    from hookfit.plugins.tui.text import summary, terminal_width
 
     ended = follower.ended or {}
     _, times = fit_times(fit_ends(runs.read_jsonl(folder / "run.jsonl")))  # (a followed run may have ended since)
@@ -277,7 +277,7 @@ def _print_summary(folder: Path, dash: DashboardModel, follower: Follower, info:
                             stopped_by=ended.get("by"), resumed_from=resumed, time_split=times or dash.time_split,
                             evaluation=info.evaluation)
     print(f"run {folder}")
-    print("\n".join(summary(dash, state)))
+    print("\n".join(summary(dash, state, width=terminal_width())))
 
 
 def _interactive(dash: Dashboard, follower: Follower, leave: dict[str, bool], live: bool) -> None:

@@ -6,6 +6,9 @@ Nothing here needs urwid."""
 from __future__ import annotations
 
 import math
+import os
+import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,16 +82,33 @@ def clock(seconds: float | None) -> str:
 
 
 
+def terminal_width() -> int | None:
+    """The columns of the terminal standard output writes to, or ``None`` where it writes to
+    no terminal (a file or a pipe has no width to fit) or one that says no size."""
+    try:
+        fd = sys.stdout.fileno()
+        if not os.isatty(fd):
+            return None
+        return os.get_terminal_size(fd).columns or None
+    except (AttributeError, ValueError, OSError):  # no descriptor (replaced, closed): no terminal
+        return None
+
+
 def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | None = None,
-            warned: Sequence[str] = ()) -> list[str]:
+            warned: Sequence[str] = (), width: int | None = None) -> list[str]:
     """The plain-text record printed after the dashboard closes (and by ``hookfit show
     --text``): status (with the run's own duration, ``state.elapsed``: a persistent
     dashboard's hold is not part of it), how many steps were skipped and why, where the run
     resumed from, where its output is kept, the size of the model, where the time went, the
     table (``nan``/``inf`` as they are) and the loss curves up to the run's last step (``×``
-    where the values were not finite); ``warned``: the warnings the run issued while the
-    dashboard was up, a line each. ``state.evaluation`` true (``hookfit show`` of a folder of
-    evaluations alone): an evaluation's record, which counts no steps and says what it evaluated."""
+    where the values were not finite, and the steps where they were: those of the published
+    values, with what is known of where a range began when metrics were not published every
+    step); ``warned``: the warnings the run issued while the dashboard was up, a line each.
+    ``state.evaluation`` true (``hookfit show`` of a folder of evaluations alone): an
+    evaluation's record, which counts no steps and says what it evaluated. ``width``: no line is
+    longer, from 40 columns on (text wraps at spaces, a word longer than a line, a path, kept
+    whole on its own; long metric names are ellipsized in the table; the plots narrow); ``None``:
+    the lines as long as they come, the plots 60 columns wide."""
     from hookfit.plugins.support.plot import NONFINITE, spans_decades, text_plot
 
     evaluation = getattr(state, "evaluation", False) or getattr(dashboard, "evaluation", False)
@@ -110,15 +130,19 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
         lines.append(f"  time in {split.stage}: {split.total:.1f}s over {split.batches} batches, {split}"
                      + (f"; data loading is {split.shares['data']:.0%} of it: the data loader is the bottleneck"
                         if split.data_bound else ""))
+    lines = wrapped(lines, width)
     if dashboard is None or not dashboard.names:
         return lines
-    width = max(len(n) for n in dashboard.names)
-    lines.append(f"  {'metric':<{width}}  {'train':>10}  {'valid':>10}")
+    name_w = max(len(n) for n in dashboard.names)
+    if width is not None:
+        name_w = max(6, min(name_w, width - 26))  # "  name  " and two values of 10
+    lines.append(f"  {'metric':<{name_w}}  {'train':>10}  {'valid':>10}")
     for name in dashboard.names:
         row = dashboard.table.get(name, {})
         train = row.get("train_final", row.get("train_epoch"))
         valid = row.get("valid_final", row.get("valid_epoch"))
-        lines.append(f"  {name:<{width}}  {fmt(train):>10}  {fmt(valid):>10}")
+        lines.append(f"  {ellipsize(name, name_w):<{name_w}}  {fmt(train):>10}  {fmt(valid):>10}")
+    plot_w = 60 if width is None else max(10, min(60, width - 14))  # "  ", the y labels and the axis: 14
     for name in dashboard.names:
         if "loss" not in name:
             continue
@@ -128,13 +152,31 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
         x_range = (min(r[0] for r in ranges), max([*(r[1] for r in ranges), state.step])) if ranges else None
         bad = [(a, b) for g in series.values() for a, b in g.nonfinite.runs]
         log = spans_decades(groups.values())
-        plot = text_plot(groups, width=60, height=8, log=log, x_range=x_range, nonfinite=bad)
+        plot = text_plot(groups, width=plot_w, height=8, log=log, x_range=x_range, nonfinite=bad)
         if plot:
-            lines.append(f"  {name} over steps ({' and '.join(groups)}{', log scale' if log else ''}):")
+            lines += wrapped([f"  {name} over steps ({' and '.join(groups)}{', log scale' if log else ''}):"], width)
             lines.extend("  " + line for line in plot)
         if bad:
             kinds = "/".join(sorted({k for g in series.values() for k in g.kinds}))
-            lines.append(f"  {NONFINITE} where {name} was {kinds}: steps "
-                         + ", ".join(f"{a:g}–{b:g}" if b > a else f"{a:g}" for a, b in bad[:8])
-                         + (", …" if len(bad) > 8 else ""))
+            listed = bad[:8]
+            trained = series.get("train")  # (the validation's points are its epochs': exact)
+            note = dashboard.onsets.note(name, [(a, b) for a, b in trained.nonfinite.runs if (a, b) in listed]) \
+                if trained is not None else ""
+            lines += wrapped([f"  {NONFINITE} where {name} was {kinds}: steps "
+                              + ", ".join(f"{a:g}–{b:g}" if b > a else f"{a:g}" for a, b in listed)
+                              + (", …" if len(bad) > 8 else "")] + ([f"    {note}"] if note else []), width)
     return lines
+
+
+def wrapped(lines: Sequence[str], width: int | None) -> list[str]:
+    """``lines`` each cut at spaces into lines of at most ``width`` characters, the rest indented
+    under the line's text; a word longer than that (a path) whole, on a line of its own, for
+    the terminal to wrap (and a copy to keep whole). ``None``: the lines as they are."""
+    if width is None:
+        return list(lines)
+    out: list[str] = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip(" ")) + 2)
+        out += textwrap.wrap(line, max(width, len(indent) + 8), subsequent_indent=indent, break_on_hyphens=False,
+                             break_long_words=False) or [""]
+    return out

@@ -254,6 +254,27 @@ def test_the_final_screen_holds_at_common_and_small_sizes(term: Terminal, cols: 
     assert "C" in lines[axis], screen
 
 
+def test_the_summary_after_the_dashboard_fits_a_narrow_terminal(term: Terminal) -> None:
+    # a long metric name, more metrics, a validation and NaN losses from step 30: the summary's every part
+    train(term, "--batches", 24, "--epochs", 2, "--valid", "--long-name", "--metrics", 2, "--nan-after", 30)
+    term.wait_for(HOLD_BANNER, " q leave")
+    resize(term, 40, 12)
+    term.keys("q")
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    term.assert_restored(flags)
+    lines = text[text.index("hookfit: training completed"):text.index("EXIT=")].rstrip("\n").split("\n")
+    # (read joined: a line the terminal wrapped reads whole) every line fits, but for a path, whole on its own
+    assert all(len(line) <= 40 or " " not in line.strip() for line in lines), text
+    words = " ".join(" ".join(lines).split())
+    assert words.startswith("hookfit: training completed (max_epochs=2 reached) after"), text
+    assert re.search(r"^  loss +nan +[\d.]+$", text, re.M), text  # the second epoch's mean: NaN from step 30
+    assert re.search(r"^  a_metric_with\w*… +0\.25 +-$", text, re.M), text
+    assert re.search(r"^  metric_02 +2\.0\d* +-$", text, re.M), text
+    assert "loss over steps (train and valid):" in text and "× where loss was nan: steps" in words
+    assert all(len(line) == 40 for line in lines if line[13:14] == "│"), text  # the plot as wide as there is room
+
+
 # -- without urwid ------------------------------------------------------------------------------------
 
 @pytest.fixture

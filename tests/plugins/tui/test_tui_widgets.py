@@ -579,3 +579,31 @@ def test_the_recent_window_is_the_last_quarter_of_a_short_run() -> None:
         long.add(float(step), 1.0)
     assert long.x_range(recent=True) == (1700.0, 1999.0)  # at most the last recent_size points
     assert len(long.points(recent=True)) == 300
+
+
+def test_the_epoch_and_valid_columns_are_the_running_epochs_means_so_far() -> None:
+    """``Value.epoch`` is the mean over the stage's batches so far: mid-epoch the ``epoch`` column
+    is this epoch's, never the mean the previous epoch ended with, and ``valid`` likewise."""
+    d = Dashboard(4, 1, on_stop=lambda: None, on_leave=lambda: None)
+    d.receive("stage", "train", 0, 12)
+    d.receive("update", snap("train", 0, 6, 6, 12, {"loss": (20.0, 21.0, 21.0)}))
+    d.receive("epoch", snap("train", 0, 12, 12, 12, {"loss": (9.0, 12.0, 16.85)}, final=True), True)
+    d.receive("stage_end", "train")
+    d.receive("stage", "valid", 0, 4)
+    d.receive("epoch", snap("valid", 0, 12, 4, 4, {"loss": (4.5, 4.5, 4.51)}, final=True), True)
+    d.receive("stage_end", "valid")
+    assert re.search(r"^loss +9 +12 +16\.85 +4\.51 *$", "\n".join(screen(d, (100, 30))), re.M)  # epoch 1 ended
+    d.receive("stage", "train", 1, 12)  # epoch 2: nothing of it published yet, no mean of it to show
+    text = "\n".join(screen(d, (100, 30)))
+    assert re.search(r"^metric +train last +running +epoch +valid *$", text, re.M)
+    assert re.search(r"^loss +9 +12 +- +4\.51 *$", text, re.M), text
+    d.receive("update", snap("train", 1, 20, 8, 12, {"loss": (5.0197, 11.3266, 11.3266)}))  # 8 batches in
+    assert re.search(r"^loss +5\.02 +11\.33 +11\.33 +4\.51 *$", "\n".join(screen(d, (100, 30))), re.M)
+    d.receive("epoch", snap("train", 1, 24, 12, 12, {"loss": (3.0, 8.0, 9.5)}, final=True), True)
+    d.receive("stage_end", "train")
+    d.receive("stage", "valid", 1, 4)
+    d.receive("update", snap("valid", 1, 24, 2, 4, {"loss": (3.0, 3.0, 3.25)}))  # a validation half done
+    assert re.search(r"^loss +3 +8 +9\.5 +3\.25 *$", "\n".join(screen(d, (100, 30))), re.M)
+    state = hookfit.State(step=24, status="completed", stop_reason="done", started_at=0, ended_at=2)
+    d.receive("epoch", snap("valid", 1, 24, 4, 4, {"loss": (3.0, 3.0, 3.5)}, final=True), True)
+    assert any(line.split() == ["loss", "9.5", "3.5"] for line in summary(d, state))  # the summary: the last epoch
