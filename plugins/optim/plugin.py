@@ -37,9 +37,8 @@ class Optim:
                  amp: bool | torch.amp.GradScaler = False, nonfinite: Literal["skip", "raise"] | None = "skip",
                  check_grads: bool = False, schedulers: Any = None,
                  scheduler_interval: Literal["step", "epoch"] | Mapping[str, Literal["step", "epoch"]] | None = None,
-                 monitor: str | None = None,
-                 precision: Literal["32", "bf16-mixed", "16-mixed"] = "32", defer: bool | None = None,
-                 fuse: bool = True) -> None:
+                 monitor: str | None = None, precision: Literal["32", "bf16-mixed", "16-mixed"] = "32",
+                 defer: bool | None = None, fuse: bool = True) -> None:
         name = self.name
         positive_int(name, "accumulate", accumulate)
         choice(name, "nonfinite", nonfinite, ("skip", "raise"), none=True)
@@ -211,7 +210,7 @@ class Optim:
 
     @hookimpl
     def epoch_end(self, loop: Run, epoch: int) -> None:
-        self._schedules.epoch_end(epoch)
+        self._schedules.epoch_end(epoch, [name for name, managed in (self.optimizers or {}).items() if managed.steps])
 
     @hookimpl
     def should_sync_gradients(self, loop: Run) -> bool:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Collection, Mapping, NamedTuple
 
 import torch
 
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins.support import Monitor, choice, option_error
+from hookfit.plugins.support import Monitor, choice, hparams, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -163,18 +163,19 @@ class Schedules:
             raise ValueError(monitor.absent(metrics.values, metrics.epoch))  # (the closest metric suggested)
         self._step_all(True, float(metrics.values[key].epoch))
 
-    def epoch_end(self, epoch: int) -> None:
-        """The epoch-wise schedulers step; a monitored stage must have been published."""
+    def epoch_end(self, epoch: int, stepped: Collection[str]) -> None:
+        """The epoch-wise schedulers step (``stepped``: optimizers the run stepped); a monitored stage is published."""
         if self._awaiting is not None:
             stage = self._monitor.stage if self._monitor is not None else None
             raise ValueError(f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of epoch "
                              f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics "
                              f"plugin enabled?")
-        self._step_all(False)
+        self._step_all(False, stepped=stepped)
 
-    def _step_all(self, plateaus: bool, *value: float) -> None:
+    def _step_all(self, plateaus: bool, *value: float, stepped: Collection[str] = ()) -> None:
         """Step every ``ReduceLROnPlateau`` (``plateaus``, on ``value``), or every epoch-wise scheduler."""
-        for schedulers in self._assigned.values():
+        for name, schedulers in self._assigned.items():
             for scheduler in schedulers:
                 if isinstance(scheduler, PLATEAU) if plateaus else id(scheduler) in self._epochwise:
-                    scheduler.step(*value)
+                    with hparams.resumed_schedule(name in stepped):
+                        scheduler.step(*value)

@@ -1,15 +1,17 @@
 """A run's hyperparameters, as the loggers (``tensorboard``, ``mlflow``, ``wandb``) record them: one
 flat mapping of scalars (:func:`run_hparams`); :func:`hyperparameters` checks a logger's ``hparams``;
 :func:`settings` and :func:`replaced_settings` find the optimizer settings a resume puts back over those given;
-:func:`warn_unsaved_schedule` and :class:`ScheduleCounts` find schedulers stepped outside an optimizer plugin."""
+:func:`warn_unsaved_schedule` and :class:`ScheduleCounts` find schedulers stepped outside an optimizer plugin;
+:func:`resumed_schedule` steps a schedule whose optimizer stepped before a resume."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from torch.optim.lr_scheduler import ReduceLROnPlateau
@@ -20,8 +22,8 @@ from hookfit.plugins.support.options import finite, is_int, option_error
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["Hparam", "ScheduleCounts", "hparam", "hyperparameters", "replaced_settings", "run_hparams", "settings",
-           "warn_replaced"]
+__all__ = ["Hparam", "ScheduleCounts", "hparam", "hyperparameters", "replaced_settings", "resumed_schedule",
+           "run_hparams", "settings", "warn_replaced"]
 
 Hparam = bool | int | float | str  # a hyperparameter's value: one scalar, as every tracker shows it
 _MECHANICS = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable"})  # how, not what
@@ -189,6 +191,17 @@ class ScheduleCounts:
         return [(name, s, count, managed.steps + managed.skipped if per_step([s]) else 0)
                 for name, managed in (optimizers or {}).items() for s in managed.schedulers
                 if not isinstance(s, ReduceLROnPlateau) and (count := _count(s)) is not None]
+
+
+@contextlib.contextmanager
+def resumed_schedule(stepped: bool) -> Iterator[None]:
+    """Around a scheduler's ``step()``: torch's "lr_scheduler.step() before optimizer.step()" counts
+    this process's optimizer steps, so a resumed run would hear it before its first; where the run
+    already stepped the optimizer (``stepped``, before the resume too) it is not said."""
+    with warnings.catch_warnings():
+        if stepped:
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        yield
 
 
 def _count(scheduler: Any) -> int | None:

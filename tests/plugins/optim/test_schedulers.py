@@ -504,3 +504,36 @@ def test_a_scheduler_given_to_optim_and_also_stepped_in_the_step_warns_once(tmp_
     assert fit(by_hand=False, epochs=1, max_steps=4, scheduler_interval="epoch") == []
     assert fit(by_hand=False, scheduler_interval="epoch") == []
     assert fit(by_hand=False, plateau=True, monitor="valid/loss") == []
+
+
+def test_a_run_resumed_at_an_epoch_s_end_steps_its_epoch_scheduler_without_torch_s_order_warning(tmp_path) -> None:
+    """Stopped on an epoch's last batch, the resumed run steps an epoch-wise scheduler before this process's first
+    optimizer step: torch warned "lr_scheduler.step() before optimizer.step()" though the run had stepped it."""
+    import warnings
+
+    def fit(run_dir, stop=None, resume=None):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
+
+        def step(loop, batch):
+            loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+            loop.backward(loss)
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+            return loss
+
+        plugins = [Checkpoint(background=False), *([stop] if stop else []),
+                   Optim(schedulers=torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5), scheduler_interval="epoch")]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hookfit.Loop(step, data, model=model, optimizers=opt, max_epochs=3, run_dir=run_dir, resume=resume,
+                         plugins=plugins).fit()
+        return model.weight.detach().clone(), [str(w.message) for w in caught]
+
+    straight, _ = fit(tmp_path / "straight")
+    fit(tmp_path / "run", stop=StopAfter(4))  # the first epoch's last batch
+    resumed, said = fit(tmp_path / "run", resume="latest")
+    assert not [m for m in said if "lr_scheduler.step()" in m], said
+    assert torch.equal(resumed, straight)
