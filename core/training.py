@@ -143,7 +143,7 @@ def resume(run: Run) -> None:
 
 def epochs(run: Run) -> None:
     state, cursor = run.state, run.cursor
-    run.started = True
+    run.started, resumed_at = True, cursor.start
     budget = f"max_steps={run.max_steps} reached"
     try:
         if run.mode == "validate":  # Loop.validate(): the validation stage alone
@@ -186,6 +186,8 @@ def epochs(run: Run) -> None:
     except Stop as stop:
         state.status = "completed" if stop.request.complete else "interrupted"
         state.stop_reason, state.stopped_by = stop.request.reason, stop.request.by
+        if resumed_at is not None and (state.epoch, state.step) == (resumed_at.epoch, resumed_at.step):
+            _last_epoch_done(run, resumed_at)  # stopped before the first batch of the epoch it resumed at
     finally:
         run.training = False
 
@@ -197,8 +199,9 @@ def _epochs_bound(run: Run) -> bool:
 
 def _last_epoch_done(run: Run, at: Position | None) -> None:
     """A run resumed at the start of an epoch it has no reason to run (a completed run, resumed
-    from the checkpoint of its last epoch's end) ended in the epoch before: its end says so, as
-    the run it continues did (``epochs=20``, not 21)."""
+    from the checkpoint of its last epoch's end, or one that stops before it, as early stopping's
+    state asks) ended in the epoch before: its end says so, as the run it continues did
+    (``epochs=20``, not 21)."""
     if at is not None and at.epoch > 0 and at.batch == 0 and at.stage == "train" and not at.val_due:
         run.state.epoch = at.epoch - 1
 

@@ -204,6 +204,7 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_does_and_stays_stopped(
     recorder = Recorder()
     again = run(*plugins(), recorder, run_dir=tmp_path / "cut", resume="latest").state
     assert again.status == "completed" and again.step == 15 and again.stop_reason == whole.stop_reason
+    assert again.epoch == whole.epoch  # the epoch it ended in, not the next one it never began
     assert "batch_start" not in recorder.names()
     # ... unless given more patience: then it trains on
     more = run(EarlyStopping(monitor="valid/loss", patience=4), Checkpoint(background=False),
@@ -224,4 +225,5 @@ def test_a_metric_never_finite_stops_and_a_resumed_run_stops_again_before_its_fi
     recorder = Recorder()
     again = run(*plugins(), recorder, valid=never, run_dir=tmp_path, resume="latest").state
     assert (again.status, again.step, again.stop_reason) == ("completed", first.step, first.stop_reason)
+    assert again.epoch == first.epoch
     assert "batch_start" not in recorder.names()
