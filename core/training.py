@@ -209,13 +209,15 @@ def _last_epoch_done(run: Run, at: Position | None) -> None:
 def epochs_for_steps(run: Run) -> None:
     """With ``max_steps`` and no ``max_epochs``, tell the plugins how many epochs the run
     takes (``loop.max_epochs``) when the training data, as ``configure`` left it (sharded), has
-    a length; the loop itself goes on until ``max_steps`` whatever that says."""
-    if _epochs_bound(run) or run.max_steps is None:
-        return
-    data = run.train_data
-    per_epoch = length(data)
-    if per_epoch:
+    a length; the loop itself goes on until ``max_steps`` whatever that says. A
+    ``val_every_n_steps`` over the run's training steps, when they are known, is warned about."""
+    per_epoch = length(run.train_data) if run.mode == "fit" else None
+    if per_epoch and not _epochs_bound(run) and run.max_steps is not None:
         run.max_epochs = -(-run.max_steps // per_epoch)
+    steps = [n for n in (run.max_steps, per_epoch and run.max_epochs * per_epoch) if n]
+    if (every := run.val_every_n_steps) is not None and steps and min(steps) < every:
+        warnings.warn(f"val_every_n_steps={every} is more than the run's {min(steps)} training steps: no validation "
+                      f"will run", HookfitWarning, stacklevel=user_level())
 
 
 def epoch_done(run: Run, epoch: int) -> None:

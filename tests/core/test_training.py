@@ -163,6 +163,26 @@ def test_val_every_n_epochs(recorder: Recorder) -> None:
     assert len(valid_epochs) == 2
 
 
+@pytest.mark.bad_input
+@pytest.mark.parametrize("limits, steps", [({"max_epochs": 2}, 6), ({"max_steps": 5, "max_epochs": 3}, 5),
+                                           ({"max_steps": 4}, 4)])
+def test_a_validation_cadence_longer_than_the_run_is_warned_about(limits: dict, steps: int) -> None:
+    """val_every_n_steps over the run's training steps validated nothing, and said nothing."""
+    with pytest.warns(hookfit.HookfitWarning, match=rf"val_every_n_steps=7 is more than the run's {steps} training "
+                      r"steps: no validation will run"):
+        hookfit.Loop(lambda loop, b: None, [1, 2, 3], val_step=lambda loop, b: None, val_data=[1],
+                     val_every_n_steps=7, **limits).fit()
+
+
+def test_a_validation_cadence_the_run_reaches_says_nothing() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hookfit.Loop(lambda loop, b: None, [1, 2, 3], val_step=lambda loop, b: None, val_data=[1],
+                     val_every_n_steps=6, max_epochs=2).fit()
+
+
 def test_max_steps_completes_mid_epoch(recorder: Recorder) -> None:
     """The rest of epoch 1 belongs to a longer run: no stage_end, validation or epoch_end for
     it (resuming with a larger max_steps continues it exactly)."""
