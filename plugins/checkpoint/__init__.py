@@ -92,11 +92,11 @@ naming it and what does not match; ``fallback=True`` warns and takes the next ne
 Plugin states that do not match the run (a plugin new to it, a saved state nobody restores)
 are warned about by default and those plugins start fresh; ``strict=True`` makes it an error.
 
-Failed saves (full disk, read-only folder): ``on_save_error="warn"`` (default) warns once per
-kind of error with a :class:`CheckpointWarning` (a :class:`hookfit.files.FileWarning`: one
-policy for the files of a run), counts them in ``failed_saves`` and keeps the previous
-checkpoints; ``"raise"`` fails the run. With several processes only the main process (rank 0)
-writes; every process loads.
+Failed saves (full disk, read-only folder): ``on_save_error="warn"`` (default) warns once a
+run with a :class:`CheckpointWarning` (a :class:`hookfit.files.FileWarning`: one policy for the
+files of a run), counts them in ``failed_saves`` and keeps the previous checkpoints; ``"raise"``
+fails the run. With several processes only the main process (rank 0) writes and warns; every
+process loads, and ends with the main process's results (last, best, failed and skipped saves).
 """
 
 from __future__ import annotations

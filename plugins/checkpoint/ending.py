@@ -18,14 +18,22 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import TYPE_CHECKING
+
+from hookfit.plugins.checkpoint import ranks
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.plugins.checkpoint.plugin import Checkpoint
     from hookfit.position import Position
     from hookfit.run import Run
 
-__all__ = ["end_save", "inside_training"]
+__all__ = ["NOTICE_AFTER", "end_save", "finish", "inside_training"]
+
+NOTICE_AFTER = 2.0
+"""Seconds the run's end waits for the writes in flight before it says so (a person's patience,
+not a limit: the wait goes on)."""
 
 
 def end_save(checkpoint: Checkpoint, loop: Run) -> str | None:
@@ -47,3 +55,71 @@ def end_save(checkpoint: Checkpoint, loop: Run) -> str | None:
 def inside_training(position: Position) -> bool:
     """Whether the run stands inside an epoch's training stage (not at an epoch's start)."""
     return position.stage == "train" and (position.batch > 0 or position.val_due)
+
+
+def finish(checkpoint: Checkpoint, loop: Run, ran: bool) -> None:
+    """The end of ``checkpoint``'s part of a fit (``ran``: it saved in this run, so every process
+    takes part in what follows): wait for every write in flight, saying so when it is long, take
+    their outcomes (:meth:`~hookfit.plugins.checkpoint.plugin.Checkpoint.collect`: a failure
+    reported as ``on_save_error`` says), then tell every process what the main one knows."""
+    try:
+        wait(checkpoint, loop)
+        checkpoint.collect(loop, checkpoint.shards.take())
+    finally:
+        if ran and together(loop):
+            agree(checkpoint, loop)
+
+
+def wait(checkpoint: Checkpoint, loop: Run) -> None:
+    """Wait for every write in flight; after :data:`NOTICE_AFTER` seconds, one line on stderr
+    (the main process) names them. Then the line of :func:`bottleneck`, if any."""
+    writer, shards = checkpoint.writer, checkpoint.shards
+    deadline = time.monotonic() + NOTICE_AFTER
+    if not (writer.wait(NOTICE_AFTER) and shards.join(max(0.0, deadline - time.monotonic()))):
+        files = [*writer.in_flight, *shards.writing]
+        if loop.is_main and files:
+            count = f"{len(files)} write{'s' if len(files) > 1 else ''}"
+            print(f"hookfit checkpoint: waiting for {count} in flight to {', '.join(map(str, files))}",
+                  file=sys.stderr, flush=True)
+        writer.wait()
+        shards.wait()
+    state = loop.state
+    if loop.is_main and state.started_at is not None and state.ended_at is not None:
+        note = bottleneck(writer.waited + shards.waited, state.ended_at - state.started_at)
+        if note is not None:
+            print(f"hookfit checkpoint: {note}", file=sys.stderr, flush=True)
+    writer.waited = shards.waited = 0.0  # (the next run's own)
+
+
+def bottleneck(waited: float, seconds: float) -> str | None:
+    """What a run of ``seconds`` whose saves waited ``waited`` seconds for the writer's writes in
+    flight says of it: that writing checkpoints held the training back, when the saves waited more
+    than half its time (and more than :data:`NOTICE_AFTER` seconds); else ``None``."""
+    if waited <= NOTICE_AFTER or waited <= seconds / 2:
+        return None
+    return (f"saves waited {waited:.1f} s of the run's {seconds:.1f} s for checkpoint writes in flight "
+            f"(when_busy='wait'): writing checkpoints held training back; save less often, write to a faster "
+            f"folder, or pass when_busy='skip' to skip a save while the writer is busy")
+
+
+def together(loop: Run) -> bool:
+    """Whether the processes of a run of several ended at one point, able to work together: it
+    completed, or stopped where they agreed to (a stop request, not a ``KeyboardInterrupt`` of
+    one process; a failed run's process group may be gone)."""
+    state = loop.state
+    return state.world_size > 1 and (
+        state.status == "completed" or (state.status == "interrupted" and state.stopped_by is not None))
+
+
+def agree(checkpoint: Checkpoint, loop: Run) -> None:
+    """Every process takes the main process's last and best checkpoints, the files kept and the
+    run's failed and skipped saves (one broadcast): the results are one mapping on every process."""
+    catalog, reports = checkpoint.catalog, checkpoint.reports
+    known = ranks.from_main(loop, (catalog.last, catalog.best, list(catalog.saved), dict(catalog.scores),
+                                   reports.run_failed, reports.run_skipped))
+    if loop.is_main:
+        return
+    catalog.last, catalog.best, catalog.saved, catalog.scores, failed, skipped = known
+    reports.failed += failed - reports.run_failed
+    reports.skipped += skipped - reports.run_skipped
+    reports.run_failed, reports.run_skipped = failed, skipped

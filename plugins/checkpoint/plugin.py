@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from hookfit import hookimpl
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import folders, hookspecs, ranks, sharded
-from hookfit.plugins.checkpoint.ending import end_save
+from hookfit.plugins.checkpoint.ending import end_save, finish
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import payload
 from hookfit.plugins.checkpoint.catalog import Catalog
+from hookfit.plugins.checkpoint.repeats import Written
 from hookfit.plugins.checkpoint.reports import Reports
 from hookfit.plugins.checkpoint.scores import Scores, hold, settle, unscored
 from hookfit.plugins.checkpoint.shardwriter import ShardWriter, save_sharded
@@ -127,6 +128,7 @@ class Checkpoint:
         self._continued = False
         self._main_dir: Path | None = None  # off the main process: where the main one writes
         self.saved_step: int | None = None  # the global step of the last save asked, or of the one resumed from
+        self.written = Written()  # the step of the last checkpoint written or in flight: saved once (repeats.py)
         self.began: Position | None = None  # where the run started or resumed: its end there saves nothing
         self._lock: folders.FolderLock | None = None  # a given dir's, while a run writes there
 
@@ -186,7 +188,7 @@ class Checkpoint:
         self.scores.start()
         self.reports.reset()
         self.resumed_from, self.off, self._main_dir = None, False, None
-        self._pending, self._continued, self.saved_step, self.began = None, False, None, None
+        self._pending, self._continued, self.saved_step, self.began, self.written = None, False, None, None, Written()
         self.writer.outcomes(), self.shards.take()  # (a run before this one told everything at its end)
         source = loop.resume
         if source is None:
@@ -261,19 +263,15 @@ class Checkpoint:
 
     @hookimpl(tryfirst=True)  # before other plugins let go of their state
     def fit_end(self, loop: Run) -> None:
+        ran = not self.off and self._loop is not None and loop.mode == "fit"  # (no model; failed early; validate())
         try:
-            if self.off or self._loop is None:  # no model, or the run failed before this plugin's fit_start
-                return
-            if loop.mode != "fit":  # Loop.validate(): nothing was trained, nothing to save
-                return
-            settle(self, loop, None)  # a validation cut short scored nothing
-            if (reason := end_save(self, loop)) is not None:  # none where the run began (ending.py)
-                self._save(loop, reason, must=True)
+            if ran:
+                settle(self, loop, None)  # a validation cut short scored nothing
+                if (reason := end_save(self, loop)) is not None:  # none where the run began (ending.py)
+                    self._save(loop, reason, must=True)
         finally:
-            try:
-                self.writer.wait()  # every write asked, whatever the outcome
-                self.shards.wait()
-                self.collect(loop, self.shards.take())  # announced; a failure reported as on_save_error says
+            try:  # every write asked waited for, whatever the outcome; announced, failures reported (ending.py)
+                finish(self, loop, ran)
             finally:
                 self.shards.close()
                 self.writer.close()  # the files pruned last removed; the buffers let go
@@ -334,7 +332,8 @@ class Checkpoint:
         """Write a checkpoint of the run as it is now, its metric the score of the weights now
         (:meth:`Scores.current <hookfit.plugins.checkpoint.scores.Scores.current>`); returns its
         path (main process only; ``None`` when checkpoints are off for this run, it has no
-        model, or the save was skipped: ``when_busy="skip"``)."""
+        model, or the save was skipped: ``when_busy="skip"``; a step whose checkpoint is written or in
+        flight: that checkpoint's path, not written again: :mod:`~hookfit.plugins.checkpoint.repeats`)."""
         return self._save(loop, reason)
 
     def _save(self, loop: Run, reason: str, must: bool = False) -> Path | None:
@@ -343,13 +342,16 @@ class Checkpoint:
         self._last_time = time.monotonic()
         self.collect(loop)
         position = loop.position
-        self.saved_step = position.step
         metric = self.scores.current(loop)
+        if reason != "failure" and not self.written.again(loop, self.saved_step, position.step, metric):
+            return self.destination(loop, position, reason) if loop.is_main else None  # written, or in flight
+        self.saved_step = position.step
         self.scores.asked(metric)
         with self.writer.aside():  # the writer steps aside while this thread copies
             payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
             rest, shards = sharded.split(payload)
             if shards:  # a sharded run: every rank writes its part
+                self.written.wrote(position.step, metric)
                 return save_sharded(self, loop, position, rest, shards, (reason, position.step, metric, must))
             path = self.destination(loop, position, reason)
             if not loop.is_main:
@@ -361,6 +363,7 @@ class Checkpoint:
         if not submitted:
             self.reports.skip(position.step)
             return None
+        self.written.wrote(position.step, metric)
         if not self.background:
             self.collect(loop)
         return path
@@ -384,6 +387,7 @@ class Checkpoint:
             reason, step, metric, main = outcome.tag
             if outcome.error is not None:
                 self.scores.failed()
+                self.written.lost(step)
                 failure = failure or self.reports.failure(path, outcome.error, main)
             elif not main:
                 self.catalog.follow(path, metric, reason)

@@ -22,7 +22,7 @@ from hookfit.errors import HookfitWarning, user_level
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["KEY", "gather", "main_directory", "own"]
+__all__ = ["KEY", "from_main", "gather", "main_directory", "own"]
 
 KEY = "ranks"
 """The checkpoint's entry of every process's own part of the run's state."""
@@ -89,3 +89,14 @@ def main_directory(loop: Run, folder: Path | None) -> Path | None:
     where: list[Any] = [str(folder) if loop.is_main else None]
     dist.broadcast_object_list(where, src=0)
     return None if loop.is_main else Path(where[0])
+
+
+def from_main(loop: Run, value: Any) -> Any:
+    """The main process's ``value``, on every process (one broadcast of the run's default group:
+    every process calls it at the same point); ``value`` itself in a run of one process."""
+    dist = _group()
+    if loop.state.world_size <= 1 or dist is None:
+        return value
+    told: list[Any] = [value if loop.is_main else None]
+    dist.broadcast_object_list(told, src=0)
+    return told[0]

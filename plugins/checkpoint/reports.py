@@ -1,8 +1,9 @@
 """checkpoint reports: how saves that were not written are reported, on the training thread.
 A failed write (full disk, read-only folder) is counted and, with ``on_save_error="warn"``,
-warned about once per kind of error (a :class:`CheckpointWarning`: the previous checkpoints
-are kept, training goes on) or, with ``"raise"``, raised; a save skipped because the writer
-was busy (``when_busy="skip"``) is counted and warned about once a run."""
+warned about once a run, at the first (a :class:`CheckpointWarning`: the previous checkpoints
+are kept, training goes on; one cause fails every later save alike, so later failures are only
+counted) or, with ``"raise"``, raised; a save skipped because the writer was busy
+(``when_busy="skip"``) is counted and warned about once a run. Only the main process warns."""
 
 from __future__ import annotations
 
@@ -28,27 +29,27 @@ class Reports:
         self.run_failed, self.run_skipped = 0, 0  # this run's (results: failed_saves, skipped_saves)
 
     def reset(self) -> None:
-        """A new run: each kind is warned about again."""
+        """A new run: its first failed and first skipped save are warned about again."""
         self._warned, self.run_failed, self.run_skipped = set(), 0, 0
 
     def failure(self, path: Path, error: BaseException, main: bool) -> BaseException | None:
-        """Count a failed write of ``path`` and warn (on the main process) once per kind of
-        error; the error when it is to be raised."""
+        """Count a failed write of ``path`` and warn (on the main process, ``main``) at the run's
+        first; the error when it is to be raised."""
         self.failed, self.run_failed = self.failed + 1, self.run_failed + 1
         if self.on_save_error == "raise" or not isinstance(error, Exception):
             return error
-        kind = f"{type(error).__name__}:{getattr(error, 'errno', '')}"
-        if kind not in self._warned and main:
-            self._warned.add(kind)
+        if "failed" not in self._warned and main:
+            self._warned.add("failed")
             warnings.warn(
                 f"checkpoint: could not write {path} ({type(error).__name__}: {error}); the "
                 f"previous checkpoints are kept and training goes on", CheckpointWarning, stacklevel=user_level())
         return None
 
-    def skip(self, step: int) -> None:
-        """Count a save at ``step`` skipped because the writer was busy; warn once a run."""
+    def skip(self, step: int, main: bool = True) -> None:
+        """Count a save at ``step`` skipped because the writer was busy; warn once a run (on the
+        main process, ``main``)."""
         self.skipped, self.run_skipped = self.skipped + 1, self.run_skipped + 1
-        if "skipped" not in self._warned:
+        if "skipped" not in self._warned and main:
             self._warned.add("skipped")
             warnings.warn(
                 f"checkpoint: the save at step {step} was skipped: the writer was still busy with "

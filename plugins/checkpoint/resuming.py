@@ -55,7 +55,13 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
                       flush=True)
             return None, None
     if not fallback:
-        return candidates[0], _read(loop, candidates[0], trains)
+        try:
+            return candidates[0], _read(loop, candidates[0], trains)
+        except CheckpointError as error:
+            if len(candidates) < 2:
+                raise
+            raise CheckpointError(f"{error}; Checkpoint(fallback=True) would skip it and take the newest checkpoint "
+                                  f"before it that reads whole ({len(candidates) - 1} older in {where})") from error
     for path in candidates:
         try:
             return path, _read(loop, path, trains)

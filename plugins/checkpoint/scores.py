@@ -147,6 +147,7 @@ def hold(checkpoint: Checkpoint, loop: Run, due: bool) -> None:
         if shards:  # DCP copies a sharded state as it writes it: written now, if due
             if due:
                 checkpoint.saved_step = position.step
+                checkpoint.written.wrote(position.step, None)
                 save_sharded(checkpoint, loop, position, rest, shards, ("step", position.step, None, False))
             return
         path = checkpoint.destination(loop, position, "step")
@@ -189,6 +190,7 @@ def settle(checkpoint: Checkpoint, loop: Run, score: float | None) -> None:
     reason = "step" if pending.due else "best"
     scores.asked(score)
     checkpoint.saved_step = pending.position.step
+    checkpoint.written.wrote(pending.position.step, score)
     if pending.copy is None:  # off the main process: the file the main one writes, for best and last
         if pending.path is not None:
             checkpoint.catalog.follow(pending.path, score, reason)

@@ -252,7 +252,7 @@ def finish(rest: dict[str, Any], tmp: Path, path: Path, main: bool, save_state: 
         metadata = written()
         files = shardfiles.own_files(tmp, metadata, rank, main)
     except (Exception, CheckpointException) as error:  # (DCP's gathers every rank's: a BaseException)
-        text, number = shardfiles.failure(error)
+        text, number = shardfiles.failure(error, tmp)
         outcome = (text if text.startswith("rank ") else f"rank {rank}: {text}", number)
     parts: list[Any] = [(files, outcome)]
     if together:
@@ -271,7 +271,7 @@ def finish(rest: dict[str, Any], tmp: Path, path: Path, main: bool, save_state: 
                 save_state(rest, tmp / STATE_FILE)
                 _rename(tmp, path)
             except Exception as error:  # noqa: BLE001 - every rank is told, then it is raised
-                text, number = shardfiles.failure(error)
+                text, number = shardfiles.failure(error, tmp)
                 outcome = (f"rank {rank}: {text}", number)
         if outcome is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import math
 import pickle
+import shutil
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -247,15 +248,38 @@ def reader(folder: Path, data: Mapping[str, Any]) -> Any:
 # -- saving ---------------------------------------------------------------------------------
 
 
-def failure(error: BaseException) -> tuple[str, int | None]:
+SHORT_WRITE = "unexpected pos"
+"""What torch's zip writer says when a write it made did not land (``[enforce fail at
+inline_container.cc] . unexpected pos 704 vs 598``): most often a full device, whose ``OSError``
+it does not pass on."""
+
+
+def failure(error: BaseException, where: Path | None = None) -> tuple[str, int | None]:
     """What a failed write says (a DCP ``CheckpointException`` gathers every rank's error: the
-    first rank's, with its number) and the operating system's error number, if any."""
+    first rank's, with its number) and the operating system's error number, if any. Torch's zip
+    writer's :data:`SHORT_WRITE` says, besides, how many bytes the device of ``where`` (the
+    folder written) has free now."""
     failures = getattr(error, "failures", None)
     if isinstance(failures, dict) and failures:
         rank = min(failures)
         first = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
-        text, number = failure(first)
+        text, number = failure(first, where)
         return f"rank {rank}: {text}", number
     if isinstance(error, OSError):  # "[Errno 28] No space left on device: '<file>'"
         return str(error), error.errno if isinstance(error.errno, int) else None
-    return f"{type(error).__name__}: {error}", None
+    text = f"{type(error).__name__}: {error}"
+    if SHORT_WRITE in text and where is not None:
+        text += f" (torch's writer wrote less than it asked to: {free_space(where)}; most often a full device)"
+    return text, None
+
+
+def free_space(where: Path) -> str:
+    """``the device has N bytes free`` for the device of ``where`` (its nearest folder that
+    exists), or why that is not known."""
+    folder = where
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return f"the device has {shutil.disk_usage(folder).free} bytes free"
+    except OSError as error:
+        return f"the free space of {folder} is not known ({error})"

@@ -36,6 +36,7 @@ reported, at the same step on every rank.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
@@ -78,7 +79,8 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
     writer = checkpoint.shards
     if checkpoint.background:
         if not writer.ready(must):  # the same answer on every rank
-            checkpoint.reports.skip(step)
+            checkpoint.reports.skip(step, loop.is_main)
+            checkpoint.written.lost(step)
             return None
         checkpoint.collect(loop, writer.take())
     main = loop.is_main
@@ -167,7 +169,10 @@ class ShardWriter:
         self.when_busy = when_busy
         self.saves = 0
         """Sharded saves of this process so far (the temporary folders' names count them)."""
+        self.waited = 0.0
+        """Seconds saves waited for the write in flight (``when_busy="wait"``, ``must``), since it was made."""
         self._thread: threading.Thread | None = None
+        self._path: Path | None = None  # the folder of the write in flight
         self._done: list[Done] = []
         self._stager: Any = None  # DCP's, for the shards
         self._rest = Staging()  # the one-file checkpoint's, for the rest (state.pt): no DTensor in it
@@ -198,7 +203,10 @@ class ShardWriter:
         busy = any(_everyone(self.in_flight()))
         if busy and self.when_busy == "skip" and not must:
             return False
+        began = time.monotonic()
         self.wait()
+        if busy:
+            self.waited += time.monotonic() - began
         return True
 
     def submit(self, rest: dict[str, Any], shards: dict[str, Any], tmp: Path, path: Path, main: bool, tag: Any,
@@ -258,6 +266,7 @@ class ShardWriter:
             self._done.append(Done(path, tag))
 
         self._thread = threading.Thread(target=finish, name="hookfit-checkpoint-shards", daemon=True)
+        self._path = path
         self._thread.start()
         return None
 
@@ -272,11 +281,23 @@ class ShardWriter:
                                                         use_async_staging=False, use_non_blocking_copy=device))
         return cast(dict[str, Any], self._stager.stage(shards))  # (a dict: staged synchronously)
 
+    @property
+    def writing(self) -> list[Path]:
+        """The folder of this rank's write in flight (rank 0's checkpoint), if any."""
+        return [self._path] if self.in_flight() and self._path is not None else []
+
     def wait(self) -> None:
         """Block until this rank's write in flight, if any, is finished."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def join(self, timeout: float) -> bool:
+        """Block until this rank's write in flight, if any, is finished, or ``timeout`` seconds
+        have passed; whether it is (:meth:`wait` then takes it)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.in_flight()
 
     def take(self) -> list[Done]:
         """The outcomes of the writes finished since the last call (call it where every rank

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,9 @@ class Writer:
         self.when_busy = when_busy
         self.skipped = 0
         """Saves skipped because both snapshots were taken (``when_busy="skip"``)."""
+        self.waited = 0.0
+        """Seconds saves waited for a free snapshot (``when_busy="wait"``, ``must``), since it was made."""
+        self._writing: Path | None = None  # the file of the write the thread is doing
         self._save, self._remove, self._name = save, remove, name
         self._slots: list[Staging | None] = [None] * self.SLOTS
         self._taken: set[int] = set()  # slots staged or being written
@@ -133,7 +137,9 @@ class Writer:
                     return None
                 self._waiting += 1
                 self._go.set()  # the write in flight must go on for a snapshot to be free
+                began = time.monotonic()
                 self._cond.wait()
+                self.waited += time.monotonic() - began
                 self._waiting -= 1
                 if self._aside:
                     self._go.clear()
@@ -228,14 +234,28 @@ class Writer:
         """The snapshots' buffers made so far (the first is the one used whenever it is free)."""
         return [s for s in self._slots if s is not None]
 
-    def wait(self) -> None:
-        """Block until every queued job is done."""
+    @property
+    def in_flight(self) -> list[Path]:
+        """The files of the writes not done yet: the one being written, then those queued."""
+        with self._cond:
+            queued = [job[3] for job in self._jobs if job[0] == "write"]
+            return [self._writing, *queued] if self._writing is not None else queued
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every queued job is done (at most ``timeout`` seconds, ``None``: as long as it
+        takes); whether they are."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._go.set()
             while self._jobs or self._running:
-                self._cond.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left)
+            done = not (self._jobs or self._running)
             if self._aside:
                 self._go.clear()
+        return done
 
     def close(self) -> None:
         """Wait for every job, end the thread and let go of the buffers (a later save starts
@@ -275,6 +295,7 @@ class Writer:
                     return
                 job = self._jobs.popleft()
                 self._running = True
+                self._writing = job[3] if job[0] == "write" else None
             self.between()  # no work of this thread while the training thread copies
             try:  # nothing escapes: a thread that died would leave every later wait() waiting forever
                 if job[0] == "write":
@@ -293,7 +314,7 @@ class Writer:
                 with self._cond:
                     if job[0] == "write":
                         self._taken.discard(job[1])
-                    self._running = False
+                    self._running, self._writing = False, None
                     self._cond.notify_all()
 
     def _write(self, state: dict[str, Any], path: Path, tag: Any, save: Save, between: Callable[[], None],
