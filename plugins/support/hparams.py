@@ -114,6 +114,10 @@ def warn_replaced(plugin: str, name: str, optimizer: Any, built: Sequence[Mappin
     ``built`` as given to this run) resumes from a checkpoint whose run was given other settings (``saved``;
     ``None``: the checkpoint does not say): each with both values, and how to train with the new ones."""
     changes = replaced_settings(saved, built) if saved is not None else []
+    # a scheduler keeps the rate given as initial_lr and moved lr as it was built: the rate given is the one to name
+    scheduled = {index for index, key, *_ in changes if key == "initial_lr"}
+    changes = [(index, "lr" if key == "initial_lr" else key, old, new) for index, key, old, new in changes
+               if not (key == "lr" and index in scheduled)]
     if not changes:
         return
     groups = sorted({index for index, *_ in changes})
@@ -121,14 +125,17 @@ def warn_replaced(plugin: str, name: str, optimizer: Any, built: Sequence[Mappin
         f"the checkpoint's {key}={_shown(old)} replaces {key}={_shown(new)} given"
         for index, key, old, new in changes if index == group) for group in groups)
     index, key, _, new = changes[0]
-    key = "lr" if key == "initial_lr" else key  # (a scheduler's starting rate: the group's lr is what is set)
+    then = (f"set them once the run has resumed, in a plugin's resumed(loop, info) hook: "
+            f"loop.optimizers[{name!r}].param_groups[{index}][{key!r}] = {_shown(new)} (and so for each group named above)")
+    if scheduled:  # the restored scheduler sets the rate at its next step, from its own saved state
+        then = ("with a scheduler, whose saved state sets the rate at its next step, change the schedule as well, "
+                "in a plugin's resumed(loop, info) hook (a closed-form one's base_lrs, a chained one's group lr)")
     warnings.warn(
         f"{plugin}: optimizer {name!r} ({type(optimizer).__name__}) resumed with the settings of the checkpoint, "
         f"not those it was built with: {listed}. A resumed run continues the saved one as it was (torch's "
         f"Optimizer.load_state_dict puts back the saved parameter groups, a scheduler its saved state). To train "
         f"with the new values, start a new run (another Loop(run_dir=...) or Loop(name=...), or no resume), or "
-        f"set them once the run has resumed, in a plugin's resumed(loop, info) hook: "
-        f"loop.optimizers[{name!r}].param_groups[{index}][{key!r}] = {_shown(new)}", category, stacklevel=user_level())
+        f"{then}", category, stacklevel=user_level())
 
 
 def warn_unsaved_schedule(plugin: str, loop: Run, name: str, optimizer: Any, schedulers: Sequence[Any],

@@ -74,3 +74,21 @@ def test_the_warning_names_the_optimizer_the_group_both_values_and_what_to_do() 
         built = settings(optimizer.param_groups)
         warn_replaced("optim", "g", optimizer, built, built, UserWarning)
         warn_replaced("optim", "g", optimizer, built, None, UserWarning)  # a checkpoint that does not say
+
+
+@pytest.mark.bad_input
+def test_with_a_scheduler_the_warning_names_the_rates_given_and_that_the_schedule_must_change_too() -> None:
+    """A warmup scheduler moves lr as it is built: the warning named those moved rates (0.0015 for 0.003 given)
+    and advised setting the group's lr, which the restored scheduler overwrote at its next step."""
+    def built(lr: float) -> list:
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=lr)
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
+        return optimizer, settings(optimizer.param_groups)
+
+    optimizer, given = built(0.001)
+    with pytest.warns(UserWarning) as caught:
+        warn_replaced("optim", "g", optimizer, given, built(0.003)[1], UserWarning)
+    message = str(caught[0].message)
+    assert "parameter group 0: the checkpoint's lr=0.003 replaces lr=0.001 given." in message, message
+    assert "0.0015" not in message and "initial_lr" not in message, message
+    assert "with a scheduler, whose saved state sets the rate at its next step, change the schedule as well" in message
