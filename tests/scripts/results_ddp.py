@@ -6,10 +6,16 @@ by this monitor is the first epoch's checkpoint, kept beside the last one), in a
 of the run's name (``runs/results/<date>-<time>``, which only rank 0 makes). Each process
 writes ``OUT.rank<N>.json``: its ``state.results``, the plugin's ``best`` and ``last``, the
 validation losses it saw and whether the files exist.
+
+``torchrun --nproc-per-node 2 results_ddp.py --failing OUT``: one epoch of 8 steps with
+one-file checkpoints every 2 steps into ``run/``, the main process's writes of steps 2 and 8
+failing as on a full disk; each process writes ``OUT.rank<N>.json``: its status, step, checkpoint
+results and the files its plugin lists as kept.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -19,6 +25,8 @@ import torch
 import hookfit
 from hookfit.data import Batches
 from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.checkpoint import plugin as checkpoint_plugin
+from hookfit.plugins.checkpoint.writer import write_file
 from hookfit.plugins.distributed import Distributed
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
@@ -36,7 +44,8 @@ class Losses:
             self.valid.append(metrics.values["loss"].epoch)
 
 
-def main(out: str) -> None:
+def regression():
+    """The seeded model and data both runs train, and their step."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     g = torch.Generator().manual_seed(1)
@@ -48,6 +57,34 @@ def main(out: str) -> None:
         loop.optimizers.step()
         loop.optimizers.zero_grad()
         return {"loss": loss}
+
+    return model, x, y, step
+
+
+FAILING = {2, 8}  # the main process's writes of these steps fail: its disk is full then
+
+
+def failing(out: str) -> None:
+    def save(state, path, between):
+        if state["loop"]["step"] in FAILING:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        write_file(state, path, between)
+
+    checkpoint_plugin.write_file = save  # the writer of every Checkpoint made from now
+    model, x, y, step = regression()
+    checkpoint = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=10)
+    state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                         plugins=[Distributed(), Optim(), checkpoint]).fit()
+    results = {k: v if v is None or isinstance(v, int) else str(v) for k, v in state.results.items()
+               if k.endswith(("_checkpoint", "_saves"))}
+    with open(f"{out}.rank{state.rank}.json", "w") as file:
+        json.dump({"status": state.status, "step": state.step, "results": results,
+                   "saved": [str(p) for p in checkpoint.saved]}, file)
+
+
+def main(out: str) -> None:
+    model, x, y, step = regression()
 
     def valid(loop, batch):
         return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
@@ -66,4 +103,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    failing(sys.argv[2]) if sys.argv[1] == "--failing" else main(sys.argv[1])

@@ -169,9 +169,16 @@ def test_an_evaluation_reads_no_training_data_whatever_the_checkpoints_position(
         assert seen[0][1] == seen[1][1] == seen[2][1], name
 
 
-def _torchrun() -> list[str]:
+def torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``results_ddp.py`` with ``args`` under ``torchrun --nproc-per-node 2``, in ``tmp_path``."""
     script = Path(sys.executable).with_name("torchrun")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                               "MASTER_PORT", "HOOKFIT_DISABLE_PLUGINS")}
+    env.update(OMP_NUM_THREADS="1", HOOKFIT_PLUGINS="")
+    return subprocess.run([*launcher, *launch, str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)
 
 
 @pytest.mark.slow
@@ -179,12 +186,7 @@ def test_every_process_knows_the_best_checkpoint_under_torchrun(tmp_path: Path) 
     """Only rank 0 writes, in a run folder only it makes (``runs/results/<date>-<time>``);
     the epoch metrics are the same on every rank, so each names the same best file, and the
     same last one."""
-    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                               "MASTER_PORT", "HOOKFIT_DISABLE_PLUGINS")}
-    env.update(OMP_NUM_THREADS="1", HOOKFIT_PLUGINS="")
-    run = subprocess.run([*_torchrun(), *launch, str(SCRIPT), "out"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=180)
+    run = torchrun(tmp_path, "out")
     assert run.returncode == 0, run.stdout + run.stderr
     ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
@@ -241,3 +243,22 @@ def test_a_run_resumed_from_its_best_checkpoint_keeps_it_as_the_best(tmp_path: P
     assert sorted((tmp_path / "checkpoints").glob("epoch*.pt")) == [first, second][2 - keep:]
     state = run(resume="latest")
     assert state.results["best_checkpoint"] == second and second.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_every_process_has_the_main_processs_checkpoint_results_when_its_writes_fail(tmp_path: Path) -> None:
+    """DDP, one-file checkpoints every 2 of 8 steps: the main process's writes of steps 2 and 8
+    fail (the last while the run ends). Every process's results are the main one's: 2 failed
+    saves, the last checkpoint step 6's, a file that exists."""
+    run = torchrun(tmp_path, "--failing", "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["status"], r["step"]) for r in ranks] == [("completed", 8)] * 2
+    last = tmp_path / "run" / "checkpoints" / "epoch0001-step000000006.pt"
+    for rank in ranks:
+        assert rank["results"] == {"best_checkpoint": None, "last_checkpoint": str(last), "failed_saves": 2,
+                                   "skipped_saves": 0}, ranks
+        assert rank["saved"] == [str(tmp_path / "run" / "checkpoints" / f"epoch0001-step00000000{s}.pt")
+                                 for s in (4, 6)], ranks
+    assert last.exists()

@@ -11,7 +11,7 @@ import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
-from conftest import StopAfter
+from conftest import StopAfter, mse_step
 
 lr_scheduler = torch.optim.lr_scheduler
 
@@ -516,19 +516,11 @@ def test_a_run_resumed_at_an_epoch_s_end_steps_its_epoch_scheduler_without_torch
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
-
-        def step(loop, batch):
-            loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-            loop.backward(loss)
-            loop.optimizers.step()
-            loop.optimizers.zero_grad()
-            return loss
-
         plugins = [Checkpoint(background=False), *([stop] if stop else []),
                    Optim(schedulers=torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5), scheduler_interval="epoch")]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            hookfit.Loop(step, data, model=model, optimizers=opt, max_epochs=3, run_dir=run_dir, resume=resume,
+            hookfit.Loop(mse_step, data, model=model, optimizers=opt, max_epochs=3, run_dir=run_dir, resume=resume,
                          plugins=plugins).fit()
         return model.weight.detach().clone(), [str(w.message) for w in caught]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import StopAfter
+from conftest import StopAfter, mse_step
 
 pytest.importorskip("tensorboard")
 
@@ -34,11 +34,7 @@ def _run(run_dir: Path, *plugins: object, interval: float, resume: str | None = 
     def step(loop: hookfit.Loop, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         for group in loop.optimizers.param_groups:
             group["lr"] = 0.1 / (1 + loop.state.epoch)
-        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-        loop.backward(loss)
-        loop.optimizers.step()
-        loop.optimizers.zero_grad()
-        return {"loss": loss}
+        return mse_step(loop, batch)
 
     def val_step(loop: hookfit.Loop, batch: int) -> dict[str, float]:
         return {"loss": 1.0 / (1 + loop.state.epoch + batch)}
