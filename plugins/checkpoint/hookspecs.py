@@ -58,8 +58,8 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   ``epochNNNN-stepNNNNNNNNN.pt`` with the epoch counted from 1, the one in progress or, at an
   epoch's boundary, the one just completed (``epoch0001-step000000024.pt`` is the end of the
   first epoch of 24 steps), so that users read epochs as everything else of hookfit counts
-  them; both saves of that step then share a name, and the built-in writes it once: the last
-  batch's, from which a resume runs the rest of that epoch (its validation and ``epoch_end``)
+  them; both saves of that step then share a name, and the built-in writes it once (in a run of one
+  process): the last batch's, from which a resume runs the rest of that epoch (its validation and ``epoch_end``)
   first; the epoch's end writes it again only with a score the last batch's lacked. The newest checkpoint of a run is the one whose position is furthest along:
   :meth:`hookfit.position.Position.key` orders positions (the global step, then the epoch,
   then a complete training stage after an open one, then a validation due before the same

@@ -343,7 +343,7 @@ class Checkpoint:
         self.collect(loop)
         position = loop.position
         metric = self.scores.current(loop)
-        if reason != "failure" and not self.written.again(loop, self.saved_step, position.step, metric):
+        if reason != "failure" and not self.written.again(loop, position.step, metric):
             return self.destination(loop, position, reason) if loop.is_main else None  # written, or in flight
         self.saved_step = position.step
         self.scores.asked(metric)

@@ -8,16 +8,14 @@ written again only when it carries a score of those weights that the earlier one
 validation between the two scored them): the best checkpoint holds its score. A save that is not
 written again is not announced: the checkpoint is announced once, with the first save's reason.
 
-The decision is the main process's (it alone knows whether its write failed, or a busy writer
-skipped it) and every process follows it: building a checkpoint is a collective operation. It
-is asked only where the earlier save was at the same step on every process, so a run asks no
-collective of its own at any other save."""
+Only a run of one process skips the repeat: with several, which saves each process writes or
+scores can differ (only the main one knows that its write failed, or that a busy writer skipped
+it), and building a checkpoint is a collective operation, so a decision that differed by process
+would leave one waiting for the others; there every save is written, as asked."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-
-from hookfit.plugins.checkpoint import ranks
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -43,11 +41,10 @@ class Written:
         if self.step == step:
             self.step, self.scored = None, False
 
-    def again(self, loop: Run, asked: int | None, step: int, metric: float | None) -> bool:
-        """Whether a save at ``step`` carrying ``metric`` is to be written, ``asked`` the step of
-        the last save asked on every process: ``False`` for a step whose checkpoint is written or
-        in flight with a score, or with none and none now (the main process's answer)."""
-        if asked != step:
+    def again(self, loop: Run, step: int, metric: float | None) -> bool:
+        """Whether a save at ``step`` carrying ``metric`` is to be written: ``False`` for a step whose
+        checkpoint is written or in flight with a score, or with none and none now, in a run of one
+        process (see the module)."""
+        if loop.state.world_size > 1 or self.step != step:
             return True
-        mine = self.step != step or (metric is not None and not self.scored)
-        return bool(ranks.from_main(loop, mine))
+        return metric is not None and not self.scored

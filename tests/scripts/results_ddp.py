@@ -10,7 +10,9 @@ validation losses it saw and whether the files exist.
 ``torchrun --nproc-per-node 2 results_ddp.py --failing OUT``: one epoch of 8 steps with
 one-file checkpoints every 2 steps into ``run/``, the main process's writes of steps 2 and 8
 failing as on a full disk; each process writes ``OUT.rank<N>.json``: its status, step, checkpoint
-results and the files its plugin lists as kept.
+results and the files its plugin lists as kept. ``--failing-monitored OUT``: checkpoints by
+``valid/loss`` at validations every 4 steps and the epoch's end (step 8 twice), the main
+process's write of step 4 failing, the processes' timeout 30 s.
 """
 
 from __future__ import annotations
@@ -64,18 +66,24 @@ def regression():
 FAILING = {2, 8}  # the main process's writes of these steps fail: its disk is full then
 
 
-def failing(out: str) -> None:
+def failing(out: str, monitored: bool) -> None:
     def save(state, path, between):
-        if state["loop"]["step"] in FAILING:
+        if state["loop"]["step"] in ({4} if monitored else FAILING):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         write_file(state, path, between)
 
     checkpoint_plugin.write_file = save  # the writer of every Checkpoint made from now
     model, x, y, step = regression()
-    checkpoint = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=10)
+    if monitored:
+        checkpoint = Checkpoint(monitor="valid/loss", mode="max", background=False)
+        options = dict(val_step=lambda loop, batch: {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]),
+                                                                                           batch[1])},
+                       val_data=Batches(x, y, batch_size=8), val_every_n_steps=4)
+    else:
+        checkpoint, options = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=10), {}
     state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
-                         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-                         plugins=[Distributed(), Optim(), checkpoint]).fit()
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.05), **options,
+                         plugins=[Distributed(timeout=30), Optim(), Metrics(), checkpoint]).fit()
     results = {k: v if v is None or isinstance(v, int) else str(v) for k, v in state.results.items()
                if k.endswith(("_checkpoint", "_saves"))}
     with open(f"{out}.rank{state.rank}.json", "w") as file:
@@ -103,4 +111,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    failing(sys.argv[2]) if sys.argv[1] == "--failing" else main(sys.argv[1])
+    if sys.argv[1].startswith("--failing"):
+        failing(sys.argv[2], monitored=sys.argv[1] == "--failing-monitored")
+    else:
+        main(sys.argv[1])

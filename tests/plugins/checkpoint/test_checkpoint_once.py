@@ -1,8 +1,8 @@
 """What the checkpoint plugin writes once and says once: a position saved once when two save
 points fall at one step; a run's failed saves warned about once, whatever their errors, and torch's
 zip writer's short write explained by the device's free space; the run's end saying which writes
-it waits for; a checkpoint that fails its checks naming ``fallback=True``; and, under ``torchrun``,
-every process's checkpoint results the main process's, the writer of a one-file checkpoint."""
+it waits for; a checkpoint that fails its checks naming ``fallback=True`` (every process's results
+under ``torchrun`` are in test_checkpoint_results.py)."""
 
 from __future__ import annotations
 

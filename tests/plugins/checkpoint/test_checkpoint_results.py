@@ -262,3 +262,18 @@ def test_every_process_has_the_main_processs_checkpoint_results_when_its_writes_
         assert rank["saved"] == [str(tmp_path / "run" / "checkpoints" / f"epoch0001-step00000000{s}.pt")
                                  for s in (4, 6)], ranks
     assert last.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_failed_write_of_a_monitored_checkpoint_leaves_the_processes_in_step(tmp_path: Path) -> None:
+    """The main process's write at step 4 fails (a full disk, warned): its best differs from the
+    other's, and at step 8 (the validation's save, then the epoch's) one process asked the others
+    whether to write again while the other went on building the checkpoint: both waited until
+    the processes' timeout. Every save is written in a run of several processes."""
+    run = torchrun(tmp_path, "--failing-monitored", "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["status"], r["step"]) for r in ranks] == [("completed", 8)] * 2
+    assert ranks[0]["results"] == ranks[1]["results"] and ranks[0]["results"]["failed_saves"] == 1, ranks
+
