@@ -73,13 +73,10 @@ def unrebuilt_order(data: Any, restored: bool = False, held: Collection[str] = (
     loaded state lacks (saved by a run whose data had none), or an iterable (an
     ``IterableDataset`` among them) with a random generator of its own and no ``set_epoch``.
     Data that restored its own state (``restored``: torchdata's ``StatefulDataLoader``) is
-    trusted to continue where it was, except with a sampler that has no state of its own (but the
-    deterministic ones) and a Hugging Face stream shuffled with a buffer, which its state does not hold."""
-    if restored:
-        if (unsaved := _unsaved_sampler(data)) is not None:
-            return (f"StatefulDataLoader with the sampler {unsaved}, which has no state_dict(): the loader makes "
-                    f"its iterator anew and skips the indices drawn, so an order drawn at random is not the one it "
-                    f"was; give the sampler state_dict()/load_state_dict(), or use {_INSTEAD}")
+    trusted to continue where it was, except a Hugging Face stream shuffled with a buffer, which
+    its state does not hold; but one whose sampler has no state of its own (:func:`_unsaved_sampler`)
+    makes that sampler's order anew, from the random state the run replays: a plain loader's rules apply."""
+    if restored and _unsaved_sampler(data) is None:
         name = _buffer_shuffled(data)
         return None if name is None else (
             f"Hugging Face {name} shuffled with a buffer, which its state_dict() does not hold (the resumed "
@@ -100,17 +97,23 @@ def unrebuilt_order(data: Any, restored: bool = False, held: Collection[str] = (
                 what = (f"DataLoader over the {type(dataset).__name__} dataset, which draws from a random generator "
                         f"of its own ({attr}) that nothing reseeds each epoch")
                 instead = _STREAM_INSTEAD
-        elif batches is not None and type(batches) is not BatchSampler:
+        elif batches is not None and not _default(batches, BatchSampler):
             what = f"DataLoader with the custom batch sampler {type(batches).__name__}"
         elif (own := generators(data)) and not set(own) <= set(held):
             what = ("DataLoader with a generator of its own (generator=), whose state the loaded run state does "
                     f"not hold ({', '.join(sorted(set(own) - set(held)))})")
-        elif type(sampler) not in (SequentialSampler, RandomSampler, DistributedSampler):
+        elif not _default(sampler, SequentialSampler, RandomSampler, DistributedSampler):
             what = f"DataLoader with the custom sampler {type(sampler).__name__}"
     elif not hasattr(data, "set_epoch") and (attr := _own_generator(data)) is not None:
         what = f"{type(data).__name__}, which draws from a random generator of its own ({attr})"
         instead = _STREAM_INSTEAD
     return None if what is None else f"{what}; use {instead}"
+
+
+def _default(part: Any, *kinds: type) -> bool:
+    """Whether a sampler or batch sampler is one of torch's ``kinds`` or torchdata's own (a
+    ``StatefulDataLoader``'s defaults), whose order the loader draws from generators the run holds."""
+    return type(part) in kinds or type(part).__module__.startswith("torchdata.")
 
 
 def _unsaved_sampler(data: Any) -> str | None:
@@ -123,9 +126,8 @@ def _unsaved_sampler(data: Any) -> str | None:
 
     batches = getattr(data, "batch_sampler", None)
     for part in (batches, getattr(batches, "sampler", None), getattr(data, "sampler", None)):
-        if part is None or hasattr(part, "state_dict") and hasattr(part, "load_state_dict") or (
-                type(part).__module__.startswith("torchdata.")):
+        if part is None or hasattr(part, "state_dict") and hasattr(part, "load_state_dict"):
             continue
-        if type(part) not in (BatchSampler, SequentialSampler, DistributedSampler, _InfiniteConstantSampler):
+        if not _default(part, BatchSampler, SequentialSampler, DistributedSampler, _InfiniteConstantSampler):
             return type(part).__name__
     return None

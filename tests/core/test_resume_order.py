@@ -133,14 +133,17 @@ def test_a_resume_that_gives_the_position_but_returns_no_source_is_an_error_nami
 
 def stateful_resumer(data):
     """Puts the run mid-epoch with the loader's own state saved after two batches, as a checkpoint does."""
+    from hookfit.position import iterator_rng_state, rng_state
+
+    made = iterator_rng_state(data)
     iterator = iter(data)
     next(iterator), next(iterator)
-    saved = data.state_dict()
+    saved = {**saved_run(0, 2, 2), "data": {"train": data.state_dict()}, "rng": rng_state(data), "data_rng": made}
 
     class Restoring(Resumer):
         @hookfit.hookimpl
         def resume(self, loop, source):
-            loop.load_state_dict({**saved_run(0, 2, 2), "data": {"train": saved}})
+            loop.load_state_dict(saved)
             return "ckpt.pt"
 
     return Restoring()
@@ -153,13 +156,15 @@ def test_a_stateful_loader_whose_sampler_has_no_state_warns_that_its_order_is_no
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     data = StatefulDataLoader(DATA, batch_size=2, sampler=ShuffledSampler(12))
-    with pytest.warns(hookfit.HookfitWarning, match=r"cannot be rebuilt.*train_data is a StatefulDataLoader with the "
-                      r"sampler ShuffledSampler, which has no state_dict\(\).*give the sampler state_dict\(\)"):
+    with pytest.warns(hookfit.HookfitWarning, match=r"cannot be rebuilt.*train_data is a DataLoader with the "
+                      r"custom sampler ShuffledSampler.*use torchdata's StatefulDataLoader \(it saves its sampler's "
+                      r"state: its own samplers, or one with state_dict\(\)/load_state_dict\(\)\)"):
         state = hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[stateful_resumer(data)]).fit()
     assert state.status == "completed"
 
 
-@pytest.mark.parametrize("kind", ["shuffled with its own generator", "sequential", "distributed sampler"])
+@pytest.mark.parametrize("kind", ["shuffled with its own generator", "sequential", "distributed sampler",
+                                  "torch's sampler with its own generator"])
 def test_a_stateful_loader_with_samplers_it_restores_resumes_without_a_word(kind: str) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -167,7 +172,10 @@ def test_a_stateful_loader_with_samplers_it_restores_resumes_without_a_word(kind
                 DATA, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1)),
             "sequential": lambda: StatefulDataLoader(DATA, batch_size=2),
             "distributed sampler": lambda: StatefulDataLoader(DATA, batch_size=2, sampler=torch.utils.data.
-                                                              DistributedSampler(DATA, num_replicas=1, rank=0))}[kind]()
+                                                              DistributedSampler(DATA, num_replicas=1, rank=0)),
+            "torch's sampler with its own generator": lambda: StatefulDataLoader(DATA, batch_size=2, sampler=torch.utils.
+                                                              data.RandomSampler(DATA, generator=torch.Generator()))
+            }[kind]()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         state = hookfit.Loop(lambda loop, batch: None, data, resume="latest", plugins=[stateful_resumer(data)]).fit()
