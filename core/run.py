@@ -333,8 +333,9 @@ class Run:
         """For the error that no enabled plugin implements ``event``: the built-in plugins that do,
         with what disabled each (hookfit's own import safely), then every disabled plugin's name."""
         infos = {i.name: i for i in self.pm.infos.values()}
-        own = [f"{ep.name!r}" + (f" (disabled by {infos[ep.name].disabled_by})" if ep.name in infos else "")
-               for ep in discovery.builtin_entry_points()
+        why = {name: f" (disabled by {i.disabled_by})" if i.disabled_by else f" (replaced by {i.value})"
+               for name, i in infos.items()}
+        own = [f"{ep.name!r}{why.get(ep.name, '')}" for ep in discovery.builtin_entry_points()
                if hasattr(getattr(ep.load(), event, None), "hookfit_impl")]
         does = f"the built-in {' and '.join(own)} {'does' if len(own) == 1 else 'do'}; " if own else ""
         return f"{does}disabled plugins: {self.disabled_plugins()}"

@@ -214,7 +214,7 @@ def epochs_for_steps(run: Run) -> None:
     per_epoch = length(run.train_data) if run.mode == "fit" else None
     if per_epoch and not _epochs_bound(run) and run.max_steps is not None:
         run.max_epochs = -(-run.max_steps // per_epoch)
-    steps = [n for n in (run.max_steps, per_epoch and run.max_epochs * per_epoch) if n]
+    steps = [n for n in (run.max_steps, per_epoch and run.max_epochs * per_epoch) if n and run.mode == "fit"]
     if (every := run.val_every_n_steps) is not None and steps and min(steps) < every:
         warnings.warn(f"val_every_n_steps={every} is more than the run's {min(steps)} training steps: no validation "
                       f"will run", HookfitWarning, stacklevel=user_level())

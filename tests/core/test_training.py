@@ -361,3 +361,14 @@ def test_wrap_step_after_the_first_batch_or_returning_no_function_is_an_error() 
 
     with pytest.raises(TypeError, match=r"wrap_step: the wrapper returned None for train_step '.*<lambda>'"):
         hookfit.Loop(lambda l, b: None, [1], plugins=[Bad()]).fit()
+
+
+def test_an_evaluation_says_nothing_of_the_training_cadence() -> None:
+    """validate() trains no step: a val_every_n_steps over max_steps is not warned about there."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = hookfit.Loop(lambda loop, b: None, [1, 2], val_step=lambda loop, b: None, val_data=[1],
+                             model=torch.nn.Linear(1, 1), max_steps=2, val_every_n_steps=10).validate()
+    assert state.status == "completed"

@@ -613,6 +613,19 @@ def test_resume_without_the_checkpoint_plugin_names_the_built_in_that_resumes(mo
 
 
 @pytest.mark.bad_input
+def test_resume_with_the_checkpoint_plugin_replaced_by_one_without_it_says_replaced() -> None:
+    class Mine:
+        name = "checkpoint"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop):
+            pass
+
+    with pytest.raises(RuntimeError, match=r"the built-in 'checkpoint' \(replaced by [\w.<>]*Mine\) does;"):
+        hookfit.Loop(lambda loop, batch: None, data(1), model=model(), resume="latest", plugins=[Mine()]).fit()
+
+
+@pytest.mark.bad_input
 def test_bad_configuration_is_named() -> None:
     with pytest.raises(ValueError, match="optim: accumulate must be a positive integer, got 0"):
         Optim(accumulate=0)
