@@ -280,8 +280,7 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:
         """Freeze the parameters of every optimizer but ``name`` for the ``with`` block, restored after it."""
         active = self[name]
-        own = {id(p) for p in active.params}
-        # by optimizer, those requiring a gradient now (one frozen already is left, and stays so)
+        own = {id(p) for p in active.params}  # frozen, by optimizer: those requiring a gradient now (not others)
         frozen = {other.name: [p for p in other.params if id(p) not in own and p.requires_grad]
                   for other in self._managed.values() if other is not active}
         now = stamp(self._loop)  # this batch's toggles, the latest of each name

@@ -210,7 +210,8 @@ class Optim:
 
     @hookimpl
     def epoch_end(self, loop: Run, epoch: int) -> None:
-        self._schedules.epoch_end(epoch, [name for name, managed in (self.optimizers or {}).items() if managed.steps])
+        resumed = loop.state.resumed_from is not None  # (its first epoch-wise step may come before a step)
+        self._schedules.epoch_end(epoch, [n for n, opt in (self.optimizers or {}).items() if opt.steps and resumed])
 
     @hookimpl
     def should_sync_gradients(self, loop: Run) -> bool:

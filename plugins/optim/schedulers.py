@@ -116,7 +116,7 @@ class Schedules:
 
     def assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
         """At ``configure``: each optimizer's schedulers, in order, checked against the run's optimizers."""
-        self._awaiting, self._epochwise = None, set()
+        self._awaiting, self._epochwise, self._first = None, set(), True
         out = self._assigned = {name: [] for name in optimizers}
         if loop.mode != "fit":
             return out
@@ -170,7 +170,8 @@ class Schedules:
             raise ValueError(f"optim: monitor={self.monitor!r}, and no plugin published the {stage} metrics of epoch "
                              f"{epoch + 1} (epoch_metrics) for the ReduceLROnPlateau to step on: is the metrics "
                              f"plugin enabled?")
-        self._step_all(False, stepped=stepped)
+        self._step_all(False, stepped=stepped if self._first else ())  # (only a resume's first can be early)
+        self._first = False
 
     def _step_all(self, plateaus: bool, *value: float, stepped: Collection[str] = ()) -> None:
         """Step every ``ReduceLROnPlateau`` (``plateaus``, on ``value``), or every epoch-wise scheduler."""

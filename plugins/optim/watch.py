@@ -41,8 +41,7 @@ class Watch:
         """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in it."""
         self.loop, self._optimizers, self._why = loop, optimizers, why
         self._watched = self._first_stage = False  # this run's first training stage was watched; is running
-        # said in this run: a bypassing step, a bypassed backward (or its error), no step at all
-        self._bypass_seen = self._backward_bypassed = self._unstepped_said = False
+        self._bypass_seen = self._backward_bypassed = self._unstepped_said = False  # said: a bypass, no step
         self._grads: bool | None = None  # whether a torch step while watched had a gradient (None: no step)
 
     def stage_start(self, own_backward: bool) -> None:

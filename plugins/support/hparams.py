@@ -205,9 +205,11 @@ def resumed_schedule(stepped: bool) -> Iterator[None]:
     """Around a scheduler's ``step()``: torch's "lr_scheduler.step() before optimizer.step()" counts
     this process's optimizer steps, so a resumed run would hear it before its first; where the run
     already stepped the optimizer (``stepped``, before the resume too) it is not said."""
+    if not stepped:  # (catch_warnings would clear every warning registry: a once-shown warning shown again)
+        yield
+        return
     with warnings.catch_warnings():
-        if stepped:
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
         yield
 
 

@@ -529,3 +529,23 @@ def test_a_run_resumed_at_an_epoch_s_end_steps_its_epoch_scheduler_without_torch
     resumed, said = fit(tmp_path / "run", resume="latest")
     assert not [m for m in said if "lr_scheduler.step()" in m], said
     assert torch.equal(resumed, straight)
+
+
+def test_an_epoch_scheduler_leaves_a_warning_shown_once_shown_once() -> None:
+    """Stepping epoch-wise schedulers under warnings.catch_warnings cleared every warning registry each
+    epoch: a warning the 'default' filter shows once was shown again every epoch."""
+    import warnings
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(loop, batch):
+        warnings.warn("from the step", UserWarning)
+        return mse_step(loop, batch)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        hookfit.Loop(step, [(torch.randn(8, 4), torch.randn(8, 1))] * 2, model=model, optimizers=opt, max_epochs=3,
+                     plugins=[Optim(schedulers=torch.optim.lr_scheduler.StepLR(opt, 1), scheduler_interval="epoch")]
+                     ).fit()
+    assert [str(w.message) for w in caught].count("from the step") == 1
