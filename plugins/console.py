@@ -53,7 +53,7 @@ The rest
     step=<%> plugins=<%>`` and, when waiting for data is more than
     :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's time, a plain warning:
     ``hookfit bottleneck stage=train part=data share=45% message="data loading is 45% of
-    training time: the data loader is the bottleneck (try DataLoader num_workers, pin_memory)"``, the advice from
+    training time: the data loader is the bottleneck (try DataLoader num_workers)"``, the advice from
     the stage's data (:func:`hookfit.plugins.support.faster_data`).
 
 Several processes (``torchrun``: rank 0 prints)

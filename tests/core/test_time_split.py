@@ -314,15 +314,25 @@ class SlowItems(torch.utils.data.Dataset):
         return torch.zeros(2)
 
 
-def test_the_bottleneck_advice_fits_how_the_data_is_loaded() -> None:
+def test_the_bottleneck_advice_fits_how_the_data_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     """More workers for a DataLoader that has some, not "try num_workers"; workers kept between epochs
-    where they start every epoch; a DataLoader where the data is none."""
+    where they start every epoch; a DataLoader where the data is none; ``pin_memory`` only with an
+    accelerator, and no more workers than cores."""
     from torch.utils.data import DataLoader
 
     lines = console_lines(quick, DataLoader(SlowItems(), batch_size=None, num_workers=1), max_epochs=2)
     (warning,) = [line for line in lines if line.startswith("hookfit bottleneck ")]
     assert ("the data loader is the bottleneck (try more workers than 1, a larger prefetch_factor, "
             "persistent_workers=True (its workers start every epoch))") in warning
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # a CPU-only machine
+    assert faster_data(DataLoader(SlowItems())) == "try DataLoader num_workers"  # (pinning copies to nothing)
+    assert faster_data(SlowData()) == "try a torch DataLoader with num_workers"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))  # two cores
+    assert faster_data(DataLoader(SlowItems(), num_workers=2, persistent_workers=True)) == (
+        "its 2 workers have the 2 cores already: try cheaper items (decode or augment less per item), "
+        "a larger prefetch_factor")
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)  # a machine with a GPU, 8 cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     assert faster_data(DataLoader(SlowItems(), num_workers=2, persistent_workers=True)) == (
         "try more workers than 2, a larger prefetch_factor")
     assert faster_data(DataLoader(SlowItems())) == "try DataLoader num_workers, pin_memory"
