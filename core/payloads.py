@@ -66,7 +66,8 @@ class MetricsSnapshot:
     * ``batches``: batches done in this stage of this epoch.
     * ``total``: batches in this stage, when the data has a length; else ``None``.
     * ``samples``: samples done in this stage (over every process of the run).
-    * ``elapsed``: seconds since the stage started.
+    * ``elapsed``: seconds the stage ran since it started, without the validations run inside it
+      (``val_every_n_steps``): ``samples_per_s`` and ``eta`` are the stage's own pace.
     * ``values``: metric name -> :class:`Value` (a read-only mapping).
     * ``lr``: optimizer name -> learning rate of its first parameter group, and
       ``<name>/<group>`` -> that of each further group (its ``"name"`` entry, else its index)

@@ -166,7 +166,22 @@ class Stage:
         self.samples = 0
         self.global_samples: int | None = None  # all processes' samples, after a reduction
         self.start_batches = 0  # batches an earlier run did (a stage resumed from a checkpoint)
-        self.started = time.perf_counter()
+        self.started = time.perf_counter()  # moved on by the time validations inside it took (resume)
+        self.paused: float | None = None  # when a validation inside it began
+
+    def elapsed(self) -> float:
+        """Seconds the stage ran: a validation inside it is not its time."""
+        return (self.paused or time.perf_counter()) - self.started
+
+    def pause(self) -> None:
+        """A validation inside this (training) stage begins: its clock stops."""
+        self.paused = time.perf_counter()
+
+    def resume(self) -> None:
+        """The validation inside it ended: its clock goes on."""
+        if self.paused is not None:
+            self.started += time.perf_counter() - self.paused
+            self.paused = None
 
     def read(self) -> None:
         """Fold every value taken since the last read; device values come over in one
@@ -264,7 +279,7 @@ class Stage:
         self.read()
         return {
             "batches": self.batches, "samples": self.samples,
-            "elapsed": time.perf_counter() - self.started,
+            "elapsed": self.elapsed(),
             "series": {k: {"weighted": s.weighted, "count": s.count, "last": s.last,
                            "window": [list(w) for w in s.window]}
                        for k, s in self.series.items()},

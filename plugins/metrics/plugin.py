@@ -85,6 +85,7 @@ class Metrics:
     @hookimpl
     def stage_start(self, loop: Run, stage: str) -> None:
         if self._stage is not None:  # a validation inside training: the training aggregate waits
+            self._stage.pause()
             self._outer.append((self._stage_name, self._stage))
         resumed, self._resumed = self._resumed, None
         self._stage = resumed if resumed is not None and stage == "train" else Stage(self.window)
@@ -240,6 +241,7 @@ class Metrics:
         self._final(loop, stage, agg)
         self._stage_name, self._stage = self._outer.pop() if self._outer else (None, None)
         if self._stage is not None:  # back in the training stage a validation ran inside
+            self._stage.resume()
             self._publishing(loop, self._stage_name)
 
     def _final(self, loop: Run, stage: str, agg: Stage, keep: bool = True) -> None:
@@ -356,7 +358,7 @@ class Metrics:
             batches=agg.batches,
             total=length(data),
             samples=agg.samples if agg.global_samples is None else agg.global_samples,
-            elapsed=time.perf_counter() - agg.started,
+            elapsed=agg.elapsed(),
             values=MappingProxyType(values),
             lr=MappingProxyType(_learning_rates(loop.optimizers)),
             final=final,

@@ -96,6 +96,35 @@ def test_train_and_valid_kept_apart_with_history(tmp_path: Path) -> None:
         got.epochs[-1].values["loss"] = 0  # read-only snapshot
 
 
+class Clock:
+    """The metrics aggregates' clock (``time`` in their module), moved on only by the step functions."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_a_training_stages_time_and_pace_leave_out_the_validations_inside_it(tmp_path: Path, monkeypatch) -> None:
+    from hookfit.plugins.metrics import aggregate
+
+    clock = Clock()
+    monkeypatch.setattr(aggregate, "time", clock)
+
+    def step(loop, batch):  # a training batch takes 1 s, a validation batch 10 s
+        clock.now += 1.0 if loop.training else 10.0
+        return {"loss": torch.tensor(1.0), "batch_size": 4}
+
+    collect = Collect()
+    hookfit.Loop(step, [1, 2, 3, 4], val_step=step, val_data=[1, 2, 3], val_every_n_steps=2, max_epochs=1,
+                 run_dir=tmp_path, plugins=[Metrics(), collect]).fit()
+    got = [(s.stage, s.batches, s.elapsed) for s in collect.epochs]
+    # two validations inside the epoch (after batches 2 and 4), 3 batches of 10 s each
+    assert got == [("valid", 3, 30.0), ("valid", 3, 30.0), ("train", 4, 4.0)]
+    assert collect.epochs[-1].samples_per_s == 16 / 4.0  # the training's own pace, not 16 / 64 s
+
+
 def test_metrics_update_is_rate_bounded(tmp_path: Path) -> None:
     def step(loop, batch):
         return {"loss": torch.tensor(1.0)}
