@@ -8,8 +8,7 @@ optimizers, correctly under gradient accumulation, clipping, mixed precision and
         loop.optimizers.zero_grad()
         return {"loss": loss}
 
-``Optim``'s options (``accumulate``, ``clip_norm``, ``precision``, ``nonfinite``, ``schedulers``...) and the
-design behind them: ``plugins/optim/README.md``, its section "Options" first.
+Its options and the design behind them: ``plugins/optim/README.md`` ("Options" first).
 """
 
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, UnknownOptimizer

@@ -33,8 +33,7 @@ def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) 
     """Add a note naming this batch's toggles to torch's error for a backward pass through nothing to train."""
     if optimizers is None or NO_GRAD not in str(error):
         return
-    now = stamp(loop)
-    toggled = [t for t in optimizers.toggled if t.at == now and t.frozen]
+    toggled = [t for t in optimizers.toggled if t.at == stamp(loop) and t.frozen]  # (this batch's)
     if not toggled:
         return
     names = parameter_names(loop.model)

@@ -138,6 +138,21 @@ def warn_replaced(plugin: str, name: str, optimizer: Any, built: Sequence[Mappin
         f"{then}", category, stacklevel=user_level())
 
 
+def warn_changed_options(plugin: str, saved: Mapping[str, Any] | None, given: Mapping[str, Any],
+                         category: type[Warning]) -> None:
+    """One warning (``category``, at the user's line) when a run resumes with options of ``plugin`` that change
+    how it trains (``given``) other than those of the run that saved the checkpoint (``saved``; ``None``: it
+    does not say): the resumed run trains with the new ones, so it no longer continues the saved run exactly."""
+    changed = [f"{key}={_shown(saved[key])} then, {key}={_shown(value)} now" for key, value in given.items()
+               if saved is not None and key in saved and _differ(saved[key], value)]
+    if changed:
+        warnings.warn(f"{plugin}: this run resumes with other options than the run that saved the checkpoint "
+                      f"({'; '.join(changed)}): it trains on with the new ones, so it is not the saved run continued "
+                      f"as it was; give {plugin.capitalize()}() the options of that run to resume it exactly, or "
+                      f"start a new run (another Loop(run_dir=...) or Loop(name=...)) to train with these",
+                      category, stacklevel=user_level())
+
+
 def warn_unsaved_schedule(plugin: str, loop: Run, name: str, optimizer: Any, schedulers: Sequence[Any],
                           category: type[Warning]) -> None:
     """One warning (``category``, at the user's line) when a training run's ``optimizer`` has a

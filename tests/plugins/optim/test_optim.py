@@ -1092,15 +1092,16 @@ def test_resuming_a_checkpoint_of_another_optimizer_class_fails(tmp_path) -> Non
     assert run(adam, max_epochs=2, resume="latest").step == 6  # the same class resumes
 
 
-def _resumed(folder, make, schedulers=lambda opt: None, plugins=(), first=None, **options):
+def _resumed(folder, make, schedulers=lambda opt: None, plugins=(), first=None, again=None, **options):
     """A run of ``first`` (else ``make``) for an epoch, then one of ``make`` and ``plugins`` resumed from it for two
-    more: the optimizer of the resumed run, the first run's learning rate at its end, the resume's OptimWarnings."""
+    more (with ``Optim`` options ``again`` where given): the optimizer of the resumed run, the first run's learning
+    rate at its end, the resume's OptimWarnings."""
     import warnings
 
     from hookfit.plugins.checkpoint import Checkpoint
     from hookfit.plugins.metrics import Metrics
 
-    def run(make, plugins=(), **kwargs):
+    def run(make, plugins=(), options=options, **kwargs):
         m = model()
 
         def step(loop, batch):
@@ -1121,7 +1122,7 @@ def _resumed(folder, make, schedulers=lambda opt: None, plugins=(), first=None, 
     rate = run(first or make, max_epochs=1).param_groups[0]["lr"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        opt = run(make, plugins, max_epochs=3, resume="latest")
+        opt = run(make, plugins, options=options if again is None else again, max_epochs=3, resume="latest")
     return opt, float(rate), [w for w in caught if issubclass(w.category, OptimWarning)]
 
 
@@ -1158,6 +1159,22 @@ def test_a_resume_that_replaces_the_settings_given_says_so_with_both_values(tmp_
             "weight_decay=0 replaces weight_decay=0.1 given") in message, message
     assert "start a new run (another Loop(run_dir=...) or Loop(name=...), or no resume)" in message, message
     assert "resumed(loop, info) hook: loop.optimizers['default'].param_groups[0]['lr'] = 0.0001" in message, message
+
+
+@pytest.mark.bad_input
+def test_a_resume_with_other_options_that_change_how_it_trains_says_so(tmp_path) -> None:
+    """The window, clipping and precision shape every step: changed between a run and its resume, the resumed
+    run is not the saved one continued, as a changed learning rate is not (which warns)."""
+    _, _, caught = _resumed(tmp_path, sgd, accumulate=2, clip_norm=1.0,
+                            again={"accumulate": 3, "clip_norm": 1.0, "precision": "bf16-mixed"})
+    assert len(caught) == 1 and caught[0].filename == __file__, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert message.startswith("optim: this run resumes with other options than the run that saved the checkpoint "
+                              "(accumulate=2 then, accumulate=3 now; precision='32' then, precision='bf16-mixed' "
+                              "now): it trains on with the new ones"), message
+    assert "give Optim() the options of that run to resume it exactly" in message, message
+    _, _, caught = _resumed(tmp_path / "same", sgd, accumulate=2, clip_norm=1.0)
+    assert caught == []
 
 
 def test_settings_set_in_a_resumed_hook_are_those_the_resumed_run_trains_with(tmp_path) -> None:
