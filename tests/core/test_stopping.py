@@ -224,6 +224,29 @@ def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> 
         "interrupted", 3, "from a thread", "a scheduler")
 
 
+@pytest.mark.parametrize("how", [{"ends_process": True}, {"complete": True}])
+def test_a_request_from_another_thread_says_how_as_one_from_the_run_does(how: dict[str, bool]) -> None:
+    """``Loop.request_stop`` takes ``Run.request_stop``'s ``complete`` and ``ends_process``: a scheduler's
+    thread that ends the process afterwards must not leave a persistent dashboard holding it."""
+    started, release, asked = threading.Event(), threading.Event(), []
+
+    def step(loop, b):
+        if b == 2:
+            started.set()
+            assert release.wait(30)
+        return None
+
+    loop = hookfit.Loop(step, range(100))
+    asker = threading.Thread(target=lambda: (started.wait(30), asked.append(loop.request_stop("preempted", **how)),
+                                             release.set()))
+    asker.start()
+    state = loop.fit()
+    asker.join(30)
+    (request,) = asked
+    assert (request.ends_process, request.complete) == (how.get("ends_process", False), how.get("complete", False))
+    assert (state.status, state.step) == ("completed" if how.get("complete") else "interrupted", 3)
+
+
 def test_the_first_request_wins_and_the_event_fires_once(recorder: Recorder) -> None:
     def step(loop, b):
         first = loop.request_stop("first", by="me")
