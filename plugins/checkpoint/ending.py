@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from hookfit.plugins.checkpoint import ranks
+from hookfit.plugins.checkpoint.storage import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.plugins.checkpoint.plugin import Checkpoint
@@ -62,12 +63,16 @@ def finish(checkpoint: Checkpoint, loop: Run, ran: bool) -> None:
     takes part in what follows): wait for every write in flight, saying so when it is long, take
     their outcomes (:meth:`~hookfit.plugins.checkpoint.plugin.Checkpoint.collect`: a failure
     reported as ``on_save_error`` says), then tell every process what the main one knows."""
+    failure: BaseException | None = None
     try:
         wait(checkpoint, loop)
         checkpoint.collect(loop, checkpoint.shards.take())
+    except Exception as error:  # on_save_error="raise": the other processes fail with it too (agree)
+        failure = error
+        raise
     finally:
         if ran and together(loop):
-            agree(checkpoint, loop)
+            agree(checkpoint, loop, failure)
 
 
 def wait(checkpoint: Checkpoint, loop: Run) -> None:
@@ -111,15 +116,21 @@ def together(loop: Run) -> bool:
         state.status == "completed" or (state.status == "interrupted" and state.stopped_by is not None))
 
 
-def agree(checkpoint: Checkpoint, loop: Run) -> None:
+def agree(checkpoint: Checkpoint, loop: Run, failure: BaseException | None = None) -> None:
     """Every process takes the main process's last and best checkpoints, the files kept and the
-    run's failed and skipped saves (one broadcast): the results are one mapping on every process."""
+    run's failed and skipped saves (one broadcast): the results are one mapping on every process.
+    A ``failure`` the main process raises (``on_save_error="raise"``: a write only it made) is
+    raised on every process, which would otherwise go on to the run's end alone and wait there."""
     catalog, reports = checkpoint.catalog, checkpoint.reports
+    raised = None if failure is None else f"{type(failure).__name__}: {failure}"
     known = ranks.from_main(loop, (catalog.last, catalog.best, list(catalog.saved), dict(catalog.scores),
-                                   reports.run_failed, reports.run_skipped))
+                                   reports.run_failed, reports.run_skipped, raised))
     if loop.is_main:
         return
-    catalog.last, catalog.best, catalog.saved, catalog.scores, failed, skipped = known
+    catalog.last, catalog.best, catalog.saved, catalog.scores, failed, skipped, raised = known
     reports.failed += failed - reports.run_failed
     reports.skipped += skipped - reports.run_skipped
     reports.run_failed, reports.run_skipped = failed, skipped
+    if raised is not None and failure is None:
+        raise CheckpointError(f"checkpoint: the main process's checkpoint write failed as the run ended ({raised}); "
+                              f"with on_save_error='raise' every process of the run fails with it")

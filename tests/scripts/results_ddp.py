@@ -12,7 +12,9 @@ one-file checkpoints every 2 steps into ``run/``, the main process's writes of s
 failing as on a full disk; each process writes ``OUT.rank<N>.json``: its status, step, checkpoint
 results and the files its plugin lists as kept. ``--failing-monitored OUT``: checkpoints by
 ``valid/loss`` at validations every 4 steps and the epoch's end (step 8 twice), the main
-process's write of step 4 failing, the processes' timeout 30 s.
+process's write of step 4 failing, the processes' timeout 30 s. ``--raising OUT``: as ``--failing``
+with ``on_save_error="raise"``, max_steps=7, only the main process's write at the end (step 7) failing: each process
+writes its status and the error it raised, if any.
 """
 
 from __future__ import annotations
@@ -66,9 +68,9 @@ def regression():
 FAILING = {2, 8}  # the main process's writes of these steps fail: its disk is full then
 
 
-def failing(out: str, monitored: bool) -> None:
+def failing(out: str, monitored: bool, raising: bool = False) -> None:
     def save(state, path, between):
-        if state["loop"]["step"] in ({4} if monitored else FAILING):
+        if state["loop"]["step"] in ({4} if monitored else {7} if raising else FAILING):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         write_file(state, path, between)
 
@@ -80,7 +82,20 @@ def failing(out: str, monitored: bool) -> None:
                                                                                            batch[1])},
                        val_data=Batches(x, y, batch_size=8), val_every_n_steps=4)
     else:
-        checkpoint, options = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=10), {}
+        checkpoint, options = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=10,
+                                         on_save_error="raise" if raising else "warn"), {}
+    if raising:
+        loop = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_steps=7, run_dir="run",
+                            optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                            plugins=[Distributed(timeout=30), Optim(), Metrics(), checkpoint])
+        try:
+            loop.fit()
+            error = None
+        except Exception as raised:  # noqa: BLE001 - the error each process ends with is the result
+            error = f"{type(raised).__name__}: {raised}"
+        with open(f"{out}.rank{loop.state.rank}.json", "w") as file:
+            json.dump({"status": loop.state.status, "error": error}, file)
+        return
     state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
                          optimizers=torch.optim.SGD(model.parameters(), lr=0.05), **options,
                          plugins=[Distributed(timeout=30), Optim(), Metrics(), checkpoint]).fit()
@@ -111,7 +126,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1].startswith("--failing"):
-        failing(sys.argv[2], monitored=sys.argv[1] == "--failing-monitored")
+    if sys.argv[1].startswith(("--failing", "--raising")):
+        failing(sys.argv[2], monitored=sys.argv[1] == "--failing-monitored", raising=sys.argv[1] == "--raising")
     else:
         main(sys.argv[1])
