@@ -63,7 +63,8 @@ def unrebuilt_order(data: Any, restored: bool = False, held: Collection[str] = (
     iterator again from the random state the epoch began with (Python's and torch's global
     generators, and the loader's own torch generators, :func:`generators`, all of which the
     run's state holds) and skipping the batches done: that covers lists, :class:`Batches`, data
-    with ``iter_from``, a ``DataLoader`` with the default samplers, shuffled or not, on the
+    with ``iter_from``, a ``DataLoader`` with torch's samplers (the default ones, shuffled or not,
+    ``SubsetRandomSampler``, ``WeightedRandomSampler``), on the
     global generator or a generator of its own (``generator=``, or a ``RandomSampler``'s) whose
     state the loaded run state held (``held``: their names in :func:`generators`), and streams
     (an ``IterableDataset``, a generator factory) that draw from the global generators, from
@@ -86,7 +87,7 @@ def unrebuilt_order(data: Any, restored: bool = False, held: Collection[str] = (
     if isinstance(data, (Sequence, Batches)) or hasattr(data, "iter_from"):
         return None
     from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
-                                  SequentialSampler)
+                                  SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
 
     what, instead = None, _INSTEAD
     if isinstance(data, DataLoader):
@@ -102,7 +103,8 @@ def unrebuilt_order(data: Any, restored: bool = False, held: Collection[str] = (
         elif (own := generators(data)) and not set(own) <= set(held):
             what = ("DataLoader with a generator of its own (generator=), whose state the loaded run state does "
                     f"not hold ({', '.join(sorted(set(own) - set(held)))})")
-        elif not _default(sampler, SequentialSampler, RandomSampler, DistributedSampler):
+        elif not _default(sampler, SequentialSampler, RandomSampler, DistributedSampler, SubsetRandomSampler,
+                          WeightedRandomSampler):  # (each draws its epoch's order as the epoch begins)
             what = f"DataLoader with the custom sampler {type(sampler).__name__}"
     elif not hasattr(data, "set_epoch") and (attr := _own_generator(data)) is not None:
         what = f"{type(data).__name__}, which draws from a random generator of its own ({attr})"

@@ -50,12 +50,24 @@ class StopAtEpochEnd:
         loop.request_stop("test stop at an epoch's end")
 
 
-def train(run_dir: Path, workers: int, *, stopper=None, resume=None, sampler: bool = False, unbatched: bool = False):
+def samplers(kind: str, g: torch.Generator) -> torch.utils.data.Sampler:
+    """torch's other samplers that draw an epoch's order when it begins: with the loader's generator ``g``, or
+    (``-global``) from the global generator."""
+    own = None if kind.endswith("-global") else g
+    if kind.startswith("weighted"):
+        return torch.utils.data.WeightedRandomSampler(torch.linspace(1, 2, 4 * BATCHES), 4 * BATCHES, generator=own)
+    return torch.utils.data.SubsetRandomSampler(range(0, 4 * BATCHES, 2), generator=own)
+
+
+def train(run_dir: Path, workers: int, *, stopper=None, resume=None, sampler: bool | str = False,
+          unbatched: bool = False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
     g = torch.Generator().manual_seed(5)
     if unbatched:  # batch_size=None: the loader has no batch sampler, its sampler shuffles the items
         data = DataLoader(Noisy(), batch_size=None, shuffle=True, generator=g, num_workers=workers)
+    elif isinstance(sampler, str):
+        data = DataLoader(Noisy(), batch_size=4, sampler=samplers(sampler, g), num_workers=workers)
     elif sampler:  # the generator on a RandomSampler the script makes
         data = DataLoader(Noisy(), batch_size=4, sampler=torch.utils.data.RandomSampler(Noisy(), generator=g),
                           num_workers=workers)
@@ -106,6 +118,19 @@ def test_a_loader_with_its_own_generator_resumes_to_bitwise_equal_parameters_wit
     assert resumed.resumed_from is not None and resumed.status == "completed" and resumed.step == 3 * BATCHES
     assert not [m for m in said if "cannot be rebuilt" in m], said
     assert all(torch.equal(p, q) for p, q in zip(params, straight(workers, sampler)))
+
+
+@pytest.mark.parametrize("kind", ["weighted", "weighted-global", "subset", "subset-global"])
+def test_torchs_weighted_and_subset_samplers_resume_to_bitwise_equal_parameters_without_a_warning(
+        tmp_path: Path, straight, kind: str) -> None:
+    """They draw an epoch's order when it begins, from their generator or the global one, as a
+    ``RandomSampler`` does: the run replays it; they are not custom samplers to warn of."""
+    stopped, _, _ = train(tmp_path, 0, stopper=StopAfter(BATCHES + 1), sampler=kind)
+    assert stopped.status == "interrupted"
+    resumed, params, said = train(tmp_path, 0, resume="latest", sampler=kind)
+    assert resumed.resumed_from is not None and resumed.status == "completed"
+    assert not [m for m in said if "cannot be rebuilt" in m], said
+    assert all(torch.equal(p, q) for p, q in zip(params, straight(0, kind)))
 
 
 def test_a_loader_without_batching_that_shuffles_with_its_own_generator_resumes_without_a_warning(
