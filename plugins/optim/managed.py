@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -76,9 +76,13 @@ class ManagedOptimizer:
         """The wrapped optimizer's parameter groups (learning rates live here)."""
         return self.optimizer.param_groups
 
-    def step(self, *, partial: bool = False) -> bool:
-        """Step unless inside a window (``partial``, keyword only: the stage's end; no closure); whether it stepped."""
+    def step(self, closure: Callable[[], Any] | None = None, *, partial: bool = False) -> Any:
+        """Step unless inside a window (``partial``: the stage's end); whether it stepped, or a ``closure``'s loss."""
         rules = self._rules
+        if closure is not None and (self._accumulates or rules.prepares or rules.deferred.bad is not None):
+            raise UsageError(f"optim: optimizer {self.name!r}: step(closure) makes its gradients inside torch's step, "
+                             f"where optim cannot divide, unscale, clip or check them: leave Optim's accumulate, "
+                             f"clip_norm, clip_value, check_grads and loss scaling unset")
         if self._accumulates and not partial and not rules.window.closes(rules.loop):
             self.window_open = True
             return False
@@ -105,7 +109,7 @@ class ManagedOptimizer:
             elif bad is not None:  # the fused kernel skips the update where found_inf is set
                 kernels.step_on_flag(optimizer, bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype)))
             else:
-                optimizer.step()
+                result = optimizer.step() if closure is None else optimizer.step(closure)
         finally:
             watch.stepping = False
         if bad is not None:
@@ -116,7 +120,7 @@ class ManagedOptimizer:
             scheduler.step()
         for call in rules.after_step.calls:
             call(loop, self.name, optimizer)
-        return True
+        return True if closure is None else result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, unless they are accumulated for a later step (README.md, "The accumulation window")."""

@@ -23,8 +23,7 @@ class OptimWarning(HookfitWarning):
 READ_EVERY = 1024
 """The device path reads the flags of this many closed windows at the latest."""
 
-# a window's steps that skipped on the device: (optimizer, the window's flag at the step, its gradients' or None)
-Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]
+Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]  # steps on a flag: (by, flag, grads')
 
 
 def at(loop: Run) -> str:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 import torch
 
@@ -31,14 +30,12 @@ def stamp(loop: Run | None) -> Any:
 
 def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) -> None:
     """Add a note naming this batch's toggles to torch's error for a backward pass through nothing to train."""
-    if optimizers is None or NO_GRAD not in str(error):
-        return
-    toggled = [t for t in optimizers.toggled if t.at == stamp(loop) and t.frozen]  # (this batch's)
+    toggled = [t for t in (optimizers.toggled if optimizers is not None and NO_GRAD in str(error) else ())
+               if t.at == stamp(loop) and t.frozen]  # this batch's, if torch's error is of a pass through nothing
     if not toggled:
         return
-    names = parameter_names(loop.model)
     lines = "".join(f"  loop.optimizers.toggle({t.name!r}) froze " + "; ".join(
-        f"the {len(params)} parameter tensor(s) of optimizer {other!r} ({_few(params, names)})"
+        f"the {len(params)} parameter tensor(s) of optimizer {other!r} ({_few(params, parameter_names(loop.model))})"
         for other, params in t.frozen.items()) + "\n" for t in toggled)
     error.add_note(
         "optim: this batch ran loop.optimizers.toggle(...), which freezes the parameters of the other "

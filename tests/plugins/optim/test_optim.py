@@ -7,6 +7,7 @@ import torch
 
 import hookfit
 from hookfit.plugins.optim import Optim, OptimWarning
+from hookfit.errors import UsageError
 from conftest import Recorder
 from conftest import REPO
 
@@ -512,9 +513,9 @@ def test_one_optimizer_is_a_collection_of_one_stepped_with_or_without_its_name()
 @pytest.mark.bad_input
 @pytest.mark.parametrize("named", [False, True])
 def test_a_closure_given_to_the_managed_step_is_refused_not_taken_for_the_stage_end(named: bool) -> None:
-    """``loop.optimizers.step(closure)`` (the form a closure-taking optimizer plugin documents) under
-    the built-in optim is a TypeError: its one flag is keyword only, so a closure can never make a
-    step outside its accumulation window, whether the optimizer is named or not."""
+    """``loop.optimizers.step(closure)`` under an accumulation window is refused by name: its one flag
+    (``partial``) is keyword only and a closure makes its gradients inside torch's step, so a closure can
+    never make a step outside its accumulation window, whether the optimizer is named or not."""
     m = model()
     calls = []
 
@@ -523,7 +524,7 @@ def test_a_closure_given_to_the_managed_step_is_refused_not_taken_for_the_stage_
         loop.backward(torch.nn.functional.mse_loss(m(x), y))
         (loop.optimizers["default"] if named else loop.optimizers).step(lambda: calls.append(1))
 
-    with pytest.raises(TypeError, match="positional argument"):
+    with pytest.raises(UsageError, match=r"step\(closure\) makes its gradients inside torch's step"):
         hookfit.Loop(step, data(8), model=m, max_epochs=1, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
                      plugins=[Optim(accumulate=4)]).fit()
     assert calls == []
@@ -936,6 +937,80 @@ def test_a_bypassed_named_optimizer_is_named_with_the_call_to_use() -> None:
                                           r"Call loop\.optimizers\['b'\]\.step\(\)"):
         hookfit.Loop(step, data(2), model=[a, b], plugins=[Optim()],
                      optimizers={"a": torch.optim.SGD(a.parameters(), lr=0.1), "b": opt_b}).fit()
+
+
+def test_an_lbfgs_step_with_a_closure_is_bitwise_equal_to_a_raw_loop_and_returns_its_loss() -> None:
+    """``loop.optimizers.step(closure)`` as pytorch/examples' LBFGS scripts call ``optimizer.step(closure)``: the
+    closure back-propagates through ``loop.backward``; the step counts, its scheduler steps, nothing warns."""
+    import warnings
+
+    batches = data(3)
+    raw = model()
+    opt = torch.optim.LBFGS(raw.parameters(), lr=0.5, max_iter=4)
+    for _ in range(2):
+        for b in batches:
+            def closure(b=b):
+                opt.zero_grad()
+                loss = mse(raw, b)
+                loss.backward()
+                return loss
+            opt.step(closure)
+    m = model()
+    opt = torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=4)
+    returned = []
+
+    def step(loop, batch):
+        def closure():
+            loop.optimizers.zero_grad()
+            loss = mse(m, batch)
+            loop.backward(loss)
+            return loss
+        returned.append(loop.optimizers.step(closure))
+        return returned[-1]
+
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimWarning)
+        loop = hookfit.Loop(step, batches, model=m, optimizers=opt, max_epochs=2, plugins=[Optim(schedulers=sched)])
+        loop.fit()
+    assert_bitwise(params(m), params(raw))
+    assert all(isinstance(loss, torch.Tensor) and loss.dim() == 0 for loss in returned) and len(returned) == 6
+    assert loop.run.pm.get_plugin("optim").optimizers.steps == 6 and sched.last_epoch == 6
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("options", [{"accumulate": 2}, {"clip_norm": 1.0}])
+def test_a_step_with_a_closure_where_optim_must_prepare_the_gradients_is_refused_by_name(options) -> None:
+    m = model()
+
+    def step(loop, batch):
+        loop.optimizers.step(lambda: loop.backward(mse(m, batch)))
+
+    with pytest.raises(UsageError, match=r"optim: optimizer 'default': step\(closure\) makes its "
+                                                  r"gradients inside torch's step, where optim cannot divide, "
+                                                  r"unscale, clip or check them"):
+        fit(m, torch.optim.LBFGS(m.parameters()), data(2), step=step, **options)
+
+
+@pytest.mark.bad_input
+def test_a_closure_step_that_bypasses_optim_is_named_with_the_call_to_use_at_the_scripts_line() -> None:
+    """A scheduler wraps the optimizer's step in torch's own frames: the warning still points at the step."""
+    m = model()
+    opt = torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=2)
+
+    def step(loop, batch):
+        def closure():
+            opt.zero_grad()
+            loss = mse(m, batch)
+            loop.backward(loss)
+            return loss
+        return opt.step(closure)
+
+    with pytest.warns(OptimWarning) as caught:
+        fit(m, opt, data(2), step=step, epochs=1, schedulers=torch.optim.lr_scheduler.StepLR(opt, step_size=9))
+    (bypass,) = [w for w in caught if "stepped directly" in str(w.message)]
+    assert "Call loop.optimizers.step(closure) in the step function" in str(bypass.message)
+    assert bypass.filename == __file__, bypass.filename
 
 
 def test_a_run_stopped_in_its_first_stage_stops_watching() -> None:
