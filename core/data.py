@@ -7,7 +7,8 @@ single samples, so a batch costs a few microseconds instead of a few hundred.
 
 Of any data the loop and the plugins ask: :func:`length` (how many batches, ``None`` for a
 stream), :func:`one_pass` (an iterator, used up after one pass), :func:`tell_epoch` (the epoch
-before each one); whether a resume rebuilds its order is :mod:`hookfit.order`'s.
+before each one); :func:`check_passes` refuses, as a ``Loop`` is made, data that would fail the run
+later (used up after one pass, an empty validation set); whether a resume rebuilds its order is :mod:`hookfit.order`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Batches", "generators", "length", "one_pass", "tell_epoch"]
+__all__ = ["FACTORY", "Batches", "check_passes", "generators", "length", "one_pass", "tell_epoch"]
 
 _MASK = (1 << 64) - 1
 _GATHER_BYTES = 256 << 10
@@ -300,3 +301,46 @@ class Batches:
             raise ValueError("the saved state is for other batches: " + "; ".join(differ))
         self.seed = operator.index(state["seed"])
         self._epoch = operator.index(state["epoch"])
+
+
+FACTORY = ("for data made anew each epoch, pass a generator factory: an object whose __iter__ is a generator "
+           "function (class Stream: def __iter__(self): yield ...), or a list or a DataLoader")
+"""The advice given where data is used up after one pass."""
+
+
+def check_passes(train_data: Any, val_data: Any, max_epochs: int | None, max_steps: int | None,
+                 val_every_n_epochs: int | None, val_every_n_steps: int | None) -> None:
+    """A ``ValueError`` when data known to give its batches once only (an iterator: a generator
+    object, ``map(...)``) would be iterated more than once: training data with several epochs,
+    validation data with several validations (as far as their number is known now); a validation set
+    known to be empty (``len() == 0``), which would fail the run only once an epoch had trained."""
+    sets = val_data.items() if isinstance(val_data, Mapping) else [("val_data", val_data)]
+    for name, data in sets:
+        if data is not None and length(data) == 0:
+            where = name if name == "val_data" else f"val_data[{name!r}]"
+            raise ValueError(f"{where} is empty (len() is 0; a DataLoader with drop_last=True and fewer samples than "
+                             f"its batch_size has no batch): every validation would fail, the first after an epoch "
+                             f"of training; give it batches, or leave it out")
+    epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else None  # None: max_steps decides
+    if one_pass(train_data) and epochs is not None and epochs > 1:
+        raise ValueError(f"train_data is a {type(train_data).__name__}, an iterator that gives its batches once "
+                         f"only, and the run has max_epochs={epochs}: the second epoch would find it used up; "
+                         f"{FACTORY}")
+    used = [(name if name == "val_data" else f"val_data[{name!r}]", data) for name, data in sets if one_pass(data)]
+    if not used:
+        return
+    if val_every_n_steps is None:
+        every = val_every_n_epochs or 1
+        times = epochs // every if epochs is not None else None
+        how = f"max_epochs={epochs}" + (f", val_every_n_epochs={every}" if every > 1 else ", one each epoch")
+    else:
+        per_epoch = length(train_data)
+        by_epochs = epochs * per_epoch if epochs is not None and per_epoch is not None else None
+        steps = [n for n in (max_steps, by_epochs) if n is not None]
+        times = min(steps) // val_every_n_steps if steps else None
+        how = f"val_every_n_steps={val_every_n_steps} over {min(steps) if steps else '?'} training steps"
+    if times is not None and times > 1:
+        name, data = used[0]
+        raise ValueError(f"{name} is a {type(data).__name__}, an iterator that gives its batches once only, and "
+                         f"validation runs {times} times ({how}): the second validation would find it used "
+                         f"up; {FACTORY}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from hookfit import errors, manager
-from hookfit.data import length, one_pass
+from hookfit.data import FACTORY, check_passes
 from hookfit.payloads import StopRequest
 from hookfit.reproducibility import check_seed
 from hookfit.run import Run, modules
@@ -114,41 +114,6 @@ def _positive_int(value: Any, what: str, allow_none: bool = False) -> None:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
 
 
-_FACTORY = ("for data made anew each epoch, pass a generator factory: an object whose __iter__ is a generator "
-            "function (class Stream: def __iter__(self): yield ...), or a list or a DataLoader")
-
-
-def _check_passes(train_data: Any, val_data: Any, max_epochs: int | None, max_steps: int | None,
-                  val_every_n_epochs: int | None, val_every_n_steps: int | None) -> None:
-    """A ``ValueError`` when data known to give its batches once only (an iterator: a generator
-    object, ``map(...)``) would be iterated more than once: training data with several epochs,
-    validation data with several validations (as far as their number is known now)."""
-    epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else None  # None: max_steps decides
-    if one_pass(train_data) and epochs is not None and epochs > 1:
-        raise ValueError(f"train_data is a {type(train_data).__name__}, an iterator that gives its batches once "
-                         f"only, and the run has max_epochs={epochs}: the second epoch would find it used up; "
-                         f"{_FACTORY}")
-    sets = val_data.items() if isinstance(val_data, Mapping) else [("val_data", val_data)]
-    used = [(name if name == "val_data" else f"val_data[{name!r}]", data) for name, data in sets if one_pass(data)]
-    if not used:
-        return
-    if val_every_n_steps is None:
-        every = val_every_n_epochs or 1
-        times = epochs // every if epochs is not None else None
-        how = f"max_epochs={epochs}" + (f", val_every_n_epochs={every}" if every > 1 else ", one each epoch")
-    else:
-        per_epoch = length(train_data)
-        by_epochs = epochs * per_epoch if epochs is not None and per_epoch is not None else None
-        steps = [n for n in (max_steps, by_epochs) if n is not None]
-        times = min(steps) // val_every_n_steps if steps else None
-        how = f"val_every_n_steps={val_every_n_steps} over {min(steps) if steps else '?'} training steps"
-    if times is not None and times > 1:
-        name, data = used[0]
-        raise ValueError(f"{name} is a {type(data).__name__}, an iterator that gives its batches once only, and "
-                         f"validation runs {times} times ({how}): the second validation would find it used "
-                         f"up; {_FACTORY}")
-
-
 class Loop:
     """A training run's configuration: ``Loop(train_step, train_data, ...).fit()``.
 
@@ -245,7 +210,7 @@ class Loop:
                     continue
                 raise TypeError(
                     f"{what} must be an iterable of batches (a list, a DataLoader, ...), "
-                    f"got {type(data).__name__}" + (f" {qualname(data)!r}; {_FACTORY}" if callable(data) else "")
+                    f"got {type(data).__name__}" + (f" {qualname(data)!r}; {FACTORY}" if callable(data) else "")
                     + ("; a Loop that only validates reads no training data: give [] (or neither train_step nor "
                        "train_data)" if data is None else "")
                 )
@@ -273,7 +238,7 @@ class Loop:
                 f"not both: validation runs at epoch ends or every N training steps")
         if val_every_n_steps is not None and val_step is None:
             raise ValueError(f"val_every_n_steps={val_every_n_steps!r} was given without a val_step and val_data")
-        _check_passes(train_data, val_data, max_epochs, max_steps, val_every_n_epochs, val_every_n_steps)
+        check_passes(train_data, val_data, max_epochs, max_steps, val_every_n_epochs, val_every_n_steps)
         if val_grad_mode not in ("inference", "no_grad"):
             raise ValueError(f"val_grad_mode must be 'inference' or 'no_grad', got {val_grad_mode!r}")
         if name is not None and (not isinstance(name, str) or not name.strip() or any(

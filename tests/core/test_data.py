@@ -4,6 +4,7 @@ and the seed's determinism when shuffled."""
 
 from __future__ import annotations
 
+import re
 import io
 
 import pytest
@@ -369,3 +370,22 @@ def test_a_streaming_dataloader_trains_and_validates_with_the_default_stack(tmp_
                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=2, run_dir=tmp_path)
     loop.fit()
     assert (loop.state.status, loop.state.step) == ("completed", 10)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("val_data, named", [
+    ([], "val_data"),
+    (torch.utils.data.DataLoader(list(range(5)), batch_size=8, drop_last=True), "val_data"),
+    ({"clean": [1, 2], "noisy": []}, "val_data['noisy']"),
+])
+def test_an_empty_validation_set_is_refused_when_the_loop_is_built_before_an_epoch_trains(val_data, named) -> None:
+    """It failed the run only at the first validation, after a whole epoch of training, before that epoch's
+    checkpoint: the epoch was lost; an empty set of several was skipped without a word."""
+    trained = []
+
+    def step(loop, batch):
+        trained.append(batch)
+
+    with pytest.raises(ValueError, match=re.escape(f"{named} is empty (len() is 0; a DataLoader with drop_last=True")):
+        hookfit.Loop(step, [1, 2, 3], val_step=step, val_data=val_data).fit()
+    assert trained == []
