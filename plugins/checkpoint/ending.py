@@ -13,7 +13,8 @@
 * Else a graceful stop (a stop request, SIGTERM; not ``KeyboardInterrupt``) writes
   ``"interrupt"`` with ``on_interrupt``; a completed run writes ``"max_steps"`` (``max_steps``
   ended it) or ``"completed"`` when it ends inside an epoch's training stage, or when it saves
-  on a schedule and its last save is of an earlier step.
+  on a schedule and its last save is of an earlier step, or a busy writer skipped it
+  (``when_busy="skip"``).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def end_save(checkpoint: Checkpoint, loop: Run) -> str | None:
         return None
     if state.status == "interrupted":
         return "interrupt" if checkpoint.on_interrupt and state.stop_reason != "KeyboardInterrupt" else None
-    if state.status == "completed" and (inside_training(position) or (
-            checkpoint.scheduled and checkpoint.saved_step != state.step)):
-        # inside an epoch (max_steps: a longer run goes on from here), or newer than the last save
+    skipped = checkpoint.reports.skipped_step
+    if state.status == "completed" and (inside_training(position) or (checkpoint.scheduled and (
+            checkpoint.saved_step != state.step or ranks.from_main(loop, skipped) == state.step))):
+        # inside an epoch (max_steps: a longer run goes on from here), or newer than the last save asked or
+        # written (a busy writer skipped the save of this step: the main process knows it)
         return "max_steps" if loop.max_steps is not None and state.step >= loop.max_steps else "completed"
     return None
 

@@ -27,10 +27,11 @@ class Reports:
         """Saves skipped because the writer was busy, over every run of the plugin."""
         self._warned: set[str] = set()
         self.run_failed, self.run_skipped = 0, 0  # this run's (results: failed_saves, skipped_saves)
+        self.skipped_step: int | None = None  # the step of this run's last skipped save (the run's end writes it)
 
     def reset(self) -> None:
         """A new run: its first failed and first skipped save are warned about again."""
-        self._warned, self.run_failed, self.run_skipped = set(), 0, 0
+        self._warned, self.run_failed, self.run_skipped, self.skipped_step = set(), 0, 0, None
 
     def failure(self, path: Path, error: BaseException, main: bool) -> BaseException | None:
         """Count a failed write of ``path`` and warn (on the main process, ``main``) at the run's
@@ -48,7 +49,7 @@ class Reports:
     def skip(self, step: int, main: bool = True) -> None:
         """Count a save at ``step`` skipped because the writer was busy; warn once a run (on the
         main process, ``main``)."""
-        self.skipped, self.run_skipped = self.skipped + 1, self.run_skipped + 1
+        self.skipped, self.run_skipped, self.skipped_step = self.skipped + 1, self.run_skipped + 1, step
         if "skipped" not in self._warned and main:
             self._warned.add("skipped")
             warnings.warn(

@@ -207,3 +207,33 @@ def test_a_digest_mismatch_of_the_newest_checkpoint_says_fallback_takes_the_one_
                                               r"would skip it and take the newest checkpoint before it that reads "
                                               r"whole \(1 older in "):
         train(tmp_path, resume="latest", epochs=3)
+
+
+def test_a_completed_runs_last_step_save_skipped_by_a_busy_writer_is_written_at_the_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``when_busy="skip"``, a save every 7 steps (an epoch) of 21, the first write held: step 14's save
+    takes the second snapshot, step 21's is skipped. The run's end took step 21 for saved (it was asked)
+    and wrote nothing: the completed run's newest checkpoint held step 14's weights."""
+    held = Held()
+
+    def save(state: dict[str, Any], path: Path, between: Any) -> None:
+        held(state, path)
+        write_file(state, path, between)
+
+    class Release:
+        name = "release"
+
+        @hookfit.hookimpl(trylast=True)  # after the checkpoint's save of step 21
+        def after_batch(self, loop: Any) -> None:
+            if loop.state.step == 21:
+                held.release.set()
+
+    monkeypatch.setattr(checkpoint_plugin, "write_file", save)
+    ckpt, saved = Checkpoint(every_n_epochs=None, every_n_steps=7, keep_last=10, when_busy="skip"), Saved()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop, _, _ = train(tmp_path, checkpoint=ckpt, epochs=3, extra=[Release(), saved])
+    assert loop.state.status == "completed" and loop.state.step == 21 and loop.state.results["skipped_saves"] == 1
+    assert [w for w in caught if "the save at step 21 was skipped" in str(w.message)]
+    assert [(reason, step) for _, reason, step in saved.seen] == [("step", 7), ("step", 14), ("completed", 21)]
+    assert read(ckpt.saved[-1])["loop"]["step"] == 21 == read(loop.state.results["last_checkpoint"])["loop"]["step"]
