@@ -94,14 +94,14 @@ class Watch:
         if self._grads is False:
             warnings.warn(f"optim: the optimizers stepped without a gradient on any of their parameters in the first "
                           f"epoch: call loop.backward(loss) in {self._step_name()!r} on a loss of the model they hold"
-                          f" (the parameters do not change)", OptimWarning, stacklevel=2)
+                          f" (the parameters do not change)", OptimWarning, stacklevel=user_level())
         if self._unstepped_said or self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
             return
         self._unstepped_said = True
         warnings.warn(f"optim: step function {self._step_name()!r} called loop.backward(loss) in the first training "
                       f"epoch and no optimizer stepped in all of it: the parameters do not change. optim steps when "
                       f"the step function asks: call loop.optimizers.step() and loop.optimizers.zero_grad() after "
-                      f"loop.backward(loss)", OptimWarning, stacklevel=2)
+                      f"loop.backward(loss)", OptimWarning, stacklevel=user_level())
 
     def _grad_arrived(self, tensor: torch.Tensor) -> None:
         """A gradient arrived outside optim's pass: warn once a run, or raise where it trains another model."""

@@ -253,6 +253,7 @@ def test_a_step_function_that_never_steps_the_optimizers_is_told_the_model_does_
                     "no optimizer stepped in all of it: the parameters do not change. optim steps when the step "
                     "function asks: call loop.optimizers.step() and loop.optimizers.zero_grad() after "
                     "loop.backward(loss)"]
+    assert [w.filename for w in caught if "no optimizer stepped" in str(w.message)] == [__file__]  # the fit() line
     assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
 
 
@@ -288,6 +289,7 @@ def test_optimizers_that_step_without_any_gradient_are_told_the_model_does_not_t
                     "call loop.backward(loss) in 'test_optimizers_that_step_without_any_gradient_are_told_the_model_"
                     "does_not_train.<locals>.train_step' on a loss of the model they hold (the parameters do not "
                     "change)"], said
+    assert [w.filename for w in caught if "without a gradient" in str(w.message)] == [__file__]  # the fit() line
     assert loop.state.status == "completed" and all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
 
 
