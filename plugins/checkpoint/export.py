@@ -94,10 +94,13 @@ def export(source: str | os.PathLike[str], out: str | os.PathLike[str], weights:
     tensor whole, on the CPU), atomically; with ``weights``, the weights that plugin offers in it
     instead (see the module documentation). Runs in one process: a sharded checkpoint's tensors
     are read whole. ``out`` may not be the checkpoint itself nor inside its folder: that would
-    replace what the run resumes from."""
+    replace what the run resumes from, nor a folder."""
     scored = best(source) if best_of_run else None
     path = scored[0] if scored is not None else find(source)
     _refuse_input(Path(out), path)
+    if Path(out).is_dir() or str(out).endswith(("/", os.sep)):
+        raise CheckpointError(f"hookfit export: {out} is a folder; give the file to write in it, such as "
+                              f"{Path(out) / 'model.pt'}")
     data = read(path)
     if sharded.placeholders(data):
         data = sharded.load(data, path, None)

@@ -152,3 +152,16 @@ def test_best_exports_the_best_checkpoint_by_the_runs_monitor_even_the_newest(
     unscored = fitted([1.0, 2.0], None, "unscored")
     assert cli.main(["export", str(unscored.parent), str(tmp_path / "x.pt"), "--best"], plugins=[Checkpoint()]) == 2
     assert "--best: the run of " in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("given", ["folder", "folder/", "new/"])
+def test_an_output_that_is_a_folder_is_refused_naming_a_file_to_give(tmp_path: Path, given: str) -> None:
+    """It failed with the atomic write's own temporary name (``'.exp.2632.tmp' -> 'exp'``: is a directory)."""
+    run = written(tmp_path, {"weight": torch.zeros(1, 3), "bias": torch.zeros(1)})
+    (tmp_path / "folder").mkdir()
+    out = str(tmp_path / given) + ("/" if given.endswith("/") else "")
+    with pytest.raises(CheckpointError, match=r"hookfit export: .* is a folder; give the file to write in it, such "
+                                              r"as .*model\.pt"):
+        export(run, out)
+    assert not (tmp_path / "new").exists()
