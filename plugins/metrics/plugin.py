@@ -191,6 +191,8 @@ class Metrics:
                 except KeyError:
                     self._first(agg.device, key, value, loop).append((value.detach(), n))
         elif is_metric(value):
+            if self._outer:  # a validation inside the training stage
+                self._refuse_training_metric(key, value)
             agg.take_metric(key, value)
         elif (real := as_real(value)) is not None:  # NumPy scalars, bool: past the fast path
             if key != "batch_size":
@@ -215,6 +217,18 @@ class Metrics:
             if self._val_set is not None:
                 self._stage.close_metrics(f"{self._val_set}/")
             self._val_set = name
+
+    def _refuse_training_metric(self, key: str, metric: object) -> None:
+        """Refuse, in a validation inside the training stage, a metric object the training stage is updating: the
+        validation would count training's samples in it, and its end would reset it in the middle of the epoch."""
+        for _, outer in self._outer:
+            for shared, other in outer.metric_objects.items():
+                if other is metric:
+                    raise ValueError(
+                        f"metrics: the validation step returned under {key!r} the metric object that the training "
+                        f"step returns under {shared!r}: a validation inside the training epoch (val_every_n_steps) "
+                        f"would count the training's samples in it and reset it in the middle of the epoch; give "
+                        f"each stage its own object (val_acc = train_acc.clone())")
 
     @staticmethod
     def _step(loop: Run) -> Step | None:

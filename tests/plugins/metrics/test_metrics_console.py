@@ -171,6 +171,27 @@ def test_torchmetrics_objects_are_computed_at_stage_end(tmp_path: Path) -> None:
     assert [s.values["acc"].epoch for s in got] == [pytest.approx(6 / 8)] * 2  # reset per epoch
 
 
+@pytest.mark.bad_input
+def test_one_torchmetrics_object_for_training_and_a_validation_inside_it_is_refused(tmp_path: Path) -> None:
+    """With validations at epoch ends one object may serve both stages (each computes and resets it at its
+    end); a validation inside the epoch counted the training's samples in the object and reset it mid-epoch:
+    a wrong validation accuracy, a training one of 0, without a word."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    metric = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+
+    def step(loop, i):
+        metric.update(torch.tensor([0, 1, 2, 0]), torch.tensor([0, 1, 2, 2]))
+        return {"acc": metric}
+
+    with pytest.raises(ValueError, match=r"metrics: the validation step returned under 'acc' the metric object that "
+                                         r"the training step returns under 'acc': a validation inside the training "
+                                         r"epoch \(val_every_n_steps\)"):
+        hookfit.Loop(step, [0, 1, 2, 3], val_step=step, val_data=[0, 1], val_every_n_steps=2, run_dir=tmp_path,
+                     plugins=[Metrics()]).fit()
+    got = run(step, [0, 1], tmp_path / "ends", val=step, epochs=2).epochs  # validations at epoch ends: shared
+    assert [(s.stage, s.values["acc"].epoch) for s in got] == [(stage, 0.75) for stage in ("train", "valid") * 2]
+
+
 def test_one_torchmetrics_object_over_several_validation_sets_gives_each_set_its_value(tmp_path: Path) -> None:
     """One ``Accuracy`` the ``val_step`` updates and returns, over ``val_data={"clean": ..., "noisy":
     ...}``: each set's value is its own (1.0 and 0.5), computed as the next set begins, not the
