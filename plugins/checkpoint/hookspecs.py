@@ -102,6 +102,14 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   (a wrapper runs before every plain implementation, ``tryfirst`` ones included): read
   ``loop.resume`` and ``loop.run_dir`` in ``configure``, never earlier, and keep the smoke
   run's files in ``loop.run_dir`` (a temporary folder), not in a folder of your own.
+* Failures: a save that cannot be written (a full disk, a read-only folder) costs that file,
+  never the run (the README's promise for every run): keep the files written before whole
+  (write to a temporary name, then rename), warn once (``warnings.warn`` with a category of
+  your own, naming the file and the error) and let training go on; failing the run instead is
+  an option the user chooses (the built-in's ``on_save_error="raise"``). A ``kill -9`` in the
+  middle of a write leaves a temporary file: remove it at the next run's start, never read it.
+  The built-in counts such saves in ``results`` (``failed_saves``, and ``skipped_saves`` for
+  saves a busy writer skipped); a replacement that counts them uses those names.
 * Report: answer the core's ``results`` event (after ``fit_end``, on every process) with
   ``"best_checkpoint"``, the path of the best checkpoint by the plugin's monitor (``None``
   without one, or without a finite value of it), and ``"last_checkpoint"``, the newest
