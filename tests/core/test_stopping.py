@@ -205,29 +205,9 @@ def test_a_stop_by_the_run_s_own_rule_completes_it(complete: bool, status: str) 
     assert recorder.names()[-3:] == ["stop_requested", "after_epoch", "fit_end"]
 
 
-def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> None:
-    started, release = threading.Event(), threading.Event()
-
-    def step(loop, b):
-        if b == 2:
-            started.set()
-            assert release.wait(30)
-        return None
-
-    loop = hookfit.Loop(step, range(100))
-    asker = threading.Thread(target=lambda: (started.wait(30), loop.request_stop("from a thread", by="a scheduler"),
-                                             release.set()))
-    asker.start()
-    state = loop.fit()
-    asker.join(30)
-    assert (state.status, state.step, state.stop_reason, state.stopped_by) == (
-        "interrupted", 3, "from a thread", "a scheduler")
-
-
-@pytest.mark.parametrize("how", [{"ends_process": True}, {"complete": True}])
-def test_a_request_from_another_thread_says_how_as_one_from_the_run_does(how: dict[str, bool]) -> None:
-    """``Loop.request_stop`` takes ``Run.request_stop``'s ``complete`` and ``ends_process``: a scheduler's
-    thread that ends the process afterwards must not leave a persistent dashboard holding it."""
+def stopped_from_a_thread(reason: str, **how: object) -> tuple[object, object]:
+    """A run whose step waits at its third batch while another thread asks ``Loop.request_stop(reason, **how)``:
+    the run's state and the request the thread got."""
     started, release, asked = threading.Event(), threading.Event(), []
 
     def step(loop, b):
@@ -237,12 +217,26 @@ def test_a_request_from_another_thread_says_how_as_one_from_the_run_does(how: di
         return None
 
     loop = hookfit.Loop(step, range(100))
-    asker = threading.Thread(target=lambda: (started.wait(30), asked.append(loop.request_stop("preempted", **how)),
+    asker = threading.Thread(target=lambda: (started.wait(30), asked.append(loop.request_stop(reason, **how)),
                                              release.set()))
     asker.start()
     state = loop.fit()
     asker.join(30)
     (request,) = asked
+    return state, request
+
+
+def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> None:
+    state, _ = stopped_from_a_thread("from a thread", by="a scheduler")
+    assert (state.status, state.step, state.stop_reason, state.stopped_by) == (
+        "interrupted", 3, "from a thread", "a scheduler")
+
+
+@pytest.mark.parametrize("how", [{"ends_process": True}, {"complete": True}])
+def test_a_request_from_another_thread_says_how_as_one_from_the_run_does(how: dict[str, bool]) -> None:
+    """``Loop.request_stop`` takes ``Run.request_stop``'s ``complete`` and ``ends_process``: a scheduler's
+    thread that ends the process afterwards must not leave a persistent dashboard holding it."""
+    state, request = stopped_from_a_thread("preempted", **how)
     assert (request.ends_process, request.complete) == (how.get("ends_process", False), how.get("complete", False))
     assert (state.status, state.step) == ("completed" if how.get("complete") else "interrupted", 3)
 
