@@ -357,9 +357,10 @@ class Loop:
             raise TypeError(f"predict() data must be an iterable of batches, got {type(data).__name__}")
         return Run(self, manager.PluginManager(), mode="validate").predict(data, step)
 
-    def request_stop(self, reason: str = "stop requested", by: str | None = None, **how: bool) -> StopRequest:
-        """Ask the running ``fit()`` for a graceful stop, from any thread: see :meth:`hookfit.run.Run.request_stop`
-        (``how``: its ``complete`` and ``ends_process``)."""
+    def request_stop(self, reason: str = "stop requested", by: str | None = None, *,
+                     complete: bool = False, ends_process: bool = False) -> StopRequest:
+        """Ask the running ``fit()`` for a graceful stop, from any thread: see
+        :meth:`hookfit.run.Run.request_stop`, whose options these are."""
         if self.run is None or self.run.state.status != "running":
             raise RuntimeError("request_stop() needs a running loop: call it during fit()")
-        return self.run.request_stop(reason, by, **how)
+        return self.run.request_stop(reason, by, complete=complete, ends_process=ends_process)

@@ -65,17 +65,15 @@ def finish(checkpoint: Checkpoint, loop: Run, ran: bool) -> None:
     """The end of ``checkpoint``'s part of a fit (``ran``: it saved in this run, so every process
     takes part in what follows): wait for every write in flight, saying so when it is long, take
     their outcomes (:meth:`~hookfit.plugins.checkpoint.plugin.Checkpoint.collect`: a failure
-    reported as ``on_save_error`` says), then tell every process what the main one knows."""
-    failure: BaseException | None = None
+    reported as ``on_save_error`` says), then tell every process what the main one knows, and the
+    error the main one ends with, if any: its own here, or the end's save's (``fit_end`` calls this
+    from its ``finally``: the exception in flight)."""
     try:
         wait(checkpoint, loop)
         checkpoint.collect(loop, checkpoint.shards.take())
-    except Exception as error:  # on_save_error="raise": the other processes fail with it too (agree)
-        failure = error
-        raise
     finally:
         if ran and together(loop):
-            agree(checkpoint, loop, failure)
+            agree(checkpoint, loop, sys.exc_info()[1])
 
 
 def wait(checkpoint: Checkpoint, loop: Run) -> None:
@@ -122,10 +120,11 @@ def together(loop: Run) -> bool:
 def agree(checkpoint: Checkpoint, loop: Run, failure: BaseException | None = None) -> None:
     """Every process takes the main process's last and best checkpoints, the files kept and the
     run's failed and skipped saves (one broadcast): the results are one mapping on every process.
-    A ``failure`` the main process raises (``on_save_error="raise"``: a write only it made) is
-    raised on every process, which would otherwise go on to the run's end alone and wait there."""
+    A ``failure`` the main process ends with (``on_save_error="raise"``: a write only it made) is
+    raised on every process not failing already, which would otherwise go on to the run's end alone
+    and wait there."""
     catalog, reports = checkpoint.catalog, checkpoint.reports
-    raised = None if failure is None else f"{type(failure).__name__}: {failure}"
+    raised = f"{type(failure).__name__}: {failure}" if isinstance(failure, Exception) else None
     known = ranks.from_main(loop, (catalog.last, catalog.best, list(catalog.saved), dict(catalog.scores),
                                    reports.run_failed, reports.run_skipped, raised))
     if loop.is_main:
@@ -135,5 +134,5 @@ def agree(checkpoint: Checkpoint, loop: Run, failure: BaseException | None = Non
     reports.skipped += skipped - reports.run_skipped
     reports.run_failed, reports.run_skipped = failed, skipped
     if raised is not None and failure is None:
-        raise CheckpointError(f"checkpoint: the main process's checkpoint write failed as the run ended ({raised}); "
-                              f"with on_save_error='raise' every process of the run fails with it")
+        raise CheckpointError(f"checkpoint: the main process's checkpoint plugin failed as the run ended ({raised}); "
+                              f"every process of the run fails with it")

@@ -79,10 +79,9 @@ class ManagedOptimizer:
     def step(self, closure: Callable[[], Any] | None = None, *, partial: bool = False) -> Any:
         """Step unless inside a window (``partial``: the stage's end); whether it stepped, or a ``closure``'s loss."""
         rules = self._rules
-        if closure is not None and (self._accumulates or rules.prepares or rules.deferred.bad is not None):
-            raise UsageError(f"optim: optimizer {self.name!r}: step(closure) makes its gradients inside torch's step, "
-                             f"where optim cannot divide, unscale, clip or check them: leave Optim's accumulate, "
-                             f"clip_norm, clip_value, check_grads and loss scaling unset")
+        if closure is not None and (self._accumulates or rules.prepares or rules.policy.mode is not None):
+            raise UsageError(f"optim: optimizer {self.name!r}: step(closure) makes its gradients in torch's step, "
+                             f"unchecked, unprepared: give Optim(nonfinite=None), no accumulate, clipping or scaling")
         if self._accumulates and not partial and not rules.window.closes(rules.loop):
             self.window_open = True
             return False

@@ -23,7 +23,7 @@ class OptimWarning(HookfitWarning):
 READ_EVERY = 1024
 """The device path reads the flags of this many closed windows at the latest."""
 
-Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]  # steps on a flag: (by, flag, grads')
+Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]  # (optimizer, flag, grads' flag)
 
 
 def at(loop: Run) -> str:

@@ -54,7 +54,8 @@ class Optim:
         self.clip_norm = positive_number(name, "clip_norm", clip_norm, none=True)
         self.clip_value = positive_number(name, "clip_value", clip_value, none=True)
         self.accumulate, self.amp, self.nonfinite, self.precision = accumulate, amp, nonfinite, precision
-        self._trains = {"accumulate": accumulate, "clip_norm": clip_norm, "clip_value": clip_value, "precision": precision}
+        self._step_options = {"accumulate": int(accumulate), "clip_norm": self.clip_norm, "clip_value": self.clip_value,
+                              "precision": str(precision)}  # saved: a resume given others warns (plain data)
         self.check_grads, self.defer, self.fuse = check_grads, defer, fuse
         self.schedulers, self.scheduler_interval, self.monitor = schedulers, scheduler_interval, monitor
         self.scaler: torch.amp.GradScaler | None = None
@@ -259,8 +260,8 @@ class Optim:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "window": {"deferred": [n for n, m in managed if m.window_open],
                        "grads": {n: [None if p.grad is None else p.grad.detach().clone() for p in m.params]
-                                 for n, m in managed}} if held else None,
-            "nonfinite": {"poisoned": poisoned, "first_skip": self._policy.first_skip}, "options": self._trains}
+                                 for n, m in managed}} if held else None, "options": dict(self._step_options),
+            "nonfinite": {"poisoned": poisoned, "first_skip": self._policy.first_skip}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned, refused before anything is restored when it does not fit."""
@@ -270,7 +271,7 @@ class Optim:
             raise ValueError(f"optim: the checkpoint has optimizers {sorted(saved)}, this run {sorted(here)}")
         for name, managed in self.optimizers.items():
             managed.check_state(state["optimizers"][name])
-        hparams.warn_changed_options(self.name, state.get("options"), self._trains, OptimWarning)
+        hparams.warn_changed_options(self.name, state.get("options"), self._step_options, OptimWarning)
         for name, managed in self.optimizers.items():
             managed.load_state_dict(state["optimizers"][name])
         if self.scaler is not None and state["scaler"] is not None:

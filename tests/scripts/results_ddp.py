@@ -14,7 +14,8 @@ results and the files its plugin lists as kept. ``--failing-monitored OUT``: che
 ``valid/loss`` at validations every 4 steps and the epoch's end (step 8 twice), the main
 process's write of step 4 failing, the processes' timeout 30 s. ``--raising OUT``: as ``--failing``
 with ``on_save_error="raise"``, max_steps=7, only the main process's write at the end (step 7) failing: each process
-writes its status and the error it raised, if any.
+writes its status and the error it raised, if any; ``--raising-foreground OUT``: the same, written in the
+foreground (``background=False``: the end's own save raises it).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def regression():
 FAILING = {2, 8}  # the main process's writes of these steps fail: its disk is full then
 
 
-def failing(out: str, monitored: bool, raising: bool = False) -> None:
+def failing(out: str, monitored: bool, raising: bool = False, background: bool = True) -> None:
     def save(state, path, between):
         if state["loop"]["step"] in ({4} if monitored else {7} if raising else FAILING):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -83,7 +84,7 @@ def failing(out: str, monitored: bool, raising: bool = False) -> None:
                        val_data=Batches(x, y, batch_size=8), val_every_n_steps=4)
     else:
         checkpoint, options = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=10,
-                                         on_save_error="raise" if raising else "warn"), {}
+                                         on_save_error="raise" if raising else "warn", background=background), {}
     if raising:
         loop = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_steps=7, run_dir="run",
                             optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
@@ -127,6 +128,7 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1].startswith(("--failing", "--raising")):
-        failing(sys.argv[2], monitored=sys.argv[1] == "--failing-monitored", raising=sys.argv[1] == "--raising")
+        failing(sys.argv[2], monitored=sys.argv[1] == "--failing-monitored", raising=sys.argv[1].startswith("--raising"),
+                background=sys.argv[1] != "--raising-foreground")
     else:
         main(sys.argv[1])

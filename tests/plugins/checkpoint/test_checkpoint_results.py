@@ -281,18 +281,19 @@ def test_a_failed_write_of_a_monitored_checkpoint_leaves_the_processes_in_step(t
 
 @pytest.mark.slow
 @pytest.mark.fault
+@pytest.mark.parametrize("mode", ["--raising", "--raising-foreground"])
 def test_with_on_save_error_raise_a_failed_write_of_the_main_process_at_the_end_fails_every_process(
-        tmp_path: Path) -> None:
+        tmp_path: Path, mode: str) -> None:
     """DDP, ``max_steps=7``: the main process's write of the run's last checkpoint fails (a full disk) and
     ``on_save_error="raise"`` raises it there; the other process, which writes nothing, went on to the run's end
     alone and failed on gloo's closed connection (under NCCL it waits for its timeout). It fails with the main
     process's error named."""
-    run = torchrun(tmp_path, "--raising", "out")
+    run = torchrun(tmp_path, mode, "out")
     assert run.returncode == 0, run.stdout + run.stderr  # (each process writes the error it ended with)
     main, other = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
     assert main["status"] == other["status"] == "failed", (main, other)
     assert main["error"].startswith("OSError: [Errno 28] No space left on device"), main
     assert other["error"] == (
-        "CheckpointError: checkpoint: the main process's checkpoint write failed as the run ended "
-        "(OSError: [Errno 28] No space left on device: 'run/checkpoints/epoch0001-step000000007.pt'); with "
-        "on_save_error='raise' every process of the run fails with it"), other
+        "CheckpointError: checkpoint: the main process's checkpoint plugin failed as the run ended "
+        "(OSError: [Errno 28] No space left on device: 'run/checkpoints/epoch0001-step000000007.pt'); every "
+        "process of the run fails with it"), other

@@ -524,7 +524,7 @@ def test_a_closure_given_to_the_managed_step_is_refused_not_taken_for_the_stage_
         loop.backward(torch.nn.functional.mse_loss(m(x), y))
         (loop.optimizers["default"] if named else loop.optimizers).step(lambda: calls.append(1))
 
-    with pytest.raises(UsageError, match=r"step\(closure\) makes its gradients inside torch's step"):
+    with pytest.raises(UsageError, match=r"step\(closure\) makes its gradients in torch's step"):
         hookfit.Loop(step, data(8), model=m, max_epochs=1, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
                      plugins=[Optim(accumulate=4)]).fit()
     assert calls == []
@@ -971,7 +971,8 @@ def test_an_lbfgs_step_with_a_closure_is_bitwise_equal_to_a_raw_loop_and_returns
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100)
     with warnings.catch_warnings():
         warnings.simplefilter("error", OptimWarning)
-        loop = hookfit.Loop(step, batches, model=m, optimizers=opt, max_epochs=2, plugins=[Optim(schedulers=sched)])
+        loop = hookfit.Loop(step, batches, model=m, optimizers=opt, max_epochs=2,
+                            plugins=[Optim(schedulers=sched, nonfinite=None)])
         loop.fit()
     assert_bitwise(params(m), params(raw))
     assert all(isinstance(loss, torch.Tensor) and loss.dim() == 0 for loss in returned) and len(returned) == 6
@@ -979,16 +980,19 @@ def test_an_lbfgs_step_with_a_closure_is_bitwise_equal_to_a_raw_loop_and_returns
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("options", [{"accumulate": 2}, {"clip_norm": 1.0}])
+@pytest.mark.parametrize("options", [{"accumulate": 2, "nonfinite": None}, {"clip_norm": 1.0, "nonfinite": None}, {},
+                                     {"defer": True}])
 def test_a_step_with_a_closure_where_optim_must_prepare_the_gradients_is_refused_by_name(options) -> None:
+    """Accumulation and clipping prepare the gradients before the step; the non-finite check (the host's, or the
+    device path's flag: ``defer=True``) cannot skip a step whose losses come inside it."""
     m = model()
 
     def step(loop, batch):
         loop.optimizers.step(lambda: loop.backward(mse(m, batch)))
 
     with pytest.raises(UsageError, match=r"optim: optimizer 'default': step\(closure\) makes its "
-                                                  r"gradients inside torch's step, where optim cannot divide, "
-                                                  r"unscale, clip or check them"):
+                                                  r"gradients in torch's step, unchecked, unprepared: give "
+                                                  r"Optim\(nonfinite=None\), no accumulate, clipping or scaling"):
         fit(m, torch.optim.LBFGS(m.parameters()), data(2), step=step, **options)
 
 
@@ -1249,6 +1253,9 @@ def test_a_resume_with_other_options_that_change_how_it_trains_says_so(tmp_path)
                               "now): it trains on with the new ones"), message
     assert "give Optim() the options of that run to resume it exactly" in message, message
     _, _, caught = _resumed(tmp_path / "same", sgd, accumulate=2, clip_norm=1.0)
+    assert caught == []
+    import numpy  # options saved as the plain numbers optim checked: a NumPy one is no longer refused by torch.load
+    _, _, caught = _resumed(tmp_path / "numpy", sgd, accumulate=numpy.int64(2), clip_norm=numpy.float64(1.0))
     assert caught == []
 
 
