@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from hookfit.plugins.checkpoint import ranks
+from hookfit.plugins.checkpoint.scores import settle
 from hookfit.plugins.checkpoint.storage import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -63,17 +64,27 @@ def inside_training(position: Position) -> bool:
 
 def finish(checkpoint: Checkpoint, loop: Run, ran: bool) -> None:
     """The end of ``checkpoint``'s part of a fit (``ran``: it saved in this run, so every process
-    takes part in what follows): wait for every write in flight, saying so when it is long, take
-    their outcomes (:meth:`~hookfit.plugins.checkpoint.plugin.Checkpoint.collect`: a failure
-    reported as ``on_save_error`` says), then tell every process what the main one knows, and the
-    error the main one ends with, if any: its own here, or the end's save's (``fit_end`` calls this
-    from its ``finally``: the exception in flight)."""
+    takes part in what follows): the end's save (:func:`end_save`), then, whatever its outcome, wait
+    for every write in flight, saying so when it is long, take their outcomes
+    (:meth:`~hookfit.plugins.checkpoint.plugin.Checkpoint.collect`: a failure reported as
+    ``on_save_error`` says), then tell every process what the main one knows, and the error it
+    ends with, if any (:func:`agree`)."""
+    failure: Exception | None = None
     try:
-        wait(checkpoint, loop)
-        checkpoint.collect(loop, checkpoint.shards.take())
+        try:
+            if ran:
+                settle(checkpoint, loop, None)  # a validation cut short scored nothing
+                if (reason := end_save(checkpoint, loop)) is not None:  # none where the run began
+                    checkpoint.save(loop, reason, must=True)
+        finally:
+            wait(checkpoint, loop)
+            checkpoint.collect(loop, checkpoint.shards.take())
+    except Exception as error:  # (on_save_error="raise"): every other process fails with it too
+        failure = error
+        raise
     finally:
         if ran and together(loop):
-            agree(checkpoint, loop, sys.exc_info()[1])
+            agree(checkpoint, loop, failure)
 
 
 def wait(checkpoint: Checkpoint, loop: Run) -> None:

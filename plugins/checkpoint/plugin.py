@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from hookfit import hookimpl
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import folders, hookspecs, ranks, sharded
-from hookfit.plugins.checkpoint.ending import end_save, finish
+from hookfit.plugins.checkpoint.ending import finish
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import payload
 from hookfit.plugins.checkpoint.catalog import Catalog
@@ -264,21 +264,15 @@ class Checkpoint:
     @hookimpl(tryfirst=True)  # before other plugins let go of their state
     def fit_end(self, loop: Run) -> None:
         ran = not self.off and self._loop is not None and loop.mode == "fit"  # (no model; failed early; validate())
-        try:
-            if ran:
-                settle(self, loop, None)  # a validation cut short scored nothing
-                if (reason := end_save(self, loop)) is not None:  # none where the run began (ending.py)
-                    self._save(loop, reason, must=True)
+        try:  # the end's save, every write waited for, failures reported, the processes told (ending.py)
+            finish(self, loop, ran)
         finally:
-            try:  # every write asked waited for, whatever the outcome; announced, failures reported (ending.py)
-                finish(self, loop, ran)
-            finally:
-                self.shards.close()
-                self.writer.close()  # the files pruned last removed; the buffers let go
-                self._loop = None
-                if self._lock is not None:
-                    self._lock.release()
-                    self._lock = None
+            self.shards.close()
+            self.writer.close()  # the files pruned last removed; the buffers let go
+            self._loop = None
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     @hookimpl
     def results(self) -> dict[str, Path | int | None]:
@@ -328,13 +322,14 @@ class Checkpoint:
             return self.directory(loop)
         return None
 
-    def save(self, loop: Run, reason: str) -> Path | None:
+    def save(self, loop: Run, reason: str, *, must: bool = False) -> Path | None:
         """Write a checkpoint of the run as it is now, its metric the score of the weights now
         (:meth:`Scores.current <hookfit.plugins.checkpoint.scores.Scores.current>`); returns its
         path (main process only; ``None`` when checkpoints are off for this run, it has no
         model, or the save was skipped: ``when_busy="skip"``; a step whose checkpoint is written or in
-        flight: that checkpoint's path, not written again: :mod:`~hookfit.plugins.checkpoint.repeats`)."""
-        return self._save(loop, reason)
+        flight: that checkpoint's path, not written again: :mod:`~hookfit.plugins.checkpoint.repeats`).
+        ``must``: never skipped, a busy writer waited for (the run's end)."""
+        return self._save(loop, reason, must)
 
     def _save(self, loop: Run, reason: str, must: bool = False) -> Path | None:
         if self.off:
