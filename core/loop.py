@@ -8,6 +8,7 @@ what step functions and hooks receive as ``loop``.
 from __future__ import annotations
 
 import inspect
+import operator
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -107,11 +108,13 @@ def _check_optimizers(optimizers: Any) -> None:
                         f"optimizers={optimizers.__name__}(model.parameters(), ...)")
 
 
-def _positive_int(value: Any, what: str, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _positive_int(value: Any, what: str) -> int | None:
+    """``value`` as a plain ``int`` (NumPy's integers and other ``__index__`` types too), or ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not hasattr(type(value), "__index__") or operator.index(value) < 1:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return operator.index(value)
 
 
 class Loop:
@@ -228,10 +231,10 @@ class Loop:
             raise ValueError(f"val_step {qualname(val_step)!r} was given without val_data")
         if val_data is not None and val_step is None:
             raise ValueError("val_data was given without a val_step to run on it")
-        _positive_int(max_epochs, "max_epochs", allow_none=True)
-        _positive_int(max_steps, "max_steps", allow_none=True)
-        _positive_int(val_every_n_epochs, "val_every_n_epochs", allow_none=True)
-        _positive_int(val_every_n_steps, "val_every_n_steps", allow_none=True)
+        max_epochs = _positive_int(max_epochs, "max_epochs")
+        max_steps = _positive_int(max_steps, "max_steps")
+        val_every_n_epochs = _positive_int(val_every_n_epochs, "val_every_n_epochs")
+        val_every_n_steps = _positive_int(val_every_n_steps, "val_every_n_steps")
         if val_every_n_epochs is not None and val_every_n_steps is not None:
             raise ValueError(
                 f"give val_every_n_epochs={val_every_n_epochs!r} or val_every_n_steps={val_every_n_steps!r}, "
@@ -253,7 +256,7 @@ class Loop:
         if resume is not None and not isinstance(resume, (str, os.PathLike)):
             raise TypeError(f"resume must be 'latest', a checkpoint's path (a str or os.PathLike) or None, "
                             f"got {_shown(resume)}")
-        check_seed(seed)
+        seed = check_seed(seed)
         if not isinstance(deterministic, bool):
             raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
         if smoke is not None and not isinstance(smoke, bool):

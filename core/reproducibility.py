@@ -17,6 +17,7 @@ every setting back as it was when the run ends.
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 from typing import Any
@@ -29,17 +30,20 @@ CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 SEED_LIMIT = 2**32  # NumPy's global generator takes seeds below this
 
 
-def check_seed(seed: Any) -> None:
-    """A ``ValueError`` unless ``seed`` is ``None`` or an integer in ``[0, 2**32)``."""
+def check_seed(seed: Any) -> int | None:
+    """``seed`` as a plain ``int`` (or ``None``); a ``ValueError`` unless it is an integer in ``[0, 2**32)``."""
     if seed is None:
-        return
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        return None
+    if isinstance(seed, bool) or not hasattr(type(seed), "__index__") or not 0 <= operator.index(seed) < SEED_LIMIT:
         raise ValueError(f"seed must be an integer from 0 to 2**32 - 1 (or None), got {seed!r}")
+    return operator.index(seed)
 
 
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, NumPy's global generator and torch's (every device)."""
-    check_seed(seed)
+    if (checked := check_seed(seed)) is None:
+        raise ValueError("seed_everything needs an integer seed, got None")
+    seed = checked
     random.seed(seed)
     try:
         import numpy

@@ -3,6 +3,7 @@ run never changes it."""
 
 from __future__ import annotations
 
+import numpy
 import pytest
 import torch
 
@@ -17,6 +18,8 @@ from conftest import mse_step
         ({"max_epochs": 0}, ValueError, "max_epochs must be a positive integer, got 0"),
         ({"max_epochs": -2}, ValueError, "max_epochs must be a positive integer, got -2"),
         ({"max_steps": 0}, ValueError, "max_steps must be a positive integer"),
+        ({"max_epochs": 2.0}, ValueError, r"max_epochs must be a positive integer, got 2.0"),
+        ({"val_every_n_steps": numpy.float64(3)}, ValueError, r"val_every_n_steps must be a positive integer"),
         ({"val_step": lambda l, b: None}, ValueError, "val_step .* without val_data"),
         ({"val_data": [1]}, ValueError, "val_data was given without a val_step"),
         ({"val_grad_mode": "off"}, ValueError, "val_grad_mode"),
@@ -27,6 +30,16 @@ from conftest import mse_step
 def test_bad_arguments_are_named(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         hookfit.Loop(lambda l, b: None, [1], **kwargs)
+
+
+def test_numpy_integers_are_taken_as_the_plain_integers_they_hold() -> None:
+    # counts computed with NumPy (np.ceil(n / batch).astype(int), an array's len) are integers too
+    loop = hookfit.Loop(lambda l, b: None, [1, 2], val_step=lambda l, b: None, val_data=[1],
+                        max_epochs=numpy.int64(3), max_steps=numpy.int32(5), val_every_n_steps=numpy.uint8(2),
+                        seed=numpy.uint32(7))
+    assert (loop.max_epochs, loop.max_steps, loop.val_every_n_steps, loop.seed) == (3, 5, 2, 7)
+    assert all(type(v) is int for v in (loop.max_epochs, loop.max_steps, loop.val_every_n_steps, loop.seed))
+    assert loop.fit().step == 5  # max_steps=5 over two batches an epoch ends the third epoch early
 
 
 @pytest.mark.bad_input
