@@ -29,5 +29,8 @@ def check_output(output: Mapping[str, Any], step: Step) -> bool:
 def as_mapping(output: Any, step: Step) -> Mapping[str, Any]:
     if isinstance(output, Mapping):
         return output
+    number = isinstance(output, (int, float)) and not isinstance(output, bool)
     raise TypeError(f"step function {qualname(step)!r} returned {type(output).__name__}; a step must "
-                    f"return None, a mapping or a tensor")
+                    f"return None, a mapping or a tensor" + (
+                        " (return the loss tensor itself, not loss.item(): optim steps on it; a number to "
+                        "report goes in a mapping, {'loss': value})" if number else ""))

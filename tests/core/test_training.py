@@ -96,6 +96,20 @@ def test_step_returning_a_string_names_the_step_and_type(recorder: Recorder) -> 
     assert recorder.names()[-2:] == ["exception", "fit_end"]
 
 
+@pytest.mark.bad_input
+def test_step_returning_loss_item_is_told_to_return_the_tensor() -> None:
+    model = torch.nn.Linear(2, 1)
+
+    def train_step(loop: hookfit.Loop, batch: torch.Tensor) -> float:
+        return model(batch).pow(2).mean().item()
+
+    loop = hookfit.Loop(train_step, [torch.ones(3, 2)], model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(TypeError, match=r"train_step' returned float.*return the loss tensor itself, not "
+                                         r"loss.item\(\).*\{'loss': value\}"):
+        loop.fit()
+
+
 class Frozen(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
