@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import inspect
 import os
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, ParamSpec, TypeVar
 
-__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "user_level"]
+__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "user_level"]
 
 
 class HookfitWarning(UserWarning):
@@ -62,6 +63,28 @@ class Silenced:
     description: str  # the plugin with its distribution
     hook: str
     error: BaseException
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def keywords_named(function: Callable[P, R]) -> Callable[P, R]:
+    """``function`` (a class's ``__init__``) whose ``TypeError`` for an unknown keyword argument names
+    the closest keyword it takes (``max_epoch`` → ``max_epochs``), as Python's own does not."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [name for name, p in inspect.signature(function).parameters.items() if p.kind in kinds][1:]
+    owner = function.__qualname__.removesuffix(".__init__")
+
+    @functools.wraps(function)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        for key in kwargs:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}; "
+                                + (f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(names)}"))
+        return function(*args, **kwargs)
+    return checked
 
 
 def user_level(*also: str) -> int:

@@ -178,6 +178,7 @@ class Loop:
     fails after ``configure``, before any batch, naming it.
     """
 
+    @errors.keywords_named
     def __init__(
         self,
         train_step: Step | None = None,

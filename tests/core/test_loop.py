@@ -3,6 +3,8 @@ run never changes it."""
 
 from __future__ import annotations
 
+import re
+
 import numpy
 import pytest
 import torch
@@ -30,6 +32,16 @@ from conftest import mse_step
 def test_bad_arguments_are_named(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         hookfit.Loop(lambda l, b: None, [1], **kwargs)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("misspelt, meant", [("max_epoch", "'max_epochs'"), ("optimiser", "'optimizers'"),
+                                             ("val_every_n_step", "'val_every_n_steps'"),
+                                             ("epochs", "'max_epochs'"), ("xyzzy", "it takes train_step, ")])
+def test_a_misspelt_keyword_names_the_one_meant(misspelt: str, meant: str) -> None:
+    with pytest.raises(TypeError, match=rf"Loop\(\) got an unexpected keyword argument '{misspelt}'; "
+                                        rf"(did you mean )?{re.escape(meant)}"):
+        hookfit.Loop(lambda l, b: None, [1], **{misspelt: 3})
 
 
 def test_numpy_integers_are_taken_as_the_plain_integers_they_hold() -> None:
