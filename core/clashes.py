@@ -62,12 +62,15 @@ def choose(name: str, found: Sequence[Found], replacements: frozenset[Replacemen
     used = ones[winner]
     for i in left:
         if i != winner:
+            both = [ones[j].distribution for j in sorted(set(replaced[winner]) & set(replaced[i]))]
+            how = (f"both replace {both[0]}'s on purpose: uninstall one, or give the one to use as an instance "
+                   f"in the script's plugins=[...]" if both else
+                   f"uninstall one, or, to replace the plugin on purpose, declare it in the replacing "
+                   f"distribution's {REPLACES!r} entry points ({name} = \"<distribution replaced>\")")
             warnings.warn(
                 f"two distributions register the hookfit plugin {name!r}: "
                 f"{used.distribution} ({used.ep.value}, used) and {ones[i].distribution} ({ones[i].ep.value}, "
-                f"ignored); uninstall one, or, to replace the plugin on purpose, declare it in the "
-                f"replacing distribution's {REPLACES!r} entry points ({name} = \"<distribution replaced>\")",
-                HookfitWarning, stacklevel=user_level())
+                f"ignored); {how}", HookfitWarning, stacklevel=user_level())
     if replaced[winner]:
         first = ones[replaced[winner][0]]
         return used._replace(replaces=f"{first.distribution} {first.version} ({first.ep.value})")

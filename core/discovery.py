@@ -104,7 +104,7 @@ def plugin_name(plugin: Any, discovered: Iterable[metadata.EntryPoint] = ()) -> 
     if isinstance(name, str) and name:
         return name
     for named in (plugin, type(plugin)):
-        naming = [ep.name for ep in discovered if _imported(ep) is named]
+        naming = list({ep.name: None for ep in discovered if _imported(ep) is named})
         if len(naming) == 1:
             return naming[0]
         if naming:  # several name it: none of them is chosen over the others
@@ -318,9 +318,10 @@ def collect(
 
     by_name = {info.name: i for i, info in enumerate(infos)}
     given_names: set[str] = set()
+    every = [found.ep for found in _scan(tuple(sys.path)).plugins]  # a clash's ignored one names its class too
     for plugin in given:
         built, plugin = inspect.isclass(plugin), _instantiate(plugin)
-        name = plugin_name(plugin, eps.values())
+        name = plugin_name(plugin, every)
         if name in given_names:
             raise PluginError(
                 f"two plugins given to Loop are both named {name!r}; give one a different "

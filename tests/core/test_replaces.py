@@ -4,6 +4,7 @@ made for real (``make_dist`` in conftest: a ``*.dist-info`` folder on ``sys.path
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 from pathlib import Path
@@ -85,6 +86,24 @@ def test_a_declared_replacement_silences_only_its_own_pair(site: Path) -> None:
     clashes = [str(w.message) for w in caught if "two distributions" in str(w.message)]
     assert len(clashes) == 1 and "my-checkpoint" in clashes[0] and "stray-checkpoint (stray_ckpt_mod:Saver, ignored)" in clashes[0]
     assert loop.run.pm.infos["checkpoint"].distribution == "my-checkpoint"
+
+
+@pytest.mark.bad_input
+def test_two_replacements_of_one_builtin_are_told_how_to_choose(site: Path) -> None:
+    """Both declared what the clash warning would advise: it says to choose one instead, and
+    the instance a script gives is the plugin the run uses."""
+    checkpoint_dist(site, "my-checkpoint", "my_ckpt_mod", replaces="hookfit")
+    checkpoint_dist(site / "more", "stray-checkpoint", "stray_ckpt_mod", replaces="hookfit")
+    sys.path.append(str(site / "more"))
+    hookfit.discovery.refresh()
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        run()
+    clashes = [str(w.message) for w in caught if "two distributions" in str(w.message)]
+    assert len(clashes) == 1 and "both replace hookfit's on purpose: uninstall one, or give the one to use" in clashes[0]
+    assert "entry points" not in clashes[0]
+    chosen = importlib.import_module("stray_ckpt_mod").Saver()  # the one ignored, chosen
+    loop = run(plugins=[chosen])  # (the clash was said once, when the entry points were read)
+    assert loop.run.pm.infos["checkpoint"].plugin is chosen
 
 
 def test_the_clash_warning_names_the_declared_replacement_that_is_used(site: Path) -> None:
