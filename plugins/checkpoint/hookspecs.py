@@ -6,7 +6,8 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
 
 * Save: at ``after_batch`` and/or ``after_epoch`` (when its policy says), and from
   a ``tryfirst`` ``fit_end`` after a graceful stop (``loop.state.status == "interrupted"``
-  and a ``stop_reason`` other than ``"KeyboardInterrupt"``) and after a run that completed
+  and a ``stop_reason`` other than ``"KeyboardInterrupt"``, which is the abort: a second Ctrl-C,
+  or a first one without the interrupter, ended the run mid-batch) and after a run that completed
   inside an epoch's training stage (``max_steps``, or a rule such as early stopping:
   ``loop.position.stage == "train"`` and ``loop.position.batch > 0``), which a longer run
   continues. A save stores three things: ``loop.state_dict()`` (the run's position, random
