@@ -25,10 +25,11 @@
   (:class:`Shielded`, their ``worker_init_fn`` for the run; the loader's own runs after it), so
   they keep feeding the batch the stop waits for, and the main process ends them as it ends
   the stage; once the run is over a SIGTERM ends a worker at once again, as torch's handler
-  does (Python's exit terminates the workers a run left, then joins them). A worker still
-  starting (spawn, forkserver) is not shielded yet: torch's handler ends it, and the run fails.
-  Any other child forked during the run takes the signal as it would have without the
-  handlers it inherited.
+  does (Python's exit terminates the workers a run left, then joins them). A forked worker is
+  shielded from the fork on (the handler it inherited knows it by the loader's code on its
+  stack); one still starting under spawn or forkserver is not shielded yet: torch's handler
+  ends it, and the run fails. Any other child forked during the run takes the signal as it
+  would have without the handlers it inherited.
 * A run stopped by a signal ends its process the way the signal unhandled would, once the
   stop is graceful and over (the last batch, the checkpoint, ``fit_end``, ``results`` and
   ``run.jsonl``'s end line): ``fit()`` then raises ``KeyboardInterrupt`` for SIGINT (exit
@@ -121,8 +122,12 @@ class Interrupter:
         name = signal.Signals(signum).name
         if loop is None:  # pragma: no cover - handlers exist only while a loop is set
             return
-        if os.getpid() != self._pid:  # a child forked during the run: as without the handler it inherited
-            signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)
+        if os.getpid() != self._pid:  # a child forked during the run
+            if _forked_by_a_loader(frame):  # a worker its Shielded init has not reached yet: shielded already
+                if signum == signal.SIGTERM and not any(running.is_set() for running in self._running):
+                    os._exit(0)
+                return
+            signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)  # as without the handler it inherited
             os.kill(os.getpid(), signum)
             return
         # "second": this process's own second signal; a stop another rank or plugin asked
@@ -179,6 +184,16 @@ class Shielded:
     def _signalled(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTERM and not self.running.is_set():
             os._exit(0)
+
+
+def _forked_by_a_loader(frame: FrameType | None) -> bool:
+    """Whether this forked child is a data loader's worker (torch's ``DataLoader``, torchdata's): the
+    stack it inherited from the fork runs through the loader's code that started it."""
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith(("torch.utils.data.", "torchdata.")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _context(loader: Any) -> Any:

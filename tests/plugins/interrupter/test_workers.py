@@ -151,3 +151,65 @@ def test_a_process_whose_dataloader_workers_are_shielded_still_ends(tmp_path: Pa
             proc.wait()
     assert proc.returncode == status, out + err
     assert ("ENDED" in out) == (status == 0), out + err
+
+
+STARTING = r'''
+import os, signal, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+
+x = torch.arange(64.0).reshape(32, 2)
+valid = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, num_workers=2,
+                   multiprocessing_context="fork")
+
+def signal_the_group_once():  # in a child, right after the fork: the worker is still starting
+    try:
+        os.close(os.open("signalled", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    os.killpg(0, signal.SIGTERM)
+
+def step(loop, batch):
+    loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    if loop.state.step == 3:  # the validation after step 4 forks its workers
+        os.register_at_fork(after_in_child=signal_the_group_once)
+    return loss
+
+def check(loop, batch):
+    return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+model = torch.nn.Linear(2, 1)
+hookfit.Loop(step, [(x[i:i + 4], x[i:i + 4].sum(1, keepdim=True)) for i in range(0, 32, 4)], val_step=check,
+             val_data=valid, val_every_n_steps=4, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
+             max_epochs=2, run_dir="run", plugins=[Checkpoint(background=False, every_n_epochs=None)]).fit()
+'''
+
+
+def test_a_sigterm_to_the_group_while_a_forked_worker_starts_stops_the_run_gracefully(tmp_path: Path) -> None:
+    """A job scheduler's SIGTERM that reaches a fork-started worker before its ``worker_init_fn``
+    shields it: the handler the worker inherited sees the loader's code on its stack and ignores it,
+    as the shield does. Before, it re-sent the signal unhandled: the worker died, the run failed
+    (``DataLoader worker ... exited unexpectedly``, status 1, no checkpoint of the stop)."""
+    script = tmp_path / "train.py"
+    script.write_text(STARTING)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env["HOOKFIT_PLUGINS"] = "interrupter,optim"
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (tmp_path / "signalled").exists(), err
+    assert "exited unexpectedly" not in err and "killed by signal" not in err, err
+    assert proc.returncode == 143, err
+    records = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
+    assert (records[-1]["event"], records[-1]["status"], records[-1]["reason"]) == ("end", "interrupted", "SIGTERM")
+    assert list((tmp_path / "run" / "checkpoints").glob("*.pt")), err
