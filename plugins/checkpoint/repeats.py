@@ -8,14 +8,16 @@ written again only when it carries a score of those weights that the earlier one
 validation between the two scored them): the best checkpoint holds its score. A save that is not
 written again is not announced: the checkpoint is announced once, with the first save's reason.
 
-Only a run of one process skips the repeat: with several, which saves each process writes or
-scores can differ (only the main one knows that its write failed, or that a busy writer skipped
-it), and building a checkpoint is a collective operation, so a decision that differed by process
-would leave one waiting for the others; there every save is written, as asked."""
+With several processes only the main one knows that its write failed or that a busy writer
+skipped it, and building a checkpoint is a collective operation that every process must join or
+skip alike: a save at the step of the last one asked (every process asks the same saves) takes the
+main process's answer, one broadcast; any other save is written without asking."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from hookfit.plugins.checkpoint.ranks import from_main
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -30,6 +32,7 @@ class Written:
     def __init__(self) -> None:
         self.step: int | None = None
         self.scored = False
+        self.asked: int | None = None  # the step of the last save asked (again(), a held copy), on every process
 
     def wrote(self, step: int, metric: float | None) -> None:
         """A checkpoint at ``step`` carrying ``metric`` was handed to the writer (or written)."""
@@ -43,8 +46,8 @@ class Written:
 
     def again(self, loop: Run, step: int, metric: float | None) -> bool:
         """Whether a save at ``step`` carrying ``metric`` is to be written: ``False`` for a step whose
-        checkpoint is written or in flight with a score, or with none and none now, in a run of one
-        process (see the module)."""
-        if loop.state.world_size > 1 or self.step != step:
-            return True
-        return metric is not None and not self.scored
+        checkpoint is written or in flight with a score, or with none and none now; with several
+        processes, the main process's answer (see the module)."""
+        repeat, self.asked = self.asked == step, step
+        write = self.step != step or (metric is not None and not self.scored)
+        return from_main(loop, write) if repeat and loop.state.world_size > 1 else write

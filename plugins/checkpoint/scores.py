@@ -141,6 +141,7 @@ def hold(checkpoint: Checkpoint, loop: Run, due: bool) -> None:
         return
     checkpoint.collect(loop)
     position = loop.position
+    checkpoint.written.asked = position.step  # asked on every process: a later save here asks the main one
     with checkpoint.writer.aside():
         payload = checkpoint.payload(loop, reason="step", metric=None)  # also on other ranks: collectives
         rest, shards = sharded.split(payload)

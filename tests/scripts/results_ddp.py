@@ -15,7 +15,9 @@ results and the files its plugin lists as kept. ``--failing-monitored OUT``: che
 process's write of step 4 failing, the processes' timeout 30 s. ``--raising OUT``: as ``--failing``
 with ``on_save_error="raise"``, max_steps=7, only the main process's write at the end (step 7) failing: each process
 writes its status and the error it raised, if any; ``--raising-foreground OUT``: the same, written in the
-foreground (``background=False``: the end's own save raises it).
+foreground (``background=False``: the end's own save raises it). ``--repeat OUT``: two epochs of 8
+steps with checkpoints every 4 steps and at each epoch's end (steps 8 and 16 are both); each process
+writes the files its writer wrote, one entry per write, and the checkpoints announced to it.
 """
 
 from __future__ import annotations
@@ -107,6 +109,30 @@ def failing(out: str, monitored: bool, raising: bool = False, background: bool =
                    "saved": [str(p) for p in checkpoint.saved]}, file)
 
 
+def repeat(out: str) -> None:
+    writes, announced = [], []
+
+    def save(state, path, between):
+        writes.append(path.name)
+        write_file(state, path, between)
+
+    class Announced:
+        name = "announced"
+
+        @hookfit.hookimpl
+        def checkpoint_saved(self, path, reason, step) -> None:
+            announced.append([os.path.basename(path), reason, step])
+
+    checkpoint_plugin.write_file = save
+    model, x, y, step = regression()
+    state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=2, run_dir="run",
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                         plugins=[Distributed(timeout=30), Optim(), Metrics(), Announced(),
+                                  Checkpoint(every_n_steps=4, keep_last=10)]).fit()
+    with open(f"{out}.rank{state.rank}.json", "w") as file:
+        json.dump({"status": state.status, "writes": writes, "announced": announced}, file)
+
+
 def main(out: str) -> None:
     model, x, y, step = regression()
 
@@ -127,7 +153,9 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1].startswith(("--failing", "--raising")):
+    if sys.argv[1] == "--repeat":
+        repeat(sys.argv[2])
+    elif sys.argv[1].startswith(("--failing", "--raising")):
         failing(sys.argv[2], monitored=sys.argv[1] == "--failing-monitored", raising=sys.argv[1].startswith("--raising"),
                 background=sys.argv[1] != "--raising-foreground")
     else:

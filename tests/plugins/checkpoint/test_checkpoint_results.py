@@ -270,13 +270,27 @@ def test_a_failed_write_of_a_monitored_checkpoint_leaves_the_processes_in_step(t
     """The main process's write at step 4 fails (a full disk, warned): its best differs from the
     other's, and at step 8 (the validation's save, then the epoch's) one process asked the others
     whether to write again while the other went on building the checkpoint: both waited until
-    the processes' timeout. Every save is written in a run of several processes."""
+    the processes' timeout. The epoch's save takes the main process's answer: not written again."""
     run = torchrun(tmp_path, "--failing-monitored", "out")
     assert run.returncode == 0, run.stdout + run.stderr
     ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["status"], r["step"]) for r in ranks] == [("completed", 8)] * 2
     assert ranks[0]["results"] == ranks[1]["results"] and ranks[0]["results"]["failed_saves"] == 1, ranks
 
+
+
+@pytest.mark.slow
+def test_an_epochs_save_at_the_step_of_a_step_save_is_written_once_under_torchrun(tmp_path: Path) -> None:
+    """Steps 8 and 16 end the epochs and are saved by ``every_n_steps=4`` too: each checkpoint is
+    written and announced once (FSDP2 stalls every process for a second to build one), and the
+    process that writes nothing announces none."""
+    run = torchrun(tmp_path, "--repeat", "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    main, other = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    names = [f"epoch000{1 + (s - 1) // 8}-step0000000{s:02d}.pt" for s in (4, 8, 12, 16)]
+    assert main["status"] == other["status"] == "completed"
+    assert main["writes"] == names and other["writes"] == [], (main, other)
+    assert [a[0] for a in main["announced"]] == names and other["announced"] == [], (main, other)
 
 
 @pytest.mark.slow
