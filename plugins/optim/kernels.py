@@ -6,16 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import _default_to_fused_or_foreach  # torch's rule: whether its fused kernel takes them
 
 from hookfit.modes import modules
-
-FusedRule = Callable[[list[torch.Tensor], bool, bool], tuple[bool, bool]]
-
-try:  # torch's rule (params, differentiable, use_fused): whether its fused kernel takes them
-    from torch.optim.optimizer import _default_to_fused_or_foreach as _torch_rule
-    _default_to_fused_or_foreach: FusedRule | None = _torch_rule
-except ImportError:  # pragma: no cover - a torch without it: no optimizer is switched
-    _default_to_fused_or_foreach = None
 
 FUSED_CLASSES = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)  # (in torch 2.13)
 SWITCHED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)  # switched to their fused kernel by fuse()
@@ -32,7 +25,7 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
 
 def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
     """Switch the groups of ``optimizer`` that can take it to torch's fused kernel (``model``: its sparse modules)."""
-    if _default_to_fused_or_foreach is None or type(optimizer) not in SWITCHED:
+    if type(optimizer) not in SWITCHED:
         return
     dense = {id(p) for root in modules(model) for module in root.modules()  # SGD's rule: no sparse=True module
              if getattr(module, "sparse", False) is not True for p in module.parameters(recurse=False)
@@ -66,8 +59,7 @@ def _switchable(optimizer: torch.optim.Optimizer, group: dict[str, Any], dense: 
     if group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable"):
         return False
     params = group["params"]
-    rule = _default_to_fused_or_foreach
-    if not params or rule is None or not rule(params, False, True)[0]:  # (use_fused=True)
+    if not params or not _default_to_fused_or_foreach(params, False, True)[0]:  # (use_fused=True)
         return False
     if type(optimizer) is torch.optim.SGD:
         if any(type(p) not in (torch.Tensor, torch.nn.Parameter) or id(p) not in dense

@@ -199,8 +199,14 @@ class ManagedOptimizer:
         return self._primed
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer (with its class), schedulers (with theirs) and counters, for checkpoints."""
-        return {"class": class_name(self.optimizer), "optimizer": self.optimizer.state_dict(),
+        """Optimizer (with its class), schedulers (with theirs) and counters, for checkpoints. A state sharded over
+        the processes (``consolidate_state_dict``: ``ZeroRedundancyOptimizer``) is gathered whole on the main one, a
+        collective every process joins; the others, whose state the main process writes, keep ``None`` for it."""
+        optimizer, whole = self.optimizer, True
+        if (consolidate := getattr(optimizer, "consolidate_state_dict", None)) is not None:
+            consolidate(to=0)
+            whole = self._rules.loop.is_main
+        return {"class": class_name(optimizer), "optimizer": optimizer.state_dict() if whole else None,
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scheduler_classes": [class_name(s) for s in self.schedulers],
                 "steps": self.steps, "skipped": self.skipped, "built": self.built}

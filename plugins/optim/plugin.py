@@ -40,23 +40,22 @@ class Optim:
                  monitor: str | None = None, precision: Literal["32", "bf16-mixed", "16-mixed"] = "32",
                  defer: bool | None = None, fuse: bool = True) -> None:
         name = self.name
-        positive_int(name, "accumulate", accumulate)
+        self.accumulate = positive_int(name, "accumulate", accumulate)
         choice(name, "nonfinite", nonfinite, ("skip", "raise"), none=True)
         choice(name, "precision", precision, PRECISIONS)
-        flag(name, "defer", defer, none=True)
-        flag(name, "fuse", fuse)
-        flag(name, "check_grads", check_grads)
-        check(name, "amp", amp, lambda v: isinstance(v, (bool, torch.amp.GradScaler)),
-              "be True, False or a torch.amp.GradScaler")
+        self.defer = flag(name, "defer", defer, none=True)
+        self.fuse = flag(name, "fuse", fuse)
+        self.check_grads = flag(name, "check_grads", check_grads)
+        self.amp = check(name, "amp", amp, lambda v: isinstance(v, (bool, torch.amp.GradScaler)),
+                         "be True, False or a torch.amp.GradScaler")
         if precision == "bf16-mixed" and amp is not False:
             raise ValueError("optim: precision='bf16-mixed' needs no loss scaling: leave amp unset "
                              "(precision='16-mixed' scales the loss itself)")
         self.clip_norm = positive_number(name, "clip_norm", clip_norm, none=True)
         self.clip_value = positive_number(name, "clip_value", clip_value, none=True)
-        self.accumulate, self.amp, self.nonfinite, self.precision = accumulate, amp, nonfinite, precision
-        self._step_options = {"accumulate": int(accumulate), "clip_norm": self.clip_norm, "clip_value": self.clip_value,
+        self.nonfinite, self.precision = nonfinite, precision  # (as typed: choice() returns Any)
+        self._step_options = {"accumulate": self.accumulate, "clip_norm": self.clip_norm, "clip_value": self.clip_value,
                               "precision": str(precision)}  # saved: a resume given others warns (plain data)
-        self.check_grads, self.defer, self.fuse = check_grads, defer, fuse
         self.schedulers, self.scheduler_interval, self.monitor = schedulers, scheduler_interval, monitor
         self.scaler: torch.amp.GradScaler | None = None
         self.loop: Run | None = None

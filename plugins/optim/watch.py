@@ -41,7 +41,7 @@ class Watch:
         """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in it."""
         self.loop, self._optimizers, self._why = loop, optimizers, why
         self._watched = self._first_stage = False  # this run's first training stage was watched; is running
-        self._bypass_seen = self._backward_bypassed = self._unstepped_said = False  # said: a bypass, no step
+        self._bypass_seen = self._backward_bypassed = False  # said: a step, a backward pass bypassing optim
         self._grads: bool | None = None  # whether a torch step while watched had a gradient (None: no step)
 
     def stage_start(self, own_backward: bool) -> None:
@@ -95,9 +95,8 @@ class Watch:
             warnings.warn(f"optim: the optimizers stepped without a gradient on any of their parameters in the first "
                           f"epoch: call loop.backward(loss) in {self._step_name()!r} on a loss of the model they hold"
                           f" (the parameters do not change)", OptimWarning, stacklevel=user_level())
-        if self._unstepped_said or self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
+        if self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
             return
-        self._unstepped_said = True
         warnings.warn(f"optim: step function {self._step_name()!r} called loop.backward(loss) in the first training "
                       f"epoch and no optimizer stepped in all of it: the parameters do not change. optim steps when "
                       f"the step function asks: call loop.optimizers.step() and loop.optimizers.zero_grad() after "
