@@ -13,11 +13,9 @@ from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import check, choice, flag, hparams, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
-from hookfit.plugins.optim.checks import Check, DeviceCheck, Flags, HostCheck, NoCheck
-from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules
-from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy
+from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, note_toggles
+from hookfit.plugins.optim.nonfinite import Check, Deferred, DeviceCheck, HostCheck, NoCheck, OptimWarning, Policy
 from hookfit.plugins.optim.schedulers import Schedules
-from hookfit.plugins.optim.toggles import note_toggles
 from hookfit.plugins.optim.watch import Watch
 from hookfit.plugins.optim.windows import Window
 
@@ -78,7 +76,7 @@ class Optim:
         for name, opt in optimizers.items():
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optim: optimizer {name!r} is a {type(opt).__name__}, not a torch.optim.Optimizer")
-        schedulers = self._schedules.assign(loop, optimizers)  # each optimizer's, checked (none in a validation)
+        schedulers = self._schedules.assign(loop, optimizers, self.accumulate)  # checked (none in a validation)
         self._counts = hparams.ScheduleCounts(self.name, OptimWarning)  # schedulers stepped elsewhere too
         device = next((p.device.type for root in modules(loop.model) for p in root.parameters()), None)
         guess = "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,7 +90,7 @@ class Optim:
             self.scaler = torch.amp.GradScaler(self._autocast[0] if self._autocast else guess)
         self._closes_always = False
         self._policy.start(loop)
-        self._deferred.start(Flags(), self.accumulate, self.scaler is not None)
+        self._deferred.start(self.accumulate, self.scaler is not None)
         if self.nonfinite is None:  # every loss back-propagated
             self._check = NoCheck()
         elif self.defer is True or (self.defer is None and device not in (None, "cpu")):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Collection, Mapping, NamedTuple
 
 import torch
+from torch.optim import lr_scheduler
 
+from hookfit.data import length
+from hookfit.errors import user_level
 from hookfit.payloads import MetricsSnapshot
+from hookfit.plugins.optim.nonfinite import OptimWarning
 from hookfit.plugins.support import Monitor, choice, hparams, option_error
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -114,7 +119,7 @@ class Schedules:
         """Those of ``schedulers`` that step after each real step of their optimizer."""
         return [s for s in schedulers if not isinstance(s, PLATEAU) and id(s) not in self._epochwise]
 
-    def assign(self, loop: Run, optimizers: Mapping[str, Any]) -> dict[str, list[Any]]:
+    def assign(self, loop: Run, optimizers: Mapping[str, Any], accumulate: int = 1) -> dict[str, list[Any]]:
         """At ``configure``: each optimizer's schedulers, in order, checked against the run's optimizers."""
         self._awaiting, self._epochwise, self._first = None, set(), True
         out = self._assigned = {name: [] for name in optimizers}
@@ -145,7 +150,22 @@ class Schedules:
             raise ValueError(f"optim: monitor={self.monitor!r} steps the ReduceLROnPlateau on a validation metric, "
                              f"and this run has no validation: give Loop(val_step=..., val_data=...), or monitor a "
                              f"'train/' metric")
+        self._advise(loop, accumulate)
         return out
+
+    def _advise(self, loop: Run, accumulate: int) -> None:
+        """One warning where a scheduler stepped after each optimizer step passes its schedule within the first epoch,
+        as one counted in epochs does (:func:`_passed`): a script's loop stepped it once an epoch."""
+        batches = length(loop.train_data) or 0
+        steps = -(-min(batches, loop.max_steps or batches) // accumulate)  # the first epoch's optimizer steps
+        for name, scheduler in ((n, s) for n, held in self._assigned.items() for s in self.per_step(held)):
+            if _passed(scheduler, steps):
+                interval = "'epoch'" if len(self._assigned) == 1 else f"{{{name!r}: 'epoch'}}"
+                warnings.warn(f"optim: the {describe(scheduler)} of optimizer {name!r} steps after each optimizer "
+                              f"step and passes its schedule within the first epoch ({steps} steps): it looks "
+                              f"counted in epochs. Give Optim(scheduler_interval={interval}) to step it at each "
+                              f"epoch's end, or count it in optimizer steps", OptimWarning, stacklevel=user_level())
+                return
 
     def stage_ended(self, loop: Run, stage: str) -> None:
         """The monitored stage is complete: its ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""
@@ -180,3 +200,13 @@ class Schedules:
                 if isinstance(scheduler, PLATEAU) if plateaus else id(scheduler) in self._epochwise:
                     with hparams.resumed_schedule(name in stepped):
                         scheduler.step(*value)
+
+
+
+def _passed(scheduler: Any, steps: int) -> bool:
+    """Whether ``steps`` steps pass every milestone of a MultiStepLR, or bring a StepLR or an ExponentialLR below a
+    thousandth of its rate (more than a whole step schedule decays: ImageNet's, 0.1 at epochs 30, 60 and 90)."""
+    if isinstance(scheduler, lr_scheduler.MultiStepLR):
+        return bool(scheduler.milestones) and max(scheduler.milestones) < steps
+    decays = isinstance(scheduler, (lr_scheduler.StepLR, lr_scheduler.ExponentialLR)) and 0 <= scheduler.gamma < 1
+    return decays and bool(scheduler.gamma ** (steps // getattr(scheduler, "step_size", 1)) < 1e-3)

@@ -10,7 +10,7 @@ import torch
 import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.metrics import Metrics
-from hookfit.plugins.optim import Optim
+from hookfit.plugins.optim import Optim, OptimWarning
 from conftest import StopAfter, mse_step
 
 lr_scheduler = torch.optim.lr_scheduler
@@ -549,3 +549,42 @@ def test_an_epoch_scheduler_leaves_a_warning_shown_once_shown_once() -> None:
                      plugins=[Optim(schedulers=torch.optim.lr_scheduler.StepLR(opt, 1), scheduler_interval="epoch")]
                      ).fit()
     assert [str(w.message) for w in caught].count("from the step") == 1
+
+
+def test_a_per_step_scheduler_that_passes_its_schedule_in_the_first_epoch_is_told_to_step_each_epoch() -> None:
+    """A schedule ported from a loop that steps it once an epoch (pytorch/examples: StepLR(step_size=30) for
+    ImageNet, StepLR(step_size=1, gamma=0.7) for MNIST) stepped after each optimizer step instead: one warning at
+    the script's fit() line, naming scheduler_interval='epoch'. Schedules counted in steps (OneCycleLR,
+    CosineAnnealingLR over the run's steps, a decay spread over it, milestones past the first epoch), and the same
+    schedules stepped each epoch, say nothing."""
+    import warnings
+
+    def fit(make, epochs: int = 3, batches: int = 6, max_steps: int | None = None,
+            **options) -> list[warnings.WarningMessage]:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        loop = hookfit.Loop(train_step, data(batches), model=m, optimizers=opt, max_epochs=epochs,
+                            max_steps=max_steps, plugins=[Optim(schedulers=make(opt), **options)])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loop.fit()
+        return [w for w in caught if "looks counted in epochs" in str(w.message)]
+
+    told = fit(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.1))
+    assert [str(w.message) for w in told] == [
+        "optim: the StepLR of optimizer 'default' steps after each optimizer step and passes its schedule within the "
+        "first epoch (6 steps): it looks counted in epochs. Give Optim(scheduler_interval='epoch') to step it at each "
+        "epoch's end, or count it in optimizer steps"]
+    assert told[0].category is OptimWarning and told[0].filename == __file__  # the fit() line
+    assert len(fit(lambda opt: lr_scheduler.StepLR(opt, step_size=30, gamma=0.1), batches=120)) == 1
+    assert len(fit(lambda opt: lr_scheduler.MultiStepLR(opt, milestones=[2, 4], gamma=0.1))) == 1
+    assert len(fit(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.3))) == 1
+    assert fit(lambda opt: lr_scheduler.MultiStepLR(opt, [2, 4]), accumulate=3) == []  # 2 steps an epoch
+    for make in [lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=18),
+                 lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=18),
+                 lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),  # a decay over the run's steps
+                 lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.9),
+                 lambda opt: lr_scheduler.MultiStepLR(opt, milestones=[8, 14], gamma=0.1)]:
+        assert fit(make) == []
+    assert fit(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.1), scheduler_interval="epoch") == []
+    assert fit(lambda opt: lr_scheduler.MultiStepLR(opt, [2, 4]), max_steps=4) == []  # the run ends before
