@@ -67,6 +67,9 @@ def test_train_data_not_iterable() -> None:
     (lambda loop, batch, extra: None, r"its signature \(loop, batch, extra\) does not take those two arguments"),
     (type("Scorer", (), {"__call__": lambda self, batch: None})(), r"train_step '<.*Scorer object at .*>' is called as "
                                                                    r"step\(loop, batch\), and its signature \(batch\)"),
+    (type("LitModel", (), {"training_step": lambda self, batch, batch_idx: None})().training_step,
+     r"signature \(batch, batch_idx\) takes \(batch, batch_idx\), as a LightningModule's does: write \(loop, batch\) "
+     r"and read the batch's index as loop.state.batch_idx"),
 ])
 def test_a_step_function_that_cannot_take_loop_and_batch_is_refused_when_the_loop_is_made(step, match) -> None:
     """``def step(batch)`` fails at Loop(), naming the step and its signature, not at the first
