@@ -151,11 +151,11 @@ class Batches:
             raise ValueError(f"tensors differ in their first dimension: {lengths}")
         if lengths[0] == 0:
             raise ValueError("Batches needs at least one sample; the tensors have 0 rows")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not hasattr(type(batch_size), "__index__") or operator.index(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
         self.tensors = tensors
         self.num_samples = lengths[0]
-        self.batch_size = batch_size
+        self.batch_size = operator.index(batch_size)  # (NumPy's integers too)
         self.shuffle = bool(shuffle)
         self.seed = operator.index(seed)
         self.drop_last = bool(drop_last)

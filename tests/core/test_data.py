@@ -48,6 +48,13 @@ def test_batch_size_must_be_a_positive_int(size):
         Batches(torch.zeros(10), batch_size=size)
 
 
+def test_a_numpy_batch_size_is_the_plain_int_it_holds():
+    import numpy
+
+    batches = Batches(torch.arange(10), batch_size=numpy.int64(4))
+    assert type(batches.batch_size) is int and [len(b[0]) for b in batches] == [4, 4, 2]
+
+
 @pytest.mark.bad_input
 def test_no_samples_no_tensors_and_0d_tensors_are_refused():
     with pytest.raises(ValueError, match="0 rows"):
