@@ -53,9 +53,8 @@ class PluginInfo:
     ``HOOKFIT_DISABLE_PLUGINS``, ``HOOKFIT_PLUGINS`` (not listed there) or the configuration
     file's ``enabled = false``."""
     replaces: str | None = None
-    """The plugin of the same name that this one replaces on purpose, as ``hookfit 0.3.0
-    (hookfit.plugins.checkpoint:Checkpoint)``: another distribution's entry point, ignored
-    because this plugin's distribution declares the replacement (see :func:`entry_points`)."""
+    """The plugin of the same name that this one replaces on purpose (its distribution declares it:
+    :func:`entry_points`), as ``hookfit 0.3.0 (hookfit.plugins.checkpoint:Checkpoint)``."""
     declares: list[Any] = field(default_factory=list)
     """The event declarations (``hookspecs``) of this plugin, read when it is loaded (a
     disabled plugin is never imported; the built-ins' are added whatever their state, see
@@ -345,15 +344,16 @@ def collect(
             infos.append(info)
 
     known = {info.name for info in infos}
+    by_module = {ep.module.rpartition(".")[2]: name for name, ep in eps.items()}  # csv_log: the plugin csv
     for label, names in (("disabled", disabled), (ENV_ONLY, only or ())):
         for name in sorted(set(names) - known):
-            _warn_unknown(name, label, known)
+            _warn_unknown(name, label, known, by_module)
     for name in configured.plugins:
         if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
+            close = _closest(name, known, by_module)
             raise config.ConfigError(
                 f"{configured.where(name)}: no plugin named {name!r} is installed or given"
-                f"{f' (did you mean {close[0]!r}?)' if close else ''}; known plugins: {', '.join(sorted(known))}"
+                f"{f' (did you mean {close!r}?)' if close else ''}; known plugins: {', '.join(sorted(known))}"
             )
         if name in given_names:
             warnings.warn(f"{configured.where(name)} is not used: the plugin {name!r} given to "
@@ -386,12 +386,14 @@ def collect(
     return infos
 
 
-def _warn_unknown(name: str, label: str, known: set[str]) -> None:
-    close = difflib.get_close_matches(name, sorted(known), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    warnings.warn(
-        f"plugin name {name!r} ({label}) matches no installed or given plugin{hint} "
-        f"Known plugins: {', '.join(sorted(known)) or 'none'}.",
-        HookfitWarning,
-        stacklevel=user_level(),
-    )
+def _closest(name: str, known: set[str], by_module: dict[str, str]) -> str | None:
+    """The plugin ``name`` most likely meant: the one whose module it names, else the closest name."""
+    if by_module.get(name) in known:
+        return by_module[name]
+    return next(iter(difflib.get_close_matches(name, sorted(known), n=1)), None)
+
+
+def _warn_unknown(name: str, label: str, known: set[str], by_module: dict[str, str]) -> None:
+    hint = f"; did you mean {close!r}?" if (close := _closest(name, known, by_module)) else ""
+    warnings.warn(f"plugin name {name!r} ({label}) matches no installed or given plugin{hint} Known plugins: "
+                  f"{', '.join(sorted(known)) or 'none'}.", HookfitWarning, stacklevel=user_level())

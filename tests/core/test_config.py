@@ -155,6 +155,8 @@ def fit(**kwargs) -> hookfit.Loop:
     ("[plugins.early_stoping]\npatience = 2\n",
      r"run.toml \[plugins.early_stoping\]: no plugin named 'early_stoping' is installed or given \(did you mean "
      r"'early_stopping'\?\); known plugins: .*early_stopping.*metrics"),
+    ("[plugins.csv_log]\n",  # the module's name (hookfit.plugins.csv_log), not the plugin's
+     r"run.toml \[plugins.csv_log\]: no plugin named 'csv_log' is installed or given \(did you mean 'csv'\?\)"),
     ("[plugins.early_stopping]\npatience = 2\nwait = 3\n",
      r"run.toml \[plugins.early_stopping\]: plugin 'early_stopping' has no option 'wait'; its options are: "
      r"monitor, mode, patience, min_delta"),
