@@ -154,8 +154,7 @@ class Schedules:
         return out
 
     def _advise(self, loop: Run, accumulate: int) -> None:
-        """One warning where a scheduler stepped after each optimizer step passes its schedule within the first epoch,
-        as one counted in epochs does (:func:`_passed`): a script's loop stepped it once an epoch."""
+        """One warning for a per-step scheduler that passes its schedule in the first epoch (:func:`_passed`)."""
         batches = length(loop.train_data) or 0
         steps = -(-min(batches, loop.max_steps or batches) // accumulate)  # the first epoch's optimizer steps
         for name, scheduler in ((n, s) for n, held in self._assigned.items() for s in self.per_step(held)):
@@ -200,7 +199,6 @@ class Schedules:
                 if isinstance(scheduler, PLATEAU) if plateaus else id(scheduler) in self._epochwise:
                     with hparams.resumed_schedule(name in stepped):
                         scheduler.step(*value)
-
 
 
 def _passed(scheduler: Any, steps: int) -> bool:

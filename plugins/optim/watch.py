@@ -33,8 +33,7 @@ class Watch:
         self._handles: list[RemovableHandle] = []  # the step pre-hooks
         self._grad_hooks = GradientWatch((), self._grad_arrived)
         self._own_backward = True  # loop.backward runs optim's pass
-        self._passes = 0  # backward passes through loop.backward while watched
-        self._steps_at = 0  # the optimizers' steps (taken or skipped) when the watch began
+        self._passes = self._steps_at = self._at = 0  # watched passes; steps (taken, skipped) and batches at its start
         self.start(None, None, [])
 
     def start(self, loop: Run | None, optimizers: Optimizers | None, why: list[str]) -> None:
@@ -79,7 +78,7 @@ class Watch:
         self._handles = [m.optimizer.register_step_pre_hook(self._step_seen) for m in managed]
         if not on:
             return
-        self._passes, self._steps_at = 0, self._stepped()
+        self._passes, self._steps_at, self._at = 0, self._stepped(), self.loop.state.step if self.loop else 0
         if not self._backward_bypassed and self._own_backward:
             watched = {id(p): p for m in managed for p in m.params if p.requires_grad and p.is_leaf}
             self._grad_hooks = GradientWatch(watched.values(), self._grad_arrived)
@@ -89,15 +88,18 @@ class Watch:
         return sum(m.steps + m.skipped for m in (self._optimizers or {}).values())
 
     def _check_stepped(self) -> None:
-        """Warn, once a run, when the first stage passed through ``loop.backward`` and nothing stepped, or
-        when its optimizers stepped and none of their parameters had a gradient at any step."""
+        """Warn, once a run, when nothing stepped in the first stage's batches (through ``loop.backward`` or with no
+        backward pass), or when its optimizers stepped and none of their parameters had a gradient at any step."""
         if self._grads is False:
             warnings.warn(f"optim: the optimizers stepped without a gradient on any of their parameters in the first "
                           f"epoch: call loop.backward(loss) in {self._step_name()!r} on a loss of the model they hold"
                           f" (the parameters do not change)", OptimWarning, stacklevel=user_level())
-        if self._passes == 0 or self._bypass_seen or self._stepped() != self._steps_at:
+        idle = self._passes == 0 and (self._backward_bypassed or self.loop is None or self.loop.state.step == self._at)
+        if idle or self._bypass_seen or self._stepped() != self._steps_at:
             return
-        warnings.warn(f"optim: step function {self._step_name()!r} called loop.backward(loss) in the first training "
+        asked = ("called loop.backward(loss)" if self._passes else
+                 "made no loop.backward(loss) (a loss returned is reported)")
+        warnings.warn(f"optim: step function {self._step_name()!r} {asked} in the first training "
                       f"epoch and no optimizer stepped in all of it: the parameters do not change. optim steps when "
                       f"the step function asks: call loop.optimizers.step() and loop.optimizers.zero_grad() after "
                       f"loop.backward(loss)", OptimWarning, stacklevel=user_level())

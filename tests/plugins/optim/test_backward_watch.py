@@ -258,6 +258,27 @@ def test_a_step_function_that_never_steps_the_optimizers_is_told_the_model_does_
 
 
 @pytest.mark.bad_input
+def test_a_step_that_only_returns_its_loss_is_told_the_model_does_not_train() -> None:
+    """A LightningModule's habit: the step returns the loss and expects the framework to step. optim
+    steps when asked; the first training epoch's end says the parameters do not change."""
+    m = model()
+    before = [p.detach().clone() for p in m.parameters()]
+
+    def train_step(loop, batch):
+        return torch.nn.functional.mse_loss(m(batch[0]), batch[1])
+
+    with pytest.warns(OptimWarning) as caught:
+        hookfit.Loop(train_step, data(4), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     max_epochs=2, plugins=[Optim()]).fit()
+    said = [str(w.message) for w in caught if "no optimizer stepped" in str(w.message)]
+    assert len(said) == 1 and "'test_a_step_that_only_returns_its_loss_is_told_the_model_does_not_train.<locals>." \
+        "train_step' made no loop.backward(loss) (a loss returned is reported) in the first training epoch and no " \
+        "optimizer stepped in all of it: the parameters do not change" in said[0], said
+    assert [w.filename for w in caught if "no optimizer stepped" in str(w.message)] == [__file__]  # the fit() line
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+
+
+@pytest.mark.bad_input
 @pytest.mark.parametrize("slip", ["no backward", "another module's optimizer", "zero_grad before step"])
 def test_optimizers_that_step_without_any_gradient_are_told_the_model_does_not_train(slip: str) -> None:
     """The optimizers step, and none of their parameters ever has a gradient when they do: the
