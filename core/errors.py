@@ -26,7 +26,7 @@ class PluginError(Exception):
 class UsageError(Exception):
     """An error that says its caller used the object raising it wrongly (named an optimizer a run
     has several of without saying which, passed what it cannot take). A plugin declares such an
-    error by deriving from it, alongside the built-in it is (``class NameOne(UsageError,
+    error by deriving from it, alongside the built-in it is (``class NoSingleOptimizer(UsageError,
     TypeError)``); raised by the plugin's code that a step function called, and by no other code
     below that call, its note blames the step function that made the call, naming the plugin
     and the function that refused it, not the plugin."""

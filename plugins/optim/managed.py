@@ -251,8 +251,8 @@ NONE_GIVEN = ("this run has no optimizer: none was given to Loop(optimizers=...)
               "drives, Loop(optimizers=torch.optim.SGD(model.parameters(), lr=...)), or several as a dict of names")
 
 
-class NameOne(UsageError, TypeError, AttributeError):
-    """An unnamed optimizer's ``step``/``zero_grad``/``param_groups`` asked of several: ``hasattr`` says False."""
+class NoSingleOptimizer(UsageError, TypeError, AttributeError):
+    """An unnamed optimizer's ``step``/``zero_grad``/``param_groups`` asked of several or of none: ``hasattr`` is False."""
 
 
 class Optimizers(Mapping[str, ManagedOptimizer]):
@@ -282,7 +282,7 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         if what not in ("step", "zero_grad", "param_groups"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {what!r}")
         several = f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))})"
-        raise NameOne(f"{several}; name one: loop.optimizers[name].{what}" if self._managed
+        raise NoSingleOptimizer(f"{several}; name one: loop.optimizers[name].{what}" if self._managed
                       else f"loop.optimizers.{what}: {NONE_GIVEN}")
 
     @contextlib.contextmanager

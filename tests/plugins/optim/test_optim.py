@@ -1062,6 +1062,8 @@ def test_without_optimizers_the_step_is_told_none_was_given(call: str, given: st
     message = str(info.value)
     assert "no optimizer: none was given to Loop(optimizers=...)" in message, message
     assert "name one" not in message
+    if call != "item":  # the run's end line names the class: it says what is wrong (none, or several, unnamed)
+        assert type(info.value).__name__ == "NoSingleOptimizer"
 
 
 # -- checkpoints of another optimizer ------------------------------------------------------
