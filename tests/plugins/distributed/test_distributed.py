@@ -508,6 +508,8 @@ def test_a_checkpoint_inside_an_accumulation_window_under_ddp_says_it_is_not_exa
     assert list(tmp_path.glob("runs/ddp/*/checkpoints/epoch0001-step000000005.pt")), out + err
     assert "a checkpoint taken inside a gradient-accumulation window does not hold every rank's" in out + err
     assert "each rank's are its own until the window's last batch" in out + err
+    said = [line for line in (out + err).splitlines() if "does not hold every rank's" in line]
+    assert len(said) == 1 and "core/dispatch.py" not in said[0] and "hookfit/" not in said[0], said  # once, the script's line
 
 
 @pytest.mark.fault
