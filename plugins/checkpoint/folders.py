@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import sharded
-from hookfit.plugins.checkpoint.storage import CheckpointWarning, checkpoint_files, stale_temporaries
+from hookfit.plugins.checkpoint.storage import EARLIER, CheckpointWarning, checkpoint_files, set_aside, stale_temporaries
 from hookfit.locks import FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -55,9 +55,8 @@ def _make(directory: Path, owner: str) -> None:
 
 def prepare(folder: Path, resumes: bool) -> None:
     """Before a run writes in ``folder``: the temporary files of writes that a killed process
-    left removed; the checkpoints of an earlier run there warned of once when this run does not
-    resume (they stay beside its own, keep_last does not prune them, and ``resume="latest"``
-    takes the newest of them all by epoch and step)."""
+    left removed; the checkpoints of an earlier run there, when this run does not resume, set
+    aside (:func:`~hookfit.plugins.checkpoint.storage.set_aside`) and warned of once."""
     for path in stale_temporaries(folder):
         try:
             sharded.remove(path)
@@ -65,8 +64,9 @@ def prepare(folder: Path, resumes: bool) -> None:
             pass
     earlier = [] if resumes else checkpoint_files(folder)
     if earlier:
+        set_aside(folder, earlier)
         warnings.warn(f"checkpoint: {folder} already holds {len(earlier)} checkpoint(s) of an earlier run (newest by "
-                      f"name: {earlier[0].name}) and this run does not resume: its checkpoints go beside them, "
-                      f"keep_last leaves those alone, and a later resume='latest' takes the newest of all by epoch "
-                      f"and step, which may be one of the earlier run's. Give this run another run_dir or name, "
-                      f"resume it (resume='latest'), or remove them", CheckpointWarning, stacklevel=user_level())
+                      f"name: {earlier[0].name}) and this run does not resume: they stay there, set aside (listed in "
+                      f"{EARLIER}): resume='latest', hookfit export and keep_last take this run's checkpoints only; "
+                      f"one of them is resumed or exported by its path. Give each run its own run_dir or name, or "
+                      f"resume (resume='latest')", CheckpointWarning, stacklevel=user_level())

@@ -323,14 +323,35 @@ def filename(position: Position, reason: str) -> str:
     return f"{stem}epoch{shown:04d}-step{step:09d}{SUFFIX}"
 
 
+EARLIER = ".earlier-runs"
+"""In a checkpoint folder: the names of the checkpoints an earlier run left there, one a line, written by a
+run that began afresh beside them (:func:`set_aside`)."""
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
     """The checkpoints in ``folder``, newest first: files ``epoch*.pt`` and sharded
-    checkpoints' folders ``epoch*.dcp`` (``failed-*`` ones are not listed)."""
+    checkpoints' folders ``epoch*.dcp`` (``failed-*`` ones are not listed, nor those set aside
+    by a later run that began afresh there, unless written again since: :func:`set_aside`)."""
     if not folder.is_dir():
         return []
     found = [p for p in folder.glob(f"epoch*{SUFFIX}") if p.is_file()]
     found += [p for p in folder.glob("epoch*.dcp") if p.is_dir()]
+    listed = folder / EARLIER
+    if listed.is_file():
+        aside, when = set(listed.read_text().split()), listed.stat().st_mtime
+        found = [p for p in found if p.name not in aside or p.stat().st_mtime > when]
     return sorted(found, key=lambda p: (p.stem, p.stat().st_mtime), reverse=True)
+
+
+def set_aside(folder: Path, checkpoints: list[Path]) -> None:
+    """Leave ``checkpoints`` (an earlier run's, in ``folder``) out of every listing from now on:
+    ``resume="latest"``, ``hookfit export`` and ``keep_last`` take the new run's own; the files stay,
+    reachable by path. Said in ``folder``'s :data:`EARLIER` file, names added to those listed."""
+    listed = folder / EARLIER
+    names = sorted(set(listed.read_text().split() if listed.is_file() else ()) | {p.name for p in checkpoints})
+    temporary = folder / f".{EARLIER}.{os.getpid()}.tmp"
+    temporary.write_text("".join(f"{name}\n" for name in names))
+    os.replace(temporary, listed)
 
 
 def position_of(path: Path) -> tuple[int, int]:

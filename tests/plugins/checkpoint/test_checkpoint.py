@@ -20,6 +20,7 @@ import torch
 import hookfit
 from hookfit.data import Batches
 from hookfit.plugins.checkpoint import FORMAT_VERSION, Checkpoint, CheckpointError, CheckpointWarning, digest, read
+from hookfit.plugins.checkpoint.storage import checkpoint_files
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
@@ -1096,8 +1097,26 @@ def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints
     assert said(epochs=2) == []  # the first run
     assert said(epochs=1) == [
         f"conftest.py: checkpoint: {tmp_path / 'checkpoints'} already holds 2 checkpoint(s) of an earlier run (newest "
-        f"by name: epoch0002-step000000014.pt) and this run does not resume: its checkpoints go beside them, "
-        f"keep_last leaves those alone, and a later resume='latest' takes the newest of all by epoch and step, which "
-        f"may be one of the earlier run's. Give this run another run_dir or name, resume it (resume='latest'), or "
-        f"remove them"]
+        f"by name: epoch0002-step000000014.pt) and this run does not resume: they stay there, set aside (listed in "
+        f".earlier-runs): resume='latest', hookfit export and keep_last take this run's checkpoints only; one of them "
+        f"is resumed or exported by its path. Give each run its own run_dir or name, or resume (resume='latest')"]
     assert said(epochs=3, resume="latest") == []
+
+
+def test_resume_latest_after_a_fresh_run_in_the_same_folder_continues_that_run_and_keeps_the_earlier_files(
+        tmp_path: Path) -> None:
+    """Run A (3 epochs), then run B afresh in the same run_dir (1 epoch, another seed): resume='latest'
+    took A's epoch 3 (the newest by epoch and step), continued A, and keep_last pruned B's checkpoint
+    away. B's is the one taken now; A's files stay, left out of every listing."""
+    folder = tmp_path / "checkpoints"
+    train(tmp_path, epochs=3)
+    a_last = (folder / "epoch0003-step000000021.pt").read_bytes()
+    with pytest.warns(CheckpointWarning, match="set aside"):
+        train(tmp_path, epochs=1, seed=5)
+    b_first = folder / "epoch0001-step000000007.pt"  # B's, written over A's file of that name
+    assert [p.name for p in checkpoint_files(folder)] == [b_first.name]
+    loop, _, _ = train(tmp_path, epochs=2, seed=5, resume="latest",
+                       checkpoint=Checkpoint(every_n_epochs=1, background=False, keep_last=1))
+    assert loop.state.resumed_from.source == str(b_first)
+    assert [p.name for p in checkpoint_files(folder)] == ["epoch0002-step000000014.pt"]  # B's own, pruned
+    assert (folder / "epoch0003-step000000021.pt").read_bytes() == a_last  # A's, untouched
