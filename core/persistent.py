@@ -1,4 +1,5 @@
-"""DataLoaders with persistent workers (``persistent_workers=True``) across a resume.
+"""DataLoaders' worker processes across a resume: persistent ones (``persistent_workers=True``),
+and how many a loader has (:func:`workers`).
 
 Such a loader makes its iterator, and starts its worker processes, at its first ``iter()``;
 every later ``iter()`` resets that iterator. A new iterator draws its workers' base seed from
@@ -22,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-__all__ = ["made", "made_iterators", "named", "persistent", "release", "unrebuilt_workers"]
+__all__ = ["made", "made_iterators", "named", "other_workers", "persistent", "release", "unrebuilt_workers",
+           "workers"]
 
 
 def persistent(data: Any) -> bool:
@@ -88,6 +90,26 @@ def unrebuilt_workers(train_data: Any, val_data: Any, made_before: Collection[st
             f"made a new one, which draws the workers' base seed before the epoch's order: that order and the random "
             f"draws after it cannot be rebuilt; give the resumed run a new DataLoader")
     return "; and ".join(said) or None
+
+
+def workers(train_data: Any, val_data: Any) -> dict[str, int]:
+    """How many worker processes each of the run's loaders has (its ``num_workers``), by name (:func:`named`)."""
+    return {name: data.num_workers for name, data in named(train_data, val_data).items()
+            if isinstance(getattr(data, "num_workers", None), int)}
+
+
+def other_workers(train_data: Any, val_data: Any, saved: Any) -> str | None:
+    """What a resumed run's loaders do with other worker counts than the run it continues had (``saved``: its
+    :func:`workers`), or ``None``: what each worker draws (a random augmentation as it loads a sample) comes
+    from a seed per worker, so the draws differ from that run's."""
+    if not isinstance(saved, Mapping):
+        return None
+    now = workers(train_data, val_data)
+    changed = [f"{_label(name)} has num_workers={now[name]}, the run it continues had {saved[name]}"
+               for name in now if isinstance(saved.get(name), int) and saved[name] != now[name]]
+    return ("; ".join(changed) + ": random draws made in the worker processes (a random augmentation as a sample "
+            "loads) differ from that run's, so the resumed run is not exact (the order of the batches is); resume "
+            "with the worker counts it had") if changed else None
 
 
 def release(train_data: Any, val_data: Any) -> None:

@@ -33,6 +33,7 @@ what it was given. What the run's state dict holds:
   resumed run makes theirs first, with the random state kept, so that the iterator it resumes
   with is reset, drawing no workers' base seed, as the run it continues had it (see
   :mod:`hookfit.persistent`). A state without it (an older one) makes every iterator anew.
+* ``"workers"``: each loader's ``num_workers`` by the same names; a resumed run with others warns.
 
 The state dict is JSON-safe by construction where it is the core's: string keys, ``int``,
 ``float``, ``bool``, ``str``, ``None``, lists (never tuples) and dicts of them, and tensors

@@ -16,7 +16,7 @@ import torch
 
 from hookfit.errors import HookfitWarning, StateMismatch, user_level
 from hookfit.modes import modules
-from hookfit.persistent import made, named, persistent
+from hookfit.persistent import made, named, other_workers, persistent, workers
 from hookfit.position import Position, check_position, check_rng, rng_state, set_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,6 +61,8 @@ def run_state(run: Run) -> dict[str, Any]:
                              "data": data}
     if made_iterators := cursor.persistent_iterators(run.train_data, run.val_data):
         saved["persistent_iterators"] = made_iterators
+    if counts := workers(run.train_data, run.val_data):
+        saved["workers"] = counts
     if cursor.training:
         if cursor.iter_rng is not None:
             saved["data_rng"] = cursor.iter_rng
@@ -102,6 +104,9 @@ def load_run_state(run: Run, saved: Mapping[str, Any]) -> Position:
     made_before = saved.get("persistent_iterators") or []
     if not isinstance(made_before, (list, tuple)) or not all(isinstance(name, str) for name in made_before):
         raise ValueError(f"load_state_dict: 'persistent_iterators' is not a list of names: {made_before!r:.80}")
+    if run.mode == "fit" and run.is_main and (changed := other_workers(run.train_data, run.val_data,
+                                                                       saved.get("workers"))):
+        warnings.warn(f"load_state_dict: {changed}", HookfitWarning, stacklevel=user_level())
     if run.mode == "fit":  # made as the run it continues had them, the random state kept
         for name, target in named(run.train_data, run.val_data).items():
             if name in made_before and persistent(target) and not made(target):

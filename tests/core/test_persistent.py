@@ -62,3 +62,31 @@ def test_a_runs_persistent_workers_end_with_the_run_and_a_later_run_starts_them_
     assert sorted(batches) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert not set(map(id, again.seen["train"])) & set(map(id, workers.seen["train"]))  # new processes
     assert train._iterator is None
+
+
+@pytest.mark.parametrize("then", [0, 1])
+def test_a_run_resumed_with_another_worker_count_is_told_its_workers_draws_differ(tmp_path: Any, then: int) -> None:
+    """A random augmentation drawn as a worker loads a sample comes from that worker's seed: resumed with
+    another ``num_workers`` the run is not the one it continues, and nothing said so. With the same count,
+    nothing is said."""
+    import warnings
+
+    import torch
+
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    def run(workers: int, **options: Any) -> list[str]:
+        model = torch.nn.Linear(1, 1)
+        data = DataLoader(torch.arange(8.0).reshape(8, 1), batch_size=4, num_workers=workers)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hookfit.Loop(lambda loop, b: None, data, model=model, run_dir=tmp_path,
+                         plugins=[Checkpoint(background=False)], **options).fit()
+        return [str(w.message) for w in caught if "num_workers" in str(w.message)]
+
+    assert run(1, max_epochs=1) == []
+    said = run(then, max_epochs=2, resume="latest")
+    assert said == ([] if then == 1 else [
+        "load_state_dict: train_data has num_workers=0, the run it continues had 1: random draws made in the worker "
+        "processes (a random augmentation as a sample loads) differ from that run's, so the resumed run is not exact "
+        "(the order of the batches is); resume with the worker counts it had"])
