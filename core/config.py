@@ -1,8 +1,10 @@
 """Plugin options from a file: configuring discovered plugins without editing the script.
 
 The file is TOML: ``HOOKFIT_CONFIG=path.toml``, else a ``hookfit.toml`` next to the script
-(the folder of ``sys.argv[0]``), else one in the current folder (:func:`find`; ``hookfit
-plugins --script scripts/train.py`` lists what that script's run would read). Its only table is ``plugins``, one table per plugin, whose keys are the
+(the folder of ``sys.argv[0]``), else one in the current folder, a ``pyproject.toml`` with a
+``[tool.hookfit]`` table counting as one there (:func:`find`; ``hookfit
+plugins --script scripts/train.py`` lists what that script's run would read). Its only table is ``plugins``
+(``[tool.hookfit.plugins.<name>]`` in a ``pyproject.toml``), one table per plugin, whose keys are the
 keyword arguments of the plugin's constructor::
 
     [plugins.early_stopping]
@@ -44,6 +46,7 @@ __all__ = ["ENV_CONFIG", "FILE_NAME", "Config", "ConfigError", "accepted", "buil
 
 ENV_CONFIG = "HOOKFIT_CONFIG"
 FILE_NAME = "hookfit.toml"
+PYPROJECT = "pyproject.toml"  # its [tool.hookfit] table is such a file's contents
 
 
 class ConfigError(ValueError):
@@ -59,8 +62,30 @@ class Config:
     plugins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def where(self, name: str) -> str:
-        """``hookfit.toml [plugins.name]``, for messages."""
-        return f"{self.path} [plugins.{name}]"
+        """``hookfit.toml [plugins.name]`` (``pyproject.toml [tool.hookfit.plugins.name]``), for messages."""
+        return f"{self.path} [{_prefix(self.path)}plugins.{name}]"
+
+
+def _prefix(path: Path | None) -> str:
+    return "tool.hookfit." if path is not None and path.name == PYPROJECT else ""
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The TOML file's contents (a ``pyproject.toml``'s ``[tool.hookfit]`` table), or a :class:`ConfigError`."""
+    import tomllib  # here, not at the top: a run without the file does not import the parser
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot be read: {error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from error
+    if path.name != PYPROJECT:
+        return data
+    tool = data.get("tool", {}).get("hookfit", {}) if isinstance(data.get("tool"), dict) else {}
+    if not isinstance(tool, dict):
+        raise ConfigError(f"{path}: [tool.hookfit] must be a table, holding [tool.hookfit.plugins.<name>]")
+    return tool
 
 
 def find(environ: Mapping[str, str] | None = None, folder: Path | None = None,
@@ -87,28 +112,31 @@ def find(environ: Mapping[str, str] | None = None, folder: Path | None = None,
     for where in folders:
         if (where / FILE_NAME).is_file():
             return where / FILE_NAME
+        if (where / PYPROJECT).is_file() and _ours(where / PYPROJECT):
+            return where / PYPROJECT
     return None
+
+
+def _ours(pyproject: Path) -> bool:
+    """Whether ``pyproject`` holds a ``[tool.hookfit]`` table (one that cannot be read is another tool's concern)."""
+    try:
+        return bool(_read(pyproject))
+    except ConfigError:
+        return False
 
 
 def load(path: Path | None) -> Config:
     """Read and check the file's shape (its options are checked against each plugin later)."""
     if path is None:
         return Config()
-    import tomllib  # here, not at the top: a run without the file does not import the parser
-
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: cannot be read: {error}") from error
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: not valid TOML: {error}") from error
+    data, prefix = _read(path), _prefix(path)
     other = sorted(set(data) - {"plugins"})
     if other:
-        raise ConfigError(f"{path}: unknown table(s) {', '.join(map(repr, other))}; the file has one table, "
-                          f"[plugins.<name>], with each plugin's options")
+        raise ConfigError(f"{path}: unknown table(s) {', '.join(repr(prefix + t) for t in other)}; the file has one "
+                          f"table, [{prefix}plugins.<name>], with each plugin's options")
     plugins = data.get("plugins", {})
     if not isinstance(plugins, dict) or not all(isinstance(options, dict) for options in plugins.values()):
-        raise ConfigError(f"{path}: 'plugins' must hold one table per plugin, like [plugins.checkpoint]")
+        raise ConfigError(f"{path}: '{prefix}plugins' must hold one table per plugin, like [{prefix}plugins.checkpoint]")
     return Config(path, plugins)
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hookfit
+from hookfit import config
 from hookfit.config import ConfigError
 from hookfit.plugins.early_stopping import EarlyStopping
 
@@ -283,3 +284,35 @@ def test_merely_discovered_inert_plugins_say_nothing(configure, monkeypatch) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fit()
+
+
+def test_a_pyprojects_tool_hookfit_table_is_the_file_where_there_is_no_hookfit_toml(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[tool.hookfit.plugins.early_stopping]`` in the project's pyproject.toml was ignored without a word;
+    it configures the run as a hookfit.toml beside it would (which wins), and its errors name its tables.
+    A pyproject.toml without the table, or one that does not parse, is another tool's and is not read."""
+    monkeypatch.delenv("HOOKFIT_CONFIG", raising=False)
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "metrics,early_stopping")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    pyproject = write(tmp_path / "pyproject.toml", """
+        [project]
+        name = "mine"
+
+        [tool.hookfit.plugins.early_stopping]
+        monitor = "valid/loss"
+        patience = 7
+    """)
+    assert config.find() == tmp_path / "pyproject.toml"
+    assert config.load(config.find()).plugins == {"early_stopping": {"monitor": "valid/loss", "patience": 7}}
+    assert fit().run.pm.get_plugin("early_stopping").patience == 7
+    pyproject.write_text(pyproject.read_text() + "wait = 3\n")
+    with pytest.raises(ConfigError, match=r"pyproject.toml \[tool.hookfit.plugins.early_stopping\]: plugin "
+                                          r"'early_stopping' has no option 'wait'"):
+        fit()
+    write(tmp_path / "hookfit.toml", "[plugins.early_stopping]\npatience = 2\n")
+    assert config.find() == tmp_path / "hookfit.toml"
+    (tmp_path / "hookfit.toml").unlink()
+    for other in ('[project]\nname = "mine"\n', "[project\n"):
+        pyproject.write_text(other)
+        assert config.find() is None
