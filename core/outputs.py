@@ -5,9 +5,13 @@ mapping itself (the common case, one type test); these are the rest."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -17,12 +21,19 @@ __all__ = ["as_mapping", "check_output"]
 
 
 def check_output(output: Mapping[str, Any], step: Step) -> bool:
-    """The first output of a stage: every key must be a string (outputs are read by name)."""
+    """The first output of a stage: every key must be a string (outputs are read by name); a ``loss`` of
+    several numbers (``reduction="none"``) is warned of, as nothing reads it as the loss."""
     for key in output:
         if not isinstance(key, str):
             raise TypeError(
                 f"step function {qualname(step)!r} returned a mapping with the key {key!r} "
                 f"({type(key).__name__}); keys must be strings, the names of what it reports")
+    loss = output.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.numel() != 1:
+        warnings.warn(f"step function {qualname(step)!r} returned a loss of {loss.numel()} numbers (shape "
+                      f"{list(loss.shape)}), not one: no metric reports it and loop.backward takes one number; "
+                      f"reduce it (loss.mean()), or return it under another key", HookfitWarning,
+                      stacklevel=user_level())
     return True
 
 

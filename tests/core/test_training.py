@@ -9,6 +9,7 @@ import re
 import signal
 import threading
 import tracemalloc
+import warnings
 from collections import OrderedDict
 
 import pytest
@@ -386,3 +387,20 @@ def test_an_evaluation_says_nothing_of_the_training_cadence() -> None:
         state = hookfit.Loop(lambda loop, b: None, [1, 2], val_step=lambda loop, b: None, val_data=[1],
                              model=torch.nn.Linear(1, 1), max_steps=2, val_every_n_steps=10).validate()
     assert state.status == "completed"
+
+
+@pytest.mark.bad_input
+def test_a_loss_of_several_numbers_is_warned_of_once_a_run() -> None:
+    """``cross_entropy(..., reduction="none")`` returned: the metrics plugin leaves a vector out and
+    the console showed no loss, without a word."""
+    def train_step(loop: hookfit.Loop, batch: torch.Tensor) -> torch.Tensor:
+        return batch.pow(2).sum(1)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # once a place and text: hookfit's warnings are said once a run
+        hookfit.Loop(train_step, [torch.ones(4, 2)] * 3, max_epochs=2).fit()
+    said = [str(w.message) for w in caught if "numbers" in str(w.message)]
+    assert len(said) == 1 and said[0].endswith(
+        "train_step' returned a loss of 4 numbers (shape [4]), not one: no metric reports it and loop.backward takes "
+        "one number; reduce it (loss.mean()), or return it under another key"), said
+    assert [w.filename for w in caught if "numbers" in str(w.message)] == [__file__]
