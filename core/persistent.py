@@ -77,8 +77,8 @@ def unrebuilt_workers(train_data: Any, val_data: Any, made_before: Collection[st
     if started:
         said.append(
             f"the random state of the persistent worker processes of {', '.join(started)} "
-            f"(DataLoader(persistent_workers=True)) cannot be rebuilt: the run it continues started them in an earlier "
-            f"epoch and they keep what they drew since (a random augmentation drawn as a worker loads a sample) and "
+            f"(DataLoader(persistent_workers=True)) cannot be rebuilt: the run it continues started them before the "
+            f"position it resumes from and they keep what they drew since (a random augmentation drawn as a worker loads a sample) and "
             f"the copy of an IterableDataset they started with, while the resumed run starts new ones, so what they "
             f"draw differs from the run it continues (the order of the batches and the main process's random stream "
             f"are rebuilt); with persistent_workers=False each epoch starts its workers from a seed a resume draws "
