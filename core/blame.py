@@ -63,8 +63,8 @@ def where(run: Run, error: BaseException) -> str:
         if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") == _LOOP:
             fetch = _fetching(tb, state.epoch + 1)
         tb = tb.tb_next
-    if hooks:
-        return f"{_hook_note(pm, hooks[0], hooks[-1])} ({at})"
+    if hooks:  # an error that names the implementation whose answer it refuses (``implementation``) blames that one
+        return f"{_hook_note(pm, hooks[0], getattr(error, 'implementation', None) or hooks[-1])} ({at})"
     if wrapper is not None:
         owner = _owner(modules, wrapper.tb_frame.f_globals.get("__name__"))
         return (f"hookfit: raised in the step wrapper {wrapper.tb_frame.f_code.co_qualname!r}"

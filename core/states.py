@@ -166,6 +166,15 @@ def _on_device(value: Any, model: Any) -> Any:
     return move(value)
 
 
+class RefusedState(TypeError):
+    """A plugin's ``save_state`` answer that no checkpoint could be read back with: its note blames that
+    implementation (``implementation``, :func:`hookfit.blame.where`), not the plugin whose save gathered it."""
+
+    def __init__(self, plugin: str, message: str) -> None:
+        super().__init__(message)
+        self.implementation = (plugin, "save_state")
+
+
 def plugin_states(run: Run, check: bool = True) -> dict[str, Any]:
     """See :meth:`hookfit.run.Run.plugin_states`. Each answer is checked to be what a checkpoint
     can be read back with (:func:`_refused`): a participant whose state is not fails the run with a
@@ -183,11 +192,11 @@ def plugin_states(run: Run, check: bool = True) -> dict[str, Any]:
         where, part = found
         kind = _type_name(part)
         hint = " (of a numpy value: .item(), .tolist() or torch.from_numpy())" if kind.startswith("numpy.") else ""
-        error = TypeError(
+        error = RefusedState(name, (
             f"{run.pm.describe(name)} returned from save_state a state that no checkpoint could be read back with: "
             f"{where} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, which torch.load(weights_only=True), the way "
             f"hookfit reads checkpoints, refuses. Return plain data instead: Python numbers{hint}, strings, bytes, "
-            f"None, tensors, torch dtypes and devices, and lists, tuples, sets and dicts of them")
+            f"None, tensors, torch dtypes and devices, and lists, tuples, sets and dicts of them"))
         if getattr(run.pm.get_plugin(name), "observer", False) is not True:
             raise error
         run.pm.silence(name, "save_state", error)

@@ -136,8 +136,11 @@ class Best:
 def test_a_plugin_state_a_checkpoint_could_not_be_read_back_with_fails_the_run_before_any_file_is_written(
         tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"plugin 'best_so_far' .*returned from save_state a state that no "
-                                        r"checkpoint could be read back with: state\['best'\] is a numpy\.float64"):
+                                        r"checkpoint could be read back with: state\['best'\] is a numpy\.float64") as info:
         run(tmp_path, Best(), epochs=2)
+    # the note blames the plugin whose state it is, not the checkpoint plugin whose save gathered it
+    assert info.value.__notes__[0].startswith("hookfit: raised by plugin 'best_so_far' ("), info.value.__notes__
+    assert "in hook 'save_state', called from plugin 'checkpoint' (" in info.value.__notes__[0], info.value.__notes__
     assert not list(tmp_path.rglob("*.pt")), list(tmp_path.rglob("*.pt"))  # none that could not be read back
 
 
