@@ -149,7 +149,10 @@ def should_stop(loop: Run) -> bool | str | StopRequest | None:
     there instead: the loop honours it at that boundary, without a further batch, and one that
     ends the run by its rule (early stopping) passes ``complete=True``. The run then ends with status ``"interrupted"``
     (``"completed"`` for a ``complete`` request): ``stage_end`` and ``epoch_end`` are *not*
-    fired for a cut-short epoch, ``fit_end`` is.
+    fired for a cut-short epoch, ``fit_end`` is. A stop is not part of ``loop.state_dict()``: a
+    rule whose stop must hold in a run resumed from the last checkpoint keeps its decision in its
+    ``save_state`` and asks again as the resumed run begins (the built-in ``early_stopping`` does at
+    ``epoch_start``).
     """
 
 
