@@ -39,6 +39,22 @@ def test_misspelt_hook_fails_at_fit_before_any_batch() -> None:
 
 
 @pytest.mark.bad_input
+def test_a_listener_of_an_event_no_plugin_of_the_run_declares_is_told_of_optionalhook() -> None:
+    """Another package's event (its plugin uninstalled, or disabled: never imported, its declarations
+    absent): the error says how a listener stays valid in a run without it."""
+    class Listens:
+        name = "listens"
+
+        @hookfit.hookimpl
+        def plateau_stalled(self, loop):
+            pass
+
+    with pytest.raises(hookfit.PluginError, match=r"plugin 'listens'.*'plateau_stalled', which is not a hookfit event"
+                                                  r".*@hookfit.hookimpl\(optionalhook=True\)"):
+        hookfit.Loop(lambda loop, b: None, [1], plugins=[Listens()]).fit()
+
+
+@pytest.mark.bad_input
 def test_wrong_argument_name_fails_naming_plugin_and_hook() -> None:
     class Wrong:
         name = "wrong"
