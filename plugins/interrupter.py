@@ -1,4 +1,4 @@
-"""interrupter: SIGINT and SIGTERM become graceful stop requests.
+"""interrupter: SIGINT and SIGTERM (and the signals ``extra_signals`` names) become graceful stop requests.
 
 * First SIGINT (Ctrl-C) or SIGTERM: ``loop.request_stop("SIGINT")`` (or ``"SIGTERM"``) and a
   line on stderr saying what happens (from the main process only, ``loop.is_main``: under
@@ -41,6 +41,20 @@
   ``KeyboardInterrupt`` left uncaught ends the process as it would (killed by SIGINT) without
   printing the same lines again (a wrapper of ``sys.excepthook`` passes every other exception
   on); a script that catches it gets it on every rank.
+* ``Interrupter(extra_signals=("SIGUSR1",))`` (names, with or without ``SIG``, or numbers; or
+  ``extra_signals = ["SIGUSR1"]`` in ``hookfit.toml``'s ``[plugins.interrupter]``) makes more
+  signals graceful stops: a job scheduler's early warning before its kill (SLURM's
+  ``#SBATCH --signal=USR1@90``). Each is a SIGTERM under another name: the stop request
+  (``loop.request_stop("SIGUSR1")``, one that ends the process), the line on stderr, the
+  workers shielded from it while the run is on (a forked worker's inherited handler too), and
+  ``fit()`` raising ``SystemExit(128 + signum)`` once the run is over (138 for SIGUSR1), unless
+  ``exit=False``; handlers put back at ``fit_end``. As after a SIGTERM, a second one (or a
+  SIGTERM after it, SLURM's at the time limit) changes nothing: the stop goes on and the
+  process ends with the first signal's status; only a second SIGINT aborts. A signal the
+  process cannot catch (SIGKILL, SIGSTOP) or that asks for no stop (SIGCHLD, a child's end;
+  SIGSEGV, SIGBUS, SIGFPE, SIGILL, the process's own faults) is refused when the plugin is
+  built. Once the run is over a shielded worker takes an extra signal as it did before it was
+  shielded.
 """
 
 from __future__ import annotations
@@ -49,13 +63,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
 from hookfit.loop import end_with
-from hookfit.plugins.support import flag
+from hookfit.plugins.support import flag, option_error
+from hookfit.plugins.support.options import is_int
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -66,13 +81,19 @@ class Interrupter:
     installs no handlers. ``exit`` (default ``True``): a run stopped by a signal makes ``fit()``
     raise once it is over, ``KeyboardInterrupt`` for SIGINT and ``SystemExit(143)`` for SIGTERM,
     so the process ends as the signal would have ended it; ``exit=False`` (and a Jupyter kernel)
-    has ``fit()`` return the interrupted run's state."""
+    has ``fit()`` return the interrupted run's state. ``extra_signals`` (default none): more
+    signals that stop the run as SIGTERM does, by name (``"SIGUSR1"`` or ``"USR1"``) or number,
+    one or several; ``fit()`` then raises ``SystemExit(128 + signum)``. ``self.extra_signals``
+    holds their names."""
 
     name = "interrupter"
 
-    def __init__(self, signals: bool = True, exit: bool = True) -> None:
+    def __init__(self, signals: bool = True, exit: bool = True,
+                 extra_signals: str | int | Iterable[str | int] = ()) -> None:
         self.signals = flag(self.name, "signals", signals)
         self.exit = flag(self.name, "exit", exit)
+        self._extra = _extra_signals(self.name, "extra_signals", extra_signals)  # SIGINT and SIGTERM left out
+        self.extra_signals: tuple[str, ...] = tuple(_signal_name(signum) for signum in self._extra)
         self._previous: dict[int, Any] = {}
         self._loop: Run | None = None
         self._ending_said = False  # a signal came while the run was ending, and was said
@@ -86,7 +107,7 @@ class Interrupter:
         self._loop = loop
         if self.signals and threading.current_thread() is threading.main_thread():
             self._pid = os.getpid()
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in (signal.SIGINT, signal.SIGTERM, *self._extra):
                 self._previous[signum] = signal.signal(signum, self._on_signal)
             running: dict[int, Any] = {}  # by the loader's start method's context (events go to its workers)
             for loader in _loaders(loop.train_data, loop.val_data):
@@ -95,7 +116,7 @@ class Interrupter:
                     running[id(context)] = context.Event()
                     running[id(context)].set()
                 self._shielded.append((loader, loader.worker_init_fn))
-                loader.worker_init_fn = Shielded(loader.worker_init_fn, running[id(context)])
+                loader.worker_init_fn = Shielded(loader.worker_init_fn, running[id(context)], self._extra)
             self._running = list(running.values())
 
     @hookimpl(trylast=True)  # last: what the other plugins do at the end is done before the process ends
@@ -106,7 +127,8 @@ class Interrupter:
         for loader, init in self._shielded:
             loader.worker_init_fn = init
         self._shielded.clear()
-        for running in self._running:  # the run is over: a SIGTERM ends its workers again (Python's exit)
+        # the run is over: a SIGTERM ends its workers again (Python's exit), an extra signal does what it did before
+        for running in self._running:
             running.clear()
         self._running = []
         stopped_by, self._stopped_by = self._stopped_by, None
@@ -119,12 +141,13 @@ class Interrupter:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         loop = self._loop
-        name = signal.Signals(signum).name
+        name = _signal_name(signum)
         if loop is None:  # pragma: no cover - handlers exist only while a loop is set
             return
         if os.getpid() != self._pid:  # a child forked during the run
             if _forked_by_a_loader(frame):  # a worker its Shielded init has not reached yet: shielded already
-                if signum == signal.SIGTERM and not any(running.is_set() for running in self._running):
+                # (an extra signal as a SIGTERM: ignored while the run is on, then the worker's end)
+                if signum != signal.SIGINT and not any(running.is_set() for running in self._running):
                     os._exit(0)
                 return
             signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)  # as without the handler it inherited
@@ -146,8 +169,9 @@ class Interrupter:
             self._say(loop, signum, f"hookfit: {name} received while the run ends ({loop.state.status})")
             self._ending_said = True
             return
-        # the core honours it; the event tells the dashboard; a SIGTERM is a scheduler's: the process ends after
-        loop.request_stop(name, ends_process=signum == signal.SIGTERM)
+        # the core honours it; the event tells the dashboard; a SIGTERM (or an extra signal) is a
+        # scheduler's: the process ends after. A second one while the stop is pending asks nothing more.
+        loop.request_stop(name, ends_process=signum != signal.SIGINT)
         if self._stopped_by is None:
             self._stopped_by = signum
         self._say(loop, signum, f"hookfit: {name} received, stopping after this batch")
@@ -165,25 +189,36 @@ class Interrupter:
 
 class Shielded:
     """A ``DataLoader``'s ``worker_init_fn`` during a run with the interrupter's handlers: while the
-    event ``running`` is set the worker ignores SIGINT and SIGTERM (the process group's: the main
-    process stops the run and ends its workers); once it is cleared (``fit_end``) a SIGTERM ends the
-    worker at once, as torch's own handler does for its parent's (Python's exit terminates its
-    daemonic children, then joins them). Then the loader's own ``init`` runs. Python handlers,
-    not ignored dispositions or blocked signals: a program the worker starts gets neither.
-    Picklable as the loader's own ``init`` is (the spawn and forkserver start methods)."""
+    event ``running`` is set the worker ignores SIGINT, SIGTERM and the ``extra`` signals (the
+    process group's: the main process stops the run and ends its workers); once it is cleared
+    (``fit_end``) a SIGTERM ends the worker at once, as torch's own handler does for its parent's
+    (Python's exit terminates its daemonic children, then joins them), and an extra signal goes
+    to what the worker had for it before (put back, then the signal sent again). Then the
+    loader's own ``init`` runs. Python handlers, not ignored dispositions or blocked signals: a
+    program the worker starts gets neither. Picklable as the loader's own ``init`` is (the spawn
+    and forkserver start methods)."""
 
-    def __init__(self, init: Callable[[int], Any] | None, running: Any) -> None:
-        self.init, self.running = init, running
+    def __init__(self, init: Callable[[int], Any] | None, running: Any, extra: Iterable[int] = ()) -> None:
+        self.init, self.running, self.extra = init, running, tuple(extra)
+        self._previous: dict[int, Any] = {}  # an extra signal's handler before this one, in the worker
 
     def __call__(self, worker_id: int) -> None:
         signal.signal(signal.SIGINT, self._signalled)
         signal.signal(signal.SIGTERM, self._signalled)
+        for signum in self.extra:
+            self._previous[signum] = signal.signal(signum, self._signalled)
         if self.init is not None:
             self.init(worker_id)
 
     def _signalled(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGTERM and not self.running.is_set():
+        if self.running.is_set():
+            return
+        if signum == signal.SIGTERM:
             os._exit(0)
+        if signum in self._previous:
+            previous = self._previous.pop(signum)
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            os.kill(os.getpid(), signum)
 
 
 def _forked_by_a_loader(frame: FrameType | None) -> bool:
@@ -194,6 +229,54 @@ def _forked_by_a_loader(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+# signals no run stops on: those no process can catch, a child's end, and the process's own faults
+_REFUSED = tuple(getattr(signal, name) for name in ("SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIGFPE",
+                                                   "SIGILL") if hasattr(signal, name))
+
+
+def _extra_signals(plugin: str, option: str, value: Any) -> tuple[int, ...]:
+    """The signal numbers ``value`` names (a name, with or without ``SIG``, or a number; or an
+    iterable of them), in order, once each, SIGINT and SIGTERM left out (handled anyway); a bad
+    one (an unknown name, one of :data:`_REFUSED`) is :func:`option_error`, naming it."""
+    must = ("be signal names or numbers, such as 'SIGUSR1' or 10, of signals to stop on (not SIGKILL or SIGSTOP, "
+            "which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE or SIGILL)")
+    items: Any = (value,) if isinstance(value, (str, int)) else value
+    try:
+        items = list(items)
+    except TypeError:
+        raise option_error(plugin, option, value, must) from None
+    out: list[int] = []
+    for item in items:
+        signum = _signal_number(item)
+        if signum is None or signum in _REFUSED:
+            raise option_error(plugin, option, value, must,
+                               shown=None if item is value else f"{item!r} (in {value!r})")
+        if signum not in (signal.SIGINT, signal.SIGTERM, *out):
+            out.append(signum)
+    return tuple(out)
+
+
+def _signal_number(item: Any) -> int | None:
+    """The number of the signal ``item`` names (``"SIGUSR1"``, ``"usr1"``, ``10``), else ``None``."""
+    if isinstance(item, str):
+        name = item.strip().upper()
+        try:
+            return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+        except KeyError:
+            return None
+    if is_int(item) and item in signal.valid_signals():
+        return int(item)
+    return None
+
+
+def _signal_name(signum: int) -> str:
+    """``"SIGUSR1"``; a real-time signal without a name of its own as ``"SIGRTMIN+2"``."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}" if hasattr(signal, "SIGRTMIN") else f"signal {signum}"
 
 
 def _context(loader: Any) -> Any:

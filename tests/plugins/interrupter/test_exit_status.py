@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.interrupter import Interrupter
 
 exit_, catch = sys.argv[1] == "exit", sys.argv[2] == "catch"
+options = {"extra_signals": sys.argv[3]} if len(sys.argv) > 3 else {}  # a signal's name
 
 class Watch:
     name = "watch"
@@ -36,7 +38,7 @@ def step(loop, batch):
 
 model = torch.nn.Linear(2, 1)
 loop = hookfit.Loop(step, list(range(100_000)), model=model, run_dir="run",
-                    plugins=[Watch(), Checkpoint(every_n_epochs=None), Interrupter(exit=exit_)])
+                    plugins=[Watch(), Checkpoint(every_n_epochs=None), Interrupter(exit=exit_, **options)])
 try:
     state = loop.fit()
     print("RETURNED " + json.dumps({"status": state.status, "reason": state.stop_reason}), flush=True)
@@ -96,6 +98,29 @@ def test_sigterm_ends_the_process_with_status_143(tmp_path: Path) -> None:
     assert code == 128 + signal.SIGTERM == 143, err
     ended_gracefully(tmp_path, lines, "SIGTERM")
     assert "RETURNED" not in " ".join(lines) and "FINALLY" in lines
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_an_extra_signal_stops_gracefully_and_ends_the_process_with_128_plus_its_number(tmp_path: Path) -> None:
+    """SLURM's early warning (``#SBATCH --signal=USR1@90``) with ``Interrupter(extra_signals="SIGUSR1")``:
+    the stop is SIGTERM's, checkpoint and all, and the process ends with status 138, as a shell
+    reports one killed by SIGUSR1."""
+    code, lines, err = run(tmp_path, signal.SIGUSR1, "exit", "plain", "SIGUSR1")
+    assert code == 128 + signal.SIGUSR1 == 138, err
+    ended_gracefully(tmp_path, lines, "SIGUSR1")
+    assert "RETURNED" not in " ".join(lines) and "FINALLY" in lines
+    assert "hookfit: SIGUSR1 received, stopping after this batch\n" in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_without_extra_signals_a_sigusr1_is_left_to_what_the_process_had(tmp_path: Path) -> None:
+    """The interrupter handles SIGINT and SIGTERM only unless told more: a SIGUSR1 takes its
+    default action, which ends the process at once, killed by it, with no graceful stop."""
+    code, lines, err = run(tmp_path, signal.SIGUSR1, "exit", "plain")
+    assert code == -signal.SIGUSR1, err
+    assert not any(line.startswith("FIT_END") for line in lines) and "received" not in err, err
 
 
 @pytest.mark.slow
@@ -161,6 +186,56 @@ def test_fit_raises_once_the_run_is_over(signum: int, raised: type[BaseException
     assert seen == ["fit_end interrupted", "results"]
     assert (loop.state.status, loop.state.stop_reason, loop.state.step) == ("interrupted", signal.Signals(signum).name, 2)
     assert signal.getsignal(signum) is before
+
+
+@pytest.mark.fault
+def test_a_second_extra_signal_or_a_sigterm_after_it_changes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """As a second SIGTERM: the stop the first asked goes on, and the process ends with the
+    first one's status (SLURM sends SIGTERM at the time limit, after the early SIGUSR1); the
+    handlers are the ones before the run again."""
+    import hookfit
+    from hookfit.plugins.interrupter import Interrupter
+
+    seen: list[Any] = []
+
+    class Ending:
+        name = "ending"
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            seen.append(loop.stop_requested)
+
+    def step(loop, batch):
+        seen.append(signal.getsignal(signal.SIGUSR1))
+        if batch == 1:
+            for signum in (signal.SIGUSR1, signal.SIGUSR1, signal.SIGTERM):
+                os.kill(os.getpid(), signum)  # handled on this (the main) thread
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR1, signal.SIGTERM)}
+    interrupter = Interrupter(extra_signals=["USR1"])
+    assert interrupter.extra_signals == ("SIGUSR1",)
+    loop = hookfit.Loop(step, list(range(6)), plugins=[Ending(), interrupter])
+    with pytest.raises(SystemExit) as caught:
+        loop.fit()
+    assert caught.value.code == 128 + signal.SIGUSR1
+    assert (loop.state.status, loop.state.stop_reason, loop.state.step) == ("interrupted", "SIGUSR1", 2)
+    assert seen[:2] == [interrupter._on_signal] * 2 and len(seen) == 3
+    assert (seen[2].reason, seen[2].ends_process) == ("SIGUSR1", True)  # the request the first one asked
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+    err = capsys.readouterr().err
+    assert err.count("hookfit: SIGUSR1 received, stopping after this batch\n") == 2, err
+    assert "hookfit: SIGTERM received, stopping after this batch\n" in err and "Ctrl-C" not in err, err
+
+
+def test_the_interrupter_leaves_other_signals_alone_unless_told() -> None:
+    import hookfit
+    from hookfit.plugins.interrupter import Interrupter
+
+    seen: list[Any] = []
+    before = signal.getsignal(signal.SIGUSR1)
+    hookfit.Loop(lambda loop, batch: seen.append(signal.getsignal(signal.SIGUSR1)), [0, 1],
+                 plugins=[Interrupter()]).fit()
+    assert seen == [before, before] and Interrupter().extra_signals == ()
 
 
 def test_a_stop_asked_otherwise_returns() -> None:

@@ -19,7 +19,7 @@ SCRIPT = r'''
 import json, signal, sys, time
 import hookfit
 
-before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
 ended = []
 
 HOLD = "hold" in sys.argv  # batch 1 waits for a stop, then (pending) for a second signal
@@ -62,9 +62,12 @@ print(json.dumps({"outcome": outcome, "status": loop.state.status, "reason": loo
 '''
 
 
-def start(tmp_path: Path, *args: str) -> subprocess.Popen:
+def start(tmp_path: Path, *args: str, config: str | None = None) -> subprocess.Popen:
+    """The script started with ``args`` (and ``config`` as the ``hookfit.toml`` beside it), once it trains."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
+    if config is not None:
+        (tmp_path / "hookfit.toml").write_text(config)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
     env["HOOKFIT_PLUGINS"] = "interrupter"
     proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -89,6 +92,21 @@ def test_one_signal_stops_gracefully(tmp_path: Path, signum: int, name: str) -> 
     assert result["reason"] == name and result["fit_end"] == ["interrupted"]
     assert result["restored"] and proc.returncode == 0
     assert f"{name} received, stopping after this batch" in err
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_an_extra_signal_from_hookfit_toml_stops_gracefully(tmp_path: Path) -> None:
+    """``[plugins.interrupter] extra_signals = ["SIGUSR1"]`` for the discovered interrupter: a
+    SIGUSR1 stops the run as a SIGTERM does (``exit = false``: ``fit()`` returns), and the
+    handlers are put back at the end."""
+    proc = start(tmp_path, config='[plugins.interrupter]\nextra_signals = ["SIGUSR1"]\nexit = false\n')
+    proc.send_signal(signal.SIGUSR1)
+    result, err = finish(proc)
+    assert result["outcome"] == "returned" and result["status"] == "interrupted"
+    assert result["reason"] == "SIGUSR1" and result["fit_end"] == ["interrupted"]
+    assert result["restored"] and proc.returncode == 0, err
+    assert "hookfit: SIGUSR1 received, stopping after this batch\n" in err, err
 
 
 @pytest.mark.slow
@@ -161,6 +179,48 @@ def test_signals_is_checked_when_it_is_built(value) -> None:
 
     with pytest.raises(ValueError, match=rf"^interrupter: signals must be True or False, got {value!r}$"):
         Interrupter(signals=value)
+
+
+SIGNALS_TO_STOP_ON = ("must be signal names or numbers, such as 'SIGUSR1' or 10, of signals to stop on "
+                      r"\(not SIGKILL or SIGSTOP, which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE or "
+                      r"SIGILL\)")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("value, shown", [
+    ("SIGFOO", "'SIGFOO'"), ("SIGKILL", "'SIGKILL'"), ("STOP", "'STOP'"), (signal.SIGKILL.value, "9"),
+    ("SIGCHLD", "'SIGCHLD'"), ("SIGSEGV", "'SIGSEGV'"), (0, "0"), (999, "999"), (1.5, "1.5"), (True, "True"),
+    (None, "None"), (["SIGUSR1", "SIGSTOP"], r"'SIGSTOP' \(in \['SIGUSR1', 'SIGSTOP'\]\)"),
+    ([b"SIGUSR1"], r"b'SIGUSR1' \(in \[b'SIGUSR1'\]\)"),
+])
+def test_extra_signals_is_checked_when_it_is_built(value: Any, shown: str) -> None:
+    """A name no signal has, a signal no process can catch or none that asks for a stop, or
+    anything but names and numbers: refused when the plugin is built, naming the option."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    with pytest.raises(ValueError, match=rf"^interrupter: extra_signals {SIGNALS_TO_STOP_ON}, got {shown}$"):
+        Interrupter(extra_signals=value)
+
+
+@pytest.mark.bad_input
+def test_extra_signals_in_hookfit_toml_is_checked_naming_the_file(tmp_path: Path) -> None:
+    from hookfit.config import Config, ConfigError, build
+    from hookfit.plugins.interrupter import Interrupter
+
+    config = Config(path=tmp_path / "hookfit.toml", plugins={"interrupter": {"extra_signals": ["USR1", "KILL"]}})
+    with pytest.raises(ConfigError, match=r"hookfit.toml \[plugins.interrupter\]: interrupter: extra_signals "
+                                          rf"{SIGNALS_TO_STOP_ON}, got 'KILL' \(in \['USR1', 'KILL'\]\)$"):
+        build(config, "interrupter", Interrupter)
+
+
+@pytest.mark.parametrize("value, names", [("SIGUSR1", ("SIGUSR1",)), ("usr1", ("SIGUSR1",)),
+                                          (int(signal.SIGUSR2), ("SIGUSR2",)),
+                                          (["SIGUSR1", signal.SIGUSR1, "SIGTERM", "USR2"], ("SIGUSR1", "SIGUSR2"))])
+def test_extra_signals_are_named_once_each(value: Any, names: tuple[str, ...]) -> None:
+    """A name (``SIG`` optional, any case) or a number, or several; SIGINT and SIGTERM are handled anyway."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    assert Interrupter(extra_signals=value).extra_signals == names
 
 
 @pytest.mark.fault

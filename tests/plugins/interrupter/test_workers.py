@@ -22,10 +22,11 @@ import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
 
 go = sys.argv[1]
+watched = signal.Signals[sys.argv[3]] if len(sys.argv) > 3 else signal.SIGTERM  # the signal the test sends
 x = torch.arange(64.0).reshape(32, 2)
 
-def init(worker_id):  # what the worker does with a SIGTERM, for the test to read
-    handler = signal.getsignal(signal.SIGTERM)
+def init(worker_id):  # what the worker does with the signal, for the test to read
+    handler = signal.getsignal(watched)
     with open(f"init-{os.getpid()}", "w") as out:
         out.write(getattr(handler, "__qualname__", repr(handler)))
 
@@ -60,8 +61,12 @@ def handled(pid: int, folder: Path) -> bool:
     return state == "Z" or (folder / f"init-{pid}").read_text() == "Shielded._signalled"
 
 
+EXTRA = '[plugins.interrupter]\nextra_signals = ["SIGUSR1"]\n'  # hookfit.toml: SIGUSR1 stops the run too
+
+
 @pytest.mark.parametrize("start", ["fork", "spawn"])
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1],
+                         ids=["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_workers(
         tmp_path: Path, signum: int, start: str) -> None:
     """The group's signal reaches the workers too. Before, torch's SIGTERM handler killed them and
@@ -69,18 +74,23 @@ def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_
     checkpoint of the stop, exit status 1, the step function blamed; a Ctrl-C was announced once
     by the main process and once by every worker (each ran the handler it inherited). Now the
     workers ignore both while the run is on, the batch ends, the stop is checkpointed and the
-    process ends as the signal would."""
+    process ends as the signal would. A SIGUSR1 the interrupter is told to stop on
+    (``extra_signals``, SLURM's early warning) is a SIGTERM under another name: before, its
+    default action killed the main process and the workers."""
     script, go = tmp_path / "train.py", tmp_path / "go"
     script.write_text(CHILD)
+    name = signal.Signals(signum).name
+    if signum == signal.SIGUSR1:
+        (tmp_path / "hookfit.toml").write_text(EXTRA)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
     env["HOOKFIT_PLUGINS"] = "interrupter,optim"
-    proc = subprocess.Popen([sys.executable, str(script), str(go), start], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), str(go), start, name], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
                             text=True, env=env, cwd=tmp_path, start_new_session=True)
     try:
         line = proc.stdout.readline().split()
         assert line[:1] == ["WORKERS"] and len(line) == 3, line + [proc.stderr.read()]
         os.killpg(proc.pid, signum)
-        name = signal.Signals(signum).name
         said = proc.stderr.readline()
         assert said.startswith(f"hookfit: {name} received"), said
         workers = [int(pid) for pid in line[1:]]
@@ -96,7 +106,8 @@ def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_
     err = said + err
     assert "killed by signal" not in err and "RuntimeError" not in err, err
     assert err.count(f"hookfit: {name} received") == 1, err
-    assert proc.returncode == (143 if signum == signal.SIGTERM else -signal.SIGINT), err
+    assert proc.returncode == (-signal.SIGINT if signum == signal.SIGINT else 128 + signum), err
+    assert signum != signal.SIGTERM or proc.returncode == 143
     records = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
     assert (records[-1]["event"], records[-1]["status"], records[-1]["reason"]) == ("end", "interrupted", name)
     assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("*.pt")] == ["epoch0001-step000000004.pt"]
@@ -169,7 +180,7 @@ def signal_the_group_once():  # in a child, right after the fork: the worker is 
         os.close(os.open("signalled", os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return
-    os.killpg(0, signal.SIGTERM)
+    os.killpg(0, signal.Signals[sys.argv[1]])
 
 def step(loop, batch):
     loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
@@ -190,17 +201,23 @@ hookfit.Loop(step, [(x[i:i + 4], x[i:i + 4].sum(1, keepdim=True)) for i in range
 '''
 
 
-def test_a_sigterm_to_the_group_while_a_forked_worker_starts_stops_the_run_gracefully(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_sigterm_to_the_group_while_a_forked_worker_starts_stops_the_run_gracefully(tmp_path: Path,
+                                                                                     signum: int) -> None:
     """A job scheduler's SIGTERM that reaches a fork-started worker before its ``worker_init_fn``
     shields it: the handler the worker inherited sees the loader's code on its stack and ignores it,
     as the shield does. Before, it re-sent the signal unhandled: the worker died, the run failed
-    (``DataLoader worker ... exited unexpectedly``, status 1, no checkpoint of the stop)."""
+    (``DataLoader worker ... exited unexpectedly``, status 1, no checkpoint of the stop). An extra
+    signal (``extra_signals``) is ignored there as a SIGTERM is."""
     script = tmp_path / "train.py"
     script.write_text(STARTING)
+    name = signal.Signals(signum).name
+    if signum == signal.SIGUSR1:
+        (tmp_path / "hookfit.toml").write_text(EXTRA)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
     env["HOOKFIT_PLUGINS"] = "interrupter,optim"
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=tmp_path, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, str(script), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=120)
     finally:
@@ -209,7 +226,33 @@ def test_a_sigterm_to_the_group_while_a_forked_worker_starts_stops_the_run_grace
             proc.wait()
     assert (tmp_path / "signalled").exists(), err
     assert "exited unexpectedly" not in err and "killed by signal" not in err, err
-    assert proc.returncode == 143, err
+    assert proc.returncode == 128 + signum, err
+    assert signum != signal.SIGTERM or proc.returncode == 143
     records = [json.loads(line) for line in (tmp_path / "run" / "run.jsonl").read_text().splitlines()]
-    assert (records[-1]["event"], records[-1]["status"], records[-1]["reason"]) == ("end", "interrupted", "SIGTERM")
+    assert (records[-1]["event"], records[-1]["status"], records[-1]["reason"]) == ("end", "interrupted", name)
     assert list((tmp_path / "run" / "checkpoints").glob("*.pt")), err
+
+
+def test_a_shielded_worker_takes_an_extra_signal_as_before_once_the_run_is_over() -> None:
+    """``Shielded`` in this process standing for a worker: while the run is on an extra signal is
+    ignored; once it is over the handler the worker had before is put back and gets the signal."""
+    import threading
+
+    from hookfit.plugins.interrupter import Shielded
+
+    got: list[int] = []
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    before = signal.getsignal(signal.SIGUSR1)
+    running = threading.Event()
+    running.set()
+    try:
+        Shielded(None, running, (signal.SIGUSR1,))(0)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert got == [] and signal.getsignal(signal.SIGUSR1) is not before
+        running.clear()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert got == [signal.SIGUSR1] and signal.getsignal(signal.SIGUSR1) is before
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
