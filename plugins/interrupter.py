@@ -222,13 +222,16 @@ class Shielded:
 
 
 def _forked_by_a_loader(frame: FrameType | None) -> bool:
-    """Whether this forked child is a data loader's worker (torch's ``DataLoader``, torchdata's): the
-    stack it inherited from the fork runs through the loader's code that started it."""
-    while frame is not None:
-        if str(frame.f_globals.get("__name__", "")).startswith(("torch.utils.data.", "torchdata.")):
-            return True
+    """Whether this forked child is a data loader's worker (torch's ``DataLoader``, torchdata's): on the
+    stack it inherited, the code that started the process (the first frame outside ``multiprocessing``
+    beyond its innermost fork) is a loader's iterator starting its workers (its ``__init__``), not a
+    ``Pool`` a dataset or a worker made, nor a plain ``os.fork()``."""
+    while frame is not None and frame.f_globals.get("__name__") != "multiprocessing.popen_fork":
         frame = frame.f_back
-    return False
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("multiprocessing."):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_name == "__init__" and str(
+        frame.f_globals.get("__name__", "")).startswith(("torch.utils.data.", "torchdata."))
 
 
 # signals no run stops on: those no process can catch, a child's end, and the process's own faults

@@ -256,3 +256,64 @@ def test_a_shielded_worker_takes_an_extra_signal_as_before_once_the_run_is_over(
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
+
+
+FORKS = r'''
+import multiprocessing, os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+import hookfit
+
+def wait():
+    open("alive", "w").close()  # running its own code: a signal from now on is not lost to the fork's reset
+    while True:
+        time.sleep(0.05)
+
+class Spawner(Dataset):  # a dataset that starts a process of its own as it loads a sample
+    child = None
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if Spawner.child is None:
+            Spawner.child = multiprocessing.get_context("fork").Process(target=wait, daemon=True)
+            Spawner.child.start()
+            print("CHILD", Spawner.child.pid, flush=True)
+        return torch.zeros(1)
+
+def step(loop, batch):
+    if loop.state.step == 1:
+        while not os.path.exists("go"):  # the test signals the child, then lets the batch go on
+            time.sleep(0.01)
+        Spawner.child.join(60)
+        print("EXIT", Spawner.child.exitcode, flush=True)
+
+hookfit.Loop(step, DataLoader(Spawner(), batch_size=2), max_epochs=1, run_dir="run").fit()
+'''
+
+
+def test_a_process_a_dataset_forks_during_the_run_takes_a_signal_as_without_the_handlers(tmp_path: Path) -> None:
+    """Only a loader's own workers are shielded: a process the dataset starts while loading a sample
+    (no workers: in the main process) dies of a SIGTERM as it would without the run, where it exited
+    with status 0 (taken for a worker at the run's end)."""
+    (tmp_path / "forks.py").write_text(FORKS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env["HOOKFIT_PLUGINS"] = "interrupter"
+    proc = subprocess.Popen([sys.executable, "forks.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["CHILD"], line + [proc.stderr.read()]
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "alive").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # (a condition: the child runs its own code; CPython drops a signal that comes
+            # between the fork and the child's reset of its signal state)
+        os.kill(int(line[1]), signal.SIGTERM)
+        (tmp_path / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert f"EXIT {-signal.SIGTERM}" in out, out + err
