@@ -67,6 +67,7 @@ def prepare(folder: Path, resumes: bool) -> None:
         set_aside(folder, earlier)
         warnings.warn(f"checkpoint: {folder} already holds {len(earlier)} checkpoint(s) of an earlier run (newest by "
                       f"name: {earlier[0].name}) and this run does not resume: they stay there, set aside (listed in "
-                      f"{EARLIER}): resume='latest', hookfit export and keep_last take this run's checkpoints only; "
-                      f"one of them is resumed or exported by its path. Give each run its own run_dir or name, or "
+                      f"{EARLIER}), until this run writes a checkpoint of the same name: resume='latest', hookfit "
+                      f"export and keep_last take this run's checkpoints only; one of them is resumed or exported by "
+                      f"its path. Give each run its own run_dir or name, or "
                       f"resume (resume='latest')", CheckpointWarning, stacklevel=user_level())

@@ -44,7 +44,7 @@ from typing import Any, Callable, cast
 import torch
 
 from hookfit.plugins.checkpoint import shardfiles
-from hookfit.plugins.checkpoint.storage import CheckpointError
+from hookfit.plugins.checkpoint.storage import CheckpointError, unlisted
 
 SHARDED_SUFFIX = ".dcp"
 STATE_FILE = "state.pt"
@@ -303,6 +303,7 @@ def _rename(tmp: Path, path: Path) -> None:
         old = path.with_name(f".{path.name}.{os.getpid()}.old.tmp")
         os.replace(path, old)
     os.replace(tmp, path)
+    unlisted(path)
     _fsync_folder(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -70,6 +70,7 @@ def atomic_save(obj: Any, path: Path, between: Callable[[], None] | None = None)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        unlisted(path)  # (after the rename: a crash between them hides this file, never shows an earlier run's)
     except BaseException:
         try:
             tmp.unlink()
@@ -336,21 +337,31 @@ def checkpoint_files(folder: Path) -> list[Path]:
         return []
     found = [p for p in folder.glob(f"epoch*{SUFFIX}") if p.is_file()]
     found += [p for p in folder.glob("epoch*.dcp") if p.is_dir()]
-    listed = folder / EARLIER
-    if listed.is_file():
-        aside, when = set(listed.read_text().split()), listed.stat().st_mtime
-        found = [p for p in found if p.name not in aside or p.stat().st_mtime > when]
+    if (listed := folder / EARLIER).is_file():
+        aside = set(listed.read_text().split())
+        found = [p for p in found if p.name not in aside]
     return sorted(found, key=lambda p: (p.stem, p.stat().st_mtime), reverse=True)
 
 
 def set_aside(folder: Path, checkpoints: list[Path]) -> None:
     """Leave ``checkpoints`` (an earlier run's, in ``folder``) out of every listing from now on:
     ``resume="latest"``, ``hookfit export`` and ``keep_last`` take the new run's own; the files stay,
-    reachable by path. Said in ``folder``'s :data:`EARLIER` file, names added to those listed."""
+    reachable by path, until a checkpoint of the same name replaces one (:func:`unlisted`). Said in
+    ``folder``'s :data:`EARLIER` file, names added to those listed."""
     listed = folder / EARLIER
-    names = sorted(set(listed.read_text().split() if listed.is_file() else ()) | {p.name for p in checkpoints})
-    temporary = folder / f".{EARLIER}.{os.getpid()}.tmp"
-    temporary.write_text("".join(f"{name}\n" for name in names))
+    _list(listed, set(listed.read_text().split() if listed.is_file() else ()) | {p.name for p in checkpoints})
+
+
+def unlisted(path: Path) -> None:
+    """``path`` was just written (renamed into place): a name set aside is this run's checkpoint now."""
+    listed = path.parent / EARLIER
+    if listed.is_file() and path.name in (names := set(listed.read_text().split())):
+        _list(listed, names - {path.name})
+
+
+def _list(listed: Path, names: set[str]) -> None:
+    temporary = listed.with_name(f".{listed.name}.{os.getpid()}.tmp")
+    temporary.write_text("".join(f"{name}\n" for name in sorted(names)))
     os.replace(temporary, listed)
 
 

@@ -6,6 +6,7 @@ import os
 import random
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -1098,8 +1099,9 @@ def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints
     assert said(epochs=1) == [
         f"conftest.py: checkpoint: {tmp_path / 'checkpoints'} already holds 2 checkpoint(s) of an earlier run (newest "
         f"by name: epoch0002-step000000014.pt) and this run does not resume: they stay there, set aside (listed in "
-        f".earlier-runs): resume='latest', hookfit export and keep_last take this run's checkpoints only; one of them "
-        f"is resumed or exported by its path. Give each run its own run_dir or name, or resume (resume='latest')"]
+        f".earlier-runs), until this run writes a checkpoint of the same name: resume='latest', hookfit export and "
+        f"keep_last take this run's checkpoints only; one of them is resumed or exported by its path. Give each run "
+        f"its own run_dir or name, or resume (resume='latest')"]
     assert said(epochs=3, resume="latest") == []
 
 
@@ -1120,3 +1122,7 @@ def test_resume_latest_after_a_fresh_run_in_the_same_folder_continues_that_run_a
     assert loop.state.resumed_from.source == str(b_first)
     assert [p.name for p in checkpoint_files(folder)] == ["epoch0002-step000000014.pt"]  # B's own, pruned
     assert (folder / "epoch0003-step000000021.pt").read_bytes() == a_last  # A's, untouched
+    assert (folder / ".earlier-runs").read_text() == "epoch0003-step000000021.pt\n"  # B's names are B's now
+    copy = tmp_path / "copied"  # a copy (cp -r: every file's time the copy's) lists the same
+    shutil.copytree(folder, copy, copy_function=shutil.copy)
+    assert [p.name for p in checkpoint_files(copy)] == ["epoch0002-step000000014.pt"]
