@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from hookfit.reproducibility import as_int
+
 __all__ = ["FACTORY", "Batches", "check_passes", "generators", "length", "one_pass", "tell_epoch"]
 
 _MASK = (1 << 64) - 1
@@ -151,11 +153,11 @@ class Batches:
             raise ValueError(f"tensors differ in their first dimension: {lengths}")
         if lengths[0] == 0:
             raise ValueError("Batches needs at least one sample; the tensors have 0 rows")
-        if isinstance(batch_size, bool) or not hasattr(type(batch_size), "__index__") or operator.index(batch_size) < 1:
+        if (size := as_int(batch_size)) is None or size < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
         self.tensors = tensors
         self.num_samples = lengths[0]
-        self.batch_size = operator.index(batch_size)  # (NumPy's integers too)
+        self.batch_size = size  # (NumPy's integers too)
         self.shuffle = bool(shuffle)
         self.seed = operator.index(seed)
         self.drop_last = bool(drop_last)

@@ -8,7 +8,6 @@ what step functions and hooks receive as ``loop``.
 from __future__ import annotations
 
 import inspect
-import operator
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -18,7 +17,7 @@ from typing import Any, Callable, Literal, Sequence
 from hookfit import errors, manager
 from hookfit.data import FACTORY, check_passes
 from hookfit.payloads import StopRequest
-from hookfit.reproducibility import check_seed
+from hookfit.reproducibility import as_int, check_seed
 from hookfit.run import Run, modules
 from hookfit.state import State
 from hookfit.stopping import qualname
@@ -116,9 +115,10 @@ def _positive_int(value: Any, what: str) -> int | None:
     """``value`` as a plain ``int`` (NumPy's integers and other ``__index__`` types too), or ``None``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not hasattr(type(value), "__index__") or operator.index(value) < 1:
+    number = as_int(value)
+    if number is None or number < 1:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return operator.index(value)
+    return number
 
 
 class Loop:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Deterministic", "check_seed", "seed_everything"]
+__all__ = ["Deterministic", "as_int", "check_seed", "seed_everything"]
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 SEED_LIMIT = 2**32  # NumPy's global generator takes seeds below this
@@ -34,9 +34,21 @@ def check_seed(seed: Any) -> int | None:
     """``seed`` as a plain ``int`` (or ``None``); a ``ValueError`` unless it is an integer in ``[0, 2**32)``."""
     if seed is None:
         return None
-    if isinstance(seed, bool) or not hasattr(type(seed), "__index__") or not 0 <= operator.index(seed) < SEED_LIMIT:
+    number = as_int(seed)
+    if number is None or not 0 <= number < SEED_LIMIT:
         raise ValueError(f"seed must be an integer from 0 to 2**32 - 1 (or None), got {seed!r}")
-    return operator.index(seed)
+    return number
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a plain ``int`` where it is an integer (NumPy's too: ``__index__``), else ``None``
+    (a ``bool``, a float, a float tensor or array, whose ``__index__`` refuses)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def seed_everything(seed: int) -> None:
