@@ -99,17 +99,17 @@ def workers(train_data: Any, val_data: Any) -> dict[str, int]:
 
 
 def other_workers(train_data: Any, val_data: Any, saved: Any) -> str | None:
-    """What a resumed run's loaders do with other worker counts than the run it continues had (``saved``: its
-    :func:`workers`), or ``None``: what each worker draws (a random augmentation as it loads a sample) comes
-    from a seed per worker, so the draws differ from that run's."""
+    """What a resumed run's training loader does with another worker count than the run it continues had
+    (``saved``: its :func:`workers`), or ``None``: what each worker draws (a random augmentation as it loads a
+    sample) comes from a seed per worker, so the draws differ from that run's."""
     if not isinstance(saved, Mapping):
         return None
-    now = workers(train_data, val_data)
+    now = workers(train_data, None)  # the training data's: a validation rarely draws at random
     changed = [f"{_label(name)} has num_workers={now[name]}, the run it continues had {saved[name]}"
                for name in now if isinstance(saved.get(name), int) and saved[name] != now[name]]
     return ("; ".join(changed) + ": random draws made in the worker processes (a random augmentation as a sample "
-            "loads) differ from that run's, so the resumed run is not exact (the order of the batches is); resume "
-            "with the worker counts it had") if changed else None
+            "loads; an IterableDataset's interleaving of its workers) differ from that run's, so the resumed run is "
+            "not exact; resume with the worker count it had") if changed else None
 
 
 def release(train_data: Any, val_data: Any) -> None:
