@@ -1,5 +1,6 @@
-"""optim: manual optimizer stepping, as Lightning 2's manual optimization; the step drives the
-optimizers, correctly under gradient accumulation, clipping, mixed precision and non-finite losses::
+"""optim: manual optimizer stepping, as Lightning 2's manual optimization (options and design:
+``plugins/optim/README.md``); the step drives the optimizers, correctly under gradient
+accumulation, clipping, mixed precision and non-finite losses::
 
     def train_step(loop, batch):
         loss = ...
@@ -7,8 +8,6 @@ optimizers, correctly under gradient accumulation, clipping, mixed precision and
         loop.optimizers.step()              # or loop.optimizers["gen"].step() when named
         loop.optimizers.zero_grad()
         return {"loss": loss}
-
-Its options and the design behind them: ``plugins/optim/README.md`` ("Options" first).
 """
 
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, UnknownOptimizer

@@ -156,7 +156,8 @@ class Schedules:
     def _advise(self, loop: Run, accumulate: int) -> None:
         """One warning for a per-step scheduler that passes its schedule in the first epoch (:func:`_passed`)."""
         batches = length(loop.train_data) or 0
-        steps = -(-min(batches, loop.max_steps or batches) // accumulate)  # the first epoch's optimizer steps
+        beyond = loop.max_epochs > 1 and (loop.max_steps or batches + 1) > batches  # the run has a second epoch
+        steps = -(-min(batches, loop.max_steps or batches) // accumulate) if beyond else 0  # the first epoch's
         for name, scheduler in ((n, s) for n, held in self._assigned.items() for s in self.per_step(held)):
             if _passed(scheduler, steps):
                 interval = "'epoch'" if len(self._assigned) == 1 else f"{{{name!r}: 'epoch'}}"
@@ -202,8 +203,7 @@ class Schedules:
 
 
 def _passed(scheduler: Any, steps: int) -> bool:
-    """Whether ``steps`` steps pass every milestone of a MultiStepLR, or bring a StepLR or an ExponentialLR below a
-    thousandth of its rate (more than a whole step schedule decays: ImageNet's, 0.1 at epochs 30, 60 and 90)."""
+    """Whether ``steps`` steps pass every MultiStepLR milestone, or decay a StepLR or ExponentialLR below 1e-3 (README)."""
     if isinstance(scheduler, lr_scheduler.MultiStepLR):
         return bool(scheduler.milestones) and max(scheduler.milestones) < steps
     decays = isinstance(scheduler, (lr_scheduler.StepLR, lr_scheduler.ExponentialLR)) and 0 <= scheduler.gamma < 1

@@ -94,7 +94,8 @@ class Watch:
             warnings.warn(f"optim: the optimizers stepped without a gradient on any of their parameters in the first "
                           f"epoch: call loop.backward(loss) in {self._step_name()!r} on a loss of the model they hold"
                           f" (the parameters do not change)", OptimWarning, stacklevel=user_level())
-        idle = self._passes == 0 and (self._backward_bypassed or self.loop is None or self.loop.state.step == self._at)
+        uncounted = self._backward_bypassed or not self._own_backward  # passes made past optim's backward
+        idle = self._passes == 0 and (uncounted or self.loop is None or self.loop.state.step == self._at)
         if idle or self._bypass_seen or self._stepped() != self._steps_at:
             return
         asked = ("called loop.backward(loss)" if self._passes else

@@ -278,6 +278,29 @@ def test_a_step_that_only_returns_its_loss_is_told_the_model_does_not_train() ->
     assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
 
 
+def test_a_backward_pass_another_plugin_runs_is_not_taken_for_none() -> None:
+    """A plugin that takes loop.backward over (tryfirst) runs the passes optim would have counted: the
+    first epoch's end does not say the step made no loop.backward."""
+    class OwnBackward:
+        name = "own_backward"
+
+        @hookfit.hookimpl(tryfirst=True)
+        def backward(self, loop, loss):
+            loss.backward()
+            return True
+
+    m = model()
+
+    def train_step(loop, batch):
+        loop.backward(torch.nn.functional.mse_loss(m(batch[0]), batch[1]))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(train_step, data(4), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     max_epochs=1, plugins=[Optim(), OwnBackward()]).fit()
+    assert not [w for w in caught if "made no loop.backward" in str(w.message)], [str(w.message) for w in caught]
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize("slip", ["no backward", "another module's optimizer", "zero_grad before step"])
 def test_optimizers_that_step_without_any_gradient_are_told_the_model_does_not_train(slip: str) -> None:

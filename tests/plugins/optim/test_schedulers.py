@@ -588,3 +588,17 @@ def test_a_per_step_scheduler_that_passes_its_schedule_in_the_first_epoch_is_tol
         assert fit(make) == []
     assert fit(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.1), scheduler_interval="epoch") == []
     assert fit(lambda opt: lr_scheduler.MultiStepLR(opt, [2, 4]), max_steps=4) == []  # the run ends before
+
+
+def test_a_step_schedule_of_a_run_of_one_epoch_is_not_taken_for_one_counted_in_epochs() -> None:
+    """MultiStepLR([60, 80]) counted in steps over a run that max_steps=100 ends inside its first (200-batch)
+    epoch: no second epoch comes, so nothing says it looks counted in epochs (stepping it each epoch would stop it)."""
+    import warnings
+
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(train_step, data(200), model=m, optimizers=opt, max_steps=100,
+                     plugins=[Optim(schedulers=lr_scheduler.MultiStepLR(opt, [60, 80]))]).fit()
+    assert not [w for w in caught if "counted in epochs" in str(w.message)], [str(w.message) for w in caught]
