@@ -49,10 +49,10 @@ def end_save(checkpoint: Checkpoint, loop: Run) -> str | None:
     if state.status == "interrupted":
         return "interrupt" if checkpoint.on_interrupt and state.stop_reason != "KeyboardInterrupt" else None
     skipped = checkpoint.reports.skipped_step
-    if state.status == "completed" and (inside_training(position) or (checkpoint.scheduled and (
-            checkpoint.saved_step != state.step or ranks.from_main(loop, skipped) == state.step))):
+    if state.status == "completed" and (inside_training(position) or (checkpoint.scheduled and ranks.from_main(
+            loop, checkpoint.saved_step != state.step or skipped == state.step))):
         # inside an epoch (max_steps: a longer run goes on from here), or newer than the last save asked or
-        # written (a busy writer skipped the save of this step: the main process knows it)
+        # written (a busy writer skipped the save of this step), as the main process knows it
         return "max_steps" if loop.max_steps is not None and state.step >= loop.max_steps else "completed"
     return None
 

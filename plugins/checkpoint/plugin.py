@@ -174,7 +174,7 @@ class Checkpoint:
         self.collect(loop)
         unscored(self, loop)  # a copy held for a validation inside training that published no score
         due = self._steps.due(loop.state.step) or (
-            self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds)
+            self.every_seconds is not None and ranks.from_main(loop, time.monotonic() - self._last_time >= self.every_seconds))
         if self.scores.follows(loop):  # written once its validation has scored these weights
             if due:
                 self._last_time = time.monotonic()
@@ -258,7 +258,8 @@ class Checkpoint:
         unscored(self, loop)
         if self._epochs.due(epoch + 1):
             self.save(loop, "epoch")
-        elif self.scores.improves(score := self.scores.current(loop)) or self.catalog.ranks(score):
+        elif ranks.from_main(loop, self.scores.improves(score := self.scores.current(loop)) or self.catalog.ranks(
+                score)):  # the main process's scores, which alone know a failed write: a save is every process's
             self.save(loop, "best")
 
     @hookimpl(tryfirst=True)  # before other plugins let go of their state

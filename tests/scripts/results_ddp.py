@@ -18,6 +18,10 @@ writes its status and the error it raised, if any; ``--raising-foreground OUT``:
 foreground (``background=False``: the end's own save raises it). ``--repeat OUT``: two epochs of 8
 steps with checkpoints every 4 steps and at each epoch's end (steps 8 and 16 are both); each process
 writes the files its writer wrote, one entry per write, and the checkpoints announced to it.
+``--failing-best OUT``: three epochs, checkpoints of the best by ``valid/loss`` only (``mode="max"`` over a
+falling loss: epoch 1's), the main process's write of it failing; each process writes its status.
+``--seconds OUT``: one epoch with ``every_seconds=3600``, the other process's clock jumping an hour; each
+process writes its status and the checkpoints its plugin lists.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import errno
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -109,6 +114,48 @@ def failing(out: str, monitored: bool, raising: bool = False, background: bool =
                    "saved": [str(p) for p in checkpoint.saved]}, file)
 
 
+def failing_best(out: str) -> None:
+    def save(state, path, between):
+        if state["loop"]["step"] == 8:  # epoch 1's best: the main process's disk is full then
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        write_file(state, path, between)
+
+    checkpoint_plugin.write_file = save
+    model, x, y, step = regression()
+
+    def valid(loop, batch):
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    state = hookfit.Loop(step, Batches(x, y, batch_size=4), val_step=valid, val_data=Batches(x, y, batch_size=8),
+                         model=model, max_epochs=3, run_dir="run", optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                         plugins=[Distributed(timeout=30), Optim(), Metrics(),
+                                  Checkpoint(monitor="valid/loss", mode="max", every_n_epochs=None, background=False)]
+                         ).fit()
+    with open(f"{out}.rank{state.rank}.json", "w") as file:
+        json.dump({"status": state.status, "step": state.step}, file)
+
+
+def seconds(out: str) -> None:
+    class Ahead:  # this process's clock: from its second reading (the run's start is its first) an hour ahead
+        calls = 0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            cls.calls += 1
+            return time.monotonic() + (3600.0 if cls.calls > 1 else 0.0)
+
+    if os.environ.get("RANK") != "0":
+        checkpoint_plugin.time = Ahead
+    model, x, y, step = regression()
+    checkpoint = Checkpoint(every_n_epochs=None, every_seconds=3600, keep_last=10, background=False)
+    state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                         plugins=[Distributed(timeout=30), Optim(), Metrics(), checkpoint]).fit()
+    with open(f"{out}.rank{state.rank}.json", "w") as file:
+        json.dump({"status": state.status, "step": state.step, "saved": [os.path.basename(p) for p in checkpoint.saved]},
+                  file)
+
+
 def repeat(out: str) -> None:
     writes, announced = [], []
 
@@ -155,6 +202,10 @@ def main(out: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--repeat":
         repeat(sys.argv[2])
+    elif sys.argv[1] == "--seconds":
+        seconds(sys.argv[2])
+    elif sys.argv[1] == "--failing-best":
+        failing_best(sys.argv[2])
     elif sys.argv[1].startswith(("--failing", "--raising")):
         failing(sys.argv[2], monitored=sys.argv[1] == "--failing-monitored", raising=sys.argv[1].startswith("--raising"),
                 background=sys.argv[1] != "--raising-foreground")

@@ -280,6 +280,30 @@ def test_a_failed_write_of_a_monitored_checkpoint_leaves_the_processes_in_step(t
 
 
 @pytest.mark.slow
+@pytest.mark.fault
+def test_a_failed_write_of_the_best_leaves_the_processes_deciding_the_next_best_alike(tmp_path: Path) -> None:
+    """Checkpoints of the best only: the main process's write of epoch 1's best fails, so its scores know no best
+    while the other's took that file as the best; at epoch 2 the main process alone saved a 'best' (a collective)
+    and both waited until the processes' timeout. Every process takes the main process's decision."""
+    run = torchrun(tmp_path, "--failing-best", "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks == [{"status": "completed", "step": 24}] * 2, ranks
+
+
+@pytest.mark.slow
+def test_every_seconds_under_torchrun_follows_the_main_processs_clock(tmp_path: Path) -> None:
+    """``every_seconds``: each process judged by its own clock, and one whose clock ran ahead saved alone (a
+    collective): both waited until the processes' timeout. The main process's clock decides for all."""
+    run = torchrun(tmp_path, "--seconds", "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["status"], r["step"]) for r in ranks] == [("completed", 8)] * 2, ranks
+    # an hour not passed on the main process's clock: no timed save, only the end's (its last save is older)
+    assert ranks[0]["saved"] == ranks[1]["saved"] == ["epoch0001-step000000008.pt"], ranks
+
+
+@pytest.mark.slow
 def test_an_epochs_save_at_the_step_of_a_step_save_is_written_once_under_torchrun(tmp_path: Path) -> None:
     """Steps 8 and 16 end the epochs and are saved by ``every_n_steps=4`` too: each checkpoint is
     written and announced once (FSDP2 stalls every process for a second to build one), and the
