@@ -52,7 +52,7 @@
   SIGTERM after it, SLURM's at the time limit) changes nothing: the stop goes on and the
   process ends with the first signal's status; only a second SIGINT aborts. A signal the
   process cannot catch (SIGKILL, SIGSTOP) or that asks for no stop (SIGCHLD, a child's end;
-  SIGSEGV, SIGBUS, SIGFPE, SIGILL, the process's own faults) is refused when the plugin is
+  SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, the process's own faults) is refused when the plugin is
   built. Once the run is over a shielded worker takes an extra signal as it did before it was
   shielded.
 """
@@ -236,7 +236,7 @@ def _forked_by_a_loader(frame: FrameType | None) -> bool:
 
 # signals no run stops on: those no process can catch, a child's end, and the process's own faults
 _REFUSED = tuple(getattr(signal, name) for name in ("SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIGFPE",
-                                                   "SIGILL") if hasattr(signal, name))
+                                                   "SIGILL", "SIGABRT") if hasattr(signal, name))
 
 
 def _extra_signals(plugin: str, option: str, value: Any) -> tuple[int, ...]:
@@ -244,7 +244,7 @@ def _extra_signals(plugin: str, option: str, value: Any) -> tuple[int, ...]:
     iterable of them), in order, once each, SIGINT and SIGTERM left out (handled anyway); a bad
     one (an unknown name, one of :data:`_REFUSED`) is :func:`option_error`, naming it."""
     must = ("be signal names or numbers, such as 'SIGUSR1' or 10, of signals to stop on (not SIGKILL or SIGSTOP, "
-            "which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE or SIGILL)")
+            "which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT)")
     items: Any = (value,) if isinstance(value, (str, int)) else value
     try:
         items = list(items)
@@ -304,9 +304,8 @@ def _ending(signum: int) -> BaseException:
     the signal unhandled (``KeyboardInterrupt`` for SIGINT: exit status 130 when uncaught), or
     an exit with 128 + the signal's number (143 for SIGTERM), as a shell reports a process
     ended by it."""
-    name = signal.Signals(signum).name
     if signum == signal.SIGINT:
-        return KeyboardInterrupt(f"{name}: the run stopped gracefully (Interrupter(exit=False) returns instead)")
+        return KeyboardInterrupt("SIGINT: the run stopped gracefully (Interrupter(exit=False) returns instead)")
     return SystemExit(128 + signum)
 
 

@@ -189,6 +189,28 @@ def test_fit_raises_once_the_run_is_over(signum: int, raised: type[BaseException
 
 
 @pytest.mark.fault
+def test_a_real_time_signal_ends_the_process_with_its_own_status() -> None:
+    """``extra_signals`` takes any signal number, real-time ones included (SIGRTMIN+2, named so): the run's end
+    said so with ``signal.Signals(signum)``, which has no member for it, and failed the run instead."""
+    import hookfit
+    from hookfit.plugins.interrupter import Interrupter
+
+    signum = signal.SIGRTMIN + 2
+
+    def step(loop, batch):
+        if batch == 1:
+            os.kill(os.getpid(), signum)
+
+    before = signal.getsignal(signum)
+    loop = hookfit.Loop(step, list(range(6)), plugins=[Interrupter(extra_signals=int(signum))])
+    with pytest.raises(SystemExit) as caught:
+        loop.fit()
+    assert caught.value.code == 128 + signum
+    assert (loop.state.status, loop.state.stop_reason) == ("interrupted", "SIGRTMIN+2")
+    assert signal.getsignal(signum) is before
+
+
+@pytest.mark.fault
 def test_a_second_extra_signal_or_a_sigterm_after_it_changes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     """As a second SIGTERM: the stop the first asked goes on, and the process ends with the
     first one's status (SLURM sends SIGTERM at the time limit, after the early SIGUSR1); the

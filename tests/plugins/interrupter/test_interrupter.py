@@ -182,14 +182,15 @@ def test_signals_is_checked_when_it_is_built(value) -> None:
 
 
 SIGNALS_TO_STOP_ON = ("must be signal names or numbers, such as 'SIGUSR1' or 10, of signals to stop on "
-                      r"\(not SIGKILL or SIGSTOP, which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE or "
-                      r"SIGILL\)")
+                      r"\(not SIGKILL or SIGSTOP, which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE, "
+                      r"SIGILL or SIGABRT\)")
 
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize("value, shown", [
     ("SIGFOO", "'SIGFOO'"), ("SIGKILL", "'SIGKILL'"), ("STOP", "'STOP'"), (signal.SIGKILL.value, "9"),
-    ("SIGCHLD", "'SIGCHLD'"), ("SIGSEGV", "'SIGSEGV'"), (0, "0"), (999, "999"), (1.5, "1.5"), (True, "True"),
+    ("SIGCHLD", "'SIGCHLD'"), ("SIGSEGV", "'SIGSEGV'"), ("ABRT", "'ABRT'"), (0, "0"), (999, "999"), (1.5, "1.5"),
+    (True, "True"),
     (None, "None"), (["SIGUSR1", "SIGSTOP"], r"'SIGSTOP' \(in \['SIGUSR1', 'SIGSTOP'\]\)"),
     ([b"SIGUSR1"], r"b'SIGUSR1' \(in \[b'SIGUSR1'\]\)"),
 ])
