@@ -12,8 +12,8 @@ tampering). Only plain data and tensors: it is read back with
 ``torch.load(weights_only=True)``, so loading a checkpoint never runs code from the file.
 
 When: every ``every_n_epochs`` epochs (default 1), every ``every_n_steps`` training steps,
-every ``every_seconds`` seconds (checked after each training batch, by the main process's clock:
-under ``torchrun`` one broadcast a batch), when the run stops
+every ``every_seconds`` seconds (checked after each training batch; under ``torchrun`` by the main
+process's clock, at every 50th step: :data:`~hookfit.plugins.checkpoint.ranks.TIMED_EVERY`), when the run stops
 gracefully (``on_interrupt``, default on: a stop request, SIGINT or SIGTERM through the
 interrupter), when the run completes (``max_epochs``, ``max_steps``, or a rule such as early
 stopping) inside an epoch, at that exact position (``reason`` ``"max_steps"`` or

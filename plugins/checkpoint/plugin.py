@@ -174,7 +174,7 @@ class Checkpoint:
         self.collect(loop)
         unscored(self, loop)  # a copy held for a validation inside training that published no score
         due = self._steps.due(loop.state.step) or (
-            self.every_seconds is not None and ranks.from_main(loop, time.monotonic() - self._last_time >= self.every_seconds))
+            self.every_seconds is not None and ranks.timed(loop, time.monotonic() - self._last_time >= self.every_seconds))
         if self.scores.follows(loop):  # written once its validation has scored these weights
             if due:
                 self._last_time = time.monotonic()

@@ -22,7 +22,7 @@ from hookfit.errors import HookfitWarning, user_level
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["KEY", "from_main", "gather", "main_directory", "own"]
+__all__ = ["KEY", "TIMED_EVERY", "from_main", "gather", "main_directory", "own", "timed"]
 
 KEY = "ranks"
 """The checkpoint's entry of every process's own part of the run's state."""
@@ -91,11 +91,23 @@ def main_directory(loop: Run, folder: Path | None) -> Path | None:
     return None if loop.is_main else Path(where[0])
 
 
+TIMED_EVERY = 50
+"""With several processes, ``every_seconds`` is judged at every this many training steps: a broadcast
+(under NCCL, a wait for the device) after every batch would cost more than a save's timing gains."""
+
+
+def timed(loop: Run, due: bool) -> bool:
+    """Whether a save by time is due (``due``: by this process's clock): with several processes the main
+    process's clock decides, read at every :data:`TIMED_EVERY`-th step (the same steps on every process)."""
+    if loop.state.world_size <= 1:
+        return due
+    return loop.state.step % TIMED_EVERY == 0 and bool(from_main(loop, due))
+
+
 def from_main(loop: Run, value: Any) -> Any:
     """The main process's ``value``, on every process (one broadcast of the run's default group:
     every process calls it at the same point); ``value`` itself in a run of one process."""
-    dist = _group()
-    if loop.state.world_size <= 1 or dist is None:
+    if loop.state.world_size <= 1 or (dist := _group()) is None:
         return value
     told: list[Any] = [value if loop.is_main else None]
     dist.broadcast_object_list(told, src=0)

@@ -20,8 +20,9 @@ steps with checkpoints every 4 steps and at each epoch's end (steps 8 and 16 are
 writes the files its writer wrote, one entry per write, and the checkpoints announced to it.
 ``--failing-best OUT``: three epochs, checkpoints of the best by ``valid/loss`` only (``mode="max"`` over a
 falling loss: epoch 1's), the main process's write of it failing; each process writes its status.
-``--seconds OUT``: one epoch with ``every_seconds=3600``, the other process's clock jumping an hour; each
-process writes its status and the checkpoints its plugin lists.
+``--seconds OUT``: one epoch with ``every_seconds=3600``, the other process's clock jumping an hour and
+``TIMED_EVERY`` 3 (the main process's clock read at steps 3 and 6); each process writes its status and the
+checkpoints its plugin lists.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import hookfit
 from hookfit.data import Batches
 from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.checkpoint import plugin as checkpoint_plugin
+from hookfit.plugins.checkpoint import ranks
 from hookfit.plugins.checkpoint.writer import write_file
 from hookfit.plugins.distributed import Distributed
 from hookfit.plugins.metrics import Metrics
@@ -146,6 +148,7 @@ def seconds(out: str) -> None:
 
     if os.environ.get("RANK") != "0":
         checkpoint_plugin.time = Ahead
+    ranks.TIMED_EVERY = 3
     model, x, y, step = regression()
     checkpoint = Checkpoint(every_n_epochs=None, every_seconds=3600, keep_last=10, background=False)
     state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
