@@ -9,7 +9,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from hookfit.errors import HookfitWarning, UsageError, user_level
+from hookfit.errors import HookfitWarning, RefusedState, UsageError, user_level
 from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,8 +63,9 @@ def where(run: Run, error: BaseException) -> str:
         if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") == _LOOP:
             fetch = _fetching(tb, state.epoch + 1)
         tb = tb.tb_next
-    if hooks:  # an error that names the implementation whose answer it refuses (``implementation``) blames that one
-        return f"{_hook_note(pm, hooks[0], getattr(error, 'implementation', None) or hooks[-1])} ({at})"
+    if hooks:  # a plugin's answer refused (RefusedState) blames that plugin's implementation
+        inner = error.implementation if isinstance(error, RefusedState) else hooks[-1]
+        return f"{_hook_note(pm, hooks[0], inner)} ({at})"
     if wrapper is not None:
         owner = _owner(modules, wrapper.tb_frame.f_globals.get("__name__"))
         return (f"hookfit: raised in the step wrapper {wrapper.tb_frame.f_code.co_qualname!r}"

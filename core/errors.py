@@ -12,7 +12,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, ParamSpec, TypeVar
 
-__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "user_level"]
+__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "RefusedState", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "user_level"]
 
 
 class HookfitWarning(UserWarning):
@@ -30,6 +30,15 @@ class UsageError(Exception):
     TypeError)``); raised by the plugin's code that a step function called, and by no other code
     below that call, its note blames the step function that made the call, naming the plugin
     and the function that refused it, not the plugin."""
+
+
+class RefusedState(TypeError):
+    """A plugin's ``save_state`` answer that no checkpoint could be read back with: its note blames that
+    implementation (``implementation``, :func:`hookfit.blame.where`), not the plugin whose save gathered it."""
+
+    def __init__(self, plugin: str, message: str) -> None:
+        super().__init__(message)
+        self.implementation = (plugin, "save_state")
 
 
 class ErrorCopy(Exception):

@@ -232,9 +232,9 @@ class PluginManager(pluggy.PluginManager):
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 message = (
                     f"{self.describe(impl.plugin_name)} implements hook {name!r}, which is "
-                    f"not a hookfit event.{hint} Events: {', '.join(specs)}. An event another plugin declares "
-                    f"is one while that plugin is in the run: an implementation for a run that may lack it says "
-                    f"@hookfit.hookimpl(optionalhook=True)."
+                    f"not a hookfit event.{hint} Events: {', '.join(specs)}." + ("" if close else
+                    " An event another plugin declares is one while that plugin is in the run: an implementation "
+                    "for a run that may lack it says @hookfit.hookimpl(optionalhook=True).")
                 )
                 if strict:
                     raise PluginError(message)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
 
-from hookfit.errors import HookfitWarning, StateMismatch, user_level
+from hookfit.errors import HookfitWarning, RefusedState, StateMismatch, user_level
 from hookfit.modes import modules
 from hookfit.persistent import made, named, other_workers, persistent, workers
 from hookfit.position import Position, check_position, check_rng, rng_state, set_rng_state
@@ -164,15 +164,6 @@ def _on_device(value: Any, model: Any) -> Any:
         return item
 
     return move(value)
-
-
-class RefusedState(TypeError):
-    """A plugin's ``save_state`` answer that no checkpoint could be read back with: its note blames that
-    implementation (``implementation``, :func:`hookfit.blame.where`), not the plugin whose save gathered it."""
-
-    def __init__(self, plugin: str, message: str) -> None:
-        super().__init__(message)
-        self.implementation = (plugin, "save_state")
 
 
 def plugin_states(run: Run, check: bool = True) -> dict[str, Any]:

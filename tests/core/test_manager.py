@@ -35,6 +35,7 @@ def test_misspelt_hook_fails_at_fit_before_any_batch() -> None:
         loop.fit()
     message = str(info.value)
     assert "plugin 'typo'" in message and "'batch_ned'" in message and "Did you mean 'batch_end'" in message
+    assert "optionalhook" not in message  # a misspelt name is not to be silenced
     assert steps == [] and loop.state.status == "idle"
 
 
