@@ -93,7 +93,8 @@ def find(environ: Mapping[str, str] | None = None, folder: Path | None = None,
     """The configuration file of a run, by one rule for runs and for ``hookfit plugins``:
     ``HOOKFIT_CONFIG`` (which must exist); else ``hookfit.toml`` in the script's folder (the
     run's script, ``sys.argv[0]``, or ``script`` given to the listing); else in the current
-    folder; else ``None``. ``folder`` looks in that one folder only."""
+    folder (a ``pyproject.toml`` with a ``[tool.hookfit]`` table counting as one); else ``None``.
+    ``folder`` looks in that one folder only."""
     env = os.environ if environ is None else environ
     named = env.get(ENV_CONFIG)
     if named:
@@ -118,10 +119,13 @@ def find(environ: Mapping[str, str] | None = None, folder: Path | None = None,
 
 
 def _ours(pyproject: Path) -> bool:
-    """Whether ``pyproject`` holds a ``[tool.hookfit]`` table (one that cannot be read is another tool's concern)."""
+    """Whether ``pyproject`` holds a ``[tool.hookfit]`` table; one that cannot be read is another tool's
+    concern, unless it names the table (then its error is this run's)."""
     try:
         return bool(_read(pyproject))
     except ConfigError:
+        if "[tool.hookfit" in pyproject.read_text(encoding="utf-8", errors="replace"):
+            raise
         return False
 
 
@@ -130,6 +134,8 @@ def load(path: Path | None) -> Config:
     if path is None:
         return Config()
     data, prefix = _read(path), _prefix(path)
+    if prefix and not data:  # (a pyproject.toml named by HOOKFIT_CONFIG or --config)
+        raise ConfigError(f"{path}: no [tool.hookfit] table, [tool.hookfit.plugins.<name>] with each plugin's options")
     other = sorted(set(data) - {"plugins"})
     if other:
         raise ConfigError(f"{path}: unknown table(s) {', '.join(repr(prefix + t) for t in other)}; the file has one "

@@ -316,3 +316,9 @@ def test_a_pyprojects_tool_hookfit_table_is_the_file_where_there_is_no_hookfit_t
     for other in ('[project]\nname = "mine"\n', "[project\n"):
         pyproject.write_text(other)
         assert config.find() is None
+    pyproject.write_text("[tool.hookfit.plugins.early_stopping]\npatience = \n")  # ours, and not TOML
+    with pytest.raises(ConfigError, match=r"pyproject.toml: not valid TOML"):
+        config.find()
+    pyproject.write_text('[project]\nname = "mine"\n')
+    with pytest.raises(ConfigError, match=r"pyproject.toml: no \[tool.hookfit\] table"):
+        config.load(pyproject)  # named by HOOKFIT_CONFIG
