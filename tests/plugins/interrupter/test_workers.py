@@ -64,11 +64,24 @@ def handled(pid: int, folder: Path) -> bool:
 EXTRA = '[plugins.interrupter]\nextra_signals = ["SIGUSR1"]\n'  # hookfit.toml: SIGUSR1 stops the run too
 
 
-@pytest.mark.parametrize("start", ["fork", "spawn"])
+def start(folder: Path, source: str, *args: str, plugins: str = "interrupter,optim",
+          signum: int | None = None) -> subprocess.Popen[str]:
+    """``source`` run as ``train.py ARGS`` in its own session in ``folder``, with the ``plugins`` discovered
+    and, for a SIGUSR1 (``signum``), a hookfit.toml that makes it a stop (:data:`EXTRA`)."""
+    (folder / "train.py").write_text(source)
+    if signum == signal.SIGUSR1:
+        (folder / "hookfit.toml").write_text(EXTRA)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    env["HOOKFIT_PLUGINS"] = plugins
+    return subprocess.Popen([sys.executable, "train.py", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=folder, start_new_session=True)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1],
                          ids=["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_workers(
-        tmp_path: Path, signum: int, start: str) -> None:
+        tmp_path: Path, signum: int, method: str) -> None:
     """The group's signal reaches the workers too. Before, torch's SIGTERM handler killed them and
     the main process failed inside the step (``DataLoader worker ... is killed by signal``): no
     checkpoint of the stop, exit status 1, the step function blamed; a Ctrl-C was announced once
@@ -77,16 +90,8 @@ def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_
     process ends as the signal would. A SIGUSR1 the interrupter is told to stop on
     (``extra_signals``, SLURM's early warning) is a SIGTERM under another name: before, its
     default action killed the main process and the workers."""
-    script, go = tmp_path / "train.py", tmp_path / "go"
-    script.write_text(CHILD)
-    name = signal.Signals(signum).name
-    if signum == signal.SIGUSR1:
-        (tmp_path / "hookfit.toml").write_text(EXTRA)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
-    env["HOOKFIT_PLUGINS"] = "interrupter,optim"
-    proc = subprocess.Popen([sys.executable, str(script), str(go), start, name], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=tmp_path, start_new_session=True)
+    go, name = tmp_path / "go", signal.Signals(signum).name
+    proc = start(tmp_path, CHILD, str(go), method, name, signum=signum)
     try:
         line = proc.stdout.readline().split()
         assert line[:1] == ["WORKERS"] and len(line) == 3, line + [proc.stderr.read()]
@@ -209,15 +214,8 @@ def test_a_sigterm_to_the_group_while_a_forked_worker_starts_stops_the_run_grace
     as the shield does. Before, it re-sent the signal unhandled: the worker died, the run failed
     (``DataLoader worker ... exited unexpectedly``, status 1, no checkpoint of the stop). An extra
     signal (``extra_signals``) is ignored there as a SIGTERM is."""
-    script = tmp_path / "train.py"
-    script.write_text(STARTING)
     name = signal.Signals(signum).name
-    if signum == signal.SIGUSR1:
-        (tmp_path / "hookfit.toml").write_text(EXTRA)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
-    env["HOOKFIT_PLUGINS"] = "interrupter,optim"
-    proc = subprocess.Popen([sys.executable, str(script), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=tmp_path, start_new_session=True)
+    proc = start(tmp_path, STARTING, name, signum=signum)
     try:
         out, err = proc.communicate(timeout=120)
     finally:
@@ -297,11 +295,7 @@ def test_a_process_a_dataset_forks_during_the_run_takes_a_signal_as_without_the_
     """Only a loader's own workers are shielded: a process the dataset starts while loading a sample
     (no workers: in the main process) dies of a SIGTERM as it would without the run, where it exited
     with status 0 (taken for a worker at the run's end)."""
-    (tmp_path / "forks.py").write_text(FORKS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
-    env["HOOKFIT_PLUGINS"] = "interrupter"
-    proc = subprocess.Popen([sys.executable, "forks.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=tmp_path, start_new_session=True)
+    proc = start(tmp_path, FORKS, plugins="interrupter")
     try:
         line = proc.stdout.readline().split()
         assert line[:1] == ["CHILD"], line + [proc.stderr.read()]
