@@ -4,6 +4,7 @@ no timing asserted."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -116,7 +117,8 @@ def test_the_budget_table_measures_each_plugin_against_its_baseline(tmp_path: Pa
     assert rows["console"]["plugins"] == ["console", "metrics"] and rows["console"]["baseline"] == "core + metrics"
     assert rows["checkpoint (every epoch)"]["plugins"] == ["checkpoint"]
     assert all(r["added_ci"][0] <= r["added_us"] <= r["added_ci"][1] for r in rows.values())
-    assert budget["save_us"]["median"] > 0  # a save writes a file: it costs something
+    save = budget["save_us"]  # measured, not judged: a save's cost is under the fit()'s noise on a loaded machine
+    assert math.isfinite(save["median"]) and save["ci"][0] <= save["median"] <= save["ci"][1]
     assert "the default stack's parts" in budget["text"]
     assert left(temp) == []  # the checkpoints' folders too
 
