@@ -222,7 +222,9 @@ class Checkpoint:
             if (known := self._known_directory(loop)) is not None:  # a kill -9's files; an earlier run's
                 folders.prepare(known, resumes=loop.resume is not None)
         if not self.off and loop.state.world_size > 1:
-            self._main_dir = ranks.main_directory(loop, self.directory(loop) if loop.is_main else None)
+            self.off = True  # until the processes' options agree: a run refused for them saves nothing, no failure's
+            folder = self.directory(loop) if loop.is_main else None
+            self._main_dir, self.off = ranks.main_directory(loop, folder, self), False
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:

@@ -22,7 +22,7 @@ from hookfit.errors import HookfitWarning, user_level
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["KEY", "TIMED_EVERY", "from_main", "gather", "main_directory", "own", "timed"]
+__all__ = ["KEY", "SAME", "TIMED_EVERY", "from_main", "gather", "main_directory", "own", "timed"]
 
 KEY = "ranks"
 """The checkpoint's entry of every process's own part of the run's state."""
@@ -78,17 +78,33 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[
     return mine
 
 
-def main_directory(loop: Run, folder: Path | None) -> Path | None:
+SAME = ("every_n_epochs", "every_n_steps", "every_seconds", "keep_last", "keep_best", "monitor", "mode",
+        "on_interrupt", "on_failure", "on_save_error", "strict", "fallback", "background", "when_busy")
+"""The options of the checkpoint every process must share (each save is a collective all of them take); ``dir``
+aside, the main process's folder being every process's."""
+
+
+def main_directory(loop: Run, folder: Path | None, checkpoint: object) -> Path | None:
     """Off the main process, where the main one writes its checkpoints (``folder``, given by
     the main process: its run folder may be one the others would name differently), so that
     every process knows the best and the last checkpoint's path; ``None`` on the main process
-    or without ``torch.distributed``. One broadcast: every process calls it at ``fit_start``."""
+    or without ``torch.distributed``. One all-gather: every process calls it at ``fit_start``, and
+    every process raises where one's ``checkpoint`` options (:data:`SAME`) are not the main one's."""
     dist = _group()
     if dist is None:
         return None
-    where: list[Any] = [str(folder) if loop.is_main else None]
-    dist.broadcast_object_list(where, src=0)
-    return None if loop.is_main else Path(where[0])
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (str(folder) if loop.is_main else None,
+                                      {option: getattr(checkpoint, option) for option in SAME}))
+    main = everyone[0][1]
+    differ = {option: [f"{theirs[option]!r} on rank {rank}" for rank, (_, theirs) in enumerate(everyone)
+                       if theirs[option] != main[option]] for option in SAME}
+    if listed := "; ".join(f"{option}={main[option]!r} on the main process, {', '.join(others)}"
+                           for option, others in differ.items() if others):
+        raise ValueError(f"checkpoint: the processes were given different checkpoint options ({listed}): give "
+                         f"every process the same Checkpoint(...), not the main process alone: each save is a "
+                         f"collective every process takes, and differing options would hang the job")
+    return None if loop.is_main else Path(everyone[0][0])
 
 
 TIMED_EVERY = 50

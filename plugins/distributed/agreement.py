@@ -1,11 +1,11 @@
-"""The stop several processes agree on, from every rank's pending request: who asked, on which
-ranks, and a reason a person reads (``"stop requested on ranks 0-3: SIGTERM"``)."""
+"""What several processes must agree on: the stop, from every rank's pending request (who asked, on which
+ranks, and a reason a person reads: ``"stop requested on ranks 0-3: SIGTERM"``), and the plugins they run."""
 
 from __future__ import annotations
 
 from hookfit.payloads import StopRequest
 
-__all__ = ["agreed"]
+__all__ = ["agreed", "unlike"]
 
 
 def agreed(asked: list[StopRequest | None]) -> StopRequest:
@@ -25,6 +25,15 @@ def agreed(asked: list[StopRequest | None]) -> StopRequest:
         ranks=tuple(rank for rank, _ in wanted),
         ends_process=any(request.ends_process for _, request in wanted),
     )
+
+
+def unlike(names: list[list[str]]) -> str | None:
+    """Where the ranks' plugins differ, from each rank's plugin names (``"'checkpoint' on rank 0 only"``), or
+    ``None`` where every rank runs the same."""
+    everywhere = set.intersection(*map(set, names))
+    odd = sorted({name for some in names for name in some} - everywhere)
+    return "; ".join(f"{name!r} on {_ranks([r for r, some in enumerate(names) if name in some])} only"
+                     for name in odd) or None
 
 
 def _ranks(ranks: list[int]) -> str:

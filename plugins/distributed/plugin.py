@@ -22,7 +22,7 @@ from hookfit.errors import user_level
 from hookfit.modes import modules
 from hookfit.plugins.support import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import group, hookspecs
-from hookfit.plugins.distributed.agreement import agreed
+from hookfit.plugins.distributed.agreement import agreed, unlike
 from hookfit.plugins.distributed.failures import failure_store, report
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.plugins.distributed.wrapping import ModelWrap
@@ -197,6 +197,7 @@ class Distributed(ModelWrap):
                 if (plugin is not None and getattr(plugin, "observer", False) is True
                         and getattr(plugin, "every_rank", False) is not True):
                     loop.pm.unregister(plugin)
+        self._check_plugins(loop)
         if self.strategy == "fsdp":
             self._shard_model(loop, device)
         else:
@@ -225,6 +226,19 @@ class Distributed(ModelWrap):
         if sampler is not None:
             self._samplers.append(sampler)
         return data
+
+    def _check_plugins(self, loop: Run) -> None:
+        """Every rank must run the plugins the others run, observers aside (one collective, once): a plugin on
+        some ranks only would take collectives the others never reach (a ``Checkpoint`` on rank 0: a hang)."""
+        mine = sorted(name for name, plugin in loop.pm.list_name_plugin()
+                      if plugin is not None and getattr(plugin, "observer", False) is not True)
+        everyone: list[Any] = [None] * self.world_size
+        _dist().all_gather_object(everyone, mine, group=self._control)
+        if (where := unlike(everyone)) is not None:
+            raise ValueError(f"distributed: the processes run different plugins ({where}); give every process the "
+                             f"same plugins (observers aside: a plugin that only watches, a logger of yours, says "
+                             f"observer = True in its class), or their collective operations would not match and "
+                             f"the job would hang. The main process alone decides what a checkpoint writes where")
 
     def _check_lengths(self, loop: Run) -> None:
         """Every rank must run as many training batches as the others (in a fit: an evaluation,

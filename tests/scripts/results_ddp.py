@@ -22,7 +22,9 @@ writes the files its writer wrote, one entry per write, and the checkpoints anno
 falling loss: epoch 1's), the main process's write of it failing; each process writes its status.
 ``--seconds OUT``: one epoch with ``every_seconds=3600``, the other process's clock jumping an hour and
 ``TIMED_EVERY`` 3 (the main process's clock read at steps 3 and 6); each process writes its status and the
-checkpoints its plugin lists.
+checkpoints its plugin lists. ``--one-rank OUT`` and ``--one-rank-alone OUT``: a ``Checkpoint(every_n_steps=2,
+on_failure=True)`` given to the main process alone, the other process having the discovered one (or, ``-alone``,
+none: ``HOOKFIT_PLUGINS`` without it there); each process writes the error it raised, if any.
 """
 
 from __future__ import annotations
@@ -183,6 +185,23 @@ def repeat(out: str) -> None:
         json.dump({"status": state.status, "writes": writes, "announced": announced}, file)
 
 
+def one_rank(out: str, alone: bool) -> None:
+    model, x, y, step = regression()
+    main = os.environ["RANK"] == "0"
+    os.environ["HOOKFIT_PLUGINS"] = "distributed,optim,metrics" + ("" if alone else ",checkpoint")
+    given = [Checkpoint(every_n_steps=2, on_failure=True, background=False)] if main else []
+    loop = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                        plugins=[Distributed(timeout=30), *given])
+    try:
+        loop.fit()
+        error = None
+    except Exception as raised:  # noqa: BLE001 - the error each process ends with is the result
+        error = f"{type(raised).__name__}: {raised}"
+    with open(f"{out}.rank{os.environ['RANK']}.json", "w") as file:
+        json.dump({"status": loop.state.status, "error": error}, file)
+
+
 def main(out: str) -> None:
     model, x, y, step = regression()
 
@@ -207,6 +226,8 @@ if __name__ == "__main__":
         repeat(sys.argv[2])
     elif sys.argv[1] == "--seconds":
         seconds(sys.argv[2])
+    elif sys.argv[1].startswith("--one-rank"):
+        one_rank(sys.argv[2], alone=sys.argv[1] == "--one-rank-alone")
     elif sys.argv[1] == "--failing-best":
         failing_best(sys.argv[2])
     elif sys.argv[1].startswith(("--failing", "--raising")):

@@ -335,3 +335,27 @@ def test_with_on_save_error_raise_a_failed_write_of_the_main_process_at_the_end_
         "CheckpointError: checkpoint: the main process's checkpoint plugin failed as the run ended "
         "(OSError: [Errno 28] No space left on device: 'run/checkpoints/epoch0001-step000000007.pt'); every "
         "process of the run fails with it"), other
+
+
+@pytest.mark.slow
+@pytest.mark.bad_input
+@pytest.mark.parametrize("mode", ["--one-rank", "--one-rank-alone"])
+def test_a_checkpoint_given_to_the_main_process_alone_is_refused_on_every_process(tmp_path: Path, mode: str) -> None:
+    """``Checkpoint(every_n_steps=2)`` given on rank 0 only, as a hand loop saves there only: the main process
+    broadcast its folder to processes that never asked, or saved alone (a collective), and the job hung until the
+    processes' timeout. Every process refuses the run before training, naming what differs: the options where
+    the other process has the discovered checkpoint, the plugin where it has none."""
+    run = torchrun(tmp_path, mode, "out")
+    assert run.returncode == 0, run.stdout + run.stderr  # (each process writes the error it ended with)
+    ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["status"] for r in ranks] == ["failed", "failed"], ranks
+    if mode == "--one-rank":
+        expected = ("ValueError: checkpoint: the processes were given different checkpoint options (every_n_steps=2 on the main process, None on rank 1; "
+                    "on_failure=True on the main process, False on rank 1; background=False on the main process, "
+                    "True on rank 1): give every process the same Checkpoint(...), not the main process alone")
+    else:
+        expected = ("ValueError: distributed: the processes run different plugins ('checkpoint' on rank 0 only); give "
+                    "every process the same plugins (observers aside: a plugin that only watches, a logger of yours, "
+                    "says observer = True in its class)")
+    assert ranks[0]["error"].startswith(expected) and ranks[1]["error"].startswith(expected), ranks
+    assert not list((tmp_path / "run").glob("**/*.pt")), "nothing trained, nothing saved"
