@@ -52,14 +52,16 @@
   SIGTERM after it, SLURM's at the time limit) changes nothing: the stop goes on and the
   process ends with the first signal's status; only a second SIGINT aborts. A signal the
   process cannot catch (SIGKILL, SIGSTOP) or that asks for no stop (SIGCHLD, a child's end;
-  SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, the process's own faults) is refused when the plugin is
-  built. Once the run is over a shielded worker takes an extra signal as it did before it was
+  SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, the process's own faults; SIGWINCH, SIGURG, SIGCONT, which a
+  terminal, a socket or job control send in passing) is refused when the plugin is built, as is an extra
+  signal with ``signals=False``. A real-time signal is named ``"SIGRTMIN+2"``, as shown. Once the run is over a shielded worker takes an extra signal as it did before it was
   shielded.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -94,6 +96,9 @@ class Interrupter:
         self.exit = flag(self.name, "exit", exit)
         self._extra = _extra_signals(self.name, "extra_signals", extra_signals)  # SIGINT and SIGTERM left out
         self.extra_signals: tuple[str, ...] = tuple(_signal_name(signum) for signum in self._extra)
+        if self._extra and not self.signals:
+            raise option_error(self.name, "extra_signals", extra_signals, "be none with signals=False, which installs "
+                               "no handler at all (give signals=True to stop on them)")
         self._previous: dict[int, Any] = {}
         self._loop: Run | None = None
         self._ending_said = False  # a signal came while the run was ending, and was said
@@ -234,9 +239,11 @@ def _forked_by_a_loader(frame: FrameType | None) -> bool:
         frame.f_globals.get("__name__", "")).startswith(("torch.utils.data.", "torchdata."))
 
 
-# signals no run stops on: those no process can catch, a child's end, and the process's own faults
+# signals no run stops on: those no process can catch, a child's end, the process's own faults, and those a terminal
+# or socket sends in passing (a window resized, urgent data, a job continued)
 _REFUSED = tuple(getattr(signal, name) for name in ("SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIGFPE",
-                                                   "SIGILL", "SIGABRT") if hasattr(signal, name))
+                                                   "SIGILL", "SIGABRT", "SIGWINCH", "SIGURG", "SIGCONT")
+                 if hasattr(signal, name))
 
 
 def _extra_signals(plugin: str, option: str, value: Any) -> tuple[int, ...]:
@@ -244,7 +251,8 @@ def _extra_signals(plugin: str, option: str, value: Any) -> tuple[int, ...]:
     iterable of them), in order, once each, SIGINT and SIGTERM left out (handled anyway); a bad
     one (an unknown name, one of :data:`_REFUSED`) is :func:`option_error`, naming it."""
     must = ("be signal names or numbers, such as 'SIGUSR1' or 10, of signals to stop on (not SIGKILL or SIGSTOP, "
-            "which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT)")
+            "which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGWINCH, SIGURG or "
+            "SIGCONT)")
     items: Any = (value,) if isinstance(value, (str, int)) else value
     try:
         items = list(items)
@@ -262,11 +270,15 @@ def _extra_signals(plugin: str, option: str, value: Any) -> tuple[int, ...]:
 
 
 def _signal_number(item: Any) -> int | None:
-    """The number of the signal ``item`` names (``"SIGUSR1"``, ``"usr1"``, ``10``), else ``None``."""
+    """The number of the signal ``item`` names (``"SIGUSR1"``, ``"usr1"``, ``"SIGRTMIN+2"``, ``10``), else ``None``."""
     if isinstance(item, str):
         name = item.strip().upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if (real_time := re.fullmatch(r"SIGRT(MIN|MAX)([+-]\d+)", name)) and hasattr(signal, "SIGRTMIN"):
+            signum = getattr(signal, "SIGRT" + real_time[1]) + int(real_time[2])
+            return signum if signal.SIGRTMIN <= signum <= signal.SIGRTMAX else None
         try:
-            return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+            return int(signal.Signals[name])
         except KeyError:
             return None
     if is_int(item) and item in signal.valid_signals():

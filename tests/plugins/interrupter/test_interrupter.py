@@ -183,20 +183,22 @@ def test_signals_is_checked_when_it_is_built(value) -> None:
 
 SIGNALS_TO_STOP_ON = ("must be signal names or numbers, such as 'SIGUSR1' or 10, of signals to stop on "
                       r"\(not SIGKILL or SIGSTOP, which cannot be caught, nor SIGCHLD, SIGSEGV, SIGBUS, SIGFPE, "
-                      r"SIGILL or SIGABRT\)")
+                      r"SIGILL, SIGABRT, SIGWINCH, SIGURG or SIGCONT\)")
 
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize("value, shown", [
     ("SIGFOO", "'SIGFOO'"), ("SIGKILL", "'SIGKILL'"), ("STOP", "'STOP'"), (signal.SIGKILL.value, "9"),
     ("SIGCHLD", "'SIGCHLD'"), ("SIGSEGV", "'SIGSEGV'"), ("ABRT", "'ABRT'"), (0, "0"), (999, "999"), (1.5, "1.5"),
-    (True, "True"),
+    (True, "True"), ("SIGWINCH", "'SIGWINCH'"), ("urg", "'urg'"), ("SIGCONT", "'SIGCONT'"),
+    ("SIGRTMIN+999", r"'SIGRTMIN\+999'"), ("SIGRTMAX+1", r"'SIGRTMAX\+1'"),
     (None, "None"), (["SIGUSR1", "SIGSTOP"], r"'SIGSTOP' \(in \['SIGUSR1', 'SIGSTOP'\]\)"),
     ([b"SIGUSR1"], r"b'SIGUSR1' \(in \[b'SIGUSR1'\]\)"),
 ])
 def test_extra_signals_is_checked_when_it_is_built(value: Any, shown: str) -> None:
-    """A name no signal has, a signal no process can catch or none that asks for a stop, or
-    anything but names and numbers: refused when the plugin is built, naming the option."""
+    """A name no signal has, a signal no process can catch or none that asks for a stop (a terminal's resize
+    would have stopped the run), or anything but names and numbers: refused when the plugin is built, naming
+    the option."""
     from hookfit.plugins.interrupter import Interrupter
 
     with pytest.raises(ValueError, match=rf"^interrupter: extra_signals {SIGNALS_TO_STOP_ON}, got {shown}$"):
@@ -214,7 +216,19 @@ def test_extra_signals_in_hookfit_toml_is_checked_naming_the_file(tmp_path: Path
         build(config, "interrupter", Interrupter)
 
 
+@pytest.mark.bad_input
+def test_extra_signals_without_signals_are_refused() -> None:
+    """``signals=False`` installs no handler: an extra signal given with it would stop nothing, silently."""
+    from hookfit.plugins.interrupter import Interrupter
+
+    with pytest.raises(ValueError, match=r"^interrupter: extra_signals must be none with signals=False, which installs "
+                                         r"no handler at all \(give signals=True to stop on them\), got 'SIGUSR1'$"):
+        Interrupter(signals=False, extra_signals="SIGUSR1")
+    assert Interrupter(signals=False).extra_signals == ()
+
+
 @pytest.mark.parametrize("value, names", [("SIGUSR1", ("SIGUSR1",)), ("usr1", ("SIGUSR1",)),
+                                          ("SIGRTMIN+2", ("SIGRTMIN+2",)), ("rtmax-1", (f"SIGRTMIN+{signal.SIGRTMAX - signal.SIGRTMIN - 1}",)),
                                           (int(signal.SIGUSR2), ("SIGUSR2",)),
                                           (["SIGUSR1", signal.SIGUSR1, "SIGTERM", "USR2"], ("SIGUSR1", "SIGUSR2"))])
 def test_extra_signals_are_named_once_each(value: Any, names: tuple[str, ...]) -> None:
