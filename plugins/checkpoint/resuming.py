@@ -19,7 +19,8 @@ from hookfit.errors import user_level
 from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import ranks, sharded
 from hookfit.plugins.checkpoint.state import SWITCHED_OFF, load_model, model_mismatch, model_state
-from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, read
+from hookfit.plugins.checkpoint.storage import (EARLIER, CheckpointError, CheckpointWarning, aside, checkpoint_files,
+                                                read)
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -40,7 +41,7 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
         if path.is_dir() and not sharded.is_sharded(path):
             candidates, where = checkpoint_files(path), str(path)
             if not candidates:
-                raise FileNotFoundError(f"checkpoint: no checkpoint in {path}")
+                raise FileNotFoundError(f"checkpoint: no checkpoint in {path}{_aside_note(path)}")
         elif not path.exists():
             meant = "; did you mean resume='latest'?" if difflib.get_close_matches(source, ["latest"]) else ""
             raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file{meant}")
@@ -51,8 +52,8 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
         if not candidates:  # said: a script run from another folder finds no runs/ of its own
             if loop.is_main:
                 then = "the run starts from the beginning" if loop.mode == "fit" else "the model's weights as they are"
-                print(f"hookfit checkpoint: resume='latest' found no checkpoint in {where}: {then}", file=sys.stderr,
-                      flush=True)
+                print(f"hookfit checkpoint: resume='latest' found no checkpoint in {where}{_aside_note(Path(where))}: "
+                      f"{then}", file=sys.stderr, flush=True)
             return None, None
     if not fallback:
         try:
@@ -68,6 +69,14 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
         except CheckpointError as error:
             warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=user_level())
     raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")
+
+
+def _aside_note(folder: Path) -> str:
+    """Where ``folder`` holds an earlier run's checkpoints that a fresh run set aside, what says so."""
+    if not (earlier := aside(folder) if folder.is_dir() else []):
+        return ""
+    return (f" (it holds {len(earlier)} checkpoint(s) of an earlier run, set aside by a later run that began afresh "
+            f"there and listed in {EARLIER}; resume one by its path: resume={str(earlier[0])!r})")
 
 
 def _read(loop: Run, path: Path, trains: Any) -> dict[str, Any]:

@@ -343,6 +343,13 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: (p.stem, p.stat().st_mtime), reverse=True)
 
 
+def aside(folder: Path) -> list[Path]:
+    """The checkpoints of ``folder`` that :func:`set_aside` left out of its listings, newest by name first."""
+    listed = folder / EARLIER
+    names = listed.read_text().split() if listed.is_file() else []
+    return sorted((p for name in names if (p := folder / name).exists()), key=lambda p: p.stem, reverse=True)
+
+
 def set_aside(folder: Path, checkpoints: list[Path]) -> None:
     """Leave ``checkpoints`` (an earlier run's, in ``folder``) out of every listing from now on:
     ``resume="latest"``, ``hookfit export`` and ``keep_last`` take the new run's own; the files stay,

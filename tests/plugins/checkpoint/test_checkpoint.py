@@ -1105,6 +1105,29 @@ def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints
     assert said(epochs=3, resume="latest") == []
 
 
+@pytest.mark.bad_input
+def test_resume_latest_that_finds_only_set_aside_checkpoints_says_they_are_there(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Run A saves two epochs; run B begins afresh there (A's files set aside) and is stopped before it saves any.
+    resume='latest' then said it found no checkpoint in a folder visibly holding A's: it says they are set aside
+    and how to resume one, as does a resume from the folder's path."""
+    folder = tmp_path / "checkpoints"
+    train(tmp_path, epochs=2)
+    with pytest.warns(CheckpointWarning, match="set aside"):
+        train(tmp_path, epochs=1, stop=2, checkpoint=Checkpoint(every_n_epochs=None, on_interrupt=False,
+                                                                background=False))
+    note = (f" (it holds 2 checkpoint(s) of an earlier run, set aside by a later run that began afresh there and "
+            f"listed in .earlier-runs; resume one by its path: resume={str(folder / 'epoch0002-step000000014.pt')!r})")
+    with pytest.raises(FileNotFoundError) as raised:
+        train(tmp_path / "other", resume=str(folder))
+    assert str(raised.value) == f"checkpoint: no checkpoint in {folder}{note}"
+    capsys.readouterr()
+    train(tmp_path, epochs=1, resume="latest")
+    said = [line for line in capsys.readouterr().err.splitlines() if "resume='latest'" in line]
+    assert said == [f"hookfit checkpoint: resume='latest' found no checkpoint in {folder}{note}: the run starts from "
+                    f"the beginning"], said
+
+
 def test_resume_latest_after_a_fresh_run_in_the_same_folder_continues_that_run_and_keeps_the_earlier_files(
         tmp_path: Path) -> None:
     """Run A (3 epochs), then run B afresh in the same run_dir (1 epoch, another seed): resume='latest'
