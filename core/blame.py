@@ -39,7 +39,8 @@ def where(run: Run, error: BaseException) -> str:
     wrapper = None  # the frame of a plugin's wrapper of the step (loop.wrap_step), until the step's own
     modules = _plugin_modules(pm, {getattr(s, "__module__", None) for s in steps.values()})
     state = run.state
-    at = f"epoch {state.epoch + 1}, stage {state.stage}, batch {state.batch_idx}"  # epochs as the console counts
+    at = (f"epoch {state.epoch + 1}, stage {state.stage}, batch {state.batch_idx}" if state.stage is not None
+          else f"epoch {state.epoch + 1}, outside a stage")  # epochs as the console counts
     step = None
     hooks: list[tuple[str, str]] = []  # the hook implementations on the way, outermost first
     fetch = None  # the loop's innermost frame, where it was fetching a batch

@@ -119,6 +119,20 @@ def test_the_step_s_own_error_still_names_the_step() -> None:
                         caught.value.__notes__[-1])
 
 
+@pytest.mark.parametrize("hook", ["configure", "fit_start", "epoch_start"])
+def test_an_error_outside_a_stage_says_so_not_stage_none(hook: str) -> None:
+    """A plugin raising before the first stage (or between stages) was said to be at "stage None, batch 0"."""
+    class Raising:
+        @hookfit.hookimpl(specname=hook)
+        def raising(self) -> None:
+            raise KeyError("the plugin's own")
+
+    with pytest.raises(KeyError) as caught:
+        hookfit.Loop(lambda loop, batch: None, [0, 1], max_epochs=1, plugins=[Raising()]).fit()
+    assert re.fullmatch(rf"hookfit: raised by plugin 'Raising' \(.*, given to Loop\) in hook '{hook}' \(epoch 1, "
+                        rf"outside a stage\)", caught.value.__notes__[-1]), caught.value.__notes__
+
+
 def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() -> None:
     """optim's ``epoch_metrics`` raises inside the metrics plugin's ``stage_end``, which fires that
     event: the note blames optim's implementation and says where it was called from."""
