@@ -24,7 +24,8 @@ from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support import flag, positive_number
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.debugging import Debugging
-from hookfit.plugins.tui.terminal import ENV_OFF, NO_URWID, UNDER_TORCHRUN, OutputCapture, interactive_terminal
+from hookfit.plugins.tui.terminal import (ENV_OFF, NO_URWID, OUTPUT_LOG, UNDER_TORCHRUN, OutputCapture,
+                                          interactive_terminal, output_file, without_terminal)
 from hookfit.plugins.tui.text import summary, terminal_width
 from hookfit.plugins.tui.warned import WarningLog
 
@@ -38,8 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
 ENV_PERSISTENT = "HOOKFIT_TUI_PERSISTENT"
-OUTPUT_LOG = "output.log"
-"""The file in the run folder that keeps what the run printed while the dashboard was up."""
 PROGRESS_EVERY = 0.5
 """Seconds between frames drawn for the progress bars alone (the batches counted on)."""
 
@@ -52,6 +51,7 @@ class TuiRenderer(Debugging):
     name = "tui"
     observer = True  # a renderer: its failures switch it off, never the run
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
+    inert = without_terminal  # merely discovered, it leaves a run no terminal shows (hookfit.discovery.inert)
 
     def __init__(self, persistent: bool | None = None, fps: float = 5.0) -> None:
         self.persistent = flag(self.name, "persistent", persistent, none=True)
@@ -117,7 +117,7 @@ class TuiRenderer(Debugging):
         self._parked.clear()
         self._suspended = False
         self._ui_error = None
-        self.output = self._output_file(loop)
+        self.output = output_file(loop, self.name)
         self._dashboard = Dashboard(
             loop.max_epochs,
             loop.val_every_n_epochs if loop.val_step is not None else None,
@@ -148,19 +148,6 @@ class TuiRenderer(Debugging):
         self._thread.start()
         self._previous_breakpointhook = sys.breakpointhook
         sys.breakpointhook = self._breakpointhook
-
-    def _output_file(self, loop: Run) -> Path | None:
-        """``<run_dir>/output.log`` on the main process; ``None`` (with one ``FileWarning``)
-        when the run folder cannot be created."""
-        if not loop.is_main:
-            return None
-        try:
-            return loop.run_dir / OUTPUT_LOG
-        except OSError as error:
-            warnings.warn(f"{self.name}: could not create the run folder for {OUTPUT_LOG} "
-                          f"({type(error).__name__}: {error}); the output shows on the terminal "
-                          f"afterwards, without the file", FileWarning, stacklevel=user_level())
-            return None
 
     def _start_screen(self) -> None:
         import urwid

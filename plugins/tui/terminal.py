@@ -12,12 +12,17 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from hookfit.errors import user_level
 from hookfit.files import FileWarning
 
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
+
 ENV_OFF = "HOOKFIT_NO_TUI"
+OUTPUT_LOG = "output.log"
+"""The file in the run folder that keeps what the run printed while the dashboard was up."""
 NO_URWID = "urwid is not installed (pip install urwid, or the tui extra: pip install 'hookfit[tui]')"
 """What :func:`interactive_terminal` answers on a terminal where urwid cannot be imported."""
 UNDER_TORCHRUN = ("torchrun's worker processes do not own the terminal (it starts them in a process group of their "
@@ -52,6 +57,31 @@ def interactive_terminal() -> str | None:
     except (ImportError, ValueError):  # a parent package or a module entry that cannot be imported
         found = False
     return None if found else NO_URWID
+
+
+def without_terminal(plugin: object, chosen: bool) -> str | None:
+    """The dashboard's answer to :func:`hookfit.discovery.inert` (``hookfit plugins``, and a run before its
+    ``configure``): merely discovered, it takes no part where no terminal shows it (output piped, CI, ``TERM``
+    unset), and a run's start line does not list it; on a terminal it cannot draw on (no urwid, a ``torchrun``
+    worker) it stays, to say so at ``fit_start``."""
+    reason = interactive_terminal()
+    if chosen or reason is None or reason in (NO_URWID, UNDER_TORCHRUN):
+        return None
+    return f"a terminal to draw on (here {reason})"
+
+
+def output_file(loop: Run, owner: str) -> Path | None:
+    """``<run_dir>/output.log`` on the main process; ``None`` (with one ``FileWarning``)
+    when the run folder cannot be created."""
+    if not loop.is_main:
+        return None
+    try:
+        return loop.run_dir / OUTPUT_LOG
+    except OSError as error:
+        warnings.warn(f"{owner}: could not create the run folder for {OUTPUT_LOG} "
+                      f"({type(error).__name__}: {error}); the output shows on the terminal "
+                      f"afterwards, without the file", FileWarning, stacklevel=user_level())
+        return None
 
 
 class OutputCapture:

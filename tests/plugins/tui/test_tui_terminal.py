@@ -386,7 +386,7 @@ def test_piped_run_prints_plain_console_lines(tmp_path: Path) -> None:
         assert bad not in out, f"{bad!r} in piped output:\n{out!r}"
     lines = out.splitlines()
     assert lines[0].startswith("hookfit start epochs=1 batches_per_epoch=12 plugins=")
-    assert "tui" in lines[0]  # the dashboard was loaded, and stepped aside
+    assert "tui" not in lines[0]  # discovered, the dashboard takes no part where no terminal shows it
     assert PRINTED in lines
     assert any(line.startswith('hookfit end status=completed reason="max_epochs=1 reached"') for line in lines)
     assert any(line.startswith("hookfit result stage=train metric=loss") for line in lines)

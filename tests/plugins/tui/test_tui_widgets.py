@@ -180,6 +180,31 @@ def test_a_torchrun_worker_on_a_terminal_is_told_why_it_has_no_dashboard(monkeyp
     assert (said[0].filename, said[0].lineno) == (__file__, line)
 
 
+def test_a_discovered_dashboard_without_a_terminal_takes_no_part_and_is_not_listed(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Output piped (pytest captures it): the discovered dashboard leaves the run before ``configure``, so the
+    start line does not list ``tui`` (it listed a dashboard that never showed); ``hookfit plugins`` says what
+    turns it on. Given to the run it stays (it decides at ``fit_start``); on a terminal it takes part."""
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.tui import terminal
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "tui,console")
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("HOOKFIT_NO_TUI", raising=False)
+    loop = hookfit.Loop(lambda loop, b: None, [1])
+    loop.fit()
+    assert loop.run.pm.participants() == ["console"]
+    assert "plugins=console\n" in capsys.readouterr().out
+    assert terminal.without_terminal(TuiRenderer(), False) in (
+        "a terminal to draw on (here stdin is not a terminal)", "a terminal to draw on (here stdout is not a terminal)")
+    given = hookfit.Loop(lambda loop, b: None, [1], plugins=[TuiRenderer(), Console()])
+    given.fit()
+    assert sorted(given.run.pm.participants()) == ["console", "tui"]
+    monkeypatch.setattr(terminal, "interactive_terminal", lambda: None)
+    assert terminal.without_terminal(TuiRenderer(), False) is None
+
+
 def test_no_terminal_means_no_dashboard_and_no_claim(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.setenv("TERM", "xterm")
