@@ -52,15 +52,17 @@ def finish(run: Run, failed: bool) -> None:
         _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
         errors += [(error, "results") for error in results.ask(run)]
         _failed_by(state, errors, failed)
-        run.hooks.close()
-        run.folder.record_end()
-        persistent.release(run.train_data, run.val_data)
-        for exc, hook in errors if failed else errors[1:]:
-            blame.warn_secondary(exc, hook)
-    finally:
-        if state.error is not None:
-            state.error = detached(state.error)
-        state.silenced[:] = [dataclasses.replace(s, error=detached(s.error)) for s in state.silenced]
+    finally:  # a second Ctrl-C in fit_end or results still ends the run: its end recorded, its folder unlocked
+        try:
+            run.hooks.close()
+            run.folder.record_end()
+            persistent.release(run.train_data, run.val_data)
+        finally:
+            if state.error is not None:
+                state.error = detached(state.error)
+            state.silenced[:] = [dataclasses.replace(s, error=detached(s.error)) for s in state.silenced]
+    for exc, hook in errors if failed else errors[1:]:
+        blame.warn_secondary(exc, hook)
     if errors and not failed:
         raise errors[0][0]
 

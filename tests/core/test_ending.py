@@ -4,6 +4,7 @@ implementation run, errors named after the plugin or step that raised, KeyboardI
 from __future__ import annotations
 
 import gc
+import json
 import re
 import signal
 import threading
@@ -175,6 +176,34 @@ def test_keyboard_interrupt_is_interrupted_and_fit_end_runs(recorder: Recorder) 
         loop.fit()
     assert loop.state.status == "interrupted"
     assert recorder.names()[-1] == "fit_end" and "exception" not in recorder.names()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("hook", ["fit_end", "results"])
+def test_a_second_ctrl_c_while_the_run_ends_still_records_its_end_and_unlocks_its_folder(tmp_path, hook) -> None:
+    """A notebook user's second Ctrl-C lands in a plugin's fit_end (a checkpoint waiting for its write) or
+    results: fit() raises it, and the run's folder stayed locked by this very process (the next trial in the
+    same run_dir refused: "in use by another live process"), its run.jsonl without an end (``running``)."""
+    class Impatient:
+        @hookfit.hookimpl
+        def fit_start(self, loop) -> None:
+            assert loop.run_dir == tmp_path  # a plugin that writes there: the run has its folder and its lock
+
+        @hookfit.hookimpl(specname=hook)
+        def ending(self) -> None:
+            raise KeyboardInterrupt("second SIGINT: aborting")
+
+    def step(loop, b):
+        if b == 1:
+            loop.request_stop("SIGINT")
+
+    with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+        hookfit.Loop(step, [0, 1, 2], run_dir=tmp_path, plugins=[Impatient()]).fit()
+    lines = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    ends = [line for line in lines if line["event"] == "end"]
+    assert [(end["status"], end["steps"]) for end in ends] == [("interrupted", 2)], ends
+    again = hookfit.Loop(lambda loop, b: None, [0], run_dir=tmp_path).fit()  # the folder is free
+    assert again.status == "completed"
 
 
 @pytest.mark.fault
