@@ -180,6 +180,7 @@ class RunFolder:
                 return self.folder
             self._take_lock()
             self.used = True
+            self.run.state.run_dir = self.folder
             self.record_start(self.folder)
         return self.folder
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
@@ -80,6 +81,9 @@ class State:
     ``"metrics"`` and ``"best"`` (the metrics plugin), ``"best_checkpoint"`` and
     ``"last_checkpoint"`` (the checkpoint plugin). Empty while the run is going on, and after a
     run no plugin answered for."""
+    run_dir: Path | None = None
+    """The folder the run's files went to (``run.jsonl``, checkpoints, logs) once a plugin wrote there: what
+    ``hookfit runs``/``show``/``compare`` read; ``None`` while no plugin has, and for a run that wrote no file."""
 
     @property
     def elapsed(self) -> float:

@@ -31,3 +31,18 @@ def test_the_time_spent_in_fit_end_is_not_the_runs() -> None:
 
     state = hookfit.Loop(lambda l, b: None, [1], plugins=[Hold()]).fit()
     assert state.elapsed < 0.3
+
+
+def test_the_state_says_where_the_run_wrote_its_files(tmp_path, monkeypatch) -> None:
+    """A sweep keeps the states, not the loops: the folder a run with no run_dir given wrote to was reachable
+    only through ``loop.run.run_dir`` (which keeps the model alive). A run that wrote no file has none."""
+    class Writes:
+        @hookfit.hookimpl
+        def fit_start(self, loop) -> None:
+            (loop.run_dir / "mine.txt").write_text("written")
+
+    monkeypatch.chdir(tmp_path)
+    state = hookfit.Loop(lambda loop, b: None, [1], name="trial", plugins=[Writes()]).fit()
+    assert state.run_dir is not None and state.run_dir.parent.resolve() == (tmp_path / "runs" / "trial")
+    assert (state.run_dir / "mine.txt").read_text() == "written" and (state.run_dir / "run.jsonl").is_file()
+    assert hookfit.Loop(lambda loop, b: None, [1], name="quiet").fit().run_dir is None
