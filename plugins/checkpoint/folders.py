@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import sharded
-from hookfit.plugins.checkpoint.storage import EARLIER, CheckpointWarning, checkpoint_files, set_aside, stale_temporaries
+from hookfit.plugins.checkpoint.storage import (EARLIER, CheckpointWarning, aside, checkpoint_files, set_aside,
+                                                stale_temporaries)
 from hookfit.locks import FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["FolderLock", "lock", "prepare"]
+__all__ = ["FolderLock", "adoptable", "lock", "prepare"]
 
 
 def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> FolderLock | None:
@@ -71,3 +72,18 @@ def prepare(folder: Path, resumes: bool) -> None:
                       f"export and keep_last take this run's checkpoints only; one of them is resumed or exported by "
                       f"its path. Give each run its own run_dir or name, or "
                       f"resume (resume='latest')", CheckpointWarning, stacklevel=user_level())
+
+
+def adoptable(folder: Path, resumed: Path) -> list[Path]:
+    """The checkpoints in ``folder`` a run resumed from ``resumed`` takes as its own (``keep_last`` prunes them):
+    those listed there; none where ``resumed`` is an earlier run's that a later run set aside (a resume by its path,
+    as the warning of :func:`prepare` says), whose own are set aside in turn, warned of once, and never pruned."""
+    if resumed.parent.resolve() != folder.resolve() or resumed.resolve() not in {p.resolve() for p in aside(folder)}:
+        return checkpoint_files(folder)
+    if later := checkpoint_files(folder):
+        set_aside(folder, later)
+        warnings.warn(f"checkpoint: {resumed.name} was set aside in {folder} by a later run, whose {len(later)} "
+                      f"checkpoint(s) there (newest by name: {later[0].name}) are set aside in turn (listed in "
+                      f"{EARLIER}): resume='latest', hookfit export and keep_last take this run's from now on",
+                      CheckpointWarning, stacklevel=user_level())
+    return []

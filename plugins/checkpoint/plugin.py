@@ -28,7 +28,7 @@ from hookfit.plugins.checkpoint.repeats import Written
 from hookfit.plugins.checkpoint.reports import Reports
 from hookfit.plugins.checkpoint.scores import Scores, hold, settle, unscored
 from hookfit.plugins.checkpoint.shardwriter import ShardWriter, save_sharded
-from hookfit.plugins.checkpoint.storage import CheckpointWarning, checkpoint_files, filename
+from hookfit.plugins.checkpoint.storage import CheckpointWarning, filename
 from hookfit.plugins.checkpoint.writer import Done, Writer, write_file
 from hookfit.plugins.support import Every, Monitor, choice, flag, path, positive_int, positive_number
 
@@ -242,7 +242,7 @@ class Checkpoint:
             announce(loop, path, self.dir)
         if loop.is_main and loop.mode == "fit" and (folder := self._known_directory(loop)) is not None:
             # the checkpoints already there are this run's: keep_last holds across resumes (Catalog.adopt)
-            self.writer.remove(self.catalog.adopt(checkpoint_files(folder), data["loop"]["step"]))
+            self.writer.remove(self.catalog.adopt(folders.adoptable(folder, path), data["loop"]["step"]))
         return path
 
     @hookimpl

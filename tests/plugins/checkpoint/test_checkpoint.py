@@ -1128,6 +1128,28 @@ def test_resume_latest_that_finds_only_set_aside_checkpoints_says_they_are_there
                     f"the beginning"], said
 
 
+@pytest.mark.fault
+def test_resuming_a_set_aside_checkpoint_by_its_path_sets_the_later_runs_aside_and_prunes_none_of_them(
+        tmp_path: Path) -> None:
+    """Run A (3 epochs), run B afresh in the same run_dir (1 epoch: A's set aside), then A's epoch 2 resumed by its
+    path, as the set-aside warning says to: the resumed run took B's checkpoint as its own and keep_last=1 deleted
+    it. B's is set aside in turn (one warning), and stays."""
+    folder = tmp_path / "checkpoints"
+    train(tmp_path, epochs=3)
+    with pytest.warns(CheckpointWarning, match="set aside"):
+        train(tmp_path, epochs=1, seed=5)
+    b_first = folder / "epoch0001-step000000007.pt"
+    b_bytes = b_first.read_bytes()
+    with pytest.warns(CheckpointWarning, match=r"epoch0002-step000000014.pt was set aside in .* by a later run, whose 1 "
+                                               r"checkpoint\(s\) there \(newest by name: epoch0001-step000000007.pt\) are "
+                                               r"set aside in turn"):
+        loop, _, _ = train(tmp_path, epochs=3, resume=str(folder / "epoch0002-step000000014.pt"),
+                           checkpoint=Checkpoint(every_n_epochs=1, background=False, keep_last=1))
+    assert loop.state.status == "completed" and loop.state.epoch == 2
+    assert b_first.read_bytes() == b_bytes  # B's, kept
+    assert [p.name for p in checkpoint_files(folder)] == ["epoch0003-step000000021.pt"]  # this run's own
+
+
 def test_resume_latest_after_a_fresh_run_in_the_same_folder_continues_that_run_and_keeps_the_earlier_files(
         tmp_path: Path) -> None:
     """Run A (3 epochs), then run B afresh in the same run_dir (1 epoch, another seed): resume='latest'
