@@ -42,8 +42,8 @@ def check_seed(seed: Any) -> int | None:
 
 def as_int(value: Any) -> int | None:
     """``value`` as a plain ``int`` where it is an integer (NumPy's too: ``__index__``), else ``None``
-    (a ``bool``, a float, a float tensor or array, whose ``__index__`` refuses)."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+    (a ``bool``, a float, a float tensor or array, whose ``__index__`` refuses; a ``bool`` tensor, whose does not)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__") or getattr(value, "dtype", None) is torch.bool:
         return None
     try:
         return operator.index(value)

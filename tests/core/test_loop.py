@@ -24,6 +24,8 @@ from conftest import mse_step
         ({"val_every_n_steps": numpy.float64(3)}, ValueError, r"val_every_n_steps must be a positive integer"),
         ({"max_epochs": torch.tensor(3.0)}, ValueError, r"max_epochs must be a positive integer, got tensor\(3\.\)"),
         ({"max_steps": numpy.array([3.0])}, ValueError, r"max_steps must be a positive integer"),
+        ({"max_epochs": torch.tensor(True)}, ValueError, r"max_epochs must be a positive integer, got tensor\(True\)"),
+        ({"seed": torch.tensor([True])}, ValueError, r"seed must be "),
         ({"val_step": lambda l, b: None}, ValueError, "val_step .* without val_data"),
         ({"val_data": [1]}, ValueError, "val_data was given without a val_step"),
         ({"val_grad_mode": "off"}, ValueError, "val_grad_mode"),
