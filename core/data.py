@@ -159,7 +159,9 @@ class Batches:
         self.num_samples = lengths[0]
         self.batch_size = size  # (NumPy's integers too)
         self.shuffle = bool(shuffle)
-        self.seed = operator.index(seed)
+        if (seeded := as_int(seed)) is None:
+            raise TypeError(f"Batches: seed must be an int, not {seed!r}")
+        self.seed = seeded
         self.drop_last = bool(drop_last)
         self.rank = 0
         self.world_size = 1

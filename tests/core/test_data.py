@@ -48,6 +48,16 @@ def test_batch_size_must_be_a_positive_int(size):
         Batches(torch.zeros(10), batch_size=size)
 
 
+@pytest.mark.bad_input
+@pytest.mark.parametrize("seed, shown", [(1.5, "1.5"), (torch.tensor(1.5), r"tensor\(1\.5000\)"), ("3", "'3'"),
+                                         (True, "True")])
+def test_a_seed_that_is_not_an_integer_is_named(seed, shown):
+    """torch's "only integer tensors of a single element can be converted to an index" named neither Batches nor
+    its seed; a bool was taken as 1."""
+    with pytest.raises(TypeError, match=rf"^Batches: seed must be an int, not {shown}$"):
+        Batches(torch.zeros(10), batch_size=2, shuffle=True, seed=seed)
+
+
 def test_a_numpy_batch_size_is_the_plain_int_it_holds():
     import numpy
 
