@@ -84,7 +84,7 @@ def best(source: str | os.PathLike[str]) -> tuple[Path, str, float]:
         raise CheckpointError(f"hookfit export --best: no checkpoint of the run of {newest} has a score of {monitor} "
                               f"(none was saved after a validation of it): export a checkpoint by its path")
     score, path = catalog.best
-    return path, monitor, score
+    return newest.parent / path.name, monitor, score  # (as the newest is named: relative where the source is)
 
 
 def export(source: str | os.PathLike[str], out: str | os.PathLike[str], weights: str | None = None,

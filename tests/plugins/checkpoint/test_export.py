@@ -154,6 +154,23 @@ def test_best_exports_the_best_checkpoint_by_the_runs_monitor_even_the_newest(
     assert "--best: the run of " in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
 
 
+def test_best_names_its_checkpoint_as_the_newest_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run given by a relative path: the newest was named relative, the best by its absolute path."""
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.tools import cli
+
+    monkeypatch.chdir(tmp_path)
+    m = torch.nn.Linear(3, 1)
+    hookfit.Loop(two_model_step, data(), val_step=lambda loop, b: {"loss": torch.tensor(1.0)}, val_data=data()[:1],
+                 model=[m], optimizers={"a": torch.optim.SGD(m.parameters(), lr=0.1)}, run_dir="run",
+                 plugins=[Optim(), Metrics(), Checkpoint(monitor="valid/loss", background=False)]).fit()
+    capsys.readouterr()
+    for extra in ([], ["--best"]):
+        assert cli.main(["export", "run", "out.pt", *extra], plugins=[Checkpoint()]) == 0
+        assert capsys.readouterr().out.startswith("wrote out.pt: the model of run/checkpoints/epoch0001-step000000003.pt")
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize("given", ["folder", "folder/", "new/"])
 def test_an_output_that_is_a_folder_is_refused_naming_a_file_to_give(tmp_path: Path, given: str) -> None:
