@@ -61,7 +61,7 @@ def where(run: Run, error: BaseException) -> str:
             if inner := _innermost(owners, tb.tb_next):  # an event that plugin code fired
                 return f"{_hook_note(pm, inner, inner)}, called from {called} ({at})"
             return f"hookfit: raised by {called} ({at})"
-        if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") == _LOOP:
+        if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") in _LOOP:
             fetch = _fetching(tb, state.epoch + 1)
         tb = tb.tb_next
     if hooks:  # a plugin's answer refused (RefusedState) blames that plugin's implementation
@@ -106,9 +106,10 @@ def _owners(pm: Any) -> dict[Any, tuple[str, str]]:
     return owners
 
 
-_LOOP = "hookfit.training"
-"""The module of the loop's stage function (:func:`hookfit.training.run_stage`): its frames in a
-traceback say whether the loop was fetching a batch when the error came."""
+_LOOP = ("hookfit.training", "hookfit.replay")
+"""The modules of the loop's stage function (:func:`hookfit.training.run_stage`) and of the iterator it makes
+(:func:`hookfit.replay.iterate`): their frames in a traceback say whether the loop was fetching a batch when the
+error came."""
 
 
 def _fetching(tb: types.TracebackType, epoch: int) -> str | None:

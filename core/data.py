@@ -14,11 +14,13 @@ later (used up after one pass, an empty validation set); whether a resume rebuil
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.reproducibility import as_int
 
 __all__ = ["FACTORY", "Batches", "check_passes", "generators", "length", "one_pass", "tell_epoch"]
@@ -49,17 +51,23 @@ def one_pass(data: Any) -> bool:
     return isinstance(data, Iterator)
 
 
-def tell_epoch(data: Any, epoch: int) -> None:
+def tell_epoch(data: Any, epoch: int, again: bool = False) -> None:
     """Tell ``data`` the epoch it is about to be iterated for, so that an order or a shuffle it
     draws can be a pure function of the epoch (which a resumed run can rebuild): data with
     ``set_epoch(epoch)`` (:class:`Batches`, a Hugging Face ``IterableDataset``, a generator
     factory), else the ``IterableDataset`` of a ``DataLoader`` when that has one (the loader's
     workers get a copy of it as each epoch's iterator is made; persistent workers keep the copy
-    of the first epoch)."""
+    of the first epoch: ``again``, the run's second epoch, warns of them)."""
     target = data if hasattr(data, "set_epoch") else _streamed(data)
     setter = getattr(target, "set_epoch", None)
     if callable(setter):
         setter(epoch)
+        if again and target is not data and data.persistent_workers and data.num_workers > 0:
+            warnings.warn(f"set_epoch reaches the {type(target).__name__} of a DataLoader, not its persistent workers "
+                          f"(persistent_workers=True), which keep their copy of it from the run's first epoch: an "
+                          f"order it draws from the epoch is not redrawn there (nor rebuilt at a resume); give "
+                          f"persistent_workers=False (each epoch's workers then get the dataset as set_epoch left "
+                          f"it)", HookfitWarning, stacklevel=user_level())
 
 
 def generators(data: Any) -> dict[str, torch.Generator]:

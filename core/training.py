@@ -13,15 +13,13 @@
 :func:`scope` gives every scope its start event and boundary, and its end event and boundary
 when the body ran to its end, as fastai's ``_with_events`` does. Stops are
 :mod:`hookfit.stopping`'s, the run's position :mod:`hookfit.position`'s, the time split
-:mod:`hookfit.timing`'s, the error's note :mod:`hookfit.blame`'s.
+:mod:`hookfit.timing`'s, the error's note :mod:`hookfit.blame`'s, a resumed stage's iterator :mod:`hookfit.replay`'s.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import itertools
 import os
 import sys
 import time
@@ -39,7 +37,8 @@ from hookfit.outputs import as_mapping, check_output
 from hookfit.payloads import ResumeInfo
 from hookfit.order import unrebuilt_order
 from hookfit.persistent import unrebuilt_workers
-from hookfit.position import Position, rng_state, set_rng_state, weights_of
+from hookfit.position import Position, weights_of
+from hookfit.replay import iterate
 from hookfit.reproducibility import Deterministic, seed_everything
 from hookfit.stopping import Budget, Stop
 from hookfit.timing import store_split
@@ -162,7 +161,7 @@ def epochs(run: Run) -> None:
             state.epoch = epoch
             sets = run.val_data.values() if isinstance(run.val_data, Mapping) else (run.val_data,)
             for data in (run.train_data, *sets):
-                tell_epoch(data, epoch)
+                tell_epoch(data, epoch, again=epoch == first_epoch + 1)
             start, first = (at.batch, at.stage) if at is not None else (0, "train")
             at = None
             cursor.epoch_begins(epoch, start, first)
@@ -337,33 +336,6 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
         store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
         if not train:
             run.enter_carry(outer)
-
-
-def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[Any]:
-    """The stage's batches from batch ``start``. A fresh training stage notes the random state
-    as it makes its iterator (:meth:`hookfit.position.Cursor.iterator_begins`). A resumed one
-    makes its iterator from that state and drops the batches done (data with ``iter_from``
-    starts there; data that restored its own state is there), then gives the random state back:
-    the rest of the epoch sees the batches and the random stream of the run it continues."""
-    cursor = run.cursor
-    if not start:
-        if train:
-            cursor.iterator_begins(data)
-        return iter(data)
-    replay = cursor.iter_rng if train else None
-    keep = rng_state(data) if replay is not None else None
-    try:
-        if replay is not None:
-            set_rng_state(replay, data)
-        if (iter_from := getattr(data, "iter_from", None)) is not None:
-            return iter(iter_from(start))
-        batches = iter(data)
-        if not (train and "train" in cursor.restored):
-            collections.deque(itertools.islice(batches, start), maxlen=0)
-        return batches
-    finally:
-        if keep is not None:
-            set_rng_state(keep, data)
 
 
 def mark(run: Run, limit: int, every: int | None) -> int:

@@ -253,6 +253,64 @@ def test_a_hugging_face_stream_shuffled_with_a_buffer_warns_once_at_a_resume_by_
     assert fit(shuffled=False) == []
 
 
+class ShardShuffled:
+    """A generator factory reading four shards of 40 samples, each shuffled with torch's global generator as the
+    stream reaches it (``per_shard``), or once, before its first batch: batches of 8, five a shard."""
+
+    def __init__(self, per_shard: bool) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.shards = [(torch.randn(40, 8, generator=g), torch.randn(40, 1, generator=g)) for _ in range(4)]
+        self.per_shard = per_shard
+
+    def __iter__(self):
+        order = torch.randperm(40)
+        for x, y in self.shards:
+            order = torch.randperm(40) if self.per_shard else order
+            for i in range(0, 40, 8):
+                yield x[order[i:i + 8]], y[order[i:i + 8]]
+
+
+@pytest.mark.parametrize("per_shard", [True, False], ids=["a-draw-per-shard", "one-draw-first"])
+def test_a_stream_drawing_from_torchs_generator_as_it_goes_is_warned_of_at_resume(tmp_path: Path,
+                                                                                   per_shard: bool) -> None:
+    """The common streaming shuffle, a torch.randperm per shard in __iter__, with dropout in the model: stopped
+    mid-shard and resumed, the shard's order was drawn again without the model's draws between and the run
+    trained on other batches, without a word. Said now; a stream that draws only before its first batch resumes
+    exactly and says nothing."""
+    from hookfit.plugins.checkpoint import Checkpoint
+    from hookfit.plugins.optim import Optim
+    from conftest import StopAfter
+
+    def fit(run_dir: Path, stop: int | None = None) -> tuple[torch.nn.Module, list[str]]:
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+
+        def step(loop, batch):
+            loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+            loop.backward(loss)
+            loop.optimizers.step()
+            loop.optimizers.zero_grad()
+            return loss
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hookfit.Loop(step, ShardShuffled(per_shard), model=model, max_steps=20, seed=0, run_dir=run_dir,
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.01), resume="latest",
+                         plugins=[Optim(), Checkpoint(background=False), *([StopAfter(stop)] if stop else [])]).fit()
+        return model, [str(w.message) for w in caught if "torch's global random generator" in str(w.message)]
+
+    whole, _ = fit(tmp_path / "whole")
+    fit(tmp_path / "stopped", stop=13)
+    resumed, said = fit(tmp_path / "stopped")
+    equal = all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))
+    if per_shard:
+        assert not equal  # what the warning says: other batches from the resumed one on
+        assert len(said) == 1 and said[0].startswith("resume: the training data drew from torch's global random "
+                                                     "generator while the 13 batches done were dropped"), said
+    else:
+        assert equal and said == []
+
+
 def test_a_stream_reseeded_by_set_epoch_resumes_without_a_word_and_is_told_each_epoch() -> None:
     stream = SeededStream()
     told = []
@@ -263,6 +321,32 @@ def test_a_stream_reseeded_by_set_epoch_resumes_without_a_word_and_is_told_each_
         state = hookfit.Loop(lambda loop, batch: None, DataLoader(stream, batch_size=2), max_epochs=3,
                              resume="latest", plugins=[Resumer()]).fit()
     assert (state.status, state.step) == ("completed", 2 + 4 + 6 + 6) and told == [0, 1, 2]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("persistent", [True, False])
+def test_set_epoch_that_persistent_workers_never_see_is_warned_of_once(persistent: bool) -> None:
+    """A stream reseeded by set_epoch in a DataLoader with persistent workers: the workers keep their copy of the
+    dataset, which set_epoch never reached, silently. One warning, at the run's second epoch."""
+    orders: list[list[int]] = []
+
+    def step(loop, batch):
+        if loop.state.batch_idx == 0:
+            orders.append([])
+        orders[-1] += batch.tolist()
+
+    data = DataLoader(SeededStream(), batch_size=2, num_workers=1, persistent_workers=persistent)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(step, data, max_epochs=3).fit()
+    said = [str(w.message) for w in caught if "persistent workers" in str(w.message)]
+    drawn = [torch.randperm(12, generator=torch.Generator().manual_seed(epoch)).tolist() for epoch in range(3)]
+    assert (orders == drawn) is not persistent  # what the warning says: each epoch's order as set_epoch drew it
+    assert said == ([
+        "set_epoch reaches the SeededStream of a DataLoader, not its persistent workers (persistent_workers=True), "
+        "which keep their copy of it from the run's first epoch: an order it draws from the epoch is not redrawn "
+        "there (nor rebuilt at a resume); give persistent_workers=False (each epoch's workers then get the dataset "
+        "as set_epoch left it)"] if persistent else [])
 
 
 def test_tell_epoch_reaches_the_data_or_a_dataloaders_stream_and_nothing_else() -> None:
