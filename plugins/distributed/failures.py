@@ -22,11 +22,13 @@ _RUNS = itertools.count()  # this process's distributed runs: the same sequence 
 
 
 def report(error: BaseException, rank: int, world_size: int, store: Store | None,
-           timeout_text: Callable[[], str]) -> None:
+           timeout_text: Callable[[], str], streams_apart: bool = False) -> None:
     """Say on stderr that ``rank`` of ``world_size`` failed with ``error`` or, when ``error``
     came from a collective operation, that it stopped because of the rank that failed first
     (read from ``store``, where a rank that failed first records itself), with a note on
-    ``error`` saying so; ``timeout_text``: how long collectives wait, for that note."""
+    ``error`` saying so; ``timeout_text``: how long collectives wait, for that note.
+    ``streams_apart``: the training data is a stream each process reads itself, which a failed
+    collective's note names as a likely cause (one process's ran out first)."""
     where = f"rank {rank} of {world_size}"
     notes = " ".join(n for n in getattr(error, "__notes__", []) if n.startswith("hookfit: "))
     text = f"{type(error).__name__}: {_first_line(error)}" + (
@@ -55,6 +57,10 @@ def report(error: BaseException, rank: int, world_size: int, store: Store | None
             headline = (f"hookfit distributed: {where} stopped: a collective operation failed "
                         f"and no other rank recorded a failure (a rank that hangs or is killed "
                         f"cannot)")
+        if streams_apart:
+            error.add_note("hookfit distributed: the training data is a stream each process reads itself "
+                           "(shard_data=False, no length): a process whose stream ran out before the others' leaves "
+                           "them in a collective it never joins; every process must give as many batches an epoch")
     else:
         first_failure(store, {"rank": rank, "world_size": world_size, "failed": True, "error": text})
         headline = f"hookfit distributed: {where} failed"

@@ -327,7 +327,8 @@ class Distributed(ModelWrap):
         """Say on stderr which rank failed, or that this one stopped because another failed
         first, with a note on ``error`` (:func:`~hookfit.plugins.distributed.failures.report`);
         then destroy the process group if hookfit made it (a script's own stays open)."""
-        report(error, self.rank, self.world_size, self._store, self._timeout_text)
+        apart = not self.shard_data and length(loop.train_data) < 0  # a stream each process reads: uneven?
+        report(error, self.rank, self.world_size, self._store, self._timeout_text, apart)
         group.destroy()  # hookfit's group: the peers' next collective fails now instead of at the timeout
 
     @hookimpl(trylast=True)

@@ -284,8 +284,32 @@ def at_exit(out: str) -> None:
     seen.update(status=state.status, world_size=state.world_size, initialized_after_fit=dist.is_initialized())
 
 
+def uneven(out: str) -> None:
+    """A stream each process reads itself (``shard_data=False``), rank 1's two batches short: the error each
+    process ends with, and its notes, to ``OUT.uneven<rank>.json`` (a process gloo aborts writes nothing)."""
+    rank = int(os.environ["RANK"])
+
+    class Stream:  # no length: its batches are known by reading them
+        def __iter__(self):
+            for i in range(6 - 2 * rank):
+                yield torch.full((2, 4), float(i)), torch.zeros(2, 1)
+
+    model = torch.nn.Linear(4, 1)
+    loop = hookfit.Loop(train_step, Stream(), model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                        max_epochs=1, plugins=[Distributed(shard_data=False, timeout=30)])
+    try:
+        loop.fit()
+        seen: dict[str, Any] = {"error": None}
+    except Exception as error:  # noqa: BLE001 - what each process ends with is the result
+        seen = {"error": f"{type(error).__name__}: {error}", "notes": getattr(error, "__notes__", [])}
+    with open(f"{out}.uneven{rank}.json", "w") as file:
+        json.dump(seen, file)
+
+
 if __name__ == "__main__":
     if sys.argv[2:] == ["exit"]:
         at_exit(sys.argv[1])
+    elif sys.argv[2:] == ["uneven"]:
+        uneven(sys.argv[1])
     else:
         job(sys.argv[1])

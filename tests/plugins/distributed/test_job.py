@@ -336,6 +336,22 @@ def test_plugins_taking_part_on_some_processes_only_are_refused_naming_them(monk
 
 
 @pytest.mark.slow
+@pytest.mark.fault
+def test_a_stream_one_process_runs_out_of_first_is_named_in_the_failed_collectives_note(tmp_path: Path) -> None:
+    """Streams each process reads itself, rank 1's two batches short: the job failed on gloo's timeouts (or "Connection
+    reset by peer" and a SIGABRT of "Received data size doesn't match", by timing), naming no data. A process that
+    ends with a failed collective says the stream is the likely cause."""
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    done = subprocess.run([*_torchrun(), *launch, str(SCRIPT), "out", "uneven"], cwd=tmp_path,
+                          env=_env(HOOKFIT_PLUGINS="distributed,optim"), capture_output=True, text=True, timeout=240)
+    seen = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("out.uneven*.json"))]
+    assert seen and all(s["error"] is not None for s in seen), (seen, done.stderr[-3000:])
+    hint = ("hookfit distributed: the training data is a stream each process reads itself (shard_data=False, no "
+            "length): a process whose stream ran out before the others' leaves them in a collective it never joins")
+    assert any(note.startswith(hint) for s in seen for note in s["notes"]), seen
+
+
+@pytest.mark.slow
 def test_observers_run_on_rank_0_unless_they_ask_for_every_rank(job: dict[str, Any]) -> None:
     zero, one = (rank["first"] for rank in job["ranks"])
     assert [event[0] for event in zero["plain"]] == [event[0] for event in zero["every_rank"]] == [
