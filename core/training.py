@@ -330,6 +330,12 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                     f"{stage} data yielded no batches in epoch {state.epoch + 1}"
                     + (f" ({used} is used up after one pass; pass a list, a DataLoader or a generator "
                        f"factory: an object whose __iter__ is a generator function)" if used else ""))
+            if (total := length(data)) is not None and batch_idx >= total:  # (said once a run: the same words)
+                warnings.warn(f"{stage} data yielded {batch_idx + 1} batches, more than its length says (len() = "
+                              f"{total}): the progress, an accumulation window's last divisor and schedules counted "
+                              f"by it are off (a DataLoader over an IterableDataset whose workers each end with a "
+                              f"partial batch: its len() counts whole batches of the dataset's __len__)",
+                              HookfitWarning, stacklevel=user_level())
             # stage_end sees the stage's batches counted; its own time is added after it
             store_split(state, stage, past, clock() - began - nested, waited, stepping, batch_idx - start + 1)
     finally:

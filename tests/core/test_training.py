@@ -404,3 +404,24 @@ def test_a_loss_of_several_numbers_is_warned_of_once_a_run() -> None:
         "train_step' returned a loss of 4 numbers (shape [4]), not one: no metric reports it and loop.backward takes "
         "one number; reduce it (loss.mean()), or return it under another key"), said
     assert [w.filename for w in caught if "numbers" in str(w.message)] == [__file__]
+
+
+@pytest.mark.bad_input
+def test_data_yielding_more_batches_than_its_length_says_is_warned_of_once_a_run() -> None:
+    """A DataLoader over an IterableDataset whose workers each end with a partial batch yields more than its len():
+    the progress read batch=12/11 and the last window was divided by the wrong count, without a word."""
+    class Longer:
+        def __len__(self) -> int:
+            return 2
+
+        def __iter__(self):
+            return iter([0, 1, 2])
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        state = hookfit.Loop(lambda loop, batch: None, Longer(), max_epochs=3).fit()
+    said = [str(w.message) for w in caught if "more than its length says" in str(w.message)]
+    assert state.step == 9 and said == [
+        "train data yielded 3 batches, more than its length says (len() = 2): the progress, an accumulation window's "
+        "last divisor and schedules counted by it are off (a DataLoader over an IterableDataset whose workers each "
+        "end with a partial batch: its len() counts whole batches of the dataset's __len__)"]
