@@ -29,7 +29,7 @@ import hookfit
 from hookfit.data import one_pass, tell_epoch
 from hookfit.order import unrebuilt_order
 
-from conftest import TESTS, run_script_here, saved_run
+from conftest import TESTS, mse_step, run_script_here, saved_run
 import warm
 
 CHILD = TESTS / "scripts" / "streaming_child.py"
@@ -284,17 +284,9 @@ def test_a_stream_drawing_from_torchs_generator_as_it_goes_is_warned_of_at_resum
     def fit(run_dir: Path, stop: int | None = None) -> tuple[torch.nn.Module, list[str]]:
         torch.manual_seed(1)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
-
-        def step(loop, batch):
-            loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
-            loop.backward(loss)
-            loop.optimizers.step()
-            loop.optimizers.zero_grad()
-            return loss
-
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            hookfit.Loop(step, ShardShuffled(per_shard), model=model, max_steps=20, seed=0, run_dir=run_dir,
+            hookfit.Loop(mse_step, ShardShuffled(per_shard), model=model, max_steps=20, seed=0, run_dir=run_dir,
                          optimizers=torch.optim.SGD(model.parameters(), lr=0.01), resume="latest",
                          plugins=[Optim(), Checkpoint(background=False), *([StopAfter(stop)] if stop else [])]).fit()
         return model, [str(w.message) for w in caught if "torch's global random generator" in str(w.message)]

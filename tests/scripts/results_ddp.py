@@ -97,16 +97,9 @@ def failing(out: str, monitored: bool, raising: bool = False, background: bool =
         checkpoint, options = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=10,
                                          on_save_error="raise" if raising else "warn", background=background), {}
     if raising:
-        loop = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_steps=7, run_dir="run",
-                            optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-                            plugins=[Distributed(timeout=30), Optim(), Metrics(), checkpoint])
-        try:
-            loop.fit()
-            error = None
-        except Exception as raised:  # noqa: BLE001 - the error each process ends with is the result
-            error = f"{type(raised).__name__}: {raised}"
-        with open(f"{out}.rank{loop.state.rank}.json", "w") as file:
-            json.dump({"status": loop.state.status, "error": error}, file)
+        ended(hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_steps=7, run_dir="run",
+                           optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                           plugins=[Distributed(timeout=30), Optim(), Metrics(), checkpoint]), out)
         return
     state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
                          optimizers=torch.optim.SGD(model.parameters(), lr=0.05), **options,
@@ -190,9 +183,13 @@ def one_rank(out: str, alone: bool) -> None:
     main = os.environ["RANK"] == "0"
     os.environ["HOOKFIT_PLUGINS"] = "distributed,optim,metrics" + ("" if alone else ",checkpoint")
     given = [Checkpoint(every_n_steps=2, on_failure=True, background=False)] if main else []
-    loop = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
-                        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-                        plugins=[Distributed(timeout=30), *given])
+    ended(hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
+                       optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                       plugins=[Distributed(timeout=30), *given]), out)
+
+
+def ended(loop: hookfit.Loop, out: str) -> None:
+    """``loop.fit()``, then this process's status and the error it raised, if any, to ``OUT.rank<N>.json``."""
     try:
         loop.fit()
         error = None
