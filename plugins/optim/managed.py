@@ -63,7 +63,7 @@ class ManagedOptimizer:
         self.schedulers: list[Any] = list(schedulers)  # in the order they step
         self.steps, self.skipped = 0, 0  # real steps, skipped ones
         self.window_open = False  # step() was called inside a window that has not closed
-        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._listed: tuple[int, list[torch.Tensor]] = (-1, [])  # (groups, their parameters): see params
         self._rules, self._accumulates = rules, rules.window.size > 1
         self._per_step = list(per_step)  # its schedulers that step after each real step
         self._stepped = False  # a real step happened since the last effective zero_grad()
@@ -75,6 +75,13 @@ class ManagedOptimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's parameter groups (learning rates live here)."""
         return self.optimizer.param_groups
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """Its groups' parameters, a group added during the run's too: listed again when the groups change in number."""
+        if len(groups := self.optimizer.param_groups) != self._listed[0]:  # (kept: clipping reads it every step)
+            self._listed = (len(groups), [p for group in groups for p in group["params"]])
+        return self._listed[1]
 
     def step(self, closure: Callable[[], Any] | None = None, *, partial: bool = False) -> Any:
         """Step unless inside a window (``partial``: the stage's end); whether it stepped, or a ``closure``'s loss."""

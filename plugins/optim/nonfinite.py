@@ -85,9 +85,7 @@ class Deferred:
         self._policy = policy
         self._where = (0, 0, 0)  # (epoch, first batch, last batch) of the flag's losses
         self._at = -1  # the global step of the flag's last loss
-        self._flags = Flags()
-        self._size, self._scaled = 1, False  # windows of this many batches; a GradScaler's run
-        self.discard()
+        self.start(1, False)  # _size: windows of this many batches; _scaled: a GradScaler's run
 
     def start(self, size: int, scaled: bool) -> None:
         """A run begins: windows of ``size`` batches, a ``GradScaler`` or not (``scaled``), flags made afresh."""

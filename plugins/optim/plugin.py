@@ -40,7 +40,7 @@ class Optim:
         name = self.name
         self.accumulate = positive_int(name, "accumulate", accumulate)
         choice(name, "nonfinite", nonfinite, ("skip", "raise"), none=True)
-        choice(name, "precision", precision, PRECISIONS)
+        choice(name, "precision", precision, ("32", "bf16-mixed", "16-mixed"))
         self.defer = flag(name, "defer", defer, none=True)
         self.fuse = flag(name, "fuse", fuse)
         self.check_grads = flag(name, "check_grads", check_grads)
@@ -290,9 +290,6 @@ class Optim:
     def load_state(self, loop: Run, state: Mapping[str, Any]) -> None:
         if loop.mode == "fit":  # a run that does not train (Loop.validate()) needs no optimizer state
             self.load_state_dict(state)
-
-
-PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 
 
 def _named(value: Any) -> dict[str, Any]:

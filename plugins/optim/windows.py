@@ -32,11 +32,8 @@ class Window:
 
     def divisor(self, loop: Run) -> int:
         """What this batch's loss is divided by (``size`` past the data's length: a wrong ``__len__``)."""
-        batch_idx = loop.state.batch_idx
-        if (batch_idx < self._last_window or not loop.training or self._stage_len is None
-                or batch_idx >= self._stage_len):
-            return self.size
-        return self._last_size
+        in_last = self._last_window <= loop.state.batch_idx < self._last_window + self._last_size  # (a partial one)
+        return self._last_size if in_last and loop.training else self.size
 
     def should_sync(self, loop: Run) -> bool:
         """The built-in's answer to ``should_sync_gradients`` (its contract is stated there)."""
