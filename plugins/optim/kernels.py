@@ -10,13 +10,12 @@ from torch.optim.optimizer import _default_to_fused_or_foreach  # torch's rule: 
 
 from hookfit.modes import modules
 
-FUSED_CLASSES = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)  # (in torch 2.13)
 SWITCHED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)  # switched to their fused kernel by fuse()
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` honours ``found_inf`` in every parameter group (README.md)."""
-    if type(optimizer) not in FUSED_CLASSES:
+    if type(optimizer) not in (*SWITCHED, torch.optim.Adagrad):  # the classes with a fused kernel (in torch 2.13)
         return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
     fused = all(group.get("fused") for group in optimizer.param_groups)
     setattr(optimizer, "_step_supports_amp_scaling", fused)  # torch's (GradScaler's), not in the declared type

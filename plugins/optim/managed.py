@@ -76,6 +76,10 @@ class ManagedOptimizer:
         """The wrapped optimizer's parameter groups (learning rates live here)."""
         return self.optimizer.param_groups
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """The wrapped optimizer's ``add_param_group``: the group then steps, clips, checks and saves as the others."""
+        self.optimizer.add_param_group(param_group)
+
     @property
     def params(self) -> list[torch.Tensor]:
         """Its groups' parameters, a group added during the run's too: listed again when the groups change in number."""
@@ -285,8 +289,8 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         return len(self._managed)
 
     def __getattr__(self, what: str) -> Any:
-        """``step``, ``zero_grad`` and ``param_groups`` are the only optimizer's (:class:`OnlyOptimizer`)."""
-        if what not in ("step", "zero_grad", "param_groups"):
+        """``step``, ``zero_grad``, ``param_groups``, ``add_param_group``: an :class:`OnlyOptimizer`'s."""
+        if what not in ("step", "zero_grad", "param_groups", "add_param_group"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {what!r}")
         several = f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))})"
         raise NoSingleOptimizer(f"{several}; name one: loop.optimizers[name].{what}" if self._managed
@@ -324,9 +328,6 @@ class OnlyOptimizer(ManagedOptimizer, Optimizers):
         Optimizers.__init__(self, {name: self}, rules.loop)
 
 
-NO_GRAD = "does not require grad"  # in torch's error for a backward pass through nothing that requires one
-
-
 class Toggled(NamedTuple):
     """A ``toggle(name)`` entered during a batch: the parameters it froze, by optimizer."""
 
@@ -342,8 +343,9 @@ def stamp(loop: Run | None) -> Any:
 
 def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) -> None:
     """Add a note naming this batch's toggles to torch's error for a backward pass through nothing to train."""
-    toggled = [t for t in (optimizers.toggled if optimizers is not None and NO_GRAD in str(error) else ())
-               if t.at == stamp(loop) and t.frozen]  # this batch's, if torch's error is of a pass through nothing
+    if optimizers is None or "does not require grad" not in str(error):  # torch's, for a pass through nothing
+        return
+    toggled = [t for t in optimizers.toggled if t.at == stamp(loop) and t.frozen]  # this batch's
     if not toggled:
         return
     lines = "".join(f"  loop.optimizers.toggle({t.name!r}) froze " + "; ".join(

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hookfit
-from hookfit.plugins.optim import Optim
+from hookfit.plugins.optim import Optim, OptimWarning
 from conftest import StopAt
 
 
@@ -119,3 +119,39 @@ def test_toggle_freezes_a_group_added_to_another_optimizer() -> None:
     hookfit.Loop(toggled, data(1), model=m, optimizers={"gen": gen, "disc": disc}, max_epochs=1,
                  disable=["console"], plugins=[Optim()]).fit()
     assert seen == [[False] * 4]
+
+
+def test_loop_optimizers_adds_a_group_to_the_optimizer_it_wraps() -> None:
+    class Add:
+        name = "add"
+
+        @hookfit.hookimpl
+        def epoch_start(self, loop, epoch):
+            if epoch == 1:
+                loop.optimizers.add_param_group({"params": list(loop.model[0].parameters()), "lr": 0.05})
+
+    m, loop = run(Add())
+    first = [p.detach().clone() for p in m[0].parameters()]
+    loop.fit()
+    assert not any(torch.equal(p, q) for p, q in zip(first, m[0].parameters()))  # stepped from epoch 2 on
+
+
+@pytest.mark.bad_input
+def test_adding_a_group_without_a_name_among_several_optimizers_asks_for_one() -> None:
+    from hookfit.plugins.optim.managed import NoSingleOptimizer
+
+    m = model()
+    gen, disc = torch.optim.SGD(m[2].parameters(), lr=0.1), torch.optim.SGD(m[0].parameters(), lr=0.1)
+    caught = []
+
+    def add(loop, batch):
+        with pytest.raises(NoSingleOptimizer, match=r"name one: loop\.optimizers\[name\]\.add_param_group") as error:
+            loop.optimizers.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
+        caught.append(error.value)
+        loop.optimizers["disc"].add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
+        return None
+
+    with pytest.warns(OptimWarning):  # (it steps no optimizer)
+        hookfit.Loop(add, data(1), model=m, optimizers={"gen": gen, "disc": disc}, max_epochs=1,
+                     disable=["console"], plugins=[Optim()]).fit()
+    assert len(caught) == 1 and len(disc.param_groups) == 2
