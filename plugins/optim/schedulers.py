@@ -36,11 +36,6 @@ class Given(NamedTuple):
         return "schedulers" if self.name is None else f"schedulers[{self.name!r}]"
 
 
-def describe(scheduler: Any) -> str:
-    """A scheduler as errors name it: its class."""
-    return type(scheduler).__name__
-
-
 def _parse(schedulers: Any) -> list[Given]:
     """The schedulers given, in order, with their dict names: each given once, those under a name on one optimizer."""
     given: list[Given] = []
@@ -51,27 +46,24 @@ def _parse(schedulers: Any) -> list[Given]:
             given.extend(Given(key, v) for v in (value if isinstance(value, (list, tuple)) else [value]))
     elif schedulers is not None:
         given = [Given(None, v) for v in (schedulers if isinstance(schedulers, (list, tuple)) else [schedulers])]
+    seen: dict[int, Any] = {}  # each scheduler so far (inside a chain too): the one given that holds it
+    by_name: dict[str, Any] = {}  # the first under each dict name
     for item in given:
-        value = item.scheduler
-        if not (isinstance(getattr(value, "optimizer", None), torch.optim.Optimizer) and all(
-                callable(getattr(value, attr, None)) for attr in ("step", "state_dict", "load_state_dict"))):
-            raise option_error(NAME, item.where, value, SCHEDULERS_MUST, TypeError, shown=_shown(value))
-    seen: dict[int, Any] = {}
-    for item in given:
-        inner = getattr(item.scheduler, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
-        for scheduler in [item.scheduler, *(inner if isinstance(inner, (list, tuple)) else ())]:
+        one = item.scheduler
+        if not (isinstance(getattr(one, "optimizer", None), torch.optim.Optimizer) and all(
+                callable(getattr(one, attr, None)) for attr in ("step", "state_dict", "load_state_dict"))):
+            raise option_error(NAME, item.where, one, SCHEDULERS_MUST, TypeError, shown=_shown(one))
+        inner = getattr(one, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
+        for scheduler in [one, *(inner if isinstance(inner, (list, tuple)) else ())]:
             if (holder := seen.get(id(scheduler))) is not None:
-                inside = f" (inside the {describe(holder)} and on its own)" if holder is not scheduler else ""
-                raise ValueError(f"optim: schedulers: the same {describe(scheduler)} is given twice{inside}: it "
+                inside = f" (inside the {type(holder).__name__} and on its own)" if holder is not scheduler else ""
+                raise ValueError(f"optim: schedulers: the same {type(scheduler).__name__} is given twice{inside}: it "
                                  f"would step twice; give it once")
-            seen[id(scheduler)] = item.scheduler
-    by_name: dict[str, Any] = {}
-    for item in given:
-        first = by_name.setdefault(item.name, item.scheduler) if item.name is not None else item.scheduler
-        if first.optimizer is not item.scheduler.optimizer:
-            raise ValueError(
-                f"optim: schedulers[{item.name!r}]: its {describe(first)} and {describe(item.scheduler)} "
-                f"are built on different optimizers; the schedulers under a name drive that optimizer")
+            seen[id(scheduler)] = one
+        first = by_name.setdefault(item.name, one) if item.name is not None else one
+        if first.optimizer is not one.optimizer:
+            raise ValueError(f"optim: schedulers[{item.name!r}]: its {type(first).__name__} and {type(one).__name__}"
+                             f" are built on different optimizers; the schedulers under a name drive that optimizer")
     return given
 
 
@@ -99,7 +91,7 @@ class Schedules:
             raise ValueError("optim: schedulers has a ReduceLROnPlateau, which steps on a metric: give monitor="
                              "'<stage>/<metric>', the epoch mean it reduces the learning rate on (monitor='valid/loss')")
         if monitor is not None and not plateaus:
-            held = ", ".join(describe(g.scheduler) for g in self._given) or "no scheduler"
+            held = ", ".join(type(g.scheduler).__name__ for g in self._given) or "no scheduler"
             raise ValueError(f"optim: monitor={monitor!r} is the metric a ReduceLROnPlateau steps on, and schedulers "
                              f"has none ({held}): give schedulers=ReduceLROnPlateau(optimizer, ...), or leave "
                              f"monitor out")
@@ -132,7 +124,7 @@ class Schedules:
         owners = {id(opt): name for name, opt in optimizers.items()}
         listing = ", ".join(f"{n!r}: {type(o).__name__}" for n, o in optimizers.items()) or "none"
         for item in self._given:
-            owner, what = owners.get(id(item.scheduler.optimizer)), describe(item.scheduler)
+            owner, what = owners.get(id(item.scheduler.optimizer)), type(item.scheduler).__name__
             if owner is None:
                 raise ValueError(f"optim: {item.where}: the {what} is built on a "
                                  f"{type(item.scheduler.optimizer).__name__} that is not one of this run's optimizers "
@@ -154,18 +146,25 @@ class Schedules:
         return out
 
     def _advise(self, loop: Run, accumulate: int) -> None:
-        """One warning for a per-step scheduler that passes its schedule in the first epoch (:func:`_passed`)."""
-        batches = length(loop.train_data) or 0
-        beyond = loop.max_epochs > 1 and (loop.max_steps or batches + 1) > batches  # the run has a second epoch
-        steps = -(-min(batches, loop.max_steps or batches) // accumulate) if beyond else 0  # the first epoch's
+        """One warning for a per-step scheduler that passes its schedule in the first epoch (:func:`_passed`); a
+        OneCycleLR that the run's optimizer steps would step past its end (torch's error, mid-run) is refused."""
+        batches = length(loop.train_data) or 0  # (0: unknown, nothing is said)
+        run = min(loop.max_steps or batches * loop.max_epochs, batches * loop.max_epochs)  # the run's batches
+        per_epoch = -(-batches // accumulate)  # optimizer steps an epoch, its last window's included
+        total = run // max(batches, 1) * per_epoch + run % max(batches, 1) // accumulate  # (max_steps: whole windows)
+        steps = per_epoch if run > batches else 0  # the first epoch's, where a second one comes
         for name, scheduler in ((n, s) for n, held in self._assigned.items() for s in self.per_step(held)):
+            if isinstance(scheduler, lr_scheduler.OneCycleLR) and scheduler.total_steps < total:
+                raise ValueError(f"optim: the OneCycleLR of optimizer {name!r} has total_steps={scheduler.total_steps}"
+                                 f" and this run takes {total} optimizer steps ({per_epoch} an epoch, accumulate="
+                                 f"{accumulate}, max_steps={loop.max_steps}): build it with total_steps={total}")
             if _passed(scheduler, steps):
                 interval = "'epoch'" if len(self._assigned) == 1 else f"{{{name!r}: 'epoch'}}"
-                warnings.warn(f"optim: the {describe(scheduler)} of optimizer {name!r} steps after each optimizer "
+                warnings.warn(f"optim: the {type(scheduler).__name__} of optimizer {name!r} steps after each optimizer "
                               f"step and passes its schedule within the first epoch ({steps} steps): it looks "
                               f"counted in epochs. Give Optim(scheduler_interval={interval}) to step it at each "
                               f"epoch's end, or count it in optimizer steps", OptimWarning, stacklevel=user_level())
-                return
+                steps = 0  # one warning (the other schedulers are still checked)
 
     def stage_ended(self, loop: Run, stage: str) -> None:
         """The monitored stage is complete: its ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""
@@ -203,8 +202,10 @@ class Schedules:
 
 
 def _passed(scheduler: Any, steps: int) -> bool:
-    """Whether ``steps`` steps pass every MultiStepLR milestone, or decay a StepLR or ExponentialLR below 1e-3 (README)."""
+    """Whether ``steps`` pass a MultiStepLR's milestones, a CosineAnnealingLR's T_max, a StepLR/ExponentialLR's 1e-3."""
     if isinstance(scheduler, lr_scheduler.MultiStepLR):
         return bool(scheduler.milestones) and max(scheduler.milestones) < steps
+    if isinstance(scheduler, lr_scheduler.CosineAnnealingLR):
+        return bool(scheduler.T_max < steps)
     decays = isinstance(scheduler, (lr_scheduler.StepLR, lr_scheduler.ExponentialLR)) and 0 <= scheduler.gamma < 1
     return decays and bool(scheduler.gamma ** (steps // getattr(scheduler, "step_size", 1)) < 1e-3)

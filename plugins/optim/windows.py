@@ -16,8 +16,7 @@ class Window:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._stage_len: int | None = None  # batches in the training stage, when known
-        self._last_window, self._last_size = sys.maxsize, size  # the epoch's last window if partial: start, size
+        self.measure(None)  # _stage_len: the stage's batches (None: unknown); _last_window, _last_size: its partial one
 
     def measure(self, data: Any) -> None:
         """At a training stage's start: its length, and its last window when that is partial."""

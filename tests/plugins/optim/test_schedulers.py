@@ -602,3 +602,45 @@ def test_a_step_schedule_of_a_run_of_one_epoch_is_not_taken_for_one_counted_in_e
         hookfit.Loop(train_step, data(200), model=m, optimizers=opt, max_steps=100,
                      plugins=[Optim(schedulers=lr_scheduler.MultiStepLR(opt, [60, 80]))]).fit()
     assert not [w for w in caught if "counted in epochs" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_a_per_step_cosine_schedule_counted_in_epochs_is_told_to_step_each_epoch() -> None:
+    """CosineAnnealingLR(T_max=<epochs>) stepped after each optimizer step goes round its cosine several times an
+    epoch: T_max passed within the first epoch, one warning names scheduler_interval='epoch'."""
+    import warnings
+
+    def told(t_max: int, **options) -> list[str]:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hookfit.Loop(train_step, data(6), model=m, optimizers=opt, max_epochs=5,
+                         plugins=[Optim(schedulers=lr_scheduler.CosineAnnealingLR(opt, T_max=t_max), **options)]).fit()
+        return [str(w.message) for w in caught if "looks counted in epochs" in str(w.message)]
+
+    assert len(told(5)) == 1 and "the CosineAnnealingLR of optimizer 'default'" in told(5)[0]
+    assert told(30) == [] and told(6) == [] and told(5, scheduler_interval="epoch") == []
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("total_steps, options, takes", [
+    (9, {"accumulate": 3}, 12),  # 4 steps an epoch (windows of 3, 3, 3 and 1), 3 epochs
+    (4, {"max_steps": 14, "accumulate": 3}, 5),  # 4 steps in the first epoch, 1 whole window of 4 batches after
+])
+def test_a_onecycle_schedule_shorter_than_the_run_is_refused_when_the_run_starts(total_steps, options, takes) -> None:
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    max_steps = options.pop("max_steps", None)
+    sched = lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=total_steps)
+    with pytest.raises(ValueError, match=rf"optim: the OneCycleLR of optimizer 'default' has total_steps={total_steps} "
+                                         rf"and this run takes {takes} optimizer steps .*build it with total_steps="
+                                         rf"{takes}"):
+        hookfit.Loop(train_step, data(10), model=m, optimizers=opt, max_epochs=3, max_steps=max_steps,
+                     plugins=[Optim(schedulers=sched, **options)]).fit()
+    assert opt.param_groups[0]["lr"] == sched.get_last_lr()[0]  # refused before any step
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=takes)  # exactly the run's steps: no error
+    assert hookfit.Loop(train_step, data(10), model=m, optimizers=opt, max_epochs=3, max_steps=max_steps,
+                        plugins=[Optim(schedulers=sched, **options)]).fit().status == "completed"
+    assert sched.last_epoch == takes
