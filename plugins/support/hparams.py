@@ -162,8 +162,9 @@ def warn_unsaved_schedule(plugin: str, loop: Run, name: str, optimizer: Any, sch
     if loop.mode == "fit" and not schedulers and any("initial_lr" in group for group in optimizer.param_groups):
         warnings.warn(f"{plugin}: optimizer {name!r} has a learning-rate scheduler built on it that was not given to "
                       f"{plugin.capitalize()}(schedulers=...): its state is in no checkpoint, so a resumed run starts "
-                      f"its schedule again; give it as {plugin.capitalize()}(schedulers=scheduler) and do not step it "
-                      f"yourself", category, stacklevel=user_level())
+                      f"its schedule again; give it as {plugin.capitalize()}(schedulers=scheduler) (with "
+                      f"scheduler_interval=\"epoch\" for one stepped once an epoch) and do not step it yourself",
+                      category, stacklevel=user_level())
 
 
 class ScheduleCounts:

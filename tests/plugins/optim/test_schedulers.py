@@ -455,7 +455,8 @@ def test_a_scheduler_the_step_drives_itself_is_warned_of_as_in_no_checkpoint(tmp
     assert fit(given=False) == [
         "test_schedulers.py: optim: optimizer 'default' has a learning-rate scheduler built on it that was not given "
         "to Optim(schedulers=...): its state is in no checkpoint, so a resumed run starts its schedule again; give it "
-        "as Optim(schedulers=scheduler) and do not step it yourself"]
+        "as Optim(schedulers=scheduler) (with scheduler_interval=\"epoch\" for one stepped once an epoch) and do not "
+        "step it yourself"]
     assert fit(given=True) == [] and fit(given=False, mode="validate") == []
 
 
