@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.optim.optimizer import _default_to_fused_or_foreach  # torch's rule: whether its fused kernel takes them

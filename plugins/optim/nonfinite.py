@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Literal, Protocol
 import torch
 
 from hookfit import HookfitWarning
+from hookfit.errors import user_level
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.plugins.optim.managed import ManagedOptimizer
@@ -75,7 +76,7 @@ class Policy:
             self.first_skip = where
             if not quiet:
                 warnings.warn(f"optim: skipped the step of optimizer {managed.name!r}: {where}; further skips "
-                              f"are counted and reported at the end of the run", OptimWarning, stacklevel=4)
+                              f"are counted and reported at the end of the run", OptimWarning, stacklevel=user_level())
 
 
 class Deferred:
@@ -146,7 +147,7 @@ class Deferred:
         """The run's last read; under "raise" a run that did not complete (``final``) warns instead."""
         self.close(bounded=False)
         if self._due is not None and final:
-            warnings.warn(f"{self._due}, found at the end of the run", OptimWarning, stacklevel=3)
+            warnings.warn(f"{self._due}, found at the end of the run", OptimWarning, stacklevel=user_level())
             self._due = None
         self.read(final=final)
         self.raise_due()
@@ -177,7 +178,8 @@ class Deferred:
                     managed.steps -= 1
                     policy.count(managed, f"{skips[-1]} (skipped on the device; {read})", quiet=raising and not final)
             if raising and final and bad and not skips:
-                warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})", OptimWarning, stacklevel=3)
+                warnings.warn(f"optim: {loss_where}, found at the end of the run ({read})", OptimWarning,
+                              stacklevel=user_level())
             elif raising and not final and (bad or skips) and error is None:
                 were = ("its steps were " if bad else "its step was ") + "skipped on the device; " if skips else ""
                 error = FloatingPointError(f"optim: {loss_where if bad else skips[0]} ({were}{read})")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 import torch
 
 from hookfit import hookimpl
+from hookfit.errors import user_level
 from hookfit.handlers import Handlers
 from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
@@ -234,7 +235,7 @@ class Optim:
                 skipped = self._skipped_total = sum(m.skipped for m in self.optimizers.values())
                 if skipped > 1:
                     warnings.warn(f"optim: {skipped} optimizer steps were skipped in this run because of non-finite "
-                                  f"values (first: {self._policy.first_skip})", OptimWarning, stacklevel=2)
+                                  f"values (first: {self._policy.first_skip})", OptimWarning, stacklevel=user_level())
         finally:
             self._watch.release()
             self.loop = None

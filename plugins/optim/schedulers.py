@@ -19,7 +19,6 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 NAME = "optim"
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
-INTERVALS = ("step", "epoch")
 SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers (torch.optim.lr_scheduler."
                    "StepLR(opt, ...)), a list of them, or a dict of optimizer name -> scheduler or list")
 
@@ -81,8 +80,8 @@ class Schedules:
 
     def __init__(self, schedulers: Any, scheduler_interval: Any, monitor: str | None) -> None:
         by_name = dict(scheduler_interval) if isinstance(scheduler_interval, Mapping) else {None: scheduler_interval}
-        for k, value in by_name.items():  # by optimizer name (the others' None), or one for all
-            choice(NAME, "scheduler_interval" + ("" if k is None else f"[{k!r}]"), value, INTERVALS, none=k is None)
+        for k, v in by_name.items():  # by optimizer name (the others' None), or one for all
+            choice(NAME, "scheduler_interval" + ("" if k is None else f"[{k!r}]"), v, ("step", "epoch"), none=k is None)
         self.monitor, self._by_name = monitor, by_name
         self._given = _parse(schedulers)
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
@@ -152,19 +151,18 @@ class Schedules:
         run = min(loop.max_steps or batches * loop.max_epochs, batches * loop.max_epochs)  # the run's batches
         per_epoch = -(-batches // accumulate)  # optimizer steps an epoch, its last window's included
         total = run // max(batches, 1) * per_epoch + run % max(batches, 1) // accumulate  # (max_steps: whole windows)
-        steps = per_epoch if run > batches else 0  # the first epoch's, where a second one comes
         for name, scheduler in ((n, s) for n, held in self._assigned.items() for s in self.per_step(held)):
             if isinstance(scheduler, lr_scheduler.OneCycleLR) and scheduler.total_steps < total:
                 raise ValueError(f"optim: the OneCycleLR of optimizer {name!r} has total_steps={scheduler.total_steps}"
                                  f" and this run takes {total} optimizer steps ({per_epoch} an epoch, accumulate="
                                  f"{accumulate}, max_steps={loop.max_steps}): build it with total_steps={total}")
-            if _passed(scheduler, steps):
+            if run > batches and _passed(scheduler, per_epoch):  # (the first epoch's steps, where a second one comes)
                 interval = "'epoch'" if len(self._assigned) == 1 else f"{{{name!r}: 'epoch'}}"
                 warnings.warn(f"optim: the {type(scheduler).__name__} of optimizer {name!r} steps after each optimizer "
-                              f"step and passes its schedule within the first epoch ({steps} steps): it looks "
+                              f"step and passes its schedule within the first epoch ({per_epoch} steps): it looks "
                               f"counted in epochs. Give Optim(scheduler_interval={interval}) to step it at each "
                               f"epoch's end, or count it in optimizer steps", OptimWarning, stacklevel=user_level())
-                steps = 0  # one warning (the other schedulers are still checked)
+                run = 0  # one warning (the other schedulers are still checked for the error above)
 
     def stage_ended(self, loop: Run, stage: str) -> None:
         """The monitored stage is complete: its ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""

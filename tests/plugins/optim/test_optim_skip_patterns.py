@@ -157,3 +157,27 @@ def test_two_losses_a_batch_the_second_not_finite_lose_no_clean_step(defer: bool
             (mse(raw, batch) / 2).backward()
             opt.step()
     torch.testing.assert_close(params(m), params(raw), **TIGHT)
+
+
+@pytest.mark.parametrize("defer", [False, True])  # the skip known at once, or read from the device's flag later
+def test_the_skip_warnings_point_at_the_script_s_lines(defer: bool) -> None:
+    """The first skip and the run's total are warned about at the script's lines (the step function's, or the fit()
+    call's where the skip is read after the step), as every hookfit warning, not at optim's or the core's."""
+    import warnings
+
+    m = torch.nn.Linear(4, 1)
+    batches = [(torch.full((2, 4), float("nan") if i in (1, 3) else 1.0), torch.ones(2, 1)) for i in range(4)]
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(step, batches, model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1), max_epochs=1,
+                     disable=["console"], plugins=[Optim(defer=defer)]).fit()
+    skips = [w for w in caught if issubclass(w.category, OptimWarning) and "skipped" in str(w.message)]
+    assert len(skips) == 2 and [w.filename for w in skips] == [__file__] * 2, [(w.filename, w.lineno) for w in skips]
