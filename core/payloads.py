@@ -71,7 +71,9 @@ class MetricsSnapshot:
     * ``values``: metric name -> :class:`Value` (a read-only mapping).
     * ``lr``: optimizer name -> learning rate of its first parameter group, and
       ``<name>/<group>`` -> that of each further group (its ``"name"`` entry, else its index)
-      (read-only).
+      (read-only): the group's ``"lr"`` at the snapshot, so after a step whose scheduler steps after
+      it (``Optim(schedulers=...)``'s default) the *next* step's rate, an epoch's the next epoch's first
+      (one stepped at the epoch's end shows its epoch's); ``before_optimizer_step`` reads a step's own.
     * ``final``: ``True`` for the stage's last snapshot (``epoch_metrics``).
     * ``history``: for a final snapshot, one read-only mapping per completed epoch of this
       stage, oldest first: ``{"epoch": ..., "step": ..., <metric>: <epoch mean>, ...}``;

@@ -645,3 +645,39 @@ def test_a_onecycle_schedule_shorter_than_the_run_is_refused_when_the_run_starts
     assert hookfit.Loop(train_step, data(10), model=m, optimizers=opt, max_epochs=3, max_steps=max_steps,
                         plugins=[Optim(schedulers=sched, **options)]).fit().status == "completed"
     assert sched.last_epoch == takes
+
+
+def test_the_published_rate_is_the_group_s_rate_at_the_publication_as_documented() -> None:
+    """MetricsSnapshot.lr (core/payloads.py) is each group's rate when the snapshot is taken: with a per-step
+    scheduler a batch's snapshot shows the rate of the next step (its own step's scheduler has stepped), an epoch's
+    the rate the next epoch starts with; an epoch-wise scheduler's rows show the rate their epoch's steps used."""
+    class Rates:
+        name = "rates"
+
+        def __init__(self) -> None:
+            self.used, self.rows, self.epochs = [], [], []
+
+        @hookfit.hookimpl
+        def before_optimizer_step(self, optimizer):
+            self.used.append(optimizer.param_groups[0]["lr"])
+
+        @hookfit.hookimpl
+        def metrics_update(self, metrics):
+            self.rows.append(metrics.lr["default"])
+
+        @hookfit.hookimpl
+        def epoch_metrics(self, stage, metrics):
+            self.epochs.append(metrics.lr["default"])
+
+    for interval in (None, "epoch"):
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        rates = Rates()
+        hookfit.Loop(train_step, data(3), model=m, optimizers=opt, max_epochs=2, disable=["console"],
+                     plugins=[Optim(schedulers=lr_scheduler.StepLR(opt, 1, gamma=0.5), scheduler_interval=interval),
+                              Metrics(interval=0), rates]).fit()
+        if interval is None:  # each row the next step's rate; each epoch's the next epoch's first
+            assert rates.rows == pytest.approx(rates.used[1:] + [rates.used[-1] / 2])
+            assert rates.epochs == pytest.approx([rates.used[3], rates.used[-1] / 2])
+        else:  # each row its step's rate
+            assert rates.rows == pytest.approx(rates.used) and rates.epochs == pytest.approx([0.1, 0.05])
