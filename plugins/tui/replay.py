@@ -13,14 +13,12 @@ prints; that needs no urwid. Progress is counted as the run counted it (steps wh
 last step, epoch and metrics (its end lines). A run folder resumed into is timed over all its
 fits (the clock, the time lines), the summary adding the last one's.
 
-``hookfit compare RUN RUN...`` draws one metric of several runs in one plot (each run's curve
-ends in its number; in colour on a terminal) and a table of their final and best values.
+``hookfit compare`` is :mod:`hookfit.plugins.tui.compare`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -36,27 +34,18 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only (urwid is i
 
 SHOW_KEYS = (("q leave", "q leave"), ("tab/←→ metric", "tab metric"), ("n/p table", "n/p table"),
              ("w window", "w"), ("l log scale", "l"), ("? help", "? help"))
-COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")  # ANSI foregrounds, one per run
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``show`` and ``compare`` subcommands."""
+    from hookfit.plugins.tui.compare import add_compare
+
     p = commands.add_parser("show", help="look at a run again: its dashboard, or live while it runs")
     p.add_argument("source", nargs="?", metavar="RUN", help="a run folder or a run name under runs/ (default: the "
                    "newest training run; a folder of evaluations alone is shown where it is named)")
     p.add_argument("--text", action="store_true", help="print the text summary even on a terminal")
     p.set_defaults(run=_show)
-    p = commands.add_parser("compare", help="one metric of several runs in one plot, with their final and best values")
-    p.add_argument("runs", nargs="+", help="run folders (or run names under runs/)")
-    p.add_argument("--metric", help="stage/name, such as valid/loss (default: the metric the first run configured a "
-                                    "direction for, Metrics(best=...), else valid/loss, else train/loss)")
-    p.add_argument("--mode", choices=("min", "max"), help="which value of the metric is best, where the runs' "
-                                                          "logs do not say (default: the logs', min for loss)")
-    p.add_argument("--width", type=int, default=None, help="plot columns (default: the terminal's)")
-    p.add_argument("--height", type=int, default=14, help="plot rows")
-    p.add_argument("--log", choices=("auto", "on", "off"), default="auto",
-                   help="log-scale y axis (auto: when the values span more than two orders of magnitude)")
-    p.set_defaults(run=_compare)
+    add_compare(commands)
 
 
 # -- a run's rows as the dashboard's messages -------------------------------------------------
@@ -317,83 +306,3 @@ def _interactive(dash: Dashboard, follower: Follower, leave: dict[str, bool], li
     finally:
         screen.stop()
         signal.signal(signal.SIGINT, previous)
-
-
-# -- compare -----------------------------------------------------------------------------------
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from hookfit.plugins.support.plot import text_plot
-
-    folders = []
-    for source in args.runs:
-        try:
-            folders.append(runs.find(source))
-        except FileNotFoundError as error:
-            print(f"hookfit compare: {error}", file=sys.stderr)
-            return 2
-    rows = {folder: runs.epoch_rows(folder) for folder in folders}
-    ranked = (runs.default_metric(r, runs.directions(runs.read_metrics(f / "metrics.jsonl"))) for f, r in rows.items())
-    metric = args.metric or next((m for m in ranked if m), None)
-    if metric is None:
-        print("hookfit compare: these runs have no metrics (no metrics.jsonl epochs)", file=sys.stderr)
-        return 2
-    metric = metric if "/" in metric else f"train/{metric}"
-    curves = {folder: runs.series(r, metric) for folder, r in rows.items()}
-    missing = [str(f) for f, points in curves.items() if not points]
-    if len(missing) == len(folders):
-        names = sorted({n for r in rows.values() for n in runs.metric_names(r)})
-        print(f"hookfit compare: no run has {metric}; they have: {', '.join(names) or 'nothing'}", file=sys.stderr)
-        return 2
-    loaded = {folder: runs.load(folder, metric=metric, mode=args.mode) for folder in folders}
-    infos = dict(sorted(loaded.items(), key=lambda item: _rank(item[1])))  # ranked: the table's rows, curves' numbers
-    curves = {folder: curves[folder] for folder in infos}
-    colour = sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
-    width = args.width or max(20, min(120, _columns() - 14))
-    series = {f"{i}": [(float(s), v, v) for s, _, v in points] for i, points in enumerate(curves.values(), 1)}
-    values = [v for points in curves.values() for _, _, v in points]
-    log = (args.log == "on" or (args.log == "auto" and _spans_decades(values))) and min(values) > 0
-    print(f"{metric} over steps{' (log scale)' if log else ''}")
-    for line in text_plot(series, width=width, height=max(3, args.height), log=log, marks=True,
-                          colours=COLOURS if colour else None):
-        print(line)
-    table = [("#", "RUN", "STATUS", "EPOCHS", "STEPS", "FINAL", "BEST")]
-    for i, (folder, info) in enumerate(infos.items(), 1):
-        points = curves[folder]
-        final = f"{points[-1][2]:.4g}" if points else "-"
-        best = "-" if info.best is None else f"{info.best[1]:.4g} (epoch {info.best[2]})"
-        table.append((str(i), str(folder), info.status, str(info.epochs or "-"), str(info.steps or "-"), final, best))
-    widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
-    print()
-    for n, row in enumerate(table):
-        text = "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
-        if colour and n:
-            text = f"\x1b[{COLOURS[(n - 1) % len(COLOURS)]}m{text[:len(row[0])]}\x1b[0m{text[len(row[0]):]}"
-        print(text)
-    for name in missing:
-        print(f"(no {metric} in {name})")
-    if any(info.mode is None for folder, info in infos.items() if curves[folder]):
-        print(f"(no best for {metric}: no direction was configured; give Metrics(best={{...}}) in the run, "
-              f"or --mode min|max here)")
-    return 0
-
-
-def _rank(info: runs.RunInfo) -> tuple[bool, float]:
-    """Where a run stands in ``hookfit compare``: by its best, best first in the metric's direction; a run
-    without one after those (in the order given: the sort is stable)."""
-    if info.best is None:
-        return True, 0.0
-    return False, info.best[1] if info.mode == "min" else -info.best[1]
-
-
-def _columns() -> int:
-    try:
-        return os.get_terminal_size().columns
-    except OSError:
-        return 80
-
-
-def _spans_decades(values: list[float]) -> bool:
-    """Whether positive ``values`` span more than two orders of magnitude."""
-    positive = [v for v in values if v > 0]
-    return len(positive) == len(values) and bool(positive) and max(positive) / min(positive) > 100
