@@ -249,16 +249,18 @@ def _runs(args: argparse.Namespace) -> int:
     if not infos:
         print(f"no runs in {root}")
         return 0
-    rows = [("RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "BEST", "RESUMED FROM")]
+    rows = [("RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "FINAL", "BEST", "RESUMED FROM")]
     for info in infos:
         best = "-" if info.best is None else f"{info.best[0]} {info.best[1]:.4g} (epoch {info.best[2]})"
+        final = "-" if info.final is None else f"{info.final[0]:.4g}" + (
+            f" from epoch {info.diverged}" if info.diverged is not None else "")  # (a diverged run: NaN, inf)
         status = _evaluated(info) if info.status == "evaluated" else textwrap.shorten(
             ("evaluation " if info.evaluation else "") + info.status + (f": {info.reason}" if info.reason else ""), 48,
             placeholder=" ...")
         resumed = Path(info.resumed_from).name if info.resumed_from else "-"
         rows.append((info.folder, (info.started or "-").replace("T", " ")[:19], _duration(info.duration),
                      status, str(info.epochs if info.epochs is not None else "-"),
-                     str(info.steps if info.steps is not None else "-"), best, resumed))
+                     str(info.steps if info.steps is not None else "-"), final, best, resumed))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -355,7 +357,7 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     p = sub.add_parser("demo", help="train a small classifier on scikit-learn's digits")
     p.add_argument("--epochs", type=int, default=8)
     p.set_defaults(run=_demo)
-    p = sub.add_parser("runs", help="list runs, newest first: status, epochs, steps, best value, resumes "
+    p = sub.add_parser("runs", help="list runs, newest first: status, epochs, steps, final and best values, resumes "
                                     "(the checkpoint an evaluation read)")
     p.add_argument("dir", nargs="?", default="runs", help="a folder of runs or a run folder (default: runs)")
     p.add_argument("--json", action="store_true", help="print the list as JSON")

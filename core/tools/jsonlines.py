@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
-__all__ = ["CUT", "LIMIT", "NOTED", "checked", "count", "note", "objects", "read_bytes", "read_jsonl", "read_metrics"]
+__all__ = ["CUT", "LIMIT", "NOTED", "checked", "count", "note", "numeric", "objects", "read_bytes", "read_jsonl", "read_metrics"]
 
 NOTED = 5
 """The most damaged lines and values of one file a note names (then it counts the others)."""
@@ -169,7 +169,12 @@ def checked(line: Mapping[str, Any], damaged: list[tuple[int, str]] | None = Non
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return numeric(value) and math.isfinite(value)
+
+
+def numeric(value: object) -> TypeGuard[int | float]:
+    """Whether ``value`` is a number (not a ``bool``), NaN and infinities included."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 LIMIT = 256 * 2**20

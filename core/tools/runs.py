@@ -60,7 +60,7 @@ from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_epochs
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
 
 __all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
-           "epoch_rows", "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics",
+           "epoch_rows", "final", "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics",
            "resumed_from", "run_folders", "series"]
 
 Line = TypeVar("Line", bound=Mapping[str, Any])
@@ -211,12 +211,13 @@ def direction(metric: str, known: Mapping[str, str] | None = None) -> str | None
 
 
 def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, int, float]]:
-    """``(step, epoch, value)`` of ``stage/metric`` in ``rows``, finite values only."""
+    """``(step, epoch, value)`` of ``stage/metric`` in ``rows``, NaN and infinite values
+    included (a run that diverged)."""
     stage, key = metric.split("/", 1) if "/" in metric else ("train", metric)
     out = []
     for row in rows:
         value = row.get(key)
-        if row.get("stage") == stage and _number(value) and _number(row.get("step", 0)) and _number(row.get("epoch", 0)):
+        if row.get("stage") == stage and jsonlines.numeric(value) and _number(row.get("step", 0)) and _number(row.get("epoch", 0)):
             out.append((int(row.get("step", 0)), int(row.get("epoch", 0)), float(value)))
     return out
 
@@ -227,12 +228,26 @@ def best(rows: Sequence[Mapping[str, Any]], metric: str, mode: str | None = None
     ``mode="min"``, the highest for ``"max"``; ``mode=None``: the direction the rows' ``"best"``
     line gives (:func:`direction`). ``None`` with no finite value or no direction."""
     mode = mode or direction(metric, directions(rows))
-    points = series([row for row in rows if not row.get("stopped")], metric)  # not a stage a stop cut short
+    points = [p for p in series([row for row in rows if not row.get("stopped")], metric)  # not a stage a stop
+              if math.isfinite(p[2])]  # cut short; a NaN or an infinity is never best
     if not points or mode is None:
         return None
     pick = max if mode == "max" else min
     _, epoch, value = pick(points, key=lambda p: p[2])
     return value, epoch
+
+
+def final(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[tuple[float, int] | None, int | None]:
+    """The last value of ``metric`` in ``rows`` and its epoch (NaN or infinite where the run
+    diverged), ``None`` without one; and the epoch from which its values are not finite to the
+    last (the run diverged there), ``None`` when the last is finite."""
+    points = series(rows, metric)
+    if not points:
+        return None, None
+    since = len(points)
+    while since and not math.isfinite(points[since - 1][2]):
+        since -= 1
+    return (points[-1][2], points[-1][1]), (points[since][1] if since < len(points) else None)
 
 
 @dataclass(frozen=True)
@@ -271,10 +286,19 @@ class RunInfo:
     one completed, no epochs, steps, fits nor resume."""
     evaluated: str | None = None
     """The checkpoint the last evaluation read (``None``: the model as it was given)."""
+    final: tuple[float, int] | None = None
+    """The last value of :attr:`metric` and its epoch: NaN or infinite where the run diverged."""
+    diverged: int | None = None
+    """The epoch from which :attr:`metric` is NaN or infinite to its last value, ``None`` when that is finite."""
 
     def as_dict(self) -> dict[str, Any]:
+        """As ``hookfit runs --json`` writes it: JSON, a final value that is not finite as ``"nan"``,
+        ``"inf"`` or ``"-inf"``."""
         out = asdict(self)
         out["best"] = None if self.best is None else dict(zip(("metric", "value", "epoch"), self.best))
+        if self.final is not None:
+            value = self.final[0] if math.isfinite(self.final[0]) else str(self.final[0])
+            out["final"] = {"metric": self.metric, "value": value, "epoch": self.final[1]}
         return out
 
 
@@ -353,6 +377,7 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     metric = metric or default_metric(rows, directions(metrics))
     mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
+    last, diverged = final(rows, metric) if metric else (None, None)
     if short and metric and mode == direction(metric, directions(metrics)):  # the run's own best of every epoch
         found = ended_best(last_end, metric) or found
     name = starts[-1].get("name") if starts else None
@@ -369,5 +394,5 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         best=None if found is None or metric is None else (metric, found[0], found[1]),
         resumed_from=None if evaluation else resumed_from(metrics), fits=fits, metric=metric, mode=mode,
         identity=identity if isinstance(identity, str) else None, notes=tuple(notes), evaluation=evaluation,
-        evaluated=read[-1] if read and isinstance(read[-1], str) else None,
+        evaluated=read[-1] if read and isinstance(read[-1], str) else None, final=last, diverged=diverged,
     )

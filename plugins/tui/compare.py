@@ -5,6 +5,7 @@ runs read with :mod:`hookfit.tools.runs`."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -56,17 +57,19 @@ def _compare(args: argparse.Namespace) -> int:
     curves = {folder: curves[folder] for folder in infos}
     colour = sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
     width = args.width or max(20, min(120, _columns() - 14))
-    series = {f"{i}": [(float(s), v, v) for s, _, v in points] for i, points in enumerate(curves.values(), 1)}
-    values = [v for points in curves.values() for _, _, v in points]
-    log = (args.log == "on" or (args.log == "auto" and _spans_decades(values))) and min(values) > 0
+    series = {f"{i}": [(float(s), v, v) for s, _, v in points if math.isfinite(v)]
+              for i, points in enumerate(curves.values(), 1)}
+    values = [v for points in series.values() for _, v, _ in points]
+    steps = [float(s) for points in curves.values() for s, _, _ in points]
+    log = (args.log == "on" or (args.log == "auto" and _spans_decades(values))) and min(values, default=0) > 0
     print(f"{metric} over steps{' (log scale)' if log else ''}")
     for line in text_plot(series, width=width, height=max(3, args.height), log=log, marks=True,
-                          colours=COLOURS if colour else None):
+                          colours=COLOURS if colour else None, x_range=(min(steps), max(steps)),
+                          nonfinite=[r for points in curves.values() for r in _nonfinite(points)]):
         print(line)
     table = [("#", "RUN", "STATUS", "EPOCHS", "STEPS", "FINAL", "BEST")]
     for i, (folder, info) in enumerate(infos.items(), 1):
-        points = curves[folder]
-        final = f"{points[-1][2]:.4g}" if points else "-"
+        final = "-" if info.final is None else f"{info.final[0]:.4g}"  # (NaN or inf: the run diverged)
         best = "-" if info.best is None else f"{info.best[1]:.4g} (epoch {info.best[2]})"
         table.append((str(i), str(folder), info.status, str(info.epochs or "-"), str(info.steps or "-"), final, best))
     widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
@@ -78,18 +81,37 @@ def _compare(args: argparse.Namespace) -> int:
         print(text)
     for name in missing:
         print(f"(no {metric} in {name})")
+    if any(_nonfinite(points) for points in curves.values()):
+        print(f"(×: where {metric} was NaN or infinite, not drawn; a run that ended so diverged, and is ranked last)")
+    for i, info in enumerate(infos.values(), 1):
+        if info.diverged is not None and info.final is not None:
+            print(f"({i} {info.folder}: {metric} {info.final[0]:.4g} from epoch {info.diverged})")
     if any(info.mode is None for folder, info in infos.items() if curves[folder]):
         print(f"(no best for {metric}: no direction was configured; give Metrics(best={{...}}) in the run, "
               f"or --mode min|max here)")
     return 0
 
 
-def _rank(info: runs.RunInfo) -> tuple[bool, float]:
+def _rank(info: runs.RunInfo) -> tuple[bool, bool, float]:
     """Where a run stands in ``hookfit compare``: by its best, best first in the metric's direction; a run
-    without one after those (in the order given: the sort is stable)."""
+    without one after those, and a run whose metric ended NaN or infinite (it diverged, whatever its
+    best before) after every other (in the order given: the sort is stable)."""
     if info.best is None:
-        return True, 0.0
-    return False, info.best[1] if info.mode == "min" else -info.best[1]
+        return info.diverged is not None, True, 0.0
+    return info.diverged is not None, False, info.best[1] if info.mode == "min" else -info.best[1]
+
+
+def _nonfinite(points: list[tuple[int, int, float]]) -> list[tuple[float, float]]:
+    """The runs of steps ``(first, last)`` where a curve's values are NaN or infinite."""
+    out: list[list[float]] = []
+    for i, (step, _, value) in enumerate(points):
+        if math.isfinite(value):
+            continue
+        if out and i and not math.isfinite(points[i - 1][2]):  # the run of the point before goes on
+            out[-1][1] = float(step)
+        else:
+            out.append([float(step), float(step)])
+    return [(first, last) for first, last in out]
 
 
 def _columns() -> int:

@@ -108,7 +108,7 @@ def test_runs_lists_each_run_with_its_status_best_value_and_resume(two_runs: tup
     # newest first (the fixture's runs started today, after the hand-written ones)
     assert cli.main(["runs", str(tmp_path / "runs"), "--metric", "train/accuracy", "--mode", "max"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "BEST", "RESUMED", "FROM"]
+    assert lines[0].split() == ["RUN", "STARTED", "TIME", "STATUS", "EPOCHS", "STEPS", "FINAL", "BEST", "RESUMED", "FROM"]
     order = [Path(line.split()[0]).name for line in lines[1:]]
     assert order[-2:] == ["live", "killed"] and set(order[:2]) == {"fast", "slow"}
     best_acc = max(r["accuracy"] for r in runs.epoch_rows(fast) if r["stage"] == "train")
