@@ -1,6 +1,7 @@
 """``hookfit compare RUN RUN...``: one metric of several runs in one plot (each run's curve
 ends in its number; in colour on a terminal) and a table of their final and best values, the
-runs read with :mod:`hookfit.tools.runs`."""
+runs read with :mod:`hookfit.tools.runs`. A RUN that is a folder of runs (a sweep's
+``runs/sweep``, a run name with several runs) stands for every training run under it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import argparse
 import math
 import os
 import sys
+import warnings
+from pathlib import Path
 
+from hookfit.errors import HookfitWarning
 from hookfit.tools import runs
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")  # ANSI foregrounds, one per run
@@ -17,7 +21,9 @@ COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")  # ANSI foregrounds, 
 def add_compare(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``compare`` subcommand."""
     p = commands.add_parser("compare", help="one metric of several runs in one plot, with their final and best values")
-    p.add_argument("runs", nargs="+", help="run folders (or run names under runs/)")
+    p.add_argument("runs", nargs="+", help="run folders, or folders of runs and run names under runs/ (such as a "
+                                           "sweep's runs/sweep): every training run under each, as hookfit runs "
+                                           "lists them")
     p.add_argument("--metric", help="stage/name, such as valid/loss (default: the metric the first run configured a "
                                     "direction for, Metrics(best=...), else valid/loss, else train/loss)")
     p.add_argument("--mode", choices=("min", "max"), help="which value of the metric is best, where the runs' "
@@ -32,13 +38,14 @@ def add_compare(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def _compare(args: argparse.Namespace) -> int:
     from hookfit.plugins.support.plot import text_plot
 
-    folders = []
+    folders: list[Path] = []
     for source in args.runs:
         try:
-            folders.append(runs.find(source))
+            found = _every_run(source)
         except FileNotFoundError as error:
             print(f"hookfit compare: {error}", file=sys.stderr)
             return 2
+        folders += [folder for folder in found if folder not in folders]
     rows = {folder: runs.epoch_rows(folder) for folder in folders}
     ranked = (runs.default_metric(r, runs.directions(runs.read_metrics(f / "metrics.jsonl"))) for f, r in rows.items())
     metric = args.metric or next((m for m in ranked if m), None)
@@ -90,6 +97,19 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"(no best for {metric}: no direction was configured; give Metrics(best={{...}}) in the run, "
               f"or --mode min|max here)")
     return 0
+
+
+def _every_run(source: str) -> list[Path]:
+    """The runs ``source`` names: a run folder; every training run under a folder of runs or a run
+    name under ``runs/`` (as ``hookfit runs`` lists them, newest first; a folder of evaluations alone
+    among them is no training run: :func:`hookfit.tools.runs.find`), ``FileNotFoundError`` without one."""
+    first = runs.find(source)  # (says why where there is none)
+    path = Path(source) if Path(source).exists() else Path("runs") / source
+    if first == path:
+        return [first]
+    with warnings.catch_warnings():  # (what is damaged is said where the runs are read)
+        warnings.simplefilter("ignore", HookfitWarning)
+        return [folder for folder in runs.run_folders(path) if not runs.load(folder).evaluation]
 
 
 def _rank(info: runs.RunInfo) -> tuple[bool, bool, float]:

@@ -96,3 +96,22 @@ def test_runs_lists_the_final_value_of_a_diverged_run(tmp_path: Path, capsys: py
     assert listed["nan"]["final"] == {"metric": "valid/loss", "value": "nan", "epoch": 3}
     assert listed["nan"]["diverged"] == 2
     assert listed["ok"]["final"] == {"metric": "valid/loss", "value": 11.0, "epoch": 2} and listed["ok"]["diverged"] is None
+
+
+def test_compare_of_a_folder_of_runs_compares_every_run_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``hookfit compare runs/sweep`` (a sweep's folder, or a run name with several runs) compares
+    every training run under it, as ``hookfit runs`` lists them, not only the newest."""
+    sweep = tmp_path / "runs" / "sweep"
+    trials = [_run(sweep / f"t{i}", [3.0 - i, 2.0 - i / 2]) for i in range(3)]
+    other = _run(tmp_path / "runs" / "other" / "t0", [5.0])
+    code, out, err = _compare(capsys, str(sweep), str(other))
+    assert code == 0, err
+    assert sorted(row[1] for row in _table(out)) == sorted(map(str, [*trials, other])), out
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _compare(capsys, "sweep")  # a run name under runs/
+    assert code == 0, err
+    assert sorted(row[1] for row in _table(out)) == sorted(str(Path("runs/sweep") / t.name) for t in trials), out
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"], plugins=[TuiRenderer()])
+    assert "every training run" in " ".join(capsys.readouterr().out.split())
