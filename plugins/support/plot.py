@@ -249,13 +249,16 @@ def spread(ranges: Iterable[tuple[float, float]], x0: float, x1: float, width: i
 def text_plot(series: Mapping[str, Sequence[tuple[float, float, float]]], width: int = 60, height: int = 10,
               log: bool = False, marks: bool = False, colours: Sequence[str] | None = None,
               x_range: tuple[float, float] | None = None,
-              nonfinite: Iterable[tuple[float, float]] = ()) -> list[str]:
+              nonfinite: Iterable[tuple[float, float]] = (),
+              undrawn: Mapping[str, float] | None = None) -> list[str]:
     """A plain-text plot (Braille) with y labels and an x range, for summaries and ``hookfit
-    compare``. ``log``: a log-scale y axis. ``marks``: each series' last point shows its name
-    (its first character). ``colours``: ANSI colour codes, one per series (a cell shared by
-    several series takes the first one's). ``x_range``: steps the axis spans at least (where
-    the run went on with values that are not drawn); ``nonfinite``: runs of steps whose values
-    were NaN or infinite, marked ``×`` on the top row."""
+    compare``. ``log``: a log-scale y axis. ``marks``: each series' last point shows its name,
+    every one visible: where another name has its cell, in the nearest free cells (:func:`_placed`).
+    ``colours``: ANSI colour codes, one per series (a cell shared by several series takes the
+    first one's). ``x_range``: steps the axis spans at least (where the run went on with values
+    that are not drawn); ``nonfinite``: runs of steps whose values were NaN or infinite, marked
+    ``×`` on the top row; ``undrawn``: the step where each series with no finite value (no points)
+    ended, where ``marks`` shows its name, on the top row."""
     groups = [logged(points) if log else list(points) for points in series.values()]
     nonfinite = list(nonfinite)
     box = bounds(groups)
@@ -280,14 +283,17 @@ def text_plot(series: Mapping[str, Sequence[tuple[float, float, float]]], width:
     for col in spread(nonfinite, x0, x1, width):
         text[0][col] = NONFINITE
     if marks:
+        ends: list[tuple[int, str, int, int]] = []  # (series' index, label, line, column)
         for index, (name, points) in enumerate(zip(series, groups)):
-            if not points:
-                continue
-            x, lo, hi = points[-1]
-            col = column(x, x0, x1, width)
-            line = min(height - 1, max(0, int(round((y1 - (lo + hi) / 2) / (y1 - y0) * (height * 4 - 1))) // 4))
-            label = name[:1] or "*"
-            text[line][col] = f"\x1b[1;{colours[index % len(colours)]}m{label}\x1b[0m" if colours else label
+            if points:
+                x, lo, hi = points[-1]
+                line = min(height - 1, max(0, int(round((y1 - (lo + hi) / 2) / (y1 - y0) * (height * 4 - 1))) // 4))
+                ends.append((index, name or "*", line, column(x, x0, x1, width)))
+            elif name in (undrawn or {}):  # nothing finite drawn: labelled on the top row, with the × marks
+                ends.append((index, name or "*", 0, column((undrawn or {})[name], x0, x1, width)))
+        for index, label, line, col in _placed(ends, width, height):
+            for offset, char in enumerate(label):
+                text[line][col + offset] = f"\x1b[1;{colours[index % len(colours)]}m{char}\x1b[0m" if colours else char
     drawn = bounds(groups) is not None
     top, bottom = (y_label(y1, log), y_label(y0, log)) if drawn else ("", "")
     labels = [f"{top:>10} ", *[" " * 11] * (height - 2), f"{bottom:>10} "] if height > 1 else [f"{top:>10} "]
@@ -296,3 +302,21 @@ def text_plot(series: Mapping[str, Sequence[tuple[float, float, float]]], width:
     left, right = f"{x0:g}", f"{x1:g}"
     lines.append(" " * 12 + left + right.rjust(width - len(left)))
     return lines
+
+
+def _placed(ends: Sequence[tuple[int, str, int, int]], width: int, height: int) -> list[tuple[int, str, int, int]]:
+    """Where each label goes: ``(index, label, line, column)`` of its first character, at the end of
+    its curve (the label ending there at the right edge), else in the nearest cells no label took
+    before it (the lines nearest first, then to the left), else where it would go, over another."""
+    taken: set[tuple[int, int]] = set()
+    out = []
+    for index, label, line, col in ends:
+        label = label[:width]
+        start = max(0, min(col, width - len(label)))
+        lines = sorted(range(height), key=lambda r: (abs(r - line), r))
+        spots = [(r, c) for shift in range(width) for r in lines for c in (start - shift,) if c >= 0]
+        free = next(((r, c) for r, c in spots if all((r, c + k) not in taken for k in range(len(label)))),
+                    (line, start))
+        taken.update((free[0], free[1] + k) for k in range(len(label)))
+        out.append((index, label, *free))
+    return out

@@ -72,7 +72,9 @@ def _compare(args: argparse.Namespace) -> int:
     print(f"{metric} over steps{' (log scale)' if log else ''}")
     for line in text_plot(series, width=width, height=max(3, args.height), log=log, marks=True,
                           colours=COLOURS if colour else None, x_range=(min(steps), max(steps)),
-                          nonfinite=[r for points in curves.values() for r in _nonfinite(points)]):
+                          nonfinite=[r for points in curves.values() for r in _nonfinite(points)],
+                          undrawn={name: float(points[-1][0]) for name, points in zip(series, curves.values())
+                                   if points and not series[name]}):
         print(line)
     table = [("#", "RUN", "STATUS", "EPOCHS", "STEPS", "FINAL", "BEST")]
     for i, (folder, info) in enumerate(infos.items(), 1):

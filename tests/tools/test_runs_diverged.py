@@ -115,3 +115,29 @@ def test_compare_of_a_folder_of_runs_compares_every_run_in_it(tmp_path: Path, mo
     with pytest.raises(SystemExit):
         cli.main(["compare", "--help"], plugins=[TuiRenderer()])
     assert "every training run" in " ".join(capsys.readouterr().out.split())
+
+
+def test_every_curves_label_stays_visible_where_curves_end_on_one_cell() -> None:
+    """Curves that end on the same cell each keep their label (the next free cell nearby), a label
+    of two digits is written whole, and a curve with nothing finite to draw is labelled on the
+    top row where it ended."""
+    from hookfit.plugins.support.plot import text_plot
+
+    same = [(0.0, 1.0, 1.0), (10.0, 2.0, 2.0)]
+    curves: dict[str, list[tuple[float, float, float]]] = {str(i): same for i in range(1, 11)}
+    curves["11"] = []  # NaN or infinite throughout
+    plot = "\n".join(text_plot(curves, width=20, height=4, marks=True, undrawn={"11": 5.0}))
+    drawn = "".join(line.split("│", 1)[1] for line in plot.split("└", 1)[0].splitlines() if "│" in line)
+    for label in [str(i) for i in range(2, 10)] + ["10", "11"]:
+        assert label in drawn, (label, plot)
+    assert drawn.count("1") >= 3, plot  # 1, 10 and 11
+
+
+def test_compare_labels_a_run_with_no_finite_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    healthy = _run(tmp_path / "runs" / "ok", [3.0, 2.0])
+    twin = _run(tmp_path / "runs" / "twin", [3.0, 2.0])  # ends on the same cell as ok
+    infinite = _run(tmp_path / "runs" / "inf", [INF, INF])
+    code, out, err = _compare(capsys, str(healthy), str(twin), str(infinite))
+    assert code == 0, err
+    cells = "".join(line.split("│", 1)[1] for line in out.split("└", 1)[0].splitlines() if "│" in line)
+    assert all(label in cells for label in "123"), out  # (the y axis's labels left out)
