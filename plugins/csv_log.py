@@ -38,8 +38,10 @@ named as a column of the tables' own (``epoch``, ``step``, ``stage``, ``batches`
 rate's ``lr_<optimizer>``) has the column ``metric.<name>``, said once a run in a
 ``HookfitWarning``.
 
-A run continued in the same folder (``Loop(resume=...)``; ``Loop(run_dir=...)`` given again)
-appends to the same files under their header, never repeating it. A resumed run first drops
+A run that does not resume, in a folder holding these tables of an earlier run (a script run again
+with the same ``run_dir``), sets them aside as ``metrics.earlier-run-1.csv`` (``-2`` next; never
+deleted) and starts fresh ones, with one ``HookfitWarning`` naming both. A resumed run (``Loop(resume=...)``)
+appends to the same files under their header, never repeating it. It first drops
 the rows the earlier run wrote after the checkpoint it continues from (a later step, the
 validation it is about to run again, and the row of a training stage that a stop cut short,
 which the resumed run writes whole at the epoch's end:
@@ -68,7 +70,7 @@ from hookfit import hookimpl
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support.logger import fail, run_file, wanted, written_again
+from hookfit.plugins.support.logger import fail, run_file, set_aside, wanted, written_again
 from hookfit.plugins.support.logger import inert as logger_inert
 from hookfit.plugins.support import flag
 
@@ -246,6 +248,15 @@ class _Table:
         self.file, self.columns = None, None
 
 
+def _table_of(path: Path, leading: tuple[str, ...]) -> bool:
+    """Whether ``path`` is a regular file holding a table of this plugin (its header's leading columns)."""
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as text:
+            return path.is_file() and tuple(next(csv.reader(text), [])[:len(leading)]) == leading
+    except (OSError, csv.Error):
+        return False
+
+
 def _truncate_to_last_line(raw: BinaryIO, size: int) -> None:
     """Cut the file open in ``raw`` just after its last newline (to nothing if it has none)."""
     position = size
@@ -317,6 +328,15 @@ class CSVLogger:
     def fit_start(self, loop: Run) -> None:
         self._loop = loop if loop.is_main else None
         self._renamed = set()
+        if self._loop is None or loop.mode != "fit" or loop.resume is not None:
+            return
+        try:  # a fit afresh: an earlier run's tables in its folder set aside, as metrics.earlier-run-N.csv
+            folder = loop.run_dir
+        except OSError:  # a run folder that cannot be made: the writes say so
+            return
+        names = [t.name for t in (self._epochs, self._updates) if _table_of(folder / t.name, t.leading)]
+        set_aside(folder, names, self.name, lambda name, n: name.replace(".csv", f".earlier-run-{n}.csv"),
+                  f"this run writes a fresh {', '.join(names)}")
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:

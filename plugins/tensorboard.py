@@ -52,7 +52,10 @@ scalars, TensorBoard's record writer frames them); ``SummaryWriter`` is not used
 writes from a thread of its own, where a failed write surfaces late, as an exception of a
 later call and a traceback on stderr.
 
-Each ``fit()`` starts a new event file. A resumed run (``Loop(resume=...)``, which writes in
+Each ``fit()`` starts a new event file. A run that does not resume, in a folder holding the event
+files of an earlier run (a script run again with the same ``run_dir``), moves them into its
+``earlier-run-1/`` subfolder (``-2`` next; never deleted), where TensorBoard shows them as a run of
+their own, and says so in one ``HookfitWarning``: its curves never jump back to step 0. A resumed run (``Loop(resume=...)``, which writes in
 the folder of the run it continues) reads as the run that never stopped: it marks where it
 continues with a ``SessionLog.START`` event at the checkpoint's step, from which TensorBoard
 drops every point the earlier files have (the purge that ``SummaryWriter(purge_step=...)``
@@ -89,7 +92,7 @@ from hookfit import hookimpl
 from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support.logger import SafeNames, run_file, wanted, written_again
+from hookfit.plugins.support.logger import SafeNames, run_file, set_aside, wanted, written_again
 from hookfit.plugins.support.logger import inert as logger_inert
 from hookfit.plugins.support import Hparam, flag, hyperparameters, run_hparams
 
@@ -220,6 +223,13 @@ class TensorBoard:
         if not loop.is_main:
             return
         folder = "" if loop.mode == "fit" else EVALUATION  # an evaluation is a run of its own beside the fit's
+        if loop.mode == "fit" and loop.resume is None:  # a fit afresh: an earlier run's events set aside
+            try:
+                earlier = sorted(p.name for p in loop.run_dir.glob("events.out.tfevents.*") if p.is_file())
+                set_aside(loop.run_dir, earlier, self.name, lambda name, n: f"earlier-run-{n}/{name}",
+                          "TensorBoard shows them as a run of their own, this run's events in a fresh file")
+            except OSError:  # a run folder that cannot be made or listed: the file's writes say so
+                pass
         self._file = run_file(loop, os.path.join(folder, _event_file_name(loop, folder)), self.name, binary=True)
         self.path = self._file.path
         self._write([event_pb2.Event(wall_time=time.time(), step=loop.state.step, file_version="brain.Event:2")])

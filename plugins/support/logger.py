@@ -4,6 +4,7 @@ writes again, and names as a logger can take them (:class:`SafeNames`)."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -118,3 +119,33 @@ class SafeNames:
                           f"{'; ' + repr(base) + ' was taken by another name' if safe != base else ''})",
                           HookfitWarning, stacklevel=3)
         return safe
+
+
+
+def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str], fresh: str) -> None:
+    """Before a run that does not resume writes in ``folder``: ``names``, what an earlier run wrote
+    there, renamed ``renamed(name, N)`` (``N`` the first number of an ``earlier-run-N`` free for all of
+    them, a subfolder as a whole: one earlier run's files share it, later runs count up), never deleted nor written over; one
+    :class:`~hookfit.HookfitWarning` names both (``fresh``: what this run writes instead). One that
+    cannot be moved warns (:class:`~hookfit.files.FileWarning`) and stays."""
+    def taken(new: Path) -> bool:  # (a subfolder of the folder, such as earlier-run-1/, is taken whole)
+        return os.path.lexists(new) or new.parent != folder and os.path.lexists(new.parent)
+
+    number = 1
+    while any(taken(folder / renamed(name, number)) for name in names):
+        number += 1
+    moved = []
+    for name in names:
+        new = folder / renamed(name, number)
+        try:
+            new.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(folder / name, new)
+            moved.append(new)
+        except OSError as error:
+            warnings.warn(f"{owner}: could not set {folder / name} aside as {new} ({type(error).__name__}: "
+                          f"{error}); this run writes beside it", FileWarning, stacklevel=user_level())
+    if moved:
+        shown = [str(path.relative_to(folder)) for path in moved]
+        warnings.warn(f"{owner}: {folder} holds {', '.join(names)} of an earlier run and this run does not resume: "
+                      f"set aside as {', '.join(shown)}; {fresh}. Give each run its own run_dir, or resume it "
+                      f"(resume='latest') to continue it", HookfitWarning, stacklevel=user_level())

@@ -171,10 +171,29 @@ def test_a_resumed_run_appends_without_a_second_header_and_drops_what_followed_i
     _, updates = table(folder / "metrics_updates.csv")
     assert [int(r["step"]) for r in updates if r["stage"] == "train"] == list(range(1, 13))
 
-    # a fresh run in the same folder appends under the same header
-    run(folder, CSVLogger(), max_epochs=1)
-    header2, rows2 = table(folder / "metrics.csv")
-    assert header2 == header and len(rows2) == 8 and (folder / "metrics.csv").read_text().count("epoch,step") == 1
+
+
+def test_a_fresh_run_in_a_used_folder_sets_the_earlier_runs_tables_aside(tmp_path: Path) -> None:
+    """A script run again with the same ``run_dir`` and no resume: the earlier run's tables are
+    renamed ``*.earlier-run-N.csv`` (never deleted), one warning names both, and the fresh files
+    hold this run's rows alone (no second history under the first: ``pandas.read_csv`` would mix
+    them); a resumed run appends (above)."""
+    folder = tmp_path / "run"
+    run(folder, CSVLogger(every_publication=True))
+    first = (folder / "metrics.csv").read_text(), (folder / "metrics_updates.csv").read_text()
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        run(folder, CSVLogger(every_publication=True), max_epochs=1)
+    said = [str(w.message) for w in caught if "earlier run" in str(w.message)]
+    assert len(said) == 1 and "metrics.csv" in said[0] and "metrics.earlier-run-1.csv" in said[0], said
+    assert "metrics_updates.earlier-run-1.csv" in said[0] and "resume" in said[0]
+    assert ((folder / "metrics.earlier-run-1.csv").read_text(),
+            (folder / "metrics_updates.earlier-run-1.csv").read_text()) == first
+    _, rows = table(folder / "metrics.csv")
+    assert [(r["epoch"], r["stage"]) for r in rows] == [("1", "train"), ("1", "valid")]
+    with pytest.warns(hookfit.HookfitWarning, match="earlier-run-2.csv"):
+        run(folder, CSVLogger(), max_epochs=2)
+    assert len(table(folder / "metrics.earlier-run-2.csv")[1]) == 2 and len(table(folder / "metrics.csv")[1]) == 4
+    assert (folder / "metrics.earlier-run-1.csv").read_text() == first[0]
 
 
 # where a stop lands, counting batches of four training and two validation batches an epoch
@@ -200,12 +219,12 @@ def test_a_run_stopped_and_resumed_writes_the_files_of_the_run_that_never_stoppe
 @pytest.mark.fault
 def test_a_last_line_cut_short_is_dropped(tmp_path: Path) -> None:
     folder = tmp_path / "run"
-    run(folder, CSVLogger(), max_epochs=1)
+    run(folder, CSVLogger(), Checkpoint(background=False), max_epochs=1)
     with open(folder / "metrics.csv", "a") as f:
         f.write("2,8,tra")  # killed in the middle of a write
-    run(folder, CSVLogger(), max_epochs=1)
+    run(folder, CSVLogger(), Checkpoint(background=False), max_epochs=2, resume="latest")
     header, rows = table(folder / "metrics.csv")
-    assert [(r["epoch"], r["stage"]) for r in rows] == [("1", "train"), ("1", "valid")] * 2
+    assert [(r["epoch"], r["stage"]) for r in rows] == [(e, s) for e in "12" for s in ("train", "valid")]
 
 
 @pytest.mark.fault
@@ -301,17 +320,16 @@ def test_a_full_disk_warns_once_and_training_completes(tmp_path: Path, late: str
     text = (run_dir / "metrics.csv").read_text()
     if late == "late":  # the rewrite failed before it replaced anything: the file is as it was
         assert text == "epoch,step,stage,loss\n1,4,train,2.5\n"
-    else:  # the append was cut short: the next run drops the partial line
+    else:  # the append was cut short: a next run afresh sets the file aside as it is (a resumed one drops the line)
         assert text == "epoch,step,stage,loss\n1,4,train,2.5\n2,8,t"  # 5 bytes more: the limit
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+        with pytest.warns(hookfit.HookfitWarning, match="set aside as metrics.earlier-run-1.csv"):
             hookfit.Loop(lambda loop, b: {"loss": 1.0}, [1], run_dir=run_dir,
                          plugins=[Metrics(), CSVLogger()]).fit()
-        assert table(run_dir / "metrics.csv")[1] == [
-            {"epoch": "1", "step": "4", "stage": "train", "loss": "2.5"},
-            {"epoch": "1", "step": "1", "stage": "train", "loss": "1.0"}]
+        assert (run_dir / "metrics.earlier-run-1.csv").read_text() == text
+        assert table(run_dir / "metrics.csv")[1] == [{"epoch": "1", "step": "1", "stage": "train", "loss": "1.0"}]
     # the run's lock (hookfit.locks: one process a run folder) beside its record
-    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.csv", "run.jsonl", "run.lock"]
+    aside = ["metrics.earlier-run-1.csv"] if late == "append" else []
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.csv", *aside, "run.jsonl", "run.lock"]
 
 
 @pytest.mark.fault

@@ -28,7 +28,8 @@ NAMES = ["loss", "top 1 acc", "f=1", "a,b", 'say "hi"', "two\nlines", "x\r", "ta
 """Metric names, each returned with its index as its value."""
 
 
-def train(run_dir: Path, *plugins: object, epochs: int = 2, extra: str | None = None) -> hookfit.State:
+def train(run_dir: Path, *plugins: object, epochs: int = 2, extra: str | None = None,
+          resume: str | None = None) -> hookfit.State:
     def step(loop, batch):
         out = {name: float(i) for i, name in enumerate(NAMES)}
         if extra is not None and loop.state.epoch == epochs - 1:  # a name that comes later
@@ -36,22 +37,25 @@ def train(run_dir: Path, *plugins: object, epochs: int = 2, extra: str | None = 
         return out
 
     return hookfit.Loop(step, [torch.zeros(2, 1)] * 2, val_step=step, val_data=[torch.zeros(2, 1)],
-                        max_epochs=epochs, run_dir=run_dir,
+                        max_epochs=epochs, run_dir=run_dir, resume=resume, model=torch.nn.Linear(1, 1),
                         plugins=[Metrics(best={"top 1 acc": "max"}), MetricsLog(), *plugins]).fit()
 
 
 def test_csv_quotes_names_so_a_csv_reader_gets_them_back_and_a_continued_run_appends_under_them(
         tmp_path: Path) -> None:
+    from hookfit.plugins.checkpoint import Checkpoint
+
     logger = CSVLogger()
-    train(tmp_path, logger, extra="late\nname, new")  # the header widens by a rewrite
-    train(tmp_path, logger, epochs=1)  # continued in the folder: appends under the header it reads
+    train(tmp_path, logger, Checkpoint(background=False), extra="late\nname, new")  # the header widens by a rewrite
+    resumed = train(tmp_path, logger, Checkpoint(background=False), epochs=3, resume="latest")
+    assert resumed.resumed_from is not None  # continued in the folder: appends under the header it reads
     with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as file:
         rows = list(csv.DictReader(file))
     with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as file:
         header = next(csv.reader(file))
     assert header == ["epoch", "step", "stage", *sorted([*NAMES, "late\nname, new"])], header
     assert [(r["epoch"], r["stage"]) for r in rows] == [("1", "train"), ("1", "valid"), ("2", "train"),
-                                                        ("2", "valid"), ("1", "train"), ("1", "valid")]
+                                                        ("2", "valid"), ("3", "train"), ("3", "valid")]
     for row in rows:
         assert {name: float(row[name]) for name in NAMES} == {name: float(i) for i, name in enumerate(NAMES)}
     assert [r["late\nname, new"] for r in rows] == ["", "", "42.0", "42.0", "", ""]
