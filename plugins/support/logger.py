@@ -121,7 +121,6 @@ class SafeNames:
         return safe
 
 
-
 def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str], fresh: str) -> None:
     """Before a run that does not resume writes in ``folder``: ``names``, what an earlier run wrote
     there, renamed ``renamed(name, N)`` (``N`` the first number of an ``earlier-run-N`` free for all of
