@@ -216,15 +216,15 @@ class Checkpoint:
                 "checkpoint: checkpoints are off for this run: it has no model (Loop(model=...)), so a "
                 "checkpoint would hold no weights and a resume would continue half a state; nothing is saved",
                 CheckpointWarning, stacklevel=user_level())
+        if not self.off and loop.state.world_size > 1:  # first: a run refused for its options changes no file
+            self.off = True  # until the processes' options agree: a run refused for them saves nothing, no failure's
+            folder = self.directory(loop) if loop.is_main else None
+            self._main_dir, self.off = ranks.main_directory(loop, folder, self), False
         if loop.is_main and loop.mode == "fit" and not self.off:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
             if (known := self._known_directory(loop)) is not None:  # a kill -9's files; an earlier run's
                 folders.prepare(known, resumes=loop.resume is not None)
-        if not self.off and loop.state.world_size > 1:
-            self.off = True  # until the processes' options agree: a run refused for them saves nothing, no failure's
-            folder = self.directory(loop) if loop.is_main else None
-            self._main_dir, self.off = ranks.main_directory(loop, folder, self), False
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:

@@ -344,7 +344,11 @@ def test_a_checkpoint_given_to_the_main_process_alone_is_refused_on_every_proces
     """``Checkpoint(every_n_steps=2)`` given on rank 0 only, as a hand loop saves there only: the main process
     broadcast its folder to processes that never asked, or saved alone (a collective), and the job hung until the
     processes' timeout. Every process refuses the run before training, naming what differs: the options where
-    the other process has the discovered checkpoint, the plugin where it has none."""
+    the other process has the discovered checkpoint, the plugin where it has none; an earlier run's checkpoint
+    in the folder is left as it was (not set aside by a run refused)."""
+    earlier = tmp_path / "run" / "checkpoints" / "epoch0001-step000000004.pt"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"an earlier run's")
     run = torchrun(tmp_path, mode, "out")
     assert run.returncode == 0, run.stdout + run.stderr  # (each process writes the error it ended with)
     ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
@@ -358,4 +362,5 @@ def test_a_checkpoint_given_to_the_main_process_alone_is_refused_on_every_proces
                     "every process the same plugins (observers aside: a plugin that only watches, a logger of yours, "
                     "says observer = True in its class)")
     assert ranks[0]["error"].startswith(expected) and ranks[1]["error"].startswith(expected), ranks
-    assert not list((tmp_path / "run").glob("**/*.pt")), "nothing trained, nothing saved"
+    assert [p.name for p in (tmp_path / "run").glob("**/*.pt")] == [earlier.name], "nothing trained, nothing saved"
+    assert not (earlier.parent / ".earlier-runs").exists()  # nothing set aside
