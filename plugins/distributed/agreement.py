@@ -28,10 +28,14 @@ def agreed(asked: list[StopRequest | None]) -> StopRequest:
 
 
 def unlike(names: list[list[str]]) -> str | None:
-    """Where the ranks' plugins differ, from each rank's plugin names (``"'checkpoint' on rank 0 only"``), or
-    ``None`` where every rank runs the same."""
+    """Where the ranks' plugins differ, from each rank's plugin names in the order they were registered, which is
+    the order their hooks run in (``"'checkpoint' on rank 0 only"``, or the orders), or ``None`` where every rank
+    runs the same."""
     everywhere = set.intersection(*map(set, names))
     odd = sorted({name for some in names for name in some} - everywhere)
+    if not odd and any(some != names[0] for some in names):
+        return "the same plugins in other orders: " + "; ".join(f"rank {r}: {', '.join(some)}"
+                                                                  for r, some in enumerate(names))
     return "; ".join(f"{name!r} on {_ranks([r for r, some in enumerate(names) if name in some])} only"
                      for name in odd) or None
 

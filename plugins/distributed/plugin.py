@@ -230,8 +230,8 @@ class Distributed(ModelWrap):
     def _check_plugins(self, loop: Run) -> None:
         """Every rank must run the plugins the others run, observers aside (one collective, once): a plugin on
         some ranks only would take collectives the others never reach (a ``Checkpoint`` on rank 0: a hang)."""
-        mine = sorted(name for name, plugin in loop.pm.list_name_plugin()
-                      if plugin is not None and getattr(plugin, "observer", False) is not True)
+        mine = [name for name, plugin in loop.pm.list_name_plugin()
+                if plugin is not None and getattr(plugin, "observer", False) is not True]
         everyone: list[Any] = [None] * self.world_size
         _dist().all_gather_object(everyone, mine, group=self._control)
         if (where := unlike(everyone)) is not None:

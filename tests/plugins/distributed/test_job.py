@@ -333,6 +333,11 @@ def test_plugins_taking_part_on_some_processes_only_are_refused_naming_them(monk
     Gathered.all_gather_object = staticmethod(alike)  # type: ignore[method-assign]
     plugin._check_plugins(loop)  # type: ignore[arg-type]
     assert seen == [["optim"]]  # its own plugins, the observer left out: the same as rank 1's, accepted
+    Gathered.all_gather_object = staticmethod(  # type: ignore[method-assign]
+        lambda everyone, mine, group=None: everyone.__setitem__(slice(None), [["ema", "optim"], ["optim", "ema"]]))
+    with pytest.raises(ValueError, match=r"^distributed: the processes run different plugins \(the same plugins in "
+                                         r"other orders: rank 0: ema, optim; rank 1: optim, ema\)"):
+        plugin._check_plugins(loop)  # type: ignore[arg-type]  # (their hooks, so their collectives, in other orders)
 
 
 @pytest.mark.slow
