@@ -66,7 +66,8 @@ def where(run: Run, error: BaseException) -> str:
         tb = tb.tb_next
     if hooks:  # a plugin's answer refused (RefusedState) blames that plugin's implementation
         inner = error.implementation if isinstance(error, RefusedState) else hooks[-1]
-        return f"{_hook_note(pm, hooks[0], inner)} ({at})"
+        between = hooks[0][1] in _BETWEEN  # (state.stage still names the stage before)
+        return f"{_hook_note(pm, hooks[0], inner)} ({f'epoch {state.epoch + 1}, outside a stage' if between else at})"
     if wrapper is not None:
         owner = _owner(modules, wrapper.tb_frame.f_globals.get("__name__"))
         return (f"hookfit: raised in the step wrapper {wrapper.tb_frame.f_code.co_qualname!r}"
@@ -105,6 +106,10 @@ def _owners(pm: Any) -> dict[Any, tuple[str, str]]:
             owners[code] = (impl.plugin_name, caller.name)
     return owners
 
+
+_BETWEEN = frozenset({"configure", "fit_start", "resume", "resumed", "epoch_start", "epoch_end", "after_epoch",
+                      "fit_end", "results"})
+"""The events the loop fires outside any stage: an error of one is placed at its epoch alone."""
 
 _LOOP = ("hookfit.training", "hookfit.replay")
 """The modules of the loop's stage function (:func:`hookfit.training.run_stage`) and of the iterator it makes

@@ -119,18 +119,21 @@ def test_the_step_s_own_error_still_names_the_step() -> None:
                         caught.value.__notes__[-1])
 
 
-@pytest.mark.parametrize("hook", ["configure", "fit_start", "epoch_start"])
-def test_an_error_outside_a_stage_says_so_not_stage_none(hook: str) -> None:
-    """A plugin raising before the first stage (or between stages) was said to be at "stage None, batch 0"."""
+@pytest.mark.parametrize("hook, epoch", [("configure", 1), ("fit_start", 1), ("epoch_start", 1), ("epoch_start", 2),
+                                         ("epoch_end", 2), ("after_epoch", 1)])
+def test_an_error_outside_a_stage_says_so_not_stage_none(hook: str, epoch: int) -> None:
+    """A plugin raising before the first stage was said to be at "stage None, batch 0", and between stages at the
+    stage before ("epoch 2, stage train, batch 2" for epoch 2's start)."""
     class Raising:
         @hookfit.hookimpl(specname=hook)
-        def raising(self) -> None:
-            raise KeyError("the plugin's own")
+        def raising(self, loop) -> None:
+            if loop.state.epoch + 1 == epoch:
+                raise KeyError("the plugin's own")
 
     with pytest.raises(KeyError) as caught:
-        hookfit.Loop(lambda loop, batch: None, [0, 1], max_epochs=1, plugins=[Raising()]).fit()
-    assert re.fullmatch(rf"hookfit: raised by plugin 'Raising' \(.*, given to Loop\) in hook '{hook}' \(epoch 1, "
-                        rf"outside a stage\)", caught.value.__notes__[-1]), caught.value.__notes__
+        hookfit.Loop(lambda loop, batch: None, [0, 1], max_epochs=2, plugins=[Raising()]).fit()
+    assert re.fullmatch(rf"hookfit: raised by plugin 'Raising' \(.*, given to Loop\) in hook '{hook}' \(epoch "
+                        rf"{epoch}, outside a stage\)", caught.value.__notes__[-1]), caught.value.__notes__
 
 
 def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() -> None:
