@@ -47,11 +47,19 @@ def iterate(run: Run, data: Iterable[Any], start: int, train: bool) -> Iterator[
             return iter(iter_from(start))
         batches = iter(data)
         if not (train and "train" in cursor.restored):
-            _drop(batches, start, replay is not None)
+            _drop(batches, start, replay is not None and _stream(data))
         return batches
     finally:
         if keep is not None:
             set_rng_state(keep, data)
+
+
+def _stream(data: Any) -> bool:
+    """Whether ``data`` may carry a draw from one batch to the next (a shard's order): anything but a ``DataLoader``
+    over a map-style dataset, whose draws in ``__getitem__`` (an augmentation) are each batch's own."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    return not isinstance(data, DataLoader) or isinstance(data.dataset, IterableDataset)
 
 
 def _drop(batches: Iterator[Any], done: int, replayed: bool) -> None:
@@ -67,7 +75,9 @@ def _drop(batches: Iterator[Any], done: int, replayed: bool) -> None:
         warnings.warn(
             f"resume: the training data drew from torch's global random generator while the {done} batches done "
             f"were dropped (a torch.randperm or torch.rand in its __iter__, past its first batch): in the run it "
-            f"continues those draws came between the model's own (dropout, noise), so the resumed run may train on "
-            f"other batches from here; give the data a generator of its own (torch.Generator().manual_seed(...), "
-            f"seeded from the epoch in set_epoch), or draw in DataLoader workers", HookfitWarning,
+            f"continues those draws came between the model's own (dropout, noise), so where a draw serves later "
+            f"batches too (a shard's order), the resumed run trains on other batches from here (a draw for one batch "
+            f"alone, noise added to it, resumes exactly); give the data a generator of its own "
+            f"(torch.Generator().manual_seed(...), seeded from the epoch in set_epoch), or draw in DataLoader workers",
+            HookfitWarning,
             stacklevel=user_level())

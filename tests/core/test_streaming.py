@@ -270,13 +270,27 @@ class ShardShuffled:
                 yield x[order[i:i + 8]], y[order[i:i + 8]]
 
 
-@pytest.mark.parametrize("per_shard", [True, False], ids=["a-draw-per-shard", "one-draw-first"])
-def test_a_stream_drawing_from_torchs_generator_as_it_goes_is_warned_of_at_resume(tmp_path: Path,
-                                                                                   per_shard: bool) -> None:
+class Augmented(torch.utils.data.Dataset):
+    """Map-style, with a random augmentation from torch's global generator in ``__getitem__`` (RandomCrop's way)."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(160, 8, generator=g), torch.randn(160, 1, generator=g)
+
+    def __len__(self) -> int:
+        return 160
+
+    def __getitem__(self, index: int):
+        return self.x[index] + 0.1 * torch.randn(8), self.y[index]
+
+
+@pytest.mark.parametrize("kind", ["a-draw-per-shard", "one-draw-first", "augmented-map-style"])
+def test_a_stream_drawing_from_torchs_generator_as_it_goes_is_warned_of_at_resume(tmp_path: Path, kind: str) -> None:
     """The common streaming shuffle, a torch.randperm per shard in __iter__, with dropout in the model: stopped
     mid-shard and resumed, the shard's order was drawn again without the model's draws between and the run
-    trained on other batches, without a word. Said now; a stream that draws only before its first batch resumes
-    exactly and says nothing."""
+    trained on other batches, without a word. Said now; a stream that draws only before its first batch, and a
+    map-style dataset's augmentation (each batch's own draws), resume exactly and say nothing."""
+    per_shard = kind == "a-draw-per-shard"
     from hookfit.plugins.checkpoint import Checkpoint
     from hookfit.plugins.optim import Optim
     from conftest import StopAfter
@@ -286,7 +300,9 @@ def test_a_stream_drawing_from_torchs_generator_as_it_goes_is_warned_of_at_resum
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            hookfit.Loop(mse_step, ShardShuffled(per_shard), model=model, max_steps=20, seed=0, run_dir=run_dir,
+            data = DataLoader(Augmented(), batch_size=8, shuffle=True) if kind == "augmented-map-style" else (
+                ShardShuffled(per_shard))
+            hookfit.Loop(mse_step, data, model=model, max_steps=20, seed=0, run_dir=run_dir,
                          optimizers=torch.optim.SGD(model.parameters(), lr=0.01), resume="latest",
                          plugins=[Optim(), Checkpoint(background=False), *([StopAfter(stop)] if stop else [])]).fit()
         return model, [str(w.message) for w in caught if "torch's global random generator" in str(w.message)]
