@@ -57,12 +57,14 @@ def tell_epoch(data: Any, epoch: int, again: bool = False) -> None:
     ``set_epoch(epoch)`` (:class:`Batches`, a Hugging Face ``IterableDataset``, a generator
     factory), else the ``IterableDataset`` of a ``DataLoader`` when that has one (the loader's
     workers get a copy of it as each epoch's iterator is made; persistent workers keep the copy
-    of the first epoch: ``again``, the run's second epoch, warns of them)."""
+    of the first epoch: ``again``, the run's second epoch, warns of them, unless the dataset is a Hugging Face
+    ``IterableDataset``, whose epoch they share)."""
     target = data if hasattr(data, "set_epoch") else _streamed(data)
     setter = getattr(target, "set_epoch", None)
     if callable(setter):
         setter(epoch)
-        if again and target is not data and data.persistent_workers and data.num_workers > 0:
+        shared = type(target).__module__.startswith("datasets.")  # Hugging Face's: its epoch in memory workers share
+        if again and target is not data and data.persistent_workers and data.num_workers > 0 and not shared:
             warnings.warn(f"set_epoch reaches the {type(target).__name__} of a DataLoader, not its persistent workers "
                           f"(persistent_workers=True), which keep their copy of it from the run's first epoch: an "
                           f"order it draws from the epoch is not redrawn there (nor rebuilt at a resume); give "

@@ -357,6 +357,35 @@ def test_set_epoch_that_persistent_workers_never_see_is_warned_of_once(persisten
         "as set_epoch left it)"] if persistent else [])
 
 
+def test_a_hugging_face_stream_in_persistent_workers_is_told_each_epoch_without_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hugging Face's IterableDataset keeps its epoch in memory its persistent workers share: set_epoch reaches
+    them, and the persistent-workers warning would have told its users to switch them off for nothing."""
+    for name, value in _env(tmp_path).items():
+        if name.startswith("HF_"):
+            monkeypatch.setenv(name, value)
+    datasets = pytest.importorskip("datasets")
+
+    def examples():
+        for i in range(8):
+            yield {"i": i}
+
+    stream = datasets.IterableDataset.from_generator(examples).shuffle(seed=0, buffer_size=8)
+    orders: list[list[int]] = []
+
+    def step(loop, batch):
+        if loop.state.batch_idx == 0:
+            orders.append([])
+        orders[-1] += batch["i"].tolist()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(step, DataLoader(stream, batch_size=4, num_workers=1, persistent_workers=True),
+                     max_epochs=3).fit()
+    assert [str(w.message) for w in caught if "persistent workers" in str(w.message)] == []
+    assert orders[0] != orders[1] != orders[2]  # each epoch's own order: the workers saw set_epoch
+
+
 def test_tell_epoch_reaches_the_data_or_a_dataloaders_stream_and_nothing_else() -> None:
     stream = SeededStream()
     tell_epoch(DataLoader(stream, batch_size=2), 5)
