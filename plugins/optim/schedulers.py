@@ -145,17 +145,17 @@ class Schedules:
         return out
 
     def _advise(self, loop: Run, accumulate: int) -> None:
-        """One warning for a per-step scheduler that passes its schedule in the first epoch (:func:`_passed`); a
-        OneCycleLR that the run's optimizer steps would step past its end (torch's error, mid-run) is refused."""
+        """Warn of a per-step scheduler done in the first epoch (:func:`_passed`), a OneCycleLR shorter than the run."""
         batches = length(loop.train_data) or 0  # (0: unknown, nothing is said)
         run = min(loop.max_steps or batches * loop.max_epochs, batches * loop.max_epochs)  # the run's batches
         per_epoch = -(-batches // accumulate)  # optimizer steps an epoch, its last window's included
         total = run // max(batches, 1) * per_epoch + run % max(batches, 1) // accumulate  # (max_steps: whole windows)
         for name, scheduler in ((n, s) for n, held in self._assigned.items() for s in self.per_step(held)):
-            if isinstance(scheduler, lr_scheduler.OneCycleLR) and scheduler.total_steps < total:
-                raise ValueError(f"optim: the OneCycleLR of optimizer {name!r} has total_steps={scheduler.total_steps}"
-                                 f" and this run takes {total} optimizer steps ({per_epoch} an epoch, accumulate="
-                                 f"{accumulate}, max_steps={loop.max_steps}): build it with total_steps={total}")
+            if isinstance(scheduler, lr_scheduler.OneCycleLR) and scheduler.total_steps < total:  # (a GAN's may not)
+                warnings.warn(f"optim: the OneCycleLR of optimizer {name!r} has total_steps={scheduler.total_steps}, "
+                              f"and this run takes {total} optimizer steps if it steps at every window ({per_epoch} an "
+                              f"epoch, accumulate={accumulate}, max_steps={loop.max_steps}); torch raises once it "
+                              f"runs out: build it with total_steps={total}", OptimWarning, stacklevel=user_level())
             if run > batches and _passed(scheduler, per_epoch):  # (the first epoch's steps, where a second one comes)
                 interval = "'epoch'" if len(self._assigned) == 1 else f"{{{name!r}: 'epoch'}}"
                 warnings.warn(f"optim: the {type(scheduler).__name__} of optimizer {name!r} steps after each optimizer "
