@@ -9,6 +9,7 @@ import torch
 import hookfit
 from hookfit.plugins.optim import Optim, OptimWarning
 from conftest import StopAt
+from conftest import mse_step as step
 
 
 def data(n: int = 6) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -19,15 +20,6 @@ def data(n: int = 6) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def model() -> torch.nn.Sequential:
     torch.manual_seed(1)
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-
-
-def step(loop, batch):
-    x, y = batch
-    loss = torch.nn.functional.mse_loss(loop.model(x), y)
-    loop.backward(loss)
-    loop.optimizers.step()
-    loop.optimizers.zero_grad()
-    return loss
 
 
 class Unfreeze:
