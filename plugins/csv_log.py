@@ -70,7 +70,7 @@ from hookfit import hookimpl
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support.logger import fail, run_file, set_aside, wanted, written_again
+from hookfit.plugins.support.logger import fail, run_file, set_aside, table_of, wanted, written_again
 from hookfit.plugins.support.logger import inert as logger_inert
 from hookfit.plugins.support import flag
 
@@ -248,15 +248,6 @@ class _Table:
         self.file, self.columns = None, None
 
 
-def _table_of(path: Path, leading: tuple[str, ...]) -> bool:
-    """Whether ``path`` is a regular file holding a table of this plugin (its header's leading columns)."""
-    try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as text:
-            return path.is_file() and tuple(next(csv.reader(text), [])[:len(leading)]) == leading
-    except (OSError, csv.Error):
-        return False
-
-
 def _truncate_to_last_line(raw: BinaryIO, size: int) -> None:
     """Cut the file open in ``raw`` just after its last newline (to nothing if it has none)."""
     position = size
@@ -334,7 +325,7 @@ class CSVLogger:
             folder = loop.run_dir
         except OSError:  # a run folder that cannot be made: the writes say so
             return
-        names = [t.name for t in (self._epochs, self._updates) if _table_of(folder / t.name, t.leading)]
+        names = [t.name for t in (self._epochs, self._updates) if table_of(folder / t.name, t.leading)]
         set_aside(folder, names, self.name, lambda name, n: name.replace(".csv", f".earlier-run-{n}.csv"),
                   f"this run writes a fresh {', '.join(names)}")
 

@@ -4,6 +4,7 @@ writes again, and names as a logger can take them (:class:`SafeNames`)."""
 
 from __future__ import annotations
 
+import csv
 import os
 import warnings
 from collections.abc import Callable
@@ -148,3 +149,15 @@ def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str
         warnings.warn(f"{owner}: {folder} holds {', '.join(names)} of an earlier run and this run does not resume: "
                       f"set aside as {', '.join(shown)}; {fresh}. Give each run its own run_dir, or resume it "
                       f"(resume='latest') to continue it", HookfitWarning, stacklevel=user_level())
+
+
+def table_of(path: Path, leading: tuple[str, ...]) -> bool:
+    """Whether ``path`` is a regular file holding a CSV table whose header starts with the columns ``leading``
+    (a logger's own), checked before it is opened: a FIFO of that name would block its open."""
+    if not path.is_file():
+        return False
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as text:
+            return tuple(next(csv.reader(text), [])[:len(leading)]) == leading
+    except (OSError, csv.Error):
+        return False

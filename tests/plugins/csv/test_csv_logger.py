@@ -196,6 +196,18 @@ def test_a_fresh_run_in_a_used_folder_sets_the_earlier_runs_tables_aside(tmp_pat
     assert (folder / "metrics.earlier-run-1.csv").read_text() == first[0]
 
 
+@pytest.mark.fault
+def test_a_fifo_named_as_the_table_is_not_opened_to_be_read(tmp_path: Path) -> None:
+    """The check of whether an earlier run's table is there opened the path before asking whether it is a file: a
+    FIFO named metrics.csv blocked the run's start."""
+    from hookfit.plugins.support.logger import table_of
+
+    os.mkfifo(tmp_path / "metrics.csv")
+    assert table_of(tmp_path / "metrics.csv", ("epoch",)) is False  # returns at once
+    (tmp_path / "other.csv").write_text("epoch,step\n")
+    assert table_of(tmp_path / "other.csv", ("epoch", "step")) and not table_of(tmp_path / "other.csv", ("step",))
+
+
 # where a stop lands, counting batches of four training and two validation batches an epoch
 STOPS = {8: "inside epoch 2's training", 10: "right after epoch 2's last training batch",
          11: "inside epoch 2's validation", 12: "right after epoch 2's validation"}
