@@ -254,11 +254,8 @@ def _runs(args: argparse.Namespace) -> int:
         best = "-" if info.best is None else f"{info.best[0]} {info.best[1]:.4g} (epoch {info.best[2]})"
         final = "-" if info.final is None else f"{info.final[0]:.4g}" + (
             f" from epoch {info.diverged}" if info.diverged is not None else "")  # (a diverged run: NaN, inf)
-        mostly = info.skipped and info.steps and info.skipped > info.steps / 2  # (the console: "barely trained")
-        skipped = f" ({info.skipped} of {info.steps} steps skipped)" if mostly else ""
         status = _evaluated(info) if info.status == "evaluated" else textwrap.shorten(
-            ("evaluation " if info.evaluation else "") + info.status + skipped + (f": {info.reason}" if info.reason
-                                                                                 else ""), 48 + len(skipped),
+            ("evaluation " if info.evaluation else "") + info.status + (f": {info.reason}" if info.reason else ""), 48,
             placeholder=" ...")
         resumed = Path(info.resumed_from).name if info.resumed_from else "-"
         rows.append((info.folder, (info.started or "-").replace("T", " ")[:19], _duration(info.duration),

@@ -50,12 +50,3 @@ def ended_best(end: Mapping[str, Any] | None, metric: str) -> tuple[float, int] 
     if isinstance(kept, list) and len(kept) == 2 and isinstance(kept[0], (int, float)) and count(kept[1]):
         return float(kept[0]), int(kept[1])
     return None
-
-
-def ended_skipped(end: Mapping[str, Any] | None) -> int | None:
-    """The optimizer steps the last ``fit()`` skipped (a non-finite loss), as its end line records them:
-    the core's ``results["skipped_steps"]`` (``run.jsonl``), the metrics log's ``"skipped"``; ``None``
-    for none or without a count."""
-    results = end.get("results") if end is not None else None
-    found = results.get("skipped_steps") if isinstance(results, dict) else end.get("skipped") if end else None
-    return found if count(found) and found > 0 else None

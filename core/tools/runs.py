@@ -56,7 +56,7 @@ from typing import Any, TypeGuard, TypeVar
 
 from hookfit.errors import HookfitWarning
 from hookfit.tools import jsonlines
-from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_epochs, ended_skipped
+from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_epochs
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
 
 __all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
@@ -290,8 +290,6 @@ class RunInfo:
     """The last value of :attr:`metric` and its epoch: NaN or infinite where the run diverged."""
     diverged: int | None = None
     """The epoch from which :attr:`metric` is NaN or infinite to its last value, ``None`` when that is finite."""
-    skipped: int | None = None
-    """The optimizer steps the last ``fit()`` skipped (a non-finite loss), ``None`` for none."""
 
     def as_dict(self) -> dict[str, Any]:
         """As ``hookfit runs --json`` writes it: JSON, a final value that is not finite as ``"nan"``,
@@ -397,4 +395,4 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         resumed_from=None if evaluation else resumed_from(metrics), fits=fits, metric=metric, mode=mode,
         identity=identity if isinstance(identity, str) else None, notes=tuple(notes), evaluation=evaluation,
         evaluated=read[-1] if read and isinstance(read[-1], str) else None, final=last, diverged=diverged,
-        skipped=ended_skipped(last_end))
+    )

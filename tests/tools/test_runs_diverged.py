@@ -141,19 +141,3 @@ def test_compare_labels_a_run_with_no_finite_value(tmp_path: Path, capsys: pytes
     assert code == 0, err
     cells = "".join(line.split("│", 1)[1] for line in out.split("└", 1)[0].splitlines() if "│" in line)
     assert all(label in cells for label in "123"), out  # (the y axis's labels left out)
-
-
-def test_runs_marks_a_run_whose_steps_were_mostly_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A run whose every step was skipped (a NaN loss each batch) completed, but barely trained, as
-    the console said: ``hookfit runs`` says so beside its status, from ``run.jsonl``'s end line."""
-    skipped = _run(tmp_path / "runs" / "skipped", [3.0, 3.0], train=[NAN, NAN])
-    lines = (skipped / "run.jsonl").read_text().splitlines()
-    end = json.loads(lines[1])
-    end["results"] = {"skipped_steps": 4}
-    (skipped / "run.jsonl").write_text(lines[0] + "\n" + json.dumps(end) + "\n")
-    healthy = _run(tmp_path / "runs" / "ok", [3.0, 2.0])
-    assert runs.load(skipped).skipped == 4 and runs.load(healthy).skipped is None
-    assert cli.main(["runs", str(tmp_path / "runs")]) == 0
-    table = capsys.readouterr().out.splitlines()
-    assert "completed (4 of 4 steps skipped)" in next(line for line in table if "/skipped" in line), table
-    assert "skipped" not in next(line for line in table if "/ok" in line)
