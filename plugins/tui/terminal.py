@@ -59,13 +59,13 @@ def interactive_terminal() -> str | None:
     return None if found else NO_URWID
 
 
-def without_terminal(plugin: object, chosen: bool) -> str | None:
-    """The dashboard's answer to :func:`hookfit.discovery.inert` (``hookfit plugins``, and a run before its
-    ``configure``): merely discovered, it takes no part where no terminal shows it (output piped, CI, ``TERM``
-    unset), and a run's start line does not list it; on a terminal it cannot draw on (no urwid, a ``torchrun``
-    worker) it stays, to say so at ``fit_start``."""
+def without_terminal(plugin: object, chosen: bool, loop: object = None) -> str | None:
+    """The dashboard's answer to :func:`hookfit.discovery.inert` for a run (``loop``), before its ``configure``:
+    merely discovered, it takes no part where no terminal shows it (output piped, CI, ``TERM`` unset), and the
+    run's start line does not list it; on a terminal it cannot draw on (no urwid, a ``torchrun`` worker) it stays,
+    to say so at ``fit_start``. ``hookfit plugins`` (no ``loop``: its own output is not a run's) lists it active."""
     reason = interactive_terminal()
-    if chosen or reason is None or reason in (NO_URWID, UNDER_TORCHRUN):
+    if chosen or loop is None or reason is None or reason in (NO_URWID, UNDER_TORCHRUN):
         return None
     return f"a terminal to draw on (here {reason})"
 

@@ -183,8 +183,9 @@ def test_a_torchrun_worker_on_a_terminal_is_told_why_it_has_no_dashboard(monkeyp
 def test_a_discovered_dashboard_without_a_terminal_takes_no_part_and_is_not_listed(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Output piped (pytest captures it): the discovered dashboard leaves the run before ``configure``, so the
-    start line does not list ``tui`` (it listed a dashboard that never showed); ``hookfit plugins`` says what
-    turns it on. Given to the run it stays (it decides at ``fit_start``); on a terminal it takes part."""
+    start line does not list ``tui`` (it listed a dashboard that never showed); ``hookfit plugins``, whose output
+    is not a run's, lists it active. Given to the run it stays (it decides at ``fit_start``); on a terminal it
+    takes part."""
     from hookfit.plugins.console import Console
     from hookfit.plugins.tui import terminal
 
@@ -196,13 +197,14 @@ def test_a_discovered_dashboard_without_a_terminal_takes_no_part_and_is_not_list
     loop.fit()
     assert loop.run.pm.participants() == ["console"]
     assert "plugins=console\n" in capsys.readouterr().out
-    assert terminal.without_terminal(TuiRenderer(), False) in (
+    assert terminal.without_terminal(TuiRenderer(), False, loop) in (
         "a terminal to draw on (here stdin is not a terminal)", "a terminal to draw on (here stdout is not a terminal)")
+    assert terminal.without_terminal(TuiRenderer(), False) is None  # hookfit plugins: its output is not a run's
     given = hookfit.Loop(lambda loop, b: None, [1], plugins=[TuiRenderer(), Console()])
     given.fit()
     assert sorted(given.run.pm.participants()) == ["console", "tui"]
     monkeypatch.setattr(terminal, "interactive_terminal", lambda: None)
-    assert terminal.without_terminal(TuiRenderer(), False) is None
+    assert terminal.without_terminal(TuiRenderer(), False, loop) is None
 
 
 def test_no_terminal_means_no_dashboard_and_no_claim(monkeypatch: pytest.MonkeyPatch) -> None:
