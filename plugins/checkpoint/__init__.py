@@ -13,7 +13,7 @@ tampering). Only plain data and tensors: it is read back with
 
 When: every ``every_n_epochs`` epochs (default 1), every ``every_n_steps`` training steps,
 every ``every_seconds`` seconds (checked after each training batch; under ``torchrun`` by the main
-process's clock, at every 50th step: :data:`~hookfit.plugins.checkpoint.ranks.TIMED_EVERY`), when the run stops
+process's clock, read about once a second of training: :class:`~hookfit.plugins.checkpoint.ranks.Clock`), when the run stops
 gracefully (``on_interrupt``, default on: a stop request, SIGINT or SIGTERM through the
 interrupter), when the run completes (``max_epochs``, ``max_steps``, or a rule such as early
 stopping) inside an epoch, at that exact position (``reason`` ``"max_steps"`` or

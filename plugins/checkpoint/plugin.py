@@ -11,7 +11,6 @@ and which checkpoint to resume from (:mod:`~hookfit.plugins.checkpoint.resuming`
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -123,7 +122,7 @@ class Checkpoint:
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Run | None = None
-        self._last_time = 0.0
+        self._clock = ranks.Clock(self.every_seconds)
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
         self._main_dir: Path | None = None  # off the main process: where the main one writes
@@ -173,11 +172,10 @@ class Checkpoint:
     def after_batch(self, loop: Run) -> None:
         self.collect(loop)
         unscored(self, loop)  # a copy held for a validation inside training that published no score
-        due = self._steps.due(loop.state.step) or (
-            self.every_seconds is not None and ranks.timed(loop, time.monotonic() - self._last_time >= self.every_seconds))
+        due = self._steps.due(loop.state.step) or self._clock.due(loop)
         if self.scores.follows(loop):  # written once its validation has scored these weights
             if due:
-                self._last_time = time.monotonic()
+                self._clock.saved()
             hold(self, loop, due)
         elif due:
             self.save(loop, "step")
@@ -209,7 +207,7 @@ class Checkpoint:
     @hookimpl
     def fit_start(self, loop: Run) -> None:
         self._loop, self.began = loop, loop.position
-        self._last_time = time.monotonic()
+        self._clock.start(loop)
         self.off = loop.model is None
         if self.off:
             warnings.warn(
@@ -337,7 +335,7 @@ class Checkpoint:
     def _save(self, loop: Run, reason: str, must: bool = False) -> Path | None:
         if self.off:
             return None
-        self._last_time = time.monotonic()
+        self._clock.saved()
         self.collect(loop)
         position = loop.position
         metric = self.scores.current(loop)

@@ -13,6 +13,7 @@ process beyond those keeps the main process's, with one warning.
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -22,7 +23,7 @@ from hookfit.errors import HookfitWarning, user_level
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["KEY", "SAME", "TIMED_EVERY", "from_main", "gather", "main_directory", "own", "timed"]
+__all__ = ["KEY", "SAME", "TIMED_SPACING", "Clock", "from_main", "gather", "main_directory", "own"]
 
 KEY = "ranks"
 """The checkpoint's entry of every process's own part of the run's state."""
@@ -107,17 +108,48 @@ def main_directory(loop: Run, folder: Path | None, checkpoint: object) -> Path |
     return None if loop.is_main else Path(everyone[0][0])
 
 
-TIMED_EVERY = 50
-"""With several processes, ``every_seconds`` is judged at every this many training steps: a broadcast
-(under NCCL, a wait for the device) after every batch would cost more than a save's timing gains."""
+TIMED_SPACING = 1.0
+"""With several processes, the most seconds of training between two readings of the main process's clock
+for ``every_seconds`` (and never more than a tenth of ``every_seconds``): each reading is a broadcast (under
+NCCL, a wait for the device), so it is spaced to about this much training whatever a step takes."""
 
 
-def timed(loop: Run, due: bool) -> bool:
-    """Whether a save by time is due (``due``: by this process's clock): with several processes the main
-    process's clock decides, read at every :data:`TIMED_EVERY`-th step (the same steps on every process)."""
-    if loop.state.world_size <= 1:
-        return due
-    return loop.state.step % TIMED_EVERY == 0 and bool(from_main(loop, due))
+class Clock:
+    """When a save by time is due: ``every`` seconds after the run's start or its last save (never, ``None``).
+
+    In a run of one process its clock is read after every batch. With several, the main process's clock
+    decides for all, at steps every process knows: each reading is one broadcast that also names the step
+    of the next, about :data:`TIMED_SPACING` seconds of training later by the steps' pace so far. A save
+    is so late by at most that much, whether a step takes a millisecond or a minute."""
+
+    def __init__(self, every: float | None) -> None:
+        self.every = every
+        self._last = self._read_at = 0.0
+        self._read_step = self._next = 0
+
+    def start(self, loop: Run) -> None:
+        """The run starts at its ``loop.state.step``: the first reading is after its first batch."""
+        self._last = self._read_at = time.monotonic()
+        self._read_step, self._next = loop.state.step, loop.state.step + 1
+
+    def saved(self) -> None:
+        """A checkpoint was saved (for any reason): the next one by time is ``every`` seconds from now."""
+        self._last = time.monotonic()
+
+    def due(self, loop: Run) -> bool:
+        """Whether a save by time is due after this batch (the same answer on every process)."""
+        if self.every is None:
+            return False
+        now, step = time.monotonic(), loop.state.step
+        if loop.state.world_size <= 1:
+            return now - self._last >= self.every
+        if step < self._next:
+            return False
+        pace = (now - self._read_at) / max(step - self._read_step, 1)  # seconds a step, since the last reading
+        ahead = max(1, int(min(TIMED_SPACING, self.every / 10) / pace)) if pace > 0 else 1
+        due, self._next = from_main(loop, (now - self._last >= self.every, step + ahead))
+        self._read_at, self._read_step = now, step
+        return bool(due)
 
 
 def from_main(loop: Run, value: Any) -> Any:

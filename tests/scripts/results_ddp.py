@@ -20,8 +20,8 @@ steps with checkpoints every 4 steps and at each epoch's end (steps 8 and 16 are
 writes the files its writer wrote, one entry per write, and the checkpoints announced to it.
 ``--failing-best OUT``: three epochs, checkpoints of the best by ``valid/loss`` only (``mode="max"`` over a
 falling loss: epoch 1's), the main process's write of it failing; each process writes its status.
-``--seconds OUT``: one epoch with ``every_seconds=3600``, the other process's clock jumping an hour and
-``TIMED_EVERY`` 3 (the main process's clock read at steps 3 and 6); each process writes its status and the
+``--seconds OUT``: one epoch with ``every_seconds=3600``, the other process's clock jumping an hour (the
+main process's clock read after the first step, then a second of training later: after the epoch); each process writes its status and the
 checkpoints its plugin lists. ``--one-rank OUT`` and ``--one-rank-alone OUT``: a ``Checkpoint(every_n_steps=2,
 on_failure=True)`` given to the main process alone, the other process having the discovered one (or, ``-alone``,
 none: ``HOOKFIT_PLUGINS`` without it there); each process writes the error it raised, if any.
@@ -142,8 +142,7 @@ def seconds(out: str) -> None:
             return time.monotonic() + (3600.0 if cls.calls > 1 else 0.0)
 
     if os.environ.get("RANK") != "0":
-        checkpoint_plugin.time = Ahead
-    ranks.TIMED_EVERY = 3
+        ranks.time = Ahead
     model, x, y, step = regression()
     checkpoint = Checkpoint(every_n_epochs=None, every_seconds=3600, keep_last=10, background=False)
     state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=1, run_dir="run",
