@@ -36,7 +36,7 @@
   status 130 where the script does not catch it) and ``SystemExit(143)`` for SIGTERM, so a
   shell, a job scheduler or ``torchrun`` tells an interrupted run from a finished one.
   ``Interrupter(exit=False)`` makes ``fit()`` return the interrupted run's state instead; in a
-  Jupyter kernel it always returns (the kernel keeps running). Under ``torchrun`` every rank
+  Jupyter kernel it returns unless given ``exit=True`` (the kernel keeps running either way). Under ``torchrun`` every rank
   raises it, and only rank 0's traceback is printed: on the other ranks the
   ``KeyboardInterrupt`` left uncaught ends the process as it would (killed by SIGINT) without
   printing the same lines again (a wrapper of ``sys.excepthook`` passes every other exception
@@ -80,20 +80,21 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 class Interrupter:
     """Turns SIGINT and SIGTERM into stop requests; a second SIGINT aborts. ``signals=False``
-    installs no handlers. ``exit`` (default ``True``): a run stopped by a signal makes ``fit()``
-    raise once it is over, ``KeyboardInterrupt`` for SIGINT and ``SystemExit(143)`` for SIGTERM,
-    so the process ends as the signal would have ended it; ``exit=False`` (and a Jupyter kernel)
-    has ``fit()`` return the interrupted run's state. ``extra_signals`` (default none): more
+    installs no handlers. ``exit=True``: a run stopped by a signal makes ``fit()`` raise once it
+    is over, ``KeyboardInterrupt`` for SIGINT and ``SystemExit(143)`` for SIGTERM, so the process
+    ends as the signal would have ended it; ``exit=False`` has ``fit()`` return the interrupted
+    run's state; the default, ``None``, is ``True`` in a script and ``False`` in a Jupyter kernel
+    (a notebook's interrupt stops the cell's run, not the cells after it). ``extra_signals`` (default none): more
     signals that stop the run as SIGTERM does, by name (``"SIGUSR1"`` or ``"USR1"``) or number,
     one or several; ``fit()`` then raises ``SystemExit(128 + signum)``. ``self.extra_signals``
     holds their names."""
 
     name = "interrupter"
 
-    def __init__(self, signals: bool = True, exit: bool = True,
+    def __init__(self, signals: bool = True, exit: bool | None = None,
                  extra_signals: str | int | Iterable[str | int] = ()) -> None:
         self.signals = flag(self.name, "signals", signals)
-        self.exit = flag(self.name, "exit", exit)
+        self.exit = flag(self.name, "exit", exit, none=True)
         self._extra = _extra_signals(self.name, "extra_signals", extra_signals)  # SIGINT and SIGTERM left out
         self.extra_signals: tuple[str, ...] = tuple(_signal_name(signum) for signum in self._extra)
         if self._extra and not self.signals:
@@ -138,7 +139,8 @@ class Interrupter:
         self._running = []
         stopped_by, self._stopped_by = self._stopped_by, None
         self._loop, self._ending_said = None, False
-        if stopped_by is not None and self.exit and loop.state.status == "interrupted" and not _in_kernel():
+        if stopped_by is not None and loop.state.status == "interrupted" and (
+                not _in_kernel() if self.exit is None else self.exit):
             ending = _ending(stopped_by)
             if not loop.is_main:  # under torchrun: rank 0 prints the traceback every rank has
                 _Unprinted.install(ending)

@@ -28,10 +28,10 @@ from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
 
-def train(epochs, resume=None, *, interrupt_at=None, run_dir=None, weights=None):
+def train(epochs, resume=None, *, interrupt_at=None, run_dir=None, weights=None, plugins=()):
     """``interrupt_at``: in the batch that follows that many steps, write the file "training" and
     go on with the step (a long one) until a stop is requested; ``weights``: where the trained
-    weights are saved."""
+    weights are saved; ``plugins``: given besides optim, metrics and the checkpoint."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     g = torch.Generator().manual_seed(1)
@@ -51,7 +51,7 @@ def train(epochs, resume=None, *, interrupt_at=None, run_dir=None, weights=None)
 
     loop = hookfit.Loop(step, Batches(x, y, batch_size=10, shuffle=True, seed=2), model=model,
                         optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=epochs, resume=resume,
-                        run_dir=run_dir, plugins=[Optim(), Metrics(), Checkpoint(background=False)])
+                        run_dir=run_dir, plugins=[Optim(), Metrics(), Checkpoint(background=False), *plugins])
     state = loop.fit()
     if weights is not None:
         torch.save(model.state_dict(), weights)
@@ -131,6 +131,11 @@ while time.monotonic() < deadline:
 print("not interrupted")
 """
 RESUMED = "print(json.dumps(train(5, resume='latest', weights='resumed.pt')))"
+EXITING = """
+from hookfit.plugins.interrupter import Interrupter
+print(json.dumps(train(5, interrupt_at=3, run_dir="exiting", plugins=[Interrupter(exit=True)])))
+print("after the run")
+"""
 
 
 def _lines(cell: dict, stream: str) -> list[str]:
@@ -159,18 +164,19 @@ def test_a_kernel_interrupt_stops_the_cell_gracefully_and_the_same_kernel_resume
     ``interrupted`` with a checkpoint where it stopped (mid-epoch), the kernel's own SIGINT
     handler is back (a later cell of the user's is interrupted as usual, with
     ``KeyboardInterrupt``), and ``resume="latest"`` in a next cell of the same kernel ends with
-    the weights of an uninterrupted run, bit for bit."""
+    the weights of an uninterrupted run, bit for bit. A cell that gives ``Interrupter(exit=True)``
+    has ``fit()`` raise ``KeyboardInterrupt`` after the graceful stop, as in a script."""
     folder = tmp_path / "notebooks"
     folder.mkdir()
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(code) for code in (TRAIN, INTERRUPTED, PLAIN_WAIT, RESUMED)]
+    notebook.cells = [nbformat.v4.new_code_cell(code) for code in (TRAIN, INTERRUPTED, PLAIN_WAIT, RESUMED, EXITING)]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     # the plugins a user has: the interrupter, the console... discovered (HOOKFIT_PLUGINS unset)
     env = {k: v for k, v in os.environ.items() if k not in ("HOOKFIT_RESUME", "HOOKFIT_PLUGINS")}
     env["JPY_SESSION_NAME"] = str(folder / "i.ipynb")
     client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
                                      resources={"metadata": {"path": str(folder)}})
-    train, interrupted, plain, resumed = notebook.cells
+    train, interrupted, plain, resumed, exiting = notebook.cells
 
     async def session() -> None:
         async with client.async_setup_kernel(env=env):
@@ -178,6 +184,8 @@ def test_a_kernel_interrupt_stops_the_cell_gracefully_and_the_same_kernel_resume
             await _interrupt_when(client, interrupted, 1, folder / "training")
             await _interrupt_when(client, plain, 2, folder / "waiting")
             await client.async_execute_cell(resumed, 3)
+            (folder / "training").unlink()
+            await _interrupt_when(client, exiting, 4, folder / "training")
 
     asyncio.run(session())
     assert [o["output_type"] for o in interrupted.outputs if o["output_type"] != "stream"] == []  # no traceback
@@ -192,6 +200,9 @@ def test_a_kernel_interrupt_stops_the_cell_gracefully_and_the_same_kernel_resume
     # from the checkpoint the interrupt wrote, mid-epoch (every_n_epochs=1 writes none there)
     assert again["resumed_from"] == str(Path(stopped["run_dir"]) / "checkpoints" / "epoch0002-step000000006.pt")
     assert again["status"] == "completed" and again["step"] == 20 and again["run_dir"] == stopped["run_dir"]
+    (raised,) = [o for o in exiting.outputs if o["output_type"] == "error"]
+    assert raised["ename"] == "KeyboardInterrupt" and "after the run" not in _lines(exiting, "stdout"), exiting.outputs
+    assert _lines(exiting, "stderr")[0].startswith("hookfit: SIGINT received, stopping after this batch")
     namespace: dict = {}
     exec(TRAIN, namespace)  # the same run uninterrupted, in this process
     namespace["train"](5, run_dir=tmp_path / "whole", weights=tmp_path / "whole.pt")

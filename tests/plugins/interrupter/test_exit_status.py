@@ -148,7 +148,7 @@ def test_exit_false_returns_the_interrupted_state(tmp_path: Path, signum: int, n
 def test_exit_is_checked_when_it_is_built() -> None:
     from hookfit.plugins.interrupter import Interrupter
 
-    with pytest.raises(ValueError, match=r"^interrupter: exit must be True or False, got 'no'$"):
+    with pytest.raises(ValueError, match=r"^interrupter: exit must be True, False or None, got 'no'$"):
         Interrupter(exit="no")
 
 
