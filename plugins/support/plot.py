@@ -307,7 +307,8 @@ def text_plot(series: Mapping[str, Sequence[tuple[float, float, float]]], width:
 def _placed(ends: Sequence[tuple[int, str, int, int]], width: int, height: int) -> list[tuple[int, str, int, int]]:
     """Where each label goes: ``(index, label, line, column)`` of its first character, at the end of
     its curve (the label ending there at the right edge), else in the nearest cells no label took
-    before it (the lines nearest first, then to the left), else where it would go, over another."""
+    before it with a free cell on each side (the lines nearest first, then to the left), else where
+    it would go, over another."""
     taken: set[tuple[int, int]] = set()
     out = []
     for index, label, line, col in ends:
@@ -315,7 +316,7 @@ def _placed(ends: Sequence[tuple[int, str, int, int]], width: int, height: int) 
         start = max(0, min(col, width - len(label)))
         lines = sorted(range(height), key=lambda r: (abs(r - line), r))
         spots = [(r, c) for shift in range(width) for r in lines for c in (start - shift,) if c >= 0]
-        free = next(((r, c) for r, c in spots if all((r, c + k) not in taken for k in range(len(label)))),
+        free = next(((r, c) for r, c in spots if all((r, c + k) not in taken for k in range(-1, len(label) + 1))),
                     (line, start))
         taken.update((free[0], free[1] + k) for k in range(len(label)))
         out.append((index, label, *free))

@@ -133,6 +133,18 @@ def test_every_curves_label_stays_visible_where_curves_end_on_one_cell() -> None
     assert drawn.count("1") >= 4, plot  # 1, 10 and 11: four ones
 
 
+def test_labels_beside_each_other_keep_a_cell_between_them() -> None:
+    """Three curves ending on one cell of a plot two lines high: the third label goes left of the
+    others, with a blank cell between, never read as one label ("31" for 3 and 1)."""
+    from hookfit.plugins.support.plot import text_plot
+
+    same = [(0.0, 1.0, 1.0), (10.0, 2.0, 2.0)]
+    plot = text_plot({"1": same, "2": same, "3": same}, width=20, height=2, marks=True)
+    rows = [line.split("│", 1)[1] for line in plot if "│" in line]
+    assert all(label in "".join(rows) for label in "123"), plot
+    assert not any(re.search(r"[0-9]{2}", row) for row in rows), plot
+
+
 def test_compare_labels_a_run_with_no_finite_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     healthy = _run(tmp_path / "runs" / "ok", [3.0, 2.0])
     twin = _run(tmp_path / "runs" / "twin", [3.0, 2.0])  # ends on the same cell as ok
