@@ -132,6 +132,8 @@ class EarlyStopping:
             return
         self._heard = metrics.epoch
         if key not in metrics.values:  # the earliest it can know: no batch, checkpoint or epoch_end after it
+            if loop.stop_requested is not None:  # a stage a stop cut short (a set of several not reached): no answer
+                return
             raise ValueError(self._monitor.absent(metrics.values, metrics.epoch))
         self._monitor.follow(metrics.best)  # the direction in force, before comparing
         if self._monitor.update(float(metrics.values[key].epoch), at=(metrics.epoch, metrics.step)):

@@ -101,7 +101,7 @@ class Scores:
             self._score = (loop.state.step, score)
             return score
         self._score = None
-        if not self._warned:
+        if not self._warned and loop.stop_requested is None:  # (a stage a stop cut short may lack it)
             self._warned = True
             warnings.warn(self.monitor.absent(metrics.values, metrics.epoch, then="no best checkpoint is kept by it"),
                           CheckpointWarning, stacklevel=user_level())

@@ -227,3 +227,27 @@ def test_a_metric_never_finite_stops_and_a_resumed_run_stops_again_before_its_fi
     assert (again.status, again.step, again.stop_reason) == ("completed", first.step, first.stop_reason)
     assert again.epoch == first.epoch
     assert "batch_start" not in recorder.names()
+
+
+def test_a_stop_during_an_earlier_validation_set_is_no_missing_metric(tmp_path: Path) -> None:
+    """Two validation sets, early stopping and the best checkpoint by the second's loss, and a stop requested
+    while the first runs in epoch 2: the epoch published as it got at the run's end lacks ``b/loss``, which
+    says nothing of the option (epoch 1 published it). The run ends stopped, not failed for a metric "this
+    run does not produce", and no warning says so."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
+
+    def val_step(loop, batch):
+        if loop.state.val_set == "a" and loop.state.epoch == 1:
+            loop.request_stop("the user's stop")
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    loop = hookfit.Loop(mse_step, data, val_step=val_step, val_data={"a": data[:2], "b": data[2:]}, model=model,
+                        max_epochs=5, optimizers=torch.optim.SGD(model.parameters(), lr=0.01), run_dir=tmp_path,
+                        plugins=[Optim(), Metrics(), EarlyStopping(monitor="valid/b/loss", patience=2),
+                                 Checkpoint(monitor="valid/b/loss", background=False)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = loop.fit()
+    assert (state.status, state.stop_reason, state.epoch) == ("interrupted", "the user's stop", 1), state
