@@ -102,19 +102,31 @@ process loads, and ends with the main process's results (last, best, failed and 
 
 from __future__ import annotations
 
-from hookfit.plugins.checkpoint.plugin import Checkpoint
-from hookfit.plugins.checkpoint.storage import (
-    FORMAT,
-    FORMAT_VERSION,
-    SUFFIX,
-    CheckpointError,
-    CheckpointWarning,
-    atomic_save,
-    digest,
-    read,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.plugins.checkpoint.plugin import Checkpoint
+    from hookfit.plugins.checkpoint.storage import (
+        FORMAT,
+        FORMAT_VERSION,
+        SUFFIX,
+        CheckpointError,
+        CheckpointWarning,
+        atomic_save,
+        digest,
+        read,
+    )
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "SUFFIX", "Checkpoint", "CheckpointError", "CheckpointWarning", "atomic_save",
     "digest", "read",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported on first use (their modules import torch): ``hookfit export``
+    is added to the command line through :mod:`hookfit.plugins.checkpoint.command` alone."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{'plugin' if name == 'Checkpoint' else 'storage'}"), name)

@@ -287,7 +287,7 @@ class Checkpoint:
 
     @hookimpl
     def add_commands(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-        from hookfit.plugins.checkpoint.export import add_command
+        from hookfit.plugins.checkpoint.command import add_command
 
         add_command(commands)
 

@@ -21,17 +21,37 @@ loggers share (:mod:`~hookfit.plugins.support.logger`) and what the experiment t
 (:mod:`~hookfit.plugins.support.tracker`).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from hookfit.plugins.support.best import MODES, STAGES, Monitor
 from hookfit.plugins.support.cadence import Every
-from hookfit.plugins.support.gradients import GradientWatch
-from hookfit.plugins.support.hparams import Hparam, hparam, hyperparameters, run_hparams
-from hookfit.plugins.support.loading import faster_data
-from hookfit.plugins.support.models import parameter_names, unwrap_model, unwrap_state_dict
 from hookfit.plugins.support.options import (check, choice, flag, integer, number, option_error, path, positive_int,
                                              positive_number, text)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.plugins.support.gradients import GradientWatch
+    from hookfit.plugins.support.hparams import Hparam, hparam, hyperparameters, run_hparams
+    from hookfit.plugins.support.loading import faster_data
+    from hookfit.plugins.support.models import parameter_names, unwrap_model, unwrap_state_dict
+
+_LATER = {"GradientWatch": "gradients", "Hparam": "hparams", "hparam": "hparams", "hyperparameters": "hparams",
+          "run_hparams": "hparams", "faster_data": "loading", "parameter_names": "models", "unwrap_model": "models",
+          "unwrap_state_dict": "models"}
+"""The names whose modules import torch, imported on first use: a module that needs only the
+option checks, :class:`Every` or :class:`Monitor` (``hookfit show``, ``hookfit compare``) does
+not pay for importing torch."""
 
 __all__ = [
     "MODES", "STAGES", "Every", "GradientWatch", "Hparam", "Monitor", "check", "choice", "flag", "hparam", "hyperparameters",
     "integer", "number", "option_error", "path", "positive_int", "positive_number", "run_hparams", "text",
     "parameter_names", "unwrap_model", "unwrap_state_dict", "faster_data",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LATER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LATER[name]}"), name)

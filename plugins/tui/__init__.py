@@ -71,7 +71,22 @@ SIGKILL (or dies of a fatal signal) no code can run to restore the terminal: ``r
 ``stty sane``) fixes it, and ``output.log`` keeps what the run printed.
 """
 
-from hookfit.plugins.tui.renderer import ENV_PERSISTENT, TuiRenderer, summary
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from hookfit.plugins.tui.terminal import ENV_OFF, OutputCapture, interactive_terminal
 
+if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.plugins.tui.renderer import ENV_PERSISTENT, TuiRenderer, summary
+
 __all__ = ["ENV_OFF", "ENV_PERSISTENT", "OutputCapture", "TuiRenderer", "interactive_terminal", "summary"]
+
+
+def __getattr__(name: str) -> Any:
+    """The renderer's names, imported on first use (the renderer imports torch): ``hookfit
+    show`` and ``hookfit compare`` read files through the package's other modules alone."""
+    if name not in ("ENV_PERSISTENT", "TuiRenderer", "summary"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.renderer"), name)
