@@ -14,79 +14,18 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from hookfit import config
 from hookfit.clashes import REPLACES, Found, Replacement, canonical, choose
 from hookfit.errors import HookfitWarning, PluginError, user_level
+from hookfit import plugininfo
+from hookfit.plugininfo import PluginInfo as PluginInfo  # also this module's name for it
 
 GROUP = "hookfit"
 ENV_ONLY = "HOOKFIT_PLUGINS"
 ENV_DISABLE = "HOOKFIT_DISABLE_PLUGINS"
-
-
-@dataclass
-class PluginInfo:
-    """What hookfit knows about one plugin, enabled or not."""
-
-    name: str
-    source: str  # "entry point" or "given"
-    distribution: str | None = None
-    version: str | None = None
-    value: str | None = None  # the entry point's "module:attr", or the given object's type
-    enabled: bool = True
-    plugin: Any = None
-    error: str | None = None
-    hooks: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)  # given by the configuration file
-    config: Any = None  # the file's path when it gave options
-    chosen: bool = False
-    """Whether the user chose it: given to ``Loop(plugins=[...])``, or named by a table of the
-    configuration file (``[plugins.<name>]``, even empty): what turns on a plugin that is inert
-    when merely discovered (see :func:`inert`)."""
-    built: bool = False
-    """Whether hookfit made ``plugin`` from a class (with the file's options), not given an object."""
-    disabled_by: str | None = None
-    """What disabled it (``None`` while enabled): ``Loop(disable=[...])``,
-    ``HOOKFIT_DISABLE_PLUGINS``, ``HOOKFIT_PLUGINS`` (not listed there) or the configuration
-    file's ``enabled = false``."""
-    replaces: str | None = None
-    """The plugin of the same name that this one replaces on purpose (its distribution declares it:
-    :func:`entry_points`), as ``hookfit 0.3.0 (hookfit.plugins.checkpoint:Checkpoint)``."""
-    declares: list[Any] = field(default_factory=list)
-    """The event declarations (``hookspecs``) of this plugin, read when it is loaded (a
-    disabled plugin is never imported; the built-ins' are added whatever their state, see
-    :func:`builtin_events`)."""
-
-    def describe(self) -> str:
-        """``plugin 'name' (distribution 1.0, entry point mod:attr)`` for messages; a plugin
-        given to ``Loop`` is named with the distribution its module comes from, if any."""
-        if self.source == "entry point":
-            where = f"{self.distribution} {self.version}, entry point {self.value}"
-        else:
-            dist = _distribution_of(self.value or "")
-            where = f"{dist}, {self.value}, given to Loop" if dist else f"{self.value}, given to Loop"
-        return f"plugin {self.name!r} ({where})"
-
-
-def _distribution_of(qualified: str) -> str | None:
-    """``name version`` of the installed distribution that holds the module of ``qualified``
-    (``package.module.Class``), or ``None`` (a script's own class)."""
-    top = qualified.split(".", 1)[0]
-    names = _packages().get(top)
-    if not names:
-        return None
-    try:
-        return f"{names[0]} {metadata.version(names[0])}"
-    except metadata.PackageNotFoundError:
-        return names[0]
-
-
-@functools.lru_cache(maxsize=1)
-def _packages() -> Mapping[str, list[str]]:
-    return metadata.packages_distributions()
 
 
 def split_names(text: str | None) -> list[str]:
@@ -189,7 +128,7 @@ def refresh() -> None:
     _scan.cache_clear()
     _discover.cache_clear()
     _builtin.cache_clear()
-    _packages.cache_clear()
+    plugininfo.packages.cache_clear()
     importlib.invalidate_caches()
 
 
