@@ -14,6 +14,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from hookfit.tools import plugin_commands
+
 DESCRIPTION = """\
 hookfit's command (python -m hookfit is the same): hookfit plugins, hookfit hooks,
 hookfit new-plugin, hookfit demo, hookfit runs, and the commands that the installed
@@ -282,56 +284,6 @@ def _evaluated(info: Any) -> str:
     return f"evaluated {path.name}" + (f" of {owner.name}" if owner is not None and owner.name else "")
 
 
-def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any]) -> list[Any]:
-    """The subcommands that the enabled plugins add (``add_commands``); returns the plugins'
-    :class:`hookfit.discovery.PluginInfo`, empty when the configuration file is bad."""
-    from hookfit import config, discovery, manager
-
-    try:
-        configured = config.load(config.find(script=""))
-    except config.ConfigError as error:
-        print(f"hookfit: {error} (plugin commands are not available)", file=sys.stderr)
-        return []
-    infos = discovery.collect(given, strict=False, configured=configured)
-    pm = manager.PluginManager()
-    pm.register_all(infos, strict=False)
-    pm.hook.add_commands(commands=sub)
-    return infos
-
-
-def _missing(command: str, infos: Sequence[Any]) -> str | None:
-    """Why ``hookfit COMMAND`` is not there when it is the command of a built-in plugin that
-    this environment disabled or replaced (``hookfit export`` is the built-in checkpoint's: it
-    reads that plugin's files), else ``None``. A plugin holding the role adds a command of that
-    name itself, through ``add_commands``, when it has one."""
-    from hookfit import discovery
-
-    held = {info.name: info for info in infos}
-    for ep in discovery.builtin_entry_points():
-        info = held.get(ep.name)
-        if info is not None and info.enabled and info.distribution == discovery.OWN:
-            continue  # registered: its commands are there
-        scratch = argparse.ArgumentParser(add_help=False).add_subparsers()
-        try:
-            loaded = ep.load()
-            plugin = loaded() if isinstance(loaded, type) else loaded
-            add = getattr(plugin, "add_commands", None)
-            if callable(add):
-                add(scratch)
-        except Exception:  # a built-in that cannot load adds nothing to explain
-            continue
-        if command not in scratch.choices:
-            continue
-        if info is None or not info.enabled:
-            why = f"which is disabled ({info.disabled_by if info is not None else 'not found'})"
-        else:
-            why = f"and {info.describe()} holds that role here and adds no {command!r} command"
-        return (f"hookfit {command}: this is the command of hookfit's built-in plugin {ep.name!r}, {why}; "
-                f"a plugin replacing {ep.name!r} adds its own {command!r} through the add_commands event "
-                f"when it has one (see 'hookfit plugins')")
-    return None
-
-
 def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     """Entry point of the ``hookfit`` console script; ``plugins`` are added to the installed
     ones for their commands (as ``Loop(plugins=...)``)."""
@@ -368,8 +320,8 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
                                                           "log does not say (default: the log's, min for loss)")
     p.set_defaults(run=_runs)
     if not argv or argv[0] not in OWN:  # a plugin's command, or help: ask the plugins
-        infos = _add_plugin_commands(sub, plugins)
-        if argv and argv[0] not in sub.choices and (why := _missing(argv[0], infos)) is not None:
+        infos = plugin_commands.add(sub, plugins)
+        if argv and argv[0] not in sub.choices and (why := plugin_commands.missing(argv[0], infos)) is not None:
             print(why, file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
