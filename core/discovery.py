@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from hookfit import config
 from hookfit.clashes import REPLACES, Found, Replacement, canonical, choose
@@ -217,12 +217,14 @@ def collect(
     strict: bool = True,
     environ: dict[str, str] | None = None,
     configured: config.Config | None = None,
+    load: Callable[[PluginInfo], bool] | None = None,
 ) -> list[PluginInfo]:
     """Every plugin the run would see, in registration order, enabled or not.
 
     Enabled entry points are imported and instantiated, with their options from the
     configuration file (:mod:`hookfit.config`; ``configured``, else the file of this process);
-    disabled ones never are. With ``strict=False``
+    disabled ones never are, nor those ``load`` refuses (listed as enabled or not, without a
+    plugin: what the command line asks, which needs only the commands of some). With ``strict=False``
     (for listing) one that fails to load carries the error instead of raising.
     """
     env = os.environ if environ is None else environ
@@ -299,7 +301,7 @@ def collect(
                           f"Loop(plugins=[...]) wins over the file", HookfitWarning, stacklevel=user_level())
 
     for info in infos:
-        if info.source != "entry point":
+        if info.source != "entry point" or (load is not None and not load(info)):
             continue
         if not info.enabled:  # never imported (a built-in's events are declared all the same), but for
             if info.distribution == OWN and set(configured.plugins.get(info.name, ())) - {"enabled"}:

@@ -21,5 +21,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     where ``function(args) -> int`` does the work and returns the exit status. Called with
     every enabled plugin (installed, given, not disabled) when the command is not one of
     ``hookfit``'s own (``plugins``, ``hooks``, ``new-plugin``, ``demo``); the checkpoint plugin
-    adds ``hookfit export``. A name already taken is an error.
+    adds ``hookfit export``. A name already taken is an error. A distribution that names a
+    function doing the same for each of its plugins that add commands, in the entry-point group
+    ``hookfit.commands`` (as hookfit does for its own), is not imported to build the command
+    line, which then starts without its imports (torch): see :mod:`hookfit.tools.plugin_commands`.
     """

@@ -1,15 +1,42 @@
 """The subcommands of ``hookfit`` that plugins add (the ``add_commands`` event), and why a
-built-in plugin's command is missing where that plugin is disabled or replaced."""
+built-in plugin's command is missing where that plugin is disabled or replaced.
+
+A distribution may name, in the entry-point group ``hookfit.commands``, under a plugin's name, a
+function ``add(commands)`` that adds that plugin's commands as its ``add_commands`` does; one
+that names any is taken at its word for all of its plugins, which are then not imported to
+build the command line (hookfit's own name ``show``, ``compare`` and ``export`` there, so
+``hookfit --help``, ``show`` and ``compare`` import neither torch nor the other plugins). The
+plugins of other distributions, and those given to :func:`hookfit.tools.cli.main`, are imported
+and asked through ``add_commands``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as metadata
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import pluggy
+
+GROUP = "hookfit.commands"
+
+Adders = dict[str | None, dict[str, metadata.EntryPoint]]
+"""The ``hookfit.commands`` entry points by distribution name, then plugin name."""
+
+
+def declared() -> Adders:
+    """The functions that add plugins' commands, as their distributions name them (``GROUP``)."""
+    adders: Adders = {}
+    for ep in metadata.entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        adders.setdefault(dist.metadata["Name"] if dist is not None else None, {})[ep.name] = ep
+    return adders
 
 
 def add(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any]) -> list[Any]:
-    """The subcommands that the enabled plugins add (``add_commands``); returns the plugins'
+    """The subcommands that the enabled plugins add: the plugins given and those of
+    distributions that name no command functions through ``add_commands`` (imported, as a run
+    imports them), then the others through their named functions; returns the plugins'
     :class:`hookfit.discovery.PluginInfo`, empty when the configuration file is bad."""
     from hookfit import config, discovery, manager
 
@@ -18,11 +45,30 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequenc
     except config.ConfigError as error:
         print(f"hookfit: {error} (plugin commands are not available)", file=sys.stderr)
         return []
-    infos = discovery.collect(given, strict=False, configured=configured)
-    pm = manager.PluginManager()
-    pm.register_all(infos, strict=False)
+    adders = declared()
+    infos = discovery.collect(given, strict=False, configured=configured,
+                              load=lambda info: info.distribution not in adders)
+    pm = manager.PluginManager()  # the loop's and the command line's events: no plugin's own are needed here
+    for info in infos:
+        if info.enabled and info.plugin is not None and info.error is None:
+            try:
+                pm.register(info.plugin, name=info.name)
+            except (pluggy.PluginValidationError, ValueError) as error:  # listed by 'hookfit plugins'
+                info.error = str(error)
     pm.hook.add_commands(commands=sub)
+    for info in reversed(infos):  # in the order pluggy calls discovered plugins: the last registered first
+        if info.enabled and info.plugin is None and info.source == "entry point":
+            adder = _adder(info.name, adders.get(info.distribution))
+            if adder is not None:
+                adder(sub)
     return infos
+
+
+def _adder(name: str, named: dict[str, metadata.EntryPoint] | None) -> Callable[[Any], None] | None:
+    """The function that adds the commands of plugin ``name`` of a distribution that names
+    ``named`` (``None``: one that names none), or ``None`` when it adds none."""
+    ep = (named or {}).get(name)
+    return None if ep is None else ep.load()
 
 
 def missing(command: str, infos: Sequence[Any]) -> str | None:
@@ -33,16 +79,15 @@ def missing(command: str, infos: Sequence[Any]) -> str | None:
     from hookfit import discovery
 
     held = {info.name: info for info in infos}
+    named = declared().get(discovery.OWN)
     for ep in discovery.builtin_entry_points():
         info = held.get(ep.name)
         if info is not None and info.enabled and info.distribution == discovery.OWN:
             continue  # registered: its commands are there
         scratch = argparse.ArgumentParser(add_help=False).add_subparsers()
         try:
-            loaded = ep.load()
-            plugin = loaded() if isinstance(loaded, type) else loaded
-            add = getattr(plugin, "add_commands", None)
-            if callable(add):
+            add = _adder(ep.name, named) if named is not None else _hook_of(ep)
+            if add is not None:
                 add(scratch)
         except Exception:  # a built-in that cannot load adds nothing to explain
             continue
@@ -56,3 +101,11 @@ def missing(command: str, infos: Sequence[Any]) -> str | None:
                 f"a plugin replacing {ep.name!r} adds its own {command!r} through the add_commands event "
                 f"when it has one (see 'hookfit plugins')")
     return None
+
+
+def _hook_of(ep: metadata.EntryPoint) -> Callable[[Any], None] | None:
+    """The ``add_commands`` of the plugin ``ep`` names (imported and made), if it has one."""
+    loaded = ep.load()
+    plugin = loaded() if isinstance(loaded, type) else loaded
+    add = getattr(plugin, "add_commands", None)
+    return add if callable(add) else None
