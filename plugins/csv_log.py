@@ -39,8 +39,9 @@ rate's ``lr_<optimizer>``) has the column ``metric.<name>``, said once a run in 
 ``HookfitWarning``.
 
 A run that does not resume, in a folder holding these tables of an earlier run (a script run again
-with the same ``run_dir``), sets them aside as ``metrics.earlier-run-1.csv`` (``-2`` next; never
-deleted) and starts fresh ones, with one ``HookfitWarning`` naming both. A resumed run (``Loop(resume=...)``)
+with the same ``run_dir``), sets them aside as ``metrics.earlier-run-1.csv`` (``-2`` next, one number
+for the tables of one earlier run; never deleted) and starts fresh ones, with one ``HookfitWarning``
+naming both; a table that cannot be moved is named in a ``FileWarning``, left as it is and not written. A resumed run (``Loop(resume=...)``)
 appends to the same files under their header, never repeating it. It first drops
 the rows the earlier run wrote after the checkpoint it continues from (a later step, the
 validation it is about to run again, and the row of a training stage that a stop cut short,
@@ -82,6 +83,8 @@ UPDATE_COLUMNS = ("epoch", "step", "stage", "batches")
 """The leading columns of ``metrics_updates.csv``."""
 RENAMED = "metric."
 """The prefix of the column of a metric named as a column of the tables' own (``metric.step``)."""
+TABLES = ("metrics.csv", "metrics_updates.csv", "evaluation.csv", "evaluation_updates.csv")
+"""Every table the plugin writes: a fit's, then an evaluation's (``Loop.validate()``)."""
 
 
 class CSVLogger:
@@ -142,9 +145,15 @@ class CSVLogger:
             folder = loop.run_dir
         except OSError:  # a run folder that cannot be made: the writes say so
             return
-        names = [t.name for t in (self._epochs, self._updates) if table_of(folder / t.name, t.leading)]
-        set_aside(folder, names, self.name, lambda name, n: name.replace(".csv", f".earlier-run-{n}.csv"),
-                  f"this run writes a fresh {', '.join(names)}")
+        tables = (self._epochs, self._updates)
+        names = [t.name for t in tables if table_of(folder / t.name, t.leading)]
+        stayed = set_aside(folder, names, self.name, lambda name, n: name.replace(".csv", f".earlier-run-{n}.csv"),
+                           lambda stayed: f"this run writes a fresh {', '.join(n for n in names if n not in stayed)}",
+                           stuck="it is left as it is and this run does not write it",
+                           advice="Give each run its own run_dir, or resume it (resume='latest') to continue it",
+                           also=TABLES)
+        for table in tables:
+            table.stuck = table.name in stayed
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:

@@ -55,7 +55,8 @@ later call and a traceback on stderr.
 Each ``fit()`` starts a new event file. A run that does not resume, in a folder holding the event
 files of an earlier run (a script run again with the same ``run_dir``), moves them into its
 ``earlier-run-1/`` subfolder (``-2`` next; never deleted), where TensorBoard shows them as a run of
-their own, and says so in one ``HookfitWarning``: its curves never jump back to step 0. A resumed run (``Loop(resume=...)``, which writes in
+their own, and says so in one ``HookfitWarning``: its curves never jump back to step 0 (a file that
+cannot be moved is named in a ``FileWarning`` and stays, its points shown with this run's). A resumed run (``Loop(resume=...)``, which writes in
 the folder of the run it continues) reads as the run that never stopped: it marks where it
 continues with a ``SessionLog.START`` event at the checkpoint's step, from which TensorBoard
 drops every point the earlier files have (the purge that ``SummaryWriter(purge_step=...)``
@@ -227,7 +228,10 @@ class TensorBoard:
             try:
                 earlier = sorted(p.name for p in loop.run_dir.glob("events.out.tfevents.*") if p.is_file())
                 set_aside(loop.run_dir, earlier, self.name, lambda name, n: f"earlier-run-{n}/{name}",
-                          "TensorBoard shows them as a run of their own, this run's events in a fresh file")
+                          lambda stayed: "TensorBoard shows them as a run of their own, this run's events in a "
+                                         "fresh file", stuck="this run's events are written beside it, in the same "
+                                                             "TensorBoard run",
+                          advice="Give each run its own run_dir, or resume it (resume='latest') to continue it")
             except OSError:  # a run folder that cannot be made or listed: the file's writes say so
                 pass
         self._file = run_file(loop, os.path.join(folder, _event_file_name(loop, folder)), self.name, binary=True)

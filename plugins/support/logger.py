@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,33 +122,39 @@ class SafeNames:
         return safe
 
 
-def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str], fresh: str) -> None:
-    """Before a run that does not resume writes in ``folder``: ``names``, what an earlier run wrote
-    there, renamed ``renamed(name, N)`` (``N`` the first number of an ``earlier-run-N`` free for all of
-    them, a subfolder as a whole: one earlier run's files share it, later runs count up), never deleted nor written over; one
-    :class:`~hookfit.HookfitWarning` names both (``fresh``: what this run writes instead). One that
-    cannot be moved warns (:class:`~hookfit.files.FileWarning`) and stays."""
+def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str],
+              fresh: Callable[[list[str]], str], *, stuck: str, advice: str, also: Iterable[str] = ()) -> list[str]:
+    """Before a run that does not continue an earlier run's records writes in ``folder``: ``names``, what an earlier
+    run wrote there, renamed ``renamed(name, N)``, never deleted nor written over. ``N`` is the first
+    number of an ``earlier-run-N`` free for all of them and for the names ``also`` (what the logger
+    sets aside there on other runs), a subfolder as a whole: so one ``N`` is one earlier run's, and
+    later runs count up. One :class:`~hookfit.HookfitWarning` names what moved and where (``fresh(stayed)``:
+    what this run writes instead, given the names that stayed; ``advice``: how to keep runs apart). One that cannot be moved stays,
+    with a :class:`~hookfit.files.FileWarning` naming it (``stuck``: what becomes of it); the run goes
+    on. Returns the names that stayed."""
     def taken(new: Path) -> bool:  # (a subfolder of the folder, such as earlier-run-1/, is taken whole)
         return os.path.lexists(new) or new.parent != folder and os.path.lexists(new.parent)
 
     number = 1
-    while any(taken(folder / renamed(name, number)) for name in names):
+    while any(taken(folder / renamed(name, number)) for name in [*names, *also]):
         number += 1
-    moved = []
+    moved, stayed = [], []
     for name in names:
         new = folder / renamed(name, number)
         try:
             new.parent.mkdir(parents=True, exist_ok=True)
             os.rename(folder / name, new)
-            moved.append(new)
+            moved.append(name)
         except OSError as error:
-            warnings.warn(f"{owner}: could not set {folder / name} aside as {new} ({type(error).__name__}: "
-                          f"{error}); this run writes beside it", FileWarning, stacklevel=user_level())
+            stayed.append(name)
+            warnings.warn(f"{owner}: could not set {folder / name} of an earlier run aside as {new} "
+                          f"({type(error).__name__}: {error}); {stuck}", FileWarning, stacklevel=user_level())
     if moved:
-        shown = [str(path.relative_to(folder)) for path in moved]
-        warnings.warn(f"{owner}: {folder} holds {', '.join(names)} of an earlier run and this run does not resume: "
-                      f"set aside as {', '.join(shown)}; {fresh}. Give each run its own run_dir, or resume it "
-                      f"(resume='latest') to continue it", HookfitWarning, stacklevel=user_level())
+        shown = [renamed(name, number) for name in moved]
+        warnings.warn(f"{owner}: {folder} holds {', '.join(moved)} of an earlier run, which this run does not "
+                      f"continue: set aside as {', '.join(shown)}; {fresh(stayed)}. {advice}", HookfitWarning,
+                      stacklevel=user_level())
+    return stayed
 
 
 def table_of(path: Path, leading: tuple[str, ...]) -> bool:

@@ -63,6 +63,7 @@ class Table:
         self.file: RunFile | None = None
         self.columns: list[str] | None = None  # the header of the file, once known
         self.path: os.PathLike[str] | None = None  # the file of the current or last run
+        self.stuck = False  # an earlier run's table that could not be set aside: not written this run
 
     def open(self, loop: Run) -> RunFile | None:
         """The file, its header read when it exists already; ``None`` once it or the other table
@@ -78,6 +79,8 @@ class Table:
         if self.file is None:
             self.file = run_file(loop, self.name, self.owner)
             self.path = self.file.path
+            if self.stuck:  # (said by set_aside)
+                self.file.failed = OSError("an earlier run's table, which could not be set aside")
             if self.file.failed is None:
                 try:
                     self.columns = self._existing(self.file)
@@ -182,7 +185,7 @@ class Table:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
-        self.file, self.columns = None, None
+        self.file, self.columns, self.stuck = None, None, False
 
 
 def _truncate_to_last_line(raw: BinaryIO, size: int) -> None:
