@@ -38,10 +38,13 @@ named as a column of the tables' own (``epoch``, ``step``, ``stage``, ``batches`
 rate's ``lr_<optimizer>``) has the column ``metric.<name>``, said once a run in a
 ``HookfitWarning``.
 
-A run that does not resume, in a folder holding these tables of an earlier run (a script run again
-with the same ``run_dir``), sets them aside as ``metrics.earlier-run-1.csv`` (``-2`` next, one number
-for the tables of one earlier run; never deleted) and starts fresh ones, with one ``HookfitWarning``
-naming both; a table that cannot be moved is named in a ``FileWarning``, left as it is and not written. A resumed run (``Loop(resume=...)``)
+A run that does not continue the tables an earlier run left in its folder (a script run again with
+the same ``run_dir`` and no resume, or a ``resume="latest"`` that found no checkpoint; every
+evaluation, whose tables no run continues) sets them aside at its first write, as
+``metrics.earlier-run-1.csv`` (``-2`` next, one number for the tables of one earlier run; never
+deleted), and starts fresh ones, with one ``HookfitWarning`` naming both; a run that ends before it
+writes (refused at its start) leaves them as they are. A table that cannot be moved is named in a
+``FileWarning``, left as it is and not written. A resumed run (``Loop(resume=...)``)
 appends to the same files under their header, never repeating it. It first drops
 the rows the earlier run wrote after the checkpoint it continues from (a later step, the
 validation it is about to run again, and the row of a training stage that a stop cut short,
@@ -67,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 from hookfit import hookimpl
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support.logger import set_aside, table_of, wanted, written_again
+from hookfit.plugins.support.logger import afresh, set_aside, table_of, wanted, written_again
 from hookfit.plugins.support.logger import inert as logger_inert
 from hookfit.plugins.support import flag
 from hookfit.plugins.support.tables import LR, Failure, Table
@@ -110,8 +113,9 @@ class CSVLogger:
         self.enabled = enabled
         self.every_publication = every_publication
         self._failure = Failure()  # one warning a run for both tables
-        self._epochs = Table(self.name, "metrics.csv", EPOCH_COLUMNS, self._failure)
-        self._updates = Table(self.name, "metrics_updates.csv", UPDATE_COLUMNS, self._failure)
+        self._epochs = Table(self.name, "metrics.csv", EPOCH_COLUMNS, self._failure, self._first_write)
+        self._updates = Table(self.name, "metrics_updates.csv", UPDATE_COLUMNS, self._failure, self._first_write)
+        self._written = False  # whether this run has begun writing (after setting an earlier run's tables aside)
         self._loop: Run | None = None
         self._renamed: set[str] = set()  # metrics named as a column of the tables' own, said this run
 
@@ -139,21 +143,6 @@ class CSVLogger:
     def fit_start(self, loop: Run) -> None:
         self._loop = loop if loop.is_main else None
         self._renamed = set()
-        if self._loop is None or loop.mode != "fit" or loop.resume is not None:
-            return
-        try:  # a fit afresh: an earlier run's tables in its folder set aside, as metrics.earlier-run-N.csv
-            folder = loop.run_dir
-        except OSError:  # a run folder that cannot be made: the writes say so
-            return
-        tables = (self._epochs, self._updates)
-        names = [t.name for t in tables if table_of(folder / t.name, t.leading)]
-        stayed = set_aside(folder, names, self.name, lambda name, n: name.replace(".csv", f".earlier-run-{n}.csv"),
-                           lambda stayed: f"this run writes a fresh {', '.join(n for n in names if n not in stayed)}",
-                           stuck="it is left as it is and this run does not write it",
-                           advice="Give each run its own run_dir, or resume it (resume='latest') to continue it",
-                           also=TABLES)
-        for table in tables:
-            table.stuck = table.name in stayed
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
@@ -190,6 +179,32 @@ class CSVLogger:
     def fit_end(self, loop: Run) -> None:
         self._close()
 
+    # -- an earlier run's tables --------------------------------------------------------------
+    def _first_write(self, loop: Run) -> None:
+        """Before the run's first write, not at ``fit_start``: a run refused before it writes leaves
+        the folder as it was, and whether it continues the tables there (:func:`afresh`: a resume that
+        found no checkpoint does not) is known by then. A run afresh sets an earlier run's tables aside,
+        as ``metrics.earlier-run-N.csv``."""
+        if self._written:
+            return
+        self._written = True
+        if not afresh(loop):
+            return
+        try:
+            folder = loop.run_dir
+        except OSError:  # a run folder that cannot be made: the writes say so
+            return
+        tables = (self._epochs, self._updates)
+        names = [t.name for t in tables if table_of(folder / t.name, t.leading)]
+        writes = [t.name for t in tables if t is self._epochs or self.every_publication]
+        advice = ("Give each run its own run_dir, or resume it (resume='latest') to continue it" if loop.mode == "fit"
+                  else "An evaluation continues no earlier one: give each its own run_dir to keep its tables' names")
+        stayed = set_aside(folder, names, self.name, lambda name, n: name.replace(".csv", f".earlier-run-{n}.csv"),
+                           lambda stayed: f"this run writes a fresh {', '.join(n for n in writes if n not in stayed)}",
+                           stuck="it is left as it is and this run does not write it", advice=advice, also=TABLES)
+        for table in tables:
+            table.stuck = table.name in stayed
+
     # -- rows ---------------------------------------------------------------------------------
     def _row(self, metrics: MetricsSnapshot, values: dict[str, float]) -> dict[str, Any]:
         rates = {f"{LR}{name}": float(rate) for name, rate in metrics.lr.items()}
@@ -214,4 +229,4 @@ class CSVLogger:
         self._epochs.close()
         self._updates.close()
         self._failure.error = None
-        self._loop = None
+        self._loop, self._written = None, False

@@ -122,9 +122,17 @@ class SafeNames:
         return safe
 
 
+def afresh(loop: Run) -> bool:
+    """Whether ``loop`` writes its records afresh, setting aside those an earlier run left where it
+    writes (:func:`set_aside`): a fit that did not resume (``loop.state.resumed_from``, known once
+    the run has resumed: ask at the first write, never at ``fit_start``; a ``resume="latest"`` that
+    found no checkpoint starts afresh), and every evaluation, whose records no later run continues."""
+    return loop.mode != "fit" or loop.state.resumed_from is None
+
+
 def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str],
               fresh: Callable[[list[str]], str], *, stuck: str, advice: str, also: Iterable[str] = ()) -> list[str]:
-    """Before a run that does not continue an earlier run's records writes in ``folder``: ``names``, what an earlier
+    """Before a run that writes afresh (:func:`afresh`) writes in ``folder``: ``names``, what an earlier
     run wrote there, renamed ``renamed(name, N)``, never deleted nor written over. ``N`` is the first
     number of an ``earlier-run-N`` free for all of them and for the names ``also`` (what the logger
     sets aside there on other runs), a subfolder as a whole: so one ``N`` is one earlier run's, and

@@ -57,9 +57,11 @@ class Failure:
 class Table:
     """One CSV file of the run, appended to row by row; its header widens by a rewrite."""
 
-    def __init__(self, owner: str, name: str, leading: tuple[str, ...], failure: Failure) -> None:
+    def __init__(self, owner: str, name: str, leading: tuple[str, ...], failure: Failure,
+                 opening: Callable[[Run], None] | None = None) -> None:
         self.owner, self.name, self.leading = owner, name, leading
         self.failure = failure
+        self.opening = opening  # called before the file is opened, once a run (an earlier run's set aside)
         self.file: RunFile | None = None
         self.columns: list[str] | None = None  # the header of the file, once known
         self.path: os.PathLike[str] | None = None  # the file of the current or last run
@@ -77,6 +79,8 @@ class Table:
                 self.file.failed = self.failure.error
             return None
         if self.file is None:
+            if self.opening is not None:
+                self.opening(loop)
             self.file = run_file(loop, self.name, self.owner)
             self.path = self.file.path
             if self.stuck:  # (said by set_aside)

@@ -10,9 +10,11 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import hookfit
 from hookfit.files import FileWarning
+from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.csv_log import CSVLogger
 from hookfit.plugins.metrics import Metrics
 
@@ -22,13 +24,14 @@ EARLIER_UPDATES = "epoch,step,stage,batches,loss\n1,1,train,1,8.0\n"
 """A ``metrics_updates.csv`` of an earlier run."""
 
 
-def _fit(folder: Path, every_publication: bool = True, **options) -> list[warnings.WarningMessage]:
+def _fit(folder: Path, every_publication: bool = True, plugins_extra: tuple | list = (),
+         **options) -> list[warnings.WarningMessage]:
     """A run of one epoch of two batches (losses 1 and 2) writing its tables in ``folder``; the warnings it gave."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state = hookfit.Loop(lambda loop, batch: {"loss": float(batch)}, [1, 2], run_dir=folder,
-                             plugins=[Metrics(interval=0), CSVLogger(every_publication=every_publication)],
-                             **options).fit()
+                             plugins=[Metrics(interval=0), CSVLogger(every_publication=every_publication),
+                                      *plugins_extra], **options).fit()
     assert state.status == "completed"
     return caught
 
@@ -82,3 +85,77 @@ def test_a_table_that_cannot_be_set_aside_is_named_left_alone_and_not_written(tm
     assert not (tmp_path / "metrics.earlier-run-1.csv").exists()
     assert (tmp_path / "metrics_updates.earlier-run-1.csv").read_text() == EARLIER_UPDATES
     assert _rows(tmp_path / "metrics_updates.csv") == [("1", "1", "train", "1", "1.0"), ("1", "2", "train", "2", "1.5")]
+
+
+class Refuse:
+    """Refuses the run at ``fit_start``, after every other plugin's (as the checkpoint plugin refuses
+    a run whose processes' options differ)."""
+
+    name = "refuse"
+
+    @hookfit.hookimpl(trylast=True)
+    def fit_start(self, loop):
+        raise RuntimeError("refused")
+
+
+def test_a_run_refused_before_its_first_write_leaves_the_earlier_tables_as_they_were(tmp_path: Path) -> None:
+    (tmp_path / "metrics.csv").write_text(EARLIER)
+    (tmp_path / "metrics_updates.csv").write_text(EARLIER_UPDATES)
+    loop = hookfit.Loop(lambda loop, batch: {"loss": float(batch)}, [1, 2], run_dir=tmp_path,
+                        plugins=[Metrics(interval=0), CSVLogger(every_publication=True), Refuse()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="refused"):
+            loop.fit()
+    assert not _set_aside(caught)
+    assert (tmp_path / "metrics.csv").read_text() == EARLIER
+    assert (tmp_path / "metrics_updates.csv").read_text() == EARLIER_UPDATES
+    assert not list(tmp_path.glob("*.earlier-run-*"))
+
+
+def test_a_resume_that_finds_no_checkpoint_starts_afresh_and_sets_the_tables_aside(tmp_path: Path) -> None:
+    """``resume="latest"`` in a folder with no checkpoint starts from the beginning: its history
+    is not appended under the earlier run's."""
+    (tmp_path / "metrics.csv").write_text(EARLIER)
+    said = _set_aside(_fit(tmp_path, every_publication=False, model=torch.nn.Linear(1, 1), resume="latest",
+                           plugins_extra=[Checkpoint(background=False)]))
+    assert len(said) == 1 and "set aside as metrics.earlier-run-1.csv;" in said[0], said
+    assert (tmp_path / "metrics.earlier-run-1.csv").read_text() == EARLIER
+    assert _rows(tmp_path / "metrics.csv") == [("1", "2", "train", "1.5")]
+
+
+def test_the_warning_names_only_the_tables_this_run_writes(tmp_path: Path) -> None:
+    """The earlier run wrote both tables; this one, without ``every_publication``, sets both aside
+    and writes ``metrics.csv`` alone, which is all the warning says it writes."""
+    (tmp_path / "metrics.csv").write_text(EARLIER)
+    (tmp_path / "metrics_updates.csv").write_text(EARLIER_UPDATES)
+    said = _set_aside(_fit(tmp_path, every_publication=False))
+    assert len(said) == 1 and "metrics_updates.earlier-run-1.csv" in said[0], said
+    assert "this run writes a fresh metrics.csv. " in said[0], said
+    assert not (tmp_path / "metrics_updates.csv").exists()
+
+
+def test_an_evaluation_sets_an_earlier_evaluations_tables_aside(tmp_path: Path) -> None:
+    """Two evaluations of the run's checkpoint in its folder: the second sets the first's
+    ``evaluation.csv`` aside (an evaluation continues none, though it resumed from a checkpoint),
+    under a number no table of the folder has; the run's ``metrics.csv`` stays as it was."""
+    model = torch.nn.Linear(1, 1)
+    (tmp_path / "metrics.earlier-run-1.csv").write_text(EARLIER)
+    _fit(tmp_path, every_publication=False, model=model, plugins_extra=[Checkpoint(background=False)])
+    fitted = (tmp_path / "metrics.csv").read_text()
+
+    def evaluate(loss: float) -> list[warnings.WarningMessage]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state = hookfit.Loop(None, [], val_step=lambda loop, batch: {"loss": loss}, val_data=[0], model=model,
+                                 run_dir=tmp_path, plugins=[Metrics(), Checkpoint(), CSVLogger()]).validate("latest")
+        assert state.status == "completed" and state.resumed_from is not None
+        return caught
+
+    assert not _set_aside(evaluate(5.0))
+    said = _set_aside(evaluate(7.0))
+    assert len(said) == 1 and "set aside as evaluation.earlier-run-2.csv; this run writes a fresh evaluation.csv" \
+        in said[0], said
+    assert _rows(tmp_path / "evaluation.earlier-run-2.csv") == [("1", "2", "valid", "5.0")]
+    assert _rows(tmp_path / "evaluation.csv") == [("1", "2", "valid", "7.0")]
+    assert (tmp_path / "metrics.csv").read_text() == fitted
