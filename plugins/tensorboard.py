@@ -52,25 +52,28 @@ scalars, TensorBoard's record writer frames them); ``SummaryWriter`` is not used
 writes from a thread of its own, where a failed write surfaces late, as an exception of a
 later call and a traceback on stderr.
 
-Each ``fit()`` starts a new event file. A run that does not resume, in a folder holding the event
-files of an earlier run (a script run again with the same ``run_dir``), moves them into its
-``earlier-run-1/`` subfolder (``-2`` next; never deleted), where TensorBoard shows them as a run of
-their own, and says so in one ``HookfitWarning``: its curves never jump back to step 0 (a file that
-cannot be moved is named in a ``FileWarning`` and stays, its points shown with this run's). A resumed run (``Loop(resume=...)``, which writes in
-the folder of the run it continues) reads as the run that never stopped: it marks where it
-continues with a ``SessionLog.START`` event at the checkpoint's step, from which TensorBoard
-drops every point the earlier files have (the purge that ``SummaryWriter(purge_step=...)``
-writes), and writes again the points the earlier files have at that step, but for those the
-resumed run writes again (:func:`hookfit.plugins.support.logger.written_again`, the rule the
-``csv`` plugin keeps too): the means of a stage a stop cut short there (``train/<metric>`` and
-``epoch`` inside a training stage, which the resumed run writes whole at the epoch's end;
-``valid/<metric>`` inside a validation, which it runs again). So every epoch curve is the
-uninterrupted run's, point for point, and so is every other curve (``lr/`` too) where no step is
-a timer's choice: the publications' points (``train_step/``, ``lr/`` between epoch ends) are at the
-steps a timer chose (``Metrics(interval=0)``: every step). An earlier file that cannot be read warns
-(``FileWarning``) and the purge is at the step after the checkpoint's, keeping what the
-earlier run wrote at its step. Only the main process writes (under ``torchrun`` the
-distributed plugin switches observers off on the others).
+Each ``fit()`` starts a new event file, with its first write (a run that ends before its first epoch
+begins, refused at its start, writes none). A run that does not continue the events of its folder (a
+script run again with the same ``run_dir`` and no resume, or a ``resume="latest"`` that found no
+checkpoint; every evaluation, in ``evaluation/``) first moves an earlier run's event files there
+into its ``earlier-run-1/`` subfolder (``-2`` next; never deleted), where TensorBoard shows them as
+a run of their own, and says so in one ``HookfitWarning``: its curves never jump back to step 0 (a
+file that cannot be moved is named in a ``FileWarning`` and stays, its points shown with this
+run's). A resumed run (``Loop(resume=...)``, which writes in the folder of the run it continues)
+reads as the run that never stopped: it marks where it continues with a ``SessionLog.START`` event
+at the checkpoint's step, from which TensorBoard drops every point the earlier files have (the purge
+that ``SummaryWriter(purge_step=...)`` writes), and writes again the points the earlier files have
+at that step, but for those the resumed run writes again
+(:func:`hookfit.plugins.support.logger.written_again`, the rule the ``csv`` plugin keeps too): the
+means of a stage a stop cut short there (``train/<metric>`` and ``epoch`` inside a training stage,
+which the resumed run writes whole at the epoch's end; ``valid/<metric>`` inside a validation, which
+it runs again). So every epoch curve is the uninterrupted run's, point for point, and so is every
+other curve (``lr/`` too) where no step is a timer's choice: the publications' points
+(``train_step/``, ``lr/`` between epoch ends) are at the steps a timer chose
+(``Metrics(interval=0)``: every step). An earlier file that cannot be read warns (``FileWarning``)
+and the purge is at the step after the checkpoint's, keeping what the earlier run wrote at its step.
+Only the main process writes (under ``torchrun`` the distributed plugin switches observers off on
+the others).
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ from hookfit import hookimpl
 from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support.logger import SafeNames, run_file, set_aside, wanted, written_again
+from hookfit.plugins.support.logger import SafeNames, afresh, run_file, set_aside, wanted, written_again
 from hookfit.plugins.support.logger import inert as logger_inert
 from hookfit.plugins.support import Hparam, flag, hyperparameters, run_hparams
 
@@ -192,8 +195,10 @@ class TensorBoard:
         self.hparams: dict[str, Hparam] = extra
         """The hyperparameters given here (the run's own are added at ``fit_start``)."""
         self.path: os.PathLike[str] | None = None
-        """The event file of the current or last run (``None`` before one, and when off)."""
-        self._file: RunFile | None = None
+        """The event file of the current or last run (``None`` before a run wrote one, and when off)."""
+        self._file: RunFile | None = None  # opened by the run's first write (_open)
+        self._on = False  # this run writes: the main process's, from fit_start to fit_end
+        self._header: list[Any] = []  # the events the file starts with, made at fit_start
         self._loop: Run | None = None
         self._lr_step: int | None = None  # the step the learning rates were last written at
         self._proto: Any = None  # TensorBoard's protobuf and summary modules, imported at fit_start
@@ -203,7 +208,7 @@ class TensorBoard:
     # -- events -------------------------------------------------------------------------------
     @hookimpl
     def configure(self, loop: Run) -> None:
-        self._file, self._loop, self._lr_step, self.path = None, None, None, None
+        self._file, self._loop, self._lr_step, self.path, self._on = None, None, None, None, False
         if not wanted(loop, self, self.enabled):
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
             return
@@ -223,20 +228,8 @@ class TensorBoard:
         self._names.reset()
         if not loop.is_main:
             return
-        folder = "" if loop.mode == "fit" else EVALUATION  # an evaluation is a run of its own beside the fit's
-        if loop.mode == "fit" and loop.resume is None:  # a fit afresh: an earlier run's events set aside
-            try:
-                earlier = sorted(p.name for p in loop.run_dir.glob("events.out.tfevents.*") if p.is_file())
-                set_aside(loop.run_dir, earlier, self.name, lambda name, n: f"earlier-run-{n}/{name}",
-                          lambda stayed: "TensorBoard shows them as a run of their own, this run's events in a "
-                                         "fresh file", stuck="this run's events are written beside it, in the same "
-                                                             "TensorBoard run",
-                          advice="Give each run its own run_dir, or resume it (resume='latest') to continue it")
-            except OSError:  # a run folder that cannot be made or listed: the file's writes say so
-                pass
-        self._file = run_file(loop, os.path.join(folder, _event_file_name(loop, folder)), self.name, binary=True)
-        self.path = self._file.path
-        self._write([event_pb2.Event(wall_time=time.time(), step=loop.state.step, file_version="brain.Event:2")])
+        self._on = True  # its file opens with the first write (_open)
+        self._header = [event_pb2.Event(wall_time=time.time(), step=loop.state.step, file_version="brain.Event:2")]
         start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
         for key, value in sorted(self.run_hparams(loop).items()):
             if isinstance(value, bool):
@@ -245,12 +238,12 @@ class TensorBoard:
                 start.hparams[key].string_value = value
             else:
                 start.hparams[key].number_value = float(value)
-        self._session(loop, metadata.SESSION_START_INFO_TAG,
-                      plugin_data_pb2.HParamsPluginData(session_start_info=start))
+        self._header.append(self._session(loop, metadata.SESSION_START_INFO_TAG,
+                                          plugin_data_pb2.HParamsPluginData(session_start_info=start)))
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
-        if self._file is None or loop.mode != "fit":  # an evaluation continues no run: it purges nothing
+        if not self._on or loop.mode != "fit":  # an evaluation continues no run: it purges nothing
             return
         event_pb2 = self._proto.event_pb2
         kept = self._kept(loop, info) if info.step > 0 else None
@@ -267,14 +260,14 @@ class TensorBoard:
 
     @hookimpl
     def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
-        if self._file is None or not self.every_publication or stage != "train":
+        if not self._on or not self.every_publication or stage != "train":
             return
         values = [(f"train_step/{self._part(key)}", value.running) for key, value in sorted(metrics.values.items())]
         self._scalars(metrics.step, values + self._rates(metrics))
 
     @hookimpl
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
-        if self._file is None:
+        if not self._on:
             return
         values = [(f"{self._part(stage)}/{self._part(key)}", value.epoch)
                   for key, value in sorted(metrics.values.items())]
@@ -287,15 +280,18 @@ class TensorBoard:
 
     @hookimpl(trylast=True)  # after the metrics plugin publishes a stage a stop cut short
     def fit_end(self, loop: Run) -> None:
-        if self._file is not None and self._proto is not None:
+        # a run that ended before its first epoch began (refused at its start) and wrote nothing writes nothing
+        if self._on and (self._file is not None or loop.started):
             proto = self._proto
             api_pb2, metadata, plugin_data_pb2 = proto.api_pb2, proto.metadata, proto.plugin_data_pb2
             status = {"completed": "STATUS_SUCCESS", "failed": "STATUS_FAILURE"}.get(loop.state.status,
                                                                                      "STATUS_UNKNOWN")
             end = plugin_data_pb2.SessionEndInfo(status=api_pb2.Status.Value(status), end_time_secs=time.time())
-            self._session(loop, metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end))
+            self._write([self._session(loop, metadata.SESSION_END_INFO_TAG,
+                                       plugin_data_pb2.HParamsPluginData(session_end_info=end))])
+        if self._file is not None:
             self._file.close()
-        self._file, self._loop = None, None
+        self._file, self._loop, self._on, self._header = None, None, False, []
 
     # -- what is written ---------------------------------------------------------------------
     def run_hparams(self, loop: Run) -> dict[str, Hparam]:
@@ -326,15 +322,14 @@ class TensorBoard:
         cut short there); ``None``, with a ``FileWarning``, when a file cannot be read."""
         decode_error = importlib.import_module("google.protobuf.message").DecodeError  # (untyped package)
 
-        assert self._file is not None  # called on the run's open file
         event_pb2 = self._proto.event_pb2
         start = event_pb2.SessionLog.START
         found: dict[str, float] = {}
-        path = self._file.path
-        reading = path.parent
+        own = None if self._file is None else self._file.path
+        reading: Path | None = None
         try:
-            for reading in sorted(path.parent.glob("events.out.tfevents.*")):  # in TensorBoard's order
-                if reading == path:
+            for reading in sorted(loop.run_dir.glob("events.out.tfevents.*")):  # in TensorBoard's order
+                if reading == own:
                     continue
                 for record in _records(reading):
                     event = event_pb2.Event.FromString(record)
@@ -343,8 +338,8 @@ class TensorBoard:
                     elif event.step == info.step and event.HasField("summary"):
                         found.update((v.tag, v.simple_value) for v in event.summary.value if v.HasField("simple_value"))
         except (OSError, decode_error) as error:
-            warnings.warn(f"{self.name}: could not read {reading} ({type(error).__name__}: {error}); the resumed "
-                          f"run's curves keep what the earlier run wrote after its checkpoint", FileWarning,
+            warnings.warn(f"{self.name}: could not read {reading or 'the run folder'} ({type(error).__name__}: "
+                          f"{error}); the resumed run's curves keep what the earlier run wrote after its checkpoint", FileWarning,
                           stacklevel=user_level())
             return None
         again = written_again(info, bool(loop.state.val_due))
@@ -358,16 +353,41 @@ class TensorBoard:
 
         return sorted(item for item in found.items() if stays(item[0]))
 
-    def _session(self, loop: Run, tag: str, data: Any) -> None:
+    def _session(self, loop: Run, tag: str, data: Any) -> Any:
+        """The event of a session's start or end (HParams)."""
         event_pb2, summary_pb2, metadata = self._proto.event_pb2, self._proto.summary_pb2, self._proto.metadata
         value = summary_pb2.Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))
-        self._write([event_pb2.Event(wall_time=time.time(), step=loop.state.step,
-                                     summary=summary_pb2.Summary(value=[value]))])
+        return event_pb2.Event(wall_time=time.time(), step=loop.state.step, summary=summary_pb2.Summary(value=[value]))
+
+    def _open(self) -> RunFile:
+        """The run's event file, opened by its first write (never at ``fit_start``: a run refused there
+        writes nothing, and whether it continues the events in its folder is known by then): a run afresh
+        (:func:`~hookfit.plugins.support.logger.afresh`) first moves an earlier run's event files from
+        the folder it writes in into ``earlier-run-N/``."""
+        loop = self._loop
+        assert loop is not None  # a run's write
+        folder = "" if loop.mode == "fit" else EVALUATION  # an evaluation is a run of its own beside the fit's
+        if afresh(loop):
+            advice = ("Give each run its own run_dir, or resume it (resume='latest') to continue it" if not folder
+                      else "An evaluation continues no earlier one: give each its own run_dir to keep its events there")
+            try:
+                where = loop.run_dir / folder
+                earlier = sorted(p.name for p in where.glob("events.out.tfevents.*") if p.is_file())
+                set_aside(where, earlier, self.name, lambda name, n: f"earlier-run-{n}/{name}",
+                          lambda stayed: "TensorBoard shows them as a run of their own, this run's events in a "
+                                         "fresh file", stuck="this run's events are written beside it, in the same "
+                                                             "TensorBoard run", advice=advice)
+            except OSError:  # a run folder that cannot be made or listed: the file's writes say so
+                pass
+        self._file = run_file(loop, os.path.join(folder, _event_file_name(loop, folder)), self.name, binary=True)
+        self.path = self._file.path
+        return self._file
 
     def _write(self, events: list[Any]) -> None:
         """Frame ``events`` as TensorBoard records and append them in one write."""
         file = self._file
-        assert file is not None  # every caller writes to the run's open file
+        if file is None:  # the run's first write
+            file, events = self._open(), [*self._header, *events]
         buffer = io.BytesIO()
         records = self._proto.RecordWriter(buffer)
         for event in events:

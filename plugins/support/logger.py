@@ -132,14 +132,14 @@ def afresh(loop: Run) -> bool:
 
 def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str],
               fresh: Callable[[list[str]], str], *, stuck: str, advice: str, also: Iterable[str] = ()) -> list[str]:
-    """Before a run that writes afresh (:func:`afresh`) writes in ``folder``: ``names``, what an earlier
-    run wrote there, renamed ``renamed(name, N)``, never deleted nor written over. ``N`` is the first
-    number of an ``earlier-run-N`` free for all of them and for the names ``also`` (what the logger
-    sets aside there on other runs), a subfolder as a whole: so one ``N`` is one earlier run's, and
-    later runs count up. One :class:`~hookfit.HookfitWarning` names what moved and where (``fresh(stayed)``:
-    what this run writes instead, given the names that stayed; ``advice``: how to keep runs apart). One that cannot be moved stays,
-    with a :class:`~hookfit.files.FileWarning` naming it (``stuck``: what becomes of it); the run goes
-    on. Returns the names that stayed."""
+    """Before a run that writes afresh (:func:`afresh`) writes in ``folder``: ``names``, what an
+    earlier run wrote there, renamed ``renamed(name, N)``, never deleted nor written over. ``N`` is
+    the first number of an ``earlier-run-N`` free for all of them and for the names ``also`` (what
+    the logger sets aside there on other runs), a subfolder as a whole: so one ``N`` is one earlier
+    run's, and later runs count up. One :class:`~hookfit.HookfitWarning` names what moved and where
+    (``fresh(stayed)``: what this run writes instead, given the names that stayed; ``advice``: how
+    to keep runs apart). One that cannot be moved stays, with a :class:`~hookfit.files.FileWarning`
+    naming it (``stuck``: what becomes of it); the run goes on. Returns the names that stayed."""
     def taken(new: Path) -> bool:  # (a subfolder of the folder, such as earlier-run-1/, is taken whole)
         return os.path.lexists(new) or new.parent != folder and os.path.lexists(new.parent)
 

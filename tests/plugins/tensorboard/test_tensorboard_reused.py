@@ -47,3 +47,62 @@ def test_a_fresh_run_in_a_used_folder_moves_the_earlier_runs_events_aside(tmp_pa
     with pytest.warns(hookfit.HookfitWarning, match="earlier-run-2/"):
         _run(folder, 1)
     assert _steps(folder / "earlier-run-2") == [(2, 2.0), (4, 2.0)] and _steps(folder) == [(2, 1.0)]
+
+
+class Refuse:
+    """Refuses the run at ``fit_start``, after every other plugin's (as the checkpoint plugin refuses
+    a run whose processes' options differ)."""
+
+    name = "refuse"
+
+    @hookfit.hookimpl(trylast=True)
+    def fit_start(self, loop):
+        raise RuntimeError("refused")
+
+
+def test_a_run_refused_at_its_start_writes_nothing_and_moves_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    _run(folder, 1)
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*") if "tfevents" in p.name)
+    loop = hookfit.Loop(lambda loop, batch: {"loss": torch.tensor(5.0)}, [0, 1], run_dir=folder,
+                        plugins=[Metrics(interval=3600.0), TensorBoard(every_publication=False), Refuse()])
+    with pytest.raises(RuntimeError, match="refused"):
+        loop.fit()
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*") if "tfevents" in p.name) == before
+    assert len(before) == 1 and not (folder / "earlier-run-1").exists()
+
+
+def test_a_resume_that_finds_no_checkpoint_starts_afresh_and_moves_the_earlier_events(tmp_path: Path) -> None:
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    folder = tmp_path / "run"
+    _run(folder, 2)
+    with pytest.warns(hookfit.HookfitWarning, match="earlier-run-1/"):
+        hookfit.Loop(lambda loop, batch: {"loss": torch.tensor(1.0)}, [0, 1], model=torch.nn.Linear(1, 1),
+                     run_dir=folder, resume="latest",
+                     plugins=[Metrics(interval=3600.0), TensorBoard(every_publication=False),
+                              Checkpoint(background=False)]).fit()
+    assert _steps(folder) == [(2, 1.0)] and _steps(folder / "earlier-run-1") == [(2, 2.0), (4, 2.0)]
+
+
+def test_an_evaluation_moves_an_earlier_evaluations_events_aside(tmp_path: Path) -> None:
+    """Each evaluation in the run's folder is a run of its own: the second moves the first's
+    events into ``evaluation/earlier-run-1/``; the fit's events stay where they are."""
+    folder = tmp_path / "run"
+    _run(folder, 1)
+    fitted = sorted(folder.glob("events.out.tfevents.*"))
+
+    def evaluate(loss: float) -> None:
+        hookfit.Loop(None, [], val_step=lambda loop, batch: {"loss": loss}, val_data=[0], model=torch.nn.Linear(1, 1),
+                     run_dir=folder, plugins=[Metrics(), TensorBoard()]).validate()
+
+    def valid(events: Path) -> list[float]:
+        accumulated = EventAccumulator(str(events))
+        accumulated.Reload()
+        return [e.value for e in accumulated.Scalars("valid/loss")]
+
+    evaluate(5.0)
+    with pytest.warns(hookfit.HookfitWarning, match="earlier-run-1/"):
+        evaluate(7.0)
+    assert valid(folder / "evaluation") == [7.0] and valid(folder / "evaluation" / "earlier-run-1") == [5.0]
+    assert sorted(folder.glob("events.out.tfevents.*")) == fitted and not (folder / "earlier-run-1").exists()
