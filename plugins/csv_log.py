@@ -199,9 +199,14 @@ class CSVLogger:
         writes = [t.name for t in tables if t is self._epochs or self.every_publication]
         advice = ("Give each run its own run_dir, or resume it (resume='latest') to continue it" if loop.mode == "fit"
                   else "An evaluation continues no earlier one: give each its own run_dir to keep its tables' names")
+
+        def fresh(stayed: list[str]) -> str:
+            fresh = [name for name in writes if name not in stayed]
+            return f"this run writes a fresh {', '.join(fresh)}" if fresh else "this run writes no table"
+
         stayed = set_aside(folder, names, self.name, lambda name, n: name.replace(".csv", f".earlier-run-{n}.csv"),
-                           lambda stayed: f"this run writes a fresh {', '.join(n for n in writes if n not in stayed)}",
-                           stuck="it is left as it is and this run does not write it", advice=advice, also=TABLES)
+                           fresh, stuck="it is left as it is and this run does not write it", advice=advice,
+                           also=TABLES)
         for table in tables:
             table.stuck = table.name in stayed
 

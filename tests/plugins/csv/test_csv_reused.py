@@ -60,11 +60,13 @@ def test_one_number_is_one_earlier_runs_whatever_tables_each_left(tmp_path: Path
 
 
 @pytest.mark.fault
-def test_a_table_that_cannot_be_set_aside_is_named_left_alone_and_not_written(tmp_path: Path,
+@pytest.mark.parametrize("every_publication", [True, False])
+def test_a_table_that_cannot_be_set_aside_is_named_left_alone_and_not_written(tmp_path: Path, every_publication: bool,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The earlier ``metrics.csv`` cannot be renamed: a ``FileWarning`` names it, it is left as it
     was (this run's rows are not mixed into it), the warning of what was set aside lists only
-    ``metrics_updates.csv``, which moved, and the run completes."""
+    ``metrics_updates.csv``, which moved, and what this run writes (without ``every_publication``,
+    no table), and the run completes."""
     (tmp_path / "metrics.csv").write_text(EARLIER)
     (tmp_path / "metrics_updates.csv").write_text(EARLIER_UPDATES)
     rename = os.rename
@@ -75,16 +77,21 @@ def test_a_table_that_cannot_be_set_aside_is_named_left_alone_and_not_written(tm
         return rename(source, target, *args, **kwargs)
 
     monkeypatch.setattr(os, "rename", refused)
-    caught = _fit(tmp_path)
+    caught = _fit(tmp_path, every_publication)
     failed = [str(w.message) for w in caught if w.category is FileWarning]
     assert len(failed) == 1 and str(tmp_path / "metrics.csv") in failed[0] and "PermissionError" in failed[0], failed
     said = _set_aside(caught)
     assert len(said) == 1 and f"{tmp_path} holds metrics_updates.csv of an earlier run" in said[0], said
-    assert "metrics.earlier-run-1.csv" not in said[0] and "fresh metrics_updates.csv." in said[0], said
+    writes = "a fresh metrics_updates.csv." if every_publication else "no table."
+    assert "metrics.earlier-run-1.csv" not in said[0] and f"this run writes {writes}" in said[0], said
     assert (tmp_path / "metrics.csv").read_text() == EARLIER
     assert not (tmp_path / "metrics.earlier-run-1.csv").exists()
     assert (tmp_path / "metrics_updates.earlier-run-1.csv").read_text() == EARLIER_UPDATES
-    assert _rows(tmp_path / "metrics_updates.csv") == [("1", "1", "train", "1", "1.0"), ("1", "2", "train", "2", "1.5")]
+    if every_publication:
+        assert _rows(tmp_path / "metrics_updates.csv") == [("1", "1", "train", "1", "1.0"),
+                                                           ("1", "2", "train", "2", "1.5")]
+    else:
+        assert not (tmp_path / "metrics_updates.csv").exists()
 
 
 class Refuse:
