@@ -23,7 +23,9 @@ called, as ``hookfit plugins`` says (``[inert]``).
 * With validation inside training (``Loop(val_every_n_steps=N)``) a ``valid`` monitor counts
   validations, not epochs: after ``patience`` validations in a row without improvement it stops
   right after the one that decided (at its ``stage_end``, before any further training batch),
-  and the reason names the step of the best value too.
+  and the reason names the step of the best value too. With validation every few epochs
+  (``Loop(val_every_n_epochs=N)``) it counts validations as well: ``patience=2`` with ``N=2``
+  stops after four epochs without improvement, and the reason says validations.
 * A ``valid`` monitor in a run without validation is an error when training starts. A metric
   the run never produces is an error as soon as the first metrics of its stage are published
   (the end of the first training stage, or of the first validation), before that epoch's
@@ -55,7 +57,7 @@ __all__ = ["EarlyStopping"]
 
 class EarlyStopping:
     """Stop training when ``monitor`` has not improved for ``patience`` epochs (validations,
-    with ``Loop(val_every_n_steps=N)``; see the module documentation). Every option is checked
+    with ``Loop(val_every_n_steps=N)`` or ``val_every_n_epochs=N``; see the module documentation). Every option is checked
     here, with a ``ValueError`` naming it."""
 
     name = "early_stopping"
@@ -188,6 +190,11 @@ class EarlyStopping:
         by one rather than by epoch."""
         return loop.val_every_n_steps is not None and self._monitor.stage == "valid"
 
+    def _every_few(self, loop: Run) -> bool:
+        """Whether the monitored metric comes from validations every few epochs (``val_every_n_epochs`` > 1),
+        each counted once: patience is then a number of validations, as with validations inside training."""
+        return self._monitor.stage == "valid" and (loop.val_every_n_epochs or 1) > 1
+
     def _reason(self, loop: Run) -> str:
         by = f" by more than {self.min_delta:g}" if self.min_delta else ""
         record = self._monitor.record  # (best, (its epoch, its step)): the best and where, together
@@ -199,6 +206,6 @@ class EarlyStopping:
                 best = f"{value:.6g} at step {step} (epoch {epoch + 1})"
             else:
                 best = f"{value:.6g} at epoch {epoch + 1}"
-        counted = "validation(s)" if self._by_step(loop) else "epoch(s)"
+        counted = "validation(s)" if self._by_step(loop) or self._every_few(loop) else "epoch(s)"
         return (f"early stopping: {self.monitor} did not improve{by} for {self.wait} {counted} "
                 f"(patience {self.patience}); best ({self._monitor.mode}) {best}")

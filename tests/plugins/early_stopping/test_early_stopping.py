@@ -251,3 +251,15 @@ def test_a_stop_during_an_earlier_validation_set_is_no_missing_metric(tmp_path: 
         warnings.simplefilter("error")
         state = loop.fit()
     assert (state.status, state.stop_reason, state.epoch) == ("interrupted", "the user's stop", 1), state
+
+
+def test_patience_counts_validations_every_few_epochs_and_says_so() -> None:
+    """Validation every second epoch, patience 2, best at epoch 2 (the odd epochs' losses, lower, are never
+    validated): validations at epochs 4 and 6 do not improve, so the run stops after epoch 6, and the reason
+    counts validations, not epochs (four epochs went by)."""
+    valid = [1.0, 4.0, 1.0, 4.5, 1.0, 4.2, 1.0, 0.5, 0.5, 0.25]
+    loop = run(EarlyStopping(monitor="valid/loss", patience=2), valid=valid, val_every_n_epochs=2)
+    state = loop.state
+    assert (state.status, state.epoch) == ("completed", 5), (state.status, state.epoch)
+    assert state.stop_reason == ("early stopping: valid/loss did not improve for 2 validation(s) (patience 2); "
+                                 "best (min) 4 at epoch 2"), state.stop_reason
