@@ -1,4 +1,5 @@
-"""Every way hookfit calls an event, in one module, with pluggy's own call as the oracle.
+"""Every way hookfit calls an event, with pluggy's own call as the oracle (the callables themselves are
+built in :mod:`hookfit.calls`).
 
 A run calls its events through one :class:`Dispatch` (``loop.hooks``); the core, the built-in
 plugins and any plugin that fires events use nothing else. Every kind of call is built from one
@@ -13,7 +14,8 @@ resolution of an event's implementations:
   events are read so (:class:`PerBatch`, ``loop.hooks.per_batch``).
 * ``loop.hooks.<event>(*args)``: what ``pm.hook.<event>(**kwargs)`` returns (a list of the
   non-``None`` results, or the first one for a first-result event); ``None`` instead of a
-  callable when nothing implements the event.
+  callable when nothing implements the event. It takes the spec's arguments in order, by name as
+  pluggy's call does, or both (:func:`hookfit.calls.by_name`).
 * :meth:`Dispatch.call_all`: every implementation runs even if some raise; the errors are
   returned with the names of the plugins that raised them (``fit_end``, ``exception``).
 * :meth:`Dispatch.call_each`: each implementation's own answer with its plugin's name
@@ -56,6 +58,7 @@ from typing import Any, Callable, Iterable, Sequence, cast
 import pluggy
 
 from hookfit import blame
+from hookfit.calls import adapter, by_name, direct
 from hookfit.guard import guard as _guard
 from hookfit.handlers import PER_BATCH, Call, Handlers, PerBatch, asked
 from hookfit.manager import PluginManager
@@ -63,66 +66,6 @@ from hookfit.manager import PluginManager
 CallAll = Callable[..., tuple[list[tuple[str, Any]], list[tuple[str, BaseException]]]]
 
 __all__ = ["Dispatch"]
-
-
-# -- building the calls ---------------------------------------------------------------------
-
-
-def _adapter(function: Call, spec_args: Sequence[str], impl: pluggy.HookImpl) -> Call:
-    """``function`` called positionally with the spec's arguments, passing only those the
-    implementation asked for (keyword parameters with defaults by keyword, as pluggy does)."""
-    names = tuple(impl.argnames)
-    keywords = [(k, spec_args.index(k)) for k in impl.kwargnames if k in spec_args]
-    if names == tuple(spec_args[:len(names)]) and not keywords:
-        if len(names) == len(spec_args):
-            return function
-        count = len(names)
-
-        def first_arguments(*args: Any) -> Any:
-            return function(*args[:count])
-
-        return first_arguments
-    positions = [spec_args.index(name) for name in names]
-
-    def picked(*args: Any) -> Any:
-        return function(*[args[i] for i in positions], **{k: args[i] for k, i in keywords})
-
-    return picked
-
-
-def _direct(functions: list[Call], results: bool, firstresult: bool) -> Call:
-    """The functions called in order, results collected as pluggy collects them."""
-    if len(functions) == 1 and (not results or firstresult):
-        return functions[0]  # nothing to collect: its own return value is the answer
-
-    if not results:
-
-        def notify(*args: Any) -> None:
-            for function in functions:
-                function(*args)
-
-        return notify
-
-    if firstresult:
-
-        def first(*args: Any) -> Any:
-            for function in functions:
-                result = function(*args)
-                if result is not None:
-                    return result
-            return None
-
-        return first
-
-    def collect(*args: Any) -> list[Any]:
-        out = []
-        for function in functions:
-            result = function(*args)
-            if result is not None:
-                out.append(result)
-        return out
-
-    return collect
 
 
 def _is_observer(plugin: object) -> bool:
@@ -194,14 +137,15 @@ class Dispatch:
             return []
         if self._plain(impls):
             spec_args = self._signature(self._caller(name))[0]
-            return [_adapter(self._observers(i, name), spec_args, i) for i in reversed(impls)]
+            return [adapter(self._observers(i, name), spec_args, i) for i in reversed(impls)]
         return [self._through_pluggy(name, impls, self._observer_wrap(name))]
 
     def __getattr__(self, name: str) -> Call | None:
         if name.startswith("_") or not self._declared(name):
             raise AttributeError(f"no hookfit event named {name!r}")
         if name not in self._calls:
-            self._calls[name] = self._compile(name, self._observer_wrap(name), results=True)
+            call = self._compile(name, self._observer_wrap(name), results=True)
+            self._calls[name] = None if call is None else by_name(call, name, self._signature(self._caller(name))[0])
         return self._calls[name]
 
     def _declared(self, name: str) -> bool:
@@ -248,8 +192,8 @@ class Dispatch:
             return None
         spec_args, firstresult = self._signature(self._caller(name))
         if self._plain(impls):  # pluggy calls the implementation list from its end to its start
-            functions = [_adapter(wrap(i), spec_args, i) for i in reversed(impls)]
-            return _direct(functions, results, firstresult)
+            functions = [adapter(wrap(i), spec_args, i) for i in reversed(impls)]
+            return direct(functions, results, firstresult)
         return self._through_pluggy(name, impls, wrap)
 
     def _through_pluggy(self, name: str, impls: Iterable[pluggy.HookImpl],

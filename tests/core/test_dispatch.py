@@ -176,6 +176,36 @@ def test_keyword_parameters_with_defaults_are_passed_as_pluggy_passes_them() -> 
     assert seen == [("sgd", "opt"), ("sgd", "opt")]
 
 
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_an_event_fired_with_pluggys_keywords_gets_the_same_call(config: str) -> None:
+    """``loop.hooks.<event>(loop=..., name=..., optimizer=...)``, as ``pm.hook.<event>`` is called, or
+    mixed: the same answer and calls as in order, whatever implements it (one implementation was called
+    as it is, and took the keywords, where several raised a TypeError naming an inner function)."""
+    log: list = []
+    pm = pm_of(*CONFIGS[config](log))
+    expected = pm.hook.before_optimizer_step(loop=LOOP, name="sgd", optimizer=None)
+    expected_log = log[:]
+    for call in (lambda d: d.before_optimizer_step(loop=LOOP, name="sgd", optimizer=None),
+                 lambda d: d.before_optimizer_step(LOOP, optimizer=None, name="sgd")):
+        log.clear()
+        assert call(Dispatch(pm)) == expected and log == expected_log
+    log.clear()
+    assert Dispatch(pm).resume(source="x", loop=LOOP) == pm.hook.resume(loop=LOOP, source="x")
+
+
+@pytest.mark.bad_input
+def test_an_event_fired_with_wrong_arguments_names_the_event_and_its_arguments() -> None:
+    dispatch = Dispatch(pm_of(make("only", [])))
+    with pytest.raises(TypeError, match=r"^loop.hooks.resume\(loop, source\) has no argument 'path'$"):
+        dispatch.resume(loop=LOOP, path="x")
+    with pytest.raises(TypeError, match=r"^loop.hooks.resume\(loop, source\) was not given 'source'$"):
+        dispatch.resume(LOOP)
+    with pytest.raises(TypeError, match=r"^loop.hooks.resume\(loop, source\) was given 'loop' twice"):
+        dispatch.resume(LOOP, loop=LOOP, source="x")
+    with pytest.raises(TypeError, match=r"^loop.hooks.resume\(loop, source\) takes 2 argument\(s\), 3 were"):
+        dispatch.resume(LOOP, "x", "y")
+
+
 def test_a_plugin_registered_or_removed_mid_run_is_followed() -> None:
     log: list = []
     pm = pm_of(make("a", log, answer=1))
