@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
 
@@ -79,8 +79,17 @@ class Policy:
                               f"are counted and reported at the end of the run", OptimWarning, stacklevel=user_level())
 
 
-class Deferred:
-    """The device path's flags: the open window's, the closed ones kept unread, an error held under "raise"."""
+class Check:
+    """Asked by ``Optim.backward`` for every loss; this one, ``nonfinite=None``'s, admits every loss."""
+
+    def admits(self, loop: Run, loss: torch.Tensor) -> bool:
+        """Whether ``loss`` is back-propagated (``False``: it poisoned its window)."""
+        return True
+
+
+class Deferred(Check):
+    """The device path's flags: the open window's, the closed ones kept unread, an error held under "raise". As the
+    check of each loss, it admits every loss and folds its finiteness into its window's flag."""
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
@@ -100,8 +109,8 @@ class Deferred:
         self._pending: list[tuple[torch.Tensor, tuple[int, int, int], Stepped]] = []
         self._due: FloatingPointError | None = None
 
-    def fold(self, loop: Run, loss: torch.Tensor) -> None:
-        """Fold the finiteness of ``loss`` into the window's flag, on the loss's device."""
+    def admits(self, loop: Run, loss: torch.Tensor) -> bool:
+        """Fold the finiteness of ``loss`` into the window's flag, on the loss's device; back-propagated."""
         self.raise_due()
         state = loop.state
         if self.bad is not None and self._size == 1 and state.step != self._at:
@@ -113,6 +122,7 @@ class Deferred:
             self.bad = torch.maximum(self.bad, loss_flag(loss).to(self.bad.device))
             self._where = (*self._where[:2], state.batch_idx)
         self._at = state.step
+        return True
 
     def flag_for(self, managed: ManagedOptimizer) -> torch.Tensor | None:
         """The flag ``managed``'s step skips on, or ``None``: none, or read now (``managed`` cannot skip on it)."""
@@ -200,21 +210,7 @@ SLOTS = 1024
 """How many zeroed flags :class:`Flags` makes in one go (one kernel, then a kernel a window)."""
 
 
-class Check(Protocol):
-    """Asked by ``Optim.backward`` for every loss."""
-
-    def admits(self, loop: Run, loss: torch.Tensor) -> bool:
-        """Whether ``loss`` is back-propagated (``False``: it poisoned its window)."""
-
-
-class NoCheck:
-    """``nonfinite=None``: every loss is back-propagated, every step taken."""
-
-    def admits(self, loop: Run, loss: torch.Tensor) -> bool:
-        return True
-
-
-class HostCheck:
+class HostCheck(Check):
     """The loss read on the host; ``to_device`` (``defer=None``) takes the first loss not on the CPU."""
 
     def __init__(self, policy: Policy, to_device: Callable[[Run, torch.Tensor], bool] | None) -> None:
@@ -233,17 +229,6 @@ class HostCheck:
         if not finite:
             self._policy.nonfinite_loss(loop, loss)
         return finite
-
-
-class DeviceCheck:
-    """The device path: every loss is back-propagated, its finiteness folded into its window's flag."""
-
-    def __init__(self, deferred: Deferred) -> None:
-        self._deferred = deferred
-
-    def admits(self, loop: Run, loss: torch.Tensor) -> bool:
-        self._deferred.fold(loop, loss)
-        return True
 
 
 class Flags:

@@ -15,7 +15,7 @@ from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import check, choice, flag, hparams, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, note_toggles
-from hookfit.plugins.optim.nonfinite import Check, Deferred, DeviceCheck, HostCheck, NoCheck, OptimWarning, Policy
+from hookfit.plugins.optim.nonfinite import Check, Deferred, HostCheck, OptimWarning, Policy
 from hookfit.plugins.optim.schedulers import Schedules
 from hookfit.plugins.optim.watch import Watch
 from hookfit.plugins.optim.windows import Window
@@ -63,7 +63,7 @@ class Optim:
         self._window, self._watch = Window(accumulate), Watch()
         self._policy = Policy(nonfinite, on_poison=self._poisoned)
         self._deferred = Deferred(self._policy)
-        self._check: Check = NoCheck()
+        self._check = Check()
         self._rules: Rules | None = None
         self._closes_always = False  # batch_end closes every window (once one was poisoned)
         self._before_backward, self._after_backward = Handlers(), Handlers()
@@ -93,9 +93,9 @@ class Optim:
         self._policy.start(loop)
         self._deferred.start(self.accumulate, self.scaler is not None)
         if self.nonfinite is None:  # every loss back-propagated
-            self._check = NoCheck()
+            self._check = Check()
         elif self.defer is True or (self.defer is None and device not in (None, "cpu")):
-            self._check = DeviceCheck(self._deferred)
+            self._check = self._deferred
         else:  # defer=None: the first loss on an accelerator takes the device path
             self._check = HostCheck(self._policy, self._to_device if self.defer is None else None)
         hooks = loop.hooks
@@ -130,7 +130,7 @@ class Optim:
 
     def _to_device(self, loop: Run, loss: torch.Tensor) -> bool:
         """``defer=None``: the first loss not on the CPU chooses the device path for the run."""
-        self._check = DeviceCheck(self._deferred)
+        self._check = self._deferred
         return self._check.admits(loop, loss)
 
     @hookimpl
