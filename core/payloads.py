@@ -69,11 +69,11 @@ class MetricsSnapshot:
     * ``elapsed``: seconds the stage ran since it started, without the validations run inside it
       (``val_every_n_steps``): ``samples_per_s`` and ``eta`` are the stage's own pace.
     * ``values``: metric name -> :class:`Value` (a read-only mapping).
-    * ``lr``: optimizer name -> learning rate of its first parameter group, and
-      ``<name>/<group>`` -> that of each further group (its ``"name"`` entry, else its index)
-      (read-only): the group's ``"lr"`` at the snapshot, so after a step whose scheduler steps after
-      it (``Optim(schedulers=...)``'s default) the *next* step's rate, an epoch's the next epoch's first
-      (one stepped at the epoch's end shows its epoch's); ``before_optimizer_step`` reads a step's own.
+    * ``lr``: optimizer name -> learning rate of its first parameter group, and ``<name>/<group>`` -> that of
+      each further group (its ``"name"`` entry, else its index) (read-only): the rate the optimizer's latest
+      step used (a batch's row shows its own step's, not the next one's its scheduler set; an epoch's, its last
+      step's; with an epoch-wise scheduler or a plateau, the epoch's, in its validation too), where the optimizer
+      role keeps it (``used_lrs``: the built-in's, with schedulers), else the group's ``"lr"`` at the snapshot.
     * ``final``: ``True`` for the stage's last snapshot (``epoch_metrics``).
     * ``history``: for a final snapshot, one read-only mapping per completed epoch of this
       stage, oldest first: ``{"epoch": ..., "step": ..., <metric>: <epoch mean>, ...}``;

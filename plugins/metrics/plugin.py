@@ -383,17 +383,16 @@ class Metrics:
 
 def _learning_rates(optimizers: object) -> dict[str, float]:
     """Each optimizer's learning rate by its name (its first parameter group's), and each further group's as
-    ``<name>/<group>``: the group's ``"name"`` entry where it has one of its own, else its index."""
-    if optimizers is None:
-        return {}
-    if not isinstance(optimizers, Mapping):
-        optimizers = {"default": optimizers}
+    ``<name>/<group>``: the group's ``"name"`` entry where it has one of its own, else its index. Each the rate
+    of the optimizer's latest step where the optimizer role records it (``used_lrs``), else the group's now."""
+    named = optimizers if isinstance(optimizers, Mapping) else {} if optimizers is None else {"default": optimizers}
     out: dict[str, float] = {}
-    for name, opt in optimizers.items():
+    for name, opt in named.items():
+        used = getattr(opt, "used_lrs", None) or ()
         for index, group in enumerate(getattr(opt, "param_groups", None) or ()):
             label = group.get("name")
             key = name if index == 0 else f"{name}/{label if isinstance(label, str) and label else index}"
             while key in out:  # a group's name taken by another's (or its index)
                 key += f"#{index}"
-            out[key] = float(group["lr"])
+            out[key] = float(used[index] if index < len(used) else group["lr"])  # (a group added since: its own)
     return out

@@ -12,8 +12,8 @@ forward/backward passes per batch, as Sharpness-Aware Minimization). It must:
   none); ``loop.config.optimizers`` stays the user's. Every plugin reads ``loop.optimizers`` from
   ``fit_start`` on: EMA tells a managed run by ``loop.hooks.backward`` implemented and
   ``loop.optimizers`` not being ``loop.config.optimizers``; the metrics role publishes each one's
-  learning rates (``MetricsSnapshot.lr``: ``<name>``, one optimizer ``"default"``, and ``<name>/<group>``
-  for further groups); ``hookfit.testing``'s default step calls ``loop.backward``,
+  learning rates (``MetricsSnapshot.lr``), those of its latest step where an item has ``used_lrs`` (the
+  built-in's, with schedulers: one per group); ``hookfit.testing``'s default step calls ``loop.backward``,
   ``loop.optimizers.step()`` and ``zero_grad()`` when a plugin implements ``backward``.
 * Announce every real step of optimizer ``name`` (its name in ``loop.optimizers``) with
   ``before_optimizer_step`` and ``after_optimizer_step`` (EMA averages after it, gradient-norm

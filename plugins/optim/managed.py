@@ -62,6 +62,7 @@ class ManagedOptimizer:
         hparams.warn_unsaved_schedule("optim", rules.loop, name, optimizer, schedulers, OptimWarning)
         self.schedulers: list[Any] = list(schedulers)  # in the order they step
         self.steps, self.skipped = 0, 0  # real steps, skipped ones
+        self.used_lrs: list[Any] | None = None  # each group's rate at its latest step, where it has schedulers
         self.window_open = False  # step() was called inside a window that has not closed
         self._listed: tuple[int, list[torch.Tensor]] = (-1, [])  # (groups, their parameters): see params
         self._rules, self._accumulates = rules, rules.window.size > 1
@@ -126,8 +127,10 @@ class ManagedOptimizer:
             deferred.stepped_on(self, bad, grad_bad)
         self.steps += 1
         self._stepped = True
-        for scheduler in self._per_step:
-            scheduler.step()
+        if self.schedulers:  # the rates this step used, kept before its schedulers change them (published)
+            self.used_lrs = [lr.clone() if torch.is_tensor(lr := g["lr"]) else lr for g in optimizer.param_groups]
+            for scheduler in self._per_step:
+                scheduler.step()
         for call in rules.after_step.calls:
             call(loop, self.name, optimizer)
         return True if closure is None else result
@@ -220,7 +223,7 @@ class ManagedOptimizer:
         return {"class": class_name(optimizer), "optimizer": optimizer.state_dict() if whole else None,
                 "schedulers": [s.state_dict() for s in self.schedulers],
                 "scheduler_classes": [class_name(s) for s in self.schedulers],
-                "steps": self.steps, "skipped": self.skipped, "built": self.built}
+                "steps": self.steps, "skipped": self.skipped, "built": self.built, "used_lrs": self.used_lrs}
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         """Refuse, with a ``ValueError`` naming this optimizer, a saved state that does not fit it."""
@@ -250,7 +253,7 @@ class ManagedOptimizer:
         self._skips, self._primed = None, False  # its groups' kernels may have changed
         for scheduler, saved in zip(self.schedulers, state["schedulers"]):
             scheduler.load_state_dict(saved)
-        self.steps, self.skipped = state["steps"], state["skipped"]
+        self.steps, self.skipped, self.used_lrs = state["steps"], state["skipped"], state.get("used_lrs")
 
 
 def _listed(classes: Sequence[str]) -> str:

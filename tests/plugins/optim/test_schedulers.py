@@ -674,37 +674,68 @@ def test_a_onecycle_schedule_of_an_optimizer_stepped_every_second_batch_runs_who
     assert state.status == "completed" and sched.last_epoch == 15
 
 
-def test_the_published_rate_is_the_group_s_rate_at_the_publication_as_documented() -> None:
-    """MetricsSnapshot.lr (core/payloads.py) is each group's rate when the snapshot is taken: with a per-step
-    scheduler a batch's snapshot shows the rate of the next step (its own step's scheduler has stepped), an epoch's
-    the rate the next epoch starts with; an epoch-wise scheduler's rows show the rate their epoch's steps used."""
-    class Rates:
-        name = "rates"
+class Published:
+    """Each publication's rate beside the rate of the latest step before it (``before_optimizer_step``'s read,
+    the initial rate before any) and the group's rate at the publication."""
 
-        def __init__(self) -> None:
-            self.used, self.rows, self.epochs = [], [], []
+    name = "published"
 
-        @hookfit.hookimpl
-        def before_optimizer_step(self, optimizer):
-            self.used.append(optimizer.param_groups[0]["lr"])
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.opt, self.used, self.seen = opt, [], []
 
-        @hookfit.hookimpl
-        def metrics_update(self, metrics):
-            self.rows.append(metrics.lr["default"])
+    def _seen(self, stage, metrics) -> None:
+        used = self.used[-1] if self.used else 0.1
+        self.seen.append((stage, metrics.final, metrics.lr["default"], used, self.opt.param_groups[0]["lr"]))
 
-        @hookfit.hookimpl
-        def epoch_metrics(self, stage, metrics):
-            self.epochs.append(metrics.lr["default"])
+    @hookfit.hookimpl
+    def before_optimizer_step(self, optimizer):
+        self.used.append(optimizer.param_groups[0]["lr"])
 
-    for interval in (None, "epoch"):
+    @hookfit.hookimpl
+    def metrics_update(self, metrics):
+        self._seen(metrics.stage, metrics)
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, stage, metrics):
+        self._seen(stage, metrics)
+
+
+@pytest.mark.parametrize("kind", ["step", "step, accumulate=2", "epoch", "plateau"])
+def test_the_published_rate_is_the_rate_of_the_latest_step(kind: str) -> None:
+    """MetricsSnapshot.lr is the rate the optimizer's latest step used, as Lightning's LearningRateMonitor logs:
+    a batch's row its own step's (not the next step's, which its scheduler set after it), an epoch's its last
+    step's, its validation's rows too; with an epoch-wise scheduler or a plateau, the epoch's steps'."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    if kind == "plateau":  # (never an improvement past the first epoch: halved after each later one)
+        sched = lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10.0, threshold_mode="abs")
+        options = {"schedulers": sched, "monitor": "train/loss"}
+    else:
+        options = {"schedulers": lr_scheduler.StepLR(opt, 1, gamma=0.5), "accumulate": 1 + kind.endswith("2"),
+                   "scheduler_interval": "epoch" if kind == "epoch" else None}
+    published = Published(opt)
+    hookfit.Loop(train_step, data(3), val_step=val_step, val_data=VALID, model=m, optimizers=opt, max_epochs=3,
+                 disable=["console"], plugins=[Optim(**options), Metrics(interval=0), published]).fit()
+    assert len(set(published.used)) > 1  # the schedule changed the rate
+    assert [(stage, final) for stage, final, *_ in published.seen].count(("valid", False)) == 9  # every batch
+    assert [lr for *_, lr, _, _ in published.seen] == pytest.approx([used for *_, used, _ in published.seen])
+    # the group's rate is another at times, but where the scheduler steps after all its epoch's publications
+    assert any(now != used for *_, used, now in published.seen) is (kind != "epoch")
+
+
+def test_a_run_resumed_inside_a_window_publishes_the_rates_of_the_uninterrupted_one(tmp_path) -> None:
+    """The rate of the latest step is in the checkpoint: a run stopped after a window's step and resumed publishes,
+    for the next window's batches, the rate that step used (not the one its scheduler set since)."""
+    def run(folder, stop=None, resume=None):
         m = model()
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        rates = Rates()
-        hookfit.Loop(train_step, data(3), model=m, optimizers=opt, max_epochs=2, disable=["console"],
-                     plugins=[Optim(schedulers=lr_scheduler.StepLR(opt, 1, gamma=0.5), scheduler_interval=interval),
-                              Metrics(interval=0), rates]).fit()
-        if interval is None:  # each row the next step's rate; each epoch's the next epoch's first
-            assert rates.rows == pytest.approx(rates.used[1:] + [rates.used[-1] / 2])
-            assert rates.epochs == pytest.approx([rates.used[3], rates.used[-1] / 2])
-        else:  # each row its step's rate
-            assert rates.rows == pytest.approx(rates.used) and rates.epochs == pytest.approx([0.1, 0.05])
+        published = Published(opt)
+        plugins = [Optim(accumulate=2, schedulers=lr_scheduler.StepLR(opt, 1, gamma=0.5)), Metrics(interval=0),
+                   Checkpoint(background=False), published, *([StopAfter(stop)] if stop else [])]
+        hookfit.Loop(train_step, TRAIN, model=m, optimizers=opt, max_epochs=2, run_dir=folder, resume=resume,
+                     disable=["console"], plugins=plugins).fit()
+        return [lr for _, final, lr, *_ in published.seen if not final]
+
+    whole = run(tmp_path / "whole")
+    run(tmp_path / "split", stop=2)  # after the first window's step
+    assert run(tmp_path / "split", resume="latest") == whole[2:] and whole[:4] == [0.1, 0.1, 0.1, 0.05]
