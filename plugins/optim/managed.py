@@ -352,7 +352,7 @@ def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) 
     if not toggled:
         return
     lines = "".join(f"  loop.optimizers.toggle({t.name!r}) froze " + "; ".join(
-        f"the {len(params)} parameter tensor(s) of optimizer {other!r} ({_few(params, parameter_names(loop.model))})"
+        f"the {len(params)} parameter tensor(s) of optimizer {other!r} ({few(params, parameter_names(loop.model))})"
         for other, params in t.frozen.items()) + "\n" for t in toggled)
     error.add_note(
         "optim: this batch ran loop.optimizers.toggle(...), which freezes the parameters of the other "
@@ -365,7 +365,7 @@ def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) 
         "or inside the toggle of the optimizer its loss trains.")
 
 
-def _few(params: list[torch.Tensor], names: Mapping[int, str], shown: int = 4) -> str:
+def few(params: list[torch.Tensor], names: Mapping[int, str], shown: int = 4) -> str:
     """A few parameters by name (by shape where the model does not hold them)."""
     parts = [names.get(id(p), f"a tensor of shape {tuple(p.shape)}") for p in params[:shown]]
     return ", ".join(parts + ([f"and {len(params) - shown} more"] if len(params) > shown else []))

@@ -12,9 +12,9 @@ from hookfit.errors import user_level
 from hookfit.handlers import Handlers
 from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins.support import check, choice, flag, hparams, positive_int, positive_number
+from hookfit.plugins.support import check, choice, flag, hparams, parameter_names, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
-from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, note_toggles
+from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, few, note_toggles
 from hookfit.plugins.optim.nonfinite import Check, Deferred, HostCheck, OptimWarning, Policy
 from hookfit.plugins.optim.schedulers import Schedules
 from hookfit.plugins.optim.watch import Watch
@@ -74,9 +74,16 @@ class Optim:
     def configure(self, loop: Run) -> None:
         self.loop = loop  # loop.optimizers replaced here: every plugin sees them from fit_start on
         optimizers = _named(loop.optimizers)
+        held = parameter_names(loop.model) if loop.model is not None and loop.mode == "fit" else None  # (by id)
         for name, opt in optimizers.items():
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optim: optimizer {name!r} is a {type(opt).__name__}, not a torch.optim.Optimizer")
+            if held is not None and (outside := [p for g in opt.param_groups for p in g["params"]
+                                                 if id(p) not in held]):
+                warnings.warn(f"optim: optimizer {name!r} steps {len(outside)} parameter tensor(s) that "
+                              f"Loop(model=...) does not hold ({few(outside, {})}): checkpoints do not save them and "
+                              f"EMA does not average them. Give the model the module that holds them: Loop(model="
+                              f"torch.nn.ModuleList([net, criterion]))", OptimWarning, stacklevel=user_level())
         schedulers = self._schedules.assign(loop, optimizers, self.accumulate)  # checked (none in a validation)
         self._counts = hparams.ScheduleCounts(self.name, OptimWarning)  # schedulers stepped elsewhere too
         device = next((p.device.type for root in modules(loop.model) for p in root.parameters()), None)

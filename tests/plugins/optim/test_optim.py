@@ -486,6 +486,43 @@ def test_unknown_optimizer_name_lists_the_known_ones() -> None:
                      plugins=[Optim()]).fit()
 
 
+@pytest.mark.bad_input
+def test_parameters_an_optimizer_steps_outside_the_model_are_warned_of_at_configure() -> None:
+    """A loss module with learnable parameters and a tensor made apart, stepped by the optimizer but not in
+    Loop(model=...): checkpoints and EMA would leave them out silently. One warning names the optimizer, how
+    many, their shapes; none where the model holds them all, nor without a model, nor in a validation."""
+    import warnings
+
+    m, scale = model(), torch.nn.Linear(1, 1)
+    extra = torch.nn.Parameter(torch.zeros(3))  # (a plain tensor with requires_grad=True alike)
+    opts = {"net": torch.optim.SGD(m.parameters(), lr=0.1),
+            "loss": torch.optim.SGD([*scale.parameters(), extra], lr=0.1)}
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(scale(m(batch[0])), batch[1]) + extra.sum()
+        loop.backward(loss)
+        for opt in loop.optimizers.values():
+            opt.step()
+            opt.zero_grad()
+        return loss
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(step, data(2), model=m, optimizers=opts, plugins=[Optim()]).fit()
+    said = [str(w.message) for w in caught if issubclass(w.category, OptimWarning)]
+    assert said == ["optim: optimizer 'loss' steps 3 parameter tensor(s) that Loop(model=...) does not hold (a tensor "
+                    "of shape (1, 1), a tensor of shape (1,), a tensor of shape (3,)): checkpoints do not save them "
+                    "and EMA does not average them. Give the model the module that holds them: "
+                    "Loop(model=torch.nn.ModuleList([net, criterion]))"]
+    assert [w.filename for w in caught if issubclass(w.category, OptimWarning)] == [__file__]  # the user's line
+    for held in ({"net": m, "loss": torch.nn.ModuleList([scale]), "extra": torch.nn.ParameterList([extra])}, None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", OptimWarning)
+            hookfit.Loop(step, data(2), model=held, optimizers=opts, plugins=[Optim()]).fit()
+            hookfit.Loop(val_step=lambda loop, batch: None, val_data=data(1), model=m, optimizers=opts,
+                         plugins=[Optim()]).validate()
+
+
 def test_one_optimizer_is_a_collection_of_one_stepped_with_or_without_its_name() -> None:
     """With one optimizer, loop.optimizers is that managed optimizer: a mapping of one whose item is
     itself, so a step through the name and one without count alike; it compares and hashes as
