@@ -69,8 +69,8 @@ class MetricsSnapshot:
     * ``elapsed``: seconds the stage ran since it started, without the validations run inside it
       (``val_every_n_steps``): ``samples_per_s`` and ``eta`` are the stage's own pace.
     * ``values``: metric name -> :class:`Value` (a read-only mapping).
-    * ``lr``: optimizer name -> learning rate of its first parameter group, and ``<name>/<group>`` -> that of
-      each further group (its ``"name"`` entry, else its index) (read-only): the rate the optimizer's latest
+    * ``lr``: ``<name>/<group>`` -> learning rate of each parameter group of optimizer ``<name>``: a group's
+      ``"name"`` entry, else its index, an unnamed first group as ``<name>`` (read-only): the rate the latest
       step used (a batch's row shows its own step's, not the next one's its scheduler set; an epoch's, its last
       step's; with an epoch-wise scheduler or a plateau, the epoch's, in its validation too), where the optimizer
       role keeps it (``used_lrs``: the built-in's, with schedulers), else the group's ``"lr"`` at the snapshot.

@@ -382,8 +382,8 @@ class Metrics:
 
 
 def _learning_rates(optimizers: object) -> dict[str, float]:
-    """Each optimizer's learning rate by its name (its first parameter group's), and each further group's as
-    ``<name>/<group>``: the group's ``"name"`` entry where it has one of its own, else its index. Each the rate
+    """Each parameter group's learning rate as ``<name>/<group>``: the group's ``"name"`` entry where it has one
+    of its own (the first group's too), else its index; an unnamed first group's as ``<name>``. Each the rate
     of the optimizer's latest step where the optimizer role records it (``used_lrs``), else the group's now."""
     named = optimizers if isinstance(optimizers, Mapping) else {} if optimizers is None else {"default": optimizers}
     out: dict[str, float] = {}
@@ -391,7 +391,8 @@ def _learning_rates(optimizers: object) -> dict[str, float]:
         used = getattr(opt, "used_lrs", None) or ()
         for index, group in enumerate(getattr(opt, "param_groups", None) or ()):
             label = group.get("name")
-            key = name if index == 0 else f"{name}/{label if isinstance(label, str) and label else index}"
+            label = label if isinstance(label, str) and label else index or None  # (None: an unnamed first group)
+            key = name if label is None else f"{name}/{label}"
             while key in out:  # a group's name taken by another's (or its index)
                 key += f"#{index}"
             out[key] = float(used[index] if index < len(used) else group["lr"])  # (a group added since: its own)

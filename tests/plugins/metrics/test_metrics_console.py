@@ -498,6 +498,42 @@ def test_epoch_metrics_sees_the_finished_stage_whatever_the_registration_order(o
     assert epochs[0].lr == {"default": 0.5 ** 3}
 
 
+def test_a_named_first_parameter_group_publishes_its_learning_rate_by_its_name(tmp_path: Path) -> None:
+    """A group's own ``"name"`` names its rate, the first group's too (``lr_<optimizer>/<group name>``); an
+    unnamed first group keeps the optimizer's name alone, an unnamed further one its index."""
+    from hookfit.plugins.csv_log import CSVLogger
+    from hookfit.plugins.optim import Optim
+
+    backbone, (head, tail, critic) = torch.nn.Linear(2, 2), (torch.nn.Linear(2, 1) for _ in range(3))
+    opt = torch.optim.SGD([{"params": backbone.parameters(), "lr": 1e-4, "name": "backbone"},
+                           {"params": head.parameters(), "lr": 0.1, "name": "head"}, {"params": tail.parameters()}],
+                          lr=0.3)
+    other = torch.optim.SGD(critic.parameters(), lr=0.2)
+    seen: list = []
+
+    class Catch:
+        name = "catch"
+
+        @hookfit.hookimpl
+        def epoch_metrics(self, metrics):
+            seen.append(dict(metrics.lr))
+
+    def step(loop, batch):
+        loss = (head(backbone(batch)) + tail(batch)).sum()
+        loop.backward(loss)
+        loop.optimizers["main"].step()
+        loop.optimizers["main"].zero_grad()
+        return loss
+
+    hookfit.Loop(step, [torch.ones(4, 2)] * 2, model=torch.nn.ModuleList([backbone, head, tail, critic]),
+                 optimizers={"main": opt, "other": other}, run_dir=tmp_path,
+                 plugins=[Optim(), Metrics(), CSVLogger(), Catch()]).fit()
+    assert seen == [{"main/backbone": 1e-4, "main/head": 0.1, "main/2": 0.3, "other": 0.2}]
+    with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as file:
+        header = next(csv.reader(file))
+    assert {"lr_main/backbone", "lr_main/head", "lr_main/2", "lr_other"} <= set(header) and "lr_main" not in header
+
+
 def test_every_parameter_group_publishes_its_learning_rate_by_its_name_or_index(tmp_path: Path) -> None:
     """A fine-tuning's backbone and head each have their rate in the snapshots, the CSV table and
     TensorBoard: the first group's under the optimizer's name, each further one's under its
