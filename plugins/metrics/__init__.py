@@ -35,7 +35,10 @@
   :mod:`~hookfit.plugins.metrics.derived`).
 * A metric object a step returns (torchmetrics' ``Metric``: ``update``, ``compute``, ``reset``) is
   computed and reset at the stage's end; with several validation sets, a set's objects as the
-  next set begins (one object shared by the sets gives each its own value). A checkpoint inside
+  next set begins (one object shared by the sets gives each its own value). Its value is one
+  number, or a mapping of names to numbers (torchmetrics' ``ClasswiseWrapper``, a
+  ``MetricCollection``), each published as ``<key>/<name>``; one that computes anything else (a
+  vector: ``F1Score(average=None)``) is published nowhere, said in one warning. A checkpoint inside
   the training stage keeps its objects' states (``metric_state``), and the resumed stage merges
   them back into the object the step returns (``merge_state``), so its epoch value is the
   uninterrupted run's; an object that cannot be merged (no ``merge_state``, one that refuses, a

@@ -8,11 +8,13 @@ import math
 import numbers
 import operator
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Mapping, SupportsFloat, TypeVar, cast
 
 import torch
 
+from hookfit.errors import HookfitWarning, user_level
 from hookfit.payloads import Value
 from hookfit.stopping import qualname
 
@@ -62,6 +64,40 @@ def as_real(value: object) -> float | None:
     if _numpy_kind(value) in ("b", "i", "u", "f"):  # np.bool_ and 0-d arrays: no numbers ABC
         return float(cast(SupportsFloat, value))
     return None
+
+
+def metric_numbers(computed: Mapping[str, Any], stage: str, said: set[str]) -> dict[str, float]:
+    """The numbers of the metric objects' values (what ``compute()`` returned, by key): a value of
+    one real number under its key, a mapping of names to such values (torchmetrics'
+    ``ClasswiseWrapper``, a ``MetricCollection``) under ``<key>/<name>``. A key whose value is
+    neither (a vector: ``F1Score(average=None)``) is left out, warned of once a run (``said``: the
+    keys warned of), naming its key and shape."""
+    out: dict[str, float] = {}
+    for key, value in computed.items():
+        found = {key: value} if not isinstance(value, Mapping) else {f"{key}/{name}": v for name, v in value.items()}
+        numbers = {name: _number(v) for name, v in found.items()}
+        if None in numbers.values():
+            if key not in said:
+                said.add(key)
+                shapes = ", ".join(f"{name} {_shape(v)}" for name, v in found.items() if numbers[name] is None)
+                warnings.warn(
+                    f"metrics: the metric object {key!r} of the {stage} stage computes more than one number ({shapes}): "
+                    f"it is computed and reset at the stage's end and published nowhere; have it compute one number "
+                    f"(F1Score(average='macro')), or a number per name (torchmetrics' ClasswiseWrapper, published as "
+                    f"'{key}/<name>')", HookfitWarning, stacklevel=user_level())
+            continue
+        out.update(cast("dict[str, float]", numbers))
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, torch.Tensor):
+        return float(value) if value.numel() == 1 and not value.is_complex() else None
+    return as_real(value)
+
+
+def _shape(value: Any) -> str:
+    return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
 
 
 def _numpy_kind(value: object) -> str | None:

@@ -18,7 +18,7 @@ from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.support import Every, flag, integer, number, positive_int
 from hookfit.plugins.metrics import hookspecs, ranks
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
-                                               is_complex, is_metric)
+                                               is_complex, is_metric, metric_numbers)
 from hookfit.plugins.metrics.derived import Derived, Function
 from hookfit.plugins.metrics.directions import Directions
 from hookfit.plugins.metrics.results import Report
@@ -59,6 +59,7 @@ class Metrics:
         self.report = Report(self.directions)  # what the results event answers
         self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._said_sync = False  # interval=0 with several processes was warned about
+        self._said_numbers: set[str] = set()  # metric objects that compute no number, warned about
         self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only (the fast path)
         self._resumed: Stage | None = None
@@ -78,7 +79,7 @@ class Metrics:
         self.history = {
             s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
         }
-        self._stage, self._stage_name, self._outer, self._said_sync = None, None, [], False
+        self._stage, self._stage_name, self._outer, self._said_sync, self._said_numbers = None, None, [], False, set()
         self.report = Report(self.directions)
         self.derived.reset()
 
@@ -262,11 +263,9 @@ class Metrics:
         """Publish ``agg``, the aggregate of ``stage``, in ``epoch_metrics``: the stage's end,
         or (``keep=False``) a stage a stop cut short, whose epoch the history does not keep."""
         agg.read()
-        extra: dict[str, float] = {}
-        for key, value in agg.close_metrics().items():
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                extra[key] = float(value)
-        if short := [key for key in extra if agg.start_batches and key not in agg.merged]:  # resumed mid-way
+        computed = agg.close_metrics()
+        extra = metric_numbers(computed, stage, self._said_numbers)
+        if short := [key for key in computed if agg.start_batches and key not in agg.merged]:  # resumed mid-way
             warnings.warn(f"metrics: the metric object(s) {', '.join(map(repr, short))} of the {stage} stage of epoch "
                           f"{loop.state.epoch + 1} count only its {agg.batches - agg.start_batches} batch(es) since the "
                           f"resume: the checkpoint holds no state of it that it could merge (torchmetrics' merge_state; "

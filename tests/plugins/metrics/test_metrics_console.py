@@ -213,6 +213,34 @@ def test_one_torchmetrics_object_over_several_validation_sets_gives_each_set_its
     assert state.results["metrics"] == {"valid/clean/acc": 1.0, "valid/noisy/acc": 0.5}
 
 
+def test_a_metric_object_computing_a_number_per_name_publishes_each_and_a_vector_is_warned_of(tmp_path: Path) -> None:
+    """Per-class F1 through torchmetrics' ``ClasswiseWrapper`` (a mapping of names to numbers) is published as
+    ``f1/<name>``; ``F1Score(average=None)`` (a vector) was computed, reset and published nowhere without a word:
+    one warning a run names it and its shape."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    per_class = torchmetrics.F1Score(task="multiclass", num_classes=3, average=None)
+    named = torchmetrics.wrappers.ClasswiseWrapper(torchmetrics.F1Score(task="multiclass", num_classes=3, average=None),
+                                                   labels=["cat", "dog", "fox"])
+    preds, targets = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 1, 1, 2])
+
+    def val_step(loop, batch):
+        per_class.update(preds, targets)
+        named.update(preds, targets)
+        return {"f1": named, "f1_vector": per_class}
+
+    with pytest.warns(HookfitWarning) as caught:
+        state = hookfit.Loop(lambda loop, batch: None, [0], val_step=val_step, val_data=[0, 1], max_epochs=2,
+                             run_dir=tmp_path, plugins=[Metrics()]).fit()
+    said = [str(w.message) for w in caught if "more than one number" in str(w.message)]
+    assert said == ["metrics: the metric object 'f1_vector' of the valid stage computes more than one number (f1_vector "
+                    "a tensor of shape (3,)): it is computed and reset at the stage's end and published nowhere; have "
+                    "it compute one number (F1Score(average='macro')), or a number per name (torchmetrics' "
+                    "ClasswiseWrapper, published as 'f1_vector/<name>')"], said
+    f1 = "valid/f1/multiclassf1score_"  # (torchmetrics' names: the metric's, then the label)
+    assert state.results["metrics"] == {f"{f1}cat": 1.0, f"{f1}dog": pytest.approx(2 / 3),
+                                        f"{f1}fox": pytest.approx(2 / 3)}, state.results["metrics"]
+
+
 class Counted:
     """A metric object without torchmetrics' ``metric_state``/``merge_state``: the share of ones."""
 
