@@ -52,7 +52,11 @@ class FolderLock:
     def held(self) -> bool:
         return self._file is not None
 
-    def acquire(self, what: str = "this run") -> None:
+    def acquire(self, what: str = "this run",
+                fix: str = "give this run a run_dir of its own, or resume from a checkpoint file into a new folder",
+                ) -> None:
+        """Take the lock, or raise :class:`FolderInUse` naming the live process that holds it, ``what``
+        would write there, and ``fix``: what the user can do besides waiting for it to end."""
         if self._file is not None:
             return
         path = self.folder / LOCK
@@ -75,8 +79,7 @@ class FolderLock:
                 raise
             raise FolderInUse(
                 f"{self.owner}: {self.folder} is in use by another live process ({holder}); {what} would write "
-                f"the same files. Wait for it to end, give this run a run_dir of its own, or resume from a "
-                f"checkpoint file into a new folder") from None
+                f"the same files. Wait for it to end, or {fix}") from None
         file.seek(0)
         file.truncate()
         file.write(f"pid {os.getpid()} on host {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}, "

@@ -30,7 +30,8 @@ def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> Fold
     if directory is not None and not loop.smoke:
         _make(directory, owner)
         held = FolderLock(directory, owner)
-        held.acquire(f"this run's checkpoints ({owner}(dir={str(directory)!r}))")
+        held.acquire(f"this run's checkpoints ({owner}(dir={str(directory)!r}))",
+                     f"give this run's {owner} a dir of its own, or leave dir out to save into the run folder")
         return held if held.held else None
     if loop.run_dir_given or continued:
         loop.run_dir  # noqa: B018 - the folder's first use takes its lock

@@ -44,3 +44,27 @@ def test_a_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
     with pytest.raises(OSError) as caught:
         fit(inside).fit()
     assert f"checkpoint(dir={str(inside)!r}): could not make the checkpoints' folder" in " ".join(caught.value.__notes__)
+
+
+@pytest.mark.bad_input
+def test_a_dir_a_live_process_holds_is_refused_with_advice_that_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                     ) -> None:
+    """Two jobs, each with a run_dir of its own, given one ``Checkpoint(dir=...)``: the second is refused, told to
+    give its Checkpoint a dir of its own, not a run_dir (it has one), and nothing is written there."""
+    from hookfit.locks import FolderInUse, FolderLock
+
+    monkeypatch.chdir(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    other = FolderLock(shared, "another job")
+    other.acquire()
+    try:
+        with pytest.raises(FolderInUse) as caught:
+            fit(shared).fit()
+    finally:
+        other.release()
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint: {shared} is in use by another live process"), message
+    assert message.endswith("Wait for it to end, or give this run's checkpoint a dir of its own, or leave dir out "
+                            "to save into the run folder"), message
+    assert sorted(p.name for p in shared.iterdir()) == ["run.lock"]
