@@ -96,14 +96,15 @@ class Watch:
                           f" (the parameters do not change)", OptimWarning, stacklevel=user_level())
         uncounted = self._backward_bypassed or not self._own_backward  # passes made past optim's backward
         idle = self._passes == 0 and (uncounted or self.loop is None or self.loop.state.step == self._at)
-        if idle or self._bypass_seen or self._stepped() != self._steps_at:
-            return
+        if idle or self._bypass_seen or self._stepped() != self._steps_at or not (self._optimizers or self._passes):
+            return  # (no optimizer and no backward pass: a step that trains by other means, or none)
         asked = ("called loop.backward(loss)" if self._passes else
                  "made no loop.backward(loss) (a loss returned is reported)")
-        warnings.warn(f"optim: step function {self._step_name()!r} {asked} in the first training "
-                      f"epoch and no optimizer stepped in all of it: the parameters do not change. optim steps when "
-                      f"the step function asks: call loop.optimizers.step() and loop.optimizers.zero_grad() after "
-                      f"loop.backward(loss)", OptimWarning, stacklevel=user_level())
+        advice = ("optim steps when the step function asks: call loop.optimizers.step() and loop.optimizers.zero_grad()"
+                  " after loop.backward(loss)" if self._optimizers else "The run has no optimizer: give Loop(optimizers=...)")
+        warnings.warn(f"optim: step function {self._step_name()!r} {asked} in the first training epoch and no optimizer "
+                      f"stepped in all of it: the parameters do not change. {advice}", OptimWarning,
+                      stacklevel=user_level())
 
     def _grad_arrived(self, tensor: torch.Tensor) -> None:
         """A gradient arrived outside optim's pass: warn once a run, or raise where it trains another model."""

@@ -278,6 +278,31 @@ def test_a_step_that_only_returns_its_loss_is_told_the_model_does_not_train() ->
     assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
 
 
+def test_a_run_without_optimizers_is_told_to_give_one_only_when_it_makes_backward_passes() -> None:
+    """No ``Loop(optimizers=...)``: a step that trains by other means (an update under ``no_grad``, k-means)
+    was told that no optimizer stepped and to call ``loop.optimizers.step()``; it hears nothing now. One that
+    calls ``loop.backward(loss)`` is told to give the run an optimizer."""
+    m = model()
+
+    def by_hand(loop, batch):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.1)
+        return {"loss": sum(p.sum() for p in m.parameters())}
+
+    def backward_only(loop, batch):
+        loop.backward(torch.nn.functional.mse_loss(m(batch[0]), batch[1]))
+
+    said = []
+    for step in (by_hand, backward_only):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hookfit.Loop(step, data(4), model=m, max_epochs=2, plugins=[Optim()]).fit()
+        said.append([str(w.message).split(": the parameters do not change. ")[-1] for w in caught
+                     if "no optimizer stepped" in str(w.message)])
+    assert said == [[], ["The run has no optimizer: give Loop(optimizers=...)"]], said
+
+
 def test_a_backward_pass_another_plugin_runs_is_not_taken_for_none() -> None:
     """A plugin that takes loop.backward over (tryfirst) runs the passes optim would have counted: the
     first epoch's end does not say the step made no loop.backward."""
