@@ -38,11 +38,12 @@ named as a column of the tables' own (``epoch``, ``step``, ``stage``, ``batches`
 rate's ``lr_<optimizer>``) has the column ``metric.<name>``, said once a run in a
 ``HookfitWarning``.
 
-A run that does not continue the tables an earlier run left in its folder (a script run again with
-the same ``run_dir`` and no resume, or a ``resume="latest"`` that found no checkpoint; every
-evaluation, whose tables no run continues) sets them aside at its first write, as
-``metrics.earlier-run-1.csv`` (``-2`` next, one number for the tables of one earlier run; never
-deleted), and starts fresh ones, with one ``HookfitWarning`` naming both; a run that ends before it
+A fit that does not continue the tables an earlier run left in its folder (a script run again with
+the same ``run_dir`` and no resume, or a ``resume="latest"`` that found no checkpoint) sets them
+aside at its first write, the evaluations of that run's checkpoints with them, as
+``metrics.earlier-run-1.csv`` and ``evaluation.earlier-run-1.csv`` (``-2`` next, one number for the
+tables of one earlier run; never deleted), and starts fresh ones (evaluations in one folder add
+their rows to one ``evaluation.csv``, each naming the step it evaluated), with one ``HookfitWarning`` naming both; a run that ends before it
 writes (refused at its start) leaves them as they are. A table that cannot be moved is named in a
 ``FileWarning``, left as it is and not written. A resumed run (``Loop(resume=...)``)
 appends to the same files under their header, never repeating it. It first drops
@@ -194,11 +195,11 @@ class CSVLogger:
             folder = loop.run_dir
         except OSError:  # a run folder that cannot be made: the writes say so
             return
-        tables = (self._epochs, self._updates)
-        names = [t.name for t in tables if table_of(folder / t.name, t.leading)]
+        tables = (self._epochs, self._updates)  # (and the evaluations of the earlier run's checkpoints)
+        earlier = [(name, t.leading) for t in tables for name in (t.name, t.name.replace("metrics", "evaluation"))]
+        names = [name for name, leading in earlier if table_of(folder / name, leading)]
         writes = [t.name for t in tables if t is self._epochs or self.every_publication]
-        advice = ("Give each run its own run_dir, or resume it (resume='latest') to continue it" if loop.mode == "fit"
-                  else "An evaluation continues no earlier one: give each its own run_dir to keep its tables' names")
+        advice = "Give each run its own run_dir, or resume it (resume='latest') to continue it"
 
         def fresh(stayed: list[str]) -> str:
             fresh = [name for name in writes if name not in stayed]

@@ -53,11 +53,12 @@ writes from a thread of its own, where a failed write surfaces late, as an excep
 later call and a traceback on stderr.
 
 Each ``fit()`` starts a new event file, with its first write (a run that ends before its first epoch
-begins, refused at its start, writes none). A run that does not continue the events of its folder (a
+begins, refused at its start, writes none). A fit that does not continue the events of its folder (a
 script run again with the same ``run_dir`` and no resume, or a ``resume="latest"`` that found no
-checkpoint; every evaluation, in ``evaluation/``) first moves an earlier run's event files there
-into its ``earlier-run-1/`` subfolder (``-2`` next; never deleted), where TensorBoard shows them as
-a run of their own, and says so in one ``HookfitWarning``: its curves never jump back to step 0 (a
+checkpoint) first moves an earlier run's event files there, the evaluations' in ``evaluation/``
+with them, into its ``earlier-run-1/`` subfolder (``-2`` next; never deleted), where TensorBoard
+shows them as a run of their own (evaluations in one folder are one run, ``evaluation/``, each at
+the step it evaluated), and says so in one ``HookfitWarning``: its curves never jump back to step 0 (a
 file that cannot be moved is named in a ``FileWarning`` and stays, its points shown with this
 run's). A resumed run (``Loop(resume=...)``, which writes in the folder of the run it continues)
 reads as the run that never stopped: it marks where it continues with a ``SessionLog.START`` event
@@ -367,16 +368,16 @@ class TensorBoard:
         loop = self._loop
         assert loop is not None  # a run's write
         folder = "" if loop.mode == "fit" else EVALUATION  # an evaluation is a run of its own beside the fit's
-        if afresh(loop):
-            advice = ("Give each run its own run_dir, or resume it (resume='latest') to continue it" if not folder
-                      else "An evaluation continues no earlier one: give each its own run_dir to keep its events there")
+        if afresh(loop):  # (a fit: its folder's events and the evaluations' of the earlier run's checkpoints)
             try:
-                where = loop.run_dir / folder
-                earlier = sorted(p.name for p in where.glob("events.out.tfevents.*") if p.is_file())
+                where = loop.run_dir
+                earlier = sorted(str(p.relative_to(where)) for events in (where, where / EVALUATION)
+                                 for p in events.glob("events.out.tfevents.*") if p.is_file())
                 set_aside(where, earlier, self.name, lambda name, n: f"earlier-run-{n}/{name}",
                           lambda stayed: "TensorBoard shows them as a run of their own, this run's events in a "
                                          "fresh file", stuck="this run's events are written beside it, in the same "
-                                                             "TensorBoard run", advice=advice)
+                                                             "TensorBoard run",
+                          advice="Give each run its own run_dir, or resume it (resume='latest') to continue it")
             except OSError:  # a run folder that cannot be made or listed: the file's writes say so
                 pass
         self._file = run_file(loop, os.path.join(folder, _event_file_name(loop, folder)), self.name, binary=True)

@@ -124,10 +124,11 @@ class SafeNames:
 
 def afresh(loop: Run) -> bool:
     """Whether ``loop`` writes its records afresh, setting aside those an earlier run left where it
-    writes (:func:`set_aside`): a fit that did not resume (``loop.state.resumed_from``, known once
-    the run has resumed: ask at the first write, never at ``fit_start``; a ``resume="latest"`` that
-    found no checkpoint starts afresh), and every evaluation, whose records no later run continues."""
-    return loop.mode != "fit" or loop.state.resumed_from is None
+    writes (:func:`set_aside`), its evaluations' with them: a fit that did not resume
+    (``loop.state.resumed_from``, known once the run has resumed: ask at the first write, never at
+    ``fit_start``; a ``resume="latest"`` that found no checkpoint starts afresh). An evaluation never
+    does: the evaluations of one run's checkpoints in its folder add up to one record."""
+    return loop.mode == "fit" and loop.state.resumed_from is None
 
 
 def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str],
@@ -141,7 +142,7 @@ def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str
     to keep runs apart). One that cannot be moved stays, with a :class:`~hookfit.files.FileWarning`
     naming it (``stuck``: what becomes of it); the run goes on. Returns the names that stayed."""
     def taken(new: Path) -> bool:  # (a subfolder of the folder, such as earlier-run-1/, is taken whole)
-        return os.path.lexists(new) or new.parent != folder and os.path.lexists(new.parent)
+        return os.path.lexists(folder / new.relative_to(folder).parts[0])
 
     number = 1
     while any(taken(folder / renamed(name, number)) for name in [*names, *also]):

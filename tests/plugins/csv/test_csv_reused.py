@@ -142,10 +142,11 @@ def test_the_warning_names_only_the_tables_this_run_writes(tmp_path: Path) -> No
     assert not (tmp_path / "metrics_updates.csv").exists()
 
 
-def test_an_evaluation_sets_an_earlier_evaluations_tables_aside(tmp_path: Path) -> None:
-    """Two evaluations of the run's checkpoint in its folder: the second sets the first's
-    ``evaluation.csv`` aside (an evaluation continues none, though it resumed from a checkpoint),
-    under a number no table of the folder has; the run's ``metrics.csv`` stays as it was."""
+def test_evaluations_add_to_one_table_which_a_fresh_fit_sets_aside_with_its_runs(tmp_path: Path) -> None:
+    """Two evaluations of the run's checkpoint in its folder (a script that evaluates checkpoint after
+    checkpoint): both rows in one ``evaluation.csv``, nothing set aside, the run's ``metrics.csv`` as it was.
+    A fit afresh in the folder then sets the earlier run's tables aside, its evaluations' with them, under one
+    number no table of the folder has."""
     model = torch.nn.Linear(1, 1)
     (tmp_path / "metrics.earlier-run-1.csv").write_text(EARLIER)
     _fit(tmp_path, every_publication=False, model=model, plugins_extra=[Checkpoint(background=False)])
@@ -159,10 +160,11 @@ def test_an_evaluation_sets_an_earlier_evaluations_tables_aside(tmp_path: Path) 
         assert state.status == "completed" and state.resumed_from is not None
         return caught
 
-    assert not _set_aside(evaluate(5.0))
-    said = _set_aside(evaluate(7.0))
-    assert len(said) == 1 and "set aside as evaluation.earlier-run-2.csv; this run writes a fresh evaluation.csv" \
-        in said[0], said
-    assert _rows(tmp_path / "evaluation.earlier-run-2.csv") == [("1", "2", "valid", "5.0")]
-    assert _rows(tmp_path / "evaluation.csv") == [("1", "2", "valid", "7.0")]
+    assert not _set_aside(evaluate(5.0)) and not _set_aside(evaluate(7.0))
+    assert _rows(tmp_path / "evaluation.csv") == [("1", "2", "valid", "5.0"), ("1", "2", "valid", "7.0")]
     assert (tmp_path / "metrics.csv").read_text() == fitted
+    said = _set_aside(_fit(tmp_path, every_publication=False))
+    assert len(said) == 1 and "set aside as metrics.earlier-run-2.csv, evaluation.earlier-run-2.csv;" in said[0], said
+    assert _rows(tmp_path / "evaluation.earlier-run-2.csv") == [("1", "2", "valid", "5.0"), ("1", "2", "valid", "7.0")]
+    assert (tmp_path / "metrics.earlier-run-2.csv").read_text() == fitted
+    assert not (tmp_path / "evaluation.csv").exists()

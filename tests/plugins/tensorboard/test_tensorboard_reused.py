@@ -5,6 +5,7 @@ them (test_tensorboard.py)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -85,12 +86,12 @@ def test_a_resume_that_finds_no_checkpoint_starts_afresh_and_moves_the_earlier_e
     assert _steps(folder) == [(2, 1.0)] and _steps(folder / "earlier-run-1") == [(2, 2.0), (4, 2.0)]
 
 
-def test_an_evaluation_moves_an_earlier_evaluations_events_aside(tmp_path: Path) -> None:
-    """Each evaluation in the run's folder is a run of its own: the second moves the first's
-    events into ``evaluation/earlier-run-1/``; the fit's events stay where they are."""
+def test_evaluations_are_one_run_which_a_fresh_fit_moves_aside_with_its_run(tmp_path: Path) -> None:
+    """Evaluations in the run's folder are one TensorBoard run, ``evaluation/``: the second moves nothing.
+    A fit afresh there then moves the earlier run's events into ``earlier-run-1/``, its evaluations' into
+    ``earlier-run-1/evaluation/``: TensorBoard shows the earlier run and its evaluations apart."""
     folder = tmp_path / "run"
     _run(folder, 1)
-    fitted = sorted(folder.glob("events.out.tfevents.*"))
 
     def evaluate(loss: float) -> None:
         hookfit.Loop(None, [], val_step=lambda loop, batch: {"loss": loss}, val_data=[0], model=torch.nn.Linear(1, 1),
@@ -99,10 +100,14 @@ def test_an_evaluation_moves_an_earlier_evaluations_events_aside(tmp_path: Path)
     def valid(events: Path) -> list[float]:
         accumulated = EventAccumulator(str(events))
         accumulated.Reload()
-        return [e.value for e in accumulated.Scalars("valid/loss")]
+        return sorted(e.value for e in accumulated.Scalars("valid/loss"))
 
     evaluate(5.0)
-    with pytest.warns(hookfit.HookfitWarning, match="earlier-run-1/"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hookfit.HookfitWarning)
         evaluate(7.0)
-    assert valid(folder / "evaluation") == [7.0] and valid(folder / "evaluation" / "earlier-run-1") == [5.0]
-    assert sorted(folder.glob("events.out.tfevents.*")) == fitted and not (folder / "earlier-run-1").exists()
+    assert valid(folder / "evaluation") == [5.0, 7.0] and not (folder / "evaluation" / "earlier-run-1").exists()
+    with pytest.warns(hookfit.HookfitWarning, match="earlier-run-1/evaluation/"):
+        _run(folder, 2)
+    assert valid(folder / "earlier-run-1" / "evaluation") == [5.0, 7.0] and _steps(folder / "earlier-run-1") == [(2, 1.0)]
+    assert not list((folder / "evaluation").glob("events.out.tfevents.*")) and _steps(folder) == [(2, 2.0), (4, 2.0)]
