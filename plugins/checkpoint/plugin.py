@@ -207,7 +207,7 @@ class Checkpoint:
     @hookimpl
     def fit_start(self, loop: Run) -> None:
         self._loop, self.began = loop, loop.position
-        self._clock.start(loop)
+        self._clock.start()
         self.off = loop.model is None
         if self.off:
             warnings.warn(

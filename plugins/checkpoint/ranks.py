@@ -125,12 +125,14 @@ class Clock:
     def __init__(self, every: float | None) -> None:
         self.every = every
         self._last = self._read_at = 0.0
-        self._read_step = self._next = 0
+        self._read_step: int | None = None  # the step of the last reading; None before the run's first
+        self._next = 0
 
-    def start(self, loop: Run) -> None:
-        """The run starts at its ``loop.state.step``: the first reading is after its first batch."""
-        self._last = self._read_at = time.monotonic()
-        self._read_step, self._next = loop.state.step, loop.state.step + 1
+    def start(self) -> None:
+        """The run starts (its step is not known yet: a resume sets it after ``fit_start``): the first
+        reading is after its first batch, the second after the next, from when the pace is known."""
+        self._last = time.monotonic()
+        self._read_step, self._next = None, 0
 
     def saved(self) -> None:
         """A checkpoint was saved (for any reason): the next one by time is ``every`` seconds from now."""
@@ -145,8 +147,9 @@ class Clock:
             return now - self._last >= self.every
         if step < self._next:
             return False
-        pace = (now - self._read_at) / max(step - self._read_step, 1)  # seconds a step, since the last reading
-        ahead = max(1, int(min(TIMED_SPACING, self.every / 10) / pace)) if pace > 0 else 1
+        ahead = 1
+        if self._read_step is not None and (pace := (now - self._read_at) / max(step - self._read_step, 1)) > 0:
+            ahead = max(1, int(min(TIMED_SPACING, self.every / 10) / pace))  # (pace: seconds a step since the last)
         due, self._next = from_main(loop, (now - self._last >= self.every, step + ahead))
         self._read_at, self._read_step = now, step
         return bool(due)

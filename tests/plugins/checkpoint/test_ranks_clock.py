@@ -30,7 +30,7 @@ class Steps:
 
 
 def due_steps(clock: ranks.Clock, run: Steps, steps: int) -> list[int]:
-    clock.start(run.loop)
+    clock.start()
     due = []
     for _ in range(steps):
         run.step()
@@ -64,6 +64,23 @@ def test_a_short_every_seconds_is_read_at_a_tenth_of_it(monkeypatch: pytest.Monk
     run = Steps(monkeypatch, seconds=0.01)
     due = due_steps(ranks.Clock(2.0), run, 1000)
     assert all(200 <= step - before <= 220 for step, before in zip(due, [0] + due)) and len(due) >= 4, due
+
+
+def test_a_resumed_run_reads_the_clock_at_its_own_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run starts at step 0 and its resume sets step 20,000 before the first batch: steps of 5 s with
+    ``every_seconds=60`` are saved every 12 steps, as in a fresh run; the pace from the start to the first
+    batch (5 s over 20,001 steps) put the next reading some 2,800 steps (four hours) away."""
+    run = Steps(monkeypatch, seconds=5.0)
+    clock = ranks.Clock(60.0)
+    clock.start()
+    run.loop.state.step = 20_000
+    due = []
+    for _ in range(40):
+        run.step()
+        if clock.due(run.loop):
+            due.append(run.loop.state.step - 20_000)
+            clock.saved()
+    assert due == [12, 24, 36], due
 
 
 def test_no_every_seconds_is_never_due(monkeypatch: pytest.MonkeyPatch) -> None:
