@@ -106,6 +106,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.plugins.checkpoint.digests import digest
     from hookfit.plugins.checkpoint.plugin import Checkpoint
     from hookfit.plugins.checkpoint.storage import (
         FORMAT,
@@ -114,7 +115,6 @@ if TYPE_CHECKING:  # pragma: no cover
         CheckpointError,
         CheckpointWarning,
         atomic_save,
-        digest,
         read,
     )
 
@@ -129,4 +129,5 @@ def __getattr__(name: str) -> Any:
     is added to the command line through :mod:`hookfit.plugins.checkpoint.command` alone."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{'plugin' if name == 'Checkpoint' else 'storage'}"), name)
+    module = {"Checkpoint": "plugin", "digest": "digests"}.get(name, "storage")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

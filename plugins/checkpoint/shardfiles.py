@@ -38,7 +38,8 @@ from typing import Any, cast
 import torch
 
 from hookfit.errors import user_level
-from hookfit.plugins.checkpoint.storage import DIGEST, CheckpointError, CheckpointWarning, Crc32
+from hookfit.plugins.checkpoint.digests import DIGEST, Crc32
+from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning
 
 METADATA = ".metadata"
 """DCP's metadata file in a sharded checkpoint's folder."""
@@ -62,7 +63,7 @@ they hold. Each builds a value from plain data; none runs anything the file coul
 
 def file_digest(path: Path) -> str:
     """``"crc32:<8 hex digits>"`` of the bytes of the file ``path`` (finds a torn or flipped
-    shard, not deliberate tampering: see :data:`hookfit.plugins.checkpoint.storage.DIGEST`)."""
+    shard, not deliberate tampering: see :data:`hookfit.plugins.checkpoint.digests.DIGEST`)."""
     h = Crc32()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

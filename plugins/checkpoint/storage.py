@@ -1,4 +1,4 @@
-"""checkpoint storage: the file format, atomic writes, the digest, the checks of a file's
+"""checkpoint storage: the file format, atomic writes, the checks of a file's
 contents and the listing of a folder's checkpoints. The policy (when to save, what to keep,
 which file to resume from) is in :mod:`hookfit.plugins.checkpoint.plugin`."""
 
@@ -9,7 +9,6 @@ import os
 import pickle
 import re
 import warnings
-import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
@@ -18,6 +17,7 @@ import torch
 
 from hookfit.errors import user_level
 from hookfit.files import FileWarning
+from hookfit.plugins.checkpoint.digests import PIECE, digest
 from hookfit.position import check_position, check_rng
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -26,12 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 FORMAT = "hookfit-checkpoint"
 FORMAT_VERSION = 1
 SUFFIX = ".pt"
-DIGEST = "crc32"
-"""The checksum of a checkpoint's ``digest`` entry (:func:`digest`) and of a sharded checkpoint's
-files: CRC-32 finds torn writes and flipped bits (as zip and gzip do); it is no defence against
-deliberate tampering (files load with ``weights_only=True``)."""
-PIECE = 4 << 20
-"""Bytes a background writer hashes or writes between two chances to step aside."""
 KEYS = ("loop", "model", "plugins", "rng", "data", "meta")
 """What a checkpoint holds besides ``format``, ``version`` and ``digest``."""
 
@@ -170,67 +164,6 @@ def _running(pid: int) -> bool:
     except OverflowError:
         return False
     return True
-
-
-# -- digest ---------------------------------------------------------------------------------
-
-
-def digest(payload: Mapping[str, Any], between: Callable[[], None] | None = None) -> str:
-    """``"crc32:<8 hex digits>"`` over everything in ``payload`` but its ``digest`` entry: every
-    tensor's dtype, shape and bytes and every other value, in a fixed order (mappings by
-    their keys, sorted), so a bit that changed in a file after it was written is found
-    (CRC-32: torn writes and flipped bits, not deliberate tampering; see :data:`DIGEST`).
-    ``between`` is called before each tensor is hashed (as :func:`atomic_save`'s)."""
-    h = Crc32()
-    _feed(h, {k: v for k, v in payload.items() if k != "digest"}, between or _nothing)
-    return f"{DIGEST}:{h.hexdigest()}"
-
-
-class Crc32:
-    """A running ``zlib.crc32`` with a hash object's ``update()`` and ``hexdigest()`` (8 hex
-    digits). ``zlib.crc32`` releases the GIL on large buffers, so a writer thread's pieces run
-    beside training's Python."""
-
-    def __init__(self) -> None:
-        self.crc = 0
-
-    def update(self, data: Any) -> None:
-        self.crc = zlib.crc32(data, self.crc)
-
-    def hexdigest(self) -> str:
-        return f"{self.crc:08x}"
-
-
-def _nothing() -> None:
-    return None
-
-
-def _feed(h: Crc32, obj: Any, between: Callable[[], None]) -> None:
-    if isinstance(obj, torch.Tensor):
-        between()
-        tensor = obj.detach()
-        if tensor.layout != torch.strided:
-            tensor = tensor.to_dense()
-        tensor = tensor.cpu().contiguous().reshape(-1)
-        h.update(f"T{tensor.dtype}{tuple(obj.shape)}:".encode())
-        data = tensor.view(torch.uint8) if tensor.element_size() and tensor.dtype != torch.uint8 else tensor
-        view = data.numpy().data.cast("B") if data.numel() else memoryview(b"")  # (the array's buffer)
-        for start in range(0, len(view), PIECE):  # (hashed in pieces: the same digest as at once)
-            if start:
-                between()
-            h.update(view[start:start + PIECE])
-    elif isinstance(obj, Mapping):
-        h.update(f"D{len(obj)}:".encode())
-        for key, value in sorted(obj.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0]))):
-            _feed(h, key, between)
-            _feed(h, value, between)
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)}:".encode())
-        for value in obj:
-            _feed(h, value, between)
-    else:
-        text = repr(obj)
-        h.update(f"V{type(obj).__name__}:{len(text)}:{text}".encode())
 
 
 # -- reading and checking -------------------------------------------------------------------

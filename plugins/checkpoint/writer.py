@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from hookfit.plugins.checkpoint.staging import Staging
-from hookfit.plugins.checkpoint.storage import atomic_save, digest
+from hookfit.plugins.checkpoint.digests import digest
+from hookfit.plugins.checkpoint.storage import atomic_save
 
 __all__ = ["Done", "Held", "Kept", "Writer", "write_file"]
 
