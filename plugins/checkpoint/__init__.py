@@ -85,7 +85,16 @@ has a fixed ``run_dir``, else the newest of this run's name, in ``runs/<name>/*/
 (never another name's); with none, the run starts afresh. The file is chosen at ``configure``,
 and a run without a ``run_dir`` of its own continues in the folder of the run it resumes
 (``loop.continue_in``): its checkpoints, its metrics log. The checkpoints already there are
-this run's too, so ``keep_last`` holds across resumes. Contents are checked before use: a file
+this run's too, so ``keep_last`` holds across resumes. A run never writes over nor prunes a
+checkpoint of a run it does not continue: one that resumes none (or resumes one from elsewhere)
+first moves the checkpoints left in its folder (``epoch*``, ``failed-*``, files and sharded
+folders) into ``earlier-run-N/`` there (``N`` the first free), warned of once, where they stay
+and are resumed or exported by their path (their run's best read as the one beside them); one
+resumed from there writes in a run folder of its own, or with the same ``run_dir`` moves that
+folder's checkpoints aside in turn. Only the main process moves them; one that cannot be moved
+stays, named by a warning and listed in ``.earlier-runs``: no listing takes it, no ``keep_last``
+prunes it, and a save of its name fails (``on_save_error``) rather than write over it
+(:mod:`hookfit.plugins.checkpoint.folders`). Contents are checked before use: a file
 that is torn, not a hookfit checkpoint, newer, lacking entries, with a bad RNG state or an
 impossible position, or whose contents do not match its digest is a :class:`CheckpointError`
 naming it and what does not match; ``fallback=True`` warns and takes the next newest instead

@@ -9,9 +9,9 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from hookfit.plugins.checkpoint.storage import position_of, score_of
+from hookfit.plugins.checkpoint.storage import ASIDE, position_of, score_of
 from hookfit.plugins.support import Monitor
 
 __all__ = ["Catalog"]
@@ -20,6 +20,19 @@ __all__ = ["Catalog"]
 def _at(path: str | os.PathLike[str]) -> Path:
     """A checkpoint's path as the catalog keeps it: absolute, so that one file written two ways is one."""
     return Path(os.path.abspath(path))
+
+
+def _moved(source: Path | None) -> Callable[[str | os.PathLike[str]], Path]:
+    """A path a checkpoint at ``source`` names, as the catalog keeps it (:func:`_at`): where ``source`` lies in an
+    ``earlier-run-N/`` subfolder, a path in the folder above it is read as the one of that name beside ``source``."""
+    if source is None or not ASIDE.fullmatch((home := _at(source).parent).name):
+        return _at
+
+    def at(path: str | os.PathLike[str]) -> Path:
+        path = _at(path)
+        return home / path.name if path.parent == home.parent else path
+
+    return at
 
 
 class Catalog:
@@ -39,6 +52,8 @@ class Catalog:
         self.last: Path | None = None
         """The newest checkpoint of the run: the last written whole, else the one it resumed
         from; a ``failed-*`` file is not counted."""
+        self.reading: Path | None = None
+        """The checkpoint whose state :meth:`load` is given (``None``: not known)."""
 
     @property
     def best(self) -> tuple[float, Path] | None:
@@ -51,7 +66,7 @@ class Catalog:
 
     def reset(self) -> None:
         """A new run: nothing kept yet."""
-        self.saved, self.best, self.last, self.scores = [], None, None, {}
+        self.saved, self.best, self.last, self.scores, self.reading = [], None, None, {}, None
 
     def follow(self, path: Path, metric: float | None, reason: str) -> None:
         """Take ``path``, a checkpoint written whole (by this process, or by the main one),
@@ -122,14 +137,18 @@ class Catalog:
                 "scores": {str(p): value for p, value in list(self.scores.items())}, "monitor": self.monitor.metric}
 
     def load(self, state: Mapping[str, Any]) -> None:
-        """Back from :meth:`state`, for the files still on disk; the direction the best was found in."""
+        """Back from :meth:`state`, for the files still on disk; the direction the best was found in. Read from a
+        checkpoint (:attr:`reading`) that a later run moved aside into an ``earlier-run-N/`` subfolder of the folder
+        it was written in, the files the state names in that folder are read as the ones moved beside it (the
+        names there now are the later run's)."""
+        at = _moved(self.reading)
         same = state.get("monitor", self.monitor.metric) == self.monitor.metric  # (a state before it was kept: same)
         best = state.get("best") if same else None  # a best by another metric is none by this one
-        value, path = best if best is not None and Path(best[1]).exists() else (None, None)
-        self.monitor.reset(value, None if path is None else _at(path), state.get("mode"))
-        self.saved = [_at(p) for p in state.get("saved", []) if Path(p).exists()]
-        self.scores = {_at(p): float(v) for p, v in dict(state.get("scores") or {} if same else {}).items()
-                       if _at(p) in self.saved}
+        value, path = best if best is not None and at(best[1]).exists() else (None, None)
+        self.monitor.reset(value, None if path is None else at(path), state.get("mode"))
+        self.saved = [at(p) for p in state.get("saved", []) if at(p).exists()]
+        self.scores = {at(p): float(v) for p, v in dict(state.get("scores") or {} if same else {}).items()
+                       if at(p) in self.saved}
 
     def resumed(self, path: Path, meta: Any, training: bool) -> Path:
         """The run resumed from ``path``: the last and, in a training run, the best if its own score

@@ -1,6 +1,7 @@
 """checkpoint's folders: the lock that keeps a second process out of the folder a run's
-checkpoints go to (:class:`hookfit.locks.FolderLock`), and the temporary files a killed
-write left there."""
+checkpoints go to (:class:`hookfit.locks.FolderLock`), the temporary files a killed
+write left there, and an earlier run's checkpoints there, moved aside into ``earlier-run-N/``
+by a run that does not continue them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import TYPE_CHECKING
 
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import sharded
-from hookfit.plugins.checkpoint.storage import (EARLIER, CheckpointWarning, aside, checkpoint_files, set_aside,
-                                                stale_temporaries)
+from hookfit.plugins.checkpoint.storage import (EARLIER, CheckpointWarning, checkpoint_files, list_earlier, listed,
+                                                run_files, stale_temporaries)
+from hookfit.plugins.support.logger import move_aside
 from hookfit.locks import FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -55,36 +57,54 @@ def _make(directory: Path, owner: str) -> None:
         raise
 
 
-def prepare(folder: Path, resumes: bool) -> None:
-    """Before a run writes in ``folder``: the temporary files of writes that a killed process
-    left removed; the checkpoints of an earlier run there, when this run does not resume, set
-    aside (:func:`~hookfit.plugins.checkpoint.storage.set_aside`) and warned of once."""
+def prepare(folder: Path, continues: bool) -> None:
+    """Before a run writes in ``folder`` (main process, at ``fit_start``): the temporary files of writes that a
+    killed process left removed; unless the run ``continues`` the checkpoints there (it resumed from one of them),
+    every checkpoint an earlier run left there (``epoch*.pt``, sharded ``epoch*.dcp``, ``failed-*`` ones) moved
+    into the subfolder ``earlier-run-N/`` (``N`` the first free), never deleted nor written over, and warned of
+    once. One that cannot be moved stays, listed in :data:`~hookfit.plugins.checkpoint.storage.EARLIER`,
+    with a warning naming it: no listing takes it, no ``keep_last`` prunes it, and this run's save of that name
+    fails (``on_save_error``) rather than write over it. The run goes on either way."""
     for path in stale_temporaries(folder):
         try:
             sharded.remove(path)
         except OSError:
             pass
-    earlier = [] if resumes else checkpoint_files(folder)
-    if earlier:
-        set_aside(folder, earlier)
-        warnings.warn(f"checkpoint: {folder} already holds {len(earlier)} checkpoint(s) of an earlier run (newest by "
-                      f"name: {earlier[0].name}) and this run does not resume: they stay there, set aside (listed in "
-                      f"{EARLIER}), until this run writes a checkpoint of the same name: resume='latest', hookfit "
-                      f"export and keep_last take this run's checkpoints only; one of them is resumed or exported by "
-                      f"its path. Give each run its own run_dir or name, or "
-                      f"resume (resume='latest')", CheckpointWarning, stacklevel=user_level())
+    names = [] if continues else run_files(folder)
+    if not names:
+        return
+    number, moved, failed = move_aside(folder, names, lambda name, n: f"earlier-run-{n}/{name}")
+    into = folder / f"earlier-run-{number}"
+    if moved:
+        shown = [name for name in moved if not name.startswith("failed-")] or moved
+        warnings.warn(f"checkpoint: {folder} held {len(moved)} checkpoint(s) of an earlier run (newest by name: "
+                      f"{shown[-1]}) and this run does not continue them: moved into {into}, where they stay (resume "
+                      f"or export one by its path there); resume='latest', hookfit export and keep_last take this "
+                      f"run's checkpoints only. Give each run its own run_dir or name, or resume "
+                      f"(resume='latest')", CheckpointWarning, stacklevel=user_level())
+    try:
+        list_earlier(folder, (listed(folder) - set(moved)) | set(failed))
+        kept = (f"listed in {folder / EARLIER}; resume='latest', hookfit export and keep_last leave it alone, and "
+                f"this run's checkpoint of that name is not written over it (a failed save, as on_save_error says)")
+    except OSError as unlisted:
+        kept = (f"and could not be listed in {folder / EARLIER} either ({type(unlisted).__name__}: {unlisted}): "
+                f"resume='latest', hookfit export and keep_last take it as this run's")
+    for name, error in failed.items():
+        warnings.warn(f"checkpoint: could not move {folder / name}, an earlier run's checkpoint, into {into} "
+                      f"({type(error).__name__}: {error}): it stays where it is, {kept}", CheckpointWarning,
+                      stacklevel=user_level())
+
+
+def continued(folder: Path, resumed: Path | None) -> bool:
+    """Whether a run resumed from ``resumed`` (``None``: no checkpoint) continues the checkpoints in ``folder``,
+    where it writes: it resumed from one of them (not from one that an earlier run left there, listed in
+    :data:`~hookfit.plugins.checkpoint.storage.EARLIER`)."""
+    return (resumed is not None and resumed.parent.resolve() == folder.resolve()
+            and resumed.name not in listed(folder))
 
 
 def adoptable(folder: Path, resumed: Path) -> list[Path]:
     """The checkpoints in ``folder`` a run resumed from ``resumed`` takes as its own (``keep_last`` prunes them):
-    those listed there; none where ``resumed`` is an earlier run's that a later run set aside (a resume by its path,
-    as the warning of :func:`prepare` says), whose own are set aside in turn, warned of once, and never pruned."""
-    if resumed.parent.resolve() != folder.resolve() or resumed.resolve() not in {p.resolve() for p in aside(folder)}:
-        return checkpoint_files(folder)
-    if later := checkpoint_files(folder):
-        set_aside(folder, later)
-        warnings.warn(f"checkpoint: {resumed.name} was set aside in {folder} by a later run, whose {len(later)} "
-                      f"checkpoint(s) there (newest by name: {later[0].name}) are set aside in turn (listed in "
-                      f"{EARLIER}): resume='latest', hookfit export and keep_last take this run's from now on",
-                      CheckpointWarning, stacklevel=user_level())
-    return []
+    those listed there when it continues them (:func:`continued`); none otherwise, a run that does not having
+    moved them aside before it began (:func:`prepare`)."""
+    return checkpoint_files(folder) if continued(folder, resumed) else []

@@ -222,7 +222,7 @@ class Checkpoint:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
             if (known := self._known_directory(loop)) is not None:  # a kill -9's files; an earlier run's
-                folders.prepare(known, resumes=loop.resume is not None)
+                folders.prepare(known, folders.continued(known, None if self._pending is None else self._pending[1]))
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:
@@ -233,14 +233,16 @@ class Checkpoint:
             path, data = choose(loop, source, self.dir, self.fallback)
         if path is None or data is None:
             return False
+        self.catalog.reading = path  # (its state names files at the paths they were written at)
         restore(loop, path, data, self.strict)
         self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit")
         self.saved_step = data["loop"]["step"]
         if source == "latest":
             announce(loop, path, self.dir)
-        if loop.is_main and loop.mode == "fit" and (folder := self._known_directory(loop)) is not None:
-            # the checkpoints already there are this run's: keep_last holds across resumes (Catalog.adopt)
-            self.writer.remove(self.catalog.adopt(folders.adoptable(folder, path), data["loop"]["step"]))
+        if loop.is_main and loop.mode == "fit":  # those it continues are this run's: keep_last holds across resumes
+            folder = self._known_directory(loop)  # (Catalog.adopt); a new run folder holds none
+            self.writer.remove(self.catalog.adopt([] if folder is None else folders.adoptable(folder, path),
+                                                  data["loop"]["step"]))
         return path
 
     @hookimpl

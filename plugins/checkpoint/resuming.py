@@ -19,8 +19,7 @@ from hookfit.errors import user_level
 from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import ranks, sharded
 from hookfit.plugins.checkpoint.state import SWITCHED_OFF, load_model, model_mismatch, model_state
-from hookfit.plugins.checkpoint.storage import (EARLIER, CheckpointError, CheckpointWarning, aside, checkpoint_files,
-                                                read)
+from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, earlier, read
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -72,11 +71,11 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
 
 
 def _aside_note(folder: Path) -> str:
-    """Where ``folder`` holds an earlier run's checkpoints that a fresh run set aside, what says so."""
-    if not (earlier := aside(folder) if folder.is_dir() else []):
+    """Where ``folder`` holds earlier runs' checkpoints that a later run beginning afresh moved aside, what says so."""
+    if not (found := earlier(folder)):
         return ""
-    return (f" (it holds {len(earlier)} checkpoint(s) of an earlier run, set aside by a later run that began afresh "
-            f"there and listed in {EARLIER}; resume one by its path: resume={str(earlier[0])!r})")
+    return (f" (it holds {len(found)} checkpoint(s) of earlier runs, moved aside by later runs that began afresh "
+            f"there; resume one by its path: resume={str(found[0])!r})")
 
 
 def _read(loop: Run, path: Path, trains: Any) -> dict[str, Any]:

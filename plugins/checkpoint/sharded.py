@@ -44,7 +44,7 @@ from typing import Any, Callable, cast
 import torch
 
 from hookfit.plugins.checkpoint import shardfiles
-from hookfit.plugins.checkpoint.storage import CheckpointError, unlisted
+from hookfit.plugins.checkpoint.storage import CheckpointError, refuse_listed
 
 SHARDED_SUFFIX = ".dcp"
 STATE_FILE = "state.pt"
@@ -298,12 +298,12 @@ def error_of(outcome: tuple[str, int | None]) -> Exception:
 def _rename(tmp: Path, path: Path) -> None:
     """``tmp``, whole, to ``path`` (replacing a checkpoint of the same position), and the fsync
     of the folder."""
+    refuse_listed(path)
     old = None
     if path.exists():  # the same position written again: the new one replaces it
         old = path.with_name(f".{path.name}.{os.getpid()}.old.tmp")
         os.replace(path, old)
     os.replace(tmp, path)
-    unlisted(path)
     _fsync_folder(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -4,6 +4,7 @@ which file to resume from) is in :mod:`hookfit.plugins.checkpoint.plugin`."""
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import pickle
@@ -63,8 +64,8 @@ def atomic_save(obj: Any, path: Path, between: Callable[[], None] | None = None)
                 raise
             f.flush()
             os.fsync(f.fileno())
+        refuse_listed(path)
         os.replace(tmp, path)
-        unlisted(path)  # (after the rename: a crash between them hides this file, never shows an earlier run's)
     except BaseException:
         try:
             tmp.unlink()
@@ -258,51 +259,80 @@ def filename(position: Position, reason: str) -> str:
 
 
 EARLIER = ".earlier-runs"
-"""In a checkpoint folder: the names of the checkpoints an earlier run left there, one a line, written by a
-run that began afresh beside them (:func:`set_aside`)."""
+"""In a checkpoint folder: the names of earlier runs' checkpoints left there, one a line: those that a run
+beginning afresh could not move into an ``earlier-run-N/`` subfolder
+(:func:`hookfit.plugins.checkpoint.folders.prepare`). No listing takes them, no run writes over them
+(:func:`refuse_listed`), and no ``keep_last`` prunes them."""
+
+ASIDE = re.compile(r"earlier-run-(\d+)")
+"""The name of a checkpoint folder's subfolder holding an earlier run's checkpoints, moved there by a later
+run that began afresh in the folder (``earlier-run-1/``, ``-2`` next)."""
+
+PATTERNS = ("epoch*", "failed-epoch*")
+"""The names of a run's checkpoints in a folder: ``epoch*.pt`` files and sharded checkpoints' folders
+``epoch*.dcp``, and those of a failure, ``failed-`` before them."""
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The checkpoints in ``folder``, newest first: files ``epoch*.pt`` and sharded
-    checkpoints' folders ``epoch*.dcp`` (``failed-*`` ones are not listed, nor those set aside
-    by a later run that began afresh there, unless written again since: :func:`set_aside`)."""
+    checkpoints' folders ``epoch*.dcp`` (``failed-*`` ones are not listed, nor those of earlier
+    runs: moved into ``earlier-run-N/`` subfolders, or listed in :data:`EARLIER`)."""
     if not folder.is_dir():
         return []
     found = [p for p in folder.glob(f"epoch*{SUFFIX}") if p.is_file()]
     found += [p for p in folder.glob("epoch*.dcp") if p.is_dir()]
-    if (listed := folder / EARLIER).is_file():
-        aside = set(listed.read_text().split())
+    if aside := listed(folder):
         found = [p for p in found if p.name not in aside]
     return sorted(found, key=lambda p: (p.stem, p.stat().st_mtime), reverse=True)
 
 
-def aside(folder: Path) -> list[Path]:
-    """The checkpoints of ``folder`` that :func:`set_aside` left out of its listings, newest by name first."""
-    listed = folder / EARLIER
-    names = listed.read_text().split() if listed.is_file() else []
-    return sorted((p for name in names if (p := folder / name).exists()), key=lambda p: p.stem, reverse=True)
+def run_files(folder: Path) -> list[str]:
+    """The names of every checkpoint of a run in ``folder`` (:data:`PATTERNS`: those of a failure too), sorted."""
+    if not folder.is_dir():
+        return []
+    return sorted({p.name for pattern in PATTERNS for p in folder.glob(pattern)
+                   if p.suffix in (SUFFIX, ".dcp") and (p.is_file() or p.is_dir())})
 
 
-def set_aside(folder: Path, checkpoints: list[Path]) -> None:
-    """Leave ``checkpoints`` (an earlier run's, in ``folder``) out of every listing from now on:
-    ``resume="latest"``, ``hookfit export`` and ``keep_last`` take the new run's own; the files stay,
-    reachable by path, until a checkpoint of the same name replaces one (:func:`unlisted`). Said in
-    ``folder``'s :data:`EARLIER` file, names added to those listed."""
-    listed = folder / EARLIER
-    _list(listed, set(listed.read_text().split() if listed.is_file() else ()) | {p.name for p in checkpoints})
+def earlier(folder: Path) -> list[Path]:
+    """The checkpoints of earlier runs kept in ``folder`` (``failed-*`` ones aside): those in its
+    ``earlier-run-N/`` subfolders, the last set aside (the highest ``N``) first, and those listed in
+    :data:`EARLIER`; each group newest by name first."""
+    if not folder.is_dir():
+        return []
+    subfolders = [p for p in folder.iterdir() if ASIDE.fullmatch(p.name) and p.is_dir()]
+    found: list[Path] = []
+    for subfolder in sorted(subfolders, key=lambda p: int(p.name.rsplit("-", 1)[1]), reverse=True):
+        found += checkpoint_files(subfolder)
+    return found + sorted((p for name in listed(folder) if (p := folder / name).exists()), key=lambda p: p.stem,
+                          reverse=True)
 
 
-def unlisted(path: Path) -> None:
-    """``path`` was just written (renamed into place): a name set aside is this run's checkpoint now."""
-    listed = path.parent / EARLIER
-    if listed.is_file() and path.name in (names := set(listed.read_text().split())):
-        _list(listed, names - {path.name})
+def listed(folder: Path) -> set[str]:
+    """The names :data:`EARLIER` lists in ``folder``."""
+    try:
+        return set((folder / EARLIER).read_text().split())
+    except OSError:  # (none there)
+        return set()
 
 
-def _list(listed: Path, names: set[str]) -> None:
-    temporary = listed.with_name(f".{listed.name}.{os.getpid()}.tmp")
+def list_earlier(folder: Path, names: set[str]) -> None:
+    """``folder``'s :data:`EARLIER` lists ``names`` (none: the file is removed)."""
+    listing = folder / EARLIER
+    if not names:
+        listing.unlink(missing_ok=True)
+        return
+    temporary = listing.with_name(f".{listing.name}.{os.getpid()}.tmp")
     temporary.write_text("".join(f"{name}\n" for name in sorted(names)))
-    os.replace(temporary, listed)
+    os.replace(temporary, listing)
+
+
+def refuse_listed(path: Path) -> None:
+    """Before a checkpoint is written at ``path``: a ``FileExistsError`` when an earlier run's checkpoint of that
+    name stays in the folder (:data:`EARLIER`), which no write replaces."""
+    if path.name in listed(path.parent):
+        raise FileExistsError(errno.EEXIST, f"an earlier run's checkpoint of that name, which could not be moved "
+                                            f"aside (listed in {EARLIER}), is there and is not written over", str(path))
 
 
 def position_of(path: Path) -> tuple[int, int]:

@@ -141,13 +141,34 @@ def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str
     (``fresh(stayed)``: what this run writes instead, given the names that stayed; ``advice``: how
     to keep runs apart). One that cannot be moved stays, with a :class:`~hookfit.files.FileWarning`
     naming it (``stuck``: what becomes of it); the run goes on. Returns the names that stayed."""
+    number, moved, failed = move_aside(folder, names, renamed, also)
+    for name, error in failed.items():
+        warnings.warn(f"{owner}: could not set {folder / name} of an earlier run aside as "
+                      f"{folder / renamed(name, number)} ({type(error).__name__}: {error}); {stuck}", FileWarning,
+                      stacklevel=user_level())
+    stayed = list(failed)
+    if moved:
+        shown = [renamed(name, number) for name in moved]
+        warnings.warn(f"{owner}: {folder} holds {', '.join(moved)} of an earlier run, which this run does not "
+                      f"continue: set aside as {', '.join(shown)}; {fresh(stayed)}. {advice}", HookfitWarning,
+                      stacklevel=user_level())
+    return stayed
+
+
+def move_aside(folder: Path, names: list[str], renamed: Callable[[str, int], str], also: Iterable[str] = ()
+               ) -> tuple[int, list[str], dict[str, OSError]]:
+    """``names`` (files or folders in ``folder``) renamed ``renamed(name, N)``, never deleted nor
+    written over: ``N`` is the first number free for all of them and for the names ``also``, a
+    subfolder (``earlier-run-N/``) taken as a whole, so one ``N`` is one earlier run's and later runs
+    count up. Returns ``N``, the names moved, and those that could not be, each with its error."""
     def taken(new: Path) -> bool:  # (a subfolder of the folder, such as earlier-run-1/, is taken whole)
         return os.path.lexists(folder / new.relative_to(folder).parts[0])
 
     number = 1
     while any(taken(folder / renamed(name, number)) for name in [*names, *also]):
         number += 1
-    moved, stayed = [], []
+    moved: list[str] = []
+    failed: dict[str, OSError] = {}
     for name in names:
         new = folder / renamed(name, number)
         try:
@@ -155,15 +176,8 @@ def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str
             os.rename(folder / name, new)
             moved.append(name)
         except OSError as error:
-            stayed.append(name)
-            warnings.warn(f"{owner}: could not set {folder / name} of an earlier run aside as {new} "
-                          f"({type(error).__name__}: {error}); {stuck}", FileWarning, stacklevel=user_level())
-    if moved:
-        shown = [renamed(name, number) for name in moved]
-        warnings.warn(f"{owner}: {folder} holds {', '.join(moved)} of an earlier run, which this run does not "
-                      f"continue: set aside as {', '.join(shown)}; {fresh(stayed)}. {advice}", HookfitWarning,
-                      stacklevel=user_level())
-    return stayed
+            failed[name] = error
+    return number, moved, failed
 
 
 def table_of(path: Path, leading: tuple[str, ...]) -> bool:

@@ -1097,27 +1097,28 @@ def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints
 
     assert said(epochs=2) == []  # the first run
     assert said(epochs=1) == [
-        f"conftest.py: checkpoint: {tmp_path / 'checkpoints'} already holds 2 checkpoint(s) of an earlier run (newest "
-        f"by name: epoch0002-step000000014.pt) and this run does not resume: they stay there, set aside (listed in "
-        f".earlier-runs), until this run writes a checkpoint of the same name: resume='latest', hookfit export and "
-        f"keep_last take this run's checkpoints only; one of them is resumed or exported by its path. Give each run "
-        f"its own run_dir or name, or resume (resume='latest')"]
+        f"conftest.py: checkpoint: {tmp_path / 'checkpoints'} held 2 checkpoint(s) of an earlier run (newest by name: "
+        f"epoch0002-step000000014.pt) and this run does not continue them: moved into "
+        f"{tmp_path / 'checkpoints' / 'earlier-run-1'}, where they stay (resume or export one by its path there); "
+        f"resume='latest', hookfit export and keep_last take this run's checkpoints only. Give each run its own "
+        f"run_dir or name, or resume (resume='latest')"]
     assert said(epochs=3, resume="latest") == []
 
 
 @pytest.mark.bad_input
 def test_resume_latest_that_finds_only_set_aside_checkpoints_says_they_are_there(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Run A saves two epochs; run B begins afresh there (A's files set aside) and is stopped before it saves any.
-    resume='latest' then said it found no checkpoint in a folder visibly holding A's: it says they are set aside
+    """Run A saves two epochs; run B begins afresh there (A's files moved aside) and is stopped before it saves any.
+    resume='latest' then said it found no checkpoint in a folder visibly holding A's: it says where they are
     and how to resume one, as does a resume from the folder's path."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=2)
-    with pytest.warns(CheckpointWarning, match="set aside"):
+    with pytest.warns(CheckpointWarning, match="moved into"):
         train(tmp_path, epochs=1, stop=2, checkpoint=Checkpoint(every_n_epochs=None, on_interrupt=False,
                                                                 background=False))
-    note = (f" (it holds 2 checkpoint(s) of an earlier run, set aside by a later run that began afresh there and "
-            f"listed in .earlier-runs; resume one by its path: resume={str(folder / 'epoch0002-step000000014.pt')!r})")
+    newest = folder / "earlier-run-1" / "epoch0002-step000000014.pt"
+    note = (f" (it holds 2 checkpoint(s) of earlier runs, moved aside by later runs that began afresh there; resume "
+            f"one by its path: resume={str(newest)!r})")
     with pytest.raises(FileNotFoundError) as raised:
         train(tmp_path / "other", resume=str(folder))
     assert str(raised.value) == f"checkpoint: no checkpoint in {folder}{note}"
@@ -1131,43 +1132,45 @@ def test_resume_latest_that_finds_only_set_aside_checkpoints_says_they_are_there
 @pytest.mark.fault
 def test_resuming_a_set_aside_checkpoint_by_its_path_sets_the_later_runs_aside_and_prunes_none_of_them(
         tmp_path: Path) -> None:
-    """Run A (3 epochs), run B afresh in the same run_dir (1 epoch: A's set aside), then A's epoch 2 resumed by its
-    path, as the set-aside warning says to: the resumed run took B's checkpoint as its own and keep_last=1 deleted
-    it. B's is set aside in turn (one warning), and stays."""
+    """Run A (3 epochs), run B afresh in the same run_dir (1 epoch: A's moved aside), then A's epoch 2 resumed by
+    its path, as the warning says to: the resumed run took B's checkpoint as its own and keep_last=1 deleted it.
+    B's is moved aside in turn (one warning), and stays."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=3)
-    with pytest.warns(CheckpointWarning, match="set aside"):
+    with pytest.warns(CheckpointWarning, match="moved into"):
         train(tmp_path, epochs=1, seed=5)
     b_first = folder / "epoch0001-step000000007.pt"
     b_bytes = b_first.read_bytes()
-    with pytest.warns(CheckpointWarning, match=r"epoch0002-step000000014.pt was set aside in .* by a later run, whose 1 "
-                                               r"checkpoint\(s\) there \(newest by name: epoch0001-step000000007.pt\) are "
-                                               r"set aside in turn"):
-        loop, _, _ = train(tmp_path, epochs=3, resume=str(folder / "epoch0002-step000000014.pt"),
+    with pytest.warns(CheckpointWarning, match=re.escape(
+            f"{folder} held 1 checkpoint(s) of an earlier run (newest by name: epoch0001-step000000007.pt) and this "
+            f"run does not continue them: moved into {folder / 'earlier-run-2'}")):
+        loop, _, _ = train(tmp_path, epochs=3, resume=str(folder / "earlier-run-1" / "epoch0002-step000000014.pt"),
                            checkpoint=Checkpoint(every_n_epochs=1, background=False, keep_last=1))
     assert loop.state.status == "completed" and loop.state.epoch == 2
-    assert b_first.read_bytes() == b_bytes  # B's, kept
+    assert (folder / "earlier-run-2" / b_first.name).read_bytes() == b_bytes  # B's, kept
     assert [p.name for p in checkpoint_files(folder)] == ["epoch0003-step000000021.pt"]  # this run's own
+    assert sorted(p.name for p in (folder / "earlier-run-1").iterdir()) == [  # A's, all three
+        "epoch0001-step000000007.pt", "epoch0002-step000000014.pt", "epoch0003-step000000021.pt"]
 
 
 def test_resume_latest_after_a_fresh_run_in_the_same_folder_continues_that_run_and_keeps_the_earlier_files(
         tmp_path: Path) -> None:
     """Run A (3 epochs), then run B afresh in the same run_dir (1 epoch, another seed): resume='latest'
     took A's epoch 3 (the newest by epoch and step), continued A, and keep_last pruned B's checkpoint
-    away. B's is the one taken now; A's files stay, left out of every listing."""
+    away. B's is the one taken now; A's files stay, moved aside, out of every listing."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=3)
     a_last = (folder / "epoch0003-step000000021.pt").read_bytes()
-    with pytest.warns(CheckpointWarning, match="set aside"):
+    with pytest.warns(CheckpointWarning, match="moved into"):
         train(tmp_path, epochs=1, seed=5)
-    b_first = folder / "epoch0001-step000000007.pt"  # B's, written over A's file of that name
+    b_first = folder / "epoch0001-step000000007.pt"  # B's, A's file of that name moved aside
     assert [p.name for p in checkpoint_files(folder)] == [b_first.name]
     loop, _, _ = train(tmp_path, epochs=2, seed=5, resume="latest",
                        checkpoint=Checkpoint(every_n_epochs=1, background=False, keep_last=1))
     assert loop.state.resumed_from.source == str(b_first)
     assert [p.name for p in checkpoint_files(folder)] == ["epoch0002-step000000014.pt"]  # B's own, pruned
-    assert (folder / "epoch0003-step000000021.pt").read_bytes() == a_last  # A's, untouched
-    assert (folder / ".earlier-runs").read_text() == "epoch0003-step000000021.pt\n"  # B's names are B's now
+    assert (folder / "earlier-run-1" / "epoch0003-step000000021.pt").read_bytes() == a_last  # A's, untouched
+    assert not (folder / ".earlier-runs").exists()  # every one of A's moved
     copy = tmp_path / "copied"  # a copy (cp -r: every file's time the copy's) lists the same
     shutil.copytree(folder, copy, copy_function=shutil.copy)
     assert [p.name for p in checkpoint_files(copy)] == ["epoch0002-step000000014.pt"]

@@ -345,7 +345,7 @@ def test_a_checkpoint_given_to_the_main_process_alone_is_refused_on_every_proces
     broadcast its folder to processes that never asked, or saved alone (a collective), and the job hung until the
     processes' timeout. Every process refuses the run before training, naming what differs: the options where
     the other process has the discovered checkpoint, the plugin where it has none; an earlier run's checkpoint
-    in the folder is left as it was (not set aside by a run refused)."""
+    in the folder is left as it was (not moved aside by a run refused)."""
     earlier = tmp_path / "run" / "checkpoints" / "epoch0001-step000000004.pt"
     earlier.parent.mkdir(parents=True)
     earlier.write_bytes(b"an earlier run's")
@@ -363,4 +363,4 @@ def test_a_checkpoint_given_to_the_main_process_alone_is_refused_on_every_proces
                     "says observer = True in its class)")
     assert ranks[0]["error"].startswith(expected) and ranks[1]["error"].startswith(expected), ranks
     assert [p.name for p in (tmp_path / "run").glob("**/*.pt")] == [earlier.name], "nothing trained, nothing saved"
-    assert not (earlier.parent / ".earlier-runs").exists()  # nothing set aside
+    assert earlier.read_bytes() == b"an earlier run's" and not (earlier.parent / "earlier-run-1").exists()  # not moved

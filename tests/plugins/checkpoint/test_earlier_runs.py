@@ -1,0 +1,170 @@
+"""An earlier run's checkpoints in the folder a run writes in, when the run does not continue them
+(run again without resume, or resumed from a checkpoint elsewhere): moved into ``earlier-run-N/``,
+never written over nor pruned; one that cannot be moved stays, listed, and is never written over."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint, CheckpointWarning
+from hookfit.plugins.checkpoint.storage import EARLIER, checkpoint_files
+from hookfit.plugins.metrics import Metrics
+
+
+def name(epoch: int) -> str:
+    """The checkpoint file of epoch ``epoch`` (from 1) of :func:`scored` (one step an epoch)."""
+    return f"epoch{epoch:04d}-step{epoch:09d}.pt"
+
+
+def scored(run_dir: Path | None, scores: list[float], keep_last: int, **options: object) -> hookfit.State:
+    """A run whose validation of epoch ``e`` scores ``scores[e]`` (``valid/score``, the lower the better), a
+    checkpoint every epoch, ``keep_last`` kept besides the best."""
+    def val_step(loop, batch):
+        return {"score": torch.tensor(scores[loop.state.epoch])}
+
+    checkpoint = Checkpoint(keep_last=keep_last, monitor="valid/score", background=False)
+    return hookfit.Loop(lambda loop, batch: None, [torch.zeros(1)], val_step=val_step, val_data=[torch.zeros(1)],
+                        model=torch.nn.Linear(1, 1), max_epochs=len(scores), run_dir=run_dir,
+                        plugins=[Metrics(), checkpoint], **options).fit()
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (its path inside) and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def own(folder: Path) -> dict[str, bytes]:
+    """The files in ``folder`` itself, not in its subfolders, and their bytes."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_script_run_again_in_its_run_dir_keeps_the_earlier_runs_checkpoints_best_included(tmp_path: Path) -> None:
+    """The same script run twice in one run_dir without resume, the same schedule: the second run wrote files of
+    the first one's names over them, and its keep_last pruned them, the first run's best included. They are
+    moved into earlier-run-1/ whole, the second run's own in the folder; a third run moves the second's into
+    earlier-run-2/."""
+    folder = tmp_path / "checkpoints"
+    first = scored(tmp_path, [3.0, 1.0, 4.0, 2.0], keep_last=1)
+    assert first.results["best_checkpoint"] == folder / name(2)
+    before = contents(folder)
+    assert sorted(before) == [name(2), name(4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second = scored(tmp_path, [5.0, 6.0, 7.0, 8.0], keep_last=1)
+    assert contents(folder / "earlier-run-1") == before  # the earlier best's bytes, and its last's
+    said = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert len(said) == 1 and f"moved into {folder / 'earlier-run-1'}" in said[0], said
+    assert second.results["best_checkpoint"] == folder / name(1)
+    assert [p.name for p in checkpoint_files(folder)] == [name(4), name(1)]
+    second_files = {n: (folder / n).read_bytes() for n in (name(1), name(4))}
+    with pytest.warns(CheckpointWarning, match=re.escape(f"moved into {folder / 'earlier-run-2'}")):
+        scored(tmp_path, [9.0, 9.5], keep_last=1)
+    assert contents(folder / "earlier-run-1") == before
+    assert contents(folder / "earlier-run-2") == second_files
+    assert [p.name for p in checkpoint_files(folder)] == [name(2), name(1)]
+
+
+def test_an_earlier_runs_failure_and_sharded_checkpoints_are_moved_too_and_nothing_else(tmp_path: Path) -> None:
+    """A failure's checkpoint and a sharded checkpoint's folder of the earlier run go into earlier-run-1/ with
+    its files; what is no checkpoint stays where it is."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "failed-epoch0002-step000000002.pt").write_bytes(b"a failure's")
+    (folder / "epoch0001-step000000001.dcp").mkdir()
+    (folder / "epoch0001-step000000001.dcp" / "state.pt").write_bytes(b"a sharded one's")
+    (folder / "notes.txt").write_text("mine")
+    with pytest.warns(CheckpointWarning, match=re.escape(f"held 2 checkpoint(s) of an earlier run (newest by name: "
+                                                         f"epoch0001-step000000001.dcp)")):
+        scored(tmp_path, [1.0], keep_last=1)
+    assert contents(folder / "earlier-run-1") == {"failed-epoch0002-step000000002.pt": b"a failure's",
+                                                 "epoch0001-step000000001.dcp/state.pt": b"a sharded one's"}
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert [p.name for p in checkpoint_files(folder)] == [name(1)]
+
+
+@pytest.mark.fault
+def test_a_checkpoint_that_cannot_be_moved_aside_is_named_and_never_written_over_nor_pruned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The earlier run's epoch 2 cannot be moved (PermissionError): a warning names it, it stays with its bytes,
+    listed, and the new run, whose schedule writes that name, fails that one save (on_save_error='warn': it
+    goes on and completes); resume='latest' and keep_last then leave it alone, and a later run afresh that
+    can moves it aside."""
+    folder = tmp_path / "checkpoints"
+    scored(tmp_path, [3.0, 1.0, 4.0, 2.0], keep_last=4)
+    stuck = folder / name(2)
+    earlier = stuck.read_bytes()
+    rename = os.rename
+
+    def refused(source, target, *args, **kwargs):
+        if Path(source) == stuck:
+            raise PermissionError(13, "Permission denied", str(source))
+        return rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", refused)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = scored(tmp_path, [5.0, 6.0, 7.0, 8.0], keep_last=1)
+    monkeypatch.setattr(os, "rename", rename)
+    said = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert any(f"could not move {stuck}, an earlier run's checkpoint, into {folder / 'earlier-run-1'} "
+               f"(PermissionError: [Errno 13] Permission denied: '{stuck}'): it stays where it is, listed in "
+               f"{folder / EARLIER}" in text for text in said), said
+    assert any("held 3 checkpoint(s) of an earlier run" in text for text in said), said
+    assert any(str(stuck) in text and "is not written over" in text for text in said), said  # the failed save
+    assert state.status == "completed" and state.results["failed_saves"] == 1
+    assert stuck.read_bytes() == earlier
+    assert sorted(contents(folder / "earlier-run-1")) == [name(1), name(3), name(4)]
+    assert [p.name for p in checkpoint_files(folder)] == [name(4), name(1)]  # the new run's, the stuck one not
+    resumed = scored(tmp_path, [5.0, 6.0, 7.0, 8.0, 9.0, 9.5], keep_last=1, resume="latest")
+    assert resumed.resumed_from.source == str(folder / name(4))
+    assert stuck.read_bytes() == earlier  # neither adopted nor pruned
+    assert [p.name for p in checkpoint_files(folder)] == [name(6), name(1)]
+    with pytest.warns(CheckpointWarning, match="held 3 checkpoint"):
+        scored(tmp_path, [1.0], keep_last=1)
+    assert (folder / "earlier-run-2" / name(2)).read_bytes() == earlier
+    assert not (folder / EARLIER).exists()
+
+
+@pytest.mark.parametrize("where", ["its run_dir", "a new run folder"])
+def test_resuming_a_checkpoint_moved_aside_keeps_its_runs_best_and_prunes_nothing_of_either_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Run A, then B afresh in the same run_dir (the same schedule: A's moved into earlier-run-1/), then A's epoch 3
+    resumed by its path there. A's state names its best (epoch 2) at the path it was written at, where B's epoch 2
+    lies now: the resumed run took B's file for its best. It takes A's, beside the one resumed. Given the
+    run_dir, it writes there, B's moved into earlier-run-2/; without one, a run folder of its own, the old
+    one left as it was. keep_last=1 prunes none of A's or B's."""
+    monkeypatch.chdir(tmp_path)
+    old = tmp_path / "old"
+    folder = old / "checkpoints"
+    scored(old, [3.0, 1.0, 4.0, 2.0], keep_last=4)
+    a_files = contents(folder)
+    with pytest.warns(CheckpointWarning, match="moved into"):
+        scored(old, [5.0, 6.0, 7.0, 8.0], keep_last=4)
+    b_files = own(folder)
+    assert sorted(b_files) == sorted(a_files) and b_files != a_files
+    given = old if where == "its run_dir" else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = scored(given, [3.0, 1.0, 4.0, 2.0, 9.0], keep_last=1, name="again",
+                       resume=str(folder / "earlier-run-1" / name(3)))
+    assert state.status == "completed"
+    assert state.results["best_checkpoint"] == folder / "earlier-run-1" / name(2)
+    assert contents(folder / "earlier-run-1") == a_files
+    moved = [str(w.message) for w in caught if "moved into" in str(w.message)]
+    if where == "its run_dir":
+        assert len(moved) == 1 and str(folder / "earlier-run-2") in moved[0], moved
+        assert contents(folder / "earlier-run-2") == b_files
+        assert state.results["last_checkpoint"] == folder / name(5)
+        assert [p.name for p in checkpoint_files(folder)] == [name(5), name(4)]  # (4: the best of its own)
+    else:
+        assert moved == []
+        assert contents(folder) == {**b_files, **{f"earlier-run-1/{n}": b for n, b in a_files.items()}}
+        last = state.results["last_checkpoint"]
+        assert last.name == name(5) and last.parent.parent.parent == tmp_path / "runs" / "again", last
