@@ -363,7 +363,8 @@ class HookfitRunner:
     ``keep`` loaded (``HOOKFIT_PLUGINS`` set to them for the call; empty loads none) and
     ``plugins`` given to ``Loop``. With ``managed`` the step goes through the optim plugin.
     ``run`` is the training stage; ``fit`` the whole call. ``plugins_seen`` lists what the
-    last run registered (the clock excepted); ``last_loop`` is that run's ``Loop``."""
+    last run registered (the clock excepted); ``last_loop`` is that run's ``Loop``.
+    ``max_epochs`` is the ``Loop``'s (1: a pass is one epoch; ``opcodes.py`` counts a second)."""
 
     def __init__(
         self, workload: Workload, *, plugins: Sequence[Any] = (), keep: Sequence[str] = (),
@@ -380,6 +381,7 @@ class HookfitRunner:
         self.plugins_seen: list[str] | None = None
         self.last_loop: hookfit.Loop | None = None
         self.run_dir = scratch("hookfit-bench-")
+        self.max_epochs = 1
 
     def __call__(self) -> Timing:
         saved = os.environ.get(discovery.ENV_ONLY)
@@ -388,7 +390,7 @@ class HookfitRunner:
         try:
             start = clock()
             loop = hookfit.Loop(
-                self.step, self.data, model=self.model, optimizers=self.optimizer, max_epochs=1,
+                self.step, self.data, model=self.model, optimizers=self.optimizer, max_epochs=self.max_epochs,
                 plugins=self.plugins, run_dir=self.run_dir,
             )
             loop.fit()

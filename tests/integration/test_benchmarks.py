@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO
@@ -265,3 +266,36 @@ def test_checkpoint_sharded_times_each_kind_of_save_under_torchrun(tmp_path: Pat
     assert lines[-1].startswith("  target: every background sharded save after the first <= 0.25x the synchronous one: ")
     assert list(work.iterdir()) == []
     assert left(temp) == []  # torchrun's logs too: the suite gives torchrun a folder for them (tests/conftest.py)
+
+
+@pytest.mark.slow
+def test_opcodes_counts_hookfit_s_own_python_a_batch_the_same_every_run(tmp_path: Path) -> None:
+    """``opcodes.py``: the core alone runs one function of hookfit's a batch (the stage's loop,
+    which calls none of hookfit's), the default stack the plugins' handlers once a batch each;
+    the count is the same in a second run (``--against`` finds no function that differs), and a
+    variant that runs no hookfit Loop is refused by name."""
+    env, temp = clean_env(tmp_path)
+    script = str(REPO / "benchmarks" / "opcodes.py")
+
+    def count(variant: str, *more: str) -> tuple[dict[str, Any], str]:
+        out = tmp_path / f"{variant}.json"
+        done = subprocess.run([sys.executable, script, "--variant", variant, "--batches", "3,7", "--json", str(out),
+                               *more], check=True, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert done.stderr == ""  # no warning: a metrics plugin given to Loop is made untimed too
+        return json.loads(out.read_text()), done.stdout
+
+    core, text = count("core")
+    assert [(r["function"], r["calls"]) for r in core["functions"]] == [("run_stage", 0)]
+    assert core["opcodes"] == core["functions"][0]["opcodes"] > 0 and core["hookfit"] in text
+    default, _ = count("default")
+    calls = {r["function"]: r["calls"] for r in default["functions"]}
+    assert calls["Metrics.batch_end"] == calls["Optim.backward"] == calls["ManagedOptimizer.step"] == 1
+    assert default["opcodes"] > core["opcodes"] and default["calls"] == sum(calls.values())
+    assert all(r["file"].startswith(("core/", "plugins/")) for r in default["functions"])
+    again, text = count("default", "--against", str(tmp_path / "default.json"))
+    assert again == default and "no function differs" in text
+    _, text = count("device-path")  # its Metrics(defer=True), given to Loop, reads no config file
+    refused = subprocess.run([sys.executable, script, "--variant", "raw"], capture_output=True, text=True,
+                             timeout=120, env=env, cwd=tmp_path)
+    assert refused.returncode == 2 and "invalid choice: 'raw'" in refused.stderr
+    assert left(temp) == []
