@@ -9,9 +9,10 @@ itself at ``configure``).
 Files, in the run folder (``loop.run_dir``):
 
 * ``metrics.csv``: a row at the end of every stage (``epoch_metrics``):
-  ``epoch,step,stage``, then the epoch mean of every metric, then ``lr_<optimizer>`` (the
-  learning rate of each optimizer's first parameter group, ``lr_default`` for one optimizer;
-  ``lr_<optimizer>/<group>`` for each further group, by its ``"name"`` entry or index).
+  ``epoch,step,stage``, then the epoch mean of every metric, then the learning rates as
+  ``MetricsSnapshot.lr`` names them, ``lr_`` before each (``lr_default`` for one optimizer's
+  unnamed first group, ``lr_<optimizer>/<group>`` for a group by its ``"name"`` entry or index):
+  the rate the latest step used.
   ``epoch`` counts from 1, as ``metrics.jsonl`` and the console do; ``step`` is the global
   step the stage ended at; ``stage`` is ``train`` or ``valid``, so a run validating inside its
   epochs (``Loop(val_every_n_steps=N)``) simply has more ``valid`` rows.

@@ -140,3 +140,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = {"Checkpoint": "plugin", "digest": "digests"}.get(name, "storage")
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    """The public names with the module's own, those imported on first use included (tab completion)."""
+    return sorted({*globals(), *__all__})

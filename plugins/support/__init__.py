@@ -56,3 +56,8 @@ def __getattr__(name: str) -> Any:
     if name not in _LATER:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_LATER[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    """The public names with the module's own, those imported on first use included (tab completion)."""
+    return sorted({*globals(), *__all__})

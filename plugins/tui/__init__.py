@@ -90,3 +90,8 @@ def __getattr__(name: str) -> Any:
     if name not in ("ENV_PERSISTENT", "TuiRenderer", "summary"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.renderer"), name)
+
+
+def __dir__() -> list[str]:
+    """The public names with the module's own, those imported on first use included (tab completion)."""
+    return sorted({*globals(), *__all__})

@@ -127,3 +127,13 @@ def test_a_distribution_that_names_its_command_functions_is_not_imported_for_the
     done = subprocess.run([sys.executable, "-m", "hookfit", "hello"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "invalid choice: 'hello'" in done.stderr, done.stderr
+
+
+def test_the_names_imported_on_first_use_are_listed_before_it() -> None:
+    """``dir()`` of a package whose public names load on first use lists them (a notebook's tab completion),
+    in a process that has not used them yet."""
+    probe = ("import json, hookfit.plugins.tui as t, hookfit.plugins.checkpoint as c, hookfit.plugins.support as s; "
+             "print(json.dumps(['TuiRenderer' in dir(t), 'Checkpoint' in dir(c), 'unwrap_model' in dir(s), "
+             "'Checkpoint' in vars(c)]))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == [True, True, True, False], done.stdout  # listed, not imported yet
