@@ -316,7 +316,8 @@ def load_state(loop: Run, state: Any) -> None:
 
 @hookspec(firstresult=True)
 def resume(loop: Run, source: str) -> str | os.PathLike[str] | Literal[False] | None:
-    """``Loop(resume=source)``: continue an earlier run. ``source`` is ``"latest"`` or a path.
+    """``Loop(resume=source)``: continue an earlier run. ``source`` is ``"latest"``, a path, or a name
+    the checkpoint plugin gives a meaning (the built-in's ``"best"``, for ``Loop.validate()``).
 
     Fires once, after ``fit_start`` and before the first epoch. The plugin that keeps
     checkpoints chooses and reads its checkpoint, restores the model and the plugins' states

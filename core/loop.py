@@ -332,8 +332,10 @@ class Loop:
     def validate(self, resume: str | os.PathLike[str] | None = None) -> State:
         """Run the validation stage alone, with every plugin (metrics, console, dashboard),
         as ``fit()`` runs it: every module in eval mode, without autograd, modes restored
-        after. ``resume`` (a checkpoint path or ``"latest"``; else ``Loop(resume=...)`` or
-        ``HOOKFIT_RESUME``) loads the weights and plugin states of a checkpoint first. No
+        after. ``resume`` (a checkpoint path, ``"latest"`` or, with the built-in checkpoint plugin,
+        ``"best"``: the best checkpoint of the newest run by ``Checkpoint(monitor=...)``, as ``hookfit
+        export --best`` takes it; else ``Loop(resume=...)`` or ``HOOKFIT_RESUME``) loads the weights
+        and plugin states of a checkpoint first. No
         training batch runs, no ``epoch_start``/``epoch_end`` fires, no checkpoint is written;
         the run ends ``completed`` with the reason ``"validation done"``. Returns the
         :class:`State` (``results``: what the plugins report, the metrics among them);

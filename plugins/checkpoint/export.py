@@ -59,19 +59,20 @@ def find(source: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"hookfit export: no checkpoint in {path} (nor in {path / 'checkpoints'})")
 
 
-def best(source: str | os.PathLike[str]) -> tuple[Path, str, float]:
+def best(source: str | os.PathLike[str], asked: str = "hookfit export --best",
+         instead: str = "export the newest (without --best)") -> tuple[Path, str, float]:
     """The best checkpoint of the run whose newest checkpoint ``source`` names (:func:`find`), the
     metric it was scored on and its score: the best that checkpoint's state records, or the
-    checkpoint itself where its own score is better (:meth:`Catalog.resumed`)."""
+    checkpoint itself where its own score is better (:meth:`Catalog.resumed`). Errors say ``asked``
+    (what the user asked for) and ``instead`` (what else to do)."""
     newest = find(source)
     data = read(newest)
     meta, states = data.get("meta"), data.get("plugins")
     monitor = meta.get("monitor") if isinstance(meta, Mapping) else None
     state = states.get("checkpoint") if isinstance(states, Mapping) else None
     if not isinstance(monitor, str) or not isinstance(state, Mapping):
-        raise CheckpointError(f"hookfit export --best: the run of {newest} scored no checkpoint (no "
-                              f"Checkpoint(monitor=...)), so none is its best: export the newest (without --best) or "
-                              f"a checkpoint by its path")
+        raise CheckpointError(f"{asked}: the run of {newest} scored no checkpoint (no Checkpoint(monitor=...)), so "
+                              f"none is its best: {instead}, or a checkpoint by its path")
     recorded = state.get("best")
     if isinstance(recorded, (list, tuple)) and len(recorded) == 2:  # by name: the run may have used another folder
         state = {**state, "best": [recorded[0], str(newest.parent / Path(str(recorded[1])).name)]}
@@ -79,8 +80,8 @@ def best(source: str | os.PathLike[str]) -> tuple[Path, str, float]:
     catalog.load(state)
     catalog.resumed(newest, meta, training=True)
     if catalog.best is None:
-        raise CheckpointError(f"hookfit export --best: no checkpoint of the run of {newest} has a score of {monitor} "
-                              f"(none was saved after a validation of it): export a checkpoint by its path")
+        raise CheckpointError(f"{asked}: no checkpoint of the run of {newest} has a score of {monitor} (none was "
+                              f"saved after a validation of it): {instead}, or a checkpoint by its path")
     score, path = catalog.best
     return newest.parent / path.name, monitor, score  # (as the newest is named: relative where the source is)
 

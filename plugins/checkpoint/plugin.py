@@ -237,8 +237,8 @@ class Checkpoint:
         restore(loop, path, data, self.strict)
         self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit")
         self.saved_step = data["loop"]["step"]
-        if source == "latest":
-            announce(loop, path, self.dir)
+        if source in ("latest", "best"):
+            announce(loop, path, self.dir, source)
         if loop.is_main and loop.mode == "fit":  # those it continues are this run's: keep_last holds across resumes
             folder = self._known_directory(loop)  # (Catalog.adopt); a new run folder holds none
             self.writer.remove(self.catalog.adopt([] if folder is None else folders.adoptable(folder, path),

@@ -18,6 +18,7 @@ from hookfit.data import Batches
 from hookfit.errors import user_level
 from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import ranks, sharded
+from hookfit.plugins.checkpoint.export import best
 from hookfit.plugins.checkpoint.state import SWITCHED_OFF, load_model, model_mismatch, model_state
 from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, earlier, read
 
@@ -35,6 +36,15 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
     ``"latest"`` finds none (the run starts afresh, said in one line on stderr). ``directory``: ``Checkpoint(dir=...)``;
     ``fallback``: a checkpoint that fails its checks is warned about and the next newest taken."""
     trains = loop.train_data if loop.mode == "fit" else None  # (an evaluation trains from no position)
+    if source == "best":  # an evaluation of the newest run's best checkpoint, as hookfit export --best takes it
+        if loop.mode == "fit":
+            raise ValueError("checkpoint: resume='best' is for Loop.validate(): training goes on from the newest "
+                             "checkpoint (resume='latest'); to train on from the best, give its path")
+        candidates, where = latest(loop, directory)
+        if not candidates:
+            raise FileNotFoundError(f"checkpoint: resume='best' found no checkpoint in {where}{_aside_note(Path(where))}")
+        path = best(candidates[0], "checkpoint: resume='best'", "resume='latest' takes the newest")[0]
+        return path, _read(loop, path, trains)
     if source != "latest":
         path = Path(source)
         if path.is_dir() and not sharded.is_sharded(path):
@@ -42,7 +52,8 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
             if not candidates:
                 raise FileNotFoundError(f"checkpoint: no checkpoint in {path}{_aside_note(path)}")
         elif not path.exists():
-            meant = "; did you mean resume='latest'?" if difflib.get_close_matches(source, ["latest"]) else ""
+            meant = "".join(f"; did you mean resume={close!r}?" for close in difflib.get_close_matches(
+                source, ["latest", "best"], n=1))
             raise FileNotFoundError(f"checkpoint: resume={source!r}: no such file{meant}")
         else:
             return path, _read(loop, path, trains)
@@ -134,11 +145,14 @@ def describe(loop: Run) -> str:
     return f"the script {key}"
 
 
-def announce(loop: Run, path: Path, directory: Path | None) -> None:
+def announce(loop: Run, path: Path, directory: Path | None, source: str = "latest") -> None:
     """One line on stderr (main process) saying which checkpoint ``resume="latest"`` took: the
     newest (:func:`latest`, ``directory`` as there), or the newest that read whole, naming the
-    newer ones ``fallback`` skipped."""
-    if loop.is_main:
+    newer ones ``fallback`` skipped; which ``resume="best"`` took."""
+    if loop.is_main and source == "best":
+        print(f"hookfit checkpoint: resume='best' took {path} (the best checkpoint of the newest run of "
+              f"{describe(loop)})", file=sys.stderr, flush=True)
+    elif loop.is_main:
         candidates = latest(loop, directory)[0]
         skipped = candidates[:candidates.index(path)] if path in candidates else []
         which = (f"the newest checkpoint of {describe(loop)} that reads whole; skipped: "

@@ -154,6 +154,44 @@ def test_best_exports_the_best_checkpoint_by_the_runs_monitor_even_the_newest(
     assert "--best: the run of " in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
 
 
+def test_an_evaluation_resumes_the_best_checkpoint_of_the_newest_run(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``validate(resume="best")`` in a separate script: the checkpoint ``hookfit export --best`` takes (epoch 2's
+    of three, by ``valid/loss``), said on stderr; there was no way to name it but digging its path out of
+    ``run.jsonl``. A fit is refused it (training goes on from the newest), and a run that monitored nothing says
+    so, pointing at ``"latest"``."""
+    from hookfit.plugins.metrics import Metrics
+
+    scores = [3.0, 1.0, 2.0]
+    m = torch.nn.Linear(3, 1)
+
+    def score(loop: Any, batch: Any) -> dict[str, Any]:
+        return {"loss": torch.tensor(scores[loop.state.epoch])}
+
+    hookfit.Loop(two_model_step, data(), val_step=score, val_data=data()[:1], model=[m], max_epochs=3,
+                 optimizers={"a": torch.optim.SGD(m.parameters(), lr=0.1)}, run_dir=tmp_path / "run",
+                 plugins=[Optim(), Metrics(), Checkpoint(monitor="valid/loss", keep_last=1, background=False)]).fit()
+    best = tmp_path / "run" / "checkpoints" / "epoch0002-step000000006.pt"
+    evaluated = torch.nn.Linear(3, 1)
+    capsys.readouterr()
+    state = hookfit.Loop(None, [], val_step=lambda loop, batch: {"loss": loop.model[0].weight.sum()},
+                         val_data=data()[:1], model=[evaluated], run_dir=tmp_path / "run",
+                         plugins=[Metrics(), Checkpoint()]).validate(resume="best")
+    assert state.resumed_from is not None and Path(state.resumed_from.source) == best
+    assert all(torch.equal(evaluated.state_dict()[k], v) for k, v in read(best)["model"][0].items())
+    assert f"hookfit checkpoint: resume='best' took {best}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^checkpoint: resume='best' is for Loop.validate\(\)"):
+        hookfit.Loop(two_model_step, data(), model=[m], optimizers={"a": torch.optim.SGD(m.parameters(), lr=0.1)},
+                     run_dir=tmp_path / "run", resume="best", plugins=[Optim(), Checkpoint()]).fit()
+    hookfit.Loop(two_model_step, data(), val_step=score, val_data=data()[:1], model=[m], max_epochs=1,
+                 optimizers={"a": torch.optim.SGD(m.parameters(), lr=0.1)}, run_dir=tmp_path / "unscored",
+                 plugins=[Optim(), Metrics(), Checkpoint(background=False)]).fit()
+    with pytest.raises(CheckpointError, match=r"^checkpoint: resume='best': the run of .* scored no checkpoint .*: "
+                                              r"resume='latest' takes the newest, or a checkpoint by its path\n"):
+        hookfit.Loop(None, [], val_step=score, val_data=data()[:1], model=[evaluated], run_dir=tmp_path / "unscored",
+                     plugins=[Metrics(), Checkpoint()]).validate(resume="best")
+
+
 def test_best_names_its_checkpoint_as_the_newest_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A run given by a relative path: the newest was named relative, the best by its absolute path."""
