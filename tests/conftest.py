@@ -165,6 +165,17 @@ class StopAfter:
         return "test stop" if self.n == 0 else None
 
 
+class Refuse:
+    """Refuses the run at ``fit_start``, after every other plugin's (as the checkpoint plugin refuses
+    a run whose processes' options differ)."""
+
+    name = "refuse"
+
+    @hookimpl(trylast=True)
+    def fit_start(self, loop):
+        raise RuntimeError("refused")
+
+
 def mse_step(loop, batch):
     """The manual-stepping step many tests share: the MSE of ``loop.model(x)`` against ``y``,
     through ``loop.backward`` and ``loop.optimizers``; reports ``{"loss": loss}``."""

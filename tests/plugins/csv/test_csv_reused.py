@@ -18,6 +18,8 @@ from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.csv_log import CSVLogger
 from hookfit.plugins.metrics import Metrics
 
+from conftest import Refuse
+
 EARLIER = "epoch,step,stage,loss\n1,2,train,9.0\n"
 """A ``metrics.csv`` of an earlier run."""
 EARLIER_UPDATES = "epoch,step,stage,batches,loss\n1,1,train,1,8.0\n"
@@ -92,17 +94,6 @@ def test_a_table_that_cannot_be_set_aside_is_named_left_alone_and_not_written(tm
                                                            ("1", "2", "train", "2", "1.5")]
     else:
         assert not (tmp_path / "metrics_updates.csv").exists()
-
-
-class Refuse:
-    """Refuses the run at ``fit_start``, after every other plugin's (as the checkpoint plugin refuses
-    a run whose processes' options differ)."""
-
-    name = "refuse"
-
-    @hookfit.hookimpl(trylast=True)
-    def fit_start(self, loop):
-        raise RuntimeError("refused")
 
 
 def test_a_run_refused_before_its_first_write_leaves_the_earlier_tables_as_they_were(tmp_path: Path) -> None:

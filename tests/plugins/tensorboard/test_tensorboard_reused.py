@@ -19,6 +19,8 @@ import hookfit  # noqa: E402
 from hookfit.plugins.metrics import Metrics  # noqa: E402
 from hookfit.plugins.tensorboard import TensorBoard  # noqa: E402
 
+from conftest import Refuse  # noqa: E402
+
 
 def _run(run_dir: Path, epochs: int) -> None:
     """``epochs`` epochs of two batches, a constant loss of ``epochs``."""
@@ -48,17 +50,6 @@ def test_a_fresh_run_in_a_used_folder_moves_the_earlier_runs_events_aside(tmp_pa
     with pytest.warns(hookfit.HookfitWarning, match="earlier-run-2/"):
         _run(folder, 1)
     assert _steps(folder / "earlier-run-2") == [(2, 2.0), (4, 2.0)] and _steps(folder) == [(2, 1.0)]
-
-
-class Refuse:
-    """Refuses the run at ``fit_start``, after every other plugin's (as the checkpoint plugin refuses
-    a run whose processes' options differ)."""
-
-    name = "refuse"
-
-    @hookfit.hookimpl(trylast=True)
-    def fit_start(self, loop):
-        raise RuntimeError("refused")
 
 
 def test_a_run_refused_at_its_start_writes_nothing_and_moves_nothing(tmp_path: Path) -> None:
