@@ -526,6 +526,19 @@ def test_epoch_metrics_sees_the_finished_stage_whatever_the_registration_order(o
     assert epochs[0].lr == {"default": 0.5 ** 3}
 
 
+class Rates:
+    """The learning rates of every ``epoch_metrics`` snapshot, in ``seen``."""
+
+    name = "catch"
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, float]] = []
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, metrics: MetricsSnapshot) -> None:
+        self.seen.append(dict(metrics.lr))
+
+
 def test_a_named_first_parameter_group_publishes_its_learning_rate_by_its_name(tmp_path: Path) -> None:
     """A group's own ``"name"`` names its rate, the first group's too (``lr_<optimizer>/<group name>``); an
     unnamed first group keeps the optimizer's name alone, an unnamed further one its index."""
@@ -537,14 +550,8 @@ def test_a_named_first_parameter_group_publishes_its_learning_rate_by_its_name(t
                            {"params": head.parameters(), "lr": 0.1, "name": "head"}, {"params": tail.parameters()}],
                           lr=0.3)
     other = torch.optim.SGD(critic.parameters(), lr=0.2)
-    seen: list = []
-
-    class Catch:
-        name = "catch"
-
-        @hookfit.hookimpl
-        def epoch_metrics(self, metrics):
-            seen.append(dict(metrics.lr))
+    catch = Rates()
+    seen = catch.seen
 
     def step(loop, batch):
         loss = (head(backbone(batch)) + tail(batch)).sum()
@@ -555,7 +562,7 @@ def test_a_named_first_parameter_group_publishes_its_learning_rate_by_its_name(t
 
     hookfit.Loop(step, [torch.ones(4, 2)] * 2, model=torch.nn.ModuleList([backbone, head, tail, critic]),
                  optimizers={"main": opt, "other": other}, run_dir=tmp_path,
-                 plugins=[Optim(), Metrics(), CSVLogger(), Catch()]).fit()
+                 plugins=[Optim(), Metrics(), CSVLogger(), catch]).fit()
     assert seen == [{"main/backbone": 1e-4, "main/head": 0.1, "main/2": 0.3, "other": 0.2}]
     with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as file:
         header = next(csv.reader(file))
@@ -577,14 +584,8 @@ def test_every_parameter_group_publishes_its_learning_rate_by_its_name_or_index(
     other = torch.optim.SGD(critic.parameters(), lr=0.2)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, [lambda e: 1.0, lambda e: 0.5 ** e, lambda e: 1.0,
                                                        lambda e: 1.0])
-    epochs: list = []
-
-    class Catch:
-        name = "catch"
-
-        @hookfit.hookimpl
-        def epoch_metrics(self, metrics):
-            epochs.append(dict(metrics.lr))
+    catch = Rates()
+    epochs = catch.seen
 
     def step(loop, batch):
         loss = head(backbone(batch)).sum() + critic(batch).sum()
@@ -596,7 +597,7 @@ def test_every_parameter_group_publishes_its_learning_rate_by_its_name_or_index(
 
     hookfit.Loop(step, [torch.ones(4, 2)] * 2, model=torch.nn.ModuleList([backbone, head, critic]),
                  optimizers={"main": opt, "critic": other}, max_epochs=2, run_dir=tmp_path,
-                 plugins=[Optim(schedulers={"main": schedule}), Metrics(), CSVLogger(), Catch()]).fit()
+                 plugins=[Optim(schedulers={"main": schedule}), Metrics(), CSVLogger(), catch]).fit()
     # the schedule halves the head's rate every step: two steps an epoch, each epoch the rate of its last
     # (a group named "2" after the third group, unnamed: both kept)
     assert epochs == [{"main": 0.1, "main/head": 0.5, "main/2": 0.5, "main/2#3": 0.7, "critic": 0.2},
