@@ -70,12 +70,19 @@ def best(source: str | os.PathLike[str], asked: str = "hookfit export --best",
     meta, states = data.get("meta"), data.get("plugins")
     monitor = meta.get("monitor") if isinstance(meta, Mapping) else None
     state = states.get("checkpoint") if isinstance(states, Mapping) else None
-    if not isinstance(monitor, str) or not isinstance(state, Mapping):
+    if not isinstance(meta, Mapping) or not isinstance(monitor, str) or not isinstance(state, Mapping):
         raise CheckpointError(f"{asked}: the run of {newest} scored no checkpoint (no Checkpoint(monitor=...)), so "
                               f"none is its best: {instead}, or a checkpoint by its path")
     recorded = state.get("best")
-    if isinstance(recorded, (list, tuple)) and len(recorded) == 2:  # by name: the run may have used another folder
-        state = {**state, "best": [recorded[0], str(newest.parent / Path(str(recorded[1])).name)]}
+    if isinstance(recorded, (list, tuple)) and len(recorded) == 2:  # by name beside the newest (a folder moved or
+        # set aside since), else where it was written (a run resumed from a checkpoint an earlier run set aside)
+        found = [p for p in (newest.parent / Path(str(recorded[1])).name, Path(str(recorded[1]))) if p.is_file()
+                 or sharded.is_sharded(p)]
+        own = meta.get("metric") if isinstance(meta.get("metric"), (int, float)) else None
+        if not found and (own is None or not _improves(monitor, state.get("mode"), own, float(recorded[0]))):
+            raise CheckpointError(f"{asked}: the best checkpoint the run of {newest} recorded, {recorded[1]} (its "
+                                  f"{monitor} {recorded[0]}), is gone: {instead}, or a checkpoint by its path")
+        state = {**state, "best": [recorded[0], str(found[0])] if found else None}  # (gone: the newest is better)
     catalog = Catalog(1, Monitor(monitor))
     catalog.load(state)
     catalog.resumed(newest, meta, training=True)
@@ -83,7 +90,14 @@ def best(source: str | os.PathLike[str], asked: str = "hookfit export --best",
         raise CheckpointError(f"{asked}: no checkpoint of the run of {newest} has a score of {monitor} (none was "
                               f"saved after a validation of it): {instead}, or a checkpoint by its path")
     score, path = catalog.best
-    return newest.parent / path.name, monitor, score  # (as the newest is named: relative where the source is)
+    beside = newest.parent / path.name  # (named as the newest is: relative where the source is)
+    return beside if beside.absolute() == path.absolute() else path, monitor, score
+
+
+def _improves(metric: str, mode: Any, value: float, best: float) -> bool:
+    monitor = Monitor(metric, mode if mode in ("min", "max") else None)
+    monitor.reset(best)
+    return monitor.improves(value)
 
 
 def export(source: str | os.PathLike[str], out: str | os.PathLike[str], weights: str | None = None,

@@ -19,7 +19,7 @@ from hookfit.locks import FolderLock
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["FolderLock", "adoptable", "lock", "prepare"]
+__all__ = ["FolderLock", "Preparing", "adoptable", "lock", "prepare"]
 
 
 def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> FolderLock | None:
@@ -93,6 +93,27 @@ def prepare(folder: Path, continues: bool) -> None:
         warnings.warn(f"checkpoint: could not move {folder / name}, an earlier run's checkpoint, into {into} "
                       f"({type(error).__name__}: {error}): it stays where it is, {kept}", CheckpointWarning,
                       stacklevel=user_level())
+
+
+class Preparing:
+    """The folder a run's checkpoints go to, prepared (:func:`prepare`) before the run writes there: at once for a
+    run that resumes from no checkpoint, after the restore for one that does, so that a resume that fails (another
+    model's checkpoint) leaves an earlier run's files where they were."""
+
+    def __init__(self) -> None:
+        self.pending: tuple[Path, bool] | None = None
+
+    def start(self, folder: Path | None, resuming: Path | None) -> None:
+        """The run starts writing in ``folder`` (``None``: none known here), resuming from ``resuming``."""
+        self.pending = None if folder is None else (folder, continued(folder, resuming))
+        if resuming is None:
+            self.done()
+
+    def done(self) -> None:
+        """The run resumed (or resumes from nothing): prepare its folder now, once."""
+        if (pending := self.pending) is not None:
+            self.pending = None
+            prepare(*pending)
 
 
 def continued(folder: Path, resumed: Path | None) -> bool:

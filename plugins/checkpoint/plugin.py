@@ -125,6 +125,7 @@ class Checkpoint:
         self._clock = ranks.Clock(self.every_seconds)
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
+        self._preparing = folders.Preparing()
         self._main_dir: Path | None = None  # off the main process: where the main one writes
         self.saved_step: int | None = None  # the global step of the last save asked, or of the one resumed from
         self.written = Written()  # the step of the last checkpoint written or in flight: saved once (repeats.py)
@@ -221,8 +222,7 @@ class Checkpoint:
         if loop.is_main and loop.mode == "fit" and not self.off:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
-            if (known := self._known_directory(loop)) is not None:  # a kill -9's files; an earlier run's
-                folders.prepare(known, folders.continued(known, None if self._pending is None else self._pending[1]))
+            self._preparing.start(self._known_directory(loop), None if self._pending is None else self._pending[1])
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:
@@ -235,6 +235,7 @@ class Checkpoint:
             return False
         self.catalog.reading = path  # (its state names files at the paths they were written at)
         restore(loop, path, data, self.strict)
+        self._preparing.done()  # (a kill -9's files removed; an earlier run's moved aside, once restored)
         self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit")
         self.saved_step = data["loop"]["step"]
         if source in ("latest", "best"):

@@ -168,3 +168,38 @@ def test_resuming_a_checkpoint_moved_aside_keeps_its_runs_best_and_prunes_nothin
         assert contents(folder) == {**b_files, **{f"earlier-run-1/{n}": b for n, b in a_files.items()}}
         last = state.results["last_checkpoint"]
         assert last.name == name(5) and last.parent.parent.parent == tmp_path / "runs" / "again", last
+
+
+def test_the_best_of_a_run_resumed_from_a_checkpoint_set_aside_is_the_one_it_recorded(tmp_path: Path) -> None:
+    """Run 1 (best at epoch 2) set aside by run 2 in the same run_dir, then resumed from its epoch 4 there for
+    two epochs more (worse scores): ``hookfit export --best`` and ``validate(resume="best")`` took the newest
+    checkpoint, scored 7, since the best it recorded, ``earlier-run-1/`` epoch 2's, was looked for by name beside
+    the newest only."""
+    from hookfit.plugins.checkpoint.export import best
+
+    scored(tmp_path, [3.0, 1.0, 4.0, 2.0], keep_last=1)
+    scored(tmp_path, [5.0, 6.0], keep_last=1)  # run 2: run 1's files into earlier-run-1/
+    earlier = tmp_path / "checkpoints" / "earlier-run-1"
+    resumed = scored(tmp_path, [3.0, 1.0, 4.0, 2.0, 5.0, 7.0], keep_last=1, resume=earlier / name(4))
+    assert resumed.results["best_checkpoint"] == earlier / name(2)
+    assert best(tmp_path)[0] == earlier / name(2)
+    state = hookfit.Loop(None, [], val_step=lambda loop, batch: {"score": torch.tensor(0.0)}, val_data=[0],
+                         model=torch.nn.Linear(1, 1), run_dir=tmp_path,
+                         plugins=[Metrics(), Checkpoint()]).validate(resume="best")
+    assert state.resumed_from is not None and Path(state.resumed_from.source) == earlier / name(2)
+
+
+@pytest.mark.fault
+def test_a_resume_that_fails_moves_no_checkpoint_aside(tmp_path: Path) -> None:
+    """A run resumed from another run's checkpoint that fails to restore (another model's): it had moved the
+    folder's own checkpoints into earlier-run-1/ at its start, so that the user's next ``resume="latest"`` found
+    none there. They stay where they were."""
+    scored(tmp_path / "other", [3.0, 1.0], keep_last=1)
+    scored(tmp_path / "run", [3.0, 1.0], keep_last=1)
+    before = contents(tmp_path / "run" / "checkpoints")
+    loop = hookfit.Loop(lambda loop, batch: None, [torch.zeros(2)], model=torch.nn.Linear(2, 1), max_epochs=2,
+                        run_dir=tmp_path / "run", resume=tmp_path / "other" / "checkpoints" / name(2),
+                        plugins=[Metrics(), Checkpoint(background=False)])
+    with pytest.raises(Exception, match="checkpoint"):
+        loop.fit()
+    assert contents(tmp_path / "run" / "checkpoints") == before
