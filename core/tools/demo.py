@@ -86,6 +86,8 @@ def main(epochs: int = 8, seed: int = 0) -> hookfit.State:
     folders: list[Any] = []
 
     class RunFolder:  # where this run's files are, to say so at the end; and why there is no dashboard
+        name = "demo"  # (in the start line's plugins, which named it by its class)
+
         @hookfit.hookimpl
         def fit_start(self, loop: hookfit.Run) -> None:
             claim = getattr(loop.hooks, "claim_output", None)

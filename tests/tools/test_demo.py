@@ -22,6 +22,7 @@ def test_hookfit_demo_learns_the_digits_with_the_built_in_plugins(tmp_path) -> N
     out = done.stdout
     plugins = re.search(r"^hookfit start .* plugins=(\S+)", out, re.M).group(1).split(",")
     assert {"optim", "metrics", "console", "interrupter", "checkpoint"} <= set(plugins)
+    assert "demo" in plugins and "RunFolder" not in plugins, plugins  # (the demo's own, named as plugins are)
     accuracy = float(re.search(r"stage=valid metric=accuracy last=([\d.]+)", out).group(1))
     assert accuracy > 0.85, out
     assert 'hookfit end status=completed reason="max_epochs=3 reached"' in out
