@@ -150,11 +150,21 @@ class Catalog:
         self.scores = {at(p): float(v) for p, v in dict(state.get("scores") or {} if same else {}).items()
                        if at(p) in self.saved}
 
-    def resumed(self, path: Path, meta: Any, training: bool) -> Path:
+    def resumed(self, path: Path, meta: Any, training: bool, state: Any = None) -> Path:
         """The run resumed from ``path``: the last and, in a training run, the best if its own score
         (``meta["metric"]``, of the metric monitored here) improves on the best its state named. A run
         killed right after writing its best checkpoint would else take a worse one for the best, and
-        prune the best weights away."""
+        prune the best weights away. In an evaluation (not ``training``), the best of the run that wrote
+        ``path`` as ``path`` knows it, by the monitor that run recorded (``meta["monitor"]``; its catalog's
+        ``state``), ``path`` itself where its own score is better: after ``resume="best"``, ``path``."""
+        if not training:
+            self.best = None
+            if isinstance(meta, Mapping) and isinstance(monitor := meta.get("monitor"), str):
+                run = Catalog(1, Monitor(monitor))
+                run.reading = path
+                run.load(state if isinstance(state, Mapping) else {})
+                run.resumed(path, meta, True)
+                self.best = run.best
         self.last = path = _at(path)
         metric = meta.get("metric") if isinstance(meta, Mapping) else None
         if (training and isinstance(metric, (int, float)) and meta.get("monitor") == self.monitor.metric

@@ -116,7 +116,9 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   without one, or without a finite value of it), and ``"last_checkpoint"``, the newest
   checkpoint of the run (what ``resume="latest"`` would take; ``None`` if there is none); a
   user reads them in ``fit().results`` and evaluates the best with
-  ``Loop(..., model=model).validate(resume=state.results["best_checkpoint"])``. Both are
+  ``Loop(..., model=model).validate(resume=state.results["best_checkpoint"])``; after
+  ``validate(resume=...)`` the last is the checkpoint evaluated and the best that checkpoint's
+  run's best as it knew it, itself included (after ``resume="best"``, both name it). Both are
   known on every process: only the main one writes, but the epoch metrics a monitor compares
   are the same on every rank and a file's name comes from ``loop.position``, so each process
   names the file the main one writes (told once where the main one writes, its run folder

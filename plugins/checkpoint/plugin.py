@@ -236,7 +236,7 @@ class Checkpoint:
         self.catalog.reading = path  # (its state names files at the paths they were written at)
         restore(loop, path, data, self.strict)
         self._preparing.done()  # (a kill -9's files removed; an earlier run's moved aside, once restored)
-        self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit")
+        self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit", data["plugins"].get(self.name))
         self.saved_step = data["loop"]["step"]
         if source in ("latest", "best"):
             announce(loop, path, self.dir, source)
@@ -280,10 +280,10 @@ class Checkpoint:
 
     @hookimpl
     def results(self) -> dict[str, Path | int | None]:
-        """``"best_checkpoint"``: the path of the best checkpoint by ``monitor`` (``None``
-        without a monitor or a finite value of it); ``"last_checkpoint"``: :attr:`last`;
-        ``"failed_saves"``, ``"skipped_saves"``: this run's saves that failed, that a busy writer
-        skipped. On every process; after ``Loop.validate(resume=...)``, what the checkpoint it read knew."""
+        """``"best_checkpoint"``: the path of the best checkpoint by ``monitor`` (``None`` without a monitor or a
+        finite value of it); ``"last_checkpoint"``: :attr:`last`; ``"failed_saves"``, ``"skipped_saves"``: this run's
+        saves that failed, that a busy writer skipped. On every process. After ``Loop.validate(resume=...)``: the
+        last is the checkpoint evaluated, the best its run's as it knew it, itself included (:meth:`Catalog.resumed`)."""
         best, reports = self.best, self.reports
         return {"best_checkpoint": None if best is None else best[1], "last_checkpoint": self.last,
                 "failed_saves": reports.run_failed, "skipped_saves": reports.run_skipped}

@@ -192,6 +192,37 @@ def test_an_evaluation_resumes_the_best_checkpoint_of_the_newest_run(tmp_path: P
                      plugins=[Metrics(), Checkpoint()]).validate(resume="best")
 
 
+@pytest.mark.parametrize("where", ["keep_best", "dir"])
+def test_an_evaluation_of_the_best_checkpoint_reports_that_checkpoint_as_its_best_and_last(
+        tmp_path: Path, where: str) -> None:
+    """After ``validate(resume="best")`` both ``results["best_checkpoint"]`` and ``"last_checkpoint"`` name the
+    checkpoint evaluated: the best is the run's best as the checkpoint evaluated knows it, itself included, by the
+    monitor its run recorded. It was the best before that checkpoint (epoch 2's, kept by ``keep_best=2``), or
+    ``None`` where the evaluation's ``Checkpoint`` monitored nothing."""
+    from hookfit.plugins.metrics import Metrics
+
+    scores, m = [3.0, 1.0, 2.0, 0.5], torch.nn.Linear(3, 1)
+
+    def score(loop: Any, batch: Any) -> dict[str, Any]:
+        return {"loss": torch.tensor(scores[loop.state.epoch])}
+
+    given: dict[str, Any] = {"keep_best": 2} if where == "keep_best" else {"dir": tmp_path / "kept"}
+    folder = tmp_path / "kept" if where == "dir" else tmp_path / "run" / "checkpoints"
+    hookfit.Loop(two_model_step, data(), val_step=score, val_data=data()[:1], model=[m], max_epochs=4,
+                 optimizers={"a": torch.optim.SGD(m.parameters(), lr=0.1)}, run_dir=tmp_path / "run",
+                 plugins=[Optim(), Metrics(), Checkpoint(monitor="valid/loss", keep_last=1, background=False,
+                                                         **given)]).fit()
+    assert (folder / "epoch0002-step000000006.pt").exists() == (where == "keep_best")
+    evaluated = folder / "epoch0004-step000000012.pt"
+    for monitor in (None, "valid/loss"):
+        state = hookfit.Loop(None, [], val_step=score, val_data=data()[:1], model=[torch.nn.Linear(3, 1)],
+                             run_dir=tmp_path / "run", plugins=[Optim(), Metrics(), Checkpoint(
+                                 monitor=monitor, **{k: v for k, v in given.items() if k == "dir"})]
+                             ).validate(resume="best")
+        assert Path(state.resumed_from.source) == evaluated
+        assert state.results["best_checkpoint"] == state.results["last_checkpoint"] == evaluated, monitor
+
+
 def test_best_names_its_checkpoint_as_the_newest_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A run given by a relative path: the newest was named relative, the best by its absolute path."""
