@@ -148,16 +148,17 @@ def describe(loop: Run) -> str:
 def announce(loop: Run, path: Path, directory: Path | None, source: str = "latest") -> None:
     """One line on stderr (main process) saying which checkpoint ``resume="latest"`` took: the
     newest (:func:`latest`, ``directory`` as there), or the newest that read whole, naming the
-    newer ones ``fallback`` skipped; which ``resume="best"`` took."""
+    newer ones ``fallback`` skipped; which ``resume="best"`` took. Each names where it looked: the
+    folder ``directory`` where given, else the run's identity."""
+    whose = f"of {describe(loop)}" if directory is None else f"in {directory}"
     if loop.is_main and source == "best":
-        print(f"hookfit checkpoint: resume='best' took {path} (the best checkpoint of the newest run of "
-              f"{describe(loop)})", file=sys.stderr, flush=True)
+        print(f"hookfit checkpoint: resume='best' took {path} (the best checkpoint of the newest run {whose})",
+              file=sys.stderr, flush=True)
     elif loop.is_main:
         candidates = latest(loop, directory)[0]
         skipped = candidates[:candidates.index(path)] if path in candidates else []
-        which = (f"the newest checkpoint of {describe(loop)} that reads whole; skipped: "
-                 f"{', '.join(str(p) for p in skipped)} (fallback=True)") if skipped else (
-            f"the newest checkpoint of {describe(loop)}")
+        which = (f"the newest checkpoint {whose} that reads whole; skipped: "
+                 f"{', '.join(str(p) for p in skipped)} (fallback=True)") if skipped else f"the newest checkpoint {whose}"
         print(f"hookfit checkpoint: resume='latest' took {path} ({which})", file=sys.stderr, flush=True)
 
 

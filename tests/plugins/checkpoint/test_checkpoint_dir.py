@@ -1,9 +1,10 @@
 """Checkpoint(dir=...) that cannot be a folder is refused at fit_start with a message that says
-what is wrong and names the option, before any batch trains."""
+what is wrong and names the option, before any batch trains; a resume from one names it."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -68,3 +69,32 @@ def test_a_dir_a_live_process_holds_is_refused_with_advice_that_fits(tmp_path: P
     assert message.endswith("Wait for it to end, or give this run's checkpoint a dir of its own, or leave dir out "
                             "to save into the run folder"), message
     assert sorted(p.name for p in shared.iterdir()) == ["run.lock"]
+
+
+def test_resume_latest_and_best_name_the_given_dir_they_took_their_checkpoint_from(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The stderr line of ``resume="latest"`` and ``resume="best"`` with ``Checkpoint(dir=...)`` names that folder,
+    where the checkpoint was looked for, not the run's identity (a run folder the checkpoints are not in)."""
+    from hookfit.plugins.metrics import Metrics
+
+    kept, data = tmp_path / "kept", [(torch.ones(4, 2), torch.zeros(4, 1))] * 2
+
+    def valid(loop: hookfit.Loop, batch: Any) -> dict[str, Any]:
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    def loop(epochs: int = 2, resume: str | None = None) -> hookfit.Loop:
+        model = torch.nn.Linear(2, 1)
+        return hookfit.Loop(mse_step, data, val_step=valid, val_data=data[:1], model=model, max_epochs=epochs,
+                            optimizers=torch.optim.SGD(model.parameters(), lr=0.1), run_dir=tmp_path / "run",
+                            resume=resume, plugins=[Optim(), Metrics(), Checkpoint(dir=kept, monitor="valid/loss",
+                                                                                   background=False)])
+
+    loop(epochs=1).fit()
+    capsys.readouterr()
+    loop(resume="latest").fit()
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hookfit checkpoint: resume=")]
+    assert said == [f"hookfit checkpoint: resume='latest' took {kept / 'epoch0001-step000000002.pt'} (the newest "
+                    f"checkpoint in {kept})"]
+    loop().validate(resume="best")
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hookfit checkpoint: resume=")]
+    assert len(said) == 1 and said[0].endswith(f" (the best checkpoint of the newest run in {kept})"), said
