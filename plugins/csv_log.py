@@ -18,6 +18,9 @@ Files, in the run folder (``loop.run_dir``):
   epochs (``Loop(val_every_n_steps=N)``) simply has more ``valid`` rows.
 * An evaluation (``Loop.validate()``) writes ``evaluation.csv`` and ``evaluation_updates.csv``
   instead, the same tables: in the folder of the run it evaluates they leave the run's own alone.
+  After the leading columns, ``checkpoint``: the checkpoint evaluated (``loop.state.resumed_from``'s
+  ``source``; empty for an evaluation of the model's weights as they are), so the evaluations of
+  checkpoints of two runs at the same step tell apart; a table written without that column is widened.
 * ``metrics_updates.csv``, with ``every_publication=True``: a row at every publication of the
   metrics plugin (``metrics_update``: the built-in publishes at most every
   ``Metrics(interval=0.5)`` seconds, so a run shorter than that may have no row;
@@ -44,7 +47,7 @@ the same ``run_dir`` and no resume, or a ``resume="latest"`` that found no check
 aside at its first write, the evaluations of that run's checkpoints with them, as
 ``metrics.earlier-run-1.csv`` and ``evaluation.earlier-run-1.csv`` (``-2`` next, one number for the
 tables of one earlier run; never deleted), and starts fresh ones (evaluations in one folder add
-their rows to one ``evaluation.csv``, each naming the step it evaluated), with one ``HookfitWarning`` naming both; a run that ends before it
+their rows to one ``evaluation.csv``, each naming the checkpoint and step it evaluated), with one ``HookfitWarning`` naming both; a run that ends before it
 writes (refused at its start) leaves them as they are. A table that cannot be moved is named in a
 ``FileWarning``, left as it is and not written. A resumed run (``Loop(resume=...)``)
 appends to the same files under their header, never repeating it. It first drops
@@ -86,6 +89,8 @@ EPOCH_COLUMNS = ("epoch", "step", "stage")
 """The leading columns of ``metrics.csv``."""
 UPDATE_COLUMNS = ("epoch", "step", "stage", "batches")
 """The leading columns of ``metrics_updates.csv``."""
+CHECKPOINT = "checkpoint"
+"""The column of an evaluation's tables, after the leading ones, naming the checkpoint it evaluated."""
 RENAMED = "metric."
 """The prefix of the column of a metric named as a column of the tables' own (``metric.step``)."""
 TABLES = ("metrics.csv", "metrics_updates.csv", "evaluation.csv", "evaluation_updates.csv")
@@ -138,6 +143,7 @@ class CSVLogger:
         evaluating = loop.mode != "fit"  # an evaluation's rows are no epochs of the run whose folder it may share
         self._epochs.name = "evaluation.csv" if evaluating else "metrics.csv"
         self._updates.name = "evaluation_updates.csv" if evaluating else "metrics_updates.csv"
+        self._epochs.after = self._updates.after = (CHECKPOINT,) if evaluating else ()
         if not wanted(loop, self, self.enabled):
             loop.pm.unregister(self)  # inert: none of the hooks below costs anything
 
@@ -167,7 +173,7 @@ class CSVLogger:
     def metrics_update(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if self._loop is None or not self.every_publication:
             return
-        row = self._row(metrics, {k: v.running for k, v in metrics.values.items()})
+        row = self._row(loop, metrics, {k: v.running for k, v in metrics.values.items()})
         row["batches"] = metrics.batches
         self._updates.write(loop, row)
 
@@ -175,7 +181,7 @@ class CSVLogger:
     def epoch_metrics(self, loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
         if self._loop is None:
             return
-        self._epochs.write(loop, self._row(metrics, {k: v.epoch for k, v in metrics.values.items()}))
+        self._epochs.write(loop, self._row(loop, metrics, {k: v.epoch for k, v in metrics.values.items()}))
 
     @hookimpl(trylast=True)  # after the metrics plugin publishes a stage a stop cut short
     def fit_end(self, loop: Run) -> None:
@@ -213,17 +219,20 @@ class CSVLogger:
             table.stuck = table.name in stayed
 
     # -- rows ---------------------------------------------------------------------------------
-    def _row(self, metrics: MetricsSnapshot, values: dict[str, float]) -> dict[str, Any]:
+    def _row(self, loop: Run, metrics: MetricsSnapshot, values: dict[str, float]) -> dict[str, Any]:
         rates = {f"{LR}{name}": float(rate) for name, rate in metrics.lr.items()}
         row: dict[str, Any] = {self._column(k, rates): float(v) for k, v in values.items()}
         row.update(rates)
         row.update(epoch=metrics.epoch + 1, step=metrics.step, stage=metrics.stage)
+        if self._epochs.after:  # an evaluation's: the checkpoint it evaluated
+            row[CHECKPOINT] = None if (info := loop.state.resumed_from) is None else info.source
         return row
 
     def _column(self, metric: str, rates: Mapping[str, float]) -> str:
         """The column of ``metric``: its name, unless that is a column of the table's own (a
-        leading column, a learning rate's): then ``metric.<name>``, said once a run."""
-        if metric not in UPDATE_COLUMNS and metric not in rates:
+        leading column, an evaluation's ``checkpoint``, a learning rate's): then ``metric.<name>``, said once a
+        run."""
+        if metric not in UPDATE_COLUMNS and metric not in self._epochs.after and metric not in rates:
             return metric
         column = f"{RENAMED}{metric}"
         if metric not in self._renamed:

@@ -40,10 +40,13 @@ def _line(fields: Iterable[Any]) -> str:
     return line
 
 
-def _order(leading: tuple[str, ...], names: Iterable[str]) -> list[str]:
-    """The header: the leading columns, the metrics sorted, then the learning rates sorted."""
-    rest = set(names) - set(leading)
-    return [*leading, *sorted(n for n in rest if not n.startswith(LR)), *sorted(n for n in rest if n.startswith(LR))]
+def _order(leading: tuple[str, ...], names: Iterable[str], after: tuple[str, ...] = ()) -> list[str]:
+    """The header: the leading columns, those of ``after`` among ``names``, the metrics sorted, then the
+    learning rates sorted."""
+    names = set(names)
+    rest = names - set(leading) - set(after)
+    return [*leading, *(n for n in after if n in names), *sorted(n for n in rest if not n.startswith(LR)),
+            *sorted(n for n in rest if n.startswith(LR))]
 
 
 class Failure:
@@ -66,6 +69,9 @@ class Table:
         self.columns: list[str] | None = None  # the header of the file, once known
         self.path: os.PathLike[str] | None = None  # the file of the current or last run
         self.stuck = False  # an earlier run's table that could not be set aside: not written this run
+        self.after: tuple[str, ...] = ()
+        """Columns that follow the leading ones where rows have them; a file written without them (by an
+        earlier version) is still this table, widened to hold them like a new metric's column."""
 
     def open(self, loop: Run) -> RunFile | None:
         """The file, its header read when it exists already; ``None`` once it or the other table
@@ -143,11 +149,11 @@ class Table:
             return
         try:
             if self.columns is None:
-                self.columns = _order(self.leading, row)
+                self.columns = _order(self.leading, row, self.after)
                 if not file.write(_line(self.columns)):
                     return
             elif not set(row) <= set(self.columns):
-                if not self.rewrite(_order(self.leading, [*self.columns, *row])):
+                if not self.rewrite(_order(self.leading, [*self.columns, *row], self.after)):
                     return
             file.write(_line(_cell(row.get(c)) for c in self.columns))
         finally:

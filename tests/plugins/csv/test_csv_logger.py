@@ -11,6 +11,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -390,3 +391,39 @@ def test_an_evaluation_in_the_runs_folder_leaves_its_tables_alone_and_writes_its
     assert (tmp_path / "metrics.csv").read_bytes() == before
     _, rows = table(tmp_path / "evaluation.csv")
     assert [(r["epoch"], r["step"], r["stage"], r["loss"]) for r in rows] == [("1", "4", "valid", "100.0")]
+
+
+def test_evaluations_of_two_runs_checkpoints_in_one_folder_name_the_checkpoint_each_evaluated(tmp_path: Path) -> None:
+    """Two runs' checkpoints at the same epoch and step, evaluated into one folder: each row of
+    ``evaluation.csv`` and ``evaluation_updates.csv`` names its checkpoint (``state.resumed_from.source``) in
+    the column after ``stage`` (``batches``), where epoch and step alone could not tell them apart; a table
+    written before that column is widened, its rows kept with an empty cell, and an evaluation of the weights
+    as they are leaves it empty. A metric named ``checkpoint`` takes ``metric.checkpoint``."""
+    firsts = []
+    for name in ("a", "b"):
+        run(tmp_path / name, Checkpoint(background=False), max_epochs=1)
+        firsts.append(sorted((tmp_path / name / "checkpoints").glob("*.pt"))[0])
+    assert firsts[0].name == firsts[1].name
+    folder = tmp_path / "evaluations"
+    folder.mkdir()
+    (folder / "evaluation.csv").write_text("epoch,step,stage,loss\n3,9,valid,1.5\n")
+
+    def evaluate(resume: Path | None) -> Any:
+        def test_step(loop: Any, batch: Any) -> dict[str, Any]:
+            return {"loss": torch.tensor(100.0), "checkpoint": 1.0}
+
+        with pytest.warns(hookfit.HookfitWarning, match="'metric.checkpoint'"):
+            return hookfit.Loop(None, [], val_step=test_step, val_data=[0], model=torch.nn.Linear(2, 1),
+                                run_dir=folder, plugins=[Optim(), Metrics(interval=0), Checkpoint(),
+                                                         CSVLogger(every_publication=True)]).validate(resume=resume)
+
+    states = [evaluate(first) for first in firsts] + [evaluate(None)]
+    sources = [state.resumed_from.source for state in states[:2]]
+    assert sorted(map(Path, sources)) == firsts
+    header, rows = table(folder / "evaluation.csv")
+    assert header == ["epoch", "step", "stage", "checkpoint", "loss", "metric.checkpoint"]
+    assert [(r["epoch"], r["step"], r["checkpoint"], r["loss"]) for r in rows] == [
+        ("3", "9", "", "1.5"), ("1", "4", sources[0], "100.0"), ("1", "4", sources[1], "100.0"), ("1", "0", "", "100.0")]
+    header, rows = table(folder / "evaluation_updates.csv")
+    assert header[:5] == ["epoch", "step", "stage", "batches", "checkpoint"]
+    assert [r["checkpoint"] for r in rows if r["batches"] == "1"] == [*sources, ""]

@@ -152,10 +152,13 @@ def test_evaluations_add_to_one_table_which_a_fresh_fit_sets_aside_with_its_runs
         return caught
 
     assert not _set_aside(evaluate(5.0)) and not _set_aside(evaluate(7.0))
-    assert _rows(tmp_path / "evaluation.csv") == [("1", "2", "valid", "5.0"), ("1", "2", "valid", "7.0")]
+    evaluated = str(tmp_path / "checkpoints" / "epoch0001-step000000002.pt")  # (the column after stage)
+    assert _rows(tmp_path / "evaluation.csv") == [("1", "2", "valid", evaluated, "5.0"),
+                                                   ("1", "2", "valid", evaluated, "7.0")]
     assert (tmp_path / "metrics.csv").read_text() == fitted
     said = _set_aside(_fit(tmp_path, every_publication=False))
     assert len(said) == 1 and "set aside as metrics.earlier-run-2.csv, evaluation.earlier-run-2.csv;" in said[0], said
-    assert _rows(tmp_path / "evaluation.earlier-run-2.csv") == [("1", "2", "valid", "5.0"), ("1", "2", "valid", "7.0")]
+    assert _rows(tmp_path / "evaluation.earlier-run-2.csv") == [("1", "2", "valid", evaluated, "5.0"),
+                                                                 ("1", "2", "valid", evaluated, "7.0")]
     assert (tmp_path / "metrics.earlier-run-2.csv").read_text() == fitted
     assert not (tmp_path / "evaluation.csv").exists()
