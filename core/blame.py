@@ -30,7 +30,8 @@ def where(run: Run, error: BaseException) -> str:
     called it wrongly: then the step is blamed, and the plugin's function that refused named; or
     it was raised by a hook implementation that code called (an event it fired, as a managed
     ``step()`` fires ``before_optimizer_step``): then that implementation is blamed, the plugin
-    code and the step named as where it was called from."""
+    code and the step named as where it was called from. An error of none of them before the
+    first epoch began (a run folder another live process holds) says the run was refused."""
     pm = run.pm
     owners = _owners(pm)
     config = run.config  # the steps as given (named in messages), and as wrapped (wrap_step), which run
@@ -77,6 +78,8 @@ def where(run: Run, error: BaseException) -> str:
         return f"hookfit: raised in step function {qualname(step)!r} ({at})"
     if fetch is not None:
         return f"hookfit: {fetch}"
+    if not run.started:  # (configure, the claim of the run folder, the checks and the resume before the first epoch)
+        return "hookfit: the run was refused before it began (no epoch had started)"
     return f"hookfit: raised during the run ({at})"
 
 

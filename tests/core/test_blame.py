@@ -5,6 +5,7 @@ or the step function."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,6 +135,24 @@ def test_an_error_outside_a_stage_says_so_not_stage_none(hook: str, epoch: int) 
         hookfit.Loop(lambda loop, batch: None, [0, 1], max_epochs=2, plugins=[Raising()]).fit()
     assert re.fullmatch(rf"hookfit: raised by plugin 'Raising' \(.*, given to Loop\) in hook '{hook}' \(epoch "
                         rf"{epoch}, outside a stage\)", caught.value.__notes__[-1]), caught.value.__notes__
+
+
+def test_a_run_refused_before_it_began_says_so_not_epoch_1_outside_a_stage(tmp_path: Path) -> None:
+    """A run whose folder another live process holds (its lock taken here) is refused at its start: its note
+    said it "raised during the run (epoch 1, outside a stage)", for a run that never began."""
+    from hookfit.locks import FolderInUse, FolderLock
+
+    held = FolderLock(tmp_path, "hookfit")
+    held.acquire("another run")
+    try:
+        for run in ("fit", "validate"):
+            loop = hookfit.Loop(lambda loop, batch: None, [0, 1], val_step=lambda loop, batch: None, val_data=[0],
+                                run_dir=tmp_path)
+            with pytest.raises(FolderInUse) as caught:
+                loop.fit() if run == "fit" else loop.validate()
+            assert caught.value.__notes__ == ["hookfit: the run was refused before it began (no epoch had started)"]
+    finally:
+        held.release()
 
 
 def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() -> None:
