@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import TYPE_CHECKING, Any, Collection, Mapping, NamedTuple
 
-import torch
-from torch.optim import lr_scheduler
+from torch.optim import Optimizer, lr_scheduler
 
 from hookfit.data import length
 from hookfit.errors import user_level
@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
 NAME = "optim"
-PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
+PLATEAU = lr_scheduler.ReduceLROnPlateau
 SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers (torch.optim.lr_scheduler."
                    "StepLR(opt, ...)), a list of them, or a dict of optimizer name -> scheduler or list")
 
@@ -49,7 +49,7 @@ def _parse(schedulers: Any) -> list[Given]:
     by_name: dict[str, Any] = {}  # the first under each dict name
     for item in given:
         one = item.scheduler
-        if not (isinstance(getattr(one, "optimizer", None), torch.optim.Optimizer) and all(
+        if not (isinstance(getattr(one, "optimizer", None), Optimizer) and all(
                 callable(getattr(one, attr, None)) for attr in ("step", "state_dict", "load_state_dict"))):
             raise option_error(NAME, item.where, one, SCHEDULERS_MUST, TypeError, shown=_shown(one))
         inner = getattr(one, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
@@ -70,9 +70,7 @@ def _shown(value: Any) -> str:
     """A value as an error shows it: a class as itself, anything else by its type."""
     if isinstance(value, type):
         return f"the class {value.__name__} (build one: {value.__name__}(optimizer, ...))"
-    if value is None or isinstance(value, (str, int, float)):
-        return repr(value)
-    return f"a {type(value).__name__}"
+    return repr(value) if value is None or isinstance(value, (str, int, float)) else f"a {type(value).__name__}"
 
 
 class Schedules:
@@ -200,10 +198,16 @@ class Schedules:
 
 
 def _passed(scheduler: Any, steps: int) -> bool:
-    """Whether ``steps`` pass a MultiStepLR's milestones, a CosineAnnealingLR's T_max, a StepLR/ExponentialLR's 1e-3."""
-    if isinstance(scheduler, lr_scheduler.MultiStepLR):
-        return bool(scheduler.milestones) and max(scheduler.milestones) < steps
-    if isinstance(scheduler, lr_scheduler.CosineAnnealingLR):
-        return bool(scheduler.T_max < steps)
-    decays = isinstance(scheduler, (lr_scheduler.StepLR, lr_scheduler.ExponentialLR)) and 0 <= scheduler.gamma < 1
-    return decays and bool(scheduler.gamma ** (steps // getattr(scheduler, "step_size", 1)) < 1e-3)
+    """Whether ``steps`` pass a MultiStepLR's milestones, a CosineAnnealingLR's T_max, a StepLR/ExponentialLR/LambdaLR's
+    1e-3, or those of a ChainedScheduler's or (each from its milestone) a SequentialLR's; no other's are judged."""
+    if isinstance(inner := getattr(scheduler, "_schedulers", None), list):  # torch's ChainedScheduler, SequentialLR
+        bounds = [0, *getattr(scheduler, "_milestones", []), steps]
+        spans = list(zip(bounds, bounds[1:])) if len(bounds) == len(inner) + 1 else [(0, steps)] * len(inner)
+        return any(_passed(s, min(steps, end) - start) for s, (start, end) in zip(inner, spans) if start < steps)
+    if isinstance(scheduler, (lr_scheduler.MultiStepLR, lr_scheduler.CosineAnnealingLR)):  # its last milestone, T_max
+        return bool(max(getattr(scheduler, "milestones", None) or [getattr(scheduler, "T_max", steps)]) < steps)
+    if isinstance(scheduler, (lr_scheduler.StepLR, lr_scheduler.ExponentialLR)) and 0 <= scheduler.gamma < 1:
+        return bool(scheduler.gamma ** (steps // getattr(scheduler, "step_size", 1)) < 1e-3)
+    with contextlib.suppress(Exception):  # a LambdaLR's lambdas are the user's: one that raises there says nothing
+        return isinstance(scheduler, lr_scheduler.LambdaLR) and any(float(f(steps)) < 1e-3 for f in scheduler.lr_lambdas)
+    return False

@@ -593,6 +593,42 @@ def test_a_per_step_scheduler_that_passes_its_schedule_in_the_first_epoch_is_tol
     assert fit(lambda opt: lr_scheduler.MultiStepLR(opt, [2, 4]), max_steps=4) == []  # the run ends before
 
 
+def test_lambda_chained_and_sequential_schedules_counted_in_epochs_are_told_to_step_each_epoch() -> None:
+    """The warning above judged a MultiStepLR, CosineAnnealingLR, StepLR and ExponentialLR alone: a LambdaLR whose
+    factor falls below a thousandth within the first epoch (a decay written per epoch), and a ChainedScheduler or
+    SequentialLR with such a scheduler inside (a SequentialLR's each from its milestone) said nothing. A lambda
+    counted in steps, a warm-up then a cosine over the run's steps, say nothing still, and a lambda that raises
+    where it is asked is not judged."""
+    import warnings
+
+    from hookfit.plugins.optim.schedulers import _passed
+
+    def told(make) -> list[str]:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hookfit.Loop(train_step, data(6), model=m, optimizers=opt, max_epochs=3,
+                         plugins=[Optim(schedulers=make(opt))]).fit()
+        return [str(w.message) for w in caught if "looks counted in epochs" in str(w.message)]
+
+    said = told(lambda opt: lr_scheduler.LambdaLR(opt, lambda epoch: 0.1 ** epoch))
+    assert len(said) == 1 and said[0].startswith("optim: the LambdaLR of optimizer 'default' steps after each"), said
+    assert len(told(lambda opt: lr_scheduler.LambdaLR(opt, lambda epoch: max(0.0, 1 - epoch / 3)))) == 1
+    assert len(told(lambda opt: lr_scheduler.ChainedScheduler(
+        [lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2), lr_scheduler.ExponentialLR(opt, gamma=0.3)]))) == 1
+    assert len(told(lambda opt: lr_scheduler.SequentialLR(opt, [lr_scheduler.LinearLR(opt, 0.5, total_iters=2),
+                                                                 lr_scheduler.StepLR(opt, 1, gamma=0.1)], [2]))) == 1
+    assert told(lambda opt: lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1 - step / 18))) == []
+    assert told(lambda opt: lr_scheduler.SequentialLR(opt, [lr_scheduler.LinearLR(opt, 0.5, total_iters=3),
+                                                            lr_scheduler.CosineAnnealingLR(opt, T_max=15)], [3])) == []
+    assert told(lambda opt: lr_scheduler.ChainedScheduler(
+        [lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2), lr_scheduler.ExponentialLR(opt, gamma=0.9)])) == []
+    table = [1.0, 0.5, 0.1]
+    raising = lr_scheduler.LambdaLR(torch.optim.SGD(model().parameters(), lr=0.1), lambda epoch: table[epoch])
+    assert _passed(raising, 6) is False
+
+
 def test_a_step_schedule_of_a_run_of_one_epoch_is_not_taken_for_one_counted_in_epochs() -> None:
     """MultiStepLR([60, 80]) counted in steps over a run that max_steps=100 ends inside its first (200-batch)
     epoch: no second epoch comes, so nothing says it looks counted in epochs (stepping it each epoch would stop it)."""
