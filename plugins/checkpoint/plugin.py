@@ -1,8 +1,8 @@
 """checkpoint plugin: the policy and the save side. When to save (epochs, steps, seconds, a
 graceful stop, a failure, the final state of a run that completed: the end's save, none where the
 run began, is :mod:`~hookfit.plugins.checkpoint.ending`'s rule); its parts: which checkpoints
-to keep (:mod:`~hookfit.plugins.checkpoint.catalog`), the background writer
-(:mod:`~hookfit.plugins.checkpoint.writer`), failed and skipped saves
+to keep (:mod:`~hookfit.plugins.checkpoint.catalog`), the background writer and what it finished
+(:mod:`~hookfit.plugins.checkpoint.writer`, :mod:`~hookfit.plugins.checkpoint.outcomes`), failed and skipped saves
 (:mod:`~hookfit.plugins.checkpoint.reports`), the monitored metric's scores and the saves
 they call for (:mod:`~hookfit.plugins.checkpoint.scores`), what a checkpoint holds
 (:mod:`~hookfit.plugins.checkpoint.state`), the file format (:mod:`~hookfit.plugins.checkpoint.storage`)
@@ -20,6 +20,7 @@ from hookfit import hookimpl
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import folders, hookspecs, ranks, sharded
 from hookfit.plugins.checkpoint.ending import finish
+from hookfit.plugins.checkpoint.outcomes import collect
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
 from hookfit.plugins.checkpoint.state import payload
 from hookfit.plugins.checkpoint.catalog import Catalog
@@ -377,23 +378,4 @@ class Checkpoint:
         each failed write is reported as ``on_save_error`` says (``"raise"``: the first failure
         is raised once every outcome is taken); a file pruning could not remove is kept on the
         list, to be tried again. ``more``: finished sharded writes, taken on every rank alike."""
-        failure: BaseException | None = None
-        for outcome in [*self.writer.outcomes(), *(more or [])]:
-            if not isinstance(outcome, Done):  # a file that could not be removed
-                self.catalog.keep(outcome.path)
-                continue
-            path = outcome.path
-            reason, step, metric, main = outcome.tag
-            if outcome.error is not None:
-                self.scores.failed()
-                self.written.lost(step)
-                failure = failure or self.reports.failure(path, outcome.error, main)
-            elif not main:
-                self.catalog.follow(path, metric, reason)
-            else:
-                self.writer.remove(self.catalog.take(path, metric, reason))
-                if (call := loop.hooks.checkpoint_saved) is not None:
-                    call(loop, str(path), reason, step)
-        if failure is not None:
-            raise failure
-
+        collect(self, loop, more)
