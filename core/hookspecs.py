@@ -324,7 +324,8 @@ def resume(loop: Run, source: str) -> str | os.PathLike[str] | Literal[False] | 
     (``loop.load_plugin_states(states)``), and gives the run its own saved position back with
     ``loop.load_state_dict(saved)``, where ``saved`` is what ``loop.state_dict()`` returned
     when it saved (a mapping of plain data and tensors: the position, the random state, the
-    data's own state). It writes nothing of ``loop.state`` itself. The whole of what a
+    data's own state). It writes nothing of ``loop.state`` itself; it calls ``loop.resumes_apart()`` when the
+    checkpoint is not the one the records in the run's folder go on from (``loop.state.continues``). The whole of what a
     checkpoint plugin does (``strict``, which checkpoint is newest and a run's own, evaluations
     and smoke runs) is the checkpoint role, under the ``checkpoint`` plugin's events. The core then fires
     ``resumed`` and starts where the run was: it skips the training batches of the epoch
@@ -346,7 +347,8 @@ def resumed(loop: Run, info: ResumeInfo) -> None:
 
     Fired by the core once a ``resume`` implementation returned what it resumed from and the
     run's position was given back, before the first epoch; also kept in
-    ``loop.state.resumed_from``. Renderers and loggers say it (the console prints it, the
+    ``loop.state.resumed_from``, and ``loop.state.continues`` says whether the run continues the records in its
+    folder (a logger appends to them) or sets them aside (``loop.resumes_apart()``). Renderers and loggers say it (the console prints it, the
     dashboard shows it, the metrics log records it), so a user always knows which run and
     which point a run continued from. The return value is ignored.
     """

@@ -66,7 +66,7 @@ class Run:
       ``config`` (the ``Loop``), ``name``, ``resume``; a plugin that makes a smoke run changes
       the bounds and ``resume`` at ``configure`` (see :attr:`smoke`);
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
-      ``continue_in(folder)``, ``place_run_dir(folder, released)``, ``is_main``, ``wrap_step(wrapper)``;
+      ``continue_in(folder)``, ``resumes_apart()``, ``place_run_dir(folder, released)``, ``is_main``, ``wrap_step(wrapper)``;
     * ``carry``: what the step carries from one batch to the next (an RNN's hidden state), a
       dict of the current stage that is saved with the run's position and restored on resume
       (see :attr:`carry`);
@@ -133,6 +133,7 @@ class Run:
         self.stopping = stopping.Stopping(self)
         self.started = False
         """Whether the first epoch has begun (past ``configure``, ``fit_start`` and ``resume``)."""
+        self.apart = False  # the resume implementation called resumes_apart()
 
     # -- what steps and plugins use ---------------------------------------------------------
     @property
@@ -157,6 +158,15 @@ class Run:
         called once the run is over, after ``fit_end``, ``results`` and ``run.jsonl``'s end line,
         in every outcome: the plugin may report and remove the folder then."""
         self.folder.place(folder, released)
+
+    def resumes_apart(self) -> None:
+        """Said by a ``resume`` implementation before it returns: the checkpoint it resumed from is not the one the
+        records in the run's folder go on from (an earlier run's, which a later run's records there follow), so
+        the run sets them aside as a run that did not resume does (``state.continues`` stays ``False``). A resumed
+        fit that does not say it continues them."""
+        if self.started:
+            raise RuntimeError("resumes_apart() must be called before the first epoch (from a resume implementation)")
+        self.apart = True
 
     def continue_in(self, folder: str | os.PathLike[str]) -> None:
         """Make ``folder`` (an earlier run's folder) this run's folder: a resume plugin calls it

@@ -59,6 +59,13 @@ class State:
     checkpoint keeps it, is the run's own: ``loop.position`` and ``loop.state_dict()``."""
     resumed_from: Any = None
     """Where this run resumed from (:class:`hookfit.payloads.ResumeInfo`), or ``None``."""
+    continues: bool = False
+    """Whether this fit continues the records an earlier run left in its folder (its tables, event files,
+    checkpoints), which a logger then appends to: set by the core once the run has resumed (:attr:`resumed_from`),
+    unless the plugin that resumed it said that the checkpoint is not the one they go on from
+    (:meth:`hookfit.run.Run.resumes_apart`: an earlier run's, which a later run's records there follow); such
+    a run sets them aside, as a run that did not resume does. ``False`` until the run has resumed, for a run
+    that did not, and in ``Loop.validate()``."""
     rank: int = 0
     """This process's rank among ``world_size`` processes (set by a distributed plugin)."""
     world_size: int = 1

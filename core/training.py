@@ -129,6 +129,7 @@ def resume(run: Run) -> None:
         run.state.epoch = at.epoch
     info = ResumeInfo(where, at.epoch, at.step, at.batch, at.stage)
     run.state.resumed_from = info
+    run.state.continues = run.mode == "fit" and not run.apart
     if run.mode == "fit":
         level = user_level()  # at the user's fit()
         if why := unrebuilt_order(run.train_data, "train" in run.cursor.restored, run.cursor.held):

@@ -154,7 +154,7 @@ class CSVLogger:
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
-        if self._loop is None or loop.mode != "fit":  # an evaluation continues no run: it drops no row
+        if self._loop is None or afresh(loop) or loop.mode != "fit":  # (a run afresh or an evaluation drops no row)
             return
         again = written_again(info, bool(loop.state.val_due))
         for table, means in ((self._epochs, True), (self._updates, False)):

@@ -244,7 +244,7 @@ class TensorBoard:
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
-        if not self._on or loop.mode != "fit":  # an evaluation continues no run: it purges nothing
+        if not self._on or afresh(loop) or loop.mode != "fit":  # (a run afresh or an evaluation purges nothing)
             return
         event_pb2 = self._proto.event_pb2
         kept = self._kept(loop, info) if info.step > 0 else None

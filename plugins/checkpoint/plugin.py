@@ -236,6 +236,8 @@ class Checkpoint:
             return False
         self.catalog.reading = path  # (its state names files at the paths they were written at)
         restore(loop, path, data, self.strict)
+        if loop.mode == "fit" and not self._preparing.continues(path):  # (the loggers set the folder's records aside)
+            loop.resumes_apart()
         self._preparing.done()  # (a kill -9's files removed; an earlier run's moved aside, once restored)
         self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit", data["plugins"].get(self.name))
         self.saved_step = data["loop"]["step"]

@@ -124,11 +124,12 @@ class SafeNames:
 
 def afresh(loop: Run) -> bool:
     """Whether ``loop`` writes its records afresh, setting aside those an earlier run left where it
-    writes (:func:`set_aside`), its evaluations' with them: a fit that did not resume
-    (``loop.state.resumed_from``, known once the run has resumed: ask at the first write, never at
-    ``fit_start``; a ``resume="latest"`` that found no checkpoint starts afresh). An evaluation never
+    writes (:func:`set_aside`), its evaluations' with them: a fit that does not continue them
+    (``loop.state.continues``, known once the run has resumed: ask at the first write or at ``resumed``, never
+    at ``fit_start``; a ``resume="latest"`` that found no checkpoint starts afresh, and so does a run resumed
+    from an earlier run's checkpoint that a later run's records follow). An evaluation never
     does: the evaluations of one run's checkpoints in its folder add up to one record."""
-    return loop.mode == "fit" and loop.state.resumed_from is None
+    return loop.mode == "fit" and not loop.state.continues
 
 
 def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str],

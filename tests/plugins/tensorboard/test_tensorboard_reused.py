@@ -102,3 +102,30 @@ def test_evaluations_are_one_run_which_a_fresh_fit_moves_aside_with_its_run(tmp_
         _run(folder, 2)
     assert valid(folder / "earlier-run-1" / "evaluation") == [5.0, 7.0] and _steps(folder / "earlier-run-1") == [(2, 1.0)]
     assert not list((folder / "evaluation").glob("events.out.tfevents.*")) and _steps(folder) == [(2, 2.0), (4, 2.0)]
+
+
+def test_a_run_resumed_from_a_checkpoint_set_aside_moves_the_later_runs_events_aside(tmp_path: Path) -> None:
+    """Run A (loss 3), then B afresh in the same folder (loss 2: A's checkpoints into ``checkpoints/earlier-run-1/``,
+    its events into ``earlier-run-1/``), then A's epoch 1 resumed by its path there: the checkpoint plugin set B's
+    checkpoints aside, but the resumed run wrote A's next epochs into B's curves. B's events are moved aside, as
+    its checkpoints are."""
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    folder = tmp_path / "run"
+
+    def fit(loss: float, **options) -> None:
+        state = hookfit.Loop(lambda loop, batch: {"loss": torch.tensor(loss)}, [0, 1], model=torch.nn.Linear(1, 1),
+                             max_epochs=3, run_dir=folder,
+                             plugins=[Metrics(interval=3600.0), TensorBoard(every_publication=False),
+                                      Checkpoint(background=False)], **options).fit()
+        assert state.status == "completed"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit(3.0)
+        fit(2.0)
+    with pytest.warns(hookfit.HookfitWarning, match="earlier-run-2/"):
+        fit(3.0, resume=folder / "checkpoints" / "earlier-run-1" / "epoch0001-step000000002.pt")
+    assert _steps(folder / "earlier-run-1") == [(2, 3.0), (4, 3.0), (6, 3.0)]
+    assert _steps(folder / "earlier-run-2") == [(2, 2.0), (4, 2.0), (6, 2.0)]
+    assert _steps(folder) == [(4, 3.0), (6, 3.0)]
