@@ -88,7 +88,7 @@ and a run without a ``run_dir`` of its own continues in the folder of the run it
 this run's too, so ``keep_last`` holds across resumes. A run never writes over nor prunes a
 checkpoint of a run it does not continue: one that resumes none (or resumes one from elsewhere)
 first moves the checkpoints left in its folder (``epoch*``, ``failed-*``, files and sharded
-folders) into ``earlier-run-N/`` there (``N`` the first free), warned of once, where they stay
+folders) into ``earlier-run-N/`` there (``N`` one more than the highest), warned of once, where they stay
 and are resumed or exported by their path (their run's best read as the one beside them); one
 resumed from there writes in a run folder of its own, or with the same ``run_dir`` moves that
 folder's checkpoints aside in turn. Only the main process moves them; one that cannot be moved

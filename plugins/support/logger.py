@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -136,13 +137,14 @@ def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str
               fresh: Callable[[list[str]], str], *, stuck: str, advice: str, also: Iterable[str] = ()) -> list[str]:
     """Before a run that writes afresh (:func:`afresh`) writes in ``folder``: ``names``, what an
     earlier run wrote there, renamed ``renamed(name, N)``, never deleted nor written over. ``N`` is
-    the first number of an ``earlier-run-N`` free for all of them and for the names ``also`` (what
-    the logger sets aside there on other runs), a subfolder as a whole: so one ``N`` is one earlier
-    run's, and later runs count up. One :class:`~hookfit.HookfitWarning` names what moved and where
-    (``fresh(stayed)``: what this run writes instead, given the names that stayed; ``advice``: how
-    to keep runs apart). One that cannot be moved stays, with a :class:`~hookfit.files.FileWarning`
+    one more than the highest number of an ``earlier-run-N`` taken for any of them or for the names ``also``
+    (what the logger sets aside there on other runs), a subfolder as a whole, and at least the highest
+    ``earlier-run-N`` in ``folder`` and its subfolders (what other plugins set aside: :func:`move_aside`): so
+    one ``N`` is one earlier run's, and later runs count up. One :class:`~hookfit.HookfitWarning` names what
+    moved and where (``fresh(stayed)``: what this run writes instead, given the names that stayed; ``advice``:
+    how to keep runs apart). One that cannot be moved stays, with a :class:`~hookfit.files.FileWarning`
     naming it (``stuck``: what becomes of it); the run goes on. Returns the names that stayed."""
-    number, moved, failed = move_aside(folder, names, renamed, also)
+    number, moved, failed = move_aside(folder, names, renamed, also, beside=folder)
     for name, error in failed.items():
         warnings.warn(f"{owner}: could not set {folder / name} of an earlier run aside as "
                       f"{folder / renamed(name, number)} ({type(error).__name__}: {error}); {stuck}", FileWarning,
@@ -156,18 +158,24 @@ def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str
     return stayed
 
 
-def move_aside(folder: Path, names: list[str], renamed: Callable[[str, int], str], also: Iterable[str] = ()
-               ) -> tuple[int, list[str], dict[str, OSError]]:
+def move_aside(folder: Path, names: list[str], renamed: Callable[[str, int], str], also: Iterable[str] = (),
+               beside: Path | None = None) -> tuple[int, list[str], dict[str, OSError]]:
     """``names`` (files or folders in ``folder``) renamed ``renamed(name, N)``, never deleted nor
-    written over: ``N`` is the first number free for all of them and for the names ``also``, a
-    subfolder (``earlier-run-N/``) taken as a whole, so one ``N`` is one earlier run's and later runs
-    count up. Returns ``N``, the names moved, and those that could not be, each with its error."""
+    written over: ``N`` is one more than the highest number taken for any of them or of the names
+    ``also``, a subfolder (``earlier-run-N/``) taken as a whole, so one ``N`` is one earlier run's and
+    later runs count up, the newest the highest even after an earlier one was deleted. ``beside``: the run
+    folder ``folder`` is in (or is), where the other plugins set an earlier run's files aside: ``N`` is at
+    least the highest ``earlier-run-N`` named in it or in its subfolders, so that what each sets aside of one
+    earlier run has one ``N``. Returns ``N``, the names moved, and those that could not be, each with its error."""
     def taken(new: Path) -> bool:  # (a subfolder of the folder, such as earlier-run-1/, is taken whole)
         return os.path.lexists(folder / new.relative_to(folder).parts[0])
 
-    number = 1
-    while any(taken(folder / renamed(name, number)) for name in [*names, *also]):
-        number += 1
+    numbers = _numbers(folder)
+    number = 1 + max((n for n in numbers if any(taken(folder / renamed(name, n)) for name in [*names, *also])),
+                     default=0)
+    if beside is not None:
+        subfolders = [beside / entry for entry in _entries(beside) if (beside / entry).is_dir()]
+        number = max([number, *_numbers(beside), *(n for sub in subfolders for n in _numbers(sub))])
     moved: list[str] = []
     failed: dict[str, OSError] = {}
     for name in names:
@@ -179,6 +187,18 @@ def move_aside(folder: Path, names: list[str], renamed: Callable[[str, int], str
         except OSError as error:
             failed[name] = error
     return number, moved, failed
+
+
+def _entries(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:  # (a folder that cannot be listed: the moves there say so)
+        return []
+
+
+def _numbers(folder: Path) -> set[int]:
+    """The numbers ``N`` of the names ``earlier-run-N`` in ``folder``."""
+    return {int(n) for entry in _entries(folder) for n in re.findall(r"earlier-run-(\d+)", entry)}
 
 
 def table_of(path: Path, leading: tuple[str, ...]) -> bool:

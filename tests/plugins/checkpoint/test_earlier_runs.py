@@ -203,3 +203,41 @@ def test_a_resume_that_fails_moves_no_checkpoint_aside(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="checkpoint"):
         loop.fit()
     assert contents(tmp_path / "run" / "checkpoints") == before
+
+
+def test_a_run_moves_aside_under_one_more_than_the_highest_number_after_one_was_deleted(tmp_path: Path) -> None:
+    """Three runs in one run_dir, then ``earlier-run-1/`` deleted: the fourth run took the first free number, 1,
+    for the third run's checkpoints, which listings (the highest the newest) then took for the oldest. It takes
+    one more than the highest, 3."""
+    import shutil
+
+    folder = tmp_path / "checkpoints"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)
+        for score in (3.0, 2.0, 1.0):
+            scored(tmp_path, [score], keep_last=1)
+        third = own(folder)
+        shutil.rmtree(folder / "earlier-run-1")
+        scored(tmp_path, [4.0], keep_last=1)
+    assert not (folder / "earlier-run-1").exists()
+    assert contents(folder / "earlier-run-3") == third
+
+
+def test_one_earlier_run_has_one_number_for_its_checkpoints_and_its_tables(tmp_path: Path) -> None:
+    """Run 1 without a CSV logger, runs 2 and 3 with one, in one run_dir: run 3 moved run 2's checkpoints into
+    ``checkpoints/earlier-run-2/`` and its table into ``metrics.earlier-run-1.csv``, each counted apart. Both
+    take 2, the highest number the run folder and its subfolders hold, then the next."""
+    from hookfit.plugins.csv_log import CSVLogger
+
+    def fit(*logger: CSVLogger) -> None:
+        hookfit.Loop(lambda loop, batch: {"loss": 1.0}, [torch.zeros(1)], model=torch.nn.Linear(1, 1), max_epochs=1,
+                     run_dir=tmp_path, plugins=[Metrics(), Checkpoint(background=False), *logger]).fit()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit()
+        fit(CSVLogger())
+        table = (tmp_path / "metrics.csv").read_text()
+        fit(CSVLogger())
+    assert (tmp_path / "metrics.earlier-run-2.csv").read_text() == table
+    assert (tmp_path / "checkpoints" / "earlier-run-2").is_dir() and not (tmp_path / "metrics.earlier-run-1.csv").exists()
