@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from hookfit.plugins.checkpoint.storage import ASIDE, position_of, score_of
+from hookfit.plugins.checkpoint.storage import ASIDE, listed, position_of, score_of
 from hookfit.plugins.support import Monitor
 
 __all__ = ["Catalog"]
@@ -24,13 +24,18 @@ def _at(path: str | os.PathLike[str]) -> Path:
 
 def _moved(source: Path | None) -> Callable[[str | os.PathLike[str]], Path]:
     """A path a checkpoint at ``source`` names, as the catalog keeps it (:func:`_at`): where ``source`` lies in an
-    ``earlier-run-N/`` subfolder, a path in the folder above it is read as the one of that name beside ``source``."""
+    ``earlier-run-N/`` subfolder, a path in the folder above it is read as the one of that name beside ``source``,
+    unless none lies there and the folder above lists that name (:data:`~hookfit.plugins.checkpoint.storage.EARLIER`):
+    a checkpoint of the earlier run that could not be moved aside, where it was written."""
     if source is None or not ASIDE.fullmatch((home := _at(source).parent).name):
         return _at
+    stuck = listed(home.parent)
 
     def at(path: str | os.PathLike[str]) -> Path:
         path = _at(path)
-        return home / path.name if path.parent == home.parent else path
+        if path.parent != home.parent or (path.name in stuck and not os.path.lexists(home / path.name)):
+            return path
+        return home / path.name
 
     return at
 

@@ -132,6 +132,37 @@ def test_a_checkpoint_that_cannot_be_moved_aside_is_named_and_never_written_over
     assert not (folder / EARLIER).exists()
 
 
+@pytest.mark.fault
+def test_a_run_resumed_from_earlier_run_n_keeps_its_best_that_could_not_be_moved_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run A (best: epoch 2), then B afresh in its run_dir, A's epoch 2 not moved (PermissionError: it stays,
+    listed), then A's epoch 3 resumed by its path in earlier-run-1/ into a run folder of its own: A's best was
+    looked for in earlier-run-1/ alone, so the resumed run had none (no value to beat: its own epoch 4, worse,
+    became the best). It is the one that stayed."""
+    monkeypatch.chdir(tmp_path)
+    old = tmp_path / "old"
+    folder = old / "checkpoints"
+    scored(old, [3.0, 1.0, 4.0, 2.0], keep_last=4)
+    stuck = folder / name(2)
+    rename = os.rename
+
+    def refused(source, target, *args, **kwargs):
+        if Path(source) == stuck:
+            raise PermissionError(13, "Permission denied", str(source))
+        return rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", refused)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)
+        scored(old, [5.0, 6.0, 7.0, 8.0], keep_last=1)
+    monkeypatch.setattr(os, "rename", rename)
+    assert stuck.exists() and not (folder / "earlier-run-1" / name(2)).exists()
+    state = scored(None, [3.0, 1.0, 4.0, 2.0, 9.0], keep_last=1, name="again",
+                   resume=str(folder / "earlier-run-1" / name(3)))
+    assert state.status == "completed"
+    assert state.results["best_checkpoint"] == stuck
+
+
 @pytest.mark.parametrize("where", ["its run_dir", "a new run folder"])
 def test_resuming_a_checkpoint_moved_aside_keeps_its_runs_best_and_prunes_nothing_of_either_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
