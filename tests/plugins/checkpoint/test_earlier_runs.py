@@ -272,3 +272,29 @@ def test_one_earlier_run_has_one_number_for_its_checkpoints_and_its_tables(tmp_p
         fit(CSVLogger())
     assert (tmp_path / "metrics.earlier-run-2.csv").read_text() == table
     assert (tmp_path / "checkpoints" / "earlier-run-2").is_dir() and not (tmp_path / "metrics.earlier-run-1.csv").exists()
+
+
+def test_an_earlier_runs_best_is_found_in_earlier_run_n_whatever_its_end_line_names(tmp_path: Path) -> None:
+    """Run A (best: epoch 2), then B afresh in its run_dir: A's ``run.jsonl`` end line still names its best at the
+    path it was written at, which is no longer A's (the record is never rewritten). No reader takes that path:
+    ``hookfit export --best`` of ``earlier-run-1/`` takes A's best by its name there, from the state of A's newest
+    checkpoint, and ``validate(resume="best")`` in the run_dir takes B's."""
+    import json
+
+    from hookfit.tools import cli
+
+    folder = tmp_path / "checkpoints"
+    scored(tmp_path, [3.0, 1.0, 4.0, 2.0], keep_last=1)
+    with pytest.warns(CheckpointWarning, match="moved into"):
+        scored(tmp_path, [5.0, 6.0, 7.0, 8.0], keep_last=1)
+    ends = [line for line in map(json.loads, (tmp_path / "run.jsonl").read_text().splitlines())
+            if line.get("event") == "end"]
+    assert Path(ends[0]["results"]["best_checkpoint"]) == folder / name(2)  # A's end line, as written
+    earlier = folder / "earlier-run-1"
+    assert cli.main(["export", str(earlier), str(tmp_path / "best.pt"), "--best"], plugins=[Checkpoint()]) == 0
+    exported, saved = torch.load(tmp_path / "best.pt", weights_only=True), torch.load(earlier / name(2))["model"]
+    assert all(torch.equal(exported[k], v) for k, v in saved.items()) and exported.keys() == saved.keys()
+    state = hookfit.Loop(None, [], val_step=lambda loop, batch: {"score": torch.tensor(0.0)}, val_data=[0],
+                         model=torch.nn.Linear(1, 1), run_dir=tmp_path,
+                         plugins=[Metrics(), Checkpoint()]).validate(resume="best")
+    assert Path(state.resumed_from.source) == folder / name(1)  # B's best
