@@ -270,7 +270,7 @@ def results(loop: Run) -> Mapping[str, Any] | None:
     string keys, fail the run naming the plugins (a warning if it failed already). Every implementation is
     asked even if one raised; the first error fails the run. Off rank 0 of a distributed run the observers
     do not answer. Built in: ``"metrics"``, ``"best"`` (metrics), ``"best_checkpoint"``, ``"last_checkpoint"``,
-    ``"checkpoint_monitor"``, ``"failed_saves"``, ``"skipped_saves"`` (checkpoint).
+    ``"failed_saves"``, ``"skipped_saves"`` (checkpoint).
     """
 
 

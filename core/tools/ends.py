@@ -50,15 +50,3 @@ def ended_best(end: Mapping[str, Any] | None, metric: str) -> tuple[float, int] 
     if isinstance(kept, list) and len(kept) == 2 and isinstance(kept[0], (int, float)) and count(kept[1]):
         return float(kept[0]), int(kept[1])
     return None
-
-
-def ended_directions(end: Mapping[str, Any] | None, known: Mapping[str, str]) -> dict[str, str]:
-    """``known`` (the directions of the run's metrics log), with the direction its checkpoints were compared in
-    after them where ``known`` has none for that metric (the core's end line's ``results["checkpoint_monitor"]``:
-    ``Checkpoint(monitor="valid/acc", mode="max")``)."""
-    results = end.get("results") if end is not None else None
-    by = results.get("checkpoint_monitor") if isinstance(results, dict) else None
-    metric, mode = (by.get("metric"), by.get("mode")) if isinstance(by, dict) else (None, None)
-    if isinstance(metric, str) and mode in ("min", "max") and metric not in known:
-        return {**known, metric: mode}
-    return dict(known)

@@ -29,9 +29,8 @@ direction for, in the order given, a validation one first (:func:`default_metric
 ``Metrics(best={"valid/auroc": "max", "valid/acc": "max"})``: ``valid/auroc``, whatever the order
 of the step's keys), else of its loss; ``hookfit runs`` lists runs newest first, ``hookfit
 compare`` ranked by that best value.
-Which value of a metric is best is what the run's log says (its last ``"best"`` line), else the
-direction the run's checkpoints were compared in (``Checkpoint(monitor=..., mode=...)``, as its end line's
-``results["checkpoint_monitor"]`` records it), else what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
+Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
+what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
 named ``loss`` only, ``"min"`` (the loss is what the step minimises: the metrics role's default).
 It is never guessed from other words in a name (``mae`` and ``perplexity`` are best low,
 ``accuracy`` high): a metric without a direction has no best value.
@@ -57,7 +56,7 @@ from typing import Any, TypeGuard, TypeVar
 
 from hookfit.errors import HookfitWarning
 from hookfit.tools import jsonlines
-from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_directions, ended_epochs
+from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_epochs
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
 
 __all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
@@ -375,12 +374,11 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     short = jsonlines.count(counted) and (steps is None or counted > steps)
     if short:  # the metric log stopped short (a full disk)
         steps = counted
-    known = ended_directions(last_end, directions(metrics))  # (else the direction its checkpoints were compared in)
-    metric = metric or default_metric(rows, known)
-    mode = mode or (direction(metric, known) if metric else None)
+    metric = metric or default_metric(rows, directions(metrics))
+    mode = mode or (direction(metric, directions(metrics)) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
     last, diverged = final(rows, metric) if metric else (None, None)
-    if short and metric and mode == direction(metric, known):  # the run's own best of every epoch
+    if short and metric and mode == direction(metric, directions(metrics)):  # the run's own best of every epoch
         found = ended_best(last_end, metric) or found
     name = starts[-1].get("name") if starts else None
     name = name if isinstance(name, str) else folder.parent.name  # (a damaged name is left out)

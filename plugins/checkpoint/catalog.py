@@ -50,8 +50,6 @@ class Catalog:
                              f"keep_best out")
         self.keep_last, self.keep_best = keep_last, keep_best
         self.monitor = monitor
-        self.by = monitor
-        """The monitor :attr:`best` is by: ``monitor``; after an evaluation, the evaluated checkpoint's run's."""
         self.saved: list[Path] = []
         """This run's checkpoints still on disk, oldest first."""
         self.scores: dict[Path, float] = {}
@@ -73,15 +71,7 @@ class Catalog:
 
     def reset(self) -> None:
         """A new run: nothing kept yet."""
-        self.saved, self.best, self.last, self.scores, self.reading, self.by = [], None, None, {}, None, self.monitor
-
-    def results(self) -> dict[str, Any]:
-        """``"best_checkpoint"`` (:attr:`best`'s path), ``"last_checkpoint"`` (:attr:`last`) and ``"checkpoint_monitor"``:
-        the metric the best is by and the direction it was compared in (``{"metric": "valid/acc", "mode": "max"}``),
-        ``None`` without one."""
-        best, by = self.best, self.by
-        return {"best_checkpoint": None if best is None else best[1], "last_checkpoint": self.last,
-                "checkpoint_monitor": None if by.metric is None else {"metric": by.metric, "mode": by.mode}}
+        self.saved, self.best, self.last, self.scores, self.reading = [], None, None, {}, None
 
     def follow(self, path: Path, metric: float | None, reason: str) -> None:
         """Take ``path``, a checkpoint written whole (by this process, or by the main one),
@@ -173,13 +163,13 @@ class Catalog:
         ``path`` as ``path`` knows it, by the monitor that run recorded (``meta["monitor"]``; its catalog's
         ``state``), ``path`` itself where its own score is better: after ``resume="best"``, ``path``."""
         if not training:
-            self.best, self.by = None, Monitor()
+            self.best = None
             if isinstance(meta, Mapping) and isinstance(monitor := meta.get("monitor"), str):
                 run = Catalog(1, Monitor(monitor))
                 run.reading = path
                 run.load(state if isinstance(state, Mapping) else {})
                 run.resumed(path, meta, True)
-                self.best, self.by = run.best, run.monitor
+                self.best = run.best
         self.last = path = _at(path)
         metric = meta.get("metric") if isinstance(meta, Mapping) else None
         if (training and isinstance(metric, (int, float)) and meta.get("monitor") == self.monitor.metric

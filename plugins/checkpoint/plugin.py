@@ -284,14 +284,14 @@ class Checkpoint:
                 self._lock = None
 
     @hookimpl
-    def results(self) -> dict[str, Any]:
+    def results(self) -> dict[str, Path | int | None]:
         """``"best_checkpoint"``: the path of the best checkpoint by ``monitor`` (``None`` without a monitor or a
-        finite value of it); ``"last_checkpoint"``: :attr:`last`; ``"checkpoint_monitor"`` (:meth:`Catalog.results`);
-        ``"failed_saves"``, ``"skipped_saves"``: this run's saves that failed, that a busy writer skipped. On every
-        process. After ``Loop.validate(resume=...)``: the last is the checkpoint evaluated, the best its run's as it
-        knew it, by its run's monitor, itself included (:meth:`Catalog.resumed`)."""
-        return {**self.catalog.results(), "failed_saves": self.reports.run_failed,
-                "skipped_saves": self.reports.run_skipped}
+        finite value of it); ``"last_checkpoint"``: :attr:`last`; ``"failed_saves"``, ``"skipped_saves"``: this run's
+        saves that failed, that a busy writer skipped. On every process. After ``Loop.validate(resume=...)``: the
+        last is the checkpoint evaluated, the best its run's as it knew it, itself included (:meth:`Catalog.resumed`)."""
+        best, reports = self.best, self.reports
+        return {"best_checkpoint": None if best is None else best[1], "last_checkpoint": self.last,
+                "failed_saves": reports.run_failed, "skipped_saves": reports.run_skipped}
 
     @hookimpl
     def add_commands(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -83,32 +83,3 @@ def test_the_default_metric_is_the_first_direction_given_not_the_steps_first_key
     assert out.startswith("valid/auroc over steps"), out
     ranked = [line.split()[1] for line in out.split("#  RUN", 1)[1].splitlines()[1:]]  # the table's rows
     assert ranked == [str(high_auroc), str(high_acc)], out
-
-
-def test_runs_takes_the_direction_of_the_checkpoints_monitor_when_the_metrics_plugin_gives_none(
-        tmp_path: Path) -> None:
-    """``Checkpoint(monitor="valid/acc", mode="max")`` and a metrics plugin given no direction: the run's end line
-    records the monitor and its direction (``results["checkpoint_monitor"]``), and ``hookfit runs`` ranks by it,
-    as the run chose its best checkpoint; it had no direction for ``valid/acc`` and judged the run by its loss. A
-    direction the metrics plugin gives still comes first."""
-    def valid(loop: Any, batch: Any) -> dict[str, Any]:
-        epoch = loop.state.epoch
-        return {"loss": torch.tensor(LOSS[epoch]), "acc": torch.tensor(ACC[epoch])}
-
-    def fit(folder: Path, metrics: Metrics, mode: str) -> Any:
-        return hookfit.Loop(lambda loop, batch: {"loss": torch.tensor(1.0)}, [0, 1], val_step=valid, val_data=[0],
-                            model=torch.nn.Linear(1, 1), max_epochs=3, run_dir=folder,
-                            plugins=[metrics, MetricsLog(), Checkpoint(monitor="valid/acc", mode=mode)]).fit()
-
-    state = fit(tmp_path / "acc", Metrics(), "max")
-    assert state.results["checkpoint_monitor"] == {"metric": "valid/acc", "mode": "max"}
-    assert state.results["best_checkpoint"].name == "epoch0002-step000000004.pt"
-    info = runs.load(tmp_path / "acc")
-    assert (info.metric, info.mode, info.best) == ("valid/acc", "max", ("valid/acc", 0.75, 2))
-    with pytest.warns(hookfit.HookfitWarning, match="keeps 'min'"):  # (the metrics plugin's direction is named)
-        fit(tmp_path / "both", Metrics(best={"valid/acc": "max"}), "min")
-    info = runs.load(tmp_path / "both")
-    assert (info.metric, info.mode, info.best) == ("valid/acc", "max", ("valid/acc", 0.75, 2))
-    unmonitored = hookfit.Loop(lambda loop, batch: None, [0], model=torch.nn.Linear(1, 1), run_dir=tmp_path / "none",
-                               plugins=[Checkpoint()]).fit()
-    assert unmonitored.results["checkpoint_monitor"] is None
