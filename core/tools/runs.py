@@ -84,8 +84,9 @@ def current(lines: Iterable[Line]) -> list[Line]:
 def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The lines of a ``metrics.jsonl`` along the line the run followed: a ``"resume"`` line
     at step S drops the ``"epoch"`` and ``"step"`` rows before it past step S (a continuation
-    the resume abandoned), and an ``"epoch"`` row after a resume replaces the rows of the same
-    stage and epoch before it (a resumed run writes the epoch it completes again, whole). The
+    the resume abandoned); those at or before S stay (the validations inside an epoch), but an
+    ``"epoch"`` row after a resume replaces those of its stage and epoch that a stop cut short
+    (``"stopped"``), of its step (a validation run again) or of training (written again, whole). The
     lines of evaluations (``Loop.validate()``, ``"evaluation": true``) are left out where the
     folder holds a fit's: an evaluation in the run's folder is not a resume of it. Only the
     current history's lines (:func:`current`)."""
@@ -102,7 +103,8 @@ def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             mark = len(out)
         elif line.get("event") == "epoch" and mark:
             key = (line.get("stage"), line.get("epoch"))
-            kept = [r for r in out[:mark] if r.get("event") != "epoch" or (r.get("stage"), r.get("epoch")) != key]
+            kept = [r for r in out[:mark] if r.get("event") != "epoch" or (r.get("stage"), r.get("epoch")) != key
+                    or not (r.get("stopped") or r.get("step") == step or key[0] == "train")]
             out, mark = kept + out[mark:], len(kept)
         out.append(dict(line))
     return out

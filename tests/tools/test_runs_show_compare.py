@@ -438,12 +438,39 @@ def test_the_run_commands_follow_the_resumed_line_not_an_abandoned_one(tmp_path:
                   _epoch(1, loss=0.5), _epoch(2, loss=0.2), _epoch(3, loss=0.1),
                   {"event": "end", "status": "completed", "step": 30, "time": 1.0},
                   {"event": "resume", "from": "epoch0001-step000000010.pt", "epoch": 2, "batch": 0, "step": 10},
-                  {**_epoch(2, loss=0.45), "batches": 3, "step": 13},  # stopped inside epoch 2
+                  {**_epoch(2, loss=0.45), "batches": 3, "step": 13, "stopped": True},  # stopped inside epoch 2
                   {"event": "resume", "from": "epoch0002-step000000013.pt", "epoch": 2, "batch": 3, "step": 13},
                   _epoch(2, loss=0.4), _epoch(3, loss=0.35))
     info = runs.load(folder)
     assert info.best == ("valid/loss", 0.35, 3) and info.epochs == 3 and info.steps == 30
     assert [(r["epoch"], r["loss"]) for r in runs.epoch_rows(folder)] == [(1, 0.5), (2, 0.4), (3, 0.35)]
+
+
+def test_a_resumed_run_keeps_the_validations_inside_the_epoch_before_its_checkpoint(tmp_path: Path) -> None:
+    """``val_every_n_steps=4``, stopped at step 10 and resumed: the validations at steps 4 and 8
+    are the run's (its best is at step 4), the training means the stop cut short are replaced by
+    the epoch's whole ones; resumed at step 8 instead, the validation of step 8 written again
+    replaces the first one, and without it the first one stays."""
+    def valid(step: int, loss: float) -> dict[str, Any]:
+        return {**_epoch(1, loss=loss), "step": step}
+
+    def train(step: int, **cut: bool) -> dict[str, Any]:
+        return {**_epoch(1, loss=float(step)), "stage": "train", "step": step, "batches": step, **cut}
+
+    def log(name: str, at: int, *after: dict[str, Any]) -> Path:
+        return _log(tmp_path / name, {"event": "best", "metrics": {"valid/loss": "min"}}, valid(4, 30.3),
+                    valid(8, 123.0), train(10, stopped=True), {"event": "end", "status": "interrupted", "step": 10},
+                    {"event": "resume", "from": "ckpt.pt", "epoch": 1, "batch": at, "step": at}, *after,
+                    valid(12, 1e4), valid(16, 1e6), train(16))
+
+    folder = log("stopped", 10)
+    assert [(r["stage"], r["step"]) for r in runs.epoch_rows(folder)] == [
+        ("valid", 4), ("valid", 8), ("valid", 12), ("valid", 16), ("train", 16)]
+    assert runs.load(folder).best == ("valid/loss", 30.3, 1)
+    again = [(r["step"], r["loss"]) for r in runs.epoch_rows(log("again", 8, valid(8, 120.0))) if r["stage"] == "valid"]
+    assert again == [(4, 30.3), (8, 120.0), (12, 1e4), (16, 1e6)]
+    kept = [(r["step"], r["loss"]) for r in runs.epoch_rows(log("kept", 8)) if r["stage"] == "valid"]
+    assert kept == [(4, 30.3), (8, 123.0), (12, 1e4), (16, 1e6)]
 
 
 @pytest.mark.fault
