@@ -1,5 +1,6 @@
 """How a run ends, whatever happened: :func:`fail` when it raised (``exception``), then
-:func:`finish`: ``fit_end`` exactly once, every implementation run even if one raises, then
+:func:`finish`: ``fit_end`` exactly once, every implementation run even if one raises (an
+observer switched off during the run included), then
 ``results``, and ``run.jsonl``'s end line with the final status. The state then keeps what
 ended the run without the run (:func:`detached`)."""
 
@@ -36,7 +37,8 @@ def fail(run: Run, error: BaseException) -> None:
 
 
 def finish(run: Run, failed: bool) -> None:
-    """Fire ``fit_end`` once: every implementation runs even if one raises; then ask
+    """Fire ``fit_end`` once: every implementation runs even if one raises, and then that of
+    each observer switched off during the run (not in ``fit_end``), whose error is a warning; then ask
     ``results`` (:mod:`hookfit.results`) and write the run's end line in ``run.jsonl`` with the
     final status; the persistent worker processes of its loaders end with it
     (:func:`hookfit.persistent.release`). An error of either fails a run that had not failed.
@@ -49,6 +51,7 @@ def finish(run: Run, failed: bool) -> None:
         # the implementations after a failing one (the trylast renderers and loggers) see the status it made
         fit_end = run.hooks.call_all("fit_end", run, on_error=lambda error: _failed_by(state, [(error, "")], failed))
         errors = [(error, "fit_end") for _, error in fit_end]
+        run.hooks.call_switched_off("fit_end", run)  # so that they release what they hold
         _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
         errors += [(error, "results") for error in results.ask(run)]
         _failed_by(state, errors, failed)

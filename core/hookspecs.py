@@ -249,7 +249,10 @@ def fit_end(loop: Run) -> None:
     cut short included. This is where plugins restore what they changed (terminal, signal
     handlers) and write final summaries. Every implementation runs even if another raised,
     wrappers and call tracing included; the first such error fails the run (or is reported as
-    a warning if the run failed already), naming the plugin. The return value is ignored.
+    a warning if the run failed already), naming the plugin. An observer switched off during
+    the run (one of its other hooks raised) still gets it, after the others, so that it can
+    release what it holds (a thread, a file, a tracker's run); its error here is one more
+    :class:`hookfit.ObserverWarning`. The return value is ignored.
 
     After a stop or a failure ``loop.state.epoch`` and ``loop.state.step`` are where the run
     was (``loop.state.stage`` is ``None``), and ``loop.position`` says where a run resumed from

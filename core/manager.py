@@ -35,7 +35,9 @@ way to disable it. hookfit never drops a plugin the user installed without sayin
 Faults stay inside observers: a plugin whose class says ``observer = True`` (renderers, loggers,
 any plugin that only watches the run) is switched off for the rest of the run when one of its
 hooks raises, with one :class:`ObserverWarning` naming the plugin, its distribution, the hook
-and the error; the run goes on and ``loop.state.silenced`` lists it. Every other plugin takes
+and the error; the run goes on and ``loop.state.silenced`` lists it. It still gets ``fit_end``
+(unless that is where it failed), so it can release what it holds; an error there is one more
+warning. Every other plugin takes
 part in training, and its errors fail the run. The guard is applied where events are called,
 in :mod:`hookfit.dispatch`, wrappers included; the registered hook implementations are never
 changed.
@@ -77,6 +79,9 @@ class PluginManager(pluggy.PluginManager):
         """``(plugin name, hookspecs)`` of the events plugins declared, in the order added."""
         self.infos: dict[str, PluginInfo] = {}
         self.silenced: list[Silenced] = []
+        self.switched_off: dict[str, object] = {}
+        """The observers switched off, by name: :meth:`hookfit.dispatch.Dispatch.teardown` still
+        gives them ``fit_end``."""
         self.monitors = 0
         self._listeners: list[Callable[[], None]] = []
 
@@ -204,6 +209,7 @@ class PluginManager(pluggy.PluginManager):
         if plugin is None:  # already switched off (an error in another thread, say)
             return
         self.unregister(name=name)
+        self.switched_off[name] = plugin
         description = self.describe(name)
         self.silenced.append(Silenced(name, description, hook, error))
         warnings.warn(
@@ -212,6 +218,11 @@ class PluginManager(pluggy.PluginManager):
             ObserverWarning,
             stacklevel=user_level(),
         )
+
+    def warn_switched_off(self, name: str, hook: str, error: BaseException) -> None:
+        """An observer switched off earlier failed again in ``hook`` (its teardown): one warning."""
+        warnings.warn(f"observer {self.describe(name)}, switched off earlier, failed in hook {hook!r} too: "
+                      f"{type(error).__name__}: {error}", ObserverWarning, stacklevel=user_level())
 
     def check_unknown_hooks(self, strict: bool = True) -> None:
         """Fail when a registered plugin implements an event no spec declares (a misspelt

@@ -648,6 +648,69 @@ def test_an_observer_failing_in_fit_end_does_not_fail_the_run() -> None:
 
 
 @pytest.mark.fault
+@pytest.mark.parametrize("fails", [False, True])
+def test_an_observer_switched_off_still_gets_fit_end_once_to_release_what_it_holds(fails: bool) -> None:
+    """A thread an observer starts at fit_start and stops at fit_end is stopped though the observer
+    was switched off mid-run, whether the run completed or failed; fit_end's own error is one more
+    warning naming it, and the run's outcome is the run's (before, a switched-off observer never
+    got fit_end: its thread kept the process alive)."""
+    import threading
+
+    class Uploader:
+        name = "uploader"
+        observer = True
+
+        def __init__(self) -> None:
+            self.ends: list[str] = []
+            self.done = threading.Event()
+
+        @hookfit.hookimpl
+        def fit_start(self):
+            self.thread = threading.Thread(target=self.done.wait, daemon=True)
+            self.thread.start()
+
+        @hookfit.hookimpl
+        def batch_end(self):
+            raise OSError("upload failed")
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            self.ends.append(loop.state.status)
+            self.done.set()
+            self.thread.join()
+            raise RuntimeError("cannot flush")
+
+    def step(loop, batch):
+        if fails and batch == 2:
+            raise ValueError("bad batch")
+
+    uploader = Uploader()
+    with pytest.warns(hookfit.ObserverWarning) as caught:
+        loop = hookfit.Loop(step, [1, 2, 3], plugins=[uploader])
+        if fails:
+            with pytest.raises(ValueError, match="bad batch"):
+                loop.fit()
+        else:
+            loop.fit()
+    assert uploader.ends == ["failed" if fails else "completed"] and not uploader.thread.is_alive()
+    assert loop.state.status == uploader.ends[0]
+    assert [(s.plugin, s.hook) for s in loop.state.silenced] == [("uploader", "batch_end")]
+    assert len(caught) == 2 and re.fullmatch(r"observer plugin 'uploader' \(.*Uploader, given to Loop\), switched off "
+                                             r"earlier, failed in hook 'fit_end' too: RuntimeError: cannot flush",
+                                             str(caught[1].message))
+
+
+@pytest.mark.fault
+def test_an_observer_switched_off_in_fit_end_gets_it_once() -> None:
+    observer = make_observer("fit_end")
+    ends: list[int] = []
+    observer.fit_end = hookfit.hookimpl(lambda: (ends.append(1), 1 / 0))  # type: ignore[method-assign]
+    with pytest.warns(hookfit.ObserverWarning, match="'fit_end'"):
+        state = hookfit.Loop(lambda l, b: None, [1], plugins=[observer]).fit()
+    assert ends == [1] and state.silenced[0].hook == "fit_end"
+
+
+@pytest.mark.fault
 def test_a_plugin_that_takes_part_still_fails_the_run() -> None:
     class Participant:
         name = "participant"
