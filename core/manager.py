@@ -269,12 +269,11 @@ def chosen(pm: pluggy.PluginManager, plugin: object) -> bool:
     """Whether the user chose ``plugin`` for this run: given to ``Loop(plugins=[...])``, named by
     a ``[plugins.<name>]`` table of the configuration file (even empty), or registered by hand
     (not through discovery). What a plugin that is inert when merely discovered passes to its
-    own ``inert(chosen)`` (see :func:`hookfit.discovery.inert`)."""
-    infos = getattr(pm, "infos", {})
-    info = infos.get(getattr(plugin, "name", ""))
-    if info is None or info.plugin is not plugin:
-        return True
-    return bool(info.chosen)
+    own ``inert(chosen)`` (see :func:`hookfit.discovery.inert`). The plugin is found as the object
+    it is, not by a ``name`` attribute: a discovered plugin is named by its entry point."""
+    infos: dict[str, PluginInfo] = getattr(pm, "infos", {})
+    info = next((info for info in infos.values() if info.plugin is plugin), None)
+    return True if info is None else bool(info.chosen)
 
 
 def leave_inert(pm: PluginManager, loop: object) -> PluginManager:

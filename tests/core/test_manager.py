@@ -430,6 +430,43 @@ def test_plugins_inert_when_merely_discovered_get_no_event_even_after_a_failed_c
     assert "profile" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("own_name", ["", "name = 'other'"])
+def test_a_discovered_plugin_is_left_out_as_inert_by_its_entry_point_s_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_name: str) -> None:
+    """A discovered plugin is named by its entry point: one with no ``name`` attribute, or another
+    name, that is inert merely discovered is left out of the run, as ``hookfit plugins`` lists it
+    (before, the run looked it up by its ``name`` attribute, found nothing and took it as chosen)."""
+    site = make_dist(tmp_path / "site", "quiet-demo", {"quietdemo": "quiet_demo_mod:Quiet"}, {"quiet_demo_mod": f"""
+        import hookfit
+
+        SEEN = []
+
+        class Quiet:
+            {own_name}
+
+            def inert(self, chosen):
+                return None if chosen else "given to Loop"
+
+            @hookfit.hookimpl
+            def fit_start(self, loop):
+                SEEN.append("fit_start")
+        """})
+    sys.path.insert(0, str(site))
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "quietdemo")
+    hookfit.discovery.refresh()
+    try:
+        from quiet_demo_mod import SEEN, Quiet
+
+        loop = run()
+        assert SEEN == [] and "quietdemo" not in loop.run.pm.participants()
+        run(plugins=[Quiet()])  # chosen: it takes part
+        assert SEEN == ["fit_start"]
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop("quiet_demo_mod", None)
+        hookfit.discovery.refresh()
+
+
 def test_a_plugin_inert_merely_discovered_takes_part_when_the_run_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """smoke answers inert(chosen, loop) for the run that asks: a smoke run keeps it (it makes
     the run one), any other leaves it out before configure."""
