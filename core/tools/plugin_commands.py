@@ -37,17 +37,22 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequenc
     """The subcommands that the enabled plugins add: the plugins given and those of
     distributions that name no command functions through ``add_commands`` (imported, as a run
     imports them), then the others through their named functions; returns the plugins'
-    :class:`hookfit.discovery.PluginInfo`, empty when the configuration file is bad."""
+    :class:`hookfit.discovery.PluginInfo`. A configuration file that is bad (not TOML, a table
+    naming a plugin not installed) is said in one line on stderr and left out here, so ``--help``
+    and the commands that read old runs work while it is being fixed."""
     from hookfit import config, discovery, manager
 
-    try:
-        configured = config.load(config.find(script=""))
-    except config.ConfigError as error:
-        print(f"hookfit: {error} (plugin commands are not available)", file=sys.stderr)
-        return []
     adders = declared()
-    infos = discovery.collect(given, strict=False, configured=configured,
-                              load=lambda info: info.distribution not in adders)
+
+    def collect(configured: config.Config) -> list[discovery.PluginInfo]:
+        return discovery.collect(given, strict=False, configured=configured,
+                                 load=lambda info: info.distribution not in adders)
+
+    try:
+        infos = collect(config.load(config.find(script="")))
+    except config.ConfigError as error:  # (not TOML, a table naming no installed plugin): the commands stay
+        print(f"hookfit: {error} (the commands are added as if there were no such file)", file=sys.stderr)
+        infos = collect(config.Config())
     pm = manager.PluginManager()  # the loop's and the command line's events: no plugin's own are needed here
     for info in infos:
         if info.enabled and info.plugin is not None and info.error is None:

@@ -153,3 +153,28 @@ def test_hookfit_export_without_the_builtin_checkpoint_says_which_plugin_holds_t
     assert disabled.returncode == 2
     assert "'checkpoint', which is disabled (HOOKFIT_DISABLE_PLUGINS=checkpoint)" in disabled.stderr, disabled.stderr
     assert "invalid choice: 'nothing'" in cli("nothing", env={"HOOKFIT_PLUGINS": ""}).stderr  # no built-in's: argparse's
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("text, said", [
+    ("[plugins.uninstalled]\nbelow = 0.1\n", "[plugins.uninstalled]: no plugin named 'uninstalled' is installed"),
+    ("[plugins.tui\n", "not valid TOML"),
+])
+def test_a_bad_configuration_file_is_said_in_one_line_and_help_and_the_builtin_commands_stay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], text: str,
+        said: str) -> None:
+    """A file naming a plugin since uninstalled made ``hookfit --help``, ``show``, ``compare`` and
+    ``export`` end in a traceback; a file that is not TOML made ``show`` say the tui plugin was
+    disabled. Either is one line on stderr, and the commands are there as without the file."""
+    from hookfit.tools import cli as command
+
+    (tmp_path / "hookfit.toml").write_text(text)
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "hookfit.toml"))
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "tui,checkpoint")
+    with pytest.raises(SystemExit) as helped:
+        command.main(["--help"])
+    out, err = capsys.readouterr()
+    assert helped.value.code == 0 and all(f"{c}," in out or f"{c}}}" in out for c in ("show", "compare", "export"))
+    assert err.count("\n") == 1 and said in err and "(the commands are added as if there were no such file)" in err
+    assert command.main(["show", "--text", str(tmp_path / "gone")]) == 2
+    assert capsys.readouterr().err.splitlines()[1:] == [f"hookfit show: {tmp_path / 'gone'}: no such run folder"]
