@@ -20,8 +20,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ``commands.add_parser(name, help=...)``, its arguments, and ``set_defaults(run=function)``
     where ``function(args) -> int`` does the work and returns the exit status. Called with
     every enabled plugin (installed, given, not disabled) when the command is not one of
-    ``hookfit``'s own (``plugins``, ``hooks``, ``new-plugin``, ``demo``); the checkpoint plugin
-    adds ``hookfit export``. A name already taken is an error. A distribution that names a
+    ``hookfit``'s own (``plugins``, ``hooks``, ``new-plugin``, ``demo``, ``runs``); the checkpoint
+    plugin adds ``hookfit export``. A name already taken (by ``hookfit`` itself, whose commands
+    come first, or by a plugin asked before) is an error, and so is an exception raised here:
+    the plugin then adds no command at all, one line on stderr names it and its error or the
+    name and who has it, and the rest of the command line works. A distribution that names a
     function doing the same for each of its plugins that add commands, in the entry-point group
     ``hookfit.commands`` (as hookfit does for its own), is not imported to build the command
     line, which then starts without its imports (torch): see :mod:`hookfit.tools.plugin_commands`.

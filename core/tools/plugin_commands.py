@@ -12,6 +12,7 @@ and asked through ``add_commands``."""
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata as metadata
 import sys
 from typing import Any, Callable, Sequence
@@ -60,13 +61,49 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequenc
                 pm.register(info.plugin, name=info.name)
             except (pluggy.PluginValidationError, ValueError) as error:  # listed by 'hookfit plugins'
                 info.error = str(error)
-    pm.hook.add_commands(commands=sub)
-    for info in reversed(infos):  # in the order pluggy calls discovered plugins: the last registered first
-        if info.enabled and info.plugin is None and info.source == "entry point":
-            adder = _adder(info.name, adders.get(info.distribution))
-            if adder is not None:
-                adder(sub)
+    named = [(info, adder) for info in reversed(infos)  # in the order pluggy calls discovered plugins
+             if info.enabled and info.plugin is None and info.source == "entry point"
+             and (adder := _adder(info.name, adders.get(info.distribution))) is not None]
+    owners = dict.fromkeys(sub.choices, "hookfit itself")
+    for info, adder in named:  # hookfit's own first: a plugin cannot take show, compare or export
+        if info.distribution == discovery.OWN:
+            _take(sub, owners, info.describe(), adder)
+    by_name = {info.name: info for info in infos}
+    for impl in reversed(pm.hook.add_commands.get_hookimpls()):  # pluggy's call order
+        _take(sub, owners, by_name[impl.plugin_name].describe() if impl.plugin_name in by_name
+              else f"plugin {impl.plugin_name!r}",
+              functools.partial(_call, pm, impl))
+    for info, adder in named:
+        if info.distribution != discovery.OWN:
+            _take(sub, owners, info.describe(), adder)
     return infos
+
+
+def _call(pm: Any, impl: pluggy.HookImpl, commands: Any) -> None:
+    """One plugin's ``add_commands`` alone, through pluggy's call path."""
+    pm.execute("add_commands", [impl], {"commands": commands}, False)
+
+
+def _take(sub: argparse._SubParsersAction[argparse.ArgumentParser], owners: dict[str, str], plugin: str,
+          add: Callable[[Any], None]) -> None:
+    """Let one plugin (``plugin``: its description) add its commands; ``owners`` says who added each
+    command so far. A plugin whose ``add_commands`` raises, or adds a command whose name is taken,
+    adds none: one line on stderr names it, its error or the name and who has it, and the rest of
+    the command line works (as a plugin that cannot be built adds none; ``hookfit plugins`` lists
+    the plugins and their errors)."""
+    choices, shown = dict(sub.choices), list(sub._choices_actions)
+    try:
+        add(sub)
+    except Exception as error:  # (argparse's ArgumentError "conflicting subparser" for a name taken)
+        taken = [n for n in owners if isinstance(error, argparse.ArgumentError) and str(error).endswith(f": {n}")]
+        sub.choices.clear()
+        sub.choices.update(choices)
+        sub._choices_actions[:] = shown
+        why = (f"adds the command {taken[0]!r}, which {owners[taken[0]]} adds" if taken
+               else f"failed in add_commands: {type(error).__name__}: {error}")
+        print(f"hookfit: {plugin} {why}; its commands are left out", file=sys.stderr)
+        return
+    owners.update(dict.fromkeys((n for n in sub.choices if n not in owners), plugin))
 
 
 def _adder(name: str, named: dict[str, metadata.EntryPoint] | None) -> Callable[[Any], None] | None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hookfit
 from conftest import make_dist
 from conftest import REPO
 
@@ -178,3 +179,45 @@ def test_a_bad_configuration_file_is_said_in_one_line_and_help_and_the_builtin_c
     assert err.count("\n") == 1 and said in err and "(the commands are added as if there were no such file)" in err
     assert command.main(["show", "--text", str(tmp_path / "gone")]) == 2
     assert capsys.readouterr().err.splitlines()[1:] == [f"hookfit show: {tmp_path / 'gone'}: no such run folder"]
+
+
+class Commands:
+    """A plugin adding the commands ``names``; its add_commands raises ``fails`` once they are added."""
+
+    def __init__(self, name: str, *names: str, fails: Exception | None = None) -> None:
+        self.name, self.names, self.fails = name, names, fails
+
+    @hookfit.hookimpl
+    def add_commands(self, commands):
+        for name in self.names:
+            commands.add_parser(name, help=f"{self.name}'s {name}").set_defaults(run=lambda args: 0)
+        if self.fails is not None:
+            raise self.fails
+
+
+@pytest.mark.bad_input
+def test_a_plugin_whose_add_commands_fails_or_takes_a_name_adds_no_command_and_the_others_stay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One package's add_commands that raised, or took ``show``, ended ``hookfit --help`` and every
+    plugin command in a traceback naming no plugin; now one line names the plugin and its error or
+    the name and who has it, none of that plugin's commands is added, and the rest works."""
+    from hookfit.tools import cli as command
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "tui,checkpoint")
+    plugins = [Commands("fine", "fine-cmd"), Commands("buggy", "buggy-cmd", fails=RuntimeError("no parser today")),
+               Commands("taker", "taker-cmd", "show"), Commands("late", "fine-cmd")]
+    with pytest.raises(SystemExit) as helped:
+        command.main(["--help"], plugins=plugins)
+    out, err = capsys.readouterr()
+    assert helped.value.code == 0
+    assert "{plugins,hooks,new-plugin,demo,runs,show,compare,export,fine-cmd}" in out.replace("\n", "").replace(" ", "")
+    here = f"{__name__}.Commands, given to Loop"
+    assert sorted(err.splitlines()) == sorted([
+        f"hookfit: plugin 'buggy' ({here}) failed in add_commands: RuntimeError: no parser today; its commands are "
+        "left out",
+        f"hookfit: plugin 'taker' ({here}) adds the command 'show', which plugin 'tui' (hookfit 0.1.0, entry point "
+        "hookfit.plugins.tui:TuiRenderer) adds; its commands are left out",
+        f"hookfit: plugin 'fine' ({here}) adds the command 'fine-cmd', which plugin 'late' ({here}) adds; its "
+        "commands are left out"])  # (the last plugin given is asked first, as pluggy calls them)
+    assert command.main(["show", "--text", str(tmp_path / "gone")], plugins=plugins) == 2  # hookfit's show
+    assert capsys.readouterr().err.endswith(f"hookfit show: {tmp_path / 'gone'}: no such run folder\n")
