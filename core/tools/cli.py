@@ -319,13 +319,21 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     p.add_argument("--mode", choices=("min", "max"), help="which value of the metric is best, where the run's "
                                                           "log does not say (default: the log's, min for loss)")
     p.set_defaults(run=_runs)
+    owners: dict[str, str] = {}
     if not argv or argv[0] not in OWN:  # a plugin's command, or help: ask the plugins
-        infos = plugin_commands.add(sub, plugins)
+        infos = plugin_commands.add(sub, plugins, owners)
         if argv and argv[0] not in sub.choices and (why := plugin_commands.missing(argv[0], infos)) is not None:
             print(why, file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
-    run: Callable[[argparse.Namespace], int] = args.run
+    # the command's own set_defaults(run=function), which an argument named run does not hide from here
+    run: Callable[[argparse.Namespace], int] | None = sub.choices[args.command].get_default("run")
+    if not callable(run):
+        print(f"hookfit {args.command}: the command of {owners.get(args.command, 'hookfit')} gives hookfit no "
+              f"function to run: its parser's set_defaults(run=function) is {run!r}"
+              + (" (an argument named 'run' with a default of its own hides it: give that argument another dest)"
+                 if run is not None else ""), file=sys.stderr)
+        return 2
     try:
         return run(args)
     except BrokenPipeError:  # `hookfit hooks | head`: the reader left, which is fine

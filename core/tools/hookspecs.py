@@ -18,7 +18,10 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     ``commands`` is the ``argparse`` sub-parsers object of ``hookfit``: add a parser with
     ``commands.add_parser(name, help=...)``, its arguments, and ``set_defaults(run=function)``
-    where ``function(args) -> int`` does the work and returns the exit status. Called with
+    where ``function(args) -> int`` does the work and returns the exit status (hookfit takes it
+    from the parser, ``get_default("run")``, so an argument may be named ``run``, as in
+    ``hookfit show RUN``, unless it has a default of its own: then the command says it has no
+    function). Called with
     every enabled plugin (installed, given, not disabled) when the command is not one of
     ``hookfit``'s own (``plugins``, ``hooks``, ``new-plugin``, ``demo``, ``runs``); the checkpoint
     plugin adds ``hookfit export``. A name already taken (by ``hookfit`` itself, whose commands

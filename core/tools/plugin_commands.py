@@ -34,13 +34,15 @@ def declared() -> Adders:
     return adders
 
 
-def add(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any]) -> list[Any]:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequence[Any],
+        owners: dict[str, str] | None = None) -> list[Any]:
     """The subcommands that the enabled plugins add: the plugins given and those of
     distributions that name no command functions through ``add_commands`` (imported, as a run
     imports them), then the others through their named functions; returns the plugins'
     :class:`hookfit.discovery.PluginInfo`. A configuration file that is bad (not TOML, a table
     naming a plugin not installed) is said in one line on stderr and left out here, so ``--help``
-    and the commands that read old runs work while it is being fixed."""
+    and the commands that read old runs work while it is being fixed. ``owners`` (if given) is
+    filled with the plugin (its description) that added each command."""
     from hookfit import config, discovery, manager
 
     adders = declared()
@@ -64,7 +66,8 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser], given: Sequenc
     named = [(info, adder) for info in reversed(infos)  # in the order pluggy calls discovered plugins
              if info.enabled and info.plugin is None and info.source == "entry point"
              and (adder := _adder(info.name, adders.get(info.distribution))) is not None]
-    owners = dict.fromkeys(sub.choices, "hookfit itself")
+    owners = {} if owners is None else owners
+    owners.update(dict.fromkeys(sub.choices, "hookfit itself"))
     for info, adder in named:  # hookfit's own first: a plugin cannot take show, compare or export
         if info.distribution == discovery.OWN:
             _take(sub, owners, info.describe(), adder)

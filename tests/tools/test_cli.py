@@ -221,3 +221,48 @@ def test_a_plugin_whose_add_commands_fails_or_takes_a_name_adds_no_command_and_t
         "commands are left out"])  # (the last plugin given is asked first, as pluggy calls them)
     assert command.main(["show", "--text", str(tmp_path / "gone")], plugins=plugins) == 2  # hookfit's show
     assert capsys.readouterr().err.endswith(f"hookfit show: {tmp_path / 'gone'}: no such run folder\n")
+
+
+class RunArgument:
+    """A plugin command ``trace RUN`` whose positional argument is named ``run``, as hookfit's own
+    ``show RUN`` reads; ``default`` gives that argument a default of its own, ``function=None`` no
+    ``set_defaults(run=...)`` at all."""
+
+    name = "tracer"
+
+    def __init__(self, default: str | None = None, function: bool = True) -> None:
+        self.default, self.function, self.seen = default, function, []
+
+    @hookfit.hookimpl
+    def add_commands(self, commands):
+        parser = commands.add_parser("trace", help="summarise a run")
+        if self.function:
+            parser.set_defaults(run=lambda args: self.seen.append(args.run) or 0)
+        if self.default is None:
+            parser.add_argument("run")
+        else:
+            parser.add_argument("run", nargs="?", default=self.default)
+
+
+@pytest.mark.bad_input
+def test_a_plugin_command_may_name_an_argument_run_and_one_that_hides_its_function_is_named(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """set_defaults(run=function) and an argument named run share ``args.run``: hookfit called the
+    argument's value ('str' object is not callable). It now takes the function from the command's
+    parser, so the argument is the plugin's; where none can be found, one line names the command
+    and the plugin."""
+    from hookfit.tools import cli as command
+
+    named = RunArgument()
+    assert command.main(["trace", "runs/t"], plugins=[named]) == 0 and named.seen == ["runs/t"]
+    here = f"plugin 'tracer' ({__name__}.RunArgument, given to Loop)"
+    capsys.readouterr()
+    assert command.main(["trace"], plugins=[RunArgument(default="runs/last")]) == 2
+    assert capsys.readouterr().err == (
+        f"hookfit trace: the command of {here} gives hookfit no function to run: its parser's set_defaults(run="
+        "function) is 'runs/last' (an argument named 'run' with a default of its own hides it: give that argument "
+        "another dest)\n")
+    assert command.main(["trace", "x"], plugins=[RunArgument(function=False)]) == 2
+    assert capsys.readouterr().err == (
+        f"hookfit trace: the command of {here} gives hookfit no function to run: its parser's set_defaults(run="
+        "function) is None\n")
