@@ -284,13 +284,24 @@ def _evaluated(info: Any) -> str:
     return f"evaluated {path.name}" + (f" of {owner.name}" if owner is not None and owner.name else "")
 
 
+class _Parser(argparse.ArgumentParser):
+    """``hookfit``'s parser, whose usage on an error names every command, the plugins' included,
+    as ``--help`` does, though a command of hookfit's own is parsed without asking the plugins:
+    ``complete`` adds theirs first."""
+
+    complete: Callable[[], Any] = staticmethod(lambda: None)
+
+    def error(self, message: str) -> Any:  # (argparse's: prints the usage, exits 2)
+        self.complete()
+        super().error(message)
+
+
 def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     """Entry point of the ``hookfit`` console script; ``plugins`` are added to the installed
     ones for their commands (as ``Loop(plugins=...)``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="hookfit", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="hookfit", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
     p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled, options")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.add_argument("--config", help="the options file to show (default: the one a run would read)")
@@ -325,6 +336,8 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
         if argv and argv[0] not in sub.choices and (why := plugin_commands.missing(argv[0], infos)) is not None:
             print(why, file=sys.stderr)
             return 2
+    else:  # hookfit's own: the plugins are asked only if the usage is to be shown
+        parser.complete = lambda: plugin_commands.add(sub, plugins, owners)
     args = parser.parse_args(argv)
     # the command's own set_defaults(run=function), which an argument named run does not hide from here
     run: Callable[[argparse.Namespace], int] | None = sub.choices[args.command].get_default("run")

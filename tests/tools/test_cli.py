@@ -266,3 +266,22 @@ def test_a_plugin_command_may_name_an_argument_run_and_one_that_hides_its_functi
     assert capsys.readouterr().err == (
         f"hookfit trace: the command of {here} gives hookfit no function to run: its parser's set_defaults(run="
         "function) is None\n")
+
+
+@pytest.mark.bad_input
+def test_the_usage_on_an_error_of_hookfit_s_own_command_names_every_command_as_help_does(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hookfit runs a b`` printed a usage naming hookfit's own commands alone, as if show,
+    compare, export and the plugins' commands did not exist."""
+    from hookfit.tools import cli as command
+
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "tui,checkpoint")
+    with pytest.raises(SystemExit) as helped:
+        command.main(["--help"], plugins=[Commands("mine", "mine-cmd")])
+    listed = capsys.readouterr().out.split("\n\n")[0].replace("\n", "").replace(" ", "")
+    with pytest.raises(SystemExit) as failed:
+        command.main(["runs", "a", "b"], plugins=[Commands("mine", "mine-cmd")])
+    usage, said = capsys.readouterr().err.rsplit("\n", 2)[:2]
+    assert (helped.value.code, failed.value.code) == (0, 2) and said == "hookfit: error: unrecognized arguments: b"
+    assert usage.replace("\n", "").replace(" ", "") == listed
+    assert "{plugins,hooks,new-plugin,demo,runs,show,compare,export,mine-cmd}" in listed
