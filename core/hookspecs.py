@@ -164,8 +164,10 @@ def stop_requested(loop: Run, request: StopRequest) -> None:
     ``loop.request_stop(reason)`` (any plugin, the step function, another thread: a
     dashboard's key, a signal handler) or a true ``should_stop`` answer. The loop stops at its
     next boundary (see the module documentation); this event only tells plugins that it will
-    (a renderer shows "stopping"). Implementations must be quick and thread-safe. The return
-    value is ignored.
+    (a renderer shows "stopping"). Implementations must be quick and thread-safe. An error of
+    one is never the asker's when the asker is another thread: an observer's switches it off as
+    always; a participant's (the first) fails the run at that next boundary, its plugin named,
+    and the asking thread gets its request. The return value is ignored.
     """
 
 

@@ -34,11 +34,15 @@ class Budget(Exception):
 class Stopping:
     """A run's stop request (:attr:`request`, ``None`` until one is asked) and its boundaries."""
 
-    __slots__ = ("run", "request", "_lock")
+    __slots__ = ("run", "request", "failure", "_lock", "_thread")
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.request: StopRequest | None = None
+        self.failure: BaseException | None = None
+        """The first error of a ``stop_requested`` implementation that takes part in training,
+        fired on another thread than the loop's: :meth:`boundary` raises it on the loop's."""
+        self._thread = threading.get_ident()  # the loop's (a run is made by the fit() that runs it)
         # re-entrant: a signal handler (the interrupter's) runs on the main thread, possibly
         # while the step function itself is inside ask()
         self._lock = threading.RLock()
@@ -46,7 +50,10 @@ class Stopping:
     def ask(self, reason: str, by: str | None, complete: bool, caller: FrameType | None,
             ends_process: bool = False) -> StopRequest:
         """Record a request (the first one wins) and fire ``stop_requested`` once for it, on
-        the calling thread. ``by`` defaults to whoever called, found from ``caller`` up."""
+        the calling thread. ``by`` defaults to whoever called, found from ``caller`` up. On
+        another thread than the loop's, the error of an implementation that takes part in
+        training (an observer's switches it off, as always) is not the asker's: it is kept
+        (:attr:`failure`) and fails the run at the loop's next boundary, which names the plugin."""
         new = StopRequest(reason, by if by is not None else self.asker(caller), bool(complete),
                           ends_process=bool(ends_process))
         with self._lock:
@@ -54,7 +61,13 @@ class Stopping:
                 self.request = new
             request = self.request
         if request is new and (call := self.run.hooks.stop_requested) is not None:
-            call(self.run, request)
+            try:
+                call(self.run, request)
+            except Exception as error:
+                if threading.get_ident() == self._thread:
+                    raise
+                with self._lock:
+                    self.failure = self.failure or error
         return request
 
     def asker(self, frame: FrameType | None) -> str | None:
@@ -114,6 +127,8 @@ class Stopping:
                     f"(plugins: {', '.join(run.hooks.plugins('agree_stop'))})"
                 )
         if request is not None:
+            if self.failure is not None:  # (its listener failed on the thread that asked)
+                raise self.failure
             raise Stop(request)
 
 

@@ -232,6 +232,45 @@ def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> 
         "interrupted", 3, "from a thread", "a scheduler")
 
 
+@pytest.mark.fault
+def test_a_participant_failing_at_a_stop_asked_from_another_thread_fails_the_run_naming_it() -> None:
+    """Its stop_requested runs on the thread that asked: the error went to that thread (a watchdog's,
+    a dashboard's), and the run ended "interrupted" as if nothing had failed. The asker now gets its
+    request; the run fails at the next boundary with the error, naming the plugin and the hook."""
+    started, release, asked = threading.Event(), threading.Event(), []
+
+    class Listener:
+        name = "listener"
+
+        @hookfit.hookimpl
+        def stop_requested(self, request):
+            raise RuntimeError(f"cannot stop for {request.reason}")
+
+    def step(loop, b):
+        if b == 2:
+            started.set()
+            assert release.wait(30)
+
+    def ask() -> None:
+        started.wait(30)
+        try:
+            asked.append(loop.request_stop("watchdog"))
+        except BaseException as error:  # (the test says so, not the thread's excepthook)
+            asked.append(error)
+        release.set()
+
+    loop = hookfit.Loop(step, range(100), plugins=[Listener()])
+    asker = threading.Thread(target=ask)
+    asker.start()
+    with pytest.raises(RuntimeError, match="cannot stop for watchdog") as failed:
+        loop.fit()
+    asker.join(30)
+    assert [type(a).__name__ for a in asked] == ["StopRequest"]
+    assert (loop.state.status, loop.state.step) == ("failed", 3)
+    assert "plugin 'listener'" in " ".join(failed.value.__notes__) and "'stop_requested'" in " ".join(
+        failed.value.__notes__)
+
+
 @pytest.mark.parametrize("how", [{"ends_process": True}, {"complete": True}])
 def test_a_request_from_another_thread_says_how_as_one_from_the_run_does(how: dict[str, bool]) -> None:
     """``Loop.request_stop`` takes ``Run.request_stop``'s ``complete`` and ``ends_process``: a scheduler's
