@@ -129,16 +129,12 @@ Sharding the model: ``strategy="fsdp"``
     sharded parameters, so they must not have stepped before. Inside accumulation windows the
     plugin calls ``set_requires_gradient_sync(False)``: FSDP2 keeps the window's gradients
     unsharded inside the model and reduce-scatters them once, at the window's end (so a
-    checkpoint inside a window cannot hold them: the run resumed from it says so in a warning). Checkpoints of such a
+    checkpoint inside a window cannot hold them: one warning says so). Checkpoints of such a
     run are sharded, written by every rank (see the checkpoint plugin).
 
 Checkpoints: a checkpoint plugin saves on rank 0 only (``loop.is_main``) and loads on every
 rank; ``loop.model`` is then the DDP wrapper, whose ``module`` is the user's model (save that,
-so checkpoints of one and of several processes are interchangeable). The plugin's own state
-is ``None`` but in a checkpoint taken inside an accumulation window, where each rank's gradients
-are its own until the window's last batch: the run resumed from such a checkpoint ends that
-window with rank 0's (DDP) or none (FSDP2), and one warning on rank 0 says so; a checkpoint at a
-window's end is exact, and nothing is said.
+so checkpoints of one and of several processes are interchangeable).
 """
 
 from __future__ import annotations

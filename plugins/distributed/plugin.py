@@ -11,12 +11,14 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from hookfit import StopRequest, hookimpl
+from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.errors import user_level
 from hookfit.modes import modules
 from hookfit.plugins.support import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import group, hookspecs
@@ -143,6 +145,7 @@ class Distributed(ModelWrap):
         self._samplers: list[DistributedSampler[Any]] = []
         self._batches = 0
         self._agreed = False
+        self._window_warned = False
         self._groups: list[ProcessGroup] = []
         self._store: Store | None = None  # where the first failing rank says so (failures.first_failure)
         self._reset_model()  # no model wrapped or sharded yet (ModelWrap)
@@ -302,6 +305,21 @@ class Distributed(ModelWrap):
         out = tensor.detach().to("cpu", copy=True)
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self._control)
         return out.to(tensor.device)
+
+    @hookimpl
+    def save_state(self) -> None:
+        """No state of its own; says when a checkpoint cannot be exact: inside an accumulation window
+        each rank's gradients are its own until the window's last batch (DDP: a checkpoint holds rank
+        0's state alone; FSDP2 keeps them unsharded inside the model, where no state reaches)."""
+        if self._window_open and not self._window_warned and self.rank == 0:  # one process says it
+            self._window_warned = True
+            held = ("FSDP2 keeps them unsharded inside the model" if self.strategy == "fsdp" else
+                    "each rank's are its own until the window's last batch, and a checkpoint holds rank 0's")
+            warnings.warn(
+                f"distributed: a checkpoint taken inside a gradient-accumulation window does not hold every "
+                f"rank's gradients of the window ({held}): a run resumed from it ends that window with other "
+                f"gradients than an uninterrupted run. Checkpoints at window ends (every_n_steps a multiple of "
+                f"the window, epochs) are exact", HookfitWarning, stacklevel=user_level())  # the script's line
 
     # -- ending ------------------------------------------------------------------------------
     @hookimpl

@@ -1,20 +1,16 @@
 """distributed's model: wrapped in ``DistributedDataParallel`` (``strategy="ddp"``), with the
 check that the step functions call the wrapper (``loop.model``), or sharded in place by FSDP2's
 ``fully_shard`` (``strategy="fsdp"``), the ``Loop``'s optimizers pointed at the shards; and the
-gradient synchronisation of every training forward pass, decided by ``should_sync_gradients``,
-and what a run resumed from a checkpoint taken inside an accumulation window is told.
+gradient synchronisation of every training forward pass, decided by ``should_sync_gradients``.
 See the package documentation; :class:`ModelWrap` is that part of the plugin's class."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from hookfit import HookfitWarning, hookimpl
-from hookfit.errors import user_level
 from hookfit.modes import modules
 from hookfit.plugins.support import GradientWatch
 
@@ -24,7 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.hooks import RemovableHandle
 
-    from hookfit.payloads import ResumeInfo
     from hookfit.run import Run
 
 
@@ -39,9 +34,6 @@ class ModelWrap:
     shard_policy: Callable[[torch.nn.Module], bool] | None
     fsdp_options: dict[str, Any]
     created: bool
-    rank: int
-    world_size: int
-    strategy: str
     _groups: list[ProcessGroup]
 
     def _reset_model(self) -> None:
@@ -57,7 +49,6 @@ class ModelWrap:
         self._pass_hooks: list[RemovableHandle] = []  # should_sync_gradients before every training pass
         self._unsynced: set[int] = set()  # DDP modules whose running pass this plugin made unsynchronised
         self._window_open = False  # the last training pass left its gradients unsynchronised (a window is open)
-        self._resumed_open: str | None = None  # the strategy of a checkpoint restored from inside a window
 
     def _wrap(self, loop: Run, device: torch.device) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -200,37 +191,6 @@ class ModelWrap:
         if self._fsdp is not None:
             self._fsdp.set_requires_gradient_sync(True)
         self._window_open = False
-
-    # -- a checkpoint inside an accumulation window ----------------------------------------
-    @hookimpl
-    def save_state(self) -> dict[str, Any] | None:
-        """``None`` (nothing to keep) but inside an accumulation window, where each rank's gradients
-        are its own until the window's last batch and a checkpoint holds rank 0's (DDP; FSDP2 keeps
-        them unsharded inside the model, where no state reaches): that it was taken there, for the
-        run resumed from it to say so (:meth:`resumed`)."""
-        lost = self._window_open and (self.world_size > 1 or self.strategy == "fsdp")  # (one DDP rank's are all)
-        return {"window_open": True, "strategy": self.strategy} if lost else None
-
-    @hookimpl
-    def load_state(self, state: Any) -> None:
-        if not isinstance(state, Mapping) or not isinstance(state.get("strategy"), str):
-            raise ValueError(f"distributed: a checkpoint's state of this plugin is {{'window_open': True, "
-                             f"'strategy': ...}}, not {state!r} (saved by another plugin named 'distributed'?)")
-        self._resumed_open = state["strategy"]
-
-    @hookimpl
-    def resumed(self, loop: Run, info: ResumeInfo) -> None:
-        """One warning, on rank 0, where the checkpoint the run resumed from was taken inside an
-        accumulation window: the run ends that window with other gradients than an uninterrupted one."""
-        if self._resumed_open is not None and self.rank == 0 and loop.mode == "fit":
-            held = ("FSDP2 kept them unsharded inside the model, where no state reaches" if self._resumed_open == "fsdp"
-                    else "each rank's were its own until the window's last batch; it holds rank 0's, every rank's now")
-            warnings.warn(
-                f"distributed: this run resumed from {info.source}, a checkpoint taken inside a gradient-accumulation "
-                f"window, which does not hold every rank's gradients of the window ({held}): this run ends that "
-                f"window with other gradients than an uninterrupted run. Checkpoints at window ends (every_n_steps "
-                f"a multiple of the window, epochs) are exact", HookfitWarning,
-                stacklevel=user_level())  # the script's line
 
     def _saw_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         self._forward_seen = True

@@ -498,24 +498,18 @@ def test_two_processes_train_like_one_and_only_rank_0_prints(tmp_path: Path, mon
 
 @pytest.mark.fault
 @pytest.mark.slow
-def test_a_run_resumed_from_inside_an_accumulation_window_under_ddp_says_it_is_not_exact(tmp_path: Path) -> None:
-    """Stopped inside a window of 2 (step 5), DDP: the checkpoint holds rank 0's window gradients only.
-    The run resumed from it, the one that trains otherwise than an uninterrupted run, says so once, at
-    the script's line; the stopped run does not, nor a run resumed from a window's end (exact)."""
-    args = ("--accumulate", "2", "--samples", "1024", "--no-val", "--run-dir", "run")
-    plugins = {"HOOKFIT_PLUGINS": PLUGINS + ",checkpoint"}
-    code, out, err, _ = torchrun(tmp_path, *args, "--epochs", "1", "--stop-on-rank", "1", "--stop-at-batch", "4",
-                                 **plugins)
-    assert code == 0 and "accumulation window" not in out + err, out + err
-    assert list(tmp_path.glob("run/checkpoints/epoch0001-step000000005.pt")), out + err
-    code, out, err, _ = torchrun(tmp_path, *args, "--epochs", "1", "--resume", "latest", **plugins)
+def test_a_checkpoint_inside_an_accumulation_window_under_ddp_says_it_is_not_exact(tmp_path: Path) -> None:
+    """Stopped inside a window of 2 (step 5), DDP: the checkpoint holds rank 0's window gradients only, and
+    the run resumed from it ended 0.0088 away from the uninterrupted one without a word (FSDP2 warned)."""
+    code, out, err, _ = torchrun(tmp_path, "--accumulate", "2", "--stop-on-rank", "1", "--stop-at-batch", "4",
+                                 "--dump", "dump", HOOKFIT_PLUGINS=PLUGINS + ",checkpoint")
     assert code == 0, out + err
-    said = [line for line in (out + err).splitlines() if "accumulation window" in line]
-    assert len(said) == 1 and "ddp.py" in said[0] and "hookfit/" not in said[0], said  # once, the script's line
-    assert "resumed from run/checkpoints/epoch0001-step000000005.pt, a checkpoint taken inside" in said[0]
-    assert "each rank's were its own until the window's last batch" in said[0]
-    code, out, err, _ = torchrun(tmp_path, *args, "--epochs", "2", "--resume", "latest", **plugins)  # from step 8
-    assert code == 0 and "accumulation window" not in out + err, out + err
+    assert {r["step"] for r in dumps(tmp_path)} == {5}
+    assert list(tmp_path.glob("runs/ddp/*/checkpoints/epoch0001-step000000005.pt")), out + err
+    assert "a checkpoint taken inside a gradient-accumulation window does not hold every rank's" in out + err
+    assert "each rank's are its own until the window's last batch" in out + err
+    said = [line for line in (out + err).splitlines() if "does not hold every rank's" in line]
+    assert len(said) == 1 and "core/dispatch.py" not in said[0] and "hookfit/" not in said[0], said  # once, the script's line
 
 
 @pytest.mark.fault
