@@ -161,15 +161,21 @@ class Catalog:
         killed right after writing its best checkpoint would else take a worse one for the best, and
         prune the best weights away. In an evaluation (not ``training``), the best of the run that wrote
         ``path`` as ``path`` knows it, by the monitor that run recorded (``meta["monitor"]``; its catalog's
-        ``state``), ``path`` itself where its own score is better: after ``resume="best"``, ``path``."""
+        ``state``), ``path`` itself where its own score is better: after ``resume="best"``, ``path``. Where the
+        best it recorded is gone, ``path`` only where its own score is better than that best's, else ``None``
+        (``hookfit export --best`` names no best there either)."""
         if not training:
             self.best = None
             if isinstance(meta, Mapping) and isinstance(monitor := meta.get("monitor"), str):
                 run = Catalog(1, Monitor(monitor))
                 run.reading = path
-                run.load(state if isinstance(state, Mapping) else {})
+                run.load(state := state if isinstance(state, Mapping) else {})
+                recorded = state.get("best")
+                if (run.best is None and isinstance(recorded, (list, tuple)) and len(recorded) == 2
+                        and isinstance(recorded[0], (int, float)) and state.get("monitor", monitor) == monitor):
+                    run.monitor.reset(recorded[0], None, state.get("mode"))  # its file gone: compared, never named
                 run.resumed(path, meta, True)
-                self.best = run.best
+                self.best = run.best if run.best is not None and run.best[1] is not None else None
         self.last = path = _at(path)
         metric = meta.get("metric") if isinstance(meta, Mapping) else None
         if (training and isinstance(metric, (int, float)) and meta.get("monitor") == self.monitor.metric

@@ -118,7 +118,8 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   user reads them in ``fit().results`` and evaluates the best with
   ``Loop(..., model=model).validate(resume=state.results["best_checkpoint"])``; after
   ``validate(resume=...)`` the last is the checkpoint evaluated and the best that checkpoint's
-  run's best as it knew it, itself included (after ``resume="best"``, both name it). Both are
+  run's best as it knew it, itself included (after ``resume="best"``, both name it; ``None``
+  where that best's file is gone and the checkpoint evaluated scored no better). Both are
   known on every process: only the main one writes, but the epoch metrics a monitor compares
   are the same on every rank and a file's name comes from ``loop.position``, so each process
   names the file the main one writes (told once where the main one writes, its run folder

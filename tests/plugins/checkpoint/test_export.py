@@ -223,6 +223,34 @@ def test_an_evaluation_of_the_best_checkpoint_reports_that_checkpoint_as_its_bes
         assert state.results["best_checkpoint"] == state.results["last_checkpoint"] == evaluated, monitor
 
 
+@pytest.mark.parametrize("evaluated, best", [("epoch0003-step000000009.pt", None),
+                                             ("epoch0004-step000000012.pt", "epoch0004-step000000012.pt")])
+def test_an_evaluation_whose_recorded_best_is_gone_names_itself_best_only_where_it_is_better(
+        tmp_path: Path, evaluated: str, best: str | None) -> None:
+    """The best a checkpoint recorded (epoch 2's, scored 1.0) was removed by ``keep_last=2``: after
+    ``validate(resume=<that checkpoint>)`` ``results["best_checkpoint"]`` is the checkpoint evaluated where its own
+    score is better than the recorded one (epoch 4's, 0.5), else ``None`` (epoch 3's, 2.0), as ``hookfit export
+    --best`` names no best there; ``"last_checkpoint"`` is the checkpoint evaluated."""
+    from hookfit.plugins.metrics import Metrics
+
+    scores, m = [3.0, 1.0, 2.0, 0.5], torch.nn.Linear(3, 1)
+
+    def score(loop: Any, batch: Any) -> dict[str, Any]:
+        return {"loss": torch.tensor(scores[loop.state.epoch])}
+
+    folder = tmp_path / "run" / "checkpoints"
+    hookfit.Loop(two_model_step, data(), val_step=score, val_data=data()[:1], model=[m], max_epochs=4,
+                 optimizers={"a": torch.optim.SGD(m.parameters(), lr=0.1)}, run_dir=tmp_path / "run",
+                 plugins=[Optim(), Metrics(), Checkpoint(monitor="valid/loss", keep_last=2, background=False)]).fit()
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["epoch0003-step000000009.pt", "epoch0004-step000000012.pt"]
+    for monitor in (None, "valid/loss"):
+        state = hookfit.Loop(None, [], val_step=score, val_data=data()[:1], model=[torch.nn.Linear(3, 1)],
+                             run_dir=tmp_path / "run", plugins=[Optim(), Metrics(), Checkpoint(monitor=monitor)]
+                             ).validate(resume=folder / evaluated)
+        assert state.results["last_checkpoint"] == folder / evaluated
+        assert state.results["best_checkpoint"] == (None if best is None else folder / best), monitor
+
+
 def test_best_names_its_checkpoint_as_the_newest_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A run given by a relative path: the newest was named relative, the best by its absolute path."""
