@@ -18,8 +18,9 @@ Files, in the run folder (``loop.run_dir``):
   epochs (``Loop(val_every_n_steps=N)``) simply has more ``valid`` rows.
 * An evaluation (``Loop.validate()``) writes ``evaluation.csv`` and ``evaluation_updates.csv``
   instead, the same tables: in the folder of the run it evaluates they leave the run's own alone.
-  After the leading columns, ``checkpoint``: the checkpoint evaluated (``loop.state.resumed_from``'s
-  ``source``; empty for an evaluation of the model's weights as they are), so the evaluations of
+  After the leading columns, ``checkpoint``: the absolute path of the checkpoint evaluated (of
+  ``loop.state.resumed_from``'s ``source``, as ``results["last_checkpoint"]`` names it; empty for an
+  evaluation of the model's weights as they are), so the evaluations of
   checkpoints of two runs at the same step tell apart; a table written without that column is widened.
 * ``metrics_updates.csv``, with ``every_publication=True``: a row at every publication of the
   metrics plugin (``metrics_update``: the built-in publishes at most every
@@ -225,7 +226,7 @@ class CSVLogger:
         row.update(rates)
         row.update(epoch=metrics.epoch + 1, step=metrics.step, stage=metrics.stage)
         if self._epochs.after:  # an evaluation's: the checkpoint it evaluated
-            row[CHECKPOINT] = None if (info := loop.state.resumed_from) is None else info.source
+            row[CHECKPOINT] = None if (info := loop.state.resumed_from) is None else os.path.abspath(info.source)
         return row
 
     def _column(self, metric: str, rates: Mapping[str, float]) -> str:

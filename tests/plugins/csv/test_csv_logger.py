@@ -393,9 +393,11 @@ def test_an_evaluation_in_the_runs_folder_leaves_its_tables_alone_and_writes_its
     assert [(r["epoch"], r["step"], r["stage"], r["loss"]) for r in rows] == [("1", "4", "valid", "100.0")]
 
 
-def test_evaluations_of_two_runs_checkpoints_in_one_folder_name_the_checkpoint_each_evaluated(tmp_path: Path) -> None:
+def test_evaluations_of_two_runs_checkpoints_in_one_folder_name_the_checkpoint_each_evaluated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs' checkpoints at the same epoch and step, evaluated into one folder: each row of
-    ``evaluation.csv`` and ``evaluation_updates.csv`` names its checkpoint (``state.resumed_from.source``) in
+    ``evaluation.csv`` and ``evaluation_updates.csv`` names its checkpoint by its absolute path (given relative to
+    the working folder: as ``results["last_checkpoint"]`` names it) in
     the column after ``stage`` (``batches``), where epoch and step alone could not tell them apart; a table
     written before that column is widened, its rows kept with an empty cell, and an evaluation of the weights
     as they are leaves it empty. A metric named ``checkpoint`` takes ``metric.checkpoint``."""
@@ -417,9 +419,11 @@ def test_evaluations_of_two_runs_checkpoints_in_one_folder_name_the_checkpoint_e
                                 run_dir=folder, plugins=[Optim(), Metrics(interval=0), Checkpoint(),
                                                          CSVLogger(every_publication=True)]).validate(resume=resume)
 
-    states = [evaluate(first) for first in firsts] + [evaluate(None)]
-    sources = [state.resumed_from.source for state in states[:2]]
-    assert sorted(map(Path, sources)) == firsts
+    monkeypatch.chdir(tmp_path)
+    states = [evaluate(first.relative_to(tmp_path)) for first in firsts] + [evaluate(None)]
+    assert [state.resumed_from.source for state in states[:2]] == [str(f.relative_to(tmp_path)) for f in firsts]
+    sources = [str(state.results["last_checkpoint"]) for state in states[:2]]
+    assert sources == list(map(str, firsts))
     header, rows = table(folder / "evaluation.csv")
     assert header == ["epoch", "step", "stage", "checkpoint", "loss", "metric.checkpoint"]
     assert [(r["epoch"], r["step"], r["checkpoint"], r["loss"]) for r in rows] == [
