@@ -80,8 +80,7 @@ class Schedules:
         by_name = dict(scheduler_interval) if isinstance(scheduler_interval, Mapping) else {None: scheduler_interval}
         for k, v in by_name.items():  # by optimizer name (the others' None), or one for all
             choice(NAME, "scheduler_interval" + ("" if k is None else f"[{k!r}]"), v, ("step", "epoch"), none=k is None)
-        self.monitor, self._by_name = monitor, by_name
-        self._given = _parse(schedulers)
+        self.monitor, self._by_name, self._given = monitor, by_name, _parse(schedulers)
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
         plateaus = [g.scheduler for g in self._given if isinstance(g.scheduler, PLATEAU)]
         if plateaus and monitor is None:
@@ -154,11 +153,12 @@ class Schedules:
                               f"and this run takes {total} optimizer steps if it steps at every window ({per_epoch} an "
                               f"epoch, accumulate={accumulate}, max_steps={loop.max_steps}); torch raises once it "
                               f"runs out: build it with total_steps={total}", OptimWarning, stacklevel=user_level())
-            if run > batches and _passed(scheduler, per_epoch):  # (the first epoch's steps, where a second one comes)
+            if run > batches and (found := _passing(scheduler, per_epoch)) is not None:  # (where a second epoch comes)
                 interval = "'epoch'" if len(self._assigned) == 1 else f"{{{name!r}: 'epoch'}}"
-                warnings.warn(f"optim: the {type(scheduler).__name__} of optimizer {name!r} steps after each optimizer "
-                              f"step and passes its schedule within the first epoch ({per_epoch} steps): it looks "
-                              f"counted in epochs. Give Optim(scheduler_interval={interval}) to step it at each "
+                inside = "" if found is scheduler else f" (its {type(found).__name__})"  # (which one in a chain)
+                warnings.warn(f"optim: the {type(scheduler).__name__}{inside} of optimizer {name!r} steps after each "
+                              f"optimizer step and passes its schedule within the first epoch ({per_epoch} steps): it "
+                              f"looks counted in epochs. Give Optim(scheduler_interval={interval}) to step it at each "
                               f"epoch's end, or count it in optimizer steps", OptimWarning, stacklevel=user_level())
                 run = 0  # one warning (the other schedulers are still checked for the error above)
 
@@ -197,17 +197,18 @@ class Schedules:
                         scheduler.step(*value)
 
 
-def _passed(scheduler: Any, steps: int) -> bool:
-    """Whether ``steps`` pass a MultiStepLR's milestones, a CosineAnnealingLR's T_max, a StepLR/ExponentialLR/LambdaLR's
-    1e-3, or those of a ChainedScheduler's or (each from its milestone) a SequentialLR's; no other's are judged."""
+def _passing(scheduler: Any, steps: int) -> Any:
+    """The scheduler whose schedule ``steps`` pass (``scheduler``, or the one a ChainedScheduler or SequentialLR holds),
+    or ``None``; which are judged and how: README.md (a LambdaLR's lambda called here once, at ``steps - 1``)."""
     if isinstance(inner := getattr(scheduler, "_schedulers", None), list):  # torch's ChainedScheduler, SequentialLR
         bounds = [0, *getattr(scheduler, "_milestones", []), steps]
         spans = list(zip(bounds, bounds[1:])) if len(bounds) == len(inner) + 1 else [(0, steps)] * len(inner)
-        return any(_passed(s, min(steps, end) - start) for s, (start, end) in zip(inner, spans) if start < steps)
-    if isinstance(scheduler, (lr_scheduler.MultiStepLR, lr_scheduler.CosineAnnealingLR)):  # its last milestone, T_max
-        return bool(max(getattr(scheduler, "milestones", None) or [getattr(scheduler, "T_max", steps)]) < steps)
+        return next((f for s, (a, b) in zip(inner, spans) if a < steps and (f := _passing(s, min(steps, b) - a))), None)
+    passed = isinstance(scheduler, (lr_scheduler.MultiStepLR, lr_scheduler.CosineAnnealingLR)) and max(  # (T_max)
+        getattr(scheduler, "milestones", None) or [getattr(scheduler, "T_max", steps)]) < steps
     if isinstance(scheduler, (lr_scheduler.StepLR, lr_scheduler.ExponentialLR)) and 0 <= scheduler.gamma < 1:
-        return bool(scheduler.gamma ** (steps // getattr(scheduler, "step_size", 1)) < 1e-3)
+        passed = scheduler.gamma ** (steps // getattr(scheduler, "step_size", 1)) < 1e-3
     with contextlib.suppress(Exception):  # a LambdaLR's lambdas are the user's: one that raises there says nothing
-        return isinstance(scheduler, lr_scheduler.LambdaLR) and any(float(f(steps)) < 1e-3 for f in scheduler.lr_lambdas)
-    return False
+        passed = passed or isinstance(scheduler, lr_scheduler.LambdaLR) and any(  # where CosineAnnealingLR(T_max=
+            float(f(steps - 1)) < 1e-3 for f in scheduler.lr_lambdas)  # steps) ends: its lr at the epoch's last step
+    return scheduler if passed else None

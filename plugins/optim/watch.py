@@ -132,12 +132,11 @@ class Watch:
         self._bypass_seen = True
         managed = next(m for m in self._optimizers.values() if m.optimizer is optimizer)
         call = f"loop.optimizers[{managed.name!r}]" if len(self._optimizers) > 1 else "loop.optimizers"
-        warnings.warn(
-            f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped "
-            f"directly{self._where()}, not through loop.optimizers: such a step bypasses optim's "
-            f"gradient clipping, accumulation, loss scaling, non-finite checks, schedulers and "
-            f"step counters. Call {call}.step({'closure' if args[1:] or kwargs else ''}) in the step function "
-            f"instead of the optimizer's own step()", OptimWarning, stacklevel=user_level(_TORCH))  # (past torch's)
+        warnings.warn(f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped directly"
+                      f"{self._where()}, not through loop.optimizers: such a step bypasses optim's gradient clipping, "
+                      f"accumulation, loss scaling, non-finite checks, schedulers and step counters. Call "
+                      f"{call}.step({'closure' if args[1:] or kwargs else ''}) in the step function instead of the "
+                      f"optimizer's own step()", OptimWarning, stacklevel=user_level(_TORCH))  # (past torch's)
 
     def _step_name(self) -> str:
         return qualname(self.loop.train_step) if self.loop is not None else "the training step"

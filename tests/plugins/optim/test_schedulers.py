@@ -601,7 +601,7 @@ def test_lambda_chained_and_sequential_schedules_counted_in_epochs_are_told_to_s
     where it is asked is not judged."""
     import warnings
 
-    from hookfit.plugins.optim.schedulers import _passed
+    from hookfit.plugins.optim.schedulers import _passing
 
     def told(make) -> list[str]:
         m = model()
@@ -626,7 +626,38 @@ def test_lambda_chained_and_sequential_schedules_counted_in_epochs_are_told_to_s
         [lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2), lr_scheduler.ExponentialLR(opt, gamma=0.9)])) == []
     table = [1.0, 0.5, 0.1]
     raising = lr_scheduler.LambdaLR(torch.optim.SGD(model().parameters(), lr=0.1), lambda epoch: table[epoch])
-    assert _passed(raising, 6) is False
+    assert _passing(raising, 6) is None
+
+
+def test_a_lambda_schedule_is_judged_as_its_scheduler_is_and_a_chain_names_the_scheduler_inside_it() -> None:
+    """A cosine written as a LambdaLR that ends at the first epoch's last step (6 steps) says nothing, as
+    CosineAnnealingLR(T_max=6) does not; one that ends a step earlier is told, as CosineAnnealingLR(T_max=5) is. The
+    warning of a ChainedScheduler or SequentialLR names the scheduler inside it that passes its schedule."""
+    import math
+    import warnings
+
+    def told(make) -> list[str]:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hookfit.Loop(train_step, data(6), model=m, optimizers=opt, max_epochs=3,
+                         plugins=[Optim(schedulers=make(opt))]).fit()
+        return [str(w.message) for w in caught if "looks counted in epochs" in str(w.message)]
+
+    for period, warned in ((6, False), (5, True)):
+        assert bool(told(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=period))) is warned, period
+        assert bool(told(lambda opt: lr_scheduler.LambdaLR(
+            opt, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, period) / period))))) is warned, period
+    said = told(lambda opt: lr_scheduler.ChainedScheduler(
+        [lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2), lr_scheduler.ExponentialLR(opt, gamma=0.3)]))
+    assert len(said) == 1 and said[0].startswith(
+        "optim: the ChainedScheduler (its ExponentialLR) of optimizer 'default' steps after each optimizer step"), said
+    said = told(lambda opt: lr_scheduler.SequentialLR(opt, [lr_scheduler.LinearLR(opt, 0.5, total_iters=2),
+                                                            lr_scheduler.StepLR(opt, 1, gamma=0.1)], [2]))
+    assert len(said) == 1 and said[0].startswith("optim: the SequentialLR (its StepLR) of optimizer 'default'"), said
+    said = told(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.1))
+    assert len(said) == 1 and said[0].startswith("optim: the StepLR of optimizer 'default' steps"), said
 
 
 def test_a_step_schedule_of_a_run_of_one_epoch_is_not_taken_for_one_counted_in_epochs() -> None:
