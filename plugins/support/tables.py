@@ -70,8 +70,8 @@ class Table:
         self.path: os.PathLike[str] | None = None  # the file of the current or last run
         self.stuck = False  # an earlier run's table that could not be set aside: not written this run
         self.after: tuple[str, ...] = ()
-        """Columns that follow the leading ones where rows have them; a file written without them (by an
-        earlier version) is still this table, widened to hold them like a new metric's column."""
+        """Columns that follow the leading ones where rows have them; a file whose header lacks them is still
+        this table, widened to hold them like a new metric's column."""
 
     def open(self, loop: Run) -> RunFile | None:
         """The file, its header read when it exists already; ``None`` once it or the other table

@@ -123,8 +123,8 @@ def test_the_step_s_own_error_still_names_the_step() -> None:
 @pytest.mark.parametrize("hook, epoch", [("configure", 1), ("fit_start", 1), ("epoch_start", 1), ("epoch_start", 2),
                                          ("epoch_end", 2), ("after_epoch", 1)])
 def test_an_error_outside_a_stage_says_so_not_stage_none(hook: str, epoch: int) -> None:
-    """A plugin raising before the first stage was said to be at "stage None, batch 0", and between stages at the
-    stage before ("epoch 2, stage train, batch 2" for epoch 2's start)."""
+    """A plugin raising before the first stage or between stages is said to be outside a stage, not at "stage None,
+    batch 0" nor at the stage before ("epoch 2, stage train, batch 2" for epoch 2's start)."""
     class Raising:
         @hookfit.hookimpl(specname=hook)
         def raising(self, loop) -> None:
@@ -139,7 +139,7 @@ def test_an_error_outside_a_stage_says_so_not_stage_none(hook: str, epoch: int) 
 
 def test_a_run_refused_before_it_began_says_so_not_epoch_1_outside_a_stage(tmp_path: Path) -> None:
     """A run whose folder another live process holds (its lock taken here) is refused at its start: its note
-    said it "raised during the run (epoch 1, outside a stage)", for a run that never began."""
+    says it was refused before it began, not that it "raised during the run (epoch 1, outside a stage)"."""
     from hookfit.locks import FolderInUse, FolderLock
 
     held = FolderLock(tmp_path, "hookfit")
@@ -342,7 +342,8 @@ def test_an_error_of_a_plugin_s_step_wrapper_blames_the_plugin_not_the_step(tmp_
 
 @pytest.mark.bad_input
 def test_a_step_wrapper_that_cannot_take_loop_and_batch_is_refused_at_wrap_step(tmp_path, monkeypatch) -> None:
-    """It failed at the first batch as 'train_step() takes 1 positional argument', blamed on no plugin."""
+    """Refused at wrap_step, not failing at the first batch as 'train_step() takes 1 positional argument', blamed
+    on no plugin."""
     wrapping = _wrapping(tmp_path, monkeypatch)
     with pytest.raises(TypeError, match=r"wrap_step: the wrapper returned .*lambda.* for train_step '.*', which "
                                         r"cannot be called as step\(loop, batch\)"):

@@ -136,9 +136,9 @@ def test_a_checkpoint_that_cannot_be_moved_aside_is_named_and_never_written_over
 def test_a_run_resumed_from_earlier_run_n_keeps_its_best_that_could_not_be_moved_aside(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run A (best: epoch 2), then B afresh in its run_dir, A's epoch 2 not moved (PermissionError: it stays,
-    listed), then A's epoch 3 resumed by its path in earlier-run-1/ into a run folder of its own: A's best was
-    looked for in earlier-run-1/ alone, so the resumed run had none (no value to beat: its own epoch 4, worse,
-    became the best). It is the one that stayed."""
+    listed), then A's epoch 3 resumed by its path in earlier-run-1/ into a run folder of its own: A's best is the
+    one that stayed where it was written, found there though not in earlier-run-1/ (not none, which would make
+    the resumed run's own epoch 4, worse, its best)."""
     monkeypatch.chdir(tmp_path)
     old = tmp_path / "old"
     folder = old / "checkpoints"
@@ -237,9 +237,9 @@ def test_a_resume_that_fails_moves_no_checkpoint_aside(tmp_path: Path) -> None:
 
 
 def test_a_run_moves_aside_under_one_more_than_the_highest_number_after_one_was_deleted(tmp_path: Path) -> None:
-    """Three runs in one run_dir, then ``earlier-run-1/`` deleted: the fourth run took the first free number, 1,
-    for the third run's checkpoints, which listings (the highest the newest) then took for the oldest. It takes
-    one more than the highest, 3."""
+    """Three runs in one run_dir, then ``earlier-run-1/`` deleted: the fourth run sets the third run's checkpoints
+    aside as ``earlier-run-3/``, one more than the highest, not the first free number, 1, which listings (the
+    highest the newest) would take for the oldest."""
     import shutil
 
     folder = tmp_path / "checkpoints"

@@ -197,8 +197,8 @@ def test_an_evaluation_of_the_best_checkpoint_reports_that_checkpoint_as_its_bes
         tmp_path: Path, where: str) -> None:
     """After ``validate(resume="best")`` both ``results["best_checkpoint"]`` and ``"last_checkpoint"`` name the
     checkpoint evaluated: the best is the run's best as the checkpoint evaluated knows it, itself included, by the
-    monitor its run recorded. It was the best before that checkpoint (epoch 2's, kept by ``keep_best=2``), or
-    ``None`` where the evaluation's ``Checkpoint`` monitored nothing."""
+    monitor its run recorded, not the best that checkpoint's state recorded before it was written (epoch 2's, kept
+    by ``keep_best=2``), whether or not the evaluation's ``Checkpoint`` monitors anything."""
     from hookfit.plugins.metrics import Metrics
 
     scores, m = [3.0, 1.0, 2.0, 0.5], torch.nn.Linear(3, 1)
@@ -253,7 +253,7 @@ def test_an_evaluation_whose_recorded_best_is_gone_names_itself_best_only_where_
 
 def test_best_names_its_checkpoint_as_the_newest_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run given by a relative path: the newest was named relative, the best by its absolute path."""
+    """A run given by a relative path: the best is named relative, as the newest is, not by its absolute path."""
     from hookfit.plugins.metrics import Metrics
     from hookfit.tools import cli
 
@@ -271,7 +271,8 @@ def test_best_names_its_checkpoint_as_the_newest_is_named(tmp_path: Path, capsys
 @pytest.mark.bad_input
 @pytest.mark.parametrize("given", ["folder", "folder/", "new/"])
 def test_an_output_that_is_a_folder_is_refused_naming_a_file_to_give(tmp_path: Path, given: str) -> None:
-    """It failed with the atomic write's own temporary name (``'.exp.2632.tmp' -> 'exp'``: is a directory)."""
+    """Refused naming a file to give, not failing with the atomic write's own temporary name (``'.exp.2632.tmp' ->
+    'exp'``: is a directory)."""
     run = written(tmp_path, {"weight": torch.zeros(1, 3), "bias": torch.zeros(1)})
     (tmp_path / "folder").mkdir()
     out = str(tmp_path / given) + ("/" if given.endswith("/") else "")

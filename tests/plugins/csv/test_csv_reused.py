@@ -166,9 +166,9 @@ def test_evaluations_add_to_one_table_which_a_fresh_fit_sets_aside_with_its_runs
 
 def test_a_run_resumed_from_a_checkpoint_set_aside_sets_the_later_runs_tables_aside(tmp_path: Path) -> None:
     """Run A (loss 1), then B afresh in the same run_dir (loss 2: A's checkpoints into ``checkpoints/earlier-run-1/``,
-    its tables into ``*.earlier-run-1.csv``), then A's epoch 1 resumed by its path there: the checkpoint plugin set
-    B's checkpoints aside, but the resumed run appended A's epoch 2 to B's ``metrics.csv`` (after dropping B's rows
-    past A's step). B's tables are set aside whole, as its checkpoints are, and A's resumed epochs start a fresh one."""
+    its tables into ``*.earlier-run-1.csv``), then A's epoch 1 resumed by its path there: the checkpoint plugin sets
+    B's checkpoints aside, and B's tables are set aside whole likewise, A's resumed epochs starting a fresh one
+    (not appended to B's ``metrics.csv`` after dropping B's rows past A's step)."""
     def fit(loss: float, epochs: int, **options) -> list[warnings.WarningMessage]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -104,7 +104,7 @@ class Probe:
 
 def test_hookfit_plugins_says_it_is_off_in_one_process_and_what_turns_it_on(monkeypatch, capsys, tmp_path) -> None:
     """Outside torchrun the plugin takes no part in a run: the listing says so ("inert") and what
-    turns it on, where it said "active"; the env:// variables of a launcher turn it on."""
+    turns it on, not "active"; the env:// variables of a launcher turn it on."""
     from hookfit.tools import cli
 
     monkeypatch.chdir(tmp_path)  # (no hookfit.toml)
@@ -616,7 +616,7 @@ def test_a_failing_or_hanging_rank_ends_the_run_in_bounded_time_with_a_clear_err
     assert f"hookfit distributed: rank 1 of 2 failed: {failure}" in err, err
     assert "hookfit distributed: rank 0 of 2 stopped: a collective operation failed" in err, err
     # the survivor names the rank that failed and its error (recorded in torchrun's store), in
-    # its line and in its error's note, where it used to guess ("another rank probably failed")
+    # its line and in its error's note, not a guess ("another rank probably failed")
     assert (f"hookfit distributed: rank 0 of 2 stopped: a collective operation failed: rank 1 of 2 failed "
             f"first: {failure}; here: ") in err, err
     assert (f"hookfit distributed: a collective operation failed on rank 0 of 2 because rank 1 of 2 failed "

@@ -92,7 +92,7 @@ def raw_valid_loss(m) -> float:
 
 def test_reduce_lr_on_plateau_steps_on_the_validation_loss_as_the_script_does() -> None:
     """The word language model's schedule: lr reduced when the validation loss stops falling.
-    It used to fail at the first step with torch's "step() missing 'metrics'"."""
+    It steps on that loss, not failing at the first step with torch's "step() missing 'metrics'"."""
     raw = model()
     opt = torch.optim.SGD(raw.parameters(), lr=0.6)
     sched = lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
@@ -511,7 +511,7 @@ def test_a_scheduler_given_to_optim_and_also_stepped_in_the_step_warns_once(tmp_
 
 def test_a_run_resumed_at_an_epoch_s_end_steps_its_epoch_scheduler_without_torch_s_order_warning(tmp_path) -> None:
     """Stopped on an epoch's last batch, the resumed run steps an epoch-wise scheduler before this process's first
-    optimizer step: torch warned "lr_scheduler.step() before optimizer.step()" though the run had stepped it."""
+    optimizer step with no torch warning "lr_scheduler.step() before optimizer.step()" (the run had stepped it)."""
     import warnings
 
     def fit(run_dir, stop=None, resume=None):
@@ -594,11 +594,10 @@ def test_a_per_step_scheduler_that_passes_its_schedule_in_the_first_epoch_is_tol
 
 
 def test_lambda_chained_and_sequential_schedules_counted_in_epochs_are_told_to_step_each_epoch() -> None:
-    """The warning above judged a MultiStepLR, CosineAnnealingLR, StepLR and ExponentialLR alone: a LambdaLR whose
-    factor falls below a thousandth within the first epoch (a decay written per epoch), and a ChainedScheduler or
-    SequentialLR with such a scheduler inside (a SequentialLR's each from its milestone) said nothing. A lambda
-    counted in steps, a warm-up then a cosine over the run's steps, say nothing still, and a lambda that raises
-    where it is asked is not judged."""
+    """The warning above is given for a LambdaLR whose factor falls below a thousandth within the first epoch (a
+    decay written per epoch), and for a ChainedScheduler or SequentialLR with such a scheduler inside (a
+    SequentialLR's each from its milestone). A lambda counted in steps, a warm-up then a cosine over the run's
+    steps, say nothing, and a lambda that raises where it is asked is not judged."""
     import warnings
 
     from hookfit.plugins.optim.schedulers import _passing

@@ -106,9 +106,9 @@ def test_evaluations_are_one_run_which_a_fresh_fit_moves_aside_with_its_run(tmp_
 
 def test_a_run_resumed_from_a_checkpoint_set_aside_moves_the_later_runs_events_aside(tmp_path: Path) -> None:
     """Run A (loss 3), then B afresh in the same folder (loss 2: A's checkpoints into ``checkpoints/earlier-run-1/``,
-    its events into ``earlier-run-1/``), then A's epoch 1 resumed by its path there: the checkpoint plugin set B's
-    checkpoints aside, but the resumed run wrote A's next epochs into B's curves. B's events are moved aside, as
-    its checkpoints are."""
+    its events into ``earlier-run-1/``), then A's epoch 1 resumed by its path there: the checkpoint plugin sets B's
+    checkpoints aside, and B's events are moved aside likewise, so A's next epochs are not written into B's
+    curves."""
     from hookfit.plugins.checkpoint import Checkpoint
 
     folder = tmp_path / "run"
