@@ -31,7 +31,8 @@ def where(run: Run, error: BaseException) -> str:
     it was raised by a hook implementation that code called (an event it fired, as a managed
     ``step()`` fires ``before_optimizer_step``): then that implementation is blamed, the plugin
     code and the step named as where it was called from. An error of none of them before the
-    first epoch began (a run folder another live process holds) says the run was refused."""
+    first epoch began says the run was refused where hookfit raised it (a run folder another live
+    process holds), else that it raised before the first epoch began (a ``len()`` of the data)."""
     pm = run.pm
     owners = _owners(pm)
     config = run.config  # the steps as given (named in messages), and as wrapped (wrap_step), which run
@@ -79,7 +80,13 @@ def where(run: Run, error: BaseException) -> str:
     if fetch is not None:
         return f"hookfit: {fetch}"
     if not run.started:  # (configure, the claim of the run folder, the checks and the resume before the first epoch)
-        return "hookfit: the run was refused before it began (no epoch had started)"
+        last = error.__traceback__
+        while last is not None and last.tb_next is not None:
+            last = last.tb_next
+        name = "" if last is None else str(last.tb_frame.f_globals.get("__name__", ""))
+        if name == "hookfit" or name.startswith("hookfit."):  # raised by hookfit itself: it refused the run
+            return "hookfit: the run was refused before it began (no epoch had started)"
+        return "hookfit: raised before the run's first epoch began"  # (the user's data, a library it called)
     return f"hookfit: raised during the run ({at})"
 
 

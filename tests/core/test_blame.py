@@ -155,6 +155,21 @@ def test_a_run_refused_before_it_began_says_so_not_epoch_1_outside_a_stage(tmp_p
         held.release()
 
 
+def test_data_that_raises_before_the_first_epoch_says_the_run_raised_before_it_began_not_that_it_was_refused() -> None:
+    """A training data whose ``len()`` raises (the user's code, called before the first epoch): its note says the run
+    raised before its first epoch began; "refused" is said only where hookfit refused the run (the test above)."""
+    class Broken:
+        def __len__(self) -> int:
+            raise ValueError("the data's own")
+
+        def __iter__(self) -> Any:
+            return iter([0])
+
+    with pytest.raises(ValueError, match="the data's own") as caught:
+        hookfit.Loop(lambda loop, batch: None, Broken(), model=torch.nn.Linear(1, 1), max_steps=3).fit()
+    assert caught.value.__notes__ == ["hookfit: raised before the run's first epoch began"], caught.value.__notes__
+
+
 def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() -> None:
     """optim's ``epoch_metrics`` raises inside the metrics plugin's ``stage_end``, which fires that
     event: the note blames optim's implementation and says where it was called from."""
