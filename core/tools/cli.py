@@ -339,8 +339,10 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     else:  # hookfit's own: the plugins are asked only if the usage is to be shown
         parser.complete = lambda: plugin_commands.add(sub, plugins, owners)
     args = parser.parse_args(argv)
-    # the command's own set_defaults(run=function), which an argument named run does not hide from here
-    run: Callable[[argparse.Namespace], int] | None = sub.choices[args.command].get_default("run")
+    # the function set_defaults(run=...) gave (a nested subcommand's own included); where an argument named run
+    # hid it, the command's parser still holds it
+    run: Callable[[argparse.Namespace], int] | None = (
+        args.run if callable(args.run) else sub.choices[args.command].get_default("run"))
     if not callable(run):
         print(f"hookfit {args.command}: the command of {owners.get(args.command, 'hookfit')} gives hookfit no "
               f"function to run: its parser's set_defaults(run=function) is {run!r}"

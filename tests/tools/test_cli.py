@@ -247,10 +247,9 @@ class RunArgument:
 @pytest.mark.bad_input
 def test_a_plugin_command_may_name_an_argument_run_and_one_that_hides_its_function_is_named(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """set_defaults(run=function) and an argument named run share ``args.run``: hookfit called the
-    argument's value ('str' object is not callable). It now takes the function from the command's
-    parser, so the argument is the plugin's; where none can be found, one line names the command
-    and the plugin."""
+    """set_defaults(run=function) and an argument named run share ``args.run``: hookfit takes the
+    function from the command's parser, so the argument is the plugin's; where none can be found,
+    one line names the command and the plugin."""
     from hookfit.tools import cli as command
 
     named = RunArgument()
@@ -266,6 +265,33 @@ def test_a_plugin_command_may_name_an_argument_run_and_one_that_hides_its_functi
     assert capsys.readouterr().err == (
         f"hookfit trace: the command of {here} gives hookfit no function to run: its parser's set_defaults(run="
         "function) is None\n")
+
+
+class Nested:
+    """A plugin command ``sync up|down`` whose subcommands each give their own ``set_defaults(run=...)``,
+    argparse's usual pattern for nested commands."""
+
+    name = "syncer"
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    @hookfit.hookimpl
+    def add_commands(self, commands):
+        parser = commands.add_parser("sync", help="sync runs")
+        nested = parser.add_subparsers(dest="direction", required=True)
+        for direction in ("up", "down"):
+            nested.add_parser(direction).set_defaults(run=lambda args, d=direction: self.ran.append(d) or 0)
+
+
+def test_a_plugin_command_with_subcommands_of_its_own_runs_the_one_chosen() -> None:
+    """A nested subcommand's set_defaults(run=...) is the function run, not the top command's (none)."""
+    from hookfit.tools import cli as command
+
+    nested = Nested()
+    assert command.main(["sync", "down"], plugins=[nested]) == 0
+    assert command.main(["sync", "up"], plugins=[nested]) == 0
+    assert nested.ran == ["down", "up"]
 
 
 @pytest.mark.bad_input
