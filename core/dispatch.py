@@ -297,20 +297,22 @@ class Dispatch:
 
         return recorded
 
-    def call_switched_off(self, name: str, *args: Any) -> None:
-        """Call event ``name`` (a teardown: ``fit_end``) of each observer switched off before it,
-        unless it was switched off in ``name`` itself, in the order they were switched off: each
-        alone, through pluggy's call path, guarded; its error is one more
-        :class:`hookfit.errors.ObserverWarning` naming it."""
+    def switched_off(self) -> list[str]:
+        """The observers switched off so far, in the order they were."""
+        return list(self.pm.switched_off)
+
+    def call_switched_off(self, name: str, observers: list[str], *args: Any) -> None:
+        """Call event ``name`` (a teardown: ``fit_end``) of each of ``observers``, switched off
+        before it began (:meth:`switched_off`, taken before the event: one switched off during it
+        got it, or failed in it): each alone, through pluggy's call path, guarded; its error is one
+        more :class:`hookfit.errors.ObserverWarning` naming it."""
         pm = self.pm
         spec_args = self._signature(self._caller(name))[0]
-        for off in [s for s in pm.silenced if s.hook != name]:
-            plugin = pm.switched_off.get(off.plugin)
-            opts = None if plugin is None else pm.parse_hookimpl_opts(plugin, name)
-            if opts is None:
+        for observer in observers:
+            impl = pm.switched_off[observer].get(name)
+            if impl is None:
                 continue
-            impl = pluggy.HookImpl(plugin, off.plugin, getattr(plugin, name), opts)
-            guarded = _replace(impl, _guard(impl, functools.partial(pm.warn_switched_off, off.plugin, name)))
+            guarded = _replace(impl, _guard(impl, functools.partial(pm.warn_switched_off, observer, name)))
             pm.execute(name, [guarded], dict(zip(spec_args, args)), False)
 
     def call_plugin(self, name: str, plugin: str, *args: Any) -> Any:

@@ -48,10 +48,14 @@ def finish(run: Run, failed: bool) -> None:
     try:
         state.stage = None
         state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
+        # a participant's stop_requested error kept from another thread that no boundary raised fails the run
+        errors = [] if (kept := run.stopping.kept()) is None else [(kept, "stop_requested")]
+        _failed_by(state, errors, failed)
+        off = run.hooks.switched_off()
         # the implementations after a failing one (the trylast renderers and loggers) see the status it made
         fit_end = run.hooks.call_all("fit_end", run, on_error=lambda error: _failed_by(state, [(error, "")], failed))
-        errors = [(error, "fit_end") for _, error in fit_end]
-        run.hooks.call_switched_off("fit_end", run)  # so that they release what they hold
+        errors += [(error, "fit_end") for _, error in fit_end]
+        run.hooks.call_switched_off("fit_end", off, run)  # so that they release what they hold
         _failed_by(state, errors, failed)  # results sees the status fit_end's errors made
         errors += [(error, "results") for error in results.ask(run)]
         _failed_by(state, errors, failed)

@@ -79,9 +79,10 @@ class PluginManager(pluggy.PluginManager):
         """``(plugin name, hookspecs)`` of the events plugins declared, in the order added."""
         self.infos: dict[str, PluginInfo] = {}
         self.silenced: list[Silenced] = []
-        self.switched_off: dict[str, object] = {}
-        """The observers switched off, by name: :meth:`hookfit.dispatch.Dispatch.teardown` still
-        gives them ``fit_end``."""
+        self.switched_off: dict[str, dict[str, pluggy.HookImpl]] = {}
+        """The observers switched off, by name, each with its hook implementations by event (as
+        registered: ``specname`` included): :meth:`hookfit.dispatch.Dispatch.call_switched_off`
+        still gives them ``fit_end``."""
         self.monitors = 0
         self._listeners: list[Callable[[], None]] = []
 
@@ -208,8 +209,9 @@ class PluginManager(pluggy.PluginManager):
         plugin = self.get_plugin(name)
         if plugin is None:  # already switched off (an error in another thread, say)
             return
+        self.switched_off[name] = {caller.name: impl for caller in self.get_hookcallers(plugin) or ()
+                                   for impl in caller.get_hookimpls() if impl.plugin is plugin}
         self.unregister(name=name)
-        self.switched_off[name] = plugin
         description = self.describe(name)
         self.silenced.append(Silenced(name, description, hook, error))
         warnings.warn(

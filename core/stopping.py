@@ -70,6 +70,12 @@ class Stopping:
                     self.failure = self.failure or error
         return request
 
+    def kept(self) -> BaseException | None:
+        """The :attr:`failure` kept, taken once: raised at a boundary, or by the run's end."""
+        with self._lock:
+            failure, self.failure = self.failure, None
+        return failure
+
     def asker(self, frame: FrameType | None) -> str | None:
         """Who is asking: the innermost registered plugin (a method of it, or a function of a
         plugin module) or step function on the stack from ``frame`` outwards."""
@@ -127,8 +133,8 @@ class Stopping:
                     f"(plugins: {', '.join(run.hooks.plugins('agree_stop'))})"
                 )
         if request is not None:
-            if self.failure is not None:  # (its listener failed on the thread that asked)
-                raise self.failure
+            if (failure := self.kept()) is not None:  # (its listener failed on the thread that asked)
+                raise failure
             raise Stop(request)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -652,8 +653,7 @@ def test_an_observer_failing_in_fit_end_does_not_fail_the_run() -> None:
 def test_an_observer_switched_off_still_gets_fit_end_once_to_release_what_it_holds(fails: bool) -> None:
     """A thread an observer starts at fit_start and stops at fit_end is stopped though the observer
     was switched off mid-run, whether the run completed or failed; fit_end's own error is one more
-    warning naming it, and the run's outcome is the run's (before, a switched-off observer never
-    got fit_end: its thread kept the process alive)."""
+    warning naming it, and the run's outcome is the run's."""
     import threading
 
     class Uploader:
@@ -708,6 +708,53 @@ def test_an_observer_switched_off_in_fit_end_gets_it_once() -> None:
     with pytest.warns(hookfit.ObserverWarning, match="'fit_end'"):
         state = hookfit.Loop(lambda l, b: None, [1], plugins=[observer]).fit()
     assert ends == [1] and state.silenced[0].hook == "fit_end"
+
+
+@pytest.mark.fault
+def test_an_observer_switched_off_gets_fit_end_by_its_specname_and_one_switched_off_inside_fit_end_once(
+        tmp_path: Path) -> None:
+    """An observer whose fit_end is registered under another name (``specname``) gets it; one switched
+    off inside fit_end (its checkpoint state refused by the checkpoint's final save there) gets it once."""
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    class Named:
+        name, observer = "named", True
+
+        def __init__(self) -> None:
+            self.released = 0
+
+        @hookfit.hookimpl
+        def batch_end(self):
+            raise OSError("off")
+
+        @hookfit.hookimpl(specname="fit_end")
+        def release(self):
+            self.released += 1
+
+    class Refused:
+        name, observer = "refused", True
+
+        def __init__(self) -> None:
+            self.ends = 0
+
+        @hookfit.hookimpl
+        def save_state(self):
+            return {"x": object()}
+
+        @hookfit.hookimpl
+        def fit_end(self):
+            self.ends += 1
+
+    model = torch.nn.Linear(3, 1)
+    data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
+    named, refused = Named(), Refused()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state = hookfit.Loop(lambda l, b: {"loss": torch.nn.functional.mse_loss(l.model(b[0]), b[1])}, data,
+                             model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_steps=2,
+                             run_dir=tmp_path, plugins=[Optim(), Checkpoint(), named, refused]).fit()
+    assert [s.plugin for s in state.silenced] == ["named", "refused"]
+    assert (named.released, refused.ends) == (1, 1)
 
 
 @pytest.mark.fault

@@ -234,9 +234,8 @@ def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> 
 
 @pytest.mark.fault
 def test_a_participant_failing_at_a_stop_asked_from_another_thread_fails_the_run_naming_it() -> None:
-    """Its stop_requested runs on the thread that asked: the error went to that thread (a watchdog's,
-    a dashboard's), and the run ended "interrupted" as if nothing had failed. The asker now gets its
-    request; the run fails at the next boundary with the error, naming the plugin and the hook."""
+    """Its stop_requested runs on the thread that asked (a watchdog's, a dashboard's): the asker gets
+    its request; the run fails at the next boundary with the error, naming the plugin and the hook."""
     started, release, asked = threading.Event(), threading.Event(), []
 
     class Listener:
@@ -269,6 +268,33 @@ def test_a_participant_failing_at_a_stop_asked_from_another_thread_fails_the_run
     assert (loop.state.status, loop.state.step) == ("failed", 3)
     assert "plugin 'listener'" in " ".join(failed.value.__notes__) and "'stop_requested'" in " ".join(
         failed.value.__notes__)
+
+
+@pytest.mark.fault
+def test_a_participant_failing_at_a_stop_asked_from_another_thread_is_said_when_the_run_fails_first() -> None:
+    """The step fails before the boundary that would raise the kept error: the run fails with the step's
+    error, and the participant's is one more warning naming its hook, never lost."""
+
+    class Listener:
+        name = "listener"
+
+        @hookfit.hookimpl
+        def stop_requested(self, request):
+            raise RuntimeError(f"cannot stop for {request.reason}")
+
+    def step(loop, b):
+        if b == 2:
+            asker = threading.Thread(target=lambda: loop.request_stop("watchdog"))
+            asker.start()
+            asker.join(30)
+            raise ValueError("step fails at batch 2")
+
+    loop = hookfit.Loop(step, range(5), plugins=[Listener()])
+    with pytest.warns(hookfit.HookfitWarning, match="stop_requested failed while the run was already ending: "
+                                                    "RuntimeError: cannot stop for watchdog"):
+        with pytest.raises(ValueError, match="step fails at batch 2"):
+            loop.fit()
+    assert loop.state.status == "failed"
 
 
 @pytest.mark.parametrize("how", [{"ends_process": True}, {"complete": True}])
