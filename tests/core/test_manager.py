@@ -434,8 +434,7 @@ def test_plugins_inert_when_merely_discovered_get_no_event_even_after_a_failed_c
 def test_a_discovered_plugin_is_left_out_as_inert_by_its_entry_point_s_name(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_name: str) -> None:
     """A discovered plugin is named by its entry point: one with no ``name`` attribute, or another
-    name, that is inert merely discovered is left out of the run, as ``hookfit plugins`` lists it
-    (before, the run looked it up by its ``name`` attribute, found nothing and took it as chosen)."""
+    name, that is inert merely discovered is left out of the run, as ``hookfit plugins`` lists it."""
     site = make_dist(tmp_path / "site", "quiet-demo", {"quietdemo": "quiet_demo_mod:Quiet"}, {"quiet_demo_mod": f"""
         import hookfit
 

@@ -164,9 +164,9 @@ def test_hookfit_export_without_the_builtin_checkpoint_says_which_plugin_holds_t
 def test_a_bad_configuration_file_is_said_in_one_line_and_help_and_the_builtin_commands_stay(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], text: str,
         said: str) -> None:
-    """A file naming a plugin since uninstalled made ``hookfit --help``, ``show``, ``compare`` and
-    ``export`` end in a traceback; a file that is not TOML made ``show`` say the tui plugin was
-    disabled. Either is one line on stderr, and the commands are there as without the file."""
+    """A file naming a plugin since uninstalled, or a file that is not TOML: one line on stderr, and
+    ``hookfit --help``, ``show``, ``compare`` and ``export`` are there as without the file (the tui
+    plugin is not said to be disabled)."""
     from hookfit.tools import cli as command
 
     (tmp_path / "hookfit.toml").write_text(text)
@@ -198,9 +198,8 @@ class Commands:
 @pytest.mark.bad_input
 def test_a_plugin_whose_add_commands_fails_or_takes_a_name_adds_no_command_and_the_others_stay(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """One package's add_commands that raised, or took ``show``, ended ``hookfit --help`` and every
-    plugin command in a traceback naming no plugin; now one line names the plugin and its error or
-    the name and who has it, none of that plugin's commands is added, and the rest works."""
+    """One package's add_commands that raises, or takes ``show``: one line names the plugin and its
+    error or the name and who has it, none of that plugin's commands is added, and the rest works."""
     from hookfit.tools import cli as command
 
     monkeypatch.setenv("HOOKFIT_PLUGINS", "tui,checkpoint")
@@ -297,8 +296,8 @@ def test_a_plugin_command_with_subcommands_of_its_own_runs_the_one_chosen() -> N
 @pytest.mark.bad_input
 def test_the_usage_on_an_error_of_hookfit_s_own_command_names_every_command_as_help_does(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """``hookfit runs a b`` printed a usage naming hookfit's own commands alone, as if show,
-    compare, export and the plugins' commands did not exist."""
+    """The usage ``hookfit runs a b`` prints names every command ``hookfit --help`` lists: show,
+    compare, export and the plugins' commands with hookfit's own."""
     from hookfit.tools import cli as command
 
     monkeypatch.setenv("HOOKFIT_PLUGINS", "tui,checkpoint")
