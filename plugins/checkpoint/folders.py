@@ -112,12 +112,6 @@ class Preparing:
         if resuming is None:
             self.done()
 
-    def continues(self, resumed: Path) -> bool:
-        """Whether the run, resumed from ``resumed``, continues the checkpoints of the folder it writes in
-        (:func:`continued`), asked before :meth:`done` moves them aside; ``True`` where no folder is known here
-        (a new run folder, another process's)."""
-        return self.pending is None or continued(self.pending[0], resumed)
-
     def done(self) -> None:
         """The run resumed (or resumes from nothing): prepare its folder now, once."""
         if (pending := self.pending) is not None:

@@ -238,7 +238,7 @@ class Checkpoint:
             return False
         self.catalog.reading = path  # (its state names files at the paths they were written at)
         restore(loop, path, data, self.strict)
-        if loop.mode == "fit" and not self._preparing.continues(path):  # (the loggers set the folder's records aside)
+        if loop.mode == "fit" and not self._continues(loop, path):  # (the loggers set the folder's records aside)
             loop.resumes_apart()
         self._preparing.done()  # (a kill -9's files removed; an earlier run's moved aside, once restored)
         self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit", data["plugins"].get(self.name))
@@ -326,10 +326,18 @@ class Checkpoint:
     def _known_directory(self, loop: Run) -> Path | None:
         """This run's checkpoint folder when it may hold files already (a given ``dir`` or
         ``run_dir``, or the folder of the run this one continues), else ``None`` (a new run
-        folder, which asking for would create)."""
+        folder, which asking for would create); off the main process, the main one's (``None`` without
+        ``torch.distributed``)."""
         if (self.dir is not None and not loop.smoke) or loop.run_dir_given or self._continued:
-            return self.directory(loop)
+            return self.directory(loop) if loop.is_main else self._main_dir
         return None
+
+    def _continues(self, loop: Run, resumed: Path) -> bool:
+        """Whether the run, resumed from ``resumed``, continues the checkpoints of the folder they go to
+        (:func:`folders.continued`), asked before the main process moves them aside: the same on every process, each
+        deciding from the path and the main process's folder; ``True`` where that folder is a new one."""
+        folder = self._known_directory(loop)
+        return folder is None or folders.continued(folder, resumed)
 
     def save(self, loop: Run, reason: str, *, must: bool = False) -> Path | None:
         """Write a checkpoint of the run as it is now, its metric the score of the weights now

@@ -298,3 +298,39 @@ def test_an_earlier_runs_best_is_found_in_earlier_run_n_whatever_its_end_line_na
                          model=torch.nn.Linear(1, 1), run_dir=tmp_path,
                          plugins=[Metrics(), Checkpoint()]).validate(resume="best")
     assert Path(state.resumed_from.source) == folder / name(1)  # B's best
+
+
+@pytest.mark.parametrize("source", ["earlier", "own"])
+def test_every_process_says_alike_whether_a_resumed_run_continues_its_folders_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> None:
+    """Only the main process prepares the checkpoints' folder; a process of another rank (told the main one's
+    folder, as ``torch.distributed`` tells it) decides from the checkpoint and that folder too, so its
+    ``state.continues`` is the main one's: ``False`` for a run resumed from an earlier run's checkpoint set aside
+    in ``earlier-run-1/``, ``True`` for one resumed from the folder's own."""
+    from hookfit.plugins.checkpoint import ranks
+
+    folder = tmp_path / "checkpoints"
+    scored(tmp_path, [3.0], keep_last=1)
+    scored(tmp_path, [2.0], keep_last=1)  # the first run's checkpoint set aside into earlier-run-1/
+    path = folder / "earlier-run-1" / name(1) if source == "earlier" else folder / name(1)
+    monkeypatch.setattr(ranks, "main_directory", lambda loop, mine, checkpoint: None if loop.is_main else folder)
+    seen: dict[int, bool] = {}
+
+    class Rank:
+        name = "rank"
+
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+        @hookfit.hookimpl(tryfirst=True)
+        def configure(self, loop):
+            loop.state.rank, loop.state.world_size = self.rank, 2
+
+        @hookfit.hookimpl
+        def resumed(self, loop, info):
+            seen[loop.state.rank] = loop.state.continues
+
+    for rank in (1, 0):  # (the other rank first: the main one moves the folder's checkpoints aside)
+        hookfit.Loop(lambda loop, batch: None, [torch.zeros(1)], model=torch.nn.Linear(1, 1), max_epochs=2,
+                     run_dir=tmp_path, resume=path, plugins=[Metrics(), Checkpoint(background=False), Rank(rank)]).fit()
+    assert seen == {0: source == "own", 1: source == "own"}
