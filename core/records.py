@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -140,6 +141,19 @@ def recorded_identity(folder: Path) -> str | None:
     return None
 
 
+def earlier_numbers(folder: Path) -> set[int]:
+    """The ``N`` of the names ``earlier-run-N`` in the run folder ``folder`` and in its subfolders."""
+    def entries(where: Path) -> list[str]:
+        try:
+            return os.listdir(where)
+        except OSError:  # (missing, or not to be listed: the moves there say so)
+            return []
+
+    names = [*entries(folder), *(sub for entry in entries(folder) if (folder / entry).is_dir()
+                                 for sub in entries(folder / entry))]
+    return {int(n) for name in names for n in re.findall(r"earlier-run-(\d+)", name)}
+
+
 class RunFolder:
     """The folder of one run and its ``run.jsonl``: created on first use, so a run that writes
     nothing gets no folder. The main process locks it on first use (:class:`FolderLock`) until
@@ -159,6 +173,7 @@ class RunFolder:
         self.refused: FolderInUse | None = None  # raised again at every later use
         self.over = False  # the run ended (record_end): a later use takes no lock and records nothing
         self.log: RunFile | None = None  # run.jsonl, once the run has a folder
+        self.earlier: tuple[Path | None, int] | None = None  # (the folder, earlier_run() there), once asked
 
     @property
     def path(self) -> Path:
@@ -236,6 +251,14 @@ class RunFolder:
             except FileExistsError:
                 n += 1
                 candidate = base.with_name(f"{stamp}-{n}")
+
+    def earlier_run(self) -> int:
+        """See :attr:`hookfit.run.Run.earlier_run`: counted at the first ask (and again only if the folder was
+        changed since), without making the folder."""
+        if self.earlier is None or self.earlier[0] != self.folder:
+            taken = set() if self.folder is None else earlier_numbers(self.folder)
+            self.earlier = (self.folder, 1 + max(taken, default=0))
+        return self.earlier[1]
 
     def continue_in(self, folder: str | os.PathLike[str]) -> None:
         """See :meth:`hookfit.run.Run.continue_in`."""

@@ -66,7 +66,8 @@ class Run:
       ``config`` (the ``Loop``), ``name``, ``resume``; a plugin that makes a smoke run changes
       the bounds and ``resume`` at ``configure`` (see :attr:`smoke`);
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
-      ``continue_in(folder)``, ``resumes_apart()``, ``place_run_dir(folder, released)``, ``is_main``, ``wrap_step(wrapper)``;
+      ``continue_in(folder)``, ``resumes_apart()``, ``place_run_dir(folder, released)``, ``earlier_run``, ``is_main``,
+      ``wrap_step(wrapper)``;
     * ``carry``: what the step carries from one batch to the next (an RNN's hidden state), a
       dict of the current stage that is saved with the run's position and restored on resume
       (see :attr:`carry`);
@@ -167,6 +168,14 @@ class Run:
         if self.started:
             raise RuntimeError("resumes_apart() must be called before the first epoch (from a resume implementation)")
         self.apart = True
+
+    @property
+    def earlier_run(self) -> int:
+        """The ``N`` under which this run sets aside what an earlier run left in its folder (``earlier-run-N/``,
+        ``<name>.earlier-run-N.<ext>``): one more than the highest ``N`` of those names in the run folder and its
+        subfolders, counted once, before any plugin of this run set anything aside, so that every plugin sets one
+        earlier run's files aside under the same ``N``. Asking makes no folder (a new one: ``1``)."""
+        return self.folder.earlier_run()
 
     def continue_in(self, folder: str | os.PathLike[str]) -> None:
         """Make ``folder`` (an earlier run's folder) this run's folder: a resume plugin calls it

@@ -215,7 +215,7 @@ class CSVLogger:
 
         stayed = set_aside(folder, names, self.name, lambda name, n: name.replace(".csv", f".earlier-run-{n}.csv"),
                            fresh, stuck="it is left as it is and this run does not write it", advice=advice,
-                           also=TABLES)
+                           least=loop.earlier_run, also=TABLES)
         for table in tables:
             table.stuck = table.name in stayed
 

@@ -377,7 +377,8 @@ class TensorBoard:
                           lambda stayed: "TensorBoard shows them as a run of their own, this run's events in a "
                                          "fresh file", stuck="this run's events are written beside it, in the same "
                                                              "TensorBoard run",
-                          advice="Give each run its own run_dir, or resume it (resume='latest') to continue it")
+                          advice="Give each run its own run_dir, or resume it (resume='latest') to continue it",
+                          least=loop.earlier_run)
             except OSError:  # a run folder that cannot be made or listed: the file's writes say so
                 pass
         self._file = run_file(loop, os.path.join(folder, _event_file_name(loop, folder)), self.name, binary=True)

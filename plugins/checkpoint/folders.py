@@ -57,13 +57,13 @@ def _make(directory: Path, owner: str) -> None:
         raise
 
 
-def prepare(folder: Path, continues: bool, run_folder: Path | None = None) -> None:
+def prepare(folder: Path, continues: bool, least: int = 1) -> None:
     """Before a run writes in ``folder`` (main process, at ``fit_start``): the temporary files of writes that a
     killed process left removed; unless the run ``continues`` the checkpoints there (it resumed from one of them),
     every checkpoint an earlier run left there (``epoch*.pt``, sharded ``epoch*.dcp``, ``failed-*`` ones) moved
-    into the subfolder ``earlier-run-N/`` (``N`` one more than the highest there, and at least the highest
-    ``earlier-run-N`` in ``run_folder``, the run folder ``folder`` is in, where the loggers set the same run's
-    files aside: :func:`~hookfit.plugins.support.logger.move_aside`), never deleted nor written over, and warned of
+    into the subfolder ``earlier-run-N/`` (``N`` one more than the highest there, and at least ``least``: in the
+    run folder, the run's ``loop.earlier_run``, under which the loggers set the same run's files aside:
+    :func:`~hookfit.plugins.support.logger.move_aside`), never deleted nor written over, and warned of
     once. One that cannot be moved stays, listed in :data:`~hookfit.plugins.checkpoint.storage.EARLIER`,
     with a warning naming it: no listing takes it, no ``keep_last`` prunes it, and this run's save of that name
     fails (``on_save_error``) rather than write over it. The run goes on either way."""
@@ -75,7 +75,7 @@ def prepare(folder: Path, continues: bool, run_folder: Path | None = None) -> No
     names = [] if continues else run_files(folder)
     if not names:
         return
-    number, moved, failed = move_aside(folder, names, lambda name, n: f"earlier-run-{n}/{name}", beside=run_folder)
+    number, moved, failed = move_aside(folder, names, lambda name, n: f"earlier-run-{n}/{name}", least=least)
     into = folder / f"earlier-run-{number}"
     if moved:
         shown = [name for name in moved if not name.startswith("failed-")] or moved
@@ -103,12 +103,12 @@ class Preparing:
     model's checkpoint) leaves an earlier run's files where they were."""
 
     def __init__(self) -> None:
-        self.pending: tuple[Path, bool, Path | None] | None = None
+        self.pending: tuple[Path, bool, int] | None = None
 
-    def start(self, folder: Path | None, resuming: Path | None, run_folder: Path | None = None) -> None:
-        """The run starts writing in ``folder`` (``None``: none known here), in the run folder ``run_folder``
-        (``None``: elsewhere), resuming from ``resuming``."""
-        self.pending = None if folder is None else (folder, continued(folder, resuming), run_folder)
+    def start(self, folder: Path | None, resuming: Path | None, least: int = 1) -> None:
+        """The run starts writing in ``folder`` (``None``: none known here), resuming from ``resuming``; what it
+        moves aside goes under an ``N`` of at least ``least`` (:func:`prepare`)."""
+        self.pending = None if folder is None else (folder, continued(folder, resuming), least)
         if resuming is None:
             self.done()
 

@@ -223,9 +223,9 @@ class Checkpoint:
         if loop.is_main and loop.mode == "fit" and not self.off:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
-            folder = self._known_directory(loop)  # (in the run folder: an earlier run's N counted over it too)
-            run_folder = None if folder is None or (self.dir is not None and not loop.smoke) else folder.parent
-            self._preparing.start(folder, None if self._pending is None else self._pending[1], run_folder)
+            folder = self._known_directory(loop)  # (in the run folder: the run's one N for an earlier run's files)
+            least = 1 if folder is None or (self.dir is not None and not loop.smoke) else loop.earlier_run
+            self._preparing.start(folder, None if self._pending is None else self._pending[1], least)
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:

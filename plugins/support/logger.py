@@ -134,17 +134,18 @@ def afresh(loop: Run) -> bool:
 
 
 def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str, int], str],
-              fresh: Callable[[list[str]], str], *, stuck: str, advice: str, also: Iterable[str] = ()) -> list[str]:
-    """Before a run that writes afresh (:func:`afresh`) writes in ``folder``: ``names``, what an
+              fresh: Callable[[list[str]], str], *, stuck: str, advice: str, least: int,
+              also: Iterable[str] = ()) -> list[str]:
+    """Before a run that writes afresh (:func:`afresh`) writes in ``folder``, its run folder: ``names``, what an
     earlier run wrote there, renamed ``renamed(name, N)``, never deleted nor written over. ``N`` is
     one more than the highest number of an ``earlier-run-N`` taken for any of them or for the names ``also``
-    (what the logger sets aside there on other runs), a subfolder as a whole, and at least the highest
-    ``earlier-run-N`` in ``folder`` and its subfolders (what other plugins set aside: :func:`move_aside`): so
-    one ``N`` is one earlier run's, and later runs count up. One :class:`~hookfit.HookfitWarning` names what
+    (what the logger sets aside there on other runs), a subfolder as a whole, and at least ``least``: the run's
+    ``loop.earlier_run`` (:attr:`hookfit.run.Run.earlier_run`), the one ``N`` every plugin of the run sets one
+    earlier run's files aside under (:func:`move_aside`); later runs count up. One :class:`~hookfit.HookfitWarning` names what
     moved and where (``fresh(stayed)``: what this run writes instead, given the names that stayed; ``advice``:
     how to keep runs apart). One that cannot be moved stays, with a :class:`~hookfit.files.FileWarning`
     naming it (``stuck``: what becomes of it); the run goes on. Returns the names that stayed."""
-    number, moved, failed = move_aside(folder, names, renamed, also, beside=folder)
+    number, moved, failed = move_aside(folder, names, renamed, also, least=least)
     for name, error in failed.items():
         warnings.warn(f"{owner}: could not set {folder / name} of an earlier run aside as "
                       f"{folder / renamed(name, number)} ({type(error).__name__}: {error}); {stuck}", FileWarning,
@@ -159,23 +160,19 @@ def set_aside(folder: Path, names: list[str], owner: str, renamed: Callable[[str
 
 
 def move_aside(folder: Path, names: list[str], renamed: Callable[[str, int], str], also: Iterable[str] = (),
-               beside: Path | None = None) -> tuple[int, list[str], dict[str, OSError]]:
+               least: int = 1) -> tuple[int, list[str], dict[str, OSError]]:
     """``names`` (files or folders in ``folder``) renamed ``renamed(name, N)``, never deleted nor
     written over: ``N`` is one more than the highest number taken for any of them or of the names
     ``also``, a subfolder (``earlier-run-N/``) taken as a whole, so one ``N`` is one earlier run's and
-    later runs count up, the newest the highest even after an earlier one was deleted. ``beside``: the run
-    folder ``folder`` is in (or is), where the other plugins set an earlier run's files aside: ``N`` is at
-    least the highest ``earlier-run-N`` named in it or in its subfolders, so that what each sets aside of one
-    earlier run has one ``N``. Returns ``N``, the names moved, and those that could not be, each with its error."""
+    later runs count up, the newest the highest even after an earlier one was deleted; and at least
+    ``least``: in the run folder, the run's ``loop.earlier_run`` (:attr:`hookfit.run.Run.earlier_run`), so that
+    what each plugin sets aside of one earlier run has one ``N``. Returns ``N``, the names moved, and those that could not be, each with its error."""
     def taken(new: Path) -> bool:  # (a subfolder of the folder, such as earlier-run-1/, is taken whole)
         return os.path.lexists(folder / new.relative_to(folder).parts[0])
 
-    numbers = _numbers(folder)
-    number = 1 + max((n for n in numbers if any(taken(folder / renamed(name, n)) for name in [*names, *also])),
-                     default=0)
-    if beside is not None:
-        subfolders = [beside / entry for entry in _entries(beside) if (beside / entry).is_dir()]
-        number = max([number, *_numbers(beside), *(n for sub in subfolders for n in _numbers(sub))])
+    numbers = _numbers(folder)  # (candidates: only those taken by a name renamed count)
+    number = max(least, 1 + max((n for n in numbers if any(taken(folder / renamed(name, n))
+                                                           for name in [*names, *also])), default=0))
     moved: list[str] = []
     failed: dict[str, OSError] = {}
     for name in names:
@@ -197,7 +194,7 @@ def _entries(folder: Path) -> list[str]:
 
 
 def _numbers(folder: Path) -> set[int]:
-    """The numbers ``N`` of the names ``earlier-run-N`` in ``folder``."""
+    """The numbers ``N`` of the names holding ``earlier-run-N`` in ``folder``."""
     return {int(n) for entry in _entries(folder) for n in re.findall(r"earlier-run-(\d+)", entry)}
 
 

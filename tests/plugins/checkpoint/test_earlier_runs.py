@@ -274,6 +274,27 @@ def test_one_earlier_run_has_one_number_for_its_checkpoints_and_its_tables(tmp_p
     assert (tmp_path / "checkpoints" / "earlier-run-2").is_dir() and not (tmp_path / "metrics.earlier-run-1.csv").exists()
 
 
+def test_one_earlier_run_has_one_number_whichever_plugin_sets_aside_first(tmp_path: Path) -> None:
+    """Run 1 with a CSV logger alone, runs 2 and 3 with a checkpoint too, in one run_dir: run 3 set run 2's
+    checkpoints aside first, counting run 1's ``metrics.earlier-run-1.csv`` as the highest (1), and its table after
+    them, as the next (2). The run's one ``N`` is counted before anything of it moved: 2 for both."""
+    from hookfit.plugins.csv_log import CSVLogger
+
+    def fit(loss: float, *checkpoint: Checkpoint) -> None:
+        hookfit.Loop(lambda loop, batch: {"loss": loss}, [torch.zeros(1)], model=torch.nn.Linear(1, 1), max_epochs=1,
+                     run_dir=tmp_path, plugins=[Metrics(), CSVLogger(every_publication=False), *checkpoint]).fit()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit(1.0)
+        fit(2.0, Checkpoint(background=False))
+        table, checkpoints = (tmp_path / "metrics.csv").read_text(), own(tmp_path / "checkpoints")
+        fit(3.0, Checkpoint(background=False))
+    assert (tmp_path / "metrics.earlier-run-2.csv").read_text() == table
+    assert contents(tmp_path / "checkpoints" / "earlier-run-2") == checkpoints
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("earlier-run-*")) == ["earlier-run-2"]
+
+
 def test_an_earlier_runs_best_is_found_in_earlier_run_n_whatever_its_end_line_names(tmp_path: Path) -> None:
     """Run A (best: epoch 2), then B afresh in its run_dir: A's ``run.jsonl`` end line still names its best at the
     path it was written at, which is no longer A's (the record is never rewritten). No reader takes that path:
