@@ -141,17 +141,32 @@ def recorded_identity(folder: Path) -> str | None:
     return None
 
 
+ASIDE_FOLDER = re.compile(r"earlier-run-(\d+)")
+"""The name of a subfolder that holds what a run set aside of an earlier run, in the run folder or in a subfolder
+of it (``checkpoints/earlier-run-N/``)."""
+ASIDE_FILE = re.compile(r".+\.earlier-run-(\d+)\.[^.]+")
+"""The name of a file that a run set aside of an earlier run in the run folder (``metrics.earlier-run-N.csv``)."""
+
+
 def earlier_numbers(folder: Path) -> set[int]:
-    """The ``N`` of the names ``earlier-run-N`` in the run folder ``folder`` and in its subfolders."""
+    """The ``N`` of the names hookfit gives what runs set aside in the run folder ``folder``: its subfolders
+    ``earlier-run-N`` and those of its subfolders (:data:`ASIDE_FOLDER`), and its files ``<name>.earlier-run-N.<ext>``
+    (:data:`ASIDE_FILE`); no other name counts, whatever it holds (a user's ``data/earlier-run-20261130.npz``)."""
     def entries(where: Path) -> list[str]:
         try:
             return os.listdir(where)
         except OSError:  # (missing, or not to be listed: the moves there say so)
             return []
 
-    names = [*entries(folder), *(sub for entry in entries(folder) if (folder / entry).is_dir()
-                                 for sub in entries(folder / entry))]
-    return {int(n) for name in names for n in re.findall(r"earlier-run-(\d+)", name)}
+    found: set[int] = set()
+    for entry in entries(folder):
+        path = folder / entry
+        if (aside := ASIDE_FOLDER.fullmatch(entry) or ASIDE_FILE.fullmatch(entry)) is not None:
+            found.add(int(aside[1]))
+        elif path.is_dir():
+            found |= {int(aside[1]) for sub in entries(path)
+                      if (aside := ASIDE_FOLDER.fullmatch(sub)) is not None and (path / sub).is_dir()}
+    return found
 
 
 class RunFolder:

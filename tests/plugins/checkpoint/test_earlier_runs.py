@@ -295,6 +295,24 @@ def test_one_earlier_run_has_one_number_whichever_plugin_sets_aside_first(tmp_pa
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("earlier-run-*")) == ["earlier-run-2"]
 
 
+def test_a_users_file_that_names_earlier_run_sets_no_number(tmp_path: Path) -> None:
+    """A user's ``data/earlier-run-20261130.npz`` in the run folder is none of hookfit's names: an earlier run's
+    checkpoints and table go to ``earlier-run-1``, not ``earlier-run-20261130``."""
+    from hookfit.plugins.csv_log import CSVLogger
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "earlier-run-20261130.npz").write_bytes(b"user")
+    (tmp_path / "notes.earlier-run-7").write_text("user")  # (no extension: no table a logger set aside)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            hookfit.Loop(lambda loop, batch: {"loss": 1.0}, [torch.zeros(1)], model=torch.nn.Linear(1, 1),
+                         max_epochs=1, run_dir=tmp_path,
+                         plugins=[Metrics(), CSVLogger(every_publication=False), Checkpoint(background=False)]).fit()
+    assert (tmp_path / "metrics.earlier-run-1.csv").is_file()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("earlier-run-*")) == ["earlier-run-1"]
+
+
 def test_an_earlier_runs_best_is_found_in_earlier_run_n_whatever_its_end_line_names(tmp_path: Path) -> None:
     """Run A (best: epoch 2), then B afresh in its run_dir: A's ``run.jsonl`` end line still names its best at the
     path it was written at, which is no longer A's (the record is never rewritten). No reader takes that path:
