@@ -164,9 +164,12 @@ class Run:
         """Said by a ``resume`` implementation before it returns: the checkpoint it resumed from is not the one the
         records in the run's folder go on from (an earlier run's, which a later run's records there follow), so
         the run sets them aside as a run that did not resume does (``state.continues`` stays ``False``). A resumed
-        fit that does not say it continues them."""
-        if self.started:
-            raise RuntimeError("resumes_apart() must be called before the first epoch (from a resume implementation)")
+        fit that does not say it continues them. Called after that (once the core has set ``state.continues``: at
+        ``resumed`` or later), it raises a ``RuntimeError``, the decision being made and read already."""
+        if self.started or self.state.resumed_from is not None:
+            raise RuntimeError("loop.resumes_apart() was called after the run resumed (state.continues is set once "
+                               "the resume implementation returns, and the loggers have read it): call it from the "
+                               "plugin's resume implementation, before it returns")
         self.apart = True
 
     @property

@@ -131,6 +131,25 @@ def test_a_resume_that_gives_the_position_but_returns_no_source_is_an_error_nami
         hookfit.Loop(lambda l, b: None, [1, 2], resume="latest", plugins=[Forgetful()]).fit()
 
 
+@pytest.mark.bad_input
+def test_resumes_apart_called_once_the_run_resumed_is_an_error_naming_the_plugin() -> None:
+    """``state.continues`` is decided when the resume implementation returns, and the loggers read it at
+    ``resumed``: a plugin that says ``loop.resumes_apart()`` there or later is refused, the error naming it,
+    where it was ignored and the run went on continuing the folder's records."""
+
+    class Late:
+        name = "late"
+
+        @hookfit.hookimpl
+        def resumed(self, loop, info):
+            loop.resumes_apart()
+
+    with pytest.raises(RuntimeError, match=r"resumes_apart\(\) was called after the run resumed") as raised:
+        hookfit.Loop(lambda loop, batch: None, [1, 2], resume="latest", plugins=[Resumer(), Late()]).fit()
+    assert any("plugin 'late'" in note and "'resumed'" in note for note in raised.value.__notes__), \
+        raised.value.__notes__
+
+
 def stateful_resumer(data):
     """Puts the run mid-epoch with the loader's own state saved after two batches, as a checkpoint does."""
     from hookfit.position import iterator_rng_state, rng_state
