@@ -232,18 +232,21 @@ def test_a_request_from_another_thread_is_honoured_after_the_current_batch() -> 
         "interrupted", 3, "from a thread", "a scheduler")
 
 
+class FailsToStop:
+    """A participant whose ``stop_requested`` raises."""
+
+    name = "listener"
+
+    @hookfit.hookimpl
+    def stop_requested(self, request):
+        raise RuntimeError(f"cannot stop for {request.reason}")
+
+
 @pytest.mark.fault
 def test_a_participant_failing_at_a_stop_asked_from_another_thread_fails_the_run_naming_it() -> None:
     """Its stop_requested runs on the thread that asked (a watchdog's, a dashboard's): the asker gets
     its request; the run fails at the next boundary with the error, naming the plugin and the hook."""
     started, release, asked = threading.Event(), threading.Event(), []
-
-    class Listener:
-        name = "listener"
-
-        @hookfit.hookimpl
-        def stop_requested(self, request):
-            raise RuntimeError(f"cannot stop for {request.reason}")
 
     def step(loop, b):
         if b == 2:
@@ -258,7 +261,7 @@ def test_a_participant_failing_at_a_stop_asked_from_another_thread_fails_the_run
             asked.append(error)
         release.set()
 
-    loop = hookfit.Loop(step, range(100), plugins=[Listener()])
+    loop = hookfit.Loop(step, range(100), plugins=[FailsToStop()])
     asker = threading.Thread(target=ask)
     asker.start()
     with pytest.raises(RuntimeError, match="cannot stop for watchdog") as failed:
@@ -275,13 +278,6 @@ def test_a_participant_failing_at_a_stop_asked_from_another_thread_is_said_when_
     """The step fails before the boundary that would raise the kept error: the run fails with the step's
     error, and the participant's is one more warning naming its hook, never lost."""
 
-    class Listener:
-        name = "listener"
-
-        @hookfit.hookimpl
-        def stop_requested(self, request):
-            raise RuntimeError(f"cannot stop for {request.reason}")
-
     def step(loop, b):
         if b == 2:
             asker = threading.Thread(target=lambda: loop.request_stop("watchdog"))
@@ -289,7 +285,7 @@ def test_a_participant_failing_at_a_stop_asked_from_another_thread_is_said_when_
             asker.join(30)
             raise ValueError("step fails at batch 2")
 
-    loop = hookfit.Loop(step, range(5), plugins=[Listener()])
+    loop = hookfit.Loop(step, range(5), plugins=[FailsToStop()])
     with pytest.warns(hookfit.HookfitWarning, match="stop_requested failed while the run was already ending: "
                                                     "RuntimeError: cannot stop for watchdog"):
         with pytest.raises(ValueError, match="step fails at batch 2"):

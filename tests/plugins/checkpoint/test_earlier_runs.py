@@ -35,6 +35,19 @@ def scored(run_dir: Path | None, scores: list[float], keep_last: int, **options:
                         plugins=[Metrics(), checkpoint], **options).fit()
 
 
+def unmovable(monkeypatch: pytest.MonkeyPatch, stuck: Path) -> object:
+    """``os.rename`` refusing to move ``stuck`` (PermissionError) from now on; returns the real one, to put back."""
+    rename = os.rename
+
+    def refused(source, target, *args, **kwargs):
+        if Path(source) == stuck:
+            raise PermissionError(13, "Permission denied", str(source))
+        return rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", refused)
+    return rename
+
+
 def contents(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` (its path inside) and its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -100,14 +113,7 @@ def test_a_checkpoint_that_cannot_be_moved_aside_is_named_and_never_written_over
     scored(tmp_path, [3.0, 1.0, 4.0, 2.0], keep_last=4)
     stuck = folder / name(2)
     earlier = stuck.read_bytes()
-    rename = os.rename
-
-    def refused(source, target, *args, **kwargs):
-        if Path(source) == stuck:
-            raise PermissionError(13, "Permission denied", str(source))
-        return rename(source, target, *args, **kwargs)
-
-    monkeypatch.setattr(os, "rename", refused)
+    rename = unmovable(monkeypatch, stuck)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state = scored(tmp_path, [5.0, 6.0, 7.0, 8.0], keep_last=1)
@@ -144,14 +150,7 @@ def test_a_run_resumed_from_earlier_run_n_keeps_its_best_that_could_not_be_moved
     folder = old / "checkpoints"
     scored(old, [3.0, 1.0, 4.0, 2.0], keep_last=4)
     stuck = folder / name(2)
-    rename = os.rename
-
-    def refused(source, target, *args, **kwargs):
-        if Path(source) == stuck:
-            raise PermissionError(13, "Permission denied", str(source))
-        return rename(source, target, *args, **kwargs)
-
-    monkeypatch.setattr(os, "rename", refused)
+    rename = unmovable(monkeypatch, stuck)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckpointWarning)
         scored(old, [5.0, 6.0, 7.0, 8.0], keep_last=1)

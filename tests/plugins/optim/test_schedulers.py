@@ -593,23 +593,23 @@ def test_a_per_step_scheduler_that_passes_its_schedule_in_the_first_epoch_is_tol
     assert fit(lambda opt: lr_scheduler.MultiStepLR(opt, [2, 4]), max_steps=4) == []  # the run ends before
 
 
+def told(make) -> list[str]:
+    """The "looks counted in epochs" warnings of a run of 3 epochs of 6 steps with the scheduler ``make(opt)`` makes."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(train_step, data(6), model=m, optimizers=opt, max_epochs=3,
+                     plugins=[Optim(schedulers=make(opt))]).fit()
+    return [str(w.message) for w in caught if "looks counted in epochs" in str(w.message)]
+
+
 def test_lambda_chained_and_sequential_schedules_counted_in_epochs_are_told_to_step_each_epoch() -> None:
     """The warning above is given for a LambdaLR whose factor falls below a thousandth within the first epoch (a
     decay written per epoch), and for a ChainedScheduler or SequentialLR with such a scheduler inside (a
     SequentialLR's each from its milestone). A lambda counted in steps, a warm-up then a cosine over the run's
     steps, say nothing, and a lambda that raises where it is asked is not judged."""
-    import warnings
-
     from hookfit.plugins.optim.schedulers import _passing
-
-    def told(make) -> list[str]:
-        m = model()
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            hookfit.Loop(train_step, data(6), model=m, optimizers=opt, max_epochs=3,
-                         plugins=[Optim(schedulers=make(opt))]).fit()
-        return [str(w.message) for w in caught if "looks counted in epochs" in str(w.message)]
 
     said = told(lambda opt: lr_scheduler.LambdaLR(opt, lambda epoch: 0.1 ** epoch))
     assert len(said) == 1 and said[0].startswith("optim: the LambdaLR of optimizer 'default' steps after each"), said
@@ -633,16 +633,6 @@ def test_a_lambda_schedule_is_judged_as_its_scheduler_is_and_a_chain_names_the_s
     CosineAnnealingLR(T_max=6) does not; one that ends a step earlier is told, as CosineAnnealingLR(T_max=5) is. The
     warning of a ChainedScheduler or SequentialLR names the scheduler inside it that passes its schedule."""
     import math
-    import warnings
-
-    def told(make) -> list[str]:
-        m = model()
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            hookfit.Loop(train_step, data(6), model=m, optimizers=opt, max_epochs=3,
-                         plugins=[Optim(schedulers=make(opt))]).fit()
-        return [str(w.message) for w in caught if "looks counted in epochs" in str(w.message)]
 
     for period, warned in ((6, False), (5, True)):
         assert bool(told(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=period))) is warned, period
