@@ -219,13 +219,12 @@ def _within(modules: dict[str, str], owner: str, tb: types.TracebackType | None)
     return True
 
 
-def warn_secondary(error: BaseException, hook: str) -> None:
-    """An error of ``hook`` while the run was already ending: a warning, never a replacement
-    of the error that ended it."""
+def warn_secondary(error: BaseException, hook: str, when: str = "while the run was already ending") -> None:
+    """An error of ``hook`` while the run was already ending (or ``when``, another error having ended
+    it): a warning, never a replacement of the error that ended it."""
     notes = "; ".join(getattr(error, "__notes__", []))
     warnings.warn(
-        f"{hook} failed while the run was already ending: {type(error).__name__}: {error}" + (f" ({notes})" if notes
-                                                                                             else ""),
+        f"{hook} failed {when}: {type(error).__name__}: {error}" + (f" ({notes})" if notes else ""),
         HookfitWarning,
         stacklevel=user_level(),
     )

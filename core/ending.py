@@ -45,12 +45,19 @@ def finish(run: Run, failed: bool) -> None:
     Last, the state's errors (``error``, ``silenced``) become :func:`detached` copies: a state
     kept after the run holds none of its frames; what ``fit()`` raises is the exception itself."""
     state = run.state
+    errors: list[tuple[BaseException, str]] = []
+    # a participant's stop_requested error kept from another thread that no boundary raised: the run's failure
+    # (named, the exception event told) where it had not failed, else one more warning, named
+    if (kept := run.stopping.kept()) is not None:
+        if failed:
+            kept.add_note(blame.where(run, kept))
+            blame.warn_secondary(kept, "stop_requested", "on the thread that asked for a stop, before the run failed")
+        else:
+            fail(run, kept)
+            errors.append((kept, "stop_requested"))
     try:
         state.stage = None
         state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
-        # a participant's stop_requested error kept from another thread that no boundary raised fails the run
-        errors = [] if (kept := run.stopping.kept()) is None else [(kept, "stop_requested")]
-        _failed_by(state, errors, failed)
         off = run.hooks.switched_off()
         # the implementations after a failing one (the trylast renderers and loggers) see the status it made
         fit_end = run.hooks.call_all("fit_end", run, on_error=lambda error: _failed_by(state, [(error, "")], failed))

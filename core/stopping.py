@@ -31,10 +31,14 @@ class Budget(Exception):
     """``max_steps`` training batches are done, inside an epoch (internal to the loop)."""
 
 
+HEARD = 30.0
+"""How long the loop waits at a boundary for another thread's ``stop_requested`` listeners to return."""
+
+
 class Stopping:
     """A run's stop request (:attr:`request`, ``None`` until one is asked) and its boundaries."""
 
-    __slots__ = ("run", "request", "failure", "_lock", "_thread")
+    __slots__ = ("run", "request", "failure", "_lock", "_thread", "_heard")
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -46,6 +50,8 @@ class Stopping:
         # re-entrant: a signal handler (the interrupter's) runs on the main thread, possibly
         # while the step function itself is inside ask()
         self._lock = threading.RLock()
+        self._heard = threading.Event()  # the request's stop_requested listeners have returned (set: none running)
+        self._heard.set()
 
     def ask(self, reason: str, by: str | None, complete: bool, caller: FrameType | None,
             ends_process: bool = False) -> StopRequest:
@@ -59,19 +65,28 @@ class Stopping:
         with self._lock:
             if self.request is None:
                 self.request = new
+                self._heard.clear()
             request = self.request
-        if request is new and (call := self.run.hooks.stop_requested) is not None:
-            try:
+        if request is not new:
+            return request
+        try:
+            if (call := self.run.hooks.stop_requested) is not None:
                 call(self.run, request)
-            except Exception as error:
-                if threading.get_ident() == self._thread:
-                    raise
-                with self._lock:
-                    self.failure = self.failure or error
+        except Exception as error:
+            if threading.get_ident() == self._thread:
+                raise
+            with self._lock:
+                self.failure = self.failure or error
+        finally:
+            self._heard.set()
         return request
 
     def kept(self) -> BaseException | None:
-        """The :attr:`failure` kept, taken once: raised at a boundary, or by the run's end."""
+        """The :attr:`failure` kept, taken once: raised at a boundary, or by the run's end; asked on the
+        loop's thread, once the request's listeners on the asking thread have returned (at most
+        :data:`HEARD` seconds: they must be quick)."""
+        if threading.get_ident() == self._thread:
+            self._heard.wait(HEARD)
         with self._lock:
             failure, self.failure = self.failure, None
         return failure

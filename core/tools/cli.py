@@ -342,7 +342,7 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     # the function set_defaults(run=...) gave (a nested subcommand's own included); where an argument named run
     # hid it, the command's parser still holds it
     run: Callable[[argparse.Namespace], int] | None = (
-        args.run if callable(args.run) else sub.choices[args.command].get_default("run"))
+        args.run if callable(getattr(args, "run", None)) else sub.choices[args.command].get_default("run"))
     if not callable(run):
         print(f"hookfit {args.command}: the command of {owners.get(args.command, 'hookfit')} gives hookfit no "
               f"function to run: its parser's set_defaults(run=function) is {run!r}"

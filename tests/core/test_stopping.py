@@ -286,10 +286,77 @@ def test_a_participant_failing_at_a_stop_asked_from_another_thread_is_said_when_
             raise ValueError("step fails at batch 2")
 
     loop = hookfit.Loop(step, range(5), plugins=[FailsToStop()])
-    with pytest.warns(hookfit.HookfitWarning, match="stop_requested failed while the run was already ending: "
-                                                    "RuntimeError: cannot stop for watchdog"):
+    with pytest.warns(hookfit.HookfitWarning, match="stop_requested failed on the thread that asked for a stop, "
+                                                    "before the run failed: RuntimeError: cannot stop for watchdog "
+                                                    r"\(.*plugin 'listener'"):
         with pytest.raises(ValueError, match="step fails at batch 2"):
             loop.fit()
+    assert loop.state.status == "failed"
+
+
+@pytest.mark.fault
+def test_a_kept_stop_requested_error_no_boundary_raised_fails_the_run_as_any_failure_does() -> None:
+    """A stop no boundary takes (``agree_stop`` answers False): the participant's error kept from the asking thread
+    fails the run at its end, as a failure inside it would: the ``exception`` event told, the note naming the
+    plugin and the hook."""
+    told: list[str] = []
+
+    class Refuses:
+        name = "refuses"
+
+        @hookfit.hookimpl
+        def agree_stop(self):
+            return False
+
+        @hookfit.hookimpl
+        def exception(self, error):
+            told.append(str(error))
+
+    def step(loop, b):
+        if b == 3:
+            asker = threading.Thread(target=lambda: loop.request_stop("watchdog"))
+            asker.start()
+            asker.join(30)
+
+    loop = hookfit.Loop(step, range(5), plugins=[FailsToStop(), Refuses()])
+    with pytest.raises(RuntimeError, match="cannot stop for watchdog") as failed:
+        loop.fit()
+    assert loop.state.status == "failed" and told == ["cannot stop for watchdog"]
+    assert "plugin 'listener'" in " ".join(failed.value.__notes__)
+
+
+@pytest.mark.fault
+def test_a_boundary_waits_for_the_asking_thread_s_listeners_before_it_stops() -> None:
+    """The loop reaches its boundary while the participant's ``stop_requested`` still runs on the thread that
+    asked: it waits for it, so the error it then raises fails the run (not lost with the run "interrupted")."""
+    import sys
+    import time
+
+    asked = threading.Event()
+    loop_thread = threading.get_ident()
+
+    class Slow(FailsToStop):
+        @hookfit.hookimpl
+        def stop_requested(self, request):
+            asked.set()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # until the loop's thread waits at the boundary for this listener
+                frame = sys._current_frames().get(loop_thread)
+                while frame is not None and frame.f_code.co_name != "kept":
+                    frame = frame.f_back
+                if frame is not None:
+                    break
+                time.sleep(0.001)
+            raise RuntimeError(f"cannot stop for {request.reason}")
+
+    def step(loop, b):
+        if b == 2:
+            threading.Thread(target=lambda: loop.request_stop("watchdog"), daemon=True).start()
+            assert asked.wait(30)
+
+    loop = hookfit.Loop(step, range(5), plugins=[Slow()])
+    with pytest.raises(RuntimeError, match="cannot stop for watchdog"):
+        loop.fit()
     assert loop.state.status == "failed"
 
 

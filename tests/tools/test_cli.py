@@ -265,6 +265,16 @@ def test_a_plugin_command_may_name_an_argument_run_and_one_that_hides_its_functi
         f"hookfit trace: the command of {here} gives hookfit no function to run: its parser's set_defaults(run="
         "function) is None\n")
 
+    class Bare:
+        name = "bare"
+
+        @hookfit.hookimpl
+        def add_commands(self, commands):
+            commands.add_parser("bare", help="no set_defaults at all")
+
+    assert command.main(["bare"], plugins=[Bare()]) == 2
+    assert capsys.readouterr().err.endswith("set_defaults(run=function) is None\n")
+
 
 class Nested:
     """A plugin command ``sync up|down`` whose subcommands each give their own ``set_defaults(run=...)``,
