@@ -218,9 +218,11 @@ class RunFolder:
         """At the run's start (after ``configure``), a folder another live process may hold is taken: one an
         evaluation (``Loop.validate()``) was given, and one that has a lock file (a run wrote there: a given
         ``run_dir`` used before, a resumed run's); held, the run is refused here, as the run's error, not where the
-        first plugin writes (an observer's error only switches it off). A new folder is made on first use."""
+        first plugin writes (an observer's error only switches it off). A new folder is made on first use. The
+        ``N`` of :meth:`earlier_run` is counted here."""
         if not self.run.is_main:
             return
+        self.earlier_run()  # counted before any plugin sets an earlier run's files aside, whichever asks first
         if self.given and self.run.mode != "fit":
             self.path  # noqa: B018 - the lock and run.jsonl's start, or FolderInUse
         elif self.folder is not None and (self.folder / LOCK).is_file():

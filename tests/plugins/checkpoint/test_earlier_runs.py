@@ -294,6 +294,24 @@ def test_one_earlier_run_has_one_number_whichever_plugin_sets_aside_first(tmp_pa
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("earlier-run-*")) == ["earlier-run-2"]
 
 
+def test_a_checkpoint_dir_inside_the_run_folder_shares_the_run_folder_s_number(tmp_path: Path) -> None:
+    """``Checkpoint(dir=run_dir/"ckpt")``: the earlier run's checkpoints and table are set aside under one ``N``,
+    whichever moves first."""
+    from hookfit.plugins.csv_log import CSVLogger
+
+    def fit(loss: float) -> None:
+        hookfit.Loop(lambda loop, batch: {"loss": loss}, [torch.zeros(1)], model=torch.nn.Linear(1, 1), max_epochs=1,
+                     run_dir=tmp_path, plugins=[Metrics(), CSVLogger(every_publication=False),
+                                                Checkpoint(dir=tmp_path / "ckpt", background=False)]).fit()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit(1.0)
+        fit(2.0)
+    assert sorted(p.name for p in tmp_path.glob("metrics.earlier-run-*")) == ["metrics.earlier-run-1.csv"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("earlier-run-*")) == ["earlier-run-1"]
+
+
 def test_a_users_file_that_names_earlier_run_sets_no_number(tmp_path: Path) -> None:
     """A user's ``data/earlier-run-20261130.npz`` in the run folder is none of hookfit's names: an earlier run's
     checkpoints and table go to ``earlier-run-1``, not ``earlier-run-20261130``."""
