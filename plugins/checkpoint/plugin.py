@@ -224,7 +224,7 @@ class Checkpoint:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
             folder = self._known_directory(loop)  # (in the run folder: the run's one N for an earlier run's files)
-            least = loop.earlier_run if folder is not None and _in_run_folder(self.dir, folder, loop) else 1
+            least = 1 if folder is None or (self.dir is not None and not loop.smoke) else loop.earlier_run
             self._preparing.start(folder, None if self._pending is None else self._pending[1], least)
 
     @hookimpl
@@ -391,10 +391,3 @@ class Checkpoint:
         is raised once every outcome is taken); a file pruning could not remove is kept on the
         list, to be tried again. ``more``: finished sharded writes, taken on every rank alike."""
         collect(self, loop, more)
-
-
-
-
-def _in_run_folder(given: Path | None, folder: Path, loop: Run) -> bool:
-    """Whether ``folder`` (``checkpoints/``, or a ``dir`` given inside a given ``run_dir``) counts in loop.earlier_run."""
-    return given is None or loop.smoke or (loop.run_dir_given and folder.resolve().is_relative_to(loop.run_dir.resolve()))
