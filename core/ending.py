@@ -46,15 +46,33 @@ def finish(run: Run, failed: bool) -> None:
     kept after the run holds none of its frames; what ``fit()`` raises is the exception itself."""
     state = run.state
     errors: list[tuple[BaseException, str]] = []
-    # a participant's stop_requested error kept from another thread that no boundary raised: the run's failure
-    # (named, the exception event told) where it had not failed, else one more warning, named
-    if (kept := run.stopping.kept()) is not None:
-        if failed:
-            kept.add_note(blame.where(run, kept))
-            blame.warn_secondary(kept, "stop_requested", "on the thread that asked for a stop, before the run failed")
-        else:
-            fail(run, kept)
-            errors.append((kept, "stop_requested"))
+    try:
+        _take_kept(run, failed, errors)
+    finally:  # a second Ctrl-C in an exception hook told of the kept error still ends the run
+        _end(run, failed, errors)
+    for exc, hook in errors if failed else errors[1:]:
+        blame.warn_secondary(exc, hook)
+    if errors and not failed:
+        raise errors[0][0]
+
+
+def _take_kept(run: Run, failed: bool, errors: list[tuple[BaseException, str]]) -> None:
+    """A participant's stop_requested error kept from another thread that no boundary raised: the run's
+    failure (named, the exception event told) where it had not failed, else one more warning, named."""
+    if (kept := run.stopping.kept()) is None:
+        return
+    if failed:
+        kept.add_note(blame.where(run, kept))
+        blame.warn_secondary(kept, "stop_requested", "on the thread that asked for a stop, before the run failed")
+    else:
+        errors.append((kept, "stop_requested"))
+        fail(run, kept)
+
+
+def _end(run: Run, failed: bool, errors: list[tuple[BaseException, str]]) -> None:
+    """``fit_end`` (observers switched off included), ``results``, then, whatever these raised, the end line
+    in ``run.jsonl``, the folder unlocked, the loaders' workers released and the state's errors detached."""
+    state = run.state
     try:
         state.stage = None
         state.ended_at = time.perf_counter()  # the run is over: what fit_end does is not its time
@@ -75,10 +93,6 @@ def finish(run: Run, failed: bool) -> None:
             if state.error is not None:
                 state.error = detached(state.error)
             state.silenced[:] = [dataclasses.replace(s, error=detached(s.error)) for s in state.silenced]
-    for exc, hook in errors if failed else errors[1:]:
-        blame.warn_secondary(exc, hook)
-    if errors and not failed:
-        raise errors[0][0]
 
 
 def _failed_by(state: State, errors: list[tuple[BaseException, str]], failed: bool) -> None:

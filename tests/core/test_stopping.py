@@ -4,6 +4,7 @@ next boundary; who asked; agree_stop across processes."""
 from __future__ import annotations
 
 import gc
+import json
 import re
 import signal
 import threading
@@ -323,6 +324,50 @@ def test_a_kept_stop_requested_error_no_boundary_raised_fails_the_run_as_any_fai
         loop.fit()
     assert loop.state.status == "failed" and told == ["cannot stop for watchdog"]
     assert "plugin 'listener'" in " ".join(failed.value.__notes__)
+
+
+@pytest.mark.fault
+def test_a_second_ctrl_c_in_the_exception_hook_told_of_a_kept_error_still_ends_the_run(tmp_path) -> None:
+    """The kept ``stop_requested`` error fails the run at its end; an ``exception`` implementation told of it is
+    where a second Ctrl-C lands: fit() raises it, and still ``fit_end`` fires, run.jsonl gets its end line
+    (failed, by the kept error) and the folder is unlocked (the next trial in the same run_dir starts)."""
+    ended: list[str] = []
+
+    class Impatient:
+        name = "impatient"
+
+        @hookfit.hookimpl
+        def agree_stop(self):
+            return False  # no boundary takes the stop: the error stays kept until the run's end
+
+        @hookfit.hookimpl
+        def fit_start(self, loop) -> None:
+            assert loop.run_dir == tmp_path  # the run has its folder and its lock
+
+        @hookfit.hookimpl
+        def exception(self, error):
+            raise KeyboardInterrupt("second SIGINT: aborting")
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            ended.append(loop.state.status)
+
+    def step(loop, b):
+        if b == 3:
+            asker = threading.Thread(target=lambda: loop.request_stop("watchdog"))
+            asker.start()
+            asker.join(30)
+
+    loop = hookfit.Loop(step, range(5), run_dir=tmp_path, plugins=[FailsToStop(), Impatient()])
+    with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+        loop.fit()
+    assert ended == ["failed"]
+    lines = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    ends = [line for line in lines if line["event"] == "end"]
+    assert [(end["status"], end["steps"]) for end in ends] == [("failed", 5)], ends
+    assert "cannot stop for watchdog" in ends[0]["reason"], ends
+    again = hookfit.Loop(lambda loop, b: None, [0], run_dir=tmp_path).fit()  # the folder is free
+    assert again.status == "completed"
 
 
 @pytest.mark.fault
