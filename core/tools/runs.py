@@ -24,16 +24,7 @@ rows that a resume abandoned are not the run's, nor those of an earlier history 
 ``Loop.validate()`` records in the folder are not fits, and a folder of them alone (a test
 ``Loop`` without ``run_dir``) is no training run (:attr:`RunInfo.evaluation`, :func:`find`).
 
-Without ``--metric``, a run's best value is that of the first metric the user configured a
-direction for, in the order given, a validation one first (:func:`default_metric`:
-``Metrics(best={"valid/auroc": "max", "valid/acc": "max"})``: ``valid/auroc``, whatever the order
-of the step's keys), else of its loss; ``hookfit runs`` lists runs newest first, ``hookfit
-compare`` ranked by that best value.
-Which value of a metric is best is what the run's log says (its last ``"best"`` line), else
-what the reader is told (``hookfit runs --mode``, ``hookfit compare --mode``), else, for a metric
-named ``loss`` only, ``"min"`` (the loss is what the step minimises: the metrics role's default).
-It is never guessed from other words in a name (``mae`` and ``perplexity`` are best low,
-``accuracy`` high): a metric without a direction has no best value.
+Which metric a run is judged by and which of its values is best: :mod:`hookfit.tools.metric_rows`.
 
 A run with no end line is *running* while the process that started it is alive on this
 machine, *unfinished* otherwise (killed, or on another machine that cannot be asked). A run's
@@ -49,25 +40,23 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeVar
 
 from hookfit.errors import HookfitWarning
 from hookfit.tools import jsonlines
 from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_epochs
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
+from hookfit.tools.metric_rows import (ROW_FIELDS, best, default_metric, direction, directions, final, finite,
+                                       metric_names, series)
 
 __all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
            "epoch_rows", "final", "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics",
            "resumed_from", "run_folders", "series"]
 
 Line = TypeVar("Line", bound=Mapping[str, Any])
-
-ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s", "stopped",
-                        "evaluation"})
-"""The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
 
 
 def current(lines: Iterable[Line]) -> list[Line]:
@@ -97,8 +86,8 @@ def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     mark = 0  # rows before the last resume line
     for line in lines:
         step = line.get("step")
-        if line.get("event") == "resume" and _number(step):
-            out = [r for r in out if r.get("event") not in ("epoch", "step") or not _number(r.get("step"))
+        if line.get("event") == "resume" and finite(step):
+            out = [r for r in out if r.get("event") not in ("epoch", "step") or not finite(r.get("step"))
                    or r["step"] <= step]
             mark = len(out)
         elif line.get("event") == "epoch" and mark:
@@ -108,10 +97,6 @@ def followed(lines: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             out, mark = kept + out[mark:], len(kept)
         out.append(dict(line))
     return out
-
-
-def _number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def is_run(folder: Path) -> bool:
@@ -160,96 +145,11 @@ def find(source: str | os.PathLike[str] | None, root: Path = Path("runs")) -> Pa
     return found
 
 
-def metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """``stage/metric`` names in ``rows`` (metrics rows), in order of appearance."""
-    names: dict[str, None] = {}
-    for row in rows:
-        for key, value in row.items():
-            if key not in ROW_FIELDS and not key.startswith("lr_") and isinstance(value, (int, float)):
-                names[f"{row.get('stage', 'train')}/{key}"] = None
-    return list(names)
-
-
 def epoch_rows(folder: Path) -> list[dict[str, Any]]:
     """The ``"epoch"`` rows of the run's ``metrics.jsonl``, along the line the run followed
     (:func:`followed`), damaged ones skipped and damaged values left out (:func:`read_metrics`;
     :func:`load` says which)."""
     return [r for r in followed(read_metrics(folder / "metrics.jsonl")) if r.get("event") == "epoch"]
-
-
-def default_metric(rows: Sequence[Mapping[str, Any]], known: Mapping[str, str] | None = None) -> str | None:
-    """The metric a run is judged by (its best value): the first one in ``known`` (the run's
-    directions, :func:`directions`) that ``rows`` have and that is not a loss, a validation one
-    first; else ``valid/loss`` when the run validated a loss, else ``train/loss``, else its first
-    metric. ``known`` is in the order of the log's ``"best"`` line: the order the user gave the
-    directions in (``Metrics(best={"valid/auroc": "max", "valid/acc": "max"})``: ``valid/auroc``)."""
-    names = metric_names(rows)
-    chosen = [name for name in (known or {}) if name in names and name.rsplit("/", 1)[-1] != "loss"]
-    ranked = [name for stage in ("valid/", "train/") for name in chosen if name.startswith(stage)]
-    return next(iter(ranked + [name for name in ("valid/loss", "train/loss") if name in names] + names), None)
-
-
-def directions(lines: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """``stage/metric`` -> ``"min"`` or ``"max"``: the last ``"best"`` line of a ``metrics.jsonl``
-    (the directions the user configured in the metrics plugin), ``{}`` without one."""
-    found: dict[str, str] = {}
-    for line in lines:
-        given = line.get("metrics") if line.get("event") == "best" else None
-        if isinstance(given, Mapping):
-            found = {str(k): v for k, v in given.items() if v in ("min", "max")}
-    return found
-
-
-def direction(metric: str, known: Mapping[str, str] | None = None) -> str | None:
-    """Which value of ``metric`` (``stage/name`` or a bare name) is best: ``known``'s entry for
-    it (by ``stage/name``, then by bare name), else ``"min"`` for a metric named ``loss``,
-    else ``None``: unknown, never guessed from the name."""
-    known = known or {}
-    name = metric.rsplit("/", 1)[-1]
-    found = known.get(metric) or known.get(name)
-    if found in ("min", "max"):
-        return found
-    return "min" if name == "loss" else None
-
-
-def series(rows: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, int, float]]:
-    """``(step, epoch, value)`` of ``stage/metric`` in ``rows``, NaN and infinite values
-    included (a run that diverged)."""
-    stage, key = metric.split("/", 1) if "/" in metric else ("train", metric)
-    out = []
-    for row in rows:
-        value = row.get(key)
-        if row.get("stage") == stage and jsonlines.numeric(value) and _number(row.get("step", 0)) and _number(row.get("epoch", 0)):
-            out.append((int(row.get("step", 0)), int(row.get("epoch", 0)), float(value)))
-    return out
-
-
-def best(rows: Sequence[Mapping[str, Any]], metric: str, mode: str | None = None) -> tuple[float, int] | None:
-    """The best value of ``metric`` over the epochs and its epoch (from 1), a stage a stop cut
-    short (``"stopped"``, :mod:`hookfit.plugins.metrics_log`) left out: the lowest for
-    ``mode="min"``, the highest for ``"max"``; ``mode=None``: the direction the rows' ``"best"``
-    line gives (:func:`direction`). ``None`` with no finite value or no direction."""
-    mode = mode or direction(metric, directions(rows))
-    points = [p for p in series([row for row in rows if not row.get("stopped")], metric)  # not a stage a stop
-              if math.isfinite(p[2])]  # cut short; a NaN or an infinity is never best
-    if not points or mode is None:
-        return None
-    pick = max if mode == "max" else min
-    _, epoch, value = pick(points, key=lambda p: p[2])
-    return value, epoch
-
-
-def final(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[tuple[float, int] | None, int | None]:
-    """The last value of ``metric`` in ``rows`` and its epoch (NaN or infinite where the run
-    diverged), ``None`` without one; and the epoch from which its values are not finite to the
-    last (the run diverged there), ``None`` when the last is finite."""
-    points = series(rows, metric)
-    if not points:
-        return None, None
-    since = len(points)
-    while since and not math.isfinite(points[since - 1][2]):
-        since -= 1
-    return (points[-1][2], points[-1][1]), (points[since][1] if since < len(points) else None)
 
 
 @dataclass(frozen=True)
@@ -313,8 +213,8 @@ def resumed_from(lines: Iterable[Mapping[str, Any]]) -> str | None:
     pending: Mapping[str, Any] | None = None
     for line in lines:
         event, step = line.get("event"), line.get("step")
-        if pending is not None and (event in ("epoch", "step") or event in ("end", "checkpoint") and _number(step)
-                                    and not (_number(pending.get("step")) and step <= pending["step"])):
+        if pending is not None and (event in ("epoch", "step") or event in ("end", "checkpoint") and finite(step)
+                                    and not (finite(pending.get("step")) and step <= pending["step"])):
             found, pending = pending, None
         pending = line if event == "resume" else pending
     return None if found is None else str(found.get("from"))
