@@ -13,10 +13,9 @@ import torch
 
 from hookfit import HookfitWarning, hookimpl
 from hookfit.errors import user_level
-from hookfit.data import length
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.support import Every, flag, integer, number, positive_int
-from hookfit.plugins.metrics import hookspecs, ranks
+from hookfit.plugins.metrics import hookspecs, ranks, snapshots
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
                                                is_complex, is_metric, metric_numbers)
 from hookfit.plugins.metrics.derived import Derived, Function
@@ -360,39 +359,6 @@ class Metrics:
             agg.read()
             values = agg.values(None if self._local else self._reduce(loop))
             self.derived.add(stage, values, final=False)
-        data = loop.val_data if stage == "valid" else loop.train_data
         if history is None:
             history = tuple(self.history.get(stage, ())) if final else ()
-        return MetricsSnapshot(
-            stage=stage,
-            epoch=loop.state.epoch,
-            max_epochs=loop.max_epochs,
-            step=loop.state.step,
-            batches=agg.batches,
-            total=length(data),
-            samples=agg.samples if agg.global_samples is None else agg.global_samples,
-            elapsed=agg.elapsed(),
-            values=MappingProxyType(values),
-            lr=MappingProxyType(_learning_rates(loop.optimizers)),
-            final=final,
-            history=history,
-            best=self.directions.of(stage, values),
-        )
-
-
-def _learning_rates(optimizers: object) -> dict[str, float]:
-    """Each parameter group's learning rate as ``<name>/<group>``: the group's ``"name"`` entry where it has one
-    of its own (the first group's too), else its index; an unnamed first group's as ``<name>``. Each the rate
-    of the optimizer's latest step where the optimizer role records it (``used_lrs``), else the group's now."""
-    named = optimizers if isinstance(optimizers, Mapping) else {} if optimizers is None else {"default": optimizers}
-    out: dict[str, float] = {}
-    for name, opt in named.items():
-        used = getattr(opt, "used_lrs", None) or ()
-        for index, group in enumerate(getattr(opt, "param_groups", None) or ()):
-            label = group.get("name")
-            label = label if isinstance(label, str) and label else index or None  # (None: an unnamed first group)
-            key = name if label is None else f"{name}/{label}"
-            while key in out:  # a group's name taken by another's (or its index)
-                key += f"#{index}"
-            out[key] = float(used[index] if index < len(used) else group["lr"])  # (a group added since: its own)
-    return out
+        return snapshots.build(loop, stage, agg, values, self.directions, final=final, history=history)
