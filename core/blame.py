@@ -9,7 +9,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from hookfit.errors import HookfitWarning, RefusedState, UsageError, user_level
+from hookfit.errors import HookfitWarning, RefusedAnswer, UsageError, user_level
 from hookfit.stopping import qualname
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,8 +66,8 @@ def where(run: Run, error: BaseException) -> str:
         if not hooks and step is None and tb.tb_frame.f_globals.get("__name__") in _LOOP:
             fetch = _fetching(tb, state.epoch + 1)
         tb = tb.tb_next
-    if hooks:  # a plugin's answer refused (RefusedState) blames that plugin's implementation
-        inner = error.implementation if isinstance(error, RefusedState) else hooks[-1]
+    if hooks:  # a plugin's answer refused (RefusedAnswer) blames that plugin's implementation
+        inner = error.implementation if isinstance(error, RefusedAnswer) else hooks[-1]
         between = hooks[0][1] in _BETWEEN  # (state.stage still names the stage before)
         return f"{_hook_note(pm, hooks[0], inner)} ({f'epoch {state.epoch + 1}, outside a stage' if between else at})"
     if wrapper is not None:
@@ -94,9 +94,11 @@ def hook_note(pm: Any, error: BaseException, plugin: str, hook: str) -> str:
     """The note of an error that ``plugin``'s implementation of ``hook`` let out (a guard that
     calls each implementation on its own, as ``fit_end``'s does): that implementation, or the
     innermost implementation of another hook it called (an event it fires), which is then the
-    one blamed, with ``plugin`` and ``hook`` named as where it was called from."""
+    one blamed, with ``plugin`` and ``hook`` named as where it was called from; an answer refused
+    (:class:`~hookfit.errors.RefusedAnswer`) blames the implementation that gave it."""
     owners = _owners(pm)
-    inner = _innermost(owners, error.__traceback__) or (plugin, hook)
+    inner = (error.implementation if isinstance(error, RefusedAnswer)
+             else _innermost(owners, error.__traceback__) or (plugin, hook))
     return _hook_note(pm, (plugin, hook), inner)
 
 

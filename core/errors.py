@@ -12,7 +12,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, ParamSpec, TypeVar
 
-__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "RefusedState", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "user_level"]
+__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "RefusedAnswer", "RefusedState", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "user_level"]
 
 
 class HookfitWarning(UserWarning):
@@ -32,13 +32,22 @@ class UsageError(Exception):
     and the function that refused it, not the plugin."""
 
 
-class RefusedState(TypeError):
+class RefusedAnswer(TypeError):
+    """A plugin's answer to an event that the plugin asking refuses (of a type it cannot take, under a name another
+    value has): its note blames the implementation that answered (``implementation``, ``(plugin, hook)``,
+    :func:`hookfit.blame.where`), not the plugin that asked."""
+
+    def __init__(self, plugin: str, hook: str, message: str) -> None:
+        super().__init__(message)
+        self.implementation = (plugin, hook)
+
+
+class RefusedState(RefusedAnswer):
     """A plugin's ``save_state`` answer that no checkpoint could be read back with: its note blames that
-    implementation (``implementation``, :func:`hookfit.blame.where`), not the plugin whose save gathered it."""
+    implementation, not the plugin whose save gathered it."""
 
     def __init__(self, plugin: str, message: str) -> None:
-        super().__init__(message)
-        self.implementation = (plugin, "save_state")
+        super().__init__(plugin, "save_state", message)
 
 
 class ErrorCopy(Exception):

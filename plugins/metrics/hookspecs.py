@@ -24,6 +24,12 @@ The metrics role. What the rest of hookfit reads from it, all of it, is what it 
   the metrics that have a direction, and only those: configured by the user, never guessed
   from a name, except ``loss``, which is ``"min"`` unless configured otherwise (the loss is
   what the step minimises). The built-in takes them from ``Metrics(best={...})``.
+* Values of other plugins: for each snapshot it builds (never per batch), the role asks
+  ``metrics_values(loop, stage)`` (declared here) and adds every answer to the snapshot's
+  ``values`` as a gauge, ``Value(v, v, v)``, the value at the publication, before any metric it
+  derives from them; a final snapshot's ``history`` entry holds it too. What it refuses, and
+  how, is in that event's docstring. So a plugin's number reaches every consumer of the
+  snapshots with no change of theirs; a replacement that does not ask leaves it unseen.
 * Snapshots are never changed after publication (a renderer hands them to another thread).
   With several processes, sums and counts are reduced with ``all_reduce`` (declared by the
   distributed plugin) at the same batch on every process, and in a validation only for its
@@ -43,18 +49,23 @@ That is the whole duty: the run's metric log (``metrics.jsonl``, which ``hookfit
 alone, so a replacement that publishes snapshots gets it without writing a file (its format is
 in :mod:`hookfit.plugins.metrics_log`).
 
-Both events are declared by :class:`hookfit.plugins.metrics.Metrics` (its ``hookspecs``
+The three events are declared by :class:`hookfit.plugins.metrics.Metrics` (its ``hookspecs``
 attribute) and added to every run whether ``metrics`` is enabled, disabled or replaced, so a
-replacement publishes them with ``loop.hooks.metrics_update`` and ``loop.hooks.epoch_metrics``.
+replacement publishes them with ``loop.hooks.metrics_update`` and ``loop.hooks.epoch_metrics``, and
+asks the values with ``loop.hooks.call_each("metrics_values", loop, stage)`` (each answer with
+its plugin's name, an observer that raises switched off), as the built-in does in
+:mod:`hookfit.plugins.metrics.gauges`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from hookfit import hookspec
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    import torch
+
     from hookfit.payloads import MetricsSnapshot
     from hookfit.run import Run
 
@@ -89,4 +100,31 @@ def epoch_metrics(loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
     print summaries here, loggers write them, a checkpoint plugin reads the value it monitors.
     A plugin that closes in ``fit_end`` what it writes here implements that ``fit_end``
     ``trylast``. The return value is ignored.
+    """
+
+
+@hookspec
+def metrics_values(loop: Run, stage: str) -> Mapping[str, float | torch.Tensor] | None:
+    """Values a plugin publishes with the metrics of ``stage`` (``"train"`` or ``"valid"``): asked by
+    the metrics role at each publication, for every ``metrics_update`` and ``epoch_metrics``
+    snapshot it builds, never per batch: it costs nothing per batch.
+
+    Answer a mapping of metric names to values, or ``None`` for none. A value is a real number
+    (a Python or NumPy number, a ``bool``) or a tensor of one real element, read on the host at
+    the publication (one read per publication, wherever it lives: keep a per-step value as a
+    tensor and answer the latest). Each joins the snapshot's ``values`` as a gauge,
+    ``Value(v, v, v)``: last, running and epoch are the value at the publication, so the stage's
+    ``epoch_metrics`` and its ``history`` hold its value at the stage's end. The console, the
+    dashboard, the loggers, the metric log and ``state.results`` show it as any other metric;
+    ``Metrics(best={"<name>": "min"})`` gives it a direction, early stopping and the checkpoint's
+    ``monitor`` watch it as ``"<stage>/<name>"``, and the built-in's derived metrics see it.
+
+    Refused, naming the plugin, this event and the key: an answer that is not a mapping, a key that
+    is not a non-empty string, a value that is no real number (text, a vector, a complex number),
+    a name a step output of the stage or another plugin's answer publishes already. An observer
+    plugin whose answer is refused (or that raises) is switched off with one warning; any other
+    fails the run. A stage a stop cut short is published from ``fit_end`` (``loop.state.stage``
+    is then ``None``: read ``stage``). With several processes each answers its own value, not
+    reduced (the main process's publications are shown and written; reduce it yourself where the
+    processes' values differ). Fires on the training thread: be quick.
     """

@@ -15,7 +15,7 @@ from hookfit import HookfitWarning, hookimpl
 from hookfit.errors import user_level
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.support import Every, flag, integer, number, positive_int
-from hookfit.plugins.metrics import hookspecs, ranks, snapshots
+from hookfit.plugins.metrics import gauges, hookspecs, ranks, snapshots
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
                                                is_complex, is_metric, metric_numbers)
 from hookfit.plugins.metrics.derived import Derived, Function
@@ -274,6 +274,7 @@ class Metrics:
         values = agg.values(self._reduce(loop))
         for key, value in extra.items():
             values[key] = Value(value, value, value)
+        gauges.add(loop, stage, values)
         self.derived.add(stage, values, final=True)
         entry = MappingProxyType({"epoch": loop.state.epoch, "step": loop.state.step,
                                   **{k: v.epoch for k, v in values.items()}})
@@ -358,6 +359,7 @@ class Metrics:
         if values is None:
             agg.read()
             values = agg.values(None if self._local else self._reduce(loop))
+            gauges.add(loop, stage, values)
             self.derived.add(stage, values, final=False)
         if history is None:
             history = tuple(self.history.get(stage, ())) if final else ()
