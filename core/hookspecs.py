@@ -104,7 +104,8 @@ def step_output(loop: Run, output: Mapping[str, Any], batch: Any) -> None:
     ``loop.state.val_set`` names the set: so per-set metrics stay apart. Not fired when the
     step returned ``None`` (a skipped batch). Fires after the step and before ``batch_end``.
     Plugins read the output here (metrics aggregation); they must not keep it after the call,
-    and must not mutate it. A training step's loss is still part of the autograd graph: read it
+    and must not mutate it (a plugin publishes a number of its own with the metrics role's
+    ``metrics_values``). A training step's loss is still part of the autograd graph: read it
     as ``float(output["loss"].detach())`` (``float()`` of a tensor that requires grad warns).
     ``loop.state.step`` does not count this batch yet (``batch_end`` sees it counted). The
     return value is ignored.
