@@ -1,11 +1,18 @@
-"""A small plugin: log the gradient norm before every optimizer step.
+"""A small plugin: the gradient norm of every optimizer step, published with the metrics.
 
 Use it with ``Loop(..., plugins=[GradNorm()])``, or register it in the ``hookfit`` entry-point
 group of your own package to have it in every run.
 
+It answers the metrics plugin's ``metrics_values`` event with the latest step's norm, as
+``grad_norm`` (``grad_norm_<name>`` for each optimizer of several), so the console, the dashboard,
+the csv and the other loggers, ``metrics.jsonl`` and early stopping show it like any metric of the
+training stage: a row of an epoch has its last step's norm.
+
 On an accelerator, reading a value on the host (``.item()``, ``float()``) waits for the device to
 finish: once per step, that stalls training. The norms are therefore kept as tensors where the
-gradients are and read once at the end of each training stage (or when ``norms`` is read).
+gradients are: the metrics plugin reads the latest at each of its publications (a few a second
+at most, never per step), and every norm is read at once at the end of each training stage (or
+when ``norms`` is read).
 """
 
 import torch
@@ -23,6 +30,7 @@ class GradNorm:
     def __init__(self) -> None:
         self._read: list[float] = []
         self._pending: list[torch.Tensor] = []  # this stage's norms, on the gradients' device
+        self._latest: dict[str, torch.Tensor] = {}  # each optimizer's latest norm in this stage, published
 
     @property
     def norms(self) -> list[float]:
@@ -37,10 +45,24 @@ class GradNorm:
             self._pending.clear()
 
     @hookfit.hookimpl
-    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def stage_start(self, stage: str) -> None:
+        if stage == "train":  # no norm of an earlier epoch is published as this one's
+            self._latest.clear()
+
+    @hookfit.hookimpl
+    def before_optimizer_step(self, name: str, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if grads:
-            self._pending.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            self._pending.append(norm)
+            self._latest[name] = norm
+
+    @hookfit.hookimpl
+    def metrics_values(self, stage: str) -> dict[str, torch.Tensor] | None:
+        """The latest norms, as tensors: the metrics plugin reads them at its publication."""
+        if stage != "train":
+            return None
+        return {"grad_norm" if name == "default" else f"grad_norm_{name}": norm for name, norm in self._latest.items()}
 
     @hookfit.hookimpl
     def stage_end(self, stage: str) -> None:

@@ -246,6 +246,32 @@ def test_grad_norm_example_plugin_reads_the_host_once_an_epoch_and_skips_an_opti
     assert len(norms.norms) == 4 and all(n > 0 for n in norms.norms)
 
 
+def test_grad_norm_example_plugin_publishes_each_epochs_last_norm_in_the_csv_and_metrics_jsonl(tmp_path) -> None:
+    import csv
+    import json
+
+    from hookfit.plugins.csv_log import CSVLogger
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.metrics_log import MetricsLog
+
+    norms = grad_norm_example().GradNorm()
+    m = model()
+    state = hookfit.Loop(lambda loop, batch: fit_step(loop, m, batch), data(3),
+                         val_step=lambda loop, batch: {"loss": mse(m, batch)}, val_data=data(1), model=m,
+                         optimizers=torch.optim.SGD(m.parameters(), lr=0.1), max_epochs=2, run_dir=tmp_path,
+                         plugins=[Optim(), Metrics(interval=0), MetricsLog(every_n_steps=1), CSVLogger(), norms]).fit()
+    assert state.status == "completed" and len(norms.norms) == 6
+    last = [norms.norms[2], norms.norms[5]]  # each epoch's last step's, as read once an epoch
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["grad_norm"]) for r in rows if r["stage"] == "train"] == pytest.approx(last, rel=1e-6)
+    assert [r["grad_norm"] for r in rows if r["stage"] == "valid"] == ["", ""]  # a training metric only
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["grad_norm"] for r in lines if r["event"] == "epoch" and r["stage"] == "train"] == pytest.approx(last)
+    steps = [r["grad_norm"] for r in lines if r["event"] == "step"]
+    assert steps == pytest.approx(norms.norms)  # a publication after every batch: that step's norm
+
+
 def test_the_optimizer_step_events_see_the_position_their_specs_state() -> None:
     """``before_optimizer_step``'s docstring: ``batch_idx`` is the closing batch; ``step`` is its
     global number inside the step function, one more for a partial window stepped at the stage's
