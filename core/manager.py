@@ -204,6 +204,13 @@ class PluginManager(pluggy.PluginManager):
                             "those arguments, by name, in any order")
         return ""
 
+    def refuse(self, name: str, hook: str, error: BaseException) -> None:
+        """Plugin ``name``'s answer to ``hook`` is refused with ``error``: raised where the plugin takes part
+        in training, an observer switched off instead (:meth:`silence`)."""
+        if getattr(self.get_plugin(name), "observer", False) is not True:
+            raise error
+        self.silence(name, hook, error)
+
     def silence(self, name: str, hook: str, error: BaseException) -> None:
         """Switch an observer off for the rest of the run, with one warning naming it."""
         plugin = self.get_plugin(name)

@@ -188,9 +188,7 @@ def plugin_states(run: Run, check: bool = True) -> dict[str, Any]:
             f"{where} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, which torch.load(weights_only=True), the way "
             f"hookfit reads checkpoints, refuses. Return plain data instead: Python numbers{hint}, strings, bytes, "
             f"None, tensors, torch dtypes and devices, and lists, tuples, sets and dicts of them"))
-        if getattr(run.pm.get_plugin(name), "observer", False) is not True:
-            raise error
-        run.pm.silence(name, "save_state", error)
+        run.pm.refuse(name, "save_state", error)
         states[name] = None
     return states
 

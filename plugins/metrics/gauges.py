@@ -29,9 +29,7 @@ def add(loop: Run, stage: str, values: dict[str, Value]) -> None:
         try:
             taken = _taken(loop, plugin, stage, answer, values, owners)
         except RefusedAnswer as error:
-            if getattr(loop.pm.get_plugin(plugin), "observer", False) is not True:
-                raise
-            loop.pm.silence(plugin, EVENT, error)
+            loop.pm.refuse(plugin, EVENT, error)
             continue
         values.update(taken)
         owners.update(dict.fromkeys(taken, plugin))
