@@ -48,6 +48,9 @@ class Value(NamedTuple):
     * ``last``: the value of the latest batch.
     * ``running``: the mean over a recent window of batches (the publisher chooses the window).
     * ``epoch``: the mean over every batch of the stage so far; final in ``epoch_metrics``.
+
+    A number a plugin publishes with the metrics (the metrics role's ``metrics_values``) is a gauge,
+    not a mean: its value at the publication in all three fields.
     """
 
     last: float
