@@ -1,7 +1,8 @@
 """checkpoint plugin: the policy and the save side. When to save (epochs, steps, seconds, a
 graceful stop, a failure, the final state of a run that completed: the end's save, none where the
 run began, is :mod:`~hookfit.plugins.checkpoint.ending`'s rule); its parts: which checkpoints
-to keep (:mod:`~hookfit.plugins.checkpoint.catalog`), the background writer and what it finished
+to keep (:mod:`~hookfit.plugins.checkpoint.catalog`), one save asked now
+(:mod:`~hookfit.plugins.checkpoint.saving`), the background writer and what it finished
 (:mod:`~hookfit.plugins.checkpoint.writer`, :mod:`~hookfit.plugins.checkpoint.outcomes`), failed and skipped saves
 (:mod:`~hookfit.plugins.checkpoint.reports`), the monitored metric's scores and the saves
 they call for (:mod:`~hookfit.plugins.checkpoint.scores`), what a checkpoint holds
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import hookimpl
 from hookfit.errors import user_level
-from hookfit.plugins.checkpoint import folders, hookspecs, ranks, sharded
+from hookfit.plugins.checkpoint import folders, hookspecs, ranks, saving, sharded
 from hookfit.plugins.checkpoint.ending import finish
 from hookfit.plugins.checkpoint.outcomes import collect
 from hookfit.plugins.checkpoint.resuming import announce, choose, restore
@@ -27,7 +28,7 @@ from hookfit.plugins.checkpoint.catalog import Catalog
 from hookfit.plugins.checkpoint.repeats import Written
 from hookfit.plugins.checkpoint.reports import Reports
 from hookfit.plugins.checkpoint.scores import Scores, hold, settle, unscored
-from hookfit.plugins.checkpoint.shardwriter import ShardWriter, save_sharded
+from hookfit.plugins.checkpoint.shardwriter import ShardWriter
 from hookfit.plugins.checkpoint.storage import CheckpointWarning, filename
 from hookfit.plugins.checkpoint.writer import Done, Writer, write_file
 from hookfit.plugins.support import Every, Monitor, choice, flag, path, positive_int, positive_number
@@ -123,7 +124,8 @@ class Checkpoint:
         self.off = False
         """Whether checkpoints are off for the current run (it has no model)."""
         self._loop: Run | None = None
-        self._clock = ranks.Clock(self.every_seconds)
+        self.clock = ranks.Clock(self.every_seconds)
+        """When ``every_seconds`` calls for a save (the main process's clock), restarted by every save."""
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
         self._preparing = folders.Preparing()
@@ -174,10 +176,10 @@ class Checkpoint:
     def after_batch(self, loop: Run) -> None:
         self.collect(loop)
         unscored(self, loop)  # a copy held for a validation inside training that published no score
-        due = self._steps.due(loop.state.step) or self._clock.due(loop)
+        due = self._steps.due(loop.state.step) or self.clock.due(loop)
         if self.scores.follows(loop):  # written once its validation has scored these weights
             if due:
-                self._clock.saved()
+                self.clock.saved()
             hold(self, loop, due)
         elif due:
             self.save(loop, "step")
@@ -209,7 +211,7 @@ class Checkpoint:
     @hookimpl
     def fit_start(self, loop: Run) -> None:
         self._loop, self.began = loop, loop.position
-        self._clock.start()
+        self.clock.start()
         self.off = loop.model is None
         if self.off:
             warnings.warn(
@@ -346,39 +348,7 @@ class Checkpoint:
         model, or the save was skipped: ``when_busy="skip"``; a step whose checkpoint is written or in
         flight: that checkpoint's path, not written again: :mod:`~hookfit.plugins.checkpoint.repeats`).
         ``must``: never skipped, a busy writer waited for (the run's end)."""
-        return self._save(loop, reason, must)
-
-    def _save(self, loop: Run, reason: str, must: bool = False) -> Path | None:
-        if self.off:
-            return None
-        self._clock.saved()
-        self.collect(loop)
-        position = loop.position
-        metric = self.scores.current(loop)
-        if reason != "failure" and not self.written.again(loop, position.step, metric):
-            return self.destination(loop, position, reason) if loop.is_main else None  # written, or in flight
-        self.saved_step = position.step
-        self.scores.asked(metric)
-        with self.writer.aside():  # the writer steps aside while this thread copies
-            payload = self.payload(loop, reason=reason, metric=metric)  # also on other ranks: collectives
-            rest, shards = sharded.split(payload)
-            if shards:  # a sharded run: every rank writes its part
-                self.written.wrote(position.step, metric)
-                return save_sharded(self, loop, position, rest, shards, (reason, position.step, metric, must))
-            path = self.destination(loop, position, reason)
-            if not loop.is_main:
-                if path is not None:  # the file the main process writes, for best and last
-                    self.catalog.follow(path, metric, reason)
-                return None
-            assert path is not None  # (the main process's own folder)
-            submitted = self.writer.submit(payload, path, (reason, position.step, metric, True), must=must)
-        if not submitted:
-            self.reports.skip(position.step)
-            return None
-        self.written.wrote(position.step, metric)
-        if not self.background:
-            self.collect(loop)
-        return path
+        return saving.save(self, loop, reason, must)
 
     def payload(self, loop: Run, *, reason: str, metric: float | None) -> dict[str, Any]:
         """Everything a checkpoint holds (:func:`hookfit.plugins.checkpoint.state.payload`)."""
