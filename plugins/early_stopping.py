@@ -26,7 +26,10 @@ called, as ``hookfit plugins`` says (``[inert]``).
   and the reason names the step of the best value too. With validation every few epochs
   (``Loop(val_every_n_epochs=N)``) it counts validations as well: ``patience=2`` with ``N=2``
   stops after four epochs without improvement, and the reason says validations.
-* A ``valid`` monitor in a run without validation is an error when training starts. A metric
+* A ``valid`` monitor in a run without validation, or whose validations all fall past its end
+  (``val_every_n_epochs`` more than the epochs it trains, ``val_every_n_steps`` more than
+  ``max_steps``: :meth:`hookfit.plugins.support.Monitor.never`), is an error when training
+  starts; a checkpoint's ``monitor`` gets the same words as a warning then. A metric
   the run never produces is an error as soon as the first metrics of its stage are published
   (the end of the first training stage, or of the first validation), before that epoch's
   ``epoch_end`` and checkpoint: it names the metrics the stage has and the closest of them
@@ -116,9 +119,8 @@ class EarlyStopping:
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
-        if self._monitor.stage == "valid" and loop.val_step is None:
-            raise ValueError(f"early_stopping: monitor={self.monitor!r} needs validation, and this run has "
-                             f"none: give Loop(val_step=..., val_data=...), or monitor a 'train/' metric")
+        if (never := self._monitor.never(loop)) is not None:  # a stop it could never decide
+            raise ValueError(never)
 
     @hookimpl
     def epoch_start(self, loop: Run, epoch: int) -> None:

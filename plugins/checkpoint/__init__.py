@@ -31,7 +31,9 @@ its untrained state (:mod:`hookfit.plugins.checkpoint.ending`). The last ``keep_
 checkpoints are kept, plus the ``keep_best`` (1) best by ``monitor`` (``"valid/loss"``:
 the epoch mean of ``loss`` in the validation stage, published by the metrics plugin, compared
 in the direction it publishes for it unless ``mode`` is given; a monitored metric the run
-does not produce is warned about once). A checkpoint's metric (``meta["metric"]``) is the
+does not produce, or never publishes (no validation, every validation past the run's end, no
+metrics plugin), is warned about once: :meth:`~hookfit.plugins.checkpoint.scores.Scores.begin`,
+:meth:`~hookfit.plugins.checkpoint.scores.Scores.end`). A checkpoint's metric (``meta["metric"]``) is the
 score of its own weights: the value a validation of them published, else ``None`` (a
 checkpoint saved after more training than its validation saw carries none). A validation of
 the monitored stage is followed by a save of the weights it scored when that save is due anyway,

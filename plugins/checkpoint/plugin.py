@@ -218,6 +218,8 @@ class Checkpoint:
                 "checkpoint: checkpoints are off for this run: it has no model (Loop(model=...)), so a "
                 "checkpoint would hold no weights and a resume would continue half a state; nothing is saved",
                 CheckpointWarning, stacklevel=user_level())
+        else:
+            self.scores.begin(loop)  # a monitor the run can never publish
         if not self.off and loop.state.world_size > 1:  # first: a run refused for its options changes no file
             self.off = True  # until the processes' options agree: a run refused for them saves nothing, no failure's
             folder = self.directory(loop) if loop.is_main else None
@@ -284,6 +286,8 @@ class Checkpoint:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+        if ran and self.scores.stage is not None and self.best is None:
+            self.scores.end(loop)
 
     @hookimpl
     def results(self) -> dict[str, Path | int | None]:

@@ -69,7 +69,8 @@ class Scores:
         """The save waiting for the validation that runs next, if any."""
         self._score: tuple[int, float] | None = None  # (the global step it was published at, the score)
         self._asked: float | None = None  # the best metric of the saves asked, written or not yet
-        self._warned = False
+        self._warned = False  # a warning said why this run's checkpoints carry no score
+        self._scored = False  # a publication of this run carried the metric
         self.unheard = False
         """Whether a validation of this run published no metrics of the stage (:func:`unscored`)."""
 
@@ -77,6 +78,27 @@ class Scores:
         """A new run: no score, no best, nothing pending."""
         self.monitor.start()
         self.pending, self._score, self._asked, self._warned, self.unheard = None, None, None, False, False
+        self._scored = False
+
+    def begin(self, loop: Run) -> None:
+        """As training starts: a warning when the run can never publish the metric (a ``valid``
+        one without validation, or with every validation past the run's end:
+        :meth:`Monitor.never <hookfit.plugins.support.best.Monitor.never>`, early stopping's error)."""
+        if (never := self.monitor.never(loop)) is not None:
+            self._warned = True
+            warnings.warn(f"{never}; its checkpoints are still written, but none carries a score, so no best "
+                          f"checkpoint is kept", CheckpointWarning, stacklevel=user_level())
+
+    def end(self, loop: Run) -> None:
+        """As a training run that did not fail ends without a best checkpoint: a warning when no
+        publication carried the metric and no earlier warning of this run said why."""
+        if self._scored or self._warned or self.unheard or loop.state.status == "failed":
+            return
+        self._warned = True
+        warnings.warn(f"{self.monitor.plugin}: monitor={self.monitor.metric!r} was never published in this run: "
+                      f"it ended before its {self.stage} stage published metrics, or no plugin publishes "
+                      f"epoch_metrics (the metrics plugin does); its checkpoints are written, but none carries a "
+                      f"score, so no best checkpoint is kept", CheckpointWarning, stacklevel=user_level())
 
     @property
     def stage(self) -> str | None:
@@ -98,7 +120,7 @@ class Scores:
         if key is not None and key in metrics.values:
             self.monitor.follow(metrics.best)  # the direction the checkpoints are compared in
             score = float(metrics.values[key].epoch)
-            self._score = (loop.state.step, score)
+            self._score, self._scored = (loop.state.step, score), True
             return score
         self._score = None
         if not self._warned and loop.stop_requested is None:  # (a stage a stop cut short may lack it)

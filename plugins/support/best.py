@@ -9,10 +9,13 @@ import math
 import re
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.plugins.support.options import check, choice, number
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.run import Run
 
 __all__ = ["MODES", "STAGES", "Monitor"]
 
@@ -162,6 +165,29 @@ class Monitor:
         return (f"{self.plugin}: {self.option}={self.metric!r} names a metric this run does not produce: the "
                 f"{self.stage} metrics of epoch {epoch + 1} are {', '.join(names) or 'none'}"
                 f"{f'; {then}' if then else ''}{meant}")
+
+    def never(self, loop: Run) -> str | None:
+        """Why ``loop`` can never publish ``metric``, as known when training starts (``fit_start``), or
+        ``None`` where it may: a ``valid`` metric in a training run without validation, or whose validations
+        all fall past its end (``val_every_n_epochs`` more than the epochs it trains at most, or
+        ``val_every_n_steps`` more than ``max_steps``). ``Loop.validate()`` validates: never said there.
+        The words name the plugin, the option and what to change; the plugin decides whether that is an
+        error or a warning, and adds what it does about it."""
+        if self.stage != "valid" or loop.mode != "fit":
+            return None
+        head = f"{self.plugin}: {self.option}={self.metric!r} needs validation, and this run"
+        other = "or monitor a 'train/' metric"
+        if loop.val_step is None:
+            return f"{head} has none: give Loop(val_step=..., val_data=...), {other}"
+        every, steps, epochs = loop.val_every_n_epochs, loop.val_every_n_steps, loop.max_epochs
+        if every is not None and every > epochs:
+            bound = "max_epochs" if loop.config.epochs_given or loop.max_steps is None else f"max_steps={loop.max_steps}"
+            return (f"{head} never validates: val_every_n_epochs={every}, and it trains {epochs} epoch(s) at most "
+                    f"({bound}); give val_every_n_epochs={epochs} or less, {other}")
+        if steps is not None and loop.max_steps is not None and steps > loop.max_steps:
+            return (f"{head} never validates: val_every_n_steps={steps}, and it trains {loop.max_steps} step(s) at "
+                    f"most (max_steps); give val_every_n_steps={loop.max_steps} or less, {other}")
+        return None
 
     def reset(self, best: float | None = None, at: Any = None, mode: str | None = None) -> None:
         """Forget the best, or set it (a best restored from a checkpoint; one that is not a

@@ -173,11 +173,17 @@ def test_a_checkpoint_monitoring_a_metric_the_run_never_produces_is_told_the_sam
 
 
 @pytest.mark.bad_input
-def test_a_valid_monitor_without_validation_fails_before_any_batch() -> None:
+@pytest.mark.parametrize("options, why", [
+    ({}, "has none"),
+    ({"val_step": lambda l, b: {"loss": 1.0}, "val_data": [0], "max_epochs": 2, "val_every_n_epochs": 3},
+     r"never validates: val_every_n_epochs=3, and it trains 2 epoch\(s\) at most \(max_epochs\)"),
+])
+def test_a_valid_monitor_without_validation_fails_before_any_batch(options: dict, why: str) -> None:
+    """No validation, or none before the run's end: a stop it could never decide."""
     recorder = Recorder()
-    with pytest.raises(ValueError, match=r"early_stopping: monitor='valid/loss' needs validation, and this run has none"):
+    with pytest.raises(ValueError, match=rf"early_stopping: monitor='valid/loss' needs validation, and this run {why}"):
         hookfit.Loop(lambda l, b: {"loss": 1.0}, [1, 2], plugins=[Metrics(), EarlyStopping(monitor="valid/loss"),
-                                                                  recorder]).fit()
+                                                                  recorder], **options).fit()
     assert "batch_start" not in recorder.names()
 
 

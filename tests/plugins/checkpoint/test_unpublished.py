@@ -1,0 +1,93 @@
+"""checkpoint: a ``monitor`` the run never publishes is said once, in a ``CheckpointWarning`` naming
+it and why: as training starts when the run can never publish it (a ``valid/`` monitor without
+validation, or with every validation past the run's end: early stopping's error, in the same words),
+else as the run ends when no publication carried it. Its checkpoints are still written, without a
+best among them."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint, CheckpointWarning
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
+from conftest import mse_step
+
+
+def fit(tmp_path: Path, *plugins: Any, validate: bool = True, **options: Any) -> tuple[hookfit.State, list[str],
+                                                                                       Checkpoint]:
+    """Fit two epochs of three batches, a monitored checkpoint among ``plugins``; returns the state,
+    what the CheckpointWarnings said (each from this file, the caller's line) and the checkpoint."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    checkpoint = Checkpoint(dir=tmp_path, monitor="valid/loss", background=False)
+    val = {"val_step": lambda loop, batch: {"loss": torch.tensor(1.0)}, "val_data": [0]} if validate else {}
+    loop = hookfit.Loop(mse_step, [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)], model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[Optim(), *plugins, checkpoint], **{"max_epochs": 2, **val, **options})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = loop.fit()
+    said = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    assert all(w.filename == __file__ for w in caught if issubclass(w.category, CheckpointWarning))
+    return state, said, checkpoint
+
+
+NEVER = "checkpoint: monitor='valid/loss' needs validation, and this run "
+UNSCORED = "; its checkpoints are still written, but none carries a score, so no best checkpoint is kept"
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("options, why", [
+    ({"validate": False}, "has none: give Loop(val_step=..., val_data=...), or monitor a 'train/' metric"),
+    ({"val_every_n_epochs": 3}, "never validates: val_every_n_epochs=3, and it trains 2 epoch(s) at most "
+                                "(max_epochs); give val_every_n_epochs=2 or less, or monitor a 'train/' metric"),
+    ({"max_epochs": None, "max_steps": 5, "val_every_n_epochs": 3},
+     "never validates: val_every_n_epochs=3, and it trains 2 epoch(s) at most (max_steps=5); give "
+     "val_every_n_epochs=2 or less, or monitor a 'train/' metric"),
+    ({"val_every_n_steps": 7}, "never validates: val_every_n_steps=7, and it trains 6 step(s) at most "
+                               "(max_steps); give val_every_n_steps=6 or less, or monitor a 'train/' metric"),
+])
+def test_a_run_that_never_validates_says_so_once_as_training_starts_and_still_writes_its_checkpoints(
+        tmp_path: Path, options: dict[str, Any], why: str) -> None:
+    if "val_every_n_steps" in options:
+        options = {**options, "max_steps": 6}
+    state, said, checkpoint = fit(tmp_path, Metrics(), **options)
+    assert said == [NEVER + why + UNSCORED]
+    assert state.status == "completed" and state.results["best_checkpoint"] is None and len(checkpoint.saved) >= 1
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("plugins, options", [
+    ((), {}),                     # validation, but nothing publishes its metrics
+    ((Metrics(),), {"max_steps": 2}),  # ended in the first epoch, before its validation
+])
+def test_a_run_that_never_published_the_monitor_says_so_once_as_it_ends(
+        tmp_path: Path, plugins: tuple[Any, ...], options: dict[str, Any]) -> None:
+    state, said, checkpoint = fit(tmp_path, *plugins, **options)
+    assert said == ["checkpoint: monitor='valid/loss' was never published in this run: it ended before its valid "
+                    "stage published metrics, or no plugin publishes epoch_metrics (the metrics plugin does); its "
+                    "checkpoints are written, but none carries a score, so no best checkpoint is kept"]
+    assert state.status == "completed" and state.results["best_checkpoint"] is None and checkpoint.saved
+
+
+def test_a_run_that_published_the_monitor_and_validate_say_nothing_of_it(tmp_path: Path) -> None:
+    """The control: a published monitor is no warning; nor is ``validate()`` with a Loop whose
+    training would never validate (it validates)."""
+    state, said, checkpoint = fit(tmp_path, Metrics())
+    assert said == [] and state.results["best_checkpoint"] == checkpoint.best[1]
+    model = torch.nn.Linear(2, 1)
+    loop = hookfit.Loop(mse_step, [0], val_step=lambda loop, batch: {"loss": torch.tensor(1.0)}, val_data=[0],
+                        model=model, max_epochs=2, val_every_n_epochs=3,
+                        plugins=[Metrics(), Checkpoint(dir=tmp_path, monitor="valid/loss")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert loop.validate(resume=checkpoint.best[1]).status == "completed"
+    assert [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)] == []
