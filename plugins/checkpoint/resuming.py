@@ -42,7 +42,8 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
                              "checkpoint (resume='latest'); to train on from the best, give its path")
         candidates, where = latest(loop, directory)
         if not candidates:
-            raise FileNotFoundError(f"checkpoint: resume='best' found no checkpoint in {where}{_aside_note(Path(where))}")
+            raise FileNotFoundError(f"checkpoint: resume='best' found no checkpoint in {where}{_aside_note(Path(where))}"
+                                    f"; {_elsewhere(directory)}")
         path = best(candidates[0], "checkpoint: resume='best'", "resume='latest' takes the newest")[0]
         return path, _read(loop, path, trains)
     if source != "latest":
@@ -79,6 +80,15 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
         except CheckpointError as error:
             warnings.warn(f"{error}; trying an older one (fallback=True)", CheckpointWarning, stacklevel=user_level())
     raise CheckpointError(f"checkpoint: none of the {len(candidates)} checkpoints in {where} is usable")
+
+
+def _elsewhere(directory: Path | None) -> str:
+    """How to point an evaluation at the run it meant, where the folders :func:`latest` searches hold no
+    checkpoint (``directory``: ``Checkpoint(dir=...)``, the one searched where given)."""
+    where = ("Checkpoint(dir=<its checkpoints' folder>)" if directory is not None else
+             "Loop(run_dir=<that run's folder>) (a run given a run_dir is found there only)")
+    return (f"to evaluate another run, give {where}, or resume=<a checkpoint's path> (a training run's "
+            f"state.results['best_checkpoint'])")
 
 
 def _aside_note(folder: Path) -> str:

@@ -4,6 +4,7 @@ ema's; refused, naming what is wrong, when they are not there or not the model's
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,41 @@ def test_an_evaluation_resumes_the_best_checkpoint_of_the_newest_run(tmp_path: P
                                               r"resume='latest' takes the newest, or a checkpoint by its path\n"):
         hookfit.Loop(None, [], val_step=score, val_data=data()[:1], model=[evaluated], run_dir=tmp_path / "unscored",
                      plugins=[Metrics(), Checkpoint()]).validate(resume="best")
+
+
+@pytest.mark.bad_input
+def test_an_evaluation_that_finds_no_run_to_take_the_best_from_says_where_it_looked_and_how_to_point_it(
+        tmp_path: Path) -> None:
+    """A run trained with ``run_dir=...`` is not among the runs of the script that an evaluation without it
+    searches: the error names the folders searched and how to name the run (its folder as ``run_dir``, or a
+    checkpoint's path, ``results["best_checkpoint"]``); given that folder it takes the run's best."""
+    from hookfit.plugins.metrics import Metrics
+
+    m = torch.nn.Linear(3, 1)
+    scores = [3.0, 1.0]
+    state = hookfit.Loop(two_model_step, data(), val_step=lambda loop, batch: {"loss": torch.tensor(
+        scores[loop.state.epoch])}, val_data=data()[:1], model=[m], max_epochs=2,
+        optimizers={"a": torch.optim.SGD(m.parameters(), lr=0.1)}, run_dir=tmp_path / "exp1",
+        plugins=[Optim(), Metrics(), Checkpoint(monitor="valid/loss", background=False)]).fit()
+
+    def evaluation(**options: Any) -> hookfit.Loop:
+        return hookfit.Loop(None, [], val_step=lambda loop, batch: {"loss": torch.tensor(0.0)},
+                            val_data=data()[:1], model=[torch.nn.Linear(3, 1)], plugins=[Metrics(), Checkpoint()],
+                            **options)
+
+    with pytest.raises(FileNotFoundError) as caught:
+        evaluation().validate(resume="best")
+    said = str(caught.value)
+    runs = re.escape(str(Path("runs").absolute()))  # runs/<this script's name>/*/checkpoints
+    assert re.match(rf"checkpoint: resume='best' found no checkpoint in {runs}/[^/]+/\*/checkpoints \(runs of ", said)
+    assert said.endswith("; to evaluate another run, give Loop(run_dir=<that run's folder>) (a run given a run_dir "
+                         "is found there only), or resume=<a checkpoint's path> (a training run's "
+                         "state.results['best_checkpoint'])")
+    best = state.results["best_checkpoint"]
+    assert best is not None and best.name.startswith("epoch0002")
+    with pytest.warns(hookfit.HookfitWarning, match="saved state of plugin\\(s\\) 'optim'"):  # (it trains nothing)
+        evaluated = evaluation(run_dir=tmp_path / "exp1").validate(resume="best")
+    assert evaluated.resumed_from is not None and Path(evaluated.resumed_from.source) == best
 
 
 @pytest.mark.parametrize("where", ["keep_best", "dir"])
