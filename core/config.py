@@ -1,7 +1,8 @@
 """Plugin options from a file: configuring discovered plugins without editing the script.
 
 The file is TOML: ``HOOKFIT_CONFIG=path.toml``, else a ``hookfit.toml`` next to the script
-(the folder of ``sys.argv[0]``), else one in the current folder, a ``pyproject.toml`` with a
+(the folder of ``sys.argv[0]``; in a Jupyter kernel, of the notebook the run is named after), else
+one in the current folder, a ``pyproject.toml`` with a
 ``[tool.hookfit]`` table counting as one there (:func:`find`; ``hookfit
 plugins --script scripts/train.py`` lists what that script's run would read). Its only table is ``plugins``
 (``[tool.hookfit.plugins.<name>]`` in a ``pyproject.toml``), one table per plugin, whose keys are the
@@ -92,7 +93,8 @@ def find(environ: Mapping[str, str] | None = None, folder: Path | None = None,
          script: str | os.PathLike[str] | None = None) -> Path | None:
     """The configuration file of a run, by one rule for runs and for ``hookfit plugins``:
     ``HOOKFIT_CONFIG`` (which must exist); else ``hookfit.toml`` in the script's folder (the
-    run's script, ``sys.argv[0]``, or ``script`` given to the listing); else in the current
+    run's script, ``sys.argv[0]``, or in a Jupyter kernel the notebook that names the run:
+    :func:`hookfit.records.kernel_notebook`; or ``script`` given to the listing); else in the current
     folder (a ``pyproject.toml`` with a ``[tool.hookfit]`` table counting as one); else ``None``.
     ``folder`` looks in that one folder only."""
     env = os.environ if environ is None else environ
@@ -105,6 +107,10 @@ def find(environ: Mapping[str, str] | None = None, folder: Path | None = None,
     if folder is not None:
         folders = [folder]
     else:
+        if script is None and "ipykernel" in sys.modules:  # a Jupyter kernel: sys.argv[0] is ipykernel's launcher
+            from hookfit.records import kernel_notebook  # (it imports torch: a kernel's alone)
+
+            script = kernel_notebook()
         if script is None and sys.argv and sys.argv[0] not in ("", "-c", "-m"):
             script = sys.argv[0]
         here = Path(script) if script is not None else None

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop
     from hookfit.run import Run
 
-__all__ = ["RUNS", "Identity", "RunFolder", "identify", "recorded_identity", "script_name"]
+__all__ = ["RUNS", "Identity", "RunFolder", "identify", "kernel_notebook", "recorded_identity", "script_name"]
 
 RUNS = Path("runs")
 """Where runs keep their folders unless ``Loop(run_dir=...)`` says otherwise:
@@ -85,6 +85,20 @@ def _notebook(main: Any) -> str | None:
             return path
     path = os.environ.get("JPY_SESSION_NAME", "").strip()
     return path or None
+
+
+def kernel_notebook() -> Path | None:
+    """The notebook this process runs as its Jupyter kernel, where the kernel names one that is a
+    file (the path the run's identity is taken from: VS Code's ``__vsc_ipynb_file__``, else
+    ``JPY_SESSION_NAME``; a relative one from the current folder), else ``None``: a run's
+    ``hookfit.toml`` is looked for next to it (:func:`hookfit.config.find`), whatever folder the kernel
+    started in. A script that a notebook starts (``!python train.py``) is not in the kernel: its own."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None
+    notebook = _notebook(sys.modules.get("__main__"))
+    if notebook is None or not _in_kernel(argv0):
+        return None
+    path = Path(notebook).expanduser()
+    return path if path.is_file() else None
 
 
 def _in_kernel(argv0: str | None) -> bool:

@@ -61,10 +61,10 @@ def train(epochs, resume=None, *, interrupt_at=None, run_dir=None, weights=None,
 '''
 
 
-def _execute(folder: Path, name: str, *cells: str, session: str | None = None) -> list[dict]:
+def _execute(folder: Path, name: str, *cells: str, session: str | None = None, cwd: Path | None = None) -> list[dict]:
     """Write ``name`` (a notebook of ``cells``) in ``folder``, execute it in a fresh kernel of
-    this Python whose working folder is ``folder`` (``JPY_SESSION_NAME`` set to ``session``, as
-    Jupyter sets it, or unset), and return what each cell printed as JSON lines."""
+    this Python whose working folder is ``cwd``, else ``folder`` (``JPY_SESSION_NAME`` set to ``session``,
+    as Jupyter sets it, or unset), and return what each cell printed as JSON lines."""
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(TRAIN), *map(nbformat.v4.new_code_cell, cells)]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -73,7 +73,7 @@ def _execute(folder: Path, name: str, *cells: str, session: str | None = None) -
     if session is not None:
         env["JPY_SESSION_NAME"] = session
     client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(folder)}})
+                                     resources={"metadata": {"path": str(cwd or folder)}})
     client.execute(env=env)
     printed = []
     for cell in notebook.cells[1:]:
@@ -115,6 +115,30 @@ def test_a_kernel_that_names_no_notebook_continues_only_its_own_run(tmp_path: Pa
     assert again["resumed_from"] is not None and again["run_dir"] == first["run_dir"] and again["step"] == 8
     (other,) = _execute(folder, "d.ipynb", "print(json.dumps(train(1, resume='latest')))")
     assert other["resumed_from"] is None and other["run_dir"] != first["run_dir"] and other["step"] == 4
+
+
+CONFIGURED = """
+import os
+os.environ["HOOKFIT_PLUGINS"] = "checkpoint"  # discovered, its options from a hookfit.toml
+model = torch.nn.Linear(4, 1)
+loop = hookfit.Loop(lambda loop, batch: None, [0], model=model, max_epochs=1)
+loop.fit()
+print(json.dumps({"name": loop.run.name, "keep_last": loop.run.pm.get_plugin("checkpoint").keep_last,
+                  "cwd": os.getcwd()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_notebook_s_hookfit_toml_is_read_next_to_it_whatever_folder_its_kernel_started_in(tmp_path: Path) -> None:
+    """A kernel started in another folder (JupyterLab's root, VS Code's workspace) than the notebook's: the
+    run is named after the notebook, and the hookfit.toml beside the notebook configures it, not the folder
+    of ipykernel's launcher (sys.argv[0]) or the kernel's working folder, which has none."""
+    folder, elsewhere = tmp_path / "notebooks", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (folder / "hookfit.toml").write_text("[plugins.checkpoint]\nkeep_last = 1\n")
+    (said,) = _execute(folder, "e.ipynb", CONFIGURED, session=str(folder / "e.ipynb"), cwd=elsewhere)
+    assert said == {"name": "e", "keep_last": 1, "cwd": str(elsewhere)}
 
 
 INTERRUPTED = """
