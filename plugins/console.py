@@ -89,6 +89,10 @@ from hookfit import hookimpl
 from hookfit.data import length
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
 from hookfit.plugins.support import MODES, Every, Monitor, faster_data, number, option_error
+from hookfit.plugins.support.plain import duration as _duration
+from hookfit.plugins.support.plain import field as _field
+from hookfit.plugins.support.plain import number as _number
+from hookfit.plugins.support.plain import quote
 from hookfit.plugins.support.summary import summarize
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -100,43 +104,6 @@ MODULE_LINES = 30
 _clock = time.monotonic  # the console's clock for ``interval`` (a test may stand a fake in)
 
 _STAGE_TIME = {"train": "training time", "valid": "validation time"}
-
-
-def _number(value: float) -> str:
-    if value != value:  # NaN
-        return "nan"
-    if value == 0 or 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4g}" if abs(value) < 1 else f"{value:.5g}"
-    return f"{value:.3e}"
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-_PLAIN_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def quote(text: str, always: bool = False) -> str:
-    """``text`` as a key or a value of a ``key=value`` field (the module's one rule): as it is,
-    or, when it is empty or has white space, a quote, ``=``, a backslash or a character that does
-    not print (``always``: whatever it has), in double quotes with those characters escaped."""
-    if not always and text and text.isprintable() and not any(c.isspace() or c in "\"'=\\" for c in text):
-        return text
-    escaped = "".join(c if c.isprintable() and c not in '"\\' else _PLAIN_ESCAPES.get(c) or _escape(c)
-                      for c in text)
-    return f'"{escaped}"'
-
-
-def _escape(char: str) -> str:
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def _field(key: str, value: str, always: bool = False) -> str:
-    """``key=value``, each part quoted by :func:`quote` (a metric name with a space, a path)."""
-    return f"{quote(key)}={quote(value, always)}"
 
 
 def _directions(best: Any) -> dict[str, str]:

@@ -18,7 +18,8 @@ a module of one concern:
 Besides, imported from their modules: a model's size (:mod:`~hookfit.plugins.support.summary`), the
 text plot the dashboard and the lr finder draw (:mod:`~hookfit.plugins.support.plot`), what the file
 loggers share (:mod:`~hookfit.plugins.support.logger`), the CSV tables they append to row by row
-(:mod:`~hookfit.plugins.support.tables`) and what the experiment trackers share
+(:mod:`~hookfit.plugins.support.tables`), the console's plain ``key=value`` fields
+(:mod:`~hookfit.plugins.support.plain`) and what the experiment trackers share
 (:mod:`~hookfit.plugins.support.tracker`).
 """
 
