@@ -76,7 +76,9 @@ metric name or ``"<stage>/<metric>"`` (which wins over the bare name), wins for 
 direction gets ``last=... best=... best_epoch=...``; one without gets ``last=... min=... min_epoch=... max=...
 max_epoch=...``. Epochs count from 1; NaN and infinities are never best (:class:`hookfit.plugins.support.Monitor`),
 nor lowest or highest: a metric with no finite value gets ``last=nan`` alone, as ``results["best"]`` has no entry
-for it. A stage a stop that interrupted the run cut short gives the last value, never the best (as ``results["best"]``).
+for it. A stage a stop that interrupted the run cut short gives the last value, never the best (as ``results["best"]``),
+and the line says so: ``last=2.239 last_partial=true best=2.331 best_epoch=1`` (that last value is the mean over the batches
+the stage ran, not a whole epoch's), as ``hookfit runs`` and ``hookfit compare`` say ``(partial)``.
 """
 
 from __future__ import annotations
@@ -130,13 +132,14 @@ class _Extremes:
     """The last, lowest and highest epoch values of one metric of one stage (the first of equal
     values stays; NaN and infinities are never lowest or highest, as never best)."""
 
-    __slots__ = ("last", "low", "high")
+    __slots__ = ("last", "low", "high", "cut")
 
     def __init__(self) -> None:
         self.low, self.high = Monitor(mode="min"), Monitor(mode="max")
+        self.cut = False  # the last value is of a stage a stop cut short
 
     def add(self, value: float, epoch: int, whole: bool = True) -> None:
-        self.last = value
+        self.last, self.cut = value, not whole
         if whole:  # a stage a stop that interrupted the run cut short: the last value, never the lowest or highest
             self.low.update(value, at=epoch)
             self.high.update(value, at=epoch)
@@ -345,7 +348,7 @@ class Console:
             extremes = [f"{name}={_number(record[0])} {name}_epoch={record[1]}" for name, way in named.items()
                         if (record := result.best(way)) is not None]  # none: no finite value, as in results["best"]
             self._print("result", _field("stage", stage), _field("metric", key), f"last={_number(result.last)}",
-                        *extremes)
+                        "last_partial=true" if result.cut else "", *extremes)
         self._print_time(state.time_split, {"train": loop.train_data, "valid": loop.val_data})
 
     def _own(self, stage: str = "") -> str:

@@ -255,7 +255,8 @@ def _runs(args: argparse.Namespace) -> int:
     for info in infos:
         best = "-" if info.best is None else f"{info.best[0]} {info.best[1]:.4g} (epoch {info.best[2]})"
         final = "-" if info.final is None else f"{info.final[0]:.4g}" + (
-            f" from epoch {info.diverged}" if info.diverged is not None else "")  # (a diverged run: NaN, inf)
+            f" from epoch {info.diverged}" if info.diverged is not None else "") + (  # (a diverged run: NaN, inf)
+            " (partial)" if info.partial else "")
         status = _evaluated(info) if info.status == "evaluated" else textwrap.shorten(
             ("evaluation " if info.evaluation else "") + info.status + (f": {info.reason}" if info.reason else ""), 48,
             placeholder=" ...")
@@ -266,6 +267,8 @@ def _runs(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    if any(info.partial for info in infos):
+        print(runs.PARTIAL)
     undirected = sorted({info.metric for info in infos if info.metric and info.mode is None})
     if undirected:
         print(f"(no best for {', '.join(undirected)}: no direction was configured; give Metrics(best={{...}}) "

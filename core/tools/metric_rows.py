@@ -22,7 +22,8 @@ from typing import Any, TypeGuard
 
 from hookfit.tools import jsonlines
 
-__all__ = ["ROW_FIELDS", "best", "default_metric", "direction", "directions", "final", "finite", "metric_names", "series"]
+__all__ = ["ROW_FIELDS", "best", "cut_short", "default_metric", "direction", "directions", "final", "finite",
+           "metric_names", "series"]
 
 ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s", "stopped",
                         "evaluation"})
@@ -117,3 +118,13 @@ def final(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[tuple[float, 
     while since and not math.isfinite(points[since - 1][2]):
         since -= 1
     return (points[-1][2], points[-1][1]), (points[since][1] if since < len(points) else None)
+
+
+def cut_short(rows: Sequence[Mapping[str, Any]], metric: str) -> bool:
+    """Whether the last value of ``metric`` in ``rows`` (:func:`final`'s) is of a stage a stop cut
+    short (``"stopped"``): the mean over the batches that stage ran, not a whole epoch's, so neither
+    comparable with :func:`best` (over whole epochs) nor with another run's whole epochs."""
+    stage, key = metric.split("/", 1) if "/" in metric else ("train", metric)
+    last = next((row for row in reversed(rows) if row.get("stage") == stage and jsonlines.numeric(row.get(key))
+                 and finite(row.get("step", 0)) and finite(row.get("epoch", 0))), None)
+    return bool(last is not None and last.get("stopped"))

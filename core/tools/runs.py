@@ -25,6 +25,9 @@ rows that a resume abandoned are not the run's, nor those of an earlier history 
 ``Loop`` without ``run_dir``) is no training run (:attr:`RunInfo.evaluation`, :func:`find`).
 
 Which metric a run is judged by and which of its values is best: :mod:`hookfit.tools.metric_rows`.
+A run's final value is the last value of that metric; where a stop cut that stage short (an
+interrupted run's last epoch, ``"stopped"``) it is the mean over the batches the stage ran, said so
+(:attr:`RunInfo.partial`, :data:`PARTIAL`), never the best (over whole epochs).
 
 A run with no end line is *running* while the process that started it is alive on this
 machine, *unfinished* otherwise (killed, or on another machine that cannot be asked). A run's
@@ -49,14 +52,18 @@ from hookfit.errors import HookfitWarning
 from hookfit.tools import jsonlines
 from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_epochs
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
-from hookfit.tools.metric_rows import (ROW_FIELDS, best, default_metric, direction, directions, final, finite,
-                                       metric_names, series)
+from hookfit.tools.metric_rows import (ROW_FIELDS, best, cut_short, default_metric, direction, directions, final,
+                                       finite, metric_names, series)
 
-__all__ = ["LIMIT", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
+__all__ = ["LIMIT", "PARTIAL", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
            "epoch_rows", "final", "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics",
            "resumed_from", "run_folders", "series"]
 
 Line = TypeVar("Line", bound=Mapping[str, Any])
+
+PARTIAL = ("(partial: FINAL of a run stopped inside an epoch is the mean over the batches that epoch ran, "
+           "not a whole epoch's as BEST is)")
+"""What ``hookfit runs`` and ``hookfit compare`` say under their table where a FINAL is marked ``(partial)``."""
 
 
 def current(lines: Iterable[Line]) -> list[Line]:
@@ -192,15 +199,20 @@ class RunInfo:
     """The last value of :attr:`metric` and its epoch: NaN or infinite where the run diverged."""
     diverged: int | None = None
     """The epoch from which :attr:`metric` is NaN or infinite to its last value, ``None`` when that is finite."""
+    partial: bool = False
+    """:attr:`final` is of a stage a stop cut short (an interrupted run's last epoch): the mean over
+    the batches that stage ran, not over a whole epoch as :attr:`best` and other runs' values are.
+    ``hookfit runs`` and ``hookfit compare`` write it ``(partial)``."""
 
     def as_dict(self) -> dict[str, Any]:
         """As ``hookfit runs --json`` writes it: JSON, a final value that is not finite as ``"nan"``,
-        ``"inf"`` or ``"-inf"``."""
+        ``"inf"`` or ``"-inf"``, and whether it is :attr:`partial` in ``"final"``."""
         out = asdict(self)
+        del out["partial"]  # (said in "final")
         out["best"] = None if self.best is None else dict(zip(("metric", "value", "epoch"), self.best))
         if self.final is not None:
             value = self.final[0] if math.isfinite(self.final[0]) else str(self.final[0])
-            out["final"] = {"metric": self.metric, "value": value, "epoch": self.final[1]}
+            out["final"] = {"metric": self.metric, "value": value, "epoch": self.final[1], "partial": self.partial}
         return out
 
 
@@ -297,4 +309,5 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
         resumed_from=None if evaluation else resumed_from(metrics), fits=fits, metric=metric, mode=mode,
         identity=identity if isinstance(identity, str) else None, notes=tuple(notes), evaluation=evaluation,
         evaluated=read[-1] if read and isinstance(read[-1], str) else None, final=last, diverged=diverged,
+        partial=last is not None and metric is not None and cut_short(rows, metric),
     )

@@ -78,7 +78,8 @@ def _compare(args: argparse.Namespace) -> int:
         print(line)
     table = [("#", "RUN", "STATUS", "EPOCHS", "STEPS", "FINAL", "BEST")]
     for i, (folder, info) in enumerate(infos.items(), 1):
-        final = "-" if info.final is None else f"{info.final[0]:.4g}"  # (NaN or inf: the run diverged)
+        final = "-" if info.final is None else f"{info.final[0]:.4g}" + (  # (NaN or inf: the run diverged)
+            " (partial)" if info.partial else "")
         best = "-" if info.best is None else f"{info.best[1]:.4g} (epoch {info.best[2]})"
         table.append((str(i), str(folder), info.status, str(info.epochs or "-"), str(info.steps or "-"), final, best))
     widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
@@ -90,6 +91,8 @@ def _compare(args: argparse.Namespace) -> int:
         print(text)
     for name in missing:
         print(f"(no {metric} in {name})")
+    if any(info.partial for info in infos.values()):
+        print(runs.PARTIAL)
     if any(_nonfinite(points) for points in curves.values()):
         print(f"(×: where {metric} was NaN or infinite, not drawn; a run that ended so diverged, and is ranked last)")
     for i, info in enumerate(infos.values(), 1):

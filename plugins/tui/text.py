@@ -100,10 +100,12 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
     --text``): status (with the run's own duration, ``state.elapsed``: a persistent
     dashboard's hold is not part of it), how many steps were skipped and why, where the run
     resumed from, where its output is kept, the size of the model, where the time went, the
-    table (``nan``/``inf`` as they are) and the loss curves up to the run's last step (``×``
-    where the values were not finite, and the steps where they were: those of the published
-    values, with what is known of where a range began when metrics were not published every
-    step); ``warned``: the warnings the run issued while the dashboard was up, a line each.
+    table (``nan``/``inf`` as they are; the value of a stage a stop cut short, the mean over the
+    batches it ran, says ``(partial)``, as ``hookfit runs`` and ``hookfit compare`` do) and the
+    loss curves up to the run's last step (``×`` where the values were not finite, and the steps
+    where they were: those of the published values, with what is known of where a range began
+    when metrics were not published every step); ``warned``: the warnings the run issued while
+    the dashboard was up, a line each.
     ``state.evaluation`` true (``hookfit show`` of a folder of evaluations alone): an
     evaluation's record, which counts no steps and says what it evaluated. ``width``: no line is
     longer, from 40 columns on (text wraps at spaces, a word longer than a line, a path, kept
@@ -136,12 +138,19 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
     name_w = max(len(n) for n in dashboard.names)
     if width is not None:
         name_w = max(6, min(name_w, width - 26))  # "  name  " and two values of 10
-    lines.append(f"  {'metric':<{name_w}}  {'train':>10}  {'valid':>10}")
+    cut = {stage for stage, _ in dashboard.cut}  # (a stage a stop cut short: its epoch is the run's last)
+    cells = []
     for name in dashboard.names:
         row = dashboard.table.get(name, {})
-        train = row.get("train_final", row.get("train_epoch"))
-        valid = row.get("valid_final", row.get("valid_epoch"))
-        lines.append(f"  {ellipsize(name, name_w):<{name_w}}  {fmt(train):>10}  {fmt(valid):>10}")
+        cells.append([fmt(value) + (" (partial)" if stage in cut and value is not None else "") for stage in
+                      ("train", "valid") for value in [row.get(f"{stage}_final", row.get(f"{stage}_epoch"))]])
+    value_w = max([10, *(len(cell) for row_cells in cells for cell in row_cells)])
+    lines.append(f"  {'metric':<{name_w}}  {'train':>{value_w}}  {'valid':>{value_w}}")
+    for name, (train, valid) in zip(dashboard.names, cells):
+        lines.append(f"  {ellipsize(name, name_w):<{name_w}}  {train:>{value_w}}  {valid:>{value_w}}")
+    if any(cell.endswith(" (partial)") for row_cells in cells for cell in row_cells):
+        lines += wrapped(["  (partial: the mean over the batches of an epoch a stop cut short, not a whole "
+                          "epoch's)"], width)
     plot_w = 60 if width is None else max(10, min(60, width - 14))  # "  ", the y labels and the axis: 14
     for name in dashboard.names:
         if "loss" not in name:

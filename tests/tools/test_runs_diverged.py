@@ -93,9 +93,9 @@ def test_runs_lists_the_final_value_of_a_diverged_run(tmp_path: Path, capsys: py
         raise AssertionError(f"not JSON: {constant}")
 
     listed = {Path(r["folder"]).name: r for r in json.loads(capsys.readouterr().out, parse_constant=refuse)}
-    assert listed["nan"]["final"] == {"metric": "valid/loss", "value": "nan", "epoch": 3}
+    assert listed["nan"]["final"] == {"metric": "valid/loss", "value": "nan", "epoch": 3, "partial": False}
     assert listed["nan"]["diverged"] == 2
-    assert listed["ok"]["final"] == {"metric": "valid/loss", "value": 11.0, "epoch": 2} and listed["ok"]["diverged"] is None
+    assert listed["ok"]["final"] == {"metric": "valid/loss", "value": 11.0, "epoch": 2, "partial": False} and listed["ok"]["diverged"] is None
 
 
 def test_compare_of_a_folder_of_runs_compares_every_run_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -79,7 +79,7 @@ def test_runs_and_compare_count_the_epochs_of_the_end_line(tmp_path: Path, monke
     assert runs.load(folder).epochs == epochs
     if runs.epoch_rows(folder):  # (compare draws a metric: a run with none is not compared)
         assert cli.main(["compare", str(folder), "--metric", "train/loss"], plugins=[TuiRenderer()]) == 0
-        row = capsys.readouterr().out.splitlines()[-1].split()
+        row = next(line for line in capsys.readouterr().out.splitlines() if str(folder) in line).split()
         assert row[1:5] == [str(folder), status, str(epochs), str(end["steps"])], row
 
 

@@ -87,4 +87,5 @@ def test_a_validation_a_stop_cut_short_is_the_last_value_never_the_best(tmp_path
     state = hookfit.Loop(train, [0, 1], val_step=valid, val_data=[0, 1], max_epochs=3, run_dir=tmp_path,
                          disable=QUIET, plugins=[Metrics(), Console(stream=stream), StopAfter(7)]).fit()  # epoch 2's first validation batch
     assert state.status == "interrupted" and state.results["best"]["valid/loss"] == (2.25, 1)
-    assert result_lines(stream)[-1] == "hookfit result stage=valid metric=loss last=0.5 best=2.25 best_epoch=1"
+    assert result_lines(stream)[-1] == ("hookfit result stage=valid metric=loss last=0.5 last_partial=true best=2.25 "
+                                          "best_epoch=1")
