@@ -54,7 +54,11 @@ The rest
     :data:`hookfit.payloads.DATA_BOTTLENECK` (20 %) of a stage's time, a plain warning:
     ``hookfit bottleneck stage=train part=data share=45% message="data loading is 45% of
     training time: the data loader is the bottleneck (try DataLoader num_workers)"``, the advice from
-    the stage's data (:func:`hookfit.plugins.support.faster_data`).
+    the stage's data (:func:`hookfit.plugins.support.faster_data`). A run that a stop interrupted
+    ends with where to continue from: the newest checkpoint the checkpoint role announced
+    (``checkpoint_saved``; the stop's own, where it saved one), ``hookfit checkpoint
+    reason=interrupt path=<file> resume="run again with Loop(..., resume=\"latest\") or
+    resume=<this path>"``; nothing without a checkpoint.
 
 Several processes (``torchrun``: rank 0 prints)
     Every figure counts the whole job, as one process running it would: samples and metrics as the snapshots carry
@@ -186,6 +190,7 @@ class Console:
         self._results: dict[tuple[str, str], _Extremes] = {}
         self._stages: set[str] = set()  # stages with an epoch summary in this run
         self._skipped, self._skip_reason = 0, ""  # optimizer steps skipped (step_skipped), the last why
+        self._saved: tuple[str, str] | None = None  # (path, reason) of the newest checkpoint announced
         self._silent, self._world, self._rank = False, 1, 0  # (fit_start) the run's processes, this one's rank
 
     def direction(self, stage: str, metric: str) -> str | None:
@@ -206,7 +211,7 @@ class Console:
         self._last_line = self._latest = None
         for kept in (self._results, self._stages, self._published):
             kept.clear()
-        self._skipped, self._skip_reason = 0, ""
+        self._skipped, self._skip_reason, self._saved = 0, "", None
         self._world, self._rank = max(loop.state.world_size, 1), loop.state.rank
         data = loop.train_data
         self._total = length(data)
@@ -328,7 +333,11 @@ class Console:
     def step_skipped(self, reason: str) -> None:
         self._skipped, self._skip_reason = self._skipped + 1, reason
 
-    @hookimpl(trylast=True)
+    @hookimpl(optionalhook=True)
+    def checkpoint_saved(self, path: str, reason: str) -> None:
+        self._saved = (path, reason)  # (announced in order: the last is the newest, what resume="latest" takes)
+
+    @hookimpl(trylast=True)  # after the checkpoint role's fit_end, which saves and announces a stop's checkpoint
     def fit_end(self, loop: Run) -> None:
         state = loop.state
         self._print("end", f"status={state.status}", _field("reason", state.stop_reason or "", always=True),
@@ -350,6 +359,10 @@ class Console:
             self._print("result", _field("stage", stage), _field("metric", key), f"last={_number(result.last)}",
                         "last_partial=true" if result.cut else "", *extremes)
         self._print_time(state.time_split, {"train": loop.train_data, "valid": loop.val_data})
+        if state.status == "interrupted" and self._saved is not None:
+            path, reason = self._saved
+            self._print("checkpoint", _field("reason", reason), _field("path", path),
+                        _field("resume", 'run again with Loop(..., resume="latest") or resume=<this path>', always=True))
 
     def _own(self, stage: str = "") -> str:
         """``rank=R`` where a line's figures are this process's own (see the module's docstring)."""

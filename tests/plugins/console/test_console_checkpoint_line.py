@@ -1,0 +1,53 @@
+"""An interrupted run ends its console output with the checkpoint to continue from (the newest
+one the checkpoint role announced, ``checkpoint_saved``) and how to resume; a completed run and
+an interrupted run without a checkpoint print no such line."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.console import Console
+
+LINE = re.compile(r'^hookfit checkpoint reason=(\S+) path=(\S+) resume="run again with Loop\(\.\.\., '
+                  r'resume=\\"latest\\"\) or resume=<this path>"$')
+
+
+def _run(folder: Path, stop_at: int | None, plugins: list[Any], resume: str | None = None) -> tuple[Any, list[str]]:
+    """Three batches an epoch, two epochs; a stop asked at step ``stop_at`` (inside epoch 2)."""
+    def step(loop: Any, batch: Any) -> dict[str, Any]:
+        if loop.state.step == stop_at:
+            loop.request_stop("enough")
+        return {"loss": torch.tensor(1.0)}
+
+    stream = io.StringIO()
+    state = hookfit.Loop(step, [0, 1, 2], model=torch.nn.Linear(1, 1), max_epochs=2, run_dir=folder, resume=resume,
+                         plugins=[*plugins, Console(stream=stream, interval=None)]).fit()
+    return state, stream.getvalue().splitlines()
+
+
+def test_an_interrupted_run_ends_with_the_checkpoint_to_resume_from(tmp_path: Path) -> None:
+    state, lines = _run(tmp_path, 4, [Checkpoint()])
+    assert state.status == "interrupted"
+    match = LINE.match(lines[-1])
+    assert match, lines[-1]
+    reason, path = match.groups()
+    assert reason == "interrupt" and Path(path).is_file() and Path(path).parent == tmp_path / "checkpoints"
+    assert Path(path) == Path(state.results["last_checkpoint"])  # what resume="latest" takes
+    assert sum(line.startswith("hookfit checkpoint ") for line in lines) == 1
+
+    resumed, lines = _run(tmp_path, None, [Checkpoint()], resume="latest")
+    assert resumed.status == "completed" and resumed.step == 6
+    assert not any(line.startswith("hookfit checkpoint ") for line in lines), lines
+
+
+def test_an_interrupted_run_without_a_checkpoint_names_none(tmp_path: Path) -> None:
+    state, lines = _run(tmp_path, 4, [])
+    assert state.status == "interrupted"
+    assert lines[-1].startswith("hookfit time ") and not any("checkpoint" in line for line in lines), lines
