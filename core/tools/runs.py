@@ -22,7 +22,8 @@ skipped without a note. The metrics are read along the line the run followed (:f
 rows that a resume abandoned are not the run's, nor those of an earlier history in the folder
 (:func:`current`), nor a resume after which nothing was left to do (:func:`resumed_from`).
 ``Loop.validate()`` records in the folder are not fits, and a folder of them alone (a test
-``Loop`` without ``run_dir``) is no training run (:attr:`RunInfo.evaluation`, :func:`find`).
+``Loop`` without ``run_dir``) is no training run (:attr:`RunInfo.evaluation`, :func:`find`); it is
+judged with the directions of the run whose checkpoint it read as well (:func:`evaluated_directions`).
 
 Which metric a run is judged by and which of its values is best: :mod:`hookfit.tools.metric_rows`.
 A run's final value is the last value of that metric; where a stop cut that stage short (an
@@ -55,9 +56,9 @@ from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read
 from hookfit.tools.metric_rows import (ROW_FIELDS, best, cut_short, default_metric, direction, directions, final,
                                        finite, metric_names, series)
 
-__all__ = ["LIMIT", "PARTIAL", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction", "directions",
-           "epoch_rows", "final", "find", "followed", "load", "metric_names", "read_bytes", "read_jsonl", "read_metrics",
-           "resumed_from", "run_folders", "series"]
+__all__ = ["LIMIT", "PARTIAL", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction",
+           "directions", "epoch_rows", "evaluated_directions", "final", "find", "followed", "load", "metric_names",
+           "read_bytes", "read_jsonl", "read_metrics", "resumed_from", "run_folders", "series"]
 
 Line = TypeVar("Line", bound=Mapping[str, Any])
 
@@ -232,6 +233,21 @@ def resumed_from(lines: Iterable[Mapping[str, Any]]) -> str | None:
     return None if found is None else str(found.get("from"))
 
 
+def evaluated_directions(own: Mapping[str, str], checkpoint: str | None) -> dict[str, str]:
+    """The directions an evaluation is judged by: its own (``own``, :func:`directions`), then those of
+    the training run whose checkpoint it read (``checkpoint``, in that run folder's ``checkpoints/``),
+    which its own do not name: an evaluation of a run that ranked by ``valid/acc``
+    (``Metrics(best={"valid/acc": "max"})``) ranks by it too, though the evaluating ``Loop``'s
+    metrics plugin was given no direction. Only what that run's log says; ``own`` alone without it."""
+    known = dict(own)
+    path = Path(checkpoint) if checkpoint else None
+    folder = path.parent.parent if path is not None and path.parent.name == "checkpoints" else None
+    if folder is not None and is_run(folder):  # (its damage is said where that run is read)
+        for name, mode in directions(followed(read_metrics(folder / "metrics.jsonl"))).items():
+            known.setdefault(name, mode)
+    return known
+
+
 def fit_lines(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The lines of a ``run.jsonl``'s current history (:func:`current`) without those of
     evaluations (``"run"`` lines with ``"mode": "validate"`` and the ``"end"`` line after each)."""
@@ -288,8 +304,12 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     short = jsonlines.count(counted) and (steps is None or counted > steps)
     if short:  # the metric log stopped short (a full disk)
         steps = counted
-    metric = metric or default_metric(rows, directions(metrics))
-    mode = mode or (direction(metric, directions(metrics)) if metric else None)
+    read: list[Any] = []  # what an evaluation read: its resume lines, else the checkpoints it was given
+    if evaluation:
+        read = [r.get("from") for r in metrics if r.get("event") == "resume"] or [r.get("resume") for r in starts]
+    known = evaluated_directions(directions(metrics), read[-1] if read and isinstance(read[-1], str) else None)
+    metric = metric or default_metric(rows, known)
+    mode = mode or (direction(metric, known) if metric else None)
     found = best(rows, metric, mode) if metric and mode else None
     last, diverged = final(rows, metric) if metric else (None, None)
     if short and metric and mode == direction(metric, directions(metrics)):  # the run's own best of every epoch
@@ -298,9 +318,7 @@ def load(folder: Path, metric: str | None = None, mode: str | None = None) -> Ru
     name = name if isinstance(name, str) else folder.parent.name  # (a damaged name is left out)
     started = starts[0].get("started") if starts else None
     identity = starts[0].get("identity") if starts else None
-    read: list[Any] = []  # what an evaluation read: its resume lines, else the checkpoints it was given
     if evaluation:
-        read = [r.get("from") for r in metrics if r.get("event") == "resume"] or [r.get("resume") for r in starts]
         status, epochs, steps, fits = "evaluated" if status == "completed" else status, None, None, 0
     return RunInfo(
         folder=str(folder), name=str(name), started=started if isinstance(started, str) else None,
