@@ -43,12 +43,15 @@ def end_with(run: Run, error: BaseException) -> None:
 
 def _execute(run: Run) -> State:
     """Run ``run`` to the end, each of hookfit's warnings shown once in it
-    (:func:`hookfit.errors.forget_warnings`); then raise the error a plugin asked it to end
-    with (:func:`end_with`), if any, unless the run raised its own."""
+    (:func:`hookfit.errors.forget_warnings`) and recorded in its folder
+    (:mod:`hookfit.runwarnings`); then raise the error a plugin asked it to end with
+    (:func:`end_with`), if any, unless the run raised its own."""
     errors.forget_warnings(run.train_step, run.val_step)
+    run.folder.warned.install()
     try:
         state = run.execute()
     finally:
+        run.folder.warned.remove()
         error = _ENDINGS.pop(run, None)
     if error is not None:
         raise error

@@ -1,6 +1,7 @@
 """A run's identity, folder and record: where the files of a run go (``runs/<name>/<date>-<time>``
 unless ``Loop(run_dir=...)`` says otherwise), ``run.jsonl`` in it, one ``"run"`` line as a
-``fit()`` starts writing there and one ``"end"`` line when it ends, read back by
+``fit()`` starts writing there, a ``"warning"`` line for each warning it showed
+(:mod:`hookfit.runwarnings`) and one ``"end"`` line, the last, when it ends, read back by
 :mod:`hookfit.tools.runs` (``hookfit runs``), and the lock that keeps a second process out of
 a folder a live run writes (:mod:`hookfit.locks`).
 
@@ -34,6 +35,7 @@ import hookfit
 from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile, folder_found, folder_lost
 from hookfit.locks import LOCK, FolderInUse, FolderLock
+from hookfit.runwarnings import WarningRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.loop import Loop
@@ -203,6 +205,7 @@ class RunFolder:
         self.over = False  # the run ended (record_end): a later use takes no lock and records nothing
         self.log: RunFile | None = None  # run.jsonl, once the run has a folder
         self.earlier: tuple[Path | None, int] | None = None  # (the folder, earlier_run() there), once asked
+        self.warned = WarningRecorder(run)  # the run's warnings, as lines of run.jsonl (hookfit.runwarnings)
 
     @property
     def path(self) -> Path:
@@ -333,6 +336,7 @@ class RunFolder:
         self.log = log = RunFile(folder / "run.jsonl", "hookfit")
         log.write(json.dumps(record) + "\n")
         log.close()
+        self.warned.opened(log)
 
     def record_end(self) -> None:
         """The ``"end"`` line of this ``fit()``, after ``fit_end`` (so the status is final):
@@ -345,6 +349,7 @@ class RunFolder:
         line, so a folder that cannot be written warns once, not twice. Then the folder's lock
         is released, and the plugin that placed the folder is told (:meth:`place`)."""
         try:
+            self.warned.closed()  # the end line is the last
             self._write_end()
         finally:
             self.over = True

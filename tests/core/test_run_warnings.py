@@ -1,0 +1,77 @@
+"""hookfit.runwarnings: the warnings a run showed are lines of its ``run.jsonl``, once each,
+before its end line, as the warnings filters let them through."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+import hookfit
+from hookfit.errors import HookfitWarning
+from hookfit.tools import runs
+
+
+class Warns:
+    """Warns at fit_start (before the run folder is made), and twice the same at each train
+    epoch's end; uses the run folder at the first epoch's end."""
+
+    name = "warns"
+
+    @hookfit.hookimpl
+    def fit_start(self, loop) -> None:
+        warnings.warn("WARNS AT FIT START", UserWarning)
+
+    @hookfit.hookimpl
+    def stage_end(self, loop, stage) -> None:
+        if stage == "train":
+            loop.run_dir  # noqa: B018 - the folder, and run.jsonl, from here
+            for _ in range(2):
+                warnings.warn(f"warns: epoch {loop.state.epoch + 1} of {loop.max_epochs}", HookfitWarning)
+
+
+def lines(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "run.jsonl").read_text().splitlines()]
+
+
+def test_each_warning_is_one_line_between_the_run_and_end_lines(tmp_path: Path) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = warnings.showwarning
+        state = hookfit.Loop(lambda l, b: None, [1, 2], max_epochs=2, run_dir=tmp_path, plugins=[Warns()]).fit()
+        assert warnings.showwarning is before  # put back after the run
+    assert state.status == "completed"
+    assert [str(w.message) for w in caught].count("warns: epoch 1 of 2") == 2  # shown as before, each time
+    found = lines(tmp_path)
+    assert [line["event"] for line in found] == ["run", "warning", "warning", "warning", "end"]
+    assert [(line["category"], line["message"], line["step"]) for line in found[1:4]] == [
+        ("UserWarning", "WARNS AT FIT START", 0),  # shown before the folder was made: after the run line
+        ("hookfit.errors.HookfitWarning", "warns: epoch 1 of 2", 2),  # (the same one twice: recorded once)
+        ("hookfit.errors.HookfitWarning", "warns: epoch 2 of 2", 4)]
+    assert found[1]["where"].startswith(f"{__file__}:")
+    info = runs.load(tmp_path)  # the readers pass over them
+    assert (info.status, info.fits, info.notes) == ("completed", 1, ())
+
+
+def test_a_warning_the_filters_leave_out_is_not_recorded(tmp_path: Path) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message="warns: epoch", category=HookfitWarning)
+        hookfit.Loop(lambda l, b: None, [1], run_dir=tmp_path, plugins=[Warns()]).fit()
+    assert [str(w.message) for w in caught] == ["WARNS AT FIT START"]
+    assert [line["message"] for line in lines(tmp_path) if line["event"] == "warning"] == ["WARNS AT FIT START"]
+
+
+def test_a_run_without_a_folder_records_nothing_and_makes_none(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    def step(loop, batch) -> None:
+        warnings.warn("A STEP WARNS", UserWarning)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(step, [1]).fit()
+    assert [str(w.message) for w in caught] == ["A STEP WARNS"]
+    assert not (tmp_path / "runs").exists()
