@@ -50,8 +50,6 @@ def finish(run: Run, failed: bool) -> None:
         _take_kept(run, failed, errors)
     finally:  # a second Ctrl-C in an exception hook told of the kept error still ends the run
         _end(run, failed, errors)
-    for exc, hook in errors if failed else errors[1:]:
-        blame.warn_secondary(exc, hook)
     if errors and not failed:
         raise errors[0][0]
 
@@ -70,7 +68,8 @@ def _take_kept(run: Run, failed: bool, errors: list[tuple[BaseException, str]]) 
 
 
 def _end(run: Run, failed: bool, errors: list[tuple[BaseException, str]]) -> None:
-    """``fit_end`` (observers switched off included), ``results``, then, whatever these raised, the end line
+    """``fit_end`` (observers switched off included), ``results``, then, whatever these raised, a warning for
+    each of their errors but the one that fails the run (:func:`hookfit.blame.warn_secondary`), the end line
     in ``run.jsonl``, the folder unlocked, the loaders' workers released and the state's errors detached."""
     state = run.state
     try:
@@ -86,9 +85,13 @@ def _end(run: Run, failed: bool, errors: list[tuple[BaseException, str]]) -> Non
         _failed_by(state, errors, failed)
     finally:  # a second Ctrl-C in fit_end or results still ends the run: its end recorded, its folder unlocked
         try:
-            run.hooks.close()
-            run.folder.record_end()
-            persistent.release(run.train_data, run.val_data)
+            try:  # the errors that did not end the run, as warnings before the end line (run.jsonl records them)
+                for exc, hook in errors if failed else errors[1:]:
+                    blame.warn_secondary(exc, hook)
+            finally:
+                run.hooks.close()
+                run.folder.record_end()
+                persistent.release(run.train_data, run.val_data)
         finally:
             if state.error is not None:
                 state.error = detached(state.error)

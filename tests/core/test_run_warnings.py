@@ -64,6 +64,34 @@ def test_a_warning_the_filters_leave_out_is_not_recorded(tmp_path: Path) -> None
     assert [line["message"] for line in lines(tmp_path) if line["event"] == "warning"] == ["WARNS AT FIT START"]
 
 
+@pytest.mark.fault
+def test_an_error_while_the_run_ends_is_recorded_before_the_end_line(tmp_path: Path) -> None:
+    class Breaks:
+        name = "breaks"
+
+        @hookfit.hookimpl
+        def fit_start(self, loop) -> None:
+            loop.run_dir  # noqa: B018 - a plugin that writes there
+
+        @hookfit.hookimpl
+        def fit_end(self, loop) -> None:
+            raise OSError("BREAKS AT FIT END")
+
+    def step(loop, batch) -> None:
+        raise RuntimeError("the step broke")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="the step broke"):
+            hookfit.Loop(step, [1], run_dir=tmp_path, plugins=[Breaks()]).fit()
+    said = [str(w.message) for w in caught if "BREAKS AT FIT END" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("fit_end failed")  # shown, as before
+    found = lines(tmp_path)
+    assert [line["event"] for line in found] == ["run", "warning", "end"]
+    assert found[1]["message"] == said[0] and found[1]["category"] == "hookfit.errors.HookfitWarning"
+    assert found[-1]["status"] == "failed"
+
+
 def test_a_run_without_a_folder_records_nothing_and_makes_none(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
 
