@@ -5,7 +5,9 @@ log pane and again in the plain-text summary printed after it, never written to 
 :class:`WarningLog` replaces :func:`warnings.showwarning` while it is installed and puts the
 previous one back when removed; the warnings filters decide, as always, which warnings are
 shown at all. A warning written to a file of the caller's own (``showwarning(..., file=f)``)
-goes to the previous function unchanged."""
+goes to the previous function unchanged. A warning it keeps off the terminal is not handed on,
+so the run's record of its warnings in ``run.jsonl`` (:func:`hookfit.runwarnings.shown`) is
+told of it."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
+
+from hookfit import runwarnings
 
 __all__ = ["WarningLog", "describe"]
 
@@ -76,6 +80,7 @@ class WarningLog:
             else:
                 self.dropped += 1
         self._deliver([f"warning: {text}"])
+        runwarnings.shown(message, category, filename, lineno)
 
 
 def describe(message: Warning | str, category: type[Warning], filename: str, lineno: int) -> str:

@@ -72,3 +72,32 @@ def test_called_after_removal_it_writes_as_python_would(capsys: pytest.CaptureFi
         warnings.simplefilter("always")
         warnings.warn("after the run")
     assert "UserWarning: after the run" in capsys.readouterr().err and log.kept == []
+
+
+def test_a_warning_the_dashboard_keeps_off_the_terminal_is_recorded_in_the_run_folder(monkeypatch, tmp_path) -> None:
+    """A real run with the dashboard's screen and UI thread left out: its WarningLog takes the
+    warnings over, and run.jsonl still records them."""
+    pytest.importorskip("urwid")
+    import json
+
+    import hookfit
+    import hookfit.plugins.tui.renderer as renderer_module
+    from hookfit.plugins.tui import TuiRenderer
+
+    monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
+    monkeypatch.setattr(TuiRenderer, "_start_screen", lambda self: setattr(self, "_screen", None))
+    monkeypatch.setattr(TuiRenderer, "_ui", lambda self: self._quit.wait())
+
+    def step(loop, batch) -> None:
+        warnings.warn(f"THE STEP WARNS AT STEP {loop.state.step}", UserWarning)
+
+    tui = TuiRenderer()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = hookfit.Loop(step, [1, 2], run_dir=tmp_path, plugins=[tui]).fit()
+    assert state.status == "completed" and not tui.active
+    assert caught == []  # the dashboard kept them off the terminal
+    assert [text.split(" (")[0] for text in tui.warned.kept] == [f"UserWarning: THE STEP WARNS AT STEP {n}" for n in (0, 1)]
+    lines = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [(line["event"], line.get("message")) for line in lines] == [
+        ("run", None), ("warning", "THE STEP WARNS AT STEP 0"), ("warning", "THE STEP WARNS AT STEP 1"), ("end", None)]

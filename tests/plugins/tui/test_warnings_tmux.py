@@ -1,7 +1,8 @@
 """Warnings while the dashboard owns the terminal, end to end in a real terminal (tmux): kept
 and shown in the dashboard's log pane as one line each, listed again in the summary printed
 after it, never written as raw lines into the screen's rows; the previous
-``warnings.showwarning`` is back after the run, however it ended."""
+``warnings.showwarning`` is back after the run, however it ended; the run's ``run.jsonl`` records
+them."""
 
 from __future__ import annotations
 
@@ -56,3 +57,8 @@ def test_a_run_that_fails_puts_showwarning_back_and_lists_its_warnings(term: Ter
     assert json.loads(term.result.read_text()) == {"status": "failed", "showwarning": True}
     assert after(text, "hookfit: training failed (RuntimeError: the step broke at step 15)", SCRIPT_WARNING)
     assert "RuntimeError: the step broke at step 15" in text[text.index(SCRIPT_WARNING):]
+    lines = [json.loads(line) for line in (term.result.parent / "run" / "run.jsonl").read_text().splitlines()]
+    recorded = [(line["category"], line["message"], line["step"]) for line in lines if line["event"] == "warning"]
+    assert ("UserWarning", "THE SCRIPT WARNS AT STEP 5", 5) in recorded, lines  # kept off the terminal, recorded
+    assert any(category.endswith(".OptimWarning") for category, _, _ in recorded), lines
+    assert lines[-1]["event"] == "end" and lines[-1]["status"] == "failed"
