@@ -10,7 +10,8 @@ until ``q``. With ``--text``, without an interactive terminal, or without urwid 
 one line what to install) it prints the plain-text summary and curves that a finished run
 prints; that needs no urwid. Progress is counted as the run counted it (steps when its
 ``max_steps``, in ``run.jsonl``, ended it first), and a finished run shows where it ended: its
-last step, epoch and metrics (its end lines). A run folder resumed into is timed over all its
+last step, epoch and metrics (its end lines), and the warnings the run recorded (``run.jsonl``'s
+``"warning"`` lines, a line each with its step). A run folder resumed into is timed over all its
 fits (the clock, the time lines), the summary adding the last one's.
 
 ``hookfit compare`` is :mod:`hookfit.plugins.tui.compare`'s.
@@ -191,6 +192,20 @@ def _skipped(dash: DashboardModel, row: Mapping[str, Any]) -> None:
         dash.receive("skipped_total", skipped)
 
 
+def recorded_warnings(folder: Path) -> list[str]:
+    """The warnings the run recorded in ``run.jsonl`` (its ``"warning"`` lines, :mod:`hookfit.runwarnings`)
+    along its current history, a line each as the dashboard's summary says them, with the step they came at."""
+    lines = runs.current(runs.read_jsonl(folder / "run.jsonl"))
+    out = []
+    for line in lines:
+        if line.get("event") == "warning":
+            category = str(line.get("category", "Warning")).rsplit(".", 1)[-1]
+            step = line.get("step")
+            at = f" (step {step})" if jsonlines.count(step) else ""
+            out.append(f"warning: {category}: {' '.join(str(line.get('message', '')).split())}{at}")
+    return out
+
+
 def _limits(folder: Path) -> tuple[int, int | None]:
     """``max_epochs`` and ``max_steps`` of the run's last start of a fit (``run.jsonl``; an
     evaluation's, ``Loop.validate()``, trains nothing); without one, the epochs its metrics reached."""
@@ -228,6 +243,8 @@ def _dashboard(folder: Path, draw: bool = True) -> tuple[DashboardModel, Followe
         _skipped(dash, ends[-1])
     if follower.ended is None and info.status != "running":
         dash.receive("end", info.status, info.reason, True, None, info.duration)
+    if warned := recorded_warnings(folder):  # the log pane, as the run's dashboard showed them
+        dash.receive("log", warned)
     return dash, follower, info, holder
 
 
@@ -266,7 +283,7 @@ def _print_summary(folder: Path, dash: DashboardModel, follower: Follower, info:
                             stopped_by=ended.get("by"), resumed_from=resumed, time_split=times or dash.time_split,
                             evaluation=info.evaluation)
     print(f"run {folder}")
-    print("\n".join(summary(dash, state, width=terminal_width())))
+    print("\n".join(summary(dash, state, warned=recorded_warnings(folder), width=terminal_width())))
 
 
 def _interactive(dash: Dashboard, follower: Follower, leave: dict[str, bool], live: bool) -> None:

@@ -114,3 +114,25 @@ def test_show_leaves_out_the_rows_a_resume_abandoned_as_hookfit_runs_does(tmp_pa
     dash, _, _, _ = _dashboard(tmp_path, draw=False)
     assert [x for x, _ in dash.series[("train", "loss")].recent] == [60, 120]
     assert [row["step"] for row in runs.epoch_rows(tmp_path)] == [60, 120]  # what hookfit runs and compare read
+
+
+def test_show_lists_the_warnings_the_run_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import warnings
+
+    def step(loop, batch) -> Any:
+        if loop.state.step == 2:
+            warnings.warn("THE STEP WARNS\nON TWO LINES", UserWarning)
+        return mse_step(loop, batch)
+
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("ignore")
+        warnings.simplefilter("always", UserWarning)
+        hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01), run_dir=tmp_path,
+                     plugins=[Optim(), Metrics(), MetricsLog()]).fit()
+    assert [str(w.message) for w in caught] == ["THE STEP WARNS\nON TWO LINES"]
+    out = show_text(tmp_path, capsys)
+    assert "\n  warning: UserWarning: THE STEP WARNS ON TWO LINES (step 2)\n" in out, out
+    model_, _, _, _ = _dashboard(tmp_path, draw=False)  # the dashboard's log pane too
+    assert model_.log == ["warning: UserWarning: THE STEP WARNS ON TWO LINES (step 2)"]
