@@ -21,10 +21,13 @@ import atexit
 import datetime
 import gc
 import importlib
+import os
 import sys
 from typing import Any
 
-__all__ = ["init", "owned", "shutdown"]
+__all__ = ["ENV_TIMEOUT", "init", "owned", "shutdown", "timeout_seconds", "timeout_text"]
+
+ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
 
 _owned = False  # the default group is the one this module initialised
 _exit_registered = False
@@ -112,3 +115,27 @@ def _release() -> None:
 def _at_exit() -> None:
     # no barrier: a process whose peers failed or hang must still be able to leave
     destroy()
+
+
+def timeout_seconds(default: float) -> float:
+    """Seconds a collective operation waits for the other processes: ``HOOKFIT_DIST_TIMEOUT``
+    when set (a positive number, else ``ValueError``), else ``default`` (``Distributed(timeout=...)``)."""
+    text = os.environ.get(ENV_TIMEOUT)
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"distributed: {ENV_TIMEOUT}={text!r} is not a positive number of seconds")
+    return seconds
+
+
+def timeout_text(default: float) -> str:
+    """The timeout for a message, with where it is set: ``"300 s (HOOKFIT_DIST_TIMEOUT or ...)"``."""
+    try:
+        seconds = f"{timeout_seconds(default):g}"
+    except ValueError:
+        seconds = f"{default:g}"
+    return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"

@@ -22,6 +22,7 @@ from hookfit.errors import user_level
 from hookfit.modes import modules
 from hookfit.plugins.support import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import group, hookspecs
+from hookfit.plugins.distributed.group import ENV_TIMEOUT, timeout_seconds, timeout_text
 from hookfit.plugins.distributed.agreement import agreed, unlike
 from hookfit.plugins.distributed.failures import failure_store, report
 from hookfit.plugins.distributed.sharding import length, shard
@@ -36,7 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 __all__ = ["ENV_TIMEOUT", "STRATEGIES", "Distributed", "launched"]
 
-ENV_TIMEOUT = "HOOKFIT_DIST_TIMEOUT"
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE")
 
 
@@ -174,7 +174,7 @@ class Distributed(ModelWrap):
         self.rank = int(os.environ.get("RANK", "0"))  # for messages until the group says
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         device = self._device(loop.model)
-        timeout = datetime.timedelta(seconds=self._timeout_seconds())
+        timeout = datetime.timedelta(seconds=timeout_seconds(self.timeout))
         if not dist.is_initialized():
             backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
             if device.type == "cuda":
@@ -328,7 +328,7 @@ class Distributed(ModelWrap):
         first, with a note on ``error`` (:func:`~hookfit.plugins.distributed.failures.report`);
         then destroy the process group if hookfit made it (a script's own stays open)."""
         apart = not self.shard_data and length(loop.train_data) < 0  # a stream each process reads: uneven?
-        report(error, self.rank, self.world_size, self._store, self._timeout_text, apart)
+        report(error, self.rank, self.world_size, self._store, lambda: timeout_text(self.timeout), apart)
         group.destroy()  # hookfit's group: the peers' next collective fails now instead of at the timeout
 
     @hookimpl(trylast=True)
@@ -377,22 +377,3 @@ class Distributed(ModelWrap):
         (``_hookfit_process_groups``), and this plugin keeps its own until ``fit_end``."""
         groups, self._groups = self._groups, []
         del groups
-
-    def _timeout_seconds(self) -> float:
-        text = os.environ.get(ENV_TIMEOUT)
-        if not text:
-            return self.timeout
-        try:
-            seconds = float(text)
-        except ValueError:
-            seconds = -1.0
-        if not seconds > 0:
-            raise ValueError(f"distributed: {ENV_TIMEOUT}={text!r} is not a positive number of seconds")
-        return seconds
-
-    def _timeout_text(self) -> str:
-        try:
-            seconds = f"{self._timeout_seconds():g}"
-        except ValueError:
-            seconds = f"{self.timeout:g}"
-        return f"{seconds} s ({ENV_TIMEOUT} or Distributed(timeout=...))"
