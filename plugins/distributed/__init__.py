@@ -3,7 +3,8 @@
 The same script runs on one process (``python train.py``) and on many
 (``torchrun --nproc-per-node 4 train.py``, on one machine or several). This plugin uses
 PyTorch's own engine, :mod:`torch.distributed` and ``DistributedDataParallel`` (DDP); it adds
-no communication of its own beyond a small flag per batch (see stopping below).
+no communication of its own beyond a small flag per batch (see stopping below) and one
+check of the parameters per run.
 
 When it is active
     When the process was started by ``torchrun`` (``RANK`` and ``WORLD_SIZE`` in the
@@ -93,6 +94,15 @@ Every training pass and batch
       it ``loop.stop_requested`` is that request on every rank. A request between two checks
       waits for the next. No rank is left waiting in a collective operation that the others
       have left.
+    * Once a run, at the first agreement after an optimizer of the ``Loop`` stepped (after the
+      first training batch when it was given none), the flag also says so, and the ranks
+      compare a checksum of every trainable parameter (one gather; nothing per batch after
+      it): data-parallel processes hold the same values after every step. Where some differ
+      (a module left out of ``DistributedDataParallel`` under ``wrap_model=False``, whose
+      gradients nothing synchronised) the run fails on every rank, naming them
+      (:mod:`~hookfit.plugins.distributed.replicas`). Gradients a step all-reduces itself
+      pass; sharded parameters (FSDP2's ``DTensor``) and parameters some ranks lack are not
+      compared.
     * ``all_reduce``: sums a tensor over the ranks (``dist.all_reduce``); the metrics plugin
       uses it so that every published number is global and sample-weighted.
 

@@ -25,6 +25,7 @@ from hookfit.plugins.distributed import group, hookspecs
 from hookfit.plugins.distributed.group import ENV_TIMEOUT, timeout_seconds, timeout_text
 from hookfit.plugins.distributed.agreement import agreed, unlike
 from hookfit.plugins.distributed.failures import failure_store, report
+from hookfit.plugins.distributed.replicas import ReplicaCheck
 from hookfit.plugins.distributed.sharding import length, shard
 from hookfit.plugins.distributed.wrapping import ModelWrap
 
@@ -55,7 +56,7 @@ def _dist() -> Any:
 STRATEGIES = ("ddp", "fsdp")
 
 
-class Distributed(ModelWrap):
+class Distributed(ModelWrap, ReplicaCheck):
     """Data-parallel training with ``torch.distributed`` under ``torchrun``: DDP (every rank
     holds the whole model) or FSDP2 (``strategy="fsdp"``: parameters, gradients and optimizer
     states sharded over the ranks).
@@ -149,6 +150,7 @@ class Distributed(ModelWrap):
         self._groups: list[ProcessGroup] = []
         self._store: Store | None = None  # where the first failing rank says so (failures.first_failure)
         self._reset_model()  # no model wrapped or sharded yet (ModelWrap)
+        self._reset_replicas()  # (ReplicaCheck)
 
     # -- set-up --------------------------------------------------------------------------
     def inert(self, chosen: bool) -> str | None:
@@ -208,6 +210,7 @@ class Distributed(ModelWrap):
                 loop.val_data = self._sharded(loop.val_data, "val_data", even=False)
         self._check_lengths(loop)
         self._watch_passes(loop)
+        self._watch_steps(loop)
 
     def _device(self, model: Any) -> torch.device:
         """The device the model lives on: ``cuda:LOCAL_RANK`` for a model on any GPU."""
@@ -280,15 +283,21 @@ class Distributed(ModelWrap):
             if not self._forward_checked and self._grad_seen:
                 self._forward_checked = True  # the first backward pass went through DDP
                 self._remove_grad_hooks()
+            if self._replicas_due and not self._step_hooks:
+                self._stepped = True  # no optimizer given to the Loop: the first training batch counts
             self._batches += 1
             if not self._stop_checks.due(self._batches):
                 return False
         flag = self._flag
         assert flag is not None  # made at configure, which registers this plugin for the run
-        flag.fill_(0 if request is None else 1)
+        # one number: the ranks asking to stop, plus world_size + 1 for each rank that stepped (ReplicaCheck)
+        flag.fill_((request is not None) + (self.world_size + 1) * (self._stepped and self._replicas_due))
         dist = _dist()
         dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=self._control)
-        if not int(flag.item()):
+        stepped, asking = divmod(int(flag.item()), self.world_size + 1)
+        if stepped:  # some rank stepped: every rank checks the parameters now, once
+            self._check_replicas(loop)
+        if not asking:
             return False
         asked: list[Any] = [None] * self.world_size
         dist.all_gather_object(asked, request, group=self._control)
@@ -341,6 +350,7 @@ class Distributed(ModelWrap):
             self._forward_hook = None
         self._remove_grad_hooks()
         self._unwatch_passes()
+        self._unwatch_steps()
         state = loop.state
         dist = _dist()
         if dist.is_initialized():

@@ -105,7 +105,7 @@ class ModelWrap:
         if device.type == "cuda" and any(p.device != device for p in model.parameters()):
             model.to(device)
         before = {id(p): name for name, p in model.named_parameters()}
-        optimizers = list(_torch_optimizers(loop.optimizers))
+        optimizers = list(torch_optimizers(loop.optimizers))
         for index, optimizer in enumerate(optimizers):
             if any(id(p) in before for p in optimizer.state):
                 raise ValueError(
@@ -221,7 +221,7 @@ def _holds_parameters(module: torch.nn.Module) -> bool:
     return any(True for _ in module.parameters())
 
 
-def _torch_optimizers(optimizers: Any) -> Iterator[torch.optim.Optimizer]:
+def torch_optimizers(optimizers: Any) -> Iterator[torch.optim.Optimizer]:
     """The ``torch.optim.Optimizer`` objects in ``Loop(optimizers=...)``: one, or those of a
     mapping or a list."""
     if isinstance(optimizers, torch.optim.Optimizer):
@@ -229,7 +229,7 @@ def _torch_optimizers(optimizers: Any) -> Iterator[torch.optim.Optimizer]:
     elif isinstance(optimizers, Mapping):
         for value in optimizers.values():
             if value is not optimizers:  # (a collection of one that is its own item)
-                yield from _torch_optimizers(value)
+                yield from torch_optimizers(value)
     elif isinstance(optimizers, (list, tuple)):
         for value in optimizers:
-            yield from _torch_optimizers(value)
+            yield from torch_optimizers(value)

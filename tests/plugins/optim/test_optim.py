@@ -596,13 +596,13 @@ def test_a_closure_given_to_the_managed_step_is_refused_not_taken_for_the_stage_
 def test_the_distributed_plugin_finds_no_torch_optimizer_in_a_collection_of_one_and_does_not_recurse() -> None:
     """A collection of one is its own item: walking ``loop.optimizers`` for torch optimizers
     (the distributed plugin's repointing at shards) stops there, as for any managed optimizer."""
-    from hookfit.plugins.distributed.wrapping import _torch_optimizers
+    from hookfit.plugins.distributed.wrapping import torch_optimizers
 
     m = model()
     seen = {}
 
     def step(loop, batch):
-        seen["found"] = list(_torch_optimizers(loop.optimizers))
+        seen["found"] = list(torch_optimizers(loop.optimizers))
         return None
 
     hookfit.Loop(step, data(1), model=m, max_epochs=1, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
