@@ -9,8 +9,12 @@ no hook of it runs and the optim plugin keeps its fast path.
   ``get_ema_multi_avg_fn(decay)`` and ``use_buffers=True`` (batch-norm statistics are
   averaged too), a copy of ``loop.model`` made at ``fit_start``: of the module inside a
   ``DistributedDataParallel`` wrapper under ``torchrun`` or a ``torch.compile`` one (so its
-  state has the plain module's keys); of every module of a dict or a list of modules (as a
-  ``ModuleDict`` or ``ModuleList``).
+  state has the plain module's keys); of the modules of a dict or a list of modules (as a
+  ``ModuleDict`` or ``ModuleList``) that the watched optimizer steps: with several optimizers,
+  ``EMA(optimizer="gen")`` on ``Loop(model={"gen": G, "disc": D})`` averages ``G`` alone (a
+  ``ModuleDict`` of the models that optimizer steps a parameter of, keyed as in the ``Loop``, a
+  list's by position). A model is averaged whole, its buffers with it, even where the optimizer
+  steps some of its parameters only.
 * It is updated after every ``every_n_steps``-th real step of the optimizer (the
   ``after_optimizer_step`` event: calls inside a gradient-accumulation window and steps
   skipped for a non-finite loss do not count). The first update copies the weights, each
@@ -24,7 +28,8 @@ no hook of it runs and the optim plugin keeps its fast path.
   into the model at ``stage_start("valid")`` (``tryfirst``) and the training weights are
   copied back, bit for bit, at ``stage_end("valid")`` (``trylast``), so every other plugin's
   ``stage_start``/``stage_end`` of that stage sees the validated weights and the validation
-  metrics are the averaged model's. They are also copied back when validation fails
+  metrics are the averaged model's. Models the average leaves out keep their training weights
+  there: a GAN validates its averaged generator against its trained discriminator. They are also copied back when validation fails
   (``exception``) or is stopped (a ``fit_end`` wrapper, which runs before every ``fit_end``
   implementation: a checkpoint written on a stop during validation holds the training
   weights). Before the first update, validation uses the training weights.
@@ -35,7 +40,7 @@ no hook of it runs and the optim plugin keeps its fast path.
   training weights): ``model.load_state_dict(ema.module.state_dict())`` puts the average in it.
   ``hookfit export RUN model.pt --weights ema`` writes the average of a run's checkpoint (its
   saved state offers it: a ``state_dict`` entry with the model's keys,
-  :mod:`hookfit.plugins.checkpoint.export`).
+  :mod:`hookfit.plugins.checkpoint.export`): of the models it averages only (``{"gen": ...}``).
 * In an evaluation (``Loop.validate(resume=...)``, ``loop.mode == "validate"``) it needs no
   optimizer and updates nothing: the average is the checkpoint's, restored by ``load_state``,
   and the validation runs with it (``validate=True``) as a training run's validations did, the
@@ -119,7 +124,7 @@ class EMA:
     @property
     def module(self) -> torch.nn.Module | None:
         """The averaged module (a copy of the model; a ``ModuleDict`` or ``ModuleList`` for a
-        dict or list of models), or ``None`` before a run."""
+        dict or list of models: of those the watched optimizer steps), or ``None`` before a run."""
         return None if self.average is None else self.average.module
 
     @property
@@ -163,6 +168,11 @@ class EMA:
                              f"use strategy='ddp' with EMA, or leave EMA out of a sharded run")
         if not self._evaluating:  # an evaluation steps no optimizer: its average is the checkpoint's
             self._watched = self._watch(loop)
+            source = _stepped_by(source, loop.optimizers, self._watched)
+        self._build(source, decay)
+
+    def _build(self, source: torch.nn.Module, decay: float) -> None:
+        """The average of ``source``, a copy of it (its gradients left out)."""
         average = AveragedModel(source, multi_avg_fn=_ema_multi_avg_fn(decay), use_buffers=True)
         for p in average.parameters():
             p.grad = None  # deepcopy copies gradients the model may hold: the average needs none
@@ -234,8 +244,9 @@ class EMA:
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"ema: the saved state is not an average this plugin saved "
                              f"({type(error).__name__}: {error})") from error
+        weights = self._models_of(unwrap_state_dict(weights))  # ("_orig_mod." keys of before taken off)
         try:
-            self.average.module.load_state_dict(unwrap_state_dict(weights))  # "_orig_mod." keys of before
+            self.average.module.load_state_dict(weights)
         except (RuntimeError, TypeError) as error:
             raise ValueError(f"ema: the averaged weights in the checkpoint do not fit this run's model: "
                              f"{error}") from error
@@ -280,6 +291,21 @@ class EMA:
                              f"name the one whose steps update the average: EMA(decay=..., optimizer=...)")
         return names[0]
 
+    def _models_of(self, weights: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Saved averaged ``weights`` fitted to this run's several models: an average of some of them only
+        (an evaluation, which knows no optimizer, averages every model until it reads which) makes the average
+        the same models'; one of more models than this run averages gives those this run's average holds."""
+        source, decay = self._source, self.decay
+        if not isinstance(source, (torch.nn.ModuleDict, torch.nn.ModuleList)) or decay is None:
+            return weights
+        mine = dict(source.named_children())
+        saved = {key.split(".", 1)[0] for key in weights}
+        if saved and saved < set(mine):
+            self._build(torch.nn.ModuleDict({key: m for key, m in mine.items() if key in saved}), decay)
+        elif saved > set(mine):
+            weights = {key: value for key, value in weights.items() if key.split(".", 1)[0] in mine}
+        return weights
+
     def _copy_buffers(self) -> None:
         """The buffers that hold infinities, copied from the model into the average (see ``fit_start``)."""
         with torch.no_grad():
@@ -321,6 +347,20 @@ def _unwrap(model: Any, where: str) -> torch.nn.Module:
         return unwrap_model(model)
     raise ValueError(f"ema: {where} is a {type(model).__name__}, not a torch.nn.Module: the average is "
                      f"of modules (Loop(model=...) takes a module, or a dict or list of them)")
+
+
+def _stepped_by(source: torch.nn.Module, optimizers: Any, name: str) -> torch.nn.Module:
+    """Of several models (a ``ModuleDict`` or ``ModuleList`` of them), those that optimizer ``name`` steps
+    a parameter of, as a ``ModuleDict`` keyed as in ``source`` (a list's by position); ``source`` itself when
+    that is every model, or when the optimizer says nothing of its parameters."""
+    optimizer = optimizers[name] if isinstance(optimizers, Mapping) else optimizers
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(source, (torch.nn.ModuleDict, torch.nn.ModuleList)) or not groups:
+        return source
+    stepped = {id(p) for group in groups for p in group.get("params", ())}
+    models = dict(source.named_children())
+    kept = {key: m for key, m in models.items() if any(id(p) in stepped for p in m.parameters())}
+    return torch.nn.ModuleDict(kept) if kept and len(kept) < len(models) else source
 
 
 def _source(model: Any) -> torch.nn.Module:

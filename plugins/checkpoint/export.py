@@ -8,8 +8,9 @@ keeps in the checkpoint (``--weights ema``: the ema plugin's average), laid out 
 would be. A plugin offers weights to export by its saved state alone (``save_state``), with no
 knowledge of this command: a mapping whose :data:`WEIGHTS` entry is a state dict of the run's
 model as one module (several models as a ``ModuleDict`` or ``ModuleList`` of them holds them:
-``"<name>."`` or ``"<index>."`` before each model's keys). Its keys must be the model's, or
-nothing is written. Exporting the model names the plugins whose weights the checkpoint also
+``"<name>."`` or ``"<index>."`` before each model's keys), or of some of several models (those
+alone are written: a dict of them, by name or by list position). Its keys must be the model's,
+or nothing is written. Exporting the model names the plugins whose weights the checkpoint also
 holds.
 
 ``hookfit export RUN model.pt --best`` takes the run's best checkpoint by the metric its
@@ -149,12 +150,14 @@ def _offered(data: Mapping[str, Any], name: str, offers: list[str], model: Any, 
         raise CheckpointError(f"{where}: plugin {name!r}'s saved state offers no weights (no {WEIGHTS!r} entry "
                               f"with a state dict; {others})")
     weights = unwrap_state_dict(data["plugins"][name][WEIGHTS])
-    if isinstance(model, list):
-        laid: Any = [_part(weights, f"{i}.") for i in range(len(model))]
-        pairs = [(f"[{i}]", laid[i], part) for i, part in enumerate(model)]
-    elif _several(model):
-        laid = {key: _part(weights, f"{key}.") for key in model}
-        pairs = [(f"[{key!r}]", laid[key], part) for key, part in model.items()]
+    if isinstance(model, list) or _several(model):
+        models = dict(enumerate(model)) if isinstance(model, list) else dict(model)
+        laid: Any = {key: _part(weights, f"{key}.") for key in models}
+        if any(laid.values()):  # weights of some of the models only (an average of one optimizer's): those
+            laid = {key: part for key, part in laid.items() if part}
+        pairs = [(f"[{key!r}]", part, models[key]) for key, part in laid.items()]
+        if isinstance(model, list) and len(laid) == len(model):
+            laid = list(laid.values())
     else:
         laid, pairs = weights, [("", weights, model)]
     for label, got, expected in pairs:

@@ -42,7 +42,7 @@ def test_the_average_of_several_models_is_exported_as_the_model_is(tmp_path: Pat
     model: Any = {"g": a, "d": b} if as_dict else [a, b]
     ema = EMA(decay=0.5, optimizer="g")
     state = hookfit.Loop(two_model_step, data(), model=model, max_epochs=2, run_dir=tmp_path / "run",
-                         optimizers={"g": torch.optim.SGD(a.parameters(), lr=0.1),
+                         optimizers={"g": torch.optim.SGD([*a.parameters(), *b.parameters()], lr=0.1),  # both models
                                      "d": torch.optim.SGD(b.parameters(), lr=0.1)},
                          plugins=[Optim(), ema, Checkpoint(background=False)]).fit()
     done = export(tmp_path / "run", tmp_path / "ema.pt", weights="ema")
@@ -57,6 +57,26 @@ def test_the_average_of_several_models_is_exported_as_the_model_is(tmp_path: Pat
         assert all(torch.equal(part[k], v) for k, v in module.state_dict().items())
         assert not all(torch.equal(part[k], v) for k, v in trained.state_dict().items())  # not the training weights
         trained.load_state_dict(part)
+
+
+@pytest.mark.parametrize("as_dict", [True, False])
+def test_an_average_of_some_of_several_models_exports_those_alone(tmp_path: Path, as_dict: bool) -> None:
+    """``EMA(optimizer="g")`` where "g" steps the first model alone: the export holds that model's average,
+    by its name (or list position), and nothing of the other model."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(3, 1), torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    model: Any = {"g": a, "d": b} if as_dict else [a, b]
+    ema = EMA(decay=0.5, optimizer="g")
+    hookfit.Loop(two_model_step, data(), model=model, max_epochs=2, run_dir=tmp_path / "run",
+                 optimizers={"g": torch.optim.SGD(a.parameters(), lr=0.1), "d": torch.optim.SGD(b.parameters(), lr=0.1)},
+                 plugins=[Optim(), ema, Checkpoint(background=False)]).fit()
+    export(tmp_path / "run", tmp_path / "ema.pt", weights="ema")
+    exported = torch.load(tmp_path / "ema.pt", weights_only=True)
+    key = "g" if as_dict else 0
+    assert ema.module is not None and list(exported) == [key]
+    averaged = next(iter(ema.module.children())).state_dict()
+    assert exported[key].keys() == averaged.keys() and all(torch.equal(exported[key][k], v) for k, v in averaged.items())
+    assert not all(torch.equal(exported[key][k], v) for k, v in a.state_dict().items())  # the average, not a's own
 
 
 class Offers:

@@ -188,12 +188,58 @@ def test_with_several_models_and_optimizers_the_named_optimizer_steps_update_eve
 
     ema = EMA(decay=0.5, optimizer="g")
     probe = Probe(optimizer="g")
+    # g steps the parameters of both models (d its own as well): the average is of both
     hookfit.Loop(two_step, train, model=models, max_epochs=2, plugins=[Optim(), ema, probe],
-                 optimizers={n: torch.optim.SGD(m.parameters(), lr=0.1) for n, m in models.items()}).fit()
+                 optimizers={"g": torch.optim.SGD([*models["g"].parameters(), *models["d"].parameters()], lr=0.1),
+                             "d": torch.optim.SGD(models["d"].parameters(), lr=0.1)}).fit()
     assert ema.n_averaged == len(probe.weights) == BATCHES  # g's steps only: 2 of 4 batches, 2 epochs
     assert list(ema.module) == ["g", "d"]
     assert_matches(snapshot(ema.module), reference(probe.weights, 0.5)[-1])
     assert not torch.equal(ema.module["d"].weight, models["d"].weight)
+
+
+def test_of_several_models_it_averages_those_the_named_optimizer_steps_and_validates_with_the_others() -> None:
+    """A GAN's generator and discriminator, each stepped by its optimizer: ``EMA(optimizer="gen")`` averages
+    the generator alone (the discriminator's weights are no average of anything the "gen" steps make);
+    validation runs the averaged generator with the trained discriminator, both given back after it; the
+    saved state holds the generator's average only."""
+    torch.manual_seed(0)
+    models = {"gen": torch.nn.Linear(3, 3), "disc": torch.nn.Linear(3, 1)}
+    train, valid = make_data()
+
+    def gan_step(loop: Any, batch: Any) -> None:
+        x, _ = batch
+        gen, disc, opts = loop.model["gen"], loop.model["disc"], loop.optimizers
+        with opts.toggle("disc"):
+            loop.backward(disc(gen(x).detach()).pow(2).mean() + (disc(x) - 1).pow(2).mean())
+            opts["disc"].step()
+            opts["disc"].zero_grad()
+        with opts.toggle("gen"):
+            loop.backward((disc(gen(x)) - 1).pow(2).mean())
+            opts["gen"].step()
+            opts["gen"].zero_grad()
+
+    seen: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+
+    def validated(loop: Any, batch: Any) -> None:
+        seen.append((snapshot(loop.model["gen"]), snapshot(loop.model["disc"])))
+
+    ema = EMA(decay=0.5, optimizer="gen")
+    probe = Probe(optimizer="gen")
+    hookfit.Loop(gan_step, train, val_step=validated, val_data=valid[:1], model=models, max_epochs=2,
+                 plugins=[Optim(), ema, probe],
+                 optimizers={n: torch.optim.SGD(m.parameters(), lr=0.1) for n, m in models.items()}).fit()
+    assert ema.module is not None and list(ema.module) == ["gen"]
+    assert ema.n_averaged == len(probe.weights) == 2 * BATCHES
+    assert_matches(snapshot(ema.module), {k: v for k, v in reference(probe.weights, 0.5)[-1].items()
+                                          if k.startswith("gen.")})
+    gen_validated, disc_validated = seen[-1]
+    assert same({f"gen.{k}": v for k, v in gen_validated.items()}, snapshot(ema.module))
+    assert same({f"disc.{k}": v for k, v in disc_validated.items()}, {k: v for k, v in probe.at_epoch_end[-1].items()
+                                                                       if k.startswith("disc.")})
+    assert not same(gen_validated, snapshot(models["gen"]))  # the generator's training weights are back
+    state = ema.save_state(None)  # type: ignore[arg-type]
+    assert state is not None and sorted(state["state_dict"]) == ["gen.bias", "gen.weight"]
 
 
 class Announced(torch.optim.Optimizer):

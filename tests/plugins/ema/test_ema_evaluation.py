@@ -129,3 +129,43 @@ def test_hookfit_export_weights_ema_writes_the_average_laid_out_as_the_model(
     exported = torch.load(tmp_path / "ema.pt", weights_only=True)
     assert same(exported, average) and not same(exported, read(checkpoint)["model"])
     make_model().load_state_dict(exported)  # the model's keys: it loads
+
+
+def test_an_evaluation_of_an_average_of_some_of_several_models_validates_it_with_the_others(tmp_path: Path) -> None:
+    """A run averaged the generator alone (``EMA(optimizer="gen")``); its evaluation, which knows no optimizer,
+    validates that average with the checkpoint's training discriminator (the average narrowed to the models
+    the checkpoint's holds), and gives the training weights back."""
+
+    def models() -> dict[str, torch.nn.Module]:
+        torch.manual_seed(0)
+        return {"gen": torch.nn.Linear(3, 1), "disc": torch.nn.Linear(3, 1)}
+
+    def step(loop: Any, batch: Any) -> None:
+        x, y = batch
+        loop.backward(sum(torch.nn.functional.mse_loss(m(x), y) for m in loop.model.values()))
+        for optimizer in loop.optimizers.values():
+            optimizer.step()
+            optimizer.zero_grad()
+
+    seen: list[dict[str, torch.Tensor]] = []
+
+    def validated(loop: Any, batch: Any) -> None:
+        seen.append(snapshot(torch.nn.ModuleDict(loop.model)))
+
+    train, valid = make_data()
+    first = models()
+    state = hookfit.Loop(step, train, model=first, max_epochs=2, run_dir=tmp_path / "run",
+                         optimizers={n: torch.optim.SGD(m.parameters(), lr=0.1) for n, m in first.items()},
+                         plugins=[Optim(), EMA(decay=0.5, optimizer="gen"), Checkpoint(background=False)]).fit()
+    saved = read(Path(state.results["last_checkpoint"]))
+    average = saved["plugins"]["ema"]["state_dict"]
+    assert sorted(average) == ["gen.bias", "gen.weight"]
+    second = models()
+    loop = hookfit.Loop(step, train, val_step=validated, val_data=valid[:1], model=second,
+                        plugins=[Optim(), Checkpoint(), EMA(decay=0.9)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loop.validate(resume=str(state.results["last_checkpoint"]))
+    trained_weights = {f"{name}.{k}": v for name, part in saved["model"].items() for k, v in part.items()}
+    assert same(seen[0], {**trained_weights, **average})  # the averaged generator, the trained discriminator
+    assert same(snapshot(torch.nn.ModuleDict(second)), trained_weights)
