@@ -49,16 +49,17 @@ def main(epochs: int = 30, seed: int = 0) -> tuple[hookfit.State, int]:
     bce = torch.nn.functional.binary_cross_entropy_with_logits
 
     def step(loop: hookfit.Loop, real: torch.Tensor) -> dict[str, Any]:
+        g, d = loop.model["gen"], loop.model["disc"]  # through loop.model: what a plugin wraps (DDP) is called
         opts = loop.optimizers
-        fake = gen(torch.randn(len(real), 8))
+        fake = g(torch.randn(len(real), 8))
         with opts.toggle("disc"):
-            d_real, d_fake = disc(real), disc(fake.detach())
+            d_real, d_fake = d(real), d(fake.detach())
             d_loss = bce(d_real, torch.ones_like(d_real)) + bce(d_fake, torch.zeros_like(d_fake))
             opts["disc"].zero_grad()
             loop.backward(d_loss)
             opts["disc"].step()
         with opts.toggle("gen"):
-            d_fake = disc(fake)
+            d_fake = d(fake)
             g_loss = bce(d_fake, torch.ones_like(d_fake))
             opts["gen"].zero_grad()
             loop.backward(g_loss)

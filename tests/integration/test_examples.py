@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.optim import Optim
 from conftest import REPO
 
 EXAMPLES = REPO / "examples"
@@ -35,3 +41,34 @@ def test_gan_alternates_two_optimizers_and_covers_modes(tmp_path: Path) -> None:
     covered = int(re.search(r"modes_covered=(\d)/8", out).group(1))
     assert covered >= 6, out
     assert "metric=d_loss" in out and "metric=g_loss" in out and "metric=loss" not in out
+
+
+def test_the_gans_step_calls_its_models_through_loop_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the README asks (under torchrun ``loop.model`` holds the DDP wrappers): a plugin that puts wrappers
+    in ``loop.model`` sees every forward pass of the step, the generator's once a batch, the discriminator's
+    three times."""
+    spec = importlib.util.spec_from_file_location("gan_example", EXAMPLES / "gan.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    calls: list[str] = []
+
+    class Counted(torch.nn.Module):
+        def __init__(self, name: str, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.name, self.inner = name, inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append(self.name)
+            return self.inner(x)
+
+    class Wraps:
+        @hookfit.hookimpl
+        def configure(self, loop: Any) -> None:
+            loop.model = {name: Counted(name, module) for name, module in loop.model.items()}
+
+    made = hookfit.Loop
+    monkeypatch.setattr(hookfit, "Loop", lambda *args, **kwargs: made(*args, plugins=[Optim(), Wraps()], **kwargs))
+    state, _ = example.main(epochs=1)
+    assert state.status == "completed"
+    assert (calls.count("gen"), calls.count("disc")) == (20, 3 * 20)
