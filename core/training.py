@@ -288,8 +288,10 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
                     for call in per_batch.batch_start:
                         call(run, batch, batch_idx)
                     t1 = clock()  # the step starts now: batch_start's time is the plugins'
-                output = step(run, batch)
-                stepping += clock() - t1
+                try:
+                    output = step(run, batch)
+                finally:  # a step that raises: its time until then is the step's too
+                    stepping += clock() - t1
                 if output is not None:
                     if type(output) is not dict:  # a tensor is the common case: before the Mapping ABC
                         output = {"loss": output} if type(output) is _Tensor or isinstance(output, _Tensor) else as_mapping(output, step)

@@ -209,6 +209,20 @@ def test_a_failing_step_leaves_the_split_of_what_ran(tmp_path: Path) -> None:
 
 
 @pytest.mark.fault
+def test_the_time_of_a_step_that_raises_is_the_steps(tmp_path: Path) -> None:
+    """A step that works a while and then raises (a misnamed optimizer after the backward pass) is
+    counted as step, not as plugins, in the split its failed run keeps."""
+    def step(loop, batch):
+        time.sleep(3 * NAP)
+        raise KeyError("dsic")
+
+    with pytest.raises(KeyError):
+        hookfit.Loop(step, [torch.zeros(2)] * N, run_dir=tmp_path, plugins=[Metrics(), MetricsLog()]).fit()
+    train = records(tmp_path)[-1]["time_split"]["train"]
+    assert train["step"] >= 0.95 * 3 * NAP and train["plugins"] < train["step"] / 2
+
+
+@pytest.mark.fault
 def test_a_failing_fit_end_is_the_status_the_end_record_keeps(tmp_path: Path) -> None:
     class Broken:
         @hookfit.hookimpl
