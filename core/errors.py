@@ -41,6 +41,10 @@ class RefusedAnswer(TypeError):
         super().__init__(message)
         self.implementation = (plugin, hook)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled (a copy of a run's error, another process) with its own arguments, notes and attributes
+        return type(self), (*self.implementation, str(self)), self.__dict__
+
 
 class RefusedState(RefusedAnswer):
     """A plugin's ``save_state`` answer that no checkpoint could be read back with: its note blames that
@@ -48,6 +52,9 @@ class RefusedState(RefusedAnswer):
 
     def __init__(self, plugin: str, message: str) -> None:
         super().__init__(plugin, "save_state", message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.implementation[0], str(self)), self.__dict__
 
 
 class ErrorCopy(Exception):
@@ -67,6 +74,9 @@ class StateMismatch(ValueError):
         self.detail = detail
         self.missing = missing
         self.extra = extra
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.detail, self.missing, self.extra), self.__dict__
 
 
 class ObserverWarning(HookfitWarning):

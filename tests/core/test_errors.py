@@ -1,9 +1,10 @@
 """hookfit.errors: the warning category, and where hookfit's warnings point: at the script's
 line that ran ``fit()`` (:func:`hookfit.errors.user_level`), not at the plugin or the event
-call they came through."""
+call they came through. hookfit's errors pickle as they are (another process, a copy of a run's error)."""
 
 from __future__ import annotations
 
+import pickle
 import sys
 import types
 import warnings
@@ -157,3 +158,15 @@ def test_forgetting_the_shown_warnings_loads_no_lazily_imported_module_and_reads
     assert state.status == "completed"
     assert type(module) is not types.ModuleType  # still the lazy module: not run
     assert module.value == 1 and module.RAN  # and it runs when used
+
+
+@pytest.mark.parametrize("error", [
+    hookfit.errors.RefusedAnswer("gauge", "metrics_values", "answered a list"),
+    hookfit.errors.RefusedState("ema", "answered a lambda"),
+    hookfit.errors.StateMismatch("one plugin differs", ["new"], ["gone"]),
+], ids=["RefusedAnswer", "RefusedState", "StateMismatch"])
+def test_hookfits_errors_with_arguments_of_their_own_pickle_with_them_and_their_notes(error: Exception) -> None:
+    error.add_note("hookfit: raised by plugin 'gauge'")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error) and str(copy) == str(error) and copy.args == error.args
+    assert copy.__notes__ == error.__notes__ and vars(copy) == vars(error)
