@@ -75,7 +75,7 @@ def metric_numbers(computed: Mapping[str, Any], stage: str, said: set[str]) -> d
     out: dict[str, float] = {}
     for key, value in computed.items():
         found = {key: value} if not isinstance(value, Mapping) else {f"{key}/{name}": v for name, v in value.items()}
-        numbers = {name: _number(v) for name, v in found.items()}
+        numbers = {name: real(v) for name, v in found.items()}
         if None in numbers.values():
             if key not in said:
                 said.add(key)
@@ -90,9 +90,13 @@ def metric_numbers(computed: Mapping[str, Any], stage: str, said: set[str]) -> d
     return out
 
 
-def _number(value: Any) -> float | None:
+def real(value: Any) -> float | None:
+    """``value`` as a float when it is one real number: what :func:`as_real` takes (a ``bool``
+    too, as a step's output is), or a tensor of one real element (``bool`` and integer dtypes
+    too), read on the host; else ``None``. What a metric object computes, a plugin's gauge and a
+    derived metric's answer are read by it alike."""
     if isinstance(value, torch.Tensor):
-        return float(value) if value.numel() == 1 and not value.is_complex() else None
+        return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
     return as_real(value)
 
 

@@ -25,15 +25,13 @@ the stage's other metrics, so the console, the dashboard, the metric log, ``hook
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
-
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.payloads import Value
+from hookfit.plugins.metrics.aggregate import real
 from hookfit.plugins.support import STAGES, option_error
 
 __all__ = ["Derived"]
@@ -122,20 +120,9 @@ class Derived:
         except Exception as error:
             error.add_note(f"{self.plugin}: raised by the function of the derived metric {name!r}")
             raise
-        real = _real(answer)
-        if real is None:
+        number = real(answer)
+        if number is None:
             raise TypeError(f"{self.plugin}: the derived metric {name!r} must be a real number, its function "
                             f"returned {type(answer).__name__} {answer!r}")
-        return real
+        return number
 
-
-def _real(value: Any) -> float | None:
-    """``value`` as a float when it is a real number (a Python or NumPy number, a tensor of one
-    real element: what ``torch.exp`` of a number gives), else ``None``."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
-        return float(value)
-    return None

@@ -9,7 +9,7 @@ import torch
 
 from hookfit.errors import RefusedAnswer
 from hookfit.payloads import Value
-from hookfit.plugins.metrics.aggregate import as_real
+from hookfit.plugins.metrics.aggregate import real
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -47,7 +47,7 @@ def _taken(loop: Run, plugin: str, stage: str, answer: Any, values: Mapping[str,
     for key, value in answer.items():
         if not isinstance(key, str) or not key:
             raise RefusedAnswer(plugin, EVENT, f"{who} with the key {key!r:.80}: a metric's name is a non-empty string")
-        number = _real(value)
+        number = real(value)
         if number is None:
             shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
             raise RefusedAnswer(plugin, EVENT, f"{who} with {type(value).__name__}{shape} {value!r:.80} under {key!r}: "
@@ -60,10 +60,3 @@ def _taken(loop: Run, plugin: str, stage: str, answer: Any, values: Mapping[str,
         taken[key] = Value(number, number, number)
     return taken
 
-
-def _real(value: Any) -> float | None:
-    """``value`` as a float when it is a real number or a tensor of one real element (read on the
-    host), else ``None``."""
-    if isinstance(value, torch.Tensor):
-        return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
-    return as_real(value)

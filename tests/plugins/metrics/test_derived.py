@@ -149,3 +149,9 @@ def test_the_dashboard_rebuilt_by_hookfit_show_has_it_as_any_metric(tmp_path: Pa
     _print_summary(tmp_path / "run", model, follower, info)
     row = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["ppl"]]
     assert row and row[0][1:3] == [f"{math.exp(1.0):.4g}", f"{math.exp(1.0):.4g}"], row
+
+
+def test_a_derived_metric_is_a_real_number_read_as_a_step_output_or_a_gauge_is_a_bool_one_too() -> None:
+    seen = Snapshots()
+    fit(Metrics(derived={"low": lambda m: m["loss"] < 10, "high": lambda m: torch.tensor(m["loss"] > 10)}), seen)
+    assert [(s.values["low"].epoch, s.values["high"].epoch) for s in seen.epochs] == [(1.0, 0.0)] * 4
