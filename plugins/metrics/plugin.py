@@ -359,7 +359,7 @@ class Metrics:
         if values is None:
             agg.read()
             values = agg.values(None if self._local else self._reduce(loop))
-            gauges.add(loop, stage, values)
+            gauges.add(loop, stage, values, taken=agg.metric_objects.keys() | agg.computed.keys())
             self.derived.add(stage, values, final=False)
         if history is None:
             history = tuple(self.history.get(stage, ())) if final else ()

@@ -196,3 +196,35 @@ def test_an_observer_that_raises_is_switched_off_and_a_participant_fails_the_run
     with pytest.raises(RuntimeError, match="sensor gone") as raised:
         fit(Failing())
     assert blamed(raised.value, "stage_end")
+
+
+class Counter:
+    """A metric object (torchmetrics' shape) counting its updates."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def update(self) -> None:
+        self.count += 1
+
+    def compute(self) -> float:
+        return float(self.count)
+
+    def reset(self) -> None:
+        self.count = 0
+
+
+@pytest.mark.bad_input
+def test_a_gauge_named_as_a_metric_object_is_refused_at_its_first_publication() -> None:
+    counter, seen = Counter(), Snapshots()
+
+    def train(loop: Any, batch: int) -> dict[str, Any]:
+        counter.update()
+        return {"loss": torch.tensor(1.0), "acc": counter}
+
+    with pytest.raises(RefusedAnswer, match=f"^{re.escape(GAUGE)} answered metrics_values for stage 'train' with "
+                                            f"'acc', a name the stage publishes already") as raised:
+        hookfit.Loop(train, list(range(BATCHES)), max_epochs=1,
+                     plugins=[Metrics(interval=0), Gauge({"acc": 0.5}), seen]).fit()
+    assert blamed(raised.value, "batch_end") and seen.published == []  # never published under the object's name
+
