@@ -120,14 +120,31 @@ def is_complex(value: object) -> bool:
     return (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)) or _numpy_kind(value) == "c"
 
 
+HISTORY_FIELDS = ("epoch", "step")
+"""The fields of a stage's history entry of its own (``MetricsSnapshot.history``: ``{"epoch": ..., "step": ...,
+<metric>: <epoch mean>}``), which the results, the console and a checkpoint read back: no metric is named so. A
+metric named as another field of a metric log's row (``time``, ``lr_<optimizer>``...) is written there as
+``metric.<name>`` (:meth:`hookfit.payloads.MetricsSnapshot.row`, the csv plugin's columns)."""
+
+
+def reserved(key: str) -> str | None:
+    """Why ``key`` cannot name a metric (a step's output, a plugin's gauge), or ``None`` when it can."""
+    if key in HISTORY_FIELDS:
+        return (f"{key!r} is a field of every entry of the stage's history ({{'epoch': ..., 'step': ..., <metric>: "
+                f"...}}), which a metric of that name would overwrite: rename the metric")
+    return None
+
+
 def check(key: object, value: object, step: object) -> None:
-    """Refuse what the plugin cannot aggregate: a key that is not a string, a complex number.
-    ``step`` is the step function that returned it, named in the error."""
+    """Refuse what the plugin cannot aggregate: a key that is not a string or is :func:`reserved`,
+    a complex number. ``step`` is the step function that returned it, named in the error."""
     if type(key) is not str:
         raise TypeError(
             f"step function {qualname(step)!r} returned the key {key!r} ({type(key).__name__}) "
             f"with a value to aggregate; keys must be strings, the names of what it reports"
         )
+    if (why := reserved(key)) is not None:
+        raise ValueError(f"step function {qualname(step)!r} returned the key {key!r}: {why}")
     if is_complex(value):
         what = f"a complex tensor ({value.dtype})" if isinstance(value, Tensor) else f"a complex number ({value!r})"
         raise TypeError(

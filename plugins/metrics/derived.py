@@ -31,7 +31,7 @@ from typing import Any
 
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.payloads import Value
-from hookfit.plugins.metrics.aggregate import real
+from hookfit.plugins.metrics.aggregate import real, reserved
 from hookfit.plugins.support import STAGES, option_error
 
 __all__ = ["Derived"]
@@ -59,6 +59,8 @@ class Derived:
             stage, name = (first, rest) if first in STAGES and rest else (None, key)
             if first in STAGES and not rest:
                 raise option_error(plugin, "derived", key, "name a metric after the stage", shown=repr(key))
+            if (why := reserved(name)) is not None:
+                raise option_error(plugin, "derived", key, f"name no field of the history: {why}", shown=repr(key))
             if not callable(function):
                 raise option_error(plugin, f"derived[{key!r}]", function, "be a function of the aggregated "
                                    "metrics, lambda m: math.exp(m['loss'])", TypeError)

@@ -10,7 +10,7 @@ import torch
 
 from hookfit.errors import RefusedAnswer
 from hookfit.payloads import Value
-from hookfit.plugins.metrics.aggregate import real
+from hookfit.plugins.metrics.aggregate import real, reserved
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -50,6 +50,8 @@ def _taken(loop: Run, plugin: str, stage: str, answer: Any, values: Mapping[str,
     for key, value in answer.items():
         if not isinstance(key, str) or not key:
             raise RefusedAnswer(plugin, EVENT, f"{who} with the key {key!r:.80}: a metric's name is a non-empty string")
+        if (why := reserved(key)) is not None:
+            raise RefusedAnswer(plugin, EVENT, f"{who} with {key!r}: {why}")
         number = real(value)
         if number is None:
             shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""

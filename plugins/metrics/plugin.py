@@ -191,6 +191,8 @@ class Metrics:
                 except KeyError:
                     self._first(agg.device, key, value, loop).append((value.detach(), n))
         elif is_metric(value):
+            if key not in agg.metric_objects:  # its first batch
+                check(key, value, self._step(loop))
             if self._outer:  # a validation inside the training stage
                 self._refuse_training_metric(key, value)
             agg.take_metric(key, value)
@@ -276,7 +278,7 @@ class Metrics:
             values[key] = Value(value, value, value)
         gauges.add(loop, stage, values)
         self.derived.add(stage, values, final=True)
-        entry = MappingProxyType({"epoch": loop.state.epoch, "step": loop.state.step,
+        entry = MappingProxyType({"epoch": loop.state.epoch, "step": loop.state.step,  # HISTORY_FIELDS
                                   **{k: v.epoch for k, v in values.items()}})
         history = self.history.setdefault(stage, collections.deque(maxlen=self._history_epochs))
         if keep:

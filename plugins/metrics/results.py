@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hookfit.plugins.metrics.aggregate import HISTORY_FIELDS
 from hookfit.plugins.metrics.directions import Directions
 
 __all__ = ["Report"]
@@ -57,4 +58,4 @@ class Report:
             return
         for stage, entries in history.items():
             for entry in entries:
-                self.take(stage, int(entry["epoch"]), {k: v for k, v in entry.items() if k not in ("epoch", "step")})
+                self.take(stage, int(entry["epoch"]), {k: v for k, v in entry.items() if k not in HISTORY_FIELDS})

@@ -228,3 +228,22 @@ def test_a_gauge_named_as_a_metric_object_is_refused_at_its_first_publication() 
                      plugins=[Metrics(interval=0), Gauge({"acc": 0.5}), seen]).fit()
     assert blamed(raised.value, "batch_end") and seen.published == []  # never published under the object's name
 
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("name", ["epoch", "step"])
+def test_a_gauge_or_a_step_output_named_as_a_field_of_the_history_is_refused_naming_who(name: str) -> None:
+    why = (f"{name!r} is a field of every entry of the stage's history ({{'epoch': ..., 'step': ..., <metric>: ...}}), "
+           f"which a metric of that name would overwrite: rename the metric")
+    with pytest.raises(RefusedAnswer) as raised:
+        fit(Gauge({name: 1.0}))
+    assert str(raised.value) == f"{GAUGE} answered metrics_values for stage 'train' with {name!r}: {why}"
+
+    for value in (1.0, torch.tensor(1.0), Counter()):  # the plain, the tensor and the metric object's paths
+        def step(loop: Any, batch: int, value: Any = value) -> dict[str, Any]:
+            return {"loss": torch.tensor(1.0), name: value}
+
+        with pytest.raises(ValueError) as refused:
+            hookfit.Loop(step, [0, 1], max_epochs=1, plugins=[Metrics()]).fit()
+        assert str(refused.value) == f"step function {step.__qualname__!r} returned the key {name!r}: {why}"
+    with pytest.raises(ValueError, match=f"^metrics: derived must name no field of the history: {re.escape(why)}"):
+        Metrics(derived={f"valid/{name}": lambda m: m["loss"]})

@@ -128,7 +128,7 @@ def test_csv_puts_a_metric_named_as_a_column_of_its_own_in_a_column_apart_said_o
         loop.backward(loop.model(batch).sum())
         loop.optimizers.step()
         loop.optimizers.zero_grad()
-        return {"step": 7.0, "epoch": 8.0, "stage": 9.0, "batches": 10.0, "lr_default": 11.0, "loss": 1.0}
+        return {"stage": 9.0, "batches": 10.0, "lr_default": 11.0, "loss": 1.0}  # (epoch, step: refused)
 
     model = torch.nn.Linear(1, 1)
     with warnings.catch_warnings(record=True) as caught:
@@ -140,12 +140,11 @@ def test_csv_puts_a_metric_named_as_a_column_of_its_own_in_a_column_apart_said_o
     assert {w.filename for w in caught if str(w.message).startswith("csv: ")} == {__file__}  # the fit() line
     assert said == sorted(f"csv: the metric {name!r} is written in the column 'metric.{name}' of the CSV tables: "
                           f"{name!r} is a column of their own"
-                          for name in ("step", "epoch", "stage", "batches", "lr_default"))
+                          for name in ("stage", "batches", "lr_default"))
     for table in ("metrics.csv", "metrics_updates.csv"):
         with open(tmp_path / table, newline="") as file:
             rows = list(csv.DictReader(file))
         assert [(r["epoch"], r["step"], r["stage"], r["lr_default"]) for r in rows][-1] == ("2", "4", "train", "0.5")
         for row in rows:
             assert {k: row[k] for k in row if k.startswith("metric.")} == {
-                "metric.step": "7.0", "metric.epoch": "8.0", "metric.stage": "9.0", "metric.batches": "10.0",
-                "metric.lr_default": "11.0"}
+                "metric.stage": "9.0", "metric.batches": "10.0", "metric.lr_default": "11.0"}
