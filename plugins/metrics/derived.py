@@ -12,7 +12,10 @@ the stage's other metrics, so the console, the dashboard, the metric log, ``hook
 
 * A bare name (``"ppl"``) is derived in every stage, a ``"<stage>/<name>"`` key (``"train/ppl"``)
   in that stage only. With several validation sets it is derived per set, from that set's
-  metrics (``"noisy/ppl"`` from ``"noisy/loss"``).
+  metrics (``"noisy/ppl"`` from ``"noisy/loss"``) and the stage's unprefixed ones (a plugin's
+  ``metrics_values``, asked for the whole stage: ``"noisy/r"`` from ``"noisy/loss"`` and
+  ``"temp"``), a set's own metric first where both have a name; a function that reads only
+  unprefixed metrics is derived once, unprefixed.
 * Derived metrics are computed in the order given, each seeing the ones before it.
 * A function that reads a metric the stage does not have (a ``KeyError``) derives nothing there;
   at the stage's end that is said once per run and stage (a :class:`hookfit.HookfitWarning`
@@ -86,7 +89,13 @@ class Derived:
         for (only, name), function in self.given.items():
             if only is not None and only != stage:
                 continue
-            missing = [error for prefix in groups if (error := self._derive(stage, prefix, name, function, values))]
+            missing: list[KeyError] = []
+            for prefix in sorted(groups, key=bool):  # unprefixed first: derived there, it is derived once
+                error = self._derive(stage, prefix, name, function, values)
+                if error is None and not prefix:
+                    break
+                if error is not None:
+                    missing.append(error)
             if final and missing and len(missing) == len(groups) and (stage, name) not in self._warned:
                 self._warned.add((stage, name))  # derived nowhere in the stage: said once
                 warnings.warn(f"{self.plugin}: the derived metric {name!r} reads {missing[0]}, which stage {stage!r} "
@@ -95,11 +104,14 @@ class Derived:
 
     def _derive(self, stage: str, prefix: str, name: str, function: Function,
                 values: dict[str, Value]) -> KeyError | None:
-        """Add ``prefix + name`` to ``values``, derived from the metrics named ``prefix...``;
-        the ``KeyError`` of a function that reads a metric there is not, instead."""
+        """Add ``prefix + name`` to ``values``, derived from the metrics named ``prefix...`` and the
+        unprefixed ones (the set's own first); the ``KeyError`` of a function that reads a metric
+        there is not, instead."""
         full = prefix + name
         mine = {key[len(prefix):]: value for key, value in values.items()
                 if key.startswith(prefix) and "/" not in key[len(prefix):]}
+        if prefix:  # a validation set's: the stage's unprefixed metrics too
+            mine = {**{key: value for key, value in values.items() if "/" not in key}, **mine}
         if name in mine:
             raise ValueError(f"{self.plugin}: the derived metric {name!r} has the name of a metric of stage "
                              f"{stage!r} ({full!r}); rename one of them")

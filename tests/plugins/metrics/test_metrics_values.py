@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import hookfit
-from hookfit.errors import ObserverWarning, RefusedAnswer
+from hookfit.errors import HookfitWarning, ObserverWarning, RefusedAnswer
 from hookfit.payloads import Value
 from hookfit.plugins.csv_log import CSVLogger
 from hookfit.plugins.early_stopping import EarlyStopping
@@ -76,7 +77,7 @@ def fit(*plugins: Any, interval: float = 1e9, best: dict[str, str] | None = None
     def valid(loop: Any, batch: int) -> dict[str, Any]:
         return {"loss": torch.tensor(2.0)}
 
-    return hookfit.Loop(train, list(range(BATCHES)), val_step=valid, val_data=[0, 1],
+    return hookfit.Loop(train, list(range(BATCHES)), val_step=valid, val_data=loop.pop("val_data", [0, 1]),
                         max_epochs=loop.pop("max_epochs", 2),
                         plugins=[Metrics(interval=interval, best=best, derived=derived), *plugins], **loop).fit()
 
@@ -196,6 +197,19 @@ def test_an_observer_that_raises_is_switched_off_and_a_participant_fails_the_run
     with pytest.raises(RuntimeError, match="sensor gone") as raised:
         fit(Failing())
     assert blamed(raised.value, "stage_end")
+
+
+def test_with_several_validation_sets_a_gauge_is_the_stages_and_each_sets_derived_metrics_read_it() -> None:
+    gauge, seen = Gauge(), Snapshots()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HookfitWarning)  # no derived metric said missing
+        fit(gauge, seen, max_epochs=1, val_data={"a": [0, 1], "b": [0, 1]},
+            derived={"r": lambda m: m["loss"] * m["temp"], "twice": lambda m: 2 * m["temp"]})
+    valid = seen.published[-1]
+    assert valid.stage == "valid" and valid.final
+    assert {k: v.epoch for k, v in valid.values.items()} == {  # one gauge for the stage, asked at its end
+        "a/loss": 2.0, "b/loss": 2.0, "temp": 2.0, "a/r": 4.0, "b/r": 4.0, "twice": 4.0}
+    assert gauge.asked[-1][0] == "valid" and len(gauge.asked) == 2
 
 
 class Counter:
