@@ -24,8 +24,8 @@ The metrics role. What the rest of hookfit reads from it, all of it, is what it 
   the metrics that have a direction, and only those: configured by the user, never guessed
   from a name, except ``loss``, which is ``"min"`` unless configured otherwise (the loss is
   what the step minimises). The built-in takes them from ``Metrics(best={...})``.
-* Values of other plugins: for each snapshot it builds (never per batch), the role asks
-  ``metrics_values(loop, stage)`` (declared here) and adds every answer to the snapshot's
+* Values of other plugins: for each snapshot it builds (as often as ``metrics_update``), the role
+  asks ``metrics_values(loop, stage)`` (declared here) and adds every answer to the snapshot's
   ``values`` as a gauge, ``Value(v, v, v)``, the value at the publication, before any metric it
   derives from them; a final snapshot's ``history`` entry holds it too. What it refuses, and
   how, is in that event's docstring. So a plugin's number reaches every consumer of the
@@ -52,9 +52,9 @@ in :mod:`hookfit.plugins.metrics_log`).
 The three events are declared by :class:`hookfit.plugins.metrics.Metrics` (its ``hookspecs``
 attribute) and added to every run whether ``metrics`` is enabled, disabled or replaced, so a
 replacement publishes them with ``loop.hooks.metrics_update`` and ``loop.hooks.epoch_metrics``, and
-asks the values with ``loop.hooks.call_each("metrics_values", loop, stage)`` (each answer with
-its plugin's name, an observer that raises switched off), as the built-in does in
-:mod:`hookfit.plugins.metrics.gauges`.
+adds the values with ``hookfit.plugins.metrics.gauges.add(loop, stage, values, taken)`` (``values``:
+the snapshot's, changed in place; ``taken``: names it publishes that are not in ``values`` yet), as
+the built-in does: it asks the event and makes the refusals the event's docstring lists.
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ def epoch_metrics(loop: Run, stage: str, metrics: MetricsSnapshot) -> None:
 def metrics_values(loop: Run, stage: str) -> Mapping[str, float | torch.Tensor] | None:
     """Values a plugin publishes with the metrics of ``stage`` (``"train"`` or ``"valid"``): asked by
     the metrics role at each publication, for every ``metrics_update`` and ``epoch_metrics``
-    snapshot it builds, never per batch: it costs nothing per batch.
+    snapshot it builds, as often as ``metrics_update`` fires (the built-in: at most every
+    ``Metrics(interval=0.5)`` seconds; every batch with ``interval=0``, or with several processes
+    and ``sync_every=1``), and at each stage's end.
 
     Answer a mapping of metric names to values, or ``None`` for none. A value is a real number
     (a Python or NumPy number, a ``bool``) or a tensor of one real element, read on the host at
@@ -119,12 +121,26 @@ def metrics_values(loop: Run, stage: str) -> Mapping[str, float | torch.Tensor] 
     ``Metrics(best={"<name>": "min"})`` gives it a direction, early stopping and the checkpoint's
     ``monitor`` watch it as ``"<stage>/<name>"``, and the built-in's derived metrics see it.
 
-    Refused, naming the plugin, this event and the key: an answer that is not a mapping, a key that
-    is not a non-empty string, a value that is no real number (text, a vector, a complex number),
-    a name a step output of the stage or another plugin's answer publishes already. An observer
-    plugin whose answer is refused (or that raises) is switched off with one warning; any other
-    fails the run. A stage a stop cut short is published from ``fit_end`` (``loop.state.stage``
-    is then ``None``: read ``stage``). With several processes each answers its own value, not
-    reduced (the main process's publications are shown and written; reduce it yourself where the
-    processes' values differ). Fires on the training thread: be quick.
+    With several validation sets (``Loop(val_data={"clean": ..., "noisy": ...})``) the validation is
+    one stage: the answer is asked for it as a whole (at its end ``loop.state.val_set`` is
+    ``None``; a publication during a set has it) and published unprefixed, ``valid/temp``, beside
+    each set's ``valid/<set>/<name>``; each set's derived metrics read it (``noisy/r`` from
+    ``noisy/loss`` and ``temp``).
+
+    Refused at the first publication that has it, naming the plugin, this event and the key: an
+    answer that is not a mapping, a key that is not a non-empty string or that is a field of the
+    stage's history entries (``epoch``, ``step``), a value that is no real number (text, a vector,
+    a complex number), a name a step output of the stage (a metric object's too) or another
+    plugin's answer publishes already. A name a metric log's row has for a field of its own
+    (``time``, ``lr_<optimizer>``) is written there as ``metric.<name>``, as a step output's is.
+    An observer plugin whose answer is refused (or that raises) is switched off with one
+    warning; any other fails the run. A stage a stop cut short is published from ``fit_end``
+    (``loop.state.stage`` is then ``None``: read ``stage``).
+
+    With several processes each process answers its own value, and it is not reduced: the main
+    process's publications are shown and written, so reduce it yourself where the processes'
+    values differ. A gauge that early stopping or the checkpoint's ``monitor`` watches must be
+    answered on every process, with the same value on each: each process compares its own
+    epoch metrics (early stopping fails the run on one without it). Fires on the training
+    thread: be quick.
     """
