@@ -6,7 +6,10 @@
   ``window`` batches, and epoch mean; train and valid apart. Other values (strings, vectors,
   images) are ignored, without error. A scalar that cannot be aggregated (a complex number or
   tensor) or a key that is not a string is refused at the batch it first appears in, with a
-  ``TypeError`` naming the step function and the key. Values are checked only when a key is
+  ``TypeError`` naming the step function and the key; a key ``epoch`` or ``step`` (fields of
+  the history's entries, which it would overwrite) with a ``ValueError`` alike. (Another field
+  of a log's row, ``time`` or ``lr_<optimizer>``, is written there as ``metric.<name>``.)
+  Values are checked only when a key is
   seen for the first time (in the stage, or since the last publication): the per-batch cost
   stays one append per value. The batch size is the output's ``batch_size`` key if present
   (not itself aggregated), else the first dimension of the batch's first tensor, else 1.
