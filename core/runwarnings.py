@@ -15,12 +15,17 @@ the ``"end"`` line. At most :data:`KEPT` distinct warnings are recorded in a ``f
 :class:`WarningRecorder` wraps :func:`warnings.showwarning` while the run runs and hands every
 warning on to the function it wrapped. A plugin that takes :func:`warnings.showwarning` over
 while the run runs and does not hand warnings on (the dashboard, which keeps them off the
-terminal) tells the run of each through :func:`shown`.
+terminal) tells the run of each through :func:`shown`. A warning is recorded by the innermost
+run going on (a run started inside another's step records its own warnings; the outer run does
+not). Once its run is over a recorder holds neither the run nor its folder: one still called
+through a reference kept elsewhere (``logging.captureWarnings`` turned on during the run and off
+after it puts it back) shows the warning as Python's own :func:`warnings.showwarning` would.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, TextIO
@@ -38,11 +43,12 @@ _recording: list[WarningRecorder] = []  # the recorders installed in this proces
 
 
 def shown(message: Warning | str, category: type[Warning], filename: str, lineno: int) -> None:
-    """Tell the runs going on in this process of a warning that was shown without reaching the
-    function their recorders wrapped (a plugin that took :func:`warnings.showwarning` over and
-    keeps the warning to itself). A warning a run already recorded is not recorded again."""
-    for recorder in list(_recording):
-        recorder.record(message, category, filename, lineno)
+    """Tell the innermost run going on in this process of a warning that was shown without
+    reaching the function its recorder wrapped (a plugin that took :func:`warnings.showwarning`
+    over and keeps the warning to itself). A warning the run already recorded is not recorded again."""
+    recording = list(_recording)
+    if recording:
+        recording[-1].record(message, category, filename, lineno)
 
 
 def category_name(category: type[Warning]) -> str:
@@ -57,7 +63,7 @@ class WarningRecorder:
     recording before the ``"end"`` line."""
 
     def __init__(self, run: Run) -> None:
-        self.run = run
+        self.run: Run | None = run
         self._lock = threading.RLock()  # (a warning of its own write comes back on the same thread)
         self._previous: Any = None
         self._seen: set[tuple[str, str]] = set()
@@ -74,12 +80,16 @@ class WarningRecorder:
             _recording.append(self)
 
     def remove(self) -> None:
-        """Put back the wrapped function, unless another replaced ours since (theirs stays, and
-        ours, if it is still called, hands warnings on without recording them)."""
+        """Put back the wrapped function, unless another replaced ours since (theirs stays).
+        Either way the recorder lets go of the run, its folder and the wrapped function: if it
+        is still called it shows the warning as Python's own :func:`warnings.showwarning` would."""
         if self in _recording:
             _recording.remove(self)
-        if self._previous is not None and warnings.showwarning == self._show:
-            warnings.showwarning = self._previous
+        previous = self._previous
+        if previous is not None and warnings.showwarning == self._show:
+            warnings.showwarning = previous
+        with self._lock:
+            self._previous, self.run, self._log, self._pending, self._closed = None, None, None, [], True
 
     def opened(self, log: RunFile) -> None:
         """``run.jsonl`` has its ``"run"`` line: the warnings shown so far are written after it,
@@ -96,7 +106,8 @@ class WarningRecorder:
 
     def record(self, message: Warning | str, category: type[Warning], filename: str, lineno: int) -> None:
         """Record one warning shown (once for each category and message)."""
-        if not self.run.is_main:
+        run = self.run
+        if run is None or not run.is_main:
             return
         text = str(message)
         key = (category_name(category), text)
@@ -105,7 +116,7 @@ class WarningRecorder:
                 return
             self._seen.add(key)
             line = json.dumps({"event": "warning", "category": key[0], "message": text,
-                               "step": self.run.state.step, "where": f"{filename}:{lineno}"}) + "\n"
+                               "step": run.state.step, "where": f"{filename}:{lineno}"}) + "\n"
             if self._log is None:
                 self._pending.append(line)
             else:
@@ -124,5 +135,14 @@ class WarningRecorder:
     def _show(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
               file: TextIO | None = None, line: str | None = None) -> None:
         if file is None and self in _recording:  # (a file of the caller's own: not a warning of the run)
-            self.record(message, category, filename, lineno)
-        self._previous(message, category, filename, lineno, file, line)
+            shown(message, category, filename, lineno)
+        previous = self._previous
+        if previous is not None:
+            previous(message, category, filename, lineno, file, line)
+            return
+        target = file if file is not None else sys.stderr  # removed: as Python's own would
+        if target is not None:
+            try:
+                target.write(warnings.formatwarning(message, category, filename, lineno, line))
+            except (OSError, ValueError):  # a closed or broken stream, as Python's own ignores
+                pass

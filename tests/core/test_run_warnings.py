@@ -3,11 +3,13 @@ before its end line, as the warnings filters let them through."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import hookfit
 from hookfit.errors import HookfitWarning
@@ -103,3 +105,66 @@ def test_a_run_without_a_folder_records_nothing_and_makes_none(tmp_path: Path, m
         hookfit.Loop(step, [1]).fit()
     assert [str(w.message) for w in caught] == ["A STEP WARNS"]
     assert not (tmp_path / "runs").exists()
+
+
+class UsesFolder:
+    name = "uses_folder"
+
+    @hookfit.hookimpl
+    def fit_start(self, loop) -> None:
+        loop.run_dir  # noqa: B018 - the folder, and run.jsonl, from here
+
+
+def test_a_recorder_kept_after_the_run_holds_nothing_of_it(tmp_path: Path) -> None:
+    """``logging.captureWarnings(True)`` turned on during the run saves the recorder's function,
+    and turning it off after the run puts that function back: it must not keep the run (and its
+    model) alive, nor record into the finished run's folder."""
+    import gc
+    import io
+    import logging
+    import weakref
+
+    def step(loop, batch) -> None:
+        logging.captureWarnings(True)
+
+    model = torch.nn.Linear(2, 1)
+    alive = weakref.ref(model)
+    before = warnings.showwarning
+    try:
+        hookfit.Loop(step, [1], model=model, run_dir=tmp_path, plugins=[UsesFolder()]).fit()
+    finally:
+        logging.captureWarnings(False)
+    kept = warnings.showwarning
+    try:
+        assert kept is not before  # the recorder's function, put back by logging
+        del model
+        gc.collect()
+        assert alive() is None
+        out = io.StringIO()
+        with contextlib.redirect_stderr(out), warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = kept
+            warnings.warn("AFTER THE RUN", UserWarning)
+        assert "UserWarning: AFTER THE RUN" in out.getvalue()  # shown as Python would
+    finally:
+        warnings.showwarning = before
+    assert [line["event"] for line in lines(tmp_path)] == ["run", "end"]
+
+
+def test_a_run_inside_another_records_its_warnings_alone(tmp_path: Path) -> None:
+    def inner_step(loop, batch) -> None:
+        warnings.warn("THE INNER RUN WARNS", UserWarning)
+
+    def outer_step(loop, batch) -> None:
+        if loop.state.step == 0:
+            hookfit.Loop(inner_step, [1], run_dir=tmp_path / "inner", plugins=[UsesFolder()]).fit()
+        else:
+            warnings.warn("THE OUTER RUN WARNS", UserWarning)
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        hookfit.Loop(outer_step, [1, 2], run_dir=tmp_path / "outer", plugins=[UsesFolder()]).fit()
+    said = {name: [line["message"] for line in lines(tmp_path / name) if line["event"] == "warning"]
+            for name in ("inner", "outer")}
+    assert said == {"inner": ["THE INNER RUN WARNS"], "outer": ["THE OUTER RUN WARNS"]}
+
