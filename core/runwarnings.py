@@ -10,7 +10,10 @@ What is recorded is what was shown: the warnings filters decide, as always (a wa
 filtered out with ``warnings.filterwarnings("ignore", ...)``, or one raised as an error, is not
 recorded). Main process only, and only where the run has a folder (a plugin used ``run_dir``):
 one shown before the folder is made is written after the ``"run"`` line; none is written after
-the ``"end"`` line. At most :data:`KEPT` distinct warnings are recorded in a ``fit()``.
+the ``"end"`` line. At most :data:`KEPT` distinct warnings are recorded in a ``fit()``; when
+more were shown, one ``{"event": "warnings_dropped", "count": N}`` line before the ``"end"`` line
+says how many more distinct ones there were (each counted the first time it was shown after the
+limit was reached).
 
 :class:`WarningRecorder` wraps :func:`warnings.showwarning` while the run runs and hands every
 warning on to the function it wrapped. A plugin that takes :func:`warnings.showwarning` over
@@ -37,7 +40,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["KEPT", "WarningRecorder", "category_name", "shown"]
 
 KEPT = 100
-"""At most this many distinct warnings are recorded in one ``fit()``; later ones are not."""
+"""At most this many distinct warnings are recorded in one ``fit()``; later ones are counted."""
+
+DROPPED_KEPT = 100_000
+"""At most this many warnings past :data:`KEPT` are told apart (their category and message
+kept); any later one is counted each time it is shown."""
 
 _recording: list[WarningRecorder] = []  # the recorders installed in this process (a run each)
 
@@ -67,6 +74,8 @@ class WarningRecorder:
         self._lock = threading.RLock()  # (a warning of its own write comes back on the same thread)
         self._previous: Any = None
         self._seen: set[tuple[str, str]] = set()
+        self._dropped: set[int] = set()  # hashes of the distinct warnings past KEPT
+        self._dropped_more = 0  # those past DROPPED_KEPT
         self._pending: list[str] = []  # lines shown before run.jsonl was there
         self._log: RunFile | None = None
         self._closed = False
@@ -100,8 +109,12 @@ class WarningRecorder:
             self._write(pending)
 
     def closed(self) -> None:
-        """The ``"end"`` line follows: no warning is written after it."""
+        """The ``"end"`` line follows: the count of the warnings past :data:`KEPT` is written,
+        if there were any, and no warning after it."""
         with self._lock:
+            dropped = len(self._dropped) + self._dropped_more
+            if dropped and not self._closed:
+                self._write([json.dumps({"event": "warnings_dropped", "count": dropped}) + "\n"])
             self._closed, self._log, self._pending = True, None, []
 
     def record(self, message: Warning | str, category: type[Warning], filename: str, lineno: int) -> None:
@@ -112,7 +125,13 @@ class WarningRecorder:
         text = str(message)
         key = (category_name(category), text)
         with self._lock:
-            if self._closed or self._writing or key in self._seen or len(self._seen) >= KEPT:
+            if self._closed or self._writing or key in self._seen:
+                return
+            if len(self._seen) >= KEPT:
+                if len(self._dropped) < DROPPED_KEPT:
+                    self._dropped.add(hash(key))
+                else:
+                    self._dropped_more += 1
                 return
             self._seen.add(key)
             line = json.dumps({"event": "warning", "category": key[0], "message": text,

@@ -168,3 +168,18 @@ def test_a_run_inside_another_records_its_warnings_alone(tmp_path: Path) -> None
             for name in ("inner", "outer")}
     assert said == {"inner": ["THE INNER RUN WARNS"], "outer": ["THE OUTER RUN WARNS"]}
 
+
+def test_the_warnings_past_the_limit_are_counted_before_the_end_line(tmp_path: Path) -> None:
+    from hookfit.runwarnings import KEPT
+
+    def step(loop, batch) -> None:
+        for i in range(KEPT + 50):
+            warnings.warn(f"DISTINCT WARNING {i}", UserWarning)
+        warnings.warn(f"DISTINCT WARNING {KEPT + 49}", UserWarning)  # a repeat: counted once
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        hookfit.Loop(step, [1], run_dir=tmp_path, plugins=[UsesFolder()]).fit()
+    found = lines(tmp_path)
+    assert [line["event"] for line in found] == ["run"] + ["warning"] * KEPT + ["warnings_dropped", "end"]
+    assert found[-2]["count"] == 50
