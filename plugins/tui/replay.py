@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from hookfit.tools import jsonlines, runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
 from hookfit.plugins.tui.model import DashboardModel
+from hookfit.plugins.tui.warned import more, said
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only (urwid is imported when drawn)
     from hookfit.plugins.tui.dashboard import Dashboard
@@ -194,15 +195,23 @@ def _skipped(dash: DashboardModel, row: Mapping[str, Any]) -> None:
 
 def recorded_warnings(folder: Path) -> list[str]:
     """The warnings the run recorded in ``run.jsonl`` (its ``"warning"`` lines, :mod:`hookfit.runwarnings`)
-    along its current history, a line each as the dashboard's summary says them, with the step they came at."""
-    lines = runs.current(runs.read_jsonl(folder / "run.jsonl"))
-    out = []
-    for line in lines:
-        if line.get("event") == "warning":
-            category = str(line.get("category", "Warning")).rsplit(".", 1)[-1]
+    along its current history, a line each as the dashboard's summary says them (:func:`said`),
+    with the step they came at; those of an evaluation appended to the folder
+    (``Loop.validate()``) are marked as the evaluation's, and a ``"warnings_dropped"`` line
+    says how many more there were."""
+    out, evaluating = [], False
+    for line in runs.current(runs.read_jsonl(folder / "run.jsonl")):
+        event = line.get("event")
+        if event == "run":
+            evaluating = line.get("mode", "fit") != "fit"
+        elif event == "warning":
             step = line.get("step")
-            at = f" (step {step})" if jsonlines.count(step) else ""
-            out.append(f"warning: {category}: {' '.join(str(line.get('message', '')).split())}{at}")
+            where = ["evaluation"] if evaluating else []
+            where += [f"step {step}"] if jsonlines.count(step) else []
+            text = said(str(line.get("category", "Warning")), str(line.get("message", "")), ", ".join(where))
+            out.append(f"warning: {text}")
+        elif event == "warnings_dropped" and jsonlines.count(line.get("count")):
+            out.append(f"warning: {more(line['count'])}" + (" (evaluation)" if evaluating else ""))
     return out
 
 

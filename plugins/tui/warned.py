@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from hookfit import runwarnings
 
-__all__ = ["WarningLog", "describe"]
+__all__ = ["WarningLog", "describe", "more", "said"]
 
 KEPT = 100
 """At most this many warnings are kept for the summary; the count of the others is."""
@@ -56,7 +56,7 @@ class WarningLog:
         """The summary's lines: one per warning kept, and how many more there were."""
         lines = [f"warning: {text}" for text in self.kept]
         if self.dropped:
-            lines.append(f"warning: … and {self.dropped} more")
+            lines.append(f"warning: {more(self.dropped)}")
         return lines
 
     def _show(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -84,12 +84,24 @@ class WarningLog:
 
 
 def describe(message: Warning | str, category: type[Warning], filename: str, lineno: int) -> str:
-    """One line for a warning: its category and message, and where it points: the file and line
-    when that is the user's code, else the module of hookfit (which plugin) that issued it."""
-    text = " ".join(str(message).split())
+    """One line for a warning (:func:`said`), where it points: the file and line when that is
+    the user's code, else the module of hookfit (which plugin) that issued it."""
     module = _hookfit_module(filename)
     where = f"from {module}" if module is not None else f"{os.path.basename(filename)}:{lineno}"
-    return f"{category.__name__}: {text} ({where})"
+    return said(category.__name__, message, where)
+
+
+def more(count: int) -> str:
+    """The line that says ``count`` more warnings were shown than are listed."""
+    return f"… and {count} more"
+
+
+def said(category: str, message: Warning | str, where: str) -> str:
+    """One line for a warning, as the dashboard and ``hookfit show`` list them: its category's
+    name (``category`` without its module), its message on one line, and ``where`` in
+    parentheses (when not empty)."""
+    text = " ".join(str(message).split())
+    return f"{category.rsplit('.', 1)[-1]}: {text}" + (f" ({where})" if where else "")
 
 
 def _hookfit_module(filename: str) -> str | None:

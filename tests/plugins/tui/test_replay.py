@@ -136,3 +136,36 @@ def test_show_lists_the_warnings_the_run_recorded(tmp_path: Path, capsys: pytest
     assert "\n  warning: UserWarning: THE STEP WARNS ON TWO LINES (step 2)\n" in out, out
     model_, _, _, _ = _dashboard(tmp_path, draw=False)  # the dashboard's log pane too
     assert model_.log == ["warning: UserWarning: THE STEP WARNS ON TWO LINES (step 2)"]
+
+
+def test_show_marks_an_evaluations_warnings_and_says_how_many_were_not_recorded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import warnings
+
+    from hookfit.runwarnings import KEPT
+
+    def step(loop, batch) -> Any:
+        if loop.state.step == 1:
+            warnings.warn("THE FIT WARNS", UserWarning)
+        return mse_step(loop, batch)
+
+    def val_step(loop, batch) -> Any:
+        if loop.mode != "fit":
+            for i in range(KEPT + 3):
+                warnings.warn(f"THE EVALUATION WARNS {i}", UserWarning)
+        return {"loss": torch.tensor(1.0)}
+
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(2)]
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
+                     val_step=val_step, val_data=[0], run_dir=tmp_path,
+                     plugins=[Optim(), Metrics(), MetricsLog(), Checkpoint(background=False)]).fit()
+        hookfit.Loop(step, data, model=model, val_step=val_step, val_data=[0], run_dir=tmp_path,
+                     plugins=[Metrics(), MetricsLog(), Checkpoint(background=False)]).validate(resume="latest")
+    out = show_text(tmp_path, capsys)
+    assert "\n  warning: UserWarning: THE FIT WARNS (step 1)\n" in out, out
+    assert re.search(r"^  warning: UserWarning: THE EVALUATION WARNS 0 \(evaluation, step \d+\)$", out, re.M), out
+    assert "THE EVALUATION WARNS 0 (step" not in out, out
+    assert re.search(r"^  warning: … and \d+ more \(evaluation\)$", out, re.M), out
