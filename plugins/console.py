@@ -82,7 +82,8 @@ max_epoch=...``. Epochs count from 1; NaN and infinities are never best (:class:
 nor lowest or highest: a metric with no finite value gets ``last=nan`` alone, as ``results["best"]`` has no entry
 for it. A stage a stop that interrupted the run cut short gives the last value, never the best (as ``results["best"]``),
 and the line says so: ``last=2.239 last_partial=true best=2.331 best_epoch=1`` (that last value is the mean over the batches
-the stage ran, not a whole epoch's), as ``hookfit runs`` and ``hookfit compare`` say ``(partial)``.
+the stage ran, not a whole epoch's), as ``hookfit runs`` and ``hookfit compare`` say ``(partial)``; a stage the stop
+came right after the last batch of is whole.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ from hookfit.plugins.support.plain import field as _field
 from hookfit.plugins.support.plain import number as _number
 from hookfit.plugins.support.plain import quote
 from hookfit.plugins.support.summary import summarize
+from hookfit.plugins.support.best import cut_short
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -312,7 +314,7 @@ class Console:
                     if key not in ("epoch", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
                         self._extremes(stage, key, float(value), int(entry["epoch"]) + 1)
         for key, value in metrics.values.items():
-            self._extremes(stage, key, value.epoch, epoch, loop.state.status != "interrupted")
+            self._extremes(stage, key, value.epoch, epoch, not cut_short(loop, metrics))
         self._last_progress = _clock()
         total = metrics.total
         partial = metrics.batches < total if total is not None else loop.state.stop_reason is not None

@@ -28,7 +28,9 @@ people does:
   ``time`` (seconds in the stage), ``samples_per_s``, each metric's epoch mean by name, and
   ``lr_<optimizer>``. A stage a stop cut short (a stop request, ``max_steps``) has its row too,
   with the ``batches`` it got, and ``"stopped": true`` where the stop interrupted the run
-  (status ``"interrupted"``: the mean of some of the batches, never a run's best); a resumed
+  (status ``"interrupted"``) before the stage's last batch (its length unknown: anywhere in it):
+  the mean of some of the batches, never a run's best
+  (:func:`hookfit.plugins.support.best.cut_short`); a resumed
   run that completes that epoch writes the epoch's row again, whole, after its ``resume`` line:
   a reader takes the last row of a stage's epoch.
 * ``{"event": "step", **snapshot.row()}`` with ``every_n_steps=N``: at the first training
@@ -71,6 +73,7 @@ from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support.logger import run_file
 from hookfit.plugins.support import Every
+from hookfit.plugins.support.best import cut_short
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -157,7 +160,7 @@ class MetricsLog:
             if self._directions != self._written:
                 self._written = dict(self._directions)
                 self._write(loop, {"event": "best", "metrics": self._written})
-        cut = {"stopped": True} if loop.state.status == "interrupted" else {}  # published at a stop's fit_end
+        cut = {"stopped": True} if cut_short(loop, metrics) else {}
         self._write(loop, {"event": event, **metrics.row(), **cut})
 
     def _write(self, loop: Run, record: dict[str, Any]) -> None:

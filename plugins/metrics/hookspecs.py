@@ -40,8 +40,8 @@ The metrics role. What the rest of hookfit reads from it, all of it, is what it 
   {"<stage>/<name>": last epoch value}, "best": {"<stage>/<name>": (best value, epoch counted
   from 1)}}``, ``best`` only for the metrics with a direction, over every epoch of the run (a
   resumed run's earlier epochs included, a partial last one too where the run completed there
-  (``max_steps``, early stopping), not where a stop interrupted it: the mean of some of its
-  batches); a replacement that
+  (``max_steps``, early stopping), not where a stop interrupted it before its last batch: the
+  mean of some of its batches, :func:`hookfit.plugins.support.best.cut_short`); a replacement that
   answers the same keys keeps scripts that read them working.
 
 That is the whole duty: the run's metric log (``metrics.jsonl``, which ``hookfit runs``,

@@ -14,7 +14,7 @@ import torch
 from hookfit import HookfitWarning, hookimpl
 from hookfit.errors import user_level
 from hookfit.payloads import MetricsSnapshot, Value
-from hookfit.plugins.support import Every, flag, integer, number, positive_int
+from hookfit.plugins.support import Every, cut_short, flag, integer, number, positive_int
 from hookfit.plugins.metrics import gauges, hookspecs, ranks, snapshots
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
                                                is_complex, is_metric, metric_numbers)
@@ -286,10 +286,10 @@ class Metrics:
         earlier: tuple[Mapping[str, Any], ...] = tuple(history) if keep else (*history, entry)
         if history.maxlen is not None:  # as long as the history kept
             earlier = earlier[len(earlier) - history.maxlen:]
+        snapshot = self.snapshot(values=values, final=True, stage=stage, history=earlier, agg=agg)
         # a stage an interrupting stop cut short: the run's last value, never its best (max_steps completes a run)
         self.report.take(stage, loop.state.epoch, {k: v.epoch for k, v in values.items()},
-                         best=keep or loop.state.status == "completed")
-        snapshot = self.snapshot(values=values, final=True, stage=stage, history=earlier, agg=agg)
+                         best=not cut_short(loop, snapshot))
         if (call := loop.hooks.epoch_metrics) is not None:
             call(loop, stage, snapshot)
 

@@ -6,7 +6,8 @@ a module of one concern:
   is built, a bad one a ``ValueError`` naming the plugin, the option, what it must be and the value;
 * a cadence (:class:`Every`, :mod:`~hookfit.plugins.support.cadence`): ``Every(3).due(6)``, as
   Ignite's ``Events.X(every=n)``;
-* a metric watched for its best value (:class:`Monitor`, :mod:`~hookfit.plugins.support.best`);
+* a metric watched for its best value (:class:`Monitor`, :mod:`~hookfit.plugins.support.best`), and
+  whether a stage's epoch value is whole enough to be best (:func:`cut_short`);
 * the user's module inside its wrappers (:func:`unwrap_model`, :mod:`~hookfit.plugins.support.models`):
   ``DistributedDataParallel``/``DataParallel`` (``.module``) and ``torch.compile`` (``._orig_mod``),
   and its parameters' names (:func:`parameter_names`);
@@ -28,7 +29,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from hookfit.plugins.support.best import MODES, STAGES, Monitor
+from hookfit.plugins.support.best import MODES, STAGES, Monitor, cut_short
 from hookfit.plugins.support.cadence import Every
 from hookfit.plugins.support.options import (check, choice, flag, integer, number, option_error, path, positive_int,
                                              positive_number, text)
@@ -48,7 +49,7 @@ not pay for importing torch."""
 
 __all__ = [
     "MODES", "STAGES", "Every", "GradientWatch", "Hparam", "Monitor", "check", "choice", "flag", "hparam", "hyperparameters",
-    "integer", "number", "option_error", "path", "positive_int", "positive_number", "run_hparams", "text",
+    "cut_short", "integer", "number", "option_error", "path", "positive_int", "positive_number", "run_hparams", "text",
     "parameter_names", "unwrap_model", "unwrap_state_dict", "faster_data",
 ]
 

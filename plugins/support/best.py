@@ -15,9 +15,10 @@ from hookfit.errors import HookfitWarning, user_level
 from hookfit.plugins.support.options import check, choice, number
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from hookfit.payloads import MetricsSnapshot
     from hookfit.run import Run
 
-__all__ = ["MODES", "STAGES", "Monitor"]
+__all__ = ["MODES", "STAGES", "Monitor", "cut_short"]
 
 MODES = ("min", "max")
 """The directions of a metric: ``"min"`` (lower is better) and ``"max"`` (higher is better)."""
@@ -31,6 +32,18 @@ HIGHER_IS_BETTER = re.compile(r"(acc|accuracy|f1|auc|auroc|auprc|precision|recal
 """Words of a metric's name where higher is usually better: the default direction, ``"min"``,
 is warned of for such a metric (never decided by the name: the direction is the one given or
 published)."""
+
+
+def cut_short(loop: Run, snapshot: MetricsSnapshot) -> bool:
+    """Whether the final ``snapshot`` is of a stage that a stop interrupting the run (status
+    ``"interrupted"``) cut short: fewer batches than the stage's ``total``, or, the total
+    unknown, any stage published at such a stop. Its epoch values are the means over some of
+    the stage's batches: the run's last values, never its best. A stage the stop came right
+    after the last batch of is whole, and so is every stage of a run that completed
+    (``max_steps``, early stopping)."""
+    if loop.state.status != "interrupted":
+        return False
+    return snapshot.total is None or snapshot.batches < snapshot.total
 
 
 def _stage_metric(metric: Any) -> bool:

@@ -106,3 +106,26 @@ def test_a_run_resumed_past_the_cut_epoch_has_a_whole_final_value(
     out = capsys.readouterr().out
     assert "(partial" not in out and runs.PARTIAL not in out
     assert "partial" not in next(line for line in console.getvalue().splitlines() if line.startswith("hookfit result"))
+
+
+def test_a_stop_right_after_an_epochs_last_batch_leaves_that_epoch_whole(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The stage got every batch of its epoch: the mean is the whole epoch's, so it is the run's
+    best as well as its last, in the metrics role's results, the console, the metric log and the
+    tools alike, though the stop interrupted the run."""
+    folder = tmp_path / "runs" / "whole"
+    console = io.StringIO()
+    state = _train(folder, 3, console)  # asked in epoch 1's fourth and last batch
+    assert state.status == "interrupted"
+    row = runs.epoch_rows(folder)[-1]
+    assert row["epoch"] == 1 and row["batches"] == 4 and "stopped" not in row
+    assert state.results["best"]["train/loss"] == (row["loss"], 1)
+    info = runs.load(folder)
+    assert not info.partial and info.final == (row["loss"], 1) and info.best == ("train/loss", row["loss"], 1)
+    assert cli.main(["runs", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "(partial" not in out and runs.PARTIAL not in out
+    epoch = next(line for line in console.getvalue().splitlines() if line.startswith("hookfit train epoch=1/3"))
+    assert " done batches=4 " in epoch, epoch
+    result = next(line for line in console.getvalue().splitlines() if line.startswith("hookfit result"))
+    assert re.search(r" last=(\S+) best=\1 best_epoch=1$", result), result
