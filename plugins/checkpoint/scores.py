@@ -90,9 +90,10 @@ class Scores:
                           f"checkpoint is kept", CheckpointWarning, stacklevel=user_level())
 
     def end(self, loop: Run) -> None:
-        """As a training run that did not fail ends without a best checkpoint: a warning when no
-        publication carried the metric and no earlier warning of this run said why."""
-        if self._scored or self._warned or self.unheard or loop.state.status == "failed":
+        """As a training run that completed ends without a best checkpoint: a warning when no
+        publication carried the metric and no earlier warning of this run said why. None for an
+        interrupted run (the run resumed from its checkpoint may yet publish it) nor a failed one."""
+        if self._scored or self._warned or self.unheard or loop.state.status != "completed":
             return
         self._warned = True
         warnings.warn(f"{self.monitor.plugin}: monitor={self.monitor.metric!r} was never published in this run: "

@@ -1,7 +1,8 @@
 """checkpoint: a ``monitor`` the run never publishes is said once, in a ``CheckpointWarning`` naming
 it and why: as training starts when the run can never publish it (a ``valid/`` monitor without
 validation, or with every validation past the run's end: early stopping's error, in the same words),
-else as the run ends when no publication carried it. Its checkpoints are still written, without a
+else as a completed run ends when no publication carried it (not an interrupted one: the run resumed
+from it may yet publish it). Its checkpoints are still written, without a
 best among them."""
 
 from __future__ import annotations
@@ -91,3 +92,24 @@ def test_a_run_that_published_the_monitor_and_validate_say_nothing_of_it(tmp_pat
         warnings.simplefilter("always")
         assert loop.validate(resume=checkpoint.best[1]).status == "completed"
     assert [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)] == []
+
+
+class _StopAt:
+    """Asks the run to stop after training step ``step``."""
+
+    name = "stop_at"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @hookfit.hookimpl
+    def batch_end(self, loop: Any) -> None:
+        if loop.training and loop.state.step == self.step:
+            loop.request_stop("enough")
+
+
+def test_a_run_a_stop_interrupted_before_the_monitor_was_published_says_nothing_of_it(tmp_path: Path) -> None:
+    """Its monitor is published by the validations the resumed run will run: not a cause to name."""
+    state, said, checkpoint = fit(tmp_path, Metrics(), _StopAt(2))
+    assert state.status == "interrupted" and state.step == 2 and state.results["best_checkpoint"] is None
+    assert said == [] and checkpoint.saved
