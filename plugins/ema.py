@@ -120,6 +120,7 @@ class EMA:
         self._kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # (model tensor, training value)
         self._copied: list[tuple[torch.Tensor, torch.Tensor]] = []  # (averaged, model) buffers copied, not averaged
         self._evaluating = False  # Loop.validate(): the average is the checkpoint's, no optimizer updates it
+        self._several = False  # Loop(model={...}) or [...]: only then is the average narrowed to some models
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -145,7 +146,7 @@ class EMA:
     @hookimpl
     def configure(self, loop: Run) -> None:
         self.average, self._source, self._watched, self._kept, self.steps = None, None, None, None, 0
-        self._copied = []
+        self._copied, self._several = [], False
         self._evaluating = loop.mode == "validate"
         if self._evaluating and loop.resume is not None and self.decay is None:
             return  # averages nothing: only says so if the checkpoint holds an average (load_state)
@@ -161,6 +162,8 @@ class EMA:
         if decay is None:  # an evaluation's, kept by configure to say what it does not validate
             return
         source = _source(loop.model)
+        # a single model that is itself a ModuleDict or ModuleList is averaged whole, never narrowed
+        self._several = isinstance(loop.model, (Mapping, list, tuple))
         sharded = [name for name, p in source.named_parameters() if type(p).__name__ == "DTensor"]
         if sharded:
             raise ValueError(f"ema: the model's parameters are sharded (Distributed(strategy='fsdp'): "
@@ -168,7 +171,8 @@ class EMA:
                              f"use strategy='ddp' with EMA, or leave EMA out of a sharded run")
         if not self._evaluating:  # an evaluation steps no optimizer: its average is the checkpoint's
             self._watched = self._watch(loop)
-            source = _stepped_by(source, loop.optimizers, self._watched)
+            if self._several:
+                source = _stepped_by(source, loop.optimizers, self._watched)
         self._build(source, decay)
 
     def _build(self, source: torch.nn.Module, decay: float) -> None:
@@ -296,7 +300,7 @@ class EMA:
         (an evaluation, which knows no optimizer, averages every model until it reads which) makes the average
         the same models'; one of more models than this run averages gives those this run's average holds."""
         source, decay = self._source, self.decay
-        if not isinstance(source, (torch.nn.ModuleDict, torch.nn.ModuleList)) or decay is None:
+        if not self._several or not isinstance(source, (torch.nn.ModuleDict, torch.nn.ModuleList)) or decay is None:
             return weights
         mine = dict(source.named_children())
         saved = {key.split(".", 1)[0] for key in weights}

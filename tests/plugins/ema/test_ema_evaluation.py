@@ -169,3 +169,31 @@ def test_an_evaluation_of_an_average_of_some_of_several_models_validates_it_with
     trained_weights = {f"{name}.{k}": v for name, part in saved["model"].items() for k, v in part.items()}
     assert same(seen[0], {**trained_weights, **average})  # the averaged generator, the trained discriminator
     assert same(snapshot(torch.nn.ModuleDict(second)), trained_weights)
+
+
+def test_one_model_that_is_a_module_dict_is_averaged_whole_and_exported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One model that is itself a ``ModuleDict`` (a frozen encoder, a trained head; the optimizer steps the
+    head alone) is one model, not several: the average holds all of it, and ``--weights ema`` exports it."""
+    from hookfit.tools import cli
+
+    torch.manual_seed(0)
+    encoder = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).requires_grad_(False)
+    model = torch.nn.ModuleDict({"enc": encoder, "head": torch.nn.Linear(3, 1)})
+    train, _ = make_data()
+
+    def step(loop: Any, batch: Any) -> None:
+        loop.backward(torch.nn.functional.mse_loss(loop.model["head"](loop.model["enc"](batch[0])), batch[1]))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    ema = EMA(decay=0.5)
+    hookfit.Loop(step, train, model=model, max_epochs=1, run_dir=tmp_path / "run",
+                 optimizers=torch.optim.SGD(model["head"].parameters(), lr=0.1),
+                 plugins=[Optim(), ema, Checkpoint(background=False)]).fit()
+    assert ema.module is not None and sorted(ema.module.state_dict()) == sorted(model.state_dict())
+    assert cli.main(["export", str(tmp_path / "run"), str(tmp_path / "ema.pt"), "--weights", "ema"],
+                    plugins=[Checkpoint()]) == 0, capsys.readouterr()
+    exported = torch.load(tmp_path / "ema.pt", weights_only=True)
+    assert same(exported, snapshot(ema.module))
+    model.load_state_dict(exported)  # the model's keys, all of them: it loads
