@@ -102,6 +102,8 @@ def checksums(model: Any) -> dict[tuple[str, str], int]:
                 continue
             seen.add(id(parameter))
             data = parameter.detach().contiguous().reshape(-1).view(torch.uint8)
+            if data.storage_offset() % 4:  # a view into a buffer at an odd offset: read as words, copied
+                data = data.clone()
             width = next(w for w, kind in ((4, torch.int32), (2, torch.int16), (1, torch.uint8))
                          if data.numel() % w == 0)
             words = data.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[width])

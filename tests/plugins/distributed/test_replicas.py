@@ -71,3 +71,16 @@ def test_only_parameters_every_rank_holds_and_trains_are_compared() -> None:
     message = differing([same, changed, same])
     assert message is not None and "1 of their 3 trainable parameter tensors ('a': weight)" in message
     assert list(checksums(torch.nn.Sequential(first["a"], first["a"]))) == [("", "0.weight"), ("", "0.bias")]
+
+
+def test_a_parameter_viewing_a_buffer_at_an_odd_offset_has_the_checksum_of_its_values() -> None:
+    """A bf16 parameter that views a flat buffer from its second element (its bytes not aligned to words):
+    its checksum is that of the same values held on their own, at whatever offset the view starts."""
+    values = torch.randn(4, 4).to(torch.bfloat16)
+    on_its_own = checksums(torch.nn.ParameterList([torch.nn.Parameter(values.clone())]))
+    for offset in (1, 2, 3):
+        flat = torch.zeros(4 * 4 + 4, dtype=torch.bfloat16)
+        flat[offset:offset + 16] = values.reshape(-1)
+        view = torch.nn.ParameterList([torch.nn.Parameter(flat[offset:offset + 16].view(4, 4))])
+        assert view[0].storage_offset() == offset
+        assert checksums(view) == on_its_own
