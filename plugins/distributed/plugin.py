@@ -87,6 +87,8 @@ class Distributed(ModelWrap, ReplicaCheck):
     * ``shard_data=False``: leave the data alone (shard it yourself; every rank must have the
       same number of batches).
     * ``seed``: the shuffling seed of the ``DistributedSampler`` of a rebuilt DataLoader.
+    * ``check_replicas=False``: skip the check that every rank holds the same parameters after
+      the first optimizer step (:mod:`~hookfit.plugins.distributed.replicas`).
     """
 
     name = "distributed"
@@ -105,6 +107,7 @@ class Distributed(ModelWrap, ReplicaCheck):
         wrap_model: bool = True,
         shard_data: bool = True,
         seed: int = 0,
+        check_replicas: bool = True,
     ) -> None:
         name = self.name  # every option checked now, naming it (hookfit.plugins.support)
         backend = text(name, "backend", backend, none=True, what="the name of a torch.distributed backend",
@@ -114,7 +117,7 @@ class Distributed(ModelWrap, ReplicaCheck):
         self._stop_checks = Every(stop_check_every, plugin=name, option="stop_check_every", none=False,
                                   meaning="batches")
         for option, switch in (("find_unused_parameters", find_unused_parameters), ("wrap_model", wrap_model),
-                               ("shard_data", shard_data)):
+                               ("shard_data", shard_data), ("check_replicas", check_replicas)):
             flag(name, option, switch)
         for option, options in (("fsdp_options", fsdp_options), ("ddp_options", ddp_options)):
             check(name, option, options, lambda v: v is None or isinstance(v, Mapping),
@@ -135,6 +138,7 @@ class Distributed(ModelWrap, ReplicaCheck):
         self.wrap_model = wrap_model
         self.shard_data = shard_data
         self.seed = seed
+        self.check_replicas = check_replicas
         self._reset()
 
     def _reset(self) -> None:

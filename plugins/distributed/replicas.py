@@ -4,8 +4,11 @@ process holds the same values after every step; a module the step trains without
 (not wrapped in ``DistributedDataParallel``, with ``Distributed(wrap_model=False)``) trains apart on each rank,
 and the run fails here naming it, instead of ending with each rank's own model and a checkpoint of rank 0's.
 What is checked is the outcome, not the wrapping: gradients a step all-reduces itself pass. Sharded parameters
-(FSDP2's ``DTensor``) differ by design and are left out, and so is a parameter some ranks do not have (each
-rank a stage of a pipeline). :class:`ReplicaCheck` is that part of the plugin's class."""
+(FSDP2's ``DTensor``, FSDP1's ``FlatParameter`` and the parameters of an FSDP1 module, a ``ShardedTensor``) differ
+by design and are left out, and so is a parameter some ranks do not have (each rank a stage of a pipeline). The
+check is skipped when ``ddp_options`` gives DDP a ``process_group`` of fewer ranks than the world (the replicas are
+within each group), and ``Distributed(check_replicas=False)`` turns it off (sharded parameters of another kind,
+tensor parallelism with plain tensors). :class:`ReplicaCheck` is that part of the plugin's class."""
 
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ class ReplicaCheck:
     stepped, so every rank takes the check's collective at the same agreement."""
 
     world_size: int
+    check_replicas: bool
+    ddp_options: dict[str, Any]
     _control: ProcessGroup | None
 
     def _reset_replicas(self) -> None:
@@ -46,6 +51,11 @@ class ReplicaCheck:
         """Watch the ``Loop``'s optimizers for their first step; without any, a training batch counts."""
         from hookfit.plugins.distributed.wrapping import torch_optimizers
 
+        import torch.distributed as dist
+
+        group = self.ddp_options.get("process_group")
+        if not self.check_replicas or (group is not None and dist.get_world_size(group) != self.world_size):
+            return  # off, or DDP over sub-groups: the ranks of different groups hold different replicas
         self._replicas_due = True
         self._step_hooks = [optimizer.register_step_post_hook(self._saw_step)
                             for optimizer in torch_optimizers(loop.optimizers)]
@@ -84,18 +94,20 @@ def _named(model: Any, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module]
 
 
 def checksums(model: Any) -> dict[tuple[str, str], int]:
-    """A checksum of each trainable parameter of ``model`` that is no ``DTensor``, by its root module's name
-    (:func:`_named`) and its own: the sum of its
-    bytes read as integers, exact and independent of the order of summation (equal values, equal sums)."""
-    sharded: tuple[type, ...] = ()
-    if "torch.distributed.tensor" in sys.modules:  # (a DTensor exists only once that module is imported)
-        from torch.distributed.tensor import DTensor
-
-        sharded = (DTensor,)
+    """A checksum of each trainable parameter of ``model`` that is not sharded (see the module's doc), by its
+    root module's name (:func:`_named`) and its own: the sum of its bytes read as integers, exact and independent of the order of summation (equal values, equal sums)."""
+    # sharded parameter classes (each exists only once its module is imported: none is imported here)
+    sharded = tuple(getattr(sys.modules.get(module), kind, None) or type(None) for module, kind in (
+        ("torch.distributed.tensor", "DTensor"), ("torch.distributed.fsdp._flat_param", "FlatParameter"),
+        ("torch.distributed._shard.sharded_tensor.api", "ShardedTensor")))
+    fsdp1 = getattr(sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel"),
+                    "FullyShardedDataParallel", None)
     names: list[tuple[str, str]] = []
     sums: list[torch.Tensor] = []
     seen: set[int] = set()
     for prefix, module in _named(model):
+        if fsdp1 is not None:  # FSDP1's use_orig_params=True: its module's parameters are views of shards
+            seen.update(id(p) for m in module.modules() if isinstance(m, fsdp1) for p in m.parameters())
         for name, parameter in module.named_parameters():
             if (not parameter.requires_grad or isinstance(parameter, sharded) or id(parameter) in seen
                     or parameter.device.type == "meta"):
@@ -134,4 +146,5 @@ def differing(everyone: list[dict[tuple[str, str], int]]) -> str | None:
             f"gradients were not synchronised. Under torchrun every module the optimizers step must be wrapped in "
             f"torch.nn.parallel.DistributedDataParallel (Distributed(wrap_model=False) leaves loop.model as given: "
             f"wrap each module yourself, and call the wrappers in the step), or the step must all-reduce (average) "
-            f"the gradients itself before each optimizer step")
+            f"the gradients itself before each optimizer step. Where the ranks' parameters differ by design (sharded "
+            f"ones that are no DTensor), Distributed(check_replicas=False) turns this check off")

@@ -5,8 +5,8 @@ tests/plugins/distributed/test_replicas.py.
 each with its optimizer, stepped in the step function as a GAN's are, on each rank's own part of the data.
 MODE ``unwrapped``: the modules as they are, nothing synchronises their gradients; ``ddp``: each wrapped in
 ``DistributedDataParallel`` by the script; ``allreduce``: as they are, the step averaging the gradients itself
-before each optimizer step. Rank 0 writes ``trained.json``: the run's status and whether every rank ended with
-the same parameters.
+before each optimizer step; ``unchecked``: as ``unwrapped``, with ``Distributed(check_replicas=False)``.
+Rank 0 writes ``trained.json``: the run's status and whether every rank ended with the same parameters.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def step(loop: Any, batch: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 loop = hookfit.Loop(step, data, model=model, optimizers=optimizers, max_epochs=2,
-                    plugins=[Distributed(wrap_model=False), Optim()])
+                    plugins=[Distributed(wrap_model=False, check_replicas=MODE != "unchecked"), Optim()])
 state = loop.fit()
 flat = torch.cat([p.detach().reshape(-1) for m in (gen, disc) for p in m.parameters()])
 everyone = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]

@@ -41,6 +41,16 @@ def test_modules_left_unwrapped_under_wrap_model_false_fail_the_run_naming_them(
                "(Distributed(wrap_model=False) leaves loop.model as given: wrap each module yourself")
     assert done.stderr.count(message) >= 2, done.stderr  # (one report a rank; the traceback says it again)
     assert "all-reduce (average) the gradients itself" in done.stderr
+    assert "Distributed(check_replicas=False) turns this check off" in done.stderr
+
+
+@pytest.mark.slow
+def test_check_replicas_false_turns_the_check_off(tmp_path: Path) -> None:
+    """The same unwrapped modules with ``Distributed(check_replicas=False)``: the run completes, each rank
+    having trained its own copy (the check, which would have failed it, did not run)."""
+    done, trained = _two_models(tmp_path, "unchecked")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert trained == {"status": "completed", "steps": 8, "same": False}
 
 
 @pytest.mark.slow
@@ -84,3 +94,27 @@ def test_a_parameter_viewing_a_buffer_at_an_odd_offset_has_the_checksum_of_its_v
         view = torch.nn.ParameterList([torch.nn.Parameter(flat[offset:offset + 16].view(4, 4))])
         assert view[0].storage_offset() == offset
         assert checksums(view) == on_its_own
+
+
+def test_parameters_fsdp1_shards_are_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSDP1's ``FlatParameter`` and the parameters of an FSDP1 module (``use_orig_params=True``: views of each
+    rank's shard) differ between the ranks by design: they have no checksum. (FSDP1 needs an accelerator: the
+    classes are stood in for here.)"""
+    import torch.distributed.fsdp._flat_param as flat_param
+    import torch.distributed.fsdp.fully_sharded_data_parallel as fsdp1
+
+    class Flat(torch.nn.Parameter):
+        pass
+
+    class Sharded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+    monkeypatch.setattr(flat_param, "FlatParameter", Flat)
+    monkeypatch.setattr(fsdp1, "FullyShardedDataParallel", Sharded)
+    model = torch.nn.Module()
+    model.plain = torch.nn.Linear(2, 1)
+    model.sharded = Sharded()
+    model.flat = Flat(torch.zeros(3))
+    assert list(checksums(model)) == [("", "plain.weight"), ("", "plain.bias")]
