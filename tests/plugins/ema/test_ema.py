@@ -171,7 +171,7 @@ def test_the_average_is_the_ema_of_the_weights_after_each_step(decay: float, eve
     assert max((final[k] - last[k]).abs().max().item() for k in last if last[k].is_floating_point()) > 1e-3
 
 
-def test_with_several_models_and_optimizers_the_named_optimizer_steps_update_every_model() -> None:
+def test_with_several_models_the_named_optimizer_updates_every_model_it_steps_a_parameter_of() -> None:
     torch.manual_seed(0)
     models = {"g": torch.nn.Linear(3, 1), "d": torch.nn.Linear(3, 1)}
     train, _ = make_data()
