@@ -50,7 +50,7 @@ def test_the_core_vocabulary_is_the_loops_and_the_plugins_declare_theirs() -> No
     assert {event: name for name, events in plugins.items() for event in events} == {
         "before_backward": "optim", "after_backward": "optim", "before_optimizer_step": "optim",
         "after_optimizer_step": "optim", "step_skipped": "optim", "should_sync_gradients": "optim",
-        "metrics_update": "metrics", "epoch_metrics": "metrics",
+        "metrics_update": "metrics", "epoch_metrics": "metrics", "metrics_values": "metrics",
         "checkpoint_saved": "checkpoint", "all_reduce": "distributed", "claim_output": "tui",
     }
     assert not set(core) & {event for events in plugins.values() for event in events}
