@@ -157,6 +157,39 @@ def _instantiate(obj: Any) -> Any:
     return obj() if inspect.isclass(obj) else obj
 
 
+def check_given(plugins: Sequence[Any]) -> None:
+    """Refuse, naming its place, an element of ``Loop(plugins=[...])`` given where a plugin belongs by
+    mistake: a plugin's name, a number, a list, an optimizer, a module of the model or a torchmetrics metric,
+    with no function marked ``@hookfit.hookimpl``. ``None`` elements are left out. (Another object without
+    hooks is a plugin others find by name, ``loop.pm.get_plugin(name)``.)"""
+    import torch  # (loaded by now: the loop's modules import it)
+
+    for i, plugin in enumerate(plugins):
+        torch_object = isinstance(plugin, (torch.nn.Module, torch.optim.Optimizer))
+        stray = torch_object or (
+            type(plugin).__module__ == "builtins" and not inspect.ismodule(plugin) and not inspect.isclass(plugin))
+        if plugin is None or not stray or declared_events(plugin) or any(_marked(plugin, n) for n in dir(plugin)):
+            continue
+        hint = ("give a model to Loop(model=...), optimizers to Loop(optimizers=...), and have the step return "
+                "a torchmetrics metric (README.md, the metrics plugin)") if torch_object else (
+                "a plugin is an object, class or module with functions marked @hookfit.hookimpl")
+        if isinstance(plugin, str):
+            named = [found.ep.value for found in _discover(tuple(sys.path)) if found.ep.name == plugin]
+            hint = (f"give the plugin object ({named[0].replace(':', '.')}()), or choose plugins by name in "
+                    f"hookfit.toml ([plugins.{plugin}]) or {ENV_ONLY}") if named else (
+                    f"installed plugins are chosen by name in hookfit.toml or {ENV_ONLY}")
+        text = repr(plugin)
+        shown = type(plugin).__name__ + ("" if "\n" in text else f" {text if len(text) <= 60 else text[:57] + '...'}")
+        raise TypeError(f"plugins[{i}] is not a plugin: {shown} implements no hookfit event; {hint}")
+
+
+def _marked(plugin: Any, name: str) -> bool:
+    """Whether attribute ``name`` of ``plugin`` is a function marked ``@hookfit.hookimpl`` (read without
+    running a property; a static or class method's function)."""
+    found = inspect.getattr_static(plugin, name, None)
+    return hasattr(getattr(found, "__func__", found), "hookfit_impl")  # pluggy's mark: "<project>_impl"
+
+
 def declared_events(plugin: Any) -> list[Any]:
     """The events a plugin declares for others: its ``hookspecs`` attribute (a class or module
     of functions marked with :data:`hookfit.hookspec`) as a list, empty when it has none.

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from hookfit import errors, manager
+from hookfit import discovery, errors, manager
 from hookfit.data import FACTORY, check_passes
 from hookfit.payloads import StopRequest
 from hookfit.reproducibility import as_int, check_seed
@@ -133,7 +133,8 @@ class Loop:
     (nothing to report for this batch), a mapping with any keys, or a tensor (taken as
     ``{"loss": tensor}``). Optimizers, metrics and output are plugins: discovered through the
     ``hookfit`` entry-point group, given in ``plugins`` (an instance replaces a discovered
-    plugin of the same name), switched off by name in ``disable``. Stopping is the run's own:
+    plugin of the same name; a ``None`` element is left out, so ``[tb if log else None]``
+    works; a string, a number, a model or an optimizer there is refused), switched off by name in ``disable``. Stopping is the run's own:
     ``loop.request_stop(reason)``. A run never changes the ``Loop``: what plugins replace (a
     wrapped model, sharded data, managed optimizers) is the run's.
 
@@ -259,6 +260,7 @@ class Loop:
             raise TypeError(f"disable must be a list of plugin names, got {_shown(disable)}")
         if isinstance(plugins, (str, bytes)) or not _iterable(plugins):
             raise TypeError(f"plugins must be a list of plugin objects, got {_shown(plugins)}")
+        discovery.check_given(plugins := tuple(plugins))
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise TypeError(f"run_dir must be a path (a str or os.PathLike) or None, got {_shown(run_dir)}")
         if resume is not None and not isinstance(resume, (str, os.PathLike)):
@@ -301,7 +303,7 @@ class Loop:
         self.seed = seed
         self.deterministic = deterministic
         self.smoke = smoke
-        self._given = tuple(plugins)
+        self._given = tuple(plugin for plugin in plugins if plugin is not None)
         self._disable = tuple(disable)
         self.run: Run | None = None
         """The run of the last ``fit()`` (its plugin manager, events, state), or ``None``."""

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hookfit
+from hookfit.plugins.optim import Optim
 
 from conftest import mse_step
 
@@ -355,3 +356,34 @@ def test_max_epochs_still_ends_a_run_with_max_steps_and_one_epoch_is_the_default
     assert hookfit.Loop(lambda loop, b: None, [1, 2], max_steps=10, max_epochs=2).fit().step == 4
     state = hookfit.Loop(lambda loop, b: None, [1, 2]).fit()
     assert (state.step, state.stop_reason) == (2, "max_epochs=1 reached")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("given, match", [
+    ("csv", r"plugins\[1\] is not a plugin: str 'csv' implements no hookfit event; give the plugin object "
+            r"\(hookfit\.plugins\.csv_log\.CSVLogger\(\)\), or choose plugins by name in hookfit\.toml "
+            r"\(\[plugins\.csv\]\) or HOOKFIT_PLUGINS"),
+    ("tensorbord", r"plugins\[1\] is not a plugin: str 'tensorbord' .*; installed plugins are chosen by name"),
+    (42, r"plugins\[1\] is not a plugin: int 42 implements no hookfit event; a plugin is an object, class or "
+         r"module with functions marked @hookfit\.hookimpl"),
+    ([Optim()], r"plugins\[1\] is not a plugin: list \[<hookfit"),
+    (torch.nn.MSELoss(), r"plugins\[1\] is not a plugin: MSELoss MSELoss\(\) .*give a model to Loop\(model=\.\.\.\)"),
+    (torch.optim.SGD([torch.zeros(1, requires_grad=True)]), r"plugins\[1\] is not a plugin: SGD implements no "
+                                                             r"hookfit event; .*optimizers to Loop\(optimizers=\.\.\.\)"),
+])
+def test_an_element_of_plugins_that_is_no_plugin_is_named_when_the_loop_is_made(given: object, match: str) -> None:
+    # pluggy registers anything: a plugin's name given as a string trained without it, silently
+    with pytest.raises(TypeError, match=match):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Optim(), given])
+
+
+def test_none_in_plugins_is_left_out_and_a_plugin_without_hooks_is_registered() -> None:
+    class Service:  # no hook: other plugins and steps find it by name
+        name = "service"
+
+    seen = []
+    loop = hookfit.Loop(lambda l, b: seen.append(l.pm.get_plugin("service")), [1],
+                        plugins=[None, Service(), None])
+    loop.fit()
+    assert [type(s).__name__ for s in seen] == ["Service"]
+    assert None not in loop.run.pm.get_plugins()
