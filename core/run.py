@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
 from hookfit import discovery, modes, stopping, training
 from hookfit import states as saved_states
+from hookfit.data import length
 from hookfit.dispatch import Dispatch
 from hookfit.manager import PluginManager, leave_inert
 from hookfit.modes import modules
@@ -64,7 +65,7 @@ class Run:
       ``max_steps``, ``val_every_n_epochs``, ``val_every_n_steps``, ``val_grad_mode``,
       ``seed``, ``deterministic``, ``smoke``, ``mode`` (``"fit"`` or ``"validate"``),
       ``config`` (the ``Loop``), ``name``, ``resume``; a plugin that makes a smoke run changes
-      the bounds and ``resume`` at ``configure`` (see :attr:`smoke`);
+      the bounds and ``resume`` at ``configure`` (see :attr:`smoke`); :attr:`max_train_steps`, :attr:`no_validation`;
     * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
       ``continue_in(folder)``, ``resumes_apart()``, ``place_run_dir(folder, released)``, ``earlier_run``, ``is_main``,
       ``wrap_step(wrapper)``;
@@ -135,6 +136,10 @@ class Run:
         self.started = False
         """Whether the first epoch has begun (past ``configure``, ``fit_start`` and ``resume``)."""
         self.apart = False  # the resume implementation called resumes_apart()
+        self.no_validation: str | None = None
+        """Why this fit will run no validation though it has a ``val_step`` (``val_every_n_steps``
+        more than :attr:`max_train_steps`), set before ``fit_start`` and warned about by the core after
+        it, or ``None``. A plugin that says so at ``fit_start`` in its own words clears it."""
 
     # -- what steps and plugins use ---------------------------------------------------------
     @property
@@ -331,6 +336,16 @@ class Run:
         restores is judged on the main process only: the others leave out what runs on rank 0
         alone (observers, a tracker a script gives rank 0)."""
         saved_states.load_plugin_states(self, states, strict)
+
+    @property
+    def max_train_steps(self) -> int | None:
+        """The most training steps this fit takes (batches: what ``state.step`` and
+        ``val_every_n_steps`` count): the fewer of ``max_steps`` and ``max_epochs`` times the training
+        data's length, of those known; ``None`` when neither is (no ``max_steps``, data of no length)
+        and in ``validate()``. Read from ``fit_start`` on (``configure`` may shard the data)."""
+        per_epoch = length(self.train_data) if self.mode == "fit" else None
+        bounds = [n for n in (self.max_steps, per_epoch and self.max_epochs * per_epoch) if n and self.mode == "fit"]
+        return min(bounds) if bounds else None
 
     def execute(self) -> State:
         """Run to the end (``Loop.fit()``, ``Loop.validate()``; the loop is

@@ -69,6 +69,7 @@ def execute(run: Run) -> State:
             run.check_configured()
             epochs_for_steps(run)
             fire(run, "fit_start")
+            unvalidated(run)
             resume(run)
             epochs(run)
         except BaseException as error:
@@ -210,14 +211,21 @@ def epochs_for_steps(run: Run) -> None:
     """With ``max_steps`` and no ``max_epochs``, tell the plugins how many epochs the run
     takes (``loop.max_epochs``) when the training data, as ``configure`` left it (sharded), has
     a length; the loop itself goes on until ``max_steps`` whatever that says. A
-    ``val_every_n_steps`` over the run's training steps, when they are known, is warned about."""
+    ``val_every_n_steps`` over the run's training steps (:attr:`Run.max_train_steps`), when they are
+    known, is ``loop.no_validation``: warned about after ``fit_start`` (:func:`unvalidated`)."""
     per_epoch = length(run.train_data) if run.mode == "fit" else None
     if per_epoch and not _epochs_bound(run) and run.max_steps is not None:
         run.max_epochs = -(-run.max_steps // per_epoch)
-    steps = [n for n in (run.max_steps, per_epoch and run.max_epochs * per_epoch) if n and run.mode == "fit"]
-    if (every := run.val_every_n_steps) is not None and steps and min(steps) < every:
-        warnings.warn(f"val_every_n_steps={every} is more than the run's {min(steps)} training steps: no validation "
-                      f"will run", HookfitWarning, stacklevel=user_level())
+    every, most = run.val_every_n_steps, run.max_train_steps
+    run.no_validation = None if every is None or most is None or every <= most else (
+        f"val_every_n_steps={every} is more than the run's {most} training steps: no validation will run")
+
+
+def unvalidated(run: Run) -> None:
+    """After ``fit_start``: ``loop.no_validation`` warned about, unless a plugin said it in its own
+    words and cleared it (a checkpoint monitoring a ``valid/`` metric)."""
+    if run.no_validation is not None:
+        warnings.warn(run.no_validation, HookfitWarning, stacklevel=user_level())
 
 
 def epoch_done(run: Run, epoch: int) -> None:

@@ -11,6 +11,8 @@ import threading
 import tracemalloc
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -187,6 +189,28 @@ def test_a_validation_cadence_longer_than_the_run_is_warned_about(limits: dict, 
                       r"steps: no validation will run"):
         hookfit.Loop(lambda loop, b: None, [1, 2, 3], val_step=lambda loop, b: None, val_data=[1],
                      val_every_n_steps=7, **limits).fit()
+
+
+class _Unsized:
+    """Training data of no length: a generator factory of three batches."""
+
+    def __iter__(self) -> Iterator[int]:
+        yield from (1, 2, 3)
+
+
+@pytest.mark.parametrize("data, limits, most", [
+    ([1, 2, 3], {"max_epochs": 2}, 6), ([1, 2, 3], {"max_steps": 5, "max_epochs": 3}, 5),
+    ([1, 2, 3], {"max_steps": 4}, 4), (_Unsized(), {"max_epochs": 2}, None), (_Unsized(), {"max_steps": 4}, 4)])
+def test_max_train_steps_is_the_fewer_of_the_known_bounds(data: Any, limits: dict, most: int | None) -> None:
+    seen = []
+
+    class Probe:
+        @hookfit.hookimpl
+        def fit_start(self, loop: Any) -> None:
+            seen.append(loop.max_train_steps)
+
+    state = hookfit.Loop(lambda loop, b: None, data, plugins=[Probe()], **limits).fit()
+    assert seen == [most] and state.step == (most or 6)
 
 
 def test_a_validation_cadence_the_run_reaches_says_nothing() -> None:
