@@ -85,7 +85,7 @@ class Scores:
         one without validation, or with every validation past the run's end:
         :meth:`Monitor.never <hookfit.plugins.support.best.Monitor.never>`, early stopping's error)."""
         if (never := self.monitor.never(loop)) is not None:
-            self._warned = True
+            self._warned, loop.no_validation = True, None  # said here, not again by the core
             warnings.warn(f"{never}; its checkpoints are still written, but none carries a score, so no best "
                           f"checkpoint is kept", CheckpointWarning, stacklevel=user_level())
 

@@ -183,9 +183,10 @@ class Monitor:
         """Why ``loop`` can never publish ``metric``, as known when training starts (``fit_start``), or
         ``None`` where it may: a ``valid`` metric in a training run without validation, or whose validations
         all fall past its end (``val_every_n_epochs`` more than the epochs it trains at most, or
-        ``val_every_n_steps`` more than ``max_steps``). ``Loop.validate()`` validates: never said there.
-        The words name the plugin, the option and what to change; the plugin decides whether that is an
-        error or a warning, and adds what it does about it."""
+        ``val_every_n_steps`` more than its training steps, ``loop.max_train_steps``, where known).
+        ``Loop.validate()`` validates: never said there. The words name the plugin, the option and what
+        to change; the plugin decides whether that is an error or a warning, and adds what it does about
+        it. A plugin that warns of it clears ``loop.no_validation``: the core's warning of the same cause."""
         if self.stage != "valid" or loop.mode != "fit":
             return None
         head = f"{self.plugin}: {self.option}={self.metric!r} needs validation, and this run"
@@ -197,9 +198,10 @@ class Monitor:
             bound = "max_epochs" if loop.config.epochs_given or loop.max_steps is None else f"max_steps={loop.max_steps}"
             return (f"{head} never validates: val_every_n_epochs={every}, and it trains {epochs} epoch(s) at most "
                     f"({bound}); give val_every_n_epochs={epochs} or less, {other}")
-        if steps is not None and loop.max_steps is not None and steps > loop.max_steps:
-            return (f"{head} never validates: val_every_n_steps={steps}, and it trains {loop.max_steps} step(s) at "
-                    f"most (max_steps); give val_every_n_steps={loop.max_steps} or less, {other}")
+        if steps is not None and (most := loop.max_train_steps) is not None and steps > most:
+            bound = "max_steps" if most == loop.max_steps else f"max_epochs={epochs} of {most // epochs} batches"
+            return (f"{head} never validates: val_every_n_steps={steps}, and it trains {most} step(s) at most "
+                    f"({bound}); give val_every_n_steps={most} or less, {other}")
         return None
 
     def reset(self, best: float | None = None, at: Any = None, mode: str | None = None) -> None:

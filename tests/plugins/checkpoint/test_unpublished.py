@@ -22,10 +22,11 @@ from hookfit.plugins.optim import Optim
 from conftest import mse_step
 
 
-def fit(tmp_path: Path, *plugins: Any, validate: bool = True, **options: Any) -> tuple[hookfit.State, list[str],
-                                                                                       Checkpoint]:
+def fit(tmp_path: Path, *plugins: Any, validate: bool = True, category: type[Warning] = CheckpointWarning,
+        **options: Any) -> tuple[hookfit.State, list[str], Checkpoint]:
     """Fit two epochs of three batches, a monitored checkpoint among ``plugins``; returns the state,
-    what the CheckpointWarnings said (each from this file, the caller's line) and the checkpoint."""
+    what the warnings of ``category`` said (each CheckpointWarning from this file, the caller's line)
+    and the checkpoint."""
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
     checkpoint = Checkpoint(dir=tmp_path, monitor="valid/loss", background=False)
@@ -36,7 +37,7 @@ def fit(tmp_path: Path, *plugins: Any, validate: bool = True, **options: Any) ->
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state = loop.fit()
-    said = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+    said = [str(w.message) for w in caught if issubclass(w.category, category)]
     assert all(w.filename == __file__ for w in caught if issubclass(w.category, CheckpointWarning))
     return state, said, checkpoint
 
@@ -53,16 +54,27 @@ UNSCORED = "; its checkpoints are still written, but none carries a score, so no
     ({"max_epochs": None, "max_steps": 5, "val_every_n_epochs": 3},
      "never validates: val_every_n_epochs=3, and it trains 2 epoch(s) at most (max_steps=5); give "
      "val_every_n_epochs=2 or less, or monitor a 'train/' metric"),
+    ({"max_steps": 6, "val_every_n_steps": 7},
+     "never validates: val_every_n_steps=7, and it trains 6 step(s) at most (max_steps); give "
+     "val_every_n_steps=6 or less, or monitor a 'train/' metric"),
     ({"val_every_n_steps": 7}, "never validates: val_every_n_steps=7, and it trains 6 step(s) at most "
-                               "(max_steps); give val_every_n_steps=6 or less, or monitor a 'train/' metric"),
+                               "(max_epochs=2 of 3 batches); give val_every_n_steps=6 or less, or monitor a 'train/' "
+                               "metric"),
 ])
 def test_a_run_that_never_validates_says_so_once_as_training_starts_and_still_writes_its_checkpoints(
         tmp_path: Path, options: dict[str, Any], why: str) -> None:
-    if "val_every_n_steps" in options:
-        options = {**options, "max_steps": 6}
     state, said, checkpoint = fit(tmp_path, Metrics(), **options)
     assert said == [NEVER + why + UNSCORED]
     assert state.status == "completed" and state.results["best_checkpoint"] is None and len(checkpoint.saved) >= 1
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("bound", [{"max_steps": 6}, {"max_epochs": 2, "max_steps": 9}])
+def test_a_step_cadence_past_the_run_is_said_by_the_checkpoint_alone(tmp_path: Path, bound: dict[str, int]) -> None:
+    """The checkpoint's warning names itself and its option: the core's warning of the same cause is not
+    shown as well."""
+    state, said, checkpoint = fit(tmp_path, Metrics(), category=Warning, val_every_n_steps=7, **bound)
+    assert [message[:len(NEVER)] for message in said if "val_every_n_steps=7" in message] == [NEVER]
 
 
 @pytest.mark.bad_input

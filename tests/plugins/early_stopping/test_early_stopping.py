@@ -177,14 +177,25 @@ def test_a_checkpoint_monitoring_a_metric_the_run_never_produces_is_told_the_sam
     ({}, "has none"),
     ({"val_step": lambda l, b: {"loss": 1.0}, "val_data": [0], "max_epochs": 2, "val_every_n_epochs": 3},
      r"never validates: val_every_n_epochs=3, and it trains 2 epoch\(s\) at most \(max_epochs\)"),
+    ({"val_step": lambda l, b: {"loss": 1.0}, "val_data": [0], "max_steps": 2, "val_every_n_steps": 3},
+     r"never validates: val_every_n_steps=3, and it trains 2 step\(s\) at most \(max_steps\); give "
+     r"val_every_n_steps=2 or less"),
+    ({"val_step": lambda l, b: {"loss": 1.0}, "val_data": [0], "max_epochs": 1, "val_every_n_steps": 3},
+     r"never validates: val_every_n_steps=3, and it trains 2 step\(s\) at most \(max_epochs=1 of 2 batches\); "
+     r"give val_every_n_steps=2 or less"),
 ])
 def test_a_valid_monitor_without_validation_fails_before_any_batch(options: dict, why: str) -> None:
-    """No validation, or none before the run's end: a stop it could never decide."""
+    """No validation, or none before the run's end: a stop it could never decide, said by its error
+    alone (no warning of the core's says the same before it)."""
     recorder = Recorder()
-    with pytest.raises(ValueError, match=rf"early_stopping: monitor='valid/loss' needs validation, and this run {why}"):
-        hookfit.Loop(lambda l, b: {"loss": 1.0}, [1, 2], plugins=[Metrics(), EarlyStopping(monitor="valid/loss"),
-                                                                  recorder], **options).fit()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError,
+                           match=rf"early_stopping: monitor='valid/loss' needs validation, and this run {why}"):
+            hookfit.Loop(lambda l, b: {"loss": 1.0}, [1, 2], plugins=[Metrics(), EarlyStopping(monitor="valid/loss"),
+                                                                      recorder], **options).fit()
     assert "batch_start" not in recorder.names()
+    assert [str(w.message) for w in caught if "val_every_n" in str(w.message)] == []
 
 
 @pytest.mark.bad_input
