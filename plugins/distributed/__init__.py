@@ -55,7 +55,9 @@ What it does, in ``configure`` (before every other plugin starts)
         to ``len(data) // world_size`` batches on every rank (up to ``world_size - 1`` batches
         at the end are left out);
       - anything else (a generator, an ``IterableDataset``): an error saying what to pass;
-        shard such data yourself and give ``Distributed(shard_data=False)``.
+        shard such data yourself and give ``Distributed(shard_data=False)``. Each rank then
+        needs as many batches an epoch: compared at configure where the data has a length;
+        a stream without one is checked as it runs out (:mod:`~hookfit.plugins.distributed.streams`).
 
       For validation the same, without evening out: ``Batches.shard(rank, world_size,
       even=False)`` (a ``shard`` method that takes ``even``; one that does not is called as

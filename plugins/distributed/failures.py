@@ -116,5 +116,5 @@ def _collective_error(error: BaseException) -> bool:
     text = str(error)
     return isinstance(error, RuntimeError) and any(
         marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed by peer",
-                                      "Connection reset by peer", "Timed out", "timed out")
+                                      "Connection reset by peer", "caused pair closure", "Timed out", "timed out")
     )

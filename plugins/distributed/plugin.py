@@ -4,7 +4,8 @@ life (made once per job, kept for later runs) in :mod:`hookfit.plugins.distribut
 model's wrapping (DDP) or sharding (FSDP2), and the gradient synchronisation of each pass, in
 :mod:`hookfit.plugins.distributed.wrapping`, a part of the plugin's class; each rank's part of
 the data in :mod:`hookfit.plugins.distributed.sharding`; what a failing rank says, and how
-its peers learn who failed first, in :mod:`hookfit.plugins.distributed.failures`."""
+its peers learn who failed first, in :mod:`hookfit.plugins.distributed.failures`; where streams run out,
+in :mod:`hookfit.plugins.distributed.streams`."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from hookfit.plugins.distributed.agreement import agreed, unlike
 from hookfit.plugins.distributed.failures import failure_store, report
 from hookfit.plugins.distributed.replicas import ReplicaCheck
 from hookfit.plugins.distributed.sharding import length, shard
+from hookfit.plugins.distributed.streams import StreamEnds
 from hookfit.plugins.distributed.wrapping import ModelWrap
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -56,7 +58,7 @@ def _dist() -> Any:
 STRATEGIES = ("ddp", "fsdp")
 
 
-class Distributed(ModelWrap, ReplicaCheck):
+class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
     """Data-parallel training with ``torch.distributed`` under ``torchrun``: DDP (every rank
     holds the whole model) or FSDP2 (``strategy="fsdp"``: parameters, gradients and optimizer
     states sharded over the ranks).
@@ -85,7 +87,8 @@ class Distributed(ModelWrap, ReplicaCheck):
     * ``wrap_model=False``: leave ``loop.model`` alone (wrap your modules in DDP yourself;
       accumulation windows then skip the all-reduce of every DDP module in ``loop.model``).
     * ``shard_data=False``: leave the data alone (shard it yourself; every rank must have the
-      same number of batches).
+      same number of batches: checked at configure, or for streams where they run out, in
+      :mod:`~hookfit.plugins.distributed.streams`).
     * ``seed``: the shuffling seed of the ``DistributedSampler`` of a rebuilt DataLoader.
     * ``check_replicas=False``: skip the check that every rank holds the same parameters after
       the first optimizer step (:mod:`~hookfit.plugins.distributed.replicas`).
@@ -155,6 +158,7 @@ class Distributed(ModelWrap, ReplicaCheck):
         self._store: Store | None = None  # where the first failing rank says so (failures.first_failure)
         self._reset_model()  # no model wrapped or sharded yet (ModelWrap)
         self._reset_replicas()  # (ReplicaCheck)
+        self._reset_streams()  # (StreamEnds)
 
     # -- set-up --------------------------------------------------------------------------
     def inert(self, chosen: bool) -> str | None:
@@ -213,6 +217,7 @@ class Distributed(ModelWrap, ReplicaCheck):
             if loop.val_data is not None:
                 loop.val_data = self._sharded(loop.val_data, "val_data", even=False)
         self._check_lengths(loop)
+        self._watch_streams(loop)
         self._watch_passes(loop)
         self._watch_steps(loop)
 

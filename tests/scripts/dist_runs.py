@@ -285,26 +285,34 @@ def at_exit(out: str) -> None:
 
 
 def uneven(out: str) -> None:
-    """A stream each process reads itself (``shard_data=False``), rank 1's two batches short: the error each
-    process ends with, and its notes, to ``OUT.uneven<rank>.json`` (a process gloo aborts writes nothing)."""
+    """Streams each process reads itself (``shard_data=False``, no length): first as many training batches on
+    every rank (two epochs, validation streams of 2 and 5 batches), then rank 1's two training batches short. Each
+    run's status, or the error it ends with and its notes, to ``OUT.uneven<rank>.json`` (a process gloo aborts
+    writes nothing)."""
     rank = int(os.environ["RANK"])
 
     class Stream:  # no length: its batches are known by reading them
+        def __init__(self, batches: int) -> None:
+            self.batches = batches
+
         def __iter__(self):
-            for i in range(6 - 2 * rank):
+            for i in range(self.batches):
                 yield torch.full((2, 4), float(i)), torch.zeros(2, 1)
 
-    model = torch.nn.Linear(4, 1)
-    loop = hookfit.Loop(train_step, Stream(), model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-                        max_epochs=1, plugins=[Distributed(shard_data=False, timeout=30)])
-    try:
-        loop.fit()
-        seen: dict[str, Any] = {"error": None}
-    except Exception as error:  # noqa: BLE001 - what each process ends with is the result
-        seen = {"error": f"{type(error).__name__}: {error}", "notes": getattr(error, "__notes__", [])}
+    seen: dict[str, Any] = {}
+    for name, batches, epochs in (("even", 3, 2), ("uneven", 6 - 2 * rank, 1)):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.BatchNorm1d(1))  # (buffers DDP broadcasts)
+        loop = hookfit.Loop(train_step, Stream(batches), model=model, max_epochs=epochs,
+                            optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                            val_step=val_step, val_data=Stream(2 + 3 * rank),  # validation streams may differ
+                            plugins=[Distributed(shard_data=False, timeout=10)])
+        try:
+            state = loop.fit()
+            seen[name] = {"error": None, "status": state.status, "step": state.step}
+        except Exception as error:  # noqa: BLE001 - what each process ends with is the result
+            seen[name] = {"error": f"{type(error).__name__}: {error}", "notes": getattr(error, "__notes__", [])}
     with open(f"{out}.uneven{rank}.json", "w") as file:
         json.dump(seen, file)
-
 
 if __name__ == "__main__":
     if sys.argv[2:] == ["exit"]:

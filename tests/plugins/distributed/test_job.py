@@ -342,18 +342,27 @@ def test_plugins_taking_part_on_some_processes_only_are_refused_naming_them(monk
 
 @pytest.mark.slow
 @pytest.mark.fault
-def test_a_stream_one_process_runs_out_of_first_is_named_in_the_failed_collectives_note(tmp_path: Path) -> None:
-    """Streams each process reads itself, rank 1's two batches short: the job failed on gloo's timeouts (or "Connection
-    reset by peer" and a SIGABRT of "Received data size doesn't match", by timing), naming no data. A process that
-    ends with a failed collective says the stream is the likely cause."""
+def test_a_stream_one_process_runs_out_of_first_fails_there_naming_its_batches(tmp_path: Path) -> None:
+    """Streams each process reads itself (shard_data=False, no length). As many training batches on every rank:
+    two epochs complete, with validation streams of 2 and 5 batches (no collective per validation batch; the
+    metrics summed at its end; DDP broadcasts the model's buffers at the first forward). Rank 1's two training
+    batches short: the job failed on gloo's timeouts (or "Connection reset by peer" and a SIGABRT of "Received
+    data size doesn't match", by timing), naming no data. Rank 1, whose stream ran out, fails naming its count
+    and the rank that went on; rank 0, left in its next batch's collectives, fails at once naming rank 1's error."""
     launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
-    done = subprocess.run([*_torchrun(), *launch, str(SCRIPT), "out", "uneven"], cwd=tmp_path,
-                          env=_env(HOOKFIT_PLUGINS="distributed,optim"), capture_output=True, text=True, timeout=240)
+    done = subprocess.run([*_torchrun(), *launch, str(SCRIPT), "out", "uneven"], cwd=tmp_path, capture_output=True,
+                          env=_env(HOOKFIT_PLUGINS="distributed,optim,metrics"), text=True, timeout=240)
     seen = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("out.uneven*.json"))]
-    assert seen and all(s["error"] is not None for s in seen), (seen, done.stderr[-3000:])
-    hint = ("hookfit distributed: the training data is a stream each process reads itself (shard_data=False, no "
-            "length): a process whose stream ran out before the others' leaves them in a collective it never joins")
-    assert any(note.startswith(hint) for s in seen for note in s["notes"]), seen
+    assert len(seen) == 2, done.stderr[-3000:]  # neither process aborted
+    assert [s["even"] for s in seen] == [{"error": None, "status": "completed", "step": 6}] * 2
+    said = ("ValueError: distributed: train_data, a stream each process reads itself (shard_data=False, no length), "
+            "ran out on rank 1 after 4 batches in epoch 1, but rank(s) 0 had not run out 5 s later (the collective "
+            "timeout, 10 s (HOOKFIT_DIST_TIMEOUT or Distributed(timeout=...)), less the time this process has to say "
+            "so): they went on to another batch")
+    zero, one = (s["uneven"] for s in seen)
+    assert one["error"].startswith(said), one
+    assert "every process must give as many batches an epoch" in one["error"]
+    assert any("because rank 1 of 2 failed first: " + said in note for note in zero["notes"]), zero["notes"]
 
 
 @pytest.mark.slow
