@@ -17,7 +17,7 @@ from hookfit.plugins.support import hparams, parameter_names
 
 if TYPE_CHECKING:
     from hookfit.plugins.optim.watch import Watch
-    from hookfit.plugins.optim.windows import Window
+    from hookfit.plugins.optim.plugin import Window
     from hookfit.run import Run
 
 
