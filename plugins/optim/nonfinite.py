@@ -11,6 +11,7 @@ import torch
 
 from hookfit import HookfitWarning
 from hookfit.errors import user_level
+from hookfit.plugins.support.ranks import ranks_where
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.plugins.optim.managed import ManagedOptimizer
@@ -51,11 +52,11 @@ class Policy:
             self.poisoned = poisoned
             self._on_poison()
 
-    def nonfinite_loss(self, loop: Run, loss: torch.Tensor) -> None:
-        """A non-finite loss read on the host: not back-propagated, its window poisoned."""
+    def nonfinite_loss(self, loop: Run, loss: torch.Tensor, on: str = "") -> None:
+        """A non-finite loss read on the host (``on`` which ranks, :class:`Agreed`): not back-propagated, poisoned."""
         self.poison(True)
         if self.mode == "raise":
-            raise FloatingPointError(f"optim: non-finite loss {loss.detach().flatten()[:4].tolist()} at {at(loop)}")
+            raise FloatingPointError(f"optim: non-finite loss {on or loss.detach().flatten()[:4].tolist()} at {at(loop)}")
 
     def skip(self, managed: ManagedOptimizer, what: str) -> None:
         """Count a skipped step; warn about the first, or raise under ``nonfinite="raise"``."""
@@ -229,6 +230,15 @@ class HostCheck(Check):
         if not finite:
             self._policy.nonfinite_loss(loop, loss)
         return finite
+
+
+class Agreed(HostCheck):
+    """Several processes agree on each loss's check (:func:`~hookfit.plugins.support.ranks.ranks_where`): README.md."""
+
+    def admits(self, loop: Run, loss: torch.Tensor) -> bool:
+        if (bad := ranks_where(loop, not bool(torch.isfinite(loss).all()))) is not None:
+            self._policy.nonfinite_loss(loop, loss, f"on {bad}")  # on every rank: its backward pass and step skipped
+        return bad is None
 
 
 class Flags:

@@ -17,7 +17,7 @@ from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import check, choice, flag, hparams, parameter_names, positive_int, positive_number
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, few, note_toggles
-from hookfit.plugins.optim.nonfinite import Check, Deferred, HostCheck, OptimWarning, Policy
+from hookfit.plugins.optim.nonfinite import Agreed, Check, Deferred, HostCheck, OptimWarning, Policy
 from hookfit.plugins.optim.schedulers import Schedules
 from hookfit.plugins.optim.watch import Watch
 
@@ -63,8 +63,7 @@ class Optim:
         self._schedules = Schedules(schedulers, scheduler_interval, monitor)  # checked: see schedulers.py
         self._window, self._watch = Window(accumulate), Watch()
         self._policy = Policy(nonfinite, on_poison=self._poisoned)
-        self._deferred = Deferred(self._policy)
-        self._check = Check()
+        self._deferred, self._check = Deferred(self._policy), Check()
         self._rules: Rules | None = None
         self._closes_always = False  # batch_end closes every window (once one was poisoned)
         self._before_backward, self._after_backward = Handlers(), Handlers()
@@ -104,8 +103,9 @@ class Optim:
             self._check = Check()
         elif self.defer is True or (self.defer is None and device not in (None, "cpu")):
             self._check = self._deferred
-        else:  # defer=None: the first loss on an accelerator takes the device path
-            self._check = HostCheck(self._policy, self._to_device if self.defer is None else None)
+        else:  # defer=None: the first loss on an accelerator takes the device path; Agreed: several processes
+            self._check = (Agreed if loop.state.world_size > 1 else HostCheck)(
+                self._policy, self._to_device if self.defer is None else None)
         hooks = loop.hooks
         self._before_backward, self._after_backward = hooks.handlers("before_backward"), hooks.handlers("after_backward")
         checks_grads = self.nonfinite is not None and self.scaler is None and (

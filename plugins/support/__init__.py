@@ -20,8 +20,9 @@ Besides, imported from their modules: a model's size (:mod:`~hookfit.plugins.sup
 text plot the dashboard and the lr finder draw (:mod:`~hookfit.plugins.support.plot`), what the file
 loggers share (:mod:`~hookfit.plugins.support.logger`), the CSV tables they append to row by row
 (:mod:`~hookfit.plugins.support.tables`), the console's plain ``key=value`` fields
-(:mod:`~hookfit.plugins.support.plain`) and what the experiment trackers share
-(:mod:`~hookfit.plugins.support.tracker`).
+(:mod:`~hookfit.plugins.support.plain`), what the experiment trackers share
+(:mod:`~hookfit.plugins.support.tracker`) and which processes have a flag set, agreed by all
+(:mod:`~hookfit.plugins.support.ranks`).
 """
 
 from __future__ import annotations

@@ -230,3 +230,24 @@ def test_a_gradient_watch_on_a_tensor_subclass_is_told_after_accumulation() -> N
     watch.remove()
     (param * 3).sum().backward()
     assert len(seen) == 1
+
+
+# -- which ranks have a flag set ---------------------------------------------------------------
+
+def test_ranks_where_names_the_ranks_whose_flag_is_set_as_the_all_reduce_sums_them() -> None:
+    """Each rank gives 1.0 at its own index; the ``all_reduce`` event's sum names every rank that set it
+    (``None`` where none did); with one process, or ``all_reduce`` answered ``None``, its own flag alone."""
+    from types import SimpleNamespace
+
+    from hookfit.plugins.support.ranks import ranks_where
+
+    def rank(number: int, world: int, others: list[float], answered: bool = True) -> Any:
+        summed = lambda loop, mine: mine + torch.tensor(others)  # noqa: E731 - the other ranks' flags added
+        return SimpleNamespace(state=SimpleNamespace(rank=number, world_size=world),
+                               hooks=SimpleNamespace(all_reduce=summed if answered else lambda loop, mine: None))
+
+    assert ranks_where(rank(1, 3, [1.0, 0.0, 1.0]), True) == "ranks 0, 1, 2"
+    assert ranks_where(rank(1, 3, [0.0, 0.0, 1.0]), False) == "rank 2"
+    assert ranks_where(rank(1, 3, [0.0, 0.0, 0.0]), False) is None
+    assert ranks_where(rank(0, 1, [5.0]), True) == "rank 0"  # one process: no collective operation
+    assert ranks_where(rank(1, 2, [1.0, 0.0], answered=False), True) == "rank 1"

@@ -1,0 +1,44 @@
+"""A loss that is not finite on one process only, under a real ``torchrun`` (two processes, gloo, CPU, DDP) and
+optim's check on the host (tests/scripts/nonfinite_ranks.py): every rank skips that batch's backward pass and step
+(their collective operations stay matched, their replicas identical), or every rank raises naming the rank."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_distributed import ROOT, _env, _not_launched, _torchrun  # noqa: F401 - _not_launched: autouse
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = ROOT / "tests" / "scripts" / "nonfinite_ranks.py"
+
+
+def _ranks(folder: Path, policy: str) -> list[dict[str, Any]]:
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    done = subprocess.run([*_torchrun(), *launch, str(SCRIPT), policy], cwd=folder, env=_env(HOOKFIT_PLUGINS=""),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads((folder / f"out.rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_a_nonfinite_loss_on_one_rank_skips_that_step_on_every_rank(tmp_path: Path) -> None:
+    """Rank 0's loss is NaN at step 2: both ranks skip step 2 (announced, warned about, counted), take every other
+    step, complete the run and end with the same finite parameters."""
+    for rank in _ranks(tmp_path, "skip"):
+        assert (rank["status"], rank["step"], rank["error"], rank["same"]) == ("completed", 8, None, True)
+        assert rank["taken"] == [0, 1, 3, 4, 5, 6, 7]
+        assert rank["skipped"] == [["non-finite loss at epoch 1, batch 2", 2]]
+        assert rank["warnings"] == ["optim: skipped the step of optimizer 'default': non-finite loss at epoch 1, "
+                                    "batch 2; further skips are counted and reported at the end of the run"]
+
+
+def test_under_nonfinite_raise_every_rank_raises_naming_the_rank(tmp_path: Path) -> None:
+    """``Optim(nonfinite="raise")``: both ranks fail at step 2 with a FloatingPointError naming rank 0."""
+    for rank in _ranks(tmp_path, "raise"):
+        assert (rank["status"], rank["step"], rank["taken"], rank["skipped"]) == ("failed", 2, [0, 1], [])
+        assert rank["error"] == ["FloatingPointError", "optim: non-finite loss on rank 0 at epoch 1, batch 2"]
