@@ -62,7 +62,8 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
         candidates, where = latest(loop, directory)
         if not candidates:  # said: a script run from another folder finds no runs/ of its own
             if loop.is_main:
-                then = "the run starts from the beginning" if loop.mode == "fit" else "the model's weights as they are"
+                then = ("the run starts from the beginning" if loop.mode == "fit" else
+                        f"the model's weights as they are; {_elsewhere(directory)}")
                 print(f"hookfit checkpoint: resume='latest' found no checkpoint in {where}{_aside_note(Path(where))}: "
                       f"{then}", file=sys.stderr, flush=True)
             return None, None
@@ -84,7 +85,8 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
 
 def _elsewhere(directory: Path | None) -> str:
     """How to point an evaluation at the run it meant, where the folders :func:`latest` searches hold no
-    checkpoint (``directory``: ``Checkpoint(dir=...)``, the one searched where given)."""
+    checkpoint (``directory``: ``Checkpoint(dir=...)``, the one searched where given): the one wording both
+    ``resume='best'`` (an error) and an evaluation's ``resume='latest'`` (a line on stderr) end with."""
     where = ("Checkpoint(dir=<its checkpoints' folder>)" if directory is not None else
              "Loop(run_dir=<that run's folder>) (a run given a run_dir is found there only)")
     return (f"to evaluate another run, give {where}, or resume=<a checkpoint's path> (a training run's "

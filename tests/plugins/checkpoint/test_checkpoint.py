@@ -472,7 +472,8 @@ def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_na
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``"latest"`` with nothing saved starts afresh and says where it looked (a script started
     from another folder finds no ``runs/`` of its own: a requeued job must not lose its progress
-    without a word); a missing path is named, and a near miss of "latest" suggested."""
+    without a word); an evaluation finding none says, as ``resume='best'`` does, how to point it at the run it
+    meant; a missing path is named, and a near miss of "latest" suggested."""
     loop, _, _ = train(tmp_path, resume="latest", epochs=1)
     assert loop.state.status == "completed" and loop.run.pm.get_plugin("checkpoint").resumed_from is None
     said = [line for line in capsys.readouterr().err.splitlines() if "resume='latest'" in line]
@@ -483,7 +484,8 @@ def test_resume_latest_with_nothing_saved_starts_afresh_and_a_missing_path_is_na
                  run_dir=tmp_path / "v", plugins=[Checkpoint()]).validate(resume="latest")  # validates the weights it has
     assert [line for line in capsys.readouterr().err.splitlines() if "resume='latest'" in line] == [
         f"hookfit checkpoint: resume='latest' found no checkpoint in {tmp_path / 'v' / 'checkpoints'}: the model's "
-        f"weights as they are"]
+        f"weights as they are; to evaluate another run, give Loop(run_dir=<that run's folder>) (a run given a run_dir "
+        f"is found there only), or resume=<a checkpoint's path> (a training run's state.results['best_checkpoint'])"]
     with pytest.raises(FileNotFoundError, match=r"resume='nope.pt': no such file\n"):
         train(tmp_path, resume="nope.pt")
     with pytest.raises(FileNotFoundError, match=r"resume='latets': no such file; did you mean resume='latest'\?\n"):
