@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ResumeInfo, TimeSplit
 from hookfit.plugins.support import Monitor
-from hookfit.plugins.support.plot import Ranges, Series, spans_decades
+from hookfit.plugins.support.plot import Series, spans_decades
 from hookfit.plugins.tui import onsets, timeline
+from hookfit.plugins.tui.skipped import SkippedSteps
 from hookfit.plugins.tui.timeline import Progress
 from hookfit.plugins.tui.text import KEYS, KeyHelp, clock, fit_parts, key_line
 from hookfit.tools.runs import direction
@@ -35,7 +36,7 @@ RATE_WINDOW = 3.0
 """Seconds of counter readings the live training rate is measured over."""
 
 
-class DashboardModel:
+class DashboardModel(SkippedSteps):
     """Metrics, curves, marks, progress and status of a run, as messages make them; see the
     module's documentation."""
 
@@ -79,11 +80,7 @@ class DashboardModel:
         self.log: list[str] = []
         self.marks: list[tuple[float, str]] = []  # (step, "R" resumed / "C" checkpoint / "L" lr)
         self.cut: set[tuple[str, float]] = set()  # (stage, step) of epochs a stop cut short: never the best
-        self.skips = Ranges()
-        """Where optimizer steps were skipped (the ``step_skipped`` event): ``!`` on the curves."""
-        self.skip_reasons: collections.Counter[str] = collections.Counter()
-        self._skipped: dict[str, int] = {}  # optimizer -> its skipped steps
-        self.skipped_total: int | None = None  # as a run's log says, where the events are not seen
+        SkippedSteps.__init__(self)
         self._lr: dict[str, float] | None = None
         self.time_split: Mapping[str, TimeSplit] = {}  # stage -> its split (the "time" message)
 
@@ -191,17 +188,6 @@ class DashboardModel:
         self.epoch, self.step = info.epoch, info.step
         self._on_log([f"hookfit: resumed from {info}"])
 
-    def _on_skipped(self, step: int, optimizer: str = "default", reason: str = "") -> None:
-        """An optimizer step was skipped (the ``step_skipped`` event: a non-finite loss...)."""
-        last = self.skips.runs[-1][1] if self.skips else None
-        self.skips.add(step, join=last is not None and step - last <= 1)
-        self._skipped[optimizer] = self._skipped.get(optimizer, 0) + 1
-        self.skip_reasons[reason.split(" at ", 1)[0] or "no reason given"] += 1
-
-    def _on_skipped_total(self, count: int) -> None:
-        """The run's count of skipped steps, as its log says (``hookfit show``)."""
-        self.skipped_total = count
-
     def _on_time(self, splits: Mapping[str, TimeSplit]) -> None:
         """Where each stage's time went so far (``loop.state.time_split``)."""
         self.time_split = splits
@@ -269,26 +255,6 @@ class DashboardModel:
         if not self.names:
             return None
         return self.names[self.selected % len(self.names)]
-
-    @property
-    def skipped(self) -> int:
-        """Optimizer steps skipped in the run (the most of any one optimizer)."""
-        seen = max(self._skipped.values(), default=0)
-        return max(seen, self.skipped_total or 0)
-
-    @property
-    def mostly_skipped(self) -> bool:
-        """Whether more than half of the run's steps were skipped."""
-        return self.step > 0 and self.skipped * 2 > self.step
-
-    def skipped_text(self) -> str:
-        """``124 of 224 steps skipped (non-finite loss)``, or ``""`` when none was."""
-        n = self.skipped
-        if not n:
-            return ""
-        reasons = self.skip_reasons.most_common()
-        why = reasons[0][0] if len(reasons) == 1 else ", ".join(f"{r}: {c}" for r, c in reasons)
-        return f"{n} of {self.step} steps skipped" + (f" ({why})" if why else "")
 
     def steps_end(self) -> int | None:
         """The step the run ends at by ``max_steps``, when that comes before the end of its last
