@@ -55,10 +55,11 @@ The rest
     ``hookfit bottleneck stage=train part=data share=45% message="data loading is 45% of
     training time: the data loader is the bottleneck (try DataLoader num_workers)"``, the advice from
     the stage's data (:func:`hookfit.plugins.support.faster_data`). A run that a stop interrupted
-    ends with where to continue from: the newest checkpoint the checkpoint role announced
-    (``checkpoint_saved``; the stop's own, where it saved one), ``hookfit checkpoint
+    or an exception failed ends with where to continue from: the newest checkpoint the checkpoint
+    role announced (``checkpoint_saved``; the stop's own, where it saved one; never a failure's
+    ``failed-*`` file, which ``resume="latest"`` does not take), ``hookfit checkpoint
     reason=interrupt path=<file> resume="run again with Loop(..., resume=\"latest\") or
-    resume=<this path>"``; nothing without a checkpoint.
+    resume=<this path>"`` (:mod:`hookfit.plugins.support.resumable`); nothing without a checkpoint.
 
 Several processes (``torchrun``: rank 0 prints)
     Every figure counts the whole job, as one process running it would: samples and metrics as the snapshots carry
@@ -100,6 +101,7 @@ from hookfit.plugins.support.plain import duration as _duration
 from hookfit.plugins.support.plain import field as _field
 from hookfit.plugins.support.plain import number as _number
 from hookfit.plugins.support.plain import quote
+from hookfit.plugins.support.resumable import RESUME, LastCheckpoint
 from hookfit.plugins.support.summary import summarize
 from hookfit.plugins.support.best import cut_short
 
@@ -192,7 +194,7 @@ class Console:
         self._results: dict[tuple[str, str], _Extremes] = {}
         self._stages: set[str] = set()  # stages with an epoch summary in this run
         self._skipped, self._skip_reason = 0, ""  # optimizer steps skipped (step_skipped), the last why
-        self._saved: tuple[str, str] | None = None  # (path, reason) of the newest checkpoint announced
+        self._resumable = LastCheckpoint()  # the newest checkpoint announced that resume="latest" takes
         self._silent, self._world, self._rank = False, 1, 0  # (fit_start) the run's processes, this one's rank
 
     def direction(self, stage: str, metric: str) -> str | None:
@@ -213,7 +215,8 @@ class Console:
         self._last_line = self._latest = None
         for kept in (self._results, self._stages, self._published):
             kept.clear()
-        self._skipped, self._skip_reason, self._saved = 0, "", None
+        self._skipped, self._skip_reason = 0, ""
+        self._resumable.clear()
         self._world, self._rank = max(loop.state.world_size, 1), loop.state.rank
         data = loop.train_data
         self._total = length(data)
@@ -337,7 +340,7 @@ class Console:
 
     @hookimpl(optionalhook=True)
     def checkpoint_saved(self, path: str, reason: str) -> None:
-        self._saved = (path, reason)  # (announced in order: the last is the newest, what resume="latest" takes)
+        self._resumable.announced(path, reason)  # (announced in order: the last is the newest)
 
     @hookimpl(trylast=True)  # after the checkpoint role's fit_end, which saves and announces a stop's checkpoint
     def fit_end(self, loop: Run) -> None:
@@ -361,10 +364,9 @@ class Console:
             self._print("result", _field("stage", stage), _field("metric", key), f"last={_number(result.last)}",
                         "last_partial=true" if result.cut else "", *extremes)
         self._print_time(state.time_split, {"train": loop.train_data, "valid": loop.val_data})
-        if state.status == "interrupted" and self._saved is not None:
-            path, reason = self._saved
-            self._print("checkpoint", _field("reason", reason), _field("path", path),
-                        _field("resume", 'run again with Loop(..., resume="latest") or resume=<this path>', always=True))
+        if (resumable := self._resumable.to_resume(state.status)) is not None:
+            path, reason = resumable
+            self._print("checkpoint", _field("reason", reason), _field("path", path), _field("resume", RESUME, always=True))
 
     def _own(self, stage: str = "") -> str:
         """``rank=R`` where a line's figures are this process's own (see the module's docstring)."""

@@ -35,14 +35,15 @@ HOLD_BANNER = "press q, Esc or Ctrl-C to leave"
 STATUS_LINE = "hookfit │ train"
 STTY = re.compile(r"STTY: ((?:-?(?:echo|icanon|isig)[ \t]*){3})")
 
-# argv: steps, seconds per step, mode ("ok", "raise", "segv": a fatal error in step 5, or "debug":
-# breakpoint() in step 3), result path.
+# argv: steps, seconds per step, mode ("ok", "raise", "segv": a fatal error in step 5, "raise-saved": "raise"
+# with a checkpoint every 2 steps, or "debug": breakpoint() in step 3), result path.
 # Writes <result>.pid at start, <result>.fit_end from a plugin's fit_end, and the result JSON
 # after fit() returned or raised.
 SCRIPT = r'''
 import json, os, signal, sys, time
 import torch
 import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
 
 steps, delay, mode, out = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 with open(out + ".pid", "w") as f:
@@ -69,7 +70,7 @@ data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(steps)]
 def train_step(loop, batch):
     x, y = batch
     time.sleep(delay)
-    if mode == "raise" and loop.state.step == 5:
+    if mode in ("raise", "raise-saved") and loop.state.step == 5:
         raise RuntimeError("boom from the step")
     if mode == "segv" and loop.state.step == 5:
         import faulthandler
@@ -85,7 +86,8 @@ def train_step(loop, batch):
     return {"loss": loss, "accuracy": 0.5}
 
 loop = hookfit.Loop(train_step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-                    run_dir=os.path.join(os.path.dirname(out), "run"), plugins=[Watch()])
+                    run_dir=os.path.join(os.path.dirname(out), "run"), plugins=[Watch()] + (
+                        [Checkpoint(every_n_steps=2, background=False)] if mode == "raise-saved" else []))
 outcome = "returned"
 try:
     try:

@@ -33,8 +33,9 @@ The renderer role. A renderer only watches the run; what it must do, all of it:
     s: progress (``batches``, ``total``, rates, ``eta``), values, learning rates, the epoch's
     history, and which value is best (``metrics.best``: the directions the user configured;
     never guessed from a name). Without a metrics plugin a renderer shows the start and the end.
-  - ``resumed(info)``, ``step_skipped(step)`` (optim), ``checkpoint_saved(reason, step)``
-    (checkpoint): marks on the curves; declared by their plugins and registered in every run, so
+  - ``resumed(info)``, ``step_skipped(step)`` (optim), ``checkpoint_saved(path, reason, step)``
+    (checkpoint): marks on the curves (and, at the end of a run that did not complete, the checkpoint
+    to resume from: :mod:`hookfit.plugins.support.resumable`); declared by their plugins and registered in every run, so
     a renderer implements them with ``@hookfit.hookimpl(optionalhook=True)`` only for events of
     plugins that are not built in.
   - ``stop_requested(request)``: may come from any thread (a signal handler, a UI thread): quick,

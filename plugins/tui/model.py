@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ResumeInfo, TimeSplit
 from hookfit.plugins.support import Monitor
+from hookfit.plugins.support.resumable import LastCheckpoint
 from hookfit.plugins.support.plot import Series, spans_decades
 from hookfit.plugins.tui import onsets, timeline
 from hookfit.plugins.tui.skipped import SkippedSteps
@@ -59,6 +60,7 @@ class DashboardModel(SkippedSteps):
         self.hold = False
         self.elapsed: float | None = None  # the run's duration once it ended: the clock stops
         self.resumed_from: ResumeInfo | None = None
+        self.resumable = LastCheckpoint()  # the checkpoint a run that did not complete continues from
         self.model: ModelSummary | None = None  # once the renderer sent it
         self.series: dict[tuple[str, str], Series] = {}
         self.onsets = onsets.Onsets()  # where the training curves' non-finite runs could have begun
@@ -192,9 +194,11 @@ class DashboardModel(SkippedSteps):
         """Where each stage's time went so far (``loop.state.time_split``)."""
         self.time_split = splits
 
-    def _on_checkpoint(self, step: int, reason: str) -> None:
-        """A checkpoint was written at ``step`` (the ``checkpoint_saved`` event)."""
+    def _on_checkpoint(self, step: int, reason: str, path: str | None = None) -> None:
+        """A checkpoint was written at ``step`` (the ``checkpoint_saved`` event; ``path`` live, not replayed)."""
         self.marks.append((step, "C"))
+        if path is not None:
+            self.resumable.announced(path, reason)
 
     def _on_model(self, summary: ModelSummary) -> None:
         """The size of the run's model (:class:`hookfit.payloads.ModelSummary`)."""
@@ -212,6 +216,8 @@ class DashboardModel(SkippedSteps):
             self.step = step
         if epoch is not None:
             self.epoch = epoch
+        if (resume := self.resumable.sentence(status)) is not None:  # (the log pane of the screen held after it)
+            self._on_log([f"hookfit: {resume}"])
 
     def _note_name(self, key: str) -> None:
         if key not in self.names:

@@ -197,9 +197,9 @@ class TuiRenderer(Debugging):
             self._inbox.append(("skipped", step, optimizer, reason))
 
     @hookimpl
-    def checkpoint_saved(self, reason: str, step: int) -> None:
+    def checkpoint_saved(self, path: str, reason: str, step: int) -> None:
         if self.active:
-            self._inbox.append(("checkpoint", step, reason))
+            self._inbox.append(("checkpoint", step, reason, path))
 
     @hookimpl
     def stage_start(self, loop: Run, stage: str) -> None:

@@ -98,8 +98,9 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
             warned: Sequence[str] = (), width: int | None = None) -> list[str]:
     """The plain-text record printed after the dashboard closes (and by ``hookfit show
     --text``): status (with the run's own duration, ``state.elapsed``: a persistent
-    dashboard's hold is not part of it), how many steps were skipped and why, where the run
-    resumed from, where its output is kept, the size of the model, where the time went, the
+    dashboard's hold is not part of it), how many steps were skipped and why, for an interrupted
+    or failed run the checkpoint to resume from (as the console words it: :mod:`hookfit.plugins.support.resumable`;
+    live only, a replayed log names no path), where the run resumed from, where its output is kept, the size of the model, where the time went, the
     table (``nan``/``inf`` as they are; the value of a stage a stop cut short, the mean over the
     batches it ran, says ``(partial)``, as ``hookfit runs`` and ``hookfit compare`` do) and the
     loss curves up to the run's last step (``×`` where the values were not finite, and the steps
@@ -120,6 +121,8 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
     if dashboard is not None and dashboard.skipped:
         lines.append(f"  {dashboard.skipped_text()}"
                      + ("; most of the run did not train" if dashboard.mostly_skipped else ""))
+    if dashboard is not None and (resume := dashboard.resumable.sentence(state.status)) is not None:
+        lines.append(f"  {resume}")
     if getattr(state, "resumed_from", None) is not None:
         lines.append(f"  {'evaluated' if evaluation else 'resumed from'} {state.resumed_from}")
     if output is not None:

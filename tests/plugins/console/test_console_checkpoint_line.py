@@ -1,6 +1,7 @@
 """An interrupted run ends its console output with the checkpoint to continue from (the newest
 one the checkpoint role announced, ``checkpoint_saved``) and how to resume; a completed run and
-an interrupted run without a checkpoint print no such line."""
+an interrupted run without a checkpoint print no such line; a failed run names the
+checkpoint before its failure."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import hookfit
@@ -51,3 +53,26 @@ def test_an_interrupted_run_without_a_checkpoint_names_none(tmp_path: Path) -> N
     state, lines = _run(tmp_path, 4, [])
     assert state.status == "interrupted"
     assert lines[-1].startswith("hookfit time ") and not any("checkpoint" in line for line in lines), lines
+
+
+def test_a_failed_run_ends_with_the_checkpoint_before_the_failure_not_its_own(tmp_path: Path) -> None:
+    """A step that raises in epoch 2 after epoch 1's checkpoint: the console's last line names that one, what
+    ``resume="latest"`` takes; the ``failed-*`` file ``on_failure`` writes (never taken) is not named."""
+    def step(loop: Any, batch: Any) -> dict[str, Any]:
+        if loop.state.step == 4:
+            raise RuntimeError("boom")
+        return {"loss": torch.tensor(1.0)}
+
+    stream = io.StringIO()
+    with pytest.raises(RuntimeError, match="boom"):
+        hookfit.Loop(step, [0, 1, 2], model=torch.nn.Linear(1, 1), max_epochs=2, run_dir=tmp_path,
+                     plugins=[Checkpoint(on_failure=True, background=False), Console(stream=stream, interval=None)]
+                     ).fit()
+    lines = stream.getvalue().splitlines()
+    match = LINE.match(lines[-1])
+    assert match, lines
+    reason, path = match.groups()
+    assert reason == "epoch" and Path(path).name.startswith("epoch0001") and Path(path).is_file()
+    assert [p.name.startswith("failed-") for p in (tmp_path / "checkpoints").iterdir() if p.suffix == ".pt"].count(
+        True) == 1  # (written, and not the one named)
+    assert sum(line.startswith("hookfit checkpoint ") for line in lines) == 1

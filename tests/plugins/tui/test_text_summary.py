@@ -164,3 +164,27 @@ def test_later_ranges_say_how_far_before_they_show_they_may_begin() -> None:
             d.receive("update", snap("train", 0, step, step, {"loss": (loss, loss, loss)}))
     assert nan_lines(d) == ["  × where loss was nan: steps 10–12, 44–60",
                             "    (published every few steps: a range may begin up to 3 steps before it shows)"]
+
+
+@pytest.mark.parametrize("status", ["interrupted", "failed", "completed"])
+def test_a_run_that_did_not_complete_names_the_checkpoint_to_resume_from_in_the_consoles_words(status: str) -> None:
+    """The newest checkpoint announced that ``resume="latest"`` takes (a failure's ``failed-*`` file is not one)
+    is named by the summary and, on the screen held after the run, in the log pane; a completed run names none."""
+    from hookfit.plugins.support.resumable import RESUME
+
+    epoch = "runs/train/1/checkpoints/epoch0001-step000000012.pt"
+    d = model()
+    d.receive("checkpoint", 6, "step", "runs/train/1/checkpoints/epoch0001-step000000006.pt")
+    d.receive("checkpoint", 12, "epoch", epoch)
+    d.receive("checkpoint", 13, "failure", "runs/train/1/checkpoints/failed-epoch0002-step000000013.pt")
+    d.receive("end", status, "why", True, None, 3.0, 13, 1)
+    lines = summary(d, SimpleNamespace(status=status, stop_reason="why", elapsed=3.0, step=13, stopped_by=None))
+    named = [line for line in lines if "checkpoint" in line]
+    logged = [line for line in d.log if "checkpoint" in line]
+    if status == "completed":
+        assert named == [] and logged == []
+        return
+    said = f"checkpoint to resume from: {epoch} (epoch): {RESUME}"
+    assert RESUME == 'run again with Loop(..., resume="latest") or resume=<this path>'
+    assert named == [f"  {said}"] and lines[1] == named[0]
+    assert logged == [f"hookfit: {said}"]

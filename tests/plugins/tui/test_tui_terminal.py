@@ -145,6 +145,21 @@ def test_step_that_raises_restores_the_terminal_and_shows_the_traceback(term: Te
     assert after(text, "raised in step function", "EXIT=1")
 
 
+@pytest.mark.fault
+def test_a_step_that_raises_after_a_checkpoint_names_it_to_resume_from(term: Terminal) -> None:
+    """The summary after the dashboard names the newest checkpoint (step 4's, of every 2 steps), as the console does."""
+    term.train(steps=300, delay=0.1, mode="raise-saved")
+    code, flags, text = term.wait_exit()
+    assert code == 1 and term.outcome()["status"] == "failed"
+    saved = term.tmp / "run" / "checkpoints" / "epoch0001-step000000004.pt"
+    assert saved.is_file()
+    # (a path longer than the terminal's line wraps: the words before it and after it, and the path unwrapped)
+    flat = re.sub(r"\s+", "", text)
+    said = f"checkpoint to resume from: {saved} (step): run again with Loop(..., resume=\"latest\") or resume=<this path>"
+    assert re.sub(r"\s+", "", said) in flat, text
+    assert after(text, "hookfit: training failed", "checkpoint to resume from:")
+
+
 # -- signals with the dashboard up -------------------------------------------------------------
 
 @pytest.mark.fault
