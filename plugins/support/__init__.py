@@ -21,8 +21,9 @@ text plot the dashboard and the lr finder draw (:mod:`~hookfit.plugins.support.p
 loggers share (:mod:`~hookfit.plugins.support.logger`), the CSV tables they append to row by row
 (:mod:`~hookfit.plugins.support.tables`), the console's plain ``key=value`` fields
 (:mod:`~hookfit.plugins.support.plain`), what the experiment trackers share
-(:mod:`~hookfit.plugins.support.tracker`) and which processes have a flag set, agreed by all
-(:mod:`~hookfit.plugins.support.ranks`).
+(:mod:`~hookfit.plugins.support.tracker`), which processes have a flag set, agreed by all
+(:mod:`~hookfit.plugins.support.ranks`), and the checkpoint a run that did not complete resumes from, in the
+words the console and the dashboard share (:mod:`~hookfit.plugins.support.resumable`).
 """
 
 from __future__ import annotations
