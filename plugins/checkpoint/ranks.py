@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from hookfit.data import Batches
 from hookfit.errors import HookfitWarning, user_level
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -53,10 +54,27 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[
     """``run_state`` (the main process's, as saved) with this process's own part of it, from
     the checkpoint's ``ranks`` entry ``saved`` (absent: as it is). Resumed inside a training
     epoch on another number of processes than wrote it, over data that keeps no position of its
-    own, the rest of that epoch is another share of the data: one warning says so."""
+    own, the rest of that epoch is another share of the data: one warning says so. Resumed on another
+    number of processes otherwise (at an epoch's end, or over data that keeps its own position), one
+    warning says what changes from there on (each step's global batch, an epoch's steps); none over
+    :class:`hookfit.data.Batches`, whose load refuses another global batch and goes on exactly with the same."""
     position, size = run_state.get("loop") or {}, len(saved) if isinstance(saved, list) and saved else 1
-    if (size != loop.state.world_size and loop.is_main and position.get("resume_stage") == "train"
-            and position.get("resume_batch") and not run_state.get("data")):
+    inside = position.get("resume_stage") == "train" and position.get("resume_batch") and not run_state.get("data")
+    changed = size != loop.state.world_size and loop.is_main and not inside and loop.mode == "fit" and not isinstance(
+        loop.train_data, Batches)  # (Batches refuses another global batch, and goes on exactly with the same)
+    if changed:
+        beyond = f", and the processes beyond {size} take the main process's random states" if (
+            size < loop.state.world_size and isinstance(saved, list)) else ""
+        warnings.warn(
+            f"checkpoint: {path} was written by {size} process(es) and is resumed in {loop.state.world_size}: "
+            f"from here on the data is shared among {loop.state.world_size} process(es) instead of {size}, so each "
+            f"optimizer step's global batch (the processes' batches together), the batches each process sees "
+            f"and the steps an epoch takes change, and counts in steps (max_steps, a scheduler's steps, "
+            f"every_n_steps) count other batches{beyond}: the run goes on as another run would; resume with "
+            f"{size} process(es) to continue it as it was, or over hookfit.data.Batches whose global batch "
+            f"(batch_size x processes) is the same",
+            HookfitWarning, stacklevel=user_level())
+    elif size != loop.state.world_size and loop.is_main and inside:
         warnings.warn(
             f"checkpoint: {path} was written by {size} process(es) inside epoch {position.get('epoch', 0) + 1} "
             f"({position['resume_batch']} batches of it done by each) and this run has {loop.state.world_size}: each "
@@ -67,7 +85,7 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[
     if not isinstance(saved, list) or not saved:
         return run_state
     rank = loop.state.rank
-    if len(saved) < loop.state.world_size and loop.is_main:
+    if len(saved) < loop.state.world_size and loop.is_main and not changed:  # (changed: said in its warning)
         warnings.warn(f"checkpoint: {path} holds the random states of {len(saved)} process(es) and this run has "
                       f"{loop.state.world_size}: each process resumes its own where it has one, the others the "
                       f"main process's (random draws of those processes differ from the run it continues)",

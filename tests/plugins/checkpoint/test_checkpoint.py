@@ -1056,8 +1056,9 @@ def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_i
     """A checkpoint written inside a training epoch by one process, resumed by a run of two (as
     the distributed plugin sets it at configure), over a list of batches (no position of its
     own): each process's batches of that epoch are another share of the data, so one warning
-    says the rest of the epoch is not the rest of the run it continues. At an epoch's end there
-    is nothing to say."""
+    says the rest of the epoch is not the rest of the run it continues. At an epoch's end one
+    warning says what changes from there on (each step's global batch, an epoch's steps); over
+    :class:`hookfit.data.Batches` with the same global batch the run goes on exactly: none."""
     from conftest import StopAfter
 
     class TwoProcesses:
@@ -1077,11 +1078,53 @@ def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_i
         hookfit.Loop(lambda loop, b: None, data, model=model, max_epochs=2, run_dir=tmp_path, resume="latest",
                      plugins=[Checkpoint(background=False), TwoProcesses()]).fit()
     said = [str(w.message) for w in caught if "another share of the data" in str(w.message)]
+    changed = [w for w in caught if "is resumed in" in str(w.message)]
     if where == "inside an epoch":
         assert len(said) == 1 and "was written by 1 process(es) inside epoch 1 (2 batches of it done by each) and " \
                                   "this run has 2" in said[0], said
+        assert changed == []  # (one warning: the one above says it)
     else:
-        assert said == []
+        assert said == [] and len(changed) == 1 and changed[0].category is hookfit.HookfitWarning
+        assert str(changed[0].message).startswith(
+            f"checkpoint: {tmp_path / 'checkpoints' / 'epoch0001-step000000004.pt'} was written by 1 process(es) "
+            f"and is resumed in 2: from here on the data is shared among 2 process(es) instead of 1, so each "
+            f"optimizer step's global batch"), changed[0].message
+        assert Path(changed[0].filename).name == "test_checkpoint.py"  # (the fit() line)
+    with warnings.catch_warnings(record=True) as caught:  # Batches of the same global batch: the same batches
+        warnings.simplefilter("always")
+        batches = Batches(torch.zeros(8, 1), batch_size=2)
+        hookfit.Loop(lambda loop, b: None, batches, model=model, max_epochs=2, run_dir=tmp_path / "b",
+                     plugins=[Checkpoint(background=False)]).fit()
+        batches = Batches(torch.zeros(8, 1), batch_size=1).shard(0, 2)  # (as the distributed plugin shards it)
+        hookfit.Loop(lambda loop, b: None, batches, model=model, max_epochs=3, run_dir=tmp_path / "b", resume="latest",
+                     plugins=[Checkpoint(background=False), TwoProcesses()]).fit()
+    assert [w.message for w in caught if "process(es)" in str(w.message)] == []
+
+
+def test_a_checkpoint_of_two_processes_resumed_in_one_at_an_epochs_end_is_warned_once_at_the_resume(
+        tmp_path: Path) -> None:
+    """A checkpoint as ``torchrun --nproc-per-node 2`` writes it (its ``ranks`` entry: each process's random
+    states), resumed by one process over a list of batches: one warning, at the resume (before any batch),
+    that it was written by 2 processes and goes on in 1, and what changes from there on."""
+    data = [(torch.zeros(2, 1), torch.zeros(2, 1))] * 4
+    model = torch.nn.Linear(1, 1)
+    hookfit.Loop(lambda loop, b: None, data, model=model, max_epochs=1, run_dir=tmp_path,
+                 plugins=[Checkpoint(background=False)]).fit()
+    path = checkpoint_files(tmp_path / "checkpoints")[0]
+    written = read(path)
+    written["ranks"] = [{key: written[key] for key in ("rng",)}] * 2
+    written["digest"] = digest(written)
+    torch.save(written, path)
+    trained: list[int] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(lambda loop, b: trained.append(sum("process(es)" in str(w.message) for w in caught)), data, model=model, max_epochs=2, run_dir=tmp_path,
+                     resume="latest", plugins=[Checkpoint(background=False)]).fit()
+    said = [str(w.message) for w in caught if "process(es)" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith(f"checkpoint: {path} was written by 2 process(es) and is resumed "
+                                                 f"in 1: from here on the data is shared among 1 process(es) instead "
+                                                 f"of 2"), said
+    assert trained[0] == 1  # (warned before the first batch)
 
 
 @pytest.mark.bad_input
