@@ -42,6 +42,13 @@ def length(data: Any) -> int | None:
         return None
 
 
+def bounded_length(data: Any) -> int | None:
+    """:func:`length` where it bounds the batches ``data`` yields, else ``None``: a ``DataLoader`` over an
+    ``IterableDataset`` takes the dataset's ``len()`` on trust, which its workers' streams may overrun
+    (every worker yields its own part), so a run does not count on it."""
+    return None if _streamed(data) is not None else length(data)
+
+
 def one_pass(data: Any) -> bool:
     """Whether ``data`` is known to give its batches once only: an iterator (``iter(data) is
     data``: a generator object, ``map(...)``, a file), which a second ``iter()`` finds used up.

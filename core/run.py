@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
 from hookfit import discovery, modes, stopping, training
 from hookfit import states as saved_states
-from hookfit.data import length
+from hookfit.data import bounded_length
 from hookfit.dispatch import Dispatch
 from hookfit.manager import PluginManager, leave_inert
 from hookfit.modes import modules
@@ -341,9 +341,9 @@ class Run:
     def max_train_steps(self) -> int | None:
         """The most training steps this fit takes (batches: what ``state.step`` and
         ``val_every_n_steps`` count): the fewer of ``max_steps`` and ``max_epochs`` times the training
-        data's length, of those known; ``None`` when neither is (no ``max_steps``, data of no length)
-        and in ``validate()``. Read from ``fit_start`` on (``configure`` may shard the data)."""
-        per_epoch = length(self.train_data) if self.mode == "fit" else None
+        data's length (:func:`~hookfit.data.bounded_length`), of those known; ``None`` when neither is
+        (no ``max_steps``, data of no length) and in ``validate()``. Read from ``fit_start`` on (``configure`` may shard the data)."""
+        per_epoch = bounded_length(self.train_data) if self.mode == "fit" else None
         bounds = [n for n in (self.max_steps, per_epoch and self.max_epochs * per_epoch) if n and self.mode == "fit"]
         return min(bounds) if bounds else None
 

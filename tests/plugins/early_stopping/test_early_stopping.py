@@ -6,6 +6,7 @@ import math
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -280,3 +281,38 @@ def test_patience_counts_validations_every_few_epochs_and_says_so() -> None:
     assert (state.status, state.epoch) == ("completed", 5), (state.status, state.epoch)
     assert state.stop_reason == ("early stopping: valid/loss did not improve for 2 validation(s) (patience 2); "
                                  "best (min) 4 at epoch 2"), state.stop_reason
+
+
+class _Parted(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Ten samples, each worker yielding its own part: with two workers and batches of 4, a DataLoader's len()
+    (3, from the dataset's) is one short of the 4 batches it yields."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __iter__(self) -> Any:
+        worker = torch.utils.data.get_worker_info()
+        parts, part = (1, 0) if worker is None else (worker.num_workers, worker.id)
+        return (torch.full((2,), float(k)) for k in range(part, 10, parts))
+
+
+def test_a_streamed_loaders_length_is_no_bound_the_run_is_refused_by() -> None:
+    """len() of a DataLoader over an IterableDataset is the dataset's word: its workers' streams overrun it, and
+    the run validates at step 4 of a loader whose len() is 3."""
+    validated = []
+
+    def step(loop: hookfit.Run, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        loss = loop.model(batch).pow(2).mean()
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    model = torch.nn.Linear(2, 1)
+    data = torch.utils.data.DataLoader(_Parted(), batch_size=4, num_workers=2)
+    assert len(data) == 3
+    state = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                         val_step=lambda loop, b: validated.append(loop.state.step) or {"loss": torch.tensor(1.0)},
+                         val_data=[0], max_epochs=1, val_every_n_steps=4,
+                         plugins=[Optim(), Metrics(), EarlyStopping(monitor="valid/loss")]).fit()
+    assert state.status == "completed" and validated == [4]
