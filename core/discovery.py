@@ -169,14 +169,18 @@ def check_given(plugins: Sequence[Any]) -> None:
         stray = torch_object or (
             type(plugin).__module__ == "builtins" and not inspect.ismodule(plugin) and not inspect.isclass(plugin))
         if plugin is None or not stray or declared_events(plugin) or any(_marked(plugin, n) for n in dir(plugin)):
+            if plugin is not None and type(plugin).__hash__ is None:  # pluggy keys its plugins by the objects
+                raise TypeError(f"plugins[{i}], a {type(plugin).__name__}, is unhashable, and a plugin must be "
+                                f"hashable (a @dataclass that compares by value is not: give it @dataclass(eq=False))")
             continue
         hint = ("give a model to Loop(model=...), optimizers to Loop(optimizers=...), and have the step return "
                 "a torchmetrics metric (README.md, the metrics plugin)") if torch_object else (
                 "a plugin is an object, class or module with functions marked @hookfit.hookimpl")
         if isinstance(plugin, str):
-            named = [found.ep.value for found in _discover(tuple(sys.path)) if found.ep.name == plugin]
-            hint = (f"give the plugin object ({named[0].replace(':', '.')}()), or choose plugins by name in "
-                    f"hookfit.toml ([plugins.{plugin}]) or {ENV_ONLY}") if named else (
+            named = [found.ep for found in _discover(tuple(sys.path)) if found.ep.name == plugin]
+            made = "()" if named and inspect.isclass(named[0].load()) else ""
+            hint = (f"give the plugin object ({named[0].value.replace(':', '.')}{made}), or choose plugins by name "
+                    f"in hookfit.toml ([plugins.{plugin}]) or {ENV_ONLY}") if named else (
                     f"installed plugins are chosen by name in hookfit.toml or {ENV_ONLY}")
         text = repr(plugin)
         shown = type(plugin).__name__ + ("" if "\n" in text else f" {text if len(text) <= 60 else text[:57] + '...'}")

@@ -3,6 +3,7 @@ run never changes it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy
@@ -372,7 +373,6 @@ def test_max_epochs_still_ends_a_run_with_max_steps_and_one_epoch_is_the_default
                                                              r"hookfit event; .*optimizers to Loop\(optimizers=\.\.\.\)"),
 ])
 def test_an_element_of_plugins_that_is_no_plugin_is_named_when_the_loop_is_made(given: object, match: str) -> None:
-    # pluggy registers anything: a plugin's name given as a string trained without it, silently
     with pytest.raises(TypeError, match=match):
         hookfit.Loop(lambda l, b: None, [1], plugins=[Optim(), given])
 
@@ -386,4 +386,30 @@ def test_none_in_plugins_is_left_out_and_a_plugin_without_hooks_is_registered() 
                         plugins=[None, Service(), None])
     loop.fit()
     assert [type(s).__name__ for s in seen] == ["Service"]
-    assert None not in loop.run.pm.get_plugins()
+    assert "NoneType" not in dict(loop.run.pm.list_name_plugin())
+
+
+@pytest.mark.bad_input
+def test_an_unhashable_plugin_is_named_when_the_loop_is_made() -> None:
+    @dataclasses.dataclass
+    class Counter:  # compares by value, so unhashable: pluggy keys its plugins by the objects
+        seen: int = 0
+
+        @hookfit.hookimpl
+        def batch_end(self) -> None:
+            self.seen += 1
+
+    with pytest.raises(TypeError, match=r"plugins\[0\], a Counter, is unhashable.*@dataclass\(eq=False\)"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Counter()])
+
+    @dataclasses.dataclass(eq=False)
+    class Counted:
+        seen: int = 0
+
+        @hookfit.hookimpl
+        def batch_end(self) -> None:
+            self.seen += 1
+
+    counted = Counted()
+    hookfit.Loop(lambda l, b: None, [1, 2], plugins=[counted]).fit()
+    assert counted.seen == 2
