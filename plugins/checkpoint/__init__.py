@@ -30,7 +30,7 @@ checkpoint at its end but ``on_failure``'s, so that the next run of its name doe
 its untrained state (:mod:`hookfit.plugins.checkpoint.ending`). The last ``keep_last``
 checkpoints are kept, plus the ``keep_best`` (1) best by ``monitor`` (``"valid/loss"``:
 the epoch mean of ``loss`` in the validation stage, published by the metrics plugin, compared
-in the direction it publishes for it unless ``mode`` is given; a monitored metric the run
+in the direction it publishes for it unless ``mode`` is given, which needs a ``monitor``; a monitored metric the run
 does not produce, or never publishes (no validation, every validation past the run's end, no
 metrics plugin), is warned about once: :meth:`~hookfit.plugins.checkpoint.scores.Scores.begin`,
 :meth:`~hookfit.plugins.checkpoint.scores.Scores.end`). A checkpoint's metric (``meta["metric"]``) is the

@@ -258,6 +258,13 @@ def test_keep_best_without_a_monitor_is_refused_at_construction() -> None:
 
 
 @pytest.mark.bad_input
+def test_a_mode_without_a_monitor_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"^checkpoint: mode='min' is the direction of the monitored metric, and "
+                                         r"no monitor is given: give monitor='valid/loss'"):
+        Checkpoint(mode="min")
+
+
+@pytest.mark.bad_input
 @pytest.mark.fault
 def test_torn_foreign_newer_and_malicious_files_are_refused_by_name(tmp_path: Path) -> None:
     train(tmp_path, epochs=2)

@@ -141,6 +141,13 @@ def test_options_are_checked_when_it_is_built(options: dict, message: str) -> No
 
 
 @pytest.mark.bad_input
+def test_a_mode_without_a_monitor_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"^early_stopping: mode='max' is the direction of the monitored metric, and "
+                                         r"no monitor is given: give monitor='valid/loss'"):
+        EarlyStopping(mode="max")
+
+
+@pytest.mark.bad_input
 def test_a_metric_the_run_never_produces_fails_with_its_stage_s_first_metrics_naming_those_it_has_and_the_closest(
         tmp_path: Path) -> None:
     recorder = Recorder()
