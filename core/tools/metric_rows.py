@@ -23,11 +23,14 @@ from typing import Any, TypeGuard
 from hookfit.tools import jsonlines
 
 __all__ = ["ROW_FIELDS", "best", "cut_short", "default_metric", "direction", "directions", "final", "finite",
-           "metric_names", "series"]
+           "metric_names", "series", "series_names"]
 
 ROW_FIELDS = frozenset({"event", "stage", "epoch", "step", "batches", "samples", "time", "samples_per_s", "stopped",
                         "evaluation"})
 """The keys of a metrics row that are not metrics (learning rates are ``lr_<optimizer>``)."""
+
+POSITION_FIELDS = frozenset({"event", "stage", "epoch", "step", "stopped", "evaluation"})
+"""The keys of a metrics row that place it: no series (:func:`series_names`)."""
 
 
 def finite(value: Any) -> TypeGuard[int | float]:
@@ -41,6 +44,18 @@ def metric_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     for row in rows:
         for key, value in row.items():
             if key not in ROW_FIELDS and not key.startswith("lr_") and isinstance(value, (int, float)):
+                names[f"{row.get('stage', 'train')}/{key}"] = None
+    return list(names)
+
+
+def series_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every ``stage/key`` that :func:`series` finds numbers for in ``rows``: the metrics
+    (:func:`metric_names`) first, then the rest in order of appearance (learning rates
+    ``lr_<optimizer>``, ``samples_per_s``, ``time``, ``batches``, ``samples``)."""
+    names: dict[str, None] = dict.fromkeys(metric_names(rows))
+    for row in rows:
+        for key, value in row.items():
+            if key not in POSITION_FIELDS and jsonlines.numeric(value):
                 names[f"{row.get('stage', 'train')}/{key}"] = None
     return list(names)
 

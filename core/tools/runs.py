@@ -54,11 +54,12 @@ from hookfit.tools import jsonlines
 from hookfit.tools.ends import alive, end_of_last_fit, ended_best, ended_epochs
 from hookfit.tools.jsonlines import LIMIT, checked, read_bytes, read_jsonl, read_metrics
 from hookfit.tools.metric_rows import (ROW_FIELDS, best, cut_short, default_metric, direction, directions, final,
-                                       finite, metric_names, series)
+                                       finite, metric_names, series, series_names)
 
 __all__ = ["LIMIT", "PARTIAL", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction",
            "directions", "epoch_rows", "evaluated_directions", "final", "find", "followed", "load", "metric_names",
-           "read_bytes", "read_jsonl", "read_metrics", "resumed_from", "run_folders", "series"]
+           "read_bytes", "read_jsonl", "read_metrics", "resumed_from", "run_folders", "series",
+           "series_names"]
 
 Line = TypeVar("Line", bound=Mapping[str, Any])
 

@@ -11,6 +11,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from hookfit.errors import HookfitWarning
 from hookfit.tools import runs
@@ -56,8 +57,7 @@ def _compare(args: argparse.Namespace) -> int:
     curves = {folder: runs.series(r, metric) for folder, r in rows.items()}
     missing = [str(f) for f, points in curves.items() if not points]
     if len(missing) == len(folders):
-        names = sorted({n for r in rows.values() for n in runs.metric_names(r)})
-        print(f"hookfit compare: no run has {metric}; they have: {', '.join(names) or 'nothing'}", file=sys.stderr)
+        print(f"hookfit compare: {_missing(metric, args.metric, list(rows.values()))}", file=sys.stderr)
         return 2
     loaded = {folder: runs.load(folder, metric=metric, mode=args.mode) for folder in folders}
     infos = dict(sorted(loaded.items(), key=lambda item: _rank(item[1])))  # ranked: the table's rows, curves' numbers
@@ -102,6 +102,17 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"(no best for {metric}: no direction was configured; give Metrics(best={{...}}) in the run, "
               f"or --mode min|max here)")
     return 0
+
+
+def _missing(metric: str, given: str | None, rows: list[list[dict[str, Any]]]) -> str:
+    """What to say when no run has ``metric`` (``given`` as the user gave it): the metrics the runs
+    have, every other name ``--metric`` accepts, and those ending in ``/<given>``, if any."""
+    metrics = sorted({n for r in rows for n in runs.metric_names(r)})
+    others = sorted({n for r in rows for n in runs.series_names(r)} - set(metrics))
+    text = f"no run has {metric}; they have: {', '.join(metrics) or 'nothing'}"
+    text += f" (and {', '.join(others)})" if others else ""
+    near = [n for n in metrics + others if given and n.endswith(f"/{given}")]
+    return text + (f"; did you mean {' or '.join(near)}?" if near else "")
 
 
 def _every_run(source: str) -> list[Path]:

@@ -712,3 +712,33 @@ def test_runs_shortens_a_long_reason_at_a_word(tmp_path: Path, capsys: pytest.Ca
     assert cli.main(["runs", str(tmp_path / "run")]) == 0
     row = capsys.readouterr().out.splitlines()[1]
     assert "failed: ValueError: valid data yielded no ..." in row and " batches" not in row
+
+
+
+@pytest.mark.bad_input
+def test_compare_of_a_missing_metric_names_every_name_it_accepts_and_the_one_meant(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "runs" / "one"
+    model = torch.nn.Linear(3, 1)
+    groups = [{"params": [model.weight], "name": "decay"}, {"params": [model.bias], "name": "no_decay"}]
+    data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(2)]
+    loop = hookfit.Loop(mse_step, data, val_data=data,
+                        val_step=lambda loop, b: {"loss": torch.nn.functional.mse_loss(loop.model(b[0]), b[1])},
+                        model=model, optimizers=torch.optim.SGD(groups, lr=0.1),
+                        max_epochs=1, run_dir=folder, plugins=[Optim(), Metrics(), MetricsLog()])
+    assert loop.fit().status == "completed"
+    assert command("compare", str(folder), "--metric", "valid/nothing") == 2
+    err = capsys.readouterr().err
+    assert "no run has valid/nothing; they have: train/loss, valid/loss (and " in err and "did you mean" not in err
+    for name in ("train/samples_per_s", "train/lr_default/decay", "valid/lr_default/no_decay", "valid/time"):
+        assert name in err, name
+    accepted = runs.series_names(runs.epoch_rows(folder))
+    assert all(name in err for name in accepted)
+    for name in accepted:  # every name the hint lists is one --metric draws
+        assert command("compare", str(folder), "--metric", name, "--width", "30") == 0, name
+    capsys.readouterr()
+    assert command("compare", str(folder), "--metric", "lr_default/decay") == 2
+    err = capsys.readouterr().err
+    assert "no run has lr_default/decay" in err and "did you mean train/lr_default/decay" in err
+    assert command("compare", str(folder), "--metric", "oss") == 2  # a suffix of a name, not of a whole part
+    assert "did you mean" not in capsys.readouterr().err
