@@ -236,6 +236,9 @@ class ModuleRow(NamedTuple):
     * ``uninitialised``: its parameters and buffers that a lazy module has not initialised yet
       (``torch.nn.parameter.UninitializedParameter``/``UninitializedBuffer``): their sizes are
       unknown until the first forward pass, and left out of every other field.
+    * ``tied``: the names of earlier rows holding tensors this module shares with them (a tied
+      weight: ``head.weight = tok.weight`` gives the ``head`` row ``("tok",)``); those tensors are
+      counted in the first row that holds them, not here.
     """
 
     name: str
@@ -244,6 +247,7 @@ class ModuleRow(NamedTuple):
     trainable: int
     bytes: int
     uninitialised: int = 0
+    tied: tuple[str, ...] = ()
 
     @property
     def size_mb(self) -> float:
@@ -266,9 +270,10 @@ class ModelSummary:
     * ``parameter_bytes``: memory of the parameters (``numel() * elementsize()``).
     * ``buffer_bytes``: memory of the buffers (running statistics of a BatchNorm, ...).
     * ``modules``: one :class:`ModuleRow` per top-level module, in definition order: the
-      children of a single model (plus a ``"(direct)"`` row when the model holds parameters or
-      buffers itself), or one row per model of a dict or list of models. A tensor shared by
-      two rows is counted in both, so rows may add up to more than the totals.
+      children of a single model (plus a ``"(direct)"`` row when the model holds parameters
+      itself), or one row per model of a dict or list of models. A tensor shared by two rows is
+      counted in the first (the later one names it in ``tied``), so rows never add up to more
+      than the totals.
     * ``uninitialised``: parameters and buffers of lazy modules not initialised yet (before the
       first forward pass): their sizes are unknown, and they are left out of every count.
     * ``type``: the class name of the model (``"dict"`` or ``"list"`` for several); ``""`` for

@@ -42,8 +42,9 @@ The rest
     ``Loop(model=...)``): ``hookfit model params=<n> trainable=<n> size_mb=<MB>`` (parameters
     and buffers, in MB of 2**20 bytes; ``uninitialised=<n>`` for the tensors of lazy modules
     not initialised yet), and ``hookfit model module=<name> type=<class> params=<n>
-    trainable=<n> size_mb=<MB>`` for each top-level module (at most ``MODULE_LINES``, then
-    ``hookfit model more_modules=<n>``). A resumed run says where it continues from
+    trainable=<n> size_mb=<MB>`` for each top-level module (``tied_to=<module>`` where it shares a
+    tied weight, counted in that earlier one; at most ``MODULE_LINES``, then ``hookfit model
+    more_modules=<n>``). A resumed run says where it continues from
     (``hookfit resumed from=<checkpoint> epoch=<from 1> batch=<n> step=<n>``). At the end: the
     status, the reason, the duration and, for every metric, its last epoch value and its best
     or its extremes over the whole run (a resumed run's include the epochs of the run it
@@ -249,7 +250,8 @@ class Console:
 
         self._print("model", *size(summary))
         for row in summary.modules[:MODULE_LINES]:
-            self._print("model", _field("module", row.name), f"type={row.type}", *size(row))
+            self._print("model", _field("module", row.name), f"type={row.type}", *size(row),
+                        _field("tied_to", ",".join(row.tied)) if row.tied else "")
         if len(summary.modules) > MODULE_LINES:
             self._print("model", f"more_modules={len(summary.modules) - MODULE_LINES}")
 

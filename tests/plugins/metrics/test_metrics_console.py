@@ -912,7 +912,9 @@ def test_the_console_prints_the_models_size_after_the_start_line(tmp_path: Path)
     rows = [fields(line) for line in lines[2:5]]
     assert rows == [{"module": "encoder", "type": "Sequential", **counts([encoder])},
                     {"module": "act", "type": "ReLU", "params": "0", "trainable": "0", "size_mb": "0.00"},
-                    {"module": "decoder", "type": "Linear", **counts([decoder])}]
+                    {"module": "decoder", "type": "Linear", "params": "3000", "trainable": "3000", "size_mb": "0.01",
+                     "tied_to": "encoder"}]  # the tied weight counted in the encoder's line: the lines add up
+    assert sum(int(row["params"]) for row in rows) == int(total["params"])
     for line in lines:
         assert not ESCAPES.search(line) and all("=" in field for field in shlex.split(line)[2:] if field != "done")
 

@@ -67,12 +67,41 @@ def test_one_row_per_top_level_module_and_one_for_the_models_own_tensors() -> No
     model = Seq2Seq()
     got = summarize(model)
     own = ModuleRow(DIRECT, "Seq2Seq", 7, 7, 7 * 4 + 5 * 8)  # `scale` and the float64 `steps`
-    assert got.modules == (row(model.encoder, "encoder"), row(model.act, "act"), row(model.decoder, "decoder"),
-                           row(model.head, "head"), own)
+    decoder = ModuleRow("decoder", "Linear", 50, 50, 50 * 4, 0, ("encoder",))  # its bias; its weight is the encoder's
+    assert got.modules == (row(model.encoder, "encoder"), row(model.act, "act"), decoder, row(model.head, "head"), own)
     assert got.modules[0] == ("encoder", "Sequential", 50 * 16 + 16 * 16 + 16 + 32, 50 * 16 + 32,
-                              (50 * 16 + 16 * 16 + 16 + 32) * 4 + 16 * 4 * 2 + 8, 0)
-    # each row counts the tied weight; the totals once
-    assert sum(r.parameters for r in got.modules) == got.parameters + 50 * 16
+                              (50 * 16 + 16 * 16 + 16 + 32) * 4 + 16 * 4 * 2 + 8, 0, ())
+    # the tied weight is counted once, in the first row that holds it: the rows add up to the totals
+    assert sum(r.parameters for r in got.modules) == got.parameters
+    assert sum(r.trainable for r in got.modules) == got.trainable
+    assert sum(r.bytes for r in got.modules) == got.bytes
+
+
+class TiedLM(torch.nn.Module):
+    """A language model's shape: every parameter in a child, the head tied to the embedding,
+    a causal mask as the model's own buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(20, 8)
+        self.ln = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 20, bias=False)
+        self.head.weight = self.tok.weight
+        self.register_buffer("mask", torch.triu(torch.ones(4, 4)), persistent=False)
+
+
+def test_a_model_holding_no_parameter_itself_has_no_direct_row_and_a_tied_head_counts_nothing_twice(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    got = summarize(TiedLM())
+    assert [r.name for r in got.modules] == ["tok", "ln", "head"]  # no "(direct)" row for the mask alone
+    assert got.modules[2] == ModuleRow("head", "Linear", 0, 0, 0, 0, ("tok",))
+    assert sum(r.parameters for r in got.modules) == got.parameters == 20 * 8 + 2 * 8
+    from hookfit.plugins.console import Console
+
+    Console()._print_model(got)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("hookfit model module=head type=Linear params=0 ") and lines[3].endswith(" tied_to=tok")
+    assert not any(DIRECT in line for line in lines)
 
 
 def test_a_model_without_children_is_one_row_and_no_model_is_an_empty_summary() -> None:
@@ -93,7 +122,8 @@ def test_a_dict_or_list_of_models_has_a_row_per_model_and_shared_layers_counted_
     assert totals(got) == expected(everything)
     assert got.parameters == 8 * 32 + 32 + 32 * 8 + 8 + 8 * 4 + 4 + 5 + 5
     assert got.trainable == got.parameters - (8 * 4 + 4) - 5
-    assert got.modules == (row(generator, "generator"), row(critic_a, "critics.0"), row(critic_b, "critics.1"))
+    critic_b_own = ModuleRow("critics.1", "Sequential", 5, 0, 5 * 4, 0, ("critics.0",))  # the shared layer: critic_a's
+    assert got.modules == (row(generator, "generator"), row(critic_a, "critics.0"), critic_b_own)
     assert got.type == "dict"
     assert summarize([generator]).modules == (row(generator, "0"),)
 
