@@ -103,7 +103,8 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
     live only, a replayed log names no path), where the run resumed from, where its output is kept, the size of the model, where the time went, the
     table (``nan``/``inf`` as they are; the value of a stage a stop cut short, the mean over the
     batches it ran, says ``(partial)``, as ``hookfit runs`` and ``hookfit compare`` do) and the
-    loss curves up to the run's last step (``×`` where the values were not finite, and the steps
+    loss curves up to the run's last step (several in a plot: each ending in its stage's name, a
+    line saying so under it; ``×`` where the values were not finite, and the steps
     where they were: those of the published values, with what is known of where a range began
     when metrics were not published every step); ``warned``: the warnings the run issued while
     the dashboard was up, a line each.
@@ -164,10 +165,13 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
         x_range = (min(r[0] for r in ranges), max([*(r[1] for r in ranges), state.step])) if ranges else None
         bad = [(a, b) for g in series.values() for a, b in g.nonfinite.runs]
         log = spans_decades(groups.values())
-        plot = text_plot(groups, width=plot_w, height=8, log=log, x_range=x_range, nonfinite=bad)
+        several = len(groups) > 1  # which curve is which: each ends in its stage's name, as the legend says
+        plot = text_plot(groups, width=plot_w, height=8, log=log, x_range=x_range, nonfinite=bad, marks=several)
         if plot:
             lines += wrapped([f"  {name} over steps ({' and '.join(groups)}{', log scale' if log else ''}):"], width)
             lines.extend("  " + line for line in plot)
+            if several:
+                lines += wrapped([f"  (each curve ends in its name: {', '.join(groups)})"], width)
         if bad:
             kinds = "/".join(sorted({k for g in series.values() for k in g.kinds}))
             listed = bad[:8]

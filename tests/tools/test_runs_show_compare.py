@@ -137,6 +137,12 @@ def test_show_without_a_terminal_prints_the_runs_summary(two_runs: tuple[Path, P
     assert table["loss"] == _fmt(_final(slow, "train/loss"))
     assert table["accuracy"] == _fmt(_final(slow, "train/accuracy"))
     assert "loss over steps (train and valid):" in out
+    lines = out.splitlines()
+    heading = lines.index("  loss over steps (train and valid):")
+    legend = lines.index("  (each curve ends in its name: train, valid)")  # which curve is which
+    plot = lines[heading + 1:legend]
+    assert len(plot) == 8 + 2 and all("│" in line for line in plot[:8])
+    assert any("train" in line for line in plot[:8]) and any("valid" in line for line in plot[:8])
 
 
 def _log(folder: Path, *lines: dict[str, Any]) -> Path:
