@@ -44,7 +44,7 @@ class Rules:
     scaler: torch.amp.GradScaler | None = None
     clip_norm: float | None = None
     clip_value: float | None = None
-    check_grads: bool = False  # the gradients are checked (check_grads or clip_norm, a policy, no scaler)
+    check_grads: bool = False  # gradients checked (check_grads, clip_norm, ranks' device path; a policy, no scaler)
     fuse: bool = True
     prepares: bool = False  # a step unscales, clips or checks the gradients first
     before_step: Handlers = field(default_factory=Handlers)  # the events around each step

@@ -108,8 +108,8 @@ class Optim:
                 self._policy, self._to_device if self.defer is None else None)
         hooks = loop.hooks
         self._before_backward, self._after_backward = hooks.handlers("before_backward"), hooks.handlers("after_backward")
-        checks_grads = self.nonfinite is not None and self.scaler is None and (
-            self.check_grads or self.clip_norm is not None)
+        checks_grads = self.nonfinite is not None and self.scaler is None and (self.check_grads or (
+            self.clip_norm is not None) or self._check is self._deferred and loop.state.world_size > 1)  # README.md
         rules = self._rules = Rules(
             loop, self._window, self._policy, self._deferred, self._watch, scaler=self.scaler,
             clip_norm=self.clip_norm, clip_value=self.clip_value, check_grads=checks_grads, fuse=self.fuse,

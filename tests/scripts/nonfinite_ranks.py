@@ -1,10 +1,11 @@
 """A loss that is not finite on one process only, for tests/plugins/distributed/test_nonfinite_ranks.py.
 
-``torchrun --nproc-per-node 2 nonfinite_ranks.py POLICY``: two epochs of 4 batches a process of a small
-regression, DDP (``Distributed()``) and ``Optim(nonfinite=POLICY)`` (``skip`` or ``raise``) on the CPU, rank 0's
-loss made NaN at the run's step 2 (the first epoch's batch 2). Each process writes ``out.rank<N>.json``: the run's
-status and step, the error it raised (type and message) if any, the steps its optimizer took and those
-``step_skipped`` announced, optim's warnings, and (a run that ended) whether every rank holds the same parameters.
+``torchrun --nproc-per-node 2 nonfinite_ranks.py POLICY [defer]``: two epochs of 4 batches a process of a small
+regression, DDP (``Distributed()``) and ``Optim(nonfinite=POLICY)`` (``skip`` or ``raise``; ``defer``:
+``defer=True``, the device path) on the CPU, rank 0's loss made NaN at the run's step 2 (the first epoch's batch 2).
+Each process writes ``out.rank<N>.json``: the run's status and step, the error it raised (type and message) if any,
+the steps its optimizer took and those ``step_skipped`` announced, the skips it counted, optim's warnings, and (a
+run that ended) whether every rank holds the same parameters.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ model = torch.nn.Linear(4, 1)
 data = [(torch.randn(4, 4), torch.randn(4, 1)) for _ in range(8)]
 steps = Steps()
 loop = hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                    max_epochs=2, plugins=[Distributed(), Optim(nonfinite=sys.argv[1]), steps])
+                    max_epochs=2, plugins=[Distributed(), Optim(nonfinite=sys.argv[1], defer=sys.argv[2:] == ["defer"] or None),
+                                           steps])
 error: BaseException | None = None
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -74,5 +76,6 @@ if error is None:
     same = all(torch.equal(t, everyone[0]) for t in everyone) and bool(torch.isfinite(flat).all())
 with open(f"out.rank{rank}.json", "w") as file:
     json.dump({"status": loop.state.status, "step": loop.state.step, "taken": steps.taken, "skipped": steps.skipped,
+               "counted": loop.state.results.get("skipped_steps"),
                "error": None if error is None else [type(error).__name__, str(error)], "same": same,
                "warnings": [str(w.message) for w in caught if issubclass(w.category, OptimWarning)]}, file)
