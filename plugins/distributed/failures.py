@@ -18,6 +18,12 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 
 FIRST_FAILURE = "first_failure"
 """The store key (under the run's prefix) where the first rank to fail records who it is."""
+
+
+class PeerFailed(RuntimeError):
+    """Raised on a rank that was waiting for its peers in the run's store (no collective operation) when
+    another rank recorded a failure there (:data:`FIRST_FAILURE`): :func:`report` names that rank and its
+    error on it as on a rank whose collective operation failed."""
 _RUNS = itertools.count()  # this process's distributed runs: the same sequence on every rank
 
 
@@ -36,16 +42,17 @@ def report(error: BaseException, rank: int, world_size: int, store: Store | None
     if _collective_error(error):
         # a peer failed, stopped or hangs: the first rank to fail recorded itself (below)
         first = first_failure(store, {"rank": rank, "world_size": world_size, "failed": False, "error": text})
+        operation = "a wait for the other ranks" if isinstance(error, PeerFailed) else "a collective operation"
         if first is not None and first["rank"] != rank:
             peer = f"rank {first['rank']} of {first['world_size']}"
             cause = (f"{peer} failed first: {first['error']}" if first["failed"] else
                      f"{peer} stopped first, a collective operation having failed there: "
                      f"{first['error']}")
             error.add_note(
-                f"hookfit distributed: a collective operation failed on {where} because {cause}; "
+                f"hookfit distributed: {operation} failed on {where} because {cause}; "
                 f"collectives time out after {timeout_text()}"
             )
-            headline = f"hookfit distributed: {where} stopped: a collective operation failed: {cause}; here"
+            headline = f"hookfit distributed: {where} stopped: {operation} failed: {cause}; here"
         else:
             error.add_note(
                 f"hookfit distributed: a collective operation failed on {where}: another rank "
@@ -57,7 +64,7 @@ def report(error: BaseException, rank: int, world_size: int, store: Store | None
             headline = (f"hookfit distributed: {where} stopped: a collective operation failed "
                         f"and no other rank recorded a failure (a rank that hangs or is killed "
                         f"cannot)")
-        if streams_apart:
+        if streams_apart and not isinstance(error, PeerFailed):  # (its cause is known: a peer failed)
             error.add_note("hookfit distributed: the training data is a stream each process reads itself "
                            "(shard_data=False, no length): a process whose stream ran out before the others' leaves "
                            "them in a collective it never joins; every process must give as many batches an epoch")
@@ -110,7 +117,7 @@ def _collective_error(error: BaseException) -> bool:
     """Whether ``error`` came from a collective operation (a peer gone, a timeout)."""
     import torch.distributed as dist
 
-    kinds = tuple(k for k in (getattr(dist, "DistError", None),) if k is not None)
+    kinds = tuple(k for k in (getattr(dist, "DistError", None), PeerFailed) if k is not None)
     if kinds and isinstance(error, kinds):
         return True
     text = str(error)

@@ -314,10 +314,38 @@ def uneven(out: str) -> None:
     with open(f"{out}.uneven{rank}.json", "w") as file:
         json.dump(seen, file)
 
+def raising(out: str) -> None:
+    """Streams each process reads itself (``shard_data=False``, no length), 3 training batches on each; rank 1's
+    raises ``OSError`` as it runs out, after the epoch's last collective operation, while rank 0 waits in the store
+    for rank 1's stream to end. The error each run ends with, and its notes, to ``OUT.raising<rank>.json``."""
+    rank = int(os.environ["RANK"])
+
+    class Stream:  # no length; rank 1's fails where it ends
+        def __iter__(self):
+            for i in range(3):
+                yield torch.full((2, 4), float(i)), torch.zeros(2, 1)
+            if rank == 1:
+                raise OSError("shard file truncated")
+
+    model = torch.nn.Linear(4, 1)
+    loop = hookfit.Loop(train_step, Stream(), model=model, max_epochs=1,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                        plugins=[Distributed(shard_data=False, timeout=60)])
+    try:
+        state = loop.fit()
+        seen: dict[str, Any] = {"error": None, "status": state.status}
+    except Exception as error:  # noqa: BLE001 - what each process ends with is the result
+        seen = {"error": f"{type(error).__name__}: {error}", "notes": getattr(error, "__notes__", [])}
+    with open(f"{out}.raising{rank}.json", "w") as file:
+        json.dump(seen, file)
+
+
 if __name__ == "__main__":
     if sys.argv[2:] == ["exit"]:
         at_exit(sys.argv[1])
     elif sys.argv[2:] == ["uneven"]:
         uneven(sys.argv[1])
+    elif sys.argv[2:] == ["raising"]:
+        raising(sys.argv[1])
     else:
         job(sys.argv[1])

@@ -358,11 +358,33 @@ def test_a_stream_one_process_runs_out_of_first_fails_there_naming_its_batches(t
     said = ("ValueError: distributed: train_data, a stream each process reads itself (shard_data=False, no length), "
             "ran out on rank 1 after 4 batches in epoch 1, but rank(s) 0 had not run out 5 s later (the collective "
             "timeout, 10 s (HOOKFIT_DIST_TIMEOUT or Distributed(timeout=...)), less the time this process has to say "
-            "so): they went on to another batch")
+            "so): they probably went on to another batch")
     zero, one = (s["uneven"] for s in seen)
     assert one["error"].startswith(said), one
     assert "every process must give as many batches an epoch" in one["error"]
     assert any("because rank 1 of 2 failed first: " + said in note for note in zero["notes"]), zero["notes"]
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_stream_that_raises_as_it_runs_out_fails_its_peer_naming_that_error(tmp_path: Path) -> None:
+    """Rank 1's stream (shard_data=False, no length) raises as it runs out, after the epoch's last collective,
+    while rank 0, whose stream ran out at the same batch, waits in the store for rank 1's to end: rank 0 stops
+    waiting when rank 1 records its failure, naming rank 1 and its OSError, instead of waiting out the collective
+    timeout (60 s) and blaming rank 1 for going on to another batch."""
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    done = subprocess.run([*_torchrun(), *launch, str(SCRIPT), "out", "raising"], cwd=tmp_path, capture_output=True,
+                          env=_env(HOOKFIT_PLUGINS="distributed,optim"), text=True, timeout=240)
+    seen = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("out.raising*.json"))]
+    assert len(seen) == 2, done.stderr[-3000:]
+    zero, one = seen
+    assert one["error"] == "OSError: shard file truncated", one
+    assert zero["error"].startswith("PeerFailed: distributed: rank 0 stopped waiting for the other ranks' training "
+                                    "streams to run out in epoch 1 (its own ran out after 3 batches)"), zero
+    assert any("failed on rank 0 of 2 because rank 1 of 2 failed first: OSError: shard file truncated" in note
+               for note in zero["notes"]), zero["notes"]
+    assert "hookfit distributed: rank 0 of 2 stopped: a wait for the other ranks failed: rank 1 of 2 failed first: " \
+           "OSError: shard file truncated" in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.slow
