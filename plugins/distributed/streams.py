@@ -61,7 +61,10 @@ class StreamEnds:
     @hookimpl(wrapper=True)  # before every stage_end implementation: some take collectives
     def stage_end(self, loop: Run, stage: str) -> Generator[None, Any, Any]:
         state = loop.state
-        reached = loop.max_steps is not None and state.step >= loop.max_steps  # (ended by max_steps, not the data)
+        # max_steps reached: not checked. Here the data ended at that batch too (a rank whose data had more ends
+        # the run without a stage_end, so says no count), and streams ending there on some ranks only are not told
+        # apart: the ranks' next collectives time out naming no data.
+        reached = loop.max_steps is not None and state.step >= loop.max_steps
         if stage == "train" and self._streams and self._store is not None and not reached:
             from hookfit.plugins.distributed.group import timeout_seconds, timeout_text
 
