@@ -346,9 +346,8 @@ def test_a_stream_one_process_runs_out_of_first_fails_there_naming_its_batches(t
     """Streams each process reads itself (shard_data=False, no length). As many training batches on every rank:
     two epochs complete, with validation streams of 2 and 5 batches (no collective per validation batch; the
     metrics summed at its end; DDP broadcasts the model's buffers at the first forward). Rank 1's two training
-    batches short: the job failed on gloo's timeouts (or "Connection reset by peer" and a SIGABRT of "Received
-    data size doesn't match", by timing), naming no data. Rank 1, whose stream ran out, fails naming its count
-    and the rank that went on; rank 0, left in its next batch's collectives, fails at once naming rank 1's error."""
+    batches short: rank 1, whose stream ran out, fails naming its count and the rank that went on; rank 0, left
+    in its next batch's collectives, fails naming rank 1's error, and neither process is aborted."""
     launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
     done = subprocess.run([*_torchrun(), *launch, str(SCRIPT), "out", "uneven"], cwd=tmp_path, capture_output=True,
                           env=_env(HOOKFIT_PLUGINS="distributed,optim,metrics"), text=True, timeout=240)
