@@ -68,9 +68,7 @@ class EarlyStopping:
     def __init__(self, monitor: str | None = None, mode: Literal["min", "max"] | None = None, patience: int = 3,
                  min_delta: float = 0.0) -> None:
         self._monitor = Monitor(monitor, mode, min_delta, plugin=self.name, category=HookfitWarning)  # checks all three
-        if mode is not None and monitor is None:
-            raise ValueError(f"{self.name}: mode={mode!r} is the direction of the monitored metric, and no monitor is "
-                             f"given: give monitor='valid/loss' (the metric mode applies to), or leave mode out")
+        self._monitor.qualified(mode=mode, min_delta=min_delta or None)
         self.patience = integer(self.name, "patience", patience, least=0, meaning="epochs")
         self.monitor = monitor
         self.mode = mode

@@ -104,9 +104,7 @@ class Checkpoint:
         self.scores = Scores(Monitor(monitor, mode, plugin=name, category=CheckpointWarning,
                                      must="look like 'valid/loss' (stage/metric, stage train or valid) or be None"))
         """The monitored metric's scores of the run's weights, and the save waiting for one."""
-        if mode is not None and monitor is None:
-            raise ValueError(f"{name}: mode={mode!r} is the direction of the monitored metric, and no monitor is "
-                             f"given: give monitor='valid/loss' (the metric mode applies to), or leave mode out")
+        self.scores.monitor.qualified(mode=mode)
         self.keep_best = positive_int(name, "keep_best", keep_best)
         self.catalog = Catalog(self.keep_last, self.scores.monitor, self.keep_best)
         """The checkpoints this run keeps: ``saved``, ``last``, ``best``, and what to prune."""

@@ -46,6 +46,9 @@ def cut_short(loop: Run, snapshot: MetricsSnapshot) -> bool:
     return snapshot.total is None or snapshot.batches < snapshot.total
 
 
+_QUALIFIES = {"mode": "the direction", "min_delta": "the least change that counts as an improvement"}
+
+
 def _stage_metric(metric: Any) -> bool:
     """Whether ``metric`` is ``"<stage>/<name>"`` with a known stage and a name (or ``None``)."""
     if metric is None:
@@ -178,6 +181,15 @@ class Monitor:
         return (f"{self.plugin}: {self.option}={self.metric!r} names a metric this run does not produce: the "
                 f"{self.stage} metrics of epoch {epoch + 1} are {', '.join(names) or 'none'}"
                 f"{f'; {then}' if then else ''}{meant}")
+
+    def qualified(self, **given: Any) -> None:
+        """Refuse options of the plugin that qualify its monitored metric (``mode``, ``min_delta``; ``None``: not
+        given) when it monitors none, naming the plugin and each option."""
+        given = {option: value for option, value in given.items() if value is not None}
+        if self.metric is None and given:
+            named = ", ".join(f"{option}={value!r} is {_QUALIFIES[option]}" for option, value in given.items())
+            raise ValueError(f"{self.plugin}: {named} of the monitored metric, and no monitor is given: give "
+                             f"monitor='valid/loss' (the metric it applies to), or leave {' and '.join(given)} out")
 
     def never(self, loop: Run) -> str | None:
         """Why ``loop`` can never publish ``metric``, as known when training starts (``fit_start``), or

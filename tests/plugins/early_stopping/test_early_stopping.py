@@ -145,6 +145,10 @@ def test_a_mode_without_a_monitor_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match=r"^early_stopping: mode='max' is the direction of the monitored metric, and "
                                          r"no monitor is given: give monitor='valid/loss'"):
         EarlyStopping(mode="max")
+    with pytest.raises(ValueError, match=r"^early_stopping: min_delta=0.1 is the least change that counts as an "
+                                         r"improvement of the monitored metric, and no monitor is given"):
+        EarlyStopping(min_delta=0.1)
+    EarlyStopping(monitor="valid/loss", mode="max", min_delta=0.1)
 
 
 @pytest.mark.bad_input
