@@ -58,9 +58,9 @@ The rest
     the stage's data (:func:`hookfit.plugins.support.faster_data`). A run that a stop interrupted
     or an exception failed ends with where to continue from: the newest checkpoint the checkpoint
     role announced (``checkpoint_saved``; the stop's own, where it saved one; never a failure's
-    ``failed-*`` file, which ``resume="latest"`` does not take), ``hookfit checkpoint
-    reason=interrupt path=<file> resume="run again with Loop(..., resume=\"latest\") or
-    resume=<this path>"`` (:mod:`hookfit.plugins.support.resumable`); nothing without a checkpoint.
+    ``failed-*`` file), else the one the run resumed from, ``hookfit checkpoint reason=interrupt
+    path=<file> resume="run again with Loop(..., resume=<this path>)"``
+    (:mod:`hookfit.plugins.support.resumable`); nothing without a checkpoint.
 
 Several processes (``torchrun``: rank 0 prints)
     Every figure counts the whole job, as one process running it would: samples and metrics as the snapshots carry
@@ -259,6 +259,7 @@ class Console:
     def resumed(self, info: ResumeInfo) -> None:
         self._print("resumed", _field("from", str(info.source)), f"epoch={info.epoch + 1}",
                     f"batch={info.batch * self._world}", f"step={info.step}")
+        self._resumable.announced(str(info.source), "resumed")  # (until the run saves one of its own)
 
     @hookimpl
     def metrics_update(self, stage: str, metrics: MetricsSnapshot) -> None:

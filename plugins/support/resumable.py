@@ -1,11 +1,12 @@
 """Where a run that did not complete continues from, as the console and the dashboard say it: the newest
-checkpoint the checkpoint role announced (``checkpoint_saved``) of those ``resume="latest"`` takes (a
-``"failure"`` checkpoint, a ``failed-*`` file, is not one), and how to resume from it (:data:`RESUME`,
-the words both print)."""
+checkpoint the checkpoint role announced (``checkpoint_saved``; a ``"failure"`` checkpoint, a ``failed-*``
+file, is not one: it holds the failed batch's state), else the one the run resumed from (``resumed``), and
+how to resume from it (:data:`RESUME`, the words both print). The path, not ``resume="latest"``: a run
+resumed from an older checkpoint of its folder leaves newer ones there, which "latest" would take."""
 
 from __future__ import annotations
 
-RESUME = 'run again with Loop(..., resume="latest") or resume=<this path>'
+RESUME = "run again with Loop(..., resume=<this path>)"
 """How to continue from the checkpoint named: the console's ``resume=`` field, the dashboard's words after the path."""
 
 ENDS = ("interrupted", "failed")
@@ -23,6 +24,7 @@ class LastCheckpoint:
         self.saved = None
 
     def announced(self, path: str, reason: str) -> None:
+        """A checkpoint written (``reason`` as ``checkpoint_saved`` gives it), or ``"resumed"``: the run's own."""
         if reason != "failure":  # (the state a failing batch ran from, kept apart: "latest" never takes it)
             self.saved = (path, reason)
 

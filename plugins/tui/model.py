@@ -183,12 +183,14 @@ class DashboardModel(SkippedSteps):
     def _on_log(self, lines: list[str]) -> None:
         self.log = (self.log + lines)[-200:]
 
-    def _on_resumed(self, info: ResumeInfo) -> None:
-        """The run continues from a checkpoint (:class:`hookfit.payloads.ResumeInfo`)."""
+    def _on_resumed(self, info: ResumeInfo, path: str | None = None) -> None:
+        """The run continues from a checkpoint (:class:`hookfit.payloads.ResumeInfo`; ``path`` live, not replayed)."""
         self.resumed_from = info
         self.marks.append((info.step, "R"))
         self.epoch, self.step = info.epoch, info.step
         self._on_log([f"hookfit: resumed from {info}"])
+        if path is not None:
+            self.resumable.announced(path, "resumed")
 
     def _on_time(self, splits: Mapping[str, TimeSplit]) -> None:
         """Where each stage's time went so far (``loop.state.time_split``)."""

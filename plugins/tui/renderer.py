@@ -189,7 +189,7 @@ class TuiRenderer(Debugging):
     @hookimpl
     def resumed(self, info: ResumeInfo) -> None:
         if self.active:
-            self._inbox.append(("resumed", info))
+            self._inbox.append(("resumed", info, str(info.source)))
 
     @hookimpl
     def step_skipped(self, optimizer: str, reason: str, step: int) -> None:

@@ -18,7 +18,7 @@ from hookfit.plugins.checkpoint import Checkpoint
 from hookfit.plugins.console import Console
 
 LINE = re.compile(r'^hookfit checkpoint reason=(\S+) path=(\S+) resume="run again with Loop\(\.\.\., '
-                  r'resume=\\"latest\\"\) or resume=<this path>"$')
+                  r'resume=<this path>\)"$')
 
 
 def _run(folder: Path, stop_at: int | None, plugins: list[Any], resume: str | None = None) -> tuple[Any, list[str]]:
@@ -76,3 +76,22 @@ def test_a_failed_run_ends_with_the_checkpoint_before_the_failure_not_its_own(tm
     assert [p.name.startswith("failed-") for p in (tmp_path / "checkpoints").iterdir() if p.suffix == ".pt"].count(
         True) == 1  # (written, and not the one named)
     assert sum(line.startswith("hookfit checkpoint ") for line in lines) == 1
+
+
+def test_a_resumed_run_that_fails_before_its_own_checkpoint_names_the_one_it_resumed_from(tmp_path: Path) -> None:
+    """Resumed from epoch 1's checkpoint of an earlier run folder, the run fails at its first batch: the
+    checkpoint to resume from is still that one (what state.results['last_checkpoint'] says too)."""
+    first, _ = _run(tmp_path / "a", None, [Checkpoint(every_n_epochs=1)])
+    source = next((tmp_path / "a" / "checkpoints").glob("epoch0001*.pt"))
+
+    def step(loop: Any, batch: Any) -> None:
+        raise RuntimeError("boom")
+
+    stream = io.StringIO()
+    with pytest.raises(RuntimeError, match="boom"):
+        hookfit.Loop(step, [0, 1, 2], model=torch.nn.Linear(1, 1), max_epochs=2, run_dir=tmp_path / "b",
+                     resume=str(source), plugins=[Checkpoint(), Console(stream=stream, interval=None)]).fit()
+    lines = stream.getvalue().splitlines()
+    match = LINE.match(lines[-1])
+    assert match, lines
+    assert match.groups() == ("resumed", str(source))

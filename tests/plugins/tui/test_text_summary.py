@@ -185,6 +185,22 @@ def test_a_run_that_did_not_complete_names_the_checkpoint_to_resume_from_in_the_
         assert named == [] and logged == []
         return
     said = f"checkpoint to resume from: {epoch} (epoch): {RESUME}"
-    assert RESUME == 'run again with Loop(..., resume="latest") or resume=<this path>'
+    assert RESUME == "run again with Loop(..., resume=<this path>)"
     assert named == [f"  {said}"] and lines[1] == named[0]
     assert logged == [f"hookfit: {said}"]
+
+
+def test_a_resumed_run_that_failed_before_its_own_checkpoint_names_the_one_it_resumed_from() -> None:
+    """Live, the resumed event carries the file (a replay's does not): it is the checkpoint to resume from
+    until the run saves one of its own."""
+    from hookfit.payloads import ResumeInfo
+
+    source = "runs/train/1/checkpoints/epoch0001-step000000003.pt"
+    ended = SimpleNamespace(status="failed", stop_reason="why", elapsed=3.0, step=3, stopped_by=None)
+    for path, named in ((None, None), (source, source)):
+        d = model()
+        d.receive("resumed", ResumeInfo(source, 1, 3, 0, "train"), *([path] if path else []))
+        d.receive("end", "failed", "why", True, None, 3.0, 3, 1)
+        said = [line for line in summary(d, ended) if "checkpoint to resume from" in line]
+        assert said == ([] if named is None else [f"  checkpoint to resume from: {named} (resumed): run again with "
+                                                  f"Loop(..., resume=<this path>)"])

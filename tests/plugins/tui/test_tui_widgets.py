@@ -275,7 +275,7 @@ def test_the_dashboard_shows_where_the_run_resumed_from() -> None:
     tui = TuiRenderer()
     tui.active = True
     tui.resumed(RESUMED)
-    assert list(tui._inbox) == [("resumed", RESUMED)]  # handed to the UI thread, not drawn here
+    assert list(tui._inbox) == [("resumed", RESUMED, RESUMED.source)]  # handed to the UI thread (with the file, live)
     tui.checkpoint_saved(path="runs/exp/checkpoints/epoch0003-step000000090.pt", reason="interrupt", step=90)
     assert list(tui._inbox)[-1] == ("checkpoint", 90, "interrupt", "runs/exp/checkpoints/epoch0003-step000000090.pt")
     state = hookfit.State(step=90, status="completed", stop_reason="done", started_at=0, ended_at=2,
