@@ -24,10 +24,13 @@ from hookfit.errors import HookfitWarning, user_level
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["KEY", "SAME", "TIMED_SPACING", "Clock", "from_main", "gather", "main_directory", "own"]
+__all__ = ["KEY", "SAME", "TIMED_SPACING", "WRITERS", "Clock", "from_main", "gather", "main_directory", "own", "writers"]
 
 KEY = "ranks"
 """The checkpoint's entry of every process's own part of the run's state."""
+WRITERS = "world_size"
+"""The entry of a checkpoint's ``meta``: the number of processes of the run that wrote it (every checkpoint
+has it, a failed run's too, whose ``ranks`` entry is missing where the process group was already gone)."""
 OWN = ("rng", "data_rng")
 """What of ``loop.state_dict()`` is each process's own."""
 
@@ -50,31 +53,53 @@ def gather(loop: Run, run_state: Mapping[str, Any]) -> list[dict[str, Any]] | No
     return everyone
 
 
-def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[str, Any]:
+def writers(data: Mapping[str, Any]) -> int:
+    """The number of processes that wrote the checkpoint ``data``: its ``meta``'s :data:`WRITERS`; in a
+    file without it (an older hookfit's), the length of its ``ranks`` entry, or 1 where it has none."""
+    meta, saved = data.get("meta"), data.get(KEY)
+    size = meta.get(WRITERS) if isinstance(meta, Mapping) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        return size
+    return len(saved) if isinstance(saved, list) and saved else 1
+
+
+def _trained(loop: Run, position: Mapping[str, Any]) -> bool:
+    """Whether the run resumed at ``position`` (the checkpoint's, checked) has no training batch left: its
+    ``max_steps`` done, or its ``max_epochs`` where they bound it (given, or no ``max_steps``)."""
+    step, epoch = position.get("step", 0), position.get("epoch", 0)
+    return (loop.max_steps is not None and step >= loop.max_steps) or (
+        (loop.config.epochs_given or loop.max_steps is None) and epoch >= loop.max_epochs)
+
+
+def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object, size: int) -> dict[str, Any]:
     """``run_state`` (the main process's, as saved) with this process's own part of it, from
-    the checkpoint's ``ranks`` entry ``saved`` (absent: as it is). Resumed inside a training
+    the checkpoint's ``ranks`` entry ``saved`` (absent: as it is), written by ``size`` processes
+    (:func:`writers`). Resumed inside a training
     epoch on another number of processes than wrote it, over data that keeps no position of its
     own, the rest of that epoch is another share of the data: one warning says so. Resumed on another
-    number of processes otherwise (at an epoch's end, or over data that keeps its own position), one
-    warning says what changes from there on (each step's global batch, an epoch's steps); none over
+    number of processes otherwise (at an epoch's end, or over data that keeps its own position), with
+    training left, one warning says what changes from there on (each step's global batch, an epoch's steps); none over
     :class:`hookfit.data.Batches`, whose load refuses another global batch and goes on exactly with the same."""
-    position, size = run_state.get("loop") or {}, len(saved) if isinstance(saved, list) and saved else 1
+    position = run_state.get("loop") or {}
     inside = position.get("resume_stage") == "train" and position.get("resume_batch") and not run_state.get("data")
+    left = loop.mode != "fit" or not _trained(loop, position)  # (a run with nothing left to train: no word)
     changed = size != loop.state.world_size and loop.is_main and not inside and loop.mode == "fit" and not isinstance(
-        loop.train_data, Batches)  # (Batches refuses another global batch, and goes on exactly with the same)
+        loop.train_data, Batches) and left  # (Batches refuses another global batch, and goes on exactly with the same)
     if changed:
         beyond = f", and the processes beyond {size} take the main process's random states" if (
             size < loop.state.world_size and isinstance(saved, list)) else ""
+        shared = "read by one process" if loop.state.world_size == 1 else (
+            f"shared among {loop.state.world_size} processes")
         warnings.warn(
             f"checkpoint: {path} was written by {size} process(es) and is resumed in {loop.state.world_size}: "
-            f"from here on the data is shared among {loop.state.world_size} process(es) instead of {size}, so each "
+            f"from here on the data is {shared} instead of {size}, so each "
             f"optimizer step's global batch (the processes' batches together), the batches each process sees "
             f"and the steps an epoch takes change, and counts in steps (max_steps, a scheduler's steps, "
             f"every_n_steps) count other batches{beyond}: the run goes on as another run would; resume with "
             f"{size} process(es) to continue it as it was, or over hookfit.data.Batches whose global batch "
             f"(batch_size x processes) is the same",
             HookfitWarning, stacklevel=user_level())
-    elif size != loop.state.world_size and loop.is_main and inside:
+    elif size != loop.state.world_size and loop.is_main and inside and left:
         warnings.warn(
             f"checkpoint: {path} was written by {size} process(es) inside epoch {position.get('epoch', 0) + 1} "
             f"({position['resume_batch']} batches of it done by each) and this run has {loop.state.world_size}: each "
@@ -85,7 +110,7 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object) -> dict[
     if not isinstance(saved, list) or not saved:
         return run_state
     rank = loop.state.rank
-    if len(saved) < loop.state.world_size and loop.is_main and not changed:  # (changed: said in its warning)
+    if len(saved) < loop.state.world_size and loop.is_main and left and not changed:  # (changed: said in its warning)
         warnings.warn(f"checkpoint: {path} holds the random states of {len(saved)} process(es) and this run has "
                       f"{loop.state.world_size}: each process resumes its own where it has one, the others the "
                       f"main process's (random draws of those processes differ from the run it continues)",

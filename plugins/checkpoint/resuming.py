@@ -191,7 +191,8 @@ def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:
     load_model(loop.model, data["model"], path)
     restore_plugins(loop, path, data, strict)
     run = {key: value for key, value in data.items() if key not in OWN_KEYS}
-    loop.load_state_dict(ranks.own(loop, validation_batching(loop, run), data.get(ranks.KEY), path))
+    loop.load_state_dict(ranks.own(loop, validation_batching(loop, run), data.get(ranks.KEY), path,
+                                 ranks.writers(data)))
 
 
 def restore_plugins(loop: Run, path: Path, data: Mapping[str, Any], strict: bool) -> None:

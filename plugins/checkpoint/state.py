@@ -28,7 +28,8 @@ def payload(loop: Run, *, reason: str, metric: float | None, monitor: str | None
     it is written): the run's own state (``loop.state_dict()``: ``loop``, ``rng`` and ``data``),
     every process's own random state in a run of several (:mod:`hookfit.plugins.checkpoint.ranks`:
     a collective), the model's, every plugin's (but an observer's switched off, which
-    :data:`SWITCHED_OFF` names) and what the checkpoint notes about the file.
+    :data:`SWITCHED_OFF` names) and what the checkpoint notes about the file, the number of processes
+    that wrote it (:data:`~hookfit.plugins.checkpoint.ranks.WRITERS`) among it.
     Its tensors are the run's own, not copies."""
     run = loop.state_dict()
     return {
@@ -39,7 +40,8 @@ def payload(loop: Run, *, reason: str, metric: float | None, monitor: str | None
         "model": model_state(loop.model),
         "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
         "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": monitor,
-                 "status": loop.state.status, SWITCHED_OFF: [s.plugin for s in loop.state.silenced]},
+                 "status": loop.state.status, SWITCHED_OFF: [s.plugin for s in loop.state.silenced],
+                 ranks.WRITERS: loop.state.world_size},
     }
 
 

@@ -1094,7 +1094,7 @@ def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_i
         assert said == [] and len(changed) == 1 and changed[0].category is hookfit.HookfitWarning
         assert str(changed[0].message).startswith(
             f"checkpoint: {tmp_path / 'checkpoints' / 'epoch0001-step000000004.pt'} was written by 1 process(es) "
-            f"and is resumed in 2: from here on the data is shared among 2 process(es) instead of 1, so each "
+            f"and is resumed in 2: from here on the data is shared among 2 processes instead of 1, so each "
             f"optimizer step's global batch"), changed[0].message
         assert Path(changed[0].filename).name == "test_checkpoint.py"  # (the fit() line)
     with warnings.catch_warnings(record=True) as caught:  # Batches of the same global batch: the same batches
@@ -1108,18 +1108,27 @@ def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_i
     assert [w.message for w in caught if "process(es)" in str(w.message)] == []
 
 
+@pytest.mark.parametrize("says", ["meta", "ranks"])
 def test_a_checkpoint_of_two_processes_resumed_in_one_at_an_epochs_end_is_warned_once_at_the_resume(
-        tmp_path: Path) -> None:
-    """A checkpoint as ``torchrun --nproc-per-node 2`` writes it (its ``ranks`` entry: each process's random
-    states), resumed by one process over a list of batches: one warning, at the resume (before any batch),
-    that it was written by 2 processes and goes on in 1, and what changes from there on."""
+        tmp_path: Path, says: str) -> None:
+    """A checkpoint as ``torchrun --nproc-per-node 2`` writes it, resumed by one process over a list of batches:
+    one warning, at the resume (before any batch), that it was written by 2 processes and goes on in 1, and what
+    changes from there on. The number of processes is the one its ``meta`` records (``meta``: a failed run's file
+    has no ``ranks`` entry, the process group being gone as it is written), or, in a file without it (an older
+    hookfit's), the length of its ``ranks`` entry (each process's random states). Resumed with no training
+    left (its ``max_epochs`` done), the run is not warned."""
     data = [(torch.zeros(2, 1), torch.zeros(2, 1))] * 4
     model = torch.nn.Linear(1, 1)
     hookfit.Loop(lambda loop, b: None, data, model=model, max_epochs=1, run_dir=tmp_path,
                  plugins=[Checkpoint(background=False)]).fit()
     path = checkpoint_files(tmp_path / "checkpoints")[0]
     written = read(path)
-    written["ranks"] = [{key: written[key] for key in ("rng",)}] * 2
+    assert written["meta"]["world_size"] == 1 and "ranks" not in written
+    if says == "meta":
+        written["meta"]["world_size"] = 2
+    else:
+        del written["meta"]["world_size"]
+        written["ranks"] = [{key: written[key] for key in ("rng",)}] * 2
     written["digest"] = digest(written)
     torch.save(written, path)
     trained: list[int] = []
@@ -1129,9 +1138,14 @@ def test_a_checkpoint_of_two_processes_resumed_in_one_at_an_epochs_end_is_warned
                      resume="latest", plugins=[Checkpoint(background=False)]).fit()
     said = [str(w.message) for w in caught if "process(es)" in str(w.message)]
     assert len(said) == 1 and said[0].startswith(f"checkpoint: {path} was written by 2 process(es) and is resumed "
-                                                 f"in 1: from here on the data is shared among 1 process(es) instead "
-                                                 f"of 2"), said
+                                                 f"in 1: from here on the data is read by one process instead of 2, "
+                                                 f"so each optimizer step's global batch"), said
     assert trained[0] == 1  # (warned before the first batch)
+    with warnings.catch_warnings(record=True) as caught:  # nothing left to train (max_epochs=1 done): no word
+        warnings.simplefilter("always")
+        hookfit.Loop(lambda loop, b: None, data, model=model, max_epochs=1, run_dir=tmp_path / "done",
+                     resume=path, plugins=[Checkpoint(background=False)]).fit()
+    assert [w.message for w in caught if "process(es)" in str(w.message)] == []
 
 
 @pytest.mark.bad_input

@@ -1,19 +1,24 @@
 """A distributed run resumed after ``kill -9`` mid-epoch continues every process's own state:
 each process's random stream (its dropout masks, with a seed of its own) and each
 process's partial sums of the epoch's metrics, so the parameters AND the metric history equal
-the uninterrupted run's, for DDP and FSDP."""
+the uninterrupted run's, for DDP and FSDP. A failed run's checkpoint says how many processes wrote
+it, so that a resume on another number of them is told, and one on the same is not."""
 
 from __future__ import annotations
 
 import json
 import random
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+import hookfit
 from conftest import REPO
+from hookfit.plugins.checkpoint import Checkpoint
 from test_distributed import _env, _not_launched, _torchrun  # noqa: F401 - _not_launched: autouse
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
@@ -56,3 +61,30 @@ def test_a_killed_run_resumes_every_processs_own_random_stream_and_metric_sums(t
         # batches of the whole epoch (partial sums from before the kill included)
         published = len(resumed[rank]["losses"])
         assert published in (1, 2) and resumed[rank]["losses"] == whole[rank]["losses"][-published:], (kill, rank)
+
+
+def test_a_failed_runs_checkpoint_says_how_many_processes_wrote_it(tmp_path: Path) -> None:
+    """A 2-process run that fails writes its ``failed-*.pt`` after the process group is gone (no ``ranks``
+    entry of every process's random states): resumed by its path in 2 processes it is resumed without a word
+    on the number of processes; resumed in one, one warning says it was written by 2."""
+    script = REPO / "tests" / "scripts" / "failed_ranks_run.py"
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+
+    def run(*args: str) -> list[dict[str, Any]]:
+        done = subprocess.run([*_torchrun(), *launch, str(script), *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300, env=_env(HOOKFIT_PLUGINS=""))
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [json.loads((tmp_path / f"{args[0]}.rank{rank}.json").read_text()) for rank in (0, 1)]
+
+    assert [(r["status"], r["world_size"]) for r in run("failed")] == [("failed", 2)] * 2
+    failed = next((tmp_path / "run" / "checkpoints").glob("failed-*.pt"))
+    assert [(r["status"], r["warned"]) for r in run("again", str(failed))] == [("completed", [])] * 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = hookfit.Loop(lambda loop, batch: None, [(torch.zeros(2, 1), torch.zeros(2, 1))] * 4,
+                             model=torch.nn.Linear(1, 1), max_epochs=3, resume=failed, run_dir=tmp_path / "one",
+                             plugins=[Checkpoint(background=False)]).fit()
+    said = [str(w.message) for w in caught if "process(es)" in str(w.message)]
+    assert state.status == "completed" and len(said) == 1, said
+    assert said[0].startswith(f"checkpoint: {failed} was written by 2 process(es) and is resumed in 1: "
+                              f"from here on the data is read by one process instead of 2"), said[0]
