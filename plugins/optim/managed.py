@@ -13,7 +13,7 @@ from hookfit.handlers import Handlers
 from hookfit.errors import UsageError
 from hookfit.plugins.optim import kernels
 from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy
-from hookfit.plugins.support import hparams, parameter_names
+from hookfit.plugins.support import few_parameters, hparams, parameter_names
 
 if TYPE_CHECKING:
     from hookfit.plugins.optim.watch import Watch
@@ -351,8 +351,9 @@ def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) 
     toggled = [t for t in optimizers.toggled if t.at == stamp(loop) and t.frozen]  # this batch's
     if not toggled:
         return
+    names = parameter_names(loop.model)
     lines = "".join(f"  loop.optimizers.toggle({t.name!r}) froze " + "; ".join(
-        f"the {len(params)} parameter tensor(s) of optimizer {other!r} ({few(params, parameter_names(loop.model))})"
+        f"the {len(params)} parameter tensor(s) of optimizer {other!r} ({few_parameters(params, names)})"
         for other, params in t.frozen.items()) + "\n" for t in toggled)
     error.add_note(
         "optim: this batch ran loop.optimizers.toggle(...), which freezes the parameters of the other "
@@ -363,9 +364,3 @@ def note_toggles(optimizers: Optimizers | None, loop: Run, error: RuntimeError) 
         "them and, with nothing else requiring a gradient, has no grad_fn, as here. Compute that tensor "
         "outside the block (and detach it where the toggled optimizer's model reads it: D(fake.detach())), "
         "or inside the toggle of the optimizer its loss trains.")
-
-
-def few(params: list[torch.Tensor], names: Mapping[int, str], shown: int = 4) -> str:
-    """A few parameters by name (by shape where the model does not hold them)."""
-    parts = [names.get(id(p), f"a tensor of shape {tuple(p.shape)}") for p in params[:shown]]
-    return ", ".join(parts + ([f"and {len(params) - shown} more"] if len(params) > shown else []))

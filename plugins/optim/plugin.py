@@ -14,9 +14,10 @@ from hookfit.errors import user_level
 from hookfit.handlers import Handlers
 from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins.support import check, choice, flag, hparams, parameter_names, positive_int, positive_number
+from hookfit.plugins.support import (check, choice, few_parameters, flag, hparams, parameter_names, positive_int,
+                                     positive_number)
 from hookfit.plugins.optim import hookspecs
-from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, few, note_toggles
+from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, note_toggles
 from hookfit.plugins.optim.nonfinite import Agreed, Check, Deferred, HostCheck, OptimWarning, Policy
 from hookfit.plugins.optim.schedulers import Schedules
 from hookfit.plugins.optim.watch import Watch
@@ -80,8 +81,8 @@ class Optim:
                 raise TypeError(f"optim: optimizer {name!r} is a {type(opt).__name__}, not a torch.optim.Optimizer")
             if held is not None and (outside := [p for g in opt.param_groups for p in g["params"]
                                                  if id(p) not in held]):
-                warnings.warn(f"optim: optimizer {name!r} steps {len(outside)} parameter tensor(s) that "
-                              f"Loop(model=...) does not hold ({few(outside, {})}): checkpoints do not save them and "
+                warnings.warn(f"optim: optimizer {name!r} steps {len(outside)} parameter tensor(s) that Loop(model="
+                              f"...) does not hold ({few_parameters(outside, {})}): checkpoints do not save them and "
                               f"EMA does not average them. Give the model the module that holds them: Loop(model="
                               f"torch.nn.ModuleList([net, criterion]))", OptimWarning, stacklevel=user_level())
         schedulers = self._schedules.assign(loop, optimizers, self.accumulate)  # checked (none in a validation)

@@ -1,18 +1,18 @@
 """The module the user wrote, inside the wrappers a run may put around it: data-parallel
 (``DistributedDataParallel``, ``DataParallel``) and ``torch.compile``, the state dict of a
-compiled module with the plain module's keys, and the names of a model's parameters. Also
-importable from :mod:`hookfit.plugins.support`."""
+compiled module with the plain module's keys, and the names of a model's parameters (a few of them, as a
+message names them: :func:`few_parameters`). Also importable from :mod:`hookfit.plugins.support`."""
 
 from __future__ import annotations
 
 import collections
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import torch
 
-__all__ = ["COMPILED_PREFIX", "parameter_names", "unwrap_model", "unwrap_state_dict"]
+__all__ = ["COMPILED_PREFIX", "few_parameters", "parameter_names", "unwrap_model", "unwrap_state_dict"]
 
 COMPILED_PREFIX = "_orig_mod."
 """What ``torch.compile``'s wrapper puts before every key of the module's ``state_dict()``."""
@@ -71,3 +71,10 @@ def parameter_names(model: Any, prefix: str = "", out: dict[int, str] | None = N
         for key, value in model.items() if isinstance(model, Mapping) else enumerate(model):
             parameter_names(value, f"{prefix}{key}.", out)
     return out
+
+
+def few_parameters(params: Sequence[torch.Tensor], names: Mapping[int, str], shown: int = 4) -> str:
+    """A few of ``params`` as a message names them: by ``names`` (:func:`parameter_names`), by shape where the
+    model does not hold them, then how many more: ``net.0.weight, a tensor of shape (3,), and 2 more``."""
+    parts = [names.get(id(p), f"a tensor of shape {tuple(p.shape)}") for p in params[:shown]]
+    return ", ".join(parts + ([f"and {len(params) - shown} more"] if len(params) > shown else []))

@@ -251,3 +251,10 @@ def test_ranks_where_names_the_ranks_whose_flag_is_set_as_the_all_reduce_sums_th
     assert ranks_where(rank(1, 3, [0.0, 0.0, 0.0]), False) is None
     assert ranks_where(rank(0, 1, [5.0]), True) == "rank 0"  # one process: no collective operation
     assert ranks_where(rank(1, 2, [1.0, 0.0], answered=False), True) == "rank 1"
+
+
+def test_few_parameters_names_the_model_s_by_name_others_by_shape_and_counts_the_rest() -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    names, apart = common.parameter_names(net), torch.zeros(5)
+    assert common.few_parameters([net[0].weight, apart, net[0].bias], names) == "0.weight, a tensor of shape (5,), 0.bias"
+    assert common.few_parameters([apart] * 6, {}, shown=1) == "a tensor of shape (5,), and 5 more"
