@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import TYPE_CHECKING, Any, Collection, Mapping, NamedTuple
 
@@ -12,7 +11,7 @@ from hookfit.data import length
 from hookfit.errors import user_level
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.optim.nonfinite import OptimWarning
-from hookfit.plugins.support import Monitor, choice, hparams, option_error
+from hookfit.plugins.support import Monitor, choice, hparams, option_error, schedules
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -142,7 +141,7 @@ class Schedules:
         return out
 
     def _advise(self, loop: Run, accumulate: int) -> None:
-        """Warn of a per-step scheduler done in the first epoch (:func:`_passed`), a OneCycleLR shorter than the run."""
+        """Warn of a per-step scheduler done in the first epoch (:func:`schedules.passing`), a OneCycleLR shorter than the run."""
         batches = length(loop.train_data) or 0  # (0: unknown, nothing is said)
         run = min(loop.max_steps or batches * loop.max_epochs, batches * loop.max_epochs)  # the run's batches
         per_epoch = -(-batches // accumulate)  # optimizer steps an epoch, its last window's included
@@ -153,7 +152,7 @@ class Schedules:
                               f"and this run takes {total} optimizer steps if it steps at every window ({per_epoch} an "
                               f"epoch, accumulate={accumulate}, max_steps={loop.max_steps}); torch raises once it "
                               f"runs out: build it with total_steps={total}", OptimWarning, stacklevel=user_level())
-            if run > batches and (found := _passing(scheduler, per_epoch)) is not None:  # (where a second epoch comes)
+            if run > batches and (found := schedules.passing(scheduler, per_epoch)) is not None:  # (a second epoch comes)
                 interval = "'epoch'" if len(self._assigned) == 1 else f"{{{name!r}: 'epoch'}}"
                 inside = "" if found is scheduler else f" (its {type(found).__name__})"  # (which one in a chain)
                 warnings.warn(f"optim: the {type(scheduler).__name__}{inside} of optimizer {name!r} steps after each "
@@ -196,19 +195,3 @@ class Schedules:
                     with hparams.resumed_schedule(name in stepped):
                         scheduler.step(*value)
 
-
-def _passing(scheduler: Any, steps: int) -> Any:
-    """The scheduler whose schedule ``steps`` pass (``scheduler``, or the one a ChainedScheduler or SequentialLR holds),
-    or ``None``; which are judged and how: README.md (a LambdaLR's lambda called here once, at ``steps - 1``)."""
-    if isinstance(inner := getattr(scheduler, "_schedulers", None), list):  # torch's ChainedScheduler, SequentialLR
-        bounds = [0, *getattr(scheduler, "_milestones", []), steps]
-        spans = list(zip(bounds, bounds[1:])) if len(bounds) == len(inner) + 1 else [(0, steps)] * len(inner)
-        return next((f for s, (a, b) in zip(inner, spans) if a < steps and (f := _passing(s, min(steps, b) - a))), None)
-    passed = isinstance(scheduler, (lr_scheduler.MultiStepLR, lr_scheduler.CosineAnnealingLR)) and max(  # (T_max)
-        getattr(scheduler, "milestones", None) or [getattr(scheduler, "T_max", steps)]) < steps
-    if isinstance(scheduler, (lr_scheduler.StepLR, lr_scheduler.ExponentialLR)) and 0 <= scheduler.gamma < 1:
-        passed = scheduler.gamma ** (steps // getattr(scheduler, "step_size", 1)) < 1e-3
-    with contextlib.suppress(Exception):  # a LambdaLR's lambdas are the user's: one that raises there says nothing
-        passed = passed or isinstance(scheduler, lr_scheduler.LambdaLR) and any(  # where CosineAnnealingLR(T_max=
-            float(f(steps - 1)) < 1e-3 for f in scheduler.lr_lambdas)  # steps) ends: its lr at the epoch's last step
-    return scheduler if passed else None

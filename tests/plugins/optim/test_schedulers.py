@@ -609,7 +609,7 @@ def test_lambda_chained_and_sequential_schedules_counted_in_epochs_are_told_to_s
     decay written per epoch), and for a ChainedScheduler or SequentialLR with such a scheduler inside (a
     SequentialLR's each from its milestone). A lambda counted in steps, a warm-up then a cosine over the run's
     steps, say nothing, and a lambda that raises where it is asked is not judged."""
-    from hookfit.plugins.optim.schedulers import _passing
+    from hookfit.plugins.support.schedules import passing
 
     said = told(lambda opt: lr_scheduler.LambdaLR(opt, lambda epoch: 0.1 ** epoch))
     assert len(said) == 1 and said[0].startswith("optim: the LambdaLR of optimizer 'default' steps after each"), said
@@ -625,7 +625,7 @@ def test_lambda_chained_and_sequential_schedules_counted_in_epochs_are_told_to_s
         [lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2), lr_scheduler.ExponentialLR(opt, gamma=0.9)])) == []
     table = [1.0, 0.5, 0.1]
     raising = lr_scheduler.LambdaLR(torch.optim.SGD(model().parameters(), lr=0.1), lambda epoch: table[epoch])
-    assert _passing(raising, 6) is None
+    assert passing(raising, 6) is None
 
 
 def test_a_lambda_schedule_is_judged_as_its_scheduler_is_and_a_chain_names_the_scheduler_inside_it() -> None:
