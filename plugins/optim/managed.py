@@ -213,9 +213,8 @@ class ManagedOptimizer:
         return self._primed
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer (with its class), schedulers (with theirs) and counters, for checkpoints. A state sharded over
-        the processes (``consolidate_state_dict``: ``ZeroRedundancyOptimizer``) is gathered whole on the main one, a
-        collective every process joins; the others, whose state the main process writes, keep ``None`` for it."""
+        """Optimizer (with its class), schedulers (with theirs) and counters, for checkpoints; a state sharded over
+        the processes is gathered whole on the main one, ``None`` on the others (README.md, "Checkpoints")."""
         optimizer, whole = self.optimizer, True
         if (consolidate := getattr(optimizer, "consolidate_state_dict", None)) is not None:
             consolidate(to=0)
@@ -320,8 +319,8 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
 
 
 class OnlyOptimizer(ManagedOptimizer, Optimizers):
-    """A run's one managed optimizer, which is also ``loop.optimizers``: a collection of one whose item
-    is itself (not a collection in front of it: two calls fewer a batch, above benchmarks/overhead.py's noise)."""
+    """A run's one managed optimizer, which is also ``loop.optimizers``: a collection of one whose item is itself
+    (not a collection in front of it: two calls fewer a batch, above benchmarks/overhead.py's noise)."""
 
     __eq__, __hash__ = object.__eq__, object.__hash__  # an optimizer: equal to itself only, not as a mapping
 

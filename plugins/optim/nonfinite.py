@@ -89,8 +89,7 @@ class Check:
 
 
 class Deferred(Check):
-    """The device path's flags: the open window's, the closed ones kept unread, an error held under "raise". As the
-    check of each loss, it admits every loss and folds its finiteness into its window's flag."""
+    """The device path (README.md): every loss admitted, its finiteness folded into its window's flag, kept unread."""
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy

@@ -141,7 +141,7 @@ class Schedules:
         return out
 
     def _advise(self, loop: Run, accumulate: int) -> None:
-        """Warn of a per-step scheduler done in the first epoch (:func:`schedules.passing`), a OneCycleLR shorter than the run."""
+        """Warn of a per-step scheduler done in the first epoch (``schedules.passing``), a OneCycleLR the run outruns."""
         batches = length(loop.train_data) or 0  # (0: unknown, nothing is said)
         run = min(loop.max_steps or batches * loop.max_epochs, batches * loop.max_epochs)  # the run's batches
         per_epoch = -(-batches // accumulate)  # optimizer steps an epoch, its last window's included
@@ -152,7 +152,7 @@ class Schedules:
                               f"and this run takes {total} optimizer steps if it steps at every window ({per_epoch} an "
                               f"epoch, accumulate={accumulate}, max_steps={loop.max_steps}); torch raises once it "
                               f"runs out: build it with total_steps={total}", OptimWarning, stacklevel=user_level())
-            if run > batches and (found := schedules.passing(scheduler, per_epoch)) is not None:  # (a second epoch comes)
+            if run > batches and (found := schedules.passing(scheduler, per_epoch)) is not None:  # (a second epoch)
                 interval = "'epoch'" if len(self._assigned) == 1 else f"{{{name!r}: 'epoch'}}"
                 inside = "" if found is scheduler else f" (its {type(found).__name__})"  # (which one in a chain)
                 warnings.warn(f"optim: the {type(scheduler).__name__}{inside} of optimizer {name!r} steps after each "
