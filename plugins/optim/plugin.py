@@ -143,6 +143,10 @@ class Optim:
         return self._check.admits(loop, loss)
 
     @hookimpl
+    def fit_start(self, loop: Run) -> None:
+        self._schedules.sized_in_batches(loop, self.accumulate)  # (the batches the run trains are known from here)
+
+    @hookimpl
     def backward(self, loop: Run, loss: torch.Tensor) -> bool:
         """The check, the events around the pass, the loss divided and scaled; outside autocast, as PyTorch advises."""
         if self._autocast is not None and torch.is_autocast_enabled(self._autocast[0]):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Collection, Mapping, NamedTuple
 
 from torch.optim import Optimizer, lr_scheduler
 
-from hookfit.data import length
+from hookfit.data import bounded_length, length
 from hookfit.errors import user_level
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.optim.nonfinite import OptimWarning
@@ -144,8 +144,7 @@ class Schedules:
         """Warn of a per-step scheduler done in the first epoch (``schedules.passing``), a OneCycleLR the run outruns."""
         batches = length(loop.train_data) or 0  # (0: unknown, nothing is said)
         run = min(loop.max_steps or batches * loop.max_epochs, batches * loop.max_epochs)  # the run's batches
-        per_epoch = -(-batches // accumulate)  # optimizer steps an epoch, its last window's included
-        total = run // max(batches, 1) * per_epoch + run % max(batches, 1) // accumulate  # (max_steps: whole windows)
+        per_epoch, total = -(-batches // accumulate), schedules.optimizer_steps(run, batches, accumulate)
         for name, scheduler in ((n, s) for n, held in self._assigned.items() for s in self.per_step(held)):
             if isinstance(scheduler, lr_scheduler.OneCycleLR) and scheduler.total_steps < total:  # (a GAN's may not)
                 warnings.warn(f"optim: the OneCycleLR of optimizer {name!r} has total_steps={scheduler.total_steps}, "
@@ -160,6 +159,27 @@ class Schedules:
                               f"looks counted in epochs. Give Optim(scheduler_interval={interval}) to step it at each "
                               f"epoch's end, or count it in optimizer steps", OptimWarning, stacklevel=user_level())
                 run = 0  # one warning (the other schedulers are still checked for the error above)
+
+    def sized_in_batches(self, loop: Run, accumulate: int) -> None:
+        """At ``fit_start``: warn of per-step schedules as long as the batches the run trains, where accumulation
+        makes its optimizer steps fewer (README.md, "Schedulers")."""
+        batches, per_epoch = loop.max_train_steps, bounded_length(loop.train_data)
+        if accumulate == 1 or batches is None:
+            return
+        steps, said = schedules.optimizer_steps(batches, per_epoch, accumulate), []
+        for name, given in ((n, s) for n, held in self._assigned.items() for s in self.per_step(held)):
+            for what, attr, horizon, start in schedules.horizons(given):
+                if horizon + start in (batches, loop.max_steps) and 0 < steps - start < horizon:  # (only that length)
+                    sized = "max_steps" if horizon + start == loop.max_steps else "the batches this run trains"
+                    since = f" from its milestone {start} (to step {horizon + start})" if start else ""
+                    said.append(f"the {what} of optimizer {name!r} has {attr}={horizon}{since}, as many as {sized}, "
+                                f"and would run only {steps - start} of those steps: give {attr}={steps - start}")
+        if said:
+            each = f", {-(-per_epoch // accumulate)} an epoch of {per_epoch}" if per_epoch else (
+                ", or more where an epoch of data without a len() ends inside a window")
+            warnings.warn(f"optim: {'; '.join(said)} (accumulate={accumulate}: the optimizers step {steps} times in "
+                          f"the run's {batches} batches{each}). A scheduler stepped after each optimizer step counts "
+                          f"optimizer steps: size its schedule to them", OptimWarning, stacklevel=user_level())
 
     def stage_ended(self, loop: Run, stage: str) -> None:
         """The monitored stage is complete: its ``epoch_metrics`` steps the ``ReduceLROnPlateau``."""

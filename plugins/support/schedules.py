@@ -1,15 +1,21 @@
 """torch's learning-rate schedulers read without stepping them, for a plugin that steps them: whether a schedule
-is done within a number of steps (:func:`passing`), a chain's (``ChainedScheduler``, ``SequentialLR``) included.
-How the built-in optim uses it: ``plugins/optim/README.md``, "Schedulers"."""
+is done within a number of steps (:func:`passing`), how many steps it lasts (:func:`horizons`), a chain's
+(``ChainedScheduler``, ``SequentialLR``) included, and how many optimizer steps a run's batches make under
+gradient accumulation (:func:`optimizer_steps`). How the built-in optim uses them: ``plugins/optim/README.md``,
+"Schedulers"."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Iterator
 
 from torch.optim import lr_scheduler
 
-__all__ = ["passing"]
+__all__ = ["HORIZONS", "horizons", "optimizer_steps", "passing"]
+
+HORIZONS = ("T_max", "total_steps", "total_iters")
+"""The attributes that say how many steps a scheduler's schedule lasts: ``CosineAnnealingLR``'s, ``OneCycleLR``'s,
+``LinearLR``'s, ``PolynomialLR``'s and ``ConstantLR``'s."""
 
 
 def passing(scheduler: Any, steps: int) -> Any:
@@ -30,3 +36,24 @@ def passing(scheduler: Any, steps: int) -> Any:
         passed = passed or isinstance(scheduler, lr_scheduler.LambdaLR) and any(  # where CosineAnnealingLR(T_max=
             float(f(steps - 1)) < 1e-3 for f in scheduler.lr_lambdas)  # steps) ends: its lr at the step steps - 1
     return scheduler if passed else None
+
+
+def horizons(scheduler: Any, start: int = 0, holder: str = "") -> Iterator[tuple[str, str, int, int]]:
+    """How many steps ``scheduler``'s schedule lasts (:data:`HORIZONS`), and each a ``ChainedScheduler`` or
+    ``SequentialLR`` holds (a ``SequentialLR``'s from its milestone): ``(name, attribute, steps, start)``, the name
+    as a message gives it (``"SequentialLR's CosineAnnealingLR"``), start the step its schedule starts at."""
+    name = holder + type(scheduler).__name__
+    yield from ((name, a, getattr(scheduler, a), start) for a in HORIZONS if type(getattr(scheduler, a, None)) is int)
+    if isinstance(inner := getattr(scheduler, "_schedulers", None), list):
+        starts = [0, *getattr(scheduler, "_milestones", [])]
+        for index, held in enumerate(inner):
+            yield from horizons(held, start + (starts[index] if len(starts) == len(inner) else 0), name + "'s ")
+
+
+def optimizer_steps(batches: int, per_epoch: int | None, accumulate: int) -> int:
+    """The optimizer steps ``batches`` training batches make in windows of ``accumulate`` batches: each epoch of
+    ``per_epoch`` batches (``None`` or 0: unknown, whole windows only) closes its last, partial window with a step,
+    and a window the run's last batch leaves open takes none (optim's README.md, "The accumulation window")."""
+    if not per_epoch:
+        return batches // accumulate
+    return batches // per_epoch * -(-per_epoch // accumulate) + batches % per_epoch // accumulate

@@ -730,6 +730,93 @@ def test_a_onecycle_schedule_of_an_optimizer_stepped_every_second_batch_runs_who
     assert state.status == "completed" and sched.last_epoch == 15
 
 
+class Endless:
+    """Training data without a len(): the same batches again and again."""
+
+    def __iter__(self):
+        while True:
+            yield from data(10)
+
+
+def sized(make, accumulate: int = 4, train=None, **limits) -> tuple[list[warnings.WarningMessage], int, object]:
+    """A real run of 3 epochs of 10 batches (unless ``train`` and ``limits`` say) under Optim(accumulate=...) with
+    the scheduler ``make(opt)`` makes: the warnings that a schedule is sized to the batches, the optimizer steps
+    the run took (torch's own count), and the scheduler."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    stepped = []
+    opt.register_step_post_hook(lambda *args: stepped.append(1))
+    sched = make(opt)
+    loop = hookfit.Loop(train_step, data(10) if train is None else train, model=m, optimizers=opt,
+                        **{"max_epochs": 3, **limits}, plugins=[Optim(accumulate=accumulate, schedulers=sched)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert loop.fit().status == "completed"
+    return [w for w in caught if "counts optimizer steps" in str(w.message)], len(stepped), sched
+
+
+TAIL = (" A scheduler stepped after each optimizer step counts optimizer steps: size its schedule to them")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("make, limits, said", [
+    (lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=30), {},
+     "the CosineAnnealingLR of optimizer 'default' has T_max=30, as many as the batches this run trains, and would "
+     "run only 9 of those steps: give T_max=9 (accumulate=4: the optimizers step 9 times in the run's 30 batches, 3 "
+     "an epoch of 10)."),  # windows of 4, 4 and 2 an epoch
+    (lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=26), {"max_steps": 26},
+     "the OneCycleLR of optimizer 'default' has total_steps=26, as many as max_steps, and would run only 7 of those "
+     "steps: give total_steps=7 (accumulate=4: the optimizers step 7 times in the run's 26 batches, 3 an epoch of "
+     "10)."),  # 3 and 3, then one whole window of the 6 batches max_steps leaves of the third epoch
+    (lambda opt: lr_scheduler.LinearLR(opt, 1.0, 0.01, total_iters=30), {},
+     "the LinearLR of optimizer 'default' has total_iters=30, as many as the batches this run trains, and would run "
+     "only 9 of those steps: give total_iters=9"),
+    (lambda opt: lr_scheduler.PolynomialLR(opt, total_iters=30, power=2.0), {},
+     "the PolynomialLR of optimizer 'default' has total_iters=30, as many as the batches this run trains, and would "
+     "run only 9 of those steps: give total_iters=9"),
+    (lambda opt: lr_scheduler.SequentialLR(opt, [lr_scheduler.LinearLR(opt, 0.1, total_iters=2),
+                                                 lr_scheduler.CosineAnnealingLR(opt, T_max=28)], [2]), {},
+     "the SequentialLR's CosineAnnealingLR of optimizer 'default' has T_max=28 from its milestone 2 (to step 30), as "
+     "many as the batches this run trains, and would run only 7 of those steps: give T_max=7"),
+    (lambda opt: lr_scheduler.ChainedScheduler([lr_scheduler.PolynomialLR(opt, total_iters=30),
+                                                lr_scheduler.ConstantLR(opt, 0.5, total_iters=3)]), {},
+     "the ChainedScheduler's PolynomialLR of optimizer 'default' has total_iters=30, as many as the batches this run "
+     "trains, and would run only 9 of those steps: give total_iters=9"),
+    (lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=20), {"max_steps": 20, "train": Endless()},
+     "the CosineAnnealingLR of optimizer 'default' has T_max=20, as many as max_steps, and would run only 5 of those "
+     "steps: give T_max=5 (accumulate=4: the optimizers step 5 times in the run's 20 batches, or more where an epoch "
+     "of data without a len() ends inside a window)."),
+], ids=["CosineAnnealingLR", "OneCycleLR-max_steps", "LinearLR", "PolynomialLR", "SequentialLR", "ChainedScheduler",
+        "no-len"])
+def test_a_per_step_schedule_sized_to_the_batches_under_accumulation_is_told_the_optimizer_steps(make, limits,
+                                                                                                  said) -> None:
+    """CosineAnnealingLR(T_max=max_steps) with accumulate=4 ran a quarter of its cosine and said nothing: max_steps
+    counts batches, the scheduler optimizer steps. One warning at the fit() line, when the run starts, names the
+    scheduler, its attribute, the batches and the optimizer steps the run then takes, which is the fix."""
+    told, steps, _ = sized(make, **limits)
+    assert len(told) == 1 and told[0].category is OptimWarning and told[0].filename == __file__, told
+    message = str(told[0].message)
+    assert message.startswith(f"optim: {said}") and message.endswith(TAIL), message
+    assert f"the optimizers step {steps} times" in message, (message, steps)  # the steps torch took
+
+
+def test_a_schedule_sized_to_the_optimizer_steps_or_any_other_length_or_without_accumulation_says_nothing() -> None:
+    """Only a schedule exactly as long as the batches is told: one sized to the optimizer steps runs to its end, and
+    one a step longer, a run without accumulation and a scheduler stepped each epoch are taken as meant."""
+    told, steps, sched = sized(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=9))
+    assert told == [] and steps == 9 and sched.last_epoch == 9 and sched.get_last_lr() == [0.0]  # its whole cosine
+    assert sized(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=31))[0] == []
+    told, steps, _ = sized(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=30), accumulate=1)
+    assert told == [] and steps == 30
+    assert sized(lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=7), max_steps=26)[0] == []
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimWarning)
+        hookfit.Loop(train_step, data(10), model=m, optimizers=opt, max_epochs=3, plugins=[Optim(
+            accumulate=4, schedulers=lr_scheduler.LinearLR(opt, total_iters=30), scheduler_interval="epoch")]).fit()
+
+
 class Published:
     """Each publication's rate beside the rate of the latest step before it (``before_optimizer_step``'s read,
     the initial rate before any) and the group's rate at the publication."""

@@ -75,7 +75,7 @@ def test_a_smoke_run_runs_two_batches_a_stage_through_every_plugin_and_keeps_not
     assert any(line.startswith("hookfit smoke: valid step '") and line.endswith("<lambda>' returned: loss")
                for line in err), err
     assert "hookfit smoke: plugins (5), with the events each handled:" in err
-    assert "hookfit smoke:   optim: backward, epoch_end, epoch_metrics, fit_end, results, save_state, stage_end, stage_start" in err
+    assert "hookfit smoke:   optim: backward, epoch_end, epoch_metrics, fit_end, fit_start, results, save_state, stage_end, stage_start" in err
     assert any(line.startswith("hookfit smoke:   checkpoint: ") and "after_epoch" in line  # it saved, in the temporary folder
                for line in err), err
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hookfit.plugins.support.schedules import passing
+from hookfit.plugins.support.schedules import horizons, optimizer_steps, passing
 
 lr_scheduler = torch.optim.lr_scheduler
 
@@ -22,3 +22,24 @@ def test_passing_names_the_scheduler_whose_schedule_the_steps_pass_a_sequential_
     sequential = lr_scheduler.SequentialLR(opt, [lr_scheduler.LinearLR(opt, 0.5, total_iters=2), decay], [2])
     assert passing(sequential, 8) is decay and passing(sequential, 7) is None
     assert passing(lr_scheduler.OneCycleLR(optimizer(), max_lr=0.1, total_steps=3), 10) is None  # not judged
+
+
+def test_horizons_are_each_schedule_s_length_a_chain_s_from_the_step_each_starts_at() -> None:
+    opt = optimizer()
+    chained = lr_scheduler.ChainedScheduler([lr_scheduler.CosineAnnealingLR(opt, T_max=5),
+                                             lr_scheduler.ConstantLR(opt, 0.5, total_iters=3)])
+    sequential = lr_scheduler.SequentialLR(opt, [lr_scheduler.LinearLR(opt, 0.1, total_iters=2), chained], [2])
+    assert list(horizons(sequential)) == [
+        ("SequentialLR's LinearLR", "total_iters", 2, 0),
+        ("SequentialLR's ChainedScheduler's CosineAnnealingLR", "T_max", 5, 2),
+        ("SequentialLR's ChainedScheduler's ConstantLR", "total_iters", 3, 2)]
+    assert list(horizons(lr_scheduler.OneCycleLR(optimizer(), max_lr=0.1, total_steps=7))) == [
+        ("OneCycleLR", "total_steps", 7, 0)]
+    assert list(horizons(lr_scheduler.StepLR(optimizer(), 3))) == []  # no length: it decays for ever
+
+
+def test_optimizer_steps_count_each_epoch_s_partial_window_and_not_one_the_run_s_end_cuts() -> None:
+    assert optimizer_steps(30, 10, 4) == 9  # windows of 4, 4 and 2 in each of 3 epochs
+    assert optimizer_steps(26, 10, 4) == 7  # then 6 batches of a third: one whole window
+    assert optimizer_steps(9, 9, 4) == 3 and optimizer_steps(8, 9, 4) == 2
+    assert optimizer_steps(20, None, 4) == 5 and optimizer_steps(30, 10, 1) == 30
