@@ -19,7 +19,9 @@ Options are passed to the constructor, which checks them as it checks options gi
 A plugin the file names that is neither installed nor given, an option the constructor does
 not take, a value the constructor refuses, or a file that is not valid TOML is a
 :class:`ConfigError` naming the file, the plugin and what it accepts. A plugin given in code
-(``Loop(plugins=[...])``) wins over the file: its table is ignored, with a warning. A disabled
+(``Loop(plugins=[...])``) wins over the file's options: its table is ignored, with a warning; but
+``enabled = false`` in its table switches it off, as ``HOOKFIT_DISABLE_PLUGINS`` does (with a
+warning naming it, :func:`hookfit.discovery.collect`). A disabled
 plugin's table is not used; a built-in's is still checked, and an option it does not take is
 warned about.
 

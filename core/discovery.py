@@ -278,7 +278,7 @@ def collect(
             return f"{ENV_DISABLE}={env.get(ENV_DISABLE)}"
         if discovered and only is not None and name not in only:
             return f"{ENV_ONLY}={env.get(ENV_ONLY)} (not listed there)"
-        if discovered and configured is not None and configured.plugins.get(name, {}).get("enabled") is False:
+        if configured is not None and configured.plugins.get(name, {}).get("enabled") is False:
             return f"{configured.where(name)} enabled = false"
         return None
 
@@ -295,6 +295,7 @@ def collect(
 
     by_name = {info.name: i for i, info in enumerate(infos)}
     given_names: set[str] = set()
+    dropped: set[str] = set()  # given, and disabled by the environment or the file
     every = [found.ep for found in _scan(tuple(sys.path)).plugins]  # a clash's ignored one names its class too
     for plugin in given:
         built, plugin = inspect.isclass(plugin), _instantiate(plugin)
@@ -305,16 +306,20 @@ def collect(
                 f"`name` attribute"
             )
         given_names.add(name)
-        info = PluginInfo(
-            name=name,
-            source="given",
-            value=f"{type(plugin).__module__}.{type(plugin).__qualname__}",
-            enabled=name not in disabled,
-            plugin=plugin,
-            built=built,
-            chosen=True,
-            disabled_by=disabled_by(name, False),
-        )
+        value = f"{type(plugin).__module__}.{type(plugin).__qualname__}"
+        if name in by_loop:  # one call both gives and disables it: which one is meant is not ours to guess
+            raise PluginError(f"Loop(disable=[...]) names {name!r}, and the plugin {value} given to Loop(plugins="
+                              f"[...]) is named {name!r}: leave it out of plugins=[...] or out of disable=[...] (to switch it "
+                              f"off without editing the script: {ENV_DISABLE}={name})")
+        off = disabled_by(name, False)
+        info = PluginInfo(name=name, source="given", value=value, enabled=off is None, plugin=plugin, built=built,
+                          chosen=True, disabled_by=off)
+        if off is not None:  # the operator's switch (the environment, the file) wins over the script
+            dropped.add(name)
+            table = name in configured.plugins and "enabled = false" not in off
+            warnings.warn(f"{info.describe()} does not run: {off} disables it"
+                          f"{f'; {configured.where(name)} is not used either' if table else ''}",
+                          HookfitWarning, stacklevel=user_level())
         info.declares = declared_events(plugin)
         if name in by_name:  # a replaced built-in's events stay declared (register_all)
             infos[by_name[name]] = info
@@ -333,7 +338,7 @@ def collect(
                 f"{configured.where(name)}: no plugin named {name!r} is installed or given"
                 f"{f' (did you mean {close!r}?)' if close else ''}; known plugins: {', '.join(sorted(known))}"
             )
-        if name in given_names:
+        if name in given_names and name not in dropped:
             warnings.warn(f"{configured.where(name)} is not used: the plugin {name!r} given to "
                           f"Loop(plugins=[...]) wins over the file", HookfitWarning, stacklevel=user_level())
 

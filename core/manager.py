@@ -14,8 +14,12 @@ others. So a plugin given to ``Loop`` sees an event before the discovered ones, 
 otherwise.
 
 Selection: ``HOOKFIT_PLUGINS`` (comma-separated names) restricts discovered plugins to those
-named (an empty value loads none); ``HOOKFIT_DISABLE_PLUGINS`` and ``Loop(disable=[...])`` switch
-plugins off by name, given ones included. A disabled plugin is never imported, instantiated nor
+named (an empty value loads none); it never drops a plugin given to ``Loop``.
+``HOOKFIT_DISABLE_PLUGINS``, ``Loop(disable=[...])`` and a file's ``enabled = false`` switch
+discovered plugins off by name. The environment and the file (the operator's switches, outside the
+script) switch off a plugin given to ``Loop`` too, with a :class:`HookfitWarning` naming it and
+what disabled it; ``Loop(disable=[...])`` naming a plugin the same call gives is a
+:class:`PluginError`. A disabled discovered plugin is never imported, instantiated nor
 registered, so disabling a broken plugin is the way around it. A name in either list
 that matches no plugin is reported with a :class:`HookfitWarning`, so a typo does not pass
 unnoticed.

@@ -84,6 +84,60 @@ def test_restrict_to_a_list(dists: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert hookfit.Loop(lambda l, b: None, [1]).fit() and calls() == [("alpha", 0), ("alpha", 1)]
 
 
+class Mine:
+    """A plugin given in code, with options a table of the file could name."""
+
+    name = "mine"
+
+    def __init__(self, level: int = 0) -> None:
+        self.batches: list[int] = []
+
+    @hookfit.hookimpl
+    def batch_end(self, batch_idx):
+        self.batches.append(batch_idx)
+
+
+@pytest.mark.parametrize("how", ["environment", "file"])
+def test_the_environment_or_the_file_drops_a_given_plugin_with_a_warning_naming_both(
+        dists: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """The operator's switch, outside the script, wins over the script: the plugin given to Loop
+    does not run, and one warning names it and what disabled it; the file's table for it is
+    said to be unused because of that, never because the given plugin won over it."""
+    table = "[plugins.mine]\nlevel = 2\n" + ("enabled = false\n" if how == "file" else "")
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "run.toml"))
+    (tmp_path / "run.toml").write_text(table)
+    if how == "environment":
+        monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", f"{BUILTINS},mine")
+    mine = Mine()
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        loop = run(plugins=[mine])
+    said = [str(w.message) for w in caught]
+    off = (f"HOOKFIT_DISABLE_PLUGINS={BUILTINS},mine disables it; {tmp_path / 'run.toml'} [plugins.mine] is not "
+           "used either" if how == "environment" else f"{tmp_path / 'run.toml'} [plugins.mine] enabled = false "
+           "disables it")
+    assert said == [f"plugin 'mine' ({__name__}.Mine, given to Loop) does not run: {off}"], said
+    assert mine.batches == [] and loop.run.pm.get_plugin("mine") is None
+    assert loop.run.pm.infos["mine"].enabled is False and loop.run.pm.infos["mine"].disabled_by in off
+
+
+def test_restricting_to_a_list_never_drops_a_given_plugin(dists: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "")
+    mine = Mine()
+    run(plugins=[mine])
+    assert mine.batches == [0, 1] and "fake_plugins_mod" not in sys.modules  # the discovered ones never load
+
+
+@pytest.mark.bad_input
+def test_a_plugin_both_given_and_disabled_in_one_call_is_refused(dists: Path) -> None:
+    mine = Mine()
+    with pytest.raises(hookfit.PluginError, match=rf"Loop\(disable=\[...\]\) names 'mine', and the plugin "
+                       rf"{__name__}.Mine given to Loop\(plugins=\[...\]\) is named 'mine': leave it out of "
+                       r"plugins=\[...\] or out of disable=\[...\] \(to switch it off without editing the script: "
+                       r"HOOKFIT_DISABLE_PLUGINS=mine\)"):
+        run(plugins=[mine], disable=["mine"])
+    assert mine.batches == []
+
+
 @pytest.mark.bad_input
 def test_unknown_name_in_disable_warns_with_suggestion(dists: Path) -> None:
     with pytest.warns(hookfit.HookfitWarning, match=r"'alfa' \(disabled\).*did you mean 'alpha'"):

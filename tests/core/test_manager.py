@@ -288,9 +288,9 @@ def test_a_distribution_shadowing_a_builtin_name_keeps_the_builtins_events(
         hookfit.discovery.refresh()
 
 
-def test_participants_are_the_plugins_as_the_user_knows_them() -> None:
-    """Enabled and registered plugins, in order; not a disabled one, not one that switched
-    itself off, not a helper a plugin registered for itself."""
+def test_participants_are_the_plugins_as_the_user_knows_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enabled and registered plugins, in order; not a disabled one (given, and switched off by
+    the environment), not one that switched itself off, not a helper a plugin registered for itself."""
     class Helper:
         @hookfit.hookimpl
         def batch_end(self):
@@ -322,7 +322,10 @@ def test_participants_are_the_plugins_as_the_user_knows_them() -> None:
         def fit_start(self, loop):
             seen.append(loop.pm.participants())
 
-    hookfit.Loop(lambda l, b: None, [1], plugins=[Owner(), Leaving(), Off(), Look()], disable=["off"]).fit()
+    monkeypatch.setenv("HOOKFIT_DISABLE_PLUGINS", "off")
+    with pytest.warns(hookfit.HookfitWarning, match=r"plugin 'off' \(.*given to Loop\) does not run: "
+                      r"HOOKFIT_DISABLE_PLUGINS=off disables it"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Owner(), Leaving(), Off(), Look()]).fit()
     assert seen == [["owner", "look"]]
 
 
