@@ -31,8 +31,8 @@ forward/backward passes per batch, as Sharpness-Aware Minimization). It must:
   states are sharded (``DTensor``) and written from every process. A run that does not train
   (``loop.mode == "validate"``) may have no optimizers: it loads nothing.
 * Keep the code a step calls (``loop.backward``, a managed ``step()``) in the plugin's own package,
-  so that an error raised there names the plugin. Do nothing per batch that a run does not need
-  (``batch_events``), and no host-device synchronisation per step.
+  so that an error raised there names the plugin. Leave out the loop's per-batch events a run does not
+  need (``batch_events``), and do no host-device synchronisation per step.
 
 Replace the built-in with a plugin named ``"optim"`` given to ``Loop(plugins=[...])``, an entry point
 named ``optim``, or by disabling it (``HOOKFIT_DISABLE_PLUGINS=optim``). Accumulation, clipping, mixed
@@ -71,8 +71,9 @@ def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer
     Fires only for real steps (not inside an accumulation window, nor for a step skipped for a
     non-finite value known on the host), also for one the optimizer's kernel or the ``GradScaler``
     then skips on the device (the built-in ``optim`` on an accelerator). A gradient-norm logger reads
-    the gradients here (on an accelerator, as a tensor: no host read per step). The return value is
-    ignored; a plugin must not replace the optimizer.
+    the gradients here (on an accelerator, as a tensor: no host read per step); one reading some steps
+    returns at once on the others, a Python call per step (``batch_events`` leaves a plugin out of the
+    loop's per-batch events, not the optimizer steps). Return ignored; do not replace the optimizer.
 
     ``loop.state.batch_idx`` is the batch that closes the step; ``loop.state.step`` counts the training
     batches done: inside the step function (the usual case, an epoch's last partial window included when
