@@ -12,13 +12,15 @@ Fixtures:
   ``Recorder(agree=True)`` implements ``agree_stop`` too (always "no opinion"), and
   ``Recorder(results=True)`` ``results`` (answering nothing).
 * ``hookfit_run``: ``hookfit_run(*plugins, step=..., data=..., **loop_kwargs)`` runs a real
-  :class:`hookfit.Loop` with exactly the given plugins (discovered ones are not loaded) and
-  returns the loop; ``train_step=``/``train_data=`` (the ``Loop``'s own names) work as
-  ``step=``/``data=``. By default the step trains a tiny linear model on a few random batches,
-  through ``loop.backward`` and ``loop.optimizers`` when a plugin implements ``backward``
-  (optim or any replacement), else by itself. A plugin switched off during the run (an observer
-  that raised: in a run, one warning) fails the test, naming it and its error, unless
-  ``expect_silenced=True``.
+  :class:`hookfit.Loop` with exactly the given plugins (discovered ones are not loaded: no
+  ``optim``, no ``metrics``) and returns the loop; ``train_step=``/``train_data=`` (the ``Loop``'s
+  own names) work as ``step=``/``data=``. By default the step trains a tiny linear model on a few
+  random batches, through ``loop.backward`` and ``loop.optimizers`` when a given plugin implements
+  ``backward`` (``Optim()`` or a replacement), else by itself: then no optimizer event fires
+  (``before_optimizer_step``...), and without ``Metrics()`` no ``metrics_values`` is asked, so a
+  plugin on those is tested with them given: ``hookfit_run(plugin, Optim(), Metrics())``. A plugin
+  switched off during the run (an observer that raised: in a run, one warning) fails the test,
+  naming it and its error, unless ``expect_silenced=True``.
 * ``hookfit_isolated``: discovered plugins are not loaded in this test (``HOOKFIT_PLUGINS`` is
   set to an empty value, ``HOOKFIT_CONFIG`` unset), so a test sees only the plugins it gives,
   as it gives them (the events the discovered plugins declare stay declared); and the test
