@@ -24,15 +24,19 @@ no hook of it runs and the optim plugin keeps its fast path.
   several optimizers, ``optimizer`` names the one whose steps count. Implementing
   ``after_optimizer_step`` makes the optim plugin fire the events around its steps (its
   slower step path); ``every_n_steps`` spares the update itself, not that.
-* With ``validate=True`` the validation stage runs with the averaged weights: they are copied
-  into the model at ``stage_start("valid")`` (``tryfirst``) and the training weights are
-  copied back, bit for bit, at ``stage_end("valid")`` (``trylast``), so every other plugin's
-  ``stage_start``/``stage_end`` of that stage sees the validated weights and the validation
-  metrics are the averaged model's. Models the average leaves out keep their training weights
-  there: a GAN validates its averaged generator against its trained discriminator. They are also copied back when validation fails
-  (``exception``) or is stopped (a ``fit_end`` wrapper, which runs before every ``fit_end``
-  implementation: a checkpoint written on a stop during validation holds the training
-  weights). Before the first update, validation uses the training weights.
+* With ``validate=True`` the validation stage runs with the averaged weights, as a plugin that
+  changes the model for a stage does it (``core/hooks.md``, the order of implementations): they
+  are copied into the model after every ``stage_start("valid")`` implementation (a
+  ``wrapper=True`` one, after its ``yield``) and the training weights are copied back, bit for
+  bit, before every ``stage_end("valid")`` one (before the ``yield`` of a wrapper), so the
+  validation's batches, steps and metrics are the averaged model's. They are also copied back
+  when validation fails (``exception``) or is stopped (a ``fit_end`` wrapper, before every
+  ``fit_end`` implementation: a checkpoint written on a stop during validation holds the training
+  weights). With another plugin doing the same (an SWA), the two nest in any registration order:
+  validation runs with the weights of the one registered last, and the training weights come back.
+  Models the average leaves out keep their training weights there: a GAN validates its averaged
+  generator against its trained discriminator. Before the first update, validation uses the
+  training weights.
 * Its state (the averaged module's state dict, ``n_averaged`` and the optimizer steps
   counted) is saved in checkpoints, so a resumed run ends with the same average, bit for bit,
   as one that was never interrupted (a resumed run goes on with the ``decay`` it is given).
@@ -196,8 +200,9 @@ class EMA:
             average.update_parameters(source)
             self._copy_buffers()
 
-    @hookimpl(tryfirst=True)  # other plugins' stage_start("valid") see the validated weights
-    def stage_start(self, loop: Run, stage: str) -> None:
+    @hookimpl(wrapper=True)  # swaps in after every stage_start implementation: nested with other swappers
+    def stage_start(self, loop: Run, stage: str) -> Generator[None, object, object]:
+        result = yield
         if stage == "valid" and self.validate:
             if self._evaluating and self.average is not None and self.n_averaged == 0:
                 why = ("it read no checkpoint" if loop.state.resumed_from is None else
@@ -205,13 +210,15 @@ class EMA:
                 warnings.warn(f"ema: this evaluation has no average to validate ({why}): it validates the training "
                               f"weights", HookfitWarning, stacklevel=user_level())
             self._swap_in()
+        return result
 
-    @hookimpl(trylast=True)  # ... and so do their stage_end("valid")
-    def stage_end(self, loop: Run, stage: str) -> None:
+    @hookimpl(wrapper=True)  # swaps back before every stage_end implementation, in the reverse order of swapping in
+    def stage_end(self, loop: Run, stage: str) -> Generator[None, object, object]:
         if stage == "valid":
             self._restore()
+        return (yield)
 
-    @hookimpl
+    @hookimpl  # a stage cut short by an error fires no stage_end
     def exception(self, loop: Run, error: BaseException) -> None:
         self._restore()
 
