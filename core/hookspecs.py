@@ -75,6 +75,11 @@ def stage_start(loop: Run, stage: str) -> None:
     ``stage_start("train")``. A plugin that keeps state per stage keeps the training stage's
     while the validation runs, as it would across any other event.
 
+    A plugin that changes the model for the stage (validates with averaged weights) swaps in
+    after the ``yield`` of a ``wrapper=True`` implementation and gives the model back in every
+    outcome, nested with any other doing the same: see "Changing the model for a stage" in the
+    stated orders, at the top of this reference.
+
     In the epoch a resumed run continues, the training stage starts where the run stopped:
     ``loop.state.batch_idx`` is the first batch it will run (the batches before it are done,
     ``loop.position.batch`` of them) and ``loop.state.step`` counts the steps already done; a
@@ -198,10 +203,13 @@ def stage_end(loop: Run, stage: str) -> None:
 
     For ``"valid"`` it fires while the model is still in eval mode; every module gets its own
     previous training flag back right after. Not fired for a stage cut short by a stop or an
-    error. Order is stated: a plugin that finishes the stage's work (an optimizer plugin
-    stepping the last, partial accumulation window) implements it ``tryfirst``; a plugin that
-    reports on the finished stage (a metrics plugin, which fires ``epoch_metrics`` from here)
-    implements it ``trylast``. The return value is ignored.
+    error: a plugin that changed the model for the stage gives it back here, before the
+    ``yield`` of a ``wrapper=True`` implementation, and also in a ``wrapper=True`` ``fit_end``
+    and in ``exception`` (see "Changing the model for a stage"). Order is stated: a plugin
+    that finishes the stage's work (an optimizer plugin stepping the last, partial accumulation
+    window) implements it ``tryfirst``; a plugin that reports on the finished stage (a metrics
+    plugin, which fires ``epoch_metrics`` from here) implements it ``trylast``. The return
+    value is ignored.
 
     ``loop.state.time_split[stage]`` (:class:`~hookfit.payloads.TimeSplit`) counts the stage's
     batches, summed over this ``fit()``'s epochs: seconds waiting for data, in the step and in
@@ -238,7 +246,9 @@ def exception(loop: Run, error: BaseException) -> None:
     rank of a distributed run that failed first) is part of ``loop.state.stop_reason`` too.
     An implementation must not raise; if one does, its error is reported as a warning and the
     original error still propagates. Every implementation runs even if another raised,
-    wrappers and call tracing included. The return value is ignored.
+    wrappers and call tracing included. A plugin that changed the model for the stage that
+    failed gives it back here (no ``stage_end`` fires; see "Changing the model for a stage").
+    The return value is ignored.
     """
 
 
@@ -250,9 +260,12 @@ def fit_end(loop: Run) -> None:
     ``loop.state.stop_reason`` says why and ``loop.state.stopped_by`` who asked for a stop;
     ``loop.state.time_split`` says where each stage's time went (data, step, plugins), stages
     cut short included. This is where plugins restore what they changed (terminal, signal
-    handlers) and write final summaries. Every implementation runs even if another raised,
-    wrappers and call tracing included; the first such error fails the run (or is reported as
-    a warning if the run failed already), naming the plugin. An observer switched off during
+    handlers) and write final summaries; a model changed for a stage that a stop or an error cut
+    short is given back before the ``yield`` of a ``wrapper=True`` implementation, as the
+    checkpoint role saves from a ``tryfirst`` one (see "Changing the model for a stage").
+    Every implementation runs even if another raised, wrappers and call tracing included; the
+    first such error fails the run (or is reported as a warning if the run failed already),
+    naming the plugin. An observer switched off during
     the run (one of its other hooks raised) still gets it, after the others, so that it can
     release what it holds (a thread, a file, a tracker's run); its error here is one more
     :class:`hookfit.ObserverWarning`. The return value is ignored.
