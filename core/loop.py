@@ -7,7 +7,6 @@ what step functions and hooks receive as ``loop``.
 
 from __future__ import annotations
 
-import inspect
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,7 +19,8 @@ from hookfit.payloads import StopRequest
 from hookfit.reproducibility import as_int, check_seed
 from hookfit.run import Run, modules
 from hookfit.state import State
-from hookfit.stopping import qualname
+from hookfit.steps import check_step
+from hookfit.stopping import brief, qualname
 
 Step = Callable[[Run, Any], Any]
 
@@ -58,37 +58,9 @@ def _execute(run: Run) -> State:
     return state
 
 
-def _shown(value: Any, most: int = 80) -> str:
-    """``value`` as an error names it: its type and a repr cut to ``most`` characters (a
-    dataset's repr can run to pages)."""
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= most else text[:most - 3] + '...'}"
-
-
-def check_step(what: str, step: Any) -> None:
-    """Refuse, naming it, a step function that cannot be called as ``step(loop, batch)``: not
-    callable, or a signature that does not take two positional arguments (``def step(batch)``)."""
-    if not callable(step):
-        raise TypeError(f"{what} must be a function step(loop, batch), got {_shown(step)}")
-    try:  # the function's signature, and a decorator's own (functools.wraps points at the inner one)
-        signatures = [inspect.signature(step), inspect.signature(step, follow_wrapped=False)]
-    except (TypeError, ValueError):  # a builtin or an extension's callable: nothing to check
-        return
-    if not any(_binds(signature) for signature in signatures):
-        raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
-                        f"{signatures[0]} does not take those two arguments")
-    if list(signatures[0].parameters)[:2] == ["batch", "batch_idx"]:  # a Lightning step would get the run as its batch
-        raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
-                        f"{signatures[0]} takes (batch, batch_idx), as a LightningModule's does: write "
-                        f"(loop, batch) and read the batch's index as loop.state.batch_idx")
-
-
-def _binds(signature: inspect.Signature) -> bool:
-    try:
-        signature.bind(None, None)
-    except TypeError:
-        return False
-    return True
+def _shown(value: Any) -> str:
+    """``value`` as an error names it: its type and its :func:`~hookfit.stopping.brief` repr."""
+    return f"{type(value).__name__} {brief(value)}"
 
 
 def _iterable(value: Any) -> bool:

@@ -156,3 +156,9 @@ class Stopping:
 def qualname(function: object) -> str:
     """How messages name a step function or a plugin's callable."""
     return getattr(function, "__qualname__", None) or repr(function)
+
+
+def brief(value: object, most: int = 80) -> str:
+    """``repr(value)`` cut to ``most`` characters (a dataset's repr can run to pages)."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."

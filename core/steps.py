@@ -1,0 +1,37 @@
+"""Step functions, ``step(loop, batch)``: what :class:`hookfit.Loop` accepts as its ``train_step`` and
+``val_step`` and ``predict()`` as its ``step``, checked when they are given, not at the first batch."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from hookfit.stopping import brief, qualname
+
+__all__ = ["check_step"]
+
+
+def check_step(what: str, step: Any) -> None:
+    """Refuse, naming it, a step function that cannot be called as ``step(loop, batch)``: not
+    callable, or a signature that does not take two positional arguments (``def step(batch)``)."""
+    if not callable(step):
+        raise TypeError(f"{what} must be a function step(loop, batch), got {type(step).__name__} {brief(step)}")
+    try:  # the function's signature, and a decorator's own (functools.wraps points at the inner one)
+        signatures = [inspect.signature(step), inspect.signature(step, follow_wrapped=False)]
+    except (TypeError, ValueError):  # a builtin or an extension's callable: nothing to check
+        return
+    if not any(_binds(signature) for signature in signatures):
+        raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
+                        f"{signatures[0]} does not take those two arguments")
+    if list(signatures[0].parameters)[:2] == ["batch", "batch_idx"]:  # a Lightning step would get the run as its batch
+        raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
+                        f"{signatures[0]} takes (batch, batch_idx), as a LightningModule's does: write "
+                        f"(loop, batch) and read the batch's index as loop.state.batch_idx")
+
+
+def _binds(signature: inspect.Signature) -> bool:
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        return False
+    return True
