@@ -6,6 +6,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
+from torch.utils.data import DataLoader, Dataset
+
 from hookfit.stopping import brief, qualname
 
 __all__ = ["check_step"]
@@ -13,9 +16,11 @@ __all__ = ["check_step"]
 
 def check_step(what: str, step: Any) -> None:
     """Refuse, naming it, a step function that cannot be called as ``step(loop, batch)``: not
-    callable, or a signature that does not take two positional arguments (``def step(batch)``)."""
-    if not callable(step):
-        raise TypeError(f"{what} must be a function step(loop, batch), got {type(step).__name__} {brief(step)}")
+    callable; a model, the data or an optimizer (Lightning's ``trainer.fit(model, data)``), saying where
+    it goes; or a signature that does not take two positional arguments (``def step(batch)``)."""
+    if (instead := _not_a_step(what, step)) or not callable(step):
+        raise TypeError(f"{what} must be a function step(loop, batch), got "
+                        f"{instead or f'{type(step).__name__} {brief(step)}'}")
     try:  # the function's signature, and a decorator's own (functools.wraps points at the inner one)
         signatures = [inspect.signature(step), inspect.signature(step, follow_wrapped=False)]
     except (TypeError, ValueError):  # a builtin or an extension's callable: nothing to check
@@ -27,6 +32,20 @@ def check_step(what: str, step: Any) -> None:
         raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
                         f"{signatures[0]} takes (batch, batch_idx), as a LightningModule's does: write "
                         f"(loop, batch) and read the batch's index as loop.state.batch_idx")
+
+
+def _not_a_step(what: str, value: Any) -> str | None:
+    """A model, the data or an optimizer given as the step function ``what``, and where it goes."""
+    code = getattr(getattr(value, "forward", None), "__code__", None)
+    if code is not None and code.co_varnames[1:2] == ("loop",):  # a model with forward(self, loop, batch) is a step
+        return None
+    call = {"val_step": "Loop(..., val_step=val_step, val_data=val_data{})",
+            "predict()'s step": "Loop(...{}).predict(data, step)"}.get(what, "Loop(train_step, train_data{})")
+    for kind, name, given in ((torch.nn.Module, "the model", ", model=model"), ((DataLoader, Dataset), "the data", ""),
+                              (torch.optim.Optimizer, "an optimizer", ", model=model, optimizers=optimizer")):
+        if isinstance(value, kind):
+            return f"{name} {type(value).__name__}, which goes in {call.format(given)}"
+    return None
 
 
 def _binds(signature: inspect.Signature) -> bool:

@@ -154,11 +154,13 @@ class Stopping:
 
 
 def qualname(function: object) -> str:
-    """How messages name a step function or a plugin's callable."""
-    return getattr(function, "__qualname__", None) or repr(function)
+    """How messages name a step function or a plugin's callable: its qualified name, else (a callable
+    object) its :func:`brief` repr."""
+    return getattr(function, "__qualname__", None) or brief(function)
 
 
 def brief(value: object, most: int = 80) -> str:
-    """``repr(value)`` cut to ``most`` characters (a dataset's repr can run to pages)."""
-    text = repr(value)
+    """``repr(value)`` on one line, cut to ``most`` characters (a model's or a dataset's repr runs to
+    lines, and pages)."""
+    text = " ".join(repr(value).split())
     return text if len(text) <= most else text[:most - 3] + "..."

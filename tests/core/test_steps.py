@@ -57,3 +57,61 @@ def test_what_is_not_a_step_function_is_named_briefly() -> None:
         hookfit.Loop(data, lambda loop, batch: None)
     assert str(caught.value).startswith("train_step must be a function step(loop, batch), got list [(tensor(")
     assert len(str(caught.value)) < 200, len(str(caught.value))
+
+
+class LitModel(torch.nn.Module):
+    """A model whose step Lightning's habit would put in it: its ``forward`` takes the input alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("given, kind, where", [
+    ("model", "the model LitModel", ", model=model"),
+    ("optimizer", "an optimizer SGD", ", model=model, optimizers=optimizer"),
+    ("loader", "the data DataLoader", ""),
+    ("dataset", "the data TensorDataset", ""),
+])
+def test_a_model_the_data_or_an_optimizer_given_as_the_step_is_refused_saying_where_it_goes(given, kind, where) -> None:
+    """Lightning's ``trainer.fit(model, data)`` ported as ``Loop(model, data)``: a module is callable with any
+    arguments, so it failed only at the first batch with "forward() takes 2 positional arguments but 3 were
+    given"; it fails at Loop() (and at predict()), naming the argument and where the model goes."""
+    model = LitModel()
+    dataset = torch.utils.data.TensorDataset(torch.ones(4, 2))
+    value = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+             "loader": torch.utils.data.DataLoader(dataset), "dataset": dataset}[given]
+    for what, fix, make in [
+        ("train_step", f"Loop(train_step, train_data{where})", lambda: hookfit.Loop(value, [torch.ones(2)], model=model)),
+        ("val_step", f"Loop(..., val_step=val_step, val_data=val_data{where})",
+         lambda: hookfit.Loop(lambda loop, b: None, [1], val_step=value, val_data=[1], model=model)),
+        ("predict()'s step", f"Loop(...{where}).predict(data, step)",
+         lambda: hookfit.Loop(lambda loop, b: None, [1], model=model).predict([1], value)),
+    ]:
+        with pytest.raises(TypeError) as caught:
+            make()
+        assert str(caught.value) == f"{what} must be a function step(loop, batch), got {kind}, which goes in {fix}"
+
+
+def test_a_model_whose_forward_takes_the_loop_and_the_batch_is_a_step_and_named_on_one_line() -> None:
+    """A module written as the step (``forward(self, loop, batch)``) is accepted; an error it raises is
+    noted with the module's repr on one line, cut short, not its lines with literal ``\\n`` in them."""
+
+    class Stepper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(4)])
+
+        def forward(self, loop, batch):
+            raise RuntimeError("refused by the step")
+
+    stepper = Stepper()
+    with pytest.raises(RuntimeError, match="refused by the step") as caught:
+        hookfit.Loop(stepper, [torch.ones(2)], model=stepper, plugins=[], disable=["checkpoint"]).fit()
+    note = next(n for n in caught.value.__notes__ if "raised in step function" in n)
+    assert "\n" not in note and "\\n" not in note and "'Stepper( (layers): Sequential( (0): Linear(" in note, note
+    assert len(note) < 160, note
