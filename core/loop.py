@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from hookfit import discovery, errors, manager
-from hookfit.data import FACTORY, check_passes
+from hookfit.data import FACTORY, check_passes, length
 from hookfit.payloads import StopRequest
 from hookfit.reproducibility import as_int, check_seed
 from hookfit.run import Run, modules
@@ -100,7 +100,8 @@ class Loop:
     """A training run's configuration: ``Loop(train_step, train_data, ...).fit()``.
 
     ``train_step(loop, batch)`` and ``val_step(loop, batch)`` are plain functions (a ``Loop`` for evaluations
-    alone, ``Loop(val_step=..., val_data=..., model=...).validate()``, needs no train step nor training data);
+    alone, ``Loop(val_step=..., val_data=..., model=...).validate()``, needs no train step nor training data, and
+    training data without a train step is refused);
     their ``loop`` is the :class:`hookfit.Run` of the current ``fit()``. They return ``None``
     (nothing to report for this batch), a mapping with any keys, or a tensor (taken as
     ``{"loss": tensor}``). Optimizers, metrics and output are plugins: discovered through the
@@ -212,6 +213,9 @@ class Loop:
             raise ValueError(f"val_step {qualname(val_step)!r} was given without val_data")
         if val_data is not None and val_step is None:
             raise ValueError("val_data was given without a val_step to run on it")
+        if train_step is None and length(train_data) != 0:  # (a Loop for evaluations alone reads none)
+            raise ValueError("train_data was given without a train_step to run on it: Loop(train_step, train_data, ...); "
+                             "a Loop only for validate() takes neither (or train_data=[])")
         max_epochs = _positive_int(max_epochs, "max_epochs")
         max_steps = _positive_int(max_steps, "max_steps")
         val_every_n_epochs = _positive_int(val_every_n_epochs, "val_every_n_epochs")

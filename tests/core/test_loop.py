@@ -89,10 +89,26 @@ def test_optimizers_that_are_a_slip_are_refused_when_the_loop_is_made(given: str
 def test_fit_without_a_train_step_says_so_before_the_run() -> None:
     """A Loop made with no train step (for validate() alone) cannot fit(): said at once, with
     no plugin set up and no run started."""
-    loop = hookfit.Loop(None, [1], val_step=lambda loop, b: None, val_data=[1])
+    loop = hookfit.Loop(None, [], val_step=lambda loop, b: None, val_data=[1])
     with pytest.raises(TypeError, match=r"^fit\(\) needs a train_step: this Loop was given None"):
         loop.fit()
     assert loop.run is None
+
+
+@pytest.mark.bad_input
+def test_training_data_without_a_train_step_is_refused_when_the_loop_is_made() -> None:
+    """As val_data without a val_step is: Loop(model=m, train_data=dl) was accepted and failed only at
+    fit(). A Loop only for evaluations may still be given empty training data, which it never reads."""
+    model, evaluate = torch.nn.Linear(2, 1), {"val_step": lambda loop, b: None, "val_data": [1]}
+    for data in ([torch.ones(2)], iter([torch.ones(2)]), torch.utils.data.DataLoader(torch.ones(3, 2))):
+        with pytest.raises(ValueError, match=r"^train_data was given without a train_step to run on it: "
+                                             r"Loop\(train_step, train_data, \.\.\.\); a Loop only for validate\(\) "
+                                             r"takes neither \(or train_data=\[\]\)$"):
+            hookfit.Loop(model=model, train_data=data, **evaluate)
+    with pytest.raises(ValueError, match=r"^train_data was given without a train_step"):
+        hookfit.Loop(model=model, train_data=[torch.ones(2)])
+    for empty in ([], torch.utils.data.DataLoader(torch.ones(0, 2))):
+        assert hookfit.Loop(None, empty, model=model, **evaluate).train_data is empty
 
 
 def test_a_loop_for_evaluations_alone_needs_no_train_step_nor_training_data() -> None:
