@@ -5,7 +5,10 @@ Python's ``random``, NumPy's global generator (when NumPy is installed) and torc
 device (``torch.manual_seed`` seeds the CUDA generators too). Data order follows: a
 ``DataLoader`` with ``shuffle=True`` and no generator of its own draws its order (and its
 workers' seeds) from torch's generator, and ``hookfit.data.Batches`` and
-``DistributedSampler`` shuffle from seeds of their own. The model's initial weights are drawn
+``DistributedSampler`` shuffle from seeds of their own. A loader's own generator
+(``DataLoader(generator=g)``, a sampler's) is the script's, and the seed leaves it as it is (as
+Lightning's ``seed_everything`` does): :func:`seed_run` names one that has drawn since it was last
+seeded, as one has where the same loader ran before in the process. The model's initial weights are drawn
 before the ``Loop`` exists: seed before building it (``hookfit.seed_everything(0)``) for
 those too.
 
@@ -20,11 +23,12 @@ from __future__ import annotations
 import operator
 import os
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["Deterministic", "as_int", "check_seed", "seed_everything"]
+__all__ = ["Deterministic", "as_int", "check_seed", "seed_everything", "seed_run"]
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 SEED_LIMIT = 2**32  # NumPy's global generator takes seeds below this
@@ -64,6 +68,29 @@ def seed_everything(seed: int) -> None:
     else:
         numpy.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def seed_run(seed: int | None, train_data: Any, val_data: Any) -> str | None:
+    """Seed everything with ``seed`` (nothing without one), and say, as a warning's text, which
+    ``DataLoader`` among ``train_data`` and ``val_data`` (one, or a mapping of named sets) has a
+    generator of its own (:func:`hookfit.data.generators`) that drew since it was last seeded: the
+    seed does not reach it, so the run's data order hangs on what drew from it before (an earlier
+    run of the same loader in this process). ``None`` where there is none."""
+    if seed is None:
+        return None
+    seed_everything(seed)
+    from hookfit.data import generators  # (hookfit.data reads this module's as_int)
+
+    named = [("train_data", train_data)] + ([(f"val_data[{key!r}]", data) for key, data in val_data.items()]
+                                            if isinstance(val_data, Mapping) else [("val_data", val_data)])
+    drawn = [f"{name}.{at}" for name, data in named for at, g in generators(data).items()
+             if not torch.equal(g.get_state(), torch.Generator(g.device).manual_seed(g.initial_seed()).get_state())]
+    if not drawn:
+        return None
+    return (f"seed={seed} does not reseed a DataLoader's own generator, and {', '.join(drawn)} "
+            f"{'has' if len(drawn) == 1 else 'have'} drawn since last seeded (the loader ran before in this process: a "
+            f"notebook cell run again, a sweep reusing it), so this run's data order is not a fresh script's: seed it "
+            f"before each fit(), g.manual_seed(N), or give the loader a new torch.Generator().manual_seed(N) each run")
 
 
 class Deterministic:

@@ -39,7 +39,7 @@ from hookfit.order import unrebuilt_order
 from hookfit.persistent import unrebuilt_workers
 from hookfit.position import Position, weights_of
 from hookfit.replay import iterate
-from hookfit.reproducibility import Deterministic, seed_everything
+from hookfit.reproducibility import Deterministic, seed_run
 from hookfit.stopping import Budget, Stop
 from hookfit.timing import store_split
 from hookfit.valsets import ValSets, per_set
@@ -61,8 +61,8 @@ def execute(run: Run) -> State:
     state.started_at = time.perf_counter()
     with Deterministic() if run.deterministic else contextlib.nullcontext():
         try:
-            if run.seed is not None:
-                seed_everything(run.seed)  # before configure: plugins draw from it too
+            # seeded before configure, whose plugins draw too; the loaders' own generators are the script's
+            unseeded = seed_run(run.seed, run.train_data if run.mode == "fit" else None, run.val_data)
             fire(run, "configure")
             run.folder.claim()  # a folder a live process holds: refused before any plugin writes there
             run.hooks.start()  # the plugins are configured: their batch_events answers count
@@ -71,6 +71,8 @@ def execute(run: Run) -> State:
             fire(run, "fit_start")
             unvalidated(run)
             resume(run)
+            if unseeded and run.state.resumed_from is None:  # (a resumed run has its generators' states restored)
+                warnings.warn(unseeded, HookfitWarning, stacklevel=user_level())
             epochs(run)
         except BaseException as error:
             try:

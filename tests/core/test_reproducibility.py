@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import random
+import warnings
 from pathlib import Path
 
 import numpy
@@ -117,3 +118,73 @@ def test_seed_everything_is_public_for_the_model_s_own_weights() -> None:
 def test_bad_options_are_named_when_the_loop_is_built(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         hookfit.Loop(lambda l, b: None, [1], **options)
+
+
+def fits(loader, val_data=None, **options) -> tuple[list[list[float]], list[warnings.WarningMessage]]:
+    """The first values of each training batch of a ``fit()`` on ``loader``, and the warnings it gave."""
+    order: list[list[float]] = []
+
+    def step(loop, batch):
+        order.append(batch[0][:, 0].tolist())
+
+    validation = {"val_step": lambda loop, batch: None, "val_data": val_data} if val_data is not None else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(step, loader, plugins=[], **validation, **options).fit()
+    return order, [w for w in caught if "reseed" in str(w.message)]
+
+
+@pytest.mark.bad_input
+def test_a_loader_whose_own_generator_drew_since_it_was_seeded_is_named_once_by_a_seeded_run() -> None:
+    """Loop(seed=...) leaves a DataLoader's own generator= as the script seeded it (as Lightning's
+    seed_everything does): the same loader run again in one process (a notebook cell, a sweep) gets
+    another order, which the seeded run says, naming the loader and the fix; reseeded, it gets the
+    first order again and nothing is said, nor by a run without seed=."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(16.0)[:, None])
+    g = torch.Generator().manual_seed(3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True, generator=g)
+    first, said = fits(loader, seed=0)
+    assert said == []
+    again, said = fits(loader, seed=0)
+    assert again != first
+    (warning,) = said
+    assert warning.category is hookfit.HookfitWarning and warning.filename == __file__
+    assert str(warning.message) == (
+        "seed=0 does not reseed a DataLoader's own generator, and train_data.generator has drawn since last seeded "
+        "(the loader ran before in this process: a notebook cell run again, a sweep reusing it), so this run's data "
+        "order is not a fresh script's: seed it before each fit(), g.manual_seed(N), or give the loader a new "
+        "torch.Generator().manual_seed(N) each run")
+    assert fits(loader)[1] == []  # no seed=, nothing promised
+    g.manual_seed(3)
+    assert fits(loader, seed=0) == (first, [])
+    # a validation set's sampler with a generator of its own, named by its set
+    sampler = torch.utils.data.RandomSampler(dataset, num_samples=4, generator=torch.Generator().manual_seed(1))
+    valid = {"clean": [torch.ones(1, 1)], "sub": torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler)}
+    g.manual_seed(3)
+    assert fits(loader, valid, seed=0)[1] == []
+    g.manual_seed(3)
+    (warning,) = fits(loader, valid, seed=0)[1]
+    assert "and val_data['sub'].sampler.generator has drawn since last seeded" in str(warning.message)
+
+
+def test_a_resumed_run_whose_loader_drew_before_is_not_warned_of(tmp_path: Path) -> None:
+    """A run resumed from a checkpoint takes its loader's generator state from it: seed= has nothing to say."""
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    from conftest import StopAfter, mse_step
+
+    dataset = torch.utils.data.TensorDataset(torch.randn(16, 2), torch.randn(16, 1))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+    model = torch.nn.Linear(2, 1)
+
+    def run(*plugins, **options):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            state = hookfit.Loop(mse_step, loader, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                                 max_epochs=2, seed=0, run_dir=tmp_path, plugins=[Optim(), *plugins], **options).fit()
+        return state, [str(w.message) for w in caught if "reseed" in str(w.message)]
+
+    stopped, said = run(Checkpoint(every_n_steps=1, background=False), StopAfter(3))
+    assert stopped.status == "interrupted" and said == []
+    resumed, said = run(Checkpoint(background=False), resume="latest")
+    assert resumed.resumed_from is not None and resumed.status == "completed" and said == []
