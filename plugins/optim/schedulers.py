@@ -3,75 +3,21 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Collection, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Collection, Mapping
 
-from torch.optim import Optimizer, lr_scheduler
+from torch.optim import lr_scheduler
 
 from hookfit.data import bounded_length, length
 from hookfit.errors import user_level
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.optim.nonfinite import OptimWarning
-from hookfit.plugins.support import Monitor, choice, hparams, option_error, schedules
+from hookfit.plugins.support import Monitor, choice, hparams, schedules
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
 NAME = "optim"
 PLATEAU = lr_scheduler.ReduceLROnPlateau
-SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers (torch.optim.lr_scheduler."
-                   "StepLR(opt, ...)), a list of them, or a dict of optimizer name -> scheduler or list")
-
-
-class Given(NamedTuple):
-    """One scheduler as ``Optim(schedulers=...)`` gave it: under a dict's name, or none."""
-
-    name: str | None
-    scheduler: Any
-
-    @property
-    def where(self) -> str:
-        """The option as errors name it: ``schedulers`` or ``schedulers['g']``."""
-        return "schedulers" if self.name is None else f"schedulers[{self.name!r}]"
-
-
-def _parse(schedulers: Any) -> list[Given]:
-    """The schedulers given, in order, with their dict names: each given once, those under a name on one optimizer."""
-    given: list[Given] = []
-    if isinstance(schedulers, Mapping):
-        for key, value in schedulers.items():
-            if not isinstance(key, str) or not key:
-                raise TypeError(f"optim: schedulers: a dict's keys are optimizer names (strings), got {key!r}")
-            given.extend(Given(key, v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-    elif schedulers is not None:
-        given = [Given(None, v) for v in (schedulers if isinstance(schedulers, (list, tuple)) else [schedulers])]
-    seen: dict[int, Any] = {}  # each scheduler so far (inside a chain too): the one given that holds it
-    by_name: dict[str, Any] = {}  # the first under each dict name
-    for item in given:
-        one = item.scheduler
-        if not (isinstance(getattr(one, "optimizer", None), Optimizer) and all(
-                callable(getattr(one, attr, None)) for attr in ("step", "state_dict", "load_state_dict"))):
-            raise option_error(NAME, item.where, one, SCHEDULERS_MUST, TypeError, shown=_shown(one))
-        inner = getattr(one, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
-        for scheduler in [one, *(inner if isinstance(inner, (list, tuple)) else ())]:
-            if (holder := seen.get(id(scheduler))) is not None:
-                inside = f" (inside the {type(holder).__name__} and on its own)" if holder is not scheduler else ""
-                raise ValueError(f"optim: schedulers: the same {type(scheduler).__name__} is given twice{inside}: it "
-                                 f"would step twice; give it once")
-            seen[id(scheduler)] = one
-        first = by_name.setdefault(item.name, one) if item.name is not None else one
-        if first.optimizer is not one.optimizer:
-            raise ValueError(f"optim: schedulers[{item.name!r}]: its {type(first).__name__} and {type(one).__name__}"
-                             f" are built on different optimizers; the schedulers under a name drive that optimizer")
-    return given
-
-
-def _shown(value: Any) -> str:
-    """A value as an error shows it: a class as itself, anything else by its type."""
-    if isinstance(value, type):
-        return f"the class {value.__name__} (build one: {value.__name__}(optimizer, ...))"
-    return repr(value) if value is None or isinstance(value, (str, int, float)) else f"a {type(value).__name__}"
-
-
 class Schedules:
     """``Optim``'s schedulers: those :meth:`per_step` names step with their optimizer, the others here."""
 
@@ -79,7 +25,7 @@ class Schedules:
         by_name = dict(scheduler_interval) if isinstance(scheduler_interval, Mapping) else {None: scheduler_interval}
         for k, v in by_name.items():  # by optimizer name (the others' None), or one for all
             choice(NAME, "scheduler_interval" + ("" if k is None else f"[{k!r}]"), v, ("step", "epoch"), none=k is None)
-        self.monitor, self._by_name, self._given = monitor, by_name, _parse(schedulers)
+        self.monitor, self._by_name, self._given = monitor, by_name, schedules.given(NAME, schedulers)
         self._monitor = Monitor(monitor, plugin=NAME, option="monitor") if monitor is not None else None
         plateaus = [g.scheduler for g in self._given if isinstance(g.scheduler, PLATEAU)]
         if plateaus and monitor is None:

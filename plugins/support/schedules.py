@@ -1,21 +1,79 @@
-"""torch's learning-rate schedulers read without stepping them, for a plugin that steps them: whether a schedule
-is done within a number of steps (:func:`passing`), how many steps it lasts (:func:`horizons`), a chain's
-(``ChainedScheduler``, ``SequentialLR``) included, and how many optimizer steps a run's batches make under
-gradient accumulation (:func:`optimizer_steps`). How the built-in optim uses them: ``plugins/optim/README.md``,
-"Schedulers"."""
+"""torch's learning-rate schedulers read without stepping them, for a plugin that steps them: the schedulers its
+option gives, by optimizer name (:func:`given`), whether a schedule is done within a number of steps
+(:func:`passing`), how many steps it lasts (:func:`horizons`), a chain's (``ChainedScheduler``, ``SequentialLR``)
+included, and how many optimizer steps a run's batches make under gradient accumulation (:func:`optimizer_steps`).
+How the built-in optim uses them: ``plugins/optim/README.md``, "Schedulers"."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, NamedTuple
 
-from torch.optim import lr_scheduler
+from torch.optim import Optimizer, lr_scheduler
 
-__all__ = ["HORIZONS", "horizons", "optimizer_steps", "passing"]
+from hookfit.plugins.support.options import option_error
+
+__all__ = ["HORIZONS", "Given", "given", "horizons", "optimizer_steps", "passing"]
 
 HORIZONS = ("T_max", "total_steps", "total_iters")
 """The attributes that say how many steps a scheduler's schedule lasts: ``CosineAnnealingLR``'s, ``OneCycleLR``'s,
 ``LinearLR``'s, ``PolynomialLR``'s and ``ConstantLR``'s."""
+
+SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers (torch.optim.lr_scheduler."
+                   "StepLR(opt, ...)), a list of them, or a dict of optimizer name -> scheduler or list")
+
+
+class Given(NamedTuple):
+    """One scheduler as a plugin's ``schedulers`` option gave it: under a dict's name, or none."""
+
+    name: str | None
+    scheduler: Any
+
+    @property
+    def where(self) -> str:
+        """The option as errors name it: ``schedulers`` or ``schedulers['g']``."""
+        return "schedulers" if self.name is None else f"schedulers[{self.name!r}]"
+
+
+def given(plugin: str, schedulers: Any) -> list[Given]:
+    """The schedulers of ``plugin``'s ``schedulers`` option (one, a list, or a dict of optimizer name -> scheduler or
+    list), in order, with their dict names: each given once (a chain's too), those under a name on one optimizer;
+    otherwise an error naming ``plugin`` and the option."""
+    found: list[Given] = []
+    if isinstance(schedulers, Mapping):
+        for key, value in schedulers.items():
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"{plugin}: schedulers: a dict's keys are optimizer names (strings), got {key!r}")
+            found.extend(Given(key, v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    elif schedulers is not None:
+        found = [Given(None, v) for v in (schedulers if isinstance(schedulers, (list, tuple)) else [schedulers])]
+    seen: dict[int, Any] = {}  # each scheduler so far (inside a chain too): the one given that holds it
+    by_name: dict[str, Any] = {}  # the first under each dict name
+    for item in found:
+        one = item.scheduler
+        if not (isinstance(getattr(one, "optimizer", None), Optimizer) and all(
+                callable(getattr(one, attr, None)) for attr in ("step", "state_dict", "load_state_dict"))):
+            raise option_error(plugin, item.where, one, SCHEDULERS_MUST, TypeError, shown=_shown(one))
+        inner = getattr(one, "_schedulers", None)  # torch's ChainedScheduler, SequentialLR
+        for scheduler in [one, *(inner if isinstance(inner, (list, tuple)) else ())]:
+            if (holder := seen.get(id(scheduler))) is not None:
+                inside = f" (inside the {type(holder).__name__} and on its own)" if holder is not scheduler else ""
+                raise ValueError(f"{plugin}: schedulers: the same {type(scheduler).__name__} is given twice{inside}: "
+                                 f"it would step twice; give it once")
+            seen[id(scheduler)] = one
+        first = by_name.setdefault(item.name, one) if item.name is not None else one
+        if first.optimizer is not one.optimizer:
+            raise ValueError(f"{plugin}: schedulers[{item.name!r}]: its {type(first).__name__} and "
+                             f"{type(one).__name__} are built on different optimizers; the schedulers under a name "
+                             f"drive that optimizer")
+    return found
+
+
+def _shown(value: Any) -> str:
+    """A value as an error shows it: a class as itself, anything else by its type."""
+    if isinstance(value, type):
+        return f"the class {value.__name__} (build one: {value.__name__}(optimizer, ...))"
+    return repr(value) if value is None or isinstance(value, (str, int, float)) else f"a {type(value).__name__}"
 
 
 def passing(scheduler: Any, steps: int) -> Any:
