@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hookfit.errors import user_level
-from hookfit.plugins.support import GradientWatch
+from hookfit.plugins.support import GradientWatch, StepOrder
 from hookfit.plugins.optim.nonfinite import OptimWarning, at
 from hookfit.stopping import qualname
 
@@ -42,6 +42,8 @@ class Watch:
         self._watched = self._first_stage = False  # this run's first training stage was watched; is running
         self._bypass_seen = self._backward_bypassed = False  # said: a step, a backward pass bypassing optim
         self._grads: bool | None = None  # whether a torch step while watched had a gradient (None: no step)
+        self._order, self._passing = StepOrder(), False  # the step function's order; this pass has begun
+        self._said: set[str] = set()  # what _check_order warned of
 
     def stage_start(self, own_backward: bool) -> None:
         """A training stage begins: the run's first is watched (gradients only where ``own_backward``)."""
@@ -63,7 +65,7 @@ class Watch:
 
     def passed(self) -> None:
         """optim's ``backward`` ran a pass while watching: the watch ends after :data:`WATCHED_PASSES`."""
-        self._passes += 1
+        self._passes, self._passing = self._passes + 1, False
         if self._passes >= WATCHED_PASSES:
             self._watch(False)
 
@@ -108,6 +110,9 @@ class Watch:
 
     def _grad_arrived(self, tensor: torch.Tensor) -> None:
         """A gradient arrived outside optim's pass: warn once a run, or raise where it trains another model."""
+        if self.inside and not self._passing:  # the pass's first gradient: none is accumulated yet
+            self._passing = True
+            self._order.passing()
         if self.inside or self._backward_bypassed:
             return
         self._backward_bypassed = True
@@ -127,16 +132,38 @@ class Watch:
         """A managed optimizer steps (torch's step pre-hook): whether it had a gradient; by someone else, warn."""
         if not (self._grads or args[1:] or kwargs):  # (args: self first; a closure makes its gradient inside)
             self._grads = any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
-        if self.stepping or self._bypass_seen or self._optimizers is None:
+        if self._optimizers is None:
             return
-        self._bypass_seen = True
         managed = next(m for m in self._optimizers.values() if m.optimizer is optimizer)
         call = f"loop.optimizers[{managed.name!r}]" if len(self._optimizers) > 1 else "loop.optimizers"
+        if self._own_backward and not self._backward_bypassed:  # (every pass is seen beginning)
+            self._check_order(managed.name, optimizer, call)
+        if self.stepping or self._bypass_seen:
+            return
+        self._bypass_seen = True
         warnings.warn(f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped directly"
                       f"{self._where()}, not through loop.optimizers: such a step bypasses optim's gradient clipping, "
                       f"accumulation, loss scaling, non-finite checks, schedulers and step counters. Call "
                       f"{call}.step({'closure' if args[1:] or kwargs else ''}) in the step function instead of the "
                       f"optimizer's own step()", OptimWarning, stacklevel=user_level(_TORCH))  # (past torch's)
+
+    def _check_order(self, name: str, optimizer: torch.optim.Optimizer, call: str) -> None:
+        """Warn, once a run each, of a step on gradients a pass added onto those of the previous step, and of two
+        steps with no backward pass between (README.md, "The watch")."""
+        piled, twice = self._order.stepping(optimizer)
+        head, step = f"optim: optimizer {name!r} ({type(optimizer).__name__})", self._step_name()
+        if piled and "piled" not in self._said:
+            self._said.add("piled")
+            warnings.warn(f"{head} stepped{self._where()} on gradients added onto those of its previous step, never "
+                          f"cleared: step function {step!r} calls no {call}.zero_grad(), so the gradients add up "
+                          f"across batches. Call {call}.zero_grad() in {step!r} after {call}.step() (or before "
+                          f"loop.backward(loss))", OptimWarning, stacklevel=user_level(_TORCH))
+        if twice and "twice" not in self._said:
+            self._said.add("twice")
+            warnings.warn(f"{head} stepped twice{self._where()} with no backward pass between: step function {step!r}"
+                          f" calls {call}.step() twice on the same gradients, and the schedulers stepped after each "
+                          f"step step twice too. Call {call}.step() once after each loop.backward(loss)",
+                          OptimWarning, stacklevel=user_level(_TORCH))
 
     def _step_name(self) -> str:
         return qualname(self.loop.train_step) if self.loop is not None else "the training step"

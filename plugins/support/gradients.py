@@ -1,14 +1,16 @@
 """Gradients watched for a while, without a cost left behind once the watch ends
-(:class:`GradientWatch`; also importable from :mod:`hookfit.plugins.support`)."""
+(:class:`GradientWatch`; also importable from :mod:`hookfit.plugins.support`), and what they tell of the order
+a step function backpropagates, steps and clears them in (:class:`StepOrder`)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["GradientWatch"]
+__all__ = ["GradientWatch", "StepOrder"]
 
 
 class GradientWatch:
@@ -51,3 +53,43 @@ class GradientWatch:
         for param in made:
             if not param._backward_hooks:  # no one else's hook came since
                 param._backward_hooks = None  # torch clears the tensor's hooks with it
+
+
+class StepOrder:
+    """What backward passes and optimizer steps tell of the order a step function calls them in, while watched: a
+    pass that adds onto gradients an optimizer stepped on and nothing cleared since (``None``, another tensor or all
+    zeros: ``zero_grad()`` of either kind), which its next step then takes again (a forgotten ``zero_grad()``), and an
+    optimizer stepped twice with no pass between (on the same gradients). Call :meth:`passing` as each backward pass
+    begins, before it accumulates a gradient (a tensor hook of :class:`GradientWatch` on a plain parameter runs
+    before its accumulation), and :meth:`stepping` as each step begins (torch's step pre-hook). Plain tensors only
+    (a tensor subclass's gradient may be set apart from autograd's accumulation); gradients are held weakly."""
+
+    def __init__(self) -> None:
+        self._left: dict[int, dict[int, tuple[torch.Tensor, weakref.ref[torch.Tensor], bool]]] = {}
+        """By optimizer, by parameter: the parameter, its gradient at the optimizer's latest step, whether a pass
+        has added onto it since."""
+        self._passes = 0
+        self._at: dict[int, int] = {}  # by optimizer: the passes begun before its latest step
+
+    def passing(self) -> None:
+        """A backward pass begins: gradients left from a step and not cleared are noted as added onto."""
+        self._passes += 1
+        for left in self._left.values():
+            for key, (param, grad, _) in list(left.items()):
+                if param.grad is None or param.grad is not grad() or not bool(param.grad.any()):
+                    del left[key]  # cleared since that step
+                else:
+                    left[key] = (param, grad, True)
+
+    def stepping(self, optimizer: torch.optim.Optimizer) -> tuple[bool, bool]:
+        """``optimizer`` steps: whether it takes gradients of its previous step that a pass added onto, and whether
+        no pass began since its previous step."""
+        key, passes = id(optimizer), self._passes
+        piled = any(added and param.grad is grad() for param, grad, added in self._left.get(key, {}).values())
+        twice, self._at[key] = self._at.get(key) == passes, passes
+        self._left[key] = {id(p): (p, weakref.ref(p.grad), False) for group in optimizer.param_groups
+                           for p in group["params"] if p.grad is not None and type(p) in _PLAIN}
+        return piled, twice
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
