@@ -41,6 +41,7 @@ class Schedules:
         self._assigned: dict[str, list[Any]] = {}
         self._epochwise: set[int] = set()  # the schedulers (ids) that step at each epoch's end
         self._awaiting: int | None = None  # the epoch whose monitored stage ended, its metrics not heard
+        self._modes: list[tuple[str, Monitor]] = []  # each ReduceLROnPlateau's optimizer, and its mode (_told)
 
     def _plateau_stepped(self, name: str | None) -> None:
         option = "scheduler_interval" + ("" if name is None else f"[{name!r}]")
@@ -54,7 +55,7 @@ class Schedules:
 
     def assign(self, loop: Run, optimizers: Mapping[str, Any], accumulate: int = 1) -> dict[str, list[Any]]:
         """At ``configure``: each optimizer's schedulers, in order, checked against the run's optimizers."""
-        self._awaiting, self._epochwise, self._first = None, set(), True
+        self._awaiting, self._epochwise, self._first, self._modes = None, set(), True, []
         out = self._assigned = {name: [] for name in optimizers}
         if loop.mode != "fit":
             return out
@@ -74,6 +75,8 @@ class Schedules:
                 raise ValueError(f"optim: {item.where}: the {what} is built on optimizer {owner!r}, not "
                                  f"{item.name!r}: put it under {owner!r}, or build it on {item.name!r}")
             out[owner].append(item.scheduler)
+            if isinstance(item.scheduler, PLATEAU):  # its mode, told against the metric's published direction
+                self._modes.append((owner, Monitor(self.monitor, item.scheduler.mode, plugin=NAME)))
             interval = self._by_name.get(owner, self._by_name.get(None))
             if interval == "epoch" and not isinstance(item.scheduler, PLATEAU):
                 self._epochwise.add(id(item.scheduler))
@@ -141,7 +144,18 @@ class Schedules:
         assert key is not None  # a monitor given has a metric
         if key not in metrics.values:
             raise ValueError(monitor.absent(metrics.values, metrics.epoch))  # (the closest metric suggested)
+        self._told(metrics)
         self._step_all(True, float(metrics.values[key].epoch))
+
+    def _told(self, metrics: MetricsSnapshot) -> None:
+        """Warn, once a run, of a ``ReduceLROnPlateau`` whose mode is not the monitored metric's published direction."""
+        for name, monitor in self._modes:
+            if (found := monitor.contradicted(metrics.best)) is not None:
+                warnings.warn(f"optim: the ReduceLROnPlateau of optimizer {name!r} has mode={monitor.given!r} and "
+                              f"steps on monitor={self.monitor!r}, whose direction the metrics plugin publishes as "
+                              f"{found!r} (Metrics(best=...)): it takes each improvement for none and cuts the learning"
+                              f" rate while {self.monitor} improves. Build it with ReduceLROnPlateau(opt, "
+                              f"mode={found!r})", OptimWarning, stacklevel=user_level())
 
     def epoch_end(self, epoch: int, stepped: Collection[str]) -> None:
         """The epoch-wise schedulers step (``stepped``: optimizers the run stepped); a monitored stage is published."""

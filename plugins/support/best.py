@@ -163,12 +163,22 @@ class Monitor:
                               f"{self.plugin} was given no mode and Metrics(best=...) names no direction for it); "
                               f"if higher is better, give mode='max' or Metrics(best={{{self.metric!r}: 'max'}})",
                               self.category, stacklevel=user_level())
-        elif found is not None and found != self.given and not self._warned:
-            self._warned = True
+        elif self.contradicted(published) is not None:
             warnings.warn(f"{self.plugin}: mode={self.given!r} for {self.metric}, whose direction the metrics "
                           f"plugin publishes as {found!r} (Metrics(best=...)); {self.plugin} keeps {self.given!r}: "
                           f"leave mode out to follow the metrics plugin", self.category, stacklevel=user_level())
         return self.mode
+
+    def contradicted(self, published: Mapping[str, str]) -> str | None:
+        """The direction a snapshot of ``metric``'s stage publishes for it (its ``best``) where that is not the
+        ``mode`` given, the first time a run (:meth:`start`); else ``None`` (no mode given, none published, the
+        same, or already told). :meth:`follow` warns of it; a plugin whose mode is given another way (an object of
+        the user's that it steps) asks here and warns in its own words."""
+        found = published.get(self.key) if self.key is not None else None
+        if self.given is None or found is None or found == self.given or self._warned:
+            return None
+        self._warned = True
+        return found
 
     def absent(self, published: Iterable[str], epoch: int, then: str = "") -> str:
         """What to say of a snapshot of ``metric``'s stage that lacks it: the plugin, the option,

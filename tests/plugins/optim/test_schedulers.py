@@ -190,6 +190,45 @@ def test_a_valid_monitor_in_a_run_without_validation_fails_before_any_batch() ->
     assert steps == []
 
 
+def accuracy_step(loop, batch):
+    """A validation step whose ``acc`` rises as the model learns (the fraction of outputs within 1 of the target)."""
+    return {"acc": ((loop.model(batch[0]) - batch[1]).abs() < 1).float().mean(), "loss": mse(loop.model, batch)}
+
+
+def plateau_run(mode: str | None, monitor: str = "valid/acc", best: dict | None = None) -> tuple[list[str], list]:
+    """The OptimWarnings of a run whose ReduceLROnPlateau (``mode``, torch's "min" when ``None``) steps on
+    ``monitor``, ``best`` the directions given to Metrics; and the learning rate at each epoch's end."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.3)
+    plateau = lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5, **({"mode": mode} if mode else {}))
+    lrs = Lrs(opt)
+    loop = hookfit.Loop(train_step, TRAIN * 4, val_step=accuracy_step, val_data=VALID, model=m, optimizers=opt,
+                        max_epochs=4, plugins=[Optim(schedulers=plateau, monitor=monitor), Metrics(best=best), lrs])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.fit()
+    said = [w for w in caught if issubclass(w.category, OptimWarning) and "ReduceLROnPlateau" in str(w.message)]
+    assert all(w.filename == __file__ for w in said)  # the fit() line
+    return [str(w.message) for w in said], lrs.seen
+
+
+@pytest.mark.bad_input
+def test_a_plateau_left_at_min_on_a_metric_published_as_higher_is_better_warns_once_naming_the_fix() -> None:
+    """Lightning's ReduceLROnPlateau(opt) on an accuracy: the learning rate was cut each time it improved."""
+    said, lrs = plateau_run(None, best={"valid/acc": "max"})
+    assert said == [
+        "optim: the ReduceLROnPlateau of optimizer 'default' has mode='min' and steps on monitor='valid/acc', whose "
+        "direction the metrics plugin publishes as 'max' (Metrics(best=...)): it takes each improvement for none and "
+        "cuts the learning rate while valid/acc improves. Build it with ReduceLROnPlateau(opt, mode='max')"]
+    assert lrs[-1] < 0.3  # (what it warns of: the rate was cut)
+
+
+def test_a_plateau_whose_mode_is_the_metrics_direction_or_a_direction_not_published_says_nothing() -> None:
+    assert plateau_run("max", best={"valid/acc": "max"})[0] == []
+    assert plateau_run(None, monitor="valid/loss", best={"valid/loss": "min", "valid/acc": "max"})[0] == []
+    assert plateau_run("max")[0] == []  # nothing published: nothing contradicted
+
+
 # -- per step, per epoch, chains and lists ---------------------------------------------------
 
 

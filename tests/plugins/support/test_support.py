@@ -126,6 +126,21 @@ def test_a_metric_named_as_higher_is_better_compared_by_the_default_min_is_warne
     assert said("valid/acc", {}, mode="min") == [] and said("valid/acc", {}, mode="max") == []  # given
 
 
+def test_a_published_direction_that_contradicts_the_given_mode_is_told_once_a_run_and_warns_nothing() -> None:
+    """``contradicted`` is what ``follow`` warns of, for a plugin that warns in its own words (optim's plateau)."""
+    import warnings
+
+    monitor = common.Monitor("valid/acc", mode="min", plugin="optim")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        told = [monitor.contradicted({"acc": "min"}), monitor.contradicted({}), monitor.contradicted({"acc": "max"}),
+                monitor.contradicted({"acc": "max"})]
+        monitor.start()
+        told.append(monitor.contradicted({"acc": "max"}))  # a new run: told again
+    assert told == [None, None, "max", None, "max"]
+    assert common.Monitor("valid/acc").contradicted({"acc": "max"}) is None  # no mode given: it follows
+
+
 def test_a_monitor_restores_a_saved_best_and_forgets_one_that_is_not_finite() -> None:
     monitor = common.Monitor("train/acc", mode="max")
     monitor.reset(0.5, at=(1, 10))
