@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from hookfit.errors import HookfitWarning
 from hookfit.plugins import support as common
 
 
@@ -139,6 +140,12 @@ def test_a_published_direction_that_contradicts_the_given_mode_is_told_once_a_ru
         told.append(monitor.contradicted({"acc": "max"}))  # a new run: told again
     assert told == [None, None, "max", None, "max"]
     assert common.Monitor("valid/acc").contradicted({"acc": "max"}) is None  # no mode given: it follows
+    given = common.Monitor("valid/acc", mode="min", plugin="checkpoint")  # follow warns of it, once a run
+    with pytest.warns(HookfitWarning) as caught:
+        assert [given.follow({"acc": "max"}), given.follow({"acc": "max"})] == ["min", "min"]
+    assert [str(w.message) for w in caught] == [
+        "checkpoint: mode='min' for valid/acc, whose direction the metrics plugin publishes as 'max' "
+        "(Metrics(best=...)); checkpoint keeps 'min': leave mode out to follow the metrics plugin"]
 
 
 def test_a_monitor_restores_a_saved_best_and_forgets_one_that_is_not_finite() -> None:
