@@ -65,6 +65,8 @@ class Watch:
 
     def passed(self) -> None:
         """optim's ``backward`` ran a pass while watching: the watch ends after :data:`WATCHED_PASSES`."""
+        if not self._passing:  # (a pass that reached no watched parameter: it counts, and added onto none of them)
+            self._order.passing(judge=False)
         self._passes, self._passing = self._passes + 1, False
         if self._passes >= WATCHED_PASSES:
             self._watch(False)
@@ -84,6 +86,7 @@ class Watch:
         if not self._backward_bypassed and self._own_backward:
             watched = {id(p): p for m in managed for p in m.params if p.requires_grad and p.is_leaf}
             self._grad_hooks = GradientWatch(watched.values(), self._grad_arrived)
+            self._order = StepOrder(watched.values())  # (the gradients its hooks see arriving are judged)
 
     def _stepped(self) -> int:
         """The managed optimizers' steps so far, taken or skipped (a non-finite loss)."""

@@ -60,21 +60,24 @@ class StepOrder:
     pass that adds onto gradients an optimizer stepped on and nothing cleared since (``None``, another tensor or all
     zeros: ``zero_grad()`` of either kind), which its next step then takes again (a forgotten ``zero_grad()``), and an
     optimizer stepped twice with no pass between (on the same gradients). Call :meth:`passing` as each backward pass
-    begins, before it accumulates a gradient (a tensor hook of :class:`GradientWatch` on a plain parameter runs
-    before its accumulation), and :meth:`stepping` as each step begins (torch's step pre-hook). Plain tensors only
-    (a tensor subclass's gradient may be set apart from autograd's accumulation); gradients are held weakly."""
+    begins, before it accumulates a gradient into ``params`` (a tensor hook of :class:`GradientWatch` on each runs
+    before its accumulation), and :meth:`stepping` as each step begins (torch's step pre-hook). The gradients of
+    ``params`` alone are judged, of plain tensors (a tensor subclass's may be set apart from autograd's
+    accumulation), and held weakly."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: Iterable[torch.Tensor] = ()) -> None:
+        self._judged = {id(p) for p in params if type(p) in _PLAIN}
         self._left: dict[int, dict[int, tuple[torch.Tensor, weakref.ref[torch.Tensor], bool]]] = {}
         """By optimizer, by parameter: the parameter, its gradient at the optimizer's latest step, whether a pass
         has added onto it since."""
         self._passes = 0
         self._at: dict[int, int] = {}  # by optimizer: the passes begun before its latest step
 
-    def passing(self) -> None:
-        """A backward pass begins: gradients left from a step and not cleared are noted as added onto."""
+    def passing(self, judge: bool = True) -> None:
+        """A backward pass begins: gradients left from a step and not cleared are noted as added onto (``judge``
+        false: told after a pass that accumulated into none of ``params``, which counts it alone)."""
         self._passes += 1
-        for left in self._left.values():
+        for left in self._left.values() if judge else ():
             for key, (param, grad, _) in list(left.items()):
                 if param.grad is None or param.grad is not grad() or not bool(param.grad.any()):
                     del left[key]  # cleared since that step
@@ -88,7 +91,7 @@ class StepOrder:
         piled = any(added and param.grad is grad() for param, grad, added in self._left.get(key, {}).values())
         twice, self._at[key] = self._at.get(key) == passes, passes
         self._left[key] = {id(p): (p, weakref.ref(p.grad), False) for group in optimizer.param_groups
-                           for p in group["params"] if p.grad is not None and type(p) in _PLAIN}
+                           for p in group["params"] if p.grad is not None and id(p) in self._judged}
         return piled, twice
 
 

@@ -193,3 +193,21 @@ def test_a_gan_a_discriminator_trained_k_times_and_sams_two_passes_say_nothing()
 
     said, steps = fit(sam, m, torch.optim.SGD(m.parameters(), lr=0.01))
     assert order(said) == [] and steps == {"default": 6}
+
+
+@pytest.mark.parametrize("to_none", [True, False])
+def test_passes_that_reach_no_watched_parameter_count_as_passes(to_none: bool) -> None:
+    """The watch hooks the parameters that require a gradient when the stage starts; a model unfrozen by the step
+    function (a backbone's schedule) is back-propagated through parameters it did not hook: each step after its
+    pass is one step a pass, and gradients it cleared to zeros are not taken for gradients left."""
+    m = model()
+    m.requires_grad_(False)
+
+    def train_step(loop, batch):
+        m.requires_grad_(True)
+        loop.optimizers.zero_grad(set_to_none=to_none)
+        loop.backward(loss_of(m, batch))
+        loop.optimizers.step()
+
+    said, steps = fit(train_step, m, torch.optim.SGD(m.parameters(), lr=0.01))
+    assert order(said) == [] and steps == {"default": 6}
