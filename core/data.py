@@ -6,7 +6,8 @@ for data that already sits in tensors. It indexes whole batches at once instead 
 single samples, so a batch costs a few microseconds instead of a few hundred.
 
 Of any data the loop and the plugins ask: :func:`length` (how many batches, ``None`` for a
-stream), :func:`one_pass` (an iterator, used up after one pass), :func:`tell_epoch` (the epoch
+stream), :func:`stage_length` (a run's ``train_data`` or ``val_data``, several validation sets
+summed), :func:`one_pass` (an iterator, used up after one pass), :func:`tell_epoch` (the epoch
 before each one); :func:`check_passes` refuses, as a ``Loop`` is made, data that would fail the run
 later (used up after one pass, an empty validation set); whether a resume rebuilds its order is :mod:`hookfit.order`'s.
 """
@@ -23,7 +24,8 @@ import torch
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.reproducibility import as_int
 
-__all__ = ["FACTORY", "Batches", "check_passes", "generators", "length", "one_pass", "tell_epoch"]
+__all__ = ["FACTORY", "Batches", "check_passes", "generators", "length", "one_pass", "stage_length",
+           "tell_epoch"]
 
 _MASK = (1 << 64) - 1
 _GATHER_BYTES = 256 << 10
@@ -40,6 +42,16 @@ def length(data: Any) -> int | None:
         return len(data)
     except TypeError:
         return None
+
+
+def stage_length(data: Any) -> int | None:
+    """How many batches a stage over a run's ``train_data`` or ``val_data`` runs: :func:`length`,
+    and of several validation sets (``Loop(val_data={name: data, ...})``, a mapping) the sum of
+    theirs, ``None`` when one of them cannot say (``len()`` of the mapping counts its sets)."""
+    if isinstance(data, Mapping):
+        counts = [length(part) for part in data.values()]
+        return sum(count for count in counts if count is not None) if None not in counts else None
+    return length(data)
 
 
 def bounded_length(data: Any) -> int | None:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from hookfit.data import length
+from hookfit.data import stage_length
 from hookfit.state import State
 
 __all__ = ["SizedValSets", "ValSets", "per_set"]
@@ -24,7 +24,7 @@ class ValSets:
     names the set whose batches are coming. Sized when every set is."""
 
     def __new__(cls, sets: Mapping[str, Any], state: State) -> ValSets:
-        sized = all(length(data) is not None for data in sets.values())
+        sized = stage_length(sets) is not None
         return super().__new__(SizedValSets if sized and cls is ValSets else cls)
 
     def __init__(self, sets: Mapping[str, Any], state: State) -> None:

@@ -6,13 +6,13 @@ functions of the rank and the world size; the process group is the plugin's
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DistributedSampler
 
-from hookfit.data import length as data_length
+from hookfit.data import stage_length
 
 
 class ExactSampler(DistributedSampler[int]):
@@ -126,8 +126,5 @@ def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int,
 def length(data: Any) -> int:
     """The number of batches of ``data``, ``-1`` when it has no length (of several
     validation sets, a mapping: their sum)."""
-    if isinstance(data, Mapping):
-        counts = [length(part) for part in data.values()]
-        return -1 if -1 in counts else sum(counts)
-    counted = data_length(data)
+    counted = stage_length(data)
     return -1 if counted is None else counted

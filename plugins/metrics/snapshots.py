@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
-from hookfit.data import length
+from hookfit.data import stage_length
 from hookfit.payloads import MetricsSnapshot, Value
 from hookfit.plugins.metrics.aggregate import Stage
 from hookfit.plugins.metrics.directions import Directions
@@ -28,7 +28,7 @@ def build(loop: Run, stage: str, agg: Stage, values: dict[str, Value], direction
         max_epochs=loop.max_epochs,
         step=loop.state.step,
         batches=agg.batches,
-        total=length(data),
+        total=stage_length(data),
         samples=agg.samples if agg.global_samples is None else agg.global_samples,
         elapsed=agg.elapsed(),
         values=MappingProxyType(values),

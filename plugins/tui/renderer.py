@@ -16,7 +16,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
-from hookfit.data import length
+from hookfit.data import stage_length
 from hookfit.errors import user_level
 from hookfit.files import FileWarning
 from hookfit.loop import end_with
@@ -208,7 +208,7 @@ class TuiRenderer(Debugging):
                 self._resume_if_let_go()
             data = loop.train_data if stage == "train" else loop.val_data
             state = loop.state  # (batch_idx: the stage's first batch, later than 0 in a resumed epoch)
-            self._inbox.append(("stage", stage, state.epoch, length(data), state.batch_idx))
+            self._inbox.append(("stage", stage, state.epoch, stage_length(data), state.batch_idx))
 
     @hookimpl
     def stage_end(self, stage: str) -> None:

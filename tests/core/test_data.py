@@ -36,6 +36,14 @@ def assert_same(got: list, want: list) -> None:
 
 # -- validation -------------------------------------------------------------------------------
 @pytest.mark.bad_input
+def test_a_stage_over_several_validation_sets_counts_the_batches_of_all():
+    """``len()`` of ``Loop(val_data={...})`` counts the sets; a stage runs the batches of all."""
+    sets = {"clean": [1, 2], "noisy": DataLoader(TensorDataset(torch.zeros(5)), batch_size=2)}
+    assert len(sets) == 2 and hookfit.data.stage_length(sets) == 5
+    assert hookfit.data.stage_length([1, 2, 3]) == 3
+    assert hookfit.data.stage_length({"clean": [1], "stream": iter([1])}) is None  # one cannot say
+
+
 def test_lengths_must_agree_and_are_named():
     with pytest.raises(ValueError, match=r"\[10, 9\]"):
         Batches(torch.zeros(10, 2), torch.zeros(9), batch_size=4)

@@ -5,6 +5,7 @@ once."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import hookfit
 from conftest import StopAfter, resumable_run
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.checkpoint.storage import read
+from hookfit.plugins.console import Console
 from hookfit.plugins.early_stopping import EarlyStopping
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.metrics_log import MetricsLog
@@ -111,6 +113,16 @@ def test_a_stop_inside_a_validation_within_training_publishes_both_innermost_fir
     assert got == [("valid", 0, 3, 3, 20.0), ("valid", 0, 1, 3, 10.0), ("train", 0, 4, 6, 2.5)]
     assert [(r.get("stage"), r.get("batches")) for r in rows(tmp_path)] == [
         ("valid", 3), ("valid", 1), ("train", 4), (None, None)]
+
+
+def test_the_total_of_several_validation_sets_is_their_batches_so_a_cut_one_reads_partial(tmp_path: Path) -> None:
+    """``total`` of a validation over two sets (2 and 1 batches) is 3, not the 2 sets: stopped
+    after the first set, its 2 batches read as a part of it (the console's ``batches=2/3``)."""
+    collect, printed = Collect(), io.StringIO()
+    hookfit.Loop(step, [1, 2], val_step=step, val_data={"clean": [10, 20], "noisy": [30]}, max_epochs=2,
+                 run_dir=tmp_path, plugins=[Metrics(), Console(stream=printed), collect, StopAfter(4)]).fit()
+    assert [(s.stage, s.epoch, s.batches, s.total) for s in collect.epochs] == [("train", 0, 2, 2), ("valid", 0, 2, 3)]
+    assert "batches=2/3" in next(line for line in printed.getvalue().splitlines() if line.startswith("hookfit valid"))
 
 
 def test_a_stop_inside_the_epochs_validation_publishes_the_partial_validation(tmp_path: Path) -> None:

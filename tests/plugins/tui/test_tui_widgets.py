@@ -636,3 +636,37 @@ def test_the_epoch_and_valid_columns_are_the_running_epochs_means_so_far() -> No
     state = hookfit.State(step=24, status="completed", stop_reason="done", started_at=0, ended_at=2)
     d.receive("epoch", snap("valid", 1, 24, 4, 4, {"loss": (3.0, 3.0, 3.5)}, final=True), True)
     assert any(line.split() == ["loss", "9.5", "3.5"] for line in summary(d, state))  # the summary: the last epoch
+
+
+def test_several_validation_sets_count_their_batches_in_the_bars(monkeypatch, tmp_path) -> None:
+    """A real run with two validation sets (2 and 1 batches): the validation bar counts the
+    batches of both, 3, and the run's bar stays under 100 % until the last of them. Read after
+    every validation batch, as the UI thread reads the messages and the counters."""
+    torch = pytest.importorskip("torch")
+    import hookfit.plugins.tui.renderer as renderer_module
+    from hookfit import hookimpl
+    from hookfit.plugins.metrics import Metrics
+
+    monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
+    monkeypatch.setattr(TuiRenderer, "_start_screen", lambda self: setattr(self, "_screen", None))
+    monkeypatch.setattr(TuiRenderer, "_ui", lambda self: None)
+    tui, seen = TuiRenderer(), []
+
+    class Reader:  # the UI thread's reading, on the training thread: one frame a validation batch
+        @hookimpl
+        def batch_end(self, loop) -> None:
+            state, d = loop.state, tui._dashboard
+            if state.stage == "valid":
+                while tui._inbox:
+                    d.receive(*tui._inbox.popleft())
+                d.receive("tick", state.stage, state.epoch, state.batch_idx, state.step, 0.0)
+                seen.append((d.stage_label().split()[1], round(d.run_fraction(), 3)))
+
+    state = hookfit.Loop(lambda loop, b: {"loss": torch.tensor(1.0)}, [1, 2, 3, 4],
+                         val_step=lambda loop, b: {"acc": torch.tensor(0.5)},
+                         val_data={"clean": [1, 2], "noisy": [3]}, max_epochs=1, run_dir=tmp_path,
+                         plugins=[Metrics(), tui, Reader()]).fit()
+    assert state.status == "completed"
+    assert [label for label, _ in seen] == ["0/3", "1/3", "2/3"]  # (batch_idx: the batch in progress)
+    fractions = [fraction for _, fraction in seen]
+    assert fractions == sorted(set(fractions)) and fractions[-1] < 1.0  # a batch still to go: not 100 %
