@@ -11,8 +11,9 @@ one line what to install) it prints the plain-text summary and curves that a fin
 prints; that needs no urwid. Progress is counted as the run counted it (steps when its
 ``max_steps``, in ``run.jsonl``, ended it first), and a finished run shows where it ended: its
 last step, epoch and metrics (its end lines), and the warnings the run recorded (``run.jsonl``'s
-``"warning"`` lines, a line each with its step). A run folder resumed into is timed over all its
-fits (the clock, the time lines), the summary adding the last one's.
+``"warning"`` lines, a line each with its step; a training's own, not those of an evaluation in its
+folder). A run folder resumed into is timed over all its fits (the clock, the time lines), the
+summary adding the last one's.
 
 ``hookfit compare`` is :mod:`hookfit.plugins.tui.compare`'s.
 """
@@ -196,22 +197,21 @@ def _skipped(dash: DashboardModel, row: Mapping[str, Any]) -> None:
 def recorded_warnings(folder: Path) -> list[str]:
     """The warnings the run recorded in ``run.jsonl`` (its ``"warning"`` lines, :mod:`hookfit.runwarnings`)
     along its current history, a line each as the dashboard's summary says them (:func:`said`),
-    with the step they came at; those of an evaluation appended to the folder
-    (``Loop.validate()``) are marked as the evaluation's, and a ``"warnings_dropped"`` line
-    says how many more there were."""
-    out, evaluating = [], False
-    for line in runs.current(runs.read_jsonl(folder / "run.jsonl")):
+    with the step they came at, and a ``"warnings_dropped"`` line's count of more. A training run's
+    are its fits' alone: an evaluation (``Loop.validate()``) in its folder records its own, which are
+    not the training's (:func:`hookfit.tools.runs.fit_lines`); a folder of evaluations alone shows theirs."""
+    lines = runs.current(runs.read_jsonl(folder / "run.jsonl"))
+    fits = runs.fit_lines(lines)
+    out = []
+    for line in fits if any(line.get("event") == "run" for line in fits) else lines:
         event = line.get("event")
-        if event == "run":
-            evaluating = line.get("mode", "fit") != "fit"
-        elif event == "warning":
+        if event == "warning":
             step = line.get("step")
-            where = ["evaluation"] if evaluating else []
-            where += [f"step {step}"] if jsonlines.count(step) else []
-            text = said(str(line.get("category", "Warning")), str(line.get("message", "")), ", ".join(where))
+            text = said(str(line.get("category", "Warning")), str(line.get("message", "")),
+                        f"step {step}" if jsonlines.count(step) else "")
             out.append(f"warning: {text}")
         elif event == "warnings_dropped" and jsonlines.count(line.get("count")):
-            out.append(f"warning: {more(line['count'])}" + (" (evaluation)" if evaluating else ""))
+            out.append(f"warning: {more(line['count'])}")
     return out
 
 

@@ -138,8 +138,12 @@ def test_show_lists_the_warnings_the_run_recorded(tmp_path: Path, capsys: pytest
     assert model_.log == ["warning: UserWarning: THE STEP WARNS ON TWO LINES (step 2)"]
 
 
-def test_show_marks_an_evaluations_warnings_and_says_how_many_were_not_recorded(
+def test_show_of_a_training_run_leaves_out_an_evaluations_warnings_and_shows_them_of_an_evaluation(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An evaluation (``Loop.validate(resume=...)``) in the training run's folder records its own
+    warnings in ``run.jsonl``: the training's view (the summary and the log pane) shows the
+    training's alone; the view of a folder of evaluations alone shows theirs, and how many were
+    not recorded."""
     import warnings
 
     from hookfit.runwarnings import KEPT
@@ -162,10 +166,16 @@ def test_show_marks_an_evaluations_warnings_and_says_how_many_were_not_recorded(
         hookfit.Loop(step, data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
                      val_step=val_step, val_data=[0], run_dir=tmp_path,
                      plugins=[Optim(), Metrics(), MetricsLog(), Checkpoint(background=False)]).fit()
-        hookfit.Loop(step, data, model=model, val_step=val_step, val_data=[0], run_dir=tmp_path,
-                     plugins=[Metrics(), MetricsLog(), Checkpoint(background=False)]).validate(resume="latest")
+        for folder in (tmp_path, tmp_path / "evaluated"):  # the run's folder, then one of its own
+            hookfit.Loop(step, data, model=model, val_step=val_step, val_data=[0], run_dir=folder,
+                         plugins=[Metrics(), MetricsLog(), Checkpoint(background=False)]).validate(
+                resume=str(tmp_path / "checkpoints"))
+    assert "THE EVALUATION WARNS 0" in (tmp_path / "run.jsonl").read_text()  # recorded, as the evaluation's
     out = show_text(tmp_path, capsys)
     assert "\n  warning: UserWarning: THE FIT WARNS (step 1)\n" in out, out
-    assert re.search(r"^  warning: UserWarning: THE EVALUATION WARNS 0 \(evaluation, step \d+\)$", out, re.M), out
-    assert "THE EVALUATION WARNS 0 (step" not in out, out
-    assert re.search(r"^  warning: … and \d+ more \(evaluation\)$", out, re.M), out
+    assert "EVALUATION" not in out and "more" not in out, out
+    model_, _, _, _ = _dashboard(tmp_path, draw=False)
+    assert model_.log == ["warning: UserWarning: THE FIT WARNS (step 1)"]
+    out = show_text(tmp_path / "evaluated", capsys)
+    assert re.search(r"^  warning: UserWarning: THE EVALUATION WARNS 0 \(step \d+\)$", out, re.M), out
+    assert re.search(r"^  warning: … and \d+ more$", out, re.M) and "THE FIT WARNS" not in out, out
