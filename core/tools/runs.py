@@ -59,7 +59,7 @@ from hookfit.tools.metric_rows import (ROW_FIELDS, best, cut_short, default_metr
 __all__ = ["LIMIT", "PARTIAL", "ROW_FIELDS", "RunInfo", "best", "checked", "current", "default_metric", "direction",
            "directions", "epoch_rows", "evaluated_directions", "final", "find", "followed", "load", "metric_names",
            "read_bytes", "read_jsonl", "read_metrics", "resumed_from", "run_folders", "series",
-           "series_names"]
+           "series_names", "trained_directions"]
 
 Line = TypeVar("Line", bound=Mapping[str, Any])
 
@@ -241,12 +241,19 @@ def evaluated_directions(own: Mapping[str, str], checkpoint: str | None) -> dict
     (``Metrics(best={"valid/acc": "max"})``) ranks by it too, though the evaluating ``Loop``'s
     metrics plugin was given no direction. Only what that run's log says; ``own`` alone without it."""
     known = dict(own)
+    for name, mode in trained_directions(checkpoint).items():
+        known.setdefault(name, mode)
+    return known
+
+
+def trained_directions(checkpoint: str | os.PathLike[str] | None) -> dict[str, str]:
+    """The directions (:func:`directions`) the log of the training run whose checkpoint ``checkpoint``
+    is (a file in that run folder's ``checkpoints/``) records, ``{}`` for a checkpoint in no run folder."""
     path = Path(checkpoint) if checkpoint else None
     folder = path.parent.parent if path is not None and path.parent.name == "checkpoints" else None
-    if folder is not None and is_run(folder):  # (its damage is said where that run is read)
-        for name, mode in directions(followed(read_metrics(folder / "metrics.jsonl"))).items():
-            known.setdefault(name, mode)
-    return known
+    if folder is None or not is_run(folder):
+        return {}
+    return directions(followed(read_metrics(folder / "metrics.jsonl")))  # (its damage is said where that run is read)
 
 
 def fit_lines(lines: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -29,7 +29,10 @@
   ``"valid/noisy/acc"``) names one set's metric and ``"acc"`` every set's. ``loss`` is
   ``"min"`` unless configured otherwise (the loss is what the step minimises); nothing else is
   guessed from a name: a metric not configured has no direction (no best value is marked).
-  Checked at construction: names as keys, ``"min"`` or ``"max"`` as values.
+  An evaluation of a run's checkpoint (``Loop.validate(resume=...)``, the checkpoint in that
+  run folder's ``checkpoints/``) takes the directions the run's ``metrics.jsonl`` records for the
+  metrics ``best`` leaves without one. Checked at construction: names as keys, ``"min"`` or
+  ``"max"`` as values.
 * ``derived={"ppl": lambda m: math.exp(m["loss"])}``: metrics computed from the aggregated
   ones at every publication and at each stage's end, train and valid (per validation set), never
   averaged batch by batch: the epoch's ``ppl`` is ``exp`` of the epoch's mean loss. They are

@@ -29,7 +29,7 @@ class Directions:
 
     ``best`` is checked here, at construction, with an error naming ``plugin``, the option and
     the entry: a mapping whose keys are non-empty names and whose values are ``"min"`` or
-    ``"max"``."""
+    ``"max"``. What ``best`` leaves without one can come from a training run (:meth:`learn`)."""
 
     def __init__(self, best: Mapping[str, str] | None, *, plugin: str = "metrics", option: str = "best") -> None:
         if best is None:
@@ -48,7 +48,17 @@ class Directions:
                                    "(higher is better)")
         self.given: Mapping[str, str] = MappingProxyType(dict(best))
         """The directions as configured (read-only)."""
+        self.trained: Mapping[str, str] = MappingProxyType({})
+        """``"<stage>/<name>"`` -> direction, of a training run (:meth:`learn`)."""
         self._cache: dict[tuple[str, tuple[str, ...]], Mapping[str, str]] = {}
+
+    def learn(self, trained: Mapping[str, str]) -> None:
+        """Take the directions a training run recorded (``"<stage>/<name>"`` -> ``"min"`` or
+        ``"max"``, its metrics log's ``"best"`` line) for the metrics that ``best`` gives none, after
+        ``best``'s and before ``loss``'s default: an evaluation of that run's checkpoint judges its
+        metrics as the run did. ``{}`` forgets them."""
+        self.trained = MappingProxyType({str(k): v for k, v in trained.items() if v in MODES})
+        self._cache.clear()
 
     def key(self, stage: str, name: str) -> str | None:
         """The key of ``best`` that gives metric ``name`` of ``stage`` its direction, or ``None``."""
@@ -61,22 +71,29 @@ class Directions:
         key = self.key(stage, name)
         if key is not None:
             return self.given[key]
-        return "min" if name.rsplit("/", 1)[-1] == "loss" else None
+        return self.trained.get(f"{stage}/{name}") or ("min" if name.rsplit("/", 1)[-1] == "loss" else None)
 
     def of(self, stage: str, names: Iterable[str]) -> Mapping[str, str]:
         """The directions of ``stage``'s metrics ``names`` that have one (read-only), for
         :attr:`hookfit.payloads.MetricsSnapshot.best`: those the user configured in the order
         of their keys in ``best`` (a reader takes the first one as the metric a run is judged
-        by, :func:`hookfit.tools.runs.default_metric`), then ``loss``'s default; names that one
-        key gives in the order of ``names``."""
+        by, :func:`hookfit.tools.runs.default_metric`), then those a training run gave (:meth:`learn`),
+        in its order, then ``loss``'s default; names that one key gives in the order of ``names``."""
         key = (stage, tuple(names))
         found = self._cache.get(key)
         if found is None:
             if len(self._cache) >= _CACHED:
                 self._cache.clear()
-            rank = {given: i for i, given in enumerate(self.given)}
-            named = sorted((name for name in key[1] if self.direction(stage, name) is not None),
-                           key=lambda name: rank.get(self.key(stage, name) or "", len(rank)))
+            given = {name: i for i, name in enumerate(self.given)}
+            trained = {name: i for i, name in enumerate(self.trained)}
+
+            def rank(name: str) -> tuple[int, int]:
+                configured = self.key(stage, name)
+                if configured is not None:
+                    return 0, given[configured]
+                return (1, trained[f"{stage}/{name}"]) if f"{stage}/{name}" in trained else (2, 0)
+
+            named = sorted((name for name in key[1] if self.direction(stage, name) is not None), key=rank)
             found = self._cache[key] = MappingProxyType({name: str(self.direction(stage, name)) for name in named})
         return found
 

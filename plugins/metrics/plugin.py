@@ -13,7 +13,7 @@ import torch
 
 from hookfit import HookfitWarning, hookimpl
 from hookfit.errors import user_level
-from hookfit.payloads import MetricsSnapshot, Value
+from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
 from hookfit.plugins.support import Every, cut_short, flag, integer, number, positive_int
 from hookfit.plugins.metrics import gauges, hookspecs, ranks, snapshots
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
@@ -21,6 +21,7 @@ from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Ten
 from hookfit.plugins.metrics.derived import Derived, Function
 from hookfit.plugins.metrics.directions import Directions
 from hookfit.plugins.metrics.results import Report
+from hookfit.tools.runs import trained_directions
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run, Step
@@ -79,8 +80,17 @@ class Metrics:
             s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
         }
         self._stage, self._stage_name, self._outer, self._said_sync, self._said_numbers = None, None, [], False, set()
+        self.directions.learn({})
         self.report = Report(self.directions)
         self.derived.reset()
+
+    @hookimpl
+    def resumed(self, loop: Run, info: ResumeInfo) -> None:
+        """An evaluation (``Loop.validate(resume=...)``) of a training run's checkpoint judges the
+        metrics that ``best`` gives no direction as that run did: by the directions its metrics log
+        records (:func:`hookfit.tools.runs.trained_directions`)."""
+        if loop.mode != "fit":
+            self.directions.learn(trained_directions(info.source))
 
     @hookimpl
     def stage_start(self, loop: Run, stage: str) -> None:

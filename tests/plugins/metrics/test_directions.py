@@ -4,6 +4,7 @@ otherwise."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -104,3 +105,41 @@ def test_directions_come_in_the_order_the_user_gave_them_then_the_loss() -> None
     got = published({"perplexity": "min", "valid/acc": "max", "mae": "min"})
     assert list(got["valid"]) == ["perplexity", "acc", "mae", "loss"]
     assert list(got["train"]) == ["perplexity", "mae", "loss"]
+
+
+def test_an_evaluation_of_a_runs_checkpoint_judges_as_the_run_did_its_own_directions_first(tmp_path, capsys) -> None:
+    """``Loop.validate(resume=<a run's checkpoint>)`` with ``Metrics()`` given no direction takes
+    those the run's metrics log records (``valid/clean/acc``: higher is better): its snapshots, its
+    results and the console's result line say ``best=``, not ``min=``/``max=``; a direction the
+    evaluation gives wins, and a checkpoint in no run folder brings none."""
+    from hookfit.plugins.checkpoint import Checkpoint
+    from hookfit.plugins.console import Console
+    from hookfit.plugins.metrics_log import MetricsLog
+
+    sets, model = {"clean": [1, 2], "noisy": [3]}, torch.nn.Linear(1, 1)
+    run = tmp_path / "run"
+    hookfit.Loop(step, [1, 2], val_step=step, val_data=sets, model=model, run_dir=run,
+                 plugins=[Metrics(best={"valid/clean/acc": "max", "mae": "min"}), MetricsLog(),
+                          Checkpoint(background=False)]).fit()
+    checkpoint = str(next((run / "checkpoints").glob("*.pt")))
+
+    def evaluated(metrics: Metrics, resume: str) -> tuple[dict[str, str], Any, str]:
+        collect = Collect()
+        capsys.readouterr()
+        plugins = [metrics, Console(), collect, Checkpoint(background=False)]
+        state = hookfit.Loop(val_step=step, val_data=sets, model=model, run_dir=tmp_path / "evaluation",
+                             plugins=plugins).validate(resume=resume)
+        return dict(collect.epochs[-1].best), state.results["best"], capsys.readouterr().out
+
+    best, results, out = evaluated(Metrics(), checkpoint)
+    assert best == {"clean/acc": "max", "clean/mae": "min", "noisy/mae": "min", "clean/loss": "min",
+                    "noisy/loss": "min"}
+    assert "valid/clean/acc" in results and "valid/noisy/acc" not in results
+    assert "hookfit result stage=valid metric=clean/acc last=0.5 best=0.5 best_epoch=1" in out, out
+    assert "metric=noisy/acc last=0.5 min=0.5" in out, out  # the run gave it no direction either
+    best, _, _ = evaluated(Metrics(best={"acc": "min"}), checkpoint)
+    assert best["clean/acc"] == "min" and best["noisy/acc"] == "min" and best["clean/mae"] == "min"
+    elsewhere = tmp_path / "copied.pt"
+    elsewhere.write_bytes(Path(checkpoint).read_bytes())
+    best, _, _ = evaluated(Metrics(), str(elsewhere))
+    assert best == {"clean/loss": "min", "noisy/loss": "min"}
