@@ -8,7 +8,9 @@ recent window, downsampled by min/max per bucket; its axis reaches the metric's 
 ``×`` where the values were NaN or infinite and ``!`` at every skipped step), progress of the
 stage and of the run with rate and ETA (validation time included; counted in steps when
 ``max_steps`` ends the run first; 100 % and no ETA once it completed), a log pane with whatever
-the run printed (and where a resumed run continues from: the ``resumed`` event), a status line
+the run printed (and where a resumed run continues from: the ``resumed`` event; the table and
+curves of a run that continues its folder's records start with what its ``metrics.jsonl`` holds from
+before, as ``hookfit show`` draws them), a status line
 (``mostly skipped`` when more than half of the steps were) and the keys. Values that are not
 finite show as ``nan``/``inf`` in the warning colour, never as the dash of "no value yet"; the
 end screen and the summary say how many optimizer steps were skipped and why (the optim

@@ -184,8 +184,11 @@ class DashboardModel(SkippedSteps):
         self.log = (self.log + lines)[-200:]
 
     def _on_resumed(self, info: ResumeInfo, path: str | None = None) -> None:
-        """The run continues from a checkpoint (:class:`hookfit.payloads.ResumeInfo`; ``path`` live, not replayed)."""
+        """The run continues from a checkpoint (:class:`hookfit.payloads.ResumeInfo`; ``path`` live, not replayed),
+        outside any stage: none of those its history opened is still running."""
         self.resumed_from = info
+        self._open.clear()
+        self._waiting.clear()
         self.marks.append((info.step, "R"))
         self.epoch, self.step = info.epoch, info.step
         self._on_log([f"hookfit: resumed from {info}"])

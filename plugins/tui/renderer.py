@@ -24,6 +24,7 @@ from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support import flag, positive_number
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.debugging import Debugging
+from hookfit.plugins.tui.replay import earlier
 from hookfit.plugins.tui.terminal import (ENV_OFF, NO_URWID, OUTPUT_LOG, UNDER_TORCHRUN, OutputCapture,
                                           interactive_terminal, output_file, without_terminal)
 from hookfit.plugins.tui.text import summary, terminal_width
@@ -189,6 +190,9 @@ class TuiRenderer(Debugging):
     @hookimpl
     def resumed(self, info: ResumeInfo) -> None:
         if self.active:
+            loop = self.loop  # a fit that continues its folder's records: the curves start where they began
+            if loop is not None and loop.mode == "fit" and loop.state.continues and loop.state.run_dir is not None:
+                self._inbox.extend(earlier(loop.state.run_dir, info, loop.max_epochs))  # (read once)
             self._inbox.append(("resumed", info, str(info.source)))
 
     @hookimpl

@@ -25,7 +25,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 from hookfit.tools import jsonlines, runs
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, TimeSplit, Value
@@ -113,11 +113,46 @@ def fit_times(ends: Sequence[Mapping[str, Any]]) -> tuple[dict[str, TimeSplit], 
     return whole, said
 
 
+class Receiver(Protocol):
+    """What a :class:`Follower` feeds: a dashboard's model, or :class:`Messages`."""
+
+    finished: bool
+
+    def receive(self, kind: str, *args: Any) -> None: ...
+
+
+class Messages:
+    """The messages a :class:`Follower` sends, kept (``kept``) to be handed to a dashboard later."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.kept: list[tuple[Any, ...]] = []
+
+    def receive(self, kind: str, *args: Any) -> None:
+        self.kept.append((kind, *args))
+
+
+def earlier(folder: Path, info: ResumeInfo, max_epochs: int) -> list[tuple[Any, ...]]:
+    """The messages that draw what a run resumed from ``info`` had done before, as ``hookfit show``
+    draws it from the folder's ``metrics.jsonl`` (:func:`hookfit.tools.runs.followed`): its rows,
+    checkpoints and resumes up to ``info.step``, neither an earlier fit's end nor this resume's own line
+    (written there before this is read, or after). For the dashboard of the run that goes on from there."""
+    messages = Messages()
+    follower = Follower(folder, messages, max_epochs)
+    for row in runs.followed(runs.read_metrics(folder / "metrics.jsonl")):
+        step = row.get("step")
+        if row.get("event") == "end" or jsonlines.count(step) and step > info.step or (
+                row.get("event") == "resume" and (row.get("from"), step) == (info.source, info.step)):
+            continue
+        follower.feed(row)
+    return messages.kept
+
+
 class Follower:
     """Feeds a dashboard from a run folder's ``metrics.jsonl``, from the start and then as it
     grows (complete lines only)."""
 
-    def __init__(self, folder: Path, dashboard: DashboardModel, max_epochs: int) -> None:
+    def __init__(self, folder: Path, dashboard: Receiver, max_epochs: int) -> None:
         self.path = folder / "metrics.jsonl"
         self.dashboard, self.max_epochs = dashboard, max_epochs
         self.offset = self.step = 0
@@ -187,7 +222,7 @@ class Follower:
             dash.finished = True
 
 
-def _skipped(dash: DashboardModel, row: Mapping[str, Any]) -> None:
+def _skipped(dash: Receiver, row: Mapping[str, Any]) -> None:
     """The count of skipped steps an end line gives (``"skipped": N``), if it gives one."""
     skipped = row.get("skipped")
     if isinstance(skipped, int) and not isinstance(skipped, bool) and skipped > 0:

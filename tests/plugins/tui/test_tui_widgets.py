@@ -670,3 +670,53 @@ def test_several_validation_sets_count_their_batches_in_the_bars(monkeypatch, tm
     assert [label for label, _ in seen] == ["0/3", "1/3", "2/3"]  # (batch_idx: the batch in progress)
     fractions = [fraction for _, fraction in seen]
     assert fractions == sorted(set(fractions)) and fractions[-1] < 1.0  # a batch still to go: not 100 %
+
+
+def test_a_resumed_runs_dashboard_draws_the_history_it_continues(monkeypatch, tmp_path) -> None:
+    """A real run stopped in its second epoch, resumed (``resume="latest"``) with the dashboard:
+    its curves start where the run began, as ``hookfit show`` of the folder draws them, not at the
+    resume step; the earlier fit's end is not the resumed run's, nor its resume line a second resume."""
+    torch = pytest.importorskip("torch")
+    import hookfit.plugins.tui.renderer as renderer_module
+    from conftest import StopAfter
+    from hookfit.plugins.checkpoint import Checkpoint
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.metrics_log import MetricsLog
+    from hookfit.plugins.tui.replay import Follower, earlier
+
+    def ui(self):  # what the UI thread does with the messages, once the run is over
+        self._quit.wait()
+        while self._inbox:
+            self._dashboard.receive(*self._inbox.popleft())
+
+    monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
+    monkeypatch.setattr(TuiRenderer, "_start_screen", lambda self: setattr(self, "_screen", None))
+    monkeypatch.setattr(TuiRenderer, "_ui", ui)
+
+    def fit(*plugins, resume=None):
+        return hookfit.Loop(lambda loop, b: {"loss": torch.tensor(10.0 - loop.state.step)}, [1, 2, 3],
+                            val_step=lambda loop, b: {"loss": torch.tensor(5.0 - loop.state.epoch)}, val_data=[0],
+                            model=torch.nn.Linear(1, 1), max_epochs=3, run_dir=tmp_path, resume=resume,
+                            plugins=[Metrics(interval=0), MetricsLog(every_n_steps=1), Checkpoint(background=False),
+                                     *plugins]).fit()
+
+    assert fit(StopAfter(6)).status == "interrupted"  # epoch 1 and its validation, 2 batches of epoch 2
+    tui = TuiRenderer()
+    state = fit(tui, resume="latest")
+    assert state.status == "completed" and state.resumed_from.step < 6
+    live = tui._dashboard
+    replayed = Dashboard(max_epochs=3, val_every=None, on_stop=lambda: None, on_leave=lambda: None)
+    Follower(tmp_path, replayed, 3).poll()
+    assert live.series[("valid", "loss")].points() == replayed.series[("valid", "loss")].points()
+    assert [x for x, _, _ in live.series[("valid", "loss")].points()] == [3.0, 6.0, 9.0]
+    assert live.series[("train", "loss")].points()[0][0] == replayed.series[("train", "loss")].points()[0][0] <= 3.0
+    assert [step for step, mark in live.marks if mark == "R"] == [state.resumed_from.step]  # this resume, once
+    assert live.status == "completed" and "completed" in screen(live, (100, 30))[0]
+    # the history (a row every step: a stage message each) leaves no stage open: the epoch's validation,
+    # once over, is not taken for one nested in its training, whose bar would come back
+    again = Dashboard(max_epochs=3, val_every=None, on_stop=lambda: None, on_leave=lambda: None)
+    for message in [*earlier(tmp_path, state.resumed_from, 3), ("resumed", state.resumed_from),
+                    ("stage", "train", 1, 3, 2), ("stage_end", "train"), ("stage", "valid", 1, 1, 0),
+                    ("stage_end", "valid")]:
+        again.receive(*message)
+    assert again.stage_label().startswith(" valid 0/1"), again.stage_label()
