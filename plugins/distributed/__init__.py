@@ -64,7 +64,11 @@ What it does, in ``configure`` (before every other plugin starts)
       for training), a ``DataLoader`` rebuilt with an ``ExactSampler`` (a
       ``DistributedSampler`` that neither pads nor drops), and a list cut to no length: rank
       ``r`` takes batches ``r, r + world_size, ...`` to the end. Every rank needs at least one
-      validation batch (checked).
+      validation batch (checked). A validation loader with torch's own ``DistributedSampler`` is
+      kept where it splits exactly, and otherwise (it pads the parts by repeating samples, or
+      ``drop_last`` leaves some out) rebuilt with an ``ExactSampler`` in its order (its
+      ``shuffle`` and ``seed``); one the plugin cannot judge (a subclass, another rank, size or
+      dataset) is kept, with one ``HookfitWarning`` naming the set, the samples and the fix.
 
       With ``world_size`` ranks and a per-rank batch of ``b``, one step trains on
       ``world_size * b`` samples: DDP averages the ranks' gradients, so a run on ``n``

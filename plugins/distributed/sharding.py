@@ -6,6 +6,7 @@ functions of the rank and the world size; the process group is the plugin's
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from hookfit.data import stage_length
+from hookfit.errors import HookfitWarning, user_level
 
 
 class ExactSampler(DistributedSampler[int]):
@@ -78,16 +80,13 @@ def shard(data: Any, what: str, rank: int, world_size: int, seed: int,
 def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int,
                  even: bool = True) -> tuple[Any, DistributedSampler[Any]]:
     """A ``DataLoader`` rebuilt with a ``DistributedSampler`` (an :class:`ExactSampler` when
-    not ``even``), or kept when it has one, and that sampler."""
-    from torch.utils.data import (
-        DataLoader,
-        IterableDataset,
-        RandomSampler,
-        SequentialSampler,
-    )
+    not ``even``), or kept when it has one (not ``even``: one that pads or drops is replaced,
+    :func:`_exact`), and that sampler."""
+    from torch.utils.data import IterableDataset, RandomSampler, SequentialSampler
 
     if isinstance(loader.sampler, DistributedSampler):
-        return loader, loader.sampler
+        exact = None if even else _exact(loader, what, rank, world_size)
+        return (loader, loader.sampler) if exact is None else (_rebuilt(loader, exact), exact)
     fix = (f"give {what} a DistributedSampler yourself (DataLoader(dataset, "
            f"sampler=DistributedSampler(dataset), ...)), or shard the data yourself and give "
            f"Distributed(shard_data=False)")
@@ -107,6 +106,41 @@ def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int,
     else:
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                      seed=seed, drop_last=loader.drop_last)
+    return _rebuilt(loader, sampler), sampler
+
+
+def _exact(loader: Any, what: str, rank: int, world_size: int) -> ExactSampler | None:
+    """For the validation ``loader`` given with a ``DistributedSampler`` of its own: the
+    :class:`ExactSampler` that takes its place where it would repeat samples to pad the ranks'
+    parts to one length, or leave some out (``drop_last=True``), and is torch's own class for
+    this process group (its rank and size, over the loader's dataset): the same order, shuffled
+    or not, with the same seed, each sample once. ``None`` keeps it: exact already, or a sampler
+    that cannot be judged (a subclass, another rank or size, another dataset), which one warning
+    on the main process names, with the samples counted twice or left out and the fix."""
+    sampler = loader.sampler
+    count = len(sampler.dataset)
+    off = sampler.total_size - count  # samples repeated (>0) or left out (<0) over the ranks' parts
+    if off == 0:
+        return None
+    if (type(sampler) is DistributedSampler and sampler.num_replicas == world_size and sampler.rank == rank
+            and sampler.dataset is loader.dataset):
+        return ExactSampler(loader.dataset, world_size, rank, shuffle=sampler.shuffle, seed=sampler.seed)
+    if rank == 0:
+        what_off = (f"repeats {off} of its {count} samples to pad the {sampler.num_replicas} parts to "
+                    f"{sampler.num_samples} samples each, counting them twice" if off > 0 else
+                    f"leaves out {-off} of its {count} samples (drop_last=True)")
+        warnings.warn(
+            f"distributed: {what}'s sampler, a {type(sampler).__name__} of its own, {what_off} in every "
+            f"validation's metrics, and a Checkpoint(monitor=...) ranks checkpoints on them: give {what} without "
+            f"a sampler (DataLoader(dataset, batch_size=...)), and the plugin splits validation exactly, every "
+            f"sample once", HookfitWarning, stacklevel=user_level())
+    return None
+
+
+def _rebuilt(loader: Any, sampler: DistributedSampler[Any]) -> Any:
+    """``loader`` made again with ``sampler``, its other options kept."""
+    from torch.utils.data import DataLoader
+
     options: dict[str, Any] = {
         "batch_size": loader.batch_size, "sampler": sampler, "num_workers": loader.num_workers,
         "collate_fn": loader.collate_fn, "pin_memory": loader.pin_memory,
@@ -120,7 +154,7 @@ def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int,
         options["prefetch_factor"] = loader.prefetch_factor
     if hasattr(loader, "in_order"):
         options["in_order"] = loader.in_order
-    return DataLoader(loader.dataset, **options), sampler
+    return DataLoader(loader.dataset, **options)
 
 
 def length(data: Any) -> int:

@@ -8,8 +8,10 @@ processes. MODE ``validate``: ``loop.validate()`` alone (the same weights everyw
 (``val_every_n_steps``). The metrics are published at every batch (``Metrics(interval=0)``: a
 collective per validation batch would hang on parts of different lengths). One run a
 process: a second run in the same torchrun process re-creates the process group, which is not
-what this checks. It writes ``OUT.rank<N>.json``: every validation's published epoch metrics
-and samples, and the batches this process validated.
+what this checks. MODE ``sampler``: ``loop.validate()`` of one set, a shuffled ``DataLoader``
+given a ``DistributedSampler`` of its own (torch's: it pads 41 samples to 42 on 2 processes).
+It writes ``OUT.rank<N>.json``: every validation's published epoch metrics and samples, the
+batches this process validated, and the warnings it saw.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import hookfit
 from hookfit.data import Batches
@@ -48,6 +51,10 @@ def loop(model: torch.nn.Module, published: Published, counted: list, **kwargs) 
     sets = {"batches": Batches(vx, vy, batch_size=4),
             "loader": DataLoader(TensorDataset(vx, vy), batch_size=4, shuffle=True),
             "list": [(vx[i:i + 4], vy[i:i + 4]) for i in range(0, 41, 4)]}
+    if kwargs.pop("own_sampler", False):
+        dataset = TensorDataset(vx, vy)
+        own = DistributedSampler(dataset, num_replicas=world, rank=int(os.environ.get("RANK", "0")), shuffle=True)
+        sets = {"own": DataLoader(dataset, batch_size=4, sampler=own)}
 
     def train(run, batch):
         loss = torch.nn.functional.mse_loss(run.model(batch[0]), batch[1])
@@ -71,14 +78,16 @@ def main(out: str, mode: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     published, counted = Published(), []
-    if mode == "validate":
-        state = loop(model, published, counted).validate()
-    else:
-        state = loop(model, published, counted, val_every_n_steps=3).fit()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if mode in ("validate", "sampler"):
+            state = loop(model, published, counted, own_sampler=mode == "sampler").validate()
+        else:
+            state = loop(model, published, counted, val_every_n_steps=3).fit()
     assert state.status == "completed", state
     with open(f"{out}.rank{state.rank}.json", "w") as file:
         json.dump({"rows": published.rows, "batches": counted, "world_size": state.world_size,
-                   "threads": native_threads()}, file)
+                   "threads": native_threads(), "warned": [str(w.message) for w in caught]}, file)
 
 
 def native_threads() -> list[str]:

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +313,51 @@ def test_validation_is_sharded_exactly_every_sample_once() -> None:
 
 
 @pytest.mark.bad_input
+def test_a_validation_loaders_own_distributed_sampler_that_pads_or_drops_is_replaced_or_named() -> None:
+    """Validation given torch's ``DistributedSampler`` (for this rank and size, over the loader's dataset)
+    that repeats samples to pad the parts, or leaves some out (``drop_last=True``), is replaced by the exact
+    split, in its order (its shuffle and seed); one that splits evenly is kept. A sampler the plugin cannot
+    judge (a subclass of it) is kept, with one warning on the main process naming the set, the samples
+    counted twice and the fix; training keeps its own sampler as it is (its parts must be even)."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from hookfit.plugins.distributed.sharding import ExactSampler, shard
+
+    x = torch.arange(10.0).unsqueeze(1)
+    dataset = TensorDataset(x)
+
+    def parts(make: Any, what: str = "val_data", even: bool = False) -> list[Any]:
+        return [shard(DataLoader(dataset, batch_size=2, sampler=make(rank)), what, rank, 3, 0, even=even)
+                for rank in range(3)]
+
+    for drop_last in (False, True):  # 10 samples on 3 processes: 2 repeated, or 1 left out
+        own = parts(lambda rank: DistributedSampler(dataset, 3, rank, shuffle=True, seed=7, drop_last=drop_last))
+        assert all(isinstance(sampler, ExactSampler) and loader.sampler is sampler for loader, sampler in own)
+        rows = [[v for b in loader for v in b[0].flatten().tolist()] for loader, _ in own]
+        assert sorted(v for r in rows for v in r) == x.flatten().tolist()  # none twice, none left out
+        padded = [list(DistributedSampler(dataset, 3, rank, shuffle=True, seed=7)) for rank in range(3)]
+        assert rows == [[float(i) for i in p[:len(r)]] for p, r in zip(padded, rows)]  # its order, less the pad
+    kept = parts(lambda rank: DistributedSampler(dataset, 3, rank), "train_data", even=True)
+    assert all(type(sampler) is DistributedSampler and loader.sampler is sampler for loader, sampler in kept)
+    even = TensorDataset(x[:9])
+    loader = DataLoader(even, batch_size=2, sampler=DistributedSampler(even, 3, 1))
+    assert shard(loader, "val_data", 1, 3, 0, even=False) == (loader, loader.sampler)
+
+    class Mine(DistributedSampler):  # type: ignore[type-arg]
+        pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mine = parts(lambda rank: Mine(dataset, 3, rank), "val_data['test']")
+    assert all(type(sampler) is Mine and loader.sampler is sampler for loader, sampler in mine)
+    assert [(w.category, str(w.message)) for w in caught] == [(hookfit.HookfitWarning, (
+        "distributed: val_data['test']'s sampler, a Mine of its own, repeats 2 of its 10 samples to pad the 3 "
+        "parts to 4 samples each, counting them twice in every validation's metrics, and a "
+        "Checkpoint(monitor=...) ranks checkpoints on them: give val_data['test'] without a sampler "
+        "(DataLoader(dataset, batch_size=...)), and the plugin splits validation exactly, every sample once"))]
+
+
+@pytest.mark.bad_input
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="stop_check_every"):
         Distributed(stop_check_every=0)
@@ -572,6 +618,31 @@ def test_validation_on_two_processes_counts_every_sample_once_as_one_process_doe
             assert got.keys() == row.keys() and got["samples"] == row["samples"] == 3 * 41
             for key in row.keys() - {"step", "samples"}:
                 assert got[key] == pytest.approx(row[key], rel=1e-6), (mode, key, got, row)
+
+
+@pytest.mark.slow
+@pytest.mark.bad_input
+def test_a_validation_loaders_own_distributed_sampler_counts_every_sample_once(tmp_path: Path) -> None:
+    """A validation ``DataLoader`` given torch's ``DistributedSampler`` (shuffled), which pads 41 samples
+    to 42 on 2 processes, one of them counted twice: the plugin splits it exactly instead, in the sampler's
+    order, so the published metrics are one process's over the 41 samples, and nothing is warned."""
+    script = ROOT / "tests" / "scripts" / "exact_validation.py"
+    single = subprocess.run([sys.executable, str(script), "one", "sampler"], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert single.returncode == 0, single.stdout + single.stderr
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    two = subprocess.run([*_torchrun(), *launch, str(script), "two", "sampler"], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=180)
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = json.loads((tmp_path / "one.rank0.json").read_text())
+    ranks = [json.loads((tmp_path / f"two.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [sum(r["batches"]) for r in (one, *ranks)] == [41, 21, 20]  # 21 + 21 with the sampler's padding
+    for rank in ranks:
+        assert not [w for w in rank["warned"] if "sampler" in w], rank["warned"]
+        (got,), (want,) = rank["rows"], one["rows"]
+        assert got["samples"] == want["samples"] == 41
+        assert got.keys() == want.keys() == {"step", "samples", "own/mse", "own/mae"}
+        assert all(got[key] == pytest.approx(want[key], rel=1e-6) for key in ("own/mse", "own/mae")), (got, want)
 
 
 @pytest.mark.slow
