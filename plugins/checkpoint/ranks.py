@@ -7,8 +7,9 @@ script that seeds each process's stream for its own dropout or augmentation) and
 so without this every process of the resumed run would continue the main process's streams.
 :func:`gather` collects each process's (a collective: every process builds the checkpoint's
 contents) into the checkpoint's ``ranks`` entry, and :func:`own` gives each process of the
-resumed run its own before ``loop.load_state_dict``. Resumed on more processes than wrote it, a
-process beyond those keeps the main process's, with one warning.
+resumed run its own before ``loop.load_state_dict``. Resumed on more processes than wrote it (one
+process's checkpoint, which has no ``ranks`` entry, included), a process beyond those keeps the main
+process's, with one warning.
 """
 
 from __future__ import annotations
@@ -79,43 +80,46 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object, size: in
     own, the rest of that epoch is another share of the data: one warning says so. Resumed on another
     number of processes otherwise (at an epoch's end, or over data that keeps its own position), with
     training left, one warning says what changes from there on (each step's global batch, an epoch's steps); none over
-    :class:`hookfit.data.Batches`, whose load refuses another global batch and goes on exactly with the same."""
+    :class:`hookfit.data.Batches`, whose load refuses another global batch and goes on exactly with the same.
+    A process whose random states the checkpoint lacks (more processes than ``saved`` holds; a file without
+    it holds the main process's alone: one process's, or a failed run's) takes the main process's: said in
+    that warning, or in one of its own."""
     position = run_state.get("loop") or {}
     inside = position.get("resume_stage") == "train" and position.get("resume_batch") and not run_state.get("data")
     left = loop.mode != "fit" or not _trained(loop, position)  # (a run with nothing left to train: no word)
-    changed = size != loop.state.world_size and loop.is_main and not inside and loop.mode == "fit" and not isinstance(
+    held = len(saved) if isinstance(saved, list) and saved else 1  # the processes whose random states it holds
+    world = loop.state.world_size
+    beyond = f"the processes beyond {held} take the main process's random states" if held < world else ""
+    changed = size != world and loop.is_main and not inside and loop.mode == "fit" and not isinstance(
         loop.train_data, Batches) and left  # (Batches refuses another global batch, and goes on exactly with the same)
     if changed:
-        beyond = f", and the processes beyond {size} take the main process's random states" if (
-            size < loop.state.world_size and isinstance(saved, list)) else ""
-        shared = "read by one process" if loop.state.world_size == 1 else (
-            f"shared among {loop.state.world_size} processes")
+        shared = "read by one process" if world == 1 else f"shared among {world} processes"
         warnings.warn(
-            f"checkpoint: {path} was written by {size} process(es) and is resumed in {loop.state.world_size}: "
+            f"checkpoint: {path} was written by {size} process(es) and is resumed in {world}: "
             f"from here on the data is {shared} instead of {size}, so each "
             f"optimizer step's global batch (the processes' batches together), the batches each process sees "
             f"and the steps an epoch takes change, and counts in steps (max_steps, a scheduler's steps, "
-            f"every_n_steps) count other batches{beyond}: the run goes on as another run would; resume with "
-            f"{size} process(es) to continue it as it was, or over hookfit.data.Batches whose global batch "
-            f"(batch_size x processes) is the same",
+            f"every_n_steps) count other batches{f', and {beyond}' if beyond else ''}: the run goes on as another "
+            f"run would; resume with {size} process(es) to continue it as it was, or over hookfit.data.Batches whose "
+            f"global batch (batch_size x processes) is the same",
             HookfitWarning, stacklevel=user_level())
-    elif size != loop.state.world_size and loop.is_main and inside and left:
+    elif size != world and loop.is_main and inside and left:
         warnings.warn(
             f"checkpoint: {path} was written by {size} process(es) inside epoch {position.get('epoch', 0) + 1} "
-            f"({position['resume_batch']} batches of it done by each) and this run has {loop.state.world_size}: each "
+            f"({position['resume_batch']} batches of it done by each) and this run has {world}: each "
             f"process's batches of that epoch are another share of the data, so the rest of it repeats or skips "
-            f"samples of the run it continues; resume with {size} process(es), from a checkpoint at an epoch's end, "
-            f"or over data that keeps its own position (hookfit.data.Batches, StatefulDataLoader)",
-            HookfitWarning, stacklevel=user_level())
-    if not isinstance(saved, list) or not saved:
-        return run_state
-    rank = loop.state.rank
-    if len(saved) < loop.state.world_size and loop.is_main and left and not changed:  # (changed: said in its warning)
-        warnings.warn(f"checkpoint: {path} holds the random states of {len(saved)} process(es) and this run has "
-                      f"{loop.state.world_size}: each process resumes its own where it has one, the others the "
-                      f"main process's (random draws of those processes differ from the run it continues)",
+            f"samples of the run it continues{f', and {beyond}' if beyond else ''}; resume with {size} process(es), "
+            f"from a checkpoint at an epoch's end, or over data that keeps its own position (hookfit.data.Batches, "
+            f"StatefulDataLoader)", HookfitWarning, stacklevel=user_level())
+    elif beyond and loop.is_main and left:
+        why = (f" (a checkpoint of {size} processes written after the process group was gone, as a failed run's "
+               f"is, holds the main process's alone)" if size > held else "")
+        warnings.warn(f"checkpoint: {path} holds the random states of {held} process(es){why} and this run has "
+                      f"{world}: each process resumes its own where it has one, the others the main process's "
+                      f"(random draws of those processes differ from the run it continues)",
                       HookfitWarning, stacklevel=user_level())
-    if rank >= len(saved) or not isinstance(saved[rank], Mapping):
+    rank = loop.state.rank
+    if not isinstance(saved, list) or rank >= len(saved) or not isinstance(saved[rank], Mapping):
         return run_state
     mine = {key: value for key, value in run_state.items() if key not in OWN}
     mine.update(saved[rank])

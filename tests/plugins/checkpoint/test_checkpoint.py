@@ -1065,7 +1065,8 @@ def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_i
     own): each process's batches of that epoch are another share of the data, so one warning
     says the rest of the epoch is not the rest of the run it continues. At an epoch's end one
     warning says what changes from there on (each step's global batch, an epoch's steps); over
-    :class:`hookfit.data.Batches` with the same global batch the run goes on exactly: none."""
+    :class:`hookfit.data.Batches` with the same global batch the run goes on with the same batches: the
+    one warning says the second process takes the main process's random states. Each warning says that too."""
     from conftest import StopAfter
 
     class TwoProcesses:
@@ -1090,12 +1091,16 @@ def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_i
         assert len(said) == 1 and "was written by 1 process(es) inside epoch 1 (2 batches of it done by each) and " \
                                   "this run has 2" in said[0], said
         assert changed == []  # (one warning: the one above says it)
+        assert "samples of the run it continues, and the processes beyond 1 take the main process's random states; " \
+               "resume with 1 process(es)" in said[0], said
     else:
         assert said == [] and len(changed) == 1 and changed[0].category is hookfit.HookfitWarning
         assert str(changed[0].message).startswith(
             f"checkpoint: {tmp_path / 'checkpoints' / 'epoch0001-step000000004.pt'} was written by 1 process(es) "
             f"and is resumed in 2: from here on the data is shared among 2 processes instead of 1, so each "
             f"optimizer step's global batch"), changed[0].message
+        assert "other batches, and the processes beyond 1 take the main process's random states: the run goes on" \
+               in str(changed[0].message), changed[0].message
         assert Path(changed[0].filename).name == "test_checkpoint.py"  # (the fit() line)
     with warnings.catch_warnings(record=True) as caught:  # Batches of the same global batch: the same batches
         warnings.simplefilter("always")
@@ -1105,7 +1110,10 @@ def test_a_resume_inside_an_epoch_on_another_number_of_processes_says_the_rest_i
         batches = Batches(torch.zeros(8, 1), batch_size=1).shard(0, 2)  # (as the distributed plugin shards it)
         hookfit.Loop(lambda loop, b: None, batches, model=model, max_epochs=3, run_dir=tmp_path / "b", resume="latest",
                      plugins=[Checkpoint(background=False), TwoProcesses()]).fit()
-    assert [w.message for w in caught if "process(es)" in str(w.message)] == []
+    # (the one process's random states alone: the second process takes them, which one warning says)
+    assert [str(w.message).split(": ", 2)[2] for w in caught if "process(es)" in str(w.message)] == [
+        "each process resumes its own where it has one, the others the main process's (random draws of those "
+        "processes differ from the run it continues)"]
 
 
 @pytest.mark.parametrize("says", ["meta", "ranks"])

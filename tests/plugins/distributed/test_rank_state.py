@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,9 @@ def test_a_killed_run_resumes_every_processs_own_random_stream_and_metric_sums(t
 
 def test_a_failed_runs_checkpoint_says_how_many_processes_wrote_it(tmp_path: Path) -> None:
     """A 2-process run that fails writes its ``failed-*.pt`` after the process group is gone (no ``ranks``
-    entry of every process's random states): resumed by its path in 2 processes it is resumed without a word
-    on the number of processes; resumed in one, one warning says it was written by 2."""
+    entry of every process's random states): resumed by its path in 2 processes, one warning on the main
+    process says that rank 1 takes the main process's random states, none that the number of processes
+    changed; resumed in one, one warning says it was written by 2."""
     script = REPO / "tests" / "scripts" / "failed_ranks_run.py"
     launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
 
@@ -78,7 +80,12 @@ def test_a_failed_runs_checkpoint_says_how_many_processes_wrote_it(tmp_path: Pat
 
     assert [(r["status"], r["world_size"]) for r in run("failed")] == [("failed", 2)] * 2
     failed = next((tmp_path / "run" / "checkpoints").glob("failed-*.pt"))
-    assert [(r["status"], r["warned"]) for r in run("again", str(failed))] == [("completed", [])] * 2
+    again = run("again", str(failed))  # (the main process's random states alone: rank 1 takes them)
+    assert [(r["status"], r["warned"]) for r in again] == [("completed", [
+        f"checkpoint: {failed} holds the random states of 1 process(es) (a checkpoint of 2 processes written after "
+        f"the process group was gone, as a failed run's is, holds the main process's alone) and this run has 2: "
+        f"each process resumes its own where it has one, the others the main process's (random draws of those "
+        f"processes differ from the run it continues)"]), ("completed", [])]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state = hookfit.Loop(lambda loop, batch: None, [(torch.zeros(2, 1), torch.zeros(2, 1))] * 4,
@@ -88,3 +95,33 @@ def test_a_failed_runs_checkpoint_says_how_many_processes_wrote_it(tmp_path: Pat
     assert state.status == "completed" and len(said) == 1, said
     assert said[0].startswith(f"checkpoint: {failed} was written by 2 process(es) and is resumed in 1: "
                               f"from here on the data is read by one process instead of 2"), said[0]
+
+
+@pytest.mark.parametrize("data", ["batches", "list"])
+def test_a_run_of_one_process_resumed_on_two_says_the_second_takes_the_main_processs_random_states(
+        tmp_path: Path, data: str) -> None:
+    """A plain ``python`` run's checkpoint holds one process's random states (no ``ranks`` entry), and
+    ``meta["world_size"]`` 1: resumed under ``torchrun --nproc-per-node 2`` rank 1 takes rank 0's, and the main
+    process says so once. Over ``Batches`` of the same global batch (the run goes on with the same batches) that
+    is the one warning; over a list of batches it is said in the warning that the data is shared anew."""
+    script = REPO / "tests" / "scripts" / "ranks_resume_run.py"
+    alone = subprocess.run([sys.executable, str(script), "one", data], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, env=_env(HOOKFIT_PLUGINS=""))
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    done = subprocess.run([*_torchrun(), *launch, str(script), "two", data, "latest"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=_env(HOOKFIT_PLUGINS=""))
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [json.loads((tmp_path / f"two.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(r["status"], r["world_size"], r["epoch"]) for r in ranks] == [("completed", 2, 1)] * 2  # (epochs counted from 0: the second)
+    path = Path("run", "checkpoints", "epoch0001-step000000004.pt")  # (as resume="latest" names it)
+    assert ranks[1]["warned"] == [] and len(ranks[0]["warned"]) == 1, ranks
+    said = ranks[0]["warned"][0]
+    if data == "batches":
+        assert said == (f"checkpoint: {path} holds the random states of 1 process(es) and this run has 2: each "
+                        f"process resumes its own where it has one, the others the main process's (random draws "
+                        f"of those processes differ from the run it continues)"), said
+    else:
+        assert said.startswith(f"checkpoint: {path} was written by 1 process(es) and is resumed in 2: "), said
+        assert "(max_steps, a scheduler's steps, every_n_steps) count other batches, and the processes beyond 1 " \
+               "take the main process's random states: the run goes on as another run would" in said, said
