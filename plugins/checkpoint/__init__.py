@@ -5,7 +5,8 @@ model's state dict, every plugin's state through the ``save_state`` event keyed 
 (the optim plugin's optimizers, schedulers, scaler and counters; the metrics plugin's history;
 any third-party plugin's), the loop's position (epoch, global step, training batches of the
 epoch already done), the random number generators (Python, NumPy when installed, torch CPU and
-CUDA), the state of data that has ``state_dict()`` (:class:`hookfit.data.Batches`), and a
+CUDA; in a run of several processes every process's own too, under ``ranks``:
+:mod:`hookfit.plugins.checkpoint.ranks`), the state of data that has ``state_dict()`` (:class:`hookfit.data.Batches`), and a
 ``digest`` (CRC-32 over every tensor's dtype, shape and bytes and every other value, in a
 fixed order: it finds torn writes and flipped bits, as zip and gzip do, not deliberate
 tampering). Only plain data and tensors: it is read back with
@@ -61,7 +62,9 @@ training goes on (:mod:`hookfit.plugins.checkpoint.shardwriter`): one write is i
 a save asked during it follows ``when_busy`` on every process alike, and the write's outcome is
 taken at the next save and at the run's end. It resumes on any number of processes,
 or in a plain process; ``hookfit export RUN model.pt`` writes its model as one plain state
-dict. The digest covers ``state.pt`` (everything but the shards, whose places, shapes and
+dict. A plain process's run prunes the folder's ``.dcp`` checkpoints by ``keep_last`` as any
+others (a budget of the folder's checkpoints, sharded or not): to resume sharded again from the
+last ``.dcp``, give that run a larger ``keep_last`` or copy the folder aside first. The digest covers ``state.pt`` (everything but the shards, whose places, shapes and
 dtypes it names, with a digest of every shard file and of DCP's ``.metadata``, checked before
 DCP reads anything; ``.metadata`` is read without unpickling anything a file could craft; see
 :mod:`hookfit.plugins.checkpoint.shardfiles`). A checkpoint of an unsharded run is not resumed by a
