@@ -8,11 +8,11 @@ what it was given. What the run's state dict holds:
 * ``"loop"``: the :class:`Position` as a mapping (``epoch``, ``step``, ``resume_batch``,
   ``resume_stage`` and, only when true, ``val_due``);
 * ``"rng"``: the random state (Python, NumPy when it is installed, torch, CUDA when it is in
-  use) that belongs to that position: the state *now*, except inside a validation, which a
-  resumed run runs again from its start, where it is the state as that validation began; and,
-  under ``"data"``, the state now of each torch generator of the training data's own
-  (:func:`hookfit.data.generators`: ``DataLoader(generator=...)``, a sampler's generator), by
-  name, and of the validation data's (:func:`valid_generators`, as a running validation began);
+  use) that belongs to that position: the state *now*, except inside a validation (an epoch's
+  own: until the epoch ends), which a resumed run runs again from its start, where it is the
+  state as that validation began; and, under ``"data"``, the state now of each torch generator
+  of the training data's own (:func:`hookfit.data.generators`: ``DataLoader(generator=...)``, a
+  sampler's generator), by name, and of the validation data's (:func:`valid_generators`, as a running validation began);
 * ``"data"``: the ``state_dict()`` of training and validation data that has one (and
   ``load_state_dict``): torchdata's ``StatefulDataLoader``, :class:`hookfit.data.Batches`
   (inside a validation, the validation data's state as it began);
@@ -164,6 +164,7 @@ class Cursor:
 
     def epoch_ends(self) -> None:
         self.done = (self.state.epoch + 1, 0, "train")
+        self.valid_rng = self.valid_data = self.valid_made = None
 
     def iterator_begins(self, data: Any) -> None:
         """The training stage makes its iterator over ``data`` now, from its start."""
@@ -178,7 +179,10 @@ class Cursor:
             self.valid_made = made_iterators(None, data)
 
     def valid_ends(self) -> None:
-        self.valid_rng = self.valid_data = self.valid_made = None
+        """Inside a training stage the position moves past the validation; the epoch's own stays the
+        position's (``"valid"``, run again from its start, as it began) until :meth:`epoch_ends`."""
+        if self.training:
+            self.valid_rng = self.valid_data = self.valid_made = None
 
     def persistent_iterators(self, train_data: Any, val_data: Any) -> list[str]:
         """The run's data whose persistent iterator goes with :meth:`position` (the state's

@@ -4,6 +4,7 @@ checkpoint store can tell which of its files is newest."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import hookfit
 
@@ -50,3 +51,32 @@ def test_position_keys_grow_through_a_run_with_validations_inside_or_at_epoch_en
         assert any(p.val_due for _, p in seen)
     else:  # the epoch's validation, its training stage complete
         assert any(p.stage == "valid" for _, p in seen)
+
+
+class StopAtValidationEnd:
+    """Asks for a stop as the first epoch's validation publishes its metrics (its ``stage_end``): the run
+    stops at that boundary, the validation complete but not its epoch."""
+
+    name = "stop_at_validation_end"
+
+    @hookfit.hookimpl
+    def epoch_metrics(self, loop, stage) -> None:
+        if stage == "valid" and loop.state.epoch == 0:
+            loop.request_stop("test stop as the validation ends")
+
+
+def test_a_stop_at_the_end_of_an_epochs_validation_resumes_with_the_random_state_as_it_began(tmp_path) -> None:
+    """The checkpoint of a stop at the validation's stage_end says the validation is left to run
+    (``resume_stage: 'valid'``): its random state is the one it began with, so the resumed run draws
+    what the uninterrupted one drew, its validation data's iterator included."""
+    from conftest import resumable_run
+    from hookfit.plugins.checkpoint import read
+
+    _, straight, want = resumable_run(tmp_path / "straight", epochs=2)
+    stopped, _, _ = resumable_run(tmp_path / "run", epochs=2, extra=[StopAtValidationEnd()])
+    assert stopped.state.status == "interrupted" and stopped.state.epoch == 0
+    (path,) = (tmp_path / "run" / "checkpoints").glob("*.pt")
+    assert read(path)["loop"]["resume_stage"] == "valid"
+    _, model, history = resumable_run(tmp_path / "run", epochs=2, resume="latest")
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), straight.parameters()))
+    assert history["train"] == want["train"]
