@@ -185,12 +185,16 @@ def agree_stop(loop: Run, request: StopRequest | None, boundary: str) -> StopReq
     For the plugin that runs the loop on several processes, whose processes must stop at the
     same boundary (or their collective operations would not match). ``request`` is this
     process's pending stop request, ``None`` if there is none; ``boundary`` is where the loop
-    is: ``"start"``, ``"epoch_start"``, ``"stage_start"``, ``"batch"``, ``"stage_end"`` or
+    is: ``"start"``, ``"epoch_start"``, ``"stage_start"``, ``"batch"``, ``"batches_end"`` (a
+    validation's, after its last batch, before its ``stage_end``), ``"stage_end"`` or
     ``"epoch_end"``. Every process reaches the same boundaries in the same order, with one
     exception: the ``"batch"`` boundaries of a validation stage (``loop.training`` is False),
     where processes may run different numbers of batches (each validates its own part of the
-    data, every sample exactly once). There an implementation runs no collective operation and
-    answers ``False``: a stop asked during a validation waits for its ``"stage_end"``. Return
+    data, every sample exactly once). There, and at its ``"batches_end"``, a collective
+    operation is possible only once every process is known to be at one of them: the processes
+    decide, without one, whether the validation stops (then every process takes the collective
+    at its next one of those boundaries) or runs to its end (then none takes it there, and a
+    request waits for ``"stage_end"``). A stop inside a validation resumes at its start. Return
     the agreed :class:`~hookfit.payloads.StopRequest` to stop every process here, ``False`` to
     carry on (a pending request then waits for a later boundary), or ``None`` to leave the
     decision to this process's own request. First result.

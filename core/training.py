@@ -7,7 +7,8 @@
     run_stage:  in scope("stage"):                         stage_start ... stage_end
                     for each batch: batch_start, the step, step_output, batch_end,
                     after_batch (training), should_stop and the stop boundary,
-                    a validation due at this step (nested), max_steps
+                    a validation due at this step (nested), max_steps;
+                    a validation's boundary "batches_end" before its stage_end
     validate:   eval mode and no autograd around run_stage("valid")
 
 :func:`scope` gives every scope its start event and boundary, and its end event and boundary
@@ -92,13 +93,17 @@ def fire(run: Run, event: str, *args: Any) -> None:
 
 
 @contextlib.contextmanager
-def scope(run: Run, name: str, arg: Any, after: Callable[[], None] | None = None) -> Iterator[None]:
+def scope(run: Run, name: str, arg: Any, after: Callable[[], None] | None = None,
+          before: str | None = None) -> Iterator[None]:
     """One scope of the loop (an epoch, a stage): ``<name>_start`` and its boundary, the
-    body, then ``<name>_end``, ``after`` and the end's boundary. A body cut short (a stop,
-    ``max_steps``, an error) fires no end: that part of the run did not happen."""
+    body, the boundary ``before`` (when given), then ``<name>_end``, ``after`` and the end's
+    boundary. A body cut short (a stop, ``max_steps``, an error) fires no end: that part of
+    the run did not happen."""
     fire(run, f"{name}_start", arg)
     run.stopping.boundary(f"{name}_start")
     yield
+    if before is not None:
+        run.stopping.boundary(before)
     fire(run, f"{name}_end", arg)
     if after is not None:
         after()
@@ -275,7 +280,9 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
     # a validation's own carry; the training stage's is given back after it
     outer = run.enter_carry(run.cursor.train_begins(start) if train else {})
     try:
-        with scope(run, "stage", stage, after=functools.partial(stage_done, run, train)):
+        # a validation's "batches_end": where processes that ran different numbers of its batches meet
+        with scope(run, "stage", stage, after=functools.partial(stage_done, run, train),
+                   before=None if train else "batches_end"):
             if train and state.val_due:  # resumed where a validation inside training was due
                 if run.val_step is not None:
                     inner = clock()

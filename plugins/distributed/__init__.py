@@ -99,7 +99,13 @@ Every training pass and batch
       (``"stop requested on rank 1: ..."``, ``"stop requested on ranks 0, 1: SIGINT"``); after
       it ``loop.stop_requested`` is that request on every rank. A request between two checks
       waits for the next. No rank is left waiting in a collective operation that the others
-      have left.
+      have left. Inside a validation, where the ranks' parts may differ by a batch, no rank
+      can wait in a collective at a batch the others may not reach: a rank with a request says
+      so in the job's store at its next validation batch, every rank looks there after each of
+      its own (every ``stop_check_every``), and all then agree at their next validation batch,
+      or as their batches end, with the same all-reduce; the run resumes at the validation's
+      start. A rank whose batches ended first settles it the other way: the validation runs to
+      its end and the stop lands at its ``stage_end``.
     * Once a run, at the first agreement after an optimizer of the ``Loop`` stepped (after the
       first training batch when it was given none), the flag also says so, and the ranks
       compare a checksum of every trainable parameter (one gather; nothing per batch after

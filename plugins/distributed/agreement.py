@@ -1,11 +1,52 @@
 """What several processes must agree on: the stop, from every rank's pending request (who asked, on which
-ranks, and a reason a person reads: ``"stop requested on ranks 0-3: SIGTERM"``), and the plugins they run."""
+ranks, and a reason a person reads: ``"stop requested on ranks 0-3: SIGTERM"``), where it lands inside a
+validation (:class:`ValidationStop`), and the plugins they run."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from hookfit.payloads import StopRequest
 
-__all__ = ["agreed", "unlike"]
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from torch._C._distributed_c10d import Store
+    from torch.distributed import ProcessGroup
+
+    from hookfit.run import Run
+
+__all__ = ["STOP", "ValidationStop", "agreed", "check_plugins", "unlike"]
+
+STOP, END = "stop", "end"
+
+
+class ValidationStop:
+    """Whether one validation stops, decided without a collective operation: the ranks may have run
+    different numbers of its batches, so none can wait in a collective at a batch the others may never
+    reach. The first rank to claim the run's store key (``valid_stop/<n>``, the ``n``-th validation of
+    the run, the same on every rank) decides: one with a stop request claims :data:`STOP` at its next
+    batch, one done with its batches claims ``"end"`` before its ``stage_end``. After a ``"stop"`` every
+    rank takes the stop agreement's collective at its next validation batch (it looks every ``every``
+    batches) or as its batches end, and none runs ``stage_end`` (whose sums are collectives); after an
+    ``"end"`` every rank runs the validation to its end and a request waits for ``stage_end``."""
+
+    __slots__ = ("store", "key", "every", "batches", "decided")
+
+    def __init__(self, store: Store, count: int, every: int) -> None:
+        self.store, self.key, self.every = store, f"valid_stop/{count}", every
+        self.batches = 0
+        self.decided: str | None = None
+
+    def stops(self, request: StopRequest | None, ended: bool) -> bool:
+        """Whether this rank, after a validation batch (or after its last: ``ended``), with this pending
+        ``request``, takes the stop agreement's collective now."""
+        if self.decided is None:
+            if ended or request is not None:  # the first claim wins; the store answers the winner
+                self.decided = self.store.compare_set(self.key, "", STOP if request is not None else END).decode()
+            else:
+                self.batches += 1
+                if self.batches % self.every == 0 and self.store.check([self.key]):
+                    self.decided = self.store.get(self.key).decode()
+        return self.decided == STOP
 
 
 def agreed(asked: list[StopRequest | None]) -> StopRequest:
@@ -25,6 +66,22 @@ def agreed(asked: list[StopRequest | None]) -> StopRequest:
         ranks=tuple(rank for rank, _ in wanted),
         ends_process=any(request.ends_process for _, request in wanted),
     )
+
+
+def check_plugins(loop: Run, world_size: int, group: ProcessGroup | None) -> None:
+    """Every rank must run the plugins the others run, observers aside (one collective, once): a plugin on
+    some ranks only would take collectives the others never reach (a ``Checkpoint`` on rank 0: a hang)."""
+    import torch.distributed as dist
+
+    mine = [name for name, plugin in loop.pm.list_name_plugin()
+            if plugin is not None and getattr(plugin, "observer", False) is not True]
+    everyone: list[Any] = [None] * world_size
+    dist.all_gather_object(everyone, mine, group=group)
+    if (where := unlike(everyone)) is not None:
+        raise ValueError(f"distributed: the processes run different plugins ({where}); give every process the "
+                         f"same plugins (observers aside: a plugin that only watches, a logger of yours, says "
+                         f"observer = True in its class), or their collective operations would not match and "
+                         f"the job would hang. The main process alone decides what a checkpoint writes where")
 
 
 def unlike(names: list[list[str]]) -> str | None:

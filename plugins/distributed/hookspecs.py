@@ -43,8 +43,10 @@ The distributed role. What it must do, all of it:
   ``set_requires_gradient_sync`` in the backward). Nothing is asked, and nothing added per
   batch, without a data-parallel model.
 * Stopping together: implement the core's ``agree_stop``, so that every process stops at the
-  same boundary; at a validation's ``"batch"`` boundaries, where the ranks may have run
-  different numbers of batches, run no collective operation and answer ``False``. The agreed
+  same boundary; at a validation's ``"batch"`` and ``"batches_end"`` boundaries, where the ranks
+  may have run different numbers of batches, run a collective operation only once every rank
+  is known to take it there (the ranks decide through their store whether the validation
+  stops: then each takes it at its next such boundary), else answer ``False``. The agreed
   :class:`~hookfit.payloads.StopRequest` is the same on every rank: ``by`` the asker's name,
   once (``"time_budget"``, however many ranks asked; different askers joined by ``", "``),
   ``ranks`` the ranks that asked, ``complete`` only if every rank that asked says so, and a

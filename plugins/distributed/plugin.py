@@ -24,7 +24,7 @@ from hookfit.modes import modules
 from hookfit.plugins.support import Every, check, choice, flag, integer, positive_number, text, unwrap_model
 from hookfit.plugins.distributed import group, hookspecs
 from hookfit.plugins.distributed.group import ENV_TIMEOUT, timeout_seconds, timeout_text
-from hookfit.plugins.distributed.agreement import agreed, unlike
+from hookfit.plugins.distributed.agreement import ValidationStop, agreed, check_plugins
 from hookfit.plugins.distributed.failures import failure_store, report
 from hookfit.plugins.distributed.replicas import ReplicaCheck
 from hookfit.plugins.distributed.sharding import length, shard
@@ -153,6 +153,8 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
         self._samplers: list[DistributedSampler[Any]] = []
         self._batches = 0
         self._agreed = False
+        self._validations = 0  # validations begun in the run: the same count on every rank
+        self._validation: ValidationStop | None = None  # where the running one stops, if it does
         self._window_warned = False
         self._groups: list[ProcessGroup] = []
         self._store: Store | None = None  # where the first failing rank says so (failures.first_failure)
@@ -207,7 +209,7 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
                 if (plugin is not None and getattr(plugin, "observer", False) is True
                         and getattr(plugin, "every_rank", False) is not True):
                     loop.pm.unregister(plugin)
-        self._check_plugins(loop)
+        check_plugins(loop, self.world_size, self._control)
         if self.strategy == "fsdp":
             self._shard_model(loop, device)
         else:
@@ -238,19 +240,6 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
         if sampler is not None:
             self._samplers.append(sampler)
         return data
-
-    def _check_plugins(self, loop: Run) -> None:
-        """Every rank must run the plugins the others run, observers aside (one collective, once): a plugin on
-        some ranks only would take collectives the others never reach (a ``Checkpoint`` on rank 0: a hang)."""
-        mine = [name for name, plugin in loop.pm.list_name_plugin()
-                if plugin is not None and getattr(plugin, "observer", False) is not True]
-        everyone: list[Any] = [None] * self.world_size
-        _dist().all_gather_object(everyone, mine, group=self._control)
-        if (where := unlike(everyone)) is not None:
-            raise ValueError(f"distributed: the processes run different plugins ({where}); give every process the "
-                             f"same plugins (observers aside: a plugin that only watches, a logger of yours, says "
-                             f"observer = True in its class), or their collective operations would not match and "
-                             f"the job would hang. The main process alone decides what a checkpoint writes where")
 
     def _check_lengths(self, loop: Run) -> None:
         """Every rank must run as many training batches as the others (in a fit: an evaluation,
@@ -285,10 +274,15 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
     @hookimpl
     def agree_stop(self, loop: Run, request: StopRequest | None, boundary: str) -> StopRequest | Literal[False]:
         """Every ``stop_check_every`` batches, and at every stage and epoch boundary, the ranks
-        agree on stopping with one all-reduce of a flag; a request between two checks waits."""
-        if boundary == "batch":
-            if not loop.training:  # validation parts may differ by a batch: agree at its stage_end
+        agree on stopping with one all-reduce of a flag; a request between two checks waits. Inside a
+        validation, whose parts may differ by a batch, only once the ranks decided it stops (:class:`ValidationStop`)."""
+        if boundary == "stage_start" and not loop.training and self._store is not None:
+            self._validations += 1
+            self._validation = ValidationStop(self._store, self._validations, self.stop_check_every)
+        if not loop.training and boundary in ("batch", "batches_end"):
+            if self._validation is None or not self._validation.stops(request, boundary == "batches_end"):
                 return False
+        elif boundary == "batch":
             if not self._forward_checked and self._grad_seen:
                 self._forward_checked = True  # the first backward pass went through DDP
                 self._remove_grad_hooks()

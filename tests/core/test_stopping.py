@@ -499,7 +499,7 @@ def test_agree_stop_asked_at_every_boundary_of_a_completed_run() -> None:
     agreement = Agreement(at=-1)
     hookfit.Loop(lambda l, b: None, [1, 2], val_step=lambda l, b: None, val_data=[1], plugins=[agreement]).fit()
     assert [b for b, _ in agreement.seen] == ["start", "epoch_start", "stage_start", "batch", "batch", "stage_end",
-                                             "stage_start", "batch", "stage_end", "epoch_end"]
+                                             "stage_start", "batch", "batches_end", "stage_end", "epoch_end"]
 
 
 @pytest.mark.bad_input
