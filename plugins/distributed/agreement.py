@@ -68,11 +68,10 @@ def agreed(asked: list[StopRequest | None]) -> StopRequest:
     )
 
 
-def check_plugins(loop: Run, world_size: int, group: ProcessGroup | None) -> None:
-    """Every rank must run the plugins the others run, observers aside (one collective, once): a plugin on
-    some ranks only would take collectives the others never reach (a ``Checkpoint`` on rank 0: a hang)."""
-    import torch.distributed as dist
-
+def check_plugins(loop: Run, dist: Any, world_size: int, group: ProcessGroup | None) -> None:
+    """Every rank must run the plugins the others run, observers aside (one collective of ``dist``, the
+    ``torch.distributed`` module, once): a plugin on some ranks only would take collectives the others never
+    reach (a ``Checkpoint`` on rank 0: a hang)."""
     mine = [name for name, plugin in loop.pm.list_name_plugin()
             if plugin is not None and getattr(plugin, "observer", False) is not True]
     everyone: list[Any] = [None] * world_size

@@ -209,7 +209,7 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
                 if (plugin is not None and getattr(plugin, "observer", False) is True
                         and getattr(plugin, "every_rank", False) is not True):
                     loop.pm.unregister(plugin)
-        check_plugins(loop, self.world_size, self._control)
+        check_plugins(loop, dist, self.world_size, self._control)
         if self.strategy == "fsdp":
             self._shard_model(loop, device)
         else:

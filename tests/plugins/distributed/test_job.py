@@ -300,13 +300,13 @@ def test_training_data_of_other_lengths_per_process_is_refused_in_a_fit(
 
 
 @pytest.mark.bad_input
-def test_plugins_taking_part_on_some_processes_only_are_refused_naming_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugins_taking_part_on_some_processes_only_are_refused_naming_them() -> None:
     """Each rank's plugins as the all_gather at configure brings them: rank 0 runs a checkpoint and an EMA the
     other does not, rank 1 a plugin of its own (their collectives would not match: a hang). Observers are left
     out: they run on rank 0 alone by design."""
-    import hookfit.plugins.distributed.plugin as module
+    from hookfit.plugins.distributed.agreement import check_plugins
 
-    class Gathered:
+    class Gathered:  # the torch.distributed module, as check_plugins calls it
         @staticmethod
         def all_gather_object(everyone: list[Any], mine: Any, group: Any = None) -> None:
             everyone[:] = [["checkpoint", "ema", "optim"], ["mine", "optim"]]
@@ -316,14 +316,11 @@ def test_plugins_taking_part_on_some_processes_only_are_refused_naming_them(monk
 
     pm = type("PM", (), {"list_name_plugin": staticmethod(lambda: [("optim", object()), ("tui", Observer())])})
     loop = type("Run", (), {"pm": pm})()
-    monkeypatch.setattr(module, "_dist", lambda: Gathered)
-    plugin = Distributed()
-    plugin.world_size, plugin._control = 2, None
     with pytest.raises(ValueError, match=r"^distributed: the processes run different plugins \('checkpoint' on rank "
                                          r"0 only; 'ema' on rank 0 only; 'mine' on rank 1 only\); give every process "
                                          r"the same plugins \(observers aside: a plugin that only watches, a logger of yours, says "
                                          r"observer = True in its class\)"):
-        plugin._check_plugins(loop)  # type: ignore[arg-type]
+        check_plugins(loop, Gathered, 2, None)  # type: ignore[arg-type]
     seen: list[Any] = []
 
     def alike(everyone: list[Any], mine: Any, group: Any = None) -> None:
@@ -331,13 +328,13 @@ def test_plugins_taking_part_on_some_processes_only_are_refused_naming_them(monk
         everyone[:] = [mine, ["optim"]]
 
     Gathered.all_gather_object = staticmethod(alike)  # type: ignore[method-assign]
-    plugin._check_plugins(loop)  # type: ignore[arg-type]
+    check_plugins(loop, Gathered, 2, None)  # type: ignore[arg-type]
     assert seen == [["optim"]]  # its own plugins, the observer left out: the same as rank 1's, accepted
     Gathered.all_gather_object = staticmethod(  # type: ignore[method-assign]
         lambda everyone, mine, group=None: everyone.__setitem__(slice(None), [["ema", "optim"], ["optim", "ema"]]))
     with pytest.raises(ValueError, match=r"^distributed: the processes run different plugins \(the same plugins in "
                                          r"other orders: rank 0: ema, optim; rank 1: optim, ema\)"):
-        plugin._check_plugins(loop)  # type: ignore[arg-type]  # (their hooks, so their collectives, in other orders)
+        check_plugins(loop, Gathered, 2, None)  # type: ignore[arg-type]  # (their hooks, so their collectives, in other orders)
 
 
 @pytest.mark.slow
