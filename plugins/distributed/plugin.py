@@ -276,13 +276,7 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
         """Every ``stop_check_every`` batches, and at every stage and epoch boundary, the ranks
         agree on stopping with one all-reduce of a flag; a request between two checks waits. Inside a
         validation, whose parts may differ by a batch, only once the ranks decided it stops (:class:`ValidationStop`)."""
-        if boundary == "stage_start" and not loop.training and self._store is not None:
-            self._validations += 1
-            self._validation = ValidationStop(self._store, self._validations, self.stop_check_every)
-        if not loop.training and boundary in ("batch", "batches_end"):
-            if self._validation is None or not self._validation.stops(request, boundary == "batches_end"):
-                return False
-        elif boundary == "batch":
+        if boundary == "batch" and loop.training:
             if not self._forward_checked and self._grad_seen:
                 self._forward_checked = True  # the first backward pass went through DDP
                 self._remove_grad_hooks()
@@ -291,6 +285,12 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
             self._batches += 1
             if not self._stop_checks.due(self._batches):
                 return False
+        elif not loop.training and boundary in ("batch", "batches_end"):
+            if self._validation is None or not self._validation.stops(request, boundary == "batches_end"):
+                return False
+        elif boundary == "stage_start" and not loop.training and self._store is not None:
+            self._validations += 1
+            self._validation = ValidationStop(self._store, self._validations, self.stop_check_every)
         flag = self._flag
         assert flag is not None  # made at configure, which registers this plugin for the run
         # one number: the ranks asking to stop, plus world_size + 1 for each rank that stepped (ReplicaCheck)
