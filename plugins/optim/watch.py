@@ -164,8 +164,8 @@ class Watch:
         if twice and "twice" not in self._said:
             self._said.add("twice")
             warnings.warn(f"{head} stepped twice{self._where()} with no backward pass between: step function {step!r}"
-                          f" calls {call}.step() twice on the same gradients, and the schedulers stepped after each "
-                          f"step step twice too. Call {call}.step() once after each loop.backward(loss)",
+                          f" calls {call}.step() twice on the same gradients, which steps its per-step schedulers "
+                          f"twice too. Call {call}.step() once after each loop.backward(loss)",
                           OptimWarning, stacklevel=user_level(_TORCH))
 
     def _step_name(self) -> str:

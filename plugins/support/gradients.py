@@ -59,11 +59,12 @@ class StepOrder:
     """What backward passes and optimizer steps tell of the order a step function calls them in, while watched: a
     pass that adds onto gradients an optimizer stepped on and nothing cleared since (``None``, another tensor or all
     zeros: ``zero_grad()`` of either kind), which its next step then takes again (a forgotten ``zero_grad()``), and an
-    optimizer stepped twice with no pass between (on the same gradients). Call :meth:`passing` as each backward pass
-    begins, before it accumulates a gradient into ``params`` (a tensor hook of :class:`GradientWatch` on each runs
-    before its accumulation), and :meth:`stepping` as each step begins (torch's step pre-hook). The gradients of
-    ``params`` alone are judged, of plain tensors (a tensor subclass's may be set apart from autograd's
-    accumulation), and held weakly."""
+    optimizer stepped twice with no pass between on the same gradients (a gradient its previous step took, neither
+    cleared nor all zeros: a step on gradients cleared since, with no pass between, takes none of them again). Call
+    :meth:`passing` as each backward pass begins, before it accumulates a gradient into ``params`` (a tensor hook of
+    :class:`GradientWatch` on each runs before its accumulation), and :meth:`stepping` as each step begins (torch's
+    step pre-hook). The gradients of ``params`` alone are judged, of plain tensors (a tensor subclass's may be set
+    apart from autograd's accumulation), and held weakly."""
 
     def __init__(self, params: Iterable[torch.Tensor] = ()) -> None:
         self._judged = {id(p) for p in params if type(p) in _PLAIN}
@@ -86,10 +87,12 @@ class StepOrder:
 
     def stepping(self, optimizer: torch.optim.Optimizer) -> tuple[bool, bool]:
         """``optimizer`` steps: whether it takes gradients of its previous step that a pass added onto, and whether
-        no pass began since its previous step."""
+        it takes again, with no pass begun since its previous step, a gradient that step took, not cleared since."""
         key, passes = id(optimizer), self._passes
-        piled = any(added and param.grad is grad() for param, grad, added in self._left.get(key, {}).values())
-        twice, self._at[key] = self._at.get(key) == passes, passes
+        left = [(p.grad, grad, added) for p, grad, added in self._left.get(key, {}).values() if p.grad is not None]
+        piled = any(added and now is grad() for now, grad, added in left)
+        twice = self._at.get(key) == passes and any(now is grad() and bool(now.any()) for now, grad, _ in left)
+        self._at[key] = passes
         self._left[key] = {id(p): (p, weakref.ref(p.grad), False) for group in optimizer.param_groups
                            for p in group["params"] if p.grad is not None and id(p) in self._judged}
         return piled, twice

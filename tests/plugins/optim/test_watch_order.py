@@ -152,8 +152,28 @@ def test_step_written_twice_warns_once_naming_the_optimizer_and_the_step_functio
     assert order(said) == [
         "optim: optimizer 'default' (SGD) stepped twice (epoch 1, batch 0) with no backward pass between: step "
         "function 'test_step_written_twice_warns_once_naming_the_optimizer_and_the_step_function.<locals>."
-        "train_step' calls loop.optimizers.step() twice on the same gradients, and the schedulers stepped after "
-        "each step step twice too. Call loop.optimizers.step() once after each loop.backward(loss)"]
+        "train_step' calls loop.optimizers.step() twice on the same gradients, which steps its per-step schedulers "
+        "twice too. Call loop.optimizers.step() once after each loop.backward(loss)"]
+
+
+@pytest.mark.parametrize("to_none", [True, False])
+def test_a_batch_with_no_backward_pass_whose_step_and_zero_grad_still_run_says_nothing(to_none: bool) -> None:
+    """A conditional loss (a batch with no valid targets) skips loop.backward, but its step function steps and clears
+    every batch: the step after a skipped pass takes none of the previous step's gradients (cleared), so it is no
+    second step on them, whether zero_grad() leaves None or zeros."""
+    m = model()
+    seen: list[bool] = []  # whether each step had a gradient to take
+
+    def train_step(loop, batch):
+        if loop.state.step % 2 == 0:
+            loop.backward(loss_of(m, batch))
+        seen.append(any(p.grad is not None and bool(p.grad.any()) for p in m.parameters()))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad(set_to_none=to_none)
+
+    said, steps = fit(train_step, m, torch.optim.SGD(m.parameters(), lr=0.01))
+    assert seen == [True, False] * 3  # (what the check is about: steps with no pass since the previous one)
+    assert order(said) == [] and steps == {"default": 6}
 
 
 def test_a_gan_a_discriminator_trained_k_times_and_sams_two_passes_say_nothing() -> None:
