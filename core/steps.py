@@ -36,9 +36,8 @@ def check_step(what: str, step: Any) -> None:
 
 def _not_a_step(what: str, value: Any) -> str | None:
     """A model, the data or an optimizer given as the step function ``what``, and where it goes."""
-    code = getattr(getattr(value, "forward", None), "__code__", None)
-    if code is not None and code.co_varnames[1:2] == ("loop",):  # a model with forward(self, loop, batch) is a step
-        return None
+    if isinstance(value, torch.nn.Module) and _forward_takes_loop_and_batch(value):
+        return None  # a module written as the step: forward(self, loop, batch), under any names
     call = {"val_step": "Loop(..., val_step=val_step, val_data=val_data{})",
             "predict()'s step": "Loop(...{}).predict(data, step)"}.get(what, "Loop(train_step, train_data{})")
     for kind, name, given in ((torch.nn.Module, "the model", ", model=model"), ((DataLoader, Dataset), "the data", ""),
@@ -54,3 +53,15 @@ def _binds(signature: inspect.Signature) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _forward_takes_loop_and_batch(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s own ``forward`` takes two positional arguments, as a step does: its signature
+    as written (a decorator's ``functools.wraps`` points at it), not a generic wrapper's ``(*args, **kwargs)``,
+    which any model's would bind; a module without a ``forward`` of its own is not a step."""
+    if type(module).forward is torch.nn.Module.forward:
+        return False
+    try:
+        return _binds(inspect.signature(module.forward))
+    except (TypeError, ValueError):  # a builtin or an extension's forward: nothing to check
+        return True

@@ -115,3 +115,55 @@ def test_a_model_whose_forward_takes_the_loop_and_the_batch_is_a_step_and_named_
     note = next(n for n in caught.value.__notes__ if "raised in step function" in n)
     assert "\n" not in note and "\\n" not in note and "'Stepper( (layers): Sequential( (0): Linear(" in note, note
     assert len(note) < 160, note
+
+
+class Stepper(torch.nn.Module):
+    """A module written as the step, its ``forward`` taking the run under a name of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.batches = 0
+
+    def forward(self, run, batch):
+        self.batches += 1
+        return self.layer(batch).sum()
+
+
+class DecoratedStepper(Stepper):
+    """The same step, its ``forward`` under a decorator (``functools.wraps``: the wrapper takes ``*args, **kwargs``)."""
+
+    @torch.compiler.disable
+    def forward(self, loop, batch):
+        return super().forward(loop, batch)
+
+
+class DecoratedModel(LitModel):
+    """A model whose ``forward(x)`` is under a decorator: still a model, not a step."""
+
+    @torch.compiler.disable
+    def forward(self, x):
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("stepper", [Stepper, DecoratedStepper])
+def test_a_module_is_a_step_by_its_forwards_signature_not_its_parameters_names(stepper) -> None:
+    """A module is a step when its ``forward`` takes two positional arguments, as any step function: under
+    whatever names (``forward(self, run, batch)``) and under a decorator, whose signature points at it."""
+    step = stepper()
+    state = hookfit.Loop(step, [torch.ones(2)] * 3, model=step, max_epochs=1, plugins=[]).fit()
+    assert state.status == "completed" and step.batches == 3, (state.status, step.batches)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("model, kind", [
+    (DecoratedModel, "the model DecoratedModel"),
+    (lambda: torch.nn.ModuleList([torch.nn.Linear(2, 1)]), "the model ModuleList"),
+])
+def test_a_module_whose_forward_takes_no_loop_and_batch_is_refused_as_the_model(model, kind) -> None:
+    """A model whose ``forward(x)`` is under a decorator (whose own ``*args, **kwargs`` would take anything),
+    and a module without a ``forward`` of its own, are models given as the step: refused, saying where they go."""
+    with pytest.raises(TypeError) as caught:
+        hookfit.Loop(model(), [torch.ones(2)])
+    assert str(caught.value) == (f"train_step must be a function step(loop, batch), got {kind}, which goes in "
+                                 f"Loop(train_step, train_data, model=model)")
