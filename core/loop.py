@@ -141,7 +141,7 @@ class Loop:
     ``seed`` seeds Python, NumPy and torch (every device), and with them the order of data that
     draws from torch's generator, as the run starts (a resumed run takes the random states of its
     checkpoint instead; a ``DataLoader``'s own ``generator=`` is the script's to seed, and a seeded
-    run warns of one drawn since it was seeded);
+    run warns of one that goes on from where an earlier run in the process left it);
     ``deterministic=True`` runs with PyTorch's deterministic algorithms and puts the settings
     back afterwards (see :mod:`hookfit.reproducibility`). Both are recorded, with the run's
     name, command line, plugins and versions, in ``run.jsonl`` in the run folder; when the run

@@ -7,10 +7,10 @@ device (``torch.manual_seed`` seeds the CUDA generators too). Data order follows
 workers' seeds) from torch's generator, and ``hookfit.data.Batches`` and
 ``DistributedSampler`` shuffle from seeds of their own. A loader's own generator
 (``DataLoader(generator=g)``, a sampler's) is the script's, and the seed leaves it as it is (as
-Lightning's ``seed_everything`` does): :func:`seed_run` names one that has drawn since it was last
-seeded, as one has where the same loader ran before in the process. The model's initial weights are drawn
-before the ``Loop`` exists: seed before building it (``hookfit.seed_everything(0)``) for
-those too.
+Lightning's ``seed_everything`` does): :func:`seed_run` names one that goes on from where an
+earlier run in the process left it, as where a notebook cell runs the same loader again. The
+model's initial weights are drawn before the ``Loop`` exists: seed before building it
+(``hookfit.seed_everything(0)``) for those too.
 
 :class:`Deterministic` switches on PyTorch's deterministic algorithms for the time of a run
 (an operation without a deterministic implementation then raises, naming itself), with
@@ -20,10 +20,12 @@ every setting back as it was when the run ends.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import random
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -70,27 +72,39 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def seed_run(seed: int | None, train_data: Any, val_data: Any) -> str | None:
-    """Seed everything with ``seed`` (nothing without one), and say, as a warning's text, which
-    ``DataLoader`` among ``train_data`` and ``val_data`` (one, or a mapping of named sets) has a
-    generator of its own (:func:`hookfit.data.generators`) that drew since it was last seeded: the
-    seed does not reach it, so the run's data order hangs on what drew from it before (an earlier
-    run of the same loader in this process). ``None`` where there is none."""
-    if seed is None:
-        return None
-    seed_everything(seed)
+_LEFT: weakref.WeakKeyDictionary[torch.Generator, torch.Tensor] = weakref.WeakKeyDictionary()
+"""Each loader's own generator that a run in this process drew from, with its state as that run ended."""
+
+
+@contextlib.contextmanager
+def seed_run(seed: int | None, train_data: Any, val_data: Any) -> Iterator[str | None]:
+    """For the time of a run: seed everything with ``seed`` (nothing without one), and give, as a warning's
+    text, which ``DataLoader`` among ``train_data`` and ``val_data`` (one, or a mapping of named sets) has a
+    generator of its own (:func:`hookfit.data.generators`) that goes on from where an earlier run in this
+    process left it: its state is the one that run ended with, so nobody seeded or set it since, and the seed
+    does not reach it. ``None`` where there is none: a generator the script drew from before any run
+    (``random_split``'s, a look at one batch) gives the same order from one fresh script to the next. As the
+    run ends, each of these generators it drew from is kept with its state then, weakly (a collected
+    generator leaves nothing)."""
     from hookfit.data import generators  # (hookfit.data reads this module's as_int)
 
     named = [("train_data", train_data)] + ([(f"val_data[{key!r}]", data) for key, data in val_data.items()]
                                             if isinstance(val_data, Mapping) else [("val_data", val_data)])
-    drawn = [f"{name}.{at}" for name, data in named for at, g in generators(data).items()
-             if not torch.equal(g.get_state(), torch.Generator(g.device).manual_seed(g.initial_seed()).get_state())]
-    if not drawn:
-        return None
-    return (f"seed={seed} does not reseed a DataLoader's own generator, and {', '.join(drawn)} "
-            f"{'has' if len(drawn) == 1 else 'have'} drawn since last seeded (the loader ran before in this process: a "
-            f"notebook cell run again, a sweep reusing it), so this run's data order is not a fresh script's: seed it "
-            f"before each fit(), g.manual_seed(N), or give the loader a new torch.Generator().manual_seed(N) each run")
+    begun = [(f"{name}.{at}", g, g.get_state()) for name, data in named for at, g in generators(data).items()]
+    left = [name for name, g, state in begun if (end := _LEFT.get(g)) is not None and torch.equal(state, end)]
+    if seed is not None:
+        seed_everything(seed)
+    try:
+        yield None if seed is None or not left else (
+            f"seed={seed} does not reseed a DataLoader's own generator, and {', '.join(left)} "
+            f"{'goes' if len(left) == 1 else 'go'} on from where an earlier run in this process left "
+            f"{'it' if len(left) == 1 else 'them'} (a notebook cell run again, a sweep reusing the loader), so this "
+            f"run's data order is not a fresh script's: seed it before each fit(), g.manual_seed(N), or give the "
+            f"loader a new torch.Generator().manual_seed(N) each run")
+    finally:
+        for _, g, state in begun:
+            if not torch.equal(now := g.get_state(), state):
+                _LEFT[g] = now
 
 
 class Deterministic:

@@ -60,10 +60,10 @@ def execute(run: Run) -> State:
     state = run.state
     state.status = "running"
     state.started_at = time.perf_counter()
-    with Deterministic() if run.deterministic else contextlib.nullcontext():
+    # seeded before configure, whose plugins draw too; the loaders' own generators are the script's
+    with (Deterministic() if run.deterministic else contextlib.nullcontext(),
+          seed_run(run.seed, run.train_data if run.mode == "fit" else None, run.val_data) as unseeded):
         try:
-            # seeded before configure, whose plugins draw too; the loaders' own generators are the script's
-            unseeded = seed_run(run.seed, run.train_data if run.mode == "fit" else None, run.val_data)
             fire(run, "configure")
             run.folder.claim()  # a folder a live process holds: refused before any plugin writes there
             run.hooks.start()  # the plugins are configured: their batch_events answers count

@@ -135,13 +135,14 @@ def fits(loader, val_data=None, **options) -> tuple[list[list[float]], list[warn
 
 
 @pytest.mark.bad_input
-def test_a_loader_whose_own_generator_drew_since_it_was_seeded_is_named_once_by_a_seeded_run() -> None:
+def test_a_loader_whose_own_generator_an_earlier_run_drew_is_named_once_by_a_seeded_run() -> None:
     """Loop(seed=...) leaves a DataLoader's own generator= as the script seeded it (as Lightning's
     seed_everything does): the same loader run again in one process (a notebook cell, a sweep) gets
-    another order, which the seeded run says, naming the loader and the fix; reseeded, it gets the
-    first order again and nothing is said, nor by a run without seed=."""
+    another order, which the seeded run says, naming the loader and the fix; reseeded, or set back to
+    a state saved before, it gets the first order again and nothing is said, nor by a run without seed=."""
     dataset = torch.utils.data.TensorDataset(torch.arange(16.0)[:, None])
     g = torch.Generator().manual_seed(3)
+    saved = g.get_state()
     loader = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True, generator=g)
     first, said = fits(loader, seed=0)
     assert said == []
@@ -150,12 +151,14 @@ def test_a_loader_whose_own_generator_drew_since_it_was_seeded_is_named_once_by_
     (warning,) = said
     assert warning.category is hookfit.HookfitWarning and warning.filename == __file__
     assert str(warning.message) == (
-        "seed=0 does not reseed a DataLoader's own generator, and train_data.generator has drawn since last seeded "
-        "(the loader ran before in this process: a notebook cell run again, a sweep reusing it), so this run's data "
+        "seed=0 does not reseed a DataLoader's own generator, and train_data.generator goes on from where an earlier "
+        "run in this process left it (a notebook cell run again, a sweep reusing the loader), so this run's data "
         "order is not a fresh script's: seed it before each fit(), g.manual_seed(N), or give the loader a new "
         "torch.Generator().manual_seed(N) each run")
     assert fits(loader)[1] == []  # no seed=, nothing promised
     g.manual_seed(3)
+    assert fits(loader, seed=0) == (first, [])
+    g.set_state(saved)
     assert fits(loader, seed=0) == (first, [])
     # a validation set's sampler with a generator of its own, named by its set
     sampler = torch.utils.data.RandomSampler(dataset, num_samples=4, generator=torch.Generator().manual_seed(1))
@@ -164,7 +167,24 @@ def test_a_loader_whose_own_generator_drew_since_it_was_seeded_is_named_once_by_
     assert fits(loader, valid, seed=0)[1] == []
     g.manual_seed(3)
     (warning,) = fits(loader, valid, seed=0)[1]
-    assert "and val_data['sub'].sampler.generator has drawn since last seeded" in str(warning.message)
+    assert "and val_data['sub'].sampler.generator goes on from where an earlier run" in str(warning.message)
+
+
+def test_a_generator_the_script_drew_from_before_any_run_is_not_warned_of() -> None:
+    """A generator drawn before the first run gives the same order from one fresh script to the next, so a
+    seeded run says nothing of it: torch's random_split sharing the loader's seeded generator, a look at one
+    batch before fit(). The same loader run again is still named."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(16.0)[:, None])
+    g = torch.Generator().manual_seed(42)
+    train, _ = torch.utils.data.random_split(dataset, [0.75, 0.25], generator=g)
+    split = torch.utils.data.DataLoader(train, batch_size=4, shuffle=True, generator=g)
+    first, said = fits(split, seed=0)
+    assert len(first) == 3 and said == []
+    again, said = fits(split, seed=0)
+    assert again != first and len(said) == 1 and "train_data.generator goes on from" in str(said[0].message)
+    looked = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+    next(iter(looked))
+    assert fits(looked, seed=0)[1] == []
 
 
 def test_a_resumed_run_whose_loader_drew_before_is_not_warned_of(tmp_path: Path) -> None:
