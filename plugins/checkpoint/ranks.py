@@ -83,10 +83,10 @@ def own(loop: Run, run_state: dict[str, Any], saved: Any, path: object, size: in
     :class:`hookfit.data.Batches`, whose load refuses another global batch and goes on exactly with the same.
     A process whose random states the checkpoint lacks (more processes than ``saved`` holds; a file without
     it holds the main process's alone: one process's, or a failed run's) takes the main process's: said in
-    that warning, or in one of its own."""
+    that warning, or in one of its own. An evaluation (``Loop.validate``) continues no run: no warning."""
     position = run_state.get("loop") or {}
     inside = position.get("resume_stage") == "train" and position.get("resume_batch") and not run_state.get("data")
-    left = loop.mode != "fit" or not _trained(loop, position)  # (a run with nothing left to train: no word)
+    left = loop.mode == "fit" and not _trained(loop, position)  # (an evaluation, or nothing left to train: no word)
     held = len(saved) if isinstance(saved, list) and saved else 1  # the processes whose random states it holds
     world = loop.state.world_size
     beyond = f"the processes beyond {held} take the main process's random states" if held < world else ""

@@ -125,3 +125,18 @@ def test_a_run_of_one_process_resumed_on_two_says_the_second_takes_the_main_proc
         assert said.startswith(f"checkpoint: {path} was written by 1 process(es) and is resumed in 2: "), said
         assert "(max_steps, a scheduler's steps, every_n_steps) count other batches, and the processes beyond 1 " \
                "take the main process's random states: the run goes on as another run would" in said, said
+
+
+def test_an_evaluation_of_one_processs_checkpoint_on_two_says_nothing_of_random_states(tmp_path: Path) -> None:
+    """``Loop.validate(resume="latest")`` under ``torchrun --nproc-per-node 2`` of a plain run's checkpoint
+    continues no run: no process warns that random draws differ from the run it continues."""
+    script = REPO / "tests" / "scripts" / "ranks_resume_run.py"
+    alone = subprocess.run([sys.executable, str(script), "one", "list"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, env=_env(HOOKFIT_PLUGINS=""))
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    launch = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    done = subprocess.run([*_torchrun(), *launch, str(script), "two", "list", "latest", "validate"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=_env(HOOKFIT_PLUGINS=""))
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [json.loads((tmp_path / f"two.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(r["status"], r["world_size"], r["warned"]) for r in ranks] == [("completed", 2, [])] * 2, ranks
