@@ -67,8 +67,12 @@ What it does, in ``configure`` (before every other plugin starts)
       validation batch (checked). A validation loader with torch's own ``DistributedSampler`` is
       kept where it splits exactly, and otherwise (it pads the parts by repeating samples, or
       ``drop_last`` leaves some out) rebuilt with an ``ExactSampler`` in its order (its
-      ``shuffle`` and ``seed``); one the plugin cannot judge (a subclass, another rank, size or
-      dataset) is kept, with one ``HookfitWarning`` naming the set, the samples and the fix.
+      ``shuffle`` and ``seed``), checked as a set given without a sampler (a sample on every
+      rank). One made for another rank or size is kept, with one ``HookfitWarning`` on each
+      process that finds its own so (naming the set, its rank and ``num_replicas`` and the
+      process's), whether or not the size divides; one the plugin cannot judge otherwise (a
+      subclass, another dataset) that pads or drops is kept, with one ``HookfitWarning`` naming
+      the set, the samples and the fix.
 
       With ``world_size`` ranks and a per-rank batch of ``b``, one step trains on
       ``world_size * b`` samples: DDP averages the ranks' gradients, so a run on ``n``

@@ -99,9 +99,7 @@ def shard_loader(loader: Any, what: str, rank: int, world_size: int, seed: int,
                         f"sampler, which cannot be sharded automatically; {fix}")
     shuffle = isinstance(loader.sampler, RandomSampler)
     if not even:
-        if len(loader.dataset) < world_size:
-            raise ValueError(f"distributed: {what} has {len(loader.dataset)} samples, fewer than the "
-                             f"{world_size} processes; every process needs at least one batch")
+        _enough(loader.dataset, what, world_size)
         sampler: DistributedSampler[int] = ExactSampler(loader.dataset, world_size, rank, shuffle=shuffle, seed=seed)
     else:
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
@@ -114,16 +112,26 @@ def _exact(loader: Any, what: str, rank: int, world_size: int) -> ExactSampler |
     :class:`ExactSampler` that takes its place where it would repeat samples to pad the ranks'
     parts to one length, or leave some out (``drop_last=True``), and is torch's own class for
     this process group (its rank and size, over the loader's dataset): the same order, shuffled
-    or not, with the same seed, each sample once. ``None`` keeps it: exact already, or a sampler
-    that cannot be judged (a subclass, another rank or size, another dataset), which one warning
-    on the main process names, with the samples counted twice or left out and the fix."""
+    or not, with the same seed, each sample once; checked as a set the plugin splits itself
+    (:func:`_enough`). ``None`` keeps it: exact already, or a sampler that cannot be judged.
+    A sampler made for another rank or size warns on every process that finds it so, whether
+    or not its size divides evenly; a subclass or one over another dataset that pads or drops
+    warns on the main process, with the samples counted twice or left out and the fix."""
     sampler = loader.sampler
+    if sampler.num_replicas != world_size or sampler.rank != rank:
+        warnings.warn(
+            f"distributed: {what}'s sampler was made for rank {sampler.rank} of num_replicas="
+            f"{sampler.num_replicas}, but this process is rank {rank} of {world_size}: processes validate the "
+            f"wrong samples (some twice, some never); give {what} without a sampler (DataLoader(dataset, "
+            f"batch_size=...)), and the plugin splits validation exactly, every sample once",
+            HookfitWarning, stacklevel=user_level())
+        return None
     count = len(sampler.dataset)
     off = sampler.total_size - count  # samples repeated (>0) or left out (<0) over the ranks' parts
     if off == 0:
         return None
-    if (type(sampler) is DistributedSampler and sampler.num_replicas == world_size and sampler.rank == rank
-            and sampler.dataset is loader.dataset):
+    if type(sampler) is DistributedSampler and sampler.dataset is loader.dataset:
+        _enough(loader.dataset, what, world_size)
         return ExactSampler(loader.dataset, world_size, rank, shuffle=sampler.shuffle, seed=sampler.seed)
     if rank == 0:
         what_off = (f"repeats {off} of its {count} samples to pad the {sampler.num_replicas} parts to "
@@ -135,6 +143,14 @@ def _exact(loader: Any, what: str, rank: int, world_size: int) -> ExactSampler |
             f"a sampler (DataLoader(dataset, batch_size=...)), and the plugin splits validation exactly, every "
             f"sample once", HookfitWarning, stacklevel=user_level())
     return None
+
+
+def _enough(dataset: Any, what: str, world_size: int) -> None:
+    """A validation set split exactly by the plugin needs a sample on every process (else
+    the ranks' metric sums differ in size and the collective fails): a clear error first."""
+    if len(dataset) < world_size:
+        raise ValueError(f"distributed: {what} has {len(dataset)} samples, fewer than the "
+                         f"{world_size} processes; every process needs at least one batch")
 
 
 def _rebuilt(loader: Any, sampler: DistributedSampler[Any]) -> Any:

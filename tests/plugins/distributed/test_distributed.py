@@ -358,6 +358,50 @@ def test_a_validation_loaders_own_distributed_sampler_that_pads_or_drops_is_repl
 
 
 @pytest.mark.bad_input
+def test_a_validation_sampler_replaced_by_the_exact_split_is_checked_as_a_set_without_one() -> None:
+    """torch's ``DistributedSampler`` over fewer samples than processes pads every part to one sample;
+    replaced by the exact split, a rank would have no batch (its metric sums then differ from the others'
+    and the collective fails): the same clear error as for the set given without a sampler, on every rank."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from hookfit.plugins.distributed.sharding import shard
+
+    tiny = TensorDataset(torch.arange(2.0).unsqueeze(1))
+    for rank in range(3):
+        loader = DataLoader(tiny, batch_size=4, sampler=DistributedSampler(tiny, 3, rank, shuffle=False))
+        with pytest.raises(ValueError, match=r"^distributed: val_data\['b'\] has 2 samples, fewer than the 3 "
+                                             r"processes; every process needs at least one batch$"):
+            shard(loader, "val_data['b']", rank, 3, 0, even=False)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("size", [9, 10])
+def test_a_validation_sampler_made_for_another_rank_or_size_warns_on_each_process_that_finds_it(size: int) -> None:
+    """A ``DistributedSampler`` made with ``rank=0`` on every process (or for another number of processes)
+    validates the same samples on several ranks: each process whose own sampler names another rank or size
+    warns once, naming the set, the sampler's rank and ``num_replicas`` and its own, whether or not the
+    size divides evenly, and keeps it; the process it was made for says nothing."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from hookfit.plugins.distributed.sharding import shard
+
+    dataset = TensorDataset(torch.arange(float(size)).unsqueeze(1))
+    for replicas, made_for, warned in ((3, 0, [1, 2]), (2, 1, [0, 1, 2])):
+        for rank in range(3):
+            loader = DataLoader(dataset, batch_size=2, sampler=DistributedSampler(dataset, replicas, made_for))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                kept = shard(loader, "val_data['b']", rank, 3, 0, even=False) == (loader, loader.sampler)
+            assert kept or rank not in warned  # (the process it was made for may take the exact split)
+            expected = [(hookfit.HookfitWarning, (
+                f"distributed: val_data['b']'s sampler was made for rank {made_for} of num_replicas={replicas}, but "
+                f"this process is rank {rank} of 3: processes validate the wrong samples (some twice, some never); "
+                f"give val_data['b'] without a sampler (DataLoader(dataset, batch_size=...)), and the plugin splits "
+                f"validation exactly, every sample once"))] if rank in warned else []
+            assert [(w.category, str(w.message)) for w in caught] == expected, (replicas, rank)
+
+
+@pytest.mark.bad_input
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="stop_check_every"):
         Distributed(stop_check_every=0)
