@@ -193,8 +193,10 @@ def agree_stop(loop: Run, request: StopRequest | None, boundary: str) -> StopReq
     data, every sample exactly once). There, and at its ``"batches_end"``, a collective
     operation is possible only once every process is known to be at one of them: the processes
     decide, without one, whether the validation stops (then every process takes the collective
-    at its next one of those boundaries) or runs to its end (then none takes it there, and a
-    request waits for ``"stage_end"``). A stop inside a validation resumes at its start. Return
+    at the first of those boundaries where it knows of the decision: a process with no request
+    of its own may look for it only every few batches, as the plugin's options say, and at the
+    latest at its ``"batches_end"``) or runs to its end (then none takes it there, and a request
+    waits for ``"stage_end"``). A stop inside a validation resumes at its start. Return
     the agreed :class:`~hookfit.payloads.StopRequest` to stop every process here, ``False`` to
     carry on (a pending request then waits for a later boundary), or ``None`` to leave the
     decision to this process's own request. First result.

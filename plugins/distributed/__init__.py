@@ -105,9 +105,10 @@ Every training pass and batch
       waits for the next. No rank is left waiting in a collective operation that the others
       have left. Inside a validation, where the ranks' parts may differ by a batch, no rank
       can wait in a collective at a batch the others may not reach: a rank with a request says
-      so in the job's store at its next validation batch, every rank looks there after each of
-      its own (every ``stop_check_every``), and all then agree at their next validation batch,
-      or as their batches end, with the same all-reduce; the run resumes at the validation's
+      so in the job's store at its next validation batch, a rank without a request looks there
+      only every ``stop_check_every`` of its validation batches (one store lookup each, no
+      collective), and each takes the same all-reduce at the first check that finds the stop,
+      or as its batches end; the run resumes at the validation's
       start. A rank whose batches ended first settles it the other way: the validation runs to
       its end and the stop lands at its ``stage_end``.
     * Once a run, at the first agreement after an optimizer of the ``Loop`` stepped (after the

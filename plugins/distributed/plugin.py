@@ -81,8 +81,9 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
     * ``timeout``: seconds a collective operation waits for the other ranks before failing
       (``HOOKFIT_DIST_TIMEOUT`` overrides it). Long enough for rank 0 to write a checkpoint
       while the others wait; a rank that *raises* makes the others fail at once anyway.
-    * ``stop_check_every``: batches between two agreements on stopping (one tiny all-reduce
-      each, on the CPU).
+    * ``stop_check_every``: batches between two agreements on stopping: in training one tiny
+      all-reduce each, on the CPU; in a validation, a lookup in the job's store each on every
+      rank without a request (the all-reduce then only once a stop is decided there).
     * ``find_unused_parameters``, ``ddp_options``: passed to ``DistributedDataParallel``.
     * ``wrap_model=False``: leave ``loop.model`` alone (wrap your modules in DDP yourself;
       accumulation windows then skip the all-reduce of every DDP module in ``loop.model``).
