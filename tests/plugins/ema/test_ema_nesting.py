@@ -20,18 +20,7 @@ from hookfit.plugins.ema import EMA
 from hookfit.plugins.optim import Optim
 
 from conftest import make_dist, mse_step
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)  # batch norm: buffers are swapped too
-    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(),
-                               torch.nn.Linear(4, 1))
-
-
-def make_data() -> tuple[list[Any], list[Any]]:
-    generator = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(8, 3, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(6)]
-    return batches[:4], batches[4:]
+from test_ema_evaluation import make_data, make_model  # a model with batch norm: buffers are swapped too
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:

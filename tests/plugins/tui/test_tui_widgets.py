@@ -6,6 +6,7 @@ import math
 import os
 import re
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 
@@ -361,25 +362,32 @@ def test_the_renderer_sends_the_model_summary_at_the_start(monkeypatch, capsys, 
     assert tui._dashboard.model is None  # no model: nothing to show
 
 
-def test_the_best_epoch_mark_never_sits_on_a_validation_a_stop_cut_short(monkeypatch, tmp_path) -> None:
-    """A real run whose last validation a stop cut short after its first batch, the easy one (the
-    lowest loss of the run): the dashboard's ``*`` (``best_step``) stays on the first, whole
-    validation, live and replayed from ``metrics.jsonl`` (its row says ``"stopped"``)."""
-    torch = pytest.importorskip("torch")
+def headless(monkeypatch: pytest.MonkeyPatch, ui: Any = None) -> None:
+    """The renderer without its screen and UI thread: ``ui`` runs in the thread's place (by default,
+    the messages fed to the dashboard once the run is over)."""
     import hookfit.plugins.tui.renderer as renderer_module
-    from conftest import StopAfter
-    from hookfit.plugins.metrics import Metrics
-    from hookfit.plugins.metrics_log import MetricsLog
-    from hookfit.plugins.tui.replay import Follower
 
-    def ui(self):  # what the UI thread does with the messages, once the run is over
+    def fed(self: TuiRenderer) -> None:
         self._quit.wait()
         while self._inbox:
             self._dashboard.receive(*self._inbox.popleft())
 
     monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
     monkeypatch.setattr(TuiRenderer, "_start_screen", lambda self: setattr(self, "_screen", None))
-    monkeypatch.setattr(TuiRenderer, "_ui", ui)
+    monkeypatch.setattr(TuiRenderer, "_ui", fed if ui is None else ui)
+
+
+def test_the_best_epoch_mark_never_sits_on_a_validation_a_stop_cut_short(monkeypatch, tmp_path) -> None:
+    """A real run whose last validation a stop cut short after its first batch, the easy one (the
+    lowest loss of the run): the dashboard's ``*`` (``best_step``) stays on the first, whole
+    validation, live and replayed from ``metrics.jsonl`` (its row says ``"stopped"``)."""
+    torch = pytest.importorskip("torch")
+    from conftest import StopAfter
+    from hookfit.plugins.metrics import Metrics
+    from hookfit.plugins.metrics_log import MetricsLog
+    from hookfit.plugins.tui.replay import Follower
+
+    headless(monkeypatch)
 
     def val_step(loop, batch):
         return {"loss": torch.tensor(0.1 if batch == 0 else 5.0 - loop.state.epoch)}
@@ -643,13 +651,10 @@ def test_several_validation_sets_count_their_batches_in_the_bars(monkeypatch, tm
     batches of both, 3, and the run's bar stays under 100 % until the last of them. Read after
     every validation batch, as the UI thread reads the messages and the counters."""
     torch = pytest.importorskip("torch")
-    import hookfit.plugins.tui.renderer as renderer_module
     from hookfit import hookimpl
     from hookfit.plugins.metrics import Metrics
 
-    monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
-    monkeypatch.setattr(TuiRenderer, "_start_screen", lambda self: setattr(self, "_screen", None))
-    monkeypatch.setattr(TuiRenderer, "_ui", lambda self: None)
+    headless(monkeypatch, ui=lambda self: None)
     tui, seen = TuiRenderer(), []
 
     class Reader:  # the UI thread's reading, on the training thread: one frame a validation batch
@@ -677,21 +682,13 @@ def test_a_resumed_runs_dashboard_draws_the_history_it_continues(monkeypatch, tm
     its curves start where the run began, as ``hookfit show`` of the folder draws them, not at the
     resume step; the earlier fit's end is not the resumed run's, nor its resume line a second resume."""
     torch = pytest.importorskip("torch")
-    import hookfit.plugins.tui.renderer as renderer_module
     from conftest import StopAfter
     from hookfit.plugins.checkpoint import Checkpoint
     from hookfit.plugins.metrics import Metrics
     from hookfit.plugins.metrics_log import MetricsLog
     from hookfit.plugins.tui.replay import Follower, earlier
 
-    def ui(self):  # what the UI thread does with the messages, once the run is over
-        self._quit.wait()
-        while self._inbox:
-            self._dashboard.receive(*self._inbox.popleft())
-
-    monkeypatch.setattr(renderer_module, "interactive_terminal", lambda: None)
-    monkeypatch.setattr(TuiRenderer, "_start_screen", lambda self: setattr(self, "_screen", None))
-    monkeypatch.setattr(TuiRenderer, "_ui", ui)
+    headless(monkeypatch)
 
     def fit(*plugins, resume=None):
         return hookfit.Loop(lambda loop, b: {"loss": torch.tensor(10.0 - loop.state.step)}, [1, 2, 3],
