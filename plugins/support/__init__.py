@@ -11,8 +11,9 @@ a module of one concern:
 * the user's module inside its wrappers (:func:`unwrap_model`, :mod:`~hookfit.plugins.support.models`):
   ``DistributedDataParallel``/``DataParallel`` (``.module``) and ``torch.compile`` (``._orig_mod``),
   and its parameters' names (:func:`parameter_names`; a few of them as messages name them, :func:`few_parameters`);
-* gradients watched for a while (:class:`GradientWatch`, :mod:`~hookfit.plugins.support.gradients`), and the
-  order a step function back-propagates, steps and clears them in (:class:`StepOrder`);
+* gradients watched for a while (:class:`GradientWatch`, :mod:`~hookfit.plugins.support.gradients`), whether
+  those that arrived were accumulated into ``.grad`` (:class:`Accumulation`: not by ``torch.autograd.grad``), and
+  the order a step function back-propagates, steps and clears them in (:class:`StepOrder`);
 * a run's hyperparameters as the loggers record them (:func:`run_hparams`,
   :mod:`~hookfit.plugins.support.hparams`);
 * advice for data that holds a stage up (:func:`faster_data`, :mod:`~hookfit.plugins.support.loading`).
@@ -39,14 +40,14 @@ from hookfit.plugins.support.options import (check, choice, flag, integer, numbe
                                              positive_number, text)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hookfit.plugins.support.gradients import GradientWatch, StepOrder
+    from hookfit.plugins.support.gradients import Accumulation, GradientWatch, StepOrder
     from hookfit.plugins.support.hparams import Hparam, hparam, hyperparameters, run_hparams
     from hookfit.plugins.support.loading import faster_data
     from hookfit.plugins.support.models import few_parameters, parameter_names, unwrap_model, unwrap_state_dict
 
-_LATER = {"GradientWatch": "gradients", "StepOrder": "gradients", "Hparam": "hparams", "hparam": "hparams",
-          "hyperparameters": "hparams", "run_hparams": "hparams", "faster_data": "loading", "few_parameters": "models",
-          "parameter_names": "models", "unwrap_model": "models", "unwrap_state_dict": "models"}
+_LATER = {"Accumulation": "gradients", "GradientWatch": "gradients", "StepOrder": "gradients", "Hparam": "hparams",
+          "hparam": "hparams", "hyperparameters": "hparams", "run_hparams": "hparams", "faster_data": "loading",
+          "few_parameters": "models", "parameter_names": "models", "unwrap_model": "models", "unwrap_state_dict": "models"}
 """The names whose modules import torch, imported on first use: a module that needs only the
 option checks, :class:`Every` or :class:`Monitor` (``hookfit show``, ``hookfit compare``) does
 not pay for importing torch."""
@@ -54,7 +55,7 @@ not pay for importing torch."""
 __all__ = [
     "MODES", "STAGES", "Every", "GradientWatch", "Hparam", "Monitor", "check", "choice", "flag", "hparam", "hyperparameters",
     "cut_short", "integer", "number", "option_error", "path", "positive_int", "positive_number", "run_hparams", "text",
-    "few_parameters", "parameter_names", "unwrap_model", "unwrap_state_dict", "faster_data", "StepOrder",
+    "few_parameters", "parameter_names", "unwrap_model", "unwrap_state_dict", "faster_data", "StepOrder", "Accumulation",
 ]
 
 

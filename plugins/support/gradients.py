@@ -1,16 +1,18 @@
 """Gradients watched for a while, without a cost left behind once the watch ends
-(:class:`GradientWatch`; also importable from :mod:`hookfit.plugins.support`), and what they tell of the order
-a step function backpropagates, steps and clears them in (:class:`StepOrder`)."""
+(:class:`GradientWatch`; also importable from :mod:`hookfit.plugins.support`), whether those that arrived were
+accumulated into ``.grad`` (:class:`Accumulation`), and what they tell of the order a step function
+backpropagates, steps and clears them in (:class:`StepOrder`)."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["GradientWatch", "StepOrder"]
+__all__ = ["Accumulation", "GradientWatch", "StepOrder"]
 
 
 class GradientWatch:
@@ -53,6 +55,39 @@ class GradientWatch:
         for param in made:
             if not param._backward_hooks:  # no one else's hook came since
                 param._backward_hooks = None  # torch clears the tensor's hooks with it
+
+
+class Accumulation:
+    """Whether the autograd call a gradient of ``params`` arrived in accumulated one into their ``.grad``:
+    ``backward()`` does, ``torch.autograd.grad`` (a gradient penalty, MAML's inner step) hands back the gradients it
+    computes and accumulates none, though a tensor hook sees them arrive alike. Call :meth:`arrived` with what a hook
+    of :class:`GradientWatch` on ``params`` is given; ``accumulated()`` is then called at the end of that autograd
+    call (torch's final callback of its graph task) where a plain tensor's ``.grad`` was set, replaced or added onto
+    in place since the call's first arrival, and at once for a tensor subclass (its hook runs after accumulating).
+    A call that fails runs no final callback, and is told nothing."""
+
+    def __init__(self, params: Iterable[torch.Tensor], accumulated: Callable[[], None]) -> None:
+        params = list(params)
+        self._plain = [p for p in params if type(p) in _PLAIN]
+        self._others = {id(p) for p in params if type(p) not in _PLAIN}  # (given to their hooks themselves)
+        self._accumulated = accumulated
+        self._before: dict[int, list[tuple[torch.Tensor | None, int]]] = {}
+        """By autograd call (graph task) not ended yet: the gradients of ``params`` as it began."""
+
+    def arrived(self, tensor: torch.Tensor) -> None:
+        """A gradient of ``params`` arrived (``tensor``: the gradient, or a tensor subclass's parameter)."""
+        if id(tensor) in self._others:
+            self._accumulated()
+            return
+        call = torch._C._current_graph_task_id()
+        if call not in self._before:  # the call's first arrival: it accumulated into none of params yet
+            self._before[call] = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self._plain]
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._ended, call))
+
+    def _ended(self, call: int) -> None:
+        if any(p.grad is not grad or (grad is not None and grad._version != version)
+               for p, (grad, version) in zip(self._plain, self._before.pop(call))):
+            self._accumulated()
 
 
 class StepOrder:

@@ -254,6 +254,85 @@ def test_a_gradient_watch_on_a_tensor_subclass_is_told_after_accumulation() -> N
     assert len(seen) == 1
 
 
+# -- Accumulation -------------------------------------------------------------------------------
+def test_an_accumulation_is_told_of_backward_once_a_call_and_never_of_autograd_grad() -> None:
+    """``torch.autograd.grad`` computes the parameters' gradients (their hooks see them) and leaves ``.grad``
+    alone; ``backward()`` sets it, then adds onto it in place: each such call is told once, as it ends."""
+    from hookfit.plugins.support import Accumulation, GradientWatch
+
+    model = torch.nn.Linear(3, 2)
+    params, told = list(model.parameters()), []
+    accumulation = Accumulation(params, lambda: told.append(tuple(p.grad is not None for p in params)))
+    arrived: list[torch.Tensor] = []
+
+    def arrive(grad: torch.Tensor) -> None:
+        arrived.append(grad)
+        accumulation.arrived(grad)
+
+    watch = GradientWatch(params, arrive)
+    loss = lambda: model(torch.ones(4, 3)).pow(2).sum()  # noqa: E731
+    grads = torch.autograd.grad(loss(), params, create_graph=True)
+    assert len(arrived) == 2 and told == [] and all(p.grad is None for p in params)
+    sum(g.pow(2).sum() for g in grads).backward()  # a penalty on them, back-propagated: told
+    assert told == [(True, True)]
+    model.zero_grad(set_to_none=False)
+    torch.autograd.grad(loss(), params)
+    assert len(arrived) == 6 and len(told) == 1
+    loss().backward()  # onto the zeros, in place
+    assert len(told) == 2
+    watch.remove()
+
+
+def test_an_accumulation_after_a_call_that_failed_still_tells_the_next() -> None:
+    """A call that raises runs no final callback and is told nothing; the next call is told as it ends."""
+    from hookfit.plugins.support import Accumulation, GradientWatch
+
+    class Fails(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            raise ValueError("failed")
+
+    param, other = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+    told: list[int] = []
+    arrived: list[torch.Tensor] = []
+    accumulation = Accumulation([param], lambda: told.append(1))
+
+    def arrive(grad: torch.Tensor) -> None:
+        arrived.append(grad)
+        accumulation.arrived(grad)
+
+    watch = GradientWatch([param], arrive)
+    failing = Fails.apply(other).sum()  # made first, so its backward runs after param's gradient arrived
+    with pytest.raises(ValueError, match="failed"):
+        torch.autograd.grad(failing + (param * 3).sum(), [param, other])
+    assert len(arrived) == 1
+    param.grad = torch.ones(2)  # what a pass it is not told of leaves (optim's own)
+    torch.autograd.grad((param * 3).sum(), [param])  # judged from its own beginning, not the failed call's
+    assert told == []
+    (param * 3).sum().backward()
+    assert told == [1]
+    watch.remove()
+
+
+def test_an_accumulation_of_a_tensor_subclass_is_told_at_once() -> None:
+    """A subclass's hook (post-accumulate-grad: FSDP2 runs it once it set the gradient) is an accumulation."""
+    from hookfit.plugins.support import Accumulation, GradientWatch
+
+    class Sub(torch.nn.Parameter):
+        pass
+
+    param, told = Sub(torch.zeros(2)), []
+    accumulation = Accumulation([param], lambda: told.append(param.grad is not None))
+    watch = GradientWatch([param], accumulation.arrived)
+    (param * 3).sum().backward()
+    assert told == [True]
+    watch.remove()
+
+
 # -- which ranks have a flag set ---------------------------------------------------------------
 
 def test_ranks_where_names_the_ranks_whose_flag_is_set_as_the_all_reduce_sums_them() -> None:
