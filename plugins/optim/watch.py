@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hookfit.errors import user_level
-from hookfit.plugins.support import GradientWatch, StepOrder
+from hookfit.plugins.support import Accumulation, GradientWatch, StepOrder
 from hookfit.plugins.optim.nonfinite import OptimWarning, at
 from hookfit.stopping import qualname
 
@@ -31,7 +31,7 @@ class Watch:
     def __init__(self) -> None:
         self.active = self.stepping = self.inside = False  # active: steps and gradients bypassing optim are watched
         self._handles: list[RemovableHandle] = []  # the step pre-hooks
-        self._grad_hooks = GradientWatch((), self._grad_arrived)
+        self._grad_hooks, self._outside = GradientWatch((), self._grad_arrived), Accumulation((), self._bypassed)
         self._own_backward = True  # loop.backward runs optim's pass
         self._passes = self._steps_at = self._at = 0  # watched passes; steps (taken, skipped) and batches at its start
         self.start(None, None, [])
@@ -78,6 +78,7 @@ class Watch:
         for handle in self._handles:
             handle.remove()
         self._grad_hooks.remove()
+        self._outside = Accumulation((), self._bypassed)  # (nothing held once the watch ends)
         managed = list(self._optimizers.values()) if on else []
         self._handles = [m.optimizer.register_step_pre_hook(self._step_seen) for m in managed]
         if not on:
@@ -86,6 +87,7 @@ class Watch:
         if not self._backward_bypassed and self._own_backward:
             watched = {id(p): p for m in managed for p in m.params if p.requires_grad and p.is_leaf}
             self._grad_hooks = GradientWatch(watched.values(), self._grad_arrived)
+            self._outside = Accumulation(watched.values(), self._bypassed)  # (torch.autograd.grad accumulates none)
             self._order = StepOrder(watched.values())  # (the gradients its hooks see arriving are judged)
 
     def _stepped(self) -> int:
@@ -112,12 +114,16 @@ class Watch:
                       stacklevel=user_level())
 
     def _grad_arrived(self, tensor: torch.Tensor) -> None:
-        """A gradient arrived outside optim's pass: warn once a run, or raise where it trains another model."""
+        """A gradient arrived: in optim's pass, the pass's first begins it; outside, judged as its call ends."""
         if self.inside and not self._passing:  # the pass's first gradient: none is accumulated yet
             self._passing = True
             self._order.passing()
-        if self.inside or self._backward_bypassed:
-            return
+        elif not (self.inside or self._backward_bypassed):
+            self._outside.arrived(tensor)
+
+    def _bypassed(self) -> None:
+        """A call outside optim's pass accumulated gradients: warn once a run, or raise where it trains another
+        model."""
         self._backward_bypassed = True
         loop, step = self.loop, self._step_name()
         why = self._why + ([f"{loop.state.world_size} processes"] if loop is not None and loop.state.world_size > 1
