@@ -121,8 +121,11 @@ def step_output(loop: Run, output: Mapping[str, Any], batch: Any) -> None:
 def batch_end(loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
     """A batch is finished.
 
-    Fires after every batch, including skipped ones, where ``output`` is ``None``. For a
-    training batch ``loop.state.step`` already counts it. The return value is ignored.
+    Fires after every batch of every stage (training, validation, prediction), including
+    skipped ones, where ``output`` is ``None``. For a training batch ``loop.state.step``
+    already counts it; during a validation it stays at the step the validation follows, so a
+    plugin acting every N training steps tests ``loop.training`` first. The return value is
+    ignored.
     """
 
 

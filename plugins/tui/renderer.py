@@ -101,7 +101,11 @@ class TuiRenderer(Debugging):
         self.loop = loop
         self._failed = False
         reason = interactive_terminal()
-        if reason in (NO_URWID, UNDER_TORCHRUN) and loop.is_main:  # a terminal, and no way to draw on it: said
+        asked = (info := loop.pm.infos.get(self.name)) is not None and info.chosen
+        # said where there is a terminal and no way to draw on it, or where the user asked for the dashboard by
+        # name (a notebook, output piped) without switching it off for this run (the variable, CI)
+        if loop.is_main and (reason in (NO_URWID, UNDER_TORCHRUN) or asked and reason is not None
+                             and not reason.startswith((ENV_OFF, "CI "))):
             warnings.warn(f"tui: no dashboard: {reason}; the console prints instead ({ENV_OFF}=1 leaves the "
                           f"dashboard out without this warning)", HookfitWarning, stacklevel=user_level())
         if reason is not None:

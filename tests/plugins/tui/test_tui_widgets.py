@@ -181,6 +181,38 @@ def test_a_torchrun_worker_on_a_terminal_is_told_why_it_has_no_dashboard(monkeyp
     assert (said[0].filename, said[0].lineno) == (__file__, line)
 
 
+def test_a_dashboard_given_by_name_without_a_terminal_says_why_it_does_not_show(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook or piped output: ``plugins=[TuiRenderer()]`` asked for the dashboard, so its stepping aside is
+    said once, at the script's ``fit()`` line, with the reason; a discovered one, and one the run switched off
+    (``CI``, ``HOOKFIT_NO_TUI``), say nothing."""
+    import warnings
+
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv("HOOKFIT_NO_TUI", raising=False)
+
+    def said(env: dict[str, str], given: bool) -> list[warnings.WarningMessage]:
+        for name in ("CI", "HOOKFIT_NO_TUI"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("HOOKFIT_PLUGINS", "tui,console")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loop = hookfit.Loop(lambda loop, b: None, [1], plugins=[TuiRenderer()] if given else [])
+            loop.fit()
+        return [w for w in caught if "no dashboard" in str(w.message)]
+
+    given = said({}, True)
+    assert [str(w.message) for w in given] == [
+        f"tui: no dashboard: {interactive_terminal()}; the console prints instead (HOOKFIT_NO_TUI=1 leaves the "
+        f"dashboard out without this warning)"]
+    assert given[0].filename == __file__
+    assert said({}, False) == []
+    assert said({"CI": "true"}, True) == []
+    assert said({"HOOKFIT_NO_TUI": "1"}, True) == []
+
+
 def test_a_discovered_dashboard_without_a_terminal_takes_no_part_and_is_not_listed(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Output piped (pytest captures it): the discovered dashboard leaves the run before ``configure``, so the
