@@ -29,7 +29,9 @@ called, as ``hookfit plugins`` says (``[inert]``).
 * A ``valid`` monitor in a run without validation, or whose validations all fall past its end
   (``val_every_n_epochs`` more than the epochs it trains, ``val_every_n_steps`` more than
   ``max_steps``: :meth:`hookfit.plugins.support.Monitor.never`), is an error when training
-  starts; a checkpoint's ``monitor`` gets the same words as a warning then. A metric
+  starts; a checkpoint's ``monitor`` gets the same words as a warning then. So is a ``valid``
+  monitor that names no set of a run with several validation sets (``valid/loss`` where the sets'
+  metrics are ``valid/<set>/loss``: :meth:`hookfit.plugins.support.Monitor.unset`). A metric
   the run never produces is an error as soon as the first metrics of its stage are published
   (the end of the first training stage, or of the first validation), before that epoch's
   ``epoch_end`` and checkpoint: it names the metrics the stage has and the closest of them
@@ -120,7 +122,8 @@ class EarlyStopping:
 
     @hookimpl
     def fit_start(self, loop: Run) -> None:
-        if (never := self._monitor.never(loop)) is not None:  # a stop it could never decide
+        # a stop it could never decide, or a monitor no set's (said now, not after the first validation)
+        if (never := self._monitor.never(loop) or self._monitor.unset(loop)) is not None:
             raise ValueError(never)
 
     @hookimpl

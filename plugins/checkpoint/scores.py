@@ -83,11 +83,16 @@ class Scores:
     def begin(self, loop: Run) -> None:
         """As training starts: a warning when the run can never publish the metric (a ``valid``
         one without validation, or with every validation past the run's end:
-        :meth:`Monitor.never <hookfit.plugins.support.best.Monitor.never>`, early stopping's error)."""
+        :meth:`Monitor.never <hookfit.plugins.support.best.Monitor.never>`, early stopping's error), or when it
+        names no set of several validation sets (:meth:`~hookfit.plugins.support.best.Monitor.unset`), a warning
+        that then stands for the one its first validation would give."""
         if (never := self.monitor.never(loop)) is not None:
             self._warned, loop.no_validation = True, None  # said here, not again by the core
             warnings.warn(f"{never}; its checkpoints are still written, but none carries a score, so no best "
                           f"checkpoint is kept", CheckpointWarning, stacklevel=user_level())
+        elif (unset := self.monitor.unset(loop)) is not None:  # said now, not after the first validation
+            self._warned = True
+            warnings.warn(f"{unset}; no best checkpoint is kept by it", CheckpointWarning, stacklevel=user_level())
 
     def end(self, loop: Run) -> None:
         """As a training run that completed ends without a best checkpoint: a warning when no

@@ -86,6 +86,8 @@ class Schedules:
             raise ValueError(f"optim: monitor={self.monitor!r} steps the ReduceLROnPlateau on a validation metric, "
                              f"and this run has no validation: give Loop(val_step=..., val_data=...), or monitor a "
                              f"'train/' metric")
+        if self._monitor is not None and (unset := self._monitor.unset(loop)) is not None:
+            raise ValueError(unset)  # now, not after the first validation
         self._advise(loop, accumulate)
         return out
 

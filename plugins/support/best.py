@@ -226,6 +226,26 @@ class Monitor:
                     f"({bound}); give val_every_n_steps={most} or less, {other}")
         return None
 
+    def unset(self, loop: Run) -> str | None:
+        """Why ``metric``, a ``valid`` one, names no metric of ``loop``'s several validation sets
+        (``Loop(val_data={name: data, ...})``), as known from ``configure`` on, or ``None``: the step's
+        metrics of such a validation are named per set (``valid/<set>/<metric>``), so a name whose first
+        part is no set's (``valid/loss``) is published only as a plugin's ``metrics_values`` answer,
+        which is never ruled out where a plugin of the run implements that event. The words name the
+        plugin, the option and the name in each set; the plugin decides whether that is an error or a
+        warning, as for :meth:`absent`, and says it before the first batch instead of after the first
+        validation."""
+        sets = loop.config.val_data
+        if self.stage != "valid" or self.key is None or not isinstance(sets, Mapping) or (
+                self.key.split("/", 1)[0] in sets):
+            return None
+        if loop.hooks.plugins("metrics_values"):  # (declared in every run) a gauge may be named so
+            return None
+        meant = " or ".join(repr(f"valid/{name}/{self.key}") for name in sets)
+        return (f"{self.plugin}: {self.option}={self.metric!r} names no validation set, and this run validates "
+                f"{len(sets)} sets ({', '.join(map(repr, sets))}), whose metrics are named per set "
+                f"('valid/<set>/<metric>'): give {self.option}={meant}")
+
     def reset(self, best: float | None = None, at: Any = None, mode: str | None = None) -> None:
         """Forget the best, or set it (a best restored from a checkpoint; one that is not a
         finite number is forgotten); ``mode``: the direction it was found in, taken as the one in

@@ -125,3 +125,33 @@ def test_a_run_a_stop_interrupted_before_the_monitor_was_published_says_nothing_
     state, said, checkpoint = fit(tmp_path, Metrics(), _StopAt(2))
     assert state.status == "interrupted" and state.step == 2 and state.results["best_checkpoint"] is None
     assert said == [] and checkpoint.saved
+
+
+@pytest.mark.bad_input
+def test_a_one_set_monitor_with_several_sets_is_said_once_before_any_batch_naming_each_set_s_name(
+        tmp_path: Path) -> None:
+    """``valid/loss`` where the sets publish ``valid/a/loss`` and ``valid/b/loss``: said as the run starts
+    (an error filter for the warning fails the run before its first batch), not again after the first
+    validation, and the checkpoints are still written."""
+    sets = {"a": [0], "b": [0]}
+    state, said, checkpoint = fit(tmp_path / "warned", Metrics(), val_data=sets)
+    assert said == ["checkpoint: monitor='valid/loss' names no validation set, and this run validates 2 sets ('a', "
+                    "'b'), whose metrics are named per set ('valid/<set>/<metric>'): give monitor='valid/a/loss' or "
+                    "'valid/b/loss'; no best checkpoint is kept by it"]
+    assert state.status == "completed" and state.results["best_checkpoint"] is None and checkpoint.saved
+    batches: list[Any] = []
+
+    def step(loop: Any, batch: Any) -> Any:
+        batches.append(batch)
+        return mse_step(loop, batch)
+
+    model = torch.nn.Linear(2, 1)
+    loop = hookfit.Loop(step, [(torch.randn(4, 2), torch.randn(4, 1))], model=model, val_data=sets,
+                        val_step=lambda loop, batch: {"loss": torch.tensor(1.0)},
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[Optim(), Metrics(), Checkpoint(dir=tmp_path / "failed", monitor="valid/loss")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)
+        with pytest.raises(CheckpointWarning, match=r"^checkpoint: monitor='valid/loss' names no validation set"):
+            loop.fit()
+    assert batches == []

@@ -327,3 +327,63 @@ def test_a_streamed_loaders_length_is_no_bound_the_run_is_refused_by() -> None:
                          val_data=[0], max_epochs=1, val_every_n_steps=4,
                          plugins=[Optim(), Metrics(), EarlyStopping(monitor="valid/loss")]).fit()
     assert state.status == "completed" and validated == [4]
+
+
+def _two_sets(*plugins: Any, **options: Any) -> hookfit.Loop:
+    """A Loop validating two sets, ``a`` and ``b`` (each step's ``loss``: ``valid/a/loss``, ``valid/b/loss``)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
+
+    def val_step(loop, batch):
+        return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
+
+    return hookfit.Loop(mse_step, data, val_step=val_step, val_data={"a": data[:2], "b": data[2:]}, model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.01), plugins=[Optim(), Metrics(), *plugins],
+                        **options)
+
+
+class _Batches:
+    """Counts the batches that began."""
+
+    name = "batches"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    @hookfit.hookimpl
+    def batch_start(self) -> None:
+        self.seen += 1
+
+
+SETS = (r"^early_stopping: monitor='valid/loss' names no validation set, and this run validates 2 sets \('a', 'b'\), "
+        r"whose metrics are named per set \('valid/<set>/<metric>'\): give monitor='valid/a/loss' or 'valid/b/loss'\n")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("how", ["fit", "validate"])
+def test_a_one_set_monitor_with_several_sets_fails_before_any_batch_naming_each_set_s_name(how: str) -> None:
+    """``valid/loss`` where the sets publish ``valid/a/loss`` and ``valid/b/loss``: known from the sets'
+    names, so said before the first batch, not after the first validation."""
+    batches = _Batches()  # (not a Recorder: it answers metrics_values, see the next test)
+    with pytest.raises(ValueError, match=SETS):
+        getattr(_two_sets(EarlyStopping(monitor="valid/loss"), batches), how)()
+    assert batches.seen == 0
+
+
+class _Loss:
+    """Publishes a gauge ``loss`` with every snapshot: in a validation of several sets, ``valid/loss``."""
+
+    name = "gauge_loss"
+
+    @hookfit.hookimpl
+    def metrics_values(self, loop: Any, stage: str) -> dict[str, float] | None:
+        return {"loss": 2.0} if stage == "valid" else None  # (training's step returns its own loss)
+
+
+def test_a_one_set_monitor_with_several_sets_is_a_gauge_s_where_a_plugin_answers_metrics_values() -> None:
+    """A plugin's ``metrics_values`` answer is published unprefixed beside the sets' metrics: ``valid/loss``
+    may be its gauge, so it is not refused before the first validation, and the run watches it."""
+    early = EarlyStopping(monitor="valid/loss", patience=1)
+    state = _two_sets(_Loss(), early, max_epochs=5).fit()
+    assert (state.status, state.stopped_by, state.epoch, early.best) == ("completed", "early_stopping", 1, 2.0)

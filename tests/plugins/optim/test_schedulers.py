@@ -921,3 +921,22 @@ def test_a_run_resumed_inside_a_window_publishes_the_rates_of_the_uninterrupted_
     whole = run(tmp_path / "whole")
     run(tmp_path / "split", stop=2)  # after the first window's step
     assert run(tmp_path / "split", resume="latest") == whole[2:] and whole[:4] == [0.1, 0.1, 0.1, 0.05]
+
+
+@pytest.mark.bad_input
+def test_a_one_set_monitor_with_several_sets_is_refused_at_configure_naming_each_set_s_name() -> None:
+    """``valid/loss`` where the sets publish ``valid/a/loss`` and ``valid/b/loss``: refused before the first
+    batch, not after the first validation."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    steps = []
+    loop = hookfit.Loop(lambda loop, b: steps.append(train_step(loop, b)), TRAIN, val_step=val_step,
+                        val_data={"a": VALID, "b": VALID}, model=m, optimizers=opt,
+                        plugins=[Optim(schedulers=lr_scheduler.ReduceLROnPlateau(opt), monitor="valid/loss"),
+                                 Metrics()])
+    with pytest.raises(ValueError, match=r"^optim: monitor='valid/loss' names no validation set, and this run "
+                                         r"validates 2 sets \('a', 'b'\), whose metrics are named per set "
+                                         r"\('valid/<set>/<metric>'\): give monitor='valid/a/loss' or 'valid/b/loss'"
+                                         r"\n"):
+        loop.fit()
+    assert steps == []
