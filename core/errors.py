@@ -10,9 +10,26 @@ import os
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, ParamSpec, TypeVar
+from typing import Any, Callable, NoReturn, ParamSpec, TypeVar
 
-__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "RefusedAnswer", "RefusedState", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "user_level"]
+__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "RefusedAnswer", "RefusedState", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "no_attribute", "user_level"]
+
+
+LOGGING = ("log", "log_dict")
+"""Other frameworks' logging calls on the object a step gets (Lightning's ``self.log``, ``self.log_dict``), which
+:func:`no_attribute` answers with how hookfit reports instead."""
+
+
+def no_attribute(self: object, name: str) -> NoReturn:
+    """``__getattr__`` of :class:`hookfit.Loop` and :class:`hookfit.Run`, which type checkers do not see: the
+    ``AttributeError`` Python raises for an attribute that is not there, saying for :data:`LOGGING`'s names that
+    a step function reports by returning its values (README.md, "A first script")."""
+    said = f"{type(self).__name__!r} object has no attribute {name!r}"
+    if name in LOGGING:
+        said += (": hookfit has no logging call; a step function reports by returning its values, {'loss': loss, "
+                 "'acc': acc} (README.md, 'A first script'), which the metrics plugin aggregates and every logger "
+                 "writes")
+    raise AttributeError(said, name=name, obj=self)
 
 
 class HookfitWarning(UserWarning):

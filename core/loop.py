@@ -11,7 +11,7 @@ import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from hookfit import discovery, errors, manager
 from hookfit.data import FACTORY, check_passes, length
@@ -160,6 +160,9 @@ class Loop:
     made by the ``smoke`` plugin (:mod:`hookfit.plugins.smoke`); with it disabled such a run
     fails after ``configure``, before any batch, naming it.
     """
+
+    if not TYPE_CHECKING:  # (an attribute that is not there stays a type error) loop.log(...): Run's words
+        __getattr__ = errors.no_attribute
 
     @errors.keywords_named
     def __init__(

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
-from hookfit import discovery, modes, stopping, training
+from hookfit import discovery, errors, modes, stopping, training
 from hookfit import states as saved_states
 from hookfit.data import bounded_length
 from hookfit.dispatch import Dispatch
@@ -82,10 +82,13 @@ class Run:
     Where the time goes: per stage, the seconds spent waiting for the next batch, inside the
     step function and in plugins (``state.time_split``, see :mod:`hookfit.timing`), with
     clock reads only. What an optimizer plugin does inside the step (``loop.backward``,
-    ``loop.optimizers.step()``) counts as step.
+    ``loop.optimizers.step()``) counts as step. A step reports by returning its values: ``loop.log(...)``
+    (Lightning's ``self.log``) is an ``AttributeError`` that says so (:func:`hookfit.errors.no_attribute`).
     """
 
     TIME_SPLIT_INTERVAL = INTERVAL
+    if not TYPE_CHECKING:  # (an attribute that is not there stays a type error)
+        __getattr__ = errors.no_attribute
 
     def __init__(self, config: Loop, pm: PluginManager, mode: Literal["fit", "validate"] = "fit",
                  resume: str | os.PathLike[str] | None = None) -> None:

@@ -5,6 +5,7 @@ call they came through. hookfit's errors pickle as they are (another process, a 
 from __future__ import annotations
 
 import pickle
+import re
 import sys
 import types
 import warnings
@@ -170,3 +171,32 @@ def test_hookfits_errors_with_arguments_of_their_own_pickle_with_them_and_their_
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error) and str(copy) == str(error) and copy.args == error.args
     assert copy.__notes__ == error.__notes__ and vars(copy) == vars(error)
+
+
+HOW = (": hookfit has no logging call; a step function reports by returning its values, {'loss': loss, 'acc': acc} "
+       "(README.md, 'A first script'), which the metrics plugin aggregates and every logger writes")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("name", ["log", "log_dict"])
+def test_lightning_s_logging_call_on_the_step_s_loop_says_how_hookfit_reports(name: str) -> None:
+    """``loop.log("acc", acc)`` in a step (Lightning's ``self.log``): an ``AttributeError`` that says a step
+    returns what it reports, naming the step function (its note); on the ``Loop`` too."""
+    def train_step(loop, batch):
+        getattr(loop, name)("acc", 1.0)
+
+    with pytest.raises(AttributeError, match=rf"^'Run' object has no attribute {name!r}{re.escape(HOW)}\n"
+                                             rf"hookfit: raised in step function '.*train_step'") as raised:
+        hookfit.Loop(train_step, [1], disable=["checkpoint"]).fit()
+    assert (raised.value.name, type(raised.value.obj).__name__) == (name, "Run")
+    loop = hookfit.Loop(train_step, [1])
+    with pytest.raises(AttributeError, match=rf"^'Loop' object has no attribute {name!r}{re.escape(HOW)}$"):
+        getattr(loop, name)
+    assert not hasattr(loop, name)
+
+
+def test_any_other_missing_attribute_is_python_s_own_error() -> None:
+    loop = hookfit.Loop(lambda loop, batch: None, [1])
+    with pytest.raises(AttributeError, match=r"^'Loop' object has no attribute 'lgo'$"):
+        loop.lgo  # noqa: B018
+    assert getattr(loop, "lgo", None) is None and getattr(loop.state, "log", None) is None
