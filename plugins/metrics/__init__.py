@@ -4,7 +4,9 @@
   scalar or 0-d array), or a tensor with one element, is
   aggregated under its key, weighted by the batch size: last value, running mean over the last
   ``window`` batches, and epoch mean; train and valid apart. Other values (strings, vectors,
-  images) are ignored, without error. A scalar that cannot be aggregated (a complex number or
+  images) are ignored, without error, except a dict holding numbers (Lightning's ``{"log": {"acc": acc}}``,
+  whose numbers it never aggregates): one ``HookfitWarning`` a step function, at the first batch
+  that returns one, names the key and says to return them at the top level. A scalar that cannot be aggregated (a complex number or
   tensor) or a key that is not a string is refused at the batch it first appears in, with a
   ``TypeError`` naming the step function and the key; a key ``epoch`` or ``step`` (fields of
   the history's entries, which it would overwrite) with a ``ValueError`` alike. (Another field

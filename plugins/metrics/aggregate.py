@@ -90,6 +90,23 @@ def metric_numbers(computed: Mapping[str, Any], stage: str, said: set[str]) -> d
     return out
 
 
+def nested(key: str, value: object, step: object) -> str | None:
+    """What to say of ``value``, returned under ``key`` by ``step``, when it is a mapping holding numbers or metric
+    objects (Lightning's ``{"loss": loss, "log": {"acc": acc}}``), which no metric aggregates: the plugin takes the
+    step output's own values, not those of a mapping inside it. ``None`` for any other value the plugin leaves out
+    (a vector, text, a mapping of vectors: what another plugin reads in ``batch_end``). Reads no tensor's value."""
+    if not isinstance(value, Mapping):
+        return None
+    held = [repr(name) for name, v in value.items() if as_real(v) is not None or is_metric(v) or (
+        isinstance(v, Tensor) and v.numel() == 1 and not v.is_complex())]
+    if not held:
+        return None
+    return (f"metrics: step function {qualname(step)!r} returned under {key!r} a dict of {', '.join(held)}, which "
+            f"no metric aggregates: the metrics plugin takes the values of the step's output itself, not of a dict "
+            f"inside it (Lightning's {{'log': {{...}}}}), and drops it in every batch; return them at the top level, "
+            f"{{'loss': loss, {held[0]}: ...}} (README.md, 'A first script')")
+
+
 def real(value: Any) -> float | None:
     """``value`` as a float when it is one real number: what :func:`as_real` takes (a ``bool``
     too, as a step's output is), or a tensor of one real element (``bool`` and integer dtypes

@@ -17,7 +17,7 @@ from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
 from hookfit.plugins.support import Every, cut_short, flag, integer, number, positive_int
 from hookfit.plugins.metrics import gauges, hookspecs, ranks, snapshots
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
-                                               is_complex, is_metric, metric_numbers)
+                                               is_complex, is_metric, metric_numbers, nested)
 from hookfit.plugins.metrics.derived import Derived, Function
 from hookfit.plugins.metrics.directions import Directions
 from hookfit.plugins.metrics.results import Report
@@ -60,6 +60,7 @@ class Metrics:
         self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._said_sync = False  # interval=0 with several processes was warned about
         self._said_numbers: set[str] = set()  # metric objects that compute no number, warned about
+        self._dropped: set[object] = set()  # keys of values never aggregated looked at, steps warned of one (nested)
         self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only (the fast path)
         self._resumed: Stage | None = None
@@ -80,6 +81,7 @@ class Metrics:
             s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
         }
         self._stage, self._stage_name, self._outer, self._said_sync, self._said_numbers = None, None, [], False, set()
+        self._dropped = set()
         self.directions.learn({})
         self.report = Report(self.directions)
         self.derived.reset()
@@ -214,6 +216,12 @@ class Metrics:
                     self._first(agg.host, key, value, loop).append((real, n))
         elif is_complex(value):
             check(key, value, self._step(loop))  # a number that cannot be aggregated: refused
+        elif key not in self._dropped:  # left out: looked at once a run, a step warned of once
+            self._dropped.add(key)
+            step = self._step(loop)
+            if step not in self._dropped and (said := nested(key, value, step)) is not None:
+                self._dropped.add(step)
+                warnings.warn(said, HookfitWarning, stacklevel=user_level())
 
     def batch_events(self, loop: Run) -> tuple[str, ...]:
         """``batch_start`` with several validation sets (``Loop(val_data={...})``), where a set's end closes its metric

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fractions
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,66 @@ def test_a_complex_numpy_scalar_is_refused_naming_the_step_and_the_key(tmp_path:
                                         r"and_the_key.<locals>.numpy_step' returned a complex number .* under the "
                                         r"key 'z'"):
         hookfit.Loop(numpy_step, [0, 1], run_dir=tmp_path, plugins=[Metrics()]).fit()
+
+
+class Outputs:
+    """The outputs ``batch_end`` hands the plugins, and the global step of each."""
+
+    name = "outputs"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, dict]] = []
+
+    @hookfit.hookimpl
+    def batch_end(self, loop, output) -> None:
+        self.seen.append((loop.state.step, dict(output or {})))
+
+
+@pytest.mark.bad_input
+def test_a_dict_of_numbers_inside_the_output_is_warned_of_once_a_step_function_at_its_first_batch(
+        tmp_path: Path) -> None:
+    """Lightning's ``{"loss": loss, "log": {"acc": acc}}``: no metric aggregates the inner dict's numbers. One
+    ``HookfitWarning`` for each step function returning one, at its first batch, naming it, the key, the numbers
+    and what to return; the dict still reaches ``batch_end`` for the plugins that read it."""
+    collect, outputs = Collect(), Outputs()
+
+    def train_step(loop, batch):
+        return {"loss": torch.tensor(1.0), "log": {"acc": torch.tensor(0.5), "note": "text"}}
+
+    def val_step(loop, batch):
+        return {"loss": torch.tensor(2.0), "log": {"acc": np.float64(0.5)}, "extras": {"n": 3}}
+
+    loop = hookfit.Loop(train_step, [0, 1, 2], val_step=val_step, val_data={"a": [0, 1], "b": [0]}, max_epochs=2,
+                        run_dir=tmp_path, plugins=[Metrics(), collect, outputs])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.fit()
+    said = [(str(w.message), w.filename) for w in caught if issubclass(w.category, hookfit.HookfitWarning)]
+    where = "test_a_dict_of_numbers_inside_the_output_is_warned_of_once_a_step_function_at_its_first_batch.<locals>"
+    fix = ("which no metric aggregates: the metrics plugin takes the values of the step's output itself, not of a dict "
+           "inside it (Lightning's {'log': {...}}), and drops it in every batch; return them at the top level, "
+           "{'loss': loss, 'acc': ...} (README.md, 'A first script')")
+    assert said == [(f"metrics: step function '{where}.train_step' returned under 'log' a dict of 'acc', {fix}",
+                     __file__),
+                    (f"metrics: step function '{where}.val_step' returned under 'a/log' a dict of 'acc', {fix}",
+                     __file__)]  # one for each step function: not again for 'b/log' nor for 'extras'
+    assert {key for snapshot in collect.epochs for key in snapshot.values} == {"loss", "a/loss", "b/loss"}
+    assert outputs.seen[0][1]["log"]["acc"] == 0.5 and len(outputs.seen) == 2 * (3 + 3)
+    first = Outputs()  # at the first batch: a warning made an error fails it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hookfit.HookfitWarning)
+        with pytest.raises(hookfit.HookfitWarning, match=r"^metrics: step function '.*train_step' returned under"):
+            hookfit.Loop(train_step, [0, 1, 2], run_dir=tmp_path / "first", plugins=[Metrics(), first]).fit()
+    assert len(first.seen) <= 1  # the first batch's batch_end, before or after the metrics plugin's
+
+
+def test_values_another_plugin_reads_are_left_out_without_a_word(tmp_path: Path) -> None:
+    """What the metrics plugin never aggregates and a plugin may read in ``batch_end``: vectors, text, lists, and
+    a dict without a number (of vectors, of text)."""
+    def step(loop, batch):
+        return {"loss": torch.tensor(1.0), "logits": torch.ones(2, 3), "ids": [1, 2], "name": "x", "flag": None,
+                "features": {"layer1": torch.ones(2, 4), "path": "a.png"}, "empty": {}}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hookfit.Loop(step, [0, 1], val_step=step, val_data=[0], run_dir=tmp_path, plugins=[Metrics()]).fit()
