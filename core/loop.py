@@ -21,6 +21,7 @@ from hookfit.run import Run, modules
 from hookfit.state import State
 from hookfit.steps import check_step
 from hookfit.stopping import brief, qualname
+from hookfit.valsets import ValSets
 
 Step = Callable[[Run, Any], Any]
 
@@ -84,6 +85,20 @@ def _check_optimizers(optimizers: Any) -> None:
     if isinstance(optimizers, type):
         raise TypeError(f"optimizers: got the class {optimizers.__name__}, not an optimizer: build one, "
                         f"optimizers={optimizers.__name__}(model.parameters(), ...)")
+
+
+def _check_sets(what: str, sets: Mapping[Any, Any]) -> None:
+    """Refuse a mapping of validation sets ``{name: data}`` (``what``: the argument) that is empty, has a name
+    that is not a non-empty string without ``/``, or data that is no iterable of batches."""
+    if not sets:
+        raise ValueError(f"{what} is an empty mapping: give at least one validation set, {{name: data}}")
+    for key, data in sets.items():
+        if not isinstance(key, str) or not key or "/" in key:
+            raise ValueError(f"{what}: the name of a validation set must be a non-empty string without '/', "
+                             f"got {key!r}")
+        if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+            raise TypeError(f"{what}[{key!r}] must be an iterable of batches (a list, a DataLoader, ...), got "
+                            f"{type(data).__name__}")
 
 
 def _positive_int(value: Any, what: str) -> int | None:
@@ -205,15 +220,7 @@ class Loop:
                        "train_data)" if data is None else "")
                 )
         if isinstance(val_data, Mapping):
-            if not val_data:
-                raise ValueError("val_data is an empty mapping: give at least one validation set, {name: data}")
-            for key, data in val_data.items():
-                if not isinstance(key, str) or not key or "/" in key:
-                    raise ValueError(f"val_data: the name of a validation set must be a non-empty string "
-                                     f"without '/', got {key!r}")
-                if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
-                    raise TypeError(f"val_data[{key!r}] must be an iterable of batches (a list, a "
-                                    f"DataLoader, ...), got {type(data).__name__}")
+            _check_sets("val_data", val_data)
         if val_step is not None and val_data is None:
             raise ValueError(f"val_step {qualname(val_step)!r} was given without val_data")
         if val_data is not None and val_step is None:
@@ -338,20 +345,27 @@ class Loop:
         self.run = Run(self, manager.build(self._given, self._disable), mode="validate", resume=resume)
         return _execute(self.run)
 
-    def predict(self, data: Iterable[Any], step: Step | None = None) -> Iterator[Any]:
+    def predict(self, data: Iterable[Any] | Mapping[str, Iterable[Any]], step: Step | None = None) -> Iterator[Any]:
         """Yield ``step(loop, batch)`` for each batch of ``data``, one at a time, keeping none: the model in eval
         mode under ``torch.inference_mode()``, every module's mode restored when the iteration ends or is abandoned.
         ``step`` defaults to the ``val_step``. No plugin takes part: load a checkpoint's weights first, with
         :meth:`validate` ``(resume=...)`` on a ``Loop`` sharing the model (the training weights: an EMA average
         scored the checkpoint where EMA validated, and ``EMA.module`` holds it then, README "Evaluation and
-        prediction"). The ``loop`` a step receives has ``model`` and the configuration."""
+        prediction"). The ``loop`` a step receives has ``model`` and the configuration. ``data`` may be a mapping
+        ``{name: data}``, as ``val_data``: the sets are predicted one after the other, ``loop.state.val_set``
+        naming the current one (a step keyed by the set's name works as in a validation; its outputs are yielded
+        as it returns them, not renamed per set); with other data ``loop.state.val_set`` is ``None``."""
         step = step if step is not None else self.val_step
         if step is None:
             raise TypeError("predict() needs a step function step(loop, batch): give one, or Loop(val_step=...)")
         check_step("predict()'s step", step)
         if data is None or isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
             raise TypeError(f"predict() data must be an iterable of batches, got {type(data).__name__}")
-        return Run(self, manager.PluginManager(), mode="validate").predict(data, step)
+        run = Run(self, manager.PluginManager(), mode="validate")
+        if isinstance(data, Mapping):  # named sets, as val_data's: state.val_set names each
+            _check_sets("predict() data", data)
+            data = ValSets(data, run.state)
+        return run.predict(data, step)
 
     def request_stop(self, reason: str = "stop requested", by: str | None = None, *,
                      complete: bool = False, ends_process: bool = False) -> StopRequest:

@@ -34,8 +34,9 @@ class State:
     batch_idx: int = 0
     stage: str | None = None
     val_set: str | None = None
-    """The validation set being run, when ``Loop(val_data={name: data, ...})`` has several;
-    else ``None``."""
+    """The validation set being run, when ``Loop(val_data={name: data, ...})`` has several, or
+    predicted, when ``Loop.predict({name: data, ...})`` is given named sets; else ``None`` (a
+    ``predict()`` of other data has no set, whatever the ``Loop``'s ``val_data``)."""
     status: Status = "idle"
     stop_reason: str | None = None
     stopped_by: str | None = None

@@ -293,6 +293,40 @@ def test_predict_yields_one_output_at_a_time_in_eval_mode_and_restores_the_modes
     assert len(results) == 3 and model.training
 
 
+def test_predict_of_named_sets_names_each_as_a_validation_does_and_other_data_none() -> None:
+    """The default ``val_step`` of a Loop with several sets reads ``loop.state.val_set`` (a head per set): given
+    the sets by name, ``predict`` runs them one after the other as a validation names them, yielding what the
+    step returns, unrenamed; given other data, the step sees no set (``None``)."""
+    scale = {"a": 1.0, "b": 10.0}
+    seen: list[tuple[object, int]] = []
+
+    def val_step(loop, batch):
+        seen.append((loop.state.val_set, batch))
+        return {"y": batch * scale[loop.state.val_set]}
+
+    loop = hookfit.Loop(val_step=val_step, val_data={"a": [1], "b": [2]}, model=torch.nn.Linear(1, 1))
+    run = loop.predict({"a": [1, 2], "b": [3]})
+    assert list(run) == [{"y": 1.0}, {"y": 2.0}, {"y": 30.0}]
+    assert seen == [("a", 1), ("a", 2), ("b", 3)]
+    with pytest.raises(KeyError, match="None"):
+        list(loop.predict([4]))
+    assert seen[-1] == (None, 4)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("sets, error, says", [
+    ({}, ValueError, r"^predict\(\) data is an empty mapping: give at least one validation set, \{name: data\}$"),
+    ({"a/b": [1]}, ValueError, r"^predict\(\) data: the name of a validation set must be a non-empty string "
+                               r"without '/', got 'a/b'$"),
+    ({"a": 3}, TypeError, r"^predict\(\) data\['a'\] must be an iterable of batches \(a list, a DataLoader, "
+                          r"\.\.\.\), got int$"),
+])
+def test_predict_refuses_named_sets_as_the_loop_refuses_them_in_val_data(sets, error, says) -> None:
+    loop = hookfit.Loop(val_step=lambda loop, batch: batch, val_data=[1])
+    with pytest.raises(error, match=says):
+        loop.predict(sets)
+
+
 class _Unsized:
     """Re-iterable batches without a len(), as an IterableDataset's loader."""
 
