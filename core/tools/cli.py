@@ -49,6 +49,7 @@ def _plugins(args: argparse.Namespace) -> int:
             "state": state,
             "why": why,
             "hooks": i.hooks,
+            "summary": _summary(i.plugin),
             "error": i.error,
             "options": {name: {"value": value if _jsonable(value) else repr(value), "from": source}
                         for name, (value, source) in config.options_of(i.plugin, i.options, i.built).items()}
@@ -64,6 +65,8 @@ def _plugins(args: argparse.Namespace) -> int:
     print(f"options file: {configured.path or 'none'}")  # what "(hookfit.toml)" after an option means
     for row in rows:
         print(f"{row['name']}  [{row['state']}]  {row['distribution']} {row['version']}  ({row['value']})")
+        if row["summary"]:
+            print(f"    {row['summary']}")
         if row["replaces"]:
             print(f"    replaces: {row['replaces']}")
         if row["error"]:
@@ -79,6 +82,18 @@ def _plugins(args: argparse.Namespace) -> int:
                     f"{name}={option['value']!r}" + (where if option["from"] == "file" else "")
                     for name, option in row["options"].items()))
     return status
+
+
+def _summary(plugin: Any) -> str | None:
+    """What ``plugin`` is, for ``hookfit plugins``: the first sentence of its docstring (its
+    class's, or a module plugin's own), on one line, without reStructuredText's double
+    backquotes; ``None`` for a plugin not loaded (disabled: never imported) or without one."""
+    doc = getattr(plugin, "__doc__", None) if plugin is not None else None
+    if not isinstance(doc, str) or not doc.strip():
+        return None
+    first = " ".join(doc.strip().split("\n\n", 1)[0].split()).replace("``", "")
+    end = first.find(". ")
+    return first[:end + 1] if end >= 0 else first
 
 
 def _state(info: Any) -> tuple[str, str | None]:
@@ -305,7 +320,7 @@ def main(argv: Sequence[str] | None = None, plugins: Sequence[Any] = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(prog="hookfit", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
-    p = sub.add_parser("plugins", help="list plugins: name, distribution, hooks, enabled, options")
+    p = sub.add_parser("plugins", help="list plugins: name, distribution, what each is, state, hooks, options")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.add_argument("--config", help="the options file to show (default: the one a run would read)")
     p.add_argument("--script", help="list as a run of this script would see them (the hookfit.toml in its "

@@ -44,6 +44,43 @@ def test_hookfit_plugins_lists_name_distribution_hooks_and_state(dists: Path, tm
     assert "broken  [disabled]" in text.stdout
 
 
+GAMMA = '''
+import hookfit
+
+class Gamma:
+    """Counts the batches of
+    every epoch (a wrapped first sentence). Then more.
+
+    And a second paragraph."""
+
+    @hookfit.hookimpl
+    def batch_end(self, batch_idx):
+        pass
+'''
+
+
+def test_hookfit_plugins_says_what_each_plugin_is_from_its_docstring(dists: Path, tmp_path: Path) -> None:
+    """The first sentence of each loaded plugin's docstring, on one line under its name: a
+    built-in's, a third-party class's; a plugin without one (a class, a module) and a disabled
+    one (never imported) show no such line."""
+    make_dist(tmp_path / "gamma", "gamma-plugin", {"gamma": "gamma_mod:Gamma"}, {"gamma_mod": GAMMA})
+    env = {"PYTHONPATH": os.pathsep.join([str(dists), str(tmp_path / "gamma")]), "HOOKFIT_DISABLE_PLUGINS": "csv"}
+    rows = {row["name"]: row for row in json.loads(cli("plugins", "--json", env=env).stdout)}
+    assert rows["gamma"]["summary"] == "Counts the batches of every epoch (a wrapped first sentence)."
+    assert rows["interrupter"]["summary"] == "Turns SIGINT and SIGTERM into stop requests; a second SIGINT aborts."
+    assert rows["alpha"]["summary"] is None and rows["beta"]["summary"] is None  # no docstring
+    assert rows["csv"]["summary"] is None  # disabled: not imported
+    done = cli("plugins", env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("gamma  [active]  gamma-plugin 1.2.3")))
+    assert lines[at + 1] == "    Counts the batches of every epoch (a wrapped first sentence)."
+    at = lines.index(next(line for line in lines if line.startswith("alpha  [active]")))
+    assert lines[at + 1] == "    hooks: batch_end"
+    at = lines.index(next(line for line in lines if line.startswith("checkpoint  [active]  hookfit")))
+    assert lines[at + 1] == "    Atomic checkpoints of model, optimizers, plugins, position and RNG; exact resume."
+
+
 def test_hookfit_hooks_prints_every_event() -> None:
     """The core's events first, then each plugin's under its name."""
     from conftest import spec_names
