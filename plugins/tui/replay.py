@@ -10,7 +10,8 @@ until ``q``. With ``--text``, without an interactive terminal, or without urwid 
 one line what to install) it prints the plain-text summary and curves that a finished run
 prints; that needs no urwid. Progress is counted as the run counted it (steps when its
 ``max_steps``, in ``run.jsonl``, ended it first), and a finished run shows where it ended: its
-last step, epoch and metrics (its end lines), and the warnings the run recorded (``run.jsonl``'s
+last step, epoch and metrics (its end lines; its steps as ``hookfit runs`` counts them, a line saying
+where ``metrics.jsonl`` stops when a full disk cut it short), and the warnings the run recorded (``run.jsonl``'s
 ``"warning"`` lines, a line each with its step; a training's own, not those of an evaluation in its
 folder). A run folder resumed into is timed over all its fits (the clock, the time lines), the
 summary adding the last one's.
@@ -322,12 +323,30 @@ def _print_summary(folder: Path, dash: DashboardModel, follower: Follower, info:
     ended = follower.ended or {}
     _, times = fit_times(fit_ends(runs.read_jsonl(folder / "run.jsonl")))  # (a followed run may have ended since)
     resumed = follower.resumes.get((info.evaluated if info.evaluation else info.resumed_from) or "")  # (runs' rule)
+    logged = ended.get("step", follower.step)
+    steps = info.steps if info.steps is not None and not info.evaluation else logged  # (runs': the core's end line)
+    warned = recorded_warnings(folder)
     state = SimpleNamespace(status="completed" if info.status == "evaluated" else info.status, stop_reason=info.reason,
-                            elapsed=info.duration or 0.0, step=ended.get("step", follower.step),
+                            elapsed=info.duration or 0.0, step=steps,
                             stopped_by=ended.get("by"), resumed_from=resumed, time_split=times or dash.time_split,
                             evaluation=info.evaluation)
     print(f"run {folder}")
-    print("\n".join(summary(dash, state, warned=recorded_warnings(folder), width=terminal_width())))
+    print("\n".join(summary(dash, state, warned=[*unlogged(follower, logged, steps, warned), *warned],
+                            width=terminal_width())))
+
+
+def unlogged(follower: Follower, logged: int, steps: int, warned: Sequence[str]) -> list[str]:
+    """A line saying that ``metrics.jsonl`` stops short of the run's ``steps`` (``run.jsonl``'s end
+    line counts them), at ``logged`` (a full disk: its writes failed), when it does and has no end
+    line; the table and curves below are then of the steps it holds alone."""
+    if follower.ended is not None or not isinstance(logged, int) or logged >= steps:
+        return []
+    why = "; the warning below says why" if any("metrics.jsonl" in line for line in warned) else ""
+    if not follower.path.exists():
+        return [f"metrics not recorded: the run folder has no metrics.jsonl (the run made {steps} steps){why}"]
+    if not logged:
+        return [f"metrics not recorded: metrics.jsonl holds none of the run's {steps} steps{why}"]
+    return [f"metrics recorded up to step {logged} of {steps}: metrics.jsonl holds nothing later{why}"]
 
 
 def _interactive(dash: Dashboard, follower: Follower, leave: dict[str, bool], live: bool) -> None:

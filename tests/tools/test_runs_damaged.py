@@ -1,6 +1,6 @@
 """``hookfit runs``, ``show`` and ``compare`` read past damaged lines and values of a run's
 ``metrics.jsonl`` (a torn last line, a hand-edited value), naming them once, ``--json`` too; and
-``hookfit runs`` counts the steps of a run whose metric log a full disk cut short from its end
+``hookfit runs`` and ``show`` count the steps of a run whose metric log a full disk cut short from its end
 line in ``run.jsonl``."""
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ FULL_DISK = textwrap.dedent('''
 
 
 @pytest.mark.fault
-def test_runs_counts_the_steps_of_a_run_whose_metric_log_filled_the_disk(tmp_path: Path) -> None:
+def test_runs_and_show_count_the_steps_of_a_run_whose_metric_log_filled_the_disk(tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(FULL_DISK)
     folder = tmp_path / "runs" / "full" / "1"
@@ -230,6 +230,19 @@ def test_runs_counts_the_steps_of_a_run_whose_metric_log_filled_the_disk(tmp_pat
     (info,) = json.loads(listed.stdout)
     assert (info["status"], info["steps"], info["epochs"]) == ("completed", 80, 40)
     assert info["best"]["epoch"] == 40 and info["best"]["value"] == pytest.approx(1.5 / 40)  # the run's, not the log's
+
+    shown = hookfit_cli("show", "--text", str(folder), cwd=tmp_path)  # the run's steps, and where its log stops
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[1].startswith("hookfit: training completed (max_epochs=40 reached) after ") and lines[1].endswith(
+        "s, 80 steps"), lines
+    assert lines[2] == (f"  metrics recorded up to step {kept[-1]['step']} of 80: metrics.jsonl holds nothing later; "
+                        "the warning below says why"), lines
+    assert lines[3].startswith("  warning: FileWarning: metrics_log: could not write "), lines
+    (folder / "metrics.jsonl").write_text("")  # a disk full from the log's first line
+    lines = hookfit_cli("show", "--text", str(folder), cwd=tmp_path).stdout.splitlines()
+    assert lines[1].endswith("s, 80 steps") and lines[2] == (
+        "  metrics not recorded: metrics.jsonl holds none of the run's 80 steps; the warning below says why"), lines
 
 
 @pytest.mark.bad_input
