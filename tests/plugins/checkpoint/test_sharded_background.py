@@ -203,7 +203,7 @@ def test_a_copy_into_host_memory_failing_on_one_rank_is_a_failed_save_on_every_r
         assert rank["params"] == held[1][0]["params"]  # training went on as if nothing happened
     [warning] = [m for c, m in ranks[0]["warnings"] if c == "CheckpointWarning"]
     assert all("could not write" not in m for _, m in ranks[1]["warnings"])  # said once, by rank 0
-    assert re.search(rf"^checkpoint: could not write .*/{NAMES[1]} \(\w+: rank 1: .*{error}\); the previous "
+    assert re.search(rf"^checkpoint: could not write .*/{NAMES[1]}, the save at step 4 \(\w+: rank 1: .*{error}\); the previous "
                      r"checkpoints are kept and training goes on$", warning), warning
     written = [name for name in NAMES if name != NAMES[1]]
     assert _checkpoints(folder) == written  # nothing of step 4's save, not even a temporary folder

@@ -6,6 +6,7 @@ the run's end."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 import time
@@ -431,6 +432,28 @@ def test_with_warn_a_failed_background_write_leaves_no_file_and_the_next_saves_a
     assert len([w for w in caught if w.category is CheckpointWarning]) == 1
     assert [read(p)["loop"]["step"] for p in ckpt.saved] == [4, 6, 7]  # (7: the run's end)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [p.name for p in ckpt.saved]  # no .tmp
+
+
+@pytest.mark.fault
+def test_a_failed_background_writes_warning_names_the_saves_step_and_the_step_its_failure_was_found_at(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The save at step 2 fails while the 3rd batch waits for it; the warning comes after that
+    batch, and run.jsonl records it at step 3, where it was shown: its text says which save it
+    was, so ``hookfit show``'s line is not read as a failure of step 3's."""
+    from hookfit.plugins.tui.replay import recorded_warnings
+
+    _failing_once(monkeypatch)
+    ckpt = Checkpoint(every_n_epochs=None, every_n_steps=2, keep_last=100)
+    which = "step000000002.pt, the save at step 2 (written in the background, its failure found at step 3) ("
+    with pytest.warns(CheckpointWarning, match="could not write ") as caught:
+        train(tmp_path, checkpoint=ckpt, epochs=1, extra=[WaitFor(ckpt, 3)])
+    (warned,) = [str(w.message) for w in caught if w.category is CheckpointWarning]
+    assert which in warned, warned
+    lines = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    (line,) = [line for line in lines if line["event"] == "warning" and "could not write" in line["message"]]
+    assert line["step"] == 3 and which in line["message"]
+    (shown,) = [text for text in recorded_warnings(tmp_path) if "could not write" in text]
+    assert which in shown and shown.endswith("training goes on (step 3)"), shown
 
 
 @pytest.mark.fault
