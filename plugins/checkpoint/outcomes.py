@@ -27,7 +27,8 @@ def collect(checkpoint: Checkpoint, loop: Run, more: list[Done] | None = None) -
         if outcome.error is not None:
             checkpoint.scores.failed()
             checkpoint.written.lost(step)
-            failure = failure or checkpoint.reports.failure(path, outcome.error, main, step, loop.state.step)
+            failure = failure or checkpoint.reports.failure(path, outcome.error, main, step, loop.state.step,
+                                                                loop.state.status)
         elif not main:
             checkpoint.catalog.follow(path, metric, reason)
         else:

@@ -1,9 +1,11 @@
 """checkpoint reports: how saves that were not written are reported, on the training thread.
 A failed write (full disk, read-only folder) is counted and, with ``on_save_error="warn"``,
-warned about once a run, at the first (a :class:`CheckpointWarning` naming the save's step and,
-for a write in the background, the later step its failure was found at, where the run's record of
-its warnings puts it: the previous checkpoints are kept, training goes on; one cause fails every later save alike, so later failures are only
-counted) or, with ``"raise"``, raised; a save skipped because the writer was busy
+warned about once a run, at the first, or, with ``"raise"``, raised. The warning (a
+:class:`CheckpointWarning`) names the save's step and, for a write in the background, the later
+step its failure was found at, where the run's record of its warnings puts it; it says the
+previous checkpoints are kept and training goes on, or, for a save of a run that is ending (a
+failed run's, the last one of a run), how the run ends. One cause fails every later save alike,
+so later failures are only counted. A save skipped because the writer was busy
 (``when_busy="skip"``) is counted and warned about once a run. Only the main process warns."""
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ class Reports:
         self._warned, self.run_failed, self.run_skipped, self.skipped_step = set(), 0, 0, None
 
     def failure(self, path: Path, error: BaseException, main: bool, step: int | None = None,
-                found: int | None = None) -> BaseException | None:
+                found: int | None = None, status: str = "running") -> BaseException | None:
         """Count a failed write of ``path`` and warn (on the main process, ``main``) at the run's
         first; the error when it is to be raised. ``step``: the step of the save; ``found``: the
         run's step when its outcome was taken, later than ``step`` for a write in the background,
-        which the warning then says (it is recorded at ``found``, the step it is shown at)."""
+        which the warning then says (it is recorded at ``found``, the step it is shown at);
+        ``status``: the run's then, which the warning says in place of "training goes on" once
+        the run is ending (a failed run's save, the last save of a completed one)."""
         self.failed, self.run_failed = self.failed + 1, self.run_failed + 1
         if self.on_save_error == "raise" or not isinstance(error, Exception):
             return error
@@ -48,9 +52,10 @@ class Reports:
             which = "" if step is None else f", the save at step {step}" + (
                 f" (written in the background, its failure found at step {found})"
                 if found is not None and found != step else "")
+            then = "training goes on" if status == "running" else f"the run ends ({status})"
             warnings.warn(
                 f"checkpoint: could not write {path}{which} ({type(error).__name__}: {error}); the "
-                f"previous checkpoints are kept and training goes on", CheckpointWarning, stacklevel=user_level())
+                f"previous checkpoints are kept and {then}", CheckpointWarning, stacklevel=user_level())
         return None
 
     def skip(self, step: int, main: bool = True) -> None:

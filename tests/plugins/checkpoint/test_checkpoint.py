@@ -391,6 +391,35 @@ def test_a_read_only_folder_is_reported_and_training_goes_on(tmp_path: Path, rea
     assert loop.state.status == "completed" and loop.run.pm.get_plugin("checkpoint").failed_saves == 2
 
 
+class FailsAt:
+    """Fails the run at the end of the batch that makes ``step``."""
+
+    name = "fails_at"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @hookfit.hookimpl
+    def batch_end(self, loop) -> None:
+        if loop.state.step == self.step:
+            raise RuntimeError(f"failed at step {self.step}")
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("background", [True, False])
+def test_a_failing_runs_save_that_could_not_be_written_says_the_run_ends_not_that_training_goes_on(
+        tmp_path: Path, read_only_folder: Path, background: bool) -> None:
+    """The failure's checkpoint (``on_failure=True``) of a run failing at step 3, into a folder
+    nothing can be written in: its warning says the run ends failed; training does not go on."""
+    ckpt = Checkpoint(dir=read_only_folder, every_n_epochs=None, on_failure=True, background=background)
+    with pytest.warns(CheckpointWarning, match="could not write") as caught:
+        with pytest.raises(RuntimeError, match="failed at step 3"):
+            train(tmp_path, epochs=2, checkpoint=ckpt, extra=[FailsAt(3)])
+    (said,) = [str(w.message) for w in caught if w.category is CheckpointWarning]
+    assert "failed-epoch0001-step000000003.pt, the save at step 3 (" in said, said
+    assert said.endswith("; the previous checkpoints are kept and the run ends (failed)"), said
+
+
 @pytest.mark.fault
 def test_saves_that_failed_after_the_warning_are_counted_in_the_run_s_results(tmp_path: Path,
                                                                               read_only_folder: Path) -> None:

@@ -306,7 +306,8 @@ def test_a_sharded_save_that_cannot_be_written_warns_and_every_rank_trains_on(
     assert all("could not write" not in m for _, m in ranks[1]["warnings"])  # said once, by rank 0
     assert re.search(rf"could not write .*/{first}-step\d+\.dcp, the save at step \d+(?: \(written in the "
                      rf"background, its failure found at step \d+\))? \(OSError: rank \d: .*{error}.*\); the previous "
-                     r"checkpoints are kept and training goes on", warning), warning
+                     r"checkpoints are kept and (training goes on|the run ends \(completed\))$", warning), warning
+    # (the run ends: a write in the background whose failure was found as the run ended)
     left = sorted(p.name for p in folder.iterdir() if p.name != "run.lock")
     assert left == ([NAMES[0]] if disk == "full" else []), left
     if disk == "full":
