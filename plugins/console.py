@@ -59,7 +59,8 @@ The rest
     or an exception failed ends with where to continue from: the newest checkpoint the checkpoint
     role announced (``checkpoint_saved``; the stop's own, where it saved one; never a failure's
     ``failed-*`` file), else the one the run resumed from, ``hookfit checkpoint reason=interrupt
-    path=<file> resume="run again with Loop(..., resume=<this path>)"``
+    path=<file> resume="run again with Loop(..., resume=<this path>)"`` (the file relative to the
+    current folder where it lies inside it, else absolute, a one-file checkpoint's and a sharded one's alike)
     (:mod:`hookfit.plugins.support.resumable`); nothing without a checkpoint.
 
 Several processes (``torchrun``: rank 0 prints)

@@ -40,8 +40,8 @@ def test_an_interrupted_run_ends_with_the_checkpoint_to_resume_from(tmp_path: Pa
     match = LINE.match(lines[-1])
     assert match, lines[-1]
     reason, path = match.groups()
-    assert reason == "interrupt" and Path(path).is_file() and Path(path).parent == tmp_path / "checkpoints"
-    assert Path(path) == Path(state.results["last_checkpoint"])  # what resume="latest" takes
+    assert reason == "interrupt" and Path(path).is_file() and Path(path).absolute().parent == tmp_path / "checkpoints"
+    assert Path(path).absolute() == Path(state.results["last_checkpoint"])  # what resume="latest" takes
     assert sum(line.startswith("hookfit checkpoint ") for line in lines) == 1
 
     resumed, lines = _run(tmp_path, None, [Checkpoint()], resume="latest")
@@ -94,4 +94,20 @@ def test_a_resumed_run_that_fails_before_its_own_checkpoint_names_the_one_it_res
     lines = stream.getvalue().splitlines()
     match = LINE.match(lines[-1])
     assert match, lines
-    assert match.groups() == ("resumed", str(source))
+    assert match.group(1) == "resumed" and Path(match.group(2)).absolute() == source
+
+
+def test_the_checkpoint_to_resume_from_is_named_alike_however_the_run_folder_was_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run folder given relative and one given absolute (as a sharded checkpoint's path always
+    is), both inside the current folder: both lines name the checkpoint relative to it."""
+    monkeypatch.chdir(tmp_path)  # (where the run starts: its lines are read there)
+    named = []
+    for folder in (Path("runs/given-relative"), tmp_path / "runs" / "given-absolute"):
+        state, lines = _run(folder, 4, [Checkpoint()])
+        match = LINE.match(lines[-1])
+        assert state.status == "interrupted" and match, lines
+        named.append(match.group(2))
+    relative, absolute = named
+    assert Path(relative).parent == Path("runs/given-relative/checkpoints") and Path(relative).is_file(), relative
+    assert absolute == relative.replace("given-relative", "given-absolute"), named

@@ -155,7 +155,8 @@ def test_a_step_that_raises_after_a_checkpoint_names_it_to_resume_from(term: Ter
     assert saved.is_file()
     # (a path longer than the terminal's line wraps: the words before it and after it, and the path unwrapped)
     flat = re.sub(r"\s+", "", text)
-    said = f"checkpoint to resume from: {saved} (step): run again with Loop(..., resume=<this path>)"
+    shown = saved.relative_to(term.tmp)  # (the run's current folder: named relative to it, as the console names it)
+    said = f"checkpoint to resume from: {shown} (step): run again with Loop(..., resume=<this path>)"
     assert re.sub(r"\s+", "", said) in flat, text
     assert after(text, "hookfit: training failed", "checkpoint to resume from:")
 
