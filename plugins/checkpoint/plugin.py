@@ -241,6 +241,8 @@ class Checkpoint:
             path, data = choose(loop, source, self.dir, self.fallback)
         if path is None or data is None:
             return False
+        if source in ("latest", "best"):  # first: the warnings of its restore are about the file it names
+            announce(loop, path, self.dir, source)
         self.catalog.reading = path  # (its state names files at the paths they were written at)
         restore(loop, path, data, self.strict)
         if loop.mode == "fit" and not self._continues(loop, path):  # (the loggers set the folder's records aside)
@@ -248,8 +250,6 @@ class Checkpoint:
         self._preparing.done()  # (a kill -9's files removed; an earlier run's moved aside, once restored)
         self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit", data["plugins"].get(self.name))
         self.saved_step = data["loop"]["step"]
-        if source in ("latest", "best"):
-            announce(loop, path, self.dir, source)
         if loop.is_main and loop.mode == "fit":  # those it continues are this run's: keep_last holds across resumes
             folder = self._known_directory(loop)  # (Catalog.adopt); a new run folder holds none
             self.writer.remove(self.catalog.adopt([] if folder is None else folders.adoptable(folder, path),

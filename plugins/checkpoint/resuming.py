@@ -158,7 +158,8 @@ def describe(loop: Run) -> str:
 
 
 def announce(loop: Run, path: Path, directory: Path | None, source: str = "latest") -> None:
-    """One line on stderr (main process) saying which checkpoint ``resume="latest"`` took: the
+    """One line on stderr (main process), before the checkpoint is restored (the warnings of its
+    restore are about the file it names), saying which checkpoint ``resume="latest"`` took: the
     newest (:func:`latest`, ``directory`` as there), or the newest that read whole, naming the
     newer ones ``fallback`` skipped; which ``resume="best"`` took. Each names where it looked: the
     folder ``directory`` where given, else the run's identity."""

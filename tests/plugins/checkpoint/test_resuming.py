@@ -226,3 +226,46 @@ def test_evaluating_a_checkpoint_still_fails_on_a_state_a_present_plugin_cannot_
     with pytest.raises(ValueError, match=r"cannot use \['best'"):
         hookfit.Loop(val_step=val_step, val_data=data, model=model, run_dir=tmp_path / "eval",
                      plugins=[Optim(), Metrics(), Checkpoint(), Refuses()]).validate(resume=path)
+
+
+ORDER = '''
+import sys, torch, hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+
+
+class Kept:
+    name = "kept"
+
+    @hookfit.hookimpl
+    def save_state(self):
+        return {"n": 1}
+
+    @hookfit.hookimpl
+    def load_state(self, state):
+        pass
+
+
+first = sys.argv[1] == "first"
+hookfit.Loop(lambda loop, batch: {"loss": torch.tensor(1.0)}, [0, 1, 2], model=torch.nn.Linear(1, 1),
+             max_epochs=1 if first else 2, run_dir="run", resume=None if first else "latest",
+             plugins=[Checkpoint(strict=False), *([Kept()] if first else [])]).fit()
+'''
+
+
+def test_the_line_naming_the_checkpoint_latest_took_comes_before_the_warnings_of_its_restore(tmp_path: Path) -> None:
+    """A state saved by a plugin the resumed run lacks (``strict=False``: a warning): on stderr,
+    'resume='latest' took <file>' first, then the warning about that file, which it explains."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "order.py").write_text(ORDER)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}, "HOOKFIT_PLUGINS": ""}
+    for which in ("first", "resumed"):
+        done = subprocess.run([sys.executable, "order.py", which], cwd=tmp_path, capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    took = [i for i, line in enumerate(lines) if line.startswith("hookfit checkpoint: resume='latest' took ")]
+    warned = [i for i, line in enumerate(lines) if "HookfitWarning: checkpoint: " in line and "restoring the rest" in line]
+    assert len(took) == 1 and len(warned) == 1 and took[0] < warned[0], done.stderr
