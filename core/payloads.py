@@ -202,7 +202,9 @@ class ResumeInfo:
     * ``source``: what the run resumed from (the checkpoint file).
     * ``epoch``: the epoch it continues in, from 0 (as ``loop.state.epoch``).
     * ``step``: the global step already done.
-    * ``batch``: the training batches of ``epoch`` already done (the loop skips them).
+    * ``batch``: the training batches of ``epoch`` already done (the loop skips them), those of
+      one process: the dashboard and ``hookfit show`` say it so, as they count progress; the
+      console counts the whole job's, ``batch * world_size``, as its progress lines do.
     * ``stage``: ``"train"``, or ``"valid"`` when that epoch's training stage was complete.
 
     ``str()`` says it for a person: ``"<source> (epoch 3, after 7 training batches, step 47)"``.
