@@ -11,9 +11,9 @@ import torch
 
 from hookfit.handlers import Handlers
 from hookfit.errors import UsageError
-from hookfit.plugins.optim import kernels
 from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy
 from hookfit.plugins.support import few_parameters, hparams, parameter_names
+from hookfit.plugins.support import kernels
 
 if TYPE_CHECKING:
     from hookfit.plugins.optim.watch import Watch

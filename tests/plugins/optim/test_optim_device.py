@@ -318,7 +318,7 @@ def test_fuse_false_keeps_torch_s_default_kernel() -> None:
 
 def test_a_differentiable_optimizer_is_not_fused() -> None:
     """torch's fused kernels refuse ``differentiable=True``."""
-    from hookfit.plugins.optim import kernels
+    from hookfit.plugins.support import kernels
 
     m = model()
     for differentiable in (False, True):
@@ -742,7 +742,7 @@ def test_sharded_parameters_switch_adam_only(tmp_path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from hookfit.plugins.optim import kernels
+    from hookfit.plugins.support import kernels
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:

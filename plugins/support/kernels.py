@@ -1,4 +1,7 @@
-"""torch's kernels that skip a step on ``found_inf``, and optim's use of them on the device path (README.md)."""
+"""torch's kernels that skip a step on ``found_inf`` (``GradScaler``'s contract with its ``fused=True`` optimizers), for a
+plugin that steps optimizers on a device flag: which optimizers honour it, switching them to the fused kernel, stepping
+them on a flag or a ``GradScaler``'s record. How the built-in optim uses them: ``plugins/optim/README.md``, "torch's
+kernels that skip a step on the device"."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ SWITCHED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)  # switched to
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step()`` honours ``found_inf`` in every parameter group (README.md)."""
+    """Whether ``optimizer.step()`` honours ``found_inf`` in every parameter group (``plugins/optim/README.md``)."""
     if type(optimizer) not in (*SWITCHED, torch.optim.Adagrad):  # the classes with a fused kernel (in torch 2.13)
         return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
     fused = all(group.get("fused") for group in optimizer.param_groups)
@@ -42,7 +45,7 @@ def fuse(optimizer: torch.optim.Optimizer, model: Any = None) -> None:
 
 
 def skip_keeps_state(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether a step skipped inside the kernel now leaves ``optimizer`` a valid state (README.md)."""
+    """Whether a step skipped inside the kernel now leaves ``optimizer`` a valid state (``plugins/optim/README.md``)."""
     kind = type(optimizer)
     if kind in (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad):
         return True
