@@ -16,6 +16,7 @@ from hookfit.plugins.support import few_parameters, hparams, parameter_names
 from hookfit.plugins.support import kernels
 
 if TYPE_CHECKING:
+    from hookfit.plugins.optim.clipping import ModelNorm
     from hookfit.plugins.optim.watch import Watch
     from hookfit.plugins.optim.plugin import Window
     from hookfit.run import Run
@@ -44,6 +45,7 @@ class Rules:
     scaler: torch.amp.GradScaler | None = None
     clip_norm: float | None = None
     clip_value: float | None = None
+    model_norm: ModelNorm | None = None  # clip_scope="model": one norm over the optimizers (clip_norm's)
     check_grads: bool = False  # gradients checked (check_grads, clip_norm, ranks' device path; a policy, no scaler)
     fuse: bool = True
     prepares: bool = False  # a step unscales, clips or checks the gradients first
@@ -87,6 +89,16 @@ class ManagedOptimizer:
         if len(groups := self.optimizer.param_groups) != self._listed[0]:  # (kept: clipping reads it every step)
             self._listed = (len(groups), [p for group in groups for p in group["params"]])
         return self._listed[1]
+
+    def unscale_(self) -> bool:
+        """``GradScaler.unscale_`` of its gradients, once a step (its step then unscales no more), for a step function
+        that clips or reads them: whether they are its step's, ``False`` inside an accumulation window (README.md)."""
+        rules = self._rules
+        if self._accumulates and not rules.window.closes(rules.loop):
+            return False
+        if rules.scaler is not None:
+            kernels.unscale(rules.scaler, self.optimizer)
+        return True
 
     def step(self, closure: Callable[[], Any] | None = None, *, partial: bool = False) -> Any:
         """Step unless inside a window (``partial``: the stage's end); whether it stepped, or a ``closure``'s loss."""
@@ -173,7 +185,7 @@ class ManagedOptimizer:
         """Unscale, check, clip: the window's flag and the gradients' on the device, or ``None`` (skipped)."""
         rules, optimizer, scaler = self._rules, self.optimizer, self._rules.scaler
         if scaler is not None:
-            scaler.unscale_(optimizer)
+            kernels.unscale(scaler, optimizer)  # (not again where the step function called unscale_())
             if bad is not None and not kernels.into_found_inf(scaler, optimizer, bad):
                 if rules.deferred.read_flag():  # (a GradScaler whose found_inf was not found)
                     rules.scaler_used = True  # update() resets the unscaled state
@@ -181,7 +193,11 @@ class ManagedOptimizer:
                     return None
                 bad = None
         grad_bad = None  # 1.0 where the gradients are not finite, on the window flag's device
-        if rules.clip_norm is not None:
+        if rules.model_norm is not None:
+            grad_bad = rules.model_norm.clip(self, rules.loop, scaler, rules.check_grads)
+            if scaler is not None and grad_bad is not None and kernels.into_found_inf(scaler, optimizer, grad_bad):
+                grad_bad = None  # the scaler skips on it (a record not found: read below, bad is None then)
+        elif rules.clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, rules.clip_norm)
             if rules.check_grads:
                 grad_bad = torch.isfinite(norm).logical_not_()
@@ -297,6 +313,10 @@ class Optimizers(Mapping[str, ManagedOptimizer]):
         several = f"this run has {len(self._managed)} optimizers ({', '.join(map(repr, self._managed))})"
         raise NoSingleOptimizer(f"{several}; name one: loop.optimizers[name].{what}" if self._managed
                       else f"loop.optimizers.{what}: {NONE_GIVEN}")
+
+    def unscale_(self) -> bool:
+        """Each optimizer's :meth:`ManagedOptimizer.unscale_` (those stepped in the batch already left as they are)."""
+        return all([managed.unscale_() for managed in self._managed.values()])
 
     @contextlib.contextmanager
     def toggle(self, name: str) -> Iterator[ManagedOptimizer]:

@@ -17,6 +17,7 @@ from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import (check, choice, few_parameters, flag, hparams, parameter_names, positive_int,
                                      positive_number)
 from hookfit.plugins.optim import hookspecs
+from hookfit.plugins.optim.clipping import ModelNorm
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, note_toggles
 from hookfit.plugins.optim.nonfinite import Agreed, Check, Deferred, HostCheck, OptimWarning, Policy
 from hookfit.plugins.optim.schedulers import Schedules
@@ -39,7 +40,8 @@ class Optim:
                  check_grads: bool = False, schedulers: Any = None,
                  scheduler_interval: Literal["step", "epoch"] | Mapping[str, Literal["step", "epoch"]] | None = None,
                  monitor: str | None = None, precision: Literal["32", "bf16-mixed", "16-mixed"] = "32",
-                 defer: bool | None = None, fuse: bool = True) -> None:
+                 defer: bool | None = None, fuse: bool = True,
+                 clip_scope: Literal["optimizer", "model"] = "optimizer") -> None:
         name = self.name
         self.accumulate = positive_int(name, "accumulate", accumulate)
         choice(name, "nonfinite", nonfinite, ("skip", "raise"), none=True)
@@ -54,9 +56,13 @@ class Optim:
                              "(precision='16-mixed' scales the loss itself)")
         self.clip_norm = positive_number(name, "clip_norm", clip_norm, none=True)
         self.clip_value = positive_number(name, "clip_value", clip_value, none=True)
+        self.clip_scope: str = choice(name, "clip_scope", clip_scope, ("optimizer", "model"))
+        if clip_scope == "model" and clip_norm is None:
+            raise ValueError("optim: clip_scope='model' is the scope of clip_norm's norm, which is not given: give "
+                             "clip_norm=<max norm> too (clip_value clips each value, whatever the scope)")
         self.nonfinite, self.precision = nonfinite, precision  # (as typed: choice() returns Any)
         self._step_options = {"accumulate": self.accumulate, "clip_norm": self.clip_norm, "clip_value": self.clip_value,
-                              "precision": str(precision)}  # saved: a resume given others warns (plain data)
+                              "clip_scope": self.clip_scope, "precision": str(precision)}  # saved: a resume warns
         self.schedulers, self.scheduler_interval, self.monitor = schedulers, scheduler_interval, monitor
         self.scaler: torch.amp.GradScaler | None = None
         self.loop: Run | None = None
@@ -120,6 +126,8 @@ class Optim:
         kind = OnlyOptimizer if len(optimizers) == 1 else ManagedOptimizer  # one optimizer is the collection
         managed = {n: kind(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
                    for n, o in optimizers.items()}
+        if self.clip_scope == "model" and self.clip_norm is not None:
+            rules.model_norm = ModelNorm(self.clip_norm, list(managed.values()))
         only = next(iter(managed.values()), None)
         self.optimizers = loop.optimizers = only if isinstance(only, OnlyOptimizer) else Optimizers(managed, loop)
         why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []

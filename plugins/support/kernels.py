@@ -1,7 +1,7 @@
-"""torch's kernels that skip a step on ``found_inf`` (``GradScaler``'s contract with its ``fused=True`` optimizers), for a
-plugin that steps optimizers on a device flag: which optimizers honour it, switching them to the fused kernel, stepping
-them on a flag or a ``GradScaler``'s record. How the built-in optim uses them: ``plugins/optim/README.md``, "torch's
-kernels that skip a step on the device"."""
+"""torch's kernels that skip a step on ``found_inf`` (``GradScaler``'s contract with its ``fused=True``
+optimizers), for a plugin that steps optimizers on a device flag: which optimizers honour it, switching them to the
+fused kernel, stepping them on a flag or a ``GradScaler``'s record, and unscaling each once a step whoever asks first.
+How the built-in optim uses them: ``plugins/optim/README.md``, "torch's kernels that skip a step on the device"."""
 
 from __future__ import annotations
 
@@ -103,3 +103,11 @@ def into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimize
         return False
     found.add_(bad).clamp_(max=1.0)  # fused kernels skip only where found_inf is exactly 1
     return True
+
+
+def unscale(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    """``scaler.unscale_(optimizer)`` unless done or stepped since the scaler's last ``update()`` (its per-optimizer
+    record, torch's: a second call raises there), so that a step function's and the stepping plugin's both may."""
+    record = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer))
+    if record is None or record.get("stage") is torch.amp.grad_scaler.OptState.READY:
+        scaler.unscale_(optimizer)
