@@ -50,7 +50,9 @@ both, on every process: ``"best_checkpoint"`` and ``"last_checkpoint"`` (paths, 
 a ``failed-*`` file is never the last). Names count epochs from 1:
 ``epoch0001-step000000003.pt`` is a save during the first epoch, ``epoch0001-step000000007.pt``
 the one at its end, so names sort in run order. A run without a model saves nothing (one
-:class:`CheckpointWarning`), and resuming one is an error.
+:class:`CheckpointWarning`), and resuming one is an error. A module the step function reads from its
+closure or globals, not given to ``Loop(model=...)``, is in no checkpoint: one the run changed is warned
+of at the first save (:mod:`hookfit.plugins.checkpoint.unsaved`).
 
 Sharded runs (FSDP2: the model's parameters are ``DTensor`` shards): the checkpoint is a
 folder ``epochNNNN-stepNNNNNNNNN.dcp`` written with :mod:`torch.distributed.checkpoint` by

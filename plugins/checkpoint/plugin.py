@@ -30,6 +30,7 @@ from hookfit.plugins.checkpoint.reports import Reports
 from hookfit.plugins.checkpoint.scores import Scores, hold, settle, unscored
 from hookfit.plugins.checkpoint.shardwriter import ShardWriter
 from hookfit.plugins.checkpoint.storage import CheckpointWarning, filename
+from hookfit.plugins.checkpoint.unsaved import Unsaved
 from hookfit.plugins.checkpoint.writer import Done, Writer, write_file
 from hookfit.plugins.support import Every, Monitor, choice, flag, path, positive_int, positive_number
 
@@ -135,6 +136,8 @@ class Checkpoint:
         self.written = Written()  # the step of the last checkpoint written or in flight: saved once (repeats.py)
         self.began: Position | None = None  # where the run started or resumed: its end there saves nothing
         self._lock: folders.FolderLock | None = None  # a given dir's, while a run writes there
+        self.unsaved = Unsaved()
+        """The modules the step functions change that no checkpoint holds, warned of at the first save."""
 
     @property
     def best(self) -> tuple[float, Path] | None:
@@ -221,6 +224,7 @@ class Checkpoint:
                 CheckpointWarning, stacklevel=user_level())
         else:
             self.scores.begin(loop)  # a monitor the run can never publish
+            self.unsaved.start(loop)
         if not self.off and loop.state.world_size > 1:  # first: a run refused for its options changes no file
             self.off = True  # until the processes' options agree: a run refused for them saves nothing, no failure's
             folder = self.directory(loop) if loop.is_main else None
@@ -283,7 +287,7 @@ class Checkpoint:
         finally:
             self.shards.close()
             self.writer.close()  # the files pruned last removed; the buffers let go
-            self._loop = None
+            self._loop, self.unsaved = None, Unsaved()
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None

@@ -25,6 +25,7 @@ def save(checkpoint: Checkpoint, loop: Run, reason: str, must: bool = False) -> 
     <hookfit.plugins.checkpoint.plugin.Checkpoint.save>` documents it."""
     if checkpoint.off:
         return None
+    checkpoint.unsaved.check()  # (the first save: a module the step changed outside the checkpoints)
     checkpoint.clock.saved()
     checkpoint.collect(loop)
     position = loop.position

@@ -26,8 +26,9 @@ loggers share (:mod:`~hookfit.plugins.support.logger`), the CSV tables they appe
 (:mod:`~hookfit.plugins.support.tracker`), which processes have a flag set, agreed by all
 (:mod:`~hookfit.plugins.support.ranks`), the checkpoint a run that did not complete resumes from, in the
 words the console and the dashboard share (:mod:`~hookfit.plugins.support.resumable`), torch's learning-rate
-schedulers read without stepping them (:mod:`~hookfit.plugins.support.schedules`), and torch's optimizer kernels that
-skip a step on a device flag (:mod:`~hookfit.plugins.support.kernels`).
+schedulers read without stepping them (:mod:`~hookfit.plugins.support.schedules`), torch's optimizer kernels that
+skip a step on a device flag (:mod:`~hookfit.plugins.support.kernels`), and the modules a step function reads from
+its closure and globals (:mod:`~hookfit.plugins.support.referenced`).
 """
 
 from __future__ import annotations
