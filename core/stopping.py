@@ -16,7 +16,7 @@ from hookfit.payloads import StopRequest
 if TYPE_CHECKING:  # pragma: no cover
     from hookfit.run import Run
 
-__all__ = ["Budget", "Stop", "Stopping"]
+__all__ = ["Budget", "Stop", "Stopping", "nothing_left"]
 
 
 class Stop(Exception):
@@ -29,6 +29,22 @@ class Stop(Exception):
 
 class Budget(Exception):
     """``max_steps`` training batches are done, inside an epoch (internal to the loop)."""
+
+
+def nothing_left(where: str, step: int, epoch: int, max_steps: int | None, max_epochs: int | None) -> str | None:
+    """Why a run resumed from ``where`` at ``step`` and ``epoch`` has nothing left to train (the run it continues
+    reached its end, or the bounds given now are below it), or ``None``. ``max_epochs``: ``None`` where the
+    epochs do not bound the run (``max_steps`` alone)."""
+    if max_steps is not None and step >= max_steps:
+        reached, raise_ = f"it is at step {step}, and max_steps={max_steps}", "max_steps"
+    elif max_epochs is not None and epoch >= max_epochs:
+        reached, raise_ = f"its {epoch} epochs are done, and max_epochs={max_epochs}", "max_epochs"
+    else:
+        return None
+    return (f"the run resumed from {where} has nothing left to train ({reached}): this fit trains nothing and "
+            f"ends at once as completed; to train on, raise {raise_}; to train again from the start "
+            f"(a changed loss, model or settings), give resume=None or start a new run (Loop(name=...) or "
+            f"Loop(run_dir=...))")
 
 
 HEARD = 30.0

@@ -41,7 +41,7 @@ from hookfit.persistent import unrebuilt_workers
 from hookfit.position import Position, weights_of
 from hookfit.replay import iterate
 from hookfit.reproducibility import Deterministic, seed_run
-from hookfit.stopping import Budget, Stop
+from hookfit.stopping import Budget, Stop, nothing_left
 from hookfit.timing import store_split
 from hookfit.valsets import ValSets, per_set
 
@@ -145,6 +145,8 @@ def resume(run: Run) -> None:
                           f"resumed run trains on other batches than the run it continues would have: train_data "
                           f"is a {why}", HookfitWarning, stacklevel=level)
         if why := unrebuilt_workers(run.train_data, run.val_data, run.cursor.made_before):
+            warnings.warn(f"resume={source!r}: {why}", HookfitWarning, stacklevel=level)
+        if why := nothing_left(where, at.step, at.epoch, run.max_steps, run.max_epochs if _epochs_bound(run) else None):
             warnings.warn(f"resume={source!r}: {why}", HookfitWarning, stacklevel=level)
     fire(run, "resumed", info)
 

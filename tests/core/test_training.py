@@ -5,7 +5,10 @@ wrap_step, first-batch checks."""
 from __future__ import annotations
 
 import gc
+import json
+import os
 import re
+import sys
 import signal
 import threading
 import tracemalloc
@@ -19,8 +22,12 @@ import torch
 
 import hookfit
 import hookfit.payloads
+from hookfit.errors import HookfitWarning
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.optim import Optim
 from conftest import saved_run
-from conftest import Recorder
+from conftest import Recorder, StopAt, TESTS
+import warm
 
 
 def test_event_sequence_two_epochs_with_validation(recorder: Recorder) -> None:
@@ -449,3 +456,76 @@ def test_data_yielding_more_batches_than_its_length_says_is_warned_of_once_a_run
         "train data yielded 3 batches, more than its length says (len() = 2): the progress, an accumulation window's "
         "last divisor and schedules counted by it are off (a DataLoader over an IterableDataset whose workers each "
         "end with a partial batch: its len() counts whole batches of the dataset's __len__)"]
+
+
+def _fit_again(run_dir, *, stop: int | None = None, **bounds: int):
+    """A run of 5 batches an epoch saving every 3 steps into ``run_dir``, resuming its latest checkpoint; the
+    state and the warnings that say there is nothing left to train."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+
+    def step(loop, batch):
+        loss = loop.model(batch).pow(2).mean()
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    loop = hookfit.Loop(step, [torch.ones(4, 2)] * 5, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        run_dir=run_dir, resume="latest", **bounds,
+                        plugins=[Optim(), Checkpoint(every_n_steps=3, background=False), *([StopAt(stop)] if stop else [])])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = loop.fit()
+    return state, [w for w in caught if "nothing left to train" in str(w.message)]
+
+
+@pytest.mark.bad_input
+def test_resuming_a_run_that_reached_its_end_is_warned_of_in_one_process(tmp_path) -> None:
+    """A fit run again (a notebook's cell, a changed loss) resuming ``"latest"`` of a run that reached its
+    ``max_steps`` or ``max_epochs`` trains nothing and ends completed at once: one warning says so, naming the
+    checkpoint, the bound and what to do; raised bounds train on without it, as does a run stopped before its end."""
+    first, said = _fit_again(tmp_path / "steps", max_steps=7)
+    assert (first.status, first.step, said) == ("completed", 7, [])
+    again, said = _fit_again(tmp_path / "steps", max_steps=7)
+    assert (again.status, again.step, again.resumed_from.step) == ("completed", 7, 7) and len(said) == 1
+    assert str(said[0].message) == (
+        f"resume='latest': the run resumed from {tmp_path / 'steps' / 'checkpoints' / 'epoch0002-step000000007.pt'} "
+        "has nothing left to train (it is at step 7, and max_steps=7): this fit trains nothing and ends at once as "
+        "completed; to train on, raise max_steps; to train again from the start (a changed loss, model or settings), "
+        "give resume=None or start a new run (Loop(name=...) or Loop(run_dir=...))")
+    assert said[0].category is HookfitWarning and said[0].filename == __file__
+    longer, said = _fit_again(tmp_path / "steps", max_steps=9)
+    assert (longer.step, said) == (9, [])
+
+    _fit_again(tmp_path / "epochs", max_epochs=2)
+    again, said = _fit_again(tmp_path / "epochs", max_epochs=2)
+    assert again.step == 10 and len(said) == 1 and "(its 2 epochs are done, and max_epochs=2)" in str(said[0].message)
+    assert "raise max_epochs;" in str(said[0].message)
+    stopped, said = _fit_again(tmp_path / "stopped", max_epochs=2, stop=4)
+    resumed, said = _fit_again(tmp_path / "stopped", max_epochs=2)
+    assert (stopped.status, resumed.status, resumed.step, said) == ("interrupted", "completed", 10, [])
+
+
+@pytest.mark.bad_input
+def test_resuming_a_run_that_reached_its_end_is_warned_of_in_a_second_process(tmp_path) -> None:
+    """The script run again in a new process (``HOOKFIT_RESUME=latest``): its warning on stderr, at the
+    script's ``fit()`` line; the script given more epochs trains on without it."""
+    script = tmp_path / "again.py"
+    script.write_text((TESTS / "scripts" / "ckpt_named.py").read_text())
+    env = {**os.environ, "HOOKFIT_RESUME": "latest"}
+
+    def run(epochs: int) -> tuple[dict, str]:
+        done = warm.run([sys.executable, str(script), str(tmp_path / "out.json"), "--epochs", str(epochs)],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads((tmp_path / "out.json").read_text()), done.stderr
+
+    first, stderr = run(2)
+    assert first["status"] == "completed" and first["step"] == 8 and "nothing left to train" not in stderr
+    again, stderr = run(2)
+    assert again["resumed_from"] is not None and (again["status"], again["step"]) == ("completed", 8)
+    assert re.search(r"again\.py:\d+: HookfitWarning: resume='latest': the run resumed from \S+epoch0002-step000000008"
+                     r"\.pt has nothing left to train \(its 2 epochs are done, and max_epochs=2\)", stderr), stderr
+    more, stderr = run(3)
+    assert more["step"] == 12 and "nothing left to train" not in stderr

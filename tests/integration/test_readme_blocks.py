@@ -197,15 +197,20 @@ class Reader:
             elif block.kind == "output" and ran is not None and blocks[blocks.index(block) - 1] is ran:
                 self.check_output(block)
 
-    def type(self, block: Block, command: str) -> None:
+    def type(self, block: Block, command: str, warns: str | None = None) -> None:
+        """Run ``command`` as the reader types it: it succeeds and shows no warning, but one whose message has
+        ``warns`` in it, which it must show once."""
         result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], cwd=self.folder,
                                 env=self.venv.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                 timeout=TIMEOUT)
         said = f"{block.where()}:\n{command}\nexited {result.returncode}\n--- stdout\n{result.stdout[-6000:]}" \
                f"\n--- stderr\n{result.stderr[-6000:]}"
         assert result.returncode == 0, said
-        warned = WARNING.search(result.stderr)
-        assert warned is None, f"{said}\n--- a warning or traceback: {warned.group(0) if warned else ''}"
+        shown = WARNING.findall(result.stderr)
+        if warns is not None:
+            assert len([line for line in shown if warns in line]) == 1, f"{said}\n--- one warning of {warns!r} expected"
+        warned = next((line for line in shown if warns is None or warns not in line), None)
+        assert warned is None, f"{said}\n--- a warning or traceback: {warned}"
         self.printed = result.stdout
 
     def check_output(self, block: Block) -> None:
@@ -243,8 +248,8 @@ def test_the_slow_blocks_run(reader: Reader) -> None:
 @pytest.mark.slow
 def test_the_checkpoint_block_started_again_counts_the_epochs_hookfit_runs_counts(reader: Reader) -> None:
     """The README's checkpoint script, started again once its run is complete, resumes at the
-    end and trains nothing: the console's end line, ``metrics.jsonl`` and ``run.jsonl`` count
-    the epochs the run has, as ``hookfit runs`` does (20, not 21)."""
+    end and trains nothing, one warning saying so: the console's end line, ``metrics.jsonl`` and
+    ``run.jsonl`` count the epochs the run has, as ``hookfit runs`` does (20, not 21)."""
     blocks = parse(README.read_text(encoding="utf-8"))
     resumable = next(b for b in blocks if b.kind == "python" and 'resume="latest"' in b.text)
     epochs = int(re.search(r"max_epochs=(\d+)", resumable.text).group(1))
@@ -252,7 +257,8 @@ def test_the_checkpoint_block_started_again_counts_the_epochs_hookfit_runs_count
     first = next(b for b in blocks if b.kind == "python" and b.name == resumable.after)
     reader.scripts[first.name] = first.text  # what the resumable script continues; its own run is not needed
     reader.read([resumable], slow=False)
-    reader.type(resumable, f"python {resumable.name}")
+    reader.type(resumable, f"python {resumable.name}", warns="HookfitWarning: resume='latest': the run resumed from "
+                f"{folder}/checkpoints/epoch{epochs:04d}-step")
     assert re.search(r"^hookfit resumed from=", reader.printed, re.M), reader.printed
     said = re.findall(r"^hookfit end status=completed .*\bepochs=(\d+) steps=(\d+)$", reader.printed, re.M)
     reader.type(resumable, "hookfit runs --json")
