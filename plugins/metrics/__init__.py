@@ -41,6 +41,13 @@
   published with the others, so every consumer shows them; ``best={"ppl": "min"}`` gives one a
   direction; ``"train/ppl"`` derives it in one stage only (see
   :mod:`~hookfit.plugins.metrics.derived`).
+* ``sums=("nll_sum", "ntok")``: those keys are added up over the stage's batches (every process's)
+  instead of averaged, in every stage and validation set, and kept across a resume: the epoch
+  value is the sum, the running value the sum so far, the last the batch's; derived metrics see
+  the sums, so ``derived={"ppl": lambda m: math.exp(m["nll_sum"] / m["ntok"])}`` is the corpus
+  perplexity. No cost per batch (the batch size is left out as the values are folded). A summed
+  key takes one real number a batch (else refused at that batch) and a name no step returns is
+  warned of once each stage of the run ended (see :mod:`~hookfit.plugins.metrics.sums`).
 * A metric object a step returns (torchmetrics' ``Metric``: ``update``, ``compute``, ``reset``) is
   computed and reset at the stage's end; with several validation sets, a set's objects as the
   next set begins (one object shared by the sets gives each its own value). Its value is one

@@ -195,21 +195,27 @@ class _Series:
     """One metric in one stage: weighted sum and count (epoch mean), last value, and the
     last ``window`` (weighted value, size) pairs for the running mean."""
 
-    __slots__ = ("weighted", "count", "last", "window", "size")
+    __slots__ = ("weighted", "count", "last", "window", "size", "summed")
 
-    def __init__(self, window: int) -> None:
-        self.weighted = 0.0
+    def __init__(self, window: int, summed: bool = False) -> None:
+        self.weighted = 0.0  # (summed: the values' plain sum, Metrics(sums=...))
         self.count = 0
         self.last = math.nan
         self.size = window
+        self.summed = summed
         self.window: collections.deque[tuple[float, int]] = collections.deque(maxlen=window)
 
     def fold(self, entries: list[tuple[float, int]]) -> None:
         """Take in ``(value, batch size)`` pairs, oldest first."""
         weighted, count = self.weighted, self.count
-        for value, n in entries:  # in order, so the sums round as a batch-by-batch sum would
-            weighted += value * n
-            count += n
+        if self.summed:
+            for value, n in entries:  # in order, so the sum rounds as a batch-by-batch sum would
+                weighted += value
+                count += n
+        else:
+            for value, n in entries:
+                weighted += value * n
+                count += n
         self.weighted, self.count = weighted, count
         self.last = float(entries[-1][0])  # (a bool or integer tensor's item() is not a float)
         self.window.extend((value * n, n) for value, n in entries[-self.size:])
@@ -224,8 +230,9 @@ class Stage:
     ``scalars`` holds the lists of ``host`` whose key was given a CPU tensor of one number since
     the last fold: its next values are read with ``item()`` and nothing else."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, sums: frozenset[str] = frozenset()) -> None:
         self.window = window
+        self.sums = sums  # the keys aggregated as sums (Metrics(sums=...))
         self.series: dict[str, _Series] = {}
         # plain dicts: a key missing from one (the first value under it since the last read)
         # is the only moment a value is looked at beyond its type (see :meth:`entries`)
@@ -273,7 +280,7 @@ class Stage:
         for key, entries in host.items():
             series = self.series.get(key)
             if series is None:
-                series = self.series[key] = _Series(self.window)
+                series = self.series[key] = _Series(self.window, key in self.sums)
             series.fold(entries)
         self.host, self.scalars = {}, {}
 
@@ -325,7 +332,10 @@ class Stage:
         if reduce is not None:
             rows = self._reduced(reduce, [key for key, _ in items], rows)
         out: dict[str, Value] = {}
-        for (key, _), (last, weighted, count, w_sum, w_count) in zip(items, rows):
+        for (key, series), (last, weighted, count, w_sum, w_count) in zip(items, rows):
+            if series.summed:  # the sum so far is its running value too
+                out[key] = Value(last, weighted, weighted)
+                continue
             running = w_sum / w_count if w_count else math.nan
             out[key] = Value(last, running, weighted / count if count else math.nan)
         return out
@@ -364,14 +374,14 @@ class Stage:
         }
 
     @classmethod
-    def from_state(cls, window: int, state: Mapping[str, Any]) -> Stage:
-        stage = cls(window)
+    def from_state(cls, window: int, state: Mapping[str, Any], sums: frozenset[str] = frozenset()) -> Stage:
+        stage = cls(window, sums)
         stage.batches, stage.samples = state["batches"], state["samples"]
         stage.start_batches = stage.batches
         stage.started -= state["elapsed"]
         stage.saved_metrics = dict(state.get("metrics") or {})
         for key, saved in state["series"].items():
-            series = stage.series[key] = _Series(window)
+            series = stage.series[key] = _Series(window, key in sums)
             series.weighted, series.count, series.last = saved["weighted"], saved["count"], saved["last"]
             series.window.extend((weighted, n) for weighted, n in saved["window"][-window:])
         return stage

@@ -7,7 +7,7 @@ import collections
 import time
 import warnings
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Collection, Mapping
 
 import torch
 
@@ -21,6 +21,7 @@ from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Ten
 from hookfit.plugins.metrics.derived import Derived, Function
 from hookfit.plugins.metrics.directions import Directions
 from hookfit.plugins.metrics.results import Report
+from hookfit.plugins.metrics.sums import Sums
 from hookfit.tools.runs import trained_directions
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -44,6 +45,7 @@ class Metrics:
         sync_every: int = 50,
         best: Mapping[str, str] | None = None,
         derived: Mapping[str, Function] | None = None,
+        sums: Collection[str] | None = None,
     ) -> None:
         name = self.name  # every option checked now, naming it (hookfit.plugins.support)
         self.interval = number(name, "interval", interval, least=0, meaning="seconds between publications")
@@ -56,6 +58,7 @@ class Metrics:
         self.directions = Directions(best, plugin=name)
         self.best: Mapping[str, str] = self.directions.given
         self.derived = Derived(derived, plugin=name)  # metrics computed from the aggregated ones
+        self.sums = Sums(sums, plugin=name)  # keys aggregated as sums, not means
         self.report = Report(self.directions)  # what the results event answers
         self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._said_sync = False  # interval=0 with several processes was warned about
@@ -85,6 +88,7 @@ class Metrics:
         self.directions.learn({})
         self.report = Report(self.directions)
         self.derived.reset()
+        self.sums.reset()
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
@@ -100,7 +104,8 @@ class Metrics:
             self._stage.pause()
             self._outer.append((self._stage_name, self._stage))
         resumed, self._resumed = self._resumed, None
-        self._stage = resumed if resumed is not None and stage == "train" else Stage(self.window)
+        sums = self.sums.keys(loop.val_data if stage == "valid" else None)
+        self._stage = resumed if resumed is not None and stage == "train" else Stage(self.window, sums)
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
         self._val_set = None
@@ -150,8 +155,8 @@ class Metrics:
                     if (entries := scalars.get(key)) is not None:
                         try:
                             entries.append((value.item(), n))
-                        except RuntimeError:  # no longer one number: ignored, as any non-scalar is
-                            pass
+                        except RuntimeError:  # no longer one number: ignored as any non-scalar is (or refused)
+                            self._take(agg, key, value, n, loop)
                         continue
                     if ((kept := device.get(key)) is not None and (self.defer or not value.is_cpu)
                             and value.numel() == 1):  # (_take's device case, without its call)
@@ -186,6 +191,8 @@ class Metrics:
         """A value past ``batch_end``'s fast paths: a tensor under a key with no list yet, one
         that stays on its device (an accelerator, ``defer=True``), a subclass of a tensor, a
         metric object, a NumPy scalar or a ``bool``; refused when it cannot be aggregated."""
+        if key in agg.sums:
+            self.sums.check(key, value, self._step(loop))
         if isinstance(value, Tensor):
             if value.numel() != 1:
                 return  # not a scalar: ignored, by design
@@ -295,6 +302,7 @@ class Metrics:
         for key, value in extra.items():
             values[key] = Value(value, value, value)
         gauges.add(loop, stage, values)
+        self.sums.stage_end(loop, stage, values)
         self.derived.add(stage, values, final=True)
         entry = MappingProxyType({"epoch": loop.state.epoch, "step": loop.state.step,  # HISTORY_FIELDS
                                   **{k: v.epoch for k, v in values.items()}})
@@ -360,7 +368,7 @@ class Metrics:
             self.report.load(state.get("results"), self.history)
         if state.get("train_stage") is not None:
             mine = ranks.own(state["train_stage"], loop.state.rank, loop.state.world_size)
-            self._resumed = Stage.from_state(self.window, mine)
+            self._resumed = Stage.from_state(self.window, mine, self.sums.keys())
 
     def _reduce(self, loop: Run) -> Reduce | None:
         """The all-reduce to use for a publication, or None with one process."""
