@@ -58,7 +58,8 @@ class Metrics:
         self.directions = Directions(best, plugin=name)
         self.best: Mapping[str, str] = self.directions.given
         self.derived = Derived(derived, plugin=name)  # metrics computed from the aggregated ones
-        self.sums = Sums(sums, plugin=name)  # keys aggregated as sums, not means
+        self._sums = Sums(sums, plugin=name)  # keys aggregated as sums, not means
+        self.sums: tuple[str, ...] = self._sums.names
         self.report = Report(self.directions)  # what the results event answers
         self._every: Every | None = None  # with several processes: publish every sync_every batches
         self._said_sync = False  # interval=0 with several processes was warned about
@@ -88,7 +89,7 @@ class Metrics:
         self.directions.learn({})
         self.report = Report(self.directions)
         self.derived.reset()
-        self.sums.reset()
+        self._sums.reset()
 
     @hookimpl
     def resumed(self, loop: Run, info: ResumeInfo) -> None:
@@ -104,7 +105,7 @@ class Metrics:
             self._stage.pause()
             self._outer.append((self._stage_name, self._stage))
         resumed, self._resumed = self._resumed, None
-        sums = self.sums.keys(loop.val_data if stage == "valid" else None)
+        sums = self._sums.keys(loop.val_data if stage == "valid" else None)
         self._stage = resumed if resumed is not None and stage == "train" else Stage(self.window, sums)
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
@@ -192,7 +193,7 @@ class Metrics:
         that stays on its device (an accelerator, ``defer=True``), a subclass of a tensor, a
         metric object, a NumPy scalar or a ``bool``; refused when it cannot be aggregated."""
         if key in agg.sums:
-            self.sums.check(key, value, self._step(loop))
+            self._sums.check(key, value, self._step(loop))
         if isinstance(value, Tensor):
             if value.numel() != 1:
                 return  # not a scalar: ignored, by design
@@ -302,7 +303,7 @@ class Metrics:
         for key, value in extra.items():
             values[key] = Value(value, value, value)
         gauges.add(loop, stage, values)
-        self.sums.stage_end(loop, stage, values)
+        self._sums.stage_end(loop, stage, values)
         self.derived.add(stage, values, final=True)
         entry = MappingProxyType({"epoch": loop.state.epoch, "step": loop.state.step,  # HISTORY_FIELDS
                                   **{k: v.epoch for k, v in values.items()}})
@@ -357,6 +358,7 @@ class Metrics:
             "history": {s: [dict(e) for e in h] for s, h in self.history.items()},
             "train_stage": stage,
             "results": self.report.state(),
+            "sums": list(self.sums),  # how the training stage's series aggregate
         }
 
     @hookimpl
@@ -368,7 +370,8 @@ class Metrics:
             self.report.load(state.get("results"), self.history)
         if state.get("train_stage") is not None:
             mine = ranks.own(state["train_stage"], loop.state.rank, loop.state.world_size)
-            self._resumed = Stage.from_state(self.window, mine, self.sums.keys())
+            self._sums.resumed(mine["series"], state.get("sums", ()))
+            self._resumed = Stage.from_state(self.window, mine, self._sums.keys())
 
     def _reduce(self, loop: Run) -> Reduce | None:
         """The all-reduce to use for a publication, or None with one process."""

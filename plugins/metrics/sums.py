@@ -15,6 +15,8 @@ batch size as any other, and a sum leaves the size out when the values are folde
   one element): a vector (the per-token losses), text, ``None`` are a ``TypeError`` at the batch
   that returns it, naming the step function and the key; a metric object a ``ValueError`` (it
   aggregates itself: torchmetrics' ``SumMetric`` is a sum already).
+* A checkpoint inside the training stage records the names: resumed with other ``sums``, the keys
+  that epoch aggregates otherwise are said in one :class:`hookfit.HookfitWarning`.
 * A name no step returns is said in one :class:`hookfit.HookfitWarning` a run, once every stage
   the run has (training, and validation where there is a validation step) has ended once, as a
   name may belong to one stage's step only.
@@ -119,6 +121,19 @@ class Sums:
                           f"({' and '.join(sorted(self._ended))} ended; the steps returned "
                           f"{', '.join(map(repr, sorted(self._keys))) or 'no metrics'}): nothing is summed under "
                           f"it", HookfitWarning, stacklevel=user_level())
+
+    def resumed(self, series: Iterable[str], saved: Iterable[str]) -> None:
+        """Warn of the keys that the checkpoint's training stage in progress (``series``, its keys)
+        aggregated otherwise than this run does (``saved``: the run's ``sums``): that epoch's value
+        of each mixes a mean and a sum."""
+        saved = set(saved)
+        differ = sorted(key for key in series if (key in saved) != (key in self.names))
+        if differ:
+            how = ", ".join(f"{key!r} as a " + ("sum" if key in saved else "mean") for key in differ)
+            warnings.warn(f"{self.plugin}: the checkpoint's training epoch in progress aggregated {how}, and "
+                          f"this run's sums={self.names!r} does otherwise: that epoch's value of each mixes a mean "
+                          f"and a sum; resume with the sums the run was saved with", HookfitWarning,
+                          stacklevel=user_level())
 
     def reset(self) -> None:
         """A new run: its names are looked for again."""

@@ -137,7 +137,8 @@ def test_training_sums_restart_each_epoch_and_each_validation_set_sums_its_own()
     assert len(seen.epochs) == 4 and seen.epochs[0].values["loss"].epoch != seen.epochs[0].values["ppl"].epoch
 
 
-def resumable(run_dir: Path, *, stop: int | None = None, resume: str | None = None) -> dict[str, list[Any]]:
+def resumable(run_dir: Path, *, stop: int | None = None, resume: str | None = None,
+              sums: tuple[str, ...] = ("sse", "count")) -> dict[str, list[Any]]:
     """Two epochs of 7 training batches (the last of 2 samples) summing squared errors and counts, a
     checkpoint at each epoch's end and at a stop; the training history."""
     torch.manual_seed(0)
@@ -152,7 +153,7 @@ def resumable(run_dir: Path, *, stop: int | None = None, resume: str | None = No
         loop.optimizers.zero_grad()
         return {"sse": errors.sum(), "count": len(errors)}
 
-    metrics = Metrics(sums=("sse", "count"), derived={"mse": lambda m: m["sse"] / m["count"]})
+    metrics = Metrics(sums=sums, derived={"mse": lambda m: m["sse"] / m["count"]})
     plugins: list[Any] = [Optim(), metrics, Checkpoint(every_n_epochs=1, background=False)]
     if stop:
         plugins.append(StopAfter(stop))
@@ -170,6 +171,15 @@ def test_a_run_resumed_in_the_middle_of_an_epoch_sums_that_epoch_as_an_uninterru
     resumed = resumable(tmp_path / "cut", resume="latest")
     assert [e["count"] for e in whole["train"]] == [50, 50]
     assert resumed["train"] == whole["train"]  # sums, counts and the derived mse, bit for bit
+
+
+@pytest.mark.bad_input
+def test_a_resume_with_other_sums_says_which_keys_of_the_epoch_in_progress_mix_a_mean_and_a_sum(
+        tmp_path: Path) -> None:
+    resumable(tmp_path / "cut", stop=10)
+    with pytest.warns(HookfitWarning, match=r"^metrics: the checkpoint's training epoch in progress aggregated "
+                                            r"'count' as a sum, and this run's sums=\('sse',\) does otherwise"):
+        resumable(tmp_path / "cut", resume="latest", sums=("sse",))
 
 
 SUMMED = """
