@@ -35,8 +35,9 @@ its ``evaluation/`` subfolder: a run of its own, beside the training run's when 
 * Hyperparameters, for TensorBoard's HParams dashboard: written once at ``fit_start``
   (a session start) with the run's name, ``max_epochs``, ``max_steps``, ``seed``,
   ``deterministic``, ``val_every_n_epochs``/``val_every_n_steps`` (as ``loop.*``), each
-  optimizer's class and the scalar settings of its first parameter group
-  (``optimizer.<name>``, ``optimizer.<name>.lr``, ...), the scalar options of every plugin
+  optimizer's class and its parameter groups' scalar settings as given (``optimizer.<name>``,
+  ``optimizer.<name>.lr``, the rate given where a scheduler has scaled it already; a later group's
+  setting that differs from the first's as ``optimizer.<name>.group<i>.<setting>``), the scalar options of every plugin
   of the run (``plugin.<name>.<option>``) and whatever ``TensorBoard(hparams={...})`` adds
   (which wins on a clash). ``fit_end`` ends the session with the run's status (``completed``
   is a success, ``failed`` a failure, ``interrupted`` unknown). No experiment summary is

@@ -22,7 +22,7 @@ from hookfit.plugins.support.options import finite, is_int, option_error
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["Hparam", "ScheduleCounts", "hparam", "hyperparameters", "replaced_settings", "resumed_schedule",
+__all__ = ["Hparam", "ScheduleCounts", "given_group", "hparam", "hyperparameters", "replaced_settings", "resumed_schedule",
            "run_hparams", "settings", "warn_replaced"]
 
 Hparam = bool | int | float | str  # a hyperparameter's value: one scalar, as every tracker shows it
@@ -58,9 +58,11 @@ def hyperparameters(plugin: str, option: str, value: Any) -> dict[str, Hparam]:
 
 def run_hparams(loop: Run, extra: Mapping[str, Hparam] | None = None) -> dict[str, Hparam]:
     """The run's hyperparameters, as every logger records them: ``loop.name`` and the scalar ``loop.<setting>``s
-    (``max_epochs``, ``seed``...), each optimizer's class and the scalar settings of its first parameter group
-    (``optimizer.<name>``, ``optimizer.<name>.lr``...), every plugin's scalar options (``plugin.<name>.<option>``),
-    then ``extra``, which wins a clash."""
+    (``max_epochs``, ``seed``...), each optimizer's class (``optimizer.<name>``) and its parameter groups' scalar
+    settings as given (:func:`given_group`: the ``lr`` given, not one a warmup scheduler has scaled already): the
+    first group's as ``optimizer.<name>.<setting>`` (``optimizer.default.lr``), another group's where it differs
+    from the first's as ``optimizer.<name>.group<i>.<setting>`` (``optimizer.default.group1.weight_decay``);
+    every plugin's scalar options (``plugin.<name>.<option>``), then ``extra``, which wins a clash."""
     from hookfit import config  # the core's, imported where it is used
     settings = ("max_epochs", "max_steps", "seed", "deterministic", "val_every_n_epochs", "val_every_n_steps")
     loop_values = {f"loop.{key}": hparam(getattr(loop, key, None)) for key in settings}
@@ -69,9 +71,13 @@ def run_hparams(loop: Run, extra: Mapping[str, Hparam] | None = None) -> dict[st
     named = optimizers.items() if isinstance(optimizers, Mapping) else [("default", optimizers)] if optimizers else []
     for name, optimizer in named:
         out[f"optimizer.{name}"] = type(optimizer).__name__
-        for key, setting in sorted((getattr(optimizer, "param_groups", None) or [{}])[0].items()):
-            if key not in _MECHANICS and (value := hparam(setting)) is not None:
-                out[f"optimizer.{name}.{key}"] = value
+        groups = [given_group(group) for group in getattr(optimizer, "param_groups", None) or [{}]]
+        for index, group in enumerate(groups):
+            for key, setting in sorted(group.items()):
+                if index and key in groups[0] and not _differ(groups[0][key], setting):
+                    continue  # a later group's setting is named where it differs from the first group's
+                if (value := hparam(setting)) is not None:
+                    out[f"optimizer.{name}{f'.group{index}' if index else ''}.{key}"] = value
     for name in loop.pm.participants():
         plugin, info = loop.pm.get_plugin(name), loop.pm.infos.get(name)
         options = config.accepted(type(plugin)) if plugin is not None and not isinstance(plugin, type) else None
@@ -93,6 +99,15 @@ def settings(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Setting]]:
     as a tuple); a value of any other kind (a custom optimizer's object) is left out."""
     return [{key: value for key, value in ((k, _plain(v)) for k, v in group.items() if k not in _MECHANICS)
              if _plain_value(value)} for group in groups]
+
+
+def given_group(group: Mapping[str, Any]) -> dict[str, Setting]:
+    """A parameter group's settings as the user gave them (:func:`settings`): its ``lr`` is the ``initial_lr``
+    a torch scheduler keeps where one was built on it (a warmup has already scaled ``lr`` by then)."""
+    (kept,) = settings([group])
+    if "initial_lr" in kept:
+        kept["lr"] = kept.pop("initial_lr")
+    return kept
 
 
 def replaced_settings(saved: Sequence[Mapping[str, Setting]], given: Sequence[Mapping[str, Setting]]

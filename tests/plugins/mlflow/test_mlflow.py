@@ -160,6 +160,40 @@ def test_parameters_metrics_status_and_checkpoints_read_back(tmp_path: Path, sto
     assert Path(copy).read_bytes() == Path(published.checkpoints[-1]).read_bytes()
 
 
+def test_the_optimizer_settings_logged_are_those_given_for_every_parameter_group(tmp_path: Path, store: str) -> None:
+    """A warmup scheduler has scaled ``lr`` by the time the run starts: the rate logged is the one given
+    (``initial_lr``); a no-decay group's ``weight_decay=0`` is logged under its group, what it shares is not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2), torch.nn.Linear(2, 1))
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=3e-3)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 5))
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(6e-4)  # scaled before the run starts
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(2)]
+
+    def step(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    tracker = MLflow(tracking_uri=store, experiment="groups")
+    hookfit.Loop(step, data, model=model, optimizers=optimizer, max_epochs=1, run_dir=tmp_path / "run",
+                 plugins=[Optim(schedulers=warmup), tracker]).fit()
+    params = the_run(store, "groups").data.params
+    given = {key: value for key, value in params.items() if key.startswith("optimizer.")}
+    assert given["optimizer.default"] == "AdamW"
+    assert given["optimizer.default.lr"] == "0.003" and given["optimizer.default.weight_decay"] == "0.1"
+    assert given["optimizer.default.group1.weight_decay"] == "0.0"
+    assert given["optimizer.default.betas"] == "(0.9, 0.999)"
+    assert [key for key in given if key.startswith("optimizer.default.group1.")] == [
+        "optimizer.default.group1.weight_decay"], given  # the settings both groups share are logged once
+    assert not [key for key in given if key.endswith("initial_lr")], given
+
+
 class Fail:
     name = "fail"
 
