@@ -18,10 +18,16 @@ keyword arguments of the plugin's constructor::
 Options are passed to the constructor, which checks them as it checks options given in code.
 A plugin the file names that is neither installed nor given, an option the constructor does
 not take, a value the constructor refuses, or a file that is not valid TOML is a
-:class:`ConfigError` naming the file, the plugin and what it accepts. A plugin given in code
-(``Loop(plugins=[...])``) wins over the file's options: its table is ignored, with a warning; but
-``enabled = false`` in its table switches it off, as ``HOOKFIT_DISABLE_PLUGINS`` does (with a
-warning naming it, :func:`hookfit.discovery.collect`). A disabled
+:class:`ConfigError` naming the file, the plugin and what it accepts.
+
+A plugin given in code (``Loop(plugins=[Optim(schedulers=sched)])``) takes the options of its table
+that the code did not pass it, the code's winning option by option, as Hydra's
+``instantiate(cfg, **kwargs)`` does (:func:`fill_in`): the object given is constructed again, in place,
+with both. An option the code passes too is not used, with a warning naming it. That needs the
+arguments the code passed: a class decorated with :func:`records_options` (every built-in plugin's)
+keeps them; the table of another plugin given in code is not used, with a warning naming each option
+and how to pass it. ``enabled = false`` in its table switches a given plugin off, as
+``HOOKFIT_DISABLE_PLUGINS`` does (with a warning naming it, :func:`hookfit.discovery.collect`). A disabled
 plugin's table is not used; a built-in's is still checked, and an option it does not take is
 warned about.
 
@@ -35,17 +41,18 @@ names the plugin.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["ENV_CONFIG", "FILE_NAME", "Config", "ConfigError", "accepted", "build", "checked", "find", "load",
-           "options_of", "warn_unused"]
+__all__ = ["ENV_CONFIG", "FILE_NAME", "Config", "ConfigError", "accepted", "build", "checked", "fill_in", "find",
+           "given_options", "load", "options_of", "records_options", "warn_unused"]
 
 ENV_CONFIG = "HOOKFIT_CONFIG"
 FILE_NAME = "hookfit.toml"
@@ -241,3 +248,84 @@ def options_of(plugin: Any, given: Mapping[str, Any], built: bool = True) -> dic
         elif default is not inspect.Parameter.empty:
             out[name] = (default, "default")
     return out
+
+
+Plugin = TypeVar("Plugin", bound=type)
+
+
+def records_options(cls: Plugin) -> Plugin:
+    """Class decorator: each instance keeps, in its ``given_options`` attribute, the constructor
+    arguments its call passed, by name (:func:`given_options`), so that a ``hookfit.toml`` table fills
+    in those the code did not pass (:func:`fill_in`). Only a call of this very class is recorded: a
+    subclass with a constructor of its own records nothing unless it is decorated too."""
+    init: Callable[..., None] = getattr(cls, "__init__")  # (mypy: not through an instance of type)
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if getattr(type(self), "__init__") is not __init__:  # a subclass's constructor called this one
+            return
+        bound = signature.bind(self, *args, **kwargs).arguments
+        given: dict[str, Any] = {}
+        for index, (name, value) in enumerate(bound.items()):
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                return  # (values without names: none to fill in around)
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                given.update(value)
+            elif index:  # (not self)
+                given[name] = value
+        self.given_options = given
+
+    setattr(cls, "__init__", __init__)  # (the class's own: mypy refuses assigning a method)
+    return cls
+
+
+def given_options(plugin: Any) -> dict[str, Any] | None:
+    """The constructor arguments the code passed ``plugin``, by name (:func:`records_options`); ``None``
+    where its class does not record them."""
+    given = getattr(plugin, "__dict__", {}).get("given_options")
+    return dict(given) if isinstance(given, dict) else None
+
+
+def fill_in(config: Config, name: str, plugin: Any) -> dict[str, Any]:
+    """Give ``plugin`` (named ``name``, given in code) the options of its table that the code did not pass
+    it: ``plugin`` is constructed again, in place, with the arguments the code passed and those (checked as
+    :func:`build` checks them), unless it holds them already (its ``file_options``, given to an earlier run of
+    the process); returns them. An option the code passed too is not used, with one warning
+    naming it. A plugin whose class does not record the arguments it was given (:func:`given_options`)
+    takes none, with one warning naming each option and how to pass it."""
+    from hookfit.errors import HookfitWarning, user_level
+
+    table = {key: value for key, value in config.plugins.get(name, {}).items() if key != "enabled"}
+    given = given_options(plugin)
+    if given is None:
+        if table:
+            shown = ", ".join(f"{key}={value!r}" for key, value in table.items())
+            warnings.warn(f"{config.where(name)} is not used: the plugin {name!r} ({type(plugin).__qualname__}) is "
+                          f"given to Loop(plugins=[...]) and its class does not record the arguments the code passes "
+                          f"it, so the file cannot fill in the others; pass them in code, {type(plugin).__name__}"
+                          f"({shown}, ...), or decorate the class with @hookfit.config.records_options",
+                          HookfitWarning, stacklevel=user_level())
+        return {}
+    options = checked(config, name, type(plugin))
+    unused = sorted(set(options) & set(given))
+    if unused:
+        warnings.warn(f"{config.where(name)}: {', '.join(f'{key} = {options[key]!r}' for key in unused)} not used: "
+                      f"the {type(plugin).__name__} given to Loop(plugins=[...]) is passed "
+                      f"{', '.join(f'{key}={_short(given[key])}' for key in unused)} in code, which wins over the "
+                      f"file (leave it out of the code to take the file's)", HookfitWarning, stacklevel=user_level())
+    added = {key: value for key, value in options.items() if key not in given}
+    if added != plugin.__dict__.get("file_options", {}):  # (an object given to an earlier run: that run's file's)
+        try:
+            type(plugin).__init__(plugin, **given, **added)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{config.where(name)}: {error}") from error
+        plugin.given_options, plugin.file_options = given, added  # what the code passed stays the code's
+    return added
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 and "\n" not in text else f"<{type(value).__name__}>"

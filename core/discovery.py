@@ -295,7 +295,6 @@ def collect(
 
     by_name = {info.name: i for i, info in enumerate(infos)}
     given_names: set[str] = set()
-    dropped: set[str] = set()  # given, and disabled by the environment or the file
     every = [found.ep for found in _scan(tuple(sys.path)).plugins]  # a clash's ignored one names its class too
     for plugin in given:
         built, plugin = inspect.isclass(plugin), _instantiate(plugin)
@@ -315,11 +314,13 @@ def collect(
         info = PluginInfo(name=name, source="given", value=value, enabled=off is None, plugin=plugin, built=built,
                           chosen=True, disabled_by=off)
         if off is not None:  # the operator's switch (the environment, the file) wins over the script
-            dropped.add(name)
             table = name in configured.plugins and "enabled = false" not in off
             warnings.warn(f"{info.describe()} does not run: {off} disables it"
                           f"{f'; {configured.where(name)} is not used either' if table else ''}",
                           HookfitWarning, stacklevel=user_level())
+        else:  # its table, if any, fills in the options the code did not pass it
+            info.options = config.fill_in(configured, name, plugin)
+            info.config = configured.path if info.options else None
         info.declares = declared_events(plugin)
         if name in by_name:  # a replaced built-in's events stay declared (register_all)
             infos[by_name[name]] = info
@@ -338,9 +339,6 @@ def collect(
                 f"{configured.where(name)}: no plugin named {name!r} is installed or given"
                 f"{f' (did you mean {close!r}?)' if close else ''}; known plugins: {', '.join(sorted(known))}"
             )
-        if name in given_names and name not in dropped:
-            warnings.warn(f"{configured.where(name)} is not used: the plugin {name!r} given to "
-                          f"Loop(plugins=[...]) wins over the file", HookfitWarning, stacklevel=user_level())
 
     for info in infos:
         if info.source != "entry point" or (load is not None and not load(info)):

@@ -96,6 +96,7 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.data import length
 from hookfit.payloads import MetricsSnapshot, ModelSummary, ModuleRow, ResumeInfo, TimeSplit
 from hookfit.plugins.support import MODES, Every, Monitor, faster_data, number, option_error
@@ -159,6 +160,7 @@ class _Extremes:
         return (self.low if direction == "min" else self.high).record
 
 
+@records_options
 class Console:
     """Grep-able progress and every epoch's summary on a text stream (each line: the module's docstring).
 

@@ -74,6 +74,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support.logger import afresh, set_aside, table_of, wanted, written_again
@@ -98,6 +99,7 @@ TABLES = ("metrics.csv", "metrics_updates.csv", "evaluation.csv", "evaluation_up
 """Every table the plugin writes: a fit's, then an evaluation's (``Loop.validate()``)."""
 
 
+@records_options
 class CSVLogger:
     """Writes ``metrics.csv`` (a row per stage of every epoch) and, with
     ``every_publication=True``, ``metrics_updates.csv`` (a row per publication) in the run

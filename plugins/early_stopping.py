@@ -49,6 +49,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.manager import chosen
 from hookfit.payloads import MetricsSnapshot
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 __all__ = ["EarlyStopping"]
 
 
+@records_options
 class EarlyStopping:
     """Stop training when ``monitor`` has not improved for ``patience`` epochs (validations,
     with ``Loop(val_every_n_steps=N)`` or ``val_every_n_epochs=N``; see the module documentation). Every option is checked

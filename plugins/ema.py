@@ -75,6 +75,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.manager import chosen
 from hookfit.plugins.support import Every, check, flag, unwrap_model, unwrap_state_dict
@@ -91,6 +92,7 @@ with those of the second, in place."""
 _ema_multi_avg_fn: Callable[[float], _MultiAvg] = get_ema_multi_avg_fn  # unannotated in torch
 
 
+@records_options
 class EMA:
     """An exponential moving average of the model's weights (see the module documentation).
     Every option is checked here, with a ``ValueError`` naming it; ``decay=None`` (the

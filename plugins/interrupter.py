@@ -70,6 +70,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.loop import end_with
 from hookfit.plugins.support import flag, option_error
 from hookfit.plugins.support.options import is_int
@@ -78,6 +79,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
 
+@records_options
 class Interrupter:
     """Turns SIGINT and SIGTERM into stop requests; a second SIGINT aborts. ``signals=False``
     installs no handlers. ``exit=True``: a run stopped by a signal makes ``fit()`` raise once it

@@ -45,10 +45,9 @@ for it.
   sweep fails with torch's error and a note naming it). ``then="stop"`` ends the run after the sweep
   instead: ``completed``, with a reason that says so and gives the suggestion. Training data that is
   an iterator (used up by the sweep) is refused with ``then="train"``, and so is an optimizer
-  without ``param_groups``, ``state_dict`` and ``load_state_dict`` (it could not be put back). Not
-  put back: buffers of modules outside ``model=`` (pass the module that holds them as ``model=``), a
-  random generator a dataset holds itself, and what the workers of a ``DataLoader`` with
-  ``persistent_workers`` keep across passes.
+  without ``param_groups``, ``state_dict`` and ``load_state_dict`` (it could not be put back). Not put back:
+  buffers of modules outside ``model=`` (pass the module that holds them as ``model=``), a random generator
+  a dataset holds itself, and what the workers of a ``DataLoader`` with ``persistent_workers`` keep across passes.
 * **The plot**: the smoothed loss against the rate on a log x axis (clipped at 1.5 times its
   highest value in the first tenth of the sweep), ``^`` under the suggestion, with the
   dashboard's text plot (:mod:`hookfit.plugins.support.plot`), printed to standard error.
@@ -66,7 +65,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from hookfit import hookimpl
+from hookfit import config, hookimpl
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.modes import modules
 from hookfit.plugins.support import check, choice, number, option_error, positive_int, positive_number, text
@@ -82,6 +81,7 @@ __all__ = ["LRFinder", "suggest"]
 NAME = "lr_find"
 
 
+@config.records_options
 class LRFinder:
     """The learning-rate range test (see the module documentation): ``num_steps`` batches from
     ``start_lr`` to ``end_lr``, stopped past ``diverge`` times the best loss (``None``: never);

@@ -69,6 +69,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.files import RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
 from hookfit.plugins.support.logger import run_file
@@ -84,6 +85,7 @@ FILENAME = "metrics.jsonl"
 """The log's name in the run folder."""
 
 
+@records_options
 class MetricsLog:
     """Writes the run's metric log, ``metrics.jsonl`` (the module's documentation has its format).
 

@@ -68,6 +68,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from hookfit.config import records_options
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.plugins.support.logger import SafeNames
 from hookfit.plugins.support.tracker import Tracker, require
@@ -99,6 +100,7 @@ def _require() -> None:
     require("mlflow", "mlflow", "mlflow package (mlflow-skinny or mlflow)", INSTALL)
 
 
+@records_options
 class MLflow(Tracker):
     """Logs the run to MLflow: hyperparameters, metrics at the global step, learning rates,
     checkpoints (optional) and the final status (see the module documentation). Options are

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from hookfit.config import records_options
 from hookfit.data import length
 from hookfit.errors import HookfitWarning, user_level
 from hookfit.manager import hookimpl
@@ -106,6 +107,7 @@ def remove_abandoned(where: str | None = None) -> list[Path]:
     return removed
 
 
+@records_options
 class Smoke:
     """Makes a run that asks for it (``loop.smoke``) a smoke run: a temporary folder, one epoch
     of the first batches of the data once plugins have set it up, and the report."""

@@ -95,6 +95,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.errors import user_level
 from hookfit.files import FileWarning, RunFile
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
@@ -166,6 +167,7 @@ def _require() -> None:
                           f"({error}); install it with `{INSTALL}`") from error
 
 
+@records_options
 class TensorBoard:
     """Writes the run's epoch means, running means, learning rates and hyperparameters as
     TensorBoard event files in the run folder (see the module documentation). Options are

@@ -65,6 +65,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from hookfit.config import records_options
 from hookfit.plugins.support.tracker import Tracker, require
 from hookfit.plugins.support import Hparam, check, choice, flag, hyperparameters, path, run_hparams, text
 
@@ -94,6 +95,7 @@ def _smoke_mode(mode: str | None) -> str:
     return "disabled" if (mode or os.environ.get("WANDB_MODE")) == "disabled" else "offline"
 
 
+@records_options
 class WandB(Tracker):
     """Logs the run to Weights & Biases: hyperparameters, metrics at the global step, learning
     rates, checkpoints (optional) and the final status (see the module documentation). Options

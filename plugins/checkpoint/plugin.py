@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import folders, hookspecs, ranks, saving, sharded
 from hookfit.plugins.checkpoint.ending import finish
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 __all__ = ["Checkpoint", "CheckpointWarning"]
 
 
+@records_options
 class Checkpoint:
     """Atomic checkpoints of model, optimizers, plugins, position and RNG; exact resume.
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.config import records_options
 from hookfit.errors import user_level
 from hookfit.modes import modules
 from hookfit.plugins.support import Every, check, choice, flag, integer, positive_number, text, unwrap_model
@@ -58,6 +59,7 @@ def _dist() -> Any:
 STRATEGIES = ("ddp", "fsdp")
 
 
+@records_options
 class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
     """Data-parallel training with ``torch.distributed`` under ``torchrun``: DDP (every rank
     holds the whole model) or FSDP2 (``strategy="fsdp"``: parameters, gradients and optimizer

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Collection, Mapping
 import torch
 
 from hookfit import HookfitWarning, hookimpl
+from hookfit.config import records_options
 from hookfit.errors import user_level
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
 from hookfit.plugins.support import Every, cut_short, flag, integer, number, positive_int
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 _clock = time.perf_counter
 
 
+@records_options
 class Metrics:
     """Batch-size-weighted aggregation of step outputs, published as snapshots."""
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 import torch
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.data import length
 from hookfit.errors import user_level
 from hookfit.handlers import Handlers
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
 __all__ = ["Optim", "OptimWarning"]
 
 
+@records_options
 class Optim:
     """Manual optimizer stepping; its options are described in plugins/optim/README.md."""
 

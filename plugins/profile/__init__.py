@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, TextIO, TypeVar
 
 from hookfit import hookimpl
+from hookfit.config import records_options
 from hookfit.errors import user_level
 from hookfit.files import FileWarning
 from hookfit.plugins.profile.report import Cycle, Report, Table, field, span
@@ -107,6 +108,7 @@ def _guarded(method: Callable[Concatenate[Profile, P], R]) -> Callable[Concatena
     return guarded
 
 
+@records_options
 class Profile:
     """``torch.profiler`` on a schedule of training steps: a trace per recorded cycle in the run
     folder and a table of the slowest operators at the end (see the module documentation).

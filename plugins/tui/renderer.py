@@ -16,6 +16,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hookfit import HookfitWarning, StopRequest, hookimpl
+from hookfit.config import records_options
 from hookfit.data import stage_length
 from hookfit.errors import user_level
 from hookfit.files import FileWarning
@@ -46,6 +47,7 @@ PROGRESS_EVERY = 0.5
 __all__ = ["ENV_PERSISTENT", "OUTPUT_LOG", "TuiRenderer", "summary"]
 
 
+@records_options
 class TuiRenderer(Debugging):
     """The urwid dashboard. ``persistent`` keeps the final screen until the user leaves."""
 

@@ -113,7 +113,7 @@ def test_hookfit_plugins_shows_each_plugin_s_options_and_where_they_come_from(tm
     done = subprocess.run([sys.executable, "-m", "hookfit", "plugins"], cwd=tmp_path, env=env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"options file: {tmp_path / 'hookfit.toml'}"  # which hookfit.toml
+    assert done.stdout.splitlines()[0].startswith(f"options file: {tmp_path / 'hookfit.toml'} (")  # which one
     assert ("    options: monitor='valid/loss' (hookfit.toml), mode=None, patience=5 (hookfit.toml), "
             "min_delta=0.0") in done.stdout.splitlines()
     done = subprocess.run([sys.executable, "-m", "hookfit", "plugins", "--json"], cwd=tmp_path, env=env(),
@@ -126,6 +126,68 @@ def test_hookfit_plugins_shows_each_plugin_s_options_and_where_they_come_from(tm
     done = subprocess.run([sys.executable, "-m", "hookfit", "plugins"], cwd=tmp_path, env=env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "did you mean 'early_stopping'" in done.stderr, done.stderr
+
+
+GIVEN_IN_CODE = '''
+import warnings, torch, hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.optim import Optim
+warnings.simplefilter("error", hookfit.HookfitWarning)  # the file's options are used: nothing to warn of
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 2))  # not for a TOML file
+optim, checkpoint = Optim(schedulers=sched), Checkpoint(monitor="valid/loss")
+
+def step(loop, batch):
+    loss = torch.nn.functional.mse_loss(loop.model(batch), batch.sum(1, keepdim=True))
+    loop.backward(loss); loop.optimizers.step(); loop.optimizers.zero_grad()
+    return {"loss": loss}
+
+loop = hookfit.Loop(step, [torch.randn(4, 2) for _ in range(8)], val_step=lambda l, b: {"loss": 1.0}, val_data=[1],
+                    model=model, optimizers=opt, max_epochs=3, run_dir="run", plugins=[optim, checkpoint])
+loop.fit()
+used = loop.run.pm.get_plugin("optim")
+print("OPTIM", used is optim, used.accumulate, used.clip_norm, used.precision, used.schedulers is sched)
+print("STEPS", sched.last_epoch)
+kept = loop.run.pm.get_plugin("checkpoint")
+print("CHECKPOINT", kept is checkpoint, kept.monitor, kept.keep_last, len(list((loop.run_dir / "checkpoints").glob("*.pt"))))
+'''
+
+
+@pytest.mark.slow
+def test_a_plugin_given_in_code_takes_the_options_its_code_does_not_pass_from_the_file(tmp_path: Path) -> None:
+    """The script gives Optim its scheduler (no TOML can) and Checkpoint its monitor; the file next to it
+    gives their other options: the run uses both, on the objects given, without a warning; ``hookfit plugins
+    --script`` lists the file's options as the run's, saying that an option the script passes in code wins."""
+    script = write(tmp_path / "project" / "train.py", GIVEN_IN_CODE)
+    write(tmp_path / "project" / "hookfit.toml", """
+        [plugins.optim]
+        accumulate = 4
+        clip_norm = 1.0
+        precision = "bf16-mixed"
+
+        [plugins.checkpoint]
+        keep_last = 1
+    """)
+    chosen = {**env(), "HOOKFIT_PLUGINS": "metrics,optim,checkpoint"}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=chosen)
+    assert done.returncode == 0, done.stderr
+    assert "OPTIM True 4 1.0 bf16-mixed True" in done.stdout, done.stdout
+    assert "STEPS 6" in done.stdout  # 24 batches, 4 to a step
+    assert "CHECKPOINT True valid/loss 1 2" in done.stdout, done.stdout  # of 3 epochs': the last and the best
+
+    listed = subprocess.run([sys.executable, "-m", "hookfit", "plugins", "--script", str(script)], cwd=tmp_path,
+                            env=chosen, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0] == (f"options file: {tmp_path / 'project' / 'hookfit.toml'} (an option marked (hookfit.toml) is "
+                        f"a run's unless its script passes that option to the plugin in code)")
+    start = next(i for i, line in enumerate(lines) if line.startswith("optim  "))
+    optim = next(line for line in lines[start:] if line.startswith("    options: "))
+    assert optim.startswith("    options: accumulate=4 (hookfit.toml), clip_norm=1.0 (hookfit.toml),"), optim
+    assert "precision='bf16-mixed' (hookfit.toml)" in optim, optim
 
 
 # -- in this process: HOOKFIT_CONFIG names the file -----------------------------------------
@@ -191,13 +253,84 @@ def test_options_reach_the_discovered_plugin(configure) -> None:
     assert loop.state.step == 2 and loop.state.stopped_by == "early_stopping"
 
 
-def test_a_plugin_given_in_code_wins_over_the_file_with_a_warning(configure) -> None:
-    configure('[plugins.early_stopping]\nmonitor = "valid/loss"\npatience = 1\n')
+def test_an_option_given_in_code_wins_over_the_file_s_with_a_warning_naming_both(configure) -> None:
+    """Option by option: the code's patience=3 is used, not the file's 1 (warned of); the file's mode, which
+    the code does not pass, is used, on the very object given."""
+    configure('[plugins.early_stopping]\nmonitor = "valid/loss"\npatience = 1\nmode = "max"\n')
     mine = EarlyStopping(monitor="valid/loss", patience=3)
-    with pytest.warns(hookfit.HookfitWarning, match=r"run.toml \[plugins.early_stopping\] is not used: the plugin "
-                                                    r"'early_stopping' given to Loop\(plugins=\[...\]\) wins"):
+    with pytest.warns(hookfit.HookfitWarning) as caught:
         loop = fit(plugins=[mine])
-    assert loop.run.pm.get_plugin("early_stopping") is mine and loop.state.step == 4
+    (said,) = [str(w.message) for w in caught if "run.toml" in str(w.message)]
+    assert said.endswith("run.toml [plugins.early_stopping]: monitor = 'valid/loss', patience = 1 not used: the "
+                         "EarlyStopping given to Loop(plugins=[...]) is passed monitor='valid/loss', patience=3 in "
+                         "code, which wins over the file (leave it out of the code to take the file's)"), said
+    assert loop.run.pm.get_plugin("early_stopping") is mine
+    assert (mine.patience, mine.mode) == (3, "max") and loop.state.step == 4  # 1.0 every epoch: max, no better
+    assert config.given_options(mine) == {"monitor": "valid/loss", "patience": 3}  # for the next run
+
+
+def test_an_object_given_to_two_runs_has_the_options_of_each_run_s_file(configure) -> None:
+    mine = EarlyStopping(monitor="valid/loss")
+    configure('[plugins.early_stopping]\npatience = 1\n')
+    assert fit(plugins=[mine]).state.step == 2 and mine.patience == 1
+    configure('[plugins.early_stopping]\nmin_delta = 0.5\n')
+    assert fit(plugins=[mine]).state.step == 4 and (mine.patience, mine.min_delta) == (3, 0.5)  # the default's
+    configure('[plugins.checkpoint]\n')
+    assert fit(plugins=[mine]).state.step == 4 and (mine.patience, mine.min_delta) == (3, 0.0)
+    assert config.given_options(mine) == {"monitor": "valid/loss"}
+
+
+def test_a_plugin_given_as_a_class_takes_every_option_of_the_file(configure) -> None:
+    configure('[plugins.early_stopping]\nmonitor = "valid/loss"\npatience = 1\n')
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hookfit.HookfitWarning)
+        loop = fit(plugins=[EarlyStopping])
+    assert loop.run.pm.get_plugin("early_stopping").patience == 1 and loop.state.step == 2
+
+
+@pytest.mark.bad_input
+def test_a_value_refused_for_a_plugin_given_in_code_names_the_file(configure) -> None:
+    from hookfit.plugins.optim import Optim
+
+    configure("[plugins.optim]\naccumulate = 0\n")
+    with pytest.raises(ConfigError, match=r"run.toml \[plugins.optim\]: optim: accumulate must be"):
+        fit(plugins=[Optim(clip_norm=1.0)])
+    configure("[plugins.optim]\naccumulat = 2\n")
+    with pytest.raises(ConfigError, match=r"run.toml \[plugins.optim\]: plugin 'optim' has no option 'accumulat'"):
+        fit(plugins=[Optim(clip_norm=1.0)])
+
+
+class Unrecorded:
+    """A plugin of another package whose class does not record the arguments it was given."""
+
+    name = "unrecorded"
+
+    def __init__(self, level: int = 1, tag: str = "") -> None:
+        self.level, self.tag = level, tag
+
+    @hookfit.hookimpl
+    def fit_start(self, loop) -> None:
+        pass
+
+
+@pytest.mark.bad_input
+def test_the_table_of_a_plugin_that_does_not_record_its_arguments_is_not_used_with_each_option_named(
+        configure) -> None:
+    configure('[plugins.unrecorded]\nlevel = 3\ntag = "x"\n')
+    mine = Unrecorded(level=2)
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        fit(plugins=[mine])
+    (said,) = [str(w.message) for w in caught if "run.toml" in str(w.message)]
+    assert said.endswith("run.toml [plugins.unrecorded] is not used: the plugin 'unrecorded' (Unrecorded) is given to "
+                         "Loop(plugins=[...]) and its class does not record the arguments the code passes it, so the "
+                         "file cannot fill in the others; pass them in code, Unrecorded(level=3, tag='x', ...), or "
+                         "decorate the class with @hookfit.config.records_options"), said
+    assert (mine.level, mine.tag) == (2, "")
+    recorded = config.records_options(type("Recorded", (Unrecorded,), {}))
+    assert config.given_options(recorded(2, tag="y")) == {"level": 2, "tag": "y"}
+    assert config.given_options(recorded()) == {}
 
 
 def test_a_disabled_plugin_s_options_are_not_used(configure) -> None:
