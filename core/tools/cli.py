@@ -65,8 +65,8 @@ def _plugins(args: argparse.Namespace) -> int:
     # what "(hookfit.toml)" after an option means; a script's plugin given in code takes the file's options but
     # those its code passes (hookfit.config.fill_in), which the listing, not running the script, cannot see
     print(f"options file: {configured.path or 'none'}" + (
-        f" (an option marked ({configured.path.name}) is a run's unless its script passes that option to the "
-        f"plugin in code)" if configured.path else ""))
+        " (the options listed are a run's, but those its script passes to the plugin in code)"
+        if configured.path else ""))
     for row in rows:
         print(f"{row['name']}  [{row['state']}]  {row['distribution']} {row['version']}  ({row['value']})")
         if row["summary"]:

@@ -182,8 +182,8 @@ def test_a_plugin_given_in_code_takes_the_options_its_code_does_not_pass_from_th
                             env=chosen, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0] == (f"options file: {tmp_path / 'project' / 'hookfit.toml'} (an option marked (hookfit.toml) is "
-                        f"a run's unless its script passes that option to the plugin in code)")
+    assert lines[0] == (f"options file: {tmp_path / 'project' / 'hookfit.toml'} (the options listed are a run's, "
+                        f"but those its script passes to the plugin in code)")
     start = next(i for i, line in enumerate(lines) if line.startswith("optim  "))
     optim = next(line for line in lines[start:] if line.startswith("    options: "))
     assert optim.startswith("    options: accumulate=4 (hookfit.toml), clip_norm=1.0 (hookfit.toml),"), optim
