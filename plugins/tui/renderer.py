@@ -103,9 +103,10 @@ class TuiRenderer(Debugging):
         self.loop = loop
         self._failed = False
         reason = interactive_terminal()
-        asked = (info := loop.pm.infos.get(self.name)) is not None and info.chosen
-        # said where there is a terminal and no way to draw on it, or where the user asked for the dashboard by
-        # name (a notebook, output piped) without switching it off for this run (the variable, CI)
+        asked = (info := loop.pm.infos.get(self.name)) is not None and info.source == "given"
+        # said where there is a terminal and no way to draw on it, or where the script gave the dashboard
+        # (a notebook, output piped) without switching it off for this run (the variable, CI); an options
+        # table in hookfit.toml only configures it
         if loop.is_main and (reason in (NO_URWID, UNDER_TORCHRUN) or asked and reason is not None
                              and not reason.startswith((ENV_OFF, "CI "))):
             warnings.warn(f"tui: no dashboard: {reason}; the console prints instead ({ENV_OFF}=1 leaves the "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -182,7 +183,7 @@ def test_a_torchrun_worker_on_a_terminal_is_told_why_it_has_no_dashboard(monkeyp
 
 
 def test_a_dashboard_given_by_name_without_a_terminal_says_why_it_does_not_show(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A notebook or piped output: ``plugins=[TuiRenderer()]`` asked for the dashboard, so its stepping aside is
     said once, at the script's ``fit()`` line, with the reason; a discovered one, and one the run switched off
     (``CI``, ``HOOKFIT_NO_TUI``), say nothing."""
@@ -211,6 +212,10 @@ def test_a_dashboard_given_by_name_without_a_terminal_says_why_it_does_not_show(
     assert said({}, False) == []
     assert said({"CI": "true"}, True) == []
     assert said({"HOOKFIT_NO_TUI": "1"}, True) == []
+    # a project's hookfit.toml that configures the dashboard is no request for one in a piped job
+    (tmp_path / "hookfit.toml").write_text("[plugins.tui]\npersistent = false\n")
+    monkeypatch.chdir(tmp_path)
+    assert said({}, False) == []
 
 
 def test_a_discovered_dashboard_without_a_terminal_takes_no_part_and_is_not_listed(
