@@ -125,6 +125,16 @@ class Schedules:
                     since = f" from its milestone {start} (to step {horizon + start})" if start else ""
                     said.append(f"the {what} of optimizer {name!r} has {attr}={horizon}{since}, as many as {sized}, "
                                 f"and would run only {steps - start} of those steps: give {attr}={steps - start}")
+            for what, one, start in schedules.held(given):  # a LambdaLR's lambda, probed (schedules.lambda_end)
+                for end in sorted({batches, loop.max_steps or batches}):
+                    if 0 < steps - start < end - start and (
+                            value := schedules.lambda_end(one, end - start, steps - start)) is not None:
+                        sized = "max_steps" if end == loop.max_steps else "the batches this run trains"
+                        since = f" ({end - start} steps from its milestone {start})" if start else ""
+                        said.append(f"the {what} of optimizer {name!r} reaches its end (a factor of {value:g}) at "
+                                    f"step {end}{since}, as many as {sized}, and would run only {steps - start} of "
+                                    f"those steps: size its lambda to {steps - start} steps")
+                        break
         if said:
             each = f", {-(-per_epoch // accumulate)} an epoch of {per_epoch}" if per_epoch else (
                 ", or more where an epoch of data without a len() ends inside a window")

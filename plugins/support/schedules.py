@@ -1,19 +1,21 @@
 """torch's learning-rate schedulers read without stepping them, for a plugin that steps them: the schedulers its
 option gives, by optimizer name (:func:`given`), whether a schedule is done within a number of steps
 (:func:`passing`), how many steps it lasts (:func:`horizons`), a chain's (``ChainedScheduler``, ``SequentialLR``)
-included, and how many optimizer steps a run's batches make under gradient accumulation (:func:`optimizer_steps`).
+included, the step a ``LambdaLR``'s lambda reaches its end at (:func:`lambda_end`), and how many optimizer steps a run's batches make under gradient accumulation (:func:`optimizer_steps`).
 How the built-in optim uses them: ``plugins/optim/README.md``, "Schedulers"."""
 
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from torch.optim import Optimizer, lr_scheduler
 
 from hookfit.plugins.support.options import option_error
 
-__all__ = ["HORIZONS", "Given", "given", "horizons", "optimizer_steps", "passing"]
+__all__ = ["HORIZONS", "Given", "given", "held", "horizons", "lambda_end", "optimizer_steps", "passing"]
 
 HORIZONS = ("T_max", "total_steps", "total_iters")
 """The attributes that say how many steps a scheduler's schedule lasts: ``CosineAnnealingLR``'s, ``OneCycleLR``'s,
@@ -96,16 +98,50 @@ def passing(scheduler: Any, steps: int) -> Any:
     return scheduler if passed else None
 
 
-def horizons(scheduler: Any, start: int = 0, holder: str = "") -> Iterator[tuple[str, str, int, int]]:
-    """How many steps ``scheduler``'s schedule lasts (:data:`HORIZONS`), and each a ``ChainedScheduler`` or
-    ``SequentialLR`` holds (a ``SequentialLR``'s from its milestone): ``(name, attribute, steps, start)``, the name
-    as a message gives it (``"SequentialLR's CosineAnnealingLR"``), start the step its schedule starts at."""
+def held(scheduler: Any, start: int = 0, holder: str = "") -> Iterator[tuple[str, Any, int]]:
+    """``scheduler`` and each a ``ChainedScheduler`` or ``SequentialLR`` holds, in order: ``(name, scheduler,
+    start)``, the name as a message gives it (``"SequentialLR's CosineAnnealingLR"``), start the step its schedule
+    starts at (a ``SequentialLR``'s milestone)."""
     name = holder + type(scheduler).__name__
-    yield from ((name, a, getattr(scheduler, a), start) for a in HORIZONS if type(getattr(scheduler, a, None)) is int)
+    yield name, scheduler, start
     if isinstance(inner := getattr(scheduler, "_schedulers", None), list):
         starts = [0, *getattr(scheduler, "_milestones", [])]
-        for index, held in enumerate(inner):
-            yield from horizons(held, start + (starts[index] if len(starts) == len(inner) else 0), name + "'s ")
+        for index, one in enumerate(inner):
+            yield from held(one, start + (starts[index] if len(starts) == len(inner) else 0), name + "'s ")
+
+
+def horizons(scheduler: Any, start: int = 0, holder: str = "") -> Iterator[tuple[str, str, int, int]]:
+    """How many steps ``scheduler``'s schedule lasts (:data:`HORIZONS`), and each a ``ChainedScheduler`` or
+    ``SequentialLR`` holds (:func:`held`): ``(name, attribute, steps, start)``."""
+    for name, one, begins in held(scheduler, start, holder):
+        yield from ((name, a, getattr(one, a), begins) for a in HORIZONS if type(getattr(one, a, None)) is int)
+
+
+def lambda_end(scheduler: Any, steps: int, taken: int) -> float | None:
+    """The factor a ``LambdaLR``'s lambda ends its schedule on where it reaches it at step ``steps`` and not before,
+    and the step ``taken`` is short of it; else ``None``. Reached there: the lambda's value at ``steps`` is below
+    its value at ``steps - 1`` and at ``taken``, and none lower at 65 steps spread over ``0..steps`` nor at 4 steps
+    after (``steps + 1`` to ``10 * steps``): a linear or cosine decay to 0 sized to ``steps`` (Hugging Face's
+    ``get_linear_schedule_with_warmup``), not a constant, a warmup that then holds, a decay that goes on
+    (``0.9 ** step``), or one that ended earlier. Each lambda is called with those steps, out of the schedule's
+    order (a lambda is a function of the step, torch's documentation says); one that raises or gives no real
+    number is not judged. Another scheduler (a ``MultiplicativeLR``, whose lambda is a factor on the step before)
+    is not judged."""
+    if type(scheduler) is not lr_scheduler.LambdaLR or not 0 <= taken < steps:
+        return None
+    probe = sorted({*range(0, steps, max(1, steps // 64)), steps - 1, taken, steps + 1, steps * 3 // 2 + 1,
+                    2 * steps, 10 * steps})
+    for f in scheduler.lr_lambdas:
+        try:
+            values = {s: f(s) for s in probe} | {steps: f(steps)}
+        except Exception:  # the user's lambda: one that raises at a step is not judged (nothing is said)
+            continue
+        if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values.values()):
+            continue
+        end = float(values[steps])
+        if end < min(values[steps - 1], values[taken]) and end <= min(values.values()):
+            return end
+    return None
 
 
 def optimizer_steps(batches: int, per_epoch: int | None, accumulate: int) -> int:

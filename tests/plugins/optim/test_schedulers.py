@@ -4,6 +4,7 @@ misuse named when Optim is built or the run starts; exact resume with their stat
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -854,6 +855,52 @@ def test_a_schedule_sized_to_the_optimizer_steps_or_any_other_length_or_without_
         warnings.simplefilter("error", OptimWarning)
         hookfit.Loop(train_step, data(10), model=m, optimizers=opt, max_epochs=3, plugins=[Optim(
             accumulate=4, schedulers=lr_scheduler.LinearLR(opt, total_iters=30), scheduler_interval="epoch")]).fit()
+
+
+def hf_linear(warmup: int, total: int):
+    """Hugging Face's get_linear_schedule_with_warmup lambda: a warmup, then linear to 0 at step ``total``."""
+    return lambda step: (step + 1) / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("make, limits, said", [
+    (lambda opt: lr_scheduler.LambdaLR(opt, hf_linear(4, 26)), {"max_steps": 26},
+     "the LambdaLR of optimizer 'default' reaches its end (a factor of 0) at step 26, as many as max_steps, and "
+     "would run only 7 of those steps: size its lambda to 7 steps (accumulate=4: the optimizers step 7 times in the "
+     "run's 26 batches, 3 an epoch of 10)."),
+    (lambda opt: lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / 30))), {},
+     "the LambdaLR of optimizer 'default' reaches its end (a factor of 0) at step 30, as many as the batches this "
+     "run trains, and would run only 9 of those steps: size its lambda to 9 steps"),  # a cosine, back up after
+    (lambda opt: lr_scheduler.SequentialLR(opt, [lr_scheduler.LinearLR(opt, 0.1, total_iters=2), lr_scheduler.LambdaLR(
+        opt, lambda s: max(0.0, 1 - s / 28))], [2]), {},
+     "the SequentialLR's LambdaLR of optimizer 'default' reaches its end (a factor of 0) at step 30 (28 steps from "
+     "its milestone 2), as many as the batches this run trains, and would run only 7 of those steps: size its "
+     "lambda to 7 steps"),
+], ids=["hf-linear-max_steps", "cosine", "SequentialLR"])
+def test_a_lambda_schedule_ending_at_the_batches_under_accumulation_is_told_the_optimizer_steps(make, limits,
+                                                                                               said) -> None:
+    """Hugging Face's linear warmup schedule (a LambdaLR) sized to max_steps under accumulate=4 took a quarter of
+    its steps and ended at 0.83 of the peak rate with no word, where CosineAnnealingLR(T_max=max_steps) was told:
+    the lambda, probed at fit_start, reaches its end value at the batches, and the run steps it fewer times."""
+    told, steps, sched = sized(make, **limits)
+    assert len(told) == 1 and told[0].category is OptimWarning and told[0].filename == __file__, told
+    message = str(told[0].message)
+    assert message.startswith(f"optim: {said}") and message.endswith(TAIL), message
+    assert f"the optimizers step {steps} times" in message and sched.last_epoch == steps, (message, steps)
+
+
+def test_a_lambda_schedule_sized_to_the_optimizer_steps_constant_or_warmup_only_or_without_accumulation_says_nothing(
+        ) -> None:
+    """Only a lambda that reaches its end exactly at the batches the run trains, where the run steps it fewer times,
+    is told: one sized to the optimizer steps runs to its end; a constant, a warmup that then holds, a decay that
+    goes on, a lambda that raises or gives no number, a MultiplicativeLR, and a run without accumulation are not."""
+    told, steps, sched = sized(lambda opt: lr_scheduler.LambdaLR(opt, hf_linear(2, 9)))
+    assert told == [] and steps == 9 and sched.get_last_lr() == [0.0]  # it ran to its end
+    for f in [lambda s: 1.0, lambda s: min(1.0, (s + 1) / 4), lambda s: 0.9 ** s, lambda s: 1 / math.sqrt(s + 1),
+              lambda s: 1 - s / 30 if s < 30 else 1 / 0, lambda s: "0.5" if s > 40 else max(0.0, 1 - s / 30)]:
+        assert sized(lambda opt: lr_scheduler.LambdaLR(opt, f))[0] == []
+    assert sized(lambda opt: lr_scheduler.LambdaLR(opt, hf_linear(4, 30)), accumulate=1)[0] == []
+    assert sized(lambda opt: lr_scheduler.MultiplicativeLR(opt, lambda s: 0.95))[0] == []
 
 
 class Published:

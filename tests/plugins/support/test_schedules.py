@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hookfit.plugins.support.schedules import horizons, optimizer_steps, passing
+from hookfit.plugins.support.schedules import held, horizons, lambda_end, optimizer_steps, passing
 
 lr_scheduler = torch.optim.lr_scheduler
 
@@ -43,3 +43,26 @@ def test_optimizer_steps_count_each_epoch_s_partial_window_and_not_one_the_run_s
     assert optimizer_steps(26, 10, 4) == 7  # then 6 batches of a third: one whole window
     assert optimizer_steps(9, 9, 4) == 3 and optimizer_steps(8, 9, 4) == 2
     assert optimizer_steps(20, None, 4) == 5 and optimizer_steps(30, 10, 1) == 30
+
+
+def test_lambda_end_is_the_factor_a_lambda_reaches_at_the_steps_and_not_before_and_not_lower_after() -> None:
+    def linear(total: int):
+        return lambda s: (s + 1) / 4 if s < 4 else max(0.0, (total - s) / (total - 4))
+    opt = optimizer()
+    assert lambda_end(lr_scheduler.LambdaLR(opt, linear(40)), 40, 10) == 0.0
+    assert lambda_end(lr_scheduler.LambdaLR(opt, linear(10)), 40, 10) is None  # ended at the 10 steps taken
+    assert lambda_end(lr_scheduler.LambdaLR(opt, linear(40)), 40, 39) == 0.0
+    two = torch.optim.SGD([{"params": [torch.zeros(1)]}, {"params": [torch.zeros(1)]}], lr=0.1)
+    assert lambda_end(lr_scheduler.LambdaLR(two, [lambda s: 1.0, linear(40)]), 40, 10) == 0.0  # either group's
+    for f in [lambda s: 1.0, lambda s: min(1.0, (s + 1) / 4), lambda s: 0.9 ** s, lambda s: [1.0][s],
+              lambda s: float("nan") if s > 40 else max(0.0, 1 - s / 40)]:
+        assert lambda_end(lr_scheduler.LambdaLR(opt, f), 40, 10) is None
+    assert lambda_end(lr_scheduler.MultiplicativeLR(opt, lambda s: 0.0 if s >= 40 else 1.0), 40, 10) is None
+
+
+def test_held_names_a_chain_s_schedulers_with_the_step_each_starts_at() -> None:
+    opt = optimizer()
+    inner = lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    sequential = lr_scheduler.SequentialLR(opt, [lr_scheduler.LinearLR(opt, 0.1, total_iters=2), inner], [2])
+    assert [(n, s is inner, b) for n, s, b in held(sequential)] == [
+        ("SequentialLR", False, 0), ("SequentialLR's LinearLR", False, 0), ("SequentialLR's LambdaLR", True, 2)]
