@@ -135,7 +135,8 @@ class Optim:
         why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []
         if self.scaler is not None:
             why.append("loss scaling (precision='16-mixed' or amp: the loss must be scaled)")
-        self._watch.start(loop, self.optimizers, why)
+        self._watch.start(loop, self.optimizers, why, lambda: self._counts.check(  # schedulers stepped in the step
+            loop, self.optimizers, self._schedules.per_step, early=True))
 
     def batch_events(self, loop: Run) -> tuple[str, ...]:
         """``batch_end`` where a batch can close a window, update the loss scale or close a poisoned window."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -36,9 +36,11 @@ class Watch:
         self._passes = self._steps_at = self._at = 0  # watched passes; steps (taken, skipped) and batches at its start
         self.start(None, None, [])
 
-    def start(self, loop: Run | None, optimizers: Optimizers | None, why: list[str]) -> None:
-        """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in it."""
-        self.loop, self._optimizers, self._why = loop, optimizers, why
+    def start(self, loop: Run | None, optimizers: Optimizers | None, why: list[str],
+              counts: Callable[[], None] = lambda: None) -> None:
+        """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in it; ``counts``: the
+        check of schedulers stepped elsewhere, made before each watched optimizer step."""
+        self.loop, self._optimizers, self._why, self._counts = loop, optimizers, why, counts
         self._watched = self._first_stage = False  # this run's first training stage was watched; is running
         self._bypass_seen = self._backward_bypassed = False  # said: a step, a backward pass bypassing optim
         self._grads: bool | None = None  # whether a torch step while watched had a gradient (None: no step)
@@ -143,6 +145,7 @@ class Watch:
             self._grads = any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
         if self._optimizers is None:
             return
+        self._counts()  # (a scheduler.step() in the step function has shown by now: the stage's end is late)
         managed = next(m for m in self._optimizers.values() if m.optimizer is optimizer)
         call = f"loop.optimizers[{managed.name!r}]" if len(self._optimizers) > 1 else "loop.optimizers"
         if self._own_backward and not self._backward_bypassed:  # (every pass is seen beginning)

@@ -14,10 +14,13 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
+import torch
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from hookfit.errors import user_level
 from hookfit.plugins.support.options import finite, is_int, option_error
+
+_TORCH = os.path.dirname(torch.__file__)  # (a check inside torch's step pre-hook names the step function's line)
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -202,24 +205,30 @@ class ScheduleCounts:
         and ``skipped``); ``per_step``: which of a list of schedulers the plugin steps after each optimizer step."""
         self._before = {id(s): (count, own) for _, s, count, own in self._counts(optimizers, per_step)}
 
-    def check(self, loop: Run, optimizers: Mapping[str, Any] | None, per_step: Callable[[list[Any]], list[Any]]
-              ) -> None:
+    def check(self, loop: Run, optimizers: Mapping[str, Any] | None, per_step: Callable[[list[Any]], list[Any]],
+              early: bool = False) -> None:
         """The training stage ended (or the run, inside one): warn where a scheduler moved more than the plugin
-        stepped it. Once a stage: the next is compared from its start."""
-        before, self._before = self._before, {}
+        stepped it. Once a stage: the next is compared from its start. ``early``: inside the stage, before an
+        optimizer step the plugin makes (its watch's step pre-hook), so the step function's ``scheduler.step()``
+        is told at the batch that shows it, not after the stage; the stage's start is kept."""
+        before = self._before
+        if not early:
+            self._before = {}
         if self._said or not before or loop.state.status == "failed":
             return
         for name, scheduler, count, own in self._counts(optimizers, per_step):
             if (then := before.get(id(scheduler))) is None or count - then[0] <= own - then[1]:
                 continue
             self._said = True
+            where = f"in the first {loop.state.batch_idx + 1} batches of the training stage" if early else (
+                "in the training stage")
             warnings.warn(f"{self.plugin}: the {type(scheduler).__name__} of optimizer {name!r} stepped "
-                          f"{count - then[0]} times in the training stage of epoch {loop.state.epoch + 1}, and "
+                          f"{count - then[0]} times {where} of epoch {loop.state.epoch + 1}, and "
                           f"{self.plugin} stepped it {own - then[1]} times: something else steps it too "
                           f"(scheduler.step() in the step function?), so its schedule runs ahead of the optimizer's "
                           f"steps. {self.plugin} steps the schedulers given to {self.plugin.capitalize()}"
                           f"(schedulers=...): remove the other step() call, or leave the scheduler out of "
-                          f"{self.plugin.capitalize()}", self.category, stacklevel=user_level())
+                          f"{self.plugin.capitalize()}", self.category, stacklevel=user_level(_TORCH))
             return
 
     @staticmethod

@@ -505,8 +505,9 @@ def test_a_scheduler_the_step_drives_itself_is_warned_of_as_in_no_checkpoint(tmp
 def test_a_scheduler_given_to_optim_and_also_stepped_in_the_step_warns_once(tmp_path) -> None:
     """A scheduler given to ``Optim(schedulers=...)`` that the step function steps as well (the
     plain port's ``sched.step()`` left in) moves twice a step: its warmup and decay run twice
-    as fast, silently. One warning, at the first training stage's end, names it and both counts;
-    a run ended inside its training stage (``max_steps``) is told at its end. A scheduler optim
+    as fast, silently. One warning names it and both counts, at the first optimizer step that shows
+    it (watched: the first training stage's first passes), not after the stage (an LM's one long
+    epoch: after all the training); a run ended before (``max_steps``) is told at its end. A scheduler optim
     alone steps (per step with accumulation, per epoch, on a plateau monitored in validations inside
     training, a chain) says nothing."""
     import warnings
@@ -534,14 +535,19 @@ def test_a_scheduler_given_to_optim_and_also_stepped_in_the_step_warns_once(tmp_
             loop.fit()
         return [f"{w.filename.rsplit('/', 1)[-1]}: {w.message}" for w in caught if "scheduler" in str(w.message)]
 
-    assert fit(by_hand=True) == [
-        "test_schedulers.py: optim: the LambdaLR of optimizer 'default' stepped 12 times in the training stage of "
-        "epoch 1, and optim stepped it 6 times: something else steps it too (scheduler.step() in the step function?), "
+    assert fit(by_hand=True) == [  # told at the second optimizer step, the first that shows it
+        "test_schedulers.py: optim: the LambdaLR of optimizer 'default' stepped 2 times in the first 2 batches of the "
+        "training stage of epoch 1, and optim stepped it 1 times: something else steps it too (scheduler.step() in the "
+        "step function?), "
         "so its schedule runs ahead of the optimizer's steps. optim steps the schedulers given to "
         "Optim(schedulers=...): remove the other step() call, or leave the scheduler out of Optim"]
-    inside = fit(by_hand=True, epochs=1, max_steps=4)  # the run ends inside its only training stage: at its end
-    assert [m.split(":")[2].split(", and")[0] for m in inside] == [" the LambdaLR of optimizer 'default' stepped 8 times "
-                                                                  "in the training stage of epoch 1"]
+    inside = fit(by_hand=True, epochs=1, max_steps=3, accumulate=4)  # the run ends before optim's first step
+    assert [m.split(":")[2].split(", and")[0] for m in inside if "optim:" in m] == [
+        " the LambdaLR of optimizer 'default' stepped 3 times in the training stage of epoch 1"]  # at its end
+    early = fit(by_hand=True, epochs=1, accumulate=4)  # the first optimizer step shows the 3 steps before it
+    assert [m.split(":")[2].split(": something")[0] for m in early if "optim:" in m] == [
+        " the LambdaLR of optimizer 'default' stepped 3 times in the first 4 batches of the training stage of epoch 1, "
+        "and optim stepped it 0 times"]
     assert len(fit(by_hand=True, chain=True)) == 1 and fit(by_hand=False, chain=True) == []
     assert fit(by_hand=False) == [] and fit(by_hand=False, accumulate=2) == []
     assert fit(by_hand=False, epochs=1, max_steps=4, scheduler_interval="epoch") == []
