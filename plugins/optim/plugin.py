@@ -15,8 +15,8 @@ from hookfit.errors import user_level
 from hookfit.handlers import Handlers
 from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
-from hookfit.plugins.support import (check, choice, few_parameters, flag, hparams, parameter_names, positive_int,
-                                     positive_number)
+from hookfit.plugins.support import (check, choice, few_parameters, flag, hparams, kernels, parameter_names,
+                                     positive_int, positive_number)
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.clipping import ModelNorm
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, note_toggles
@@ -261,6 +261,7 @@ class Optim:
                     warnings.warn(f"optim: {skipped} optimizer steps were skipped in this run because of non-finite "
                                   f"values (first: {self._policy.first_skip})", OptimWarning, stacklevel=user_level())
         finally:
+            kernels.note_unscaled(loop.state.error, "optim", self.accumulate)  # a scaler.unscale_ kept in the step
             self._watch.release()
             self.loop = None
 

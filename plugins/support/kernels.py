@@ -111,3 +111,19 @@ def unscale(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> N
     record = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer))
     if record is None or record.get("stage") is torch.amp.grad_scaler.OptState.READY:
         scaler.unscale_(optimizer)
+
+
+def note_unscaled(error: BaseException | None, plugin: str, accumulate: int) -> None:
+    """Add a note to torch's error for a ``GradScaler.unscale_(optimizer)`` called twice before the scaler's
+    ``update()`` (a step function's ``scaler.unscale_(opt)`` kept under a plugin that scales the loss): what to call
+    instead."""
+    if not (isinstance(error, RuntimeError) and "unscale_() has already been called" in str(error)):
+        return
+    window = (f" With accumulate={accumulate} the optimizers step only after a window's last batch: a scaler.unscale_"
+              f"(opt) at each batch unscales gradients the next batch adds scaled ones onto, and torch refuses the "
+              f"second." if accumulate > 1 else "")
+    error.add_note(f"{plugin}: the run's GradScaler (amp= or precision='16-mixed') is {plugin}'s, which unscales each "
+                   f"optimizer's gradients once a step before stepping it; the step function's scaler.unscale_(opt) "
+                   f"called it again before the scaler's update().{window} Call loop.optimizers.unscale_() instead "
+                   f"of scaler.unscale_(opt): once a step, a no-op without loss scaling, False inside an accumulation "
+                   f"window (clip there only where it returns True), and {plugin}'s step then does not unscale again")

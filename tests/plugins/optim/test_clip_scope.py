@@ -205,3 +205,41 @@ def test_a_non_finite_gradient_skips_every_optimizer_the_norm_took(precision: st
 def test_a_bad_clip_scope_is_refused_naming_the_option(options, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Optim(**options)
+
+
+@pytest.mark.fault
+def test_a_scaler_unscale_kept_by_hand_is_torch_s_at_each_step_and_told_to_use_loop_optimizers_unscale() -> None:
+    """The AMP recipe's ``scaler.unscale_(opt)`` kept in the step with ``Optim(amp=scaler)``: where the optimizers
+    step after each batch it is torch's recipe bit for bit (optim's step does not unscale again); at each batch of an
+    accumulation window torch refuses the second call, and its error gets a note naming loop.optimizers.unscale_()
+    (it had a note naming the step function only)."""
+    batches = data(6)
+
+    def fit(accumulate: int) -> tuple[list[torch.Tensor], float]:
+        m, a, b = two()
+        scaler = torch.amp.GradScaler("cpu")
+
+        def step(loop, batch):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = mse(m, batch)
+            loop.backward(loss)
+            scaler.unscale_(a)
+            scaler.unscale_(b)
+            torch.nn.utils.clip_grad_norm_(list(m.parameters()), MAX)
+            for name in ("a", "b"):
+                loop.optimizers[name].step()
+                loop.optimizers[name].zero_grad()
+
+        hookfit.Loop(step, batches, model=m, optimizers={"a": a, "b": b}, max_epochs=1,
+                     plugins=[Optim(amp=scaler, accumulate=accumulate)]).fit()
+        return params(m), scaler.get_scale()
+
+    expected, _, scale = raw(batches)
+    got, got_scale = fit(1)
+    assert_bitwise(got, expected)
+    assert got_scale == scale
+    with pytest.raises(RuntimeError, match="unscale_") as raised:
+        fit(2)
+    note = raised.value.__notes__[-1]
+    assert note.startswith("optim: the run's GradScaler") and "accumulate=2" in note, raised.value.__notes__
+    assert "Call loop.optimizers.unscale_() instead of scaler.unscale_(opt)" in note
