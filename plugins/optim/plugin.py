@@ -316,6 +316,11 @@ class Optim:
     def load_state(self, loop: Run, state: Mapping[str, Any]) -> None:
         if loop.mode == "fit":  # a run that does not train (Loop.validate()) needs no optimizer state
             self.load_state_dict(state)
+        elif (saved := (state.get("options") or {}).get("precision", "32")) != "32" and self.precision == "32":
+            warnings.warn(f"optim: the checkpoint's run trained with precision={saved!r}, and this evaluation runs "
+                          f"in float32: its metrics are not those the run's validations measured. To evaluate as the "
+                          f"run did, give Loop(plugins=[Optim(precision={saved!r})])", OptimWarning,
+                          stacklevel=user_level())
 
 
 def _named(value: Any) -> dict[str, Any]:

@@ -166,3 +166,40 @@ def test_a_training_run_resumed_without_its_optimizers_is_still_refused(tmp_path
     with pytest.raises(ValueError, match=r"optim: the checkpoint has optimizers \['default'\], this run \[\]"):
         loop.fit()
     assert steps == []
+
+
+@pytest.mark.bad_input
+def test_evaluating_a_checkpoint_trained_in_bf16_without_its_precision_is_told_once(tmp_path) -> None:
+    """A checkpoint of a run trained under precision='bf16-mixed' evaluated without Optim(precision=...) ran in
+    float32, its metrics not those the run's validations measured, with no word (as the EMA plugin tells an
+    evaluation of an average it does not validate). One OptimWarning at the validate() line names the precision
+    and the plugin to give; given it, the evaluation measures what the run measured, bit for bit, and says nothing."""
+    import warnings
+
+    from hookfit.plugins.optim import OptimWarning
+
+    m = model()
+    trained = ValidLoss()
+    hookfit.Loop(train_step, TRAIN, val_step=val_step, val_data=VALID, model=m, optimizers=torch.optim.Adam(
+        m.parameters(), lr=0.01), max_epochs=1, run_dir=tmp_path / "train",
+        plugins=[Optim(precision="bf16-mixed"), Metrics(), Checkpoint(background=False), trained]).fit()
+    last = sorted((tmp_path / "train" / "checkpoints").glob("*.pt"))[-1]
+
+    def evaluate(**precision: str) -> tuple[list[float], list[warnings.WarningMessage]]:
+        evaluated = ValidLoss()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hookfit.Loop(val_step=val_step, val_data=VALID, model=model(), run_dir=tmp_path / "evaluate",
+                         plugins=[Optim(**precision), Metrics(), Checkpoint(background=False), evaluated]
+                         ).validate(resume=last)
+        return evaluated.seen, [w for w in caught if issubclass(w.category, OptimWarning)]
+
+    seen, told = evaluate()
+    assert len(told) == 1 and told[0].filename == __file__, told
+    assert str(told[0].message) == (
+        "optim: the checkpoint's run trained with precision='bf16-mixed', and this evaluation runs in float32: its "
+        "metrics are not those the run's validations measured. To evaluate as the run did, give "
+        "Loop(plugins=[Optim(precision='bf16-mixed')])")
+    assert seen != trained.seen[-1:]  # float32's numbers
+    seen, told = evaluate(precision="bf16-mixed")
+    assert told == [] and seen == trained.seen[-1:]
