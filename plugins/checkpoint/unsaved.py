@@ -128,6 +128,20 @@ def _fingerprints(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     exclusive or of its values' bits, which an even count of equal values cancels) beside the sum of the values'
     bits read as integers (which a change of values all alike moves)."""
     with torch.no_grad():
-        return {name: torch.stack([torch.hash_tensor(t).view(torch.int64), t.view(_BITS[t.element_size()]).sum(
-            dtype=torch.int64)]) for name, t in ((name, torch.view_as_real(t) if t.is_complex() else t)
-                                                  for name, t in tensors.items())}
+        return {name: torch.stack([torch.hash_tensor(t).view(torch.int64), _bits_sum(t)])
+                for name, t in ((name, torch.view_as_real(t) if t.is_complex() else t) for name, t in tensors.items())}
+
+
+_CHUNK = 1 << 22
+"""The most elements summed at once: a sum to int64 widens its input, 8 bytes an element, so a slice at a time
+bounds that to 32 MiB whatever the tensor's size."""
+
+
+def _bits_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of ``tensor``'s values' bits read as integers, as an int64 (wrapping), summed a slice at a time
+    (a non-contiguous tensor is first copied contiguous, at its own element size)."""
+    flat = tensor.view(_BITS[tensor.element_size()]).reshape(-1)
+    total = torch.zeros((), dtype=torch.int64, device=tensor.device)
+    for start in range(0, flat.numel(), _CHUNK):
+        total += flat[start:start + _CHUNK].sum(dtype=torch.int64)
+    return total
