@@ -54,14 +54,17 @@ def eval_modes(model: Any) -> Iterator[None]:
 
 def warn_eval_mode(model: Any) -> None:
     """A model left in eval mode would train with dropout off and frozen batch norm: one
-    :class:`HookfitWarning` names the modules."""
+    :class:`HookfitWarning` names the modules. A module with no parameter that requires grad
+    (a frozen teacher, ``.eval().requires_grad_(False)``, given beside the student in
+    ``Loop(model={...})``) is in eval mode on purpose and is not named."""
     if isinstance(model, Mapping):
         roots = [(f"model[{key!r}]", m) for key, value in model.items() for m in modules(value)]
     elif isinstance(model, (list, tuple)):
         roots = [(f"model[{index}]", m) for index, value in enumerate(model) for m in modules(value)]
     else:
         roots = [("the model", m) for m in modules(model)]
-    evaluating = [f"{where} ({type(m).__name__})" for where, m in roots if not m.training]
+    evaluating = [f"{where} ({type(m).__name__})" for where, m in roots
+                  if not m.training and any(p.requires_grad for p in m.parameters())]
     if evaluating:
         warnings.warn(
             f"{', '.join(evaluating)} {'is' if len(evaluating) == 1 else 'are'} in eval mode "

@@ -352,6 +352,30 @@ def test_a_model_left_in_eval_mode_is_warned_about_once() -> None:
         hookfit.Loop(lambda l, b: None, [1], model=model.train()).fit()
 
 
+def test_a_frozen_module_in_eval_mode_in_the_model_dict_is_not_warned_about() -> None:
+    """A frozen teacher (``.eval().requires_grad_(False)``) beside the student in ``Loop(model={...})``, as
+    checkpoint's warning of a module outside the model advises, is in eval mode on purpose: no warning, and
+    it stays in eval mode through training; a module with a trainable parameter left in eval mode beside it
+    is still named, alone."""
+    def dicts() -> dict[str, torch.nn.Module]:
+        teacher = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)).eval().requires_grad_(False)
+        return {"student": torch.nn.Linear(2, 2), "teacher": teacher}
+
+    modes = []
+    model = dicts()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookfit.Loop(lambda l, b: modes.append(l.model["teacher"].training), [1, 2], model=model).fit()
+    assert not [str(w.message) for w in caught if "eval mode" in str(w.message)]
+    assert modes == [False, False] and model["student"].training
+
+    model = {**dicts(), "critic": torch.nn.Linear(2, 2).eval()}
+    with pytest.warns(HookfitWarning, match=r"eval mode") as caught:
+        hookfit.Loop(lambda l, b: None, [1], model=model).fit()
+    said = [str(w.message) for w in caught if "eval mode" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("model['critic'] (Linear) is in eval mode as training starts"), said
+
+
 def test_wrap_step_surrounds_every_call_of_both_steps_and_keeps_their_names() -> None:
     calls = []
 
