@@ -90,21 +90,27 @@ def metric_numbers(computed: Mapping[str, Any], stage: str, said: set[str]) -> d
     return out
 
 
-def nested(key: str, value: object, step: object) -> str | None:
+def nested(key: str, value: object, step: object, val_set: str | None = None) -> str | None:
     """What to say of ``value``, returned under ``key`` by ``step``, when it is a mapping holding numbers or metric
     objects (Lightning's ``{"loss": loss, "log": {"acc": acc}}``), which no metric aggregates: the plugin takes the
-    step output's own values, not those of a mapping inside it. ``None`` for any other value the plugin leaves out
-    (a vector, text, a mapping of vectors: what another plugin reads in ``batch_end``). Reads no tensor's value."""
+    step output's own values, not those of a mapping inside it. A number is a real one, not a ``bool``, or a
+    0-dimensional real tensor: a one-element vector or matrix (a batch of one's per-sample value) is not. ``None`` for
+    any other value the plugin leaves out (a vector, text, a mapping of vectors: what another plugin reads in
+    ``batch_end``). The advice names string keys: a mapping keyed by numbers (a class's index) is advised as
+    ``'<key>/<index>'``, ``key`` without the validation set's prefix (``val_set``). Reads no tensor's value."""
     if not isinstance(value, Mapping):
         return None
-    held = [repr(name) for name, v in value.items() if as_real(v) is not None or is_metric(v) or (
-        isinstance(v, Tensor) and v.numel() == 1 and not v.is_complex())]
+    held = [name for name, v in value.items() if is_metric(v) or (
+        (v.dim() == 0 and not v.is_complex() and v.dtype is not torch.bool) if isinstance(v, Tensor)
+        else as_real(v) is not None and not isinstance(v, bool) and _numpy_kind(v) != "b")]
     if not held:
         return None
-    return (f"metrics: step function {qualname(step)!r} returned under {key!r} a dict of {', '.join(held)}, which "
-            f"no metric aggregates: the metrics plugin takes the values of the step's output itself, not of a dict "
-            f"inside it (Lightning's {{'log': {{...}}}}), and drops it in every batch; return them at the top level, "
-            f"{{'loss': loss, {held[0]}: ...}} (README.md, 'A first script')")
+    own = key[len(val_set) + 1:] if val_set is not None and key.startswith(f"{val_set}/") else key
+    first = repr(held[0] if isinstance(held[0], str) else f"{own}/{held[0]}")
+    return (f"metrics: step function {qualname(step)!r} returned under {key!r} a dict of "
+            f"{', '.join(map(repr, held))}, which no metric aggregates: the metrics plugin takes the values of the "
+            f"step's output itself, not of a dict inside it (Lightning's {{'log': {{...}}}}), and drops it in every "
+            f"batch; return them at the top level, {{'loss': loss, {first}: ...}} (README.md, 'A first script')")
 
 
 def real(value: Any) -> float | None:

@@ -229,7 +229,7 @@ class Metrics:
         elif key not in self._dropped:  # left out: looked at once a run, a step warned of once
             self._dropped.add(key)
             step = self._step(loop)
-            if step not in self._dropped and (said := nested(key, value, step)) is not None:
+            if step not in self._dropped and (said := nested(key, value, step, loop.state.val_set)) is not None:
                 self._dropped.add(step)
                 warnings.warn(said, HookfitWarning, stacklevel=user_level())
 

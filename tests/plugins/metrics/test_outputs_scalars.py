@@ -148,11 +148,42 @@ def test_a_dict_of_numbers_inside_the_output_is_warned_of_once_a_step_function_a
 
 def test_values_another_plugin_reads_are_left_out_without_a_word(tmp_path: Path) -> None:
     """What the metrics plugin never aggregates and a plugin may read in ``batch_end``: vectors, text, lists, and
-    a dict without a number (of vectors, of text)."""
+    a dict without a number (of vectors, of text, of flags; of one-element tensors that are not 0-dimensional:
+    a per-sample value or an attention map at a batch of one)."""
     def step(loop, batch):
         return {"loss": torch.tensor(1.0), "logits": torch.ones(2, 3), "ids": [1, 2], "name": "x", "flag": None,
-                "features": {"layer1": torch.ones(2, 4), "path": "a.png"}, "empty": {}}
+                "features": {"layer1": torch.ones(2, 4), "path": "a.png"}, "empty": {},
+                "extras": {"attn": torch.rand(1, 1), "score": torch.ones(1)},
+                "flags": {"hit": True, "masked": torch.tensor(False), "np": np.bool_(True)}}
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hookfit.Loop(step, [0, 1], val_step=step, val_data=[0], run_dir=tmp_path, plugins=[Metrics()]).fit()
+
+
+@pytest.mark.bad_input
+def test_a_dict_of_numbers_keyed_by_class_index_is_advised_under_string_names(tmp_path: Path) -> None:
+    """A per-class dict, ``{0: acc0, 1: acc1}``, cannot be returned at the top level as it is (a step's keys are
+    strings): the warning advises ``'<key>/<index>'``, the key as the step function returns it (without the
+    validation set's name), and following the advice aggregates it."""
+    def val_step(loop, batch):
+        return {"loss": torch.tensor(1.0), "per_class": {0: torch.tensor(0.5), 1: 0.25}}
+
+    loop = hookfit.Loop(lambda loop, batch: None, [0], val_step=val_step, val_data={"a": [0, 1]},
+                        run_dir=tmp_path / "dict", plugins=[Metrics()])
+    with pytest.warns(hookfit.HookfitWarning, match=r"returned under 'a/per_class' a dict of 0, 1, ") as caught:
+        loop.fit()
+    said = [str(w.message) for w in caught if "per_class" in str(w.message)]
+    assert len(said) == 1 and said[0].endswith("return them at the top level, {'loss': loss, 'per_class/0': ...} "
+                                               "(README.md, 'A first script')"), said
+
+    def advised(loop, batch):
+        return {"loss": torch.tensor(1.0), "per_class/0": torch.tensor(0.5), "per_class/1": 0.25}
+
+    collect = Collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hookfit.HookfitWarning)
+        hookfit.Loop(lambda loop, batch: None, [0], val_step=advised, val_data={"a": [0, 1]},
+                     run_dir=tmp_path / "top", plugins=[Metrics(), collect]).fit()
+    values = [snapshot.values for snapshot in collect.epochs if "a/per_class/0" in snapshot.values]
+    assert values and values[-1]["a/per_class/0"].epoch == 0.5 and values[-1]["a/per_class/1"].epoch == 0.25
