@@ -41,10 +41,10 @@ def nothing_left(where: str, step: int, epoch: int, max_steps: int | None, max_e
         reached, raise_ = f"its {epoch} epochs are done, and max_epochs={max_epochs}", "max_epochs"
     else:
         return None
-    return (f"the run resumed from {where} has nothing left to train ({reached}): this fit trains nothing and "
-            f"ends at once as completed; to train on, raise {raise_}; to train again from the start "
-            f"(a changed loss, model or settings), give resume=None or start a new run (Loop(name=...) or "
-            f"Loop(run_dir=...))")
+    return (f"the run resumed from {where} had already finished and has nothing left to train ({reached}): this "
+            f"fit trains nothing and ends at once, completed as before (a script of several runs started again "
+            f"skips its finished ones so); to train on, raise {raise_}; to train it again from the start (a changed "
+            f"loss, model or settings), give resume=None or a new run (Loop(name=...) or Loop(run_dir=...))")
 
 
 HEARD = 30.0

@@ -482,9 +482,9 @@ def test_data_yielding_more_batches_than_its_length_says_is_warned_of_once_a_run
         "end with a partial batch: its len() counts whole batches of the dataset's __len__)"]
 
 
-def _fit_again(run_dir, *, stop: int | None = None, **bounds: int):
+def _fit_again(run_dir, *, stop: int | None = None, ignore: bool = False, **bounds: int):
     """A run of 5 batches an epoch saving every 3 steps into ``run_dir``, resuming its latest checkpoint; the
-    state and the warnings that say there is nothing left to train."""
+    state and the warnings that say there is nothing left to train (``ignore``: filtered as README says)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
 
@@ -500,6 +500,8 @@ def _fit_again(run_dir, *, stop: int | None = None, **bounds: int):
                         plugins=[Optim(), Checkpoint(every_n_steps=3, background=False), *([StopAt(stop)] if stop else [])])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        if ignore:
+            warnings.filterwarnings("ignore", message=r".*has nothing left to train", category=HookfitWarning)
         state = loop.fit()
     return state, [w for w in caught if "nothing left to train" in str(w.message)]
 
@@ -515,10 +517,12 @@ def test_resuming_a_run_that_reached_its_end_is_warned_of_in_one_process(tmp_pat
     assert (again.status, again.step, again.resumed_from.step) == ("completed", 7, 7) and len(said) == 1
     assert str(said[0].message) == (
         f"resume='latest': the run resumed from {tmp_path / 'steps' / 'checkpoints' / 'epoch0002-step000000007.pt'} "
-        "has nothing left to train (it is at step 7, and max_steps=7): this fit trains nothing and ends at once as "
-        "completed; to train on, raise max_steps; to train again from the start (a changed loss, model or settings), "
-        "give resume=None or start a new run (Loop(name=...) or Loop(run_dir=...))")
+        "had already finished and has nothing left to train (it is at step 7, and max_steps=7): this fit trains "
+        "nothing and ends at once, completed as before (a script of several runs started again skips its finished "
+        "ones so); to train on, raise max_steps; to train it again from the start (a changed loss, model or "
+        "settings), give resume=None or a new run (Loop(name=...) or Loop(run_dir=...))")
     assert said[0].category is HookfitWarning and said[0].filename == __file__
+    assert _fit_again(tmp_path / "steps", max_steps=7, ignore=True)[1] == []  # a sweep started again, silenced
     longer, said = _fit_again(tmp_path / "steps", max_steps=9)
     assert (longer.step, said) == (9, [])
 
@@ -550,6 +554,7 @@ def test_resuming_a_run_that_reached_its_end_is_warned_of_in_a_second_process(tm
     again, stderr = run(2)
     assert again["resumed_from"] is not None and (again["status"], again["step"]) == ("completed", 8)
     assert re.search(r"again\.py:\d+: HookfitWarning: resume='latest': the run resumed from \S+epoch0002-step000000008"
-                     r"\.pt has nothing left to train \(its 2 epochs are done, and max_epochs=2\)", stderr), stderr
+                     r"\.pt had already finished and has nothing left to train \(its 2 epochs are done, "
+                     r"and max_epochs=2\)", stderr), stderr
     more, stderr = run(3)
     assert more["step"] == 12 and "nothing left to train" not in stderr
