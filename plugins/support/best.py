@@ -243,7 +243,7 @@ class Monitor:
             return None
         meant = " or ".join(repr(f"valid/{name}/{self.key}") for name in sets)
         return (f"{self.plugin}: {self.option}={self.metric!r} names no validation set, and this run validates "
-                f"{len(sets)} sets ({', '.join(map(repr, sets))}), whose metrics are named per set "
+                f"{len(sets)} set{'' if len(sets) == 1 else 's'} ({', '.join(map(repr, sets))}), whose metrics are named per set "
                 f"('valid/<set>/<metric>'): give {self.option}={meant}")
 
     def reset(self, best: float | None = None, at: Any = None, mode: str | None = None) -> None:

@@ -329,8 +329,9 @@ def test_a_streamed_loaders_length_is_no_bound_the_run_is_refused_by() -> None:
     assert state.status == "completed" and validated == [4]
 
 
-def _two_sets(*plugins: Any, **options: Any) -> hookfit.Loop:
-    """A Loop validating two sets, ``a`` and ``b`` (each step's ``loss``: ``valid/a/loss``, ``valid/b/loss``)."""
+def _two_sets(*plugins: Any, one: bool = False, **options: Any) -> hookfit.Loop:
+    """A Loop validating two sets, ``a`` and ``b`` (each step's ``loss``: ``valid/a/loss``, ``valid/b/loss``);
+    ``one``: a single named set, ``val`` (``valid/val/loss``)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
     data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(3)]
@@ -338,7 +339,8 @@ def _two_sets(*plugins: Any, **options: Any) -> hookfit.Loop:
     def val_step(loop, batch):
         return {"loss": torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])}
 
-    return hookfit.Loop(mse_step, data, val_step=val_step, val_data={"a": data[:2], "b": data[2:]}, model=model,
+    return hookfit.Loop(mse_step, data, val_step=val_step,
+                        val_data={"val": data} if one else {"a": data[:2], "b": data[2:]}, model=model,
                         optimizers=torch.optim.SGD(model.parameters(), lr=0.01), plugins=[Optim(), Metrics(), *plugins],
                         **options)
 
@@ -369,6 +371,15 @@ def test_a_one_set_monitor_with_several_sets_fails_before_any_batch_naming_each_
     with pytest.raises(ValueError, match=SETS):
         getattr(_two_sets(EarlyStopping(monitor="valid/loss"), batches), how)()
     assert batches.seen == 0
+
+
+@pytest.mark.bad_input
+def test_a_one_set_monitor_with_one_named_set_fails_naming_it_in_the_singular() -> None:
+    """``valid/loss`` where a dict of one set publishes ``valid/val/loss``: refused as with several."""
+    with pytest.raises(ValueError, match=r"^early_stopping: monitor='valid/loss' names no validation set, and this "
+                                         r"run validates 1 set \('val'\), whose metrics are named per set "
+                                         r"\('valid/<set>/<metric>'\): give monitor='valid/val/loss'\n"):
+        _two_sets(EarlyStopping(monitor="valid/loss"), one=True).fit()
 
 
 class _Loss:
