@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 from hookfit.payloads import StopRequest
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hookfit.position import Position
     from hookfit.run import Run
 
-__all__ = ["Budget", "Stop", "Stopping", "nothing_left"]
+__all__ = ["Budget", "Stop", "Stopping", "epoch_left", "nothing_left"]
 
 
 class Stop(Exception):
@@ -31,11 +32,24 @@ class Budget(Exception):
     """``max_steps`` training batches are done, inside an epoch (internal to the loop)."""
 
 
-def nothing_left(where: str, step: int, epoch: int, max_steps: int | None, max_epochs: int | None) -> str | None:
-    """Why a run resumed from ``where`` at ``step`` and ``epoch`` has nothing left to train (the run it continues
+def epoch_left(at: Position | None, max_steps: int | None, per_epoch: int | None) -> bool:
+    """Whether a run resumed at ``at``, at its ``max_steps``, has the rest of that step's epoch left, as the run it
+    continues had it: a validation due at that step (``val_due``: ``val_every_n_steps``), or the end of an epoch whose
+    training batches are all done (a checkpoint of its last batch or of its validation: ``stage_end``, the epoch's
+    validation when due, ``epoch_end``). ``per_epoch``: the training data's batches an epoch, ``None`` when unknown
+    (then the loop draws one more batch to know, as the run it continues did)."""
+    return at is not None and at.step == max_steps and (
+        at.val_due or at.stage == "valid" or 0 < at.batch and (per_epoch is None or at.batch >= per_epoch))
+
+
+def nothing_left(where: str, at: Position, max_steps: int | None, max_epochs: int | None,
+                 per_epoch: int | None) -> str | None:
+    """Why a run resumed from ``where`` at ``at`` has nothing left to train or validate (the run it continues
     reached its end, or the bounds given now are below it), or ``None``. ``max_epochs``: ``None`` where the
-    epochs do not bound the run (``max_steps`` alone)."""
-    if max_steps is not None and step >= max_steps:
+    epochs do not bound the run (``max_steps`` alone); ``per_epoch``: as for :func:`epoch_left`, whose rest of an
+    epoch is something left."""
+    step, epoch = at.step, at.epoch
+    if max_steps is not None and step >= max_steps and not epoch_left(at, max_steps, per_epoch):
         reached, raise_ = f"it is at step {step}, and max_steps={max_steps}", "max_steps"
     elif max_epochs is not None and epoch >= max_epochs:
         reached, raise_ = f"its {epoch} epochs are done, and max_epochs={max_epochs}", "max_epochs"

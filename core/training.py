@@ -41,7 +41,7 @@ from hookfit.persistent import unrebuilt_workers
 from hookfit.position import Position, weights_of
 from hookfit.replay import iterate
 from hookfit.reproducibility import Deterministic, seed_run
-from hookfit.stopping import Budget, Stop, nothing_left
+from hookfit.stopping import Budget, Stop, epoch_left, nothing_left
 from hookfit.timing import store_split
 from hookfit.valsets import ValSets, per_set
 
@@ -115,10 +115,8 @@ def resume(run: Run) -> None:
     if source is None:
         return
     if (call := run.hooks.resume) is None:
-        raise RuntimeError(
-            f"resume={source!r} needs a plugin that implements the 'resume' event "
-            f"and no enabled plugin does ({run.unserved('resume')})"
-        )
+        raise RuntimeError(f"resume={source!r} needs a plugin that implements the 'resume' event "
+                           f"and no enabled plugin does ({run.unserved('resume')})")
     resumed_from = call(run, source)
     if not resumed_from:
         if run.cursor.start is not None:  # (a run that does not resume is never given a position)
@@ -146,7 +144,7 @@ def resume(run: Run) -> None:
                           f"is a {why}", HookfitWarning, stacklevel=level)
         if why := unrebuilt_workers(run.train_data, run.val_data, run.cursor.made_before):
             warnings.warn(f"resume={source!r}: {why}", HookfitWarning, stacklevel=level)
-        if why := nothing_left(where, at.step, at.epoch, run.max_steps, run.max_epochs if _epochs_bound(run) else None):
+        if why := nothing_left(where, at, run.max_steps, run.max_epochs if _epochs_bound(run) else None, length(run.train_data)):
             warnings.warn(f"resume={source!r}: {why}", HookfitWarning, stacklevel=level)
     fire(run, "resumed", info)
 
@@ -161,7 +159,8 @@ def epochs(run: Run) -> None:
             validate(run)
             state.stop_reason, state.status = "validation done", "completed"
             return
-        if run.max_steps is not None and state.step >= run.max_steps:  # resumed at the end
+        if run.max_steps is not None and state.step >= run.max_steps and not epoch_left(  # resumed at the end (what
+                cursor.start, run.max_steps, length(run.train_data)):  # is left of its epoch, a due validation, runs first)
             state.stop_reason, state.status = budget, "completed"
             _last_epoch_done(run, cursor.start)
             return
@@ -298,6 +297,8 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
             batches = iterate(run, data, start, train)
             if start:  # passing the batches a resumed stage already did is the resume's time, not the stage's
                 began, t0 = began + (clock() - t0), clock()
+            if state.step >= limit and _more(batches, data, start - 1):  # resumed at max_steps, its due validation run
+                raise Budget
             checked = False  # the first output of the stage is checked once
             for batch_idx, batch in enumerate(batches, start):
                 t1 = clock()

@@ -539,3 +539,24 @@ def test_a_should_stop_answer_may_be_a_whole_stop_request_that_ends_the_run_comp
     state = hookfit.Loop(lambda loop, b: None, range(5), plugins=[rule("target", target), rule("cut", "enough")]).fit()
     assert (state.status, state.step) == ("interrupted", 2)
     assert sorted(state.stop_reason.split("; ")) == ["enough", "loss under 0.01"]
+
+
+@pytest.mark.parametrize("at, max_steps, per_epoch, left", [
+    (dict(epoch=1, step=8, batch=4), 8, 4, True),  # the last training batch: stage_end, validation, epoch_end
+    (dict(epoch=1, step=8, batch=4, stage="valid"), 8, 4, True),  # inside the epoch's validation
+    (dict(epoch=1, step=6, batch=2, val_due=True), 6, 4, True),  # a val_every_n_steps validation due
+    (dict(epoch=1, step=8, batch=4), 8, None, True),  # no length: the loop draws a batch to know
+    (dict(epoch=1, step=7, batch=3), 7, 4, False),  # inside the epoch: the rest of it is a longer run's
+    (dict(epoch=2, step=8, batch=0), 8, 4, False),  # the epoch's end done
+    (dict(epoch=1, step=8, batch=4, val_due=True), 6, 4, False),  # past max_steps: lowered bounds
+    (dict(epoch=1, step=8, batch=4), None, 4, False),  # no step budget
+])
+def test_what_is_left_of_an_epoch_at_max_steps_is_not_nothing_left(at: dict, max_steps, per_epoch, left: bool) -> None:
+    from hookfit.position import Position
+    from hookfit.stopping import epoch_left, nothing_left
+
+    position = Position(**at)
+    assert epoch_left(position, max_steps, per_epoch) is left
+    said = nothing_left("a.pt", position, max_steps, None, per_epoch)
+    assert (said is None) is (left or max_steps is None)
+    assert said is None or f"(it is at step {position.step}, and max_steps={max_steps})" in said

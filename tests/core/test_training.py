@@ -558,3 +558,99 @@ def test_resuming_a_run_that_reached_its_end_is_warned_of_in_a_second_process(tm
                      r"and max_epochs=2\)", stderr), stderr
     more, stderr = run(3)
     assert more["step"] == 12 and "nothing left to train" not in stderr
+
+
+class _FailInValidation:
+    """The validation after training step ``step`` fails at its second batch."""
+
+    name = "fail_in_validation"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @hookfit.hookimpl
+    def batch_start(self, loop, batch_idx) -> None:
+        if not loop.training and loop.state.step == self.step and batch_idx == 1:
+            raise RuntimeError("injected failure in the run's last validation")
+
+
+def _validated_run(run_dir, *, fail: int | None = None, every_n_steps: int = 4, **bounds: int):
+    """4 shuffled training batches an epoch, 2 validation batches that draw from the RNG, step checkpoints
+    every ``every_n_steps`` scored by valid/loss, resuming ``"latest"``: the state, the parameters, the
+    metrics history, run.jsonl's last end line and the warnings that nothing is left to train."""
+    from hookfit.data import Batches
+    from hookfit.plugins.metrics import Metrics
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 4, generator=g), torch.randn(32, 2, generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Dropout(0.2))
+
+    def step(loop, b):
+        loss = torch.nn.functional.mse_loss(loop.model(b[0]), b[1])
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    metrics = Metrics()
+    loop = hookfit.Loop(step, Batches(x, y, batch_size=8, shuffle=True, seed=3), model=model,
+                        val_step=lambda l, b: {"loss": torch.nn.functional.mse_loss(l.model(b[0]), b[1]),
+                                               "noise": torch.rand(())},
+                        val_data=Batches(x[:16], y[:16], batch_size=8), run_dir=run_dir, resume="latest",
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), **bounds,
+                        plugins=[Optim(), metrics, Checkpoint(every_n_steps=every_n_steps, monitor="valid/loss",
+                                                              background=False),
+                                 *([_FailInValidation(fail)] if fail else [])])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = loop.fit()
+    ends = [line for line in map(json.loads, (run_dir / "run.jsonl").read_text().splitlines()) if line["event"] == "end"]
+    return (state, [p.detach().clone() for p in model.parameters()], {k: [dict(e) for e in v] for k, v in metrics.history.items()},
+            ends[-1], [w for w in caught if "nothing left to train" in str(w.message)])
+
+
+def _as_straight(resumed, straight, names: tuple[str, ...]) -> None:
+    """The resumed run recorded what the uninterrupted one did: parameters, history, ``names``' results."""
+    (state, params, history, end, said), (_, want_params, want_history, want_end, _) = resumed, straight
+    assert (state.status, state.stop_reason, said) == ("completed", want_end["reason"], [])
+    assert all(torch.equal(p, q) for p, q in zip(params, want_params)) and history == want_history
+    for name in names:
+        got, want = end["results"][name], want_end["results"][name]
+        assert (os.path.basename(got) if name.endswith("checkpoint") else got) == (
+            os.path.basename(want) if name.endswith("checkpoint") else want), name
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("bounds", [{"max_steps": 8}, {"max_epochs": 2}])
+def test_a_run_failed_in_its_last_validation_runs_it_when_resumed_under_either_bound(tmp_path, bounds) -> None:
+    """The step checkpoint of the last training batch (step 8, the end of epoch 2) says the epoch's end is left;
+    the validation fails: resumed with the same bound, the run validates as the uninterrupted run did (metrics,
+    best checkpoint by valid/loss) and ends completed without a word; resumed again, nothing is left: it says so."""
+    straight = _validated_run(tmp_path / "straight", **bounds)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        _validated_run(tmp_path / "failed", fail=8, **bounds)
+    _as_straight(_validated_run(tmp_path / "failed", **bounds), straight,
+                 ("metrics", "best", "best_checkpoint", "last_checkpoint"))
+    assert sorted(os.listdir(tmp_path / "failed" / "checkpoints")) == sorted(os.listdir(tmp_path / "straight" / "checkpoints"))
+    again, _, _, _, said = _validated_run(tmp_path / "failed", **bounds)
+    assert again.status == "completed" and len(said) == 1
+    assert ("(it is at step 8, and max_steps=8)" if "max_steps" in bounds else "(its 2 epochs are done, and max_epochs=2)"
+            ) in str(said[0].message)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("max_steps, every", [(6, 3), (8, 4)])
+def test_a_run_failed_in_the_validation_due_at_its_max_steps_runs_it_when_resumed(tmp_path, max_steps, every) -> None:
+    """``val_every_n_steps``: the validation due at ``max_steps`` (inside epoch 2, or after its last batch) fails
+    after the step's checkpoint, which says it is due: resumed with the same ``max_steps``, it runs, as in the
+    uninterrupted run, and the run ends completed without a word and trains no further batch."""
+    bounds = {"max_steps": max_steps, "val_every_n_steps": every, "every_n_steps": every}
+    straight = _validated_run(tmp_path / "straight", **bounds)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        _validated_run(tmp_path / "failed", fail=max_steps, **bounds)
+    resumed = _validated_run(tmp_path / "failed", **bounds)
+    assert [e["step"] for e in resumed[2]["valid"]] == [every, 2 * every] and resumed[0].step == max_steps
+    _as_straight(resumed, straight, ("metrics",) if max_steps == 8 else ())
+    assert {k: v for k, v in resumed[3]["results"]["metrics"].items() if k.startswith("valid/")} == {
+        k: v for k, v in straight[3]["results"]["metrics"].items() if k.startswith("valid/")}
