@@ -690,7 +690,9 @@ def test_a_resume_with_nothing_left_to_do_is_not_where_the_run_resumed_from(
     assert capsys.readouterr().out.splitlines()[1].endswith("  epoch0002-step000000007.pt")
     assert command("show", str(slow), "--text") == 0
     out = capsys.readouterr().out
-    assert f"\n  resumed from {resumes[0]['from']} (" in out and resumes[1]["from"] not in out, out
+    # the last checkpoint is named by the warning that the run had nothing left to train, never as where it resumed
+    assert f"\n  resumed from {resumes[0]['from']} (" in out and f"resumed from {resumes[1]['from']} (" not in out, out
+    assert f"the run resumed from {resumes[1]['from']} had already finished" in out
 
 
 def test_resumed_from_is_the_last_resume_the_run_went_on_from() -> None:
