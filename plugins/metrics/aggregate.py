@@ -61,7 +61,7 @@ def as_real(value: object) -> float | None:
     ``None`` for anything else (text, a list, a complex number)."""
     if isinstance(value, numbers.Real):  # bool, NumPy's float and integer scalars, Fraction
         return float(value)
-    if _numpy_kind(value) in ("b", "i", "u", "f"):  # np.bool_ and 0-d arrays: no numbers ABC
+    if numpy_kind(value) in ("b", "i", "u", "f"):  # np.bool_ and 0-d arrays: no numbers ABC
         return float(cast(SupportsFloat, value))
     return None
 
@@ -90,29 +90,6 @@ def metric_numbers(computed: Mapping[str, Any], stage: str, said: set[str]) -> d
     return out
 
 
-def nested(key: str, value: object, step: object, val_set: str | None = None) -> str | None:
-    """What to say of ``value``, returned under ``key`` by ``step``, when it is a mapping holding numbers or metric
-    objects (Lightning's ``{"loss": loss, "log": {"acc": acc}}``), which no metric aggregates: the plugin takes the
-    step output's own values, not those of a mapping inside it. A number is a real one, not a ``bool``, or a
-    0-dimensional real tensor: a one-element vector or matrix (a batch of one's per-sample value) is not. ``None`` for
-    any other value the plugin leaves out (a vector, text, a mapping of vectors: what another plugin reads in
-    ``batch_end``). The advice names string keys: a mapping keyed by numbers (a class's index) is advised as
-    ``'<key>/<index>'``, ``key`` without the validation set's prefix (``val_set``). Reads no tensor's value."""
-    if not isinstance(value, Mapping):
-        return None
-    held = [name for name, v in value.items() if is_metric(v) or (
-        (v.dim() == 0 and not v.is_complex() and v.dtype is not torch.bool) if isinstance(v, Tensor)
-        else as_real(v) is not None and not isinstance(v, bool) and _numpy_kind(v) != "b")]
-    if not held:
-        return None
-    own = key[len(val_set) + 1:] if val_set is not None and key.startswith(f"{val_set}/") else key
-    first = repr(held[0] if isinstance(held[0], str) else f"{own}/{held[0]}")
-    return (f"metrics: step function {qualname(step)!r} returned under {key!r} a dict of "
-            f"{', '.join(map(repr, held))}, which no metric aggregates: the metrics plugin takes the values of the "
-            f"step's output itself, not of a dict inside it (Lightning's {{'log': {{...}}}}), and drops it in every "
-            f"batch; return them at the top level, {{'loss': loss, {first}: ...}} (README.md, 'A first script')")
-
-
 def real(value: Any) -> float | None:
     """``value`` as a float when it is one real number: what :func:`as_real` takes (a ``bool``
     too, as a step's output is), or a tensor of one real element (``bool`` and integer dtypes
@@ -127,7 +104,7 @@ def _shape(value: Any) -> str:
     return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
 
 
-def _numpy_kind(value: object) -> str | None:
+def numpy_kind(value: object) -> str | None:
     """The dtype kind of a NumPy scalar or 0-d array (``"f"``, ``"c"``...), else ``None``
     (without importing NumPy)."""
     if type(value).__module__ != "numpy" or getattr(value, "shape", None) != ():
@@ -140,7 +117,7 @@ def is_complex(value: object) -> bool:
     """Whether ``value`` is a complex number (Python's, NumPy's) or a complex tensor."""
     if isinstance(value, Tensor):
         return value.is_complex()
-    return (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)) or _numpy_kind(value) == "c"
+    return (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)) or numpy_kind(value) == "c"
 
 
 HISTORY_FIELDS = ("epoch", "step")

@@ -18,7 +18,8 @@ from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
 from hookfit.plugins.support import Every, cut_short, flag, integer, number, positive_int
 from hookfit.plugins.metrics import gauges, hookspecs, ranks, snapshots
 from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
-                                               is_complex, is_metric, metric_numbers, nested)
+                                               is_complex, is_metric, metric_numbers)
+from hookfit.plugins.metrics.outputs import nested
 from hookfit.plugins.metrics.derived import Derived, Function
 from hookfit.plugins.metrics.directions import Directions
 from hookfit.plugins.metrics.results import Report
