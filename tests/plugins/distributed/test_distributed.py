@@ -114,8 +114,9 @@ def test_hookfit_plugins_says_it_is_off_in_one_process_and_what_turns_it_on(monk
     assert not dist.is_initialized()
     assert cli.main(["plugins"]) == 0
     listed = capsys.readouterr().out
-    assert re.search(r"^distributed  \[inert\].*\n    inert until: started by torchrun \(RANK and WORLD_SIZE set\)",
-                     listed, re.M), listed
+    # (under its name, the first sentence of its docstring, then why it is inert)
+    assert re.search(r"^distributed  \[inert\].*\n    Data-parallel training.*\n"
+                     r"    inert until: started by torchrun \(RANK and WORLD_SIZE set\)", listed, re.M), listed
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert cli.main(["plugins"]) == 0
