@@ -22,7 +22,8 @@ import hookfit
 
 class GradNorm:
     """Collects the total gradient norm each optimizer steps with (after clipping), one float a
-    step; an optimizer none of whose parameters got a gradient has no norm and is left out."""
+    step; an optimizer none of whose parameters got a gradient has no norm and is left out. A
+    sparse gradient counts by its values, duplicates summed, as ``clip_grad_norm_`` would need them."""
 
     name = "grad_norm"
     observer = True  # it only watches: an error of its own switches it off, never fails the run
@@ -52,6 +53,8 @@ class GradNorm:
     @hookfit.hookimpl
     def before_optimizer_step(self, name: str, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        # a sparse gradient (an nn.Embedding(sparse=True) under SparseAdam): its stored values, coalesced
+        grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
         if grads:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             self._pending.append(norm)

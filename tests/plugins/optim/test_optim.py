@@ -211,6 +211,35 @@ def test_grad_norm_example_plugin_sees_final_gradients() -> None:
     assert all(0 < n <= 0.01 + 1e-6 for n in norms.norms)  # measured after clipping
 
 
+def test_grad_norm_example_plugin_measures_sparse_gradients_beside_dense_ones() -> None:
+    """An embedding with sparse gradients under SparseAdam beside a dense layer under Adam (a
+    recommender's two optimizers): each optimizer's norm is the one plain torch computes from the
+    coalesced gradient, where vector_norm of the sparse tensor itself raises."""
+    torch.manual_seed(0)
+    table, head = torch.nn.Embedding(10, 3, sparse=True), torch.nn.Linear(3, 1)
+    optimizers = {"sparse": torch.optim.SparseAdam(table.parameters(), lr=0.01),
+                  "dense": torch.optim.Adam(head.parameters(), lr=0.01)}
+    batches = [(torch.tensor([1, 2, 2, 5]), torch.randn(4, 1)) for _ in range(3)]
+    expected: list[tuple[float, float]] = []
+
+    def step(loop, batch):
+        ids, y = batch
+        loss = torch.nn.functional.mse_loss(head(table(ids)), y)
+        loop.backward(loss)
+        dense = torch.cat([head.weight.grad.flatten(), head.bias.grad.flatten()]).norm().item()
+        expected.append((table.weight.grad.coalesce().values().norm().item(), dense))
+        for optimizer in loop.optimizers.values():
+            optimizer.step()
+            optimizer.zero_grad()
+
+    norms = grad_norm_example().GradNorm()
+    state = hookfit.Loop(step, batches, model=torch.nn.ModuleList([table, head]), optimizers=optimizers,
+                         max_epochs=1, plugins=[Optim(), norms]).fit()
+    assert state.status == "completed"
+    assert len(norms.norms) == 6  # two optimizers, three steps
+    assert norms.norms == pytest.approx([norm for pair in expected for norm in pair], rel=1e-5)
+
+
 def test_grad_norm_example_plugin_reads_the_host_once_an_epoch_and_skips_an_optimizer_without_gradients(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The example follows the advice it illustrates: no host read per step (its norms stay
