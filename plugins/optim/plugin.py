@@ -136,7 +136,7 @@ class Optim:
         if self.scaler is not None:
             why.append("loss scaling (precision='16-mixed' or amp: the loss must be scaled)")
         self._watch.start(loop, self.optimizers, why, lambda: self._counts.check(  # schedulers stepped in the step
-            loop, self.optimizers, self._schedules.per_step, early=True))
+            loop, self.optimizers, self._schedules.per_step, early=True), self._window)
 
     def batch_events(self, loop: Run) -> tuple[str, ...]:
         """``batch_end`` where a batch can close a window, update the loss scale or close a poisoned window."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from hookfit.errors import user_level
-from hookfit.plugins.support import Accumulation, GradientWatch, StepOrder
+from hookfit.plugins.support import Accumulation, GradientWatch, StepOrder, Untouched, changed_in_window
 from hookfit.plugins.optim.nonfinite import OptimWarning, at
 from hookfit.stopping import qualname
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from torch.utils.hooks import RemovableHandle
 
     from hookfit.plugins.optim.managed import Optimizers
+    from hookfit.plugins.optim.plugin import Window
     from hookfit.run import Run
 
 _TORCH = os.path.dirname(torch.__file__)
@@ -37,10 +38,11 @@ class Watch:
         self.start(None, None, [])
 
     def start(self, loop: Run | None, optimizers: Optimizers | None, why: list[str],
-              counts: Callable[[], None] = lambda: None) -> None:
+              counts: Callable[[], None] = lambda: None, window: Window | None = None) -> None:
         """A run begins (``configure``); ``why``: what a bypassed ``loop.backward`` breaks in it; ``counts``: the
-        check of schedulers stepped elsewhere, made before each watched optimizer step."""
-        self.loop, self._optimizers, self._why, self._counts = loop, optimizers, why, counts
+        check of schedulers stepped elsewhere, made before each watched optimizer step; ``window``: optim's, whose
+        gradients the step function must leave between its passes (:class:`Untouched`) where it spans batches."""
+        self.loop, self._optimizers, self._why, self._counts, self._window = loop, optimizers, why, counts, window
         self._watched = self._first_stage = False  # this run's first training stage was watched; is running
         self._bypass_seen = self._backward_bypassed = False  # said: a step, a backward pass bypassing optim
         self._grads: bool | None = None  # whether a torch step while watched had a gradient (None: no step)
@@ -70,6 +72,10 @@ class Watch:
         if not self._passing:  # (a pass that reached no watched parameter: it counts, and added onto none of them)
             self._order.passing(judge=False)
         self._passes, self._passing = self._passes + 1, False
+        window, loop = self._window, self.loop
+        if window and loop and (how := self._untouched.passed(not window.closes(loop))):
+            warnings.warn(changed_in_window("optim", self._step_name(), how, window.size, self._where()),
+                          OptimWarning, stacklevel=user_level(_TORCH))  # the step function's loop.backward line
         if self._passes >= WATCHED_PASSES:
             self._watch(False)
 
@@ -80,7 +86,7 @@ class Watch:
         for handle in self._handles:
             handle.remove()
         self._grad_hooks.remove()
-        self._outside = Accumulation((), self._bypassed)  # (nothing held once the watch ends)
+        self._outside, self._untouched = Accumulation((), self._bypassed), Untouched()  # (nothing held once it ends)
         managed = list(self._optimizers.values()) if on else []
         self._handles = [m.optimizer.register_step_pre_hook(self._step_seen) for m in managed]
         if not on:
@@ -91,6 +97,7 @@ class Watch:
             self._grad_hooks = GradientWatch(watched.values(), self._grad_arrived)
             self._outside = Accumulation(watched.values(), self._bypassed)  # (torch.autograd.grad accumulates none)
             self._order = StepOrder(watched.values())  # (the gradients its hooks see arriving are judged)
+            self._untouched = Untouched(watched.values() if self._window and self._window.size > 1 else ())
 
     def _stepped(self) -> int:
         """The managed optimizers' steps so far, taken or skipped (a non-finite loss)."""
@@ -120,6 +127,7 @@ class Watch:
         if self.inside and not self._passing:  # the pass's first gradient: none is accumulated yet
             self._passing = True
             self._order.passing()
+            self._untouched.passing()
         elif not (self.inside or self._backward_bypassed):
             self._outside.arrived(tensor)
 

@@ -13,7 +13,8 @@ a module of one concern:
   and its parameters' names (:func:`parameter_names`; a few of them as messages name them, :func:`few_parameters`);
 * gradients watched for a while (:class:`GradientWatch`, :mod:`~hookfit.plugins.support.gradients`), whether
   those that arrived were accumulated into ``.grad`` (:class:`Accumulation`: not by ``torch.autograd.grad``), and
-  the order a step function back-propagates, steps and clears them in (:class:`StepOrder`);
+  the order a step function back-propagates, steps and clears them in (:class:`StepOrder`), and whether it
+  changes those an accumulation window holds between its passes (:class:`Untouched`);
 * a run's hyperparameters as the loggers record them (:func:`run_hparams`,
   :mod:`~hookfit.plugins.support.hparams`);
 * advice for data that holds a stage up (:func:`faster_data`, :mod:`~hookfit.plugins.support.loading`).
@@ -42,12 +43,13 @@ from hookfit.plugins.support.options import (check, choice, flag, integer, numbe
                                              positive_number, text)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hookfit.plugins.support.gradients import Accumulation, GradientWatch, StepOrder
+    from hookfit.plugins.support.gradients import Accumulation, GradientWatch, StepOrder, Untouched, changed_in_window
     from hookfit.plugins.support.hparams import Hparam, hparam, hyperparameters, run_hparams
     from hookfit.plugins.support.loading import faster_data
     from hookfit.plugins.support.models import few_parameters, parameter_names, unwrap_model, unwrap_state_dict
 
-_LATER = {"Accumulation": "gradients", "GradientWatch": "gradients", "StepOrder": "gradients", "Hparam": "hparams",
+_LATER = {"Accumulation": "gradients", "GradientWatch": "gradients", "StepOrder": "gradients",
+          "Untouched": "gradients", "changed_in_window": "gradients", "Hparam": "hparams",
           "hparam": "hparams", "hyperparameters": "hparams", "run_hparams": "hparams", "faster_data": "loading",
           "few_parameters": "models", "parameter_names": "models", "unwrap_model": "models", "unwrap_state_dict": "models"}
 """The names whose modules import torch, imported on first use: a module that needs only the
@@ -58,6 +60,7 @@ __all__ = [
     "MODES", "STAGES", "Every", "GradientWatch", "Hparam", "Monitor", "check", "choice", "flag", "hparam", "hyperparameters",
     "cut_short", "integer", "number", "option_error", "path", "positive_int", "positive_number", "run_hparams", "text",
     "few_parameters", "parameter_names", "unwrap_model", "unwrap_state_dict", "faster_data", "StepOrder", "Accumulation",
+    "Untouched", "changed_in_window",
 ]
 
 

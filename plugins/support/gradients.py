@@ -1,7 +1,8 @@
 """Gradients watched for a while, without a cost left behind once the watch ends
 (:class:`GradientWatch`; also importable from :mod:`hookfit.plugins.support`), whether those that arrived were
-accumulated into ``.grad`` (:class:`Accumulation`), and what they tell of the order a step function
-backpropagates, steps and clears them in (:class:`StepOrder`)."""
+accumulated into ``.grad`` (:class:`Accumulation`), what they tell of the order a step function
+backpropagates, steps and clears them in (:class:`StepOrder`), and whether it changes those an accumulation window
+holds between its passes (:class:`Untouched`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Accumulation", "GradientWatch", "StepOrder"]
+__all__ = ["Accumulation", "GradientWatch", "StepOrder", "Untouched", "changed_in_window"]
 
 
 class GradientWatch:
@@ -131,6 +132,76 @@ class StepOrder:
         self._left[key] = {id(p): (p, weakref.ref(p.grad), False) for group in optimizer.param_groups
                            for p in group["params"] if p.grad is not None and id(p) in self._judged}
         return piled, twice
+
+
+class Untouched:
+    """Whether the gradients of ``params`` that a backward pass left inside an accumulation window are still those the
+    window's next pass adds onto: a step function that clips them (``clip_grad_norm_``, ``clip_grad_value_``), scales
+    them or clears them between its passes changes a partial sum. Call :meth:`passing` as each pass begins, before it
+    accumulates into any of ``params`` (a tensor hook of :class:`GradientWatch` runs before its gradient is accumulated;
+    a pass that reaches none of them need not), and :meth:`passed` as each ends, which notes the gradients of a pass
+    whose window stays open and tells, once, what the next pass found as it began (it reads the device there, not in
+    autograd's thread). A gradient replaced or set in place is changed where it holds other values (the norm of each,
+    compared exactly: a ``clip_grad_norm_`` under its bound multiplies by one and changes none), or none (cleared). The
+    gradients judged are the dense ones of plain tensors (a tensor subclass's may be set apart from autograd's
+    accumulation), held weakly."""
+
+    def __init__(self, params: Iterable[torch.Tensor] = ()) -> None:
+        self._params = [p for p in params if type(p) in _PLAIN]
+        self._left: list[tuple[torch.Tensor, weakref.ref[torch.Tensor], int, torch.Tensor]] = []
+        """Each gradient a pass left open (its parameter, the tensor, its version, its norm), until the next pass."""
+        self._found: list[torch.Tensor] = []  # by device, whether a gradient holds other values (not read yet)
+        self._cleared = False  # a gradient left is now None
+
+    def passing(self) -> None:
+        """A pass begins, before it accumulates: the gradients noted, compared with those held now."""
+        left, self._left = self._left, []
+        pairs: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for param, then, version, norm in left:
+            if (grad := param.grad) is None:
+                self._cleared = True
+            elif grad is not then() or grad._version != version:  # (set: its values tell)
+                now = _norm(grad).to(norm.device)
+                pairs.setdefault(norm.device, []).append((now, norm))
+        self._found += [torch.stack([torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).logical_not_()
+                                     for a, b in each]).any() for each in pairs.values()]
+
+    def passed(self, spans: bool) -> str | None:
+        """A pass ended (``spans``: its window stays open after its batch, and its gradients are noted): whether the
+        gradients were ``"cleared"`` (one left is none) or ``"changed"`` (one holds other values) as it began."""
+        if self._left:  # a pass that reached none of params: they are as it began
+            self.passing()
+        found, cleared, self._found, self._cleared = self._found, self._cleared, [], False
+        grads = [(p, p.grad) for p in self._params if spans and p.grad is not None and p.grad.layout == torch.strided]
+        norms = [_norm(g) for _, g in grads]
+        self._left = [(p, weakref.ref(g), g._version, n) for (p, g), n in zip(grads, norms)]
+        how = "cleared" if cleared else "changed" if any(bool(f) for f in found) else None
+        if how is not None:  # told once: nothing is judged after
+            self._params, self._left = [], []
+        return how
+
+
+def _norm(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient's norm, in float32 at least (a float16 one's could overflow where its values differ)."""
+    norm: torch.Tensor = torch.linalg.vector_norm(grad.detach(), dtype=torch.promote_types(grad.dtype, torch.float32))
+    return norm
+
+
+def changed_in_window(plugin: str, step: str, how: str, accumulate: int, where: str) -> str:
+    """The message of optim's watch where :class:`Untouched` found the gradients of an accumulation window
+    ``"changed"`` or ``"cleared"`` (``how``) by the step function ``step`` between its passes, ``where``."""
+    head = (f"{plugin}: step function {step!r} {how} the gradients accumulated inside a window of accumulate="
+            f"{accumulate} between two of its backward passes{where}")
+    if how == "cleared":
+        return (f"{head} (a zero_grad() of the model or of a torch optimizer, not loop.optimizers'): each window's "
+                f"step then takes its last batches' gradients alone. Call loop.optimizers.zero_grad() instead, which "
+                f"clears them only after the window's step")
+    return (f"{head}: a clip (torch.nn.utils.clip_grad_norm_ or clip_grad_value_) or a p.grad.mul_() there runs at "
+            f"every batch, on a partial sum, where a plain loop clips once a window, on its summed gradients, before "
+            f"optimizer.step(): the run trains another model. Give Optim(clip_norm=<max norm>, clip_scope='model') "
+            f"(one norm over every optimizer's parameters, as clip_grad_norm_(model.parameters(), ...) takes; or "
+            f"clip_value=) and take the clip out of the step function, or clip only where the gradients are the "
+            f"step's: if loop.optimizers.unscale_(): torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)")
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
