@@ -125,7 +125,7 @@ class Schedules:
                     since = f" from its milestone {start} (to step {horizon + start})" if start else ""
                     said.append(f"the {what} of optimizer {name!r} has {attr}={horizon}{since}, as many as {sized}, "
                                 f"and would run only {steps - start} of those steps: give {attr}={steps - start}")
-            for what, one, start in schedules.held(given):  # a LambdaLR's lambda, probed (schedules.lambda_end)
+            for what, one, start in schedules.held(given):  # a LambdaLR's or MultiplicativeLR's lambda, probed
                 for end in sorted({batches, loop.max_steps or batches}):
                     if 0 < steps - start < end - start and (
                             value := schedules.lambda_end(one, end - start, steps - start)) is not None:

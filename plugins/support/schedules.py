@@ -1,8 +1,9 @@
 """torch's learning-rate schedulers read without stepping them, for a plugin that steps them: the schedulers its
 option gives, by optimizer name (:func:`given`), whether a schedule is done within a number of steps
 (:func:`passing`), how many steps it lasts (:func:`horizons`), a chain's (``ChainedScheduler``, ``SequentialLR``)
-included, the step a ``LambdaLR``'s lambda reaches its end at (:func:`lambda_end`), and how many optimizer steps a run's batches make under gradient accumulation (:func:`optimizer_steps`).
-How the built-in optim uses them: ``plugins/optim/README.md``, "Schedulers"."""
+included, the step a ``LambdaLR``'s or ``MultiplicativeLR``'s lambda reaches its end at (:func:`lambda_end`,
+:func:`multiplied`), and how many optimizer steps a run's batches make under gradient accumulation
+(:func:`optimizer_steps`). How the built-in optim uses them: ``plugins/optim/README.md``, "Schedulers"."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.optim import Optimizer, lr_scheduler
 
 from hookfit.plugins.support.options import option_error
 
-__all__ = ["HORIZONS", "Given", "given", "held", "horizons", "lambda_end", "optimizer_steps", "passing"]
+__all__ = ["HORIZONS", "Given", "given", "held", "horizons", "lambda_end", "multiplied", "optimizer_steps", "passing"]
 
 HORIZONS = ("T_max", "total_steps", "total_iters")
 """The attributes that say how many steps a scheduler's schedule lasts: ``CosineAnnealingLR``'s, ``OneCycleLR``'s,
@@ -125,15 +126,18 @@ def lambda_end(scheduler: Any, steps: int, taken: int) -> float | None:
     ``get_linear_schedule_with_warmup``), not a constant, a warmup that then holds, a decay that goes on
     (``0.9 ** step``), or one that ended earlier. Each lambda is called with those steps, out of the schedule's
     order (a lambda is a function of the step, torch's documentation says); one that raises or gives no real
-    number is not judged. Another scheduler (a ``MultiplicativeLR``, whose lambda is a factor on the step before)
-    is not judged."""
-    if type(scheduler) is not lr_scheduler.LambdaLR or not 0 <= taken < steps:
+    number is not judged. A ``MultiplicativeLR``'s lambda is a factor on the step before: its schedule's factor at
+    a step is the product of the lambda over the steps up to there (:func:`multiplied`), judged alike at those
+    steps but for ``10 * steps`` (the lambda is called at each step from 1 to ``2 * steps``, in order). Another
+    scheduler is not judged."""
+    multiplies = type(scheduler) is lr_scheduler.MultiplicativeLR
+    if not (multiplies or type(scheduler) is lr_scheduler.LambdaLR) or not 0 <= taken < steps:
         return None
     probe = sorted({*range(0, steps, max(1, steps // 64)), steps - 1, taken, steps + 1, steps * 3 // 2 + 1,
-                    2 * steps, 10 * steps})
+                    2 * steps, *(() if multiplies else (10 * steps,))})
     for f in scheduler.lr_lambdas:
         try:
-            values = {s: f(s) for s in probe} | {steps: f(steps)}
+            values = multiplied(f, [*probe, steps]) if multiplies else {s: f(s) for s in probe} | {steps: f(steps)}
         except Exception:  # the user's lambda: one that raises at a step is not judged (nothing is said)
             continue
         if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values.values()):
@@ -142,6 +146,22 @@ def lambda_end(scheduler: Any, steps: int, taken: int) -> float | None:
         if end < min(values[steps - 1], values[taken]) and end <= min(values.values()):
             return end
     return None
+
+
+def multiplied(factor: Any, steps: list[int]) -> dict[int, Any]:
+    """A ``MultiplicativeLR``'s factor of its initial rate at each of ``steps``: the product of its lambda ``factor``
+    over the steps from 1 to there (torch multiplies the rate by ``factor(step)`` at each step past the first), the
+    lambda called at each step in order, and no more past a step of ``steps`` where the product is no real number
+    (the last value then)."""
+    wanted, product = set(steps), 1.0
+    out = {0: product} if 0 in wanted else {}
+    for step in range(1, max(wanted, default=0) + 1):
+        product = product * factor(step)
+        if step in wanted:
+            out[step] = product
+            if not isinstance(product, numbers.Real):
+                break
+    return out
 
 
 def optimizer_steps(batches: int, per_epoch: int | None, accumulate: int) -> int:

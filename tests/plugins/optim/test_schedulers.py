@@ -882,12 +882,16 @@ def hf_linear(warmup: int, total: int):
      "the SequentialLR's LambdaLR of optimizer 'default' reaches its end (a factor of 0) at step 30 (28 steps from "
      "its milestone 2), as many as the batches this run trains, and would run only 7 of those steps: size its "
      "lambda to 7 steps"),
-], ids=["hf-linear-max_steps", "cosine", "SequentialLR"])
+    (lambda opt: lr_scheduler.MultiplicativeLR(opt, lambda s: 0.01 ** (1 / 30) if s <= 30 else 1.0), {},
+     "the MultiplicativeLR of optimizer 'default' reaches its end (a factor of 0.01) at step 30, as many as the "
+     "batches this run trains, and would run only 9 of those steps: size its lambda to 9 steps"),  # a factor a step
+], ids=["hf-linear-max_steps", "cosine", "SequentialLR", "MultiplicativeLR"])
 def test_a_lambda_schedule_ending_at_the_batches_under_accumulation_is_told_the_optimizer_steps(make, limits,
                                                                                                said) -> None:
     """Hugging Face's linear warmup schedule (a LambdaLR) sized to max_steps under accumulate=4 took a quarter of
     its steps and ended at 0.83 of the peak rate with no word, where CosineAnnealingLR(T_max=max_steps) was told:
-    the lambda, probed at fit_start, reaches its end value at the batches, and the run steps it fewer times."""
+    the lambda, probed at fit_start, reaches its end value at the batches, and the run steps it fewer times. A
+    MultiplicativeLR's lambda is a factor on the step before: the product of its factors is probed alike."""
     told, steps, sched = sized(make, **limits)
     assert len(told) == 1 and told[0].category is OptimWarning and told[0].filename == __file__, told
     message = str(told[0].message)
@@ -899,14 +903,19 @@ def test_a_lambda_schedule_sized_to_the_optimizer_steps_constant_or_warmup_only_
         ) -> None:
     """Only a lambda that reaches its end exactly at the batches the run trains, where the run steps it fewer times,
     is told: one sized to the optimizer steps runs to its end; a constant, a warmup that then holds, a decay that
-    goes on, a lambda that raises or gives no number, a MultiplicativeLR, and a run without accumulation are not."""
+    goes on, a lambda that raises or gives no number, and a run without accumulation are not; nor a MultiplicativeLR
+    whose factor is constant (1.0: none; 0.95: a decay that goes on) or whose product ends at the optimizer steps."""
     told, steps, sched = sized(lambda opt: lr_scheduler.LambdaLR(opt, hf_linear(2, 9)))
     assert told == [] and steps == 9 and sched.get_last_lr() == [0.0]  # it ran to its end
     for f in [lambda s: 1.0, lambda s: min(1.0, (s + 1) / 4), lambda s: 0.9 ** s, lambda s: 1 / math.sqrt(s + 1),
               lambda s: 1 - s / 30 if s < 30 else 1 / 0, lambda s: "0.5" if s > 40 else max(0.0, 1 - s / 30)]:
         assert sized(lambda opt: lr_scheduler.LambdaLR(opt, f))[0] == []
     assert sized(lambda opt: lr_scheduler.LambdaLR(opt, hf_linear(4, 30)), accumulate=1)[0] == []
-    assert sized(lambda opt: lr_scheduler.MultiplicativeLR(opt, lambda s: 0.95))[0] == []
+    for f in [lambda s: 1.0, lambda s: 0.95]:
+        assert sized(lambda opt: lr_scheduler.MultiplicativeLR(opt, f))[0] == []
+    told, steps, sched = sized(lambda opt: lr_scheduler.MultiplicativeLR(opt, lambda s: 0.01 ** (1 / 9) if s <= 9
+                                                                          else 1.0))
+    assert told == [] and steps == 9 and sched.get_last_lr() == [pytest.approx(0.1 * 0.01)]  # it ran to its end
 
 
 class Published:

@@ -3,9 +3,10 @@ it, in real runs: tests/plugins/optim/test_schedulers.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from hookfit.plugins.support.schedules import held, horizons, lambda_end, optimizer_steps, passing
+from hookfit.plugins.support.schedules import held, horizons, lambda_end, multiplied, optimizer_steps, passing
 
 lr_scheduler = torch.optim.lr_scheduler
 
@@ -57,7 +58,26 @@ def test_lambda_end_is_the_factor_a_lambda_reaches_at_the_steps_and_not_before_a
     for f in [lambda s: 1.0, lambda s: min(1.0, (s + 1) / 4), lambda s: 0.9 ** s, lambda s: [1.0][s],
               lambda s: float("nan") if s > 40 else max(0.0, 1 - s / 40)]:
         assert lambda_end(lr_scheduler.LambdaLR(opt, f), 40, 10) is None
-    assert lambda_end(lr_scheduler.MultiplicativeLR(opt, lambda s: 0.0 if s >= 40 else 1.0), 40, 10) is None
+
+
+
+def test_lambda_end_of_a_multiplicative_lambda_is_the_product_of_its_factors_judged_as_a_lambda_is() -> None:
+    """A MultiplicativeLR multiplies the rate by its lambda at each step: the product over the steps up to a step is
+    its schedule's factor there, judged as a LambdaLR's lambda."""
+    opt = optimizer()
+
+    def multiplicative(f):
+        return lr_scheduler.MultiplicativeLR(opt, f)
+
+    assert lambda_end(multiplicative(lambda s: 0.0 if s >= 40 else 1.0), 40, 10) == 0.0  # no rate from step 40
+    assert lambda_end(multiplicative(lambda s: 0.01 ** (1 / 40) if s <= 40 else 1.0), 40, 10) == pytest.approx(0.01)
+    assert lambda_end(multiplicative(lambda s: (40 - s) / (41 - s) if s <= 40 else 1.0), 40, 10) == 0.0  # linear
+    for f in [lambda s: 1.0, lambda s: 0.95, lambda s: 0.01 ** (1 / 10) if s <= 10 else 1.0,  # ended at the taken
+              lambda s: 0.9 if s <= 40 else 0.99, lambda s: torch.tensor(0.9), lambda s: 1 / 0 if s > 40 else 0.9]:
+        assert lambda_end(multiplicative(f), 40, 10) is None
+    assert multiplied(lambda s: 0.5, [0, 1, 3]) == {0: 1.0, 1: 0.5, 3: 0.125}
+    calls = []
+    assert multiplied(lambda s: calls.append(s) or 2.0, [2, 1]) == {1: 2.0, 2: 4.0} and calls == [1, 2]  # in order
 
 
 def test_held_names_a_chain_s_schedulers_with_the_step_each_starts_at() -> None:
