@@ -28,7 +28,7 @@ from hookfit.plugins.checkpoint.state import payload
 from hookfit.plugins.checkpoint.catalog import Catalog
 from hookfit.plugins.checkpoint.repeats import Written
 from hookfit.plugins.checkpoint.reports import Reports
-from hookfit.plugins.checkpoint.scores import Scores, hold, settle, unscored
+from hookfit.plugins.checkpoint.scores import Scores, hold, owed, settle, unscored
 from hookfit.plugins.checkpoint.shardwriter import ShardWriter
 from hookfit.plugins.checkpoint.storage import CheckpointWarning, filename
 from hookfit.plugins.checkpoint.unsaved import Unsaved
@@ -260,6 +260,7 @@ class Checkpoint:
             folder = self._known_directory(loop)  # (Catalog.adopt); a new run folder holds none
             self.writer.remove(self.catalog.adopt([] if folder is None else folders.adoptable(folder, path),
                                                   data["loop"]["step"]))
+        owed(self, loop, data, self._steps.due(data["loop"]["step"]))  # its validation due, and unscored
         return path
 
     @hookimpl

@@ -17,6 +17,10 @@ carry it. The rule is written here once:
   written without a metric if the step's save was due, else let go; so is a copy whose
   validation published no metrics of the stage (no metrics plugin: warned once a run), at the
   next save point (:func:`unscored`), so that copies never pile up in the writer's snapshots.
+  A run resumed from a checkpoint so written, unscored, owes the save that followed the
+  validation: it holds the checkpoint's own contents as the copy (:func:`owed`), so that the
+  validation it runs first scores them, written again with that score, or as the best, as the
+  run it continues would have written them.
   A sharded run's state is not copied ahead (DCP copies it as it writes): its saves at such
   steps are written at once, without a metric, and its best is among the checkpoints of epoch
   ends.
@@ -26,9 +30,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import sharded
@@ -36,14 +41,14 @@ from hookfit.plugins.checkpoint.shardwriter import save_sharded
 from hookfit.plugins.checkpoint.storage import CheckpointWarning
 from hookfit.plugins.checkpoint.writer import Held
 from hookfit.plugins.support import Monitor
+from hookfit.position import Position
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.payloads import MetricsSnapshot
     from hookfit.plugins.checkpoint.plugin import Checkpoint
-    from hookfit.position import Position
     from hookfit.run import Run
 
-__all__ = ["Pending", "Scores", "hold", "settle", "unscored"]
+__all__ = ["Pending", "Scores", "hold", "owed", "settle", "unscored"]
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,14 @@ class Pending:
     """A save taken at a step whose validation comes next, waiting for that validation's score:
     where (``position``), whether the step's save was ``due`` anyway, the ``path`` the main
     process writes, and the copy of the state (``None`` off the main process, which writes
-    nothing)."""
+    nothing). ``again``: the copy is the contents of the checkpoint the run resumed from, unscored
+    (:func:`owed`): written again only with a score."""
 
     position: Position
     due: bool
     path: Path | None
     copy: Held | None
+    again: bool = False
 
 
 class Scores:
@@ -188,6 +195,32 @@ def hold(checkpoint: Checkpoint, loop: Run, due: bool) -> None:
     checkpoint.scores.pending = Pending(position, due, path, copy)
 
 
+def owed(checkpoint: Checkpoint, loop: Run, data: Mapping[str, Any], scheduled: bool) -> None:
+    """A training run resumed from a checkpoint (its contents ``data``) taken at a step whose validation of the
+    monitored stage was due and never scored it (it failed, or a stop cut it short: the checkpoint says the
+    validation is due and carries no score): that validation runs first, and the save that followed it in the run
+    this one continues is owed. The checkpoint's contents are held as :func:`hold` holds a copy (due: the step's
+    save was, as the checkpoint's ``reason`` says, or ``scheduled``: by the schedule), for :func:`settle` to write
+    them again with their score, under the name the step's save has, or to let them go; a checkpoint that carries a
+    score of the metric monitored now owes nothing, nor does a sharded one (see the module)."""
+    meta, at = data["meta"], Position.from_dict(data["loop"])
+    meta = meta if isinstance(meta, Mapping) else {}
+    scored = meta.get("monitor") == checkpoint.scores.monitor.metric and isinstance(meta.get("metric"), (int, float))
+    if (checkpoint.off or loop.mode != "fit" or not at.val_due or scored or checkpoint.scores.stage != "valid"
+            or loop.val_step is None or sharded.placeholders(data)):
+        return
+    checkpoint.written.asked = at.step  # as hold() asks it, on every process
+    due = scheduled or meta.get("reason") == "step"
+    path = checkpoint.destination(loop, at, "step")
+    copy = None
+    if loop.is_main:
+        with checkpoint.writer.aside():
+            copy = checkpoint.writer.hold(dict(data))
+        if copy is None:  # (skipped: when_busy="skip" and both snapshots taken)
+            return
+    checkpoint.scores.pending = Pending(at, due, path, copy, again=True)
+
+
 def unscored(checkpoint: Checkpoint, loop: Run) -> None:
     """At a save point (a training batch's, an epoch's): a copy still pending is one whose
     validation published no metrics of the monitored stage (no plugin publishes them: the metrics
@@ -206,13 +239,15 @@ def unscored(checkpoint: Checkpoint, loop: Run) -> None:
 
 def settle(checkpoint: Checkpoint, loop: Run, score: float | None) -> None:
     """The pending save after the validation it waited for: written with ``score`` if it was
-    due or ``score`` is a new best (or one of the ``keep_best``), else let go (``score`` ``None``: the publication lacked
-    the metric, or the validation was cut short and the run ends)."""
+    due or ``score`` is a new best (or one of the ``keep_best``), else let go (``score`` ``None``: the publication
+    lacked the metric, or the validation was cut short and the run ends; a copy of the checkpoint the run resumed
+    from, :attr:`Pending.again`, is then let go: that checkpoint holds it already)."""
     scores = checkpoint.scores
     pending, scores.pending = scores.pending, None
     if pending is None:
         return
-    if not (pending.due or scores.improves(score) or checkpoint.catalog.ranks(score)):
+    if not (pending.due or scores.improves(score) or checkpoint.catalog.ranks(score)) or (
+            pending.again and score is None):  # (the checkpoint on disk holds that already)
         if pending.copy is not None:
             checkpoint.writer.drop(pending.copy)
         return

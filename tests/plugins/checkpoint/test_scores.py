@@ -18,7 +18,7 @@ from hookfit.plugins.checkpoint import Checkpoint, CheckpointWarning, read
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
-from conftest import mse_step, resumable_run
+from conftest import mse_step, resumable_run, run_script_here
 
 
 class Scored:
@@ -205,3 +205,108 @@ def test_validations_inside_training_that_publish_no_score_never_hold_the_run(
     assert [(d["loop"]["step"], d["meta"]["reason"], d["meta"]["metric"]) for d in saved] == [
         (4, "step", None), (8, "step", None), (12, "step", None)]
     assert checkpoint.best is None and ended[0].results["best_checkpoint"] is None
+
+
+OWED = '''
+import json, os, sys
+import torch, hookfit
+from hookfit.data import Batches
+from hookfit.plugins.checkpoint import Checkpoint, read
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
+run_dir, kind, target = sys.argv[1], sys.argv[2], float(sys.argv[3])
+marker = run_dir + ".fail"  # the global step whose validation fails, once
+
+
+class FailOnce:
+    name = "fail_once"
+
+    @hookfit.hookimpl
+    def batch_start(self, loop, batch_idx):
+        if not loop.training and batch_idx == 1 and os.path.exists(marker):
+            with open(marker) as f:
+                at = int(f.read())
+            if loop.state.step == at:
+                os.remove(marker)
+                raise RuntimeError(f"injected failure in the validation after step {at}")
+
+
+def step(loop, b):
+    loss = torch.nn.functional.mse_loss(loop.model(b[0]), b[0] + 0.05 * torch.randn_like(b[0]))  # draws
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return {"loss": loss}
+
+
+def val_step(loop, b):  # the weight goes from 0 towards 1: the best is the one nearest the target
+    return {"loss": torch.nn.functional.mse_loss(loop.model(b[0]), target * b[0])}
+
+
+torch.manual_seed(0)
+x = 1 + 0.1 * torch.randn(24, 1, generator=torch.Generator().manual_seed(1))
+model = torch.nn.Linear(1, 1, bias=False)
+with torch.no_grad():
+    model.weight.zero_()
+bounds, saves = {"steps": ({"max_epochs": 2, "val_every_n_steps": 4}, {"every_n_steps": 4}),
+                 "max_steps": ({"max_steps": 8, "val_every_n_steps": 4}, {"every_n_steps": 4}),
+                 "epochs": ({"max_epochs": 3}, {"every_n_epochs": 1}),
+                 "epochs_steps": ({"max_epochs": 3}, {"every_n_steps": 6, "every_n_epochs": 1})}[kind]
+checkpoint, metrics = Checkpoint(monitor="valid/loss", **saves), Metrics()
+state = hookfit.Loop(step, Batches(x, batch_size=4, shuffle=True, seed=3), model=model, val_step=val_step,
+                     val_data=Batches(x[:8], batch_size=4), run_dir=run_dir, resume="latest",
+                     optimizers=torch.optim.SGD(model.parameters(), lr=0.05), **bounds,
+                     plugins=[Optim(), metrics, checkpoint, FailOnce()]).fit()
+best = checkpoint.best
+with open(run_dir + ".json", "w") as f:
+    json.dump({"status": state.status, "step": state.step, "weight": model.weight.item(),
+               "best": None if best is None else [best[0], os.path.basename(best[1])],
+               "last": os.path.basename(checkpoint.last), "valid": [[e["step"], e["loss"]] for e in metrics.history["valid"]],
+               "files": {p.name: read(p)["meta"]["metric"] for p in sorted(checkpoint.saved)}}, f)
+'''
+
+
+def _owed(tmp_path: Path, name: str, kind: str, target: float, here: pytest.MonkeyPatch | None = None
+          ) -> tuple[dict[str, Any], str]:
+    """The script above in a process of its own (``here``: in this one, for the run compared with): what it
+    recorded, and its stderr."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if here is not None:
+        run_script_here(tmp_path / "owed.py", str(tmp_path / name), kind, str(target), monkeypatch=here)
+        return json.loads((tmp_path / f"{name}.json").read_text()), ""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}, "HOOKFIT_PLUGINS": ""}
+    done = subprocess.run([sys.executable, "owed.py", str(tmp_path / name), kind, str(target)], cwd=tmp_path, capture_output=True,
+                          text=True, env=env, timeout=300)
+    out = tmp_path / f"{name}.json"
+    return (json.loads(out.read_text()) if done.returncode == 0 else {"failed": done.returncode}), done.stderr
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("kind, fails, target", [
+    ("steps", 8, 0.6),  # val_every_n_steps=4, every_n_steps=4: step 8, inside epoch 2 of 2
+    ("max_steps", 8, 0.6),  # the same, max_steps=8 ending the run at that step
+    ("epochs", 12, 0.72),  # epoch-end validations, every_n_epochs=1: the failure is before the epoch's save
+    ("epochs_steps", 12, 0.72),  # every_n_steps=6 saves epoch 2's last batch, then its validation fails
+])
+def test_a_run_resumed_after_a_validation_failed_scores_the_checkpoint_taken_before_it(
+        tmp_path: Path, kind: str, fails: int, target: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The validation after step ``fails`` (the best weights of the run) fails once, the run dies; resumed
+    (``resume="latest"``), it validates there first, and scores the checkpoint of that step as the run that did
+    not fail wrote it: the same best checkpoint, with the same metric, the same files and their metrics, the
+    same weights and validations. Before, the checkpoint of a ``val_every_n_steps`` step was written unscored
+    when its validation failed, and the resumed run never scored it: another checkpoint was the best."""
+    (tmp_path / "owed.py").write_text(OWED)
+    straight, _ = _owed(tmp_path, "straight", kind, target, here=monkeypatch)
+    assert straight["best"] is not None and straight["best"][1].endswith(f"-step{fails:09d}.pt"), straight
+    (tmp_path / "resumed.fail").write_text(str(fails))
+    failed, said = _owed(tmp_path, "resumed", kind, target)
+    assert failed == {"failed": 1} and f"injected failure in the validation after step {fails}" in said, said
+    assert not (tmp_path / "resumed.fail").exists()
+    resumed, said = _owed(tmp_path, "resumed", kind, target)
+    assert "resume='latest' took" in said and "Warning" not in said, said
+    assert resumed == straight
