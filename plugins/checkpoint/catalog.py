@@ -124,14 +124,18 @@ class Catalog:
     def adopt(self, files: list[Path], step: int) -> list[Path]:
         """Take ``files`` (the checkpoints in this run's folder) as this run's, resumed from
         one at ``step``, so ``keep_last`` holds across resumes: sorted by position, those beyond
-        ``step`` (an abandoned continuation) first, so pruned first; the files to remove."""
+        ``step`` (an abandoned continuation) first, so pruned first; the files to remove. The scores of
+        those up to ``step`` that the state lacks are read from them, and a better one is the best: the state a
+        checkpoint holds is copied before the writes still in flight then are taken (a background writer), and a
+        state may be older than the scores it keeps."""
         files = sorted(map(_at, files), key=lambda p: (position_of(p)[0] <= step, position_of(p), p.stat().st_mtime))
         self.saved = files
-        if self.keep_best > 1 and self.monitor.metric is not None:  # a state without scores (written before them)
+        if self.monitor.metric is not None:
             for path in files:
                 if path not in self.scores and position_of(path)[0] <= step:
                     if (score := score_of(path, self.monitor.metric)) is not None:
                         self.scores[path] = score
+                        self.monitor.update(score, at=path)
         return self.prune()
 
     def state(self) -> dict[str, Any]:

@@ -249,6 +249,7 @@ x = 1 + 0.1 * torch.randn(24, 1, generator=torch.Generator().manual_seed(1))
 model = torch.nn.Linear(1, 1, bias=False)
 with torch.no_grad():
     model.weight.zero_()
+model.register_buffer("pad", torch.zeros(int(sys.argv[4]) if len(sys.argv) > 4 else 0))  # (a longer write)
 bounds, saves = {"steps": ({"max_epochs": 2, "val_every_n_steps": 4}, {"every_n_steps": 4}),
                  "max_steps": ({"max_steps": 8, "val_every_n_steps": 4}, {"every_n_steps": 4}),
                  "epochs": ({"max_epochs": 3}, {"every_n_epochs": 1}),
@@ -262,13 +263,14 @@ best = checkpoint.best
 with open(run_dir + ".json", "w") as f:
     json.dump({"status": state.status, "step": state.step, "weight": model.weight.item(),
                "best": None if best is None else [best[0], os.path.basename(best[1])],
-               "last": os.path.basename(checkpoint.last), "valid": [[e["step"], e["loss"]] for e in metrics.history["valid"]],
+               "last": os.path.basename(checkpoint.last),
+               "valid": [[e["step"], e["loss"]] for e in metrics.history["valid"]],
                "files": {p.name: read(p)["meta"]["metric"] for p in sorted(checkpoint.saved)}}, f)
 '''
 
 
-def _owed(tmp_path: Path, name: str, kind: str, target: float, here: pytest.MonkeyPatch | None = None
-          ) -> tuple[dict[str, Any], str]:
+def _owed(tmp_path: Path, name: str, kind: str, target: float, here: pytest.MonkeyPatch | None = None,
+          pad: int = 0) -> tuple[dict[str, Any], str]:
     """The script above in a process of its own (``here``: in this one, for the run compared with): what it
     recorded, and its stderr."""
     import json
@@ -277,11 +279,11 @@ def _owed(tmp_path: Path, name: str, kind: str, target: float, here: pytest.Monk
     import sys
 
     if here is not None:
-        run_script_here(tmp_path / "owed.py", str(tmp_path / name), kind, str(target), monkeypatch=here)
+        run_script_here(tmp_path / "owed.py", str(tmp_path / name), kind, str(target), str(pad), monkeypatch=here)
         return json.loads((tmp_path / f"{name}.json").read_text()), ""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}, "HOOKFIT_PLUGINS": ""}
-    done = subprocess.run([sys.executable, "owed.py", str(tmp_path / name), kind, str(target)], cwd=tmp_path, capture_output=True,
-                          text=True, env=env, timeout=300)
+    done = subprocess.run([sys.executable, "owed.py", str(tmp_path / name), kind, str(target), str(pad)],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     out = tmp_path / f"{name}.json"
     return (json.loads(out.read_text()) if done.returncode == 0 else {"failed": done.returncode}), done.stderr
 
@@ -309,4 +311,26 @@ def test_a_run_resumed_after_a_validation_failed_scores_the_checkpoint_taken_bef
     assert not (tmp_path / "resumed.fail").exists()
     resumed, said = _owed(tmp_path, "resumed", kind, target)
     assert "resume='latest' took" in said and "Warning" not in said, said
+    assert resumed == straight
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("kind", ["steps", "max_steps"])
+def test_a_resumed_run_keeps_the_best_checkpoint_whose_write_was_in_flight_when_its_state_was_copied(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The best weights are step 4's; the validation after step 8 fails. The checkpoint of step 8 was copied
+    while the writer (``background=True``) was still writing step 4's (a model of 32 MB, batches of
+    microseconds): the state it holds does not name step 4's as the best. Resumed, the run reads the scores of
+    its checkpoints up to step 8 that the state lacks: step 4's stays the best, as in the run that did not
+    fail. Before, the resumed run took step 8's for the best and, inside epoch 2 of 2, ``keep_last=3`` pruned
+    step 4's away at step 12: the best weights were lost."""
+    pad = 8_000_000
+    (tmp_path / "owed.py").write_text(OWED)
+    straight, _ = _owed(tmp_path, "straight", kind, 0.35, here=monkeypatch, pad=pad)
+    assert straight["best"] is not None and straight["best"][1].endswith("-step000000004.pt"), straight
+    (tmp_path / "resumed.fail").write_text("8")
+    failed, said = _owed(tmp_path, "resumed", kind, 0.35, pad=pad)
+    assert failed == {"failed": 1} and "injected failure in the validation after step 8" in said, said
+    resumed, said = _owed(tmp_path, "resumed", kind, 0.35, pad=pad)
+    assert "Warning" not in said, said
     assert resumed == straight
