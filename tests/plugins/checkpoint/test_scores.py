@@ -216,7 +216,7 @@ from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
 run_dir, kind, target = sys.argv[1], sys.argv[2], float(sys.argv[3])
-marker = run_dir + ".fail"  # the global step whose validation fails, once
+marker = run_dir + ".fail"  # the global step whose validation fails (or, "N stop", asks to stop), once
 
 
 class FailOnce:
@@ -226,10 +226,13 @@ class FailOnce:
     def batch_start(self, loop, batch_idx):
         if not loop.training and batch_idx == 1 and os.path.exists(marker):
             with open(marker) as f:
-                at = int(f.read())
-            if loop.state.step == at:
+                at, *how = f.read().split()
+            if loop.state.step == int(at):
                 os.remove(marker)
-                raise RuntimeError(f"injected failure in the validation after step {at}")
+                if how == ["stop"]:
+                    loop.request_stop("stopped in a validation")
+                else:
+                    raise RuntimeError(f"injected failure in the validation after step {at}")
 
 
 def step(loop, b):
@@ -252,6 +255,7 @@ with torch.no_grad():
 model.register_buffer("pad", torch.zeros(int(sys.argv[4]) if len(sys.argv) > 4 else 0))  # (a longer write)
 bounds, saves = {"steps": ({"max_epochs": 2, "val_every_n_steps": 4}, {"every_n_steps": 4}),
                  "max_steps": ({"max_steps": 8, "val_every_n_steps": 4}, {"every_n_steps": 4}),
+                 "best_only": ({"max_epochs": 2, "val_every_n_steps": 4}, {"every_n_epochs": None}),
                  "epochs": ({"max_epochs": 3}, {"every_n_epochs": 1}),
                  "epochs_steps": ({"max_epochs": 3}, {"every_n_steps": 6, "every_n_epochs": 1})}[kind]
 checkpoint, metrics = Checkpoint(monitor="valid/loss", **saves), Metrics()
@@ -332,5 +336,23 @@ def test_a_resumed_run_keeps_the_best_checkpoint_whose_write_was_in_flight_when_
     failed, said = _owed(tmp_path, "resumed", kind, 0.35, pad=pad)
     assert failed == {"failed": 1} and "injected failure in the validation after step 8" in said, said
     resumed, said = _owed(tmp_path, "resumed", kind, 0.35, pad=pad)
+    assert "Warning" not in said, said
+    assert resumed == straight
+
+
+@pytest.mark.parametrize("kind", ["steps", "best_only"])
+def test_a_run_resumed_after_a_stop_inside_a_validation_scores_the_checkpoint_of_that_step(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop asked inside the validation after step 8 (the best weights): the run ends interrupted, its
+    checkpoint of step 8 unscored (its save due, ``every_n_steps=4``; or its interrupt's, where no save is due
+    and that validation's copy was let go). Resumed, the run validates there first and writes the checkpoint of
+    step 8 again with its score (as its step's save, or as the best), as the run that did not stop wrote it."""
+    (tmp_path / "owed.py").write_text(OWED)
+    straight, _ = _owed(tmp_path, "straight", kind, 0.6, here=monkeypatch)
+    assert straight["best"] is not None and straight["best"][1].endswith("-step000000008.pt"), straight
+    (tmp_path / "resumed.fail").write_text("8 stop")
+    stopped, said = _owed(tmp_path, "resumed", kind, 0.6)
+    assert stopped["status"] == "interrupted" and stopped["files"][straight["best"][1]] is None, (stopped, said)
+    resumed, said = _owed(tmp_path, "resumed", kind, 0.6)
     assert "Warning" not in said, said
     assert resumed == straight
