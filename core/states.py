@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import torch
 
+from hookfit.discovery import inert
 from hookfit.errors import HookfitWarning, RefusedState, StateMismatch, user_level
 from hookfit.modes import modules
 from hookfit.persistent import made, named, other_workers, persistent, workers
@@ -253,15 +254,35 @@ def _type_name(value: Any) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _sits_out(run: Run, name: str) -> bool:
-    """Whether ``run`` is an evaluation (``loop.mode != "fit"``) and plugin ``name`` one it has, enabled, that takes
-    no part in it: left out as inert there or unregistered at its ``configure`` (early stopping, a training-only
-    plugin), so the saved state it would restore is of no use to it. A plugin the evaluation lacks altogether
-    (disabled, not installed, not given) is not: its state may have mattered to it (an average of the weights)."""
-    if run.mode == "fit":
-        return False
+_STAGE = frozenset({"stage_start", "batch_start", "step_output", "batch_end", "after_batch", "stage_end"})
+"""The events of a stage: those a plugin changing what a validation measures acts in (the model's weights
+swapped for an average, as ``ema`` does; the step's output changed)."""
+
+
+def _left_out(run: Run, name: str) -> bool:
+    """Whether ``run`` is an evaluation (``loop.mode != "fit"``) that has plugin ``name``, enabled, and takes
+    no part in it: left out as inert there or unregistered at its ``configure``."""
     info = run.pm.infos.get(name)
-    return info is not None and info.enabled and run.pm.get_plugin(name) is None
+    return run.mode != "fit" and info is not None and info.enabled and run.pm.get_plugin(name) is None
+
+
+def _sits_out(run: Run, name: str) -> bool:
+    """Whether plugin ``name`` is :func:`_left_out` of the evaluation ``run`` so that the saved state it would
+    restore is of no use to it: it left at its own ``configure``, chosen and seeing the run (early stopping given
+    without a monitor), or, left out as inert merely discovered, it acts in none of a stage's events (early
+    stopping, a tracker), so that no validation of the run it comes from measured its state. One left out as
+    inert that acts in a stage (weights averaged and swapped in for the validation) is not, nor is a plugin the
+    evaluation lacks altogether (disabled, not installed, not given): its state may be what was validated."""
+    info = run.pm.infos.get(name)
+    return info is not None and _left_out(run, name) and (info.chosen or _STAGE.isdisjoint(info.hooks))
+
+
+def _turned_on(run: Run, name: str) -> str:
+    """How plugin ``name``, left out of ``run`` as inert, takes part: its own ``inert`` answer."""
+    try:
+        return inert(run.pm.infos[name].plugin, False, run) or "chosen for the run"
+    except Exception:  # (an answer that fails was reported when the run left it out)
+        return "chosen for the run"
 
 
 def load_plugin_states(run: Run, states: Mapping[str, Any], strict: bool) -> None:
@@ -277,14 +298,19 @@ def load_plugin_states(run: Run, states: Mapping[str, Any], strict: bool) -> Non
     # runs on rank 0 alone (the observers switched off there, a tracker a script gives rank 0 only)
     extra = sorted(name for name in states if name not in loaders and states[name] is not None
                    and not _sits_out(run, name)) if run.is_main else []
+    inert_here = [name for name in extra if _left_out(run, name)]  # (for an evaluation: what would restore it)
     if missing or extra:
         problems = []
         if missing:
             problems.append(f"no saved state for {', '.join(map(run.pm.describe, missing))} "
                             f"(new to the run: it starts fresh)")
-        if extra:
-            problems.append(f"saved state of plugin(s) {', '.join(map(repr, extra))} that "
+        if absent := [name for name in extra if name not in inert_here]:
+            problems.append(f"saved state of plugin(s) {', '.join(map(repr, absent))} that "
                             "no enabled plugin of this run restores (left unused)")
+        problems.extend(f"saved state of {run.pm.describe(name)}, which is inert in this evaluation (left unused), "
+                        f"although the validations of the run it comes from may have measured it (it acts in a "
+                        f"stage, as a plugin validating with averaged weights does); it takes part when {_turned_on(run, name)}"
+                        for name in inert_here)
         message = "plugin states do not match this run: " + "; ".join(problems)
         if strict:
             raise StateMismatch(message, missing, extra)

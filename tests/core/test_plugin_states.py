@@ -283,6 +283,96 @@ def test_an_evaluation_leaves_the_state_of_a_plugin_that_sits_it_out_unused_with
             lambda l: l.load_plugin_states({**states, "gone": {"x": 1}}))]).fit()
 
 
+INSTALLED = """
+    import hookfit
+
+    class Kept:
+        def __init__(self):
+            self.seen = None
+
+        def inert(self, chosen):
+            return None if chosen else "given to Loop(plugins=[...]), or named by a [plugins.NAME] table"
+
+        @hookfit.hookimpl
+        def save_state(self):
+            return {"seen": 1}
+
+        @hookfit.hookimpl
+        def load_state(self, state):
+            self.seen = state["seen"]
+
+    class Averager(Kept):
+        \"\"\"Validates with other weights it keeps: acts in the validation stage.\"\"\"
+
+        @hookfit.hookimpl(wrapper=True)
+        def stage_start(self, loop, stage):
+            return (yield)
+
+    class Stopper(Kept):
+        \"\"\"Reads the epoch's metrics alone, as early stopping does: no stage event.\"\"\"
+
+        @hookfit.hookimpl
+        def epoch_end(self, loop, epoch):
+            pass
+    """
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A distribution of two plugins inert until chosen, discovered (``averager`` acts in a stage,
+    ``stopper`` does not), the module's classes yielded."""
+    import sys
+
+    from conftest import make_dist
+
+    site = make_dist(tmp_path / "site", "keepers", {"averager": "keepers_mod:Averager", "stopper": "keepers_mod:Stopper"},
+                     {"keepers_mod": INSTALLED})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "averager,stopper")
+    hookfit.discovery.refresh()
+    try:
+        import keepers_mod
+
+        yield keepers_mod
+    finally:
+        sys.modules.pop("keepers_mod", None)
+        hookfit.discovery.refresh()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_evaluation_reports_the_unused_state_of_an_inert_plugin_that_acts_in_a_stage(installed, strict) -> None:
+    """Installed, inert merely discovered and left out of the evaluation: an averager's state (what the run's
+    validations may have measured, as SWA's average) is reported as unused, naming the plugin and how to turn it
+    on, strict or not; a plugin that acts in no stage (as early stopping) still sits out without a word. Given to
+    the evaluation, the averager restores its state and nothing is said."""
+    states = {"averager": {"seen": 5}, "stopper": {"seen": 2}}
+
+    def evaluate(*plugins: object) -> hookfit.State:
+        return hookfit.Loop(val_step=lambda l, b: None, val_data=[1], plugins=[
+            *plugins, Probe(lambda l: l.load_plugin_states(states, strict=strict))]).validate()
+
+    said = (r"plugin states do not match this run: saved state of plugin 'averager' \(keepers 1\.2\.3, entry point "
+            r"keepers_mod:Averager\), which is inert in this evaluation \(left unused\), although the validations of "
+            r"the run it comes from may have measured it .*; it takes part when given to Loop\(plugins=\[\.\.\.\]\), "
+            r"or named by a \[plugins\.NAME\] table")
+    if strict:
+        with pytest.raises(hookfit.StateMismatch, match=said) as raised:
+            evaluate()
+        assert (raised.value.missing, raised.value.extra) == ([], ["averager"])
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            evaluate()
+        assert [(w.category, re.match(said + "; restoring the rest$", str(w.message)) is not None) for w in caught] == [
+            (hookfit.HookfitWarning, True)], [str(w.message) for w in caught]
+    averager = installed.Averager()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert evaluate(averager).status == "completed"
+    assert averager.seen == 5
+
+
 def test_a_type_allowlisted_for_safe_loads_passes_as_torch_reads_it_back() -> None:
     """numpy scalars allowlisted as torch's own error advises (add_safe_globals of numpy's scalar and
     dtypes): the walk refused np.float64 that torch.load(weights_only=True) then reads back."""
