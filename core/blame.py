@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import inspect
 import types
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -50,7 +51,8 @@ def where(run: Run, error: BaseException) -> str:
     while tb is not None:
         code = tb.tb_frame.f_code
         if step is None and code in owners:
-            hooks.append(owners[code])
+            if not _thrown_into(tb):
+                hooks.append(owners[code])
         elif not hooks and step is None and code in steps:
             step, wrapper = steps[code], (None if code in own or None in own else tb)  # (None: a step unseen)
         elif wrapper is not None and code in own:  # the step itself, inside its wrapper
@@ -210,6 +212,15 @@ def _innermost(owners: dict[Any, tuple[str, str]], tb: types.TracebackType | Non
         inner = owners.get(tb.tb_frame.f_code, inner)
         tb = tb.tb_next
     return inner
+
+
+def _thrown_into(tb: types.TracebackType) -> bool:
+    """Whether the error passed through frame ``tb`` only because it was thrown into it: a wrapper
+    (``wrapper=True``) waiting at its ``yield`` while the implementations it wraps ran, one of which
+    raised. The frame next in the traceback was then not called by it: it called nothing that failed."""
+    after = tb.tb_next
+    return after is not None and after.tb_frame.f_back is not tb.tb_frame and bool(
+        tb.tb_frame.f_code.co_flags & inspect.CO_GENERATOR)
 
 
 def _within(modules: dict[str, str], owner: str, tb: types.TracebackType | None) -> bool:

@@ -188,6 +188,83 @@ def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() ->
                         r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, batch 2\)", note), note
 
 
+class Swapper:
+    """Swaps other weights in for the validation and back, as ``core/hooks.md`` prescribes (``wrapper=True``
+    implementations of stage_start and stage_end); ``fails`` names the part of it that raises, if any."""
+
+    name = "swapper"
+
+    def __init__(self, fails: str = "") -> None:
+        self.fails = fails
+
+    def swap_back(self) -> None:
+        if self.fails == "swap_back":
+            raise ZeroDivisionError("boom in Swapper.swap_back")
+
+    @hookfit.hookimpl(wrapper=True)
+    def stage_start(self, loop: hookfit.Run, stage: str) -> Any:
+        return (yield)
+
+    @hookfit.hookimpl(wrapper=True)
+    def stage_end(self, loop: hookfit.Run, stage: str) -> Any:
+        self.swap_back()
+        result = yield
+        if self.fails == "after":
+            raise ZeroDivisionError("boom in Swapper.stage_end")
+        return result
+
+
+class Publisher:
+    name = "publisher"
+
+    @hookfit.hookimpl
+    def metrics_values(self, loop: hookfit.Run, stage: str) -> Any:
+        raise ZeroDivisionError("boom in metrics_values")
+
+
+class Finisher:
+    name = "finisher"
+
+    @hookfit.hookimpl
+    def stage_end(self, loop: hookfit.Run, stage: str) -> None:
+        raise ZeroDivisionError("boom in Finisher.stage_end")
+
+
+def note_of(*plugins: Any) -> str:
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))] * 2
+    loop = hookfit.Loop(stepping(model), data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        max_epochs=1, plugins=[Optim(), Metrics(), *plugins])
+    with pytest.raises(ZeroDivisionError) as caught:
+        loop.fit()
+    return caught.value.__notes__[-1]
+
+
+@pytest.mark.parametrize("swappers", [[], [Swapper()], ["ema"], [Swapper(), "ema"]], ids=["alone", "swapper", "ema",
+                                                                                         "both"])
+def test_a_wrapper_that_only_yielded_is_not_said_to_have_called_what_raised(swappers: list[Any]) -> None:
+    """A plugin swapping weights for a stage wraps stage_end (as ema does); an error raised by an implementation
+    it wraps was thrown into it at its yield. The note named the wrapper as the caller ('called from plugin
+    'swapper' in its hook 'stage_end''): an error of metrics_values is called from the metrics plugin's stage_end,
+    which fires that event, and one of another plugin's own stage_end from nothing, with wrappers or without."""
+    from hookfit.plugins.ema import EMA
+
+    plugins = [EMA(decay=0.9) if s == "ema" else s for s in swappers]
+    assert re.fullmatch(r"hookfit: raised by plugin 'publisher' \(.*\) in hook 'metrics_values', called from plugin "
+                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, batch 1\)",
+                        note := note_of(Publisher(), *plugins)), note
+    assert re.fullmatch(r"hookfit: raised by plugin 'finisher' \(.*\) in hook 'stage_end' \(epoch 1, stage train, "
+                        r"batch 1\)", note := note_of(Finisher(), *plugins)), note
+
+
+@pytest.mark.parametrize("fails", ["swap_back", "after"])
+def test_a_wrapper_that_raises_itself_is_blamed(fails: str) -> None:
+    """The wrapper's own code, before its yield (a helper it calls) or after it, is the wrapper's: named alone."""
+    note = note_of(Swapper(fails))
+    assert re.fullmatch(r"hookfit: raised by plugin 'swapper' \(.*\) in hook 'stage_end' \(epoch 1, stage train, "
+                        r"batch 1\)", note), note
+
+
 def test_a_guard_s_note_blames_the_implementation_that_raised_inside_another_plugin_s_hook() -> None:
     """``hook_note``, for guards that call each implementation on their own (``fit_end``'s): an
     error raised in an event a plugin fires from its hook is blamed on the implementation of
