@@ -15,6 +15,12 @@ for it.
   exponentially. With several optimizers, ``optimizer="name"`` says which one's rate is swept
   (the others step at their own rates). No batch event fires for these batches (metrics,
   loggers and ``loop.state.step`` do not count them); ``loop.training`` is true during them.
+* **The optimizer's events.** Each of the sweep's steps fires ``before_optimizer_step`` and
+  ``after_optimizer_step``, as a training step does, so that what plugins do to a step (clip,
+  mask, average: undone afterwards) is swept too; they fire outside any stage (``loop.state.stage``
+  is ``None``), which is how a plugin tells them from the run's. The rate is the sweep's: a rate
+  an implementation of ``before_optimizer_step`` (or the step) sets instead is replaced after them
+  (``trylast``), with one warning naming them, so that the rates reported are those the steps used.
 * **Resumed and smoke runs.** A resumed run does not sweep: its optimizers' states, restored
   from the checkpoint, hold the rates it trains with (one line says so; ``skipped="resumed"``).
   A run asked to resume (``loop.resume``) knows whether it did only after ``fit_start``: its
@@ -58,7 +64,6 @@ Options are checked at construction, with a ``ValueError`` naming ``lr_find`` an
 
 from __future__ import annotations
 
-import copy
 import math
 import sys
 import warnings
@@ -67,10 +72,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hookfit import config, hookimpl
 from hookfit.errors import HookfitWarning, user_level
-from hookfit.modes import modules
 from hookfit.plugins.support import check, choice, number, option_error, positive_int, positive_number, text
-from hookfit.position import rng_state, set_rng_state
-from hookfit.states import stateful
+from hookfit.plugins.support.rollback import Rollback
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.payloads import ResumeInfo
@@ -124,6 +127,8 @@ class LRFinder:
         """Why the last run made no full sweep: ``"resumed"``, ``"smoke"``, or ``None``."""
         self._batch, self._rate = 0, self.start_lr  # where the sweep is, for an error's note
         self._waiting = False  # asked to resume: the sweep waits for the resume's outcome
+        self._held: str | None = None  # the swept optimizer's name during the sweep, whose rate is the sweep's
+        self._overridden = False  # an implementation of before_optimizer_step set another rate: said once a run
 
     # -- events ---------------------------------------------------------------------------
     def inert(self, chosen: bool) -> str | None:
@@ -137,7 +142,7 @@ class LRFinder:
     @hookimpl
     def configure(self, loop: Run) -> None:
         self.rates, self.losses, self.raw_losses, self.suggestion, self.diverged = [], [], [], None, False
-        self.skipped, self._waiting = None, False
+        self.skipped, self._waiting, self._held, self._overridden = None, False, None, False
         if loop.mode != "fit":  # (an inert one is not in the run: hookfit.manager.leave_inert)
             loop.pm.unregister(self)  # an evaluation: none of the hooks below costs anything
             return
@@ -164,6 +169,23 @@ class LRFinder:
             self._waiting = False  # once
             self._start(loop)
 
+    @hookimpl(trylast=True)  # after the other implementations: the sweep's step uses the sweep's rate
+    def before_optimizer_step(self, loop: Run, name: str, optimizer: Any) -> None:
+        if name != self._held:  # (after the sweep: one Python call per step)
+            return
+        if others := {group["lr"] for group in optimizer.param_groups} - {self._rate}:
+            for group in optimizer.param_groups:
+                group["lr"] = self._rate
+            if not self._overridden:
+                self._overridden = True
+                setters = [n for n in loop.hooks.plugins("before_optimizer_step") if n != NAME]
+                warnings.warn(f"{NAME}: optimizer {name!r} was about to step in the sweep at the learning rate "
+                              f"{min(others):.3g}, not the sweep's {self._rate:.3g}: set after the sweep's by an "
+                              f"implementation of before_optimizer_step (of {', '.join(map(repr, setters)) or 'none'}) "
+                              f"or by the step; the sweep's rate is put back for each of its steps. A plugin tells "
+                              f"the sweep's steps by loop.state.stage being None (outside any stage)",
+                              HookfitWarning, stacklevel=user_level())
+
     def _start(self, loop: Run) -> None:
         """The sweep, the run put back, the report (see the module documentation)."""
         name, optimizer = self._swept(loop)
@@ -171,8 +193,9 @@ class LRFinder:
             raise ValueError(f"{NAME}: the training data is an iterator ({type(loop.train_data).__name__}), which "
                              f"the sweep would use up before training: pass a list, a DataLoader or another "
                              f"re-iterable, or then='stop'")
-        saved = _Saved(loop)
+        saved = Rollback(loop, NAME, "the sweep")
         try:
+            self._held = name
             self._sweep(loop, optimizer)
         except Exception as error:
             error.add_note(f"{NAME}: raised during the learning-rate range test, at its batch {self._batch + 1} "
@@ -181,6 +204,7 @@ class LRFinder:
                            f"more)")
             raise
         finally:
+            self._held = None
             saved.restore(loop)
         if loop.smoke:  # a check of the sweep, too short to suggest anything
             self.skipped = "smoke"
@@ -338,63 +362,3 @@ def _batches(data: Any, again: bool = True) -> Iterator[Any]:
             raise ValueError(f"{NAME}: the training data yielded no batches for the sweep")
         if not again:
             return
-
-
-class _Saved:
-    """What the sweep changes, taken before it and put back after: the model's modules
-    (parameters, buffers, gradients, training flags), every tensor an optimizer steps (in
-    ``model=`` or not), the optimizers' own states, every plugin's state, the random state,
-    ``loop.carry`` and the data's own state."""
-
-    def __init__(self, loop: Run) -> None:
-        import torch
-
-        self.modules = modules(loop.model)
-        self.params = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in self.modules]
-        self.flags = [[sub.training for sub in m.modules()] for m in self.modules]
-        optimizers = loop.optimizers
-        self.optimizers = list(optimizers.values()) if isinstance(optimizers, Mapping) else [optimizers]
-        for optimizer in self.optimizers:
-            missing = [a for a in ("param_groups", "state_dict", "load_state_dict") if not hasattr(optimizer, a)]
-            if missing:
-                raise TypeError(f"{NAME}: the run's optimizer {type(optimizer).__name__} has no "
-                                f"{', '.join(missing)}: the sweep could not put it back afterwards; give a "
-                                f"torch.optim.Optimizer")
-        self.optimizer_states = [copy.deepcopy(o.state_dict()) for o in self.optimizers]
-        # every tensor the sweep may change through an optimizer or the model, once each
-        tensors: dict[int, Any] = {}
-        for m in self.modules:
-            for p in m.parameters():
-                tensors.setdefault(id(p), p)
-        for o in self.optimizers:
-            for group in o.param_groups:
-                for p in group["params"]:
-                    tensors.setdefault(id(p), p)
-        self.tensors = [(p, p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
-                        for p in tensors.values()]
-        self.plugins = copy.deepcopy(loop.plugin_states(check=False))  # (kept in memory, never written)
-        data = loop.train_data
-        self.rng = rng_state(data)  # with the data's own generators, which the sweep's passes draw from
-        self.data = copy.deepcopy(data.state_dict()) if stateful(data) else None
-        self.carry, self.training = dict(loop.carry), loop.training
-        self._no_grad = torch.no_grad
-
-    def restore(self, loop: Run) -> None:
-        with self._no_grad():
-            for module, params, flags in zip(self.modules, self.params, self.flags):
-                module.load_state_dict(params)
-                for sub, flag in zip(module.modules(), flags):
-                    sub.training = flag
-            for tensor, value, grad in self.tensors:
-                tensor.copy_(value)
-                tensor.grad = grad
-        for optimizer, state in zip(self.optimizers, self.optimizer_states):
-            optimizer.load_state_dict(copy.deepcopy(state))
-        loop.load_plugin_states(self.plugins, strict=False)
-        data = loop.train_data
-        if self.data is not None and stateful(data):
-            data.load_state_dict(self.data)
-        loop.carry.clear()
-        loop.carry.update(self.carry)
-        loop.training = self.training
-        set_rng_state(self.rng, data)

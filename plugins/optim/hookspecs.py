@@ -2,9 +2,8 @@
 and the optimizer steps does, the built-in ``optim`` or a replacement (an optimizer with several
 forward/backward passes per batch, as Sharpness-Aware Minimization). It must:
 
-* Own the backward pass: implement the core's ``backward(loop, loss)`` and fire ``before_backward``
-  and ``after_backward`` around the pass, through ``loop.hooks.handlers(event)`` (taken once) or
-  ``loop.hooks.<event>``.
+* Own the backward pass: implement the core's ``backward(loop, loss)`` and fire ``before_backward`` and
+  ``after_backward`` around the pass, through ``loop.hooks.handlers(event)`` (taken once) or ``loop.hooks.<event>``.
 * Fill ``loop.optimizers`` in a plain ``configure`` (the distributed plugin's ``tryfirst`` one first
   points the torch optimizers' parameter groups at FSDP2's sharded parameters, in place) with what
   the step drives (see the core's events reference), from what the ``Loop`` was given: a
@@ -68,26 +67,27 @@ def after_backward(loop: Run, loss: torch.Tensor) -> None:
 def before_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
     """Optimizer ``name`` is about to step: gradients are final (unscaled and clipped).
 
-    Fires only for real steps (not inside an accumulation window, nor for a step skipped for a
-    non-finite value known on the host), also for one the optimizer's kernel or the ``GradScaler``
-    then skips on the device (the built-in ``optim`` on an accelerator). A gradient-norm logger reads
-    the gradients here (on an accelerator, as a tensor: no host read per step); one reading some steps
-    returns at once on the others, a Python call per step (``batch_events`` leaves a plugin out of the
-    loop's per-batch events, not the optimizer steps). Return ignored; do not replace the optimizer.
+    Fires only for real steps (not inside an accumulation window, nor for a step skipped for a non-finite value known
+    on the host), also for one the optimizer's kernel or the ``GradScaler`` then skips on the device (the built-in
+    ``optim`` on an accelerator). A gradient-norm logger reads the gradients here (on an accelerator, as a tensor: no
+    host read per step); one reading some steps returns at once on the others, a Python call per step
+    (``batch_events`` leaves a plugin out of the loop's per-batch events, not the optimizer steps). Return ignored; do
+    not replace the optimizer. ``lr_find``'s sweep steps fire it (and ``after_optimizer_step``) outside any stage
+    (``loop.state.stage is None``: a per-step schedule returns then); its rate is set after them.
 
-    ``loop.state.batch_idx`` is the batch that closes the step; ``loop.state.step`` counts the training
-    batches done: inside the step function (the usual case, an epoch's last partial window included when
-    the data has a ``len()``) it is the running batch's global number (from 0), but a partial window
-    stepped at the stage's end (optim's ``tryfirst`` ``stage_end``, data without a ``len()``) sees the
-    last batch done too (6 after a first epoch of batches 0-5). Keep ``step`` from ``batch_start`` for
-    the closing batch's number in both; ``loop.optimizers[name].steps`` counts real steps before this."""
+    ``loop.state.batch_idx`` is the batch that closes the step; ``loop.state.step`` counts the training batches
+    done: inside the step function (the usual case, an epoch's last partial window included when the data has a
+    ``len()``) it is the running batch's global number (from 0), but a partial window stepped at the stage's end
+    (optim's ``tryfirst`` ``stage_end``, data without a ``len()``) sees the last batch done too (6 after a first
+    epoch of batches 0-5). Keep ``step`` from ``batch_start`` for the closing batch's number in both;
+    ``loop.optimizers[name].steps`` counts real steps before this."""
 
 
 @hookspec
 def after_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer) -> None:
-    """Optimizer ``name`` and its per-step learning-rate schedulers have stepped: once per step
-    announced by ``before_optimizer_step``, after it, with the same ``loop.state`` (see there), and
-    ``loop.optimizers[name].steps`` (the built-in's) counting this step. The return value is ignored."""
+    """Optimizer ``name`` and its per-step learning-rate schedulers have stepped (where a plugin acts "after the
+    optimizer step": averages, masks): once per step announced by ``before_optimizer_step``, after it, with the same
+    ``loop.state`` (see there: ``lr_find``'s sweep too), and ``loop.optimizers[name].steps`` counting this step."""
 
 
 @hookspec

@@ -150,6 +150,55 @@ def digits_finder(capfd: pytest.CaptureFixture[str], **options: Any) -> tuple[LR
     return finder, loop.fit()
 
 
+class StepWatch:
+    """Sees every optimizer step: the stage it comes in and the rate it steps at (after every
+    ``before_optimizer_step`` implementation, read in ``after_optimizer_step``); with ``lr`` a
+    per-step schedule of its own that sets that rate before each step, as SWA's cyclic one does."""
+
+    def __init__(self, name: str, lr: float | None = None) -> None:
+        self.name, self.lr = name, lr
+        self.steps: list[tuple[str | None, float]] = []
+
+    @hookimpl
+    def before_optimizer_step(self, loop: hookfit.Run, optimizer: Any) -> None:
+        if self.lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = self.lr
+
+    @hookimpl
+    def after_optimizer_step(self, loop: hookfit.Run, optimizer: Any) -> None:
+        self.steps.append((loop.state.stage, optimizer.param_groups[0]["lr"]))
+
+
+def test_a_plugin_setting_the_rate_before_each_step_does_not_replace_the_sweep_s_rates() -> None:
+    """A plugin that sets the rate in before_optimizer_step (a cyclic schedule) silently replaced the swept
+    rates: every step of the sweep used its 1e-3 while the finder reported 1e-7..1. The sweep's steps fire the
+    optimizer events outside any stage (how the plugin can tell them), each steps at the sweep's rate, and one
+    warning names the plugin; the run's own steps, in stage 'train', keep the plugin's rate."""
+    finder, schedule = LRFinder(num_steps=15, end_lr=1.0, diverge=None), StepWatch("schedule", lr=1e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, state = fit(finder, schedule)
+    assert state.status == "completed"
+    sweep = [lr for stage, lr in schedule.steps if stage is None]
+    assert sweep == finder.rates and len(sweep) == 15
+    assert [lr for stage, lr in schedule.steps if stage is not None] == [1e-3] * 12
+    said = [str(w.message) for w in caught if issubclass(w.category, hookfit.HookfitWarning)]
+    assert said == ["lr_find: optimizer 'default' was about to step in the sweep at the learning rate 0.001, not the "
+                    "sweep's 1e-07: set after the sweep's by an implementation of before_optimizer_step (of "
+                    "'schedule') or by the step; the sweep's rate is put back for each of its steps. A plugin tells "
+                    "the sweep's steps by loop.state.stage being None (outside any stage)"], said
+
+
+def test_a_plugin_that_leaves_the_rate_alone_sees_the_sweep_s_steps_without_a_word() -> None:
+    finder, watch = LRFinder(num_steps=15, end_lr=1.0, diverge=None), StepWatch("watch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(finder, watch)
+    assert [lr for stage, lr in watch.steps if stage is None] == finder.rates
+    assert [stage for stage, _ in watch.steps if stage is not None] == ["train"] * 12
+
+
 def test_digits_suggestion_lies_where_the_loss_falls(capfd: pytest.CaptureFixture[str]) -> None:
     finder, state = digits_finder(capfd, start_lr=1e-5, end_lr=10.0, num_steps=60, then="stop")
     assert state.status == "completed"
