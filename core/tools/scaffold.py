@@ -62,6 +62,12 @@ class {cls}:
     # with a warning and training goes on. Set it to False if the run depends on this plugin.{observer_note}
     observer = {observer}
 
+    # Installed, it takes part in every run of this environment, every script's fit(), unless it
+    # implements inert(): to wait until a run chooses it (given to Loop(plugins=[...]) or named by a
+    # [plugins.{name}] table in hookfit.toml), uncomment this (README: "Each plugin's state"):
+    # def inert(self, chosen: bool) -> str | None:
+    #     return None if chosen else "given to Loop(plugins=[...]), or a [plugins.{name}] table in hookfit.toml"
+
     def __init__(self) -> None:
         self.history: list[tuple[int, int]] = []
 
@@ -121,7 +127,9 @@ setuptools in that environment too, nothing is downloaded (`--no-index` works of
     pip install --no-build-isolation -e ".[test]"   # hookfit finds it at once: `hookfit plugins` lists it
     python -m pytest                                # its tests, with hookfit's pytest plugin
 
-Disable it for one run with `HOOKFIT_DISABLE_PLUGINS={name}`, or `Loop(disable=["{name}"])`.
+Once installed it takes part in every run of the environment (every script's `fit()`), unless
+its class implements `inert(chosen)` (see the comment in its module); disable it for one run with
+`HOOKFIT_DISABLE_PLUGINS={name}`, or `Loop(disable=["{name}"])`.
 {replaces_readme}"""
 
 REPLACES_README = """

@@ -116,3 +116,30 @@ def test_a_replacement_takes_the_built_in_s_part_observer_or_not(tmp_path: Path,
     assert f"    observer = {observer}\n" in source
     if name == "checkpoint":
         assert "As the built-in checkpoint it replaces, it takes part in training." in source
+
+
+def test_the_generated_plugin_says_it_takes_part_in_every_run_and_its_inert_line_works(tmp_path: Path) -> None:
+    """A newcomer's package took part in every run on the machine, nothing in the template saying so: its module and
+    README say it, and the module's commented inert() method, uncommented, keeps a run that did not choose it out."""
+    import importlib.util
+    import re
+    import textwrap
+
+    from hookfit import discovery
+    from hookfit.tools import scaffold
+
+    root = scaffold.create("mine", tmp_path)
+    assert "takes part in every run of the environment" in (root / "README.md").read_text()
+    source = (root / "src" / "hookfit_mine" / "__init__.py").read_text()
+    assert "takes part in every run of this environment" in source
+    commented = re.search(r"\n    # (def inert.*\n)    # (.*\n)", source)
+    assert commented is not None, source
+    method = textwrap.indent(commented[1] + "    " + commented[2], "    ")
+    (tmp_path / "uncommented_mine.py").write_text(source.replace(commented[0], "\n" + method))
+    spec = importlib.util.spec_from_file_location("uncommented_mine", tmp_path / "uncommented_mine.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    plugin = next(c for c in vars(module).values() if getattr(c, "name", None) == "mine")()
+    assert discovery.inert(plugin, True) is None
+    assert discovery.inert(plugin, False) == "given to Loop(plugins=[...]), or a [plugins.mine] table in hookfit.toml"
