@@ -87,20 +87,25 @@ the saves of the run's end always wait. ``fit_end``, however the run ended, wait
 and reports a failed one as ``on_save_error`` says.
 
 Resume: ``Loop(resume="latest" | path)`` (or ``HOOKFIT_RESUME``). ``"latest"`` is the newest
-checkpoint in ``dir``, or, when no folder was given, in ``<run_dir>/checkpoints`` if the run
-has a fixed ``run_dir``, else the newest of this run's name, in ``runs/<name>/*/checkpoints``
-(never another name's); with none, the run starts afresh. The file is chosen at ``configure``,
+checkpoint of this run's identity (its ``Loop(name=...)``, else its script or notebook: each checkpoint
+records the identity and name of the run that wrote it, ``meta["identity"]``, ``meta["name"]``) in ``dir``, or,
+when no folder was given, in ``<run_dir>/checkpoints`` if the run has a fixed ``run_dir``, else the newest of
+this run's name, in ``runs/<name>/*/checkpoints`` (never another name's: a checkpoint of another name in a
+shared folder, ``[plugins.checkpoint] dir`` in ``hookfit.toml`` or one ``run_dir`` for the folds of a k-fold
+CV, is left, and where it is all the folder holds the line that says the run starts afresh names those
+runs and how to resume one by its path); with none, the run starts afresh. The file is chosen at ``configure``,
 and a run without a ``run_dir`` of its own continues in the folder of the run it resumes
-(``loop.continue_in``): its checkpoints, its metrics log. The checkpoints already there are
-this run's too, so ``keep_last`` holds across resumes. A run never writes over nor prunes a
-checkpoint of a run it does not continue: one that resumes none (or resumes one from elsewhere)
-first moves the checkpoints left in its folder (``epoch*``, ``failed-*``, files and sharded
-folders) into ``earlier-run-N/`` there (``N`` one more than the highest), warned of once, where they stay
-and are resumed or exported by their path (their run's best read as the one beside them); one
-resumed from there writes in a run folder of its own, or with the same ``run_dir`` moves that
-folder's checkpoints aside in turn. Only the main process moves them; one that cannot be moved
-stays, named by a warning and listed in ``.earlier-runs``: no listing takes it, no ``keep_last``
-prunes it, and a save of its name fails (``on_save_error``) rather than write over it
+(``loop.continue_in``): its checkpoints, its metrics log. The checkpoints of the run it resumed there are
+this run's too, so ``keep_last`` holds across resumes. A run never moves, writes over nor prunes a
+checkpoint of a run it does not continue, so a path a run reported (``state.results``, its lines,
+``run.jsonl``) names that run's file for good: one that begins in a folder holding checkpoints it does not
+continue (run afresh, or resumed from elsewhere) gives its own names a tag, ``-vT`` before the suffix
+(``epoch0004-step000000060-v1.pt``; ``T`` one more than the highest there), which a run resumed from them
+keeps; in a folder several runs wrote in, ``"latest"`` takes the run of its identity written last, and
+``hookfit export`` of the folder the run written last (:mod:`hookfit.plugins.checkpoint.folders`). The
+checkpoints in a folder's ``earlier-run-N/`` subfolders (which no run makes) are resumed or exported by their
+path, their run's best read as the one beside them, and those its ``.earlier-runs`` file lists are taken by no
+listing, pruned by no ``keep_last`` and written over by no save
 (:mod:`hookfit.plugins.checkpoint.folders`). Contents are checked before use: a file
 that is torn, not a hookfit checkpoint, newer, lacking entries, with a bad RNG state or an
 impossible position, or whose contents do not match its digest is a :class:`CheckpointError`

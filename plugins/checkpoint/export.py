@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from hookfit.plugins.checkpoint import sharded
 from hookfit.plugins.checkpoint.catalog import Catalog
-from hookfit.plugins.checkpoint.storage import CheckpointError, atomic_save, checkpoint_files, read
+from hookfit.plugins.checkpoint.storage import CheckpointError, atomic_save, checkpoint_files, read, tag_of
 from hookfit.plugins.support import Monitor, unwrap_state_dict
 
 WEIGHTS = "state_dict"
@@ -75,10 +75,12 @@ def best(source: str | os.PathLike[str], asked: str = "hookfit export --best",
         raise CheckpointError(f"{asked}: the run of {newest} scored no checkpoint (no Checkpoint(monitor=...)), so "
                               f"none is its best: {instead}, or a checkpoint by its path")
     recorded = state.get("best")
-    if isinstance(recorded, (list, tuple)) and len(recorded) == 2:  # by name beside the newest (a folder moved or
-        # set aside since), else where it was written (a run resumed from a checkpoint an earlier run set aside)
-        found = [p for p in (newest.parent / Path(str(recorded[1])).name, Path(str(recorded[1]))) if p.is_file()
-                 or sharded.is_sharded(p)]
+    if isinstance(recorded, (list, tuple)) and len(recorded) == 2:  # by name beside the newest where it is of the
+        # newest's run (its tag: a folder moved or set aside since), else where it was written (a run resumed from
+        # a checkpoint elsewhere, its best there)
+        beside = newest.parent / Path(str(recorded[1])).name
+        found = [p for p in ((beside,) if tag_of(beside) == tag_of(newest) else ()) + (Path(str(recorded[1])),)
+                 if p.is_file() or sharded.is_sharded(p)]
         own = meta.get("metric") if isinstance(meta.get("metric"), (int, float)) else None
         if not found and (own is None or not _improves(monitor, state.get("mode"), own, float(recorded[0]))):
             raise CheckpointError(f"{asked}: the best checkpoint the run of {newest} recorded, {recorded[1]} (its "

@@ -1,25 +1,23 @@
 """checkpoint's folders: the lock that keeps a second process out of the folder a run's
 checkpoints go to (:class:`hookfit.locks.FolderLock`), the temporary files a killed
-write left there, and an earlier run's checkpoints there, moved aside into ``earlier-run-N/``
-by a run that does not continue them."""
+write left there, and the tag that keeps a run's checkpoint names apart from those of the other runs
+whose checkpoints the folder holds (:func:`tag`): no run moves, prunes or writes over another run's
+checkpoint, so a path a run reported (``state.results``, its lines, ``run.jsonl``) names that run's file for
+good."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hookfit.errors import user_level
 from hookfit.plugins.checkpoint import sharded
-from hookfit.plugins.checkpoint.storage import (EARLIER, CheckpointWarning, checkpoint_files, list_earlier, listed,
-                                                run_files, stale_temporaries)
-from hookfit.plugins.support.logger import move_aside
+from hookfit.plugins.checkpoint.storage import checkpoint_files, listed, run_files, stale_temporaries, tag_of
 from hookfit.locks import FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["FolderLock", "Preparing", "adoptable", "lock", "prepare"]
+__all__ = ["FolderLock", "adoptable", "continued", "latest_run", "lock", "prepare", "tag"]
 
 
 def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> FolderLock | None:
@@ -57,66 +55,27 @@ def _make(directory: Path, owner: str) -> None:
         raise
 
 
-def prepare(folder: Path, continues: bool, least: int = 1) -> None:
+def prepare(folder: Path) -> None:
     """Before a run writes in ``folder`` (main process, at ``fit_start``): the temporary files of writes that a
-    killed process left removed; unless the run ``continues`` the checkpoints there (it resumed from one of them),
-    every checkpoint an earlier run left there (``epoch*.pt``, sharded ``epoch*.dcp``, ``failed-*`` ones) moved
-    into the subfolder ``earlier-run-N/`` (``N`` one more than the highest there, and at least ``least``: in the
-    run folder, the run's ``loop.earlier_run``, under which the loggers set the same run's files aside:
-    :func:`~hookfit.plugins.support.logger.move_aside`), never deleted nor written over, and warned of
-    once. One that cannot be moved stays, listed in :data:`~hookfit.plugins.checkpoint.storage.EARLIER`,
-    with a warning naming it: no listing takes it, no ``keep_last`` prunes it, and this run's save of that name
-    fails (``on_save_error``) rather than write over it. The run goes on either way."""
+    killed process left removed. The checkpoints there stay where they are, whoever wrote them."""
     for path in stale_temporaries(folder):
         try:
             sharded.remove(path)
         except OSError:
             pass
-    names = [] if continues else run_files(folder)
-    if not names:
-        return
-    number, moved, failed = move_aside(folder, names, lambda name, n: f"earlier-run-{n}/{name}", least=least)
-    into = folder / f"earlier-run-{number}"
-    if moved:
-        shown = [name for name in moved if not name.startswith("failed-")] or moved
-        warnings.warn(f"checkpoint: {folder} held {len(moved)} checkpoint(s) of an earlier run (newest by name: "
-                      f"{shown[-1]}) and this run does not continue them: moved into {into}, where they stay (resume "
-                      f"or export one by its path there); resume='latest', hookfit export and keep_last take this "
-                      f"run's checkpoints only. Give each run its own run_dir or name, or resume "
-                      f"(resume='latest')", CheckpointWarning, stacklevel=user_level())
-    try:
-        list_earlier(folder, (listed(folder) - set(moved)) | set(failed))
-        kept = (f"listed in {folder / EARLIER}; resume='latest', hookfit export and keep_last leave it alone, and "
-                f"this run's checkpoint of that name is not written over it (a failed save, as on_save_error says)")
-    except OSError as unlisted:
-        kept = (f"and could not be listed in {folder / EARLIER} either ({type(unlisted).__name__}: {unlisted}): "
-                f"resume='latest', hookfit export and keep_last take it as this run's")
-    for name, error in failed.items():
-        warnings.warn(f"checkpoint: could not move {folder / name}, an earlier run's checkpoint, into {into} "
-                      f"({type(error).__name__}: {error}): it stays where it is, {kept}", CheckpointWarning,
-                      stacklevel=user_level())
 
 
-class Preparing:
-    """The folder a run's checkpoints go to, prepared (:func:`prepare`) before the run writes there: at once for a
-    run that resumes from no checkpoint, after the restore for one that does, so that a resume that fails (another
-    model's checkpoint) leaves an earlier run's files where they were."""
-
-    def __init__(self) -> None:
-        self.pending: tuple[Path, bool, int] | None = None
-
-    def start(self, folder: Path | None, resuming: Path | None, least: int = 1) -> None:
-        """The run starts writing in ``folder`` (``None``: none known here), resuming from ``resuming``; what it
-        moves aside goes under an ``N`` of at least ``least`` (:func:`prepare`)."""
-        self.pending = None if folder is None else (folder, continued(folder, resuming), least)
-        if resuming is None:
-            self.done()
-
-    def done(self) -> None:
-        """The run resumed (or resumes from nothing): prepare its folder now, once."""
-        if (pending := self.pending) is not None:
-            self.pending = None
-            prepare(*pending)
+def tag(folder: Path, resuming: Path | None) -> int:
+    """The tag of the names a run resuming from ``resuming`` (``None``: from no checkpoint) gives its checkpoints in
+    ``folder`` (:func:`~hookfit.plugins.checkpoint.storage.tag_of`): the tag of ``resuming`` where the run continues
+    the checkpoints there (:func:`continued`); else 0 in a folder holding no checkpoint, and one more than the
+    highest tag there in one that does (a run's, a failure's, a sharded one's, an earlier run's listed in
+    :data:`~hookfit.plugins.checkpoint.storage.EARLIER`), so that no name of this run is one of theirs. Every process
+    of a run finds the same tag in the folder the main process writes, before any of them saves."""
+    if resuming is not None and continued(folder, resuming):
+        return tag_of(resuming)
+    names = run_files(folder)
+    return 1 + max(tag_of(folder / name) for name in names) if names else 0
 
 
 def continued(folder: Path, resumed: Path | None) -> bool:
@@ -127,8 +86,22 @@ def continued(folder: Path, resumed: Path | None) -> bool:
             and resumed.name not in listed(folder))
 
 
+def latest_run(folder: Path, resumed: Path) -> bool:
+    """Whether a run resumed from ``resumed`` continues the run written last in ``folder`` (the one whose records, its
+    tables and events, a run folder holds): it continues the checkpoints there (:func:`continued`) and ``resumed`` is
+    of the tag of the newest there (:func:`~hookfit.plugins.checkpoint.storage.checkpoint_files`). An earlier run
+    resumed by the path of its checkpoint beside a later run's continues its checkpoints, not the later run's
+    records, which the loggers set aside (``loop.resumes_apart()``)."""
+    if not continued(folder, resumed):
+        return False
+    newest = checkpoint_files(folder)
+    return not newest or tag_of(newest[0]) == tag_of(resumed)
+
+
 def adoptable(folder: Path, resumed: Path) -> list[Path]:
     """The checkpoints in ``folder`` a run resumed from ``resumed`` takes as its own (``keep_last`` prunes them):
-    those listed there when it continues them (:func:`continued`); none otherwise, a run that does not having
-    moved them aside before it began (:func:`prepare`)."""
-    return checkpoint_files(folder) if continued(folder, resumed) else []
+    where it continues them (:func:`continued`), those of the tag of ``resumed`` (the run that wrote it, and its
+    resumes; another run's checkpoints in the folder are never pruned); none otherwise."""
+    if not continued(folder, resumed):
+        return []
+    return [path for path in checkpoint_files(folder) if tag_of(path) == tag_of(resumed)]

@@ -66,7 +66,8 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   then a complete training stage after an open one, then a validation due before the same
   step without one); the built-in's names sort so. A file's time says nothing of that (a
   copy or a restore changes it); the built-in uses times only to order several run folders
-  of one identity (the folder written last first).
+  of one identity (the folder written last first); several runs' checkpoints in one folder (each
+  run's names carry its tag, ``-vT``) are ordered by the time their newest records (``meta["time"]``).
 * Resume: implement ``resume(loop, source)``; choose the file (``source`` is ``"latest"`` or a
   path; ``Loop(resume=...)`` or ``HOOKFIT_RESUME``), load the weights into the model, then
   call ``loop.load_plugin_states(saved_plugins, strict=...)`` and
@@ -85,7 +86,9 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   resumed with a plugin added or removed goes on, with the warning. A replacement chooses
   its own default and says it.
 * A run's own checkpoints: ``"latest"`` never crosses to another run. Look in
-  ``loop.run_dir`` when ``loop.run_dir_given``; else in the folders of this run's name,
+  ``loop.run_dir`` when ``loop.run_dir_given`` (or the given folder), taking only the checkpoints a run of
+  this identity wrote (``loop.identity.key``; the built-in records it in each checkpoint's ``meta``: a
+  folder shared by the folds of a k-fold CV holds several names' checkpoints); else in the folders of this run's name,
   ``hookfit.records.RUNS / loop.name / *`` (``runs/<name>/<date>-<time>``), taking only those
   of this run's identity: ``loop.identity`` (:func:`hookfit.records.identify`:
   ``Loop(name=...)``, else the run folder, else the script's or the notebook's path) matches

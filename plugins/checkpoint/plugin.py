@@ -132,7 +132,8 @@ class Checkpoint:
         """When ``every_seconds`` calls for a save (the main process's clock), restarted by every save."""
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
-        self._preparing = folders.Preparing()
+        self.tag = 0
+        """The tag of this run's checkpoint names in its folder (:func:`folders.tag`), found at ``fit_start``."""
         self._main_dir: Path | None = None  # off the main process: where the main one writes
         self.saved_step: int | None = None  # the global step of the last save asked, or of the one resumed from
         self.written = Written()  # the step of the last checkpoint written or in flight: saved once (repeats.py)
@@ -197,6 +198,7 @@ class Checkpoint:
         self.reports.reset()
         self.resumed_from, self.off, self._main_dir = None, False, None
         self._pending, self._continued, self.saved_step, self.began, self.written = None, False, None, None, Written()
+        self.tag = 0
         self.writer.outcomes(), self.shards.take()  # (a run before this one told everything at its end)
         source = loop.resume
         if source is None:
@@ -234,9 +236,10 @@ class Checkpoint:
         if loop.is_main and loop.mode == "fit" and not self.off:
             # before anything is written or removed there: refused if a live process holds it
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
-            folder = self._known_directory(loop)  # (in the run folder: the run's one N for an earlier run's files)
-            least = 1 if folder is None or (self.dir is not None and not loop.smoke) else loop.earlier_run
-            self._preparing.start(folder, None if self._pending is None else self._pending[1], least)
+            if (folder := self._known_directory(loop)) is not None:  # (a kill -9's files removed)
+                folders.prepare(folder)
+        if loop.mode == "fit" and not self.off and (folder := self._known_directory(loop)) is not None:
+            self.tag = folders.tag(folder, None if self._pending is None else self._pending[1])
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:
@@ -253,7 +256,6 @@ class Checkpoint:
         restore(loop, path, data, self.strict)
         if loop.mode == "fit" and not self._continues(loop, path):  # (the loggers set the folder's records aside)
             loop.resumes_apart()
-        self._preparing.done()  # (a kill -9's files removed; an earlier run's moved aside, once restored)
         self.resumed_from = self.catalog.resumed(path, data["meta"], loop.mode == "fit", data["plugins"].get(self.name))
         self.saved_step = data["loop"]["step"]
         if loop.is_main and loop.mode == "fit":  # those it continues are this run's: keep_last holds across resumes
@@ -335,7 +337,7 @@ class Checkpoint:
         """The file a save at ``position`` writes; off the main process, the main process's
         (``None`` where that is not known: checkpoints off)."""
         folder = self.directory(loop) if loop.is_main else self._main_dir
-        return None if folder is None else folder / self.filename(position, reason)
+        return None if folder is None else folder / self.filename(position, reason, self.tag)
 
     def _known_directory(self, loop: Run) -> Path | None:
         """This run's checkpoint folder when it may hold files already (a given ``dir`` or
@@ -347,11 +349,11 @@ class Checkpoint:
         return None
 
     def _continues(self, loop: Run, resumed: Path) -> bool:
-        """Whether the run, resumed from ``resumed``, continues the checkpoints of the folder they go to
-        (:func:`folders.continued`), asked before the main process moves them aside: the same on every process, each
-        deciding from the path and the main process's folder; ``True`` where that folder is a new one."""
+        """Whether the run, resumed from ``resumed``, continues the run written last in the folder its checkpoints go
+        to (:func:`folders.latest_run`), whose records the run folder holds: the same on every process, each deciding
+        from the path and the main process's folder; ``True`` where that folder is a new one."""
         folder = self._known_directory(loop)
-        return folder is None or folders.continued(folder, resumed)
+        return folder is None or folders.latest_run(folder, resumed)
 
     def save(self, loop: Run, reason: str, *, must: bool = False) -> Path | None:
         """Write a checkpoint of the run as it is now, its metric the score of the weights now

@@ -20,7 +20,8 @@ from hookfit.records import recorded_identity
 from hookfit.plugins.checkpoint import ranks, sharded
 from hookfit.plugins.checkpoint.export import best
 from hookfit.plugins.checkpoint.state import SWITCHED_OFF, load_model, model_mismatch, model_state
-from hookfit.plugins.checkpoint.storage import CheckpointError, CheckpointWarning, checkpoint_files, earlier, read
+from hookfit.plugins.checkpoint.storage import (CheckpointError, CheckpointWarning, checkpoint_files, earlier, read,
+                                                run_of)
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -42,8 +43,8 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
                              "checkpoint (resume='latest'); to train on from the best, give its path")
         candidates, where = latest(loop, directory)
         if not candidates:
-            raise FileNotFoundError(f"checkpoint: resume='best' found no checkpoint in {where}{_aside_note(Path(where))}"
-                                    f"; {_elsewhere(directory)}")
+            raise FileNotFoundError(f"checkpoint: resume='best' found no checkpoint in {where}"
+                                    f"{_aside_note(loop, Path(where))}; {_elsewhere(directory)}")
         path = best(candidates[0], "checkpoint: resume='best'", "resume='latest' takes the newest")[0]
         return path, _read(loop, path, trains)
     if source != "latest":
@@ -51,7 +52,7 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
         if path.is_dir() and not sharded.is_sharded(path):
             candidates, where = checkpoint_files(path), str(path)
             if not candidates:
-                raise FileNotFoundError(f"checkpoint: no checkpoint in {path}{_aside_note(path)}")
+                raise FileNotFoundError(f"checkpoint: no checkpoint in {path}{_aside_note(None, path)}")
         elif not path.exists():
             meant = "".join(f"; did you mean resume={close!r}?" for close in difflib.get_close_matches(
                 source, ["latest", "best"], n=1))
@@ -64,8 +65,8 @@ def choose(loop: Run, source: str, directory: Path | None, fallback: bool
             if loop.is_main:
                 then = ("the run starts from the beginning" if loop.mode == "fit" else
                         f"the model's weights as they are; {_elsewhere(directory)}")
-                print(f"hookfit checkpoint: resume='latest' found no checkpoint in {where}{_aside_note(Path(where))}: "
-                      f"{then}", file=sys.stderr, flush=True)
+                print(f"hookfit checkpoint: resume='latest' found no checkpoint in {where}"
+                      f"{_aside_note(loop, Path(where))}: {then}", file=sys.stderr, flush=True)
             return None, None
     if not fallback:
         try:
@@ -93,12 +94,38 @@ def _elsewhere(directory: Path | None) -> str:
             f"state.results['best_checkpoint'])")
 
 
-def _aside_note(folder: Path) -> str:
-    """Where ``folder`` holds earlier runs' checkpoints that a later run beginning afresh moved aside, what says so."""
-    if not (found := earlier(folder)):
-        return ""
-    return (f" (it holds {len(found)} checkpoint(s) of earlier runs, moved aside by later runs that began afresh "
-            f"there; resume one by its path: resume={str(found[0])!r})")
+def _aside_note(loop: Run | None, folder: Path) -> str:
+    """What else ``folder`` holds where a run found no checkpoint of its own there: checkpoints of other runs, which
+    ``resume="latest"`` of ``loop`` (``None``: a folder given by its path, whose every checkpoint is taken) leaves
+    (:func:`own`); earlier runs' checkpoints set aside in its ``earlier-run-N/`` subfolders."""
+    note = ""
+    if loop is not None:
+        found = checkpoint_files(folder)
+        mine = set(own(loop, found))
+        if theirs := [path for path in found if path not in mine]:
+            names = sorted({name or "?" for name in (run_of(path)[1] for path in theirs)})
+            shown = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            note = (f" (it holds {len(theirs)} checkpoint(s) of other runs, named {shown}: "
+                    f"resume='latest' and resume='best' take those of {describe(loop)} only; resume one of theirs by "
+                    f"its path: resume={str(theirs[0])!r})")
+    if not (aside := earlier(folder)):
+        return note
+    return (f"{note} (it holds {len(aside)} checkpoint(s) of earlier runs, set aside in earlier-run-N/ subfolders; "
+            f"resume one by its path: resume={str(aside[0])!r})")
+
+
+def own(loop: Run, files: list[Path]) -> list[Path]:
+    """Of ``files``, the checkpoints of a folder that runs of several identities may share (a given ``dir`` or
+    ``run_dir``), those ``resume="latest"`` and ``"best"`` take, in their order: in a training run, those a run of its
+    identity wrote (``meta["identity"]``, ``loop.identity.key``: of its ``Loop(name=...)``, else its script or
+    notebook), never another name's, which would hand the run another run's weights and position (a fold of
+    k-fold CV taking fold 0's finished checkpoint, training nothing); in an evaluation given ``Loop(name=...)``,
+    those of that name; in an evaluation otherwise, every one (the folder given names the run to evaluate).
+    A checkpoint that records no identity (written before they were recorded) is any run's, as it was."""
+    if loop.mode != "fit" and not loop.config.name:
+        return files
+    key = loop.identity.key
+    return [path for path in files if (recorded := run_of(path)[0]) is None or recorded == key]
 
 
 def _read(loop: Run, path: Path, trains: Any) -> dict[str, Any]:
@@ -121,18 +148,18 @@ def _read(loop: Run, path: Path, trains: Any) -> dict[str, Any]:
 
 
 def latest(loop: Run, directory: Path | None) -> tuple[list[Path], str]:
-    """The candidates for ``"latest"``, newest first, and where they were looked for: the
-    given ``dir`` (``directory``); else ``<run_dir>/checkpoints`` of a given ``run_dir``; else the
-    checkpoints of this run's identity under ``runs/<name>/*/checkpoints`` (never another
-    identity's: a script of the same file name in another folder, another notebook; a folder
-    whose ``run.jsonl`` records no identity, written before they were, is taken as before),
-    the folder written last first."""
+    """The candidates for ``"latest"``, newest first, and where they were looked for: the checkpoints of the
+    given ``dir`` (``directory``), else of ``<run_dir>/checkpoints`` of a given ``run_dir``, that this run takes
+    (:func:`own`: of its identity, the run written last first); else the checkpoints of this run's identity under
+    ``runs/<name>/*/checkpoints`` (never another identity's: a script of the same file name in another folder,
+    another notebook; a folder whose ``run.jsonl`` records no identity, written before they were, is taken as
+    before), the folder written last first."""
     if directory is not None:
-        return checkpoint_files(directory), str(directory)
+        return own(loop, checkpoint_files(directory)), str(directory)
     run_dir = loop.config.run_dir
     if loop.run_dir_given and run_dir is not None:  # (None only in a smoke run, which never resumes)
         folder = run_dir / "checkpoints"
-        return checkpoint_files(folder), str(folder)
+        return own(loop, checkpoint_files(folder)), str(folder)
     from hookfit import run as run_module
 
     base = (run_module.RUNS / loop.name).absolute()

@@ -67,8 +67,8 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
     ``on_save_error`` says, never a folder of some ranks' parts."""
     reason, step, metric, must = asked
     if loop.state.world_size > 1 and _dist() is None:  # (a failed run: its process group ended with the failure)
-        folder = (checkpoint.directory(loop).absolute() / checkpoint.filename(position, reason)).with_suffix(
-            sharded.SHARDED_SUFFIX)
+        named = checkpoint.filename(position, reason, checkpoint.tag)
+        folder = (checkpoint.directory(loop).absolute() / named).with_suffix(sharded.SHARDED_SUFFIX)
         checkpoint.collect(loop, [Done(folder, (reason, step, metric, loop.is_main), CheckpointError(
             f"checkpoint: every process writes its part of a sharded checkpoint, and the {loop.state.world_size} "
             f"processes of this run can no longer work together (their process group ended with the run's failure): "
@@ -84,7 +84,8 @@ def save_sharded(checkpoint: Checkpoint, loop: Run, position: Position, rest: di
             return None
         checkpoint.collect(loop, writer.take())
     main = loop.is_main
-    path = checkpoint.directory(loop).absolute() / checkpoint.filename(position, reason) if main else None
+    named = checkpoint.filename(position, reason, checkpoint.tag)
+    path = checkpoint.directory(loop).absolute() / named if main else None
     writer.saves += 1
     path, tmp = sharded.destination(path, writer.saves)  # rank 0's, on every rank
     tag = (reason, step, metric, main)

@@ -29,7 +29,9 @@ def payload(loop: Run, *, reason: str, metric: float | None, monitor: str | None
     every process's own random state in a run of several (:mod:`hookfit.plugins.checkpoint.ranks`:
     a collective), the model's, every plugin's (but an observer's switched off, which
     :data:`SWITCHED_OFF` names) and what the checkpoint notes about the file, the number of processes
-    that wrote it (:data:`~hookfit.plugins.checkpoint.ranks.WRITERS`) among it.
+    that wrote it (:data:`~hookfit.plugins.checkpoint.ranks.WRITERS`) and the identity and name of the run that
+    wrote it (``loop.identity.key``, ``loop.name``: ``resume="latest"`` in a folder of several runs takes its own,
+    :func:`~hookfit.plugins.checkpoint.resuming.latest`) among it.
     Its tensors are the run's own, not copies."""
     run = loop.state_dict()
     return {
@@ -40,6 +42,7 @@ def payload(loop: Run, *, reason: str, metric: float | None, monitor: str | None
         "model": model_state(loop.model),
         "plugins": {k: v for k, v in loop.plugin_states().items() if v is not None},
         "meta": {"reason": reason, "time": time.time(), "metric": metric, "monitor": monitor,
+                 "identity": loop.identity.key, "name": loop.name,
                  "status": loop.state.status, SWITCHED_OFF: [s.plugin for s in loop.state.silenced],
                  ranks.WRITERS: loop.state.world_size},
     }

@@ -205,16 +205,34 @@ def read(path: str | os.PathLike[str], train_data: Any = None) -> dict[str, Any]
     return data
 
 
+def _meta(path: Path) -> Any:
+    """A checkpoint file's ``meta``, read without reading its tensors (a memory map); raises what reading raised."""
+    return torch.load(path / "state.pt" if path.is_dir() else path, map_location="cpu", weights_only=True,
+                      mmap=True)["meta"]
+
+
 def score_of(path: Path, monitor: str) -> float | None:
     """The finite ``monitor`` score a checkpoint file carries (``meta["metric"]``), read without reading its tensors
     (a memory map), or ``None``: another metric, none, a failure's file, or a file that cannot be read."""
     try:
-        meta = torch.load(path / "state.pt" if path.is_dir() else path, map_location="cpu", weights_only=True,
-                          mmap=True)["meta"]
+        meta = _meta(path)
         metric = meta["metric"] if meta.get("monitor") == monitor and meta.get("reason") != "failure" else None
     except Exception:  # noqa: BLE001 - unreadable here is unscored: read() names what is wrong when it is used
         return None
     return float(metric) if isinstance(metric, (int, float)) and math.isfinite(metric) else None
+
+
+def run_of(path: Path) -> tuple[str | None, str | None]:
+    """``(identity, name)`` of the run that wrote the checkpoint ``path`` as its ``meta`` records them
+    (:attr:`hookfit.run.Run.identity`'s ``key``, the run's name), read without reading its tensors; ``(None, None)``
+    for a file that records none (written before they were recorded) or cannot be read (:func:`read` says why
+    where it is used)."""
+    try:
+        meta = _meta(path)
+        recorded = meta.get("identity"), meta.get("name")
+    except Exception:  # noqa: BLE001 - unreadable here is unattributed: read() names what is wrong when it is used
+        return None, None
+    return (recorded[0] if isinstance(recorded[0], str) else None, recorded[1] if isinstance(recorded[1], str) else None)
 
 
 def check(data: Mapping[str, Any], path: Path, train_data: Any = None) -> None:
@@ -247,26 +265,41 @@ def check(data: Mapping[str, Any], path: Path, train_data: Any = None) -> None:
 _NAME = re.compile(r"epoch(\d+)-step(\d+)")
 
 
-def filename(position: Position, reason: str) -> str:
+def filename(position: Position, reason: str, tag: int = 0) -> str:
     """``epochNNNN-stepNNNNNNNNN.pt``, the epoch counted from 1: the epoch in progress, or
     the one just completed at an epoch's boundary, so names sort in run order (``failed-``
-    before it for a checkpoint of a failure)."""
+    before it for a checkpoint of a failure); ``-vT`` before the suffix for a run of ``tag`` ``T``
+    (:func:`tag_of`: a run that began in a folder holding checkpoints of another run)."""
     epoch, step = position.epoch, position.step
     at_start = position.stage == "train" and position.batch == 0 and not position.val_due
     shown = epoch if (at_start and epoch > 0) else epoch + 1
     stem = "failed-" if reason == "failure" else ""
-    return f"{stem}epoch{shown:04d}-step{step:09d}{SUFFIX}"
+    version = f"-v{tag}" if tag else ""
+    return f"{stem}epoch{shown:04d}-step{step:09d}{version}{SUFFIX}"
+
+
+_TAG = re.compile(r"-v(\d+)\.(?:pt|dcp)$")
+
+
+def tag_of(path: Path) -> int:
+    """The tag of the run that wrote the checkpoint ``path``, as its name says: ``T`` for ``...-vT.pt`` (or
+    ``.dcp``), 0 for a name without one. A run that begins in a folder holding checkpoints it does not continue
+    takes one more than the highest tag there (:func:`hookfit.plugins.checkpoint.folders.tag`), so its files never
+    take the names of another run's, which stay where they are; a run that continues those of a folder keeps the
+    tag of the one it resumed from. One tag, one run (and its resumes)."""
+    match = _TAG.search(path.name)
+    return int(match[1]) if match else 0
 
 
 EARLIER = ".earlier-runs"
-"""In a checkpoint folder: the names of earlier runs' checkpoints left there, one a line: those that a run
-beginning afresh could not move into an ``earlier-run-N/`` subfolder
-(:func:`hookfit.plugins.checkpoint.folders.prepare`). No listing takes them, no run writes over them
-(:func:`refuse_listed`), and no ``keep_last`` prunes them."""
+"""In a checkpoint folder: the names of earlier runs' checkpoints there, one a line, that no listing takes, no
+run writes over (:func:`refuse_listed`) and no ``keep_last`` prunes. Read, written by no run: a run's
+checkpoints stay where they were written, named apart from other runs' (:func:`tag_of`)."""
 
 ASIDE = re.compile(r"earlier-run-(\d+)")
-"""The name of a checkpoint folder's subfolder holding an earlier run's checkpoints, moved there by a later
-run that began afresh in the folder (``earlier-run-1/``, ``-2`` next)."""
+"""The name of a checkpoint folder's subfolder holding an earlier run's checkpoints moved there (``earlier-run-1/``,
+``-2`` next): read (resumed or exported by their path), made by no run: a run's checkpoints stay where they were
+written, named apart from other runs' (:func:`tag_of`)."""
 
 PATTERNS = ("epoch*", "failed-epoch*")
 """The names of a run's checkpoints in a folder: ``epoch*.pt`` files and sharded checkpoints' folders
@@ -276,14 +309,33 @@ PATTERNS = ("epoch*", "failed-epoch*")
 def checkpoint_files(folder: Path) -> list[Path]:
     """The checkpoints in ``folder``, newest first: files ``epoch*.pt`` and sharded
     checkpoints' folders ``epoch*.dcp`` (``failed-*`` ones are not listed, nor those of earlier
-    runs: moved into ``earlier-run-N/`` subfolders, or listed in :data:`EARLIER`)."""
+    runs moved into ``earlier-run-N/`` subfolders or listed in :data:`EARLIER`). A folder that several runs
+    wrote in holds each run's under its tag (:func:`tag_of`): the run written last first (by the time its newest
+    checkpoint records, ``meta["time"]``, which a copy keeps; the higher tag where two are equal), each run's
+    checkpoints by name, the newest first."""
     if not folder.is_dir():
         return []
     found = [p for p in folder.glob(f"epoch*{SUFFIX}") if p.is_file()]
     found += [p for p in folder.glob("epoch*.dcp") if p.is_dir()]
     if aside := listed(folder):
         found = [p for p in found if p.name not in aside]
-    return sorted(found, key=lambda p: (p.stem, p.stat().st_mtime), reverse=True)
+    times = {p: p.stat().st_mtime for p in found}
+    runs: dict[int, list[Path]] = {}
+    for path in found:
+        runs.setdefault(tag_of(path), []).append(path)
+    if len(runs) < 2:
+        return sorted(found, key=lambda p: (p.stem, times[p]), reverse=True)
+    written = {tag: _written(max(paths, key=lambda p: (p.stem, times[p]))) for tag, paths in runs.items()}
+    return sorted(found, key=lambda p: (written[tag_of(p)], tag_of(p), p.stem, times[p]), reverse=True)
+
+
+def _written(path: Path) -> float:
+    """When the checkpoint ``path`` was written, as it records (``meta["time"]``), else as the file's time says."""
+    try:
+        when = _meta(path).get("time")
+    except Exception:  # noqa: BLE001 - unreadable here: the file's time (read() says what is wrong where it is used)
+        when = None
+    return float(when) if isinstance(when, (int, float)) and math.isfinite(when) else path.stat().st_mtime
 
 
 def run_files(folder: Path) -> list[str]:
@@ -295,8 +347,8 @@ def run_files(folder: Path) -> list[str]:
 
 
 def earlier(folder: Path) -> list[Path]:
-    """The checkpoints of earlier runs kept in ``folder`` (``failed-*`` ones aside): those in its
-    ``earlier-run-N/`` subfolders, the last set aside (the highest ``N``) first, and those listed in
+    """The checkpoints of earlier runs set aside in ``folder`` (``failed-*`` ones aside): those in its
+    ``earlier-run-N/`` subfolders (:data:`ASIDE`), the last set aside (the highest ``N``) first, and those listed in
     :data:`EARLIER`; each group newest by name first."""
     if not folder.is_dir():
         return []
@@ -314,17 +366,6 @@ def listed(folder: Path) -> set[str]:
         return set((folder / EARLIER).read_text().split())
     except OSError:  # (none there)
         return set()
-
-
-def list_earlier(folder: Path, names: set[str]) -> None:
-    """``folder``'s :data:`EARLIER` lists ``names`` (none: the file is removed)."""
-    listing = folder / EARLIER
-    if not names:
-        listing.unlink(missing_ok=True)
-        return
-    temporary = listing.with_name(f".{listing.name}.{os.getpid()}.tmp")
-    temporary.write_text("".join(f"{name}\n" for name in sorted(names)))
-    os.replace(temporary, listing)
 
 
 def refuse_listed(path: Path) -> None:

@@ -701,11 +701,14 @@ def test_latest_with_a_run_dir_or_a_dir_looks_only_there(tmp_path: Path, monkeyp
     assert loop.run.pm.get_plugin("checkpoint").resumed_from is None
     train(tmp_path / "given", epochs=1)
     loop, _, _ = train(tmp_path / "given", resume="latest", epochs=2)
-    assert loop.state.resumed_from.source == str(tmp_path / "given" / "checkpoints" / "epoch0001-step000000007.pt")
+    # (the run written last there: the second, its names apart from the first's)
+    assert loop.state.resumed_from.source == str(tmp_path / "given" / "checkpoints" / "epoch0001-step000000007-v1.pt")
     mine = tmp_path / "mine"
-    train(tmp_path / "x", epochs=1, checkpoint=Checkpoint(dir=mine, background=False))
+    train(tmp_path / "x", epochs=1, checkpoint=Checkpoint(dir=mine, background=False))  # another run's (x), left
+    loop, _, _ = train(tmp_path / "given", resume="latest", epochs=1, checkpoint=Checkpoint(dir=mine, background=False))
+    assert loop.state.resumed_from is None
     loop, _, _ = train(tmp_path / "given", resume="latest", epochs=2, checkpoint=Checkpoint(dir=mine, background=False))
-    assert loop.state.resumed_from.source == str(mine / "epoch0001-step000000007.pt")
+    assert loop.state.resumed_from.source == str(mine / "epoch0001-step000000007-v1.pt")
 
 
 # -- runs without a model -----------------------------------------------------------------------
@@ -1185,42 +1188,43 @@ def test_a_checkpoint_of_two_processes_resumed_in_one_at_an_epochs_end_is_warned
     assert [w.message for w in caught if "process(es)" in str(w.message)] == []
 
 
-@pytest.mark.bad_input
-def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints_is_warned_once(
+def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints_names_its_own_apart(
         tmp_path: Path) -> None:
     """A script run again with the same run_dir and no resume (a new experiment): its
     checkpoints went beside the earlier run's, keep_last left those alone, and a later
     resume='latest' took the earlier run's newer epoch and deleted the new run's files, without
-    a word (a newcomer's). One warning at the fit() line; a resume, or a first run, says nothing."""
+    a word (a newcomer's). The new run's names carry a tag of their own (-v1), the earlier run's files stay
+    where they are, and neither that nor a resume is warned of: nothing was moved or changed."""
     def said(**options: object) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             train(tmp_path, **options)
-        return [f"{Path(w.filename).name}: {w.message}" for w in caught if "earlier run" in str(w.message)]
+        return [f"{Path(w.filename).name}: {w.message}" for w in caught if issubclass(w.category, CheckpointWarning)]
 
+    folder = tmp_path / "checkpoints"
     assert said(epochs=2) == []  # the first run
-    assert said(epochs=1) == [
-        f"conftest.py: checkpoint: {tmp_path / 'checkpoints'} held 2 checkpoint(s) of an earlier run (newest by name: "
-        f"epoch0002-step000000014.pt) and this run does not continue them: moved into "
-        f"{tmp_path / 'checkpoints' / 'earlier-run-1'}, where they stay (resume or export one by its path there); "
-        f"resume='latest', hookfit export and keep_last take this run's checkpoints only. Give each run its own "
-        f"run_dir or name, or resume (resume='latest')"]
+    first = {p.name: p.read_bytes() for p in folder.glob("*.pt")}
+    assert sorted(first) == ["epoch0001-step000000007.pt", "epoch0002-step000000014.pt"]
+    assert said(epochs=1) == []
+    assert {p.name: p.read_bytes() for p in folder.glob("*.pt") if p.name in first} == first
+    assert [p.name for p in checkpoint_files(folder)][0] == "epoch0001-step000000007-v1.pt"
     assert said(epochs=3, resume="latest") == []
+    assert [p.name for p in checkpoint_files(folder)][0] == "epoch0003-step000000021-v1.pt"
 
 
 @pytest.mark.bad_input
 def test_resume_latest_that_finds_only_set_aside_checkpoints_says_they_are_there(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Run A saves two epochs; run B begins afresh there (A's files moved aside) and is stopped before it saves any.
-    resume='latest' then said it found no checkpoint in a folder visibly holding A's: it says where they are
-    and how to resume one, as does a resume from the folder's path."""
+    """Run A saved two epochs, set aside into earlier-run-1/ since. resume='latest' said it found no checkpoint in a
+    folder visibly holding A's: it says where they are and how to resume one, as does a resume from the folder's
+    path."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=2)
-    with pytest.warns(CheckpointWarning, match="moved into"):
-        train(tmp_path, epochs=1, stop=2, checkpoint=Checkpoint(every_n_epochs=None, on_interrupt=False,
-                                                                background=False))
+    (folder / "earlier-run-1").mkdir()
+    for path in folder.glob("epoch*"):
+        path.rename(folder / "earlier-run-1" / path.name)
     newest = folder / "earlier-run-1" / "epoch0002-step000000014.pt"
-    note = (f" (it holds 2 checkpoint(s) of earlier runs, moved aside by later runs that began afresh there; resume "
+    note = (f" (it holds 2 checkpoint(s) of earlier runs, set aside in earlier-run-N/ subfolders; resume "
             f"one by its path: resume={str(newest)!r})")
     with pytest.raises(FileNotFoundError) as raised:
         train(tmp_path / "other", resume=str(folder))
@@ -1233,47 +1237,43 @@ def test_resume_latest_that_finds_only_set_aside_checkpoints_says_they_are_there
 
 
 @pytest.mark.fault
-def test_resuming_a_set_aside_checkpoint_by_its_path_sets_the_later_runs_aside_and_prunes_none_of_them(
+def test_resuming_an_earlier_runs_checkpoint_by_its_path_continues_that_run_and_prunes_none_of_the_later_runs(
         tmp_path: Path) -> None:
-    """Run A (3 epochs), run B afresh in the same run_dir (1 epoch: A's moved aside), then A's epoch 2 resumed by
-    its path, as the warning says to: the resumed run took B's checkpoint as its own and keep_last=1 deleted it.
-    B's is moved aside in turn (one warning), and stays."""
+    """Run A (3 epochs), run B afresh in the same run_dir (1 epoch), then A's epoch 2 resumed by its path: the
+    resumed run took B's checkpoint as its own and keep_last=1 deleted it. It continues A (its names, its tag),
+    keep_last prunes A's alone, and B's stays."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=3)
-    with pytest.warns(CheckpointWarning, match="moved into"):
-        train(tmp_path, epochs=1, seed=5)
-    b_first = folder / "epoch0001-step000000007.pt"
+    train(tmp_path, epochs=1, seed=5)
+    b_first = folder / "epoch0001-step000000007-v1.pt"
     b_bytes = b_first.read_bytes()
-    with pytest.warns(CheckpointWarning, match=re.escape(
-            f"{folder} held 1 checkpoint(s) of an earlier run (newest by name: epoch0001-step000000007.pt) and this "
-            f"run does not continue them: moved into {folder / 'earlier-run-2'}")):
-        loop, _, _ = train(tmp_path, epochs=3, resume=str(folder / "earlier-run-1" / "epoch0002-step000000014.pt"),
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop, _, _ = train(tmp_path, epochs=3, resume=str(folder / "epoch0002-step000000014.pt"),
                            checkpoint=Checkpoint(every_n_epochs=1, background=False, keep_last=1))
+    assert [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)] == []
     assert loop.state.status == "completed" and loop.state.epoch == 2
-    assert (folder / "earlier-run-2" / b_first.name).read_bytes() == b_bytes  # B's, kept
-    assert [p.name for p in checkpoint_files(folder)] == ["epoch0003-step000000021.pt"]  # this run's own
-    assert sorted(p.name for p in (folder / "earlier-run-1").iterdir()) == [  # A's, all three
-        "epoch0001-step000000007.pt", "epoch0002-step000000014.pt", "epoch0003-step000000021.pt"]
+    assert b_first.read_bytes() == b_bytes  # B's, kept
+    assert [p.name for p in checkpoint_files(folder)] == ["epoch0003-step000000021.pt", b_first.name]
 
 
 def test_resume_latest_after_a_fresh_run_in_the_same_folder_continues_that_run_and_keeps_the_earlier_files(
         tmp_path: Path) -> None:
     """Run A (3 epochs), then run B afresh in the same run_dir (1 epoch, another seed): resume='latest'
     took A's epoch 3 (the newest by epoch and step), continued A, and keep_last pruned B's checkpoint
-    away. B's is the one taken now; A's files stay, moved aside, out of every listing."""
+    away. B's is the one taken now (the run written last); A's files stay, untouched."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=3)
-    a_last = (folder / "epoch0003-step000000021.pt").read_bytes()
-    with pytest.warns(CheckpointWarning, match="moved into"):
-        train(tmp_path, epochs=1, seed=5)
-    b_first = folder / "epoch0001-step000000007.pt"  # B's, A's file of that name moved aside
-    assert [p.name for p in checkpoint_files(folder)] == [b_first.name]
+    a_files = {p.name: p.read_bytes() for p in folder.glob("*.pt")}
+    train(tmp_path, epochs=1, seed=5)
+    b_first = folder / "epoch0001-step000000007-v1.pt"  # B's, beside A's file of that name
+    assert [p.name for p in checkpoint_files(folder)][0] == b_first.name
     loop, _, _ = train(tmp_path, epochs=2, seed=5, resume="latest",
                        checkpoint=Checkpoint(every_n_epochs=1, background=False, keep_last=1))
     assert loop.state.resumed_from.source == str(b_first)
-    assert [p.name for p in checkpoint_files(folder)] == ["epoch0002-step000000014.pt"]  # B's own, pruned
-    assert (folder / "earlier-run-1" / "epoch0003-step000000021.pt").read_bytes() == a_last  # A's, untouched
-    assert not (folder / ".earlier-runs").exists()  # every one of A's moved
+    listed = [p.name for p in checkpoint_files(folder)]
+    assert listed == ["epoch0002-step000000014-v1.pt", *sorted(a_files, reverse=True)]  # B's own pruned, then A's
+    assert {p.name: p.read_bytes() for p in folder.glob("*.pt") if p.name in a_files} == a_files  # A's, untouched
     copy = tmp_path / "copied"  # a copy (cp -r: every file's time the copy's) lists the same
     shutil.copytree(folder, copy, copy_function=shutil.copy)
-    assert [p.name for p in checkpoint_files(copy)] == ["epoch0002-step000000014.pt"]
+    assert [p.name for p in checkpoint_files(copy)] == listed

@@ -165,10 +165,10 @@ def test_evaluations_add_to_one_table_which_a_fresh_fit_sets_aside_with_its_runs
 
 
 def test_a_run_resumed_from_a_checkpoint_set_aside_sets_the_later_runs_tables_aside(tmp_path: Path) -> None:
-    """Run A (loss 1), then B afresh in the same run_dir (loss 2: A's checkpoints into ``checkpoints/earlier-run-1/``,
-    its tables into ``*.earlier-run-1.csv``), then A's epoch 1 resumed by its path there: the checkpoint plugin sets
-    B's checkpoints aside, and B's tables are set aside whole likewise, A's resumed epochs starting a fresh one
-    (not appended to B's ``metrics.csv`` after dropping B's rows past A's step)."""
+    """Run A (loss 1), then B afresh in the same run_dir (loss 2: A's tables into ``*.earlier-run-1.csv``, its
+    checkpoints where they are, B's named apart), then A's epoch 1 resumed by its path: it continues A's checkpoints,
+    not B's run, so B's tables are set aside whole, A's resumed epochs starting a fresh one (not appended to B's
+    ``metrics.csv`` after dropping B's rows past A's step)."""
     def fit(loss: float, epochs: int, **options) -> list[warnings.WarningMessage]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -183,7 +183,7 @@ def test_a_run_resumed_from_a_checkpoint_set_aside_sets_the_later_runs_tables_as
     fit(2.0, 2)
     later = (tmp_path / "metrics.csv").read_text()
     assert _rows(tmp_path / "metrics.earlier-run-1.csv") == [("1", "2", "train", "1.0"), ("2", "4", "train", "1.0")]
-    said = _set_aside(fit(1.0, 2, resume=tmp_path / "checkpoints" / "earlier-run-1" / "epoch0001-step000000002.pt"))
+    said = _set_aside(fit(1.0, 2, resume=tmp_path / "checkpoints" / "epoch0001-step000000002.pt"))
     assert len(said) == 1 and "set aside as metrics.earlier-run-2.csv;" in said[0], said
     assert (tmp_path / "metrics.earlier-run-2.csv").read_text() == later
     assert _rows(tmp_path / "metrics.csv") == [("2", "4", "train", "1.0")]

@@ -105,10 +105,9 @@ def test_evaluations_are_one_run_which_a_fresh_fit_moves_aside_with_its_run(tmp_
 
 
 def test_a_run_resumed_from_a_checkpoint_set_aside_moves_the_later_runs_events_aside(tmp_path: Path) -> None:
-    """Run A (loss 3), then B afresh in the same folder (loss 2: A's checkpoints into ``checkpoints/earlier-run-1/``,
-    its events into ``earlier-run-1/``), then A's epoch 1 resumed by its path there: the checkpoint plugin sets B's
-    checkpoints aside, and B's events are moved aside likewise, so A's next epochs are not written into B's
-    curves."""
+    """Run A (loss 3), then B afresh in the same folder (loss 2: A's events into ``earlier-run-1/``, its checkpoints
+    where they are, B's named apart), then A's epoch 1 resumed by its path: it continues A's checkpoints, not B's
+    run, so B's events are moved aside, and A's next epochs are not written into B's curves."""
     from hookfit.plugins.checkpoint import Checkpoint
 
     folder = tmp_path / "run"
@@ -125,7 +124,7 @@ def test_a_run_resumed_from_a_checkpoint_set_aside_moves_the_later_runs_events_a
         fit(3.0)
         fit(2.0)
     with pytest.warns(hookfit.HookfitWarning, match="earlier-run-2/"):
-        fit(3.0, resume=folder / "checkpoints" / "earlier-run-1" / "epoch0001-step000000002.pt")
+        fit(3.0, resume=folder / "checkpoints" / "epoch0001-step000000002.pt")
     assert _steps(folder / "earlier-run-1") == [(2, 3.0), (4, 3.0), (6, 3.0)]
     assert _steps(folder / "earlier-run-2") == [(2, 2.0), (4, 2.0), (6, 2.0)]
     assert _steps(folder) == [(4, 3.0), (6, 3.0)]
