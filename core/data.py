@@ -8,7 +8,7 @@ single samples, so a batch costs a few microseconds instead of a few hundred.
 Of any data the loop and the plugins ask: :func:`length` (how many batches, ``None`` for a
 stream), :func:`stage_length` (a run's ``train_data`` or ``val_data``, several validation sets
 summed), :func:`one_pass` (an iterator, used up after one pass), :func:`tell_epoch` (the epoch
-before each one); :func:`check_passes` refuses, as a ``Loop`` is made, data that would fail the run
+before each one, to the training data); :func:`check_passes` refuses, as a ``Loop`` is made, data that would fail the run
 later (used up after one pass, an empty validation set); whether a resume rebuilds its order is :mod:`hookfit.order`'s.
 """
 
@@ -77,7 +77,11 @@ def tell_epoch(data: Any, epoch: int, again: bool = False) -> None:
     factory), else the ``IterableDataset`` of a ``DataLoader`` when that has one (the loader's
     workers get a copy of it as each epoch's iterator is made; persistent workers keep the copy
     of the first epoch: ``again``, the run's second epoch, warns of them, unless the dataset is a Hugging Face
-    ``IterableDataset``, whose epoch they share)."""
+    ``IterableDataset``, whose epoch they share). The loop tells the training data only:
+    validation data is never told the epoch, so every validation of a fit, and a
+    ``Loop.validate()`` of its weights, reads the same batches (a held-out stream that draws
+    its order from the epoch would otherwise score other rows each time; a validation
+    ``DistributedSampler`` keeps its epoch 0, and with it the same part of the set on each rank)."""
     target = data if hasattr(data, "set_epoch") else _streamed(data)
     setter = getattr(target, "set_epoch", None)
     if callable(setter):

@@ -149,8 +149,9 @@ class Loop:
     implements the ``resume`` event (the checkpoint plugin): ``"latest"`` is the newest
     checkpoint of a run *of this name* (never another script's), and the resumed run goes on
     in that run's folder. Without the argument, the ``HOOKFIT_RESUME`` environment variable
-    is used when set. Data that has ``set_epoch(epoch)``
-    is told each epoch before it is iterated (for reproducible shuffles); data that has
+    is used when set. Training data that has ``set_epoch(epoch)``
+    is told each epoch before it is iterated (for reproducible shuffles; validation data never
+    is, so each validation reads the same batches); data that has
     ``iter_from(start)`` starts a resumed epoch there instead of skipping batches one by one.
 
     ``seed`` seeds Python, NumPy and torch (every device), and with them the order of data that

@@ -43,8 +43,8 @@ step's ``loop.carry`` hold is theirs: a tuple there comes back from a JSON store
 
 When the iterator is made: a training stage makes its data iterator (``iter(train_data)``,
 or ``iter_from(batch)``) after ``epoch_start`` and ``stage_start``, before the stage's first
-``batch_start``; ``set_epoch(epoch)`` is called (:func:`hookfit.data.tell_epoch`) before
-``epoch_start``; a resume (``resume``, ``load_state``) comes before all of them. So a plugin
+``batch_start``; the training data's ``set_epoch(epoch)`` is called (:func:`hookfit.data.tell_epoch`;
+never the validation data's) before ``epoch_start``; a resume (``resume``, ``load_state``) comes before all of them. So a plugin
 may keep the data's order itself, restoring what it saved at ``resume``; the way to tell the
 core the order is kept is for the data to carry its own state (``state_dict()`` and
 ``load_state_dict()``, as torchdata's ``StatefulDataLoader`` does): the run saves it under

@@ -169,9 +169,7 @@ def epochs(run: Run) -> None:
         first_epoch = state.epoch
         for epoch in range(state.epoch, run.max_epochs if _epochs_bound(run) else run.max_steps or 0):
             state.epoch = epoch
-            sets = run.val_data.values() if isinstance(run.val_data, Mapping) else (run.val_data,)
-            for data in (run.train_data, *sets):
-                tell_epoch(data, epoch, again=epoch == first_epoch + 1)
+            tell_epoch(run.train_data, epoch, again=epoch == first_epoch + 1)  # not val_data: see tell_epoch
             start, first = (at.batch, at.stage) if at is not None else (0, "train")
             at = None
             cursor.epoch_begins(epoch, start, first)

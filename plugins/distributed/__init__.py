@@ -64,7 +64,8 @@ What it does, in ``configure`` (before every other plugin starts)
       for training), a ``DataLoader`` rebuilt with an ``ExactSampler`` (a
       ``DistributedSampler`` that neither pads nor drops), and a list cut to no length: rank
       ``r`` takes batches ``r, r + world_size, ...`` to the end. Every rank needs at least one
-      validation batch (checked). A validation loader with torch's own ``DistributedSampler`` is
+      validation batch (checked). A validation sampler is never told the epoch (nor is any
+      validation data): each validation reads the same part on each rank. A validation loader with torch's own ``DistributedSampler`` is
       kept where it splits exactly, and otherwise (it pads the parts by repeating samples, or
       ``drop_last`` leaves some out) rebuilt with an ``ExactSampler`` in its order (its
       ``shuffle`` and ``seed``), checked as a set given without a sampler (a sample on every

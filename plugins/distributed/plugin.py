@@ -234,13 +234,14 @@ class Distributed(ModelWrap, ReplicaCheck, StreamEnds):
         return params[0].device if params else torch.device("cpu")
 
     def _sharded(self, data: Any, what: str, even: bool) -> Any:
-        """This rank's part of ``data``; a ``DistributedSampler`` is kept to be told the epoch.
+        """This rank's part of ``data``; a training ``DistributedSampler`` is kept to be told the epoch
+        (a validation one never is, as the loop tells validation data no epoch: the same part each time).
         Several validation sets (a mapping) are each sharded. Training data is sharded
         ``even`` (the same batches on every rank), validation data exactly (every sample once)."""
         if isinstance(data, Mapping):
             return {name: self._sharded(part, f"{what}[{name!r}]", even) for name, part in data.items()}
         data, sampler = shard(data, what, self.rank, self.world_size, self.seed, even)
-        if sampler is not None:
+        if sampler is not None and even:
             self._samplers.append(sampler)
         return data
 

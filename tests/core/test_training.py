@@ -654,3 +654,42 @@ def test_a_run_failed_in_the_validation_due_at_its_max_steps_runs_it_when_resume
     _as_straight(resumed, straight, ("metrics",) if max_steps == 8 else ())
     assert {k: v for k, v in resumed[3]["results"]["metrics"].items() if k.startswith("valid/")} == {
         k: v for k, v in straight[3]["results"]["metrics"].items() if k.startswith("valid/")}
+
+
+class _Shards:
+    """A stream written as a training stream is: ``set_epoch`` reshuffles its 4 shards of 3 rows, and an
+    iteration reads the first 6 rows of that order."""
+
+    def __init__(self) -> None:
+        self.epoch, self.told = 0, []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.told.append(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        order = torch.randperm(4, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        yield from [3 * shard + row for shard in order for row in range(3)][:6]
+
+
+class _ShardsDataset(_Shards, torch.utils.data.IterableDataset):
+    """The same stream as the ``IterableDataset`` of a ``DataLoader``."""
+
+
+@pytest.mark.parametrize("loader", [False, True])
+def test_validation_data_is_never_told_the_epoch_so_every_validation_reads_the_same_rows(loader: bool) -> None:
+    """A held-out stream with ``set_epoch`` (reshuffled shards, a fixed number of rows) validated other rows at
+    each epoch, and other rows than ``Loop.validate()`` of the same weights: its metrics moved with no
+    training at all. The training data is still told every epoch."""
+    train, held_out = _Shards(), (_ShardsDataset() if loader else _Shards())
+    rows: dict[tuple[str, int], list[int]] = {}
+
+    def valid(loop: Any, batch: Any) -> None:
+        rows.setdefault((loop.mode, loop.state.epoch), []).extend(torch.as_tensor(batch).flatten().tolist())
+
+    data = torch.utils.data.DataLoader(held_out, batch_size=2) if loader else held_out
+    state = hookfit.Loop(lambda loop, b: None, train, val_step=valid, val_data=data, max_epochs=3).fit()
+    hookfit.Loop(val_step=valid, val_data=data).validate()
+    assert state.status == "completed" and train.told == [0, 1, 2] and held_out.told == []
+    assert list(rows) == [("fit", 0), ("fit", 1), ("fit", 2), ("validate", 0)]
+    assert all(seen == rows["fit", 0] for seen in rows.values()), rows

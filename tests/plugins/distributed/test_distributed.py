@@ -190,6 +190,32 @@ def test_several_validation_sets_are_each_sharded(process_group: Any) -> None:
     assert state.status == "completed" and seen == ["a", "a", "b", "b", "b"]
 
 
+
+def test_a_shuffled_validation_loaders_sampler_is_never_told_the_epoch(process_group: Any) -> None:
+    """The validation loader, rebuilt with an exact sampler that keeps its shuffle, reads the same order at every
+    validation, as ``Loop.validate()`` does; the training sampler is told each epoch and reshuffles."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Linear(1, 1)
+    seen: dict[tuple[bool, int], list[float]] = {}
+
+    def record(loop: Any, batch: Any) -> Any:
+        seen.setdefault((loop.training, loop.state.epoch), []).extend(batch[0].flatten().tolist())
+        return {"loss": loop.model(batch[0]).mean()}
+
+    def train(loop: Any, batch: Any) -> Any:
+        out = record(loop, batch)
+        out["loss"].backward()
+        return out
+
+    data = TensorDataset(torch.arange(8.0).unsqueeze(1))
+    state = hookfit.Loop(train, DataLoader(data, batch_size=2, shuffle=True), val_step=record,
+                         val_data=DataLoader(data, batch_size=2, shuffle=True), model=model, max_epochs=3,
+                         plugins=[Distributed()]).fit()
+    assert state.status == "completed"
+    assert seen[False, 0] == seen[False, 1] == seen[False, 2], seen
+    assert len({tuple(seen[True, epoch]) for epoch in range(3)}) > 1, seen
+
 @pytest.mark.bad_input
 def test_a_step_that_bypasses_loop_model_fails_with_a_clear_error(process_group: Any) -> None:
     model, data = _regression()
