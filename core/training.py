@@ -14,7 +14,8 @@
 :func:`scope` gives every scope its start event and boundary, and its end event and boundary
 when the body ran to its end, as fastai's ``_with_events`` does. Stops are
 :mod:`hookfit.stopping`'s, the run's position :mod:`hookfit.position`'s, the time split
-:mod:`hookfit.timing`'s, the error's note :mod:`hookfit.blame`'s, a resumed stage's iterator :mod:`hookfit.replay`'s.
+:mod:`hookfit.timing`'s, the error's note :mod:`hookfit.blame`'s, a resumed stage's iterator :mod:`hookfit.replay`'s,
+the warnings of a validation cadence that validates nothing :mod:`hookfit.cadence`'s.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from hookfit import modes
+from hookfit.cadence import foreseen, never_validated, unvalidated
 from hookfit.data import length, one_pass, tell_epoch
 from hookfit.ending import fail, finish
 from hookfit.errors import HookfitWarning, user_level
@@ -75,6 +77,7 @@ def execute(run: Run) -> State:
             if unseeded and run.state.resumed_from is None:  # (a resumed run has its generators' states restored)
                 warnings.warn(unseeded, HookfitWarning, stacklevel=user_level())
             epochs(run)
+            never_validated(run)
         except BaseException as error:
             try:
                 fail(run, error)  # a second Ctrl-C in an exception hook aborts it: still finish
@@ -216,22 +219,12 @@ def _last_epoch_done(run: Run, at: Position | None) -> None:
 def epochs_for_steps(run: Run) -> None:
     """With ``max_steps`` and no ``max_epochs``, tell the plugins how many epochs the run
     takes (``loop.max_epochs``) when the training data, as ``configure`` left it (sharded), has
-    a length; the loop itself goes on until ``max_steps`` whatever that says. A
-    ``val_every_n_steps`` over the run's training steps (:attr:`Run.max_train_steps`), when they are
-    known, is ``loop.no_validation``: warned about after ``fit_start`` (:func:`unvalidated`)."""
+    a length; the loop itself goes on until ``max_steps`` whatever that says. A validation
+    interval known to be over the run is ``loop.no_validation`` (:func:`hookfit.cadence.foreseen`)."""
     per_epoch = length(run.train_data) if run.mode == "fit" else None
     if per_epoch and not _epochs_bound(run) and run.max_steps is not None:
         run.max_epochs = -(-run.max_steps // per_epoch)
-    every, most = run.val_every_n_steps, run.max_train_steps
-    run.no_validation = None if every is None or most is None or every <= most else (
-        f"val_every_n_steps={every} is more than the run's {most} training steps: no validation will run")
-
-
-def unvalidated(run: Run) -> None:
-    """After ``fit_start``: ``loop.no_validation`` warned about, unless a plugin said it in its own
-    words and cleared it (a checkpoint monitoring a ``valid/`` metric)."""
-    if run.no_validation is not None:
-        warnings.warn(run.no_validation, HookfitWarning, stacklevel=user_level())
+    run.no_validation = foreseen(run)
 
 
 def epoch_done(run: Run, epoch: int) -> None:
