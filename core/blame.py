@@ -10,6 +10,8 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from hookfit.config import Config
+from hookfit.discovery import ENV_DISABLE
 from hookfit.errors import HookfitWarning, RefusedAnswer, UsageError, user_level
 from hookfit.stopping import qualname
 
@@ -33,7 +35,8 @@ def where(run: Run, error: BaseException) -> str:
     ``step()`` fires ``before_optimizer_step``): then that implementation is blamed, the plugin
     code and the step named as where it was called from. An error of none of them before the
     first epoch began says the run was refused where hookfit raised it (a run folder another live
-    process holds), else that it raised before the first epoch began (a ``len()`` of the data)."""
+    process holds), else that it raised before the first epoch began (a ``len()`` of the data). A plugin's
+    error at ``configure`` or ``fit_start`` names the configuration file's table that gave it options, if one did."""
     pm = run.pm
     owners = _owners(pm)
     config = run.config  # the steps as given (named in messages), and as wrapped (wrap_step), which run
@@ -71,7 +74,8 @@ def where(run: Run, error: BaseException) -> str:
     if hooks:  # a plugin's answer refused (RefusedAnswer) blames that plugin's implementation
         inner = error.implementation if isinstance(error, RefusedAnswer) else hooks[-1]
         between = hooks[0][1] in _BETWEEN  # (state.stage still names the stage before)
-        return f"{_hook_note(pm, hooks[0], inner)} ({f'epoch {state.epoch + 1}, outside a stage' if between else at})"
+        return (f"{_hook_note(pm, hooks[0], inner)} ({f'epoch {state.epoch + 1}, outside a stage' if between else at})"
+                f"{_from_file(pm, *inner)}")
     if wrapper is not None:
         owner = _owner(modules, wrapper.tb_frame.f_globals.get("__name__"))
         return (f"hookfit: raised in the step wrapper {wrapper.tb_frame.f_code.co_qualname!r}"
@@ -109,6 +113,21 @@ def _hook_note(pm: Any, outer: tuple[str, str], inner: tuple[str, str]) -> str:
     if inner != outer:
         note += f", called from {pm.describe(outer[0])} in its hook {outer[1]!r}"
     return note
+
+
+def _from_file(pm: Any, plugin: str, hook: str) -> str:
+    """For an error of ``plugin``'s ``configure`` or ``fit_start`` (where a plugin checks its options against
+    the run) when the configuration file gave it options: the file's table, those options, and the way to
+    run without them that does not edit the script; else nothing."""
+    info = getattr(pm, "infos", {}).get(plugin)
+    if hook not in ("configure", "fit_start") or info is None or info.config is None:
+        return ""
+    options = ", ".join(f"{option}={value!r}" for option, value in info.options.items() if option != "enabled")
+    if not options:
+        return ""
+    way = (f"switch the plugin off for this run: Loop(disable=[{plugin!r}]) or {ENV_DISABLE}={plugin}"
+           if info.source == "entry point" else "pass the option in the code, which wins over the file")
+    return f"; its options {options} come from {Config(info.config).where(plugin)}: change them there, or {way}"
 
 
 def _owners(pm: Any) -> dict[Any, tuple[str, str]]:

@@ -460,3 +460,43 @@ def test_an_error_of_a_partial_or_callable_step_under_a_wrapper_names_the_step(k
         hookfit.Loop(step, [1], model=torch.nn.Linear(1, 1), plugins=[Optim(precision="bf16-mixed")]).fit()
     note = " ".join(caught.value.__notes__)
     assert "raised in step function" in note and "step wrapper" not in note, note
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("given", [False, True], ids=["discovered", "given to Loop"])
+def test_an_error_of_a_plugin_s_options_from_the_file_names_the_file_and_the_way_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: bool) -> None:
+    """A monitor set in hookfit.toml refused at fit_start (a final retrain with no validation data): the error named
+    Loop(val_step=...) and 'train/' metrics, never the file the monitor came from nor how to run without it."""
+    from hookfit.plugins.early_stopping import EarlyStopping
+
+    (tmp_path / "hookfit.toml").write_text('[plugins.early_stopping]\nmonitor = "valid/loss"\npatience = 3\n')
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "hookfit.toml"))
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "optim" if given else "optim,early_stopping")
+    model = torch.nn.Linear(2, 1)
+    loop = hookfit.Loop(stepping(model), [(torch.ones(4, 2), torch.zeros(4, 1))], model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[EarlyStopping()] if given else [])
+    with pytest.raises(ValueError, match="early_stopping: monitor='valid/loss' needs validation") as caught:
+        loop.fit()
+    (note,) = caught.value.__notes__
+    table = f"{tmp_path / 'hookfit.toml'} [plugins.early_stopping]"
+    way = ("pass the option in the code, which wins over the file" if given else
+           "switch the plugin off for this run: Loop(disable=['early_stopping']) or HOOKFIT_DISABLE_PLUGINS=early_stopping")
+    assert note.endswith(f"in hook 'fit_start' (epoch 1, outside a stage); its options monitor='valid/loss', "
+                         f"patience=3 come from {table}: "
+                         f"change them there, or {way}"), note
+
+
+def test_an_error_of_a_plugin_s_options_from_the_code_names_no_file() -> None:
+    from hookfit.plugins.early_stopping import EarlyStopping
+
+    model = torch.nn.Linear(2, 1)
+    loop = hookfit.Loop(stepping(model), [(torch.ones(4, 2), torch.zeros(4, 1))], model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        plugins=[Optim(), EarlyStopping(monitor="valid/loss", patience=3)])
+    with pytest.raises(ValueError, match="needs validation") as caught:
+        loop.fit()
+    assert caught.value.__notes__ == ["hookfit: raised by plugin 'early_stopping' (hookfit 0.1.0, hookfit.plugins."
+                                      "early_stopping.EarlyStopping, given to Loop) in hook 'fit_start' (epoch 1, "
+                                      "outside a stage)"]
