@@ -24,7 +24,7 @@ __all__ = ["hook_note", "warn_secondary", "where"]
 def where(run: Run, error: BaseException) -> str:
     """A note saying where ``error`` was raised: by the training or validation data (the
     loop's fetch of which batch), by which plugin in which hook, or in which step function, at
-    which epoch, stage and batch. A hook implementation that raised inside another plugin's
+    which epoch, stage and batch (epochs and batches counted from 1, as the console's ``batch=``). A hook implementation that raised inside another plugin's
     hook (an event that plugin fires, as metrics fires ``epoch_metrics`` from its
     ``stage_end``) is the one blamed, and the hook it was called from is named. Plugin code
     that a step calls (``loop.backward``, a managed optimizer's ``step()``) is the plugin's: the
@@ -45,8 +45,8 @@ def where(run: Run, error: BaseException) -> str:
     wrapper = None  # the frame of a plugin's wrapper of the step (loop.wrap_step), until the step's own
     modules = _plugin_modules(pm, {getattr(s, "__module__", None) for s in steps.values()})
     state = run.state
-    at = (f"epoch {state.epoch + 1}, stage {state.stage}, batch {state.batch_idx}" if state.stage is not None
-          else f"epoch {state.epoch + 1}, outside a stage")  # epochs as the console counts
+    at = (f"epoch {state.epoch + 1}, stage {state.stage}, batch {state.batch_idx + 1}" if state.stage is not None
+          else f"epoch {state.epoch + 1}, outside a stage")  # epochs and batches as the console counts them, from 1
     step = None
     hooks: list[tuple[str, str]] = []  # the hook implementations on the way, outermost first
     fetch = None  # the loop's innermost frame, where it was fetching a batch
@@ -163,10 +163,10 @@ def _fetching(tb: types.TracebackType, epoch: int) -> str | None:
     done = "trained" if stage == "train" else "validated"
     code = frame.f_code.co_code
     if name == "run_stage" and 0 <= tb.tb_lasti < len(code) and dis.opname[code[tb.tb_lasti]] == "FOR_ITER":
-        index, start = local.get("batch_idx", -1) + 1, local.get("start", 0)
-        ran = (f"batches {start}-{index - 1} {done}" if index - 1 > start else
-               f"batch {start} {done}" if index - 1 == start else f"no batch {done} yet")
-        return (f"raised by {data} when the loop fetched batch {index}, fetch {index - start + 1} of the "
+        index, start = local.get("batch_idx", -1) + 1, local.get("start", 0)  # (from 0, said from 1)
+        ran = (f"batches {start + 1}-{index} {done}" if index - 1 > start else
+               f"batch {start + 1} {done}" if index - 1 == start else f"no batch {done} yet")
+        return (f"raised by {data} when the loop fetched batch {index + 1}, fetch {index - start + 1} of the "
                 f"stage ({ran}) (epoch {epoch}, stage {stage})")
     if name == "iterate":
         start = local.get("start", 0)
@@ -174,7 +174,7 @@ def _fetching(tb: types.TracebackType, epoch: int) -> str | None:
         return f"raised by {data} when the loop was {what} (epoch {epoch}, stage {stage})"
     if name == "_more":
         index = local.get("batch_idx", -1) + 1
-        return (f"raised by {data} when the loop fetched batch {index} to see whether the stage had more "
+        return (f"raised by {data} when the loop fetched batch {index + 1} to see whether the stage had more "
                 f"batches after the max_steps limit (epoch {epoch}, stage {stage})")
     return None
 

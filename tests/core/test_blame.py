@@ -74,8 +74,8 @@ def test_an_error_of_the_training_data_says_so_and_which_fetch_failed(data: Any)
     error = fit(data)
     assert "the stream broke at item 3" in str(error)
     note = error.__notes__[-1]
-    assert note == ("hookfit: raised by the training data when the loop fetched batch 3, fetch 4 of the stage "
-                    "(batches 0-2 trained) (epoch 1, stage train)"), note
+    assert note == ("hookfit: raised by the training data when the loop fetched batch 4, fetch 4 of the stage "
+                    "(batches 1-3 trained) (epoch 1, stage train)"), note
 
 
 def test_an_error_of_the_validation_data_names_the_validation_data() -> None:
@@ -85,8 +85,8 @@ def test_an_error_of_the_validation_data_names_the_validation_data() -> None:
     with pytest.raises(OSError) as caught:
         loop.fit()
     assert caught.value.__notes__[-1].startswith(
-        "hookfit: raised by the validation data when the loop fetched batch 3, fetch 4 of the stage "
-        "(batches 0-2 validated)")
+        "hookfit: raised by the validation data when the loop fetched batch 4, fetch 4 of the stage "
+        "(batches 1-3 validated)")
 
 
 def test_data_that_fails_to_make_its_iterator_says_so() -> None:
@@ -105,7 +105,7 @@ def test_a_fetch_after_the_max_steps_limit_says_why_the_loop_fetched() -> None:
     with pytest.raises(OSError) as caught:
         loop.fit()
     assert caught.value.__notes__[-1] == (
-        "hookfit: raised by the training data when the loop fetched batch 3 to see whether the stage had more "
+        "hookfit: raised by the training data when the loop fetched batch 4 to see whether the stage had more "
         "batches after the max_steps limit (epoch 1, stage train)")
 
 
@@ -116,7 +116,7 @@ def test_the_step_s_own_error_still_names_the_step() -> None:
 
     with pytest.raises(KeyError) as caught:
         hookfit.Loop(step, [0, 1, 2, 3], max_epochs=1).fit()
-    assert re.fullmatch(r"hookfit: raised in step function '.*step' \(epoch 1, stage train, batch 2\)",
+    assert re.fullmatch(r"hookfit: raised in step function '.*step' \(epoch 1, stage train, batch 3\)",
                         caught.value.__notes__[-1])
 
 
@@ -185,7 +185,7 @@ def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() ->
         loop.fit()
     note = caught.value.__notes__[-1]
     assert re.fullmatch(r"hookfit: raised by plugin 'optim' \(.*\) in hook 'epoch_metrics', called from plugin "
-                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, batch 2\)", note), note
+                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, batch 3\)", note), note
 
 
 class Swapper:
@@ -345,9 +345,9 @@ def test_a_usage_error_raised_by_plugin_code_a_step_calls_blames_the_step(
 
     for use in ({}, {"what": "deep"}):
         assert re.fullmatch(r"hookfit: raised in step function '.*step', which called plugin 'tool' \(.*\) wrongly: "
-                            r"Tool\.use refused the call \(epoch 1, stage train, batch 0\)", note(**use)), use
+                            r"Tool\.use refused the call \(epoch 1, stage train, batch 1\)", note(**use)), use
     assert re.fullmatch(r"hookfit: raised by plugin 'tool' \(.*\) in Tool\.use, called from step function '.*step' "
-                        r"\(epoch 1, stage train, batch 0\)", note(what="own")), note(what="own")
+                        r"\(epoch 1, stage train, batch 1\)", note(what="own")), note(what="own")
 
     def callback() -> None:
         raise refusing_tool.Refused("raised by the script's callback, not by the tool")
@@ -376,7 +376,7 @@ def test_a_hook_implementation_called_from_plugin_code_a_step_calls_is_blamed() 
     note = caught.value.__notes__[-1]
     assert re.fullmatch(r"hookfit: raised by plugin 'logger' \(.*\) in hook 'before_optimizer_step', called from "
                         r"plugin 'optim' \(.*\) in \S+\.step, called from step function '.*step' "
-                        r"\(epoch 1, stage train, batch 0\)", note), note
+                        r"\(epoch 1, stage train, batch 1\)", note), note
 
 
 WRAPPING = '''

@@ -89,7 +89,7 @@ def test_failing_plugin_is_named_in_the_note(recorder: Recorder) -> None:
     with pytest.raises(Boom) as info:
         loop.fit()
     note = " ".join(info.value.__notes__)
-    assert "plugin 'faulty'" in note and "hook 'batch_end'" in note and "batch 1" in note
+    assert "plugin 'faulty'" in note and "hook 'batch_end'" in note and "(epoch 1, stage train, batch 2)" in note  # batch_idx 1: the second batch
     assert recorder.names()[-2:] == ["exception", "fit_end"]
     assert loop.state.status == "failed"
 

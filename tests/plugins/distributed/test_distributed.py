@@ -754,7 +754,7 @@ def test_a_failing_or_hanging_rank_ends_the_run_in_bounded_time_with_a_clear_err
     assert code != 0
     assert seconds < 60, f"took {seconds:.0f} s"
     failure = ("RuntimeError: injected failure on rank 1 (raised in step function 'main.<locals>.train_step' "
-               "(epoch 1, stage train, batch 3))")
+               "(epoch 1, stage train, batch 4))")
     assert f"hookfit distributed: rank 1 of 2 failed: {failure}" in err, err
     assert "hookfit distributed: rank 0 of 2 stopped: a collective operation failed" in err, err
     # the survivor names the rank that failed and its error (recorded in torchrun's store), in

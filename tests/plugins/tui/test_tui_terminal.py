@@ -139,7 +139,7 @@ def test_step_that_raises_restores_the_terminal_and_shows_the_traceback(term: Te
     term.assert_restored(flags)
     assert "hookfit: training failed (RuntimeError: boom from the step)" in text
     assert after(text, "Traceback (most recent call last):", "RuntimeError: boom from the step\n")
-    assert re.search(r"^hookfit: raised in step function 'train_step' \(epoch 1, stage train, batch 5\)$", text, re.M)
+    assert re.search(r"^hookfit: raised in step function 'train_step' \(epoch 1, stage train, batch 6\)$", text, re.M)
     # the summary comes first, the traceback after it (printed once the screen was closed)
     assert after(text, "hookfit: training failed", "Traceback (most recent call last):")
     assert after(text, "raised in step function", "EXIT=1")
