@@ -1,5 +1,5 @@
 """The device path's non-finite flag: a window's first loss checked into a zero made ahead of time
-with one kernel (``nonfinite.Flags``), any other with two (``nonfinite.loss_flag``), instead of
+with one kernel (``flags.Flags``, which optim's device path takes), any other with two (``flags.loss_flag``), instead of
 ``isfinite``'s five; the same answer as ``isfinite`` for every kind of value and dtype, and the
 loss left as it was."""
 
@@ -10,8 +10,8 @@ import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hookfit.plugins.optim import nonfinite
-from hookfit.plugins.optim.nonfinite import Flags, loss_flag
+from hookfit.plugins.support import flags as flags_module
+from hookfit.plugins.support.flags import Flags, loss_flag
 
 VALUES = [0.0, -0.0, 1.5, -3e38, 3e38, float("inf"), float("-inf"), float("nan")]
 
@@ -73,7 +73,7 @@ def test_a_windows_first_flag_is_one_kernel_with_the_same_answer_and_the_loss_un
 
 
 def test_each_window_gets_a_flag_of_its_own_that_later_checks_leave_as_it_was(monkeypatch) -> None:
-    monkeypatch.setattr(nonfinite, "SLOTS", 3)  # so the run crosses two refills
+    monkeypatch.setattr(flags_module, "SLOTS", 3)  # so the run crosses two refills
     flags = Flags()
     values = [1.0, float("nan"), 2.0, float("inf"), 3.0, 4.0, float("-inf"), 5.0]
     made = [flags.check(torch.tensor(v)) for v in values]
