@@ -13,7 +13,7 @@ from hookfit.handlers import Handlers
 from hookfit.errors import UsageError
 from hookfit.plugins.optim.nonfinite import Deferred, OptimWarning, Policy
 from hookfit.plugins.support import few_parameters, hparams, parameter_names
-from hookfit.plugins.support import kernels
+from hookfit.plugins.support import kernels, sparse
 
 if TYPE_CHECKING:
     from hookfit.plugins.optim.clipping import ModelNorm
@@ -43,10 +43,11 @@ class Rules:
     deferred: Deferred
     watch: Watch
     scaler: torch.amp.GradScaler | None = None
-    clip_norm: float | None = None
-    clip_value: float | None = None
+    clip_norm: float | Mapping[str, float] | None = None  # a mapping: by optimizer, those it names only
+    clip_value: float | Mapping[str, float] | None = None
     model_norm: ModelNorm | None = None  # clip_scope="model": one norm over the optimizers (clip_norm's)
-    check_grads: bool = False  # gradients checked (check_grads, clip_norm, ranks' device path; a policy, no scaler)
+    check_grads: bool = False  # gradients checked (check_grads, ranks' device path; a policy, no scaler)
+    check_norms: bool = False  # a clip's norm checked (a policy, no scaler)
     fuse: bool = True
     prepares: bool = False  # a step unscales, clips or checks the gradients first
     before_step: Handlers = field(default_factory=Handlers)  # the events around each step
@@ -60,6 +61,8 @@ class ManagedOptimizer:
     def __init__(self, rules: Rules, name: str, optimizer: torch.optim.Optimizer,
                  schedulers: Sequence[Any] = (), per_step: Sequence[Any] = ()) -> None:
         self.name, self.optimizer = name, optimizer
+        self.clip_norm, self.clip_value = (c.get(name) if isinstance(c, Mapping) else c
+                                           for c in (rules.clip_norm, rules.clip_value))  # its own
         self.built = hparams.settings(optimizer.param_groups)  # as given to the run: what a resume compares
         hparams.warn_unsaved_schedule("optim", rules.loop, name, optimizer, schedulers, OptimWarning)
         self.schedulers: list[Any] = list(schedulers)  # in the order they step
@@ -193,19 +196,26 @@ class ManagedOptimizer:
                     return None
                 bad = None
         grad_bad = None  # 1.0 where the gradients are not finite, on the window flag's device
-        if rules.model_norm is not None:
-            grad_bad = rules.model_norm.clip(self, rules.loop, scaler, rules.check_grads)
-            if scaler is not None and grad_bad is not None and kernels.into_found_inf(scaler, optimizer, grad_bad):
-                grad_bad = None  # the scaler skips on it (a record not found: read below, bad is None then)
-        elif rules.clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, rules.clip_norm)
-            if rules.check_grads:
-                grad_bad = torch.isfinite(norm).logical_not_()
-        elif rules.check_grads and (grads := [p.grad for p in self.params if p.grad is not None]):
-            device = grads[0].device if bad is None else bad.device
-            grad_bad = torch.stack([torch.isfinite(g).all().to(device) for g in grads]).all().logical_not_()
-        if rules.clip_value is not None:
-            torch.nn.utils.clip_grad_value_(self.params, rules.clip_value)
+        try:
+            if rules.model_norm is not None:
+                grad_bad = rules.model_norm.clip(self, rules.loop, scaler, rules.check_norms)
+                if scaler is not None and grad_bad is not None and kernels.into_found_inf(scaler, optimizer, grad_bad):
+                    grad_bad = None  # the scaler skips on it (a record not found: read below, bad is None then)
+            elif self.clip_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm)
+                if rules.check_norms:
+                    grad_bad = torch.isfinite(norm).logical_not_()
+            elif rules.check_grads and (grads := [p.grad for p in self.params if p.grad is not None]):
+                grad_bad = sparse.nonfinite_flag(grads, grads[0].device if bad is None else bad.device)
+            if self.clip_value is not None:
+                torch.nn.utils.clip_grad_value_(self.params, self.clip_value)
+        except (RuntimeError, NotImplementedError):  # torch's clips refuse sparse gradients: say what to do
+            for option in ("clip_norm", "clip_value"):
+                if (value := getattr(self, option)) is not None:
+                    sparse.refuse_clip("optim", option, self.name, optimizer, self.params, [
+                        p for p in self.params if p.grad is not None and p.grad.is_sparse],
+                        parameter_names(rules.loop.model), list(rules.loop.optimizers), value)
+            raise
         if bad is not None:  # the device path: the step skips on both flags
             return bad, None if grad_bad is None else grad_bad.to(bad.device)
         if grad_bad is not None and bool(grad_bad):  # the host path: one read

@@ -16,7 +16,9 @@ from hookfit.handlers import Handlers
 from hookfit.modes import modules
 from hookfit.payloads import MetricsSnapshot
 from hookfit.plugins.support import (check, choice, few_parameters, flag, hparams, kernels, parameter_names,
-                                     positive_int, positive_number)
+                                     positive_int)
+from hookfit.plugins.support.options import known_names, positive_by_name
+from hookfit.plugins.support.sparse import refuse_clip, sparse_parameters
 from hookfit.plugins.optim import hookspecs
 from hookfit.plugins.optim.clipping import ModelNorm
 from hookfit.plugins.optim.managed import ManagedOptimizer, OnlyOptimizer, Optimizers, Rules, note_toggles
@@ -37,7 +39,8 @@ class Optim:
     name = "optim"
     hookspecs = hookspecs  # the events it declares, added to every run (core/hooks.md)
 
-    def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None,
+    def __init__(self, accumulate: int = 1, clip_norm: float | Mapping[str, float] | None = None,
+                 clip_value: float | Mapping[str, float] | None = None,
                  amp: bool | torch.amp.GradScaler = False, nonfinite: Literal["skip", "raise"] | None = "skip",
                  check_grads: bool = False, schedulers: Any = None,
                  scheduler_interval: Literal["step", "epoch"] | Mapping[str, Literal["step", "epoch"]] | None = None,
@@ -56,12 +59,16 @@ class Optim:
         if precision == "bf16-mixed" and amp is not False:
             raise ValueError("optim: precision='bf16-mixed' needs no loss scaling: leave amp unset "
                              "(precision='16-mixed' scales the loss itself)")
-        self.clip_norm = positive_number(name, "clip_norm", clip_norm, none=True)
-        self.clip_value = positive_number(name, "clip_value", clip_value, none=True)
+        self.clip_norm, self.clip_value = (positive_by_name(name, n, v) for n, v in (
+            ("clip_norm", clip_norm), ("clip_value", clip_value)))  # a dict: only the optimizers it names
         self.clip_scope: str = choice(name, "clip_scope", clip_scope, ("optimizer", "model"))
         if clip_scope == "model" and clip_norm is None:
             raise ValueError("optim: clip_scope='model' is the scope of clip_norm's norm, which is not given: give "
                              "clip_norm=<max norm> too (clip_value clips each value, whatever the scope)")
+        if clip_scope == "model" and isinstance(self.clip_norm, dict):
+            raise ValueError(f"optim: clip_scope='model' clips one norm over every optimizer's parameters by one "
+                             f"clip_norm, got clip_norm={clip_norm!r}: give one number, or leave clip_scope out to "
+                             f"clip each optimizer the dict names by its own norm")
         self.nonfinite, self.precision = nonfinite, precision  # (as typed: choice() returns Any)
         self._step_options = {"accumulate": self.accumulate, "clip_norm": self.clip_norm, "clip_value": self.clip_value,
                               "clip_scope": self.clip_scope, "precision": str(precision)}  # saved: a resume warns
@@ -84,6 +91,8 @@ class Optim:
         self.loop = loop  # loop.optimizers replaced here: every plugin sees them from fit_start on
         optimizers = _named(loop.optimizers)
         held = parameter_names(loop.model) if loop.model is not None and loop.mode == "fit" else None  # (by id)
+        for option in ("clip_norm", "clip_value") if loop.mode == "fit" else ():  # (a validation has none)
+            known_names(self.name, option, getattr(self, option), optimizers, "optimizers")
         for name, opt in optimizers.items():
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optim: optimizer {name!r} is a {type(opt).__name__}, not a torch.optim.Optimizer")
@@ -117,10 +126,10 @@ class Optim:
                 self._policy, self._to_device if self.defer is None else None)
         hooks = loop.hooks
         self._before_backward, self._after_backward = hooks.handlers("before_backward"), hooks.handlers("after_backward")
-        checks_grads = self.nonfinite is not None and self.scaler is None and (self.check_grads or (
-            self.clip_norm is not None) or self._check is self._deferred and loop.state.world_size > 1)  # README.md
+        checks = self.nonfinite is not None and self.scaler is None  # a clip's norm checked (README.md)
+        checks_grads = checks and (self.check_grads or self._check is self._deferred and loop.state.world_size > 1)
         rules = self._rules = Rules(
-            loop, self._window, self._policy, self._deferred, self._watch, scaler=self.scaler,
+            loop, self._window, self._policy, self._deferred, self._watch, scaler=self.scaler, check_norms=checks,
             clip_norm=self.clip_norm, clip_value=self.clip_value, check_grads=checks_grads, fuse=self.fuse,
             prepares=self.scaler is not None or checks_grads or self.clip_norm is not None
             or self.clip_value is not None, before_step=hooks.handlers("before_optimizer_step"),
@@ -128,8 +137,13 @@ class Optim:
         kind = OnlyOptimizer if len(optimizers) == 1 else ManagedOptimizer  # one optimizer is the collection
         managed = {n: kind(rules, n, o, schedulers[n], self._schedules.per_step(schedulers[n]))
                    for n, o in optimizers.items()}
-        if self.clip_scope == "model" and self.clip_norm is not None:
+        if self.clip_scope == "model" and isinstance(self.clip_norm, float):
             rules.model_norm = ModelNorm(self.clip_norm, list(managed.values()))
+        sparse = sparse_parameters(loop.model) if held is not None else []  # torch's clips refuse their gradients
+        for opt, option in ((m, o) for m in managed.values() for o in ("clip_norm", "clip_value")):
+            if getattr(opt, option) is not None:
+                refuse_clip(self.name, option, opt.name, opt.optimizer, opt.params, sparse, held or {}, list(managed),
+                            getattr(opt, option))
         only = next(iter(managed.values()), None)
         self.optimizers = loop.optimizers = only if isinstance(only, OnlyOptimizer) else Optimizers(managed, loop)
         why = [f"accumulate={self.accumulate} (each loss must be divided by the window)"] if self.accumulate > 1 else []

@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar, cast, overload
 
-__all__ = ["check", "choice", "flag", "integer", "is_int", "finite", "number", "option_error", "path",
-           "positive_int", "positive_number", "text"]
+__all__ = ["check", "choice", "flag", "integer", "is_int", "finite", "known_names", "number", "option_error", "path",
+           "positive_by_name", "positive_int", "positive_number", "text"]
 
 T = TypeVar("T")
 
@@ -131,6 +131,26 @@ def positive_number(plugin: str, option: str, value: Any, *, none: bool = False,
     check(plugin, option, value, lambda v: number_ is not None and number_ > 0,
           _must("a positive finite number", meaning, none))
     return number_
+
+
+def positive_by_name(plugin: str, option: str, value: Any) -> float | dict[str, float] | None:
+    """A positive finite number for every named part (every optimizer), a non-empty mapping of some of their names
+    to one each (the others left out), or ``None``: ``... must be a positive finite number, a dict of names to
+    positive finite numbers or None, got {}``. A name is checked by :func:`known_names` once the names are known."""
+    if isinstance(value, Mapping):
+        check(plugin, option, value, lambda v: v and all(isinstance(k, str) for k in v),
+              "be a positive finite number, a dict of names to positive finite numbers or None")
+        return {name: positive_number(plugin, f"{option}[{name!r}]", each) for name, each in value.items()}
+    return positive_number(plugin, option, value, none=True)
+
+
+def known_names(plugin: str, option: str, value: Any, names: Iterable[str], what: str) -> None:
+    """Refuse, naming them and the known ones, the names of a mapping ``value`` (:func:`positive_by_name`'s) that
+    are not among ``names`` (the run's ``what``: ``"optimizers"``)."""
+    names = list(names)
+    if isinstance(value, Mapping) and (unknown := [n for n in value if n not in names]):
+        raise ValueError(f"{plugin}: {option} names {', '.join(map(repr, unknown))}, which this run does not have: "
+                         f"its {what} are {', '.join(map(repr, names)) or 'none'}")
 
 
 def _listing(choices: Iterable[Any], none: bool) -> str:
