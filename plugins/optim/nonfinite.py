@@ -35,12 +35,18 @@ def at(loop: Run) -> str:
     return f"epoch {loop.state.epoch + 1}, batch {loop.state.batch_idx}"
 
 
+def window_at(epoch: int, first: int, last: int) -> str:
+    """Where a window's losses were: ``epoch 1, batches 4-7`` (``batch 4`` for one batch; epochs from 1)."""
+    return f"epoch {epoch + 1}, " + (f"batch {first}" if first == last else f"batches {first}-{last}")
+
+
 class Policy:
     """What a non-finite value does: the poisoned window and the skipped steps' count."""
 
     def __init__(self, mode: Literal["skip", "raise"] | None, on_poison: Callable[[], None]) -> None:
         self.mode, self._on_poison = mode, on_poison  # (called when poisoned changes)
         self.poisoned = False  # a non-finite loss in the current window: its steps are skipped
+        self.loss_at: str | None = None  # where the window's first non-finite loss was, where known (its skips')
         self.first_skip: str | None = None  # where the run's first skip was (results)
         self.loop: Run | None = None
 
@@ -48,22 +54,23 @@ class Policy:
         self.loop, self.first_skip = loop, None
         self.poison(False)
 
-    def poison(self, poisoned: bool) -> None:
-        """Mark the current window as having (or not) a non-finite loss."""
+    def poison(self, poisoned: bool, where: str | None = None) -> None:
+        """Mark the current window as having (or not) a non-finite loss (``where``: its batch, or batches)."""
+        self.loss_at = (self.loss_at or where) if poisoned else None
         if poisoned != self.poisoned:
             self.poisoned = poisoned
             self._on_poison()
 
     def nonfinite_loss(self, loop: Run, loss: torch.Tensor, on: str = "") -> None:
         """A non-finite loss read on the host (``on`` which ranks, :class:`Agreed`): not back-propagated, poisoned."""
-        self.poison(True)
+        self.poison(True, at(loop))
         if self.mode == "raise":
             raise FloatingPointError(f"optim: non-finite loss {on or loss.detach().flatten()[:4].tolist()} at {at(loop)}")
 
     def skip(self, managed: ManagedOptimizer, what: str) -> None:
         """Count a skipped step; warn about the first, or raise under ``nonfinite="raise"``."""
         assert self.loop is not None  # by a step, during the run
-        where = f"{what} at {at(self.loop)}"
+        where = f"{what} at {self.loss_at or at(self.loop)}"  # (a window's skips: the loss, not its last batch)
         self.count(managed, where, quiet=self.mode == "raise")
         if self.mode == "raise":
             raise FloatingPointError(f"optim: {where}")
@@ -138,9 +145,10 @@ class Deferred(Check):
 
     def read_flag(self) -> bool:
         """Read the window's flag now, with every flag kept; a non-finite window is poisoned."""
+        epoch, first, last = self._where
         self.close(bounded=False)
         if bad := self.read()[-1]:
-            self._policy.poison(True)
+            self._policy.poison(True, window_at(epoch, first, last))
         return bad
 
     def stepped_on(self, managed: ManagedOptimizer, bad: torch.Tensor, grad_bad: torch.Tensor | None) -> None:
@@ -180,8 +188,7 @@ class Deferred(Check):
         windows, error = [], None
         for _, (epoch, first, last), stepped in pending:
             windows.append(bad := bool(next(values)))
-            batches = f"batch {first}" if first == last else f"batches {first}-{last}"  # (an accumulation window)
-            loss_where = f"non-finite loss at epoch {epoch + 1}, {batches}"
+            loss_where = f"non-finite loss at {window_at(epoch, first, last)}"
             skips = []  # where each step that skipped on the device was
             for managed, _, grad in stepped:
                 loss_bad, grad_bad = bool(next(values)), grad is not None and bool(next(values))

@@ -19,9 +19,9 @@ import torch
 
 import hookfit
 from hookfit.plugins.checkpoint import Checkpoint
-from hookfit.plugins.optim import Optim
+from hookfit.plugins.optim import Optim, OptimWarning
 from conftest import mse_step
-from test_optim import assert_bitwise, data, model, params
+from test_optim import Skips, assert_bitwise, data, model, mse, params
 
 TIGHT = dict(rtol=1e-12, atol=1e-12)
 
@@ -292,3 +292,25 @@ def test_the_epochs_last_partial_window_steps_in_its_last_batch_where_the_step_a
         return g_losses
 
     assert train(hooked=True) == train(hooked=False)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("bad", [(5,), (5, 6)])
+def test_a_windows_skip_names_the_batch_whose_loss_was_not_finite_not_the_windows_last(bad) -> None:
+    """accumulate=4 on the CPU check: a NaN loss at batch 5 skips the window of batches 4-7, and the warning, the
+    skip's event and ``first_skip`` name batch 5 (the first such batch of the window), where the step was asked at 7."""
+    m, skips = model(), Skips()
+
+    def step(loop, batch):
+        loss = mse(m, batch) * (float("nan") if loop.state.batch_idx in bad else 1.0)
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return loss
+
+    with pytest.warns(OptimWarning) as caught:
+        state = hookfit.Loop(step, data(10), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                             run_dir=None, plugins=[Optim(accumulate=4), skips]).fit()
+    assert state.results["first_skip"] == "non-finite loss at epoch 1, batch 5"
+    assert skips.seen == [("default", "non-finite loss at epoch 1, batch 5", 7)]
+    assert any("non-finite loss at epoch 1, batch 5;" in str(w.message) for w in caught)
