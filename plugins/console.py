@@ -104,6 +104,7 @@ from hookfit.plugins.support.plain import duration as _duration
 from hookfit.plugins.support.plain import field as _field
 from hookfit.plugins.support.plain import number as _number
 from hookfit.plugins.support.plain import quote
+from hookfit.plugins.support import skips
 from hookfit.plugins.support.resumable import RESUME, LastCheckpoint
 from hookfit.plugins.support.summary import summarize
 from hookfit.plugins.support.best import cut_short
@@ -197,7 +198,9 @@ class Console:
         self._by_steps = False  # max_steps ends the run before its last epoch (fit_start)
         self._results: dict[tuple[str, str], _Extremes] = {}
         self._stages: set[str] = set()  # stages with an epoch summary in this run
-        self._skipped, self._skip_reason = 0, ""  # optimizer steps skipped (step_skipped), the last why
+        self._skipped: dict[str, int] = {}  # optimizer steps skipped (step_skipped), by optimizer; the last why
+        self._attempted: dict[str, int] = {}  # by optimizer, its steps attempted before the run (skips.attempted)
+        self._skip_reason = ""
         self._resumable = LastCheckpoint()  # the newest checkpoint announced that resume="latest" takes
         self._silent, self._world, self._rank = False, 1, 0  # (fit_start) the run's processes, this one's rank
 
@@ -219,7 +222,7 @@ class Console:
         self._last_line = self._latest = None
         for kept in (self._results, self._stages, self._published):
             kept.clear()
-        self._skipped, self._skip_reason = 0, ""
+        self._skipped, self._skip_reason, self._attempted = {}, "", skips.attempted(loop.optimizers)
         self._resumable.clear()
         self._world, self._rank = max(loop.state.world_size, 1), loop.state.rank
         data = loop.train_data
@@ -259,7 +262,8 @@ class Console:
             self._print("model", f"more_modules={len(summary.modules) - MODULE_LINES}")
 
     @hookimpl
-    def resumed(self, info: ResumeInfo) -> None:
+    def resumed(self, loop: Run, info: ResumeInfo) -> None:
+        self._attempted = skips.attempted(loop.optimizers)  # the steps of the runs it continues are not this one's
         self._print("resumed", _field("from", str(info.source)), f"epoch={info.epoch + 1}",
                     f"batch={info.batch * self._world}", f"step={info.step}")
         self._resumable.announced(str(info.source), "resumed")  # (until the run saves one of its own)
@@ -341,8 +345,8 @@ class Console:
         result.add(value, epoch, whole)
 
     @hookimpl
-    def step_skipped(self, reason: str) -> None:
-        self._skipped, self._skip_reason = self._skipped + 1, reason
+    def step_skipped(self, optimizer: str, reason: str) -> None:
+        self._skipped[optimizer], self._skip_reason = self._skipped.get(optimizer, 0) + 1, reason
 
     @hookimpl(optionalhook=True)
     def checkpoint_saved(self, path: str, reason: str) -> None:
@@ -354,9 +358,10 @@ class Console:
         self._print("end", f"status={state.status}", _field("reason", state.stop_reason or "", always=True),
                     _field("by", state.stopped_by, always=True) if state.stopped_by else "",
                     f"duration={state.elapsed:.2f}s", f"epochs={state.epoch + 1}", f"steps={state.step}")
-        if self._skipped:  # optimizer steps skipped (step_skipped): the run trained on fewer
-            share = self._skipped / max(state.step, 1)
-            self._print("skipped", f"steps={self._skipped}", f"share={share:.0%}",
+        if self._skipped:  # optimizer steps skipped (step_skipped): the worst optimizer's share of its steps
+            name, share = skips.worst_share(self._skipped, self._attempted, skips.attempted(loop.optimizers), state.step)
+            self._print("skipped", f"steps={sum(self._skipped.values())}", f"share={share:.0%}",
+                        _field("optimizer", name) if len(self._attempted) > 1 else "",
                         _field("last_reason", self._skip_reason, always=True),
                         'message="most steps were skipped: the run barely trained"' if share > 0.5 else "")
         for silenced in state.silenced:

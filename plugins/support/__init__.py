@@ -30,9 +30,10 @@ words the console and the dashboard share (:mod:`~hookfit.plugins.support.resuma
 schedulers read without stepping them (:mod:`~hookfit.plugins.support.schedules`), torch's optimizer kernels that
 skip a step on a device flag (:mod:`~hookfit.plugins.support.kernels`), the flags of non-finite values made
 on the device (:mod:`~hookfit.plugins.support.flags`), sparse gradients checked and refused by torch's clips
-(:mod:`~hookfit.plugins.support.sparse`), the modules a step function reads from
-its closure and globals (:mod:`~hookfit.plugins.support.referenced`), and what a trial of the run's own training
-changes, put back after it, as lr_find's sweep does (:mod:`~hookfit.plugins.support.rollback`).
+(:mod:`~hookfit.plugins.support.sparse`), the share of optimizer steps skipped (:mod:`~hookfit.plugins.support.skips`),
+the modules a step function reads from its closure and globals (:mod:`~hookfit.plugins.support.referenced`), and
+what a trial of the run's own training changes, put back after it, as lr_find's sweep does
+(:mod:`~hookfit.plugins.support.rollback`).
 """
 
 from __future__ import annotations

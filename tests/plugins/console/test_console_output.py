@@ -354,3 +354,62 @@ def test_a_validation_every_n_steps_says_after_which_step_it_ran() -> None:
     assert [(d["epoch"], d["step"]) for d in done] == [("1/2", "4"), ("2/2", "8"), ("2/2", "12")], lines
     plain = fit(Console(stream=io.StringIO()), Metrics(), n=6, epochs=2)  # one validation an epoch: the epoch says which
     assert [("step" in fields(line)) for line in plain if line.startswith("hookfit valid epoch=")] == [False, False]
+
+
+def _skipped_line(bad_batches: set[int], two: bool, accumulate: int, n: int, epochs: int = 1, bad_epoch: int = 0,
+                  **loop: Any) -> str:
+    """The console's ``hookfit skipped`` line of a run whose loss is NaN at ``bad_batches`` (epoch-wise indices),
+    with one optimizer or two (``two``: one on the weight, one on the bias, each stepped every batch)."""
+    import warnings
+
+    from hookfit.plugins.optim import Optim
+
+    model = torch.nn.Linear(2, 1)
+    names = ("weight", "bias") if two else ("default",)
+    opts = ({"weight": torch.optim.SGD([model.weight], lr=0.1), "bias": torch.optim.SGD([model.bias], lr=0.1)}
+            if two else torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def step(loop, batch):
+        bad = loop.state.batch_idx in bad_batches and loop.state.epoch == bad_epoch
+        loss = model(batch).mean() * (float("nan") if bad else 1.0)
+        loop.backward(loss)
+        for name in names:
+            loop.optimizers[name].step()
+        for name in names:
+            loop.optimizers[name].zero_grad()
+        return {"loss": loss}
+
+    out = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hookfit.Loop(step, [torch.ones(2, 2)] * n, model=model, optimizers=opts, max_epochs=epochs,
+                     plugins=[Optim(accumulate=accumulate), Console(stream=out), *loop.pop("plugins", [])],
+                     **{"run_dir": None, **loop}).fit()
+    skipped = [line for line in out.getvalue().splitlines() if line.startswith("hookfit skipped ")]
+    assert len(skipped) <= 1
+    return skipped[0] if skipped else ""
+
+
+def test_the_skipped_share_is_of_each_optimizers_steps_not_of_batches_times_optimizers() -> None:
+    """Two optimizers, 6 of 20 batches NaN: each skipped 6 of its 20 steps (30 %), not 12 of 20 batches."""
+    line = _skipped_line({1, 3, 5, 7, 9, 11}, two=True, accumulate=1, n=20)
+    assert "steps=12 share=30% optimizer=weight" in line and "most steps were skipped" not in line
+
+
+def test_the_skipped_share_counts_an_accumulation_window_as_one_step_and_alarms_when_most_were_skipped() -> None:
+    """accumulate=8, 3 of 5 windows poisoned: 3 of 5 steps skipped (60 %), not 3 of 40 batches."""
+    line = _skipped_line({2, 10, 20}, two=False, accumulate=8, n=40)
+    assert "steps=3 share=60%" in line and "optimizer=" not in line
+    assert 'message="most steps were skipped: the run barely trained"' in line
+
+
+def test_a_resumed_runs_skipped_share_is_of_the_steps_it_attempted_itself(tmp_path) -> None:
+    """A run resumed after a clean epoch of 10 steps skips 3 of its own 10: 30 %, not 3 of the 20 counted since
+    the first run began."""
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    assert _skipped_line(set(), two=False, accumulate=1, n=10, epochs=1, run_dir=tmp_path,
+                         plugins=[Checkpoint()]) == ""
+    line = _skipped_line({1, 3, 5}, two=False, accumulate=1, n=10, epochs=2, bad_epoch=1, run_dir=tmp_path,
+                         resume="latest", plugins=[Checkpoint()])
+    assert "steps=3 share=30%" in line
