@@ -14,7 +14,10 @@
   Values are checked only when a key is
   seen for the first time (in the stage, or since the last publication): the per-batch cost
   stays one append per value. The batch size is the output's ``batch_size`` key if present
-  (not itself aggregated), else the first dimension of the batch's first tensor, else 1.
+  (not itself aggregated), else the first dimension of the batch's first tensor, else 1; a batch
+  whose items show another first dimension than the one taken (``(T, B, F)`` inputs beside ``(B,)``
+  targets) gets one ``MetricsWarning`` a step function and stage, at the stage's first batch, the
+  only one looked at (see :mod:`~hookfit.plugins.metrics.batches`).
 * ``torchmetrics.Metric`` objects in an output are the step's to update; this plugin computes
   them at the end of the stage (published in ``epoch_metrics``) and resets them.
 * Tensors on an accelerator stay there until the publishing interval: one host read per
@@ -78,7 +81,7 @@
 from __future__ import annotations
 
 from hookfit.payloads import MetricsSnapshot, Value
-from hookfit.plugins.metrics.aggregate import batch_size
+from hookfit.plugins.metrics.batches import MetricsWarning, batch_size
 from hookfit.plugins.metrics.plugin import Metrics
 
-__all__ = ["Metrics", "MetricsSnapshot", "Value", "batch_size"]
+__all__ = ["Metrics", "MetricsSnapshot", "MetricsWarning", "Value", "batch_size"]

@@ -1,5 +1,5 @@
-"""Aggregation: the batch size of a batch, and the per-stage, per-metric sums, counts, last
-values and running windows that the ``Metrics`` plugin publishes."""
+"""Aggregation: the per-stage, per-metric sums, counts, last values and running windows that the ``Metrics``
+plugin publishes."""
 
 from __future__ import annotations
 
@@ -36,22 +36,6 @@ Tensor = torch.Tensor  # (a module global: the per-batch type tests read it with
 FOLD_EVERY = 1024
 """Values are folded into the aggregates at every publication and at least this often (in
 batches), so a long interval between publications cannot hold many values."""
-
-
-def batch_size(batch: Any) -> int:
-    """The first dimension of the batch's first tensor; 1 when there is none."""
-    kind = type(batch)
-    if (kind is tuple or kind is list) and batch and type(first := batch[0]) is Tensor:
-        shape = first.shape  # the common (inputs, targets) case, without the generic walk
-        return shape[0] if shape else 1
-    if isinstance(batch, (list, tuple)):
-        batch = next((item for item in batch if isinstance(item, Tensor)), None)
-    elif isinstance(batch, Mapping):
-        batch = next((item for item in batch.values() if isinstance(item, Tensor)), None)
-    if isinstance(batch, Tensor):
-        shape = batch.shape
-        return shape[0] if shape else 1
-    return 1
 
 
 def as_real(value: object) -> float | None:
@@ -277,6 +261,16 @@ class Stage:
             metric.reset()
         return self.computed
 
+    def unmerged(self, stage: str, epoch: int) -> str | None:
+        """What to say, at the end of a stage (``stage``, of the epoch ``epoch`` counted from 0) resumed mid-way, of
+        its metric objects that took no state of the earlier run's batches; ``None`` when there is none."""
+        if not (short := [key for key in self.computed if self.start_batches and key not in self.merged]):
+            return None
+        return (f"metrics: the metric object(s) {', '.join(map(repr, short))} of the {stage} stage of epoch "
+                f"{epoch + 1} count only its {self.batches - self.start_batches} batch(es) since the "
+                f"resume: the checkpoint holds no state of it that it could merge (torchmetrics' merge_state; "
+                f"a run of several processes keeps none), while the other metrics cover the whole epoch")
+
     def take_metric(self, key: str, metric: Any) -> None:
         """A metric object under ``key``; in a stage resumed mid-way, the state the earlier run's
         batches left in it (saved in the checkpoint) merged into it the first time, with
@@ -368,6 +362,20 @@ class Stage:
             series.weighted, series.count, series.last = saved["weighted"], saved["count"], saved["last"]
             series.window.extend((weighted, n) for weighted, n in saved["window"][-window:])
         return stage
+
+
+def refuse_shared(key: str, metric: object, outer: list[Stage]) -> None:
+    """Refuse, in a validation inside the training stage (whose aggregates are ``outer``), a metric object the training
+    stage is updating: the validation would count training's samples in it, and its end would reset it in the middle
+    of the epoch."""
+    for stage in outer:
+        for shared, other in stage.metric_objects.items():
+            if other is metric:
+                raise ValueError(
+                    f"metrics: the validation step returned under {key!r} the metric object that the training "
+                    f"step returns under {shared!r}: a validation inside the training epoch (val_every_n_steps) "
+                    f"would count the training's samples in it and reset it in the middle of the epoch; give "
+                    f"each stage its own object (val_acc = train_acc.clone())")
 
 
 def _metric_state(metric: Any) -> dict[str, Any] | None:

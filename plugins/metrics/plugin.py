@@ -17,8 +17,9 @@ from hookfit.errors import user_level
 from hookfit.payloads import MetricsSnapshot, ResumeInfo, Value
 from hookfit.plugins.support import Every, cut_short, flag, integer, number, positive_int
 from hookfit.plugins.metrics import gauges, hookspecs, ranks, snapshots
-from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, batch_size, check,
-                                               is_complex, is_metric, metric_numbers)
+from hookfit.plugins.metrics.aggregate import (E, FOLD_EVERY, Reduce, Stage, Tensor, as_real, check, is_complex,
+                                               is_metric, metric_numbers, refuse_shared)
+from hookfit.plugins.metrics.batches import batch_size, warn_ambiguous
 from hookfit.plugins.metrics.outputs import nested
 from hookfit.plugins.metrics.derived import Derived, Function
 from hookfit.plugins.metrics.directions import Directions
@@ -68,6 +69,7 @@ class Metrics:
         self._said_sync = False  # interval=0 with several processes was warned about
         self._said_numbers: set[str] = set()  # metric objects that compute no number, warned about
         self._dropped: set[object] = set()  # keys of values never aggregated looked at, steps warned of one (nested)
+        self._said_sizes: set[tuple[object, str | None]] = set()  # (step, stage) warned of an ambiguous batch size
         self._local = False  # publications before the stage's end are not reduced
         self._by_time = True  # publications by time only (the fast path)
         self._resumed: Stage | None = None
@@ -84,11 +86,9 @@ class Metrics:
     @hookimpl
     def fit_start(self, loop: Run) -> None:
         self.loop = loop
-        self.history = {
-            s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")
-        }
+        self.history = {s: collections.deque(maxlen=self._history_epochs) for s in ("train", "valid")}
         self._stage, self._stage_name, self._outer, self._said_sync, self._said_numbers = None, None, [], False, set()
-        self._dropped = set()
+        self._dropped, self._said_sizes = set(), set()
         self.directions.learn({})
         self.report = Report(self.directions)
         self.derived.reset()
@@ -113,9 +113,9 @@ class Metrics:
         self._stage_name = stage
         self._next_publish = time.perf_counter() + self.interval
         self._val_set = None
-        self._publishing(loop, stage)
+        self._publishing(loop, stage, first=True)
 
-    def _publishing(self, loop: Run, stage: str | None) -> None:
+    def _publishing(self, loop: Run, stage: str | None, first: bool = False) -> None:
         """How the running stage publishes. With several processes, training publishes every
         ``sync_every`` batches (the same ones everywhere, for the reduction); validation parts
         may differ by a batch, so what it publishes before its end is this process's own,
@@ -127,9 +127,10 @@ class Metrics:
                           f"they come every sync_every={self.sync_every} batches (a reduction over the processes "
                           f"each time): give Metrics(sync_every=1) for every batch", HookfitWarning,
                           stacklevel=user_level())
-        self._every = self._sync if several and stage == "train" else None
+        every = self._sync if several and stage == "train" else None
+        self._every = None if first else every  # first: batch_end hands the stage's next batch to _first_batch
         self._local = several and stage != "train"
-        self._by_time = self._every is None
+        self._by_time = every is None and not first
 
     @hookimpl
     def batch_end(self, loop: Run, output: Mapping[str, Any] | None, batch: Any, batch_idx: int) -> None:
@@ -178,7 +179,9 @@ class Metrics:
             agg.samples += batch_size(batch)
         if not self._by_time:  # several processes: the same batches everywhere, for the reduction
             every = self._every
-            assert every is not None
+            if every is None:  # a stage's first batch (_publishing): looked at once, and published
+                self._first_batch(loop, agg, output, batch)
+                return
             if every.due(agg.batches):
                 self._publish(loop)
             elif not agg.batches % FOLD_EVERY:
@@ -217,7 +220,7 @@ class Metrics:
             if key not in agg.metric_objects:  # its first batch
                 check(key, value, self._step(loop))
             if self._outer:  # a validation inside the training stage
-                self._refuse_training_metric(key, value)
+                refuse_shared(key, value, [outer for _, outer in self._outer])
             agg.take_metric(key, value)
         elif (real := as_real(value)) is not None:  # NumPy scalars, bool: past the fast path
             if key != "batch_size":
@@ -248,18 +251,20 @@ class Metrics:
             if self._val_set is not None:
                 self._stage.close_metrics(f"{self._val_set}/")
             self._val_set = name
+            self._publishing(loop, "valid", first=True)  # each set's first batch is looked at (_first_batch)
 
-    def _refuse_training_metric(self, key: str, metric: object) -> None:
-        """Refuse, in a validation inside the training stage, a metric object the training stage is updating: the
-        validation would count training's samples in it, and its end would reset it in the middle of the epoch."""
-        for _, outer in self._outer:
-            for shared, other in outer.metric_objects.items():
-                if other is metric:
-                    raise ValueError(
-                        f"metrics: the validation step returned under {key!r} the metric object that the training "
-                        f"step returns under {shared!r}: a validation inside the training epoch (val_every_n_steps) "
-                        f"would count the training's samples in it and reset it in the middle of the epoch; give "
-                        f"each stage its own object (val_acc = train_acc.clone())")
+    def _first_batch(self, loop: Run, agg: Stage, output: Mapping[str, Any] | None, batch: Any) -> None:
+        """``batch_end``'s end for a stage's first batch (each validation set's): an ambiguous inferred batch size is
+        warned of (:func:`.batches.warn_ambiguous`), the stage's publishing set, the batch published or folded."""
+        if output is None or output.get("batch_size") is None:
+            warn_ambiguous(batch, self._step(loop), self._stage_name, loop.state.val_set, self._said_sizes)
+        self._publishing(loop, self._stage_name)
+        now, every = _clock(), self._every
+        if every.due(agg.batches) if every is not None else now >= self._next_publish:
+            self._next_publish = now + self.interval
+            self._publish(loop)
+        elif not agg.batches % FOLD_EVERY:
+            agg.read()
 
     @staticmethod
     def _step(loop: Run) -> Step | None:
@@ -295,13 +300,8 @@ class Metrics:
         agg.read()
         computed = agg.close_metrics()
         extra = metric_numbers(computed, stage, self._said_numbers)
-        if short := [key for key in computed if agg.start_batches and key not in agg.merged]:  # resumed mid-way
-            warnings.warn(f"metrics: the metric object(s) {', '.join(map(repr, short))} of the {stage} stage of epoch "
-                          f"{loop.state.epoch + 1} count only its {agg.batches - agg.start_batches} batch(es) since the "
-                          f"resume: the checkpoint holds no state of it that it could merge (torchmetrics' merge_state; "
-                          f"a run of several processes keeps none), while the other metrics cover the whole epoch",
-                          HookfitWarning,
-                          stacklevel=user_level())
+        if (short := agg.unmerged(stage, loop.state.epoch)) is not None:  # resumed mid-way
+            warnings.warn(short, HookfitWarning, stacklevel=user_level())
         values = agg.values(self._reduce(loop))
         for key, value in extra.items():
             values[key] = Value(value, value, value)
