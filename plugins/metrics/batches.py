@@ -62,7 +62,7 @@ def _size(value: Any) -> tuple[int, str] | None:
     return None
 
 
-SHOWN = 3
+SHOWN = 6
 """Places named for each other first dimension, and other first dimensions named, at most."""
 
 
