@@ -254,9 +254,9 @@ def _type_name(value: Any) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
-_STAGE = frozenset({"stage_start", "batch_start", "step_output", "batch_end", "after_batch", "stage_end"})
-"""The events of a stage: those a plugin changing what a validation measures acts in (the model's weights
-swapped for an average, as ``ema`` does; the step's output changed)."""
+_MEASURED = frozenset({"stage_start", "batch_start", "step_output"})
+"""The events that shape what a validation measures: the model for the stage (weights swapped in), the model or batch
+for the step, the outputs aggregated; ``batch_end``, ``after_batch``, ``stage_end`` see it done (a tracker logs there)."""
 
 
 def _left_out(run: Run, name: str) -> bool:
@@ -269,12 +269,13 @@ def _left_out(run: Run, name: str) -> bool:
 def _sits_out(run: Run, name: str) -> bool:
     """Whether plugin ``name`` is :func:`_left_out` of the evaluation ``run`` so that the saved state it would
     restore is of no use to it: it left at its own ``configure``, chosen and seeing the run (early stopping given
-    without a monitor), or, left out as inert merely discovered, it acts in none of a stage's events (early
-    stopping, a tracker), so that no validation of the run it comes from measured its state. One left out as
-    inert that acts in a stage (weights averaged and swapped in for the validation) is not, nor is a plugin the
-    evaluation lacks altogether (disabled, not installed, not given): its state may be what was validated."""
+    without a monitor), or, left out as inert merely discovered, it acts in none of the events of
+    :data:`_MEASURED` (early stopping, a tracker logging each batch), so that no validation of the run it comes
+    from measured its state. One left out as inert that acts in one of them (weights averaged and swapped in for
+    the validation) is not, nor is a plugin the evaluation lacks altogether (disabled, not installed, not given):
+    its state may be what was validated."""
     info = run.pm.infos.get(name)
-    return info is not None and _left_out(run, name) and (info.chosen or _STAGE.isdisjoint(info.hooks))
+    return info is not None and _left_out(run, name) and (info.chosen or _MEASURED.isdisjoint(info.hooks))
 
 
 def _turned_on(run: Run, name: str) -> str:
@@ -308,8 +309,8 @@ def load_plugin_states(run: Run, states: Mapping[str, Any], strict: bool) -> Non
             problems.append(f"saved state of plugin(s) {', '.join(map(repr, absent))} that "
                             "no enabled plugin of this run restores (left unused)")
         problems.extend(f"saved state of {run.pm.describe(name)}, which is inert in this evaluation (left unused), "
-                        f"although the validations of the run it comes from may have measured it (it acts in a "
-                        f"stage, as a plugin validating with averaged weights does); it takes part when {_turned_on(run, name)}"
+                        f"although the validations of the run it comes from may have measured it (it acts on the "
+                        f"model, batches or outputs of a stage, as a plugin validating with averaged weights does); it takes part when {_turned_on(run, name)}"
                         for name in inert_here)
         message = "plugin states do not match this run: " + "; ".join(problems)
         if strict:

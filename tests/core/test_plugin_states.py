@@ -302,33 +302,64 @@ INSTALLED = """
             self.seen = state["seen"]
 
     class Averager(Kept):
-        \"\"\"Validates with other weights it keeps: acts in the validation stage.\"\"\"
+        \"\"\"Validates with other weights it keeps: swaps them in at the stage's start.\"\"\"
 
         @hookfit.hookimpl(wrapper=True)
         def stage_start(self, loop, stage):
             return (yield)
 
+    class Shaper(Kept):
+        \"\"\"Changes the model or the batch for each step.\"\"\"
+
+        @hookfit.hookimpl
+        def batch_start(self, loop, batch, batch_idx):
+            pass
+
+    class Scorer(Kept):
+        \"\"\"Aggregates the step's outputs into a metric of its own.\"\"\"
+
+        @hookfit.hookimpl
+        def step_output(self, loop, output, batch):
+            pass
+
     class Stopper(Kept):
-        \"\"\"Reads the epoch's metrics alone, as early stopping does: no stage event.\"\"\"
+        \"\"\"Reads the epoch's metrics alone, as early stopping does.\"\"\"
 
         @hookfit.hookimpl
         def epoch_end(self, loop, epoch):
             pass
+
+    class Tracker(Kept):
+        \"\"\"Logs each finished batch and stage to a run of its own (its state: the run's id).\"\"\"
+
+        @hookfit.hookimpl
+        def batch_end(self, loop, output, batch, batch_idx):
+            pass
+
+        @hookfit.hookimpl
+        def after_batch(self, loop, batch_idx):
+            pass
+
+        @hookfit.hookimpl
+        def stage_end(self, loop, stage):
+            pass
     """
+
+KEEPERS = ("averager", "shaper", "scorer", "stopper", "tracker")
 
 
 @pytest.fixture
 def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A distribution of two plugins inert until chosen, discovered (``averager`` acts in a stage,
-    ``stopper`` does not), the module's classes yielded."""
+    """A distribution of plugins inert until chosen, discovered (``averager``, ``shaper`` and ``scorer`` shape what
+    a validation measures, ``stopper`` and ``tracker`` do not), the module's classes yielded."""
     import sys
 
     from conftest import make_dist
 
-    site = make_dist(tmp_path / "site", "keepers", {"averager": "keepers_mod:Averager", "stopper": "keepers_mod:Stopper"},
+    site = make_dist(tmp_path / "site", "keepers", {name: f"keepers_mod:{name.capitalize()}" for name in KEEPERS},
                      {"keepers_mod": INSTALLED})
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("HOOKFIT_PLUGINS", "averager,stopper")
+    monkeypatch.setenv("HOOKFIT_PLUGINS", ",".join(KEEPERS))
     hookfit.discovery.refresh()
     try:
         import keepers_mod
@@ -341,36 +372,57 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize("strict", [False, True])
-def test_an_evaluation_reports_the_unused_state_of_an_inert_plugin_that_acts_in_a_stage(installed, strict) -> None:
-    """Installed, inert merely discovered and left out of the evaluation: an averager's state (what the run's
-    validations may have measured, as SWA's average) is reported as unused, naming the plugin and how to turn it
-    on, strict or not; a plugin that acts in no stage (as early stopping) still sits out without a word. Given to
-    the evaluation, the averager restores its state and nothing is said."""
-    states = {"averager": {"seen": 5}, "stopper": {"seen": 2}}
+@pytest.mark.parametrize("name", ["averager", "shaper", "scorer"])
+def test_an_evaluation_reports_the_unused_state_of_an_inert_plugin_that_shapes_what_it_measures(
+        installed, name, strict) -> None:
+    """Installed, inert merely discovered and left out of the evaluation: the state of a plugin acting on the
+    model, batches or outputs of a validation (what the run's validations may have measured, as SWA's average) is
+    reported as unused, naming the plugin and how to turn it on, strict or not; early stopping's and a tracker's
+    sit out without a word. Given to the evaluation, the plugin restores its state and nothing is said."""
+    states = {name: {"seen": 5}, "stopper": {"seen": 2}, "tracker": {"seen": 3}}
 
     def evaluate(*plugins: object) -> hookfit.State:
         return hookfit.Loop(val_step=lambda l, b: None, val_data=[1], plugins=[
             *plugins, Probe(lambda l: l.load_plugin_states(states, strict=strict))]).validate()
 
-    said = (r"plugin states do not match this run: saved state of plugin 'averager' \(keepers 1\.2\.3, entry point "
-            r"keepers_mod:Averager\), which is inert in this evaluation \(left unused\), although the validations of "
+    said = (rf"plugin states do not match this run: saved state of plugin '{name}' \(keepers 1\.2\.3, entry point "
+            rf"keepers_mod:{name.capitalize()}\), which is inert in this evaluation \(left unused\), although the validations of "
             r"the run it comes from may have measured it .*; it takes part when given to Loop\(plugins=\[\.\.\.\]\), "
             r"or named by a \[plugins\.NAME\] table")
     if strict:
         with pytest.raises(hookfit.StateMismatch, match=said) as raised:
             evaluate()
-        assert (raised.value.missing, raised.value.extra) == ([], ["averager"])
+        assert (raised.value.missing, raised.value.extra) == ([], [name])
     else:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             evaluate()
         assert [(w.category, re.match(said + "; restoring the rest$", str(w.message)) is not None) for w in caught] == [
             (hookfit.HookfitWarning, True)], [str(w.message) for w in caught]
-    averager = installed.Averager()
+    chosen = getattr(installed, name.capitalize())()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert evaluate(averager).status == "completed"
-    assert averager.seen == 5
+        assert evaluate(chosen).status == "completed"
+    assert chosen.seen == 5
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_evaluation_says_nothing_of_the_state_of_an_inert_tracker_logging_each_batch(installed, strict) -> None:
+    """A tracker inert until chosen, with a state (its remote run's id) and acting in batch_end, after_batch and
+    stage_end only, measured nothing of the run's validations: an evaluation leaves it out and its state unused
+    without a word, strict or not; chosen, it restores the state."""
+    states = {"tracker": {"seen": 3}, "stopper": {"seen": 2}}
+
+    def evaluate(*plugins: object) -> hookfit.State:
+        return hookfit.Loop(val_step=lambda l, b: None, val_data=[1], plugins=[
+            *plugins, Probe(lambda l: l.load_plugin_states(states, strict=strict))]).validate()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert evaluate().status == "completed"
+        tracker = installed.Tracker()
+        assert evaluate(tracker).status == "completed"
+    assert tracker.seen == 3
 
 
 def test_a_type_allowlisted_for_safe_loads_passes_as_torch_reads_it_back() -> None:
