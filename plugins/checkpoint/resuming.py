@@ -121,7 +121,7 @@ def own(loop: Run, files: list[Path]) -> list[Path]:
     notebook), never another name's, which would hand the run another run's weights and position (a fold of
     k-fold CV taking fold 0's finished checkpoint, training nothing); in an evaluation given ``Loop(name=...)``,
     those of that name; in an evaluation otherwise, every one (the folder given names the run to evaluate).
-    A checkpoint that records no identity (written before they were recorded) is any run's, as it was."""
+    A checkpoint that records no identity is any run's."""
     if loop.mode != "fit" and not loop.config.name:
         return files
     key = loop.identity.key
@@ -152,8 +152,8 @@ def latest(loop: Run, directory: Path | None) -> tuple[list[Path], str]:
     given ``dir`` (``directory``), else of ``<run_dir>/checkpoints`` of a given ``run_dir``, that this run takes
     (:func:`own`: of its identity, the run written last first); else the checkpoints of this run's identity under
     ``runs/<name>/*/checkpoints`` (never another identity's: a script of the same file name in another folder,
-    another notebook; a folder whose ``run.jsonl`` records no identity, written before they were, is taken as
-    before), the folder written last first."""
+    another notebook; a folder whose ``run.jsonl`` records no identity is any run's), the folder written last
+    first."""
     if directory is not None:
         return own(loop, checkpoint_files(directory)), str(directory)
     run_dir = loop.config.run_dir

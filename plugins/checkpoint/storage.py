@@ -225,8 +225,7 @@ def score_of(path: Path, monitor: str) -> float | None:
 def run_of(path: Path) -> tuple[str | None, str | None]:
     """``(identity, name)`` of the run that wrote the checkpoint ``path`` as its ``meta`` records them
     (:attr:`hookfit.run.Run.identity`'s ``key``, the run's name), read without reading its tensors; ``(None, None)``
-    for a file that records none (written before they were recorded) or cannot be read (:func:`read` says why
-    where it is used)."""
+    for a file that records none or cannot be read (:func:`read` says why where it is used)."""
     try:
         meta = _meta(path)
         recorded = meta.get("identity"), meta.get("name")

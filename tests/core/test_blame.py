@@ -244,9 +244,10 @@ def note_of(*plugins: Any) -> str:
                                                                                          "both"])
 def test_a_wrapper_that_only_yielded_is_not_said_to_have_called_what_raised(swappers: list[Any]) -> None:
     """A plugin swapping weights for a stage wraps stage_end (as ema does); an error raised by an implementation
-    it wraps was thrown into it at its yield. The note named the wrapper as the caller ('called from plugin
-    'swapper' in its hook 'stage_end''): an error of metrics_values is called from the metrics plugin's stage_end,
-    which fires that event, and one of another plugin's own stage_end from nothing, with wrappers or without."""
+    it wraps was thrown into it at its yield, and the note never names the wrapper as the caller ('called from
+    plugin 'swapper' in its hook 'stage_end''): an error of metrics_values is called from the metrics plugin's
+    stage_end, which fires that event, and one of another plugin's own stage_end from nothing, with wrappers or
+    without."""
     from hookfit.plugins.ema import EMA
 
     plugins = [EMA(decay=0.9) if s == "ema" else s for s in swappers]
@@ -466,8 +467,9 @@ def test_an_error_of_a_partial_or_callable_step_under_a_wrapper_names_the_step(k
 @pytest.mark.parametrize("given", [False, True], ids=["discovered", "given to Loop"])
 def test_an_error_of_a_plugin_s_options_from_the_file_names_the_file_and_the_way_out(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: bool) -> None:
-    """A monitor set in hookfit.toml refused at fit_start (a final retrain with no validation data): the error named
-    Loop(val_step=...) and 'train/' metrics, never the file the monitor came from nor how to run without it."""
+    """A monitor set in hookfit.toml refused at fit_start (a final retrain with no validation data): the error's note
+    names the file's table the monitor came from, its options there, and how to run without it (the option in the
+    code, or the plugin switched off)."""
     from hookfit.plugins.early_stopping import EarlyStopping
 
     (tmp_path / "hookfit.toml").write_text('[plugins.early_stopping]\nmonitor = "valid/loss"\npatience = 3\n')

@@ -43,7 +43,8 @@ def _fit(data: Any = None, plugins: tuple[Any, ...] = (), step: Any = None, **bo
 ])
 def test_a_completed_fit_that_never_validated_is_warned_of_once_as_it_ends(data: Any, bounds: dict, said: str) -> None:
     """Training data of no length (the interval cannot be checked at the start), or an epoch interval over the run's
-    epochs: the run validated nothing and said nothing, even at its end."""
+    epochs: the run validates nothing, and one warning says so as it ends, naming the interval and how far the run
+    went."""
     state, warned = _fit(data, **bounds)
     assert state.status == "completed" and "valid" not in state.time_split
     assert warned == [f"{said} without a single validation: the interval is longer than the run; give a shorter "

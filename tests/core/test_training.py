@@ -678,9 +678,9 @@ class _ShardsDataset(_Shards, torch.utils.data.IterableDataset):
 
 @pytest.mark.parametrize("loader", [False, True])
 def test_validation_data_is_never_told_the_epoch_so_every_validation_reads_the_same_rows(loader: bool) -> None:
-    """A held-out stream with ``set_epoch`` (reshuffled shards, a fixed number of rows) validated other rows at
-    each epoch, and other rows than ``Loop.validate()`` of the same weights: its metrics moved with no
-    training at all. The training data is still told every epoch."""
+    """A held-out stream with ``set_epoch`` (reshuffled shards, a fixed number of rows) is never told the epoch:
+    every validation reads the same rows, those ``Loop.validate()`` reads, so that its metrics move with the
+    training alone. The training data is told every epoch."""
     train, held_out = _Shards(), (_ShardsDataset() if loader else _Shards())
     rows: dict[tuple[str, int], list[int]] = {}
 

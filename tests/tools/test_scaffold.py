@@ -119,8 +119,8 @@ def test_a_replacement_takes_the_built_in_s_part_observer_or_not(tmp_path: Path,
 
 
 def test_the_generated_plugin_says_it_takes_part_in_every_run_and_its_inert_line_works(tmp_path: Path) -> None:
-    """A newcomer's package took part in every run on the machine, nothing in the template saying so: its module and
-    README say it, and the module's commented inert() method, uncommented, keeps a run that did not choose it out."""
+    """A newcomer's package takes part in every run on the machine: its module and README say so, and the module's
+    commented inert() method, uncommented, keeps a run that did not choose it out."""
     import importlib.util
     import re
     import textwrap

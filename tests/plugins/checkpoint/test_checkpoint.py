@@ -1190,11 +1190,10 @@ def test_a_checkpoint_of_two_processes_resumed_in_one_at_an_epochs_end_is_warned
 
 def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints_names_its_own_apart(
         tmp_path: Path) -> None:
-    """A script run again with the same run_dir and no resume (a new experiment): its
-    checkpoints went beside the earlier run's, keep_last left those alone, and a later
-    resume='latest' took the earlier run's newer epoch and deleted the new run's files, without
-    a word (a newcomer's). The new run's names carry a tag of their own (-v1), the earlier run's files stay
-    where they are, and neither that nor a resume is warned of: nothing was moved or changed."""
+    """A script run again with the same run_dir and no resume (a new experiment) writes beside the earlier run's
+    checkpoints, its names with a tag of their own (-v1): the earlier run's files stay where they are, byte for
+    byte, a later resume='latest' continues the new run, and neither that nor a resume is warned of: nothing is
+    moved or changed."""
     def said(**options: object) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -1215,9 +1214,8 @@ def test_a_run_that_does_not_resume_into_a_folder_of_an_earlier_runs_checkpoints
 @pytest.mark.bad_input
 def test_resume_latest_that_finds_only_set_aside_checkpoints_says_they_are_there(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Run A saved two epochs, set aside into earlier-run-1/ since. resume='latest' said it found no checkpoint in a
-    folder visibly holding A's: it says where they are and how to resume one, as does a resume from the folder's
-    path."""
+    """Run A saved two epochs, set aside into earlier-run-1/ since: resume='latest', finding no checkpoint in the
+    folder itself, says where A's are and how to resume one, as does a resume from the folder's path."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=2)
     (folder / "earlier-run-1").mkdir()
@@ -1240,8 +1238,8 @@ def test_resume_latest_that_finds_only_set_aside_checkpoints_says_they_are_there
 def test_resuming_an_earlier_runs_checkpoint_by_its_path_continues_that_run_and_prunes_none_of_the_later_runs(
         tmp_path: Path) -> None:
     """Run A (3 epochs), run B afresh in the same run_dir (1 epoch), then A's epoch 2 resumed by its path: the
-    resumed run took B's checkpoint as its own and keep_last=1 deleted it. It continues A (its names, its tag),
-    keep_last prunes A's alone, and B's stays."""
+    resumed run continues A (its names, its tag), never taking B's checkpoint as its own; keep_last=1 prunes A's
+    alone, and B's stays."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=3)
     train(tmp_path, epochs=1, seed=5)
@@ -1260,8 +1258,8 @@ def test_resuming_an_earlier_runs_checkpoint_by_its_path_continues_that_run_and_
 def test_resume_latest_after_a_fresh_run_in_the_same_folder_continues_that_run_and_keeps_the_earlier_files(
         tmp_path: Path) -> None:
     """Run A (3 epochs), then run B afresh in the same run_dir (1 epoch, another seed): resume='latest'
-    took A's epoch 3 (the newest by epoch and step), continued A, and keep_last pruned B's checkpoint
-    away. B's is the one taken now (the run written last); A's files stay, untouched."""
+    takes B's (the run written last), not A's epoch 3 (the newest by epoch and step), and keep_last prunes
+    B's own alone; A's files stay, untouched."""
     folder = tmp_path / "checkpoints"
     train(tmp_path, epochs=3)
     a_files = {p.name: p.read_bytes() for p in folder.glob("*.pt")}

@@ -1,7 +1,7 @@
 """An earlier run's checkpoints in the folder a run writes in, when the run does not continue them
 (run again without resume, or resumed from a checkpoint elsewhere): they stay where they were written, never
-written over nor pruned, the new run's names apart under a tag (``-vT``); the layouts in which a run's
-checkpoints were moved into ``earlier-run-N/`` or listed in ``.earlier-runs`` are still read as they were."""
+written over nor pruned, the new run's names apart under a tag (``-vT``); a folder whose earlier runs'
+checkpoints are in ``earlier-run-N/`` subfolders or listed in ``.earlier-runs`` is read as it is laid out."""
 
 from __future__ import annotations
 
@@ -60,11 +60,10 @@ def own(folder: Path) -> dict[str, bytes]:
 
 
 def test_a_script_run_again_in_its_run_dir_keeps_the_earlier_runs_checkpoints_where_they_are(tmp_path: Path) -> None:
-    """The same script run twice in one run_dir without resume, the same schedule: the second run moved the first
-    one's files into earlier-run-1/ and wrote its own under their names, so that every path the first run
-    reported (its best, its last, in its results and its run.jsonl) named the second run's file. The first run's
-    stay, byte for byte, unwarned of; the second's are named apart (-v1), a third's -v2, and the listing takes
-    the run written last first."""
+    """The same script run twice in one run_dir without resume, the same schedule: the first run's files stay,
+    byte for byte, unwarned of, so that every path the first run reported (its best, its last, in its results
+    and its run.jsonl) names its own file; the second's are named apart (-v1), a third's -v2, and the listing
+    takes the run written last first."""
     folder = tmp_path / "checkpoints"
     first = scored(tmp_path, [3.0, 1.0, 4.0, 2.0], keep_last=1)
     assert first.results["best_checkpoint"] == folder / name(2)
@@ -145,8 +144,8 @@ def test_resuming_a_checkpoint_set_aside_keeps_its_runs_best_and_prunes_nothing_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     """Run A set aside into earlier-run-1/, then B afresh in the same run_dir (the same schedule: B's files have A's
     names), then A's epoch 3 resumed by its path there. A's state names its best (epoch 2) at the path it was
-    written at, where B's epoch 2 lies: the resumed run took B's file for its best. It takes A's, beside the one
-    resumed. Given the run_dir, it writes there, named apart from B's (-v1), which stay; without one, in a run
+    written at, where B's epoch 2 lies: the resumed run takes A's for its best, beside the one resumed, never B's
+    file. Given the run_dir, it writes there, named apart from B's (-v1), which stay; without one, in a run
     folder of its own, the old one left as it was. keep_last=1 prunes none of A's or B's."""
     monkeypatch.chdir(tmp_path)
     old = tmp_path / "old"
@@ -178,9 +177,9 @@ def test_resuming_a_checkpoint_set_aside_keeps_its_runs_best_and_prunes_nothing_
 
 def test_the_best_of_a_run_resumed_from_a_checkpoint_set_aside_is_the_one_it_recorded(tmp_path: Path) -> None:
     """Run 1 (best at epoch 2) set aside, run 2 afresh in the same run_dir, then run 1 resumed from its epoch 4
-    there for two epochs more (worse scores): ``hookfit export --best`` and ``validate(resume="best")`` took the
-    newest checkpoint, scored 7, since the best it recorded, ``earlier-run-1/`` epoch 2's, was looked for by name
-    beside the newest only."""
+    there for two epochs more (worse scores): its best is the one it recorded, ``earlier-run-1/`` epoch 2's, found
+    where it is and not by name beside the newest: its results, ``hookfit export --best`` and
+    ``validate(resume="best")`` take it, not the newest checkpoint (scored 7)."""
     from hookfit.plugins.checkpoint.export import best
 
     scored(tmp_path, [3.0, 1.0, 4.0, 2.0], keep_last=1)
@@ -307,9 +306,9 @@ def test_a_users_file_that_names_earlier_run_sets_no_number(tmp_path: Path) -> N
 
 
 def test_an_earlier_runs_end_line_names_its_own_best_after_a_later_run_in_its_run_dir(tmp_path: Path) -> None:
-    """Run A (best: epoch 2), then B afresh in its run_dir: A's ``run.jsonl`` end line named its best at the path
-    it was written at, which then held B's epoch 2 (A's moved into earlier-run-1/). That path holds A's best, byte
-    for byte, and ``hookfit export`` of it writes A's weights; ``validate(resume="best")`` in the run_dir takes B's
+    """Run A (best: epoch 2), then B afresh in its run_dir: A's ``run.jsonl`` end line names its best at the path
+    it was written at, which holds A's best, byte for byte, after B ran (B's named apart), and ``hookfit export``
+    of it writes A's weights; ``validate(resume="best")`` in the run_dir takes B's
     (the run written last)."""
     import json
 

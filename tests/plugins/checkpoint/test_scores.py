@@ -304,8 +304,8 @@ def test_a_run_resumed_after_a_validation_failed_scores_the_checkpoint_taken_bef
     """The validation after step ``fails`` (the best weights of the run) fails once, the run dies; resumed
     (``resume="latest"``), it validates there first, and scores the checkpoint of that step as the run that did
     not fail wrote it: the same best checkpoint, with the same metric, the same files and their metrics, the
-    same weights and validations. Before, the checkpoint of a ``val_every_n_steps`` step was written unscored
-    when its validation failed, and the resumed run never scored it: another checkpoint was the best."""
+    same weights and validations: the checkpoint of a ``val_every_n_steps`` step written before its validation
+    failed is scored by the resumed run, and no other checkpoint becomes the best."""
     (tmp_path / "owed.py").write_text(OWED)
     straight, _ = _owed(tmp_path, "straight", kind, target, here=monkeypatch)
     assert straight["best"] is not None and straight["best"][1].endswith(f"-step{fails:09d}.pt"), straight
@@ -326,8 +326,7 @@ def test_a_resumed_run_keeps_the_best_checkpoint_whose_write_was_in_flight_when_
     while the writer (``background=True``) was still writing step 4's (a model of 32 MB, batches of
     microseconds): the state it holds does not name step 4's as the best. Resumed, the run reads the scores of
     its checkpoints up to step 8 that the state lacks: step 4's stays the best, as in the run that did not
-    fail. Before, the resumed run took step 8's for the best and, inside epoch 2 of 2, ``keep_last=3`` pruned
-    step 4's away at step 12: the best weights were lost."""
+    fail, and inside epoch 2 of 2 ``keep_last=3`` keeps it at step 12: the best weights are never pruned."""
     pad = 8_000_000
     (tmp_path / "owed.py").write_text(OWED)
     straight, _ = _owed(tmp_path, "straight", kind, 0.35, here=monkeypatch, pad=pad)

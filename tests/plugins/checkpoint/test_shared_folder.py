@@ -55,10 +55,9 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 def test_each_trial_of_a_sweep_sharing_a_dir_keeps_its_best_checkpoint_path_naming_its_own_weights(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three trials in one process, one ``Checkpoint(dir=...)``: each trial's ``results["best_checkpoint"]`` (its
-    last epoch: the loss falls every epoch) named the same path, which the next trial took over after moving the
-    file aside, so that picking the best trial and evaluating its path scored the last trial's weights. Each
-    path now holds its own trial's weights after the later trials ran, its bytes unchanged, and
-    ``validate(resume=path)`` evaluates them."""
+    last epoch: the loss falls every epoch) is a path of its own (the later trials' named apart, ``-v1``, ``-v2``),
+    which holds its own trial's weights after the later trials ran, its bytes unchanged, so that picking the best
+    trial and evaluating its path (``validate(resume=path)``) evaluates that trial's weights."""
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "ckpts"
     trials = []
@@ -88,8 +87,8 @@ def test_each_trial_of_a_sweep_sharing_a_dir_keeps_its_best_checkpoint_path_nami
 def test_a_trial_named_apart_in_a_shared_dir_resumes_its_own_and_starts_afresh_beside_anothers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """In one process: trial ``a`` finishes, then ``b`` with ``resume="latest"`` in the same dir finds none of its
-    name (it took ``a``'s finished checkpoint and trained nothing) and starts afresh, its line naming ``a``'s;
-    then ``a`` again resumes its own, not ``b``'s (the newer)."""
+    name (never taking ``a``'s finished checkpoint, which would train nothing) and starts afresh, its line naming
+    ``a``'s; then ``a`` again resumes its own, not ``b``'s (the newer)."""
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "ckpts"
     first, _ = trial(0.01, folder, name="a")
@@ -140,10 +139,11 @@ def run(folder: Path, *args: str) -> tuple[dict[str, object], str]:
 def test_folds_in_processes_of_their_own_sharing_the_toml_dir_resume_their_own_and_keep_their_paths(
         tmp_path: Path) -> None:
     """``[plugins.checkpoint] dir = "ckpts"`` in ``hookfit.toml``, each fold a process named ``fold<k>`` with
-    ``resume="latest"``: fold 1 took fold 0's finished checkpoint, trained no step and reported fold 0's
-    ``valid/loss``. It trains its own, the line on stderr naming fold 0's; fold 0 run again for more epochs resumes
-    its own; the paths every process reported hold what they held, after the others ran; and a run of fold 0
-    afresh (no resume) writes beside its earlier files, which a later ``resume="latest"`` no longer takes."""
+    ``resume="latest"``: fold 1 never takes fold 0's finished checkpoint (which would train no step and report fold
+    0's ``valid/loss``): it trains its own, the line on stderr naming fold 0's; fold 0 run again for more epochs
+    resumes its own; the paths every process reported hold what they held, after the others ran; and a run of fold
+    0 afresh (no resume) writes beside its earlier files, and a later ``resume="latest"`` takes the fresh run's
+    (the run of fold 0 written last)."""
     (tmp_path / "fold.py").write_text(textwrap.dedent(SCRIPT))
     (tmp_path / "hookfit.toml").write_text('[plugins.checkpoint]\ndir = "ckpts"\nmonitor = "valid/loss"\n')
     folder = tmp_path / "ckpts"

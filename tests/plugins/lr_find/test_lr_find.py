@@ -171,10 +171,10 @@ class StepWatch:
 
 
 def test_a_plugin_setting_the_rate_before_each_step_does_not_replace_the_sweep_s_rates() -> None:
-    """A plugin that sets the rate in before_optimizer_step (a cyclic schedule) silently replaced the swept
-    rates: every step of the sweep used its 1e-3 while the finder reported 1e-7..1. The sweep's steps fire the
-    optimizer events outside any stage (how the plugin can tell them), each steps at the sweep's rate, and one
-    warning names the plugin; the run's own steps, in stage 'train', keep the plugin's rate."""
+    """A plugin that sets the rate in before_optimizer_step (a cyclic schedule, 1e-3) does not replace the swept
+    rates 1e-7..1 the finder reports: the sweep's steps fire the optimizer events outside any stage (how the
+    plugin can tell them), each steps at the sweep's rate, and one warning names the plugin; the run's own steps,
+    in stage 'train', keep the plugin's rate."""
     finder, schedule = LRFinder(num_steps=15, end_lr=1.0, diverge=None), StepWatch("schedule", lr=1e-3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
