@@ -71,9 +71,9 @@ class Watch:
         """optim's ``backward`` ran a pass while watching: the watch ends after :data:`WATCHED_PASSES`."""
         if not self._passing:  # (a pass that reached no watched parameter: it counts, and added onto none of them)
             self._order.passing(judge=False)
-        self._passes, self._passing = self._passes + 1, False
-        window, loop = self._window, self.loop
-        if window and loop and (how := self._untouched.passed(not window.closes(loop))):
+        self._passes, self._passing = self._passes + 1, False  # (noted: the gradients of open windows, not a step's)
+        if (window := self._window) and self.loop and self._optimizers and (how := self._untouched.passed(
+                [] if window.closes(self.loop) else [m.params for m in self._optimizers.values() if m.holds_grads()])):
             warnings.warn(changed_in_window("optim", self._step_name(), how, window.size, self._where()),
                           OptimWarning, stacklevel=user_level(_TORCH))  # the step function's loop.backward line
         if self._passes >= WATCHED_PASSES:

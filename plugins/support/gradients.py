@@ -139,52 +139,70 @@ class Untouched:
     window's next pass adds onto: a step function that clips them (``clip_grad_norm_``, ``clip_grad_value_``), scales
     them or clears them between its passes changes a partial sum. Call :meth:`passing` as each pass begins, before it
     accumulates into any of ``params`` (a tensor hook of :class:`GradientWatch` runs before its gradient is accumulated;
-    a pass that reaches none of them need not), and :meth:`passed` as each ends, which notes the gradients of a pass
-    whose window stays open and tells, once, what the next pass found as it began (it reads the device there, not in
-    autograd's thread). A gradient replaced or set in place is changed where it holds other values (the norm of each,
-    compared exactly: a ``clip_grad_norm_`` under its bound multiplies by one and changes none), or none (cleared). The
-    gradients judged are the dense ones of plain tensors (a tensor subclass's may be set apart from autograd's
-    accumulation), held weakly."""
+    a pass that reaches none of them need not), and :meth:`passed` as each ends, with the parameters of each optimizer
+    whose window holds gradients after it: it notes them and tells, once, what the next pass found as it began (it
+    reads the device there, not in autograd's thread). A gradient replaced or set in place is judged by its norm and
+    its count of non-zero elements (each compared exactly: a ``clip_grad_norm_`` under its bound multiplies by one and
+    changes none): ``"changed"`` where it holds other values, ``"cleared"`` where every gradient of one optimizer is
+    now ``None`` or zeros and one of them was not. A fixed mask (``grad[rows] = 0``, ``p.grad = None`` or
+    ``.zero_()`` on some of an optimizer's parameters, a frozen part) only zeroes elements, which lowers the count and
+    the norm alone: masking at each pass is masking once a window, and is not told (a clip or a scaling keeps the
+    count and changes the norm). The gradients judged are the dense ones of plain tensors (a tensor subclass's may be
+    set apart from autograd's accumulation), held weakly."""
 
     def __init__(self, params: Iterable[torch.Tensor] = ()) -> None:
-        self._params = [p for p in params if type(p) in _PLAIN]
-        self._left: list[tuple[torch.Tensor, weakref.ref[torch.Tensor], int, torch.Tensor]] = []
-        """Each gradient a pass left open (its parameter, the tensor, its version, its norm), until the next pass."""
-        self._found: list[torch.Tensor] = []  # by device, whether a gradient holds other values (not read yet)
-        self._cleared = False  # a gradient left is now None
+        self._judged = {id(p) for p in params if type(p) in _PLAIN}
+        self._left: list[list[tuple[torch.Tensor, weakref.ref[torch.Tensor], int, torch.Tensor, torch.Tensor]]] = []
+        """By optimizer, each gradient a pass left open (its parameter, the tensor, its version, its norm and its count
+        of non-zero elements), until the next pass."""
+        self._found: list[torch.Tensor] = []  # by optimizer: whether its gradients were changed, cleared (not read yet)
 
     def passing(self) -> None:
         """A pass begins, before it accumulates: the gradients noted, compared with those held now."""
         left, self._left = self._left, []
-        pairs: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        for param, then, version, norm in left:
-            if (grad := param.grad) is None:
-                self._cleared = True
-            elif grad is not then() or grad._version != version:  # (set: its values tell)
-                now = _norm(grad).to(norm.device)
-                pairs.setdefault(norm.device, []).append((now, norm))
-        self._found += [torch.stack([torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).logical_not_()
-                                     for a, b in each]).any() for each in pairs.values()]
+        for noted in left:
+            changed: list[torch.Tensor] = []  # by gradient: holds values other than some of its own zeroed
+            zeros: list[torch.Tensor] = []  # by gradient not None: all zeros now
+            removed: list[torch.Tensor] = []  # by gradient set in place or replaced: all zeros now, not before
+            device, none = noted[0][3].device, False  # a gradient is None now
+            for param, then, version, norm, count in noted:
+                if (grad := param.grad) is None:
+                    none = True
+                elif grad is not then() or grad._version != version:  # (set: its values tell)
+                    now, nonzero = (s.to(norm.device) for s in _stats(grad))
+                    differs = torch.isclose(now, norm, rtol=0, atol=0, equal_nan=True).logical_not_()
+                    changed.append(((nonzero > count) | (now > norm) | (nonzero == count) & differs).to(device))
+                    zeros.append((nonzero == 0).to(device))
+                    removed.append(((nonzero == 0) & (count > 0)).to(device))
+                else:
+                    zeros.append((count == 0).to(device))
+            if changed or none:
+                no = torch.zeros((), dtype=torch.bool, device=device)
+                cleared = torch.stack(zeros).all() if zeros else ~no
+                gone = torch.stack([no | none, *removed]).any()
+                self._found.append(torch.stack([torch.stack([no, *changed]).any(), cleared & gone]))
 
-    def passed(self, spans: bool) -> str | None:
-        """A pass ended (``spans``: its window stays open after its batch, and its gradients are noted): whether the
-        gradients were ``"cleared"`` (one left is none) or ``"changed"`` (one holds other values) as it began."""
+    def passed(self, held: Iterable[Iterable[torch.Tensor]]) -> str | None:
+        """A pass ended; ``held``: the parameters of each optimizer whose window stays open after the pass's batch and
+        holds its gradients, which are noted: whether the gradients were ``"cleared"`` or ``"changed"`` as it began."""
         if self._left:  # a pass that reached none of params: they are as it began
             self.passing()
-        found, cleared, self._found, self._cleared = self._found, self._cleared, [], False
-        grads = [(p, p.grad) for p in self._params if spans and p.grad is not None and p.grad.layout == torch.strided]
-        norms = [_norm(g) for _, g in grads]
-        self._left = [(p, weakref.ref(g), g._version, n) for (p, g), n in zip(grads, norms)]
-        how = "cleared" if cleared else "changed" if any(bool(f) for f in found) else None
+        found, self._found = [f.tolist() for f in self._found], []
+        grads = [[(p, p.grad) for p in params if id(p) in self._judged and p.grad is not None
+                  and p.grad.layout == torch.strided] for params in held]
+        self._left = [[(p, weakref.ref(g), g._version, *_stats(g)) for p, g in each] for each in grads if each]
+        how = "cleared" if any(c for _, c in found) else "changed" if any(c for c, _ in found) else None
         if how is not None:  # told once: nothing is judged after
-            self._params, self._left = [], []
+            self._judged, self._left = set(), []
         return how
 
 
-def _norm(grad: torch.Tensor) -> torch.Tensor:
-    """A gradient's norm, in float32 at least (a float16 one's could overflow where its values differ)."""
-    norm: torch.Tensor = torch.linalg.vector_norm(grad.detach(), dtype=torch.promote_types(grad.dtype, torch.float32))
-    return norm
+def _stats(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gradient's norm, in float32 at least (a float16 one's could overflow where its values differ), and its count
+    of non-zero elements, on its device."""
+    grad = grad.detach()
+    norm: torch.Tensor = torch.linalg.vector_norm(grad, dtype=torch.promote_types(grad.dtype, torch.float32))
+    return norm, torch.count_nonzero(grad)
 
 
 def changed_in_window(plugin: str, step: str, how: str, accumulate: int, where: str) -> str:

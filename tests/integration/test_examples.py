@@ -72,3 +72,15 @@ def test_the_gans_step_calls_its_models_through_loop_model(monkeypatch: pytest.M
     state, _ = example.main(epochs=1)
     assert state.status == "completed"
     assert (calls.count("gen"), calls.count("disc")) == (20, 3 * 20)
+
+
+def test_the_gan_with_accumulate_in_hookfit_toml_says_nothing_of_its_windows_gradients(tmp_path: Path) -> None:
+    """Each optimizer's loop.optimizers[...].zero_grad() before its own pass clears the gradients of a window that
+    stepped, not an open window's: optim's watch of the window's gradients stays silent."""
+    (tmp_path / "hookfit.toml").write_text("[plugins.optim]\naccumulate = 2\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKFIT_")}
+    result = subprocess.run([sys.executable, "-W", "always", str(EXAMPLES / "gan.py"), "--epochs", "1"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "hookfit end status=completed" in result.stdout
+    assert "OptimWarning" not in result.stderr, result.stderr  # (the window's watch warned here, an OptimWarning)

@@ -98,13 +98,11 @@ def test_a_clip_at_every_batch_of_a_window_trains_otherwise_and_warns_once_namin
 
 
 @pytest.mark.bad_input
-@pytest.mark.parametrize("change", ["clip_grad_value_", "mul_", "zeros"])
-def test_a_value_clip_a_scaling_or_zeros_at_every_batch_of_a_window_warn_once(change: str) -> None:
+@pytest.mark.parametrize("change", ["clip_grad_value_", "mul_"])
+def test_a_value_clip_or_a_scaling_at_every_batch_of_a_window_warn_once(change: str) -> None:
     m = model()
 
     def train_step(loop, batch):
-        if change == "zeros":
-            m.zero_grad(set_to_none=False)  # a plain script's clearing, before the pass: the window's sum is lost
         loop.backward(loss_of(m, batch))
         if change == "clip_grad_value_":
             torch.nn.utils.clip_grad_value_(m.parameters(), 0.1)
@@ -122,11 +120,12 @@ def test_a_value_clip_a_scaling_or_zeros_at_every_batch_of_a_window_warn_once(ch
 
 
 @pytest.mark.bad_input
-def test_a_zero_grad_of_the_model_inside_a_window_is_told_as_clearing_its_gradients() -> None:
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_zero_grad_of_the_model_inside_a_window_is_told_as_clearing_its_gradients(set_to_none: bool) -> None:
     m = model()
 
     def train_step(loop, batch):
-        m.zero_grad()  # torch's, not loop.optimizers': the window keeps only its last batch's gradients
+        m.zero_grad(set_to_none=set_to_none)  # torch's, not loop.optimizers': the window keeps its last batch's alone
         loop.backward(loss_of(m, batch))
         loop.optimizers.step()
 
@@ -233,3 +232,107 @@ def test_sparse_gradients_and_two_optimizers_in_a_window_say_nothing() -> None:
     optimizers = {"embedding": torch.optim.SGD(embedding.parameters(), lr=0.1),
                   "head": torch.optim.SGD(head.parameters(), lr=0.1)}
     assert fit(train_step, both, optimizers, epochs=2, batches=batches, accumulate=N) == []
+
+
+def gan_step(gp: bool = False, torch_zero_grad: bool = False) -> Callable[..., Any]:
+    """A GAN's step (``examples/gan.py``): each optimizer's ``zero_grad()`` before its own pass, which, where the
+    window closed at the batch before, clears gradients its step took (not the window's); ``gp``: a WGAN-GP penalty
+    (``torch.autograd.grad`` on interpolates); ``torch_zero_grad``: the discriminator's cleared by torch's optimizer."""
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+
+    def train_step(loop, real):
+        g, d, opts = loop.model["gen"], loop.model["disc"], loop.optimizers
+        fake = g(torch.randn(len(real), 8))
+        with opts.toggle("disc"):
+            d_real, d_fake = d(real), d(fake.detach())
+            d_loss = bce(d_real, torch.ones_like(d_real)) + bce(d_fake, torch.zeros_like(d_fake))
+            if gp:
+                a = torch.rand(len(real), 1)
+                x = (a * real + (1 - a) * fake.detach()).requires_grad_(True)
+                (grad,) = torch.autograd.grad(d(x).sum(), x, create_graph=True)
+                d_loss = d_loss + 10 * ((grad.norm(dim=1) - 1) ** 2).mean()
+            (opts["disc"].optimizer if torch_zero_grad else opts["disc"]).zero_grad()
+            loop.backward(d_loss)
+            opts["disc"].step()
+        with opts.toggle("gen"):
+            d_fake = d(fake)
+            g_loss = bce(d_fake, torch.ones_like(d_fake))
+            opts["gen"].zero_grad()
+            loop.backward(g_loss)
+            opts["gen"].step()
+        return {"loss": g_loss}
+
+    return train_step
+
+
+def fit_gan(accumulate: int, **kinds: bool) -> list[str]:
+    torch.manual_seed(0)
+    gen = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    disc = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    batches = [torch.randn(16, 2, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    optimizers = {"gen": torch.optim.Adam(gen.parameters(), 1e-3), "disc": torch.optim.Adam(disc.parameters(), 1e-3)}
+    return fit(gan_step(**kinds), torch.nn.ModuleDict({"gen": gen, "disc": disc}), optimizers, batches=batches,
+               accumulate=accumulate)
+
+
+@pytest.mark.parametrize("gp", [False, True], ids=["gan", "wgan-gp"])
+@pytest.mark.parametrize("accumulate", [2, 3])
+def test_a_gan_that_clears_each_optimizers_gradients_before_its_pass_says_nothing(gp: bool, accumulate: int) -> None:
+    """loop.optimizers["gen"].zero_grad() at a batch that opens a window clears the gradients of the window that
+    stepped (the discriminator's pass came between): no window's gradients are lost."""
+    assert fit_gan(accumulate, gp=gp) == []
+
+
+@pytest.mark.bad_input
+def test_a_gan_that_clears_an_optimizers_gradients_with_torch_s_zero_grad_inside_a_window_is_told() -> None:
+    said = fit_gan(2, torch_zero_grad=True)
+    assert len(said) == 1 and "cleared the gradients accumulated inside a window of accumulate=2 between two of its " \
+        "backward passes (epoch 1, batch 1)" in said[0], said
+
+
+def mask_step(m: torch.nn.ModuleDict, mask: str) -> Callable[..., Any]:
+    """A step that trains part of a model by a fixed mask on the gradients after each pass: an embedding's new rows
+    only, or a head frozen by hand (zeros, or no gradient)."""
+    def train_step(loop, batch):
+        x, y = batch
+        loop.backward(torch.nn.functional.mse_loss(m["head"](m["emb"](x)), y))
+        emb, head = m["emb"].weight, m["head"]
+        if mask == "rows":  # the first ten rows are the pretrained tokens'
+            emb.grad[:10] = 0
+        elif mask == "zeros":
+            head.weight.grad.zero_()
+            head.bias.grad.zero_()
+        elif mask == "none":
+            head.weight.grad = head.bias.grad = None
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    return train_step
+
+
+@pytest.mark.parametrize("mask", ["rows", "zeros", "none"])
+def test_a_fixed_mask_on_the_gradients_after_each_pass_says_nothing_and_trains_as_masking_once_a_window(
+        mask: str) -> None:
+    """Masking at each pass of a window is masking its sum once: the plain loop that masks before each step."""
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 20, (8,), generator=g), torch.randn(8, 1, generator=g)) for _ in range(8)]
+
+    def made() -> torch.nn.ModuleDict:
+        torch.manual_seed(0)
+        return torch.nn.ModuleDict({"emb": torch.nn.Embedding(20, 4), "head": torch.nn.Linear(4, 1)})
+
+    plain = made()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(batches):
+        (torch.nn.functional.mse_loss(plain["head"](plain["emb"](x)), y) / N).backward()
+        if (i + 1) % N == 0:
+            if mask == "rows":
+                plain["emb"].weight.grad[:10] = 0
+            else:
+                plain["head"].zero_grad()
+            opt.step()
+            opt.zero_grad()
+    m = made()
+    assert fit(mask_step(m, mask), m, torch.optim.SGD(m.parameters(), lr=0.1), batches=batches, accumulate=N) == []
+    assert same([p.detach() for p in plain.parameters()], m.parameters())
+    assert not same([p.detach() for p in made().parameters()], m.parameters())  # it trained
