@@ -20,7 +20,8 @@ for it.
   mask, average: undone afterwards) is swept too; they fire outside any stage (``loop.state.stage``
   is ``None``), which is how a plugin tells them from the run's. The rate is the sweep's: a rate
   an implementation of ``before_optimizer_step`` (or the step) sets instead is replaced after them
-  (``trylast``), with one warning naming them, so that the rates reported are those the steps used.
+  (``trylast``), with one warning naming the plugins that implement it (one of them, or the
+  step, set it), so that the rates reported are those the steps used.
 * **Resumed and smoke runs.** A resumed run does not sweep: its optimizers' states, restored
   from the checkpoint, hold the rates it trains with (one line says so; ``skipped="resumed"``).
   A run asked to resume (``loop.resume``) knows whether it did only after ``fit_start``: its
@@ -178,11 +179,11 @@ class LRFinder:
                 group["lr"] = self._rate
             if not self._overridden:
                 self._overridden = True
-                setters = [n for n in loop.hooks.plugins("before_optimizer_step") if n != NAME]
+                setters = ", ".join(repr(n) for n in loop.hooks.plugins("before_optimizer_step") if n != NAME)
+                by = f"one of the plugins that implement before_optimizer_step ({setters}) or " if setters else ""
                 warnings.warn(f"{NAME}: optimizer {name!r} was about to step in the sweep at the learning rate "
-                              f"{min(others):.3g}, not the sweep's {self._rate:.3g}: set after the sweep's by an "
-                              f"implementation of before_optimizer_step (of {', '.join(map(repr, setters)) or 'none'}) "
-                              f"or by the step; the sweep's rate is put back for each of its steps. A plugin tells "
+                              f"{min(others):.3g}, not the sweep's {self._rate:.3g}: set after the sweep's by {by}the "
+                              f"step; the sweep's rate is put back for each of its steps. A plugin tells "
                               f"the sweep's steps by loop.state.stage being None (outside any stage)",
                               HookfitWarning, stacklevel=user_level())
 

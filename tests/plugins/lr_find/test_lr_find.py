@@ -185,9 +185,27 @@ def test_a_plugin_setting_the_rate_before_each_step_does_not_replace_the_sweep_s
     assert [lr for stage, lr in schedule.steps if stage is not None] == [1e-3] * 12
     said = [str(w.message) for w in caught if issubclass(w.category, hookfit.HookfitWarning)]
     assert said == ["lr_find: optimizer 'default' was about to step in the sweep at the learning rate 0.001, not the "
-                    "sweep's 1e-07: set after the sweep's by an implementation of before_optimizer_step (of "
-                    "'schedule') or by the step; the sweep's rate is put back for each of its steps. A plugin tells "
+                    "sweep's 1e-07: set after the sweep's by one of the plugins that implement before_optimizer_step "
+                    "('schedule') or the step; the sweep's rate is put back for each of its steps. A plugin tells "
                     "the sweep's steps by loop.state.stage being None (outside any stage)"], said
+
+
+def test_a_step_that_sets_the_rate_itself_is_named_alone_where_no_plugin_implements_before_optimizer_step() -> None:
+    model, batches = regression()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def step(loop: hookfit.Run, batch: Any) -> dict[str, Any]:
+        for group in optimizer.param_groups:  # a hand-written schedule
+            group["lr"] = 1e-3
+        return mse_step(loop, batch)
+
+    loop = hookfit.Loop(step, batches, model=model, optimizers=optimizer, max_epochs=1, run_dir="run",
+                        plugins=[Optim(), LRFinder(num_steps=6, end_lr=1.0, diverge=None)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert loop.fit().status == "completed"
+    said = [str(w.message) for w in caught if issubclass(w.category, hookfit.HookfitWarning)]
+    assert len(said) == 1 and "1e-07: set after the sweep's by the step; the sweep's rate is put back" in said[0], said
 
 
 def test_a_plugin_that_leaves_the_rate_alone_sees_the_sweep_s_steps_without_a_word() -> None:
