@@ -16,11 +16,16 @@ from torch.optim import Optimizer, lr_scheduler
 
 from hookfit.plugins.support.options import option_error
 
-__all__ = ["HORIZONS", "Given", "given", "held", "horizons", "lambda_end", "multiplied", "optimizer_steps", "passing"]
+__all__ = ["HORIZONS", "MULTIPLIED_STEPS", "Given", "given", "held", "horizons", "lambda_end", "multiplied", "optimizer_steps", "passing"]
 
 HORIZONS = ("T_max", "total_steps", "total_iters")
 """The attributes that say how many steps a scheduler's schedule lasts: ``CosineAnnealingLR``'s, ``OneCycleLR``'s,
 ``LinearLR``'s, ``PolynomialLR``'s and ``ConstantLR``'s."""
+
+MULTIPLIED_STEPS = 50_000
+"""The longest schedule :func:`lambda_end` judges a ``MultiplicativeLR``'s lambda over: it calls the lambda at each
+step up to twice that (about 50 ms for a plain lambda), where a ``LambdaLR``'s is called at 70 steps whatever the
+length."""
 
 SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optimizers (torch.optim.lr_scheduler."
                    "StepLR(opt, ...)), a list of them, or a dict of optimizer name -> scheduler or list")
@@ -128,10 +133,11 @@ def lambda_end(scheduler: Any, steps: int, taken: int) -> float | None:
     order (a lambda is a function of the step, torch's documentation says); one that raises or gives no real
     number is not judged. A ``MultiplicativeLR``'s lambda is a factor on the step before: its schedule's factor at
     a step is the product of the lambda over the steps up to there (:func:`multiplied`), judged alike at those
-    steps but for ``10 * steps`` (the lambda is called at each step from 1 to ``2 * steps``, in order). Another
-    scheduler is not judged."""
+    steps but for ``10 * steps`` (the lambda is called at each step from 1 to ``2 * steps``, in order), where
+    ``steps`` is at most :data:`MULTIPLIED_STEPS`. Another scheduler is not judged."""
     multiplies = type(scheduler) is lr_scheduler.MultiplicativeLR
-    if not (multiplies or type(scheduler) is lr_scheduler.LambdaLR) or not 0 <= taken < steps:
+    if not (multiplies or type(scheduler) is lr_scheduler.LambdaLR) or not 0 <= taken < steps or (
+            multiplies and steps > MULTIPLIED_STEPS):
         return None
     probe = sorted({*range(0, steps, max(1, steps // 64)), steps - 1, taken, steps + 1, steps * 3 // 2 + 1,
                     2 * steps, *(() if multiplies else (10 * steps,))})

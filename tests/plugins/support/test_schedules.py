@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hookfit.plugins.support.schedules import held, horizons, lambda_end, multiplied, optimizer_steps, passing
+from hookfit.plugins.support.schedules import (MULTIPLIED_STEPS, held, horizons, lambda_end, multiplied, optimizer_steps,
+                                               passing)
 
 lr_scheduler = torch.optim.lr_scheduler
 
@@ -78,6 +79,22 @@ def test_lambda_end_of_a_multiplicative_lambda_is_the_product_of_its_factors_jud
     assert multiplied(lambda s: 0.5, [0, 1, 3]) == {0: 1.0, 1: 0.5, 3: 0.125}
     calls = []
     assert multiplied(lambda s: calls.append(s) or 2.0, [2, 1]) == {1: 2.0, 2: 4.0} and calls == [1, 2]  # in order
+
+
+def test_a_multiplicative_lambda_of_a_long_schedule_is_not_walked_over_each_of_its_steps() -> None:
+    """Judging a MultiplicativeLR's lambda calls it at each step up to twice the schedule's length: past
+    MULTIPLIED_STEPS steps it is not judged, and the run's start stays cheap (a million steps took about a second)."""
+    calls = []
+    opt = optimizer()
+
+    def linear(steps):
+        return lambda s: calls.append(s) or ((steps - s) / (steps + 1 - s) if s <= steps else 1.0)
+
+    assert lambda_end(lr_scheduler.MultiplicativeLR(opt, linear(MULTIPLIED_STEPS)), MULTIPLIED_STEPS, 10) == 0.0
+    assert len(calls) == 2 * MULTIPLIED_STEPS  # each step from 1 to 2 * steps, once
+    calls.clear()
+    assert lambda_end(lr_scheduler.MultiplicativeLR(opt, linear(10**6)), 10**6, 10) is None
+    assert calls == []
 
 
 def test_held_names_a_chain_s_schedulers_with_the_step_each_starts_at() -> None:
