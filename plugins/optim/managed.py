@@ -130,8 +130,9 @@ class ManagedOptimizer:
         watch.stepping = True  # optim's own step, for the watch on steps that bypass it
         try:
             if rules.scaler is not None:  # skips by itself on inf/NaN gradients (and on bad)
-                kernels.scaler_step(rules.scaler, optimizer, self.skip_keeps_state)
-                rules.scaler_used = True
+                alone = rules.loop.state.stage is None  # outside any stage (lr_find's sweep): no batch_end updates
+                kernels.scaler_step(rules.scaler, optimizer, self.skip_keeps_state, alone)  # (updated at once)
+                rules.scaler_used = not alone
             elif bad is not None:  # the fused kernel skips the update where found_inf is set
                 kernels.step_on_flag(optimizer, bad if grad_bad is None else torch.maximum(bad, grad_bad.to(bad.dtype)))
             else:

@@ -83,16 +83,19 @@ def step_on_flag(optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
 
 
 def scaler_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
-                keeps_state: Callable[[], bool]) -> None:
-    """``scaler.step(optimizer)``, by the scaler's host read where a skip in the kernel would not ``keeps_state()``."""
+                keeps_state: Callable[[], bool], update: bool = False) -> None:
+    """``scaler.step(optimizer)``, by the scaler's host read where a skip in the kernel would not ``keeps_state()``;
+    ``update``: then ``scaler.update()`` (a step that no batch's end updates the scale after)."""
     if not getattr(optimizer, "_step_supports_amp_scaling", False) or keeps_state():
         scaler.step(optimizer)
-        return
-    setattr(optimizer, "_step_supports_amp_scaling", False)
-    try:
-        scaler.step(optimizer)
-    finally:
-        setattr(optimizer, "_step_supports_amp_scaling", True)
+    else:
+        setattr(optimizer, "_step_supports_amp_scaling", False)
+        try:
+            scaler.step(optimizer)
+        finally:
+            setattr(optimizer, "_step_supports_amp_scaling", True)
+    if update:
+        scaler.update()
 
 
 def into_found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> bool:

@@ -109,8 +109,9 @@ def one_cycle(optimizer: torch.optim.Optimizer) -> Optim:
     (None, None),
     (None, lambda optimizer: Optim(accumulate=4)),  # 15 sweep batches leave a window open
     (None, one_cycle),
+    (None, lambda optimizer: Optim(precision="16-mixed")),  # the scale updated after each sweep step, put back
 ], ids=["list", "shuffled Batches", "data with its own state", "torch optimizer without optim", "accumulate=4",
-        "per-step scheduler"])
+        "per-step scheduler", "16-mixed"])
 def test_training_after_the_sweep_is_bitwise_the_run_without_it(data: Any, optim: Any) -> None:
     plain, state = fit(data=data, optim=optim)
     finder = LRFinder(num_steps=15, end_lr=1.0)
