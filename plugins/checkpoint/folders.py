@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hookfit.plugins.checkpoint import sharded
-from hookfit.plugins.checkpoint.storage import checkpoint_files, listed, run_files, stale_temporaries, tag_of
+from hookfit.plugins.checkpoint.storage import checkpoint_files, listed, run_files, run_of, stale_temporaries, tag_of
 from hookfit.locks import FolderLock
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -65,43 +65,49 @@ def prepare(folder: Path) -> None:
             pass
 
 
-def tag(folder: Path, resuming: Path | None) -> int:
-    """The tag of the names a run resuming from ``resuming`` (``None``: from no checkpoint) gives its checkpoints in
-    ``folder`` (:func:`~hookfit.plugins.checkpoint.storage.tag_of`): the tag of ``resuming`` where the run continues
-    the checkpoints there (:func:`continued`); else 0 in a folder holding no checkpoint, and one more than the
-    highest tag there in one that does (a run's, a failure's, a sharded one's, an earlier run's listed in
-    :data:`~hookfit.plugins.checkpoint.storage.EARLIER`), so that no name of this run is one of theirs. Every process
-    of a run finds the same tag in the folder the main process writes, before any of them saves."""
-    if resuming is not None and continued(folder, resuming):
+def tag(folder: Path, resuming: Path | None, identity: str) -> int:
+    """The tag of the names a run of ``identity`` (``loop.identity.key``) resuming from ``resuming`` (``None``: from no
+    checkpoint) gives its checkpoints in ``folder`` (:func:`~hookfit.plugins.checkpoint.storage.tag_of`): the tag of
+    ``resuming`` where the run continues the checkpoints there (:func:`continued`); else 0 in a folder holding no
+    checkpoint, and one more than the highest tag there in one that does (a run's, a failure's, a sharded one's, an
+    earlier run's listed in :data:`~hookfit.plugins.checkpoint.storage.EARLIER`), so that no name of this run is one
+    of theirs: a run forking another identity's checkpoint never writes over that run's files. Every process of a
+    run finds the same tag in the folder the main process writes, before any of them saves."""
+    if resuming is not None and continued(folder, resuming, identity):
         return tag_of(resuming)
     names = run_files(folder)
     return 1 + max(tag_of(folder / name) for name in names) if names else 0
 
 
-def continued(folder: Path, resumed: Path | None) -> bool:
-    """Whether a run resumed from ``resumed`` (``None``: no checkpoint) continues the checkpoints in ``folder``,
-    where it writes: it resumed from one of them (not from one that an earlier run left there, listed in
-    :data:`~hookfit.plugins.checkpoint.storage.EARLIER`)."""
-    return (resumed is not None and resumed.parent.resolve() == folder.resolve()
-            and resumed.name not in listed(folder))
+def continued(folder: Path, resumed: Path | None, identity: str) -> bool:
+    """Whether a run of ``identity`` (``loop.identity.key``) resumed from ``resumed`` (``None``: no checkpoint)
+    continues the checkpoints in ``folder``, where it writes: it resumed from one of them (not from one that an earlier
+    run left there, listed in :data:`~hookfit.plugins.checkpoint.storage.EARLIER`) that a run of its own identity
+    wrote (``meta["identity"]``; a checkpoint that records none, written before they were recorded, is any run's). A
+    run resuming another identity's checkpoint by its path forks it: it names its checkpoints apart (:func:`tag`),
+    takes none of that run's as its own (:func:`adoptable`: ``keep_last`` never prunes them) and leaves its records
+    (:func:`latest_run`)."""
+    if resumed is None or resumed.parent.resolve() != folder.resolve() or resumed.name in listed(folder):
+        return False
+    return run_of(resumed)[0] in (None, identity)
 
 
-def latest_run(folder: Path, resumed: Path) -> bool:
-    """Whether a run resumed from ``resumed`` continues the run written last in ``folder`` (the one whose records, its
-    tables and events, a run folder holds): it continues the checkpoints there (:func:`continued`) and ``resumed`` is
-    of the tag of the newest there (:func:`~hookfit.plugins.checkpoint.storage.checkpoint_files`). An earlier run
-    resumed by the path of its checkpoint beside a later run's continues its checkpoints, not the later run's
-    records, which the loggers set aside (``loop.resumes_apart()``)."""
-    if not continued(folder, resumed):
+def latest_run(folder: Path, resumed: Path, identity: str) -> bool:
+    """Whether a run of ``identity`` resumed from ``resumed`` continues the run written last in ``folder`` (the one
+    whose records, its tables and events, a run folder holds): it continues the checkpoints there (:func:`continued`)
+    and ``resumed`` is of the tag of the newest there (:func:`~hookfit.plugins.checkpoint.storage.checkpoint_files`).
+    An earlier run resumed by the path of its checkpoint beside a later run's continues its checkpoints, not the later
+    run's records, which the loggers set aside (``loop.resumes_apart()``)."""
+    if not continued(folder, resumed, identity):
         return False
     newest = checkpoint_files(folder)
     return not newest or tag_of(newest[0]) == tag_of(resumed)
 
 
-def adoptable(folder: Path, resumed: Path) -> list[Path]:
-    """The checkpoints in ``folder`` a run resumed from ``resumed`` takes as its own (``keep_last`` prunes them):
-    where it continues them (:func:`continued`), those of the tag of ``resumed`` (the run that wrote it, and its
-    resumes; another run's checkpoints in the folder are never pruned); none otherwise."""
-    if not continued(folder, resumed):
+def adoptable(folder: Path, resumed: Path, identity: str) -> list[Path]:
+    """The checkpoints in ``folder`` a run of ``identity`` resumed from ``resumed`` takes as its own (``keep_last``
+    prunes them): where it continues them (:func:`continued`), those of the tag of ``resumed`` (the run that wrote
+    it, and its resumes; another run's checkpoints in the folder are never pruned); none otherwise."""
+    if not continued(folder, resumed, identity):
         return []
     return [path for path in checkpoint_files(folder) if tag_of(path) == tag_of(resumed)]

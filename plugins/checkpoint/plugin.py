@@ -239,7 +239,7 @@ class Checkpoint:
             if (folder := self._known_directory(loop)) is not None:  # (a kill -9's files removed)
                 folders.prepare(folder)
         if loop.mode == "fit" and not self.off and (folder := self._known_directory(loop)) is not None:
-            self.tag = folders.tag(folder, None if self._pending is None else self._pending[1])
+            self.tag = folders.tag(folder, None if self._pending is None else self._pending[1], loop.identity.key)
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:
@@ -260,8 +260,8 @@ class Checkpoint:
         self.saved_step = data["loop"]["step"]
         if loop.is_main and loop.mode == "fit":  # those it continues are this run's: keep_last holds across resumes
             folder = self._known_directory(loop)  # (Catalog.adopt); a new run folder holds none
-            self.writer.remove(self.catalog.adopt([] if folder is None else folders.adoptable(folder, path),
-                                                  data["loop"]["step"]))
+            adopted = [] if folder is None else folders.adoptable(folder, path, loop.identity.key)
+            self.writer.remove(self.catalog.adopt(adopted, data["loop"]["step"]))
         owed(self, loop, data, self._steps.due(data["loop"]["step"]))  # its validation due, and unscored
         return path
 
@@ -353,7 +353,7 @@ class Checkpoint:
         to (:func:`folders.latest_run`), whose records the run folder holds: the same on every process, each deciding
         from the path and the main process's folder; ``True`` where that folder is a new one."""
         folder = self._known_directory(loop)
-        return folder is None or folders.latest_run(folder, resumed)
+        return folder is None or folders.latest_run(folder, resumed, loop.identity.key)
 
     def save(self, loop: Run, reason: str, *, must: bool = False) -> Path | None:
         """Write a checkpoint of the run as it is now, its metric the score of the weights now

@@ -21,7 +21,7 @@ from hookfit.plugins.checkpoint import ranks, sharded
 from hookfit.plugins.checkpoint.export import best
 from hookfit.plugins.checkpoint.state import SWITCHED_OFF, load_model, model_mismatch, model_state
 from hookfit.plugins.checkpoint.storage import (CheckpointError, CheckpointWarning, checkpoint_files, earlier, read,
-                                                run_of)
+                                                run_of, written_at)
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
@@ -187,19 +187,40 @@ def describe(loop: Run) -> str:
 def announce(loop: Run, path: Path, directory: Path | None, source: str = "latest") -> None:
     """One line on stderr (main process), before the checkpoint is restored (the warnings of its
     restore are about the file it names), saying which checkpoint ``resume="latest"`` took: the
-    newest (:func:`latest`, ``directory`` as there), or the newest that read whole, naming the
-    newer ones ``fallback`` skipped; which ``resume="best"`` took. Each names where it looked: the
-    folder ``directory`` where given, else the run's identity."""
-    whose = f"of {describe(loop)}" if directory is None else f"in {directory}"
-    if loop.is_main and source == "best":
-        print(f"hookfit checkpoint: resume='best' took {path} (the best checkpoint of the newest run {whose})",
+    newest of the run's identity (:func:`latest`, ``directory`` as there), or the newest that read whole, naming the
+    newer ones ``fallback`` skipped; which ``resume="best"`` took. Each names whose and where it looked: the run's
+    identity (:func:`describe`; none in an evaluation without a name, which takes any), in the folder ``directory``
+    or a given ``run_dir``'s where searched; in such a shared folder, the checkpoints of other runs written after
+    ``path`` that it left (:func:`own`) are counted and their runs named."""
+    if not loop.is_main:
+        return
+    candidates, where = latest(loop, directory)
+    shared = directory is not None or (loop.run_dir_given and loop.config.run_dir is not None)
+    anyones = shared and loop.mode != "fit" and not loop.config.name  # (own(): every checkpoint of the folder)
+    whose = ("" if anyones else f" of {describe(loop)}") + (f" in {where}" if shared else "")
+    if source == "best":
+        print(f"hookfit checkpoint: resume='best' took {path} (the best checkpoint of the newest run{whose})",
               file=sys.stderr, flush=True)
-    elif loop.is_main:
-        candidates = latest(loop, directory)[0]
+    else:
         skipped = candidates[:candidates.index(path)] if path in candidates else []
-        which = (f"the newest checkpoint {whose} that reads whole; skipped: "
-                 f"{', '.join(str(p) for p in skipped)} (fallback=True)") if skipped else f"the newest checkpoint {whose}"
-        print(f"hookfit checkpoint: resume='latest' took {path} ({which})", file=sys.stderr, flush=True)
+        which = (f"the newest checkpoint{whose} that reads whole; skipped: "
+                 f"{', '.join(str(p) for p in skipped)} (fallback=True)") if skipped else f"the newest checkpoint{whose}"
+        left = _left(candidates, Path(where), path) if shared else ""
+        print(f"hookfit checkpoint: resume='latest' took {path} ({which}){left}", file=sys.stderr, flush=True)
+
+
+def _left(candidates: list[Path], folder: Path, path: Path) -> str:
+    """What :func:`announce` adds where ``resume="latest"`` took ``path`` of ``candidates`` (the run's own) in the
+    shared folder ``folder``: the checkpoints of other runs there written after it (``meta["time"]``), counted,
+    their runs named; nothing where there are none."""
+    mine, when = set(candidates), written_at(path)
+    newer = [other for other in checkpoint_files(folder) if other not in mine and written_at(other) > when]
+    if not newer:
+        return ""
+    names = sorted({name or "?" for name in (run_of(other)[1] for other in newer)})
+    files = ", ".join(other.name for other in newer[:3]) + (f" and {len(newer) - 3} more" if len(newer) > 3 else "")
+    return (f" ({len(newer)} newer checkpoint(s) of other runs left: {files}, of the runs named "
+            f"{', '.join(map(repr, names))})")
 
 
 def restore(loop: Run, path: Path, data: dict[str, Any], strict: bool) -> None:

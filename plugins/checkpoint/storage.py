@@ -324,11 +324,11 @@ def checkpoint_files(folder: Path) -> list[Path]:
         runs.setdefault(tag_of(path), []).append(path)
     if len(runs) < 2:
         return sorted(found, key=lambda p: (p.stem, times[p]), reverse=True)
-    written = {tag: _written(max(paths, key=lambda p: (p.stem, times[p]))) for tag, paths in runs.items()}
+    written = {tag: written_at(max(paths, key=lambda p: (p.stem, times[p]))) for tag, paths in runs.items()}
     return sorted(found, key=lambda p: (written[tag_of(p)], tag_of(p), p.stem, times[p]), reverse=True)
 
 
-def _written(path: Path) -> float:
+def written_at(path: Path) -> float:
     """When the checkpoint ``path`` was written, as it records (``meta["time"]``), else as the file's time says."""
     try:
         when = _meta(path).get("time")
