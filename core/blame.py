@@ -6,6 +6,7 @@ from __future__ import annotations
 import dis
 import functools
 import inspect
+import re
 import types
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ def where(run: Run, error: BaseException) -> str:
     code and the step named as where it was called from. An error of none of them before the
     first epoch began says the run was refused where hookfit raised it (a run folder another live
     process holds), else that it raised before the first epoch began (a ``len()`` of the data). A plugin's
-    error at ``configure`` or ``fit_start`` names the configuration file's table that gave it options, if one did."""
+    error at ``configure`` or ``fit_start`` that names an option the configuration file gave it names that file's table."""
     pm = run.pm
     owners = _owners(pm)
     config = run.config  # the steps as given (named in messages), and as wrapped (wrap_step), which run
@@ -75,7 +76,7 @@ def where(run: Run, error: BaseException) -> str:
         inner = error.implementation if isinstance(error, RefusedAnswer) else hooks[-1]
         between = hooks[0][1] in _BETWEEN  # (state.stage still names the stage before)
         return (f"{_hook_note(pm, hooks[0], inner)} ({f'epoch {state.epoch + 1}, outside a stage' if between else at})"
-                f"{_from_file(pm, *inner)}")
+                f"{_from_file(pm, error, *inner)}")
     if wrapper is not None:
         owner = _owner(modules, wrapper.tb_frame.f_globals.get("__name__"))
         return (f"hookfit: raised in the step wrapper {wrapper.tb_frame.f_code.co_qualname!r}"
@@ -115,16 +116,18 @@ def _hook_note(pm: Any, outer: tuple[str, str], inner: tuple[str, str]) -> str:
     return note
 
 
-def _from_file(pm: Any, plugin: str, hook: str) -> str:
+def _from_file(pm: Any, error: BaseException, plugin: str, hook: str) -> str:
     """For an error of ``plugin``'s ``configure`` or ``fit_start`` (where a plugin checks its options against
-    the run) when the configuration file gave it options: the file's table, those options, and the way to
-    run without them that does not edit the script; else nothing."""
+    the run) that names an option the configuration file gave it (``monitor='valid/loss' needs validation``):
+    the file's table, those options, and the way to run without them that does not edit the script; else
+    nothing (an error the options did not cause, as a torn checkpoint given to ``resume``, is not the file's)."""
     info = getattr(pm, "infos", {}).get(plugin)
     if hook not in ("configure", "fit_start") or info is None or info.config is None:
         return ""
-    options = ", ".join(f"{option}={value!r}" for option, value in info.options.items() if option != "enabled")
-    if not options:
-        return ""
+    given = {option: value for option, value in info.options.items() if option != "enabled"}
+    if not any(re.search(rf"(?<![\w/\\.]){re.escape(option)}(?![\w/\\]|\.\w)", str(error)) for option in given):
+        return ""  # (a word alone: not part of another word or of a path)
+    options = ", ".join(f"{option}={value!r}" for option, value in given.items())
     way = (f"switch the plugin off for this run: Loop(disable=[{plugin!r}]) or {ENV_DISABLE}={plugin}"
            if info.source == "entry point" else "pass the option in the code, which wins over the file")
     return f"; its options {options} come from {Config(info.config).where(plugin)}: change them there, or {way}"

@@ -502,3 +502,28 @@ def test_an_error_of_a_plugin_s_options_from_the_code_names_no_file() -> None:
     assert caught.value.__notes__ == ["hookfit: raised by plugin 'early_stopping' (hookfit 0.1.0, hookfit.plugins."
                                       "early_stopping.EarlyStopping, given to Loop) in hook 'fit_start' (epoch 1, "
                                       "outside a stage)"]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("case", ["torn file", "no model"])
+def test_an_error_of_a_plugin_that_names_none_of_the_file_s_options_names_no_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """hookfit.toml gives the checkpoint plugin monitor='valid/loss'; a torn file given to resume, or
+    resume='latest' in a run without a model, fails its configure for a cause of the run's, not of those options.
+    The note said they came from the file and to switch the plugin off, which drops the resume asked for."""
+    (tmp_path / "hookfit.toml").write_text('[plugins.checkpoint]\nmonitor = "valid/loss"\n')
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOOKFIT_CONFIG", str(tmp_path / "hookfit.toml"))
+    monkeypatch.setenv("HOOKFIT_PLUGINS", "optim,metrics,checkpoint")
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))]
+    loop = hookfit.Loop(stepping(model), data, val_step=stepping(model), val_data=data,
+                        model=model if case == "torn file" else None,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                        resume=str(tmp_path / "bad.pt") if case == "torn file" else "latest")
+    with pytest.raises(Exception, match="not a whole hookfit checkpoint" if case == "torn file" else
+                       "resume='latest' needs the run's model") as caught:
+        loop.fit()
+    assert re.fullmatch(r"hookfit: raised by plugin 'checkpoint' \(.*\) in hook 'configure' \(epoch 1, outside a "
+                        r"stage\)", note := caught.value.__notes__[-1]), note
