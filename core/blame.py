@@ -25,10 +25,11 @@ __all__ = ["hook_note", "warn_secondary", "where"]
 def where(run: Run, error: BaseException) -> str:
     """A note saying where ``error`` was raised: by the training or validation data (the
     loop's fetch of which batch), by which plugin in which hook, or in which step function, at
-    which epoch, stage and batch (epochs and batches counted from 1, as the console's ``batch=``). A hook implementation that raised inside another plugin's
-    hook (an event that plugin fires, as metrics fires ``epoch_metrics`` from its
-    ``stage_end``) is the one blamed, and the hook it was called from is named. Plugin code
-    that a step calls (``loop.backward``, a managed optimizer's ``step()``) is the plugin's: the
+    which epoch, stage and batch (epochs and batches counted from 1, as the console's ``batch=``; a
+    ``stage_start`` before the stage's first batch, a ``stage_end`` after its last). A hook
+    implementation that raised inside another plugin's hook (an event that plugin fires, as metrics
+    fires ``epoch_metrics`` from its ``stage_end``) is the one blamed, and the hook it was called
+    from is named. Plugin code that a step calls (``loop.backward``, a managed optimizer's ``step()``) is the plugin's: the
     note names the plugin and the function, and the step that called it; unless the error is a
     :class:`~hookfit.errors.UsageError` raised within that plugin's code, which says the step
     called it wrongly: then the step is blamed, and the plugin's function that refused named; or
@@ -74,9 +75,15 @@ def where(run: Run, error: BaseException) -> str:
         tb = tb.tb_next
     if hooks:  # a plugin's answer refused (RefusedAnswer) blames that plugin's implementation
         inner = error.implementation if isinstance(error, RefusedAnswer) else hooks[-1]
-        between = hooks[0][1] in _BETWEEN  # (state.stage still names the stage before)
-        return (f"{_hook_note(pm, hooks[0], inner)} ({f'epoch {state.epoch + 1}, outside a stage' if between else at})"
-                f"{_from_file(pm, error, *inner)}")
+        outer, batch = hooks[0][1], state.batch_idx + 1
+        if outer in _BETWEEN:  # (state.stage still names the stage before)
+            at = f"epoch {state.epoch + 1}, outside a stage"
+        elif outer == "stage_start":  # no batch drawn yet (a resumed stage starts at its next batch)
+            first = f"batch {batch}" if batch > 1 else "its first batch"
+            at = f"epoch {state.epoch + 1}, stage {state.stage}, before {first}"
+        elif outer == "stage_end":
+            at = f"epoch {state.epoch + 1}, stage {state.stage}, after batch {batch}, its last"
+        return f"{_hook_note(pm, hooks[0], inner)} ({at}){_from_file(pm, error, *inner)}"
     if wrapper is not None:
         owner = _owner(modules, wrapper.tb_frame.f_globals.get("__name__"))
         return (f"hookfit: raised in the step wrapper {wrapper.tb_frame.f_code.co_qualname!r}"

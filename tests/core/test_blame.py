@@ -185,7 +185,8 @@ def test_a_plateau_monitor_naming_a_missing_metric_blames_optim_not_metrics() ->
         loop.fit()
     note = caught.value.__notes__[-1]
     assert re.fullmatch(r"hookfit: raised by plugin 'optim' \(.*\) in hook 'epoch_metrics', called from plugin "
-                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, batch 3\)", note), note
+                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, after batch 3, its "
+                        r"last\)", note), note
 
 
 class Swapper:
@@ -252,10 +253,10 @@ def test_a_wrapper_that_only_yielded_is_not_said_to_have_called_what_raised(swap
 
     plugins = [EMA(decay=0.9) if s == "ema" else s for s in swappers]
     assert re.fullmatch(r"hookfit: raised by plugin 'publisher' \(.*\) in hook 'metrics_values', called from plugin "
-                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, batch 1\)",
+                        r"'metrics' \(.*\) in its hook 'stage_end' \(epoch 1, stage train, after batch 2, its last\)",
                         note := note_of(Publisher(), *plugins)), note
     assert re.fullmatch(r"hookfit: raised by plugin 'finisher' \(.*\) in hook 'stage_end' \(epoch 1, stage train, "
-                        r"batch 1\)", note := note_of(Finisher(), *plugins)), note
+                        r"after batch 2, its last\)", note := note_of(Finisher(), *plugins)), note
 
 
 @pytest.mark.parametrize("fails", ["swap_back", "after"])
@@ -263,7 +264,7 @@ def test_a_wrapper_that_raises_itself_is_blamed(fails: str) -> None:
     """The wrapper's own code, before its yield (a helper it calls) or after it, is the wrapper's: named alone."""
     note = note_of(Swapper(fails))
     assert re.fullmatch(r"hookfit: raised by plugin 'swapper' \(.*\) in hook 'stage_end' \(epoch 1, stage train, "
-                        r"batch 1\)", note), note
+                        r"after batch 2, its last\)", note), note
 
 
 def test_a_guard_s_note_blames_the_implementation_that_raised_inside_another_plugin_s_hook() -> None:
@@ -527,3 +528,51 @@ def test_an_error_of_a_plugin_that_names_none_of_the_file_s_options_names_no_fil
         loop.fit()
     assert re.fullmatch(r"hookfit: raised by plugin 'checkpoint' \(.*\) in hook 'configure' \(epoch 1, outside a "
                         r"stage\)", note := caught.value.__notes__[-1]), note
+
+
+class StartFails:
+    """Raises in ``stage_start`` of the stage ``stage``."""
+
+    name = "start_fails"
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    @hookfit.hookimpl
+    def stage_start(self, loop: hookfit.Run, stage: str) -> None:
+        if stage == self.stage:
+            raise ZeroDivisionError(f"boom in stage_start of {stage}")
+
+
+@pytest.mark.parametrize("stage", ["train", "valid"])
+def test_an_error_of_stage_start_is_placed_before_the_stage_s_first_batch(stage: str) -> None:
+    """stage_start runs before the stage draws a batch: its note said 'batch 1', as if one had been drawn."""
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))] * 2
+    loop = hookfit.Loop(stepping(model), data, val_step=lambda loop, batch: None, val_data=data, model=model,
+                        optimizers=torch.optim.SGD(model.parameters(), lr=0.1), max_epochs=1,
+                        plugins=[Optim(), StartFails(stage)])
+    with pytest.raises(ZeroDivisionError) as caught:
+        loop.fit()
+    assert re.fullmatch(rf"hookfit: raised by plugin 'start_fails' \(.*\) in hook 'stage_start' \(epoch 1, stage "
+                        rf"{stage}, before its first batch\)", note := caught.value.__notes__[-1]), note
+
+
+def test_an_error_of_stage_start_in_a_stage_resumed_mid_way_names_the_batch_it_resumes_at(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookfit.plugins.checkpoint import Checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    data = [(torch.ones(4, 2), torch.zeros(4, 1))] * 4
+
+    def fit(max_steps: int | None, *plugins: Any, resume: str | None = None) -> None:
+        model = torch.nn.Linear(2, 1)
+        hookfit.Loop(stepping(model), data, model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+                     max_epochs=1, max_steps=max_steps, resume=resume,
+                     plugins=[Optim(), Checkpoint(every_n_steps=1, background=False), *plugins]).fit()
+
+    fit(2)
+    with pytest.raises(ZeroDivisionError) as caught:
+        fit(None, StartFails("train"), resume="latest")
+    assert re.fullmatch(r"hookfit: raised by plugin 'start_fails' \(.*\) in hook 'stage_start' \(epoch 1, stage "
+                        r"train, before batch 3\)", note := caught.value.__notes__[-1]), note
