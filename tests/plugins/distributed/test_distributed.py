@@ -190,7 +190,6 @@ def test_several_validation_sets_are_each_sharded(process_group: Any) -> None:
     assert state.status == "completed" and seen == ["a", "a", "b", "b", "b"]
 
 
-
 def test_a_shuffled_validation_loaders_sampler_is_never_told_the_epoch(process_group: Any) -> None:
     """The validation loader, rebuilt with an exact sampler that keeps its shuffle, reads the same order at every
     validation, as ``Loop.validate()`` does; the training sampler is told each epoch and reshuffles."""
@@ -215,6 +214,7 @@ def test_a_shuffled_validation_loaders_sampler_is_never_told_the_epoch(process_g
     assert state.status == "completed"
     assert seen[False, 0] == seen[False, 1] == seen[False, 2], seen
     assert len({tuple(seen[True, epoch]) for epoch in range(3)}) > 1, seen
+
 
 @pytest.mark.bad_input
 def test_a_step_that_bypasses_loop_model_fails_with_a_clear_error(process_group: Any) -> None:
