@@ -44,7 +44,8 @@ def never_validated(run: Run) -> None:
     it validated nothing, naming the interval and how far the run went. Silent where a validation
     ran (``state.time_split`` has a ``"valid"`` stage), where the run it resumed had gone past the
     interval (its validations ran there), where a stop was asked (early stopping, the user), and
-    where it was known at the start (:func:`foreseen`: said then, by the core or a plugin)."""
+    where it was known at the start (:func:`foreseen`: said then, by the core or a plugin). Validation at
+    epoch ends that ``max_steps`` cut off inside the first epoch is said so, with the ways to validate."""
     state, every_steps, every_epochs = run.state, run.val_every_n_steps, run.val_every_n_epochs
     if (run.mode != "fit" or run.val_step is None or state.status != "completed" or run.stop_requested is not None
             or "valid" in state.time_split or foreseen(run) is not None):
@@ -61,6 +62,12 @@ def never_validated(run: Run) -> None:
     else:
         return
     epochs = state.epoch + 1
+    if every_steps is None and epochs == 1 and run.max_steps is not None and state.step >= run.max_steps:
+        warnings.warn(f"no validation ran: it comes at epoch ends ({interval}), and max_steps={run.max_steps} "
+                      f"ended the run after {state.step} training step{'s' * (state.step != 1)}, inside its first "
+                      f"epoch: give val_every_n_steps={run.max_steps} or less, a max_steps that reaches an epoch's "
+                      f"end, or no val_data", HookfitWarning, stacklevel=user_level())
+        return
     warnings.warn(f"{interval}: the run completed ({state.stop_reason}) after {state.step} training "
                   f"step{'s' * (state.step != 1)} in {epochs} epoch{'s' * (epochs != 1)} without a single "
                   f"validation: the interval is longer than the run; give a shorter one, or no val_data",

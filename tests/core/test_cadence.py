@@ -36,10 +36,6 @@ def _fit(data: Any = None, plugins: tuple[Any, ...] = (), step: Any = None, **bo
      "val_every_n_steps=50: the run completed (max_epochs=2 reached) after 6 training steps in 2 epochs"),
     (None, {"max_steps": 4, "val_every_n_epochs": 2},
      "val_every_n_epochs=2: the run completed (max_steps=4 reached) after 4 training steps in 2 epochs"),
-    (None, {"max_epochs": 3, "max_steps": 2},
-     "val_every_n_epochs=1: the run completed (max_steps=2 reached) after 2 training steps in 1 epoch"),
-    ([1, 2, 3], {"max_steps": 1, "val_every_n_epochs": 1},
-     "val_every_n_epochs=1: the run completed (max_steps=1 reached) after 1 training step in 1 epoch"),
 ])
 def test_a_completed_fit_that_never_validated_is_warned_of_once_as_it_ends(data: Any, bounds: dict, said: str) -> None:
     """Training data of no length (the interval cannot be checked at the start), or an epoch interval over the run's
@@ -127,3 +123,20 @@ def test_a_resumed_run_counts_the_validations_of_the_run_it_continues(at: tuple[
     assert state.status == "completed" and "valid" not in state.time_split
     assert [w.startswith("val_every_n_steps=7: the run completed (max_epochs=2 reached) after 6 training steps")
             for w in warned] == ([True] if warns else [])
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("data, bounds, steps", [
+    (None, {"max_epochs": 3, "max_steps": 2}, "2 training steps"), (None, {"max_steps": 2}, "2 training steps"),
+    ([1, 2, 3], {"max_steps": 1, "val_every_n_epochs": 1}, "1 training step"),
+])
+def test_max_steps_inside_the_first_epoch_with_validation_at_epoch_ends_says_so(
+        data: Any, bounds: dict, steps: str) -> None:
+    """The default cadence (validation at epoch ends) on a run max_steps ends inside its first epoch: the warning
+    named 'val_every_n_epochs=1', which the user never set, and asked for a shorter one, which there is not."""
+    state, warned = _fit(data, **bounds)
+    assert state.status == "completed" and "valid" not in state.time_split
+    most = bounds["max_steps"]
+    assert warned == [f"no validation ran: it comes at epoch ends (val_every_n_epochs=1), and max_steps={most} ended "
+                      f"the run after {steps}, inside its first epoch: give val_every_n_steps={most} or less, a "
+                      f"max_steps that reaches an epoch's end, or no val_data"]
