@@ -93,8 +93,9 @@ def after_optimizer_step(loop: Run, name: str, optimizer: torch.optim.Optimizer)
 @hookspec
 def step_skipped(loop: Run, optimizer: str, reason: str, step: int) -> None:
     """An optimizer step was skipped: ``optimizer`` names it, ``reason`` says why and where
-    (``"non-finite loss at epoch 2, batch 7"``), ``step`` is the global step the run was at when
-    the skip became known on the host.
+    (``"non-finite loss at epoch 2, batch 7"``: epochs and batches counted from 1, as the console counts them;
+    ``batch 7`` is ``loop.state.batch_idx == 6``), ``step`` is the global step the run was at when the skip
+    became known on the host.
 
     Fired once per skipped step, on the training thread: at once where the check reads the host (the
     CPU), at the next host read where it stays on the device (an accelerator: the stage's end, a

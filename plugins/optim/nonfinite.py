@@ -31,13 +31,15 @@ Stepped = list[tuple["ManagedOptimizer", torch.Tensor, "torch.Tensor | None"]]  
 
 
 def at(loop: Run) -> str:
-    """Where the run is, as optim's messages name it: ``epoch 2, batch 7`` (epochs from 1, as the console)."""
-    return f"epoch {loop.state.epoch + 1}, batch {loop.state.batch_idx}"
+    """Where the run is, as optim's messages name it: ``epoch 2, batch 7`` (epochs and batches from 1, as the
+    console and the error notes count them; ``loop.state.batch_idx`` counts from 0)."""
+    return f"epoch {loop.state.epoch + 1}, batch {loop.state.batch_idx + 1}"
 
 
 def window_at(epoch: int, first: int, last: int) -> str:
-    """Where a window's losses were: ``epoch 1, batches 4-7`` (``batch 4`` for one batch; epochs from 1)."""
-    return f"epoch {epoch + 1}, " + (f"batch {first}" if first == last else f"batches {first}-{last}")
+    """Where a window's losses were, from its ``loop.state`` counters (``first`` and ``last`` batch indices, from
+    0): ``epoch 1, batches 5-8`` (``batch 5`` for one batch), counted from 1 as :func:`at` counts them."""
+    return f"epoch {epoch + 1}, " + (f"batch {first + 1}" if first == last else f"batches {first + 1}-{last + 1}")
 
 
 class Policy:
@@ -193,7 +195,7 @@ class Deferred(Check):
             for managed, _, grad in stepped:
                 loss_bad, grad_bad = bool(next(values)), grad is not None and bool(next(values))
                 if loss_bad or grad_bad:
-                    skips.append(loss_where if loss_bad else f"non-finite gradient at epoch {epoch + 1}, batch {last}")
+                    skips.append(loss_where if loss_bad else f"non-finite gradient at {window_at(epoch, last, last)}")
                     managed.steps -= 1
                     policy.count(managed, f"{skips[-1]} (skipped on the device; {read})", quiet=raising and not final)
             if raising and final and bad and not skips:

@@ -2,7 +2,8 @@
 
 ``torchrun --nproc-per-node 2 nonfinite_ranks.py POLICY [defer]``: two epochs of 4 batches a process of a small
 regression, DDP (``Distributed()``) and ``Optim(nonfinite=POLICY)`` (``skip`` or ``raise``; ``defer``:
-``defer=True``, the device path) on the CPU, rank 0's loss made NaN at the run's step 2 (the first epoch's batch 2).
+``defer=True``, the device path) on the CPU, rank 0's loss made NaN at the run's step 2 (the first epoch's third
+batch, which messages call batch 3).
 Each process writes ``out.rank<N>.json``: the run's status and step, the error it raised (type and message) if any,
 the steps its optimizer took and those ``step_skipped`` announced, the skips it counted, optim's warnings, and (a
 run that ended) whether every rank holds the same parameters.

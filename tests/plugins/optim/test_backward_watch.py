@@ -71,7 +71,7 @@ def test_loss_backward_warns_once_naming_the_step_function_and_loop_backward() -
     found = [w for w in caught if "loop.backward" in str(w.message)]
     assert len(found) == 1, [str(w.message) for w in caught]
     message = str(found[0].message)
-    assert "outside loop.backward (epoch 1, batch 0)" in message
+    assert "outside loop.backward (epoch 1, batch 1)" in message
     assert "step function 'direct_step.<locals>.train_step' calls loss.backward() itself" in message
     assert "Call loop.backward(loss) in 'direct_step.<locals>.train_step' instead" in message
     assert found[0].filename == __file__  # the step function's line

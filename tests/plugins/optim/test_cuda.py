@@ -84,7 +84,7 @@ def test_clipping_by_norm_adds_no_sync() -> None:
 
 
 def test_a_nonfinite_loss_is_skipped_on_the_device_and_reported_after_the_epoch() -> None:
-    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batch 5 \(skipped on the device"):
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batch 6 \(skipped on the device"):
         state, watch, m, opt = default_stack(lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), nan_at={5})
     assert state.status == "completed" and watch.batches == 32
     assert all(torch.isfinite(p).all() for p in m.parameters())

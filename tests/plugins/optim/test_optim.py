@@ -380,12 +380,12 @@ def test_nonfinite_loss_skips_the_step_with_one_warning_and_a_count() -> None:
         fit(m, torch.optim.SGD(m.parameters(), lr=0.1), batches, Watch(), skips, epochs=1, step=step)
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2
-    assert "skipped the step of optimizer 'default': non-finite loss at epoch 1, batch 2" in messages[0]
+    assert "skipped the step of optimizer 'default': non-finite loss at epoch 1, batch 3" in messages[0]
     assert "2 optimizer steps were skipped" in messages[1]
     assert skipped == [2]
     # every skip is announced, when it happens (the step counter is that batch's, before it ends)
-    assert skips.seen == [("default", "non-finite loss at epoch 1, batch 2", 2),
-                          ("default", "non-finite loss at epoch 1, batch 4", 4)]
+    assert skips.seen == [("default", "non-finite loss at epoch 1, batch 3", 2),
+                          ("default", "non-finite loss at epoch 1, batch 5", 4)]
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
@@ -430,7 +430,7 @@ def test_a_nonfinite_loss_skips_its_own_window_only(accumulate: int) -> None:
         def fit_end(self, loop):
             skipped.update({n: o.skipped for n, o in loop.optimizers.items()})
 
-    with pytest.warns(OptimWarning, match="non-finite loss at epoch 1, batch 1"):
+    with pytest.warns(OptimWarning, match="non-finite loss at epoch 1, batch 2"):
         hookfit.Loop(step, batches, model=[a, b], plugins=[Optim(accumulate=accumulate), Count()],
                      optimizers={"a": torch.optim.SGD(a.parameters(), lr=0.1),
                                  "b": torch.optim.SGD(b.parameters(), lr=0.1)}).fit()
@@ -445,8 +445,31 @@ def test_nonfinite_loss_raise_policy() -> None:
     def step(loop, batch):
         loop.backward(mse(m, batch) * float("inf"))
 
-    with pytest.raises(FloatingPointError, match="non-finite loss.*epoch 1, batch 0"):
+    with pytest.raises(FloatingPointError, match="non-finite loss.*epoch 1, batch 1"):
         fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), step=step, nonfinite="raise")
+
+
+@pytest.mark.fault
+def test_optim_names_a_batch_counted_from_1_as_the_core_s_note_on_the_same_error_names_it() -> None:
+    """A NaN loss at the second epoch's batch_idx 2 under "raise": optim's error names "epoch 2, batch 3", the batch
+    the core's note on that error names (``epoch 2, stage train, batch 3``, batches counted from 1 as the console's
+    ``batch=``), not ``batch 2``."""
+    import re
+
+    m = model()
+
+    def step(loop, batch):
+        bad = loop.state.epoch == 1 and loop.state.batch_idx == 2
+        loop.backward(mse(m, batch) * (float("nan") if bad else 1.0))
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+
+    with pytest.raises(FloatingPointError) as caught:
+        fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(4), step=step, nonfinite="raise")
+    said = re.search(r"at epoch (\d+), batch (\d+)$", str(caught.value))
+    noted = [re.search(r"\(epoch (\d+), stage train, batch (\d+)\)", note) for note in caught.value.__notes__]
+    assert said is not None and said.groups() == ("2", "3"), str(caught.value)
+    assert [n.groups() for n in noted if n] == [("2", "3")], caught.value.__notes__
 
 
 @pytest.mark.fault
@@ -464,7 +487,7 @@ def test_a_loss_of_several_values_or_none_is_checked_whole(values: int) -> None:
         loop.backward(losses)
 
     error = FloatingPointError if values else RuntimeError  # backward: no implicit gradient for it
-    with pytest.raises(error, match="non-finite loss.*epoch 1, batch 0" if values else "scalar outputs"):
+    with pytest.raises(error, match="non-finite loss.*epoch 1, batch 1" if values else "scalar outputs"):
         fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data(2), step=step, nonfinite="raise")
 
 
@@ -928,7 +951,7 @@ def test_after_a_nonfinite_loss_optim_closes_windows_at_batch_end() -> None:
         stepped.append(loop.optimizers.step())
         loop.optimizers.zero_grad()
 
-    with pytest.warns(OptimWarning, match="non-finite loss at epoch 1, batch 1"):
+    with pytest.warns(OptimWarning, match="non-finite loss at epoch 1, batch 2"):
         hookfit.Loop(step, data(4), model=m, max_epochs=1, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
                      plugins=[optim]).fit()
     assert optim.batch_ends == [1, 2, 3]
@@ -975,7 +998,7 @@ def test_stepping_the_optimizer_variable_instead_of_loop_optimizers_warns_once()
     bypass = [w for w in caught if "stepped directly" in str(w.message)]
     assert len(bypass) == 1, [str(w.message) for w in caught]
     message = str(bypass[0].message)
-    assert "optimizer 'default' (SGD) was stepped directly (epoch 1, batch 0)" in message
+    assert "optimizer 'default' (SGD) was stepped directly (epoch 1, batch 1)" in message
     assert "Call loop.optimizers.step() in the step function" in message
     assert "clipping" in message and "schedulers" in message
     assert bypass[0].filename == __file__  # points at the step function's line

@@ -297,8 +297,9 @@ def test_the_epochs_last_partial_window_steps_in_its_last_batch_where_the_step_a
 @pytest.mark.fault
 @pytest.mark.parametrize("bad", [(5,), (5, 6)])
 def test_a_windows_skip_names_the_batch_whose_loss_was_not_finite_not_the_windows_last(bad) -> None:
-    """accumulate=4 on the CPU check: a NaN loss at batch 5 skips the window of batches 4-7, and the warning, the
-    skip's event and ``first_skip`` name batch 5 (the first such batch of the window), where the step was asked at 7."""
+    """accumulate=4 on the CPU check: a NaN loss at batch_idx 5 skips the window of batch_idx 4-7, and the warning,
+    the skip's event and ``first_skip`` name its batch, counted from 1 as every message counts them: batch 6 (the
+    first such batch of the window), where the step was asked at batch_idx 7."""
     m, skips = model(), Skips()
 
     def step(loop, batch):
@@ -311,6 +312,6 @@ def test_a_windows_skip_names_the_batch_whose_loss_was_not_finite_not_the_window
     with pytest.warns(OptimWarning) as caught:
         state = hookfit.Loop(step, data(10), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
                              run_dir=None, plugins=[Optim(accumulate=4), skips]).fit()
-    assert state.results["first_skip"] == "non-finite loss at epoch 1, batch 5"
-    assert skips.seen == [("default", "non-finite loss at epoch 1, batch 5", 7)]
-    assert any("non-finite loss at epoch 1, batch 5;" in str(w.message) for w in caught)
+    assert state.results["first_skip"] == "non-finite loss at epoch 1, batch 6"
+    assert skips.seen == [("default", "non-finite loss at epoch 1, batch 6", 7)]
+    assert any("non-finite loss at epoch 1, batch 6;" in str(w.message) for w in caught)

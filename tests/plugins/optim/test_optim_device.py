@@ -164,16 +164,16 @@ def test_the_device_path_skips_a_nonfinite_loss_s_step_as_the_cpu_path_does(opt_
     assert_bitwise(params(m), raw_skipping(bad, batches, on_device))
     # announced when known on the host: the reason names the batch of the bad loss
     assert [(reason.split(" (")[0], step) for _, reason, step in skips.seen] == (
-        [("non-finite loss at epoch 1, batch 2", 8), ("non-finite loss at epoch 1, batch 4", 8)]
+        [("non-finite loss at epoch 1, batch 3", 8), ("non-finite loss at epoch 1, batch 5", 8)]
         if on_device else
-        [("non-finite loss at epoch 1, batch 2", 2), ("non-finite loss at epoch 1, batch 4", 4)])
+        [("non-finite loss at epoch 1, batch 3", 2), ("non-finite loss at epoch 1, batch 5", 4)])
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2, messages
-    assert "skipped the step of optimizer 'default': non-finite loss at epoch 1, batch 2" in messages[0]
+    assert "skipped the step of optimizer 'default': non-finite loss at epoch 1, batch 3" in messages[0]
     assert "2 optimizer steps were skipped" in messages[1]
     assert seen[-1] == (2, 6)
     if on_device:  # counted at the next host read: here the stage's end
-        assert seen[:-1] == [0] * 8 and "skipped on the device; read on the host at epoch 1, batch 7" in messages[0]
+        assert seen[:-1] == [0] * 8 and "skipped on the device; read on the host at epoch 1, batch 8" in messages[0]
         # a fused SGD given with momentum reads until it has buffers (see Optim); one that
         # optim switched got its buffers with the switch
         assert counter.per_batch() == ([1] + [0] * 6 if opt_kind == "fused" else [0] * 7), counter.calls()
@@ -202,9 +202,9 @@ def test_the_device_path_raises_at_the_next_host_read_with_the_loss_s_batch(publ
     m, batches = model(), data(6)
     plugins = [Metrics(defer=True, interval=0.0)] if publish else []
     read_at = 5
-    with pytest.raises(FloatingPointError, match=rf"optim: non-finite loss at epoch 1, batch 1 \(its steps "
+    with pytest.raises(FloatingPointError, match=rf"optim: non-finite loss at epoch 1, batch 2 \(its steps "
                                                  rf"were skipped on the device; read on the host at epoch 1, "
-                                                 rf"batch {read_at}\)"):
+                                                 rf"batch {read_at + 1}\)"):  # (batch_idx 5: the sixth)
         _run_with("fused", m, batches, nan_at(m, {1}), *plugins, nonfinite="raise")
     assert_bitwise(params(m), raw_skipping({1}, batches[:read_at + 1], fused=True))
 
@@ -216,7 +216,7 @@ def test_the_device_path_with_a_grad_scaler_and_accumulation_skips_through_the_s
     end naming both batches; the other windows step."""
     m = model()
     optim = Optim(defer=True, amp=True, accumulate=2)
-    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batches 2-3 \(skipped on the device"):
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batches 3-4 \(skipped on the device"):
         hookfit.Loop(nan_at(m, {2}), data(6), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
                      max_epochs=1, plugins=[optim]).fit()
     managed = optim.optimizers["default"]
@@ -240,8 +240,8 @@ def test_a_publication_inside_an_accumulation_window_leaves_its_flag_to_its_step
 
     m, batches = model(), data(8)
     optim = Optim(defer=True, accumulate=4)
-    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batches 4-7 \(skipped on the device; "
-                                          r"read on the host at epoch 1, batch 7\)"):
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batches 5-8 \(skipped on the device; "
+                                          r"read on the host at epoch 1, batch 8\)"):
         hookfit.Loop(nan_at(m, {5}), batches, model=m, max_epochs=1,
                      optimizers=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True),
                      plugins=[optim, Metrics(defer=True, interval=0.0)]).fit()
@@ -260,7 +260,7 @@ def test_the_first_step_of_a_fused_optimizer_reads_the_flag() -> None:
     found_inf it would leave them uninitialised; optim reads the flag for that step instead,
     skips it as on the CPU, and the run matches a raw loop that left batch 0 out."""
     m, batches = model(), data(4)
-    with pytest.warns(OptimWarning, match="non-finite loss at epoch 1, batch 0"):
+    with pytest.warns(OptimWarning, match="non-finite loss at epoch 1, batch 1"):
         counter = _run_with("fused", m, batches, nan_at(m, {0}))
     assert_bitwise(params(m), raw_skipping({0}, batches, fused=True))
     assert counter.per_batch() == [1, 1, 0]  # until a step gave the optimizer its state
@@ -275,7 +275,7 @@ def test_torch_s_adam_runs_fused_and_reads_nothing_even_when_its_first_step_is_s
     m, batches = model(), data(6)
     opt = torch.optim.Adam(m.parameters(), lr=0.01)
     counter = ReadsPerBatch(syncs.HostReads(trace=True))
-    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batch 0 \(skipped on the device"):
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batch 1 \(skipped on the device"):
         with counter.reads:
             hookfit.Loop(nan_at(m, {0}), batches, model=m, optimizers=opt, max_epochs=1,
                          plugins=[Optim(defer=True), counter]).fit()
@@ -396,7 +396,7 @@ def test_a_state_saved_by_a_fused_run_skips_on_the_device_after_loading() -> Non
     again = torch.optim.Adam(m.parameters(), lr=0.01)
     again.load_state_dict(opt.state_dict())
     counter = ReadsPerBatch(syncs.HostReads(trace=True))
-    with pytest.warns(OptimWarning, match=r"batch 1 \(skipped on the device"), counter.reads:
+    with pytest.warns(OptimWarning, match=r"batch 2 \(skipped on the device"), counter.reads:
         hookfit.Loop(nan_at(m, {1}), batches, model=m, optimizers=again, max_epochs=1,
                      plugins=[Optim(defer=True, fuse=False), counter]).fit()
     assert counter.per_batch() == [0] * 3, counter.calls()
@@ -414,7 +414,7 @@ def test_a_grad_scaler_with_fused_sgd_never_leaves_momentum_buffers_uninitialise
     m, batches = model(), data(6)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=KERNELS[opt_kind])
     counter = ReadsPerBatch(syncs.HostReads(trace=True))
-    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batch 0 \(skipped on the device"):
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batch 1 \(skipped on the device"):
         with counter.reads:
             hookfit.Loop(nan_at(m, {0}), batches, model=m, optimizers=opt, max_epochs=1,
                          plugins=[Optim(defer=True, amp=True), counter]).fit()
@@ -459,7 +459,7 @@ def gradient_run(defer: bool, named: bool = False, **optim):
     sgd = lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True)  # noqa: E731
     opt = {"a": sgd(m[0].parameters()), "b": sgd(m[2].parameters())} if named else sgd(m.parameters())
     counter = ReadsPerBatch(syncs.HostReads(trace=True))
-    with pytest.warns(OptimWarning, match="non-finite gradient at epoch 1, batch 2"), counter.reads:
+    with pytest.warns(OptimWarning, match="non-finite gradient at epoch 1, batch 3"), counter.reads:
         hookfit.Loop(nan_grad_at(m, {2, 4}, named), data(8), model=m, optimizers=opt, max_epochs=1,
                      plugins=[Optim(defer=defer, **optim), skips, counter]).fit()
     return m, skips.seen, counter
@@ -478,10 +478,10 @@ def test_a_nonfinite_gradient_is_skipped_on_the_device_as_the_cpu_path_skips_it(
     assert_bitwise(params(on_device), params(on_cpu))
     assert all(torch.isfinite(p).all() for p in on_device.parameters())
     assert [(reason, step) for _, reason, step in cpu_skips] == [
-        ("non-finite gradient at epoch 1, batch 2", 2), ("non-finite gradient at epoch 1, batch 4", 4)]
+        ("non-finite gradient at epoch 1, batch 3", 2), ("non-finite gradient at epoch 1, batch 5", 4)]
     assert [(reason.split(" (")[0], step) for _, reason, step in device_skips] == [
-        ("non-finite gradient at epoch 1, batch 2", 8), ("non-finite gradient at epoch 1, batch 4", 8)]
-    assert "skipped on the device; read on the host at epoch 1, batch 7" in device_skips[0][1]
+        ("non-finite gradient at epoch 1, batch 3", 8), ("non-finite gradient at epoch 1, batch 5", 8)]
+    assert "skipped on the device; read on the host at epoch 1, batch 8" in device_skips[0][1]
     assert device_reads.per_batch()[1:] == [0] * 6, device_reads.calls()
 
 
@@ -499,8 +499,8 @@ def test_only_the_optimizer_whose_gradients_are_not_finite_skips_on_the_device()
 def test_a_nonfinite_gradient_raises_at_the_next_host_read_on_the_device_path() -> None:
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
-    with pytest.raises(FloatingPointError, match=r"optim: non-finite gradient at epoch 1, batch 2 \(its step was "
-                                                 r"skipped on the device; read on the host at epoch 1, batch 5\)"):
+    with pytest.raises(FloatingPointError, match=r"optim: non-finite gradient at epoch 1, batch 3 \(its step was "
+                                                 r"skipped on the device; read on the host at epoch 1, batch 6\)"):
         hookfit.Loop(nan_grad_at(m, {2}), data(6), model=m, optimizers=opt, max_epochs=1,
                      plugins=[Optim(defer=True, clip_norm=1.0, nonfinite="raise")]).fit()
     assert all(torch.isfinite(p).all() for p in m.parameters())
@@ -782,13 +782,13 @@ def adam_run(bad: set[int], *plugins, step=None, **loop_options):
 def test_a_run_that_max_steps_ends_before_any_read_still_raises() -> None:
     """max_steps ends the run in the middle of the epoch, so no stage end reads the flags: the
     end of the run reads them and raises, as the CPU path raised at the loss."""
-    with pytest.raises(FloatingPointError, match=r"non-finite loss at epoch 1, batch 3 \(its steps were skipped"):
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at epoch 1, batch 4 \(its steps were skipped"):
         adam_run({3}, max_steps=7)
 
 
 @pytest.mark.fault
 def test_a_raise_comes_after_every_window_read_is_counted() -> None:
-    """NaN losses at batches 2 and 5, read at the stage's end: both skipped steps are counted
+    """NaN losses at batch_idx 2 and 5 (batches 3 and 6), read at the stage's end: both skipped steps are counted
     before the error (a failure checkpoint would otherwise save them as real steps), so the
     counters agree with the steps Adam really took."""
     holder = {}
@@ -798,8 +798,8 @@ def test_a_raise_comes_after_every_window_read_is_counted() -> None:
         def fit_start(self, loop):
             holder["optim"] = loop.pm.get_plugin("optim")
 
-    with pytest.raises(FloatingPointError, match="batch 2"), \
-            pytest.warns(OptimWarning, match=r"2 optimizer steps were skipped .*\(first: non-finite loss at epoch 1, batch 2"):
+    with pytest.raises(FloatingPointError, match="batch 3"), \
+            pytest.warns(OptimWarning, match=r"2 optimizer steps were skipped .*\(first: non-finite loss at epoch 1, batch 3"):
         adam_run({2, 5}, Keep())
     managed = holder["optim"].optimizers["default"]
     assert (managed.steps, managed.skipped) == (7, 2)
@@ -819,7 +819,7 @@ def test_an_interrupt_checkpoint_is_written_when_its_read_finds_a_nonfinite_loss
             if loop.training and loop.state.step == 5:
                 loop.request_stop("user stop")
 
-    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batch 3 .*found at the end of the run"):
+    with pytest.warns(OptimWarning, match=r"non-finite loss at epoch 1, batch 4 .*found at the end of the run"):
         adam_run({3}, Stop(), Checkpoint(background=False, on_interrupt=True), run_dir=str(tmp_path))
     [saved] = list(tmp_path.rglob("*.pt"))
     state = torch.load(saved, weights_only=False)["plugins"]["optim"]["optimizers"]["default"]

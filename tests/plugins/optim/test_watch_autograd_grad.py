@@ -194,7 +194,7 @@ def test_a_loss_backward_after_an_inner_step_is_still_told_at_its_line() -> None
     with pytest.warns(OptimWarning, match=r"calls loss.backward\(\) itself") as caught:
         assert maml(learner(), bypassing_step).fit().status == "completed"
     found = [w for w in caught if "outside loop.backward" in str(w.message)]
-    assert len(found) == 1 and "(epoch 1, batch 0)" in str(found[0].message)
+    assert len(found) == 1 and "(epoch 1, batch 1)" in str(found[0].message)
     assert found[0].filename == __file__ and "loss.backward()" in open(__file__).read().splitlines()[
         found[0].lineno - 1]
 

@@ -79,7 +79,7 @@ def test_a_forgotten_zero_grad_warns_once_naming_the_optimizer_the_step_function
 
     said, _ = fit(train_step, m, torch.optim.SGD(m.parameters(), lr=0.01), epochs=2)
     assert order(said) == [
-        "optim: optimizer 'default' (SGD) stepped (epoch 1, batch 1) on gradients added onto those of its previous "
+        "optim: optimizer 'default' (SGD) stepped (epoch 1, batch 2) on gradients added onto those of its previous "
         "step, never cleared: step function 'test_a_forgotten_zero_grad_warns_once_naming_the_optimizer_the_step_"
         "function_and_the_fix.<locals>.train_step' calls no loop.optimizers.zero_grad(), so the gradients add up "
         "across batches. Call loop.optimizers.zero_grad() in 'test_a_forgotten_zero_grad_warns_once_naming_the_"
@@ -102,7 +102,7 @@ def test_a_forgotten_zero_grad_is_told_at_the_step_functions_line_under_accumula
                   n=8, accumulate=2)
     found = order(said)
     assert len(found) == 1, found
-    assert found[0].startswith("optim: optimizer 'b' (Adam) stepped (epoch 1, batch 3) on gradients"), found
+    assert found[0].startswith("optim: optimizer 'b' (Adam) stepped (epoch 1, batch 4) on gradients"), found
     assert "Call loop.optimizers['b'].zero_grad() in" in found[0]
 
 
@@ -150,7 +150,7 @@ def test_step_written_twice_warns_once_naming_the_optimizer_and_the_step_functio
     said, steps = fit(train_step, m, opt, schedulers=scheduler)
     assert scheduler.last_epoch == 12  # (what the warning is about: 6 batches)
     assert order(said) == [
-        "optim: optimizer 'default' (SGD) stepped twice (epoch 1, batch 0) with no backward pass between: step "
+        "optim: optimizer 'default' (SGD) stepped twice (epoch 1, batch 1) with no backward pass between: step "
         "function 'test_step_written_twice_warns_once_naming_the_optimizer_and_the_step_function.<locals>."
         "train_step' calls loop.optimizers.step() twice on the same gradients, which steps its per-step schedulers "
         "twice too. Call loop.optimizers.step() once after each loop.backward(loss)"]

@@ -88,7 +88,7 @@ def test_a_clip_at_every_batch_of_a_window_trains_otherwise_and_warns_once_namin
     assert said == [
         "optim: step function 'test_a_clip_at_every_batch_of_a_window_trains_otherwise_and_warns_once_naming_the_step_"
         "function_and_the_fix.<locals>.train_step' changed the gradients accumulated inside a window of accumulate=4 "
-        "between two of its backward passes (epoch 1, batch 1): a clip (torch.nn.utils.clip_grad_norm_ or "
+        "between two of its backward passes (epoch 1, batch 2): a clip (torch.nn.utils.clip_grad_norm_ or "
         "clip_grad_value_) or a p.grad.mul_() there runs at every batch, on a partial sum, where a plain loop clips "
         "once a window, on its summed gradients, before optimizer.step(): the run trains another model. Give Optim("
         "clip_norm=<max norm>, clip_scope='model') (one norm over every optimizer's parameters, as clip_grad_norm_("
@@ -115,7 +115,7 @@ def test_a_value_clip_or_a_scaling_at_every_batch_of_a_window_warn_once(change: 
     said = fit(train_step, m, torch.optim.SGD(m.parameters(), lr=0.1), epochs=2, accumulate=N)
     assert len(said) == 1, said  # once a run
     assert "changed the gradients accumulated inside a window of accumulate=4 between two of its backward passes " \
-           "(epoch 1, batch 1)" in said[0], said
+           "(epoch 1, batch 2)" in said[0], said
     assert "Give Optim(clip_norm=<max norm>, clip_scope='model')" in said[0]
 
 
@@ -133,7 +133,7 @@ def test_a_zero_grad_of_the_model_inside_a_window_is_told_as_clearing_its_gradie
     assert len(said) == 1, said
     assert said[0].endswith(
         "cleared the gradients accumulated inside a window of accumulate=4 between two of its backward passes (epoch "
-        "1, batch 1) (a zero_grad() of the model or of a torch optimizer, not loop.optimizers'): each window's step "
+        "1, batch 2) (a zero_grad() of the model or of a torch optimizer, not loop.optimizers'): each window's step "
         "then takes its last batches' gradients alone. Call loop.optimizers.zero_grad() instead, which clears them "
         "only after the window's step"), said
 
@@ -287,7 +287,7 @@ def test_a_gan_that_clears_each_optimizers_gradients_before_its_pass_says_nothin
 def test_a_gan_that_clears_an_optimizers_gradients_with_torch_s_zero_grad_inside_a_window_is_told() -> None:
     said = fit_gan(2, torch_zero_grad=True)
     assert len(said) == 1 and "cleared the gradients accumulated inside a window of accumulate=2 between two of its " \
-        "backward passes (epoch 1, batch 1)" in said[0], said
+        "backward passes (epoch 1, batch 2)" in said[0], said
 
 
 def mask_step(m: torch.nn.ModuleDict, mask: str) -> Callable[..., Any]:
