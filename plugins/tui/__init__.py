@@ -11,7 +11,8 @@ stage and of the run with rate and ETA (validation time included; counted in ste
 the run printed (and where a resumed run continues from: the ``resumed`` event; the table and
 curves of a run that continues its folder's records start with what its ``metrics.jsonl`` holds from
 before, as ``hookfit show`` draws them), a status line
-(``mostly skipped`` when more than half of the steps were) and the keys. Values that are not
+(``mostly skipped`` when an optimizer skipped more than half of the steps it attempted, as the console's
+``hookfit skipped`` line counts them) and the keys. Values that are not
 finite show as ``nan``/``inf`` in the warning colour, never as the dash of "no value yet"; the
 end screen and the summary say how many optimizer steps were skipped and why (the optim
 plugin's ``step_skipped`` event). The layout holds at any size from 40x12 up: every text whole

@@ -38,6 +38,10 @@ The renderer role. A renderer only watches the run; what it must do, all of it:
     to resume from: :mod:`hookfit.plugins.support.resumable`); declared by their plugins and registered in every run, so
     a renderer implements them with ``@hookfit.hookimpl(optionalhook=True)`` only for events of
     plugins that are not built in.
+  - ``loop.optimizers`` at ``fit_start``, ``resumed`` and ``fit_end``: each optimizer's steps attempted
+    (:func:`hookfit.plugins.support.skips.attempted`), the share of skipped steps said over them as the
+    console says it (:func:`hookfit.plugins.support.skips.worst`: an optimizer's skips over its own steps,
+    an accumulation window one step); the dashboard reads them from its own thread too once a step was skipped.
   - ``stop_requested(request)``: may come from any thread (a signal handler, a UI thread): quick,
     thread-safe, no collective operation.
   - ``fit_end(loop)``: ``loop.state``: ``status`` (``completed``, ``interrupted``, ``failed``),

@@ -286,8 +286,8 @@ class DashboardModel(SkippedSteps):
         return timeline.run_fraction(self.progress, self.step, self.epoch, self.max_epochs, self.steps_end())
 
     def state_word(self) -> str:
-        """``running``, ``stopping``, or how the run ended; with ``mostly skipped`` when more
-        than half of its steps were."""
+        """``running``, ``stopping``, or how the run ended; with ``mostly skipped`` when an
+        optimizer skipped more than half of the steps it attempted (:meth:`worst`)."""
         word = self.status if self.finished else ("stopping" if self.stopping else "running")
         return word + (" · mostly skipped" if self.mostly_skipped else "")
 

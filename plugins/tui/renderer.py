@@ -22,7 +22,7 @@ from hookfit.errors import user_level
 from hookfit.files import FileWarning
 from hookfit.loop import end_with
 from hookfit.payloads import MetricsSnapshot, ResumeInfo
-from hookfit.plugins.support import flag, positive_number
+from hookfit.plugins.support import flag, positive_number, skips
 from hookfit.plugins.tui import hookspecs
 from hookfit.plugins.tui.debugging import Debugging
 from hookfit.plugins.tui.replay import earlier
@@ -134,6 +134,7 @@ class TuiRenderer(Debugging):
             max_steps=loop.max_steps,
         )
         self._dashboard.evaluation = loop.mode != "fit"  # Loop.validate(): "evaluation completed", no steps
+        self._inbox.append(("attempted", skips.attempted(loop.optimizers), True))  # the run's steps count from here
         if loop.model is not None:
             from hookfit.plugins.support.summary import summarize  # imports torch, which a run has loaded
 
@@ -201,6 +202,8 @@ class TuiRenderer(Debugging):
             if loop is not None and loop.mode == "fit" and loop.state.continues and loop.state.run_dir is not None:
                 self._inbox.extend(earlier(loop.state.run_dir, info, loop.max_epochs))  # (read once)
             self._inbox.append(("resumed", info, str(info.source)))
+            if loop is not None:  # the steps counted before the run resumed are not its own
+                self._inbox.append(("attempted", skips.attempted(loop.optimizers), True))
 
     @hookimpl
     def step_skipped(self, optimizer: str, reason: str, step: int) -> None:
@@ -250,11 +253,8 @@ class TuiRenderer(Debugging):
     # -- the UI thread ------------------------------------------------------------------------
     def _ui(self) -> None:
         screen, dashboard, capture, loop = self._screen, self._dashboard, self._capture, self.loop
-        size = None
-        last_draw = 0.0
-        idle = 0
+        size, last_draw, idle, moved = None, 0.0, 0, False
         counters: tuple[Any, ...] = ()
-        moved = False
         try:
             assert screen is not None and dashboard is not None and capture is not None  # set before this thread
             assert loop is not None
@@ -298,6 +298,8 @@ class TuiRenderer(Debugging):
                 if read != counters:
                     counters, moved = read, True
                     dashboard.receive("tick", *read, now)
+                    if dashboard.skipped:  # the skipped share follows each optimizer's own steps (at no batch's cost)
+                        dashboard.receive("attempted", skips.attempted(loop.optimizers))
                 # the clock shows whole seconds; the progress alone redraws at most every PROGRESS_EVERY
                 if dirty or now - last_draw >= 1.0 or (moved and now - last_draw >= PROGRESS_EVERY):
                     screen.draw_screen(size, dashboard.render(size))
@@ -318,8 +320,8 @@ class TuiRenderer(Debugging):
         stop = loop.stop_requested
         hold = bool(self.persistent) and self._ui_error is None and not self._suspended and not (
             stop is not None and stop.ends_process)
-        # the run's own duration (state.elapsed ends before fit_end): the clock stops there
-        self._inbox.append(("time", state.time_split))
+        # the run's own duration (state.elapsed ends before fit_end: the clock stops there), the steps attempted
+        self._inbox.extend([("time", state.time_split), ("attempted", skips.attempted(loop.optimizers))])
         self._inbox.append(("end", state.status, state.stop_reason, hold, state.stopped_by, state.elapsed,
                             state.step, state.epoch))
         try:

@@ -2,7 +2,7 @@
 
 ``python tui_run.py OUT [--batches N] [--epochs E] [--max-steps S] [--delay SECONDS]
 [--nan-after STEP] [--inf-metric-after STEP] [--metrics M] [--valid] [--long-name]
-[--checkpoint-every STEPS]``
+[--checkpoint-every STEPS] [--accumulate N]``
 
 * ``--nan-after STEP``: from that step on the loss is NaN (the optim plugin skips those steps).
 * ``--inf-metric-after STEP``: a metric ``blowup`` that is infinite from that step on.
@@ -10,6 +10,7 @@
 * ``--valid``: a validation stage, with a metric only validation reports (``val_only_score``).
 * ``--long-name``: a training metric with a 63-character name.
 * ``--checkpoint-every STEPS``: the checkpoint plugin saves every STEPS steps.
+* ``--accumulate N``: the optim plugin steps once every N batches (``Optim(accumulate=N)``).
 
 Writes ``OUT.pid`` at the start and ``OUT`` (JSON: status, reason, step, epoch) after ``fit()``
 returned; the run folder is ``OUT``'s folder's ``run``.
@@ -43,6 +44,7 @@ parser.add_argument("--metrics", type=int, default=0)
 parser.add_argument("--valid", action="store_true")
 parser.add_argument("--long-name", action="store_true")
 parser.add_argument("--checkpoint-every", type=int, default=None)
+parser.add_argument("--accumulate", type=int, default=1)
 args = parser.parse_args()
 out = Path(args.out)
 out.with_name(out.name + ".pid").write_text(str(os.getpid()))
@@ -83,6 +85,10 @@ if args.checkpoint_every is not None:
     from hookfit.plugins.checkpoint import Checkpoint
 
     plugins.append(Checkpoint(every_n_steps=args.checkpoint_every, every_n_epochs=None))
+if args.accumulate > 1:
+    from hookfit.plugins.optim import Optim
+
+    plugins.append(Optim(accumulate=args.accumulate))
 loop = hookfit.Loop(train_step, data, val_step=val_step if args.valid else None,
                     val_data=data[: max(1, args.batches // 4)] if args.valid else None, model=model,
                     optimizers=torch.optim.SGD(model.parameters(), lr=0.01), max_epochs=args.epochs,

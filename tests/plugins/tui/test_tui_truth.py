@@ -123,6 +123,19 @@ def test_a_nan_run_shows_nan_marks_every_skipped_step_and_says_how_many(term: Te
     assert re.search(r"^  × where loss was nan: steps \d+–224$", text, re.M), text
 
 
+def test_an_accumulating_run_counts_its_skipped_windows_as_its_steps(term: Terminal) -> None:
+    # accumulate=8 over 40 batches, the loss NaN after batch 16: 3 of the 5 windows skipped, as the console counts
+    train(term, "--batches", 40, "--accumulate", 8, "--nan-after", 16)
+    screen = term.wait_for(HOLD_BANNER, " q leave")
+    assert screen.split("\n")[0].rstrip().endswith("│ completed · mostly skipped"), screen
+    assert "training completed: max_epochs=1 reached · 3 of 5 steps skipped (non-finite loss)" in screen
+    term.keys("q")
+    code, flags, text = term.wait_exit()
+    assert code == 0
+    term.assert_restored(flags)
+    assert "  3 of 5 steps skipped (non-finite loss); most of the run did not train" in text
+
+
 # -- max_steps, q mid-epoch: the end as it was ---------------------------------------------------
 
 def test_a_max_steps_run_counts_its_progress_in_steps(term: Terminal, viewer: Terminal) -> None:
