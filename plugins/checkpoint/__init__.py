@@ -95,8 +95,9 @@ shared folder, ``[plugins.checkpoint] dir`` in ``hookfit.toml`` or one ``run_dir
 CV, is left, and where it is all the folder holds the line that says the run starts afresh names those
 runs and how to resume one by its path); with none, the run starts afresh. The file is chosen at ``configure``,
 and a run without a ``run_dir`` of its own continues in the folder of the run it resumes
-(``loop.continue_in``): its checkpoints, its metrics log. The checkpoints of the run it resumed there are
-this run's too, so ``keep_last`` holds across resumes. A run never moves, writes over nor prunes a
+(``loop.continue_in``): its checkpoints, its metrics log; one resuming another identity's checkpoint by its
+path forks it, in a run folder of its own, that run's folder left as it was. The checkpoints of the run it
+resumed there are this run's too, so ``keep_last`` holds across resumes. A run never moves, writes over nor prunes a
 checkpoint of a run it does not continue, so a path a run reported (``state.results``, its lines,
 ``run.jsonl``) names that run's file for good: one that begins in a folder holding checkpoints it does not
 continue (run afresh, or resumed from elsewhere) gives its own names a tag, ``-vT`` before the suffix

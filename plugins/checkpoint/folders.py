@@ -17,7 +17,7 @@ from hookfit.locks import FolderLock
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["FolderLock", "adoptable", "continued", "latest_run", "lock", "prepare", "tag"]
+__all__ = ["FolderLock", "adoptable", "continued", "latest_run", "lock", "prepare", "tag", "written_by"]
 
 
 def lock(loop: Run, directory: Path | None, continued: bool, owner: str) -> FolderLock | None:
@@ -89,7 +89,15 @@ def continued(folder: Path, resumed: Path | None, identity: str) -> bool:
     (:func:`latest_run`)."""
     if resumed is None or resumed.parent.resolve() != folder.resolve() or resumed.name in listed(folder):
         return False
-    return run_of(resumed)[0] in (None, identity)
+    return written_by(resumed, identity)
+
+
+def written_by(checkpoint: Path, identity: str) -> bool:
+    """Whether a run of ``identity`` (``loop.identity.key``) wrote ``checkpoint``, as its ``meta["identity"]`` says (a
+    checkpoint that records none, written before they were recorded, is any run's). A run resuming one it did not write
+    forks it: it continues neither that run's checkpoints (:func:`continued`) nor its run folder, getting one of its
+    own (the checkpoint plugin's ``configure`` calls ``loop.continue_in`` for its own identity's alone)."""
+    return run_of(checkpoint)[0] in (None, identity)
 
 
 def latest_run(folder: Path, resumed: Path, identity: str) -> bool:

@@ -212,7 +212,10 @@ class Checkpoint:
         self._pending = (source, path, data)
         if loop.mode != "fit":  # Loop.validate(): reads the checkpoint, writes nothing into its run
             return
-        if path is not None and self.dir is None and not loop.run_dir_given and path.parent.name == "checkpoints":
+        # "latest" took a folder of this run's identity; a path, that folder where this identity wrote the file:
+        # another identity's checkpoint is forked, the run writing in a run folder of its own
+        if (path is not None and self.dir is None and not loop.run_dir_given and path.parent.name == "checkpoints"
+                and (source == "latest" or folders.written_by(path, loop.identity.key))):
             loop.continue_in(path.parent.parent.absolute())  # the resumed run goes on writing there
             self._continued = True
 

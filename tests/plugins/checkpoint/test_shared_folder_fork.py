@@ -2,7 +2,8 @@
 shared ``Checkpoint(dir=...)``): it forks that run's checkpoint. It names its own checkpoints apart, prunes none of
 that run's and writes over none of its names, so every path the other run reported keeps its bytes; each run's
 ``resume="latest"`` then continues its own, the line on stderr naming whose it took and the newer checkpoints of
-other runs it left."""
+other runs it left. Without a shared folder, a run forking another identity's checkpoint from that run's folder
+gets a run folder of its own."""
 
 from __future__ import annotations
 
@@ -13,9 +14,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+import torch
+
+import hookfit
+from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.csv_log import CSVLogger
+from hookfit.plugins.metrics import Metrics
+from hookfit.plugins.optim import Optim
+
 SCRIPT = """
 import json, sys, torch, hookfit
 from hookfit.plugins.checkpoint import Checkpoint
+from hookfit.plugins.csv_log import CSVLogger
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 folder, name, epochs, resume, keep_last = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
@@ -92,3 +103,53 @@ def test_a_runs_latest_in_a_shared_dir_names_no_other_runs_where_none_is_newer(t
     (line,) = [line for line in said.splitlines() if "resume='latest' took" in line]
     assert line == (f"hookfit checkpoint: resume='latest' took {first['last']} (the newest checkpoint of the name "
                     f"'B' in {folder})")
+
+
+def test_a_run_forking_another_names_checkpoint_from_its_run_folder_writes_in_a_run_folder_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``a`` trains 2 epochs into ``runs/a/<date>-<time>``; run ``b`` resumes ``a``'s last checkpoint by its
+    path there. ``b`` went on writing in ``a``'s folder: its events in ``a``'s ``run.jsonl``, its metrics in
+    ``a``'s ``metrics.csv``, its checkpoints beside ``a``'s. Now ``b`` trains from ``a``'s weights (its first loss
+    is the one they give) in a folder of its own under ``runs/b/``, where its checkpoints go, and every file of
+    ``a``'s folder keeps its bytes. A run of ``a``'s own name resuming the same path continues in ``a``'s folder."""
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    x = torch.randn(32, 4)
+    y = x @ torch.randn(4, 1)
+    data = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+    losses: list[float] = []
+
+    def train(loop, batch):
+        loss = torch.nn.functional.mse_loss(loop.model(batch[0]), batch[1])
+        losses.append(loss.item())
+        loop.backward(loss)
+        loop.optimizers.step()
+        loop.optimizers.zero_grad()
+        return {"loss": loss}
+
+    def fit(name: str, epochs: int, resume: Path | None = None) -> tuple[hookfit.State, torch.nn.Module]:
+        model = torch.nn.Linear(4, 1)
+        losses.clear()
+        state = hookfit.Loop(train, data, model=model, name=name, max_epochs=epochs, resume=resume,
+                             optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                             plugins=[Optim(), Metrics(), CSVLogger(), Checkpoint(background=False)]).fit()
+        return state, model
+
+    first, trained = fit("a", 2)
+    folder = first.run_dir
+    resumed = first.results["last_checkpoint"]
+    assert folder.parent == tmp_path / "runs" / "a" and resumed == folder / "checkpoints" / "epoch0002-step000000008.pt"
+    written = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    assert {"run.jsonl", "metrics.csv"} <= set(written), sorted(written)
+    with torch.no_grad():
+        given = torch.nn.functional.mse_loss(trained(data[0][0]), data[0][1]).item()
+    fork, _ = fit("b", 3, resumed)
+    assert fork.status == "completed" and fork.step == 12 and fork.resumed_from is not None
+    assert fork.run_dir != folder and fork.run_dir.parent == tmp_path / "runs" / "b", fork.run_dir
+    assert losses[0] == given  # a's weights, restored into b's model
+    assert fork.results["last_checkpoint"] == fork.run_dir / "checkpoints" / "epoch0003-step000000012.pt"
+    assert [p.name for p in (fork.run_dir / "checkpoints").glob("*.pt")] == ["epoch0003-step000000012.pt"]
+    assert {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} == written
+    again, _ = fit("a", 3, resumed)
+    assert again.run_dir == folder and again.results["last_checkpoint"] == folder / "checkpoints" / (
+        "epoch0003-step000000012.pt")
