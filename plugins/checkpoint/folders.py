@@ -71,8 +71,9 @@ def tag(folder: Path, resuming: Path | None, identity: str) -> int:
     ``resuming`` where the run continues the checkpoints there (:func:`continued`); else 0 in a folder holding no
     checkpoint, and one more than the highest tag there in one that does (a run's, a failure's, a sharded one's, an
     earlier run's listed in :data:`~hookfit.plugins.checkpoint.storage.EARLIER`), so that no name of this run is one
-    of theirs: a run forking another identity's checkpoint never writes over that run's files. Every process of a
-    run finds the same tag in the folder the main process writes, before any of them saves."""
+    of theirs: a run forking another identity's checkpoint never writes over that run's files. The main process's tag is
+    every process's, broadcast at ``fit_start`` before any of them saves: another node's listing at the path of the
+    main process's folder may differ (a relative ``dir``, a filesystem not shared)."""
     if resuming is not None and continued(folder, resuming, identity):
         return tag_of(resuming)
     names = run_files(folder)

@@ -133,7 +133,8 @@ class Checkpoint:
         self._pending: tuple[str, Path | None, dict[str, Any] | None] | None = None
         self._continued = False
         self.tag = 0
-        """The tag of this run's checkpoint names in its folder (:func:`folders.tag`), found at ``fit_start``."""
+        """The tag of this run's checkpoint names in its folder (:func:`folders.tag`): the main process's, found at
+        ``fit_start``."""
         self._main_dir: Path | None = None  # off the main process: where the main one writes
         self.saved_step: int | None = None  # the global step of the last save asked, or of the one resumed from
         self.written = Written()  # the step of the last checkpoint written or in flight: saved once (repeats.py)
@@ -241,8 +242,11 @@ class Checkpoint:
             self._lock = folders.lock(loop, self.dir, self._continued, self.name)
             if (folder := self._known_directory(loop)) is not None:  # (a kill -9's files removed)
                 folders.prepare(folder)
-        if loop.mode == "fit" and not self.off and (folder := self._known_directory(loop)) is not None:
-            self.tag = folders.tag(folder, None if self._pending is None else self._pending[1], loop.identity.key)
+        if loop.mode == "fit" and not self.off:  # the main process's tag on every process (one broadcast): another
+            folder = self._known_directory(loop)  # node's listing of the main folder's path may differ
+            found = 0 if folder is None else folders.tag(folder, None if self._pending is None else self._pending[1],
+                                                         loop.identity.key)
+            self.tag = ranks.from_main(loop, found)
 
     @hookimpl
     def resume(self, loop: Run, source: str) -> Path | Literal[False]:

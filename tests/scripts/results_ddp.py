@@ -24,7 +24,10 @@ falling loss: epoch 1's), the main process's write of it failing; each process w
 main process's clock read after the first step, then a second of training later: after the epoch); each process writes its status and the
 checkpoints its plugin lists. ``--one-rank OUT`` and ``--one-rank-alone OUT``: a ``Checkpoint(every_n_steps=2,
 on_failure=True)`` given to the main process alone, the other process having the discovered one (or, ``-alone``,
-none: ``HOOKFIT_PLUGINS`` without it there); each process writes the error it raised, if any.
+none: ``HOOKFIT_PLUGINS`` without it there); each process writes the error it raised, if any. ``--apart OUT``: two
+epochs with ``Checkpoint(dir="ck")``, the other process working in ``apart/``, where the relative path ``ck`` the main
+process tells it is a folder of its own (as on a node that does not share the main process's filesystem); each
+process writes its status, the last checkpoint its plugin knew as the second epoch began, and its results'.
 """
 
 from __future__ import annotations
@@ -187,6 +190,28 @@ def one_rank(out: str, alone: bool) -> None:
                        plugins=[Distributed(timeout=30), *given]), out)
 
 
+def apart(out: str) -> None:
+    out = os.path.abspath(out)
+    if os.environ["RANK"] != "0":
+        os.chdir("apart")
+    model, x, y, step = regression()
+    checkpoint, seen = Checkpoint(dir="ck", background=False), []
+
+    class Last:  # the run's last checkpoint as this process knows it during the run (the end agrees on the main one's)
+        name = "last"
+
+        @hookfit.hookimpl
+        def epoch_start(self, epoch) -> None:
+            if epoch:
+                seen.append(str(checkpoint.last))
+
+    state = hookfit.Loop(step, Batches(x, y, batch_size=4), model=model, max_epochs=2, run_dir="run",
+                         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+                         plugins=[Distributed(timeout=30), Optim(), Metrics(), checkpoint, Last()]).fit()
+    with open(f"{out}.rank{state.rank}.json", "w") as file:
+        json.dump({"status": state.status, "seen": seen, "last": str(state.results["last_checkpoint"])}, file)
+
+
 def ended(loop: hookfit.Loop, out: str) -> None:
     """``loop.fit()``, then this process's status and the error it raised, if any, to ``OUT.rank<N>.json``."""
     try:
@@ -224,6 +249,8 @@ if __name__ == "__main__":
         seconds(sys.argv[2])
     elif sys.argv[1].startswith("--one-rank"):
         one_rank(sys.argv[2], alone=sys.argv[1] == "--one-rank-alone")
+    elif sys.argv[1] == "--apart":
+        apart(sys.argv[2])
     elif sys.argv[1] == "--failing-best":
         failing_best(sys.argv[2])
     elif sys.argv[1].startswith(("--failing", "--raising")):

@@ -203,6 +203,27 @@ def test_every_process_knows_the_best_checkpoint_under_torchrun(tmp_path: Path) 
     assert ranks[0]["results"] == ranks[1]["results"] and ranks[0]["best"] == ranks[1]["best"]
 
 
+@pytest.mark.slow
+def test_every_process_names_the_checkpoints_with_the_main_processs_tag_under_torchrun(tmp_path: Path) -> None:
+    """``Checkpoint(dir="ck")``, the other process working in ``apart/``: the main process's folder ``ck`` (a
+    relative path) is another folder there, as on a node that does not share the main process's filesystem, and it
+    holds a checkpoint of tag 3, the main process's none. Each process worked out the tag of the run's names from
+    its own listing: during the run the other process took epoch 1's checkpoint for ``ck/...-v4.pt``, a file no
+    process wrote. Every process takes the main process's tag (0) and knows the file the main process wrote."""
+    elsewhere = tmp_path / "apart" / "ck" / "epoch0001-step000000004-v3.pt"
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.write_bytes(b"a checkpoint the main process does not see")
+    run = torchrun(tmp_path, "--apart", "out")
+    assert run.returncode == 0, run.stdout + run.stderr
+    main, other = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    assert main["status"] == other["status"] == "completed", (main, other)
+    written = sorted(p.name for p in (tmp_path / "ck").glob("*.pt"))
+    assert written == ["epoch0001-step000000008.pt", "epoch0002-step000000016.pt"], written
+    assert main["seen"] == [str(tmp_path / "ck" / written[0])], main
+    assert [Path(seen).name for seen in other["seen"]] == [written[0]], other  # (in ck/ of its own working folder)
+    assert main["last"] == str(tmp_path / "ck" / written[1]) and other["last"] == main["last"], (main, other)
+
+
 @pytest.mark.parametrize(("direction", "keep"), [("min", 1), ("max", 1), ("max", 2)])
 def test_a_run_resumed_from_its_best_checkpoint_keeps_it_as_the_best(tmp_path: Path, direction: str, keep: int) -> None:
     """A run killed right after it wrote its best checkpoint (epoch 2; ``keep_last=1`` had pruned
