@@ -330,6 +330,7 @@ def test_a_failed_run_s_kept_state_keeps_what_failed_but_not_the_run() -> None:
     assert state.stop_reason == "Boom: diverged at loss True"
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 def test_a_kept_state_s_silenced_observers_keep_their_error_but_not_the_run() -> None:
     import weakref

@@ -117,6 +117,7 @@ def test_each_run_of_a_sweep_shows_hookfit_s_warnings_and_the_user_s_filters_sti
         sweep("error")
 
 
+@pytest.mark.slow
 def test_every_warning_category_hookfit_defines_derives_from_hookfit_warning() -> None:
     """What a user filters on (``-W error::hookfit.HookfitWarning``) and what each run shows
     again (:func:`hookfit.errors.forget_warnings`) is every category deriving from it."""

@@ -91,6 +91,7 @@ def test_after_a_lost_folder_the_next_run_in_the_process_writes_and_warns_as_eve
     assert [m.split(" (")[0] for m in file_warnings(caught)] == [f"csv: could not write {csv_file}"]
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 def test_a_script_started_from_a_read_only_folder_trains_on_without_runs(read_only_folder: Path,
                                                                           tmp_path: Path) -> None:

@@ -238,6 +238,7 @@ def test_a_second_process_resuming_latest_of_a_live_run_is_refused(tmp_path: Pat
     assert (Path(done["run_dir"]) / "checkpoints" / "epoch0003-step000000012.pt").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 def test_a_killed_smoke_runs_folder_is_removed_by_the_next_smoke_run(tmp_path: Path) -> None:
     """A smoke run killed with -9 cannot remove its temporary folder; the next smoke run does,

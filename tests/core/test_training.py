@@ -276,6 +276,7 @@ def test_exhausted_generator_is_explained() -> None:
         hookfit.Loop(lambda l, b: None, (i for i in range(3)), max_steps=5).fit()
 
 
+@pytest.mark.slow
 def test_memory_is_flat_over_many_batches() -> None:
     """Outputs and batches are not kept: the traced memory after 20 000 batches is no larger
     than after 2 000 (a leak of even one small dict per batch would add over a megabyte)."""
@@ -535,6 +536,7 @@ def test_resuming_a_run_that_reached_its_end_is_warned_of_in_one_process(tmp_pat
     assert (stopped.status, resumed.status, resumed.step, said) == ("interrupted", "completed", 10, [])
 
 
+@pytest.mark.slow
 @pytest.mark.bad_input
 def test_resuming_a_run_that_reached_its_end_is_warned_of_in_a_second_process(tmp_path) -> None:
     """The script run again in a new process (``HOOKFIT_RESUME=latest``): its warning on stderr, at the

@@ -35,6 +35,7 @@ def left(temp: Path) -> list[str]:
     return [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
 
 
+@pytest.mark.slow
 def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     env, temp = clean_env(tmp_path)
@@ -55,6 +56,7 @@ def test_overhead_framework_workload_runs_each_variant_with_its_plugins(tmp_path
     ).stdout
 
 
+@pytest.mark.slow
 def test_the_hand_written_floors_train_as_the_raw_loop_does_and_only_on_the_model(tmp_path: Path) -> None:
     """``inline`` and ``floor``, the raw loop with the default stack's per-batch work (or the
     least of it) written into it, make the same steps as the raw loop (their reads change
@@ -83,6 +85,7 @@ def test_the_hand_written_floors_train_as_the_raw_loop_does_and_only_on_the_mode
     assert left(temp) == []
 
 
+@pytest.mark.slow
 def test_syncs_counts_host_reads_per_step_of_the_default_stack(tmp_path: Path) -> None:
     """benchmarks/syncs.py runs and counts what the optim docs promise on the accelerator
     path: none per step, from the first, with torch's SGD as users build it (optim runs its
@@ -101,6 +104,7 @@ def test_syncs_counts_host_reads_per_step_of_the_default_stack(tmp_path: Path) -
     assert left(temp) == []
 
 
+@pytest.mark.slow
 def test_the_budget_table_measures_each_plugin_against_its_baseline(tmp_path: Path) -> None:
     """``overhead.py --budget``: a row per built-in plugin, each run with the plugins it names
     (the consumers of metrics with metrics), and a checkpoint's save cost per save."""
@@ -124,6 +128,7 @@ def test_the_budget_table_measures_each_plugin_against_its_baseline(tmp_path: Pa
     assert left(temp) == []  # the checkpoints' folders too
 
 
+@pytest.mark.slow
 def test_the_model_budget_measures_the_default_stack_s_parts_between_real_steps(tmp_path: Path) -> None:
     """``overhead.py --budget-model``: the core and each part of the default stack on the tiny
     model, each against its baseline (a smoke run: the numbers of 5 batches mean nothing)."""
@@ -142,6 +147,7 @@ def test_the_model_budget_measures_the_default_stack_s_parts_between_real_steps(
     assert left(temp) == []
 
 
+@pytest.mark.slow
 def test_counts_runs_each_pass_once_inside_qsort_and_says_when_valgrind_is_missing(tmp_path: Path) -> None:
     """``counts.py``: its child (what runs under valgrind) makes a variant's counted pass once,
     inside one ``qsort`` comparison, where callgrind collects, with the metrics' publication by
@@ -161,6 +167,7 @@ def test_counts_runs_each_pass_once_inside_qsort_and_says_when_valgrind_is_missi
     assert "valgrind is not installed" in parent.stdout and "per batch" not in parent.stdout
 
 
+@pytest.mark.slow
 def test_gpu_kernels_counts_what_the_default_stack_adds_to_a_raw_step(tmp_path: Path) -> None:
     """benchmarks/gpu_kernels.py on the CPU (``--device cpu``: torch's operators, not kernels)
     shows the CPU path's cost: the two host reads of the loss (optim's check, metrics), and
@@ -180,6 +187,7 @@ def test_gpu_kernels_counts_what_the_default_stack_adds_to_a_raw_step(tmp_path: 
         assert done.returncode == 2 and "needs a CUDA device" in done.stderr
 
 
+@pytest.mark.slow
 def test_checkpoint_training_times_each_variant_and_every_save_is_announced(tmp_path: Path) -> None:
     """``checkpoint_training.py`` at a tiny size: a round of each variant (raw, without, with
     saves), every save of the round announced written (a smoke run: its times mean nothing)."""
@@ -204,6 +212,7 @@ ONE_LAYER = 2048 * 2048 + 2048
 """The parameters of checkpoint.py's smallest model, one ``Linear(2048, 2048)`` (any size under 6 M)."""
 
 
+@pytest.mark.slow
 def test_checkpoint_one_file_times_each_save_against_torch_save_and_the_floor(tmp_path: Path) -> None:
     """``checkpoint.py`` at its smallest model: torch.save, the copy floor, the one-file
     background save (the first, then every save after it) and the synchronous save each

@@ -42,6 +42,7 @@ def test_regular_install_has_package_plugins_and_command(tmp_path: Path) -> None
     assert names["optim"]["distribution"] == "hookfit" and names["optim"]["enabled"]
 
 
+@pytest.mark.slow
 def test_urwid_and_torch_are_imported_only_when_needed(tmp_path: Path) -> None:
     """``import hookfit`` and the pytest plugin import no torch (a plugin module that needs only
     ``hookimpl`` stays light); a run without a terminal never imports urwid."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 from conftest import REPO
 
 README = (REPO / "README.md").read_text()
@@ -17,6 +19,7 @@ def blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
 
 
+@pytest.mark.slow
 def test_first_script_runs_as_written(tmp_path: Path) -> None:
     script = tmp_path / "first.py"
     script.write_text(blocks("python")[0])
@@ -59,6 +62,7 @@ def test_no_file_points_outside_the_repository() -> None:
                 f"{path.relative_to(REPO)} links to {target}, which is not a file of the repository")
 
 
+@pytest.mark.slow
 def test_the_reliability_counts_are_what_the_suite_exercises() -> None:
     """The README's counts of bad inputs and injected faults are those of the tests pytest
     collects with the markers bad_input and fault (what ``pytest -m bad_input`` and

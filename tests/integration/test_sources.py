@@ -9,6 +9,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 PACKAGE = ("core", "plugins")
@@ -77,6 +79,7 @@ def private_names(tree: ast.Module) -> set[str]:
     return {name for name in names if name.startswith("_") and not name.startswith("__")}
 
 
+@pytest.mark.slow
 def test_no_module_reads_another_modules_private_names() -> None:
     """A ``_private`` name of the package is read only in the module that defines it: never
     imported by another module (``from hookfit.x import _helper``), and never read as an

@@ -22,6 +22,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.bad_input
 def test_hookfit_plugins_lists_name_distribution_hooks_and_state(dists: Path, tmp_path: Path) -> None:
     make_dist(tmp_path / "broken", "broken-plugin", {"broken": "does_not_exist_mod"}, {})
@@ -59,6 +60,7 @@ class Gamma:
 '''
 
 
+@pytest.mark.slow
 def test_hookfit_plugins_says_what_each_plugin_is_from_its_docstring(dists: Path, tmp_path: Path) -> None:
     """The first sentence of each loaded plugin's docstring, on one line under its name: a
     built-in's, a third-party class's; a plugin without one (a class, a module) and a disabled
@@ -81,6 +83,7 @@ def test_hookfit_plugins_says_what_each_plugin_is_from_its_docstring(dists: Path
     assert lines[at + 1] == "    Atomic checkpoints of model, optimizers, plugins, position and RNG; exact resume."
 
 
+@pytest.mark.slow
 def test_hookfit_hooks_prints_every_event() -> None:
     """The core's events first, then each plugin's under its name."""
     from conftest import spec_names
@@ -125,6 +128,7 @@ def test_python_m_hookfit_is_the_command_and_its_help_names_every_subcommand() -
     assert "``" not in done.stdout  # plain words on a terminal, not reStructuredText
 
 
+@pytest.mark.slow
 def test_hookfit_plugins_says_active_inert_and_how_or_disabled_and_by_what(tmp_path: Path) -> None:
     """Each plugin's state with the reason: inert plugins say what turns them on (their own
     answer, ``inert(chosen)``), disabled ones what disabled them; a table turns a plugin on."""
@@ -154,6 +158,7 @@ def test_hookfit_plugins_says_active_inert_and_how_or_disabled_and_by_what(tmp_p
     assert "metrics  [disabled]" in text and "    disabled by: HOOKFIT_PLUGINS=optim,csv (not listed there)" in text
 
 
+@pytest.mark.slow
 def test_hookfit_plugins_names_the_package_that_holds_a_role_and_what_it_replaced(tmp_path: Path) -> None:
     site = make_dist(tmp_path / "site", "my-checkpoint", {"checkpoint": "my_ckpt_mod:Saver"},
                      {"my_ckpt_mod": "import hookfit\n\nclass Saver:\n    @hookfit.hookimpl\n"

@@ -77,6 +77,7 @@ def test_commands_that_read_files_import_neither_torch_nor_urwid(run_folders: Pa
     assert done["imported"] == [], f"hookfit {' '.join(argv)} imported {done['imported']}"
 
 
+@pytest.mark.slow
 def test_a_command_that_needs_torch_still_has_it(run_folders: Path, tmp_path: Path) -> None:
     """``hookfit export`` reads a checkpoint with torch: the command that needs it imports it."""
     done = command(tmp_path, "export", str(run_folders / "second"), str(tmp_path / "model.pt"))

@@ -212,6 +212,7 @@ FULL_DISK = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 def test_runs_and_show_count_the_steps_of_a_run_whose_metric_log_filled_the_disk(tmp_path: Path) -> None:
     script = tmp_path / "child.py"

@@ -669,6 +669,7 @@ def _named(folder: Path, script: str, *args: str, resume: bool = False) -> dict:
     return json.loads((folder / f"{script}.json").read_text())
 
 
+@pytest.mark.slow
 def test_latest_never_crosses_to_another_runs_checkpoints_and_a_resumed_run_goes_on_in_its_folder(
         tmp_path: Path) -> None:
     """Two scripts (two names) in one folder: each one's "latest" is its own newest checkpoint

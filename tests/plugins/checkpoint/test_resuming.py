@@ -252,6 +252,7 @@ hookfit.Loop(lambda loop, batch: {"loss": torch.tensor(1.0)}, [0, 1, 2], model=t
 '''
 
 
+@pytest.mark.slow
 def test_the_line_naming_the_checkpoint_latest_took_comes_before_the_warnings_of_its_restore(tmp_path: Path) -> None:
     """A state saved by a plugin the resumed run lacks (``strict=False``: a warning): on stderr,
     'resume='latest' took <file>' first, then the warning about that file, which it explains."""

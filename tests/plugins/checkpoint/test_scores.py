@@ -299,6 +299,7 @@ def _owed(tmp_path: Path, name: str, kind: str, target: float, here: pytest.Monk
     ("epochs", 12, 0.72),  # epoch-end validations, every_n_epochs=1: the failure is before the epoch's save
     ("epochs_steps", 12, 0.72),  # every_n_steps=6 saves epoch 2's last batch, then its validation fails
 ])
+@pytest.mark.slow
 def test_a_run_resumed_after_a_validation_failed_scores_the_checkpoint_taken_before_it(
         tmp_path: Path, kind: str, fails: int, target: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """The validation after step ``fails`` (the best weights of the run) fails once, the run dies; resumed
@@ -318,6 +319,7 @@ def test_a_run_resumed_after_a_validation_failed_scores_the_checkpoint_taken_bef
     assert resumed == straight
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 @pytest.mark.parametrize("kind", ["steps", "max_steps"])
 def test_a_resumed_run_keeps_the_best_checkpoint_whose_write_was_in_flight_when_its_state_was_copied(
@@ -339,6 +341,7 @@ def test_a_resumed_run_keeps_the_best_checkpoint_whose_write_was_in_flight_when_
     assert resumed == straight
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["steps", "best_only"])
 def test_a_run_resumed_after_a_stop_inside_a_validation_scores_the_checkpoint_of_that_step(
         tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:

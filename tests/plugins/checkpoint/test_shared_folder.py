@@ -136,6 +136,7 @@ def run(folder: Path, *args: str) -> tuple[dict[str, object], str]:
             for key, value in said.items()}, done.stderr
 
 
+@pytest.mark.slow
 def test_folds_in_processes_of_their_own_sharing_the_toml_dir_resume_their_own_and_keep_their_paths(
         tmp_path: Path) -> None:
     """``[plugins.checkpoint] dir = "ckpts"`` in ``hookfit.toml``, each fold a process named ``fold<k>`` with

@@ -60,6 +60,7 @@ def run(where: Path, name: str, epochs: int, resume: str = "-", keep_last: int =
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
+@pytest.mark.slow
 def test_a_run_forking_another_names_checkpoint_by_path_keeps_every_file_of_that_run_and_names_its_own_apart(
         tmp_path: Path) -> None:
     """Run ``A`` trains 4 epochs into the shared dir; run ``B`` (``keep_last=1``) resumes from ``A``'s epoch 2 by its
@@ -92,6 +93,7 @@ def test_a_run_forking_another_names_checkpoint_by_path_keeps_every_file_of_that
                     f"runs named 'A')")
 
 
+@pytest.mark.slow
 def test_a_runs_latest_in_a_shared_dir_names_no_other_runs_where_none_is_newer(tmp_path: Path) -> None:
     """``resume="latest"`` of a run whose checkpoint is the newest in the shared dir: its line names its own
     identity and the dir, and counts no other run's checkpoints (``A``'s, older, are not "left")."""

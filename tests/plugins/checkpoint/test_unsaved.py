@@ -163,6 +163,7 @@ def test_a_batch_norm_in_train_mode_outside_the_model_is_warned_of(tmp_path: Pat
     assert len(named) == 1 and "(running_mean, running_var, num_batches_tracked: " in named[0], named
 
 
+@pytest.mark.slow
 def test_the_fingerprint_of_a_large_tensor_takes_little_memory_beside_it(tmp_path: Path) -> None:
     """The fingerprint's sum of a tensor's bits widens them to int64 a slice at a time: a 40 MB bf16 tensor of
     20M elements grows the peak memory by far less than the 160 MB a whole int64 copy of it would take."""

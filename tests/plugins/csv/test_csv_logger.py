@@ -309,6 +309,7 @@ print(json.dumps({"status": state.status, "step": state.step,
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 @pytest.mark.parametrize("late", ["append", "late"])
 def test_a_full_disk_warns_once_and_training_completes(tmp_path: Path, late: str) -> None:

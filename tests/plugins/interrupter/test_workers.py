@@ -80,6 +80,7 @@ def start(folder: Path, source: str, *args: str, plugins: str = "interrupter,opt
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1],
                          ids=["SIGTERM", "SIGINT", "SIGUSR1"])
+@pytest.mark.slow
 def test_a_signal_to_the_process_group_stops_the_run_gracefully_with_dataloader_workers(
         tmp_path: Path, signum: int, method: str) -> None:
     """The group's signal reaches the workers too. Before, torch's SIGTERM handler killed them and
@@ -147,6 +148,7 @@ print("ENDED", flush=True)
 
 @pytest.mark.parametrize("how, status", [("raises", 1), ("raises-caught", 0), ("aborted", -signal.SIGINT),
                                          ("persistent-stateful", 0)])
+@pytest.mark.slow
 def test_a_process_whose_dataloader_workers_are_shielded_still_ends(tmp_path: Path, how: str, status: int) -> None:
     """The workers a run leaves alive at its end (a failed step's traceback holds the iterator, an
     abort, torchdata's StatefulDataLoader keeping its persistent workers) are ended by Python's
@@ -206,6 +208,7 @@ hookfit.Loop(step, [(x[i:i + 4], x[i:i + 4].sum(1, keepdim=True)) for i in range
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_a_sigterm_to_the_group_while_a_forked_worker_starts_stops_the_run_gracefully(tmp_path: Path,
                                                                                      signum: int) -> None:
@@ -291,6 +294,7 @@ hookfit.Loop(step, DataLoader(Spawner(), batch_size=2), max_epochs=1, run_dir="r
 '''
 
 
+@pytest.mark.slow
 def test_a_process_a_dataset_forks_during_the_run_takes_a_signal_as_without_the_handlers(tmp_path: Path) -> None:
     """Only a loader's own workers are shielded: a process the dataset starts while loading a sample
     (no workers: in the main process) dies of a SIGTERM as it would without the run, where it exited

@@ -157,6 +157,7 @@ def test_device_path_reads_the_host_once_per_publication(tmp_path: Path, monkeyp
     assert got.epochs[0].values["loss"].epoch == pytest.approx(99.5)
 
 
+@pytest.mark.slow
 def test_torchmetrics_objects_are_computed_at_stage_end(tmp_path: Path) -> None:
     torchmetrics = pytest.importorskip("torchmetrics")
     metric = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
@@ -309,6 +310,7 @@ def test_jsonl_log_in_the_run_directory(tmp_path: Path) -> None:
     assert lines[2]["loss"] == 2.0 and lines[-1]["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_with_metrics(tmp_path: Path) -> None:
     import tracemalloc
 

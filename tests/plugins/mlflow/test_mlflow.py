@@ -115,6 +115,7 @@ def steps(points: list[tuple[int, float]]) -> list[int]:
     return [s for s, _ in points]
 
 
+@pytest.mark.slow
 def test_parameters_metrics_status_and_checkpoints_read_back(tmp_path: Path, store: str) -> None:
     published = Published()
     tracker = MLflow(tracking_uri=store, experiment="read-back", log_checkpoints=True,
@@ -160,6 +161,7 @@ def test_parameters_metrics_status_and_checkpoints_read_back(tmp_path: Path, sto
     assert Path(copy).read_bytes() == Path(published.checkpoints[-1]).read_bytes()
 
 
+@pytest.mark.slow
 def test_the_optimizer_settings_logged_are_those_given_for_every_parameter_group(tmp_path: Path, store: str) -> None:
     """A warmup scheduler has scaled ``lr`` by the time the run starts: the rate logged is the one given
     (``initial_lr``); a no-decay group's ``weight_decay=0`` is logged under its group, what it shares is not."""
@@ -203,6 +205,7 @@ class Fail:
             raise RuntimeError("boom")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("outcome", ["failed", "interrupted"])
 def test_a_failed_or_interrupted_run_ends_its_mlflow_run_so(tmp_path: Path, store: str, outcome: str) -> None:
     tracker = MLflow(tracking_uri=store, experiment=outcome, every_publication=False)
@@ -221,6 +224,7 @@ def test_a_failed_or_interrupted_run_ends_its_mlflow_run_so(tmp_path: Path, stor
     assert len(MlflowClient(tracking_uri=store).search_runs([found.info.experiment_id])) == 1
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_same_mlflow_run_without_a_step_twice(tmp_path: Path, store: str) -> None:
     """The first run logged epoch 3 and then lost its last checkpoint (as a kill right before
     it would): the resumed run redoes epoch 3 into the same MLflow run, and each metric has
@@ -254,6 +258,7 @@ def test_a_resumed_run_continues_the_same_mlflow_run_without_a_step_twice(tmp_pa
     assert steps(history(store, found.info.run_id, "epoch")) == [4, 8, 12, 16]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [8, 11])
 def test_a_run_stopped_and_resumed_logs_every_point_of_the_run_that_never_stopped(
         tmp_path: Path, store: str, stop: int) -> None:
@@ -339,6 +344,7 @@ def test_discovered_it_is_inert_until_configured(tmp_path: Path, store: str, mon
     assert experiment(store, "off") is None
 
 
+@pytest.mark.slow
 def test_a_smoke_run_logs_to_a_store_in_its_temporary_folder_not_the_tracking_store(
         tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """HOOKFIT_SMOKE=1 on a script that logs to a tracking store: the MLflow run is in a store of the smoke

@@ -318,6 +318,7 @@ print(json.dumps({"status": state.status, "step": state.step, "path": str(tb.pat
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 def test_a_full_disk_warns_once_and_training_completes(tmp_path: Path) -> None:
     """RLIMIT_FSIZE makes the kernel refuse the writes as a full disk would (EFBIG for ENOSPC),

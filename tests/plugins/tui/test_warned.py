@@ -48,6 +48,7 @@ def test_a_warning_written_to_a_file_of_its_own_goes_there_unchanged() -> None:
     assert written == [("to a file", UserWarning, "x.py", 3, file, None)] and log.kept == []
 
 
+@pytest.mark.slow
 def test_a_replacement_installed_after_ours_stays_and_the_count_is_bounded() -> None:
     log = WarningLog(lambda lines: None)
     with warnings.catch_warnings():

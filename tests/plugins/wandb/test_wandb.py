@@ -196,6 +196,7 @@ def run(run_dir: Path, *plugins: Any, max_epochs: int = 3, **kwargs: Any) -> hoo
     return loop
 
 
+@pytest.mark.slow
 def test_config_history_checkpoints_and_the_end_read_back(tmp_path: Path) -> None:
     published = Published()
     tracker = WandB(log_checkpoints=True, hparams={"batch_size": 4, "note": "baseline"},
@@ -253,6 +254,7 @@ class Fail:
             raise RuntimeError("boom")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("outcome", ["failed", "interrupted"])
 def test_a_failed_or_interrupted_run_ends_its_wandb_run_so(tmp_path: Path, outcome: str) -> None:
     tracker = WandB(every_publication=False)
@@ -270,6 +272,7 @@ def test_a_failed_or_interrupted_run_ends_its_wandb_run_so(tmp_path: Path, outco
     assert [s for s, _ in found.series("train/loss")] == ([4, 8] if outcome == "failed" else [4, 6])
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_same_wandb_run_without_a_step_twice(tmp_path: Path) -> None:
     """A run stopped at step 6 (its checkpoint holds the W&B run's id) resumes: offline, W&B
     writes a second folder for the same run, which starts at step 7."""
@@ -289,6 +292,7 @@ def test_a_resumed_run_continues_the_same_wandb_run_without_a_step_twice(tmp_pat
     assert after.config["loop.max_epochs"] == 3 and after.summary["hookfit/status"] == "completed"
 
 
+@pytest.mark.slow
 def test_discovered_it_is_inert_until_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOOKFIT_PLUGINS", "wandb")
     loop = run(tmp_path / "found")
