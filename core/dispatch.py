@@ -39,9 +39,10 @@ monitoring switched on or off):
 Per-batch events only sometimes: a plugin that implements a per-batch event (``batch_start``,
 ``step_output``, ``batch_end``, ``after_batch``) but needs it only in some runs says which it takes
 part in with a method ``batch_events(loop) -> Collection[str]``, asked at each resolution once the
-run is configured; an implementation it does not name is left out of every call of that event for
-the run (it costs nothing per batch). A plugin whose answer changes mid-run calls
-:meth:`Dispatch.resolve`. A plugin without the method takes part in every event it implements.
+run is configured (the run resolves again after ``fit_start`` and ``resume``); an implementation it
+does not name is left out of every call of that event for the run (it costs nothing per batch). A
+plugin whose answer changes mid-run calls :meth:`Dispatch.resolve`. A plugin without the method
+takes part in every event it implements.
 
 The guard, without touching pluggy's objects: where an implementation must not end the call (an
 observer plugin, which is switched off with one warning when it raises; any implementation of

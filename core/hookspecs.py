@@ -49,7 +49,7 @@ def fit_start(loop: Run) -> None:
     Fires once, before the first epoch, with ``loop.state.status == "running"``. Plugins set
     up here what they need for the run (signal handlers, screens, files). The return value is
     ignored. If an implementation raises, the run fails: ``exception`` and ``fit_end`` still
-    fire, so a plugin must be ready to have ``fit_end`` called after a partial ``fit_start``.
+    fire, so a plugin must be ready to have ``fit_end`` called after a partial ``fit_start`` or none.
     """
 
 
@@ -263,9 +263,11 @@ def exception(loop: Run, error: BaseException) -> None:
 
 @hookspec
 def fit_end(loop: Run) -> None:
-    """The run is over. Fires exactly once for every run that fired ``fit_start``.
+    """The run is over. Fires exactly once for every run that fired ``configure``, one that failed
+    before ``fit_start`` too (a refused ``batch_events`` answer): release only what was set up.
 
-    ``loop.state.status`` is ``"completed"``, ``"interrupted"`` or ``"failed"``,
+    ``loop.state.status`` is ``"completed"``, ``"interrupted"`` or ``"failed"`` (an error raised here
+    or in ``results`` fails the run after it: ``fit()`` raises, ``run.jsonl``'s end line says failed),
     ``loop.state.stop_reason`` says why and ``loop.state.stopped_by`` who asked for a stop;
     ``loop.state.time_split`` says where each stage's time went (data, step, plugins), stages
     cut short included. This is where plugins restore what they changed (terminal, signal
@@ -274,10 +276,9 @@ def fit_end(loop: Run) -> None:
     checkpoint role saves from a ``tryfirst`` one (see "Changing the model for a stage").
     Every implementation runs even if another raised, wrappers and call tracing included; the
     first such error fails the run (or is reported as a warning if the run failed already),
-    naming the plugin. An observer switched off during
-    the run (one of its other hooks raised) still gets it, after the others, so that it can
-    release what it holds (a thread, a file, a tracker's run); its error here is one more
-    :class:`hookfit.ObserverWarning`. The return value is ignored.
+    naming the plugin. An observer switched off during the run (one of its other hooks raised)
+    still gets it, after the others, so that it can release what it holds (a thread, a file, a
+    tracker's run); its error here is one more :class:`hookfit.ObserverWarning`. Return ignored.
 
     After a stop or a failure ``loop.state.epoch`` and ``loop.state.step`` are where the run
     was (``loop.state.stage`` is ``None``), and ``loop.position`` says where a run resumed from

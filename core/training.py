@@ -74,6 +74,7 @@ def execute(run: Run) -> State:
             fire(run, "fit_start")
             unvalidated(run)
             resume(run)
+            run.hooks.resolve()  # batch_events asked again: an answer may follow what fit_start set up or load_state restored
             if unseeded and run.state.resumed_from is None:  # (a resumed run has its generators' states restored)
                 warnings.warn(unseeded, HookfitWarning, stacklevel=user_level())
             epochs(run)

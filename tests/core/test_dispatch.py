@@ -22,6 +22,8 @@ from hookfit.plugins.console import Console
 from hookfit.plugins.metrics import Metrics
 from hookfit.plugins.optim import Optim
 
+from conftest import saved_run
+
 LOOP = object()  # the events' loop argument; the implementations here never look at it
 
 
@@ -609,6 +611,79 @@ def test_batch_events_leaves_out_the_per_batch_events_a_plugin_does_not_name() -
 
     hookfit.Loop(lambda l, b: None, [1, 2], plugins=[Sometimes()]).fit()
     assert calls == ["batch_end", "batch_end"]
+
+
+class Done:
+    """Takes part in batch_end until its state says it is done; that state comes back on resume."""
+
+    name = "done"
+
+    def __init__(self) -> None:
+        self.done, self.calls = False, 0
+
+    def batch_events(self, loop):
+        return () if self.done else ("batch_end",)
+
+    @hookfit.hookimpl
+    def batch_end(self):
+        self.calls += 1
+
+    @hookfit.hookimpl
+    def load_state(self, state):
+        self.done = state["done"]
+
+    @hookfit.hookimpl
+    def resume(self, loop, source):
+        loop.load_plugin_states({"done": {"done": True}})
+        loop.load_state_dict(saved_run(1, 2, 0))
+        return "ckpt.pt"
+
+
+def test_batch_events_is_asked_again_after_the_resume_so_restored_state_counts() -> None:
+    """The answer was asked at configure only, before load_state: a plugin whose restored state left it out
+    of batch_end still got every batch of the resumed run (2 here)."""
+    fresh = Done()
+    hookfit.Loop(lambda l, b: None, [1, 2], plugins=[fresh], max_epochs=2).fit()
+    resumed = Done()
+    state = hookfit.Loop(lambda l, b: None, [1, 2], plugins=[resumed], max_epochs=2, resume="x").fit()
+    assert fresh.calls == 4 and state.step == 4 and state.resumed_from is not None
+    assert resumed.done and resumed.calls == 0
+
+
+@pytest.mark.bad_input
+def test_a_run_refused_before_fit_start_still_gives_every_plugin_its_fit_end() -> None:
+    """As hookspecs.fit_end says: every run that fired configure ends with fit_end, one refused before
+    fit_start (a misspelt batch_events answer) too, so what configure set up is released."""
+    seen: list[str] = []
+
+    class Opener:
+        name = "opener"
+
+        @hookfit.hookimpl
+        def configure(self):
+            seen.append("configure")
+
+        @hookfit.hookimpl
+        def fit_start(self):
+            seen.append("fit_start")
+
+        @hookfit.hookimpl
+        def fit_end(self, loop):
+            seen.append(f"fit_end {loop.state.status}")
+
+    class Misspelt:
+        name = "misspelt"
+
+        def batch_events(self, loop):
+            return ("batch_ends",)
+
+        @hookfit.hookimpl
+        def batch_end(self):
+            pass
+
+    with pytest.raises(hookfit.PluginError, match="plugin 'misspelt'"):
+        hookfit.Loop(lambda l, b: None, [1], plugins=[Opener(), Misspelt()]).fit()
+    assert seen == ["configure", "fit_end failed"]
 
 
 @pytest.mark.bad_input
