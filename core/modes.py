@@ -1,19 +1,22 @@
 """Train and eval mode: the model's root modules, every module in eval mode for a validation
 with its own flag back afterwards (a frozen BatchNorm stays frozen), the grad mode of a
-validation, and the warning for a model left in eval mode as training starts."""
+validation, no optimizer step and no backward pass in one, and the warning for a model left in
+eval mode as training starts."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from hookfit.errors import HookfitWarning, user_level
+from hookfit.errors import HookfitWarning, UsageError, user_level
 
-__all__ = ["eval_modes", "grad_mode", "modules", "warn_eval_mode"]
+__all__ = ["eval_modes", "grad_mode", "modules", "trains_nothing", "warn_eval_mode"]
 
 
 def modules(model: Any) -> list[torch.nn.Module]:
@@ -35,6 +38,40 @@ def modules(model: Any) -> list[torch.nn.Module]:
 def grad_mode(kind: str) -> contextlib.AbstractContextManager[Any]:
     """``torch.inference_mode()`` for ``"inference"``, else ``torch.no_grad()``."""
     return torch.inference_mode() if kind == "inference" else torch.no_grad()
+
+
+class StepInValidation(UsageError, RuntimeError):
+    """An optimizer stepped during a validation, which trains nothing."""
+
+
+@contextlib.contextmanager
+def trains_nothing() -> Iterator[None]:
+    """A validation trains nothing: an optimizer step on this thread inside it (``loop.optimizers.step()``
+    or an optimizer's own ``step()`` in a ``val_step`` copied from the training step) raises
+    :class:`StepInValidation` before any parameter changes, and the error of a backward pass, which
+    the validation's grad mode refuses, says why. (Both cost nothing a batch: a hook torch calls only
+    on a step, and the ``except`` of a ``try`` around the stage.)"""
+    thread = threading.get_ident()
+
+    def refuse(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() == thread:
+            raise StepInValidation(
+                f"an optimizer ({type(optimizer).__name__}) stepped during a validation, which trains nothing: the "
+                f"step would change the parameters with the gradients training left. Step the optimizers in the "
+                f"training step only (loop.backward, loop.optimizers.step() and zero_grad() belong there)")
+
+    handle = register_optimizer_step_pre_hook(refuse)
+    try:
+        yield
+    except RuntimeError as error:
+        if "does not require grad" in str(error):  # torch's words for a backward pass through no graph
+            error.add_note("hookfit: a validation runs without autograd (torch.inference_mode(), or no_grad with "
+                           "Loop(val_grad_mode='no_grad')) and trains nothing: a val_step computes and returns its "
+                           "outputs; the backward pass (loop.backward(loss), loss.backward()) belongs in the training "
+                           "step")
+        raise
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager

@@ -238,7 +238,7 @@ def validate(run: Run) -> None:
     if step is None or data is None:  # never: Loop() takes both or neither, and callers check
         raise RuntimeError("a validation needs both val_step and val_data")
     run.cursor.valid_begins(data)  # a state dict taken during it resumes at its start
-    with modes.eval_modes(run.model), modes.grad_mode(run.val_grad_mode):
+    with modes.eval_modes(run.model), modes.grad_mode(run.val_grad_mode), modes.trains_nothing():
         if isinstance(data, Mapping):  # several validation sets: one stage
             run_stage(run, "valid", per_set(step, run.state), ValSets(data, run.state))
         else:

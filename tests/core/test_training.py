@@ -175,6 +175,83 @@ def test_validation_restores_modes_when_the_val_step_raises() -> None:
     assert model.training and model.body.training and not model.bn.training
 
 
+def _train(loop, batch):
+    loss = loop.model(torch.ones(2, 2)).pow(2).sum()
+    loop.backward(loss)
+    loop.optimizers.step()
+    loop.optimizers.zero_grad()
+    return loss
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("raw", [False, True])
+def test_an_optimizer_step_in_a_validation_is_refused_before_the_parameters_change(raw: bool) -> None:
+    """A val_step copied from the training step stepped the optimizer in every validation batch (with
+    the gradients training left, under no_grad), and the run ended completed on other weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def val_step(loop, batch):
+        loop.optimizers.step() if not raw else opt.step()  # (no backward pass: allowed under no_grad)
+        return None
+
+    weights = {}
+
+    class Keep:
+        name = "keep"
+
+        @hookfit.hookimpl
+        def stage_start(self, loop, stage):
+            weights[stage] = model.weight.detach().clone()
+
+    with pytest.raises(hookfit.modes.StepInValidation, match=r"an optimizer \(SGD\) stepped during a validation, "
+                       r"which trains nothing.*Step the optimizers in the training step only") as caught:
+        hookfit.Loop(_train, [1, 2], val_step=val_step, val_data=[1], model=model,
+                     optimizers=opt, plugins=[Keep(), Optim()], val_grad_mode="no_grad").fit()
+    assert torch.equal(model.weight, weights["valid"])  # refused before the step
+    assert "step function 'test_an_optimizer_step_in_a_validation_is_refused" in "".join(caught.value.__notes__)
+    assert "stage valid, batch 1" in "".join(caught.value.__notes__)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()  # the refusal ends with the validation
+    assert not torch.equal(model.weight, weights["valid"])
+
+
+def test_a_validation_refuses_steps_on_its_own_thread_only() -> None:
+    """Another thread's training (two runs at once in one process) steps while this run validates."""
+    other = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    other(torch.ones(1, 1)).sum().backward()
+    stepped = []
+
+    def val_step(loop, batch):
+        worker = threading.Thread(target=lambda: stepped.append(opt.step()))
+        worker.start()
+        worker.join()
+
+    hookfit.Loop(lambda l, b: None, [1], val_step=val_step, val_data=[1]).fit()
+    assert stepped == [None]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_backward_pass_in_a_validation_says_that_a_validation_trains_nothing(raw: bool) -> None:
+    """torch's own words alone ("element 0 of tensors does not require grad"), blamed on optim, read as a
+    bug of hookfit's."""
+    model = torch.nn.Linear(2, 1)
+
+    def val_step(loop, batch):
+        loss = loop.model(torch.ones(2, 2)).sum()
+        loss.backward() if raw else loop.backward(loss)
+
+    with pytest.raises(RuntimeError, match="does not require grad") as caught:
+        hookfit.Loop(_train, [1], val_step=val_step, val_data=[1], model=model,
+                     optimizers=torch.optim.SGD(model.parameters(), lr=0.1), plugins=[Optim()]).fit()
+    notes = "".join(caught.value.__notes__)
+    assert "a validation runs without autograd" in notes and "belongs in the training step" in notes
+    assert "step function 'test_a_backward_pass_in_a_validation" in notes
+
+
 def test_val_every_n_epochs(recorder: Recorder) -> None:
     hookfit.Loop(
         lambda loop, b: None, [1], val_step=lambda loop, b: None, val_data=[1],
