@@ -78,6 +78,7 @@ class Scores:
         self._asked: float | None = None  # the best metric of the saves asked, written or not yet
         self._warned = False  # a warning said why this run's checkpoints carry no score
         self._scored = False  # a publication of this run carried the metric
+        self._finite = False  # one carried it as a finite number
         self.unheard = False
         """Whether a validation of this run published no metrics of the stage (:func:`unscored`)."""
 
@@ -85,7 +86,7 @@ class Scores:
         """A new run: no score, no best, nothing pending."""
         self.monitor.start()
         self.pending, self._score, self._asked, self._warned, self.unheard = None, None, None, False, False
-        self._scored = False
+        self._scored = self._finite = False
 
     def begin(self, loop: Run) -> None:
         """As training starts: a warning when the run can never publish the metric (a ``valid``
@@ -103,9 +104,19 @@ class Scores:
 
     def end(self, loop: Run) -> None:
         """As a training run that completed ends without a best checkpoint: a warning when no
-        publication carried the metric and no earlier warning of this run said why. None for an
-        interrupted run (the run resumed from its checkpoint may yet publish it) nor a failed one."""
-        if self._scored or self._warned or self.unheard or loop.state.status != "completed":
+        publication carried the metric, or none as a finite number, and no earlier warning of this run
+        said why. None for an interrupted run (the run resumed from its checkpoint may yet publish it)
+        nor a failed one."""
+        if self._finite or self._warned or self.unheard or loop.state.status != "completed":
+            return
+        if self._scored:  # (a best kept from before a resume stays the best)
+            if self.monitor.best is not None:
+                return
+            self._warned, last = True, f" (last: {self._score[1]})" if self._score is not None else ""
+            warnings.warn(f"{self.monitor.plugin}: monitor={self.monitor.metric!r} was never a finite number in this "
+                          f"run{last}: a non-finite score is never the best, so no best checkpoint is kept "
+                          f"(results['best_checkpoint'] is None); its checkpoints are written", CheckpointWarning,
+                          stacklevel=user_level())
             return
         self._warned = True
         warnings.warn(f"{self.monitor.plugin}: monitor={self.monitor.metric!r} was never published in this run: "
@@ -134,6 +145,7 @@ class Scores:
             self.monitor.follow(metrics.best)  # the direction the checkpoints are compared in
             score = float(metrics.values[key].epoch)
             self._score, self._scored = (loop.state.step, score), True
+            self._finite = self._finite or math.isfinite(score)
             return score
         self._score = None
         if not self._warned and loop.stop_requested is None:  # (a stage a stop cut short may lack it)

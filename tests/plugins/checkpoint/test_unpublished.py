@@ -91,6 +91,24 @@ def test_a_run_that_never_published_the_monitor_says_so_once_as_it_ends(
     assert state.status == "completed" and state.results["best_checkpoint"] is None and checkpoint.saved
 
 
+@pytest.mark.bad_input
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_monitor_never_finite_says_that_no_best_checkpoint_is_kept(tmp_path: Path, value: float) -> None:
+    """One NaN sample in the validation data made valid/loss NaN every epoch: results['best_checkpoint'] was
+    None without a word, and a script's validate(resume=None) then tested the last weights instead."""
+    state, said, checkpoint = fit(tmp_path, Metrics(), val_step=lambda loop, batch: {"loss": torch.tensor(value)})
+    assert said == [f"checkpoint: monitor='valid/loss' was never a finite number in this run (last: {value}): a "
+                    f"non-finite score is never the best, so no best checkpoint is kept (results['best_checkpoint'] "
+                    f"is None); its checkpoints are written"]
+    assert state.status == "completed" and state.results["best_checkpoint"] is None and checkpoint.saved
+
+
+def test_a_monitor_finite_once_keeps_that_checkpoint_as_the_best_without_a_word(tmp_path: Path) -> None:
+    values = iter([1.0, float("nan")])
+    state, said, checkpoint = fit(tmp_path, Metrics(), val_step=lambda loop, batch: {"loss": torch.tensor(next(values))})
+    assert said == [] and state.results["best_checkpoint"] == checkpoint.best[1]
+
+
 def test_a_run_that_published_the_monitor_and_validate_say_nothing_of_it(tmp_path: Path) -> None:
     """The control: a published monitor is no warning; nor is ``validate()`` with a Loop whose
     training would never validate (it validates)."""
