@@ -55,6 +55,7 @@ __all__ = ["execute", "run_stage", "scope", "validate"]
 
 _Tensor = torch.Tensor
 _END = object()
+EMPTY = " (len() is 0; a DataLoader with drop_last=True and fewer samples than its batch_size has no batch)"
 
 def execute(run: Run) -> State:
     """Run to the end (``Loop.fit()``, ``Loop.validate()``): ``fit_end`` fires exactly
@@ -342,7 +343,7 @@ def run_stage(run: Run, stage: str, step: Step, data: Iterable[Any], start: int 
             if batch_idx < 0:
                 used = _used_up(data) or ("an iterator or generator" if state.epoch else "")
                 raise ValueError(
-                    f"{stage} data yielded no batches in epoch {state.epoch + 1}"
+                    f"{stage} data yielded no batches in epoch {state.epoch + 1}" + (EMPTY if length(data) == 0 else "")
                     + (f" ({used} is used up after one pass; pass a list, a DataLoader or a generator "
                        f"factory: an object whose __iter__ is a generator function)" if used else ""))
             if (total := length(data)) is not None and batch_idx >= total:  # (said once a run: the same words)

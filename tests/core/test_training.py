@@ -344,6 +344,15 @@ def test_empty_data_fails_the_run_cleanly(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.bad_input
+def test_a_loader_with_no_batch_says_how_a_loader_gets_none() -> None:
+    """An empty DataLoader (drop_last=True, fewer samples than its batch_size) said only "yielded no batches"."""
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(3, 1)), batch_size=4, drop_last=True)
+    with pytest.raises(ValueError, match=r"train data yielded no batches in epoch 1 \(len\(\) is 0; a DataLoader with "
+                                         r"drop_last=True and fewer samples than its batch_size has no batch\)\n"):
+        hookfit.Loop(lambda l, b: None, data).fit()
+
+
+@pytest.mark.bad_input
 def test_exhausted_generator_is_explained() -> None:
     # several epochs of a generator: refused when the Loop is built...
     with pytest.raises(ValueError, match="train_data is a generator, an iterator that gives its batches once only"):
