@@ -135,5 +135,4 @@ def should_sync_gradients(loop: Run) -> bool | None:
 
     Synchronising a pass that need not be is harmless (the average is linear), only slower. When
     in doubt, answer ``True``; ``None`` (or no implementation) means ``True``. First result. The
-    built-in ``optim``'s answer: ``plugins/optim/README.md``, "The accumulation window".
-    """
+    built-in ``optim``'s answer: ``plugins/optim/README.md``, "The accumulation window"."""

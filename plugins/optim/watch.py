@@ -136,8 +136,7 @@ class Watch:
         model."""
         self._backward_bypassed = True
         loop, step = self.loop, self._step_name()
-        why = self._why + ([f"{loop.state.world_size} processes"] if loop is not None and loop.state.world_size > 1
-                           else [])
+        why = self._why + ([f"{loop.state.world_size} processes"] if loop and loop.state.world_size > 1 else [])
         message = (f"optim: gradients appeared on the parameters of the run's optimizers outside loop.backward"
                    f"{self._where()}: step function {step!r} calls loss.backward() itself, which bypasses optim's")
         if why:
@@ -160,12 +159,15 @@ class Watch:
             self._check_order(managed.name, optimizer, call)
         if self.stepping or self._bypass_seen:
             return
-        self._bypass_seen = True
-        warnings.warn(f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped directly"
-                      f"{self._where()}, not through loop.optimizers: such a step bypasses optim's gradient clipping, "
-                      f"accumulation, loss scaling, non-finite checks, schedulers and step counters. Call "
-                      f"{call}.step({'closure' if args[1:] or kwargs else ''}) in the step function instead of the "
-                      f"optimizer's own step()", OptimWarning, stacklevel=user_level(_TORCH))  # (past torch's)
+        self._bypass_seen, why = True, "; ".join(self._why)  # what the run is made of: raised, as for a pass
+        said = (f"optim: optimizer {managed.name!r} ({type(managed.optimizer).__name__}) was stepped directly"
+                f"{self._where()}, not through loop.optimizers: such a step bypasses optim's gradient clipping, "
+                f"accumulation, loss scaling, non-finite checks, schedulers and step counters. Call "
+                f"{call}.step({'closure' if args[1:] or kwargs else ''}) in the step function instead of the "
+                f"optimizer's own step()" + (f"; with {why}, the run would train another model" if why else ""))
+        if why:  # (before the step: the parameters are those of the last step optim took)
+            raise RuntimeError(said)
+        warnings.warn(said, OptimWarning, stacklevel=user_level(_TORCH))  # (past torch's)
 
     def _check_order(self, name: str, optimizer: torch.optim.Optimizer, call: str) -> None:
         """Warn, once a run each, of a step on gradients a pass added onto those of the previous step, and of two

@@ -1038,6 +1038,26 @@ def test_stepping_through_loop_optimizers_never_warns_on_any_path() -> None:
 
 
 @pytest.mark.bad_input
+def test_stepping_the_optimizer_variable_inside_an_accumulation_window_is_refused_before_it_steps() -> None:
+    """A direct step under accumulate=2 was warned of and trained another model (every batch stepped on one
+    batch's gradients), while a loss.backward() bypass in the same run was refused: both are refused now."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in m.parameters()]
+
+    def step(loop, batch):
+        loop.backward(mse(m, batch))
+        opt.step()  # the script's variable: not loop.optimizers.step()
+        opt.zero_grad()
+
+    with pytest.raises(RuntimeError, match=r"optimizer 'default' \(SGD\) was stepped directly \(epoch 1, batch 1\).*"
+                                           r"Call loop\.optimizers\.step\(\) .*; with accumulate=2 \(each loss must "
+                                           r"be divided by the window\), the run would train another model"):
+        hookfit.Loop(step, data(2), model=m, optimizers=opt, plugins=[Optim(accumulate=2)]).fit()
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+
+
+@pytest.mark.bad_input
 def test_a_bypassed_named_optimizer_is_named_with_the_call_to_use() -> None:
     a, b = model(1), model(2)
     opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
