@@ -327,7 +327,7 @@ def _print_summary(folder: Path, dash: DashboardModel, follower: Follower, info:
     steps = info.steps if info.steps is not None and not info.evaluation else logged  # (runs': the core's end line)
     warned = recorded_warnings(folder)
     state = SimpleNamespace(status="completed" if info.status == "evaluated" else info.status, stop_reason=info.reason,
-                            elapsed=info.duration or 0.0, step=steps,
+                            elapsed=info.duration, step=steps,
                             stopped_by=ended.get("by"), resumed_from=resumed, time_split=times or dash.time_split,
                             evaluation=info.evaluation)
     print(f"run {folder}")

@@ -117,8 +117,10 @@ def summary(dashboard: DashboardModel | None, state: Any, output: Path | str | N
 
     evaluation = getattr(state, "evaluation", False) or getattr(dashboard, "evaluation", False)
     asked = f"; stop asked by {state.stopped_by}" if state.stopped_by else ""
-    lines = [f"hookfit: {'evaluation' if evaluation else 'training'} {state.status} ({state.stop_reason}) after "
-             f"{state.elapsed:.1f}s{'' if evaluation else f', {state.step} steps'}{asked}"]
+    took = [] if state.elapsed is None else [f"{state.elapsed:.1f}s"]  # (None: no end recorded its time)
+    took += [] if evaluation else [f"{state.step} steps"]
+    lines = [f"hookfit: {'evaluation' if evaluation else 'training'} {state.status} ({state.stop_reason})"
+             f"{' after ' + ', '.join(took) if took else ''}{asked}"]
     if dashboard is not None and dashboard.skipped:
         lines.append(f"  {dashboard.skipped_text()}"
                      + ("; most of the run did not train" if dashboard.mostly_skipped else ""))

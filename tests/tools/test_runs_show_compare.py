@@ -532,6 +532,7 @@ def test_runs_on_hostile_folders_never_hangs_and_notes_each_unreadable_run_once(
                                text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL,
                                env={k: v for k, v in os.environ.items() if k != "HOOKFIT_PLUGINS"})  # with tui
         assert shown.returncode == 0 and "unfinished" in shown.stdout, shown.stderr
+        assert " 0.0s" not in shown.stdout  # no end recorded its time: none is said (it said 0.0s)
 
 
 def test_shows_clock_of_a_resumed_run_is_the_whole_runs_time_as_runs_says(tmp_path: Path) -> None:
