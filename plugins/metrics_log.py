@@ -40,7 +40,8 @@ people does:
   ``Metrics(interval=0)`` publishes after every batch, so every N-th step has its line.
 * ``{"event": "checkpoint", "step": <global step>, "reason": ..., "file": <its name>}`` for
   every checkpoint written (``checkpoint_saved``, the checkpoint role's event): ``hookfit
-  show`` draws its ``C`` mark.
+  show`` draws its ``C`` mark. It is written when the file is whole, so a checkpoint written in the
+  background may come after lines of later steps: its ``step`` says which step it holds.
 * ``{"event": "start"}`` where a fit that does not resume (``resume=None``) begins writing into
   a log that holds lines already (a script run again in its ``run_dir``): a new history begins,
   and readers take the lines after the last such line (:func:`hookfit.tools.runs.current`), as
