@@ -28,10 +28,14 @@ def check_step(what: str, step: Any) -> None:
     if not any(_binds(signature) for signature in signatures):
         raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
                         f"{signatures[0]} does not take those two arguments")
-    if list(signatures[0].parameters)[:2] == ["batch", "batch_idx"]:  # a Lightning step would get the run as its batch
+    names = list(signatures[0].parameters)[:2]
+    if names == ["batch", "batch_idx"]:  # a Lightning step would get the run as its batch
         raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
                         f"{signatures[0]} takes (batch, batch_idx), as a LightningModule's does: write "
                         f"(loop, batch) and read the batch's index as loop.state.batch_idx")
+    if names == ["batch", "loop"]:  # swapped: the batch would be the run (failing deep inside, or not at all)
+        raise TypeError(f"{what} {qualname(step)!r} is called as step(loop, batch), and its signature "
+                        f"{signatures[0]} names them the other way round: write (loop, batch)")
 
 
 def _not_a_step(what: str, value: Any) -> str | None:

@@ -18,6 +18,8 @@ import hookfit
     (type("LitModel", (), {"training_step": lambda self, batch, batch_idx: None})().training_step,
      r"signature \(batch, batch_idx\) takes \(batch, batch_idx\), as a LightningModule's does: write \(loop, batch\) "
      r"and read the batch's index as loop.state.batch_idx"),
+    (lambda batch, loop: None, r"train_step '<lambda>' is called as step\(loop, batch\), and its signature \(batch, "
+                               r"loop\) names them the other way round: write \(loop, batch\)"),
 ])
 def test_a_step_function_that_cannot_take_loop_and_batch_is_refused_when_the_loop_is_made(step, match) -> None:
     """``def step(batch)`` fails at Loop(), naming the step and its signature, not at the first
