@@ -135,7 +135,7 @@ class Loop:
     the last step when ``max_steps`` falls on a multiple of N). Either way every module of
     ``model`` is in eval mode under ``torch.inference_mode()`` (``val_grad_mode="no_grad"`` for
     ``torch.no_grad()``), and afterwards each submodule gets back its own previous training flag; an
-    optimizer step inside it is refused (:class:`hookfit.modes.StepInValidation`): it trains nothing.
+    optimizer step inside it with autograd off is refused (:class:`hookfit.modes.StepInValidation`).
 
     A run has an identity, ``name`` (default: the name of ``run_dir`` if given, else the
     script's name: ``train`` for ``python train.py``), and a folder for the files it writes

@@ -46,15 +46,16 @@ class StepInValidation(UsageError, RuntimeError):
 
 @contextlib.contextmanager
 def trains_nothing() -> Iterator[None]:
-    """A validation trains nothing: an optimizer step on this thread inside it (``loop.optimizers.step()``
-    or an optimizer's own ``step()`` in a ``val_step`` copied from the training step) raises
+    """A validation trains nothing: an optimizer step on this thread inside it with autograd off
+    (``loop.optimizers.step()`` or an optimizer's own ``step()`` in a ``val_step`` copied from the
+    training step; not one under ``torch.enable_grad()``, test-time adaptation) raises
     :class:`StepInValidation` before any parameter changes, and the error of a backward pass, which
     the validation's grad mode refuses, says why. (Both cost nothing a batch: a hook torch calls only
     on a step, and the ``except`` of a ``try`` around the stage.)"""
     thread = threading.get_ident()
 
     def refuse(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() == thread:
+        if threading.get_ident() == thread and not torch.is_grad_enabled():  # (enable_grad(): adapting on purpose)
             raise StepInValidation(
                 f"an optimizer ({type(optimizer).__name__}) stepped during a validation, which trains nothing: the "
                 f"step would change the parameters with the gradients training left. Step the optimizers in the "

@@ -217,6 +217,23 @@ def test_an_optimizer_step_in_a_validation_is_refused_before_the_parameters_chan
     assert not torch.equal(model.weight, weights["valid"])
 
 
+def test_a_val_step_that_enables_autograd_may_step_an_optimizer_of_its_own() -> None:
+    """Test-time adaptation (TENT: the norm layers adapted on each validation batch) turns autograd on
+    itself, with val_grad_mode="no_grad": that step is meant, not a copied training step."""
+    model = torch.nn.Linear(2, 1)
+    adapt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+
+    def val_step(loop, batch):
+        with torch.enable_grad():
+            loop.model(torch.ones(2, 2)).pow(2).sum().backward()
+            adapt.step()
+            adapt.zero_grad()
+
+    hookfit.Loop(lambda l, b: None, [1], val_step=val_step, val_data=[1], model=model, val_grad_mode="no_grad").fit()
+    assert not torch.equal(model.weight, before)
+
+
 def test_a_validation_refuses_steps_on_its_own_thread_only() -> None:
     """Another thread's training (two runs at once in one process) steps while this run validates."""
     other = torch.nn.Linear(1, 1)
