@@ -257,8 +257,11 @@ def records_options(cls: Plugin) -> Plugin:
     """Class decorator: each instance keeps, in its ``given_options`` attribute, the constructor
     arguments its call passed, by name (:func:`given_options`), so that a ``hookfit.toml`` table fills
     in those the code did not pass (:func:`fill_in`). Only a call of this very class is recorded: a
-    subclass with a constructor of its own records nothing unless it is decorated too."""
-    init: Callable[..., None] = getattr(cls, "__init__")  # (mypy: not through an instance of type)
+    subclass with a constructor of its own records nothing unless it is decorated too. A keyword the
+    constructor does not take is refused with the closest one it does (:func:`~hookfit.errors.keywords_named`)."""
+    from hookfit.errors import keywords_named
+
+    init: Callable[..., None] = keywords_named(getattr(cls, "__init__"))  # (mypy: not through an instance of type)
     signature = inspect.signature(init)
 
     @functools.wraps(init)

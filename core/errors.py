@@ -116,9 +116,13 @@ R = TypeVar("R")
 
 def keywords_named(function: Callable[P, R]) -> Callable[P, R]:
     """``function`` (a class's ``__init__``) whose ``TypeError`` for an unknown keyword argument names
-    the closest keyword it takes (``max_epoch`` → ``max_epochs``), as Python's own does not."""
+    the closest keyword it takes (``max_epoch`` → ``max_epochs``), as Python's own does not; one that
+    takes ``**kwargs`` is returned as it is."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    names = [name for name, p in inspect.signature(function).parameters.items() if p.kind in kinds][1:]
+    parameters = inspect.signature(function).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return function
+    names = [p.name for p in parameters if p.kind in kinds][1:]
     owner = function.__qualname__.removesuffix(".__init__")
 
     @functools.wraps(function)
@@ -127,7 +131,8 @@ def keywords_named(function: Callable[P, R]) -> Callable[P, R]:
             if key not in names:
                 close = difflib.get_close_matches(key, names, n=1)
                 raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}; "
-                                + (f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(names)}"))
+                                + (f"did you mean {close[0]!r}?" if close
+                                   else f"it takes {', '.join(names)}" if names else "it takes none"))
         return function(*args, **kwargs)
     return checked
 

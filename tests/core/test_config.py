@@ -455,3 +455,37 @@ def test_a_pyprojects_tool_hookfit_table_is_the_file_where_there_is_no_hookfit_t
     pyproject.write_text('[project]\nname = "mine"\n')
     with pytest.raises(ConfigError, match=r"pyproject.toml: no \[tool.hookfit\] table"):
         config.load(pyproject)  # named by HOOKFIT_CONFIG
+
+
+def builtin_plugin_classes() -> list[type]:
+    from importlib.metadata import entry_points
+
+    return [ep.load() for ep in entry_points(group="hookfit") if ep.value.startswith("hookfit.plugins.")]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("cls", builtin_plugin_classes(), ids=lambda cls: cls.__name__)
+def test_a_misspelt_keyword_to_a_builtin_plugin_names_the_one_it_takes(cls: type) -> None:
+    import inspect
+
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [name for name, p in inspect.signature(cls).parameters.items() if p.kind in kinds]
+    if not names:
+        with pytest.raises(TypeError, match=rf"^{cls.__name__}\(\) got an unexpected keyword argument 'every'; "
+                                            "it takes none$"):
+            cls(every=1)
+        return
+    longest = max(names, key=len)  # the signature seen through the check: the class's own
+    misspelt = longest[:2] + longest[3:]  # a letter dropped
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}\(\) got an unexpected keyword argument {misspelt!r}; "
+                                        rf"did you mean {longest!r}\?$"):
+        cls(**{misspelt: 1})
+
+
+def test_a_recorded_constructor_that_takes_any_keyword_is_not_checked() -> None:
+    @config.records_options
+    class Open:
+        def __init__(self, level: int = 1, **extra: object) -> None:
+            self.extra = extra
+
+    assert Open(levl=2).extra == {"levl": 2} and config.given_options(Open(levl=2)) == {"levl": 2}
