@@ -63,6 +63,8 @@ def where(run: Run, error: BaseException) -> str:
         elif wrapper is not None and code in own:  # the step itself, inside its wrapper
             wrapper = None
         elif not hooks and step is not None and (owner := _owner(modules, tb.tb_frame.f_globals.get("__name__"))):
+            if isinstance(error, UsageError) and _core_raised(tb):  # (hookfit's own check refused what the step did)
+                return f"hookfit: raised in step function {qualname(step)!r} ({at})"
             if isinstance(error, UsageError) and _within(modules, owner, tb):
                 return (f"hookfit: raised in step function {qualname(step)!r}, which called {pm.describe(owner)} "
                         f"wrongly: {code.co_qualname} refused the call ({at})")
@@ -259,6 +261,14 @@ def _within(modules: dict[str, str], owner: str, tb: types.TracebackType | None)
             return False
         tb = tb.tb_next
     return True
+
+
+def _core_raised(tb: types.TracebackType) -> bool:
+    """Whether the innermost frame from ``tb`` on, where the error was raised, is the core's (``hookfit.*``, no plugin)."""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    module = str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.startswith("hookfit.") and not module.startswith("hookfit.plugins.")
 
 
 def warn_secondary(error: BaseException, hook: str, when: str = "while the run was already ending") -> None:
