@@ -12,7 +12,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, ParamSpec, TypeVar
 
-__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "RefusedAnswer", "RefusedState", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "no_attribute", "user_level"]
+__all__ = ["ErrorCopy", "HookfitWarning", "ObserverWarning", "PluginError", "RefusedAnswer", "RefusedState", "Silenced", "StateMismatch", "UsageError", "forget_warnings", "keywords_named", "no_attribute", "user_level", "WHERE"]
 
 
 LOGGING = ("log", "log_dict")
@@ -20,11 +20,21 @@ LOGGING = ("log", "log_dict")
 :func:`no_attribute` answers with how hookfit reports instead."""
 
 
+WHERE = {"epoch": "epoch", "step": "step", "batch_idx": "batch_idx", "stage": "stage", "status": "status",
+         "global_step": "step", "current_epoch": "epoch"}
+"""Names a step function may look for where a run is (Lightning's ``global_step`` and ``current_epoch``
+among them), and the :class:`hookfit.State` field that holds it, which :func:`no_attribute` names."""
+
+
 def no_attribute(self: object, name: str) -> NoReturn:
-    """``__getattr__`` of :class:`hookfit.Loop` and :class:`hookfit.Run`, which type checkers do not see: the
-    ``AttributeError`` Python raises for an attribute that is not there, saying for :data:`LOGGING`'s names that
-    a step function reports by returning its values (README.md, "A first script")."""
+    """``__getattr__`` of :class:`hookfit.Loop`, :class:`hookfit.Run` and :class:`hookfit.State`, which type
+    checkers do not see: the ``AttributeError`` Python raises for an attribute that is not there, saying for
+    :data:`LOGGING`'s names that a step function reports by returning its values (README.md, "A first script"),
+    and for :data:`WHERE`'s which field of ``loop.state`` holds it."""
     said = f"{type(self).__name__!r} object has no attribute {name!r}"
+    if name in WHERE:
+        state = "state" if "epoch" in getattr(type(self), "__dataclass_fields__", ()) else "loop.state"
+        said += f": where the run is, is {state}: {state}.{WHERE[name]}"
     if name in LOGGING:
         said += (": hookfit has no logging call; a step function reports by returning its values, {'loss': loss, "
                  "'acc': acc} (README.md, 'A first script'), which the metrics plugin aggregates and every logger "

@@ -6,8 +6,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
+from hookfit import errors
 from hookfit.payloads import TimeSplit
 
 __all__ = ["State", "Status"]
@@ -28,6 +29,9 @@ class State:
     what the plugins answered ``results`` with when the run ended (final and best metrics, the
     best checkpoint): read it from what ``fit()`` or ``validate()`` returns.
     """
+
+    if not TYPE_CHECKING:  # (an attribute that is not there stays a type error) state.global_step: state.step
+        __getattr__ = errors.no_attribute
 
     epoch: int = 0
     step: int = 0

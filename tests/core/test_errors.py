@@ -196,6 +196,30 @@ def test_lightning_s_logging_call_on_the_step_s_loop_says_how_hookfit_reports(na
     assert not hasattr(loop, name)
 
 
+@pytest.mark.bad_input
+@pytest.mark.parametrize("name, field", [("global_step", "step"), ("current_epoch", "epoch"), ("epoch", "epoch"),
+                                         ("step", "step"), ("batch_idx", "batch_idx")])
+def test_where_the_run_is_asked_of_the_wrong_object_names_the_state_field_that_holds_it(name: str, field: str) -> None:
+    """``loop.global_step`` in a step (Lightning's ``self.global_step``), ``loop.epoch``: an ``AttributeError`` that
+    names ``loop.state``'s field; ``state.global_step`` names the field of the state itself."""
+    seen = []
+
+    def train_step(loop, batch):
+        seen.append(getattr(loop.state, field))
+        getattr(loop, name)
+
+    with pytest.raises(AttributeError, match=rf"^'Run' object has no attribute {name!r}: where the run is, is "
+                                             rf"loop.state: loop.state.{field}\nhookfit: raised in step function"):
+        hookfit.Loop(train_step, [1], disable=["checkpoint"]).fit()
+    assert seen == [0]  # the field named is there
+    state = hookfit.State()
+    if not hasattr(state, name):
+        with pytest.raises(AttributeError, match=rf"^'State' object has no attribute {name!r}: where the run is, "
+                                                 rf"is state: state.{field}$"):
+            getattr(state, name)
+    assert getattr(state, "lgo", None) is None and not hasattr(state, "global_step")
+
+
 def test_any_other_missing_attribute_is_python_s_own_error() -> None:
     loop = hookfit.Loop(lambda loop, batch: None, [1])
     with pytest.raises(AttributeError, match=r"^'Loop' object has no attribute 'lgo'$"):
