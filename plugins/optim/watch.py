@@ -110,12 +110,12 @@ class Watch:
             warnings.warn(f"optim: the optimizers stepped without a gradient on any of their parameters in the first "
                           f"epoch: call loop.backward(loss) in {self._step_name()!r} on a loss of the model they hold"
                           f" (the parameters do not change)", OptimWarning, stacklevel=user_level())
-        uncounted = self._backward_bypassed or not self._own_backward  # passes made past optim's backward
-        idle = self._passes == 0 and (uncounted or self.loop is None or self.loop.state.step == self._at)
+        idle = self._passes == 0 and not self._backward_bypassed and (  # (passes past optim's backward: uncounted)
+            not self._own_backward or self.loop is None or self.loop.state.step == self._at)
         if idle or self._bypass_seen or self._stepped() != self._steps_at or not (self._optimizers or self._passes):
             return  # (no optimizer and no backward pass: a step that trains by other means, or none)
-        asked = ("called loop.backward(loss)" if self._passes else
-                 "made no loop.backward(loss) (a loss returned is reported)")
+        asked = ("called loop.backward(loss)" if self._passes else "called loss.backward() itself"
+                 if self._backward_bypassed else "made no loop.backward(loss) (a loss returned is reported)")
         advice = ("optim steps when the step function asks: call loop.optimizers.step() and loop.optimizers.zero_grad()"
                   " after loop.backward(loss)" if self._optimizers else "The run has no optimizer: give Loop(optimizers=...)")
         warnings.warn(f"optim: step function {self._step_name()!r} {asked} in the first training epoch and no optimizer "

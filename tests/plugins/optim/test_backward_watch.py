@@ -278,6 +278,28 @@ def test_a_step_that_only_returns_its_loss_is_told_the_model_does_not_train() ->
     assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
 
 
+@pytest.mark.bad_input
+def test_a_step_that_calls_loss_backward_itself_and_never_steps_is_told_the_model_does_not_train() -> None:
+    """Lightning's automatic optimization carried over: ``loss.backward()`` and no step. Beside the warning that
+    the pass bypasses optim, the first training epoch's end says the parameters do not change, once a run."""
+    m = model()
+    before = [p.detach().clone() for p in m.parameters()]
+
+    def train_step(loop, batch):
+        loss = torch.nn.functional.mse_loss(m(batch[0]), batch[1])
+        loss.backward()
+        return loss
+
+    with pytest.warns(OptimWarning) as caught:
+        hookfit.Loop(train_step, data(4), model=m, optimizers=torch.optim.SGD(m.parameters(), lr=0.1),
+                     max_epochs=2, plugins=[Optim()]).fit()
+    said = [str(w.message) for w in caught if "no optimizer stepped" in str(w.message)]
+    assert len(said) == 1 and "train_step' called loss.backward() itself in the first training epoch and no " \
+        "optimizer stepped in all of it: the parameters do not change" in said[0], said
+    assert any("calls loss.backward() itself, which bypasses optim's" in str(w.message) for w in caught)
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+
+
 def test_a_run_without_optimizers_is_told_to_give_one_only_when_it_makes_backward_passes() -> None:
     """No ``Loop(optimizers=...)``: a step that trains by other means (an update under ``no_grad``, k-means)
     was told that no optimizer stepped and to call ``loop.optimizers.step()``; it hears nothing now. One that
