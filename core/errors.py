@@ -123,11 +123,18 @@ class Silenced:
 P = ParamSpec("P")
 R = TypeVar("R")
 
+LIGHTNING = {"accumulate_grad_batches": "accumulate", "gradient_clip_val": "clip_norm", "save_top_k": "keep_best",
+             "dirpath": "dir", "every_n_train_steps": "every_n_steps", "ckpt_path": "resume",
+             "lr_scheduler": "schedulers", "val_check_interval": "val_every_n_steps",
+             "check_val_every_n_epoch": "val_every_n_epochs", "default_root_dir": "run_dir"}
+"""Lightning's keyword arguments and hookfit's that do what they do, which :func:`keywords_named` names where
+spelling alone would not find them (``gradient_clip_val`` is a norm: close to ``clip_value``, it is ``clip_norm``)."""
+
 
 def keywords_named(function: Callable[P, R]) -> Callable[P, R]:
-    """``function`` (a class's ``__init__``) whose ``TypeError`` for an unknown keyword argument names
-    the closest keyword it takes (``max_epoch`` → ``max_epochs``), as Python's own does not; one that
-    takes ``**kwargs`` is returned as it is."""
+    """``function`` (a class's ``__init__``, a method) whose ``TypeError`` for an unknown keyword argument
+    names the closest keyword it takes (``max_epoch`` → ``max_epochs``; Lightning's names by :data:`LIGHTNING`),
+    as Python's own does not; one that takes ``**kwargs`` is returned as it is."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     parameters = inspect.signature(function).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
@@ -139,6 +146,9 @@ def keywords_named(function: Callable[P, R]) -> Callable[P, R]:
     def checked(*args: P.args, **kwargs: P.kwargs) -> R:
         for key in kwargs:
             if key not in names:
+                if LIGHTNING.get(key) in names:
+                    raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}; did you mean "
+                                    f"{LIGHTNING[key]!r}? (what Lightning calls {key})")
                 close = difflib.get_close_matches(key, names, n=1)
                 raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}; "
                                 + (f"did you mean {close[0]!r}?" if close

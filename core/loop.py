@@ -324,6 +324,7 @@ class Loop:
         self.run = Run(self, manager.build(self._given, self._disable))
         return _execute(self.run)
 
+    @errors.keywords_named
     def validate(self, resume: str | os.PathLike[str] | None = None) -> State:
         """Run the validation stage alone, with every plugin (metrics, console, dashboard),
         as ``fit()`` runs it: every module in eval mode, without autograd, modes restored
@@ -347,6 +348,7 @@ class Loop:
         self.run = Run(self, manager.build(self._given, self._disable), mode="validate", resume=resume)
         return _execute(self.run)
 
+    @errors.keywords_named
     def predict(self, data: Iterable[Any] | Mapping[str, Iterable[Any]], step: Step | None = None) -> Iterator[Any]:
         """Yield ``step(loop, batch)`` for each batch of ``data``, one at a time, keeping none: the model in eval
         mode under ``torch.inference_mode()``, every module's mode restored when the iteration ends or is abandoned.

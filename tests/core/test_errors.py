@@ -10,6 +10,7 @@ import sys
 import types
 import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -225,3 +226,33 @@ def test_any_other_missing_attribute_is_python_s_own_error() -> None:
     with pytest.raises(AttributeError, match=r"^'Loop' object has no attribute 'lgo'$"):
         loop.lgo  # noqa: B018
     assert getattr(loop, "lgo", None) is None and getattr(loop.state, "log", None) is None
+
+
+def _lightning_owners() -> dict[str, Callable[..., Any]]:
+    from hookfit.plugins.optim import Optim
+
+    loop = hookfit.Loop(lambda loop, batch: None, [1])
+    return {"Loop": hookfit.Loop, "Loop.validate": loop.validate, "Optim": Optim, "Checkpoint": Checkpoint}
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("owner, name", [
+    ("Optim", "accumulate_grad_batches"), ("Optim", "gradient_clip_val"), ("Optim", "lr_scheduler"),
+    ("Checkpoint", "save_top_k"), ("Checkpoint", "dirpath"), ("Checkpoint", "every_n_train_steps"),
+    ("Loop.validate", "ckpt_path"), ("Loop", "val_check_interval"), ("Loop", "check_val_every_n_epoch"),
+    ("Loop", "default_root_dir")])
+def test_lightning_s_keyword_names_hookfit_s_that_does_the_same(owner: str, name: str) -> None:
+    """Spelling would not find them (``gradient_clip_val`` is closest to ``clip_value``, a different clip):
+    each Lightning keyword names the one of hookfit's that does what it does, which the owner takes."""
+    import inspect
+
+    from hookfit.errors import LIGHTNING
+
+    call = _lightning_owners()[owner]
+    assert LIGHTNING[name] in inspect.signature(call).parameters
+    with pytest.raises(TypeError, match=rf"^{re.escape(owner)}\(\) got an unexpected keyword argument {name!r}; did "
+                                        rf"you mean {LIGHTNING[name]!r}\? \(what Lightning calls {name}\)$"):
+        call(**{name: 1})
+    assert set(LIGHTNING) == {"accumulate_grad_batches", "gradient_clip_val", "lr_scheduler", "save_top_k", "dirpath",
+                              "every_n_train_steps", "ckpt_path", "val_check_interval", "check_val_every_n_epoch",
+                              "default_root_dir"}  # every name is tried above
