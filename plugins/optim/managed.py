@@ -278,7 +278,7 @@ class ManagedOptimizer:
         self.optimizer.load_state_dict(state["optimizer"])
         self._skips, self._primed = None, False  # its groups' kernels may have changed
         for scheduler, saved in zip(self.schedulers, state["schedulers"]):
-            scheduler.load_state_dict(saved)
+            hparams.load_schedule("optim", self.name, scheduler, saved, OptimWarning)
         self.steps, self.skipped, self.used_lrs = state["steps"], state["skipped"], state.get("used_lrs")
 
 

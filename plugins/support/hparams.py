@@ -1,12 +1,14 @@
 """A run's hyperparameters, as the loggers (``tensorboard``, ``mlflow``, ``wandb``) record them: one
 flat mapping of scalars (:func:`run_hparams`); :func:`hyperparameters` checks a logger's ``hparams``;
-:func:`settings` and :func:`replaced_settings` find the optimizer settings a resume puts back over those given;
+:func:`settings` and :func:`replaced_settings` find the optimizer settings a resume puts back over those given,
+:func:`load_schedule` a scheduler's;
 :func:`warn_unsaved_schedule` and :class:`ScheduleCounts` find schedulers stepped outside an optimizer plugin;
 :func:`resumed_schedule` steps a schedule whose optimizer stepped before a resume."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import numbers
 import os
@@ -25,8 +27,8 @@ _TORCH = os.path.dirname(torch.__file__)  # (a check inside torch's step pre-hoo
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from hookfit.run import Run
 
-__all__ = ["Hparam", "ScheduleCounts", "given_group", "hparam", "hyperparameters", "replaced_settings", "resumed_schedule",
-           "run_hparams", "settings", "warn_replaced"]
+__all__ = ["Hparam", "ScheduleCounts", "given_group", "hparam", "hyperparameters", "load_schedule", "replaced_settings",
+           "resumed_schedule", "run_hparams", "settings", "warn_replaced"]
 
 Hparam = bool | int | float | str  # a hyperparameter's value: one scalar, as every tracker shows it
 _MECHANICS = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable"})  # how, not what
@@ -154,6 +156,25 @@ def warn_replaced(plugin: str, name: str, optimizer: Any, built: Sequence[Mappin
         f"Optimizer.load_state_dict puts back the saved parameter groups, a scheduler its saved state). To train "
         f"with the new values, start a new run (another Loop(run_dir=...) or Loop(name=...), or no resume), or "
         f"{then}", category, stacklevel=user_level())
+
+
+def load_schedule(plugin: str, name: str, scheduler: Any, saved: Mapping[str, Any], category: type[Warning]) -> None:
+    """Load ``saved`` into ``scheduler`` (one of optimizer ``name``'s), first warning once (``category``, at the
+    user's line) of the settings it was built with that the saved state replaces: the arguments of its class's
+    constructor its state keeps under their own names (``T_max``, ``total_steps``, ``gamma``), as plain values;
+    its progress (``last_epoch``) and what it derives are not compared."""
+    names = set(inspect.signature(type(scheduler).__init__).parameters) - {"self", "optimizer", "last_epoch", "verbose"}
+    built = {key: value for key, value in scheduler.state_dict().items() if key in names and _plain_value(_plain(value))}
+    changes = [(key, saved[key], value) for key, value in built.items() if key in saved and _differ(saved[key], value)]
+    if changes:
+        warnings.warn(
+            f"{plugin}: scheduler {type(scheduler).__name__} of optimizer {name!r} resumed with the settings of the "
+            f"checkpoint, not those it was built with: " + ", ".join(
+                f"the checkpoint's {key}={_shown(old)} replaces {key}={_shown(new)} given" for key, old, new in changes)
+            + ". A resumed run continues the saved one as it was (torch's load_state_dict puts back the scheduler's "
+            "saved state): to train on a new schedule, start a new run (another Loop(run_dir=...) or Loop(name=...), "
+            "or no resume)", category, stacklevel=user_level())
+    scheduler.load_state_dict(saved)
 
 
 def warn_changed_options(plugin: str, saved: Mapping[str, Any] | None, given: Mapping[str, Any],

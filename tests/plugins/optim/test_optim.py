@@ -1378,6 +1378,31 @@ def test_a_resume_that_replaces_the_settings_given_says_so_with_both_values(tmp_
 
 
 @pytest.mark.bad_input
+@pytest.mark.parametrize("build, key, then, now", [
+    (lambda opt, n: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=9 + 3 * n), "total_steps", 9, 12),
+    (lambda opt, n: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=3 + 6 * n), "T_max", 3, 9),
+    (lambda opt, n: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=(0.5, 0.1)[n]), "gamma", 0.5, 0.1),
+], ids=["OneCycleLR", "CosineAnnealingLR", "StepLR"])
+def test_a_resume_that_replaces_the_schedule_given_says_so_with_both_values(tmp_path, build, key, then, now) -> None:
+    """A longer run resumed with a schedule rebuilt for it (OneCycleLR's total_steps, a cosine's T_max): torch's
+    load_state_dict puts back the saved schedule, which then fails past its end or climbs back up, without a word."""
+    built = []
+
+    def schedulers(opt):
+        built.append(build(opt, len(built)))
+        return built[-1]
+
+    _, _, caught = _resumed(tmp_path, sgd, schedulers)
+    assert len(caught) == 1 and caught[0].filename == __file__, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert message.startswith(f"optim: scheduler {type(built[1]).__name__} of optimizer 'default' resumed with the "
+                              f"settings of the checkpoint, not those it was built with: the checkpoint's "
+                              f"{key}={then!r} replaces {key}={now!r} given. A resumed run continues"), message
+    assert "start a new run (another Loop(run_dir=...) or Loop(name=...), or no resume)" in message, message
+    assert built[1].state_dict()[key] == then  # the checkpoint's, as the warning says
+
+
+@pytest.mark.bad_input
 def test_a_resume_with_other_options_that_change_how_it_trains_says_so(tmp_path) -> None:
     """The window, clipping and precision shape every step: changed between a run and its resume, the resumed
     run is not the saved one continued, as a changed learning rate is not (which warns)."""
