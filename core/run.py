@@ -66,7 +66,8 @@ class Run:
       ``seed``, ``deterministic``, ``smoke``, ``mode`` (``"fit"`` or ``"validate"``),
       ``config`` (the ``Loop``), ``name``, ``resume``; a plugin that makes a smoke run changes
       the bounds and ``resume`` at ``configure`` (see :attr:`smoke`); :attr:`max_train_steps`, :attr:`no_validation`;
-    * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``,
+    * ``backward(loss)``, ``request_stop(reason)``, ``stop_requested``, ``run_dir``, ``run_dir_given``,
+      ``identity`` (:class:`hookfit.records.Identity`: ``name``, ``key``, a ``str``, ``matches(recorded)``),
       ``continue_in(folder)``, ``resumes_apart()``, ``place_run_dir(folder, released)``, ``earlier_run``, ``is_main``,
       ``wrap_step(wrapper)``;
     * ``carry``: what the step carries from one batch to the next (an RNN's hidden state), a

@@ -96,7 +96,10 @@ plugin is policy (when to save, which files to keep) and storage. What it must d
   identity that folder's ``run.jsonl`` records; a script of the same file name in another
   folder is another identity). Of those, the newest checkpoint as above. To go on writing in
   the folder of the run it continues, choose the file at ``configure`` (``tryfirst``, before
-  any plugin uses ``loop.run_dir``) and call ``loop.continue_in(folder)`` there.
+  any plugin uses ``loop.run_dir``) and call ``loop.continue_in(folder)`` there. In a fit, call
+  ``loop.resumes_apart()`` in ``resume`` when the file is not of the run written last in the folder
+  the run's checkpoints go to (an earlier run's checkpoint, given by its path, beside a later
+  run's): that folder's records go on from the later run, and the loggers set them aside.
 * Evaluations and smoke runs. ``Loop.validate(resume=path_or_latest)`` (``loop.mode ==
   "validate"``) resumes the weights to evaluate them: it reads and restores as above and
   writes nothing (no save, no pruning, no ``continue_in``: it changes nothing there);
