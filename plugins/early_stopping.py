@@ -40,7 +40,7 @@ called, as ``hookfit plugins`` says (``[inert]``).
   metric could never stop the run, so it does not let it train on as if it could.
 * Its state (best value, its epoch, its direction, epochs without improvement) is saved in
   checkpoints, so a resumed run decides as the uninterrupted one would. A run resumed after it
-  stopped stops again before its first batch, unless given a larger ``patience``.
+  stopped stops again before its first batch, with a warning that says so, unless given a larger ``patience``.
 """
 
 from __future__ import annotations
@@ -133,6 +133,9 @@ class EarlyStopping:
         self._epoch_step = loop.state.step
         if self.monitor is not None and self.wait and self.wait >= self.patience:
             # resumed after it stopped (a best or none: a metric never finite stops as well): no batch
+            warnings.warn(f"early_stopping: the run resumed had stopped early ({self._reason(loop)}): this fit trains "
+                          f"nothing and ends at once, completed as before; to train on, give EarlyStopping(patience=...)"
+                          f" above {self.wait}, or disable early_stopping", HookfitWarning, stacklevel=user_level())
             loop.request_stop(self._reason(loop), complete=True)
 
     @hookimpl

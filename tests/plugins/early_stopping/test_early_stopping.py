@@ -231,8 +231,13 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_does_and_stays_stopped(
 
     # resumed after it stopped: it stops again before any batch, saying why
     recorder = Recorder()
-    again = run(*plugins(), recorder, run_dir=tmp_path / "cut", resume="latest").state
+    with pytest.warns(hookfit.HookfitWarning) as caught:
+        again = run(*plugins(), recorder, run_dir=tmp_path / "cut", resume="latest").state
     assert again.status == "completed" and again.step == 15 and again.stop_reason == whole.stop_reason
+    (said,) = [str(w.message) for w in caught if "early_stopping: the run resumed" in str(w.message)]
+    assert said == (f"early_stopping: the run resumed had stopped early ({whole.stop_reason}): this fit trains nothing "
+                    f"and ends at once, completed as before; to train on, give EarlyStopping(patience=...) above 3, "
+                    f"or disable early_stopping"), said
     assert again.epoch == whole.epoch  # the epoch it ended in, not the next one it never began
     assert "batch_start" not in recorder.names()
     # ... unless given more patience: then it trains on
