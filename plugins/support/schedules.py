@@ -31,6 +31,10 @@ SCHEDULERS_MUST = ("be a learning-rate scheduler built on one of the run's optim
                    "StepLR(opt, ...)), a list of them, or a dict of optimizer name -> scheduler or list")
 
 
+LIGHTNING_KEYS = frozenset({"scheduler", "interval", "frequency", "monitor", "strict", "name"})
+"""The keys of Lightning's scheduler configuration dict, which a ``schedulers`` option is given by habit."""
+
+
 class Given(NamedTuple):
     """One scheduler as a plugin's ``schedulers`` option gave it: under a dict's name, or none."""
 
@@ -48,6 +52,12 @@ def given(plugin: str, schedulers: Any) -> list[Given]:
     list), in order, with their dict names: each given once (a chain's too), those under a name on one optimizer;
     otherwise an error naming ``plugin`` and the option."""
     found: list[Given] = []
+    if isinstance(schedulers, Mapping) and "scheduler" in schedulers and set(schedulers) <= LIGHTNING_KEYS:
+        interval = schedulers.get("interval", "epoch")  # (Lightning's default)
+        raise TypeError(f"{plugin}: schedulers: a dict's keys are optimizer names, and this one is Lightning's "
+                        f"scheduler configuration ({', '.join(map(repr, schedulers))}): give "
+                        f"{plugin.capitalize()}(schedulers=<the scheduler>, scheduler_interval={interval!r})"
+                        + (", with monitor='<stage>/<metric>' for the metric it steps on" * ("monitor" in schedulers)))
     if isinstance(schedulers, Mapping):
         for key, value in schedulers.items():
             if not isinstance(key, str) or not key:

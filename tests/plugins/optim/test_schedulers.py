@@ -396,6 +396,11 @@ _plateau = lr_scheduler.ReduceLROnPlateau(_opt)
      r"the same StepLR is given twice \(inside the ChainedScheduler and on its own\)"),
     ({"schedulers": {"g": [_step, lr_scheduler.StepLR(_other, 1)]}}, ValueError,
      r"optim: schedulers\['g'\]: its StepLR and StepLR are built on different optimizers"),
+    ({"schedulers": {"scheduler": _step, "interval": "epoch"}}, TypeError,  # Lightning's, by habit
+     r"^optim: schedulers: a dict's keys are optimizer names, and this one is Lightning's scheduler configuration "
+     r"\('scheduler', 'interval'\): give Optim\(schedulers=<the scheduler>, scheduler_interval='epoch'\)$"),
+    ({"schedulers": {"scheduler": _plateau, "monitor": "val_loss"}}, TypeError,
+     r"scheduler_interval='epoch'\), with monitor='<stage>/<metric>' for the metric it steps on$"),
 ])
 def test_schedulers_are_checked_when_optim_is_built(options, error, message) -> None:
     with pytest.raises(error, match=message):
